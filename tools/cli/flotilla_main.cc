@@ -1,0 +1,25 @@
+// `flotilla`: the user CLI. Each subcommand lives in its own *_command.cc.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "tools/cli/info_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
+  app.require_subcommand(1);
+  flotilla::cli::AddInfoCommand(app);
+  // CLI11 reports an unknown first word only as "a subcommand is required";
+  // name the word and the choices instead.
+  bool known = false;
+  for (const CLI::App* sub : app.get_subcommands({})) known |= argc > 1 && sub->check_name(argv[1]);
+  if (argc > 1 && argv[1][0] != '-' && !known) {
+    std::cerr << "flotilla: unknown command '" << argv[1] << "'; commands:";
+    for (const CLI::App* sub : app.get_subcommands({})) std::cerr << " " << sub->get_name();
+    std::cerr << "\n";
+    return 2;
+  }
+  CLI11_PARSE(app, argc, argv);
+  return 0;
+}

@@ -1,0 +1,90 @@
+# Helpers shared by every CMakeLists.txt in the project.
+
+# Project defaults for a target: warnings (as errors) and the repository root on
+# the include path, so headers are included as "common/status.h".
+function(flotilla_target_defaults target)
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "INTERFACE_LIBRARY")
+    target_include_directories(${target} INTERFACE ${PROJECT_SOURCE_DIR})
+    return()
+  endif()
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${FLOTILLA_CXX_WARNINGS}>)
+  if(FLOTILLA_CUDA)
+    set(_cuda_flags -Xcompiler=-Wall --expt-relaxed-constexpr)
+    if(FLOTILLA_WERROR)
+      list(APPEND _cuda_flags -Werror=all-warnings)
+    endif()
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${_cuda_flags}>)
+  endif()
+endfunction()
+
+# flotilla_add_library(name [STATIC|INTERFACE] SOURCES ... [DEPS ...] [PRIVATE_DEPS ...])
+function(flotilla_add_library name)
+  cmake_parse_arguments(ARG "INTERFACE" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  if(ARG_INTERFACE)
+    add_library(${name} INTERFACE)
+    flotilla_target_defaults(${name})
+    target_link_libraries(${name} INTERFACE ${ARG_DEPS})
+    return()
+  endif()
+  add_library(${name} STATIC ${ARG_SOURCES})
+  flotilla_target_defaults(${name})
+  target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
+endfunction()
+
+# flotilla_add_proto(name PROTO file.proto [GRPC] [DEPS other_proto ...])
+# Compiles one .proto into the library ${name}_proto. Generated headers are
+# included as "proto/<file>.pb.h". With GRPC the service stubs are generated too.
+function(flotilla_add_proto name)
+  cmake_parse_arguments(ARG "GRPC" "PROTO" "DEPS" ${ARGN})
+  get_filename_component(_abs ${ARG_PROTO} ABSOLUTE)
+  get_filename_component(_stem ${ARG_PROTO} NAME_WE)
+  set(_out ${PROJECT_BINARY_DIR}/gen/proto)
+  file(MAKE_DIRECTORY ${_out})
+  set(_srcs ${_out}/${_stem}.pb.cc)
+  set(_hdrs ${_out}/${_stem}.pb.h)
+  set(_args --proto_path=${PROJECT_SOURCE_DIR} --cpp_out=${PROJECT_BINARY_DIR}/gen)
+  if(ARG_GRPC)
+    list(APPEND _srcs ${_out}/${_stem}.grpc.pb.cc)
+    list(APPEND _hdrs ${_out}/${_stem}.grpc.pb.h)
+    list(APPEND _args --grpc_out=${PROJECT_BINARY_DIR}/gen
+         --plugin=protoc-gen-grpc=$<TARGET_FILE:gRPC::grpc_cpp_plugin>)
+  endif()
+  add_custom_command(
+    OUTPUT ${_srcs} ${_hdrs}
+    COMMAND protobuf::protoc ${_args} ${_abs}
+    DEPENDS ${_abs} protobuf::protoc
+    COMMENT "protoc ${ARG_PROTO}"
+    VERBATIM)
+  add_library(${name}_proto STATIC ${_srcs})
+  target_include_directories(${name}_proto PUBLIC ${PROJECT_BINARY_DIR}/gen)
+  # Generated code is not ours to fix: no project warnings on it.
+  target_compile_options(${name}_proto PRIVATE -w)
+  target_link_libraries(${name}_proto PUBLIC protobuf::libprotobuf ${ARG_DEPS})
+  if(ARG_GRPC)
+    target_link_libraries(${name}_proto PUBLIC gRPC::grpc++)
+  endif()
+endfunction()
+
+# flotilla_add_test(name SOURCES ... [LIBS ...] [LABELS gpu|multigpu|slow ...] [TIMEOUT s])
+# One gtest binary; each TEST becomes its own ctest entry carrying LABELS, so
+# `ctest -L gpu` or `ctest -LE slow` select them.
+function(flotilla_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  flotilla_target_defaults(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  set(_props TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_LABELS)
+    list(JOIN ARG_LABELS ";" _labels)
+    list(APPEND _props LABELS "${_labels}")
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    PROPERTIES ${_props})
+endfunction()

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Installs everything Flotilla needs on a fresh Debian machine, with no prompts.
+# Idempotent: when every package is present and the npm cache matches the lock
+# file, it changes nothing and prints one line.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+# Debian packages the build and the tests use. Keep sorted; one line each says why.
+packages=(
+  cmake                   # build system
+  g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
+  git                     # tests clone the tree
+  libabsl-dev             # absl::Status, flags helpers, synchronization
+  libcli11-dev            # command-line parsing for every binary
+  libcpp-httplib-dev      # OpenAI-compatible HTTP server
+  libfmt-dev              # formatting (spdlog's backend)
+  libgmock-dev            # gmock
+  libgrpc++-dev           # gRPC C++ (client API, cluster control, admin)
+  libgtest-dev            # GoogleTest
+  libpcre2-dev            # o200k pre-tokenizer regex (needs negative lookahead)
+  libprotobuf-dev         # Protobuf runtime
+  libspdlog-dev           # logging
+  libucx-dev              # UCX host-memory communicator
+  ninja-build             # build tool
+  nlohmann-json3-dev      # JSON (configs, safetensors headers, HTTP bodies)
+  nodejs                  # independent test clients and tokenizer data
+  npm                     # fetches the node packages below
+  pkg-config              # finds UCX
+  protobuf-compiler       # protoc
+  protobuf-compiler-grpc  # grpc_cpp_plugin
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    # node and npm may come from the machine image rather than Debian.
+    case "$p" in
+      nodejs) command -v node >/dev/null && continue ;;
+      npm) command -v npm >/dev/null && continue ;;
+    esac
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# npm packages into a git-ignored cache, pinned by the committed lock file.
+node_src="$root/tools/node"
+node_dir="$root/.cache/node"
+stamp="$node_dir/.lock.sha256"
+want="$(sha256sum "$node_src/package-lock.json" | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" || ! -d "$node_dir/node_modules" ]]; then
+  echo "setup: installing node packages into .cache/node"
+  mkdir -p "$node_dir"
+  cp "$node_src/package.json" "$node_src/package-lock.json" "$node_dir/"
+  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) || {
+    echo "setup: npm ci failed; rerun with: (cd $node_dir && npm ci)" >&2
+    exit 1
+  }
+  echo "$want" >"$stamp"
+fi
+
+echo "setup: ok"
