@@ -369,13 +369,14 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
   }
   o_.resize(T * H);
   k::LinearBf16(pool_, attn_.data(), T, qd, a.wo.data, a.wo.row_stride, H, nullptr, o_.data());
-  if (collectives_ != nullptr) {
-    FLOTILLA_RETURN_IF_ERROR(collectives_->AllReduceAttention(layer, o_.data(), T * H));
-  }
+  // o_proj's bias joins the partial sum on exactly one rank of the TP group.
   if (a.q_head_begin == 0) {
     for (int64_t t = 0; t < T; ++t) {
       for (int64_t h = 0; h < H; ++h) o_[t * H + h] += Bf16ToFloat(a.bo.data[h]);
     }
+  }
+  if (collectives_ != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(collectives_->AllReduceAttention(layer, o_.data(), T * H));
   }
   for (int64_t i = 0; i < T * H; ++i) x_[i] += o_[i];
 

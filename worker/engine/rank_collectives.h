@@ -16,8 +16,8 @@ class RankCollectives {
   virtual ~RankCollectives() = default;
 
   // Sums, in place and across the ranks of this rank's tensor-parallel group,
-  // the partial o_proj outputs [tokens, hidden] (before o_proj's bias, which
-  // the rank holding q head 0 adds afterwards).
+  // the partial o_proj outputs [tokens, hidden] (the rank holding q head 0
+  // has already added o_proj's bias to its part).
   virtual absl::Status AllReduceAttention(int layer, float* data, int64_t count) = 0;
 
   // Completes the MoE output [tokens, hidden]: `data` holds, for this rank's
