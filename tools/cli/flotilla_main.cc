@@ -4,12 +4,16 @@
 #include <iostream>
 #include <string>
 
+#include "tools/cli/generate_command.h"
 #include "tools/cli/info_command.h"
+#include "tools/cli/make_checkpoint_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
   app.require_subcommand(1);
   flotilla::cli::AddInfoCommand(app);
+  flotilla::cli::AddMakeCheckpointCommand(app);
+  flotilla::cli::AddGenerateCommand(app);
   // CLI11 reports an unknown first word only as "a subcommand is required";
   // name the word and the choices instead.
   bool known = false;
