@@ -220,41 +220,21 @@ absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
   if (n == 1) return WriteShard(config, options.seed, tensors, dir + "/model.safetensors");
 
   // Contiguous runs of tensors, cut where the running byte count crosses k/n
-  // of the total (a tensor goes to the shard holding its midpoint).
+  // of the total (a tensor starts the next shard when its midpoint lies past
+  // the boundary), never leaving a shard empty.
   int64_t total = 0;
   for (const TensorSpec& t : tensors) total += NumBytes(t);
   std::vector<std::vector<TensorSpec>> shards(n);
   int64_t before = 0;
-  for (const TensorSpec& t : tensors) {
-    const int64_t mid = before + NumBytes(t) / 2;
-    int s = static_cast<int>(static_cast<double>(mid) / static_cast<double>(total) * n);
-    s = std::clamp(s, 0, n - 1);
-    shards[s].push_back(t);
+  int cur = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
+    const int64_t left = static_cast<int64_t>(tensors.size() - i);  // this one included
+    const double mid = static_cast<double>(before) + static_cast<double>(NumBytes(t)) / 2;
+    const double boundary = static_cast<double>(total) * (cur + 1) / n;
+    if (!shards[cur].empty() && cur < n - 1 && (left <= n - 1 - cur || mid > boundary)) ++cur;
+    shards[cur].push_back(t);
     before += NumBytes(t);
-  }
-  // A huge tensor can leave a neighbour empty; hand it one tensor from a neighbour.
-  for (int s = 0; s < n; ++s) {
-    if (!shards[s].empty()) continue;
-    int from = s;
-    for (int d = 1; d < n && from == s; ++d) {
-      if (s - d >= 0 && shards[s - d].size() > 1) from = s - d;
-      else if (s + d < n && shards[s + d].size() > 1) from = s + d;
-    }
-    if (from < s) {
-      shards[s].insert(shards[s].begin(), shards[from].back());
-      shards[from].pop_back();
-      for (int k = from + 1; k < s; ++k) {  // keep the order contiguous
-        shards[k].insert(shards[k].begin(), shards[k - 1].back());
-        shards[k - 1].pop_back();
-      }
-    } else if (from > s) {
-      shards[s].push_back(shards[from].front());
-      shards[from].erase(shards[from].begin());
-      for (int k = from - 1; k > s; --k) {
-        shards[k].push_back(shards[k + 1].front());
-        shards[k + 1].erase(shards[k + 1].begin());
-      }
-    }
   }
   json weight_map = json::object();
   for (int s = 0; s < n; ++s) {
