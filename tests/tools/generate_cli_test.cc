@@ -113,4 +113,30 @@ TEST_F(GenerateCli, BadInputGetsAClearMessageAndNonZeroExit) {
   check(Generate("--prompt-ids 1 --temperature hot"), "temperature");
 }
 
+// The CLI's greedy output on each golden fixture equals transformers' greedy
+// continuation (stop tokens off: the fixtures never stop on eos).
+TEST(GenerateCliGolden, GreedyMatchesTransformersOnEveryFixture) {
+  int fixtures = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(FLOTILLA_GOLDEN_DIR)) {
+    if (!std::filesystem::exists(entry.path() / "golden.json")) continue;
+    ++fixtures;
+    std::ifstream in(entry.path() / "golden.json");
+    nlohmann::json g = nlohmann::json::parse(in);
+    for (size_t i = 0; i < g["prompts"].size(); ++i) {
+      std::string ids;
+      for (const auto& t : g["prompts"][i]) {
+        if (!ids.empty()) ids.push_back(',');
+        ids.append(std::to_string(t.get<int>()));
+      }
+      auto [rc, out] = RunCommand(std::string(FLOTILLA_BIN) + " generate --model " +
+                                  entry.path().string() + " --prompt-ids " + ids +
+                                  " --temperature 0 --max-tokens 24 --stop-token-ids '' --json");
+      ASSERT_EQ(rc, 0) << out;
+      EXPECT_EQ(nlohmann::json::parse(out)["tokens"], g["greedy"][i])
+          << entry.path().filename() << " prompt " << i;
+    }
+  }
+  EXPECT_GT(fixtures, 0);
+}
+
 }  // namespace

@@ -193,9 +193,12 @@ void AddGenerateCommand(CLI::App& app) {
                   "Report each token's logprob and this many alternatives (0-20)");
   cmd->add_option("--logits-out", f->logits_out,
                   "Write the logits of every prompt position to FILE as a JSON array [T][V]");
-  cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
-  cmd->add_option("--prefill-chunk", f->prefill_chunk, "Prompt tokens per step (default: all)");
-  cmd->add_option("--kv-block-size", f->kv_block_size, "Tokens per KV block (default 16)");
+  cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)")
+      ->check(CLI::Range(0, 1024));
+  cmd->add_option("--prefill-chunk", f->prefill_chunk, "Prompt tokens per step (default: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-block-size", f->kv_block_size, "Tokens per KV block (default 16)")
+      ->check(CLI::Range(1, 4096));
   cmd->add_flag("--json", f->json, "Print one JSON object");
   cmd->callback([f] {
     absl::Status st = RunGenerate(*f);
