@@ -34,12 +34,13 @@ absl::string_view DataTypeName(DataType type);
 //   is a cudaStream_t for nccl (nullptr: the backend's own stream, and the call
 //   waits for completion); host backends ignore it and always complete.
 // - A peer that failed, vanished or did not take part within the backend's
-//   configured timeout gives UNAVAILABLE; no call waits forever. After an
-//   UNAVAILABLE the communicator is broken and every later call returns
-//   UNAVAILABLE at once: build a new one (new bootstrap) to go on.
-// - Arguments that cannot be right (wrong number of counts, a root out of
-//   range, a peer sending a different byte count than this rank expects) give
-//   INVALID_ARGUMENT.
+//   configured timeout gives UNAVAILABLE; no call waits forever.
+// - Arguments this rank can check alone (wrong number of counts, a root out of
+//   range) give INVALID_ARGUMENT before anything is sent; the group stays
+//   usable. A peer sending a different byte count than this rank expects also
+//   gives INVALID_ARGUMENT, but the ranks are then out of step.
+// - After a failure of the exchange itself the communicator is broken and every
+//   later call returns UNAVAILABLE at once: build a new one (new bootstrap).
 class Communicator {
  public:
   virtual ~Communicator() = default;

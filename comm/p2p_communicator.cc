@@ -102,6 +102,14 @@ absl::Status P2pCommunicator::AllToAllV(const void* send, absl::Span<const size_
                                         void* /*stream*/) {
   FLOTILLA_RETURN_IF_ERROR(
       ValidateAllToAllV(size_, send_counts, send_offsets, recv_counts, recv_offsets));
+  size_t send_total = 0, recv_total = 0;
+  for (size_t p = 0; p < send_counts.size(); ++p) {
+    send_total += send_counts[p];
+    recv_total += recv_counts[p];
+  }
+  if ((send == nullptr && send_total > 0) || (recv == nullptr && recv_total > 0)) {
+    return absl::InvalidArgumentError("AllToAllV: null buffer with non-zero counts");
+  }
   const size_t me = static_cast<size_t>(rank_);
   if (send_counts[me] != recv_counts[me]) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // lets every wait below have a deadline
+  config.blocking = options.blocking ? 1 : 0;  // non-blocking: every wait has a deadline
   ncclResult_t r = ncclCommInitRankConfig(&c->comm_, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     return FromNccl(r, "ncclCommInitRankConfig");

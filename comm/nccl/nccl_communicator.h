@@ -32,6 +32,12 @@ struct NcclOptions {
   int device = 0;
   // How long Create waits for the group and any call waits for completion.
   absl::Duration timeout = absl::Seconds(60);
+  // A blocking NCCL communicator (ncclConfig_t::blocking = 1): enqueueing
+  // skips the non-blocking mode's polling, but Create then waits for the
+  // whole group with NO timeout. Completion waits keep their deadline. For
+  // comparing enqueue cost (flotilla_comm_bench --nccl-blocking); off in
+  // production so that no call can hang.
+  bool blocking = false;
 };
 
 // Fresh bootstrap bytes for a new group (an ncclUniqueId, 128 bytes).

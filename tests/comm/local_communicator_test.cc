@@ -116,3 +116,25 @@ TEST(LocalCommunicatorTest, ReceiveBufferTooSmallForUnknownCounts) {
 
 }  // namespace
 }  // namespace flotilla::comm
+
+namespace flotilla::comm {
+namespace {
+
+TEST(LocalCommunicatorTest, NullBuffersAreInvalidArgument) {
+  auto rv = LocalRendezvous::Create(1);
+  ASSERT_TRUE(rv.ok());
+  auto c = LocalCommunicator::Create(*rv, 0);
+  ASSERT_TRUE(c.ok());
+  std::vector<size_t> one = {4}, zero = {0};
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllToAllV(nullptr, one, zero, nullptr, one, zero)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllReduce(nullptr, 3, DataType::kF32)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllGather(nullptr, nullptr, 3)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->Broadcast(nullptr, 3, 0)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      (*c)->AllReduce(nullptr, 0, static_cast<DataType>(7))));
+  // The checks above send nothing, so the group still works.
+  EXPECT_TRUE((*c)->Barrier().ok());
+}
+
+}  // namespace
+}  // namespace flotilla::comm

@@ -61,6 +61,7 @@ struct Config {
   double timeout_s = 60;
   double budget_ms_per_token = 1.0;
   bool detect_peer_failure = false;
+  bool nccl_blocking = false;
   // Internal: a UCX child process.
   int rank = -1;
   std::string dir;
@@ -335,6 +336,7 @@ int RunNccl(const Config& cfg) {
       NcclOptions options;
       options.device = r;
       options.timeout = absl::Seconds(cfg.timeout_s);
+      options.blocking = cfg.nccl_blocking;
       auto c = NcclCommunicator::Create(r, cfg.world, *id, options);
       if (!c.ok()) {
         results[static_cast<size_t>(r)] = c.status();
@@ -349,7 +351,8 @@ int RunNccl(const Config& cfg) {
                  [](void* p) { cudaFree(p); }};
       NcclCommunicator* raw = c->get();
       results[static_cast<size_t>(r)] =
-          RunRank(*raw, cfg, mem, [raw](void* st) { return raw->Wait(st); }, s, "nccl");
+          RunRank(*raw, cfg, mem, [raw](void* st) { return raw->Wait(st); }, s,
+                  cfg.nccl_blocking ? "nccl(blocking)" : "nccl(non-blocking)");
       cudaStreamDestroy(s);
     });
   }
@@ -384,6 +387,8 @@ int main(int argc, char** argv) {
   app.add_option("--budget-ms-per-token", cfg.budget_ms_per_token)->check(CLI::PositiveNumber);
   app.add_option("--detect-peer-failure", cfg.detect_peer_failure,
                  "ucx: let UCX report dead peers (TCP only in UCX 1.13)");
+  app.add_flag("--nccl-blocking", cfg.nccl_blocking,
+               "nccl: blocking communicator (no timeout while the group forms)");
   app.add_option("--rank", cfg.rank)->group("");  // internal: UCX child
   app.add_option("--dir", cfg.dir)->group("");
   try {
