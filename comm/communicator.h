@@ -63,8 +63,7 @@ class Communicator {
                                  void* stream = nullptr) = 0;
 
   // Copies `bytes` bytes of `buffer` on rank `root` into `buffer` on every rank.
-  virtual absl::Status Broadcast(void* buffer, size_t bytes, int root,
-                                 void* stream = nullptr) = 0;
+  virtual absl::Status Broadcast(void* buffer, size_t bytes, int root, void* stream = nullptr) = 0;
 
   // Personalised exchange with per-peer byte counts (zero and uneven allowed):
   // this rank sends send_counts[p] bytes from send + send_offsets[p] to rank p,
@@ -75,8 +74,7 @@ class Communicator {
   virtual absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
                                  absl::Span<const size_t> send_offsets, void* recv,
                                  absl::Span<const size_t> recv_counts,
-                                 absl::Span<const size_t> recv_offsets,
-                                 void* stream = nullptr) = 0;
+                                 absl::Span<const size_t> recv_offsets, void* stream = nullptr) = 0;
 
   // Tells every rank how much every peer will send it: recv_counts[p] becomes
   // send_counts[rank()] of rank p. Both spans are HOST memory with size()
@@ -99,8 +97,7 @@ absl::Status AllToAllVExchangingCounts(Communicator& comm, const void* send,
                                        absl::Span<const size_t> send_counts,
                                        absl::Span<const size_t> send_offsets, void* recv,
                                        size_t recv_capacity, std::vector<size_t>* recv_counts,
-                                       std::vector<size_t>* recv_offsets,
-                                       void* stream = nullptr);
+                                       std::vector<size_t>* recv_offsets, void* stream = nullptr);
 
 // Checks the shape of AllToAllV arguments (one entry per rank); shared by backends.
 absl::Status ValidateAllToAllV(int size, absl::Span<const size_t> send_counts,

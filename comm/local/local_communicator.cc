@@ -54,14 +54,12 @@ absl::Status LocalCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> 
   const absl::Time deadline = absl::Now() + options_.timeout;
   for (const RecvOp& r : recvs) {
     const LocalRendezvous::Key key{rank(), r.peer, tag};
-    auto ready = [&]() {
-      return rv.mail_.count(key) > 0 || rv.dead_[static_cast<size_t>(r.peer)];
-    };
+    auto ready = [&]() { return rv.mail_.count(key) > 0 || rv.dead_[static_cast<size_t>(r.peer)]; };
     while (!ready()) {
       // Await with a condition re-evaluated on every unlock: sends wake receivers.
       if (rv.mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) break;
-      return absl::UnavailableError(absl::StrCat("rank ", rank(), ": no message from rank ",
-                                                 r.peer, " within ",
+      return absl::UnavailableError(absl::StrCat("rank ", rank(), ": no message from rank ", r.peer,
+                                                 " within ",
                                                  absl::FormatDuration(options_.timeout)));
     }
     auto it = rv.mail_.find(key);

@@ -88,7 +88,7 @@ class NcclCommunicator final : public Communicator {
   const int size_;
   NcclOptions options_;
   ncclComm_t comm_ = nullptr;
-  void* stream_ = nullptr;         // cudaStream_t
+  void* stream_ = nullptr;           // cudaStream_t
   size_t* device_counts_ = nullptr;  // 2 * size entries, for ExchangeCounts
   float* device_token_ = nullptr;    // one float, for Barrier
   absl::Status broken_;
