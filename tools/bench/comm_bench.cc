@@ -272,15 +272,21 @@ int RunUcxChild(const Config& cfg) {
     // First transport line of UCX's description of the connection to a peer.
     std::istringstream info((*c)->TransportInfo(cfg.rank == 0 ? 1 : 0));
     for (std::string line; std::getline(info, line);) {
-      if (line.find("lane[") != std::string::npos) {
-        lanes = line.substr(line.find_first_not_of("# "));
-        break;
+      if (line.find("lane[") == std::string::npos) continue;
+      // "lane[0]:  3:sysv/memory.0 md[2] -> ... am am_bw#0": keep transport and role.
+      std::istringstream words(line);
+      std::string w, kept;
+      while (words >> w) {
+        if (w == "#" || w.rfind("md[", 0) == 0 || w == "->") continue;
+        if (w.find("sysdev") != std::string::npos) continue;
+        kept += (kept.empty() ? "" : " ") + w;
       }
+      lanes += (lanes.empty() ? "" : "; ") + kept;
     }
   }
   absl::Status st = RunRank(
       **c, cfg, HostMemory(), nullptr, nullptr,
-      std::string(cfg.detect_peer_failure ? "ucx(peer-failure detection) " : "ucx ") + lanes);
+      std::string(cfg.detect_peer_failure ? "ucx(peer-failure detection): " : "ucx: ") + lanes);
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", cfg.rank, st.ToString().c_str());
     return 1;
