@@ -161,7 +161,8 @@ absl::Status P2pCommunicator::AllReduce(void* buffer, size_t count, DataType typ
   FLOTILLA_RETURN_IF_ERROR(Step(tag, sends_, recvs_));
 
   uint8_t* mine = data + my_begin * elem;
-  std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * my_bytes, mine, my_bytes);
+  if (my_bytes > 0)
+    std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * my_bytes, mine, my_bytes);
   const size_t n = my_end - my_begin;
   for (size_t i = 0; i < n; ++i) {
     float sum = 0.f;

@@ -47,7 +47,8 @@ absl::Status CheckAllGather(Communicator& c) {
       for (size_t i = 0; i < bytes; ++i) in[i] = Byte(c.rank(), 7, i);
       const uint8_t* src = in.data();
       if (in_place) {
-        std::memcpy(out.data() + static_cast<size_t>(c.rank()) * bytes, in.data(), bytes);
+        if (bytes > 0)
+          std::memcpy(out.data() + static_cast<size_t>(c.rank()) * bytes, in.data(), bytes);
         src = out.data() + static_cast<size_t>(c.rank()) * bytes;
       }
       FLOTILLA_RETURN_IF_ERROR(c.AllGather(src, out.data(), bytes));
