@@ -29,10 +29,9 @@ absl::Status Communicator::ExchangeCounts(absl::Span<const size_t> send_counts,
                                           absl::Span<size_t> recv_counts) {
   const size_t n = static_cast<size_t>(size());
   if (send_counts.size() != n || recv_counts.size() != n) {
-    return absl::InvalidArgumentError(absl::StrCat("ExchangeCounts: expected ", n,
-                                                   " counts per side, got ", send_counts.size(),
-                                                   " to send and ", recv_counts.size(),
-                                                   " to receive"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("ExchangeCounts: expected ", n, " counts per side, got ", send_counts.size(),
+                     " to send and ", recv_counts.size(), " to receive"));
   }
   std::vector<size_t> each(n, sizeof(size_t));
   std::vector<size_t> offsets = PackedOffsets(each);
@@ -75,12 +74,11 @@ absl::Status AllToAllVExchangingCounts(Communicator& comm, const void* send,
   size_t total = 0;
   for (size_t c : *recv_counts) total += c;
   if (total > recv_capacity) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("AllToAllVExchangingCounts: peers send ", total,
-                     " bytes but the receive buffer holds ", recv_capacity));
+    return absl::ResourceExhaustedError(absl::StrCat("AllToAllVExchangingCounts: peers send ",
+                                                     total, " bytes but the receive buffer holds ",
+                                                     recv_capacity));
   }
-  return comm.AllToAllV(send, send_counts, send_offsets, recv, *recv_counts, *recv_offsets,
-                        stream);
+  return comm.AllToAllV(send, send_counts, send_offsets, recv, *recv_counts, *recv_offsets, stream);
 }
 
 }  // namespace flotilla::comm

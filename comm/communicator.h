@@ -34,12 +34,13 @@ absl::string_view DataTypeName(DataType type);
 //   is a cudaStream_t for nccl (nullptr: the backend's own stream, and the call
 //   waits for completion); host backends ignore it and always complete.
 // - A peer that failed, vanished or did not take part within the backend's
-//   configured timeout gives UNAVAILABLE; no call waits forever. After an
-//   UNAVAILABLE the communicator is broken and every later call returns
-//   UNAVAILABLE at once: build a new one (new bootstrap) to go on.
-// - Arguments that cannot be right (wrong number of counts, a root out of
-//   range, a peer sending a different byte count than this rank expects) give
-//   INVALID_ARGUMENT.
+//   configured timeout gives UNAVAILABLE; no call waits forever.
+// - Arguments this rank can check alone (wrong number of counts, a root out of
+//   range) give INVALID_ARGUMENT before anything is sent; the group stays
+//   usable. A peer sending a different byte count than this rank expects also
+//   gives INVALID_ARGUMENT, but the ranks are then out of step.
+// - After a failure of the exchange itself the communicator is broken and every
+//   later call returns UNAVAILABLE at once: build a new one (new bootstrap).
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -62,8 +63,7 @@ class Communicator {
                                  void* stream = nullptr) = 0;
 
   // Copies `bytes` bytes of `buffer` on rank `root` into `buffer` on every rank.
-  virtual absl::Status Broadcast(void* buffer, size_t bytes, int root,
-                                 void* stream = nullptr) = 0;
+  virtual absl::Status Broadcast(void* buffer, size_t bytes, int root, void* stream = nullptr) = 0;
 
   // Personalised exchange with per-peer byte counts (zero and uneven allowed):
   // this rank sends send_counts[p] bytes from send + send_offsets[p] to rank p,
@@ -74,8 +74,7 @@ class Communicator {
   virtual absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_counts,
                                  absl::Span<const size_t> send_offsets, void* recv,
                                  absl::Span<const size_t> recv_counts,
-                                 absl::Span<const size_t> recv_offsets,
-                                 void* stream = nullptr) = 0;
+                                 absl::Span<const size_t> recv_offsets, void* stream = nullptr) = 0;
 
   // Tells every rank how much every peer will send it: recv_counts[p] becomes
   // send_counts[rank()] of rank p. Both spans are HOST memory with size()
@@ -98,8 +97,7 @@ absl::Status AllToAllVExchangingCounts(Communicator& comm, const void* send,
                                        absl::Span<const size_t> send_counts,
                                        absl::Span<const size_t> send_offsets, void* recv,
                                        size_t recv_capacity, std::vector<size_t>* recv_counts,
-                                       std::vector<size_t>* recv_offsets,
-                                       void* stream = nullptr);
+                                       std::vector<size_t>* recv_offsets, void* stream = nullptr);
 
 // Checks the shape of AllToAllV arguments (one entry per rank); shared by backends.
 absl::Status ValidateAllToAllV(int size, absl::Span<const size_t> send_counts,

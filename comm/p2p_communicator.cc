@@ -26,8 +26,8 @@ void ChunkOf(size_t count, int size, int rank, size_t* begin, size_t* end) {
 
 absl::Status P2pCommunicator::Begin(uint64_t* tag) {
   if (!broken_.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "communicator is broken after an earlier failure: ", broken_.message()));
+    return absl::UnavailableError(
+        absl::StrCat("communicator is broken after an earlier failure: ", broken_.message()));
   }
   *tag = sequence_++ << kPhaseBits;
   return absl::OkStatus();
@@ -98,15 +98,22 @@ absl::Status P2pCommunicator::AllGather(const void* send, void* recv, size_t byt
 absl::Status P2pCommunicator::AllToAllV(const void* send, absl::Span<const size_t> send_counts,
                                         absl::Span<const size_t> send_offsets, void* recv,
                                         absl::Span<const size_t> recv_counts,
-                                        absl::Span<const size_t> recv_offsets,
-                                        void* /*stream*/) {
+                                        absl::Span<const size_t> recv_offsets, void* /*stream*/) {
   FLOTILLA_RETURN_IF_ERROR(
       ValidateAllToAllV(size_, send_counts, send_offsets, recv_counts, recv_offsets));
+  size_t send_total = 0, recv_total = 0;
+  for (size_t p = 0; p < send_counts.size(); ++p) {
+    send_total += send_counts[p];
+    recv_total += recv_counts[p];
+  }
+  if ((send == nullptr && send_total > 0) || (recv == nullptr && recv_total > 0)) {
+    return absl::InvalidArgumentError("AllToAllV: null buffer with non-zero counts");
+  }
   const size_t me = static_cast<size_t>(rank_);
   if (send_counts[me] != recv_counts[me]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AllToAllV: rank ", rank_, " sends itself ", send_counts[me],
-        " bytes but expects to receive ", recv_counts[me]));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV: rank ", rank_, " sends itself ", send_counts[me],
+                     " bytes but expects to receive ", recv_counts[me]));
   }
   uint64_t tag;
   FLOTILLA_RETURN_IF_ERROR(Begin(&tag));
@@ -154,7 +161,8 @@ absl::Status P2pCommunicator::AllReduce(void* buffer, size_t count, DataType typ
   FLOTILLA_RETURN_IF_ERROR(Step(tag, sends_, recvs_));
 
   uint8_t* mine = data + my_begin * elem;
-  std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * my_bytes, mine, my_bytes);
+  if (my_bytes > 0)
+    std::memcpy(scratch_.data() + static_cast<size_t>(rank_) * my_bytes, mine, my_bytes);
   const size_t n = my_end - my_begin;
   for (size_t i = 0; i < n; ++i) {
     float sum = 0.f;

@@ -52,8 +52,7 @@ class P2pCommunicator : public Communicator {
   // returns the tag base of this collective.
   absl::Status Begin(uint64_t* tag);
   // Runs Exchange and marks the communicator broken on UNAVAILABLE.
-  absl::Status Step(uint64_t tag, absl::Span<const SendOp> sends,
-                    absl::Span<const RecvOp> recvs);
+  absl::Status Step(uint64_t tag, absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs);
 
   const int rank_;
   const int size_;

@@ -46,38 +46,48 @@ LocalCommunicator::~LocalCommunicator() { rendezvous_->MarkDead(rank()); }
 absl::Status LocalCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> sends,
                                          absl::Span<const RecvOp> recvs) {
   LocalRendezvous& rv = *rendezvous_;
-  absl::MutexLock lock(&rv.mu_);
-  for (const SendOp& s : sends) {
-    const auto* p = static_cast<const uint8_t*>(s.data);
-    rv.mail_[{s.peer, rank(), tag}] = std::vector<uint8_t>(p, p + s.bytes);
+  // Payloads are copied outside the lock; the lock only moves them in and out
+  // of the mailboxes, so ranks copy in parallel.
+  std::vector<std::vector<uint8_t>> outgoing(sends.size());
+  for (size_t i = 0; i < sends.size(); ++i) {
+    const auto* p = static_cast<const uint8_t*>(sends[i].data);
+    outgoing[i].assign(p, p + sends[i].bytes);
+  }
+  {
+    absl::MutexLock lock(&rv.mu_);
+    for (size_t i = 0; i < sends.size(); ++i) {
+      rv.mail_[{sends[i].peer, rank(), tag}] = std::move(outgoing[i]);
+    }
   }
   const absl::Time deadline = absl::Now() + options_.timeout;
   for (const RecvOp& r : recvs) {
     const LocalRendezvous::Key key{rank(), r.peer, tag};
-    auto ready = [&]() {
-      return rv.mail_.count(key) > 0 || rv.dead_[static_cast<size_t>(r.peer)];
-    };
-    while (!ready()) {
-      // Await with a condition re-evaluated on every unlock: sends wake receivers.
-      if (rv.mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) break;
-      return absl::UnavailableError(absl::StrCat("rank ", rank(), ": no message from rank ",
-                                                 r.peer, " within ",
-                                                 absl::FormatDuration(options_.timeout)));
-    }
-    auto it = rv.mail_.find(key);
-    if (it == rv.mail_.end()) {
-      return absl::UnavailableError(
-          absl::StrCat("rank ", rank(), ": peer rank ", r.peer, " is gone"));
-    }
-    if (it->second.size() != r.bytes) {
-      absl::Status st = absl::InvalidArgumentError(
-          absl::StrCat("rank ", rank(), ": rank ", r.peer, " sent ", it->second.size(),
-                       " bytes where ", r.bytes, " were expected"));
+    std::vector<uint8_t> payload;
+    {
+      absl::MutexLock lock(&rv.mu_);
+      auto ready = [&]() {
+        return rv.mail_.count(key) > 0 || rv.dead_[static_cast<size_t>(r.peer)];
+      };
+      // The condition is re-evaluated whenever another rank releases the lock.
+      if (!rv.mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+        return absl::UnavailableError(absl::StrCat("rank ", rank(), ": no message from rank ",
+                                                   r.peer, " within ",
+                                                   absl::FormatDuration(options_.timeout)));
+      }
+      auto it = rv.mail_.find(key);
+      if (it == rv.mail_.end()) {
+        return absl::UnavailableError(
+            absl::StrCat("rank ", rank(), ": peer rank ", r.peer, " is gone"));
+      }
+      payload = std::move(it->second);
       rv.mail_.erase(it);
-      return st;
     }
-    if (r.bytes > 0) std::memcpy(r.data, it->second.data(), r.bytes);
-    rv.mail_.erase(it);
+    if (payload.size() != r.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", rank(), ": rank ", r.peer, " sent ",
+                                                     payload.size(), " bytes where ", r.bytes,
+                                                     " were expected"));
+    }
+    if (r.bytes > 0) std::memcpy(r.data, payload.data(), r.bytes);
   }
   return absl::OkStatus();
 }

@@ -45,7 +45,8 @@ class LocalRendezvous {
   absl::Mutex mu_;
   std::map<Key, std::vector<uint8_t>> mail_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> dead_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> claimed_ ABSL_GUARDED_BY(mu_) = std::vector<bool>(static_cast<size_t>(size_), false);
+  std::vector<bool> claimed_ ABSL_GUARDED_BY(mu_) = std::vector<bool>(static_cast<size_t>(size_),
+                                                                      false);
 };
 
 class LocalCommunicator final : public P2pCommunicator {

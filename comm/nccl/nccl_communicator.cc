@@ -54,9 +54,7 @@ bool AwaitNotInProgress(ncclComm_t comm, absl::Time deadline, ncclResult_t* resu
   }
 }
 
-ncclDataType_t ToNccl(DataType t) {
-  return t == DataType::kF32 ? ncclFloat32 : ncclBfloat16;
-}
+ncclDataType_t ToNccl(DataType t) { return t == DataType::kF32 ? ncclFloat32 : ncclBfloat16; }
 
 }  // namespace
 
@@ -95,24 +93,24 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   FLOTILLA_RETURN_IF_ERROR(
       FromCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate"));
   c->stream_ = s;
+  FLOTILLA_RETURN_IF_ERROR(FromCuda(cudaMalloc(reinterpret_cast<void**>(&c->device_counts_),
+                                               2 * sizeof(size_t) * static_cast<size_t>(size)),
+                                    "cudaMalloc"));
   FLOTILLA_RETURN_IF_ERROR(FromCuda(
-      cudaMalloc(reinterpret_cast<void**>(&c->device_counts_), 2 * sizeof(size_t) * static_cast<size_t>(size)),
-      "cudaMalloc"));
-  FLOTILLA_RETURN_IF_ERROR(
-      FromCuda(cudaMalloc(reinterpret_cast<void**>(&c->device_token_), sizeof(float)), "cudaMalloc"));
+      cudaMalloc(reinterpret_cast<void**>(&c->device_token_), sizeof(float)), "cudaMalloc"));
 
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // lets every wait below have a deadline
+  config.blocking = options.blocking ? 1 : 0;  // non-blocking: every wait has a deadline
   ncclResult_t r = ncclCommInitRankConfig(&c->comm_, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
     return FromNccl(r, "ncclCommInitRankConfig");
   }
   if (!AwaitNotInProgress(c->comm_, absl::Now() + options.timeout, &r)) {
-    return c->Fail(absl::UnavailableError(absl::StrCat(
-        "NcclCommunicator: rank ", rank, " of ", size, ": the group did not form within ",
-        absl::FormatDuration(options.timeout))));
+    return c->Fail(absl::UnavailableError(absl::StrCat("NcclCommunicator: rank ", rank, " of ",
+                                                       size, ": the group did not form within ",
+                                                       absl::FormatDuration(options.timeout))));
   }
   if (r != ncclSuccess) return c->Fail(FromNccl(r, "ncclCommInitRankConfig"));
   return c;
@@ -149,18 +147,17 @@ absl::Status NcclCommunicator::Fail(absl::Status status) {
 
 absl::Status NcclCommunicator::Begin() {
   if (!broken_.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "communicator is broken after an earlier failure: ", broken_.message()));
+    return absl::UnavailableError(
+        absl::StrCat("communicator is broken after an earlier failure: ", broken_.message()));
   }
   return FromCuda(cudaSetDevice(options_.device), "cudaSetDevice");
 }
 
 absl::Status NcclCommunicator::Enqueued(int result, const char* what) {
   ncclResult_t r = static_cast<ncclResult_t>(result);
-  if (r == ncclInProgress &&
-      !AwaitNotInProgress(comm_, absl::Now() + options_.timeout, &r)) {
-    return Fail(absl::UnavailableError(absl::StrCat(what, ": not enqueued within ",
-                                                    absl::FormatDuration(options_.timeout))));
+  if (r == ncclInProgress && !AwaitNotInProgress(comm_, absl::Now() + options_.timeout, &r)) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat(what, ": not enqueued within ", absl::FormatDuration(options_.timeout))));
   }
   if (r == ncclSuccess) return absl::OkStatus();
   absl::Status st = FromNccl(r, what);
@@ -174,8 +171,8 @@ absl::Status NcclCommunicator::Finish(void* stream) {
 
 absl::Status NcclCommunicator::Wait(void* stream) {
   if (!broken_.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "communicator is broken after an earlier failure: ", broken_.message()));
+    return absl::UnavailableError(
+        absl::StrCat("communicator is broken after an earlier failure: ", broken_.message()));
   }
   cudaStream_t s = static_cast<cudaStream_t>(StreamOr(stream));
   const auto start = std::chrono::steady_clock::now();
@@ -187,12 +184,13 @@ absl::Status NcclCommunicator::Wait(void* stream) {
     if ((iter & 63) != 0) continue;
     ncclResult_t r = ncclSuccess;
     ncclCommGetAsyncError(comm_, &r);
-    if (r != ncclSuccess && r != ncclInProgress) return Fail(absl::UnavailableError(
-        absl::StrCat("rank ", rank_, ": NCCL reported ", ncclGetErrorString(r))));
+    if (r != ncclSuccess && r != ncclInProgress)
+      return Fail(absl::UnavailableError(
+          absl::StrCat("rank ", rank_, ": NCCL reported ", ncclGetErrorString(r))));
     if (absl::Now() > deadline) {
-      return Fail(absl::UnavailableError(absl::StrCat(
-          "rank ", rank_, ": NCCL operation did not complete within ",
-          absl::FormatDuration(options_.timeout), " (a peer died or stalled)")));
+      return Fail(absl::UnavailableError(
+          absl::StrCat("rank ", rank_, ": NCCL operation did not complete within ",
+                       absl::FormatDuration(options_.timeout), " (a peer died or stalled)")));
     }
     if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(200)) {
       std::this_thread::yield();
@@ -200,14 +198,14 @@ absl::Status NcclCommunicator::Wait(void* stream) {
   }
 }
 
-absl::Status NcclCommunicator::AllReduce(void* buffer, size_t count, DataType type,
-                                         void* stream) {
+absl::Status NcclCommunicator::AllReduce(void* buffer, size_t count, DataType type, void* stream) {
   if (DataTypeSize(type) == 0) return absl::InvalidArgumentError("AllReduce: unknown data type");
   FLOTILLA_RETURN_IF_ERROR(Begin());
   if (count == 0) return absl::OkStatus();
-  FLOTILLA_RETURN_IF_ERROR(Enqueued(ncclAllReduce(buffer, buffer, count, ToNccl(type), ncclSum,
-                                                  comm_, static_cast<cudaStream_t>(StreamOr(stream))),
-                                    "ncclAllReduce"));
+  FLOTILLA_RETURN_IF_ERROR(
+      Enqueued(ncclAllReduce(buffer, buffer, count, ToNccl(type), ncclSum, comm_,
+                             static_cast<cudaStream_t>(StreamOr(stream))),
+               "ncclAllReduce"));
   return Finish(stream);
 }
 
@@ -242,10 +240,9 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const size
       ValidateAllToAllV(size_, send_counts, send_offsets, recv_counts, recv_offsets));
   const size_t me = static_cast<size_t>(rank_);
   if (send_counts[me] != recv_counts[me]) {
-    return absl::InvalidArgumentError(absl::StrCat("AllToAllV: rank ", rank_, " sends itself ",
-                                                   send_counts[me],
-                                                   " bytes but expects to receive ",
-                                                   recv_counts[me]));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AllToAllV: rank ", rank_, " sends itself ", send_counts[me],
+                     " bytes but expects to receive ", recv_counts[me]));
   }
   FLOTILLA_RETURN_IF_ERROR(Begin());
   cudaStream_t s = static_cast<cudaStream_t>(StreamOr(stream));
@@ -255,7 +252,8 @@ absl::Status NcclCommunicator::AllToAllV(const void* send, absl::Span<const size
   ncclResult_t r = ncclGroupStart();
   for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
     const size_t q = static_cast<size_t>(p);
-    if (send_counts[q] > 0) r = ncclSend(in + send_offsets[q], send_counts[q], ncclUint8, p, comm_, s);
+    if (send_counts[q] > 0)
+      r = ncclSend(in + send_offsets[q], send_counts[q], ncclUint8, p, comm_, s);
     if (r == ncclSuccess && recv_counts[q] > 0) {
       r = ncclRecv(out + recv_offsets[q], recv_counts[q], ncclUint8, p, comm_, s);
     }
@@ -279,8 +277,8 @@ absl::Status NcclCommunicator::ExchangeCounts(absl::Span<const size_t> send_coun
                                     "cudaMemcpyAsync"));
   std::vector<size_t> each(n, sizeof(size_t));
   std::vector<size_t> offsets = PackedOffsets(each);
-  FLOTILLA_RETURN_IF_ERROR(AllToAllV(device_counts_, each, offsets, device_counts_ + n, each,
-                                     offsets, stream_));
+  FLOTILLA_RETURN_IF_ERROR(
+      AllToAllV(device_counts_, each, offsets, device_counts_ + n, each, offsets, stream_));
   FLOTILLA_RETURN_IF_ERROR(FromCuda(cudaMemcpyAsync(recv_counts.data(), device_counts_ + n,
                                                     n * sizeof(size_t), cudaMemcpyDeviceToHost, s),
                                     "cudaMemcpyAsync"));
@@ -289,10 +287,10 @@ absl::Status NcclCommunicator::ExchangeCounts(absl::Span<const size_t> send_coun
 
 absl::Status NcclCommunicator::Barrier(void* stream) {
   FLOTILLA_RETURN_IF_ERROR(Begin());
-  FLOTILLA_RETURN_IF_ERROR(Enqueued(ncclAllReduce(device_token_, device_token_, 1, ncclFloat32,
-                                                  ncclSum, comm_,
-                                                  static_cast<cudaStream_t>(StreamOr(stream))),
-                                    "Barrier (ncclAllReduce)"));
+  FLOTILLA_RETURN_IF_ERROR(
+      Enqueued(ncclAllReduce(device_token_, device_token_, 1, ncclFloat32, ncclSum, comm_,
+                             static_cast<cudaStream_t>(StreamOr(stream))),
+               "Barrier (ncclAllReduce)"));
   return Finish(stream);
 }
 

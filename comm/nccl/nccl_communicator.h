@@ -32,6 +32,12 @@ struct NcclOptions {
   int device = 0;
   // How long Create waits for the group and any call waits for completion.
   absl::Duration timeout = absl::Seconds(60);
+  // A blocking NCCL communicator (ncclConfig_t::blocking = 1): enqueueing
+  // skips the non-blocking mode's polling, but Create then waits for the
+  // whole group with NO timeout. Completion waits keep their deadline. For
+  // comparing enqueue cost (flotilla_comm_bench --nccl-blocking); off in
+  // production so that no call can hang.
+  bool blocking = false;
 };
 
 // Fresh bootstrap bytes for a new group (an ncclUniqueId, 128 bytes).
@@ -82,7 +88,7 @@ class NcclCommunicator final : public Communicator {
   const int size_;
   NcclOptions options_;
   ncclComm_t comm_ = nullptr;
-  void* stream_ = nullptr;         // cudaStream_t
+  void* stream_ = nullptr;           // cudaStream_t
   size_t* device_counts_ = nullptr;  // 2 * size entries, for ExchangeCounts
   float* device_token_ = nullptr;    // one float, for Barrier
   absl::Status broken_;

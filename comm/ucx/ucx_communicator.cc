@@ -39,9 +39,9 @@ void OnPeerError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
 
 absl::StatusOr<std::string_view> OpenEnvelope(const std::string& bytes, int rank) {
   if (bytes.size() < kHeader || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "UcxCommunicator: the bootstrap bytes of rank ", rank,
-        " are not a UcxWorker::Address() (", bytes.size(), " bytes, bad header)"));
+    return absl::InvalidArgumentError(absl::StrCat("UcxCommunicator: the bootstrap bytes of rank ",
+                                                   rank, " are not a UcxWorker::Address() (",
+                                                   bytes.size(), " bytes, bad header)"));
   }
   uint64_t len = 0;
   for (int i = 7; i >= 0; --i) {
@@ -69,8 +69,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
     st = ucp_config_modify(config, name.c_str(), value.c_str());
     if (st != UCS_OK) {
       ucp_config_release(config);
-      return absl::InvalidArgumentError(absl::StrCat("UCX setting ", name, "=", value,
-                                                     " rejected: ", UcsError(st)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("UCX setting ", name, "=", value, " rejected: ", UcsError(st)));
     }
   }
   ucp_params_t params{};
@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> UcxWorker::Create(const UcxOptions& o
   st = ucp_worker_get_address(w->worker_, &addr, &len);
   if (st != UCS_OK) return UcxError("ucp_worker_get_address", st);
   w->address_.assign(kMagic, sizeof(kMagic));
-  for (int i = 0; i < 8; ++i) w->address_.push_back(static_cast<char>((uint64_t{len} >> (8 * i)) & 0xff));
+  for (int i = 0; i < 8; ++i)
+    w->address_.push_back(static_cast<char>((uint64_t{len} >> (8 * i)) & 0xff));
   w->address_.append(reinterpret_cast<const char*>(addr), len);
   ucp_worker_release_address(w->worker_, addr);
   return w;
@@ -125,8 +126,8 @@ absl::StatusOr<std::unique_ptr<UcxCommunicator>> UcxCommunicator::Create(
         absl::StrCat("UcxCommunicator: rank ", rank, " is outside a group of ", size));
   }
   if (addresses[static_cast<size_t>(rank)] != worker->Address()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "UcxCommunicator: addresses[", rank, "] is not this worker's own address"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("UcxCommunicator: addresses[", rank, "] is not this worker's own address"));
   }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("UcxCommunicator: timeout must be positive");
@@ -136,8 +137,7 @@ absl::StatusOr<std::unique_ptr<UcxCommunicator>> UcxCommunicator::Create(
     FLOTILLA_ASSIGN_OR_RETURN(raw[static_cast<size_t>(p)],
                               OpenEnvelope(addresses[static_cast<size_t>(p)], p));
   }
-  std::unique_ptr<UcxCommunicator> c(
-      new UcxCommunicator(std::move(worker), rank, size, options));
+  std::unique_ptr<UcxCommunicator> c(new UcxCommunicator(std::move(worker), rank, size, options));
   for (int p = 0; p < size; ++p) {
     if (p == rank) continue;
     ucp_ep_params_t ep{};
@@ -218,9 +218,8 @@ UcxCommunicator::~UcxCommunicator() {
       if (ep == nullptr) continue;
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-      p.flags = peer_failure_[static_cast<size_t>(&ep - eps_.data())] != 0
-                    ? UCP_EP_CLOSE_FLAG_FORCE
-                    : 0;
+      p.flags =
+          peer_failure_[static_cast<size_t>(&ep - eps_.data())] != 0 ? UCP_EP_CLOSE_FLAG_FORCE : 0;
       void* c = ucp_ep_close_nbx(ep, &p);
       if (UCS_PTR_IS_PTR(c)) {
         ProgressUntilDone(c, deadline);
@@ -316,7 +315,8 @@ absl::Status UcxCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> se
           if (peer_failure_[static_cast<size_t>(recvs[i].peer)] != 0) {
             failure = absl::UnavailableError(absl::StrCat(
                 "rank ", rank(), ": peer rank ", recvs[i].peer, " failed: ",
-                UcsError(static_cast<ucs_status_t>(peer_failure_[static_cast<size_t>(recvs[i].peer)]))));
+                UcsError(
+                    static_cast<ucs_status_t>(peer_failure_[static_cast<size_t>(recvs[i].peer)]))));
           }
           continue;
         }
@@ -329,17 +329,17 @@ absl::Status UcxCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> se
       if (st == UCS_INPROGRESS || st == kChecked) continue;
       recv_status_[i] = kChecked;
       if (st == UCS_ERR_MESSAGE_TRUNCATED) {
-        failure = absl::InvalidArgumentError(absl::StrCat("rank ", rank(), ": rank ",
-                                                          recvs[i].peer, " sent more than the ",
-                                                          recvs[i].bytes, " bytes expected"));
+        failure = absl::InvalidArgumentError(absl::StrCat("rank ", rank(), ": rank ", recvs[i].peer,
+                                                          " sent more than the ", recvs[i].bytes,
+                                                          " bytes expected"));
       } else if (st != UCS_OK) {
-        failure = absl::UnavailableError(absl::StrCat("rank ", rank(), ": receiving from rank ",
-                                                      recvs[i].peer, " failed: ",
-                                                      UcsError(static_cast<ucs_status_t>(st))));
+        failure = absl::UnavailableError(
+            absl::StrCat("rank ", rank(), ": receiving from rank ", recvs[i].peer,
+                         " failed: ", UcsError(static_cast<ucs_status_t>(st))));
       } else if (recv_lengths_[i] != recvs[i].bytes) {
-        failure = absl::InvalidArgumentError(absl::StrCat(
-            "rank ", rank(), ": rank ", recvs[i].peer, " sent ", recv_lengths_[i],
-            " bytes where ", recvs[i].bytes, " were expected"));
+        failure = absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank(), ": rank ", recvs[i].peer, " sent ", recv_lengths_[i],
+                         " bytes where ", recvs[i].bytes, " were expected"));
       }
     }
     if (!pending || !failure.ok()) break;
@@ -351,10 +351,9 @@ absl::Status UcxCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> se
         for (size_t i = 0; i < recvs.size(); ++i) {
           if (recv_requests_[i] != nullptr) silent.push_back(recvs[i].peer);
         }
-        failure = absl::UnavailableError(
-            absl::StrCat("rank ", rank(), ": no message from rank(s) ",
-                         absl::StrJoin(silent, ","), " within ",
-                         absl::FormatDuration(options_.timeout)));
+        failure = absl::UnavailableError(absl::StrCat("rank ", rank(), ": no message from rank(s) ",
+                                                      absl::StrJoin(silent, ","), " within ",
+                                                      absl::FormatDuration(options_.timeout)));
         break;
       }
       // Past the spin period, give the CPU to others (ranks may share cores),

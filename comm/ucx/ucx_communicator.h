@@ -91,8 +91,7 @@ class UcxCommunicator final : public P2pCommunicator {
                         absl::Span<const RecvOp> recvs) override;
 
  private:
-  UcxCommunicator(std::unique_ptr<UcxWorker> worker, int rank, int size,
-                  const UcxOptions& options);
+  UcxCommunicator(std::unique_ptr<UcxWorker> worker, int rank, int size, const UcxOptions& options);
   // Waits for the requests of one step; on failure cancels what is left and
   // closes the endpoints, so no buffer of the step is touched afterwards.
   absl::Status Wait(absl::Span<const SendOp> sends, absl::Span<const RecvOp> recvs);

@@ -15,9 +15,7 @@ uint8_t Byte(int from, int to, size_t i) {
 }
 
 // Bytes rank `from` sends rank `to` in the uneven all-to-all (often zero).
-size_t UnevenCount(int from, int to) {
-  return static_cast<size_t>((from * 7 + to * 3) % 5) * 13;
-}
+size_t UnevenCount(int from, int to) { return static_cast<size_t>((from * 7 + to * 3) % 5) * 13; }
 
 absl::Status Mismatch(const Communicator& c, absl::string_view what, size_t at) {
   return absl::InternalError(
@@ -49,7 +47,8 @@ absl::Status CheckAllGather(Communicator& c) {
       for (size_t i = 0; i < bytes; ++i) in[i] = Byte(c.rank(), 7, i);
       const uint8_t* src = in.data();
       if (in_place) {
-        std::memcpy(out.data() + static_cast<size_t>(c.rank()) * bytes, in.data(), bytes);
+        if (bytes > 0)
+          std::memcpy(out.data() + static_cast<size_t>(c.rank()) * bytes, in.data(), bytes);
         src = out.data() + static_cast<size_t>(c.rank()) * bytes;
       }
       FLOTILLA_RETURN_IF_ERROR(c.AllGather(src, out.data(), bytes));
@@ -89,7 +88,8 @@ absl::Status CheckAllReduce(Communicator& c) {
     FLOTILLA_RETURN_IF_ERROR(c.AllReduce(b.data(), n, DataType::kBf16));
     for (size_t i = 0; i < n; ++i) {
       float sum = 0.f;
-      for (int r = 0; r < w; ++r) sum += Bf16ToFloat(FloatToBf16(1.0f / static_cast<float>(r + 3 + i)));
+      for (int r = 0; r < w; ++r)
+        sum += Bf16ToFloat(FloatToBf16(1.0f / static_cast<float>(r + 3 + i)));
       if (b[i] != FloatToBf16(sum)) return Mismatch(c, "AllReduce(bf16, rounded)", i);
     }
   }
@@ -114,7 +114,8 @@ absl::Status CheckAllToAllV(Communicator& c, bool all_zero) {
   }
   std::vector<uint8_t> send(sat, 0xEE), recv(rat, 0xEE);
   for (int p = 0; p < w; ++p) {
-    for (size_t i = 0; i < sc[static_cast<size_t>(p)]; ++i) send[so[static_cast<size_t>(p)] + i] = Byte(me, p, i);
+    for (size_t i = 0; i < sc[static_cast<size_t>(p)]; ++i)
+      send[so[static_cast<size_t>(p)] + i] = Byte(me, p, i);
   }
   FLOTILLA_RETURN_IF_ERROR(c.AllToAllV(send.data(), sc, so, recv.data(), rc, ro));
   for (int p = 0; p < w; ++p) {
@@ -153,13 +154,13 @@ absl::Status CheckArgumentErrors(Communicator& c) {
   uint8_t byte = 0;
   absl::Status st = c.AllToAllV(&byte, short_list, ok, &byte, ok, ok);
   if (!absl::IsInvalidArgument(st)) {
-    return absl::InternalError(absl::StrCat("rank ", c.rank(),
-                                            ": AllToAllV with too many counts gave ", st.ToString()));
+    return absl::InternalError(
+        absl::StrCat("rank ", c.rank(), ": AllToAllV with too many counts gave ", st.ToString()));
   }
   st = c.Broadcast(&byte, 1, c.size());
   if (!absl::IsInvalidArgument(st)) {
-    return absl::InternalError(absl::StrCat("rank ", c.rank(),
-                                            ": Broadcast from a root out of range gave ", st.ToString()));
+    return absl::InternalError(absl::StrCat(
+        "rank ", c.rank(), ": Broadcast from a root out of range gave ", st.ToString()));
   }
   return absl::OkStatus();
 }

@@ -52,8 +52,7 @@ absl::Status FakeCommunicator::Script(CommOp op, size_t bytes, int root) {
   return absl::OkStatus();
 }
 
-absl::Status FakeCommunicator::AllReduce(void* buffer, size_t count, DataType type,
-                                         void* stream) {
+absl::Status FakeCommunicator::AllReduce(void* buffer, size_t count, DataType type, void* stream) {
   FLOTILLA_RETURN_IF_ERROR(Script(CommOp::kAllReduce, count * DataTypeSize(type)));
   if (inner_) return inner_->AllReduce(buffer, count, type, stream);
   for (size_t i = 0; i < count; ++i) {
@@ -78,7 +77,8 @@ absl::Status FakeCommunicator::AllGather(const void* send, void* recv, size_t by
   if (inner_) return inner_->AllGather(send, recv, bytes_per_rank, stream);
   auto* out = static_cast<uint8_t*>(recv);
   const uint8_t* mine = out + static_cast<size_t>(rank_) * bytes_per_rank;
-  if (bytes_per_rank > 0 && mine != send) std::memmove(out + static_cast<size_t>(rank_) * bytes_per_rank, send, bytes_per_rank);
+  if (bytes_per_rank > 0 && mine != send)
+    std::memmove(out + static_cast<size_t>(rank_) * bytes_per_rank, send, bytes_per_rank);
   for (int r = 0; r < size_; ++r) {
     if (r != rank_ && bytes_per_rank > 0) {
       std::memcpy(out + static_cast<size_t>(r) * bytes_per_rank, mine, bytes_per_rank);
@@ -112,9 +112,9 @@ absl::Status FakeCommunicator::AllToAllV(const void* send, absl::Span<const size
       ValidateAllToAllV(size_, send_counts, send_offsets, recv_counts, recv_offsets));
   for (size_t p = 0; p < send_counts.size(); ++p) {
     if (send_counts[p] != recv_counts[p]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "FakeCommunicator: echoing peer ", p, " returns ", send_counts[p],
-          " bytes but this rank expects ", recv_counts[p]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("FakeCommunicator: echoing peer ", p, " returns ", send_counts[p],
+                       " bytes but this rank expects ", recv_counts[p]));
     }
     if (send_counts[p] > 0) {
       std::memcpy(static_cast<uint8_t*>(recv) + recv_offsets[p],
@@ -128,7 +128,8 @@ absl::Status FakeCommunicator::ExchangeCounts(absl::Span<const size_t> send_coun
                                               absl::Span<size_t> recv_counts) {
   FLOTILLA_RETURN_IF_ERROR(Script(CommOp::kExchangeCounts, send_counts.size() * sizeof(size_t)));
   if (inner_) return inner_->ExchangeCounts(send_counts, recv_counts);
-  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != send_counts.size()) {
+  if (send_counts.size() != static_cast<size_t>(size_) ||
+      recv_counts.size() != send_counts.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("ExchangeCounts: expected ", size_, " counts per side"));
   }

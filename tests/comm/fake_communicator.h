@@ -48,7 +48,8 @@ class FakeCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  absl::Status AllReduce(void* buffer, size_t count, DataType type, void* stream = nullptr) override;
+  absl::Status AllReduce(void* buffer, size_t count, DataType type,
+                         void* stream = nullptr) override;
   absl::Status AllGather(const void* send, void* recv, size_t bytes_per_rank,
                          void* stream = nullptr) override;
   absl::Status Broadcast(void* buffer, size_t bytes, int root, void* stream = nullptr) override;

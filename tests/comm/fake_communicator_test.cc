@@ -42,7 +42,7 @@ TEST(FakeCommunicatorTest, ScriptedFailuresComeInOrder) {
   c.FailFrom(4, absl::UnavailableError("group broken"));
   std::vector<uint8_t> buf(4, 0);
   std::vector<size_t> counts = {2, 2}, offsets = {0, 2};
-  EXPECT_TRUE(c.AllToAllV(buf.data(), counts, offsets, buf.data() , counts, offsets).ok());
+  EXPECT_TRUE(c.AllToAllV(buf.data(), counts, offsets, buf.data(), counts, offsets).ok());
   absl::Status st = c.AllToAllV(buf.data(), counts, offsets, buf.data(), counts, offsets);
   EXPECT_TRUE(absl::IsUnavailable(st));
   EXPECT_EQ(st.message(), "peer 1 died");
@@ -66,8 +66,7 @@ TEST(FakeCommunicatorTest, HookSeesEveryCallAndCanFailIt) {
   int seen = 0;
   c.SetHook([&](const CommCall& call) {
     ++seen;
-    return call.op == CommOp::kAllReduce ? absl::DeadlineExceededError("slow")
-                                          : absl::OkStatus();
+    return call.op == CommOp::kAllReduce ? absl::DeadlineExceededError("slow") : absl::OkStatus();
   });
   float x = 1.f;
   EXPECT_TRUE(absl::IsDeadlineExceeded(c.AllReduce(&x, 1, DataType::kF32)));

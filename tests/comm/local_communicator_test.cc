@@ -39,7 +39,8 @@ TEST_P(LocalCollectivesTest, EveryCollectiveGivesTheExpectedData) {
     EXPECT_EQ(c.size(), GetParam());
     return testing::RunCollectiveChecks(c);
   });
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, LocalCollectivesTest, ::testing::Values(1, 2, 3, 4));
@@ -62,8 +63,10 @@ TEST(LocalCommunicatorTest, DeadPeerGivesUnavailableAndTheCommunicatorStaysBroke
   }
   for (auto& t : threads) t.join();
   for (int r = 0; r < 2; ++r) {
-    EXPECT_TRUE(absl::IsUnavailable(first[static_cast<size_t>(r)])) << first[static_cast<size_t>(r)];
-    EXPECT_TRUE(absl::IsUnavailable(second[static_cast<size_t>(r)])) << second[static_cast<size_t>(r)];
+    EXPECT_TRUE(absl::IsUnavailable(first[static_cast<size_t>(r)]))
+        << first[static_cast<size_t>(r)];
+    EXPECT_TRUE(absl::IsUnavailable(second[static_cast<size_t>(r)]))
+        << second[static_cast<size_t>(r)];
   }
 }
 
@@ -98,8 +101,8 @@ TEST(LocalCommunicatorTest, CreateRejectsBadArguments) {
   EXPECT_TRUE(absl::IsInvalidArgument(LocalCommunicator::Create(*rv, 2).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(LocalCommunicator::Create(*rv, -1).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(LocalCommunicator::Create(nullptr, 0).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      LocalCommunicator::Create(*rv, 0, {absl::ZeroDuration()}).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(LocalCommunicator::Create(*rv, 0, {absl::ZeroDuration()}).status()));
   auto first = LocalCommunicator::Create(*rv, 0);
   ASSERT_TRUE(first.ok());
   EXPECT_TRUE(absl::IsAlreadyExists(LocalCommunicator::Create(*rv, 0).status()));
@@ -112,6 +115,27 @@ TEST(LocalCommunicatorTest, ReceiveBufferTooSmallForUnknownCounts) {
     return AllToAllVExchangingCounts(c, send.data(), sc, so, recv.data(), recv.size(), &rc, &ro);
   });
   for (const auto& st : results) EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+}
+
+}  // namespace
+}  // namespace flotilla::comm
+
+namespace flotilla::comm {
+namespace {
+
+TEST(LocalCommunicatorTest, NullBuffersAreInvalidArgument) {
+  auto rv = LocalRendezvous::Create(1);
+  ASSERT_TRUE(rv.ok());
+  auto c = LocalCommunicator::Create(*rv, 0);
+  ASSERT_TRUE(c.ok());
+  std::vector<size_t> one = {4}, zero = {0};
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllToAllV(nullptr, one, zero, nullptr, one, zero)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllReduce(nullptr, 3, DataType::kF32)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllGather(nullptr, nullptr, 3)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->Broadcast(nullptr, 3, 0)));
+  EXPECT_TRUE(absl::IsInvalidArgument((*c)->AllReduce(nullptr, 0, static_cast<DataType>(7))));
+  // The checks above send nothing, so the group still works.
+  EXPECT_TRUE((*c)->Barrier().ok());
 }
 
 }  // namespace

@@ -55,12 +55,14 @@ class StagedNccl final : public Communicator {
     FLOTILLA_RETURN_IF_ERROR(c_->Broadcast(d, bytes, root));
     return Unstage(buffer, d, bytes);
   }
-  absl::Status AllToAllV(const void* send, absl::Span<const size_t> sc,
-                         absl::Span<const size_t> so, void* recv, absl::Span<const size_t> rc,
-                         absl::Span<const size_t> ro, void*) override {
+  absl::Status AllToAllV(const void* send, absl::Span<const size_t> sc, absl::Span<const size_t> so,
+                         void* recv, absl::Span<const size_t> rc, absl::Span<const size_t> ro,
+                         void*) override {
     size_t send_extent = 0, recv_extent = 0;
-    for (size_t p = 0; p < std::min(sc.size(), so.size()); ++p) send_extent = std::max(send_extent, so[p] + sc[p]);
-    for (size_t p = 0; p < std::min(rc.size(), ro.size()); ++p) recv_extent = std::max(recv_extent, ro[p] + rc[p]);
+    for (size_t p = 0; p < std::min(sc.size(), so.size()); ++p)
+      send_extent = std::max(send_extent, so[p] + sc[p]);
+    for (size_t p = 0; p < std::min(rc.size(), ro.size()); ++p)
+      recv_extent = std::max(recv_extent, ro[p] + rc[p]);
     void* d_send = Stage(send, send_extent);
     void* d_recv = Stage(recv, recv_extent);
     FLOTILLA_RETURN_IF_ERROR(c_->AllToAllV(d_send, sc, so, d_recv, rc, ro));
@@ -119,8 +121,8 @@ std::vector<absl::Status> RunGroup(int w) {
 
 TEST(NcclCommunicatorTest, CreateRejectsBadArguments) {
   EXPECT_TRUE(absl::IsInvalidArgument(NcclCommunicator::Create(0, 2, "short").status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      NcclCommunicator::Create(2, 2, std::string(128, '\0')).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(NcclCommunicator::Create(2, 2, std::string(128, '\0')).status()));
   NcclOptions options;
   options.device = 1000;
   EXPECT_TRUE(absl::IsFailedPrecondition(

@@ -2,8 +2,8 @@
 // per rank (fork + exec) and checks their exit status.
 #include "comm/ucx/ucx_communicator.h"
 
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -48,9 +48,17 @@ class UcxProcessGroup {
   void Start(const std::string& scenario, int timeout_ms, bool detect_peer_failure) {
     for (int r = 0; r < size_; ++r) {
       const std::string log = dir_ + "/log." + std::to_string(r);
-      std::vector<std::string> args = {FLOTILLA_UCX_PEER, "--rank", std::to_string(r), "--size",
-                                       std::to_string(size_), "--dir", dir_, "--scenario",
-                                       scenario, "--timeout-ms", std::to_string(timeout_ms),
+      std::vector<std::string> args = {FLOTILLA_UCX_PEER,
+                                       "--rank",
+                                       std::to_string(r),
+                                       "--size",
+                                       std::to_string(size_),
+                                       "--dir",
+                                       dir_,
+                                       "--scenario",
+                                       scenario,
+                                       "--timeout-ms",
+                                       std::to_string(timeout_ms),
                                        "--detect-peer-failure",
                                        detect_peer_failure ? "true" : "false"};
       std::vector<char*> argv;
@@ -58,7 +66,8 @@ class UcxProcessGroup {
       argv.push_back(nullptr);
       posix_spawn_file_actions_t actions;
       posix_spawn_file_actions_init(&actions);
-      posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                       0644);
       posix_spawn_file_actions_adddup2(&actions, 1, 2);
       Peer p;
       const int rc = posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ);
@@ -200,8 +209,8 @@ TEST(UcxCommunicatorTest, SilentPeerMakesCreateUnavailable) {
   UcxOptions options;
   options.timeout = absl::Milliseconds(300);
   const std::string mine = (*worker)->Address();
-  auto st = UcxCommunicator::Create(std::move(*worker), 0, {mine, (*quiet)->Address()}, options)
-                .status();
+  auto st =
+      UcxCommunicator::Create(std::move(*worker), 0, {mine, (*quiet)->Address()}, options).status();
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
 }
 

@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   for (int p = 0; p < size; ++p) {
     const fs::path f = base / ("addr." + std::to_string(p));
     while (!fs::exists(f)) {
-      if (std::chrono::steady_clock::now() > give_up) return Fail(rank, "no address from rank " + std::to_string(p));
+      if (std::chrono::steady_clock::now() > give_up)
+        return Fail(rank, "no address from rank " + std::to_string(p));
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     std::ifstream in(f, std::ios::binary);
@@ -98,9 +99,11 @@ int main(int argc, char** argv) {
   for (size_t p = 0; p < offsets.size(); ++p) offsets[p] = p * 64;
   const auto t0 = std::chrono::steady_clock::now();
   absl::Status st = (*comm)->AllToAllV(send.data(), counts, offsets, recv.data(), counts, offsets);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!absl::IsUnavailable(st)) return Fail(rank, "expected UNAVAILABLE, got " + st.ToString());
-  std::printf("rank %d: UNAVAILABLE after %.1f ms: %s\n", rank, ms, std::string(st.message()).c_str());
+  std::printf("rank %d: UNAVAILABLE after %.1f ms: %s\n", rank, ms,
+              std::string(st.message()).c_str());
   absl::Status again = (*comm)->Barrier();
   if (!absl::IsUnavailable(again)) return Fail(rank, "second call gave " + again.ToString());
   return 0;

@@ -61,6 +61,7 @@ struct Config {
   double timeout_s = 60;
   double budget_ms_per_token = 1.0;
   bool detect_peer_failure = false;
+  bool nccl_blocking = false;
   // Internal: a UCX child process.
   int rank = -1;
   std::string dir;
@@ -84,7 +85,9 @@ std::vector<size_t> RowsFrom(const Config& cfg, int from, int tokens) {
       const int e = static_cast<int>(s % static_cast<uint64_t>(cfg.experts));
       if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
     }
-    for (int e : chosen) ++rows[static_cast<size_t>(e) * static_cast<size_t>(cfg.world) / static_cast<size_t>(cfg.experts)];
+    for (int e : chosen)
+      ++rows[static_cast<size_t>(e) * static_cast<size_t>(cfg.world) /
+             static_cast<size_t>(cfg.experts)];
   }
   return rows;
 }
@@ -120,7 +123,8 @@ absl::Status RunRank(Communicator& c, const Config& cfg, const Memory& mem,
     const std::vector<size_t> so = PackedOffsets(sc), ro = PackedOffsets(rc);
     void* send = mem.alloc(std::max<size_t>(send_total, 1));
     void* recv = mem.alloc(std::max<size_t>(recv_total, 1));
-    if (send == nullptr || recv == nullptr) return absl::ResourceExhaustedError("buffer allocation failed");
+    if (send == nullptr || recv == nullptr)
+      return absl::ResourceExhaustedError("buffer allocation failed");
 
     auto run = [&](int n, std::vector<double>* samples_us, bool exchange_counts) -> absl::Status {
       std::vector<size_t> got_counts, got_offsets;
@@ -133,7 +137,8 @@ absl::Status RunRank(Communicator& c, const Config& cfg, const Memory& mem,
           FLOTILLA_RETURN_IF_ERROR(c.AllToAllV(send, sc, so, recv, rc, ro));
         }
         if (samples_us) {
-          samples_us->push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+          samples_us->push_back(
+              std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
         }
       }
       return absl::OkStatus();
@@ -156,7 +161,8 @@ absl::Status RunRank(Communicator& c, const Config& cfg, const Memory& mem,
         FLOTILLA_RETURN_IF_ERROR(c.AllToAllV(send, sc, so, recv, rc, ro, user_stream));
       }
       FLOTILLA_RETURN_IF_ERROR(wait_stream(user_stream));
-      pipelined_us = std::chrono::duration<double, std::micro>(Clock::now() - p0).count() / cfg.iters;
+      pipelined_us =
+          std::chrono::duration<double, std::micro>(Clock::now() - p0).count() / cfg.iters;
     }
     FLOTILLA_RETURN_IF_ERROR(c.Barrier());
     mem.release(send);
@@ -266,14 +272,21 @@ int RunUcxChild(const Config& cfg) {
     // First transport line of UCX's description of the connection to a peer.
     std::istringstream info((*c)->TransportInfo(cfg.rank == 0 ? 1 : 0));
     for (std::string line; std::getline(info, line);) {
-      if (line.find("lane[") != std::string::npos) {
-        lanes = line.substr(line.find_first_not_of("# "));
-        break;
+      if (line.find("lane[") == std::string::npos) continue;
+      // "lane[0]:  3:sysv/memory.0 md[2] -> ... am am_bw#0": keep transport and role.
+      std::istringstream words(line);
+      std::string w, kept;
+      while (words >> w) {
+        if (w == "#" || w.rfind("md[", 0) == 0 || w == "->") continue;
+        if (w.find("sysdev") != std::string::npos) continue;
+        kept += (kept.empty() ? "" : " ") + w;
       }
+      lanes += (lanes.empty() ? "" : "; ") + kept;
     }
   }
-  absl::Status st = RunRank(**c, cfg, HostMemory(), nullptr, nullptr,
-                            std::string(cfg.detect_peer_failure ? "ucx(peer-failure detection) " : "ucx ") + lanes);
+  absl::Status st = RunRank(
+      **c, cfg, HostMemory(), nullptr, nullptr,
+      std::string(cfg.detect_peer_failure ? "ucx(peer-failure detection): " : "ucx: ") + lanes);
   if (!st.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", cfg.rank, st.ToString().c_str());
     return 1;
@@ -320,7 +333,8 @@ int RunNccl(const Config& cfg) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
   if (devices < cfg.world) {
-    std::fprintf(stderr, "nccl: --world %d needs %d GPUs, found %d\n", cfg.world, cfg.world, devices);
+    std::fprintf(stderr, "nccl: --world %d needs %d GPUs, found %d\n", cfg.world, cfg.world,
+                 devices);
     return 1;
   }
   auto id = NcclUniqueId();
@@ -335,6 +349,7 @@ int RunNccl(const Config& cfg) {
       NcclOptions options;
       options.device = r;
       options.timeout = absl::Seconds(cfg.timeout_s);
+      options.blocking = cfg.nccl_blocking;
       auto c = NcclCommunicator::Create(r, cfg.world, *id, options);
       if (!c.ok()) {
         results[static_cast<size_t>(r)] = c.status();
@@ -348,8 +363,9 @@ int RunNccl(const Config& cfg) {
                  },
                  [](void* p) { cudaFree(p); }};
       NcclCommunicator* raw = c->get();
-      results[static_cast<size_t>(r)] =
-          RunRank(*raw, cfg, mem, [raw](void* st) { return raw->Wait(st); }, s, "nccl");
+      results[static_cast<size_t>(r)] = RunRank(
+          *raw, cfg, mem, [raw](void* st) { return raw->Wait(st); }, s,
+          cfg.nccl_blocking ? "nccl(blocking)" : "nccl(non-blocking)");
       cudaStreamDestroy(s);
     });
   }
@@ -373,7 +389,8 @@ int main(int argc, char** argv) {
   CLI::App app{"MoE all-to-all latency and bandwidth at decode sizes (JSON lines)"};
   app.add_option("--backend", cfg.backend, "local, ucx or nccl")
       ->check(CLI::IsMember({"local", "ucx", "nccl"}));
-  app.add_option("--world", cfg.world, "ranks (threads, processes or GPUs)")->check(CLI::Range(1, 64));
+  app.add_option("--world", cfg.world, "ranks (threads, processes or GPUs)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--tokens", cfg.tokens, "tokens per rank, one line each")->delimiter(',');
   app.add_option("--hidden", cfg.hidden, "bf16 values per token")->check(CLI::Range(1, 1 << 20));
   app.add_option("--topk", cfg.topk, "experts per token")->check(CLI::Range(1, 64));
@@ -384,6 +401,8 @@ int main(int argc, char** argv) {
   app.add_option("--budget-ms-per-token", cfg.budget_ms_per_token)->check(CLI::PositiveNumber);
   app.add_option("--detect-peer-failure", cfg.detect_peer_failure,
                  "ucx: let UCX report dead peers (TCP only in UCX 1.13)");
+  app.add_flag("--nccl-blocking", cfg.nccl_blocking,
+               "nccl: blocking communicator (no timeout while the group forms)");
   app.add_option("--rank", cfg.rank)->group("");  // internal: UCX child
   app.add_option("--dir", cfg.dir)->group("");
   try {
