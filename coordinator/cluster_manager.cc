@@ -82,8 +82,15 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
         case cluster::WorkerMessage::kReady:
           if (message.ready().generation() == generation_ && w->rank >= 0) {
             w->ready_generation = generation_;
+            w->ready = message.ready();
             spdlog::info("worker {} (rank {}) ready: {} MiB of weights in {} ms", w->worker_id,
                          w->rank, message.ready().weight_bytes() >> 20, message.ready().load_ms());
+            UpdateReadyLocked();
+          }
+          break;
+        case cluster::WorkerMessage::kJoined:
+          if (message.joined().generation() == generation_ && w->rank >= 0) {
+            w->joined_generation = generation_;
             UpdateReadyLocked();
           }
           break;
@@ -193,20 +200,17 @@ void ClusterManager::MaybeAssignLocked() {
   }
 
   ++generation_;
+  comm_started_ = false;
   state_ = admin::LOADING;
   state_message_ = absl::StrCat("loading shards, generation ", generation_);
   const Placement& p = *placement_;
   cluster::CommBootstrap comm;
   comm.set_backend(p.parallel.world_size() == 1 ? "none" : options_.comm_backend);
-  for (const RankPlacement& r : p.ranks) {
-    const Worker& w = workers_[r.worker_id];
-    comm.add_peer_addresses(w.hello.comm_address());
-    if (r.rank == 0) comm.set_nccl_unique_id(w.hello.nccl_unique_id());
-  }
   cluster::ExpertMap map = ExpertMapToProto(p.expert_map);
   for (const RankPlacement& r : p.ranks) {
     Worker& w = workers_[r.worker_id];
     w.ready_generation = 0;
+    w.joined_generation = 0;
     cluster::CoordinatorMessage msg;
     cluster::Assignment* a = msg.mutable_assignment();
     a->set_generation(generation_);
@@ -233,6 +237,25 @@ void ClusterManager::UpdateReadyLocked() {
   for (const RankPlacement& r : placement_->ranks) {
     const Worker& w = workers_[r.worker_id];
     if (!w.alive || w.ready_generation != generation_) return;
+  }
+  if (!comm_started_) {
+    // Every rank loaded its shards and has a fresh endpoint: introduce them.
+    comm_started_ = true;
+    cluster::CoordinatorMessage msg;
+    cluster::StartComm* sc = msg.mutable_start_comm();
+    sc->set_generation(generation_);
+    sc->mutable_comm()->set_backend(placement_->parallel.world_size() == 1 ? "none"
+                                                                            : options_.comm_backend);
+    for (const RankPlacement& r : placement_->ranks) {
+      const Worker& w = workers_[r.worker_id];
+      sc->mutable_comm()->add_peer_addresses(w.ready.comm_address());
+      if (r.rank == 0) sc->mutable_comm()->set_nccl_unique_id(w.ready.nccl_unique_id());
+    }
+    for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].session->Send(msg);
+    state_message_ = absl::StrCat("joining the communicator, generation ", generation_);
+  }
+  for (const RankPlacement& r : placement_->ranks) {
+    if (workers_[r.worker_id].joined_generation != generation_) return;
   }
   state_ = admin::READY;
   state_message_ = absl::StrCat("serving with ", placement_->parallel.ToString());

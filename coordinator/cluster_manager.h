@@ -98,7 +98,9 @@ class ClusterManager {
     absl::Time last_heard;
     bool alive = false;
     int rank = -1;
-    uint64_t ready_generation = 0;
+    uint64_t ready_generation = 0;   // shards loaded for this generation
+    uint64_t joined_generation = 0;  // communicator joined for this generation
+    cluster::Ready ready;
     cluster::WorkerLoad load;
   };
   struct Request {
@@ -136,6 +138,7 @@ class ClusterManager {
   admin::InstanceState state_ = admin::WAITING_FOR_WORKERS;
   std::string state_message_;
   uint64_t generation_ = 0;
+  bool comm_started_ = false;  // StartComm sent for generation_
   std::optional<Placement> placement_;
   std::map<uint64_t, Request> requests_;
   uint64_t next_request_id_ = 1;

@@ -36,6 +36,7 @@ struct Fixture {
   std::unique_ptr<ClusterManager> manager;
   std::vector<std::shared_ptr<FakeSession>> sessions;
   std::vector<uint64_t> ids;
+  std::vector<std::string> names;
 
   explicit Fixture(int workers, int tp, absl::Duration timeout = absl::Seconds(30),
                    int max_inflight = 1024) {
@@ -55,19 +56,31 @@ struct Fixture {
     cluster::WorkerMessage m;
     m.mutable_hello()->set_worker_id(id);
     m.mutable_hello()->set_node("n0");
-    m.mutable_hello()->set_comm_address("addr-" + id);
     manager->OnWorkerMessage(sid, m);
     sessions.push_back(s);
     ids.push_back(sid);
+    names.push_back(id);
     return static_cast<int>(sessions.size()) - 1;
   }
   void Ready(int i) {
     auto a = sessions[i]->Of(cluster::CoordinatorMessage::kAssignment);
     ASSERT_FALSE(a.empty());
+    const uint64_t gen = a.back().assignment().generation();
     cluster::WorkerMessage m;
-    m.mutable_ready()->set_generation(a.back().assignment().generation());
+    m.mutable_ready()->set_generation(gen);
     m.mutable_ready()->set_rank(a.back().assignment().rank());
+    m.mutable_ready()->set_comm_address("addr-" + names[i]);
     manager->OnWorkerMessage(ids[i], m);
+  }
+  // After StartComm reached everyone, each worker reports it joined.
+  void JoinAll() {
+    for (size_t i = 0; i < sessions.size(); ++i) {
+      auto sc = sessions[i]->Of(cluster::CoordinatorMessage::kStartComm);
+      if (sc.empty()) continue;
+      cluster::WorkerMessage m;
+      m.mutable_joined()->set_generation(sc.back().start_comm().generation());
+      manager->OnWorkerMessage(ids[i], m);
+    }
   }
 };
 
@@ -84,7 +97,6 @@ TEST(ClusterManager, AssignsWhenAllWorkersRegisterAndServesWhenReady) {
   EXPECT_EQ(a1[0].assignment().rank(), 0u);  // ranks ordered by node, device, id
   EXPECT_EQ(a0[0].assignment().rank(), 1u);
   EXPECT_EQ(a0[0].assignment().tp_size(), 2u);
-  EXPECT_EQ(a0[0].assignment().comm().peer_addresses(0), "addr-w-a");
   EXPECT_EQ(a0[0].assignment().model_path(), "/models/tiny");
   EXPECT_EQ(f.manager->Status().state(), admin::LOADING);
 
@@ -95,7 +107,14 @@ TEST(ClusterManager, AssignsWhenAllWorkersRegisterAndServesWhenReady) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
 
   f.Ready(0);
+  EXPECT_TRUE(f.sessions[1]->Of(cluster::CoordinatorMessage::kStartComm).empty());
   f.Ready(1);
+  auto sc = f.sessions[0]->Of(cluster::CoordinatorMessage::kStartComm);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].start_comm().comm().peer_addresses(0), "addr-w-a");
+  EXPECT_EQ(sc[0].start_comm().comm().peer_addresses(1), "addr-w-b");
+  EXPECT_EQ(f.manager->Status().state(), admin::LOADING);
+  f.JoinAll();
   EXPECT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   auto placement = f.manager->GetPlacement();
   ASSERT_TRUE(placement.ok());
@@ -106,6 +125,7 @@ TEST(ClusterManager, RoutesRequestsAndStreamsTokensBack) {
   Fixture f(1, 1);
   f.Connect("w0");
   f.Ready(0);
+  f.JoinAll();
   std::vector<int> got;
   absl::Status final_status = absl::UnknownError("not done");
   cluster::SubmitSequence req;
@@ -137,6 +157,7 @@ TEST(ClusterManager, RejectsBadPrompts) {
   Fixture f(1, 1);
   f.Connect("w0");
   f.Ready(0);
+  f.JoinAll();
   cluster::SubmitSequence empty;
   EXPECT_EQ(f.manager->Submit(empty, {}).status().code(), absl::StatusCode::kInvalidArgument);
   cluster::SubmitSequence bad;
@@ -150,6 +171,7 @@ TEST(ClusterManager, OverloadAnswersResourceExhausted) {
   Fixture f(1, 1, absl::Seconds(30), /*max_inflight=*/2);
   f.Connect("w0");
   f.Ready(0);
+  f.JoinAll();
   cluster::SubmitSequence req;
   req.add_prompt_ids(1);
   EXPECT_TRUE(f.manager->Submit(req, {}).ok());
@@ -163,6 +185,7 @@ TEST(ClusterManager, DeadWorkerFailsInflightNamesItAndRejoinRestoresService) {
   f.Connect("w1");
   f.Ready(0);
   f.Ready(1);
+  f.JoinAll();
   ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   absl::Status status;
   cluster::SubmitSequence req;
@@ -185,9 +208,9 @@ TEST(ClusterManager, DeadWorkerFailsInflightNamesItAndRejoinRestoresService) {
   ASSERT_EQ(a2.size(), 1u);
   EXPECT_EQ(a2[0].assignment().generation(), 2u);
   EXPECT_EQ(a2[0].assignment().rank(), 1u);
-  EXPECT_EQ(a2[0].assignment().comm().peer_addresses(1), "addr-w1");
   f.Ready(0);
   f.Ready(2);
+  f.JoinAll();
   EXPECT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   EXPECT_TRUE(f.manager->Submit(req, {}).ok());
 }
@@ -196,6 +219,7 @@ TEST(ClusterManager, SilentWorkerIsDeclaredDeadWithinTheTimeout) {
   Fixture f(1, 1, absl::Milliseconds(200));
   f.Connect("w0");
   f.Ready(0);
+  f.JoinAll();
   ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   const absl::Time start = absl::Now();
   while (f.manager->Status().state() != admin::DEGRADED && absl::Now() - start < absl::Seconds(3)) {
@@ -221,6 +245,7 @@ TEST(ClusterManager, CancelEndsTheRequestAndTellsTheLeader) {
   Fixture f(1, 1);
   f.Connect("w0");
   f.Ready(0);
+  f.JoinAll();
   absl::Status status;
   cluster::SubmitSequence req;
   req.add_prompt_ids(1);

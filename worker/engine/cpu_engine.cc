@@ -213,7 +213,10 @@ int64_t CpuEngine::MaxSequenceLength() const {
 }
 
 absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
-  if (items.empty()) return absl::InvalidArgumentError("step: no sequences");
+  // An empty step is how a rank with no work joins its peers' collectives.
+  if (items.empty() && collectives_ == nullptr) {
+    return absl::InvalidArgumentError("step: no sequences");
+  }
   const ModelConfig& c = weights_.config;
   std::unordered_set<int64_t> seen;
   int64_t needed = 0;
@@ -389,9 +392,16 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
   topk_idx_.resize(T * K);
   topk_w_.resize(T * K);
   k::RouterTopK(router_.data(), T, E, K, topk_idx_.data(), topk_w_.data());
-  RunExperts(layer, T);
-  if (collectives_ != nullptr) {
-    FLOTILLA_RETURN_IF_ERROR(collectives_->CombineExperts(layer, y_.data(), T * H));
+  if (collectives_ != nullptr && collectives_->DispatchesTokens()) {
+    y_.assign(T * H, 0.0f);
+    FLOTILLA_RETURN_IF_ERROR(collectives_->RunMoe(layer, t_.data(), T, H, topk_idx_.data(),
+                                                  topk_w_.data(), static_cast<int>(K), *this,
+                                                  y_.data()));
+  } else {
+    RunExperts(layer, T);
+    if (collectives_ != nullptr) {
+      FLOTILLA_RETURN_IF_ERROR(collectives_->CombineExperts(layer, y_.data(), T * H));
+    }
   }
   for (int64_t i = 0; i < T * H; ++i) x_[i] += y_[i];
   return absl::OkStatus();
@@ -437,6 +447,42 @@ void CpuEngine::RunExperts(int layer, int64_t T) {
       for (int64_t h = 0; h < H; ++h) yr[h] += er[h] * w;
     }
   }
+}
+
+absl::Status CpuEngine::Run(int layer, const float* rows, int64_t n, const int32_t* experts,
+                            float* out) {
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& L = weights_.layers[layer];
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  // Rows grouped by expert, ascending, so each expert's weights stream once.
+  std::vector<std::vector<int64_t>> routed(c.num_local_experts);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t e = experts[i];
+    if (e < 0 || e >= c.num_local_experts || L.slot_of_expert[e] < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, ": expert ", e, " is not held by this rank"));
+    }
+    routed[e].push_back(i);
+  }
+  std::vector<float> in, gu, act, res;
+  for (int e = 0; e < c.num_local_experts; ++e) {
+    const auto& idx = routed[e];
+    if (idx.empty()) continue;
+    const ExpertWeights& x = L.experts[L.slot_of_expert[e]];
+    const int64_t m = static_cast<int64_t>(idx.size());
+    in.resize(m * H);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(&in[i * H], rows + idx[i] * H, H * sizeof(float));
+    gu.resize(m * 2 * I);
+    k::LinearMxfp4(pool_, in.data(), m, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
+                   x.gate_up_bias.data, gu.data());
+    act.resize(m * I);
+    k::SwigluClamped(gu.data(), m, I, static_cast<float>(c.swiglu_limit), 1.702f, act.data());
+    res.resize(m * H);
+    k::LinearMxfp4(pool_, act.data(), m, I, x.down.blocks, x.down.scales, H, x.down_bias.data,
+                   res.data());
+    for (int64_t i = 0; i < m; ++i) std::memcpy(out + idx[i] * H, &res[i * H], H * sizeof(float));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace flotilla

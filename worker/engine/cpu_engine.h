@@ -41,7 +41,7 @@ struct StepOutput {
   std::vector<std::vector<float>> logits;
 };
 
-class CpuEngine {
+class CpuEngine : public LocalExperts {
  public:
   // `pool` (may be nullptr: single-threaded) and `collectives` (nullptr when
   // this rank holds all heads and experts) must outlive the engine.
@@ -66,16 +66,25 @@ class CpuEngine {
   // momentarily taken by other sequences. On error no sequence changes.
   absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items);
 
+  // The checks Step makes before touching anything (all but the momentary
+  // KV-block shortage). A distributed leader runs them before broadcasting a
+  // step so that no rank of the instance fails a step its peers run.
+  absl::Status Validate(const std::vector<StepItem>& items) const;
+
   // Longest sequence this engine can run (context and KV capacity).
   int64_t MaxSequenceLength() const;
   const ModelConfig& config() const { return weights_.config; }
   const KvCache& kv_cache() const { return *kv_; }
 
+  // LocalExperts: runs experts this rank holds on arbitrary rows (used by a
+  // runtime that dispatches tokens between ranks).
+  absl::Status Run(int layer, const float* rows, int64_t n, const int32_t* experts,
+                   float* out) override;
+
  private:
   CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv, kernels::cpu::ThreadPool* pool,
             RankCollectives* collectives);
 
-  absl::Status Validate(const std::vector<StepItem>& items) const;
   absl::Status RunLayer(int layer, const std::vector<StepItem>& items,
                         const std::vector<int64_t>& offsets, int64_t tokens);
   void RunExperts(int layer, int64_t tokens);

@@ -1,0 +1,52 @@
+// flotilla-worker: one per device. Registers with the coordinator, loads the
+// shards it is assigned, joins its peers and runs the step loop. Every flag
+// also reads a FLOTILLA_* environment variable.
+#include <CLI/CLI.hpp>
+
+#include <csignal>
+#include <iostream>
+
+#include "spdlog/spdlog.h"
+#include "worker/worker_runtime.h"
+
+namespace {
+flotilla::worker::WorkerRuntime* g_runtime = nullptr;
+void OnSignal(int) {
+  if (g_runtime) g_runtime->Stop();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"flotilla-worker: holds weight shards and runs the step loop"};
+  flotilla::worker::WorkerOptions o;
+  int comm_timeout_ms = 10000;
+  app.add_option("--coordinator", o.coordinator, "coordinator address host:port")
+      ->envname("FLOTILLA_COORDINATOR")->capture_default_str();
+  app.add_option("--worker-id", o.worker_id, "stable id (default: host-pid)")
+      ->envname("FLOTILLA_WORKER_ID");
+  app.add_option("--node", o.node, "node name (default: host name)")->envname("FLOTILLA_NODE");
+  app.add_option("--threads", o.threads, "CPU threads for the engine (0 = all cores)")
+      ->envname("FLOTILLA_THREADS")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--kv-tokens", o.kv_tokens, "KV capacity in tokens over all sequences")
+      ->envname("FLOTILLA_KV_TOKENS")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
+      ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+  o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
+
+  auto runtime = flotilla::worker::WorkerRuntime::Create(o);
+  if (!runtime.ok()) {
+    std::cerr << "flotilla-worker: " << runtime.status().message() << "\n";
+    return 2;
+  }
+  g_runtime = runtime->get();
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  absl::Status st = (*runtime)->Run();
+  g_runtime = nullptr;
+  if (!st.ok()) {
+    spdlog::error("worker ended: {}", st.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,624 @@
+#include "worker/worker_runtime.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/build_info.h"
+#include "common/expert_map_proto.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "worker/model/load_weights.h"
+#if FLOTILLA_WITH_UCX
+#include "comm/ucx/ucx_communicator.h"
+#endif
+
+namespace flotilla::worker {
+namespace {
+
+uint64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string HostName() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+constexpr uint32_t kLogitsNone = 0, kLogitsLast = 1, kLogitsAll = 2;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options) {
+  if (options.node.empty()) options.node = HostName();
+  if (options.worker_id.empty()) options.worker_id = absl::StrCat(options.node, "-", getpid());
+  if (options.kv_tokens < 1 || options.kv_block_size < 1) {
+    return absl::InvalidArgumentError("kv tokens and block size must be >= 1");
+  }
+  return std::unique_ptr<WorkerRuntime>(new WorkerRuntime(std::move(options)));
+}
+
+WorkerRuntime::WorkerRuntime(WorkerOptions options) : options_(std::move(options)) {
+  pool_ = std::make_unique<kernels::cpu::ThreadPool>(options_.threads);
+}
+
+WorkerRuntime::~WorkerRuntime() { Stop(); }
+
+void WorkerRuntime::Stop() {
+  stop_ = true;
+  cv_.notify_all();
+  context_.TryCancel();
+}
+
+void WorkerRuntime::Send(const cluster::WorkerMessage& m) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (stream_) stream_->Write(m);
+}
+
+absl::Status WorkerRuntime::Run() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
+                                       args);
+  if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                  absl::ToChronoMilliseconds(options_.connect_timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the coordinator at ", options_.coordinator));
+  }
+  stub_ = cluster::ClusterControl::NewStub(channel_);
+  stream_ = stub_->Session(&context_);
+
+  cluster::WorkerMessage hello;
+  cluster::Hello* h = hello.mutable_hello();
+  h->set_worker_id(options_.worker_id);
+  h->set_node(options_.node);
+  h->mutable_device()->set_kind(common::DeviceInfo::CPU);
+  h->mutable_device()->set_name(absl::StrCat("cpu x", pool_->num_threads()));
+  h->set_host_memory_bytes(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
+  h->mutable_build()->set_version(GetBuildInfo().version);
+  h->set_comm_backend("ucx");
+  Send(hello);
+  spdlog::info("worker {} connected to {}", options_.worker_id, options_.coordinator);
+
+  std::thread reader([this] { ReaderLoop(); });
+  std::thread heartbeat([this] { HeartbeatLoop(); });
+  EngineLoop();
+  Stop();
+  heartbeat.join();
+  reader.join();
+  Reset("worker stopping");
+  std::lock_guard<std::mutex> lock(mu_);
+  return end_status_;
+}
+
+void WorkerRuntime::ReaderLoop() {
+  cluster::CoordinatorMessage m;
+  while (stream_->Read(&m)) {
+    if (m.kind_case() == cluster::CoordinatorMessage::kWelcome) {
+      heartbeat_ms_ = std::max<uint32_t>(10, m.welcome().heartbeat_interval_ms());
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    mailbox_.push_back(m);
+    cv_.notify_all();
+  }
+  grpc::Status st = stream_->Finish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    end_status_ = st.ok() ? absl::OkStatus()
+                          : absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                                         absl::StrCat("coordinator ended the session: ",
+                                                      st.error_message()));
+  }
+  stop_ = true;
+  cv_.notify_all();
+}
+
+void WorkerRuntime::HeartbeatLoop() {
+  while (!stop_) {
+    cluster::WorkerMessage m;
+    cluster::Heartbeat* hb = m.mutable_heartbeat();
+    hb->set_unix_ms(NowUnixMs());
+    hb->mutable_load()->set_running_sequences(running_count_);
+    hb->mutable_load()->set_queued_sequences(queued_count_);
+    hb->mutable_load()->set_kv_blocks_free(kv_free_);
+    hb->mutable_load()->set_kv_blocks_total(kv_total_);
+    Send(m);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_.load()), [this] { return stop_.load(); });
+  }
+}
+
+void WorkerRuntime::EngineLoop() {
+  while (!stop_) {
+    std::deque<cluster::CoordinatorMessage> inbox;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!running_) {
+        cv_.wait_for(lock, std::chrono::milliseconds(100),
+                     [this] { return stop_.load() || !mailbox_.empty(); });
+      }
+      inbox.swap(mailbox_);
+    }
+    for (const auto& m : inbox) Handle(m);
+    if (stop_ || !running_) continue;
+    absl::StatusOr<bool> worked = StepOnce();
+    if (!worked.ok()) {
+      spdlog::error("step failed: {}", worked.status().ToString());
+      cluster::WorkerMessage err;
+      err.mutable_error()->set_message(absl::StrCat("step failed: ", worked.status().message()));
+      Send(err);
+      Reset(std::string(worked.status().message()));
+      continue;
+    }
+    if (!*worked) std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
+}
+
+void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
+  switch (m.kind_case()) {
+    case cluster::CoordinatorMessage::kAssignment: {
+      Reset("new assignment");
+      absl::Status st = Load(m.assignment());
+      if (!st.ok()) {
+        spdlog::error("cannot load assignment: {}", st.ToString());
+        cluster::WorkerMessage err;
+        err.mutable_error()->set_message(absl::StrCat("loading failed: ", st.message()));
+        err.mutable_error()->set_fatal(true);
+        Send(err);
+      }
+      break;
+    }
+    case cluster::CoordinatorMessage::kStartComm: {
+      absl::Status st = StartComm(m.start_comm());
+      if (!st.ok()) {
+        spdlog::error("cannot join the communicator: {}", st.ToString());
+        cluster::WorkerMessage err;
+        err.mutable_error()->set_message(absl::StrCat("joining the communicator failed: ",
+                                                      st.message()));
+        Send(err);
+        Reset("communicator failed");
+      }
+      break;
+    }
+    case cluster::CoordinatorMessage::kSubmit:
+      if (running_) {
+        if (pending_.size() >= 4 * std::max<uint32_t>(1, assignment_->max_sequences())) {
+          cluster::WorkerMessage out;
+          cluster::SequenceUpdate* u = out.mutable_tokens()->add_updates();
+          u->set_request_id(m.submit().request_id());
+          u->set_finish_reason(common::ERROR);
+          u->set_error_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+          u->set_error("worker queue full; retry later");
+          Send(out);
+        } else {
+          pending_.push_back(m.submit());
+          queued_count_ = pending_.size();
+        }
+      }
+      break;
+    case cluster::CoordinatorMessage::kCancel: {
+      const uint64_t id = m.cancel().request_id();
+      auto it = std::find_if(pending_.begin(), pending_.end(),
+                             [&](const auto& s) { return s.request_id() == id; });
+      if (it != pending_.end()) pending_.erase(it);
+      auto seq = sequences_.find(id);
+      if (seq != sequences_.end()) {
+        kv_reserved_ -= seq->second.kv_reserved;
+        to_free_.push_back(id);
+        sequences_.erase(seq);
+      }
+      queued_count_ = pending_.size();
+      break;
+    }
+    case cluster::CoordinatorMessage::kExpertMap:
+      if (collectives_) {
+        absl::StatusOr<ExpertMap> map = ExpertMapFromProto(m.expert_map().map());
+        if (map.ok()) collectives_->SetExpertMap(*map);
+      }
+      break;
+    case cluster::CoordinatorMessage::kShutdown:
+      spdlog::info("coordinator asked to shut down: {}", m.shutdown().reason());
+      stop_ = true;
+      break;
+    default:
+      break;
+  }
+}
+
+void WorkerRuntime::Reset(const std::string& why) {
+  if (engine_ || comm_) spdlog::info("dropping engine state: {}", why);
+  running_ = false;
+  engine_.reset();
+  collectives_.reset();
+  comm_.reset();
+  ucx_endpoint_.reset();
+  pending_.clear();
+  sequences_.clear();
+  to_free_.clear();
+  engine_ids_.clear();
+  pending_weights_.reset();
+  kv_reserved_ = 0;
+  running_count_ = 0;
+  queued_count_ = 0;
+}
+
+absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
+  const absl::Time start = absl::Now();
+  if (!checkpoint_ || checkpoint_path_ != a.model_path()) {
+    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(a.model_path()));
+    checkpoint_ = std::move(ck);
+    checkpoint_path_ = a.model_path();
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(ParallelConfig parallel,
+                            ParallelConfig::Create(a.world_size(), a.tp_size(),
+                                                   checkpoint_->config()));
+  FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
+  ShardSpec shard;
+  shard.tp_rank = a.tp_rank();
+  shard.tp_size = a.tp_size();
+  shard.experts = map.ExpertsOnRank(0, a.rank());
+  if (a.world_size() > 1) {
+    // Experts a rank holds must be the same set on every layer for now.
+    for (int l = 1; l < map.num_layers(); ++l) {
+      if (map.ExpertsOnRank(l, a.rank()) != shard.experts) {
+        return absl::UnimplementedError("per-layer expert placement differs between layers");
+      }
+    }
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(checkpoint_, shard));
+  uint64_t weight_bytes = 0;
+  for (const auto& layer : weights.layers) {
+    weight_bytes += (layer.attn.wq.rows + layer.attn.wk.rows + layer.attn.wv.rows) *
+                        layer.attn.wq.cols * 2 +
+                    layer.attn.wo.rows * layer.attn.wo.cols * 2;
+    for (const auto& e : layer.experts) {
+      weight_bytes += (e.gate_up.rows * e.gate_up.cols + e.down.rows * e.down.cols) / 32 * 17;
+    }
+  }
+  pending_weights_ = std::move(weights);
+  assignment_ = a;
+  parallel_ = parallel;
+
+  cluster::WorkerMessage ready;
+  cluster::Ready* r = ready.mutable_ready();
+  r->set_generation(a.generation());
+  r->set_rank(a.rank());
+  r->set_weight_bytes(weight_bytes);
+  if (a.world_size() > 1) {
+#if FLOTILLA_WITH_UCX
+    if (a.comm().backend() != "ucx") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CPU workers talk over ucx, but the coordinator asked for '", a.comm().backend(), "'"));
+    }
+    comm::UcxOptions uo;
+    uo.timeout = options_.comm_timeout;
+    FLOTILLA_ASSIGN_OR_RETURN(ucx_endpoint_, comm::UcxWorker::Create(uo));
+    r->set_comm_address(ucx_endpoint_->Address());
+#else
+    return absl::FailedPreconditionError("this worker was built without UCX (FLOTILLA_UCX=OFF)");
+#endif
+  }
+  r->set_load_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(absl::Now() - start)));
+  spdlog::info("rank {} of {} (tp {} dp group {}) loaded {} experts/layer, {} MiB in {} ms",
+               a.rank(), a.world_size(), a.tp_size(), a.dp_group(), shard.experts.size(),
+               weight_bytes >> 20, r->load_ms());
+  Send(ready);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
+  if (!assignment_ || sc.generation() != assignment_->generation() || !pending_weights_) {
+    return absl::FailedPreconditionError("StartComm for a generation this worker did not load");
+  }
+  const cluster::Assignment& a = *assignment_;
+  if (a.world_size() > 1) {
+#if FLOTILLA_WITH_UCX
+    std::vector<std::string> addresses(sc.comm().peer_addresses().begin(),
+                                       sc.comm().peer_addresses().end());
+    comm::UcxOptions uo;
+    uo.timeout = options_.comm_timeout;
+    FLOTILLA_ASSIGN_OR_RETURN(comm_, comm::UcxCommunicator::Create(std::move(ucx_endpoint_),
+                                                                   a.rank(), addresses, uo));
+    FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
+    collectives_ = std::make_unique<DistributedCollectives>(comm_.get(), *parallel_, map);
+#endif
+  }
+  const ModelConfig& c = pending_weights_->config;
+  CpuEngineOptions eo;
+  eo.kv_block_size = options_.kv_block_size;
+  const int64_t kv_heads = c.num_key_value_heads / a.tp_size();
+  const int64_t seqs = std::max<uint32_t>(1, a.max_sequences());
+  eo.kv_num_blocks = a.kv_blocks() > 0
+                         ? a.kv_blocks()
+                         : CpuEngine::KvBlocksFor(c, kv_heads, eo.kv_block_size, seqs,
+                                                  std::max<int64_t>(1, options_.kv_tokens / seqs));
+  FLOTILLA_ASSIGN_OR_RETURN(engine_, CpuEngine::Create(std::move(*pending_weights_), eo,
+                                                       pool_.get(), collectives_.get()));
+  pending_weights_.reset();
+  kv_total_ = engine_->kv_cache().num_blocks();
+  kv_free_ = engine_->kv_cache().free_blocks();
+  running_ = true;
+  cluster::WorkerMessage joined;
+  joined.mutable_joined()->set_generation(a.generation());
+  Send(joined);
+  spdlog::info("rank {} joined generation {}; KV {} blocks", a.rank(), a.generation(),
+               eo.kv_num_blocks);
+  return absl::OkStatus();
+}
+
+void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out) {
+  auto reject = [&](absl::StatusCode code, const std::string& msg) {
+    cluster::SequenceUpdate* u = out->add_updates();
+    u->set_request_id(s.request_id());
+    u->set_finish_reason(common::ERROR);
+    u->set_error_code(static_cast<int>(code));
+    u->set_error(msg);
+  };
+  const ModelConfig& c = engine_->config();
+  const int64_t prompt = s.prompt_ids_size();
+  const int64_t max_len = engine_->MaxSequenceLength();
+  if (prompt == 0) return reject(absl::StatusCode::kInvalidArgument, "the prompt is empty");
+  for (int id : s.prompt_ids()) {
+    if (id < 0 || id >= c.vocab_size) {
+      return reject(absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("prompt token id ", id, " is outside [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (prompt >= max_len) {
+    return reject(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("prompt of ", prompt, " tokens leaves no room in the context of ",
+                               max_len, " tokens"));
+  }
+  const common::SamplingParams& p = s.sampling();
+  SamplingParams sp;
+  sp.temperature = p.has_temperature() ? p.temperature() : 1.0f;
+  sp.top_p = p.has_top_p() ? p.top_p() : 1.0f;
+  sp.top_k = p.top_k();
+  sp.min_p = p.min_p();
+  if (p.has_seed()) sp.seed = p.seed();
+  sp.frequency_penalty = p.frequency_penalty();
+  sp.presence_penalty = p.presence_penalty();
+  sp.logprobs = p.return_logprobs() || p.logprobs() > 0;
+  sp.top_logprobs = static_cast<int>(p.logprobs());
+  std::vector<int> stops = c.eos_token_ids;
+  for (int t : p.stop_token_ids()) stops.push_back(t);
+  sp.stop_token_ids = stops;
+  const int64_t room = max_len - prompt;
+  sp.max_tokens = p.max_tokens() == 0 ? room : std::min<int64_t>(p.max_tokens(), room);
+  absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(sp, c.vocab_size);
+  if (!sampler.ok()) {
+    return reject(sampler.status().code(), std::string(sampler.status().message()));
+  }
+  Sequence seq;
+  seq.request_id = s.request_id();
+  seq.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+  seq.sampler = std::move(*sampler);
+  seq.max_new = sp.max_tokens;
+  seq.stop_ids = stops;
+  seq.want_logprobs = sp.logprobs;
+  seq.return_prompt_logits = s.return_prompt_logits();
+  seq.deadline_unix_ms = s.deadline_unix_ms();
+  seq.kv_reserved = CpuEngine::KvBlocksFor(c, c.num_key_value_heads / parallel_->tp_size(),
+                                           options_.kv_block_size, 1, prompt + seq.max_new);
+  kv_reserved_ += seq.kv_reserved;
+  sequences_.emplace(seq.request_id, std::move(seq));
+}
+
+cluster::StepPlan WorkerRuntime::PlanStep(cluster::TokenBatch* rejected) {
+  cluster::StepPlan plan;
+  for (uint64_t id : to_free_) plan.add_free(id);
+  to_free_.clear();
+  int64_t budget = std::max<uint32_t>(1, assignment_->max_batch_tokens());
+  const uint64_t now = NowUnixMs();
+  // Decode tokens first: one per running sequence past its prompt.
+  for (auto& [id, seq] : sequences_) {
+    if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    cluster::PlanItem* it = plan.add_items();
+    it->set_request_id(id);
+    it->add_tokens(seq.generated.back());
+    it->set_logits(kLogitsLast);
+    --budget;
+  }
+  // Admit queued requests while the KV reservation and the sequence cap allow
+  // (the policy when KV runs short: queue, never preempt; running sequences
+  // always finish, so the queue always drains).
+  const int64_t total_blocks = engine_->kv_cache().num_blocks();
+  while (!pending_.empty() &&
+         sequences_.size() < std::max<uint32_t>(1, assignment_->max_sequences())) {
+    const cluster::SubmitSequence& s = pending_.front();
+    if (s.deadline_unix_ms() != 0 && now > s.deadline_unix_ms()) {
+      cluster::SequenceUpdate* u = rejected->add_updates();
+      u->set_request_id(s.request_id());
+      u->set_finish_reason(common::ERROR);
+      u->set_error_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+      u->set_error("deadline passed while queued");
+      pending_.pop_front();
+      continue;
+    }
+    const ModelConfig& c = engine_->config();
+    const int64_t need = CpuEngine::KvBlocksFor(
+        c, c.num_key_value_heads / parallel_->tp_size(), options_.kv_block_size, 1,
+        std::min<int64_t>(engine_->MaxSequenceLength(),
+                          s.prompt_ids_size() + (s.sampling().max_tokens() == 0
+                                                     ? engine_->MaxSequenceLength()
+                                                     : s.sampling().max_tokens())));
+    if (need > total_blocks) {
+      cluster::SequenceUpdate* u = rejected->add_updates();
+      u->set_request_id(s.request_id());
+      u->set_finish_reason(common::ERROR);
+      u->set_error_code(static_cast<int>(absl::StatusCode::kInvalidArgument));
+      u->set_error(absl::StrCat("the request needs ", need, " KV blocks but a worker has ",
+                                total_blocks, "; lower max_tokens or the prompt"));
+      pending_.pop_front();
+      continue;
+    }
+    if (kv_reserved_ + need > total_blocks) break;  // wait for running sequences to finish
+    cluster::SubmitSequence sub = std::move(pending_.front());
+    pending_.pop_front();
+    Admit(sub, rejected);
+  }
+  queued_count_ = pending_.size();
+  // Prompt chunks within the remaining token budget.
+  for (auto& [id, seq] : sequences_) {
+    const int64_t left = static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
+    if (left <= 0 || budget <= 0) continue;
+    const int64_t n = std::min(left, budget);
+    cluster::PlanItem* it = plan.add_items();
+    it->set_request_id(id);
+    it->set_first(seq.prefilled == 0);
+    for (int64_t j = 0; j < n; ++j) it->add_tokens(seq.prompt[seq.prefilled + j]);
+    it->set_logits(seq.return_prompt_logits ? kLogitsAll
+                                            : (n == left ? kLogitsLast : kLogitsNone));
+    budget -= n;
+  }
+  running_count_ = sequences_.size();
+  return plan;
+}
+
+void WorkerRuntime::FinishSequence(Sequence& seq, common::FinishReason reason,
+                                   cluster::SequenceUpdate* u) {
+  u->set_finish_reason(reason);
+  u->set_prompt_tokens(seq.prompt.size());
+  if (seq.return_prompt_logits) {
+    *u->mutable_prompt_logits() = {seq.prompt_logits.begin(), seq.prompt_logits.end()};
+  }
+  kv_reserved_ -= seq.kv_reserved;
+  to_free_.push_back(seq.request_id);
+}
+
+absl::StatusOr<bool> WorkerRuntime::StepOnce() {
+  const cluster::Assignment& a = *assignment_;
+  const bool leader = parallel_->is_leader(a.rank());
+  cluster::TokenBatch out;
+  cluster::StepPlan mine;
+  if (leader) mine = PlanStep(&out);
+  const std::string bytes = leader ? mine.SerializeAsString() : std::string();
+
+  // Everyone learns every leader's plan: sizes first, then the padded plans.
+  cluster::StepPlan plan;
+  bool any_work = !mine.items().empty() || !mine.free().empty();
+  if (a.world_size() > 1) {
+    const int W = a.world_size();
+    std::vector<uint64_t> sizes(W);
+    uint64_t my_size = bytes.size();
+    FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(&my_size, sizes.data(), sizeof(uint64_t)));
+    uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+    any_work = max_size > 0;
+    if (any_work) {
+      std::string padded = bytes;
+      padded.resize(max_size);
+      std::string all(max_size * W, '\0');
+      FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(padded.data(), all.data(), max_size));
+      const int lead = parallel_->leader_of_group(parallel_->dp_group_of(a.rank()));
+      if (!plan.ParseFromArray(all.data() + lead * max_size, static_cast<int>(sizes[lead]))) {
+        return absl::InternalError("could not parse the leader's step plan");
+      }
+    }
+  } else {
+    plan = mine;
+  }
+  if (!out.updates().empty()) Send([&] {
+    cluster::WorkerMessage m;
+    *m.mutable_tokens() = out;
+    return m;
+  }());
+  out.Clear();
+  if (!any_work) return false;
+
+  for (uint64_t id : plan.free()) {
+    auto it = engine_ids_.find(id);
+    if (it == engine_ids_.end()) continue;
+    FLOTILLA_RETURN_IF_ERROR(engine_->FreeSequence(it->second));
+    engine_ids_.erase(it);
+  }
+  std::vector<StepItem> items;
+  for (const cluster::PlanItem& p : plan.items()) {
+    if (p.first()) engine_ids_[p.request_id()] = engine_->NewSequence();
+    StepItem it;
+    it.sequence = engine_ids_.at(p.request_id());
+    it.tokens.assign(p.tokens().begin(), p.tokens().end());
+    it.logits = p.logits() == kLogitsAll    ? LogitsMode::kAll
+                : p.logits() == kLogitsLast ? LogitsMode::kLast
+                                            : LogitsMode::kNone;
+    items.push_back(std::move(it));
+  }
+  if (items.empty() && a.world_size() == 1) return true;
+  FLOTILLA_ASSIGN_OR_RETURN(StepOutput result, engine_->Step(items));
+  ++steps_;
+  kv_free_ = engine_->kv_cache().free_blocks();
+  if (!leader) return true;
+
+  const ModelConfig& c = engine_->config();
+  const int64_t V = c.vocab_size;
+  const uint64_t now = NowUnixMs();
+  for (int i = 0; i < plan.items_size(); ++i) {
+    const cluster::PlanItem& p = plan.items(i);
+    auto sit = sequences_.find(p.request_id());
+    if (sit == sequences_.end()) continue;  // cancelled during the step
+    Sequence& seq = sit->second;
+    const std::vector<float>& logits = result.logits[i];
+    const bool prefill = seq.prefilled < static_cast<int64_t>(seq.prompt.size());
+    if (prefill) {
+      seq.prefilled += p.tokens_size();
+      if (seq.return_prompt_logits) {
+        seq.prompt_logits.insert(seq.prompt_logits.end(), logits.begin(), logits.end());
+      }
+      if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    }
+    if (logits.size() < static_cast<size_t>(V)) continue;
+    TokenLogprob lp;
+    const int32_t tok = seq.sampler->Sample(logits.data() + logits.size() - V,
+                                            seq.want_logprobs ? &lp : nullptr);
+    cluster::SequenceUpdate* u = out.add_updates();
+    u->set_request_id(seq.request_id);
+    const bool stop = std::find(seq.stop_ids.begin(), seq.stop_ids.end(), tok) != seq.stop_ids.end();
+    if (!stop) {
+      seq.generated.push_back(tok);
+      u->add_token_ids(tok);
+      if (seq.want_logprobs) {
+        common::TokenLogprob* l = u->add_logprobs();
+        l->set_token_id(lp.token);
+        l->set_logprob(lp.logprob);
+        for (auto& [t, v] : lp.top) {
+          common::TopLogprob* top = l->add_top();
+          top->set_token_id(t);
+          top->set_logprob(v);
+        }
+      }
+    }
+    u->set_completion_tokens(seq.generated.size() + (stop ? 1 : 0));
+    if (stop) {
+      FinishSequence(seq, common::STOP, u);
+    } else if (static_cast<int64_t>(seq.generated.size()) >= seq.max_new) {
+      FinishSequence(seq, common::LENGTH, u);
+    } else if (seq.deadline_unix_ms != 0 && now > seq.deadline_unix_ms) {
+      u->set_finish_reason(common::ERROR);
+      u->set_error_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+      u->set_error("deadline exceeded");
+      kv_reserved_ -= seq.kv_reserved;
+      to_free_.push_back(seq.request_id);
+    }
+    if (u->finish_reason() != common::FINISH_REASON_UNSPECIFIED) sequences_.erase(sit);
+  }
+  running_count_ = sequences_.size();
+  if (!out.updates().empty()) {
+    cluster::WorkerMessage m;
+    m.mutable_tokens()->set_step(steps_);
+    *m.mutable_tokens()->mutable_updates() = out.updates();
+    Send(m);
+  }
+  return true;
+}
+
+}  // namespace flotilla::worker

@@ -1,0 +1,130 @@
+// The worker process: one Session stream with the coordinator (ControlActor
+// part: reader, heartbeats) and the engine loop (EngineActor part: shards,
+// communicator, KV cache, lockstep step loop, continuous batching on DP-group
+// leaders). The engine loop owns all engine state; the reader thread only
+// posts messages to its mailbox.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/communicator.h"
+#include "common/parallel_config.h"
+#include "kernels/cpu/thread_pool.h"
+#include "proto/cluster.grpc.pb.h"
+#include "worker/distributed_collectives.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/engine/sampler.h"
+#include "worker/model/checkpoint.h"
+
+namespace flotilla::comm {
+class UcxWorker;
+}
+
+namespace flotilla::worker {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:50051";
+  std::string worker_id;   // stable across restarts; default host-pid
+  std::string node;        // default: the host name
+  int threads = 0;         // CPU threads for the engine (0 = all cores)
+  int64_t kv_tokens = 65536;  // KV capacity (tokens over all sequences) when the coordinator leaves it to us
+  int64_t kv_block_size = 16;
+  absl::Duration comm_timeout = absl::Seconds(10);
+  absl::Duration connect_timeout = absl::Seconds(30);
+};
+
+class WorkerRuntime {
+ public:
+  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(WorkerOptions options);
+  ~WorkerRuntime();
+
+  // Connects, serves until the coordinator ends the session or Stop() is
+  // called. Returns why it ended.
+  absl::Status Run();
+  void Stop();
+
+ private:
+  explicit WorkerRuntime(WorkerOptions options);
+
+  struct Sequence {
+    uint64_t request_id = 0;
+    int64_t engine_id = -1;          // on every rank of the group
+    std::vector<int32_t> prompt;
+    int64_t prefilled = 0;
+    std::vector<int32_t> generated;
+    std::unique_ptr<Sampler> sampler;
+    int64_t max_new = 0;
+    std::vector<int> stop_ids;
+    bool want_logprobs = false;
+    bool return_prompt_logits = false;
+    std::vector<float> prompt_logits;
+    int64_t kv_reserved = 0;
+    uint64_t deadline_unix_ms = 0;
+  };
+
+  void Send(const cluster::WorkerMessage& m);
+  void ReaderLoop();
+  void HeartbeatLoop();
+  void EngineLoop();
+  void Handle(const cluster::CoordinatorMessage& m);
+  void Reset(const std::string& why);
+  absl::Status Load(const cluster::Assignment& a);
+  absl::Status StartComm(const cluster::StartComm& sc);
+  // One lockstep iteration; false when the whole instance was idle.
+  absl::StatusOr<bool> StepOnce();
+  cluster::StepPlan PlanStep(cluster::TokenBatch* rejected);
+  void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
+  void FinishSequence(Sequence& seq, common::FinishReason reason, cluster::SequenceUpdate* u);
+
+  const WorkerOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<cluster::ClusterControl::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<cluster::WorkerMessage, cluster::CoordinatorMessage>>
+      stream_;
+  std::mutex write_mu_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<cluster::CoordinatorMessage> mailbox_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint32_t> heartbeat_ms_{250};
+  absl::Status end_status_;
+
+  // Engine state: touched only by the engine loop.
+  std::unique_ptr<kernels::cpu::ThreadPool> pool_;
+  std::shared_ptr<const Checkpoint> checkpoint_;
+  std::string checkpoint_path_;
+  std::optional<cluster::Assignment> assignment_;
+  std::optional<ParallelConfig> parallel_;
+  std::unique_ptr<comm::UcxWorker> ucx_endpoint_;
+  std::unique_ptr<comm::Communicator> comm_;
+  std::unique_ptr<DistributedCollectives> collectives_;
+  std::unique_ptr<CpuEngine> engine_;
+  std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
+  bool running_ = false;
+  uint64_t steps_ = 0;
+  // Leader state.
+  std::deque<cluster::SubmitSequence> pending_;
+  std::map<uint64_t, Sequence> sequences_;  // running, by request id
+  std::vector<uint64_t> to_free_;
+  int64_t kv_reserved_ = 0;
+  // Every rank: request id -> engine sequence id.
+  std::map<uint64_t, int64_t> engine_ids_;
+  std::atomic<uint32_t> running_count_{0}, queued_count_{0};
+  std::atomic<uint64_t> kv_free_{0}, kv_total_{0};
+};
+
+}  // namespace flotilla::worker
