@@ -5,11 +5,15 @@
 #include <string>
 
 #include "tools/cli/info_command.h"
+#include "tools/cli/parse_command.h"
+#include "tools/cli/render_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
   app.require_subcommand(1);
   flotilla::cli::AddInfoCommand(app);
+  flotilla::cli::AddRenderCommand(app);
+  flotilla::cli::AddParseCommand(app);
   // CLI11 reports an unknown first word only as "a subcommand is required";
   // name the word and the choices instead.
   bool known = false;
