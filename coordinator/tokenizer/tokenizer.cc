@@ -44,6 +44,32 @@ void AppendRanges(const Ranges& ranges, std::string& out) {
 constexpr char kMagic[8] = {'F', 'L', 'T', 'R', 'A', 'N', 'K', '1'};
 constexpr TokenId kNumRanks = kFirstSpecialId;  // o200k_base: ids 0..199997
 
+// Class bits of a code point for the scanner.
+constexpr uint8_t kUpperish = 1;  // [Lu Lt Lm Lo M]
+constexpr uint8_t kLowerish = 2;  // [Ll Lm Lo M]
+constexpr uint8_t kLetter = 4;    // L
+constexpr uint8_t kNumber = 8;    // N
+constexpr uint8_t kSpace = 16;    // White_Space
+
+// Decodes the code point at `i` of valid UTF-8; sets `len` to its byte count.
+inline uint32_t DecodeAt(const unsigned char* s, size_t i, size_t& len) {
+  const uint32_t c = s[i];
+  if (c < 0x80) {
+    len = 1;
+    return c;
+  }
+  if (c < 0xE0) {
+    len = 2;
+    return ((c & 0x1F) << 6) | (s[i + 1] & 0x3F);
+  }
+  if (c < 0xF0) {
+    len = 3;
+    return ((c & 0x0F) << 12) | ((s[i + 1] & 0x3F) << 6) | (s[i + 2] & 0x3F);
+  }
+  len = 4;
+  return ((c & 0x07) << 18) | ((s[i + 1] & 0x3F) << 12) | ((s[i + 2] & 0x3F) << 6) | (s[i + 3] & 0x3F);
+}
+
 uint32_t ReadU32(const char* p) {
   uint32_t v;
   std::memcpy(&v, p, 4);
@@ -244,9 +270,10 @@ absl::Status CheckUtf8(std::string_view bytes, std::string_view what) {
 
 Tokenizer::~Tokenizer() = default;
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const std::string& ranks_path) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Create(const std::string& ranks_path,
+                                                             Splitter splitter) {
   std::unique_ptr<Tokenizer> t(new Tokenizer());
-  FLOTILLA_RETURN_IF_ERROR(t->Init(ranks_path));
+  FLOTILLA_RETURN_IF_ERROR(t->Init(ranks_path, splitter));
   return t;
 }
 
@@ -268,7 +295,8 @@ std::string Tokenizer::DefaultRanksPath() {
   return first_candidate.lexically_normal().string();
 }
 
-absl::Status Tokenizer::Init(const std::string& path) {
+absl::Status Tokenizer::Init(const std::string& path, Splitter splitter) {
+  splitter_ = splitter;
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(absl::StrCat(
@@ -353,6 +381,20 @@ absl::Status Tokenizer::Init(const std::string& path) {
     special_names_[id - kFirstSpecialId] = std::move(name);
   }
 
+  if (splitter == Splitter::kScanner) {
+    // Class bits of every code point, from the reference's tables.
+    char_class_.assign(0x110000, 0);
+    const std::pair<const char*, uint8_t> bits[] = {
+        {"Lu", kUpperish | kLetter}, {"Lt", kUpperish | kLetter}, {"Lm", kUpperish | kLowerish | kLetter},
+        {"Lo", kUpperish | kLowerish | kLetter}, {"Ll", kLowerish | kLetter}, {"M", kUpperish | kLowerish},
+        {"N", kNumber}, {"WS", kSpace}};
+    for (const auto& [name, b] : bits) {
+      for (auto [first, last] : classes.at(name)) {
+        for (uint32_t c = first; c <= last; ++c) char_class_[c] |= b;
+      }
+    }
+    return absl::OkStatus();
+  }
   regex_ = std::make_unique<Regex>();
   int err = 0;
   PCRE2_SIZE err_offset = 0;
@@ -475,6 +517,126 @@ void Tokenizer::EncodePiece(std::string_view piece, std::vector<TokenId>& out) c
 
 void Tokenizer::EncodeOrdinaryInto(std::string_view text, std::vector<TokenId>& out) const {
   if (text.empty()) return;
+  if (splitter_ == Splitter::kScanner) {
+    SplitWithScanner(text, out);
+  } else {
+    SplitWithPcre2(text, out);
+  }
+}
+
+// The o200k pattern, alternative by alternative, with PCRE's leftmost-first
+// backtracking worked out for each (P = [^\r\n L N], U = upperish, W =
+// lowerish, O = [^WS L N], C = the optional contraction):
+//   1. P? U* W+ C?   2. P? U+ W* C?   3. N{1,3}   4. " "? O+ [\r\n/]*
+//   5. WS* [\r\n]+   6. WS+ (?!\S)   7. WS+
+size_t Tokenizer::ScanPiece(std::string_view text, size_t p) const {
+  const auto* s = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  const uint8_t* cls = char_class_.data();
+  size_t len0;
+  const uint32_t c0 = DecodeAt(s, p, len0);
+  const uint8_t b0 = cls[c0];
+  auto bits_at = [&](size_t i, size_t& len) -> uint8_t {
+    if (s[i] < 0x80) {
+      len = 1;
+      return cls[s[i]];
+    }
+    return cls[DecodeAt(s, i, len)];
+  };
+  // The contraction after a letter run ending at `e`, if any.
+  auto contraction = [&](size_t e) -> size_t {
+    if (e + 1 >= n || s[e] != '\'') return e;
+    auto lower = [&](size_t i) -> int { return (i < n && s[i] < 0x80) ? (s[i] | 0x20) : 0; };
+    switch (lower(e + 1)) {
+      case 's': case 't': case 'm': case 'd':
+        return e + 2;
+      case 'r': case 'v':
+        return lower(e + 2) == 'e' ? e + 3 : e;
+      case 'l':
+        return lower(e + 2) == 'l' ? e + 3 : e;
+      default:
+        // Caseless 's' also matches U+017F LATIN SMALL LETTER LONG S.
+        if (e + 2 < n && s[e + 1] == 0xC5 && s[e + 2] == 0xBF) return e + 3;
+        return e;
+    }
+  };
+  const bool has_prefix = c0 != '\r' && c0 != '\n' && !(b0 & (kLetter | kNumber));
+  if (has_prefix || (b0 & (kUpperish | kLowerish))) {
+    // 1. P? U* W+ C?: the largest split of a U run whose next char is in W.
+    for (int with_prefix = has_prefix ? 1 : 0; with_prefix >= 0; --with_prefix) {
+      size_t i = with_prefix ? p + len0 : p;
+      size_t last_w = std::string_view::npos, len = 0;
+      while (i < n) {
+        const uint8_t b = bits_at(i, len);
+        if (!(b & kUpperish)) break;
+        if (b & kLowerish) last_w = i;
+        i += len;
+      }
+      size_t j = std::string_view::npos;
+      if (i < n && (bits_at(i, len) & kLowerish)) {
+        j = i;
+      } else {
+        j = last_w;
+      }
+      if (j == std::string_view::npos) continue;
+      size_t e = j;
+      while (e < n && (bits_at(e, len) & kLowerish)) e += len;
+      return contraction(e);
+    }
+    // 2. P? U+ W* C?
+    for (int with_prefix = has_prefix ? 1 : 0; with_prefix >= 0; --with_prefix) {
+      const size_t q = with_prefix ? p + len0 : p;
+      size_t i = q, len = 0;
+      while (i < n && (bits_at(i, len) & kUpperish)) i += len;
+      if (i == q) continue;
+      while (i < n && (bits_at(i, len) & kLowerish)) i += len;
+      return contraction(i);
+    }
+  }
+  // 3. N{1,3}
+  if (b0 & kNumber) {
+    size_t i = p + len0, len = 0;
+    for (int k = 1; k < 3 && i < n && (bits_at(i, len) & kNumber); ++k) i += len;
+    return i;
+  }
+  // 4. " "? O+ [\r\n/]*
+  {
+    size_t i = c0 == ' ' ? p + 1 : p, len = 0;
+    const size_t q = i;
+    while (i < n && !(bits_at(i, len) & (kSpace | kLetter | kNumber))) i += len;
+    if (i > q) {
+      while (i < n && (s[i] == '\r' || s[i] == '\n' || s[i] == '/')) ++i;
+      return i;
+    }
+  }
+  if (b0 & kSpace) {
+    size_t i = p, len = 0, last_newline = std::string_view::npos, last_start = p;
+    while (i < n && (bits_at(i, len) & kSpace)) {
+      if (s[i] == '\r' || s[i] == '\n') last_newline = i;
+      last_start = i;
+      i += len;
+    }
+    // 5. WS* [\r\n]+: ends after the run's last newline.
+    if (last_newline != std::string_view::npos) return last_newline + 1;
+    // 6. WS+ (?!\S): the whole run at the end of text, else all but its last char.
+    if (i == n) return n;
+    if (last_start > p) return last_start;
+    // 7. WS+
+    return i;
+  }
+  return p + len0;  // unreachable: every code point falls in some alternative
+}
+
+void Tokenizer::SplitWithScanner(std::string_view text, std::vector<TokenId>& out) const {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t end = ScanPiece(text, pos);
+    EncodePiece(text.substr(pos, end - pos), out);
+    pos = end;
+  }
+}
+
+void Tokenizer::SplitWithPcre2(std::string_view text, std::vector<TokenId>& out) const {
   pcre2_match_data* md = pcre2_match_data_create(1, nullptr);
   pcre2_jit_stack* jit_stack = nullptr;
   pcre2_match_context* mctx = nullptr;

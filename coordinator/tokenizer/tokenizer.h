@@ -2,7 +2,9 @@
 //
 // o200k_base merge ranks (ids 0..199997, loaded from the compact ranks file that
 // tools/tokenizer/export_ranks.js writes), the o200k pre-tokenisation pattern
-// (PCRE2 with JIT), and the Harmony special tokens: <|startoftext|> 199998,
+// (a hand-written scanner by default, PCRE2 with JIT on request; both use the
+// reference implementation's Unicode tables from the same file), and the
+// Harmony special tokens: <|startoftext|> 199998,
 // <|endoftext|> 199999, <|return|> 200002, <|constrain|> 200003, <|channel|>
 // 200005, <|start|> 200006, <|end|> 200007, <|message|> 200008, <|call|> 200012,
 // and <|reserved_N|> for every other id N in 200000..201087.
@@ -58,8 +60,16 @@ struct SpecialTokenPolicy {
 
 class Tokenizer {
  public:
+  // How text is split into pieces before BPE. Both split exactly as tiktoken's
+  // o200k pattern does (the parity test checks each); the scanner is faster.
+  enum class Splitter {
+    kScanner,  // hand-written matcher of the o200k pattern over a code point class table
+    kPcre2,    // the o200k pattern compiled by PCRE2 (JIT)
+  };
+
   // Loads the ranks file written by tools/tokenizer/export_ranks.js.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(const std::string& ranks_path);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> Create(const std::string& ranks_path,
+                                                           Splitter splitter = Splitter::kScanner);
 
   // The default ranks file: `o200k_base.ranks` beside the running executable,
   // else the first `share/flotilla/o200k_base.ranks` found in the executable's
@@ -101,7 +111,11 @@ class Tokenizer {
  private:
   struct Regex;
   Tokenizer() = default;
-  absl::Status Init(const std::string& ranks_path);
+  absl::Status Init(const std::string& ranks_path, Splitter splitter);
+  // End of the o200k pattern's match at `pos` of valid UTF-8 `text` (the scanner).
+  size_t ScanPiece(std::string_view text, size_t pos) const;
+  void SplitWithScanner(std::string_view text, std::vector<TokenId>& out) const;
+  void SplitWithPcre2(std::string_view text, std::vector<TokenId>& out) const;
   // BPE of one pre-tokenised piece.
   void EncodePiece(std::string_view piece, std::vector<TokenId>& out) const;
   std::optional<TokenId> Rank(std::string_view bytes) const;
@@ -111,7 +125,9 @@ class Tokenizer {
   absl::flat_hash_map<std::string_view, TokenId> ranks_;  // views into blob_
   std::vector<std::string> special_names_;                // id - kFirstSpecialId -> name
   absl::flat_hash_map<std::string, TokenId> special_ids_;
-  std::unique_ptr<Regex> regex_;
+  Splitter splitter_ = Splitter::kScanner;
+  std::unique_ptr<Regex> regex_;         // kPcre2
+  std::vector<uint8_t> char_class_;      // kScanner: code point -> class bits
 };
 
 // Returns the length of the longest prefix of `bytes` that is valid UTF-8. When

@@ -13,12 +13,14 @@
 namespace flotilla::tokenizer {
 namespace {
 
-TEST(TiktokenParity, CorpusEncodesExactlyLikeTiktoken) {
+class TiktokenParity : public ::testing::TestWithParam<Tokenizer::Splitter> {};
+
+TEST_P(TiktokenParity, CorpusEncodesExactlyLikeTiktoken) {
   const std::string cmd = std::string("\"") + FLOTILLA_NODE + "\" \"" + FLOTILLA_REFERENCE_SCRIPT + "\" \"" +
                           FLOTILLA_NODE_MODULES + "\" \"" + FLOTILLA_REFERENCE_OUT + "\" 24000";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << "reference generation failed: " << cmd
                                          << " (node and tools/setup.sh's npm packages are required)";
-  auto tok = Tokenizer::Create(Tokenizer::DefaultRanksPath());
+  auto tok = Tokenizer::Create(Tokenizer::DefaultRanksPath(), GetParam());
   ASSERT_TRUE(tok.ok()) << tok.status();
 
   std::ifstream in(FLOTILLA_REFERENCE_OUT);
@@ -45,6 +47,12 @@ TEST(TiktokenParity, CorpusEncodesExactlyLikeTiktoken) {
   EXPECT_EQ(n, 24000u);
   EXPECT_EQ(mismatches, 0u) << "of " << n << " strings (" << bytes << " bytes)";
 }
+
+INSTANTIATE_TEST_SUITE_P(Splitters, TiktokenParity,
+                         ::testing::Values(Tokenizer::Splitter::kScanner, Tokenizer::Splitter::kPcre2),
+                         [](const ::testing::TestParamInfo<Tokenizer::Splitter>& info) {
+                           return info.param == Tokenizer::Splitter::kScanner ? "Scanner" : "Pcre2";
+                         });
 
 }  // namespace
 }  // namespace flotilla::tokenizer

@@ -1,8 +1,11 @@
 // Encode throughput (MB/s, one core) of the o200k_harmony tokenizer and of the
 // `tiktoken` npm package (WASM) on the same text, side by side, as JSON lines.
 //
-//   tokenizer_bench [--input FILE] [--seconds S] [--tokenizer PATH]
+//   tokenizer_bench [--input FILE] [--seconds S] [--chunk BYTES] [--tokenizer PATH]
 //                   [--node PATH] [--node-modules DIR] [--no-reference]
+//
+// --chunk BYTES encodes the text as separate documents of at most BYTES bytes
+// (cut at UTF-8 boundaries), on both sides; 0 (the default) encodes it whole.
 //
 // Without --input the text is a deterministic mix (about 4 MB) of English-like
 // prose, code, numbers, whitespace runs and several other scripts and emoji.
@@ -72,12 +75,12 @@ std::string MixedText(size_t target_bytes) {
   return out;
 }
 
-std::string JsonLine(const std::string& impl, size_t bytes, size_t tokens, int iters, double seconds) {
+std::string JsonLine(const std::string& impl, size_t chunk, size_t bytes, size_t tokens, int iters, double seconds) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
-                "{\"bench\":\"tokenizer_encode\",\"impl\":\"%s\",\"threads\":1,\"bytes\":%zu,\"tokens\":%zu,"
-                "\"iterations\":%d,\"seconds\":%.3f,\"mb_per_s\":%.2f}",
-                impl.c_str(), bytes, tokens, iters, seconds, bytes * iters / seconds / 1e6);
+                "{\"bench\":\"tokenizer_encode\",\"impl\":\"%s\",\"threads\":1,\"chunk_bytes\":%zu,\"bytes\":%zu,"
+                "\"tokens\":%zu,\"iterations\":%d,\"seconds\":%.3f,\"mb_per_s\":%.2f}",
+                impl.c_str(), chunk, bytes, tokens, iters, seconds, bytes * iters / seconds / 1e6);
   return buf;
 }
 
@@ -92,6 +95,7 @@ int main(int argc, char** argv) {
   std::string input, ranks, node = FLOTILLA_NODE, modules = FLOTILLA_NODE_MODULES;
   std::string temp_input;  // removed at exit
   double seconds = 2;
+  size_t chunk = 0;
   bool reference = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -105,6 +109,7 @@ int main(int argc, char** argv) {
     if (a == "--input") input = value();
     else if (a == "--seconds") seconds = std::atof(value().c_str());
     else if (a == "--tokenizer") ranks = value();
+    else if (a == "--chunk") chunk = std::strtoull(value().c_str(), nullptr, 10);
     else if (a == "--node") node = value();
     else if (a == "--node-modules") modules = value();
     else if (a == "--no-reference") reference = false;
@@ -137,22 +142,53 @@ int main(int argc, char** argv) {
     text = ss.str();
   }
 
-  auto warm = (*tok)->EncodeOrdinary(text);
-  if (!warm.ok()) {
-    std::cerr << "tokenizer_bench: " << warm.status().message() << "\n";
+  std::vector<std::string_view> docs;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = chunk == 0 ? text.size() : std::min(start + chunk, text.size());
+    while (end < text.size() && end > start && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+    docs.push_back(std::string_view(text).substr(start, end - start));
+    start = end;
+  }
+  auto encode_all = [&](const Tokenizer& t) -> absl::StatusOr<size_t> {
+    size_t n = 0;
+    for (std::string_view d : docs) {
+      auto ids = t.EncodeOrdinary(d);
+      if (!ids.ok()) return ids.status();
+      n += ids->size();
+    }
+    return n;
+  };
+  // Both splitters; the scanner is the default and the one compared.
+  auto pcre2 = Tokenizer::Create(ranks.empty() ? Tokenizer::DefaultRanksPath() : ranks, Tokenizer::Splitter::kPcre2);
+  if (!pcre2.ok()) {
+    std::cerr << "tokenizer_bench: " << pcre2.status().message() << "\n";
     return 1;
   }
-  const size_t tokens = warm->size();
-  int iters = 0;
-  const auto start = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  while (elapsed < seconds) {
-    auto ids = (*tok)->EncodeOrdinary(text);
-    if (!ids.ok() || ids->size() != tokens) return 1;
-    ++iters;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  size_t tokens = 0;
+  std::string ours;
+  for (const Tokenizer* t : {pcre2->get(), tok->get()}) {
+    auto warm = encode_all(*t);
+    if (!warm.ok()) {
+      std::cerr << "tokenizer_bench: " << warm.status().message() << "\n";
+      return 1;
+    }
+    if (tokens != 0 && *warm != tokens) {
+      std::cerr << "tokenizer_bench: the splitters disagree\n";
+      return 1;
+    }
+    tokens = *warm;
+    int iters = 0;
+    const auto start = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    while (elapsed < seconds) {
+      auto n = encode_all(*t);
+      if (!n.ok() || *n != tokens) return 1;
+      ++iters;
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    ours = JsonLine(t == tok->get() ? "flotilla" : "flotilla-pcre2", chunk, text.size(), tokens, iters, elapsed);
+    if (t != tok->get()) std::cout << ours << std::endl;
   }
-  const std::string ours = JsonLine("flotilla", text.size(), tokens, iters, elapsed);
   std::cout << ours << std::endl;
   if (!reference) {
     std::error_code ec;
@@ -161,7 +197,7 @@ int main(int argc, char** argv) {
   }
 
   const std::string cmd = "\"" + node + "\" \"" + FLOTILLA_BENCH_DIR + "/tiktoken_bench.js\" \"" + modules + "\" \"" +
-                          input + "\" " + std::to_string(seconds);
+                          input + "\" " + std::to_string(seconds) + " " + std::to_string(chunk);
   FILE* p = popen(cmd.c_str(), "r");
   struct RemoveTemp {
     std::string path;
@@ -185,9 +221,9 @@ int main(int argc, char** argv) {
   const bool same_tokens = line.find("\"tokens\":" + std::to_string(tokens) + ",") != std::string::npos;
   char buf[256];
   std::snprintf(buf, sizeof(buf),
-                "{\"bench\":\"tokenizer_encode\",\"impl\":\"ratio\",\"flotilla_over_tiktoken\":%.2f,\"target\":1.5,"
-                "\"same_token_count\":%s}",
-                ParseMbPerS(ours) / ParseMbPerS(line), same_tokens ? "true" : "false");
+                "{\"bench\":\"tokenizer_encode\",\"impl\":\"ratio\",\"chunk_bytes\":%zu,\"flotilla_over_tiktoken\":%.2f,"
+                "\"target\":1.5,\"same_token_count\":%s}",
+                chunk, ParseMbPerS(ours) / ParseMbPerS(line), same_tokens ? "true" : "false");
   std::cout << buf << "\n";
   return 0;
 }
