@@ -59,14 +59,15 @@ absl::StatusOr<std::string> OptionalString(const Json& obj, const char* key, con
 
 // Every string in a JSON value must be UTF-8 (values built in code, not parsed,
 // may hold anything).
-absl::Status CheckJsonUtf8(const Json& j, const std::string& where) {
+absl::Status CheckJsonUtf8(const Json& j, const std::string& where, int depth = 0) {
+  if (depth > 64) return Invalid(where, "is nested more than 64 levels deep");
   if (j.is_string()) return tokenizer::CheckUtf8(j.get_ref<const std::string&>(), where);
   if (j.is_array()) {
-    for (size_t i = 0; i < j.size(); ++i) FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(j[i], absl::StrCat(where, "[", i, "]")));
+    for (size_t i = 0; i < j.size(); ++i) FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(j[i], absl::StrCat(where, "[", i, "]"), depth + 1));
   } else if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it) {
       FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(it.key(), where + " key"));
-      FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(it.value(), absl::StrCat(where, ".", it.key())));
+      FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(it.value(), absl::StrCat(where, ".", it.key()), depth + 1));
     }
   }
   return absl::OkStatus();
@@ -139,7 +140,7 @@ absl::StatusOr<MappedRequest> MapChatRequest(const Json& request, const OpenAiRe
       const Json& t = (*it)[i];
       const std::string where = absl::StrCat("tools[", i, "]");
       if (!t.is_object()) return Invalid(where, "must be an object");
-      if (t.value("type", std::string("function")) != "function") {
+      if (auto type = t.find("type"); type != t.end() && !(type->is_string() && *type == "function")) {
         return Invalid(where + ".type", "only \"function\" tools are supported");
       }
       auto fn = t.find("function");
@@ -178,7 +179,8 @@ absl::StatusOr<MappedRequest> MapChatRequest(const Json& request, const OpenAiRe
       }
     } else if (it->is_object()) {
       auto fn = it->find("function");
-      if (it->value("type", std::string()) != "function" || fn == it->end() || !fn->is_object() ||
+      auto type = it->find("type");
+      if (type == it->end() || !type->is_string() || *type != "function" || fn == it->end() || !fn->is_object() ||
           !fn->contains("name") || !(*fn)["name"].is_string()) {
         return Invalid("tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": NAME}}");
       }

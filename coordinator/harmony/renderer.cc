@@ -39,10 +39,11 @@ absl::Status Malformed(const std::string& where, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("malformed tool schema at ", where, ": ", why));
 }
 
-absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& where, int depth);
+absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& where, int depth, int nesting = 0);
 
 // `{` properties `}` of an object schema; the properties sit at `depth`.
-absl::StatusOr<std::string> RenderObject(const Json& schema, const std::string& where, int depth) {
+// `nesting` counts schema levels, to refuse absurdly deep schemas.
+absl::StatusOr<std::string> RenderObject(const Json& schema, const std::string& where, int depth, int nesting = 0) {
   auto props = schema.find("properties");
   if (props != schema.end() && !props->is_object()) return Malformed(where + ".properties", "must be an object");
   std::vector<std::string> required;
@@ -59,7 +60,7 @@ absl::StatusOr<std::string> RenderObject(const Json& schema, const std::string& 
   }
   if (props == schema.end() || props->empty()) {
     if (auto ap = schema.find("additionalProperties"); ap != schema.end() && ap->is_object()) {
-      FLOTILLA_ASSIGN_OR_RETURN(std::string v, RenderType(*ap, where + ".additionalProperties", depth));
+      FLOTILLA_ASSIGN_OR_RETURN(std::string v, RenderType(*ap, where + ".additionalProperties", depth, nesting + 1));
       return absl::StrCat("{ [key: string]: ", v, " }");
     }
     return std::string("object");
@@ -88,7 +89,7 @@ absl::StatusOr<std::string> RenderObject(const Json& schema, const std::string& 
         }
       }
     }
-    FLOTILLA_ASSIGN_OR_RETURN(std::string type, RenderType(p, pw, depth + 1));
+    FLOTILLA_ASSIGN_OR_RETURN(std::string type, RenderType(p, pw, depth + 1, nesting + 1));
     const bool is_required =
         std::find(required.begin(), required.end(), it.key()) != required.end();
     const std::string name = IsIdentifier(it.key()) ? it.key() : Literal(Json(it.key()));
@@ -103,7 +104,7 @@ absl::StatusOr<std::string> RenderObject(const Json& schema, const std::string& 
 }
 
 absl::StatusOr<std::string> RenderOneType(const std::string& type, const Json& schema,
-                                          const std::string& where, int depth) {
+                                          const std::string& where, int depth, int nesting) {
   if (type == "string") return std::string("string");
   if (type == "number" || type == "integer") return std::string("number");
   if (type == "boolean") return std::string("boolean");
@@ -112,19 +113,20 @@ absl::StatusOr<std::string> RenderOneType(const std::string& type, const Json& s
     auto items = schema.find("items");
     if (items == schema.end() || items->is_boolean()) return std::string("any[]");
     if (!items->is_object()) return Malformed(where + ".items", "must be a schema object");
-    FLOTILLA_ASSIGN_OR_RETURN(std::string item, RenderType(*items, where + ".items", depth));
+    FLOTILLA_ASSIGN_OR_RETURN(std::string item, RenderType(*items, where + ".items", depth, nesting + 1));
     if (item.find(" | ") != std::string::npos && item.find('\n') == std::string::npos) {
       item = absl::StrCat("(", item, ")");
     }
     return absl::StrCat(item, "[]");
   }
-  if (type == "object") return RenderObject(schema, where, depth);
+  if (type == "object") return RenderObject(schema, where, depth, nesting);
   return Malformed(where + ".type",
                    absl::StrCat("unknown type '", type,
                                 "' (expected string, number, integer, boolean, array, object or null)"));
 }
 
-absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& where, int depth) {
+absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& where, int depth, int nesting) {
+  if (nesting > 32) return Malformed(where, "is nested more than 32 levels deep");
   if (schema.is_boolean()) return std::string("any");
   if (!schema.is_object()) return Malformed(where, "must be a schema object");
   std::string out;
@@ -147,18 +149,18 @@ absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& wh
     std::vector<std::string> parts;
     for (size_t i = 0; i < variants.size(); ++i) {
       FLOTILLA_ASSIGN_OR_RETURN(std::string v,
-                                RenderType(variants[i], absl::StrCat(where, ".", key, "[", i, "]"), depth));
+                                RenderType(variants[i], absl::StrCat(where, ".", key, "[", i, "]"), depth, nesting + 1));
       parts.push_back(std::move(v));
     }
     out = absl::StrJoin(parts, " | ");
   } else if (auto t = schema.find("type"); t != schema.end()) {
     if (t->is_string()) {
-      FLOTILLA_ASSIGN_OR_RETURN(out, RenderOneType(t->get<std::string>(), schema, where, depth));
+      FLOTILLA_ASSIGN_OR_RETURN(out, RenderOneType(t->get<std::string>(), schema, where, depth, nesting));
     } else if (t->is_array() && !t->empty()) {
       std::vector<std::string> parts;
       for (const auto& one : *t) {
         if (!one.is_string()) return Malformed(where + ".type", "must be a string or an array of strings");
-        FLOTILLA_ASSIGN_OR_RETURN(std::string v, RenderOneType(one.get<std::string>(), schema, where, depth));
+        FLOTILLA_ASSIGN_OR_RETURN(std::string v, RenderOneType(one.get<std::string>(), schema, where, depth, nesting));
         parts.push_back(std::move(v));
       }
       out = absl::StrJoin(parts, " | ");
@@ -166,7 +168,7 @@ absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& wh
       return Malformed(where + ".type", "must be a string or a non-empty array of strings");
     }
   } else if (schema.contains("properties")) {
-    FLOTILLA_ASSIGN_OR_RETURN(out, RenderObject(schema, where, depth));
+    FLOTILLA_ASSIGN_OR_RETURN(out, RenderObject(schema, where, depth, nesting));
   } else {
     out = "any";
   }
