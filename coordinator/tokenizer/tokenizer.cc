@@ -688,10 +688,15 @@ absl::StatusOr<std::vector<TokenId>> Tokenizer::Encode(std::string_view text,
   while (true) {
     size_t lt = text.find("<|", pos);
     if (lt == std::string_view::npos) break;
-    size_t close = text.find("|>", lt + 2);
-    if (close == std::string_view::npos) break;
-    std::string_view name = text.substr(lt, close + 2 - lt);
-    auto it = name.size() <= 32 ? special_ids_.find(std::string(name)) : special_ids_.end();
+    // Names are short: look for the closing "|>" only nearby, which keeps
+    // text full of "<|" linear.
+    const size_t close_in = text.substr(lt + 2, 32).find("|>");
+    if (close_in == std::string_view::npos) {
+      pos = lt + 1;
+      continue;
+    }
+    std::string_view name = text.substr(lt, close_in + 4);
+    auto it = special_ids_.find(std::string(name));
     if (it == special_ids_.end()) {
       pos = lt + 1;
       continue;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 
@@ -75,6 +76,21 @@ TEST_F(TokenizerTest, SpecialTokenPolicy) {
   EXPECT_EQ(specials, 1u);
   // Unknown names are text, not errors.
   EXPECT_TRUE(tok_->Encode("<|im_start|> <|reserved_9|>", SpecialTokenPolicy::None()).ok());
+}
+
+TEST_F(TokenizerTest, SpecialTokensInsideOtherText) {
+  auto ids = tok_->Encode("<|<|start|>|>", SpecialTokenPolicy::All());
+  ASSERT_TRUE(ids.ok());
+  EXPECT_EQ(std::count(ids->begin(), ids->end(), kStart), 1);
+  EXPECT_EQ(*tok_->DecodeUtf8(*ids), "<|<|start|>|>");
+  // Many openers and a closer far away: still fine (and fast).
+  std::string many;
+  for (int i = 0; i < 100000; ++i) many += "<|";
+  many += "end|>";
+  auto big = tok_->Encode(many, SpecialTokenPolicy::All());
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->back(), kEnd);
+  EXPECT_EQ(*tok_->DecodeUtf8(*big), many);
 }
 
 TEST_F(TokenizerTest, DecodeRoundTripAndInvalidIds) {
