@@ -4,7 +4,9 @@
 #include <iostream>
 #include <string>
 
+#include "tools/cli/generate_command.h"
 #include "tools/cli/info_command.h"
+#include "tools/cli/make_checkpoint_command.h"
 #include "tools/cli/parse_command.h"
 #include "tools/cli/render_command.h"
 
@@ -12,6 +14,8 @@ int main(int argc, char** argv) {
   CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
   app.require_subcommand(1);
   flotilla::cli::AddInfoCommand(app);
+  flotilla::cli::AddMakeCheckpointCommand(app);
+  flotilla::cli::AddGenerateCommand(app);
   flotilla::cli::AddRenderCommand(app);
   flotilla::cli::AddParseCommand(app);
   // CLI11 reports an unknown first word only as "a subcommand is required";

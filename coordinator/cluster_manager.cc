@@ -1,0 +1,470 @@
+#include "coordinator/cluster_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/expert_map_proto.h"
+#include "spdlog/spdlog.h"
+
+namespace flotilla::coordinator {
+
+absl::StatusOr<std::unique_ptr<ClusterManager>> ClusterManager::Create(ClusterOptions options) {
+  if (options.expected_workers < 1) {
+    return absl::InvalidArgumentError("expected_workers must be >= 1");
+  }
+  if (options.heartbeat_timeout <= options.heartbeat_interval) {
+    return absl::InvalidArgumentError("heartbeat timeout must exceed the heartbeat interval");
+  }
+  // Refuse an impossible layout before any worker shows up.
+  std::vector<WorkerDesc> probe;
+  for (int i = 0; i < options.expected_workers; ++i) {
+    probe.push_back({absl::StrCat("w", i), "node", i, 0});
+  }
+  absl::StatusOr<Placement> p = PlanPlacement(options.model, probe, options.layout);
+  if (!p.ok() && p.status().code() != absl::StatusCode::kResourceExhausted) return p.status();
+  return std::unique_ptr<ClusterManager>(new ClusterManager(std::move(options)));
+}
+
+ClusterManager::ClusterManager(ClusterOptions options) : options_(std::move(options)) {
+  state_message_ = absl::StrCat("waiting for ", options_.expected_workers, " workers");
+  monitor_ = std::thread([this] { MonitorLoop(); });
+}
+
+ClusterManager::~ClusterManager() {
+  {
+    std::lock_guard<std::mutex> lock(monitor_mu_);
+    stop_ = true;
+  }
+  monitor_cv_.notify_all();
+  monitor_.join();
+}
+
+uint64_t ClusterManager::OnSessionOpened(std::shared_ptr<WorkerSession> session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t id = next_session_id_++;
+  pending_sessions_[id] = std::move(session);
+  return id;
+}
+
+ClusterManager::Worker* ClusterManager::WorkerBySessionLocked(uint64_t session_id) {
+  auto it = session_to_worker_.find(session_id);
+  if (it == session_to_worker_.end()) return nullptr;
+  auto w = workers_.find(it->second);
+  if (w == workers_.end() || w->second.session_id != session_id) return nullptr;
+  return &w->second;
+}
+
+void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerMessage& message) {
+  std::vector<Finished> done;
+  std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>> updates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (message.kind_case() == cluster::WorkerMessage::kHello) {
+      HandleHello(session_id, message.hello(), &done);
+    } else {
+      Worker* w = WorkerBySessionLocked(session_id);
+      if (w == nullptr) {
+        auto pending = pending_sessions_.find(session_id);
+        if (pending != pending_sessions_.end()) {
+          pending->second->Close(
+              absl::FailedPreconditionError("the first message of a session must be Hello"));
+          pending_sessions_.erase(pending);
+        }
+        return;
+      }
+      w->last_heard = absl::Now();
+      switch (message.kind_case()) {
+        case cluster::WorkerMessage::kHeartbeat:
+          w->load = message.heartbeat().load();
+          break;
+        case cluster::WorkerMessage::kReady:
+          if (message.ready().generation() == generation_ && w->rank >= 0) {
+            w->ready_generation = generation_;
+            spdlog::info("worker {} (rank {}) ready: {} MiB of weights in {} ms", w->worker_id,
+                         w->rank, message.ready().weight_bytes() >> 20, message.ready().load_ms());
+            UpdateReadyLocked();
+          }
+          break;
+        case cluster::WorkerMessage::kTokens:
+          HandleTokens(message.tokens(), &updates, &done);
+          break;
+        case cluster::WorkerMessage::kError:
+          spdlog::warn("worker {}: {}", w->worker_id, message.error().message());
+          if (message.error().fatal()) {
+            MarkDeadLocked(*w, absl::StrCat("reported a fatal error: ", message.error().message()),
+                           &done);
+          }
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  for (auto& [cb, update] : updates) {
+    if (cb.on_update) cb.on_update(update);
+  }
+  Deliver(done);
+}
+
+void ClusterManager::HandleHello(uint64_t session_id, const cluster::Hello& hello,
+                                 std::vector<Finished>* done) {
+  auto pending = pending_sessions_.find(session_id);
+  if (pending == pending_sessions_.end()) return;  // a second Hello on a bound session
+  std::shared_ptr<WorkerSession> session = pending->second;
+  pending_sessions_.erase(pending);
+  if (hello.worker_id().empty()) {
+    session->Close(absl::InvalidArgumentError("Hello without a worker_id"));
+    return;
+  }
+  Worker& w = workers_[hello.worker_id()];
+  if (w.alive && w.session) {
+    session->Close(absl::AlreadyExistsError(
+        absl::StrCat("worker id '", hello.worker_id(), "' is already connected")));
+    return;
+  }
+  const bool rejoin = !w.worker_id.empty();
+  w.worker_id = hello.worker_id();
+  w.session_id = session_id;
+  w.session = session;
+  w.hello = hello;
+  w.alive = true;
+  w.last_heard = absl::Now();
+  w.ready_generation = 0;
+  session_to_worker_[session_id] = w.worker_id;
+  spdlog::info("worker {} {} from node {} ({})", w.worker_id, rejoin ? "rejoined" : "registered",
+               hello.node(), hello.device().name());
+  cluster::CoordinatorMessage welcome;
+  welcome.mutable_welcome()->set_heartbeat_interval_ms(
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  session->Send(welcome);
+  (void)done;
+  MaybeAssignLocked();
+}
+
+void ClusterManager::MaybeAssignLocked() {
+  std::vector<Worker*> alive_unassigned;
+  for (auto& [id, w] : workers_) {
+    if (w.alive && w.rank < 0) alive_unassigned.push_back(&w);
+  }
+  if (!placement_) {
+    int alive = 0;
+    for (auto& [id, w] : workers_) alive += w.alive ? 1 : 0;
+    if (alive < options_.expected_workers) {
+      state_message_ = absl::StrCat("waiting for workers: ", alive, " of ",
+                                    options_.expected_workers, " registered");
+      return;
+    }
+    std::vector<WorkerDesc> desc;
+    for (Worker* w : alive_unassigned) {
+      if (static_cast<int>(desc.size()) == options_.expected_workers) break;
+      desc.push_back({w->worker_id, w->hello.node(), w->hello.device().index(),
+                      w->hello.device().memory_bytes()});
+    }
+    absl::StatusOr<Placement> p = PlanPlacement(options_.model, desc, options_.layout);
+    if (!p.ok()) {
+      state_message_ = absl::StrCat("placement failed: ", p.status().message());
+      spdlog::error("{}", state_message_);
+      return;
+    }
+    placement_ = std::move(*p);
+    for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].rank = r.rank;
+    group_inflight_.assign(placement_->parallel.dp_size(), 0);
+  } else {
+    // Nothing to do while the instance is whole and serving or loading.
+    if (state_ != admin::DEGRADED) return;
+    // Fill ranks whose worker is gone with newcomers; wait while any is empty.
+    size_t next = 0;
+    for (RankPlacement& r : placement_->ranks) {
+      Worker& holder = workers_[r.worker_id];
+      if (holder.alive) continue;
+      if (next >= alive_unassigned.size()) {
+        state_message_ = absl::StrCat("instance incomplete: waiting for ", MissingWorkersLocked());
+        return;
+      }
+      Worker* repl = alive_unassigned[next++];
+      holder.rank = -1;
+      repl->rank = r.rank;
+      spdlog::info("worker {} takes rank {} of {}", repl->worker_id, r.rank, r.worker_id);
+      r.worker_id = repl->worker_id;
+      r.node = repl->hello.node();
+    }
+  }
+
+  ++generation_;
+  state_ = admin::LOADING;
+  state_message_ = absl::StrCat("loading shards, generation ", generation_);
+  const Placement& p = *placement_;
+  cluster::CommBootstrap comm;
+  comm.set_backend(p.parallel.world_size() == 1 ? "none" : options_.comm_backend);
+  for (const RankPlacement& r : p.ranks) {
+    const Worker& w = workers_[r.worker_id];
+    comm.add_peer_addresses(w.hello.comm_address());
+    if (r.rank == 0) comm.set_nccl_unique_id(w.hello.nccl_unique_id());
+  }
+  cluster::ExpertMap map = ExpertMapToProto(p.expert_map);
+  for (const RankPlacement& r : p.ranks) {
+    Worker& w = workers_[r.worker_id];
+    w.ready_generation = 0;
+    cluster::CoordinatorMessage msg;
+    cluster::Assignment* a = msg.mutable_assignment();
+    a->set_generation(generation_);
+    a->set_instance_id("flotilla-0");
+    a->set_model_path(options_.model_path);
+    a->set_rank(r.rank);
+    a->set_world_size(p.parallel.world_size());
+    a->set_tp_size(p.parallel.tp_size());
+    a->set_dp_group(r.dp_group);
+    a->set_tp_rank(r.tp_rank);
+    *a->mutable_comm() = comm;
+    *a->mutable_expert_map() = map;
+    for (const RankPlacement& q : p.ranks) a->add_rank_worker_ids(q.worker_id);
+    a->set_max_batch_tokens(options_.max_batch_tokens);
+    a->set_max_sequences(options_.max_sequences);
+    a->set_kv_blocks(options_.kv_blocks);
+    w.session->Send(msg);
+  }
+  spdlog::info("assigned generation {}: {}", generation_, p.parallel.ToString());
+}
+
+void ClusterManager::UpdateReadyLocked() {
+  if (!placement_ || state_ != admin::LOADING) return;
+  for (const RankPlacement& r : placement_->ranks) {
+    const Worker& w = workers_[r.worker_id];
+    if (!w.alive || w.ready_generation != generation_) return;
+  }
+  state_ = admin::READY;
+  state_message_ = absl::StrCat("serving with ", placement_->parallel.ToString());
+  spdlog::info("instance ready: {}", state_message_);
+  ready_cv_.notify_all();
+}
+
+std::string ClusterManager::MissingWorkersLocked() const {
+  std::vector<std::string> missing;
+  if (placement_) {
+    for (const RankPlacement& r : placement_->ranks) {
+      auto it = workers_.find(r.worker_id);
+      if (it == workers_.end() || !it->second.alive) {
+        missing.push_back(absl::StrCat("worker '", r.worker_id, "' (rank ", r.rank, ")"));
+      }
+    }
+  }
+  return missing.empty() ? "workers" : absl::StrJoin(missing, ", ");
+}
+
+void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
+                                    std::vector<Finished>* done) {
+  if (!w.alive) return;
+  w.alive = false;
+  if (w.session) w.session->Close(absl::UnavailableError(why));
+  session_to_worker_.erase(w.session_id);
+  w.session.reset();
+  w.session_id = 0;
+  spdlog::warn("worker {} is gone: {}", w.worker_id, why);
+  if (w.rank < 0) return;
+  const std::string msg = absl::StrCat("worker '", w.worker_id, "' (rank ", w.rank, ", node ",
+                                       w.hello.node(), ") is gone: ", why);
+  if (state_ == admin::READY || state_ == admin::LOADING) {
+    state_ = admin::DEGRADED;
+  }
+  state_message_ = msg;
+  for (auto& [id, req] : requests_) {
+    done->push_back(Finished{std::move(req.callbacks), absl::UnavailableError(msg), std::nullopt});
+  }
+  requests_.clear();
+  std::fill(group_inflight_.begin(), group_inflight_.end(), 0);
+  MaybeAssignLocked();
+}
+
+void ClusterManager::OnSessionClosed(uint64_t session_id) {
+  std::vector<Finished> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_sessions_.erase(session_id);
+    if (Worker* w = WorkerBySessionLocked(session_id)) {
+      MarkDeadLocked(*w, "its session stream closed", &done);
+    }
+  }
+  Deliver(done);
+}
+
+void ClusterManager::HandleTokens(
+    const cluster::TokenBatch& batch,
+    std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>>* updates,
+    std::vector<Finished>* done) {
+  for (const cluster::SequenceUpdate& u : batch.updates()) {
+    auto it = requests_.find(u.request_id());
+    if (it == requests_.end()) continue;  // cancelled meanwhile
+    if (u.finish_reason() == common::FINISH_REASON_UNSPECIFIED) {
+      updates->push_back({it->second.callbacks, u});
+      continue;
+    }
+    absl::Status st = absl::OkStatus();
+    if (u.finish_reason() == common::ERROR) {
+      auto code = static_cast<absl::StatusCode>(u.error_code());
+      if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
+      st = absl::Status(code, u.error());
+    }
+    if (it->second.dp_group < static_cast<int>(group_inflight_.size()) &&
+        group_inflight_[it->second.dp_group] > 0) {
+      --group_inflight_[it->second.dp_group];
+    }
+    done->push_back(Finished{std::move(it->second.callbacks), st, u});
+    requests_.erase(it);
+  }
+}
+
+absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
+                                                RequestCallbacks callbacks) {
+  if (request.prompt_ids().empty()) return absl::InvalidArgumentError("the prompt is empty");
+  for (int id : request.prompt_ids()) {
+    if (id < 0 || id >= options_.model.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id,
+                                                     " is outside the vocabulary [0, ",
+                                                     options_.model.vocab_size, ")"));
+    }
+  }
+  if (static_cast<int64_t>(request.prompt_ids().size()) >= options_.model.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", request.prompt_ids().size(), " tokens does not fit the context of ",
+        options_.model.max_position_embeddings));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != admin::READY) {
+    return absl::UnavailableError(absl::StrCat("the model instance is not ready: ", state_message_));
+  }
+  if (static_cast<int>(requests_.size()) >= options_.max_inflight_requests) {
+    return absl::ResourceExhaustedError(absl::StrCat("server busy: ", requests_.size(),
+                                                     " requests in flight; retry later"));
+  }
+  int group = 0;
+  for (int g = 1; g < static_cast<int>(group_inflight_.size()); ++g) {
+    if (group_inflight_[g] < group_inflight_[group]) group = g;
+  }
+  const int leader = placement_->parallel.leader_of_group(group);
+  Worker& w = workers_[placement_->ranks[leader].worker_id];
+  const uint64_t id = next_request_id_++;
+  request.set_request_id(id);
+  requests_[id] = Request{id, group, std::move(callbacks)};
+  ++group_inflight_[group];
+  cluster::CoordinatorMessage msg;
+  *msg.mutable_submit() = std::move(request);
+  w.session->Send(msg);
+  return id;
+}
+
+bool ClusterManager::Cancel(uint64_t request_id, const std::string& reason) {
+  std::vector<Finished> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return false;
+    const int group = it->second.dp_group;
+    if (placement_ && state_ == admin::READY) {
+      Worker& w = workers_[placement_->ranks[placement_->parallel.leader_of_group(group)].worker_id];
+      cluster::CoordinatorMessage msg;
+      msg.mutable_cancel()->set_request_id(request_id);
+      msg.mutable_cancel()->set_reason(reason);
+      if (w.session) w.session->Send(msg);
+    }
+    if (group < static_cast<int>(group_inflight_.size()) && group_inflight_[group] > 0) {
+      --group_inflight_[group];
+    }
+    done.push_back(Finished{std::move(it->second.callbacks), absl::CancelledError(reason),
+                            std::nullopt});
+    requests_.erase(it);
+  }
+  Deliver(done);
+  return true;
+}
+
+bool ClusterManager::WaitReady(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return ready_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                            [this] { return state_ == admin::READY; });
+}
+
+void ClusterManager::MonitorLoop() {
+  const auto tick = absl::ToChronoMilliseconds(
+      std::max(absl::Milliseconds(10), options_.heartbeat_interval / 2));
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(monitor_mu_);
+      monitor_cv_.wait_for(lock, tick, [this] { return stop_.load(); });
+      if (stop_) return;
+    }
+    std::vector<Finished> done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const absl::Time now = absl::Now();
+      for (auto& [id, w] : workers_) {
+        if (w.alive && now - w.last_heard > options_.heartbeat_timeout) {
+          MarkDeadLocked(w,
+                         absl::StrCat("no heartbeat for ",
+                                      absl::ToInt64Milliseconds(now - w.last_heard), " ms"),
+                         &done);
+        }
+      }
+    }
+    Deliver(done);
+  }
+}
+
+void ClusterManager::Deliver(std::vector<Finished>& done) {
+  for (Finished& f : done) {
+    if (f.last_update && f.callbacks.on_update) f.callbacks.on_update(*f.last_update);
+    if (f.callbacks.on_done) f.callbacks.on_done(f.status);
+  }
+}
+
+admin::ClusterStatus ClusterManager::Status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  admin::ClusterStatus s;
+  s.set_state(state_);
+  s.set_model(options_.model_path);
+  s.set_expected_workers(options_.expected_workers);
+  s.set_generation(generation_);
+  s.set_message(state_message_);
+  const absl::Time now = absl::Now();
+  for (const auto& [id, w] : workers_) {
+    admin::WorkerStatus* ws = s.add_workers();
+    ws->set_worker_id(id);
+    ws->set_node(w.hello.node());
+    *ws->mutable_device() = w.hello.device();
+    ws->set_rank(w.rank);
+    ws->set_alive(w.alive);
+    ws->set_last_heartbeat_age_ms(absl::ToInt64Milliseconds(now - w.last_heard));
+    *ws->mutable_load() = w.load;
+  }
+  return s;
+}
+
+absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!placement_) return absl::UnavailableError(absl::StrCat("no placement yet: ", state_message_));
+  admin::PlacementInfo info;
+  info.set_world_size(placement_->parallel.world_size());
+  info.set_tp_size(placement_->parallel.tp_size());
+  info.set_dp_size(placement_->parallel.dp_size());
+  info.set_ep_size(placement_->parallel.ep_size());
+  info.set_groups_spanning_nodes(placement_->groups_spanning_nodes);
+  for (const RankPlacement& r : placement_->ranks) {
+    admin::RankInfo* ri = info.add_ranks();
+    ri->set_rank(r.rank);
+    ri->set_worker_id(r.worker_id);
+    ri->set_node(r.node);
+    ri->set_dp_group(r.dp_group);
+    ri->set_tp_rank(r.tp_rank);
+    ri->set_weight_bytes(placement_->bytes_per_rank[r.rank]);
+  }
+  return info;
+}
+
+absl::StatusOr<cluster::ExpertMap> ClusterManager::GetExpertMap() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!placement_) return absl::UnavailableError(absl::StrCat("no placement yet: ", state_message_));
+  return ExpertMapToProto(placement_->expert_map);
+}
+
+}  // namespace flotilla::coordinator

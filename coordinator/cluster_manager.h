@@ -1,0 +1,150 @@
+// ClusterManager: the coordinator's worker registry, liveness, placement and
+// request routing. It owns all cluster state behind one mutex; gRPC reactors
+// and the frontend reach it only through these methods. Sessions are behind
+// the WorkerSession interface so tests drive it with fakes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/model_config.h"
+#include "coordinator/placement.h"
+#include "proto/admin.pb.h"
+#include "proto/cluster.pb.h"
+
+namespace flotilla::coordinator {
+
+// The coordinator's end of one worker's Session stream.
+class WorkerSession {
+ public:
+  virtual ~WorkerSession() = default;
+  // Queues a message to the worker; never blocks. Ignored once closed.
+  virtual void Send(const cluster::CoordinatorMessage& message) = 0;
+  // Ends the stream with `status` (the worker sees it as the RPC's status).
+  virtual void Close(const absl::Status& status) = 0;
+};
+
+struct ClusterOptions {
+  int expected_workers = 1;
+  LayoutRequest layout;
+  std::string model_path;
+  ModelConfig model;
+  std::string comm_backend = "ucx";     // for W > 1
+  absl::Duration heartbeat_interval = absl::Milliseconds(250);
+  absl::Duration heartbeat_timeout = absl::Seconds(2);  // silence after which a worker is dead
+  int max_inflight_requests = 1024;     // beyond: RESOURCE_EXHAUSTED
+  uint32_t max_batch_tokens = 512;
+  uint32_t max_sequences = 64;
+  uint32_t kv_blocks = 0;
+};
+
+// Callbacks of one request. `on_update` gets every SequenceUpdate (the last
+// one has a finish reason); `on_done` is called exactly once, after the last
+// update, with OK or the error that ended the request. Both are called without
+// the manager's lock held, possibly from the manager's threads.
+struct RequestCallbacks {
+  std::function<void(const cluster::SequenceUpdate&)> on_update;
+  std::function<void(const absl::Status&)> on_done;
+};
+
+class ClusterManager {
+ public:
+  static absl::StatusOr<std::unique_ptr<ClusterManager>> Create(ClusterOptions options);
+  ~ClusterManager();
+
+  // ---- worker sessions ----
+  // A new stream opened; returns its id for the calls below.
+  uint64_t OnSessionOpened(std::shared_ptr<WorkerSession> session);
+  void OnWorkerMessage(uint64_t session_id, const cluster::WorkerMessage& message);
+  void OnSessionClosed(uint64_t session_id);
+
+  // ---- requests ----
+  // Routes the request to a DP group. UNAVAILABLE while the instance is not
+  // ready (names the missing workers), RESOURCE_EXHAUSTED when too many
+  // requests are in flight, INVALID_ARGUMENT for a bad prompt.
+  absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request, RequestCallbacks callbacks);
+  // Cancels a request; its on_done gets CANCELLED. Returns false if unknown.
+  bool Cancel(uint64_t request_id, const std::string& reason);
+
+  // Blocks until the instance is ready or `timeout` passes.
+  bool WaitReady(absl::Duration timeout);
+
+  // ---- admin ----
+  admin::ClusterStatus Status() const;
+  absl::StatusOr<admin::PlacementInfo> GetPlacement() const;
+  absl::StatusOr<cluster::ExpertMap> GetExpertMap() const;
+  const ClusterOptions& options() const { return options_; }
+
+ private:
+  explicit ClusterManager(ClusterOptions options);
+
+  struct Worker {
+    std::string worker_id;
+    uint64_t session_id = 0;  // 0 when disconnected
+    std::shared_ptr<WorkerSession> session;
+    cluster::Hello hello;
+    absl::Time last_heard;
+    bool alive = false;
+    int rank = -1;
+    uint64_t ready_generation = 0;
+    cluster::WorkerLoad load;
+  };
+  struct Request {
+    uint64_t id = 0;
+    int dp_group = 0;
+    RequestCallbacks callbacks;
+  };
+  struct Finished {
+    RequestCallbacks callbacks;
+    absl::Status status;
+    std::optional<cluster::SequenceUpdate> last_update;
+  };
+
+  void HandleHello(uint64_t session_id, const cluster::Hello& hello, std::vector<Finished>* done);
+  void HandleTokens(const cluster::TokenBatch& batch,
+                    std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>>* updates,
+                    std::vector<Finished>* done);
+  // Marks a worker dead, fails in-flight requests, degrades the instance.
+  void MarkDeadLocked(Worker& w, const std::string& why, std::vector<Finished>* done);
+  // Plans and sends assignments when every expected worker is alive.
+  void MaybeAssignLocked();
+  void UpdateReadyLocked();
+  std::string MissingWorkersLocked() const;
+  Worker* WorkerBySessionLocked(uint64_t session_id);
+  void MonitorLoop();
+  static void Deliver(std::vector<Finished>& done);
+
+  const ClusterOptions options_;
+  mutable std::mutex mu_;
+  std::condition_variable ready_cv_;
+  std::map<std::string, Worker> workers_;  // by worker id
+  std::map<uint64_t, std::string> session_to_worker_;
+  std::map<uint64_t, std::shared_ptr<WorkerSession>> pending_sessions_;  // before Hello
+  uint64_t next_session_id_ = 1;
+  admin::InstanceState state_ = admin::WAITING_FOR_WORKERS;
+  std::string state_message_;
+  uint64_t generation_ = 0;
+  std::optional<Placement> placement_;
+  std::map<uint64_t, Request> requests_;
+  uint64_t next_request_id_ = 1;
+  std::vector<uint32_t> group_inflight_;
+
+  std::atomic<bool> stop_{false};
+  std::mutex monitor_mu_;
+  std::condition_variable monitor_cv_;
+  std::thread monitor_;
+};
+
+}  // namespace flotilla::coordinator

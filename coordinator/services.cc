@@ -1,0 +1,209 @@
+#include "coordinator/services.h"
+
+#include <atomic>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "coordinator/stream_queue.h"
+
+namespace flotilla::coordinator {
+namespace {
+
+using SessionReactorBase = grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>;
+
+// One worker's Session stream.
+class SessionReactor final : public SessionReactorBase {
+ public:
+  explicit SessionReactor(ClusterManager* manager) : manager_(manager) {
+    state_ = std::make_shared<State>(this);
+    id_ = manager_->OnSessionOpened(state_);
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      // The worker ended its side (or vanished): the manager marks it dead.
+      closed_ = true;
+      manager_->OnSessionClosed(id_);
+      state_->queue.Close(grpc::Status::OK);
+      return;
+    }
+    manager_->OnWorkerMessage(id_, in_);
+    StartRead(&in_);
+  }
+  void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
+  void OnDone() override {
+    state_->queue.Detach();
+    if (!closed_ && !state_->closed_by_manager) manager_->OnSessionClosed(id_);
+    delete this;
+  }
+
+ private:
+  struct State : WorkerSession {
+    explicit State(SessionReactor* r) : queue(r) {}
+    void Send(const cluster::CoordinatorMessage& m) override { queue.Send(m); }
+    void Close(const absl::Status& status) override {
+      closed_by_manager = true;
+      queue.Close(ToGrpcStatus(status));
+    }
+    StreamQueue<SessionReactorBase, cluster::CoordinatorMessage> queue;
+    std::atomic<bool> closed_by_manager{false};
+  };
+
+  ClusterManager* manager_;
+  std::shared_ptr<State> state_;
+  uint64_t id_ = 0;
+  cluster::WorkerMessage in_;
+  std::atomic<bool> closed_{false};
+};
+
+using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
+
+// One client Generate stream: each SequenceUpdate becomes one response.
+class GenerateReactor final : public GenerateReactorBase {
+ public:
+  GenerateReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
+                  const v1::GenerateRequest& request, const std::string& model_id)
+      : manager_(manager), state_(std::make_shared<State>(this)) {
+    if (!request.model().empty() && request.model() != model_id) {
+      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("model '", request.model(),
+                                       "' is not served here; this server serves '", model_id,
+                                       "'")));
+      return;
+    }
+    if (request.prompt_case() != v1::GenerateRequest::kPromptIds) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request has no prompt"));
+      return;
+    }
+    cluster::SubmitSequence submit;
+    *submit.mutable_prompt_ids() = request.prompt_ids().ids();
+    *submit.mutable_sampling() = request.sampling();
+    submit.set_return_prompt_logits(request.return_prompt_logits());
+    const auto deadline = context->deadline();
+    if (deadline != std::chrono::system_clock::time_point::max()) {
+      submit.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline.time_since_epoch())
+                                      .count());
+    }
+    std::shared_ptr<State> state = state_;
+    RequestCallbacks cb;
+    cb.on_update = [state](const cluster::SequenceUpdate& u) {
+      v1::GenerateResponse r;
+      r.set_request_id(absl::StrCat(u.request_id()));
+      *r.mutable_token_ids() = u.token_ids();
+      *r.mutable_logprobs() = u.logprobs();
+      if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED &&
+          u.finish_reason() != common::ERROR) {
+        r.set_finish_reason(u.finish_reason());
+        r.mutable_usage()->set_prompt_tokens(u.prompt_tokens());
+        r.mutable_usage()->set_completion_tokens(u.completion_tokens());
+        *r.mutable_prompt_logits() = u.prompt_logits();
+      }
+      if (u.finish_reason() != common::ERROR) state->queue.Send(r);
+    };
+    cb.on_done = [state](const absl::Status& st) { state->queue.Close(ToGrpcStatus(st)); };
+    absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
+    if (!id.ok()) {
+      state_->queue.Close(ToGrpcStatus(id.status()));
+      return;
+    }
+    request_id_ = *id;
+  }
+
+  void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
+  void OnCancel() override {
+    if (request_id_ != 0) manager_->Cancel(request_id_, "the client cancelled the stream");
+  }
+  void OnDone() override {
+    state_->queue.Detach();
+    delete this;
+  }
+
+ private:
+  struct State {
+    explicit State(GenerateReactor* r) : queue(r) {}
+    StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
+  };
+  ClusterManager* manager_;
+  std::shared_ptr<State> state_;
+  uint64_t request_id_ = 0;
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
+ClusterControlService::Session(grpc::CallbackServerContext* context) {
+  return new SessionReactor(manager_);
+}
+
+grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
+                                                  const admin::GetStatusRequest* request,
+                                                  admin::ClusterStatus* response) {
+  *response = manager_->Status();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::GetPlacement(grpc::CallbackServerContext* context,
+                                                     const admin::GetPlacementRequest* request,
+                                                     admin::PlacementInfo* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<admin::PlacementInfo> p = manager_->GetPlacement();
+  if (p.ok()) *response = *p;
+  reactor->Finish(ToGrpcStatus(p.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext* context,
+                                                     const admin::GetExpertMapRequest* request,
+                                                     cluster::ExpertMap* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<cluster::ExpertMap> m = manager_->GetExpertMap();
+  if (m.ok()) *response = *m;
+  reactor->Finish(ToGrpcStatus(m.status()));
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  return new GenerateReactor(manager_, context, *request, model_id_);
+}
+
+grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* context,
+                                                  const v1::CancelRequest* request,
+                                                  v1::CancelResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  uint64_t id = 0;
+  if (!absl::SimpleAtoi(request->request_id(), &id)) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "request_id must be the id a Generate stream returned"));
+    return reactor;
+  }
+  response->set_found(manager_->Cancel(id, "cancelled by the client"));
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
+                                                      const v1::ListModelsRequest* request,
+                                                      v1::ListModelsResponse* response) {
+  admin::ClusterStatus s = manager_->Status();
+  v1::ModelInfo* m = response->add_models();
+  m->set_id(model_id_);
+  m->set_vocab_size(manager_->options().model.vocab_size);
+  m->set_max_context(manager_->options().model.max_position_embeddings);
+  switch (s.state()) {
+    case admin::READY: m->set_state("ready"); break;
+    case admin::LOADING: m->set_state("loading"); break;
+    case admin::DEGRADED: m->set_state("degraded"); break;
+    default: m->set_state("waiting"); break;
+  }
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace flotilla::coordinator

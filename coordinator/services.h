@@ -1,0 +1,60 @@
+// The coordinator's gRPC services (callback API): the worker Session stream,
+// the admin API and the client API. Each is a thin edge over ClusterManager.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "coordinator/cluster_manager.h"
+#include "proto/admin.grpc.pb.h"
+#include "proto/cluster.grpc.pb.h"
+#include "proto/flotilla.grpc.pb.h"
+
+namespace flotilla::coordinator {
+
+class ClusterControlService final : public cluster::ClusterControl::CallbackService {
+ public:
+  explicit ClusterControlService(ClusterManager* manager) : manager_(manager) {}
+  grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>* Session(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  ClusterManager* manager_;
+};
+
+class AdminService final : public admin::Admin::CallbackService {
+ public:
+  explicit AdminService(ClusterManager* manager) : manager_(manager) {}
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const admin::GetStatusRequest* request,
+                                      admin::ClusterStatus* response) override;
+  grpc::ServerUnaryReactor* GetPlacement(grpc::CallbackServerContext* context,
+                                         const admin::GetPlacementRequest* request,
+                                         admin::PlacementInfo* response) override;
+  grpc::ServerUnaryReactor* GetExpertMap(grpc::CallbackServerContext* context,
+                                         const admin::GetExpertMapRequest* request,
+                                         cluster::ExpertMap* response) override;
+
+ private:
+  ClusterManager* manager_;
+};
+
+class FrontendService final : public v1::Flotilla::CallbackService {
+ public:
+  FrontendService(ClusterManager* manager, std::string model_id)
+      : manager_(manager), model_id_(std::move(model_id)) {}
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
+
+ private:
+  ClusterManager* manager_;
+  std::string model_id_;
+};
+
+}  // namespace flotilla::coordinator

@@ -1,0 +1,217 @@
+// UCX communicator across real processes: the test starts comm_ucx_peer once
+// per rank (fork + exec) and checks their exit status.
+#include "comm/ucx/ucx_communicator.h"
+
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace flotilla::comm {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Peer {
+  pid_t pid = -1;
+  int exit_code = -1;  // -1 while running or when killed
+  std::string log;
+};
+
+class UcxProcessGroup {
+ public:
+  explicit UcxProcessGroup(int size) : size_(size) {
+    char tmpl[] = "/tmp/flotilla_ucx_test.XXXXXX";
+    dir_ = mkdtemp(tmpl);
+  }
+  ~UcxProcessGroup() {
+    for (Peer& p : peers_) {
+      if (p.pid > 0 && p.exit_code == -1) {
+        kill(p.pid, SIGKILL);
+        waitpid(p.pid, nullptr, 0);
+      }
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  void Start(const std::string& scenario, int timeout_ms, bool detect_peer_failure) {
+    for (int r = 0; r < size_; ++r) {
+      const std::string log = dir_ + "/log." + std::to_string(r);
+      std::vector<std::string> args = {FLOTILLA_UCX_PEER, "--rank", std::to_string(r), "--size",
+                                       std::to_string(size_), "--dir", dir_, "--scenario",
+                                       scenario, "--timeout-ms", std::to_string(timeout_ms),
+                                       "--detect-peer-failure",
+                                       detect_peer_failure ? "true" : "false"};
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      posix_spawn_file_actions_t actions;
+      posix_spawn_file_actions_init(&actions);
+      posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      posix_spawn_file_actions_adddup2(&actions, 1, 2);
+      Peer p;
+      const int rc = posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ);
+      posix_spawn_file_actions_destroy(&actions);
+      ASSERT_EQ(rc, 0) << "cannot start " << argv[0];
+      peers_.push_back(p);
+    }
+  }
+
+  // Waits until `file` exists in the group's folder.
+  bool WaitForFile(const std::string& file, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (!fs::exists(dir_ + "/" + file)) {
+      if (std::chrono::steady_clock::now() > end) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
+
+  void Kill(int rank) {
+    Peer& p = peers_[static_cast<size_t>(rank)];
+    kill(p.pid, SIGKILL);
+    waitpid(p.pid, nullptr, 0);
+    p.exit_code = -2;
+  }
+
+  // Waits for every running peer (killing stragglers after `limit`), then
+  // reads the logs.
+  void Wait(std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    for (Peer& p : peers_) {
+      while (p.exit_code == -1) {
+        int status = 0;
+        const pid_t got = waitpid(p.pid, &status, WNOHANG);
+        if (got == p.pid) {
+          p.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        } else if (std::chrono::steady_clock::now() > end) {
+          kill(p.pid, SIGKILL);
+          waitpid(p.pid, nullptr, 0);
+          p.exit_code = 999;  // hung
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+    }
+    for (size_t r = 0; r < peers_.size(); ++r) {
+      std::ifstream in(dir_ + "/log." + std::to_string(r));
+      std::stringstream ss;
+      ss << in.rdbuf();
+      peers_[r].log = ss.str();
+    }
+  }
+
+  const Peer& peer(int r) const { return peers_[static_cast<size_t>(r)]; }
+
+ private:
+  int size_;
+  std::string dir_;
+  std::vector<Peer> peers_;
+};
+
+// Parameters: world size, and whether UCX reports peer failures (TCP only in
+// UCX 1.13) or not (shared memory allowed; the timeout finds dead peers).
+class UcxCollectivesTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(UcxCollectivesTest, EveryCollectiveAcrossProcesses) {
+  const auto [w, detect] = GetParam();
+  UcxProcessGroup group(w);
+  group.Start("checks", 20000, detect);
+  group.Wait(std::chrono::seconds(120));
+  for (int r = 0; r < w; ++r) {
+    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, UcxCollectivesTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()));
+
+class UcxPeerDeathTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(UcxPeerDeathTest, KilledPeerGivesUnavailableWithinTheTimeout) {
+  const auto [w, detect] = GetParam();
+  const int timeout_ms = 2000;
+  UcxProcessGroup group(w);
+  group.Start("die", timeout_ms, detect);
+  ASSERT_TRUE(group.WaitForFile("ready." + std::to_string(w - 1), std::chrono::seconds(60)));
+  group.Kill(w - 1);
+  // The survivors must be done well before the test gives up on them.
+  group.Wait(std::chrono::milliseconds(timeout_ms * 4));
+  for (int r = 0; r + 1 < w; ++r) {
+    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
+    EXPECT_NE(group.peer(r).log.find("UNAVAILABLE"), std::string::npos) << group.peer(r).log;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, UcxPeerDeathTest,
+                         ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()));
+
+TEST(UcxCommunicatorTest, SingleRankInProcess) {
+  auto worker = UcxWorker::Create();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  const std::string addr = (*worker)->Address();
+  auto comm = UcxCommunicator::Create(std::move(*worker), 0, {addr});
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  float x[3] = {1.f, 2.f, 3.f};
+  EXPECT_TRUE((*comm)->AllReduce(x, 3, DataType::kF32).ok());
+  EXPECT_EQ(x[2], 3.f);
+  EXPECT_TRUE((*comm)->Barrier().ok());
+}
+
+TEST(UcxCommunicatorTest, RejectsBadBootstrapBytes) {
+  auto worker = UcxWorker::Create();
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  const std::string mine = (*worker)->Address();
+  auto st = UcxCommunicator::Create(std::move(*worker), 0, {mine, "not an address"}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(std::string(st.message()).find("rank 1"), std::string::npos) << st;
+
+  auto w2 = UcxWorker::Create();
+  ASSERT_TRUE(w2.ok());
+  const std::string a2 = (*w2)->Address();
+  st = UcxCommunicator::Create(std::move(*w2), 0, {a2, a2.substr(0, a2.size() - 3)}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+
+  auto w3 = UcxWorker::Create();
+  ASSERT_TRUE(w3.ok());
+  st = UcxCommunicator::Create(std::move(*w3), 1, {a2}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  auto w4 = UcxWorker::Create();
+  ASSERT_TRUE(w4.ok());
+  st = UcxCommunicator::Create(std::move(*w4), 0, {a2}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;  // not its own address
+}
+
+TEST(UcxCommunicatorTest, SilentPeerMakesCreateUnavailable) {
+  auto quiet = UcxWorker::Create();  // exists, but nobody drives it
+  auto worker = UcxWorker::Create();
+  ASSERT_TRUE(quiet.ok() && worker.ok());
+  UcxOptions options;
+  options.timeout = absl::Milliseconds(300);
+  const std::string mine = (*worker)->Address();
+  auto st = UcxCommunicator::Create(std::move(*worker), 0, {mine, (*quiet)->Address()}, options)
+                .status();
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+}
+
+TEST(UcxCommunicatorTest, BadUcxSettingIsRejected) {
+  UcxOptions options;
+  options.config_defaults = {{"RNDV_THRESH", "lots"}};
+  auto st = UcxWorker::Create(options).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(std::string(st.message()).find("RNDV_THRESH"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace flotilla::comm

@@ -1,0 +1,107 @@
+// One rank of a UCX group in its own process, started by comm_ucx_test.
+// Ranks exchange their bootstrap bytes through files in --dir:
+//   addr.<rank>   this rank's UcxWorker::Address() (written atomically)
+//   ready.<rank>  written by the victim of --scenario=die once it is idle
+// Scenarios:
+//   checks  every collective (RunCollectiveChecks); exit 0 when all match
+//   die     after a barrier the last rank idles until killed; the others run an
+//           all-to-all and must get UNAVAILABLE (twice: the group stays broken)
+// Exit status: 0 success, 1 failure (message on stderr), 2 usage.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "comm/ucx/ucx_communicator.h"
+#include "tests/comm/collective_checks.h"
+
+namespace fs = std::filesystem;
+using flotilla::comm::UcxCommunicator;
+using flotilla::comm::UcxOptions;
+using flotilla::comm::UcxWorker;
+
+namespace {
+
+int Fail(int rank, const std::string& what) {
+  std::fprintf(stderr, "rank %d: %s\n", rank, what.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"UCX communicator test peer"};
+  int rank = -1, size = 0, timeout_ms = 10000;
+  std::string dir, scenario = "checks";
+  app.add_option("--rank", rank)->required();
+  app.add_option("--size", size)->required();
+  app.add_option("--dir", dir)->required();
+  app.add_option("--scenario", scenario)->check(CLI::IsMember({"checks", "die"}));
+  app.add_option("--timeout-ms", timeout_ms);
+  bool detect = true;
+  app.add_option("--detect-peer-failure", detect,
+                 "false: shared-memory transports, dead peers found by the timeout");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  UcxOptions options;
+  options.timeout = absl::Milliseconds(timeout_ms);
+  options.detect_peer_failure = detect;
+
+  auto worker = UcxWorker::Create(options);
+  if (!worker.ok()) return Fail(rank, worker.status().ToString());
+  const fs::path base(dir);
+  {
+    const fs::path tmp = base / ("addr." + std::to_string(rank) + ".tmp");
+    std::ofstream(tmp, std::ios::binary) << (*worker)->Address();
+    fs::rename(tmp, base / ("addr." + std::to_string(rank)));
+  }
+  std::vector<std::string> addresses(static_cast<size_t>(size));
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (int p = 0; p < size; ++p) {
+    const fs::path f = base / ("addr." + std::to_string(p));
+    while (!fs::exists(f)) {
+      if (std::chrono::steady_clock::now() > give_up) return Fail(rank, "no address from rank " + std::to_string(p));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::ifstream in(f, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    addresses[static_cast<size_t>(p)] = ss.str();
+  }
+  auto comm = UcxCommunicator::Create(std::move(*worker), rank, addresses, options);
+  if (!comm.ok()) return Fail(rank, comm.status().ToString());
+
+  if (scenario == "checks") {
+    absl::Status st = flotilla::comm::testing::RunCollectiveChecks(**comm);
+    if (!st.ok()) return Fail(rank, st.ToString());
+    std::printf("rank %d: all collectives ok\n", rank);
+    return 0;
+  }
+
+  // die
+  if (absl::Status st = (*comm)->Barrier(); !st.ok()) return Fail(rank, st.ToString());
+  if (rank == size - 1) {
+    std::ofstream(base / ("ready." + std::to_string(rank))) << "idle\n";
+    for (;;) pause();  // until SIGKILL
+  }
+  std::vector<uint8_t> send(static_cast<size_t>(size) * 64, 1), recv(send.size());
+  std::vector<size_t> counts(static_cast<size_t>(size), 64), offsets(static_cast<size_t>(size));
+  for (size_t p = 0; p < offsets.size(); ++p) offsets[p] = p * 64;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = (*comm)->AllToAllV(send.data(), counts, offsets, recv.data(), counts, offsets);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!absl::IsUnavailable(st)) return Fail(rank, "expected UNAVAILABLE, got " + st.ToString());
+  std::printf("rank %d: UNAVAILABLE after %.1f ms: %s\n", rank, ms, std::string(st.message()).c_str());
+  absl::Status again = (*comm)->Barrier();
+  if (!absl::IsUnavailable(again)) return Fail(rank, "second call gave " + again.ToString());
+  return 0;
+}

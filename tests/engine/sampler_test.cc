@@ -1,0 +1,179 @@
+#include "worker/engine/sampler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+namespace flotilla {
+namespace {
+
+std::vector<float> LogitsOf(const std::vector<double>& probs) {
+  std::vector<float> l;
+  for (double p : probs) l.push_back(static_cast<float>(std::log(p)));
+  return l;
+}
+
+std::unique_ptr<Sampler> Make(SamplingParams p, int vocab) {
+  auto s = Sampler::Create(p, vocab);
+  EXPECT_TRUE(s.ok()) << s.status();
+  return std::move(*s);
+}
+
+TEST(Sampler, GreedyIsArgmaxWithLowestIndexOnTies) {
+  SamplingParams p;
+  p.temperature = 0;
+  auto s = Make(p, 5);
+  std::vector<float> l = {0.1f, 2.0f, -1.0f, 2.0f, 1.5f};
+  EXPECT_EQ(s->Sample(l.data(), nullptr), 1);
+  l[4] = 9;
+  EXPECT_EQ(s->Sample(l.data(), nullptr), 4);
+}
+
+TEST(Sampler, SameSeedSameTokens) {
+  std::vector<float> l(50);
+  for (int i = 0; i < 50; ++i) l[i] = std::sin(i * 0.7f) * 2;
+  auto run = [&](uint64_t seed) {
+    SamplingParams p;
+    p.seed = seed;
+    auto s = Make(p, 50);
+    std::vector<int> out;
+    for (int i = 0; i < 64; ++i) out.push_back(s->Sample(l.data(), nullptr));
+    return out;
+  };
+  EXPECT_EQ(run(42), run(42));
+  EXPECT_NE(run(42), run(43));
+}
+
+TEST(Sampler, TopKTopPMinPRestrictTheSupport) {
+  std::vector<float> l = LogitsOf({0.5, 0.3, 0.15, 0.05});
+  auto support = [&](SamplingParams p) {
+    p.seed = 1;
+    auto s = Make(p, 4);
+    std::set<int> seen;
+    for (int i = 0; i < 400; ++i) seen.insert(s->Sample(l.data(), nullptr));
+    std::set<int> dist;
+    for (auto [t, pr] : s->Distribution(l.data())) dist.insert(t);
+    EXPECT_EQ(seen, dist);
+    return dist;
+  };
+  SamplingParams p;
+  EXPECT_EQ(support(p), (std::set<int>{0, 1, 2, 3}));
+  p.top_k = 2;
+  EXPECT_EQ(support(p), (std::set<int>{0, 1}));
+  p = {};
+  p.top_p = 0.7f;
+  EXPECT_EQ(support(p), (std::set<int>{0, 1}));
+  p.top_p = 0.85f;
+  EXPECT_EQ(support(p), (std::set<int>{0, 1, 2}));
+  p = {};
+  p.min_p = 0.25f;  // keeps p >= 0.125
+  EXPECT_EQ(support(p), (std::set<int>{0, 1, 2}));
+  p.min_p = 0.7f;
+  EXPECT_EQ(support(p), (std::set<int>{0}));
+}
+
+TEST(Sampler, DistributionIsRenormalisedAndTemperatureSharpens) {
+  std::vector<float> l = LogitsOf({0.5, 0.3, 0.15, 0.05});
+  SamplingParams p;
+  p.top_k = 2;
+  auto d = Make(p, 4)->Distribution(l.data());
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_NEAR(d[0].second, 0.5 / 0.8, 1e-6);
+  p = {};
+  p.temperature = 0.5f;
+  d = Make(p, 4)->Distribution(l.data());
+  double z = 0.25 + 0.09 + 0.0225 + 0.0025;
+  EXPECT_NEAR(d[0].second, 0.25 / z, 1e-6);
+}
+
+TEST(Sampler, PenaltiesFollowOpenAiSemantics) {
+  std::vector<float> l = {1.0f, 1.0f, 1.0f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.frequency_penalty = 0.5f;
+  p.presence_penalty = 0.3f;
+  auto s = Make(p, 3);
+  EXPECT_EQ(s->Sample(l.data(), nullptr), 0);  // counts: {0: 1}
+  EXPECT_EQ(s->Sample(l.data(), nullptr), 1);  // 0 is penalised by 0.8
+  // Now check the exact penalised distribution with temperature 1.
+  SamplingParams q;
+  q.frequency_penalty = 0.5f;
+  q.presence_penalty = 0.3f;
+  q.seed = 3;
+  auto t = Make(q, 3);
+  std::vector<float> peaked = {10.0f, 0.0f, 0.0f};
+  ASSERT_EQ(t->Sample(peaked.data(), nullptr), 0);
+  ASSERT_EQ(t->Sample(peaked.data(), nullptr), 0);  // count 2 -> penalty 2 * 0.5 + 0.3
+  auto d = t->Distribution(l.data());
+  double p0 = 0, p1 = 0;
+  for (auto [tok, pr] : d) {
+    if (tok == 0) p0 = pr;
+    if (tok == 1) p1 = pr;
+  }
+  EXPECT_NEAR(p0 / p1, std::exp(-1.3), 1e-5);
+  // Negative penalties encourage repetition.
+  SamplingParams r;
+  r.temperature = 0;
+  r.presence_penalty = -1.0f;
+  auto u = Make(r, 3);
+  std::vector<float> l2 = {1.0f, 1.5f, 0.0f};
+  EXPECT_EQ(u->Sample(l2.data(), nullptr), 1);
+  std::vector<float> l3 = {1.9f, 1.0f, 0.0f};
+  EXPECT_EQ(u->Sample(l3.data(), nullptr), 1);  // 1.0 + 1 > 1.9
+}
+
+TEST(Sampler, LogprobsAreLogSoftmaxOfTheModelLogits) {
+  std::vector<float> l = {0.3f, -1.2f, 2.5f, 0.0f, 2.5f};
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = true;
+  p.top_logprobs = 3;
+  auto s = Make(p, 5);
+  TokenLogprob lp;
+  int tok = s->Sample(l.data(), &lp);
+  double z = 0;
+  for (float x : l) z += std::exp(double(x));
+  EXPECT_EQ(tok, 2);
+  EXPECT_EQ(lp.token, 2);
+  EXPECT_NEAR(lp.logprob, 2.5 - std::log(z), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
+  EXPECT_EQ(lp.top[0].first, 2);
+  EXPECT_EQ(lp.top[1].first, 4);
+  EXPECT_EQ(lp.top[2].first, 0);
+  EXPECT_NEAR(lp.top[2].second, 0.3 - std::log(z), 1e-6);
+}
+
+TEST(Sampler, BadParametersAreRejectedByName) {
+  auto msg = [](SamplingParams p) {
+    auto s = Sampler::Create(p, 10);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.status().message());
+  };
+  SamplingParams p;
+  p.temperature = -1;
+  EXPECT_NE(msg(p).find("temperature"), std::string::npos);
+  p = {};
+  p.top_p = 0;
+  EXPECT_NE(msg(p).find("top_p"), std::string::npos);
+  p = {};
+  p.min_p = 2;
+  EXPECT_NE(msg(p).find("min_p"), std::string::npos);
+  p = {};
+  p.frequency_penalty = 3;
+  EXPECT_NE(msg(p).find("frequency_penalty"), std::string::npos);
+  p = {};
+  p.logprobs = true;
+  p.top_logprobs = 21;
+  EXPECT_NE(msg(p).find("top_logprobs"), std::string::npos);
+  p = {};
+  p.stop_token_ids = std::vector<int>{10};
+  EXPECT_NE(msg(p).find("stop token id 10"), std::string::npos);
+  p = {};
+  p.max_tokens = 0;
+  EXPECT_NE(msg(p).find("max_tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flotilla

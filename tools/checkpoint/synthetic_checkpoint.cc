@@ -1,0 +1,322 @@
+#include "tools/checkpoint/synthetic_checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/bf16.h"
+#include "common/status.h"
+#include "worker/model/checkpoint.h"
+
+namespace flotilla {
+namespace {
+
+using nlohmann::json;
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// One independent stream per (seed, tensor name): tensors do not depend on
+// their order or on how the checkpoint is sharded.
+uint64_t TensorSeed(uint64_t seed, const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
+  uint64_t s = seed ^ h;
+  return SplitMix64(s);
+}
+
+// Approximately standard normal: the centred sum of four 16-bit uniforms,
+// scaled to unit variance. Pure integer and float arithmetic, so the bytes
+// are identical on every platform.
+float Normal(uint64_t& state) {
+  uint64_t r = SplitMix64(state);
+  float sum = 0;
+  for (int i = 0; i < 4; ++i) sum += static_cast<float>((r >> (16 * i)) & 0xffff) + 0.5f;
+  constexpr float kInv = 1.0f / 65536.0f;
+  return (sum * kInv - 2.0f) * 1.7320508f;  // var of U(0,1) is 1/12; 4 of them: 1/3
+}
+
+enum class Fill { kNormal, kBytes, kScales };
+
+struct TensorFill {
+  Fill kind = Fill::kNormal;
+  float mean = 0;
+  float stddev = 1;
+  int scale_base = 127;  // kScales: byte = base + {-1, 0, +1}
+};
+
+// Mean of fp4^2 over the 16 E2M1 codes (uniform random nibbles) and of 4^o
+// over the scale offsets o in {-1, 0, 1}: rms of a weight = 2^k * sqrt(both).
+constexpr double kFp4MeanSquare = 8.5625;
+constexpr double kScaleOffsetMeanSquare = 1.75;
+
+int ScaleBaseFor(double target_rms) {
+  double k = std::round(std::log2(target_rms / std::sqrt(kFp4MeanSquare * kScaleOffsetMeanSquare)));
+  return std::clamp(127 + static_cast<int>(k), 2, 253);
+}
+
+TensorFill FillFor(const ModelConfig& c, const std::string& name) {
+  const double H = c.hidden_size, I = c.intermediate_size;
+  const double attn = static_cast<double>(c.num_attention_heads) * c.head_dim;
+  auto normal = [](double mean, double sd) {
+    return TensorFill{Fill::kNormal, static_cast<float>(mean), static_cast<float>(sd), 127};
+  };
+  auto ends = [&](absl::string_view s) { return absl::EndsWith(name, s); };
+  if (name == "model.embed_tokens.weight") return normal(0, 1);
+  if (name == "lm_head.weight") return normal(0, 3 / std::sqrt(H));  // logits spread ~3
+  if (ends("layernorm.weight") || name == "model.norm.weight") return normal(1, 0.1);
+  // Scores q.k/sqrt(D) of about unit spread; attention is neither uniform nor one-hot.
+  if (ends("q_proj.weight") || ends("k_proj.weight")) return normal(0, 1.2 / std::sqrt(H));
+  if (ends("v_proj.weight")) return normal(0, 1 / std::sqrt(H));
+  if (ends("q_proj.bias") || ends("k_proj.bias") || ends("v_proj.bias")) return normal(0, 0.2);
+  if (ends("o_proj.weight")) return normal(0, 1 / std::sqrt(attn));
+  if (ends("o_proj.bias")) return normal(0, 0.05);
+  if (ends("sinks")) return normal(0.5, 1);
+  // Router logits with a spread of about 2: the top-K differ from token to token.
+  if (ends("router.weight")) return normal(0, 2 / std::sqrt(H));
+  if (ends("router.bias")) return normal(0, 0.5);
+  if (ends("_blocks")) return TensorFill{Fill::kBytes, 0, 0, 127};
+  if (ends("gate_up_proj_scales")) return TensorFill{Fill::kScales, 0, 0, ScaleBaseFor(1 / std::sqrt(H))};
+  if (ends("down_proj_scales")) return TensorFill{Fill::kScales, 0, 0, ScaleBaseFor(1 / std::sqrt(I))};
+  if (ends("gate_up_proj_bias")) return normal(0, 0.2);
+  if (ends("down_proj_bias")) return normal(0, 0.05);
+  return normal(0, 0.02);
+}
+
+int64_t NumElements(const TensorSpec& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  return n;
+}
+
+int64_t NumBytes(const TensorSpec& t) { return NumElements(t) * DTypeSize(t.dtype); }
+
+// Generates `spec` chunk by chunk into `out`.
+absl::Status WriteTensor(const ModelConfig& c, uint64_t seed, const TensorSpec& spec,
+                         std::ofstream& out, const std::string& path) {
+  const TensorFill fill = FillFor(c, spec.name);
+  uint64_t state = TensorSeed(seed, spec.name);
+  const int64_t total = NumElements(spec);
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<uint8_t> buf;
+  for (int64_t done = 0; done < total; done += kChunk) {
+    const int64_t n = std::min(kChunk, total - done);
+    buf.resize(static_cast<size_t>(n * DTypeSize(spec.dtype)));
+    switch (fill.kind) {
+      case Fill::kBytes:
+        for (int64_t i = 0; i < n; i += 8) {
+          uint64_t r = SplitMix64(state);
+          std::memcpy(buf.data() + i, &r, static_cast<size_t>(std::min<int64_t>(8, n - i)));
+        }
+        break;
+      case Fill::kScales:
+        for (int64_t i = 0; i < n; ++i) {
+          buf[i] = static_cast<uint8_t>(fill.scale_base + static_cast<int>(SplitMix64(state) % 3) - 1);
+        }
+        break;
+      case Fill::kNormal:
+        for (int64_t i = 0; i < n; ++i) {
+          float v = fill.mean + fill.stddev * Normal(state);
+          if (spec.dtype == DType::kF32) {
+            std::memcpy(buf.data() + 4 * i, &v, 4);
+          } else {
+            uint16_t b = FloatToBf16(v);
+            std::memcpy(buf.data() + 2 * i, &b, 2);
+          }
+        }
+        break;
+    }
+    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+    if (!out) return absl::InternalError(absl::StrCat(path, ": write failed (disk full?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteShard(const ModelConfig& c, uint64_t seed, const std::vector<TensorSpec>& tensors,
+                        const std::string& path) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  int64_t offset = 0;
+  for (const TensorSpec& t : tensors) {
+    const int64_t nbytes = NumBytes(t);
+    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape},
+                      {"data_offsets", {offset, offset + nbytes}}};
+    offset += nbytes;
+  }
+  std::string text = header.dump();
+  // Pad so the data area starts 8-byte aligned, as the reference writer does.
+  while ((text.size() + 8) % 8 != 0) text.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create"));
+  uint8_t len[8];
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const TensorSpec& t : tensors) FLOTILLA_RETURN_IF_ERROR(WriteTensor(c, seed, t, out, path));
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status WriteText(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+std::string ShardName(int i, int n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05d-of-%05d.safetensors", i + 1, n);
+  return buf;
+}
+
+}  // namespace
+
+absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
+                                      const SyntheticCheckpointOptions& options,
+                                      const std::string& dir) {
+  if (options.sinks_dtype != DType::kBF16 && options.sinks_dtype != DType::kF32) {
+    return absl::InvalidArgumentError("sinks dtype must be BF16 or F32");
+  }
+  // Round-trip the config through its own validation, so what we write reads back.
+  FLOTILLA_RETURN_IF_ERROR(ModelConfig::FromJson(config.ToJson()).status());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+
+  const std::vector<TensorSpec> tensors = ExpectedTensors(config, options.sinks_dtype);
+  const int n = options.shards;
+  if (n < 1 || n > static_cast<int>(tensors.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shards must be in [1, ", tensors.size(),
+                                                   "] for this config, got ", n));
+  }
+  FLOTILLA_RETURN_IF_ERROR(WriteText(dir + "/config.json", config.ToJson().dump(2) + "\n"));
+
+  // Remove an earlier layout so the directory holds exactly one.
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        (name.starts_with("model-") && name.ends_with(".safetensors"))) {
+      std::filesystem::remove(entry.path(), ec);
+    }
+  }
+
+  if (n == 1) return WriteShard(config, options.seed, tensors, dir + "/model.safetensors");
+
+  // Contiguous runs of tensors, cut where the running byte count crosses k/n
+  // of the total (a tensor starts the next shard when its midpoint lies past
+  // the boundary), never leaving a shard empty.
+  int64_t total = 0;
+  for (const TensorSpec& t : tensors) total += NumBytes(t);
+  std::vector<std::vector<TensorSpec>> shards(n);
+  int64_t before = 0;
+  int cur = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
+    const int64_t left = static_cast<int64_t>(tensors.size() - i);  // this one included
+    const double mid = static_cast<double>(before) + static_cast<double>(NumBytes(t)) / 2;
+    const double boundary = static_cast<double>(total) * (cur + 1) / n;
+    if (!shards[cur].empty() && cur < n - 1 && (left <= n - 1 - cur || mid > boundary)) ++cur;
+    shards[cur].push_back(t);
+    before += NumBytes(t);
+  }
+  json weight_map = json::object();
+  for (int s = 0; s < n; ++s) {
+    if (shards[s].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("cannot split this checkpoint into ", n, " shards"));
+    }
+    const std::string name = ShardName(s, n);
+    FLOTILLA_RETURN_IF_ERROR(WriteShard(config, options.seed, shards[s], dir + "/" + name));
+    for (const TensorSpec& t : shards[s]) weight_map[t.name] = name;
+  }
+  json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  return WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+absl::StatusOr<ModelConfig> MakeSyntheticConfig(absl::string_view preset,
+                                                const std::string& config_file,
+                                                const std::vector<std::string>& sets) {
+  json j;
+  if (!config_file.empty()) {
+    std::ifstream in(config_file);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", config_file));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(config_file, ": not a JSON object"));
+    }
+  } else if (preset == "tiny") {
+    j = ModelConfig::Tiny().ToJson();
+  } else if (preset == "20b") {
+    j = ModelConfig::Gptoss20b().ToJson();
+  } else if (preset == "120b") {
+    j = ModelConfig::Gptoss120b().ToJson();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset '", preset, "' (choose tiny, 20b or 120b)"));
+  }
+  auto layers = [&j]() -> int {
+    auto it = j.find("num_hidden_layers");
+    return it != j.end() && it->is_number_integer() ? it->get<int>() : -1;
+  };
+  const int layers_before = layers();
+  bool layer_types_set = false;
+  bool experts_per_token_set = false;
+  for (const std::string& s : sets) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("--set '", s, "': expected key=value"));
+    }
+    const std::string key = s.substr(0, eq);
+    const std::string text = s.substr(eq + 1);
+    json value = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (value.is_discarded()) value = text;
+    json* node = &j;
+    std::vector<std::string> parts = absl::StrSplit(key, '.');
+    for (size_t i = 0; i + 1 < parts.size(); ++i) {
+      if (!node->contains(parts[i]) || !(*node)[parts[i]].is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--set '", s, "': '", parts[i], "' is not an object in the config"));
+      }
+      node = &(*node)[parts[i]];
+    }
+    (*node)[parts.back()] = value;
+    if (key == "layer_types") layer_types_set = true;
+    if (key == "experts_per_token") experts_per_token_set = true;
+  }
+  if (!layer_types_set && layers() != layers_before && layers() > 0) {
+    json lt = json::array();
+    for (int i = 0; i < layers(); ++i) {
+      lt.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = lt;
+  }
+  // Both spellings exist in the wild; keep them equal, the last one set winning.
+  if (j.contains("num_experts_per_tok") && j.contains("experts_per_token")) {
+    if (experts_per_token_set) {
+      j["num_experts_per_tok"] = j["experts_per_token"];
+    } else {
+      j["experts_per_token"] = j["num_experts_per_tok"];
+    }
+  }
+  return ModelConfig::FromJson(j);
+}
+
+}  // namespace flotilla

@@ -1,0 +1,209 @@
+#include "tools/cli/generate_command.h"
+
+#include <charconv>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/engine/generate.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/load_weights.h"
+
+namespace flotilla::cli {
+namespace {
+
+struct GenerateFlags {
+  std::string model;
+  std::string prompt_ids;
+  int64_t max_tokens = 16;
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  std::optional<uint64_t> seed;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  std::optional<std::string> stop_token_ids;
+  std::optional<int> logprobs;
+  std::string logits_out;
+  int threads = 0;
+  int64_t prefill_chunk = 0;
+  int64_t kv_block_size = 16;
+  bool json = false;
+};
+
+// "1,2,3" -> ids; the error names the flag and the bad piece.
+absl::StatusOr<std::vector<int>> ParseIds(const std::string& flag, const std::string& text,
+                                          bool allow_empty) {
+  std::vector<int> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string piece = text.substr(pos, comma - pos);
+    while (!piece.empty() && piece.front() == ' ') piece.erase(piece.begin());
+    while (!piece.empty() && piece.back() == ' ') piece.pop_back();
+    if (!(piece.empty() && allow_empty && text.find_first_not_of(' ') == std::string::npos)) {
+      int v = 0;
+      auto [end, ec] = std::from_chars(piece.data(), piece.data() + piece.size(), v);
+      if (piece.empty() || ec != std::errc() || end != piece.data() + piece.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            flag, ": '", piece, "' is not an integer token id (expected e.g. 1,2,3)"));
+      }
+      ids.push_back(v);
+    }
+    pos = comma + 1;
+  }
+  if (ids.empty() && !allow_empty) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": no token ids given"));
+  }
+  return ids;
+}
+
+nlohmann::json ResultJson(const GenerationResult& r, bool with_logprobs) {
+  nlohmann::json j;
+  j["tokens"] = r.tokens;
+  j["finish_reason"] = r.finish_reason;
+  j["stop_token"] = r.stop_token >= 0 ? nlohmann::json(r.stop_token) : nlohmann::json(nullptr);
+  j["usage"] = {{"prompt_tokens", r.prompt_tokens},
+                {"completion_tokens", r.completion_tokens},
+                {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+  if (with_logprobs) {
+    nlohmann::json lps = nlohmann::json::array();
+    for (const TokenLogprob& lp : r.logprobs) {
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& [t, v] : lp.top) top.push_back({{"token", t}, {"logprob", v}});
+      lps.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"top_logprobs", top}});
+    }
+    j["logprobs"] = lps;
+  }
+  return j;
+}
+
+absl::Status RunGenerate(const GenerateFlags& f) {
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<int> prompt_ints,
+                            ParseIds("--prompt-ids", f.prompt_ids, false));
+  GenerateOptions opts;
+  SamplingParams& s = opts.sampling;
+  s.temperature = f.temperature;
+  s.top_p = f.top_p;
+  s.top_k = f.top_k;
+  s.min_p = f.min_p;
+  s.seed = f.seed;
+  s.frequency_penalty = f.frequency_penalty;
+  s.presence_penalty = f.presence_penalty;
+  s.max_tokens = f.max_tokens;
+  if (f.logprobs) {
+    s.logprobs = true;
+    s.top_logprobs = *f.logprobs;
+  }
+  if (f.stop_token_ids) {
+    FLOTILLA_ASSIGN_OR_RETURN(s.stop_token_ids, ParseIds("--stop-token-ids", *f.stop_token_ids, true));
+  }
+  opts.prefill_chunk = f.prefill_chunk;
+  opts.return_prompt_logits = !f.logits_out.empty();
+
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ck = Checkpoint::Open(f.model);
+  if (!ck.ok()) {
+    return absl::Status(ck.status().code(),
+                        absl::StrCat("--model ", f.model, ": ", ck.status().message()));
+  }
+  std::shared_ptr<const Checkpoint> checkpoint(std::move(*ck));
+  const ModelConfig config = checkpoint->config();
+  FLOTILLA_RETURN_IF_ERROR(s.Validate(config.vocab_size));
+  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(checkpoint, ShardSpec{}));
+
+  std::vector<int32_t> prompt(prompt_ints.begin(), prompt_ints.end());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    if (prompt[i] < 0 || prompt[i] >= config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("--prompt-ids: token id ", prompt[i],
+                                                     " at index ", i, " is out of range [0, ",
+                                                     config.vocab_size, ")"));
+    }
+  }
+  if (static_cast<int64_t>(prompt.size()) > config.max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt-ids: ", prompt.size(), " tokens is longer than the context (max_position_embeddings ",
+        config.max_position_embeddings, ")"));
+  }
+  if (f.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0 (0 = all cores)");
+  kernels::cpu::ThreadPool pool(f.threads);
+  CpuEngineOptions eo;
+  eo.kv_block_size = f.kv_block_size;
+  const int64_t tokens =
+      std::min<int64_t>(config.max_position_embeddings, static_cast<int64_t>(prompt.size()) + f.max_tokens);
+  eo.kv_num_blocks = CpuEngine::KvBlocksFor(config, config.num_key_value_heads, eo.kv_block_size, 1,
+                                            tokens);
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine,
+                            CpuEngine::Create(std::move(weights), eo, &pool));
+  FLOTILLA_ASSIGN_OR_RETURN(GenerationResult result, Generate(*engine, prompt, opts));
+
+  if (!f.logits_out.empty()) {
+    std::ofstream out(f.logits_out);
+    if (!out) return absl::InvalidArgumentError(absl::StrCat("--logits-out: cannot write ", f.logits_out));
+    const int64_t V = config.vocab_size;
+    out << "[";
+    for (size_t t = 0; t < prompt.size(); ++t) {
+      out << (t ? ",\n[" : "\n[");
+      for (int64_t v = 0; v < V; ++v) {
+        if (v) out << ",";
+        out << nlohmann::json(result.prompt_logits[t * V + v]).dump();
+      }
+      out << "]";
+    }
+    out << "\n]\n";
+    if (!out) return absl::InternalError(absl::StrCat("--logits-out: write to ", f.logits_out, " failed"));
+  }
+  if (f.json) {
+    std::cout << ResultJson(result, s.logprobs).dump() << std::endl;
+  } else {
+    std::cout << "tokens:";
+    for (int32_t t : result.tokens) std::cout << " " << t;
+    std::cout << "\nfinish_reason: " << result.finish_reason << "\n";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddGenerateCommand(CLI::App& app) {
+  auto f = std::make_shared<GenerateFlags>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens in-process on the CPU engine");
+  cmd->add_option("--model", f->model, "Checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma-separated: 1,2,3")->required();
+  cmd->add_option("--max-tokens", f->max_tokens, "Most tokens to generate (default 16)");
+  cmd->add_option("--temperature", f->temperature, "0 = greedy (default 1)");
+  cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1] (default 1)");
+  cmd->add_option("--top-k", f->top_k, "Keep the k most likely tokens; 0 = off");
+  cmd->add_option("--min-p", f->min_p, "Drop tokens below min_p * p(top) (default 0)");
+  cmd->add_option("--seed", f->seed, "Sampling seed: same seed, same tokens");
+  cmd->add_option("--frequency-penalty", f->frequency_penalty, "In [-2, 2] (default 0)");
+  cmd->add_option("--presence-penalty", f->presence_penalty, "In [-2, 2] (default 0)");
+  cmd->add_option("--stop-token-ids", f->stop_token_ids,
+                  "Stop tokens, comma-separated (default: the config's eos ids; empty = none)");
+  cmd->add_option("--logprobs", f->logprobs,
+                  "Report each token's logprob and this many alternatives (0-20)");
+  cmd->add_option("--logits-out", f->logits_out,
+                  "Write the logits of every prompt position to FILE as a JSON array [T][V]");
+  cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--prefill-chunk", f->prefill_chunk, "Prompt tokens per step (default: all)");
+  cmd->add_option("--kv-block-size", f->kv_block_size, "Tokens per KV block (default 16)");
+  cmd->add_flag("--json", f->json, "Print one JSON object");
+  cmd->callback([f] {
+    absl::Status st = RunGenerate(*f);
+    if (!st.ok()) {
+      std::cerr << "flotilla generate: " << st.message() << "\n";
+      throw CLI::RuntimeError(st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1);
+    }
+  });
+}
+
+}  // namespace flotilla::cli

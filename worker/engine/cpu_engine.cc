@@ -1,0 +1,442 @@
+#include "worker/engine/cpu_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/bf16.h"
+#include "common/status.h"
+#include "kernels/cpu/ops.h"
+
+namespace flotilla {
+namespace {
+
+namespace k = kernels::cpu;
+
+absl::Status CheckMatrix(const Bf16Matrix& m, int64_t rows, int64_t cols, const std::string& what) {
+  if (m.data == nullptr || m.rows != rows || m.cols != cols || m.row_stride < cols) {
+    return absl::InvalidArgumentError(absl::StrCat("weights: ", what, " is [", m.rows, ", ",
+                                                   m.cols, "] (data ",
+                                                   m.data ? "set" : "missing", "), expected [",
+                                                   rows, ", ", cols, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckVector(const Bf16Vector& v, int64_t size, const std::string& what) {
+  if (v.data == nullptr || v.size != size) {
+    return absl::InvalidArgumentError(absl::StrCat("weights: ", what, " has ", v.size,
+                                                   " elements (data ", v.data ? "set" : "missing",
+                                                   "), expected ", size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMxfp4(const Mxfp4Matrix& m, int64_t rows, int64_t cols, const std::string& what) {
+  if (m.blocks == nullptr || m.scales == nullptr || m.rows != rows || m.cols != cols) {
+    return absl::InvalidArgumentError(absl::StrCat("weights: ", what, " is [", m.rows, ", ",
+                                                   m.cols, "], expected [", rows, ", ", cols,
+                                                   "] with blocks and scales"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWeights(const ModelWeights& w, bool has_collectives) {
+  const ModelConfig& c = w.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t E = c.num_local_experts;
+  if (H <= 0 || D <= 0 || D % 2 != 0 || I <= 0 || H % 32 != 0 || I % 32 != 0 || E <= 0 ||
+      c.num_experts_per_tok <= 0 || c.num_experts_per_tok > E || c.vocab_size <= 0 ||
+      c.num_attention_heads <= 0 || c.num_key_value_heads <= 0 ||
+      c.num_attention_heads % c.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(
+        "model config: hidden_size and intermediate_size must be positive multiples of 32, "
+        "head_dim even, 0 < num_experts_per_tok <= num_local_experts, and "
+        "num_attention_heads a multiple of num_key_value_heads");
+  }
+  if (static_cast<int>(c.layer_types.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError("model config: layer_types must have one entry per layer");
+  }
+  if (static_cast<int>(w.layers.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("weights: ", w.layers.size(),
+                                                   " layers loaded, config has ",
+                                                   c.num_hidden_layers));
+  }
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(w.embed, c.vocab_size, H, "model.embed_tokens.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(w.lm_head, c.vocab_size, H, "lm_head.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(w.final_norm, H, "model.norm.weight"));
+  const int group = c.num_attention_heads / c.num_key_value_heads;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = w.layers[l];
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    const AttentionWeights& a = L.attn;
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(L.input_norm, H, p + "input_layernorm.weight"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(L.post_attn_norm, H, p + "post_attention_layernorm.weight"));
+    if (a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads != a.kv_heads * group ||
+        a.q_head_begin != a.kv_head_begin * group ||
+        a.q_head_begin + a.q_heads > c.num_attention_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights: ", p, "self_attn holds q heads [", a.q_head_begin, ", +", a.q_heads,
+          ") and kv heads [", a.kv_head_begin, ", +", a.kv_heads, "), not a whole GQA group slice"));
+    }
+    if (l > 0 && (a.q_heads != w.layers[0].attn.q_heads || a.q_head_begin != w.layers[0].attn.q_head_begin)) {
+      return absl::InvalidArgumentError("weights: every layer must hold the same attention heads");
+    }
+    if (!has_collectives && a.q_heads != c.num_attention_heads) {
+      return absl::InvalidArgumentError(
+          "weights: a single-rank engine needs every attention head (pass RankCollectives for a shard)");
+    }
+    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wq, a.q_heads * D, H, p + "self_attn.q_proj.weight"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bq, a.q_heads * D, p + "self_attn.q_proj.bias"));
+    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wk, a.kv_heads * D, H, p + "self_attn.k_proj.weight"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bk, a.kv_heads * D, p + "self_attn.k_proj.bias"));
+    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wv, a.kv_heads * D, H, p + "self_attn.v_proj.weight"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bv, a.kv_heads * D, p + "self_attn.v_proj.bias"));
+    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wo, H, a.q_heads * D, p + "self_attn.o_proj.weight"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bo, H, p + "self_attn.o_proj.bias"));
+    if (static_cast<int>(a.sinks.size()) != a.q_heads) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: ", p, "self_attn.sinks has ",
+                                                     a.sinks.size(), " values, expected ",
+                                                     a.q_heads));
+    }
+    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(L.router, E, H, p + "mlp.router.weight"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(L.router_bias, E, p + "mlp.router.bias"));
+    if (static_cast<int64_t>(L.slot_of_expert.size()) != E) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: ", p,
+                                                     "slot_of_expert must have one entry per expert"));
+    }
+    for (int64_t e = 0; e < E; ++e) {
+      const int slot = L.slot_of_expert[e];
+      if (slot < 0) {
+        if (!has_collectives) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "weights: ", p, "expert ", e,
+              " is not held; a single-rank engine needs every expert"));
+        }
+        continue;
+      }
+      if (slot >= static_cast<int>(L.experts.size()) || L.experts[slot].expert_id != e) {
+        return absl::InvalidArgumentError(absl::StrCat("weights: ", p, "expert ", e,
+                                                       " maps to a bad slot ", slot));
+      }
+      const ExpertWeights& x = L.experts[slot];
+      const std::string ep = absl::StrCat(p, "mlp.experts[", e, "].");
+      FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.gate_up, 2 * I, H, ep + "gate_up_proj"));
+      FLOTILLA_RETURN_IF_ERROR(CheckVector(x.gate_up_bias, 2 * I, ep + "gate_up_proj_bias"));
+      FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.down, H, I, ep + "down_proj"));
+      FLOTILLA_RETURN_IF_ERROR(CheckVector(x.down_bias, H, ep + "down_proj_bias"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+KvCacheOptions KvOptions(const ModelConfig& c, int64_t kv_heads, int64_t block_size,
+                         int64_t num_blocks) {
+  KvCacheOptions o;
+  for (int l = 0; l < c.num_hidden_layers; ++l) o.sliding.push_back(c.is_sliding(l));
+  o.window = c.sliding_window;
+  o.kv_heads = kv_heads;
+  o.head_dim = c.head_dim;
+  o.block_size = block_size;
+  o.num_blocks = num_blocks;
+  return o;
+}
+
+}  // namespace
+
+int64_t CpuEngine::KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int64_t block_size,
+                               int64_t sequences, int64_t tokens) {
+  absl::StatusOr<std::unique_ptr<KvCache>> probe = KvCache::Create(
+      KvOptions(config, kv_heads, block_size, 1));
+  if (!probe.ok()) return 0;
+  return sequences * (*probe)->BlocksForLength(tokens);
+}
+
+absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weights,
+                                                             const CpuEngineOptions& options,
+                                                             kernels::cpu::ThreadPool* pool,
+                                                             RankCollectives* collectives) {
+  FLOTILLA_RETURN_IF_ERROR(CheckWeights(weights, collectives != nullptr));
+  const ModelConfig& c = weights.config;
+  FLOTILLA_ASSIGN_OR_RETURN(
+      std::unique_ptr<KvCache> kv,
+      KvCache::Create(KvOptions(c, weights.layers.empty() ? c.num_key_value_heads
+                                                          : weights.layers[0].attn.kv_heads,
+                                options.kv_block_size, options.kv_num_blocks)));
+  return std::unique_ptr<CpuEngine>(
+      new CpuEngine(std::move(weights), std::move(kv), pool, collectives));
+}
+
+CpuEngine::CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv,
+                     kernels::cpu::ThreadPool* pool, RankCollectives* collectives)
+    : weights_(std::move(weights)), kv_(std::move(kv)), pool_(pool), collectives_(collectives) {
+  const ModelConfig& c = weights_.config;
+  k::YarnParams p;
+  p.theta = c.rope_theta;
+  p.head_dim = c.head_dim;
+  p.factor = c.rope_scaling.factor;
+  p.original_max_position_embeddings =
+      static_cast<double>(c.rope_scaling.original_max_position_embeddings);
+  p.beta_fast = c.rope_scaling.beta_fast;
+  p.beta_slow = c.rope_scaling.beta_slow;
+  p.truncate = c.rope_scaling.truncate;
+  inv_freq_ = k::YarnInvFreq(p);
+  rope_scaling_ = k::YarnAttentionScaling(c.rope_scaling.factor);
+}
+
+int64_t CpuEngine::NewSequence() { return kv_->CreateSequence(); }
+
+absl::StatusOr<int64_t> CpuEngine::ForkSequence(int64_t sequence) {
+  absl::StatusOr<int64_t> id = kv_->Fork(sequence);
+  if (!id.ok()) return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
+  return id;
+}
+
+absl::Status CpuEngine::FreeSequence(int64_t sequence) {
+  if (!kv_->Contains(sequence)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
+  }
+  return kv_->Free(sequence);
+}
+
+absl::StatusOr<int64_t> CpuEngine::SequenceLength(int64_t sequence) const {
+  if (!kv_->Contains(sequence)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
+  }
+  return kv_->Length(sequence);
+}
+
+int64_t CpuEngine::MaxSequenceLength() const {
+  return std::min<int64_t>(weights_.config.max_position_embeddings, kv_->MaxTokens());
+}
+
+absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
+  if (items.empty()) return absl::InvalidArgumentError("step: no sequences");
+  const ModelConfig& c = weights_.config;
+  std::unordered_set<int64_t> seen;
+  int64_t needed = 0;
+  for (const StepItem& it : items) {
+    if (!kv_->Contains(it.sequence)) {
+      return absl::InvalidArgumentError(absl::StrCat("step: unknown sequence ", it.sequence));
+    }
+    if (!seen.insert(it.sequence).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.sequence, " appears twice in one step"));
+    }
+    if (it.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.sequence,
+                                                     " brings no tokens"));
+    }
+    for (size_t i = 0; i < it.tokens.size(); ++i) {
+      if (it.tokens[i] < 0 || it.tokens[i] >= c.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", it.tokens[i], " at index ", i, " of sequence ", it.sequence,
+            " is out of range [0, ", c.vocab_size, ")"));
+      }
+    }
+    const int64_t length = *kv_->Length(it.sequence) + static_cast<int64_t>(it.tokens.size());
+    if (length > c.max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", it.sequence, " would hold ", length,
+          " tokens, more than the context (max_position_embeddings ", c.max_position_embeddings,
+          ")"));
+    }
+    if (kv_->BlocksForLength(length) > kv_->num_blocks()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", it.sequence, " would hold ", length,
+          " tokens, more than the KV cache can hold (", kv_->MaxTokens(), " tokens in ",
+          kv_->num_blocks(), " blocks)"));
+    }
+    FLOTILLA_ASSIGN_OR_RETURN(int64_t n, kv_->BlocksNeeded(it.sequence, it.tokens.size()));
+    needed += n;
+  }
+  if (needed > kv_->free_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("kv cache: out of blocks: the step needs ",
+                                                     needed, " blocks, ", kv_->free_blocks(),
+                                                     " of ", kv_->num_blocks(), " are free"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
+  FLOTILLA_RETURN_IF_ERROR(Validate(items));
+  const ModelConfig& c = weights_.config;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  for (const StepItem& it : items) {
+    FLOTILLA_RETURN_IF_ERROR(kv_->Reserve(it.sequence, static_cast<int64_t>(it.tokens.size())));
+  }
+  std::vector<int64_t> offsets(items.size() + 1, 0);
+  for (size_t i = 0; i < items.size(); ++i) offsets[i + 1] = offsets[i] + items[i].tokens.size();
+  const int64_t T = offsets.back();
+  positions_.resize(T);
+  std::vector<int32_t> ids(T);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t start = *kv_->Length(items[i].sequence);
+    for (size_t j = 0; j < items[i].tokens.size(); ++j) {
+      positions_[offsets[i] + j] = start + static_cast<int64_t>(j);
+      ids[offsets[i] + j] = items[i].tokens[j];
+    }
+  }
+  x_.resize(T * H);
+  k::EmbeddingGather(weights_.embed.data, weights_.embed.row_stride, H, ids.data(), T, x_.data());
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    FLOTILLA_RETURN_IF_ERROR(RunLayer(l, items, offsets, T));
+  }
+  // Final norm and lm_head on the rows asked for.
+  std::vector<int64_t> rows;
+  std::vector<int64_t> first_row(items.size()), row_count(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    first_row[i] = static_cast<int64_t>(rows.size());
+    const int64_t n = static_cast<int64_t>(items[i].tokens.size());
+    if (items[i].logits == LogitsMode::kAll) {
+      for (int64_t j = 0; j < n; ++j) rows.push_back(offsets[i] + j);
+    } else if (items[i].logits == LogitsMode::kLast) {
+      rows.push_back(offsets[i] + n - 1);
+    }
+    row_count[i] = static_cast<int64_t>(rows.size()) - first_row[i];
+  }
+  StepOutput out;
+  out.logits.resize(items.size());
+  if (!rows.empty()) {
+    const int64_t R = static_cast<int64_t>(rows.size());
+    t_.resize(R * H);
+    for (int64_t r = 0; r < R; ++r) {
+      std::memcpy(&t_[r * H], &x_[rows[r] * H], H * sizeof(float));
+    }
+    k::RmsNorm(t_.data(), weights_.final_norm.data, R, H, static_cast<float>(c.rms_norm_eps),
+               t_.data());
+    std::vector<float> logits(R * V);
+    k::LinearBf16(pool_, t_.data(), R, H, weights_.lm_head.data, weights_.lm_head.row_stride, V,
+                  nullptr, logits.data());
+    for (size_t i = 0; i < items.size(); ++i) {
+      out.logits[i].assign(logits.begin() + first_row[i] * V,
+                           logits.begin() + (first_row[i] + row_count[i]) * V);
+    }
+  }
+  for (const StepItem& it : items) {
+    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, static_cast<int64_t>(it.tokens.size())));
+  }
+  return out;
+}
+
+absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
+                                 const std::vector<int64_t>& offsets, int64_t T) {
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& L = weights_.layers[layer];
+  const AttentionWeights& a = L.attn;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const int64_t qd = a.q_heads * D, kvd = a.kv_heads * D;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  // Attention over the heads this rank holds.
+  t_.resize(T * H);
+  k::RmsNorm(x_.data(), L.input_norm.data, T, H, eps, t_.data());
+  q_.resize(T * qd);
+  k_.resize(T * kvd);
+  v_.resize(T * kvd);
+  k::LinearBf16(pool_, t_.data(), T, H, a.wq.data, a.wq.row_stride, qd, a.bq.data, q_.data());
+  k::LinearBf16(pool_, t_.data(), T, H, a.wk.data, a.wk.row_stride, kvd, a.bk.data, k_.data());
+  k::LinearBf16(pool_, t_.data(), T, H, a.wv.data, a.wv.row_stride, kvd, a.bv.data, v_.data());
+  k::ApplyRope(q_.data(), T, a.q_heads, D, positions_.data(), inv_freq_.data(), rope_scaling_);
+  k::ApplyRope(k_.data(), T, a.kv_heads, D, positions_.data(), inv_freq_.data(), rope_scaling_);
+  attn_.resize(T * qd);
+  std::vector<k::AttentionItem> att(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    k::AttentionItem& it = att[i];
+    it.cache = kv_->View(items[i].sequence, layer);
+    it.q = q_.data() + offsets[i] * qd;
+    it.k_new = k_.data() + offsets[i] * kvd;
+    it.v_new = v_.data() + offsets[i] * kvd;
+    it.num_new = offsets[i + 1] - offsets[i];
+    it.start_pos = positions_[offsets[i]];
+    it.out = attn_.data() + offsets[i] * qd;
+  }
+  const int64_t window = c.is_sliding(layer) ? c.sliding_window : 0;
+  if (!k::Attention(pool_, att.data(), static_cast<int64_t>(att.size()), a.q_heads, a.kv_heads,
+                    D, a.sinks.data(), window, 1.0f / std::sqrt(static_cast<float>(D)))) {
+    return absl::InternalError(absl::StrCat("layer ", layer, ": KV cache lost a needed position"));
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (int64_t t = offsets[i]; t < offsets[i + 1]; ++t) {
+      if (float* kr = kv_->KeyRow(items[i].sequence, layer, positions_[t])) {
+        std::memcpy(kr, &k_[t * kvd], kvd * sizeof(float));
+        std::memcpy(kv_->ValueRow(items[i].sequence, layer, positions_[t]), &v_[t * kvd],
+                    kvd * sizeof(float));
+      }
+    }
+  }
+  o_.resize(T * H);
+  k::LinearBf16(pool_, attn_.data(), T, qd, a.wo.data, a.wo.row_stride, H, nullptr, o_.data());
+  // o_proj's bias joins the partial sum on exactly one rank of the TP group.
+  if (a.q_head_begin == 0) {
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < H; ++h) o_[t * H + h] += Bf16ToFloat(a.bo.data[h]);
+    }
+  }
+  if (collectives_ != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(collectives_->AllReduceAttention(layer, o_.data(), T * H));
+  }
+  for (int64_t i = 0; i < T * H; ++i) x_[i] += o_[i];
+
+  // Router on the full hidden state, then the experts this rank holds.
+  k::RmsNorm(x_.data(), L.post_attn_norm.data, T, H, eps, t_.data());
+  const int64_t E = c.num_local_experts, K = c.num_experts_per_tok;
+  router_.resize(T * E);
+  k::LinearBf16(pool_, t_.data(), T, H, L.router.data, L.router.row_stride, E,
+                L.router_bias.data, router_.data());
+  topk_idx_.resize(T * K);
+  topk_w_.resize(T * K);
+  k::RouterTopK(router_.data(), T, E, K, topk_idx_.data(), topk_w_.data());
+  RunExperts(layer, T);
+  if (collectives_ != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(collectives_->CombineExperts(layer, y_.data(), T * H));
+  }
+  for (int64_t i = 0; i < T * H; ++i) x_[i] += y_[i];
+  return absl::OkStatus();
+}
+
+void CpuEngine::RunExperts(int layer, int64_t T) {
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& L = weights_.layers[layer];
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t E = c.num_local_experts, K = c.num_experts_per_tok;
+  y_.assign(T * H, 0.0f);
+  // Tokens routed to each expert, in token order.
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(E);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t s = 0; s < K; ++s) {
+      routed[topk_idx_[t * K + s]].emplace_back(t, topk_w_[t * K + s]);
+    }
+  }
+  // Ascending expert order, as transformers accumulates.
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& toks = routed[e];
+    const int slot = L.slot_of_expert[e];
+    if (toks.empty() || slot < 0) continue;
+    const ExpertWeights& x = L.experts[slot];
+    const int64_t n = static_cast<int64_t>(toks.size());
+    ex_in_.resize(n * H);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(&ex_in_[i * H], &t_[toks[i].first * H], H * sizeof(float));
+    }
+    ex_gu_.resize(n * 2 * I);
+    k::LinearMxfp4(pool_, ex_in_.data(), n, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
+                   x.gate_up_bias.data, ex_gu_.data());
+    ex_act_.resize(n * I);
+    k::SwigluClamped(ex_gu_.data(), n, I, static_cast<float>(c.swiglu_limit), 1.702f,
+                     ex_act_.data());
+    ex_out_.resize(n * H);
+    k::LinearMxfp4(pool_, ex_act_.data(), n, I, x.down.blocks, x.down.scales, H,
+                   x.down_bias.data, ex_out_.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* yr = &y_[toks[i].first * H];
+      const float* er = &ex_out_[i * H];
+      const float w = toks[i].second;
+      for (int64_t h = 0; h < H; ++h) yr[h] += er[h] * w;
+    }
+  }
+}
+
+}  // namespace flotilla

@@ -1,0 +1,98 @@
+// The gpt-oss forward pass on the CPU (the reference engine): every layer of
+// MODEL.md in f32, a paged KV cache, and a step API over a batch of sequences.
+// Each sequence in a step contributes a chunk of prompt tokens or one decode
+// token; the step returns logits for the positions asked for.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/engine/kv_cache.h"
+#include "worker/engine/rank_collectives.h"
+#include "worker/model/weights.h"
+
+namespace flotilla {
+
+struct CpuEngineOptions {
+  int64_t kv_block_size = 16;
+  // Blocks in the KV arena; see CpuEngine::KvBlocksFor to size it for a
+  // number of concurrent sequences of a given length.
+  int64_t kv_num_blocks = 0;
+};
+
+enum class LogitsMode {
+  kNone,  // no logits (a prefill chunk that is not the last)
+  kLast,  // the chunk's last position
+  kAll,   // every position of the chunk
+};
+
+struct StepItem {
+  int64_t sequence = 0;
+  std::vector<int32_t> tokens;  // appended at the sequence's current length
+  LogitsMode logits = LogitsMode::kLast;
+};
+
+struct StepOutput {
+  // Per item: rows x vocab_size floats (0, 1 or tokens.size() rows).
+  std::vector<std::vector<float>> logits;
+};
+
+class CpuEngine {
+ public:
+  // `pool` (may be nullptr: single-threaded) and `collectives` (nullptr when
+  // this rank holds all heads and experts) must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(ModelWeights weights,
+                                                           const CpuEngineOptions& options,
+                                                           kernels::cpu::ThreadPool* pool,
+                                                           RankCollectives* collectives = nullptr);
+
+  // KV blocks needed for `sequences` sequences of up to `tokens` tokens each.
+  static int64_t KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int64_t block_size,
+                             int64_t sequences, int64_t tokens);
+
+  int64_t NewSequence();
+  absl::StatusOr<int64_t> ForkSequence(int64_t sequence);
+  absl::Status FreeSequence(int64_t sequence);
+  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const;
+
+  // Runs one forward step. INVALID_ARGUMENT for an unknown or repeated
+  // sequence, an empty chunk, a token id outside [0, vocab_size), or a
+  // sequence that would exceed the context (max_position_embeddings or what
+  // the KV cache can ever hold); RESOURCE_EXHAUSTED when the KV blocks are
+  // momentarily taken by other sequences. On error no sequence changes.
+  absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items);
+
+  // Longest sequence this engine can run (context and KV capacity).
+  int64_t MaxSequenceLength() const;
+  const ModelConfig& config() const { return weights_.config; }
+  const KvCache& kv_cache() const { return *kv_; }
+
+ private:
+  CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv, kernels::cpu::ThreadPool* pool,
+            RankCollectives* collectives);
+
+  absl::Status Validate(const std::vector<StepItem>& items) const;
+  absl::Status RunLayer(int layer, const std::vector<StepItem>& items,
+                        const std::vector<int64_t>& offsets, int64_t tokens);
+  void RunExperts(int layer, int64_t tokens);
+
+  ModelWeights weights_;
+  std::unique_ptr<KvCache> kv_;
+  kernels::cpu::ThreadPool* pool_;
+  RankCollectives* collectives_;
+  std::vector<float> inv_freq_;
+  float rope_scaling_;
+
+  // Step workspaces, grown as needed and reused.
+  std::vector<int64_t> positions_;
+  std::vector<float> x_, t_, q_, k_, v_, attn_, o_, router_, y_;
+  std::vector<int32_t> topk_idx_;
+  std::vector<float> topk_w_;
+  std::vector<float> ex_in_, ex_gu_, ex_act_, ex_out_;
+};
+
+}  // namespace flotilla

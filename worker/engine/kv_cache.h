@@ -1,0 +1,95 @@
+// Paged KV cache: fixed-size blocks from one preallocated arena shared by all
+// sequences and layers. A block holds `block_size` positions of one layer:
+// K [block_size, kv_heads, D] then V [block_size, kv_heads, D], in f32.
+// Full-attention layers keep every position; sliding-window layers keep only
+// the last window - 1 positions (what the next query needs besides itself) and
+// free the blocks that leave the window. Forks share blocks (reference
+// counted) and copy a block only when one of them writes into it.
+// Not thread-safe: one owner (the engine) drives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/ops.h"
+
+namespace flotilla {
+
+struct KvCacheOptions {
+  std::vector<bool> sliding;  // one per layer
+  int64_t window = 0;         // sliding window in tokens (keys a query sees, itself included)
+  int64_t kv_heads = 0;       // kv heads this rank holds
+  int64_t head_dim = 0;
+  int64_t block_size = 16;  // positions per block
+  int64_t num_blocks = 0;   // blocks in the arena
+};
+
+class KvCache {
+ public:
+  using SequenceId = int64_t;
+
+  static absl::StatusOr<std::unique_ptr<KvCache>> Create(const KvCacheOptions& options);
+
+  // A new empty sequence.
+  SequenceId CreateSequence();
+  // A new sequence with the same contents as `source`; blocks are shared until written.
+  absl::StatusOr<SequenceId> Fork(SequenceId source);
+  // Releases the sequence's blocks (shared blocks stay with their other owners).
+  absl::Status Free(SequenceId seq);
+
+  bool Contains(SequenceId seq) const { return seqs_.count(seq) != 0; }
+  absl::StatusOr<int64_t> Length(SequenceId seq) const;
+
+  // Blocks one sequence of `length` tokens holds at most, all layers together.
+  int64_t BlocksForLength(int64_t length) const;
+  // Longest sequence the whole arena could hold on its own.
+  int64_t MaxTokens() const;
+  // Free blocks Reserve(seq, n) would take (an upper bound when blocks are shared).
+  absl::StatusOr<int64_t> BlocksNeeded(SequenceId seq, int64_t n) const;
+  // Makes positions [length, length + n) writable: allocates blocks and copies
+  // shared ones. RESOURCE_EXHAUSTED, changing nothing, when blocks run out.
+  absl::Status Reserve(SequenceId seq, int64_t n);
+  // Where to write the K / V row ([kv_heads, D]) of `pos`, which must be
+  // reserved; nullptr when the layer does not keep that position (it has
+  // already left the sliding window).
+  float* KeyRow(SequenceId seq, int layer, int64_t pos);
+  float* ValueRow(SequenceId seq, int layer, int64_t pos);
+  // The sequence now holds n more tokens; sliding layers free old blocks.
+  absl::Status Commit(SequenceId seq, int64_t n);
+  // The cached positions of one layer, for the attention kernel.
+  kernels::cpu::KvCacheView View(SequenceId seq, int layer) const;
+
+  int64_t num_blocks() const { return options_.num_blocks; }
+  int64_t free_blocks() const { return static_cast<int64_t>(free_list_.size()); }
+  int64_t BlocksHeld(SequenceId seq, int layer) const;
+  const KvCacheOptions& options() const { return options_; }
+
+ private:
+  struct Sequence {
+    int64_t length = 0;
+    std::vector<std::vector<int32_t>> tables;  // per layer: logical block -> physical, -1 = none
+  };
+
+  explicit KvCache(const KvCacheOptions& options);
+  // First position layer `layer` keeps once the sequence holds `length` tokens.
+  int64_t KeepBegin(int layer, int64_t length) const;
+  // Positions [begin, end) a Reserve of n at `length` writes in `layer`.
+  void WriteRange(int layer, int64_t length, int64_t n, int64_t* begin, int64_t* end) const;
+  int32_t Allocate();
+  void Release(int32_t block);
+  float* Row(SequenceId seq, int layer, int64_t pos, bool value);
+
+  KvCacheOptions options_;
+  int64_t block_floats_;
+  std::vector<float> arena_;
+  std::vector<int32_t> refcount_;
+  std::vector<int32_t> free_list_;
+  std::unordered_map<SequenceId, Sequence> seqs_;
+  SequenceId next_id_ = 1;
+};
+
+}  // namespace flotilla

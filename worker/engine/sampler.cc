@@ -1,0 +1,168 @@
+#include "worker/engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+
+namespace flotilla {
+
+void LogSoftmax(const float* logits, int64_t n, float* out) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(static_cast<double>(logits[i] - mx));
+  const float lse = mx + static_cast<float>(std::log(sum));
+  for (int64_t i = 0; i < n; ++i) out[i] = logits[i] - lse;
+}
+
+int32_t Argmax(const float* values, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (values[i] > values[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+absl::Status SamplingParams::Validate(int vocab_size) const {
+  auto bad = [](auto&&... parts) { return absl::InvalidArgumentError(absl::StrCat(parts...)); };
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
+    return bad("temperature must be a finite number >= 0, got ", temperature);
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) return bad("top_p must be in (0, 1], got ", top_p);
+  if (top_k < 0) return bad("top_k must be >= 0 (0 = off), got ", top_k);
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) return bad("min_p must be in [0, 1], got ", min_p);
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return bad("frequency_penalty must be in [-2, 2], got ", frequency_penalty);
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return bad("presence_penalty must be in [-2, 2], got ", presence_penalty);
+  }
+  if (top_logprobs < 0 || top_logprobs > 20) {
+    return bad("top_logprobs must be in [0, 20], got ", top_logprobs);
+  }
+  if (top_logprobs > 0 && !logprobs) return bad("top_logprobs needs logprobs");
+  if (max_tokens < 1) return bad("max_tokens must be >= 1, got ", max_tokens);
+  if (stop_token_ids) {
+    for (int t : *stop_token_ids) {
+      if (t < 0 || t >= vocab_size) {
+        return bad("stop token id ", t, " is out of range [0, ", vocab_size, ")");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplingParams& params,
+                                                         int vocab_size) {
+  if (vocab_size <= 0) return absl::InvalidArgumentError("sampler: vocab_size must be positive");
+  if (absl::Status st = params.Validate(vocab_size); !st.ok()) return st;
+  uint64_t seed = params.seed ? *params.seed : std::random_device{}();
+  return std::unique_ptr<Sampler>(new Sampler(params, vocab_size, seed));
+}
+
+Sampler::Sampler(const SamplingParams& params, int vocab_size, uint64_t seed)
+    : params_(params), vocab_size_(vocab_size), rng_(seed) {}
+
+double Sampler::NextUniform() {
+  // 53 random bits: the same value for the same seed on every platform.
+  return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void Sampler::Penalise(const float* logits, std::vector<float>* out) const {
+  out->assign(logits, logits + vocab_size_);
+  for (const auto& [token, count] : counts_) {
+    (*out)[token] -= static_cast<float>(count) * params_.frequency_penalty +
+                     (count > 0 ? params_.presence_penalty : 0.0f);
+  }
+}
+
+std::vector<std::pair<int32_t, float>> Sampler::Distribution(const float* logits) {
+  Penalise(logits, &work_);
+  std::vector<std::pair<int32_t, float>> dist;
+  if (params_.temperature == 0.0f) {
+    dist.emplace_back(Argmax(work_.data(), vocab_size_), 1.0f);
+    return dist;
+  }
+  const float inv_t = 1.0f / params_.temperature;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float& v : work_) {
+    v *= inv_t;
+    mx = std::max(mx, v);
+  }
+  // Unnormalised probabilities; only their ratios matter below.
+  for (float& v : work_) v = std::exp(v - mx);
+  order_.resize(vocab_size_);
+  std::iota(order_.begin(), order_.end(), 0);
+  auto by_prob = [&](int32_t a, int32_t b) {
+    return work_[a] > work_[b] || (work_[a] == work_[b] && a < b);
+  };
+  int64_t keep = vocab_size_;
+  if (params_.top_k > 0 && params_.top_k < vocab_size_) {
+    keep = params_.top_k;
+    std::partial_sort(order_.begin(), order_.begin() + keep, order_.end(), by_prob);
+  } else if (params_.top_p < 1.0f) {
+    std::sort(order_.begin(), order_.end(), by_prob);
+  }
+  if (params_.top_p < 1.0f) {
+    double total = 0;
+    for (int64_t i = 0; i < keep; ++i) total += work_[order_[i]];
+    double cum = 0;
+    int64_t n = 0;
+    while (n < keep) {
+      cum += work_[order_[n]];
+      ++n;
+      if (cum >= params_.top_p * total) break;
+    }
+    keep = n;
+  }
+  // The most likely token has weight exp(0) = 1 (before top-k it is still the max).
+  const float floor = params_.min_p;
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) {
+    float p = work_[order_[i]];
+    if (floor > 0.0f && p < floor) continue;
+    dist.emplace_back(order_[i], p);
+    total += p;
+  }
+  for (auto& [token, p] : dist) p = static_cast<float>(p / total);
+  return dist;
+}
+
+int32_t Sampler::Sample(const float* logits, TokenLogprob* logprob) {
+  std::vector<std::pair<int32_t, float>> dist = Distribution(logits);
+  int32_t token = dist.back().first;
+  if (dist.size() > 1) {
+    double u = NextUniform();
+    double cum = 0;
+    for (const auto& [t, p] : dist) {
+      cum += p;
+      if (u < cum) {
+        token = t;
+        break;
+      }
+    }
+  }
+  if (logprob != nullptr) {
+    std::vector<float> lp(vocab_size_);
+    LogSoftmax(logits, vocab_size_, lp.data());
+    logprob->token = token;
+    logprob->logprob = lp[token];
+    logprob->top.clear();
+    const int n = std::min(params_.top_logprobs, vocab_size_);
+    if (n > 0) {
+      std::vector<int32_t> idx(vocab_size_);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [&](int32_t a, int32_t b) {
+        return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+      });
+      for (int i = 0; i < n; ++i) logprob->top.emplace_back(idx[i], lp[idx[i]]);
+    }
+  }
+  ++counts_[token];
+  return token;
+}
+
+}  // namespace flotilla
