@@ -7,6 +7,8 @@
 #include "tools/cli/generate_command.h"
 #include "tools/cli/info_command.h"
 #include "tools/cli/make_checkpoint_command.h"
+#include "tools/cli/parse_command.h"
+#include "tools/cli/render_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
@@ -14,6 +16,8 @@ int main(int argc, char** argv) {
   flotilla::cli::AddInfoCommand(app);
   flotilla::cli::AddMakeCheckpointCommand(app);
   flotilla::cli::AddGenerateCommand(app);
+  flotilla::cli::AddRenderCommand(app);
+  flotilla::cli::AddParseCommand(app);
   // CLI11 reports an unknown first word only as "a subcommand is required";
   // name the word and the choices instead.
   bool known = false;

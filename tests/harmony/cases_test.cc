@@ -1,0 +1,114 @@
+// The Harmony reference cases: kind=render compares the rendered prompt text
+// (and that its tokens decode to it), kind=parse parses completion tokens (or
+// text encoded with special tokens allowed) into messages, kind=encode tokenizes.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "coordinator/harmony/parser.h"
+#include "coordinator/harmony/renderer.h"
+
+namespace flotilla::harmony {
+namespace {
+
+using Json = nlohmann::ordered_json;
+namespace tk = tokenizer;
+
+std::vector<Json> LoadCases() {
+  std::ifstream in(std::string(FLOTILLA_SOURCE_DIR) + "/tests/data/harmony/cases.json");
+  if (!in) return {};
+  Json j = Json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.contains("cases")) return {};
+  return j["cases"].get<std::vector<Json>>();
+}
+
+const tk::Tokenizer& Tok() {
+  static const tk::Tokenizer* tok = [] {
+    auto t = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
+    return t.ok() ? t->release() : nullptr;
+  }();
+  if (tok == nullptr) {
+    ADD_FAILURE() << "tokenizer ranks not found at " << tk::Tokenizer::DefaultRanksPath();
+    std::abort();
+  }
+  return *tok;
+}
+
+class HarmonyCase : public ::testing::TestWithParam<Json> {};
+
+TEST(HarmonyCases, FileHasAllKinds) {
+  auto cases = LoadCases();
+  ASSERT_EQ(cases.size(), 22u) << "tests/data/harmony/cases.json missing or changed";
+  int render = 0, parse = 0, encode = 0;
+  for (const auto& c : cases) {
+    render += c["kind"] == "render";
+    parse += c["kind"] == "parse";
+    encode += c["kind"] == "encode";
+  }
+  EXPECT_EQ(render + parse + encode, 22);
+}
+
+TEST_P(HarmonyCase, Passes) {
+  const Json& c = GetParam();
+  const std::string kind = c["kind"];
+  const tk::Tokenizer& tok = Tok();
+  if (kind == "render") {
+    auto conv = ConversationFromJson(c["conversation"]);
+    ASSERT_TRUE(conv.ok()) << conv.status();
+    RenderOptions opts;
+    opts.auto_drop_analysis = c.value("auto_drop_analysis", true);
+    auto rendered = RenderForCompletion(*conv, opts);
+    ASSERT_TRUE(rendered.ok()) << rendered.status();
+    const std::string want = c["expected_text"];
+    EXPECT_EQ(rendered->Text(), want);
+    // The token form decodes to the same text, and special tokens are tokens.
+    std::vector<tk::TokenId> ids = rendered->Tokens(tok);
+    auto decoded = tok.DecodeUtf8(ids);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(*decoded, want);
+    auto reencoded = tok.Encode(want, tk::SpecialTokenPolicy::All());
+    ASSERT_TRUE(reencoded.ok());
+    EXPECT_EQ(ids, *reencoded);
+  } else if (kind == "parse") {
+    std::vector<tk::TokenId> tokens;
+    if (c.contains("tokens")) {
+      tokens = c["tokens"].get<std::vector<tk::TokenId>>();
+    } else {
+      auto enc = tok.Encode(c["text"].get<std::string>(), tk::SpecialTokenPolicy::All());
+      ASSERT_TRUE(enc.ok()) << enc.status();
+      tokens = *enc;
+    }
+    ParserOptions opts;
+    if (c.contains("start_role")) {
+      auto role = ParseRole(c["start_role"].get<std::string>());
+      ASSERT_TRUE(role.ok());
+      opts.start_role = *role;
+    }
+    auto messages = ParseCompletion(tok, tokens, opts);
+    ASSERT_TRUE(messages.ok()) << messages.status();
+    if (c.contains("expected_message_count")) {
+      EXPECT_EQ(messages->size(), c["expected_message_count"].get<size_t>());
+    }
+    if (c.contains("expected_messages")) {
+      Json got = Json::array();
+      for (const auto& m : *messages) got.push_back(MessageToJson(m));
+      EXPECT_EQ(got, c["expected_messages"]) << got.dump(1);
+    }
+  } else if (kind == "encode") {
+    auto policy = c.value("allow_special", false) ? tk::SpecialTokenPolicy::All() : tk::SpecialTokenPolicy::None();
+    auto ids = tok.Encode(c["text"].get<std::string>(), policy);
+    ASSERT_TRUE(ids.ok()) << ids.status();
+    EXPECT_EQ(*ids, c["expected_tokens"].get<std::vector<tk::TokenId>>());
+  } else {
+    FAIL() << "unknown case kind " << kind;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Reference, HarmonyCase, ::testing::ValuesIn(LoadCases()),
+                         [](const ::testing::TestParamInfo<Json>& info) {
+                           return info.param["name"].get<std::string>();
+                         });
+
+}  // namespace
+}  // namespace flotilla::harmony

@@ -1,0 +1,27 @@
+// Helpers shared by the Harmony subcommands of `flotilla`.
+#pragma once
+
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/statusor.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+namespace flotilla::cli {
+
+// Prints "flotilla CMD: MESSAGE" and makes the program exit with status 1.
+[[noreturn]] inline void FailCommand(const std::string& cmd, const absl::Status& status) {
+  std::cerr << "flotilla " << cmd << ": " << status.message() << "\n";
+  throw CLI::RuntimeError(1);
+}
+
+// Reads a whole file; NotFound naming it when it cannot be read.
+absl::StatusOr<std::string> ReadFile(const std::string& path);
+
+// Loads the tokenizer from `path`, or from the default location when empty.
+absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizer(const std::string& path);
+
+}  // namespace flotilla::cli

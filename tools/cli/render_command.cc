@@ -1,0 +1,94 @@
+#include "tools/cli/render_command.h"
+
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/harmony/openai.h"
+#include "coordinator/harmony/renderer.h"
+#include "tools/cli/harmony_cli_util.h"
+
+namespace flotilla::cli {
+namespace {
+
+struct RenderOptions {
+  std::string conversation;
+  std::string request;
+  std::string date;
+  std::string tokenizer;
+  bool auto_drop_analysis = false;
+  bool tokens = false;
+};
+
+std::string TodayUtc() {
+  std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[16];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d", &tm);
+  return buf;
+}
+
+absl::StatusOr<harmony::RenderedPrompt> Render(const RenderOptions& o) {
+  if (!o.conversation.empty()) {
+    auto body = ReadFile(o.conversation);
+    if (!body.ok()) return body.status();
+    if (auto st = tokenizer::CheckUtf8(*body, o.conversation); !st.ok()) return st;
+    auto j = nlohmann::ordered_json::parse(*body, nullptr, false);
+    if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", o.conversation, "' is not valid JSON"));
+    auto conv = harmony::ConversationFromJson(j);
+    if (!conv.ok()) return conv.status();
+    harmony::RenderOptions ro;
+    ro.auto_drop_analysis = o.auto_drop_analysis;
+    return harmony::RenderForCompletion(*conv, ro);
+  }
+  auto body = ReadFile(o.request);
+  if (!body.ok()) return body.status();
+  harmony::OpenAiRequestOptions ro;
+  ro.date = o.date.empty() ? TodayUtc() : o.date;
+  auto mapped = harmony::MapChatRequestBody(*body, ro);
+  if (!mapped.ok()) return mapped.status();
+  return harmony::RenderForCompletion(mapped->conversation, harmony::RenderOptions{});
+}
+
+void RunRender(const RenderOptions& o) {
+  if (o.conversation.empty() == o.request.empty()) {
+    FailCommand("render", absl::InvalidArgumentError("give exactly one of --conversation FILE or --request FILE"));
+  }
+  if (!o.date.empty() && o.request.empty()) {
+    FailCommand("render", absl::InvalidArgumentError("--date applies to --request only (a conversation's system message carries its date)"));
+  }
+  auto rendered = Render(o);
+  if (!rendered.ok()) FailCommand("render", rendered.status());
+  if (!o.tokens) {
+    std::cout << rendered->Text();  // exactly the prompt: no trailing newline
+    return;
+  }
+  auto tok = LoadTokenizer(o.tokenizer);
+  if (!tok.ok()) FailCommand("render", tok.status());
+  std::cout << nlohmann::json(rendered->Tokens(**tok)).dump() << "\n";
+}
+
+}  // namespace
+
+void AddRenderCommand(CLI::App& app) {
+  auto opts = std::make_shared<RenderOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "render", "Print the Harmony prompt for a conversation or an OpenAI chat request, ending with <|start|>assistant");
+  cmd->add_option("--conversation", opts->conversation,
+                  "JSON file {\"conversation\": [...]} of Harmony messages (the reference cases' schema)");
+  cmd->add_option("--request", opts->request, "JSON file holding an OpenAI chat-completions request");
+  cmd->add_flag("--auto-drop-analysis", opts->auto_drop_analysis,
+                "With --conversation: leave out analysis messages before the last final answer "
+                "(requests always do)");
+  cmd->add_option("--date", opts->date, "With --request: the system message's current date, YYYY-MM-DD (default: today, UTC)");
+  cmd->add_flag("--tokens", opts->tokens, "Print the prompt's token ids (JSON array) instead of its text");
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "o200k ranks file (default: o200k_base.ranks beside the binary or share/flotilla/ above it)");
+  cmd->callback([opts] { RunRender(*opts); });
+}
+
+}  // namespace flotilla::cli
