@@ -100,6 +100,7 @@ class GenerateReactor final : public GenerateReactorBase {
         r.mutable_usage()->set_prompt_tokens(u.prompt_tokens());
         r.mutable_usage()->set_completion_tokens(u.completion_tokens());
         *r.mutable_prompt_logits() = u.prompt_logits();
+        if (u.has_stop_token()) r.set_stop_token(u.stop_token());
       }
       if (u.finish_reason() != common::ERROR) state->queue.Send(r);
     };

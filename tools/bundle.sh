@@ -3,7 +3,7 @@
 # runtime and the GPU driver, which every Linux GPU machine has) into DIR, so
 # they run on a machine that has neither the build tools nor the Debian -dev
 # packages, e.g. a GPU machine with only the driver and CUDA:
-#   tools/bundle.sh DIR build/tools/flotilla build/tests/kernels/kernels_cuda_convert_test
+#   tools/bundle.sh DIR build/bin/flotilla build/tests/kernels/kernels_cuda_convert_test
 #   # there: LD_LIBRARY_PATH=DIR/lib DIR/bin/flotilla info
 set -euo pipefail
 dir="${1:?usage: bundle.sh DIR PROGRAM...}"

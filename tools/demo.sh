@@ -3,4 +3,4 @@
 # Grows with the product: it always runs the fullest demo there is.
 set -euo pipefail
 build_dir="${1:?usage: demo.sh BUILD_DIR}"
-"$build_dir/tools/flotilla" info
+"$build_dir/bin/flotilla" info

@@ -599,6 +599,7 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
     }
     u->set_completion_tokens(seq.generated.size() + (stop ? 1 : 0));
     if (stop) {
+      u->set_stop_token(tok);
       FinishSequence(seq, common::STOP, u);
     } else if (static_cast<int64_t>(seq.generated.size()) >= seq.max_new) {
       FinishSequence(seq, common::LENGTH, u);

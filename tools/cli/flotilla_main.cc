@@ -9,6 +9,7 @@
 #include "tools/cli/make_checkpoint_command.h"
 #include "tools/cli/parse_command.h"
 #include "tools/cli/render_command.h"
+#include "tools/cli/up_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   flotilla::cli::AddGenerateCommand(app);
   flotilla::cli::AddRenderCommand(app);
   flotilla::cli::AddParseCommand(app);
+  flotilla::cli::AddUpCommand(app);
   // CLI11 reports an unknown first word only as "a subcommand is required";
   // name the word and the choices instead.
   bool known = false;

@@ -16,12 +16,16 @@
 #include "worker/engine/generate.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
+#include <grpcpp/grpcpp.h>
+#include "proto/flotilla.grpc.pb.h"
 
 namespace flotilla::cli {
 namespace {
 
 struct GenerateFlags {
   std::string model;
+  std::string coordinator;
+  double timeout_s = 600;
   std::string prompt_ids;
   int64_t max_tokens = 16;
   float temperature = 1.0f;
@@ -88,9 +92,73 @@ nlohmann::json ResultJson(const GenerationResult& r, bool with_logprobs) {
   return j;
 }
 
+// The same request sent to a running cluster through the client API.
+absl::Status PrintResult(const GenerateFlags& f, const GenerationResult& result,
+                         size_t prompt_size);
+
+absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
+  auto channel = grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
+  auto stub = v1::Flotilla::NewStub(channel);
+  v1::GenerateRequest req;
+  for (int t : prompt) req.mutable_prompt_ids()->add_ids(t);
+  common::SamplingParams* s = req.mutable_sampling();
+  s->set_temperature(f.temperature);
+  s->set_top_p(f.top_p);
+  s->set_top_k(f.top_k);
+  s->set_min_p(f.min_p);
+  if (f.seed) s->set_seed(*f.seed);
+  s->set_frequency_penalty(f.frequency_penalty);
+  s->set_presence_penalty(f.presence_penalty);
+  s->set_max_tokens(static_cast<uint32_t>(f.max_tokens));
+  if (f.logprobs) {
+    s->set_return_logprobs(true);
+    s->set_logprobs(*f.logprobs);
+  }
+  if (f.stop_token_ids) {
+    FLOTILLA_ASSIGN_OR_RETURN(std::vector<int> stops,
+                              ParseIds("--stop-token-ids", *f.stop_token_ids, true));
+    for (int t : stops) s->add_stop_token_ids(t);
+  }
+  req.set_return_prompt_logits(!f.logits_out.empty());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000)));
+  ctx.set_wait_for_ready(true);
+  auto reader = stub->Generate(&ctx, req);
+  GenerationResult r;
+  v1::GenerateResponse resp;
+  std::vector<float> prompt_logits;
+  while (reader->Read(&resp)) {
+    r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    for (const common::TokenLogprob& l : resp.logprobs()) {
+      TokenLogprob lp;
+      lp.token = l.token_id();
+      lp.logprob = l.logprob();
+      for (const auto& t : l.top()) lp.top.push_back({t.token_id(), t.logprob()});
+      r.logprobs.push_back(std::move(lp));
+    }
+    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+      r.finish_reason = resp.finish_reason() == common::STOP ? "stop" : "length";
+      r.prompt_tokens = resp.usage().prompt_tokens();
+      r.completion_tokens = resp.usage().completion_tokens();
+      if (resp.has_stop_token()) r.stop_token = resp.stop_token();
+      prompt_logits.assign(resp.prompt_logits().begin(), resp.prompt_logits().end());
+    }
+  }
+  grpc::Status st = reader->Finish();
+  if (!st.ok()) {
+    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                        absl::StrCat(f.coordinator, ": ", st.error_message()));
+  }
+  r.prompt_logits = std::move(prompt_logits);
+  return PrintResult(f, r, prompt.size());
+}
+
 absl::Status RunGenerate(const GenerateFlags& f) {
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<int> prompt_ints,
                             ParseIds("--prompt-ids", f.prompt_ids, false));
+  if (!f.coordinator.empty()) return RunRemote(f, prompt_ints);
+  if (f.model.empty()) return absl::InvalidArgumentError("give --model DIR or --coordinator HOST:PORT");
   GenerateOptions opts;
   SamplingParams& s = opts.sampling;
   s.temperature = f.temperature;
@@ -145,13 +213,17 @@ absl::Status RunGenerate(const GenerateFlags& f) {
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine,
                             CpuEngine::Create(std::move(weights), eo, &pool));
   FLOTILLA_ASSIGN_OR_RETURN(GenerationResult result, Generate(*engine, prompt, opts));
+  return PrintResult(f, result, prompt.size());
+}
 
+absl::Status PrintResult(const GenerateFlags& f, const GenerationResult& result,
+                         size_t prompt_size) {
   if (!f.logits_out.empty()) {
     std::ofstream out(f.logits_out);
     if (!out) return absl::InvalidArgumentError(absl::StrCat("--logits-out: cannot write ", f.logits_out));
-    const int64_t V = config.vocab_size;
+    const int64_t V = prompt_size ? result.prompt_logits.size() / prompt_size : 0;
     out << "[";
-    for (size_t t = 0; t < prompt.size(); ++t) {
+    for (size_t t = 0; t < prompt_size; ++t) {
       out << (t ? ",\n[" : "\n[");
       for (int64_t v = 0; v < V; ++v) {
         if (v) out << ",";
@@ -163,7 +235,7 @@ absl::Status RunGenerate(const GenerateFlags& f) {
     if (!out) return absl::InternalError(absl::StrCat("--logits-out: write to ", f.logits_out, " failed"));
   }
   if (f.json) {
-    std::cout << ResultJson(result, s.logprobs).dump() << std::endl;
+    std::cout << ResultJson(result, f.logprobs.has_value()).dump() << std::endl;
   } else {
     std::cout << "tokens:";
     for (int32_t t : result.tokens) std::cout << " " << t;
@@ -176,8 +248,14 @@ absl::Status RunGenerate(const GenerateFlags& f) {
 
 void AddGenerateCommand(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens in-process on the CPU engine");
-  cmd->add_option("--model", f->model, "Checkpoint directory (config.json + safetensors)")->required();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens in-process (--model) or on a cluster (--coordinator)");
+  auto* model = cmd->add_option("--model", f->model,
+                                "Checkpoint directory: generate in this process");
+  auto* coord = cmd->add_option("--coordinator", f->coordinator,
+                                "HOST:PORT of a running cluster: send the request there");
+  model->excludes(coord);
+  cmd->add_option("--timeout", f->timeout_s, "Seconds before a --coordinator request gives up")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma-separated: 1,2,3")->required();
   cmd->add_option("--max-tokens", f->max_tokens, "Most tokens to generate (default 16)");
   cmd->add_option("--temperature", f->temperature, "0 = greedy (default 1)");

@@ -4,12 +4,12 @@
 # what transformers computes on them (see make_goldens.py). Needs python3 with
 # torch, transformers (with gpt-oss support) and safetensors.
 #   tools/golden/make_goldens.sh OUT_DIR [FLOTILLA_BIN]
-# FLOTILLA_BIN defaults to build/tools/flotilla. DEVICE=cuda runs transformers
+# FLOTILLA_BIN defaults to build/bin/flotilla. DEVICE=cuda runs transformers
 # on the GPU (default cpu).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:?usage: make_goldens.sh OUT_DIR [FLOTILLA_BIN]}"
-flotilla="${2:-$here/../../build/tools/flotilla}"
+flotilla="${2:-$here/../../build/bin/flotilla}"
 python="${PYTHON:-python3}"
 device="${DEVICE:-cpu}"
 

@@ -1,0 +1,266 @@
+#include "tools/cli/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_config.h"
+#include "common/status.h"
+#include "proto/admin.grpc.pb.h"
+#include "tools/checkpoint/synthetic_checkpoint.h"
+
+namespace flotilla::cli {
+namespace fs = std::filesystem;
+
+std::string SelfDir() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : p.parent_path().string();
+}
+
+namespace {
+
+std::string FindBinary(const std::string& name, const std::string& hint) {
+  std::vector<fs::path> dirs;
+  if (!hint.empty()) dirs.push_back(hint);
+  if (const char* env = std::getenv("FLOTILLA_BIN_DIR")) dirs.push_back(env);
+  const fs::path self = SelfDir();
+  dirs.push_back(self);
+  dirs.push_back(self / ".." / "coordinator");
+  dirs.push_back(self / ".." / "worker");
+  dirs.push_back(self / ".." / "bin");
+  for (const fs::path& d : dirs) {
+    fs::path p = d / name;
+    if (access(p.c_str(), X_OK) == 0) return fs::weakly_canonical(p).string();
+  }
+  return "";
+}
+
+std::string CacheDir() {
+  if (const char* c = std::getenv("FLOTILLA_CACHE")) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/flotilla";
+  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/flotilla";
+  return "/tmp/flotilla-cache";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> EnsureDefaultModel() {
+  ModelConfig c = ModelConfig::Tiny();
+  // The real vocabulary and end tokens, so text prompts and Harmony work.
+  c.vocab_size = 201088;
+  c.eos_token_ids = {200002, 200012};
+  c.pad_token_id = 199999;
+  const std::string dir = CacheDir() + "/models/synthetic-gpt-oss-tiny-seed7";
+  if (fs::exists(fs::path(dir) / "config.json") && fs::exists(fs::path(dir) / "model.safetensors")) {
+    return dir;
+  }
+  const std::string tmp = dir + ".tmp-" + std::to_string(getpid());
+  std::error_code ec;
+  fs::create_directories(tmp, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ec.message()));
+  SyntheticCheckpointOptions o;
+  o.seed = 7;
+  FLOTILLA_RETURN_IF_ERROR(WriteSyntheticCheckpoint(c, o, tmp));
+  fs::remove_all(dir, ec);
+  fs::rename(tmp, dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot move ", tmp, " to ", dir));
+  return dir;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->options_ = options;
+  if (options.workers < 1) return absl::InvalidArgumentError("--workers must be >= 1");
+  c->coordinator_bin_ = FindBinary("flotilla-coordinator", options.bin_dir);
+  c->worker_bin_ = FindBinary("flotilla-worker", options.bin_dir);
+  if (c->coordinator_bin_.empty() || c->worker_bin_.empty()) {
+    return absl::NotFoundError(
+        "cannot find flotilla-coordinator and flotilla-worker next to flotilla "
+        "(build them, or set FLOTILLA_BIN_DIR)");
+  }
+  if (options.model.empty()) {
+    FLOTILLA_ASSIGN_OR_RETURN(c->model_, EnsureDefaultModel());
+  } else {
+    c->model_ = options.model;
+    FLOTILLA_RETURN_IF_ERROR(ModelConfig::Load(options.model).status());
+  }
+  char tmpl[] = "/tmp/flotilla-up-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+  const std::string port_file = std::string(tmpl) + "/port";
+  auto log = [&](const std::string& name) {
+    return options.log_dir.empty() ? std::string() : options.log_dir + "/" + name + ".log";
+  };
+  if (!options.log_dir.empty()) fs::create_directories(options.log_dir);
+
+  FLOTILLA_ASSIGN_OR_RETURN(
+      c->coordinator_,
+      c->Spawn({c->coordinator_bin_, "--model", c->model_, "--workers",
+                std::to_string(options.workers), "--tp", std::to_string(options.tp), "--listen",
+                options.listen, "--port-file", port_file, "--heartbeat-timeout-ms",
+                std::to_string(options.heartbeat_timeout_ms)},
+               log("coordinator")));
+  // Wait for the coordinator's port.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  std::string port;
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    if (in >> port) break;
+    int status = 0;
+    if (waitpid(c->coordinator_, &status, WNOHANG) == c->coordinator_) {
+      c->coordinator_ = -1;
+      return absl::InternalError("flotilla-coordinator exited at start; see its log");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  fs::remove_all(tmpl);
+  if (port.empty()) return absl::DeadlineExceededError("the coordinator did not start listening");
+  const std::string host = options.listen.substr(0, options.listen.rfind(':'));
+  c->address_ = host + ":" + port;
+
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = options.threads_per_worker > 0
+                          ? options.threads_per_worker
+                          : std::max(1, cores / options.workers);
+  for (int i = 0; i < options.workers; ++i) {
+    std::vector<std::string> argv = {c->worker_bin_,   "--coordinator", c->address_,
+                                     "--worker-id",    absl::StrCat("worker-", i),
+                                     "--node",         "local",
+                                     "--threads",      std::to_string(threads),
+                                     "--comm-timeout-ms", std::to_string(options.comm_timeout_ms)};
+    c->worker_argv_.push_back(argv);
+    FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i))));
+    c->workers_.push_back(pid);
+  }
+  FLOTILLA_RETURN_IF_ERROR(c->WaitReady(options.ready_timeout));
+  return c;
+}
+
+absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
+                                          const std::string& log) {
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    // Children die with the process that started them: no orphans.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    if (!log.empty()) {
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd >= 0) {
+        dup2(fd, 1);
+        dup2(fd, 2);
+        close(fd);
+      }
+    }
+    std::vector<char*> args;
+    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
+  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  const absl::Time deadline = absl::Now() + timeout;
+  std::string last;
+  while (absl::Now() < deadline) {
+    FLOTILLA_RETURN_IF_ERROR(CheckAlive());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    admin::ClusterStatus s;
+    if (stub->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok()) {
+      if (s.state() == admin::READY) return absl::OkStatus();
+      last = s.message();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("the cluster did not become ready: ", last));
+}
+
+absl::Status LocalCluster::CheckAlive() {
+  auto dead = [](pid_t& pid) {
+    if (pid <= 0) return true;
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      pid = -1;
+      return true;
+    }
+    return false;
+  };
+  if (dead(coordinator_)) return absl::UnavailableError("flotilla-coordinator is not running");
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (dead(workers_[i])) {
+      return absl::UnavailableError(absl::StrCat("worker-", i, " is not running"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::KillWorker(int i) {
+  if (i < 0 || i >= static_cast<int>(workers_.size()) || workers_[i] <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("no running worker ", i));
+  }
+  kill(workers_[i], SIGKILL);
+  waitpid(workers_[i], nullptr, 0);
+  workers_[i] = -1;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartWorker(int i) {
+  if (i < 0 || i >= static_cast<int>(workers_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("no worker ", i));
+  }
+  if (workers_[i] > 0) return absl::FailedPreconditionError("worker is still running");
+  FLOTILLA_ASSIGN_OR_RETURN(
+      workers_[i],
+      Spawn(worker_argv_[i], options_.log_dir.empty()
+                                 ? std::string()
+                                 : absl::StrCat(options_.log_dir, "/worker-", i, ".log")));
+  return absl::OkStatus();
+}
+
+void LocalCluster::Stop() {
+  std::vector<pid_t*> all;
+  for (pid_t& p : workers_) all.push_back(&p);
+  all.push_back(&coordinator_);
+  for (pid_t* p : all) {
+    if (*p > 0) kill(*p, SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (pid_t* p : all) {
+    while (*p > 0) {
+      int status = 0;
+      if (waitpid(*p, &status, WNOHANG) == *p) {
+        *p = -1;
+        break;
+      }
+      if (absl::Now() > deadline) {
+        kill(*p, SIGKILL);
+        waitpid(*p, &status, 0);
+        *p = -1;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+}  // namespace flotilla::cli
