@@ -112,7 +112,9 @@ void WorkerRuntime::ReaderLoop() {
     mailbox_.push_back(m);
     cv_.notify_all();
   }
+  const bool asked_to_stop = stop_.load();
   grpc::Status st = stream_->Finish();
+  if (asked_to_stop) st = grpc::Status::OK;
   {
     std::lock_guard<std::mutex> lock(mu_);
     end_status_ = st.ok() ? absl::OkStatus()

@@ -1,0 +1,199 @@
+// The distributed runtime end to end: a coordinator and W worker processes
+// (UCX between them) must give exactly the tokens of the single-process
+// engine, and survive a worker killed with SIGKILL.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kernels/cpu/thread_pool.h"
+#include "proto/admin.grpc.pb.h"
+#include "proto/flotilla.grpc.pb.h"
+#include "tools/cli/local_cluster.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/engine/generate.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/load_weights.h"
+
+namespace flotilla {
+namespace {
+namespace fs = std::filesystem;
+
+struct Reply {
+  grpc::Status status;
+  std::vector<int32_t> tokens;
+  std::vector<float> prompt_logits;
+  common::FinishReason finish = common::FINISH_REASON_UNSPECIFIED;
+};
+
+Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens,
+               bool logits) {
+  auto stub = v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(max_tokens);
+  req.set_return_prompt_logits(logits);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto reader = stub->Generate(&ctx, req);
+  Reply r;
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp)) {
+    r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+      r.finish = resp.finish_reason();
+      r.prompt_logits.assign(resp.prompt_logits().begin(), resp.prompt_logits().end());
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+std::vector<std::string> GoldenDirs() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator("tests/data/golden")) {
+    if (fs::exists(e.path() / "golden.json")) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+cli::LocalClusterOptions Options(const std::string& model, int workers, int tp) {
+  cli::LocalClusterOptions o;
+  o.model = model;
+  o.workers = workers;
+  o.tp = tp;
+  o.threads_per_worker = 1;
+  o.listen = "127.0.0.1:0";
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.comm_timeout_ms = 3000;
+  o.heartbeat_timeout_ms = 2000;
+  o.log_dir = (fs::temp_directory_path() / ("flotilla-cluster-test-" + std::to_string(getpid()))).string();
+  return o;
+}
+
+struct Expected {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<GenerationResult> results;
+};
+
+Expected SingleProcess(const std::string& dir) {
+  std::ifstream in(dir + "/golden.json");
+  nlohmann::json g = nlohmann::json::parse(in);
+  Expected e;
+  std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
+  kernels::cpu::ThreadPool pool(1);
+  for (const auto& p : g["prompts"]) {
+    std::vector<int32_t> prompt = p.get<std::vector<int32_t>>();
+    CpuEngineOptions eo;
+    eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16,
+                                              1, prompt.size() + 24);
+    auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
+    GenerateOptions go;
+    go.sampling.temperature = 0;
+    go.sampling.max_tokens = 24;
+    go.return_prompt_logits = true;
+    e.prompts.push_back(prompt);
+    e.results.push_back(*flotilla::Generate(*engine, prompt, go));
+  }
+  return e;
+}
+
+class ClusterEquivalence : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterEquivalence, SameTokensAndLogitsAsOneProcess) {
+  const auto [workers, tp] = GetParam();
+  for (const std::string& dir : GoldenDirs()) {
+    SCOPED_TRACE(dir);
+    Expected want = SingleProcess(dir);
+    auto cluster = cli::LocalCluster::Start(Options(dir, workers, tp));
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    // All prompts at once: they batch together across the DP groups.
+    std::vector<Reply> got(want.prompts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < want.prompts.size(); ++i) {
+      threads.emplace_back([&, i] {
+        got[i] = Generate((*cluster)->address(), want.prompts[i], 24, true);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < want.prompts.size(); ++i) {
+      ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+      EXPECT_EQ(got[i].tokens, want.results[i].tokens) << "prompt " << i;
+      ASSERT_EQ(got[i].prompt_logits.size(), want.results[i].prompt_logits.size());
+      float worst = 0;
+      for (size_t j = 0; j < got[i].prompt_logits.size(); ++j) {
+        worst = std::max(worst, std::abs(got[i].prompt_logits[j] - want.results[i].prompt_logits[j]));
+      }
+      EXPECT_LE(worst, 1e-4f) << "prompt " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalence,
+                         ::testing::Values(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2},
+                                           std::pair{4, 1}, std::pair{4, 2}),
+                         [](const auto& info) {
+                           return "W" + std::to_string(info.param.first) + "_TP" +
+                                  std::to_string(info.param.second);
+                         });
+
+admin::ClusterStatus Status(const std::string& address) {
+  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  admin::ClusterStatus s;
+  (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
+  return s;
+}
+
+TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
+  // The built-in model: its end tokens are 2 of 201088 ids, so a long
+  // greedy request keeps running until the kill.
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto cluster = cli::LocalCluster::Start(Options(*model, 2, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string addr = (*cluster)->address();
+  ASSERT_TRUE(Generate(addr, {1, 2, 3}, 4, false).status.ok());
+
+  // A long request in flight while worker-1 is killed.
+  Reply inflight;
+  std::thread t([&] { inflight = Generate(addr, {5, 6, 7}, 100000, false); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_TRUE((*cluster)->KillWorker(1).ok());
+  t.join();
+  const double noticed_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_EQ(inflight.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << inflight.status.error_message();
+  EXPECT_NE(inflight.status.error_message().find("worker-1"), std::string::npos)
+      << inflight.status.error_message();
+  EXPECT_LT(noticed_s, 2.5);
+
+  // New requests are refused with a clear status while the instance is incomplete.
+  Reply refused = Generate(addr, {1, 2, 3}, 4, false);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(refused.status.error_message().find("worker-1"), std::string::npos)
+      << refused.status.error_message();
+  EXPECT_EQ(Status(addr).state(), admin::DEGRADED);
+
+  // The restarted worker rejoins, reloads its shards, and service resumes.
+  ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (Status(addr).state() != admin::READY && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(Status(addr).state(), admin::READY) << Status(addr).message();
+  Reply after = Generate(addr, {1, 2, 3}, 4, false);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 4u);
+}
+
+}  // namespace
+}  // namespace flotilla
