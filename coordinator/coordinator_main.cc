@@ -11,6 +11,7 @@
 
 #include "coordinator/cluster_manager.h"
 #include "coordinator/services.h"
+#include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -56,6 +57,9 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_SEQUENCES")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kv-blocks", opts.kv_blocks, "KV blocks per worker (0 = sized automatically)")
       ->envname("FLOTILLA_KV_BLOCKS")->capture_default_str();
+  std::string tokenizer_path = flotilla::tokenizer::Tokenizer::DefaultRanksPath();
+  app.add_option("--tokenizer", tokenizer_path, "o200k_harmony ranks file")
+      ->envname("FLOTILLA_TOKENIZER")->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port here once listening")
       ->envname("FLOTILLA_PORT_FILE");
   CLI11_PARSE(app, argc, argv);
@@ -84,7 +88,13 @@ int main(int argc, char** argv) {
 
   flotilla::coordinator::ClusterControlService control(manager->get());
   flotilla::coordinator::AdminService admin(manager->get());
-  flotilla::coordinator::FrontendService frontend(manager->get(), model_id);
+  auto tokenizer = flotilla::tokenizer::Tokenizer::Create(tokenizer_path);
+  if (!tokenizer.ok()) {
+    std::cerr << "flotilla-coordinator: --tokenizer " << tokenizer_path << ": "
+              << tokenizer.status().message() << "\n";
+    return 2;
+  }
+  flotilla::coordinator::FrontendService frontend(manager->get(), model_id, tokenizer->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "coordinator/stream_queue.h"
+#include "coordinator/tokenizer/streaming_detokenizer.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -64,8 +65,9 @@ using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
 class GenerateReactor final : public GenerateReactorBase {
  public:
   GenerateReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
-                  const v1::GenerateRequest& request, const std::string& model_id)
-      : manager_(manager), state_(std::make_shared<State>(this)) {
+                  const v1::GenerateRequest& request, const std::string& model_id,
+                  const tokenizer::Tokenizer* tok)
+      : manager_(manager), state_(std::make_shared<State>(this, tok)) {
     if (!request.model().empty() && request.model() != model_id) {
       Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
                           absl::StrCat("model '", request.model(),
@@ -73,12 +75,22 @@ class GenerateReactor final : public GenerateReactorBase {
                                        "'")));
       return;
     }
-    if (request.prompt_case() != v1::GenerateRequest::kPromptIds) {
+    cluster::SubmitSequence submit;
+    if (request.prompt_case() == v1::GenerateRequest::kPromptIds) {
+      *submit.mutable_prompt_ids() = request.prompt_ids().ids();
+    } else if (request.prompt_case() == v1::GenerateRequest::kText) {
+      absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
+          tok->Encode(request.text(), tokenizer::SpecialTokenPolicy::All());
+      if (!ids.ok()) {
+        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("prompt text: ", ids.status().message())));
+        return;
+      }
+      for (tokenizer::TokenId id : *ids) submit.add_prompt_ids(static_cast<int32_t>(id));
+    } else {
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request has no prompt"));
       return;
     }
-    cluster::SubmitSequence submit;
-    *submit.mutable_prompt_ids() = request.prompt_ids().ids();
     *submit.mutable_sampling() = request.sampling();
     submit.set_return_prompt_logits(request.return_prompt_logits());
     const auto deadline = context->deadline();
@@ -94,6 +106,10 @@ class GenerateReactor final : public GenerateReactorBase {
       r.set_request_id(absl::StrCat(u.request_id()));
       *r.mutable_token_ids() = u.token_ids();
       *r.mutable_logprobs() = u.logprobs();
+      for (int32_t id : u.token_ids()) {
+        absl::StatusOr<std::string> piece = state->detok.Append(static_cast<tokenizer::TokenId>(id));
+        if (piece.ok()) r.mutable_text()->append(*piece);
+      }
       if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED &&
           u.finish_reason() != common::ERROR) {
         r.set_finish_reason(u.finish_reason());
@@ -124,8 +140,10 @@ class GenerateReactor final : public GenerateReactorBase {
 
  private:
   struct State {
-    explicit State(GenerateReactor* r) : queue(r) {}
+    State(GenerateReactor* r, const tokenizer::Tokenizer* tok)
+        : queue(r), detok(tok, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace) {}
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
+    tokenizer::StreamingDetokenizer detok;  // used from the manager's callbacks, one at a time
   };
   ClusterManager* manager_;
   std::shared_ptr<State> state_;
@@ -170,7 +188,7 @@ grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new GenerateReactor(manager_, context, *request, model_id_);
+  return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_);
 }
 
 grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* context,

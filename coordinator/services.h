@@ -6,6 +6,7 @@
 #include <string>
 
 #include "coordinator/cluster_manager.h"
+#include "coordinator/tokenizer/tokenizer.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
@@ -41,8 +42,11 @@ class AdminService final : public admin::Admin::CallbackService {
 
 class FrontendService final : public v1::Flotilla::CallbackService {
  public:
-  FrontendService(ClusterManager* manager, std::string model_id)
-      : manager_(manager), model_id_(std::move(model_id)) {}
+  // `tokenizer` (o200k_harmony) encodes text prompts and decodes the
+  // streamed tokens; it must outlive the service.
+  FrontendService(ClusterManager* manager, std::string model_id,
+                  const tokenizer::Tokenizer* tokenizer)
+      : manager_(manager), model_id_(std::move(model_id)), tokenizer_(tokenizer) {}
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
@@ -55,6 +59,7 @@ class FrontendService final : public v1::Flotilla::CallbackService {
  private:
   ClusterManager* manager_;
   std::string model_id_;
+  const tokenizer::Tokenizer* tokenizer_;
 };
 
 }  // namespace flotilla::coordinator

@@ -13,6 +13,8 @@
 #include "kernels/cpu/thread_pool.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "coordinator/tokenizer/tokenizer.h"
 #include "tools/cli/local_cluster.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/generate.h"
@@ -193,6 +195,56 @@ TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   Reply after = Generate(addr, {1, 2, 3}, 4, false);
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 4u);
+}
+
+}  // namespace
+}  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto cluster = cli::LocalCluster::Start(Options(*model, 1, 1));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto stub = v1::Flotilla::NewStub(
+      grpc::CreateChannel((*cluster)->address(), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  req.set_text("hello world");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(6);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse resp;
+  std::vector<tokenizer::TokenId> ids;
+  std::string text;
+  uint32_t prompt_tokens = 0;
+  while (reader->Read(&resp)) {
+    for (int32_t t : resp.token_ids()) ids.push_back(static_cast<tokenizer::TokenId>(t));
+    text += resp.text();
+    if (resp.has_usage()) prompt_tokens = resp.usage().prompt_tokens();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(prompt_tokens, 2u);  // "hello world" is [24912, 2375] in o200k
+  auto tok = tokenizer::Tokenizer::Create(tokenizer::Tokenizer::DefaultRanksPath());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  tokenizer::StreamingDetokenizer detok(tok->get(),
+                                        tokenizer::StreamingDetokenizer::InvalidBytes::kReplace);
+  std::string want;
+  for (tokenizer::TokenId id : ids) want += *detok.Append(id);
+  EXPECT_EQ(ids.size(), 6u);
+  EXPECT_EQ(text, want);
+
+  grpc::ClientContext bad_ctx;
+  v1::GenerateRequest bad;
+  bad.set_text("");  // (invalid UTF-8 cannot even be sent: protobuf rejects it in the client)
+  auto bad_reader = stub->Generate(&bad_ctx, bad);
+  while (bad_reader->Read(&resp)) {
+  }
+  grpc::Status st = bad_reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("empty"), std::string::npos) << st.error_message();
 }
 
 }  // namespace
