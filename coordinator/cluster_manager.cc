@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/expert_map_proto.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -176,6 +177,7 @@ void ClusterManager::MaybeAssignLocked() {
       return;
     }
     placement_ = std::move(*p);
+    loaded_map_ = placement_->expert_map;
     for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].rank = r.rank;
     group_inflight_.assign(placement_->parallel.dp_size(), 0);
   } else {
@@ -482,6 +484,48 @@ absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement() const {
     ri->set_weight_bytes(placement_->bytes_per_rank[r.rank]);
   }
   return info;
+}
+
+absl::StatusOr<cluster::ExpertMap> ClusterManager::SetExpertMap(const cluster::ExpertMap& proto) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!placement_ || state_ != admin::READY) {
+    return absl::UnavailableError(absl::StrCat("the instance is not serving: ", state_message_));
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(proto));
+  const ExpertMap& cur = placement_->expert_map;
+  if (map.version() != cur.version() + 1) {
+    return absl::FailedPreconditionError(absl::StrCat("expert map version must be ",
+                                                      cur.version() + 1, ", got ", map.version()));
+  }
+  if (map.world_size() != cur.world_size() || map.num_layers() != cur.num_layers() ||
+      map.num_experts() != cur.num_experts()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expert map shape ", map.num_layers(), " layers x ", map.num_experts(), " experts over ",
+        map.world_size(), " ranks does not match ", cur.num_layers(), " x ", cur.num_experts(),
+        " over ", cur.world_size()));
+  }
+  for (int l = 0; l < map.num_layers(); ++l) {
+    for (int e = 0; e < map.num_experts(); ++e) {
+      for (const ExpertLocation& loc : map.replicas(l, e)) {
+        bool held = false;
+        for (const ExpertLocation& have : loaded_map_->replicas(l, e)) held |= have.rank == loc.rank;
+        if (!held) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "layer ", l, " expert ", e, " is placed on rank ", loc.rank,
+              ", which has not loaded it; only ranks holding an expert may serve it"));
+        }
+      }
+    }
+  }
+  placement_->expert_map = map;
+  cluster::CoordinatorMessage msg;
+  *msg.mutable_expert_map()->mutable_map() = ExpertMapToProto(map);
+  for (const RankPlacement& r : placement_->ranks) {
+    Worker& w = workers_[r.worker_id];
+    if (w.session) w.session->Send(msg);
+  }
+  spdlog::info("expert map version {} sent to {} ranks", map.version(), placement_->ranks.size());
+  return ExpertMapToProto(map);
 }
 
 absl::StatusOr<cluster::ExpertMap> ClusterManager::GetExpertMap() const {

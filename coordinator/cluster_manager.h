@@ -85,6 +85,9 @@ class ClusterManager {
   admin::ClusterStatus Status() const;
   absl::StatusOr<admin::PlacementInfo> GetPlacement() const;
   absl::StatusOr<cluster::ExpertMap> GetExpertMap() const;
+  // Validates `map` (next version, same shape, experts only where they are
+  // held) and sends it to every rank; they switch at one step boundary.
+  absl::StatusOr<cluster::ExpertMap> SetExpertMap(const cluster::ExpertMap& map);
   const ClusterOptions& options() const { return options_; }
 
  private:
@@ -140,6 +143,7 @@ class ClusterManager {
   uint64_t generation_ = 0;
   bool comm_started_ = false;  // StartComm sent for generation_
   std::optional<Placement> placement_;
+  std::optional<ExpertMap> loaded_map_;  // the map whose experts the ranks loaded
   std::map<uint64_t, Request> requests_;
   uint64_t next_request_id_ = 1;
   std::vector<uint32_t> group_inflight_;

@@ -186,6 +186,16 @@ grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext
   return reactor;
 }
 
+grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext* context,
+                                                     const cluster::ExpertMap* request,
+                                                     cluster::ExpertMap* response) {
+  auto* reactor = context->DefaultReactor();
+  absl::StatusOr<cluster::ExpertMap> m = manager_->SetExpertMap(*request);
+  if (m.ok()) *response = *m;
+  reactor->Finish(ToGrpcStatus(m.status()));
+  return reactor;
+}
+
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_);

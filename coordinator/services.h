@@ -35,6 +35,9 @@ class AdminService final : public admin::Admin::CallbackService {
   grpc::ServerUnaryReactor* GetExpertMap(grpc::CallbackServerContext* context,
                                          const admin::GetExpertMapRequest* request,
                                          cluster::ExpertMap* response) override;
+  grpc::ServerUnaryReactor* SetExpertMap(grpc::CallbackServerContext* context,
+                                         const cluster::ExpertMap* request,
+                                         cluster::ExpertMap* response) override;
 
  private:
   ClusterManager* manager_;

@@ -224,9 +224,11 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
       break;
     }
     case cluster::CoordinatorMessage::kExpertMap:
-      if (collectives_) {
+      if (running_) {
         absl::StatusOr<ExpertMap> map = ExpertMapFromProto(m.expert_map().map());
-        if (map.ok()) collectives_->SetExpertMap(*map);
+        if (map.ok() && map->version() > map_version_) {
+          pending_maps_.emplace(map->version(), std::move(*map));
+        }
       }
       break;
     case cluster::CoordinatorMessage::kShutdown:
@@ -250,6 +252,8 @@ void WorkerRuntime::Reset(const std::string& why) {
   to_free_.clear();
   engine_ids_.clear();
   pending_weights_.reset();
+  pending_maps_.clear();
+  map_version_ = 0;
   kv_reserved_ = 0;
   running_count_ = 0;
   queued_count_ = 0;
@@ -350,6 +354,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   pending_weights_.reset();
   kv_total_ = engine_->kv_cache().num_blocks();
   kv_free_ = engine_->kv_cache().free_blocks();
+  map_version_ = a.expert_map().version();
   running_ = true;
   cluster::WorkerMessage joined;
   joined.mutable_joined()->set_generation(a.generation());
@@ -510,11 +515,17 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   // Everyone learns every leader's plan: sizes first, then the padded plans.
   cluster::StepPlan plan;
   bool any_work = !mine.items().empty() || !mine.free().empty();
+  uint64_t have_version = pending_maps_.empty() ? map_version_ : pending_maps_.rbegin()->first;
   if (a.world_size() > 1) {
     const int W = a.world_size();
-    std::vector<uint64_t> sizes(W);
-    uint64_t my_size = bytes.size();
-    FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(&my_size, sizes.data(), sizeof(uint64_t)));
+    // Per rank: its plan's size and the newest expert map it has received.
+    std::vector<uint64_t> header(2 * W), sizes(W);
+    uint64_t mine_header[2] = {bytes.size(), have_version};
+    FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(mine_header, header.data(), sizeof(mine_header)));
+    for (int r = 0; r < W; ++r) {
+      sizes[r] = header[2 * r];
+      have_version = std::min(have_version, header[2 * r + 1]);
+    }
     uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
     any_work = max_size > 0;
     if (any_work) {
@@ -536,6 +547,14 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
     return m;
   }());
   out.Clear();
+  // Switch expert maps at this boundary when every rank has the new one.
+  if (have_version > map_version_ && pending_maps_.count(have_version)) {
+    if (collectives_) collectives_->SetExpertMap(pending_maps_.at(have_version));
+    map_version_ = have_version;
+    pending_maps_.erase(pending_maps_.begin(), pending_maps_.upper_bound(have_version));
+    spdlog::info("rank {} switched to expert map version {} at step {}", a.rank(), map_version_,
+                 steps_);
+  }
   if (!any_work) return false;
 
   for (uint64_t id : plan.free()) {

@@ -116,6 +116,10 @@ class WorkerRuntime {
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   bool running_ = false;
   uint64_t steps_ = 0;
+  // Expert maps received but not yet in use, by version; every rank switches
+  // to version v at the first step where all ranks have it.
+  std::map<uint64_t, ExpertMap> pending_maps_;
+  uint64_t map_version_ = 0;
   // Leader state.
   std::deque<cluster::SubmitSequence> pending_;
   std::map<uint64_t, Sequence> sequences_;  // running, by request id

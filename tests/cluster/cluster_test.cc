@@ -249,3 +249,57 @@ TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
 
 }  // namespace
 }  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
+  const std::string dir = GoldenDirs().front();
+  cli::LocalClusterOptions o = Options(dir, 2, 1);
+  o.log_dir += "-map";
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string addr = (*cluster)->address();
+  Reply before = Generate(addr, {1, 2, 3, 4}, 8, false);
+  ASSERT_TRUE(before.status.ok());
+
+  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  cluster::ExpertMap cur;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin->GetExpertMap(&ctx, admin::GetExpertMapRequest(), &cur).ok());
+  }
+  // Expert 0 of layer 0 moved to a rank that does not hold it: refused.
+  cluster::ExpertMap bad = cur;
+  bad.set_version(cur.version() + 1);
+  auto* rep = bad.mutable_layers(0)->mutable_experts(0)->mutable_replicas(0);
+  rep->set_rank(1 - rep->rank());
+  rep->set_slot(99);
+  {
+    grpc::ClientContext ctx;
+    cluster::ExpertMap out;
+    grpc::Status st = admin->SetExpertMap(&ctx, bad, &out);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(st.error_message().find("has not loaded it"), std::string::npos) << st.error_message();
+  }
+  // The next version with every expert where it is held: accepted and used.
+  cluster::ExpertMap next = cur;
+  next.set_version(cur.version() + 1);
+  {
+    grpc::ClientContext ctx;
+    cluster::ExpertMap out;
+    ASSERT_TRUE(admin->SetExpertMap(&ctx, next, &out).ok());
+  }
+  Reply after = Generate(addr, {1, 2, 3, 4}, 8, false);
+  ASSERT_TRUE(after.status.ok());
+  EXPECT_EQ(after.tokens, before.tokens);
+  (*cluster)->Stop();
+  for (int i = 0; i < 2; ++i) {
+    std::ifstream log(o.log_dir + "/worker-" + std::to_string(i) + ".log");
+    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("switched to expert map version 2"), std::string::npos) << text;
+  }
+}
+
+}  // namespace
+}  // namespace flotilla
