@@ -120,7 +120,19 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // gRPC health follows the instance: SERVING only while it can take requests
+  // (the overall "" service stays SERVING while the process is up, for liveness).
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  bool serving = false;
+  health->SetServingStatus("flotilla.v1.Flotilla", false);
+  while (!g_stop) {
+    const bool ready = (*manager)->Status().state() == flotilla::admin::READY;
+    if (ready != serving) {
+      health->SetServingStatus("flotilla.v1.Flotilla", ready);
+      serving = ready;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
   spdlog::info("coordinator stopping");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
