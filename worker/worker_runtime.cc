@@ -163,7 +163,14 @@ void WorkerRuntime::EngineLoop() {
       Reset(std::string(worked.status().message()));
       continue;
     }
-    if (!*worked) std::this_thread::sleep_for(std::chrono::microseconds(500));
+    // Idle instance: back off (up to 5 ms, the added latency of a new request)
+    // so idle workers do not keep cores busy with empty plan exchanges.
+    if (*worked) {
+      idle_sleep_us_ = 100;
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(idle_sleep_us_));
+      idle_sleep_us_ = std::min<int64_t>(5000, idle_sleep_us_ * 2);
+    }
   }
 }
 

@@ -116,6 +116,7 @@ class WorkerRuntime {
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   bool running_ = false;
   uint64_t steps_ = 0;
+  int64_t idle_sleep_us_ = 100;
   // Expert maps received but not yet in use, by version; every rank switches
   // to version v at the first step where all ranks have it.
   std::map<uint64_t, ExpertMap> pending_maps_;
