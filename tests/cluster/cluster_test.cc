@@ -303,3 +303,69 @@ TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
 
 }  // namespace
 }  // namespace flotilla
+
+#include "tools/sdk/client.h"
+
+namespace flotilla {
+namespace {
+
+TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto cluster = cli::LocalCluster::Start(Options(*model, 2, 2));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string addr = (*cluster)->address();
+  client::ClientOptions co;
+  co.address = addr;
+  co.max_attempts = 40;
+  co.retry_backoff = absl::Milliseconds(100);
+  auto c = client::Client::Create(co);
+  ASSERT_TRUE(c.ok());
+
+  // Blocking call.
+  v1::GenerateRequest req;
+  req.set_text("The quick brown fox");
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(5);
+  auto res = (*c)->Generate(req);
+  ASSERT_TRUE(res.ok()) << res.status();
+  EXPECT_EQ(res->token_ids.size(), 5u);
+  EXPECT_EQ(res->finish_reason, common::LENGTH);
+
+  // Cancel mid-stream: the stream ends CANCELLED and the leader frees the sequence.
+  v1::GenerateRequest long_req = req;
+  long_req.mutable_sampling()->set_max_tokens(100000);
+  client::CancelHandle cancel;
+  int chunks = 0;
+  absl::Status st = (*c)->GenerateStream(long_req, [&](const v1::GenerateResponse&) {
+    if (++chunks == 3) cancel.Cancel();
+  }, &cancel);
+  EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  bool freed = false;
+  for (int i = 0; i < 100 && !freed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    grpc::ClientContext ctx;
+    admin::ClusterStatus s;
+    ASSERT_TRUE(admin->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok());
+    freed = true;
+    for (const auto& w : s.workers()) freed &= w.load().running_sequences() == 0;
+  }
+  EXPECT_TRUE(freed) << "the cancelled sequence was not freed";
+
+  // UNAVAILABLE before the first token is retried: kill a worker, start the
+  // call, bring the worker back; the call succeeds once the instance is whole.
+  ASSERT_TRUE((*cluster)->KillWorker(1).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  std::thread restart([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
+  });
+  auto retried = (*c)->Generate(req);
+  restart.join();
+  ASSERT_TRUE(retried.ok()) << retried.status();
+  EXPECT_EQ(retried->token_ids, res->token_ids);
+}
+
+}  // namespace
+}  // namespace flotilla

@@ -16,8 +16,7 @@
 #include "worker/engine/generate.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
-#include <grpcpp/grpcpp.h>
-#include "proto/flotilla.grpc.pb.h"
+#include "tools/sdk/client.h"
 
 namespace flotilla::cli {
 namespace {
@@ -97,8 +96,6 @@ absl::Status PrintResult(const GenerateFlags& f, const GenerationResult& result,
                          size_t prompt_size);
 
 absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
-  auto channel = grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
-  auto stub = v1::Flotilla::NewStub(channel);
   v1::GenerateRequest req;
   for (int t : prompt) req.mutable_prompt_ids()->add_ids(t);
   common::SamplingParams* s = req.mutable_sampling();
@@ -120,37 +117,29 @@ absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
     for (int t : stops) s->add_stop_token_ids(t);
   }
   req.set_return_prompt_logits(!f.logits_out.empty());
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<int64_t>(f.timeout_s * 1000)));
-  ctx.set_wait_for_ready(true);
-  auto reader = stub->Generate(&ctx, req);
+  client::ClientOptions co;
+  co.address = f.coordinator;
+  co.deadline = absl::Milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Create(co));
+  absl::StatusOr<client::GenerateResult> res = c->Generate(req);
+  if (!res.ok()) {
+    return absl::Status(res.status().code(),
+                        absl::StrCat(f.coordinator, ": ", res.status().message()));
+  }
   GenerationResult r;
-  v1::GenerateResponse resp;
-  std::vector<float> prompt_logits;
-  while (reader->Read(&resp)) {
-    r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-    for (const common::TokenLogprob& l : resp.logprobs()) {
-      TokenLogprob lp;
-      lp.token = l.token_id();
-      lp.logprob = l.logprob();
-      for (const auto& t : l.top()) lp.top.push_back({t.token_id(), t.logprob()});
-      r.logprobs.push_back(std::move(lp));
-    }
-    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-      r.finish_reason = resp.finish_reason() == common::STOP ? "stop" : "length";
-      r.prompt_tokens = resp.usage().prompt_tokens();
-      r.completion_tokens = resp.usage().completion_tokens();
-      if (resp.has_stop_token()) r.stop_token = resp.stop_token();
-      prompt_logits.assign(resp.prompt_logits().begin(), resp.prompt_logits().end());
-    }
+  r.tokens = res->token_ids;
+  for (const common::TokenLogprob& l : res->logprobs) {
+    TokenLogprob lp;
+    lp.token = l.token_id();
+    lp.logprob = l.logprob();
+    for (const auto& t : l.top()) lp.top.push_back({t.token_id(), t.logprob()});
+    r.logprobs.push_back(std::move(lp));
   }
-  grpc::Status st = reader->Finish();
-  if (!st.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(st.error_code()),
-                        absl::StrCat(f.coordinator, ": ", st.error_message()));
-  }
-  r.prompt_logits = std::move(prompt_logits);
+  r.finish_reason = res->finish_reason == common::STOP ? "stop" : "length";
+  r.prompt_tokens = res->prompt_tokens;
+  r.completion_tokens = res->completion_tokens;
+  if (res->stop_token) r.stop_token = *res->stop_token;
+  r.prompt_logits = std::move(res->prompt_logits);
   return PrintResult(f, r, prompt.size());
 }
 

@@ -1,0 +1,194 @@
+#include "tools/cli/bench_command.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "tools/sdk/client.h"
+
+namespace flotilla::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ServeFlags {
+  std::string coordinator = "127.0.0.1:50051";
+  int concurrency = 16;
+  double rate = 0;  // requests/s; 0 = closed loop at `concurrency`
+  double duration_s = 30;
+  std::vector<int> prompt_len = {16, 128};
+  std::vector<int> output_len = {16, 128};
+  uint64_t seed = 1;
+  double timeout_s = 120;
+};
+
+struct Stats {
+  std::mutex mu;
+  int64_t ok = 0, failed = 0, tokens = 0;
+  std::map<std::string, int64_t> errors;
+  std::vector<double> ttft_ms, itl_ms;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, int vocab,
+                Stats& stats) {
+  std::uniform_int_distribution<int> plen(f.prompt_len[0], f.prompt_len[1]);
+  std::uniform_int_distribution<int> olen(f.output_len[0], f.output_len[1]);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  v1::GenerateRequest req;
+  const int n = plen(rng);
+  for (int i = 0; i < n; ++i) req.mutable_prompt_ids()->add_ids(tok(rng));
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(rng());
+  req.mutable_sampling()->set_max_tokens(olen(rng));
+  const auto start = Clock::now();
+  auto last = start;
+  bool first = true;
+  int64_t tokens = 0;
+  std::vector<double> itl;
+  double ttft = 0;
+  absl::Status st = c.GenerateStream(req, [&](const v1::GenerateResponse& r) {
+    if (r.token_ids().empty()) return;
+    const auto now = Clock::now();
+    if (first) {
+      ttft = std::chrono::duration<double, std::milli>(now - start).count();
+      first = false;
+    } else {
+      const double gap = std::chrono::duration<double, std::milli>(now - last).count();
+      for (int i = 0; i < r.token_ids_size(); ++i) itl.push_back(gap / r.token_ids_size());
+    }
+    last = now;
+    tokens += r.token_ids_size();
+  });
+  std::lock_guard<std::mutex> lock(stats.mu);
+  stats.tokens += tokens;
+  if (st.ok()) {
+    ++stats.ok;
+    if (!first) stats.ttft_ms.push_back(ttft);
+    stats.itl_ms.insert(stats.itl_ms.end(), itl.begin(), itl.end());
+  } else {
+    ++stats.failed;
+    ++stats.errors[std::string(absl::StatusCodeToString(st.code()))];
+  }
+}
+
+int RunServe(const ServeFlags& f) {
+  client::ClientOptions co;
+  co.address = f.coordinator;
+  co.deadline = absl::Seconds(f.timeout_s);
+  auto c = client::Client::Create(co);
+  if (!c.ok()) {
+    std::cerr << "flotilla bench serve: " << c.status().message() << "\n";
+    return 2;
+  }
+  auto models = (*c)->ListModels();
+  if (!models.ok() || models->models().empty()) {
+    std::cerr << "flotilla bench serve: cannot list models at " << f.coordinator << ": "
+              << models.status().message() << "\n";
+    return 1;
+  }
+  const int vocab = static_cast<int>(models->models(0).vocab_size());
+  Stats stats;
+  const auto start = Clock::now();
+  const auto end = start + std::chrono::milliseconds(static_cast<int64_t>(f.duration_s * 1000));
+  std::vector<std::thread> threads;
+  std::atomic<int64_t> launched{0};
+  if (f.rate <= 0) {
+    for (int w = 0; w < f.concurrency; ++w) {
+      threads.emplace_back([&, w] {
+        std::mt19937_64 rng(f.seed * 1000003 + w);
+        while (Clock::now() < end) {
+          ++launched;
+          OneRequest(**c, rng, f, vocab, stats);
+        }
+      });
+    }
+  } else {
+    std::mt19937_64 rng(f.seed);
+    std::exponential_distribution<double> gap(f.rate);
+    auto next = start;
+    while (next < end) {
+      std::this_thread::sleep_until(next);
+      const uint64_t s = rng();
+      ++launched;
+      threads.emplace_back([&, s] {
+        std::mt19937_64 r(s);
+        OneRequest(**c, r, f, vocab, stats);
+      });
+      next += std::chrono::microseconds(static_cast<int64_t>(gap(rng) * 1e6));
+    }
+  }
+  for (auto& t : threads) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  nlohmann::json j;
+  j["bench"] = "serve";
+  j["coordinator"] = f.coordinator;
+  j["mode"] = f.rate > 0 ? "rate" : "concurrency";
+  if (f.rate > 0) {
+    j["rate_rps"] = f.rate;
+  } else {
+    j["concurrency"] = f.concurrency;
+  }
+  j["duration_s"] = elapsed;
+  j["requests_sent"] = launched.load();
+  j["requests_ok"] = stats.ok;
+  j["requests_failed"] = stats.failed;
+  j["errors"] = stats.errors;
+  j["requests_unaccounted"] = launched.load() - stats.ok - stats.failed;
+  j["output_tokens"] = stats.tokens;
+  j["output_tokens_per_s"] = stats.tokens / elapsed;
+  for (auto [name, v] : {std::pair{"ttft_ms", &stats.ttft_ms}, std::pair{"itl_ms", &stats.itl_ms}}) {
+    j[name] = {{"p50", Percentile(*v, 50)}, {"p90", Percentile(*v, 90)},
+               {"p99", Percentile(*v, 99)}, {"n", v->size()}};
+  }
+  std::cout << j.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+void AddBenchCommand(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks against a running cluster");
+  bench->require_subcommand(1);
+  auto f = std::make_shared<ServeFlags>();
+  CLI::App* serve = bench->add_subcommand(
+      "serve", "Load generator: concurrent streams or a request rate; prints one JSON line");
+  serve->add_option("--coordinator", f->coordinator, "HOST:PORT")->capture_default_str();
+  serve->add_option("--concurrency", f->concurrency, "closed-loop streams")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
+  serve->add_option("--rate", f->rate, "open-loop Poisson arrivals per second (overrides concurrency)")
+      ->check(CLI::NonNegativeNumber);
+  serve->add_option("--duration", f->duration_s, "seconds of load")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  serve->add_option("--prompt-len", f->prompt_len, "MIN MAX prompt tokens (uniform)")
+      ->expected(2)->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--output-len", f->output_len, "MIN MAX output tokens (uniform)")
+      ->expected(2)->check(CLI::Range(1, 1 << 20));
+  serve->add_option("--seed", f->seed, "random seed")->capture_default_str();
+  serve->add_option("--timeout", f->timeout_s, "per-request deadline, seconds")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  serve->callback([f] {
+    if (f->prompt_len[0] > f->prompt_len[1] || f->output_len[0] > f->output_len[1]) {
+      std::cerr << "flotilla bench serve: --prompt-len/--output-len take MIN MAX with MIN <= MAX\n";
+      throw CLI::RuntimeError(2);
+    }
+    int rc = RunServe(*f);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace flotilla::cli
