@@ -576,7 +576,9 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
     StepItem it;
     it.sequence = engine_ids_.at(p.request_id());
     it.tokens.assign(p.tokens().begin(), p.tokens().end());
-    it.logits = p.logits() == kLogitsAll    ? LogitsMode::kAll
+    // Only the leader samples: the other ranks of the group skip lm_head.
+    it.logits = !leader                     ? LogitsMode::kNone
+                : p.logits() == kLogitsAll  ? LogitsMode::kAll
                 : p.logits() == kLogitsLast ? LogitsMode::kLast
                                             : LogitsMode::kNone;
     items.push_back(std::move(it));
