@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -177,6 +178,8 @@ TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   EXPECT_NE(inflight.status.error_message().find("worker-1"), std::string::npos)
       << inflight.status.error_message();
   EXPECT_LT(noticed_s, 2.5);
+  RecordProperty("noticed_ms", static_cast<int>(noticed_s * 1000));
+  std::cout << "in-flight request ended " << noticed_s * 1000 << " ms after the kill\n";
 
   // New requests are refused with a clear status while the instance is incomplete.
   Reply refused = Generate(addr, {1, 2, 3}, 4, false);
