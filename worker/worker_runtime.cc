@@ -405,7 +405,8 @@ void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch*
   sp.presence_penalty = p.presence_penalty();
   sp.logprobs = p.return_logprobs() || p.logprobs() > 0;
   sp.top_logprobs = static_cast<int>(p.logprobs());
-  std::vector<int> stops = c.eos_token_ids;
+  std::vector<int> stops;
+  if (!p.ignore_eos()) stops = c.eos_token_ids;
   for (int t : p.stop_token_ids()) stops.push_back(t);
   sp.stop_token_ids = stops;
   const int64_t room = max_len - prompt;

@@ -114,6 +114,8 @@ absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
   if (f.stop_token_ids) {
     FLOTILLA_ASSIGN_OR_RETURN(std::vector<int> stops,
                               ParseIds("--stop-token-ids", *f.stop_token_ids, true));
+    // As in-process: the list replaces the model's end tokens.
+    s->set_ignore_eos(true);
     for (int t : stops) s->add_stop_token_ids(t);
   }
   req.set_return_prompt_logits(!f.logits_out.empty());
