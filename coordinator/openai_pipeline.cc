@@ -454,7 +454,21 @@ std::vector<Json> ResponseBuilder::Finish(common::FinishReason reason,
   if (!filter_.hit()) {
     if (endpoint_ == Endpoint::kChat) {
       if (stop_token) ProcessToken(*stop_token, out);
-      (void)parser_.Finish();  // non-strict: a cut-off header is recovered
+      const bool in_header = parser_.state() == harmony::StreamParser::State::kHeader;
+      const size_t before = parser_.messages().size();
+      // Non-strict: a header cut off by the length limit is recovered into a
+      // message whose text was never streamed; stream it now, as MapReply would show it.
+      if (parser_.Finish().ok() && in_header && parser_.messages().size() > before) {
+        const harmony::Message& m = parser_.messages().back();
+        if (m.role == harmony::Role::kAssistant && m.recipient.empty() && !m.content.empty()) {
+          if (m.channel == "analysis") {
+            reasoning_ += m.content;
+            Emit(Json{{"reasoning_content", m.content}}, out);
+          } else {
+            EmitText(filter_.Push(m.content), out);
+          }
+        }
+      }
     } else {
       absl::StatusOr<std::string> rest = detok_.Finish();
       if (rest.ok()) EmitText(filter_.Push(*rest), out);

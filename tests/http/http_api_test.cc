@@ -168,16 +168,26 @@ TEST_F(HttpApiTest, DisconnectMidStreamCancels) {
     EXPECT_TRUE(got);
   }
   auto c = Client();
-  for (int i = 0; i < 100; ++i) {
+  auto generated = [&]() -> uint64_t {
+    auto m = c.Get("/metrics");
+    std::smatch g;
+    if (!m || !std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total (\\d+)"))) return 0;
+    return std::stoull(g[1]);
+  };
+  bool released = false;
+  for (int i = 0; i < 100 && !released; ++i) {
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
-    if (m->body.find("flotilla_http_requests_in_flight 0") != std::string::npos &&
-        m->body.find("flotilla_running_sequences 0") != std::string::npos) {
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    released = m->body.find("flotilla_http_requests_in_flight 0") != std::string::npos;
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ADD_FAILURE() << "the dropped stream's request is still running";
+  ASSERT_TRUE(released) << "the dropped stream is still counted in flight";
+  // Cancelled: no more tokens are generated for it (it asked for 4000).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const uint64_t a = generated();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(generated(), a) << "the dropped stream's sequence is still generating";
+  EXPECT_LT(a, 3000u);
 }
 
 }  // namespace

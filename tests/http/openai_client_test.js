@@ -50,6 +50,7 @@ async function main() {
       stream: true, stream_options: { include_usage: true },
     });
     let content = '', reasoning = '', finish = null, usage = null, chunks = 0, role = null;
+    const tokens = [];
     for await (const chunk of stream) {
       chunks++;
       assert.equal(chunk.object, 'chat.completion.chunk');
@@ -59,6 +60,7 @@ async function main() {
         if (ch.delta.content) content += ch.delta.content;
         if (ch.delta.reasoning_content) reasoning += ch.delta.reasoning_content;
         if (ch.finish_reason) finish = ch.finish_reason;
+        if (ch.logprobs && ch.logprobs.content) for (const t of ch.logprobs.content) tokens.push(t.token);
       }
     }
     const m = whole.choices[0].message;
@@ -68,6 +70,10 @@ async function main() {
     assert.equal(reasoning, m.reasoning_content ?? '');
     assert.equal(finish, whole.choices[0].finish_reason);
     assert.deepEqual(usage, whole.usage);
+    // The same tokens were generated (the synthetic model's text rarely forms
+    // a Harmony message, so the content alone could be empty in both).
+    assert.deepEqual(tokens, whole.choices[0].logprobs.content.map((t) => t.token));
+    assert.ok(tokens.length > 0);
   });
 
   await check('stream helper accumulates the same message', async () => {
