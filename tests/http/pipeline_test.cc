@@ -241,6 +241,12 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
   EXPECT_FALSE(ParseBody("{not json").ok());
   EXPECT_FALSE(ParseBody("[1]").ok());
   EXPECT_FALSE(ParseBody("\"\xff\"").ok());
+  EXPECT_FALSE(ParseBody(std::string(200000, '[') + std::string(200000, ']')).ok());
+  std::string deep = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": )";
+  deep += std::string(5000, '[') + std::string(5000, ']') + "}";
+  absl::StatusOr<Json> deep_json = ParseBody(deep);
+  ASSERT_TRUE(deep_json.ok());
+  EXPECT_FALSE(PrepareChatRequest(*deep_json, "m", Tok(), {}).ok());
   EXPECT_EQ(ErrorFromStatus(absl::ResourceExhaustedError("busy")).http_status, 429);
   EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("down")).http_status, 503);
   EXPECT_EQ(ErrorFromStatus(absl::DeadlineExceededError("late")).http_status, 504);
