@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "coordinator/cluster_manager.h"
+#include "coordinator/http_server.h"
 #include "coordinator/services.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
@@ -62,6 +63,13 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_TOKENIZER")->capture_default_str();
   app.add_option("--port-file", port_file, "write the bound port here once listening")
       ->envname("FLOTILLA_PORT_FILE");
+  std::string http_listen = "127.0.0.1:8000";
+  std::string http_port_file;
+  app.add_option("--http-listen", http_listen,
+                 "host:port of the OpenAI-compatible HTTP API (port 0 = any; empty = off)")
+      ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
+  app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
+      ->envname("FLOTILLA_HTTP_PORT_FILE");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<flotilla::ModelConfig> config = flotilla::ModelConfig::Load(model);
@@ -111,6 +119,25 @@ int main(int argc, char** argv) {
     std::cerr << "flotilla-coordinator: cannot listen on " << listen << "\n";
     return 1;
   }
+  std::unique_ptr<flotilla::coordinator::HttpServer> http;
+  if (!http_listen.empty()) {
+    flotilla::coordinator::HttpServerOptions http_options;
+    http_options.listen = http_listen;
+    http_options.model_id = model_id;
+    auto created = flotilla::coordinator::HttpServer::Create(http_options, manager->get(), tokenizer->get());
+    if (!created.ok()) {
+      std::cerr << "flotilla-coordinator: " << created.status().message() << "\n";
+      server->Shutdown();
+      return 1;
+    }
+    http = *std::move(created);
+    spdlog::info("OpenAI-compatible HTTP API on {}:{}", http_listen.substr(0, http_listen.rfind(':')),
+                 http->port());
+    if (!http_port_file.empty()) {
+      std::ofstream(http_port_file + ".tmp") << http->port() << "\n";
+      std::rename((http_port_file + ".tmp").c_str(), http_port_file.c_str());
+    }
+  }
   std::string host = listen.substr(0, listen.rfind(':'));
   spdlog::info("coordinator listening on {}:{} for {} workers (model {})", host, port, workers,
                model_id);
@@ -134,6 +161,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   spdlog::info("coordinator stopping");
+  if (http) http->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

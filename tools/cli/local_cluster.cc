@@ -101,24 +101,29 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   char tmpl[] = "/tmp/flotilla-up-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   const std::string port_file = std::string(tmpl) + "/port";
+  const std::string http_port_file = std::string(tmpl) + "/http-port";
   auto log = [&](const std::string& name) {
     return options.log_dir.empty() ? std::string() : options.log_dir + "/" + name + ".log";
   };
   if (!options.log_dir.empty()) fs::create_directories(options.log_dir);
 
-  FLOTILLA_ASSIGN_OR_RETURN(
-      c->coordinator_,
-      c->Spawn({c->coordinator_bin_, "--model", c->model_, "--workers",
-                std::to_string(options.workers), "--tp", std::to_string(options.tp), "--listen",
-                options.listen, "--port-file", port_file, "--heartbeat-timeout-ms",
-                std::to_string(options.heartbeat_timeout_ms)},
-               log("coordinator")));
-  // Wait for the coordinator's port.
+  std::vector<std::string> coordinator_argv = {
+      c->coordinator_bin_, "--model", c->model_, "--workers", std::to_string(options.workers),
+      "--tp", std::to_string(options.tp), "--listen", options.listen, "--port-file", port_file,
+      "--heartbeat-timeout-ms", std::to_string(options.heartbeat_timeout_ms),
+      "--http-listen", options.http_listen};
+  if (!options.http_listen.empty()) {
+    coordinator_argv.push_back("--http-port-file");
+    coordinator_argv.push_back(http_port_file);
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(c->coordinator_, c->Spawn(coordinator_argv, log("coordinator")));
+  // Wait for the coordinator's ports.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  std::string port;
+  std::string port, http_port;
   while (absl::Now() < deadline) {
     std::ifstream in(port_file);
-    if (in >> port) break;
+    std::ifstream http_in(http_port_file);
+    if (in >> port && (options.http_listen.empty() || http_in >> http_port)) break;
     int status = 0;
     if (waitpid(c->coordinator_, &status, WNOHANG) == c->coordinator_) {
       c->coordinator_ = -1;
@@ -130,6 +135,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (port.empty()) return absl::DeadlineExceededError("the coordinator did not start listening");
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   c->address_ = host + ":" + port;
+  if (!options.http_listen.empty()) {
+    if (http_port.empty()) return absl::DeadlineExceededError("the coordinator's HTTP API did not start listening");
+    c->http_address_ = options.http_listen.substr(0, options.http_listen.rfind(':')) + ":" + http_port;
+  }
 
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   const int threads = options.threads_per_worker > 0

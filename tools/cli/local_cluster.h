@@ -20,6 +20,7 @@ struct LocalClusterOptions {
   int tp = 0;                 // 0 = automatic
   int threads_per_worker = 0; // 0 = cores / workers
   std::string listen = "127.0.0.1:0";
+  std::string http_listen = "127.0.0.1:0";  // the OpenAI-compatible HTTP API; empty = off
   int heartbeat_timeout_ms = 2000;
   int comm_timeout_ms = 10000;
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them
@@ -33,6 +34,8 @@ class LocalCluster {
   ~LocalCluster();
 
   const std::string& address() const { return address_; }
+  // host:port of the HTTP API (empty when it is off).
+  const std::string& http_address() const { return http_address_; }
   const std::string& model() const { return model_; }
   // Kills worker `i` with SIGKILL (tests) / restarts it with the same id.
   absl::Status KillWorker(int i);
@@ -48,7 +51,7 @@ class LocalCluster {
   absl::Status WaitReady(absl::Duration timeout);
 
   LocalClusterOptions options_;
-  std::string coordinator_bin_, worker_bin_, model_, address_;
+  std::string coordinator_bin_, worker_bin_, model_, address_, http_address_;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;
   std::vector<std::vector<std::string>> worker_argv_;

@@ -28,6 +28,9 @@ void AddUpCommand(CLI::App& app) {
                   "checkpoint directory (default: a built-in synthetic gpt-oss, cached)");
   cmd->add_option("--listen", o->listen, "coordinator address (port 0 = any free port)")
       ->capture_default_str();
+  cmd->add_option("--http-listen", o->http_listen,
+                  "OpenAI-compatible HTTP API address (port 0 = any free port; empty = off)")
+      ->capture_default_str();
   cmd->add_option("--threads-per-worker", o->threads_per_worker, "0 = cores / workers")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", o->log_dir, "write each process's log here (default: stderr)");
@@ -43,6 +46,9 @@ void AddUpCommand(CLI::App& app) {
               << " worker(s) at " << (*cluster)->address() << "\n"
               << "  try: flotilla generate --coordinator " << (*cluster)->address()
               << " --prompt-ids 1,2,3 --max-tokens 8 --json\n"
+              << ((*cluster)->http_address().empty()
+                      ? std::string()
+                      : "  OpenAI-compatible API: http://" + (*cluster)->http_address() + "/v1\n")
               << "  Ctrl-C stops every process it started." << std::endl;
     while (!g_stop) {
       absl::Status alive = (*cluster)->CheckAlive();

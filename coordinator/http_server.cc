@@ -1,0 +1,501 @@
+#include "coordinator/http_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/openai_pipeline.h"
+#include "spdlog/spdlog.h"
+
+namespace flotilla::coordinator {
+
+// ---- metrics ----
+
+namespace {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
+  void Observe(double v) {
+    std::lock_guard<std::mutex> l(mu_);
+    size_t i = 0;
+    while (i < bounds_.size() && v > bounds_[i]) ++i;
+    ++counts_[i];
+    sum_ += v;
+    ++count_;
+  }
+  void Render(const std::string& name, const std::string& help, std::string& out) const {
+    std::lock_guard<std::mutex> l(mu_);
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+    uint64_t cum = 0;
+    for (size_t i = 0; i < bounds_.size(); ++i) {
+      cum += counts_[i];
+      absl::StrAppend(&out, name, "_bucket{le=\"", bounds_[i], "\"} ", cum, "\n");
+    }
+    cum += counts_.back();
+    absl::StrAppend(&out, name, "_bucket{le=\"+Inf\"} ", cum, "\n", name, "_sum ", sum_, "\n", name,
+                    "_count ", count_, "\n");
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+void Gauge(std::string& out, const std::string& name, const std::string& help, double v) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ", v, "\n");
+}
+void Counter(std::string& out, const std::string& name, const std::string& help, uint64_t v) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ", v, "\n");
+}
+
+std::string LabelValue(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+class HttpMetrics {
+ public:
+  HttpMetrics()
+      : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+        itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
+        e2e_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+
+  void CountRequest(const std::string& path, int status) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++requests_[{path, status}];
+  }
+  std::atomic<uint64_t> prompt_tokens{0};
+  std::atomic<uint64_t> generation_tokens{0};
+  std::atomic<int64_t> in_flight{0};
+  Histogram ttft_, itl_, e2e_;
+
+  std::string Render(const admin::ClusterStatus& s) const {
+    std::string out;
+    out += "# HELP flotilla_http_requests_total HTTP requests answered, by path and status\n"
+           "# TYPE flotilla_http_requests_total counter\n";
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (const auto& [key, n] : requests_) {
+        absl::StrAppend(&out, "flotilla_http_requests_total{path=\"", LabelValue(key.first),
+                        "\",status=\"", key.second, "\"} ", n, "\n");
+      }
+    }
+    Counter(out, "flotilla_prompt_tokens_total", "prompt tokens of admitted requests", prompt_tokens.load());
+    Counter(out, "flotilla_generation_tokens_total", "tokens generated (end tokens included)",
+            generation_tokens.load());
+    ttft_.Render("flotilla_time_to_first_token_seconds", "time from admission to the first generated token", out);
+    itl_.Render("flotilla_inter_token_latency_seconds", "time between generated tokens of one request", out);
+    e2e_.Render("flotilla_request_duration_seconds", "time from admission to the last token", out);
+    Gauge(out, "flotilla_http_requests_in_flight", "generation requests being served over HTTP",
+          static_cast<double>(in_flight.load()));
+    Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests",
+          s.state() == admin::READY ? 1 : 0);
+    uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
+    std::string per_worker;
+    for (const admin::WorkerStatus& w : s.workers()) {
+      running += w.load().running_sequences();
+      queued += w.load().queued_sequences();
+      kv_free += w.load().kv_blocks_free();
+      kv_total += w.load().kv_blocks_total();
+      const double usage = w.load().kv_blocks_total() == 0
+                               ? 0.0
+                               : 1.0 - static_cast<double>(w.load().kv_blocks_free()) /
+                                           static_cast<double>(w.load().kv_blocks_total());
+      absl::StrAppend(&per_worker, "flotilla_worker_kv_cache_usage_ratio{worker=\"",
+                      LabelValue(w.worker_id()), "\",rank=\"", w.rank(), "\"} ", usage, "\n");
+    }
+    Gauge(out, "flotilla_running_sequences", "sequences running on the workers", static_cast<double>(running));
+    Gauge(out, "flotilla_queued_sequences", "sequences waiting on the workers (queue depth)",
+          static_cast<double>(queued));
+    Gauge(out, "flotilla_kv_blocks_free", "free KV cache blocks over all workers", static_cast<double>(kv_free));
+    Gauge(out, "flotilla_kv_blocks_total", "KV cache blocks over all workers", static_cast<double>(kv_total));
+    Gauge(out, "flotilla_kv_cache_usage_ratio", "used fraction of the KV cache over all workers",
+          kv_total == 0 ? 0.0 : 1.0 - static_cast<double>(kv_free) / static_cast<double>(kv_total));
+    out += "# HELP flotilla_worker_kv_cache_usage_ratio used fraction of one worker's KV cache\n"
+           "# TYPE flotilla_worker_kv_cache_usage_ratio gauge\n";
+    out += per_worker;
+    return out;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+};
+
+namespace {
+
+// One request's updates, handed from the manager's callbacks to the HTTP thread.
+struct Exchange {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<cluster::SequenceUpdate> updates;
+  bool done = false;
+  absl::Status status;
+  // metrics (under mu)
+  absl::Time submitted;
+  absl::Time last_token;
+  bool got_token = false;
+};
+
+RequestCallbacks MakeCallbacks(const std::shared_ptr<Exchange>& ex, HttpMetrics* metrics) {
+  RequestCallbacks cb;
+  cb.on_update = [ex, metrics](const cluster::SequenceUpdate& u) {
+    const absl::Time now = absl::Now();
+    const int n = u.token_ids_size() + (u.has_stop_token() ? 1 : 0);
+    std::lock_guard<std::mutex> l(ex->mu);
+    if (n > 0) {
+      metrics->generation_tokens += static_cast<uint64_t>(n);
+      if (!ex->got_token) {
+        metrics->ttft_.Observe(absl::ToDoubleSeconds(now - ex->submitted));
+        for (int i = 1; i < n; ++i) metrics->itl_.Observe(0);
+      } else {
+        const double gap = absl::ToDoubleSeconds(now - ex->last_token) / n;
+        for (int i = 0; i < n; ++i) metrics->itl_.Observe(gap);
+      }
+      ex->got_token = true;
+      ex->last_token = now;
+    }
+    ex->updates.push_back(u);
+    ex->cv.notify_all();
+  };
+  cb.on_done = [ex, metrics](const absl::Status& st) {
+    std::lock_guard<std::mutex> l(ex->mu);
+    metrics->e2e_.Observe(absl::ToDoubleSeconds(absl::Now() - ex->submitted));
+    ex->done = true;
+    ex->status = st;
+    ex->cv.notify_all();
+  };
+  return cb;
+}
+
+void SendJson(httplib::Response& res, int status, const Json& j) {
+  res.status = status;
+  res.set_content(DumpJson(j), "application/json");
+}
+
+void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.http_status, ErrorJson(e)); }
+void SendError(httplib::Response& res, const absl::Status& st) { SendError(res, ErrorFromStatus(st)); }
+
+// Progress of one generation, driven by the HTTP thread.
+struct Generation {
+  std::shared_ptr<Exchange> ex;
+  std::unique_ptr<ResponseBuilder> builder;
+  uint64_t request_id = 0;
+  uint32_t prompt_tokens = 0;
+  uint32_t tokens_seen = 0;  // generated tokens delivered so far
+  bool cancelled_for_stop = false;
+  bool finished = false;     // Finish() called on the builder
+  bool begun = false;
+  bool ended = false;        // the whole response was produced
+  bool include_usage = false;
+};
+
+// Feeds the queued updates; returns the chunks they produced. Sets `g.finished`
+// when the last update arrived.
+std::vector<Json> Drain(Generation& g, std::deque<cluster::SequenceUpdate>& updates, ClusterManager* manager) {
+  std::vector<Json> out;
+  for (const cluster::SequenceUpdate& u : updates) {
+    if (g.finished || u.finish_reason() == common::ERROR) continue;
+    std::vector<Json> c = g.builder->FeedUpdate(u);
+    out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
+    g.tokens_seen += static_cast<uint32_t>(u.token_ids_size());
+    if (g.builder->stopped_by_string()) {
+      if (!g.cancelled_for_stop) {
+        g.cancelled_for_stop = true;
+        manager->Cancel(g.request_id, "a stop string was generated");
+      }
+      c = g.builder->Finish(common::STOP, std::nullopt, g.prompt_tokens, g.tokens_seen);
+      out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
+      g.finished = true;
+    } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+      std::optional<tokenizer::TokenId> stop;
+      if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
+      c = g.builder->Finish(u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens,
+                            u.completion_tokens());
+      out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
+      g.finished = true;
+    }
+  }
+  updates.clear();
+  return out;
+}
+
+// The status that ended the generation, or OK when it ended normally (a
+// cancel we sent for a stop string is normal).
+absl::Status EndStatus(const Generation& g, const absl::Status& done_status) {
+  if (g.finished) return absl::OkStatus();
+  if (!done_status.ok()) return done_status;
+  return absl::InternalError("the request ended without a finish reason");
+}
+
+}  // namespace
+
+// ---- server ----
+
+HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
+                       const tokenizer::Tokenizer* tokenizer)
+    : options_(std::move(options)),
+      manager_(manager),
+      tok_(tokenizer),
+      metrics_(std::make_unique<HttpMetrics>()),
+      server_(std::make_unique<httplib::Server>()) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+void HttpServer::Stop() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions options,
+                                                               ClusterManager* manager,
+                                                               const tokenizer::Tokenizer* tokenizer) {
+  const size_t colon = options.listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      std::sscanf(options.listen.c_str() + colon + 1, "%d", &port) != 1 || port < 0 || port > 65535 ||
+      std::to_string(port) != options.listen.substr(colon + 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http-listen '", options.listen, "' is not HOST:PORT (port 0-65535)"));
+  }
+  std::string host = options.listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  std::unique_ptr<HttpServer> s(new HttpServer(std::move(options), manager, tokenizer));
+  s->Routes();
+  // Streams hold a thread each while they last.
+  s->server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
+  if (port == 0) {
+    s->port_ = s->server_->bind_to_any_port(host);
+    if (s->port_ <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
+  } else {
+    if (!s->server_->bind_to_port(host, port)) {
+      return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
+    }
+    s->port_ = port;
+  }
+  httplib::Server* raw = s->server_.get();
+  s->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  return s;
+}
+
+void HttpServer::Routes() {
+  httplib::Server& svr = *server_;
+  svr.set_payload_max_length(64 << 20);
+  svr.set_read_timeout(60, 0);
+  svr.set_write_timeout(60, 0);
+
+  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+    static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                   "/metrics"};
+    std::string path = "other";
+    for (const char* k : kKnown) {
+      if (req.path == k) path = k;
+    }
+    if (req.path.rfind("/v1/models/", 0) == 0) path = "/v1/models/{id}";
+    metrics_->CountRequest(path, res.status);
+  });
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
+                                                                httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    ApiError e;
+    e.http_status = res.status;
+    e.type = res.status >= 500 ? "server_error" : "invalid_request_error";
+    if (res.status == 404) {
+      e.message = absl::StrCat("unknown path: ", req.method, " ", req.path);
+      e.code = "unknown_url";
+    } else if (res.status == 413) {
+      e.message = "the request body is too large";
+    } else {
+      e.message = absl::StrCat("HTTP ", res.status, " for ", req.method, " ", req.path);
+    }
+    SendError(res, e);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    spdlog::error("http: {} {}: {}", req.method, req.path, what);
+    ApiError e;
+    e.http_status = 500;
+    e.type = "server_error";
+    e.message = absl::StrCat("internal error: ", what);
+    SendError(res, e);
+  });
+
+  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const admin::ClusterStatus s = manager_->Status();
+    if (s.state() == admin::READY) {
+      SendJson(res, 200, Json{{"status", "ok"}});
+    } else {
+      SendJson(res, 503, Json{{"status", admin::InstanceState_Name(s.state())},
+                              {"reason", s.message().empty() ? "the instance is not ready" : s.message()}});
+    }
+  });
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_->Render(manager_->Status()), "text/plain; version=0.0.4");
+  });
+  auto model_json = [this] {
+    return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};
+  };
+  svr.Get("/v1/models", [model_json](const httplib::Request&, httplib::Response& res) {
+    SendJson(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
+  });
+  svr.Get(R"(/v1/models/(.+))", [this, model_json](const httplib::Request& req, httplib::Response& res) {
+    if (req.matches[1] == options_.model_id) {
+      SendJson(res, 200, model_json());
+    } else {
+      SendError(res, absl::NotFoundError(absl::StrCat("model: the model '", std::string(req.matches[1]),
+                                                      "' does not exist")));
+    }
+  });
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Serve(Endpoint::kChat, req.body, res);
+  });
+  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+    Serve(Endpoint::kCompletions, req.body, res);
+  });
+}
+
+std::string HttpServer::NewId(const char* prefix) {
+  std::lock_guard<std::mutex> l(id_mu_);
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%016llx%08llx", static_cast<unsigned long long>(rng_()),
+                static_cast<unsigned long long>(rng_() & 0xffffffffull));
+  return absl::StrCat(prefix, buf);
+}
+
+void HttpServer::Serve(Endpoint endpoint, const std::string& body, httplib::Response& res) {
+  absl::StatusOr<Json> json = ParseBody(body);
+  if (!json.ok()) return SendError(res, json.status());
+  absl::StatusOr<PreparedRequest> prepared =
+      endpoint == Endpoint::kChat ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony)
+                                  : PrepareCompletionRequest(*json, options_.model_id, *tok_);
+  if (!prepared.ok()) return SendError(res, prepared.status());
+
+  auto g = std::make_shared<Generation>();
+  g->ex = std::make_shared<Exchange>();
+  g->prompt_tokens = static_cast<uint32_t>(prepared->prompt.size());
+  g->include_usage = prepared->include_usage;
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint,
+                                                 NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
+                                                 options_.model_id, created, prepared->stop, prepared->logprobs);
+  cluster::SubmitSequence submit;
+  for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
+  *submit.mutable_sampling() = prepared->sampling;
+  g->ex->submitted = absl::Now();
+  absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), MakeCallbacks(g->ex, metrics_.get()));
+  if (!id.ok()) return SendError(res, id.status());
+  g->request_id = *id;
+  metrics_->prompt_tokens += g->prompt_tokens;
+  ++metrics_->in_flight;
+
+  if (!prepared->stream) {
+    absl::Status done_status;
+    while (true) {
+      std::deque<cluster::SequenceUpdate> updates;
+      bool done;
+      {
+        std::unique_lock<std::mutex> l(g->ex->mu);
+        g->ex->cv.wait(l, [&] { return !g->ex->updates.empty() || g->ex->done; });
+        updates.swap(g->ex->updates);
+        done = g->ex->done;
+        done_status = g->ex->status;
+      }
+      Drain(*g, updates, manager_);
+      if (done) break;
+    }
+    --metrics_->in_flight;
+    absl::Status st = EndStatus(*g, done_status);
+    if (!st.ok()) return SendError(res, st);
+    return SendJson(res, 200, g->builder->Response());
+  }
+
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  ClusterManager* manager = manager_;
+  HttpMetrics* metrics = metrics_.get();
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [g, manager](size_t, httplib::DataSink& sink) {
+        std::vector<Json> chunks;
+        if (!g->begun) {
+          g->begun = true;
+          chunks = g->builder->Begin();
+        }
+        std::deque<cluster::SequenceUpdate> updates;
+        bool done;
+        absl::Status done_status;
+        {
+          std::unique_lock<std::mutex> l(g->ex->mu);
+          if (chunks.empty()) {
+            g->ex->cv.wait_for(l, std::chrono::milliseconds(100),
+                               [&] { return !g->ex->updates.empty() || g->ex->done; });
+          }
+          updates.swap(g->ex->updates);
+          done = g->ex->done;
+          done_status = g->ex->status;
+        }
+        std::vector<Json> more = Drain(*g, updates, manager);
+        chunks.insert(chunks.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+        std::string text;
+        for (const Json& c : chunks) absl::StrAppend(&text, "data: ", DumpJson(c), "\n\n");
+        if (done || g->finished) {
+          absl::Status st = EndStatus(*g, done_status);
+          if (!st.ok()) {
+            absl::StrAppend(&text, "data: ", DumpJson(ErrorJson(ErrorFromStatus(st))), "\n\n");
+          } else if (g->include_usage) {
+            absl::StrAppend(&text, "data: ", DumpJson(g->builder->UsageChunk()), "\n\n");
+          }
+          text += "data: [DONE]\n\n";
+          if (!sink.write(text.data(), text.size())) return false;
+          g->ended = true;
+          sink.done();
+          return true;
+        }
+        if (!text.empty()) return sink.write(text.data(), text.size());
+        return sink.is_writable();
+      },
+      [g, manager, metrics](bool success) {
+        if (!g->ended || !g->ex->done) {
+          // The client went away before the end (or the stream is done but the
+          // worker has not confirmed): free the sequence.
+          bool done;
+          {
+            std::lock_guard<std::mutex> l(g->ex->mu);
+            done = g->ex->done;
+          }
+          if (!done) manager->Cancel(g->request_id, "the HTTP client disconnected");
+        }
+        --metrics->in_flight;
+      });
+}
+
+}  // namespace flotilla::coordinator

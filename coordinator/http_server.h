@@ -1,0 +1,67 @@
+// The OpenAI-compatible HTTP API of the coordinator (cpp-httplib):
+//   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
+//   GET /v1/models, GET /health, GET /metrics (Prometheus text).
+// Requests go to ClusterManager::Submit; a client that disconnects mid-stream
+// cancels its request.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "coordinator/cluster_manager.h"
+#include "coordinator/harmony/openai.h"
+#include "coordinator/openai_pipeline.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+namespace httplib {
+class Server;
+struct Response;
+}
+
+namespace flotilla::coordinator {
+
+struct HttpServerOptions {
+  std::string listen = "127.0.0.1:8000";  // host:port; port 0 = any free port
+  std::string model_id;                   // the model name clients use
+  harmony::OpenAiRequestOptions harmony;  // system message defaults
+};
+
+class HttpMetrics;
+
+class HttpServer {
+ public:
+  // Binds and starts serving on its own threads. `manager` and `tokenizer`
+  // must outlive the server.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Create(HttpServerOptions options,
+                                                            ClusterManager* manager,
+                                                            const tokenizer::Tokenizer* tokenizer);
+  ~HttpServer();
+
+  // The bound port.
+  int port() const { return port_; }
+  // Stops accepting and waits for the server thread; open streams end.
+  void Stop();
+
+ private:
+  HttpServer(HttpServerOptions options, ClusterManager* manager, const tokenizer::Tokenizer* tokenizer);
+  void Routes();
+  // Runs one chat or completions request, streamed or whole.
+  void Serve(Endpoint endpoint, const std::string& body, httplib::Response& res);
+  std::string NewId(const char* prefix);
+
+  HttpServerOptions options_;
+  ClusterManager* manager_;
+  const tokenizer::Tokenizer* tok_;
+  std::unique_ptr<HttpMetrics> metrics_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::mutex id_mu_;
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+}  // namespace flotilla::coordinator

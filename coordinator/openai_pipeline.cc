@@ -1,0 +1,536 @@
+#include "coordinator/openai_pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "coordinator/harmony/renderer.h"
+
+namespace flotilla::coordinator {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+const Json* Field(const Json& body, const char* key) {
+  auto it = body.find(key);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, double lo, double hi) {
+  const Json* v = Field(body, key);
+  if (v == nullptr) return std::optional<double>();
+  if (!v->is_number()) return Invalid(key, "must be a number");
+  const double d = v->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    return Invalid(key, absl::StrCat("must be between ", lo, " and ", hi, ", not ", d));
+  }
+  return std::optional<double>(d);
+}
+
+absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, const char* key, int64_t lo, int64_t hi) {
+  const Json* v = Field(body, key);
+  if (v == nullptr) return std::optional<int64_t>();
+  if (!v->is_number_integer()) return Invalid(key, "must be an integer");
+  int64_t i;
+  if (v->is_number_unsigned()) {
+    const uint64_t u = v->get<uint64_t>();
+    if (u > static_cast<uint64_t>(hi)) return Invalid(key, absl::StrCat("must be at most ", hi));
+    i = static_cast<int64_t>(u);
+  } else {
+    i = v->get<int64_t>();
+  }
+  if (i < lo || i > hi) return Invalid(key, absl::StrCat("must be between ", lo, " and ", hi, ", not ", i));
+  return std::optional<int64_t>(i);
+}
+
+absl::StatusOr<bool> Bool(const Json& body, const char* key) {
+  const Json* v = Field(body, key);
+  if (v == nullptr) return false;
+  if (!v->is_boolean()) return Invalid(key, "must be true or false");
+  return v->get<bool>();
+}
+
+absl::Status CheckModel(const Json& body, std::string_view model_id) {
+  const Json* m = Field(body, "model");
+  if (m == nullptr) return Invalid("model", "is required");
+  if (!m->is_string()) return Invalid("model", "must be a string");
+  if (m->get_ref<const std::string&>() != model_id) {
+    return absl::NotFoundError(absl::StrCat("model: the model '", m->get_ref<const std::string&>(),
+                                            "' does not exist; this server serves '",
+                                            std::string(model_id), "'"));
+  }
+  return absl::OkStatus();
+}
+
+// The fields both endpoints share.
+absl::Status CommonFields(const Json& body, PreparedRequest& out) {
+  if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, 128));
+  if (n && *n != 1) return Invalid("n", "only n=1 is supported");
+  FLOTILLA_ASSIGN_OR_RETURN(out.stream, Bool(body, "stream"));
+  if (const Json* so = Field(body, "stream_options")) {
+    if (!so->is_object()) return Invalid("stream_options", "must be an object");
+    if (!out.stream) return Invalid("stream_options", "is only allowed when stream is true");
+    absl::StatusOr<bool> inc = Bool(*so, "include_usage");
+    if (!inc.ok()) return Invalid("stream_options.include_usage", "must be true or false");
+    out.include_usage = *inc;
+  }
+  common::SamplingParams& s = out.sampling;
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> t, Number(body, "temperature", 0, 2));
+  if (t) s.set_temperature(static_cast<float>(*t));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> p, Number(body, "top_p", 0, 1));
+  if (p) {
+    if (*p <= 0) return Invalid("top_p", "must be greater than 0");
+    s.set_top_p(static_cast<float>(*p));
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> fp, Number(body, "frequency_penalty", -2, 2));
+  if (fp) s.set_frequency_penalty(static_cast<float>(*fp));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> pp, Number(body, "presence_penalty", -2, 2));
+  if (pp) s.set_presence_penalty(static_cast<float>(*pp));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> seed,
+                            Integer(body, "seed", INT64_MIN, INT64_MAX));
+  if (seed) s.set_seed(static_cast<uint64_t>(*seed));
+  if (const Json* stop = Field(body, "stop")) {
+    if (stop->is_string()) {
+      out.stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > 4) return Invalid("stop", "may hold at most 4 strings");
+      for (size_t i = 0; i < stop->size(); ++i) {
+        if (!(*stop)[i].is_string()) return Invalid(absl::StrCat("stop[", i, "]"), "must be a string");
+        out.stop.push_back((*stop)[i].get<std::string>());
+      }
+    } else {
+      return Invalid("stop", "must be a string or an array of strings");
+    }
+    for (const std::string& st : out.stop) {
+      if (st.empty()) return Invalid("stop", "stop strings must not be empty");
+      FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(st, "stop"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// "Bad" token text: the token's bytes, which may be part of a character.
+std::string TokenText(const tokenizer::Tokenizer& tok, int32_t id) {
+  absl::StatusOr<std::string_view> b = tok.TokenBytes(static_cast<tokenizer::TokenId>(id));
+  return b.ok() ? std::string(*b) : std::string();
+}
+
+Json BytesJson(const std::string& s) {
+  Json a = Json::array();
+  for (unsigned char c : s) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+}  // namespace
+
+ApiError ErrorFromStatus(const absl::Status& status) {
+  ApiError e;
+  e.message = std::string(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      e.http_status = 400;
+      e.type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      e.http_status = 404;
+      e.type = "invalid_request_error";
+      e.code = "model_not_found";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      e.code = "rate_limit_exceeded";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "service_unavailable_error";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.http_status = 504;
+      e.type = "timeout_error";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  if (e.http_status == 400 || e.http_status == 404) {
+    // "field.path: what" -> param = field.path
+    const size_t colon = e.message.find(": ");
+    if (colon != std::string::npos && colon > 0 &&
+        e.message.find(' ') > colon - 1 && e.message.substr(0, colon).find(' ') == std::string::npos) {
+      e.param = e.message.substr(0, colon);
+      if (e.param == "request" || e.param == "request body") e.param.clear();
+    }
+  }
+  return e;
+}
+
+Json ErrorJson(const ApiError& e) {
+  Json err;
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
+  err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
+  return Json{{"error", err}};
+}
+
+std::string DumpJson(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+absl::StatusOr<Json> ParseBody(std::string_view body) {
+  FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(body, "request body"));
+  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
+  if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  return j;
+}
+
+absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
+                                                   const tokenizer::Tokenizer& tok,
+                                                   const harmony::OpenAiRequestOptions& options) {
+  PreparedRequest out;
+  out.endpoint = Endpoint::kChat;
+  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
+  FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, key, 1, UINT32_MAX));
+    if (m) {
+      out.sampling.set_max_tokens(static_cast<uint32_t>(*m));
+      break;
+    }
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(out.logprobs, Bool(body, "logprobs"));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, 20));
+  if (top && *top > 0 && !out.logprobs) return Invalid("top_logprobs", "needs logprobs: true");
+  out.top_logprobs = top ? static_cast<int>(*top) : 0;
+  out.sampling.set_return_logprobs(out.logprobs);
+  out.sampling.set_logprobs(static_cast<uint32_t>(out.top_logprobs));
+  out.sampling.add_stop_token_ids(tokenizer::kReturn);
+  out.sampling.add_stop_token_ids(tokenizer::kCall);
+
+  FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped, harmony::MapChatRequest(body, options));
+  FLOTILLA_ASSIGN_OR_RETURN(harmony::RenderedPrompt prompt,
+                            harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
+  out.prompt = prompt.Tokens(tok);
+  return out;
+}
+
+absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body, std::string_view model_id,
+                                                         const tokenizer::Tokenizer& tok) {
+  PreparedRequest out;
+  out.endpoint = Endpoint::kCompletions;
+  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
+  FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, "max_tokens", 1, UINT32_MAX));
+  out.sampling.set_max_tokens(m ? static_cast<uint32_t>(*m) : 16);  // OpenAI's default
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> lp, Integer(body, "logprobs", 0, 5));
+  if (lp) {
+    out.logprobs = true;
+    out.top_logprobs = static_cast<int>(*lp);
+    out.sampling.set_return_logprobs(true);
+    out.sampling.set_logprobs(static_cast<uint32_t>(*lp));
+  }
+  if (Field(body, "suffix") != nullptr) return Invalid("suffix", "is not supported");
+  FLOTILLA_ASSIGN_OR_RETURN(bool echo, Bool(body, "echo"));
+  if (echo) return Invalid("echo", "is not supported");
+  const Json* prompt = Field(body, "prompt");
+  if (prompt == nullptr) return Invalid("prompt", "is required");
+  std::string text;
+  if (prompt->is_string()) {
+    text = prompt->get<std::string>();
+  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
+    text = (*prompt)[0].get<std::string>();
+  } else {
+    return Invalid("prompt", "must be a string (or an array of one string)");
+  }
+  if (text.empty()) return Invalid("prompt", "must not be empty");
+  absl::StatusOr<std::vector<tokenizer::TokenId>> ids = tok.Encode(text, tokenizer::SpecialTokenPolicy::All());
+  if (!ids.ok()) return Invalid("prompt", std::string(ids.status().message()));
+  out.prompt = *std::move(ids);
+  return out;
+}
+
+// ---- StopFilter ----
+
+std::string StopFilter::Push(std::string_view text) {
+  if (hit_) return std::string();
+  pending_.append(text.data(), text.size());
+  if (stops_.empty()) return std::exchange(pending_, std::string());
+  size_t first = std::string::npos;
+  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
+  if (first != std::string::npos) {
+    hit_ = true;
+    std::string out = pending_.substr(0, first);
+    pending_.clear();
+    return out;
+  }
+  // Hold back the longest suffix that begins some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k) {
+      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  std::string out = pending_.substr(0, pending_.size() - hold);
+  pending_.erase(0, pending_.size() - hold);
+  return out;
+}
+
+std::string StopFilter::Flush() {
+  if (hit_) return std::string();
+  return std::exchange(pending_, std::string());
+}
+
+// ---- ResponseBuilder ----
+
+ResponseBuilder::ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint endpoint,
+                                 std::string id, std::string model, int64_t created,
+                                 std::vector<std::string> stop, bool logprobs)
+    : tok_(tokenizer),
+      endpoint_(endpoint),
+      id_(std::move(id)),
+      model_(std::move(model)),
+      created_(created),
+      logprobs_(logprobs),
+      filter_(std::move(stop)),
+      parser_(tokenizer, harmony::ParserOptions{harmony::Role::kAssistant, /*strict=*/false}),
+      mapper_(id_),
+      detok_(tokenizer, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace) {}
+
+Json ResponseBuilder::Chunk(Json delta_or_text, const Json& logprobs, const Json& finish_reason) const {
+  Json choice;
+  choice["index"] = 0;
+  if (endpoint_ == Endpoint::kChat) {
+    choice["delta"] = std::move(delta_or_text);
+  } else {
+    choice["text"] = std::move(delta_or_text);
+  }
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = finish_reason;
+  Json c;
+  c["id"] = id_;
+  c["object"] = endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
+  c["created"] = created_;
+  c["model"] = model_;
+  c["choices"] = Json::array({std::move(choice)});
+  return c;
+}
+
+std::vector<Json> ResponseBuilder::Begin() {
+  std::vector<Json> out;
+  if (endpoint_ == Endpoint::kChat) {
+    out.push_back(Chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+  }
+  return out;
+}
+
+Json ResponseBuilder::LogprobsJson(const std::vector<common::TokenLogprob>& lps) const {
+  if (endpoint_ == Endpoint::kChat) {
+    Json content = Json::array();
+    for (const common::TokenLogprob& lp : lps) {
+      const std::string text = TokenText(*tok_, lp.token_id());
+      Json item{{"token", text}, {"logprob", lp.logprob()}, {"bytes", BytesJson(text)}};
+      Json top = Json::array();
+      for (const common::TopLogprob& t : lp.top()) {
+        const std::string tt = TokenText(*tok_, t.token_id());
+        top.push_back(Json{{"token", tt}, {"logprob", t.logprob()}, {"bytes", BytesJson(tt)}});
+      }
+      item["top_logprobs"] = std::move(top);
+      content.push_back(std::move(item));
+    }
+    return Json{{"content", std::move(content)}};
+  }
+  Json tokens = Json::array(), token_lps = Json::array(), tops = Json::array();
+  for (const common::TokenLogprob& lp : lps) {
+    tokens.push_back(TokenText(*tok_, lp.token_id()));
+    token_lps.push_back(lp.logprob());
+    Json top = Json::object();
+    for (const common::TopLogprob& t : lp.top()) top[TokenText(*tok_, t.token_id())] = t.logprob();
+    tops.push_back(std::move(top));
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}};
+}
+
+void ResponseBuilder::Emit(Json delta, std::vector<Json>& out) {
+  Json lp = nullptr;
+  if (!pending_logprobs_.is_null()) lp = std::exchange(pending_logprobs_, Json());
+  out.push_back(Chunk(std::move(delta), lp, nullptr));
+}
+
+void ResponseBuilder::EmitText(const std::string& text, std::vector<Json>& out) {
+  if (text.empty()) return;
+  if (endpoint_ == Endpoint::kChat) {
+    content_ += text;
+    Emit(Json{{"content", text}}, out);
+  } else {
+    content_ += text;
+    Emit(Json(text), out);
+  }
+}
+
+void ResponseBuilder::ProcessToken(tokenizer::TokenId token, std::vector<Json>& out) {
+  if (endpoint_ == Endpoint::kCompletions) {
+    absl::StatusOr<std::string> piece = detok_.Append(token);
+    if (piece.ok()) EmitText(filter_.Push(*piece), out);
+    return;
+  }
+  absl::StatusOr<harmony::StreamParser::Event> ev = parser_.Process(token);
+  if (!ev.ok()) return;  // non-strict: only ids outside the vocabulary fail; skip them
+  for (Json& d : mapper_.OnEvent(parser_, *ev)) {
+    if (auto c = d.find("content"); c != d.end()) {
+      EmitText(filter_.Push(c->get<std::string>()), out);
+    } else if (auto r = d.find("reasoning_content"); r != d.end()) {
+      reasoning_ += r->get<std::string>();
+      Emit(std::move(d), out);
+    } else if (auto t = d.find("tool_calls"); t != d.end()) {
+      for (const Json& call : *t) {
+        const size_t index = call["index"].get<size_t>();
+        if (index >= tool_calls_.size()) {
+          Json whole;
+          whole["id"] = call.value("id", "");
+          whole["type"] = "function";
+          whole["function"] = {{"name", call["function"].value("name", "")}, {"arguments", ""}};
+          tool_calls_.push_back(std::move(whole));
+        }
+        tool_calls_[index]["function"]["arguments"] =
+            tool_calls_[index]["function"]["arguments"].get<std::string>() +
+            call["function"].value("arguments", "");
+      }
+      Emit(std::move(d), out);
+    }
+  }
+}
+
+std::vector<Json> ResponseBuilder::Feed(const std::vector<tokenizer::TokenId>& tokens,
+                                        const std::vector<common::TokenLogprob>& logprobs) {
+  std::vector<Json> out;
+  if (finished_ || filter_.hit()) return out;
+  if (logprobs_ && !logprobs.empty()) {
+    Json lp = LogprobsJson(logprobs);
+    if (endpoint_ == Endpoint::kChat) {
+      for (Json& item : lp["content"]) logprob_items_.push_back(item);
+    } else {
+      if (logprob_items_.empty()) logprob_items_ = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}};
+      for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
+        for (Json& v : lp[k]) logprob_items_[k].push_back(v);
+      }
+    }
+    pending_logprobs_ = std::move(lp);
+  }
+  for (tokenizer::TokenId t : tokens) {
+    ProcessToken(t, out);
+    if (filter_.hit()) break;
+  }
+  if (!pending_logprobs_.is_null()) {
+    // The tokens produced no text yet: send their logprobs with an empty delta.
+    Emit(endpoint_ == Endpoint::kChat ? Json::object() : Json(""), out);
+  }
+  return out;
+}
+
+std::vector<Json> ResponseBuilder::FeedUpdate(const cluster::SequenceUpdate& u) {
+  std::vector<tokenizer::TokenId> ids(u.token_ids().begin(), u.token_ids().end());
+  std::vector<common::TokenLogprob> lps(u.logprobs().begin(), u.logprobs().end());
+  return Feed(ids, lps);
+}
+
+std::vector<Json> ResponseBuilder::Finish(common::FinishReason reason,
+                                          std::optional<tokenizer::TokenId> stop_token,
+                                          uint32_t prompt_tokens, uint32_t completion_tokens) {
+  std::vector<Json> out;
+  if (finished_) return out;
+  prompt_tokens_ = prompt_tokens;
+  completion_tokens_ = completion_tokens;
+  if (!filter_.hit()) {
+    if (endpoint_ == Endpoint::kChat) {
+      if (stop_token) ProcessToken(*stop_token, out);
+      const bool in_header = parser_.state() == harmony::StreamParser::State::kHeader;
+      const size_t before = parser_.messages().size();
+      // Non-strict: a header cut off by the length limit is recovered into a
+      // message whose text was never streamed; stream it now, as MapReply would show it.
+      if (parser_.Finish().ok() && in_header && parser_.messages().size() > before) {
+        const harmony::Message& m = parser_.messages().back();
+        if (m.role == harmony::Role::kAssistant && m.recipient.empty() && !m.content.empty()) {
+          if (m.channel == "analysis") {
+            reasoning_ += m.content;
+            Emit(Json{{"reasoning_content", m.content}}, out);
+          } else {
+            EmitText(filter_.Push(m.content), out);
+          }
+        }
+      }
+    } else {
+      absl::StatusOr<std::string> rest = detok_.Finish();
+      if (rest.ok()) EmitText(filter_.Push(*rest), out);
+    }
+    EmitText(filter_.Flush(), out);
+  }
+  finished_ = true;
+  if (endpoint_ == Endpoint::kChat && !tool_calls_.empty()) {
+    finish_reason_ = "tool_calls";
+  } else if (filter_.hit() || reason == common::STOP) {
+    finish_reason_ = "stop";
+  } else {
+    finish_reason_ = "length";
+  }
+  pending_logprobs_ = Json();
+  out.push_back(Chunk(endpoint_ == Endpoint::kChat ? Json::object() : Json(""), nullptr, finish_reason_));
+  return out;
+}
+
+Json ResponseBuilder::Usage() const {
+  return Json{{"prompt_tokens", prompt_tokens_},
+              {"completion_tokens", completion_tokens_},
+              {"total_tokens", prompt_tokens_ + completion_tokens_}};
+}
+
+Json ResponseBuilder::UsageChunk() const {
+  Json c;
+  c["id"] = id_;
+  c["object"] = endpoint_ == Endpoint::kChat ? "chat.completion.chunk" : "text_completion";
+  c["created"] = created_;
+  c["model"] = model_;
+  c["choices"] = Json::array();
+  c["usage"] = Usage();
+  return c;
+}
+
+Json ResponseBuilder::Response() const {
+  Json choice;
+  choice["index"] = 0;
+  if (endpoint_ == Endpoint::kChat) {
+    Json message;
+    message["role"] = "assistant";
+    message["content"] = content_.empty() && !tool_calls_.empty() ? Json(nullptr) : Json(content_);
+    if (!reasoning_.empty()) message["reasoning_content"] = reasoning_;
+    if (!tool_calls_.empty()) message["tool_calls"] = tool_calls_;
+    choice["message"] = std::move(message);
+  } else {
+    choice["text"] = content_;
+  }
+  choice["logprobs"] = logprobs_ ? (logprob_items_.is_array() && endpoint_ == Endpoint::kChat
+                                        ? Json{{"content", logprob_items_}}
+                                        : logprob_items_)
+                                 : Json(nullptr);
+  choice["finish_reason"] = finish_reason_;
+  Json r;
+  r["id"] = id_;
+  r["object"] = endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion";
+  r["created"] = created_;
+  r["model"] = model_;
+  r["choices"] = Json::array({std::move(choice)});
+  r["usage"] = Usage();
+  return r;
+}
+
+}  // namespace flotilla::coordinator

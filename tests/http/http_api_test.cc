@@ -1,0 +1,194 @@
+// The OpenAI-compatible HTTP API end to end: a LocalCluster (real coordinator
+// and worker processes) on the default synthetic model, driven by the official
+// `openai` npm client and by raw HTTP for what a client library hides
+// (health, metrics, malformed requests, disconnects).
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "tools/cli/local_cluster.h"
+
+namespace flotilla {
+namespace {
+
+using Json = nlohmann::json;
+
+class HttpApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+    cli::LocalClusterOptions o;
+    o.workers = 1;
+    o.threads_per_worker = 1;
+    auto c = cli::LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+
+  static httplib::Client Client() {
+    httplib::Client c("http://" + cluster_->http_address());
+    c.set_read_timeout(120, 0);
+    return c;
+  }
+  static std::string Model() {
+    std::string m = cluster_->model();
+    return m.substr(m.find_last_of('/') + 1);
+  }
+  static std::string Chat(const std::string& extra) {
+    return R"({"model": ")" + Model() + R"(", "messages": [{"role": "user", "content": "Hi"}])" + extra + "}";
+  }
+  static cli::LocalCluster* cluster_;
+};
+cli::LocalCluster* HttpApiTest::cluster_ = nullptr;
+
+TEST_F(HttpApiTest, OfficialOpenAiClient) {
+  const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE + " " +
+                          FLOTILLA_HTTP_TEST_DIR + "/openai_client_test.js http://" +
+                          cluster_->http_address() + "/v1 " + Model() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("all ok"), std::string::npos) << out;
+}
+
+TEST_F(HttpApiTest, HealthAndMetrics) {
+  auto c = Client();
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200) << h->body;
+  auto r = c.Post("/v1/chat/completions", Chat(R"(, "max_tokens": 4, "temperature": 0)"), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  for (const char* name :
+       {"flotilla_http_requests_total{path=\"/v1/chat/completions\",status=\"200\"}",
+        "flotilla_prompt_tokens_total", "flotilla_generation_tokens_total",
+        "flotilla_time_to_first_token_seconds_bucket{le=\"+Inf\"}", "flotilla_inter_token_latency_seconds_count",
+        "flotilla_running_sequences", "flotilla_queued_sequences", "flotilla_kv_cache_usage_ratio",
+        "flotilla_instance_ready 1"}) {
+    EXPECT_NE(m->body.find(name), std::string::npos) << name << "\n" << m->body;
+  }
+  std::smatch g;
+  ASSERT_TRUE(std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total (\\d+)")));
+  EXPECT_GE(std::stoull(g[1]), Json::parse(r->body)["usage"]["completion_tokens"].get<uint64_t>());
+}
+
+TEST_F(HttpApiTest, ErrorsHaveTheOpenAiShape) {
+  auto c = Client();
+  struct Case {
+    const char* method;
+    std::string path, body;
+    int status;
+    const char* param;
+  } cases[] = {
+      {"POST", "/v1/chat/completions", "{\"model\": ", 400, nullptr},
+      {"POST", "/v1/chat/completions", "[]", 400, nullptr},
+      {"POST", "/v1/chat/completions", "\"\xff\xfe\"", 400, nullptr},
+      {"POST", "/v1/chat/completions", Chat(R"(, "n": 3)"), 400, "n"},
+      {"POST", "/v1/chat/completions", Chat(R"(, "temperature": -1)"), 400, "temperature"},
+      {"POST", "/v1/chat/completions", Chat(R"(, "tools": 5)"), 400, "tools"},
+      {"POST", "/v1/chat/completions", R"({"model": "nope", "messages": []})", 404, "model"},
+      {"POST", "/v1/completions", R"({"model": ")" + Model() + R"("})", 400, "prompt"},
+      {"GET", "/v1/nothing", "", 404, nullptr},
+      {"GET", "/v1/models/nope", "", 404, "model"},
+  };
+  for (const Case& k : cases) {
+    auto r = std::string(k.method) == "GET" ? c.Get(k.path.c_str())
+                                            : c.Post(k.path.c_str(), k.body, "application/json");
+    ASSERT_TRUE(r) << k.path;
+    EXPECT_EQ(r->status, k.status) << k.body << " -> " << r->body;
+    Json j = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_TRUE(j["error"]["message"].is_string() && !j["error"]["message"].get<std::string>().empty());
+    EXPECT_TRUE(j["error"]["type"].is_string());
+    if (k.param) {
+      EXPECT_EQ(j["error"]["param"], k.param) << r->body;
+    }
+  }
+  // The server is still fine.
+  auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+}
+
+TEST_F(HttpApiTest, StopStringsAndMaxTokens) {
+  auto c = Client();
+  auto whole = c.Post("/v1/completions",
+                      R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 12, "temperature": 0})",
+                      "application/json");
+  ASSERT_TRUE(whole);
+  ASSERT_EQ(whole->status, 200) << whole->body;
+  Json w = Json::parse(whole->body);
+  EXPECT_EQ(w["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(w["usage"]["completion_tokens"], 12);
+  const std::string text = w["choices"][0]["text"];
+  ASSERT_GE(text.size(), 4u);
+  // Stop at a piece of the greedy text: the answer is what came before it.
+  const std::string stop = text.substr(text.size() / 2, 2);
+  const std::string before = text.substr(0, text.find(stop));
+  Json req = {{"model", Model()}, {"prompt", "hello"}, {"max_tokens", 12}, {"temperature", 0}, {"stop", {stop}}};
+  auto cut = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(cut);
+  Json s = Json::parse(cut->body);
+  EXPECT_EQ(s["choices"][0]["text"], before);
+  EXPECT_EQ(s["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(HttpApiTest, DisconnectMidStreamCancels) {
+  // A long stream, dropped after the first event: the sequence must go away.
+  {
+    auto c = Client();
+    bool got = false;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/chat/completions";
+    req.set_header("Content-Type", "application/json");
+    req.body = Chat(R"(, "max_tokens": 4000, "temperature": 1, "stream": true)");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      got = true;
+      return false;  // abort the connection
+    };
+    c.send(req);
+    EXPECT_TRUE(got);
+  }
+  auto c = Client();
+  auto generated = [&]() -> uint64_t {
+    auto m = c.Get("/metrics");
+    std::smatch g;
+    if (!m || !std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total (\\d+)"))) return 0;
+    return std::stoull(g[1]);
+  };
+  bool released = false;
+  for (int i = 0; i < 100 && !released; ++i) {
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    released = m->body.find("flotilla_http_requests_in_flight 0") != std::string::npos;
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(released) << "the dropped stream is still counted in flight";
+  // Cancelled: no more tokens are generated for it (it asked for 4000).
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const uint64_t a = generated();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(generated(), a) << "the dropped stream's sequence is still generating";
+  EXPECT_LT(a, 3000u);
+}
+
+}  // namespace
+}  // namespace flotilla

@@ -1,0 +1,296 @@
+// The OpenAI response pipeline fed from recorded token sequences: Harmony
+// replies rendered with the real renderer and tokenizer go through the
+// ResponseBuilder, whole and streamed; request validation names its fields.
+#include <gtest/gtest.h>
+
+#include "coordinator/harmony/renderer.h"
+#include "coordinator/openai_pipeline.h"
+
+namespace flotilla::coordinator {
+namespace {
+
+namespace tk = tokenizer;
+using harmony::Message;
+using harmony::Role;
+
+const tk::Tokenizer& Tok() {
+  static const tk::Tokenizer* t = [] {
+    auto r = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->release();
+  }();
+  return *t;
+}
+
+// Tokens of an assistant completion as the model would produce them after a
+// prompt ending in `<|start|>assistant`: the messages rendered, without the
+// leading `<|start|>assistant` of the first, and without the final end token
+// (the worker reports that as the stop token).
+std::vector<tk::TokenId> Completion(const std::vector<Message>& messages, tk::TokenId* stop) {
+  harmony::RenderedPrompt p;
+  for (const Message& m : messages) EXPECT_TRUE(harmony::RenderMessage(m, true, p).ok());
+  std::vector<tk::TokenId> ids = p.Tokens(Tok());
+  // Drop `<|start|>` and the "assistant" role token(s) at the front.
+  std::vector<tk::TokenId> role = *Tok().EncodeOrdinary("assistant");
+  EXPECT_EQ(ids[0], tk::kStart);
+  ids.erase(ids.begin(), ids.begin() + 1 + role.size());
+  *stop = ids.back();
+  ids.pop_back();
+  return ids;
+}
+
+Message Assistant(const std::string& channel, const std::string& content, const std::string& to = "") {
+  Message m;
+  m.role = Role::kAssistant;
+  m.channel = channel;
+  m.content = content;
+  m.recipient = to;
+  if (!to.empty()) m.content_type = "<|constrain|>json";
+  return m;
+}
+
+Json StreamAndMerge(ResponseBuilder& b, const std::vector<tk::TokenId>& ids, tk::TokenId stop,
+                    std::vector<Json>* chunks) {
+  for (Json& c : b.Begin()) chunks->push_back(c);
+  for (tk::TokenId t : ids) {
+    for (Json& c : b.Feed({t}, {})) chunks->push_back(c);
+  }
+  for (Json& c : b.Finish(common::STOP, stop, 10, static_cast<uint32_t>(ids.size() + 1))) chunks->push_back(c);
+  return b.Response();
+}
+
+TEST(ResponsePipelineTest, ToolCallReplyBecomesToolCalls) {
+  tk::TokenId stop;
+  std::vector<tk::TokenId> ids =
+      Completion({Assistant("analysis", "The user wants the weather; call the tool."),
+                  Assistant("commentary", R"({"location":"Tokyo, JP","format":"celsius"})",
+                            "functions.get_weather")},
+                 &stop);
+  EXPECT_EQ(stop, tk::kCall);
+  ResponseBuilder b(&Tok(), Endpoint::kChat, "chatcmpl-test", "m", 1, {}, false);
+  std::vector<Json> chunks;
+  Json r = StreamAndMerge(b, ids, stop, &chunks);
+  ASSERT_EQ(r["choices"].size(), 1u);
+  const Json& choice = r["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  const Json& msg = choice["message"];
+  EXPECT_TRUE(msg["content"].is_null());
+  EXPECT_EQ(msg["reasoning_content"], "The user wants the weather; call the tool.");
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  const Json& call = msg["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  Json args = Json::parse(call["function"]["arguments"].get<std::string>());
+  EXPECT_EQ(args["location"], "Tokyo, JP");
+  EXPECT_EQ(args["format"], "celsius");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  EXPECT_EQ(r["usage"]["completion_tokens"], ids.size() + 1);
+  EXPECT_EQ(r["usage"]["total_tokens"], ids.size() + 11);
+
+  // The streamed deltas add up to the same message.
+  std::string streamed_args, streamed_reasoning, name, id;
+  std::string last_finish;
+  for (const Json& c : chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    const Json& ch = c["choices"][0];
+    if (!ch["finish_reason"].is_null()) last_finish = ch["finish_reason"];
+    const Json& d = ch["delta"];
+    if (d.contains("reasoning_content")) streamed_reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("tool_calls")) {
+      for (const Json& tc : d["tool_calls"]) {
+        EXPECT_EQ(tc["index"], 0);
+        if (tc.contains("id")) id = tc["id"];
+        if (tc["function"].contains("name")) name = tc["function"]["name"];
+        streamed_args += tc["function"]["arguments"].get<std::string>();
+      }
+    }
+  }
+  EXPECT_EQ(last_finish, "tool_calls");
+  EXPECT_EQ(name, "get_weather");
+  EXPECT_EQ(id, call["id"]);
+  EXPECT_EQ(streamed_args, call["function"]["arguments"]);
+  EXPECT_EQ(streamed_reasoning, msg["reasoning_content"]);
+
+  // The follow-up request with the tool result renders as Harmony expects:
+  // the call, then the tool's message to the assistant.
+  Json follow = {
+      {"model", "m"},
+      {"messages",
+       {{{"role", "user"}, {"content", "Weather in Tokyo?"}},
+        {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", msg["tool_calls"]}},
+        {{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", R"({"temp_c": 21})"}}}},
+      {"tools",
+       {{{"type", "function"},
+         {"function",
+          {{"name", "get_weather"},
+           {"description", "Gets the weather"},
+           {"parameters",
+            {{"type", "object"},
+             {"properties", {{"location", {{"type", "string"}}}, {"format", {{"type", "string"}}}}}}}}}}}}};
+  absl::StatusOr<PreparedRequest> p = PrepareChatRequest(follow, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::string text = *Tok().DecodeUtf8(p->prompt);
+  EXPECT_NE(text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+                      "<|message|>{\"location\":\"Tokyo, JP\",\"format\":\"celsius\"}<|call|>"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+                      "{\"temp_c\": 21}<|end|><|start|>assistant"),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(text.ends_with("<|start|>assistant"));
+  ASSERT_EQ(p->sampling.stop_token_ids_size(), 2);
+  EXPECT_EQ(p->sampling.stop_token_ids(0), static_cast<int>(tk::kReturn));
+  EXPECT_EQ(p->sampling.stop_token_ids(1), static_cast<int>(tk::kCall));
+}
+
+TEST(ResponsePipelineTest, FinalAnswerWithStopString) {
+  tk::TokenId stop;
+  std::vector<tk::TokenId> ids =
+      Completion({Assistant("analysis", "Think."), Assistant("final", "One, two, three. Four, five.")}, &stop);
+  // A final message rendered for a prompt ends with <|end|>; the model ends with <|return|>.
+  stop = tk::kReturn;
+  {
+    ResponseBuilder b(&Tok(), Endpoint::kChat, "x", "m", 1, {}, false);
+    std::vector<Json> chunks;
+    Json r = StreamAndMerge(b, ids, stop, &chunks);
+    EXPECT_EQ(r["choices"][0]["message"]["content"], "One, two, three. Four, five.");
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+    EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
+  }
+  {
+    ResponseBuilder b(&Tok(), Endpoint::kChat, "x", "m", 1, {"three.", "zzz"}, false);
+    std::vector<Json> chunks;
+    for (tk::TokenId t : ids) {
+      for (Json& c : b.Feed({t}, {})) chunks.push_back(c);
+      if (b.stopped_by_string()) break;
+    }
+    EXPECT_TRUE(b.stopped_by_string());
+    b.Finish(common::STOP, std::nullopt, 1, 2);
+    Json r = b.Response();
+    EXPECT_EQ(r["choices"][0]["message"]["content"], "One, two, ");
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+    std::string streamed;
+    for (const Json& c : chunks) {
+      if (c["choices"][0]["delta"].contains("content")) streamed += c["choices"][0]["delta"]["content"];
+    }
+    EXPECT_EQ(streamed, "One, two, ");
+  }
+  {
+    // Cut by the length limit in the middle of the answer.
+    ResponseBuilder b(&Tok(), Endpoint::kChat, "x", "m", 1, {}, false);
+    std::vector<tk::TokenId> cut(ids.begin(), ids.end() - 2);
+    b.Feed(cut, {});
+    b.Finish(common::LENGTH, std::nullopt, 1, static_cast<uint32_t>(cut.size()));
+    EXPECT_EQ(b.Response()["choices"][0]["finish_reason"], "length");
+  }
+}
+
+TEST(StopFilterTest, HoldsBackPrefixesAcrossPieces) {
+  StopFilter f({"END", "xy"});
+  EXPECT_EQ(f.Push("abc E"), "abc ");
+  EXPECT_EQ(f.Push("N"), "");
+  EXPECT_EQ(f.Push("d x"), "ENd ");
+  EXPECT_EQ(f.Push("yz"), "");
+  EXPECT_TRUE(f.hit());
+  EXPECT_EQ(f.Push("more"), "");
+  StopFilter g({"END"});
+  EXPECT_EQ(g.Push("abcEN"), "abc");
+  EXPECT_EQ(g.Flush(), "EN");
+  EXPECT_FALSE(g.hit());
+}
+
+TEST(PrepareRequestTest, ErrorsNameTheField) {
+  auto err = [](const Json& body) {
+    absl::StatusOr<PreparedRequest> p = PrepareChatRequest(body, "m", Tok(), {});
+    EXPECT_FALSE(p.ok()) << body.dump();
+    return p.ok() ? ApiError{} : ErrorFromStatus(p.status());
+  };
+  Json ok = {{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}};
+  ASSERT_TRUE(PrepareChatRequest(ok, "m", Tok(), {}).ok());
+  struct Case {
+    const char* key;
+    Json value;
+    int status;
+    const char* param;
+  } cases[] = {
+      {"model", "other", 404, "model"},       {"model", 3, 400, "model"},
+      {"n", 2, 400, "n"},                     {"temperature", "hot", 400, "temperature"},
+      {"temperature", 3, 400, "temperature"}, {"top_p", 0, 400, "top_p"},
+      {"max_tokens", 0, 400, "max_tokens"},   {"max_completion_tokens", -5, 400, "max_completion_tokens"},
+      {"stop", 7, 400, "stop"},               {"stop", {"a", 1}, 400, "stop[1]"},
+      {"seed", 1.5, 400, "seed"},             {"top_logprobs", 3, 400, "top_logprobs"},
+      {"messages", "hi", 400, "messages"},    {"stream", "yes", 400, "stream"},
+      {"reasoning_effort", "max", 400, "reasoning_effort"},
+  };
+  for (const Case& c : cases) {
+    Json body = ok;
+    body[c.key] = c.value;
+    ApiError e = err(body);
+    EXPECT_EQ(e.http_status, c.status) << c.key << " " << e.message;
+    EXPECT_EQ(e.param, c.param) << c.key << " " << e.message;
+    EXPECT_EQ(ErrorJson(e)["error"]["message"], e.message);
+  }
+  Json no_model = ok;
+  no_model.erase("model");
+  EXPECT_EQ(err(no_model).param, "model");
+  Json bad_role = ok;
+  bad_role["messages"][0]["role"] = "robot";
+  EXPECT_EQ(err(bad_role).param, "messages[0].role");
+
+  EXPECT_FALSE(ParseBody("{not json").ok());
+  EXPECT_FALSE(ParseBody("[1]").ok());
+  EXPECT_FALSE(ParseBody("\"\xff\"").ok());
+  EXPECT_FALSE(ParseBody(std::string(200000, '[') + std::string(200000, ']')).ok());
+  std::string deep = R"({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": )";
+  deep += std::string(5000, '[') + std::string(5000, ']') + "}";
+  absl::StatusOr<Json> deep_json = ParseBody(deep);
+  ASSERT_TRUE(deep_json.ok());
+  EXPECT_FALSE(PrepareChatRequest(*deep_json, "m", Tok(), {}).ok());
+  EXPECT_EQ(ErrorFromStatus(absl::ResourceExhaustedError("busy")).http_status, 429);
+  EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("down")).http_status, 503);
+  EXPECT_EQ(ErrorFromStatus(absl::DeadlineExceededError("late")).http_status, 504);
+  EXPECT_EQ(ErrorFromStatus(absl::InternalError("bug")).http_status, 500);
+}
+
+TEST(PrepareRequestTest, SamplingAndCompletions) {
+  Json body = {{"model", "m"},
+               {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+               {"temperature", 0},
+               {"top_p", 0.5},
+               {"seed", 42},
+               {"max_completion_tokens", 9},
+               {"logprobs", true},
+               {"top_logprobs", 2},
+               {"stream", true},
+               {"stream_options", {{"include_usage", true}}},
+               {"stop", "END"}};
+  absl::StatusOr<PreparedRequest> p = PrepareChatRequest(body, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sampling.temperature(), 0);
+  EXPECT_FLOAT_EQ(p->sampling.top_p(), 0.5f);
+  EXPECT_EQ(p->sampling.seed(), 42u);
+  EXPECT_EQ(p->sampling.max_tokens(), 9u);
+  EXPECT_TRUE(p->sampling.return_logprobs());
+  EXPECT_EQ(p->sampling.logprobs(), 2u);
+  EXPECT_TRUE(p->stream && p->include_usage);
+  EXPECT_EQ(p->stop, std::vector<std::string>{"END"});
+
+  absl::StatusOr<PreparedRequest> c =
+      PrepareCompletionRequest({{"model", "m"}, {"prompt", "hello world"}}, "m", Tok());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->prompt, (std::vector<tk::TokenId>{24912, 2375}));
+  EXPECT_EQ(c->sampling.max_tokens(), 16u);
+  EXPECT_FALSE(PrepareCompletionRequest({{"model", "m"}, {"prompt", 5}}, "m", Tok()).ok());
+
+  // Completions text streams through the detokenizer and the stop filter.
+  ResponseBuilder b(&Tok(), Endpoint::kCompletions, "cmpl-1", "m", 1, {" world"}, false);
+  std::vector<Json> chunks = b.Feed({24912, 2375, 24912}, {});
+  EXPECT_TRUE(b.stopped_by_string());
+  b.Finish(common::STOP, std::nullopt, 2, 2);
+  EXPECT_EQ(b.Response()["choices"][0]["text"], "hello");
+  EXPECT_EQ(b.Response()["object"], "text_completion");
+}
+
+}  // namespace
+}  // namespace flotilla::coordinator
