@@ -40,99 +40,21 @@ __device__ __forceinline__ float Bf16Bits(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
 
-// Loads this lane's share of one input row (blocks lane, lane + 32, ...) into
-// registers, pre-multiplied by 2^64; blocks past the row end are zero.
-template <int kB>
-__device__ __forceinline__ void LoadActivations(const __nv_bfloat16* row, int nb, int lane,
-                                                float (&x)[kB][32]) {
-#pragma unroll
-  for (int b = 0; b < kB; ++b) {
-    int blk = lane + 32 * b;
-    if (blk < nb) {
-      const uint4* p = reinterpret_cast<const uint4*>(row + blk * 32);
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        uint4 v = p[q];
-        uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          x[b][q * 8 + 2 * i] = __uint_as_float(words[i] << 16) * kActivationPrescale;
-          x[b][q * 8 + 2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u) * kActivationPrescale;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) x[b][i] = 0.f;
-    }
-  }
-}
+// Activations of up to kTok tokens staged in shared memory, f32, pre-multiplied
+// by 2^64. Each 32-value block takes kXStride floats: the 4 extra floats keep
+// the lanes' 16-byte reads (lane i reads block i) free of bank conflicts.
+constexpr int kTok = 4;
+constexpr int kRows = 4;  // weight rows per warp; their loads stay in registers
+constexpr int kXStride = 36;
+constexpr int kRowsPerBlock = kWarps * kRows;
 
-template <int kB>
-__device__ __forceinline__ void LoadActivations(const float* row, int nb, int lane,
-                                                float (&x)[kB][32]) {
-#pragma unroll
-  for (int b = 0; b < kB; ++b) {
-    int blk = lane + 32 * b;
-    if (blk < nb) {
-      const float4* p = reinterpret_cast<const float4*>(row + blk * 32);
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        float4 v = p[q];
-        x[b][4 * q] = v.x * kActivationPrescale;
-        x[b][4 * q + 1] = v.y * kActivationPrescale;
-        x[b][4 * q + 2] = v.z * kActivationPrescale;
-        x[b][4 * q + 3] = v.w * kActivationPrescale;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) x[b][i] = 0.f;
-    }
-  }
-}
+__device__ __forceinline__ float ToF32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF32(float v) { return v; }
 
-// Dot products of kRows consecutive MXFP4 rows (starting at `row0`, `rows` in
-// all) with the lane's activations; returns the full sums in every lane.
-// All 16-byte block loads and scale loads are issued before the first use.
-template <int kB, int kRows>
-__device__ __forceinline__ void DotRows(const uint8_t* blocks, const uint8_t* scales, int nb,
-                                        int row0, int rows, int lane, const float (&x)[kB][32],
-                                        float (&sum)[kRows]) {
-  uint4 wv[kRows][kB];
-  uint32_t sv[kRows][kB];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      int blk = lane + 32 * b;
-      bool ok = blk < nb && row0 + r < rows;
-      size_t idx = static_cast<size_t>(row0 + r) * nb + blk;
-      wv[r][b] = ok ? __ldg(reinterpret_cast<const uint4*>(blocks) + idx) : make_uint4(0, 0, 0, 0);
-      sv[r][b] = ok ? __ldg(scales + idx) : 127u;
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    float acc = 0.f;
-#pragma unroll
-    for (int b = 0; b < kB; ++b) {
-      uint32_t words[4] = {wv[r][b].x, wv[r][b].y, wv[r][b].z, wv[r][b].w};
-      float part = 0.f;
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        part = fmaf(Fp4Times2PowMinus126<0>(words[q]), x[b][q * 8 + 0], part);
-        part = fmaf(Fp4Times2PowMinus126<1>(words[q]), x[b][q * 8 + 1], part);
-        part = fmaf(Fp4Times2PowMinus126<2>(words[q]), x[b][q * 8 + 2], part);
-        part = fmaf(Fp4Times2PowMinus126<3>(words[q]), x[b][q * 8 + 3], part);
-        part = fmaf(Fp4Times2PowMinus126<4>(words[q]), x[b][q * 8 + 4], part);
-        part = fmaf(Fp4Times2PowMinus126<5>(words[q]), x[b][q * 8 + 5], part);
-        part = fmaf(Fp4Times2PowMinus126<6>(words[q]), x[b][q * 8 + 6], part);
-        part = fmaf(Fp4Times2PowMinus126<7>(words[q]), x[b][q * 8 + 7], part);
-      }
-      acc = fmaf(part, ScaleValue(sv[r][b]), acc);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xFFFFFFFFu, acc, off);
-    sum[r] = acc * kResultRescale;
+template <typename TIn>
+__device__ __forceinline__ void StageActivations(const TIn* src, int ncols, float* xs) {
+  for (int c = threadIdx.x; c < ncols; c += blockDim.x) {
+    xs[(c >> 5) * kXStride + (c & 31)] = ToF32(src[c]) * kActivationPrescale;
   }
 }
 
@@ -143,80 +65,173 @@ struct RouteView {
   const int32_t* num_active;
 };
 
-// gate_up: block (x, slot) computes outputs [x * kOutPerBlock, +kOutPerBlock)
-// of h for every pair routed to the slot's expert. A warp takes two outputs
-// (four interleaved gate/up rows) per pass.
-constexpr int kGateUpOutPerWarp = 2;
-constexpr int kGateUpOutPerBlock = kWarps * kGateUpOutPerWarp;
-
-template <int kB>
-__global__ void __launch_bounds__(kThreads, 1)
-    GateUpSwigluKernel(MoeDeviceWeights w, const __nv_bfloat16* x, int top_k, RouteView route,
-                       float limit, float alpha, float* h) {
-  int slot = blockIdx.y;
+// The grouped GEMV shared by both projections. Block (x, slot) owns weight rows
+// [x * kRowsPerBlock, +kRowsPerBlock) of the slot's expert; each warp holds its
+// kRows rows' 16-byte blocks and scales in registers (loaded once, before the
+// activations arrive) and sweeps over the expert's tokens kTok at a time, so a
+// weight byte leaves HBM once per call whatever the number of tokens.
+// Epilogue(row0, tok, sums) runs in every lane with the warp-reduced sums
+// sums[r][t] of rows row0 + r for tokens tok[t] (t < ntok).
+template <typename TIn, typename Epilogue>
+__device__ __forceinline__ void GroupedGemv(const uint8_t* blocks, const uint8_t* scales, int rows,
+                                            int ncols, const TIn* act, const RouteView& route,
+                                            int top_k, bool act_per_pair, float* xs,
+                                            Epilogue epilogue) {
+  const int slot = blockIdx.y;
   if (slot >= *route.num_active) return;
-  int e = route.active[slot];
-  int begin = route.offset[e], end = route.offset[e + 1];
-  const int H = w.hidden, I = w.intermediate, nb = H / 32;
+  const int e = route.active[slot];
+  const int begin = route.offset[e], end = route.offset[e + 1];
+  const int nb = ncols / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int j0 = blockIdx.x * kGateUpOutPerBlock + warp * kGateUpOutPerWarp;
-  if (j0 >= I) return;
-  const uint8_t* blocks = w.gate_up_blocks + static_cast<size_t>(e) * 2 * I * nb * 16;
-  const uint8_t* scales = w.gate_up_scales + static_cast<size_t>(e) * 2 * I * nb;
-  const uint16_t* bias = w.gate_up_bias + static_cast<size_t>(e) * 2 * I;
-  float xr[kB][32];
-  for (int i = begin; i < end; ++i) {
-    int pair = route.pair_of[i];
-    LoadActivations<kB>(x + static_cast<size_t>(pair / top_k) * H, nb, lane, xr);
-    float s[2 * kGateUpOutPerWarp];
-    DotRows<kB, 2 * kGateUpOutPerWarp>(blocks, scales, nb, 2 * j0, 2 * I, lane, xr, s);
-    if (lane < kGateUpOutPerWarp && j0 + lane < I) {
-      int j = j0 + lane;
-      float gate = lane == 0 ? s[0] : s[2];
-      float up = lane == 0 ? s[1] : s[3];
-      gate += Bf16Bits(bias[2 * j]);
-      up += Bf16Bits(bias[2 * j + 1]);
-      gate = fminf(gate, limit);
-      up = fminf(fmaxf(up, -limit), limit);
-      float glu = gate * (1.0f / (1.0f + expf(-(gate * alpha))));
-      h[static_cast<size_t>(pair) * I + j] = (up + 1.0f) * glu;
+  const int row0 = blockIdx.x * kRowsPerBlock + warp * kRows;
+  const size_t expert_rows = static_cast<size_t>(e) * rows;
+
+  const int lane_blocks = (nb + 31) / 32;  // the 16-byte blocks each lane owns per row
+  // Loads the lane's block `b` of the warp's rows (zeros past the row ends).
+  auto load = [&](int b, uint4(&wv)[kRows], uint32_t(&sv)[kRows]) {
+    const int blk = lane + 32 * b;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const bool ok = b < lane_blocks && blk < nb && row0 + r < rows;
+      const size_t idx = (expert_rows + row0 + r) * nb + blk;
+      wv[r] = ok ? __ldg(reinterpret_cast<const uint4*>(blocks) + idx) : make_uint4(0, 0, 0, 0);
+      sv[r] = ok ? __ldg(scales + idx) : 127u;
     }
+  };
+
+  for (int c = begin; c < end; c += kTok) {
+    const int ntok = min(kTok, end - c);
+    // The first weight loads go out before the activations are staged.
+    uint4 wv[kRows];
+    uint32_t sv[kRows];
+    load(0, wv, sv);
+    __syncthreads();  // the previous chunk's readers are done with xs
+    for (int t = 0; t < ntok; ++t) {
+      const int pair = route.pair_of[c + t];
+      const size_t src_row = act_per_pair ? pair : pair / top_k;
+      StageActivations(act + src_row * ncols, ncols, xs + t * nb * kXStride);
+    }
+    __syncthreads();
+    if (row0 >= rows) continue;
+
+    float acc[kRows][kTok] = {};
+#pragma unroll 1
+    for (int b = 0; b < lane_blocks; ++b) {
+      uint4 next_wv[kRows];
+      uint32_t next_sv[kRows];
+      load(b + 1, next_wv, next_sv);  // in flight while block b is decoded
+      const int blk = lane + 32 * b;
+      if (blk < nb) {
+        float part[kRows][kTok] = {};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          float xv[kTok][8];
+#pragma unroll
+          for (int t = 0; t < kTok; ++t) {
+            if (t < ntok) {
+              const float4* p =
+                  reinterpret_cast<const float4*>(xs + t * nb * kXStride + blk * kXStride + q * 8);
+              float4 x0 = p[0], x1 = p[1];
+              xv[t][0] = x0.x, xv[t][1] = x0.y, xv[t][2] = x0.z, xv[t][3] = x0.w;
+              xv[t][4] = x1.x, xv[t][5] = x1.y, xv[t][6] = x1.z, xv[t][7] = x1.w;
+            } else {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) xv[t][i] = 0.f;
+            }
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const uint32_t w = q == 0 ? wv[r].x : q == 1 ? wv[r].y : q == 2 ? wv[r].z : wv[r].w;
+            float v[8];
+            v[0] = Fp4Times2PowMinus126<0>(w), v[1] = Fp4Times2PowMinus126<1>(w);
+            v[2] = Fp4Times2PowMinus126<2>(w), v[3] = Fp4Times2PowMinus126<3>(w);
+            v[4] = Fp4Times2PowMinus126<4>(w), v[5] = Fp4Times2PowMinus126<5>(w);
+            v[6] = Fp4Times2PowMinus126<6>(w), v[7] = Fp4Times2PowMinus126<7>(w);
+#pragma unroll
+            for (int t = 0; t < kTok; ++t) {
+#pragma unroll
+              for (int i = 0; i < 8; ++i) part[r][t] = fmaf(v[i], xv[t][i], part[r][t]);
+            }
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const float s = ScaleValue(sv[r]);
+#pragma unroll
+          for (int t = 0; t < kTok; ++t) acc[r][t] = fmaf(part[r][t], s, acc[r][t]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[r] = next_wv[r], sv[r] = next_sv[r];
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        float a = acc[r][t];
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) a += __shfl_xor_sync(0xFFFFFFFFu, a, off);
+        acc[r][t] = a * kResultRescale;
+      }
+    }
+    epilogue(row0, c, ntok, lane, acc);
   }
 }
 
-// down: block (x, slot) computes output features [x * kDownRowsPerBlock, +...)
-// for every pair of the slot's expert and adds weight * (row + bias) into out.
-constexpr int kDownRowsPerWarp = 4;
-constexpr int kDownRowsPerBlock = kWarps * kDownRowsPerWarp;
+__global__ void __launch_bounds__(kThreads, 2)
+    GateUpSwigluKernel(MoeDeviceWeights w, const __nv_bfloat16* x, int top_k, RouteView route,
+                       float limit, float alpha, float* h) {
+  extern __shared__ float4 smem[];
+  const int I = w.intermediate;
+  const uint16_t* bias_all = w.gate_up_bias;
+  const int e = blockIdx.y < *route.num_active ? route.active[blockIdx.y] : 0;
+  const uint16_t* bias = bias_all + static_cast<size_t>(e) * 2 * I;
+  // Rows come in interleaved gate/up pairs: rows row0 + 2o, row0 + 2o + 1 make
+  // output (row0 / 2 + o). Lane t * 2 + o writes token t's output o.
+  auto epilogue = [&](int row0, int c, int ntok, int lane, const float(&s)[kRows][kTok]) {
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+#pragma unroll
+      for (int o = 0; o < kRows / 2; ++o) {
+        const int j = row0 / 2 + o;
+        if (lane == t * (kRows / 2) + o && t < ntok && j < I) {
+          float gate = s[2 * o][t] + Bf16Bits(bias[2 * j]);
+          float up = s[2 * o + 1][t] + Bf16Bits(bias[2 * j + 1]);
+          gate = fminf(gate, limit);
+          up = fminf(fmaxf(up, -limit), limit);
+          const float glu = gate * (1.0f / (1.0f + expf(-(gate * alpha))));
+          h[static_cast<size_t>(route.pair_of[c + t]) * I + j] = (up + 1.0f) * glu;
+        }
+      }
+    }
+  };
+  GroupedGemv(w.gate_up_blocks, w.gate_up_scales, 2 * I, w.hidden, x, route, top_k,
+              /*act_per_pair=*/false, reinterpret_cast<float*>(smem), epilogue);
+}
 
-template <int kB>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     DownScatterKernel(MoeDeviceWeights w, const float* h, const float* topk_weights, int top_k,
                       RouteView route, float* out) {
-  int slot = blockIdx.y;
-  if (slot >= *route.num_active) return;
-  int e = route.active[slot];
-  int begin = route.offset[e], end = route.offset[e + 1];
-  const int H = w.hidden, I = w.intermediate, nb = I / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int o0 = blockIdx.x * kDownRowsPerBlock + warp * kDownRowsPerWarp;
-  if (o0 >= H) return;
-  const uint8_t* blocks = w.down_blocks + static_cast<size_t>(e) * H * nb * 16;
-  const uint8_t* scales = w.down_scales + static_cast<size_t>(e) * H * nb;
+  extern __shared__ float4 smem[];
+  const int H = w.hidden;
+  const int e = blockIdx.y < *route.num_active ? route.active[blockIdx.y] : 0;
   const uint16_t* bias = w.down_bias + static_cast<size_t>(e) * H;
-  float xr[kB][32];
-  for (int i = begin; i < end; ++i) {
-    int pair = route.pair_of[i];
-    LoadActivations<kB>(h + static_cast<size_t>(pair) * I, nb, lane, xr);
-    float s[kDownRowsPerWarp];
-    DotRows<kB, kDownRowsPerWarp>(blocks, scales, nb, o0, H, lane, xr, s);
-    float weight = topk_weights[pair];
-    float* orow = out + static_cast<size_t>(pair / top_k) * H;
+  // Lane r * kTok + t adds token t's row r, weighted, into the output.
+  auto epilogue = [&](int row0, int c, int ntok, int lane, const float(&s)[kRows][kTok]) {
 #pragma unroll
-    for (int r = 0; r < kDownRowsPerWarp; ++r) {
-      if (lane == r && o0 + r < H) atomicAdd(orow + o0 + r, weight * (s[r] + Bf16Bits(bias[o0 + r])));
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (lane == r * kTok + t && t < ntok && row0 + r < H) {
+          const int pair = route.pair_of[c + t];
+          atomicAdd(out + static_cast<size_t>(pair / top_k) * H + row0 + r,
+                    topk_weights[pair] * (s[r][t] + Bf16Bits(bias[row0 + r])));
+        }
+      }
     }
-  }
+  };
+  GroupedGemv(w.down_blocks, w.down_scales, H, w.intermediate, h, route, top_k,
+              /*act_per_pair=*/true, reinterpret_cast<float*>(smem), epilogue);
 }
 
 // One block groups all pairs: counts in shared memory, a serial scan over the
@@ -310,35 +325,32 @@ Sizes SizesOf(int E, int H, int I) {
           e * h * (i / 32) * 16,     e * h * (i / 32),     e * h * 2};
 }
 
-template <template <int> class Launch, typename... Args>
-cudaError_t DispatchBlocks(int blocks_per_lane, Args... args) {
-  switch (blocks_per_lane) {
-    case 1: return Launch<1>::Run(args...);
-    case 2: return Launch<2>::Run(args...);
-    case 3: return Launch<3>::Run(args...);
-    case 4: return Launch<4>::Run(args...);
-    default: return cudaErrorInvalidValue;
-  }
+size_t StagingBytes(int ncols) { return size_t{kTok} * (ncols / 32) * kXStride * sizeof(float); }
+
+template <typename Kernel>
+cudaError_t AllowSharedBytes(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes));
 }
 
-template <int kB>
-struct GateUpLaunch {
-  static cudaError_t Run(dim3 grid, cudaStream_t stream, MoeDeviceWeights w,
-                         const __nv_bfloat16* x, int top_k, RouteView route, float limit,
-                         float alpha, float* h) {
-    GateUpSwigluKernel<kB><<<grid, kThreads, 0, stream>>>(w, x, top_k, route, limit, alpha, h);
-    return cudaGetLastError();
-  }
-};
+cudaError_t LaunchGateUp(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const __nv_bfloat16* x,
+                         int top_k, RouteView route, float limit, float alpha, float* h) {
+  const size_t smem = StagingBytes(w.hidden);
+  cudaError_t err = AllowSharedBytes(GateUpSwigluKernel, smem);
+  if (err != cudaSuccess) return err;
+  GateUpSwigluKernel<<<grid, kThreads, smem, stream>>>(w, x, top_k, route, limit, alpha, h);
+  return cudaGetLastError();
+}
 
-template <int kB>
-struct DownLaunch {
-  static cudaError_t Run(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const float* h,
-                         const float* topk_weights, int top_k, RouteView route, float* out) {
-    DownScatterKernel<kB><<<grid, kThreads, 0, stream>>>(w, h, topk_weights, top_k, route, out);
-    return cudaGetLastError();
-  }
-};
+cudaError_t LaunchDown(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const float* h,
+                       const float* topk_weights, int top_k, RouteView route, float* out) {
+  const size_t smem = StagingBytes(w.intermediate);
+  cudaError_t err = AllowSharedBytes(DownScatterKernel, smem);
+  if (err != cudaSuccess) return err;
+  DownScatterKernel<<<grid, kThreads, smem, stream>>>(w, h, topk_weights, top_k, route, out);
+  return cudaGetLastError();
+}
 
 }  // namespace
 
@@ -385,9 +397,9 @@ cudaError_t UploadMoeExpert(const MoeDeviceWeights& w, int slot, const uint8_t* 
                             const uint8_t* gate_up_scales, const uint16_t* gate_up_bias,
                             const uint8_t* down_blocks, const uint8_t* down_scales,
                             const uint16_t* down_bias, cudaStream_t stream) {
-  if (slot < 0 || slot >= w.num_experts || gate_up_blocks == nullptr ||
-      gate_up_scales == nullptr || gate_up_bias == nullptr || down_blocks == nullptr ||
-      down_scales == nullptr || down_bias == nullptr) {
+  if (slot < 0 || slot >= w.num_experts || gate_up_blocks == nullptr || gate_up_scales == nullptr ||
+      gate_up_bias == nullptr || down_blocks == nullptr || down_scales == nullptr ||
+      down_bias == nullptr) {
     return cudaErrorInvalidValue;
   }
   Sizes s = SizesOf(1, w.hidden, w.intermediate);
@@ -442,8 +454,8 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
     return cudaErrorInvalidValue;
   }
   RouteKernel<<<1, kRouteThreads, 0, stream>>>(topk_ids, pairs, num_experts, expert_count,
-                                              expert_offset, pair_of, active, num_active,
-                                              invalid_ids);
+                                               expert_offset, pair_of, active, num_active,
+                                               invalid_ids);
   return cudaGetLastError();
 }
 
@@ -474,22 +486,20 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   base += AlignUp(static_cast<size_t>(pairs) * sizeof(int32_t));
   float* h = reinterpret_cast<float*>(base);
 
-  cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active,
-                                   num_active, invalid_ids, stream);
+  cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active, num_active,
+                                   invalid_ids, stream);
   if (err != cudaSuccess) return err;
   RouteView route{offset, pair_of, active, num_active};
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
   const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
   const int H = w.hidden, I = w.intermediate;
-  dim3 gu_grid((I + kGateUpOutPerBlock - 1) / kGateUpOutPerBlock, slots);
-  err = DispatchBlocks<GateUpLaunch>((H / 32 + 31) / 32, gu_grid, stream, w,
-                                     reinterpret_cast<const __nv_bfloat16*>(x), top_k, route,
-                                     limit, alpha, h);
+  dim3 gu_grid((2 * I + kRowsPerBlock - 1) / kRowsPerBlock, slots);
+  err = LaunchGateUp(gu_grid, stream, w, reinterpret_cast<const __nv_bfloat16*>(x), top_k, route,
+                     limit, alpha, h);
   if (err != cudaSuccess) return err;
-  dim3 down_grid((H + kDownRowsPerBlock - 1) / kDownRowsPerBlock, slots);
-  return DispatchBlocks<DownLaunch>((I / 32 + 31) / 32, down_grid, stream, w,
-                                    static_cast<const float*>(h), topk_weights, top_k, route,
-                                    out);
+  dim3 down_grid((H + kRowsPerBlock - 1) / kRowsPerBlock, slots);
+  return LaunchDown(down_grid, stream, w, static_cast<const float*>(h), topk_weights, top_k, route,
+                    out);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -10,9 +10,12 @@
 //      interleaved gate/up rows fused in the epilogue -> h [T*K, I] f32;
 //   3. down: the same GEMV over h with bias, times the router weight, added
 //      into the output rows with atomics (fused scatter-add).
-// Weights are read once per token an expert serves (from L2 after the first);
-// the kernels target decode (few tokens per expert). Prefill uses the same
-// kernels for now, which is correct but re-reads each expert's weights per token.
+// Each call reads a touched expert's weights from HBM once per block of rows;
+// a warp holds 4 rows' 16-byte weight blocks in registers and applies them to
+// up to 4 of the expert's tokens at a time (activations staged in shared
+// memory), re-reading the rows from L2 for each further group of 4 tokens.
+// Prefill therefore runs the same CUDA-core kernels: correct, but compute
+// bound far below tensor-core rates (no wgmma path yet).
 #pragma once
 
 #include <cuda_runtime_api.h>

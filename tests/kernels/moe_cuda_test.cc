@@ -99,12 +99,11 @@ std::vector<float> CpuReference(const HostMoe& m, const std::vector<uint16_t>& x
     for (int k = 0; k < K; ++k) {
       size_t e = r.ids[t * K + k];
       cpu::LinearMxfp4(&pool, x.data(), 1, H, m.gu_blocks.data() + e * 2 * I * H / 2,
-                       m.gu_scales.data() + e * 2 * I * H / 32, 2 * I,
-                       m.gu_bias.data() + e * 2 * I, gu.data());
+                       m.gu_scales.data() + e * 2 * I * H / 32, 2 * I, m.gu_bias.data() + e * 2 * I,
+                       gu.data());
       cpu::SwigluClamped(gu.data(), 1, I, kLimit, kAlpha, act.data());
       cpu::LinearMxfp4(&pool, act.data(), 1, I, m.d_blocks.data() + e * H * I / 2,
-                       m.d_scales.data() + e * H * I / 32, H, m.d_bias.data() + e * H,
-                       down.data());
+                       m.d_scales.data() + e * H * I / 32, H, m.d_bias.data() + e * H, down.data());
       for (size_t c = 0; c < H; ++c) y[t * H + c] += r.weights[t * K + k] * down[c];
     }
   }
@@ -135,12 +134,10 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   ASSERT_EQ(cudaMalloc(&d_invalid, 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_ws, ws), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice),
-            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_w, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice),
-            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
                                  d_invalid, nullptr),
             cudaSuccess);
@@ -162,8 +159,8 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
     float err = std::fabs(got[i] - out0[i] - want[i]);
     max_err = std::max(max_err, err);
     if (!(err <= tol) && ++bad <= 5) {
-      ADD_FAILURE() << "token " << i / H << " feature " << i % H << ": cuda "
-                    << got[i] - out0[i] << " cpu " << want[i];
+      ADD_FAILURE() << "token " << i / H << " feature " << i % H << ": cuda " << got[i] - out0[i]
+                    << " cpu " << want[i];
     }
   }
   EXPECT_EQ(bad, 0);
@@ -217,15 +214,15 @@ TEST_F(MoeCudaTest, SmallShapeFromHostUpload) {
   cuda::MoeDeviceWeights w;
   ASSERT_EQ(cuda::AllocMoeWeights(m.E, m.H, m.I, &w), cudaSuccess);
   for (int e = 0; e < m.E; ++e) {
-    ASSERT_EQ(cuda::UploadMoeExpert(w, e, m.gu_blocks.data() + e * 2 * I * H / 2,
-                                    m.gu_scales.data() + e * 2 * I * H / 32,
-                                    m.gu_bias.data() + e * 2 * I, m.d_blocks.data() + e * H * I / 2,
-                                    m.d_scales.data() + e * H * I / 32, m.d_bias.data() + e * H,
-                                    nullptr),
-              cudaSuccess);
+    ASSERT_EQ(
+        cuda::UploadMoeExpert(w, e, m.gu_blocks.data() + e * 2 * I * H / 2,
+                              m.gu_scales.data() + e * 2 * I * H / 32, m.gu_bias.data() + e * 2 * I,
+                              m.d_blocks.data() + e * H * I / 2, m.d_scales.data() + e * H * I / 32,
+                              m.d_bias.data() + e * H, nullptr),
+        cudaSuccess);
   }
   CheckLayer(w, m, 1, 2, 5);
-  CheckLayer(w, m, 37, 2, 6);  // several tokens per expert
+  CheckLayer(w, m, 37, 2, 6);   // several tokens per expert
   CheckLayer(w, m, 300, 8, 7);  // every expert, top_k = E
   cuda::FreeMoeWeights(&w);
 }
@@ -239,8 +236,8 @@ TEST_F(MoeCudaTest, RouteGroupsPairsByExpertAndCountsInvalidIds) {
   int32_t *ids_d = d, *count = d + P, *offset = count + E, *pair_of = offset + E + 1,
           *active = pair_of + P, *num_active = active + E, *invalid = num_active + 1;
   ASSERT_EQ(cudaMemcpy(ids_d, ids.data(), P * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cuda::LaunchMoeRoute(ids_d, P, E, count, offset, pair_of, active, num_active,
-                                 invalid, nullptr),
+  ASSERT_EQ(cuda::LaunchMoeRoute(ids_d, P, E, count, offset, pair_of, active, num_active, invalid,
+                                 nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(ToHost(count, E), (std::vector<int32_t>{2, 0, 0, 4, 0, 2}));
@@ -258,13 +255,13 @@ TEST_F(MoeCudaTest, RouteGroupsPairsByExpertAndCountsInvalidIds) {
 
 TEST_F(MoeCudaTest, RejectsBadArguments) {
   cuda::MoeDeviceWeights w;
-  EXPECT_EQ(cuda::AllocMoeWeights(8, 100, 64, &w), cudaErrorInvalidValue);  // H % 32
+  EXPECT_EQ(cuda::AllocMoeWeights(8, 100, 64, &w), cudaErrorInvalidValue);   // H % 32
   EXPECT_EQ(cuda::AllocMoeWeights(8, 64, 8192, &w), cudaErrorInvalidValue);  // I too big
   EXPECT_EQ(cuda::AllocMoeWeights(0, 64, 64, &w), cudaErrorInvalidValue);
   ASSERT_EQ(cuda::AllocMoeWeights(4, 64, 64, &w), cudaSuccess);
-  EXPECT_EQ(cuda::UploadMoeExpert(w, 4, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
-                                  nullptr),
-            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      cuda::UploadMoeExpert(w, 4, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+      cudaErrorInvalidValue);
   void* ws = nullptr;
   size_t need = cuda::MoeWorkspaceBytes(w, 2, 2);
   ASSERT_EQ(cudaMalloc(&ws, need), cudaSuccess);
@@ -278,15 +275,15 @@ TEST_F(MoeCudaTest, RejectsBadArguments) {
   EXPECT_EQ(cuda::LaunchMoeLayer(w, x, ids, tw, 2, 2, kLimit, kAlpha, out, ws, need - 1, nullptr,
                                  nullptr),
             cudaErrorInvalidValue);  // workspace too small
-  EXPECT_EQ(cuda::LaunchMoeLayer(w, x, ids, tw, 2, 5, kLimit, kAlpha, out, ws, need, nullptr,
-                                 nullptr),
-            cudaErrorInvalidValue);  // top_k > experts
-  EXPECT_EQ(cuda::LaunchMoeLayer(w, x, ids, tw, -1, 2, kLimit, kAlpha, out, ws, need, nullptr,
-                                 nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(cuda::LaunchMoeLayer(w, x, ids, tw, 0, 2, kLimit, kAlpha, out, ws, need, nullptr,
-                                 nullptr),
-            cudaSuccess);  // nothing to do
+  EXPECT_EQ(
+      cuda::LaunchMoeLayer(w, x, ids, tw, 2, 5, kLimit, kAlpha, out, ws, need, nullptr, nullptr),
+      cudaErrorInvalidValue);  // top_k > experts
+  EXPECT_EQ(
+      cuda::LaunchMoeLayer(w, x, ids, tw, -1, 2, kLimit, kAlpha, out, ws, need, nullptr, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      cuda::LaunchMoeLayer(w, x, ids, tw, 0, 2, kLimit, kAlpha, out, ws, need, nullptr, nullptr),
+      cudaSuccess);  // nothing to do
   cudaFree(x), cudaFree(out), cudaFree(ids), cudaFree(ws);
   cuda::FreeMoeWeights(&w);
 }

@@ -51,12 +51,18 @@ int main(int argc, char** argv) {
     }
     const char* v = argv[++i];
     bool ok = true;
-    if (a == "--experts") ok = ParseInt(v, 1, 1024, &experts);
-    else if (a == "--hidden") ok = ParseInt(v, 32, 4096, &hidden);
-    else if (a == "--intermediate") ok = ParseInt(v, 32, 4096, &intermediate);
-    else if (a == "--top-k") ok = ParseInt(v, 1, 1024, &top_k);
-    else if (a == "--iters") ok = ParseInt(v, 1, 100000, &iters);
-    else if (a == "--hbm-gbs") ok = ParseInt(v, 1, 100000, &hbm_gbs);
+    if (a == "--experts")
+      ok = ParseInt(v, 1, 1024, &experts);
+    else if (a == "--hidden")
+      ok = ParseInt(v, 32, 4096, &hidden);
+    else if (a == "--intermediate")
+      ok = ParseInt(v, 32, 4096, &intermediate);
+    else if (a == "--top-k")
+      ok = ParseInt(v, 1, 1024, &top_k);
+    else if (a == "--iters")
+      ok = ParseInt(v, 1, 100000, &iters);
+    else if (a == "--hbm-gbs")
+      ok = ParseInt(v, 1, 100000, &hbm_gbs);
     else if (a == "--tokens") {
       token_counts.clear();
       std::stringstream ss(v);
@@ -134,7 +140,8 @@ int main(int argc, char** argv) {
     if (!Check(cudaMalloc(&d_x, x.size() * 2), "alloc") ||
         !Check(cudaMalloc(&d_ids, ids.size() * 4), "alloc") ||
         !Check(cudaMalloc(&d_w, tw.size() * 4), "alloc") ||
-        !Check(cudaMalloc(&d_out, T * hidden * 4), "alloc") || !Check(cudaMalloc(&d_ws, ws), "alloc") ||
+        !Check(cudaMalloc(&d_out, T * hidden * 4), "alloc") ||
+        !Check(cudaMalloc(&d_ws, ws), "alloc") ||
         !Check(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "copy") ||
         !Check(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "copy") ||
         !Check(cudaMemcpy(d_w, tw.data(), tw.size() * 4, cudaMemcpyHostToDevice), "copy") ||
@@ -142,8 +149,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     auto call = [&] {
-      return flotilla::kernels::cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, 7.0f, 1.702f,
-                                                     d_out, d_ws, ws, nullptr, stream);
+      return flotilla::kernels::cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, 7.0f, 1.702f, d_out,
+                                                     d_ws, ws, nullptr, stream);
     };
     if (!Check(call(), "warm-up") || !Check(cudaStreamSynchronize(stream), "warm-up")) return 1;
     const long n = iters > 0 ? iters : (T >= 1024 ? 5 : 50);
