@@ -1,0 +1,96 @@
+// CUDA: the gpt-oss MoE layer with MXFP4 experts (CPU reference: LinearMxfp4,
+// SwigluClamped and the router-weighted sum in kernels/cpu/ops.h; MODEL.md
+// gives the math). Pure CUDA runtime: no Abseil, gRPC or protobuf.
+//
+// One call, all on `stream`:
+//   1. routing: the T*K (token, k) pairs are grouped by expert on the GPU
+//      (counts, offsets, permutation, the list of experts touched);
+//   2. gate_up: a grouped MXFP4 x activation GEMV per touched expert, the 32-value
+//      blocks decoded in registers, bias and the clamped SwiGLU over the
+//      interleaved gate/up rows fused in the epilogue -> h [T*K, I] f32;
+//   3. down: the same GEMV over h with bias, times the router weight, added
+//      into the output rows with atomics (fused scatter-add).
+// Each call reads a touched expert's weights from HBM once per block of rows;
+// a warp holds 4 rows' 16-byte weight blocks in registers and applies them to
+// up to 4 of the expert's tokens at a time (activations staged in shared
+// memory), re-reading the rows from L2 for each further group of 4 tokens.
+// Prefill therefore runs the same CUDA-core kernels: correct, but compute
+// bound far below tensor-core rates (no wgmma path yet).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flotilla::kernels::cuda {
+
+// Device-resident expert weights of one layer, contiguous per tensor, in the
+// checkpoint's own layout (MODEL.md): for `num_experts` experts,
+//   gate_up_blocks [E, 2I, H/32, 16] u8, gate_up_scales [E, 2I, H/32] u8,
+//   gate_up_bias [E, 2I] bf16, down_blocks [E, H, I/32, 16] u8,
+//   down_scales [E, H, I/32] u8, down_bias [E, H] bf16.
+// Expert slot e here is the index used in the routing ids.
+struct MoeDeviceWeights {
+  int num_experts = 0;
+  int hidden = 0;        // H, a multiple of 32, at most 4096
+  int intermediate = 0;  // I, a multiple of 32, at most 4096
+  uint8_t* gate_up_blocks = nullptr;
+  uint8_t* gate_up_scales = nullptr;
+  uint16_t* gate_up_bias = nullptr;
+  uint8_t* down_blocks = nullptr;
+  uint8_t* down_scales = nullptr;
+  uint16_t* down_bias = nullptr;
+
+  // Bytes of one expert (blocks + scales + bias of both projections).
+  size_t ExpertBytes() const;
+};
+
+// Allocates the six tensors (uninitialised). Returns cudaErrorInvalidValue for
+// shapes the kernels do not take; on error nothing stays allocated.
+cudaError_t AllocMoeWeights(int num_experts, int hidden, int intermediate, MoeDeviceWeights* w);
+// Frees what AllocMoeWeights allocated and resets `w`.
+void FreeMoeWeights(MoeDeviceWeights* w);
+
+// Copies one expert's host tensors (checkpoint layout, as in
+// worker/model/weights.h ExpertWeights) into slot `slot`. Asynchronous on
+// `stream`; pageable host memory makes it effectively synchronous.
+cudaError_t UploadMoeExpert(const MoeDeviceWeights& w, int slot, const uint8_t* gate_up_blocks,
+                            const uint8_t* gate_up_scales, const uint16_t* gate_up_bias,
+                            const uint8_t* down_blocks, const uint8_t* down_scales,
+                            const uint16_t* down_bias, cudaStream_t stream);
+
+// Fills every expert with deterministic pseudo-random weights derived from
+// `seed` (uniform nibbles, scales 2^(-10..-5), biases in [-0.1, 0.1)), for
+// tests and benchmarks at full shapes without a checkpoint.
+cudaError_t LaunchFillMoeWeightsSynthetic(const MoeDeviceWeights& w, uint64_t seed,
+                                          cudaStream_t stream);
+
+// Scratch bytes LaunchMoeLayer needs for `tokens` tokens with `top_k` experts each.
+size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
+
+// out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])
+// with e = topk_ids[t, k].
+//   x: bf16 [tokens, H]; topk_ids int32 / topk_weights f32 [tokens, top_k];
+//   out: f32 [tokens, H], added into (pass a zeroed buffer or the residual);
+//   workspace: MoeWorkspaceBytes() bytes, 16-byte aligned;
+//   invalid_ids: device int32 that receives how many ids were outside
+//     [0, num_experts) (those pairs are skipped), or nullptr.
+// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md. Returns
+// cudaErrorInvalidValue for bad arguments, else the launch status.
+cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
+                           const float* topk_weights, int tokens, int top_k, float limit,
+                           float alpha, float* out, void* workspace, size_t workspace_bytes,
+                           int32_t* invalid_ids, cudaStream_t stream);
+
+// Routing alone (step 1 above), exposed for tests. For P = tokens * top_k pairs:
+//   expert_count [num_experts], expert_offset [num_experts + 1] (exclusive
+//   prefix sum), pair_of [P]: the pair indices grouped by expert (order within
+//   an expert unspecified), active [num_experts]: the touched experts in
+//   ascending order, num_active [1], invalid_ids [1].
+cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
+                           int32_t* expert_count, int32_t* expert_offset, int32_t* pair_of,
+                           int32_t* active, int32_t* num_active, int32_t* invalid_ids,
+                           cudaStream_t stream);
+
+}  // namespace flotilla::kernels::cuda

@@ -1,0 +1,292 @@
+// The CUDA MoE layer against the CPU reference ops (LinearMxfp4, SwigluClamped,
+// the router-weighted sum) on the same bf16 inputs and the same MXFP4 bytes.
+//
+// Tolerance: every product fp4 * bf16 is exact in f32 on both sides, so the
+// only differences are the order of f32 additions (2880-term dot products,
+// per-block partial sums on the GPU, atomics in the scatter-add) and expf. That
+// is ~1e-6 relative to the magnitudes summed; we allow 1e-4 * max(1, max|ref|)
+// per output element, which still catches a single wrong nibble, scale, bias,
+// routing slot or gate/up swap (each moves outputs by 1e-2 or more).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/bf16.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/moe.h"
+
+namespace flotilla::kernels {
+namespace {
+
+constexpr float kLimit = 7.0f;
+constexpr float kAlpha = 1.702f;
+
+class MoeCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
+  }
+};
+
+// Host copy of the layer's weights, checkpoint layout.
+struct HostMoe {
+  int E = 0, H = 0, I = 0;
+  std::vector<uint8_t> gu_blocks, gu_scales, d_blocks, d_scales;
+  std::vector<uint16_t> gu_bias, d_bias;
+};
+
+template <typename T>
+std::vector<T> ToHost(const T* d, size_t n) {
+  std::vector<T> h(n);
+  EXPECT_EQ(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+HostMoe CopyBack(const cuda::MoeDeviceWeights& w) {
+  HostMoe m;
+  m.E = w.num_experts, m.H = w.hidden, m.I = w.intermediate;
+  size_t e = m.E, h = m.H, i = m.I;
+  m.gu_blocks = ToHost(w.gate_up_blocks, e * 2 * i * h / 2);
+  m.gu_scales = ToHost(w.gate_up_scales, e * 2 * i * h / 32);
+  m.gu_bias = ToHost(w.gate_up_bias, e * 2 * i);
+  m.d_blocks = ToHost(w.down_blocks, e * h * i / 2);
+  m.d_scales = ToHost(w.down_scales, e * h * i / 32);
+  m.d_bias = ToHost(w.down_bias, e * h);
+  return m;
+}
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// K distinct experts per token and softmax weights over random logits.
+Routing RandomRouting(int T, int K, int E, std::mt19937& rng) {
+  Routing r;
+  std::vector<int> perm(E);
+  std::normal_distribution<float> logit(0.f, 1.f);
+  for (int t = 0; t < T; ++t) {
+    std::iota(perm.begin(), perm.end(), 0);
+    std::vector<float> l(K);
+    float total = 0;
+    for (int k = 0; k < K; ++k) {
+      std::uniform_int_distribution<int> pick(k, E - 1);
+      std::swap(perm[k], perm[pick(rng)]);
+      r.ids.push_back(perm[k]);
+      l[k] = std::exp(logit(rng));
+      total += l[k];
+    }
+    for (int k = 0; k < K; ++k) r.weights.push_back(l[k] / total);
+  }
+  return r;
+}
+
+std::vector<float> CpuReference(const HostMoe& m, const std::vector<uint16_t>& x_bf16,
+                                const Routing& r, int T, int K) {
+  const size_t H = m.H, I = m.I;
+  cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  std::vector<float> y(T * H, 0.f), x(H), gu(2 * I), act(I), down(H);
+  for (int t = 0; t < T; ++t) {
+    for (size_t c = 0; c < H; ++c) x[c] = Bf16ToFloat(x_bf16[t * H + c]);
+    for (int k = 0; k < K; ++k) {
+      size_t e = r.ids[t * K + k];
+      cpu::LinearMxfp4(&pool, x.data(), 1, H, m.gu_blocks.data() + e * 2 * I * H / 2,
+                       m.gu_scales.data() + e * 2 * I * H / 32, 2 * I, m.gu_bias.data() + e * 2 * I,
+                       gu.data());
+      cpu::SwigluClamped(gu.data(), 1, I, kLimit, kAlpha, act.data());
+      cpu::LinearMxfp4(&pool, act.data(), 1, I, m.d_blocks.data() + e * H * I / 2,
+                       m.d_scales.data() + e * H * I / 32, H, m.d_bias.data() + e * H, down.data());
+      for (size_t c = 0; c < H; ++c) y[t * H + c] += r.weights[t * K + k] * down[c];
+    }
+  }
+  return y;
+}
+
+// Runs the CUDA layer on `m`-shaped device weights and compares with the CPU.
+void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  const size_t H = m.H;
+  std::vector<uint16_t> x(T * H);
+  for (auto& v : x) v = FloatToBf16(dist(rng));
+  Routing r = RandomRouting(T, K, m.E, rng);
+  // A nonzero starting output checks that the layer adds into it.
+  std::vector<float> out0(T * H);
+  for (auto& v : out0) v = dist(rng);
+
+  uint16_t* d_x = nullptr;
+  int32_t *d_ids = nullptr, *d_invalid = nullptr;
+  float *d_w = nullptr, *d_out = nullptr;
+  void* d_ws = nullptr;
+  size_t ws = cuda::MoeWorkspaceBytes(w, T, K);
+  ASSERT_EQ(cudaMalloc(&d_x, x.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_ids, r.ids.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_w, r.weights.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_out, out0.size() * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_invalid, 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&d_ws, ws), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_ids, r.ids.data(), r.ids.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_w, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
+                                 d_invalid, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> got = ToHost(d_out, out0.size());
+  EXPECT_EQ(ToHost(d_invalid, 1)[0], 0);
+  cudaFree(d_x), cudaFree(d_ids), cudaFree(d_w), cudaFree(d_out), cudaFree(d_invalid),
+      cudaFree(d_ws);
+
+  std::vector<float> want = CpuReference(m, x, r, T, K);
+  float max_ref = 0, max_err = 0, mean_abs = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(want[i]));
+    mean_abs += std::fabs(want[i]) / want.size();
+  }
+  const float tol = 1e-4f * std::max(1.f, max_ref);
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    float err = std::fabs(got[i] - out0[i] - want[i]);
+    max_err = std::max(max_err, err);
+    if (!(err <= tol) && ++bad <= 5) {
+      ADD_FAILURE() << "token " << i / H << " feature " << i % H << ": cuda " << got[i] - out0[i]
+                    << " cpu " << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(mean_abs, 1e-2f) << "outputs too small for the comparison to mean anything";
+  std::printf("T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
+              T, K, m.E, H, m.I, max_ref, mean_abs, max_err, tol);
+}
+
+class MoeCudaRealShapeTest : public MoeCudaTest {
+ protected:
+  static void SetUpTestSuite() {
+    if (cuda::DeviceCount() == 0) return;
+    ASSERT_EQ(cuda::AllocMoeWeights(128, 2880, 2880, &weights_), cudaSuccess);
+    ASSERT_EQ(cuda::LaunchFillMoeWeightsSynthetic(weights_, 42, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    host_ = new HostMoe(CopyBack(weights_));
+  }
+  static void TearDownTestSuite() {
+    cuda::FreeMoeWeights(&weights_);
+    delete host_;
+    host_ = nullptr;
+  }
+  static cuda::MoeDeviceWeights weights_;
+  static HostMoe* host_;
+};
+cuda::MoeDeviceWeights MoeCudaRealShapeTest::weights_;
+HostMoe* MoeCudaRealShapeTest::host_ = nullptr;
+
+TEST_F(MoeCudaRealShapeTest, OneToken) { CheckLayer(weights_, *host_, 1, 4, 1); }
+TEST_F(MoeCudaRealShapeTest, EightTokens) { CheckLayer(weights_, *host_, 8, 4, 2); }
+TEST_F(MoeCudaRealShapeTest, SixtyFourTokens) { CheckLayer(weights_, *host_, 64, 4, 3); }
+
+// Small shape uploaded from host tensors (the path real checkpoints take),
+// with scales spread over 2^-20 .. 2^3 including the subnormal-producing ones.
+TEST_F(MoeCudaTest, SmallShapeFromHostUpload) {
+  HostMoe m;
+  m.E = 8, m.H = 256, m.I = 96;  // I/32 = 3 blocks per row: lanes past the row end idle
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int> byte(0, 255), scale(107, 130);
+  std::uniform_real_distribution<float> bias(-0.5f, 0.5f);
+  size_t E = m.E, H = m.H, I = m.I;
+  m.gu_blocks.resize(E * 2 * I * H / 2), m.gu_scales.resize(E * 2 * I * H / 32);
+  m.d_blocks.resize(E * H * I / 2), m.d_scales.resize(E * H * I / 32);
+  m.gu_bias.resize(E * 2 * I), m.d_bias.resize(E * H);
+  for (auto& v : m.gu_blocks) v = byte(rng);
+  for (auto& v : m.d_blocks) v = byte(rng);
+  for (auto& v : m.gu_scales) v = scale(rng) - 8;  // 2^-28 .. 2^-5
+  for (auto& v : m.d_scales) v = scale(rng);
+  for (auto& v : m.gu_bias) v = FloatToBf16(bias(rng));
+  for (auto& v : m.d_bias) v = FloatToBf16(bias(rng));
+  cuda::MoeDeviceWeights w;
+  ASSERT_EQ(cuda::AllocMoeWeights(m.E, m.H, m.I, &w), cudaSuccess);
+  for (int e = 0; e < m.E; ++e) {
+    ASSERT_EQ(
+        cuda::UploadMoeExpert(w, e, m.gu_blocks.data() + e * 2 * I * H / 2,
+                              m.gu_scales.data() + e * 2 * I * H / 32, m.gu_bias.data() + e * 2 * I,
+                              m.d_blocks.data() + e * H * I / 2, m.d_scales.data() + e * H * I / 32,
+                              m.d_bias.data() + e * H, nullptr),
+        cudaSuccess);
+  }
+  CheckLayer(w, m, 1, 2, 5);
+  CheckLayer(w, m, 37, 2, 6);   // several tokens per expert
+  CheckLayer(w, m, 300, 8, 7);  // every expert, top_k = E
+  cuda::FreeMoeWeights(&w);
+}
+
+TEST_F(MoeCudaTest, RouteGroupsPairsByExpertAndCountsInvalidIds) {
+  const int E = 6;
+  std::vector<int32_t> ids = {3, 0, 3, 5, -1, 3, 0, 6, 5, 3};
+  const int P = ids.size();
+  int32_t* d = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, (P + E + E + 1 + P + E + 2) * 4), cudaSuccess);
+  int32_t *ids_d = d, *count = d + P, *offset = count + E, *pair_of = offset + E + 1,
+          *active = pair_of + P, *num_active = active + E, *invalid = num_active + 1;
+  ASSERT_EQ(cudaMemcpy(ids_d, ids.data(), P * 4, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchMoeRoute(ids_d, P, E, count, offset, pair_of, active, num_active, invalid,
+                                 nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(ToHost(count, E), (std::vector<int32_t>{2, 0, 0, 4, 0, 2}));
+  EXPECT_EQ(ToHost(offset, E + 1), (std::vector<int32_t>{0, 2, 2, 2, 6, 6, 8}));
+  EXPECT_EQ(ToHost(num_active, 1)[0], 3);
+  std::vector<int32_t> act = ToHost(active, 3);
+  EXPECT_EQ(act, (std::vector<int32_t>{0, 3, 5}));
+  EXPECT_EQ(ToHost(invalid, 1)[0], 2);
+  std::vector<int32_t> po = ToHost(pair_of, 8);
+  std::sort(po.begin(), po.begin() + 2), std::sort(po.begin() + 2, po.begin() + 6),
+      std::sort(po.begin() + 6, po.end());
+  EXPECT_EQ(po, (std::vector<int32_t>{1, 6, 0, 2, 5, 9, 3, 8}));
+  cudaFree(d);
+}
+
+TEST_F(MoeCudaTest, RejectsBadArguments) {
+  cuda::MoeDeviceWeights w;
+  EXPECT_EQ(cuda::AllocMoeWeights(8, 100, 64, &w), cudaErrorInvalidValue);   // H % 32
+  EXPECT_EQ(cuda::AllocMoeWeights(8, 64, 8192, &w), cudaErrorInvalidValue);  // I too big
+  EXPECT_EQ(cuda::AllocMoeWeights(0, 64, 64, &w), cudaErrorInvalidValue);
+  ASSERT_EQ(cuda::AllocMoeWeights(4, 64, 64, &w), cudaSuccess);
+  EXPECT_EQ(
+      cuda::UploadMoeExpert(w, 4, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+      cudaErrorInvalidValue);
+  void* ws = nullptr;
+  size_t need = cuda::MoeWorkspaceBytes(w, 2, 2);
+  ASSERT_EQ(cudaMalloc(&ws, need), cudaSuccess);
+  uint16_t* x = nullptr;
+  float* out = nullptr;
+  int32_t* ids = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 256), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, 512), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&ids, 64), cudaSuccess);
+  float* tw = out;
+  EXPECT_EQ(cuda::LaunchMoeLayer(w, x, ids, tw, 2, 2, kLimit, kAlpha, out, ws, need - 1, nullptr,
+                                 nullptr),
+            cudaErrorInvalidValue);  // workspace too small
+  EXPECT_EQ(
+      cuda::LaunchMoeLayer(w, x, ids, tw, 2, 5, kLimit, kAlpha, out, ws, need, nullptr, nullptr),
+      cudaErrorInvalidValue);  // top_k > experts
+  EXPECT_EQ(
+      cuda::LaunchMoeLayer(w, x, ids, tw, -1, 2, kLimit, kAlpha, out, ws, need, nullptr, nullptr),
+      cudaErrorInvalidValue);
+  EXPECT_EQ(
+      cuda::LaunchMoeLayer(w, x, ids, tw, 0, 2, kLimit, kAlpha, out, ws, need, nullptr, nullptr),
+      cudaSuccess);  // nothing to do
+  cudaFree(x), cudaFree(out), cudaFree(ids), cudaFree(ws);
+  cuda::FreeMoeWeights(&w);
+}
+
+}  // namespace
+}  // namespace flotilla::kernels
