@@ -1,0 +1,80 @@
+// CUDA: the dense ops of one gpt-oss step (MODEL.md "One layer, exactly"), the
+// CPU references being the functions of kernels/cpu/ops.h of the same name.
+// Pure CUDA runtime: no Abseil, gRPC or protobuf. bf16 values are passed as
+// uint16_t (the bit pattern of __nv_bfloat16). Every launcher takes its sizes
+// as host arguments and its per-token data from device memory, so a decode
+// step can be captured once into a CUDA graph and replayed with new data.
+// All launchers return cudaErrorInvalidValue for bad arguments, else the launch status.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flotilla::kernels::cuda {
+
+// out[t, :] = table[ids[t], :] as f32 (the residual stream is kept in f32).
+// ids outside [0, vocab) give a zero row and are counted into *invalid_ids
+// (device int32, may be nullptr).
+cudaError_t LaunchEmbedding(const uint16_t* table, int vocab, int hidden, const int32_t* ids,
+                            int tokens, float* out, int32_t* invalid_ids, cudaStream_t stream);
+
+// Fused residual add + RMSNorm: if `add` is not null, x[t, :] += add[t, :]
+// first (x is updated in place); then
+// out[t, :] = bf16(x[t, :] / sqrt(mean(x[t, :]^2) + eps) * weight), math in f32.
+cudaError_t LaunchAddRmsNorm(float* x, const float* add, const uint16_t* weight, int tokens,
+                             int hidden, float eps, uint16_t* out, cudaStream_t stream);
+
+// Same for the rows listed in `rows` [count] only (the positions whose logits
+// are wanted): out[i, :] = rmsnorm(x[rows[i], :]) * weight.
+cudaError_t LaunchRmsNormRows(const float* x, const int32_t* rows, int count, const uint16_t* weight,
+                              int hidden, float eps, uint16_t* out, cudaStream_t stream);
+
+// cuBLASLt handle and workspace for the large-batch path of LaunchLinear;
+// create one per stream owner. Opaque to callers.
+struct LinearContext;
+cudaError_t CreateLinearContext(LinearContext** ctx);
+void DestroyLinearContext(LinearContext* ctx);
+
+// y[t, o] (=|+=) sum_i x[t, i] * w[o, i] + bias[o]
+//   x bf16 [tokens, in], w bf16 [out, in] (the checkpoint's row-major layout),
+//   bias bf16 [out] or nullptr, y f32 [tokens, out]; accumulate: add into y
+//   (used to add the O projection into the residual stream).
+// Small batches (tokens <= 16) stream w once at full bandwidth on CUDA cores;
+// larger ones run on tensor cores (cuBLASLt) with f32 accumulation. The choice
+// depends on `tokens` only, so a captured graph keeps its path.
+// in must be a multiple of 8.
+cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* w,
+                         const uint16_t* bias, int tokens, int in, int out, bool accumulate,
+                         float* y, cudaStream_t stream);
+
+// Paged KV cache of one layer on the GPU: K and V each
+// bf16 [num_blocks, kv_heads, block_size, head_dim]; position p of a sequence
+// lives in block block_table[p / block_size] at slot p % block_size.
+struct PagedKvLayer {
+  uint16_t* k = nullptr;
+  uint16_t* v = nullptr;
+  int num_blocks = 0;
+  int block_size = 0;  // a power of two, 16..128
+  int kv_heads = 0;
+  int head_dim = 0;  // 64
+};
+
+// RoPE (YaRN inv_freq and scaling precomputed, MODEL.md) fused with the KV
+// cache write. qkv f32 [tokens, (q_heads + 2 kv_heads) * head_dim], bias
+// already added, laid out q heads | k heads | v heads. For each token:
+// q_out bf16 [tokens, q_heads, head_dim] = rope(q); the cache slot
+// slots[t] (= block * block_size + offset, or -1: do not store) receives
+// rope(k) and v. positions int32 [tokens]; inv_freq f32 [head_dim / 2] on device.
+cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const int32_t* slots,
+                              int tokens, int q_heads, const float* inv_freq, float scaling,
+                              const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream);
+
+// Router: for each row of logits f32 [rows, E] the K largest (descending, ties
+// to the lower index as torch.topk does) and the softmax over those K only.
+// E <= 256, K <= 8.
+cudaError_t LaunchRouterTopK(const float* logits, int rows, int num_experts, int k, int32_t* ids,
+                             float* weights, cudaStream_t stream);
+
+}  // namespace flotilla::kernels::cuda

@@ -1,0 +1,35 @@
+// CUDA: token sampling over f32 logits (CPU reference: worker/engine/sampler.h,
+// the same order of operations: temperature, top-k, top-p, then a draw).
+// Pure CUDA runtime; no Abseil, gRPC or protobuf.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flotilla::kernels::cuda {
+
+// Per-row parameters (device array of `rows`).
+struct SamplingRow {
+  float temperature = 0.0f;  // <= 0: greedy (argmax, ties to the lower id)
+  int32_t top_k = 0;         // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off; drop ids below min_p * p(most likely)
+  uint64_t seed = 0;         // with `step`, drives a counter-based RNG (Philox)
+  uint64_t step = 0;
+};
+
+size_t SampleWorkspaceBytes(int rows, int vocab);
+
+// For each row r of logits [rows, vocab]: tokens[r] = the sampled id;
+// logprobs[r] (nullptr: not wanted) = log softmax(logits[r])[token] of the raw
+// logits (temperature 1, before top-k/top-p, as the OpenAI API reports);
+// if top_n > 0, top_ids / top_logprobs [rows, top_n] receive the top_n most
+// likely ids of the raw distribution and their log-probabilities.
+cudaError_t LaunchSample(const float* logits, int rows, int vocab, const SamplingRow* params,
+                         int32_t* tokens, float* logprobs, int top_n, int32_t* top_ids,
+                         float* top_logprobs, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream);
+
+}  // namespace flotilla::kernels::cuda
