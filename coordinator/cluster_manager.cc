@@ -373,6 +373,7 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
   request.set_request_id(id);
   requests_[id] = Request{id, group, std::move(callbacks)};
   ++group_inflight_[group];
+  ++requests_submitted_;
   cluster::CoordinatorMessage msg;
   *msg.mutable_submit() = std::move(request);
   w.session->Send(msg);
@@ -399,6 +400,7 @@ bool ClusterManager::Cancel(uint64_t request_id, const std::string& reason) {
     done.push_back(Finished{std::move(it->second.callbacks), absl::CancelledError(reason),
                             std::nullopt});
     requests_.erase(it);
+    ++requests_cancelled_;
   }
   Deliver(done);
   return true;
@@ -451,6 +453,9 @@ admin::ClusterStatus ClusterManager::Status() const {
   s.set_expected_workers(options_.expected_workers);
   s.set_generation(generation_);
   s.set_message(state_message_);
+  s.set_requests_in_flight(static_cast<uint32_t>(requests_.size()));
+  s.set_requests_submitted(requests_submitted_);
+  s.set_requests_cancelled(requests_cancelled_);
   const absl::Time now = absl::Now();
   for (const auto& [id, w] : workers_) {
     admin::WorkerStatus* ws = s.add_workers();

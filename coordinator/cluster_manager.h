@@ -146,6 +146,8 @@ class ClusterManager {
   std::optional<ExpertMap> loaded_map_;  // the map whose experts the ranks loaded
   std::map<uint64_t, Request> requests_;
   uint64_t next_request_id_ = 1;
+  uint64_t requests_submitted_ = 0;
+  uint64_t requests_cancelled_ = 0;
   std::vector<uint32_t> group_inflight_;
 
   std::atomic<bool> stop_{false};

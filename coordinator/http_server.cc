@@ -1,6 +1,12 @@
 #include "coordinator/http_server.h"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -110,6 +116,12 @@ class HttpMetrics {
     e2e_.Render("flotilla_request_duration_seconds", "time from admission to the last token", out);
     Gauge(out, "flotilla_http_requests_in_flight", "generation requests being served over HTTP",
           static_cast<double>(in_flight.load()));
+    Counter(out, "flotilla_requests_submitted_total", "requests admitted (gRPC and HTTP)",
+            s.requests_submitted());
+    Counter(out, "flotilla_requests_cancelled_total",
+            "requests ended early by a cancel, a client disconnect or a stop string", s.requests_cancelled());
+    Gauge(out, "flotilla_requests_in_flight", "requests the coordinator is serving (gRPC and HTTP)",
+          static_cast<double>(s.requests_in_flight()));
     Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests",
           s.state() == admin::READY ? 1 : 0);
     uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
@@ -250,6 +262,85 @@ absl::Status EndStatus(const Generation& g, const absl::Status& done_status) {
   return absl::InternalError("the request ended without a finish reason");
 }
 
+// "ADDR" and port of a socket address (IPv4 or IPv6).
+bool AddrPort(const sockaddr_storage& a, std::string* addr, int* port) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
+    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
+    *port = ntohs(in->sin_port);
+  } else if (a.ss_family == AF_INET6) {
+    const auto* in = reinterpret_cast<const sockaddr_in6*>(&a);
+    inet_ntop(AF_INET6, &in->sin6_addr, buf, sizeof(buf));
+    *port = ntohs(in->sin6_port);
+  } else {
+    return false;
+  }
+  *addr = buf;
+  return true;
+}
+
+// The connection a request arrived on (cpp-httplib does not hand it to
+// handlers): the socket of this process whose two ends match the request's.
+// -1 when not found. The socket stays open while the handler runs.
+int ConnectionOf(const httplib::Request& req) {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* e = readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
+    struct stat st;
+    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
+      continue;
+    }
+    std::string la, pa;
+    int lp = 0, pp = 0;
+    if (!AddrPort(local, &la, &lp) || !AddrPort(peer, &pa, &pp)) continue;
+    if (lp == req.local_port && pp == req.remote_port && pa == req.remote_addr &&
+        (req.local_addr.empty() || la == req.local_addr)) {
+      found = static_cast<int>(fd);
+      break;
+    }
+  }
+  closedir(dir);
+  return found;
+}
+
+// Whether the peer closed (or reset) the connection. A request the client
+// pipelined behind this one would be readable data, not a close.
+bool PeerGone(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP | POLLRDHUP)) return true;
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// The request's deadline from X-Request-Timeout or X-Stainless-Timeout
+// (seconds, > 0); nullopt when neither is set.
+absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const httplib::Request& req, absl::Time now) {
+  for (const char* header : {"X-Request-Timeout", "X-Stainless-Timeout"}) {
+    if (!req.has_header(header)) continue;
+    const std::string v = req.get_header_value(header);
+    char* end = nullptr;
+    const double seconds = std::strtod(v.c_str(), &end);
+    if (v.empty() || end == v.c_str() || *end != '\0' || !(seconds > 0) || seconds > 1e7) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(header, " header: '", v, "' is not a positive number of seconds"));
+    }
+    return std::optional<absl::Time>(now + absl::Seconds(seconds));
+  }
+  return std::optional<absl::Time>();
+}
+
 }  // namespace
 
 // ---- server ----
@@ -376,10 +467,10 @@ void HttpServer::Routes() {
     }
   });
   svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(Endpoint::kChat, req.body, res);
+    Serve(Endpoint::kChat, req, res);
   });
   svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(Endpoint::kCompletions, req.body, res);
+    Serve(Endpoint::kCompletions, req, res);
   });
 }
 
@@ -391,8 +482,10 @@ std::string HttpServer::NewId(const char* prefix) {
   return absl::StrCat(prefix, buf);
 }
 
-void HttpServer::Serve(Endpoint endpoint, const std::string& body, httplib::Response& res) {
-  absl::StatusOr<Json> json = ParseBody(body);
+void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
+  if (!deadline.ok()) return SendError(res, deadline.status());
+  absl::StatusOr<Json> json = ParseBody(req.body);
   if (!json.ok()) return SendError(res, json.status());
   absl::StatusOr<PreparedRequest> prepared =
       endpoint == Endpoint::kChat ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony)
@@ -410,6 +503,7 @@ void HttpServer::Serve(Endpoint endpoint, const std::string& body, httplib::Resp
   cluster::SubmitSequence submit;
   for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
   *submit.mutable_sampling() = prepared->sampling;
+  if (*deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(**deadline));
   g->ex->submitted = absl::Now();
   absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), MakeCallbacks(g->ex, metrics_.get()));
   if (!id.ok()) return SendError(res, id.status());
@@ -418,19 +512,33 @@ void HttpServer::Serve(Endpoint endpoint, const std::string& body, httplib::Resp
   ++metrics_->in_flight;
 
   if (!prepared->stream) {
+    // Wait for the end, watching the connection: a client that goes away
+    // cancels the request, and a deadline the workers missed ends it here.
+    const int conn = ConnectionOf(req);
     absl::Status done_status;
+    bool cancelled = false;
     while (true) {
       std::deque<cluster::SequenceUpdate> updates;
       bool done;
       {
         std::unique_lock<std::mutex> l(g->ex->mu);
-        g->ex->cv.wait(l, [&] { return !g->ex->updates.empty() || g->ex->done; });
+        g->ex->cv.wait_for(l, std::chrono::milliseconds(100),
+                           [&] { return !g->ex->updates.empty() || g->ex->done; });
         updates.swap(g->ex->updates);
         done = g->ex->done;
         done_status = g->ex->status;
       }
       Drain(*g, updates, manager_);
       if (done) break;
+      if (!cancelled && PeerGone(conn)) {
+        cancelled = true;
+        manager_->Cancel(g->request_id, "the HTTP client disconnected");
+      } else if (!cancelled && *deadline && absl::Now() > **deadline + absl::Seconds(1)) {
+        cancelled = true;
+        manager_->Cancel(g->request_id, "the request's deadline passed");
+        --metrics_->in_flight;
+        return SendError(res, absl::DeadlineExceededError("the request's deadline passed"));
+      }
     }
     --metrics_->in_flight;
     absl::Status st = EndStatus(*g, done_status);

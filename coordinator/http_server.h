@@ -1,8 +1,10 @@
 // The OpenAI-compatible HTTP API of the coordinator (cpp-httplib):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus text).
-// Requests go to ClusterManager::Submit; a client that disconnects mid-stream
-// cancels its request.
+// Requests go to ClusterManager::Submit; a client that disconnects (streamed
+// or not) cancels its request. A request's deadline comes from the
+// X-Request-Timeout header (seconds), else X-Stainless-Timeout (what the
+// official OpenAI clients send for their `timeout`); past it the answer is 504.
 #pragma once
 
 #include <memory>
@@ -19,6 +21,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }
 
@@ -50,7 +53,7 @@ class HttpServer {
   HttpServer(HttpServerOptions options, ClusterManager* manager, const tokenizer::Tokenizer* tokenizer);
   void Routes();
   // Runs one chat or completions request, streamed or whole.
-  void Serve(Endpoint endpoint, const std::string& body, httplib::Response& res);
+  void Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   std::string NewId(const char* prefix);
 
   HttpServerOptions options_;

@@ -1,10 +1,14 @@
 #include "coordinator/services.h"
 
 #include <atomic>
+#include <mutex>
+#include <optional>
+#include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "coordinator/chat_pipeline.h"
 #include "coordinator/stream_queue.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 
@@ -150,7 +154,127 @@ class GenerateReactor final : public GenerateReactorBase {
   uint64_t request_id_ = 0;
 };
 
+using ChatReactorBase = grpc::ServerWriteReactor<v1::ChatResponse>;
+
+// One client Chat stream: the request goes through the OpenAI pipeline
+// (Harmony renderer), the generated tokens through its streaming parser
+// (ChatStream); each update becomes at most one response.
+class ChatReactor final : public ChatReactorBase {
+ public:
+  ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context, const v1::ChatRequest& request,
+              const std::string& model_id, const tokenizer::Tokenizer* tok,
+              const harmony::OpenAiRequestOptions& harmony, const std::string& call_id_salt)
+      : manager_(manager) {
+    absl::StatusOr<PreparedRequest> prepared = PrepareChat(request, model_id, *tok, harmony);
+    if (!prepared.ok()) {
+      Finish(ToGrpcStatus(prepared.status()));
+      return;
+    }
+    state_ = std::make_shared<State>(this, tok, call_id_salt, prepared->stop,
+                                     static_cast<uint32_t>(prepared->prompt.size()));
+    cluster::SubmitSequence submit;
+    for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
+    *submit.mutable_sampling() = prepared->sampling;
+    const auto deadline = context->deadline();
+    if (deadline != std::chrono::system_clock::time_point::max()) {
+      submit.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      deadline.time_since_epoch())
+                                      .count());
+    }
+    std::shared_ptr<State> state = state_;
+    RequestCallbacks cb;
+    cb.on_update = [state, manager](const cluster::SequenceUpdate& u) {
+      bool cancel = false;
+      {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->StartLocked(u.request_id());
+        std::optional<v1::ChatResponse> r = state->stream->Feed(u);
+        if (r) state->queue.Send(*r);
+        if (state->stream->finished() && state->stream->stopped_by_string() && !state->cancel_sent) {
+          // The answer hit a stop string: end the stream now, free the sequence.
+          state->cancel_sent = cancel = true;
+          state->queue.Close(grpc::Status::OK);
+        }
+      }
+      if (cancel) manager->Cancel(u.request_id(), "a stop string was generated");
+    };
+    cb.on_done = [state](const absl::Status& st) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (!state->stream) {  // ended before the stream began (e.g. a worker died at once)
+        state->queue.Close(st.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the request ended at once")
+                                   : ToGrpcStatus(st));
+      } else if (state->stream->finished()) {
+        state->queue.Close(grpc::Status::OK);
+      } else if (st.code() == absl::StatusCode::kCancelled && !state->client_gone) {
+        // Cancelled by id while this stream is still open: say so in-band.
+        state->queue.Send(state->stream->Cancelled());
+        state->queue.Close(grpc::Status::OK);
+      } else if (st.ok()) {
+        state->queue.Close(grpc::Status(grpc::StatusCode::INTERNAL, "the request ended without a finish reason"));
+      } else {
+        state->queue.Close(ToGrpcStatus(st));
+      }
+    };
+    absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
+    if (!id.ok()) {
+      state_->queue.Close(ToGrpcStatus(id.status()));
+      return;
+    }
+    request_id_ = *id;
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->StartLocked(request_id_);
+  }
+
+  void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
+  void OnCancel() override {
+    if (state_) state_->client_gone = true;
+    if (request_id_ != 0) manager_->Cancel(request_id_, "the client cancelled the stream");
+  }
+  void OnDone() override {
+    if (state_) state_->queue.Detach();
+    delete this;
+  }
+
+ private:
+  struct State {
+    State(ChatReactor* r, const tokenizer::Tokenizer* tok, std::string salt, std::vector<std::string> stop,
+          uint32_t prompt_tokens)
+        : queue(r), tok(tok), salt(std::move(salt)), stop(std::move(stop)), prompt_tokens(prompt_tokens) {}
+    // The request id is known: the stream begins (once) with a message naming it.
+    void StartLocked(uint64_t id) {
+      if (stream) return;
+      const std::string rid = absl::StrCat(id);
+      stream.emplace(tok, rid, absl::StrCat("chat-", salt, "-", rid), stop, prompt_tokens);
+      queue.Send(stream->Begin());
+    }
+    StreamQueue<ChatReactorBase, v1::ChatResponse> queue;
+    const tokenizer::Tokenizer* tok;
+    std::string salt;
+    std::vector<std::string> stop;
+    uint32_t prompt_tokens;
+    std::mutex mu;
+    std::optional<ChatStream> stream;  // under mu
+    bool cancel_sent = false;          // under mu
+    std::atomic<bool> client_gone{false};
+  };
+  ClusterManager* manager_;
+  std::shared_ptr<State> state_;
+  uint64_t request_id_ = 0;
+};
+
 }  // namespace
+
+FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
+                                 const tokenizer::Tokenizer* tokenizer, harmony::OpenAiRequestOptions harmony)
+    : manager_(manager), model_id_(std::move(model_id)), tokenizer_(tokenizer), harmony_(std::move(harmony)) {
+  std::random_device rd;
+  call_id_salt_ = absl::StrCat(absl::Hex(static_cast<uint64_t>(rd()) << 32 | rd()));
+}
+
+grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(grpc::CallbackServerContext* context,
+                                                                  const v1::ChatRequest* request) {
+  return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_, call_id_salt_);
+}
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
 ClusterControlService::Session(grpc::CallbackServerContext* context) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "coordinator/cluster_manager.h"
+#include "coordinator/harmony/openai.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
@@ -47,11 +48,14 @@ class FrontendService final : public v1::Flotilla::CallbackService {
  public:
   // `tokenizer` (o200k_harmony) encodes text prompts and decodes the
   // streamed tokens; it must outlive the service.
+  // `harmony` holds the system message defaults of Chat prompts.
   FrontendService(ClusterManager* manager, std::string model_id,
-                  const tokenizer::Tokenizer* tokenizer)
-      : manager_(manager), model_id_(std::move(model_id)), tokenizer_(tokenizer) {}
+                  const tokenizer::Tokenizer* tokenizer,
+                  harmony::OpenAiRequestOptions harmony = harmony::OpenAiRequestOptions());
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<v1::ChatResponse>* Chat(grpc::CallbackServerContext* context,
+                                                   const v1::ChatRequest* request) override;
   grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
                                    const v1::CancelRequest* request,
                                    v1::CancelResponse* response) override;
@@ -63,6 +67,8 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   ClusterManager* manager_;
   std::string model_id_;
   const tokenizer::Tokenizer* tokenizer_;
+  harmony::OpenAiRequestOptions harmony_;
+  std::string call_id_salt_;  // per process: tool call ids differ across restarts
 };
 
 }  // namespace flotilla::coordinator

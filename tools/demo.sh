@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the built-in default, run by `tools/dev demo` after a build:
 # a local cluster (coordinator + 2 workers over UCX) serving a synthetic
-# gpt-oss checkpoint answers one chat request, rendered with Harmony and
-# tokenized with o200k_harmony, then the cluster stops cleanly. The synthetic
-# weights are random, so the answer's words are noise; every stage is real.
+# gpt-oss checkpoint answers one chat request sent through the client SDK
+# (`flotilla chat --prompt`): the server renders it with Harmony, generates
+# through the cluster and streams the reply back parsed into reasoning and
+# answer. Then the cluster stops and no process of it is left. The synthetic
+# weights are random, so the reply's words are noise; every stage is real.
 set -euo pipefail
 build_dir="${1:?usage: demo.sh BUILD_DIR}"
 bin="$build_dir/bin"
@@ -19,7 +21,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== starting a local cluster: 1 coordinator, 2 workers (TP 2, EP 2)"
-"$bin/flotilla" up --workers 2 --listen 127.0.0.1:0 --log-dir "$work/logs" >"$work/up.txt" 2>&1 &
+# Its own session, so that every process it starts can be accounted for at the end.
+setsid "$bin/flotilla" up --workers 2 --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+  --log-dir "$work/logs" >"$work/up.txt" 2>&1 &
 cluster_pid=$!
 for _ in $(seq 1 600); do
   grep -q 'serving' "$work/up.txt" 2>/dev/null && break
@@ -29,25 +33,23 @@ done
 cat "$work/up.txt"
 addr="$(grep -o '127\.0\.0\.1:[0-9]*' "$work/up.txt" | head -1)"
 [[ -n "$addr" ]] || { echo "cluster did not start"; exit 1; }
+echo "== processes of the cluster: $(pgrep -s "$cluster_pid" | wc -l)"
 
-cat >"$work/request.json" <<'JSON'
-{"messages": [
-  {"role": "system", "content": "You are a helpful assistant."},
-  {"role": "user", "content": "What is the capital of France?"}],
- "reasoning_effort": "low"}
-JSON
-echo "== chat request (OpenAI format) rendered to Harmony:"
-"$bin/flotilla" render --request "$work/request.json" --date 2026-01-01
-echo
-prompt="$("$bin/flotilla" render --request "$work/request.json" --date 2026-01-01 --tokens | tr -d '[] \n')"
-echo "== $(tr ',' '\n' <<<"$prompt" | wc -l) prompt tokens sent to the cluster at $addr"
-"$bin/flotilla" generate --coordinator "$addr" --prompt-ids "$prompt" --max-tokens 24 \
-  --temperature 0 --json | tee "$work/out.json"
-tokens="$(sed -e 's/.*"tokens":\[\([^]]*\)\].*/\1/' "$work/out.json")"
-echo "== the answer parsed back from Harmony (OpenAI message):"
-"$bin/flotilla" parse --tokens "$tokens" --start-role assistant --non-strict --openai
+system="You are a helpful assistant."
+question="What is the capital of France?"
+echo "== chat request through the SDK: flotilla chat --coordinator $addr --prompt \"$question\""
+echo "   (streamed as it is generated; reasoning and answer arrive on separate channels)"
+"$bin/flotilla" chat --coordinator "$addr" --system "$system" --prompt "$question" \
+  --reasoning-effort low --max-tokens 48 --temperature 0
+
 echo "== stopping the cluster"
 kill -TERM "$cluster_pid"
 wait "$cluster_pid" || true
-cluster_pid=""
 tail -n 1 "$work/up.txt"
+left="$(pgrep -s "$cluster_pid" || true)"
+if [[ -n "$left" ]]; then
+  echo "processes left behind:"; ps -o pid,args -p "$(tr '\n' ',' <<<"$left" | sed 's/,$//')"
+  exit 1
+fi
+cluster_pid=""
+echo "== stopped: no process of the cluster is left"

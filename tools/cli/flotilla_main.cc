@@ -5,6 +5,7 @@
 #include <string>
 
 #include "tools/cli/bench_command.h"
+#include "tools/cli/chat_command.h"
 #include "tools/cli/generate_command.h"
 #include "tools/cli/info_command.h"
 #include "tools/cli/make_checkpoint_command.h"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   flotilla::cli::AddParseCommand(app);
   flotilla::cli::AddUpCommand(app);
   flotilla::cli::AddBenchCommand(app);
+  flotilla::cli::AddChatCommand(app);
   // CLI11 reports an unknown first word only as "a subcommand is required";
   // name the word and the choices instead.
   bool known = false;

@@ -44,9 +44,9 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   stub_ = v1::Flotilla::NewStub(channel_);
 }
 
-absl::Status Client::GenerateStream(const v1::GenerateRequest& request,
-                                    const std::function<void(const v1::GenerateResponse&)>& on_chunk,
-                                    CancelHandle* cancel) {
+template <typename Request, typename Response, typename StartFn>
+absl::Status Client::Stream(const Request& request, StartFn start,
+                            const std::function<void(const Response&)>& on_chunk, CancelHandle* cancel) {
   const auto deadline =
       std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.deadline);
   absl::Duration backoff = options_.retry_backoff;
@@ -55,9 +55,9 @@ absl::Status Client::GenerateStream(const v1::GenerateRequest& request,
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
     if (cancel) cancel->Attach(&ctx);
-    auto reader = stub_->Generate(&ctx, request);
+    auto reader = start(&ctx, request);
     bool got_any = false;
-    v1::GenerateResponse resp;
+    Response resp;
     while (reader->Read(&resp)) {
       got_any = true;
       on_chunk(resp);
@@ -65,7 +65,7 @@ absl::Status Client::GenerateStream(const v1::GenerateRequest& request,
     grpc::Status st = reader->Finish();
     if (cancel) cancel->Detach();
     last = FromGrpc(st);
-    // Retry only what cannot have produced tokens: UNAVAILABLE before the first one.
+    // Retry only what cannot have produced tokens: UNAVAILABLE before the first message.
     if (st.error_code() != grpc::StatusCode::UNAVAILABLE || got_any ||
         (cancel && cancel->cancelled()) || attempt == options_.max_attempts ||
         std::chrono::system_clock::now() + absl::ToChronoMilliseconds(backoff) > deadline) {
@@ -75,6 +75,86 @@ absl::Status Client::GenerateStream(const v1::GenerateRequest& request,
     backoff *= 2;
   }
   return last;
+}
+
+absl::Status Client::GenerateStream(const v1::GenerateRequest& request,
+                                    const std::function<void(const v1::GenerateResponse&)>& on_chunk,
+                                    CancelHandle* cancel) {
+  return Stream<v1::GenerateRequest, v1::GenerateResponse>(
+      request,
+      [this](grpc::ClientContext* ctx, const v1::GenerateRequest& r) { return stub_->Generate(ctx, r); },
+      on_chunk, cancel);
+}
+
+absl::Status Client::ChatStream(const v1::ChatRequest& request,
+                                const std::function<void(const v1::ChatResponse&)>& on_chunk,
+                                CancelHandle* cancel) {
+  return Stream<v1::ChatRequest, v1::ChatResponse>(
+      request, [this](grpc::ClientContext* ctx, const v1::ChatRequest& r) { return stub_->Chat(ctx, r); },
+      on_chunk, cancel);
+}
+
+absl::StatusOr<ChatResult> Client::Chat(const v1::ChatRequest& request) {
+  ChatResult r;
+  absl::Status st = ChatStream(request, [&r](const v1::ChatResponse& resp) { r.Add(resp); });
+  if (!st.ok()) return st;
+  return r;
+}
+
+void ChatResult::Add(const v1::ChatResponse& resp) {
+  if (!resp.request_id().empty()) request_id = resp.request_id();
+  for (const v1::ChatDelta& d : resp.deltas()) {
+    switch (d.delta_case()) {
+      case v1::ChatDelta::kReasoning: reasoning += d.reasoning(); break;
+      case v1::ChatDelta::kContent: content += d.content(); break;
+      case v1::ChatDelta::kToolCall: {
+        const v1::ToolCallDelta& t = d.tool_call();
+        if (t.index() >= tool_calls.size()) tool_calls.resize(t.index() + 1);
+        ChatToolCall& c = tool_calls[t.index()];
+        if (!t.id().empty()) c.id = t.id();
+        if (!t.name().empty()) c.name = t.name();
+        c.arguments += t.arguments();
+        break;
+      }
+      default: break;
+    }
+  }
+  logprobs.insert(logprobs.end(), resp.logprobs().begin(), resp.logprobs().end());
+  if (resp.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED) {
+    finish_reason = resp.finish_reason();
+    prompt_tokens = resp.usage().prompt_tokens();
+    completion_tokens = resp.usage().completion_tokens();
+  }
+}
+
+v1::ChatMessage ChatResult::AsMessage() const {
+  v1::ChatMessage m;
+  m.set_role(v1::ChatMessage::ASSISTANT);
+  m.set_content(content);
+  m.set_reasoning(reasoning);
+  for (const ChatToolCall& c : tool_calls) {
+    v1::ToolCall* t = m.add_tool_calls();
+    t->set_id(c.id);
+    t->set_name(c.name);
+    t->set_arguments(c.arguments);
+  }
+  return m;
+}
+
+v1::ChatMessage MakeChatMessage(v1::ChatMessage::Role role, std::string content) {
+  v1::ChatMessage m;
+  m.set_role(role);
+  m.set_content(std::move(content));
+  return m;
+}
+
+v1::ChatMessage MakeToolResult(std::string call_id, std::string content, std::string name) {
+  v1::ChatMessage m;
+  m.set_role(v1::ChatMessage::TOOL);
+  m.set_tool_call_id(std::move(call_id));
+  m.set_content(std::move(content));
+  m.set_name(std::move(name));
+  return m;
 }
 
 absl::StatusOr<GenerateResult> Client::Generate(const v1::GenerateRequest& request) {

@@ -1,6 +1,7 @@
 // libflotilla_client: the C++ SDK for Flotilla's client API (flotilla.v1).
-// Blocking and streaming generation, cancel, deadlines, and retries on
-// UNAVAILABLE before the first token arrives (a retry never repeats tokens).
+// Blocking and streaming generation and chat, cancel, deadlines, and retries
+// on UNAVAILABLE before the first message arrives (a retry never repeats
+// tokens).
 #pragma once
 
 #include <atomic>
@@ -39,6 +40,35 @@ struct GenerateResult {
   std::vector<float> prompt_logits;
 };
 
+// A function call of a chat reply.
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // JSON text
+};
+
+// The whole of one chat reply.
+struct ChatResult {
+  std::string request_id;
+  std::string content;    // the answer
+  std::string reasoning;  // the reasoning (analysis channel)
+  std::vector<ChatToolCall> tool_calls;
+  std::vector<common::TokenLogprob> logprobs;
+  v1::ChatResponse::FinishReason finish_reason = v1::ChatResponse::FINISH_REASON_UNSPECIFIED;
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+
+  // Adds one streamed response (what the blocking Chat does with each).
+  void Add(const v1::ChatResponse& response);
+  // The reply as an ASSISTANT message, to continue the conversation with.
+  v1::ChatMessage AsMessage() const;
+};
+
+// A message with `role` and `content`.
+v1::ChatMessage MakeChatMessage(v1::ChatMessage::Role role, std::string content);
+// The result of tool call `call_id` (the function's name is optional).
+v1::ChatMessage MakeToolResult(std::string call_id, std::string content, std::string name = "");
+
 // Cancels a streaming call from another thread.
 class CancelHandle {
  public:
@@ -65,12 +95,24 @@ class Client {
                               CancelHandle* cancel = nullptr);
   // Blocking: waits for the whole generation.
   absl::StatusOr<GenerateResult> Generate(const v1::GenerateRequest& request);
+  // Chat, streamed: `on_chunk` sees every response (the first carries only
+  // the request id; then reasoning, answer and tool-call deltas; the last the
+  // finish reason and usage). Returns the final status (CANCELLED after `cancel`).
+  absl::Status ChatStream(const v1::ChatRequest& request,
+                          const std::function<void(const v1::ChatResponse&)>& on_chunk,
+                          CancelHandle* cancel = nullptr);
+  // Chat, blocking: waits for the whole reply.
+  absl::StatusOr<ChatResult> Chat(const v1::ChatRequest& request);
   // Cancels a request by the id its stream reported.
   absl::StatusOr<bool> Cancel(const std::string& request_id);
   absl::StatusOr<v1::ListModelsResponse> ListModels();
 
  private:
   explicit Client(ClientOptions options);
+  // Runs a server-streaming call with the deadline and the retry policy.
+  template <typename Request, typename Response, typename StartFn>
+  absl::Status Stream(const Request& request, StartFn start,
+                      const std::function<void(const Response&)>& on_chunk, CancelHandle* cancel);
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Flotilla::Stub> stub_;

@@ -1,0 +1,306 @@
+#include "coordinator/chat_pipeline.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace flotilla::coordinator {
+namespace {
+
+absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+const char* RoleName(v1::ChatMessage::Role role) {
+  switch (role) {
+    case v1::ChatMessage::SYSTEM: return "system";
+    case v1::ChatMessage::DEVELOPER: return "developer";
+    case v1::ChatMessage::USER: return "user";
+    case v1::ChatMessage::ASSISTANT: return "assistant";
+    case v1::ChatMessage::TOOL: return "tool";
+    default: return nullptr;
+  }
+}
+
+absl::Status InRange(const std::string& field, double v, double lo, double hi, bool lo_open = false) {
+  if (!std::isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
+    return Invalid(field, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], not ", v));
+  }
+  return absl::OkStatus();
+}
+
+// The sampling fields: checked here so that errors name the proto fields.
+absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
+  if (s.has_temperature()) {
+    FLOTILLA_RETURN_IF_ERROR(InRange("sampling.temperature", s.temperature(), 0, 2));
+    body["temperature"] = s.temperature();
+  }
+  if (s.has_top_p()) {
+    FLOTILLA_RETURN_IF_ERROR(InRange("sampling.top_p", s.top_p(), 0, 1, /*lo_open=*/true));
+    body["top_p"] = s.top_p();
+  }
+  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat("must be >= 0 (0 = off), not ", s.top_k()));
+  FLOTILLA_RETURN_IF_ERROR(InRange("sampling.min_p", s.min_p(), 0, 1));
+  FLOTILLA_RETURN_IF_ERROR(InRange("sampling.frequency_penalty", s.frequency_penalty(), -2, 2));
+  FLOTILLA_RETURN_IF_ERROR(InRange("sampling.presence_penalty", s.presence_penalty(), -2, 2));
+  if (s.frequency_penalty() != 0) body["frequency_penalty"] = s.frequency_penalty();
+  if (s.presence_penalty() != 0) body["presence_penalty"] = s.presence_penalty();
+  if (s.has_seed()) body["seed"] = static_cast<int64_t>(s.seed());
+  if (s.max_tokens() != 0) body["max_tokens"] = s.max_tokens();
+  if (s.logprobs() > 20) {
+    return Invalid("sampling.logprobs", absl::StrCat("must be in [0, 20], not ", s.logprobs()));
+  }
+  if (s.return_logprobs() || s.logprobs() > 0) {
+    body["logprobs"] = true;
+    if (s.logprobs() > 0) body["top_logprobs"] = s.logprobs();
+  }
+  if (s.ignore_eos()) {
+    return Invalid("sampling.ignore_eos", "is not allowed for Chat (the reply ends at Harmony's end tokens)");
+  }
+  for (int i = 0; i < s.stop_token_ids_size(); ++i) {
+    const int32_t t = s.stop_token_ids(i);
+    if (t < 0 || static_cast<tokenizer::TokenId>(t) >= tokenizer::kVocabSize) {
+      return Invalid(absl::StrCat("sampling.stop_token_ids[", i, "]"),
+                     absl::StrCat("token id ", t, " is outside the vocabulary [0, ", tokenizer::kVocabSize, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::string_view model_id) {
+  Json body = Json::object();
+  body["model"] = request.model().empty() ? std::string(model_id) : request.model();
+  if (request.messages().empty()) return Invalid("messages", "is required (at least one message)");
+  Json messages = Json::array();
+  std::vector<std::pair<std::string, std::string>> calls;  // id -> name, for TOOL messages
+  for (int i = 0; i < request.messages_size(); ++i) {
+    const v1::ChatMessage& m = request.messages(i);
+    const std::string where = absl::StrCat("messages[", i, "]");
+    const char* role = RoleName(m.role());
+    if (role == nullptr) {
+      return Invalid(where + ".role", "is required (SYSTEM, DEVELOPER, USER, ASSISTANT or TOOL)");
+    }
+    Json j;
+    j["role"] = role;
+    j["content"] = m.content();
+    const bool assistant = m.role() == v1::ChatMessage::ASSISTANT;
+    const bool tool = m.role() == v1::ChatMessage::TOOL;
+    if (!m.reasoning().empty()) {
+      if (!assistant) return Invalid(where + ".reasoning", "is only allowed on ASSISTANT messages");
+      j["reasoning_content"] = m.reasoning();
+    }
+    if (!m.tool_calls().empty()) {
+      if (!assistant) return Invalid(where + ".tool_calls", "are only allowed on ASSISTANT messages");
+      Json tcs = Json::array();
+      for (int k = 0; k < m.tool_calls_size(); ++k) {
+        const v1::ToolCall& c = m.tool_calls(k);
+        const std::string cw = absl::StrCat(where, ".tool_calls[", k, "]");
+        if (c.id().empty()) return Invalid(cw + ".id", "is required");
+        if (c.name().empty()) return Invalid(cw + ".name", "is required");
+        tcs.push_back(Json{{"id", c.id()},
+                           {"type", "function"},
+                           {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
+        calls.emplace_back(c.id(), c.name());
+      }
+      j["tool_calls"] = std::move(tcs);
+    }
+    if (!m.tool_call_id().empty() && !tool) {
+      return Invalid(where + ".tool_call_id", "is only allowed on TOOL messages");
+    }
+    if (!m.name().empty() && !tool) return Invalid(where + ".name", "is only allowed on TOOL messages");
+    if (tool) {
+      if (m.tool_call_id().empty()) {
+        return Invalid(where + ".tool_call_id", "is required: the id of the call this is the result of");
+      }
+      if (!m.name().empty()) {
+        for (const auto& [id, name] : calls) {
+          if (id == m.tool_call_id() && name != m.name()) {
+            return Invalid(where + ".name", absl::StrCat("'", m.name(), "' but call '", id,
+                                                         "' was to '", name, "'"));
+          }
+        }
+      }
+      j["tool_call_id"] = m.tool_call_id();
+    }
+    messages.push_back(std::move(j));
+  }
+  body["messages"] = std::move(messages);
+
+  if (!request.tools().empty()) {
+    Json tools = Json::array();
+    for (int i = 0; i < request.tools_size(); ++i) {
+      const v1::Tool& t = request.tools(i);
+      const std::string where = absl::StrCat("tools[", i, "]");
+      Json fn;
+      fn["name"] = t.name();
+      if (!t.description().empty()) fn["description"] = t.description();
+      if (!t.parameters_json().empty()) {
+        Json p = Json::parse(t.parameters_json(), nullptr, /*allow_exceptions=*/false);
+        if (p.is_discarded()) return Invalid(where + ".parameters_json", "is not valid JSON");
+        if (!p.is_object()) return Invalid(where + ".parameters_json", "must be a JSON Schema object");
+        fn["parameters"] = std::move(p);
+      }
+      tools.push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
+    }
+    body["tools"] = std::move(tools);
+  }
+  const v1::ToolChoice& tc = request.tool_choice();
+  if (tc.mode() != v1::ToolChoice::FUNCTION && !tc.function().empty()) {
+    return Invalid("tool_choice.function", "is only used with mode FUNCTION");
+  }
+  switch (tc.mode()) {
+    case v1::ToolChoice::AUTO: break;
+    case v1::ToolChoice::NONE: body["tool_choice"] = "none"; break;
+    case v1::ToolChoice::REQUIRED: body["tool_choice"] = "required"; break;
+    case v1::ToolChoice::FUNCTION:
+      if (tc.function().empty()) return Invalid("tool_choice.function", "is required with mode FUNCTION");
+      body["tool_choice"] = Json{{"type", "function"}, {"function", {{"name", tc.function()}}}};
+      break;
+    default:
+      return Invalid("tool_choice.mode", absl::StrCat("unknown mode ", static_cast<int>(tc.mode())));
+  }
+  switch (request.reasoning_effort()) {
+    case v1::REASONING_EFFORT_UNSPECIFIED: break;
+    case v1::LOW: body["reasoning_effort"] = "low"; break;
+    case v1::MEDIUM: body["reasoning_effort"] = "medium"; break;
+    case v1::HIGH: body["reasoning_effort"] = "high"; break;
+    default:
+      return Invalid("reasoning_effort",
+                     absl::StrCat("unknown value ", static_cast<int>(request.reasoning_effort())));
+  }
+  FLOTILLA_RETURN_IF_ERROR(SamplingToOpenAi(request.sampling(), body));
+  if (!request.stop().empty()) {
+    Json stop = Json::array();
+    for (const std::string& s : request.stop()) stop.push_back(s);
+    body["stop"] = std::move(stop);
+  }
+  return body;
+}
+
+absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request, std::string_view model_id,
+                                            const tokenizer::Tokenizer& tok,
+                                            const harmony::OpenAiRequestOptions& options) {
+  FLOTILLA_ASSIGN_OR_RETURN(Json body, ChatRequestToOpenAi(request, model_id));
+  FLOTILLA_ASSIGN_OR_RETURN(PreparedRequest prepared, PrepareChatRequest(body, model_id, tok, options));
+  const common::SamplingParams& s = request.sampling();
+  prepared.sampling.set_top_k(s.top_k());
+  prepared.sampling.set_min_p(s.min_p());
+  for (int32_t t : s.stop_token_ids()) prepared.sampling.add_stop_token_ids(t);
+  return prepared;
+}
+
+v1::ChatResponse::FinishReason ChatFinishReason(std::string_view r) {
+  if (r == "stop") return v1::ChatResponse::STOP;
+  if (r == "length") return v1::ChatResponse::LENGTH;
+  if (r == "tool_calls") return v1::ChatResponse::TOOL_CALLS;
+  return v1::ChatResponse::FINISH_REASON_UNSPECIFIED;
+}
+
+// ---- ChatStream ----
+
+ChatStream::ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id,
+                       std::string call_id_seed, std::vector<std::string> stop, uint32_t prompt_tokens)
+    : request_id_(std::move(request_id)),
+      prompt_tokens_(prompt_tokens),
+      builder_(tokenizer, Endpoint::kChat, std::move(call_id_seed), /*model=*/"", /*created=*/0,
+               std::move(stop), /*logprobs=*/false) {}
+
+v1::ChatResponse ChatStream::Begin() const {
+  v1::ChatResponse r;
+  r.set_request_id(request_id_);
+  return r;
+}
+
+void ChatStream::AddChunks(const std::vector<Json>& chunks, v1::ChatResponse& out) const {
+  for (const Json& c : chunks) {
+    auto choices = c.find("choices");
+    if (choices == c.end() || choices->empty()) continue;
+    const Json& d = (*choices)[0]["delta"];
+    if (!d.is_object()) continue;
+    // Adjacent text on the same channel goes into one delta.
+    auto append_text = [&out](bool reasoning, const std::string& text) {
+      if (text.empty()) return;
+      if (out.deltas_size() > 0) {
+        v1::ChatDelta* last = out.mutable_deltas(out.deltas_size() - 1);
+        if (reasoning && last->has_reasoning()) {
+          last->mutable_reasoning()->append(text);
+          return;
+        }
+        if (!reasoning && last->has_content()) {
+          last->mutable_content()->append(text);
+          return;
+        }
+      }
+      v1::ChatDelta* nd = out.add_deltas();
+      if (reasoning) {
+        nd->set_reasoning(text);
+      } else {
+        nd->set_content(text);
+      }
+    };
+    if (auto it = d.find("content"); it != d.end() && it->is_string()) append_text(false, it->get<std::string>());
+    if (auto it = d.find("reasoning_content"); it != d.end() && it->is_string()) {
+      append_text(true, it->get<std::string>());
+    }
+    if (auto it = d.find("tool_calls"); it != d.end() && it->is_array()) {
+      for (const Json& call : *it) {
+        v1::ToolCallDelta tcd;
+        tcd.set_index(call.value("index", 0u));
+        tcd.set_id(call.value("id", ""));
+        const Json& fn = call.contains("function") ? call["function"] : Json::object();
+        tcd.set_name(fn.value("name", ""));
+        tcd.set_arguments(fn.value("arguments", ""));
+        if (out.deltas_size() > 0 && tcd.id().empty() && tcd.name().empty()) {
+          v1::ChatDelta* last = out.mutable_deltas(out.deltas_size() - 1);
+          if (last->has_tool_call() && last->tool_call().index() == tcd.index()) {
+            last->mutable_tool_call()->mutable_arguments()->append(tcd.arguments());
+            continue;
+          }
+        }
+        if (tcd.id().empty() && tcd.name().empty() && tcd.arguments().empty()) continue;
+        *out.add_deltas()->mutable_tool_call() = std::move(tcd);
+      }
+    }
+  }
+}
+
+void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason, uint32_t prompt_tokens,
+                        uint32_t completion_tokens) {
+  finished_ = true;
+  out.set_finish_reason(reason);
+  out.mutable_usage()->set_prompt_tokens(prompt_tokens);
+  out.mutable_usage()->set_completion_tokens(completion_tokens);
+}
+
+std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& u) {
+  if (finished_ || u.finish_reason() == common::ERROR) return std::nullopt;
+  v1::ChatResponse r;
+  r.set_request_id(request_id_);
+  AddChunks(builder_.FeedUpdate(u), r);
+  tokens_seen_ += static_cast<uint32_t>(u.token_ids_size());
+  *r.mutable_logprobs() = u.logprobs();
+  if (builder_.stopped_by_string()) {
+    AddChunks(builder_.Finish(common::STOP, std::nullopt, prompt_tokens_, tokens_seen_), r);
+    SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt_tokens_, tokens_seen_);
+  } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+    std::optional<tokenizer::TokenId> stop;
+    if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
+    const uint32_t prompt = u.prompt_tokens() ? u.prompt_tokens() : prompt_tokens_;
+    AddChunks(builder_.Finish(u.finish_reason(), stop, prompt, u.completion_tokens()), r);
+    SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt, u.completion_tokens());
+  }
+  if (!finished_ && r.deltas().empty() && r.logprobs().empty()) return std::nullopt;
+  return r;
+}
+
+v1::ChatResponse ChatStream::Cancelled() {
+  v1::ChatResponse r;
+  r.set_request_id(request_id_);
+  if (!finished_) SetEnd(r, v1::ChatResponse::CANCELLED, prompt_tokens_, tokens_seen_);
+  return r;
+}
+
+}  // namespace flotilla::coordinator

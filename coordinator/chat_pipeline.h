@@ -1,0 +1,77 @@
+// The gRPC Chat call (flotilla.v1.ChatRequest / ChatResponse) on top of the
+// OpenAI pipeline: a ChatRequest becomes the chat-completions body that
+// PrepareChatRequest validates and renders with Harmony, and the generated
+// tokens go through the same ResponseBuilder (streaming Harmony parser, stop
+// strings) whose chunks become ChatResponse deltas: reasoning, answer text
+// and tool-call pieces on separate channels. No gRPC in here; the service
+// drives it and tests feed it recorded token sequences.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/harmony/openai.h"
+#include "coordinator/openai_pipeline.h"
+#include "coordinator/tokenizer/tokenizer.h"
+#include "proto/cluster.pb.h"
+#include "proto/flotilla.pb.h"
+
+namespace flotilla::coordinator {
+
+// The OpenAI chat-completions body equivalent to `request`. Checks what the
+// body cannot express (roles, fields on the wrong role, sampling ranges,
+// tool_choice, parameters_json); errors are INVALID_ARGUMENT naming the field
+// ("messages[1].tool_call_id: ..."). An empty model becomes `model_id`.
+absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::string_view model_id);
+
+// ChatRequestToOpenAi + PrepareChatRequest, plus the sampling fields the
+// OpenAI body has no place for (top_k, min_p, stop_token_ids). NOT_FOUND for
+// another model.
+absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request, std::string_view model_id,
+                                            const tokenizer::Tokenizer& tok,
+                                            const harmony::OpenAiRequestOptions& options);
+
+// Builds the ChatResponse stream of one request from its SequenceUpdates.
+class ChatStream {
+ public:
+  // `tokenizer` must outlive the stream. `request_id` goes on every message;
+  // `call_id_seed` seeds the tool call ids (unique per request).
+  ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id, std::string call_id_seed,
+             std::vector<std::string> stop, uint32_t prompt_tokens);
+
+  // The first message: the request id alone (usable with Cancel at once).
+  v1::ChatResponse Begin() const;
+  // Feeds one update; returns the message to send, if the update produced
+  // anything. The update with a finish reason (or a stop string in the
+  // answer) gives the last message: finish reason and usage. Updates that
+  // carry an error (finish reason ERROR) and updates after the end give nothing.
+  std::optional<v1::ChatResponse> Feed(const cluster::SequenceUpdate& update);
+  // The last message of a request cancelled while streaming (e.g. by Cancel).
+  v1::ChatResponse Cancelled();
+
+  bool finished() const { return finished_; }
+  // A stop string appeared: the caller should cancel the sequence.
+  bool stopped_by_string() const { return builder_.stopped_by_string(); }
+  uint32_t completion_tokens() const { return tokens_seen_; }
+
+ private:
+  void AddChunks(const std::vector<Json>& chunks, v1::ChatResponse& out) const;
+  void SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason, uint32_t prompt_tokens,
+              uint32_t completion_tokens);
+
+  std::string request_id_;
+  uint32_t prompt_tokens_;
+  ResponseBuilder builder_;
+  uint32_t tokens_seen_ = 0;
+  bool finished_ = false;
+};
+
+// "stop" / "length" / "tool_calls" -> the enum.
+v1::ChatResponse::FinishReason ChatFinishReason(std::string_view openai_reason);
+
+}  // namespace flotilla::coordinator

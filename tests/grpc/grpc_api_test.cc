@@ -1,0 +1,237 @@
+// The gRPC client API end to end: a LocalCluster (real coordinator and worker
+// processes) on the default synthetic model, driven by an independent node
+// client (@grpc/grpc-js + @grpc/proto-loader loading proto/flotilla.proto)
+// and by the C++ SDK. Cancels and deadlines must free the sequence, as
+// /metrics shows.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <regex>
+#include <thread>
+
+#include "tools/cli/local_cluster.h"
+#include "tools/sdk/client.h"
+
+namespace flotilla {
+namespace {
+
+class GrpcApiTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+    cli::LocalClusterOptions o;
+    o.workers = 1;
+    o.threads_per_worker = 1;
+    auto c = cli::LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+
+  static std::unique_ptr<client::Client> Sdk(absl::Duration deadline = absl::Minutes(2)) {
+    client::ClientOptions o;
+    o.address = cluster_->address();
+    o.deadline = deadline;
+    auto c = client::Client::Create(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return *std::move(c);
+  }
+  static std::string Model() {
+    std::string m = cluster_->model();
+    return m.substr(m.find_last_of('/') + 1);
+  }
+  static v1::ChatRequest Hello(uint32_t max_tokens) {
+    v1::ChatRequest r;
+    *r.add_messages() = client::MakeChatMessage(v1::ChatMessage::SYSTEM, "You are terse.");
+    *r.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, "What is the capital of France?");
+    r.set_reasoning_effort(v1::LOW);
+    r.mutable_sampling()->set_temperature(0);
+    r.mutable_sampling()->set_max_tokens(max_tokens);
+    return r;
+  }
+  // A gauge or counter from /metrics; -1 when missing.
+  static double Metric(const std::string& name) {
+    httplib::Client c("http://" + cluster_->http_address());
+    auto m = c.Get("/metrics");
+    if (!m) return -1;
+    std::smatch g;
+    if (!std::regex_search(m->body, g, std::regex("\n" + name + " ([0-9.e+-]+)"))) return -1;
+    return std::stod(g[1]);
+  }
+  // Waits until nothing runs: no request in flight at the coordinator, no
+  // sequence on the workers (their heartbeats report it).
+  static bool WaitIdle() {
+    for (int i = 0; i < 100; ++i) {
+      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
+  static cli::LocalCluster* cluster_;
+};
+cli::LocalCluster* GrpcApiTest::cluster_ = nullptr;
+
+TEST_F(GrpcApiTest, IndependentNodeClient) {
+  const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE + " " +
+                          FLOTILLA_GRPC_TEST_DIR + "/grpc_client_test.js " + FLOTILLA_SOURCE_DIR + " " +
+                          cluster_->address() + " " + cluster_->http_address() + " " + Model() + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("all ok"), std::string::npos) << out;
+  std::cout << out;
+}
+
+TEST_F(GrpcApiTest, SdkChatStreamedEqualsBlocking) {
+  auto c = Sdk();
+  absl::StatusOr<client::ChatResult> whole = c->Chat(Hello(24));
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_NE(whole->finish_reason, v1::ChatResponse::FINISH_REASON_UNSPECIFIED);
+  EXPECT_NE(whole->finish_reason, v1::ChatResponse::CANCELLED);
+  EXPECT_GT(whole->prompt_tokens, 20u);
+  EXPECT_GT(whole->completion_tokens, 0u);
+  EXPECT_LE(whole->completion_tokens, 24u);
+  EXPECT_FALSE(whole->request_id.empty());
+
+  client::ChatResult streamed;
+  int messages = 0, finishes = 0;
+  absl::Status st = c->ChatStream(Hello(24), [&](const v1::ChatResponse& r) {
+    if (messages++ == 0) {
+      EXPECT_FALSE(r.request_id().empty());
+      EXPECT_TRUE(r.deltas().empty()) << "the first message only names the request";
+    }
+    for (const v1::ChatDelta& d : r.deltas()) {
+      EXPECT_NE(d.delta_case(), v1::ChatDelta::DELTA_NOT_SET);
+    }
+    if (r.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED) ++finishes;
+    streamed.Add(r);
+  });
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(finishes, 1);
+  // Greedy: the same reply, split the same way into reasoning and answer.
+  EXPECT_EQ(streamed.content, whole->content);
+  EXPECT_EQ(streamed.reasoning, whole->reasoning);
+  EXPECT_EQ(streamed.finish_reason, whole->finish_reason);
+  EXPECT_EQ(streamed.completion_tokens, whole->completion_tokens);
+  EXPECT_EQ(streamed.prompt_tokens, whole->prompt_tokens);
+
+  // The reply continues the conversation.
+  v1::ChatRequest next = Hello(4);
+  *next.add_messages() = whole->AsMessage();
+  *next.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, "And of Italy?");
+  absl::StatusOr<client::ChatResult> second = c->Chat(next);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_GT(second->prompt_tokens, whole->prompt_tokens);
+}
+
+TEST_F(GrpcApiTest, SdkBadInputIsInvalidArgument) {
+  auto c = Sdk();
+  v1::ChatRequest empty;
+  absl::StatusOr<client::ChatResult> r = c->Chat(empty);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("messages"), std::string::npos) << r.status();
+
+  v1::ChatRequest bad_temp = Hello(4);
+  bad_temp.mutable_sampling()->set_temperature(5);
+  r = c->Chat(bad_temp);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("sampling.temperature"), std::string::npos) << r.status();
+
+  v1::ChatRequest orphan = Hello(4);
+  *orphan.add_messages() = client::MakeToolResult("call_unknown", "42");
+  r = c->Chat(orphan);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("tool_call_id"), std::string::npos) << r.status();
+
+  v1::ChatRequest other = Hello(4);
+  other.set_model("not-this-one");
+  r = c->Chat(other);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+
+  // The server is fine afterwards.
+  EXPECT_TRUE(c->Chat(Hello(2)).ok());
+}
+
+TEST_F(GrpcApiTest, CancelByIdEndsTheStreamInBand) {
+  auto c = Sdk();
+  ASSERT_TRUE(WaitIdle());
+  const double cancelled = Metric("flotilla_requests_cancelled_total");
+  client::ChatResult result;
+  std::string id;
+  v1::ChatRequest req = Hello(0);  // up to the context: only a cancel ends it soon
+  req.mutable_sampling()->set_temperature(1);
+  // The first message names the request; 0.5 s later (generating, far from
+  // the context length) another call cancels it by that id.
+  std::thread canceller;
+  std::atomic<int> found{-1};
+  absl::Status st = c->ChatStream(req, [&](const v1::ChatResponse& r) {
+    result.Add(r);
+    if (!id.empty()) return;
+    id = r.request_id();
+    canceller = std::thread([&, id] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      absl::StatusOr<bool> f = c->Cancel(id);
+      found = f.ok() ? (*f ? 1 : 0) : 2;
+    });
+  });
+  if (canceller.joinable()) canceller.join();
+  ASSERT_TRUE(st.ok()) << st;
+  EXPECT_EQ(found.load(), 1);
+  EXPECT_EQ(result.finish_reason, v1::ChatResponse::CANCELLED);
+  EXPECT_GT(result.completion_tokens, 0u);
+  ASSERT_TRUE(WaitIdle()) << "the cancelled sequence still runs";
+  EXPECT_GE(Metric("flotilla_requests_cancelled_total"), cancelled + 1);
+  absl::StatusOr<bool> again = c->Cancel(id);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+}
+
+TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
+  ASSERT_TRUE(WaitIdle());
+  const double cancelled = Metric("flotilla_requests_cancelled_total");
+  {
+    auto c = Sdk(absl::Seconds(1));
+    v1::ChatRequest req = Hello(0);
+    req.mutable_sampling()->set_temperature(1);
+    absl::StatusOr<client::ChatResult> r = c->Chat(req);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  }
+  ASSERT_TRUE(WaitIdle()) << "the sequence outlived its deadline";
+  {
+    auto c = Sdk();
+    client::CancelHandle cancel;
+    v1::ChatRequest req = Hello(0);
+    req.mutable_sampling()->set_temperature(1);
+    std::thread canceller;
+    absl::Status st = c->ChatStream(req, [&](const v1::ChatResponse&) {
+      if (canceller.joinable()) return;
+      canceller = std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        cancel.Cancel();
+      });
+    }, &cancel);
+    if (canceller.joinable()) canceller.join();
+    EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+  }
+  ASSERT_TRUE(WaitIdle()) << "the cancelled stream's sequence still runs";
+  EXPECT_GE(Metric("flotilla_requests_cancelled_total"), cancelled + 1);
+}
+
+}  // namespace
+}  // namespace flotilla
