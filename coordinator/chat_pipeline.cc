@@ -202,11 +202,13 @@ v1::ChatResponse::FinishReason ChatFinishReason(std::string_view r) {
 // ---- ChatStream ----
 
 ChatStream::ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id,
-                       std::string call_id_seed, std::vector<std::string> stop, uint32_t prompt_tokens)
+                       std::string call_id_seed, std::vector<std::string> stop, uint32_t prompt_tokens,
+                       bool return_token_ids)
     : request_id_(std::move(request_id)),
       prompt_tokens_(prompt_tokens),
       builder_(tokenizer, Endpoint::kChat, std::move(call_id_seed), /*model=*/"", /*created=*/0,
-               std::move(stop), /*logprobs=*/false) {}
+               std::move(stop), /*logprobs=*/false),
+      return_token_ids_(return_token_ids) {}
 
 v1::ChatResponse ChatStream::Begin() const {
   v1::ChatResponse r;
@@ -282,6 +284,10 @@ std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& 
   AddChunks(builder_.FeedUpdate(u), r);
   tokens_seen_ += static_cast<uint32_t>(u.token_ids_size());
   *r.mutable_logprobs() = u.logprobs();
+  if (return_token_ids_) {
+    *r.mutable_token_ids() = u.token_ids();
+    if (u.has_stop_token()) r.add_token_ids(u.stop_token());
+  }
   if (builder_.stopped_by_string()) {
     AddChunks(builder_.Finish(common::STOP, std::nullopt, prompt_tokens_, tokens_seen_), r);
     SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt_tokens_, tokens_seen_);
@@ -292,7 +298,7 @@ std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& 
     AddChunks(builder_.Finish(u.finish_reason(), stop, prompt, u.completion_tokens()), r);
     SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt, u.completion_tokens());
   }
-  if (!finished_ && r.deltas().empty() && r.logprobs().empty()) return std::nullopt;
+  if (!finished_ && r.deltas().empty() && r.logprobs().empty() && r.token_ids().empty()) return std::nullopt;
   return r;
 }
 

@@ -41,8 +41,9 @@ class ChatStream {
  public:
   // `tokenizer` must outlive the stream. `request_id` goes on every message;
   // `call_id_seed` seeds the tool call ids (unique per request).
+  // `return_token_ids`: every update's tokens go into token_ids too.
   ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id, std::string call_id_seed,
-             std::vector<std::string> stop, uint32_t prompt_tokens);
+             std::vector<std::string> stop, uint32_t prompt_tokens, bool return_token_ids = false);
 
   // The first message: the request id alone (usable with Cancel at once).
   v1::ChatResponse Begin() const;
@@ -67,6 +68,7 @@ class ChatStream {
   std::string request_id_;
   uint32_t prompt_tokens_;
   ResponseBuilder builder_;
+  bool return_token_ids_;
   uint32_t tokens_seen_ = 0;
   bool finished_ = false;
 };

@@ -171,7 +171,7 @@ class ChatReactor final : public ChatReactorBase {
       return;
     }
     state_ = std::make_shared<State>(this, tok, call_id_salt, prepared->stop,
-                                     static_cast<uint32_t>(prepared->prompt.size()));
+                                     static_cast<uint32_t>(prepared->prompt.size()), request.return_token_ids());
     cluster::SubmitSequence submit;
     for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
     *submit.mutable_sampling() = prepared->sampling;
@@ -238,13 +238,18 @@ class ChatReactor final : public ChatReactorBase {
  private:
   struct State {
     State(ChatReactor* r, const tokenizer::Tokenizer* tok, std::string salt, std::vector<std::string> stop,
-          uint32_t prompt_tokens)
-        : queue(r), tok(tok), salt(std::move(salt)), stop(std::move(stop)), prompt_tokens(prompt_tokens) {}
+          uint32_t prompt_tokens, bool return_token_ids)
+        : queue(r),
+          tok(tok),
+          salt(std::move(salt)),
+          stop(std::move(stop)),
+          prompt_tokens(prompt_tokens),
+          return_token_ids(return_token_ids) {}
     // The request id is known: the stream begins (once) with a message naming it.
     void StartLocked(uint64_t id) {
       if (stream) return;
       const std::string rid = absl::StrCat(id);
-      stream.emplace(tok, rid, absl::StrCat("chat-", salt, "-", rid), stop, prompt_tokens);
+      stream.emplace(tok, rid, absl::StrCat("chat-", salt, "-", rid), stop, prompt_tokens, return_token_ids);
       queue.Send(stream->Begin());
     }
     StreamQueue<ChatReactorBase, v1::ChatResponse> queue;
@@ -252,6 +257,7 @@ class ChatReactor final : public ChatReactorBase {
     std::string salt;
     std::vector<std::string> stop;
     uint32_t prompt_tokens;
+    bool return_token_ids;
     std::mutex mu;
     std::optional<ChatStream> stream;  // under mu
     bool cancel_sent = false;          // under mu

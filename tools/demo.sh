@@ -38,9 +38,10 @@ echo "== processes of the cluster: $(pgrep -s "$cluster_pid" | wc -l)"
 system="You are a helpful assistant."
 question="What is the capital of France?"
 echo "== chat request through the SDK: flotilla chat --coordinator $addr --prompt \"$question\""
-echo "   (streamed as it is generated; reasoning and answer arrive on separate channels)"
+echo "   harmony: the completion streamed as the cluster generates it (random weights: noise);"
+echo "   then the reply the server parsed from it: reasoning and answer, each on its own channel"
 "$bin/flotilla" chat --coordinator "$addr" --system "$system" --prompt "$question" \
-  --reasoning-effort low --max-tokens 48 --temperature 0
+  --reasoning-effort low --max-tokens 48 --temperature 1 --seed 3 --show-harmony
 
 echo "== stopping the cluster"
 kill -TERM "$cluster_pid"

@@ -276,6 +276,21 @@ TEST(ChatStreamTest, StopStringLengthAndCancel) {
   }
 }
 
+TEST(ChatStreamTest, RawTokensOnRequest) {
+  tk::TokenId stop;
+  std::vector<tk::TokenId> ids = Completion({Assistant("final", "Paris.")}, &stop);
+  ChatStream s(&Tok(), "7", "x", {}, 30, /*return_token_ids=*/true);
+  std::vector<v1::ChatResponse> rs = Stream(s, ids, tk::kReturn, common::STOP);
+  std::vector<tk::TokenId> raw;
+  for (const v1::ChatResponse& r : rs) raw.insert(raw.end(), r.token_ids().begin(), r.token_ids().end());
+  std::vector<tk::TokenId> want = ids;
+  want.push_back(tk::kReturn);
+  EXPECT_EQ(raw, want);
+  // One message per update: header tokens too, though they show no text.
+  EXPECT_EQ(rs.size(), ids.size() + 2);
+  EXPECT_EQ(Merge(rs).content, "Paris.");
+}
+
 TEST(ChatRequestTest, SamplingAndOptionsMapToThePrompt) {
   v1::ChatRequest req;
   auto* sys = req.add_messages();

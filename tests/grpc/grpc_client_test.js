@@ -135,7 +135,7 @@ async function main() {
   });
 
   await check('Chat streams reasoning, answer and tool calls apart', async () => {
-    const { messages, status } = await stream('Chat', chatRequest(24));
+    const { messages, status } = await stream('Chat', chatRequest(24, { return_token_ids: true }));
     assert.equal(status.code, grpc.status.OK, status.details);
     assert.ok(messages.length >= 2);
     assert.ok(/^\d+$/.test(messages[0].request_id), messages[0].request_id);
@@ -157,6 +157,10 @@ async function main() {
     assert.ok(['STOP', 'LENGTH', 'TOOL_CALLS'].includes(last.finish_reason), last.finish_reason);
     assert.ok(last.usage.prompt_tokens > 20, `prompt_tokens ${last.usage.prompt_tokens}`);
     assert.ok(last.usage.completion_tokens > 0 && last.usage.completion_tokens <= 24);
+    // The raw completion streamed as it was generated: every token, in order.
+    const raw = messages.flatMap((m) => m.token_ids);
+    assert.equal(raw.length, last.usage.completion_tokens);
+    assert.ok(messages.length >= 3, `${messages.length} messages for ${raw.length} tokens`);
     console.log(`   chat: ${last.usage.completion_tokens} tokens, ${reasoning.length} chars of reasoning, ` +
                 `${content.length} chars of answer, finish ${last.finish_reason}`);
   });

@@ -190,5 +190,53 @@ TEST_F(HttpApiTest, DisconnectMidStreamCancels) {
   EXPECT_LT(a, 3000u);
 }
 
+TEST_F(HttpApiTest, WholeResponseClientGoneCancels) {
+  auto c = Client();
+  auto metric = [&](const std::string& name) -> double {
+    auto m = c.Get("/metrics");
+    std::smatch g;
+    if (!m || !std::regex_search(m->body, g, std::regex("\n" + name + " ([0-9.e+-]+)"))) return -1;
+    return std::stod(g[1]);
+  };
+  const double cancelled = metric("flotilla_requests_cancelled_total");
+  ASSERT_GE(cancelled, 0);
+  {
+    // Not streamed, up to the context length; the client gives up after 0.5 s.
+    httplib::Client impatient("http://" + cluster_->http_address());
+    impatient.set_read_timeout(0, 500000);
+    auto r = impatient.Post("/v1/chat/completions", Chat(R"(, "temperature": 1)"), "application/json");
+    EXPECT_FALSE(r) << "expected the client to time out";
+  }
+  bool released = false;
+  for (int i = 0; i < 100 && !released; ++i) {
+    released = metric("flotilla_requests_in_flight") == 0 && metric("flotilla_running_sequences") == 0;
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(released) << "the abandoned request still runs";
+  EXPECT_GE(metric("flotilla_requests_cancelled_total"), cancelled + 1);
+}
+
+TEST_F(HttpApiTest, RequestDeadlineHeader) {
+  auto c = Client();
+  httplib::Headers late = {{"X-Request-Timeout", "1"}};
+  const auto start = std::chrono::steady_clock::now();
+  auto r = c.Post("/v1/chat/completions", late, Chat(R"(, "temperature": 1)"), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 504) << r->body;
+  Json j = Json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+  EXPECT_EQ(j["error"]["type"], "timeout_error");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  // The official clients' header works the same; a bad value is a 400.
+  auto ok = c.Post("/v1/chat/completions", httplib::Headers{{"X-Stainless-Timeout", "600"}},
+                   Chat(R"(, "max_tokens": 2)"), "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+  auto bad = c.Post("/v1/chat/completions", httplib::Headers{{"X-Request-Timeout", "soon"}},
+                    Chat(R"(, "max_tokens": 2)"), "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400) << bad->body;
+}
+
 }  // namespace
 }  // namespace flotilla

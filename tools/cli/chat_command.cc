@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "coordinator/tokenizer/tokenizer.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
@@ -28,6 +30,7 @@ struct ChatFlags {
   std::optional<uint64_t> seed;
   double timeout_s = 600;
   bool hide_reasoning = false;
+  bool show_harmony = false;
 };
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -46,11 +49,48 @@ const char* FinishName(v1::ChatResponse::FinishReason r) {
 // Prints the deltas of one reply as they arrive. On a terminal: reasoning
 // dimmed, the answer plain. Otherwise each block starts on its own line with
 // a label, so a pipe or a log still tells them apart.
+//
+// With `harmony` (a tokenizer): the raw completion streams instead, as the
+// model writes it (Harmony headers and special tokens included), and the
+// parsed reply follows once it is complete.
 class ReplyPrinter {
  public:
-  ReplyPrinter(bool tty, bool hide_reasoning) : tty_(tty), hide_reasoning_(hide_reasoning) {}
+  ReplyPrinter(bool tty, bool hide_reasoning, const tokenizer::Tokenizer* harmony)
+      : tty_(tty), hide_reasoning_(hide_reasoning), harmony_(harmony) {
+    if (harmony_) detok_.emplace(harmony_, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace);
+  }
 
   void Add(const v1::ChatResponse& r) {
+    if (harmony_) {
+      for (int32_t id : r.token_ids()) {
+        absl::StatusOr<std::string> piece = detok_->Append(static_cast<tokenizer::TokenId>(id));
+        if (piece.ok()) Text(Block::kHarmony, *piece);
+      }
+      std::cout << std::flush;
+      return;
+    }
+    AddDeltas(r);
+    std::cout << std::flush;
+  }
+
+  // The parsed reply, after a raw (Harmony) stream.
+  void Parsed(const client::ChatResult& result) {
+    if (!harmony_) return;
+    if (absl::StatusOr<std::string> rest = detok_->Finish(); rest.ok()) Text(Block::kHarmony, *rest);
+    v1::ChatResponse whole;
+    if (!result.reasoning.empty() && !hide_reasoning_) whole.add_deltas()->set_reasoning(result.reasoning);
+    whole.add_deltas()->set_content(result.content.empty() ? "(empty)" : result.content);
+    for (size_t i = 0; i < result.tool_calls.size(); ++i) {
+      v1::ToolCallDelta* t = whole.add_deltas()->mutable_tool_call();
+      t->set_index(static_cast<uint32_t>(i));
+      t->set_name(result.tool_calls[i].name);
+      t->set_arguments(result.tool_calls[i].arguments);
+    }
+    AddDeltas(whole);
+  }
+
+ private:
+  void AddDeltas(const v1::ChatResponse& r) {
     for (const v1::ChatDelta& d : r.deltas()) {
       switch (d.delta_case()) {
         case v1::ChatDelta::kReasoning:
@@ -69,19 +109,19 @@ class ReplyPrinter {
         default: break;
       }
     }
-    std::cout << std::flush;
   }
 
+ public:
   // Ends the reply's output (newline, colours reset).
   void End() {
-    if (tty_ && block_ == Block::kReasoning) std::cout << "\x1b[0m";
+    if (tty_ && (block_ == Block::kReasoning || block_ == Block::kHarmony)) std::cout << "\x1b[0m";
     if (block_ != Block::kNone) std::cout << "\n";
     block_ = Block::kNone;
     std::cout << std::flush;
   }
 
  private:
-  enum class Block { kNone, kReasoning, kAnswer, kToolCall };
+  enum class Block { kNone, kReasoning, kAnswer, kToolCall, kHarmony };
 
   void Text(Block b, const std::string& text) {
     if (text.empty()) return;
@@ -91,26 +131,32 @@ class ReplyPrinter {
 
   void Switch(Block b) {
     if (b == block_ && b != Block::kToolCall) return;
-    if (tty_ && block_ == Block::kReasoning) std::cout << "\x1b[0m";
+    if (tty_ && (block_ == Block::kReasoning || block_ == Block::kHarmony)) std::cout << "\x1b[0m";
     if (block_ != Block::kNone) std::cout << "\n";
     block_ = b;
     if (tty_) {
       if (b == Block::kReasoning) std::cout << "\x1b[2m";
       if (b == Block::kToolCall) std::cout << "\x1b[36mtool call:\x1b[0m ";
+      if (b == Block::kHarmony) std::cout << "\x1b[2;3m";
     } else {
-      std::cout << (b == Block::kReasoning ? "reasoning: " : b == Block::kAnswer ? "answer: " : "tool_call: ");
+      std::cout << (b == Block::kReasoning ? "reasoning: "
+                    : b == Block::kAnswer  ? "answer: "
+                    : b == Block::kHarmony ? "harmony: "
+                                           : "tool_call: ");
     }
   }
 
   bool tty_;
   bool hide_reasoning_;
+  const tokenizer::Tokenizer* harmony_;
+  std::optional<tokenizer::StreamingDetokenizer> detok_;
   Block block_ = Block::kNone;
 };
 
 // Sends the conversation, streams the reply; Ctrl-C cancels the stream.
 absl::StatusOr<client::ChatResult> Turn(client::Client& c, const v1::ChatRequest& req, bool tty,
-                                        bool hide_reasoning) {
-  ReplyPrinter printer(tty, hide_reasoning);
+                                        bool hide_reasoning, const tokenizer::Tokenizer* harmony) {
+  ReplyPrinter printer(tty, hide_reasoning, harmony);
   client::ChatResult result;
   client::CancelHandle cancel;
   g_interrupted = 0;
@@ -132,6 +178,7 @@ absl::StatusOr<client::ChatResult> Turn(client::Client& c, const v1::ChatRequest
   streaming = false;
   watcher.join();
   std::signal(SIGINT, previous);
+  if (st.ok()) printer.Parsed(result);
   printer.End();
   if (!st.ok()) {
     if (cancel.cancelled()) {
@@ -168,10 +215,21 @@ int RunChat(const ChatFlags& f) {
   if (f.temperature) req.mutable_sampling()->set_temperature(*f.temperature);
   if (f.seed) req.mutable_sampling()->set_seed(*f.seed);
   const bool tty = isatty(STDOUT_FILENO) != 0;
+  std::unique_ptr<tokenizer::Tokenizer> harmony;
+  if (f.show_harmony) {
+    absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> t =
+        tokenizer::Tokenizer::Create(tokenizer::Tokenizer::DefaultRanksPath());
+    if (!t.ok()) {
+      std::cerr << "flotilla chat: --show-harmony needs the tokenizer: " << t.status().message() << "\n";
+      return 2;
+    }
+    harmony = *std::move(t);
+    req.set_return_token_ids(true);
+  }
 
   if (f.prompt) {
     *req.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, *f.prompt);
-    absl::StatusOr<client::ChatResult> r = Turn(**c, req, tty, f.hide_reasoning);
+    absl::StatusOr<client::ChatResult> r = Turn(**c, req, tty, f.hide_reasoning, harmony.get());
     if (!r.ok()) {
       std::cerr << "flotilla chat: " << f.coordinator << ": " << r.status().message() << "\n";
       return ExitCode(r.status());
@@ -198,7 +256,7 @@ int RunChat(const ChatFlags& f) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (!interactive && !tty) std::cout << "user: " << line << "\n";
     *req.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, line);
-    absl::StatusOr<client::ChatResult> r = Turn(**c, req, tty, f.hide_reasoning);
+    absl::StatusOr<client::ChatResult> r = Turn(**c, req, tty, f.hide_reasoning, harmony.get());
     if (!r.ok()) {
       std::cerr << "flotilla chat: " << r.status().message() << "\n";
       req.mutable_messages()->RemoveLast();  // the turn did not happen
@@ -234,6 +292,8 @@ void AddChatCommand(CLI::App& app) {
   cmd->add_option("--timeout", f->timeout_s, "seconds before a reply gives up")
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_flag("--hide-reasoning", f->hide_reasoning, "print only the answer (and tool calls)");
+  cmd->add_flag("--show-harmony", f->show_harmony,
+                "stream the raw completion (Harmony tokens as generated), then the parsed reply");
   cmd->callback([f] {
     const int rc = RunChat(*f);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -120,6 +120,7 @@ void ChatResult::Add(const v1::ChatResponse& resp) {
     }
   }
   logprobs.insert(logprobs.end(), resp.logprobs().begin(), resp.logprobs().end());
+  token_ids.insert(token_ids.end(), resp.token_ids().begin(), resp.token_ids().end());
   if (resp.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED) {
     finish_reason = resp.finish_reason();
     prompt_tokens = resp.usage().prompt_tokens();

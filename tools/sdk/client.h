@@ -54,6 +54,7 @@ struct ChatResult {
   std::string reasoning;  // the reasoning (analysis channel)
   std::vector<ChatToolCall> tool_calls;
   std::vector<common::TokenLogprob> logprobs;
+  std::vector<int32_t> token_ids;  // with return_token_ids: the raw completion
   v1::ChatResponse::FinishReason finish_reason = v1::ChatResponse::FINISH_REASON_UNSPECIFIED;
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
