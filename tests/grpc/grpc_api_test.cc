@@ -9,7 +9,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <regex>
+#include <sys/wait.h>
 #include <thread>
+#include <tuple>
 
 #include "tools/cli/local_cluster.h"
 #include "tools/sdk/client.h"
@@ -231,6 +233,45 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
   }
   ASSERT_TRUE(WaitIdle()) << "the cancelled stream's sequence still runs";
   EXPECT_GE(Metric("flotilla_requests_cancelled_total"), cancelled + 1);
+}
+
+// Runs `cmd`, returns its exit status and stdout+stderr.
+std::pair<int, std::string> RunCommand(const std::string& cmd) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int rc = pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+}
+
+TEST_F(GrpcApiTest, ChatCommandOneShotAndConversation) {
+  const std::string chat = std::string(FLOTILLA_BIN_DIR) + "/flotilla chat --coordinator " + cluster_->address();
+  // One shot, piped: the raw completion and the parse, labelled; usage on stderr.
+  auto [rc, out] = RunCommand(chat + " --prompt 'Hi' --system 'Be brief' --reasoning-effort low --max-tokens 6 "
+                              "--temperature 0 --show-harmony");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("harmony: "), std::string::npos) << out;
+  EXPECT_NE(out.find("answer: "), std::string::npos) << out;
+  EXPECT_NE(out.find("completion tokens]"), std::string::npos) << out;
+  // A conversation from stdin: the second turn's prompt holds the first turn
+  // (more prompt tokens than the first); /reset drops it again.
+  std::tie(rc, out) = RunCommand("printf 'Hello\\nHello\\n/reset\\nHello\\n' | " + chat + " --max-tokens 4");
+  EXPECT_EQ(rc, 0) << out;
+  std::vector<int> prompts;
+  std::regex usage("\\[[a-z_]+; (\\d+) prompt \\+ \\d+ completion tokens\\]");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), usage); it != std::sregex_iterator(); ++it) {
+    prompts.push_back(std::stoi((*it)[1]));
+  }
+  ASSERT_EQ(prompts.size(), 3u) << out;
+  EXPECT_GT(prompts[1], prompts[0]) << out;
+  EXPECT_EQ(prompts[2], prompts[0]) << out;
+  // Another model: NOT_FOUND, exit status 1 with the server's message.
+  std::tie(rc, out) = RunCommand(chat + " --prompt 'Hi' --model nope");
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("nope"), std::string::npos) << out;
 }
 
 }  // namespace
