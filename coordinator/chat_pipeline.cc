@@ -14,18 +14,26 @@ absl::Status Invalid(const std::string& field, const std::string& what) {
 
 const char* RoleName(v1::ChatMessage::Role role) {
   switch (role) {
-    case v1::ChatMessage::SYSTEM: return "system";
-    case v1::ChatMessage::DEVELOPER: return "developer";
-    case v1::ChatMessage::USER: return "user";
-    case v1::ChatMessage::ASSISTANT: return "assistant";
-    case v1::ChatMessage::TOOL: return "tool";
-    default: return nullptr;
+    case v1::ChatMessage::SYSTEM:
+      return "system";
+    case v1::ChatMessage::DEVELOPER:
+      return "developer";
+    case v1::ChatMessage::USER:
+      return "user";
+    case v1::ChatMessage::ASSISTANT:
+      return "assistant";
+    case v1::ChatMessage::TOOL:
+      return "tool";
+    default:
+      return nullptr;
   }
 }
 
-absl::Status InRange(const std::string& field, double v, double lo, double hi, bool lo_open = false) {
+absl::Status InRange(const std::string& field, double v, double lo, double hi,
+                     bool lo_open = false) {
   if (!std::isfinite(v) || v > hi || (lo_open ? v <= lo : v < lo)) {
-    return Invalid(field, absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], not ", v));
+    return Invalid(field,
+                   absl::StrCat("must be in ", lo_open ? "(" : "[", lo, ", ", hi, "], not ", v));
   }
   return absl::OkStatus();
 }
@@ -40,7 +48,8 @@ absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
     FLOTILLA_RETURN_IF_ERROR(InRange("sampling.top_p", s.top_p(), 0, 1, /*lo_open=*/true));
     body["top_p"] = s.top_p();
   }
-  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat("must be >= 0 (0 = off), not ", s.top_k()));
+  if (s.top_k() < 0)
+    return Invalid("sampling.top_k", absl::StrCat("must be >= 0 (0 = off), not ", s.top_k()));
   FLOTILLA_RETURN_IF_ERROR(InRange("sampling.min_p", s.min_p(), 0, 1));
   FLOTILLA_RETURN_IF_ERROR(InRange("sampling.frequency_penalty", s.frequency_penalty(), -2, 2));
   FLOTILLA_RETURN_IF_ERROR(InRange("sampling.presence_penalty", s.presence_penalty(), -2, 2));
@@ -56,13 +65,15 @@ absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
     if (s.logprobs() > 0) body["top_logprobs"] = s.logprobs();
   }
   if (s.ignore_eos()) {
-    return Invalid("sampling.ignore_eos", "is not allowed for Chat (the reply ends at Harmony's end tokens)");
+    return Invalid("sampling.ignore_eos",
+                   "is not allowed for Chat (the reply ends at Harmony's end tokens)");
   }
   for (int i = 0; i < s.stop_token_ids_size(); ++i) {
     const int32_t t = s.stop_token_ids(i);
     if (t < 0 || static_cast<tokenizer::TokenId>(t) >= tokenizer::kVocabSize) {
       return Invalid(absl::StrCat("sampling.stop_token_ids[", i, "]"),
-                     absl::StrCat("token id ", t, " is outside the vocabulary [0, ", tokenizer::kVocabSize, ")"));
+                     absl::StrCat("token id ", t, " is outside the vocabulary [0, ",
+                                  tokenizer::kVocabSize, ")"));
     }
   }
   return absl::OkStatus();
@@ -70,7 +81,8 @@ absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
 
 }  // namespace
 
-absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::string_view model_id) {
+absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
+                                         std::string_view model_id) {
   Json body = Json::object();
   body["model"] = request.model().empty() ? std::string(model_id) : request.model();
   if (request.messages().empty()) return Invalid("messages", "is required (at least one message)");
@@ -93,7 +105,8 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
       j["reasoning_content"] = m.reasoning();
     }
     if (!m.tool_calls().empty()) {
-      if (!assistant) return Invalid(where + ".tool_calls", "are only allowed on ASSISTANT messages");
+      if (!assistant)
+        return Invalid(where + ".tool_calls", "are only allowed on ASSISTANT messages");
       Json tcs = Json::array();
       for (int k = 0; k < m.tool_calls_size(); ++k) {
         const v1::ToolCall& c = m.tool_calls(k);
@@ -110,10 +123,12 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
     if (!m.tool_call_id().empty() && !tool) {
       return Invalid(where + ".tool_call_id", "is only allowed on TOOL messages");
     }
-    if (!m.name().empty() && !tool) return Invalid(where + ".name", "is only allowed on TOOL messages");
+    if (!m.name().empty() && !tool)
+      return Invalid(where + ".name", "is only allowed on TOOL messages");
     if (tool) {
       if (m.tool_call_id().empty()) {
-        return Invalid(where + ".tool_call_id", "is required: the id of the call this is the result of");
+        return Invalid(where + ".tool_call_id",
+                       "is required: the id of the call this is the result of");
       }
       if (!m.name().empty()) {
         for (const auto& [id, name] : calls) {
@@ -140,7 +155,8 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
       if (!t.parameters_json().empty()) {
         Json p = Json::parse(t.parameters_json(), nullptr, /*allow_exceptions=*/false);
         if (p.is_discarded()) return Invalid(where + ".parameters_json", "is not valid JSON");
-        if (!p.is_object()) return Invalid(where + ".parameters_json", "must be a JSON Schema object");
+        if (!p.is_object())
+          return Invalid(where + ".parameters_json", "must be a JSON Schema object");
         fn["parameters"] = std::move(p);
       }
       tools.push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
@@ -152,21 +168,35 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
     return Invalid("tool_choice.function", "is only used with mode FUNCTION");
   }
   switch (tc.mode()) {
-    case v1::ToolChoice::AUTO: break;
-    case v1::ToolChoice::NONE: body["tool_choice"] = "none"; break;
-    case v1::ToolChoice::REQUIRED: body["tool_choice"] = "required"; break;
+    case v1::ToolChoice::AUTO:
+      break;
+    case v1::ToolChoice::NONE:
+      body["tool_choice"] = "none";
+      break;
+    case v1::ToolChoice::REQUIRED:
+      body["tool_choice"] = "required";
+      break;
     case v1::ToolChoice::FUNCTION:
-      if (tc.function().empty()) return Invalid("tool_choice.function", "is required with mode FUNCTION");
+      if (tc.function().empty())
+        return Invalid("tool_choice.function", "is required with mode FUNCTION");
       body["tool_choice"] = Json{{"type", "function"}, {"function", {{"name", tc.function()}}}};
       break;
     default:
-      return Invalid("tool_choice.mode", absl::StrCat("unknown mode ", static_cast<int>(tc.mode())));
+      return Invalid("tool_choice.mode",
+                     absl::StrCat("unknown mode ", static_cast<int>(tc.mode())));
   }
   switch (request.reasoning_effort()) {
-    case v1::REASONING_EFFORT_UNSPECIFIED: break;
-    case v1::LOW: body["reasoning_effort"] = "low"; break;
-    case v1::MEDIUM: body["reasoning_effort"] = "medium"; break;
-    case v1::HIGH: body["reasoning_effort"] = "high"; break;
+    case v1::REASONING_EFFORT_UNSPECIFIED:
+      break;
+    case v1::LOW:
+      body["reasoning_effort"] = "low";
+      break;
+    case v1::MEDIUM:
+      body["reasoning_effort"] = "medium";
+      break;
+    case v1::HIGH:
+      body["reasoning_effort"] = "high";
+      break;
     default:
       return Invalid("reasoning_effort",
                      absl::StrCat("unknown value ", static_cast<int>(request.reasoning_effort())));
@@ -180,11 +210,13 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
   return body;
 }
 
-absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request, std::string_view model_id,
+absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
+                                            std::string_view model_id,
                                             const tokenizer::Tokenizer& tok,
                                             const harmony::OpenAiRequestOptions& options) {
   FLOTILLA_ASSIGN_OR_RETURN(Json body, ChatRequestToOpenAi(request, model_id));
-  FLOTILLA_ASSIGN_OR_RETURN(PreparedRequest prepared, PrepareChatRequest(body, model_id, tok, options));
+  FLOTILLA_ASSIGN_OR_RETURN(PreparedRequest prepared,
+                            PrepareChatRequest(body, model_id, tok, options));
   const common::SamplingParams& s = request.sampling();
   prepared.sampling.set_top_k(s.top_k());
   prepared.sampling.set_min_p(s.min_p());
@@ -202,8 +234,8 @@ v1::ChatResponse::FinishReason ChatFinishReason(std::string_view r) {
 // ---- ChatStream ----
 
 ChatStream::ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id,
-                       std::string call_id_seed, std::vector<std::string> stop, uint32_t prompt_tokens,
-                       bool return_token_ids)
+                       std::string call_id_seed, std::vector<std::string> stop,
+                       uint32_t prompt_tokens, bool return_token_ids)
     : request_id_(std::move(request_id)),
       prompt_tokens_(prompt_tokens),
       builder_(tokenizer, Endpoint::kChat, std::move(call_id_seed), /*model=*/"", /*created=*/0,
@@ -243,7 +275,8 @@ void ChatStream::AddChunks(const std::vector<Json>& chunks, v1::ChatResponse& ou
         nd->set_content(text);
       }
     };
-    if (auto it = d.find("content"); it != d.end() && it->is_string()) append_text(false, it->get<std::string>());
+    if (auto it = d.find("content"); it != d.end() && it->is_string())
+      append_text(false, it->get<std::string>());
     if (auto it = d.find("reasoning_content"); it != d.end() && it->is_string()) {
       append_text(true, it->get<std::string>());
     }
@@ -269,8 +302,8 @@ void ChatStream::AddChunks(const std::vector<Json>& chunks, v1::ChatResponse& ou
   }
 }
 
-void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason, uint32_t prompt_tokens,
-                        uint32_t completion_tokens) {
+void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason,
+                        uint32_t prompt_tokens, uint32_t completion_tokens) {
   finished_ = true;
   out.set_finish_reason(reason);
   out.mutable_usage()->set_prompt_tokens(prompt_tokens);
@@ -298,7 +331,8 @@ std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& 
     AddChunks(builder_.Finish(u.finish_reason(), stop, prompt, u.completion_tokens()), r);
     SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt, u.completion_tokens());
   }
-  if (!finished_ && r.deltas().empty() && r.logprobs().empty() && r.token_ids().empty()) return std::nullopt;
+  if (!finished_ && r.deltas().empty() && r.logprobs().empty() && r.token_ids().empty())
+    return std::nullopt;
   return r;
 }
 

@@ -32,7 +32,8 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
 // ChatRequestToOpenAi + PrepareChatRequest, plus the sampling fields the
 // OpenAI body has no place for (top_k, min_p, stop_token_ids). NOT_FOUND for
 // another model.
-absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request, std::string_view model_id,
+absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
+                                            std::string_view model_id,
                                             const tokenizer::Tokenizer& tok,
                                             const harmony::OpenAiRequestOptions& options);
 
@@ -42,8 +43,9 @@ class ChatStream {
   // `tokenizer` must outlive the stream. `request_id` goes on every message;
   // `call_id_seed` seeds the tool call ids (unique per request).
   // `return_token_ids`: every update's tokens go into token_ids too.
-  ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id, std::string call_id_seed,
-             std::vector<std::string> stop, uint32_t prompt_tokens, bool return_token_ids = false);
+  ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id,
+             std::string call_id_seed, std::vector<std::string> stop, uint32_t prompt_tokens,
+             bool return_token_ids = false);
 
   // The first message: the request id alone (usable with Cancel at once).
   v1::ChatResponse Begin() const;

@@ -119,7 +119,8 @@ class HttpMetrics {
     Counter(out, "flotilla_requests_submitted_total", "requests admitted (gRPC and HTTP)",
             s.requests_submitted());
     Counter(out, "flotilla_requests_cancelled_total",
-            "requests ended early by a cancel, a client disconnect or a stop string", s.requests_cancelled());
+            "requests ended early by a cancel, a client disconnect or a stop string",
+            s.requests_cancelled());
     Gauge(out, "flotilla_requests_in_flight", "requests the coordinator is serving (gRPC and HTTP)",
           static_cast<double>(s.requests_in_flight()));
     Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests",
@@ -326,7 +327,8 @@ bool PeerGone(int fd) {
 
 // The request's deadline from X-Request-Timeout or X-Stainless-Timeout
 // (seconds, > 0); nullopt when neither is set.
-absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const httplib::Request& req, absl::Time now) {
+absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const httplib::Request& req,
+                                                          absl::Time now) {
   for (const char* header : {"X-Request-Timeout", "X-Stainless-Timeout"}) {
     if (!req.has_header(header)) continue;
     const std::string v = req.get_header_value(header);

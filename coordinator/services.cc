@@ -161,9 +161,10 @@ using ChatReactorBase = grpc::ServerWriteReactor<v1::ChatResponse>;
 // (ChatStream); each update becomes at most one response.
 class ChatReactor final : public ChatReactorBase {
  public:
-  ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context, const v1::ChatRequest& request,
-              const std::string& model_id, const tokenizer::Tokenizer* tok,
-              const harmony::OpenAiRequestOptions& harmony, const std::string& call_id_salt)
+  ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
+              const v1::ChatRequest& request, const std::string& model_id,
+              const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
+              const std::string& call_id_salt)
       : manager_(manager) {
     absl::StatusOr<PreparedRequest> prepared = PrepareChat(request, model_id, *tok, harmony);
     if (!prepared.ok()) {
@@ -171,15 +172,16 @@ class ChatReactor final : public ChatReactorBase {
       return;
     }
     state_ = std::make_shared<State>(this, tok, call_id_salt, prepared->stop,
-                                     static_cast<uint32_t>(prepared->prompt.size()), request.return_token_ids());
+                                     static_cast<uint32_t>(prepared->prompt.size()),
+                                     request.return_token_ids());
     cluster::SubmitSequence submit;
     for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
     *submit.mutable_sampling() = prepared->sampling;
     const auto deadline = context->deadline();
     if (deadline != std::chrono::system_clock::time_point::max()) {
-      submit.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline.time_since_epoch())
-                                      .count());
+      submit.set_deadline_unix_ms(
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch())
+              .count());
     }
     std::shared_ptr<State> state = state_;
     RequestCallbacks cb;
@@ -190,7 +192,8 @@ class ChatReactor final : public ChatReactorBase {
         state->StartLocked(u.request_id());
         std::optional<v1::ChatResponse> r = state->stream->Feed(u);
         if (r) state->queue.Send(*r);
-        if (state->stream->finished() && state->stream->stopped_by_string() && !state->cancel_sent) {
+        if (state->stream->finished() && state->stream->stopped_by_string() &&
+            !state->cancel_sent) {
           // The answer hit a stop string: end the stream now, free the sequence.
           state->cancel_sent = cancel = true;
           state->queue.Close(grpc::Status::OK);
@@ -201,8 +204,9 @@ class ChatReactor final : public ChatReactorBase {
     cb.on_done = [state](const absl::Status& st) {
       std::lock_guard<std::mutex> lock(state->mu);
       if (!state->stream) {  // ended before the stream began (e.g. a worker died at once)
-        state->queue.Close(st.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the request ended at once")
-                                   : ToGrpcStatus(st));
+        state->queue.Close(
+            st.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the request ended at once")
+                    : ToGrpcStatus(st));
       } else if (state->stream->finished()) {
         state->queue.Close(grpc::Status::OK);
       } else if (st.code() == absl::StatusCode::kCancelled && !state->client_gone) {
@@ -210,7 +214,8 @@ class ChatReactor final : public ChatReactorBase {
         state->queue.Send(state->stream->Cancelled());
         state->queue.Close(grpc::Status::OK);
       } else if (st.ok()) {
-        state->queue.Close(grpc::Status(grpc::StatusCode::INTERNAL, "the request ended without a finish reason"));
+        state->queue.Close(
+            grpc::Status(grpc::StatusCode::INTERNAL, "the request ended without a finish reason"));
       } else {
         state->queue.Close(ToGrpcStatus(st));
       }
@@ -237,8 +242,8 @@ class ChatReactor final : public ChatReactorBase {
 
  private:
   struct State {
-    State(ChatReactor* r, const tokenizer::Tokenizer* tok, std::string salt, std::vector<std::string> stop,
-          uint32_t prompt_tokens, bool return_token_ids)
+    State(ChatReactor* r, const tokenizer::Tokenizer* tok, std::string salt,
+          std::vector<std::string> stop, uint32_t prompt_tokens, bool return_token_ids)
         : queue(r),
           tok(tok),
           salt(std::move(salt)),
@@ -249,7 +254,8 @@ class ChatReactor final : public ChatReactorBase {
     void StartLocked(uint64_t id) {
       if (stream) return;
       const std::string rid = absl::StrCat(id);
-      stream.emplace(tok, rid, absl::StrCat("chat-", salt, "-", rid), stop, prompt_tokens, return_token_ids);
+      stream.emplace(tok, rid, absl::StrCat("chat-", salt, "-", rid), stop, prompt_tokens,
+                     return_token_ids);
       queue.Send(stream->Begin());
     }
     StreamQueue<ChatReactorBase, v1::ChatResponse> queue;
@@ -271,15 +277,20 @@ class ChatReactor final : public ChatReactorBase {
 }  // namespace
 
 FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
-                                 const tokenizer::Tokenizer* tokenizer, harmony::OpenAiRequestOptions harmony)
-    : manager_(manager), model_id_(std::move(model_id)), tokenizer_(tokenizer), harmony_(std::move(harmony)) {
+                                 const tokenizer::Tokenizer* tokenizer,
+                                 harmony::OpenAiRequestOptions harmony)
+    : manager_(manager),
+      model_id_(std::move(model_id)),
+      tokenizer_(tokenizer),
+      harmony_(std::move(harmony)) {
   std::random_device rd;
   call_id_salt_ = absl::StrCat(absl::Hex(static_cast<uint64_t>(rd()) << 32 | rd()));
 }
 
-grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(grpc::CallbackServerContext* context,
-                                                                  const v1::ChatRequest* request) {
-  return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_, call_id_salt_);
+grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
+    grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
+  return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_,
+                         call_id_salt_);
 }
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*

@@ -2,10 +2,11 @@
 // Harmony prompt, and recorded Harmony completions (rendered with the real
 // renderer and tokenizer) -> ChatResponse deltas with reasoning, answer and
 // tool-call pieces apart; bad requests are INVALID_ARGUMENT naming the field.
+#include "coordinator/chat_pipeline.h"
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "coordinator/chat_pipeline.h"
 #include "coordinator/harmony/renderer.h"
 
 namespace flotilla::coordinator {
@@ -38,7 +39,8 @@ std::vector<tk::TokenId> Completion(const std::vector<Message>& messages, tk::To
   return ids;
 }
 
-Message Assistant(const std::string& channel, const std::string& content, const std::string& to = "") {
+Message Assistant(const std::string& channel, const std::string& content,
+                  const std::string& to = "") {
   Message m;
   m.role = Role::kAssistant;
   m.channel = channel;
@@ -58,7 +60,8 @@ std::vector<v1::ChatResponse> Stream(ChatStream& s, const std::vector<tk::TokenI
   for (size_t i = 0; i < ids.size() && !s.finished(); i += per_update) {
     cluster::SequenceUpdate u;
     u.set_request_id(7);
-    for (size_t k = i; k < std::min(ids.size(), i + per_update); ++k) u.add_token_ids(static_cast<int32_t>(ids[k]));
+    for (size_t k = i; k < std::min(ids.size(), i + per_update); ++k)
+      u.add_token_ids(static_cast<int32_t>(ids[k]));
     if (std::optional<v1::ChatResponse> r = s.Feed(u)) out.push_back(*r);
   }
   if (!s.finished()) {
@@ -104,7 +107,8 @@ Merged Merge(const std::vector<v1::ChatResponse>& rs) {
           m.calls[t.index()].mutable_arguments()->append(t.arguments());
           break;
         }
-        default: ADD_FAILURE() << "a delta with no channel";
+        default:
+          ADD_FAILURE() << "a delta with no channel";
       }
     }
     if (r.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED) {
@@ -194,16 +198,18 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
   auto* tool = req.add_tools();
   tool->set_name("get_weather");
   tool->set_description("Gets the weather");
-  tool->set_parameters_json(R"({"type": "object", "properties": {"location": {"type": "string"}}})");
+  tool->set_parameters_json(
+      R"({"type": "object", "properties": {"location": {"type": "string"}}})");
   req.set_reasoning_effort(v1::LOW);
   absl::StatusOr<PreparedRequest> p = PrepareChat(req, "m", Tok(), {});
   ASSERT_TRUE(p.ok()) << p.status();
   const std::string text = *Tok().DecodeUtf8(p->prompt);
   EXPECT_NE(text.find("Reasoning: low"), std::string::npos) << text;
   EXPECT_NE(text.find("type get_weather = (_: {\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
-                      "<|message|>{\"location\":\"Tokyo, JP\"}<|call|>"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+                "<|message|>{\"location\":\"Tokyo, JP\"}<|call|>"),
+      std::string::npos)
       << text;
   EXPECT_NE(text.find("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
                       "{\"temp_c\": 21}<|end|><|start|>assistant"),
@@ -211,24 +217,26 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
       << text;
   EXPECT_TRUE(text.ends_with("<|start|>assistant"));
 
-  Json body = {{"model", "m"},
-               {"reasoning_effort", "low"},
-               {"messages",
-                {{{"role", "user"}, {"content", "Weather in Tokyo?"}},
-                 {{"role", "assistant"},
-                  {"content", nullptr},
-                  {"reasoning_content", m.reasoning},
-                  {"tool_calls",
-                   {{{"id", m.calls[0].id()},
-                     {"type", "function"},
-                     {"function", {{"name", "get_weather"}, {"arguments", m.calls[0].arguments()}}}}}}},
-                 {{"role", "tool"}, {"tool_call_id", m.calls[0].id()}, {"content", R"({"temp_c": 21})"}}}},
-               {"tools",
-                {{{"type", "function"},
-                  {"function",
-                   {{"name", "get_weather"},
-                    {"description", "Gets the weather"},
-                    {"parameters", {{"type", "object"}, {"properties", {{"location", {{"type", "string"}}}}}}}}}}}}};
+  Json body = {
+      {"model", "m"},
+      {"reasoning_effort", "low"},
+      {"messages",
+       {{{"role", "user"}, {"content", "Weather in Tokyo?"}},
+        {{"role", "assistant"},
+         {"content", nullptr},
+         {"reasoning_content", m.reasoning},
+         {"tool_calls",
+          {{{"id", m.calls[0].id()},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", m.calls[0].arguments()}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", m.calls[0].id()}, {"content", R"({"temp_c": 21})"}}}},
+      {"tools",
+       {{{"type", "function"},
+         {"function",
+          {{"name", "get_weather"},
+           {"description", "Gets the weather"},
+           {"parameters",
+            {{"type", "object"}, {"properties", {{"location", {{"type", "string"}}}}}}}}}}}}};
   absl::StatusOr<PreparedRequest> q = PrepareChatRequest(body, "m", Tok(), {});
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(p->prompt, q->prompt);
@@ -239,8 +247,8 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
 
 TEST(ChatStreamTest, StopStringLengthAndCancel) {
   tk::TokenId stop;
-  std::vector<tk::TokenId> ids = Completion({Assistant("analysis", "Count."), Assistant("final", "One, two, three. Four.")},
-                                            &stop);
+  std::vector<tk::TokenId> ids = Completion(
+      {Assistant("analysis", "Count."), Assistant("final", "One, two, three. Four.")}, &stop);
   {
     ChatStream s(&Tok(), "7", "x", {"three."}, 30);
     Merged m = Merge(Stream(s, ids, tk::kReturn, common::STOP));
@@ -282,7 +290,8 @@ TEST(ChatStreamTest, RawTokensOnRequest) {
   ChatStream s(&Tok(), "7", "x", {}, 30, /*return_token_ids=*/true);
   std::vector<v1::ChatResponse> rs = Stream(s, ids, tk::kReturn, common::STOP);
   std::vector<tk::TokenId> raw;
-  for (const v1::ChatResponse& r : rs) raw.insert(raw.end(), r.token_ids().begin(), r.token_ids().end());
+  for (const v1::ChatResponse& r : rs)
+    raw.insert(raw.end(), r.token_ids().begin(), r.token_ids().end());
   std::vector<tk::TokenId> want = ids;
   want.push_back(tk::kReturn);
   EXPECT_EQ(raw, want);
@@ -322,7 +331,9 @@ TEST(ChatRequestTest, SamplingAndOptionsMapToThePrompt) {
   EXPECT_EQ(p->sampling.stop_token_ids_size(), 3);
   EXPECT_EQ(p->stop, std::vector<std::string>{"END"});
   const std::string text = *Tok().DecodeUtf8(p->prompt);
-  EXPECT_NE(text.find("<|start|>developer<|message|># Instructions\n\nBe terse."), std::string::npos) << text;
+  EXPECT_NE(text.find("<|start|>developer<|message|># Instructions\n\nBe terse."),
+            std::string::npos)
+      << text;
   EXPECT_TRUE(text.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant")) << text;
 
   // tool_choice NONE leaves the tools out; FUNCTION keeps only that one.
@@ -354,11 +365,14 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
     absl::StatusCode code;
     std::string field;  // the message starts with "field: "
   } cases[] = {
-      {[](v1::ChatRequest& r) { r.clear_messages(); }, absl::StatusCode::kInvalidArgument, "messages"},
-      {[](v1::ChatRequest& r) { r.mutable_messages(0)->set_role(v1::ChatMessage::ROLE_UNSPECIFIED); },
+      {[](v1::ChatRequest& r) { r.clear_messages(); }, absl::StatusCode::kInvalidArgument,
+       "messages"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_messages(0)->set_role(v1::ChatMessage::ROLE_UNSPECIFIED);
+       },
        absl::StatusCode::kInvalidArgument, "messages[0].role"},
-      {[](v1::ChatRequest& r) { r.mutable_messages(0)->set_reasoning("x"); }, absl::StatusCode::kInvalidArgument,
-       "messages[0].reasoning"},
+      {[](v1::ChatRequest& r) { r.mutable_messages(0)->set_reasoning("x"); },
+       absl::StatusCode::kInvalidArgument, "messages[0].reasoning"},
       {[](v1::ChatRequest& r) { r.mutable_messages(0)->set_tool_call_id("c"); },
        absl::StatusCode::kInvalidArgument, "messages[0].tool_call_id"},
       {[](v1::ChatRequest& r) {
@@ -387,8 +401,8 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "messages[2].name"},
       {[](v1::ChatRequest& r) { r.add_tools()->set_name(""); }, absl::StatusCode::kInvalidArgument,
        "tools[0].function.name"},
-      {[](v1::ChatRequest& r) { r.add_tools()->set_name("bad name"); }, absl::StatusCode::kInvalidArgument,
-       "tools[0].function.name"},
+      {[](v1::ChatRequest& r) { r.add_tools()->set_name("bad name"); },
+       absl::StatusCode::kInvalidArgument, "tools[0].function.name"},
       {[](v1::ChatRequest& r) {
          auto* t = r.add_tools();
          t->set_name("f");
@@ -399,28 +413,30 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "tool_choice"},
       {[](v1::ChatRequest& r) { r.mutable_tool_choice()->set_mode(v1::ToolChoice::FUNCTION); },
        absl::StatusCode::kInvalidArgument, "tool_choice.function"},
-      {[](v1::ChatRequest& r) { r.mutable_tool_choice()->set_function("f"); }, absl::StatusCode::kInvalidArgument,
-       "tool_choice.function"},
+      {[](v1::ChatRequest& r) { r.mutable_tool_choice()->set_function("f"); },
+       absl::StatusCode::kInvalidArgument, "tool_choice.function"},
       {[](v1::ChatRequest& r) { r.set_reasoning_effort(static_cast<v1::ReasoningEffort>(9)); },
        absl::StatusCode::kInvalidArgument, "reasoning_effort"},
-      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_temperature(3); }, absl::StatusCode::kInvalidArgument,
-       "sampling.temperature"},
-      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_top_p(0); }, absl::StatusCode::kInvalidArgument,
-       "sampling.top_p"},
-      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_top_k(-1); }, absl::StatusCode::kInvalidArgument,
-       "sampling.top_k"},
-      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_logprobs(21); }, absl::StatusCode::kInvalidArgument,
-       "sampling.logprobs"},
-      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_ignore_eos(true); }, absl::StatusCode::kInvalidArgument,
-       "sampling.ignore_eos"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_temperature(3); },
+       absl::StatusCode::kInvalidArgument, "sampling.temperature"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_top_p(0); },
+       absl::StatusCode::kInvalidArgument, "sampling.top_p"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_top_k(-1); },
+       absl::StatusCode::kInvalidArgument, "sampling.top_k"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_logprobs(21); },
+       absl::StatusCode::kInvalidArgument, "sampling.logprobs"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_ignore_eos(true); },
+       absl::StatusCode::kInvalidArgument, "sampling.ignore_eos"},
       {[](v1::ChatRequest& r) { r.mutable_sampling()->add_stop_token_ids(-3); },
        absl::StatusCode::kInvalidArgument, "sampling.stop_token_ids[0]"},
-      {[](v1::ChatRequest& r) { r.add_stop()->clear(); }, absl::StatusCode::kInvalidArgument, "stop"},
+      {[](v1::ChatRequest& r) { r.add_stop()->clear(); }, absl::StatusCode::kInvalidArgument,
+       "stop"},
       {[](v1::ChatRequest& r) {
          for (int i = 0; i < 5; ++i) *r.add_stop() = std::string(1, static_cast<char>('a' + i));
        },
        absl::StatusCode::kInvalidArgument, "stop"},
-      {[](v1::ChatRequest& r) { r.set_model("other-model"); }, absl::StatusCode::kNotFound, "model"},
+      {[](v1::ChatRequest& r) { r.set_model("other-model"); }, absl::StatusCode::kNotFound,
+       "model"},
   };
   for (size_t i = 0; i < std::size(cases); ++i) {
     v1::ChatRequest r = base();

@@ -5,11 +5,11 @@
 // /metrics shows.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <sys/wait.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <regex>
-#include <sys/wait.h>
 #include <thread>
 #include <tuple>
 
@@ -51,7 +51,8 @@ class GrpcApiTest : public ::testing::Test {
   static v1::ChatRequest Hello(uint32_t max_tokens) {
     v1::ChatRequest r;
     *r.add_messages() = client::MakeChatMessage(v1::ChatMessage::SYSTEM, "You are terse.");
-    *r.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, "What is the capital of France?");
+    *r.add_messages() =
+        client::MakeChatMessage(v1::ChatMessage::USER, "What is the capital of France?");
     r.set_reasoning_effort(v1::LOW);
     r.mutable_sampling()->set_temperature(0);
     r.mutable_sampling()->set_max_tokens(max_tokens);
@@ -70,7 +71,8 @@ class GrpcApiTest : public ::testing::Test {
   // sequence on the workers (their heartbeats report it).
   static bool WaitIdle() {
     for (int i = 0; i < 100; ++i) {
-      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0) return true;
+      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0)
+        return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;
@@ -80,9 +82,10 @@ class GrpcApiTest : public ::testing::Test {
 cli::LocalCluster* GrpcApiTest::cluster_ = nullptr;
 
 TEST_F(GrpcApiTest, IndependentNodeClient) {
-  const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE + " " +
-                          FLOTILLA_GRPC_TEST_DIR + "/grpc_client_test.js " + FLOTILLA_SOURCE_DIR + " " +
-                          cluster_->address() + " " + cluster_->http_address() + " " + Model() + " 2>&1";
+  const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE +
+                          " " + FLOTILLA_GRPC_TEST_DIR + "/grpc_client_test.js " +
+                          FLOTILLA_SOURCE_DIR + " " + cluster_->address() + " " +
+                          cluster_->http_address() + " " + Model() + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr);
   std::string out;
@@ -221,13 +224,16 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
     v1::ChatRequest req = Hello(0);
     req.mutable_sampling()->set_temperature(1);
     std::thread canceller;
-    absl::Status st = c->ChatStream(req, [&](const v1::ChatResponse&) {
-      if (canceller.joinable()) return;
-      canceller = std::thread([&] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-        cancel.Cancel();
-      });
-    }, &cancel);
+    absl::Status st = c->ChatStream(
+        req,
+        [&](const v1::ChatResponse&) {
+          if (canceller.joinable()) return;
+          canceller = std::thread([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            cancel.Cancel();
+          });
+        },
+        &cancel);
     if (canceller.joinable()) canceller.join();
     EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
   }
@@ -248,21 +254,26 @@ std::pair<int, std::string> RunCommand(const std::string& cmd) {
 }
 
 TEST_F(GrpcApiTest, ChatCommandOneShotAndConversation) {
-  const std::string chat = std::string(FLOTILLA_BIN_DIR) + "/flotilla chat --coordinator " + cluster_->address();
+  const std::string chat =
+      std::string(FLOTILLA_BIN_DIR) + "/flotilla chat --coordinator " + cluster_->address();
   // One shot, piped: the raw completion and the parse, labelled; usage on stderr.
-  auto [rc, out] = RunCommand(chat + " --prompt 'Hi' --system 'Be brief' --reasoning-effort low --max-tokens 6 "
-                              "--temperature 0 --show-harmony");
+  auto [rc, out] =
+      RunCommand(chat +
+                 " --prompt 'Hi' --system 'Be brief' --reasoning-effort low --max-tokens 6 "
+                 "--temperature 0 --show-harmony");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("harmony: "), std::string::npos) << out;
   EXPECT_NE(out.find("answer: "), std::string::npos) << out;
   EXPECT_NE(out.find("completion tokens]"), std::string::npos) << out;
   // A conversation from stdin: the second turn's prompt holds the first turn
   // (more prompt tokens than the first); /reset drops it again.
-  std::tie(rc, out) = RunCommand("printf 'Hello\\nHello\\n/reset\\nHello\\n' | " + chat + " --max-tokens 4");
+  std::tie(rc, out) =
+      RunCommand("printf 'Hello\\nHello\\n/reset\\nHello\\n' | " + chat + " --max-tokens 4");
   EXPECT_EQ(rc, 0) << out;
   std::vector<int> prompts;
   std::regex usage("\\[[a-z_]+; (\\d+) prompt \\+ \\d+ completion tokens\\]");
-  for (auto it = std::sregex_iterator(out.begin(), out.end(), usage); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), usage); it != std::sregex_iterator();
+       ++it) {
     prompts.push_back(std::stoi((*it)[1]));
   }
   ASSERT_EQ(prompts.size(), 3u) << out;

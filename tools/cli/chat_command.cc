@@ -38,11 +38,16 @@ void OnInterrupt(int) { g_interrupted = 1; }
 
 const char* FinishName(v1::ChatResponse::FinishReason r) {
   switch (r) {
-    case v1::ChatResponse::STOP: return "stop";
-    case v1::ChatResponse::LENGTH: return "length";
-    case v1::ChatResponse::TOOL_CALLS: return "tool_calls";
-    case v1::ChatResponse::CANCELLED: return "cancelled";
-    default: return "none";
+    case v1::ChatResponse::STOP:
+      return "stop";
+    case v1::ChatResponse::LENGTH:
+      return "length";
+    case v1::ChatResponse::TOOL_CALLS:
+      return "tool_calls";
+    case v1::ChatResponse::CANCELLED:
+      return "cancelled";
+    default:
+      return "none";
   }
 }
 
@@ -76,9 +81,11 @@ class ReplyPrinter {
   // The parsed reply, after a raw (Harmony) stream.
   void Parsed(const client::ChatResult& result) {
     if (!harmony_) return;
-    if (absl::StatusOr<std::string> rest = detok_->Finish(); rest.ok()) Text(Block::kHarmony, *rest);
+    if (absl::StatusOr<std::string> rest = detok_->Finish(); rest.ok())
+      Text(Block::kHarmony, *rest);
     v1::ChatResponse whole;
-    if (!result.reasoning.empty() && !hide_reasoning_) whole.add_deltas()->set_reasoning(result.reasoning);
+    if (!result.reasoning.empty() && !hide_reasoning_)
+      whole.add_deltas()->set_reasoning(result.reasoning);
     whole.add_deltas()->set_content(result.content.empty() ? "(empty)" : result.content);
     for (size_t i = 0; i < result.tool_calls.size(); ++i) {
       v1::ToolCallDelta* t = whole.add_deltas()->mutable_tool_call();
@@ -96,7 +103,9 @@ class ReplyPrinter {
         case v1::ChatDelta::kReasoning:
           if (!hide_reasoning_) Text(Block::kReasoning, d.reasoning());
           break;
-        case v1::ChatDelta::kContent: Text(Block::kAnswer, d.content()); break;
+        case v1::ChatDelta::kContent:
+          Text(Block::kAnswer, d.content());
+          break;
         case v1::ChatDelta::kToolCall: {
           const v1::ToolCallDelta& t = d.tool_call();
           if (!t.name().empty()) {
@@ -106,7 +115,8 @@ class ReplyPrinter {
           std::cout << t.arguments();
           break;
         }
-        default: break;
+        default:
+          break;
       }
     }
   }
@@ -171,10 +181,13 @@ absl::StatusOr<client::ChatResult> Turn(client::Client& c, const v1::ChatRequest
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   });
-  absl::Status st = c.ChatStream(req, [&](const v1::ChatResponse& r) {
-    result.Add(r);
-    printer.Add(r);
-  }, &cancel);
+  absl::Status st = c.ChatStream(
+      req,
+      [&](const v1::ChatResponse& r) {
+        result.Add(r);
+        printer.Add(r);
+      },
+      &cancel);
   streaming = false;
   watcher.join();
   std::signal(SIGINT, previous);
@@ -189,12 +202,14 @@ absl::StatusOr<client::ChatResult> Turn(client::Client& c, const v1::ChatRequest
     return st;
   }
   std::cerr << (tty ? "\x1b[2m" : "") << "[" << FinishName(result.finish_reason) << "; "
-            << result.prompt_tokens << " prompt + " << result.completion_tokens << " completion tokens]"
-            << (tty ? "\x1b[0m" : "") << "\n";
+            << result.prompt_tokens << " prompt + " << result.completion_tokens
+            << " completion tokens]" << (tty ? "\x1b[0m" : "") << "\n";
   return result;
 }
 
-int ExitCode(const absl::Status& st) { return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1; }
+int ExitCode(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
 
 int RunChat(const ChatFlags& f) {
   client::ClientOptions co;
@@ -207,7 +222,8 @@ int RunChat(const ChatFlags& f) {
   }
   v1::ChatRequest req;
   req.set_model(f.model);
-  if (!f.system.empty()) *req.add_messages() = client::MakeChatMessage(v1::ChatMessage::SYSTEM, f.system);
+  if (!f.system.empty())
+    *req.add_messages() = client::MakeChatMessage(v1::ChatMessage::SYSTEM, f.system);
   if (f.reasoning_effort == "low") req.set_reasoning_effort(v1::LOW);
   if (f.reasoning_effort == "medium") req.set_reasoning_effort(v1::MEDIUM);
   if (f.reasoning_effort == "high") req.set_reasoning_effort(v1::HIGH);
@@ -220,7 +236,8 @@ int RunChat(const ChatFlags& f) {
     absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> t =
         tokenizer::Tokenizer::Create(tokenizer::Tokenizer::DefaultRanksPath());
     if (!t.ok()) {
-      std::cerr << "flotilla chat: --show-harmony needs the tokenizer: " << t.status().message() << "\n";
+      std::cerr << "flotilla chat: --show-harmony needs the tokenizer: " << t.status().message()
+                << "\n";
       return 2;
     }
     harmony = *std::move(t);
@@ -281,16 +298,19 @@ void AddChatCommand(CLI::App& app) {
   cmd->add_option("--coordinator", f->coordinator, "HOST:PORT of the cluster")->required();
   cmd->add_option("--prompt", f->prompt, "one user message: print the reply and exit");
   cmd->add_option("--system", f->system, "instructions (a system message)");
-  cmd->add_option("--reasoning-effort", f->reasoning_effort, "low, medium or high (default: the server's)")
+  cmd->add_option("--reasoning-effort", f->reasoning_effort,
+                  "low, medium or high (default: the server's)")
       ->check(CLI::IsMember({"low", "medium", "high"}));
   cmd->add_option("--max-tokens", f->max_tokens, "most tokens per reply")
-      ->check(CLI::Range(1u, 1u << 30))->capture_default_str();
+      ->check(CLI::Range(1u, 1u << 30))
+      ->capture_default_str();
   cmd->add_option("--temperature", f->temperature, "0 = greedy, up to 2 (default 1)")
       ->check(CLI::Range(0.0, 2.0));
   cmd->add_option("--seed", f->seed, "sampling seed");
   cmd->add_option("--model", f->model, "model id (default: the served one)");
   cmd->add_option("--timeout", f->timeout_s, "seconds before a reply gives up")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_flag("--hide-reasoning", f->hide_reasoning, "print only the answer (and tool calls)");
   cmd->add_flag("--show-harmony", f->show_harmony,
                 "stream the raw completion (Harmony tokens as generated), then the parsed reply");

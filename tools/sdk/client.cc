@@ -46,7 +46,8 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
 
 template <typename Request, typename Response, typename StartFn>
 absl::Status Client::Stream(const Request& request, StartFn start,
-                            const std::function<void(const Response&)>& on_chunk, CancelHandle* cancel) {
+                            const std::function<void(const Response&)>& on_chunk,
+                            CancelHandle* cancel) {
   const auto deadline =
       std::chrono::system_clock::now() + absl::ToChronoMilliseconds(options_.deadline);
   absl::Duration backoff = options_.retry_backoff;
@@ -77,12 +78,14 @@ absl::Status Client::Stream(const Request& request, StartFn start,
   return last;
 }
 
-absl::Status Client::GenerateStream(const v1::GenerateRequest& request,
-                                    const std::function<void(const v1::GenerateResponse&)>& on_chunk,
-                                    CancelHandle* cancel) {
+absl::Status Client::GenerateStream(
+    const v1::GenerateRequest& request,
+    const std::function<void(const v1::GenerateResponse&)>& on_chunk, CancelHandle* cancel) {
   return Stream<v1::GenerateRequest, v1::GenerateResponse>(
       request,
-      [this](grpc::ClientContext* ctx, const v1::GenerateRequest& r) { return stub_->Generate(ctx, r); },
+      [this](grpc::ClientContext* ctx, const v1::GenerateRequest& r) {
+        return stub_->Generate(ctx, r);
+      },
       on_chunk, cancel);
 }
 
@@ -90,7 +93,8 @@ absl::Status Client::ChatStream(const v1::ChatRequest& request,
                                 const std::function<void(const v1::ChatResponse&)>& on_chunk,
                                 CancelHandle* cancel) {
   return Stream<v1::ChatRequest, v1::ChatResponse>(
-      request, [this](grpc::ClientContext* ctx, const v1::ChatRequest& r) { return stub_->Chat(ctx, r); },
+      request,
+      [this](grpc::ClientContext* ctx, const v1::ChatRequest& r) { return stub_->Chat(ctx, r); },
       on_chunk, cancel);
 }
 
@@ -105,8 +109,12 @@ void ChatResult::Add(const v1::ChatResponse& resp) {
   if (!resp.request_id().empty()) request_id = resp.request_id();
   for (const v1::ChatDelta& d : resp.deltas()) {
     switch (d.delta_case()) {
-      case v1::ChatDelta::kReasoning: reasoning += d.reasoning(); break;
-      case v1::ChatDelta::kContent: content += d.content(); break;
+      case v1::ChatDelta::kReasoning:
+        reasoning += d.reasoning();
+        break;
+      case v1::ChatDelta::kContent:
+        content += d.content();
+        break;
       case v1::ChatDelta::kToolCall: {
         const v1::ToolCallDelta& t = d.tool_call();
         if (t.index() >= tool_calls.size()) tool_calls.resize(t.index() + 1);
@@ -116,7 +124,8 @@ void ChatResult::Add(const v1::ChatResponse& resp) {
         c.arguments += t.arguments();
         break;
       }
-      default: break;
+      default:
+        break;
     }
   }
   logprobs.insert(logprobs.end(), resp.logprobs().begin(), resp.logprobs().end());
