@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "kernels/cuda/sampling.h"
-#include "worker/engine/cpu_engine.h"
+#include "worker/engine/engine.h"
 #include "worker/model/weights.h"
 
 namespace flotilla {
@@ -48,7 +48,7 @@ struct SampledToken {
   float logprob = 0.0f;  // log-softmax of the raw logits at `token`
 };
 
-class CudaEngine {
+class CudaEngine : public Engine {
  public:
   // Uploads `weights` (a single rank's: every head and expert).
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
@@ -61,14 +61,14 @@ class CudaEngine {
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
 
-  int64_t NewSequence();
-  absl::Status FreeSequence(int64_t sequence);
-  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const;
+  int64_t NewSequence() override;
+  absl::Status FreeSequence(int64_t sequence) override;
+  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
 
   // As CpuEngine::Validate / Step; also INVALID_ARGUMENT for a step over
   // max_batch_tokens tokens or max_sequences sequences.
-  absl::Status Validate(const std::vector<StepItem>& items) const;
-  absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items);
+  absl::Status Validate(const std::vector<StepItem>& items) const override;
+  absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) override;
 
   // Runs a step and samples one token per item on the GPU from the logits of
   // the item's last position (`params` one per item). A step whose items
@@ -81,10 +81,15 @@ class CudaEngine {
   // written at creation).
   absl::Status ExtendSynthetic(int64_t sequence, int64_t tokens);
 
-  int64_t MaxSequenceLength() const;
+  int64_t MaxSequenceLength() const override;
   int64_t num_kv_blocks() const { return num_blocks_ - 1; }
   int64_t free_kv_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
-  const ModelConfig& config() const { return config_; }
+  const ModelConfig& config() const override { return config_; }
+  int64_t KvTotalBlocks() const override { return num_kv_blocks(); }
+  int64_t KvFreeBlocks() const override { return free_kv_blocks(); }
+  int64_t KvBlocksForLength(int64_t tokens) const override {
+    return (tokens + options_.kv_block_size - 1) / options_.kv_block_size;
+  }
   // Bytes of weights on the device, and the bytes one decode token of a
   // single sequence reads (bf16 matrices, lm_head, top-k experts per layer).
   size_t weight_bytes() const { return weight_bytes_; }
