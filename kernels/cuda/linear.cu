@@ -28,7 +28,6 @@ namespace {
 
 constexpr int kGemvThreads = 256;
 constexpr int kGemvWarps = kGemvThreads / 32;
-constexpr int kGemvUnroll = 4;  // 32-wide input slices loaded before the first mma
 constexpr int kSmallBatch = 16;
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kBiasCapacity = 1 << 18;  // f32 bias staging for the cuBLASLt epilogue
@@ -51,11 +50,16 @@ __device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uin
 }
 
 // kNt: tiles of 8 tokens (1 or 2).
+// At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV
+// projection are all resident at once on a 132-SM part.
 template <int kNt>
-__global__ void __launch_bounds__(kGemvThreads)
+__global__ void __launch_bounds__(kGemvThreads, 3)
     GemvMmaKernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
                   const uint16_t* __restrict__ bias, int tokens, int in, int out, bool accumulate,
                   float* __restrict__ y) {
+  // 32-wide input slices loaded before the first mma (fewer with 2 token tiles:
+  // their activations take the registers).
+  constexpr int kGemvUnroll = kNt == 1 ? 4 : 3;
   __shared__ float red[kGemvWarps][16][16 + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, q = lane & 3;

@@ -309,9 +309,10 @@ __global__ void __launch_bounds__(kThreads)
   int token = ms.arg;
   if (prm.temperature > 0.0f && ms.m != -INFINITY) {
     const float inv_t = 1.0f / prm.temperature;
-    const float mt = ms.m * inv_t;
-    auto p_key = [=](int i, float v) { return PKey(expf(v * inv_t - mt), i); };
-    auto p_weight = [=](int, float v) { return expf(v * inv_t - mt); };
+    const float mt = __fmul_rn(ms.m, inv_t);
+    // As the CPU: v * inv_t rounded, then the max subtracted (no FMA).
+    auto p_key = [=](int i, float v) { return PKey(expf(__fmul_rn(v, inv_t) - mt), i); };
+    auto p_weight = [=](int, float v) { return expf(__fmul_rn(v, inv_t) - mt); };
     uint64_t floor = 0;
     if (prm.top_k > 0 && prm.top_k < vocab) {
       floor = RadixSelect<false>(row, vocab, vec, 0, static_cast<double>(prm.top_k), p_key,
