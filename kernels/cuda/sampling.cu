@@ -68,35 +68,42 @@ __device__ __forceinline__ uint64_t PKey(float p, int i) {
   return (static_cast<uint64_t>(__float_as_uint(p)) << 32) | static_cast<uint32_t>(~i);
 }
 
-// Calls f(id, value) for every element of the row, kUnroll 16-byte loads in
-// flight per thread (when the row is 16-byte aligned).
-template <typename F>
-__device__ __forceinline__ void ForEach(const float* __restrict__ row, int vocab, bool vec, F&& f) {
-  int done = 0;
+// Calls f(id, value) for every id in [begin, end) of the row, kUnroll 16-byte
+// loads in flight per thread (when the row is 16-byte aligned; begin % 4 == 0).
+template <int kBlock, typename F>
+__device__ __forceinline__ void ForEach(const float* __restrict__ row, int begin, int end, bool vec,
+                                        F&& f) {
+  int done = begin;
   if (vec) {
-    const float4* r4 = reinterpret_cast<const float4*>(row);
-    const int n4 = vocab >> 2;
-    for (int base = 0; base < n4; base += kThreads * kUnroll) {
+    const float4* r4 = reinterpret_cast<const float4*>(row + begin);
+    const int n4 = (end - begin) >> 2;
+    for (int base = 0; base < n4; base += kBlock * kUnroll) {
       float4 v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int j = base + u * kThreads + static_cast<int>(threadIdx.x);
+        const int j = base + u * kBlock + static_cast<int>(threadIdx.x);
         if (j < n4) v[u] = __ldg(r4 + j);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int j = base + u * kThreads + static_cast<int>(threadIdx.x);
+        const int j = base + u * kBlock + static_cast<int>(threadIdx.x);
         if (j < n4) {
-          f(4 * j, v[u].x);
-          f(4 * j + 1, v[u].y);
-          f(4 * j + 2, v[u].z);
-          f(4 * j + 3, v[u].w);
+          const int i = begin + 4 * j;
+          f(i, v[u].x);
+          f(i + 1, v[u].y);
+          f(i + 2, v[u].z);
+          f(i + 3, v[u].w);
         }
       }
     }
-    done = n4 << 2;
+    done = begin + (n4 << 2);
   }
-  for (int i = done + static_cast<int>(threadIdx.x); i < vocab; i += kThreads) f(i, __ldg(row + i));
+  for (int i = done + static_cast<int>(threadIdx.x); i < end; i += kBlock) f(i, __ldg(row + i));
+}
+
+template <typename F>
+__device__ __forceinline__ void ForEach(const float* __restrict__ row, int vocab, bool vec, F&& f) {
+  ForEach<kThreads>(row, 0, vocab, vec, f);
 }
 
 struct MaxSum {
@@ -238,9 +245,106 @@ __device__ uint64_t RadixSelect(const float* row, int vocab, bool vec, uint64_t 
   }
 }
 
+// Pass 1, split over many blocks per row: per segment of the row, the raw
+// max / sum of exp / argmax and, for rows that draw without filters, the
+// exponential race. The per-row kernel merges the segments.
+constexpr int kSegThreads = 256;
+constexpr int kTargetBlocks = 256;
+constexpr int kMinSegment = 2048;
+
+struct Partial {
+  MaxSum ms;
+  KeyMax race;
+};
+
+__host__ __device__ inline int Segments(int rows, int vocab) {
+  const int by_len = (vocab + kMinSegment - 1) / kMinSegment;
+  const int by_rows = (kTargetBlocks + rows - 1) / rows;
+  const int s = by_len < by_rows ? by_len : by_rows;
+  return s < 1 ? 1 : s;
+}
+
+__device__ __forceinline__ bool Unfiltered(const SamplingRow& p, int vocab) {
+  return !(p.top_k > 0 && p.top_k < vocab) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
+}
+
+// The race key of id i: l / T - log(-log u_i), u_i from Philox(seed; i / 4, step).
+struct Race {
+  float inv_t;
+  uint2 key;
+  uint32_t s_lo, s_hi;
+  int group = -1;  // the 4 ids of a float4 share one Philox call
+  uint4 rnd = make_uint4(0, 0, 0, 0);
+  __device__ __forceinline__ explicit Race(const SamplingRow& p)
+      : inv_t(1.0f / p.temperature),
+        key(make_uint2(static_cast<uint32_t>(p.seed), static_cast<uint32_t>(p.seed >> 32))),
+        s_lo(static_cast<uint32_t>(p.step)),
+        s_hi(static_cast<uint32_t>(p.step >> 32)) {}
+  __device__ __forceinline__ float Score(int i, float v) {
+    if ((i >> 2) != group) {
+      group = i >> 2;
+      rnd = Philox(make_uint4(static_cast<uint32_t>(group), 0u, s_lo, s_hi), key);
+    }
+    const int lane = i & 3;
+    const uint32_t bits = lane == 0 ? rnd.x : lane == 1 ? rnd.y : lane == 2 ? rnd.z : rnd.w;
+    return v * inv_t - logf(-logf(Uniform(bits)));
+  }
+};
+
+__device__ __forceinline__ void Offer(KeyMax& best, float score, int i) {
+  if (best.id == INT_MAX || score > best.score || (score == best.score && i < best.id)) {
+    best.score = score;
+    best.id = i;
+  }
+}
+
+__device__ __forceinline__ void Accumulate(MaxSum& ms, int i, float v) {
+  if (v > ms.m) {
+    ms.s = (ms.m == -INFINITY ? 0.0f : ms.s * expf(ms.m - v)) + 1.0f;
+    ms.m = v;
+    ms.arg = i;
+  } else {
+    if (ms.arg == INT_MAX) ms.arg = i;  // e.g. all -inf
+    if (v != -INFINITY) ms.s += expf(v - ms.m);
+  }
+}
+
+__global__ void __launch_bounds__(kSegThreads)
+    SegmentKernel(const float* __restrict__ logits, int vocab, int segments,
+                  const SamplingRow* __restrict__ params, Partial* __restrict__ partials) {
+  using ReduceSegMs = cub::BlockReduce<MaxSum, kSegThreads>;
+  using ReduceSegKm = cub::BlockReduce<KeyMax, kSegThreads>;
+  __shared__ union {
+    typename ReduceSegMs::TempStorage ms;
+    typename ReduceSegKm::TempStorage km;
+  } tmp;
+  const int r = blockIdx.y, seg = blockIdx.x;
+  const float* row = logits + static_cast<size_t>(r) * vocab;
+  const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
+  const int len = (((vocab + segments - 1) / segments) + 3) & ~3;
+  const int begin = min(vocab, seg * len), end = min(vocab, begin + len);
+  const SamplingRow prm = params[r];
+  const bool race = prm.temperature > 0.0f && Unfiltered(prm, vocab);
+  MaxSum ms{-INFINITY, 0.0f, INT_MAX};
+  KeyMax best{-INFINITY, INT_MAX};
+  if (race) {
+    Race rc(prm);
+    ForEach<kSegThreads>(row, begin, end, vec, [&](int i, float v) {
+      Accumulate(ms, i, v);
+      Offer(best, rc.Score(i, v), i);
+    });
+  } else {
+    ForEach<kSegThreads>(row, begin, end, vec, [&](int i, float v) { Accumulate(ms, i, v); });
+  }
+  ms = ReduceSegMs(tmp.ms).Reduce(ms, MergeOp());
+  __syncthreads();
+  best = ReduceSegKm(tmp.km).Reduce(best, KeyMaxOp());
+  if (threadIdx.x == 0) partials[static_cast<size_t>(r) * segments + seg] = Partial{ms, best};
+}
+
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int vocab, const SamplingRow* __restrict__ params,
-                 int32_t* __restrict__ tokens, float* __restrict__ logprobs, int top_n,
+                 const Partial* __restrict__ partials, int segments, int32_t* __restrict__ tokens, float* __restrict__ logprobs, int top_n,
                  int32_t* __restrict__ top_ids, float* __restrict__ top_logprobs) {
   __shared__ Shared sh;
   const int r = blockIdx.x;
@@ -248,22 +352,25 @@ __global__ void __launch_bounds__(kThreads)
   const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
   const SamplingRow prm = params[r];
 
-  // Pass 1: raw max, sum of exp, argmax.
+  // Merge the segments of pass 1.
   MaxSum ms{-INFINITY, 0.0f, INT_MAX};
-  ForEach(row, vocab, vec, [&](int i, float v) {
-    if (v > ms.m) {
-      ms.s = (ms.m == -INFINITY ? 0.0f : ms.s * expf(ms.m - v)) + 1.0f;
-      ms.m = v;
-      ms.arg = i;
-    } else {
-      if (ms.arg == INT_MAX) ms.arg = i;  // e.g. all -inf
-      if (v != -INFINITY) ms.s += expf(v - ms.m);
-    }
-  });
+  KeyMax raced{-INFINITY, INT_MAX};
+  for (int j = threadIdx.x; j < segments; j += kThreads) {
+    const Partial p = partials[static_cast<size_t>(r) * segments + j];
+    ms = Merge(ms, p.ms);
+    raced = KeyMaxOp()(raced, p.race);
+  }
   ms = ReduceMs(sh.cub.reduce_ms).Reduce(ms, MergeOp());
-  if (threadIdx.x == 0) sh.stats = ms;
+  __syncthreads();
+  raced = ReduceKm(sh.cub.reduce_km).Reduce(raced, KeyMaxOp());
+  if (threadIdx.x == 0) {
+    sh.stats = ms;
+    sh.token = raced.id;
+  }
   __syncthreads();
   ms = sh.stats;
+  const int raced_id = sh.token;
+  __syncthreads();
   const float lse = ms.m + logf(ms.s);
 
   if (top_n > 0) {
@@ -307,7 +414,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   int token = ms.arg;
-  if (prm.temperature > 0.0f && ms.m != -INFINITY) {
+  if (prm.temperature > 0.0f && ms.m != -INFINITY && Unfiltered(prm, vocab)) {
+    if (raced_id != INT_MAX) token = raced_id;
+  } else if (prm.temperature > 0.0f && ms.m != -INFINITY) {
     const float inv_t = 1.0f / prm.temperature;
     const float mt = __fmul_rn(ms.m, inv_t);
     // As the CPU: v * inv_t rounded, then the max subtracted (no FMA).
@@ -326,26 +435,11 @@ __global__ void __launch_bounds__(kThreads)
       const uint64_t mk = static_cast<uint64_t>(__float_as_uint(prm.min_p)) << 32;
       if (mk > floor) floor = mk;
     }
-    const uint2 key = make_uint2(static_cast<uint32_t>(prm.seed),
-                                 static_cast<uint32_t>(prm.seed >> 32));
-    const uint32_t s_lo = static_cast<uint32_t>(prm.step),
-                   s_hi = static_cast<uint32_t>(prm.step >> 32);
+    Race rc(prm);
     KeyMax best{-INFINITY, INT_MAX};
-    int group = -1;  // the 4 ids of a float4 share one Philox call
-    uint4 rnd = make_uint4(0, 0, 0, 0);
     ForEach(row, vocab, vec, [&](int i, float v) {
       if (floor != 0 && p_key(i, v) < floor) return;
-      if ((i >> 2) != group) {
-        group = i >> 2;
-        rnd = Philox(make_uint4(static_cast<uint32_t>(group), 0u, s_lo, s_hi), key);
-      }
-      const int lane = i & 3;
-      const uint32_t bits = lane == 0 ? rnd.x : lane == 1 ? rnd.y : lane == 2 ? rnd.z : rnd.w;
-      const float score = v * inv_t - logf(-logf(Uniform(bits)));
-      if (best.id == INT_MAX || score > best.score) {
-        best.score = score;
-        best.id = i;
-      }
+      Offer(best, rc.Score(i, v), i);
     });
     best = ReduceKm(sh.cub.reduce_km).Reduce(best, KeyMaxOp());
     if (threadIdx.x == 0) sh.token = best.id == INT_MAX ? ms.arg : best.id;
@@ -360,7 +454,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-size_t SampleWorkspaceBytes(int /*rows*/, int /*vocab*/) { return 0; }
+size_t SampleWorkspaceBytes(int rows, int vocab) {
+  if (rows <= 0 || vocab <= 0) return 0;
+  return static_cast<size_t>(rows) * Segments(rows, vocab) * sizeof(Partial);
+}
 
 cudaError_t LaunchSample(const float* logits, int rows, int vocab, const SamplingRow* params,
                          int32_t* tokens, float* logprobs, int top_n, int32_t* top_ids,
@@ -372,8 +469,16 @@ cudaError_t LaunchSample(const float* logits, int rows, int vocab, const Samplin
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;
-  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, tokens, logprobs, top_n,
-                                              top_ids, top_logprobs);
+  if (workspace == nullptr || workspace_bytes < SampleWorkspaceBytes(rows, vocab) ||
+      rows > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const int segments = Segments(rows, vocab);
+  auto* partials = static_cast<Partial*>(workspace);
+  SegmentKernel<<<dim3(segments, rows), kSegThreads, 0, stream>>>(logits, vocab, segments, params,
+                                                                  partials);
+  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, partials, segments, tokens,
+                                              logprobs, top_n, top_ids, top_logprobs);
   return cudaGetLastError();
 }
 
