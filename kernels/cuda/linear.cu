@@ -82,13 +82,24 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
 #pragma unroll
   for (int n = 0; n < kNt; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
+  // Programmatic dependent launch: let the next kernel start its prologue now,
+  // and stream the first weights before waiting for the previous kernel (whose
+  // output x, and y when accumulating, may be). Both are no-ops without PDL.
+  asm volatile("griddepcontrol.launch_dependents;");
+  uint4 va[kGemvUnroll], vb[kGemvUnroll];
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    if (c_begin + u < c_end) {
+      va[u] = LoadStream(wa + (c_begin + u) * 4);
+      vb[u] = LoadStream(wb + (c_begin + u) * 4);
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int c = c_begin; c < c_end; c += kGemvUnroll) {
-    uint4 va[kGemvUnroll], vb[kGemvUnroll], vx[kGemvUnroll][kNt];
+    uint4 vx[kGemvUnroll][kNt];
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       if (c + u < c_end) {
-        va[u] = LoadStream(wa + (c + u) * 4);
-        vb[u] = LoadStream(wb + (c + u) * 4);
 #pragma unroll
         for (int n = 0; n < kNt; ++n) {
           vx[u][n] = has[n] ? __ldg(xt[n] + (c + u) * 4) : make_uint4(0, 0, 0, 0);
@@ -103,6 +114,14 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
           Mma(acc[n], va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u][n].x, vx[u][n].y);
           Mma(acc[n], va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u][n].z, vx[u][n].w);
         }
+      }
+    }
+    const int next = c + kGemvUnroll;
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      if (next + u < c_end) {
+        va[u] = LoadStream(wa + (next + u) * 4);
+        vb[u] = LoadStream(wb + (next + u) * 4);
       }
     }
   }
@@ -174,15 +193,21 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
     GemvScalarKernel<<<blocks, 256, 0, stream>>>(x, w, bias, tokens, in, out, accumulate, y);
     return cudaGetLastError();
   }
-  const int blocks = (out + 15) / 16;
+  // Launched with programmatic stream serialization (PDL): the blocks start
+  // while the previous kernel drains and wait for it inside (griddepcontrol).
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((out + 15) / 16);
+  cfg.blockDim = dim3(kGemvThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
   if (tokens <= 8) {
-    GemvMmaKernel<1><<<blocks, kGemvThreads, 0, stream>>>(x, w, bias, tokens, in, out, accumulate,
-                                                          y);
-  } else {
-    GemvMmaKernel<2><<<blocks, kGemvThreads, 0, stream>>>(x, w, bias, tokens, in, out, accumulate,
-                                                          y);
+    return cudaLaunchKernelEx(&cfg, GemvMmaKernel<1>, x, w, bias, tokens, in, out, accumulate, y);
   }
-  return cudaGetLastError();
+  return cudaLaunchKernelEx(&cfg, GemvMmaKernel<2>, x, w, bias, tokens, in, out, accumulate, y);
 }
 
 // The cuBLASLt entry points, resolved with dlsym.

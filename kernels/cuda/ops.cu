@@ -56,6 +56,8 @@ __global__ void __launch_bounds__(kNormThreads)
                      const uint16_t* __restrict__ weight, const int32_t* __restrict__ rows,
                      int hidden, float eps, uint16_t* __restrict__ out) {
   __shared__ float scratch[kNormThreads / 32];
+  // A projection launched after this with PDL may start streaming its weights.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int r = rows != nullptr ? rows[blockIdx.x] : blockIdx.x;
   float* xr = x + static_cast<size_t>(r) * hidden;
   float ss = 0.0f;
@@ -90,6 +92,7 @@ __global__ void __launch_bounds__(kRopeThreads)
                       uint16_t* __restrict__ vc, int block_size, long long cache_slots,
                       uint16_t* __restrict__ q_out) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  asm volatile("griddepcontrol.launch_dependents;");
   const int t = blockIdx.x;
   const int half = head_dim / 2;
   const float pos = static_cast<float>(positions[t]);
