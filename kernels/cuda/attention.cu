@@ -1,0 +1,534 @@
+// gpt-oss attention with sinks over the paged KV cache (attention.h).
+//
+// One kernel serves both shapes. A CTA (4 warps) owns one sequence b, one kv
+// head g and a block of "rows", a row being one (query token, q head of the
+// group of g) pair: all q heads sharing a kv head sit in the same CTA, so each
+// K/V tile is read from memory once for all of them. Rows are ordered query
+// major, head minor (row = i * group + hh). The CTA walks its key range in
+// tiles of 64 keys (aligned to multiples of 64 positions), loaded with 16-byte
+// cp.async into a 3-stage shared-memory ring (zero-filled outside the range the
+// rows need, so freed blocks before a sliding window are never read), and runs
+// Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
+// with an online softmax in f32 (log2 domain).
+//
+// Warp layout, RG = row groups of 16 rows (template):
+//   RG = 4 (prefill): 64 rows per CTA; every warp owns 16 rows and all 64 keys
+//          of each tile. Grid x = row blocks (longest first), no KV split.
+//   RG = 1 or 2 (decode: max_q_per_seq * group <= 32, i.e. up to 4 tokens per
+//          sequence for gpt-oss): 16 or 32 rows; the 4 warps split each tile's
+//          keys (16 or 32 each) and are merged through shared memory at the
+//          end. Grid x = KV splits (flash-decoding): the key range is cut in
+//          chunks of whole tiles; the split count and chunk size come from host
+//          fields only (max_seq_len, max_q_per_seq, window, batch, SM count), so
+//          the launch captures into a CUDA graph; splits beyond a sequence's
+//          actual range exit at once. Partial (max, sum, acc) go to the
+//          workspace and a reduce kernel merges them with the sink.
+// The sink enters only at the final normalisation: out = acc * e^(m - M) /
+// (l * e^(m - M) + e^(sink - M)), M = max(m, sink).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/attention.h"
+
+namespace flotilla::kernels::cuda {
+namespace {
+
+constexpr int kD = 64;          // head_dim (the only one supported)
+constexpr int kTile = 64;       // keys per pipeline stage
+constexpr int kThreads = 128;   // 4 warps
+constexpr int kStages = 3;
+constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
+constexpr int kDecodeMaxQ = 4;  // decode path up to this many tokens per sequence
+constexpr int kDecodeMaxRows = 32;
+constexpr int kTargetCtasPerSm = 8;   // KV-split sizing: aim at this many CTAs per SM
+constexpr int kTypicalKvHeads = 8;    // ... assuming this many kv heads (a heuristic)
+constexpr int kMinTilesPerSplit = 2;  // keep partial-result traffic small next to KV
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNoMax = -1e30f;  // finite "no key yet" running max
+
+struct Params {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const int32_t* block_tables;
+  const int32_t* seq_lens;
+  const int32_t* q_start;
+  const float* sinks;
+  uint16_t* out;
+  float* part_acc;  // [batch, splits, max_q, q_heads, D]
+  float* part_ml;   // [batch, splits, max_q, q_heads, 2]
+  int max_blocks;
+  int q_heads, kv_heads, group;
+  int block_shift;
+  int window;
+  float scale_log2;
+  int splits;  // KV splits per (sequence, kv head, row block)
+  int chunk;   // keys per split, a multiple of kTile
+  int max_q;
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Element offset of 16-byte chunk c of row r in a [rows][64] bf16 tile; the
+// chunk index is XOR-swizzled with the row so ldmatrix is conflict free.
+__device__ __forceinline__ int Swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
+
+// Key range [lo, hi] the rows of a row block need, for sequence length L with
+// n new tokens; hi < lo when there is none.
+struct KeyRange {
+  int lo, hi;
+};
+__device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int i_last,
+                                                 int window) {
+  const int p_first = L - n + i_first;
+  const int p_last = L - n + i_last;
+  KeyRange kr;
+  kr.lo = window > 0 ? max(0, p_first - window + 1) : 0;
+  kr.hi = p_last;
+  return kr;
+}
+
+template <int RG>
+__global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
+  constexpr int kRows = 16 * RG;
+  constexpr int kKs = 4 / RG;         // warps sharing one row group (splitting keys)
+  constexpr int kKn = kTile / kKs;    // keys per warp per tile
+  constexpr int kNt = kKn / 8;        // n-tiles of S per warp
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* sKV = sQ + kRows * kD;
+
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.x % p.splits;
+  const int rb = (gridDim.x / p.splits) - 1 - blockIdx.x / p.splits;  // longest first
+  const int g = blockIdx.y;
+  const int b = blockIdx.z;
+
+  const int L = p.seq_lens[b];
+  const int qs = p.q_start[b];
+  const int n = p.q_start[b + 1] - qs;
+  const int rows_total = n * p.group;
+  const int row0 = rb * kRows;
+  if (row0 >= rows_total) return;
+  const int i_first = row0 / p.group;
+  const int i_last = (min(row0 + kRows, rows_total) - 1) / p.group;
+  const KeyRange kr = RowBlockKeys(L, n, i_first, i_last, p.window);
+  const int tile_lo = kr.lo & ~(kTile - 1);
+  const int start = tile_lo + split * p.chunk;
+  if (split > 0 && start > kr.hi) return;
+  const int end = min(start + p.chunk, kr.hi + 1);
+  const int ntiles = end > start ? (end - start + kTile - 1) / kTile : 0;
+
+  // Q rows (zero for rows past the last query).
+  for (int idx = tid; idx < kRows * 8; idx += kThreads) {
+    const int r = idx >> 3, c = idx & 7;
+    const int row = row0 + r;
+    const bool valid = row < rows_total;
+    const int i = valid ? row / p.group : 0;
+    const int h = g * p.group + (valid ? row % p.group : 0);
+    const uint16_t* src = p.q + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD + c * 8;
+    CpAsync16(SmemAddr(sQ + Swz(r, c)), src, valid);
+  }
+
+  const int block_size_mask = (1 << p.block_shift) - 1;
+  const int32_t* table = p.block_tables + static_cast<size_t>(b) * p.max_blocks;
+  auto load_tile = [&](int t) {
+    uint16_t* st = sKV + (t % kStages) * kStageElems;
+    const int base = start + t * kTile;
+#pragma unroll
+    for (int it = 0; it < (2 * kTile * 8) / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int kv = idx >> 9;
+      const int key = (idx >> 3) & (kTile - 1);
+      const int c = idx & 7;
+      const int j = base + key;
+      bool valid = j >= kr.lo && j <= kr.hi;
+      int blk = valid ? __ldg(table + (j >> p.block_shift)) : 0;
+      valid = valid && blk >= 0;
+      if (!valid) blk = 0;
+      const uint16_t* src =
+          (kv ? p.v : p.k) +
+          (((static_cast<size_t>(blk) * p.kv_heads + g) << p.block_shift) + (j & block_size_mask)) *
+              kD +
+          c * 8;
+      CpAsync16(SmemAddr(st + kv * kTile * kD + Swz(key, c)), valid ? src : p.k, valid);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s);
+    CpAsyncCommit();
+  }
+
+  // This thread's two rows (g4 and g4 + 8 of its warp's row group).
+  const int rg = warp % RG;
+  const int kslot = warp / RG;
+  const int g4 = lane >> 2, t4 = lane & 3;
+  int pos_r[2], lo_r[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int row = row0 + rg * 16 + g4 + e * 8;
+    if (row < rows_total) {
+      pos_r[e] = L - n + row / p.group;
+      lo_r[e] = p.window > 0 ? max(0, pos_r[e] - p.window + 1) : 0;
+    } else {
+      pos_r[e] = -1;
+      lo_r[e] = 0;
+    }
+  }
+
+  float m_run[2] = {kNoMax, kNoMax};
+  float l_run[2] = {0.f, 0.f};
+  float acc[8][4];
+#pragma unroll
+  for (int nd = 0; nd < 8; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nd][e] = 0.f;
+  uint32_t qf[4][4];
+
+  for (int t = 0; t < ntiles; ++t) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1);
+    CpAsyncCommit();
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int r = rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        LdMatrixX4(SmemAddr(sQ + Swz(r, 2 * kk + (lane >> 4))), qf[kk]);
+      }
+    }
+    const uint16_t* sK = sKV + (t % kStages) * kStageElems;
+    const uint16_t* sV = sK + kTile * kD;
+    const int ko = kslot * kKn;
+    const int base = start + t * kTile + ko;
+
+    float s[kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+#pragma unroll
+      for (int pr = 0; pr < 2; ++pr) {
+        uint32_t bk[4];
+        const int key = ko + nt * 8 + (lane & 7);
+        LdMatrixX4(SmemAddr(sK + Swz(key, 4 * pr + (lane >> 3))), bk);
+        Mma(s[nt], qf[2 * pr], bk[0], bk[1]);
+        Mma(s[nt], qf[2 * pr + 1], bk[2], bk[3]);
+      }
+    }
+    // Scale, mask, online softmax.
+    float mx[2] = {kNoMax, kNoMax};
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = base + nt * 8 + 2 * t4 + (e & 1);
+        const int hr = e >> 1;
+        const bool ok = j <= pos_r[hr] && j >= lo_r[hr];
+        s[nt][e] = ok ? s[nt][e] * p.scale_log2 : -INFINITY;
+        mx[hr] = fmaxf(mx[hr], s[nt][e]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+      const float m_new = fmaxf(m_run[hr], mx[hr]);
+      corr[hr] = exp2f(m_run[hr] - m_new);
+      m_run[hr] = m_new;
+      l_run[hr] *= corr[hr];
+    }
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+      acc[nd][0] *= corr[0];
+      acc[nd][1] *= corr[0];
+      acc[nd][2] *= corr[1];
+      acc[nd][3] *= corr[1];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - m_run[e >> 1]);
+        l_run[e >> 1] += s[nt][e];
+      }
+    }
+    // P V: P's C fragments of two adjacent n-tiles form one A fragment.
+#pragma unroll
+    for (int kj = 0; kj < kNt / 2; ++kj) {
+      uint32_t a[4];
+      a[0] = PackBf16(s[2 * kj][0], s[2 * kj][1]);
+      a[1] = PackBf16(s[2 * kj][2], s[2 * kj][3]);
+      a[2] = PackBf16(s[2 * kj + 1][0], s[2 * kj + 1][1]);
+      a[3] = PackBf16(s[2 * kj + 1][2], s[2 * kj + 1][3]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bv[4];
+        const int key = ko + kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        LdMatrixX4Trans(SmemAddr(sV + Swz(key, 2 * np + (lane >> 4))), bv);
+        Mma(acc[2 * np], a, bv[0], bv[1]);
+        Mma(acc[2 * np + 1], a, bv[2], bv[3]);
+      }
+    }
+  }
+
+  // Merge the warps of each row group through shared memory (the K/V ring is
+  // free now), then normalise with the sink or write the split's partial.
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* red_acc = reinterpret_cast<float*>(sKV);        // [kKs][kRows][D]
+  float* red_m = red_acc + kKs * kRows * kD;             // [kKs][kRows]
+  float* red_l = red_m + kKs * kRows;                    // [kKs][kRows]
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    l_run[hr] += __shfl_xor_sync(0xffffffffu, l_run[hr], 1);
+    l_run[hr] += __shfl_xor_sync(0xffffffffu, l_run[hr], 2);
+    const int r = rg * 16 + g4 + hr * 8;
+    if (t4 == 0) {
+      red_m[kslot * kRows + r] = m_run[hr];
+      red_l[kslot * kRows + r] = l_run[hr];
+    }
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd) {
+      float2 v2 = make_float2(acc[nd][2 * hr], acc[nd][2 * hr + 1]);
+      *reinterpret_cast<float2*>(red_acc + (kslot * kRows + r) * kD + nd * 8 + 2 * t4) = v2;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kRows * kD; idx += kThreads) {
+    const int r = idx / kD, d = idx % kD;
+    const int row = row0 + r;
+    if (row >= rows_total) break;
+    float M = kNoMax;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) M = fmaxf(M, red_m[k * kRows + r]);
+    float l = 0.f, a = 0.f;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      const float f = exp2f(red_m[k * kRows + r] - M);
+      l += red_l[k * kRows + r] * f;
+      a += red_acc[(k * kRows + r) * kD + d] * f;
+    }
+    const int i = row / p.group;
+    const int h = g * p.group + row % p.group;
+    if (p.splits == 1) {
+      const float sink = p.sinks[h] * kLog2e;
+      const float Mf = fmaxf(M, sink);
+      const float f = exp2f(M - Mf);
+      const float o = a * f / (l * f + exp2f(sink - Mf));
+      p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(o));
+    } else {
+      const size_t slot =
+          ((static_cast<size_t>(b) * p.splits + split) * p.max_q + i) * p.q_heads + h;
+      p.part_acc[slot * kD + d] = a;
+      if (d == 0) {
+        p.part_ml[slot * 2] = M;
+        p.part_ml[slot * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+// Merges the splits of one (sequence, query token): one warp per q head, two
+// dims per lane.
+__global__ void __launch_bounds__(256) ReduceSplitsKernel(Params p) {
+  const int b = blockIdx.y;
+  const int i = blockIdx.x;
+  const int qs = p.q_start[b];
+  const int n = p.q_start[b + 1] - qs;
+  if (i >= n) return;
+  const int L = p.seq_lens[b];
+  // The decode path has a single row block holding every query of b.
+  const KeyRange kr = RowBlockKeys(L, n, 0, n - 1, p.window);
+  const int tile_lo = kr.lo & ~(kTile - 1);
+  int ns = kr.hi >= tile_lo ? (kr.hi - tile_lo + p.chunk) / p.chunk : 1;
+  ns = max(1, min(ns, p.splits));
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int h = warp; h < p.q_heads; h += blockDim.x >> 5) {
+    const float sink = p.sinks[h] * kLog2e;
+    float M = sink;
+    for (int s = 0; s < ns; ++s) {
+      const size_t slot = ((static_cast<size_t>(b) * p.splits + s) * p.max_q + i) * p.q_heads + h;
+      M = fmaxf(M, p.part_ml[slot * 2]);
+    }
+    float l = exp2f(sink - M), a0 = 0.f, a1 = 0.f;
+    for (int s = 0; s < ns; ++s) {
+      const size_t slot = ((static_cast<size_t>(b) * p.splits + s) * p.max_q + i) * p.q_heads + h;
+      const float f = exp2f(p.part_ml[slot * 2] - M);
+      l += p.part_ml[slot * 2 + 1] * f;
+      a0 += p.part_acc[slot * kD + lane] * f;
+      a1 += p.part_acc[slot * kD + lane + 32] * f;
+    }
+    const float inv = 1.f / l;
+    uint16_t* o = p.out + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD;
+    o[lane] = __bfloat16_as_ushort(__float2bfloat16_rn(a0 * inv));
+    o[lane + 32] = __bfloat16_as_ushort(__float2bfloat16_rn(a1 * inv));
+  }
+}
+
+int SmCount() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  return sms > 0 ? sms : 132;
+}
+
+int CeilDiv(long a, long b) { return static_cast<int>((a + b - 1) / b); }
+
+// Splits per sequence wanted for `batch` sequences (before capping by length).
+int WantedSplits(int batch, int sms) {
+  return std::max(1, CeilDiv(static_cast<long>(kTargetCtasPerSm) * sms,
+                             static_cast<long>(batch) * kTypicalKvHeads));
+}
+
+struct SplitPlan {
+  int splits = 1;
+  int chunk = 0;  // keys
+};
+
+// Host-only: depends on max_seq_len, max_q, window, batch and the SM count.
+// splits <= min(WantedSplits, ceil(max_seq_len / 64)), the bound the
+// workspace is sized for.
+SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int sms) {
+  long eff = std::max(1, max_seq_len);
+  // With a window the range spans at most window + max_q - 1 keys, plus the
+  // alignment of its first tile.
+  if (window > 0) eff = std::min<long>(eff, static_cast<long>(window) + max_q - 1 + kTile - 1);
+  const int tiles = CeilDiv(eff, kTile);
+  const int want = WantedSplits(batch, sms);
+  const int chunk_tiles = std::max(kMinTilesPerSplit, CeilDiv(tiles, want));
+  SplitPlan plan;
+  plan.splits = CeilDiv(tiles, chunk_tiles);
+  plan.chunk = chunk_tiles * kTile;
+  return plan;
+}
+
+template <int RG>
+cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
+  const size_t smem = (16 * RG * kD + kStages * kStageElems) * sizeof(uint16_t);
+  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<RG>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  dim3 grid(row_blocks * p.splits, p.kv_heads, batch);
+  AttentionKernel<RG><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int head_dim) {
+  if (batch.batch <= 0 || batch.max_q_per_seq <= 0 || batch.max_q_per_seq > kDecodeMaxQ) return 0;
+  const int tiles = CeilDiv(std::max(1, batch.max_seq_len), kTile);
+  const int splits = std::min(WantedSplits(batch.batch, SmCount()), tiles);
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(batch.batch) * splits * batch.max_q_per_seq * q_heads *
+         (head_dim + 2) * sizeof(float);
+}
+
+cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
+                            const AttentionBatch& batch, int q_heads, const float* sinks,
+                            int window, float scale, uint16_t* out, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream) {
+  if (batch.batch < 0 || batch.total_q < 0) return cudaErrorInvalidValue;
+  if (batch.batch == 0 || batch.total_q == 0) return cudaSuccess;
+  if (q == nullptr || out == nullptr || sinks == nullptr || cache.k == nullptr ||
+      cache.v == nullptr || batch.block_tables == nullptr || batch.seq_lens == nullptr ||
+      batch.q_start == nullptr)
+    return cudaErrorInvalidValue;
+  if (cache.head_dim != kD || cache.kv_heads <= 0 || q_heads <= 0 || q_heads % cache.kv_heads != 0)
+    return cudaErrorInvalidValue;
+  if (cache.block_size <= 0 || (cache.block_size & (cache.block_size - 1)) != 0)
+    return cudaErrorInvalidValue;
+  if (batch.max_q_per_seq <= 0 || batch.max_seq_len <= 0 || batch.max_blocks_per_seq <= 0 ||
+      window < 0)
+    return cudaErrorInvalidValue;
+  Params p{};
+  p.q = q;
+  p.k = cache.k;
+  p.v = cache.v;
+  p.block_tables = batch.block_tables;
+  p.seq_lens = batch.seq_lens;
+  p.q_start = batch.q_start;
+  p.sinks = sinks;
+  p.out = out;
+  p.max_blocks = batch.max_blocks_per_seq;
+  p.q_heads = q_heads;
+  p.kv_heads = cache.kv_heads;
+  p.group = q_heads / cache.kv_heads;
+  int shift = 0;
+  while ((1 << shift) < cache.block_size) ++shift;
+  p.block_shift = shift;
+  p.window = window;
+  p.scale_log2 = scale * kLog2e;
+  p.max_q = batch.max_q_per_seq;
+
+  const int rows = batch.max_q_per_seq * p.group;
+  if (batch.max_q_per_seq <= kDecodeMaxQ && rows <= kDecodeMaxRows) {
+    const SplitPlan plan =
+        PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window, batch.batch, SmCount());
+    p.splits = plan.splits;
+    p.chunk = plan.chunk;
+    if (p.splits > 1) {
+      const size_t slots = static_cast<size_t>(batch.batch) * p.splits * batch.max_q_per_seq *
+                           q_heads;
+      if (workspace == nullptr || workspace_bytes < slots * (kD + 2) * sizeof(float))
+        return cudaErrorInvalidValue;
+      p.part_acc = static_cast<float*>(workspace);
+      p.part_ml = p.part_acc + slots * kD;
+    }
+    cudaError_t err = rows <= 16 ? LaunchKernel<1>(p, 1, batch.batch, stream)
+                                 : LaunchKernel<2>(p, 1, batch.batch, stream);
+    if (err != cudaSuccess || p.splits == 1) return err;
+    ReduceSplitsKernel<<<dim3(batch.max_q_per_seq, batch.batch), 256, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  p.splits = 1;
+  p.chunk = 1 << 30;
+  return LaunchKernel<4>(p, CeilDiv(rows, 64), batch.batch, stream);
+}
+
+}  // namespace flotilla::kernels::cuda
