@@ -43,8 +43,9 @@ template <typename T>
 T* ToDevice(const std::vector<T>& h) {
   T* d = nullptr;
   EXPECT_EQ(cudaMalloc(&d, std::max<size_t>(1, h.size()) * sizeof(T)), cudaSuccess);
-  if (!h.empty())
+  if (!h.empty()) {
     EXPECT_EQ(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   return d;
 }
 
@@ -213,7 +214,9 @@ struct DeviceProblem {
     batch.max_seq_len = std::max(max_seq_len, *std::max_element(p.seq_lens.begin(), p.seq_lens.end()));
     batch.max_q_per_seq = *std::max_element(p.n.begin(), p.n.end());
     ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kD);
-    if (ws_bytes > 0) EXPECT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+    if (ws_bytes > 0) {
+      EXPECT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+    }
   }
   ~DeviceProblem() {
     for (void* x : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
@@ -336,17 +339,19 @@ TEST_F(AttentionCudaTest, GraphReplayWithChangedSeqLens) {
   b.seq_lens = {17, 5999, 2500, 1};
   ASSERT_EQ(cudaMemcpy(d.seq_lens, b.seq_lens.data(), 4 * sizeof(int32_t), cudaMemcpyHostToDevice),
             cudaSuccess);
-  // Sequence 1 grows past its table: give it the spare blocks of the pool.
+  // Sequences that grow past their tables get the spare blocks of the pool.
   std::vector<int32_t> used(b.num_blocks, 0);
   for (int32_t id : b.tables)
     if (id >= 0) used[id] = 1;
-  int32_t* t1 = b.tables.data() + 1 * b.max_blocks;
-  for (int i = 0; i * 16 < b.seq_lens[1]; ++i) {
-    if (t1[i] >= 0) continue;
-    int id = 0;
-    while (used[id]) ++id;
-    used[id] = 1;
-    t1[i] = id;
+  int next_free = 0;
+  for (int s = 0; s < 4; ++s) {
+    int32_t* t = b.tables.data() + static_cast<size_t>(s) * b.max_blocks;
+    for (int i = 0; i * 16 < b.seq_lens[s]; ++i) {
+      if (t[i] >= 0) continue;
+      while (used[next_free]) ++next_free;
+      used[next_free] = 1;
+      t[i] = next_free;
+    }
   }
   ASSERT_EQ(cudaMemcpy(d.tables, b.tables.data(), b.tables.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
