@@ -41,9 +41,9 @@ constexpr int kStages = 3;
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;  // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
-constexpr int kTargetCtasPerSm = 8;   // KV-split sizing: aim at this many CTAs per SM
+constexpr int kTargetCtasPerSm = 3;   // KV-split sizing: aim at this many CTAs per SM
 constexpr int kTypicalKvHeads = 8;    // ... assuming this many kv heads (a heuristic)
-constexpr int kMinTilesPerSplit = 2;  // keep partial-result traffic small next to KV
+constexpr int kMinTilesPerSplit = 4;  // keep partials and the merge small next to KV
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNoMax = -1e30f;  // finite "no key yet" running max
 
@@ -127,7 +127,7 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
 }
 
 template <int RG>
-__global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
+__global__ void __launch_bounds__(kThreads, RG == 1 ? 4 : 3) AttentionKernel(Params p) {
   constexpr int kRows = 16 * RG;
   constexpr int kKs = 4 / RG;         // warps sharing one row group (splitting keys)
   constexpr int kKn = kTile / kKs;    // keys per warp per tile
@@ -217,6 +217,11 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
     }
   }
 
+  // Keys every row of the CTA sees: tiles inside [lo_all, pos_all] need no mask.
+  const bool all_rows = row0 + kRows <= rows_total;
+  const int pos_all = L - n + i_first;
+  const int lo_all = p.window > 0 ? max(0, L - n + i_last - p.window + 1) : 0;
+
   float m_run[2] = {kNoMax, kNoMax};
   float l_run[2] = {0.f, 0.f};
   float acc[8][4];
@@ -257,17 +262,28 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
         Mma(s[nt], qf[2 * pr + 1], bk[2], bk[3]);
       }
     }
-    // Scale, mask, online softmax.
+    // Scale, mask (only on tiles that cross a row's key range), online softmax.
     float mx[2] = {kNoMax, kNoMax};
+    const int tile_base = start + t * kTile;
+    if (all_rows && tile_base >= lo_all && tile_base + kTile - 1 <= pos_all) {
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
+      for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = base + nt * 8 + 2 * t4 + (e & 1);
-        const int hr = e >> 1;
-        const bool ok = j <= pos_r[hr] && j >= lo_r[hr];
-        s[nt][e] = ok ? s[nt][e] * p.scale_log2 : -INFINITY;
-        mx[hr] = fmaxf(mx[hr], s[nt][e]);
+        for (int e = 0; e < 4; ++e) {
+          s[nt][e] *= p.scale_log2;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+        }
+    } else {
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = base + nt * 8 + 2 * t4 + (e & 1);
+          const int hr = e >> 1;
+          const bool ok = j <= pos_r[hr] && j >= lo_r[hr];
+          s[nt][e] = ok ? s[nt][e] * p.scale_log2 : -INFINITY;
+          mx[hr] = fmaxf(mx[hr], s[nt][e]);
+        }
       }
     }
     float corr[2];
@@ -372,11 +388,16 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(Params p) {
   }
 }
 
-// Merges the splits of one (sequence, query token): one warp per q head, two
-// dims per lane.
-__global__ void __launch_bounds__(256) ReduceSplitsKernel(Params p) {
-  const int b = blockIdx.y;
-  const int i = blockIdx.x;
+// Merges the splits of one (sequence, query token) for kReduceHeads q heads:
+// one warp per head finds the max over the splits and the weights
+// e^(m_s - M) (kept in shared memory) and the normaliser with the sink; then
+// each thread sums one output value over the splits (coalesced 1 KB rows).
+constexpr int kReduceHeads = 4;
+__global__ void __launch_bounds__(kReduceHeads * kD) ReduceSplitsKernel(Params p) {
+  extern __shared__ float weights[];  // [kReduceHeads][splits]
+  __shared__ float inv_l[kReduceHeads];
+  const int b = blockIdx.x / p.max_q;
+  const int i = blockIdx.x % p.max_q;
   const int qs = p.q_start[b];
   const int n = p.q_start[b + 1] - qs;
   if (i >= n) return;
@@ -387,26 +408,39 @@ __global__ void __launch_bounds__(256) ReduceSplitsKernel(Params p) {
   int ns = kr.hi >= tile_lo ? (kr.hi - tile_lo + p.chunk) / p.chunk : 1;
   ns = max(1, min(ns, p.splits));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int h = warp; h < p.q_heads; h += blockDim.x >> 5) {
-    const float sink = p.sinks[h] * kLog2e;
-    float M = sink;
-    for (int s = 0; s < ns; ++s) {
-      const size_t slot = ((static_cast<size_t>(b) * p.splits + s) * p.max_q + i) * p.q_heads + h;
-      M = fmaxf(M, p.part_ml[slot * 2]);
+  const size_t split_stride = static_cast<size_t>(p.max_q) * p.q_heads;
+  const size_t slot0 = (static_cast<size_t>(b) * p.splits * p.max_q + i) * p.q_heads;
+  if (warp < kReduceHeads) {
+    const int h = blockIdx.y * kReduceHeads + warp;
+    if (h < p.q_heads) {
+      const float sink = p.sinks[h] * kLog2e;
+      float M = sink;
+      for (int s = lane; s < ns; s += 32) M = fmaxf(M, p.part_ml[(slot0 + s * split_stride + h) * 2]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+      float l = 0.f;
+      for (int s = lane; s < ns; s += 32) {
+        const size_t slot = slot0 + s * split_stride + h;
+        const float f = exp2f(p.part_ml[slot * 2] - M);
+        weights[warp * p.splits + s] = f;
+        l += p.part_ml[slot * 2 + 1] * f;
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+      if (lane == 0) inv_l[warp] = 1.f / (l + exp2f(sink - M));
     }
-    float l = exp2f(sink - M), a0 = 0.f, a1 = 0.f;
-    for (int s = 0; s < ns; ++s) {
-      const size_t slot = ((static_cast<size_t>(b) * p.splits + s) * p.max_q + i) * p.q_heads + h;
-      const float f = exp2f(p.part_ml[slot * 2] - M);
-      l += p.part_ml[slot * 2 + 1] * f;
-      a0 += p.part_acc[slot * kD + lane] * f;
-      a1 += p.part_acc[slot * kD + lane + 32] * f;
-    }
-    const float inv = 1.f / l;
-    uint16_t* o = p.out + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD;
-    o[lane] = __bfloat16_as_ushort(__float2bfloat16_rn(a0 * inv));
-    o[lane + 32] = __bfloat16_as_ushort(__float2bfloat16_rn(a1 * inv));
   }
+  __syncthreads();
+  const int hl = threadIdx.x / kD, d = threadIdx.x % kD;
+  const int h = blockIdx.y * kReduceHeads + hl;
+  if (h >= p.q_heads) return;
+  const float* acc = p.part_acc + (slot0 + h) * kD + d;
+  const float* w = weights + hl * p.splits;
+  float a = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < ns; ++s) a += acc[s * split_stride * kD] * w[s];
+  p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
+      __bfloat16_as_ushort(__float2bfloat16_rn(a * inv_l[hl]));
 }
 
 int SmCount() {
@@ -523,7 +557,9 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
     cudaError_t err = rows <= 16 ? LaunchKernel<1>(p, 1, batch.batch, stream)
                                  : LaunchKernel<2>(p, 1, batch.batch, stream);
     if (err != cudaSuccess || p.splits == 1) return err;
-    ReduceSplitsKernel<<<dim3(batch.max_q_per_seq, batch.batch), 256, 0, stream>>>(p);
+    const dim3 grid(batch.batch * batch.max_q_per_seq, CeilDiv(q_heads, kReduceHeads));
+    ReduceSplitsKernel<<<grid, kReduceHeads * kD, kReduceHeads * p.splits * sizeof(float),
+                         stream>>>(p);
     return cudaGetLastError();
   }
   p.splits = 1;
