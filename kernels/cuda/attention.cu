@@ -37,13 +37,21 @@ namespace {
 constexpr int kD = 64;          // head_dim (the only one supported)
 constexpr int kTile = 64;       // keys per pipeline stage
 constexpr int kThreads = 128;   // 4 warps
-constexpr int kStages = 3;
+// Shared-memory ring depth: prefill (compute bound) 3 tiles; decode 4, so a
+// CTA keeps 3 tiles (48 KB) of K/V in flight (3 CTAs per SM either way).
+template <int RG>
+__host__ __device__ constexpr int StagesFor() {
+  return RG == 4 ? 3 : 4;
+}
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;  // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
-constexpr int kTargetCtasPerSm = 3;   // KV-split sizing: aim at this many CTAs per SM
-constexpr int kTypicalKvHeads = 8;    // ... assuming this many kv heads (a heuristic)
-constexpr int kMinTilesPerSplit = 4;  // keep partials and the merge small next to KV
+// KV-split sizing: at most one wave of decode CTAs (3 resident per SM),
+// assuming this many kv heads (a heuristic; any count works), and at least a
+// few tiles per split so partials and the merge stay small next to the K/V.
+constexpr int kDecodeCtasPerSm = 3;
+constexpr int kTypicalKvHeads = 8;
+constexpr int kMinTilesPerSplit = 3;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNoMax = -1e30f;  // finite "no key yet" running max
 
@@ -127,7 +135,8 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
 }
 
 template <int RG>
-__global__ void __launch_bounds__(kThreads, RG == 1 ? 4 : 3) AttentionKernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 3) AttentionKernel(Params p) {
+  constexpr int kStages = StagesFor<RG>();
   constexpr int kRows = 16 * RG;
   constexpr int kKs = 4 / RG;         // warps sharing one row group (splitting keys)
   constexpr int kKn = kTile / kKs;    // keys per warp per tile
@@ -136,6 +145,9 @@ __global__ void __launch_bounds__(kThreads, RG == 1 ? 4 : 3) AttentionKernel(Par
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* sKV = sQ + kRows * kD;
 
+  // Lets a programmatically dependent merge grid be scheduled once every CTA
+  // of this grid has started (it still waits for this grid's results).
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
   const int split = blockIdx.x % p.splits;
@@ -396,6 +408,7 @@ constexpr int kReduceHeads = 4;
 __global__ void __launch_bounds__(kReduceHeads * kD) ReduceSplitsKernel(Params p) {
   extern __shared__ float weights[];  // [kReduceHeads][splits]
   __shared__ float inv_l[kReduceHeads];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int b = blockIdx.x / p.max_q;
   const int i = blockIdx.x % p.max_q;
   const int qs = p.q_start[b];
@@ -454,8 +467,8 @@ int CeilDiv(long a, long b) { return static_cast<int>((a + b - 1) / b); }
 
 // Splits per sequence wanted for `batch` sequences (before capping by length).
 int WantedSplits(int batch, int sms) {
-  return std::max(1, CeilDiv(static_cast<long>(kTargetCtasPerSm) * sms,
-                             static_cast<long>(batch) * kTypicalKvHeads));
+  return std::max(1, static_cast<int>(static_cast<long>(kDecodeCtasPerSm) * sms /
+                                      (static_cast<long>(batch) * kTypicalKvHeads)));
 }
 
 struct SplitPlan {
@@ -482,7 +495,7 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int sms)
 
 template <int RG>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
-  const size_t smem = (16 * RG * kD + kStages * kStageElems) * sizeof(uint16_t);
+  const size_t smem = (16 * RG * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
   cudaError_t err = cudaFuncSetAttribute(AttentionKernel<RG>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
@@ -557,10 +570,19 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
     cudaError_t err = rows <= 16 ? LaunchKernel<1>(p, 1, batch.batch, stream)
                                  : LaunchKernel<2>(p, 1, batch.batch, stream);
     if (err != cudaSuccess || p.splits == 1) return err;
-    const dim3 grid(batch.batch * batch.max_q_per_seq, CeilDiv(q_heads, kReduceHeads));
-    ReduceSplitsKernel<<<grid, kReduceHeads * kD, kReduceHeads * p.splits * sizeof(float),
-                         stream>>>(p);
-    return cudaGetLastError();
+    // Programmatic dependent launch: the merge grid is scheduled while the
+    // split kernel drains and waits (griddepcontrol.wait) for its results.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(batch.batch * batch.max_q_per_seq, CeilDiv(q_heads, kReduceHeads));
+    cfg.blockDim = dim3(kReduceHeads * kD);
+    cfg.dynamicSmemBytes = kReduceHeads * p.splits * sizeof(float);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, ReduceSplitsKernel, p);
   }
   p.splits = 1;
   p.chunk = 1 << 30;
