@@ -46,6 +46,7 @@ __host__ __device__ constexpr int StagesFor() {
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;  // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
+constexpr int kPrefillMr = 2;   // prefill: 32 rows per warp, 128 rows per CTA
 // KV-split sizing: at most one wave of decode CTAs (3 resident per SM),
 // assuming this many kv heads (a heuristic; any count works), and at least a
 // few tiles per split so partials and the merge stay small next to the K/V.
@@ -134,10 +135,10 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
   return kr;
 }
 
-template <int RG>
-__global__ void __launch_bounds__(kThreads, 3) AttentionKernel(Params p) {
+template <int RG, int MR>
+__global__ void __launch_bounds__(kThreads, MR == 1 ? 3 : 2) AttentionKernel(Params p) {
   constexpr int kStages = StagesFor<RG>();
-  constexpr int kRows = 16 * RG;
+  constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
   constexpr int kKs = 4 / RG;         // warps sharing one row group (splitting keys)
   constexpr int kKn = kTile / kKs;    // keys per warp per tile
   constexpr int kNt = kKn / 8;        // n-tiles of S per warp
@@ -212,36 +213,42 @@ __global__ void __launch_bounds__(kThreads, 3) AttentionKernel(Params p) {
     CpAsyncCommit();
   }
 
-  // This thread's two rows (g4 and g4 + 8 of its warp's row group).
+  // This thread's rows: g4 and g4 + 8 of each of its warp's MR row tiles.
   const int rg = warp % RG;
   const int kslot = warp / RG;
   const int g4 = lane >> 2, t4 = lane & 3;
-  int pos_r[2], lo_r[2];
+  int pos_r[MR][2], lo_r[MR][2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int row = row0 + rg * 16 + g4 + e * 8;
-    if (row < rows_total) {
-      pos_r[e] = L - n + row / p.group;
-      lo_r[e] = p.window > 0 ? max(0, pos_r[e] - p.window + 1) : 0;
-    } else {
-      pos_r[e] = -1;
-      lo_r[e] = 0;
+  for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = row0 + (rg * MR + mr) * 16 + g4 + e * 8;
+      if (row < rows_total) {
+        pos_r[mr][e] = L - n + row / p.group;
+        lo_r[mr][e] = p.window > 0 ? max(0, pos_r[mr][e] - p.window + 1) : 0;
+      } else {
+        pos_r[mr][e] = -1;
+        lo_r[mr][e] = 0;
+      }
     }
-  }
 
   // Keys every row of the CTA sees: tiles inside [lo_all, pos_all] need no mask.
   const bool all_rows = row0 + kRows <= rows_total;
   const int pos_all = L - n + i_first;
   const int lo_all = p.window > 0 ? max(0, L - n + i_last - p.window + 1) : 0;
 
-  float m_run[2] = {kNoMax, kNoMax};
-  float l_run[2] = {0.f, 0.f};
-  float acc[8][4];
+  float m_run[MR][2], l_run[MR][2];
+  float acc[MR][8][4];
 #pragma unroll
-  for (int nd = 0; nd < 8; ++nd)
+  for (int mr = 0; mr < MR; ++mr) {
+    m_run[mr][0] = m_run[mr][1] = kNoMax;
+    l_run[mr][0] = l_run[mr][1] = 0.f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nd][e] = 0.f;
-  uint32_t qf[4][4];
+    for (int nd = 0; nd < 8; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mr][nd][e] = 0.f;
+  }
+  uint32_t qf[MR][4][4];
 
   for (int t = 0; t < ntiles; ++t) {
     CpAsyncWait<kStages - 2>();
@@ -250,94 +257,111 @@ __global__ void __launch_bounds__(kThreads, 3) AttentionKernel(Params p) {
     CpAsyncCommit();
     if (t == 0) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const int r = rg * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        LdMatrixX4(SmemAddr(sQ + Swz(r, 2 * kk + (lane >> 4))), qf[kk]);
-      }
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int r = (rg * MR + mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LdMatrixX4(SmemAddr(sQ + Swz(r, 2 * kk + (lane >> 4))), qf[mr][kk]);
+        }
     }
     const uint16_t* sK = sKV + (t % kStages) * kStageElems;
     const uint16_t* sV = sK + kTile * kD;
     const int ko = kslot * kKn;
     const int base = start + t * kTile + ko;
 
-    float s[kNt][4];
+    float s[MR][kNt][4];
 #pragma unroll
     for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] = 0.f;
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mr][nt][e] = 0.f;
 #pragma unroll
       for (int pr = 0; pr < 2; ++pr) {
         uint32_t bk[4];
         const int key = ko + nt * 8 + (lane & 7);
         LdMatrixX4(SmemAddr(sK + Swz(key, 4 * pr + (lane >> 3))), bk);
-        Mma(s[nt], qf[2 * pr], bk[0], bk[1]);
-        Mma(s[nt], qf[2 * pr + 1], bk[2], bk[3]);
+#pragma unroll
+        for (int mr = 0; mr < MR; ++mr) {
+          Mma(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
+          Mma(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
+        }
       }
     }
     // Scale, mask (only on tiles that cross a row's key range), online softmax.
-    float mx[2] = {kNoMax, kNoMax};
     const int tile_base = start + t * kTile;
-    if (all_rows && tile_base >= lo_all && tile_base + kTile - 1 <= pos_all) {
+    const bool unmasked = all_rows && tile_base >= lo_all && tile_base + kTile - 1 <= pos_all;
 #pragma unroll
-      for (int nt = 0; nt < kNt; ++nt)
+    for (int mr = 0; mr < MR; ++mr) {
+      float mx[2] = {kNoMax, kNoMax};
+      if (unmasked) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[nt][e] *= p.scale_log2;
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[nt][e]);
+        for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mr][nt][e] *= p.scale_log2;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[mr][nt][e]);
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = base + nt * 8 + 2 * t4 + (e & 1);
+            const int hr = e >> 1;
+            const bool ok = j <= pos_r[mr][hr] && j >= lo_r[mr][hr];
+            s[mr][nt][e] = ok ? s[mr][nt][e] * p.scale_log2 : -INFINITY;
+            mx[hr] = fmaxf(mx[hr], s[mr][nt][e]);
+          }
         }
-    } else {
+      }
+      float corr[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        const float m_new = fmaxf(m_run[mr][hr], mx[hr]);
+        corr[hr] = exp2f(m_run[mr][hr] - m_new);
+        m_run[mr][hr] = m_new;
+        l_run[mr][hr] *= corr[hr];
+      }
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd) {
+        acc[mr][nd][0] *= corr[0];
+        acc[mr][nd][1] *= corr[0];
+        acc[mr][nd][2] *= corr[1];
+        acc[mr][nd][3] *= corr[1];
+      }
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int j = base + nt * 8 + 2 * t4 + (e & 1);
-          const int hr = e >> 1;
-          const bool ok = j <= pos_r[hr] && j >= lo_r[hr];
-          s[nt][e] = ok ? s[nt][e] * p.scale_log2 : -INFINITY;
-          mx[hr] = fmaxf(mx[hr], s[nt][e]);
+          s[mr][nt][e] = exp2f(s[mr][nt][e] - m_run[mr][e >> 1]);
+          l_run[mr][e >> 1] += s[mr][nt][e];
         }
-      }
-    }
-    float corr[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {
-      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
-      mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-      const float m_new = fmaxf(m_run[hr], mx[hr]);
-      corr[hr] = exp2f(m_run[hr] - m_new);
-      m_run[hr] = m_new;
-      l_run[hr] *= corr[hr];
-    }
-#pragma unroll
-    for (int nd = 0; nd < 8; ++nd) {
-      acc[nd][0] *= corr[0];
-      acc[nd][1] *= corr[0];
-      acc[nd][2] *= corr[1];
-      acc[nd][3] *= corr[1];
-    }
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2f(s[nt][e] - m_run[e >> 1]);
-        l_run[e >> 1] += s[nt][e];
       }
     }
     // P V: P's C fragments of two adjacent n-tiles form one A fragment.
 #pragma unroll
     for (int kj = 0; kj < kNt / 2; ++kj) {
-      uint32_t a[4];
-      a[0] = PackBf16(s[2 * kj][0], s[2 * kj][1]);
-      a[1] = PackBf16(s[2 * kj][2], s[2 * kj][3]);
-      a[2] = PackBf16(s[2 * kj + 1][0], s[2 * kj + 1][1]);
-      a[3] = PackBf16(s[2 * kj + 1][2], s[2 * kj + 1][3]);
+      uint32_t a[MR][4];
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr) {
+        a[mr][0] = PackBf16(s[mr][2 * kj][0], s[mr][2 * kj][1]);
+        a[mr][1] = PackBf16(s[mr][2 * kj][2], s[mr][2 * kj][3]);
+        a[mr][2] = PackBf16(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
+        a[mr][3] = PackBf16(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
+      }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t bv[4];
         const int key = ko + kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
         LdMatrixX4Trans(SmemAddr(sV + Swz(key, 2 * np + (lane >> 4))), bv);
-        Mma(acc[2 * np], a, bv[0], bv[1]);
-        Mma(acc[2 * np + 1], a, bv[2], bv[3]);
+#pragma unroll
+        for (int mr = 0; mr < MR; ++mr) {
+          Mma(acc[mr][2 * np], a[mr], bv[0], bv[1]);
+          Mma(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
+        }
       }
     }
   }
@@ -350,20 +374,23 @@ __global__ void __launch_bounds__(kThreads, 3) AttentionKernel(Params p) {
   float* red_m = red_acc + kKs * kRows * kD;             // [kKs][kRows]
   float* red_l = red_m + kKs * kRows;                    // [kKs][kRows]
 #pragma unroll
-  for (int hr = 0; hr < 2; ++hr) {
-    l_run[hr] += __shfl_xor_sync(0xffffffffu, l_run[hr], 1);
-    l_run[hr] += __shfl_xor_sync(0xffffffffu, l_run[hr], 2);
-    const int r = rg * 16 + g4 + hr * 8;
-    if (t4 == 0) {
-      red_m[kslot * kRows + r] = m_run[hr];
-      red_l[kslot * kRows + r] = l_run[hr];
-    }
+  for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
-    for (int nd = 0; nd < 8; ++nd) {
-      float2 v2 = make_float2(acc[nd][2 * hr], acc[nd][2 * hr + 1]);
-      *reinterpret_cast<float2*>(red_acc + (kslot * kRows + r) * kD + nd * 8 + 2 * t4) = v2;
+    for (int hr = 0; hr < 2; ++hr) {
+      float l = l_run[mr][hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = (rg * MR + mr) * 16 + g4 + hr * 8;
+      if (t4 == 0) {
+        red_m[kslot * kRows + r] = m_run[mr][hr];
+        red_l[kslot * kRows + r] = l;
+      }
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd) {
+        float2 v2 = make_float2(acc[mr][nd][2 * hr], acc[mr][nd][2 * hr + 1]);
+        *reinterpret_cast<float2*>(red_acc + (kslot * kRows + r) * kD + nd * 8 + 2 * t4) = v2;
+      }
     }
-  }
   __syncthreads();
   for (int idx = tid; idx < kRows * kD; idx += kThreads) {
     const int r = idx / kD, d = idx % kD;
@@ -493,15 +520,15 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int sms)
   return plan;
 }
 
-template <int RG>
+template <int RG, int MR>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
-  const size_t smem = (16 * RG * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
-  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<RG>,
+  const size_t smem = (16 * RG * MR * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
+  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<RG, MR>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   dim3 grid(row_blocks * p.splits, p.kv_heads, batch);
-  AttentionKernel<RG><<<grid, kThreads, smem, stream>>>(p);
+  AttentionKernel<RG, MR><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -567,8 +594,8 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
       p.part_acc = static_cast<float*>(workspace);
       p.part_ml = p.part_acc + slots * kD;
     }
-    cudaError_t err = rows <= 16 ? LaunchKernel<1>(p, 1, batch.batch, stream)
-                                 : LaunchKernel<2>(p, 1, batch.batch, stream);
+    cudaError_t err = rows <= 16 ? LaunchKernel<1, 1>(p, 1, batch.batch, stream)
+                                 : LaunchKernel<2, 1>(p, 1, batch.batch, stream);
     if (err != cudaSuccess || p.splits == 1) return err;
     // Programmatic dependent launch: the merge grid is scheduled while the
     // split kernel drains and waits (griddepcontrol.wait) for its results.
@@ -586,7 +613,7 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
   }
   p.splits = 1;
   p.chunk = 1 << 30;
-  return LaunchKernel<4>(p, CeilDiv(rows, 64), batch.batch, stream);
+  return LaunchKernel<4, kPrefillMr>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch, stream);
 }
 
 }  // namespace flotilla::kernels::cuda
