@@ -37,20 +37,22 @@ namespace {
 constexpr int kD = 64;          // head_dim (the only one supported)
 constexpr int kTile = 64;       // keys per pipeline stage
 constexpr int kThreads = 128;   // 4 warps
-// Shared-memory ring depth: prefill (compute bound) 3 tiles; decode 4, so a
-// CTA keeps 3 tiles (48 KB) of K/V in flight (3 CTAs per SM either way).
+// Shared-memory ring depth: 3 tiles (2 in flight while one is used). Decode
+// CTAs of 16 rows fit 4 per SM (50 KB shared, <= 128 registers), so one wave
+// streams 8 tiles (128 KB) per SM; a deeper ring with 3 CTAs per SM measured
+// slower at batch 64 (1.3 waves of CTAs).
 template <int RG>
 __host__ __device__ constexpr int StagesFor() {
-  return RG == 4 ? 3 : 4;
+  return 3;
 }
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;  // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
 constexpr int kPrefillMr = 2;   // prefill: 32 rows per warp, 128 rows per CTA
-// KV-split sizing: at most one wave of decode CTAs (3 resident per SM),
+// KV-split sizing: at most one wave of decode CTAs (4 resident per SM),
 // assuming this many kv heads (a heuristic; any count works), and at least a
 // few tiles per split so partials and the merge stay small next to the K/V.
-constexpr int kDecodeCtasPerSm = 3;
+constexpr int kDecodeCtasPerSm = 4;
 constexpr int kTypicalKvHeads = 8;
 constexpr int kMinTilesPerSplit = 3;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -136,7 +138,8 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
 }
 
 template <int RG, int MR>
-__global__ void __launch_bounds__(kThreads, MR == 1 ? 3 : 2) AttentionKernel(Params p) {
+__global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
+    AttentionKernel(Params p) {
   constexpr int kStages = StagesFor<RG>();
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
   constexpr int kKs = 4 / RG;         // warps sharing one row group (splitting keys)
@@ -427,17 +430,22 @@ __global__ void __launch_bounds__(kThreads, MR == 1 ? 3 : 2) AttentionKernel(Par
   }
 }
 
-// Merges the splits of one (sequence, query token) for kReduceHeads q heads:
-// one warp per head finds the max over the splits and the weights
-// e^(m_s - M) (kept in shared memory) and the normaliser with the sink; then
-// each thread sums one output value over the splits (coalesced 1 KB rows).
-constexpr int kReduceHeads = 4;
-__global__ void __launch_bounds__(kReduceHeads * kD) ReduceSplitsKernel(Params p) {
-  extern __shared__ float weights[];  // [kReduceHeads][splits]
-  __shared__ float inv_l[kReduceHeads];
+// Merges the splits of one (sequence, query token, q head). The merge is
+// latency bound (its data sits in L2), so it is spread wide: warp 0 finds the
+// max over the splits, the weights e^(m_s - M) (kept in shared memory) and the
+// normaliser with the sink; then kReduceSlices x 64 threads each sum one dim
+// over every kReduceSlices-th split with up to 8 loads in flight, and the
+// slices are added in shared memory.
+constexpr int kReduceSlices = 8;
+constexpr int kReduceThreads = kReduceSlices * kD;
+__global__ void __launch_bounds__(kReduceThreads) ReduceSplitsKernel(Params p) {
+  extern __shared__ float weights[];  // [splits]
+  __shared__ float inv_l;
+  __shared__ float sums[kReduceSlices][kD];
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int b = blockIdx.x / p.max_q;
   const int i = blockIdx.x % p.max_q;
+  const int h = blockIdx.y;
   const int qs = p.q_start[b];
   const int n = p.q_start[b + 1] - qs;
   if (i >= n) return;
@@ -447,40 +455,50 @@ __global__ void __launch_bounds__(kReduceHeads * kD) ReduceSplitsKernel(Params p
   const int tile_lo = kr.lo & ~(kTile - 1);
   int ns = kr.hi >= tile_lo ? (kr.hi - tile_lo + p.chunk) / p.chunk : 1;
   ns = max(1, min(ns, p.splits));
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const size_t split_stride = static_cast<size_t>(p.max_q) * p.q_heads;
-  const size_t slot0 = (static_cast<size_t>(b) * p.splits * p.max_q + i) * p.q_heads;
-  if (warp < kReduceHeads) {
-    const int h = blockIdx.y * kReduceHeads + warp;
-    if (h < p.q_heads) {
-      const float sink = p.sinks[h] * kLog2e;
-      float M = sink;
-      for (int s = lane; s < ns; s += 32) M = fmaxf(M, p.part_ml[(slot0 + s * split_stride + h) * 2]);
+  const size_t stride = static_cast<size_t>(p.max_q) * p.q_heads;  // slots between splits
+  const size_t slot0 = (static_cast<size_t>(b) * p.splits * p.max_q + i) * p.q_heads + h;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const float sink = p.sinks[h] * kLog2e;
+    float M = sink;
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, p.part_ml[(slot0 + s * stride) * 2]);
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      float l = 0.f;
-      for (int s = lane; s < ns; s += 32) {
-        const size_t slot = slot0 + s * split_stride + h;
-        const float f = exp2f(p.part_ml[slot * 2] - M);
-        weights[warp * p.splits + s] = f;
-        l += p.part_ml[slot * 2 + 1] * f;
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-      if (lane == 0) inv_l[warp] = 1.f / (l + exp2f(sink - M));
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float l = 0.f;
+    for (int s = lane; s < ns; s += 32) {
+      const size_t slot = slot0 + s * stride;
+      const float f = exp2f(p.part_ml[slot * 2] - M);
+      weights[s] = f;
+      l += p.part_ml[slot * 2 + 1] * f;
     }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) inv_l = 1.f / (l + exp2f(sink - M));
   }
   __syncthreads();
-  const int hl = threadIdx.x / kD, d = threadIdx.x % kD;
-  const int h = blockIdx.y * kReduceHeads + hl;
-  if (h >= p.q_heads) return;
-  const float* acc = p.part_acc + (slot0 + h) * kD + d;
-  const float* w = weights + hl * p.splits;
+  const int slice = threadIdx.x / kD, d = threadIdx.x % kD;
+  const float* acc = p.part_acc + slot0 * kD + d;
   float a = 0.f;
-#pragma unroll 8
-  for (int s = 0; s < ns; ++s) a += acc[s * split_stride * kD] * w[s];
+  for (int s0 = slice; s0 < ns; s0 += 8 * kReduceSlices) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = s0 + u * kReduceSlices;
+      v[u] = s < ns ? acc[s * stride * kD] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = s0 + u * kReduceSlices;
+      if (s < ns) a += v[u] * weights[s];
+    }
+  }
+  sums[slice][d] = a;
+  __syncthreads();
+  if (slice != 0) return;
+#pragma unroll
+  for (int k = 1; k < kReduceSlices; ++k) a += sums[k][d];
   p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
-      __bfloat16_as_ushort(__float2bfloat16_rn(a * inv_l[hl]));
+      __bfloat16_as_ushort(__float2bfloat16_rn(a * inv_l));
 }
 
 int SmCount() {
@@ -600,9 +618,9 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
     // Programmatic dependent launch: the merge grid is scheduled while the
     // split kernel drains and waits (griddepcontrol.wait) for its results.
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(batch.batch * batch.max_q_per_seq, CeilDiv(q_heads, kReduceHeads));
-    cfg.blockDim = dim3(kReduceHeads * kD);
-    cfg.dynamicSmemBytes = kReduceHeads * p.splits * sizeof(float);
+    cfg.gridDim = dim3(batch.batch * batch.max_q_per_seq, q_heads);
+    cfg.blockDim = dim3(kReduceThreads);
+    cfg.dynamicSmemBytes = p.splits * sizeof(float);
     cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
