@@ -149,8 +149,12 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* sKV = sQ + kRows * kD;
 
-  // Lets a programmatically dependent merge grid be scheduled once every CTA
-  // of this grid has started (it still waits for this grid's results).
+  // Launched programmatically dependent on the previous kernel of the stream
+  // (which writes q and the new K/V): wait for its results before reading
+  // anything; a no-op after an ordinary launch. Then let a dependent merge grid
+  // be scheduled once every CTA of this grid has started (it still waits for
+  // this grid's results).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int tid = threadIdx.x;
   const int warp = tid >> 5, lane = tid & 31;
@@ -538,6 +542,24 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int sms)
   return plan;
 }
 
+// Programmatic dependent launch: the kernel may be scheduled while the
+// previous kernel of the stream drains; it waits (griddepcontrol.wait) for
+// that kernel's results before reading its inputs. Captures into graphs.
+cudaError_t LaunchDependent(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
+                            const Params& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
 template <int RG, int MR>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
   const size_t smem = (16 * RG * MR * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
@@ -545,9 +567,8 @@ cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  dim3 grid(row_blocks * p.splits, p.kv_heads, batch);
-  AttentionKernel<RG, MR><<<grid, kThreads, smem, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchDependent(AttentionKernel<RG, MR>, dim3(row_blocks * p.splits, p.kv_heads, batch),
+                         dim3(kThreads), smem, p, stream);
 }
 
 }  // namespace
@@ -615,19 +636,10 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
     cudaError_t err = rows <= 16 ? LaunchKernel<1, 1>(p, 1, batch.batch, stream)
                                  : LaunchKernel<2, 1>(p, 1, batch.batch, stream);
     if (err != cudaSuccess || p.splits == 1) return err;
-    // Programmatic dependent launch: the merge grid is scheduled while the
-    // split kernel drains and waits (griddepcontrol.wait) for its results.
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(batch.batch * batch.max_q_per_seq, q_heads);
-    cfg.blockDim = dim3(kReduceThreads);
-    cfg.dynamicSmemBytes = p.splits * sizeof(float);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, ReduceSplitsKernel, p);
+    // The merge grid is scheduled while the split kernel drains.
+    return LaunchDependent(ReduceSplitsKernel,
+                           dim3(batch.batch * batch.max_q_per_seq, q_heads),
+                           dim3(kReduceThreads), p.splits * sizeof(float), p, stream);
   }
   p.splits = 1;
   p.chunk = 1 << 30;

@@ -10,6 +10,7 @@
 // kernel on several layers' caches in turn so that the K/V working set exceeds
 // 2.5x the L2 and the figures are HBM, not L2.
 //   attention_cuda_bench [--hbm-gbs X] [--peak-tflops 989] [--iters N]
+//                        [--decode-only BATCH:CONTEXT]  (one full-attention decode case)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -155,6 +156,7 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
 
 int main(int argc, char** argv) {
   Setup s;
+  int only_batch = 0, only_ctx = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     if (a == "--hbm-gbs")
@@ -163,8 +165,14 @@ int main(int argc, char** argv) {
       s.peak_tflops = std::atof(argv[i + 1]);
     else if (a == "--iters")
       s.iters = std::atol(argv[i + 1]);
+    else if (a == "--decode-only" &&
+             std::sscanf(argv[i + 1], "%d:%d", &only_batch, &only_ctx) == 2 && only_batch > 0 &&
+             only_ctx > 0) {
+    }
     else {
-      std::fprintf(stderr, "usage: attention_cuda_bench [--hbm-gbs X] [--peak-tflops X] [--iters N]\n");
+      std::fprintf(stderr,
+                   "usage: attention_cuda_bench [--hbm-gbs X] [--peak-tflops X] [--iters N] "
+                   "[--decode-only BATCH:CONTEXT]\n");
       return 2;
     }
   }
@@ -184,6 +192,7 @@ int main(int argc, char** argv) {
     for (int ctx : {1024, 8192, 32768})
       for (int batch : {1, 8, 64}) {
         if (window > 0 && ctx != 8192) continue;
+        if (only_batch > 0 && (window > 0 || batch != only_batch || ctx != only_ctx)) continue;
         const int iters = s.iters > 0 ? static_cast<int>(s.iters) : 20;
         const double us = TimeCase(s, batch, ctx, 1, window, iters);
         if (us < 0) return 1;
@@ -197,6 +206,7 @@ int main(int argc, char** argv) {
             s.gpu.c_str(), batch, ctx, window, us, gbs, s.hbm_gbs, 100.0 * gbs / s.hbm_gbs);
         std::fflush(stdout);
       }
+  if (only_batch > 0) return 0;
   for (int window : {0, 128})
     for (int n : {2048, 8192}) {
       const int iters = s.iters > 0 ? static_cast<int>(s.iters) : 5;
