@@ -11,10 +11,11 @@
 // Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
 // with an online softmax in f32 (log2 domain).
 //
-// Warp layout, RG = row groups of 16 rows (template):
-//   RG = 4 (prefill): 64 rows per CTA; every warp owns 16 rows and all 64 keys
-//          of each tile. Grid x = row blocks (longest first), no KV split.
-//   RG = 1 or 2 (decode: max_q_per_seq * group <= 32, i.e. up to 4 tokens per
+// Warp layout, RG = row groups per CTA, MR = 16-row tiles per warp (template):
+//   RG = 4, MR = 2 (prefill): 128 rows per CTA; every warp owns 32 rows and all
+//          64 keys of each tile (each K/V fragment feeds two mma row tiles).
+//          Grid x = row blocks (longest first), no KV split.
+//   RG = 1 or 2, MR = 1 (decode: max_q_per_seq * group <= 32, up to 4 tokens per
 //          sequence for gpt-oss): 16 or 32 rows; the 4 warps split each tile's
 //          keys (16 or 32 each) and are merged through shared memory at the
 //          end. Grid x = KV splits (flash-decoding): the key range is cut in
@@ -34,9 +35,9 @@
 namespace flotilla::kernels::cuda {
 namespace {
 
-constexpr int kD = 64;          // head_dim (the only one supported)
-constexpr int kTile = 64;       // keys per pipeline stage
-constexpr int kThreads = 128;   // 4 warps
+constexpr int kD = 64;         // head_dim (the only one supported)
+constexpr int kTile = 64;      // keys per pipeline stage
+constexpr int kThreads = 128;  // 4 warps
 // Shared-memory ring depth: 3 tiles (2 in flight while one is used). Decode
 // CTAs of 16 rows fit 4 per SM (50 KB shared, <= 128 registers), so one wave
 // streams 8 tiles (128 KB) per SM; a deeper ring with 3 CTAs per SM measured
@@ -46,9 +47,9 @@ __host__ __device__ constexpr int StagesFor() {
   return 3;
 }
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
-constexpr int kDecodeMaxQ = 4;  // decode path up to this many tokens per sequence
+constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
-constexpr int kPrefillMr = 2;   // prefill: 32 rows per warp, 128 rows per CTA
+constexpr int kPrefillMr = 2;  // prefill: 32 rows per warp, 128 rows per CTA
 // KV-split sizing: at most one wave of decode CTAs (4 resident per SM),
 // assuming this many kv heads (a heuristic; any count works), and at least a
 // few tiles per split so partials and the merge stay small next to the K/V.
@@ -142,9 +143,9 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
     AttentionKernel(Params p) {
   constexpr int kStages = StagesFor<RG>();
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
-  constexpr int kKs = 4 / RG;         // warps sharing one row group (splitting keys)
-  constexpr int kKn = kTile / kKs;    // keys per warp per tile
-  constexpr int kNt = kKn / 8;        // n-tiles of S per warp
+  constexpr int kKs = 4 / RG;          // warps sharing one row group (splitting keys)
+  constexpr int kKn = kTile / kKs;     // keys per warp per tile
+  constexpr int kNt = kKn / 8;         // n-tiles of S per warp
   extern __shared__ uint4 smem_raw[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* sKV = sQ + kRows * kD;
@@ -377,9 +378,9 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
   // free now), then normalise with the sink or write the split's partial.
   CpAsyncWait<0>();
   __syncthreads();
-  float* red_acc = reinterpret_cast<float*>(sKV);        // [kKs][kRows][D]
-  float* red_m = red_acc + kKs * kRows * kD;             // [kKs][kRows]
-  float* red_l = red_m + kKs * kRows;                    // [kKs][kRows]
+  float* red_acc = reinterpret_cast<float*>(sKV);  // [kKs][kRows][D]
+  float* red_m = red_acc + kKs * kRows * kD;       // [kKs][kRows]
+  float* red_l = red_m + kKs * kRows;              // [kKs][kRows]
 #pragma unroll
   for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
@@ -563,9 +564,8 @@ cudaError_t LaunchDependent(void (*kernel)(Params), dim3 grid, dim3 block, size_
 template <int RG, int MR>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
   const size_t smem = (16 * RG * MR * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
-  cudaError_t err = cudaFuncSetAttribute(AttentionKernel<RG, MR>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  cudaError_t err = cudaFuncSetAttribute(
+      AttentionKernel<RG, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   return LaunchDependent(AttentionKernel<RG, MR>, dim3(row_blocks * p.splits, p.kv_heads, batch),
                          dim3(kThreads), smem, p, stream);
@@ -626,8 +626,8 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
     p.splits = plan.splits;
     p.chunk = plan.chunk;
     if (p.splits > 1) {
-      const size_t slots = static_cast<size_t>(batch.batch) * p.splits * batch.max_q_per_seq *
-                           q_heads;
+      const size_t slots =
+          static_cast<size_t>(batch.batch) * p.splits * batch.max_q_per_seq * q_heads;
       if (workspace == nullptr || workspace_bytes < slots * (kD + 2) * sizeof(float))
         return cudaErrorInvalidValue;
       p.part_acc = static_cast<float*>(workspace);
@@ -637,8 +637,7 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
                                  : LaunchKernel<2, 1>(p, 1, batch.batch, stream);
     if (err != cudaSuccess || p.splits == 1) return err;
     // The merge grid is scheduled while the split kernel drains.
-    return LaunchDependent(ReduceSplitsKernel,
-                           dim3(batch.batch * batch.max_q_per_seq, q_heads),
+    return LaunchDependent(ReduceSplitsKernel, dim3(batch.batch * batch.max_q_per_seq, q_heads),
                            dim3(kReduceThreads), p.splits * sizeof(float), p, stream);
   }
   p.splits = 1;

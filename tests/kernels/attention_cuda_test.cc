@@ -56,9 +56,9 @@ struct Problem {
   int window = 0;
   std::vector<int> seq_lens, n;
   int num_blocks = 0, max_blocks = 0;
-  std::vector<int32_t> tables;     // [batch, max_blocks], -1 = freed/unused
-  std::vector<uint16_t> k, v;      // GPU layout [num_blocks, kv, bs, D]
-  std::vector<uint16_t> q;         // [total_q, q_heads, D]
+  std::vector<int32_t> tables;  // [batch, max_blocks], -1 = freed/unused
+  std::vector<uint16_t> k, v;   // GPU layout [num_blocks, kv, bs, D]
+  std::vector<uint16_t> q;      // [total_q, q_heads, D]
   std::vector<float> sinks;
   std::vector<int32_t> q_start;
   int total_q = 0;
@@ -211,7 +211,8 @@ struct DeviceProblem {
     batch.q_start = q_start;
     batch.batch = static_cast<int>(p.seq_lens.size());
     batch.total_q = p.total_q;
-    batch.max_seq_len = std::max(max_seq_len, *std::max_element(p.seq_lens.begin(), p.seq_lens.end()));
+    batch.max_seq_len =
+        std::max(max_seq_len, *std::max_element(p.seq_lens.begin(), p.seq_lens.end()));
     batch.max_q_per_seq = *std::max_element(p.n.begin(), p.n.end());
     ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kD);
     if (ws_bytes > 0) {
@@ -219,10 +220,10 @@ struct DeviceProblem {
     }
   }
   ~DeviceProblem() {
-    for (void* x : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
-                    static_cast<void*>(out), static_cast<void*>(tables),
-                    static_cast<void*>(seq_lens), static_cast<void*>(q_start),
-                    static_cast<void*>(sinks), ws})
+    for (void* x :
+         {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
+          static_cast<void*>(out), static_cast<void*>(tables), static_cast<void*>(seq_lens),
+          static_cast<void*>(q_start), static_cast<void*>(sinks), ws})
       cudaFree(x);
   }
   cudaError_t Launch(int window, cudaStream_t stream) {
@@ -309,8 +310,8 @@ TEST_F(AttentionCudaTest, ChunkedPrefillWithCachedPrefix) {
 
 TEST_F(AttentionCudaTest, MixedPrefillAndDecodeBatch) {
   for (int window : {0, 128}) {
-    Problem p = MakeProblem({600, 777, 500, 64, 300, 1}, {600, 1, 37, 64, 65, 1}, 16, window,
-                            5 + window);
+    Problem p =
+        MakeProblem({600, 777, 500, 64, 300, 1}, {600, 1, 37, 64, 65, 1}, 16, window, 5 + window);
     Check(p, "mixed batch window=" + std::to_string(window));
   }
 }

@@ -60,8 +60,8 @@ struct Setup {
 // microseconds per launch, or a negative value on error.
 double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int iters) {
   const int blocks_per_seq = (ctx + kBlock - 1) / kBlock;
-  const size_t kv_bytes_per_layer = static_cast<size_t>(batch) * blocks_per_seq * kBlock *
-                                    kKvHeads * kD * 2 * 2;
+  const size_t kv_bytes_per_layer =
+      static_cast<size_t>(batch) * blocks_per_seq * kBlock * kKvHeads * kD * 2 * 2;
   const int layers = static_cast<int>(std::min<size_t>(
       64, std::max<size_t>(1, (5 * s.l2_bytes / 2 + kv_bytes_per_layer - 1) / kv_bytes_per_layer)));
   const size_t num_blocks = static_cast<size_t>(layers) * batch * blocks_per_seq;
@@ -168,8 +168,7 @@ int main(int argc, char** argv) {
     else if (a == "--decode-only" &&
              std::sscanf(argv[i + 1], "%d:%d", &only_batch, &only_ctx) == 2 && only_batch > 0 &&
              only_ctx > 0) {
-    }
-    else {
+    } else {
       std::fprintf(stderr,
                    "usage: attention_cuda_bench [--hbm-gbs X] [--peak-tflops X] [--iters N] "
                    "[--decode-only BATCH:CONTEXT]\n");
