@@ -93,4 +93,13 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
                            int32_t* active, int32_t* num_active, int32_t* invalid_ids,
                            cudaStream_t stream);
 
+// Which kernels LaunchMoeLayer runs (process-wide; for benchmarks and tests
+// comparing paths). kTensorCore, the default: MXFP4 decoded to f16 in
+// registers, mma.sync with f32 accumulation, weight tiles brought into shared
+// memory by the bulk copy engine; kTensorCoreEvictFirst: the same with an L2
+// evict-first hint on the weight copies; kLegacyFma: the first CUDA-core
+// kernels (f32 FMAs), kept as the baseline.
+enum class MoeKernelVariant { kTensorCore = 0, kTensorCoreEvictFirst = 1, kLegacyFma = 2 };
+void SetMoeKernelVariant(MoeKernelVariant variant);
+
 }  // namespace flotilla::kernels::cuda
