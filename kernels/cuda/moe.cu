@@ -359,6 +359,31 @@ __device__ __forceinline__ uint32_t Fp4PairF16(uint32_t w) {
   return (m & 0x0E000E00u) | (s & 0x80008000u);
 }
 
+// The same four pairs through bytes: each nibble becomes the high byte of its
+// f16, [s 0 0 0 e1 e0 m 0], the even nibbles in one word and the odd ones in
+// another (3-4 operations each), then one byte permute per pair.
+struct Fp4Pairs {
+  uint32_t p04, p15, p26, p37;
+};
+template <bool kPrmt>
+__device__ __forceinline__ Fp4Pairs DecodeWord(uint32_t w) {
+  if constexpr (kPrmt) {
+    const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+    const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+    return {__byte_perm(even, 0u, 0x2404), __byte_perm(odd, 0u, 0x2404),
+            __byte_perm(even, 0u, 0x3414), __byte_perm(odd, 0u, 0x3414)};
+  } else {
+    return {Fp4PairF16<0>(w), Fp4PairF16<1>(w), Fp4PairF16<2>(w), Fp4PairF16<3>(w)};
+  }
+}
+
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void GridDependentsMayLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // 2^(s - 127 + 14): the block scale times the 2^14 taken out by Fp4PairF16.
 // Exact for scale bytes 0..240 (checkpoint scales sit near 127).
 __device__ __forceinline__ float MmaScale(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
@@ -396,11 +421,52 @@ struct MmaArgs {
   uint16_t* h_out;  // gate_up: hh [P, 2, I] (f16 high then low part, permuted)
   const float* topk_weights;
   float* out;  // down: [T, H] f32, added into
+  const int32_t* topk_ids;  // gate_up with early_expert: the expert found from the ids
+  int pairs;
+  int num_experts;
+  bool early_expert;  // gate_up: find the slot's expert before the routing is done
+  bool evict_first;   // L2 evict-first hint on the weight copies
 };
+
+// The slot-th smallest distinct valid id among ids[0, pairs), or -1: what the
+// routing puts in active[slot], computed by one CTA without waiting for it.
+__device__ int SlotExpert(const int32_t* ids, int pairs, int num_experts, int slot) {
+  __shared__ uint32_t bits[kMaxExperts / 32];
+  __shared__ int found;
+  const int words = (num_experts + 31) / 32;
+  for (int i = threadIdx.x; i < words; i += blockDim.x) bits[i] = 0;
+  if (threadIdx.x == 0) found = -1;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int id = ids[p];
+    if (id >= 0 && id < num_experts) atomicOr(&bits[id >> 5], 1u << (id & 31));
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int before = 0;
+    for (int base = 0; base < words; base += 32) {
+      const int wi = base + threadIdx.x;
+      const uint32_t m = wi < words ? bits[wi] : 0u;
+      int incl = __popc(m);
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+        if (static_cast<int>(threadIdx.x) >= off) incl += n;
+      }
+      const int excl = before + incl - __popc(m);
+      if (slot >= excl && slot < before + incl) {
+        found = wi * 32 + static_cast<int>(__fns(m, 0, slot - excl + 1));
+      }
+      before += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+  }
+  __syncthreads();
+  return found;
+}
 
 // kDown selects the projection (epilogue and column meaning); kGroups groups
 // of 8 columns share one decode of each weight block.
-template <bool kDown, int kGroups, bool kEvictFirst>
+template <bool kDown, int kGroups, bool kPrmt>
 __global__ void __launch_bounds__(kMmaThreads)
     MoeMmaKernel(MmaArgs a) {
   extern __shared__ float4 smem_f4[];
@@ -408,8 +474,22 @@ __global__ void __launch_bounds__(kMmaThreads)
   __shared__ __align__(8) uint64_t bar;
   __shared__ float red[kMmaWarps - 1][4 * kGroups][32];
   const int slot = blockIdx.y;
-  if (slot >= *a.route.num_active) return;
-  const int e = a.route.active[slot];
+  // Programmatic launch: the weights need nothing from the kernels before, so
+  // their copies go out before waiting for those. The down projection reads
+  // the routing early (complete once every gate_up CTA has passed its wait);
+  // gate_up either finds its expert from the ids or waits for the routing.
+  int e;
+  if (!kDown && a.early_expert) {
+    e = SlotExpert(a.topk_ids, a.pairs, a.num_experts, slot);
+    if (e < 0) {
+      GridDependencyWait();  // the down kernel may only start once the routing is done
+      return;
+    }
+  } else {
+    if (!kDown) GridDependencyWait();
+    if (slot >= *a.route.num_active) return;
+    e = a.route.active[slot];
+  }
   const int row0 = blockIdx.x * kTileRows;
   const int nb = a.nb;
   const int row_bytes = nb * 16, stride = row_bytes + 16;
@@ -424,18 +504,23 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
   __syncthreads();
   if (warp == 0 && lane <= kTileRows) {
-    uint64_t policy = 0;
-    if constexpr (kEvictFirst) {
+    const void* src = lane < kTileRows ? static_cast<const void*>(a.blocks + (grow0 + lane) * row_bytes)
+                                       : static_cast<const void*>(a.scales + grow0 * nb);
+    void* dst = lane < kTileRows ? static_cast<void*>(sw + lane * stride)
+                                 : static_cast<void*>(smem + kTileRows * stride);
+    const uint32_t bytes = static_cast<uint32_t>(lane < kTileRows ? row_bytes : kTileRows * nb);
+    if (a.evict_first) {
+      uint64_t policy;
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    }
-    if (lane < kTileRows) {
-      BulkCopy<kEvictFirst>(sw + lane * stride, a.blocks + (grow0 + lane) * row_bytes,
-                            static_cast<uint32_t>(row_bytes), &bar, policy);
+      BulkCopy<true>(dst, src, bytes, &bar, policy);
     } else {
-      BulkCopy<kEvictFirst>(smem + kTileRows * stride, a.scales + grow0 * nb,
-                            static_cast<uint32_t>(kTileRows * nb), &bar, policy);
+      BulkCopy<false>(dst, src, bytes, &bar, 0);
     }
   }
+  // Activations (and, for gate_up with early_expert, the routing) come from
+  // the kernels before; the kernels after may start once every CTA is here.
+  GridDependencyWait();
+  GridDependentsMayLaunch();
 
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
   const int begin = a.route.offset[e], end = a.route.offset[e + 1];
@@ -465,10 +550,9 @@ __global__ void __launch_bounds__(kMmaThreads)
       const uint32_t w1 =
           *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + b * 16 + 4 * q);
       const float s0 = MmaScale(ss[g * nb + b]), s1 = MmaScale(ss[(g + 8) * nb + b]);
-      const uint32_t p00 = Fp4PairF16<0>(w0), p01 = Fp4PairF16<1>(w0);
-      const uint32_t p02 = Fp4PairF16<2>(w0), p03 = Fp4PairF16<3>(w0);
-      const uint32_t p10 = Fp4PairF16<0>(w1), p11 = Fp4PairF16<1>(w1);
-      const uint32_t p12 = Fp4PairF16<2>(w1), p13 = Fp4PairF16<3>(w1);
+      const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
+      const uint32_t p00 = d0.p04, p01 = d0.p15, p02 = d0.p26, p03 = d0.p37;
+      const uint32_t p10 = d1.p04, p11 = d1.p15, p12 = d1.p26, p13 = d1.p37;
 #pragma unroll
       for (int G = 0; G < kGroups; ++G) {
         const uint4 xv = has[G] ? __ldg(src[G] + b * 4) : make_uint4(0, 0, 0, 0);
@@ -599,6 +683,8 @@ __global__ void __launch_bounds__(kRouteThreads)
     RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count,
                     int32_t* offset, int32_t* pair_of, int32_t* active, int32_t* num_active,
                     int32_t* invalid, const uint4* x, size_t x_vecs, uint4* xh) {
+  GridDependencyWait();  // ids and x come from the kernels before
+  GridDependentsMayLaunch();
   if (blockIdx.x > 0) {
     for (size_t i = (blockIdx.x - 1) * size_t{blockDim.x} + threadIdx.x; i < x_vecs;
          i += size_t{gridDim.x - 1} * blockDim.x) {
@@ -739,32 +825,51 @@ cudaError_t LaunchDown(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const
   return cudaGetLastError();
 }
 
-template <bool kDown, int kGroups, bool kEvictFirst>
-cudaError_t LaunchMma(dim3 grid, cudaStream_t stream, const MmaArgs& args) {
+// Launches with programmatic stream serialization when `pdl`: the kernel may
+// start while the one before finishes (it waits with griddepcontrol.wait).
+template <typename... Params, typename... Args>
+cudaError_t LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                     cudaStream_t stream, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+template <bool kDown, int kGroups, bool kPrmt>
+cudaError_t LaunchMma(dim3 grid, cudaStream_t stream, const MmaArgs& args, bool pdl) {
   const size_t smem = static_cast<size_t>(kTileRows) * (args.nb * 16 + 16) + kTileRows * args.nb;
   static size_t allowed = 0;
-  cudaError_t err = AllowSharedBytes(MoeMmaKernel<kDown, kGroups, kEvictFirst>, smem, &allowed);
+  cudaError_t err = AllowSharedBytes(MoeMmaKernel<kDown, kGroups, kPrmt>, smem, &allowed);
   if (err != cudaSuccess) return err;
-  MoeMmaKernel<kDown, kGroups, kEvictFirst><<<grid, kMmaThreads, smem, stream>>>(args);
-  return cudaGetLastError();
+  return LaunchEx(MoeMmaKernel<kDown, kGroups, kPrmt>, grid, dim3(kMmaThreads), smem, stream, pdl,
+                  args);
 }
 
 template <bool kDown>
 cudaError_t LaunchMmaProjection(dim3 grid, cudaStream_t stream, const MmaArgs& args, int groups,
-                                bool evict_first) {
+                                const MoeTuning& t) {
   if (groups > 1) {
-    return evict_first ? LaunchMma<kDown, 4, true>(grid, stream, args)
-                       : LaunchMma<kDown, 4, false>(grid, stream, args);
+    return t.prmt_decode ? LaunchMma<kDown, 4, true>(grid, stream, args, t.pdl)
+                         : LaunchMma<kDown, 4, false>(grid, stream, args, t.pdl);
   }
-  return evict_first ? LaunchMma<kDown, 1, true>(grid, stream, args)
-                     : LaunchMma<kDown, 1, false>(grid, stream, args);
+  return t.prmt_decode ? LaunchMma<kDown, 1, true>(grid, stream, args, t.pdl)
+                       : LaunchMma<kDown, 1, false>(grid, stream, args, t.pdl);
 }
 
-MoeKernelVariant g_variant = MoeKernelVariant::kTensorCore;
+MoeTuning g_tuning;
 
 }  // namespace
 
-void SetMoeKernelVariant(MoeKernelVariant variant) { g_variant = variant; }
+void SetMoeTuning(const MoeTuning& tuning) { g_tuning = tuning; }
+MoeTuning GetMoeTuning() { return g_tuning; }
 
 size_t MoeDeviceWeights::ExpertBytes() const {
   if (num_experts <= 0) return 0;
@@ -904,34 +1009,37 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
   const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
 
-  if (g_variant != MoeKernelVariant::kLegacyFma) {
+  const MoeTuning tuning = g_tuning;
+  if (!tuning.legacy_fma) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;
     const unsigned prep_blocks =
         1 + static_cast<unsigned>(std::min<size_t>((x_vecs + kRouteThreads - 1) / kRouteThreads,
                                                    1024));
-    RoutePrepKernel<<<prep_blocks, kRouteThreads, 0, stream>>>(
-        topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
-        reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
-    cudaError_t err = cudaGetLastError();
+    cudaError_t err =
+        LaunchEx(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
+                 topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
+                 reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     RouteView route{offset, pair_of, active, num_active};
     // Several groups of 8 columns per weight decode once experts average
     // more than ~16 tokens (prefill); one group at decode sizes.
     const int groups = static_cast<int64_t>(pairs) >= 16 * static_cast<int64_t>(E) ? 4 : 1;
-    const bool evict_first = g_variant == MoeKernelVariant::kTensorCoreEvictFirst;
     MmaArgs gu{};
+    gu.topk_ids = topk_ids, gu.pairs = pairs, gu.num_experts = E;
+    gu.early_expert = tuning.pdl && tuning.early_expert && pairs <= 4096;
+    gu.evict_first = tuning.evict_first;
     gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
     gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
     gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
     gu.h_out = reinterpret_cast<uint16_t*>(h);
-    err = LaunchMmaProjection<false>(dim3(2 * I / kTileRows, slots), stream, gu, groups,
-                                     evict_first);
+    err = LaunchMmaProjection<false>(dim3(2 * I / kTileRows, slots), stream, gu, groups, tuning);
     if (err != cudaSuccess) return err;
     MmaArgs dn{};
     dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
     dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
     dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
-    return LaunchMmaProjection<true>(dim3(H / kTileRows, slots), stream, dn, groups, evict_first);
+    dn.evict_first = tuning.evict_first;
+    return LaunchMmaProjection<true>(dim3(H / kTileRows, slots), stream, dn, groups, tuning);
   }
 
   cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active, num_active,

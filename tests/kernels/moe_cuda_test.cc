@@ -235,13 +235,23 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
   few.num_experts = 4;  // the first 4 experts of the same tensors
   CheckLayer(few, *host_, 40, 2, 12);  // 80 pairs >= 16 * E: four column groups per decode
 }
-// The CUDA-core baseline kernels stay selectable and correct.
-TEST_F(MoeCudaRealShapeTest, LegacyVariant) {
-  cuda::SetMoeKernelVariant(cuda::MoeKernelVariant::kLegacyFma);
+// The other paths stay selectable and correct: the CUDA-core baseline, the
+// shift-and-mask decode, and launches without programmatic dependencies or
+// with the routing kernel finding gate_up's experts.
+TEST_F(MoeCudaRealShapeTest, OtherVariants) {
+  cuda::MoeTuning t;
+  t.legacy_fma = true;
+  cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4);
-  cuda::SetMoeKernelVariant(cuda::MoeKernelVariant::kTensorCoreEvictFirst);
-  CheckLayer(weights_, *host_, 8, 4, 14);
-  cuda::SetMoeKernelVariant(cuda::MoeKernelVariant::kTensorCore);
+  t = cuda::MoeTuning{};
+  t.prmt_decode = false, t.evict_first = false, t.pdl = false;
+  cuda::SetMoeTuning(t);
+  CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
+  t = cuda::MoeTuning{};
+  t.early_expert = false;
+  cuda::SetMoeTuning(t);
+  CheckLayer(weights_, *host_, 3, 4, 15, /*bad_ids=*/2);
+  cuda::SetMoeTuning(cuda::MoeTuning{});
 }
 
 // Small shape uploaded from host tensors (the path real checkpoints take),

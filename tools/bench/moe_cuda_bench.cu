@@ -15,7 +15,8 @@
 // line gives the measured read and copy bandwidth of the card for scale.
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
-//                  [--variant tc|tc-evict-first|fma|all] [--hbm-gbs G]
+//                  [--variant all|NAME,NAME...] [--hbm-gbs G]
+// (variant names: tc tc-v1 tc-no-prmt tc-no-pdl tc-no-early tc-no-evict fma)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,7 +35,7 @@
 namespace {
 
 using flotilla::kernels::cuda::MoeDeviceWeights;
-using flotilla::kernels::cuda::MoeKernelVariant;
+using flotilla::kernels::cuda::MoeTuning;
 
 bool Check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
@@ -70,8 +71,15 @@ uint16_t FloatToBf16Bits(float f) {
 
 struct Variant {
   const char* name;
-  MoeKernelVariant kind;
+  MoeTuning tuning;
 };
+
+MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, bool early) {
+  MoeTuning t;
+  t.legacy_fma = legacy, t.prmt_decode = prmt, t.evict_first = evict, t.pdl = pdl;
+  t.early_expert = early;
+  return t;
+}
 
 }  // namespace
 
@@ -124,11 +132,23 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Variant> variants;
-  const Variant all[] = {{"tc", MoeKernelVariant::kTensorCore},
-                         {"tc-evict-first", MoeKernelVariant::kTensorCoreEvictFirst},
-                         {"fma", MoeKernelVariant::kLegacyFma}};
+  // tc: the defaults; tc-v1: the first tensor-core version; the others leave
+  // one default out; fma: the CUDA-core baseline.
+  const Variant all[] = {{"tc", MoeTuning{}},
+                         {"tc-v1", Tuned(false, false, false, false, false)},
+                         {"tc-no-prmt", Tuned(false, false, true, true, true)},
+                         {"tc-no-pdl", Tuned(false, true, true, false, false)},
+                         {"tc-no-early", Tuned(false, true, true, true, false)},
+                         {"tc-no-evict", Tuned(false, true, false, true, true)},
+                         {"fma", Tuned(true, false, false, false, false)}};
+  std::set<std::string> wanted;
+  {
+    std::stringstream ss(variant_flag);
+    std::string item;
+    while (std::getline(ss, item, ',')) wanted.insert(item);
+  }
   for (const Variant& v : all) {
-    if (variant_flag == "all" || variant_flag == v.name) variants.push_back(v);
+    if (wanted.count("all") > 0 || wanted.count(v.name) > 0) variants.push_back(v);
   }
   if (variants.empty() || top_k > experts) {
     std::fprintf(stderr, "moe_cuda_bench: bad --variant or --top-k\n");
@@ -247,9 +267,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (const Variant& var : variants) {
-      const bool legacy = var.kind == MoeKernelVariant::kLegacyFma;
+      const bool legacy = var.tuning.legacy_fma;
       if (legacy && T > 256) continue;  // minutes, not news
-      flotilla::kernels::cuda::SetMoeKernelVariant(var.kind);
+      flotilla::kernels::cuda::SetMoeTuning(var.tuning);
       auto all_layers = [&]() -> bool {
         for (long l = 0; l < layers; ++l) {
           if (!Check(flotilla::kernels::cuda::LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K,
@@ -296,7 +316,7 @@ int main(int argc, char** argv) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
-    flotilla::kernels::cuda::SetMoeKernelVariant(MoeKernelVariant::kTensorCore);
+    flotilla::kernels::cuda::SetMoeTuning(MoeTuning{});
     for (long l = 0; l < layers; ++l) cudaFree(d_ids[l]), cudaFree(d_tw[l]);
     cudaFree(d_x), cudaFree(d_out), cudaFree(d_ws);
   }
