@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -37,10 +38,17 @@ namespace {
 namespace fs = std::filesystem;
 constexpr double kRelTolerance = 0.03;
 
+// The fixtures' directory; FLOTILLA_GOLDEN_DIR in the environment overrides
+// the source tree's (test binaries carried to a GPU machine).
+std::string GoldenDir() {
+  const char* env = std::getenv("FLOTILLA_GOLDEN_DIR");
+  return env != nullptr && *env != '\0' ? env : FLOTILLA_GOLDEN_DIR;
+}
+
 std::vector<std::string> Fixtures() {
   std::vector<std::string> names;
-  if (!fs::is_directory(FLOTILLA_GOLDEN_DIR)) return names;
-  for (const auto& entry : fs::directory_iterator(FLOTILLA_GOLDEN_DIR)) {
+  if (!fs::is_directory(GoldenDir())) return names;
+  for (const auto& entry : fs::directory_iterator(GoldenDir())) {
     if (entry.is_directory() && fs::exists(entry.path() / "golden.json")) {
       names.push_back(entry.path().filename().string());
     }
@@ -85,7 +93,7 @@ class CudaGolden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-    dir_ = fs::path(FLOTILLA_GOLDEN_DIR) / GetParam();
+    dir_ = fs::path(GoldenDir()) / GetParam();
     std::ifstream in(dir_ / "golden.json");
     golden_ = nlohmann::json::parse(in);
     auto ck = Checkpoint::Open(dir_.string());
