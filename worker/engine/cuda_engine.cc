@@ -361,18 +361,21 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
                             ? std::min<int64_t>(options.max_context, c.max_position_embeddings)
                             : c.max_position_embeddings;
   int64_t num_blocks = options.kv_num_blocks > 0 ? options.kv_num_blocks + 1 : 0;
-  // Attention scratch for the largest step: max_sequences sequences of max_context.
-  kc::AttentionBatch probe;
-  probe.batch = B;
-  probe.total_q = T;
-  probe.max_seq_len = static_cast<int>(max_context);
-  probe.max_q_per_seq = T;
-  probe.max_blocks_per_seq = static_cast<int>(CeilDiv(max_context, bs));
-  d.attn_ws_bytes = kc::AttentionWorkspaceBytes(probe, static_cast<int>(NH), static_cast<int>(D));
-  probe.max_q_per_seq = 1;
-  probe.total_q = B;
-  d.attn_ws_bytes = std::max(d.attn_ws_bytes,
-                             kc::AttentionWorkspaceBytes(probe, static_cast<int>(NH), static_cast<int>(D)));
+  // Attention scratch for any step: the split count depends on the batch
+  // (fewer sequences, more splits), so take the largest over every shape.
+  d.attn_ws_bytes = 0;
+  for (int b = 1; b <= B; ++b) {
+    for (int q = 1; q <= 8 && q * b <= T; ++q) {
+      kc::AttentionBatch probe;
+      probe.batch = b;
+      probe.total_q = q * b;
+      probe.max_seq_len = static_cast<int>(max_context);
+      probe.max_q_per_seq = q;
+      probe.max_blocks_per_seq = static_cast<int>(CeilDiv(max_context, bs));
+      d.attn_ws_bytes = std::max(
+          d.attn_ws_bytes, kc::AttentionWorkspaceBytes(probe, static_cast<int>(NH), static_cast<int>(D)));
+    }
+  }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.attn_ws), d.attn_ws_bytes));
   if (num_blocks == 0) {
     size_t free_bytes = 0, total_bytes = 0;
