@@ -21,6 +21,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/router.h"
 
 namespace flotilla::kernels {
 namespace {
@@ -225,6 +226,31 @@ TEST_F(SmallShapesCudaTest, RouterTopKMatchesTheCpu) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(di.Get(), want_ids) << "E " << E << " K " << K << " T " << T;
       ExpectClose(dw.Get(), want_w, 1e-5, "router weights");
+    }
+  }
+}
+
+// The f32 router (norm fused) against RmsNorm + LinearBf16 on f32 inputs, at
+// test shapes and at the 120b shape (H 2880, E 128). f32 throughout: 1e-5.
+TEST_F(SmallShapesCudaTest, RouterLogitsF32MatchTheCpu) {
+  std::mt19937 rng(7);
+  const int cases[][2] = {{64, 8}, {96, 16}, {2880, 128}};
+  for (auto [H, E] : cases) {
+    for (int T : {1, 3, 40}) {
+      std::vector<float> x(size_t(T) * H);
+      for (auto& v : x) v = std::uniform_real_distribution<float>(-3, 3)(rng);
+      auto nw = RandomBf16(H, 1.5f, rng);
+      auto w = RandomBf16(size_t(E) * H, 0.1f, rng);
+      auto b = RandomBf16(E, 0.5f, rng);
+      std::vector<float> t(x.size()), want(size_t(T) * E);
+      cpu::RmsNorm(x.data(), nw.data(), T, H, 1e-5f, t.data());
+      cpu::LinearBf16(nullptr, t.data(), T, H, w.data(), H, E, b.data(), want.data());
+      Dev<float> dx(x), dl(size_t(T) * E);
+      Dev<uint16_t> dnw(nw), dw(w), db(b);
+      ASSERT_EQ(cuda::LaunchRouterLogitsF32(dx.p, dnw.p, 1e-5f, dw.p, db.p, T, H, E, dl.p, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ExpectClose(dl.Get(), want, 1e-5, "router H " + std::to_string(H) + " T " + std::to_string(T));
     }
   }
 }

@@ -15,6 +15,7 @@
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/router.h"
 
 namespace flotilla {
 namespace {
@@ -700,8 +701,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       }
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
       FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
-      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E, false,
-                                            d.router_logits, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRouterLogitsF32(d.x, L.post_norm, eps, L.router,
+                                                     L.router_bias, T, H, E, d.router_logits, s));
       FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
       FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
                                               static_cast<float>(c.swiglu_limit), 1.702f, d.x,
