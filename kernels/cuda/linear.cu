@@ -19,7 +19,6 @@
 #include <cuda_bf16.h>
 #include <dlfcn.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "kernels/cuda/ops.h"
@@ -147,107 +146,6 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   }
 }
 
-// The same GEMV with the register loads double-buffered: the loads of the next
-// kPipeUnroll slices (weights and activations) are issued before the mma of
-// the current ones, so each warp keeps a request in flight the whole time.
-constexpr int kPipeUnroll = 2;
-
-template <int kNt>
-struct Batch {
-  uint4 a[kPipeUnroll], b[kPipeUnroll], x[kPipeUnroll][kNt];
-};
-
-template <int kNt>
-__global__ void __launch_bounds__(kGemvThreads, 3)
-    GemvMmaPipelinedKernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
-                           const uint16_t* __restrict__ bias, int tokens, int in, int out,
-                           bool accumulate, float* __restrict__ y) {
-  __shared__ float red[kGemvWarps][16][16 + 1];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, q = lane & 3;
-  const int row0 = blockIdx.x * 16;
-  const int chunks = in >> 5;
-  const int c_begin = warp * chunks / kGemvWarps;
-  const int c_end = (warp + 1) * chunks / kGemvWarps;
-  const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
-  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * in) + q;
-  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * in) + q;
-  const uint4* xt[kNt];
-  bool has[kNt];
-#pragma unroll
-  for (int n = 0; n < kNt; ++n) {
-    const int tok = n * 8 + g;
-    has[n] = tok < tokens;
-    xt[n] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(has[n] ? tok : 0) * in) + q;
-  }
-  float acc[kNt][4];
-#pragma unroll
-  for (int n = 0; n < kNt; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  auto load_w = [&](Batch<kNt>& bt, int c) {
-#pragma unroll
-    for (int u = 0; u < kPipeUnroll; ++u) {
-      if (c + u < c_end) {
-        bt.a[u] = LoadStream(wa + (c + u) * 4);
-        bt.b[u] = LoadStream(wb + (c + u) * 4);
-      }
-    }
-  };
-  auto load_x = [&](Batch<kNt>& bt, int c) {
-#pragma unroll
-    for (int u = 0; u < kPipeUnroll; ++u) {
-      if (c + u < c_end) {
-#pragma unroll
-        for (int n = 0; n < kNt; ++n) {
-          bt.x[u][n] = has[n] ? __ldg(xt[n] + (c + u) * 4) : make_uint4(0, 0, 0, 0);
-        }
-      }
-    }
-  };
-  auto compute = [&](const Batch<kNt>& bt, int c) {
-#pragma unroll
-    for (int u = 0; u < kPipeUnroll; ++u) {
-      if (c + u < c_end) {
-#pragma unroll
-        for (int n = 0; n < kNt; ++n) {
-          Mma(acc[n], bt.a[u].x, bt.b[u].x, bt.a[u].y, bt.b[u].y, bt.x[u][n].x, bt.x[u][n].y);
-          Mma(acc[n], bt.a[u].z, bt.b[u].z, bt.a[u].w, bt.b[u].w, bt.x[u][n].z, bt.x[u][n].w);
-        }
-      }
-    }
-  };
-  asm volatile("griddepcontrol.launch_dependents;");
-  Batch<kNt> b0, b1;
-  load_w(b0, c_begin);
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  load_x(b0, c_begin);
-  for (int c = c_begin; c < c_end; c += 2 * kPipeUnroll) {
-    load_w(b1, c + kPipeUnroll);
-    load_x(b1, c + kPipeUnroll);
-    compute(b0, c);
-    load_w(b0, c + 2 * kPipeUnroll);
-    load_x(b0, c + 2 * kPipeUnroll);
-    compute(b1, c + kPipeUnroll);
-  }
-#pragma unroll
-  for (int n = 0; n < kNt; ++n) {
-    red[warp][g][n * 8 + 2 * q] = acc[n][0];
-    red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
-    red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
-    red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
-  }
-  __syncthreads();
-  const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
-  const int row = row0 + r;
-  if (tok < tokens && tok < kNt * 8 && row < out) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kGemvWarps; ++k) s += red[k][r][tok];
-    if (bias != nullptr) s += __uint_as_float(static_cast<uint32_t>(bias[row]) << 16);
-    float* dst = y + static_cast<size_t>(tok) * out + row;
-    *dst = accumulate ? *dst + s : s;
-  }
-}
-
 // Inputs that are not a multiple of 32: one warp per (row, token), plain FMA.
 __global__ void GemvScalarKernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
                                  const uint16_t* __restrict__ bias, int tokens, int in, int out,
@@ -306,14 +204,6 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  static const bool pipelined = [] {
-    const char* v = std::getenv("FLOTILLA_GEMV_PIPELINED");
-    return v != nullptr && v[0] == '1';
-  }();
-  if (pipelined && tokens <= 8) {
-    return cudaLaunchKernelEx(&cfg, GemvMmaPipelinedKernel<1>, x, w, bias, tokens, in, out,
-                              accumulate, y);
-  }
   if (tokens <= 8) {
     return cudaLaunchKernelEx(&cfg, GemvMmaKernel<1>, x, w, bias, tokens, in, out, accumulate, y);
   }

@@ -309,12 +309,14 @@ __device__ __forceinline__ void Accumulate(MaxSum& ms, int i, float v) {
   }
 }
 
-// Up to kSegTop (the OpenAI limit of 20) top logprobs come from the segments:
-// each thread keeps its kSegTop largest raw keys in a sorted register list,
-// the block extracts the segment's top_n from those lists, and the per-row
-// kernel the row's top_n from the segments'. More than kSegTop: a radix select
-// in the per-row kernel.
+// Up to kSegTop (the OpenAI limit of 20) top logprobs come from the segments
+// when they are short (few rows): each thread keeps its kSegTop largest raw
+// keys in a sorted register list, the block extracts the segment's top_n from
+// those lists, and the per-row kernel the row's top_n from the segments'.
+// Long segments (the insertions then cost more than they save) or more than
+// kSegTop: a radix select in the per-row kernel.
 constexpr int kSegTop = 20;
+constexpr int kSegTopMaxLen = 8192;
 
 __device__ __forceinline__ uint64_t WarpMax(uint64_t v) {
   for (int o = 16; o > 0; o >>= 1) {
@@ -410,7 +412,8 @@ __global__ void __launch_bounds__(kSegThreads)
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int vocab, const SamplingRow* __restrict__ params,
                  const Partial* __restrict__ partials, const uint64_t* __restrict__ tops,
-                 int segments, int32_t* __restrict__ tokens, float* __restrict__ logprobs, int top_n,
+                 int segments, bool seg_top, int32_t* __restrict__ tokens,
+                 float* __restrict__ logprobs, int top_n,
                  int32_t* __restrict__ top_ids, float* __restrict__ top_logprobs) {
   __shared__ Shared sh;
   const int r = blockIdx.x;
@@ -439,7 +442,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const float lse = ms.m + logf(ms.s);
 
-  if (top_n > 0 && top_n <= kSegTop) {
+  if (top_n > 0 && seg_top) {
     // The row's top_n among the segments' (at most kSegTop each, 0 = none).
     __shared__ uint64_t scratch[kThreads / 32];
     const uint64_t* cand = tops + static_cast<size_t>(r) * segments * kSegTop;
@@ -567,7 +570,9 @@ cudaError_t LaunchSample(const float* logits, int rows, int vocab, const Samplin
   auto* tops = reinterpret_cast<uint64_t*>(static_cast<char*>(workspace) +
                                            (n * sizeof(Partial) + 15) / 16 * 16);
   const dim3 grid(segments, rows);
-  if (top_n > 0 && top_n <= kSegTop) {
+  const int seg_len = (((vocab + segments - 1) / segments) + 3) & ~3;
+  const bool seg_top = top_n > 0 && top_n <= kSegTop && seg_len <= kSegTopMaxLen;
+  if (seg_top) {
     SegmentKernel<kSegTop><<<grid, kSegThreads, 0, stream>>>(logits, vocab, segments, params,
                                                              top_n, partials, tops);
   } else {
@@ -575,7 +580,8 @@ cudaError_t LaunchSample(const float* logits, int rows, int vocab, const Samplin
                                                        partials, tops);
   }
   SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, partials, tops, segments,
-                                              tokens, logprobs, top_n, top_ids, top_logprobs);
+                                              seg_top, tokens, logprobs, top_n, top_ids,
+                                              top_logprobs);
   return cudaGetLastError();
 }
 

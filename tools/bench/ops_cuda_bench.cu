@@ -186,8 +186,6 @@ int main(int argc, char** argv) {
   if (!Check(cudaMalloc(&x, static_cast<size_t>(max_tokens) * 4096 * 2), "alloc x")) return 1;
   if (!Check(cudaMalloc(&y, static_cast<size_t>(max_tokens) * 201088 * 4), "alloc y")) return 1;
   FillBf16<<<1024, 256>>>(x, static_cast<size_t>(max_tokens) * 4096, 17, 1.0f);
-  const char* gemv = std::getenv("FLOTILLA_GEMV_PIPELINED");
-  const char* gemv_kind = gemv != nullptr && gemv[0] == '1' ? "gemv_mma_pipelined" : "gemv_mma";
   for (const Shape& s : shapes) {
     if (only == "sample") break;
     const size_t w_elems = static_cast<size_t>(s.in) * s.out;
@@ -216,7 +214,7 @@ int main(int argc, char** argv) {
           "\"tokens\":%ld,\"path\":\"%s\",\"us\":%.2f,\"weight_gbs\":%.0f,\"hbm_gbs\":%.0f,"
           "\"pct_hbm\":%.1f,\"tflops\":%.2f,\"bf16_tflops\":%.0f,\"weight_copies\":%d,"
           "\"us_stream\":%.2f}\n",
-          prop.name, s.name, s.in, s.out, T, T <= 16 ? (T <= 8 ? gemv_kind : "gemv_mma") : large_path,
+          prop.name, s.name, s.in, s.out, T, T <= 16 ? "gemv_mma" : large_path,
           us, gbs, hbm_gbs, 100.0 * gbs / hbm_gbs, tflops, bf16_tflops, copies, us_stream);
       std::fflush(stdout);
     }
