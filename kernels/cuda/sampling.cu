@@ -1,24 +1,31 @@
-// GPU sampling: one block of 512 threads per row, the row read from memory
-// once per pass (no sort).
+// GPU sampling over f32 logits, no sort. Two kernels per call:
 //
-// - Pass 1 (always): online max / sum of exp over the raw logits (log-softmax
-//   normaliser for the reported logprobs) and the argmax (ties: lower id).
-// - Filters work on the CPU sampler's own weights p = exp(l / T - max / T)
-//   (computed with the same float operations) and on the 64-bit key
-//   (bits(p) << 32 | ~id): distinct for every id and ordered exactly as the
-//   CPU ranks (larger p first, then lower id). Every filter keeps a prefix of
-//   that order, so the kept set is "key >= threshold". top-k's threshold is
-//   the k-th largest key and top-p's the key where the mass (summed from the
-//   top, within the top-k set) first reaches top_p of the total: both are
-//   found by a radix select (11-bit digits, a histogram pass per digit,
-//   stopping as soon as the boundary bin is resolved). min-p keeps p >= min_p.
-// - The draw is an exponential race (Gumbel-max): the kept id with the largest
-//   l / T - log(-log u_id) wins, u_id from Philox-4x32-10 keyed by the row's
-//   seed with the counter (id / 4, step); this picks id with probability
-//   p_id / sum(kept p), needs no normalisation pass and the same (seed, step)
-//   gives the same token.
-// - top_n: the same radix select over the raw logits' keys, then one pass
-//   collecting the top_n ids.
+// - SegmentKernel, up to 256 blocks split over the rows (a row of 201088 ids
+//   in ~2k-id segments when there are few rows): online max / sum of exp over
+//   the raw logits (log-softmax normaliser for the reported logprobs) and the
+//   argmax (ties: lower id); for rows without top-k / top-p / min-p the draw
+//   itself (the race below); for few rows, each thread's top 20 raw keys.
+// - SampleKernel, one block of 512 threads per row: merges the segments, and
+//   for filtered rows runs the filters and the draw over the row.
+//
+// Filters work on the CPU sampler's own weights p = exp(l * (1/T) - max / T)
+// (the same float operations, no FMA) and on the 64-bit key
+// (bits(p) << 32 | ~id): distinct for every id and ordered exactly as the CPU
+// ranks (larger p first, then lower id). Every filter keeps a prefix of that
+// order, so the kept set is "key >= threshold". top-k's threshold is the k-th
+// largest key and top-p's the key where the mass (summed from the top, within
+// the top-k set) first reaches top_p of the total: both are found by a radix
+// select (11-bit digits, a histogram pass over the row per digit, stopping as
+// soon as the boundary bin is resolved). min-p keeps p >= min_p.
+//
+// The draw is an exponential race (Gumbel-max): the kept id with the largest
+// l / T - log(-log u_id) wins, u_id from Philox-4x32-10 keyed by the row's seed
+// with the counter (id / 4, step). This picks id with probability
+// p_id / sum(kept p), needs no normalisation pass, splits over segments, and
+// the same (seed, step) gives the same token.
+//
+// top_n logprobs: from the segments' per-thread lists (few rows, top_n <= 20)
+// or by the same radix select over the raw logits' keys.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
