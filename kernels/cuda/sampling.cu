@@ -1,24 +1,31 @@
-// GPU sampling: one block of 512 threads per row, the row read from memory
-// once per pass (no sort).
+// GPU sampling over f32 logits, no sort. Two kernels per call:
 //
-// - Pass 1 (always): online max / sum of exp over the raw logits (log-softmax
-//   normaliser for the reported logprobs) and the argmax (ties: lower id).
-// - Filters work on the CPU sampler's own weights p = exp(l / T - max / T)
-//   (computed with the same float operations) and on the 64-bit key
-//   (bits(p) << 32 | ~id): distinct for every id and ordered exactly as the
-//   CPU ranks (larger p first, then lower id). Every filter keeps a prefix of
-//   that order, so the kept set is "key >= threshold". top-k's threshold is
-//   the k-th largest key and top-p's the key where the mass (summed from the
-//   top, within the top-k set) first reaches top_p of the total: both are
-//   found by a radix select (11-bit digits, a histogram pass per digit,
-//   stopping as soon as the boundary bin is resolved). min-p keeps p >= min_p.
-// - The draw is an exponential race (Gumbel-max): the kept id with the largest
-//   l / T - log(-log u_id) wins, u_id from Philox-4x32-10 keyed by the row's
-//   seed with the counter (id / 4, step); this picks id with probability
-//   p_id / sum(kept p), needs no normalisation pass and the same (seed, step)
-//   gives the same token.
-// - top_n: the same radix select over the raw logits' keys, then one pass
-//   collecting the top_n ids.
+// - SegmentKernel, up to 256 blocks split over the rows (a row of 201088 ids
+//   in ~2k-id segments when there are few rows): online max / sum of exp over
+//   the raw logits (log-softmax normaliser for the reported logprobs) and the
+//   argmax (ties: lower id); for rows without top-k / top-p / min-p the draw
+//   itself (the race below); for few rows, each thread's top 20 raw keys.
+// - SampleKernel, one block of 512 threads per row: merges the segments, and
+//   for filtered rows runs the filters and the draw over the row.
+//
+// Filters work on the CPU sampler's own weights p = exp(l * (1/T) - max / T)
+// (the same float operations, no FMA) and on the 64-bit key
+// (bits(p) << 32 | ~id): distinct for every id and ordered exactly as the CPU
+// ranks (larger p first, then lower id). Every filter keeps a prefix of that
+// order, so the kept set is "key >= threshold". top-k's threshold is the k-th
+// largest key and top-p's the key where the mass (summed from the top, within
+// the top-k set) first reaches top_p of the total: both are found by a radix
+// select (11-bit digits, a histogram pass over the row per digit, stopping as
+// soon as the boundary bin is resolved). min-p keeps p >= min_p.
+//
+// The draw is an exponential race (Gumbel-max): the kept id with the largest
+// l / T - log(-log u_id) wins, u_id from Philox-4x32-10 keyed by the row's seed
+// with the counter (id / 4, step). This picks id with probability
+// p_id / sum(kept p), needs no normalisation pass, splits over segments, and
+// the same (seed, step) gives the same token.
+//
+// top_n logprobs: from the segments' per-thread lists (few rows, top_n <= 20)
+// or by the same radix select over the raw logits' keys.
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -309,15 +316,50 @@ __device__ __forceinline__ void Accumulate(MaxSum& ms, int i, float v) {
   }
 }
 
+// Up to kSegTop (the OpenAI limit of 20) top logprobs come from the segments
+// when they are short (few rows): each thread keeps its kSegTop largest raw
+// keys in a sorted register list, the block extracts the segment's top_n from
+// those lists, and the per-row kernel the row's top_n from the segments'.
+// Long segments (the insertions then cost more than they save) or more than
+// kSegTop: a radix select in the per-row kernel.
+constexpr int kSegTop = 20;
+constexpr int kSegTopMaxLen = 8192;
+
+__device__ __forceinline__ uint64_t WarpMax(uint64_t v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    const uint64_t t = __shfl_xor_sync(0xffffffffu, v, o);
+    v = t > v ? t : v;
+  }
+  return v;
+}
+
+// Block-wide max of one u64 per thread (every thread gets it); scratch has
+// blockDim.x / 32 entries.
+template <int kBlock>
+__device__ __forceinline__ uint64_t BlockMax(uint64_t v, uint64_t* scratch) {
+  v = WarpMax(v);
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint64_t b = 0;
+#pragma unroll
+  for (int w = 0; w < kBlock / 32; ++w) b = scratch[w] > b ? scratch[w] : b;
+  __syncthreads();
+  return b;
+}
+
+template <int kTop>
 __global__ void __launch_bounds__(kSegThreads)
     SegmentKernel(const float* __restrict__ logits, int vocab, int segments,
-                  const SamplingRow* __restrict__ params, Partial* __restrict__ partials) {
+                  const SamplingRow* __restrict__ params, int top_n, Partial* __restrict__ partials,
+                  uint64_t* __restrict__ tops) {
   using ReduceSegMs = cub::BlockReduce<MaxSum, kSegThreads>;
   using ReduceSegKm = cub::BlockReduce<KeyMax, kSegThreads>;
   __shared__ union {
     typename ReduceSegMs::TempStorage ms;
     typename ReduceSegKm::TempStorage km;
   } tmp;
+  __shared__ uint64_t cand[kTop > 0 ? kSegThreads : 1][kTop > 0 ? kTop : 1];
+  __shared__ uint64_t scratch[kSegThreads / 32];
   const int r = blockIdx.y, seg = blockIdx.x;
   const float* row = logits + static_cast<size_t>(r) * vocab;
   const bool vec = (reinterpret_cast<uintptr_t>(row) & 15) == 0;
@@ -327,24 +369,58 @@ __global__ void __launch_bounds__(kSegThreads)
   const bool race = prm.temperature > 0.0f && Unfiltered(prm, vocab);
   MaxSum ms{-INFINITY, 0.0f, INT_MAX};
   KeyMax best{-INFINITY, INT_MAX};
+  uint64_t list[kTop > 0 ? kTop : 1];  // descending; 0 = empty (no key is 0)
+#pragma unroll
+  for (int j = 0; j < (kTop > 0 ? kTop : 1); ++j) list[j] = 0;
+  auto offer_top = [&](int i, float v) {
+    if constexpr (kTop > 0) {
+      const uint64_t k = RawKey(v, i);
+      if (k > list[kTop - 1]) {
+#pragma unroll
+        for (int j = kTop - 1; j > 0; --j) {
+          list[j] = k > list[j - 1] ? list[j - 1] : (k > list[j] ? k : list[j]);
+        }
+        list[0] = k > list[0] ? k : list[0];
+      }
+    }
+  };
   if (race) {
     Race rc(prm);
     ForEach<kSegThreads>(row, begin, end, vec, [&](int i, float v) {
       Accumulate(ms, i, v);
       Offer(best, rc.Score(i, v), i);
+      offer_top(i, v);
     });
   } else {
-    ForEach<kSegThreads>(row, begin, end, vec, [&](int i, float v) { Accumulate(ms, i, v); });
+    ForEach<kSegThreads>(row, begin, end, vec, [&](int i, float v) {
+      Accumulate(ms, i, v);
+      offer_top(i, v);
+    });
   }
   ms = ReduceSegMs(tmp.ms).Reduce(ms, MergeOp());
   __syncthreads();
   best = ReduceSegKm(tmp.km).Reduce(best, KeyMaxOp());
   if (threadIdx.x == 0) partials[static_cast<size_t>(r) * segments + seg] = Partial{ms, best};
+  if constexpr (kTop > 0) {
+#pragma unroll
+    for (int j = 0; j < kTop; ++j) cand[threadIdx.x][j] = list[j];
+    __syncthreads();
+    uint64_t* out = tops + (static_cast<size_t>(r) * segments + seg) * kTop;
+    int head = 0;  // keys are distinct: exactly one thread owns each round's maximum
+    for (int j = 0; j < top_n; ++j) {
+      const uint64_t mine = head < kTop ? cand[threadIdx.x][head] : 0;
+      const uint64_t b = BlockMax<kSegThreads>(mine, scratch);
+      if (b != 0 && mine == b) ++head;
+      if (threadIdx.x == 0) out[j] = b;
+    }
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)
     SampleKernel(const float* __restrict__ logits, int vocab, const SamplingRow* __restrict__ params,
-                 const Partial* __restrict__ partials, int segments, int32_t* __restrict__ tokens, float* __restrict__ logprobs, int top_n,
+                 const Partial* __restrict__ partials, const uint64_t* __restrict__ tops,
+                 int segments, bool seg_top, int32_t* __restrict__ tokens,
+                 float* __restrict__ logprobs, int top_n,
                  int32_t* __restrict__ top_ids, float* __restrict__ top_logprobs) {
   __shared__ Shared sh;
   const int r = blockIdx.x;
@@ -373,7 +449,28 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   const float lse = ms.m + logf(ms.s);
 
-  if (top_n > 0) {
+  if (top_n > 0 && seg_top) {
+    // The row's top_n among the segments' (at most kSegTop each, 0 = none).
+    __shared__ uint64_t scratch[kThreads / 32];
+    const uint64_t* cand = tops + static_cast<size_t>(r) * segments * kSegTop;
+    const int n_cand = segments * kSegTop;
+    uint64_t prev = ~0ull;
+    for (int j = 0; j < top_n; ++j) {
+      uint64_t mine = 0;
+      for (int c = threadIdx.x; c < n_cand; c += kThreads) {
+        if (c % kSegTop >= top_n) continue;
+        const uint64_t k = cand[c];
+        if (k < prev && k > mine) mine = k;
+      }
+      const uint64_t b = BlockMax<kThreads>(mine, scratch);
+      prev = b;
+      if (threadIdx.x == 0) {
+        const int id = b != 0 ? static_cast<int>(~static_cast<uint32_t>(b)) : ms.arg;
+        top_ids[static_cast<size_t>(r) * top_n + j] = id;
+        top_logprobs[static_cast<size_t>(r) * top_n + j] = row[id] - lse;
+      }
+    }
+  } else if (top_n > 0) {
     const uint64_t kappa = RadixSelect<false>(
         row, vocab, vec, 0, static_cast<double>(top_n),
         [](int i, float v) { return RawKey(v, i); }, [](int, float) { return 1.0f; }, sh);
@@ -456,7 +553,8 @@ __global__ void __launch_bounds__(kThreads)
 
 size_t SampleWorkspaceBytes(int rows, int vocab) {
   if (rows <= 0 || vocab <= 0) return 0;
-  return static_cast<size_t>(rows) * Segments(rows, vocab) * sizeof(Partial);
+  const size_t n = static_cast<size_t>(rows) * Segments(rows, vocab);
+  return (n * sizeof(Partial) + 15) / 16 * 16 + n * kSegTop * sizeof(uint64_t);
 }
 
 cudaError_t LaunchSample(const float* logits, int rows, int vocab, const SamplingRow* params,
@@ -474,11 +572,23 @@ cudaError_t LaunchSample(const float* logits, int rows, int vocab, const Samplin
     return cudaErrorInvalidValue;
   }
   const int segments = Segments(rows, vocab);
+  const size_t n = static_cast<size_t>(rows) * segments;
   auto* partials = static_cast<Partial*>(workspace);
-  SegmentKernel<<<dim3(segments, rows), kSegThreads, 0, stream>>>(logits, vocab, segments, params,
-                                                                  partials);
-  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, partials, segments, tokens,
-                                              logprobs, top_n, top_ids, top_logprobs);
+  auto* tops = reinterpret_cast<uint64_t*>(static_cast<char*>(workspace) +
+                                           (n * sizeof(Partial) + 15) / 16 * 16);
+  const dim3 grid(segments, rows);
+  const int seg_len = (((vocab + segments - 1) / segments) + 3) & ~3;
+  const bool seg_top = top_n > 0 && top_n <= kSegTop && seg_len <= kSegTopMaxLen;
+  if (seg_top) {
+    SegmentKernel<kSegTop><<<grid, kSegThreads, 0, stream>>>(logits, vocab, segments, params,
+                                                             top_n, partials, tops);
+  } else {
+    SegmentKernel<0><<<grid, kSegThreads, 0, stream>>>(logits, vocab, segments, params, 0,
+                                                       partials, tops);
+  }
+  SampleKernel<<<rows, kThreads, 0, stream>>>(logits, vocab, params, partials, tops, segments,
+                                              seg_top, tokens, logprobs, top_n, top_ids,
+                                              top_logprobs);
   return cudaGetLastError();
 }
 

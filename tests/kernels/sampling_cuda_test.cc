@@ -128,23 +128,27 @@ TEST_F(SamplingCudaTest, GreedyLogprobsAndTopNMatchCpu) {
     }
     Dev<float> d_logits(logits);
     std::vector<cuda::SamplingRow> params(rows);  // temperature 0: greedy
-    const int top_n = 20;
-    Result res = RunSample(d_logits, rows, params, top_n);
-    std::vector<float> lp(kVocab);
-    for (int r = 0; r < rows; ++r) {
-      const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
-      LogSoftmax(row, kVocab, lp.data());
-      const int32_t want = Argmax(row, kVocab);
-      ASSERT_EQ(res.tokens[r], want) << "row " << r;
-      EXPECT_NEAR(res.logprobs[r], lp[want], 1e-4f) << "row " << r;
-      std::vector<int32_t> idx(kVocab);
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + top_n, idx.end(), [&](int32_t a, int32_t b) {
-        return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
-      });
-      for (int j = 0; j < top_n; ++j) {
-        ASSERT_EQ(res.top_ids[static_cast<size_t>(r) * top_n + j], idx[j]) << "row " << r << " j " << j;
-        EXPECT_NEAR(res.top_logprobs[static_cast<size_t>(r) * top_n + j], lp[idx[j]], 1e-4f);
+    // 20 (the OpenAI limit) comes from the segment lists, 32 from the radix select.
+    for (int top_n : {20, 32}) {
+      SCOPED_TRACE(::testing::Message() << "rows=" << rows << " top_n=" << top_n);
+      Result res = RunSample(d_logits, rows, params, top_n);
+      std::vector<float> lp(kVocab);
+      for (int r = 0; r < rows; ++r) {
+        const float* row = logits.data() + static_cast<size_t>(r) * kVocab;
+        LogSoftmax(row, kVocab, lp.data());
+        const int32_t want = Argmax(row, kVocab);
+        ASSERT_EQ(res.tokens[r], want) << "row " << r;
+        EXPECT_NEAR(res.logprobs[r], lp[want], 1e-4f) << "row " << r;
+        std::vector<int32_t> idx(kVocab);
+        std::iota(idx.begin(), idx.end(), 0);
+        std::partial_sort(idx.begin(), idx.begin() + top_n, idx.end(), [&](int32_t a, int32_t b) {
+          return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+        });
+        for (int j = 0; j < top_n; ++j) {
+          ASSERT_EQ(res.top_ids[static_cast<size_t>(r) * top_n + j], idx[j])
+              << "row " << r << " j " << j;
+          EXPECT_NEAR(res.top_logprobs[static_cast<size_t>(r) * top_n + j], lp[idx[j]], 1e-4f);
+        }
       }
     }
   }
