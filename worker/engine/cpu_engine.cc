@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -165,8 +167,10 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
       KvCache::Create(KvOptions(c, weights.layers.empty() ? c.num_key_value_heads
                                                           : weights.layers[0].attn.kv_heads,
                                 options.kv_block_size, options.kv_num_blocks)));
-  return std::unique_ptr<CpuEngine>(
+  std::unique_ptr<CpuEngine> engine(
       new CpuEngine(std::move(weights), std::move(kv), pool, collectives));
+  engine->record_margins_ = options.record_router_margins;
+  return engine;
 }
 
 CpuEngine::CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv,
@@ -282,6 +286,7 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
       ids[offsets[i] + j] = items[i].tokens[j];
     }
   }
+  if (record_margins_) margins_.assign(T, std::numeric_limits<float>::infinity());
   x_.resize(T * H);
   k::EmbeddingGather(weights_.embed.data, weights_.embed.row_stride, H, ids.data(), T, x_.data());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -302,6 +307,11 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   }
   StepOutput out;
   out.logits.resize(items.size());
+  if (record_margins_) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      out.router_margins.emplace_back(margins_.begin() + offsets[i], margins_.begin() + offsets[i + 1]);
+    }
+  }
   if (!rows.empty()) {
     const int64_t R = static_cast<int64_t>(rows.size());
     t_.resize(R * H);
@@ -392,6 +402,17 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
   topk_idx_.resize(T * K);
   topk_w_.resize(T * K);
   k::RouterTopK(router_.data(), T, E, K, topk_idx_.data(), topk_w_.data());
+  if (record_margins_ && K < E) {
+    std::vector<float> r(E);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(router_.begin() + t * E, router_.begin() + (t + 1) * E, r.begin());
+      std::nth_element(r.begin(), r.begin() + K, r.end(), std::greater<float>());
+      const float next = r[K];
+      const float kth = *std::min_element(r.begin(), r.begin() + K);
+      const float top = *std::max_element(r.begin(), r.begin() + K);
+      margins_[t] = std::min(margins_[t], (kth - next) / std::max(1.0f, std::abs(top)));
+    }
+  }
   if (collectives_ != nullptr && collectives_->DispatchesTokens()) {
     y_.assign(T * H, 0.0f);
     FLOTILLA_RETURN_IF_ERROR(collectives_->RunMoe(layer, t_.data(), T, H, topk_idx_.data(),

@@ -23,6 +23,8 @@ struct CpuEngineOptions {
   // Blocks in the KV arena; see CpuEngine::KvBlocksFor to size it for a
   // number of concurrent sequences of a given length.
   int64_t kv_num_blocks = 0;
+  // Fill StepOutput::router_margins (tests comparing other engines).
+  bool record_router_margins = false;
 };
 
 class CpuEngine : public Engine, public LocalExperts {
@@ -88,6 +90,8 @@ class CpuEngine : public Engine, public LocalExperts {
   std::vector<float> x_, t_, q_, k_, v_, attn_, o_, router_, y_;
   std::vector<int32_t> topk_idx_;
   std::vector<float> topk_w_;
+  bool record_margins_ = false;
+  std::vector<float> margins_;  // per token of the step
   std::vector<float> ex_in_, ex_gu_, ex_act_, ex_out_;
 };
 

@@ -27,6 +27,12 @@ struct StepItem {
 struct StepOutput {
   // Per item: rows x vocab_size floats (0, 1 or tokens.size() rows).
   std::vector<std::vector<float>> logits;
+  // Per item and token, when the engine was asked to record them (the CPU
+  // reference, for tests): the smallest routing margin over the layers,
+  // (r_K - r_K+1) / max(1, |r_1|) of the sorted router logits. A margin below
+  // the activations' rounding noise means another engine may route that
+  // token to a different expert and legitimately disagree from there on.
+  std::vector<std::vector<float>> router_margins;
 };
 
 class Engine {
