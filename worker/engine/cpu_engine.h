@@ -57,6 +57,16 @@ class CpuEngine : public Engine, public LocalExperts {
   // step so that no rank of the instance fails a step its peers run.
   absl::Status Validate(const std::vector<StepItem>& items) const override;
 
+  // Tests: the next Step sends each token to the given experts instead of its
+  // own top K (per item, [tokens][layers][K], as StepOutput::routing), with
+  // the softmax over its own router logits of those experts, and reports in
+  // StepOutput::routing_regret how far they were from its own choice. Lets a
+  // reference follow another engine through routing decisions that bf16
+  // noise can swing.
+  void ForceNextRouting(std::vector<std::vector<int32_t>> routing) {
+    forced_routing_ = std::move(routing);
+  }
+
   // Longest sequence this engine can run (context and KV capacity).
   int64_t MaxSequenceLength() const override;
   const ModelConfig& config() const override { return weights_.config; }
@@ -92,6 +102,9 @@ class CpuEngine : public Engine, public LocalExperts {
   std::vector<float> topk_w_;
   bool record_margins_ = false;
   std::vector<float> margins_;  // per token of the step
+  std::vector<std::vector<int32_t>> forced_routing_;
+  std::vector<int64_t> token_item_;  // per token of the step: its item
+  std::vector<float> regret_;        // per item
   std::vector<float> ex_in_, ex_gu_, ex_act_, ex_out_;
 };
 

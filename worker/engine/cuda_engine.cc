@@ -79,6 +79,7 @@ struct CudaEngine::Impl {
   uint16_t* attn = nullptr;    // [T, NH D]
   float* router_logits = nullptr;  // [T, E]
   int32_t* topk_ids = nullptr;
+  int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
   float* topk_w = nullptr;
   uint16_t* final_t = nullptr;  // [rows, H]
   float* logits = nullptr;      // [logit_rows, V]
@@ -343,6 +344,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
+  if (options.record_routing) {
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
+  }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.final_t, d.logit_rows * H));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.logits, static_cast<size_t>(d.logit_rows) * V));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.invalid, 1));
@@ -704,6 +708,12 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       FLOTILLA_CUDA_RETURN(kc::LaunchRouterLogitsF32(d.x, L.post_norm, eps, L.router,
                                                      L.router_bias, T, H, E, d.router_logits, s));
       FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+      if (d.routing_record != nullptr) {
+        const size_t layer = static_cast<size_t>(&L - d.layers.data());
+        FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.routing_record + layer * d.max_tokens * K, d.topk_ids,
+                                             static_cast<size_t>(T) * K * sizeof(int32_t),
+                                             cudaMemcpyDeviceToDevice, s));
+      }
       FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
                                               static_cast<float>(c.swiglu_limit), 1.702f, d.x,
                                               d.moe_ws, d.moe_ws_bytes, d.invalid, s));
@@ -753,6 +763,29 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
   for (size_t i = 0; i < items.size(); ++i) {
     sequences_[items[i].sequence].length += static_cast<int64_t>(items[i].tokens.size());
   }
+  std::vector<std::vector<int32_t>> routing;
+  if (d.routing_record != nullptr) {
+    const int layers = c.num_hidden_layers;
+    std::vector<int32_t> all(static_cast<size_t>(layers) * d.max_tokens * K);
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(all.data(), d.routing_record, all.size() * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, d.stream));
+    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+    int offset = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const int n = static_cast<int>(items[i].tokens.size());
+      std::vector<int32_t> r(static_cast<size_t>(n) * layers * K);
+      for (int j = 0; j < n; ++j) {
+        for (int l = 0; l < layers; ++l) {
+          for (int k = 0; k < K; ++k) {
+            r[(static_cast<size_t>(j) * layers + l) * K + k] =
+                all[static_cast<size_t>(l) * d.max_tokens * K + static_cast<size_t>(offset + j) * K + k];
+          }
+        }
+      }
+      routing.push_back(std::move(r));
+      offset += n;
+    }
+  }
   if (sample) {
     FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.tokens_host, d.sampled_tokens,
                                          plan.real_items * sizeof(int32_t), cudaMemcpyDeviceToHost,
@@ -785,6 +818,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
   }
   FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
   logits_out->logits.resize(items.size());
+  logits_out->routing = std::move(routing);
   for (size_t i = 0; i < items.size(); ++i) {
     logits_out->logits[i].assign(
         host.begin() + static_cast<size_t>(plan.first_row[i]) * V,

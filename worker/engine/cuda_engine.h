@@ -41,6 +41,8 @@ struct CudaEngineOptions {
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
   bool cuda_graphs = true;      // capture decode steps
+  // Tests: fill StepOutput::routing with every token's experts per layer.
+  bool record_routing = false;
 };
 
 struct SampledToken {

@@ -33,6 +33,14 @@ struct StepOutput {
   // the activations' rounding noise means another engine may route that
   // token to a different expert and legitimately disagree from there on.
   std::vector<std::vector<float>> router_margins;
+  // Per item, when recorded (CudaEngineOptions::record_routing): the experts
+  // each token was sent to, [tokens][layers][K].
+  std::vector<std::vector<int32_t>> routing;
+  // Per item, after CpuEngine::ForceNextRouting: how much worse the forced
+  // experts were by the reference's own router logits, the largest
+  // (r_K - r_forced) / max(1, |r_1|) over tokens and layers (0 when the
+  // forced experts are the reference's own top K).
+  std::vector<float> routing_regret;
 };
 
 class Engine {
