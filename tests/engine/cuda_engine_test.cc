@@ -18,7 +18,7 @@
 // (CpuEngine::ForceNextRouting) and reports its "regret": how much lower, by
 // its own f32 router logits, the GPU's choice was than its own K-th best.
 // Every position is compared; the regret must stay within the bf16 noise
-// (kMaxRegret), so a routing bug (wrong expert, wrong order, swapped ids)
+// (kMaxRegret: measured up to 1e-2), so a routing bug (wrong expert, wrong order, swapped ids)
 // cannot hide behind the forcing. Greedy tokens must agree wherever the
 // reference's top-2 logits are further apart than the logit tolerance.
 #include <gtest/gtest.h>
@@ -98,7 +98,11 @@ CudaEngineOptions SmallOptions() {
   return o;
 }
 
-constexpr float kMaxRegret = 5e-3f;
+// The GPU's residual stream carries ~1% relative noise after a few layers
+// (logits differ by up to 2.4e-2 on the fixtures with routing followed), so
+// its router logits may mis-order experts that close; a routing bug (another
+// expert, order or id) costs the typical spread of router logits, 0.1 to 1.
+constexpr float kMaxRegret = 2e-2f;
 
 CudaEngineOptions RecordingOptions() {
   CudaEngineOptions o = SmallOptions();
