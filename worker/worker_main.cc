@@ -29,6 +29,11 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_THREADS")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--kv-tokens", o.kv_tokens, "KV capacity in tokens over all sequences")
       ->envname("FLOTILLA_KV_TOKENS")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device,
+                 "engine device: cpu, or cuda (one GPU holds the whole model; one-worker instances)")
+      ->envname("FLOTILLA_DEVICE")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--cuda-device", o.cuda_device, "CUDA device ordinal for --device cuda")
+      ->envname("FLOTILLA_CUDA_DEVICE")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);

@@ -1,5 +1,9 @@
 #include "worker/worker_runtime.h"
 
+#if FLOTILLA_WITH_CUDA
+#include "worker/engine/cuda_engine.h"
+#endif
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -356,11 +360,31 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                          ? a.kv_blocks()
                          : CpuEngine::KvBlocksFor(c, kv_heads, eo.kv_block_size, seqs,
                                                   std::max<int64_t>(1, options_.kv_tokens / seqs));
-  FLOTILLA_ASSIGN_OR_RETURN(engine_, CpuEngine::Create(std::move(*pending_weights_), eo,
-                                                       pool_.get(), collectives_.get()));
+  if (options_.device == "cuda") {
+#if FLOTILLA_WITH_CUDA
+    if (a.world_size() != 1) {
+      return absl::FailedPreconditionError(
+          "--device cuda runs the whole model on one GPU: start the instance with one worker "
+          "(tensor- and expert-parallel GPU ranks are not supported yet)");
+    }
+    CudaEngineOptions co;
+    co.device = options_.cuda_device;
+    co.kv_block_size = static_cast<int>(options_.kv_block_size);
+    co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
+    co.max_batch_tokens =
+        static_cast<int>(std::max<uint32_t>(1, a.max_batch_tokens())) + co.max_sequences;
+    FLOTILLA_ASSIGN_OR_RETURN(engine_, CudaEngine::Create(*pending_weights_, co));
+    eo.kv_num_blocks = engine_->KvTotalBlocks();
+#else
+    return absl::FailedPreconditionError("--device cuda: this worker was built without CUDA");
+#endif
+  } else {
+    FLOTILLA_ASSIGN_OR_RETURN(engine_, CpuEngine::Create(std::move(*pending_weights_), eo,
+                                                         pool_.get(), collectives_.get()));
+  }
   pending_weights_.reset();
-  kv_total_ = engine_->kv_cache().num_blocks();
-  kv_free_ = engine_->kv_cache().free_blocks();
+  kv_total_ = engine_->KvTotalBlocks();
+  kv_free_ = engine_->KvFreeBlocks();
   map_version_ = a.expert_map().version();
   running_ = true;
   cluster::WorkerMessage joined;
@@ -424,8 +448,7 @@ void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch*
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
   seq.deadline_unix_ms = s.deadline_unix_ms();
-  seq.kv_reserved = CpuEngine::KvBlocksFor(c, c.num_key_value_heads / parallel_->tp_size(),
-                                           options_.kv_block_size, 1, prompt + seq.max_new);
+  seq.kv_reserved = engine_->KvBlocksForLength(prompt + seq.max_new);
   kv_reserved_ += seq.kv_reserved;
   sequences_.emplace(seq.request_id, std::move(seq));
 }
@@ -448,7 +471,7 @@ cluster::StepPlan WorkerRuntime::PlanStep(cluster::TokenBatch* rejected) {
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
   // always finish, so the queue always drains).
-  const int64_t total_blocks = engine_->kv_cache().num_blocks();
+  const int64_t total_blocks = engine_->KvTotalBlocks();
   while (!pending_.empty() &&
          sequences_.size() < std::max<uint32_t>(1, assignment_->max_sequences())) {
     const cluster::SubmitSequence& s = pending_.front();
@@ -461,9 +484,7 @@ cluster::StepPlan WorkerRuntime::PlanStep(cluster::TokenBatch* rejected) {
       pending_.pop_front();
       continue;
     }
-    const ModelConfig& c = engine_->config();
-    const int64_t need = CpuEngine::KvBlocksFor(
-        c, c.num_key_value_heads / parallel_->tp_size(), options_.kv_block_size, 1,
+    const int64_t need = engine_->KvBlocksForLength(
         std::min<int64_t>(engine_->MaxSequenceLength(),
                           s.prompt_ids_size() + (s.sampling().max_tokens() == 0
                                                      ? engine_->MaxSequenceLength()
@@ -587,7 +608,7 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   if (items.empty() && a.world_size() == 1) return true;
   FLOTILLA_ASSIGN_OR_RETURN(StepOutput result, engine_->Step(items));
   ++steps_;
-  kv_free_ = engine_->kv_cache().free_blocks();
+  kv_free_ = engine_->KvFreeBlocks();
   if (!leader) return true;
 
   const ModelConfig& c = engine_->config();

@@ -25,6 +25,7 @@
 #include "proto/cluster.grpc.pb.h"
 #include "worker/distributed_collectives.h"
 #include "worker/engine/cpu_engine.h"
+#include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/checkpoint.h"
 
@@ -41,6 +42,10 @@ struct WorkerOptions {
   int threads = 0;         // CPU threads for the engine (0 = all cores)
   int64_t kv_tokens = 65536;  // KV capacity (tokens over all sequences) when the coordinator leaves it to us
   int64_t kv_block_size = 16;
+  // "cpu" (the reference engine) or "cuda" (one GPU holds the whole model:
+  // an instance of one worker).
+  std::string device = "cpu";
+  int cuda_device = 0;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
 };
@@ -112,7 +117,7 @@ class WorkerRuntime {
   std::unique_ptr<comm::UcxWorker> ucx_endpoint_;
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<DistributedCollectives> collectives_;
-  std::unique_ptr<CpuEngine> engine_;
+  std::unique_ptr<Engine> engine_;
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   bool running_ = false;
   uint64_t steps_ = 0;

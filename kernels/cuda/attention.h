@@ -40,6 +40,11 @@ size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int hea
 // small) split each sequence's KV range over blocks and reduce the partial
 // softmaxes; prefill-shaped ones run a flash-style tensor-core kernel. Grid
 // sizes depend only on the host fields, so a decode step captures into a graph.
+// The decode (split-KV) path is taken when max_q_per_seq <= 4 and
+// max_q_per_seq * (q_heads / kv_heads) <= 32 (up to 4 tokens per sequence for
+// gpt-oss); seq_lens[b] must not exceed max_seq_len. head_dim must be 64 and
+// block_size a power of two. Both kernels are launched programmatically
+// dependent (they wait for the previous kernel of the stream before reading).
 cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
                             const AttentionBatch& batch, int q_heads, const float* sinks,
                             int window, float scale, uint16_t* out, void* workspace,

@@ -1,4 +1,5 @@
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 
@@ -274,6 +275,471 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
+// ---------------------------------------------------------------------------
+// Tensor-core path (the default). Weights are decoded to f16 in registers and
+// multiplied on the tensor cores (mma.sync m16n8k16, f32 accumulation):
+//   * a CTA of kMmaWarps warps owns 16 weight rows of one expert over the whole
+//     reduction; the rows' packed blocks and scales arrive in shared memory by
+//     the bulk copy engine (cp.async.bulk, completing on an mbarrier), so each
+//     byte is read from HBM once, in full lines, with no registers held;
+//   * the warps split the reduction (block b goes to warp b % kMmaWarps) and
+//     meet in shared memory at the end;
+//   * the 8 mma columns are 8 of the expert's tokens (gate_up) or the high and
+//     low f16 halves of 4 of its f32 activations (down), so 1 to 8 tokens cost
+//     the same and more tokens loop over the weights held in shared memory;
+//   * activations come pre-converted to f16 in the order the fragments want
+//     (below), one 16-byte load per thread per block, mostly from L1/L2.
+// FP4 nibble n with its 3 magnitude bits at f16 bits 9..11 and its sign at
+// bit 15 is exactly fp4 * 2^-14 (0.5 is the f16 subnormal 2^-15); the 2^14
+// comes back with the block scale, 2^(s - 127 + 14).
+//
+// Fragment order: thread (g = lane / 4, q = lane % 4) holds the 32-bit word q
+// of a 32-value block, i.e. values 8q..8q+7 of rows g and g + 8. Decoded pairs
+// (v0,v4) (v1,v5) of that word feed the first mma (k slots 2q,2q+1 and
+// 2q+8,2q+9) and (v2,v6) (v3,v7) the second; the dot product is a sum, so the
+// activations only need the same permutation: each 8-value group is stored as
+// f16 [v0, v4, v1, v5, v2, v6, v3, v7].
+constexpr int kMmaWarps = 4;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kTileRows = 16;
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count)
+               : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(SmemAddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+template <bool kEvictFirst>
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                         uint64_t policy) {
+  if constexpr (kEvictFirst) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(SmemAddr(dst)),
+        "l"(src), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1], %2, [%3];" ::"r"(SmemAddr(dst)),
+        "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+        : "memory");
+  }
+}
+
+// f16x2 of nibbles k (low half) and k + 4 (high half) of `w`, times 2^-14.
+template <int k>
+__device__ __forceinline__ uint32_t Fp4PairF16(uint32_t w) {
+  constexpr int kMag = 9 - 4 * k, kSign = 12 - 4 * k;
+  const uint32_t m = kMag >= 0 ? (w << (kMag >= 0 ? kMag : 0)) : (w >> (kMag < 0 ? -kMag : 0));
+  const uint32_t s = kSign >= 0 ? (w << (kSign >= 0 ? kSign : 0)) : (w >> (kSign < 0 ? -kSign : 0));
+  return (m & 0x0E000E00u) | (s & 0x80008000u);
+}
+
+// The same four pairs through bytes: each nibble becomes the high byte of its
+// f16, [s 0 0 0 e1 e0 m 0], the even nibbles in one word and the odd ones in
+// another (3-4 operations each), then one byte permute per pair.
+struct Fp4Pairs {
+  uint32_t p04, p15, p26, p37;
+};
+template <bool kPrmt>
+__device__ __forceinline__ Fp4Pairs DecodeWord(uint32_t w) {
+  if constexpr (kPrmt) {
+    const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
+    const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
+    return {__byte_perm(even, 0u, 0x2404), __byte_perm(odd, 0u, 0x2404),
+            __byte_perm(even, 0u, 0x3414), __byte_perm(odd, 0u, 0x3414)};
+  } else {
+    return {Fp4PairF16<0>(w), Fp4PairF16<1>(w), Fp4PairF16<2>(w), Fp4PairF16<3>(w)};
+  }
+}
+
+__device__ __forceinline__ void GridDependencyWait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void GridDependentsMayLaunch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+// 2^(s - 127 + 14): the block scale times the 2^14 taken out by Fp4PairF16.
+// Exact for scale bytes 0..240 (checkpoint scales sit near 127).
+__device__ __forceinline__ float MmaScale(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
+
+__device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Position of value j of a row inside its permuted f16 layout.
+__device__ __forceinline__ int PermutedIndex(int j) {
+  const int v = j & 31, r = v & 7;
+  return (j & ~31) + (v & ~7) + (r & 3) * 2 + (r >> 2);
+}
+
+__device__ __forceinline__ uint32_t HalfPair(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+struct MmaArgs {
+  const uint8_t* blocks;  // [E, rows, nb, 16]
+  const uint8_t* scales;  // [E, rows, nb]
+  const uint16_t* bias;   // [E, rows]
+  int rows;
+  int nb;                 // 32-value blocks per row
+  const uint4* act;       // gate_up: xh [T, H] f16 permuted; down: hh [P, 2, I]
+  RouteView route;
+  int top_k;
+  float limit, alpha;
+  uint16_t* h_out;  // gate_up: hh [P, 2, I] (f16 high then low part, permuted)
+  const float* topk_weights;
+  float* out;  // down: [T, H] f32, added into
+  const int32_t* topk_ids;  // gate_up with early_expert: the expert found from the ids
+  int pairs;
+  int num_experts;
+  bool early_expert;  // gate_up: find the slot's expert before the routing is done
+  bool evict_first;   // L2 evict-first hint on the weight copies
+};
+
+// The slot-th smallest distinct valid id among ids[0, pairs), or -1: what the
+// routing puts in active[slot], computed by one CTA without waiting for it.
+__device__ int SlotExpert(const int32_t* ids, int pairs, int num_experts, int slot) {
+  __shared__ uint32_t bits[kMaxExperts / 32];
+  __shared__ int found;
+  const int words = (num_experts + 31) / 32;
+  for (int i = threadIdx.x; i < words; i += blockDim.x) bits[i] = 0;
+  if (threadIdx.x == 0) found = -1;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int id = ids[p];
+    if (id >= 0 && id < num_experts) atomicOr(&bits[id >> 5], 1u << (id & 31));
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int before = 0;
+    for (int base = 0; base < words; base += 32) {
+      const int wi = base + threadIdx.x;
+      const uint32_t m = wi < words ? bits[wi] : 0u;
+      int incl = __popc(m);
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+        if (static_cast<int>(threadIdx.x) >= off) incl += n;
+      }
+      const int excl = before + incl - __popc(m);
+      if (slot >= excl && slot < before + incl) {
+        found = wi * 32 + static_cast<int>(__fns(m, 0, slot - excl + 1));
+      }
+      before += __shfl_sync(0xFFFFFFFFu, incl, 31);
+    }
+  }
+  __syncthreads();
+  return found;
+}
+
+// kDown selects the projection (epilogue and column meaning); kGroups groups
+// of 8 columns share one decode of each weight block.
+template <bool kDown, int kGroups, bool kPrmt>
+__global__ void __launch_bounds__(kMmaThreads)
+    MoeMmaKernel(MmaArgs a) {
+  extern __shared__ float4 smem_f4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float red[kMmaWarps - 1][4 * kGroups][32];
+  const int slot = blockIdx.y;
+  // Programmatic launch: the weights need nothing from the kernels before, so
+  // their copies go out before waiting for those. The down projection reads
+  // the routing early (complete once every gate_up CTA has passed its wait);
+  // gate_up either finds its expert from the ids or waits for the routing.
+  int e;
+  if (!kDown && a.early_expert) {
+    e = SlotExpert(a.topk_ids, a.pairs, a.num_experts, slot);
+    if (e < 0) {
+      GridDependencyWait();  // the down kernel may only start once the routing is done
+      return;
+    }
+  } else {
+    if (!kDown) GridDependencyWait();
+    if (slot >= *a.route.num_active) return;
+    e = a.route.active[slot];
+  }
+  const int row0 = blockIdx.x * kTileRows;
+  const int nb = a.nb;
+  const int row_bytes = nb * 16, stride = row_bytes + 16;
+  uint8_t* sw = smem;
+  const uint8_t* ss = smem + kTileRows * stride;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const size_t grow0 = static_cast<size_t>(e) * a.rows + row0;
+
+  if (threadIdx.x == 0) {
+    MbarInit(&bar, 1);
+    MbarExpectTx(&bar, static_cast<uint32_t>(kTileRows * (row_bytes + nb)));
+  }
+  __syncthreads();
+  if (warp == 0 && lane <= kTileRows) {
+    const void* src = lane < kTileRows ? static_cast<const void*>(a.blocks + (grow0 + lane) * row_bytes)
+                                       : static_cast<const void*>(a.scales + grow0 * nb);
+    void* dst = lane < kTileRows ? static_cast<void*>(sw + lane * stride)
+                                 : static_cast<void*>(smem + kTileRows * stride);
+    const uint32_t bytes = static_cast<uint32_t>(lane < kTileRows ? row_bytes : kTileRows * nb);
+    if (a.evict_first) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      BulkCopy<true>(dst, src, bytes, &bar, policy);
+    } else {
+      BulkCopy<false>(dst, src, bytes, &bar, 0);
+    }
+  }
+  // Activations (and, for gate_up with early_expert, the routing) come from
+  // the kernels before; the kernels after may start once every CTA is here.
+  GridDependencyWait();
+  GridDependentsMayLaunch();
+
+  constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
+  const int begin = a.route.offset[e], end = a.route.offset[e + 1];
+  const size_t act_row = static_cast<size_t>(nb) * 4;  // uint4 per activation row
+  const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.rows;
+  bool waited = false;
+  for (int c = begin; c < end; c += kCols * kGroups) {
+    const uint4* src[kGroups];
+    bool has[kGroups];
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) {
+      const int t = c + G * kCols + (kDown ? (g & 3) : g);
+      has[G] = t < end;
+      const int pair = has[G] ? a.route.pair_of[t] : 0;
+      src[G] = kDown ? a.act + (static_cast<size_t>(pair) * 2 + (g >> 2)) * act_row
+                     : a.act + static_cast<size_t>(pair / a.top_k) * act_row;
+      src[G] += q;
+    }
+    if (!waited) MbarWait(&bar, 0), waited = true;
+
+    float acc[kGroups][4];
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) acc[G][0] = acc[G][1] = acc[G][2] = acc[G][3] = 0.f;
+#pragma unroll 2
+    for (int b = warp; b < nb; b += kMmaWarps) {
+      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sw + g * stride + b * 16 + 4 * q);
+      const uint32_t w1 =
+          *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + b * 16 + 4 * q);
+      const float s0 = MmaScale(ss[g * nb + b]), s1 = MmaScale(ss[(g + 8) * nb + b]);
+      const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
+      const uint32_t p00 = d0.p04, p01 = d0.p15, p02 = d0.p26, p03 = d0.p37;
+      const uint32_t p10 = d1.p04, p11 = d1.p15, p12 = d1.p26, p13 = d1.p37;
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) {
+        const uint4 xv = has[G] ? __ldg(src[G] + b * 4) : make_uint4(0, 0, 0, 0);
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        MmaF16(d, p00, p10, p01, p11, xv.x, xv.y);
+        MmaF16(d, p02, p12, p03, p13, xv.z, xv.w);
+        acc[G][0] = fmaf(d[0], s0, acc[G][0]);
+        acc[G][1] = fmaf(d[1], s0, acc[G][1]);
+        acc[G][2] = fmaf(d[2], s1, acc[G][2]);
+        acc[G][3] = fmaf(d[3], s1, acc[G][3]);
+      }
+    }
+    // Reduce the warps' partial sums into warp 0.
+    if (warp > 0) {
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp - 1][G * 4 + i][lane] = acc[G][i];
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+          for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
+        }
+      }
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) {
+        const int c0 = c + G * kCols;
+        if constexpr (!kDown) {
+          // Rows interleave gate (even) and up (odd): lane ^ 4 holds row g ^ 1.
+          float up[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 4);
+          if ((g & 1) == 0) {
+            const int I = a.rows / 2;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int j = (row0 + g + 8 * half) / 2;
+              const float bg = Bf16Bits(bias[2 * j]), bu = Bf16Bits(bias[2 * j + 1]);
+              const int pos = PermutedIndex(j);
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int t = c0 + 2 * q + i;
+                if (t < end) {
+                  float gate = acc[G][2 * half + i] + bg;
+                  float u = up[2 * half + i] + bu;
+                  gate = fminf(gate, a.limit);
+                  u = fminf(fmaxf(u, -a.limit), a.limit);
+                  const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
+                  const float hv = (u + 1.0f) * glu;
+                  const __half hi = __float2half_rn(hv);
+                  const __half lo = __float2half_rn(hv - __half2float(hi));
+                  uint16_t* dst = a.h_out + static_cast<size_t>(a.route.pair_of[t]) * 2 * I + pos;
+                  dst[0] = __half_as_ushort(hi);
+                  dst[I] = __half_as_ushort(lo);
+                }
+              }
+            }
+          }
+        } else {
+          // Columns 2q, 2q + 1 (q < 2) are the high parts of tokens 2q, 2q + 1;
+          // lane ^ 2 holds their low parts.
+          float lo[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) lo[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 2);
+          if (q < 2) {
+            const int H = a.rows;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = row0 + g + 8 * half;
+              const float bd = Bf16Bits(bias[row]);
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int t = c0 + 2 * q + i;
+                if (t < end) {
+                  const int pair = a.route.pair_of[t];
+                  const float v = acc[G][2 * half + i] + lo[2 * half + i] + bd;
+                  atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * H + row,
+                            a.topk_weights[pair] * v);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+    __syncthreads();  // red is reused by the next pass
+  }
+  if (!waited) MbarWait(&bar, 0);  // never leave with a copy in flight
+}
+
+// Routing (block 0, as RouteKernel but with parallel scans) and, in the other
+// blocks, the bf16 -> permuted f16 conversion of x, 8 values per thread.
+__device__ __forceinline__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+    if (lane >= off) incl += n;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x / 32;
+    int s = lane < nw ? warp_sums[lane] : 0;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int n = __shfl_up_sync(0xFFFFFFFFu, s, off);
+      if (lane >= off) s += n;
+    }
+    if (lane < nw) warp_sums[lane] = s;  // inclusive over warps
+    if (lane == nw - 1) *total = s;
+  }
+  __syncthreads();
+  const int before = warp > 0 ? warp_sums[warp - 1] : 0;
+  const int result = before + incl - v;
+  __syncthreads();  // warp_sums may be reused by the caller
+  return result;
+}
+
+__global__ void __launch_bounds__(kRouteThreads)
+    RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count,
+                    int32_t* offset, int32_t* pair_of, int32_t* active, int32_t* num_active,
+                    int32_t* invalid, const uint4* x, size_t x_vecs, uint4* xh) {
+  GridDependencyWait();  // ids and x come from the kernels before
+  GridDependentsMayLaunch();
+  if (blockIdx.x > 0) {
+    for (size_t i = (blockIdx.x - 1) * size_t{blockDim.x} + threadIdx.x; i < x_vecs;
+         i += size_t{gridDim.x - 1} * blockDim.x) {
+      const uint4 v = x[i];
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      float f[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        f[2 * k] = __uint_as_float(u[k] << 16);
+        f[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
+      }
+      xh[i] = make_uint4(HalfPair(f[0], f[4]), HalfPair(f[1], f[5]), HalfPair(f[2], f[6]),
+                         HalfPair(f[3], f[7]));
+    }
+    return;
+  }
+  __shared__ int32_t s_count[kMaxExperts];
+  __shared__ int32_t s_cursor[kMaxExperts];
+  __shared__ int32_t s_warp[32];
+  __shared__ int32_t s_total[2];
+  __shared__ int32_t s_invalid;
+  const int e = threadIdx.x;  // num_experts <= kMaxExperts == kRouteThreads
+  if (e < num_experts) s_count[e] = 0;
+  if (threadIdx.x == 0) s_invalid = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int id = ids[p];
+    if (id >= 0 && id < num_experts) {
+      atomicAdd(&s_count[id], 1);
+    } else {
+      atomicAdd(&s_invalid, 1);
+    }
+  }
+  __syncthreads();
+  const int n = e < num_experts ? s_count[e] : 0;
+  const int off = BlockExclusiveScan(n, s_warp, &s_total[0]);
+  const int act = BlockExclusiveScan(n > 0 ? 1 : 0, s_warp, &s_total[1]);
+  if (e < num_experts) {
+    s_cursor[e] = off;
+    offset[e] = off;
+    count[e] = n;
+    if (n > 0) active[act] = e;
+  }
+  if (threadIdx.x == 0) {
+    offset[num_experts] = s_total[0];
+    *num_active = s_total[1];
+    if (invalid != nullptr) *invalid = s_invalid;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int id = ids[p];
+    if (id >= 0 && id < num_experts) pair_of[atomicAdd(&s_cursor[id], 1)] = p;
+  }
+}
+
 __device__ __forceinline__ uint64_t SplitMix64(uint64_t z) {
   z += 0x9E3779B97F4A7C15ull;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -327,17 +793,23 @@ Sizes SizesOf(int E, int H, int I) {
 
 size_t StagingBytes(int ncols) { return size_t{kTok} * (ncols / 32) * kXStride * sizeof(float); }
 
+// Raises a kernel's dynamic shared memory limit when it needs more than the
+// default; `allowed` remembers the limit set, so calls inside a stream capture
+// that follow a first, uncaptured call make no attribute call at all.
 template <typename Kernel>
-cudaError_t AllowSharedBytes(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes));
+cudaError_t AllowSharedBytes(Kernel kernel, size_t bytes, size_t* allowed) {
+  if (bytes <= 48 * 1024 || bytes <= *allowed) return cudaSuccess;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes));
+  if (err == cudaSuccess) *allowed = bytes;
+  return err;
 }
 
 cudaError_t LaunchGateUp(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const __nv_bfloat16* x,
                          int top_k, RouteView route, float limit, float alpha, float* h) {
   const size_t smem = StagingBytes(w.hidden);
-  cudaError_t err = AllowSharedBytes(GateUpSwigluKernel, smem);
+  static size_t allowed = 0;
+  cudaError_t err = AllowSharedBytes(GateUpSwigluKernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   GateUpSwigluKernel<<<grid, kThreads, smem, stream>>>(w, x, top_k, route, limit, alpha, h);
   return cudaGetLastError();
@@ -346,13 +818,58 @@ cudaError_t LaunchGateUp(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, con
 cudaError_t LaunchDown(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const float* h,
                        const float* topk_weights, int top_k, RouteView route, float* out) {
   const size_t smem = StagingBytes(w.intermediate);
-  cudaError_t err = AllowSharedBytes(DownScatterKernel, smem);
+  static size_t allowed = 0;
+  cudaError_t err = AllowSharedBytes(DownScatterKernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   DownScatterKernel<<<grid, kThreads, smem, stream>>>(w, h, topk_weights, top_k, route, out);
   return cudaGetLastError();
 }
 
+// Launches with programmatic stream serialization when `pdl`: the kernel may
+// start while the one before finishes (it waits with griddepcontrol.wait).
+template <typename... Params, typename... Args>
+cudaError_t LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                     cudaStream_t stream, bool pdl, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
+}
+
+template <bool kDown, int kGroups, bool kPrmt>
+cudaError_t LaunchMma(dim3 grid, cudaStream_t stream, const MmaArgs& args, bool pdl) {
+  const size_t smem = static_cast<size_t>(kTileRows) * (args.nb * 16 + 16) + kTileRows * args.nb;
+  static size_t allowed = 0;
+  cudaError_t err = AllowSharedBytes(MoeMmaKernel<kDown, kGroups, kPrmt>, smem, &allowed);
+  if (err != cudaSuccess) return err;
+  return LaunchEx(MoeMmaKernel<kDown, kGroups, kPrmt>, grid, dim3(kMmaThreads), smem, stream, pdl,
+                  args);
+}
+
+template <bool kDown>
+cudaError_t LaunchMmaProjection(dim3 grid, cudaStream_t stream, const MmaArgs& args, int groups,
+                                const MoeTuning& t) {
+  if (groups > 1) {
+    return t.prmt_decode ? LaunchMma<kDown, 4, true>(grid, stream, args, t.pdl)
+                         : LaunchMma<kDown, 4, false>(grid, stream, args, t.pdl);
+  }
+  return t.prmt_decode ? LaunchMma<kDown, 1, true>(grid, stream, args, t.pdl)
+                       : LaunchMma<kDown, 1, false>(grid, stream, args, t.pdl);
+}
+
+MoeTuning g_tuning;
+
 }  // namespace
+
+void SetMoeTuning(const MoeTuning& tuning) { g_tuning = tuning; }
+MoeTuning GetMoeTuning() { return g_tuning; }
 
 size_t MoeDeviceWeights::ExpertBytes() const {
   if (num_experts <= 0) return 0;
@@ -441,7 +958,8 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   size_t pairs = static_cast<size_t>(tokens) * top_k;
   size_t e = static_cast<size_t>(w.num_experts);
   return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
-         AlignUp(pairs * static_cast<size_t>(w.intermediate) * sizeof(float));
+         AlignUp(pairs * static_cast<size_t>(w.intermediate) * sizeof(float)) +
+         AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t));
 }
 
 cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
@@ -485,14 +1003,49 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   int32_t* pair_of = reinterpret_cast<int32_t*>(base);
   base += AlignUp(static_cast<size_t>(pairs) * sizeof(int32_t));
   float* h = reinterpret_cast<float*>(base);
+  base += AlignUp(static_cast<size_t>(pairs) * w.intermediate * sizeof(float));
+  uint16_t* xh = reinterpret_cast<uint16_t*>(base);
+  const int H = w.hidden, I = w.intermediate;
+  // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
+  const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
+
+  const MoeTuning tuning = g_tuning;
+  if (!tuning.legacy_fma) {
+    const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;
+    const unsigned prep_blocks =
+        1 + static_cast<unsigned>(std::min<size_t>((x_vecs + kRouteThreads - 1) / kRouteThreads,
+                                                   1024));
+    cudaError_t err =
+        LaunchEx(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
+                 topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
+                 reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
+    if (err != cudaSuccess) return err;
+    RouteView route{offset, pair_of, active, num_active};
+    // Several groups of 8 columns per weight decode once experts average
+    // more than ~16 tokens (prefill); one group at decode sizes.
+    const int groups = static_cast<int64_t>(pairs) >= 16 * static_cast<int64_t>(E) ? 4 : 1;
+    MmaArgs gu{};
+    gu.topk_ids = topk_ids, gu.pairs = pairs, gu.num_experts = E;
+    gu.early_expert = tuning.pdl && tuning.early_expert && pairs <= 4096;
+    gu.evict_first = tuning.evict_first;
+    gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
+    gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
+    gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
+    gu.h_out = reinterpret_cast<uint16_t*>(h);
+    err = LaunchMmaProjection<false>(dim3(2 * I / kTileRows, slots), stream, gu, groups, tuning);
+    if (err != cudaSuccess) return err;
+    MmaArgs dn{};
+    dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
+    dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
+    dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
+    dn.evict_first = tuning.evict_first;
+    return LaunchMmaProjection<true>(dim3(H / kTileRows, slots), stream, dn, groups, tuning);
+  }
 
   cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active, num_active,
                                    invalid_ids, stream);
   if (err != cudaSuccess) return err;
   RouteView route{offset, pair_of, active, num_active};
-  // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
-  const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
-  const int H = w.hidden, I = w.intermediate;
   dim3 gu_grid((2 * I + kRowsPerBlock - 1) / kRowsPerBlock, slots);
   err = LaunchGateUp(gu_grid, stream, w, reinterpret_cast<const __nv_bfloat16*>(x), top_k, route,
                      limit, alpha, h);

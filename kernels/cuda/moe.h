@@ -93,4 +93,25 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
                            int32_t* active, int32_t* num_active, int32_t* invalid_ids,
                            cudaStream_t stream);
 
+// How LaunchMoeLayer runs (process-wide; the defaults are the fastest measured;
+// benchmarks and tests switch them to compare paths).
+struct MoeTuning {
+  // The first CUDA-core kernels (f32 FMAs per value), kept as the baseline.
+  bool legacy_fma = false;
+  // Tensor-core path: FP4 -> f16 through byte permutes (else shifts and masks).
+  bool prmt_decode = true;
+  // L2 evict-first hint on the weight copies (weights stream through once;
+  // activations and routing stay in L2).
+  bool evict_first = true;
+  // Programmatic dependent launch: each kernel starts while the one before it
+  // drains and brings in its weights before waiting for that one's results.
+  // The first kernel waits for whatever the stream ran before the call.
+  bool pdl = true;
+  // With pdl, gate_up CTAs find their expert from the ids themselves (up to
+  // 4096 pairs) so their weight copies need not wait for the routing kernel.
+  bool early_expert = true;
+};
+void SetMoeTuning(const MoeTuning& tuning);
+MoeTuning GetMoeTuning();
+
 }  // namespace flotilla::kernels::cuda

@@ -36,6 +36,9 @@ cudaError_t LaunchRmsNormRows(const float* x, const int32_t* rows, int count, co
 struct LinearContext;
 cudaError_t CreateLinearContext(LinearContext** ctx);
 void DestroyLinearContext(LinearContext* ctx);
+// Whether the large-batch path found cuBLASLt (opened at run time); without it
+// large batches run the small-batch kernel over 16-token slices.
+bool LinearUsesCublasLt(const LinearContext* ctx);
 
 // y[t, o] (=|+=) sum_i x[t, i] * w[o, i] + bias[o]
 //   x bf16 [tokens, in], w bf16 [out, in] (the checkpoint's row-major layout),

@@ -20,13 +20,15 @@ struct SamplingRow {
   uint64_t step = 0;
 };
 
+// Device scratch LaunchSample needs for `rows` x `vocab` (per-segment partials).
 size_t SampleWorkspaceBytes(int rows, int vocab);
 
 // For each row r of logits [rows, vocab]: tokens[r] = the sampled id;
 // logprobs[r] (nullptr: not wanted) = log softmax(logits[r])[token] of the raw
 // logits (temperature 1, before top-k/top-p, as the OpenAI API reports);
 // if top_n > 0, top_ids / top_logprobs [rows, top_n] receive the top_n most
-// likely ids of the raw distribution and their log-probabilities.
+// likely ids of the raw distribution and their log-probabilities (most likely
+// first, ties to the lower id; top_n <= 64).
 cudaError_t LaunchSample(const float* logits, int rows, int vocab, const SamplingRow* params,
                          int32_t* tokens, float* logprobs, int top_n, int32_t* top_ids,
                          float* top_logprobs, void* workspace, size_t workspace_bytes,

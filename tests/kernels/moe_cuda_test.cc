@@ -89,35 +89,66 @@ Routing RandomRouting(int T, int K, int E, std::mt19937& rng) {
   return r;
 }
 
-std::vector<float> CpuReference(const HostMoe& m, const std::vector<uint16_t>& x_bf16,
+// Pairs grouped by expert so each expert's weights are decoded once per call;
+// ids outside [0, E) contribute nothing (the CUDA layer counts and skips them).
+std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint16_t>& x_bf16,
                                 const Routing& r, int T, int K) {
   const size_t H = m.H, I = m.I;
   cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  std::vector<float> y(T * H, 0.f), x(H), gu(2 * I), act(I), down(H);
-  for (int t = 0; t < T; ++t) {
-    for (size_t c = 0; c < H; ++c) x[c] = Bf16ToFloat(x_bf16[t * H + c]);
-    for (int k = 0; k < K; ++k) {
-      size_t e = r.ids[t * K + k];
-      cpu::LinearMxfp4(&pool, x.data(), 1, H, m.gu_blocks.data() + e * 2 * I * H / 2,
-                       m.gu_scales.data() + e * 2 * I * H / 32, 2 * I, m.gu_bias.data() + e * 2 * I,
-                       gu.data());
-      cpu::SwigluClamped(gu.data(), 1, I, kLimit, kAlpha, act.data());
-      cpu::LinearMxfp4(&pool, act.data(), 1, I, m.d_blocks.data() + e * H * I / 2,
-                       m.d_scales.data() + e * H * I / 32, H, m.d_bias.data() + e * H, down.data());
-      for (size_t c = 0; c < H; ++c) y[t * H + c] += r.weights[t * K + k] * down[c];
+  std::vector<float> y(T * H, 0.f);
+  std::vector<std::vector<int>> pairs_of(E);
+  for (int p = 0; p < T * K; ++p) {
+    if (r.ids[p] >= 0 && r.ids[p] < E) pairs_of[r.ids[p]].push_back(p);
+  }
+  for (int e = 0; e < E; ++e) {
+    const std::vector<int>& ps = pairs_of[e];
+    const size_t n = ps.size();
+    if (n == 0) continue;
+    std::vector<float> x(n * H), gu(n * 2 * I), act(n * I), down(n * H);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t c = 0; c < H; ++c) x[i * H + c] = Bf16ToFloat(x_bf16[(ps[i] / K) * H + c]);
+    }
+    const size_t ue = e;
+    cpu::LinearMxfp4(&pool, x.data(), n, H, m.gu_blocks.data() + ue * 2 * I * H / 2,
+                     m.gu_scales.data() + ue * 2 * I * H / 32, 2 * I,
+                     m.gu_bias.data() + ue * 2 * I, gu.data());
+    cpu::SwigluClamped(gu.data(), n, I, kLimit, kAlpha, act.data());
+    cpu::LinearMxfp4(&pool, act.data(), n, I, m.d_blocks.data() + ue * H * I / 2,
+                     m.d_scales.data() + ue * H * I / 32, H, m.d_bias.data() + ue * H,
+                     down.data());
+    for (size_t i = 0; i < n; ++i) {
+      const int p = ps[i];
+      for (size_t c = 0; c < H; ++c) y[(p / K) * H + c] += r.weights[p] * down[i * H + c];
     }
   }
   return y;
 }
 
 // Runs the CUDA layer on `m`-shaped device weights and compares with the CPU.
-void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed) {
+// `bad_ids` > 0 replaces that many ids with out-of-range ones and makes some
+// tokens pick one expert twice (as a buggy router could): both must match the
+// reference, which skips the former and counts the latter twice.
+void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed,
+                int bad_ids = 0) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   const size_t H = m.H;
   std::vector<uint16_t> x(T * H);
   for (auto& v : x) v = FloatToBf16(dist(rng));
-  Routing r = RandomRouting(T, K, m.E, rng);
+  const int E = w.num_experts;  // may be a prefix of m's experts
+  Routing r = RandomRouting(T, K, E, rng);
+  for (int i = 0; i < bad_ids; ++i) {
+    std::uniform_int_distribution<int> pick(0, T * K - 1);
+    const int p = pick(rng);
+    if (i % 2 == 0) {
+      r.ids[p] = (i % 4 == 0) ? -1 - i : E + i;
+    } else if (K > 1) {
+      const int t = p / K;
+      r.ids[t * K + 1] = r.ids[t * K];  // one expert twice within a token
+    }
+  }
+  int want_invalid = 0;
+  for (int id : r.ids) want_invalid += (id < 0 || id >= E) ? 1 : 0;
   // A nonzero starting output checks that the layer adds into it.
   std::vector<float> out0(T * H);
   for (auto& v : out0) v = dist(rng);
@@ -143,11 +174,11 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = ToHost(d_out, out0.size());
-  EXPECT_EQ(ToHost(d_invalid, 1)[0], 0);
+  EXPECT_EQ(ToHost(d_invalid, 1)[0], want_invalid);
   cudaFree(d_x), cudaFree(d_ids), cudaFree(d_w), cudaFree(d_out), cudaFree(d_invalid),
       cudaFree(d_ws);
 
-  std::vector<float> want = CpuReference(m, x, r, T, K);
+  std::vector<float> want = CpuReference(m, E, x, r, T, K);
   float max_ref = 0, max_err = 0, mean_abs = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     max_ref = std::max(max_ref, std::fabs(want[i]));
@@ -166,7 +197,7 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   EXPECT_EQ(bad, 0);
   EXPECT_GT(mean_abs, 1e-2f) << "outputs too small for the comparison to mean anything";
   std::printf("T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
-              T, K, m.E, H, m.I, max_ref, mean_abs, max_err, tol);
+              T, K, E, H, m.I, max_ref, mean_abs, max_err, tol);
 }
 
 class MoeCudaRealShapeTest : public MoeCudaTest {
@@ -190,8 +221,38 @@ cuda::MoeDeviceWeights MoeCudaRealShapeTest::weights_;
 HostMoe* MoeCudaRealShapeTest::host_ = nullptr;
 
 TEST_F(MoeCudaRealShapeTest, OneToken) { CheckLayer(weights_, *host_, 1, 4, 1); }
+TEST_F(MoeCudaRealShapeTest, ThreeTokens) { CheckLayer(weights_, *host_, 3, 4, 8); }
 TEST_F(MoeCudaRealShapeTest, EightTokens) { CheckLayer(weights_, *host_, 8, 4, 2); }
 TEST_F(MoeCudaRealShapeTest, SixtyFourTokens) { CheckLayer(weights_, *host_, 64, 4, 3); }
+TEST_F(MoeCudaRealShapeTest, ThreeHundredTokens) { CheckLayer(weights_, *host_, 300, 4, 9); }
+TEST_F(MoeCudaRealShapeTest, InvalidAndDuplicateIds) {
+  CheckLayer(weights_, *host_, 8, 4, 10, /*bad_ids=*/6);
+  CheckLayer(weights_, *host_, 64, 4, 11, /*bad_ids=*/20);
+}
+// Many tokens on few experts: the multi-group (prefill) tensor-core path.
+TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
+  cuda::MoeDeviceWeights few = weights_;
+  few.num_experts = 4;  // the first 4 experts of the same tensors
+  CheckLayer(few, *host_, 40, 2, 12);  // 80 pairs >= 16 * E: four column groups per decode
+}
+// The other paths stay selectable and correct: the CUDA-core baseline, the
+// shift-and-mask decode, and launches without programmatic dependencies or
+// with the routing kernel finding gate_up's experts.
+TEST_F(MoeCudaRealShapeTest, OtherVariants) {
+  cuda::MoeTuning t;
+  t.legacy_fma = true;
+  cuda::SetMoeTuning(t);
+  CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4);
+  t = cuda::MoeTuning{};
+  t.prmt_decode = false, t.evict_first = false, t.pdl = false;
+  cuda::SetMoeTuning(t);
+  CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
+  t = cuda::MoeTuning{};
+  t.early_expert = false;
+  cuda::SetMoeTuning(t);
+  CheckLayer(weights_, *host_, 3, 4, 15, /*bad_ids=*/2);
+  cuda::SetMoeTuning(cuda::MoeTuning{});
+}
 
 // Small shape uploaded from host tensors (the path real checkpoints take),
 // with scales spread over 2^-20 .. 2^3 including the subnormal-producing ones.

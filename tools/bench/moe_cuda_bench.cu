@@ -1,10 +1,22 @@
 // MoE layer throughput on the GPU at gpt-oss-120b expert shapes (H = I = 2880,
 // E = 128, K = 4 by default) with synthetic MXFP4 weights filled on the device.
-// One JSON line per token count: time per layer call (routing + gate_up +
-// down), GB/s of expert weights actually read (distinct experts touched times
-// one expert's bytes), TFLOP/s, and the HBM / peak figures beside them.
+//
+// Honest decode figures: the bench holds several layers' expert weights
+// (--layers, 8 by default: ~13.5 GB at 120b shapes) and each timed replay runs
+// one MoE call per layer, each layer with its own routing, so a call never
+// finds its experts in L2 (50-60 MB) from the call before. The calls are
+// captured once into a CUDA graph and the graph's replays are timed with
+// events (median), as an engine that replays decode graphs sees them.
+//
+// One JSON line per (variant, token count): time per layer call (routing +
+// gate_up + down), GB/s of expert weights read (distinct experts touched per
+// layer times one expert's bytes: blocks + scales + bias), the fraction of the
+// HBM peak (memory clock x bus width x 2, or --hbm-gbs), TFLOP/s. A first
+// line gives the measured read and copy bandwidth of the card for scale.
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
-//                  [--tokens 1,8,64,256,4096] [--hbm-gbs 4800] [--iters N]
+//                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
+//                  [--variant all|NAME,NAME...] [--hbm-gbs G]
+// (variant names: tc tc-v1 tc-no-prmt tc-no-pdl tc-no-early tc-no-evict fma)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -23,6 +35,7 @@
 namespace {
 
 using flotilla::kernels::cuda::MoeDeviceWeights;
+using flotilla::kernels::cuda::MoeTuning;
 
 bool Check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
@@ -38,10 +51,42 @@ bool ParseInt(const char* s, long lo, long hi, long* out) {
   return true;
 }
 
+// Reads `n` uint4 and folds them so the loads cannot be dropped.
+__global__ void ReadKernel(const uint4* p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;
+}
+
+uint16_t FloatToBf16Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+struct Variant {
+  const char* name;
+  MoeTuning tuning;
+};
+
+MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, bool early) {
+  MoeTuning t;
+  t.legacy_fma = legacy, t.prmt_decode = prmt, t.evict_first = evict, t.pdl = pdl;
+  t.early_expert = early;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  long experts = 128, hidden = 2880, intermediate = 2880, top_k = 4, iters = 0, hbm_gbs = 4800;
+  long experts = 128, hidden = 2880, intermediate = 2880, top_k = 4, layers = 8, reps = 0;
+  long hbm_gbs_flag = 0;
+  std::string variant_flag = "all";
   std::vector<long> token_counts = {1, 8, 64, 256, 4096};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -59,10 +104,14 @@ int main(int argc, char** argv) {
       ok = ParseInt(v, 32, 4096, &intermediate);
     else if (a == "--top-k")
       ok = ParseInt(v, 1, 1024, &top_k);
-    else if (a == "--iters")
-      ok = ParseInt(v, 1, 100000, &iters);
+    else if (a == "--layers")
+      ok = ParseInt(v, 1, 64, &layers);
+    else if (a == "--reps")
+      ok = ParseInt(v, 1, 100000, &reps);
     else if (a == "--hbm-gbs")
-      ok = ParseInt(v, 1, 100000, &hbm_gbs);
+      ok = ParseInt(v, 1, 100000, &hbm_gbs_flag);
+    else if (a == "--variant")
+      variant_flag = v;
     else if (a == "--tokens") {
       token_counts.clear();
       std::stringstream ss(v);
@@ -82,8 +131,27 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (top_k > experts) {
-    std::fprintf(stderr, "moe_cuda_bench: --top-k %ld exceeds --experts %ld\n", top_k, experts);
+  std::vector<Variant> variants;
+  // tc: the defaults; tc-v1: the first tensor-core version; the others leave
+  // one default out; fma: the CUDA-core baseline.
+  const Variant all[] = {{"tc", MoeTuning{}},
+                         {"tc-v1", Tuned(false, false, false, false, false)},
+                         {"tc-no-prmt", Tuned(false, false, true, true, true)},
+                         {"tc-no-pdl", Tuned(false, true, true, false, false)},
+                         {"tc-no-early", Tuned(false, true, true, true, false)},
+                         {"tc-no-evict", Tuned(false, true, false, true, true)},
+                         {"fma", Tuned(true, false, false, false, false)}};
+  std::set<std::string> wanted;
+  {
+    std::stringstream ss(variant_flag);
+    std::string item;
+    while (std::getline(ss, item, ',')) wanted.insert(item);
+  }
+  for (const Variant& v : all) {
+    if (wanted.count("all") > 0 || wanted.count(v.name) > 0) variants.push_back(v);
+  }
+  if (variants.empty() || top_k > experts) {
+    std::fprintf(stderr, "moe_cuda_bench: bad --variant or --top-k\n");
     return 2;
   }
   int dev_count = 0;
@@ -93,93 +161,165 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   if (!Check(cudaGetDeviceProperties(&prop, 0), "device properties")) return 1;
+  int mem_khz = 0, bus_bits = 0;
+  double hbm_gbs = static_cast<double>(hbm_gbs_flag);
+  if (hbm_gbs_flag == 0 &&
+      cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, 0) == cudaSuccess &&
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0) == cudaSuccess) {
+    hbm_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+  }
+  if (hbm_gbs <= 0) hbm_gbs = 4800;
 
-  MoeDeviceWeights w;
-  if (!Check(flotilla::kernels::cuda::AllocMoeWeights(experts, hidden, intermediate, &w),
-             "allocating weights (shape must be multiples of 32, at most 4096)")) {
-    return 1;
+  std::vector<MoeDeviceWeights> w(layers);
+  for (long l = 0; l < layers; ++l) {
+    if (!Check(flotilla::kernels::cuda::AllocMoeWeights(experts, hidden, intermediate, &w[l]),
+               "allocating weights (lower --layers?)") ||
+        !Check(flotilla::kernels::cuda::LaunchFillMoeWeightsSynthetic(w[l], 1 + l, nullptr),
+               "fill")) {
+      return 1;
+    }
   }
-  if (!Check(flotilla::kernels::cuda::LaunchFillMoeWeightsSynthetic(w, 1, nullptr), "fill")) {
-    return 1;
-  }
-  const double expert_bytes = static_cast<double>(w.ExpertBytes());
+  const double expert_bytes = static_cast<double>(w[0].ExpertBytes());
   cudaStream_t stream;
   cudaEvent_t start, stop;
   if (!Check(cudaStreamCreate(&stream), "stream") || !Check(cudaEventCreate(&start), "event") ||
-      !Check(cudaEventCreate(&stop), "event")) {
+      !Check(cudaEventCreate(&stop), "event") || !Check(cudaDeviceSynchronize(), "fill")) {
     return 1;
   }
-  // An L2-sized buffer written between timed calls so each call reads its
-  // weights from HBM, as a real decode step (other layers in between) does.
-  size_t flush_bytes = static_cast<size_t>(prop.l2CacheSize) * 2;
-  void* flush = nullptr;
-  if (!Check(cudaMalloc(&flush, flush_bytes), "flush buffer")) return 1;
+
+  // The card's own ceilings: a read-only stream and a device-to-device copy,
+  // both over 1 GiB (several times the L2).
+  {
+    const size_t bytes = size_t{1} << 30;
+    void *a = nullptr, *b = nullptr;
+    uint32_t* sink = nullptr;
+    if (!Check(cudaMalloc(&a, bytes), "alloc") || !Check(cudaMalloc(&b, bytes), "alloc") ||
+        !Check(cudaMalloc(&sink, 4), "alloc") || !Check(cudaMemset(a, 1, bytes), "memset")) {
+      return 1;
+    }
+    float best_read = 1e30f, best_copy = 1e30f;
+    for (int i = 0; i < 6; ++i) {
+      float ms = 0;
+      cudaEventRecord(start, stream);
+      ReadKernel<<<prop.multiProcessorCount * 8, 512, 0, stream>>>(static_cast<const uint4*>(a),
+                                                                  bytes / 16, sink);
+      cudaEventRecord(stop, stream);
+      if (!Check(cudaEventSynchronize(stop), "read")) return 1;
+      cudaEventElapsedTime(&ms, start, stop);
+      best_read = std::min(best_read, ms);
+      cudaEventRecord(start, stream);
+      cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, stream);
+      cudaEventRecord(stop, stream);
+      if (!Check(cudaEventSynchronize(stop), "copy")) return 1;
+      cudaEventElapsedTime(&ms, start, stop);
+      best_copy = std::min(best_copy, ms);
+    }
+    std::printf(
+        "{\"bench\":\"moe_cuda_ceiling\",\"device\":\"%s\",\"sms\":%d,\"l2_mb\":%.1f,"
+        "\"hbm_peak_gbs\":%.0f,\"read_gbs\":%.0f,\"copy_gbs_read_plus_write\":%.0f}\n",
+        prop.name, prop.multiProcessorCount, prop.l2CacheSize / 1048576.0, hbm_gbs,
+        bytes / (best_read / 1e3) / 1e9, 2.0 * bytes / (best_copy / 1e3) / 1e9);
+    cudaFree(a), cudaFree(b), cudaFree(sink);
+  }
 
   std::mt19937 rng(3);
+  const int K = static_cast<int>(top_k);
   for (long T : token_counts) {
-    const int K = static_cast<int>(top_k);
-    std::vector<int32_t> ids;
-    std::vector<float> tw;
-    std::vector<int> perm(experts);
-    for (long t = 0; t < T; ++t) {
-      std::iota(perm.begin(), perm.end(), 0);
-      for (int k = 0; k < K; ++k) {
-        std::uniform_int_distribution<int> pick(k, static_cast<int>(experts) - 1);
-        std::swap(perm[k], perm[pick(rng)]);
-        ids.push_back(perm[k]);
-        tw.push_back(1.0f / K);
+    // Per layer: its own routing (K distinct experts per token, softmax-like
+    // weights) and activations; one workspace and output shared by all.
+    std::vector<int32_t*> d_ids(layers);
+    std::vector<float*> d_tw(layers);
+    double touched_total = 0;
+    for (long l = 0; l < layers; ++l) {
+      std::vector<int32_t> ids;
+      std::vector<float> tw;
+      std::vector<int> perm(experts);
+      for (long t = 0; t < T; ++t) {
+        std::iota(perm.begin(), perm.end(), 0);
+        for (int k = 0; k < K; ++k) {
+          std::uniform_int_distribution<int> pick(k, static_cast<int>(experts) - 1);
+          std::swap(perm[k], perm[pick(rng)]);
+          ids.push_back(perm[k]);
+          tw.push_back(1.0f / K);
+        }
+      }
+      touched_total += std::set<int32_t>(ids.begin(), ids.end()).size();
+      if (!Check(cudaMalloc(&d_ids[l], ids.size() * 4), "alloc") ||
+          !Check(cudaMalloc(&d_tw[l], tw.size() * 4), "alloc") ||
+          !Check(cudaMemcpy(d_ids[l], ids.data(), ids.size() * 4, cudaMemcpyHostToDevice),
+                 "copy") ||
+          !Check(cudaMemcpy(d_tw[l], tw.data(), tw.size() * 4, cudaMemcpyHostToDevice), "copy")) {
+        return 1;
       }
     }
-    const size_t touched = std::set<int32_t>(ids.begin(), ids.end()).size();
-    std::vector<uint16_t> x(T * hidden, 0x3F80);  // bf16 1.0
+    std::normal_distribution<float> dist(0.f, 1.f);
+    std::vector<uint16_t> x(T * hidden);
+    for (auto& v : x) v = FloatToBf16Bits(dist(rng));
     uint16_t* d_x = nullptr;
-    int32_t* d_ids = nullptr;
-    float *d_w = nullptr, *d_out = nullptr;
+    float* d_out = nullptr;
     void* d_ws = nullptr;
-    size_t ws = flotilla::kernels::cuda::MoeWorkspaceBytes(w, T, K);
+    const size_t ws = flotilla::kernels::cuda::MoeWorkspaceBytes(w[0], T, K);
     if (!Check(cudaMalloc(&d_x, x.size() * 2), "alloc") ||
-        !Check(cudaMalloc(&d_ids, ids.size() * 4), "alloc") ||
-        !Check(cudaMalloc(&d_w, tw.size() * 4), "alloc") ||
         !Check(cudaMalloc(&d_out, T * hidden * 4), "alloc") ||
         !Check(cudaMalloc(&d_ws, ws), "alloc") ||
         !Check(cudaMemcpy(d_x, x.data(), x.size() * 2, cudaMemcpyHostToDevice), "copy") ||
-        !Check(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "copy") ||
-        !Check(cudaMemcpy(d_w, tw.data(), tw.size() * 4, cudaMemcpyHostToDevice), "copy") ||
         !Check(cudaMemset(d_out, 0, T * hidden * 4), "memset")) {
       return 1;
     }
-    auto call = [&] {
-      return flotilla::kernels::cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, 7.0f, 1.702f, d_out,
-                                                     d_ws, ws, nullptr, stream);
-    };
-    if (!Check(call(), "warm-up") || !Check(cudaStreamSynchronize(stream), "warm-up")) return 1;
-    const long n = iters > 0 ? iters : (T >= 1024 ? 5 : 50);
-    float total_ms = 0;
-    for (long i = 0; i < n; ++i) {
-      cudaMemsetAsync(flush, i & 0xFF, flush_bytes, stream);
-      cudaEventRecord(start, stream);
-      if (!Check(call(), "launch")) return 1;
-      cudaEventRecord(stop, stream);
-      if (!Check(cudaEventSynchronize(stop), "run")) return 1;
-      float ms = 0;
-      cudaEventElapsedTime(&ms, start, stop);
-      total_ms += ms;
+    for (const Variant& var : variants) {
+      const bool legacy = var.tuning.legacy_fma;
+      if (legacy && T > 256) continue;  // minutes, not news
+      flotilla::kernels::cuda::SetMoeTuning(var.tuning);
+      auto all_layers = [&]() -> bool {
+        for (long l = 0; l < layers; ++l) {
+          if (!Check(flotilla::kernels::cuda::LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K,
+                                                             7.0f, 1.702f, d_out, d_ws, ws,
+                                                             nullptr, stream),
+                     "launch")) {
+            return false;
+          }
+        }
+        return true;
+      };
+      if (!all_layers() || !Check(cudaStreamSynchronize(stream), "warm-up")) return 1;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      if (!Check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "capture") ||
+          !all_layers() || !Check(cudaStreamEndCapture(stream, &graph), "capture") ||
+          !Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) {
+        return 1;
+      }
+      const long n = reps > 0 ? reps : (T >= 1024 || (legacy && T > 64) ? 3 : 20);
+      std::vector<float> ms(n);
+      for (long i = -2; i < n; ++i) {
+        cudaEventRecord(start, stream);
+        if (!Check(cudaGraphLaunch(exec, stream), "replay")) return 1;
+        cudaEventRecord(stop, stream);
+        if (!Check(cudaEventSynchronize(stop), "replay")) return 1;
+        if (i >= 0) cudaEventElapsedTime(&ms[i], start, stop);
+      }
+      std::sort(ms.begin(), ms.end());
+      const double sec = ms[n / 2] / 1e3 / layers;
+      const double bytes = touched_total / layers * expert_bytes;
+      const double flops = 2.0 * T * K * (3.0 * hidden * intermediate);
+      const double gbs = bytes / sec / 1e9;
+      std::printf(
+          "{\"bench\":\"moe_cuda\",\"variant\":\"%s\",\"device\":\"%s\",\"tokens\":%ld,"
+          "\"top_k\":%d,\"experts\":%ld,\"hidden\":%ld,\"intermediate\":%ld,\"layers\":%ld,"
+          "\"experts_touched\":%.1f,\"time_us\":%.2f,\"time_us_min\":%.2f,\"weight_bytes\":%.0f,"
+          "\"weight_gbs\":%.1f,\"hbm_peak_gbs\":%.0f,\"hbm_fraction\":%.3f,\"tflops\":%.3f,"
+          "\"reps\":%ld}\n",
+          var.name, prop.name, T, K, experts, hidden, intermediate, layers, touched_total / layers,
+          sec * 1e6, ms[0] * 1e3 / layers, bytes, gbs, hbm_gbs, gbs / hbm_gbs,
+          flops / sec / 1e12, n);
+      std::fflush(stdout);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
     }
-    const double sec = total_ms / 1e3 / n;
-    const double bytes = touched * expert_bytes;
-    const double flops = 2.0 * T * K * (3.0 * hidden * intermediate);
-    const double gbs = bytes / sec / 1e9;
-    std::printf(
-        "{\"bench\":\"moe_cuda\",\"device\":\"%s\",\"tokens\":%ld,\"top_k\":%d,\"experts\":%ld,"
-        "\"hidden\":%ld,\"intermediate\":%ld,\"experts_touched\":%zu,\"time_us\":%.2f,"
-        "\"weight_bytes\":%.0f,\"weight_gbs\":%.1f,\"hbm_gbs\":%ld,\"hbm_fraction\":%.3f,"
-        "\"tflops\":%.3f,\"iters\":%ld}\n",
-        prop.name, T, K, experts, hidden, intermediate, touched, sec * 1e6, bytes, gbs, hbm_gbs,
-        gbs / hbm_gbs, flops / sec / 1e12, n);
-    std::fflush(stdout);
-    cudaFree(d_x), cudaFree(d_ids), cudaFree(d_w), cudaFree(d_out), cudaFree(d_ws);
+    flotilla::kernels::cuda::SetMoeTuning(MoeTuning{});
+    for (long l = 0; l < layers; ++l) cudaFree(d_ids[l]), cudaFree(d_tw[l]);
+    cudaFree(d_x), cudaFree(d_out), cudaFree(d_ws);
   }
-  cudaFree(flush);
-  flotilla::kernels::cuda::FreeMoeWeights(&w);
+  for (auto& lw : w) flotilla::kernels::cuda::FreeMoeWeights(&lw);
   return 0;
 }

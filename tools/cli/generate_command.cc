@@ -13,6 +13,9 @@
 #include "common/status.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/engine/cpu_engine.h"
+#if FLOTILLA_WITH_CUDA
+#include "worker/engine/cuda_engine.h"
+#endif
 #include "worker/engine/generate.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
@@ -38,6 +41,7 @@ struct GenerateFlags {
   std::optional<int> logprobs;
   std::string logits_out;
   int threads = 0;
+  std::string device = "cpu";
   int64_t prefill_chunk = 0;
   int64_t kv_block_size = 16;
   bool json = false;
@@ -194,6 +198,24 @@ absl::Status RunGenerate(const GenerateFlags& f) {
         config.max_position_embeddings, ")"));
   }
   if (f.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0 (0 = all cores)");
+  if (f.device == "cuda") {
+#if FLOTILLA_WITH_CUDA
+    CudaEngineOptions co;
+    co.max_sequences = 1;
+    co.max_context = std::min<int64_t>(config.max_position_embeddings,
+                                       static_cast<int64_t>(prompt.size()) + f.max_tokens);
+    co.max_batch_tokens = 4096;
+    co.kv_num_blocks = (co.max_context + co.kv_block_size - 1) / co.kv_block_size;
+    if (opts.prefill_chunk == 0 || opts.prefill_chunk > co.max_batch_tokens) {
+      opts.prefill_chunk = co.max_batch_tokens;
+    }
+    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> gpu, CudaEngine::Create(weights, co));
+    FLOTILLA_ASSIGN_OR_RETURN(GenerationResult gpu_result, Generate(*gpu, prompt, opts));
+    return PrintResult(f, gpu_result, prompt.size());
+#else
+    return absl::FailedPreconditionError("--device cuda: this build has no CUDA support");
+#endif
+  }
   kernels::cpu::ThreadPool pool(f.threads);
   CpuEngineOptions eo;
   eo.kv_block_size = f.kv_block_size;
@@ -262,6 +284,8 @@ void AddGenerateCommand(CLI::App& app) {
                   "Report each token's logprob and this many alternatives (0-20)");
   cmd->add_option("--logits-out", f->logits_out,
                   "Write the logits of every prompt position to FILE as a JSON array [T][V]");
+  cmd->add_option("--device", f->device, "engine: cpu (reference) or cuda (one GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)")
       ->check(CLI::Range(0, 1024));
   cmd->add_option("--prefill-chunk", f->prefill_chunk, "Prompt tokens per step (default: all)")

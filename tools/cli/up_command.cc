@@ -31,6 +31,9 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--http-listen", o->http_listen,
                   "OpenAI-compatible HTTP API address (port 0 = any free port; empty = off)")
       ->capture_default_str();
+  cmd->add_option("--device", o->device,
+                  "workers' engine: cpu, or cuda (each worker holds the whole model on its GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--threads-per-worker", o->threads_per_worker, "0 = cores / workers")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", o->log_dir, "write each process's log here (default: stderr)");

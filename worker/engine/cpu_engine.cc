@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -165,8 +167,10 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
       KvCache::Create(KvOptions(c, weights.layers.empty() ? c.num_key_value_heads
                                                           : weights.layers[0].attn.kv_heads,
                                 options.kv_block_size, options.kv_num_blocks)));
-  return std::unique_ptr<CpuEngine>(
+  std::unique_ptr<CpuEngine> engine(
       new CpuEngine(std::move(weights), std::move(kv), pool, collectives));
+  engine->record_margins_ = options.record_router_margins;
+  return engine;
 }
 
 CpuEngine::CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv,
@@ -282,6 +286,30 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
       ids[offsets[i] + j] = items[i].tokens[j];
     }
   }
+  if (record_margins_) margins_.assign(T, std::numeric_limits<float>::infinity());
+  if (!forced_routing_.empty()) {
+    const int64_t per_token = static_cast<int64_t>(c.num_hidden_layers) * c.num_experts_per_tok;
+    if (forced_routing_.size() != items.size()) {
+      forced_routing_.clear();
+      return absl::InvalidArgumentError("forced routing: one entry per item is needed");
+    }
+    token_item_.resize(T);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (static_cast<int64_t>(forced_routing_[i].size()) !=
+          static_cast<int64_t>(items[i].tokens.size()) * per_token) {
+        forced_routing_.clear();
+        return absl::InvalidArgumentError("forced routing: [tokens][layers][K] per item");
+      }
+      for (int32_t e : forced_routing_[i]) {
+        if (e < 0 || e >= c.num_local_experts) {
+          forced_routing_.clear();
+          return absl::InvalidArgumentError("forced routing: expert id out of range");
+        }
+      }
+      for (int64_t t = offsets[i]; t < offsets[i + 1]; ++t) token_item_[t] = static_cast<int64_t>(i);
+    }
+    regret_.assign(items.size(), 0.0f);
+  }
   x_.resize(T * H);
   k::EmbeddingGather(weights_.embed.data, weights_.embed.row_stride, H, ids.data(), T, x_.data());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
@@ -302,6 +330,15 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   }
   StepOutput out;
   out.logits.resize(items.size());
+  if (!forced_routing_.empty()) {
+    out.routing_regret = regret_;
+    forced_routing_.clear();
+  }
+  if (record_margins_) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      out.router_margins.emplace_back(margins_.begin() + offsets[i], margins_.begin() + offsets[i + 1]);
+    }
+  }
   if (!rows.empty()) {
     const int64_t R = static_cast<int64_t>(rows.size());
     t_.resize(R * H);
@@ -392,6 +429,40 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
   topk_idx_.resize(T * K);
   topk_w_.resize(T * K);
   k::RouterTopK(router_.data(), T, E, K, topk_idx_.data(), topk_w_.data());
+  if (!forced_routing_.empty()) {
+    const int layers = c.num_hidden_layers;
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t item = token_item_[t];
+      const int64_t j = t - offsets[item];
+      const int32_t* f = forced_routing_[item].data() + (j * layers + layer) * K;
+      const float* r = &router_[t * E];
+      float kth = std::numeric_limits<float>::infinity(), top = -kth, fmax = -kth;
+      for (int64_t k = 0; k < K; ++k) {
+        kth = std::min(kth, r[topk_idx_[t * K + k]]);
+        top = std::max(top, r[topk_idx_[t * K + k]]);
+        fmax = std::max(fmax, r[f[k]]);
+      }
+      float sum = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        regret_[item] = std::max(regret_[item], (kth - r[f[k]]) / std::max(1.0f, std::abs(top)));
+        topk_idx_[t * K + k] = f[k];
+        topk_w_[t * K + k] = std::exp(r[f[k]] - fmax);
+        sum += topk_w_[t * K + k];
+      }
+      for (int64_t k = 0; k < K; ++k) topk_w_[t * K + k] /= sum;
+    }
+  }
+  if (record_margins_ && K < E) {
+    std::vector<float> r(E);
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(router_.begin() + t * E, router_.begin() + (t + 1) * E, r.begin());
+      std::nth_element(r.begin(), r.begin() + K, r.end(), std::greater<float>());
+      const float next = r[K];
+      const float kth = *std::min_element(r.begin(), r.begin() + K);
+      const float top = *std::max_element(r.begin(), r.begin() + K);
+      margins_[t] = std::min(margins_[t], (kth - next) / std::max(1.0f, std::abs(top)));
+    }
+  }
   if (collectives_ != nullptr && collectives_->DispatchesTokens()) {
     y_.assign(T * H, 0.0f);
     FLOTILLA_RETURN_IF_ERROR(collectives_->RunMoe(layer, t_.data(), T, H, topk_idx_.data(),

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/cpu/thread_pool.h"
+#include "worker/engine/engine.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/rank_collectives.h"
 #include "worker/model/weights.h"
@@ -22,26 +23,11 @@ struct CpuEngineOptions {
   // Blocks in the KV arena; see CpuEngine::KvBlocksFor to size it for a
   // number of concurrent sequences of a given length.
   int64_t kv_num_blocks = 0;
+  // Fill StepOutput::router_margins (tests comparing other engines).
+  bool record_router_margins = false;
 };
 
-enum class LogitsMode {
-  kNone,  // no logits (a prefill chunk that is not the last)
-  kLast,  // the chunk's last position
-  kAll,   // every position of the chunk
-};
-
-struct StepItem {
-  int64_t sequence = 0;
-  std::vector<int32_t> tokens;  // appended at the sequence's current length
-  LogitsMode logits = LogitsMode::kLast;
-};
-
-struct StepOutput {
-  // Per item: rows x vocab_size floats (0, 1 or tokens.size() rows).
-  std::vector<std::vector<float>> logits;
-};
-
-class CpuEngine : public LocalExperts {
+class CpuEngine : public Engine, public LocalExperts {
  public:
   // `pool` (may be nullptr: single-threaded) and `collectives` (nullptr when
   // this rank holds all heads and experts) must outlive the engine.
@@ -54,26 +40,39 @@ class CpuEngine : public LocalExperts {
   static int64_t KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int64_t block_size,
                              int64_t sequences, int64_t tokens);
 
-  int64_t NewSequence();
+  int64_t NewSequence() override;
   absl::StatusOr<int64_t> ForkSequence(int64_t sequence);
-  absl::Status FreeSequence(int64_t sequence);
-  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const;
+  absl::Status FreeSequence(int64_t sequence) override;
+  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
 
   // Runs one forward step. INVALID_ARGUMENT for an unknown or repeated
   // sequence, an empty chunk, a token id outside [0, vocab_size), or a
   // sequence that would exceed the context (max_position_embeddings or what
   // the KV cache can ever hold); RESOURCE_EXHAUSTED when the KV blocks are
   // momentarily taken by other sequences. On error no sequence changes.
-  absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items);
+  absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) override;
 
   // The checks Step makes before touching anything (all but the momentary
   // KV-block shortage). A distributed leader runs them before broadcasting a
   // step so that no rank of the instance fails a step its peers run.
-  absl::Status Validate(const std::vector<StepItem>& items) const;
+  absl::Status Validate(const std::vector<StepItem>& items) const override;
+
+  // Tests: the next Step sends each token to the given experts instead of its
+  // own top K (per item, [tokens][layers][K], as StepOutput::routing), with
+  // the softmax over its own router logits of those experts, and reports in
+  // StepOutput::routing_regret how far they were from its own choice. Lets a
+  // reference follow another engine through routing decisions that bf16
+  // noise can swing.
+  void ForceNextRouting(std::vector<std::vector<int32_t>> routing) {
+    forced_routing_ = std::move(routing);
+  }
 
   // Longest sequence this engine can run (context and KV capacity).
-  int64_t MaxSequenceLength() const;
-  const ModelConfig& config() const { return weights_.config; }
+  int64_t MaxSequenceLength() const override;
+  const ModelConfig& config() const override { return weights_.config; }
+  int64_t KvTotalBlocks() const override { return kv_->num_blocks(); }
+  int64_t KvFreeBlocks() const override { return kv_->free_blocks(); }
+  int64_t KvBlocksForLength(int64_t tokens) const override { return kv_->BlocksForLength(tokens); }
   const KvCache& kv_cache() const { return *kv_; }
 
   // LocalExperts: runs experts this rank holds on arbitrary rows (used by a
@@ -101,6 +100,11 @@ class CpuEngine : public LocalExperts {
   std::vector<float> x_, t_, q_, k_, v_, attn_, o_, router_, y_;
   std::vector<int32_t> topk_idx_;
   std::vector<float> topk_w_;
+  bool record_margins_ = false;
+  std::vector<float> margins_;  // per token of the step
+  std::vector<std::vector<int32_t>> forced_routing_;
+  std::vector<int64_t> token_item_;  // per token of the step: its item
+  std::vector<float> regret_;        // per item
   std::vector<float> ex_in_, ex_gu_, ex_act_, ex_out_;
 };
 

@@ -8,7 +8,7 @@
 namespace flotilla {
 namespace {
 
-absl::StatusOr<GenerationResult> GenerateIn(CpuEngine& engine, int64_t seq,
+absl::StatusOr<GenerationResult> GenerateIn(Engine& engine, int64_t seq,
                                             const std::vector<int32_t>& prompt,
                                             const GenerateOptions& options) {
   const ModelConfig& c = engine.config();
@@ -73,7 +73,7 @@ absl::StatusOr<GenerationResult> GenerateIn(CpuEngine& engine, int64_t seq,
 
 }  // namespace
 
-absl::StatusOr<GenerationResult> Generate(CpuEngine& engine, const std::vector<int32_t>& prompt,
+absl::StatusOr<GenerationResult> Generate(Engine& engine, const std::vector<int32_t>& prompt,
                                           const GenerateOptions& options) {
   if (prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
   const int64_t seq = engine.NewSequence();

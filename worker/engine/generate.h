@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/engine/cpu_engine.h"
+#include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 
 namespace flotilla {
@@ -30,7 +30,7 @@ struct GenerationResult {
 
 // The sequence is created and freed inside. Errors: bad sampling parameters,
 // empty prompt, token ids out of range, a prompt longer than the context.
-absl::StatusOr<GenerationResult> Generate(CpuEngine& engine, const std::vector<int32_t>& prompt,
+absl::StatusOr<GenerationResult> Generate(Engine& engine, const std::vector<int32_t>& prompt,
                                           const GenerateOptions& options);
 
 }  // namespace flotilla

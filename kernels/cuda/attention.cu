@@ -1,0 +1,648 @@
+// gpt-oss attention with sinks over the paged KV cache (attention.h).
+//
+// One kernel serves both shapes. A CTA (4 warps) owns one sequence b, one kv
+// head g and a block of "rows", a row being one (query token, q head of the
+// group of g) pair: all q heads sharing a kv head sit in the same CTA, so each
+// K/V tile is read from memory once for all of them. Rows are ordered query
+// major, head minor (row = i * group + hh). The CTA walks its key range in
+// tiles of 64 keys (aligned to multiples of 64 positions), loaded with 16-byte
+// cp.async into a 3-stage shared-memory ring (zero-filled outside the range the
+// rows need, so freed blocks before a sliding window are never read), and runs
+// Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
+// with an online softmax in f32 (log2 domain).
+//
+// Warp layout, RG = row groups per CTA, MR = 16-row tiles per warp (template):
+//   RG = 4, MR = 2 (prefill): 128 rows per CTA; every warp owns 32 rows and all
+//          64 keys of each tile (each K/V fragment feeds two mma row tiles).
+//          Grid x = row blocks (longest first), no KV split.
+//   RG = 1 or 2, MR = 1 (decode: max_q_per_seq * group <= 32, up to 4 tokens per
+//          sequence for gpt-oss): 16 or 32 rows; the 4 warps split each tile's
+//          keys (16 or 32 each) and are merged through shared memory at the
+//          end. Grid x = KV splits (flash-decoding): the key range is cut in
+//          chunks of whole tiles; the split count and chunk size come from host
+//          fields only (max_seq_len, max_q_per_seq, window, batch, SM count), so
+//          the launch captures into a CUDA graph; splits beyond a sequence's
+//          actual range exit at once. Partial (max, sum, acc) go to the
+//          workspace and a reduce kernel merges them with the sink.
+// The sink enters only at the final normalisation: out = acc * e^(m - M) /
+// (l * e^(m - M) + e^(sink - M)), M = max(m, sink).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/cuda/attention.h"
+
+namespace flotilla::kernels::cuda {
+namespace {
+
+constexpr int kD = 64;         // head_dim (the only one supported)
+constexpr int kTile = 64;      // keys per pipeline stage
+constexpr int kThreads = 128;  // 4 warps
+// Shared-memory ring depth: 3 tiles (2 in flight while one is used). Decode
+// CTAs of 16 rows fit 4 per SM (50 KB shared, <= 128 registers), so one wave
+// streams 8 tiles (128 KB) per SM; a deeper ring with 3 CTAs per SM measured
+// slower at batch 64 (1.3 waves of CTAs).
+template <int RG>
+__host__ __device__ constexpr int StagesFor() {
+  return 3;
+}
+constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
+constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
+constexpr int kDecodeMaxRows = 32;
+constexpr int kPrefillMr = 2;  // prefill: 32 rows per warp, 128 rows per CTA
+// KV-split sizing: at most one wave of decode CTAs (4 resident per SM),
+// assuming this many kv heads (a heuristic; any count works), and at least a
+// few tiles per split so partials and the merge stay small next to the K/V.
+constexpr int kDecodeCtasPerSm = 4;
+constexpr int kTypicalKvHeads = 8;
+constexpr int kMinTilesPerSplit = 3;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kNoMax = -1e30f;  // finite "no key yet" running max
+
+struct Params {
+  const uint16_t* q;
+  const uint16_t* k;
+  const uint16_t* v;
+  const int32_t* block_tables;
+  const int32_t* seq_lens;
+  const int32_t* q_start;
+  const float* sinks;
+  uint16_t* out;
+  float* part_acc;  // [batch, splits, max_q, q_heads, D]
+  float* part_ml;   // [batch, splits, max_q, q_heads, 2]
+  int max_blocks;
+  int q_heads, kv_heads, group;
+  int block_shift;
+  int window;
+  float scale_log2;
+  int splits;  // KV splits per (sequence, kv head, row block)
+  int chunk;   // keys per split, a multiple of kTile
+  int max_q;
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Element offset of 16-byte chunk c of row r in a [rows][64] bf16 tile; the
+// chunk index is XOR-swizzled with the row so ldmatrix is conflict free.
+__device__ __forceinline__ int Swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
+
+// Key range [lo, hi] the rows of a row block need, for sequence length L with
+// n new tokens; hi < lo when there is none.
+struct KeyRange {
+  int lo, hi;
+};
+__device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int i_last,
+                                                 int window) {
+  const int p_first = L - n + i_first;
+  const int p_last = L - n + i_last;
+  KeyRange kr;
+  kr.lo = window > 0 ? max(0, p_first - window + 1) : 0;
+  kr.hi = p_last;
+  return kr;
+}
+
+template <int RG, int MR>
+__global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
+    AttentionKernel(Params p) {
+  constexpr int kStages = StagesFor<RG>();
+  constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
+  constexpr int kKs = 4 / RG;          // warps sharing one row group (splitting keys)
+  constexpr int kKn = kTile / kKs;     // keys per warp per tile
+  constexpr int kNt = kKn / 8;         // n-tiles of S per warp
+  extern __shared__ uint4 smem_raw[];
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
+  uint16_t* sKV = sQ + kRows * kD;
+
+  // Launched programmatically dependent on the previous kernel of the stream
+  // (which writes q and the new K/V): wait for its results before reading
+  // anything; a no-op after an ordinary launch. Then let a dependent merge grid
+  // be scheduled once every CTA of this grid has started (it still waits for
+  // this grid's results).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  const int tid = threadIdx.x;
+  const int warp = tid >> 5, lane = tid & 31;
+  const int split = blockIdx.x % p.splits;
+  const int rb = (gridDim.x / p.splits) - 1 - blockIdx.x / p.splits;  // longest first
+  const int g = blockIdx.y;
+  const int b = blockIdx.z;
+
+  const int L = p.seq_lens[b];
+  const int qs = p.q_start[b];
+  const int n = p.q_start[b + 1] - qs;
+  const int rows_total = n * p.group;
+  const int row0 = rb * kRows;
+  if (row0 >= rows_total) return;
+  const int i_first = row0 / p.group;
+  const int i_last = (min(row0 + kRows, rows_total) - 1) / p.group;
+  const KeyRange kr = RowBlockKeys(L, n, i_first, i_last, p.window);
+  const int tile_lo = kr.lo & ~(kTile - 1);
+  const int start = tile_lo + split * p.chunk;
+  if (split > 0 && start > kr.hi) return;
+  const int end = min(start + p.chunk, kr.hi + 1);
+  const int ntiles = end > start ? (end - start + kTile - 1) / kTile : 0;
+
+  // Q rows (zero for rows past the last query).
+  for (int idx = tid; idx < kRows * 8; idx += kThreads) {
+    const int r = idx >> 3, c = idx & 7;
+    const int row = row0 + r;
+    const bool valid = row < rows_total;
+    const int i = valid ? row / p.group : 0;
+    const int h = g * p.group + (valid ? row % p.group : 0);
+    const uint16_t* src = p.q + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD + c * 8;
+    CpAsync16(SmemAddr(sQ + Swz(r, c)), src, valid);
+  }
+
+  const int block_size_mask = (1 << p.block_shift) - 1;
+  const int32_t* table = p.block_tables + static_cast<size_t>(b) * p.max_blocks;
+  auto load_tile = [&](int t) {
+    uint16_t* st = sKV + (t % kStages) * kStageElems;
+    const int base = start + t * kTile;
+#pragma unroll
+    for (int it = 0; it < (2 * kTile * 8) / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int kv = idx >> 9;
+      const int key = (idx >> 3) & (kTile - 1);
+      const int c = idx & 7;
+      const int j = base + key;
+      bool valid = j >= kr.lo && j <= kr.hi;
+      int blk = valid ? __ldg(table + (j >> p.block_shift)) : 0;
+      valid = valid && blk >= 0;
+      if (!valid) blk = 0;
+      const uint16_t* src =
+          (kv ? p.v : p.k) +
+          (((static_cast<size_t>(blk) * p.kv_heads + g) << p.block_shift) + (j & block_size_mask)) *
+              kD +
+          c * 8;
+      CpAsync16(SmemAddr(st + kv * kTile * kD + Swz(key, c)), valid ? src : p.k, valid);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < ntiles) load_tile(s);
+    CpAsyncCommit();
+  }
+
+  // This thread's rows: g4 and g4 + 8 of each of its warp's MR row tiles.
+  const int rg = warp % RG;
+  const int kslot = warp / RG;
+  const int g4 = lane >> 2, t4 = lane & 3;
+  int pos_r[MR][2], lo_r[MR][2];
+#pragma unroll
+  for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int row = row0 + (rg * MR + mr) * 16 + g4 + e * 8;
+      if (row < rows_total) {
+        pos_r[mr][e] = L - n + row / p.group;
+        lo_r[mr][e] = p.window > 0 ? max(0, pos_r[mr][e] - p.window + 1) : 0;
+      } else {
+        pos_r[mr][e] = -1;
+        lo_r[mr][e] = 0;
+      }
+    }
+
+  // Keys every row of the CTA sees: tiles inside [lo_all, pos_all] need no mask.
+  const bool all_rows = row0 + kRows <= rows_total;
+  const int pos_all = L - n + i_first;
+  const int lo_all = p.window > 0 ? max(0, L - n + i_last - p.window + 1) : 0;
+
+  float m_run[MR][2], l_run[MR][2];
+  float acc[MR][8][4];
+#pragma unroll
+  for (int mr = 0; mr < MR; ++mr) {
+    m_run[mr][0] = m_run[mr][1] = kNoMax;
+    l_run[mr][0] = l_run[mr][1] = 0.f;
+#pragma unroll
+    for (int nd = 0; nd < 8; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mr][nd][e] = 0.f;
+  }
+  uint32_t qf[MR][4][4];
+
+  for (int t = 0; t < ntiles; ++t) {
+    CpAsyncWait<kStages - 2>();
+    __syncthreads();
+    if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1);
+    CpAsyncCommit();
+    if (t == 0) {
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int r = (rg * MR + mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LdMatrixX4(SmemAddr(sQ + Swz(r, 2 * kk + (lane >> 4))), qf[mr][kk]);
+        }
+    }
+    const uint16_t* sK = sKV + (t % kStages) * kStageElems;
+    const uint16_t* sV = sK + kTile * kD;
+    const int ko = kslot * kKn;
+    const int base = start + t * kTile + ko;
+
+    float s[MR][kNt][4];
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mr][nt][e] = 0.f;
+#pragma unroll
+      for (int pr = 0; pr < 2; ++pr) {
+        uint32_t bk[4];
+        const int key = ko + nt * 8 + (lane & 7);
+        LdMatrixX4(SmemAddr(sK + Swz(key, 4 * pr + (lane >> 3))), bk);
+#pragma unroll
+        for (int mr = 0; mr < MR; ++mr) {
+          Mma(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
+          Mma(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
+        }
+      }
+    }
+    // Scale, mask (only on tiles that cross a row's key range), online softmax.
+    const int tile_base = start + t * kTile;
+    const bool unmasked = all_rows && tile_base >= lo_all && tile_base + kTile - 1 <= pos_all;
+#pragma unroll
+    for (int mr = 0; mr < MR; ++mr) {
+      float mx[2] = {kNoMax, kNoMax};
+      if (unmasked) {
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mr][nt][e] *= p.scale_log2;
+            mx[e >> 1] = fmaxf(mx[e >> 1], s[mr][nt][e]);
+          }
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = base + nt * 8 + 2 * t4 + (e & 1);
+            const int hr = e >> 1;
+            const bool ok = j <= pos_r[mr][hr] && j >= lo_r[mr][hr];
+            s[mr][nt][e] = ok ? s[mr][nt][e] * p.scale_log2 : -INFINITY;
+            mx[hr] = fmaxf(mx[hr], s[mr][nt][e]);
+          }
+        }
+      }
+      float corr[2];
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+        mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+        const float m_new = fmaxf(m_run[mr][hr], mx[hr]);
+        corr[hr] = exp2f(m_run[mr][hr] - m_new);
+        m_run[mr][hr] = m_new;
+        l_run[mr][hr] *= corr[hr];
+      }
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd) {
+        acc[mr][nd][0] *= corr[0];
+        acc[mr][nd][1] *= corr[0];
+        acc[mr][nd][2] *= corr[1];
+        acc[mr][nd][3] *= corr[1];
+      }
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mr][nt][e] = exp2f(s[mr][nt][e] - m_run[mr][e >> 1]);
+          l_run[mr][e >> 1] += s[mr][nt][e];
+        }
+      }
+    }
+    // P V: P's C fragments of two adjacent n-tiles form one A fragment.
+#pragma unroll
+    for (int kj = 0; kj < kNt / 2; ++kj) {
+      uint32_t a[MR][4];
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr) {
+        a[mr][0] = PackBf16(s[mr][2 * kj][0], s[mr][2 * kj][1]);
+        a[mr][1] = PackBf16(s[mr][2 * kj][2], s[mr][2 * kj][3]);
+        a[mr][2] = PackBf16(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
+        a[mr][3] = PackBf16(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t bv[4];
+        const int key = ko + kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+        LdMatrixX4Trans(SmemAddr(sV + Swz(key, 2 * np + (lane >> 4))), bv);
+#pragma unroll
+        for (int mr = 0; mr < MR; ++mr) {
+          Mma(acc[mr][2 * np], a[mr], bv[0], bv[1]);
+          Mma(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  // Merge the warps of each row group through shared memory (the K/V ring is
+  // free now), then normalise with the sink or write the split's partial.
+  CpAsyncWait<0>();
+  __syncthreads();
+  float* red_acc = reinterpret_cast<float*>(sKV);  // [kKs][kRows][D]
+  float* red_m = red_acc + kKs * kRows * kD;       // [kKs][kRows]
+  float* red_l = red_m + kKs * kRows;              // [kKs][kRows]
+#pragma unroll
+  for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float l = l_run[mr][hr];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int r = (rg * MR + mr) * 16 + g4 + hr * 8;
+      if (t4 == 0) {
+        red_m[kslot * kRows + r] = m_run[mr][hr];
+        red_l[kslot * kRows + r] = l;
+      }
+#pragma unroll
+      for (int nd = 0; nd < 8; ++nd) {
+        float2 v2 = make_float2(acc[mr][nd][2 * hr], acc[mr][nd][2 * hr + 1]);
+        *reinterpret_cast<float2*>(red_acc + (kslot * kRows + r) * kD + nd * 8 + 2 * t4) = v2;
+      }
+    }
+  __syncthreads();
+  for (int idx = tid; idx < kRows * kD; idx += kThreads) {
+    const int r = idx / kD, d = idx % kD;
+    const int row = row0 + r;
+    if (row >= rows_total) break;
+    float M = kNoMax;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) M = fmaxf(M, red_m[k * kRows + r]);
+    float l = 0.f, a = 0.f;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) {
+      const float f = exp2f(red_m[k * kRows + r] - M);
+      l += red_l[k * kRows + r] * f;
+      a += red_acc[(k * kRows + r) * kD + d] * f;
+    }
+    const int i = row / p.group;
+    const int h = g * p.group + row % p.group;
+    if (p.splits == 1) {
+      const float sink = p.sinks[h] * kLog2e;
+      const float Mf = fmaxf(M, sink);
+      const float f = exp2f(M - Mf);
+      const float o = a * f / (l * f + exp2f(sink - Mf));
+      p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
+          __bfloat16_as_ushort(__float2bfloat16_rn(o));
+    } else {
+      const size_t slot =
+          ((static_cast<size_t>(b) * p.splits + split) * p.max_q + i) * p.q_heads + h;
+      p.part_acc[slot * kD + d] = a;
+      if (d == 0) {
+        p.part_ml[slot * 2] = M;
+        p.part_ml[slot * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+// Merges the splits of one (sequence, query token, q head). The merge is
+// latency bound (its data sits in L2), so it is spread wide: warp 0 finds the
+// max over the splits, the weights e^(m_s - M) (kept in shared memory) and the
+// normaliser with the sink; then kReduceSlices x 64 threads each sum one dim
+// over every kReduceSlices-th split with up to 8 loads in flight, and the
+// slices are added in shared memory.
+constexpr int kReduceSlices = 8;
+constexpr int kReduceThreads = kReduceSlices * kD;
+__global__ void __launch_bounds__(kReduceThreads) ReduceSplitsKernel(Params p) {
+  extern __shared__ float weights[];  // [splits]
+  __shared__ float inv_l;
+  __shared__ float sums[kReduceSlices][kD];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  const int b = blockIdx.x / p.max_q;
+  const int i = blockIdx.x % p.max_q;
+  const int h = blockIdx.y;
+  const int qs = p.q_start[b];
+  const int n = p.q_start[b + 1] - qs;
+  if (i >= n) return;
+  const int L = p.seq_lens[b];
+  // The decode path has a single row block holding every query of b.
+  const KeyRange kr = RowBlockKeys(L, n, 0, n - 1, p.window);
+  const int tile_lo = kr.lo & ~(kTile - 1);
+  int ns = kr.hi >= tile_lo ? (kr.hi - tile_lo + p.chunk) / p.chunk : 1;
+  ns = max(1, min(ns, p.splits));
+  const size_t stride = static_cast<size_t>(p.max_q) * p.q_heads;  // slots between splits
+  const size_t slot0 = (static_cast<size_t>(b) * p.splits * p.max_q + i) * p.q_heads + h;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const float sink = p.sinks[h] * kLog2e;
+    float M = sink;
+    for (int s = lane; s < ns; s += 32) M = fmaxf(M, p.part_ml[(slot0 + s * stride) * 2]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    float l = 0.f;
+    for (int s = lane; s < ns; s += 32) {
+      const size_t slot = slot0 + s * stride;
+      const float f = exp2f(p.part_ml[slot * 2] - M);
+      weights[s] = f;
+      l += p.part_ml[slot * 2 + 1] * f;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    if (lane == 0) inv_l = 1.f / (l + exp2f(sink - M));
+  }
+  __syncthreads();
+  const int slice = threadIdx.x / kD, d = threadIdx.x % kD;
+  const float* acc = p.part_acc + slot0 * kD + d;
+  float a = 0.f;
+  for (int s0 = slice; s0 < ns; s0 += 8 * kReduceSlices) {
+    float v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = s0 + u * kReduceSlices;
+      v[u] = s < ns ? acc[s * stride * kD] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int s = s0 + u * kReduceSlices;
+      if (s < ns) a += v[u] * weights[s];
+    }
+  }
+  sums[slice][d] = a;
+  __syncthreads();
+  if (slice != 0) return;
+#pragma unroll
+  for (int k = 1; k < kReduceSlices; ++k) a += sums[k][d];
+  p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
+      __bfloat16_as_ushort(__float2bfloat16_rn(a * inv_l));
+}
+
+int SmCount() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 132;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 132;
+  return sms > 0 ? sms : 132;
+}
+
+int CeilDiv(long a, long b) { return static_cast<int>((a + b - 1) / b); }
+
+// Splits per sequence wanted for `batch` sequences (before capping by length).
+int WantedSplits(int batch, int sms) {
+  return std::max(1, static_cast<int>(static_cast<long>(kDecodeCtasPerSm) * sms /
+                                      (static_cast<long>(batch) * kTypicalKvHeads)));
+}
+
+struct SplitPlan {
+  int splits = 1;
+  int chunk = 0;  // keys
+};
+
+// Host-only: depends on max_seq_len, max_q, window, batch and the SM count.
+// splits <= min(WantedSplits, ceil(max_seq_len / 64)), the bound the
+// workspace is sized for.
+SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int sms) {
+  long eff = std::max(1, max_seq_len);
+  // With a window the range spans at most window + max_q - 1 keys, plus the
+  // alignment of its first tile.
+  if (window > 0) eff = std::min<long>(eff, static_cast<long>(window) + max_q - 1 + kTile - 1);
+  const int tiles = CeilDiv(eff, kTile);
+  const int want = WantedSplits(batch, sms);
+  const int chunk_tiles = std::max(kMinTilesPerSplit, CeilDiv(tiles, want));
+  SplitPlan plan;
+  plan.splits = CeilDiv(tiles, chunk_tiles);
+  plan.chunk = chunk_tiles * kTile;
+  return plan;
+}
+
+// Programmatic dependent launch: the kernel may be scheduled while the
+// previous kernel of the stream drains; it waits (griddepcontrol.wait) for
+// that kernel's results before reading its inputs. Captures into graphs.
+cudaError_t LaunchDependent(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
+                            const Params& p, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+template <int RG, int MR>
+cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
+  const size_t smem = (16 * RG * MR * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
+  cudaError_t err = cudaFuncSetAttribute(
+      AttentionKernel<RG, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  return LaunchDependent(AttentionKernel<RG, MR>, dim3(row_blocks * p.splits, p.kv_heads, batch),
+                         dim3(kThreads), smem, p, stream);
+}
+
+}  // namespace
+
+size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int head_dim) {
+  if (batch.batch <= 0 || batch.max_q_per_seq <= 0 || batch.max_q_per_seq > kDecodeMaxQ) return 0;
+  const int tiles = CeilDiv(std::max(1, batch.max_seq_len), kTile);
+  const int splits = std::min(WantedSplits(batch.batch, SmCount()), tiles);
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(batch.batch) * splits * batch.max_q_per_seq * q_heads *
+         (head_dim + 2) * sizeof(float);
+}
+
+cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
+                            const AttentionBatch& batch, int q_heads, const float* sinks,
+                            int window, float scale, uint16_t* out, void* workspace,
+                            size_t workspace_bytes, cudaStream_t stream) {
+  if (batch.batch < 0 || batch.total_q < 0) return cudaErrorInvalidValue;
+  if (batch.batch == 0 || batch.total_q == 0) return cudaSuccess;
+  if (q == nullptr || out == nullptr || sinks == nullptr || cache.k == nullptr ||
+      cache.v == nullptr || batch.block_tables == nullptr || batch.seq_lens == nullptr ||
+      batch.q_start == nullptr)
+    return cudaErrorInvalidValue;
+  if (cache.head_dim != kD || cache.kv_heads <= 0 || q_heads <= 0 || q_heads % cache.kv_heads != 0)
+    return cudaErrorInvalidValue;
+  if (cache.block_size <= 0 || (cache.block_size & (cache.block_size - 1)) != 0)
+    return cudaErrorInvalidValue;
+  if (batch.max_q_per_seq <= 0 || batch.max_seq_len <= 0 || batch.max_blocks_per_seq <= 0 ||
+      window < 0)
+    return cudaErrorInvalidValue;
+  Params p{};
+  p.q = q;
+  p.k = cache.k;
+  p.v = cache.v;
+  p.block_tables = batch.block_tables;
+  p.seq_lens = batch.seq_lens;
+  p.q_start = batch.q_start;
+  p.sinks = sinks;
+  p.out = out;
+  p.max_blocks = batch.max_blocks_per_seq;
+  p.q_heads = q_heads;
+  p.kv_heads = cache.kv_heads;
+  p.group = q_heads / cache.kv_heads;
+  int shift = 0;
+  while ((1 << shift) < cache.block_size) ++shift;
+  p.block_shift = shift;
+  p.window = window;
+  p.scale_log2 = scale * kLog2e;
+  p.max_q = batch.max_q_per_seq;
+
+  const int rows = batch.max_q_per_seq * p.group;
+  if (batch.max_q_per_seq <= kDecodeMaxQ && rows <= kDecodeMaxRows) {
+    const SplitPlan plan =
+        PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window, batch.batch, SmCount());
+    p.splits = plan.splits;
+    p.chunk = plan.chunk;
+    if (p.splits > 1) {
+      const size_t slots =
+          static_cast<size_t>(batch.batch) * p.splits * batch.max_q_per_seq * q_heads;
+      if (workspace == nullptr || workspace_bytes < slots * (kD + 2) * sizeof(float))
+        return cudaErrorInvalidValue;
+      p.part_acc = static_cast<float*>(workspace);
+      p.part_ml = p.part_acc + slots * kD;
+    }
+    cudaError_t err = rows <= 16 ? LaunchKernel<1, 1>(p, 1, batch.batch, stream)
+                                 : LaunchKernel<2, 1>(p, 1, batch.batch, stream);
+    if (err != cudaSuccess || p.splits == 1) return err;
+    // The merge grid is scheduled while the split kernel drains.
+    return LaunchDependent(ReduceSplitsKernel, dim3(batch.batch * batch.max_q_per_seq, q_heads),
+                           dim3(kReduceThreads), p.splits * sizeof(float), p, stream);
+  }
+  p.splits = 1;
+  p.chunk = 1 << 30;
+  return LaunchKernel<4, kPrefillMr>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch, stream);
+}
+
+}  // namespace flotilla::kernels::cuda

@@ -1,0 +1,419 @@
+// LaunchLinear: bf16 projections with f32 results.
+//
+// Small batches (tokens <= 16): a GEMV on the tensor cores that streams each
+// weight byte from HBM once. A block owns 16 weight rows; its 8 warps split the
+// input dimension and each warp feeds mma.sync m16n8k16 straight from 16-byte
+// global loads: within a 32-wide slice of the input, lane (g, q) loads the
+// 8 consecutive weights w[row g, 8q..8q+7] (and row g + 8) and the 8 matching
+// activations of token g. The dot product does not care in which order its
+// terms are added, so those 8 values are declared to be the k positions
+// {2q, 2q+1, 2q+8, 2q+9} of two consecutive k16 steps, for A and B alike: the
+// fragments then need no shuffles. The 8 partial 16x16 tiles are summed in
+// shared memory and bias / accumulate applied on the way out.
+//
+// Large batches: cuBLASLt (bf16 A/B, f32 C/D and compute, bias epilogue). The
+// library is opened at run time (dlopen), so nothing that links the kernels
+// needs the 500 MB libcublasLt unless a large batch is actually projected;
+// without it the GEMV above runs over 16-token slices.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <dlfcn.h>
+
+#include <vector>
+
+#include "kernels/cuda/ops.h"
+
+namespace flotilla::kernels::cuda {
+namespace {
+
+constexpr int kGemvThreads = 256;
+constexpr int kGemvWarps = kGemvThreads / 32;
+constexpr int kSmallBatch = 16;
+constexpr size_t kWorkspaceBytes = 32u << 20;
+constexpr int kBiasCapacity = 1 << 18;  // f32 bias staging for the cuBLASLt epilogue
+
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                    uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// kNt: tiles of 8 tokens (1 or 2).
+// At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV
+// projection are all resident at once on a 132-SM part.
+template <int kNt>
+__global__ void __launch_bounds__(kGemvThreads, 3)
+    GemvMmaKernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
+                  const uint16_t* __restrict__ bias, int tokens, int in, int out, bool accumulate,
+                  float* __restrict__ y) {
+  // 32-wide input slices loaded before the first mma (fewer with 2 token tiles:
+  // their activations take the registers).
+  constexpr int kGemvUnroll = kNt == 1 ? 4 : 3;
+  __shared__ float red[kGemvWarps][16][16 + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int chunks = in >> 5;
+  const int c_begin = warp * chunks / kGemvWarps;
+  const int c_end = (warp + 1) * chunks / kGemvWarps;
+  const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
+  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * in) + q;
+  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * in) + q;
+  const uint4* xt[kNt];
+  bool has[kNt];
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    const int tok = n * 8 + g;
+    has[n] = tok < tokens;
+    xt[n] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(has[n] ? tok : 0) * in) + q;
+  }
+  float acc[kNt][4];
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  // Programmatic dependent launch: let the next kernel start its prologue now,
+  // and stream the first weights before waiting for the previous kernel (whose
+  // output x, and y when accumulating, may be). Both are no-ops without PDL.
+  asm volatile("griddepcontrol.launch_dependents;");
+  uint4 va[kGemvUnroll], vb[kGemvUnroll];
+#pragma unroll
+  for (int u = 0; u < kGemvUnroll; ++u) {
+    if (c_begin + u < c_end) {
+      va[u] = LoadStream(wa + (c_begin + u) * 4);
+      vb[u] = LoadStream(wb + (c_begin + u) * 4);
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int c = c_begin; c < c_end; c += kGemvUnroll) {
+    uint4 vx[kGemvUnroll][kNt];
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      if (c + u < c_end) {
+#pragma unroll
+        for (int n = 0; n < kNt; ++n) {
+          vx[u][n] = has[n] ? __ldg(xt[n] + (c + u) * 4) : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      if (c + u < c_end) {
+#pragma unroll
+        for (int n = 0; n < kNt; ++n) {
+          Mma(acc[n], va[u].x, vb[u].x, va[u].y, vb[u].y, vx[u][n].x, vx[u][n].y);
+          Mma(acc[n], va[u].z, vb[u].z, va[u].w, vb[u].w, vx[u][n].z, vx[u][n].w);
+        }
+      }
+    }
+    const int next = c + kGemvUnroll;
+#pragma unroll
+    for (int u = 0; u < kGemvUnroll; ++u) {
+      if (next + u < c_end) {
+        va[u] = LoadStream(wa + (next + u) * 4);
+        vb[u] = LoadStream(wb + (next + u) * 4);
+      }
+    }
+  }
+  // C fragment: c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g + 8, same).
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    red[warp][g][n * 8 + 2 * q] = acc[n][0];
+    red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
+    red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
+    red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
+  }
+  __syncthreads();
+  const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
+  const int row = row0 + r;
+  if (tok < tokens && tok < kNt * 8 && row < out) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kGemvWarps; ++k) s += red[k][r][tok];
+    if (bias != nullptr) s += __uint_as_float(static_cast<uint32_t>(bias[row]) << 16);
+    float* dst = y + static_cast<size_t>(tok) * out + row;
+    *dst = accumulate ? *dst + s : s;
+  }
+}
+
+// Inputs that are not a multiple of 32: one warp per (row, token), plain FMA.
+__global__ void GemvScalarKernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
+                                 const uint16_t* __restrict__ bias, int tokens, int in, int out,
+                                 bool accumulate, float* __restrict__ y) {
+  const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= out) return;
+  const uint16_t* wr = w + static_cast<size_t>(row) * in;
+  for (int t = 0; t < tokens; ++t) {
+    const uint16_t* xr = x + static_cast<size_t>(t) * in;
+    float s = 0.0f;
+    for (int i = lane; i < in; i += 32) {
+      s += __uint_as_float(static_cast<uint32_t>(wr[i]) << 16) *
+           __uint_as_float(static_cast<uint32_t>(xr[i]) << 16);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+      if (bias != nullptr) s += __uint_as_float(static_cast<uint32_t>(bias[row]) << 16);
+      float* dst = y + static_cast<size_t>(t) * out + row;
+      *dst = accumulate ? *dst + s : s;
+    }
+  }
+}
+
+__global__ void BiasToF32Kernel(const uint16_t* __restrict__ bias, int n, float* __restrict__ out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = __uint_as_float(static_cast<uint32_t>(bias[i]) << 16);
+}
+
+// y[t, o] = (accumulate ? y[t, o] : 0) + bias[o], before a matmul with beta = 1
+// (the cuBLASLt path when the bias epilogue is refused).
+__global__ void PrefillBiasKernel(const uint16_t* __restrict__ bias, int tokens, int out,
+                                  bool accumulate, float* __restrict__ y) {
+  const size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < static_cast<size_t>(tokens) * out) {
+    const float b = __uint_as_float(static_cast<uint32_t>(bias[i % out]) << 16);
+    y[i] = accumulate ? y[i] + b : b;
+  }
+}
+
+cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int tokens,
+                       int in, int out, bool accumulate, float* y, cudaStream_t stream) {
+  if (in % 32 != 0) {
+    const int blocks = (out + 7) / 8;
+    GemvScalarKernel<<<blocks, 256, 0, stream>>>(x, w, bias, tokens, in, out, accumulate, y);
+    return cudaGetLastError();
+  }
+  // Launched with programmatic stream serialization (PDL): the blocks start
+  // while the previous kernel drains and wait for it inside (griddepcontrol).
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((out + 15) / 16);
+  cfg.blockDim = dim3(kGemvThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  if (tokens <= 8) {
+    return cudaLaunchKernelEx(&cfg, GemvMmaKernel<1>, x, w, bias, tokens, in, out, accumulate, y);
+  }
+  return cudaLaunchKernelEx(&cfg, GemvMmaKernel<2>, x, w, bias, tokens, in, out, accumulate, y);
+}
+
+// The cuBLASLt entry points, resolved with dlsym.
+struct LtApi {
+  void* lib = nullptr;
+  decltype(&::cublasLtCreate) create = nullptr;
+  decltype(&::cublasLtDestroy) destroy = nullptr;
+  decltype(&::cublasLtMatmulDescCreate) desc_create = nullptr;
+  decltype(&::cublasLtMatmulDescDestroy) desc_destroy = nullptr;
+  decltype(&::cublasLtMatmulDescSetAttribute) desc_set = nullptr;
+  decltype(&::cublasLtMatrixLayoutCreate) layout_create = nullptr;
+  decltype(&::cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&::cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
+  decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
+  decltype(&::cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
+  decltype(&::cublasLtMatmul) matmul = nullptr;
+
+  bool Open() {
+    lib = dlopen("libcublasLt.so.13", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) lib = dlopen("libcublasLt.so", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return false;
+    bool ok = Sym(&create, "cublasLtCreate") && Sym(&destroy, "cublasLtDestroy") &&
+              Sym(&desc_create, "cublasLtMatmulDescCreate") &&
+              Sym(&desc_destroy, "cublasLtMatmulDescDestroy") &&
+              Sym(&desc_set, "cublasLtMatmulDescSetAttribute") &&
+              Sym(&layout_create, "cublasLtMatrixLayoutCreate") &&
+              Sym(&layout_destroy, "cublasLtMatrixLayoutDestroy") &&
+              Sym(&pref_create, "cublasLtMatmulPreferenceCreate") &&
+              Sym(&pref_destroy, "cublasLtMatmulPreferenceDestroy") &&
+              Sym(&pref_set, "cublasLtMatmulPreferenceSetAttribute") &&
+              Sym(&heuristic, "cublasLtMatmulAlgoGetHeuristic") && Sym(&matmul, "cublasLtMatmul");
+    if (!ok) {
+      dlclose(lib);
+      lib = nullptr;
+    }
+    return ok;
+  }
+  template <typename F>
+  bool Sym(F* f, const char* name) {
+    *f = reinterpret_cast<F>(dlsym(lib, name));
+    return *f != nullptr;
+  }
+};
+
+// One prepared matmul: descriptors and the chosen algorithm for a shape.
+struct LtPlan {
+  int tokens = 0, in = 0, out = 0;
+  bool accumulate = false, bias = false;
+  // The bias is added by the epilogue (D = A.B + beta C + bias); otherwise it is
+  // pre-added into y by a small kernel and beta = 1.
+  bool epilogue_bias = false;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+}  // namespace
+
+struct LinearContext {
+  LtApi api;
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  float* bias_f32 = nullptr;
+  std::vector<LtPlan> plans;
+
+  ~LinearContext() {
+    for (LtPlan& p : plans) {
+      if (p.desc != nullptr) api.desc_destroy(p.desc);
+      if (p.a != nullptr) api.layout_destroy(p.a);
+      if (p.b != nullptr) api.layout_destroy(p.b);
+      if (p.d != nullptr) api.layout_destroy(p.d);
+    }
+    if (handle != nullptr) api.destroy(handle);
+    if (api.lib != nullptr) dlclose(api.lib);
+    cudaFree(workspace);
+    cudaFree(bias_f32);
+  }
+
+  // Descriptors for y^T [out, T] (column-major) = W [in, out]^T . x^T [in, T].
+  bool Build(LtPlan* p, bool epilogue_bias) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    if (api.desc_create(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) {
+      return false;
+    }
+    api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    if (epilogue_bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      const int32_t bias_type = CUDA_R_32F;
+      const float* bias_ptr = bias_f32;
+      api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+      api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type));
+      api.desc_set(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr));
+    }
+    if (api.layout_create(&p->a, CUDA_R_16BF, p->in, p->out, p->in) != CUBLAS_STATUS_SUCCESS ||
+        api.layout_create(&p->b, CUDA_R_16BF, p->in, p->tokens, p->in) != CUBLAS_STATUS_SUCCESS ||
+        api.layout_create(&p->d, CUDA_R_32F, p->out, p->tokens, p->out) != CUBLAS_STATUS_SUCCESS) {
+      return false;
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    if (api.pref_create(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+    const size_t ws = kWorkspaceBytes;
+    api.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st =
+        api.heuristic(handle, p->desc, p->a, p->b, p->d, p->d, pref, 1, &result, &found);
+    api.pref_destroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+    p->algo = result.algo;
+    p->epilogue_bias = epilogue_bias;
+    return true;
+  }
+
+  void Release(LtPlan* p) {
+    if (p->desc != nullptr) api.desc_destroy(p->desc);
+    if (p->a != nullptr) api.layout_destroy(p->a);
+    if (p->b != nullptr) api.layout_destroy(p->b);
+    if (p->d != nullptr) api.layout_destroy(p->d);
+    p->desc = nullptr;
+    p->a = p->b = p->d = nullptr;
+  }
+
+  const LtPlan* Plan(int tokens, int in, int out, bool accumulate, bool bias) {
+    for (const LtPlan& p : plans) {
+      if (p.tokens == tokens && p.in == in && p.out == out && p.accumulate == accumulate &&
+          p.bias == bias) {
+        return &p;
+      }
+    }
+    LtPlan p;
+    p.tokens = tokens, p.in = in, p.out = out, p.accumulate = accumulate, p.bias = bias;
+    const bool want_epilogue = bias && out <= kBiasCapacity;
+    if (!Build(&p, want_epilogue)) {
+      Release(&p);
+      if (!want_epilogue || !Build(&p, false)) {
+        Release(&p);
+        return nullptr;
+      }
+    }
+    plans.push_back(p);
+    return &plans.back();
+  }
+};
+
+cudaError_t CreateLinearContext(LinearContext** ctx) {
+  if (ctx == nullptr) return cudaErrorInvalidValue;
+  auto* c = new LinearContext;
+  cudaError_t err = cudaMalloc(&c->workspace, kWorkspaceBytes);
+  if (err == cudaSuccess) err = cudaMalloc(&c->bias_f32, kBiasCapacity * sizeof(float));
+  if (err != cudaSuccess) {
+    delete c;
+    *ctx = nullptr;
+    return err;
+  }
+  if (c->api.Open() && c->api.create(&c->handle) != CUBLAS_STATUS_SUCCESS) c->handle = nullptr;
+  *ctx = c;
+  return cudaSuccess;
+}
+
+void DestroyLinearContext(LinearContext* ctx) { delete ctx; }
+
+bool LinearUsesCublasLt(const LinearContext* ctx) { return ctx != nullptr && ctx->handle != nullptr; }
+
+cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* w,
+                         const uint16_t* bias, int tokens, int in, int out, bool accumulate,
+                         float* y, cudaStream_t stream) {
+  if (x == nullptr || w == nullptr || y == nullptr || tokens < 0 || in <= 0 || in % 8 != 0 ||
+      out <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  if (tokens <= kSmallBatch) return LaunchGemv(x, w, bias, tokens, in, out, accumulate, y, stream);
+
+  const LtPlan* plan = nullptr;
+  if (ctx != nullptr && ctx->handle != nullptr) {
+    plan = ctx->Plan(tokens, in, out, accumulate, bias != nullptr);
+  }
+  if (plan == nullptr) {
+    // No cuBLASLt: the GEMV over 16-token slices (weights re-read per slice).
+    for (int t0 = 0; t0 < tokens; t0 += kSmallBatch) {
+      const int n = tokens - t0 < kSmallBatch ? tokens - t0 : kSmallBatch;
+      cudaError_t err = LaunchGemv(x + static_cast<size_t>(t0) * in, w, bias, n, in, out,
+                                   accumulate, y + static_cast<size_t>(t0) * out, stream);
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  }
+  float beta = accumulate ? 1.0f : 0.0f;
+  if (bias != nullptr) {
+    if (plan->epilogue_bias) {
+      BiasToF32Kernel<<<(out + 255) / 256, 256, 0, stream>>>(bias, out, ctx->bias_f32);
+    } else {
+      const size_t n = static_cast<size_t>(tokens) * out;
+      PrefillBiasKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(
+          bias, tokens, out, accumulate, y);
+      beta = 1.0f;
+    }
+    if (cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+  }
+  const float alpha = 1.0f;
+  const cublasStatus_t st =
+      ctx->api.matmul(ctx->handle, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y, plan->d,
+                      y, plan->d, &plan->algo, ctx->workspace, kWorkspaceBytes, stream);
+  return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+}  // namespace flotilla::kernels::cuda

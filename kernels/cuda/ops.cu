@@ -1,0 +1,275 @@
+// CUDA dense ops: embedding, residual add + RMSNorm, RoPE fused with the paged
+// KV write, router top-K. The projections (LaunchLinear) are in linear.cu.
+#include <cuda_bf16.h>
+
+#include <cfloat>
+#include <climits>
+
+#include "kernels/cuda/ops.h"
+
+namespace flotilla::kernels::cuda {
+namespace {
+
+__device__ __forceinline__ float Bf16Bits(uint16_t b) {
+  return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+__device__ __forceinline__ uint16_t ToBf16Bits(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// Sum over a block of kThreads threads; every thread gets the total.
+template <int kThreads>
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float t = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) t += scratch[w];
+  __syncthreads();
+  return t;
+}
+
+constexpr int kNormThreads = 256;
+
+__global__ void EmbeddingKernel(const uint16_t* __restrict__ table, int vocab, int hidden,
+                                const int32_t* __restrict__ ids, float* __restrict__ out,
+                                int32_t* invalid_ids) {
+  const int t = blockIdx.x;
+  const int id = ids[t];
+  float* o = out + static_cast<size_t>(t) * hidden;
+  if (id < 0 || id >= vocab) {
+    for (int c = threadIdx.x; c < hidden; c += blockDim.x) o[c] = 0.0f;
+    if (threadIdx.x == 0 && invalid_ids != nullptr) atomicAdd(invalid_ids, 1);
+    return;
+  }
+  const uint16_t* row = table + static_cast<size_t>(id) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) o[c] = Bf16Bits(row[c]);
+}
+
+// x[t] (+= add[t]); out[t] = bf16(w * (x * inv)) exactly as the CPU RmsNorm
+// orders the products.
+__global__ void __launch_bounds__(kNormThreads)
+    AddRmsNormKernel(float* __restrict__ x, const float* __restrict__ add,
+                     const uint16_t* __restrict__ weight, const int32_t* __restrict__ rows,
+                     int hidden, float eps, uint16_t* __restrict__ out) {
+  __shared__ float scratch[kNormThreads / 32];
+  // A projection launched after this with PDL may start streaming its weights.
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int r = rows != nullptr ? rows[blockIdx.x] : blockIdx.x;
+  float* xr = x + static_cast<size_t>(r) * hidden;
+  float ss = 0.0f;
+  if (add != nullptr) {
+    const float* ar = add + static_cast<size_t>(r) * hidden;
+    for (int c = threadIdx.x; c < hidden; c += kNormThreads) {
+      float v = xr[c] + ar[c];
+      xr[c] = v;
+      ss += v * v;
+    }
+  } else {
+    for (int c = threadIdx.x; c < hidden; c += kNormThreads) {
+      float v = xr[c];
+      ss += v * v;
+    }
+  }
+  ss = BlockSum<kNormThreads>(ss, scratch);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
+  uint16_t* o = out + static_cast<size_t>(blockIdx.x) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += kNormThreads) {
+    o[c] = ToBf16Bits(__fmul_rn(Bf16Bits(weight[c]), __fmul_rn(xr[c], inv)));
+  }
+}
+
+constexpr int kRopeThreads = 256;
+constexpr int kMaxHalf = 128;  // head_dim <= 256
+
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKvWriteKernel(const float* __restrict__ qkv, const int32_t* __restrict__ positions,
+                      const int32_t* __restrict__ slots, int q_heads, int kv_heads, int head_dim,
+                      const float* __restrict__ inv_freq, float scaling, uint16_t* __restrict__ kc,
+                      uint16_t* __restrict__ vc, int block_size, long long cache_slots,
+                      uint16_t* __restrict__ q_out) {
+  __shared__ float cs[kMaxHalf], sn[kMaxHalf];
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int t = blockIdx.x;
+  const int half = head_dim / 2;
+  const float pos = static_cast<float>(positions[t]);
+  for (int j = threadIdx.x; j < half; j += kRopeThreads) {
+    const float angle = __fmul_rn(pos, inv_freq[j]);
+    cs[j] = cosf(angle) * scaling;
+    sn[j] = sinf(angle) * scaling;
+  }
+  __syncthreads();
+  const int heads = q_heads + kv_heads;
+  const float* src = qkv + static_cast<size_t>(t) * (heads + kv_heads) * head_dim;
+  const long long slot = slots != nullptr ? slots[t] : -1;
+  const bool store = slot >= 0 && slot < cache_slots;
+  const long long blk = store ? slot / block_size : 0;
+  const int off = store ? static_cast<int>(slot % block_size) : 0;
+  for (int i = threadIdx.x; i < heads * half; i += kRopeThreads) {
+    const int h = i / half, j = i - h * half;
+    const float* v = src + h * head_dim;
+    const float x1 = v[j], x2 = v[j + half];
+    const float o1 = x1 * cs[j] - x2 * sn[j];
+    const float o2 = x2 * cs[j] + x1 * sn[j];
+    if (h < q_heads) {
+      uint16_t* q = q_out + (static_cast<size_t>(t) * q_heads + h) * head_dim;
+      q[j] = ToBf16Bits(o1);
+      q[j + half] = ToBf16Bits(o2);
+    } else if (store) {
+      const int kh = h - q_heads;
+      uint16_t* k = kc + ((blk * kv_heads + kh) * block_size + off) * head_dim;
+      k[j] = ToBf16Bits(o1);
+      k[j + half] = ToBf16Bits(o2);
+    }
+  }
+  if (store) {
+    const float* vsrc = src + heads * head_dim;
+    for (int i = threadIdx.x; i < kv_heads * head_dim; i += kRopeThreads) {
+      const int kh = i / head_dim, d = i - kh * head_dim;
+      vc[((blk * kv_heads + kh) * block_size + off) * head_dim + d] = ToBf16Bits(vsrc[i]);
+    }
+  }
+}
+
+constexpr int kRouterMaxPerLane = 8;  // E <= 256
+constexpr int kRouterMaxK = 8;
+
+// One warp per row. Ranking: larger value first, then lower index; NaN never
+// beats a number.
+__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
+  return va > vb || (va == vb && ia < ib);
+}
+
+__global__ void RouterTopKKernel(const float* __restrict__ logits, int rows, int num_experts,
+                                 int k, int32_t* __restrict__ ids, float* __restrict__ weights) {
+  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (warp >= rows) return;
+  const float* l = logits + static_cast<size_t>(warp) * num_experts;
+  float v[kRouterMaxPerLane];
+#pragma unroll
+  for (int i = 0; i < kRouterMaxPerLane; ++i) {
+    const int e = lane + 32 * i;
+    v[i] = e < num_experts ? l[e] : -INFINITY;
+  }
+  unsigned taken = 0;
+  float top_v[kRouterMaxK];
+  int top_i[kRouterMaxK];
+#pragma unroll
+  for (int s = 0; s < kRouterMaxK; ++s) {
+    if (s >= k) break;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kRouterMaxPerLane; ++i) {
+      const int e = lane + 32 * i;
+      if (e < num_experts && !(taken & (1u << i)) && Better(v[i], e, bv, bi)) {
+        bv = v[i];
+        bi = e;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (Better(ov, oi, bv, bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (bi == INT_MAX) bi = 0;  // only NaNs left: keep a valid id
+    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+    top_v[s] = bv;
+    top_i[s] = bi;
+  }
+  if (lane == 0) {
+    const float mx = top_v[0];
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kRouterMaxK; ++s) {
+      if (s >= k) break;
+      top_v[s] = expf(top_v[s] - mx);
+      sum += top_v[s];
+    }
+#pragma unroll
+    for (int s = 0; s < kRouterMaxK; ++s) {
+      if (s >= k) break;
+      ids[static_cast<size_t>(warp) * k + s] = top_i[s];
+      weights[static_cast<size_t>(warp) * k + s] = top_v[s] / sum;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t LaunchEmbedding(const uint16_t* table, int vocab, int hidden, const int32_t* ids,
+                            int tokens, float* out, int32_t* invalid_ids, cudaStream_t stream) {
+  if (table == nullptr || ids == nullptr || out == nullptr || vocab <= 0 || hidden <= 0 ||
+      tokens < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  EmbeddingKernel<<<tokens, 256, 0, stream>>>(table, vocab, hidden, ids, out, invalid_ids);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddRmsNorm(float* x, const float* add, const uint16_t* weight, int tokens,
+                             int hidden, float eps, uint16_t* out, cudaStream_t stream) {
+  if (x == nullptr || weight == nullptr || out == nullptr || tokens < 0 || hidden <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  AddRmsNormKernel<<<tokens, kNormThreads, 0, stream>>>(x, add, weight, nullptr, hidden, eps,
+                                                         out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormRows(const float* x, const int32_t* rows, int count, const uint16_t* weight,
+                              int hidden, float eps, uint16_t* out, cudaStream_t stream) {
+  if (x == nullptr || rows == nullptr || weight == nullptr || out == nullptr || count < 0 ||
+      hidden <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) return cudaSuccess;
+  // The kernel writes x only when `add` is given; here it is not.
+  AddRmsNormKernel<<<count, kNormThreads, 0, stream>>>(const_cast<float*>(x), nullptr, weight,
+                                                        rows, hidden, eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const int32_t* slots,
+                              int tokens, int q_heads, const float* inv_freq, float scaling,
+                              const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream) {
+  if (qkv == nullptr || positions == nullptr || inv_freq == nullptr || q_out == nullptr ||
+      tokens < 0 || q_heads <= 0 || cache.kv_heads <= 0 || cache.head_dim <= 0 ||
+      cache.head_dim % 2 != 0 || cache.head_dim / 2 > kMaxHalf) {
+    return cudaErrorInvalidValue;
+  }
+  if (slots != nullptr && (cache.k == nullptr || cache.v == nullptr || cache.block_size <= 0 ||
+                           cache.num_blocks < 0)) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
+  RopeKvWriteKernel<<<tokens, kRopeThreads, 0, stream>>>(
+      qkv, positions, slots, q_heads, cache.kv_heads, cache.head_dim, inv_freq, scaling, cache.k,
+      cache.v, cache.block_size > 0 ? cache.block_size : 1, cache_slots, q_out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRouterTopK(const float* logits, int rows, int num_experts, int k, int32_t* ids,
+                             float* weights, cudaStream_t stream) {
+  if (logits == nullptr || ids == nullptr || weights == nullptr || rows < 0 || num_experts <= 0 ||
+      num_experts > 32 * kRouterMaxPerLane || k <= 0 || k > kRouterMaxK || k > num_experts) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0) return cudaSuccess;
+  constexpr int kThreads = 128;  // 4 rows per block
+  const int blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
+  RouterTopKKernel<<<blocks, kThreads, 0, stream>>>(logits, rows, num_experts, k, ids, weights);
+  return cudaGetLastError();
+}
+
+}  // namespace flotilla::kernels::cuda

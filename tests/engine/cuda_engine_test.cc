@@ -1,0 +1,374 @@
+// The CUDA engine against the CPU engine (the reference, which matches the
+// transformers goldens under tests/data/golden within 1e-4): on the golden
+// checkpoints (every prompt logit in one shot and in chunks, batched greedy
+// decoding through host logits and through GPU sampling with graph-captured
+// decode, decoding through the cache) and on a two-layer model of real
+// gpt-oss-120b layer shapes (H = I = 2880, 64 q / 8 kv heads of 64, E = 128,
+// K = 4, the real vocabulary: the fast attention and tensor-core paths).
+//
+// Tolerance: the GPU feeds every matmul bf16 activations (f32 accumulation,
+// f32 residual stream, bf16 KV cache) while the reference stays in f32, so
+// each layer adds a relative error of a few bf16 ulps (2^-8). Logits are
+// compared with |gpu - ref| <= 0.03 * max(1, max |ref|).
+//
+// Routing is discrete: where two router logits nearly tie (the test models'
+// random routers often tie within 1e-3), that noise can send a token to the
+// other expert, after which the outputs legitimately differ. So the GPU
+// records the experts it chose and the reference follows them
+// (CpuEngine::ForceNextRouting) and reports its "regret": how much lower, by
+// its own f32 router logits, the GPU's choice was than its own K-th best.
+// Every position is compared; the regret must stay within the bf16 noise
+// (kMaxRegret: measured up to 1e-2), so a routing bug (wrong expert, wrong order, swapped ids)
+// cannot hide behind the forcing. Greedy tokens must agree wherever the
+// reference's top-2 logits are further apart than the logit tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/engine/cuda_engine.h"
+#include "worker/engine/sampler.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/load_weights.h"
+#include "worker/model/synthetic_weights.h"
+
+namespace flotilla {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kRelTolerance = 0.03;
+
+// The fixtures' directory; FLOTILLA_GOLDEN_DIR in the environment overrides
+// the source tree's (test binaries carried to a GPU machine).
+std::string GoldenDir() {
+  const char* env = std::getenv("FLOTILLA_GOLDEN_DIR");
+  return env != nullptr && *env != '\0' ? env : FLOTILLA_GOLDEN_DIR;
+}
+
+std::vector<std::string> Fixtures() {
+  std::vector<std::string> names;
+  if (!fs::is_directory(GoldenDir())) return names;
+  for (const auto& entry : fs::directory_iterator(GoldenDir())) {
+    if (entry.is_directory() && fs::exists(entry.path() / "golden.json")) {
+      names.push_back(entry.path().filename().string());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::vector<float> ReadF32(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  EXPECT_TRUE(in) << "cannot open " << path;
+  in.seekg(0, std::ios::end);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
+  return v;
+}
+
+// max |a - b| / max(1, max |b|).
+double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0, big = 1;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+    big = std::max(big, std::abs(double(b[i])));
+  }
+  return worst / big;
+}
+
+bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
+
+CudaEngineOptions SmallOptions() {
+  CudaEngineOptions o;
+  o.kv_num_blocks = 256;
+  o.max_context = 2048;
+  o.max_batch_tokens = 1024;
+  o.max_sequences = 16;
+  return o;
+}
+
+// The GPU's residual stream carries ~1% relative noise after a few layers
+// (logits differ by up to 2.4e-2 on the fixtures with routing followed), so
+// its router logits may mis-order experts that close; a routing bug (another
+// expert, order or id) costs the typical spread of router logits, 0.1 to 1.
+constexpr float kMaxRegret = 2e-2f;
+
+CudaEngineOptions RecordingOptions() {
+  CudaEngineOptions o = SmallOptions();
+  o.record_routing = true;
+  return o;
+}
+
+// Whether the reference's top-2 logits in `row` are further apart than the
+// tolerance (so any engine within tolerance must pick the same argmax).
+bool Decisive(const float* row, int64_t V) {
+  std::vector<float> r(row, row + V);
+  std::nth_element(r.begin(), r.begin() + 1, r.end(), std::greater<float>());
+  return r[0] - r[1] > 2 * kRelTolerance * std::max(1.0f, std::abs(r[0]));
+}
+
+class CudaGolden : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+    dir_ = fs::path(GoldenDir()) / GetParam();
+    std::ifstream in(dir_ / "golden.json");
+    golden_ = nlohmann::json::parse(in);
+    auto ck = Checkpoint::Open(dir_.string());
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    std::shared_ptr<const Checkpoint> checkpoint(std::move(*ck));
+    auto w = LoadWeights(checkpoint, ShardSpec{});
+    ASSERT_TRUE(w.ok()) << w.status();
+    auto e = CudaEngine::Create(*w, RecordingOptions());
+    ASSERT_TRUE(e.ok()) << e.status();
+    engine_ = std::move(*e);
+    CpuEngineOptions o;
+    o.kv_num_blocks = CpuEngine::KvBlocksFor(w->config, w->config.num_key_value_heads, 16, 4, 256);
+    auto c = CpuEngine::Create(std::move(*w), o, &pool_);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cpu_ = std::move(*c);
+  }
+
+  std::vector<int32_t> Prompt(size_t i) { return golden_["prompts"][i].get<std::vector<int32_t>>(); }
+
+  // The reference over `tokens` in one step, following `routing`.
+  StepOutput Reference(const std::vector<int32_t>& tokens, std::vector<int32_t> routing) {
+    const int64_t s = cpu_->NewSequence();
+    cpu_->ForceNextRouting({std::move(routing)});
+    auto out = cpu_->Step({StepItem{s, tokens, LogitsMode::kAll}});
+    EXPECT_TRUE(out.ok()) << out.status();
+    EXPECT_TRUE(cpu_->FreeSequence(s).ok());
+    return out.ok() ? *std::move(out) : StepOutput{};
+  }
+
+  kernels::cpu::ThreadPool pool_{4};
+  fs::path dir_;
+  nlohmann::json golden_;
+  std::unique_ptr<CudaEngine> engine_;
+  std::unique_ptr<CpuEngine> cpu_;
+};
+
+TEST_P(CudaGolden, PromptLogitsMatchTheReference) {
+  for (size_t i = 0; i < golden_["prompts"].size(); ++i) {
+    SCOPED_TRACE("prompt " + std::to_string(i));
+    std::vector<int32_t> prompt = Prompt(i);
+    std::vector<float> golden = ReadF32(dir_ / golden_["logits_files"][i].get<std::string>());
+    for (size_t chunk : {prompt.size(), size_t{5}}) {
+      int64_t s = engine_->NewSequence();
+      std::vector<float> got;
+      std::vector<int32_t> routing;
+      for (size_t b = 0; b < prompt.size(); b += chunk) {
+        size_t end = std::min(prompt.size(), b + chunk);
+        auto out = engine_->Step({StepItem{s, {prompt.begin() + b, prompt.begin() + end}, LogitsMode::kAll}});
+        ASSERT_TRUE(out.ok()) << out.status();
+        got.insert(got.end(), out->logits[0].begin(), out->logits[0].end());
+        routing.insert(routing.end(), out->routing[0].begin(), out->routing[0].end());
+      }
+      ASSERT_TRUE(engine_->FreeSequence(s).ok());
+      StepOutput ref = Reference(prompt, routing);
+      ASSERT_EQ(ref.logits.size(), 1u);
+      const double rel = RelDiff(got, ref.logits[0]);
+      EXPECT_LE(rel, kRelTolerance) << "chunk " << chunk;
+      EXPECT_LE(ref.routing_regret[0], kMaxRegret) << "chunk " << chunk;
+      std::cout << GetParam() << " prompt " << i << " chunk " << chunk << ": rel diff " << rel
+                << ", routing regret " << ref.routing_regret[0]
+                << " (vs transformers without following the routing: " << RelDiff(got, golden)
+                << ")\n";
+    }
+  }
+}
+
+// Batched greedy decoding: the GPU's argmax agrees with the reference's
+// wherever the reference is decisive, and GPU sampling (graph replay) gives
+// exactly the tokens of the host argmax.
+TEST_P(CudaGolden, GreedyDecodingMatchesTheReference) {
+  const int64_t V = golden_["vocab_size"];
+  const size_t n = golden_["prompts"].size();
+  std::vector<std::vector<int32_t>> host_tokens(n), seen(n), routing(n);
+  for (bool gpu_sampling : {false, true}) {
+    SCOPED_TRACE(gpu_sampling ? "gpu sampling" : "host argmax");
+    std::vector<int64_t> seqs;
+    std::vector<StepItem> items;
+    for (size_t i = 0; i < n; ++i) {
+      seqs.push_back(engine_->NewSequence());
+      items.push_back(StepItem{seqs[i], Prompt(i), LogitsMode::kLast});
+      if (!gpu_sampling) seen[i] = Prompt(i);
+    }
+    for (int step = 0; step < 24; ++step) {
+      std::vector<int32_t> next(n);
+      if (gpu_sampling) {
+        std::vector<kernels::cuda::SamplingRow> rows(n);
+        auto out = engine_->StepAndSample(items, rows);
+        ASSERT_TRUE(out.ok()) << out.status();
+        for (size_t i = 0; i < n; ++i) next[i] = (*out)[i].token;
+      } else {
+        auto out = engine_->Step(items);
+        ASSERT_TRUE(out.ok()) << out.status();
+        for (size_t i = 0; i < n; ++i) {
+          next[i] = Argmax(out->logits[i].data(), V);
+          routing[i].insert(routing[i].end(), out->routing[i].begin(), out->routing[i].end());
+        }
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if (gpu_sampling) {
+          EXPECT_EQ(next[i], host_tokens[i][step]) << "prompt " << i << " step " << step;
+        } else {
+          host_tokens[i].push_back(next[i]);
+        }
+        items[i].tokens = {next[i]};
+      }
+    }
+    for (int64_t s : seqs) ASSERT_TRUE(engine_->FreeSequence(s).ok());
+  }
+  // The reference over each prompt and the GPU's continuation (all but the
+  // last token were fed back), following the GPU's routing.
+  size_t decisive = 0, total = 0, golden_equal = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<int32_t> seq = seen[i];
+    const size_t prompt_len = seq.size();
+    seq.insert(seq.end(), host_tokens[i].begin(), host_tokens[i].end() - 1);
+    // Routing of the prompt (one chunk) then of each fed-back token.
+    StepOutput ref = Reference(seq, routing[i]);
+    ASSERT_EQ(ref.logits.size(), 1u);
+    EXPECT_LE(ref.routing_regret[0], kMaxRegret) << "prompt " << i;
+    const std::vector<int32_t> want = golden_["greedy"][i].get<std::vector<int32_t>>();
+    for (size_t step = 0; step < host_tokens[i].size(); ++step) {
+      const float* row = ref.logits[0].data() + (prompt_len - 1 + step) * V;
+      ++total;
+      if (host_tokens[i][step] == want[step]) ++golden_equal;
+      if (!Decisive(row, V)) continue;
+      ++decisive;
+      EXPECT_EQ(host_tokens[i][step], Argmax(row, V)) << "prompt " << i << " step " << step;
+    }
+  }
+  std::cout << GetParam() << ": " << decisive << " of " << total
+            << " greedy steps decisive and compared; " << golden_equal
+            << " equal to the transformers greedy tokens\n";
+  EXPECT_GE(decisive * 2, total) << "too few decisive steps";
+}
+
+TEST_P(CudaGolden, DecodingThroughTheCacheMatchesTheReference) {
+  if (!golden_.contains("full_sequence")) GTEST_SKIP() << "fixture has no full_sequence";
+  const auto& fs_json = golden_["full_sequence"];
+  std::vector<int32_t> tokens = fs_json["tokens"].get<std::vector<int32_t>>();
+  const size_t prompt_len = Prompt(fs_json["prompt_index"].get<size_t>()).size();
+  int64_t s = engine_->NewSequence();
+  auto first = engine_->Step({StepItem{s, {tokens.begin(), tokens.begin() + prompt_len}, LogitsMode::kAll}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::vector<float> got = first->logits[0];
+  std::vector<int32_t> routing = first->routing[0];
+  for (size_t i = prompt_len; i < tokens.size(); ++i) {
+    auto out = engine_->Step({StepItem{s, {tokens[i]}, LogitsMode::kLast}});
+    ASSERT_TRUE(out.ok()) << out.status();
+    got.insert(got.end(), out->logits[0].begin(), out->logits[0].end());
+    routing.insert(routing.end(), out->routing[0].begin(), out->routing[0].end());
+  }
+  StepOutput ref = Reference(tokens, routing);
+  ASSERT_EQ(ref.logits.size(), 1u);
+  const double rel = RelDiff(got, ref.logits[0]);
+  EXPECT_LE(rel, kRelTolerance);
+  EXPECT_LE(ref.routing_regret[0], kMaxRegret);
+  std::cout << GetParam() << " decode through the cache: rel diff " << rel << ", routing regret "
+            << ref.routing_regret[0] << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::ValuesIn(Fixtures()),
+                         [](const auto& info) { return info.param; });
+
+TEST(CudaEngineErrors, BadStepsAreRefusedAndChangeNothing) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ModelConfig c = ModelConfig::Tiny();
+  auto w = MakeSyntheticWeights(c, 3);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto e = CudaEngine::Create(*w, SmallOptions());
+  ASSERT_TRUE(e.ok()) << e.status();
+  CudaEngine& engine = **e;
+  const int64_t s = engine.NewSequence();
+  auto bad_token = engine.Step({StepItem{s, {1, c.vocab_size}, LogitsMode::kLast}});
+  EXPECT_EQ(bad_token.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_token.status().message().find("out of range"), std::string::npos);
+  EXPECT_EQ(engine.Step({StepItem{s + 100, {1}, LogitsMode::kLast}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.Step({StepItem{s, {}, LogitsMode::kLast}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<int32_t> too_many(2000, 1);
+  EXPECT_EQ(engine.Step({StepItem{s, too_many, LogitsMode::kLast}}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(*engine.SequenceLength(s), 0);
+  auto ok = engine.Step({StepItem{s, {1, 2, 3}, LogitsMode::kLast}});
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*engine.SequenceLength(s), 3);
+  const int64_t before = engine.free_kv_blocks();
+  ASSERT_TRUE(engine.FreeSequence(s).ok());
+  EXPECT_GT(engine.free_kv_blocks(), before);
+  EXPECT_EQ(engine.FreeSequence(s).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Two layers of the real 120b shapes: GPU engine vs CPU engine on the same
+// synthetic weights, prefill of a mixed batch then graph-captured decode, the
+// reference following the GPU's routing and fed the same tokens.
+TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ModelConfig c = ModelConfig::Gptoss120b();
+  c.num_hidden_layers = 2;
+  c.layer_types.resize(2);
+  auto w = MakeSyntheticWeights(c, 11);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto g = CudaEngine::Create(*w, RecordingOptions());
+  ASSERT_TRUE(g.ok()) << g.status();
+  kernels::cpu::ThreadPool pool(8);
+  CpuEngineOptions co;
+  co.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 16, 3, 400);
+  auto cpu = CpuEngine::Create(*std::move(w), co, &pool);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  const int64_t V = c.vocab_size;
+  // Three sequences: prompts of 1, 37 and 300 tokens (the last over the
+  // sliding window and over 16 tokens: tensor-core linears).
+  std::vector<std::vector<int32_t>> prompts(3);
+  const int lens[3] = {1, 37, 300};
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < lens[i]; ++j) prompts[i].push_back((j * 7919 + i * 104729) % 200000);
+  }
+  std::vector<StepItem> gi, ci;
+  for (int i = 0; i < 3; ++i) {
+    gi.push_back(StepItem{(*g)->NewSequence(), prompts[i], LogitsMode::kLast});
+    ci.push_back(StepItem{(*cpu)->NewSequence(), prompts[i], LogitsMode::kLast});
+  }
+  for (int step = 0; step < 8; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    auto go = (*g)->Step(gi);
+    ASSERT_TRUE(go.ok()) << go.status();
+    (*cpu)->ForceNextRouting(go->routing);
+    auto co2 = (*cpu)->Step(ci);
+    ASSERT_TRUE(co2.ok()) << co2.status();
+    for (int i = 0; i < 3; ++i) {
+      const double rel = RelDiff(go->logits[i], co2->logits[i]);
+      EXPECT_LE(rel, kRelTolerance) << "sequence " << i;
+      EXPECT_LE(co2->routing_regret[i], kMaxRegret) << "sequence " << i;
+      if (step == 0 || step == 7) {
+        std::cout << "real shapes step " << step << " seq " << i << ": rel diff " << rel
+                  << ", routing regret " << co2->routing_regret[i] << "\n";
+      }
+      const int32_t next = Argmax(co2->logits[i].data(), V);
+      if (Decisive(co2->logits[i].data(), V)) {
+        EXPECT_EQ(Argmax(go->logits[i].data(), V), next) << "sequence " << i;
+      }
+      gi[i].tokens = {next};
+      ci[i].tokens = {next};
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flotilla

@@ -1,0 +1,403 @@
+// The CUDA dense ops against the CPU reference (kernels/cpu/ops.h) at
+// gpt-oss-120b shapes: H = 2880, 64 q heads / 8 kv heads of head_dim 64,
+// E = 128 experts with K = 4, projections QKV 2880->5120, O 4096->2880,
+// router 2880->128 and lm_head 2880->201088, T in {1, 7, 64, 300}.
+//
+// Tolerances:
+// - Embedding, the residual add, V in the cache and the router ids: exact
+//   (copies, one f32 add, one rounding to bf16, comparisons).
+// - bf16 outputs (RMSNorm, RoPE'd q and k): the f32 math differs from the CPU
+//   only in the order of the 2880-term sum of squares, contraction into FMAs
+//   and cos/sin ulps, ~1e-6 relative, which can move a value across a bf16
+//   rounding boundary: we allow 1 bf16 ulp of the CPU's f32 value (plus 1e-5
+//   absolute for results near 0 after cancellation in the rotation).
+// - Linear: products of two bf16 are exact in f32 on both sides; only the
+//   order of the additions differs (per-warp slices and tensor-core
+//   accumulation, or cuBLASLt's tiling). Error ~ n * 2^-24 * the partial sums'
+//   size; we allow 2e-4 * sqrt(in) * rms(x) * rms(w) (the spread of one dot
+//   product, ~1), about 1% of what a single wrong weight element moves it.
+// - Router weights: one expf and a division on 4 values, 1e-6 absolute.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/bf16.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
+
+namespace flotilla::kernels {
+namespace {
+
+constexpr int kHidden = 2880;
+constexpr int kQHeads = 64;
+constexpr int kKvHeads = 8;
+constexpr int kHeadDim = 64;
+constexpr float kEps = 1e-5f;
+const int kTokenCounts[] = {1, 7, 64, 300};
+
+class OpsCudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
+  }
+};
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t count) : n(count) {
+    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  Dev(const std::vector<T>& h) : Dev(h.size()) { Put(h); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void Put(const std::vector<T>& h) {
+    ASSERT_EQ(h.size(), n);
+    ASSERT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> Get() const {
+    std::vector<T> h(n);
+    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+  }
+};
+
+std::vector<float> Normal(size_t n, float sd, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Fast deterministic bf16 fill for large weights: roughly uniform in [-a, a].
+std::vector<uint16_t> FastBf16(size_t n, float a, uint64_t seed) {
+  std::vector<uint16_t> v(n);
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    const float u = static_cast<float>(s >> 40) * (1.0f / 16777216.0f);
+    v[i] = FloatToBf16((2.0f * u - 1.0f) * a);
+  }
+  return v;
+}
+
+std::vector<uint16_t> ToBf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = FloatToBf16(v[i]);
+  return o;
+}
+
+std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = Bf16ToFloat(v[i]);
+  return o;
+}
+
+// One bf16 ulp at the magnitude of r.
+float Bf16Ulp(float r) {
+  const float a = std::fabs(r);
+  if (a < 1e-30f) return 1e-30f;
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  return std::ldexp(1.0f, e - 8);
+}
+
+TEST_F(OpsCudaTest, EmbeddingGathersRowsAndCountsBadIds) {
+  const int vocab = 4096;  // rows of the real width; fewer of them keeps the test fast
+  std::vector<uint16_t> table = FastBf16(static_cast<size_t>(vocab) * kHidden, 1.0f, 1);
+  Dev<uint16_t> d_table(table);
+  for (int T : kTokenCounts) {
+    std::mt19937 rng(T);
+    std::vector<int32_t> ids(T);
+    for (int& id : ids) id = static_cast<int>(rng() % vocab);
+    if (T >= 7) {
+      ids[1] = -1;
+      ids[5] = vocab;
+    }
+    Dev<int32_t> d_ids(ids);
+    Dev<float> d_out(static_cast<size_t>(T) * kHidden);
+    Dev<int32_t> d_bad(std::vector<int32_t>{0});
+    ASSERT_EQ(cuda::LaunchEmbedding(d_table.p, vocab, kHidden, d_ids.p, T, d_out.p, d_bad.p,
+                                    nullptr),
+              cudaSuccess);
+    std::vector<float> out = d_out.Get();
+    int bad = 0;
+    for (int t = 0; t < T; ++t) {
+      const bool ok = ids[t] >= 0 && ids[t] < vocab;
+      bad += !ok;
+      for (int c = 0; c < kHidden; ++c) {
+        const float want =
+            ok ? Bf16ToFloat(table[static_cast<size_t>(ids[t]) * kHidden + c]) : 0.0f;
+        ASSERT_EQ(out[static_cast<size_t>(t) * kHidden + c], want) << "t=" << t << " c=" << c;
+      }
+    }
+    EXPECT_EQ(d_bad.Get()[0], bad);
+  }
+}
+
+TEST_F(OpsCudaTest, AddRmsNormMatchesCpu) {
+  std::vector<uint16_t> weight = ToBf16(Normal(kHidden, 0.3f, 7));
+  for (uint16_t& w : weight) w = FloatToBf16(1.0f + Bf16ToFloat(w));
+  Dev<uint16_t> d_w(weight);
+  for (int T : kTokenCounts) {
+    const size_t n = static_cast<size_t>(T) * kHidden;
+    std::vector<float> x = Normal(n, 2.0f, 100 + T), add = Normal(n, 1.0f, 200 + T);
+    Dev<float> d_x(x), d_add(add);
+    Dev<uint16_t> d_out(n);
+    ASSERT_EQ(cuda::LaunchAddRmsNorm(d_x.p, d_add.p, d_w.p, T, kHidden, kEps, d_out.p, nullptr),
+              cudaSuccess);
+    std::vector<float> sum(n), ref(n);
+    for (size_t i = 0; i < n; ++i) sum[i] = x[i] + add[i];
+    cpu::RmsNorm(sum.data(), weight.data(), T, kHidden, kEps, ref.data());
+    std::vector<float> gx = d_x.Get();
+    std::vector<uint16_t> out = d_out.Get();
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(gx[i], sum[i]) << i;
+      ASSERT_LE(std::fabs(Bf16ToFloat(out[i]) - ref[i]), Bf16Ulp(ref[i])) << "T=" << T << " i=" << i;
+    }
+    // No residual: x unchanged; and the row-subset variant.
+    ASSERT_EQ(cuda::LaunchAddRmsNorm(d_x.p, nullptr, d_w.p, T, kHidden, kEps, d_out.p, nullptr),
+              cudaSuccess);
+    out = d_out.Get();
+    for (size_t i = 0; i < n; ++i) {
+      ASSERT_LE(std::fabs(Bf16ToFloat(out[i]) - ref[i]), Bf16Ulp(ref[i])) << i;
+    }
+    std::vector<int32_t> rows;
+    for (int t = T - 1; t >= 0; t -= 3) rows.push_back(t);
+    Dev<int32_t> d_rows(rows);
+    Dev<uint16_t> d_sel(rows.size() * kHidden);
+    ASSERT_EQ(cuda::LaunchRmsNormRows(d_x.p, d_rows.p, static_cast<int>(rows.size()), d_w.p,
+                                      kHidden, kEps, d_sel.p, nullptr),
+              cudaSuccess);
+    std::vector<uint16_t> sel = d_sel.Get();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int c = 0; c < kHidden; ++c) {
+        const float r = ref[static_cast<size_t>(rows[i]) * kHidden + c];
+        ASSERT_LE(std::fabs(Bf16ToFloat(sel[i * kHidden + c]) - r), Bf16Ulp(r));
+      }
+    }
+  }
+}
+
+struct LinearShape {
+  const char* name;
+  int in, out;
+  bool bias;
+  int row_step;  // check every row_step-th output row (lm_head: a CPU reference of all is slow)
+};
+
+void CheckLinear(cuda::LinearContext* ctx, const LinearShape& s, int T, bool accumulate,
+                 cpu::ThreadPool* pool, const std::vector<uint16_t>& w, const uint16_t* d_w,
+                 const std::vector<uint16_t>& bias, const uint16_t* d_bias) {
+  SCOPED_TRACE(::testing::Message() << s.name << " T=" << T << " accumulate=" << accumulate);
+  std::vector<uint16_t> xb = ToBf16(Normal(static_cast<size_t>(T) * s.in, 1.0f, 300 + T));
+  std::vector<float> x = FromBf16(xb);
+  Dev<uint16_t> d_x(xb);
+  const size_t ny = static_cast<size_t>(T) * s.out;
+  std::vector<float> y0 = accumulate ? Normal(ny, 1.0f, 400 + T) : std::vector<float>(ny, 7.0f);
+  Dev<float> d_y(y0);
+  ASSERT_EQ(cuda::LaunchLinear(ctx, d_x.p, d_w, s.bias ? d_bias : nullptr, T, s.in, s.out,
+                               accumulate, d_y.p, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> y = d_y.Get();
+  // Reference on rows o = 0, step, 2 step, ... (LinearBf16 takes a row stride).
+  const int n_rows = (s.out + s.row_step - 1) / s.row_step;
+  std::vector<float> ref(static_cast<size_t>(T) * n_rows);
+  cpu::LinearBf16(pool, x.data(), T, s.in, w.data(), static_cast<int64_t>(s.in) * s.row_step,
+                  n_rows, nullptr, ref.data());
+  double xs = 0, ws = 0;
+  for (float v : x) xs += static_cast<double>(v) * v;
+  for (size_t i = 0; i < w.size(); i += 97) ws += std::pow(Bf16ToFloat(w[i]), 2.0);
+  const double rms_x = std::sqrt(xs / x.size()), rms_w = std::sqrt(ws / ((w.size() + 96) / 97));
+  const float tol = static_cast<float>(2e-4 * std::sqrt(static_cast<double>(s.in)) * rms_x * rms_w);
+  for (int t = 0; t < T; ++t) {
+    for (int j = 0; j < n_rows; ++j) {
+      const int o = j * s.row_step;
+      float want = ref[static_cast<size_t>(t) * n_rows + j];
+      if (s.bias) want += Bf16ToFloat(bias[o]);
+      if (accumulate) want += y0[static_cast<size_t>(t) * s.out + o];
+      ASSERT_NEAR(y[static_cast<size_t>(t) * s.out + o], want, tol) << "t=" << t << " o=" << o;
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, LinearMatchesCpuAtGptOssShapes) {
+  cuda::LinearContext* ctx = nullptr;
+  ASSERT_EQ(cuda::CreateLinearContext(&ctx), cudaSuccess);
+  std::printf("[ linear ] large batches via %s\n",
+              cuda::LinearUsesCublasLt(ctx) ? "cuBLASLt" : "the GEMV over 16-token slices");
+  cpu::ThreadPool pool(0);
+  const LinearShape shapes[] = {{"qkv", 2880, 5120, true, 1},
+                                {"o", 4096, 2880, false, 1},
+                                {"router", 2880, 128, true, 1},
+                                {"lm_head", 2880, 201088, false, 61}};
+  for (const LinearShape& s : shapes) {
+    const float a = 0.035f;  // uniform in [-a, a]: rms 0.02
+    std::vector<uint16_t> w = FastBf16(static_cast<size_t>(s.out) * s.in, a, s.out);
+    std::vector<uint16_t> bias = ToBf16(Normal(s.out, 0.1f, 11));
+    Dev<uint16_t> d_w(w), d_bias(bias);
+    std::vector<int> counts(std::begin(kTokenCounts), std::end(kTokenCounts));
+    if (s.out == 5120) {
+      counts.push_back(16);  // the last small-batch size
+      counts.push_back(17);  // the first large-batch size
+    }
+    for (int T : counts) {
+      CheckLinear(ctx, s, T, false, &pool, w, d_w.p, bias, d_bias.p);
+      if (s.out == 2880 || s.out == 5120) CheckLinear(ctx, s, T, true, &pool, w, d_w.p, bias, d_bias.p);
+    }
+  }
+  cuda::DestroyLinearContext(ctx);
+}
+
+// Both paths replay inside a CUDA graph with the same results as direct launches.
+TEST_F(OpsCudaTest, LinearIsGraphCapturable) {
+  cuda::LinearContext* ctx = nullptr;
+  ASSERT_EQ(cuda::CreateLinearContext(&ctx), cudaSuccess);
+  const int in = 2880, out = 5120;
+  std::vector<uint16_t> w = FastBf16(static_cast<size_t>(out) * in, 0.035f, 5);
+  std::vector<uint16_t> bias = ToBf16(Normal(out, 0.1f, 6));
+  Dev<uint16_t> d_w(w), d_bias(bias);
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (int T : {7, 64}) {
+    Dev<uint16_t> d_x(ToBf16(Normal(static_cast<size_t>(T) * in, 1.0f, T)));
+    Dev<float> d_direct(static_cast<size_t>(T) * out), d_graph(static_cast<size_t>(T) * out);
+    ASSERT_EQ(cuda::LaunchLinear(ctx, d_x.p, d_w.p, d_bias.p, T, in, out, false, d_direct.p,
+                                 stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    ASSERT_EQ(cuda::LaunchLinear(ctx, d_x.p, d_w.p, d_bias.p, T, in, out, false, d_graph.p,
+                                 stream),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(d_graph.Get(), d_direct.Get()) << "T=" << T;
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+  cuda::DestroyLinearContext(ctx);
+}
+
+TEST_F(OpsCudaTest, RopeKvWriteMatchesCpu) {
+  cpu::YarnParams yp;  // gpt-oss: theta 150000, factor 32, original 4096, head_dim 64
+  const std::vector<float> inv_freq = cpu::YarnInvFreq(yp);
+  const float scaling = cpu::YarnAttentionScaling(yp.factor);
+  Dev<float> d_inv(inv_freq);
+  const int width = (kQHeads + 2 * kKvHeads) * kHeadDim;
+  for (int block_size : {16, 64}) {
+    for (int T : kTokenCounts) {
+      SCOPED_TRACE(::testing::Message() << "block_size=" << block_size << " T=" << T);
+      const int num_blocks = (T + block_size - 1) / block_size * 2 + 1;
+      const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvHeads * block_size * kHeadDim;
+      std::mt19937 rng(T * 31 + block_size);
+      std::vector<float> qkv = Normal(static_cast<size_t>(T) * width, 1.0f, 500 + T);
+      std::vector<int32_t> pos(T), slots(T);
+      std::vector<int32_t> all(num_blocks * block_size);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int t = 0; t < T; ++t) {
+        pos[t] = t == 0 ? 131071 : static_cast<int>(rng() % 131072);
+        slots[t] = (t % 5 == 3) ? -1 : all[t];
+      }
+      Dev<float> d_qkv(qkv);
+      Dev<int32_t> d_pos(pos), d_slots(slots);
+      std::vector<uint16_t> sentinel(cache_elems, 0x7FC1);
+      Dev<uint16_t> d_k(sentinel), d_v(sentinel), d_q(static_cast<size_t>(T) * kQHeads * kHeadDim);
+      cuda::PagedKvLayer cache;
+      cache.k = d_k.p, cache.v = d_v.p, cache.num_blocks = num_blocks;
+      cache.block_size = block_size, cache.kv_heads = kKvHeads, cache.head_dim = kHeadDim;
+      ASSERT_EQ(cuda::LaunchRopeKvWrite(d_qkv.p, d_pos.p, d_slots.p, T, kQHeads, d_inv.p, scaling,
+                                        cache, d_q.p, nullptr),
+                cudaSuccess);
+      // CPU: split q | k | v, rotate q and k.
+      std::vector<float> q(static_cast<size_t>(T) * kQHeads * kHeadDim),
+          k(static_cast<size_t>(T) * kKvHeads * kHeadDim), v(k.size());
+      for (int t = 0; t < T; ++t) {
+        const float* src = qkv.data() + static_cast<size_t>(t) * width;
+        std::copy(src, src + kQHeads * kHeadDim, q.data() + static_cast<size_t>(t) * kQHeads * kHeadDim);
+        src += kQHeads * kHeadDim;
+        std::copy(src, src + kKvHeads * kHeadDim, k.data() + static_cast<size_t>(t) * kKvHeads * kHeadDim);
+        src += kKvHeads * kHeadDim;
+        std::copy(src, src + kKvHeads * kHeadDim, v.data() + static_cast<size_t>(t) * kKvHeads * kHeadDim);
+      }
+      std::vector<int64_t> pos64(pos.begin(), pos.end());
+      cpu::ApplyRope(q.data(), T, kQHeads, kHeadDim, pos64.data(), inv_freq.data(), scaling);
+      cpu::ApplyRope(k.data(), T, kKvHeads, kHeadDim, pos64.data(), inv_freq.data(), scaling);
+      std::vector<uint16_t> gq = d_q.Get(), gk = d_k.Get(), gv = d_v.Get();
+      for (size_t i = 0; i < q.size(); ++i) {
+        ASSERT_LE(std::fabs(Bf16ToFloat(gq[i]) - q[i]), Bf16Ulp(q[i]) + 1e-5f) << "q " << i;
+      }
+      std::vector<char> written(cache_elems, 0);
+      for (int t = 0; t < T; ++t) {
+        if (slots[t] < 0) continue;
+        const int b = slots[t] / block_size, off = slots[t] % block_size;
+        for (int h = 0; h < kKvHeads; ++h) {
+          for (int d = 0; d < kHeadDim; ++d) {
+            const size_t c = ((static_cast<size_t>(b) * kKvHeads + h) * block_size + off) * kHeadDim + d;
+            const size_t s = (static_cast<size_t>(t) * kKvHeads + h) * kHeadDim + d;
+            written[c] = 1;
+            ASSERT_LE(std::fabs(Bf16ToFloat(gk[c]) - k[s]), Bf16Ulp(k[s]) + 1e-5f) << "k t=" << t;
+            ASSERT_EQ(gv[c], FloatToBf16(v[s])) << "v t=" << t;
+          }
+        }
+      }
+      for (size_t c = 0; c < cache_elems; ++c) {
+        if (!written[c]) {
+          ASSERT_EQ(gk[c], 0x7FC1) << c;
+          ASSERT_EQ(gv[c], 0x7FC1) << c;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(OpsCudaTest, RouterTopKMatchesCpu) {
+  const int E = 128, K = 4;
+  for (int T : kTokenCounts) {
+    // Logits on a 1/4 grid so that ties occur and must go to the lower id.
+    std::vector<float> logits = Normal(static_cast<size_t>(T) * E, 1.5f, 600 + T);
+    for (float& l : logits) l = std::round(l * 4.0f) / 4.0f;
+    Dev<float> d_l(logits);
+    Dev<int32_t> d_ids(static_cast<size_t>(T) * K);
+    Dev<float> d_w(static_cast<size_t>(T) * K);
+    ASSERT_EQ(cuda::LaunchRouterTopK(d_l.p, T, E, K, d_ids.p, d_w.p, nullptr), cudaSuccess);
+    std::vector<int32_t> ids(static_cast<size_t>(T) * K);
+    std::vector<float> w(ids.size());
+    cpu::RouterTopK(logits.data(), T, E, K, ids.data(), w.data());
+    EXPECT_EQ(d_ids.Get(), ids) << "T=" << T;
+    std::vector<float> gw = d_w.Get();
+    for (size_t i = 0; i < w.size(); ++i) ASSERT_NEAR(gw[i], w[i], 1e-6f) << "T=" << T;
+  }
+}
+
+TEST_F(OpsCudaTest, BadArgumentsAreRefused) {
+  float* y = nullptr;
+  EXPECT_EQ(cuda::LaunchLinear(nullptr, nullptr, nullptr, nullptr, 1, 2880, 128, false, y, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchRouterTopK(nullptr, 1, 128, 4, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
+}  // namespace
+}  // namespace flotilla::kernels

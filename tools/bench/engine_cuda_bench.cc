@@ -1,0 +1,209 @@
+// Whole-model throughput of the CUDA engine at gpt-oss shapes (default
+// 120b) with weights filled on the device (no checkpoint). JSON lines:
+//   {"bench":"decode_step", batch, context, ms_per_step, tokens_per_s,
+//    bytes_per_step, gbs, hbm_gbs, roofline_tokens_per_s, fraction_of_roofline}
+//   {"bench":"prefill", prompt_tokens, ms, tokens_per_s, tflops, peak_tflops}
+// Decode steps sample on the GPU and return tokens to the host every step, as
+// serving does; the bytes a step must read are the bf16 matrices, lm_head,
+// the distinct experts the batch is expected to touch and the KV it attends
+// over, so `roofline_tokens_per_s` is what HBM bandwidth alone would allow.
+//   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
+//                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/device.h"
+#include "worker/engine/cuda_engine.h"
+
+namespace {
+
+using flotilla::CudaEngine;
+using flotilla::CudaEngineOptions;
+using flotilla::LogitsMode;
+using flotilla::ModelConfig;
+using flotilla::StepItem;
+using Clock = std::chrono::steady_clock;
+
+std::vector<long> ParseList(const std::string& s) {
+  std::vector<long> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::strtol(item.c_str(), nullptr, 10));
+  return out;
+}
+
+double PeakHbmGbs(int device) {
+  int clock_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
+    return 0;
+  }
+  return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
+  double hbm_gbs = 0, peak_tflops = 989;
+  std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--layers") layers = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--batches") batches = ParseList(v);
+    else if (a == "--context") context = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--prefill") prefills = v == "none" ? std::vector<long>{} : ParseList(v);
+    else if (a == "--steps") steps = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
+    else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
+    else {
+      std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (flotilla::kernels::cuda::DeviceCount() == 0) {
+    std::printf("{\"bench\":\"engine_cuda\",\"skipped\":\"no CUDA device\"}\n");
+    return 0;
+  }
+  flotilla::kernels::cuda::DeviceProps props;
+  flotilla::kernels::cuda::GetDeviceProps(0, &props);
+  if (hbm_gbs <= 0) hbm_gbs = PeakHbmGbs(0);
+
+  ModelConfig c = ModelConfig::Gptoss120b();
+  c.num_hidden_layers = static_cast<int>(layers);
+  c.layer_types.resize(layers);
+  for (long l = 0; l < layers; ++l) {
+    c.layer_types[l] = l % 2 == 0 ? flotilla::LayerType::kSlidingAttention
+                                  : flotilla::LayerType::kFullAttention;
+  }
+  long max_batch = 1;
+  for (long b : batches) max_batch = std::max(max_batch, b);
+  long max_prefill = 0;
+  for (long p : prefills) max_prefill = std::max(max_prefill, p);
+  CudaEngineOptions o;
+  o.max_sequences = static_cast<int>(std::max(max_batch, 1L));
+  o.max_batch_tokens = static_cast<int>(std::max({max_prefill, max_batch, 256L}));
+  o.max_context = std::max(context + steps + 16, max_prefill + 16);
+  o.kv_num_blocks = kv_blocks > 0 ? kv_blocks
+                                  : std::max(max_batch * ((context + steps + 16) / 16 + 1),
+                                             max_prefill / 16 + 2);
+  const auto t0 = Clock::now();
+  auto made = CudaEngine::CreateSynthetic(c, 42, o);
+  if (!made.ok()) {
+    std::fprintf(stderr, "engine_cuda_bench: %s\n", made.status().ToString().c_str());
+    return 1;
+  }
+  CudaEngine& e = **made;
+  const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
+              "\"kv_blocks\":%lld,\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
+              props.name.c_str(), layers, e.weight_bytes() / 1e9,
+              static_cast<long long>(e.num_kv_blocks()), build_s, hbm_gbs);
+  std::fflush(stdout);
+
+  // Per-token and per-layer byte counts for the roofline.
+  const double H = c.hidden_size, D = c.head_dim, NH = c.num_attention_heads,
+               NKV = c.num_key_value_heads, E = c.num_local_experts, K = c.num_experts_per_tok;
+  const double dense_layer = ((NH + 2 * NKV) * D * H + H * NH * D + E * H) * 2;
+  const double expert_bytes =
+      (2 * c.intermediate_size * H + H * c.intermediate_size) * 17.0 / 32.0 +
+      (2 * c.intermediate_size + H) * 2;
+  const double lm_head = static_cast<double>(c.vocab_size) * H * 2;
+  const double kv_token_layer = 2 * NKV * D * 2;
+
+  for (long B : batches) {
+    std::vector<StepItem> items;
+    std::vector<int64_t> seqs;
+    bool ok = true;
+    for (long b = 0; b < B && ok; ++b) {
+      const int64_t s = e.NewSequence();
+      seqs.push_back(s);
+      ok = e.ExtendSynthetic(s, context).ok();
+      items.push_back(StepItem{s, {static_cast<int32_t>(1000 + b)}, LogitsMode::kLast});
+    }
+    if (!ok) {
+      std::printf("{\"bench\":\"decode_step\",\"batch\":%ld,\"error\":\"KV cache too small\"}\n", B);
+      for (int64_t s : seqs) (void)e.FreeSequence(s);
+      continue;
+    }
+    std::vector<flotilla::kernels::cuda::SamplingRow> rows(B);
+    for (long b = 0; b < B; ++b) rows[b].seed = static_cast<uint64_t>(b);
+    auto step = [&](int n) -> bool {
+      for (int i = 0; i < n; ++i) {
+        for (long b = 0; b < B; ++b) rows[b].step = static_cast<uint64_t>(i);
+        auto out = e.StepAndSample(items, rows);
+        if (!out.ok()) {
+          std::fprintf(stderr, "engine_cuda_bench: %s\n", out.status().ToString().c_str());
+          return false;
+        }
+        for (long b = 0; b < B; ++b) items[b].tokens = {(*out)[b].token};
+      }
+      return true;
+    };
+    if (!step(4)) return 1;  // captures the graph
+    const auto t = Clock::now();
+    if (!step(static_cast<int>(steps))) return 1;
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
+    const double touched = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
+    const double ctx = context + 4 + steps / 2.0;
+    const double kv = B * kv_token_layer *
+                      (std::ceil(layers / 2.0) * std::min(ctx, 128.0) + std::floor(layers / 2.0) * ctx);
+    const double bytes = layers * (dense_layer + touched * expert_bytes) + lm_head + kv;
+    const double gbs = bytes / (ms * 1e-3) / 1e9;
+    const double roof_step_ms = bytes / (hbm_gbs * 1e9) * 1e3;
+    std::printf("{\"bench\":\"decode_step\",\"gpu\":\"%s\",\"layers\":%ld,\"batch\":%ld,"
+                "\"context\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+                "\"bytes_per_step_gb\":%.3f,\"gbs\":%.0f,\"hbm_gbs\":%.0f,"
+                "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
+                props.name.c_str(), layers, B, context, ms, B * 1e3 / ms, bytes / 1e9, gbs,
+                hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
+    std::fflush(stdout);
+    for (int64_t s : seqs) (void)e.FreeSequence(s);
+  }
+
+  for (long P : prefills) {
+    const int64_t s = e.NewSequence();
+    std::vector<int32_t> prompt(P);
+    for (long i = 0; i < P; ++i) prompt[i] = static_cast<int32_t>((i * 7919) % 200000);
+    // One warm-up pass at this size, then the measured one.
+    for (int pass = 0; pass < 2; ++pass) {
+      const int64_t seq = pass == 0 ? e.NewSequence() : s;
+      const auto t = Clock::now();
+      auto out = e.Step({StepItem{seq, prompt, LogitsMode::kLast}});
+      if (!out.ok()) {
+        std::printf("{\"bench\":\"prefill\",\"prompt_tokens\":%ld,\"error\":\"%s\"}\n", P,
+                    std::string(out.status().message()).c_str());
+        break;
+      }
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+      if (pass == 0) {
+        (void)e.FreeSequence(seq);
+        continue;
+      }
+      // FLOPs: 2 per weight per token (experts: K of them), attention QK and PV.
+      const double dense_params = layers * (dense_layer / 2) + lm_head / 2 / P;
+      const double expert_params = layers * K * 3 * c.intermediate_size * H;
+      double attn_pairs = 0;
+      for (long l = 0; l < layers; ++l) {
+        const double w = l % 2 == 0 ? std::min<double>(c.sliding_window, P) : P / 2.0;
+        attn_pairs += P * w;
+      }
+      const double flops = 2 * P * (dense_params + expert_params) + 4 * attn_pairs * NH * D;
+      std::printf("{\"bench\":\"prefill\",\"gpu\":\"%s\",\"layers\":%ld,\"prompt_tokens\":%ld,"
+                  "\"ms\":%.1f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,\"peak_bf16_tflops\":%.0f}\n",
+                  props.name.c_str(), layers, P, ms, P * 1e3 / ms, flops / (ms * 1e-3) / 1e12,
+                  peak_tflops);
+      std::fflush(stdout);
+    }
+    (void)e.FreeSequence(s);
+  }
+  return 0;
+}

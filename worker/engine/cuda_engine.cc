@@ -1,0 +1,830 @@
+#include "worker/engine/cuda_engine.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/fill.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/router.h"
+
+namespace flotilla {
+namespace {
+
+namespace kc = kernels::cuda;
+
+absl::Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", cudaGetErrorString(err)));
+}
+
+#define FLOTILLA_CUDA_RETURN(expr) FLOTILLA_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Next power of two >= n (n >= 1).
+int64_t PowerOfTwoAtLeast(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+// Device state: weights, KV arena, step buffers, graphs.
+struct CudaEngine::Impl {
+  struct Layer {
+    uint16_t* input_norm = nullptr;
+    uint16_t* post_norm = nullptr;
+    uint16_t* wqkv = nullptr;  // [(NH + 2 NKV) D, H]
+    uint16_t* bqkv = nullptr;
+    uint16_t* wo = nullptr;  // [H, NH D]
+    uint16_t* bo = nullptr;
+    uint16_t* router = nullptr;  // [E, H]
+    uint16_t* router_bias = nullptr;
+    float* sinks = nullptr;
+    kc::MoeDeviceWeights moe;
+    kc::PagedKvLayer kv;
+    int window = 0;
+  };
+
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  kc::LinearContext* linear = nullptr;
+  std::vector<void*> allocations;
+
+  uint16_t* embed = nullptr;
+  uint16_t* final_norm = nullptr;
+  uint16_t* lm_head = nullptr;
+  std::vector<Layer> layers;
+  float* inv_freq = nullptr;
+  float rope_scaling = 1.0f;
+  uint16_t* kv_arena = nullptr;
+
+  // Step buffers, sized for the largest step.
+  int max_tokens = 0, max_seqs = 0, logit_rows = 0;
+  float* x = nullptr;          // [T, H] residual stream
+  uint16_t* t = nullptr;       // [T, H] normed activations
+  float* qkv = nullptr;        // [T, (NH + 2 NKV) D]
+  uint16_t* q = nullptr;       // [T, NH D]
+  uint16_t* attn = nullptr;    // [T, NH D]
+  float* router_logits = nullptr;  // [T, E]
+  int32_t* topk_ids = nullptr;
+  int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
+  float* topk_w = nullptr;
+  uint16_t* final_t = nullptr;  // [rows, H]
+  float* logits = nullptr;      // [logit_rows, V]
+  int32_t* invalid = nullptr;
+  void* moe_ws = nullptr;
+  size_t moe_ws_bytes = 0;
+  void* attn_ws = nullptr;
+  size_t attn_ws_bytes = 0;
+  void* sample_ws = nullptr;
+  size_t sample_ws_bytes = 0;
+  int32_t* sampled_tokens = nullptr;
+  float* sampled_logprobs = nullptr;
+  kc::SamplingRow* sample_params = nullptr;
+
+  // Step metadata: one int32 region on the device at fixed offsets (graphs
+  // keep the addresses), filled from a pinned host mirror.
+  int32_t* meta = nullptr;
+  int32_t* meta_host = nullptr;
+  size_t meta_ints = 0;
+  size_t off_tokens = 0, off_pos = 0, off_slots = 0, off_qstart = 0, off_lens = 0, off_tables = 0,
+         off_rows = 0;
+  kc::SamplingRow* params_host = nullptr;
+  int32_t* tokens_host = nullptr;
+  float* logprobs_host = nullptr;
+
+  // Decode graphs by (padded batch, context bucket).
+  std::map<std::pair<int, int64_t>, cudaGraphExec_t> graphs;
+
+  ~Impl() {
+    if (device >= 0) cudaSetDevice(device);
+    for (auto& [key, exec] : graphs) cudaGraphExecDestroy(exec);
+    for (Layer& l : layers) kc::FreeMoeWeights(&l.moe);
+    for (void* p : allocations) cudaFree(p);
+    if (meta_host != nullptr) cudaFreeHost(meta_host);
+    if (params_host != nullptr) cudaFreeHost(params_host);
+    if (tokens_host != nullptr) cudaFreeHost(tokens_host);
+    if (logprobs_host != nullptr) cudaFreeHost(logprobs_host);
+    if (linear != nullptr) kc::DestroyLinearContext(linear);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  template <typename T>
+  absl::Status Alloc(T** p, size_t count) {
+    void* raw = nullptr;
+    const size_t bytes = std::max<size_t>(count * sizeof(T), 16);
+    cudaError_t err = cudaMalloc(&raw, bytes);
+    if (err != cudaSuccess) {
+      return absl::ResourceExhaustedError(absl::StrCat("cuda: cannot allocate ", bytes,
+                                                       " bytes on device ", device, ": ",
+                                                       cudaGetErrorString(err)));
+    }
+    allocations.push_back(raw);
+    *p = static_cast<T*>(raw);
+    return absl::OkStatus();
+  }
+};
+
+struct CudaEngine::Plan {
+  int tokens = 0;       // T, padded rows included
+  int seqs = 0;         // B, padded rows included
+  int real_items = 0;   // items of the caller
+  int rows = 0;         // logit rows
+  int max_q = 0;
+  int64_t max_len = 0;
+  std::vector<int> first_row, row_count;  // per real item
+};
+
+CudaEngine::CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config)
+    : impl_(std::move(impl)), config_(config) {}
+
+CudaEngine::~CudaEngine() = default;
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeights& weights,
+                                                               const CudaEngineOptions& options) {
+  const ModelConfig& c = weights.config;
+  if (static_cast<int>(weights.layers.size()) != c.num_hidden_layers ||
+      weights.embed.data == nullptr || weights.lm_head.data == nullptr ||
+      weights.final_norm.data == nullptr) {
+    return absl::InvalidArgumentError(
+        "cuda engine: the weights must hold every layer, the embedding, model.norm and lm_head");
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights.layers[l];
+    if (L.attn.q_heads != c.num_attention_heads || L.attn.kv_heads != c.num_key_value_heads) {
+      return absl::InvalidArgumentError(
+          "cuda engine: a single-GPU engine needs every attention head (tensor-parallel GPU "
+          "ranks are not supported yet)");
+    }
+    for (int e = 0; e < c.num_local_experts; ++e) {
+      if (static_cast<int>(L.slot_of_expert.size()) != c.num_local_experts ||
+          L.slot_of_expert[e] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cuda engine: layer ", l, " does not hold expert ", e,
+            "; a single-GPU engine needs every expert"));
+      }
+    }
+  }
+  return Build(c, &weights, 0, options);
+}
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateSynthetic(
+    const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options) {
+  return Build(config, nullptr, seed, options);
+}
+
+namespace {
+
+// Copies a possibly strided bf16 matrix into a dense [rows, cols] device block.
+absl::Status UploadMatrix(const Bf16Matrix& m, uint16_t* dst, cudaStream_t stream) {
+  return CudaStatus(cudaMemcpy2DAsync(dst, m.cols * sizeof(uint16_t), m.data,
+                                      m.row_stride * sizeof(uint16_t), m.cols * sizeof(uint16_t),
+                                      m.rows, cudaMemcpyHostToDevice, stream),
+                    "upload matrix");
+}
+
+absl::Status UploadVector(const Bf16Vector& v, uint16_t* dst, cudaStream_t stream) {
+  return CudaStatus(cudaMemcpyAsync(dst, v.data, v.size * sizeof(uint16_t), cudaMemcpyHostToDevice,
+                                    stream),
+                    "upload vector");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig& c,
+                                                              const ModelWeights* w,
+                                                              uint64_t seed,
+                                                              const CudaEngineOptions& options) {
+  const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  const int64_t E = c.num_local_experts, K = c.num_experts_per_tok, V = c.vocab_size;
+  const int64_t QKV = (NH + 2 * NKV) * D;
+  if (H <= 0 || H % 32 != 0 || I <= 0 || I % 32 != 0 || NH <= 0 || NKV <= 0 || NH % NKV != 0 ||
+      E <= 0 || K <= 0 || K > E || V <= 0 || static_cast<int>(c.layer_types.size()) != c.num_hidden_layers ||
+      (D != 16 && D != 32 && D != 64 && D != 128)) {
+    return absl::InvalidArgumentError(
+        "cuda engine: needs hidden and intermediate sizes that are multiples of 32, head_dim in "
+        "{16, 32, 64, 128}, GQA heads, 0 < experts_per_tok <= experts and one layer type per layer");
+  }
+  if (options.kv_block_size < 16 || options.kv_block_size > 128 ||
+      (options.kv_block_size & (options.kv_block_size - 1)) != 0) {
+    return absl::InvalidArgumentError("cuda engine: kv_block_size must be a power of two in [16, 128]");
+  }
+  if (options.max_batch_tokens <= 0 || options.max_sequences <= 0 ||
+      options.max_sequences > options.max_batch_tokens) {
+    return absl::InvalidArgumentError(
+        "cuda engine: need 0 < max_sequences <= max_batch_tokens");
+  }
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || options.device < 0 ||
+      options.device >= devices) {
+    return absl::FailedPreconditionError(absl::StrCat("cuda engine: no CUDA device ", options.device,
+                                                      " (", devices, " present)"));
+  }
+  auto impl = std::make_unique<Impl>();
+  Impl& d = *impl;
+  d.device = options.device;
+  FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
+  FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+  FLOTILLA_CUDA_RETURN(kc::CreateLinearContext(&d.linear));
+  cudaStream_t s = d.stream;
+
+  // Weights.
+  size_t weight_bytes = 0;
+  auto count = [&](size_t elems, size_t size) { weight_bytes += elems * size; };
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.embed, V * H));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.lm_head, V * H));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.final_norm, H));
+  count(2 * V * H + H, 2);
+  const float in_scale_h = std::sqrt(3.0f / static_cast<float>(H));
+  const float in_scale_o = std::sqrt(3.0f / static_cast<float>(NH * D));
+  if (w != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(UploadMatrix(w->embed, d.embed, s));
+    FLOTILLA_RETURN_IF_ERROR(UploadMatrix(w->lm_head, d.lm_head, s));
+    FLOTILLA_RETURN_IF_ERROR(UploadVector(w->final_norm, d.final_norm, s));
+  } else {
+    FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.embed, V * H, seed + 1, 1.0f, 0.0f, s));
+    FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.lm_head, V * H, seed + 2, in_scale_h, 0.0f, s));
+    FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.final_norm, H, seed + 3, 0.1f, 1.0f, s));
+  }
+  d.layers.resize(c.num_hidden_layers);
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    Impl::Layer& L = d.layers[l];
+    L.window = c.is_sliding(l) ? c.sliding_window : 0;
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.input_norm, H));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.post_norm, H));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.wqkv, QKV * H));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.bqkv, QKV));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.wo, H * NH * D));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.bo, H));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.router, E * H));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.router_bias, E));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.sinks, NH));
+    count(2 * H + QKV * H + QKV + H * NH * D + H + E * H + E, 2);
+    count(NH, 4);
+    FLOTILLA_CUDA_RETURN(kc::AllocMoeWeights(static_cast<int>(E), static_cast<int>(H),
+                                             static_cast<int>(I), &L.moe));
+    weight_bytes += L.moe.ExpertBytes() * E;
+    const uint64_t ls = seed + 1000 * static_cast<uint64_t>(l + 1);
+    if (w != nullptr) {
+      const LayerWeights& src = w->layers[l];
+      const AttentionWeights& a = src.attn;
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(src.input_norm, L.input_norm, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(src.post_attn_norm, L.post_norm, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wq, L.wqkv, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wk, L.wqkv + NH * D * H, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wv, L.wqkv + (NH + NKV) * D * H, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bq, L.bqkv, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bk, L.bqkv + NH * D, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bv, L.bqkv + (NH + NKV) * D, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wo, L.wo, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bo, L.bo, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(src.router, L.router, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVector(src.router_bias, L.router_bias, s));
+      FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(L.sinks, a.sinks.data(), NH * sizeof(float),
+                                           cudaMemcpyHostToDevice, s));
+      for (int e = 0; e < E; ++e) {
+        const ExpertWeights& x = src.experts[src.slot_of_expert[e]];
+        FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(L.moe, e, x.gate_up.blocks, x.gate_up.scales,
+                                                 x.gate_up_bias.data, x.down.blocks,
+                                                 x.down.scales, x.down_bias.data, s));
+      }
+    } else {
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.input_norm, H, ls + 1, 0.1f, 1.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.post_norm, H, ls + 2, 0.1f, 1.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.wqkv, QKV * H, ls + 3, in_scale_h, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.bqkv, QKV, ls + 4, 0.02f, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.wo, H * NH * D, ls + 5, in_scale_o, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.bo, H, ls + 6, 0.02f, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.router, E * H, ls + 7, in_scale_h, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.router_bias, E, ls + 8, 0.02f, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillF32(L.sinks, NH, ls + 9, 0.5f, 0.0f, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchFillMoeWeightsSynthetic(L.moe, ls + 10, s));
+    }
+  }
+  {
+    kernels::cpu::YarnParams p;
+    p.theta = c.rope_theta;
+    p.head_dim = D;
+    p.factor = c.rope_scaling.factor;
+    p.original_max_position_embeddings =
+        static_cast<double>(c.rope_scaling.original_max_position_embeddings);
+    p.beta_fast = c.rope_scaling.beta_fast;
+    p.beta_slow = c.rope_scaling.beta_slow;
+    p.truncate = c.rope_scaling.truncate;
+    const std::vector<float> inv_freq = kernels::cpu::YarnInvFreq(p);
+    d.rope_scaling = kernels::cpu::YarnAttentionScaling(c.rope_scaling.factor);
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.inv_freq, inv_freq.size()));
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.inv_freq, inv_freq.data(),
+                                         inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+  }
+
+  // Step buffers.
+  const int T = options.max_batch_tokens, B = options.max_sequences;
+  d.max_tokens = T;
+  d.max_seqs = B;
+  d.logit_rows = std::max(B, 64);
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.x, T * H));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.t, T * H));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.qkv, T * QKV));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.q, T * NH * D));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.attn, T * NH * D));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
+  if (options.record_routing) {
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
+  }
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.final_t, d.logit_rows * H));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.logits, static_cast<size_t>(d.logit_rows) * V));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.invalid, 1));
+  d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, T, static_cast<int>(K));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.moe_ws), d.moe_ws_bytes));
+  d.sample_ws_bytes = kc::SampleWorkspaceBytes(B, static_cast<int>(V));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.sample_ws), d.sample_ws_bytes));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sampled_tokens, B));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sampled_logprobs, B));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sample_params, B));
+
+  // KV arena: every layer's K and V for each block.
+  const int64_t bs = options.kv_block_size;
+  const size_t layer_block_elems = static_cast<size_t>(NKV) * bs * D;  // K or V of one layer
+  const size_t block_bytes = 2 * layer_block_elems * c.num_hidden_layers * sizeof(uint16_t);
+  int64_t max_context = options.max_context > 0
+                            ? std::min<int64_t>(options.max_context, c.max_position_embeddings)
+                            : c.max_position_embeddings;
+  int64_t num_blocks = options.kv_num_blocks > 0 ? options.kv_num_blocks + 1 : 0;
+  // Attention scratch for any step: the split count depends on the batch
+  // (fewer sequences, more splits), so take the largest over every shape.
+  d.attn_ws_bytes = 0;
+  for (int b = 1; b <= B; ++b) {
+    for (int q = 1; q <= 8 && q * b <= T; ++q) {
+      kc::AttentionBatch probe;
+      probe.batch = b;
+      probe.total_q = q * b;
+      probe.max_seq_len = static_cast<int>(max_context);
+      probe.max_q_per_seq = q;
+      probe.max_blocks_per_seq = static_cast<int>(CeilDiv(max_context, bs));
+      d.attn_ws_bytes = std::max(
+          d.attn_ws_bytes, kc::AttentionWorkspaceBytes(probe, static_cast<int>(NH), static_cast<int>(D)));
+    }
+  }
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.attn_ws), d.attn_ws_bytes));
+  if (num_blocks == 0) {
+    size_t free_bytes = 0, total_bytes = 0;
+    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
+    FLOTILLA_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // Leave room for the block tables, graphs and cuBLASLt.
+    const double usable = static_cast<double>(free_bytes) * options.kv_memory_fraction;
+    num_blocks = static_cast<int64_t>(usable / static_cast<double>(block_bytes));
+    num_blocks = std::min<int64_t>(num_blocks, CeilDiv(max_context, bs) * B + 1);
+  }
+  if (num_blocks < 2) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda engine: no memory left for the KV cache (a block of ", bs, " positions takes ",
+        block_bytes, " bytes over all layers)"));
+  }
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_arena, num_blocks * block_bytes / sizeof(uint16_t)));
+  // Pseudo-random contents: padded graph rows and ExtendSynthetic read them.
+  FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.kv_arena, num_blocks * block_bytes / sizeof(uint16_t),
+                                          seed + 77, 1.0f, 0.0f, s));
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    kc::PagedKvLayer& kv = d.layers[l].kv;
+    kv.k = d.kv_arena + (2 * static_cast<size_t>(l)) * num_blocks * layer_block_elems;
+    kv.v = d.kv_arena + (2 * static_cast<size_t>(l) + 1) * num_blocks * layer_block_elems;
+    kv.num_blocks = static_cast<int>(num_blocks);
+    kv.block_size = static_cast<int>(bs);
+    kv.kv_heads = static_cast<int>(NKV);
+    kv.head_dim = static_cast<int>(D);
+  }
+  max_context = std::min<int64_t>(max_context, (num_blocks - 1) * bs);
+  const int64_t max_blocks_per_seq = CeilDiv(max_context, bs);
+
+  // Metadata regions at fixed offsets.
+  d.off_tokens = 0;
+  d.off_pos = d.off_tokens + T;
+  d.off_slots = d.off_pos + T;
+  d.off_qstart = d.off_slots + T;
+  d.off_lens = d.off_qstart + B + 1;
+  d.off_rows = d.off_lens + B;
+  d.off_tables = d.off_rows + std::max(T, d.logit_rows);
+  d.meta_ints = d.off_tables + static_cast<size_t>(B) * max_blocks_per_seq;
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.meta, d.meta_ints));
+  FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.meta_host), d.meta_ints * sizeof(int32_t)));
+  FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.params_host), B * sizeof(kc::SamplingRow)));
+  FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.tokens_host), B * sizeof(int32_t)));
+  FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.logprobs_host), B * sizeof(float)));
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
+
+  std::unique_ptr<CudaEngine> engine(new CudaEngine(std::move(impl), c));
+  engine->options_ = options;
+  engine->options_.max_context = max_context;
+  engine->num_blocks_ = num_blocks;
+  engine->max_blocks_per_seq_ = max_blocks_per_seq;
+  engine->weight_bytes_ = weight_bytes;
+  // Block 0 is scratch; hand out the others low to high.
+  for (int64_t b = num_blocks - 1; b >= 1; --b) engine->free_blocks_.push_back(static_cast<int32_t>(b));
+  return engine;
+}
+
+size_t CudaEngine::decode_bytes_per_token() const {
+  const ModelConfig& c = config_;
+  const size_t H = c.hidden_size, D = c.head_dim, NH = c.num_attention_heads,
+               NKV = c.num_key_value_heads, E = c.num_local_experts, K = c.num_experts_per_tok;
+  const size_t dense = ((NH + 2 * NKV) * D * H + H * NH * D + E * H) * 2;
+  return c.num_hidden_layers * (dense + K * impl_->layers[0].moe.ExpertBytes()) +
+         static_cast<size_t>(c.vocab_size) * H * 2;
+}
+
+int64_t CudaEngine::NewSequence() {
+  const int64_t id = next_sequence_++;
+  sequences_[id] = Sequence{};
+  return id;
+}
+
+absl::Status CudaEngine::FreeSequence(int64_t sequence) {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
+  }
+  for (int32_t b : it->second.blocks) free_blocks_.push_back(b);
+  sequences_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CudaEngine::SequenceLength(int64_t sequence) const {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
+  }
+  return it->second.length;
+}
+
+int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
+
+absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
+  if (items.empty()) return absl::InvalidArgumentError("step: no sequences");
+  if (static_cast<int64_t>(items.size()) > options_.max_sequences) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", items.size(),
+                                                   " sequences, more than max_sequences ",
+                                                   options_.max_sequences));
+  }
+  std::unordered_set<int64_t> seen;
+  int64_t tokens = 0, needed = 0;
+  for (const StepItem& it : items) {
+    auto s = sequences_.find(it.sequence);
+    if (s == sequences_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("step: unknown sequence ", it.sequence));
+    }
+    if (!seen.insert(it.sequence).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.sequence, " appears twice in one step"));
+    }
+    if (it.tokens.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.sequence,
+                                                     " brings no tokens"));
+    }
+    for (size_t i = 0; i < it.tokens.size(); ++i) {
+      if (it.tokens[i] < 0 || it.tokens[i] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token id ", it.tokens[i], " at index ", i, " of sequence ", it.sequence,
+            " is out of range [0, ", config_.vocab_size, ")"));
+      }
+    }
+    tokens += static_cast<int64_t>(it.tokens.size());
+    const int64_t length = s->second.length + static_cast<int64_t>(it.tokens.size());
+    if (length > options_.max_context) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sequence ", it.sequence, " would hold ", length,
+          " tokens, more than this engine's context (", options_.max_context, ")"));
+    }
+    needed += std::max<int64_t>(
+        0, CeilDiv(length, options_.kv_block_size) - static_cast<int64_t>(s->second.blocks.size()));
+  }
+  if (tokens > options_.max_batch_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("step: ", tokens,
+                                                   " tokens, more than max_batch_tokens ",
+                                                   options_.max_batch_tokens));
+  }
+  if (needed > free_kv_blocks()) {
+    return absl::ResourceExhaustedError(absl::StrCat("kv cache: out of blocks: the step needs ",
+                                                     needed, " blocks, ", free_kv_blocks(), " of ",
+                                                     num_kv_blocks(), " are free"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Reserve(const std::vector<StepItem>& items) {
+  for (const StepItem& it : items) {
+    Sequence& s = sequences_[it.sequence];
+    const int64_t want = CeilDiv(s.length + static_cast<int64_t>(it.tokens.size()),
+                                 options_.kv_block_size);
+    while (static_cast<int64_t>(s.blocks.size()) < want) {
+      if (free_blocks_.empty()) return absl::ResourceExhaustedError("kv cache: out of blocks");
+      s.blocks.push_back(free_blocks_.back());
+      free_blocks_.pop_back();
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::ExtendSynthetic(int64_t sequence, int64_t tokens) {
+  auto it = sequences_.find(sequence);
+  if (it == sequences_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
+  }
+  if (tokens < 0 || it->second.length + tokens > options_.max_context) {
+    return absl::InvalidArgumentError("extend: past this engine's context");
+  }
+  StepItem probe;
+  probe.sequence = sequence;
+  probe.tokens.assign(static_cast<size_t>(tokens), 0);
+  const int64_t want = CeilDiv(it->second.length + tokens, options_.kv_block_size);
+  if (want - static_cast<int64_t>(it->second.blocks.size()) > free_kv_blocks()) {
+    return absl::ResourceExhaustedError("kv cache: out of blocks");
+  }
+  FLOTILLA_RETURN_IF_ERROR(Reserve({probe}));
+  it->second.length += tokens;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) {
+  StepOutput out;
+  FLOTILLA_RETURN_IF_ERROR(RunStep(items, false, nullptr, &out, nullptr));
+  return out;
+}
+
+absl::StatusOr<std::vector<SampledToken>> CudaEngine::StepAndSample(
+    const std::vector<StepItem>& items, const std::vector<kernels::cuda::SamplingRow>& params) {
+  if (params.size() != items.size()) {
+    return absl::InvalidArgumentError("step: one sampling row per item is needed");
+  }
+  std::vector<SampledToken> sampled;
+  FLOTILLA_RETURN_IF_ERROR(RunStep(items, true, &params, nullptr, &sampled));
+  return sampled;
+}
+
+absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample,
+                                 const std::vector<kernels::cuda::SamplingRow>* params,
+                                 StepOutput* logits_out, std::vector<SampledToken>* sampled) {
+  FLOTILLA_RETURN_IF_ERROR(Validate(items));
+  Impl& d = *impl_;
+  const ModelConfig& c = config_;
+  const int H = c.hidden_size, D = c.head_dim, NH = c.num_attention_heads;
+  const int E = c.num_local_experts, K = c.num_experts_per_tok, V = c.vocab_size;
+  const int QKV = (NH + 2 * c.num_key_value_heads) * D;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int bs = options_.kv_block_size;
+  const int MB = static_cast<int>(max_blocks_per_seq_);
+  FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
+  FLOTILLA_RETURN_IF_ERROR(Reserve(items));
+
+  // Decode steps replay a graph over a padded batch.
+  bool decode = options_.cuda_graphs;
+  for (const StepItem& it : items) decode = decode && it.tokens.size() == 1;
+  if (!sample) {
+    for (const StepItem& it : items) decode = decode && it.logits == LogitsMode::kLast;
+  }
+  Plan plan;
+  plan.real_items = static_cast<int>(items.size());
+  plan.seqs = decode ? static_cast<int>(std::min<int64_t>(PowerOfTwoAtLeast(items.size()),
+                                                          options_.max_sequences))
+                     : static_cast<int>(items.size());
+  int32_t* m = d.meta_host;
+  int T = 0;
+  plan.max_q = 0;
+  plan.max_len = 1;
+  std::vector<int> rows;
+  for (int i = 0; i < plan.seqs; ++i) {
+    m[d.off_qstart + i] = T;
+    int32_t* table = m + d.off_tables + static_cast<size_t>(i) * MB;
+    if (i < plan.real_items) {
+      const StepItem& it = items[i];
+      const Sequence& s = sequences_[it.sequence];
+      const int n = static_cast<int>(it.tokens.size());
+      for (int j = 0; j < n; ++j) {
+        const int64_t p = s.length + j;
+        m[d.off_tokens + T + j] = it.tokens[j];
+        m[d.off_pos + T + j] = static_cast<int32_t>(p);
+        m[d.off_slots + T + j] = s.blocks[p / bs] * bs + static_cast<int32_t>(p % bs);
+      }
+      const int64_t len = s.length + n;
+      m[d.off_lens + i] = static_cast<int32_t>(len);
+      std::copy(s.blocks.begin(), s.blocks.end(), table);
+      std::fill(table + s.blocks.size(), table + MB, 0);
+      const LogitsMode mode = sample ? LogitsMode::kLast : it.logits;
+      plan.first_row.push_back(static_cast<int>(rows.size()));
+      if (mode == LogitsMode::kAll) {
+        for (int j = 0; j < n; ++j) rows.push_back(T + j);
+      } else if (mode == LogitsMode::kLast) {
+        rows.push_back(T + n - 1);
+      }
+      plan.row_count.push_back(static_cast<int>(rows.size()) - plan.first_row.back());
+      plan.max_q = std::max(plan.max_q, n);
+      plan.max_len = std::max(plan.max_len, len);
+      T += n;
+    } else {
+      // Padding row: one token at position 0 of a one-token sequence in the
+      // scratch block; its K/V are not stored and its outputs are dropped.
+      m[d.off_tokens + T] = 0;
+      m[d.off_pos + T] = 0;
+      m[d.off_slots + T] = -1;
+      m[d.off_lens + i] = 1;
+      std::fill(table, table + MB, 0);
+      rows.push_back(T);
+      plan.max_q = std::max(plan.max_q, 1);
+      T += 1;
+    }
+  }
+  m[d.off_qstart + plan.seqs] = T;
+  plan.tokens = T;
+  plan.rows = static_cast<int>(rows.size());
+  std::copy(rows.begin(), rows.end(), m + d.off_rows);
+
+  // Upload the used part of each region (offsets are fixed).
+  auto upload = [&](size_t off, size_t count) {
+    return CudaStatus(cudaMemcpyAsync(d.meta + off, m + off, count * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, d.stream),
+                      "upload step metadata");
+  };
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_tokens, T));
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_pos, T));
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_slots, T));
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_qstart, plan.seqs + 1));
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_lens, plan.seqs));
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_rows, std::max(plan.rows, 1)));
+  FLOTILLA_RETURN_IF_ERROR(upload(d.off_tables, static_cast<size_t>(plan.seqs) * MB));
+  if (sample) {
+    for (int i = 0; i < plan.seqs; ++i) {
+      d.params_host[i] = i < plan.real_items ? (*params)[i] : kc::SamplingRow{};
+    }
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.sample_params, d.params_host,
+                                         plan.seqs * sizeof(kc::SamplingRow),
+                                         cudaMemcpyHostToDevice, d.stream));
+  }
+
+  // The body of the step; `ctx` bounds the sequence lengths for the KV split.
+  auto forward = [&](int64_t ctx, int logit_rows_now, int row_offset) -> absl::Status {
+    cudaStream_t s = d.stream;
+    kc::AttentionBatch batch;
+    batch.block_tables = d.meta + d.off_tables;
+    batch.max_blocks_per_seq = MB;
+    batch.seq_lens = d.meta + d.off_lens;
+    batch.q_start = d.meta + d.off_qstart;
+    batch.batch = plan.seqs;
+    batch.total_q = T;
+    batch.max_seq_len = static_cast<int>(ctx);
+    batch.max_q_per_seq = plan.max_q;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
+                                             d.invalid, s));
+    for (Impl::Layer& L : d.layers) {
+      FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.input_norm, T, H, eps, d.t, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.wqkv, L.bqkv, T, H, QKV, false,
+                                            d.qkv, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos, d.meta + d.off_slots, T,
+                                                 NH, d.inv_freq, d.rope_scaling, L.kv, d.q, s));
+      if (D == 64) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchAttention(d.q, L.kv, batch, NH, L.sinks, L.window, scale,
+                                                 d.attn, d.attn_ws, d.attn_ws_bytes, s));
+      } else {
+        FLOTILLA_CUDA_RETURN(kc::LaunchAttentionGeneric(d.q, L.kv, batch, NH, L.sinks, L.window,
+                                                        scale, d.attn, s));
+      }
+      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRouterLogitsF32(d.x, L.post_norm, eps, L.router,
+                                                     L.router_bias, T, H, E, d.router_logits, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+      if (d.routing_record != nullptr) {
+        const size_t layer = static_cast<size_t>(&L - d.layers.data());
+        FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.routing_record + layer * d.max_tokens * K, d.topk_ids,
+                                             static_cast<size_t>(T) * K * sizeof(int32_t),
+                                             cudaMemcpyDeviceToDevice, s));
+      }
+      FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
+                                              static_cast<float>(c.swiglu_limit), 1.702f, d.x,
+                                              d.moe_ws, d.moe_ws_bytes, d.invalid, s));
+    }
+    if (logit_rows_now > 0) {
+      FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + row_offset,
+                                                 logit_rows_now, d.final_norm, H, eps, d.final_t, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.final_t, d.lm_head, nullptr, logit_rows_now,
+                                            H, V, false, d.logits, s));
+      if (sample) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, logit_rows_now, V, d.sample_params,
+                                              d.sampled_tokens, d.sampled_logprobs, 0, nullptr,
+                                              nullptr, d.sample_ws, d.sample_ws_bytes, s));
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  if (decode) {
+    const int64_t ctx = std::min<int64_t>(std::max<int64_t>(PowerOfTwoAtLeast(plan.max_len), 1024),
+                                          options_.max_context);
+    const std::pair<int, int64_t> key(plan.seqs * (sample ? 1 : -1), ctx);
+    auto g = d.graphs.find(key);
+    if (g == d.graphs.end()) {
+      cudaGraph_t graph = nullptr;
+      FLOTILLA_CUDA_RETURN(cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeThreadLocal));
+      absl::Status st = forward(ctx, plan.rows, 0);
+      cudaError_t end = cudaStreamEndCapture(d.stream, &graph);
+      FLOTILLA_RETURN_IF_ERROR(st);
+      FLOTILLA_CUDA_RETURN(end);
+      cudaGraphExec_t exec = nullptr;
+      cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+      cudaGraphDestroy(graph);
+      FLOTILLA_CUDA_RETURN(inst);
+      g = d.graphs.emplace(key, exec).first;
+    }
+    FLOTILLA_CUDA_RETURN(cudaGraphLaunch(g->second, d.stream));
+  } else if (plan.rows <= d.logit_rows) {
+    FLOTILLA_RETURN_IF_ERROR(forward(plan.max_len, plan.rows, 0));
+  } else {
+    // More logit rows than the buffer holds (kAll over a long chunk): the
+    // layers once, then lm_head in pieces, copied out one by one.
+    FLOTILLA_RETURN_IF_ERROR(forward(plan.max_len, 0, 0));
+  }
+
+  // Results.
+  for (size_t i = 0; i < items.size(); ++i) {
+    sequences_[items[i].sequence].length += static_cast<int64_t>(items[i].tokens.size());
+  }
+  std::vector<std::vector<int32_t>> routing;
+  if (d.routing_record != nullptr) {
+    const int layers = c.num_hidden_layers;
+    std::vector<int32_t> all(static_cast<size_t>(layers) * d.max_tokens * K);
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(all.data(), d.routing_record, all.size() * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, d.stream));
+    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+    int offset = 0;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const int n = static_cast<int>(items[i].tokens.size());
+      std::vector<int32_t> r(static_cast<size_t>(n) * layers * K);
+      for (int j = 0; j < n; ++j) {
+        for (int l = 0; l < layers; ++l) {
+          for (int k = 0; k < K; ++k) {
+            r[(static_cast<size_t>(j) * layers + l) * K + k] =
+                all[static_cast<size_t>(l) * d.max_tokens * K + static_cast<size_t>(offset + j) * K + k];
+          }
+        }
+      }
+      routing.push_back(std::move(r));
+      offset += n;
+    }
+  }
+  if (sample) {
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.tokens_host, d.sampled_tokens,
+                                         plan.real_items * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                         d.stream));
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.logprobs_host, d.sampled_logprobs,
+                                         plan.real_items * sizeof(float), cudaMemcpyDeviceToHost,
+                                         d.stream));
+    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+    sampled->resize(plan.real_items);
+    for (int i = 0; i < plan.real_items; ++i) {
+      (*sampled)[i] = SampledToken{d.tokens_host[i], d.logprobs_host[i]};
+    }
+    return absl::OkStatus();
+  }
+  std::vector<float> host(static_cast<size_t>(plan.rows) * V);
+  if (plan.rows <= d.logit_rows || decode) {
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data(), d.logits, host.size() * sizeof(float),
+                                         cudaMemcpyDeviceToHost, d.stream));
+  } else {
+    for (int r0 = 0; r0 < plan.rows; r0 += d.logit_rows) {
+      const int n = std::min(d.logit_rows, plan.rows - r0);
+      FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + r0, n, d.final_norm, H,
+                                                 eps, d.final_t, d.stream));
+      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.final_t, d.lm_head, nullptr, n, H, V, false,
+                                            d.logits, d.stream));
+      FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data() + static_cast<size_t>(r0) * V, d.logits,
+                                           static_cast<size_t>(n) * V * sizeof(float),
+                                           cudaMemcpyDeviceToHost, d.stream));
+    }
+  }
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+  logits_out->logits.resize(items.size());
+  logits_out->routing = std::move(routing);
+  for (size_t i = 0; i < items.size(); ++i) {
+    logits_out->logits[i].assign(
+        host.begin() + static_cast<size_t>(plan.first_row[i]) * V,
+        host.begin() + static_cast<size_t>(plan.first_row[i] + plan.row_count[i]) * V);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flotilla

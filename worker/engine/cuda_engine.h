@@ -1,0 +1,130 @@
+// The gpt-oss forward pass on one CUDA GPU: every op of MODEL.md runs on the
+// device (kernels/cuda), weights and the paged KV arena are allocated once,
+// and decode steps are captured as CUDA graphs per (batch bucket, context
+// bucket) and replayed. Same step API as CpuEngine (the reference), plus a
+// step that samples on the GPU.
+//
+// Layout on the device: the residual stream in f32, activations fed to
+// matmuls in bf16, q/k/v projections fused into one [(NH + 2 NKV) D, H]
+// matrix, experts in their packed MXFP4 checkpoint layout, KV cache bf16
+// [num_blocks, kv_heads, block_size, D] per layer (every layer keeps every
+// position; sliding layers only read their window).
+// Not thread-safe: one owner drives it. A single rank holds the whole model
+// (tensor / expert parallel GPU ranks are not wired yet).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+#include "kernels/cuda/sampling.h"
+#include "worker/engine/engine.h"
+#include "worker/model/weights.h"
+
+namespace flotilla {
+
+struct CudaEngineOptions {
+  int device = 0;
+  int kv_block_size = 16;
+  // Blocks in the KV arena (block 0 is kept as scratch for padded graph
+  // rows); 0: kv_memory_fraction of the memory free after weights and workspaces.
+  int64_t kv_num_blocks = 0;
+  double kv_memory_fraction = 0.85;
+  // Longest sequence served (0: max_position_embeddings); sizes block tables.
+  int64_t max_context = 0;
+  int max_batch_tokens = 8192;  // tokens in one step
+  int max_sequences = 256;      // sequences in one step
+  bool cuda_graphs = true;      // capture decode steps
+  // Tests: fill StepOutput::routing with every token's experts per layer.
+  bool record_routing = false;
+};
+
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;  // log-softmax of the raw logits at `token`
+};
+
+class CudaEngine : public Engine {
+ public:
+  // Uploads `weights` (a single rank's: every head and expert).
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
+                                                            const CudaEngineOptions& options);
+  // Fills every weight on the device from `seed` (no checkpoint, no host copy):
+  // 120b-shaped benchmarks.
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> CreateSynthetic(
+      const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options);
+  ~CudaEngine();
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  int64_t NewSequence() override;
+  absl::Status FreeSequence(int64_t sequence) override;
+  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
+
+  // As CpuEngine::Validate / Step; also INVALID_ARGUMENT for a step over
+  // max_batch_tokens tokens or max_sequences sequences.
+  absl::Status Validate(const std::vector<StepItem>& items) const override;
+  absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) override;
+
+  // Runs a step and samples one token per item on the GPU from the logits of
+  // the item's last position (`params` one per item). A step whose items
+  // each bring one token (decode) replays a captured CUDA graph.
+  absl::StatusOr<std::vector<SampledToken>> StepAndSample(
+      const std::vector<StepItem>& items, const std::vector<kernels::cuda::SamplingRow>& params);
+
+  // Benchmarks: makes `sequence` `tokens` longer without running the model
+  // (its new KV positions hold whatever the arena holds: pseudo-random values
+  // written at creation).
+  absl::Status ExtendSynthetic(int64_t sequence, int64_t tokens);
+
+  int64_t MaxSequenceLength() const override;
+  int64_t num_kv_blocks() const { return num_blocks_ - 1; }
+  int64_t free_kv_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
+  const ModelConfig& config() const override { return config_; }
+  int64_t KvTotalBlocks() const override { return num_kv_blocks(); }
+  int64_t KvFreeBlocks() const override { return free_kv_blocks(); }
+  int64_t KvBlocksForLength(int64_t tokens) const override {
+    return (tokens + options_.kv_block_size - 1) / options_.kv_block_size;
+  }
+  // Bytes of weights on the device, and the bytes one decode token of a
+  // single sequence reads (bf16 matrices, lm_head, top-k experts per layer).
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t decode_bytes_per_token() const;
+
+ private:
+  struct Impl;
+  explicit CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config);
+
+  struct Sequence {
+    int64_t length = 0;
+    std::vector<int32_t> blocks;
+  };
+  struct Plan;  // one step's host-side layout
+
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Build(const ModelConfig& config,
+                                                           const ModelWeights* weights,
+                                                           uint64_t seed,
+                                                           const CudaEngineOptions& options);
+  absl::Status Reserve(const std::vector<StepItem>& items);
+  absl::Status RunStep(const std::vector<StepItem>& items, bool sample,
+                       const std::vector<kernels::cuda::SamplingRow>* params, StepOutput* logits_out,
+                       std::vector<SampledToken>* sampled);
+
+  std::unique_ptr<Impl> impl_;
+  ModelConfig config_;
+  CudaEngineOptions options_;
+  int64_t num_blocks_ = 0;
+  int64_t max_blocks_per_seq_ = 0;
+  size_t weight_bytes_ = 0;
+  int64_t next_sequence_ = 1;
+  std::unordered_map<int64_t, Sequence> sequences_;
+  std::vector<int32_t> free_blocks_;
+};
+
+}  // namespace flotilla

@@ -1,0 +1,73 @@
+// What a worker's step loop needs from an engine, whichever device runs it:
+// sequences with a paged KV cache and a step over a batch of them. The CPU
+// engine (reference) and the CUDA engine implement it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+
+namespace flotilla {
+
+enum class LogitsMode {
+  kNone,  // no logits (a prefill chunk that is not the last)
+  kLast,  // the chunk's last position
+  kAll,   // every position of the chunk
+};
+
+struct StepItem {
+  int64_t sequence = 0;
+  std::vector<int32_t> tokens;  // appended at the sequence's current length
+  LogitsMode logits = LogitsMode::kLast;
+};
+
+struct StepOutput {
+  // Per item: rows x vocab_size floats (0, 1 or tokens.size() rows).
+  std::vector<std::vector<float>> logits;
+  // Per item and token, when the engine was asked to record them (the CPU
+  // reference, for tests): the smallest routing margin over the layers,
+  // (r_K - r_K+1) / max(1, |r_1|) of the sorted router logits. A margin below
+  // the activations' rounding noise means another engine may route that
+  // token to a different expert and legitimately disagree from there on.
+  std::vector<std::vector<float>> router_margins;
+  // Per item, when recorded (CudaEngineOptions::record_routing): the experts
+  // each token was sent to, [tokens][layers][K].
+  std::vector<std::vector<int32_t>> routing;
+  // Per item, after CpuEngine::ForceNextRouting: how much worse the forced
+  // experts were by the reference's own router logits, the largest
+  // (r_K - r_forced) / max(1, |r_1|) over tokens and layers (0 when the
+  // forced experts are the reference's own top K).
+  std::vector<float> routing_regret;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual int64_t NewSequence() = 0;
+  // INVALID_ARGUMENT for an unknown sequence.
+  virtual absl::Status FreeSequence(int64_t sequence) = 0;
+  virtual absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const = 0;
+
+  // The checks Step makes before touching anything (INVALID_ARGUMENT for an
+  // unknown or repeated sequence, an empty chunk, a token id out of range, a
+  // sequence past the context; RESOURCE_EXHAUSTED when KV blocks are short).
+  virtual absl::Status Validate(const std::vector<StepItem>& items) const = 0;
+  // Runs one forward step; on error no sequence changes.
+  virtual absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) = 0;
+
+  // Longest sequence this engine can run (context and KV capacity).
+  virtual int64_t MaxSequenceLength() const = 0;
+  virtual const ModelConfig& config() const = 0;
+
+  // KV accounting in this engine's blocks: the arena, what is free now, and
+  // what one sequence of `tokens` tokens holds at most.
+  virtual int64_t KvTotalBlocks() const = 0;
+  virtual int64_t KvFreeBlocks() const = 0;
+  virtual int64_t KvBlocksForLength(int64_t tokens) const = 0;
+};
+
+}  // namespace flotilla
