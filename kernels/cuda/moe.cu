@@ -425,6 +425,7 @@ struct MmaArgs {
   int pairs;
   int num_experts;
   bool early_expert;  // gate_up: find the slot's expert before the routing is done
+  int ksplit;         // down: CTAs per row tile, each a share of the reduction
   bool evict_first;   // L2 evict-first hint on the weight copies
 };
 
@@ -490,9 +491,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     if (slot >= *a.route.num_active) return;
     e = a.route.active[slot];
   }
-  const int row0 = blockIdx.x * kTileRows;
+  // Split-K (down only): part `part` of `ksplit` takes blocks [kb0, kb1).
+  const int ksplit = kDown ? a.ksplit : 1;
+  const int part = blockIdx.x % ksplit;
+  const int row0 = (blockIdx.x / ksplit) * kTileRows;
   const int nb = a.nb;
-  const int row_bytes = nb * 16, stride = row_bytes + 16;
+  const int kb0 = part * nb / ksplit, kb1 = (part + 1) * nb / ksplit, nbl = kb1 - kb0;
+  const int row_bytes = nbl * 16, stride = row_bytes + 16;
   uint8_t* sw = smem;
   const uint8_t* ss = smem + kTileRows * stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
@@ -504,8 +509,10 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
   __syncthreads();
   if (warp == 0 && lane <= kTileRows) {
-    const void* src = lane < kTileRows ? static_cast<const void*>(a.blocks + (grow0 + lane) * row_bytes)
-                                       : static_cast<const void*>(a.scales + grow0 * nb);
+    const void* src =
+        lane < kTileRows
+            ? static_cast<const void*>(a.blocks + ((grow0 + lane) * nb + kb0) * 16)
+            : static_cast<const void*>(a.scales + grow0 * nb);
     void* dst = lane < kTileRows ? static_cast<void*>(sw + lane * stride)
                                  : static_cast<void*>(smem + kTileRows * stride);
     const uint32_t bytes = static_cast<uint32_t>(lane < kTileRows ? row_bytes : kTileRows * nb);
@@ -539,30 +546,58 @@ __global__ void __launch_bounds__(kMmaThreads)
                      : a.act + static_cast<size_t>(pair / a.top_k) * act_row;
       src[G] += q;
     }
+    // Activation fragments come from L2 (or L1): with one column group they
+    // are loaded kAhead blocks ahead in a register ring (the first ones before
+    // the weights have landed), so their latency overlaps the math.
+    constexpr int kAhead = kGroups == 1 ? 2 : 0;
+    constexpr int kRing = kAhead + 1;
+    auto load_act = [&](int G, int bl) {
+      return has[G] && bl < nbl ? __ldg(src[G] + (kb0 + bl) * 4) : make_uint4(0, 0, 0, 0);
+    };
+    uint4 ring[kRing][kGroups];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) ring[j][G] = load_act(G, warp + kMmaWarps * j);
+    }
     if (!waited) MbarWait(&bar, 0), waited = true;
 
     float acc[kGroups][4];
 #pragma unroll
     for (int G = 0; G < kGroups; ++G) acc[G][0] = acc[G][1] = acc[G][2] = acc[G][3] = 0.f;
-#pragma unroll 2
-    for (int b = warp; b < nb; b += kMmaWarps) {
-      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sw + g * stride + b * 16 + 4 * q);
-      const uint32_t w1 =
-          *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + b * 16 + 4 * q);
-      const float s0 = MmaScale(ss[g * nb + b]), s1 = MmaScale(ss[(g + 8) * nb + b]);
-      const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
-      const uint32_t p00 = d0.p04, p01 = d0.p15, p02 = d0.p26, p03 = d0.p37;
-      const uint32_t p10 = d1.p04, p11 = d1.p15, p12 = d1.p26, p13 = d1.p37;
+#pragma unroll 1
+    for (int bl0 = warp; bl0 < nbl; bl0 += kMmaWarps * kRing) {
 #pragma unroll
-      for (int G = 0; G < kGroups; ++G) {
-        const uint4 xv = has[G] ? __ldg(src[G] + b * 4) : make_uint4(0, 0, 0, 0);
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        MmaF16(d, p00, p10, p01, p11, xv.x, xv.y);
-        MmaF16(d, p02, p12, p03, p13, xv.z, xv.w);
-        acc[G][0] = fmaf(d[0], s0, acc[G][0]);
-        acc[G][1] = fmaf(d[1], s0, acc[G][1]);
-        acc[G][2] = fmaf(d[2], s1, acc[G][2]);
-        acc[G][3] = fmaf(d[3], s1, acc[G][3]);
+      for (int j = 0; j < kRing; ++j) {
+        const int bl = bl0 + kMmaWarps * j;
+#pragma unroll
+        for (int G = 0; G < kGroups; ++G) {
+          if (kAhead > 0) {
+            ring[(j + kAhead) % kRing][G] = load_act(G, bl + kMmaWarps * kAhead);
+          } else {
+            ring[j][G] = load_act(G, bl);
+          }
+        }
+        if (bl < nbl) {
+          const int b = kb0 + bl;
+          const uint32_t w0 =
+              *reinterpret_cast<const uint32_t*>(sw + g * stride + bl * 16 + 4 * q);
+          const uint32_t w1 =
+              *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + bl * 16 + 4 * q);
+          const float s0 = MmaScale(ss[g * nb + b]), s1 = MmaScale(ss[(g + 8) * nb + b]);
+          const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
+#pragma unroll
+          for (int G = 0; G < kGroups; ++G) {
+            const uint4 xv = ring[j][G];
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            MmaF16(d, d0.p04, d1.p04, d0.p15, d1.p15, xv.x, xv.y);
+            MmaF16(d, d0.p26, d1.p26, d0.p37, d1.p37, xv.z, xv.w);
+            acc[G][0] = fmaf(d[0], s0, acc[G][0]);
+            acc[G][1] = fmaf(d[1], s0, acc[G][1]);
+            acc[G][2] = fmaf(d[2], s1, acc[G][2]);
+            acc[G][3] = fmaf(d[3], s1, acc[G][3]);
+          }
+        }
       }
     }
     // Reduce the warps' partial sums into warp 0.
@@ -628,7 +663,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int row = row0 + g + 8 * half;
-              const float bd = Bf16Bits(bias[row]);
+              const float bd = part == 0 ? Bf16Bits(bias[row]) : 0.f;
 #pragma unroll
               for (int i = 0; i < 2; ++i) {
                 const int t = c0 + 2 * q + i;
@@ -845,7 +880,9 @@ cudaError_t LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sm
 
 template <bool kDown, int kGroups, bool kPrmt>
 cudaError_t LaunchMma(dim3 grid, cudaStream_t stream, const MmaArgs& args, bool pdl) {
-  const size_t smem = static_cast<size_t>(kTileRows) * (args.nb * 16 + 16) + kTileRows * args.nb;
+  const int ksplit = kDown ? args.ksplit : 1;
+  const int nbl = (args.nb + ksplit - 1) / ksplit;
+  const size_t smem = static_cast<size_t>(kTileRows) * (nbl * 16 + 16) + kTileRows * args.nb;
   static size_t allowed = 0;
   cudaError_t err = AllowSharedBytes(MoeMmaKernel<kDown, kGroups, kPrmt>, smem, &allowed);
   if (err != cudaSuccess) return err;
@@ -1027,6 +1064,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     MmaArgs gu{};
     gu.topk_ids = topk_ids, gu.pairs = pairs, gu.num_experts = E;
     gu.early_expert = tuning.pdl && tuning.early_expert && pairs <= 4096;
+    gu.ksplit = 1;
     gu.evict_first = tuning.evict_first;
     gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
     gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
@@ -1039,7 +1077,9 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
     dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
     dn.evict_first = tuning.evict_first;
-    return LaunchMmaProjection<true>(dim3(H / kTileRows, slots), stream, dn, groups, tuning);
+    dn.ksplit = std::max(1, std::min(tuning.down_split_k, I / 32));
+    return LaunchMmaProjection<true>(dim3(H / kTileRows * dn.ksplit, slots), stream, dn, groups,
+                                     tuning);
   }
 
   cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active, num_active,

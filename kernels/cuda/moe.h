@@ -110,6 +110,9 @@ struct MoeTuning {
   // With pdl, gate_up CTAs find their expert from the ids themselves (up to
   // 4096 pairs) so their weight copies need not wait for the routing kernel.
   bool early_expert = true;
+  // The down projection's reduction split over this many CTAs per 16-row tile
+  // (their sums meet in the output atomics): more, smaller CTAs.
+  int down_split_k = 2;
 };
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();

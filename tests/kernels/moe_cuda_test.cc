@@ -236,15 +236,15 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
   CheckLayer(few, *host_, 40, 2, 12);  // 80 pairs >= 16 * E: four column groups per decode
 }
 // The other paths stay selectable and correct: the CUDA-core baseline, the
-// shift-and-mask decode, and launches without programmatic dependencies or
-// with the routing kernel finding gate_up's experts.
+// shift-and-mask decode with whole-row down CTAs and no programmatic
+// dependencies, and gate_up waiting for the routing kernel for its experts.
 TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   cuda::MoeTuning t;
   t.legacy_fma = true;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4);
   t = cuda::MoeTuning{};
-  t.prmt_decode = false, t.evict_first = false, t.pdl = false;
+  t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
   t = cuda::MoeTuning{};
