@@ -237,7 +237,7 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
 }
 // The other paths stay selectable and correct: the CUDA-core baseline, the
 // shift-and-mask decode with whole-row down CTAs and no programmatic
-// dependencies, and gate_up waiting for the routing kernel for its experts.
+// dependencies, one tile per CTA and three buffers per persistent CTA.
 TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   cuda::MoeTuning t;
   t.legacy_fma = true;
@@ -247,10 +247,13 @@ TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
-  t = cuda::MoeTuning{};
-  t.early_expert = false;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 3, 4, 15, /*bad_ids=*/2);
+  for (int bufs : {1, 3}) {
+    t = cuda::MoeTuning{};
+    t.tile_buffers = bufs, t.down_split_k = 3;
+    cuda::SetMoeTuning(t);
+    CheckLayer(weights_, *host_, 3, 4, 15 + bufs, /*bad_ids=*/2);
+    CheckLayer(weights_, *host_, 64, 4, 16 + bufs);
+  }
   cuda::SetMoeTuning(cuda::MoeTuning{});
 }
 
