@@ -384,9 +384,15 @@ __device__ __forceinline__ void GridDependentsMayLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// 2^(s - 127 + 14): the block scale times the 2^14 taken out by Fp4PairF16.
-// Exact for scale bytes 0..240 (checkpoint scales sit near 127).
-__device__ __forceinline__ float MmaScale(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
+// 2^(s - 127) from a scale byte in shared memory, one shift: exact for s >= 1;
+// s = 0 (2^-127, blocks of magnitude <= 6 * 2^-127) gives 0. The 2^14 taken
+// out by the f16 decode is put back once per output, after the reduction.
+__device__ __forceinline__ float MmaScale(const uint8_t* p) {
+  uint32_t s;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(s) : "r"(SmemAddr(p)));
+  return __uint_as_float(s << 23);
+}
+constexpr float kMmaRescale = 16384.0f;  // 2^14
 
 __device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -453,7 +459,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
       const int pair = has[G] ? a.route.pair_of[t] : 0;
       src[G] = kDown ? a.act + (static_cast<size_t>(pair) * 2 + (g >> 2)) * act_row
                      : a.act + static_cast<size_t>(pair / a.top_k) * act_row;
-      src[G] += q;
+      src[G] += q + kb0 * 4;
     }
     // Activation fragments come from L2 (or L1): with one column group they
     // are loaded kAhead blocks ahead in a register ring (the first ones before
@@ -461,7 +467,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
     constexpr int kAhead = kGroups == 1 ? 2 : 0;
     constexpr int kRing = kAhead + 1;
     auto load_act = [&](int G, int bl) {
-      return has[G] && bl < nbl ? __ldg(src[G] + (kb0 + bl) * 4) : make_uint4(0, 0, 0, 0);
+      return has[G] && bl < nbl ? __ldg(src[G] + bl * 4) : make_uint4(0, 0, 0, 0);
     };
     uint4 ring[kRing][kGroups];
 #pragma unroll
@@ -493,7 +499,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
               *reinterpret_cast<const uint32_t*>(sw + g * stride + bl * 16 + 4 * q);
           const uint32_t w1 =
               *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + bl * 16 + 4 * q);
-          const float s0 = MmaScale(ss[g * nb + b]), s1 = MmaScale(ss[(g + 8) * nb + b]);
+          const float s0 = MmaScale(ss + g * nb + b), s1 = MmaScale(ss + (g + 8) * nb + b);
           const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
 #pragma unroll
           for (int G = 0; G < kGroups; ++G) {
@@ -525,6 +531,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
         for (int i = 0; i < 4; ++i) {
 #pragma unroll
           for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
+          acc[G][i] *= kMmaRescale;
         }
       }
 #pragma unroll

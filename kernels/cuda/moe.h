@@ -110,8 +110,9 @@ struct MoeTuning {
   bool pdl = true;
   // Weight tiles a CTA keeps in shared memory: 1 = one tile per CTA, a CTA for
   // every tile; 2 or 3 = persistent CTAs (as many as fit) that compute one
-  // tile while the copies of the next ones are in flight.
-  int tile_buffers = 2;
+  // tile while the copies of the next ones are in flight (slower on an H100:
+  // fewer warps resident, and the math, not the copies, sets the pace).
+  int tile_buffers = 1;
   // The down projection's reduction split over this many CTAs per 16-row tile
   // (their sums meet in the output atomics): more, smaller CTAs.
   int down_split_k = 2;

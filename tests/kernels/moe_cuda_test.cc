@@ -237,7 +237,7 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
 }
 // The other paths stay selectable and correct: the CUDA-core baseline, the
 // shift-and-mask decode with whole-row down CTAs and no programmatic
-// dependencies, one tile per CTA and three buffers per persistent CTA.
+// dependencies, persistent CTAs with two and three tile buffers.
 TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   cuda::MoeTuning t;
   t.legacy_fma = true;
@@ -247,7 +247,7 @@ TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
-  for (int bufs : {1, 3}) {
+  for (int bufs : {2, 3}) {
     t = cuda::MoeTuning{};
     t.tile_buffers = bufs, t.down_split_k = 3;
     cuda::SetMoeTuning(t);

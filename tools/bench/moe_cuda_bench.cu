@@ -16,7 +16,7 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-plain tc-bufs1 tc-bufs3 tc-no-prmt tc-no-pdl
+// (variant names: tc tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
@@ -137,13 +137,13 @@ int main(int argc, char** argv) {
   // default out or change the down split; fma: the CUDA-core baseline.
   const Variant all[] = {{"tc", MoeTuning{}},
                          {"tc-plain", Tuned(false, false, false, false, 1, 1)},
-                         {"tc-bufs1", Tuned(false, true, true, true, 1, 2)},
+                         {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
                          {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
-                         {"tc-no-prmt", Tuned(false, false, true, true, 2, 2)},
-                         {"tc-no-pdl", Tuned(false, true, true, false, 2, 2)},
-                         {"tc-no-evict", Tuned(false, true, false, true, 2, 2)},
-                         {"tc-split1", Tuned(false, true, true, true, 2, 1)},
-                         {"tc-split3", Tuned(false, true, true, true, 2, 3)},
+                         {"tc-no-prmt", Tuned(false, false, true, true, 1, 2)},
+                         {"tc-no-pdl", Tuned(false, true, true, false, 1, 2)},
+                         {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
+                         {"tc-split1", Tuned(false, true, true, true, 1, 1)},
+                         {"tc-split3", Tuned(false, true, true, true, 1, 3)},
                          {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
