@@ -79,6 +79,7 @@ struct CudaEngine::Impl {
   uint16_t* attn = nullptr;    // [T, NH D]
   float* router_logits = nullptr;  // [T, E]
   int32_t* topk_ids = nullptr;
+  int* router_counters = nullptr;  // zeroed once; the router kernel leaves them zero
   int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
   float* topk_w = nullptr;
   uint16_t* final_t = nullptr;  // [rows, H]
@@ -344,6 +345,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_counters, kc::RouterCounters(T)));
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_counters, 0, kc::RouterCounters(T) * sizeof(int), s));
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
   }
@@ -723,10 +726,9 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
       FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
       FLOTILLA_RETURN_IF_ERROR(mark("router"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRouterLogitsF32(d.x, L.post_norm, eps, L.router,
-                                                     L.router_bias, T, H, E, d.router_logits, s));
-      FLOTILLA_RETURN_IF_ERROR(mark("router_topk"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(d.x, L.post_norm, eps, L.router, L.router_bias,
+                                                   T, H, E, K, d.topk_ids, d.topk_w,
+                                                   d.router_logits, d.router_counters, s));
       if (d.routing_record != nullptr) {
         const size_t layer = static_cast<size_t>(&L - d.layers.data());
         FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.routing_record + layer * d.max_tokens * K, d.topk_ids,
