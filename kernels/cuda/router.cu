@@ -133,11 +133,12 @@ __device__ void RankRow(const float* row, int experts, int k, int32_t* ids, floa
     top_i[s] = bi;
   }
   if (lane == 0) {
+    const float mx = top_v[0];
     float sum = 0.0f;
 #pragma unroll
     for (int s = 0; s < kMaxK; ++s) {
       if (s >= k) break;
-      top_v[s] = expf(top_v[s] - top_v[0]);
+      top_v[s] = expf(top_v[s] - mx);
       sum += top_v[s];
     }
 #pragma unroll
