@@ -164,6 +164,20 @@ __global__ void __launch_bounds__(kFusedThreads)
   const int nt = min(kTokens, tokens - t0);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
+  // Launched programmatically dependent: pull this warp's weight row towards
+  // L2 while the kernel before drains, then wait for its results (x).
+  {
+    const int e = blockIdx.x * kFusedWarps + warp;
+    if (e < experts) {
+      const char* wr = reinterpret_cast<const char*>(w + static_cast<size_t>(e) * hidden);
+      for (int off = lane * 128; off < hidden * 2; off += 32 * 128) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + off));
+      }
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+
   float ss[kTokens];
 #pragma unroll
   for (int j = 0; j < kTokens; ++j) {
@@ -294,9 +308,18 @@ cudaError_t LaunchRouterTopKF32(const float* x, const uint16_t* norm_weight, flo
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((experts + kFusedWarps - 1) / kFusedWarps, (tokens + kTokens - 1) / kTokens);
-  RouterTopKFusedKernel<<<grid, kFusedThreads, smem, stream>>>(
-      x, norm_weight, eps, w, bias, tokens, hidden, experts, k, logits, counters, ids, weights);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kFusedThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, RouterTopKFusedKernel, x, norm_weight, eps, w, bias, tokens,
+                            hidden, experts, k, logits, counters, ids, weights);
 }
 
 }  // namespace flotilla::kernels::cuda
