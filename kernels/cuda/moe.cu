@@ -384,9 +384,15 @@ __device__ __forceinline__ void GridDependentsMayLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// 2^(s - 127 + 14): the block scale times the 2^14 taken out by Fp4PairF16.
-// Exact for scale bytes 0..240 (checkpoint scales sit near 127).
-__device__ __forceinline__ float MmaScale(uint32_t s) { return __uint_as_float((s + 14u) << 23); }
+// 2^(s - 127) from a scale byte in shared memory, one shift: exact for s >= 1;
+// s = 0 (2^-127, blocks of magnitude <= 6 * 2^-127) gives 0. The 2^14 taken
+// out by the f16 decode is put back once per output, after the reduction.
+__device__ __forceinline__ float MmaScale(const uint8_t* p) {
+  uint32_t s;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(s) : "r"(SmemAddr(p)));
+  return __uint_as_float(s << 23);
+}
+constexpr float kMmaRescale = 16384.0f;  // 2^14
 
 __device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                        uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -421,107 +427,23 @@ struct MmaArgs {
   uint16_t* h_out;  // gate_up: hh [P, 2, I] (f16 high then low part, permuted)
   const float* topk_weights;
   float* out;  // down: [T, H] f32, added into
-  const int32_t* topk_ids;  // gate_up with early_expert: the expert found from the ids
-  int pairs;
-  int num_experts;
-  bool early_expert;  // gate_up: find the slot's expert before the routing is done
+  int ksplit;         // down: CTAs per row tile, each a share of the reduction
   bool evict_first;   // L2 evict-first hint on the weight copies
 };
 
-// The slot-th smallest distinct valid id among ids[0, pairs), or -1: what the
-// routing puts in active[slot], computed by one CTA without waiting for it.
-__device__ int SlotExpert(const int32_t* ids, int pairs, int num_experts, int slot) {
-  __shared__ uint32_t bits[kMaxExperts / 32];
-  __shared__ int found;
-  const int words = (num_experts + 31) / 32;
-  for (int i = threadIdx.x; i < words; i += blockDim.x) bits[i] = 0;
-  if (threadIdx.x == 0) found = -1;
-  __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < num_experts) atomicOr(&bits[id >> 5], 1u << (id & 31));
-  }
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    int before = 0;
-    for (int base = 0; base < words; base += 32) {
-      const int wi = base + threadIdx.x;
-      const uint32_t m = wi < words ? bits[wi] : 0u;
-      int incl = __popc(m);
-#pragma unroll
-      for (int off = 1; off < 32; off <<= 1) {
-        const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-        if (static_cast<int>(threadIdx.x) >= off) incl += n;
-      }
-      const int excl = before + incl - __popc(m);
-      if (slot >= excl && slot < before + incl) {
-        found = wi * 32 + static_cast<int>(__fns(m, 0, slot - excl + 1));
-      }
-      before += __shfl_sync(0xFFFFFFFFu, incl, 31);
-    }
-  }
-  __syncthreads();
-  return found;
-}
 
 // kDown selects the projection (epilogue and column meaning); kGroups groups
 // of 8 columns share one decode of each weight block.
+// One 16-row tile (rows row0.., blocks [kb0, kb0 + nbl) of expert e) whose
+// weights are landing in (sw, ss) on `bar` (phase `parity`): all the expert's
+// tokens, 8 mma columns x kGroups at a time, then the epilogue.
 template <bool kDown, int kGroups, bool kPrmt>
-__global__ void __launch_bounds__(kMmaThreads)
-    MoeMmaKernel(MmaArgs a) {
-  extern __shared__ float4 smem_f4[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
-  __shared__ __align__(8) uint64_t bar;
-  __shared__ float red[kMmaWarps - 1][4 * kGroups][32];
-  const int slot = blockIdx.y;
-  // Programmatic launch: the weights need nothing from the kernels before, so
-  // their copies go out before waiting for those. The down projection reads
-  // the routing early (complete once every gate_up CTA has passed its wait);
-  // gate_up either finds its expert from the ids or waits for the routing.
-  int e;
-  if (!kDown && a.early_expert) {
-    e = SlotExpert(a.topk_ids, a.pairs, a.num_experts, slot);
-    if (e < 0) {
-      GridDependencyWait();  // the down kernel may only start once the routing is done
-      return;
-    }
-  } else {
-    if (!kDown) GridDependencyWait();
-    if (slot >= *a.route.num_active) return;
-    e = a.route.active[slot];
-  }
-  const int row0 = blockIdx.x * kTileRows;
+__device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int part, int kb0,
+                                        int nbl, const uint8_t* sw, const uint8_t* ss,
+                                        int stride, uint64_t* bar, uint32_t parity,
+                                        float (*red)[4 * kGroups][32]) {
   const int nb = a.nb;
-  const int row_bytes = nb * 16, stride = row_bytes + 16;
-  uint8_t* sw = smem;
-  const uint8_t* ss = smem + kTileRows * stride;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-  const size_t grow0 = static_cast<size_t>(e) * a.rows + row0;
-
-  if (threadIdx.x == 0) {
-    MbarInit(&bar, 1);
-    MbarExpectTx(&bar, static_cast<uint32_t>(kTileRows * (row_bytes + nb)));
-  }
-  __syncthreads();
-  if (warp == 0 && lane <= kTileRows) {
-    const void* src = lane < kTileRows ? static_cast<const void*>(a.blocks + (grow0 + lane) * row_bytes)
-                                       : static_cast<const void*>(a.scales + grow0 * nb);
-    void* dst = lane < kTileRows ? static_cast<void*>(sw + lane * stride)
-                                 : static_cast<void*>(smem + kTileRows * stride);
-    const uint32_t bytes = static_cast<uint32_t>(lane < kTileRows ? row_bytes : kTileRows * nb);
-    if (a.evict_first) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-      BulkCopy<true>(dst, src, bytes, &bar, policy);
-    } else {
-      BulkCopy<false>(dst, src, bytes, &bar, 0);
-    }
-  }
-  // Activations (and, for gate_up with early_expert, the routing) come from
-  // the kernels before; the kernels after may start once every CTA is here.
-  GridDependencyWait();
-  GridDependentsMayLaunch();
-
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
   const int begin = a.route.offset[e], end = a.route.offset[e + 1];
   const size_t act_row = static_cast<size_t>(nb) * 4;  // uint4 per activation row
@@ -537,32 +459,60 @@ __global__ void __launch_bounds__(kMmaThreads)
       const int pair = has[G] ? a.route.pair_of[t] : 0;
       src[G] = kDown ? a.act + (static_cast<size_t>(pair) * 2 + (g >> 2)) * act_row
                      : a.act + static_cast<size_t>(pair / a.top_k) * act_row;
-      src[G] += q;
+      src[G] += q + kb0 * 4;
     }
-    if (!waited) MbarWait(&bar, 0), waited = true;
+    // Activation fragments come from L2 (or L1): with one column group they
+    // are loaded kAhead blocks ahead in a register ring (the first ones before
+    // the weights have landed), so their latency overlaps the math.
+    constexpr int kAhead = kGroups == 1 ? 2 : 0;
+    constexpr int kRing = kAhead + 1;
+    auto load_act = [&](int G, int bl) {
+      return has[G] && bl < nbl ? __ldg(src[G] + bl * 4) : make_uint4(0, 0, 0, 0);
+    };
+    uint4 ring[kRing][kGroups];
+#pragma unroll
+    for (int j = 0; j < kAhead; ++j) {
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) ring[j][G] = load_act(G, warp + kMmaWarps * j);
+    }
+    if (!waited) MbarWait(bar, parity), waited = true;
 
     float acc[kGroups][4];
 #pragma unroll
     for (int G = 0; G < kGroups; ++G) acc[G][0] = acc[G][1] = acc[G][2] = acc[G][3] = 0.f;
-#pragma unroll 2
-    for (int b = warp; b < nb; b += kMmaWarps) {
-      const uint32_t w0 = *reinterpret_cast<const uint32_t*>(sw + g * stride + b * 16 + 4 * q);
-      const uint32_t w1 =
-          *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + b * 16 + 4 * q);
-      const float s0 = MmaScale(ss[g * nb + b]), s1 = MmaScale(ss[(g + 8) * nb + b]);
-      const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
-      const uint32_t p00 = d0.p04, p01 = d0.p15, p02 = d0.p26, p03 = d0.p37;
-      const uint32_t p10 = d1.p04, p11 = d1.p15, p12 = d1.p26, p13 = d1.p37;
+#pragma unroll 1
+    for (int bl0 = warp; bl0 < nbl; bl0 += kMmaWarps * kRing) {
 #pragma unroll
-      for (int G = 0; G < kGroups; ++G) {
-        const uint4 xv = has[G] ? __ldg(src[G] + b * 4) : make_uint4(0, 0, 0, 0);
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-        MmaF16(d, p00, p10, p01, p11, xv.x, xv.y);
-        MmaF16(d, p02, p12, p03, p13, xv.z, xv.w);
-        acc[G][0] = fmaf(d[0], s0, acc[G][0]);
-        acc[G][1] = fmaf(d[1], s0, acc[G][1]);
-        acc[G][2] = fmaf(d[2], s1, acc[G][2]);
-        acc[G][3] = fmaf(d[3], s1, acc[G][3]);
+      for (int j = 0; j < kRing; ++j) {
+        const int bl = bl0 + kMmaWarps * j;
+#pragma unroll
+        for (int G = 0; G < kGroups; ++G) {
+          if (kAhead > 0) {
+            ring[(j + kAhead) % kRing][G] = load_act(G, bl + kMmaWarps * kAhead);
+          } else {
+            ring[j][G] = load_act(G, bl);
+          }
+        }
+        if (bl < nbl) {
+          const int b = kb0 + bl;
+          const uint32_t w0 =
+              *reinterpret_cast<const uint32_t*>(sw + g * stride + bl * 16 + 4 * q);
+          const uint32_t w1 =
+              *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + bl * 16 + 4 * q);
+          const float s0 = MmaScale(ss + g * nb + b), s1 = MmaScale(ss + (g + 8) * nb + b);
+          const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
+#pragma unroll
+          for (int G = 0; G < kGroups; ++G) {
+            const uint4 xv = ring[j][G];
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            MmaF16(d, d0.p04, d1.p04, d0.p15, d1.p15, xv.x, xv.y);
+            MmaF16(d, d0.p26, d1.p26, d0.p37, d1.p37, xv.z, xv.w);
+            acc[G][0] = fmaf(d[0], s0, acc[G][0]);
+            acc[G][1] = fmaf(d[1], s0, acc[G][1]);
+            acc[G][2] = fmaf(d[2], s1, acc[G][2]);
+            acc[G][3] = fmaf(d[3], s1, acc[G][3]);
+          }
+        }
       }
     }
     // Reduce the warps' partial sums into warp 0.
@@ -581,6 +531,7 @@ __global__ void __launch_bounds__(kMmaThreads)
         for (int i = 0; i < 4; ++i) {
 #pragma unroll
           for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
+          acc[G][i] *= kMmaRescale;
         }
       }
 #pragma unroll
@@ -628,7 +579,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
               const int row = row0 + g + 8 * half;
-              const float bd = Bf16Bits(bias[row]);
+              const float bd = part == 0 ? Bf16Bits(bias[row]) : 0.f;
 #pragma unroll
               for (int i = 0; i < 2; ++i) {
                 const int t = c0 + 2 * q + i;
@@ -646,7 +597,107 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     __syncthreads();  // red is reused by the next pass
   }
-  if (!waited) MbarWait(&bar, 0);  // never leave with a copy in flight
+  if (!waited) MbarWait(bar, parity);  // never leave with a copy in flight
+}
+
+// Issues the bulk copies of one tile's weight rows and scales into a buffer.
+__device__ __forceinline__ void CopyTile(const MmaArgs& a, int e, int row0, int kb0, int nbl,
+                                         uint8_t* buf, int stride, uint64_t* bar) {
+  const int lane = threadIdx.x & 31;
+  const int nb = a.nb, row_bytes = nbl * 16;
+  const size_t grow0 = static_cast<size_t>(e) * a.rows + row0;
+  if (threadIdx.x == 0) MbarExpectTx(bar, static_cast<uint32_t>(kTileRows * (row_bytes + nb)));
+  __syncwarp();
+  if (threadIdx.x < 32 && lane <= kTileRows) {
+    const void* src =
+        lane < kTileRows
+            ? static_cast<const void*>(a.blocks + ((grow0 + lane) * nb + kb0) * 16)
+            : static_cast<const void*>(a.scales + grow0 * nb);
+    void* dst = lane < kTileRows ? static_cast<void*>(buf + lane * stride)
+                                 : static_cast<void*>(buf + kTileRows * stride);
+    const uint32_t bytes = static_cast<uint32_t>(lane < kTileRows ? row_bytes : kTileRows * nb);
+    if (a.evict_first) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      BulkCopy<true>(dst, src, bytes, bar, policy);
+    } else {
+      BulkCopy<false>(dst, src, bytes, bar, 0);
+    }
+  }
+}
+
+// The grouped projection. Tile t (of num_active * tiles_per_expert) is expert
+// slot t / tiles_per_expert, row tile (t % tiles_per_expert) / ksplit, part
+// t % ksplit. Each CTA takes tiles blockIdx.x, + gridDim.x, ... through kBufs
+// shared-memory buffers: the copies of the next kBufs - 1 tiles are in flight
+// while one is computed (kBufs = 1: one tile per CTA, the grid covers all).
+template <bool kDown, int kGroups, bool kPrmt, int kBufs>
+__global__ void __launch_bounds__(kMmaThreads)
+    MoeMmaKernel(MmaArgs a) {
+  extern __shared__ float4 smem_f4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
+  __shared__ __align__(8) uint64_t bars[kBufs];
+  __shared__ float red[kMmaWarps - 1][4 * kGroups][32];
+  const int ksplit = kDown ? a.ksplit : 1;
+  const int tiles_per_expert = a.rows / kTileRows * ksplit;
+  const int nb = a.nb;
+  const int nbl_max = (nb + ksplit - 1) / ksplit;
+  const int stride = nbl_max * 16 + 16;
+  const int buf_bytes = kTileRows * stride + kTileRows * nb;
+  // gate_up needs the routing before its first copy; the down projection
+  // reads it at once (complete once every gate_up CTA has passed its wait)
+  // and brings in its weights while gate_up drains.
+  if (!kDown) GridDependencyWait();
+  const int total = *a.route.num_active * tiles_per_expert;
+  if (static_cast<int>(blockIdx.x) >= total) {
+    GridDependencyWait();
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kBufs; ++i) MbarInit(&bars[i], 1);
+  }
+  __syncthreads();
+  struct Tile {
+    int e, row0, part, kb0, nbl;
+  };
+  auto tile_of = [&](int t) {
+    Tile x;
+    const int within = t % tiles_per_expert;
+    x.e = a.route.active[t / tiles_per_expert];
+    x.row0 = (within / ksplit) * kTileRows;
+    x.part = within % ksplit;
+    x.kb0 = x.part * nb / ksplit;
+    x.nbl = (x.part + 1) * nb / ksplit - x.kb0;
+    return x;
+  };
+#pragma unroll
+  for (int i = 0; i < kBufs; ++i) {
+    const int t = blockIdx.x + i * gridDim.x;
+    if (t < total) {
+      const Tile x = tile_of(t);
+      CopyTile(a, x.e, x.row0, x.kb0, x.nbl, smem + i * buf_bytes, stride, &bars[i]);
+    }
+  }
+  // Activations come from the kernels before; the ones after may start once
+  // every CTA is here.
+  GridDependencyWait();
+  GridDependentsMayLaunch();
+  int i = 0;
+  for (int t = blockIdx.x; t < total; t += gridDim.x, ++i) {
+    const int buf = i % kBufs;
+    const uint32_t parity = static_cast<uint32_t>(i / kBufs) & 1u;
+    const Tile x = tile_of(t);
+    uint8_t* sw = smem + buf * buf_bytes;
+    MmaTile<kDown, kGroups, kPrmt>(a, x.e, x.row0, x.part, x.kb0, x.nbl, sw,
+                                   sw + kTileRows * stride, stride, &bars[buf], parity, red);
+    // MmaTile ends with a CTA barrier: the buffer is free for tile t + kBufs * grid.
+    const int tn = t + kBufs * gridDim.x;
+    if (kBufs > 1 && tn < total) {
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      const Tile y = tile_of(tn);
+      CopyTile(a, y.e, y.row0, y.kb0, y.nbl, sw, stride, &bars[buf]);
+    }
+  }
 }
 
 // Routing (block 0, as RouteKernel but with parallel scans) and, in the other
@@ -843,25 +894,64 @@ cudaError_t LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, size_t sm
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
 }
 
-template <bool kDown, int kGroups, bool kPrmt>
-cudaError_t LaunchMma(dim3 grid, cudaStream_t stream, const MmaArgs& args, bool pdl) {
-  const size_t smem = static_cast<size_t>(kTileRows) * (args.nb * 16 + 16) + kTileRows * args.nb;
+template <bool kDown, int kGroups, bool kPrmt, int kBufs>
+cudaError_t LaunchMma(int slots, cudaStream_t stream, const MmaArgs& args, bool pdl) {
+  const int ksplit = kDown ? args.ksplit : 1;
+  const int nbl = (args.nb + ksplit - 1) / ksplit;
+  const size_t smem =
+      kBufs * (static_cast<size_t>(kTileRows) * (nbl * 16 + 16) + kTileRows * args.nb);
+  auto kernel = MoeMmaKernel<kDown, kGroups, kPrmt, kBufs>;
   static size_t allowed = 0;
-  cudaError_t err = AllowSharedBytes(MoeMmaKernel<kDown, kGroups, kPrmt>, smem, &allowed);
+  cudaError_t err = AllowSharedBytes(kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
-  return LaunchEx(MoeMmaKernel<kDown, kGroups, kPrmt>, grid, dim3(kMmaThreads), smem, stream, pdl,
-                  args);
+  int grid = slots * (args.rows / kTileRows) * ksplit;
+  if (kBufs > 1) {
+    // Persistent: as many CTAs as fit at once (each loops over its tiles).
+    static size_t occ_smem = 0;
+    static int occ = 0, sms = 0;
+    if (occ_smem != smem) {
+      int dev = 0;
+      if ((err = cudaGetDevice(&dev)) != cudaSuccess) return err;
+      if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) !=
+          cudaSuccess) {
+        return err;
+      }
+      if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kMmaThreads,
+                                                               smem)) != cudaSuccess) {
+        return err;
+      }
+      occ_smem = smem;
+    }
+    grid = std::min(grid, std::max(1, occ) * sms);
+  }
+  return LaunchEx(kernel, dim3(grid), dim3(kMmaThreads), smem, stream, pdl, args);
+}
+
+template <bool kDown, int kGroups, int kBufs>
+cudaError_t LaunchMmaBufs(int slots, cudaStream_t stream, const MmaArgs& args,
+                          const MoeTuning& t) {
+  return t.prmt_decode ? LaunchMma<kDown, kGroups, true, kBufs>(slots, stream, args, t.pdl)
+                       : LaunchMma<kDown, kGroups, false, kBufs>(slots, stream, args, t.pdl);
+}
+
+template <bool kDown, int kGroups>
+cudaError_t LaunchMmaGroups(int slots, cudaStream_t stream, const MmaArgs& args,
+                            const MoeTuning& t) {
+  switch (t.tile_buffers) {
+    case 1:
+      return LaunchMmaBufs<kDown, kGroups, 1>(slots, stream, args, t);
+    case 3:
+      return LaunchMmaBufs<kDown, kGroups, 3>(slots, stream, args, t);
+    default:
+      return LaunchMmaBufs<kDown, kGroups, 2>(slots, stream, args, t);
+  }
 }
 
 template <bool kDown>
-cudaError_t LaunchMmaProjection(dim3 grid, cudaStream_t stream, const MmaArgs& args, int groups,
+cudaError_t LaunchMmaProjection(int slots, cudaStream_t stream, const MmaArgs& args, int groups,
                                 const MoeTuning& t) {
-  if (groups > 1) {
-    return t.prmt_decode ? LaunchMma<kDown, 4, true>(grid, stream, args, t.pdl)
-                         : LaunchMma<kDown, 4, false>(grid, stream, args, t.pdl);
-  }
-  return t.prmt_decode ? LaunchMma<kDown, 1, true>(grid, stream, args, t.pdl)
-                       : LaunchMma<kDown, 1, false>(grid, stream, args, t.pdl);
+  return groups > 1 ? LaunchMmaGroups<kDown, 4>(slots, stream, args, t)
+                    : LaunchMmaGroups<kDown, 1>(slots, stream, args, t);
 }
 
 MoeTuning g_tuning;
@@ -1025,21 +1115,21 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     // more than ~16 tokens (prefill); one group at decode sizes.
     const int groups = static_cast<int64_t>(pairs) >= 16 * static_cast<int64_t>(E) ? 4 : 1;
     MmaArgs gu{};
-    gu.topk_ids = topk_ids, gu.pairs = pairs, gu.num_experts = E;
-    gu.early_expert = tuning.pdl && tuning.early_expert && pairs <= 4096;
+    gu.ksplit = 1;
     gu.evict_first = tuning.evict_first;
     gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
     gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
     gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
     gu.h_out = reinterpret_cast<uint16_t*>(h);
-    err = LaunchMmaProjection<false>(dim3(2 * I / kTileRows, slots), stream, gu, groups, tuning);
+    err = LaunchMmaProjection<false>(static_cast<int>(slots), stream, gu, groups, tuning);
     if (err != cudaSuccess) return err;
     MmaArgs dn{};
     dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
     dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
     dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
     dn.evict_first = tuning.evict_first;
-    return LaunchMmaProjection<true>(dim3(H / kTileRows, slots), stream, dn, groups, tuning);
+    dn.ksplit = std::max(1, std::min(tuning.down_split_k, I / 32));
+    return LaunchMmaProjection<true>(static_cast<int>(slots), stream, dn, groups, tuning);
   }
 
   cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active, num_active,

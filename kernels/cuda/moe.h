@@ -104,12 +104,18 @@ struct MoeTuning {
   // activations and routing stay in L2).
   bool evict_first = true;
   // Programmatic dependent launch: each kernel starts while the one before it
-  // drains and brings in its weights before waiting for that one's results.
-  // The first kernel waits for whatever the stream ran before the call.
+  // drains (the down projection brings in its weights before waiting for
+  // gate_up's results). The first kernel waits for whatever the stream ran
+  // before the call.
   bool pdl = true;
-  // With pdl, gate_up CTAs find their expert from the ids themselves (up to
-  // 4096 pairs) so their weight copies need not wait for the routing kernel.
-  bool early_expert = true;
+  // Weight tiles a CTA keeps in shared memory: 1 = one tile per CTA, a CTA for
+  // every tile; 2 or 3 = persistent CTAs (as many as fit) that compute one
+  // tile while the copies of the next ones are in flight (slower on an H100:
+  // fewer warps resident, and the math, not the copies, sets the pace).
+  int tile_buffers = 1;
+  // The down projection's reduction split over this many CTAs per 16-row tile
+  // (their sums meet in the output atomics): more, smaller CTAs.
+  int down_split_k = 2;
 };
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();

@@ -22,4 +22,17 @@ cudaError_t LaunchRouterLogitsF32(const float* x, const uint16_t* norm_weight, f
                                   const uint16_t* w, const uint16_t* bias, int tokens, int hidden,
                                   int experts, float* logits, cudaStream_t stream);
 
+// The same logits followed, per token, by the K largest (descending, ties to
+// the lower index, as torch.topk) and the softmax over those K, in one launch:
+// the last CTA to finish a group of tokens ranks them. ids int32 / weights f32
+// [tokens, k]; experts <= 256, k <= 8. logits: f32 [tokens, experts] scratch
+// (holds the logits afterwards); counters: RouterCounters(tokens) ints,
+// zeroed once before the first call (each call leaves them at zero again, so
+// a CUDA graph can replay it).
+int RouterCounters(int tokens);
+cudaError_t LaunchRouterTopKF32(const float* x, const uint16_t* norm_weight, float eps,
+                                const uint16_t* w, const uint16_t* bias, int tokens, int hidden,
+                                int experts, int k, int32_t* ids, float* weights, float* logits,
+                                int* counters, cudaStream_t stream);
+
 }  // namespace flotilla::kernels::cuda

@@ -236,21 +236,24 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
   CheckLayer(few, *host_, 40, 2, 12);  // 80 pairs >= 16 * E: four column groups per decode
 }
 // The other paths stay selectable and correct: the CUDA-core baseline, the
-// shift-and-mask decode, and launches without programmatic dependencies or
-// with the routing kernel finding gate_up's experts.
+// shift-and-mask decode with whole-row down CTAs and no programmatic
+// dependencies, persistent CTAs with two and three tile buffers.
 TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   cuda::MoeTuning t;
   t.legacy_fma = true;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4);
   t = cuda::MoeTuning{};
-  t.prmt_decode = false, t.evict_first = false, t.pdl = false;
+  t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
-  t = cuda::MoeTuning{};
-  t.early_expert = false;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 3, 4, 15, /*bad_ids=*/2);
+  for (int bufs : {2, 3}) {
+    t = cuda::MoeTuning{};
+    t.tile_buffers = bufs, t.down_split_k = 3;
+    cuda::SetMoeTuning(t);
+    CheckLayer(weights_, *host_, 3, 4, 15 + bufs, /*bad_ids=*/2);
+    CheckLayer(weights_, *host_, 64, 4, 16 + bufs);
+  }
   cuda::SetMoeTuning(cuda::MoeTuning{});
 }
 

@@ -255,6 +255,42 @@ TEST_F(SmallShapesCudaTest, RouterLogitsF32MatchTheCpu) {
   }
 }
 
+// The fused router + top-K against RmsNorm, LinearBf16 and RouterTopK on the
+// CPU; repeated calls (the counters must come back to zero) with different
+// token counts.
+TEST_F(SmallShapesCudaTest, FusedRouterTopKMatchesTheCpu) {
+  std::mt19937 rng(8);
+  const int cases[][3] = {{64, 8, 4}, {96, 16, 2}, {2880, 128, 4}, {2880, 32, 4}};
+  for (auto [H, E, K] : cases) {
+    Dev<int> counters(64);
+    for (int T : {1, 3, 40, 2, 97}) {
+      const std::string what = "H " + std::to_string(H) + " E " + std::to_string(E) + " T " + std::to_string(T);
+      std::vector<float> x(size_t(T) * H);
+      for (auto& v : x) v = std::uniform_real_distribution<float>(-3, 3)(rng);
+      auto nw = RandomBf16(H, 1.5f, rng);
+      auto w = RandomBf16(size_t(E) * H, 0.1f, rng);
+      auto b = RandomBf16(E, 0.5f, rng);
+      std::vector<float> t(x.size()), logits(size_t(T) * E), want_w(size_t(T) * K);
+      std::vector<int32_t> want_ids(size_t(T) * K);
+      cpu::RmsNorm(x.data(), nw.data(), T, H, 1e-5f, t.data());
+      cpu::LinearBf16(nullptr, t.data(), T, H, w.data(), H, E, b.data(), logits.data());
+      cpu::RouterTopK(logits.data(), T, E, K, want_ids.data(), want_w.data());
+      Dev<float> dx(x), dl(size_t(T) * E), dw_out(size_t(T) * K);
+      Dev<int32_t> dids(size_t(T) * K);
+      Dev<uint16_t> dnw(nw), dw(w), db(b);
+      ASSERT_EQ(cuda::LaunchRouterTopKF32(dx.p, dnw.p, 1e-5f, dw.p, db.p, T, H, E, K, dids.p,
+                                          dw_out.p, dl.p, counters.p, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(dids.Get(), want_ids) << what;
+      ExpectClose(dw_out.Get(), want_w, 1e-5, what + " weights");
+      ExpectClose(dl.Get(), logits, 1e-5, what + " logits");
+      const std::vector<int> c = counters.Get();
+      EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; })) << what;
+    }
+  }
+}
+
 TEST_F(SmallShapesCudaTest, MoeLayerMatchesTheCpu) {
   std::mt19937 rng(5);
   const int cases[][4] = {{8, 64, 64, 4}, {16, 96, 64, 2}, {8, 96, 128, 4}};  // E, H, I, K

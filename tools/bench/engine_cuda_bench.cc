@@ -9,6 +9,7 @@
 // over, so `roofline_tokens_per_s` is what HBM bandwidth alone would allow.
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
+//                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -53,6 +54,7 @@ double PeakHbmGbs(int device) {
 
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
+  bool profile_ops = false;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
     else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
     else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
@@ -95,6 +98,7 @@ int main(int argc, char** argv) {
   o.kv_num_blocks = kv_blocks > 0 ? kv_blocks
                                   : std::max(max_batch * ((context + steps + 16) / 16 + 1),
                                              max_prefill / 16 + 2);
+  o.profile_ops = profile_ops;
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);
   if (!made.ok()) {
@@ -149,6 +153,7 @@ int main(int argc, char** argv) {
       return true;
     };
     if (!step(4)) return 1;  // captures the graph
+    e.reset_op_times();
     const auto t = Clock::now();
     if (!step(static_cast<int>(steps))) return 1;
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
@@ -165,6 +170,16 @@ int main(int argc, char** argv) {
                 "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
                 props.name.c_str(), layers, B, context, ms, B * 1e3 / ms, bytes / 1e9, gbs,
                 hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
+    if (profile_ops) {
+      // Per-op GPU time (events between launches, no graphs): where a step goes.
+      std::printf("{\"bench\":\"decode_ops\",\"batch\":%ld,\"ms_per_step\":{", B);
+      bool first = true;
+      for (const auto& [label, total] : e.op_time_ms()) {
+        std::printf("%s\"%s\":%.4f", first ? "" : ",", label.c_str(), total / steps);
+        first = false;
+      }
+      std::printf("}}\n");
+    }
     std::fflush(stdout);
     for (int64_t s : seqs) (void)e.FreeSequence(s);
   }

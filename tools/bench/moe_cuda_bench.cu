@@ -16,7 +16,8 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-v1 tc-no-prmt tc-no-pdl tc-no-early tc-no-evict fma)
+// (variant names: tc tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+//  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -74,10 +75,10 @@ struct Variant {
   MoeTuning tuning;
 };
 
-MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, bool early) {
+MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int split) {
   MoeTuning t;
   t.legacy_fma = legacy, t.prmt_decode = prmt, t.evict_first = evict, t.pdl = pdl;
-  t.early_expert = early;
+  t.tile_buffers = bufs, t.down_split_k = split;
   return t;
 }
 
@@ -132,15 +133,18 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Variant> variants;
-  // tc: the defaults; tc-v1: the first tensor-core version; the others leave
-  // one default out; fma: the CUDA-core baseline.
+  // tc: the defaults; tc-plain: none of the options; the others leave one
+  // default out or change the down split; fma: the CUDA-core baseline.
   const Variant all[] = {{"tc", MoeTuning{}},
-                         {"tc-v1", Tuned(false, false, false, false, false)},
-                         {"tc-no-prmt", Tuned(false, false, true, true, true)},
-                         {"tc-no-pdl", Tuned(false, true, true, false, false)},
-                         {"tc-no-early", Tuned(false, true, true, true, false)},
-                         {"tc-no-evict", Tuned(false, true, false, true, true)},
-                         {"fma", Tuned(true, false, false, false, false)}};
+                         {"tc-plain", Tuned(false, false, false, false, 1, 1)},
+                         {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
+                         {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
+                         {"tc-no-prmt", Tuned(false, false, true, true, 1, 2)},
+                         {"tc-no-pdl", Tuned(false, true, true, false, 1, 2)},
+                         {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
+                         {"tc-split1", Tuned(false, true, true, true, 1, 1)},
+                         {"tc-split3", Tuned(false, true, true, true, 1, 3)},
+                         {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
     std::stringstream ss(variant_flag);

@@ -79,6 +79,7 @@ struct CudaEngine::Impl {
   uint16_t* attn = nullptr;    // [T, NH D]
   float* router_logits = nullptr;  // [T, E]
   int32_t* topk_ids = nullptr;
+  int* router_counters = nullptr;  // zeroed once; the router kernel leaves them zero
   int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
   float* topk_w = nullptr;
   uint16_t* final_t = nullptr;  // [rows, H]
@@ -344,6 +345,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_counters, kc::RouterCounters(T)));
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_counters, 0, kc::RouterCounters(T) * sizeof(int), s));
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
   }
@@ -592,7 +595,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
   FLOTILLA_RETURN_IF_ERROR(Reserve(items));
 
   // Decode steps replay a graph over a padded batch.
-  bool decode = options_.cuda_graphs;
+  bool decode = options_.cuda_graphs && !options_.profile_ops;
   for (const StepItem& it : items) decode = decode && it.tokens.size() == 1;
   if (!sample) {
     for (const StepItem& it : items) decode = decode && it.logits == LogitsMode::kLast;
@@ -676,6 +679,15 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
   }
 
   // The body of the step; `ctx` bounds the sequence lengths for the KV split.
+  // Per-op timing (CudaEngineOptions::profile_ops): an event before each op.
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;
+  auto mark = [&](const char* label) -> absl::Status {
+    if (!options_.profile_ops) return absl::OkStatus();
+    cudaEvent_t ev = nullptr;
+    FLOTILLA_CUDA_RETURN(cudaEventCreate(&ev));
+    marks.emplace_back(label, ev);
+    return CudaStatus(cudaEventRecord(ev, d.stream), "profile event");
+  };
   auto forward = [&](int64_t ctx, int logit_rows_now, int row_offset) -> absl::Status {
     cudaStream_t s = d.stream;
     kc::AttentionBatch batch;
@@ -688,48 +700,61 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
     batch.max_seq_len = static_cast<int>(ctx);
     batch.max_q_per_seq = plan.max_q;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    FLOTILLA_RETURN_IF_ERROR(mark("embedding"));
     FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
                                              d.invalid, s));
     for (Impl::Layer& L : d.layers) {
+      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
       FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.input_norm, T, H, eps, d.t, s));
+      FLOTILLA_RETURN_IF_ERROR(mark("qkv_linear"));
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.wqkv, L.bqkv, T, H, QKV, false,
                                             d.qkv, s));
+      FLOTILLA_RETURN_IF_ERROR(mark("rope_kv_write"));
       FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos, d.meta + d.off_slots, T,
                                                  NH, d.inv_freq, d.rope_scaling, L.kv, d.q, s));
       if (D == 64) {
+        FLOTILLA_RETURN_IF_ERROR(mark("attention"));
         FLOTILLA_CUDA_RETURN(kc::LaunchAttention(d.q, L.kv, batch, NH, L.sinks, L.window, scale,
                                                  d.attn, d.attn_ws, d.attn_ws_bytes, s));
       } else {
+        FLOTILLA_RETURN_IF_ERROR(mark("attention"));
         FLOTILLA_CUDA_RETURN(kc::LaunchAttentionGeneric(d.q, L.kv, batch, NH, L.sinks, L.window,
                                                         scale, d.attn, s));
       }
+      FLOTILLA_RETURN_IF_ERROR(mark("o_linear"));
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
+      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
       FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRouterLogitsF32(d.x, L.post_norm, eps, L.router,
-                                                     L.router_bias, T, H, E, d.router_logits, s));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+      FLOTILLA_RETURN_IF_ERROR(mark("router"));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(d.x, L.post_norm, eps, L.router, L.router_bias,
+                                                   T, H, E, K, d.topk_ids, d.topk_w,
+                                                   d.router_logits, d.router_counters, s));
       if (d.routing_record != nullptr) {
         const size_t layer = static_cast<size_t>(&L - d.layers.data());
         FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.routing_record + layer * d.max_tokens * K, d.topk_ids,
                                              static_cast<size_t>(T) * K * sizeof(int32_t),
                                              cudaMemcpyDeviceToDevice, s));
       }
+      FLOTILLA_RETURN_IF_ERROR(mark("moe"));
       FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
                                               static_cast<float>(c.swiglu_limit), 1.702f, d.x,
                                               d.moe_ws, d.moe_ws_bytes, d.invalid, s));
     }
     if (logit_rows_now > 0) {
+      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
       FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + row_offset,
                                                  logit_rows_now, d.final_norm, H, eps, d.final_t, s));
+      FLOTILLA_RETURN_IF_ERROR(mark("lm_head"));
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.final_t, d.lm_head, nullptr, logit_rows_now,
                                             H, V, false, d.logits, s));
       if (sample) {
+        FLOTILLA_RETURN_IF_ERROR(mark("sample"));
         FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, logit_rows_now, V, d.sample_params,
                                               d.sampled_tokens, d.sampled_logprobs, 0, nullptr,
                                               nullptr, d.sample_ws, d.sample_ws_bytes, s));
       }
     }
-    return absl::OkStatus();
+    return mark("end");
   };
 
   if (decode) {
@@ -759,6 +784,15 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
     FLOTILLA_RETURN_IF_ERROR(forward(plan.max_len, 0, 0));
   }
 
+  if (!marks.empty()) {
+    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      float ms = 0;
+      FLOTILLA_CUDA_RETURN(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
+      op_time_ms_[marks[i].first] += ms;
+    }
+    for (auto& [label, ev] : marks) cudaEventDestroy(ev);
+  }
   // Results.
   for (size_t i = 0; i < items.size(); ++i) {
     sequences_[items[i].sequence].length += static_cast<int64_t>(items[i].tokens.size());

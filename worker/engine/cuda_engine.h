@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <memory>
 #include <unordered_map>
 #include <utility>
@@ -43,6 +44,8 @@ struct CudaEngineOptions {
   bool cuda_graphs = true;      // capture decode steps
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
+  // Benchmarks: time every op with events (no graphs); see op_time_ms().
+  bool profile_ops = false;
 };
 
 struct SampledToken {
@@ -96,6 +99,9 @@ class CudaEngine : public Engine {
   // single sequence reads (bf16 matrices, lm_head, top-k experts per layer).
   size_t weight_bytes() const { return weight_bytes_; }
   size_t decode_bytes_per_token() const;
+  // With profile_ops: milliseconds spent per op kind since the last reset.
+  const std::map<std::string, double>& op_time_ms() const { return op_time_ms_; }
+  void reset_op_times() { op_time_ms_.clear(); }
 
  private:
   struct Impl;
@@ -125,6 +131,7 @@ class CudaEngine : public Engine {
   int64_t next_sequence_ = 1;
   std::unordered_map<int64_t, Sequence> sequences_;
   std::vector<int32_t> free_blocks_;
+  std::map<std::string, double> op_time_ms_;
 };
 
 }  // namespace flotilla
