@@ -191,6 +191,7 @@ int main(int argc, char** argv) {
     // One warm-up pass at this size, then the measured one.
     for (int pass = 0; pass < 2; ++pass) {
       const int64_t seq = pass == 0 ? e.NewSequence() : s;
+      e.reset_op_times();
       const auto t = Clock::now();
       auto out = e.Step({StepItem{seq, prompt, LogitsMode::kLast}});
       if (!out.ok()) {
@@ -216,6 +217,15 @@ int main(int argc, char** argv) {
                   "\"ms\":%.1f,\"tokens_per_s\":%.0f,\"tflops\":%.1f,\"peak_bf16_tflops\":%.0f}\n",
                   props.name.c_str(), layers, P, ms, P * 1e3 / ms, flops / (ms * 1e-3) / 1e12,
                   peak_tflops);
+      if (profile_ops) {
+        std::printf("{\"bench\":\"prefill_ops\",\"prompt_tokens\":%ld,\"ms\":{", P);
+        bool first = true;
+        for (const auto& [label, total] : e.op_time_ms()) {
+          std::printf("%s\"%s\":%.3f", first ? "" : ",", label.c_str(), total);
+          first = false;
+        }
+        std::printf("}}\n");
+      }
       std::fflush(stdout);
     }
     (void)e.FreeSequence(s);
