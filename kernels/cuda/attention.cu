@@ -23,10 +23,10 @@
 //          fields only (max_seq_len, max_q_per_seq, window, batch, kv heads, SM
 //          count), so the launch captures into a CUDA graph; splits beyond a
 //          sequence's actual range exit at once. Two shapes: "wide" (small
-//          batches, batch * kv_heads <= SMs) runs one CTA per SM with an 8-deep
-//          ring (112 KB in flight per SM) and SMs / (batch * kv_heads) splits,
-//          so every SM streams; otherwise 4 CTAs per SM with a 3-deep ring and
-//          at most one wave. Each split writes its partial (max, sum, acc) to
+//          batches, batch * kv_heads <= 2 * SMs) runs 2 CTAs per SM with a
+//          5-deep ring (128 KB in flight per SM) and 2 * SMs / (batch *
+//          kv_heads) splits, so every SM streams; otherwise 4 CTAs per SM with
+//          a 3-deep ring and at most one wave. Each split writes its partial (max, sum, acc) to
 //          the workspace and bumps an arrival counter of its (sequence, kv
 //          head); the last CTA to arrive merges the partials with the sink,
 //          writes the output and resets the counter to zero (no second kernel).
@@ -47,10 +47,11 @@ constexpr int kThreads = 128;  // 4 warps
 // Shared-memory ring depth: 3 tiles (2 in flight while one is used) for CTAs
 // of 16 rows that fit 4 per SM (50 KB shared, <= 128 registers), so one wave
 // streams 8 tiles (128 KB) per SM; a deeper ring with 3 CTAs per SM measured
-// slower at batch 64 (1.3 waves of CTAs). The wide decode shape (1 CTA per
-// SM) uses an 8-deep ring instead.
+// slower at batch 64 (1.3 waves of CTAs). The wide decode shape (2 CTAs per
+// SM, 84 KB of shared memory each, so never 3) uses a 5-deep ring instead.
 constexpr int kStages = 3;
-constexpr int kWideStages = 8;
+constexpr int kWideStages = 5;
+constexpr int kWideCtasPerSm = 2;
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
@@ -150,8 +151,81 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
   return kr;
 }
 
-template <int RG, int MR, int STAGES>
-__global__ void __launch_bounds__(kThreads, STAGES > kStages ? 1 : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
+// Arrival of a split CTA whose partial is written: the partial is made visible
+// device-wide before the counter moves; the CTA that brings the count to ns
+// merges (and resets the counter for the next call, which is stream-ordered
+// after this grid).
+template <int STAGES>
+__device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, int b, int g, int qs,
+                                            int rows_total, int ns) {
+  const int tid = threadIdx.x;
+  int& is_last = *reinterpret_cast<int*>(flag_smem);  // past the reduction buffers
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* counter = p.counters + b * p.kv_heads + g;
+    const bool last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(ns);
+    if (last) *counter = 0u;
+    is_last = last;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // Merge: a thread per (row, 4 dims), an online rescaling over the splits with
+  // 8 or 16 splits' loads in flight (L2, bypassing L1: other SMs wrote them).
+  // The sink starts the running max and sum (e^(sink - sink) = 1).
+  const size_t split_stride = static_cast<size_t>(p.max_q) * p.q_heads;  // slots between splits
+  const float2* part_ml2 = reinterpret_cast<const float2*>(p.part_ml);
+  const float4* part_acc4 = reinterpret_cast<const float4*>(p.part_acc);
+  for (int item = tid; item < rows_total * (kD / 4); item += kThreads) {
+    const int row = item / (kD / 4), c4 = item % (kD / 4);
+    const int i = row / p.group;
+    const int h = g * p.group + row % p.group;
+    const size_t slot0 = ((static_cast<size_t>(b) * p.splits) * p.max_q + i) * p.q_heads + h;
+    float M = p.sinks[h] * kLog2e, l = 1.f;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    // Splits whose partials the merging CTA loads at once (8 where registers
+    // are capped at 128 for 4 CTAs per SM).
+    constexpr int kMergeBatch = STAGES > kStages ? 16 : 8;
+    for (int s0 = 0; s0 < ns; s0 += kMergeBatch) {
+      float2 ml[kMergeBatch];
+      float4 av[kMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        ml[u] = make_float2(kNoMax, 0.f);
+        av[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s0 + u < ns) {
+          const size_t slot = slot0 + (s0 + u) * split_stride;
+          ml[u] = __ldcg(part_ml2 + slot);
+          av[u] = __ldcg(part_acc4 + slot * (kD / 4) + c4);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        const float Mn = fmaxf(M, ml[u].x);
+        const float fo = exp2f(M - Mn), fn = exp2f(ml[u].x - Mn);
+        M = Mn;
+        l = l * fo + ml[u].y * fn;
+        a.x = a.x * fo + av[u].x * fn;
+        a.y = a.y * fo + av[u].y * fn;
+        a.z = a.z * fo + av[u].z * fn;
+        a.w = a.w * fo + av[u].w * fn;
+      }
+    }
+    const float inv_l = 1.f / l;
+    uint2 o;
+    o.x = PackBf16(a.x * inv_l, a.y * inv_l);
+    o.y = PackBf16(a.z * inv_l, a.w * inv_l);
+    *reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD + c4 * 4) =
+        o;
+  }
+}
+
+// FUSED: the grid has more than one KV split (write partials, count arrivals,
+// merge in the last CTA); without it the merge code is not compiled in.
+template <int RG, int MR, int STAGES, bool FUSED>
+__global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
+                                                             : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
   constexpr int kKs = 4 / RG;          // warps sharing one row group (splitting keys)
@@ -207,13 +281,13 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? 1 : (MR == 2 ? 2 
   // for K and for V. The block-table entries of a tile are fetched one load
   // ahead of its copies, so a table read never stalls the issue of a tile.
   const int kq = tid >> 3, cc = tid & 7;
-  auto fetch_blocks = [&](int t, int (&nb)[4]) {
+  auto fetch_blocks = [&](int t, int(&nb)[4]) {
     const int base = start + t * kTile + kq;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
       nb[u] = __ldg(table + min((base + 16 * u) >> p.block_shift, p.max_blocks - 1));
   };
-  auto issue_tile = [&](int t, const int (&nb)[4]) {
+  auto issue_tile = [&](int t, const int(&nb)[4]) {
     uint16_t* st = sKV + (t % STAGES) * kStageElems;
     const int base = start + t * kTile;
 #pragma unroll
@@ -429,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? 1 : (MR == 2 ? 2 
   __syncthreads();
   // Splits that hold keys of this row block (every CTA computes the same
   // count); with one, this CTA writes the output itself.
-  const int ns = min(p.splits, (kr.hi - tile_lo) / p.chunk + 1);
+  const int ns = FUSED ? min(p.splits, (kr.hi - tile_lo) / p.chunk + 1) : 1;
   for (int idx = tid; idx < kRows * kD; idx += kThreads) {
     const int r = idx / kD, d = idx % kD;
     const int row = row0 + r;
@@ -463,67 +537,8 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? 1 : (MR == 2 ? 2 
       }
     }
   }
-  if (ns == 1) return;
-
-  // Arrival: the partial is made visible device-wide before the counter moves;
-  // the CTA that brings the count to ns merges (and resets the counter for the
-  // next call, which is stream-ordered after this grid).
-  __shared__ int is_last;
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    unsigned* counter = p.counters + b * p.kv_heads + g;
-    const bool last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(ns);
-    if (last) *counter = 0u;
-    is_last = last;
-  }
-  __syncthreads();
-  if (!is_last) return;
-  __threadfence();
-  // Merge: a thread per (row, 4 dims), an online rescaling over the splits with
-  // 8 splits' loads in flight (L2, bypassing L1: other SMs wrote them). The sink
-  // starts the running max and sum (e^(sink - sink) = 1).
-  const size_t split_stride = static_cast<size_t>(p.max_q) * p.q_heads;  // slots between splits
-  const float2* part_ml2 = reinterpret_cast<const float2*>(p.part_ml);
-  const float4* part_acc4 = reinterpret_cast<const float4*>(p.part_acc);
-  for (int item = tid; item < rows_total * (kD / 4); item += kThreads) {
-    const int row = item / (kD / 4), c4 = item % (kD / 4);
-    const int i = row / p.group;
-    const int h = g * p.group + row % p.group;
-    const size_t slot0 = ((static_cast<size_t>(b) * p.splits) * p.max_q + i) * p.q_heads + h;
-    float M = p.sinks[h] * kLog2e, l = 1.f;
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < ns; s0 += 8) {
-      float2 ml[8];
-      float4 av[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        ml[u] = make_float2(kNoMax, 0.f);
-        av[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (s0 + u < ns) {
-          const size_t slot = slot0 + (s0 + u) * split_stride;
-          ml[u] = __ldcg(part_ml2 + slot);
-          av[u] = __ldcg(part_acc4 + slot * (kD / 4) + c4);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float Mn = fmaxf(M, ml[u].x);
-        const float fo = exp2f(M - Mn), fn = exp2f(ml[u].x - Mn);
-        M = Mn;
-        l = l * fo + ml[u].y * fn;
-        a.x = a.x * fo + av[u].x * fn;
-        a.y = a.y * fo + av[u].y * fn;
-        a.z = a.z * fo + av[u].z * fn;
-        a.w = a.w * fo + av[u].w * fn;
-      }
-    }
-    const float inv_l = 1.f / l;
-    uint2 o;
-    o.x = PackBf16(a.x * inv_l, a.y * inv_l);
-    o.y = PackBf16(a.z * inv_l, a.w * inv_l);
-    *reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD +
-                              c4 * 4) = o;
+  if constexpr (FUSED) {
+    if (ns > 1) MergeSplits<STAGES>(p, red_l + kKs * kRows, b, g, qs, rows_total, ns);
   }
 }
 
@@ -555,9 +570,9 @@ struct SplitPlan {
 };
 
 // Host-only: depends on max_seq_len, max_q, window, batch, kv_heads and the SM
-// count. Wide (1 CTA per SM, SMs / (batch * kv_heads) splits) when that grid
-// covers at least 90% of the SMs, else at most one wave of 4 CTAs per SM.
-// splits <= min(max(WantedSplits, SMs / (batch * MinDecodeKvHeads)),
+// count. Wide (2 CTAs per SM, 2 * SMs / (batch * kv_heads) splits) when that
+// grid fills at least 90% of those slots, else at most one wave of 4 CTAs per
+// SM. splits <= min(max(WantedSplits, 2 * SMs / (batch * MinDecodeKvHeads)),
 // ceil(max_seq_len / 64)), the bound the workspace is sized for.
 SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_heads, int sms) {
   long eff = std::max(1, max_seq_len);
@@ -566,9 +581,10 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_h
   if (window > 0) eff = std::min<long>(eff, static_cast<long>(window) + max_q - 1 + kTile - 1);
   const int tiles = CeilDiv(eff, kTile);
   const long heads = static_cast<long>(batch) * kv_heads;
-  const long wide = heads <= sms ? sms / heads : 0;
+  const long slots = static_cast<long>(kWideCtasPerSm) * sms;
+  const long wide = heads <= slots ? slots / heads : 0;
   SplitPlan plan;
-  plan.wide = wide >= 1 && wide * heads * 10 >= 9L * sms;
+  plan.wide = wide >= 1 && wide * heads * 10 >= 9 * slots;
   const int want = plan.wide ? static_cast<int>(wide) : WantedSplits(batch, sms);
   const int min_tiles = plan.wide ? kWideMinTilesPerSplit : kMinTilesPerSplit;
   const int chunk_tiles = std::max(min_tiles, CeilDiv(tiles, want));
@@ -599,14 +615,14 @@ cudaError_t LaunchDependent(void (*kernel)(Params), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-template <int RG, int MR, int STAGES>
+template <int RG, int MR, int STAGES, bool FUSED>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
   const size_t smem = (16 * RG * MR * kD + STAGES * kStageElems) * sizeof(uint16_t);
   cudaError_t err =
-      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES>,
+      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return LaunchDependent(AttentionKernel<RG, MR, STAGES>,
+  return LaunchDependent(AttentionKernel<RG, MR, STAGES, FUSED>,
                          dim3(row_blocks * p.splits, p.kv_heads, batch), dim3(kThreads), smem, p,
                          stream);
 }
@@ -619,13 +635,13 @@ size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int hea
     return 0;
   const int sms = SmCount();
   const int tiles = CeilDiv(std::max(1, batch.max_seq_len), kTile);
-  const long wide = sms / (static_cast<long>(batch.batch) *
-                           MinDecodeKvHeads(q_heads, batch.max_q_per_seq));
-  const int splits =
-      std::min<long>(std::max<long>(WantedSplits(batch.batch, sms), wide), tiles);
+  const long wide =
+      static_cast<long>(kWideCtasPerSm) * sms /
+      (static_cast<long>(batch.batch) * MinDecodeKvHeads(q_heads, batch.max_q_per_seq));
+  const int splits = std::min<long>(std::max<long>(WantedSplits(batch.batch, sms), wide), tiles);
   if (splits <= 1) return 0;
-  return kCounterBytes + static_cast<size_t>(batch.batch) * splits * batch.max_q_per_seq *
-                             q_heads * (head_dim + 2) * sizeof(float);
+  return kCounterBytes + static_cast<size_t>(batch.batch) * splits * batch.max_q_per_seq * q_heads *
+                             (head_dim + 2) * sizeof(float);
 }
 
 cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
@@ -667,8 +683,8 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
 
   const int rows = batch.max_q_per_seq * p.group;
   if (batch.max_q_per_seq <= kDecodeMaxQ && rows <= kDecodeMaxRows) {
-    const SplitPlan plan = PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window,
-                                      batch.batch, cache.kv_heads, SmCount());
+    const SplitPlan plan = PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window, batch.batch,
+                                      cache.kv_heads, SmCount());
     p.splits = plan.splits;
     p.chunk = plan.chunk;
     if (p.splits > 1) {
@@ -681,15 +697,24 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
       p.part_acc = reinterpret_cast<float*>(static_cast<char*>(workspace) + kCounterBytes);
       p.part_ml = p.part_acc + slots * kD;
     }
-    if (plan.wide)
-      return rows <= 16 ? LaunchKernel<1, 1, kWideStages>(p, 1, batch.batch, stream)
-                        : LaunchKernel<2, 1, kWideStages>(p, 1, batch.batch, stream);
-    return rows <= 16 ? LaunchKernel<1, 1, kStages>(p, 1, batch.batch, stream)
-                      : LaunchKernel<2, 1, kStages>(p, 1, batch.batch, stream);
+    const bool fused = p.splits > 1;
+    if (plan.wide) {
+      if (rows <= 16)
+        return fused ? LaunchKernel<1, 1, kWideStages, true>(p, 1, batch.batch, stream)
+                     : LaunchKernel<1, 1, kWideStages, false>(p, 1, batch.batch, stream);
+      return fused ? LaunchKernel<2, 1, kWideStages, true>(p, 1, batch.batch, stream)
+                   : LaunchKernel<2, 1, kWideStages, false>(p, 1, batch.batch, stream);
+    }
+    if (rows <= 16)
+      return fused ? LaunchKernel<1, 1, kStages, true>(p, 1, batch.batch, stream)
+                   : LaunchKernel<1, 1, kStages, false>(p, 1, batch.batch, stream);
+    return fused ? LaunchKernel<2, 1, kStages, true>(p, 1, batch.batch, stream)
+                 : LaunchKernel<2, 1, kStages, false>(p, 1, batch.batch, stream);
   }
   p.splits = 1;
   p.chunk = 1 << 30;
-  return LaunchKernel<4, kPrefillMr, kStages>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch, stream);
+  return LaunchKernel<4, kPrefillMr, kStages, false>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch,
+                                                     stream);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -292,9 +292,10 @@ TEST_F(AttentionCudaTest, DecodeSeveralTokens) {
   }
 }
 
-// Small batches take the wide shape (one CTA per SM, SMs / (batch * 8) KV
+// Small batches take the wide shape (2 CTAs per SM, 2 * SMs / (batch * 8) KV
 // splits, the last split to finish merges in the kernel): long sequences give
-// 16 splits at batch 1, 2 at batch 8 (short sequences there run unsplit).
+// 32 splits at batch 1 (two batches of merge loads), 4 at batch 8 (short
+// sequences there run unsplit).
 TEST_F(AttentionCudaTest, DecodeWideManySplits) {
   for (int window : {0, 128}) {
     Problem p = MakeProblem({20000}, {1}, 16, window, 300 + window);
@@ -309,8 +310,8 @@ TEST_F(AttentionCudaTest, DecodeWideManySplits) {
     Check(p, "decode batch 2");
   }
   {
-    Problem p = MakeProblem({1, 64, 65, 700, 3000, 9000, 129, 4097}, std::vector<int>(8, 1), 16,
-                            0, 303);
+    Problem p =
+        MakeProblem({1, 64, 65, 700, 3000, 9000, 129, 4097}, std::vector<int>(8, 1), 16, 0, 303);
     Check(p, "decode batch 8");
   }
   {
@@ -330,8 +331,9 @@ TEST_F(AttentionCudaTest, RepeatedCallsReuseWorkspace) {
   for (size_t call = 0; call < lens.size(); ++call) {
     Problem c = p;
     c.seq_lens = lens[call];
-    ASSERT_EQ(cudaMemcpy(d.seq_lens, c.seq_lens.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice),
-              cudaSuccess);
+    ASSERT_EQ(
+        cudaMemcpy(d.seq_lens, c.seq_lens.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice),
+        cudaSuccess);
     // Give a sequence that grows past its table the spare blocks of the pool.
     std::vector<int32_t> used(c.num_blocks, 0);
     for (int32_t id : c.tables)
