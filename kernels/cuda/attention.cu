@@ -6,9 +6,9 @@
 // K/V tile is read from memory once for all of them. Rows are ordered query
 // major, head minor (row = i * group + hh). The CTA walks its key range in
 // tiles of 64 keys (aligned to multiples of 64 positions), loaded with 16-byte
-// cp.async into a 3-stage shared-memory ring (zero-filled outside the range the
-// rows need, so freed blocks before a sliding window are never read), and runs
-// Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
+// cp.async into a shared-memory ring of 3 or 5 stages (zero-filled outside the
+// range the rows need, so freed blocks before a sliding window are never
+// read), and runs Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
 // with an online softmax in f32 (log2 domain).
 //
 // Warp layout, RG = row groups per CTA, MR = 16-row tiles per warp (template):
@@ -20,10 +20,19 @@
 //          keys (16 or 32 each) and are merged through shared memory at the
 //          end. Grid x = KV splits (flash-decoding): the key range is cut in
 //          chunks of whole tiles; the split count and chunk size come from host
-//          fields only (max_seq_len, max_q_per_seq, window, batch, SM count), so
-//          the launch captures into a CUDA graph; splits beyond a sequence's
-//          actual range exit at once. Partial (max, sum, acc) go to the
-//          workspace and a reduce kernel merges them with the sink.
+//          fields only (max_seq_len, max_q_per_seq, window, batch, kv heads, SM
+//          count), so the launch captures into a CUDA graph; splits beyond a
+//          sequence's actual range exit at once. Two shapes: "wide" (small
+//          batches, batch * kv_heads <= 2 * SMs) runs 2 CTAs per SM with a
+//          5-deep ring (128 KB in flight per SM) and 2 * SMs / (batch *
+//          kv_heads) splits, so every SM streams; otherwise 4 CTAs per SM with
+//          a 3-deep ring and at most one wave. With more than one split, each
+//          split writes its partial (max, sum, acc) to the workspace and bumps
+//          an arrival counter of its (sequence, kv head); the last CTA to
+//          arrive merges the partials with the sink, writes the output and
+//          resets the counter to zero (no second kernel). That merge code is
+//          compiled only into the multi-split kernels (FUSED): merely present,
+//          it cost the single-split kernels about 5% (register allocation).
 // The sink enters only at the final normalisation: out = acc * e^(m - M) /
 // (l * e^(m - M) + e^(sink - M)), M = max(m, sink).
 #include <cuda_bf16.h>
@@ -38,24 +47,30 @@ namespace {
 constexpr int kD = 64;         // head_dim (the only one supported)
 constexpr int kTile = 64;      // keys per pipeline stage
 constexpr int kThreads = 128;  // 4 warps
-// Shared-memory ring depth: 3 tiles (2 in flight while one is used). Decode
-// CTAs of 16 rows fit 4 per SM (50 KB shared, <= 128 registers), so one wave
+// Shared-memory ring depth: 3 tiles (2 in flight while one is used) for CTAs
+// of 16 rows that fit 4 per SM (50 KB shared, <= 128 registers), so one wave
 // streams 8 tiles (128 KB) per SM; a deeper ring with 3 CTAs per SM measured
-// slower at batch 64 (1.3 waves of CTAs).
-template <int RG>
-__host__ __device__ constexpr int StagesFor() {
-  return 3;
-}
+// slower at batch 64 (1.3 waves of CTAs). The wide decode shape (2 CTAs per
+// SM, 84 KB of shared memory each, so never 3) uses a 5-deep ring instead.
+constexpr int kStages = 3;
+constexpr int kWideStages = 5;
+constexpr int kWideCtasPerSm = 2;
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
 constexpr int kPrefillMr = 2;  // prefill: 32 rows per warp, 128 rows per CTA
-// KV-split sizing: at most one wave of decode CTAs (4 resident per SM),
+// KV-split sizing of the 4-CTAs-per-SM shape: at most one wave of decode CTAs,
 // assuming this many kv heads (a heuristic; any count works), and at least a
 // few tiles per split so partials and the merge stay small next to the K/V.
 constexpr int kDecodeCtasPerSm = 4;
 constexpr int kTypicalKvHeads = 8;
 constexpr int kMinTilesPerSplit = 3;
+constexpr int kWideMinTilesPerSplit = 2;
+// Arrival counters (one per sequence and kv head) sit at the start of the
+// workspace, a fixed region so that calls of any batch share the layout; a
+// call with more (sequence, kv head) pairs than this runs unsplit.
+constexpr int kMaxCounters = 8192;
+constexpr size_t kCounterBytes = kMaxCounters * sizeof(unsigned);
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kNoMax = -1e30f;  // finite "no key yet" running max
 
@@ -68,8 +83,9 @@ struct Params {
   const int32_t* q_start;
   const float* sinks;
   uint16_t* out;
-  float* part_acc;  // [batch, splits, max_q, q_heads, D]
-  float* part_ml;   // [batch, splits, max_q, q_heads, 2]
+  float* part_acc;     // [batch, splits, max_q, q_heads, D]
+  float* part_ml;      // [batch, splits, max_q, q_heads, 2]
+  unsigned* counters;  // [batch, kv_heads] arrivals, zero between calls
   int max_blocks;
   int q_heads, kv_heads, group;
   int block_shift;
@@ -138,10 +154,82 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
   return kr;
 }
 
-template <int RG, int MR>
-__global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
+// Arrival of a split CTA whose partial is written: the partial is made visible
+// device-wide before the counter moves; the CTA that brings the count to ns
+// merges (and resets the counter for the next call, which is stream-ordered
+// after this grid).
+template <int STAGES>
+__device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, int b, int g, int qs,
+                                            int rows_total, int ns) {
+  const int tid = threadIdx.x;
+  int& is_last = *reinterpret_cast<int*>(flag_smem);  // past the reduction buffers
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* counter = p.counters + b * p.kv_heads + g;
+    const bool last = atomicAdd(counter, 1u) + 1u == static_cast<unsigned>(ns);
+    if (last) *counter = 0u;
+    is_last = last;
+  }
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  // Merge: a thread per (row, 4 dims), an online rescaling over the splits with
+  // 8 or 16 splits' loads in flight (L2, bypassing L1: other SMs wrote them).
+  // The sink starts the running max and sum (e^(sink - sink) = 1).
+  const size_t split_stride = static_cast<size_t>(p.max_q) * p.q_heads;  // slots between splits
+  const float2* part_ml2 = reinterpret_cast<const float2*>(p.part_ml);
+  const float4* part_acc4 = reinterpret_cast<const float4*>(p.part_acc);
+  for (int item = tid; item < rows_total * (kD / 4); item += kThreads) {
+    const int row = item / (kD / 4), c4 = item % (kD / 4);
+    const int i = row / p.group;
+    const int h = g * p.group + row % p.group;
+    const size_t slot0 = ((static_cast<size_t>(b) * p.splits) * p.max_q + i) * p.q_heads + h;
+    float M = p.sinks[h] * kLog2e, l = 1.f;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    // Splits whose partials the merging CTA loads at once (8 where registers
+    // are capped at 128 for 4 CTAs per SM).
+    constexpr int kMergeBatch = STAGES > kStages ? 16 : 8;
+    for (int s0 = 0; s0 < ns; s0 += kMergeBatch) {
+      float2 ml[kMergeBatch];
+      float4 av[kMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        ml[u] = make_float2(kNoMax, 0.f);
+        av[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (s0 + u < ns) {
+          const size_t slot = slot0 + (s0 + u) * split_stride;
+          ml[u] = __ldcg(part_ml2 + slot);
+          av[u] = __ldcg(part_acc4 + slot * (kD / 4) + c4);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        const float Mn = fmaxf(M, ml[u].x);
+        const float fo = exp2f(M - Mn), fn = exp2f(ml[u].x - Mn);
+        M = Mn;
+        l = l * fo + ml[u].y * fn;
+        a.x = a.x * fo + av[u].x * fn;
+        a.y = a.y * fo + av[u].y * fn;
+        a.z = a.z * fo + av[u].z * fn;
+        a.w = a.w * fo + av[u].w * fn;
+      }
+    }
+    const float inv_l = 1.f / l;
+    uint2 o;
+    o.x = PackBf16(a.x * inv_l, a.y * inv_l);
+    o.y = PackBf16(a.z * inv_l, a.w * inv_l);
+    *reinterpret_cast<uint2*>(p.out + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD + c4 * 4) =
+        o;
+  }
+}
+
+// FUSED: the grid has more than one KV split (write partials, count arrivals,
+// merge in the last CTA); without it the merge code is not compiled in.
+template <int RG, int MR, int STAGES, bool FUSED>
+__global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
+                                                             : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
-  constexpr int kStages = StagesFor<RG>();
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
   constexpr int kKs = 4 / RG;          // warps sharing one row group (splitting keys)
   constexpr int kKn = kTile / kKs;     // keys per warp per tile
@@ -152,9 +240,9 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
 
   // Launched programmatically dependent on the previous kernel of the stream
   // (which writes q and the new K/V): wait for its results before reading
-  // anything; a no-op after an ordinary launch. Then let a dependent merge grid
-  // be scheduled once every CTA of this grid has started (it still waits for
-  // this grid's results).
+  // anything; a no-op after an ordinary launch. Then let the next kernel of the
+  // stream be scheduled once every CTA of this grid has started (it still
+  // waits for this grid's results).
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   const int tid = threadIdx.x;
@@ -192,34 +280,47 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
 
   const int block_size_mask = (1 << p.block_shift) - 1;
   const int32_t* table = p.block_tables + static_cast<size_t>(b) * p.max_blocks;
-  auto load_tile = [&](int t) {
-    uint16_t* st = sKV + (t % kStages) * kStageElems;
+  // Each thread copies chunk c of keys kq, kq + 16, kq + 32, kq + 48 of a tile,
+  // for K and for V. The block-table entries of a tile are fetched one load
+  // ahead of its copies, so a table read never stalls the issue of a tile.
+  const int kq = tid >> 3, cc = tid & 7;
+  auto fetch_blocks = [&](int t, int(&nb)[4]) {
+    const int base = start + t * kTile + kq;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      nb[u] = __ldg(table + min((base + 16 * u) >> p.block_shift, p.max_blocks - 1));
+  };
+  auto issue_tile = [&](int t, const int(&nb)[4]) {
+    uint16_t* st = sKV + (t % STAGES) * kStageElems;
     const int base = start + t * kTile;
 #pragma unroll
-    for (int it = 0; it < (2 * kTile * 8) / kThreads; ++it) {
-      const int idx = tid + it * kThreads;
-      const int kv = idx >> 9;
-      const int key = (idx >> 3) & (kTile - 1);
-      const int c = idx & 7;
+    for (int u = 0; u < 4; ++u) {
+      const int key = kq + 16 * u;
       const int j = base + key;
-      bool valid = j >= kr.lo && j <= kr.hi;
-      int blk = valid ? __ldg(table + (j >> p.block_shift)) : 0;
-      valid = valid && blk >= 0;
-      if (!valid) blk = 0;
-      const uint16_t* src =
-          (kv ? p.v : p.k) +
-          (((static_cast<size_t>(blk) * p.kv_heads + g) << p.block_shift) + (j & block_size_mask)) *
-              kD +
-          c * 8;
-      CpAsync16(SmemAddr(st + kv * kTile * kD + Swz(key, c)), valid ? src : p.k, valid);
+      const bool valid = j >= kr.lo && j <= kr.hi && nb[u] >= 0;
+      const size_t off =
+          ((((static_cast<size_t>(valid ? nb[u] : 0) * p.kv_heads + g) << p.block_shift) +
+            (j & block_size_mask)) *
+           kD) +
+          cc * 8;
+      CpAsync16(SmemAddr(st + Swz(key, cc)), valid ? p.k + off : p.k, valid);
+      CpAsync16(SmemAddr(st + kTile * kD + Swz(key, cc)), valid ? p.v + off : p.v, valid);
     }
   };
 
+  {
+    int nb0[STAGES - 1][4];
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < ntiles) load_tile(s);
-    CpAsyncCommit();
+    for (int s = 0; s < STAGES - 1; ++s)
+      if (s < ntiles) fetch_blocks(s, nb0[s]);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      if (s < ntiles) issue_tile(s, nb0[s]);
+      CpAsyncCommit();
+    }
   }
+  int nb_next[4] = {0, 0, 0, 0};  // table entries of tile STAGES - 1 + t at iteration t
+  if (STAGES - 1 < ntiles) fetch_blocks(STAGES - 1, nb_next);
 
   // This thread's rows: g4 and g4 + 8 of each of its warp's MR row tiles.
   const int rg = warp % RG;
@@ -259,9 +360,12 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
   uint32_t qf[MR][4][4];
 
   for (int t = 0; t < ntiles; ++t) {
-    CpAsyncWait<kStages - 2>();
+    CpAsyncWait<STAGES - 2>();
     __syncthreads();
-    if (t + kStages - 1 < ntiles) load_tile(t + kStages - 1);
+    if (t + STAGES - 1 < ntiles) {
+      issue_tile(t + STAGES - 1, nb_next);
+      if (t + STAGES < ntiles) fetch_blocks(t + STAGES, nb_next);
+    }
     CpAsyncCommit();
     if (t == 0) {
 #pragma unroll
@@ -272,7 +376,7 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
           LdMatrixX4(SmemAddr(sQ + Swz(r, 2 * kk + (lane >> 4))), qf[mr][kk]);
         }
     }
-    const uint16_t* sK = sKV + (t % kStages) * kStageElems;
+    const uint16_t* sK = sKV + (t % STAGES) * kStageElems;
     const uint16_t* sV = sK + kTile * kD;
     const int ko = kslot * kKn;
     const int base = start + t * kTile + ko;
@@ -400,6 +504,9 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
       }
     }
   __syncthreads();
+  // Splits that hold keys of this row block (every CTA computes the same
+  // count); with one, this CTA writes the output itself.
+  const int ns = FUSED ? min(p.splits, (kr.hi - tile_lo) / p.chunk + 1) : 1;
   for (int idx = tid; idx < kRows * kD; idx += kThreads) {
     const int r = idx / kD, d = idx % kD;
     const int row = row0 + r;
@@ -416,7 +523,7 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
     }
     const int i = row / p.group;
     const int h = g * p.group + row % p.group;
-    if (p.splits == 1) {
+    if (ns == 1) {
       const float sink = p.sinks[h] * kLog2e;
       const float Mf = fmaxf(M, sink);
       const float f = exp2f(M - Mf);
@@ -433,77 +540,9 @@ __global__ void __launch_bounds__(kThreads, MR == 2 ? 2 : (RG == 1 ? 4 : 3))
       }
     }
   }
-}
-
-// Merges the splits of one (sequence, query token, q head). The merge is
-// latency bound (its data sits in L2), so it is spread wide: warp 0 finds the
-// max over the splits, the weights e^(m_s - M) (kept in shared memory) and the
-// normaliser with the sink; then kReduceSlices x 64 threads each sum one dim
-// over every kReduceSlices-th split with up to 8 loads in flight, and the
-// slices are added in shared memory.
-constexpr int kReduceSlices = 8;
-constexpr int kReduceThreads = kReduceSlices * kD;
-__global__ void __launch_bounds__(kReduceThreads) ReduceSplitsKernel(Params p) {
-  extern __shared__ float weights[];  // [splits]
-  __shared__ float inv_l;
-  __shared__ float sums[kReduceSlices][kD];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-  const int b = blockIdx.x / p.max_q;
-  const int i = blockIdx.x % p.max_q;
-  const int h = blockIdx.y;
-  const int qs = p.q_start[b];
-  const int n = p.q_start[b + 1] - qs;
-  if (i >= n) return;
-  const int L = p.seq_lens[b];
-  // The decode path has a single row block holding every query of b.
-  const KeyRange kr = RowBlockKeys(L, n, 0, n - 1, p.window);
-  const int tile_lo = kr.lo & ~(kTile - 1);
-  int ns = kr.hi >= tile_lo ? (kr.hi - tile_lo + p.chunk) / p.chunk : 1;
-  ns = max(1, min(ns, p.splits));
-  const size_t stride = static_cast<size_t>(p.max_q) * p.q_heads;  // slots between splits
-  const size_t slot0 = (static_cast<size_t>(b) * p.splits * p.max_q + i) * p.q_heads + h;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const float sink = p.sinks[h] * kLog2e;
-    float M = sink;
-    for (int s = lane; s < ns; s += 32) M = fmaxf(M, p.part_ml[(slot0 + s * stride) * 2]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float l = 0.f;
-    for (int s = lane; s < ns; s += 32) {
-      const size_t slot = slot0 + s * stride;
-      const float f = exp2f(p.part_ml[slot * 2] - M);
-      weights[s] = f;
-      l += p.part_ml[slot * 2 + 1] * f;
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    if (lane == 0) inv_l = 1.f / (l + exp2f(sink - M));
+  if constexpr (FUSED) {
+    if (ns > 1) MergeSplits<STAGES>(p, red_l + kKs * kRows, b, g, qs, rows_total, ns);
   }
-  __syncthreads();
-  const int slice = threadIdx.x / kD, d = threadIdx.x % kD;
-  const float* acc = p.part_acc + slot0 * kD + d;
-  float a = 0.f;
-  for (int s0 = slice; s0 < ns; s0 += 8 * kReduceSlices) {
-    float v[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int s = s0 + u * kReduceSlices;
-      v[u] = s < ns ? acc[s * stride * kD] : 0.f;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int s = s0 + u * kReduceSlices;
-      if (s < ns) a += v[u] * weights[s];
-    }
-  }
-  sums[slice][d] = a;
-  __syncthreads();
-  if (slice != 0) return;
-#pragma unroll
-  for (int k = 1; k < kReduceSlices; ++k) a += sums[k][d];
-  p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
-      __bfloat16_as_ushort(__float2bfloat16_rn(a * inv_l));
 }
 
 int SmCount() {
@@ -515,31 +554,49 @@ int SmCount() {
 
 int CeilDiv(long a, long b) { return static_cast<int>((a + b - 1) / b); }
 
-// Splits per sequence wanted for `batch` sequences (before capping by length).
+// Splits per sequence wanted by the 4-CTAs-per-SM shape for `batch`
+// sequences (before capping by length).
 int WantedSplits(int batch, int sms) {
   return std::max(1, static_cast<int>(static_cast<long>(kDecodeCtasPerSm) * sms /
                                       (static_cast<long>(batch) * kTypicalKvHeads)));
 }
 
+// The fewest kv heads a decode-path call can have: max_q * group <= 32.
+int MinDecodeKvHeads(int q_heads, int max_q) {
+  return std::max(1, CeilDiv(static_cast<long>(q_heads) * max_q, kDecodeMaxRows));
+}
+
 struct SplitPlan {
   int splits = 1;
   int chunk = 0;  // keys
+  bool wide = false;
 };
 
-// Host-only: depends on max_seq_len, max_q, window, batch and the SM count.
-// splits <= min(WantedSplits, ceil(max_seq_len / 64)), the bound the
-// workspace is sized for.
-SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int sms) {
+// Host-only: depends on max_seq_len, max_q, window, batch, kv_heads and the SM
+// count. Wide (2 CTAs per SM, 2 * SMs / (batch * kv_heads) splits) when that
+// grid fills at least 90% of those slots, else at most one wave of 4 CTAs per
+// SM. splits <= min(max(WantedSplits, 2 * SMs / (batch * MinDecodeKvHeads)),
+// ceil(max_seq_len / 64)), the bound the workspace is sized for.
+SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_heads, int sms) {
   long eff = std::max(1, max_seq_len);
   // With a window the range spans at most window + max_q - 1 keys, plus the
   // alignment of its first tile.
   if (window > 0) eff = std::min<long>(eff, static_cast<long>(window) + max_q - 1 + kTile - 1);
   const int tiles = CeilDiv(eff, kTile);
-  const int want = WantedSplits(batch, sms);
-  const int chunk_tiles = std::max(kMinTilesPerSplit, CeilDiv(tiles, want));
+  const long heads = static_cast<long>(batch) * kv_heads;
+  const long slots = static_cast<long>(kWideCtasPerSm) * sms;
+  const long wide = heads <= slots ? slots / heads : 0;
   SplitPlan plan;
+  plan.wide = wide >= 1 && wide * heads * 10 >= 9 * slots;
+  const int want = plan.wide ? static_cast<int>(wide) : WantedSplits(batch, sms);
+  const int min_tiles = plan.wide ? kWideMinTilesPerSplit : kMinTilesPerSplit;
+  const int chunk_tiles = std::max(min_tiles, CeilDiv(tiles, want));
   plan.splits = CeilDiv(tiles, chunk_tiles);
   plan.chunk = chunk_tiles * kTile;
+  if (plan.splits > 1 && heads > kMaxCounters) {
+    plan.splits = 1;
+    plan.chunk = tiles * kTile;
+  }
   return plan;
 }
 
@@ -561,25 +618,33 @@ cudaError_t LaunchDependent(void (*kernel)(Params), dim3 grid, dim3 block, size_
   return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
-template <int RG, int MR>
+template <int RG, int MR, int STAGES, bool FUSED>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
-  const size_t smem = (16 * RG * MR * kD + StagesFor<RG>() * kStageElems) * sizeof(uint16_t);
-  cudaError_t err = cudaFuncSetAttribute(
-      AttentionKernel<RG, MR>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const size_t smem = (16 * RG * MR * kD + STAGES * kStageElems) * sizeof(uint16_t);
+  cudaError_t err =
+      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return LaunchDependent(AttentionKernel<RG, MR>, dim3(row_blocks * p.splits, p.kv_heads, batch),
-                         dim3(kThreads), smem, p, stream);
+  return LaunchDependent(AttentionKernel<RG, MR, STAGES, FUSED>,
+                         dim3(row_blocks * p.splits, p.kv_heads, batch), dim3(kThreads), smem, p,
+                         stream);
 }
 
 }  // namespace
 
 size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int head_dim) {
-  if (batch.batch <= 0 || batch.max_q_per_seq <= 0 || batch.max_q_per_seq > kDecodeMaxQ) return 0;
+  if (batch.batch <= 0 || batch.max_q_per_seq <= 0 || batch.max_q_per_seq > kDecodeMaxQ ||
+      q_heads <= 0)
+    return 0;
+  const int sms = SmCount();
   const int tiles = CeilDiv(std::max(1, batch.max_seq_len), kTile);
-  const int splits = std::min(WantedSplits(batch.batch, SmCount()), tiles);
+  const long wide =
+      static_cast<long>(kWideCtasPerSm) * sms /
+      (static_cast<long>(batch.batch) * MinDecodeKvHeads(q_heads, batch.max_q_per_seq));
+  const int splits = std::min<long>(std::max<long>(WantedSplits(batch.batch, sms), wide), tiles);
   if (splits <= 1) return 0;
-  return static_cast<size_t>(batch.batch) * splits * batch.max_q_per_seq * q_heads *
-         (head_dim + 2) * sizeof(float);
+  return kCounterBytes + static_cast<size_t>(batch.batch) * splits * batch.max_q_per_seq * q_heads *
+                             (head_dim + 2) * sizeof(float);
 }
 
 cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
@@ -621,28 +686,38 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
 
   const int rows = batch.max_q_per_seq * p.group;
   if (batch.max_q_per_seq <= kDecodeMaxQ && rows <= kDecodeMaxRows) {
-    const SplitPlan plan =
-        PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window, batch.batch, SmCount());
+    const SplitPlan plan = PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window, batch.batch,
+                                      cache.kv_heads, SmCount());
     p.splits = plan.splits;
     p.chunk = plan.chunk;
     if (p.splits > 1) {
       const size_t slots =
           static_cast<size_t>(batch.batch) * p.splits * batch.max_q_per_seq * q_heads;
-      if (workspace == nullptr || workspace_bytes < slots * (kD + 2) * sizeof(float))
+      if (workspace == nullptr ||
+          workspace_bytes < kCounterBytes + slots * (kD + 2) * sizeof(float))
         return cudaErrorInvalidValue;
-      p.part_acc = static_cast<float*>(workspace);
+      p.counters = static_cast<unsigned*>(workspace);
+      p.part_acc = reinterpret_cast<float*>(static_cast<char*>(workspace) + kCounterBytes);
       p.part_ml = p.part_acc + slots * kD;
     }
-    cudaError_t err = rows <= 16 ? LaunchKernel<1, 1>(p, 1, batch.batch, stream)
-                                 : LaunchKernel<2, 1>(p, 1, batch.batch, stream);
-    if (err != cudaSuccess || p.splits == 1) return err;
-    // The merge grid is scheduled while the split kernel drains.
-    return LaunchDependent(ReduceSplitsKernel, dim3(batch.batch * batch.max_q_per_seq, q_heads),
-                           dim3(kReduceThreads), p.splits * sizeof(float), p, stream);
+    const bool fused = p.splits > 1;
+    if (plan.wide) {
+      if (rows <= 16)
+        return fused ? LaunchKernel<1, 1, kWideStages, true>(p, 1, batch.batch, stream)
+                     : LaunchKernel<1, 1, kWideStages, false>(p, 1, batch.batch, stream);
+      return fused ? LaunchKernel<2, 1, kWideStages, true>(p, 1, batch.batch, stream)
+                   : LaunchKernel<2, 1, kWideStages, false>(p, 1, batch.batch, stream);
+    }
+    if (rows <= 16)
+      return fused ? LaunchKernel<1, 1, kStages, true>(p, 1, batch.batch, stream)
+                   : LaunchKernel<1, 1, kStages, false>(p, 1, batch.batch, stream);
+    return fused ? LaunchKernel<2, 1, kStages, true>(p, 1, batch.batch, stream)
+                 : LaunchKernel<2, 1, kStages, false>(p, 1, batch.batch, stream);
   }
   p.splits = 1;
   p.chunk = 1 << 30;
-  return LaunchKernel<4, kPrefillMr>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch, stream);
+  return LaunchKernel<4, kPrefillMr, kStages, false>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch,
+                                                     stream);
 }
 
 }  // namespace flotilla::kernels::cuda

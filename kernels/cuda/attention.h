@@ -32,19 +32,24 @@ struct AttentionBatch {
   int max_q_per_seq = 0;  // host upper bound of n_b (1 for a pure decode step)
 };
 
-// Scratch for the split-KV partial results of `LaunchAttention`.
+// Scratch for the split-KV partial results and arrival counters of
+// `LaunchAttention` (0: none needed). Zero it once after allocating it (e.g.
+// cudaMemset); every call leaves its counters at zero again, so one workspace
+// serves any number of calls (graph replays too) of batches it is sized for.
+// Calls that may overlap (other streams) need workspaces of their own.
 size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int head_dim);
 
 // q bf16 [total_q, q_heads, head_dim]; sinks f32 [q_heads] (device);
 // out bf16 [total_q, q_heads, head_dim]. Decode-shaped batches (max_q_per_seq
 // small) split each sequence's KV range over blocks and reduce the partial
-// softmaxes; prefill-shaped ones run a flash-style tensor-core kernel. Grid
+// softmaxes in the same kernel (the last split of a sequence and kv head to
+// finish merges); prefill-shaped ones run a flash-style tensor-core kernel. Grid
 // sizes depend only on the host fields, so a decode step captures into a graph.
 // The decode (split-KV) path is taken when max_q_per_seq <= 4 and
 // max_q_per_seq * (q_heads / kv_heads) <= 32 (up to 4 tokens per sequence for
 // gpt-oss); seq_lens[b] must not exceed max_seq_len. head_dim must be 64 and
-// block_size a power of two. Both kernels are launched programmatically
-// dependent (they wait for the previous kernel of the stream before reading).
+// block_size a power of two. The kernel is launched programmatically
+// dependent (it waits for the previous kernel of the stream before reading).
 cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
                             const AttentionBatch& batch, int q_heads, const float* sinks,
                             int window, float scale, uint16_t* out, void* workspace,

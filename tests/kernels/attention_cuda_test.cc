@@ -217,6 +217,7 @@ struct DeviceProblem {
     ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kD);
     if (ws_bytes > 0) {
       EXPECT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
+      EXPECT_EQ(cudaMemset(ws, 0, ws_bytes), cudaSuccess);  // the counters start at zero
     }
   }
   ~DeviceProblem() {
@@ -291,6 +292,72 @@ TEST_F(AttentionCudaTest, DecodeSeveralTokens) {
   }
 }
 
+// Small batches take the wide shape (2 CTAs per SM, 2 * SMs / (batch * 8) KV
+// splits, the last split to finish merges in the kernel): long sequences give
+// 32 splits at batch 1 (two batches of merge loads), 4 at batch 8 (short
+// sequences there run unsplit).
+TEST_F(AttentionCudaTest, DecodeWideManySplits) {
+  for (int window : {0, 128}) {
+    Problem p = MakeProblem({20000}, {1}, 16, window, 300 + window);
+    Check(p, "decode batch 1 len 20000 window=" + std::to_string(window));
+  }
+  {
+    Problem p = MakeProblem({20000}, {4}, 32, 0, 301);
+    Check(p, "decode batch 1 len 20000, 4 tokens");
+  }
+  {
+    Problem p = MakeProblem({5000, 130}, {1, 1}, 16, 0, 302);
+    Check(p, "decode batch 2");
+  }
+  {
+    Problem p =
+        MakeProblem({1, 64, 65, 700, 3000, 9000, 129, 4097}, std::vector<int>(8, 1), 16, 0, 303);
+    Check(p, "decode batch 8");
+  }
+  {
+    // Not wide (96 (sequence, kv head) pairs): 4 CTAs per SM, 5 splits.
+    std::vector<int> lens = {9000, 1, 300, 2000, 17, 640, 641, 5000, 64, 3333, 128, 7000};
+    Problem p = MakeProblem(lens, std::vector<int>(lens.size(), 1), 16, 0, 304);
+    Check(p, "decode batch 12");
+  }
+}
+
+// The arrival counters return to zero after every call: repeated calls on one
+// workspace (with lengths that change the number of live splits) stay exact.
+TEST_F(AttentionCudaTest, RepeatedCallsReuseWorkspace) {
+  Problem p = MakeProblem({12000, 700}, {1, 1}, 16, 0, 400, 800);
+  DeviceProblem d(p, 12000);
+  const std::vector<std::vector<int>> lens = {{12000, 700}, {3000, 11999}, {1, 65}, {12000, 700}};
+  for (size_t call = 0; call < lens.size(); ++call) {
+    Problem c = p;
+    c.seq_lens = lens[call];
+    ASSERT_EQ(
+        cudaMemcpy(d.seq_lens, c.seq_lens.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice),
+        cudaSuccess);
+    // Give a sequence that grows past its table the spare blocks of the pool.
+    std::vector<int32_t> used(c.num_blocks, 0);
+    for (int32_t id : c.tables)
+      if (id >= 0) used[id] = 1;
+    int next_free = 0;
+    for (int s = 0; s < 2; ++s) {
+      int32_t* t = c.tables.data() + static_cast<size_t>(s) * c.max_blocks;
+      for (int i = 0; i * 16 < c.seq_lens[s]; ++i) {
+        if (t[i] >= 0) continue;
+        while (used[next_free]) ++next_free;
+        used[next_free] = 1;
+        t[i] = next_free;
+      }
+    }
+    ASSERT_EQ(cudaMemcpy(d.tables, c.tables.data(), c.tables.size() * 4, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    ASSERT_EQ(d.Launch(0, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<uint16_t> got(c.q.size());
+    ASSERT_EQ(cudaMemcpy(got.data(), d.out, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    ExpectClose(got, Reference(c), ("repeated call " + std::to_string(call)).c_str());
+  }
+}
+
 TEST_F(AttentionCudaTest, PrefillSingleSequence) {
   for (int window : {0, 128})
     for (int n : {5, 63, 64, 65, 129, 600}) {
@@ -360,6 +427,14 @@ TEST_F(AttentionCudaTest, GraphReplayWithChangedSeqLens) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(got.data(), d.out, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
   ExpectClose(got, Reference(b), "graph replay, changed lengths");
+  // Replays reuse the workspace's counters: again, twice.
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(cudaMemset(d.out, 0xff, got.size() * 2), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  }
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(got.data(), d.out, got.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  ExpectClose(got, Reference(b), "graph replay, third replay");
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);

@@ -102,7 +102,9 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
   ab.max_seq_len = ctx;
   ab.max_q_per_seq = n_new;
   const size_t ws_bytes = flotilla::kernels::cuda::AttentionWorkspaceBytes(ab, kQHeads, kD);
-  if (ws_bytes > 0 && !Check(cudaMalloc(&ws, ws_bytes), "alloc workspace")) return -1;
+  if (ws_bytes > 0 && (!Check(cudaMalloc(&ws, ws_bytes), "alloc workspace") ||
+                       !Check(cudaMemset(ws, 0, ws_bytes), "zero workspace")))
+    return -1;
   PagedKvLayer cache;
   cache.k = k;
   cache.v = v;
