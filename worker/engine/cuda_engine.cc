@@ -385,6 +385,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
     }
   }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.attn_ws), d.attn_ws_bytes));
+  // The split-KV merge keeps its arrival counters here; they start at zero
+  // and every launch leaves them so.
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.attn_ws, 0, d.attn_ws_bytes, s));
   if (num_blocks == 0) {
     size_t free_bytes = 0, total_bytes = 0;
     FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
