@@ -371,6 +371,45 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
   Worker& w = workers_[placement_->ranks[leader].worker_id];
   const uint64_t id = next_request_id_++;
   request.set_request_id(id);
+  // Latency and token metrics for every request, whichever API it came from.
+  metrics_.prompt_tokens += static_cast<uint64_t>(request.prompt_ids_size());
+  {
+    struct Timing {
+      std::mutex mu;
+      absl::Time submitted = absl::Now();
+      absl::Time last;
+      bool got_token = false;
+    };
+    auto timing = std::make_shared<Timing>();
+    ServingMetrics* m = &metrics_;
+    auto on_update = std::move(callbacks.on_update);
+    callbacks.on_update = [timing, m, on_update](const cluster::SequenceUpdate& u) {
+      const int n = u.token_ids_size() + (u.has_stop_token() ? 1 : 0);
+      if (n > 0) {
+        const absl::Time now = absl::Now();
+        std::lock_guard<std::mutex> l(timing->mu);
+        m->generation_tokens += static_cast<uint64_t>(n);
+        if (!timing->got_token) {
+          m->ttft.Observe(absl::ToDoubleSeconds(now - timing->submitted));
+          for (int i = 1; i < n; ++i) m->itl.Observe(0);
+        } else {
+          const double gap = absl::ToDoubleSeconds(now - timing->last) / n;
+          for (int i = 0; i < n; ++i) m->itl.Observe(gap);
+        }
+        timing->got_token = true;
+        timing->last = now;
+      }
+      if (on_update) on_update(u);
+    };
+    auto on_done = std::move(callbacks.on_done);
+    callbacks.on_done = [timing, m, on_done](const absl::Status& st) {
+      {
+        std::lock_guard<std::mutex> l(timing->mu);
+        m->e2e.Observe(absl::ToDoubleSeconds(absl::Now() - timing->submitted));
+      }
+      if (on_done) on_done(st);
+    };
+  }
   requests_[id] = Request{id, group, std::move(callbacks)};
   ++group_inflight_[group];
   ++requests_submitted_;

@@ -24,6 +24,8 @@
 #include "proto/admin.pb.h"
 #include "proto/cluster.pb.h"
 
+#include "coordinator/serving_metrics.h"
+
 namespace flotilla::coordinator {
 
 // The coordinator's end of one worker's Session stream.
@@ -63,6 +65,9 @@ class ClusterManager {
  public:
   static absl::StatusOr<std::unique_ptr<ClusterManager>> Create(ClusterOptions options);
   ~ClusterManager();
+
+  // Latency and token metrics of every request submitted (any API).
+  const ServingMetrics& metrics() const { return metrics_; }
 
   // ---- worker sessions ----
   // A new stream opened; returns its id for the calls below.
@@ -154,6 +159,7 @@ class ClusterManager {
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;
   std::thread monitor_;
+  ServingMetrics metrics_;
 };
 
 }  // namespace flotilla::coordinator

@@ -27,38 +27,6 @@ namespace flotilla::coordinator {
 
 namespace {
 
-class Histogram {
- public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
-  void Observe(double v) {
-    std::lock_guard<std::mutex> l(mu_);
-    size_t i = 0;
-    while (i < bounds_.size() && v > bounds_[i]) ++i;
-    ++counts_[i];
-    sum_ += v;
-    ++count_;
-  }
-  void Render(const std::string& name, const std::string& help, std::string& out) const {
-    std::lock_guard<std::mutex> l(mu_);
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
-    uint64_t cum = 0;
-    for (size_t i = 0; i < bounds_.size(); ++i) {
-      cum += counts_[i];
-      absl::StrAppend(&out, name, "_bucket{le=\"", bounds_[i], "\"} ", cum, "\n");
-    }
-    cum += counts_.back();
-    absl::StrAppend(&out, name, "_bucket{le=\"+Inf\"} ", cum, "\n", name, "_sum ", sum_, "\n", name,
-                    "_count ", count_, "\n");
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
-
 void Gauge(std::string& out, const std::string& name, const std::string& help, double v) {
   absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ", v, "\n");
 }
@@ -83,21 +51,15 @@ std::string LabelValue(const std::string& s) {
 
 class HttpMetrics {
  public:
-  HttpMetrics()
-      : ttft_({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
-        itl_({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
-        e2e_({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+  HttpMetrics() = default;
 
   void CountRequest(const std::string& path, int status) {
     std::lock_guard<std::mutex> l(mu_);
     ++requests_[{path, status}];
   }
-  std::atomic<uint64_t> prompt_tokens{0};
-  std::atomic<uint64_t> generation_tokens{0};
   std::atomic<int64_t> in_flight{0};
-  Histogram ttft_, itl_, e2e_;
 
-  std::string Render(const admin::ClusterStatus& s) const {
+  std::string Render(const admin::ClusterStatus& s, const ServingMetrics& serving) const {
     std::string out;
     out += "# HELP flotilla_http_requests_total HTTP requests answered, by path and status\n"
            "# TYPE flotilla_http_requests_total counter\n";
@@ -108,12 +70,7 @@ class HttpMetrics {
                         "\",status=\"", key.second, "\"} ", n, "\n");
       }
     }
-    Counter(out, "flotilla_prompt_tokens_total", "prompt tokens of admitted requests", prompt_tokens.load());
-    Counter(out, "flotilla_generation_tokens_total", "tokens generated (end tokens included)",
-            generation_tokens.load());
-    ttft_.Render("flotilla_time_to_first_token_seconds", "time from admission to the first generated token", out);
-    itl_.Render("flotilla_inter_token_latency_seconds", "time between generated tokens of one request", out);
-    e2e_.Render("flotilla_request_duration_seconds", "time from admission to the last token", out);
+    serving.Render(out);
     Gauge(out, "flotilla_http_requests_in_flight", "generation requests being served over HTTP",
           static_cast<double>(in_flight.load()));
     Counter(out, "flotilla_requests_submitted_total", "requests admitted (gRPC and HTTP)",
@@ -166,36 +123,17 @@ struct Exchange {
   std::deque<cluster::SequenceUpdate> updates;
   bool done = false;
   absl::Status status;
-  // metrics (under mu)
-  absl::Time submitted;
-  absl::Time last_token;
-  bool got_token = false;
 };
 
-RequestCallbacks MakeCallbacks(const std::shared_ptr<Exchange>& ex, HttpMetrics* metrics) {
+RequestCallbacks MakeCallbacks(const std::shared_ptr<Exchange>& ex) {
   RequestCallbacks cb;
-  cb.on_update = [ex, metrics](const cluster::SequenceUpdate& u) {
-    const absl::Time now = absl::Now();
-    const int n = u.token_ids_size() + (u.has_stop_token() ? 1 : 0);
+  cb.on_update = [ex](const cluster::SequenceUpdate& u) {
     std::lock_guard<std::mutex> l(ex->mu);
-    if (n > 0) {
-      metrics->generation_tokens += static_cast<uint64_t>(n);
-      if (!ex->got_token) {
-        metrics->ttft_.Observe(absl::ToDoubleSeconds(now - ex->submitted));
-        for (int i = 1; i < n; ++i) metrics->itl_.Observe(0);
-      } else {
-        const double gap = absl::ToDoubleSeconds(now - ex->last_token) / n;
-        for (int i = 0; i < n; ++i) metrics->itl_.Observe(gap);
-      }
-      ex->got_token = true;
-      ex->last_token = now;
-    }
     ex->updates.push_back(u);
     ex->cv.notify_all();
   };
-  cb.on_done = [ex, metrics](const absl::Status& st) {
+  cb.on_done = [ex](const absl::Status& st) {
     std::lock_guard<std::mutex> l(ex->mu);
-    metrics->e2e_.Observe(absl::ToDoubleSeconds(absl::Now() - ex->submitted));
     ex->done = true;
     ex->status = st;
     ex->cv.notify_all();
@@ -452,7 +390,7 @@ void HttpServer::Routes() {
     }
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_->Render(manager_->Status()), "text/plain; version=0.0.4");
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()), "text/plain; version=0.0.4");
   });
   auto model_json = [this] {
     return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};
@@ -506,11 +444,9 @@ void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::
   for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
   *submit.mutable_sampling() = prepared->sampling;
   if (*deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(**deadline));
-  g->ex->submitted = absl::Now();
-  absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), MakeCallbacks(g->ex, metrics_.get()));
+  absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), MakeCallbacks(g->ex));
   if (!id.ok()) return SendError(res, id.status());
   g->request_id = *id;
-  metrics_->prompt_tokens += g->prompt_tokens;
   ++metrics_->in_flight;
 
   if (!prepared->stream) {

@@ -100,6 +100,9 @@ TEST_F(GrpcApiTest, IndependentNodeClient) {
 
 TEST_F(GrpcApiTest, SdkChatStreamedEqualsBlocking) {
   auto c = Sdk();
+  const double ttft_before = Metric("flotilla_time_to_first_token_seconds_count");
+  const double itl_before = Metric("flotilla_inter_token_latency_seconds_count");
+  const double generated_before = Metric("flotilla_generation_tokens_total");
   absl::StatusOr<client::ChatResult> whole = c->Chat(Hello(24));
   ASSERT_TRUE(whole.ok()) << whole.status();
   EXPECT_NE(whole->finish_reason, v1::ChatResponse::FINISH_REASON_UNSPECIFIED);
@@ -108,6 +111,13 @@ TEST_F(GrpcApiTest, SdkChatStreamedEqualsBlocking) {
   EXPECT_GT(whole->completion_tokens, 0u);
   EXPECT_LE(whole->completion_tokens, 24u);
   EXPECT_FALSE(whole->request_id.empty());
+  // gRPC requests count in the latency histograms and token counters of
+  // /metrics like HTTP ones.
+  EXPECT_GE(Metric("flotilla_time_to_first_token_seconds_count"), ttft_before + 1);
+  EXPECT_GE(Metric("flotilla_inter_token_latency_seconds_count"),
+            itl_before + static_cast<double>(whole->completion_tokens) - 1);
+  EXPECT_GE(Metric("flotilla_generation_tokens_total"),
+            generated_before + static_cast<double>(whole->completion_tokens));
 
   client::ChatResult streamed;
   int messages = 0, finishes = 0;
