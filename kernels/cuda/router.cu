@@ -1,5 +1,7 @@
 #include "kernels/cuda/router.h"
 
+#include <cuda_bf16.h>
+
 #include <climits>
 #include <cmath>
 
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < kTokens) {
     float s = 0.0f;
     for (int k = 0; k < kWarps; ++k) s += partial[k][threadIdx.x];
-    inv_rms[threadIdx.x] = rsqrtf(s / hidden + eps);
+    inv_rms[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
   }
   __syncthreads();
   for (int j = 0; j < nt; ++j) {
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                           float eps, const uint16_t* __restrict__ w,
                           const uint16_t* __restrict__ bias, int tokens, int hidden, int experts,
                           int k, float* logits, int* counters, int32_t* __restrict__ ids,
-                          float* __restrict__ weights) {
+                          float* __restrict__ weights, uint16_t* __restrict__ normed_out) {
   extern __shared__ float xs[];  // [kTokens][hidden]
   __shared__ float partial[kFusedWarps][kTokens];
   __shared__ float inv_rms[kTokens];
@@ -198,13 +200,19 @@ __global__ void __launch_bounds__(kFusedThreads)
   if (threadIdx.x < kTokens) {
     float s = 0.0f;
     for (int q = 0; q < kFusedWarps; ++q) s += partial[q][threadIdx.x];
-    inv_rms[threadIdx.x] = rsqrtf(s / hidden + eps);
+    inv_rms[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
   }
   __syncthreads();
+  const bool write_normed = normed_out != nullptr && blockIdx.x == 0;
   for (int j = 0; j < nt; ++j) {
     const float r = inv_rms[j];
     for (int i = threadIdx.x; i < hidden; i += kFusedThreads) {
-      xs[j * hidden + i] *= r * Bf16(norm_weight[i]);
+      const float v = __fmul_rn(Bf16(norm_weight[i]), __fmul_rn(xs[j * hidden + i], r));
+      xs[j * hidden + i] = v;
+      if (write_normed) {
+        const __nv_bfloat16 b = __float2bfloat16(v);
+        normed_out[static_cast<size_t>(t0 + j) * hidden + i] = *reinterpret_cast<const uint16_t*>(&b);
+      }
     }
   }
   __syncthreads();
@@ -291,7 +299,7 @@ int RouterCounters(int tokens) { return (tokens + kTokens - 1) / kTokens; }
 cudaError_t LaunchRouterTopKF32(const float* x, const uint16_t* norm_weight, float eps,
                                 const uint16_t* w, const uint16_t* bias, int tokens, int hidden,
                                 int experts, int k, int32_t* ids, float* weights, float* logits,
-                                int* counters, cudaStream_t stream) {
+                                int* counters, uint16_t* normed_out, cudaStream_t stream) {
   static_assert(kTokens <= kFusedWarps, "one ranking warp per token of a group");
   if (x == nullptr || norm_weight == nullptr || w == nullptr || ids == nullptr ||
       weights == nullptr || logits == nullptr || counters == nullptr || tokens < 0 ||
@@ -319,7 +327,7 @@ cudaError_t LaunchRouterTopKF32(const float* x, const uint16_t* norm_weight, flo
   cfg.attrs = attr;
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, RouterTopKFusedKernel, x, norm_weight, eps, w, bias, tokens,
-                            hidden, experts, k, logits, counters, ids, weights);
+                            hidden, experts, k, logits, counters, ids, weights, normed_out);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -30,9 +30,13 @@ cudaError_t LaunchRouterLogitsF32(const float* x, const uint16_t* norm_weight, f
 // zeroed once before the first call (each call leaves them at zero again, so
 // a CUDA graph can replay it).
 int RouterCounters(int tokens);
+// normed_out (bf16 [tokens, hidden], or nullptr) also receives
+// bf16(rmsnorm(x) * norm_weight) (as LaunchAddRmsNorm; the sum of squares is
+// added in another order, so a value may differ by one bf16 ulp): the
+// experts' input, so the layer needs no separate norm launch.
 cudaError_t LaunchRouterTopKF32(const float* x, const uint16_t* norm_weight, float eps,
                                 const uint16_t* w, const uint16_t* bias, int tokens, int hidden,
                                 int experts, int k, int32_t* ids, float* weights, float* logits,
-                                int* counters, cudaStream_t stream);
+                                int* counters, uint16_t* normed_out, cudaStream_t stream);
 
 }  // namespace flotilla::kernels::cuda

@@ -277,14 +277,19 @@ TEST_F(SmallShapesCudaTest, FusedRouterTopKMatchesTheCpu) {
       cpu::RouterTopK(logits.data(), T, E, K, want_ids.data(), want_w.data());
       Dev<float> dx(x), dl(size_t(T) * E), dw_out(size_t(T) * K);
       Dev<int32_t> dids(size_t(T) * K);
-      Dev<uint16_t> dnw(nw), dw(w), db(b);
+      Dev<uint16_t> dnw(nw), dw(w), db(b), dnormed(size_t(T) * H), dref(size_t(T) * H);
       ASSERT_EQ(cuda::LaunchRouterTopKF32(dx.p, dnw.p, 1e-5f, dw.p, db.p, T, H, E, K, dids.p,
-                                          dw_out.p, dl.p, counters.p, nullptr),
+                                          dw_out.p, dl.p, counters.p, dnormed.p, nullptr),
                 cudaSuccess);
+      // The experts' input matches LaunchAddRmsNorm's (to a bf16 ulp: the sum
+      // of squares is added in another order).
+      Dev<float> dx2(x);
+      ASSERT_EQ(cuda::LaunchAddRmsNorm(dx2.p, nullptr, dnw.p, T, H, 1e-5f, dref.p, nullptr), cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(dids.Get(), want_ids) << what;
       ExpectClose(dw_out.Get(), want_w, 1e-5, what + " weights");
       ExpectClose(dl.Get(), logits, 1e-5, what + " logits");
+      ExpectClose(Widen(dnormed.Get()), Widen(dref.Get()), 1e-2, what + " normed activations");
       const std::vector<int> c = counters.Get();
       EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; })) << what;
     }

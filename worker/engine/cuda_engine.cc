@@ -726,12 +726,10 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       }
       FLOTILLA_RETURN_IF_ERROR(mark("o_linear"));
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
-      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
       FLOTILLA_RETURN_IF_ERROR(mark("router"));
       FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(d.x, L.post_norm, eps, L.router, L.router_bias,
                                                    T, H, E, K, d.topk_ids, d.topk_w,
-                                                   d.router_logits, d.router_counters, s));
+                                                   d.router_logits, d.router_counters, d.t, s));
       if (d.routing_record != nullptr) {
         const size_t layer = static_cast<size_t>(&L - d.layers.data());
         FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.routing_record + layer * d.max_tokens * K, d.topk_ids,
