@@ -55,6 +55,7 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
+  long fused_router = 16;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
     else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
+    else if (a == "--fused-router-max-tokens") fused_router = std::strtol(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
                                   : std::max(max_batch * ((context + steps + 16) / 16 + 1),
                                              max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
+  o.fused_router_max_tokens = static_cast<int>(fused_router);
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);
   if (!made.ok()) {

@@ -726,10 +726,22 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       }
       FLOTILLA_RETURN_IF_ERROR(mark("o_linear"));
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
-      FLOTILLA_RETURN_IF_ERROR(mark("router"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(d.x, L.post_norm, eps, L.router, L.router_bias,
-                                                   T, H, E, K, d.topk_ids, d.topk_w,
-                                                   d.router_logits, d.router_counters, d.t, s));
+      if (T <= options_.fused_router_max_tokens) {
+        // Few tokens: one launch normalises the f32 residual, computes the
+        // router logits in f32, ranks them and writes the experts' input.
+        FLOTILLA_RETURN_IF_ERROR(mark("router"));
+        FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(d.x, L.post_norm, eps, L.router, L.router_bias,
+                                                     T, H, E, K, d.topk_ids, d.topk_w,
+                                                     d.router_logits, d.router_counters, d.t, s));
+      } else {
+        // Many tokens: the norm, a tensor-core projection and the ranking.
+        FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
+        FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
+        FLOTILLA_RETURN_IF_ERROR(mark("router"));
+        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E, false,
+                                              d.router_logits, s));
+        FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+      }
       if (d.routing_record != nullptr) {
         const size_t layer = static_cast<size_t>(&L - d.layers.data());
         FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.routing_record + layer * d.max_tokens * K, d.topk_ids,

@@ -42,6 +42,10 @@ struct CudaEngineOptions {
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
   bool cuda_graphs = true;      // capture decode steps
+  // Steps of at most this many tokens run the fused f32 router (norm, logits,
+  // top-K and the experts' input in one launch); larger ones the separate
+  // norm, tensor-core projection and ranking.
+  int fused_router_max_tokens = 16;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
