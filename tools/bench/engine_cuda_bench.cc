@@ -55,7 +55,7 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
-  long fused_router = 16;
+  long fused_router = 0;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
   for (int i = 1; i + 1 < argc; i += 2) {
