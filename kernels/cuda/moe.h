@@ -10,12 +10,14 @@
 //      interleaved gate/up rows fused in the epilogue -> h [T*K, I] f32;
 //   3. down: the same GEMV over h with bias, times the router weight, added
 //      into the output rows with atomics (fused scatter-add).
-// Each call reads a touched expert's weights from HBM once per block of rows;
-// a warp holds 4 rows' 16-byte weight blocks in registers and applies them to
-// up to 4 of the expert's tokens at a time (activations staged in shared
-// memory), re-reading the rows from L2 for each further group of 4 tokens.
-// Prefill therefore runs the same CUDA-core kernels: correct, but compute
-// bound far below tensor-core rates (no wgmma path yet).
+// Default path (MoeTuning): routing and the bf16 -> f16 conversion of x in one
+// kernel; each projection a CTA per 16 weight rows of a touched expert, the
+// rows' MXFP4 bytes brought into shared memory by the bulk copy engine (read
+// from HBM once per call, L2 evict-first), decoded to f16 in registers and
+// multiplied on the tensor cores (mma.sync, f32 accumulation) against up to 8
+// of the expert's tokens at a time. Activations enter the tensor cores as f16:
+// x exactly for |x| < 65504 (normal range); h as an f16 high + low pair.
+// Scale byte 0 (2^-127) is taken as 0. kernels/cuda/moe.cu has the details.
 #pragma once
 
 #include <cuda_runtime_api.h>
