@@ -2,6 +2,7 @@
 # Runs every GPU test and benchmark of a bundle (tools/bundle.sh) on a GPU
 # machine that lacks the build tools, writing logs and JSON lines to OUT:
 #   tools/gpu_suite.sh BUNDLE OUT [--quick]
+# (OUT gets tests.log, benches.jsonl and benches.err.)
 # BUNDLE holds bin/ and lib/ (the toolkit's lib64 is added for cuBLASLt);
 # the golden fixtures are taken from the source tree next to this script.
 set -u
@@ -18,20 +19,23 @@ for t in kernels_cuda_convert_test kernels_ops_cuda_test kernels_sampling_cuda_t
          kernels_attention_cuda_test kernels_moe_cuda_test kernels_small_shapes_cuda_test \
          cuda_engine_test; do
   [[ -x "$bundle/bin/$t" ]] || { echo "$t: not in the bundle"; status=1; continue; }
-  if timeout 600 "$bundle/bin/$t" > "$out/$t.log" 2>&1; then
-    echo "$t: $(grep -E '^\[  PASSED  \]' "$out/$t.log")"
+  log="$out/tests.log"
+  echo "==== $t" >> "$log"
+  if timeout 600 "$bundle/bin/$t" > "$out/current.log" 2>&1; then
+    echo "$t: $(grep -E '^\[  PASSED  \]' "$out/current.log")"
   else
-    echo "$t: FAILED"; grep -E "FAILED|Failure" "$out/$t.log" | head -20; status=1
+    echo "$t: FAILED"; grep -E "FAILED|Failure" "$out/current.log" | head -20; status=1
   fi
+  cat "$out/current.log" >> "$log"; rm -f "$out/current.log"
 done
 [[ "$quick" == --quick ]] && exit $status
 run_bench() {
   local name="$1"; shift
   [[ -x "$bundle/bin/$name" ]] || { echo "$name: not in the bundle"; return; }
-  timeout 600 "$bundle/bin/$name" "$@" > "$out/$name.jsonl" 2> "$out/$name.err" || status=1
-  cat "$out/$name.jsonl"
+  timeout 600 "$bundle/bin/$name" "$@" > "$out/current.jsonl" 2>> "$out/benches.err" || status=1
+  cat "$out/current.jsonl" | tee -a "$out/benches.jsonl"; rm -f "$out/current.jsonl"
 }
-run_bench moe_cuda_bench
+run_bench moe_cuda_bench --variant tc
 run_bench attention_cuda_bench
 run_bench ops_cuda_bench
 run_bench engine_cuda_bench --batches 1,8,64,256 --context 1024 --prefill 2048,8192 --steps 32
