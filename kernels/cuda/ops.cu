@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/topk.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -134,72 +135,12 @@ __global__ void __launch_bounds__(kRopeThreads)
   }
 }
 
-constexpr int kRouterMaxPerLane = 8;  // E <= 256
-constexpr int kRouterMaxK = 8;
-
-// One warp per row. Ranking: larger value first, then lower index; NaN never
-// beats a number.
-__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
-
 __global__ void RouterTopKKernel(const float* __restrict__ logits, int rows, int num_experts,
                                  int k, int32_t* __restrict__ ids, float* __restrict__ weights) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
   if (warp >= rows) return;
-  const float* l = logits + static_cast<size_t>(warp) * num_experts;
-  float v[kRouterMaxPerLane];
-#pragma unroll
-  for (int i = 0; i < kRouterMaxPerLane; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < num_experts ? l[e] : -INFINITY;
-  }
-  unsigned taken = 0;
-  float top_v[kRouterMaxK];
-  int top_i[kRouterMaxK];
-#pragma unroll
-  for (int s = 0; s < kRouterMaxK; ++s) {
-    if (s >= k) break;
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < kRouterMaxPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < num_experts && !(taken & (1u << i)) && Better(v[i], e, bv, bi)) {
-        bv = v[i];
-        bi = e;
-      }
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (Better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (bi == INT_MAX) bi = 0;  // only NaNs left: keep a valid id
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    top_v[s] = bv;
-    top_i[s] = bi;
-  }
-  if (lane == 0) {
-    const float mx = top_v[0];
-    float sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kRouterMaxK; ++s) {
-      if (s >= k) break;
-      top_v[s] = expf(top_v[s] - mx);
-      sum += top_v[s];
-    }
-#pragma unroll
-    for (int s = 0; s < kRouterMaxK; ++s) {
-      if (s >= k) break;
-      ids[static_cast<size_t>(warp) * k + s] = top_i[s];
-      weights[static_cast<size_t>(warp) * k + s] = top_v[s] / sum;
-    }
-  }
+  WarpTopKSoftmax(logits + static_cast<size_t>(warp) * num_experts, num_experts, k,
+                  ids + static_cast<size_t>(warp) * k, weights + static_cast<size_t>(warp) * k);
 }
 
 }  // namespace
@@ -262,7 +203,7 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
 cudaError_t LaunchRouterTopK(const float* logits, int rows, int num_experts, int k, int32_t* ids,
                              float* weights, cudaStream_t stream) {
   if (logits == nullptr || ids == nullptr || weights == nullptr || rows < 0 || num_experts <= 0 ||
-      num_experts > 32 * kRouterMaxPerLane || k <= 0 || k > kRouterMaxK || k > num_experts) {
+      num_experts > 32 * kTopKMaxPerLane || k <= 0 || k > kTopKMaxK || k > num_experts) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0) return cudaSuccess;

@@ -1,5 +1,7 @@
 #include "kernels/cuda/router.h"
 
+#include "kernels/cuda/topk.cuh"
+
 #include <cuda_bf16.h>
 
 #include <climits>
@@ -8,149 +10,12 @@
 namespace flotilla::kernels::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;  // one expert row per warp
 constexpr int kTokens = 2;             // tokens per CTA (normalised into shared memory)
 
 __device__ __forceinline__ float Bf16(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
 
-__global__ void __launch_bounds__(kThreads)
-    RouterLogitsKernel(const float* __restrict__ x, const uint16_t* __restrict__ norm_weight,
-                       float eps, const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias,
-                       int tokens, int hidden, int experts, float* __restrict__ logits) {
-  extern __shared__ float xs[];  // [kTokens][hidden]
-  __shared__ float partial[kWarps][kTokens];
-  __shared__ float inv_rms[kTokens];
-  const int t0 = blockIdx.y * kTokens;
-  const int nt = min(kTokens, tokens - t0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-  // Sum of squares per token, then the normalised row into shared memory.
-  float ss[kTokens];
-#pragma unroll
-  for (int j = 0; j < kTokens; ++j) {
-    ss[j] = 0.0f;
-    if (j < nt) {
-      const float* row = x + static_cast<size_t>(t0 + j) * hidden;
-      for (int i = threadIdx.x; i < hidden; i += kThreads) {
-        const float v = row[i];
-        xs[j * hidden + i] = v;
-        ss[j] += v * v;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
-    if (lane == 0) partial[warp][j] = ss[j];
-  }
-  __syncthreads();
-  if (threadIdx.x < kTokens) {
-    float s = 0.0f;
-    for (int k = 0; k < kWarps; ++k) s += partial[k][threadIdx.x];
-    inv_rms[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
-  }
-  __syncthreads();
-  for (int j = 0; j < nt; ++j) {
-    const float r = inv_rms[j];
-    for (int i = threadIdx.x; i < hidden; i += kThreads) {
-      xs[j * hidden + i] = xs[j * hidden + i] * r * Bf16(norm_weight[i]);
-    }
-  }
-  __syncthreads();
-
-  const int e = blockIdx.x * kWarps + warp;
-  if (e >= experts) return;
-  const uint16_t* wr = w + static_cast<size_t>(e) * hidden;
-  float acc[kTokens] = {};
-  for (int i = lane * 8; i < hidden; i += 32 * 8) {
-    const uint4 packed = *reinterpret_cast<const uint4*>(wr + i);
-    const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const float w0 = __uint_as_float(words[q] << 16);
-      const float w1 = __uint_as_float(words[q] & 0xffff0000u);
-#pragma unroll
-      for (int j = 0; j < kTokens; ++j) {
-        acc[j] += w0 * xs[j * hidden + i + 2 * q] + w1 * xs[j * hidden + i + 2 * q + 1];
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kTokens; ++j) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
-  }
-  if (lane == 0) {
-    const float b = bias != nullptr ? Bf16(bias[e]) : 0.0f;
-    for (int j = 0; j < nt; ++j) logits[static_cast<size_t>(t0 + j) * experts + e] = acc[j] + b;
-  }
-}
-
-
 constexpr int kFusedThreads = 128;
 constexpr int kFusedWarps = kFusedThreads / 32;  // one expert row per warp
-constexpr int kMaxPerLane = 8;                   // experts <= 256
-constexpr int kMaxK = 8;
-
-__device__ __forceinline__ bool Better(float va, int ia, float vb, int ib) {
-  return va > vb || (va == vb && ia < ib);
-}
-
-// Top-K + softmax of one row of `experts` logits by one warp; lane 0 writes.
-__device__ void RankRow(const float* row, int experts, int k, int32_t* ids, float* weights) {
-  const int lane = threadIdx.x & 31;
-  float v[kMaxPerLane];
-#pragma unroll
-  for (int i = 0; i < kMaxPerLane; ++i) {
-    const int e = lane + 32 * i;
-    v[i] = e < experts ? __ldcg(row + e) : -INFINITY;
-  }
-  unsigned taken = 0;
-  float top_v[kMaxK];
-  int top_i[kMaxK];
-#pragma unroll
-  for (int s = 0; s < kMaxK; ++s) {
-    if (s >= k) break;
-    float bv = -INFINITY;
-    int bi = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < kMaxPerLane; ++i) {
-      const int e = lane + 32 * i;
-      if (e < experts && !(taken & (1u << i)) && Better(v[i], e, bv, bi)) {
-        bv = v[i];
-        bi = e;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (Better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    if (bi == INT_MAX) bi = 0;  // only NaNs left: keep a valid id
-    if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
-    top_v[s] = bv;
-    top_i[s] = bi;
-  }
-  if (lane == 0) {
-    const float mx = top_v[0];
-    float sum = 0.0f;
-#pragma unroll
-    for (int s = 0; s < kMaxK; ++s) {
-      if (s >= k) break;
-      top_v[s] = expf(top_v[s] - mx);
-      sum += top_v[s];
-    }
-#pragma unroll
-    for (int s = 0; s < kMaxK; ++s) {
-      if (s >= k) break;
-      ids[s] = top_i[s];
-      weights[s] = top_v[s] / sum;
-    }
-  }
-}
 
 __global__ void __launch_bounds__(kFusedThreads)
     RouterTopKFusedKernel(const float* __restrict__ x, const uint16_t* __restrict__ norm_weight,
@@ -255,6 +120,7 @@ __global__ void __launch_bounds__(kFusedThreads)
       for (int j = 0; j < nt; ++j) logits[static_cast<size_t>(t0 + j) * experts + e] = acc[j] + b;
     }
   }
+  if (counters == nullptr) return;  // logits only (LaunchRouterLogitsF32)
   // The last CTA of this token group ranks its tokens.
   __threadfence();
   __syncthreads();
@@ -266,11 +132,42 @@ __global__ void __launch_bounds__(kFusedThreads)
   __threadfence();
   if (warp < nt) {
     const int t = t0 + warp;
-    RankRow(logits + static_cast<size_t>(t) * experts, experts, k, ids + static_cast<size_t>(t) * k,
+    WarpTopKSoftmax(logits + static_cast<size_t>(t) * experts, experts, k, ids + static_cast<size_t>(t) * k,
             weights + static_cast<size_t>(t) * k);
   }
   if (threadIdx.x == 0) counters[blockIdx.y] = 0;
 }
+}  // namespace
+
+namespace {
+
+// One launch of the router kernel; counters == nullptr: logits only.
+cudaError_t LaunchRouter(const float* x, const uint16_t* norm_weight, float eps, const uint16_t* w,
+                         const uint16_t* bias, int tokens, int hidden, int experts, int k,
+                         int32_t* ids, float* weights, float* logits, int* counters,
+                         uint16_t* normed_out, cudaStream_t stream) {
+  if (tokens == 0) return cudaSuccess;
+  const size_t smem = sizeof(float) * kTokens * hidden;
+  if (smem > 48 * 1024) {
+    cudaError_t err = cudaFuncSetAttribute(RouterTopKFusedKernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3((experts + kFusedWarps - 1) / kFusedWarps, (tokens + kTokens - 1) / kTokens);
+  cfg.blockDim = dim3(kFusedThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, RouterTopKFusedKernel, x, norm_weight, eps, w, bias, tokens,
+                            hidden, experts, k, logits, counters, ids, weights, normed_out);
+}
+
 }  // namespace
 
 cudaError_t LaunchRouterLogitsF32(const float* x, const uint16_t* norm_weight, float eps,
@@ -280,18 +177,8 @@ cudaError_t LaunchRouterLogitsF32(const float* x, const uint16_t* norm_weight, f
       hidden <= 0 || hidden % 8 != 0 || hidden > 8192 || experts <= 0) {
     return cudaErrorInvalidValue;
   }
-  if (tokens == 0) return cudaSuccess;
-  const size_t smem = sizeof(float) * kTokens * hidden;
-  if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(RouterLogitsKernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid((experts + kWarps - 1) / kWarps, (tokens + kTokens - 1) / kTokens);
-  RouterLogitsKernel<<<grid, kThreads, smem, stream>>>(x, norm_weight, eps, w, bias, tokens,
-                                                       hidden, experts, logits);
-  return cudaGetLastError();
+  return LaunchRouter(x, norm_weight, eps, w, bias, tokens, hidden, experts, 0, nullptr, nullptr,
+                      logits, nullptr, nullptr, stream);
 }
 
 int RouterCounters(int tokens) { return (tokens + kTokens - 1) / kTokens; }
@@ -304,30 +191,11 @@ cudaError_t LaunchRouterTopKF32(const float* x, const uint16_t* norm_weight, flo
   if (x == nullptr || norm_weight == nullptr || w == nullptr || ids == nullptr ||
       weights == nullptr || logits == nullptr || counters == nullptr || tokens < 0 ||
       hidden <= 0 || hidden % 8 != 0 || hidden > 8192 || experts <= 0 ||
-      experts > 32 * kMaxPerLane || k <= 0 || k > kMaxK || k > experts) {
+      experts > 32 * kTopKMaxPerLane || k <= 0 || k > kTopKMaxK || k > experts) {
     return cudaErrorInvalidValue;
   }
-  if (tokens == 0) return cudaSuccess;
-  const size_t smem = sizeof(float) * kTokens * hidden;
-  if (smem > 48 * 1024) {
-    cudaError_t err = cudaFuncSetAttribute(RouterTopKFusedKernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid((experts + kFusedWarps - 1) / kFusedWarps, (tokens + kTokens - 1) / kTokens);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kFusedThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, RouterTopKFusedKernel, x, norm_weight, eps, w, bias, tokens,
-                            hidden, experts, k, logits, counters, ids, weights, normed_out);
+  return LaunchRouter(x, norm_weight, eps, w, bias, tokens, hidden, experts, k, ids, weights,
+                      logits, counters, normed_out, stream);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -40,41 +40,16 @@
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
 #include "worker/model/synthetic_weights.h"
+#include "tests/engine/golden_fixtures.h"
 
 namespace flotilla {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_golden::Fixtures;
+using testing_golden::GoldenDir;
+using testing_golden::ReadF32;
 constexpr double kRelTolerance = 0.03;
-
-// The fixtures' directory; FLOTILLA_GOLDEN_DIR in the environment overrides
-// the source tree's (test binaries carried to a GPU machine).
-std::string GoldenDir() {
-  const char* env = std::getenv("FLOTILLA_GOLDEN_DIR");
-  return env != nullptr && *env != '\0' ? env : FLOTILLA_GOLDEN_DIR;
-}
-
-std::vector<std::string> Fixtures() {
-  std::vector<std::string> names;
-  if (!fs::is_directory(GoldenDir())) return names;
-  for (const auto& entry : fs::directory_iterator(GoldenDir())) {
-    if (entry.is_directory() && fs::exists(entry.path() / "golden.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::vector<float> ReadF32(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << "cannot open " << path;
-  in.seekg(0, std::ios::end);
-  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
-  return v;
-}
 
 // max |a - b| / max(1, max |b|).
 double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {

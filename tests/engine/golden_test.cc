@@ -17,34 +17,15 @@
 #include "worker/engine/sampler.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
+#include "tests/engine/golden_fixtures.h"
 
 namespace flotilla {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_golden::Fixtures;
+using testing_golden::ReadF32;
 constexpr double kTolerance = 1e-3;
-
-std::vector<std::string> Fixtures() {
-  std::vector<std::string> names;
-  if (!fs::is_directory(FLOTILLA_GOLDEN_DIR)) return names;
-  for (const auto& entry : fs::directory_iterator(FLOTILLA_GOLDEN_DIR)) {
-    if (entry.is_directory() && fs::exists(entry.path() / "golden.json")) {
-      names.push_back(entry.path().filename().string());
-    }
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-std::vector<float> ReadF32(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  EXPECT_TRUE(in) << "cannot open " << path;
-  in.seekg(0, std::ios::end);
-  std::vector<float> v(static_cast<size_t>(in.tellg()) / sizeof(float));
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
-  return v;
-}
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -58,7 +39,7 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 class Golden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    dir_ = fs::path(FLOTILLA_GOLDEN_DIR) / GetParam();
+    dir_ = fs::path(testing_golden::GoldenDir()) / GetParam();
     std::ifstream in(dir_ / "golden.json");
     golden_ = nlohmann::json::parse(in);
     auto ck = Checkpoint::Open(dir_.string());

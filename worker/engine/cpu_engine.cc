@@ -225,24 +225,7 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
   std::unordered_set<int64_t> seen;
   int64_t needed = 0;
   for (const StepItem& it : items) {
-    if (!kv_->Contains(it.sequence)) {
-      return absl::InvalidArgumentError(absl::StrCat("step: unknown sequence ", it.sequence));
-    }
-    if (!seen.insert(it.sequence).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step: sequence ", it.sequence, " appears twice in one step"));
-    }
-    if (it.tokens.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.sequence,
-                                                     " brings no tokens"));
-    }
-    for (size_t i = 0; i < it.tokens.size(); ++i) {
-      if (it.tokens[i] < 0 || it.tokens[i] >= c.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token id ", it.tokens[i], " at index ", i, " of sequence ", it.sequence,
-            " is out of range [0, ", c.vocab_size, ")"));
-      }
-    }
+    FLOTILLA_RETURN_IF_ERROR(CheckStepItem(it, kv_->Contains(it.sequence), c.vocab_size, &seen));
     const int64_t length = *kv_->Length(it.sequence) + static_cast<int64_t>(it.tokens.size());
     if (length > c.max_position_embeddings) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -491,24 +491,8 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
   int64_t tokens = 0, needed = 0;
   for (const StepItem& it : items) {
     auto s = sequences_.find(it.sequence);
-    if (s == sequences_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("step: unknown sequence ", it.sequence));
-    }
-    if (!seen.insert(it.sequence).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step: sequence ", it.sequence, " appears twice in one step"));
-    }
-    if (it.tokens.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("step: sequence ", it.sequence,
-                                                     " brings no tokens"));
-    }
-    for (size_t i = 0; i < it.tokens.size(); ++i) {
-      if (it.tokens[i] < 0 || it.tokens[i] >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token id ", it.tokens[i], " at index ", i, " of sequence ", it.sequence,
-            " is out of range [0, ", config_.vocab_size, ")"));
-      }
-    }
+    FLOTILLA_RETURN_IF_ERROR(
+        CheckStepItem(it, s != sequences_.end(), config_.vocab_size, &seen));
     tokens += static_cast<int64_t>(it.tokens.size());
     const int64_t length = s->second.length + static_cast<int64_t>(it.tokens.size());
     if (length > options_.max_context) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -42,6 +43,13 @@ struct StepOutput {
   // forced experts are the reference's own top K).
   std::vector<float> routing_regret;
 };
+
+// The checks every engine makes on one item of a step: the sequence is known
+// (`known`) and not already in the step (`seen`, updated), the chunk is not
+// empty and every token id is in [0, vocab_size). INVALID_ARGUMENT naming
+// the first problem.
+absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
+                           std::unordered_set<int64_t>* seen);
 
 class Engine {
  public:

@@ -1,0 +1,30 @@
+#include "worker/engine/engine.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace flotilla {
+
+absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
+                           std::unordered_set<int64_t>* seen) {
+  if (!known) {
+    return absl::InvalidArgumentError(absl::StrCat("step: unknown sequence ", item.sequence));
+  }
+  if (!seen->insert(item.sequence).second) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: sequence ", item.sequence, " appears twice in one step"));
+  }
+  if (item.tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: sequence ", item.sequence, " brings no tokens"));
+  }
+  for (size_t i = 0; i < item.tokens.size(); ++i) {
+    if (item.tokens[i] < 0 || item.tokens[i] >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "token id ", item.tokens[i], " at index ", i, " of sequence ", item.sequence,
+          " is out of range [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flotilla
