@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cuda/ops.h"
@@ -64,9 +65,13 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, q = lane & 3;
   const int row0 = blockIdx.x * 16;
+  // Split-K (gridDim.y > 1, accumulating only): block y takes a share of the
+  // input slices and adds its partial sums into y atomically.
   const int chunks = in >> 5;
-  const int c_begin = warp * chunks / kGemvWarps;
-  const int c_end = (warp + 1) * chunks / kGemvWarps;
+  const int split = gridDim.y, part = blockIdx.y;
+  const int p_begin = part * chunks / split, p_chunks = (part + 1) * chunks / split - p_begin;
+  const int c_begin = p_begin + warp * p_chunks / kGemvWarps;
+  const int c_end = p_begin + (warp + 1) * p_chunks / kGemvWarps;
   const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
   const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * in) + q;
   const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * in) + q;
@@ -140,9 +145,13 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
     float s = 0.0f;
 #pragma unroll
     for (int k = 0; k < kGemvWarps; ++k) s += red[k][r][tok];
-    if (bias != nullptr) s += __uint_as_float(static_cast<uint32_t>(bias[row]) << 16);
+    if (bias != nullptr && part == 0) s += __uint_as_float(static_cast<uint32_t>(bias[row]) << 16);
     float* dst = y + static_cast<size_t>(tok) * out + row;
-    *dst = accumulate ? *dst + s : s;
+    if (split > 1) {
+      atomicAdd(dst, s);
+    } else {
+      *dst = accumulate ? *dst + s : s;
+    }
   }
 }
 
@@ -196,7 +205,24 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   // Launched with programmatic stream serialization (PDL): the blocks start
   // while the previous kernel drains and wait for it inside (griddepcontrol).
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((out + 15) / 16);
+  // Accumulating projections with too few row tiles to give every SM its
+  // 3 resident blocks split the input over more blocks (their sums meet in
+  // y's atomics): the O projection (180 tiles) runs 360 blocks, the router
+  // (8 tiles) 88. Each block keeps at least 8 slices (one per warp).
+  const int tiles = (out + 15) / 16;
+  int split = 1;
+  if (accumulate) {
+    static int capacity = 0;
+    if (capacity == 0) {
+      int dev = 0, sms = 0;
+      if (cudaGetDevice(&dev) == cudaSuccess &&
+          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
+        capacity = 3 * sms;
+      }
+    }
+    split = std::max(1, std::min(capacity / tiles, (in / 32) / kGemvWarps));
+  }
+  cfg.gridDim = dim3(tiles, split);
   cfg.blockDim = dim3(kGemvThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];

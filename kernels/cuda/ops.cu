@@ -135,12 +135,18 @@ __global__ void __launch_bounds__(kRopeThreads)
   }
 }
 
-__global__ void RouterTopKKernel(const float* __restrict__ logits, int rows, int num_experts,
-                                 int k, int32_t* __restrict__ ids, float* __restrict__ weights) {
+__global__ void RouterTopKKernel(float* __restrict__ logits, int rows, int num_experts,
+                                 int k, int32_t* __restrict__ ids, float* __restrict__ weights,
+                                 bool clear) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (warp >= rows) return;
-  WarpTopKSoftmax(logits + static_cast<size_t>(warp) * num_experts, num_experts, k,
-                  ids + static_cast<size_t>(warp) * k, weights + static_cast<size_t>(warp) * k);
+  float* row = logits + static_cast<size_t>(warp) * num_experts;
+  WarpTopKSoftmax(row, num_experts, k, ids + static_cast<size_t>(warp) * k,
+                  weights + static_cast<size_t>(warp) * k);
+  if (clear) {
+    // Each lane clears the entries it read.
+    for (int e = threadIdx.x & 31; e < num_experts; e += 32) row[e] = 0.0f;
+  }
 }
 
 }  // namespace
@@ -200,8 +206,8 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
   return cudaGetLastError();
 }
 
-cudaError_t LaunchRouterTopK(const float* logits, int rows, int num_experts, int k, int32_t* ids,
-                             float* weights, cudaStream_t stream) {
+cudaError_t LaunchRouterTopK(float* logits, int rows, int num_experts, int k, int32_t* ids,
+                             float* weights, cudaStream_t stream, bool clear_logits) {
   if (logits == nullptr || ids == nullptr || weights == nullptr || rows < 0 || num_experts <= 0 ||
       num_experts > 32 * kTopKMaxPerLane || k <= 0 || k > kTopKMaxK || k > num_experts) {
     return cudaErrorInvalidValue;
@@ -209,7 +215,8 @@ cudaError_t LaunchRouterTopK(const float* logits, int rows, int num_experts, int
   if (rows == 0) return cudaSuccess;
   constexpr int kThreads = 128;  // 4 rows per block
   const int blocks = (rows + kThreads / 32 - 1) / (kThreads / 32);
-  RouterTopKKernel<<<blocks, kThreads, 0, stream>>>(logits, rows, num_experts, k, ids, weights);
+  RouterTopKKernel<<<blocks, kThreads, 0, stream>>>(logits, rows, num_experts, k, ids, weights,
+                                                     clear_logits);
   return cudaGetLastError();
 }
 

@@ -76,8 +76,9 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
 
 // Router: for each row of logits f32 [rows, E] the K largest (descending, ties
 // to the lower index as torch.topk does) and the softmax over those K only.
-// E <= 256, K <= 8.
-cudaError_t LaunchRouterTopK(const float* logits, int rows, int num_experts, int k, int32_t* ids,
-                             float* weights, cudaStream_t stream);
+// E <= 256, K <= 8. clear_logits: the rows are set to zero once read (for a
+// projection that accumulates into them next time).
+cudaError_t LaunchRouterTopK(float* logits, int rows, int num_experts, int k, int32_t* ids,
+                             float* weights, cudaStream_t stream, bool clear_logits = false);
 
 }  // namespace flotilla::kernels::cuda

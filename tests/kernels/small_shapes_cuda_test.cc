@@ -21,7 +21,6 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/cuda/router.h"
 
 namespace flotilla::kernels {
 namespace {
@@ -226,72 +225,6 @@ TEST_F(SmallShapesCudaTest, RouterTopKMatchesTheCpu) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(di.Get(), want_ids) << "E " << E << " K " << K << " T " << T;
       ExpectClose(dw.Get(), want_w, 1e-5, "router weights");
-    }
-  }
-}
-
-// The f32 router (norm fused) against RmsNorm + LinearBf16 on f32 inputs, at
-// test shapes and at the 120b shape (H 2880, E 128). f32 throughout: 1e-5.
-TEST_F(SmallShapesCudaTest, RouterLogitsF32MatchTheCpu) {
-  std::mt19937 rng(7);
-  const int cases[][2] = {{64, 8}, {96, 16}, {2880, 128}};
-  for (auto [H, E] : cases) {
-    for (int T : {1, 3, 40}) {
-      std::vector<float> x(size_t(T) * H);
-      for (auto& v : x) v = std::uniform_real_distribution<float>(-3, 3)(rng);
-      auto nw = RandomBf16(H, 1.5f, rng);
-      auto w = RandomBf16(size_t(E) * H, 0.1f, rng);
-      auto b = RandomBf16(E, 0.5f, rng);
-      std::vector<float> t(x.size()), want(size_t(T) * E);
-      cpu::RmsNorm(x.data(), nw.data(), T, H, 1e-5f, t.data());
-      cpu::LinearBf16(nullptr, t.data(), T, H, w.data(), H, E, b.data(), want.data());
-      Dev<float> dx(x), dl(size_t(T) * E);
-      Dev<uint16_t> dnw(nw), dw(w), db(b);
-      ASSERT_EQ(cuda::LaunchRouterLogitsF32(dx.p, dnw.p, 1e-5f, dw.p, db.p, T, H, E, dl.p, nullptr),
-                cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ExpectClose(dl.Get(), want, 1e-5, "router H " + std::to_string(H) + " T " + std::to_string(T));
-    }
-  }
-}
-
-// The fused router + top-K against RmsNorm, LinearBf16 and RouterTopK on the
-// CPU; repeated calls (the counters must come back to zero) with different
-// token counts.
-TEST_F(SmallShapesCudaTest, FusedRouterTopKMatchesTheCpu) {
-  std::mt19937 rng(8);
-  const int cases[][3] = {{64, 8, 4}, {96, 16, 2}, {2880, 128, 4}, {2880, 32, 4}};
-  for (auto [H, E, K] : cases) {
-    Dev<int> counters(64);
-    for (int T : {1, 3, 40, 2, 97}) {
-      const std::string what = "H " + std::to_string(H) + " E " + std::to_string(E) + " T " + std::to_string(T);
-      std::vector<float> x(size_t(T) * H);
-      for (auto& v : x) v = std::uniform_real_distribution<float>(-3, 3)(rng);
-      auto nw = RandomBf16(H, 1.5f, rng);
-      auto w = RandomBf16(size_t(E) * H, 0.1f, rng);
-      auto b = RandomBf16(E, 0.5f, rng);
-      std::vector<float> t(x.size()), logits(size_t(T) * E), want_w(size_t(T) * K);
-      std::vector<int32_t> want_ids(size_t(T) * K);
-      cpu::RmsNorm(x.data(), nw.data(), T, H, 1e-5f, t.data());
-      cpu::LinearBf16(nullptr, t.data(), T, H, w.data(), H, E, b.data(), logits.data());
-      cpu::RouterTopK(logits.data(), T, E, K, want_ids.data(), want_w.data());
-      Dev<float> dx(x), dl(size_t(T) * E), dw_out(size_t(T) * K);
-      Dev<int32_t> dids(size_t(T) * K);
-      Dev<uint16_t> dnw(nw), dw(w), db(b), dnormed(size_t(T) * H), dref(size_t(T) * H);
-      ASSERT_EQ(cuda::LaunchRouterTopKF32(dx.p, dnw.p, 1e-5f, dw.p, db.p, T, H, E, K, dids.p,
-                                          dw_out.p, dl.p, counters.p, dnormed.p, nullptr),
-                cudaSuccess);
-      // The experts' input matches LaunchAddRmsNorm's (to a bf16 ulp: the sum
-      // of squares is added in another order).
-      Dev<float> dx2(x);
-      ASSERT_EQ(cuda::LaunchAddRmsNorm(dx2.p, nullptr, dnw.p, T, H, 1e-5f, dref.p, nullptr), cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(dids.Get(), want_ids) << what;
-      ExpectClose(dw_out.Get(), want_w, 1e-5, what + " weights");
-      ExpectClose(dl.Get(), logits, 1e-5, what + " logits");
-      ExpectClose(Widen(dnormed.Get()), Widen(dref.Get()), 1e-2, what + " normed activations");
-      const std::vector<int> c = counters.Get();
-      EXPECT_TRUE(std::all_of(c.begin(), c.end(), [](int v) { return v == 0; })) << what;
     }
   }
 }

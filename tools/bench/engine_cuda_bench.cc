@@ -58,7 +58,6 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
-  long fused_router = 0;
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
@@ -76,8 +75,7 @@ int main(int argc, char** argv) {
       std::stringstream ss(v);
       std::string op;
       while (std::getline(ss, op, ',')) ablate.push_back(op);
-    } else if (a == "--fused-router-max-tokens") fused_router = std::strtol(v.c_str(), nullptr, 10);
-    else {
+    } else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
     }
@@ -111,7 +109,6 @@ int main(int argc, char** argv) {
                                   : std::max(max_batch * ((context + grown) / 16 + 1),
                                              max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
-  o.fused_router_max_tokens = static_cast<int>(fused_router);
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);
   if (!made.ok()) {

@@ -15,7 +15,6 @@
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
-#include "kernels/cuda/router.h"
 
 namespace flotilla {
 namespace {
@@ -77,9 +76,8 @@ struct CudaEngine::Impl {
   float* qkv = nullptr;        // [T, (NH + 2 NKV) D]
   uint16_t* q = nullptr;       // [T, NH D]
   uint16_t* attn = nullptr;    // [T, NH D]
-  float* router_logits = nullptr;  // [T, E]
+  float* router_logits = nullptr;  // [T, E], zero between steps' uses (see the router)
   int32_t* topk_ids = nullptr;
-  int* router_counters = nullptr;  // zeroed once; the router kernel leaves them zero
   int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
   float* topk_w = nullptr;
   uint16_t* final_t = nullptr;  // [rows, H]
@@ -345,8 +343,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
-  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_counters, kc::RouterCounters(T)));
-  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_counters, 0, kc::RouterCounters(T) * sizeof(int), s));
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_logits, 0, static_cast<size_t>(T) * E * sizeof(float), s));
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
   }
@@ -736,31 +733,21 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
         FLOTILLA_CUDA_RETURN(
             kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
       }
-      if (T <= options_.fused_router_max_tokens) {
-        // Few tokens: one launch normalises the f32 residual, computes the
-        // router logits in f32, ranks them and writes the experts' input.
-        FLOTILLA_RETURN_IF_ERROR(mark("router"));
-        if (on("router")) {
-          FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(
-              d.x, L.post_norm, eps, L.router, L.router_bias, T, H, E, K, d.topk_ids, d.topk_w,
-              d.router_logits, d.router_counters, d.t, s));
-        }
-      } else {
-        // Many tokens: the norm, a tensor-core projection and the ranking.
-        FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-        if (on("rmsnorm")) {
-          FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
-        }
-        FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
-        if (on("router_linear")) {
-          FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E,
-                                                false, d.router_logits, s));
-        }
-        FLOTILLA_RETURN_IF_ERROR(mark("router_topk"));
-        if (on("router_topk")) {
-          FLOTILLA_CUDA_RETURN(
-              kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
-        }
+      // The router projection adds into zeroed logits (so a few tokens can
+      // split its input over many blocks) and the ranking zeroes them again.
+      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
+      if (on("rmsnorm")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
+      }
+      FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
+      if (on("router_linear")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E,
+                                              true, d.router_logits, s));
+      }
+      FLOTILLA_RETURN_IF_ERROR(mark("router_topk"));
+      if (on("router_topk")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s,
+                                                  /*clear_logits=*/true));
       }
       if (d.routing_record != nullptr) {
         const size_t layer = static_cast<size_t>(&L - d.layers.data());

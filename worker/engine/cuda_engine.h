@@ -42,12 +42,6 @@ struct CudaEngineOptions {
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
   bool cuda_graphs = true;      // capture decode steps
-  // Steps of at most this many tokens run the fused f32 router (norm, logits,
-  // top-K and the experts' input in one launch); larger ones the separate
-  // norm, tensor-core projection and ranking. Off by default: on an H100 the
-  // separate kernels (the projection streams its weights before waiting for
-  // the norm) made a batch-1 120b step 3.76 ms against 4.28 ms fused.
-  int fused_router_max_tokens = 0;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
