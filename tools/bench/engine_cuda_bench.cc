@@ -10,6 +10,9 @@
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
+//                     [--ablate op1,op2]  (graph replays with each op left out in
+//                                          turn: {"bench":"decode_ablation"} lines
+//                                          give each op's share of a real step)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -56,6 +59,7 @@ int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
   long fused_router = 0;
+  std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -68,7 +72,11 @@ int main(int argc, char** argv) {
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
     else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
-    else if (a == "--fused-router-max-tokens") fused_router = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--ablate") {
+      std::stringstream ss(v);
+      std::string op;
+      while (std::getline(ss, op, ',')) ablate.push_back(op);
+    } else if (a == "--fused-router-max-tokens") fused_router = std::strtol(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
@@ -151,7 +159,7 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "engine_cuda_bench: %s\n", out.status().ToString().c_str());
           return false;
         }
-        for (long b = 0; b < B; ++b) items[b].tokens = {(*out)[b].token};
+        for (long b = 0; b < B; ++b) items[b].tokens = {std::max<int32_t>((*out)[b].token, 0)};
       }
       return true;
     };
@@ -173,6 +181,22 @@ int main(int argc, char** argv) {
                 "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
                 props.name.c_str(), layers, B, context, ms, B * 1e3 / ms, bytes / 1e9, gbs,
                 hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
+    // Ablation: the same steps with one op left out; the difference is what
+    // that op costs inside the replayed graph (overlap with its neighbours
+    // included). The sequences grow by the steps run, which is negligible.
+    for (const std::string& op : ablate) {
+      e.SetSkipOps({op});
+      if (!step(2)) return 1;
+      const auto ta = Clock::now();
+      if (!step(static_cast<int>(steps))) return 1;
+      const double ms_without =
+          std::chrono::duration<double, std::milli>(Clock::now() - ta).count() / steps;
+      std::printf("{\"bench\":\"decode_ablation\",\"batch\":%ld,\"op\":\"%s\","
+                  "\"ms_per_step\":%.3f,\"ms_without\":%.3f,\"op_ms_per_step\":%.3f}\n",
+                  B, op.c_str(), ms, ms_without, ms - ms_without);
+      std::fflush(stdout);
+    }
+    if (!ablate.empty()) e.SetSkipOps({});
     if (profile_ops) {
       // Per-op GPU time (events between launches, no graphs): where a step goes.
       std::printf("{\"bench\":\"decode_ops\",\"batch\":%ld,\"ms_per_step\":{", B);

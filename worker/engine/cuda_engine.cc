@@ -566,6 +566,14 @@ absl::StatusOr<std::vector<SampledToken>> CudaEngine::StepAndSample(
   return sampled;
 }
 
+void CudaEngine::SetSkipOps(std::vector<std::string> ops) {
+  options_.skip_ops = std::move(ops);
+  cudaSetDevice(impl_->device);
+  cudaStreamSynchronize(impl_->stream);
+  for (auto& [key, exec] : impl_->graphs) cudaGraphExecDestroy(exec);
+  impl_->graphs.clear();
+}
+
 absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample,
                                  const std::vector<kernels::cuda::SamplingRow>* params,
                                  StepOutput* logits_out, std::vector<SampledToken>* sampled) {
@@ -675,6 +683,11 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
     marks.emplace_back(label, ev);
     return CudaStatus(cudaEventRecord(ev, d.stream), "profile event");
   };
+  // Ablation (CudaEngineOptions::skip_ops): false for an op left out.
+  auto on = [&](const char* op) {
+    return std::find(options_.skip_ops.begin(), options_.skip_ops.end(), op) ==
+           options_.skip_ops.end();
+  };
   auto forward = [&](int64_t ctx, int logit_rows_now, int row_offset) -> absl::Status {
     cudaStream_t s = d.stream;
     kc::AttentionBatch batch;
@@ -688,43 +701,66 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
     batch.max_q_per_seq = plan.max_q;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     FLOTILLA_RETURN_IF_ERROR(mark("embedding"));
-    FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
-                                             d.invalid, s));
+    if (on("embedding")) {
+      FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
+                                               d.invalid, s));
+    }
     for (Impl::Layer& L : d.layers) {
       FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.input_norm, T, H, eps, d.t, s));
+      if (on("rmsnorm")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.input_norm, T, H, eps, d.t, s));
+      }
       FLOTILLA_RETURN_IF_ERROR(mark("qkv_linear"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.wqkv, L.bqkv, T, H, QKV, false,
-                                            d.qkv, s));
+      if (on("qkv_linear")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.wqkv, L.bqkv, T, H, QKV, false,
+                                              d.qkv, s));
+      }
       FLOTILLA_RETURN_IF_ERROR(mark("rope_kv_write"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos, d.meta + d.off_slots, T,
-                                                 NH, d.inv_freq, d.rope_scaling, L.kv, d.q, s));
-      if (D == 64) {
-        FLOTILLA_RETURN_IF_ERROR(mark("attention"));
-        FLOTILLA_CUDA_RETURN(kc::LaunchAttention(d.q, L.kv, batch, NH, L.sinks, L.window, scale,
-                                                 d.attn, d.attn_ws, d.attn_ws_bytes, s));
-      } else {
-        FLOTILLA_RETURN_IF_ERROR(mark("attention"));
-        FLOTILLA_CUDA_RETURN(kc::LaunchAttentionGeneric(d.q, L.kv, batch, NH, L.sinks, L.window,
-                                                        scale, d.attn, s));
+      if (on("rope_kv_write")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos, d.meta + d.off_slots,
+                                                   T, NH, d.inv_freq, d.rope_scaling, L.kv, d.q,
+                                                   s));
+      }
+      FLOTILLA_RETURN_IF_ERROR(mark("attention"));
+      if (on("attention")) {
+        if (D == 64) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchAttention(d.q, L.kv, batch, NH, L.sinks, L.window, scale,
+                                                   d.attn, d.attn_ws, d.attn_ws_bytes, s));
+        } else {
+          FLOTILLA_CUDA_RETURN(kc::LaunchAttentionGeneric(d.q, L.kv, batch, NH, L.sinks, L.window,
+                                                          scale, d.attn, s));
+        }
       }
       FLOTILLA_RETURN_IF_ERROR(mark("o_linear"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
+      if (on("o_linear")) {
+        FLOTILLA_CUDA_RETURN(
+            kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
+      }
       if (T <= options_.fused_router_max_tokens) {
         // Few tokens: one launch normalises the f32 residual, computes the
         // router logits in f32, ranks them and writes the experts' input.
         FLOTILLA_RETURN_IF_ERROR(mark("router"));
-        FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(d.x, L.post_norm, eps, L.router, L.router_bias,
-                                                     T, H, E, K, d.topk_ids, d.topk_w,
-                                                     d.router_logits, d.router_counters, d.t, s));
+        if (on("router")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopKF32(
+              d.x, L.post_norm, eps, L.router, L.router_bias, T, H, E, K, d.topk_ids, d.topk_w,
+              d.router_logits, d.router_counters, d.t, s));
+        }
       } else {
         // Many tokens: the norm, a tensor-core projection and the ranking.
         FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-        FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
-        FLOTILLA_RETURN_IF_ERROR(mark("router"));
-        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E, false,
-                                              d.router_logits, s));
-        FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+        if (on("rmsnorm")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
+        }
+        FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
+        if (on("router_linear")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E,
+                                                false, d.router_logits, s));
+        }
+        FLOTILLA_RETURN_IF_ERROR(mark("router_topk"));
+        if (on("router_topk")) {
+          FLOTILLA_CUDA_RETURN(
+              kc::LaunchRouterTopK(d.router_logits, T, E, K, d.topk_ids, d.topk_w, s));
+        }
       }
       if (d.routing_record != nullptr) {
         const size_t layer = static_cast<size_t>(&L - d.layers.data());
@@ -733,17 +769,24 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
                                              cudaMemcpyDeviceToDevice, s));
       }
       FLOTILLA_RETURN_IF_ERROR(mark("moe"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
-                                              static_cast<float>(c.swiglu_limit), 1.702f, d.x,
-                                              d.moe_ws, d.moe_ws_bytes, d.invalid, s));
+      if (on("moe")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
+                                                static_cast<float>(c.swiglu_limit), 1.702f, d.x,
+                                                d.moe_ws, d.moe_ws_bytes, d.invalid, s));
+      }
     }
     if (logit_rows_now > 0) {
       FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + row_offset,
-                                                 logit_rows_now, d.final_norm, H, eps, d.final_t, s));
+      if (on("rmsnorm")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + row_offset,
+                                                   logit_rows_now, d.final_norm, H, eps,
+                                                   d.final_t, s));
+      }
       FLOTILLA_RETURN_IF_ERROR(mark("lm_head"));
-      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.final_t, d.lm_head, nullptr, logit_rows_now,
-                                            H, V, false, d.logits, s));
+      if (on("lm_head")) {
+        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.final_t, d.lm_head, nullptr,
+                                              logit_rows_now, H, V, false, d.logits, s));
+      }
       if (sample) {
         FLOTILLA_RETURN_IF_ERROR(mark("sample"));
         FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, logit_rows_now, V, d.sample_params,

@@ -52,6 +52,11 @@ struct CudaEngineOptions {
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
   bool profile_ops = false;
+  // Benchmarks (ablation): ops named here (the labels of op_time_ms(), e.g.
+  // "rmsnorm", "rope_kv_write", "router_linear") are left out of every step,
+  // so the time an op costs inside a graph replay can be measured as the
+  // difference. The outputs of such steps are meaningless.
+  std::vector<std::string> skip_ops;
 };
 
 struct SampledToken {
@@ -108,6 +113,8 @@ class CudaEngine : public Engine {
   // With profile_ops: milliseconds spent per op kind since the last reset.
   const std::map<std::string, double>& op_time_ms() const { return op_time_ms_; }
   void reset_op_times() { op_time_ms_.clear(); }
+  // Benchmarks: replaces CudaEngineOptions::skip_ops (drops captured graphs).
+  void SetSkipOps(std::vector<std::string> ops);
 
  private:
   struct Impl;
