@@ -10,6 +10,7 @@
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
+//                     [--fused-qkv-max-tokens 8] (0: norm, QKV and RoPE as three launches)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
@@ -58,7 +59,7 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
-  long fused_router = 0;
+  long fused_router = 0, fused_qkv = 8;
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
       std::string op;
       while (std::getline(ss, op, ',')) ablate.push_back(op);
     } else if (a == "--fused-router-max-tokens") fused_router = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--fused-qkv-max-tokens") fused_qkv = std::strtol(v.c_str(), nullptr, 10);
     else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
@@ -110,6 +112,7 @@ int main(int argc, char** argv) {
                                              max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
   o.fused_router_max_tokens = static_cast<int>(fused_router);
+  o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);
   if (!made.ok()) {

@@ -48,6 +48,10 @@ struct CudaEngineOptions {
   // separate kernels (the projection streams its weights before waiting for
   // the norm) made a batch-1 120b step 3.76 ms against 4.28 ms fused.
   int fused_router_max_tokens = 0;
+  // Steps of at most this many tokens (capped at 8, kernels::cuda::
+  // kNormQkvRopeMaxTokens) run the input norm, QKV projection, RoPE and KV
+  // write as one launch; larger ones as three. 0 turns the fused launch off.
+  int fused_qkv_max_tokens = 8;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
