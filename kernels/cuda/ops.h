@@ -110,6 +110,19 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
                               const float* inv_freq, float scaling, const PagedKvLayer& cache,
                               uint16_t* q_out, cudaStream_t stream);
 
+// How LaunchNormQkvRope starts streaming its weights before it waits for the
+// previous kernel (programmatic dependent launch); for benchmarks. Process-wide,
+// read at launch (a captured graph keeps what it was launched with).
+struct NormQkvRopeTuning {
+  // Each block asks L2 for its whole 16-row weight tile.
+  bool l2_prefetch = true;
+  // Each warp loads its first 4 slices of weights into registers (as the
+  // LaunchLinear GEMV does).
+  bool early_loads = false;
+};
+void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning);
+NormQkvRopeTuning GetNormQkvRopeTuning();
+
 // Router: for each row of logits f32 [rows, E] the K largest (descending, ties
 // to the lower index as torch.topk does) and the softmax over those K only.
 // E <= 256, K <= 8.

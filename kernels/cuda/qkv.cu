@@ -55,7 +55,13 @@ __device__ __forceinline__ uint32_t NormPair(float x0, float x1, uint32_t w01, f
   return ToBf16Bits(a) | (ToBf16Bits(b) << 16);
 }
 
+NormQkvRopeTuning g_tuning;
+
 // At most 85 registers: 3 blocks per SM, as GemvMmaKernel.
+// kEarly: the first kUnroll input slices of weights are loaded into registers
+// before waiting for the previous kernel (as GemvMmaKernel does), on top of or
+// instead of the L2 prefetch.
+template <bool kEarly>
 __global__ void __launch_bounds__(kThreads, 3)
     NormQkvRopeKernel(const float* __restrict__ x, const uint16_t* __restrict__ norm_w, float eps,
                       const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias,
@@ -63,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                       const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
                       const float* __restrict__ inv_freq, float scaling, uint16_t* __restrict__ kc,
                       uint16_t* __restrict__ vc, int block_size, long long cache_slots,
-                      uint16_t* __restrict__ q_out) {
+                      bool l2_prefetch, uint16_t* __restrict__ q_out) {
   extern __shared__ uint4 smem[];
   __shared__ float part[kWarps][kMaxTokens];
   __shared__ float inv_s[kMaxTokens];
@@ -74,8 +80,25 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int g = lane >> 2, q = lane & 3;
   const int row0 = blockIdx.x * 16;
 
+  const int chunks = hidden >> 5;
+  const int c_begin = warp * chunks / kWarps;
+  const int c_end = (warp + 1) * chunks / kWarps;
+  const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
+  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * hidden) + q;
+  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * hidden) + q;
+  uint4 va[kUnroll], vb[kUnroll];
+  auto load_first = [&] {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c_begin + u < c_end) {
+        va[u] = LoadStream(wa + (c_begin + u) * 4);
+        vb[u] = LoadStream(wb + (c_begin + u) * 4);
+      }
+    }
+  };
+
   asm volatile("griddepcontrol.launch_dependents;");
-  if (threadIdx.x == 0) {
+  if (l2_prefetch && threadIdx.x == 0) {
     // The block's 16 weight rows are contiguous: one bulk prefetch into L2.
     const int rows = min(16, out - row0);
     const uint32_t bytes = static_cast<uint32_t>(rows) * hidden * sizeof(uint16_t);
@@ -84,6 +107,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                  "r"(bytes)
                  : "memory");
   }
+  if (kEarly) load_first();
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // 1. Per-token sum of squares over the whole row; all tokens' loads of one
@@ -140,23 +164,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   __syncthreads();
 
   // 3. The GEMV (see linear.cu for the fragment layout).
-  const int chunks = hidden >> 5;
-  const int c_begin = warp * chunks / kWarps;
-  const int c_end = (warp + 1) * chunks / kWarps;
-  const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
-  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * hidden) + q;
-  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * hidden) + q;
   const bool has = g < tokens;
   const uint4* xg = reinterpret_cast<const uint4*>(xs + static_cast<size_t>(has ? g : 0) * stride) + q;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  uint4 va[kUnroll], vb[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (c_begin + u < c_end) {
-      va[u] = LoadStream(wa + (c_begin + u) * 4);
-      vb[u] = LoadStream(wb + (c_begin + u) * 4);
-    }
-  }
+  if (!kEarly) load_first();
   for (int c = c_begin; c < c_end; c += kUnroll) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -249,12 +260,8 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   if (tokens == 0) return cudaSuccess;
   const int out = (q_heads + 2 * cache.kv_heads) * cache.head_dim;
   const size_t smem = SmemBytes(tokens, hidden);
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        NormQkvRopeKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
+  const auto kernel = g_tuning.early_loads ? NormQkvRopeKernel<true> : NormQkvRopeKernel<false>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((out + 15) / 16);
   cfg.blockDim = dim3(kThreads);
@@ -265,10 +272,19 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, NormQkvRopeKernel, x, norm_weight, eps, wqkv, bqkv, tokens,
+  if (smem > 48 * 1024) {
+    const cudaError_t err = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, x, norm_weight, eps, wqkv, bqkv, tokens,
                             hidden, q_heads, cache.kv_heads, cache.head_dim, positions, slots,
                             inv_freq, scaling, cache.k, cache.v,
-                            cache.block_size > 0 ? cache.block_size : 1, cache_slots, q_out);
+                            cache.block_size > 0 ? cache.block_size : 1, cache_slots,
+                            g_tuning.l2_prefetch, q_out);
 }
+
+void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning) { g_tuning = tuning; }
+NormQkvRopeTuning GetNormQkvRopeTuning() { return g_tuning; }
 
 }  // namespace flotilla::kernels::cuda

@@ -198,6 +198,25 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
   ExpectNear(fv.Get(), rv, what + " v cache");
   EXPECT_EQ(dx.Get(), x) << "the residual is read only";
 
+  // The ways of streaming the weights change nothing in the results.
+  const cuda::NormQkvRopeTuning saved = cuda::GetNormQkvRopeTuning();
+  for (int variant = 0; variant < 4; ++variant) {
+    cuda::NormQkvRopeTuning tuning;
+    tuning.l2_prefetch = (variant & 1) != 0;
+    tuning.early_loads = (variant & 2) != 0;
+    cuda::SetNormQkvRopeTuning(tuning);
+    Dev<uint16_t> tq(size_t(T) * NH * D), tk(sentinel), tv(sentinel);
+    cuda::PagedKvLayer tcache{tk.p, tv.p, blocks, bs, NKV, D};
+    ASSERT_EQ(cuda::LaunchNormQkvRope(dx.p, dnw.p, eps, dwp.p, dbp.p, T, H, NH, dpos.p, dslots.p,
+                                      dinv.p, scaling, tcache, tq.p, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(tq.Get(), fq.Get()) << "tuning variant " << variant;
+    EXPECT_EQ(tk.Get(), fk.Get()) << "tuning variant " << variant;
+    EXPECT_EQ(tv.Get(), fv.Get()) << "tuning variant " << variant;
+  }
+  cuda::SetNormQkvRopeTuning(saved);
+
   Dev<uint16_t> gq(size_t(T) * NH * D), gk(sentinel), gv(sentinel);
   cuda::PagedKvLayer gcache{gk.p, gv.p, blocks, bs, NKV, D};
   cudaStream_t stream = nullptr;
