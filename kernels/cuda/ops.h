@@ -119,6 +119,9 @@ struct NormQkvRopeTuning {
   // Each warp loads its first 4 slices of weights into registers (as the
   // LaunchLinear GEMV does).
   bool early_loads = false;
+  // The next kernel may launch only once the projection is done (before the
+  // epilogue) rather than at once.
+  bool late_dependents = false;
 };
 void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning);
 NormQkvRopeTuning GetNormQkvRopeTuning();

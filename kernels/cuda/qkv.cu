@@ -61,7 +61,9 @@ NormQkvRopeTuning g_tuning;
 // kEarly: the first kUnroll input slices of weights are loaded into registers
 // before waiting for the previous kernel (as GemvMmaKernel does), on top of or
 // instead of the L2 prefetch.
-template <bool kEarly>
+// kTok: tokens rounded up to 1, 2, 4 or 8 (the sum of squares keeps
+// 8 / kTok steps of loads in flight per thread, at most 8 float4).
+template <int kTok, bool kEarly>
 __global__ void __launch_bounds__(kThreads, 3)
     NormQkvRopeKernel(const float* __restrict__ x, const uint16_t* __restrict__ norm_w, float eps,
                       const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias,
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                       const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
                       const float* __restrict__ inv_freq, float scaling, uint16_t* __restrict__ kc,
                       uint16_t* __restrict__ vc, int block_size, long long cache_slots,
-                      bool l2_prefetch, uint16_t* __restrict__ q_out) {
+                      bool l2_prefetch, bool late_dependents, uint16_t* __restrict__ q_out) {
   extern __shared__ uint4 smem[];
   __shared__ float part[kWarps][kMaxTokens];
   __shared__ float inv_s[kMaxTokens];
@@ -97,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   };
 
-  asm volatile("griddepcontrol.launch_dependents;");
+  if (!late_dependents) asm volatile("griddepcontrol.launch_dependents;");
   if (l2_prefetch && threadIdx.x == 0) {
     // The block's 16 weight rows are contiguous: one bulk prefetch into L2.
     const int rows = min(16, out - row0);
@@ -107,29 +109,44 @@ __global__ void __launch_bounds__(kThreads, 3)
                  "r"(bytes)
                  : "memory");
   }
+  if (threadIdx.x == 32) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(norm_w),
+                 "r"(static_cast<uint32_t>(hidden * sizeof(uint16_t)))
+                 : "memory");
+  }
   if (kEarly) load_first();
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // 1. Per-token sum of squares over the whole row; all tokens' loads of one
   // step in flight together.
   const int h4 = hidden >> 2;
-  float ss[kMaxTokens];
+  constexpr int kSteps = 8 / kTok;
+  float ss[kTok];
 #pragma unroll
-  for (int t = 0; t < kMaxTokens; ++t) ss[t] = 0.0f;
-  for (int i = threadIdx.x; i < h4; i += kThreads) {
-    float4 v[kMaxTokens];
+  for (int t = 0; t < kTok; ++t) ss[t] = 0.0f;
+  for (int i0 = threadIdx.x; i0 < h4; i0 += kSteps * kThreads) {
+    float4 v[kSteps][kTok];
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-      v[t] = t < tokens ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        const int i = i0 + u * kThreads;
+        v[u][t] = t < tokens && i < h4
+                      ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i)
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
     }
 #pragma unroll
-    for (int t = 0; t < kMaxTokens; ++t) {
-      ss[t] += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+    for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        ss[t] += v[u][t].x * v[u][t].x + v[u][t].y * v[u][t].y + v[u][t].z * v[u][t].z +
+                 v[u][t].w * v[u][t].w;
+      }
     }
   }
 #pragma unroll
-  for (int t = 0; t < kMaxTokens; ++t) {
+  for (int t = 0; t < kTok; ++t) {
     if (t < tokens) {
       float v = ss[t];
       for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -145,21 +162,39 @@ __global__ void __launch_bounds__(kThreads, 3)
   }
   __syncthreads();
 
-  // 2. The normed activations in bf16, staged for the B fragments.
+  // 2. The normed activations in bf16, staged for the B fragments (x again
+  // from L1; two steps of loads in flight per thread).
   const int h8 = hidden >> 3;
-#pragma unroll 4
-  for (int e = threadIdx.x; e < tokens * h8; e += kThreads) {
-    const int t = e / h8, c = e - t * h8;
-    const float4* xr = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + 2 * c;
-    const float4 a = __ldg(xr), b = __ldg(xr + 1);
-    const uint4 wn = __ldg(reinterpret_cast<const uint4*>(norm_w) + c);
-    const float inv = inv_s[t];
-    uint4 o;
-    o.x = NormPair(a.x, a.y, wn.x, inv);
-    o.y = NormPair(a.z, a.w, wn.y, inv);
-    o.z = NormPair(b.x, b.y, wn.z, inv);
-    o.w = NormPair(b.z, b.w, wn.w, inv);
-    *reinterpret_cast<uint4*>(xs + static_cast<size_t>(t) * stride + 8 * c) = o;
+  const int n8 = tokens * h8;
+  for (int e0 = threadIdx.x; e0 < n8; e0 += 2 * kThreads) {
+    float4 a[2], b[2];
+    uint4 wn[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int e = e0 + u * kThreads;
+      if (e < n8) {
+        const int t = e / h8, c = e - t * h8;
+        const float4* xr =
+            reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + 2 * c;
+        a[u] = __ldg(xr);
+        b[u] = __ldg(xr + 1);
+        wn[u] = __ldg(reinterpret_cast<const uint4*>(norm_w) + c);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int e = e0 + u * kThreads;
+      if (e < n8) {
+        const int t = e / h8, c = e - t * h8;
+        const float inv = inv_s[t];
+        uint4 o;
+        o.x = NormPair(a[u].x, a[u].y, wn[u].x, inv);
+        o.y = NormPair(a[u].z, a[u].w, wn[u].y, inv);
+        o.z = NormPair(b[u].x, b[u].y, wn[u].z, inv);
+        o.w = NormPair(b[u].z, b[u].w, wn[u].w, inv);
+        *reinterpret_cast<uint4*>(xs + static_cast<size_t>(t) * stride + 8 * c) = o;
+      }
+    }
   }
   __syncthreads();
 
@@ -187,6 +222,7 @@ __global__ void __launch_bounds__(kThreads, 3)
     }
   }
 
+  if (late_dependents) asm volatile("griddepcontrol.launch_dependents;");
   // 4. The warps' partial tiles summed in shared memory (reusing the staged
   // activations), bias, RoPE and the stores.
   __syncthreads();
@@ -261,7 +297,12 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   const int out = (q_heads + 2 * cache.kv_heads) * cache.head_dim;
   const size_t smem = SmemBytes(tokens, hidden);
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
-  const auto kernel = g_tuning.early_loads ? NormQkvRopeKernel<true> : NormQkvRopeKernel<false>;
+  const bool early = g_tuning.early_loads;
+  const auto kernel =
+      tokens == 1   ? (early ? NormQkvRopeKernel<1, true> : NormQkvRopeKernel<1, false>)
+      : tokens == 2 ? (early ? NormQkvRopeKernel<2, true> : NormQkvRopeKernel<2, false>)
+      : tokens <= 4 ? (early ? NormQkvRopeKernel<4, true> : NormQkvRopeKernel<4, false>)
+                    : (early ? NormQkvRopeKernel<8, true> : NormQkvRopeKernel<8, false>);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((out + 15) / 16);
   cfg.blockDim = dim3(kThreads);
@@ -281,7 +322,7 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
                             hidden, q_heads, cache.kv_heads, cache.head_dim, positions, slots,
                             inv_freq, scaling, cache.k, cache.v,
                             cache.block_size > 0 ? cache.block_size : 1, cache_slots,
-                            g_tuning.l2_prefetch, q_out);
+                            g_tuning.l2_prefetch, g_tuning.late_dependents, q_out);
 }
 
 void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning) { g_tuning = tuning; }

@@ -200,10 +200,11 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
 
   // The ways of streaming the weights change nothing in the results.
   const cuda::NormQkvRopeTuning saved = cuda::GetNormQkvRopeTuning();
-  for (int variant = 0; variant < 4; ++variant) {
+  for (int variant = 0; variant < 8; ++variant) {
     cuda::NormQkvRopeTuning tuning;
     tuning.l2_prefetch = (variant & 1) != 0;
     tuning.early_loads = (variant & 2) != 0;
+    tuning.late_dependents = (variant & 4) != 0;
     cuda::SetNormQkvRopeTuning(tuning);
     Dev<uint16_t> tq(size_t(T) * NH * D), tk(sentinel), tv(sentinel);
     cuda::PagedKvLayer tcache{tk.p, tv.p, blocks, bs, NKV, D};

@@ -11,7 +11,8 @@
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
 //                     [--fused-qkv-max-tokens 8] (0: norm, QKV and RoPE as three launches)
-//                     [--qkv-l2-prefetch 1] [--qkv-early-loads 0] (NormQkvRopeTuning)
+//                     [--qkv-l2-prefetch 1] [--qkv-early-loads 0] [--qkv-late-dependents 0]
+//                                          (NormQkvRopeTuning)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
@@ -84,6 +85,7 @@ int main(int argc, char** argv) {
     else if (a == "--fused-qkv-max-tokens") fused_qkv = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
     else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
+    else if (a == "--qkv-late-dependents") qkv_tuning.late_dependents = v == "1" || v == "true";
     else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
