@@ -12,10 +12,11 @@
 //  - The rows are in QkvRowOrder::kRopePairs, so both halves of a rotated
 //    pair sit in adjacent threads of the epilogue: one shuffle brings the
 //    partner, and q goes out in bf16, k and v into the cache.
-// Programmatic dependent launch: the block lets the next kernel start at once
-// and asks L2 for its whole weight tile before waiting for the previous kernel
-// (which writes the residual), so the weights stream while that kernel drains
-// and while the norm is computed.
+// Programmatic dependent launch: before waiting for the previous kernel (which
+// writes the residual) each block asks L2 for its whole weight tile and loads
+// its first slices into registers, so the weights stream while that kernel
+// drains and while the norm is computed; the next kernel may launch once the
+// projection is done (NormQkvRopeTuning has the measured alternatives).
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/gemv.cuh"

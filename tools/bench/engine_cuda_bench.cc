@@ -10,8 +10,8 @@
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
-//                     [--fused-qkv-max-tokens 8] (0: norm, QKV and RoPE as three launches)
-//                     [--qkv-l2-prefetch 1] [--qkv-early-loads 0] [--qkv-late-dependents 0]
+//                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
+//                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
 //                                          (NormQkvRopeTuning)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
@@ -62,7 +62,7 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
-  long fused_router = 0, fused_qkv = 8;
+  long fused_router = 0, fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
