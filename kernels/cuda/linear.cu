@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace flotilla::kernels::cuda {
@@ -32,23 +33,6 @@ constexpr int kGemvWarps = kGemvThreads / 32;
 constexpr int kSmallBatch = 16;
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kBiasCapacity = 1 << 18;  // f32 bias staging for the cuBLASLt epilogue
-
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
-
-__device__ __forceinline__ void Mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                    uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // kNt: tiles of 8 tokens (1 or 2).
 // At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV

@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kRopeThreads)
                       const int32_t* __restrict__ slots, int q_heads, int kv_heads, int head_dim,
                       const float* __restrict__ inv_freq, float scaling, uint16_t* __restrict__ kc,
                       uint16_t* __restrict__ vc, int block_size, long long cache_slots,
-                      uint16_t* __restrict__ q_out) {
+                      bool rope_pairs, uint16_t* __restrict__ q_out) {
   __shared__ float cs[kMaxHalf], sn[kMaxHalf];
   asm volatile("griddepcontrol.launch_dependents;");
   const int t = blockIdx.x;
@@ -112,7 +112,9 @@ __global__ void __launch_bounds__(kRopeThreads)
   for (int i = threadIdx.x; i < heads * half; i += kRopeThreads) {
     const int h = i / half, j = i - h * half;
     const float* v = src + h * head_dim;
-    const float x1 = v[j], x2 = v[j + half];
+    // kRopePairs: the two halves of pair j are stored rows 2j and 2j + 1.
+    const float x1 = rope_pairs ? v[2 * j] : v[j];
+    const float x2 = rope_pairs ? v[2 * j + 1] : v[j + half];
     const float o1 = x1 * cs[j] - x2 * sn[j];
     const float o2 = x2 * cs[j] + x1 * sn[j];
     if (h < q_heads) {
@@ -188,7 +190,8 @@ cudaError_t LaunchRmsNormRows(const float* x, const int32_t* rows, int count, co
 
 cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const int32_t* slots,
                               int tokens, int q_heads, const float* inv_freq, float scaling,
-                              const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream) {
+                              const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream,
+                              QkvRowOrder order) {
   if (qkv == nullptr || positions == nullptr || inv_freq == nullptr || q_out == nullptr ||
       tokens < 0 || q_heads <= 0 || cache.kv_heads <= 0 || cache.head_dim <= 0 ||
       cache.head_dim % 2 != 0 || cache.head_dim / 2 > kMaxHalf) {
@@ -202,7 +205,8 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
   RopeKvWriteKernel<<<tokens, kRopeThreads, 0, stream>>>(
       qkv, positions, slots, q_heads, cache.kv_heads, cache.head_dim, inv_freq, scaling, cache.k,
-      cache.v, cache.block_size > 0 ? cache.block_size : 1, cache_slots, q_out);
+      cache.v, cache.block_size > 0 ? cache.block_size : 1, cache_slots,
+      order == QkvRowOrder::kRopePairs, q_out);
   return cudaGetLastError();
 }
 

@@ -64,15 +64,69 @@ struct PagedKvLayer {
   int head_dim = 0;  // 64
 };
 
+// Row order of a fused QKV projection [(q_heads + 2 kv_heads) * head_dim, H]
+// (and of its bias and output) within each q or k head.
+//   kCheckpoint: the checkpoint's order, row j = dimension j.
+//   kRopePairs: the two halves of each rotated pair next to each other:
+//     row 2i = dimension i, row 2i + 1 = dimension i + head_dim / 2
+//     (i < head_dim / 2), so a 16-row tile holds whole pairs. v rows keep the
+//     checkpoint's order.
+enum class QkvRowOrder { kCheckpoint, kRopePairs };
+
+// The kRopePairs row of checkpoint row `row` of the fused QKV projection.
+inline int QkvRopePairsRow(int row, int q_heads, int kv_heads, int head_dim) {
+  if (row >= (q_heads + kv_heads) * head_dim) return row;  // v
+  const int base = row - row % head_dim, j = row % head_dim, half = head_dim / 2;
+  return base + (j < half ? 2 * j : 2 * (j - half) + 1);
+}
+
 // RoPE (YaRN inv_freq and scaling precomputed, MODEL.md) fused with the KV
 // cache write. qkv f32 [tokens, (q_heads + 2 kv_heads) * head_dim], bias
-// already added, laid out q heads | k heads | v heads. For each token:
-// q_out bf16 [tokens, q_heads, head_dim] = rope(q); the cache slot
+// already added, laid out q heads | k heads | v heads, each head's rows in
+// `order`. For each token: q_out bf16 [tokens, q_heads, head_dim] = rope(q)
+// (in the checkpoint's dimension order); the cache slot
 // slots[t] (= block * block_size + offset, or -1: do not store) receives
 // rope(k) and v. positions int32 [tokens]; inv_freq f32 [head_dim / 2] on device.
 cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const int32_t* slots,
                               int tokens, int q_heads, const float* inv_freq, float scaling,
-                              const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream);
+                              const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream,
+                              QkvRowOrder order = QkvRowOrder::kCheckpoint);
+
+// Few tokens: the input RMSNorm, the QKV projection, RoPE and the KV cache
+// write in one launch, equal to
+//   LaunchAddRmsNorm(x, nullptr, norm_weight, tokens, hidden, eps, t)
+//   LaunchLinear(t, wqkv, bqkv, tokens, hidden, (q_heads + 2 kv_heads) * head_dim)
+//   LaunchRopeKvWrite(..., QkvRowOrder::kRopePairs)
+// up to the summation order of the sum of squares (the normed activations are
+// rounded to bf16 exactly as LaunchAddRmsNorm rounds them). x f32 [tokens, hidden]
+// (read only); norm_weight bf16 [hidden]; wqkv bf16 and bqkv bf16 (or nullptr)
+// in QkvRowOrder::kRopePairs; the rest as LaunchRopeKvWrite. Needs
+// NormQkvRopeSupported(tokens, hidden, head_dim).
+constexpr int kNormQkvRopeMaxTokens = 8;
+bool NormQkvRopeSupported(int tokens, int hidden, int head_dim);
+cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float eps,
+                              const uint16_t* wqkv, const uint16_t* bqkv, int tokens, int hidden,
+                              int q_heads, const int32_t* positions, const int32_t* slots,
+                              const float* inv_freq, float scaling, const PagedKvLayer& cache,
+                              uint16_t* q_out, cudaStream_t stream);
+
+// How LaunchNormQkvRope starts streaming its weights before it waits for the
+// previous kernel (programmatic dependent launch); for benchmarks. Process-wide,
+// read at launch (a captured graph keeps what it was launched with).
+struct NormQkvRopeTuning {
+  // Each block asks L2 for its whole 16-row weight tile.
+  bool l2_prefetch = true;
+  // Each warp loads its first 4 slices of weights into registers (as the
+  // LaunchLinear GEMV does).
+  bool early_loads = true;
+  // The next kernel may launch only once the projection is done (before the
+  // epilogue) rather than at once, so its waiting blocks take no SM slots
+  // earlier. (120b step on an H200, batch 1: 3.16 ms with both on, 3.26 with
+  // the L2 prefetch alone, 3.30 with neither.)
+  bool late_dependents = true;
+};
+void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning);
+NormQkvRopeTuning GetNormQkvRopeTuning();
 
 // Router: for each row of logits f32 [rows, E] the K largest (descending, ties
 // to the lower index as torch.topk does) and the softmax over those K only.

@@ -10,6 +10,9 @@
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
+//                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
+//                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
+//                                          (NormQkvRopeTuning)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_engine.h"
 
 namespace {
@@ -58,6 +62,8 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
+  long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
+  flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
@@ -75,7 +81,11 @@ int main(int argc, char** argv) {
       std::stringstream ss(v);
       std::string op;
       while (std::getline(ss, op, ',')) ablate.push_back(op);
-    } else {
+    } else if (a == "--fused-qkv-max-tokens") fused_qkv = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
+    else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
+    else if (a == "--qkv-late-dependents") qkv_tuning.late_dependents = v == "1" || v == "true";
+    else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
     }
@@ -102,13 +112,17 @@ int main(int argc, char** argv) {
   CudaEngineOptions o;
   o.max_sequences = static_cast<int>(std::max(max_batch, 1L));
   o.max_batch_tokens = static_cast<int>(std::max({max_prefill, max_batch, 256L}));
-  // Every sequence grows by the steps run: the timed ones, warm-ups and ablations.
-  const long grown = (steps + 4) * (1 + static_cast<long>(ablate.size())) + 16;
-  o.max_context = std::max(context + grown, max_prefill + 16);
+  // Every decode step of a batch (the 4 that capture, the timed ones and,
+  // per ablated op, 2 more captures and the timed ones again) grows its
+  // sequences by a token.
+  const long decode_steps = 4 + steps + static_cast<long>(ablate.size()) * (2 + steps);
+  o.max_context = std::max(context + decode_steps + 16, max_prefill + 16);
   o.kv_num_blocks = kv_blocks > 0 ? kv_blocks
-                                  : std::max(max_batch * ((context + grown) / 16 + 1),
+                                  : std::max(max_batch * ((context + decode_steps + 16) / 16 + 1),
                                              max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
+  o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
+  flotilla::kernels::cuda::SetNormQkvRopeTuning(qkv_tuning);
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);
   if (!made.ok()) {

@@ -44,8 +44,9 @@ struct CudaEngine::Impl {
   struct Layer {
     uint16_t* input_norm = nullptr;
     uint16_t* post_norm = nullptr;
-    uint16_t* wqkv = nullptr;  // [(NH + 2 NKV) D, H]
-    uint16_t* bqkv = nullptr;
+    // [(NH + 2 NKV) D, H], q and k rows in kc::QkvRowOrder::kRopePairs
+    uint16_t* wqkv = nullptr;
+    uint16_t* bqkv = nullptr;  // same order
     uint16_t* wo = nullptr;  // [H, NH D]
     uint16_t* bo = nullptr;
     uint16_t* router = nullptr;  // [E, H]
@@ -73,7 +74,7 @@ struct CudaEngine::Impl {
   int max_tokens = 0, max_seqs = 0, logit_rows = 0;
   float* x = nullptr;          // [T, H] residual stream
   uint16_t* t = nullptr;       // [T, H] normed activations
-  float* qkv = nullptr;        // [T, (NH + 2 NKV) D]
+  float* qkv = nullptr;        // [T, (NH + 2 NKV) D], rows as wqkv
   uint16_t* q = nullptr;       // [T, NH D]
   uint16_t* attn = nullptr;    // [T, NH D]
   float* router_logits = nullptr;  // [T, E], zero between steps' uses (see the router)
@@ -200,6 +201,40 @@ absl::Status UploadVector(const Bf16Vector& v, uint16_t* dst, cudaStream_t strea
                     "upload vector");
 }
 
+// The rows of a q or k projection [heads * head_dim, cols] (or its bias, cols
+// = 1) in QkvRowOrder::kRopePairs: per head, dimensions 0..D/2-1 go to the
+// even rows and D/2..D-1 to the odd ones, two strided copies per head.
+absl::Status UploadRopePairs(const uint16_t* src, size_t src_stride, int64_t rows, int64_t cols,
+                             int64_t head_dim, uint16_t* dst, cudaStream_t stream) {
+  const int64_t half = head_dim / 2;
+  for (int64_t h0 = 0; h0 < rows; h0 += head_dim) {
+    for (int64_t part = 0; part < 2; ++part) {
+      const cudaError_t err = cudaMemcpy2DAsync(
+          dst + (h0 + part) * cols, 2 * cols * sizeof(uint16_t),
+          src + (h0 + part * half) * src_stride, src_stride * sizeof(uint16_t),
+          cols * sizeof(uint16_t), half, cudaMemcpyHostToDevice, stream);
+      if (err != cudaSuccess) return CudaStatus(err, "upload q/k rows in rope-pair order");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UploadMatrixRopePairs(const Bf16Matrix& m, int64_t head_dim, uint16_t* dst,
+                                   cudaStream_t stream) {
+  if (m.rows % head_dim != 0) {
+    return absl::InvalidArgumentError("cuda engine: a q/k projection of partial heads");
+  }
+  return UploadRopePairs(m.data, m.row_stride, m.rows, m.cols, head_dim, dst, stream);
+}
+
+absl::Status UploadVectorRopePairs(const Bf16Vector& v, int64_t head_dim, uint16_t* dst,
+                                   cudaStream_t stream) {
+  if (v.size % head_dim != 0) {
+    return absl::InvalidArgumentError("cuda engine: a q/k bias of partial heads");
+  }
+  return UploadRopePairs(v.data, 1, v.size, 1, head_dim, dst, stream);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig& c,
@@ -282,11 +317,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
       const AttentionWeights& a = src.attn;
       FLOTILLA_RETURN_IF_ERROR(UploadVector(src.input_norm, L.input_norm, s));
       FLOTILLA_RETURN_IF_ERROR(UploadVector(src.post_attn_norm, L.post_norm, s));
-      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wq, L.wqkv, s));
-      FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wk, L.wqkv + NH * D * H, s));
+      // q and k rows in QkvRowOrder::kRopePairs (the order both QKV paths of
+      // the step read); v rows as in the checkpoint.
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrixRopePairs(a.wq, D, L.wqkv, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadMatrixRopePairs(a.wk, D, L.wqkv + NH * D * H, s));
       FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wv, L.wqkv + (NH + NKV) * D * H, s));
-      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bq, L.bqkv, s));
-      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bk, L.bqkv + NH * D, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVectorRopePairs(a.bq, D, L.bqkv, s));
+      FLOTILLA_RETURN_IF_ERROR(UploadVectorRopePairs(a.bk, D, L.bqkv + NH * D, s));
       FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bv, L.bqkv + (NH + NKV) * D, s));
       FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wo, L.wo, s));
       FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bo, L.bo, s));
@@ -697,26 +734,40 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
     batch.max_seq_len = static_cast<int>(ctx);
     batch.max_q_per_seq = plan.max_q;
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    const bool fused_qkv = T <= options_.fused_qkv_max_tokens &&
+                           T <= kc::kNormQkvRopeMaxTokens && kc::NormQkvRopeSupported(T, H, D);
     FLOTILLA_RETURN_IF_ERROR(mark("embedding"));
     if (on("embedding")) {
       FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
                                                d.invalid, s));
     }
     for (Impl::Layer& L : d.layers) {
-      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-      if (on("rmsnorm")) {
-        FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.input_norm, T, H, eps, d.t, s));
-      }
-      FLOTILLA_RETURN_IF_ERROR(mark("qkv_linear"));
-      if (on("qkv_linear")) {
-        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.wqkv, L.bqkv, T, H, QKV, false,
-                                              d.qkv, s));
-      }
-      FLOTILLA_RETURN_IF_ERROR(mark("rope_kv_write"));
-      if (on("rope_kv_write")) {
-        FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos, d.meta + d.off_slots,
-                                                   T, NH, d.inv_freq, d.rope_scaling, L.kv, d.q,
-                                                   s));
+      if (fused_qkv) {
+        // Few tokens: the input norm, the QKV projection, RoPE and the KV
+        // write in one launch (labelled as the projection it mostly is).
+        FLOTILLA_RETURN_IF_ERROR(mark("qkv_linear"));
+        if (on("qkv_linear")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchNormQkvRope(
+              d.x, L.input_norm, eps, L.wqkv, L.bqkv, T, H, NH, d.meta + d.off_pos,
+              d.meta + d.off_slots, d.inv_freq, d.rope_scaling, L.kv, d.q, s));
+        }
+      } else {
+        FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
+        if (on("rmsnorm")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.input_norm, T, H, eps, d.t, s));
+        }
+        FLOTILLA_RETURN_IF_ERROR(mark("qkv_linear"));
+        if (on("qkv_linear")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.wqkv, L.bqkv, T, H, QKV, false,
+                                                d.qkv, s));
+        }
+        FLOTILLA_RETURN_IF_ERROR(mark("rope_kv_write"));
+        if (on("rope_kv_write")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos,
+                                                     d.meta + d.off_slots, T, NH, d.inv_freq,
+                                                     d.rope_scaling, L.kv, d.q, s,
+                                                     kc::QkvRowOrder::kRopePairs));
+        }
       }
       FLOTILLA_RETURN_IF_ERROR(mark("attention"));
       if (on("attention")) {
