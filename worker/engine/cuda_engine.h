@@ -46,10 +46,12 @@ struct CudaEngineOptions {
   // kNormQkvRopeMaxTokens) run the input norm, QKV projection, RoPE and KV
   // write as one launch; larger ones as three. 0 turns the fused launch off.
   // 120b decode on an H200 (ms per step, fused / three launches): batch 1
-  // 3.16 / 3.34, batch 2 4.10 / 4.19, batch 4 5.73 / 5.73, batch 8 8.80 / 8.64
+  // 3.10 / 3.26, batch 2 3.93 / 4.09, batch 4 5.53 / 5.60, batch 8 8.56 / 8.43
   // (every block of the fused launch reads all tokens' residual rows, which
-  // costs more than the launches it saves from 4 tokens on).
-  int fused_qkv_max_tokens = 2;
+  // costs more than the launches it saves at 8 tokens). The same launch fed
+  // by a separate norm launch measured as the three launches (3.26 at batch 1):
+  // the gain is the launch saved, not the work.
+  int fused_qkv_max_tokens = 4;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
