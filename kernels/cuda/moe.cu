@@ -429,6 +429,7 @@ struct MmaArgs {
   float* out;  // down: [T, H] f32, added into
   int ksplit;         // down: CTAs per row tile, each a share of the reduction
   bool evict_first;   // L2 evict-first hint on the weight copies
+  bool copy_only;     // diagnostic (MoeTuning::copy_only)
 };
 
 
@@ -688,8 +689,13 @@ __global__ void __launch_bounds__(kMmaThreads)
     const uint32_t parity = static_cast<uint32_t>(i / kBufs) & 1u;
     const Tile x = tile_of(t);
     uint8_t* sw = smem + buf * buf_bytes;
-    MmaTile<kDown, kGroups, kPrmt>(a, x.e, x.row0, x.part, x.kb0, x.nbl, sw,
-                                   sw + kTileRows * stride, stride, &bars[buf], parity, red);
+    if (a.copy_only) {  // diagnostic: the copies alone
+      MbarWait(&bars[buf], parity);
+      __syncthreads();
+    } else {
+      MmaTile<kDown, kGroups, kPrmt>(a, x.e, x.row0, x.part, x.kb0, x.nbl, sw,
+                                     sw + kTileRows * stride, stride, &bars[buf], parity, red);
+    }
     // MmaTile ends with a CTA barrier: the buffer is free for tile t + kBufs * grid.
     const int tn = t + kBufs * gridDim.x;
     if (kBufs > 1 && tn < total) {
@@ -1121,6 +1127,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
     gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
     gu.h_out = reinterpret_cast<uint16_t*>(h);
+    gu.copy_only = tuning.copy_only;
     err = LaunchMmaProjection<false>(static_cast<int>(slots), stream, gu, groups, tuning);
     if (err != cudaSuccess) return err;
     MmaArgs dn{};
@@ -1128,6 +1135,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
     dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
     dn.evict_first = tuning.evict_first;
+    dn.copy_only = tuning.copy_only;
     dn.ksplit = std::max(1, std::min(tuning.down_split_k, I / 32));
     return LaunchMmaProjection<true>(static_cast<int>(slots), stream, dn, groups, tuning);
   }

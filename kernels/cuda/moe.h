@@ -118,6 +118,9 @@ struct MoeTuning {
   // The down projection's reduction split over this many CTAs per 16-row tile
   // (their sums meet in the output atomics): more, smaller CTAs.
   int down_split_k = 2;
+  // Diagnostic for benchmarks: the projections copy their weight tiles and
+  // skip the math (wrong results), to time the copies alone.
+  bool copy_only = false;
 };
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();

@@ -82,6 +82,13 @@ MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int spli
   return t;
 }
 
+MoeTuning CopyOnly(int bufs) {
+  MoeTuning t;
+  t.copy_only = true;
+  t.tile_buffers = bufs;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,6 +151,8 @@ int main(int argc, char** argv) {
                          {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
                          {"tc-split1", Tuned(false, true, true, true, 1, 1)},
                          {"tc-split3", Tuned(false, true, true, true, 1, 3)},
+                         {"copy-only", CopyOnly(1)},
+                         {"copy-only-bufs2", CopyOnly(2)},
                          {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
