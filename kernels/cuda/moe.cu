@@ -302,6 +302,9 @@ __global__ void __launch_bounds__(kRouteThreads)
 constexpr int kMmaWarps = 4;
 constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kTileRows = 16;
+// Bytes the kernels may read past the last activation row (see MmaTile):
+// (kRing + kAhead) * kMmaWarps blocks of 64 bytes, rounded up.
+constexpr size_t kActivationSlack = 4096;
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -384,14 +387,10 @@ __device__ __forceinline__ void GridDependentsMayLaunch() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// 2^(s - 127) from a scale byte in shared memory, one shift: exact for s >= 1;
-// s = 0 (2^-127, blocks of magnitude <= 6 * 2^-127) gives 0. The 2^14 taken
-// out by the f16 decode is put back once per output, after the reduction.
-__device__ __forceinline__ float MmaScale(const uint8_t* p) {
-  uint32_t s;
-  asm volatile("ld.shared.u8 %0, [%1];" : "=r"(s) : "r"(SmemAddr(p)));
-  return __uint_as_float(s << 23);
-}
+// Scales: 2^(s - 127) from a scale byte in shared memory by one shift, exact
+// for s >= 1; s = 0 (2^-127, blocks of magnitude <= 6 * 2^-127) gives 0. The
+// 2^14 taken out by the f16 decode is put back once per output, after the
+// reduction.
 constexpr float kMmaRescale = 16384.0f;  // 2^14
 
 __device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -464,18 +463,26 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
     }
     // Activation fragments come from L2 (or L1): with one column group they
     // are loaded kAhead blocks ahead in a register ring (the first ones before
-    // the weights have landed), so their latency overlaps the math.
+    // the weights have landed), so their latency overlaps the math. The loads
+    // are unconditional, through pointers that step with the blocks: a column
+    // past the expert's tokens reads token pair 0's row and a block past the
+    // row end reads on into the buffer (MoeWorkspaceBytes pads its end);
+    // either only feeds mma columns or blocks whose results are dropped.
     constexpr int kAhead = kGroups == 1 ? 2 : 0;
     constexpr int kRing = kAhead + 1;
-    auto load_act = [&](int G, int bl) {
-      return has[G] && bl < nbl ? __ldg(src[G] + bl * 4) : make_uint4(0, 0, 0, 0);
-    };
+    constexpr int kStep = kMmaWarps * 4;  // uint4 between a warp's blocks
+    const uint4* ap[kGroups];
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) ap[G] = src[G] + warp * 4;
     uint4 ring[kRing][kGroups];
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
 #pragma unroll
-      for (int G = 0; G < kGroups; ++G) ring[j][G] = load_act(G, warp + kMmaWarps * j);
+      for (int G = 0; G < kGroups; ++G) ring[j][G] = __ldg(ap[G] + j * kStep);
     }
+    // The lane's two scale rows, stepping with the blocks.
+    const uint8_t* sp0 = ss + g * nb + kb0 + warp;
+    const uint8_t* sp1 = sp0 + 8 * nb;
     if (!waited) MbarWait(bar, parity), waited = true;
 
     float acc[kGroups][4];
@@ -488,19 +495,15 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
         const int bl = bl0 + kMmaWarps * j;
 #pragma unroll
         for (int G = 0; G < kGroups; ++G) {
-          if (kAhead > 0) {
-            ring[(j + kAhead) % kRing][G] = load_act(G, bl + kMmaWarps * kAhead);
-          } else {
-            ring[j][G] = load_act(G, bl);
-          }
+          ring[(j + kAhead) % kRing][G] = __ldg(ap[G] + (j + kAhead) * kStep);
         }
         if (bl < nbl) {
-          const int b = kb0 + bl;
           const uint32_t w0 =
               *reinterpret_cast<const uint32_t*>(sw + g * stride + bl * 16 + 4 * q);
           const uint32_t w1 =
               *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + bl * 16 + 4 * q);
-          const float s0 = MmaScale(ss + g * nb + b), s1 = MmaScale(ss + (g + 8) * nb + b);
+          const float s0 = __uint_as_float(static_cast<uint32_t>(sp0[kMmaWarps * j]) << 23);
+          const float s1 = __uint_as_float(static_cast<uint32_t>(sp1[kMmaWarps * j]) << 23);
           const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
 #pragma unroll
           for (int G = 0; G < kGroups; ++G) {
@@ -515,6 +518,10 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
           }
         }
       }
+#pragma unroll
+      for (int G = 0; G < kGroups; ++G) ap[G] += kRing * kStep;
+      sp0 += kMmaWarps * kRing;
+      sp1 += kMmaWarps * kRing;
     }
     // Reduce the warps' partial sums into warp 0.
     if (warp > 0) {
@@ -1053,9 +1060,12 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   if (tokens <= 0 || top_k <= 0) return 0;
   size_t pairs = static_cast<size_t>(tokens) * top_k;
   size_t e = static_cast<size_t>(w.num_experts);
+  // The tensor-core kernels read activation fragments ahead past a row's end
+  // (results dropped): kActivationSlack bytes after the last row keep that
+  // inside the buffer.
   return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
          AlignUp(pairs * static_cast<size_t>(w.intermediate) * sizeof(float)) +
-         AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t));
+         AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t)) + kActivationSlack;
 }
 
 cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
