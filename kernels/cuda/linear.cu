@@ -179,6 +179,153 @@ __global__ void PrefillBiasKernel(const uint16_t* __restrict__ bias, int tokens,
   }
 }
 
+// The GEMV with the RMSNorm of its input fused in (at most 8 tokens: one n8
+// tile). x is the f32 residual [tokens, in]: every block first computes the
+// tokens' inverse RMS over whole rows (all tokens' loads in flight at once),
+// then forms each B fragment as bf16(nw * (x * inv)) with AddRmsNorm's
+// rounding, from x in L2; the blocks of row tile 0 (one per input share)
+// also store those values to t_out. Split-K and the epilogue as GemvMmaKernel.
+constexpr int kNormMaxTokens = 8;
+__global__ void __launch_bounds__(kGemvThreads, 3)
+    NormGemvKernel(const float* __restrict__ x, const uint16_t* __restrict__ nw, float eps,
+                   const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
+                   int in, int out, bool accumulate, float* __restrict__ y,
+                   uint16_t* __restrict__ t_out) {
+  constexpr int kUnroll = 4;
+  __shared__ float red[kGemvWarps][16][16 + 1];
+  __shared__ float part_ss[kGemvWarps][kNormMaxTokens];
+  __shared__ float inv_s[kNormMaxTokens];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const int row0 = blockIdx.x * 16;
+  const int chunks = in >> 5;
+  const int split = gridDim.y, part = blockIdx.y;
+  const int p_begin = part * chunks / split, p_chunks = (part + 1) * chunks / split - p_begin;
+  const int c_begin = p_begin + warp * p_chunks / kGemvWarps;
+  const int c_end = p_begin + (warp + 1) * p_chunks / kGemvWarps;
+  const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
+  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * in) + q;
+  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * in) + q;
+
+  asm volatile("griddepcontrol.launch_dependents;");
+  uint4 va[kUnroll], vb[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (c_begin + u < c_end) {
+      va[u] = LoadStream(wa + (c_begin + u) * 4);
+      vb[u] = LoadStream(wb + (c_begin + u) * 4);
+    }
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+
+  // 1. Sum of squares per token over the whole row.
+  const int in4 = in >> 2;
+  float ss[kNormMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kNormMaxTokens; ++t) ss[t] = 0.0f;
+  for (int i = threadIdx.x; i < in4; i += kGemvThreads) {
+    float4 v[kNormMaxTokens];
+#pragma unroll
+    for (int t = 0; t < kNormMaxTokens; ++t) {
+      v[t] = t < tokens ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * in) + i)
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int t = 0; t < kNormMaxTokens; ++t) {
+      ss[t] += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kNormMaxTokens; ++t) {
+    float v = ss[t];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) part_ss[warp][t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < kNormMaxTokens) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kGemvWarps; ++k) sum += part_ss[k][threadIdx.x];
+    inv_s[threadIdx.x] = 1.0f / sqrtf(sum / static_cast<float>(in) + eps);
+  }
+  __syncthreads();
+
+  // 2. The GEMV on the normalised input (see GemvMmaKernel for the layout).
+  const bool has = g < tokens;
+  const int tok = has ? g : 0;
+  const float inv = inv_s[tok];
+  const float* xr = x + static_cast<size_t>(tok) * in + 8 * q;
+  const uint4* nr = reinterpret_cast<const uint4*>(nw) + q;
+  uint16_t* tr = t_out != nullptr && blockIdx.x == 0 && has
+                     ? t_out + static_cast<size_t>(tok) * in + 8 * q
+                     : nullptr;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int c = c_begin; c < c_end; c += kUnroll) {
+    uint4 bx[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c + u < c_end) {
+        const float4 a = __ldg(reinterpret_cast<const float4*>(xr + (c + u) * 32));
+        const float4 b = __ldg(reinterpret_cast<const float4*>(xr + (c + u) * 32 + 4));
+        const uint4 n = __ldg(nr + (c + u) * 4);
+        bx[u] = has ? make_uint4(NormPair(a.x, a.y, n.x, inv), NormPair(a.z, a.w, n.y, inv),
+                                 NormPair(b.x, b.y, n.z, inv), NormPair(b.z, b.w, n.w, inv))
+                    : make_uint4(0, 0, 0, 0);
+        if (tr != nullptr) *reinterpret_cast<uint4*>(tr + (c + u) * 32) = bx[u];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c + u < c_end) {
+        Mma(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, bx[u].x, bx[u].y);
+        Mma(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, bx[u].z, bx[u].w);
+      }
+    }
+    const int next = c + kUnroll;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (next + u < c_end) {
+        va[u] = LoadStream(wa + (next + u) * 4);
+        vb[u] = LoadStream(wb + (next + u) * 4);
+      }
+    }
+  }
+  red[warp][g][2 * q] = acc[0];
+  red[warp][g][2 * q + 1] = acc[1];
+  red[warp][g + 8][2 * q] = acc[2];
+  red[warp][g + 8][2 * q + 1] = acc[3];
+  __syncthreads();
+  const int ot = threadIdx.x >> 4, r = threadIdx.x & 15;
+  const int row = row0 + r;
+  if (ot < tokens && ot < kNormMaxTokens && row < out) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kGemvWarps; ++k) sum += red[k][r][ot];
+    if (bias != nullptr && part == 0) sum += Bf16Bits(bias[row]);
+    float* dst = y + static_cast<size_t>(ot) * out + row;
+    if (split > 1) {
+      atomicAdd(dst, sum);
+    } else {
+      *dst = accumulate ? *dst + sum : sum;
+    }
+  }
+}
+
+// Blocks of input each block takes (split-K) for an accumulating GEMV:
+// enough blocks for 3 per SM, each with at least one slice per warp.
+int SplitFor(bool accumulate, int tiles, int in) {
+  if (!accumulate) return 1;
+  static int capacity = 0;
+  if (capacity == 0) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
+      capacity = 3 * sms;
+    }
+  }
+  return std::max(1, std::min(capacity / tiles, (in / 32) / kGemvWarps));
+}
+
 cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int tokens,
                        int in, int out, bool accumulate, float* y, cudaStream_t stream) {
   if (in % 32 != 0) {
@@ -194,19 +341,7 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   // y's atomics): the O projection (180 tiles) runs 360 blocks, the router
   // (8 tiles) 88. Each block keeps at least 8 slices (one per warp).
   const int tiles = (out + 15) / 16;
-  int split = 1;
-  if (accumulate) {
-    static int capacity = 0;
-    if (capacity == 0) {
-      int dev = 0, sms = 0;
-      if (cudaGetDevice(&dev) == cudaSuccess &&
-          cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
-        capacity = 3 * sms;
-      }
-    }
-    split = std::max(1, std::min(capacity / tiles, (in / 32) / kGemvWarps));
-  }
-  cfg.gridDim = dim3(tiles, split);
+  cfg.gridDim = dim3(tiles, SplitFor(accumulate, tiles, in));
   cfg.blockDim = dim3(kGemvThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
@@ -424,6 +559,28 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
       ctx->api.matmul(ctx->handle, plan->desc, &alpha, w, plan->a, x, plan->b, &beta, y, plan->d,
                       y, plan->d, &plan->algo, ctx->workspace, kWorkspaceBytes, stream);
   return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float eps,
+                             const uint16_t* w, const uint16_t* bias, int tokens, int in, int out,
+                             bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream) {
+  if (x == nullptr || norm_weight == nullptr || w == nullptr || y == nullptr || tokens < 0 ||
+      tokens > kNormLinearMaxTokens || in <= 0 || in % 32 != 0 || out <= 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  cudaLaunchConfig_t cfg = {};
+  const int tiles = (out + 15) / 16;
+  cfg.gridDim = dim3(tiles, SplitFor(accumulate, tiles, in));
+  cfg.blockDim = dim3(kGemvThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, NormGemvKernel, x, norm_weight, eps, w, bias, tokens, in, out,
+                            accumulate, y, t_out);
 }
 
 }  // namespace flotilla::kernels::cuda

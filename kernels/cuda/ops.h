@@ -92,6 +92,17 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
                               const PagedKvLayer& cache, uint16_t* q_out, cudaStream_t stream,
                               QkvRowOrder order = QkvRowOrder::kCheckpoint);
 
+// At most kNormLinearMaxTokens tokens: LaunchAddRmsNorm(x, nullptr,
+// norm_weight, tokens, in, eps, t_out) then LaunchLinear(t_out, w, bias, ...)
+// in one launch: every block of the GEMV normalises the f32 residual x
+// [tokens, in] itself (x is read only) and the normalised rows also go to
+// t_out (bf16 [tokens, in], or nullptr), as AddRmsNorm rounds them up to the
+// summation order of the sum of squares. in % 32 == 0.
+constexpr int kNormLinearMaxTokens = 8;
+cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float eps,
+                             const uint16_t* w, const uint16_t* bias, int tokens, int in, int out,
+                             bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream);
+
 // Few tokens: the input RMSNorm, the QKV projection, RoPE and the KV cache
 // write in one launch, equal to
 //   LaunchAddRmsNorm(x, nullptr, norm_weight, tokens, hidden, eps, t)

@@ -42,20 +42,6 @@ size_t SmemBytes(int tokens, int hidden) {
   return staged > static_cast<size_t>(kRedBytes) ? staged : kRedBytes;
 }
 
-__device__ __forceinline__ float Bf16Bits(uint32_t b) { return __uint_as_float(b << 16); }
-
-__device__ __forceinline__ uint32_t ToBf16Bits(float v) {
-  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-}
-
-// Two normed activations packed as an mma operand (low half first), each
-// bf16(w * (x * inv)) with AddRmsNormKernel's rounding.
-__device__ __forceinline__ uint32_t NormPair(float x0, float x1, uint32_t w01, float inv) {
-  const float a = __fmul_rn(Bf16Bits(w01 & 0xFFFFu), __fmul_rn(x0, inv));
-  const float b = __fmul_rn(Bf16Bits(w01 >> 16), __fmul_rn(x1, inv));
-  return ToBf16Bits(a) | (ToBf16Bits(b) << 16);
-}
-
 NormQkvRopeTuning g_tuning;
 
 // At most 85 registers: 3 blocks per SM, as GemvMmaKernel.

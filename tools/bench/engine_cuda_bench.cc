@@ -13,6 +13,8 @@
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
 //                                          (NormQkvRopeTuning)
+//                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
+//                                          as its own launch)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
@@ -62,6 +64,7 @@ double PeakHbmGbs(int device) {
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
+  long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
   std::vector<std::string> ablate;
@@ -81,6 +84,8 @@ int main(int argc, char** argv) {
       std::stringstream ss(v);
       std::string op;
       while (std::getline(ss, op, ',')) ablate.push_back(op);
+    } else if (a == "--fused-router-norm-max-tokens") {
+      router_norm = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--fused-qkv-max-tokens") fused_qkv = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
     else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
@@ -122,6 +127,7 @@ int main(int argc, char** argv) {
                                              max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
+  o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
   flotilla::kernels::cuda::SetNormQkvRopeTuning(qkv_tuning);
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);

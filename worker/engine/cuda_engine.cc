@@ -786,14 +786,25 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       }
       // The router projection adds into zeroed logits (so a few tokens can
       // split its input over many blocks) and the ranking zeroes them again.
-      FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
-      if (on("rmsnorm")) {
-        FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
-      }
-      FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
-      if (on("router_linear")) {
-        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E,
-                                              true, d.router_logits, s));
+      // Few tokens: the norm runs inside the projection, which also writes
+      // the normalised rows (the experts' input).
+      if (T <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens)) {
+        FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
+        if (on("router_linear")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchNormLinear(d.x, L.post_norm, eps, L.router,
+                                                    L.router_bias, T, H, E, true,
+                                                    d.router_logits, d.t, s));
+        }
+      } else {
+        FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
+        if (on("rmsnorm")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
+        }
+        FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
+        if (on("router_linear")) {
+          FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.t, L.router, L.router_bias, T, H, E,
+                                                true, d.router_logits, s));
+        }
       }
       FLOTILLA_RETURN_IF_ERROR(mark("router_topk"));
       if (on("router_topk")) {

@@ -52,6 +52,10 @@ struct CudaEngineOptions {
   // by a separate norm launch measured as the three launches (3.26 at batch 1):
   // the gain is the launch saved, not the work.
   int fused_qkv_max_tokens = 4;
+  // Steps of at most this many tokens (capped at kernels::cuda::
+  // kNormLinearMaxTokens) run the post-attention norm inside the router
+  // projection (one launch fewer per layer); 0 keeps them apart.
+  int fused_router_norm_max_tokens = 8;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
