@@ -40,6 +40,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -600,24 +601,6 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_h
   return plan;
 }
 
-// Programmatic dependent launch: the kernel may be scheduled while the
-// previous kernel of the stream drains; it waits (griddepcontrol.wait) for
-// that kernel's results before reading its inputs. Captures into graphs.
-cudaError_t LaunchDependent(void (*kernel)(Params), dim3 grid, dim3 block, size_t smem,
-                            const Params& p, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, p);
-}
-
 template <int RG, int MR, int STAGES, bool FUSED>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
   const size_t smem = (16 * RG * MR * kD + STAGES * kStageElems) * sizeof(uint16_t);
@@ -625,9 +608,9 @@ cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_
       cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return LaunchDependent(AttentionKernel<RG, MR, STAGES, FUSED>,
-                         dim3(row_blocks * p.splits, p.kv_heads, batch), dim3(kThreads), smem, p,
-                         stream);
+  return LaunchPdl(AttentionKernel<RG, MR, STAGES, FUSED>,
+                   dim3(row_blocks * p.splits, p.kv_heads, batch), dim3(kThreads), smem, stream,
+                   /*pdl=*/true, p);
 }
 
 }  // namespace

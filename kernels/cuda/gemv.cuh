@@ -41,4 +41,61 @@ __device__ __forceinline__ uint32_t NormPair(float x0, float x1, uint32_t w01, f
   return ToBf16Bits(a) | (ToBf16Bits(b) << 16);
 }
 
+// At most this many tokens per BlockInverseRms call.
+constexpr int kRmsMaxTokens = 8;
+
+// inv[t] = 1 / sqrt(mean(x[t]^2) + eps) for the rows t < tokens <= kTok of the
+// f32 x [tokens, hidden] (hidden % 4 == 0), by all kThreads threads of the
+// block: all tokens' loads of 8 / kTok steps are in flight together. part is
+// shared scratch of kThreads / 32 rows. Ends with a barrier (inv is ready).
+template <int kTok, int kThreads>
+__device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int tokens,
+                                                int hidden, float eps,
+                                                float (*part)[kRmsMaxTokens], float* inv) {
+  static_assert(kTok >= 1 && kTok <= kRmsMaxTokens, "one n8 tile of tokens");
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h4 = hidden >> 2;
+  constexpr int kSteps = kRmsMaxTokens / kTok;
+  float ss[kTok];
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) ss[t] = 0.0f;
+  for (int i0 = threadIdx.x; i0 < h4; i0 += kSteps * kThreads) {
+    float4 v[kSteps][kTok];
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        const int i = i0 + u * kThreads;
+        v[u][t] = t < tokens && i < h4
+                      ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i)
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSteps; ++u) {
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        ss[t] += v[u][t].x * v[u][t].x + v[u][t].y * v[u][t].y + v[u][t].z * v[u][t].z +
+                 v[u][t].w * v[u][t].w;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    if (t < tokens) {
+      float v = ss[t];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) part[warp][t] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < tokens) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kThreads / 32; ++k) s += part[k][threadIdx.x];
+    inv[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
+  }
+  __syncthreads();
+}
+
 }  // namespace flotilla::kernels::cuda

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace flotilla::kernels::cuda {
@@ -185,7 +186,7 @@ __global__ void PrefillBiasKernel(const uint16_t* __restrict__ bias, int tokens,
 // then forms each B fragment as bf16(nw * (x * inv)) with AddRmsNorm's
 // rounding, from x in L2; the blocks of row tile 0 (one per input share)
 // also store those values to t_out. Split-K and the epilogue as GemvMmaKernel.
-constexpr int kNormMaxTokens = 8;
+constexpr int kNormMaxTokens = kRmsMaxTokens;
 __global__ void __launch_bounds__(kGemvThreads, 3)
     NormGemvKernel(const float* __restrict__ x, const uint16_t* __restrict__ nw, float eps,
                    const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
                    uint16_t* __restrict__ t_out) {
   constexpr int kUnroll = 4;
   __shared__ float red[kGemvWarps][16][16 + 1];
-  __shared__ float part_ss[kGemvWarps][kNormMaxTokens];
+  __shared__ float part_ss[kGemvWarps][kRmsMaxTokens];
   __shared__ float inv_s[kNormMaxTokens];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, q = lane & 3;
@@ -218,37 +219,8 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
-  // 1. Sum of squares per token over the whole row.
-  const int in4 = in >> 2;
-  float ss[kNormMaxTokens];
-#pragma unroll
-  for (int t = 0; t < kNormMaxTokens; ++t) ss[t] = 0.0f;
-  for (int i = threadIdx.x; i < in4; i += kGemvThreads) {
-    float4 v[kNormMaxTokens];
-#pragma unroll
-    for (int t = 0; t < kNormMaxTokens; ++t) {
-      v[t] = t < tokens ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * in) + i)
-                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int t = 0; t < kNormMaxTokens; ++t) {
-      ss[t] += v[t].x * v[t].x + v[t].y * v[t].y + v[t].z * v[t].z + v[t].w * v[t].w;
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kNormMaxTokens; ++t) {
-    float v = ss[t];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) part_ss[warp][t] = v;
-  }
-  __syncthreads();
-  if (threadIdx.x < kNormMaxTokens) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kGemvWarps; ++k) sum += part_ss[k][threadIdx.x];
-    inv_s[threadIdx.x] = 1.0f / sqrtf(sum / static_cast<float>(in) + eps);
-  }
-  __syncthreads();
+  // 1. The tokens' inverse RMS over whole rows.
+  BlockInverseRms<kNormMaxTokens, kGemvThreads>(x, tokens, in, eps, part_ss, inv_s);
 
   // 2. The GEMV on the normalised input (see GemvMmaKernel for the layout).
   const bool has = g < tokens;
@@ -335,24 +307,18 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   }
   // Launched with programmatic stream serialization (PDL): the blocks start
   // while the previous kernel drains and wait for it inside (griddepcontrol).
-  cudaLaunchConfig_t cfg = {};
   // Accumulating projections with too few row tiles to give every SM its
   // 3 resident blocks split the input over more blocks (their sums meet in
   // y's atomics): the O projection (180 tiles) runs 360 blocks, the router
   // (8 tiles) 88. Each block keeps at least 8 slices (one per warp).
   const int tiles = (out + 15) / 16;
-  cfg.gridDim = dim3(tiles, SplitFor(accumulate, tiles, in));
-  cfg.blockDim = dim3(kGemvThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const dim3 grid(tiles, SplitFor(accumulate, tiles, in));
   if (tokens <= 8) {
-    return cudaLaunchKernelEx(&cfg, GemvMmaKernel<1>, x, w, bias, tokens, in, out, accumulate, y);
+    return LaunchPdl(GemvMmaKernel<1>, grid, dim3(kGemvThreads), 0, stream, true, x, w, bias,
+                     tokens, in, out, accumulate, y);
   }
-  return cudaLaunchKernelEx(&cfg, GemvMmaKernel<2>, x, w, bias, tokens, in, out, accumulate, y);
+  return LaunchPdl(GemvMmaKernel<2>, grid, dim3(kGemvThreads), 0, stream, true, x, w, bias, tokens,
+                   in, out, accumulate, y);
 }
 
 // The cuBLASLt entry points, resolved with dlsym.
@@ -569,18 +535,10 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
     return cudaErrorInvalidValue;
   }
   if (tokens == 0) return cudaSuccess;
-  cudaLaunchConfig_t cfg = {};
   const int tiles = (out + 15) / 16;
-  cfg.gridDim = dim3(tiles, SplitFor(accumulate, tiles, in));
-  cfg.blockDim = dim3(kGemvThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, NormGemvKernel, x, norm_weight, eps, w, bias, tokens, in, out,
-                            accumulate, y, t_out);
+  return LaunchPdl(NormGemvKernel, dim3(tiles, SplitFor(accumulate, tiles, in)),
+                   dim3(kGemvThreads), 0, stream, true, x, norm_weight, eps, w, bias, tokens, in,
+                   out, accumulate, y, t_out);
 }
 
 }  // namespace flotilla::kernels::cuda

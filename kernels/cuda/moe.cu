@@ -5,6 +5,8 @@
 
 #include "kernels/cuda/moe.h"
 
+#include "kernels/cuda/launch.cuh"
+
 namespace flotilla::kernels::cuda {
 namespace {
 
@@ -889,24 +891,6 @@ cudaError_t LaunchDown(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const
   return cudaGetLastError();
 }
 
-// Launches with programmatic stream serialization when `pdl`: the kernel may
-// start while the one before finishes (it waits with griddepcontrol.wait).
-template <typename... Params, typename... Args>
-cudaError_t LaunchEx(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                     cudaStream_t stream, bool pdl, Args... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...);
-}
-
 template <bool kDown, int kGroups, bool kPrmt, int kBufs>
 cudaError_t LaunchMma(int slots, cudaStream_t stream, const MmaArgs& args, bool pdl) {
   const int ksplit = kDown ? args.ksplit : 1;
@@ -937,7 +921,7 @@ cudaError_t LaunchMma(int slots, cudaStream_t stream, const MmaArgs& args, bool 
     }
     grid = std::min(grid, std::max(1, occ) * sms);
   }
-  return LaunchEx(kernel, dim3(grid), dim3(kMmaThreads), smem, stream, pdl, args);
+  return LaunchPdl(kernel, dim3(grid), dim3(kMmaThreads), smem, stream, pdl, args);
 }
 
 template <bool kDown, int kGroups, int kBufs>
@@ -1122,7 +1106,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
         1 + static_cast<unsigned>(std::min<size_t>((x_vecs + kRouteThreads - 1) / kRouteThreads,
                                                    1024));
     cudaError_t err =
-        LaunchEx(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
+        LaunchPdl(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
                  topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
                  reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;

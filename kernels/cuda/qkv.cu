@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/gemv.cuh"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
 
 namespace flotilla::kernels::cuda {
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                       uint16_t* __restrict__ vc, int block_size, long long cache_slots,
                       bool l2_prefetch, bool late_dependents, uint16_t* __restrict__ q_out) {
   extern __shared__ uint4 smem[];
-  __shared__ float part[kWarps][kMaxTokens];
+  __shared__ float part[kWarps][kRmsMaxTokens];
   __shared__ float inv_s[kMaxTokens];
   uint16_t* xs = reinterpret_cast<uint16_t*>(smem);  // [tokens][hidden + kRowPad]
   const int stride = hidden + kRowPad;
@@ -104,50 +105,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   if (kEarly) load_first();
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
-  // 1. Per-token sum of squares over the whole row; all tokens' loads of one
-  // step in flight together.
-  const int h4 = hidden >> 2;
-  constexpr int kSteps = 8 / kTok;
-  float ss[kTok];
-#pragma unroll
-  for (int t = 0; t < kTok; ++t) ss[t] = 0.0f;
-  for (int i0 = threadIdx.x; i0 < h4; i0 += kSteps * kThreads) {
-    float4 v[kSteps][kTok];
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-#pragma unroll
-      for (int t = 0; t < kTok; ++t) {
-        const int i = i0 + u * kThreads;
-        v[u][t] = t < tokens && i < h4
-                      ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i)
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kSteps; ++u) {
-#pragma unroll
-      for (int t = 0; t < kTok; ++t) {
-        ss[t] += v[u][t].x * v[u][t].x + v[u][t].y * v[u][t].y + v[u][t].z * v[u][t].z +
-                 v[u][t].w * v[u][t].w;
-      }
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kTok; ++t) {
-    if (t < tokens) {
-      float v = ss[t];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][t] = v;
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < tokens) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) s += part[k][threadIdx.x];
-    inv_s[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
-  }
-  __syncthreads();
+  // 1. The tokens' inverse RMS over whole rows.
+  BlockInverseRms<kTok, kThreads>(x, tokens, hidden, eps, part, inv_s);
 
   // 2. The normed activations in bf16, staged for the B fragments (x again
   // from L1; two steps of loads in flight per thread).
@@ -290,26 +249,16 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
       : tokens == 2 ? (early ? NormQkvRopeKernel<2, true> : NormQkvRopeKernel<2, false>)
       : tokens <= 4 ? (early ? NormQkvRopeKernel<4, true> : NormQkvRopeKernel<4, false>)
                     : (early ? NormQkvRopeKernel<8, true> : NormQkvRopeKernel<8, false>);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((out + 15) / 16);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (err != cudaSuccess) return err;
   }
-  return cudaLaunchKernelEx(&cfg, kernel, x, norm_weight, eps, wqkv, bqkv, tokens,
-                            hidden, q_heads, cache.kv_heads, cache.head_dim, positions, slots,
-                            inv_freq, scaling, cache.k, cache.v,
-                            cache.block_size > 0 ? cache.block_size : 1, cache_slots,
-                            g_tuning.l2_prefetch, g_tuning.late_dependents, q_out);
+  return LaunchPdl(kernel, dim3((out + 15) / 16), dim3(kThreads), smem, stream, true, x,
+                   norm_weight, eps, wqkv, bqkv, tokens, hidden, q_heads, cache.kv_heads,
+                   cache.head_dim, positions, slots, inv_freq, scaling, cache.k, cache.v,
+                   cache.block_size > 0 ? cache.block_size : 1, cache_slots,
+                   g_tuning.l2_prefetch, g_tuning.late_dependents, q_out);
 }
 
 void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning) { g_tuning = tuning; }
