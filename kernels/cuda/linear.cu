@@ -291,15 +291,13 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
 // enough blocks for 3 per SM, each with at least one slice per warp.
 int SplitFor(bool accumulate, int tiles, int in) {
   if (!accumulate) return 1;
-  static int capacity = 0;
-  if (capacity == 0) {
-    int dev = 0, sms = 0;
-    if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
-      capacity = 3 * sms;
-    }
+  // The current device's SMs (an attribute query, cheap and capture-safe).
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    return 1;
   }
-  return std::max(1, std::min(capacity / tiles, (in / 32) / kGemvWarps));
+  return std::max(1, std::min(3 * sms / tiles, (in / 32) / kGemvWarps));
 }
 
 cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int tokens,
