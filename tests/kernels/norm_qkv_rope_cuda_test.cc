@@ -29,37 +29,12 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
 
-class NormQkvRopeCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p); }
-  std::vector<T> Get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+class NormQkvRopeCudaTest : public CudaTest {};
 
 float Bf16Ulp(float r) {
   const float a = std::fabs(r);

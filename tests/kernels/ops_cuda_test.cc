@@ -33,6 +33,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/ops.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
@@ -44,34 +45,7 @@ constexpr int kHeadDim = 64;
 constexpr float kEps = 1e-5f;
 const int kTokenCounts[] = {1, 7, 64, 300};
 
-class OpsCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-  }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { Put(h); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void Put(const std::vector<T>& h) {
-    ASSERT_EQ(h.size(), n);
-    ASSERT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> Get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+class OpsCudaTest : public CudaTest {};
 
 std::vector<float> Normal(size_t n, float sd, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -27,42 +27,18 @@
 
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/sampling.h"
+#include "tests/kernels/cuda_test_util.h"
 #include "worker/engine/sampler.h"
 
 namespace flotilla {
 namespace {
 
 namespace cuda = kernels::cuda;
+using kernels::CudaTest;
+using kernels::Dev;
 constexpr int kVocab = 201088;
 
-class SamplingCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) { Put(h); }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void Put(const std::vector<T>& h) {
-    ASSERT_EQ(h.size(), n);
-    ASSERT_EQ(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  std::vector<T> Get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+class SamplingCudaTest : public CudaTest {};
 
 // Logits shaped like a language model's: a few strong candidates over a broad tail.
 std::vector<float> ModelLikeLogits(int rows, uint32_t seed, float spread) {

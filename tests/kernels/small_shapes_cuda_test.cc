@@ -21,35 +21,12 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
 
-class SmallShapesCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  explicit Dev(size_t count) : n(count) {
-    EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(p, 0, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess);
-  }
-  explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-    EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(p); }
-  std::vector<T> Get() const {
-    std::vector<T> h(n);
-    EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return h;
-  }
-};
+class SmallShapesCudaTest : public CudaTest {};
 
 std::vector<uint16_t> RandomBf16(size_t n, float scale, std::mt19937& rng) {
   std::uniform_real_distribution<float> u(-scale, scale);
