@@ -98,4 +98,33 @@ __device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int
   __syncthreads();
 }
 
+// The GEMV epilogue's reduction: each of the block's kWarps warps holds a
+// partial 16-row x (8 * kNt)-token tile in C fragments (acc[n] for token tile
+// n: c0, c1 = row g, tokens 2q, 2q+1; c2, c3 = row g + 8, same); they meet in
+// red. Thread (tok = threadIdx.x / 16, r = threadIdx.x % 16) returns the sum
+// for row r and token tok (0 for tok >= tokens). Starts and ends with red
+// written by this call only (a barrier between), so red may alias other
+// shared memory whose readers are past a barrier.
+template <int kNt, int kWarps>
+__device__ __forceinline__ float SumWarpTiles(float (*red)[16][16 + 1],
+                                              const float (&acc)[kNt][4], int tokens) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int n = 0; n < kNt; ++n) {
+    red[warp][g][n * 8 + 2 * q] = acc[n][0];
+    red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
+    red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
+    red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
+  }
+  __syncthreads();
+  const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
+  float s = 0.0f;
+  if (tok < tokens && tok < kNt * 8) {
+#pragma unroll
+    for (int k = 0; k < kWarps; ++k) s += red[k][r][tok];
+  }
+  return s;
+}
+
 }  // namespace flotilla::kernels::cuda

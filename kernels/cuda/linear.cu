@@ -36,13 +36,21 @@ constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kBiasCapacity = 1 << 18;  // f32 bias staging for the cuBLASLt epilogue
 
 // kNt: tiles of 8 tokens (1 or 2).
+// kNorm (kNt == 1): the RMSNorm of the input fused in. x is then unused and
+// xf is the f32 residual [tokens, in]: every block first computes the tokens'
+// inverse RMS over whole rows, then forms each B fragment as
+// bf16(nw * (xf * inv)) with AddRmsNorm's rounding, from xf in L2; the blocks
+// of row tile 0 (one per input share) also store those values to t_out (or
+// not, if it is null).
 // At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV
 // projection are all resident at once on a 132-SM part.
-template <int kNt>
+template <int kNt, bool kNorm>
 __global__ void __launch_bounds__(kGemvThreads, 3)
-    GemvMmaKernel(const uint16_t* __restrict__ x, const uint16_t* __restrict__ w,
-                  const uint16_t* __restrict__ bias, int tokens, int in, int out, bool accumulate,
-                  float* __restrict__ y) {
+    GemvMmaKernel(const uint16_t* __restrict__ x, const float* __restrict__ xf,
+                  const uint16_t* __restrict__ nw, float eps, uint16_t* __restrict__ t_out,
+                  const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
+                  int in, int out, bool accumulate, float* __restrict__ y) {
+  static_assert(!kNorm || kNt == 1, "the fused norm serves one tile of 8 tokens");
   // 32-wide input slices loaded before the first mma (fewer with 2 token tiles:
   // their activations take the registers).
   constexpr int kGemvUnroll = kNt == 1 ? 4 : 3;
@@ -66,7 +74,8 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   for (int n = 0; n < kNt; ++n) {
     const int tok = n * 8 + g;
     has[n] = tok < tokens;
-    xt[n] = reinterpret_cast<const uint4*>(x + static_cast<size_t>(has[n] ? tok : 0) * in) + q;
+    xt[n] = kNorm ? nullptr
+                  : reinterpret_cast<const uint4*>(x + static_cast<size_t>(has[n] ? tok : 0) * in) + q;
   }
   float acc[kNt][4];
 #pragma unroll
@@ -84,14 +93,42 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
     }
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  // The fused norm: the lane's token row of the residual, its 8 values per
+  // slice, and the inverse RMS of that token.
+  const float* xr = nullptr;
+  const uint4* nr = nullptr;
+  uint16_t* tr = nullptr;
+  float inv = 0.0f;
+  if constexpr (kNorm) {
+    __shared__ float part_ss[kGemvWarps][kRmsMaxTokens];
+    __shared__ float inv_s[kRmsMaxTokens];
+    BlockInverseRms<kRmsMaxTokens, kGemvThreads>(xf, tokens, in, eps, part_ss, inv_s);
+    const int tok = has[0] ? g : 0;
+    inv = inv_s[tok];
+    xr = xf + static_cast<size_t>(tok) * in + 8 * q;
+    nr = reinterpret_cast<const uint4*>(nw) + q;
+    if (t_out != nullptr && blockIdx.x == 0 && has[0]) {
+      tr = t_out + static_cast<size_t>(tok) * in + 8 * q;
+    }
+  }
   for (int c = c_begin; c < c_end; c += kGemvUnroll) {
     uint4 vx[kGemvUnroll][kNt];
 #pragma unroll
     for (int u = 0; u < kGemvUnroll; ++u) {
       if (c + u < c_end) {
+        if constexpr (kNorm) {
+          const float4 a = __ldg(reinterpret_cast<const float4*>(xr + (c + u) * 32));
+          const float4 b = __ldg(reinterpret_cast<const float4*>(xr + (c + u) * 32 + 4));
+          const uint4 n = __ldg(nr + (c + u) * 4);
+          vx[u][0] = has[0] ? make_uint4(NormPair(a.x, a.y, n.x, inv), NormPair(a.z, a.w, n.y, inv),
+                                         NormPair(b.x, b.y, n.z, inv), NormPair(b.z, b.w, n.w, inv))
+                            : make_uint4(0, 0, 0, 0);
+          if (tr != nullptr) *reinterpret_cast<uint4*>(tr + (c + u) * 32) = vx[u][0];
+        } else {
 #pragma unroll
-        for (int n = 0; n < kNt; ++n) {
-          vx[u][n] = has[n] ? __ldg(xt[n] + (c + u) * 4) : make_uint4(0, 0, 0, 0);
+          for (int n = 0; n < kNt; ++n) {
+            vx[u][n] = has[n] ? __ldg(xt[n] + (c + u) * 4) : make_uint4(0, 0, 0, 0);
+          }
         }
       }
     }
@@ -117,22 +154,11 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   // The next kernel may launch now (its blocks take SM slots only once this
   // one's weights are streamed; H200 batch-1 step 2.90-2.94 -> 2.89 ms).
   asm volatile("griddepcontrol.launch_dependents;");
-  // C fragment: c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g + 8, same).
-#pragma unroll
-  for (int n = 0; n < kNt; ++n) {
-    red[warp][g][n * 8 + 2 * q] = acc[n][0];
-    red[warp][g][n * 8 + 2 * q + 1] = acc[n][1];
-    red[warp][g + 8][n * 8 + 2 * q] = acc[n][2];
-    red[warp][g + 8][n * 8 + 2 * q + 1] = acc[n][3];
-  }
-  __syncthreads();
+  float s = SumWarpTiles<kNt, kGemvWarps>(red, acc, tokens);
   const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
   const int row = row0 + r;
   if (tok < tokens && tok < kNt * 8 && row < out) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kGemvWarps; ++k) s += red[k][r][tok];
-    if (bias != nullptr && part == 0) s += __uint_as_float(static_cast<uint32_t>(bias[row]) << 16);
+    if (bias != nullptr && part == 0) s += Bf16Bits(bias[row]);
     float* dst = y + static_cast<size_t>(tok) * out + row;
     if (split > 1) {
       atomicAdd(dst, s);
@@ -182,111 +208,6 @@ __global__ void PrefillBiasKernel(const uint16_t* __restrict__ bias, int tokens,
   }
 }
 
-// The GEMV with the RMSNorm of its input fused in (at most 8 tokens: one n8
-// tile). x is the f32 residual [tokens, in]: every block first computes the
-// tokens' inverse RMS over whole rows (all tokens' loads in flight at once),
-// then forms each B fragment as bf16(nw * (x * inv)) with AddRmsNorm's
-// rounding, from x in L2; the blocks of row tile 0 (one per input share)
-// also store those values to t_out. Split-K and the epilogue as GemvMmaKernel.
-constexpr int kNormMaxTokens = kRmsMaxTokens;
-__global__ void __launch_bounds__(kGemvThreads, 3)
-    NormGemvKernel(const float* __restrict__ x, const uint16_t* __restrict__ nw, float eps,
-                   const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
-                   int in, int out, bool accumulate, float* __restrict__ y,
-                   uint16_t* __restrict__ t_out) {
-  constexpr int kUnroll = 4;
-  __shared__ float red[kGemvWarps][16][16 + 1];
-  __shared__ float part_ss[kGemvWarps][kRmsMaxTokens];
-  __shared__ float inv_s[kNormMaxTokens];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2, q = lane & 3;
-  const int row0 = blockIdx.x * 16;
-  const int chunks = in >> 5;
-  const int split = gridDim.y, part = blockIdx.y;
-  const int p_begin = part * chunks / split, p_chunks = (part + 1) * chunks / split - p_begin;
-  const int c_begin = p_begin + warp * p_chunks / kGemvWarps;
-  const int c_end = p_begin + (warp + 1) * p_chunks / kGemvWarps;
-  const int ra = min(row0 + g, out - 1), rb = min(row0 + g + 8, out - 1);
-  const uint4* wa = reinterpret_cast<const uint4*>(w + static_cast<size_t>(ra) * in) + q;
-  const uint4* wb = reinterpret_cast<const uint4*>(w + static_cast<size_t>(rb) * in) + q;
-
-  uint4 va[kUnroll], vb[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    if (c_begin + u < c_end) {
-      va[u] = LoadStream(wa + (c_begin + u) * 4);
-      vb[u] = LoadStream(wb + (c_begin + u) * 4);
-    }
-  }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-
-  // 1. The tokens' inverse RMS over whole rows.
-  BlockInverseRms<kNormMaxTokens, kGemvThreads>(x, tokens, in, eps, part_ss, inv_s);
-
-  // 2. The GEMV on the normalised input (see GemvMmaKernel for the layout).
-  const bool has = g < tokens;
-  const int tok = has ? g : 0;
-  const float inv = inv_s[tok];
-  const float* xr = x + static_cast<size_t>(tok) * in + 8 * q;
-  const uint4* nr = reinterpret_cast<const uint4*>(nw) + q;
-  uint16_t* tr = t_out != nullptr && blockIdx.x == 0 && has
-                     ? t_out + static_cast<size_t>(tok) * in + 8 * q
-                     : nullptr;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int c = c_begin; c < c_end; c += kUnroll) {
-    uint4 bx[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (c + u < c_end) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(xr + (c + u) * 32));
-        const float4 b = __ldg(reinterpret_cast<const float4*>(xr + (c + u) * 32 + 4));
-        const uint4 n = __ldg(nr + (c + u) * 4);
-        bx[u] = has ? make_uint4(NormPair(a.x, a.y, n.x, inv), NormPair(a.z, a.w, n.y, inv),
-                                 NormPair(b.x, b.y, n.z, inv), NormPair(b.z, b.w, n.w, inv))
-                    : make_uint4(0, 0, 0, 0);
-        if (tr != nullptr) *reinterpret_cast<uint4*>(tr + (c + u) * 32) = bx[u];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (c + u < c_end) {
-        Mma(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, bx[u].x, bx[u].y);
-        Mma(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, bx[u].z, bx[u].w);
-      }
-    }
-    const int next = c + kUnroll;
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (next + u < c_end) {
-        va[u] = LoadStream(wa + (next + u) * 4);
-        vb[u] = LoadStream(wb + (next + u) * 4);
-      }
-    }
-  }
-  // The next kernel may launch now (its blocks take SM slots only once this
-  // one's weights are streamed; H200 batch-1 step 2.90-2.94 -> 2.89 ms).
-  asm volatile("griddepcontrol.launch_dependents;");
-  red[warp][g][2 * q] = acc[0];
-  red[warp][g][2 * q + 1] = acc[1];
-  red[warp][g + 8][2 * q] = acc[2];
-  red[warp][g + 8][2 * q + 1] = acc[3];
-  __syncthreads();
-  const int ot = threadIdx.x >> 4, r = threadIdx.x & 15;
-  const int row = row0 + r;
-  if (ot < tokens && ot < kNormMaxTokens && row < out) {
-    float sum = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kGemvWarps; ++k) sum += red[k][r][ot];
-    if (bias != nullptr && part == 0) sum += Bf16Bits(bias[row]);
-    float* dst = y + static_cast<size_t>(ot) * out + row;
-    if (split > 1) {
-      atomicAdd(dst, sum);
-    } else {
-      *dst = accumulate ? *dst + sum : sum;
-    }
-  }
-}
-
 // Blocks of input each block takes (split-K) for an accumulating GEMV:
 // enough blocks for 3 per SM, each with at least one slice per warp.
 int SplitFor(bool accumulate, int tiles, int in) {
@@ -316,11 +237,11 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   const int tiles = (out + 15) / 16;
   const dim3 grid(tiles, SplitFor(accumulate, tiles, in));
   if (tokens <= 8) {
-    return LaunchPdl(GemvMmaKernel<1>, grid, dim3(kGemvThreads), 0, stream, true, x, w, bias,
-                     tokens, in, out, accumulate, y);
+    return LaunchPdl(GemvMmaKernel<1, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
+                     nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y);
   }
-  return LaunchPdl(GemvMmaKernel<2>, grid, dim3(kGemvThreads), 0, stream, true, x, w, bias, tokens,
-                   in, out, accumulate, y);
+  return LaunchPdl(GemvMmaKernel<2, false>, grid, dim3(kGemvThreads), 0, stream, true, x, nullptr,
+                   nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y);
 }
 
 // The cuBLASLt entry points, resolved with dlsym.
@@ -529,6 +450,8 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
   return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
+static_assert(kNormLinearMaxTokens <= kRmsMaxTokens, "one n8 tile of tokens");
+
 cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float eps,
                              const uint16_t* w, const uint16_t* bias, int tokens, int in, int out,
                              bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream) {
@@ -538,9 +461,9 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
   }
   if (tokens == 0) return cudaSuccess;
   const int tiles = (out + 15) / 16;
-  return LaunchPdl(NormGemvKernel, dim3(tiles, SplitFor(accumulate, tiles, in)),
-                   dim3(kGemvThreads), 0, stream, true, x, norm_weight, eps, w, bias, tokens, in,
-                   out, accumulate, y, t_out);
+  return LaunchPdl(GemvMmaKernel<1, true>, dim3(tiles, SplitFor(accumulate, tiles, in)),
+                   dim3(kGemvThreads), 0, stream, true, nullptr, x, norm_weight, eps, t_out, w, bias,
+                   tokens, in, out, accumulate, y);
 }
 
 }  // namespace flotilla::kernels::cuda

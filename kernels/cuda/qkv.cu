@@ -147,15 +147,15 @@ __global__ void __launch_bounds__(kThreads, 3)
   // 3. The GEMV (see linear.cu for the fragment layout).
   const bool has = g < tokens;
   const uint4* xg = reinterpret_cast<const uint4*>(xs + static_cast<size_t>(has ? g : 0) * stride) + q;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   if (!kEarly) load_first();
   for (int c = c_begin; c < c_end; c += kUnroll) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (c + u < c_end) {
         const uint4 vx = has ? xg[(c + u) * 4] : make_uint4(0, 0, 0, 0);
-        Mma(acc, va[u].x, vb[u].x, va[u].y, vb[u].y, vx.x, vx.y);
-        Mma(acc, va[u].z, vb[u].z, va[u].w, vb[u].w, vx.z, vx.w);
+        Mma(acc[0], va[u].x, vb[u].x, va[u].y, vb[u].y, vx.x, vx.y);
+        Mma(acc[0], va[u].z, vb[u].z, va[u].w, vb[u].w, vx.z, vx.w);
       }
     }
     const int next = c + kUnroll;
@@ -173,20 +173,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   // activations), bias, RoPE and the stores.
   __syncthreads();
   float(*red)[16][17] = reinterpret_cast<float(*)[16][17]>(smem);
-  // C fragment: c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g + 8, same).
-  red[warp][g][2 * q] = acc[0];
-  red[warp][g][2 * q + 1] = acc[1];
-  red[warp][g + 8][2 * q] = acc[2];
-  red[warp][g + 8][2 * q + 1] = acc[3];
-  __syncthreads();
+  float s = SumWarpTiles<1, kWarps>(red, acc, tokens);
   const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
   const int row = row0 + r;
-  float s = 0.0f;
-  if (tok < tokens) {
-#pragma unroll
-    for (int k = 0; k < kWarps; ++k) s += red[k][r][tok];
-    if (bias != nullptr && row < out) s += Bf16Bits(bias[row]);
-  }
+  if (tok < tokens && bias != nullptr && row < out) s += Bf16Bits(bias[row]);
   // Rows 2i and 2i + 1 of a head (the two halves of pair i) are lanes r, r ^ 1.
   const float partner = __shfl_xor_sync(0xffffffffu, s, 1);
   if (tok >= tokens || row >= out) return;
