@@ -55,6 +55,16 @@ absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
   FLOTILLA_RETURN_IF_ERROR(InRange("sampling.presence_penalty", s.presence_penalty(), -2, 2));
   if (s.frequency_penalty() != 0) body["frequency_penalty"] = s.frequency_penalty();
   if (s.presence_penalty() != 0) body["presence_penalty"] = s.presence_penalty();
+  if (s.top_k() > 0) body["top_k"] = s.top_k();
+  if (s.min_p() != 0) body["min_p"] = s.min_p();
+  if (s.has_repetition_penalty()) {
+    FLOTILLA_RETURN_IF_ERROR(InRange("sampling.repetition_penalty", s.repetition_penalty(), 0, 2,
+                                     /*lo_open=*/true));
+    body["repetition_penalty"] = s.repetition_penalty();
+  }
+  for (const auto& [token, bias] : s.logit_bias()) {
+    body["logit_bias"][absl::StrCat(token)] = bias;
+  }
   if (s.has_seed()) body["seed"] = static_cast<int64_t>(s.seed());
   if (s.max_tokens() != 0) body["max_tokens"] = s.max_tokens();
   if (s.logprobs() > 20) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "coordinator/harmony/renderer.h"
@@ -54,6 +55,35 @@ absl::StatusOr<bool> Bool(const Json& body, const char* key) {
   return v->get<bool>();
 }
 
+// top_k, min_p and repetition_penalty (as vLLM accepts them) and OpenAI's
+// logit_bias (token id as a string -> bias in [-100, 100]).
+absl::Status ExtraSamplingFields(const Json& body, common::SamplingParams& s) {
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> k, Integer(body, "top_k", -1, INT32_MAX));
+  if (k && *k > 0) s.set_top_k(static_cast<int32_t>(*k));  // -1 and 0: off
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> min_p, Number(body, "min_p", 0, 1));
+  if (min_p) s.set_min_p(static_cast<float>(*min_p));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> rep, Number(body, "repetition_penalty", 0, 2));
+  if (rep) {
+    if (*rep <= 0) return Invalid("repetition_penalty", "must be greater than 0");
+    s.set_repetition_penalty(static_cast<float>(*rep));
+  }
+  const Json* bias = Field(body, "logit_bias");
+  if (bias == nullptr) return absl::OkStatus();
+  if (!bias->is_object()) return Invalid("logit_bias", "must be an object of token id -> bias");
+  if (bias->size() > 1024) return Invalid("logit_bias", "may hold at most 1024 entries");
+  for (const auto& [key, value] : bias->items()) {
+    int64_t id = -1;
+    if (!absl::SimpleAtoi(key, &id) || id < 0 || id > INT32_MAX) {
+      return Invalid(absl::StrCat("logit_bias[", key, "]"), "keys must be token ids");
+    }
+    if (!value.is_number() || !(value.get<double>() >= -100 && value.get<double>() <= 100)) {
+      return Invalid(absl::StrCat("logit_bias[", key, "]"), "must be a number in [-100, 100]");
+    }
+    (*s.mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(value.get<double>());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckModel(const Json& body, std::string_view model_id) {
   const Json* m = Field(body, "model");
   if (m == nullptr) return Invalid("model", "is required");
@@ -91,6 +121,7 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out) {
   if (fp) s.set_frequency_penalty(static_cast<float>(*fp));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> pp, Number(body, "presence_penalty", -2, 2));
   if (pp) s.set_presence_penalty(static_cast<float>(*pp));
+  FLOTILLA_RETURN_IF_ERROR(ExtraSamplingFields(body, s));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> seed,
                             Integer(body, "seed", INT64_MIN, INT64_MAX));
   if (seed) s.set_seed(static_cast<uint64_t>(*seed));

@@ -427,6 +427,8 @@ void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch*
   if (p.has_seed()) sp.seed = p.seed();
   sp.frequency_penalty = p.frequency_penalty();
   sp.presence_penalty = p.presence_penalty();
+  sp.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  sp.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
   sp.logprobs = p.return_logprobs() || p.logprobs() > 0;
   sp.top_logprobs = static_cast<int>(p.logprobs());
   std::vector<int> stops;
@@ -435,13 +437,14 @@ void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch*
   sp.stop_token_ids = stops;
   const int64_t room = max_len - prompt;
   sp.max_tokens = p.max_tokens() == 0 ? room : std::min<int64_t>(p.max_tokens(), room);
-  absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(sp, c.vocab_size);
+  const std::vector<int32_t> prompt_ids(s.prompt_ids().begin(), s.prompt_ids().end());
+  absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(sp, c.vocab_size, prompt_ids);
   if (!sampler.ok()) {
     return reject(sampler.status().code(), std::string(sampler.status().message()));
   }
   Sequence seq;
   seq.request_id = s.request_id();
-  seq.prompt.assign(s.prompt_ids().begin(), s.prompt_ids().end());
+  seq.prompt = prompt_ids;
   seq.sampler = std::move(*sampler);
   seq.max_new = sp.max_tokens;
   seq.stop_ids = stops;
@@ -533,6 +536,15 @@ void WorkerRuntime::FinishSequence(Sequence& seq, common::FinishReason reason,
   to_free_.push_back(seq.request_id);
 }
 
+Sampler* WorkerRuntime::SamplerFor(const cluster::PlanItem& item) {
+  auto it = sequences_.find(item.request_id());
+  if (it == sequences_.end()) return nullptr;
+  const Sequence& seq = it->second;
+  // Decode tokens and the chunk that completes the prompt draw a token.
+  const int64_t prompt = static_cast<int64_t>(seq.prompt.size());
+  return seq.prefilled + item.tokens_size() >= prompt ? seq.sampler.get() : nullptr;
+}
+
 absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   const cluster::Assignment& a = *assignment_;
   const bool leader = parallel_->is_leader(a.rank());
@@ -598,11 +610,10 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
     StepItem it;
     it.sequence = engine_ids_.at(p.request_id());
     it.tokens.assign(p.tokens().begin(), p.tokens().end());
-    // Only the leader samples: the other ranks of the group skip lm_head.
-    it.logits = !leader                     ? LogitsMode::kNone
-                : p.logits() == kLogitsAll  ? LogitsMode::kAll
-                : p.logits() == kLogitsLast ? LogitsMode::kLast
-                                            : LogitsMode::kNone;
+    // Only the leader samples (on the engine's device): the other ranks of
+    // the group skip lm_head. Logit rows come back only as prompt logits.
+    it.logits = leader && p.logits() == kLogitsAll ? LogitsMode::kAll : LogitsMode::kNone;
+    if (leader && p.logits() != kLogitsNone) it.sampler = SamplerFor(p);
     items.push_back(std::move(it));
   }
   if (items.empty() && a.world_size() == 1) return true;
@@ -611,8 +622,6 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   kv_free_ = engine_->KvFreeBlocks();
   if (!leader) return true;
 
-  const ModelConfig& c = engine_->config();
-  const int64_t V = c.vocab_size;
   const uint64_t now = NowUnixMs();
   for (int i = 0; i < plan.items_size(); ++i) {
     const cluster::PlanItem& p = plan.items(i);
@@ -628,10 +637,9 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
       }
       if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
     }
-    if (logits.size() < static_cast<size_t>(V)) continue;
-    TokenLogprob lp;
-    const int32_t tok = seq.sampler->Sample(logits.data() + logits.size() - V,
-                                            seq.want_logprobs ? &lp : nullptr);
+    if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;
+    const TokenLogprob& lp = result.sampled[i];
+    const int32_t tok = lp.token;
     cluster::SequenceUpdate* u = out.add_updates();
     u->set_request_id(seq.request_id);
     const bool stop = std::find(seq.stop_ids.begin(), seq.stop_ids.end(), tok) != seq.stop_ids.end();

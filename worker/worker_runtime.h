@@ -92,6 +92,9 @@ class WorkerRuntime {
   cluster::StepPlan PlanStep(cluster::TokenBatch* rejected);
   void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
   void FinishSequence(Sequence& seq, common::FinishReason reason, cluster::SequenceUpdate* u);
+  // The sampler that draws the item's next token on the engine's device
+  // (leader only), or null for a prompt chunk that does not end the prompt.
+  Sampler* SamplerFor(const cluster::PlanItem& item);
 
   const WorkerOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -34,4 +34,31 @@ cudaError_t LaunchSample(const float* logits, int rows, int vocab, const Samplin
                          float* top_logprobs, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream);
 
+// Sparse changes to logit rows before a draw: penalties and logit bias
+// (CPU reference: Sampler::Adjustments and AdjustLogit in worker/engine/sampler.h).
+// At most one entry per (row, token).
+struct LogitAdjustmentEntry {
+  int32_t row = 0;
+  int32_t token = 0;
+  float repetition = 1.0f;  // != 1: positive logits divided by it, negative multiplied
+  float add = 0.0f;         // then added
+};
+
+// For the first *count (a device int, <= capacity) entries: saved[i] = the
+// logit, then logit = adjusted. Graph-safe: the grid depends on capacity only.
+cudaError_t LaunchAdjustLogits(float* logits, int vocab, const LogitAdjustmentEntry* entries,
+                               const int32_t* count, int capacity, float* saved,
+                               cudaStream_t stream);
+// Puts the saved logits back.
+cudaError_t LaunchRestoreLogits(float* logits, int vocab, const LogitAdjustmentEntry* entries,
+                                const int32_t* count, int capacity, const float* saved,
+                                cudaStream_t stream);
+// logprobs[r] = log softmax(logits[r])[tokens[r]], from a reference token of
+// the same row whose log-probability is known (e.g. the argmax and its
+// logprob from a greedy LaunchSample): logit[t] - (logit[ref] - ref_logprob).
+cudaError_t LaunchLogprobsFromReference(const float* logits, int rows, int vocab,
+                                        const int32_t* tokens, const int32_t* ref_tokens,
+                                        const float* ref_logprobs, float* logprobs,
+                                        cudaStream_t stream);
+
 }  // namespace flotilla::kernels::cuda

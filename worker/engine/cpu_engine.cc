@@ -306,13 +306,14 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     const int64_t n = static_cast<int64_t>(items[i].tokens.size());
     if (items[i].logits == LogitsMode::kAll) {
       for (int64_t j = 0; j < n; ++j) rows.push_back(offsets[i] + j);
-    } else if (items[i].logits == LogitsMode::kLast) {
+    } else if (items[i].logits == LogitsMode::kLast || items[i].sampler != nullptr) {
       rows.push_back(offsets[i] + n - 1);
     }
     row_count[i] = static_cast<int64_t>(rows.size()) - first_row[i];
   }
   StepOutput out;
   out.logits.resize(items.size());
+  out.sampled.resize(items.size());
   if (!forced_routing_.empty()) {
     out.routing_regret = regret_;
     forced_routing_.clear();
@@ -334,6 +335,13 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     k::LinearBf16(pool_, t_.data(), R, H, weights_.lm_head.data, weights_.lm_head.row_stride, V,
                   nullptr, logits.data());
     for (size_t i = 0; i < items.size(); ++i) {
+      const float* last = logits.data() + (first_row[i] + row_count[i] - 1) * V;
+      if (items[i].sampler != nullptr) {
+        TokenLogprob& drawn = out.sampled[i];
+        const bool logprobs = items[i].sampler->params().logprobs;
+        drawn.token = items[i].sampler->Sample(last, logprobs ? &drawn : nullptr);
+      }
+      if (items[i].logits == LogitsMode::kNone) continue;
       out.logits[i].assign(logits.begin() + first_row[i] * V,
                            logits.begin() + (first_row[i] + row_count[i]) * V);
     }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -93,6 +94,18 @@ struct CudaEngine::Impl {
   int32_t* sampled_tokens = nullptr;
   float* sampled_logprobs = nullptr;
   kc::SamplingRow* sample_params = nullptr;
+  // Penalties and logit bias (LaunchAdjustLogits), raw logprobs of tokens
+  // drawn from adjusted logits (a greedy reference draw), top logprobs.
+  static constexpr int kAdjustCapacity = 1 << 18;
+  static constexpr int kMaxTopLogprobs = 20;
+  kc::LogitAdjustmentEntry* adjust = nullptr;
+  float* adjust_saved = nullptr;
+  int32_t* adjust_count = nullptr;
+  kc::SamplingRow* greedy_params = nullptr;
+  int32_t* ref_tokens = nullptr;
+  float* ref_logprobs = nullptr;
+  int32_t* top_ids = nullptr;      // [max_seqs, kMaxTopLogprobs]
+  float* top_logprobs = nullptr;   // [max_seqs, kMaxTopLogprobs]
 
   // Step metadata: one int32 region on the device at fixed offsets (graphs
   // keep the addresses), filled from a pinned host mirror.
@@ -104,9 +117,12 @@ struct CudaEngine::Impl {
   kc::SamplingRow* params_host = nullptr;
   int32_t* tokens_host = nullptr;
   float* logprobs_host = nullptr;
+  kc::LogitAdjustmentEntry* adjust_host = nullptr;  // [kAdjustCapacity + 1]; the count after
+  int32_t* top_ids_host = nullptr;
+  float* top_logprobs_host = nullptr;
 
-  // Decode graphs by (padded batch, context bucket).
-  std::map<std::pair<int, int64_t>, cudaGraphExec_t> graphs;
+  // Decode graphs by (padded batch, context bucket, sampling variant).
+  std::map<std::tuple<int, int64_t, int>, cudaGraphExec_t> graphs;
 
   ~Impl() {
     if (device >= 0) cudaSetDevice(device);
@@ -117,6 +133,9 @@ struct CudaEngine::Impl {
     if (params_host != nullptr) cudaFreeHost(params_host);
     if (tokens_host != nullptr) cudaFreeHost(tokens_host);
     if (logprobs_host != nullptr) cudaFreeHost(logprobs_host);
+    if (adjust_host != nullptr) cudaFreeHost(adjust_host);
+    if (top_ids_host != nullptr) cudaFreeHost(top_ids_host);
+    if (top_logprobs_host != nullptr) cudaFreeHost(top_logprobs_host);
     if (linear != nullptr) kc::DestroyLinearContext(linear);
     if (stream != nullptr) cudaStreamDestroy(stream);
   }
@@ -133,6 +152,29 @@ struct CudaEngine::Impl {
     }
     allocations.push_back(raw);
     *p = static_cast<T*>(raw);
+    return absl::OkStatus();
+  }
+
+  // Buffers for penalties, logit bias and logprobs (see above).
+  absl::Status AllocSamplingExtras(int rows) {
+    const int cap = kAdjustCapacity, top = kMaxTopLogprobs;
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust, cap));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust_saved, cap));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust_count, 1));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&greedy_params, rows));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&ref_tokens, rows));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&ref_logprobs, rows));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&top_ids, static_cast<size_t>(rows) * top));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&top_logprobs, static_cast<size_t>(rows) * top));
+    const std::vector<kc::SamplingRow> greedy(rows);  // temperature 0
+    FLOTILLA_CUDA_RETURN(cudaMemcpy(greedy_params, greedy.data(), rows * sizeof(kc::SamplingRow),
+                                    cudaMemcpyHostToDevice));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&adjust_host),
+                                        (cap + 1) * sizeof(kc::LogitAdjustmentEntry)));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&top_ids_host),
+                                        static_cast<size_t>(rows) * top * sizeof(int32_t)));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&top_logprobs_host),
+                                        static_cast<size_t>(rows) * top * sizeof(float)));
     return absl::OkStatus();
   }
 };
@@ -394,6 +436,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sampled_tokens, B));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sampled_logprobs, B));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sample_params, B));
+  FLOTILLA_RETURN_IF_ERROR(d.AllocSamplingExtras(B));
 
   // KV arena: every layer's K and V for each block.
   const int64_t bs = options.kv_block_size;
@@ -585,8 +628,185 @@ absl::Status CudaEngine::ExtendSynthetic(int64_t sequence, int64_t tokens) {
 }
 
 absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) {
+  bool any_sampler = false, any_all = false;
+  for (const StepItem& it : items) {
+    any_sampler = any_sampler || it.sampler != nullptr;
+    any_all = any_all || it.logits == LogitsMode::kAll;
+  }
   StepOutput out;
-  FLOTILLA_RETURN_IF_ERROR(RunStep(items, false, nullptr, &out, nullptr));
+  if (!any_sampler) {
+    FLOTILLA_RETURN_IF_ERROR(RunStep(items, nullptr, &out, nullptr));
+    return out;
+  }
+  DeviceSampling sampling;
+  if (any_all || !PrepareDeviceSampling(items, &sampling)) return StepWithHostSampling(items);
+  FLOTILLA_RETURN_IF_ERROR(RunStep(items, &sampling, &out, nullptr));
+  return out;
+}
+
+bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
+                                       DeviceSampling* sampling) {
+  Impl& d = *impl_;
+  sampling->rows.assign(items.size(), kc::SamplingRow{});
+  sampling->samplers.assign(items.size(), nullptr);
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sampler* sampler = items[i].sampler;
+    if (sampler == nullptr) continue;
+    const SamplingParams& p = sampler->params();
+    kc::SamplingRow& row = sampling->rows[i];
+    row.temperature = p.temperature;
+    row.top_k = p.top_k;
+    row.top_p = p.top_p;
+    row.min_p = p.min_p;
+    row.seed = sampler->seed();
+    row.step = sampler->draws();
+    sampling->samplers[i] = sampler;
+    sampling->logprobs = sampling->logprobs || p.logprobs;
+    sampling->top_n = std::max(sampling->top_n, p.logprobs ? p.top_logprobs : 0);
+    for (const LogitAdjustment& a : sampler->Adjustments()) {
+      if (sampling->adjustments == Impl::kAdjustCapacity) return false;
+      d.adjust_host[sampling->adjustments++] =
+          kc::LogitAdjustmentEntry{static_cast<int32_t>(i), a.token, a.repetition, a.add};
+    }
+  }
+  return true;
+}
+
+int CudaEngine::SamplingVariant(const DeviceSampling& sampling) {
+  const bool adjust = sampling.adjustments > 0;
+  return 1 + (adjust ? 2 : 0) + (adjust && sampling.logprobs ? 4 : 0) + 8 * sampling.top_n;
+}
+
+absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const Plan& plan) {
+  Impl& d = *impl_;
+  for (int r = 0; r < plan.seqs; ++r) d.params_host[r] = kc::SamplingRow{};  // padding: greedy
+  for (int i = 0; i < plan.real_items; ++i) {
+    if (plan.row_count[i] > 0) d.params_host[plan.first_row[i]] = sampling.rows[i];
+  }
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.sample_params, d.params_host,
+                                       std::max(plan.rows, 1) * sizeof(kc::SamplingRow),
+                                       cudaMemcpyHostToDevice, d.stream));
+  if (sampling.adjustments == 0) return absl::OkStatus();
+  // Item indices to logit rows; the count travels after the entries.
+  for (int e = 0; e < sampling.adjustments; ++e) {
+    d.adjust_host[e].row = plan.first_row[d.adjust_host[e].row];
+  }
+  int32_t* count = reinterpret_cast<int32_t*>(d.adjust_host + Impl::kAdjustCapacity);
+  *count = sampling.adjustments;
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.adjust, d.adjust_host,
+                                       sampling.adjustments * sizeof(kc::LogitAdjustmentEntry),
+                                       cudaMemcpyHostToDevice, d.stream));
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.adjust_count, count, sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, d.stream));
+  return absl::OkStatus();
+}
+
+// Without adjustments one draw reports the raw logprobs itself. With them the
+// draw runs on the adjusted rows, which are then restored, and a greedy draw
+// over the raw rows gives the top logprobs and the normaliser for the drawn
+// token's raw logprob (OpenAI and the CPU sampler report raw logprobs).
+absl::Status CudaEngine::LaunchSampling(const DeviceSampling& sampling, int rows,
+                                        cudaStream_t s) {
+  Impl& d = *impl_;
+  const int V = config_.vocab_size, cap = Impl::kAdjustCapacity;
+  if (sampling.adjustments == 0) {
+    FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,
+                                          d.sampled_logprobs, sampling.top_n, d.top_ids,
+                                          d.top_logprobs, d.sample_ws, d.sample_ws_bytes, s));
+    return absl::OkStatus();
+  }
+  FLOTILLA_CUDA_RETURN(
+      kc::LaunchAdjustLogits(d.logits, V, d.adjust, d.adjust_count, cap, d.adjust_saved, s));
+  FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,
+                                        nullptr, 0, nullptr, nullptr, d.sample_ws,
+                                        d.sample_ws_bytes, s));
+  FLOTILLA_CUDA_RETURN(
+      kc::LaunchRestoreLogits(d.logits, V, d.adjust, d.adjust_count, cap, d.adjust_saved, s));
+  if (!sampling.logprobs) return absl::OkStatus();
+  FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.greedy_params, d.ref_tokens,
+                                        d.ref_logprobs, sampling.top_n, d.top_ids, d.top_logprobs,
+                                        d.sample_ws, d.sample_ws_bytes, s));
+  FLOTILLA_CUDA_RETURN(kc::LaunchLogprobsFromReference(d.logits, rows, V, d.sampled_tokens,
+                                                       d.ref_tokens, d.ref_logprobs,
+                                                       d.sampled_logprobs, s));
+  return absl::OkStatus();
+}
+
+// Brings back the drawn tokens (and logprobs, and the logit rows asked for
+// beside them) and records the tokens in their samplers.
+absl::Status CudaEngine::CollectSampled(const std::vector<StepItem>& items,
+                                        const DeviceSampling& sampling, const Plan& plan,
+                                        StepOutput* out, std::vector<SampledToken>* sampled) {
+  Impl& d = *impl_;
+  const int V = config_.vocab_size, rows = plan.rows, top = sampling.top_n;
+  cudaStream_t s = d.stream;
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.tokens_host, d.sampled_tokens, rows * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, s));
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.logprobs_host, d.sampled_logprobs, rows * sizeof(float),
+                                       cudaMemcpyDeviceToHost, s));
+  if (top > 0) {
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.top_ids_host, d.top_ids,
+                                         static_cast<size_t>(rows) * top * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, s));
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.top_logprobs_host, d.top_logprobs,
+                                         static_cast<size_t>(rows) * top * sizeof(float),
+                                         cudaMemcpyDeviceToHost, s));
+  }
+  if (out != nullptr) {
+    out->logits.assign(items.size(), {});
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (items[i].logits != LogitsMode::kLast || plan.row_count[i] == 0) continue;
+      out->logits[i].resize(V);
+      FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(out->logits[i].data(),
+                                           d.logits + static_cast<size_t>(plan.first_row[i]) * V,
+                                           V * sizeof(float), cudaMemcpyDeviceToHost, s));
+    }
+  }
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
+  if (sampled != nullptr) {
+    sampled->resize(plan.real_items);
+    for (int i = 0; i < plan.real_items; ++i) {
+      const int r = plan.first_row[i];
+      (*sampled)[i] = SampledToken{d.tokens_host[r], d.logprobs_host[r]};
+    }
+  }
+  if (out == nullptr) return absl::OkStatus();
+  out->sampled.assign(items.size(), TokenLogprob{});
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sampler* sampler = sampling.samplers[i];
+    if (sampler == nullptr) continue;
+    const int r = plan.first_row[i];
+    TokenLogprob& drawn = out->sampled[i];
+    drawn.token = d.tokens_host[r];
+    drawn.logprob = d.logprobs_host[r];
+    const int n = sampler->params().logprobs ? sampler->params().top_logprobs : 0;
+    for (int j = 0; j < n; ++j) {
+      const size_t at = static_cast<size_t>(r) * top + j;
+      drawn.top.emplace_back(d.top_ids_host[at], d.top_logprobs_host[at]);
+    }
+    sampler->Record(drawn.token);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> CudaEngine::StepWithHostSampling(const std::vector<StepItem>& items) {
+  std::vector<StepItem> plain = items;
+  for (StepItem& it : plain) {
+    if (it.sampler != nullptr && it.logits == LogitsMode::kNone) it.logits = LogitsMode::kLast;
+    it.sampler = nullptr;
+  }
+  StepOutput out;
+  FLOTILLA_RETURN_IF_ERROR(RunStep(plain, nullptr, &out, nullptr));
+  const int64_t V = config_.vocab_size;
+  out.sampled.resize(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    Sampler* sampler = items[i].sampler;
+    if (sampler == nullptr) continue;
+    const float* last = out.logits[i].data() + out.logits[i].size() - V;
+    TokenLogprob& drawn = out.sampled[i];
+    drawn.token = sampler->Sample(last, sampler->params().logprobs ? &drawn : nullptr);
+    if (items[i].logits == LogitsMode::kNone) out.logits[i].clear();
+  }
   return out;
 }
 
@@ -595,8 +815,11 @@ absl::StatusOr<std::vector<SampledToken>> CudaEngine::StepAndSample(
   if (params.size() != items.size()) {
     return absl::InvalidArgumentError("step: one sampling row per item is needed");
   }
+  DeviceSampling sampling;
+  sampling.rows = params;
+  sampling.samplers.assign(items.size(), nullptr);
   std::vector<SampledToken> sampled;
-  FLOTILLA_RETURN_IF_ERROR(RunStep(items, true, &params, nullptr, &sampled));
+  FLOTILLA_RETURN_IF_ERROR(RunStep(items, &sampling, nullptr, &sampled));
   return sampled;
 }
 
@@ -608,9 +831,16 @@ void CudaEngine::SetSkipOps(std::vector<std::string> ops) {
   impl_->graphs.clear();
 }
 
-absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample,
-                                 const std::vector<kernels::cuda::SamplingRow>* params,
-                                 StepOutput* logits_out, std::vector<SampledToken>* sampled) {
+absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
+                                 const DeviceSampling* sampling, StepOutput* logits_out,
+                                 std::vector<SampledToken>* sampled) {
+  const bool sample = sampling != nullptr;
+  // With sampling, every item that samples (or asks for its last logits)
+  // owns one row; StepAndSample's items (no samplers) all sample.
+  auto has_row = [&](size_t i) {
+    return items[i].logits != LogitsMode::kNone || !sample || sampling->samplers[i] != nullptr ||
+           !logits_out;
+  };
   FLOTILLA_RETURN_IF_ERROR(Validate(items));
   Impl& d = *impl_;
   const ModelConfig& c = config_;
@@ -625,9 +855,9 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
 
   // Decode steps replay a graph over a padded batch.
   bool decode = options_.cuda_graphs && !options_.profile_ops;
-  for (const StepItem& it : items) decode = decode && it.tokens.size() == 1;
-  if (!sample) {
-    for (const StepItem& it : items) decode = decode && it.logits == LogitsMode::kLast;
+  for (size_t i = 0; i < items.size(); ++i) {
+    decode = decode && items[i].tokens.size() == 1 &&
+             (sample ? has_row(i) : items[i].logits == LogitsMode::kLast);
   }
   Plan plan;
   plan.real_items = static_cast<int>(items.size());
@@ -656,7 +886,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       m[d.off_lens + i] = static_cast<int32_t>(len);
       std::copy(s.blocks.begin(), s.blocks.end(), table);
       std::fill(table + s.blocks.size(), table + MB, 0);
-      const LogitsMode mode = sample ? LogitsMode::kLast : it.logits;
+      const LogitsMode mode = sample ? (has_row(i) ? LogitsMode::kLast : LogitsMode::kNone)
+                                     : it.logits;
       plan.first_row.push_back(static_cast<int>(rows.size()));
       if (mode == LogitsMode::kAll) {
         for (int j = 0; j < n; ++j) rows.push_back(T + j);
@@ -698,14 +929,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_lens, plan.seqs));
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_rows, std::max(plan.rows, 1)));
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_tables, static_cast<size_t>(plan.seqs) * MB));
-  if (sample) {
-    for (int i = 0; i < plan.seqs; ++i) {
-      d.params_host[i] = i < plan.real_items ? (*params)[i] : kc::SamplingRow{};
-    }
-    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.sample_params, d.params_host,
-                                         plan.seqs * sizeof(kc::SamplingRow),
-                                         cudaMemcpyHostToDevice, d.stream));
-  }
+  if (sample) FLOTILLA_RETURN_IF_ERROR(UploadSampling(*sampling, plan));
 
   // The body of the step; `ctx` bounds the sequence lengths for the KV split.
   // Per-op timing (CudaEngineOptions::profile_ops): an event before each op.
@@ -838,9 +1062,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       }
       if (sample) {
         FLOTILLA_RETURN_IF_ERROR(mark("sample"));
-        FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, logit_rows_now, V, d.sample_params,
-                                              d.sampled_tokens, d.sampled_logprobs, 0, nullptr,
-                                              nullptr, d.sample_ws, d.sample_ws_bytes, s));
+        FLOTILLA_RETURN_IF_ERROR(LaunchSampling(*sampling, logit_rows_now, s));
       }
     }
     return mark("end");
@@ -849,7 +1071,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
   if (decode) {
     const int64_t ctx = std::min<int64_t>(std::max<int64_t>(PowerOfTwoAtLeast(plan.max_len), 1024),
                                           options_.max_context);
-    const std::pair<int, int64_t> key(plan.seqs * (sample ? 1 : -1), ctx);
+    const std::tuple<int, int64_t, int> key(plan.seqs, ctx,
+                                            sample ? SamplingVariant(*sampling) : -1);
     auto g = d.graphs.find(key);
     if (g == d.graphs.end()) {
       cudaGraph_t graph = nullptr;
@@ -909,20 +1132,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, bool sample
       offset += n;
     }
   }
-  if (sample) {
-    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.tokens_host, d.sampled_tokens,
-                                         plan.real_items * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                         d.stream));
-    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.logprobs_host, d.sampled_logprobs,
-                                         plan.real_items * sizeof(float), cudaMemcpyDeviceToHost,
-                                         d.stream));
-    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
-    sampled->resize(plan.real_items);
-    for (int i = 0; i < plan.real_items; ++i) {
-      (*sampled)[i] = SampledToken{d.tokens_host[i], d.logprobs_host[i]};
-    }
-    return absl::OkStatus();
-  }
+  if (sample) return CollectSampled(items, *sampling, plan, logits_out, sampled);
   std::vector<float> host(static_cast<size_t>(plan.rows) * V);
   if (plan.rows <= d.logit_rows || decode) {
     FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data(), d.logits, host.size() * sizeof(float),

@@ -139,9 +139,29 @@ class CudaEngine : public Engine {
                                                            uint64_t seed,
                                                            const CudaEngineOptions& options);
   absl::Status Reserve(const std::vector<StepItem>& items);
-  absl::Status RunStep(const std::vector<StepItem>& items, bool sample,
-                       const std::vector<kernels::cuda::SamplingRow>* params, StepOutput* logits_out,
-                       std::vector<SampledToken>* sampled);
+  // One step's sampling on the device: per item, its row's parameters and
+  // its sampler (null for StepAndSample's rows); the adjustments staged in
+  // the pinned buffer (rows = item indices until RunStep maps them).
+  struct DeviceSampling {
+    std::vector<kernels::cuda::SamplingRow> rows;
+    std::vector<Sampler*> samplers;
+    int adjustments = 0;
+    int top_n = 0;
+    bool logprobs = false;  // some row reports logprobs
+  };
+  // False when the step's adjustments do not fit the device buffer.
+  bool PrepareDeviceSampling(const std::vector<StepItem>& items, DeviceSampling* sampling);
+  // Items with a sampler through logits copied to the host and the CPU
+  // sampler (prompt logits asked for in the same step, or too many adjustments).
+  absl::StatusOr<StepOutput> StepWithHostSampling(const std::vector<StepItem>& items);
+  absl::Status RunStep(const std::vector<StepItem>& items, const DeviceSampling* sampling,
+                       StepOutput* logits_out, std::vector<SampledToken>* sampled);
+  // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
+  static int SamplingVariant(const DeviceSampling& sampling);
+  absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
+  absl::Status LaunchSampling(const DeviceSampling& sampling, int rows, cudaStream_t stream);
+  absl::Status CollectSampled(const std::vector<StepItem>& items, const DeviceSampling& sampling,
+                              const Plan& plan, StepOutput* out, std::vector<SampledToken>* sampled);
 
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;

@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "worker/engine/sampler.h"
 
 namespace flotilla {
 
@@ -22,12 +23,22 @@ enum class LogitsMode {
 struct StepItem {
   int64_t sequence = 0;
   std::vector<int32_t> tokens;  // appended at the sequence's current length
+  // Logit rows to return to the caller (a sampler needs none of them: the
+  // serving loop asks for kNone, or kAll for prompt logits).
   LogitsMode logits = LogitsMode::kLast;
+  // Not null: the engine draws the next token from the chunk's last position
+  // on its own device with this request's sampler (its parameters, seed,
+  // draw count and penalties) and records the token in it.
+  Sampler* sampler = nullptr;
 };
 
 struct StepOutput {
   // Per item: rows x vocab_size floats (0, 1 or tokens.size() rows).
   std::vector<std::vector<float>> logits;
+  // Per item: the token drawn for an item with a sampler (token -1 for the
+  // others), its log-probability under the raw logits and, when the sampler
+  // asks for top logprobs, the most likely alternatives.
+  std::vector<TokenLogprob> sampled;
   // Per item and token, when the engine was asked to record them (the CPU
   // reference, for tests): the smallest routing margin over the layers,
   // (r_K - r_K+1) / max(1, |r_1|) of the sorted router logits. A margin below

@@ -40,6 +40,17 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
     return bad("presence_penalty must be in [-2, 2], got ", presence_penalty);
   }
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 2.0f)) {
+    return bad("repetition_penalty must be in (0, 2], got ", repetition_penalty);
+  }
+  for (const auto& [token, bias] : logit_bias) {
+    if (token < 0 || token >= vocab_size) {
+      return bad("logit_bias token id ", token, " is out of range [0, ", vocab_size, ")");
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return bad("logit_bias for token ", token, " must be in [-100, 100], got ", bias);
+    }
+  }
   if (top_logprobs < 0 || top_logprobs > 20) {
     return bad("top_logprobs must be in [0, 20], got ", top_logprobs);
   }
@@ -56,26 +67,82 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
 }
 
 absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplingParams& params,
-                                                         int vocab_size) {
+                                                         int vocab_size,
+                                                         const std::vector<int32_t>& prompt) {
   if (vocab_size <= 0) return absl::InvalidArgumentError("sampler: vocab_size must be positive");
   if (absl::Status st = params.Validate(vocab_size); !st.ok()) return st;
-  uint64_t seed = params.seed ? *params.seed : std::random_device{}();
-  return std::unique_ptr<Sampler>(new Sampler(params, vocab_size, seed));
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", t, " is out of range"));
+    }
+  }
+  std::random_device random;
+  const uint64_t seed =
+      params.seed ? *params.seed : (static_cast<uint64_t>(random()) << 32) ^ random();
+  return std::unique_ptr<Sampler>(new Sampler(params, vocab_size, seed, prompt));
 }
 
-Sampler::Sampler(const SamplingParams& params, int vocab_size, uint64_t seed)
-    : params_(params), vocab_size_(vocab_size), rng_(seed) {}
+Sampler::Sampler(const SamplingParams& params, int vocab_size, uint64_t seed,
+                 const std::vector<int32_t>& prompt)
+    : params_(params), vocab_size_(vocab_size), seed_(seed), rng_(seed) {
+  if (params_.repetition_penalty != 1.0f) {
+    prompt_tokens_ = prompt;
+    std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
+    prompt_tokens_.erase(std::unique(prompt_tokens_.begin(), prompt_tokens_.end()),
+                         prompt_tokens_.end());
+  }
+  std::sort(params_.logit_bias.begin(), params_.logit_bias.end());
+}
+
+void Sampler::Record(int32_t token) {
+  ++counts_[token];
+  ++draws_;
+  adjustments_stale_ = true;
+}
+
+const std::vector<LogitAdjustment>& Sampler::Adjustments() {
+  if (!adjustments_stale_) return adjustments_;
+  adjustments_stale_ = false;
+  adjustments_.clear();
+  const bool penalties = params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
+  const bool repetition = params_.repetition_penalty != 1.0f;
+  if (!penalties && !repetition && params_.logit_bias.empty()) return adjustments_;
+  // Every token that can change: the prompt's (repetition), the output's and
+  // the biased ones; then one entry per token in ascending order.
+  std::vector<int32_t> tokens = prompt_tokens_;
+  for (const auto& [token, count] : counts_) tokens.push_back(token);
+  for (const auto& [token, bias] : params_.logit_bias) tokens.push_back(token);
+  std::sort(tokens.begin(), tokens.end());
+  tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+  for (int32_t token : tokens) {
+    auto count_it = counts_.find(token);
+    const int64_t count = count_it == counts_.end() ? 0 : count_it->second;
+    const bool seen =
+        count > 0 || std::binary_search(prompt_tokens_.begin(), prompt_tokens_.end(), token);
+    auto bias_it = std::lower_bound(params_.logit_bias.begin(), params_.logit_bias.end(),
+                                    std::make_pair(token, -1e30f));
+    const float bias = bias_it != params_.logit_bias.end() && bias_it->first == token
+                           ? bias_it->second
+                           : 0.0f;
+    LogitAdjustment a;
+    a.token = token;
+    a.repetition = repetition && seen ? params_.repetition_penalty : 1.0f;
+    a.add = bias - (static_cast<float>(count) * params_.frequency_penalty +
+                    (count > 0 ? params_.presence_penalty : 0.0f));
+    if (a.repetition != 1.0f || a.add != 0.0f) adjustments_.push_back(a);
+  }
+  return adjustments_;
+}
 
 double Sampler::NextUniform() {
   // 53 random bits: the same value for the same seed on every platform.
   return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
 }
 
-void Sampler::Penalise(const float* logits, std::vector<float>* out) const {
+void Sampler::Penalise(const float* logits, std::vector<float>* out) {
   out->assign(logits, logits + vocab_size_);
-  for (const auto& [token, count] : counts_) {
-    (*out)[token] -= static_cast<float>(count) * params_.frequency_penalty +
-                     (count > 0 ? params_.presence_penalty : 0.0f);
+  for (const LogitAdjustment& a : Adjustments()) {
+    (*out)[a.token] = AdjustLogit((*out)[a.token], a.repetition, a.add);
   }
 }
 
@@ -161,7 +228,7 @@ int32_t Sampler::Sample(const float* logits, TokenLogprob* logprob) {
       for (int i = 0; i < n; ++i) logprob->top.emplace_back(idx[i], lp[idx[i]]);
     }
   }
-  ++counts_[token];
+  Record(token);
   return token;
 }
 

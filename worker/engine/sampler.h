@@ -1,5 +1,8 @@
-// Token sampling for one request: penalties, temperature, top-k, top-p,
-// min-p, a per-request seeded RNG and logprobs.
+// Token sampling for one request: penalties, logit bias, temperature, top-k,
+// top-p, min-p, a per-request seeded RNG and logprobs. A Sampler is also the
+// request's sampling state when another device samples (CudaEngine): it
+// hands out the seed, the draw count and the sparse logit adjustments, and
+// records the tokens drawn elsewhere.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +28,11 @@ struct SamplingParams {
   // logit[t] -= count[t] * frequency_penalty + (count[t] > 0) * presence_penalty.
   float frequency_penalty = 0.0f;  // [-2, 2]
   float presence_penalty = 0.0f;   // [-2, 2]
+  // Hugging Face / vLLM semantics over the prompt and the tokens generated so
+  // far: a positive logit is divided by it, a negative one multiplied. 1 = off.
+  float repetition_penalty = 1.0f;  // (0, 2]
+  // (token id, bias in [-100, 100]) added to the logit before sampling.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   bool logprobs = false;           // report the chosen token's logprob
   int top_logprobs = 0;            // [0, 20] alternatives per position (needs logprobs)
   std::optional<std::vector<int>> stop_token_ids;  // unset = the config's eos ids
@@ -40,10 +48,25 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;      // most likely first
 };
 
+// One token's change before sampling: logit' = Adjust(logit) (see AdjustLogit).
+struct LogitAdjustment {
+  int32_t token = 0;
+  float repetition = 1.0f;  // 1: none
+  float add = 0.0f;         // logit bias minus the frequency / presence penalties
+};
+
+// The order of operations every sampler applies (the GPU kernel repeats it).
+inline float AdjustLogit(float logit, float repetition, float add) {
+  if (repetition != 1.0f) logit = logit > 0.0f ? logit / repetition : logit * repetition;
+  return logit + add;
+}
+
 class Sampler {
  public:
+  // `prompt`: the request's prompt tokens (they count for repetition_penalty).
   static absl::StatusOr<std::unique_ptr<Sampler>> Create(const SamplingParams& params,
-                                                         int vocab_size);
+                                                         int vocab_size,
+                                                         const std::vector<int32_t>& prompt = {});
 
   // Picks the next token from `logits` [vocab_size] and records it for the
   // penalties. Fills `logprob` (when not null) from the unmodified logits.
@@ -55,16 +78,31 @@ class Sampler {
 
   const SamplingParams& params() const { return params_; }
 
+  // For a sampler on another device: the seed in force (drawn at creation
+  // when the request set none), how many tokens were drawn so far, the
+  // adjustments the next draw applies (sorted by token; empty when no
+  // penalty or bias is in force), and the token drawn there.
+  uint64_t seed() const { return seed_; }
+  uint64_t draws() const { return draws_; }
+  const std::vector<LogitAdjustment>& Adjustments();
+  void Record(int32_t token);
+
  private:
-  Sampler(const SamplingParams& params, int vocab_size, uint64_t seed);
-  // Penalised logits.
-  void Penalise(const float* logits, std::vector<float>* out) const;
+  Sampler(const SamplingParams& params, int vocab_size, uint64_t seed,
+          const std::vector<int32_t>& prompt);
+  // Adjusted logits.
+  void Penalise(const float* logits, std::vector<float>* out);
   double NextUniform();
 
   SamplingParams params_;
   int vocab_size_;
+  uint64_t seed_;
+  uint64_t draws_ = 0;
   std::mt19937_64 rng_;
   std::unordered_map<int32_t, int64_t> counts_;
+  std::vector<int32_t> prompt_tokens_;  // distinct, when repetition_penalty is on
+  std::vector<LogitAdjustment> adjustments_;
+  bool adjustments_stale_ = true;
   std::vector<float> work_;
   std::vector<int32_t> order_;
 };
