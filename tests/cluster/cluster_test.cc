@@ -31,6 +31,7 @@ struct Reply {
   std::vector<int32_t> tokens;
   std::vector<float> prompt_logits;
   common::FinishReason finish = common::FINISH_REASON_UNSPECIFIED;
+  size_t largest_message = 0;
 };
 
 Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens,
@@ -48,10 +49,11 @@ Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, i
   v1::GenerateResponse resp;
   while (reader->Read(&resp)) {
     r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-      r.finish = resp.finish_reason();
-      r.prompt_logits.assign(resp.prompt_logits().begin(), resp.prompt_logits().end());
-    }
+    // Prompt logits arrive in bounded chunks of whole rows.
+    r.prompt_logits.insert(r.prompt_logits.end(), resp.prompt_logits().begin(),
+                           resp.prompt_logits().end());
+    r.largest_message = std::max(r.largest_message, resp.ByteSizeLong());
+    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) r.finish = resp.finish_reason();
   }
   r.status = reader->Finish();
   return r;
