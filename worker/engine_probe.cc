@@ -136,7 +136,12 @@ absl::StatusOr<cluster::DecodeTiming> TimeDecode(Engine& engine, const std::vect
                                                  uint32_t batch, const ProbePlan& p,
                                                  std::mt19937& rng) {
   const std::vector<int64_t> sequences(all.begin(), all.begin() + batch);
-  FLOTILLA_ASSIGN_OR_RETURN(const int64_t context, engine.SequenceLength(sequences.front()));
+  int64_t context = 0;  // summed, then the mean (earlier batch sizes grew the first sequences)
+  for (int64_t s : sequences) {
+    FLOTILLA_ASSIGN_OR_RETURN(const int64_t length, engine.SequenceLength(s));
+    context += length;
+  }
+  context /= batch;
   std::vector<double> ms;
   for (uint32_t i = 0; i < p.warmup + p.steps; ++i) {
     const std::vector<int32_t> tokens = RandomTokens(rng, engine.config().vocab_size, batch);

@@ -77,6 +77,9 @@ TEST(EngineProbe, TimesDecodePerBatchAndPrefillPerLengthLikeTheServingLoop) {
   EXPECT_EQ(m->decode(1).batch(), 2u);
   EXPECT_EQ(m->decode(2).batch(), 4u);
   EXPECT_EQ(m->decode(0).context_tokens(), 40u);
+  // The first sequences are reused: batch 1 grew one by 4 tokens, batch 2 two more.
+  EXPECT_EQ(m->decode(1).context_tokens(), 42u);
+  EXPECT_EQ(m->decode(2).context_tokens(), 43u);
   for (const auto& d : m->decode()) {
     EXPECT_EQ(d.steps(), 3u);
     EXPECT_GT(d.step_ms_p50(), 0);
