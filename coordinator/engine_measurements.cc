@@ -50,10 +50,10 @@ std::vector<MeasureResult> EngineMeasurements::Expire(absl::Time now) {
       ++it;
       continue;
     }
-    out.push_back(MeasureResult{std::move(it->second.callback),
-                                absl::DeadlineExceededError(absl::StrCat(
-                                    "worker '", it->second.worker_id,
-                                    "' did not finish the engine measurement in time"))});
+    out.push_back(MeasureResult{
+        std::move(it->second.callback),
+        absl::DeadlineExceededError(absl::StrCat(
+            "worker '", it->second.worker_id, "' did not finish the engine measurement in time"))});
     it = pending_.erase(it);
   }
   return out;

@@ -61,9 +61,9 @@ absl::StatusOr<ProbePlan> PlanProbe(const Engine& engine, const cluster::Measure
   if (p.steps > kMaxSteps || p.warmup > kMaxSteps || p.repeats > kMaxRepeats ||
       r.batch_sizes_size() > static_cast<int>(kMaxLengths) ||
       r.prefill_tokens_size() > static_cast<int>(kMaxLengths)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "at most ", kMaxSteps, " steps, ", kMaxRepeats, " prefill repeats and ", kMaxLengths,
-        " batch sizes and prompt lengths per measurement"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxSteps, " steps, ", kMaxRepeats, " prefill repeats and ",
+                     kMaxLengths, " batch sizes and prompt lengths per measurement"));
   }
   const uint32_t cap = static_cast<uint32_t>(std::max<int64_t>(1, limits.max_sequences));
   for (uint32_t b : r.batch_sizes()) p.batches.push_back(std::clamp<uint32_t>(b, 1, cap));
@@ -167,9 +167,9 @@ absl::Status MeasureDecode(Engine& engine, const ProbePlan& p, const ProbeLimits
   TemporarySequences seqs(engine);
   for (uint32_t i = 0; i < p.batches.back(); ++i) {
     const int64_t id = seqs.Add();
-    FLOTILLA_RETURN_IF_ERROR(ProbePrefill(
-        engine, id, RandomTokens(rng, engine.config().vocab_size, p.context),
-        limits.max_batch_tokens));
+    FLOTILLA_RETURN_IF_ERROR(ProbePrefill(engine, id,
+                                          RandomTokens(rng, engine.config().vocab_size, p.context),
+                                          limits.max_batch_tokens));
   }
   for (uint32_t batch : p.batches) {
     FLOTILLA_ASSIGN_OR_RETURN(*out->add_decode(), TimeDecode(engine, seqs.ids(), batch, p, rng));

@@ -23,8 +23,14 @@ std::unique_ptr<CpuEngine> MakeEngine(int64_t blocks = 256) {
 class RecordingEngine : public Engine {
  public:
   explicit RecordingEngine(Engine* inner) : inner_(inner) {}
-  int64_t NewSequence() override { ++created; return inner_->NewSequence(); }
-  absl::Status FreeSequence(int64_t s) override { ++freed; return inner_->FreeSequence(s); }
+  int64_t NewSequence() override {
+    ++created;
+    return inner_->NewSequence();
+  }
+  absl::Status FreeSequence(int64_t s) override {
+    ++freed;
+    return inner_->FreeSequence(s);
+  }
   absl::StatusOr<int64_t> SequenceLength(int64_t s) const override {
     return inner_->SequenceLength(s);
   }

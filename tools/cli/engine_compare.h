@@ -4,9 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "proto/cluster.pb.h"
 
@@ -14,8 +13,8 @@ namespace flotilla::cli {
 
 // What the load did, as the comparison needs it.
 struct ServedLoad {
-  int batch = 1;              // decode batch it ran at (the concurrency, or mean requests in flight)
-  int prompt_tokens = 0;      // mean prompt length
+  int batch = 1;          // decode batch it ran at (the concurrency, or mean requests in flight)
+  int prompt_tokens = 0;  // mean prompt length
   int64_t output_tokens = 0;  // every token streamed back
   int64_t prompts = 0;        // requests that got a first token (prefilled)
   double elapsed_s = 0;
@@ -29,8 +28,7 @@ std::vector<uint32_t> CompareBatchSizes(int batch);
 
 // The measurement for a load: decode at `context_tokens` for
 // CompareBatchSizes(load.batch), prefill of the mean prompt length.
-cluster::MeasureEngineRequest CompareRequest(const ServedLoad& load, int context_tokens,
-                                             int steps);
+cluster::MeasureEngineRequest CompareRequest(const ServedLoad& load, int context_tokens, int steps);
 
 // The engine's figures ("engine") and the comparison ("engine_compare"):
 // served ITL p50 / engine step at the served batch; TTFT p50 - engine
