@@ -60,6 +60,7 @@ ClusterManager::Worker* ClusterManager::WorkerBySessionLocked(uint64_t session_i
 void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerMessage& message) {
   std::vector<Finished> done;
   std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>> updates;
+  std::vector<MeasureResult> measured;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (message.kind_case() == cluster::WorkerMessage::kHello) {
@@ -98,6 +99,12 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
         case cluster::WorkerMessage::kTokens:
           HandleTokens(message.tokens(), &updates, &done);
           break;
+        case cluster::WorkerMessage::kMeasurement:
+          measured = measurements_.Answer(w->worker_id, message.measurement());
+          for (MeasureResult& m : measured) {
+            if (m.result.ok()) *m.result->mutable_device() = w->hello.device();
+          }
+          break;
         case cluster::WorkerMessage::kError:
           spdlog::warn("worker {}: {}", w->worker_id, message.error().message());
           if (message.error().fatal()) {
@@ -113,6 +120,7 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
   for (auto& [cb, update] : updates) {
     if (cb.on_update) cb.on_update(update);
   }
+  for (MeasureResult& m : measured) m.Deliver();
   Deliver(done);
 }
 
@@ -287,6 +295,11 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
   w.session.reset();
   w.session_id = 0;
   spdlog::warn("worker {} is gone: {}", w.worker_id, why);
+  AddFailedMeasurements(
+      measurements_.FailWorker(w.worker_id,
+                               absl::UnavailableError(absl::StrCat(
+                                   "worker '", w.worker_id, "' is gone: ", why))),
+      done);
   if (w.rank < 0) return;
   const std::string msg = absl::StrCat("worker '", w.worker_id, "' (rank ", w.rank, ", node ",
                                        w.hello.node(), ") is gone: ", why);
@@ -354,6 +367,16 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt of ", request.prompt_ids().size(), " tokens does not fit the context of ",
         options_.model.max_position_embeddings));
+  }
+  if (request.return_prompt_logits()) {
+    const uint64_t bytes = static_cast<uint64_t>(request.prompt_ids_size()) *
+                           static_cast<uint64_t>(options_.model.vocab_size) * sizeof(float);
+    if (bytes > options_.max_prompt_logits_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "return_prompt_logits for ", request.prompt_ids_size(), " prompt tokens is ",
+          bytes >> 20, " MiB of logits, over this server's limit of ",
+          options_.max_prompt_logits_bytes >> 20, " MiB; shorten the prompt"));
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (state_ != admin::READY) {
@@ -464,6 +487,7 @@ void ClusterManager::MonitorLoop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const absl::Time now = absl::Now();
+      AddFailedMeasurements(measurements_.Expire(now), &done);
       for (auto& [id, w] : workers_) {
         if (w.alive && now - w.last_heard > options_.heartbeat_timeout) {
           MarkDeadLocked(w,
@@ -475,6 +499,40 @@ void ClusterManager::MonitorLoop() {
     }
     Deliver(done);
   }
+}
+
+void ClusterManager::AddFailedMeasurements(std::vector<MeasureResult> failed,
+                                           std::vector<Finished>* done) {
+  for (MeasureResult& m : failed) {
+    RequestCallbacks cb;
+    cb.on_done = [m](const absl::Status&) mutable { m.Deliver(); };
+    done->push_back(Finished{std::move(cb), absl::OkStatus(), std::nullopt});
+  }
+}
+
+void ClusterManager::MeasureEngine(const cluster::MeasureEngineRequest& request,
+                                   absl::Time deadline, MeasureCallback done) {
+  absl::Status refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!placement_ || state_ != admin::READY) {
+      refused = absl::FailedPreconditionError(
+          absl::StrCat("the instance is not serving: ", state_message_));
+    } else if (placement_->parallel.world_size() > 1) {
+      refused = absl::UnimplementedError(absl::StrCat(
+          "engine measurement runs on instances of one worker; this one has ",
+          placement_->parallel.world_size(), " ranks stepping in lockstep"));
+    } else {
+      Worker& w = workers_[placement_->ranks[placement_->parallel.leader_of_group(0)].worker_id];
+      cluster::CoordinatorMessage msg;
+      msg.mutable_measure_engine()->set_measure_id(
+          measurements_.Add(w.worker_id, deadline, std::move(done)));
+      *msg.mutable_measure_engine()->mutable_request() = request;
+      w.session->Send(msg);
+      return;
+    }
+  }
+  done(refused);
 }
 
 void ClusterManager::Deliver(std::vector<Finished>& done) {

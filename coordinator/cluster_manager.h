@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model_config.h"
+#include "coordinator/engine_measurements.h"
 #include "coordinator/placement.h"
 #include "proto/admin.pb.h"
 #include "proto/cluster.pb.h"
@@ -50,6 +51,9 @@ struct ClusterOptions {
   uint32_t max_batch_tokens = 512;
   uint32_t max_sequences = 64;
   uint32_t kv_blocks = 0;
+  // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
+  // this are refused with INVALID_ARGUMENT before any work.
+  uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;
 };
 
 // Callbacks of one request. `on_update` gets every SequenceUpdate (the last
@@ -80,6 +84,13 @@ class ClusterManager {
   // ready (names the missing workers), RESOURCE_EXHAUSTED when too many
   // requests are in flight, INVALID_ARGUMENT for a bad prompt.
   absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request, RequestCallbacks callbacks);
+  // Asks the leader of DP group 0 to time its engine between steps (admin
+  // MeasureEngine). `done` gets the measurement, or why there is none
+  // (FAILED_PRECONDITION while not serving, UNIMPLEMENTED for W > 1, the
+  // worker's refusal, UNAVAILABLE if it dies, DEADLINE_EXCEEDED after
+  // `deadline`), exactly once and without the manager's lock held.
+  void MeasureEngine(const cluster::MeasureEngineRequest& request, absl::Time deadline,
+                     MeasureCallback done);
   // Cancels a request; its on_done gets CANCELLED. Returns false if unknown.
   bool Cancel(uint64_t request_id, const std::string& reason);
 
@@ -135,6 +146,9 @@ class ClusterManager {
   Worker* WorkerBySessionLocked(uint64_t session_id);
   void MonitorLoop();
   static void Deliver(std::vector<Finished>& done);
+  // Failed measurements, delivered with the finished requests.
+  static void AddFailedMeasurements(std::vector<MeasureResult> failed,
+                                    std::vector<Finished>* done);
 
   const ClusterOptions options_;
   mutable std::mutex mu_;
@@ -154,6 +168,7 @@ class ClusterManager {
   uint64_t requests_submitted_ = 0;
   uint64_t requests_cancelled_ = 0;
   std::vector<uint32_t> group_inflight_;
+  EngineMeasurements measurements_;
 
   std::atomic<bool> stop_{false};
   std::mutex monitor_mu_;

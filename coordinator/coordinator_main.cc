@@ -56,6 +56,11 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_BATCH_TOKENS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-sequences", opts.max_sequences, "sequences running per DP group")
       ->envname("FLOTILLA_MAX_SEQUENCES")->capture_default_str()->check(CLI::PositiveNumber);
+  uint64_t max_prompt_logits_mb = opts.max_prompt_logits_bytes >> 20;
+  app.add_option("--max-prompt-logits-mb", max_prompt_logits_mb,
+                 "largest return_prompt_logits answer (prompt tokens x vocab x 4 bytes) served; "
+                 "larger requests are refused with INVALID_ARGUMENT")
+      ->envname("FLOTILLA_MAX_PROMPT_LOGITS_MB")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kv-blocks", opts.kv_blocks, "KV blocks per worker (0 = sized automatically)")
       ->envname("FLOTILLA_KV_BLOCKS")->capture_default_str();
   std::string tokenizer_path = flotilla::tokenizer::Tokenizer::DefaultRanksPath();
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
   opts.model = *config;
   opts.heartbeat_interval = absl::Milliseconds(hb_interval_ms);
   opts.heartbeat_timeout = absl::Milliseconds(hb_timeout_ms);
+  opts.max_prompt_logits_bytes = max_prompt_logits_mb << 20;
   auto manager = flotilla::coordinator::ClusterManager::Create(opts);
   if (!manager.ok()) {
     std::cerr << "flotilla-coordinator: " << manager.status().message() << "\n";

@@ -110,6 +110,9 @@ class GenerateReactor final : public GenerateReactorBase {
       r.set_request_id(absl::StrCat(u.request_id()));
       *r.mutable_token_ids() = u.token_ids();
       *r.mutable_logprobs() = u.logprobs();
+      // Prompt logits come in bounded chunks before the first token; each
+      // chunk is one response.
+      *r.mutable_prompt_logits() = u.prompt_logits();
       for (int32_t id : u.token_ids()) {
         absl::StatusOr<std::string> piece = state->detok.Append(static_cast<tokenizer::TokenId>(id));
         if (piece.ok()) r.mutable_text()->append(*piece);
@@ -119,7 +122,6 @@ class GenerateReactor final : public GenerateReactorBase {
         r.set_finish_reason(u.finish_reason());
         r.mutable_usage()->set_prompt_tokens(u.prompt_tokens());
         r.mutable_usage()->set_completion_tokens(u.completion_tokens());
-        *r.mutable_prompt_logits() = u.prompt_logits();
         if (u.has_stop_token()) r.set_stop_token(u.stop_token());
       }
       if (u.finish_reason() != common::ERROR) state->queue.Send(r);
@@ -274,6 +276,48 @@ class ChatReactor final : public ChatReactorBase {
   uint64_t request_id_ = 0;
 };
 
+// One MeasureEngine call: finished by the manager's answer or by the
+// client going away, whichever comes first (the other then does nothing).
+class MeasureEngineReactor final : public grpc::ServerUnaryReactor {
+ public:
+  MeasureEngineReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
+                       const cluster::MeasureEngineRequest& request,
+                       cluster::EngineMeasurement* response)
+      : state_(std::make_shared<State>(this, response)) {
+    // Serving pauses while the worker measures: bound how long a call may ask for.
+    absl::Time deadline = absl::Now() + absl::Minutes(10);
+    if (context->deadline() != std::chrono::system_clock::time_point::max()) {
+      deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+    }
+    std::shared_ptr<State> state = state_;
+    manager->MeasureEngine(request, deadline,
+                           [state](absl::StatusOr<cluster::EngineMeasurement> m) {
+                             std::lock_guard<std::mutex> lock(state->mu);
+                             if (state->finished) return;
+                             state->finished = true;
+                             if (m.ok()) *state->response = *std::move(m);
+                             state->reactor->Finish(ToGrpcStatus(m.status()));
+                           });
+  }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->finished) return;
+    state_->finished = true;
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  struct State {
+    State(MeasureEngineReactor* r, cluster::EngineMeasurement* out) : reactor(r), response(out) {}
+    std::mutex mu;
+    bool finished = false;  // under mu; reactor and response are used only before
+    MeasureEngineReactor* reactor;
+    cluster::EngineMeasurement* response;
+  };
+  std::shared_ptr<State> state_;
+};
+
 }  // namespace
 
 FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
@@ -335,6 +379,12 @@ grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext
   if (m.ok()) *response = *m;
   reactor->Finish(ToGrpcStatus(m.status()));
   return reactor;
+}
+
+grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContext* context,
+                                                      const cluster::MeasureEngineRequest* request,
+                                                      cluster::EngineMeasurement* response) {
+  return new MeasureEngineReactor(manager_, context, *request, response);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(

@@ -39,6 +39,9 @@ class AdminService final : public admin::Admin::CallbackService {
   grpc::ServerUnaryReactor* SetExpertMap(grpc::CallbackServerContext* context,
                                          const cluster::ExpertMap* request,
                                          cluster::ExpertMap* response) override;
+  grpc::ServerUnaryReactor* MeasureEngine(grpc::CallbackServerContext* context,
+                                          const cluster::MeasureEngineRequest* request,
+                                          cluster::EngineMeasurement* response) override;
 
  private:
   ClusterManager* manager_;

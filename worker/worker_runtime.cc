@@ -15,7 +15,9 @@
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
+#include "worker/engine_probe.h"
 #include "worker/model/load_weights.h"
+#include "worker/worker_messages.h"
 #if FLOTILLA_WITH_UCX
 #include "comm/ucx/ucx_communicator.h"
 #endif
@@ -62,7 +64,14 @@ void WorkerRuntime::Stop() {
 
 void WorkerRuntime::Send(const cluster::WorkerMessage& m) {
   std::lock_guard<std::mutex> lock(write_mu_);
-  if (stream_) stream_->Write(m);
+  if (!stream_) return;
+  if (m.ByteSizeLong() <= kMaxWorkerMessageBytes) {
+    stream_->Write(m);
+    return;
+  }
+  for (const cluster::WorkerMessage& part : SplitWorkerMessage(m, kMaxWorkerMessageBytes)) {
+    stream_->Write(part);
+  }
 }
 
 absl::Status WorkerRuntime::Run() {
@@ -242,6 +251,9 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
         }
       }
       break;
+    case cluster::CoordinatorMessage::kMeasureEngine:
+      Send(AnswerMeasurement(m.measure_engine()));
+      break;
     case cluster::CoordinatorMessage::kShutdown:
       spdlog::info("coordinator asked to shut down: {}", m.shutdown().reason());
       stop_ = true;
@@ -249,6 +261,38 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
     default:
       break;
   }
+}
+
+cluster::WorkerMessage WorkerRuntime::AnswerMeasurement(const cluster::MeasureEngine& m) {
+  auto got = [&]() -> absl::StatusOr<cluster::EngineMeasurement> {
+    if (!running_ || !engine_) return absl::FailedPreconditionError("the worker is not serving");
+    if (assignment_->world_size() > 1) {
+      return absl::UnimplementedError(
+          "engine measurement runs on instances of one worker; the ranks of this one step in "
+          "lockstep and would all have to take part");
+    }
+    ProbeLimits limits;
+    limits.kv_blocks_available =
+        std::min(engine_->KvFreeBlocks(), engine_->KvTotalBlocks() - kv_reserved_);
+    limits.max_batch_tokens = std::max<uint32_t>(1, assignment_->max_batch_tokens());
+    limits.max_sequences = std::max<uint32_t>(1, assignment_->max_sequences());
+    return MeasureEngine(*engine_, m.request(), limits);
+  }();
+  cluster::WorkerMessage out;
+  cluster::EngineMeasurement* r = out.mutable_measurement();
+  if (got.ok()) {
+    *r = *std::move(got);
+  } else {
+    r->set_error_code(static_cast<int>(got.status().code()));
+    r->set_error(std::string(got.status().message()));
+  }
+  r->set_measure_id(m.measure_id());
+  r->set_worker_id(options_.worker_id);
+  r->set_rank(assignment_ ? assignment_->rank() : 0);
+  r->set_engine(options_.device);
+  r->set_running_sequences(static_cast<uint32_t>(sequences_.size()));
+  if (engine_) kv_free_ = engine_->KvFreeBlocks();
+  return out;
 }
 
 void WorkerRuntime::Reset(const std::string& why) {
@@ -529,9 +573,6 @@ void WorkerRuntime::FinishSequence(Sequence& seq, common::FinishReason reason,
                                    cluster::SequenceUpdate* u) {
   u->set_finish_reason(reason);
   u->set_prompt_tokens(seq.prompt.size());
-  if (seq.return_prompt_logits) {
-    *u->mutable_prompt_logits() = {seq.prompt_logits.begin(), seq.prompt_logits.end()};
-  }
   kv_reserved_ -= seq.kv_reserved;
   to_free_.push_back(seq.request_id);
 }
@@ -632,9 +673,8 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
     const bool prefill = seq.prefilled < static_cast<int64_t>(seq.prompt.size());
     if (prefill) {
       seq.prefilled += p.tokens_size();
-      if (seq.return_prompt_logits) {
-        seq.prompt_logits.insert(seq.prompt_logits.end(), logits.begin(), logits.end());
-      }
+      // Streamed as they come, in bounded updates (never one huge message).
+      if (seq.return_prompt_logits) AppendPromptLogits(seq.request_id, logits, V, &out);
       if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
     }
     if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;

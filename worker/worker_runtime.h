@@ -74,7 +74,6 @@ class WorkerRuntime {
     std::vector<int> stop_ids;
     bool want_logprobs = false;
     bool return_prompt_logits = false;
-    std::vector<float> prompt_logits;
     int64_t kv_reserved = 0;
     uint64_t deadline_unix_ms = 0;
   };
@@ -84,6 +83,8 @@ class WorkerRuntime {
   void HeartbeatLoop();
   void EngineLoop();
   void Handle(const cluster::CoordinatorMessage& m);
+  // Times the engine between steps (serving pauses) with temporary sequences.
+  cluster::WorkerMessage AnswerMeasurement(const cluster::MeasureEngine& m);
   void Reset(const std::string& why);
   absl::Status Load(const cluster::Assignment& a);
   absl::Status StartComm(const cluster::StartComm& sc);

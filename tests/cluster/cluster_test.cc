@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -31,6 +32,7 @@ struct Reply {
   std::vector<int32_t> tokens;
   std::vector<float> prompt_logits;
   common::FinishReason finish = common::FINISH_REASON_UNSPECIFIED;
+  size_t largest_message = 0;
 };
 
 Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens,
@@ -48,10 +50,11 @@ Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, i
   v1::GenerateResponse resp;
   while (reader->Read(&resp)) {
     r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-      r.finish = resp.finish_reason();
-      r.prompt_logits.assign(resp.prompt_logits().begin(), resp.prompt_logits().end());
-    }
+    // Prompt logits arrive in bounded chunks of whole rows.
+    r.prompt_logits.insert(r.prompt_logits.end(), resp.prompt_logits().begin(),
+                           resp.prompt_logits().end());
+    r.largest_message = std::max(r.largest_message, resp.ByteSizeLong());
+    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) r.finish = resp.finish_reason();
   }
   r.status = reader->Finish();
   return r;
@@ -368,6 +371,135 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
   restart.join();
   ASSERT_TRUE(retried.ok()) << retried.status();
   EXPECT_EQ(retried->token_ids, res->token_ids);
+}
+
+}  // namespace
+}  // namespace flotilla
+
+#include <CLI/CLI.hpp>
+
+#include "tools/cli/bench_command.h"
+
+namespace flotilla {
+namespace {
+
+std::vector<int32_t> LongPrompt(int n) {
+  std::vector<int32_t> p(n);
+  for (int i = 0; i < n; ++i) p[i] = (i * 7919 + 13) % 200000;
+  return p;
+}
+
+TEST(ClusterPromptLogits, ALongPromptsLogitsStreamInBoundedMessagesAndTheWorkerStaysUp) {
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  cli::LocalClusterOptions o = Options(*model, 1, 1);
+  o.log_dir += "-logits";
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string addr = (*cluster)->address();
+  const size_t vocab = 201088;  // 400 rows are 322 MB, over the 256 MiB gRPC limit in one message
+
+  // The test's channel keeps gRPC's default 4 MiB receive limit: every
+  // message of the stream must fit it.
+  const std::vector<int32_t> prompt = LongPrompt(400);
+  Reply big = Generate(addr, prompt, 2, true);
+  ASSERT_TRUE(big.status.ok()) << big.status.error_message();
+  EXPECT_EQ(big.tokens.size(), 2u);
+  ASSERT_EQ(big.prompt_logits.size(), prompt.size() * vocab);
+  EXPECT_LE(big.largest_message, size_t{4} << 20);
+  // Rows come in prompt order: a prefix's logits are the first rows.
+  Reply prefix = Generate(addr, {prompt.begin(), prompt.begin() + 3}, 1, true);
+  ASSERT_TRUE(prefix.status.ok()) << prefix.status.error_message();
+  ASSERT_EQ(prefix.prompt_logits.size(), 3 * vocab);
+  float worst = 0;
+  for (size_t j = 0; j < prefix.prompt_logits.size(); ++j) {
+    worst = std::max(worst, std::abs(prefix.prompt_logits[j] - big.prompt_logits[j]));
+  }
+  EXPECT_LE(worst, 1e-4f);
+
+  // Past the documented cap (1 GiB of logits): refused before any work.
+  Reply refused = Generate(addr, LongPrompt(1400), 1, true);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("prompt_logits"), std::string::npos)
+      << refused.status.error_message();
+
+  // The worker stayed up, the instance is still serving.
+  EXPECT_TRUE((*cluster)->CheckAlive().ok()) << (*cluster)->CheckAlive();
+  EXPECT_EQ(Status(addr).state(), admin::READY) << Status(addr).message();
+  Reply after = Generate(addr, {1, 2, 3}, 4, false);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 4u);
+}
+
+TEST(ClusterMeasureEngine, TheWorkerTimesItsEngineAndBenchServeComparesInOneLine) {
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  cli::LocalClusterOptions o = Options(*model, 1, 1);
+  o.log_dir += "-measure";
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string addr = (*cluster)->address();
+
+  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  cluster::MeasureEngineRequest req;
+  req.add_batch_sizes(1);
+  req.add_batch_sizes(4);
+  req.set_context_tokens(64);
+  req.add_prefill_tokens(100);
+  req.set_steps(4);
+  cluster::EngineMeasurement m;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status st = admin->MeasureEngine(&ctx, req, &m);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  ASSERT_EQ(m.decode_size(), 2);
+  EXPECT_EQ(m.decode(1).batch(), 4u);
+  EXPECT_GT(m.decode(1).step_ms_p50(), 0);
+  ASSERT_EQ(m.prefill_size(), 1);
+  EXPECT_GT(m.prefill(0).ms_p50(), 0);
+  EXPECT_EQ(m.engine(), "cpu");
+  // More than the KV cache holds: refused, and serving goes on.
+  req.set_context_tokens(4000);
+  req.clear_batch_sizes();
+  req.add_batch_sizes(64);
+  {
+    grpc::ClientContext ctx;
+    grpc::Status st = admin->MeasureEngine(&ctx, req, &m);
+    EXPECT_TRUE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+                st.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+        << st.error_code() << " " << st.error_message();
+  }
+
+  CLI::App app;
+  cli::AddBenchCommand(app);
+  std::stringstream out;
+  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
+  bool parsed = true;
+  try {
+    app.parse("bench serve --coordinator " + addr +
+                  " --concurrency 2 --duration 1.5 --prompt-tokens 40 --output-tokens 6"
+                  " --engine-compare on --engine-steps 4",
+              /*program_name_included=*/false);
+  } catch (const CLI::Error& e) {
+    parsed = false;
+    std::cerr << "bench serve: " << e.what() << "\n";
+  }
+  std::cout.rdbuf(saved);
+  ASSERT_TRUE(parsed) << out.str();
+  nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_GT(j["requests_ok"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(j["requests_failed"].get<int>(), 0) << j.dump();
+  EXPECT_EQ(j["output_tokens"].get<int>(), 6 * j["requests_ok"].get<int>()) << j.dump();
+  ASSERT_TRUE(j.contains("engine_compare")) << j.dump();
+  const nlohmann::json& c = j["engine_compare"];
+  EXPECT_EQ(c["batch"].get<int>(), 2);
+  EXPECT_EQ(c["prompt_tokens"].get<int>(), 40);
+  EXPECT_GT(c["engine_step_ms"].get<double>(), 0);
+  EXPECT_GT(c["itl_over_engine_step"].get<double>(), 0);
+  EXPECT_GT(c["engine_output_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(c["served_over_engine"].get<double>(), 0);
+  EXPECT_TRUE((*cluster)->CheckAlive().ok());
 }
 
 }  // namespace

@@ -39,7 +39,7 @@ struct Fixture {
   std::vector<std::string> names;
 
   explicit Fixture(int workers, int tp, absl::Duration timeout = absl::Seconds(30),
-                   int max_inflight = 1024) {
+                   int max_inflight = 1024, uint64_t max_prompt_logits_bytes = 1 << 30) {
     ClusterOptions o;
     o.expected_workers = workers;
     o.layout.tp_size = tp;
@@ -48,6 +48,7 @@ struct Fixture {
     o.heartbeat_interval = absl::Milliseconds(20);
     o.heartbeat_timeout = timeout;
     o.max_inflight_requests = max_inflight;
+    o.max_prompt_logits_bytes = max_prompt_logits_bytes;
     manager = *ClusterManager::Create(o);
   }
   int Connect(const std::string& id) {
@@ -255,6 +256,119 @@ TEST(ClusterManager, CancelEndsTheRequestAndTellsTheLeader) {
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(f.sessions[0]->Of(cluster::CoordinatorMessage::kCancel).size(), 1u);
   EXPECT_FALSE(f.manager->Cancel(*id, "again"));
+}
+
+TEST(ClusterManager, PromptLogitsPastTheCapAreRefusedBeforeAnyWorkerSeesThem) {
+  // The tiny vocabulary is 1024: 4 KiB of logits per prompt token.
+  Fixture f(1, 1, absl::Seconds(30), 1024, /*max_prompt_logits_bytes=*/40 << 10);
+  f.Connect("w0");
+  f.Ready(0);
+  f.JoinAll();
+  cluster::SubmitSequence req;
+  for (int i = 0; i < 10; ++i) req.add_prompt_ids(i);
+  req.set_return_prompt_logits(true);
+  EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+  req.add_prompt_ids(10);
+  auto refused = f.manager->Submit(req, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("MiB"), std::string::npos) << refused.status();
+  req.set_return_prompt_logits(false);
+  EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+  EXPECT_EQ(f.sessions[0]->Of(cluster::CoordinatorMessage::kSubmit).size(), 2u);
+}
+
+// Collects what a MeasureEngine callback got.
+struct MeasureOutcome {
+  std::mutex mu;
+  std::optional<absl::StatusOr<cluster::EngineMeasurement>> got;
+  MeasureCallback Callback() {
+    return [this](absl::StatusOr<cluster::EngineMeasurement> m) {
+      std::lock_guard<std::mutex> lock(mu);
+      got = std::move(m);
+    };
+  }
+  std::optional<absl::StatusOr<cluster::EngineMeasurement>> Get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return got;
+  }
+};
+
+TEST(ClusterManager, MeasureEngineGoesToTheLeaderAndOnlyItsAnswerCounts) {
+  Fixture f(1, 1);
+  MeasureOutcome early;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), early.Callback());
+  ASSERT_TRUE(early.Get().has_value());
+  EXPECT_EQ(early.Get()->status().code(), absl::StatusCode::kFailedPrecondition);
+
+  f.Connect("w0");
+  f.Ready(0);
+  f.JoinAll();
+  cluster::MeasureEngineRequest req;
+  req.add_batch_sizes(4);
+  req.set_context_tokens(128);
+  MeasureOutcome ok;
+  f.manager->MeasureEngine(req, absl::InfiniteFuture(), ok.Callback());
+  auto sent = f.sessions[0]->Of(cluster::CoordinatorMessage::kMeasureEngine);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].measure_engine().request().context_tokens(), 128u);
+  EXPECT_FALSE(ok.Get().has_value());
+
+  cluster::WorkerMessage answer;
+  cluster::EngineMeasurement* m = answer.mutable_measurement();
+  m->set_measure_id(sent[0].measure_engine().measure_id());
+  m->add_decode()->set_batch(4);
+  f.manager->OnWorkerMessage(f.ids[0], answer);
+  ASSERT_TRUE(ok.Get().has_value());
+  ASSERT_TRUE(ok.Get()->ok()) << ok.Get()->status();
+  EXPECT_EQ((*ok.Get())->decode(0).batch(), 4u);
+
+  // A refusal comes back as its status; a repeated answer is ignored.
+  MeasureOutcome refused;
+  f.manager->MeasureEngine(req, absl::InfiniteFuture(), refused.Callback());
+  sent = f.sessions[0]->Of(cluster::CoordinatorMessage::kMeasureEngine);
+  m->Clear();
+  m->set_measure_id(sent.back().measure_engine().measure_id());
+  m->set_error_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+  m->set_error("KV short");
+  f.manager->OnWorkerMessage(f.ids[0], answer);
+  f.manager->OnWorkerMessage(f.ids[0], answer);
+  ASSERT_TRUE(refused.Get().has_value());
+  EXPECT_EQ(refused.Get()->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.Get()->status().message().find("KV short"), std::string::npos);
+}
+
+TEST(ClusterManager, MeasureEngineFailsWhenTheWorkerDiesOrTimeRunsOut) {
+  Fixture f(1, 1);
+  f.Connect("w0");
+  f.Ready(0);
+  f.JoinAll();
+  MeasureOutcome expired;
+  f.manager->MeasureEngine({}, absl::Now() + absl::Milliseconds(50), expired.Callback());
+  const absl::Time start = absl::Now();
+  while (!expired.Get().has_value() && absl::Now() - start < absl::Seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(expired.Get().has_value());
+  EXPECT_EQ(expired.Get()->status().code(), absl::StatusCode::kDeadlineExceeded);
+
+  MeasureOutcome orphaned;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), orphaned.Callback());
+  f.manager->OnSessionClosed(f.ids[0]);
+  ASSERT_TRUE(orphaned.Get().has_value());
+  EXPECT_EQ(orphaned.Get()->status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ClusterManager, MeasureEngineIsUnimplementedForSeveralWorkers) {
+  Fixture f(2, 1);
+  f.Connect("w0");
+  f.Connect("w1");
+  f.Ready(0);
+  f.Ready(1);
+  f.JoinAll();
+  MeasureOutcome out;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), out.Callback());
+  ASSERT_TRUE(out.Get().has_value());
+  EXPECT_EQ(out.Get()->status().code(), absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace

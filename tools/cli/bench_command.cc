@@ -11,7 +11,13 @@
 #include <thread>
 #include <vector>
 
+#include <grpcpp/grpcpp.h>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/grpc_status.h"
+#include "proto/admin.grpc.pb.h"
+#include "tools/cli/engine_compare.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
@@ -28,11 +34,16 @@ struct ServeFlags {
   std::vector<int> output_len = {16, 128};
   uint64_t seed = 1;
   double timeout_s = 120;
+  bool ignore_eos = false;  // outputs run to their length (set by --output-tokens)
+  std::string engine_compare = "auto";  // on, off, or auto (on when the admin RPC answers)
+  int engine_steps = 32;
 };
 
 struct Stats {
   std::mutex mu;
   int64_t ok = 0, failed = 0, tokens = 0;
+  int64_t prompts = 0;   // requests that got a first token
+  double busy_s = 0;     // request durations summed: / elapsed = mean requests in flight
   std::map<std::string, int64_t> errors;
   std::vector<double> ttft_ms, itl_ms;
 };
@@ -55,6 +66,7 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
   req.mutable_sampling()->set_temperature(1.0f);
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(olen(rng));
+  req.mutable_sampling()->set_ignore_eos(f.ignore_eos);
   const auto start = Clock::now();
   auto last = start;
   bool first = true;
@@ -76,6 +88,8 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
   });
   std::lock_guard<std::mutex> lock(stats.mu);
   stats.tokens += tokens;
+  stats.prompts += first ? 0 : 1;
+  stats.busy_s += std::chrono::duration<double>(Clock::now() - start).count();
   if (st.ok()) {
     ++stats.ok;
     if (!first) stats.ttft_ms.push_back(ttft);
@@ -84,6 +98,44 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
     ++stats.failed;
     ++stats.errors[std::string(absl::StatusCodeToString(st.code()))];
   }
+}
+
+// Asks the coordinator's admin API to time the engine for this load.
+absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(const ServeFlags& f,
+                                                         const ServedLoad& load) {
+  auto admin = admin::Admin::NewStub(
+      grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials()));
+  // Decode is timed at the mean context a served decode step sees.
+  const int context = (f.prompt_len[0] + f.prompt_len[1]) / 2 +
+                      (f.output_len[0] + f.output_len[1]) / 4;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
+  cluster::EngineMeasurement m;
+  grpc::Status st = admin->MeasureEngine(&ctx, CompareRequest(load, context, f.engine_steps), &m);
+  if (!st.ok()) return FromGrpcStatus(st);
+  return m;
+}
+
+// Adds the engine's figures and the comparison to `j`; false when they were
+// asked for (--engine-compare on) and could not be had.
+bool AddEngineCompare(const ServeFlags& f, const Stats& stats, double elapsed, nlohmann::json& j) {
+  if (f.engine_compare == "off") return true;
+  ServedLoad load;
+  load.batch = f.rate > 0 ? std::max(1, static_cast<int>(stats.busy_s / elapsed + 0.5))
+                          : f.concurrency;
+  load.prompt_tokens = (f.prompt_len[0] + f.prompt_len[1]) / 2;
+  load.output_tokens = stats.tokens;
+  load.prompts = stats.prompts;
+  load.elapsed_s = elapsed;
+  load.itl_p50_ms = Percentile(stats.itl_ms, 50);
+  load.ttft_p50_ms = Percentile(stats.ttft_ms, 50);
+  absl::StatusOr<cluster::EngineMeasurement> m = MeasureEngine(f, load);
+  if (!m.ok()) {
+    j["engine_error"] = std::string(m.status().ToString());
+    return f.engine_compare != "on";
+  }
+  j.update(EngineComparison(load, *m));
+  return true;
 }
 
 int RunServe(const ServeFlags& f) {
@@ -155,8 +207,11 @@ int RunServe(const ServeFlags& f) {
     j[name] = {{"p50", Percentile(*v, 50)}, {"p90", Percentile(*v, 90)},
                {"p99", Percentile(*v, 99)}, {"n", v->size()}};
   }
+  j["mean_requests_in_flight"] = stats.busy_s / elapsed;
+  // After the load, so the engine is idle and the served batch is known.
+  const bool compared = AddEngineCompare(f, stats, elapsed, j);
   std::cout << j.dump() << std::endl;
-  return 0;
+  return compared ? 0 : 1;
 }
 
 }  // namespace
@@ -178,6 +233,21 @@ void AddBenchCommand(CLI::App& app) {
       ->expected(2)->check(CLI::Range(1, 1 << 20));
   serve->add_option("--output-len", f->output_len, "MIN MAX output tokens (uniform)")
       ->expected(2)->check(CLI::Range(1, 1 << 20));
+  serve->add_option_function<int>(
+      "--prompt-tokens", [f](int n) { f->prompt_len = {n, n}; },
+      "every prompt exactly N tokens (--prompt-len N N)")
+      ->check(CLI::Range(1, 1 << 20));
+  serve->add_option_function<int>(
+      "--output-tokens", [f](int n) { f->output_len = {n, n}; f->ignore_eos = true; },
+      "every output exactly N tokens: --output-len N N with end tokens ignored")
+      ->check(CLI::Range(1, 1 << 20));
+  serve->add_flag("--ignore-eos", f->ignore_eos, "end tokens do not stop generation");
+  serve->add_option("--engine-compare", f->engine_compare,
+                    "after the load, time the engine on the serving worker (admin MeasureEngine) "
+                    "and print served/engine ratios: on, off, or auto (on when it answers)")
+      ->check(CLI::IsMember({"on", "off", "auto"}))->capture_default_str();
+  serve->add_option("--engine-steps", f->engine_steps, "timed engine decode steps per batch size")
+      ->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("--seed", f->seed, "random seed")->capture_default_str();
   serve->add_option("--timeout", f->timeout_s, "per-request deadline, seconds")
       ->check(CLI::PositiveNumber)->capture_default_str();

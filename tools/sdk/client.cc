@@ -174,12 +174,13 @@ absl::StatusOr<GenerateResult> Client::Generate(const v1::GenerateRequest& reque
     r.token_ids.insert(r.token_ids.end(), resp.token_ids().begin(), resp.token_ids().end());
     r.text += resp.text();
     r.logprobs.insert(r.logprobs.end(), resp.logprobs().begin(), resp.logprobs().end());
+    r.prompt_logits.insert(r.prompt_logits.end(), resp.prompt_logits().begin(),
+                           resp.prompt_logits().end());
     if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
       r.finish_reason = resp.finish_reason();
       r.prompt_tokens = resp.usage().prompt_tokens();
       r.completion_tokens = resp.usage().completion_tokens();
       if (resp.has_stop_token()) r.stop_token = resp.stop_token();
-      r.prompt_logits.assign(resp.prompt_logits().begin(), resp.prompt_logits().end());
     }
   });
   if (!st.ok()) return st;
