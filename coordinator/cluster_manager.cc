@@ -236,6 +236,7 @@ void ClusterManager::MaybeAssignLocked() {
     for (const RankPlacement& q : p.ranks) a->add_rank_worker_ids(q.worker_id);
     a->set_max_batch_tokens(options_.max_batch_tokens);
     a->set_max_sequences(options_.max_sequences);
+    a->set_max_model_len(options_.max_model_len);
     a->set_kv_blocks(options_.kv_blocks);
     w.session->Send(msg);
   }

@@ -48,8 +48,11 @@ struct ClusterOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
   absl::Duration heartbeat_timeout = absl::Seconds(2);  // silence after which a worker is dead
   int max_inflight_requests = 1024;     // beyond: RESOURCE_EXHAUSTED
-  uint32_t max_batch_tokens = 512;
-  uint32_t max_sequences = 64;
+  // Sized for a GPU: continuous batching of up to 256 sequences, prompt
+  // chunks within 2048 tokens per step.
+  uint32_t max_batch_tokens = 2048;
+  uint32_t max_sequences = 256;
+  uint32_t max_model_len = 0;  // 0 = the model's max_position_embeddings
   uint32_t kv_blocks = 0;
   // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
   // this are refused with INVALID_ARGUMENT before any work.

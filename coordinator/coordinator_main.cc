@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_BATCH_TOKENS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-sequences", opts.max_sequences, "sequences running per DP group")
       ->envname("FLOTILLA_MAX_SEQUENCES")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-model-len", opts.max_model_len,
+                 "longest sequence (prompt + output) served; 0 = the model's context")
+      ->envname("FLOTILLA_MAX_MODEL_LEN")->capture_default_str()->check(CLI::NonNegativeNumber);
   uint64_t max_prompt_logits_mb = opts.max_prompt_logits_bytes >> 20;
   app.add_option("--max-prompt-logits-mb", max_prompt_logits_mb,
                  "largest return_prompt_logits answer (prompt tokens x vocab x 4 bytes) served; "

@@ -414,7 +414,10 @@ grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContex
   v1::ModelInfo* m = response->add_models();
   m->set_id(model_id_);
   m->set_vocab_size(manager_->options().model.vocab_size);
-  m->set_max_context(manager_->options().model.max_position_embeddings);
+  const ClusterOptions& o = manager_->options();
+  m->set_max_context(o.max_model_len > 0 ? std::min<int64_t>(o.max_model_len,
+                                                              o.model.max_position_embeddings)
+                                         : o.model.max_position_embeddings);
   switch (s.state()) {
     case admin::READY: m->set_state("ready"); break;
     case admin::LOADING: m->set_state("loading"); break;

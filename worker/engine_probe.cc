@@ -179,13 +179,30 @@ absl::Status MeasureDecode(Engine& engine, const ProbePlan& p, const ProbeLimits
 
 }  // namespace
 
+namespace {
+
+// Tokens are drawn the way the serving loop draws them: on the engine's
+// device by a greedy sampler, no logit rows returned.
+std::unique_ptr<Sampler> ProbeSampler(const Engine& engine) {
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.seed = 0;
+  params.max_tokens = 1 << 30;
+  return std::move(Sampler::Create(params, engine.config().vocab_size)).value();
+}
+
+}  // namespace
+
 absl::Status ProbeDecodeStep(Engine& engine, const std::vector<int64_t>& sequences,
                              const std::vector<int32_t>& tokens) {
+  std::vector<std::unique_ptr<Sampler>> samplers;
   std::vector<StepItem> items(sequences.size());
   for (size_t i = 0; i < sequences.size(); ++i) {
+    samplers.push_back(ProbeSampler(engine));
     items[i].sequence = sequences[i];
     items[i].tokens = {tokens[i]};
-    items[i].logits = LogitsMode::kLast;
+    items[i].logits = LogitsMode::kNone;
+    items[i].sampler = samplers.back().get();
   }
   return engine.Step(items).status();
 }
@@ -199,7 +216,9 @@ absl::Status ProbePrefill(Engine& engine, int64_t sequence, const std::vector<in
     item.sequence = sequence;
     item.tokens.assign(prompt.begin() + done, prompt.begin() + done + n);
     done += n;
-    item.logits = done == prompt.size() ? LogitsMode::kLast : LogitsMode::kNone;
+    item.logits = LogitsMode::kNone;
+    std::unique_ptr<Sampler> sampler = ProbeSampler(engine);
+    if (done == prompt.size()) item.sampler = sampler.get();
     FLOTILLA_RETURN_IF_ERROR(engine.Step({item}).status());
   }
   return absl::OkStatus();

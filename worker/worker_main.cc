@@ -34,6 +34,10 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_DEVICE")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--cuda-device", o.cuda_device, "CUDA device ordinal for --device cuda")
       ->envname("FLOTILLA_CUDA_DEVICE")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                 "--device cuda: fraction of the GPU's memory for weights, workspaces and KV cache")
+      ->envname("FLOTILLA_GPU_MEMORY_UTILIZATION")->capture_default_str()
+      ->check(CLI::Range(0.05, 1.0));
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);

@@ -44,6 +44,9 @@ constexpr uint32_t kLogitsNone = 0, kLogitsLast = 1, kLogitsAll = 2;
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options) {
   if (options.node.empty()) options.node = HostName();
   if (options.worker_id.empty()) options.worker_id = absl::StrCat(options.node, "-", getpid());
+  if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
+    return absl::InvalidArgumentError("gpu memory utilization must be in (0, 1]");
+  }
   if (options.kv_tokens < 1 || options.kv_block_size < 1) {
     return absl::InvalidArgumentError("kv tokens and block size must be >= 1");
   }
@@ -415,6 +418,8 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     co.device = options_.cuda_device;
     co.kv_block_size = static_cast<int>(options_.kv_block_size);
     co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
+    co.max_context = a.max_model_len();
+    co.gpu_memory_utilization = options_.gpu_memory_utilization;
     co.max_batch_tokens =
         static_cast<int>(std::max<uint32_t>(1, a.max_batch_tokens())) + co.max_sequences;
     FLOTILLA_ASSIGN_OR_RETURN(engine_, CudaEngine::Create(*pending_weights_, co));
@@ -449,7 +454,7 @@ void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch*
   };
   const ModelConfig& c = engine_->config();
   const int64_t prompt = s.prompt_ids_size();
-  const int64_t max_len = engine_->MaxSequenceLength();
+  const int64_t max_len = MaxSequenceLength();
   if (prompt == 0) return reject(absl::StatusCode::kInvalidArgument, "the prompt is empty");
   for (int id : s.prompt_ids()) {
     if (id < 0 || id >= c.vocab_size) {
@@ -532,9 +537,9 @@ cluster::StepPlan WorkerRuntime::PlanStep(cluster::TokenBatch* rejected) {
       continue;
     }
     const int64_t need = engine_->KvBlocksForLength(
-        std::min<int64_t>(engine_->MaxSequenceLength(),
+        std::min<int64_t>(MaxSequenceLength(),
                           s.prompt_ids_size() + (s.sampling().max_tokens() == 0
-                                                     ? engine_->MaxSequenceLength()
+                                                     ? MaxSequenceLength()
                                                      : s.sampling().max_tokens())));
     if (need > total_blocks) {
       cluster::SequenceUpdate* u = rejected->add_updates();
@@ -575,6 +580,12 @@ void WorkerRuntime::FinishSequence(Sequence& seq, common::FinishReason reason,
   u->set_prompt_tokens(seq.prompt.size());
   kv_reserved_ -= seq.kv_reserved;
   to_free_.push_back(seq.request_id);
+}
+
+int64_t WorkerRuntime::MaxSequenceLength() const {
+  const int64_t engine = engine_->MaxSequenceLength();
+  const int64_t model = assignment_->max_model_len();
+  return model > 0 ? std::min(engine, model) : engine;
 }
 
 Sampler* WorkerRuntime::SamplerFor(const cluster::PlanItem& item) {
@@ -674,7 +685,9 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
     if (prefill) {
       seq.prefilled += p.tokens_size();
       // Streamed as they come, in bounded updates (never one huge message).
-      if (seq.return_prompt_logits) AppendPromptLogits(seq.request_id, logits, V, &out);
+      if (seq.return_prompt_logits) {
+        AppendPromptLogits(seq.request_id, logits, engine_->config().vocab_size, &out);
+      }
       if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
     }
     if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;

@@ -46,6 +46,9 @@ struct WorkerOptions {
   // an instance of one worker).
   std::string device = "cpu";
   int cuda_device = 0;
+  // --device cuda: the fraction of the GPU's memory this worker may use in
+  // all (weights, workspaces, KV cache); the KV arena gets what is left.
+  double gpu_memory_utilization = 0.90;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
 };
@@ -96,6 +99,9 @@ class WorkerRuntime {
   // The sampler that draws the item's next token on the engine's device
   // (leader only), or null for a prompt chunk that does not end the prompt.
   Sampler* SamplerFor(const cluster::PlanItem& item);
+  // Longest sequence served: the engine's limit within the assignment's
+  // max_model_len.
+  int64_t MaxSequenceLength() const;
 
   const WorkerOptions options_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -347,3 +347,102 @@ TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
 
 }  // namespace
 }  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+// The serving step: items carry their request's Sampler and the engine draws
+// on the GPU. Same engine, same steps, same logits: the device draws must be
+// the host sampler's draws over the returned logits (greedy, with every
+// penalty and a logit bias in force), with the raw logprobs and top logprobs.
+SamplingParams PenalisedGreedy(int32_t biased_token) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.seed = 5;
+  p.frequency_penalty = 0.7f;
+  p.presence_penalty = 0.3f;
+  p.repetition_penalty = 1.2f;
+  p.logit_bias = {{biased_token, 4.0f}};
+  p.logprobs = true;
+  p.top_logprobs = 3;
+  p.max_tokens = 1000;
+  return p;
+}
+
+TEST(CudaEngineSampling, DeviceDrawsEqualHostDrawsOfTheSameLogits) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ModelConfig c = ModelConfig::Tiny();
+  auto w = MakeSyntheticWeights(c, 11);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto e = CudaEngine::Create(*w, SmallOptions());
+  ASSERT_TRUE(e.ok()) << e.status();
+  CudaEngine& engine = **e;
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5}, {9, 9, 8, 7}, {40, 41}};
+  const int n = static_cast<int>(prompts.size());
+  std::vector<std::vector<int32_t>> device_tokens(n);
+  std::vector<std::vector<float>> device_logprobs(n);
+  for (bool device : {true, false}) {
+    SCOPED_TRACE(device ? "device" : "host");
+    std::vector<std::unique_ptr<Sampler>> samplers;
+    std::vector<int64_t> seqs;
+    std::vector<StepItem> items;
+    for (int i = 0; i < n; ++i) {
+      samplers.push_back(*Sampler::Create(PenalisedGreedy(100 + i), c.vocab_size, prompts[i]));
+      seqs.push_back(engine.NewSequence());
+      items.push_back(StepItem{seqs[i], prompts[i], LogitsMode::kNone, samplers[i].get()});
+    }
+    for (int step = 0; step < 12; ++step) {
+      if (!device) {
+        for (StepItem& it : items) {
+          it.logits = LogitsMode::kLast;
+          it.sampler = nullptr;
+        }
+      }
+      auto out = engine.Step(items);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (int i = 0; i < n; ++i) {
+        TokenLogprob drawn;
+        if (device) {
+          drawn = out->sampled[i];
+          EXPECT_TRUE(out->logits[i].empty());
+          ASSERT_EQ(drawn.top.size(), 3u);
+          device_tokens[i].push_back(drawn.token);
+          device_logprobs[i].push_back(drawn.logprob);
+        } else {
+          drawn.token = samplers[i]->Sample(out->logits[i].data(), &drawn);
+          ASSERT_EQ(drawn.token, device_tokens[i][step]) << "item " << i << " step " << step;
+          EXPECT_NEAR(drawn.logprob, device_logprobs[i][step], 1e-4f);
+        }
+        items[i].tokens = {drawn.token};
+      }
+    }
+    for (int64_t s : seqs) ASSERT_TRUE(engine.FreeSequence(s).ok());
+  }
+}
+
+TEST(CudaEngineSampling, PromptLogitsBesideADrawFallBackToTheHostSampler) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ModelConfig c = ModelConfig::Tiny();
+  auto w = MakeSyntheticWeights(c, 12);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto e = CudaEngine::Create(*w, SmallOptions());
+  ASSERT_TRUE(e.ok()) << e.status();
+  CudaEngine& engine = **e;
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  auto sampler = *Sampler::Create(greedy, c.vocab_size);
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9};
+  const int64_t a = engine.NewSequence(), b = engine.NewSequence();
+  auto out = engine.Step({StepItem{a, prompt, LogitsMode::kAll, sampler.get()},
+                          StepItem{b, prompt, LogitsMode::kNone, nullptr}});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->logits[0].size(), prompt.size() * c.vocab_size);
+  EXPECT_TRUE(out->logits[1].empty());
+  const float* last = out->logits[0].data() + (prompt.size() - 1) * c.vocab_size;
+  EXPECT_EQ(out->sampled[0].token, Argmax(last, c.vocab_size));
+  EXPECT_EQ(out->sampled[1].token, -1);
+  EXPECT_EQ(sampler->draws(), 1u);
+}
+
+}  // namespace
+}  // namespace flotilla

@@ -14,12 +14,17 @@
 //   from it, while a wrong filter or a biased draw (e.g. off by one in the
 //   top-k boundary, temperature not applied) moves some token by much more.
 // - The same (seed, step) gives the same token.
+// - Penalties and logit bias (LaunchAdjustLogits around a draw): greedy picks
+//   the CPU sampler's token exactly, the rows are restored bit for bit, the
+//   drawn token's logprob is the raw one, and seeded draws follow the CPU
+//   sampler's penalised distribution.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -229,6 +234,120 @@ TEST_F(SamplingCudaTest, SameSeedAndStepGiveTheSameToken) {
   for (auto& p : params) p.step = 8;
   Result c = RunSample(d_logits, rows, params, 0);
   EXPECT_NE(a.tokens, c.tokens);
+}
+
+// A CPU sampler that has already drawn some tokens, with every kind of
+// adjustment in force, and its adjustments as device entries for `row`.
+struct Penalised {
+  std::unique_ptr<Sampler> sampler;
+  std::vector<cuda::LogitAdjustmentEntry> entries;
+};
+
+Penalised MakePenalised(const float* logits, int row, float temperature, uint32_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.seed = seed;
+  p.frequency_penalty = 0.8f;
+  p.presence_penalty = 0.5f;
+  p.repetition_penalty = 1.3f;
+  p.logprobs = true;
+  p.top_logprobs = 5;
+  std::vector<int32_t> order(kVocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + 8, order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  // The favourite is penalised, the runner-up biased down, a tail id up.
+  p.logit_bias = {{order[1], -3.0f}, {static_cast<int32_t>(seed % kVocab), 12.0f}};
+  const std::vector<int32_t> prompt = {order[2], order[3], 17, 17};
+  Penalised out;
+  out.sampler = std::move(Sampler::Create(p, kVocab, prompt)).value();
+  out.sampler->Record(order[0]);
+  out.sampler->Record(order[0]);
+  out.sampler->Record(order[4]);
+  for (const LogitAdjustment& a : out.sampler->Adjustments()) {
+    out.entries.push_back(cuda::LogitAdjustmentEntry{row, a.token, a.repetition, a.add});
+  }
+  return out;
+}
+
+TEST_F(SamplingCudaTest, PenaltiesAndBiasMatchTheCpuSampler) {
+  const int rows = 16;
+  std::vector<float> logits = ModelLikeLogits(rows, 31, 1.5f);
+  Dev<float> d_logits(logits);
+  std::vector<Penalised> cpu;
+  std::vector<cuda::LogitAdjustmentEntry> entries;
+  for (int r = 0; r < rows; ++r) {
+    cpu.push_back(MakePenalised(logits.data() + static_cast<size_t>(r) * kVocab, r, 0.0f, 7 + r));
+    entries.insert(entries.end(), cpu.back().entries.begin(), cpu.back().entries.end());
+  }
+  const int cap = static_cast<int>(entries.size()) + 5;  // spare capacity is never read
+  Dev<cuda::LogitAdjustmentEntry> d_entries(entries);
+  Dev<int32_t> d_count(std::vector<int32_t>{static_cast<int32_t>(entries.size())});
+  Dev<float> d_saved(cap);
+  ASSERT_EQ(cuda::LaunchAdjustLogits(d_logits.p, kVocab, d_entries.p, d_count.p, cap, d_saved.p,
+                                     nullptr),
+            cudaSuccess);
+  Result drawn = RunSample(d_logits, rows, std::vector<cuda::SamplingRow>(rows), 0);
+  ASSERT_EQ(cuda::LaunchRestoreLogits(d_logits.p, kVocab, d_entries.p, d_count.p, cap, d_saved.p,
+                                      nullptr),
+            cudaSuccess);
+  EXPECT_EQ(d_logits.Get(), logits) << "the rows were not restored exactly";
+  Result raw = RunSample(d_logits, rows, std::vector<cuda::SamplingRow>(rows), 5);
+  Dev<int32_t> d_drawn(drawn.tokens), d_ref(raw.tokens);
+  Dev<float> d_ref_lp(raw.logprobs), d_lp(rows);
+  ASSERT_EQ(cuda::LaunchLogprobsFromReference(d_logits.p, rows, kVocab, d_drawn.p, d_ref.p,
+                                              d_ref_lp.p, d_lp.p, nullptr),
+            cudaSuccess);
+  const std::vector<float> lp = d_lp.Get();
+  for (int r = 0; r < rows; ++r) {
+    TokenLogprob want;
+    const int32_t token =
+        cpu[r].sampler->Sample(logits.data() + static_cast<size_t>(r) * kVocab, &want);
+    ASSERT_EQ(drawn.tokens[r], token) << "row " << r;
+    EXPECT_NEAR(lp[r], want.logprob, 1e-4f) << "row " << r;
+    for (int j = 0; j < 5; ++j) EXPECT_EQ(raw.top_ids[r * 5 + j], want.top[j].first);
+  }
+}
+
+TEST_F(SamplingCudaTest, PenalisedDrawsFollowTheCpuDistribution) {
+  const int rows = 256, steps = 30;
+  std::vector<float> one = ModelLikeLogits(1, 123, 1.0f);
+  Penalised cpu = MakePenalised(one.data(), 0, 1.0f, 3);
+  std::map<int32_t, double> want;
+  for (const auto& [t, p] : cpu.sampler->Distribution(one.data())) want[t] = p;
+  std::vector<float> logits(static_cast<size_t>(rows) * kVocab);
+  std::vector<cuda::LogitAdjustmentEntry> entries;
+  for (int r = 0; r < rows; ++r) {
+    std::copy(one.begin(), one.end(), logits.begin() + static_cast<size_t>(r) * kVocab);
+    for (cuda::LogitAdjustmentEntry e : cpu.entries) {
+      e.row = r;
+      entries.push_back(e);
+    }
+  }
+  Dev<float> d_logits(logits);
+  Dev<cuda::LogitAdjustmentEntry> d_entries(entries);
+  Dev<int32_t> d_count(std::vector<int32_t>{static_cast<int32_t>(entries.size())});
+  Dev<float> d_saved(entries.size());
+  const int cap = static_cast<int>(entries.size());
+  ASSERT_EQ(cuda::LaunchAdjustLogits(d_logits.p, kVocab, d_entries.p, d_count.p, cap, d_saved.p,
+                                     nullptr),
+            cudaSuccess);
+  std::map<int32_t, int> got;
+  std::vector<cuda::SamplingRow> params(rows);
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < rows; ++r) {
+      params[r].temperature = 1.0f;
+      params[r].seed = 900 + r;
+      params[r].step = static_cast<uint64_t>(s);
+    }
+    for (int32_t t : RunSample(d_logits, rows, params, 0).tokens) ++got[t];
+  }
+  const double n = static_cast<double>(rows) * steps;
+  for (const auto& [t, c] : got) ASSERT_TRUE(want.count(t)) << "drew " << t << " outside the support";
+  for (const auto& [t, p] : want) {
+    const double f = (got.count(t) ? got[t] : 0) / n;
+    EXPECT_NEAR(f, p, 6 * std::sqrt(p * (1 - p) / n) + 0.002) << "token " << t;
+  }
 }
 
 }  // namespace

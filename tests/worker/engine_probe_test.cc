@@ -96,14 +96,16 @@ TEST(EngineProbe, TimesDecodePerBatchAndPrefillPerLengthLikeTheServingLoop) {
   EXPECT_EQ(m->prefill(0).prompt_tokens(), 30u);
   EXPECT_EQ(m->prefill(0).chunk_tokens(), 16u);
   EXPECT_GT(m->prefill(0).ms_p50(), 0);
-  // Prefills are chunked by the step budget, logits only at the prompt's end;
-  // decode steps bring one token per sequence with the last position's logits.
+  // Prefills are chunked by the step budget; decode steps bring one token per
+  // sequence; as in the serving loop, each draws its next token through a
+  // sampler on the engine's device and asks for no logit rows.
   for (const auto& step : e.steps) {
     for (const StepItem& item : step) {
       EXPECT_LE(item.tokens.size(), 16u);
       if (step.size() > 1) {
         EXPECT_EQ(item.tokens.size(), 1u);
-        EXPECT_EQ(item.logits, LogitsMode::kLast);
+        EXPECT_EQ(item.logits, LogitsMode::kNone);
+        EXPECT_NE(item.sampler, nullptr);
       }
     }
   }

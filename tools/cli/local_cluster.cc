@@ -112,6 +112,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       "--tp", std::to_string(options.tp), "--listen", options.listen, "--port-file", port_file,
       "--heartbeat-timeout-ms", std::to_string(options.heartbeat_timeout_ms),
       "--http-listen", options.http_listen};
+  coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
+                          options.coordinator_args.end());
   if (!options.http_listen.empty()) {
     coordinator_argv.push_back("--http-port-file");
     coordinator_argv.push_back(http_port_file);
@@ -152,6 +154,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--comm-timeout-ms", std::to_string(options.comm_timeout_ms),
                                      "--device",       options.device,
                                      "--cuda-device",  std::to_string(i)};
+    argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     c->worker_argv_.push_back(argv);
     FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i))));
     c->workers_.push_back(pid);

@@ -27,6 +27,10 @@ struct LocalClusterOptions {
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them
   std::string log_dir;        // children's logs; empty = inherit stderr
   absl::Duration ready_timeout = absl::Seconds(120);
+  // Further flags for the coordinator and for every worker (e.g.
+  // {"--max-sequences", "256"}, {"--gpu-memory-utilization", "0.9"}).
+  std::vector<std::string> coordinator_args;
+  std::vector<std::string> worker_args;
 };
 
 class LocalCluster {

@@ -13,6 +13,23 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
+// The serving limits `flotilla up` passes to its coordinator and workers.
+struct ServingLimits {
+  uint32_t max_sequences = 256;
+  uint32_t max_batch_tokens = 2048;
+  uint32_t max_model_len = 0;
+  double gpu_memory_utilization = 0.90;
+  int ready_timeout_s = 600;
+
+  void ApplyTo(LocalClusterOptions& o) const {
+    o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
+                          std::to_string(max_batch_tokens), "--max-model-len",
+                          std::to_string(max_model_len)};
+    o.worker_args = {"--gpu-memory-utilization", std::to_string(gpu_memory_utilization)};
+    o.ready_timeout = absl::Seconds(ready_timeout_s);
+  }
+};
+
 }  // namespace
 
 void AddUpCommand(CLI::App& app) {
@@ -37,7 +54,24 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--threads-per-worker", o->threads_per_worker, "0 = cores / workers")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", o->log_dir, "write each process's log here (default: stderr)");
-  cmd->callback([o] {
+  auto limits = std::make_shared<ServingLimits>();
+  cmd->add_option("--max-sequences", limits->max_sequences,
+                  "sequences batched per step (continuous batching)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-batch-tokens", limits->max_batch_tokens,
+                  "token budget of one step (prompt chunks beside the decode tokens)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-model-len", limits->max_model_len,
+                  "longest sequence served (0 = the model's context)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--gpu-memory-utilization", limits->gpu_memory_utilization,
+                  "--device cuda: fraction of each GPU's memory for weights, workspaces and KV")
+      ->capture_default_str()->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--ready-timeout-s", limits->ready_timeout_s,
+                  "how long to wait for every worker to load (a 120b load takes minutes)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->callback([o, limits] {
+    limits->ApplyTo(*o);
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(*o);

@@ -470,7 +470,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
     FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
     FLOTILLA_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
     // Leave room for the block tables, graphs and cuBLASLt.
-    const double usable = static_cast<double>(free_bytes) * options.kv_memory_fraction;
+    const double used = static_cast<double>(total_bytes - free_bytes);
+    const double usable = std::max(
+        0.0, static_cast<double>(total_bytes) * options.gpu_memory_utilization - used);
     num_blocks = static_cast<int64_t>(usable / static_cast<double>(block_bytes));
     num_blocks = std::min<int64_t>(num_blocks, CeilDiv(max_context, bs) * B + 1);
   }

@@ -34,9 +34,10 @@ struct CudaEngineOptions {
   int device = 0;
   int kv_block_size = 16;
   // Blocks in the KV arena (block 0 is kept as scratch for padded graph
-  // rows); 0: kv_memory_fraction of the memory free after weights and workspaces.
+  // rows); 0: what gpu_memory_utilization of the device's memory leaves after
+  // the weights, the workspaces and whatever else already uses the device.
   int64_t kv_num_blocks = 0;
-  double kv_memory_fraction = 0.85;
+  double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
   int64_t max_context = 0;
   int max_batch_tokens = 8192;  // tokens in one step
