@@ -15,7 +15,6 @@
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
-#include "worker/model/load_weights.h"
 #if FLOTILLA_WITH_UCX
 #include "comm/ucx/ucx_communicator.h"
 #endif
