@@ -11,7 +11,9 @@
 
 namespace flotilla {
 
-bool IsSyntheticModel(absl::string_view model) { return absl::StartsWith(model, kSyntheticModelPrefix); }
+bool IsSyntheticModel(absl::string_view model) {
+  return absl::StartsWith(model, kSyntheticModelPrefix);
+}
 
 absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset) {
   ModelConfig config;
@@ -37,8 +39,8 @@ absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model) 
   const std::vector<absl::string_view> fields =
       absl::StrSplit(model.substr(kSyntheticModelPrefix.size()), ':');
   auto error = [&](const std::string& problem) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--model ", model, ": ", problem, "; expected synthetic:PRESET[:SEED]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model ", model, ": ", problem, "; expected synthetic:PRESET[:SEED]"));
   };
   if (fields.size() > 2) return error("too many ':' fields");
   SyntheticModelSpec spec;

@@ -79,7 +79,8 @@ FLOTILLA_HOST_DEVICE inline float SyntheticNormal(uint64_t draw) {
 // bf16 tensors store FloatToBf16 of it.
 FLOTILLA_HOST_DEVICE inline float SyntheticNormalElement(const SyntheticFill& fill, uint64_t state0,
                                                          uint64_t i) {
-  return SyntheticAdd(fill.mean, SyntheticMul(fill.stddev, SyntheticNormal(SyntheticDraw(state0, i))));
+  return SyntheticAdd(fill.mean,
+                      SyntheticMul(fill.stddev, SyntheticNormal(SyntheticDraw(state0, i))));
 }
 
 // Byte `i` of a kBytes or kScales tensor.

@@ -25,7 +25,8 @@ __global__ void SyntheticNormalKernel(T* out, SyntheticFill fill, uint64_t state
 }
 
 // One thread per draw: its 8 bytes (those inside the range).
-__global__ void SyntheticBytesKernel(uint8_t* out, uint64_t state0, uint64_t first, uint64_t count) {
+__global__ void SyntheticBytesKernel(uint8_t* out, uint64_t state0, uint64_t first,
+                                     uint64_t count) {
   const uint64_t first_draw = first / 8, draws = (first + count + 7) / 8 - first_draw;
   for (uint64_t d = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; d < draws;
        d += static_cast<uint64_t>(gridDim.x) * blockDim.x) {

@@ -2,8 +2,8 @@
 // processes with no checkpoint on disk (each worker generates its shard)
 // serve the tokens of the checkpoint `make-checkpoint --preset tiny --seed 3`
 // writes, under the spec as the model id.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <string>
@@ -54,9 +54,9 @@ TEST(ClusterSynthetic, ServesTheWrittenCheckpointsTokensWithNoCheckpoint) {
   o.listen = "127.0.0.1:0";
   o.http_listen = "";
   o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-synthetic-cluster-log-" +
-                                            std::to_string(getpid())))
-                  .string();
+  o.log_dir =
+      (fs::temp_directory_path() / ("flotilla-synthetic-cluster-log-" + std::to_string(getpid())))
+          .string();
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto stub = v1::Flotilla::NewStub(
@@ -80,7 +80,8 @@ TEST(ClusterSynthetic, ServesTheWrittenCheckpointsTokensWithNoCheckpoint) {
   auto reader = stub->Generate(&ctx, req);
   std::vector<int32_t> tokens;
   v1::GenerateResponse resp;
-  while (reader->Read(&resp)) tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+  while (reader->Read(&resp))
+    tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
   grpc::Status status = reader->Finish();
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(tokens, FromWrittenCheckpoint(prompt));

@@ -99,8 +99,8 @@ std::vector<std::vector<float>> Logits(CudaEngine& engine, const std::vector<int
   for (int i = 0; i < decode; ++i) {
     if (greedy) {
       const std::vector<float>& last = out.back();
-      tokens->push_back(static_cast<int32_t>(std::max_element(last.end() - V, last.end()) -
-                                             (last.end() - V)));
+      tokens->push_back(
+          static_cast<int32_t>(std::max_element(last.end() - V, last.end()) - (last.end() - V)));
     }
     step = engine.Step({StepItem{sequence, {(*tokens)[i]}, LogitsMode::kLast}});
     EXPECT_TRUE(step.ok()) << step.status();
@@ -134,7 +134,8 @@ void ExpectSameVector(const Bf16Vector& device, const Bf16Vector& host, const st
                    what);
 }
 
-void ExpectSameBytes(const uint8_t* device, const uint8_t* host, int64_t n, const std::string& what) {
+void ExpectSameBytes(const uint8_t* device, const uint8_t* host, int64_t n,
+                     const std::string& what) {
   EXPECT_TRUE(ToHost(device, n) == std::vector<uint8_t>(host, host + n)) << what;
 }
 
@@ -225,9 +226,9 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 TEST_F(CudaSynthetic, EngineFromSpecMatchesEngineFromWrittenCheckpoint) {
   auto spec = ParseSyntheticModel("synthetic:tiny:7");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const std::string dir = (fs::temp_directory_path() /
-                           ("flotilla_cuda_synthetic_" + std::to_string(getpid())))
-                              .string();
+  const std::string dir =
+      (fs::temp_directory_path() / ("flotilla_cuda_synthetic_" + std::to_string(getpid())))
+          .string();
   SyntheticCheckpointOptions o;
   o.seed = 7;
   ASSERT_TRUE(WriteSyntheticCheckpoint(*MakeSyntheticConfig("tiny", "", {}), o, dir).ok());
@@ -245,8 +246,8 @@ TEST_F(CudaSynthetic, EngineFromSpecMatchesEngineFromWrittenCheckpoint) {
     return std::max_element(l.end() - V, l.end()) - l.begin();
   };
   for (const std::vector<int32_t>& prompt :
-       {std::vector<int32_t>{1, 2, 3}, std::vector<int32_t>{500, 17, 999, 4, 4, 4, 80, 1, 0, 2, 3,
-                                                            5, 8, 13, 21, 34, 55, 89}}) {
+       {std::vector<int32_t>{1, 2, 3},
+        std::vector<int32_t>{500, 17, 999, 4, 4, 4, 80, 1, 0, 2, 3, 5, 8, 13, 21, 34, 55, 89}}) {
     std::vector<int32_t> tokens;  // the reference's greedy tokens drive both
     const auto want = Logits(**from_checkpoint, prompt, 6, &tokens);
     const auto got = Logits(**from_spec, prompt, 6, &tokens);

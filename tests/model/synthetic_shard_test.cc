@@ -3,6 +3,8 @@
 // generator, as the checkpoint writer first defined them), and a rank's shard
 // generated in memory against LoadWeights of the written checkpoint, view for
 // view and byte for byte.
+#include "worker/model/synthetic_shard.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,7 +20,6 @@
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
 #include "worker/model/model_source.h"
-#include "worker/model/synthetic_shard.h"
 #include "worker/model/synthetic_tensors.h"
 
 namespace flotilla {
@@ -163,7 +164,8 @@ void ExpectSame(const Mxfp4Matrix& a, const Mxfp4Matrix& b, const std::string& w
   EXPECT_EQ(0, std::memcmp(a.scales, b.scales, a.rows * a.cols / 32)) << what << " scales";
 }
 
-void ExpectSameAttention(const AttentionWeights& a, const AttentionWeights& b, const std::string& l) {
+void ExpectSameAttention(const AttentionWeights& a, const AttentionWeights& b,
+                         const std::string& l) {
   EXPECT_EQ(a.q_head_begin, b.q_head_begin);
   EXPECT_EQ(a.q_heads, b.q_heads);
   EXPECT_EQ(a.kv_head_begin, b.kv_head_begin);

@@ -64,8 +64,8 @@ TEST(SyntheticModelCli, BadSpecsFailWithTheProblemNamed) {
                {"synthetic:tiny:x", "seed 'x' is not a non-negative"},
                {"synthetic:tiny:1:2", "too many ':' fields"}};
   for (const auto& c : cases) {
-    auto [rc, out] = RunCommand(
-        Flotilla(std::string("generate --model ") + c.spec + " --prompt-ids 1 --max-tokens 1 2>&1"));
+    auto [rc, out] = RunCommand(Flotilla(std::string("generate --model ") + c.spec +
+                                         " --prompt-ids 1 --max-tokens 1 2>&1"));
     EXPECT_EQ(rc, 2) << out;
     EXPECT_NE(out.find(c.problem), std::string::npos) << out;
     EXPECT_NE(out.find(c.spec), std::string::npos) << out;

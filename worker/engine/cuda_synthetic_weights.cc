@@ -70,9 +70,9 @@ class DeviceStagingWriter : public SyntheticSliceWriter {
     const cudaError_t err = cudaMalloc(&base_, capacity_);
     if (err != cudaSuccess) {
       base_ = nullptr;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuda: cannot allocate ", capacity_, " bytes of staging for the synthetic weights: ",
-          cudaGetErrorString(err)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda: cannot allocate ", capacity_,
+                       " bytes of staging for the synthetic weights: ", cudaGetErrorString(err)));
     }
     return absl::OkStatus();
   }
@@ -104,7 +104,8 @@ class DeviceStagingWriter : public SyntheticSliceWriter {
 
 class SyntheticCheckpointFeed : public CudaWeightFeed {
  public:
-  SyntheticCheckpointFeed(std::unique_ptr<DeviceStagingWriter> writer, SyntheticShardBuilder builder)
+  SyntheticCheckpointFeed(std::unique_ptr<DeviceStagingWriter> writer,
+                          SyntheticShardBuilder builder)
       : writer_(std::move(writer)), builder_(std::move(builder)) {}
 
   absl::StatusOr<Bf16Matrix> Embedding(cudaStream_t stream) override {

@@ -1,8 +1,8 @@
 #include "worker/model/synthetic_shard.h"
 
 #include <algorithm>
-#include <new>
 #include <memory>
+#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -18,7 +18,8 @@ class HostSliceWriter : public SyntheticSliceWriter {
  public:
   absl::StatusOr<uint8_t*> Allocate(size_t bytes) override {
     // Default-initialised: the generator writes every byte, no need to zero gigabytes first.
-    buffers_.push_back(std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[std::max<size_t>(bytes, 1)]));
+    buffers_.push_back(
+        std::unique_ptr<uint8_t[]>(new (std::nothrow) uint8_t[std::max<size_t>(bytes, 1)]));
     if (buffers_.back() == nullptr) {
       buffers_.pop_back();
       return absl::ResourceExhaustedError(
@@ -55,20 +56,20 @@ SyntheticShardBuilder::SyntheticShardBuilder(const ModelConfig& config, uint64_t
 }
 
 absl::StatusOr<const uint8_t*> SyntheticShardBuilder::Slice(const std::string& name, int64_t first,
-                                                           int64_t count) {
+                                                            int64_t count) {
   auto it = specs_.find(name);
   if (it == specs_.end()) {
     return absl::InternalError(absl::StrCat("synthetic model: no tensor '", name, "'"));
   }
   const SyntheticTensor tensor = SyntheticTensorFor(config_, seed_, name, it->second.dtype);
   FLOTILLA_ASSIGN_OR_RETURN(
-      uint8_t* out, writer_->Allocate(static_cast<size_t>(count * DTypeSize(tensor.dtype))));
+      uint8_t * out, writer_->Allocate(static_cast<size_t>(count * DTypeSize(tensor.dtype))));
   FLOTILLA_RETURN_IF_ERROR(writer_->Fill(tensor, first, count, out));
   return out;
 }
 
 absl::StatusOr<const uint16_t*> SyntheticShardBuilder::Bf16Slice(const std::string& name,
-                                                                int64_t first, int64_t count) {
+                                                                 int64_t first, int64_t count) {
   FLOTILLA_ASSIGN_OR_RETURN(const uint8_t* bytes, Slice(name, first, count));
   return reinterpret_cast<const uint16_t*>(bytes);
 }
@@ -83,16 +84,18 @@ absl::StatusOr<Bf16Matrix> SyntheticShardBuilder::Columns(const std::string& nam
                                                           int64_t total_cols, int64_t col_begin,
                                                           int64_t cols) {
   if (cols == total_cols) return Rows(name, 0, rows, cols);
-  FLOTILLA_ASSIGN_OR_RETURN(uint8_t* out, writer_->Allocate(static_cast<size_t>(rows * cols * 2)));
+  FLOTILLA_ASSIGN_OR_RETURN(uint8_t * out, writer_->Allocate(static_cast<size_t>(rows * cols * 2)));
   const SyntheticTensor tensor = SyntheticTensorFor(config_, seed_, name, DType::kBF16);
   for (int64_t r = 0; r < rows; ++r) {
-    FLOTILLA_RETURN_IF_ERROR(writer_->Fill(tensor, r * total_cols + col_begin, cols, out + 2 * r * cols));
+    FLOTILLA_RETURN_IF_ERROR(
+        writer_->Fill(tensor, r * total_cols + col_begin, cols, out + 2 * r * cols));
   }
   return Bf16Matrix{reinterpret_cast<const uint16_t*>(out), rows, cols, cols};
 }
 
 // Sinks are a handful of values the engines want as f32 on the host.
-std::vector<float> SyntheticShardBuilder::Sinks(const std::string& name, int begin, int count) const {
+std::vector<float> SyntheticShardBuilder::Sinks(const std::string& name, int begin,
+                                                int count) const {
   const DType dtype = specs_.at(name).dtype;
   const SyntheticTensor tensor = SyntheticTensorFor(config_, seed_, name, dtype);
   std::vector<float> out(count);
@@ -138,8 +141,10 @@ absl::Status SyntheticShardBuilder::Attention(int layer, AttentionWeights* a) {
     return absl::OkStatus();
   };
   FLOTILLA_RETURN_IF_ERROR(heads("self_attn.q_proj", a->q_head_begin, a->q_heads, &a->wq, &a->bq));
-  FLOTILLA_RETURN_IF_ERROR(heads("self_attn.k_proj", a->kv_head_begin, a->kv_heads, &a->wk, &a->bk));
-  FLOTILLA_RETURN_IF_ERROR(heads("self_attn.v_proj", a->kv_head_begin, a->kv_heads, &a->wv, &a->bv));
+  FLOTILLA_RETURN_IF_ERROR(
+      heads("self_attn.k_proj", a->kv_head_begin, a->kv_heads, &a->wk, &a->bk));
+  FLOTILLA_RETURN_IF_ERROR(
+      heads("self_attn.v_proj", a->kv_head_begin, a->kv_heads, &a->wv, &a->bv));
   // o_proj consumes the concatenated heads: this rank's heads are a column range.
   FLOTILLA_ASSIGN_OR_RETURN(a->wo, Columns(name("self_attn.o_proj.weight"), H, NH * D,
                                            a->q_head_begin * D, a->q_heads * D));
@@ -155,19 +160,20 @@ absl::StatusOr<ExpertWeights> SyntheticShardBuilder::Expert(int layer, int e) {
   ExpertWeights x;
   x.expert_id = e;
   x.gate_up = Mxfp4Matrix{nullptr, nullptr, 2 * I, H};
-  FLOTILLA_ASSIGN_OR_RETURN(x.gate_up.blocks,
-                            Slice(name("mlp.experts.gate_up_proj_blocks"), e * 2 * I * H / 2, 2 * I * H / 2));
-  FLOTILLA_ASSIGN_OR_RETURN(x.gate_up.scales,
-                            Slice(name("mlp.experts.gate_up_proj_scales"), e * 2 * I * H / 32, 2 * I * H / 32));
+  FLOTILLA_ASSIGN_OR_RETURN(x.gate_up.blocks, Slice(name("mlp.experts.gate_up_proj_blocks"),
+                                                    e * 2 * I * H / 2, 2 * I * H / 2));
+  FLOTILLA_ASSIGN_OR_RETURN(x.gate_up.scales, Slice(name("mlp.experts.gate_up_proj_scales"),
+                                                    e * 2 * I * H / 32, 2 * I * H / 32));
   FLOTILLA_ASSIGN_OR_RETURN(x.gate_up_bias.data,
                             Bf16Slice(name("mlp.experts.gate_up_proj_bias"), e * 2 * I, 2 * I));
   x.gate_up_bias.size = 2 * I;
   x.down = Mxfp4Matrix{nullptr, nullptr, H, I};
   FLOTILLA_ASSIGN_OR_RETURN(x.down.blocks,
                             Slice(name("mlp.experts.down_proj_blocks"), e * H * I / 2, H * I / 2));
-  FLOTILLA_ASSIGN_OR_RETURN(x.down.scales,
-                            Slice(name("mlp.experts.down_proj_scales"), e * H * I / 32, H * I / 32));
-  FLOTILLA_ASSIGN_OR_RETURN(x.down_bias.data, Bf16Slice(name("mlp.experts.down_proj_bias"), e * H, H));
+  FLOTILLA_ASSIGN_OR_RETURN(
+      x.down.scales, Slice(name("mlp.experts.down_proj_scales"), e * H * I / 32, H * I / 32));
+  FLOTILLA_ASSIGN_OR_RETURN(x.down_bias.data,
+                            Bf16Slice(name("mlp.experts.down_proj_bias"), e * H, H));
   x.down_bias.size = H;
   return x;
 }

@@ -90,8 +90,8 @@ void FillSyntheticElements(const SyntheticTensor& tensor, int64_t first, int64_t
   uint8_t* bytes = static_cast<uint8_t*>(out);
   const int64_t element_bytes = DTypeSize(tensor.dtype);
   constexpr int64_t kPerThread = int64_t{1} << 20;
-  const int64_t threads = std::min<int64_t>(
-      std::max(1u, std::thread::hardware_concurrency()), (count + kPerThread - 1) / kPerThread);
+  const int64_t threads = std::min<int64_t>(std::max(1u, std::thread::hardware_concurrency()),
+                                            (count + kPerThread - 1) / kPerThread);
   if (threads <= 1) {
     FillSerial(tensor, first, count, bytes);
     return;
