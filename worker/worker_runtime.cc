@@ -16,7 +16,6 @@
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine_probe.h"
-#include "worker/model/load_weights.h"
 #include "worker/worker_messages.h"
 #if FLOTILLA_WITH_UCX
 #include "comm/ucx/ucx_communicator.h"
@@ -319,14 +318,11 @@ void WorkerRuntime::Reset(const std::string& why) {
 
 absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
   const absl::Time start = absl::Now();
-  if (!checkpoint_ || checkpoint_path_ != a.model_path()) {
-    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ck, Checkpoint::Open(a.model_path()));
-    checkpoint_ = std::move(ck);
-    checkpoint_path_ = a.model_path();
+  if (!model_ || model_->model() != a.model_path()) {
+    FLOTILLA_ASSIGN_OR_RETURN(model_, ModelSource::Open(a.model_path()));
   }
   FLOTILLA_ASSIGN_OR_RETURN(ParallelConfig parallel,
-                            ParallelConfig::Create(a.world_size(), a.tp_size(),
-                                                   checkpoint_->config()));
+                            ParallelConfig::Create(a.world_size(), a.tp_size(), model_->config()));
   FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
   ShardSpec shard;
   shard.tp_rank = a.tp_rank();
@@ -340,16 +336,13 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
       }
     }
   }
-  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(checkpoint_, shard));
-  uint64_t weight_bytes = 0;
-  for (const auto& layer : weights.layers) {
-    weight_bytes += (layer.attn.wq.rows + layer.attn.wk.rows + layer.attn.wv.rows) *
-                        layer.attn.wq.cols * 2 +
-                    layer.attn.wo.rows * layer.attn.wo.cols * 2;
-    for (const auto& e : layer.experts) {
-      weight_bytes += (e.gate_up.rows * e.gate_up.cols + e.down.rows * e.down.cols) / 32 * 17;
-    }
+  ModelWeights weights;
+  weights.config = model_->config();
+  // A synthetic model on a GPU is generated there at StartComm: no host copy.
+  if (options_.device != "cuda" || model_->synthetic() == nullptr) {
+    FLOTILLA_ASSIGN_OR_RETURN(weights, model_->LoadShard(shard));
   }
+  const uint64_t weight_bytes = ShardProjectionBytes(model_->config(), shard);
   pending_weights_ = std::move(weights);
   assignment_ = a;
   parallel_ = parallel;
@@ -422,7 +415,12 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     co.gpu_memory_utilization = options_.gpu_memory_utilization;
     co.max_batch_tokens =
         static_cast<int>(std::max<uint32_t>(1, a.max_batch_tokens())) + co.max_sequences;
-    FLOTILLA_ASSIGN_OR_RETURN(engine_, CudaEngine::Create(*pending_weights_, co));
+    if (const SyntheticModelSpec* synthetic = model_->synthetic()) {
+      FLOTILLA_ASSIGN_OR_RETURN(engine_, CudaEngine::CreateFromSyntheticCheckpoint(
+                                             synthetic->config, synthetic->seed, co));
+    } else {
+      FLOTILLA_ASSIGN_OR_RETURN(engine_, CudaEngine::Create(*pending_weights_, co));
+    }
     eo.kv_num_blocks = engine_->KvTotalBlocks();
 #else
     return absl::FailedPreconditionError("--device cuda: this worker was built without CUDA");

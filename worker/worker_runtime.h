@@ -27,7 +27,7 @@
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
-#include "worker/model/checkpoint.h"
+#include "worker/model/model_source.h"
 
 namespace flotilla::comm {
 class UcxWorker;
@@ -120,8 +120,7 @@ class WorkerRuntime {
 
   // Engine state: touched only by the engine loop.
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
-  std::shared_ptr<const Checkpoint> checkpoint_;
-  std::string checkpoint_path_;
+  std::unique_ptr<ModelSource> model_;  // the assignment's --model: a checkpoint or synthetic
   std::optional<cluster::Assignment> assignment_;
   std::optional<ParallelConfig> parallel_;
   std::unique_ptr<comm::UcxWorker> ucx_endpoint_;

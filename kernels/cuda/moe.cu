@@ -1021,7 +1021,7 @@ cudaError_t UploadMoeExpert(const MoeDeviceWeights& w, int slot, const uint8_t* 
       {reinterpret_cast<uint8_t*>(w.down_bias) + e * s.d_bias, down_bias, s.d_bias},
   };
   for (const Copy& c : copies) {
-    cudaError_t err = cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyHostToDevice, stream);
+    cudaError_t err = cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;

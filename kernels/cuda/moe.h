@@ -54,9 +54,10 @@ cudaError_t AllocMoeWeights(int num_experts, int hidden, int intermediate, MoeDe
 // Frees what AllocMoeWeights allocated and resets `w`.
 void FreeMoeWeights(MoeDeviceWeights* w);
 
-// Copies one expert's host tensors (checkpoint layout, as in
-// worker/model/weights.h ExpertWeights) into slot `slot`. Asynchronous on
-// `stream`; pageable host memory makes it effectively synchronous.
+// Copies one expert's tensors (checkpoint layout, as in
+// worker/model/weights.h ExpertWeights; host or device memory) into slot
+// `slot`. Asynchronous on `stream`; pageable host memory makes it
+// effectively synchronous.
 cudaError_t UploadMoeExpert(const MoeDeviceWeights& w, int slot, const uint8_t* gate_up_blocks,
                             const uint8_t* gate_up_scales, const uint16_t* gate_up_bias,
                             const uint8_t* down_blocks, const uint8_t* down_scales,

@@ -10,91 +10,17 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/bf16.h"
+#include "common/model_spec.h"
 #include "common/status.h"
 #include "worker/model/checkpoint.h"
+#include "worker/model/synthetic_tensors.h"
 
 namespace flotilla {
 namespace {
 
 using nlohmann::json;
-
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// One independent stream per (seed, tensor name): tensors do not depend on
-// their order or on how the checkpoint is sharded.
-uint64_t TensorSeed(uint64_t seed, const std::string& name) {
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
-  for (unsigned char ch : name) h = (h ^ ch) * 0x100000001b3ull;
-  uint64_t s = seed ^ h;
-  return SplitMix64(s);
-}
-
-// Approximately standard normal: the centred sum of four 16-bit uniforms,
-// scaled to unit variance. Pure integer and float arithmetic, so the bytes
-// are identical on every platform.
-float Normal(uint64_t& state) {
-  uint64_t r = SplitMix64(state);
-  float sum = 0;
-  for (int i = 0; i < 4; ++i) sum += static_cast<float>((r >> (16 * i)) & 0xffff) + 0.5f;
-  constexpr float kInv = 1.0f / 65536.0f;
-  return (sum * kInv - 2.0f) * 1.7320508f;  // var of U(0,1) is 1/12; 4 of them: 1/3
-}
-
-enum class Fill { kNormal, kBytes, kScales };
-
-struct TensorFill {
-  Fill kind = Fill::kNormal;
-  float mean = 0;
-  float stddev = 1;
-  int scale_base = 127;  // kScales: byte = base + {-1, 0, +1}
-};
-
-// Mean of fp4^2 over the 16 E2M1 codes (uniform random nibbles) and of 4^o
-// over the scale offsets o in {-1, 0, 1}: rms of a weight = 2^k * sqrt(both).
-constexpr double kFp4MeanSquare = 8.5625;
-constexpr double kScaleOffsetMeanSquare = 1.75;
-
-int ScaleBaseFor(double target_rms) {
-  double k = std::round(std::log2(target_rms / std::sqrt(kFp4MeanSquare * kScaleOffsetMeanSquare)));
-  return std::clamp(127 + static_cast<int>(k), 2, 253);
-}
-
-TensorFill FillFor(const ModelConfig& c, const std::string& name) {
-  const double H = c.hidden_size, I = c.intermediate_size;
-  const double attn = static_cast<double>(c.num_attention_heads) * c.head_dim;
-  auto normal = [](double mean, double sd) {
-    return TensorFill{Fill::kNormal, static_cast<float>(mean), static_cast<float>(sd), 127};
-  };
-  auto ends = [&](absl::string_view s) { return absl::EndsWith(name, s); };
-  if (name == "model.embed_tokens.weight") return normal(0, 1);
-  if (name == "lm_head.weight") return normal(0, 3 / std::sqrt(H));  // logits spread ~3
-  if (ends("layernorm.weight") || name == "model.norm.weight") return normal(1, 0.1);
-  // Scores q.k/sqrt(D) of about unit spread; attention is neither uniform nor one-hot.
-  if (ends("q_proj.weight") || ends("k_proj.weight")) return normal(0, 1.2 / std::sqrt(H));
-  if (ends("v_proj.weight")) return normal(0, 1 / std::sqrt(H));
-  if (ends("q_proj.bias") || ends("k_proj.bias") || ends("v_proj.bias")) return normal(0, 0.2);
-  if (ends("o_proj.weight")) return normal(0, 1 / std::sqrt(attn));
-  if (ends("o_proj.bias")) return normal(0, 0.05);
-  if (ends("sinks")) return normal(0.5, 1);
-  // Router logits with a spread of about 2: the top-K differ from token to token.
-  if (ends("router.weight")) return normal(0, 2 / std::sqrt(H));
-  if (ends("router.bias")) return normal(0, 0.5);
-  if (ends("_blocks")) return TensorFill{Fill::kBytes, 0, 0, 127};
-  if (ends("gate_up_proj_scales")) return TensorFill{Fill::kScales, 0, 0, ScaleBaseFor(1 / std::sqrt(H))};
-  if (ends("down_proj_scales")) return TensorFill{Fill::kScales, 0, 0, ScaleBaseFor(1 / std::sqrt(I))};
-  if (ends("gate_up_proj_bias")) return normal(0, 0.2);
-  if (ends("down_proj_bias")) return normal(0, 0.05);
-  return normal(0, 0.02);
-}
 
 int64_t NumElements(const TensorSpec& t) {
   int64_t n = 1;
@@ -107,38 +33,14 @@ int64_t NumBytes(const TensorSpec& t) { return NumElements(t) * DTypeSize(t.dtyp
 // Generates `spec` chunk by chunk into `out`.
 absl::Status WriteTensor(const ModelConfig& c, uint64_t seed, const TensorSpec& spec,
                          std::ofstream& out, const std::string& path) {
-  const TensorFill fill = FillFor(c, spec.name);
-  uint64_t state = TensorSeed(seed, spec.name);
+  const SyntheticTensor tensor = SyntheticTensorFor(c, seed, spec.name, spec.dtype);
   const int64_t total = NumElements(spec);
-  constexpr int64_t kChunk = int64_t{1} << 20;
+  constexpr int64_t kChunk = int64_t{1} << 22;
   std::vector<uint8_t> buf;
   for (int64_t done = 0; done < total; done += kChunk) {
     const int64_t n = std::min(kChunk, total - done);
     buf.resize(static_cast<size_t>(n * DTypeSize(spec.dtype)));
-    switch (fill.kind) {
-      case Fill::kBytes:
-        for (int64_t i = 0; i < n; i += 8) {
-          uint64_t r = SplitMix64(state);
-          std::memcpy(buf.data() + i, &r, static_cast<size_t>(std::min<int64_t>(8, n - i)));
-        }
-        break;
-      case Fill::kScales:
-        for (int64_t i = 0; i < n; ++i) {
-          buf[i] = static_cast<uint8_t>(fill.scale_base + static_cast<int>(SplitMix64(state) % 3) - 1);
-        }
-        break;
-      case Fill::kNormal:
-        for (int64_t i = 0; i < n; ++i) {
-          float v = fill.mean + fill.stddev * Normal(state);
-          if (spec.dtype == DType::kF32) {
-            std::memcpy(buf.data() + 4 * i, &v, 4);
-          } else {
-            uint16_t b = FloatToBf16(v);
-            std::memcpy(buf.data() + 2 * i, &b, 2);
-          }
-        }
-        break;
-    }
+    FillSyntheticElements(tensor, done, n, buf.data());
     out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
     if (!out) return absl::InternalError(absl::StrCat(path, ": write failed (disk full?)"));
   }
@@ -262,15 +164,9 @@ absl::StatusOr<ModelConfig> MakeSyntheticConfig(absl::string_view preset,
     if (j.is_discarded() || !j.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(config_file, ": not a JSON object"));
     }
-  } else if (preset == "tiny") {
-    j = ModelConfig::Tiny().ToJson();
-  } else if (preset == "20b") {
-    j = ModelConfig::Gptoss20b().ToJson();
-  } else if (preset == "120b") {
-    j = ModelConfig::Gptoss120b().ToJson();
   } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown preset '", preset, "' (choose tiny, 20b or 120b)"));
+    FLOTILLA_ASSIGN_OR_RETURN(ModelConfig base, SyntheticPresetConfig(preset));
+    j = base.ToJson();
   }
   auto layers = [&j]() -> int {
     auto it = j.find("num_hidden_layers");

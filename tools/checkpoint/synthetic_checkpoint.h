@@ -6,7 +6,9 @@
 // logits spread so different tokens pick different experts, and MXFP4 experts
 // have random nibbles with scales that give weights of about 1/sqrt(fan_in).
 // Tensors are generated and written in chunks: a 120b-shaped checkpoint needs
-// a few MB of memory, not the size of the model.
+// a few MB of memory, not the size of the model. The values are those of
+// worker/model/synthetic_tensors.h, which also generates them in memory
+// (`--model synthetic:PRESET[:SEED]`, common/model_spec.h).
 #pragma once
 
 #include <cstdint>

@@ -17,8 +17,7 @@
 #include "worker/engine/cuda_engine.h"
 #endif
 #include "worker/engine/generate.h"
-#include "worker/model/checkpoint.h"
-#include "worker/model/load_weights.h"
+#include "worker/model/model_source.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
@@ -95,6 +94,18 @@ nlohmann::json ResultJson(const GenerationResult& r, bool with_logprobs) {
   return j;
 }
 
+#if FLOTILLA_WITH_CUDA
+// A synthetic model is generated on the GPU itself (no host copy of the weights).
+absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const ModelSource& source,
+                                                             const CudaEngineOptions& options) {
+  if (const SyntheticModelSpec* synthetic = source.synthetic()) {
+    return CudaEngine::CreateFromSyntheticCheckpoint(synthetic->config, synthetic->seed, options);
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, source.LoadShard(ShardSpec{}));
+  return CudaEngine::Create(weights, options);
+}
+#endif
+
 // The same request sent to a running cluster through the client API.
 absl::Status PrintResult(const GenerateFlags& f, const GenerationResult& result,
                          size_t prompt_size);
@@ -153,7 +164,10 @@ absl::Status RunGenerate(const GenerateFlags& f) {
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<int> prompt_ints,
                             ParseIds("--prompt-ids", f.prompt_ids, false));
   if (!f.coordinator.empty()) return RunRemote(f, prompt_ints);
-  if (f.model.empty()) return absl::InvalidArgumentError("give --model DIR or --coordinator HOST:PORT");
+  if (f.model.empty()) {
+    return absl::InvalidArgumentError(
+        "give --model DIR (or synthetic:PRESET[:SEED]) or --coordinator HOST:PORT");
+  }
   GenerateOptions opts;
   SamplingParams& s = opts.sampling;
   s.temperature = f.temperature;
@@ -174,15 +188,14 @@ absl::Status RunGenerate(const GenerateFlags& f) {
   opts.prefill_chunk = f.prefill_chunk;
   opts.return_prompt_logits = !f.logits_out.empty();
 
-  absl::StatusOr<std::unique_ptr<Checkpoint>> ck = Checkpoint::Open(f.model);
-  if (!ck.ok()) {
-    return absl::Status(ck.status().code(),
-                        absl::StrCat("--model ", f.model, ": ", ck.status().message()));
+  absl::StatusOr<std::unique_ptr<ModelSource>> source = ModelSource::Open(f.model);
+  if (!source.ok() && IsSyntheticModel(f.model)) return source.status();  // names the spec
+  if (!source.ok()) {
+    return absl::Status(source.status().code(),
+                        absl::StrCat("--model ", f.model, ": ", source.status().message()));
   }
-  std::shared_ptr<const Checkpoint> checkpoint(std::move(*ck));
-  const ModelConfig config = checkpoint->config();
+  const ModelConfig config = (*source)->config();
   FLOTILLA_RETURN_IF_ERROR(s.Validate(config.vocab_size));
-  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(checkpoint, ShardSpec{}));
 
   std::vector<int32_t> prompt(prompt_ints.begin(), prompt_ints.end());
   for (size_t i = 0; i < prompt.size(); ++i) {
@@ -209,13 +222,14 @@ absl::Status RunGenerate(const GenerateFlags& f) {
     if (opts.prefill_chunk == 0 || opts.prefill_chunk > co.max_batch_tokens) {
       opts.prefill_chunk = co.max_batch_tokens;
     }
-    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> gpu, CudaEngine::Create(weights, co));
+    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> gpu, CreateCudaEngine(**source, co));
     FLOTILLA_ASSIGN_OR_RETURN(GenerationResult gpu_result, Generate(*gpu, prompt, opts));
     return PrintResult(f, gpu_result, prompt.size());
 #else
     return absl::FailedPreconditionError("--device cuda: this build has no CUDA support");
 #endif
   }
+  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, (*source)->LoadShard(ShardSpec{}));
   kernels::cpu::ThreadPool pool(f.threads);
   CpuEngineOptions eo;
   eo.kv_block_size = f.kv_block_size;
@@ -263,7 +277,9 @@ void AddGenerateCommand(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   CLI::App* cmd = app.add_subcommand("generate", "Generate tokens in-process (--model) or on a cluster (--coordinator)");
   auto* model = cmd->add_option("--model", f->model,
-                                "Checkpoint directory: generate in this process");
+                                "Checkpoint directory, or synthetic:PRESET[:SEED] (the weights "
+                                "make-checkpoint would write, generated in memory): generate in "
+                                "this process");
   auto* coord = cmd->add_option("--coordinator", f->coordinator,
                                 "HOST:PORT of a running cluster: send the request there");
   model->excludes(coord);

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model_config.h"
+#include "common/model_spec.h"
 #include "common/status.h"
 #include "proto/admin.grpc.pb.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
@@ -96,7 +97,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     FLOTILLA_ASSIGN_OR_RETURN(c->model_, EnsureDefaultModel());
   } else {
     c->model_ = options.model;
-    FLOTILLA_RETURN_IF_ERROR(ModelConfig::Load(options.model).status());
+    FLOTILLA_RETURN_IF_ERROR(LoadModelConfig(options.model).status());
   }
   char tmpl[] = "/tmp/flotilla-up-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");

@@ -15,7 +15,7 @@
 namespace flotilla::cli {
 
 struct LocalClusterOptions {
-  std::string model;          // checkpoint dir; empty = the built-in synthetic one
+  std::string model;          // checkpoint dir or synthetic:PRESET[:SEED]; empty = built-in
   int workers = 1;
   int tp = 0;                 // 0 = automatic
   int threads_per_worker = 0; // 0 = cores / workers

@@ -16,6 +16,7 @@
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
+#include "worker/engine/cuda_weight_feed.h"
 
 namespace flotilla {
 namespace {
@@ -219,7 +220,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
       }
     }
   }
-  return Build(c, &weights, 0, options);
+  return Build(c, std::make_unique<HostWeightsFeed>(weights), 0, options);
 }
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateSynthetic(
@@ -229,16 +230,19 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateSynthetic(
 
 namespace {
 
+// The uploads read host or device memory alike (cudaMemcpyDefault): a weight
+// feed may hand over pieces it generated on the device.
+
 // Copies a possibly strided bf16 matrix into a dense [rows, cols] device block.
 absl::Status UploadMatrix(const Bf16Matrix& m, uint16_t* dst, cudaStream_t stream) {
   return CudaStatus(cudaMemcpy2DAsync(dst, m.cols * sizeof(uint16_t), m.data,
                                       m.row_stride * sizeof(uint16_t), m.cols * sizeof(uint16_t),
-                                      m.rows, cudaMemcpyHostToDevice, stream),
+                                      m.rows, cudaMemcpyDefault, stream),
                     "upload matrix");
 }
 
 absl::Status UploadVector(const Bf16Vector& v, uint16_t* dst, cudaStream_t stream) {
-  return CudaStatus(cudaMemcpyAsync(dst, v.data, v.size * sizeof(uint16_t), cudaMemcpyHostToDevice,
+  return CudaStatus(cudaMemcpyAsync(dst, v.data, v.size * sizeof(uint16_t), cudaMemcpyDefault,
                                     stream),
                     "upload vector");
 }
@@ -254,7 +258,7 @@ absl::Status UploadRopePairs(const uint16_t* src, size_t src_stride, int64_t row
       const cudaError_t err = cudaMemcpy2DAsync(
           dst + (h0 + part) * cols, 2 * cols * sizeof(uint16_t),
           src + (h0 + part * half) * src_stride, src_stride * sizeof(uint16_t),
-          cols * sizeof(uint16_t), half, cudaMemcpyHostToDevice, stream);
+          cols * sizeof(uint16_t), half, cudaMemcpyDefault, stream);
       if (err != cudaSuccess) return CudaStatus(err, "upload q/k rows in rope-pair order");
     }
   }
@@ -280,7 +284,7 @@ absl::Status UploadVectorRopePairs(const Bf16Vector& v, int64_t head_dim, uint16
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig& c,
-                                                              const ModelWeights* w,
+                                                              std::unique_ptr<CudaWeightFeed> feed,
                                                               uint64_t seed,
                                                               const CudaEngineOptions& options) {
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
@@ -326,10 +330,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   count(2 * V * H + H, 2);
   const float in_scale_h = std::sqrt(3.0f / static_cast<float>(H));
   const float in_scale_o = std::sqrt(3.0f / static_cast<float>(NH * D));
-  if (w != nullptr) {
-    FLOTILLA_RETURN_IF_ERROR(UploadMatrix(w->embed, d.embed, s));
-    FLOTILLA_RETURN_IF_ERROR(UploadMatrix(w->lm_head, d.lm_head, s));
-    FLOTILLA_RETURN_IF_ERROR(UploadVector(w->final_norm, d.final_norm, s));
+  if (feed != nullptr) {
+    FLOTILLA_ASSIGN_OR_RETURN(const Bf16Matrix embed, feed->Embedding(s));
+    FLOTILLA_RETURN_IF_ERROR(UploadMatrix(embed, d.embed, s));
+    FLOTILLA_ASSIGN_OR_RETURN(const Bf16Matrix lm_head, feed->LmHead(s));
+    FLOTILLA_RETURN_IF_ERROR(UploadMatrix(lm_head, d.lm_head, s));
+    FLOTILLA_ASSIGN_OR_RETURN(const Bf16Vector final_norm, feed->FinalNorm(s));
+    FLOTILLA_RETURN_IF_ERROR(UploadVector(final_norm, d.final_norm, s));
   } else {
     FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.embed, V * H, seed + 1, 1.0f, 0.0f, s));
     FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.lm_head, V * H, seed + 2, in_scale_h, 0.0f, s));
@@ -354,8 +361,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
                                              static_cast<int>(I), &L.moe));
     weight_bytes += L.moe.ExpertBytes() * E;
     const uint64_t ls = seed + 1000 * static_cast<uint64_t>(l + 1);
-    if (w != nullptr) {
-      const LayerWeights& src = w->layers[l];
+    if (feed != nullptr) {
+      FLOTILLA_ASSIGN_OR_RETURN(const LayerWeights src, feed->Layer(l, s));
       const AttentionWeights& a = src.attn;
       FLOTILLA_RETURN_IF_ERROR(UploadVector(src.input_norm, L.input_norm, s));
       FLOTILLA_RETURN_IF_ERROR(UploadVector(src.post_attn_norm, L.post_norm, s));
@@ -392,6 +399,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
       FLOTILLA_CUDA_RETURN(kc::LaunchFillMoeWeightsSynthetic(L.moe, ls + 10, s));
     }
   }
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
+  feed.reset();  // a feed's staging memory goes back before the KV cache is sized
   {
     kernels::cpu::YarnParams p;
     p.theta = c.rope_theta;

@@ -30,6 +30,8 @@
 
 namespace flotilla {
 
+class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
+
 struct CudaEngineOptions {
   int device = 0;
   int kv_block_size = 16;
@@ -78,7 +80,14 @@ class CudaEngine : public Engine {
   // Uploads `weights` (a single rank's: every head and expert).
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
                                                             const CudaEngineOptions& options);
-  // Fills every weight on the device from `seed` (no checkpoint, no host copy):
+  // Generates on the device exactly the weights `flotilla make-checkpoint`
+  // writes for (config, seed), in the layout Create uploads them to: the same
+  // engine as Create(LoadWeights(that checkpoint)), with no checkpoint and no
+  // host copy (a staging buffer of one layer on the device while it builds).
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> CreateFromSyntheticCheckpoint(
+      const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options);
+  // Fills every weight on the device from `seed` with the benchmarks' own
+  // generator (not the checkpoint's values; no checkpoint, no host copy):
   // 120b-shaped benchmarks.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> CreateSynthetic(
       const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options);
@@ -135,8 +144,9 @@ class CudaEngine : public Engine {
   };
   struct Plan;  // one step's host-side layout
 
+  // Weights from `feed`, or (no feed) the benchmarks' fill from `seed`.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Build(const ModelConfig& config,
-                                                           const ModelWeights* weights,
+                                                           std::unique_ptr<CudaWeightFeed> feed,
                                                            uint64_t seed,
                                                            const CudaEngineOptions& options);
   absl::Status Reserve(const std::vector<StepItem>& items);

@@ -45,7 +45,9 @@ class Loader {
   const Checkpoint& ck_;
 };
 
-absl::Status CheckShard(const ModelConfig& c, const ShardSpec& s, std::vector<int>* experts) {
+}  // namespace
+
+absl::Status CheckShardSpec(const ModelConfig& c, const ShardSpec& s, std::vector<int>* experts) {
   if (s.tp_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat("shard: tp_size must be >= 1, got ", s.tp_size));
   }
@@ -77,6 +79,8 @@ absl::Status CheckShard(const ModelConfig& c, const ShardSpec& s, std::vector<in
   return absl::OkStatus();
 }
 
+namespace {
+
 absl::StatusOr<std::vector<float>> Sinks(const Checkpoint& ck, const std::string& name, int64_t nh,
                                          int begin, int count) {
   FLOTILLA_ASSIGN_OR_RETURN(const TensorInfo* t, ck.Get(name, {DType::kBF16, DType::kF32}, {nh}));
@@ -101,7 +105,7 @@ absl::StatusOr<ModelWeights> LoadWeights(std::shared_ptr<const Checkpoint> check
   const Checkpoint& ck = *checkpoint;
   const ModelConfig& c = ck.config();
   std::vector<int> experts;
-  FLOTILLA_RETURN_IF_ERROR(CheckShard(c, shard, &experts));
+  FLOTILLA_RETURN_IF_ERROR(CheckShardSpec(c, shard, &experts));
 
   const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.num_local_experts;
   const int64_t D = c.head_dim, NH = c.num_attention_heads, NKV = c.num_key_value_heads;

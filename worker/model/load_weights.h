@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/model/checkpoint.h"
@@ -20,5 +21,11 @@ namespace flotilla {
 // and in [0, E).
 absl::StatusOr<ModelWeights> LoadWeights(std::shared_ptr<const Checkpoint> checkpoint,
                                          const ShardSpec& shard);
+
+// The checks LoadWeights makes on `shard` (tp_size divides the head counts,
+// tp_rank in range, expert ids distinct and in [0, E)); `experts` receives the
+// experts to hold, in order (all of them when shard.experts is empty).
+absl::Status CheckShardSpec(const ModelConfig& config, const ShardSpec& shard,
+                            std::vector<int>* experts);
 
 }  // namespace flotilla

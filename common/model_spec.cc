@@ -1,0 +1,74 @@
+#include "common/model_spec.h"
+
+#include <charconv>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status.h"
+
+namespace flotilla {
+
+bool IsSyntheticModel(absl::string_view model) {
+  return absl::StartsWith(model, kSyntheticModelPrefix);
+}
+
+absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset) {
+  ModelConfig config;
+  if (preset == "tiny") {
+    config = ModelConfig::Tiny();
+  } else if (preset == "20b") {
+    config = ModelConfig::Gptoss20b();
+  } else if (preset == "120b") {
+    config = ModelConfig::Gptoss120b();
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown preset '", preset, "' (choose tiny, 20b or 120b)"));
+  }
+  // Through the JSON form, exactly as make-checkpoint writes and reads it back.
+  return ModelConfig::FromJson(config.ToJson());
+}
+
+absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model) {
+  if (!IsSyntheticModel(model)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", model, "' is not a synthetic model (expected synthetic:PRESET[:SEED])"));
+  }
+  const std::vector<absl::string_view> fields =
+      absl::StrSplit(model.substr(kSyntheticModelPrefix.size()), ':');
+  auto error = [&](const std::string& problem) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model ", model, ": ", problem, "; expected synthetic:PRESET[:SEED]"));
+  };
+  if (fields.size() > 2) return error("too many ':' fields");
+  SyntheticModelSpec spec;
+  spec.preset = std::string(fields[0]);
+  absl::StatusOr<ModelConfig> config = SyntheticPresetConfig(spec.preset);
+  if (!config.ok()) return error(std::string(config.status().message()));
+  spec.config = *std::move(config);
+  if (fields.size() == 2) {
+    const absl::string_view seed = fields[1];
+    auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), spec.seed);
+    if (seed.empty() || ec != std::errc() || end != seed.data() + seed.size()) {
+      return error(absl::StrCat("seed '", seed, "' is not a non-negative 64-bit integer"));
+    }
+  }
+  return spec;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model) {
+  if (!IsSyntheticModel(model)) return ModelConfig::Load(model);
+  FLOTILLA_ASSIGN_OR_RETURN(SyntheticModelSpec spec, ParseSyntheticModel(model));
+  return spec.config;
+}
+
+std::string DefaultModelId(const std::string& model) {
+  if (IsSyntheticModel(model)) return model;
+  std::string m = model;
+  while (m.size() > 1 && m.back() == '/') m.pop_back();
+  return m.substr(m.find_last_of('/') + 1);
+}
+
+}  // namespace flotilla

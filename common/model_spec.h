@@ -1,0 +1,44 @@
+// What a --model flag names: a checkpoint directory (Hugging Face layout), or
+// "synthetic:PRESET[:SEED]", the weights `flotilla make-checkpoint --preset
+// PRESET --seed SEED` would write (SEED defaults to 0), generated where they
+// are needed instead of read from disk. Shared by the coordinator (which needs
+// only the config), the workers and the CLI.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/model_config.h"
+
+namespace flotilla {
+
+inline constexpr absl::string_view kSyntheticModelPrefix = "synthetic:";
+
+struct SyntheticModelSpec {
+  std::string preset;  // tiny, 20b or 120b
+  uint64_t seed = 0;
+  ModelConfig config;  // the preset's configuration
+};
+
+// True when `model` starts with "synthetic:" (a directory of that name cannot
+// be named this way; write ./synthetic:... to mean one).
+bool IsSyntheticModel(absl::string_view model);
+
+// Parses "synthetic:PRESET[:SEED]". Errors name the spec and the problem: an
+// unknown preset, a seed that is not a non-negative 64-bit integer, extra fields.
+absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model);
+
+// The configuration make-checkpoint writes for `preset` (tiny, 20b, 120b).
+absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset);
+
+// The configuration of what `model` names: the synthetic preset's, or the
+// directory's config.json.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model);
+
+// The name clients see when no --model-id is given: a synthetic spec as
+// written, a directory by its last path component.
+std::string DefaultModelId(const std::string& model);
+
+}  // namespace flotilla

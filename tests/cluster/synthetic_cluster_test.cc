@@ -1,0 +1,103 @@
+// `flotilla up --model synthetic:tiny:3`: real coordinator and worker
+// processes with no checkpoint on disk (each worker generates its shard)
+// serve the tokens of the checkpoint `make-checkpoint --preset tiny --seed 3`
+// writes, under the spec as the model id.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "proto/flotilla.grpc.pb.h"
+#include "tools/checkpoint/synthetic_checkpoint.h"
+#include "tools/cli/local_cluster.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/engine/generate.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/load_weights.h"
+
+namespace flotilla {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kMaxTokens = 10;
+
+std::vector<int32_t> FromWrittenCheckpoint(const std::vector<int32_t>& prompt) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("flotilla-synthetic-cluster-" + std::to_string(getpid())))
+          .string();
+  SyntheticCheckpointOptions o;
+  o.seed = 3;
+  EXPECT_TRUE(WriteSyntheticCheckpoint(*MakeSyntheticConfig("tiny", "", {}), o, dir).ok());
+  std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
+  kernels::cpu::ThreadPool pool(1);
+  CpuEngineOptions eo;
+  eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16, 1,
+                                            prompt.size() + kMaxTokens);
+  auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
+  GenerateOptions go;
+  go.sampling.temperature = 0;
+  go.sampling.max_tokens = kMaxTokens;
+  go.sampling.stop_token_ids = std::vector<int>{};  // as ignore_eos with no stop tokens below
+  auto result = flotilla::Generate(*engine, prompt, go);
+  fs::remove_all(dir);
+  return result.ok() ? result->tokens : std::vector<int32_t>{};
+}
+
+TEST(ClusterSynthetic, ServesTheWrittenCheckpointsTokensWithNoCheckpoint) {
+  cli::LocalClusterOptions o;
+  o.model = "synthetic:tiny:3";
+  o.workers = 2;
+  o.threads_per_worker = 1;
+  o.listen = "127.0.0.1:0";
+  o.http_listen = "";
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.log_dir =
+      (fs::temp_directory_path() / ("flotilla-synthetic-cluster-log-" + std::to_string(getpid())))
+          .string();
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto stub = v1::Flotilla::NewStub(
+      grpc::CreateChannel((*cluster)->address(), grpc::InsecureChannelCredentials()));
+
+  grpc::ClientContext list_ctx;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(stub->ListModels(&list_ctx, v1::ListModelsRequest(), &models).ok());
+  ASSERT_EQ(models.models_size(), 1);
+  EXPECT_EQ(models.models(0).id(), "synthetic:tiny:3");
+  EXPECT_EQ(models.models(0).vocab_size(), 1024u);
+
+  const std::vector<int32_t> prompt = {1, 2, 3, 900, 17};
+  v1::GenerateRequest req;
+  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
+  req.mutable_sampling()->set_temperature(0);
+  req.mutable_sampling()->set_max_tokens(kMaxTokens);
+  req.mutable_sampling()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  auto reader = stub->Generate(&ctx, req);
+  std::vector<int32_t> tokens;
+  v1::GenerateResponse resp;
+  while (reader->Read(&resp))
+    tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
+  grpc::Status status = reader->Finish();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(tokens, FromWrittenCheckpoint(prompt));
+  EXPECT_EQ(tokens.size(), static_cast<size_t>(kMaxTokens));
+  (*cluster)->Stop();
+}
+
+TEST(ClusterSynthetic, BadSpecIsRefusedBeforeAnyProcessStarts) {
+  cli::LocalClusterOptions o;
+  o.model = "synthetic:huge:1";
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_NE(cluster.status().message().find("unknown preset 'huge'"), std::string::npos)
+      << cluster.status();
+}
+
+}  // namespace
+}  // namespace flotilla
