@@ -103,10 +103,11 @@ void KvCache::WriteRange(int layer, int64_t length, int64_t n, int64_t* begin,
   *end = length + n;
   *begin = std::max(length, KeepBegin(layer, length + n));
   if (options_.prefix_cache && options_.sliding[layer]) {
-    // Whole blocks from the window before the last block boundary, so that a
+    // Whole blocks from the window before the last block boundary short of
+    // the end (a prompt's match stops before its last token), so that a
     // prefix ending there finds its sliding-layer KV complete.
     const int64_t bs = options_.block_size;
-    const int64_t boundary = *end / bs * bs;
+    const int64_t boundary = (*end - 1) / bs * bs;
     const int64_t first = std::max<int64_t>(0, boundary - (options_.window - 1)) / bs * bs;
     *begin = std::max(length, std::min(*begin, first));
   }

@@ -9,7 +9,7 @@
 // in a PrefixCache (worker/engine/prefix_cache.h) with its blocks of every
 // layer, and a new sequence can start from a cached prefix, sharing its
 // blocks. Sliding layers then write whole blocks (from the block start of
-// the window before the chunk's last block boundary), so a cached block's
+// the window before the last block boundary short of the chunk's end), so a cached block's
 // sliding-layer KV is complete; blocks leaving the window are released as
 // before but stay cached (and evictable) until the arena needs them.
 // Not thread-safe: one owner (the engine) drives it.
