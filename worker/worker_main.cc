@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_DEVICE")->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--cuda-device", o.cuda_device, "CUDA device ordinal for --device cuda")
       ->envname("FLOTILLA_CUDA_DEVICE")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--prefix-cache,!--no-prefix-cache", o.prefix_cache,
+               "share the KV blocks of identical prompt prefixes between requests (default on)")
+      ->envname("FLOTILLA_PREFIX_CACHE");
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);

@@ -33,6 +33,7 @@ struct TurnResult {
   int64_t computed = 0;  // tokens the engine ran (prompt and decode)
   std::vector<int32_t> tokens;  // greedy tokens
   std::vector<float> first_logits;  // of the last prompt position
+  std::vector<std::vector<float>> logits;  // per greedy token: the logits it was taken from
 };
 
 inline std::vector<int32_t> TurnTokens(int n, uint32_t seed, int vocab) {
@@ -67,6 +68,7 @@ inline TurnResult RunTurn(Engine& engine, const std::vector<int32_t>& prompt,
   for (int i = 0; i < o.generate; ++i) {
     const int32_t token = Argmax(logits.data(), V);
     r.tokens.push_back(token);
+    r.logits.push_back(logits);
     if (i + 1 == o.generate) break;
     auto out = engine.Step({StepItem{*seq, {token}, LogitsMode::kLast}});
     EXPECT_TRUE(out.ok()) << out.status();
