@@ -83,12 +83,15 @@ class HttpMetrics {
     Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests",
           s.state() == admin::READY ? 1 : 0);
     uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
+    uint64_t prefix_queries = 0, prefix_hits = 0;
     std::string per_worker;
     for (const admin::WorkerStatus& w : s.workers()) {
       running += w.load().running_sequences();
       queued += w.load().queued_sequences();
       kv_free += w.load().kv_blocks_free();
       kv_total += w.load().kv_blocks_total();
+      prefix_queries += w.load().prefix_cache_queries_tokens();
+      prefix_hits += w.load().prefix_cache_hits_tokens();
       const double usage = w.load().kv_blocks_total() == 0
                                ? 0.0
                                : 1.0 - static_cast<double>(w.load().kv_blocks_free()) /
@@ -103,6 +106,12 @@ class HttpMetrics {
     Gauge(out, "flotilla_kv_blocks_total", "KV cache blocks over all workers", static_cast<double>(kv_total));
     Gauge(out, "flotilla_kv_cache_usage_ratio", "used fraction of the KV cache over all workers",
           kv_total == 0 ? 0.0 : 1.0 - static_cast<double>(kv_free) / static_cast<double>(kv_total));
+    // Sums of the workers' counters since each started (a restarted worker
+    // starts again from zero: Prometheus treats that as a counter reset).
+    Counter(out, "flotilla_prefix_cache_queries_tokens_total",
+            "prompt tokens looked up in the workers' prefix caches", prefix_queries);
+    Counter(out, "flotilla_prefix_cache_hits_tokens_total",
+            "prompt tokens found in the workers' prefix caches (not computed)", prefix_hits);
     out += "# HELP flotilla_worker_kv_cache_usage_ratio used fraction of one worker's KV cache\n"
            "# TYPE flotilla_worker_kv_cache_usage_ratio gauge\n";
     out += per_worker;

@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
                  "--device cuda: fraction of the GPU's memory for weights, workspaces and KV cache")
       ->envname("FLOTILLA_GPU_MEMORY_UTILIZATION")->capture_default_str()
       ->check(CLI::Range(0.05, 1.0));
+  app.add_flag("--prefix-cache,!--no-prefix-cache", o.prefix_cache,
+               "share the KV blocks of identical prompt prefixes between requests (default on)")
+      ->envname("FLOTILLA_PREFIX_CACHE");
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);

@@ -150,6 +150,8 @@ void WorkerRuntime::HeartbeatLoop() {
     hb->mutable_load()->set_queued_sequences(queued_count_);
     hb->mutable_load()->set_kv_blocks_free(kv_free_);
     hb->mutable_load()->set_kv_blocks_total(kv_total_);
+    hb->mutable_load()->set_prefix_cache_queries_tokens(prefix_queries_);
+    hb->mutable_load()->set_prefix_cache_hits_tokens(prefix_hits_);
     Send(m);
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_.load()), [this] { return stop_.load(); });
@@ -394,12 +396,14 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   const ModelConfig& c = pending_weights_->config;
   CpuEngineOptions eo;
   eo.kv_block_size = options_.kv_block_size;
+  eo.prefix_cache = options_.prefix_cache;
   const int64_t kv_heads = c.num_key_value_heads / a.tp_size();
   const int64_t seqs = std::max<uint32_t>(1, a.max_sequences());
   eo.kv_num_blocks = a.kv_blocks() > 0
                          ? a.kv_blocks()
                          : CpuEngine::KvBlocksFor(c, kv_heads, eo.kv_block_size, seqs,
-                                                  std::max<int64_t>(1, options_.kv_tokens / seqs));
+                                                  std::max<int64_t>(1, options_.kv_tokens / seqs),
+                                                  eo.prefix_cache);
   if (options_.device == "cuda") {
 #if FLOTILLA_WITH_CUDA
     if (a.world_size() != 1) {
@@ -410,6 +414,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     CudaEngineOptions co;
     co.device = options_.cuda_device;
     co.kv_block_size = static_cast<int>(options_.kv_block_size);
+    co.prefix_cache = options_.prefix_cache;
     co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
     co.max_context = a.max_model_len();
     co.gpu_memory_utilization = options_.gpu_memory_utilization;
@@ -498,6 +503,8 @@ void WorkerRuntime::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch*
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
   seq.deadline_unix_ms = s.deadline_unix_ms();
+  // The whole length, cached prefix included: shared blocks are counted once
+  // per sequence, so the reservations still bound the blocks in use.
   seq.kv_reserved = engine_->KvBlocksForLength(prompt + seq.max_new);
   kv_reserved_ += seq.kv_reserved;
   sequences_.emplace(seq.request_id, std::move(seq));
@@ -557,12 +564,19 @@ cluster::StepPlan WorkerRuntime::PlanStep(cluster::TokenBatch* rejected) {
   queued_count_ = pending_.size();
   // Prompt chunks within the remaining token budget.
   for (auto& [id, seq] : sequences_) {
+    if (budget <= 0) continue;
+    const bool first = !seq.started;
+    if (first) TakeCachedPrefix(seq);
     const int64_t left = static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
-    if (left <= 0 || budget <= 0) continue;
+    if (left <= 0) continue;
     const int64_t n = std::min(left, budget);
     cluster::PlanItem* it = plan.add_items();
     it->set_request_id(id);
-    it->set_first(seq.prefilled == 0);
+    it->set_first(first);
+    if (first) {
+      it->mutable_cached_prefix()->Add(seq.prompt.begin(), seq.prompt.begin() + seq.prefilled);
+      seq.started = true;
+    }
     for (int64_t j = 0; j < n; ++j) it->add_tokens(seq.prompt[seq.prefilled + j]);
     it->set_logits(seq.return_prompt_logits ? kLogitsAll
                                             : (n == left ? kLogitsLast : kLogitsNone));
@@ -570,6 +584,13 @@ cluster::StepPlan WorkerRuntime::PlanStep(cluster::TokenBatch* rejected) {
   }
   running_count_ = sequences_.size();
   return plan;
+}
+
+void WorkerRuntime::TakeCachedPrefix(Sequence& seq) {
+  const int64_t cached = seq.return_prompt_logits ? 0 : engine_->CachedPrefixLength(seq.prompt);
+  seq.prefilled = cached;
+  prefix_queries_ += seq.prompt.size();
+  prefix_hits_ += cached;
 }
 
 void WorkerRuntime::FinishSequence(Sequence& seq, common::FinishReason reason,
@@ -656,7 +677,11 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   }
   std::vector<StepItem> items;
   for (const cluster::PlanItem& p : plan.items()) {
-    if (p.first()) engine_ids_[p.request_id()] = engine_->NewSequence();
+    if (p.first()) {
+      FLOTILLA_ASSIGN_OR_RETURN(engine_ids_[p.request_id()],
+                                engine_->NewSequenceWithPrefix(
+                                    {p.cached_prefix().begin(), p.cached_prefix().end()}));
+    }
     StepItem it;
     it.sequence = engine_ids_.at(p.request_id());
     it.tokens.assign(p.tokens().begin(), p.tokens().end());

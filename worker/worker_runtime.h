@@ -49,6 +49,8 @@ struct WorkerOptions {
   // --device cuda: the fraction of the GPU's memory this worker may use in
   // all (weights, workspaces, KV cache); the KV arena gets what is left.
   double gpu_memory_utilization = 0.90;
+  // Share the KV blocks of identical prompt prefixes between requests.
+  bool prefix_cache = true;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
 };
@@ -71,6 +73,7 @@ class WorkerRuntime {
     int64_t engine_id = -1;          // on every rank of the group
     std::vector<int32_t> prompt;
     int64_t prefilled = 0;
+    bool started = false;  // its first chunk was planned
     std::vector<int32_t> generated;
     std::unique_ptr<Sampler> sampler;
     int64_t max_new = 0;
@@ -95,6 +98,9 @@ class WorkerRuntime {
   absl::StatusOr<bool> StepOnce();
   cluster::StepPlan PlanStep(cluster::TokenBatch* rejected);
   void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
+  // Starts the prompt after its longest cached prefix (none when the request
+  // wants every prompt position's logits) and counts the lookup.
+  void TakeCachedPrefix(Sequence& seq);
   void FinishSequence(Sequence& seq, common::FinishReason reason, cluster::SequenceUpdate* u);
   // The sampler that draws the item's next token on the engine's device
   // (leader only), or null for a prompt chunk that does not end the prompt.
@@ -144,6 +150,7 @@ class WorkerRuntime {
   std::map<uint64_t, int64_t> engine_ids_;
   std::atomic<uint32_t> running_count_{0}, queued_count_{0};
   std::atomic<uint64_t> kv_free_{0}, kv_total_{0};
+  std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0};  // tokens
 };
 
 }  // namespace flotilla::worker

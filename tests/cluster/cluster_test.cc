@@ -3,6 +3,7 @@
 // engine, and survive a worker killed with SIGKILL.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
 #include <cmath>
 #include <filesystem>
@@ -156,6 +157,77 @@ admin::ClusterStatus Status(const std::string& address) {
   (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
   return s;
 }
+
+// The prefix cache end to end: a second request repeating the first one's
+// conversation (prompt and answer) plus 64 new tokens is served from the
+// workers' prefix caches (every rank of a TP group shares the same blocks),
+// with the tokens of one process without a cache; the heartbeats report the
+// hits and /metrics shows them.
+class ClusterPrefixCache : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterPrefixCache, SecondTurnIsServedFromTheCacheWithTheSameTokens) {
+  const auto [workers, tp] = GetParam();
+  const std::string dir = GoldenDirs().front();
+  std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
+  const int vocab = ck->config().vocab_size;
+  std::vector<int32_t> first(200);
+  for (int i = 0; i < 200; ++i) first[i] = (i * 7919 + 17) % vocab;
+  auto cluster = cli::LocalCluster::Start(Options(dir, workers, tp));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const Reply one = Generate((*cluster)->address(), first, 8, false);
+  ASSERT_TRUE(one.status.ok()) << one.status.error_message();
+  std::vector<int32_t> second = first;
+  second.insert(second.end(), one.tokens.begin(), one.tokens.end());
+  for (int i = 0; i < 64; ++i) second.push_back((i * 104729 + 5) % vocab);
+  const Reply two = Generate((*cluster)->address(), second, 8, false);
+  ASSERT_TRUE(two.status.ok()) << two.status.error_message();
+
+  kernels::cpu::ThreadPool pool(1);
+  for (const auto& [prompt, got] : {std::pair{first, one.tokens}, std::pair{second, two.tokens}}) {
+    CpuEngineOptions eo;
+    eo.prefix_cache = false;
+    eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16,
+                                              1, prompt.size() + 8, false);
+    auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
+    GenerateOptions go;
+    go.sampling.temperature = 0;
+    go.sampling.max_tokens = 8;
+    EXPECT_EQ(got, flotilla::Generate(*engine, prompt, go)->tokens);
+  }
+
+  // The second prompt's hits: the first request's prompt and the answer
+  // tokens it computed (all but the last sampled, unless that was a stop
+  // token, which is not returned), in whole blocks.
+  const size_t computed = first.size() + one.tokens.size() - (one.finish == common::LENGTH ? 1 : 0);
+  const uint64_t want_hits = computed / 16 * 16;
+  uint64_t queries = 0, hits = 0;
+  for (int attempt = 0; attempt < 100 && hits < want_hits; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    queries = hits = 0;
+    const admin::ClusterStatus status = Status((*cluster)->address());
+    for (const admin::WorkerStatus& w : status.workers()) {
+      queries += w.load().prefix_cache_queries_tokens();
+      hits += w.load().prefix_cache_hits_tokens();
+    }
+  }
+  EXPECT_EQ(hits, want_hits);
+  EXPECT_EQ(queries, first.size() + second.size());
+  httplib::Client http("http://" + (*cluster)->http_address());
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("flotilla_prefix_cache_hits_tokens_total " + std::to_string(hits)),
+            std::string::npos);
+  EXPECT_NE(metrics->body.find("flotilla_prefix_cache_queries_tokens_total " +
+                               std::to_string(queries)),
+            std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterPrefixCache,
+                         ::testing::Values(std::pair{1, 1}, std::pair{2, 2}),
+                         [](const auto& info) {
+                           return "W" + std::to_string(info.param.first) + "_TP" +
+                                  std::to_string(info.param.second);
+                         });
 
 TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   // The built-in model: its end tokens are 2 of 201088 ids, so a long

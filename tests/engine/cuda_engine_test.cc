@@ -41,6 +41,7 @@
 #include "worker/model/load_weights.h"
 #include "worker/model/synthetic_weights.h"
 #include "tests/engine/golden_fixtures.h"
+#include "tests/engine/multi_turn.h"
 
 namespace flotilla {
 namespace {
@@ -343,6 +344,50 @@ TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
       ci[i].tokens = {next};
     }
   }
+}
+
+// Prefix caching on the GPU: each turn repeats the previous turn's prompt
+// plus 64 new tokens (past the sliding window); with the cache a turn
+// computes only what is new, and its logits and greedy tokens are those of
+// the engine without the cache (tokens wherever the logits are decisive:
+// the shorter prefill runs other kernel shapes, so bf16 rounding differs).
+TEST(CudaEnginePrefixCache, MultiTurnGreedyTokensMatchWithoutTheCache) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ModelConfig c = ModelConfig::Tiny();
+  c.sliding_window = 32;
+  auto w = MakeSyntheticWeights(c, 5);
+  ASSERT_TRUE(w.ok()) << w.status();
+  CudaEngineOptions on = SmallOptions(), off = SmallOptions();
+  off.prefix_cache = false;
+  auto with = CudaEngine::Create(*w, on);
+  auto without = CudaEngine::Create(*w, off);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_TRUE(without.ok()) << without.status();
+  testing::MultiTurnOptions o;
+  o.turns = 5;
+  o.first_prompt = 100;
+  o.keep_answers = false;
+  o.generate = 8;
+  o.prefill_chunk = 96;
+  const auto cached = testing::RunTurns(**with, o);
+  const auto plain = testing::RunTurns(**without, o);
+  ASSERT_EQ(cached.size(), plain.size());
+  const int64_t V = c.vocab_size;
+  for (size_t t = 0; t < cached.size(); ++t) {
+    SCOPED_TRACE("turn " + std::to_string(t));
+    EXPECT_EQ(plain[t].cached, 0);
+    const int64_t want = t == 0 ? 0 : static_cast<int64_t>(cached[t - 1].prompt.size()) / 16 * 16;
+    EXPECT_EQ(cached[t].cached, want);
+    EXPECT_EQ(cached[t].computed, plain[t].computed - cached[t].cached);
+    EXPECT_LE(RelDiff(cached[t].first_logits, plain[t].first_logits), 1e-2);
+    ASSERT_EQ(cached[t].tokens.size(), plain[t].tokens.size());
+    for (size_t i = 0; i < plain[t].tokens.size(); ++i) {
+      if (cached[t].tokens[i] == plain[t].tokens[i]) continue;
+      EXPECT_FALSE(Decisive(plain[t].logits[i].data(), V)) << "token " << i;
+      break;  // the two now decode different tokens
+    }
+  }
+  EXPECT_EQ((*with)->KvFreeBlocks(), (*with)->KvTotalBlocks());
 }
 
 }  // namespace

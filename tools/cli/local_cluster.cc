@@ -154,7 +154,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--threads",      std::to_string(threads),
                                      "--comm-timeout-ms", std::to_string(options.comm_timeout_ms),
                                      "--device",       options.device,
-                                     "--cuda-device",  std::to_string(i)};
+                                     "--cuda-device",  std::to_string(i),
+                                     options.prefix_cache ? "--prefix-cache" : "--no-prefix-cache"};
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     c->worker_argv_.push_back(argv);
     FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i))));

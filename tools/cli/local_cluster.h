@@ -20,6 +20,7 @@ struct LocalClusterOptions {
   int tp = 0;                 // 0 = automatic
   int threads_per_worker = 0; // 0 = cores / workers
   std::string device = "cpu"; // workers' engine: cpu, or cuda (one worker, whole model on a GPU)
+  bool prefix_cache = true;   // workers share KV blocks of identical prompt prefixes
   std::string listen = "127.0.0.1:0";
   std::string http_listen = "127.0.0.1:0";  // the OpenAI-compatible HTTP API; empty = off
   int heartbeat_timeout_ms = 2000;

@@ -52,6 +52,8 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--device", o->device,
                   "workers' engine: cpu, or cuda (each worker holds the whole model on its GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_flag("--prefix-cache,!--no-prefix-cache", o->prefix_cache,
+                "workers share the KV blocks of identical prompt prefixes (default on)");
   cmd->add_option("--threads-per-worker", o->threads_per_worker, "0 = cores / workers")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", o->log_dir, "write each process's log here (default: stderr)");

@@ -135,8 +135,9 @@ absl::Status CheckWeights(const ModelWeights& w, bool has_collectives) {
 }
 
 KvCacheOptions KvOptions(const ModelConfig& c, int64_t kv_heads, int64_t block_size,
-                         int64_t num_blocks) {
+                         int64_t num_blocks, bool prefix_cache) {
   KvCacheOptions o;
+  o.prefix_cache = prefix_cache;
   for (int l = 0; l < c.num_hidden_layers; ++l) o.sliding.push_back(c.is_sliding(l));
   o.window = c.sliding_window;
   o.kv_heads = kv_heads;
@@ -149,9 +150,9 @@ KvCacheOptions KvOptions(const ModelConfig& c, int64_t kv_heads, int64_t block_s
 }  // namespace
 
 int64_t CpuEngine::KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int64_t block_size,
-                               int64_t sequences, int64_t tokens) {
+                               int64_t sequences, int64_t tokens, bool prefix_cache) {
   absl::StatusOr<std::unique_ptr<KvCache>> probe = KvCache::Create(
-      KvOptions(config, kv_heads, block_size, 1));
+      KvOptions(config, kv_heads, block_size, 1, prefix_cache));
   if (!probe.ok()) return 0;
   return sequences * (*probe)->BlocksForLength(tokens);
 }
@@ -166,7 +167,8 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
       std::unique_ptr<KvCache> kv,
       KvCache::Create(KvOptions(c, weights.layers.empty() ? c.num_key_value_heads
                                                           : weights.layers[0].attn.kv_heads,
-                                options.kv_block_size, options.kv_num_blocks)));
+                                options.kv_block_size, options.kv_num_blocks,
+                                options.prefix_cache)));
   std::unique_ptr<CpuEngine> engine(
       new CpuEngine(std::move(weights), std::move(kv), pool, collectives));
   engine->record_margins_ = options.record_router_margins;
@@ -210,6 +212,16 @@ absl::StatusOr<int64_t> CpuEngine::SequenceLength(int64_t sequence) const {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
   }
   return kv_->Length(sequence);
+}
+
+int64_t CpuEngine::CachedPrefixLength(const std::vector<int32_t>& prompt) const {
+  const int64_t bs = kv_->options().block_size;
+  if (prompt.size() < 2) return 0;
+  return kv_->MatchPrefix(prompt, (static_cast<int64_t>(prompt.size()) - 1) / bs) * bs;
+}
+
+absl::StatusOr<int64_t> CpuEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
+  return kv_->CreateSequenceFromPrefix(prefix);
 }
 
 int64_t CpuEngine::MaxSequenceLength() const {
@@ -347,7 +359,7 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     }
   }
   for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, static_cast<int64_t>(it.tokens.size())));
+    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, it.tokens));
   }
   return out;
 }

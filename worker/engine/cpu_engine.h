@@ -25,6 +25,8 @@ struct CpuEngineOptions {
   int64_t kv_num_blocks = 0;
   // Fill StepOutput::router_margins (tests comparing other engines).
   bool record_router_margins = false;
+  // Share the KV blocks of identical prompt prefixes (KvCacheOptions::prefix_cache).
+  bool prefix_cache = true;
 };
 
 class CpuEngine : public Engine, public LocalExperts {
@@ -38,12 +40,14 @@ class CpuEngine : public Engine, public LocalExperts {
 
   // KV blocks needed for `sequences` sequences of up to `tokens` tokens each.
   static int64_t KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int64_t block_size,
-                             int64_t sequences, int64_t tokens);
+                             int64_t sequences, int64_t tokens, bool prefix_cache = true);
 
   int64_t NewSequence() override;
   absl::StatusOr<int64_t> ForkSequence(int64_t sequence);
   absl::Status FreeSequence(int64_t sequence) override;
   absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
+  int64_t CachedPrefixLength(const std::vector<int32_t>& prompt) const override;
+  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) override;
 
   // Runs one forward step. INVALID_ARGUMENT for an unknown or repeated
   // sequence, an empty chunk, a token id outside [0, vocab_size), or a

@@ -528,8 +528,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   engine->num_blocks_ = num_blocks;
   engine->max_blocks_per_seq_ = max_blocks_per_seq;
   engine->weight_bytes_ = weight_bytes;
-  // Block 0 is scratch; hand out the others low to high.
-  for (int64_t b = num_blocks - 1; b >= 1; --b) engine->free_blocks_.push_back(static_cast<int32_t>(b));
+  // Block 0 is scratch; the cache hands out the others low to high.
+  PrefixCacheOptions po;
+  po.block_size = bs;
+  po.first_block = 1;
+  po.num_blocks = static_cast<int32_t>(num_blocks - 1);
+  po.enabled = options.prefix_cache;
+  FLOTILLA_ASSIGN_OR_RETURN(engine->blocks_, PrefixCache::Create(po));
   return engine;
 }
 
@@ -553,7 +558,9 @@ absl::Status CudaEngine::FreeSequence(int64_t sequence) {
   if (it == sequences_.end()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
   }
-  for (int32_t b : it->second.blocks) free_blocks_.push_back(b);
+  // Last blocks first: a prefix's first blocks are then evicted last.
+  const std::vector<int32_t>& blocks = it->second.blocks;
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) blocks_->Release(*b);
   sequences_.erase(it);
   return absl::OkStatus();
 }
@@ -564,6 +571,35 @@ absl::StatusOr<int64_t> CudaEngine::SequenceLength(int64_t sequence) const {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
   }
   return it->second.length;
+}
+
+int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt) const {
+  if (prompt.size() < 2) return 0;
+  const int64_t bs = options_.kv_block_size;
+  const int64_t max_blocks = std::min<int64_t>((static_cast<int64_t>(prompt.size()) - 1) / bs,
+                                               max_blocks_per_seq_);
+  return static_cast<int64_t>(blocks_->Walk(prompt, max_blocks).size()) * bs;
+}
+
+absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
+  const int64_t bs = options_.kv_block_size;
+  const int64_t count = static_cast<int64_t>(prefix.size()) / bs;
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, count);
+  if (static_cast<int64_t>(prefix.size()) % bs != 0 ||
+      static_cast<int64_t>(hits.size()) != count) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "prefix cache: the prefix of ", prefix.size(), " tokens is not whole cached blocks"));
+  }
+  const int64_t id = NewSequence();
+  Sequence& s = sequences_[id];
+  for (const PrefixCache::Hit& hit : hits) {
+    blocks_->Hold(hit.slots[0]);
+    s.blocks.push_back(hit.slots[0]);
+  }
+  s.length = static_cast<int64_t>(prefix.size());
+  if (!hits.empty()) s.chain.link = hits.back().link;
+  s.chain.blocks = count;
+  return id;
 }
 
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
@@ -610,9 +646,9 @@ absl::Status CudaEngine::Reserve(const std::vector<StepItem>& items) {
     const int64_t want = CeilDiv(s.length + static_cast<int64_t>(it.tokens.size()),
                                  options_.kv_block_size);
     while (static_cast<int64_t>(s.blocks.size()) < want) {
-      if (free_blocks_.empty()) return absl::ResourceExhaustedError("kv cache: out of blocks");
-      s.blocks.push_back(free_blocks_.back());
-      free_blocks_.pop_back();
+      std::optional<int32_t> block = blocks_->Allocate();
+      if (!block) return absl::ResourceExhaustedError("kv cache: out of blocks");
+      s.blocks.push_back(*block);
     }
   }
   return absl::OkStatus();
@@ -635,6 +671,7 @@ absl::Status CudaEngine::ExtendSynthetic(int64_t sequence, int64_t tokens) {
   }
   FLOTILLA_RETURN_IF_ERROR(Reserve({probe}));
   it->second.length += tokens;
+  it->second.chain.broken = true;  // its KV is not its tokens'
   return absl::OkStatus();
 }
 
@@ -1118,7 +1155,10 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   }
   // Results.
   for (size_t i = 0; i < items.size(); ++i) {
-    sequences_[items[i].sequence].length += static_cast<int64_t>(items[i].tokens.size());
+    Sequence& s = sequences_[items[i].sequence];
+    s.length += static_cast<int64_t>(items[i].tokens.size());
+    blocks_->Extend(&s.chain, items[i].tokens,
+                    [&](int64_t block, std::vector<int32_t>* slots) { (*slots)[0] = s.blocks[block]; });
   }
   std::vector<std::vector<int32_t>> routing;
   if (d.routing_record != nullptr) {

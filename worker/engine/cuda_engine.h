@@ -26,6 +26,7 @@
 #include "common/model_config.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/prefix_cache.h"
 #include "worker/model/weights.h"
 
 namespace flotilla {
@@ -44,6 +45,8 @@ struct CudaEngineOptions {
   int64_t max_context = 0;
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
+  // Share the KV blocks of identical prompt prefixes (worker/engine/prefix_cache.h).
+  bool prefix_cache = true;
   bool cuda_graphs = true;      // capture decode steps
   // Steps of at most this many tokens (capped at 8, kernels::cuda::
   // kNormQkvRopeMaxTokens) run the input norm, QKV projection, RoPE and KV
@@ -98,6 +101,9 @@ class CudaEngine : public Engine {
   int64_t NewSequence() override;
   absl::Status FreeSequence(int64_t sequence) override;
   absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
+  // Every layer keeps every position, so any run of cached blocks is usable.
+  int64_t CachedPrefixLength(const std::vector<int32_t>& prompt) const override;
+  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) override;
 
   // As CpuEngine::Validate / Step; also INVALID_ARGUMENT for a step over
   // max_batch_tokens tokens or max_sequences sequences.
@@ -117,7 +123,8 @@ class CudaEngine : public Engine {
 
   int64_t MaxSequenceLength() const override;
   int64_t num_kv_blocks() const { return num_blocks_ - 1; }
-  int64_t free_kv_blocks() const { return static_cast<int64_t>(free_blocks_.size()); }
+  // Cached blocks no sequence holds count as free (they are evictable).
+  int64_t free_kv_blocks() const { return blocks_->free_blocks(); }
   const ModelConfig& config() const override { return config_; }
   int64_t KvTotalBlocks() const override { return num_kv_blocks(); }
   int64_t KvFreeBlocks() const override { return free_kv_blocks(); }
@@ -141,6 +148,7 @@ class CudaEngine : public Engine {
   struct Sequence {
     int64_t length = 0;
     std::vector<int32_t> blocks;
+    PrefixCache::Chain chain;
   };
   struct Plan;  // one step's host-side layout
 
@@ -182,7 +190,7 @@ class CudaEngine : public Engine {
   size_t weight_bytes_ = 0;
   int64_t next_sequence_ = 1;
   std::unordered_map<int64_t, Sequence> sequences_;
-  std::vector<int32_t> free_blocks_;
+  std::unique_ptr<PrefixCache> blocks_;  // the arena's blocks but 0, and cached prefixes
   std::map<std::string, double> op_time_ms_;
 };
 

@@ -26,18 +26,21 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
   if (any_sliding && o.window <= 0) {
     return absl::InvalidArgumentError("kv cache: sliding layers need a positive window");
   }
-  return std::unique_ptr<KvCache>(new KvCache(o));
+  PrefixCacheOptions po;
+  po.block_size = o.block_size;
+  po.num_blocks = static_cast<int32_t>(o.num_blocks);
+  po.slots = static_cast<int>(o.sliding.size());
+  po.enabled = o.prefix_cache;
+  absl::StatusOr<std::unique_ptr<PrefixCache>> blocks = PrefixCache::Create(po);
+  if (!blocks.ok()) return blocks.status();
+  return std::unique_ptr<KvCache>(new KvCache(o, std::move(*blocks)));
 }
 
-KvCache::KvCache(const KvCacheOptions& o)
+KvCache::KvCache(const KvCacheOptions& o, std::unique_ptr<PrefixCache> blocks)
     : options_(o),
       block_floats_(2 * o.block_size * o.kv_heads * o.head_dim),
       arena_(static_cast<size_t>(block_floats_ * o.num_blocks)),
-      refcount_(o.num_blocks, 0) {
-  free_list_.reserve(o.num_blocks);
-  // Hand out low block numbers first.
-  for (int64_t b = o.num_blocks - 1; b >= 0; --b) free_list_.push_back(static_cast<int32_t>(b));
-}
+      blocks_(std::move(blocks)) {}
 
 KvCache::SequenceId KvCache::CreateSequence() {
   SequenceId id = next_id_++;
@@ -55,7 +58,7 @@ absl::StatusOr<KvCache::SequenceId> KvCache::Fork(SequenceId source) {
   Sequence copy = it->second;
   for (const auto& table : copy.tables) {
     for (int32_t b : table) {
-      if (b >= 0) ++refcount_[b];
+      if (b >= 0) blocks_->Hold(b);
     }
   }
   seqs_.emplace(id, std::move(copy));
@@ -65,9 +68,14 @@ absl::StatusOr<KvCache::SequenceId> KvCache::Fork(SequenceId source) {
 absl::Status KvCache::Free(SequenceId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
-  for (const auto& table : it->second.tables) {
-    for (int32_t b : table) {
-      if (b >= 0) Release(b);
+  // Last blocks first: a prefix's first blocks, which every longer match
+  // needs, are then the most recently freed and the last evicted.
+  const auto& tables = it->second.tables;
+  size_t longest = 0;
+  for (const auto& table : tables) longest = std::max(longest, table.size());
+  for (size_t b = longest; b-- > 0;) {
+    for (const auto& table : tables) {
+      if (b < table.size() && table[b] >= 0) Release(table[b]);
     }
   }
   seqs_.erase(it);
@@ -80,6 +88,11 @@ absl::StatusOr<int64_t> KvCache::Length(SequenceId seq) const {
   return it->second.length;
 }
 
+int KvCache::SlidingLayer() const {
+  auto it = std::find(options_.sliding.begin(), options_.sliding.end(), true);
+  return it == options_.sliding.end() ? 0 : static_cast<int>(it - options_.sliding.begin());
+}
+
 int64_t KvCache::KeepBegin(int layer, int64_t length) const {
   if (!options_.sliding[layer]) return 0;
   return std::max<int64_t>(0, length - (options_.window - 1));
@@ -89,6 +102,15 @@ void KvCache::WriteRange(int layer, int64_t length, int64_t n, int64_t* begin,
                          int64_t* end) const {
   *end = length + n;
   *begin = std::max(length, KeepBegin(layer, length + n));
+  if (options_.prefix_cache && options_.sliding[layer]) {
+    // Whole blocks from the window before the last block boundary short of
+    // the end (a prompt's match stops before its last token), so that a
+    // prefix ending there finds its sliding-layer KV complete.
+    const int64_t bs = options_.block_size;
+    const int64_t boundary = (*end - 1) / bs * bs;
+    const int64_t first = std::max<int64_t>(0, boundary - (options_.window - 1)) / bs * bs;
+    *begin = std::max(length, std::min(*begin, first));
+  }
 }
 
 int64_t KvCache::BlocksForLength(int64_t length) const {
@@ -98,7 +120,11 @@ int64_t KvCache::BlocksForLength(int64_t length) const {
     if (options_.sliding[l]) {
       // During a step the window - 1 kept positions and up to window - 1 new
       // ones are held together; the new ones may straddle one more block.
-      total += std::min((length + bs - 1) / bs, (2 * options_.window + bs - 1) / bs + 1);
+      // With the prefix cache the new ones start up to two blocks earlier.
+      const int64_t bound = options_.prefix_cache
+                                ? (options_.window + bs - 2) / bs + 1 + (options_.window + 2 * bs) / bs + 2
+                                : (2 * options_.window + bs - 1) / bs + 1;
+      total += std::min((length + bs - 1) / bs, bound);
     } else {
       total += (length + bs - 1) / bs;
     }
@@ -132,7 +158,7 @@ absl::StatusOr<int64_t> KvCache::BlocksNeeded(SequenceId seq, int64_t n) const {
     if (begin >= end) continue;
     for (int64_t b = begin / bs; b <= (end - 1) / bs; ++b) {
       const auto& table = s.tables[l];
-      if (b >= static_cast<int64_t>(table.size()) || table[b] < 0 || refcount_[table[b]] > 1) {
+      if (b >= static_cast<int64_t>(table.size()) || table[b] < 0 || blocks_->refcount(table[b]) > 1) {
         ++needed;
       }
     }
@@ -141,15 +167,11 @@ absl::StatusOr<int64_t> KvCache::BlocksNeeded(SequenceId seq, int64_t n) const {
 }
 
 int32_t KvCache::Allocate() {
-  int32_t b = free_list_.back();
-  free_list_.pop_back();
-  refcount_[b] = 1;
-  return b;
+  // Reserve checked BlocksNeeded against free_blocks() first.
+  return *blocks_->Allocate();
 }
 
-void KvCache::Release(int32_t block) {
-  if (--refcount_[block] == 0) free_list_.push_back(block);
-}
+void KvCache::Release(int32_t block) { blocks_->Release(block); }
 
 absl::Status KvCache::Reserve(SequenceId seq, int64_t n) {
   if (n < 0) return absl::InvalidArgumentError("kv cache: negative reservation");
@@ -172,7 +194,7 @@ absl::Status KvCache::Reserve(SequenceId seq, int64_t n) {
     for (int64_t b = begin / bs; b <= (end - 1) / bs; ++b) {
       if (table[b] < 0) {
         table[b] = Allocate();
-      } else if (refcount_[table[b]] > 1) {
+      } else if (blocks_->refcount(table[b]) > 1) {
         // Copy on write: this sequence gets its own copy of the shared block.
         int32_t fresh = Allocate();
         std::memcpy(&arena_[fresh * block_floats_], &arena_[table[b] * block_floats_],
@@ -204,23 +226,100 @@ float* KvCache::ValueRow(SequenceId seq, int layer, int64_t pos) {
   return Row(seq, layer, pos, true);
 }
 
-absl::Status KvCache::Commit(SequenceId seq, int64_t n) {
+absl::Status KvCache::Commit(SequenceId seq, int64_t n) { return CommitTokens(seq, n, nullptr); }
+
+absl::Status KvCache::Commit(SequenceId seq, absl::Span<const int32_t> tokens) {
+  return CommitTokens(seq, static_cast<int64_t>(tokens.size()), tokens.data());
+}
+
+absl::Status KvCache::CommitTokens(SequenceId seq, int64_t n, const int32_t* tokens) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
   Sequence& s = it->second;
   s.length += n;
+  if (tokens == nullptr) {
+    s.chain.broken = true;
+  } else {
+    blocks_->Extend(&s.chain, absl::MakeConstSpan(tokens, n),
+                    [&](int64_t block, std::vector<int32_t>* slots) {
+                      for (size_t l = 0; l < s.tables.size(); ++l) {
+                        if (block < static_cast<int64_t>(s.tables[l].size())) {
+                          (*slots)[l] = s.tables[l][block];
+                        }
+                      }
+                    });
+  }
   const int64_t bs = options_.block_size;
   for (size_t l = 0; l < s.tables.size(); ++l) {
     if (!options_.sliding[l]) continue;
     const int64_t keep = KeepBegin(static_cast<int>(l), s.length);
     auto& table = s.tables[l];
     const int64_t dead = std::min<int64_t>(keep / bs, table.size());
-    for (int64_t b = dead - 1; b >= 0 && table[b] >= 0; --b) {
+    // From where the last commit stopped: a chunk longer than the window
+    // leaves a gap of never-allocated blocks above the old window's.
+    for (int64_t b = std::min(s.released_blocks, dead); b < dead; ++b) {
+      if (table[b] < 0) continue;
       Release(table[b]);
       table[b] = -1;
     }
   }
+  s.released_blocks = std::max(s.released_blocks, KeepBegin(SlidingLayer(), s.length) / bs);
   return absl::OkStatus();
+}
+
+bool KvCache::WindowCached(const std::vector<PrefixCache::Hit>& hits, int64_t blocks) const {
+  const int64_t bs = options_.block_size;
+  const int64_t first = std::max<int64_t>(0, blocks * bs - (options_.window - 1)) / bs;
+  for (int64_t b = first; b < blocks; ++b) {
+    for (size_t l = 0; l < options_.sliding.size(); ++l) {
+      if (options_.sliding[l] && hits[b].slots[l] < 0) return false;
+    }
+  }
+  return true;
+}
+
+int64_t KvCache::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const {
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(tokens, max_blocks);
+  // Full layers need every block up to the match.
+  int64_t full = 0;
+  for (; full < static_cast<int64_t>(hits.size()); ++full) {
+    bool complete = true;
+    for (size_t l = 0; l < options_.sliding.size(); ++l) {
+      complete = complete && (options_.sliding[l] || hits[full].slots[l] >= 0);
+    }
+    if (!complete) break;
+  }
+  // Sliding layers only the window before it: the longest match that has it.
+  for (int64_t blocks = full; blocks > 0; --blocks) {
+    if (WindowCached(hits, blocks)) return blocks;
+  }
+  return 0;
+}
+
+absl::StatusOr<KvCache::SequenceId> KvCache::CreateSequenceFromPrefix(
+    absl::Span<const int32_t> prefix) {
+  const int64_t bs = options_.block_size;
+  const int64_t blocks = static_cast<int64_t>(prefix.size()) / bs;
+  if (static_cast<int64_t>(prefix.size()) % bs != 0 || MatchPrefix(prefix, blocks) != blocks) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv cache: the prefix of ", prefix.size(), " tokens is not whole cached blocks"));
+  }
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, blocks);
+  const SequenceId id = CreateSequence();
+  Sequence& s = seqs_[id];
+  s.length = static_cast<int64_t>(prefix.size());
+  for (size_t l = 0; l < s.tables.size(); ++l) {
+    auto& table = s.tables[l];
+    table.assign(blocks, -1);
+    for (int64_t b = KeepBegin(static_cast<int>(l), s.length) / bs; b < blocks; ++b) {
+      table[b] = hits[b].slots[l];
+      blocks_->Hold(table[b]);
+    }
+  }
+  s.released_blocks = KeepBegin(SlidingLayer(), s.length) / bs;
+  if (blocks > 0) s.chain.link = hits.back().link;
+  s.chain.blocks = blocks;
+  return id;
 }
 
 kernels::cpu::KvCacheView KvCache::View(SequenceId seq, int layer) const {

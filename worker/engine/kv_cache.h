@@ -5,6 +5,13 @@
 // the last window - 1 positions (what the next query needs besides itself) and
 // free the blocks that leave the window. Forks share blocks (reference
 // counted) and copy a block only when one of them writes into it.
+// With prefix_cache on, every full block a sequence completes is registered
+// in a PrefixCache (worker/engine/prefix_cache.h) with its blocks of every
+// layer, and a new sequence can start from a cached prefix, sharing its
+// blocks. Sliding layers then write whole blocks (from the block start of
+// the window before the last block boundary short of the chunk's end), so a cached block's
+// sliding-layer KV is complete; blocks leaving the window are released as
+// before but stay cached (and evictable) until the arena needs them.
 // Not thread-safe: one owner (the engine) drives it.
 #pragma once
 
@@ -15,7 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/ops.h"
+#include "worker/engine/prefix_cache.h"
 
 namespace flotilla {
 
@@ -26,6 +35,7 @@ struct KvCacheOptions {
   int64_t head_dim = 0;
   int64_t block_size = 16;  // positions per block
   int64_t num_blocks = 0;   // blocks in the arena
+  bool prefix_cache = false;  // share full blocks of identical prefixes
 };
 
 class KvCache {
@@ -40,6 +50,14 @@ class KvCache {
   absl::StatusOr<SequenceId> Fork(SequenceId source);
   // Releases the sequence's blocks (shared blocks stay with their other owners).
   absl::Status Free(SequenceId seq);
+
+  // Prefix cache: how many whole blocks at the start of `tokens` (at most
+  // max_blocks) a new sequence can take from the cache: every full layer's
+  // blocks up to there and each sliding layer's blocks of the window before it.
+  int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const;
+  // A new sequence holding `prefix` (whole blocks, all matched) from the
+  // cache; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix);
 
   bool Contains(SequenceId seq) const { return seqs_.count(seq) != 0; }
   absl::StatusOr<int64_t> Length(SequenceId seq) const;
@@ -59,12 +77,17 @@ class KvCache {
   float* KeyRow(SequenceId seq, int layer, int64_t pos);
   float* ValueRow(SequenceId seq, int layer, int64_t pos);
   // The sequence now holds n more tokens; sliding layers free old blocks.
+  // Without the tokens its blocks are not cached from here on.
   absl::Status Commit(SequenceId seq, int64_t n);
+  // The same, naming the tokens so the blocks they complete are cached.
+  absl::Status Commit(SequenceId seq, absl::Span<const int32_t> tokens);
   // The cached positions of one layer, for the attention kernel.
   kernels::cpu::KvCacheView View(SequenceId seq, int layer) const;
 
   int64_t num_blocks() const { return options_.num_blocks; }
-  int64_t free_blocks() const { return static_cast<int64_t>(free_list_.size()); }
+  // Blocks no sequence holds (cached ones included: they are evictable).
+  int64_t free_blocks() const { return blocks_->free_blocks(); }
+  const PrefixCache& prefix_cache() const { return *blocks_; }
   int64_t BlocksHeld(SequenceId seq, int layer) const;
   const KvCacheOptions& options() const { return options_; }
 
@@ -72,22 +95,30 @@ class KvCache {
   struct Sequence {
     int64_t length = 0;
     std::vector<std::vector<int32_t>> tables;  // per layer: logical block -> physical, -1 = none
+    PrefixCache::Chain chain;
+    int64_t released_blocks = 0;  // sliding layers hold no block below this
   };
 
-  explicit KvCache(const KvCacheOptions& options);
+  KvCache(const KvCacheOptions& options, std::unique_ptr<PrefixCache> blocks);
   // First position layer `layer` keeps once the sequence holds `length` tokens.
   int64_t KeepBegin(int layer, int64_t length) const;
+  // A sliding layer (or 0 when there is none: KeepBegin is then 0).
+  int SlidingLayer() const;
   // Positions [begin, end) a Reserve of n at `length` writes in `layer`.
   void WriteRange(int layer, int64_t length, int64_t n, int64_t* begin, int64_t* end) const;
   int32_t Allocate();
   void Release(int32_t block);
+  // Registers the blocks `tokens` complete, then frees what left the window.
+  absl::Status CommitTokens(SequenceId seq, int64_t n, const int32_t* tokens);
+  // Whether each sliding layer has the blocks of the window before `blocks`
+  // whole blocks (hits: what PrefixCache::Walk found).
+  bool WindowCached(const std::vector<PrefixCache::Hit>& hits, int64_t blocks) const;
   float* Row(SequenceId seq, int layer, int64_t pos, bool value);
 
   KvCacheOptions options_;
   int64_t block_floats_;
   std::vector<float> arena_;
-  std::vector<int32_t> refcount_;
-  std::vector<int32_t> free_list_;
+  std::unique_ptr<PrefixCache> blocks_;  // refcounts, free blocks, cached prefixes
   std::unordered_map<SequenceId, Sequence> seqs_;
   SequenceId next_id_ = 1;
 };

@@ -1,0 +1,233 @@
+#include "worker/engine/prefix_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace flotilla {
+namespace {
+
+// splitmix64's finalizer: every input bit reaches every output bit.
+uint64_t Mix(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+constexpr uint64_t kRootKey = 0x6a09e667f3bcc908ULL;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(PrefixCacheOptions options) {
+  if (options.block_size <= 0 || options.num_blocks <= 0 || options.first_block < 0 ||
+      options.slots <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefix cache: block_size ", options.block_size, ", num_blocks ", options.num_blocks,
+        " and slots ", options.slots, " must be positive, first_block non-negative"));
+  }
+  return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(options)));
+}
+
+PrefixCache::PrefixCache(PrefixCacheOptions options)
+    : options_(std::move(options)),
+      refcount_(options_.num_blocks, 0),
+      entry_of_(options_.num_blocks, 0),
+      slot_of_(options_.num_blocks, -1),
+      lru_prev_(options_.num_blocks, -1),
+      lru_next_(options_.num_blocks, -1) {
+  plain_free_.reserve(options_.num_blocks);
+  // Hand out low block numbers first.
+  for (int32_t i = options_.num_blocks - 1; i >= 0; --i) plain_free_.push_back(i);
+}
+
+uint64_t PrefixCache::Key(uint64_t parent, absl::Span<const int32_t> tokens) const {
+  uint64_t key;
+  if (options_.hash) {
+    key = options_.hash(parent, tokens);
+  } else {
+    key = Mix(parent ^ kRootKey);
+    for (int32_t t : tokens) key = Mix(key ^ static_cast<uint32_t>(t));
+  }
+  return key == 0 ? 1 : key;  // 0 marks "no entry"
+}
+
+// ---- allocation ----
+
+std::optional<int32_t> PrefixCache::Allocate() {
+  int32_t index;
+  if (!plain_free_.empty()) {
+    index = plain_free_.back();
+    plain_free_.pop_back();
+  } else if (lru_head_ >= 0) {
+    index = lru_head_;
+    LruRemove(index);
+    Forget(index + options_.first_block);
+  } else {
+    return std::nullopt;
+  }
+  refcount_[index] = 1;
+  return index + options_.first_block;
+}
+
+void PrefixCache::Hold(int32_t block) {
+  const int32_t index = block - options_.first_block;
+  if (refcount_[index]++ == 0 && entry_of_[index] != 0) LruRemove(index);
+}
+
+void PrefixCache::Release(int32_t block) {
+  const int32_t index = block - options_.first_block;
+  if (--refcount_[index] > 0) return;
+  if (entry_of_[index] != 0) {
+    LruPushBack(index);
+  } else {
+    plain_free_.push_back(index);
+  }
+}
+
+void PrefixCache::LruPushBack(int32_t index) {
+  lru_prev_[index] = lru_tail_;
+  lru_next_[index] = -1;
+  if (lru_tail_ >= 0) {
+    lru_next_[lru_tail_] = index;
+  } else {
+    lru_head_ = index;
+  }
+  lru_tail_ = index;
+  ++lru_size_;
+}
+
+void PrefixCache::LruRemove(int32_t index) {
+  const int32_t prev = lru_prev_[index], next = lru_next_[index];
+  if (prev >= 0) {
+    lru_next_[prev] = next;
+  } else {
+    lru_head_ = next;
+  }
+  if (next >= 0) {
+    lru_prev_[next] = prev;
+  } else {
+    lru_tail_ = prev;
+  }
+  lru_prev_[index] = lru_next_[index] = -1;
+  --lru_size_;
+}
+
+void PrefixCache::Forget(int32_t block) {
+  const int32_t index = block - options_.first_block;
+  auto it = entries_.find(entry_of_[index]);
+  entry_of_[index] = 0;
+  if (it == entries_.end()) return;
+  it->second.slots[slot_of_[index]] = -1;
+  slot_of_[index] = -1;
+  if (--it->second.live_slots == 0) entries_.erase(it);
+}
+
+// ---- the index ----
+
+std::vector<PrefixCache::Hit> PrefixCache::Walk(absl::Span<const int32_t> tokens,
+                                                int64_t max_blocks) const {
+  std::vector<Hit> hits;
+  if (!options_.enabled) return hits;
+  const int64_t bs = options_.block_size;
+  max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bs);
+  Link parent;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    absl::Span<const int32_t> block = tokens.subspan(b * bs, bs);
+    const uint64_t key = Key(parent.key, block);
+    auto it = entries_.find(key);
+    if (it == entries_.end()) break;
+    const Entry& e = it->second;
+    if (e.parent_serial != parent.serial || !std::equal(block.begin(), block.end(),
+                                                        e.tokens.begin(), e.tokens.end())) {
+      break;  // a collision: another block under this key
+    }
+    parent = Link{key, e.serial};
+    hits.push_back(Hit{parent, e.slots});
+  }
+  return hits;
+}
+
+void PrefixCache::Extend(
+    Chain* chain, absl::Span<const int32_t> tokens,
+    absl::FunctionRef<void(int64_t block, std::vector<int32_t>* slots)> slots_of) {
+  if (!options_.enabled || chain->broken) return;
+  const size_t bs = static_cast<size_t>(options_.block_size);
+  std::vector<int32_t> slots;
+  for (int32_t t : tokens) {
+    chain->partial.push_back(t);
+    if (chain->partial.size() < bs) continue;
+    slots.assign(options_.slots, -1);
+    slots_of(chain->blocks, &slots);
+    std::optional<Link> link = Insert(chain->link, chain->partial, slots);
+    chain->partial.clear();
+    if (!link) {
+      chain->broken = true;
+      return;
+    }
+    chain->link = *link;
+    ++chain->blocks;
+  }
+}
+
+std::optional<PrefixCache::Link> PrefixCache::Insert(Link parent, absl::Span<const int32_t> tokens,
+                                                     const std::vector<int32_t>& slots) {
+  const uint64_t key = Key(parent.key, tokens);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    Entry& e = it->second;
+    const bool same = e.parent_serial == parent.serial &&
+                      std::equal(tokens.begin(), tokens.end(), e.tokens.begin(), e.tokens.end());
+    if (same) {
+      AddSlots(e, key, slots);
+      return Link{key, e.serial};
+    }
+    if (!DropIfUnheld(key)) return std::nullopt;
+  }
+  Entry& e = entries_[key];
+  e.serial = next_serial_++;
+  e.parent_serial = parent.serial;
+  e.tokens.assign(tokens.begin(), tokens.end());
+  e.slots.assign(options_.slots, -1);
+  AddSlots(e, key, slots);
+  if (e.live_slots == 0) {
+    entries_.erase(key);
+    return std::nullopt;
+  }
+  return Link{key, e.serial};
+}
+
+void PrefixCache::AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t>& slots) {
+  for (int s = 0; s < options_.slots; ++s) {
+    const int32_t block = slots[s];
+    if (block < 0 || entry.slots[s] >= 0) continue;
+    const int32_t index = block - options_.first_block;
+    // Only a block a sequence holds (so not in a free list) and that caches
+    // nothing else can join.
+    if (refcount_[index] == 0 || entry_of_[index] != 0) continue;
+    entry.slots[s] = block;
+    entry_of_[index] = key;
+    slot_of_[index] = s;
+    ++entry.live_slots;
+  }
+}
+
+bool PrefixCache::DropIfUnheld(uint64_t key) {
+  Entry& e = entries_.at(key);
+  for (int32_t block : e.slots) {
+    if (block >= 0 && refcount_[block - options_.first_block] > 0) return false;
+  }
+  for (int32_t block : e.slots) {
+    if (block < 0) continue;
+    const int32_t index = block - options_.first_block;
+    LruRemove(index);
+    entry_of_[index] = 0;
+    slot_of_[index] = -1;
+    plain_free_.push_back(index);
+  }
+  entries_.erase(key);
+  return true;
+}
+
+}  // namespace flotilla

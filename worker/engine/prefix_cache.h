@@ -1,0 +1,136 @@
+// KV blocks of an engine's arena: a reference-counted allocator that also
+// remembers which full token blocks the blocks hold (the prefix cache), so a
+// new sequence whose prompt starts like an earlier one shares those blocks
+// instead of computing them again.
+//
+// A token block (block_size tokens) is keyed by a chained hash: the key of
+// the block before it and its own token ids. The index compares the tokens
+// and the parent entry too, so a hash collision is a miss, never a wrong hit.
+// One token block may own several physical blocks ("slots": the CPU engine
+// keeps one per layer; the CUDA engine one for every layer at once); a slot of
+// -1 is not kept (a sliding-window layer may have dropped it).
+//
+// Blocks that no sequence holds are free. A free block that still holds a
+// cached token block stays in an LRU and is reused (evicted) only when no
+// other free block is left; holding it again (a hit) takes it out of the LRU.
+// So free_blocks() counts cached blocks too: caching never starves admission.
+// Device-independent and not thread-safe: one engine drives it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace flotilla {
+
+struct PrefixCacheOptions {
+  int64_t block_size = 16;  // tokens per block
+  int32_t first_block = 0;  // the blocks managed are [first_block, first_block + num_blocks)
+  int32_t num_blocks = 0;
+  int slots = 1;            // physical blocks per token block
+  bool enabled = true;      // false: a plain reference-counted allocator
+  // Tests: the key of a token block after `parent` (to force collisions).
+  std::function<uint64_t(uint64_t parent, absl::Span<const int32_t> tokens)> hash;
+};
+
+class PrefixCache {
+ public:
+  // Where a chain of token blocks stands: the last registered entry.
+  struct Link {
+    uint64_t key = 0;
+    uint64_t serial = 0;  // 0: the chain's start (no block yet)
+  };
+  // One cached token block found by Walk.
+  struct Hit {
+    Link link;
+    std::vector<int32_t> slots;
+  };
+  // A sequence's progress through the index: its registered blocks, the link
+  // of the last one and the tokens of its block in progress. `broken` once a
+  // block could not be registered (its successors never are).
+  struct Chain {
+    Link link;
+    int64_t blocks = 0;
+    std::vector<int32_t> partial;
+    bool broken = false;
+  };
+
+  static absl::StatusOr<std::unique_ptr<PrefixCache>> Create(PrefixCacheOptions options);
+
+  bool enabled() const { return options_.enabled; }
+  int64_t block_size() const { return options_.block_size; }
+
+  // ---- allocation ----
+  // Blocks no sequence holds (cached ones included: they are evictable).
+  int64_t free_blocks() const { return static_cast<int64_t>(plain_free_.size()) + lru_size_; }
+  // Free blocks that still hold a cached token block.
+  int64_t cached_free_blocks() const { return lru_size_; }
+  // A block with reference count 1: an uncached free block when there is
+  // one, else the least recently freed cached block (the index forgets it).
+  // nullopt when every block is held.
+  std::optional<int32_t> Allocate();
+  // One more holder (a hit on a free cached block takes it out of the LRU).
+  void Hold(int32_t block);
+  // One holder fewer; at zero the block is free (and kept cached if it is).
+  void Release(int32_t block);
+  int32_t refcount(int32_t block) const { return refcount_[block - options_.first_block]; }
+  bool cached(int32_t block) const { return entry_of_[block - options_.first_block] != 0; }
+
+  // ---- the index ----
+  // The cached token blocks at the start of `tokens`, at most `max_blocks`,
+  // stopping at the first miss. Empty when disabled.
+  std::vector<Hit> Walk(absl::Span<const int32_t> tokens, int64_t max_blocks) const;
+  // Appends `tokens` to `chain`; each token block this completes is
+  // registered with the slots `slots_of(block_index, &slots)` fills (blocks
+  // the caller holds, or -1). A block already cached keeps its entry (its
+  // missing slots are filled in); a different block under the same key
+  // breaks the chain unless no sequence holds it (then it is replaced).
+  void Extend(Chain* chain, absl::Span<const int32_t> tokens,
+              absl::FunctionRef<void(int64_t block, std::vector<int32_t>* slots)> slots_of);
+  // Token blocks in the index (for tests and stats).
+  int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
+
+ private:
+  struct Entry {
+    uint64_t serial = 0;
+    uint64_t parent_serial = 0;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> slots;
+    int live_slots = 0;
+  };
+
+  explicit PrefixCache(PrefixCacheOptions options);
+  uint64_t Key(uint64_t parent, absl::Span<const int32_t> tokens) const;
+  // Registers one completed token block; the new link, or nullopt (broken).
+  std::optional<Link> Insert(Link parent, absl::Span<const int32_t> tokens,
+                             const std::vector<int32_t>& slots);
+  void AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t>& slots);
+  // Drops an entry none of whose blocks is held; false when one is.
+  bool DropIfUnheld(uint64_t key);
+  // The block no longer holds a cached token block.
+  void Forget(int32_t block);
+  void LruPushBack(int32_t index);
+  void LruRemove(int32_t index);
+
+  PrefixCacheOptions options_;
+  uint64_t next_serial_ = 1;
+  std::unordered_map<uint64_t, Entry> entries_;
+  // Per managed block (index = block - first_block).
+  std::vector<int32_t> refcount_;
+  std::vector<uint64_t> entry_of_;  // key of the entry holding it; 0 = none
+  std::vector<int32_t> slot_of_;
+  std::vector<int32_t> plain_free_;  // free and uncached, a stack
+  // Free and cached, least recently freed first: an intrusive list.
+  std::vector<int32_t> lru_prev_, lru_next_;
+  int32_t lru_head_ = -1, lru_tail_ = -1;
+  int64_t lru_size_ = 0;
+};
+
+}  // namespace flotilla
