@@ -273,7 +273,7 @@ TEST_F(CudaSynthetic, WholeHundredTwentyBillionModelBuildsOnTheDevice) {
   getrusage(RUSAGE_SELF, &before);
   CudaEngineOptions o = SmallOptions();
   o.kv_num_blocks = 0;  // what is left after the weights
-  o.kv_memory_fraction = 0.5;
+  o.gpu_memory_utilization = 0.95;
   auto engine = CudaEngine::CreateFromSyntheticCheckpoint(spec->config, spec->seed, o);
   ASSERT_TRUE(engine.ok()) << engine.status();
   rusage after{};
