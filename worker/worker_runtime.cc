@@ -174,6 +174,8 @@ void WorkerRuntime::EngineLoop() {
     absl::StatusOr<bool> worked = StepOnce();
     if (!worked.ok()) {
       spdlog::error("step failed: {}", worked.status().ToString());
+      FailRequests(absl::UnavailableError(
+          absl::StrCat("the worker's step failed: ", worked.status().message())));
       cluster::WorkerMessage err;
       err.mutable_error()->set_message(absl::StrCat("step failed: ", worked.status().message()));
       Send(err);
@@ -297,6 +299,20 @@ cluster::WorkerMessage WorkerRuntime::AnswerMeasurement(const cluster::MeasureEn
   r->set_running_sequences(static_cast<uint32_t>(sequences_.size()));
   if (engine_) kv_free_ = engine_->KvFreeBlocks();
   return out;
+}
+
+void WorkerRuntime::FailRequests(const absl::Status& why) {
+  cluster::WorkerMessage m;
+  auto fail = [&](uint64_t request_id) {
+    cluster::SequenceUpdate* u = m.mutable_tokens()->add_updates();
+    u->set_request_id(request_id);
+    u->set_finish_reason(common::ERROR);
+    u->set_error_code(static_cast<int>(why.code()));
+    u->set_error(std::string(why.message()));
+  };
+  for (const auto& [id, seq] : sequences_) fail(id);
+  for (const cluster::SubmitSequence& s : pending_) fail(s.request_id());
+  if (m.tokens().updates_size() > 0) Send(m);
 }
 
 void WorkerRuntime::Reset(const std::string& why) {

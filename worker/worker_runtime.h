@@ -92,6 +92,9 @@ class WorkerRuntime {
   // Times the engine between steps (serving pauses) with temporary sequences.
   cluster::WorkerMessage AnswerMeasurement(const cluster::MeasureEngine& m);
   void Reset(const std::string& why);
+  // Ends every request this worker holds (running or queued) with `why`, so
+  // that no client waits for a sequence the worker is about to drop.
+  void FailRequests(const absl::Status& why);
   absl::Status Load(const cluster::Assignment& a);
   absl::Status StartComm(const cluster::StartComm& sc);
   // One lockstep iteration; false when the whole instance was idle.

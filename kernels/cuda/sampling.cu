@@ -29,6 +29,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 
@@ -553,7 +554,10 @@ __global__ void __launch_bounds__(kThreads)
 
 size_t SampleWorkspaceBytes(int rows, int vocab) {
   if (rows <= 0 || vocab <= 0) return 0;
-  const size_t n = static_cast<size_t>(rows) * Segments(rows, vocab);
+  // rows x segments per row is not monotonic in rows (fewer rows, more
+  // segments each): size for the largest count of any smaller step.
+  size_t n = 0;
+  for (int r = 1; r <= rows; ++r) n = std::max(n, static_cast<size_t>(r) * Segments(r, vocab));
   return (n * sizeof(Partial) + 15) / 16 * 16 + n * kSegTop * sizeof(uint64_t);
 }
 

@@ -20,7 +20,8 @@ struct SamplingRow {
   uint64_t step = 0;
 };
 
-// Device scratch LaunchSample needs for `rows` x `vocab` (per-segment partials).
+// Device scratch LaunchSample needs for `rows` x `vocab` (per-segment
+// partials); enough for every launch of at most `rows` rows.
 size_t SampleWorkspaceBytes(int rows, int vocab);
 
 // For each row r of logits [rows, vocab]: tokens[r] = the sampled id;

@@ -574,5 +574,54 @@ TEST(ClusterMeasureEngine, TheWorkerTimesItsEngineAndBenchServeComparesInOneLine
   EXPECT_TRUE((*cluster)->CheckAlive().ok());
 }
 
+TEST(ClusterBenchMultiTurn, LaterTurnsRepeatTheLastAndHitThePrefixCache) {
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  cli::LocalClusterOptions o = Options(*model, 1, 1);
+  o.log_dir += "-multi-turn";
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_FALSE((*cluster)->http_address().empty());
+
+  CLI::App app;
+  cli::AddBenchCommand(app);
+  std::stringstream out;
+  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
+  bool parsed = true;
+  try {
+    app.parse("bench serve --coordinator " + (*cluster)->address() +
+                  " --concurrency 2 --duration 3 --prompt-tokens 64 --output-tokens 4"
+                  " --multi-turn 3 --turn-tokens 32 --engine-compare off --metrics-url http://" +
+                  (*cluster)->http_address() + "/metrics",
+              /*program_name_included=*/false);
+  } catch (const CLI::Error& e) {
+    parsed = false;
+    std::cerr << "bench serve: " << e.what() << "\n";
+  }
+  std::cout.rdbuf(saved);
+  ASSERT_TRUE(parsed) << out.str();
+  nlohmann::json j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["requests_failed"].get<int>(), 0) << j.dump();
+  const nlohmann::json& turns = j["multi_turn"]["per_turn"];
+  ASSERT_EQ(turns.size(), 3u) << j.dump();
+  for (int t = 0; t < 3; ++t) {
+    SCOPED_TRACE(t + 1);
+    EXPECT_EQ(turns[t]["turn"].get<int>(), t + 1);
+    ASSERT_GT(turns[t]["requests"].get<int>(), 0) << j.dump();
+    // 64 tokens, then each turn adds the last one's 4 output tokens and 32 new ones.
+    EXPECT_DOUBLE_EQ(turns[t]["mean_prompt_tokens"].get<double>(), 64 + 36 * t);
+    EXPECT_DOUBLE_EQ(turns[t]["mean_shared_tokens"].get<double>(), t == 0 ? 0 : 64 + 36 * t - 32);
+    EXPECT_GT(turns[t]["ttft_ms_p50"].get<double>(), 0);
+  }
+  const nlohmann::json& p = j["prefix_cache"];
+  ASSERT_TRUE(p.contains("hit_tokens")) << j.dump();
+  EXPECT_TRUE(p["complete"].get<bool>()) << j.dump();
+  EXPECT_GT(p["hit_tokens"].get<int64_t>(), 0) << j.dump();
+  EXPECT_LE(p["hit_tokens"].get<int64_t>(), j["multi_turn"]["shared_prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(p["prefill_tokens_computed"].get<int64_t>(),
+            p["queried_tokens"].get<int64_t>() - p["hit_tokens"].get<int64_t>());
+  EXPECT_TRUE((*cluster)->CheckAlive().ok());
+}
+
 }  // namespace
 }  // namespace flotilla

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -15,9 +16,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "proto/admin.grpc.pb.h"
 #include "tools/cli/engine_compare.h"
+#include "tools/cli/multi_turn_workload.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
@@ -37,6 +40,16 @@ struct ServeFlags {
   bool ignore_eos = false;  // outputs run to their length (set by --output-tokens)
   std::string engine_compare = "auto";  // on, off, or auto (on when the admin RPC answers)
   int engine_steps = 32;
+  int multi_turn = 0;       // turns per conversation; 0 = independent random prompts
+  int turn_tokens = 64;     // new tokens each later turn adds
+  std::string metrics_url;  // the coordinator's Prometheus /metrics; empty = not read
+};
+
+// One turn index of the multi-turn workload.
+struct TurnStats {
+  int64_t requests = 0, ok = 0;
+  int64_t prompt_tokens = 0, shared_tokens = 0, output_tokens = 0;
+  std::vector<double> ttft_ms;
 };
 
 struct Stats {
@@ -46,6 +59,9 @@ struct Stats {
   double busy_s = 0;     // request durations summed: / elapsed = mean requests in flight
   std::map<std::string, int64_t> errors;
   std::vector<double> ttft_ms, itl_ms;
+  int64_t prompt_tokens = 0;            // every prompt sent
+  int64_t prompt_tokens_prefilled = 0;  // of the requests that got a first token
+  std::vector<TurnStats> turns;         // --multi-turn: index turn - 1
 };
 
 double Percentile(std::vector<double> v, double p) {
@@ -55,14 +71,22 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+// One request: a random prompt, or the next turn of `conversation`.
 void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, int vocab,
-                Stats& stats) {
+                Stats& stats, MultiTurnConversation* conversation = nullptr) {
   std::uniform_int_distribution<int> plen(f.prompt_len[0], f.prompt_len[1]);
   std::uniform_int_distribution<int> olen(f.output_len[0], f.output_len[1]);
   std::uniform_int_distribution<int> tok(0, vocab - 1);
   v1::GenerateRequest req;
-  const int n = plen(rng);
-  for (int i = 0; i < n; ++i) req.mutable_prompt_ids()->add_ids(tok(rng));
+  if (conversation != nullptr) {
+    const std::vector<int32_t>& prompt = conversation->Next(rng);
+    req.mutable_prompt_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
+  } else {
+    const int n = plen(rng);
+    for (int i = 0; i < n; ++i) req.mutable_prompt_ids()->add_ids(tok(rng));
+  }
+  const int64_t prompt_tokens = req.prompt_ids().ids_size();
+  std::vector<int32_t> output;  // kept for the conversation's next turn
   req.mutable_sampling()->set_temperature(1.0f);
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(olen(rng));
@@ -85,10 +109,25 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
     }
     last = now;
     tokens += r.token_ids_size();
+    if (conversation != nullptr) output.insert(output.end(), r.token_ids().begin(), r.token_ids().end());
   });
+  if (conversation != nullptr) conversation->Done(output, st.ok());
   std::lock_guard<std::mutex> lock(stats.mu);
   stats.tokens += tokens;
   stats.prompts += first ? 0 : 1;
+  stats.prompt_tokens += prompt_tokens;
+  if (!first) stats.prompt_tokens_prefilled += prompt_tokens;
+  if (conversation != nullptr) {
+    TurnStats& t = stats.turns[conversation->turn() - 1];
+    ++t.requests;
+    t.prompt_tokens += prompt_tokens;
+    t.shared_tokens += conversation->shared_tokens();
+    t.output_tokens += tokens;
+    if (st.ok()) {
+      ++t.ok;
+      if (!first) t.ttft_ms.push_back(ttft);
+    }
+  }
   stats.busy_s += std::chrono::duration<double>(Clock::now() - start).count();
   if (st.ok()) {
     ++stats.ok;
@@ -106,8 +145,7 @@ absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(const ServeFlags& f,
   auto admin = admin::Admin::NewStub(
       grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials()));
   // Decode is timed at the mean context a served decode step sees.
-  const int context = (f.prompt_len[0] + f.prompt_len[1]) / 2 +
-                      (f.output_len[0] + f.output_len[1]) / 4;
+  const int context = load.prompt_tokens + (f.output_len[0] + f.output_len[1]) / 4;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
   cluster::EngineMeasurement m;
@@ -123,7 +161,10 @@ bool AddEngineCompare(const ServeFlags& f, const Stats& stats, double elapsed, n
   ServedLoad load;
   load.batch = f.rate > 0 ? std::max(1, static_cast<int>(stats.busy_s / elapsed + 0.5))
                           : f.concurrency;
-  load.prompt_tokens = (f.prompt_len[0] + f.prompt_len[1]) / 2;
+  // Multi-turn prompts grow turn by turn: the mean of those sent.
+  load.prompt_tokens = f.multi_turn > 0 && stats.ok + stats.failed > 0
+                           ? static_cast<int>(stats.prompt_tokens / (stats.ok + stats.failed))
+                           : (f.prompt_len[0] + f.prompt_len[1]) / 2;
   load.output_tokens = stats.tokens;
   load.prompts = stats.prompts;
   load.elapsed_s = elapsed;
@@ -136,6 +177,79 @@ bool AddEngineCompare(const ServeFlags& f, const Stats& stats, double elapsed, n
   }
   j.update(EngineComparison(load, *m));
   return true;
+}
+
+struct PrefixCounters {
+  double queried = 0, hits = 0;
+};
+
+absl::StatusOr<PrefixCounters> ReadPrefixCounters(const std::string& url) {
+  absl::StatusOr<std::string> text = HttpGetMetrics(url);
+  if (!text.ok()) return text.status();
+  std::optional<double> q = PrometheusValue(*text, "flotilla_prefix_cache_queries_tokens_total");
+  std::optional<double> h = PrometheusValue(*text, "flotilla_prefix_cache_hits_tokens_total");
+  if (!q || !h) {
+    return absl::NotFoundError(absl::StrCat(url, " has no flotilla_prefix_cache_*_tokens_total"));
+  }
+  return PrefixCounters{*q, *h};
+}
+
+// The prefix-cache counters' change over the load. Workers report them in
+// heartbeats, so this waits (a few seconds at most) until the queried tokens
+// cover every prompt that got a first token.
+nlohmann::json PrefixCacheDelta(const ServeFlags& f, const PrefixCounters& before,
+                                const Stats& stats) {
+  nlohmann::json j;
+  j["metrics_url"] = f.metrics_url;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  absl::StatusOr<PrefixCounters> after;
+  bool complete = false;
+  while (true) {
+    after = ReadPrefixCounters(f.metrics_url);
+    complete = after.ok() &&
+               after->queried - before.queried >= static_cast<double>(stats.prompt_tokens_prefilled);
+    if (complete || !after.ok() || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!after.ok()) {
+    j["error"] = std::string(after.status().ToString());
+    return j;
+  }
+  const double queried = after->queried - before.queried;
+  const double hits = after->hits - before.hits;
+  j["queried_tokens"] = static_cast<int64_t>(queried);
+  j["hit_tokens"] = static_cast<int64_t>(hits);
+  j["prefill_tokens_computed"] = static_cast<int64_t>(queried - hits);
+  j["hit_ratio"] = queried > 0 ? hits / queried : 0.0;
+  j["prompt_tokens_sent"] = stats.prompt_tokens;
+  // false: the counters did not catch up with the prompts within 5 s.
+  j["complete"] = complete;
+  return j;
+}
+
+nlohmann::json MultiTurnJson(const ServeFlags& f, const Stats& stats) {
+  nlohmann::json j;
+  j["turns"] = f.multi_turn;
+  j["turn_tokens"] = f.turn_tokens;
+  int64_t shared = 0;
+  nlohmann::json per_turn = nlohmann::json::array();
+  for (size_t i = 0; i < stats.turns.size(); ++i) {
+    const TurnStats& t = stats.turns[i];
+    shared += t.shared_tokens;
+    const double n = static_cast<double>(std::max<int64_t>(1, t.requests));
+    per_turn.push_back({{"turn", i + 1},
+                        {"requests", t.requests},
+                        {"requests_ok", t.ok},
+                        {"mean_prompt_tokens", t.prompt_tokens / n},
+                        {"mean_shared_tokens", t.shared_tokens / n},
+                        {"mean_output_tokens", t.output_tokens / n},
+                        {"ttft_ms_p50", Percentile(t.ttft_ms, 50)},
+                        {"ttft_ms_p90", Percentile(t.ttft_ms, 90)},
+                        {"ttft_n", t.ttft_ms.size()}});
+  }
+  j["per_turn"] = per_turn;
+  j["shared_prompt_tokens"] = shared;
+  return j;
 }
 
 int RunServe(const ServeFlags& f) {
@@ -155,6 +269,16 @@ int RunServe(const ServeFlags& f) {
   }
   const int vocab = static_cast<int>(models->models(0).vocab_size());
   Stats stats;
+  stats.turns.resize(std::max(0, f.multi_turn));
+  PrefixCounters prefix_before;
+  if (!f.metrics_url.empty()) {
+    absl::StatusOr<PrefixCounters> p = ReadPrefixCounters(f.metrics_url);
+    if (!p.ok()) {
+      std::cerr << "flotilla bench serve: " << p.status().message() << "\n";
+      return 1;
+    }
+    prefix_before = *p;
+  }
   const auto start = Clock::now();
   const auto end = start + std::chrono::milliseconds(static_cast<int64_t>(f.duration_s * 1000));
   std::vector<std::thread> threads;
@@ -163,9 +287,14 @@ int RunServe(const ServeFlags& f) {
     for (int w = 0; w < f.concurrency; ++w) {
       threads.emplace_back([&, w] {
         std::mt19937_64 rng(f.seed * 1000003 + w);
+        std::optional<MultiTurnConversation> conversation;
+        if (f.multi_turn > 0) {
+          conversation.emplace(MultiTurnOptions{f.multi_turn, f.turn_tokens, f.prompt_len[0],
+                                                f.prompt_len[1], vocab});
+        }
         while (Clock::now() < end) {
           ++launched;
-          OneRequest(**c, rng, f, vocab, stats);
+          OneRequest(**c, rng, f, vocab, stats, conversation ? &*conversation : nullptr);
         }
       });
     }
@@ -208,6 +337,9 @@ int RunServe(const ServeFlags& f) {
                {"p99", Percentile(*v, 99)}, {"n", v->size()}};
   }
   j["mean_requests_in_flight"] = stats.busy_s / elapsed;
+  j["prompt_tokens"] = stats.prompt_tokens;
+  if (f.multi_turn > 0) j["multi_turn"] = MultiTurnJson(f, stats);
+  if (!f.metrics_url.empty()) j["prefix_cache"] = PrefixCacheDelta(f, prefix_before, stats);
   // After the load, so the engine is idle and the served batch is known.
   const bool compared = AddEngineCompare(f, stats, elapsed, j);
   std::cout << j.dump() << std::endl;
@@ -248,12 +380,25 @@ void AddBenchCommand(CLI::App& app) {
       ->check(CLI::IsMember({"on", "off", "auto"}))->capture_default_str();
   serve->add_option("--engine-steps", f->engine_steps, "timed engine decode steps per batch size")
       ->check(CLI::Range(1, 4096))->capture_default_str();
+  serve->add_option("--multi-turn", f->multi_turn,
+                    "N turns per conversation: each stream's turn k+1 sends turn k's prompt and "
+                    "output plus --turn-tokens new ids; prints per-turn figures (closed loop only)")
+      ->check(CLI::Range(1, 1 << 16));
+  serve->add_option("--turn-tokens", f->turn_tokens, "new token ids each later turn adds")
+      ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  serve->add_option("--metrics-url", f->metrics_url,
+                    "http://HOST:PORT/metrics of the coordinator: report the prefix-cache "
+                    "counters' change over the load");
   serve->add_option("--seed", f->seed, "random seed")->capture_default_str();
   serve->add_option("--timeout", f->timeout_s, "per-request deadline, seconds")
       ->check(CLI::PositiveNumber)->capture_default_str();
   serve->callback([f] {
     if (f->prompt_len[0] > f->prompt_len[1] || f->output_len[0] > f->output_len[1]) {
       std::cerr << "flotilla bench serve: --prompt-len/--output-len take MIN MAX with MIN <= MAX\n";
+      throw CLI::RuntimeError(2);
+    }
+    if (f->multi_turn > 0 && f->rate > 0) {
+      std::cerr << "flotilla bench serve: --multi-turn runs closed-loop streams, not --rate\n";
       throw CLI::RuntimeError(2);
     }
     int rc = RunServe(*f);

@@ -1,0 +1,57 @@
+// `flotilla bench serve --multi-turn N`: conversations whose every turn
+// repeats the previous turn (its prompt and its output) and adds new tokens,
+// so the workers' prefix cache can serve the repeated part; and the
+// coordinator's prefix-cache counters, read from its Prometheus /metrics.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace flotilla::cli {
+
+struct MultiTurnOptions {
+  int turns = 2;           // turns per conversation
+  int turn_tokens = 64;    // new tokens each turn after the first adds
+  int first_prompt_min = 16, first_prompt_max = 128;  // turn 1's prompt length (uniform)
+  int vocab = 1;           // token ids are drawn from [0, vocab)
+};
+
+// One stream's conversations, one turn at a time: Next() gives the prompt of
+// the next request, Done() takes what it generated. Turn 1 is a fresh random
+// prompt; turn k+1 is turn k's prompt + turn k's output + turn_tokens random
+// ids; after `turns` turns, or after a failed turn, a new conversation starts.
+class MultiTurnConversation {
+ public:
+  explicit MultiTurnConversation(const MultiTurnOptions& options);
+
+  const std::vector<int32_t>& Next(std::mt19937_64& rng);
+  // Of the prompt Next() last returned: its turn (1..turns) and how many of
+  // its leading tokens repeat the previous turn's prompt and output (0 on turn 1).
+  int turn() const { return turn_; }
+  int64_t shared_tokens() const { return shared_; }
+  // The tokens that turn generated; a failed turn (ok = false) ends the conversation.
+  void Done(const std::vector<int32_t>& output, bool ok);
+
+ private:
+  MultiTurnOptions options_;
+  std::vector<int32_t> prompt_;  // the last prompt, then with its output appended
+  int turn_ = 0;                 // 0 until the first Next()
+  int64_t shared_ = 0;
+  bool continues_ = false;       // the last turn finished well: the next one builds on it
+};
+
+// The value of a Prometheus counter or gauge in text exposition format,
+// summed over its series (every label set); nullopt when absent.
+std::optional<double> PrometheusValue(std::string_view text, std::string_view name);
+
+// GET of an http://HOST:PORT[/PATH] URL (PATH defaults to /metrics): the body
+// of a 200 answer.
+absl::StatusOr<std::string> HttpGetMetrics(const std::string& url);
+
+}  // namespace flotilla::cli
