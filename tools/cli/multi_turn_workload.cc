@@ -10,8 +10,7 @@
 
 namespace flotilla::cli {
 
-MultiTurnConversation::MultiTurnConversation(const MultiTurnOptions& options)
-    : options_(options) {
+MultiTurnConversation::MultiTurnConversation(const MultiTurnOptions& options) : options_(options) {
   options_.turns = std::max(1, options_.turns);
   options_.turn_tokens = std::max(0, options_.turn_tokens);
   options_.vocab = std::max(1, options_.vocab);
@@ -83,8 +82,7 @@ absl::StatusOr<std::string> HttpGetMetrics(const std::string& url) {
   client.set_read_timeout(10);
   httplib::Result res = client.Get(path);
   if (!res) {
-    return absl::UnavailableError(
-        absl::StrCat("GET ", url, ": ", httplib::to_string(res.error())));
+    return absl::UnavailableError(absl::StrCat("GET ", url, ": ", httplib::to_string(res.error())));
   }
   if (res->status != 200) {
     return absl::UnavailableError(absl::StrCat("GET ", url, ": HTTP ", res->status));

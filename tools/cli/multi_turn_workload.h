@@ -16,10 +16,10 @@
 namespace flotilla::cli {
 
 struct MultiTurnOptions {
-  int turns = 2;           // turns per conversation
-  int turn_tokens = 64;    // new tokens each turn after the first adds
+  int turns = 2;                                      // turns per conversation
+  int turn_tokens = 64;                               // new tokens each turn after the first adds
   int first_prompt_min = 16, first_prompt_max = 128;  // turn 1's prompt length (uniform)
-  int vocab = 1;           // token ids are drawn from [0, vocab)
+  int vocab = 1;                                      // token ids are drawn from [0, vocab)
 };
 
 // One stream's conversations, one turn at a time: Next() gives the prompt of
@@ -43,7 +43,7 @@ class MultiTurnConversation {
   std::vector<int32_t> prompt_;  // the last prompt, then with its output appended
   int turn_ = 0;                 // 0 until the first Next()
   int64_t shared_ = 0;
-  bool continues_ = false;       // the last turn finished well: the next one builds on it
+  bool continues_ = false;  // the last turn finished well: the next one builds on it
 };
 
 // The value of a Prometheus counter or gauge in text exposition format,
