@@ -64,15 +64,34 @@ void WorkerRuntime::Stop() {
   context_.TryCancel();
 }
 
-void WorkerRuntime::Send(const cluster::WorkerMessage& m) {
-  std::lock_guard<std::mutex> lock(write_mu_);
-  if (!stream_) return;
-  if (m.ByteSizeLong() <= kMaxWorkerMessageBytes) {
-    stream_->Write(m);
-    return;
+void WorkerRuntime::Send(cluster::WorkerMessage m) {
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    outbox_.push_back(std::move(m));
   }
-  for (const cluster::WorkerMessage& part : SplitWorkerMessage(m, kMaxWorkerMessageBytes)) {
-    stream_->Write(part);
+  outbox_cv_.notify_one();
+}
+
+// The step loop never waits on the coordinator's stream: messages queue and
+// this thread writes them in order (split when one is too large).
+void WorkerRuntime::WriterLoop() {
+  std::unique_lock<std::mutex> lock(outbox_mu_);
+  while (true) {
+    outbox_cv_.wait(lock, [this] { return writer_done_ || !outbox_.empty(); });
+    if (outbox_.empty()) return;  // done and drained
+    std::deque<cluster::WorkerMessage> batch;
+    batch.swap(outbox_);
+    lock.unlock();
+    for (const cluster::WorkerMessage& m : batch) {
+      if (m.ByteSizeLong() <= kMaxWorkerMessageBytes) {
+        stream_->Write(m);
+        continue;
+      }
+      for (const cluster::WorkerMessage& part : SplitWorkerMessage(m, kMaxWorkerMessageBytes)) {
+        stream_->Write(part);
+      }
+    }
+    lock.lock();
   }
 }
 
@@ -92,6 +111,7 @@ absl::Status WorkerRuntime::Run() {
   }
   stub_ = cluster::ClusterControl::NewStub(channel_);
   stream_ = stub_->Session(&context_);
+  std::thread writer([this] { WriterLoop(); });
 
   cluster::WorkerMessage hello;
   cluster::Hello* h = hello.mutable_hello();
@@ -110,6 +130,12 @@ absl::Status WorkerRuntime::Run() {
   EngineLoop();
   Stop();
   heartbeat.join();
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    writer_done_ = true;
+  }
+  outbox_cv_.notify_one();
+  writer.join();
   reader.join();
   Reset("worker stopping");
   std::lock_guard<std::mutex> lock(mu_);
@@ -768,8 +794,8 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   if (!out.updates().empty()) {
     cluster::WorkerMessage m;
     m.mutable_tokens()->set_step(steps_);
-    *m.mutable_tokens()->mutable_updates() = out.updates();
-    Send(m);
+    m.mutable_tokens()->mutable_updates()->Swap(out.mutable_updates());
+    Send(std::move(m));
   }
   return true;
 }

@@ -84,7 +84,9 @@ class WorkerRuntime {
     uint64_t deadline_unix_ms = 0;
   };
 
-  void Send(const cluster::WorkerMessage& m);
+  // Queues `m` for the writer thread (never blocks on the stream).
+  void Send(cluster::WorkerMessage m);
+  void WriterLoop();
   void ReaderLoop();
   void HeartbeatLoop();
   void EngineLoop();
@@ -118,7 +120,10 @@ class WorkerRuntime {
   grpc::ClientContext context_;
   std::unique_ptr<grpc::ClientReaderWriter<cluster::WorkerMessage, cluster::CoordinatorMessage>>
       stream_;
-  std::mutex write_mu_;
+  std::mutex outbox_mu_;
+  std::condition_variable outbox_cv_;
+  std::deque<cluster::WorkerMessage> outbox_;
+  bool writer_done_ = false;  // under outbox_mu_
 
   std::mutex mu_;
   std::condition_variable cv_;
