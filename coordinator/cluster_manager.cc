@@ -364,10 +364,14 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
                                                      options_.model.vocab_size, ")"));
     }
   }
-  if (static_cast<int64_t>(request.prompt_ids().size()) >= options_.model.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt of ", request.prompt_ids().size(), " tokens does not fit the context of ",
-        options_.model.max_position_embeddings));
+  const int64_t context =
+      options_.max_model_len > 0
+          ? std::min<int64_t>(options_.max_model_len, options_.model.max_position_embeddings)
+          : options_.model.max_position_embeddings;
+  if (static_cast<int64_t>(request.prompt_ids().size()) >= context) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt of ", request.prompt_ids().size(),
+                                                   " tokens does not fit the context of ",
+                                                   context, " (--max-model-len)"));
   }
   if (request.return_prompt_logits()) {
     const uint64_t bytes = static_cast<uint64_t>(request.prompt_ids_size()) *

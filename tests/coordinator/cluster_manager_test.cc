@@ -39,7 +39,8 @@ struct Fixture {
   std::vector<std::string> names;
 
   explicit Fixture(int workers, int tp, absl::Duration timeout = absl::Seconds(30),
-                   int max_inflight = 1024, uint64_t max_prompt_logits_bytes = 1 << 30) {
+                   int max_inflight = 1024, uint64_t max_prompt_logits_bytes = 1 << 30,
+                   uint32_t max_model_len = 0) {
     ClusterOptions o;
     o.expected_workers = workers;
     o.layout.tp_size = tp;
@@ -49,6 +50,7 @@ struct Fixture {
     o.heartbeat_timeout = timeout;
     o.max_inflight_requests = max_inflight;
     o.max_prompt_logits_bytes = max_prompt_logits_bytes;
+    o.max_model_len = max_model_len;
     manager = *ClusterManager::Create(o);
   }
   int Connect(const std::string& id) {
@@ -256,6 +258,24 @@ TEST(ClusterManager, CancelEndsTheRequestAndTellsTheLeader) {
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(f.sessions[0]->Of(cluster::CoordinatorMessage::kCancel).size(), 1u);
   EXPECT_FALSE(f.manager->Cancel(*id, "again"));
+}
+
+TEST(ClusterManager, MaxModelLenBoundsPromptsAndReachesTheWorkers) {
+  Fixture f(1, 1, absl::Seconds(30), 1024, 1 << 30, /*max_model_len=*/16);
+  f.Connect("w0");
+  auto a = f.sessions[0]->Of(cluster::CoordinatorMessage::kAssignment);
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a.back().assignment().max_model_len(), 16u);
+  f.Ready(0);
+  f.JoinAll();
+  cluster::SubmitSequence req;
+  for (int i = 0; i < 15; ++i) req.add_prompt_ids(i);
+  EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+  req.add_prompt_ids(15);
+  auto refused = f.manager->Submit(req, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("context of 16"), std::string::npos)
+      << refused.status();
 }
 
 TEST(ClusterManager, PromptLogitsPastTheCapAreRefusedBeforeAnyWorkerSeesThem) {
