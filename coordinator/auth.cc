@@ -36,12 +36,16 @@ absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
   std::vector<std::string> client, admin;
   if (!api_key_file.empty()) {
     absl::StatusOr<std::vector<std::string>> keys = ReadKeyFile(api_key_file);
-    if (!keys.ok()) return absl::Status(keys.status().code(), absl::StrCat("--api-key-file: ", keys.status().message()));
+    if (!keys.ok())
+      return absl::Status(keys.status().code(),
+                          absl::StrCat("--api-key-file: ", keys.status().message()));
     client = *std::move(keys);
   }
   if (!admin_key_file.empty()) {
     absl::StatusOr<std::vector<std::string>> keys = ReadKeyFile(admin_key_file);
-    if (!keys.ok()) return absl::Status(keys.status().code(), absl::StrCat("--admin-key-file: ", keys.status().message()));
+    if (!keys.ok())
+      return absl::Status(keys.status().code(),
+                          absl::StrCat("--admin-key-file: ", keys.status().message()));
     admin = *std::move(keys);
   }
   return std::unique_ptr<Authenticator>(new Authenticator(std::move(client), std::move(admin)));

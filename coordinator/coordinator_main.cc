@@ -129,8 +129,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   if ((*auth)->open()) {
-    spdlog::warn("no --api-key-file or --admin-key-file: the client and admin APIs are open to "
-                 "anyone who can reach {}", listen);
+    spdlog::warn(
+        "no --api-key-file or --admin-key-file: the client and admin APIs are open to "
+        "anyone who can reach {}",
+        listen);
   } else if (!(*auth)->has_admin_keys()) {
     spdlog::info("no --admin-key-file: SetExpertMap and MeasureEngine are refused");
   }
@@ -144,8 +146,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   flotilla::coordinator::FrontendService frontend(manager->get(), model_id, tokenizer->get(),
-                                                 flotilla::harmony::OpenAiRequestOptions(),
-                                                 auth->get());
+                                                  flotilla::harmony::OpenAiRequestOptions(),
+                                                  auth->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -183,8 +185,8 @@ int main(int argc, char** argv) {
       std::rename((http_port_file + ".tmp").c_str(), http_port_file.c_str());
     }
     if (http->metrics_port() > 0) {
-      spdlog::info("/metrics (no key) on {}:{}", metrics_listen.substr(0, metrics_listen.rfind(':')),
-                   http->metrics_port());
+      spdlog::info("/metrics (no key) on {}:{}",
+                   metrics_listen.substr(0, metrics_listen.rfind(':')), http->metrics_port());
       if (!metrics_port_file.empty()) {
         std::ofstream(metrics_port_file + ".tmp") << http->metrics_port() << "\n";
         std::rename((metrics_port_file + ".tmp").c_str(), metrics_port_file.c_str());

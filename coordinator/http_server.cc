@@ -372,7 +372,8 @@ absl::Status HttpServer::ServeMetrics() {
 
 bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
   if (options_.auth == nullptr || req.path == "/health") return true;
-  absl::StatusOr<Caller> caller = options_.auth->Authenticate(req.get_header_value("Authorization"));
+  absl::StatusOr<Caller> caller =
+      options_.auth->Authenticate(req.get_header_value("Authorization"));
   if (caller.ok()) return true;
   // What OpenAI answers for a missing or wrong key.
   ApiError e;

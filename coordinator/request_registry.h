@@ -34,7 +34,7 @@ class RequestRegistry {
 
  private:
   struct Entry {
-    std::string owner;     // Caller::key_id
+    std::string owner;      // Caller::key_id
     uint64_t internal = 0;  // 0 = not bound yet
   };
   mutable std::mutex mu_;

@@ -3,6 +3,8 @@
 // APIs (UNAUTHENTICATED / PERMISSION_DENIED), request ownership for Cancel,
 // random request ids, the HTTP API (401 with an OpenAI error body), the open
 // probes (/health, gRPC health, --metrics-listen), and the SDK and CLI keys.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/wait.h>
@@ -12,11 +14,8 @@
 #include <bitset>
 #include <cstdlib>
 #include <fstream>
-#include <thread>
-
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "proto/admin.grpc.pb.h"
 #include "tools/cli/local_cluster.h"
@@ -136,7 +135,8 @@ TEST_F(ApiAuthTest, GrpcWithAKeyWorks) {
 }
 
 TEST_F(ApiAuthTest, GrpcHealthStaysOpen) {
-  grpc::GenericStub stub(grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  grpc::GenericStub stub(
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -154,7 +154,8 @@ TEST_F(ApiAuthTest, GrpcHealthStaysOpen) {
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(response.Dump(&slices).ok());
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "SERVING";
 }
 
@@ -242,10 +243,10 @@ TEST_F(ApiAuthTest, CancelActsOnlyOnTheCallersOwnRequests) {
     v1::CancelRequest req;
     req.set_request_id(id);
     v1::CancelResponse resp;
-    grpc::Status raw = v1::Flotilla::NewStub(grpc::CreateChannel(
-                                                 cluster_->address(),
-                                                 grpc::InsecureChannelCredentials()))
-                           ->Cancel(&ctx, req, &resp);
+    grpc::Status raw =
+        v1::Flotilla::NewStub(
+            grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()))
+            ->Cancel(&ctx, req, &resp);
     EXPECT_EQ(raw.error_code(), grpc::StatusCode::NOT_FOUND);
     // The owner (or an admin key) cancels it.
     absl::StatusOr<bool> own = canceller->Cancel(id);
@@ -297,9 +298,8 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
   ASSERT_TRUE(models);
   EXPECT_EQ(models->status, 200);
   const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
-  const nlohmann::json request = {{"model", model},
-                                  {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
-                                  {"max_tokens", 2}};
+  const nlohmann::json request = {
+      {"model", model}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}};
   auto chat = http.Post("/v1/chat/completions", alice, request.dump(), "application/json");
   ASSERT_TRUE(chat);
   EXPECT_EQ(chat->status, 200) << chat->body;

@@ -359,9 +359,10 @@ void AddBenchCommand(CLI::App& app) {
   CLI::App* serve = bench->add_subcommand(
       "serve", "Load generator: concurrent streams or a request rate; prints one JSON line");
   serve->add_option("--coordinator", f->coordinator, "HOST:PORT")->capture_default_str();
-  serve->add_option("--api-key", f->api_key,
-                    "API key sent as \"Authorization: Bearer KEY\"; --engine-compare needs an "
-                    "admin key")
+  serve
+      ->add_option("--api-key", f->api_key,
+                   "API key sent as \"Authorization: Bearer KEY\"; --engine-compare needs an "
+                   "admin key")
       ->envname("FLOTILLA_API_KEY");
   serve->add_option("--concurrency", f->concurrency, "closed-loop streams")
       ->check(CLI::Range(1, 4096))->capture_default_str();

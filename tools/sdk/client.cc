@@ -40,7 +40,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
     if (env != nullptr) options.api_key = env;
   }
   for (char c : options.api_key) {
-    if (c < 0x21 || c > 0x7e) return absl::InvalidArgumentError("client: the API key must be printable ASCII without spaces");
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("client: the API key must be printable ASCII, no spaces");
+    }
   }
   return std::unique_ptr<Client>(new Client(std::move(options)));
 }
