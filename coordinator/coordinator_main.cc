@@ -10,6 +10,7 @@
 #include <iostream>
 
 #include "common/model_spec.h"
+#include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/http_server.h"
 #include "coordinator/services.h"
@@ -82,6 +83,22 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
   app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
       ->envname("FLOTILLA_HTTP_PORT_FILE");
+  std::string api_key_file, admin_key_file, metrics_listen, metrics_port_file;
+  app.add_option("--api-key-file", api_key_file,
+                 "client API keys, one a line ('#' comments); without it (and without "
+                 "--admin-key-file) anyone who reaches the ports may call everything")
+      ->envname("FLOTILLA_API_KEY_FILE");
+  app.add_option("--admin-key-file", admin_key_file,
+                 "admin keys (same format): SetExpertMap and MeasureEngine need one; with "
+                 "--api-key-file alone those calls are refused")
+      ->envname("FLOTILLA_ADMIN_KEY_FILE");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port of a listener serving only GET /metrics, without a key (port 0 = "
+                 "any; empty = none: /metrics is on the HTTP API, behind a key when keys are set)")
+      ->envname("FLOTILLA_METRICS_LISTEN");
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "write the bound --metrics-listen port here once listening")
+      ->envname("FLOTILLA_METRICS_PORT_FILE");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<flotilla::ModelConfig> config = flotilla::LoadModelConfig(model);
@@ -102,16 +119,35 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (model_id.empty()) model_id = flotilla::DefaultModelId(model);
+  auto auth = flotilla::coordinator::Authenticator::Create(api_key_file, admin_key_file);
+  if (!auth.ok()) {
+    std::cerr << "flotilla-coordinator: " << auth.status().message() << "\n";
+    return 2;
+  }
+  if (!metrics_listen.empty() && http_listen.empty()) {
+    std::cerr << "flotilla-coordinator: --metrics-listen needs the HTTP API (--http-listen)\n";
+    return 2;
+  }
+  if ((*auth)->open()) {
+    spdlog::warn(
+        "no --api-key-file or --admin-key-file: the client and admin APIs are open to "
+        "anyone who can reach {}",
+        listen);
+  } else if (!(*auth)->has_admin_keys()) {
+    spdlog::info("no --admin-key-file: SetExpertMap and MeasureEngine are refused");
+  }
 
   flotilla::coordinator::ClusterControlService control(manager->get());
-  flotilla::coordinator::AdminService admin(manager->get());
+  flotilla::coordinator::AdminService admin(manager->get(), auth->get());
   auto tokenizer = flotilla::tokenizer::Tokenizer::Create(tokenizer_path);
   if (!tokenizer.ok()) {
     std::cerr << "flotilla-coordinator: --tokenizer " << tokenizer_path << ": "
               << tokenizer.status().message() << "\n";
     return 2;
   }
-  flotilla::coordinator::FrontendService frontend(manager->get(), model_id, tokenizer->get());
+  flotilla::coordinator::FrontendService frontend(manager->get(), model_id, tokenizer->get(),
+                                                  flotilla::harmony::OpenAiRequestOptions(),
+                                                  auth->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -133,6 +169,8 @@ int main(int argc, char** argv) {
     flotilla::coordinator::HttpServerOptions http_options;
     http_options.listen = http_listen;
     http_options.model_id = model_id;
+    if (!(*auth)->open()) http_options.auth = auth->get();
+    http_options.metrics_listen = metrics_listen;
     auto created = flotilla::coordinator::HttpServer::Create(http_options, manager->get(), tokenizer->get());
     if (!created.ok()) {
       std::cerr << "flotilla-coordinator: " << created.status().message() << "\n";
@@ -145,6 +183,14 @@ int main(int argc, char** argv) {
     if (!http_port_file.empty()) {
       std::ofstream(http_port_file + ".tmp") << http->port() << "\n";
       std::rename((http_port_file + ".tmp").c_str(), http_port_file.c_str());
+    }
+    if (http->metrics_port() > 0) {
+      spdlog::info("/metrics (no key) on {}:{}",
+                   metrics_listen.substr(0, metrics_listen.rfind(':')), http->metrics_port());
+      if (!metrics_port_file.empty()) {
+        std::ofstream(metrics_port_file + ".tmp") << http->metrics_port() << "\n";
+        std::rename((metrics_port_file + ".tmp").c_str(), metrics_port_file.c_str());
+      }
     }
   }
   std::string host = listen.substr(0, listen.rfind(':'));

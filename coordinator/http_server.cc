@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/openai_pipeline.h"
+#include "coordinator/request_registry.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -307,37 +308,82 @@ HttpServer::~HttpServer() { Stop(); }
 void HttpServer::Stop() {
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
+  if (metrics_server_) metrics_server_->stop();
+  if (metrics_thread_.joinable()) metrics_thread_.join();
 }
+
+namespace {
+
+// Binds `server` to `listen` (HOST:PORT, port 0 = any); the bound port.
+absl::StatusOr<int> Bind(httplib::Server& server, const std::string& listen, const char* flag) {
+  const size_t colon = listen.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      std::sscanf(listen.c_str() + colon + 1, "%d", &port) != 1 || port < 0 || port > 65535 ||
+      std::to_string(port) != listen.substr(colon + 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", listen, "' is not HOST:PORT (port 0-65535)"));
+  }
+  std::string host = listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (port == 0) {
+    port = server.bind_to_any_port(host);
+    if (port <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  } else if (!server.bind_to_port(host, port)) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  }
+  return port;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions options,
                                                                ClusterManager* manager,
                                                                const tokenizer::Tokenizer* tokenizer) {
-  const size_t colon = options.listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      std::sscanf(options.listen.c_str() + colon + 1, "%d", &port) != 1 || port < 0 || port > 65535 ||
-      std::to_string(port) != options.listen.substr(colon + 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--http-listen '", options.listen, "' is not HOST:PORT (port 0-65535)"));
-  }
-  std::string host = options.listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   std::unique_ptr<HttpServer> s(new HttpServer(std::move(options), manager, tokenizer));
   s->Routes();
   // Streams hold a thread each while they last.
   s->server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
-  if (port == 0) {
-    s->port_ = s->server_->bind_to_any_port(host);
-    if (s->port_ <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
-  } else {
-    if (!s->server_->bind_to_port(host, port)) {
-      return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
-    }
-    s->port_ = port;
-  }
+  absl::StatusOr<int> port = Bind(*s->server_, s->options_.listen, "--http-listen");
+  if (!port.ok()) return port.status();
+  s->port_ = *port;
   httplib::Server* raw = s->server_.get();
   s->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  if (!s->options_.metrics_listen.empty()) {
+    absl::Status metrics = s->ServeMetrics();
+    if (!metrics.ok()) return metrics;  // the destructor stops the API listener
+  }
   return s;
+}
+
+absl::Status HttpServer::ServeMetrics() {
+  metrics_server_ = std::make_unique<httplib::Server>();
+  metrics_server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()),
+                    "text/plain; version=0.0.4");
+  });
+  absl::StatusOr<int> port = Bind(*metrics_server_, options_.metrics_listen, "--metrics-listen");
+  if (!port.ok()) return port.status();
+  metrics_port_ = *port;
+  httplib::Server* raw = metrics_server_.get();
+  metrics_thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  return absl::OkStatus();
+}
+
+bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
+  if (options_.auth == nullptr || req.path == "/health") return true;
+  absl::StatusOr<Caller> caller =
+      options_.auth->Authenticate(req.get_header_value("Authorization"));
+  if (caller.ok()) return true;
+  // What OpenAI answers for a missing or wrong key.
+  ApiError e;
+  e.http_status = 401;
+  e.type = "invalid_request_error";
+  e.code = "invalid_api_key";
+  e.message = std::string(caller.status().message());
+  res.set_header("WWW-Authenticate", "Bearer");
+  SendError(res, e);
+  return false;
 }
 
 void HttpServer::Routes() {
@@ -345,6 +391,10 @@ void HttpServer::Routes() {
   svr.set_payload_max_length(64 << 20);
   svr.set_read_timeout(60, 0);
   svr.set_write_timeout(60, 0);
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return Authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                : httplib::Server::HandlerResponse::Handled;
+  });
 
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
@@ -423,13 +473,7 @@ void HttpServer::Routes() {
   });
 }
 
-std::string HttpServer::NewId(const char* prefix) {
-  std::lock_guard<std::mutex> l(id_mu_);
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%016llx%08llx", static_cast<unsigned long long>(rng_()),
-                static_cast<unsigned long long>(rng_() & 0xffffffffull));
-  return absl::StrCat(prefix, buf);
-}
+std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
 
 void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());

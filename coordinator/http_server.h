@@ -1,6 +1,8 @@
 // The OpenAI-compatible HTTP API of the coordinator (cpp-httplib):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus text).
+// With API keys every path but /health needs "Authorization: Bearer KEY"
+// (401 otherwise); /metrics can also be served, open, on its own listener.
 // Requests go to ClusterManager::Submit; a client that disconnects (streamed
 // or not) cancels its request. A request's deadline comes from the
 // X-Request-Timeout header (seconds), else X-Stainless-Timeout (what the
@@ -9,11 +11,11 @@
 
 #include <memory>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/openai_pipeline.h"
@@ -31,6 +33,10 @@ struct HttpServerOptions {
   std::string listen = "127.0.0.1:8000";  // host:port; port 0 = any free port
   std::string model_id;                   // the model name clients use
   harmony::OpenAiRequestOptions harmony;  // system message defaults
+  const Authenticator* auth = nullptr;    // null = open; must outlive the server
+  // host:port of a second listener serving only GET /metrics, without a key
+  // (port 0 = any); empty = none.
+  std::string metrics_listen;
 };
 
 class HttpMetrics;
@@ -46,6 +52,8 @@ class HttpServer {
 
   // The bound port.
   int port() const { return port_; }
+  // The bound port of the metrics listener (0 when there is none).
+  int metrics_port() const { return metrics_port_; }
   // Stops accepting and waits for the server thread; open streams end.
   void Stop();
 
@@ -55,6 +63,10 @@ class HttpServer {
   // Runs one chat or completions request, streamed or whole.
   void Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
   std::string NewId(const char* prefix);
+  // Whether `req` may go on; answers 401 itself otherwise.
+  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
+  // Starts the open /metrics listener on options_.metrics_listen.
+  absl::Status ServeMetrics();
 
   HttpServerOptions options_;
   ClusterManager* manager_;
@@ -63,8 +75,9 @@ class HttpServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
-  std::mutex id_mu_;
-  std::mt19937_64 rng_{std::random_device{}()};
+  std::unique_ptr<httplib::Server> metrics_server_;
+  std::thread metrics_thread_;
+  int metrics_port_ = 0;
 };
 
 }  // namespace flotilla::coordinator

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "coordinator/chat_pipeline.h"
+#include "coordinator/grpc_auth.h"
 #include "coordinator/stream_queue.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 
@@ -70,7 +71,7 @@ class GenerateReactor final : public GenerateReactorBase {
  public:
   GenerateReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
                   const v1::GenerateRequest& request, const std::string& model_id,
-                  const tokenizer::Tokenizer* tok)
+                  const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller)
       : manager_(manager), state_(std::make_shared<State>(this, tok)) {
     if (!request.model().empty() && request.model() != model_id) {
       Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -103,11 +104,12 @@ class GenerateReactor final : public GenerateReactorBase {
                                       deadline.time_since_epoch())
                                       .count());
     }
+    state_->request_id = requests->Reserve(caller);
     std::shared_ptr<State> state = state_;
     RequestCallbacks cb;
     cb.on_update = [state](const cluster::SequenceUpdate& u) {
       v1::GenerateResponse r;
-      r.set_request_id(absl::StrCat(u.request_id()));
+      r.set_request_id(state->request_id);
       *r.mutable_token_ids() = u.token_ids();
       *r.mutable_logprobs() = u.logprobs();
       // Prompt logits come in bounded chunks before the first token; each
@@ -126,13 +128,18 @@ class GenerateReactor final : public GenerateReactorBase {
       }
       if (u.finish_reason() != common::ERROR) state->queue.Send(r);
     };
-    cb.on_done = [state](const absl::Status& st) { state->queue.Close(ToGrpcStatus(st)); };
+    cb.on_done = [state, requests](const absl::Status& st) {
+      requests->Remove(state->request_id);
+      state->queue.Close(ToGrpcStatus(st));
+    };
     absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
     if (!id.ok()) {
+      requests->Remove(state_->request_id);
       state_->queue.Close(ToGrpcStatus(id.status()));
       return;
     }
     request_id_ = *id;
+    requests->Bind(state_->request_id, *id);
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
@@ -150,6 +157,7 @@ class GenerateReactor final : public GenerateReactorBase {
         : queue(r), detok(tok, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace) {}
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
     tokenizer::StreamingDetokenizer detok;  // used from the manager's callbacks, one at a time
+    std::string request_id;                 // the client's (random) id; set before Submit
   };
   ClusterManager* manager_;
   std::shared_ptr<State> state_;
@@ -166,7 +174,7 @@ class ChatReactor final : public ChatReactorBase {
   ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
               const v1::ChatRequest& request, const std::string& model_id,
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
-              const std::string& call_id_salt)
+              const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller)
       : manager_(manager) {
     absl::StatusOr<PreparedRequest> prepared = PrepareChat(request, model_id, *tok, harmony);
     if (!prepared.ok()) {
@@ -175,7 +183,7 @@ class ChatReactor final : public ChatReactorBase {
     }
     state_ = std::make_shared<State>(this, tok, call_id_salt, prepared->stop,
                                      static_cast<uint32_t>(prepared->prompt.size()),
-                                     request.return_token_ids());
+                                     request.return_token_ids(), requests->Reserve(caller));
     cluster::SubmitSequence submit;
     for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
     *submit.mutable_sampling() = prepared->sampling;
@@ -191,7 +199,7 @@ class ChatReactor final : public ChatReactorBase {
       bool cancel = false;
       {
         std::lock_guard<std::mutex> lock(state->mu);
-        state->StartLocked(u.request_id());
+        state->StartLocked();
         std::optional<v1::ChatResponse> r = state->stream->Feed(u);
         if (r) state->queue.Send(*r);
         if (state->stream->finished() && state->stream->stopped_by_string() &&
@@ -203,7 +211,8 @@ class ChatReactor final : public ChatReactorBase {
       }
       if (cancel) manager->Cancel(u.request_id(), "a stop string was generated");
     };
-    cb.on_done = [state](const absl::Status& st) {
+    cb.on_done = [state, requests](const absl::Status& st) {
+      requests->Remove(state->request_id);
       std::lock_guard<std::mutex> lock(state->mu);
       if (!state->stream) {  // ended before the stream began (e.g. a worker died at once)
         state->queue.Close(
@@ -224,12 +233,14 @@ class ChatReactor final : public ChatReactorBase {
     };
     absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
     if (!id.ok()) {
+      requests->Remove(state_->request_id);
       state_->queue.Close(ToGrpcStatus(id.status()));
       return;
     }
     request_id_ = *id;
+    requests->Bind(state_->request_id, *id);
     std::lock_guard<std::mutex> lock(state_->mu);
-    state_->StartLocked(request_id_);
+    state_->StartLocked();
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
@@ -245,19 +256,20 @@ class ChatReactor final : public ChatReactorBase {
  private:
   struct State {
     State(ChatReactor* r, const tokenizer::Tokenizer* tok, std::string salt,
-          std::vector<std::string> stop, uint32_t prompt_tokens, bool return_token_ids)
+          std::vector<std::string> stop, uint32_t prompt_tokens, bool return_token_ids,
+          std::string request_id)
         : queue(r),
           tok(tok),
           salt(std::move(salt)),
           stop(std::move(stop)),
           prompt_tokens(prompt_tokens),
-          return_token_ids(return_token_ids) {}
-    // The request id is known: the stream begins (once) with a message naming it.
-    void StartLocked(uint64_t id) {
+          return_token_ids(return_token_ids),
+          request_id(std::move(request_id)) {}
+    // The request was submitted: the stream begins (once) with a message naming it.
+    void StartLocked() {
       if (stream) return;
-      const std::string rid = absl::StrCat(id);
-      stream.emplace(tok, rid, absl::StrCat("chat-", salt, "-", rid), stop, prompt_tokens,
-                     return_token_ids);
+      stream.emplace(tok, request_id, absl::StrCat("chat-", salt, "-", request_id), stop,
+                     prompt_tokens, return_token_ids);
       queue.Send(stream->Begin());
     }
     StreamQueue<ChatReactorBase, v1::ChatResponse> queue;
@@ -266,6 +278,7 @@ class ChatReactor final : public ChatReactorBase {
     std::vector<std::string> stop;
     uint32_t prompt_tokens;
     bool return_token_ids;
+    const std::string request_id;  // the client's (random) id
     std::mutex mu;
     std::optional<ChatStream> stream;  // under mu
     bool cancel_sent = false;          // under mu
@@ -322,19 +335,22 @@ class MeasureEngineReactor final : public grpc::ServerUnaryReactor {
 
 FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
                                  const tokenizer::Tokenizer* tokenizer,
-                                 harmony::OpenAiRequestOptions harmony)
+                                 harmony::OpenAiRequestOptions harmony, const Authenticator* auth)
     : manager_(manager),
       model_id_(std::move(model_id)),
       tokenizer_(tokenizer),
-      harmony_(std::move(harmony)) {
+      harmony_(std::move(harmony)),
+      auth_(auth) {
   std::random_device rd;
   call_id_salt_ = absl::StrCat(absl::Hex(static_cast<uint64_t>(rd()) << 32 | rd()));
 }
 
 grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
+  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
+  if (!caller.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(caller.status()));
   return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_,
-                         call_id_salt_);
+                         call_id_salt_, &requests_, *caller);
 }
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
@@ -345,8 +361,12 @@ ClusterControlService::Session(grpc::CallbackServerContext* context) {
 grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
                                                   const admin::GetStatusRequest* request,
                                                   admin::ClusterStatus* response) {
-  *response = manager_->Status();
   auto* reactor = context->DefaultReactor();
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
+  *response = manager_->Status();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -355,6 +375,10 @@ grpc::ServerUnaryReactor* AdminService::GetPlacement(grpc::CallbackServerContext
                                                      const admin::GetPlacementRequest* request,
                                                      admin::PlacementInfo* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   absl::StatusOr<admin::PlacementInfo> p = manager_->GetPlacement();
   if (p.ok()) *response = *p;
   reactor->Finish(ToGrpcStatus(p.status()));
@@ -365,6 +389,10 @@ grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext
                                                      const admin::GetExpertMapRequest* request,
                                                      cluster::ExpertMap* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   absl::StatusOr<cluster::ExpertMap> m = manager_->GetExpertMap();
   if (m.ok()) *response = *m;
   reactor->Finish(ToGrpcStatus(m.status()));
@@ -375,6 +403,10 @@ grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext
                                                      const cluster::ExpertMap* request,
                                                      cluster::ExpertMap* response) {
   auto* reactor = context->DefaultReactor();
+  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context); !caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   absl::StatusOr<cluster::ExpertMap> m = manager_->SetExpertMap(*request);
   if (m.ok()) *response = *m;
   reactor->Finish(ToGrpcStatus(m.status()));
@@ -384,25 +416,40 @@ grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContext* context,
                                                       const cluster::MeasureEngineRequest* request,
                                                       cluster::EngineMeasurement* response) {
+  // Serving pauses while the engine is measured: an admin call.
+  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context); !caller.ok()) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   return new MeasureEngineReactor(manager_, context, *request, response);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_);
+  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
+  if (!caller.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(caller.status()));
+  return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_, &requests_,
+                             *caller);
 }
 
 grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* context,
                                                   const v1::CancelRequest* request,
                                                   v1::CancelResponse* response) {
   auto* reactor = context->DefaultReactor();
-  uint64_t id = 0;
-  if (!absl::SimpleAtoi(request->request_id(), &id)) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "request_id must be the id a Generate stream returned"));
+  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  response->set_found(manager_->Cancel(id, "cancelled by the client"));
+  // Another key's request is answered as an unknown one: its existence is not told.
+  std::optional<uint64_t> id = requests_.Find(request->request_id(), *caller);
+  if (!id || !manager_->Cancel(*id, "cancelled by the client")) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                 "no running request of yours has this request_id"));
+    return reactor;
+  }
+  response->set_found(true);
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -410,6 +457,11 @@ grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
                                                       const v1::ListModelsRequest* request,
                                                       v1::ListModelsResponse* response) {
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   admin::ClusterStatus s = manager_->Status();
   v1::ModelInfo* m = response->add_models();
   m->set_id(model_id_);

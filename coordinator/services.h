@@ -5,8 +5,10 @@
 #include <memory>
 #include <string>
 
+#include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
+#include "coordinator/request_registry.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
@@ -26,7 +28,10 @@ class ClusterControlService final : public cluster::ClusterControl::CallbackServ
 
 class AdminService final : public admin::Admin::CallbackService {
  public:
-  explicit AdminService(ClusterManager* manager) : manager_(manager) {}
+  // `auth` (null = open) checks every call: reads need any valid key,
+  // SetExpertMap and MeasureEngine (which pauses serving) an admin key.
+  explicit AdminService(ClusterManager* manager, const Authenticator* auth = nullptr)
+      : manager_(manager), auth_(auth) {}
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
                                       const admin::GetStatusRequest* request,
                                       admin::ClusterStatus* response) override;
@@ -45,6 +50,7 @@ class AdminService final : public admin::Admin::CallbackService {
 
  private:
   ClusterManager* manager_;
+  const Authenticator* auth_;
 };
 
 class FrontendService final : public v1::Flotilla::CallbackService {
@@ -52,9 +58,12 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   // `tokenizer` (o200k_harmony) encodes text prompts and decodes the
   // streamed tokens; it must outlive the service.
   // `harmony` holds the system message defaults of Chat prompts.
+  // `auth` (null = open) checks every call's key; Cancel acts only on the
+  // caller's own requests (any request for an admin key).
   FrontendService(ClusterManager* manager, std::string model_id,
                   const tokenizer::Tokenizer* tokenizer,
-                  harmony::OpenAiRequestOptions harmony = harmony::OpenAiRequestOptions());
+                  harmony::OpenAiRequestOptions harmony = harmony::OpenAiRequestOptions(),
+                  const Authenticator* auth = nullptr);
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
   grpc::ServerWriteReactor<v1::ChatResponse>* Chat(grpc::CallbackServerContext* context,
@@ -72,6 +81,8 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   const tokenizer::Tokenizer* tokenizer_;
   harmony::OpenAiRequestOptions harmony_;
   std::string call_id_salt_;  // per process: tool call ids differ across restarts
+  const Authenticator* auth_;
+  RequestRegistry requests_;  // the random ids clients see -> the manager's ids
 };
 
 }  // namespace flotilla::coordinator

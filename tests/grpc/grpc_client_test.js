@@ -138,7 +138,7 @@ async function main() {
     const { messages, status } = await stream('Chat', chatRequest(24, { return_token_ids: true }));
     assert.equal(status.code, grpc.status.OK, status.details);
     assert.ok(messages.length >= 2);
-    assert.ok(/^\d+$/.test(messages[0].request_id), messages[0].request_id);
+    assert.ok(/^[0-9a-f]{32}$/.test(messages[0].request_id), messages[0].request_id);
     assert.equal(messages[0].deltas.length, 0, 'the first message only names the request');
     let reasoning = '', content = '', finishes = 0;
     for (const m of messages) {

@@ -43,6 +43,7 @@ struct ServeFlags {
   int multi_turn = 0;       // turns per conversation; 0 = independent random prompts
   int turn_tokens = 64;     // new tokens each later turn adds
   std::string metrics_url;  // the coordinator's Prometheus /metrics; empty = not read
+  std::string api_key;      // sent on every call (the SDK's, the admin's, /metrics)
 };
 
 // One turn index of the multi-turn workload.
@@ -148,6 +149,7 @@ absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(const ServeFlags& f,
   const int context = load.prompt_tokens + (f.output_len[0] + f.output_len[1]) / 4;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
+  if (!f.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + f.api_key);
   cluster::EngineMeasurement m;
   grpc::Status st = admin->MeasureEngine(&ctx, CompareRequest(load, context, f.engine_steps), &m);
   if (!st.ok()) return FromGrpcStatus(st);
@@ -183,8 +185,9 @@ struct PrefixCounters {
   double queried = 0, hits = 0;
 };
 
-absl::StatusOr<PrefixCounters> ReadPrefixCounters(const std::string& url) {
-  absl::StatusOr<std::string> text = HttpGetMetrics(url);
+absl::StatusOr<PrefixCounters> ReadPrefixCounters(const std::string& url,
+                                                  const std::string& api_key) {
+  absl::StatusOr<std::string> text = HttpGetMetrics(url, api_key);
   if (!text.ok()) return text.status();
   std::optional<double> q = PrometheusValue(*text, "flotilla_prefix_cache_queries_tokens_total");
   std::optional<double> h = PrometheusValue(*text, "flotilla_prefix_cache_hits_tokens_total");
@@ -205,7 +208,7 @@ nlohmann::json PrefixCacheDelta(const ServeFlags& f, const PrefixCounters& befor
   absl::StatusOr<PrefixCounters> after;
   bool complete = false;
   while (true) {
-    after = ReadPrefixCounters(f.metrics_url);
+    after = ReadPrefixCounters(f.metrics_url, f.api_key);
     complete = after.ok() &&
                after->queried - before.queried >= static_cast<double>(stats.prompt_tokens_prefilled);
     if (complete || !after.ok() || Clock::now() >= deadline) break;
@@ -255,6 +258,7 @@ nlohmann::json MultiTurnJson(const ServeFlags& f, const Stats& stats) {
 int RunServe(const ServeFlags& f) {
   client::ClientOptions co;
   co.address = f.coordinator;
+  co.api_key = f.api_key;
   co.deadline = absl::Seconds(f.timeout_s);
   auto c = client::Client::Create(co);
   if (!c.ok()) {
@@ -272,7 +276,7 @@ int RunServe(const ServeFlags& f) {
   stats.turns.resize(std::max(0, f.multi_turn));
   PrefixCounters prefix_before;
   if (!f.metrics_url.empty()) {
-    absl::StatusOr<PrefixCounters> p = ReadPrefixCounters(f.metrics_url);
+    absl::StatusOr<PrefixCounters> p = ReadPrefixCounters(f.metrics_url, f.api_key);
     if (!p.ok()) {
       std::cerr << "flotilla bench serve: " << p.status().message() << "\n";
       return 1;
@@ -355,6 +359,11 @@ void AddBenchCommand(CLI::App& app) {
   CLI::App* serve = bench->add_subcommand(
       "serve", "Load generator: concurrent streams or a request rate; prints one JSON line");
   serve->add_option("--coordinator", f->coordinator, "HOST:PORT")->capture_default_str();
+  serve
+      ->add_option("--api-key", f->api_key,
+                   "API key sent as \"Authorization: Bearer KEY\"; --engine-compare needs an "
+                   "admin key")
+      ->envname("FLOTILLA_API_KEY");
   serve->add_option("--concurrency", f->concurrency, "closed-loop streams")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("--rate", f->rate, "open-loop Poisson arrivals per second (overrides concurrency)")

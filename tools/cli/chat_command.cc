@@ -21,6 +21,7 @@ namespace {
 
 struct ChatFlags {
   std::string coordinator;
+  std::string api_key;
   std::string model;
   std::optional<std::string> prompt;
   std::string system;
@@ -214,6 +215,7 @@ int ExitCode(const absl::Status& st) {
 int RunChat(const ChatFlags& f) {
   client::ClientOptions co;
   co.address = f.coordinator;
+  co.api_key = f.api_key;
   co.deadline = absl::Milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Create(co);
   if (!c.ok()) {
@@ -296,6 +298,8 @@ void AddChatCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "chat", "Chat with a running cluster: interactive (stdin) or --prompt for one shot");
   cmd->add_option("--coordinator", f->coordinator, "HOST:PORT of the cluster")->required();
+  cmd->add_option("--api-key", f->api_key, "API key sent as \"Authorization: Bearer KEY\"")
+      ->envname("FLOTILLA_API_KEY");
   cmd->add_option("--prompt", f->prompt, "one user message: print the reply and exit");
   cmd->add_option("--system", f->system, "instructions (a system message)");
   cmd->add_option("--reasoning-effort", f->reasoning_effort,

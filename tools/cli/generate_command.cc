@@ -26,6 +26,7 @@ namespace {
 struct GenerateFlags {
   std::string model;
   std::string coordinator;
+  std::string api_key;
   double timeout_s = 600;
   std::string prompt_ids;
   int64_t max_tokens = 16;
@@ -136,6 +137,7 @@ absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
   req.set_return_prompt_logits(!f.logits_out.empty());
   client::ClientOptions co;
   co.address = f.coordinator;
+  co.api_key = f.api_key;
   co.deadline = absl::Milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Create(co));
   absl::StatusOr<client::GenerateResult> res = c->Generate(req);
@@ -283,6 +285,9 @@ void AddGenerateCommand(CLI::App& app) {
   auto* coord = cmd->add_option("--coordinator", f->coordinator,
                                 "HOST:PORT of a running cluster: send the request there");
   model->excludes(coord);
+  cmd->add_option("--api-key", f->api_key,
+                  "API key for --coordinator, sent as \"Authorization: Bearer KEY\"")
+      ->envname("FLOTILLA_API_KEY");
   cmd->add_option("--timeout", f->timeout_s, "Seconds before a --coordinator request gives up")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma-separated: 1,2,3")->required();

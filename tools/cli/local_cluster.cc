@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/key_file.h"
 #include "common/model_config.h"
 #include "common/model_spec.h"
 #include "common/status.h"
@@ -99,6 +100,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     c->model_ = options.model;
     FLOTILLA_RETURN_IF_ERROR(LoadModelConfig(options.model).status());
   }
+  for (const std::string* file : {&options.api_key_file, &options.admin_key_file}) {
+    if (file->empty()) continue;
+    absl::StatusOr<std::vector<std::string>> keys = ReadKeyFile(*file);
+    if (!keys.ok()) return keys.status();
+    if (file == &options.admin_key_file || c->key_.empty()) c->key_ = keys->front();
+  }
   char tmpl[] = "/tmp/flotilla-up-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   const std::string port_file = std::string(tmpl) + "/port";
@@ -118,6 +125,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (!options.http_listen.empty()) {
     coordinator_argv.push_back("--http-port-file");
     coordinator_argv.push_back(http_port_file);
+  }
+  if (!options.api_key_file.empty()) {
+    coordinator_argv.insert(coordinator_argv.end(), {"--api-key-file", options.api_key_file});
+  }
+  if (!options.admin_key_file.empty()) {
+    coordinator_argv.insert(coordinator_argv.end(), {"--admin-key-file", options.admin_key_file});
   }
   FLOTILLA_ASSIGN_OR_RETURN(c->coordinator_, c->Spawn(coordinator_argv, log("coordinator")));
   // Wait for the coordinator's ports.
@@ -199,6 +212,7 @@ absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
     FLOTILLA_RETURN_IF_ERROR(CheckAlive());
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    if (!key_.empty()) ctx.AddMetadata("authorization", "Bearer " + key_);
     admin::ClusterStatus s;
     if (stub->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok()) {
       if (s.state() == admin::READY) return absl::OkStatus();

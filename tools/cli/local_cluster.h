@@ -23,6 +23,10 @@ struct LocalClusterOptions {
   bool prefix_cache = true;   // workers share KV blocks of identical prompt prefixes
   std::string listen = "127.0.0.1:0";
   std::string http_listen = "127.0.0.1:0";  // the OpenAI-compatible HTTP API; empty = off
+  // The coordinator's --api-key-file and --admin-key-file (empty = none). The
+  // cluster's own readiness check presents the first admin (else client) key.
+  std::string api_key_file;
+  std::string admin_key_file;
   int heartbeat_timeout_ms = 2000;
   int comm_timeout_ms = 10000;
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them
@@ -57,6 +61,7 @@ class LocalCluster {
   absl::Status WaitReady(absl::Duration timeout);
 
   LocalClusterOptions options_;
+  std::string key_;  // presented by WaitReady; empty = none
   std::string coordinator_bin_, worker_bin_, model_, address_, http_address_;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;

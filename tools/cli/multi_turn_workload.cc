@@ -66,7 +66,7 @@ std::optional<double> PrometheusValue(std::string_view text, std::string_view na
   return sum;
 }
 
-absl::StatusOr<std::string> HttpGetMetrics(const std::string& url) {
+absl::StatusOr<std::string> HttpGetMetrics(const std::string& url, const std::string& api_key) {
   constexpr std::string_view kScheme = "http://";
   if (url.substr(0, kScheme.size()) != kScheme) {
     return absl::InvalidArgumentError(absl::StrCat("metrics URL must start with http://: ", url));
@@ -80,6 +80,7 @@ absl::StatusOr<std::string> HttpGetMetrics(const std::string& url) {
   httplib::Client client(base);
   client.set_connection_timeout(5);
   client.set_read_timeout(10);
+  if (!api_key.empty()) client.set_bearer_token_auth(api_key);
   httplib::Result res = client.Get(path);
   if (!res) {
     return absl::UnavailableError(absl::StrCat("GET ", url, ": ", httplib::to_string(res.error())));

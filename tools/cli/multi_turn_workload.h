@@ -52,6 +52,6 @@ std::optional<double> PrometheusValue(std::string_view text, std::string_view na
 
 // GET of an http://HOST:PORT[/PATH] URL (PATH defaults to /metrics): the body
 // of a 200 answer.
-absl::StatusOr<std::string> HttpGetMetrics(const std::string& url);
+absl::StatusOr<std::string> HttpGetMetrics(const std::string& url, const std::string& api_key = "");
 
 }  // namespace flotilla::cli

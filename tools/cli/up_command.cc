@@ -49,6 +49,13 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--http-listen", o->http_listen,
                   "OpenAI-compatible HTTP API address (port 0 = any free port; empty = off)")
       ->capture_default_str();
+  cmd->add_option("--api-key-file", o->api_key_file,
+                  "client API keys, one a line, passed to the coordinator (default: none, the "
+                  "APIs are open)")
+      ->envname("FLOTILLA_API_KEY_FILE");
+  cmd->add_option("--admin-key-file", o->admin_key_file,
+                  "admin keys (SetExpertMap, MeasureEngine), passed to the coordinator")
+      ->envname("FLOTILLA_ADMIN_KEY_FILE");
   cmd->add_option("--device", o->device,
                   "workers' engine: cpu, or cuda (each worker holds the whole model on its GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
@@ -85,7 +92,9 @@ void AddUpCommand(CLI::App& app) {
     std::cout << "flotilla up: serving " << (*cluster)->model() << " with " << o->workers
               << " worker(s) at " << (*cluster)->address() << "\n"
               << "  try: flotilla generate --coordinator " << (*cluster)->address()
-              << " --prompt-ids 1,2,3 --max-tokens 8 --json\n"
+              << " --prompt-ids 1,2,3 --max-tokens 8 --json"
+              << (o->api_key_file.empty() && o->admin_key_file.empty() ? "" : " --api-key KEY")
+              << "\n"
               << ((*cluster)->http_address().empty()
                       ? std::string()
                       : "  OpenAI-compatible API: http://" + (*cluster)->http_address() + "/v1\n")

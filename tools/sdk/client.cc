@@ -1,5 +1,6 @@
 #include "tools/sdk/client.h"
 
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,15 @@ void CancelHandle::Detach() {
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
   if (options.address.empty()) return absl::InvalidArgumentError("client: empty address");
   if (options.max_attempts < 1) return absl::InvalidArgumentError("client: max_attempts < 1");
+  if (options.api_key.empty()) {
+    const char* env = std::getenv("FLOTILLA_API_KEY");
+    if (env != nullptr) options.api_key = env;
+  }
+  for (char c : options.api_key) {
+    if (c < 0x21 || c > 0x7e) {
+      return absl::InvalidArgumentError("client: the API key must be printable ASCII, no spaces");
+    }
+  }
   return std::unique_ptr<Client>(new Client(std::move(options)));
 }
 
@@ -42,6 +52,12 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   args.SetMaxReceiveMessageSize(256 << 20);
   channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
   stub_ = v1::Flotilla::NewStub(channel_);
+}
+
+void Client::Prepare(grpc::ClientContext& ctx,
+                     std::chrono::system_clock::time_point deadline) const {
+  ctx.set_deadline(deadline);
+  if (!options_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + options_.api_key);
 }
 
 template <typename Request, typename Response, typename StartFn>
@@ -54,7 +70,7 @@ absl::Status Client::Stream(const Request& request, StartFn start,
   absl::Status last;
   for (int attempt = 1; attempt <= options_.max_attempts; ++attempt) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(deadline);
+    Prepare(ctx, deadline);
     if (cancel) cancel->Attach(&ctx);
     auto reader = start(&ctx, request);
     bool got_any = false;
@@ -189,18 +205,19 @@ absl::StatusOr<GenerateResult> Client::Generate(const v1::GenerateRequest& reque
 
 absl::StatusOr<bool> Client::Cancel(const std::string& request_id) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Prepare(ctx, std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::CancelRequest req;
   req.set_request_id(request_id);
   v1::CancelResponse resp;
   grpc::Status st = stub_->Cancel(&ctx, req, &resp);
+  if (st.error_code() == grpc::StatusCode::NOT_FOUND) return false;
   if (!st.ok()) return FromGrpc(st);
   return resp.found();
 }
 
 absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  Prepare(ctx, std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListModelsResponse resp;
   grpc::Status st = stub_->ListModels(&ctx, v1::ListModelsRequest(), &resp);
   if (!st.ok()) return FromGrpc(st);

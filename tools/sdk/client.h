@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,9 @@ struct ClientOptions {
   absl::Duration deadline = absl::Minutes(10);  // per request
   int max_attempts = 3;                          // tries while no token has arrived
   absl::Duration retry_backoff = absl::Milliseconds(200);  // doubles per retry
+  // Sent as "authorization: Bearer KEY" on every call. Empty: the
+  // FLOTILLA_API_KEY environment variable, when set; else no key.
+  std::string api_key;
 };
 
 // The whole of one generation.
@@ -104,12 +108,15 @@ class Client {
                           CancelHandle* cancel = nullptr);
   // Chat, blocking: waits for the whole reply.
   absl::StatusOr<ChatResult> Chat(const v1::ChatRequest& request);
-  // Cancels a request by the id its stream reported.
+  // Cancels a request by the id its stream reported: false when no running
+  // request of this key has that id.
   absl::StatusOr<bool> Cancel(const std::string& request_id);
   absl::StatusOr<v1::ListModelsResponse> ListModels();
 
  private:
   explicit Client(ClientOptions options);
+  // Sets the deadline and the API key of one call.
+  void Prepare(grpc::ClientContext& ctx, std::chrono::system_clock::time_point deadline) const;
   // Runs a server-streaming call with the deadline and the retry policy.
   template <typename Request, typename Response, typename StartFn>
   absl::Status Stream(const Request& request, StartFn start,
