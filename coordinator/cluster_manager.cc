@@ -438,6 +438,7 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
       if (on_done) on_done(st);
     };
   }
+  if (callbacks.on_accepted) callbacks.on_accepted(id);
   requests_[id] = Request{id, group, std::move(callbacks)};
   ++group_inflight_[group];
   ++requests_submitted_;

@@ -66,6 +66,9 @@ struct ClusterOptions {
 struct RequestCallbacks {
   std::function<void(const cluster::SequenceUpdate&)> on_update;
   std::function<void(const absl::Status&)> on_done;
+  // Called once inside Submit with the request's id, before any update can
+  // arrive (e.g. to make the id cancellable before the client sees it).
+  std::function<void(uint64_t)> on_accepted = nullptr;
 };
 
 class ClusterManager {

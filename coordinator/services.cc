@@ -107,6 +107,7 @@ class GenerateReactor final : public GenerateReactorBase {
     state_->request_id = requests->Reserve(caller);
     std::shared_ptr<State> state = state_;
     RequestCallbacks cb;
+    cb.on_accepted = [state, requests](uint64_t id) { requests->Bind(state->request_id, id); };
     cb.on_update = [state](const cluster::SequenceUpdate& u) {
       v1::GenerateResponse r;
       r.set_request_id(state->request_id);
@@ -139,7 +140,6 @@ class GenerateReactor final : public GenerateReactorBase {
       return;
     }
     request_id_ = *id;
-    requests->Bind(state_->request_id, *id);
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
