@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/cluster_token.h"
 #include "common/model_spec.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/http_server.h"
@@ -82,6 +83,11 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
   app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
       ->envname("FLOTILLA_HTTP_PORT_FILE");
+  std::string cluster_token_file;
+  app.add_option("--cluster-token-file", cluster_token_file,
+                 "file holding the cluster token workers must present (first line); "
+                 "without it any process that reaches --listen can join as a worker")
+      ->envname("FLOTILLA_CLUSTER_TOKEN_FILE");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<flotilla::ModelConfig> config = flotilla::LoadModelConfig(model);
@@ -103,7 +109,21 @@ int main(int argc, char** argv) {
   }
   if (model_id.empty()) model_id = flotilla::DefaultModelId(model);
 
-  flotilla::coordinator::ClusterControlService control(manager->get());
+  std::optional<std::string> cluster_token;
+  if (!cluster_token_file.empty()) {
+    absl::StatusOr<std::string> token = flotilla::ReadClusterTokenFile(cluster_token_file);
+    if (!token.ok()) {
+      std::cerr << "flotilla-coordinator: --cluster-token-file: " << token.status().message()
+                << "\n";
+      return 2;
+    }
+    cluster_token = *std::move(token);
+  } else {
+    spdlog::warn("no --cluster-token-file: any process that can reach {} can join as a worker, "
+                 "take a rank and see and answer requests",
+                 listen);
+  }
+  flotilla::coordinator::ClusterControlService control(manager->get(), std::move(cluster_token));
   flotilla::coordinator::AdminService admin(manager->get());
   auto tokenizer = flotilla::tokenizer::Tokenizer::Create(tokenizer_path);
   if (!tokenizer.ok()) {
