@@ -46,6 +46,8 @@ class LocalCluster {
   // The file holding this cluster's random token (0600, in a directory only
   // this user can enter; removed by Stop()).
   const std::string& cluster_token_file() const { return cluster_token_file_; }
+  // Process id of worker `i` (-1 when it is not running).
+  pid_t worker_pid(int i) const { return workers_.at(static_cast<size_t>(i)); }
   // Kills worker `i` with SIGKILL (tests) / restarts it with the same id.
   absl::Status KillWorker(int i);
   absl::Status RestartWorker(int i);
