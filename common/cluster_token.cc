@@ -32,8 +32,8 @@ absl::StatusOr<std::string> ReadClusterTokenFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("the cluster token file ", path, " is empty"));
   }
   if (token.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("the cluster token in ", path,
-                                                   " is longer than ", kMaxTokenBytes, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the cluster token in ", path, " is longer than ", kMaxTokenBytes, " bytes"));
   }
   return token;
 }

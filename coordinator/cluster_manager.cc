@@ -362,9 +362,10 @@ void ClusterManager::HandleTokens(
   if (foreign) {
     // A protocol violation: a bug or a hostile member. Its session ends so it
     // cannot go on guessing request ids.
-    spdlog::error("worker {} (rank {}) sent token updates for request {}, which is not assigned "
-                  "to it; dropped them and ended its session",
-                  sender.worker_id, sender.rank, *foreign);
+    spdlog::error(
+        "worker {} (rank {}) sent token updates for request {}, which is not assigned "
+        "to it; dropped them and ended its session",
+        sender.worker_id, sender.rank, *foreign);
     MarkDeadLocked(sender,
                    absl::StrCat("protocol violation: token updates for request ", *foreign,
                                 ", which was not assigned to this worker"),

@@ -352,8 +352,8 @@ ClusterControlService::Session(grpc::CallbackServerContext* context) {
     const auto& metadata = context->client_metadata();
     auto it = metadata.find(kClusterTokenMetadataKey);
     const bool presented = it != metadata.end();
-    if (!presented || !TokensEqual(std::string_view(it->second.data(), it->second.size()),
-                                   *cluster_token_)) {
+    if (!presented ||
+        !TokensEqual(std::string_view(it->second.data(), it->second.size()), *cluster_token_)) {
       spdlog::warn("refused a worker session from {}: {} cluster token", context->peer(),
                    presented ? "wrong" : "no");
       return new RefusedSession(grpc::Status(

@@ -21,8 +21,7 @@ namespace {
 
 std::string Numeric(const sockaddr* sa) {
   char host[NI_MAXHOST] = {};
-  const socklen_t len =
-      sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  const socklen_t len = sa->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   if (getnameinfo(sa, len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST) != 0) return "";
   return host;
 }
@@ -35,8 +34,7 @@ bool SameAddress(const sockaddr* a, const sockaddr* b) {
   }
   if (a->sa_family == AF_INET6) {
     return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr,
-                       &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr,
-                       sizeof(in6_addr)) == 0;
+                       &reinterpret_cast<const sockaddr_in6*>(b)->sin6_addr, sizeof(in6_addr)) == 0;
   }
   return false;
 }
@@ -69,8 +67,8 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& target) {
   addrinfo* found = nullptr;
   if (getaddrinfo(host_port.first.c_str(), host_port.second.c_str(), &hints, &found) != 0 ||
       found == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot resolve the coordinator host '",
-                                               host_port.first, "'"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve the coordinator host '", host_port.first, "'"));
   }
   std::string local;
   for (addrinfo* a = found; a != nullptr && local.empty(); a = a->ai_next) {
@@ -127,8 +125,8 @@ absl::StatusOr<AdvertisedInterface> InterfaceOf(const std::string& address) {
   return *match;
 }
 
-absl::StatusOr<AdvertisedInterface> ResolveAdvertisedInterface(
-    const std::string& advertise_address, const std::string& coordinator) {
+absl::StatusOr<AdvertisedInterface> ResolveAdvertisedInterface(const std::string& advertise_address,
+                                                               const std::string& coordinator) {
   if (!advertise_address.empty()) return InterfaceOf(advertise_address);
   FLOTILLA_ASSIGN_OR_RETURN(std::string local, LocalAddressToward(coordinator));
   return InterfaceOf(local);

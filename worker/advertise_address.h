@@ -27,7 +27,7 @@ absl::StatusOr<AdvertisedInterface> InterfaceOf(const std::string& address);
 
 // `advertise_address` when set, else the address toward `coordinator`,
 // with its interface.
-absl::StatusOr<AdvertisedInterface> ResolveAdvertisedInterface(
-    const std::string& advertise_address, const std::string& coordinator);
+absl::StatusOr<AdvertisedInterface> ResolveAdvertisedInterface(const std::string& advertise_address,
+                                                               const std::string& coordinator);
 
 }  // namespace flotilla::worker

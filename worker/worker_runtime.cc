@@ -445,8 +445,6 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                        sc.comm().peer_addresses().end());
     comm::UcxOptions uo;
     uo.timeout = options_.comm_timeout;
-    // Listen (TCP) only on the advertised interface; UCX_NET_DEVICES overrides.
-    if (!ucx_net_device_.empty()) uo.config_defaults.push_back({"NET_DEVICES", ucx_net_device_});
     FLOTILLA_ASSIGN_OR_RETURN(comm_, comm::UcxCommunicator::Create(std::move(ucx_endpoint_),
                                                                    a.rank(), addresses, uo));
     FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));

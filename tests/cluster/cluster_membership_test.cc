@@ -2,8 +2,8 @@
 // random token; sessions and worker processes without it (or with another
 // cluster's) are refused and register nothing, also while a rank is free
 // after a worker died; workers' peer listeners are on loopback only.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,7 +27,8 @@ namespace {
 namespace fs = std::filesystem;
 
 admin::ClusterStatus StatusOf(const std::string& address) {
-  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   admin::ClusterStatus s;
   (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
@@ -42,7 +43,8 @@ bool Registered(const admin::ClusterStatus& s, const std::string& worker_id) {
 }
 
 grpc::Status GenerateFew(const std::string& address) {
-  auto stub = v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   v1::GenerateRequest req;
   for (int32_t t : {1, 2, 3}) req.mutable_prompt_ids()->add_ids(t);
   req.mutable_sampling()->set_temperature(0);
@@ -59,8 +61,8 @@ grpc::Status GenerateFew(const std::string& address) {
 // A hand-made worker session that says Hello; returns how the coordinator ended it.
 grpc::Status RogueHello(const std::string& address, const std::string& worker_id,
                         std::optional<std::string> token) {
-  auto stub =
-      cluster::ClusterControl::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = cluster::ClusterControl::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (token) ctx.AddMetadata(kClusterTokenMetadataKey, *token);
@@ -100,10 +102,10 @@ std::vector<std::string> ListeningAddresses(pid_t pid) {
 }
 
 bool IsLoopback(const std::string& hex) {
-  if (hex.size() == 8) return hex.substr(6) == "7F";                      // 127.x.x.x
-  if (hex == "00000000000000000000000001000000") return true;             // ::1
+  if (hex.size() == 8) return hex.substr(6) == "7F";           // 127.x.x.x
+  if (hex == "00000000000000000000000001000000") return true;  // ::1
   return hex.size() == 32 && hex.substr(0, 24) == "0000000000000000FFFF0000" &&
-         hex.substr(30) == "7F";                                          // ::ffff:127.x
+         hex.substr(30) == "7F";  // ::ffff:127.x
 }
 
 TEST(ClusterMembership, FlotillaUpHasItsOwnTokenAndNoOneWithoutItJoinsOrTakesARank) {
@@ -125,7 +127,7 @@ TEST(ClusterMembership, FlotillaUpHasItsOwnTokenAndNoOneWithoutItJoinsOrTakesARa
 
   // The token is private to this user.
   const std::string token_file = (*cluster)->cluster_token_file();
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat(token_file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   ASSERT_EQ(stat(fs::path(token_file).parent_path().c_str(), &st), 0);
@@ -135,13 +137,14 @@ TEST(ClusterMembership, FlotillaUpHasItsOwnTokenAndNoOneWithoutItJoinsOrTakesARa
   for (int i = 0; i < 2; ++i) {
     const std::vector<std::string> listening = ListeningAddresses((*cluster)->worker_pid(i));
     EXPECT_FALSE(listening.empty()) << "worker " << i << " has a UCX TCP listener";
-    for (const std::string& a : listening) EXPECT_TRUE(IsLoopback(a)) << "worker " << i << ": " << a;
+    for (const std::string& a : listening)
+      EXPECT_TRUE(IsLoopback(a)) << "worker " << i << ": " << a;
   }
 
   // Hand-made sessions without the token, or with another cluster's.
   const std::string another = *NewClusterToken();
-  for (const std::optional<std::string>& token : {std::optional<std::string>(),
-                                                  std::optional<std::string>(another)}) {
+  for (const std::optional<std::string>& token :
+       {std::optional<std::string>(), std::optional<std::string>(another)}) {
     const grpc::Status refused = RogueHello(addr, "rogue", token);
     EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED) << refused.error_message();
   }
@@ -150,9 +153,10 @@ TEST(ClusterMembership, FlotillaUpHasItsOwnTokenAndNoOneWithoutItJoinsOrTakesARa
   fs::remove(wrong_file);
   ASSERT_TRUE(WriteClusterTokenFile(wrong_file, another).ok());
   const std::string out = o.log_dir + "/rogue-worker.log";
-  const std::string cmd = absl::StrCat(FLOTILLA_BIN_DIR, "/flotilla-worker --coordinator ", addr,
-                                       " --worker-id rogue-process --threads 1 --cluster-token-file ",
-                                       wrong_file, " > ", out, " 2>&1");
+  const std::string cmd =
+      absl::StrCat(FLOTILLA_BIN_DIR, "/flotilla-worker --coordinator ", addr,
+                   " --worker-id rogue-process --threads 1 --cluster-token-file ", wrong_file,
+                   " > ", out, " 2>&1");
   EXPECT_NE(std::system(cmd.c_str()), 0);
   std::stringstream log;
   log << std::ifstream(out).rdbuf();

@@ -2,8 +2,8 @@
 // refused without it over a real gRPC connection (nothing registers), and a
 // registered worker that writes into requests not assigned to it (dropped,
 // its session ended, the client's stream untouched).
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,7 +48,7 @@ TEST(ClusterToken, FileIsPrivateAndReadsBackTrimmed) {
   const std::string path = TempPath("flotilla-token-test");
   fs::remove(path);
   ASSERT_TRUE(WriteClusterTokenFile(path, "  s3cret \t").ok());
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(stat(path.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
   EXPECT_FALSE(WriteClusterTokenFile(path, "other").ok()) << "an existing file is not replaced";
