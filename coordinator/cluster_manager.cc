@@ -97,7 +97,7 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
           }
           break;
         case cluster::WorkerMessage::kTokens:
-          HandleTokens(message.tokens(), &updates, &done);
+          HandleTokens(*w, message.tokens(), &updates, &done);
           break;
         case cluster::WorkerMessage::kMeasurement:
           measured = measurements_.Answer(w->worker_id, message.measurement());
@@ -329,12 +329,19 @@ void ClusterManager::OnSessionClosed(uint64_t session_id) {
 }
 
 void ClusterManager::HandleTokens(
-    const cluster::TokenBatch& batch,
+    Worker& sender, const cluster::TokenBatch& batch,
     std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>>* updates,
     std::vector<Finished>* done) {
+  std::optional<uint64_t> foreign;  // a request this worker was not sent
   for (const cluster::SequenceUpdate& u : batch.updates()) {
     auto it = requests_.find(u.request_id());
     if (it == requests_.end()) continue;  // cancelled meanwhile
+    // Only the leader that was sent the SubmitSequence reports on it.
+    if (!placement_ || sender.rank < 0 ||
+        sender.rank != placement_->parallel.leader_of_group(it->second.dp_group)) {
+      foreign = u.request_id();
+      continue;
+    }
     if (u.finish_reason() == common::FINISH_REASON_UNSPECIFIED) {
       updates->push_back({it->second.callbacks, u});
       continue;
@@ -351,6 +358,18 @@ void ClusterManager::HandleTokens(
     }
     done->push_back(Finished{std::move(it->second.callbacks), st, u});
     requests_.erase(it);
+  }
+  if (foreign) {
+    // A protocol violation: a bug or a hostile member. Its session ends so it
+    // cannot go on guessing request ids.
+    spdlog::error(
+        "worker {} (rank {}) sent token updates for request {}, which is not assigned "
+        "to it; dropped them and ended its session",
+        sender.worker_id, sender.rank, *foreign);
+    MarkDeadLocked(sender,
+                   absl::StrCat("protocol violation: token updates for request ", *foreign,
+                                ", which was not assigned to this worker"),
+                   done);
   }
 }
 

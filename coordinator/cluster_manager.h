@@ -140,7 +140,9 @@ class ClusterManager {
   };
 
   void HandleHello(uint64_t session_id, const cluster::Hello& hello, std::vector<Finished>* done);
-  void HandleTokens(const cluster::TokenBatch& batch,
+  // Delivers the updates of requests assigned to `sender`'s DP group (it is
+  // its leader); any other update is dropped and ends `sender`'s session.
+  void HandleTokens(Worker& sender, const cluster::TokenBatch& batch,
                     std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>>* updates,
                     std::vector<Finished>* done);
   // Marks a worker dead, fails in-flight requests, degrades the instance.

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "common/cluster_token.h"
 #include "common/model_spec.h"
 #include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
@@ -99,6 +100,11 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-port-file", metrics_port_file,
                  "write the bound --metrics-listen port here once listening")
       ->envname("FLOTILLA_METRICS_PORT_FILE");
+  std::string cluster_token_file;
+  app.add_option("--cluster-token-file", cluster_token_file,
+                 "file holding the cluster token workers must present (first line); "
+                 "without it any process that reaches --listen can join as a worker")
+      ->envname("FLOTILLA_CLUSTER_TOKEN_FILE");
   CLI11_PARSE(app, argc, argv);
 
   absl::StatusOr<flotilla::ModelConfig> config = flotilla::LoadModelConfig(model);
@@ -137,7 +143,21 @@ int main(int argc, char** argv) {
     spdlog::info("no --admin-key-file: SetExpertMap and MeasureEngine are refused");
   }
 
-  flotilla::coordinator::ClusterControlService control(manager->get());
+  std::optional<std::string> cluster_token;
+  if (!cluster_token_file.empty()) {
+    absl::StatusOr<std::string> token = flotilla::ReadClusterTokenFile(cluster_token_file);
+    if (!token.ok()) {
+      std::cerr << "flotilla-coordinator: --cluster-token-file: " << token.status().message()
+                << "\n";
+      return 2;
+    }
+    cluster_token = *std::move(token);
+  } else {
+    spdlog::warn("no --cluster-token-file: any process that can reach {} can join as a worker, "
+                 "take a rank and see and answer requests",
+                 listen);
+  }
+  flotilla::coordinator::ClusterControlService control(manager->get(), std::move(cluster_token));
   flotilla::coordinator::AdminService admin(manager->get(), auth->get());
   auto tokenizer = flotilla::tokenizer::Tokenizer::Create(tokenizer_path);
   if (!tokenizer.ok()) {

@@ -7,11 +7,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/cluster_token.h"
 #include "common/grpc_status.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/grpc_auth.h"
 #include "coordinator/stream_queue.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -62,6 +64,13 @@ class SessionReactor final : public SessionReactorBase {
   uint64_t id_ = 0;
   cluster::WorkerMessage in_;
   std::atomic<bool> closed_{false};
+};
+
+// A Session refused before it reached the manager (no cluster token).
+class RefusedSession final : public SessionReactorBase {
+ public:
+  explicit RefusedSession(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
 };
 
 using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
@@ -355,6 +364,20 @@ grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
 ClusterControlService::Session(grpc::CallbackServerContext* context) {
+  if (cluster_token_) {
+    const auto& metadata = context->client_metadata();
+    auto it = metadata.find(kClusterTokenMetadataKey);
+    const bool presented = it != metadata.end();
+    if (!presented ||
+        !TokensEqual(std::string_view(it->second.data(), it->second.size()), *cluster_token_)) {
+      spdlog::warn("refused a worker session from {}: {} cluster token", context->peer(),
+                   presented ? "wrong" : "no");
+      return new RefusedSession(grpc::Status(
+          grpc::StatusCode::UNAUTHENTICATED,
+          presented ? "this is not the cluster token of this coordinator"
+                    : "this coordinator requires a cluster token (--cluster-token-file)"));
+    }
+  }
   return new SessionReactor(manager_);
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "coordinator/auth.h"
@@ -18,12 +19,18 @@ namespace flotilla::coordinator {
 
 class ClusterControlService final : public cluster::ClusterControl::CallbackService {
  public:
-  explicit ClusterControlService(ClusterManager* manager) : manager_(manager) {}
+  // With a `cluster_token`, a Session whose metadata does not carry it is
+  // ended with UNAUTHENTICATED before the manager hears of it (no worker id,
+  // no spare, no rank); without one, any caller may join.
+  explicit ClusterControlService(ClusterManager* manager,
+                                 std::optional<std::string> cluster_token = std::nullopt)
+      : manager_(manager), cluster_token_(std::move(cluster_token)) {}
   grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>* Session(
       grpc::CallbackServerContext* context) override;
 
  private:
   ClusterManager* manager_;
+  std::optional<std::string> cluster_token_;
 };
 
 class AdminService final : public admin::Admin::CallbackService {

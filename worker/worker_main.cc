@@ -6,6 +6,7 @@
 #include <csignal>
 #include <iostream>
 
+#include "common/cluster_token.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker_runtime.h"
 
@@ -43,8 +44,24 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_PREFIX_CACHE");
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+  std::string cluster_token_file;
+  app.add_option("--cluster-token-file", cluster_token_file,
+                 "file holding the coordinator's cluster token (first line)")
+      ->envname("FLOTILLA_CLUSTER_TOKEN_FILE");
+  app.add_option("--advertise-address", o.advertise_address,
+                 "address peers reach this worker at; its interface is the only one peer "
+                 "listeners use (default: the local address toward the coordinator)")
+      ->envname("FLOTILLA_ADVERTISE_ADDRESS");
   CLI11_PARSE(app, argc, argv);
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
+  if (!cluster_token_file.empty()) {
+    absl::StatusOr<std::string> token = flotilla::ReadClusterTokenFile(cluster_token_file);
+    if (!token.ok()) {
+      std::cerr << "flotilla-worker: --cluster-token-file: " << token.status().message() << "\n";
+      return 2;
+    }
+    o.cluster_token = *std::move(token);
+  }
 
   auto runtime = flotilla::worker::WorkerRuntime::Create(o);
   if (!runtime.ok()) {

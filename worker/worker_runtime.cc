@@ -12,9 +12,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/build_info.h"
+#include "common/cluster_token.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
+#include "worker/advertise_address.h"
 #include "worker/engine_probe.h"
 #include "worker/worker_messages.h"
 #if FLOTILLA_WITH_UCX
@@ -109,7 +111,19 @@ absl::Status WorkerRuntime::Run() {
     return absl::UnavailableError(
         absl::StrCat("cannot reach the coordinator at ", options_.coordinator));
   }
+  absl::StatusOr<AdvertisedInterface> advertised =
+      ResolveAdvertisedInterface(options_.advertise_address, options_.coordinator);
+  if (!advertised.ok()) {
+    return absl::Status(advertised.status().code(),
+                        absl::StrCat("--advertise-address: ", advertised.status().message()));
+  }
+  ucx_net_device_ = advertised->interface;
+  spdlog::info("worker {} advertises {}: peer listeners bind interface {} only", options_.worker_id,
+               advertised->address, advertised->interface);
   stub_ = cluster::ClusterControl::NewStub(channel_);
+  if (!options_.cluster_token.empty()) {
+    context_.AddMetadata(kClusterTokenMetadataKey, options_.cluster_token);
+  }
   stream_ = stub_->Session(&context_);
   std::thread writer([this] { WriterLoop(); });
 
@@ -404,6 +418,8 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
     }
     comm::UcxOptions uo;
     uo.timeout = options_.comm_timeout;
+    // Listen (TCP) only on the advertised interface; UCX_NET_DEVICES overrides.
+    if (!ucx_net_device_.empty()) uo.config_defaults.push_back({"NET_DEVICES", ucx_net_device_});
     FLOTILLA_ASSIGN_OR_RETURN(ucx_endpoint_, comm::UcxWorker::Create(uo));
     r->set_comm_address(ucx_endpoint_->Address());
 #else

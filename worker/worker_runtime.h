@@ -53,6 +53,11 @@ struct WorkerOptions {
   bool prefix_cache = true;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
+  // Sent in the Session call's metadata; the coordinator may require it.
+  std::string cluster_token;
+  // The address peers reach this worker at; its interface is the only one
+  // the peer (UCX) listeners use. Empty = the address toward the coordinator.
+  std::string advertise_address;
 };
 
 class WorkerRuntime {
@@ -138,6 +143,7 @@ class WorkerRuntime {
   std::optional<cluster::Assignment> assignment_;
   std::optional<ParallelConfig> parallel_;
   std::unique_ptr<comm::UcxWorker> ucx_endpoint_;
+  std::string ucx_net_device_;  // the advertised address's interface, set by Run
   std::unique_ptr<comm::Communicator> comm_;
   std::unique_ptr<DistributedCollectives> collectives_;
   std::unique_ptr<Engine> engine_;

@@ -16,6 +16,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_token.h"
 #include "common/key_file.h"
 #include "common/model_config.h"
 #include "common/model_spec.h"
@@ -106,6 +107,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     if (!keys.ok()) return keys.status();
     if (file == &options.admin_key_file || c->key_.empty()) c->key_ = keys->front();
   }
+  FLOTILLA_RETURN_IF_ERROR(c->WriteClusterToken());
   char tmpl[] = "/tmp/flotilla-up-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
   const std::string port_file = std::string(tmpl) + "/port";
@@ -119,7 +121,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       c->coordinator_bin_, "--model", c->model_, "--workers", std::to_string(options.workers),
       "--tp", std::to_string(options.tp), "--listen", options.listen, "--port-file", port_file,
       "--heartbeat-timeout-ms", std::to_string(options.heartbeat_timeout_ms),
-      "--http-listen", options.http_listen};
+      "--http-listen", options.http_listen, "--cluster-token-file", c->cluster_token_file_};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
   if (!options.http_listen.empty()) {
@@ -168,7 +170,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--comm-timeout-ms", std::to_string(options.comm_timeout_ms),
                                      "--device",       options.device,
                                      "--cuda-device",  std::to_string(i),
-                                     options.prefix_cache ? "--prefix-cache" : "--no-prefix-cache"};
+                                     options.prefix_cache ? "--prefix-cache" : "--no-prefix-cache",
+                                     "--cluster-token-file", c->cluster_token_file_,
+                                     // Every peer is on this host: listen on loopback only.
+                                     "--advertise-address", "127.0.0.1"};
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     c->worker_argv_.push_back(argv);
     FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i))));
@@ -176,6 +181,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   FLOTILLA_RETURN_IF_ERROR(c->WaitReady(options.ready_timeout));
   return c;
+}
+
+absl::Status LocalCluster::WriteClusterToken() {
+  std::string dir = (fs::temp_directory_path() / "flotilla-token-XXXXXX").string();
+  if (mkdtemp(dir.data()) == nullptr) {  // mode 0700
+    return absl::InternalError(absl::StrCat("cannot create a private directory like ", dir));
+  }
+  secret_dir_ = dir;
+  cluster_token_file_ = dir + "/cluster-token";
+  FLOTILLA_ASSIGN_OR_RETURN(std::string token, NewClusterToken());
+  return WriteClusterTokenFile(cluster_token_file_, token);
 }
 
 absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
@@ -288,6 +304,11 @@ void LocalCluster::Stop() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+  }
+  if (!secret_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(secret_dir_, ec);
+    secret_dir_.clear();
   }
 }
 

@@ -47,6 +47,11 @@ class LocalCluster {
   // host:port of the HTTP API (empty when it is off).
   const std::string& http_address() const { return http_address_; }
   const std::string& model() const { return model_; }
+  // The file holding this cluster's random token (0600, in a directory only
+  // this user can enter; removed by Stop()).
+  const std::string& cluster_token_file() const { return cluster_token_file_; }
+  // Process id of worker `i` (-1 when it is not running).
+  pid_t worker_pid(int i) const { return workers_.at(static_cast<size_t>(i)); }
   // Kills worker `i` with SIGKILL (tests) / restarts it with the same id.
   absl::Status KillWorker(int i);
   absl::Status RestartWorker(int i);
@@ -59,10 +64,13 @@ class LocalCluster {
   LocalCluster() = default;
   absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log);
   absl::Status WaitReady(absl::Duration timeout);
+  // A fresh random cluster token in a private directory, for the children.
+  absl::Status WriteClusterToken();
 
   LocalClusterOptions options_;
   std::string key_;  // presented by WaitReady; empty = none
   std::string coordinator_bin_, worker_bin_, model_, address_, http_address_;
+  std::string secret_dir_, cluster_token_file_;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;
   std::vector<std::vector<std::string>> worker_argv_;
