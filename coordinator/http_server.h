@@ -14,8 +14,10 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/tls_credentials.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
+#include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
@@ -31,6 +33,11 @@ struct HttpServerOptions {
   std::string listen = "127.0.0.1:8000";  // host:port; port 0 = any free port
   std::string model_id;                   // the model name clients use
   harmony::OpenAiRequestOptions harmony;  // system message defaults
+  // Bodies over limits.max_request_bytes get 413 unread; prompts over
+  // limits.max_prompt_text_bytes 400 untokenised.
+  InputLimits limits;
+  // With tls.cert and tls.key the API is HTTPS only (client_ca is for gRPC).
+  TlsServerFiles tls;
 };
 
 class HttpMetrics;

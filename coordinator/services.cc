@@ -63,6 +63,14 @@ class SessionReactor final : public SessionReactorBase {
   std::atomic<bool> closed_{false};
 };
 
+// A server stream refused before any work: ends at once with `status`.
+template <typename Response>
+class RefusedReactor final : public grpc::ServerWriteReactor<Response> {
+ public:
+  explicit RefusedReactor(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
 
 // One client Generate stream: each SequenceUpdate becomes one response.
@@ -166,9 +174,10 @@ class ChatReactor final : public ChatReactorBase {
   ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
               const v1::ChatRequest& request, const std::string& model_id,
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
-              const std::string& call_id_salt)
+              const std::string& call_id_salt, size_t max_prompt_text_bytes)
       : manager_(manager) {
-    absl::StatusOr<PreparedRequest> prepared = PrepareChat(request, model_id, *tok, harmony);
+    absl::StatusOr<PreparedRequest> prepared =
+        PrepareChat(request, model_id, *tok, harmony, max_prompt_text_bytes);
     if (!prepared.ok()) {
       Finish(ToGrpcStatus(prepared.status()));
       return;
@@ -333,8 +342,12 @@ FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
 
 grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
+  if (absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
+      !st.ok()) {
+    return new RefusedReactor<v1::ChatResponse>(st);
+  }
   return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_,
-                         call_id_salt_);
+                         call_id_salt_, limits_.max_prompt_text_bytes);
 }
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
@@ -389,6 +402,12 @@ grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContex
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  // Sizes first: refusing a 100 MiB text must not cost its tokenisation.
+  absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
+  if (st.ok() && request->prompt_case() == v1::GenerateRequest::kText) {
+    st = CheckPromptTextBytes(request->text().size(), limits_.max_prompt_text_bytes, "prompt text");
+  }
+  if (!st.ok()) return new RefusedReactor<v1::GenerateResponse>(st);
   return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_);
 }
 

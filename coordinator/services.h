@@ -7,6 +7,7 @@
 
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
+#include "coordinator/input_limits.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
@@ -65,6 +66,9 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
+  // Bounds on client requests (size, prompt text), checked before any work;
+  // set before the server starts.
+  void SetInputLimits(const InputLimits& limits) { limits_ = limits; }
 
  private:
   ClusterManager* manager_;
@@ -72,6 +76,7 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   const tokenizer::Tokenizer* tokenizer_;
   harmony::OpenAiRequestOptions harmony_;
   std::string call_id_salt_;  // per process: tool call ids differ across restarts
+  InputLimits limits_;
 };
 
 }  // namespace flotilla::coordinator
