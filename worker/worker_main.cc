@@ -43,8 +43,18 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_PREFIX_CACHE");
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--tls-ca", o.tls.ca, "PEM CA of the coordinator's certificate: connect over TLS")
+      ->envname("FLOTILLA_TLS_CA");
+  app.add_option("--tls-cert", o.tls.cert,
+                 "PEM client certificate for a coordinator with --tls-client-ca (with --tls-key)")
+      ->envname("FLOTILLA_TLS_CERT");
+  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert")->envname("FLOTILLA_TLS_KEY");
   CLI11_PARSE(app, argc, argv);
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
+  if (absl::Status tls = flotilla::CheckClientFiles(o.tls); !tls.ok()) {
+    std::cerr << "flotilla-worker: " << tls.message() << "\n";
+    return 2;
+  }
 
   auto runtime = flotilla::worker::WorkerRuntime::Create(o);
   if (!runtime.ok()) {

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "common/parallel_config.h"
+#include "common/tls_credentials.h"
 #include "kernels/cpu/thread_pool.h"
 #include "proto/cluster.grpc.pb.h"
 #include "worker/distributed_collectives.h"
@@ -53,6 +54,9 @@ struct WorkerOptions {
   bool prefix_cache = true;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
+  // TLS to the coordinator: tls.ca verifies it; tls.cert/tls.key are this
+  // worker's client certificate (the coordinator's --tls-client-ca). Empty: plaintext.
+  TlsClientFiles tls;
 };
 
 class WorkerRuntime {

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls_credentials.h"
 
 namespace flotilla::cli {
 
@@ -32,6 +33,11 @@ struct LocalClusterOptions {
   // {"--max-sequences", "256"}, {"--gpu-memory-utilization", "0.9"}).
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
+  // TLS: the coordinator's certificate, key and (mTLS) client CA; the CA the
+  // workers and this process verify it with, and the workers' client
+  // certificate. Empty: plaintext.
+  TlsServerFiles tls;
+  TlsClientFiles client_tls;
 };
 
 class LocalCluster {

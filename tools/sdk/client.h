@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls_credentials.h"
 #include "proto/flotilla.grpc.pb.h"
 
 namespace flotilla::client {
@@ -25,6 +26,10 @@ struct ClientOptions {
   absl::Duration deadline = absl::Minutes(10);  // per request
   int max_attempts = 3;                          // tries while no token has arrived
   absl::Duration retry_backoff = absl::Milliseconds(200);  // doubles per retry
+  // TLS: tls.ca (a PEM CA file) verifies the server's certificate; tls.cert and
+  // tls.key (PEM) are this client's certificate where the server asks for one
+  // (--tls-client-ca). Empty: plaintext.
+  TlsClientFiles tls;
 };
 
 // The whole of one generation.
@@ -109,7 +114,7 @@ class Client {
   absl::StatusOr<v1::ListModelsResponse> ListModels();
 
  private:
-  explicit Client(ClientOptions options);
+  Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
   // Runs a server-streaming call with the deadline and the retry policy.
   template <typename Request, typename Response, typename StartFn>
   absl::Status Stream(const Request& request, StartFn start,
