@@ -49,6 +49,8 @@ class LocalCluster {
   // host:port of the HTTP API (empty when it is off).
   const std::string& http_address() const { return http_address_; }
   const std::string& model() const { return model_; }
+  // The coordinator's process id (tests read its memory use); -1 once it ended.
+  pid_t coordinator_pid() const { return coordinator_; }
   // Kills worker `i` with SIGKILL (tests) / restarts it with the same id.
   absl::Status KillWorker(int i);
   absl::Status RestartWorker(int i);
