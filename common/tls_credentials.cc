@@ -38,10 +38,12 @@ absl::Status CheckKeyPair(const std::string& cert, const std::string& key,
   if (SSL_CTX_use_certificate_chain_file(ctx.get(), cert.c_str()) != 1) {
     return Invalid(cert_flag, cert, absl::StrCat("not a PEM certificate: ", OpenSslError()));
   }
-  if (SSL_CTX_use_PrivateKey_file(ctx.get(), key.c_str(), SSL_FILETYPE_PEM) != 1) {
-    return Invalid(key_flag, key, absl::StrCat("not a PEM private key: ", OpenSslError()));
-  }
-  if (SSL_CTX_check_private_key(ctx.get()) != 1) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_file(key.c_str(), "r"), BIO_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
+      bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr, EVP_PKEY_free);
+  if (!pkey) return Invalid(key_flag, key, absl::StrCat("not a PEM private key: ", OpenSslError()));
+  if (SSL_CTX_use_PrivateKey(ctx.get(), pkey.get()) != 1 || SSL_CTX_check_private_key(ctx.get()) != 1) {
+    ERR_clear_error();
     return Invalid(key_flag, key, absl::StrCat("does not match the certificate ", cert));
   }
   return absl::OkStatus();

@@ -104,13 +104,14 @@ int main(int argc, char** argv) {
   // Addresses, ports and TLS files are checked before anything starts: a taken
   // port or a bad file is a clear error and exit 1 within milliseconds.
   absl::StatusOr<flotilla::ListenAddress> grpc_address = flotilla::ParseListenAddress(listen, "--listen");
+  absl::StatusOr<flotilla::ListenAddress> http_address =
+      http_listen.empty() ? flotilla::ListenAddress()
+                          : flotilla::ParseListenAddress(http_listen, "--http-listen");
   absl::Status startup = grpc_address.status();
+  if (startup.ok()) startup = http_address.status();
   if (startup.ok()) startup = flotilla::CheckPortFree(*grpc_address, "--listen");
   if (startup.ok() && !http_listen.empty()) {
-    absl::StatusOr<flotilla::ListenAddress> http_address =
-        flotilla::ParseListenAddress(http_listen, "--http-listen");
-    startup = http_address.status();
-    if (startup.ok()) startup = flotilla::CheckPortFree(*http_address, "--http-listen");
+    startup = flotilla::CheckPortFree(*http_address, "--http-listen");
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       flotilla::MakeServerCredentials(tls);

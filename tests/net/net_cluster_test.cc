@@ -53,6 +53,15 @@ long ProcKb(pid_t pid, const std::string& field) {
   return -1;
 }
 
+// The model id clients use: the checkpoint directory's name.
+std::string Model(const cli::LocalCluster& cluster) {
+  return cluster.model().substr(cluster.model().find_last_of('/') + 1);
+}
+
+// Resets the peak RSS (VmHWM) of `pid` to its current RSS, so the peak read
+// after a request is that request's.
+void ResetPeak(pid_t pid) { std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5"; }
+
 std::string PortOf(const std::string& address) { return address.substr(address.rfind(':') + 1); }
 
 // A CA, a server certificate for 127.0.0.1 and localhost (subjectAltName), a
@@ -171,7 +180,7 @@ TEST_F(NetClusterTest, PortsOutOfRangeAreRefused) {
   EXPECT_NE(up.rc, 124) << up.output;
   EXPECT_NE(up.output.find("127.0.0.1:99999"), std::string::npos) << up.output;
   EXPECT_NE(up.output.find("0-65535"), std::string::npos) << up.output;
-  for (const char* args : {"--listen 127.0.0.1:99999", "--http-listen 127.0.0.1:70000",
+  for (const char* args : {"--listen 127.0.0.1:99999", "--listen 127.0.0.1:0 --http-listen 127.0.0.1:70000",
                            "--listen localhost", "--listen ::1:5000"}) {
     Ran c = RunShell(std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator --model synthetic:tiny " + args, 30);
     EXPECT_EQ(c.rc, 1) << args << ": " << c.output;
@@ -190,6 +199,7 @@ TEST_F(NetClusterTest, HugeGrpcPromptIsRefusedFastAndCheaply) {
     v1::GenerateRequest r;
     r.set_text(std::string(mib << 20, 'a'));
     r.mutable_sampling()->set_max_tokens(1);
+    ResetPeak(pid);
     const long rss_before = ProcKb(pid, "VmRSS");
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<client::GenerateResult> res = c->Generate(r);
@@ -223,6 +233,7 @@ TEST_F(NetClusterTest, HugeHttpBodyIsRefusedFastAndCheaply) {
   http.set_write_timeout(30, 0);
   http.set_read_timeout(30, 0);
   const std::string body = R"({"model":"m","prompt":")" + std::string(size_t{60} << 20, 'a') + "\"}";
+  ResetPeak(pid);
   const long rss_before = ProcKb(pid, "VmRSS");
   const auto start = std::chrono::steady_clock::now();
   auto res = http.Post("/v1/completions", body, "application/json");
@@ -238,7 +249,8 @@ TEST_F(NetClusterTest, HugeHttpBodyIsRefusedFastAndCheaply) {
   EXPECT_LT(peak_after - rss_before, 200 * 1024) << "kB of growth";
 
   // Under the body limit, over what the context can hold: 400 naming the limit.
-  const std::string long_prompt = R"({"prompt":")" + std::string(size_t{4} << 20, 'a') + "\"}";
+  const std::string long_prompt =
+      R"({"model":")" + Model(*cluster_) + R"(","prompt":")" + std::string(size_t{4} << 20, 'a') + "\"}";
   res = http.Post("/v1/completions", long_prompt, "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400) << res->body;
@@ -288,7 +300,9 @@ TEST_F(TlsClusterTest, ClientWithTheCaIsServedOverGrpcAndHttps) {
   auto models = https.Get("/v1/models");
   ASSERT_TRUE(models) << httplib::to_string(models.error());
   EXPECT_EQ(models->status, 200);
-  auto done = https.Post("/v1/completions", R"({"prompt":"Hello","max_tokens":2})", "application/json");
+  auto done = https.Post("/v1/completions",
+                         R"({"model":")" + Model(*cluster_) + R"(","prompt":"Hello","max_tokens":2})",
+                         "application/json");
   ASSERT_TRUE(done) << httplib::to_string(done.error());
   EXPECT_EQ(done->status, 200) << done->body;
 
