@@ -5,16 +5,16 @@
 #pragma once
 
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace flotilla {
 
 struct ListenAddress {
-  std::string host;  // without brackets ("::1", "127.0.0.1", "localhost")
-  int port = 0;      // 0-65535; 0 = any free port
-  bool ipv6 = false; // written "[host]:port"
+  std::string host;   // without brackets ("::1", "127.0.0.1", "localhost")
+  int port = 0;       // 0-65535; 0 = any free port
+  bool ipv6 = false;  // written "[host]:port"
   // "host:port", brackets around an IPv6 host.
   std::string ToString() const;
 };

@@ -42,7 +42,8 @@ absl::Status CheckKeyPair(const std::string& cert, const std::string& key,
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
       bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr, EVP_PKEY_free);
   if (!pkey) return Invalid(key_flag, key, absl::StrCat("not a PEM private key: ", OpenSslError()));
-  if (SSL_CTX_use_PrivateKey(ctx.get(), pkey.get()) != 1 || SSL_CTX_check_private_key(ctx.get()) != 1) {
+  if (SSL_CTX_use_PrivateKey(ctx.get(), pkey.get()) != 1 ||
+      SSL_CTX_check_private_key(ctx.get()) != 1) {
     ERR_clear_error();
     return Invalid(key_flag, key, absl::StrCat("does not match the certificate ", cert));
   }
@@ -52,16 +53,17 @@ absl::Status CheckKeyPair(const std::string& cert, const std::string& key,
 // At least one PEM certificate in `path`.
 absl::Status CheckCaFile(const std::string& path, const std::string& flag) {
   FLOTILLA_ASSIGN_OR_RETURN(std::string pem, ReadPemFile(path, flag));
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())),
-                                                BIO_free);
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
   X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr);
-  if (x == nullptr) return Invalid(flag, path, absl::StrCat("no PEM certificate: ", OpenSslError()));
+  if (x == nullptr)
+    return Invalid(flag, path, absl::StrCat("no PEM certificate: ", OpenSslError()));
   X509_free(x);
   return absl::OkStatus();
 }
 
-absl::Status CheckPair(const std::string& cert, const std::string& key, const std::string& cert_flag,
-                       const std::string& key_flag) {
+absl::Status CheckPair(const std::string& cert, const std::string& key,
+                       const std::string& cert_flag, const std::string& key_flag) {
   if (cert.empty() != key.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(cert_flag, " and ", key_flag, " go together: give both or neither"));
@@ -92,14 +94,16 @@ absl::Status CheckServerFiles(const TlsServerFiles& files) {
     return absl::OkStatus();
   }
   FLOTILLA_RETURN_IF_ERROR(CheckPair(files.cert, files.key, "--tls-cert", "--tls-key"));
-  if (!files.client_ca.empty()) FLOTILLA_RETURN_IF_ERROR(CheckCaFile(files.client_ca, "--tls-client-ca"));
+  if (!files.client_ca.empty())
+    FLOTILLA_RETURN_IF_ERROR(CheckCaFile(files.client_ca, "--tls-client-ca"));
   return absl::OkStatus();
 }
 
 absl::Status CheckClientFiles(const TlsClientFiles& files) {
   if (!files.enabled()) {
     if (!files.cert.empty() || !files.key.empty()) {
-      return absl::InvalidArgumentError("--tls-cert and --tls-key (a client certificate) need --tls-ca");
+      return absl::InvalidArgumentError(
+          "--tls-cert and --tls-key (a client certificate) need --tls-ca");
     }
     return absl::OkStatus();
   }
@@ -117,7 +121,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   FLOTILLA_ASSIGN_OR_RETURN(pair.private_key, ReadPemFile(files.key, "--tls-key"));
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!files.client_ca.empty()) {
-    FLOTILLA_ASSIGN_OR_RETURN(options.pem_root_certs, ReadPemFile(files.client_ca, "--tls-client-ca"));
+    FLOTILLA_ASSIGN_OR_RETURN(options.pem_root_certs,
+                              ReadPemFile(files.client_ca, "--tls-client-ca"));
     options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);

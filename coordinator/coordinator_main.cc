@@ -90,12 +90,15 @@ int main(int argc, char** argv) {
   app.add_option("--max-request-bytes", max_request_bytes,
                  "largest HTTP body and gRPC client message; larger ones are refused unread "
                  "(HTTP 413, RESOURCE_EXHAUSTED)")
-      ->envname("FLOTILLA_MAX_REQUEST_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+      ->envname("FLOTILLA_MAX_REQUEST_BYTES")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   flotilla::TlsServerFiles tls;
   app.add_option("--tls-cert", tls.cert,
                  "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)")
       ->envname("FLOTILLA_TLS_CERT");
-  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert")->envname("FLOTILLA_TLS_KEY");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
+      ->envname("FLOTILLA_TLS_KEY");
   app.add_option("--tls-client-ca", tls.client_ca,
                  "PEM CA: gRPC clients and workers must present a certificate it signed (mTLS)")
       ->envname("FLOTILLA_TLS_CLIENT_CA");
@@ -103,7 +106,8 @@ int main(int argc, char** argv) {
 
   // Addresses, ports and TLS files are checked before anything starts: a taken
   // port or a bad file is a clear error and exit 1 within milliseconds.
-  absl::StatusOr<flotilla::ListenAddress> grpc_address = flotilla::ParseListenAddress(listen, "--listen");
+  absl::StatusOr<flotilla::ListenAddress> grpc_address =
+      flotilla::ParseListenAddress(listen, "--listen");
   absl::StatusOr<flotilla::ListenAddress> http_address =
       http_listen.empty() ? flotilla::ListenAddress()
                           : flotilla::ParseListenAddress(http_listen, "--http-listen");
@@ -163,9 +167,8 @@ int main(int argc, char** argv) {
   builder.RegisterService(&frontend);
   // The transport refuses anything over the larger of the client limit and the
   // workers' session messages; the frontend holds client calls to theirs.
-  builder.SetMaxReceiveMessageSize(static_cast<int>(
-      std::min<size_t>(std::max(max_request_bytes, flotilla::coordinator::kWorkerSessionMessageBytes),
-                       INT32_MAX)));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(
+      std::max(max_request_bytes, flotilla::coordinator::kWorkerSessionMessageBytes), INT32_MAX)));
   builder.SetMaxSendMessageSize(256 << 20);
   // A second server on a taken port must fail, not share it (gRPC sets
   // SO_REUSEPORT by default).

@@ -303,7 +303,8 @@ HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
       tok_(tokenizer),
       metrics_(std::make_unique<HttpMetrics>()) {
   if (options_.tls.enabled()) {
-    server_ = std::make_unique<httplib::SSLServer>(options_.tls.cert.c_str(), options_.tls.key.c_str());
+    server_ =
+        std::make_unique<httplib::SSLServer>(options_.tls.cert.c_str(), options_.tls.key.c_str());
   } else {
     server_ = std::make_unique<httplib::Server>();
   }
@@ -361,8 +362,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
 
 void HttpServer::Routes() {
   httplib::Server& svr = *server_;
-  svr.set_payload_max_length(options_.limits.max_request_bytes == 0 ? std::numeric_limits<size_t>::max()
-                                                                    : options_.limits.max_request_bytes);
+  svr.set_payload_max_length(options_.limits.max_request_bytes == 0
+                                 ? std::numeric_limits<size_t>::max()
+                                 : options_.limits.max_request_bytes);
   svr.set_read_timeout(60, 0);
   svr.set_write_timeout(60, 0);
 
@@ -377,7 +379,7 @@ void HttpServer::Routes() {
     metrics_->CountRequest(path, res.status);
   });
   svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                httplib::Response& res) {
+                                                                    httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.http_status = res.status;
@@ -461,7 +463,8 @@ void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::
       endpoint == Endpoint::kChat
           ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony,
                                options_.limits.max_prompt_text_bytes)
-          : PrepareCompletionRequest(*json, options_.model_id, *tok_, options_.limits.max_prompt_text_bytes);
+          : PrepareCompletionRequest(*json, options_.model_id, *tok_,
+                                     options_.limits.max_prompt_text_bytes);
   if (!prepared.ok()) return SendError(res, prepared.status());
 
   auto g = std::make_shared<Generation>();

@@ -6,9 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {

@@ -258,7 +258,8 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
   return out;
 }
 
-absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body, std::string_view model_id,
+absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
+                                                         std::string_view model_id,
                                                          const tokenizer::Tokenizer& tok,
                                                          size_t max_prompt_text_bytes) {
   PreparedRequest out;

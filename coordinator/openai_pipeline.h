@@ -69,7 +69,8 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
                                                    size_t max_prompt_text_bytes = 0);
 // Completions: `prompt` is a string (or an array holding one string), refused
 // untokenised when longer than `max_prompt_text_bytes` (0 = no limit).
-absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body, std::string_view model_id,
+absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
+                                                         std::string_view model_id,
                                                          const tokenizer::Tokenizer& tok,
                                                          size_t max_prompt_text_bytes = 0);
 // Parses a request body: UTF-8, JSON, an object.

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
   app.add_option("--tls-cert", o.tls.cert,
                  "PEM client certificate for a coordinator with --tls-client-ca (with --tls-key)")
       ->envname("FLOTILLA_TLS_CERT");
-  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert")->envname("FLOTILLA_TLS_KEY");
+  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert")
+      ->envname("FLOTILLA_TLS_KEY");
   CLI11_PARSE(app, argc, argv);
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
   if (absl::Status tls = flotilla::CheckClientFiles(o.tls); !tls.ok()) {

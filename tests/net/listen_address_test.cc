@@ -25,9 +25,9 @@ TEST(ListenAddress, ParsesHostAndPort) {
 }
 
 TEST(ListenAddress, RefusesPortsOutOfRangeAndMalformedAddresses) {
-  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:",
-                          "127.0.0.1", ":50051", "127.0.0.1:50051x", "127.0.0.1:0x10",
-                          "::1:50051", "127.0.0.1:+80", "127.0.0.1:123456"}) {
+  for (const char* bad :
+       {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:", "127.0.0.1", ":50051",
+        "127.0.0.1:50051x", "127.0.0.1:0x10", "::1:50051", "127.0.0.1:+80", "127.0.0.1:123456"}) {
     absl::StatusOr<ListenAddress> a = ParseListenAddress(bad, "--listen");
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_EQ(a.status().code(), absl::StatusCode::kInvalidArgument) << bad;

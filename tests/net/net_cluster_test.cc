@@ -74,11 +74,13 @@ struct Certs {
 bool OpenSsl(const std::string& args) { return RunShell("openssl " + args).rc == 0; }
 
 bool MakeCa(const Certs& c, const std::string& name) {
-  return OpenSsl("req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -keyout " +
-                 c.File(name + ".key") + " -out " + c.File(name + ".crt") + " -subj /CN=" + name);
+  return OpenSsl(
+      "req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -keyout " +
+      c.File(name + ".key") + " -out " + c.File(name + ".crt") + " -subj /CN=" + name);
 }
 
-bool MakeLeaf(const Certs& c, const std::string& name, const std::string& cn, const std::string& ext) {
+bool MakeLeaf(const Certs& c, const std::string& name, const std::string& cn,
+              const std::string& ext) {
   std::ofstream(c.File(name + ".ext")) << ext << "\n";
   return OpenSsl("req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout " +
                  c.File(name + ".key") + " -out " + c.File(name + ".csr") + " -subj /CN=" + cn) &&
@@ -154,8 +156,8 @@ TEST_F(NetClusterTest, SecondUpOnATakenPortFailsFastAndTheFirstClusterServes) {
   const std::string http_port = PortOf(cluster_->http_address());
   // The gRPC port, then the HTTP port.
   for (const auto& [args, port] :
-       {std::pair<std::string, std::string>{"--listen " + cluster_->address() + " --http-listen 127.0.0.1:0",
-                                            grpc_port},
+       {std::pair<std::string, std::string>{
+            "--listen " + cluster_->address() + " --http-listen 127.0.0.1:0", grpc_port},
         {"--listen 127.0.0.1:0 --http-listen " + cluster_->http_address(), http_port}}) {
     Ran up = RunShell(std::string(FLOTILLA_BIN) + " up --workers 1 " + args, 30);
     EXPECT_NE(up.rc, 0) << up.output;
@@ -166,9 +168,10 @@ TEST_F(NetClusterTest, SecondUpOnATakenPortFailsFastAndTheFirstClusterServes) {
     EXPECT_EQ(up.output.find("serving"), std::string::npos) << up.output;
   }
   // The coordinator alone says the same.
-  Ran coordinator = RunShell(std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator --model synthetic:tiny --listen " +
-                            cluster_->address() + " --http-listen ''",
-                        30);
+  Ran coordinator = RunShell(std::string(FLOTILLA_BIN_DIR) +
+                                 "/flotilla-coordinator --model synthetic:tiny --listen " +
+                                 cluster_->address() + " --http-listen ''",
+                             30);
   EXPECT_EQ(coordinator.rc, 1) << coordinator.output;
   EXPECT_NE(coordinator.output.find(grpc_port), std::string::npos) << coordinator.output;
   ExpectServing();
@@ -180,9 +183,11 @@ TEST_F(NetClusterTest, PortsOutOfRangeAreRefused) {
   EXPECT_NE(up.rc, 124) << up.output;
   EXPECT_NE(up.output.find("127.0.0.1:99999"), std::string::npos) << up.output;
   EXPECT_NE(up.output.find("0-65535"), std::string::npos) << up.output;
-  for (const char* args : {"--listen 127.0.0.1:99999", "--listen 127.0.0.1:0 --http-listen 127.0.0.1:70000",
-                           "--listen localhost", "--listen ::1:5000"}) {
-    Ran c = RunShell(std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator --model synthetic:tiny " + args, 30);
+  for (const char* args :
+       {"--listen 127.0.0.1:99999", "--listen 127.0.0.1:0 --http-listen 127.0.0.1:70000",
+        "--listen localhost", "--listen ::1:5000"}) {
+    Ran c = RunShell(
+        std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator --model synthetic:tiny " + args, 30);
     EXPECT_EQ(c.rc, 1) << args << ": " << c.output;
     EXPECT_NE(c.output.find("is not HOST:PORT"), std::string::npos) << args << ": " << c.output;
   }
@@ -203,10 +208,12 @@ TEST_F(NetClusterTest, HugeGrpcPromptIsRefusedFastAndCheaply) {
     const long rss_before = ProcKb(pid, "VmRSS");
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<client::GenerateResult> res = c->Generate(r);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const long peak_after = ProcKb(pid, "VmHWM");
-    std::cout << mib << " MiB gRPC text: " << res.status() << " in " << seconds << " s; coordinator RSS "
-              << rss_before / 1024 << " MiB before, peak " << peak_after / 1024 << " MiB\n";
+    std::cout << mib << " MiB gRPC text: " << res.status() << " in " << seconds
+              << " s; coordinator RSS " << rss_before / 1024 << " MiB before, peak "
+              << peak_after / 1024 << " MiB\n";
     ASSERT_FALSE(res.ok());
     EXPECT_EQ(res.status().code(), absl::StatusCode::kResourceExhausted) << res.status();
     EXPECT_LT(seconds, 5.0);
@@ -220,7 +227,8 @@ TEST_F(NetClusterTest, HugeGrpcPromptIsRefusedFastAndCheaply) {
   EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
   EXPECT_NE(res.status().message().find("context"), std::string::npos) << res.status();
   v1::ChatRequest chat;
-  *chat.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, std::string(size_t{4} << 20, 'a'));
+  *chat.add_messages() =
+      client::MakeChatMessage(v1::ChatMessage::USER, std::string(size_t{4} << 20, 'a'));
   absl::StatusOr<client::ChatResult> chat_res = c->Chat(chat);
   EXPECT_EQ(chat_res.status().code(), absl::StatusCode::kInvalidArgument) << chat_res.status();
   ExpectServing();
@@ -232,16 +240,18 @@ TEST_F(NetClusterTest, HugeHttpBodyIsRefusedFastAndCheaply) {
   httplib::Client http("http://" + cluster_->http_address());
   http.set_write_timeout(30, 0);
   http.set_read_timeout(30, 0);
-  const std::string body = R"({"model":"m","prompt":")" + std::string(size_t{60} << 20, 'a') + "\"}";
+  const std::string body =
+      R"({"model":"m","prompt":")" + std::string(size_t{60} << 20, 'a') + "\"}";
   ResetPeak(pid);
   const long rss_before = ProcKb(pid, "VmRSS");
   const auto start = std::chrono::steady_clock::now();
   auto res = http.Post("/v1/completions", body, "application/json");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const long peak_after = ProcKb(pid, "VmHWM");
   std::cout << "60 MiB HTTP body: " << (res ? res->status : -1) << " in " << seconds
-            << " s; coordinator RSS " << rss_before / 1024 << " MiB before, peak " << peak_after / 1024
-            << " MiB\n";
+            << " s; coordinator RSS " << rss_before / 1024 << " MiB before, peak "
+            << peak_after / 1024 << " MiB\n";
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 413) << res->body;
   EXPECT_NE(res->body.find("--max-request-bytes"), std::string::npos) << res->body;
@@ -249,8 +259,8 @@ TEST_F(NetClusterTest, HugeHttpBodyIsRefusedFastAndCheaply) {
   EXPECT_LT(peak_after - rss_before, 200 * 1024) << "kB of growth";
 
   // Under the body limit, over what the context can hold: 400 naming the limit.
-  const std::string long_prompt =
-      R"({"model":")" + Model(*cluster_) + R"(","prompt":")" + std::string(size_t{4} << 20, 'a') + "\"}";
+  const std::string long_prompt = R"({"model":")" + Model(*cluster_) + R"(","prompt":")" +
+                                  std::string(size_t{4} << 20, 'a') + "\"}";
   res = http.Post("/v1/completions", long_prompt, "application/json");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400) << res->body;
@@ -300,15 +310,17 @@ TEST_F(TlsClusterTest, ClientWithTheCaIsServedOverGrpcAndHttps) {
   auto models = https.Get("/v1/models");
   ASSERT_TRUE(models) << httplib::to_string(models.error());
   EXPECT_EQ(models->status, 200);
-  auto done = https.Post("/v1/completions",
-                         R"({"model":")" + Model(*cluster_) + R"(","prompt":"Hello","max_tokens":2})",
-                         "application/json");
+  auto done =
+      https.Post("/v1/completions",
+                 R"({"model":")" + Model(*cluster_) + R"(","prompt":"Hello","max_tokens":2})",
+                 "application/json");
   ASSERT_TRUE(done) << httplib::to_string(done.error());
   EXPECT_EQ(done->status, 200) << done->body;
 
   // The CLI too.
   Ran cli = RunShell(std::string(FLOTILLA_BIN) + " generate --coordinator " + cluster_->address() +
-                " --prompt-ids 1,2,3 --max-tokens 2 --timeout 30 --json --tls-ca " + certs_->File("ca.crt"));
+                     " --prompt-ids 1,2,3 --max-tokens 2 --timeout 30 --json --tls-ca " +
+                     certs_->File("ca.crt"));
   EXPECT_EQ(cli.rc, 0) << cli.output;
 }
 
@@ -336,18 +348,21 @@ TEST_F(TlsClusterTest, ClientWithoutTheCaFailsVerification) {
   EXPECT_EQ(models.error(), httplib::Error::SSLServerVerification);
 
   Ran cli = RunShell(std::string(FLOTILLA_BIN) + " generate --coordinator " + cluster_->address() +
-                " --prompt-ids 1,2,3 --max-tokens 2 --timeout 10 --tls-ca " + certs_->File("other-ca.crt"));
+                     " --prompt-ids 1,2,3 --max-tokens 2 --timeout 10 --tls-ca " +
+                     certs_->File("other-ca.crt"));
   EXPECT_NE(cli.rc, 0) << cli.output;
 }
 
 TEST_F(TlsClusterTest, BadTlsFilesAreClearErrorsAtStart) {
-  const std::string coordinator = std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator --model synthetic:tiny "
+  const std::string coordinator = std::string(FLOTILLA_BIN_DIR) +
+                                  "/flotilla-coordinator --model synthetic:tiny "
                                   "--listen 127.0.0.1:0 --http-listen 127.0.0.1:0 ";
-  Ran missing = RunShell(coordinator + "--tls-cert /nonexistent.crt --tls-key " + certs_->File("server.key"));
+  Ran missing =
+      RunShell(coordinator + "--tls-cert /nonexistent.crt --tls-key " + certs_->File("server.key"));
   EXPECT_EQ(missing.rc, 1) << missing.output;
   EXPECT_NE(missing.output.find("/nonexistent.crt"), std::string::npos) << missing.output;
-  Ran mismatched = RunShell(coordinator + "--tls-cert " + certs_->File("server.crt") + " --tls-key " +
-                       certs_->File("client.key"));
+  Ran mismatched = RunShell(coordinator + "--tls-cert " + certs_->File("server.crt") +
+                            " --tls-key " + certs_->File("client.key"));
   EXPECT_EQ(mismatched.rc, 1) << mismatched.output;
   EXPECT_NE(mismatched.output.find("does not match"), std::string::npos) << mismatched.output;
   Ran half = RunShell(coordinator + "--tls-cert " + certs_->File("server.crt"));

@@ -1,6 +1,7 @@
 #include "tools/cli/local_cluster.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -12,8 +13,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/listen_address.h"
@@ -92,7 +91,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   FLOTILLA_ASSIGN_OR_RETURN(ListenAddress listen, ParseListenAddress(options.listen, "--listen"));
   FLOTILLA_RETURN_IF_ERROR(CheckPortFree(listen, "--listen"));
   if (!options.http_listen.empty()) {
-    FLOTILLA_ASSIGN_OR_RETURN(ListenAddress http, ParseListenAddress(options.http_listen, "--http-listen"));
+    FLOTILLA_ASSIGN_OR_RETURN(ListenAddress http,
+                              ParseListenAddress(options.http_listen, "--http-listen"));
     FLOTILLA_RETURN_IF_ERROR(CheckPortFree(http, "--http-listen"));
   }
   FLOTILLA_RETURN_IF_ERROR(CheckServerFiles(options.tls));
@@ -130,9 +130,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       "--http-listen", options.http_listen};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
-  for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--tls-cert", options.tls.cert},
-                                    {"--tls-key", options.tls.key},
-                                    {"--tls-client-ca", options.tls.client_ca}}) {
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::string>{"--tls-cert", options.tls.cert},
+        {"--tls-key", options.tls.key},
+        {"--tls-client-ca", options.tls.client_ca}}) {
     if (!value.empty()) coordinator_argv.insert(coordinator_argv.end(), {flag, value});
   }
   if (!options.http_listen.empty()) {
@@ -177,9 +178,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--cuda-device",  std::to_string(i),
                                      options.prefix_cache ? "--prefix-cache" : "--no-prefix-cache"};
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
-    for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--tls-ca", options.client_tls.ca},
-                                      {"--tls-cert", options.client_tls.cert},
-                                      {"--tls-key", options.client_tls.key}}) {
+    for (const auto& [flag, value] :
+         {std::pair<const char*, std::string>{"--tls-ca", options.client_tls.ca},
+          {"--tls-cert", options.client_tls.cert},
+          {"--tls-key", options.client_tls.key}}) {
       if (!value.empty()) argv.insert(argv.end(), {flag, value});
     }
     c->worker_argv_.push_back(argv);

@@ -8,7 +8,8 @@ void AddClientTlsFlags(CLI::App* cmd, TlsClientFiles* tls) {
   cmd->add_option("--tls-cert", tls->cert,
                   "PEM client certificate, where the coordinator requires one (with --tls-key)")
       ->envname("FLOTILLA_TLS_CERT");
-  cmd->add_option("--tls-key", tls->key, "PEM private key of --tls-cert")->envname("FLOTILLA_TLS_KEY");
+  cmd->add_option("--tls-key", tls->key, "PEM private key of --tls-cert")
+      ->envname("FLOTILLA_TLS_KEY");
 }
 
 }  // namespace flotilla::cli
