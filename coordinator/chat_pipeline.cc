@@ -223,10 +223,12 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
 absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
                                             std::string_view model_id,
                                             const tokenizer::Tokenizer& tok,
-                                            const harmony::OpenAiRequestOptions& options) {
+                                            const harmony::OpenAiRequestOptions& options,
+                                            size_t max_prompt_text_bytes) {
   FLOTILLA_ASSIGN_OR_RETURN(Json body, ChatRequestToOpenAi(request, model_id));
-  FLOTILLA_ASSIGN_OR_RETURN(PreparedRequest prepared,
-                            PrepareChatRequest(body, model_id, tok, options));
+  FLOTILLA_ASSIGN_OR_RETURN(
+      PreparedRequest prepared,
+      PrepareChatRequest(body, model_id, tok, options, max_prompt_text_bytes));
   const common::SamplingParams& s = request.sampling();
   prepared.sampling.set_top_k(s.top_k());
   prepared.sampling.set_min_p(s.min_p());

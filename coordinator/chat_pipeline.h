@@ -35,7 +35,8 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::st
 absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
                                             std::string_view model_id,
                                             const tokenizer::Tokenizer& tok,
-                                            const harmony::OpenAiRequestOptions& options);
+                                            const harmony::OpenAiRequestOptions& options,
+                                            size_t max_prompt_text_bytes = 0);
 
 // Builds the ChatResponse stream of one request from its SequenceUpdates.
 class ChatStream {

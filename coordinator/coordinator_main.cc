@@ -5,15 +5,19 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <csignal>
 #include <fstream>
 #include <iostream>
 
 #include "common/cluster_token.h"
+#include "common/listen_address.h"
 #include "common/model_spec.h"
+#include "common/tls_credentials.h"
 #include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/http_server.h"
+#include "coordinator/input_limits.h"
 #include "coordinator/services.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
@@ -105,7 +109,44 @@ int main(int argc, char** argv) {
                  "file holding the cluster token workers must present (first line); "
                  "without it any process that reaches --listen can join as a worker")
       ->envname("FLOTILLA_CLUSTER_TOKEN_FILE");
+  size_t max_request_bytes = flotilla::coordinator::kDefaultMaxRequestBytes;
+  app.add_option("--max-request-bytes", max_request_bytes,
+                 "largest HTTP body and gRPC client message; larger ones are refused unread "
+                 "(HTTP 413, RESOURCE_EXHAUSTED)")
+      ->envname("FLOTILLA_MAX_REQUEST_BYTES")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  flotilla::TlsServerFiles tls;
+  app.add_option("--tls-cert", tls.cert,
+                 "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)")
+      ->envname("FLOTILLA_TLS_CERT");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
+      ->envname("FLOTILLA_TLS_KEY");
+  app.add_option("--tls-client-ca", tls.client_ca,
+                 "PEM CA: gRPC clients and workers must present a certificate it signed (mTLS)")
+      ->envname("FLOTILLA_TLS_CLIENT_CA");
   CLI11_PARSE(app, argc, argv);
+
+  // Addresses, ports and TLS files are checked before anything starts: a taken
+  // port or a bad file is a clear error and exit 1 within milliseconds.
+  absl::StatusOr<flotilla::ListenAddress> grpc_address =
+      flotilla::ParseListenAddress(listen, "--listen");
+  absl::StatusOr<flotilla::ListenAddress> http_address =
+      http_listen.empty() ? flotilla::ListenAddress()
+                          : flotilla::ParseListenAddress(http_listen, "--http-listen");
+  absl::Status startup = grpc_address.status();
+  if (startup.ok()) startup = http_address.status();
+  if (startup.ok()) startup = flotilla::CheckPortFree(*grpc_address, "--listen");
+  if (startup.ok() && !http_listen.empty()) {
+    startup = flotilla::CheckPortFree(*http_address, "--http-listen");
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      flotilla::MakeServerCredentials(tls);
+  if (startup.ok()) startup = credentials.status();
+  if (!startup.ok()) {
+    std::cerr << "flotilla-coordinator: " << startup.message() << "\n";
+    return 1;
+  }
 
   absl::StatusOr<flotilla::ModelConfig> config = flotilla::LoadModelConfig(model);
   if (!config.ok()) {
@@ -168,20 +209,32 @@ int main(int argc, char** argv) {
   flotilla::coordinator::FrontendService frontend(manager->get(), model_id, tokenizer->get(),
                                                   flotilla::harmony::OpenAiRequestOptions(),
                                                   auth->get());
+  flotilla::coordinator::InputLimits limits;
+  limits.max_request_bytes = max_request_bytes;
+  limits.max_prompt_text_bytes =
+      flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
+  frontend.SetInputLimits(limits);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(grpc_address->ToString(), *credentials, &port);
   builder.RegisterService(&control);
   builder.RegisterService(&admin);
   builder.RegisterService(&frontend);
-  builder.SetMaxReceiveMessageSize(256 << 20);
+  // The transport refuses anything over the larger of the client limit and the
+  // workers' session messages; the frontend holds client calls to theirs.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(
+      std::max(max_request_bytes, flotilla::coordinator::kWorkerSessionMessageBytes), INT32_MAX)));
   builder.SetMaxSendMessageSize(256 << 20);
+  // A second server on a taken port must fail, not share it (gRPC sets
+  // SO_REUSEPORT by default).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    std::cerr << "flotilla-coordinator: cannot listen on " << listen << "\n";
+    std::cerr << "flotilla-coordinator: --listen " << listen << ": cannot listen on port "
+              << grpc_address->port << "\n";
     return 1;
   }
   std::unique_ptr<flotilla::coordinator::HttpServer> http;
@@ -191,6 +244,8 @@ int main(int argc, char** argv) {
     http_options.model_id = model_id;
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
+    http_options.limits = limits;
+    http_options.tls = tls;
     auto created = flotilla::coordinator::HttpServer::Create(http_options, manager->get(), tokenizer->get());
     if (!created.ok()) {
       std::cerr << "flotilla-coordinator: " << created.status().message() << "\n";

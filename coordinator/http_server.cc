@@ -12,12 +12,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/listen_address.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
 #include "spdlog/spdlog.h"
@@ -300,8 +302,14 @@ HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
     : options_(std::move(options)),
       manager_(manager),
       tok_(tokenizer),
-      metrics_(std::make_unique<HttpMetrics>()),
-      server_(std::make_unique<httplib::Server>()) {}
+      metrics_(std::make_unique<HttpMetrics>()) {
+  if (options_.tls.enabled()) {
+    server_ =
+        std::make_unique<httplib::SSLServer>(options_.tls.cert.c_str(), options_.tls.key.c_str());
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
+}
 
 HttpServer::~HttpServer() { Stop(); }
 
@@ -340,7 +348,19 @@ absl::StatusOr<int> Bind(httplib::Server& server, const std::string& listen, con
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions options,
                                                                ClusterManager* manager,
                                                                const tokenizer::Tokenizer* tokenizer) {
+  if (options.tls.enabled()) {
+    TlsServerFiles files = options.tls;
+    files.client_ca.clear();
+    if (absl::Status st = CheckServerFiles(files); !st.ok()) return st;
+  }
   std::unique_ptr<HttpServer> s(new HttpServer(std::move(options), manager, tokenizer));
+  if (!s->server_->is_valid()) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-cert ", s->options_.tls.cert,
+                                                   ": cannot serve HTTPS with it and --tls-key"));
+  }
+  // cpp-httplib's default options add SO_REUSEPORT, which lets a second
+  // server share a taken port; only SO_REUSEADDR here.
+  s->server_->set_socket_options([](socket_t fd) { SetListenSocketOptions(fd); });
   s->Routes();
   // Streams hold a thread each while they last.
   s->server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
@@ -358,6 +378,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
 
 absl::Status HttpServer::ServeMetrics() {
   metrics_server_ = std::make_unique<httplib::Server>();
+  metrics_server_->set_socket_options([](socket_t fd) { SetListenSocketOptions(fd); });
   metrics_server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()),
                     "text/plain; version=0.0.4");
@@ -388,7 +409,9 @@ bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res)
 
 void HttpServer::Routes() {
   httplib::Server& svr = *server_;
-  svr.set_payload_max_length(64 << 20);
+  svr.set_payload_max_length(options_.limits.max_request_bytes == 0
+                                 ? std::numeric_limits<size_t>::max()
+                                 : options_.limits.max_request_bytes);
   svr.set_read_timeout(60, 0);
   svr.set_write_timeout(60, 0);
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
@@ -406,8 +429,8 @@ void HttpServer::Routes() {
     if (req.path.rfind("/v1/models/", 0) == 0) path = "/v1/models/{id}";
     metrics_->CountRequest(path, res.status);
   });
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req,
-                                                                httplib::Response& res) {
+  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                    httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     ApiError e;
     e.http_status = res.status;
@@ -416,7 +439,8 @@ void HttpServer::Routes() {
       e.message = absl::StrCat("unknown path: ", req.method, " ", req.path);
       e.code = "unknown_url";
     } else if (res.status == 413) {
-      e.message = "the request body is too large";
+      e.message = absl::StrCat("the request body is too large (this server's limit is ",
+                               options_.limits.max_request_bytes, " bytes: --max-request-bytes)");
     } else {
       e.message = absl::StrCat("HTTP ", res.status, " for ", req.method, " ", req.path);
     }
@@ -481,8 +505,11 @@ void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::
   absl::StatusOr<Json> json = ParseBody(req.body);
   if (!json.ok()) return SendError(res, json.status());
   absl::StatusOr<PreparedRequest> prepared =
-      endpoint == Endpoint::kChat ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony)
-                                  : PrepareCompletionRequest(*json, options_.model_id, *tok_);
+      endpoint == Endpoint::kChat
+          ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony,
+                               options_.limits.max_prompt_text_bytes)
+          : PrepareCompletionRequest(*json, options_.model_id, *tok_,
+                                     options_.limits.max_prompt_text_bytes);
   if (!prepared.ok()) return SendError(res, prepared.status());
 
   auto g = std::make_shared<Generation>();

@@ -16,8 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
+#include "common/tls_credentials.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
+#include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
@@ -37,6 +39,11 @@ struct HttpServerOptions {
   // host:port of a second listener serving only GET /metrics, without a key
   // (port 0 = any); empty = none.
   std::string metrics_listen;
+  // Bodies over limits.max_request_bytes get 413 unread; prompts over
+  // limits.max_prompt_text_bytes 400 untokenised.
+  InputLimits limits;
+  // With tls.cert and tls.key the API is HTTPS only (client_ca is for gRPC).
+  TlsServerFiles tls;
 };
 
 class HttpMetrics;

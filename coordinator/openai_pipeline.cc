@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "coordinator/harmony/renderer.h"
+#include "coordinator/input_limits.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -225,7 +226,8 @@ absl::StatusOr<Json> ParseBody(std::string_view body) {
 
 absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
                                                    const tokenizer::Tokenizer& tok,
-                                                   const harmony::OpenAiRequestOptions& options) {
+                                                   const harmony::OpenAiRequestOptions& options,
+                                                   size_t max_prompt_text_bytes) {
   PreparedRequest out;
   out.endpoint = Endpoint::kChat;
   FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
@@ -249,12 +251,17 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
   FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped, harmony::MapChatRequest(body, options));
   FLOTILLA_ASSIGN_OR_RETURN(harmony::RenderedPrompt prompt,
                             harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
+  size_t text_bytes = 0;
+  for (const harmony::RenderedPrompt::Segment& s : prompt.segments()) text_bytes += s.text.size();
+  FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text_bytes, max_prompt_text_bytes, "messages"));
   out.prompt = prompt.Tokens(tok);
   return out;
 }
 
-absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body, std::string_view model_id,
-                                                         const tokenizer::Tokenizer& tok) {
+absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
+                                                         std::string_view model_id,
+                                                         const tokenizer::Tokenizer& tok,
+                                                         size_t max_prompt_text_bytes) {
   PreparedRequest out;
   out.endpoint = Endpoint::kCompletions;
   FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
@@ -282,6 +289,7 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body, std::
     return Invalid("prompt", "must be a string (or an array of one string)");
   }
   if (text.empty()) return Invalid("prompt", "must not be empty");
+  FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text.size(), max_prompt_text_bytes, "prompt"));
   absl::StatusOr<std::vector<tokenizer::TokenId>> ids = tok.Encode(text, tokenizer::SpecialTokenPolicy::All());
   if (!ids.ok()) return Invalid("prompt", std::string(ids.status().message()));
   out.prompt = *std::move(ids);

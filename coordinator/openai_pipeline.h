@@ -60,13 +60,19 @@ struct PreparedRequest {
 
 // Chat completions: validates every field it uses (errors name the field),
 // refuses a model other than `model_id` (NOT_FOUND), renders the Harmony
-// prompt and stops on <|return|> and <|call|>.
+// prompt and stops on <|return|> and <|call|>. A rendered prompt of more than
+// `max_prompt_text_bytes` (0 = no limit; see PromptTextByteLimit) is refused
+// before it is tokenised.
 absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
                                                    const tokenizer::Tokenizer& tok,
-                                                   const harmony::OpenAiRequestOptions& options);
-// Completions: `prompt` is a string (or an array holding one string).
-absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body, std::string_view model_id,
-                                                         const tokenizer::Tokenizer& tok);
+                                                   const harmony::OpenAiRequestOptions& options,
+                                                   size_t max_prompt_text_bytes = 0);
+// Completions: `prompt` is a string (or an array holding one string), refused
+// untokenised when longer than `max_prompt_text_bytes` (0 = no limit).
+absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
+                                                         std::string_view model_id,
+                                                         const tokenizer::Tokenizer& tok,
+                                                         size_t max_prompt_text_bytes = 0);
 // Parses a request body: UTF-8, JSON, an object.
 absl::StatusOr<Json> ParseBody(std::string_view body);
 

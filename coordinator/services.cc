@@ -183,9 +183,11 @@ class ChatReactor final : public ChatReactorBase {
   ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
               const v1::ChatRequest& request, const std::string& model_id,
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
-              const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller)
+              const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
+              size_t max_prompt_text_bytes)
       : manager_(manager) {
-    absl::StatusOr<PreparedRequest> prepared = PrepareChat(request, model_id, *tok, harmony);
+    absl::StatusOr<PreparedRequest> prepared =
+        PrepareChat(request, model_id, *tok, harmony, max_prompt_text_bytes);
     if (!prepared.ok()) {
       Finish(ToGrpcStatus(prepared.status()));
       return;
@@ -358,8 +360,12 @@ grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
   absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
   if (!caller.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(caller.status()));
+  if (absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
+      !st.ok()) {
+    return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(st));
+  }
   return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_,
-                         call_id_salt_, &requests_, *caller);
+                         call_id_salt_, &requests_, *caller, limits_.max_prompt_text_bytes);
 }
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
@@ -452,6 +458,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
   if (!caller.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(caller.status()));
+  // Sizes first: refusing a 100 MiB text must not cost its tokenisation.
+  absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
+  if (st.ok() && request->prompt_case() == v1::GenerateRequest::kText) {
+    st = CheckPromptTextBytes(request->text().size(), limits_.max_prompt_text_bytes, "prompt text");
+  }
+  if (!st.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(st));
   return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_, &requests_,
                              *caller);
 }

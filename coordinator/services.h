@@ -10,6 +10,7 @@
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/request_registry.h"
+#include "coordinator/input_limits.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
@@ -81,6 +82,9 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const v1::ListModelsRequest* request,
                                        v1::ListModelsResponse* response) override;
+  // Bounds on client requests (size, prompt text), checked before any work;
+  // set before the server starts.
+  void SetInputLimits(const InputLimits& limits) { limits_ = limits; }
 
  private:
   ClusterManager* manager_;
@@ -90,6 +94,7 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   std::string call_id_salt_;  // per process: tool call ids differ across restarts
   const Authenticator* auth_;
   RequestRegistry requests_;  // the random ids clients see -> the manager's ids
+  InputLimits limits_;
 };
 
 }  // namespace flotilla::coordinator

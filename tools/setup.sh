@@ -21,11 +21,13 @@ packages=(
   libpcre2-dev            # o200k pre-tokenizer regex (needs negative lookahead)
   libprotobuf-dev         # Protobuf runtime
   libspdlog-dev           # logging
+  libssl-dev              # OpenSSL: TLS for gRPC/HTTPS, certificate and key checks
   libucx-dev              # UCX host-memory communicator
   ninja-build             # build tool
   nlohmann-json3-dev      # JSON (configs, safetensors headers, HTTP bodies)
   nodejs                  # independent test clients and tokenizer data
   npm                     # fetches the node packages below
+  openssl                 # tests make throw-away CAs and certificates
   pkg-config              # finds UCX
   protobuf-compiler       # protoc
   protobuf-compiler-grpc  # grpc_cpp_plugin

@@ -52,8 +52,19 @@ int main(int argc, char** argv) {
                  "address peers reach this worker at; its interface is the only one peer "
                  "listeners use (default: the local address toward the coordinator)")
       ->envname("FLOTILLA_ADVERTISE_ADDRESS");
+  app.add_option("--tls-ca", o.tls.ca, "PEM CA of the coordinator's certificate: connect over TLS")
+      ->envname("FLOTILLA_TLS_CA");
+  app.add_option("--tls-cert", o.tls.cert,
+                 "PEM client certificate for a coordinator with --tls-client-ca (with --tls-key)")
+      ->envname("FLOTILLA_TLS_CERT");
+  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert")
+      ->envname("FLOTILLA_TLS_KEY");
   CLI11_PARSE(app, argc, argv);
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
+  if (absl::Status tls = flotilla::CheckClientFiles(o.tls); !tls.ok()) {
+    std::cerr << "flotilla-worker: " << tls.message() << "\n";
+    return 2;
+  }
   if (!cluster_token_file.empty()) {
     absl::StatusOr<std::string> token = flotilla::ReadClusterTokenFile(cluster_token_file);
     if (!token.ok()) {

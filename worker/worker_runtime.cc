@@ -104,8 +104,10 @@ absl::Status WorkerRuntime::Run() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  channel_ = grpc::CreateCustomChannel(options_.coordinator, grpc::InsecureChannelCredentials(),
-                                       args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options_.tls);
+  if (!credentials.ok()) return credentials.status();
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
   if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
                                   absl::ToChronoMilliseconds(options_.connect_timeout))) {
     return absl::UnavailableError(

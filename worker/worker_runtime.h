@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "comm/communicator.h"
 #include "common/parallel_config.h"
+#include "common/tls_credentials.h"
 #include "kernels/cpu/thread_pool.h"
 #include "proto/cluster.grpc.pb.h"
 #include "worker/distributed_collectives.h"
@@ -58,6 +59,9 @@ struct WorkerOptions {
   // The address peers reach this worker at; its interface is the only one
   // the peer (UCX) listeners use. Empty = the address toward the coordinator.
   std::string advertise_address;
+  // TLS to the coordinator: tls.ca verifies it; tls.cert/tls.key are this
+  // worker's client certificate (the coordinator's --tls-client-ca). Empty: plaintext.
+  TlsClientFiles tls;
 };
 
 class WorkerRuntime {

@@ -18,9 +18,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "proto/admin.grpc.pb.h"
 #include "tools/cli/engine_compare.h"
 #include "tools/cli/multi_turn_workload.h"
+#include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
@@ -29,6 +31,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct ServeFlags {
+  TlsClientFiles tls;
   std::string coordinator = "127.0.0.1:50051";
   int concurrency = 16;
   double rate = 0;  // requests/s; 0 = closed loop at `concurrency`
@@ -143,8 +146,9 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
 // Asks the coordinator's admin API to time the engine for this load.
 absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(const ServeFlags& f,
                                                          const ServedLoad& load) {
-  auto admin = admin::Admin::NewStub(
-      grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials()));
+  FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                            MakeChannelCredentials(f.tls));
+  auto admin = admin::Admin::NewStub(grpc::CreateChannel(f.coordinator, credentials));
   // Decode is timed at the mean context a served decode step sees.
   const int context = load.prompt_tokens + (f.output_len[0] + f.output_len[1]) / 4;
   grpc::ClientContext ctx;
@@ -259,6 +263,7 @@ int RunServe(const ServeFlags& f) {
   client::ClientOptions co;
   co.address = f.coordinator;
   co.api_key = f.api_key;
+  co.tls = f.tls;
   co.deadline = absl::Seconds(f.timeout_s);
   auto c = client::Client::Create(co);
   if (!c.ok()) {
@@ -364,6 +369,7 @@ void AddBenchCommand(CLI::App& app) {
                    "API key sent as \"Authorization: Bearer KEY\"; --engine-compare needs an "
                    "admin key")
       ->envname("FLOTILLA_API_KEY");
+  AddClientTlsFlags(serve, &f->tls);
   serve->add_option("--concurrency", f->concurrency, "closed-loop streams")
       ->check(CLI::Range(1, 4096))->capture_default_str();
   serve->add_option("--rate", f->rate, "open-loop Poisson arrivals per second (overrides concurrency)")

@@ -14,12 +14,14 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
 namespace {
 
 struct ChatFlags {
+  TlsClientFiles tls;
   std::string coordinator;
   std::string api_key;
   std::string model;
@@ -216,6 +218,7 @@ int RunChat(const ChatFlags& f) {
   client::ClientOptions co;
   co.address = f.coordinator;
   co.api_key = f.api_key;
+  co.tls = f.tls;
   co.deadline = absl::Milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   absl::StatusOr<std::unique_ptr<client::Client>> c = client::Client::Create(co);
   if (!c.ok()) {
@@ -300,6 +303,7 @@ void AddChatCommand(CLI::App& app) {
   cmd->add_option("--coordinator", f->coordinator, "HOST:PORT of the cluster")->required();
   cmd->add_option("--api-key", f->api_key, "API key sent as \"Authorization: Bearer KEY\"")
       ->envname("FLOTILLA_API_KEY");
+  AddClientTlsFlags(cmd, &f->tls);
   cmd->add_option("--prompt", f->prompt, "one user message: print the reply and exit");
   cmd->add_option("--system", f->system, "instructions (a system message)");
   cmd->add_option("--reasoning-effort", f->reasoning_effort,

@@ -18,12 +18,14 @@
 #endif
 #include "worker/engine/generate.h"
 #include "worker/model/model_source.h"
+#include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
 
 namespace flotilla::cli {
 namespace {
 
 struct GenerateFlags {
+  TlsClientFiles tls;
   std::string model;
   std::string coordinator;
   std::string api_key;
@@ -138,6 +140,7 @@ absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
   client::ClientOptions co;
   co.address = f.coordinator;
   co.api_key = f.api_key;
+  co.tls = f.tls;
   co.deadline = absl::Milliseconds(static_cast<int64_t>(f.timeout_s * 1000));
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<client::Client> c, client::Client::Create(co));
   absl::StatusOr<client::GenerateResult> res = c->Generate(req);
@@ -288,6 +291,7 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--api-key", f->api_key,
                   "API key for --coordinator, sent as \"Authorization: Bearer KEY\"")
       ->envname("FLOTILLA_API_KEY");
+  AddClientTlsFlags(cmd, &f->tls);
   cmd->add_option("--timeout", f->timeout_s, "Seconds before a --coordinator request gives up")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma-separated: 1,2,3")->required();

@@ -1,6 +1,7 @@
 #include "tools/cli/local_cluster.h"
 
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -13,11 +14,10 @@
 #include <fstream>
 #include <thread>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/cluster_token.h"
 #include "common/key_file.h"
+#include "common/listen_address.h"
 #include "common/model_config.h"
 #include "common/model_spec.h"
 #include "common/status.h"
@@ -88,6 +88,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->options_ = options;
   if (options.workers < 1) return absl::InvalidArgumentError("--workers must be >= 1");
+  // Addresses and ports first: a taken port fails here, before any process
+  // starts (the coordinator checks again for itself).
+  FLOTILLA_ASSIGN_OR_RETURN(ListenAddress listen, ParseListenAddress(options.listen, "--listen"));
+  FLOTILLA_RETURN_IF_ERROR(CheckPortFree(listen, "--listen"));
+  if (!options.http_listen.empty()) {
+    FLOTILLA_ASSIGN_OR_RETURN(ListenAddress http,
+                              ParseListenAddress(options.http_listen, "--http-listen"));
+    FLOTILLA_RETURN_IF_ERROR(CheckPortFree(http, "--http-listen"));
+  }
+  FLOTILLA_RETURN_IF_ERROR(CheckServerFiles(options.tls));
+  FLOTILLA_RETURN_IF_ERROR(CheckClientFiles(options.client_tls));
+  if (options.tls.enabled() && !options.client_tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert needs --tls-ca: the CA the workers verify the coordinator's certificate with");
+  }
   c->coordinator_bin_ = FindBinary("flotilla-coordinator", options.bin_dir);
   c->worker_bin_ = FindBinary("flotilla-worker", options.bin_dir);
   if (c->coordinator_bin_.empty() || c->worker_bin_.empty()) {
@@ -124,6 +139,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       "--http-listen", options.http_listen, "--cluster-token-file", c->cluster_token_file_};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::string>{"--tls-cert", options.tls.cert},
+        {"--tls-key", options.tls.key},
+        {"--tls-client-ca", options.tls.client_ca}}) {
+    if (!value.empty()) coordinator_argv.insert(coordinator_argv.end(), {flag, value});
+  }
   if (!options.http_listen.empty()) {
     coordinator_argv.push_back("--http-port-file");
     coordinator_argv.push_back(http_port_file);
@@ -175,6 +196,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      // Every peer is on this host: listen on loopback only.
                                      "--advertise-address", "127.0.0.1"};
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
+    for (const auto& [flag, value] :
+         {std::pair<const char*, std::string>{"--tls-ca", options.client_tls.ca},
+          {"--tls-cert", options.client_tls.cert},
+          {"--tls-key", options.client_tls.key}}) {
+      if (!value.empty()) argv.insert(argv.end(), {flag, value});
+    }
     c->worker_argv_.push_back(argv);
     FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i))));
     c->workers_.push_back(pid);
@@ -221,7 +248,9 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
 }
 
 absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
-  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                            MakeChannelCredentials(options_.client_tls));
+  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address_, credentials));
   const absl::Time deadline = absl::Now() + timeout;
   std::string last;
   while (absl::Now() < deadline) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls_credentials.h"
 
 namespace flotilla::cli {
 
@@ -36,6 +37,11 @@ struct LocalClusterOptions {
   // {"--max-sequences", "256"}, {"--gpu-memory-utilization", "0.9"}).
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
+  // TLS: the coordinator's certificate, key and (mTLS) client CA; the CA the
+  // workers and this process verify it with, and the workers' client
+  // certificate. Empty: plaintext.
+  TlsServerFiles tls;
+  TlsClientFiles client_tls;
 };
 
 class LocalCluster {
@@ -52,6 +58,8 @@ class LocalCluster {
   const std::string& cluster_token_file() const { return cluster_token_file_; }
   // Process id of worker `i` (-1 when it is not running).
   pid_t worker_pid(int i) const { return workers_.at(static_cast<size_t>(i)); }
+  // The coordinator's process id (tests read its memory use); -1 once it ended.
+  pid_t coordinator_pid() const { return coordinator_; }
   // Kills worker `i` with SIGKILL (tests) / restarts it with the same id.
   absl::Status KillWorker(int i);
   absl::Status RestartWorker(int i);

@@ -64,6 +64,23 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--threads-per-worker", o->threads_per_worker, "0 = cores / workers")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--log-dir", o->log_dir, "write each process's log here (default: stderr)");
+  cmd->add_option("--tls-cert", o->tls.cert,
+                  "coordinator's PEM certificate: serve gRPC and HTTP over TLS (with --tls-key)")
+      ->envname("FLOTILLA_TLS_CERT");
+  cmd->add_option("--tls-key", o->tls.key, "PEM private key of --tls-cert")
+      ->envname("FLOTILLA_TLS_KEY");
+  cmd->add_option("--tls-client-ca", o->tls.client_ca,
+                  "PEM CA: gRPC clients and workers must present a certificate it signed (mTLS)")
+      ->envname("FLOTILLA_TLS_CLIENT_CA");
+  cmd->add_option("--tls-ca", o->client_tls.ca,
+                  "PEM CA the workers (and up itself) verify the coordinator's certificate with")
+      ->envname("FLOTILLA_TLS_CA");
+  cmd->add_option(
+         "--worker-tls-cert", o->client_tls.cert,
+         "PEM client certificate of the workers, for --tls-client-ca (with --worker-tls-key)")
+      ->envname("FLOTILLA_WORKER_TLS_CERT");
+  cmd->add_option("--worker-tls-key", o->client_tls.key, "PEM private key of --worker-tls-cert")
+      ->envname("FLOTILLA_WORKER_TLS_KEY");
   auto limits = std::make_shared<ServingLimits>();
   cmd->add_option("--max-sequences", limits->max_sequences,
                   "sequences batched per step (continuous batching)")
@@ -97,7 +114,9 @@ void AddUpCommand(CLI::App& app) {
               << "\n"
               << ((*cluster)->http_address().empty()
                       ? std::string()
-                      : "  OpenAI-compatible API: http://" + (*cluster)->http_address() + "/v1\n")
+                      : "  OpenAI-compatible API: " +
+                            std::string(o->tls.enabled() ? "https://" : "http://") +
+                            (*cluster)->http_address() + "/v1\n")
               << "  Ctrl-C stops every process it started." << std::endl;
     while (!g_stop) {
       absl::Status alive = (*cluster)->CheckAlive();

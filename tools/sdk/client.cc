@@ -44,13 +44,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options) {
       return absl::InvalidArgumentError("client: the API key must be printable ASCII, no spaces");
     }
   }
-  return std::unique_ptr<Client>(new Client(std::move(options)));
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
+  return std::unique_ptr<Client>(new Client(std::move(options), *std::move(credentials)));
 }
 
-Client::Client(ClientOptions options) : options_(std::move(options)) {
+Client::Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials)
+    : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
-  channel_ = grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(options_.address, credentials, args);
   stub_ = v1::Flotilla::NewStub(channel_);
 }
 

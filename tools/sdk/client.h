@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls_credentials.h"
 #include "proto/flotilla.grpc.pb.h"
 
 namespace flotilla::client {
@@ -29,6 +30,10 @@ struct ClientOptions {
   // Sent as "authorization: Bearer KEY" on every call. Empty: the
   // FLOTILLA_API_KEY environment variable, when set; else no key.
   std::string api_key;
+  // TLS: tls.ca (a PEM CA file) verifies the server's certificate; tls.cert and
+  // tls.key (PEM) are this client's certificate where the server asks for one
+  // (--tls-client-ca). Empty: plaintext.
+  TlsClientFiles tls;
 };
 
 // The whole of one generation.
@@ -114,7 +119,7 @@ class Client {
   absl::StatusOr<v1::ListModelsResponse> ListModels();
 
  private:
-  explicit Client(ClientOptions options);
+  Client(ClientOptions options, std::shared_ptr<grpc::ChannelCredentials> credentials);
   // Sets the deadline and the API key of one call.
   void Prepare(grpc::ClientContext& ctx, std::chrono::system_clock::time_point deadline) const;
   // Runs a server-streaming call with the deadline and the retry policy.

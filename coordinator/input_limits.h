@@ -1,0 +1,48 @@
+// Bounds on client input, checked before any expensive work: a request's size
+// before it is parsed, and a prompt's bytes before they are tokenised (the
+// tokenizer costs seconds and gigabytes on a 100 MiB text; these checks cost
+// microseconds).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/tokenizer/tokenizer.h"
+
+namespace flotilla::coordinator {
+
+// Default of --max-request-bytes: the largest HTTP body and the largest gRPC
+// client message (Generate, Chat, ...).
+inline constexpr size_t kDefaultMaxRequestBytes = size_t{16} << 20;
+// The gRPC server's transport receive limit is the larger of this and
+// --max-request-bytes: workers split their session messages at 16 MiB
+// (worker/worker_messages.h), and this leaves room for the framing. Client
+// calls are held to --max-request-bytes by the services themselves.
+inline constexpr size_t kWorkerSessionMessageBytes = size_t{32} << 20;
+
+// The most bytes any one token of `tok` stands for (ordinary tokens; special
+// tokens by the length of their names).
+size_t LongestTokenBytes(const tokenizer::Tokenizer& tok);
+
+// The longest prompt text (in bytes) that can fit `context_tokens`: every token
+// stands for at most LongestTokenBytes bytes, so a longer text needs more
+// tokens than the context holds and is refused untokenised.
+size_t PromptTextByteLimit(int64_t context_tokens, const tokenizer::Tokenizer& tok);
+
+// The limits one server applies to its clients' requests.
+struct InputLimits {
+  size_t max_request_bytes = kDefaultMaxRequestBytes;  // 0 = no limit
+  size_t max_prompt_text_bytes = 0;                    // 0 = no limit; see PromptTextByteLimit
+};
+
+// INVALID_ARGUMENT naming `what`, the size and the limit when `bytes` is over
+// `limit` (0 = no limit).
+absl::Status CheckPromptTextBytes(size_t bytes, size_t limit, absl::string_view what);
+
+// RESOURCE_EXHAUSTED naming the size and the limit (--max-request-bytes) when
+// a request of `bytes` is over `limit` (0 = no limit).
+absl::Status CheckRequestBytes(size_t bytes, size_t limit);
+
+}  // namespace flotilla::coordinator
