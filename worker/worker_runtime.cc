@@ -1,6 +1,7 @@
 #include "worker/worker_runtime.h"
 
 #if FLOTILLA_WITH_CUDA
+#include "kernels/cuda/device.h"
 #include "worker/engine/cuda_engine.h"
 #endif
 
@@ -97,6 +98,21 @@ void WorkerRuntime::WriterLoop() {
   }
 }
 
+void WorkerRuntime::DescribeDevice(common::DeviceInfo* device) const {
+  device->set_kind(common::DeviceInfo::CPU);
+  device->set_name(absl::StrCat("cpu x", pool_->num_threads()));
+#if FLOTILLA_WITH_CUDA
+  kernels::cuda::DeviceProps props;
+  if (options_.device == "cuda" && kernels::cuda::GetDeviceProps(options_.cuda_device, &props)) {
+    device->set_kind(common::DeviceInfo::CUDA);
+    device->set_index(options_.cuda_device);
+    device->set_name(props.name);
+    device->set_memory_bytes(props.memory_bytes);
+    device->set_compute_capability(props.compute_capability);
+  }
+#endif
+}
+
 absl::Status WorkerRuntime::Run() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
@@ -133,8 +149,7 @@ absl::Status WorkerRuntime::Run() {
   cluster::Hello* h = hello.mutable_hello();
   h->set_worker_id(options_.worker_id);
   h->set_node(options_.node);
-  h->mutable_device()->set_kind(common::DeviceInfo::CPU);
-  h->mutable_device()->set_name(absl::StrCat("cpu x", pool_->num_threads()));
+  DescribeDevice(h->mutable_device());
   h->set_host_memory_bytes(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   h->mutable_build()->set_version(GetBuildInfo().version);
   h->set_comm_backend("ucx");

@@ -96,6 +96,9 @@ class WorkerRuntime {
   // Queues `m` for the writer thread (never blocks on the stream).
   void Send(cluster::WorkerMessage m);
   void WriterLoop();
+  // What the Hello says this worker computes on: its GPU under --device
+  // cuda, else the host's cores.
+  void DescribeDevice(common::DeviceInfo* device) const;
   void ReaderLoop();
   void HeartbeatLoop();
   void EngineLoop();
