@@ -16,6 +16,8 @@
 #include "tools/cli/local_cluster.h"
 #include "tools/sdk/client.h"
 
+#include "tests/run_command.h"
+
 namespace flotilla {
 namespace {
 
@@ -253,14 +255,7 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
 
 // Runs `cmd`, returns its exit status and stdout+stderr.
 std::pair<int, std::string> RunCommand(const std::string& cmd) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return {-1, ""};
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+  return flotilla::testing_util::RunCommandWithStderr(cmd);
 }
 
 TEST_F(GrpcApiTest, ChatCommandOneShotAndConversation) {

@@ -10,17 +10,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/run_command.h"
+
 namespace {
 
 std::pair<int, std::string> RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, ""};
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int rc = pclose(p);
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+  return flotilla::testing_util::RunCommand(cmd);
 }
 
 class GenerateCli : public ::testing::Test {
