@@ -5,10 +5,14 @@
 // tokenizer) or PrepareCompletionRequest; an error becomes the client's error
 // JSON. Properties: nothing crashes; an accepted request has a non-empty
 // prompt of valid ids that decodes to valid UTF-8 (every text in a body is
-// UTF-8, and a chat prompt ends with `<|start|>assistant`).
+// UTF-8, and a chat prompt ends with `<|start|>assistant`); the response side
+// runs with the request's stop strings and logprobs.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "coordinator/openai_pipeline.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -53,5 +57,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FLOTILLA_FUZZ_CHECK(text->size() >= kTail.size() &&
                         std::string_view(*text).substr(text->size() - kTail.size()) == kTail);
   }
+  // The response side with the request's own stop strings: the prompt's
+  // tokens stand in for generated ones.
+  ResponseBuilder builder(&tok, prepared->endpoint, "fuzz-id", std::string(kModel), 0,
+                          prepared->stop, prepared->logprobs);
+  std::vector<Json> chunks = builder.Begin();
+  const size_t n = std::min<size_t>(prepared->prompt.size(), 256);
+  for (size_t i = 0; i < n && !builder.stopped_by_string(); i += 7) {
+    std::vector<tokenizer::TokenId> piece(prepared->prompt.begin() + i,
+                                          prepared->prompt.begin() + std::min(n, i + 7));
+    for (Json& c : builder.Feed(piece, {})) chunks.push_back(std::move(c));
+  }
+  for (Json& c : builder.Finish(common::LENGTH, std::nullopt, 1, static_cast<uint32_t>(n))) {
+    chunks.push_back(std::move(c));
+  }
+  chunks.push_back(builder.Response());
+  for (const Json& c : chunks) FLOTILLA_FUZZ_CHECK(!DumpJson(c).empty());
   return 0;
 }

@@ -9,15 +9,20 @@
 //     looks for workers (this manager has none, so an accepted request ends
 //     UNAVAILABLE; nothing is sent anywhere).
 // Properties: nothing crashes; a chat prompt is valid ids ending with
-// `<|start|>assistant`; Submit accepts only prompts of ids inside the vocabulary.
+// `<|start|>assistant`, and its reply stream (the prompt's tokens played back
+// with the request's stop strings) always ends; Submit accepts only prompts
+// of ids inside the vocabulary.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/cluster_manager.h"
+#include "google/protobuf/stubs/logging.h"
 #include "proto/flotilla.pb.h"
 #include "spdlog/spdlog.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -55,6 +60,30 @@ void FuzzChat(const uint8_t* data, size_t size, const tokenizer::Tokenizer& tok)
   constexpr std::string_view kTail = "<|start|>assistant";
   FLOTILLA_FUZZ_CHECK(text->size() >= kTail.size() &&
                       std::string_view(*text).substr(text->size() - kTail.size()) == kTail);
+  // The reply stream with the request's stop strings: the prompt's tokens
+  // stand in for generated ones, in updates of up to 5, then a finish.
+  ChatStream stream(&tok, "1", "chat-fuzz-1", prepared->stop,
+                    static_cast<uint32_t>(prepared->prompt.size()), request.return_token_ids());
+  (void)stream.Begin();
+  const size_t n = std::min<size_t>(prepared->prompt.size(), 256);
+  for (size_t i = 0; i < n && !stream.finished(); i += 5) {
+    cluster::SequenceUpdate u;
+    u.set_request_id(1);
+    for (size_t k = i; k < std::min(n, i + 5); ++k) {
+      u.add_token_ids(static_cast<int32_t>(prepared->prompt[k]));
+    }
+    (void)stream.Feed(u);
+  }
+  if (!stream.finished()) {
+    cluster::SequenceUpdate end;
+    end.set_request_id(1);
+    end.set_finish_reason(common::LENGTH);
+    end.set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
+    end.set_completion_tokens(static_cast<uint32_t>(n));
+    std::optional<v1::ChatResponse> last = stream.Feed(end);
+    FLOTILLA_FUZZ_CHECK(stream.finished());
+    FLOTILLA_FUZZ_CHECK(last.has_value());
+  }
 }
 
 void FuzzGenerate(const uint8_t* data, size_t size, const tokenizer::Tokenizer& tok) {
@@ -92,6 +121,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   static const bool quiet = [] {
     spdlog::set_level(spdlog::level::off);
+    // Protobuf logs every string field that is not UTF-8; the parse failure is enough.
+    google::protobuf::SetLogHandler(nullptr);
     return true;
   }();
   (void)quiet;
