@@ -19,7 +19,10 @@ absl::Status Missing(absl::string_view field) {
 
 absl::Status Wrong(absl::string_view field, absl::string_view expected, const json& got) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: field '", field, "' must be ",
-                                                 expected, ", got ", got.dump()));
+                                                 expected, ", got ",
+                                                 // Arrays and objects by type name only: dumping
+                                                 // recurses once per nesting level.
+                                                 got.is_structured() ? got.type_name() : got.dump()));
 }
 
 absl::StatusOr<int64_t> GetInt(const json& j, absl::string_view field, bool positive = true) {
