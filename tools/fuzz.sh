@@ -41,11 +41,19 @@ for t in "${targets[@]}"; do
   work="$build_dir/fuzz-corpus/$t"
   mkdir -p "$work"
   log="$build_dir/fuzz-$t.log"
-  args=(-max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1
+  # First every checked-in input once, whatever its size (some crash inputs
+  # are larger than the fuzzing runs' -max_len).
+  if ! "$build_dir/tests/fuzz/${t}_fuzzer" -rss_limit_mb=2048 "$root/tests/fuzz/corpus/$t"/* >"$log" 2>&1; then
+    echo "fuzz: $t FAILED on a checked-in input; the end of $log:" >&2
+    tail -n 40 "$log" >&2
+    failed+=("$t")
+    continue
+  fi
+  args=(-max_total_time="$seconds" -max_len=4096 -timeout=30 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$artifacts/$t-")
   [[ -f "$root/tests/fuzz/dict/$t.dict" ]] && args+=(-dict="$root/tests/fuzz/dict/$t.dict")
   echo "fuzz: $t for ${seconds}s"
-  if "$build_dir/tests/fuzz/${t}_fuzzer" "${args[@]}" "$work" "$root/tests/fuzz/corpus/$t" >"$log" 2>&1; then
+  if "$build_dir/tests/fuzz/${t}_fuzzer" "${args[@]}" "$work" "$root/tests/fuzz/corpus/$t" >>"$log" 2>&1; then
     grep -E '^stat::number_of_executed_runs|^#[0-9]+.*DONE' "$log" | tail -2 | sed 's/^/  /'
   else
     echo "fuzz: $t FAILED; the end of $log:" >&2

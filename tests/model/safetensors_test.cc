@@ -145,10 +145,11 @@ TEST(Safetensors, NegativeOrFractionalDimension) {
   EXPECT_NE(err.find("non-integer"), std::string::npos) << err;
 }
 
-// Found from tests/fuzz/safetensors_fuzzer.cc (corpus/safetensors/crash_deep_shape
-// holds a small copy): the error for a bad dimension dumped the whole shape,
-// which recursed once per nesting level, so a header whose shape is an array
-// nested a million deep overflowed the stack.
+// Found while fuzzing the header parser (tests/fuzz/safetensors_fuzzer.cc;
+// corpus/safetensors/crash_deep_shape, 100,000 deep, is what the ASan build
+// overflows on): the error for a bad dimension dumped the whole shape, which
+// recursed once per nesting level, so a shape nested a million deep overflowed
+// the stack.
 TEST(Safetensors, DeeplyNestedShapeIsAnErrorNotACrash) {
   const size_t depth = 1000000;
   const std::string header = R"({"t":{"dtype":"U8","shape":)" + std::string(depth, '[') +
