@@ -29,13 +29,12 @@ inline const tokenizer::Tokenizer& SharedTokenizer() {
 }
 
 // A property the code under test must keep; a violation is a finding.
-#define FLOTILLA_FUZZ_CHECK(cond)                                                   \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: fuzz property violated: %s\n", __FILE__, __LINE__, \
-                   #cond);                                                          \
-      std::abort();                                                                 \
-    }                                                                               \
+#define FLOTILLA_FUZZ_CHECK(cond)                                                             \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "%s:%d: fuzz property violated: %s\n", __FILE__, __LINE__, #cond); \
+      std::abort();                                                                           \
+    }                                                                                         \
   } while (0)
 
 // Reads the input as little-endian 32-bit token ids (a trailing partial word is

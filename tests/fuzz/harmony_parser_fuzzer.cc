@@ -9,8 +9,8 @@
 // the vocabulary and always finishes; each completed message has its end
 // token; ParseCompletion agrees with the streaming parser; every response
 // chunk serializes.
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -59,10 +59,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The HTTP response side: stop strings, parser, delta mapper, detokenizer.
   std::vector<std::string> stop;
   switch ((flags >> 2) & 3) {
-    case 1: stop = {"\n"}; break;
-    case 2: stop = {"<|"}; break;
-    case 3: stop = {"ab", "b"}; break;
-    default: break;
+    case 1:
+      stop = {"\n"};
+      break;
+    case 2:
+      stop = {"<|"};
+      break;
+    case 3:
+      stop = {"ab", "b"};
+      break;
+    default:
+      break;
   }
   const Endpoint endpoint = (flags & 16) ? Endpoint::kCompletions : Endpoint::kChat;
   const bool logprobs = (flags & 32) != 0;
@@ -70,7 +77,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<Json> chunks = builder.Begin();
   // A stream that ends on <|return|> or <|call|> stopped on it: the worker
   // reports that token as the stop token, not as generated text.
-  const bool by_token = !ids.empty() && (ids.back() == tokenizer::kReturn || ids.back() == tokenizer::kCall);
+  const bool by_token =
+      !ids.empty() && (ids.back() == tokenizer::kReturn || ids.back() == tokenizer::kCall);
   const size_t fed = by_token ? ids.size() - 1 : ids.size();
   // Feed in uneven pieces: 1, 2, 3, ... tokens.
   size_t pos = 0;
@@ -91,9 +99,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (Json& c : builder.Feed(piece, lps)) chunks.push_back(std::move(c));
     pos += piece.size();
   }
-  for (Json& c : builder.Finish(by_token ? common::STOP : common::LENGTH,
-                                by_token ? std::optional<tokenizer::TokenId>(ids.back()) : std::nullopt,
-                                7, static_cast<uint32_t>(fed))) {
+  for (Json& c :
+       builder.Finish(by_token ? common::STOP : common::LENGTH,
+                      by_token ? std::optional<tokenizer::TokenId>(ids.back()) : std::nullopt, 7,
+                      static_cast<uint32_t>(fed))) {
     chunks.push_back(std::move(c));
   }
   chunks.push_back(builder.UsageChunk());

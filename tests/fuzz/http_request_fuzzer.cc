@@ -49,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   FLOTILLA_FUZZ_CHECK(!prepared->prompt.empty());
-  for (tokenizer::TokenId id : prepared->prompt) FLOTILLA_FUZZ_CHECK(tokenizer::Tokenizer::IsValid(id));
+  for (tokenizer::TokenId id : prepared->prompt)
+    FLOTILLA_FUZZ_CHECK(tokenizer::Tokenizer::IsValid(id));
   absl::StatusOr<std::string> text = tok.DecodeUtf8(prepared->prompt);
   FLOTILLA_FUZZ_CHECK(text.ok());
   if (chat) {

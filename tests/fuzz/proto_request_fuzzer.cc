@@ -54,7 +54,8 @@ void FuzzChat(const uint8_t* data, size_t size, const tokenizer::Tokenizer& tok)
     FLOTILLA_FUZZ_CHECK(!prepared.status().message().empty());
     return;
   }
-  for (tokenizer::TokenId id : prepared->prompt) FLOTILLA_FUZZ_CHECK(tokenizer::Tokenizer::IsValid(id));
+  for (tokenizer::TokenId id : prepared->prompt)
+    FLOTILLA_FUZZ_CHECK(tokenizer::Tokenizer::IsValid(id));
   absl::StatusOr<std::string> text = tok.DecodeUtf8(prepared->prompt);
   FLOTILLA_FUZZ_CHECK(text.ok());
   constexpr std::string_view kTail = "<|start|>assistant";

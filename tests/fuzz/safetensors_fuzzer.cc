@@ -39,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FLOTILLA_FUZZ_CHECK((*file)->Find(t.name) == &t);
     (void)flotilla::ShapeString(t.shape);
   }
-  for (const auto& [key, value] : (*file)->metadata()) sum += static_cast<unsigned>(key.size() + value.size());
+  for (const auto& [key, value] : (*file)->metadata())
+    sum += static_cast<unsigned>(key.size() + value.size());
   (void)sum;
   return 0;
 }

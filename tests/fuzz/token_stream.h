@@ -19,11 +19,21 @@
 namespace flotilla::fuzz {
 
 inline constexpr std::array<tokenizer::TokenId, 16> kSpecialCodes = {
-    tokenizer::kStart,      tokenizer::kEnd,          tokenizer::kMessage,
-    tokenizer::kChannel,    tokenizer::kConstrain,    tokenizer::kReturn,
-    tokenizer::kCall,       tokenizer::kEndOfText,    tokenizer::kStartOfText,
-    200000,                 tokenizer::kVocabSize - 1, tokenizer::kVocabSize,
-    0xFFFFFFFFu,            tokenizer::kFirstSpecialId - 1, 0,
+    tokenizer::kStart,
+    tokenizer::kEnd,
+    tokenizer::kMessage,
+    tokenizer::kChannel,
+    tokenizer::kConstrain,
+    tokenizer::kReturn,
+    tokenizer::kCall,
+    tokenizer::kEndOfText,
+    tokenizer::kStartOfText,
+    200000,
+    tokenizer::kVocabSize - 1,
+    tokenizer::kVocabSize,
+    0xFFFFFFFFu,
+    tokenizer::kFirstSpecialId - 1,
+    0,
     tokenizer::kVocabSize + 1000,
 };
 
@@ -52,8 +62,8 @@ inline std::vector<tokenizer::TokenId> DecodeTokenStream(const tokenizer::Tokeni
     } else if (b < 0xF0) {
       ids.push_back(bytes[b]);
     } else if (i + 3 < size) {
-      const uint32_t v = uint32_t{data[i + 1]} | uint32_t{data[i + 2]} << 8 |
-                         uint32_t{data[i + 3]} << 16;
+      const uint32_t v =
+          uint32_t{data[i + 1]} | uint32_t{data[i + 2]} << 8 | uint32_t{data[i + 3]} << 16;
       ids.push_back(v % (tokenizer::kVocabSize + 16));
       i += 3;
     } else {

@@ -38,9 +38,15 @@ const Tokenizer& Pcre2Tokenizer() {
 void FuzzEncode(const Tokenizer& tok, int mode, std::string_view text) {
   SpecialTokenPolicy policy;
   switch (mode) {
-    case 0: policy = SpecialTokenPolicy::All(); break;
-    case 1: policy = SpecialTokenPolicy::None(); break;
-    case 2: policy = SpecialTokenPolicy::Ordinary(); break;
+    case 0:
+      policy = SpecialTokenPolicy::All();
+      break;
+    case 1:
+      policy = SpecialTokenPolicy::None();
+      break;
+    case 2:
+      policy = SpecialTokenPolicy::Ordinary();
+      break;
     default:
       policy.allowed = SpecialTokenPolicy::Allowed::kListed;
       policy.listed = {"<|start|>", "<|end|>"};
@@ -121,7 +127,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (mode < 4) {
     FuzzEncode(tok, mode, std::string_view(reinterpret_cast<const char*>(data + 1), size - 1));
   } else {
-    FuzzDecode(tok, flotilla::fuzz::TokenIds(data + 1, size - 1, flotilla::tokenizer::kVocabSize + 16));
+    FuzzDecode(tok,
+               flotilla::fuzz::TokenIds(data + 1, size - 1, flotilla::tokenizer::kVocabSize + 16));
   }
   return 0;
 }
