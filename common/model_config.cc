@@ -18,8 +18,10 @@ absl::Status Missing(absl::string_view field) {
 }
 
 absl::Status Wrong(absl::string_view field, absl::string_view expected, const json& got) {
+  // Arrays and objects by type name only: dumping recurses once per nesting level.
+  const std::string what = got.is_structured() ? got.type_name() : got.dump();
   return absl::InvalidArgumentError(absl::StrCat("config.json: field '", field, "' must be ",
-                                                 expected, ", got ", got.dump()));
+                                                 expected, ", got ", what));
 }
 
 absl::StatusOr<int64_t> GetInt(const json& j, absl::string_view field, bool positive = true) {

@@ -8,10 +8,12 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 # Debian packages the build and the tests use. Keep sorted; one line each says why.
 packages=(
+  clang                   # libFuzzer targets (tools/fuzz.sh); clang's -fsanitize=fuzzer
   cmake                   # build system
   g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
   git                     # tests clone the tree
   libabsl-dev             # absl::Status, flags helpers, synchronization
+  libclang-rt-dev         # clang's runtimes: libFuzzer, ASan, UBSan (tools/fuzz.sh)
   libcli11-dev            # command-line parsing for every binary
   libcpp-httplib-dev      # OpenAI-compatible HTTP server
   libfmt-dev              # formatting (spdlog's backend)

@@ -72,6 +72,19 @@ TEST(ModelConfig, WrongTypesAndInconsistenciesAreRejected) {
   EXPECT_FALSE(ModelConfig::FromJson(json::array()).ok());
 }
 
+// A field of the wrong type is named by its type when it is an array or an
+// object: dumping it recursed once per nesting level (a stack overflow on a
+// crafted config.json).
+TEST(ModelConfig, DeeplyNestedWrongFieldIsAnErrorNotACrash) {
+  const size_t depth = 1000000;
+  json j = ModelConfig::Tiny().ToJson();
+  j["hidden_size"] = json::parse(std::string(depth, '[') + std::string(depth, ']'));
+  absl::Status st = ModelConfig::FromJson(j).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("hidden_size"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("got array"), std::string::npos) << st.message();
+}
+
 TEST(ModelConfig, LoadReportsMissingFile) {
   absl::StatusOr<ModelConfig> c = ModelConfig::Load("/nonexistent-dir");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);

@@ -145,6 +145,24 @@ TEST(Safetensors, NegativeOrFractionalDimension) {
   EXPECT_NE(err.find("non-integer"), std::string::npos) << err;
 }
 
+// Found while fuzzing the header parser (tests/fuzz/safetensors_fuzzer.cc;
+// corpus/safetensors/crash_deep_shape, 100,000 deep, is what the ASan build
+// overflows on): the error for a bad dimension dumped the whole shape, which
+// recursed once per nesting level, so a shape nested a million deep overflowed
+// the stack.
+TEST(Safetensors, DeeplyNestedShapeIsAnErrorNotACrash) {
+  const size_t depth = 1000000;
+  const std::string header = R"({"t":{"dtype":"U8","shape":)" + std::string(depth, '[') +
+                             std::string(depth, ']') + R"(,"data_offsets":[0,0]}})";
+  const std::string image = FileImage(header, "");
+  auto f = SafetensorsFile::Parse(reinterpret_cast<const uint8_t*>(image.data()),
+                                  static_cast<int64_t>(image.size()), "deep");
+  ASSERT_FALSE(f.ok());
+  EXPECT_NE(f.status().message().find("shape dimension 0 is negative or non-integer (array)"),
+            std::string::npos)
+      << f.status().message();
+}
+
 TEST(Safetensors, ShapeOverflow) {
   std::string err = OpenError(FileImage(
       R"({"t":{"dtype":"I64","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", Data(4)));

@@ -163,7 +163,10 @@ absl::Status SafetensorsFile::ParseHeader() {
     bool overflow = false;
     for (const json& d : *sh) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) {
-        return fail("tensor '", name, "': shape ", sh->dump(), " has a non-integer or negative dimension");
+        // Not sh->dump(): a dimension may be nested arbitrarily deep, and
+        // dumping recurses once per level (a stack overflow on a crafted header).
+        return fail("tensor '", name, "': shape dimension ", t.shape.size(),
+                    " is negative or non-integer (", d.type_name(), ")");
       }
       int64_t dim = d.get<int64_t>();
       t.shape.push_back(dim);
