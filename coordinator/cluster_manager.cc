@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cluster_token.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -257,6 +258,9 @@ void ClusterManager::UpdateReadyLocked() {
     sc->set_generation(generation_);
     sc->mutable_comm()->set_backend(placement_->parallel.world_size() == 1 ? "none"
                                                                             : options_.comm_backend);
+    // The group's secret for this generation (keys the peers' message tags).
+    absl::StatusOr<std::string> secret = NewClusterToken();
+    if (secret.ok()) sc->mutable_comm()->set_peer_secret(*secret);
     for (const RankPlacement& r : placement_->ranks) {
       const Worker& w = workers_[r.worker_id];
       sc->mutable_comm()->add_peer_addresses(w.ready.comm_address());

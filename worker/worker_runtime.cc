@@ -462,6 +462,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                        sc.comm().peer_addresses().end());
     comm::UcxOptions uo;
     uo.timeout = options_.comm_timeout;
+    uo.peer_secret = sc.comm().peer_secret();
     FLOTILLA_ASSIGN_OR_RETURN(comm_, comm::UcxCommunicator::Create(std::move(ucx_endpoint_),
                                                                    a.rank(), addresses, uo));
     FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));

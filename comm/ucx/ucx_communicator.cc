@@ -23,6 +23,37 @@ constexpr size_t kHeader = sizeof(kMagic) + 8;
 // Bits of the UCX tag below the collective's tag that name the sender.
 constexpr int kSourceBits = 16;
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+
+uint64_t Rotl(uint64_t x, int b) { return (x << b) | (x >> (64 - b)); }
+
+// SipHash-2-4 (Aumasson and Bernstein) of the two words (m0, m1), keyed by
+// key[0..1]: a keyed tag that nobody without the key can produce.
+uint64_t SipHash24(const uint64_t key[2], uint64_t m0, uint64_t m1) {
+  uint64_t v0 = key[0] ^ 0x736f6d6570736575ull, v1 = key[1] ^ 0x646f72616e646f6dull;
+  uint64_t v2 = key[0] ^ 0x6c7967656e657261ull, v3 = key[1] ^ 0x7465646279746573ull;
+  auto round = [&] {
+    v0 += v1; v1 = Rotl(v1, 13); v1 ^= v0; v0 = Rotl(v0, 32);
+    v2 += v3; v3 = Rotl(v3, 16); v3 ^= v2;
+    v0 += v3; v3 = Rotl(v3, 21); v3 ^= v0;
+    v2 += v1; v1 = Rotl(v1, 17); v1 ^= v2; v2 = Rotl(v2, 32);
+  };
+  const uint64_t last = uint64_t{16} << 56;  // message length 16 bytes, no tail
+  for (uint64_t m : {m0, m1, last}) {
+    v3 ^= m;
+    round();
+    round();
+    v0 ^= m;
+  }
+  v2 ^= 0xff;
+  for (int i = 0; i < 4; ++i) round();
+  return v0 ^ v1 ^ v2 ^ v3;
+}
+
+// Mixes a key word longer secrets fold into (one SipHash of it under a zero key).
+uint64_t SipRound64(uint64_t word) {
+  const uint64_t zero[2] = {0, 0};
+  return SipHash24(zero, word, 0);
+}
 // recv_status_ value of a receive whose outcome was already looked at (not a
 // ucs_status_t value).
 constexpr int kChecked = 2;
@@ -109,7 +140,24 @@ UcxCommunicator::UcxCommunicator(std::unique_ptr<UcxWorker> worker, int rank, in
       worker_(std::move(worker)),
       options_(options),
       eps_(static_cast<size_t>(size), nullptr),
-      peer_failure_(new int[static_cast<size_t>(size)]()) {}
+      peer_failure_(new int[static_cast<size_t>(size)]()) {
+  if (!options_.peer_secret.empty()) {
+    // The secret's bytes folded into a 128-bit key (a random secret of 16+
+    // bytes keeps its entropy).
+    const std::string& secret = options_.peer_secret;
+    for (size_t i = 0; i < secret.size(); ++i) {
+      uint64_t& word = tag_key_[(i / 8) % 2];
+      word ^= static_cast<uint64_t>(static_cast<unsigned char>(secret[i])) << (8 * (i % 8));
+      if (i >= 16) word = SipRound64(word);
+    }
+    keyed_tags_ = true;
+  }
+}
+
+uint64_t UcxCommunicator::WireTag(uint64_t tag, int source) const {
+  if (!keyed_tags_) return (tag << kSourceBits) | static_cast<uint64_t>(source);
+  return SipHash24(tag_key_, tag, static_cast<uint64_t>(source));
+}
 
 absl::StatusOr<std::unique_ptr<UcxCommunicator>> UcxCommunicator::Create(
     std::unique_ptr<UcxWorker> worker, int rank, const std::vector<std::string>& addresses,
@@ -248,7 +296,6 @@ absl::Status UcxCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> se
   if (aborted_) return absl::UnavailableError("UcxCommunicator: connections are closed");
   static char empty_byte = 0;
   ucp_worker_h w = worker_->worker_;
-  const ucp_tag_t base = static_cast<ucp_tag_t>(tag) << kSourceBits;
   recv_requests_.assign(recvs.size(), nullptr);
   recv_lengths_.assign(recvs.size(), 0);
   recv_status_.assign(recvs.size(), UCS_INPROGRESS);
@@ -263,14 +310,14 @@ absl::Status UcxCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> se
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
     void* req = ucp_tag_recv_nbx(w, r.bytes > 0 ? r.data : &empty_byte, r.bytes,
-                                 base | static_cast<ucp_tag_t>(r.peer), kFullMask, &p);
+                                 WireTag(tag, r.peer), kFullMask, &p);
     if (UCS_PTR_IS_ERR(req)) {
       recv_status_[i] = UCS_PTR_STATUS(req);
     } else {
       recv_requests_[i] = req;
     }
   }
-  const ucp_tag_t my_tag = base | static_cast<ucp_tag_t>(rank());
+  const ucp_tag_t my_tag = WireTag(tag, rank());
   for (size_t i = 0; i < sends.size(); ++i) {
     const SendOp& s = sends[i];
     ucp_request_param_t p{};

@@ -46,6 +46,11 @@ struct UcxOptions {
   // for a 1-token all-to-all between 2 processes). Off by default: on one
   // node the timeout finds dead peers; across nodes TCP or RDMA is used anyway.
   bool detect_peer_failure = false;
+  // Shared by the group's ranks (handed out by the coordinator): message tags
+  // are a keyed hash (SipHash-2-4) of (collective sequence, source rank), so
+  // only holders of the secret can send a message any rank will match.
+  // Empty: plain tags (tests, trusted hosts).
+  std::string peer_secret;
   // UCX settings (names without the UCX_ prefix) applied unless the
   // environment sets UCX_<name>.
   std::vector<std::pair<std::string, std::string>> config_defaults = {{"TLS", "sm,tcp,self"}};
@@ -99,8 +104,12 @@ class UcxCommunicator final : public P2pCommunicator {
   void Abort();
   // Progresses the worker until `request` completes or `deadline` passes.
   bool ProgressUntilDone(void* request, absl::Time deadline);
+  // The wire tag of collective `tag`'s message from rank `source`.
+  uint64_t WireTag(uint64_t tag, int source) const;
 
   std::unique_ptr<UcxWorker> worker_;
+  uint64_t tag_key_[2] = {0, 0};  // from options_.peer_secret
+  bool keyed_tags_ = false;
   UcxOptions options_;
   std::vector<ucp_ep_h> eps_;
   // Per-peer failure reported by UCX's error callback (a ucs_status_t, 0 while

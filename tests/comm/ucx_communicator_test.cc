@@ -163,6 +163,29 @@ TEST_P(UcxPeerDeathTest, KilledPeerGivesUnavailableWithinTheTimeout) {
   }
 }
 
+// The coordinator hands each generation's ranks a secret that keys their
+// message tags. Ranks sharing it run every collective; ranks that do not
+// share it match none of each other's messages, so a process that knows a
+// worker's address but not the secret cannot deliver anything into a group.
+TEST(UcxCommunicatorTest, KeyedTagsCarryEveryCollective) {
+  UcxProcessGroup group(3);
+  group.Start("keyed", 20000, /*detect_peer_failure=*/false);
+  group.Wait(std::chrono::seconds(120));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
+  }
+}
+
+TEST(UcxCommunicatorTest, RanksWithoutTheSameSecretCannotFormAGroup) {
+  UcxProcessGroup group(2);
+  group.Start("mismatch", 2000, /*detect_peer_failure=*/false);
+  group.Wait(std::chrono::seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
+    EXPECT_NE(group.peer(r).log.find("UNAVAILABLE"), std::string::npos) << group.peer(r).log;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, UcxPeerDeathTest,
                          ::testing::Combine(::testing::Values(2, 3, 4), ::testing::Bool()));
 

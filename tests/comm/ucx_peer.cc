@@ -6,6 +6,9 @@
 //   checks  every collective (RunCollectiveChecks); exit 0 when all match
 //   die     after a barrier the last rank idles until killed; the others run an
 //           all-to-all and must get UNAVAILABLE (twice: the group stays broken)
+//   keyed   as checks, every rank keying its message tags with one secret
+//   mismatch  every rank has its own secret: no message may match, so the
+//           group must not form (Create gives UNAVAILABLE; exit 0 then)
 // Exit status: 0 success, 1 failure (message on stderr), 2 usage.
 #include <unistd.h>
 
@@ -41,7 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank)->required();
   app.add_option("--size", size)->required();
   app.add_option("--dir", dir)->required();
-  app.add_option("--scenario", scenario)->check(CLI::IsMember({"checks", "die"}));
+  app.add_option("--scenario", scenario)
+      ->check(CLI::IsMember({"checks", "die", "keyed", "mismatch"}));
   app.add_option("--timeout-ms", timeout_ms);
   bool detect = true;
   app.add_option("--detect-peer-failure", detect,
@@ -55,6 +59,8 @@ int main(int argc, char** argv) {
   UcxOptions options;
   options.timeout = absl::Milliseconds(timeout_ms);
   options.detect_peer_failure = detect;
+  if (scenario == "keyed") options.peer_secret = "this group's secret";
+  if (scenario == "mismatch") options.peer_secret = "secret of rank " + std::to_string(rank);
 
   auto worker = UcxWorker::Create(options);
   if (!worker.ok()) return Fail(rank, worker.status().ToString());
@@ -79,9 +85,15 @@ int main(int argc, char** argv) {
     addresses[static_cast<size_t>(p)] = ss.str();
   }
   auto comm = UcxCommunicator::Create(std::move(*worker), rank, addresses, options);
+  if (scenario == "mismatch") {
+    if (comm.ok()) return Fail(rank, "ranks with different secrets formed a group");
+    if (!absl::IsUnavailable(comm.status())) return Fail(rank, comm.status().ToString());
+    std::printf("rank %d: refused: %s\n", rank, comm.status().ToString().c_str());
+    return 0;
+  }
   if (!comm.ok()) return Fail(rank, comm.status().ToString());
 
-  if (scenario == "checks") {
+  if (scenario == "checks" || scenario == "keyed") {
     absl::Status st = flotilla::comm::testing::RunCollectiveChecks(**comm);
     if (!st.ok()) return Fail(rank, st.ToString());
     std::printf("rank %d: all collectives ok\n", rank);
