@@ -29,6 +29,33 @@ void OnSignal(int) { g_stop = true; }
 
 }  // namespace
 
+namespace {
+
+// The admin API alone on its own address (--admin-listen); its bound port
+// goes to `port_file` when one is named.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartAdminServer(
+    const flotilla::ListenAddress& address, const std::shared_ptr<grpc::ServerCredentials>& creds,
+    grpc::Service* admin, const std::string& port_file) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address.ToString(), creds, &port);
+  builder.RegisterService(admin);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--admin-listen ", address.ToString(), ": cannot listen on it"));
+  }
+  spdlog::info("admin API on port {}", port);
+  if (!port_file.empty()) {
+    std::ofstream(port_file + ".tmp") << port << "\n";
+    std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  }
+  return server;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"flotilla-coordinator: places workers and serves the client API"};
   std::string listen = "127.0.0.1:50051";
@@ -116,6 +143,14 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_REQUEST_BYTES")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  std::string admin_listen, admin_port_file;
+  app.add_option("--admin-listen", admin_listen,
+                 "host:port of a listener of its own for the admin API (flotilla.admin.Admin), "
+                 "e.g. one only operators reach; empty = the admin API is on --listen")
+      ->envname("FLOTILLA_ADMIN_LISTEN");
+  app.add_option("--admin-port-file", admin_port_file,
+                 "write the bound --admin-listen port here once listening")
+      ->envname("FLOTILLA_ADMIN_PORT_FILE");
   flotilla::TlsServerFiles tls;
   app.add_option("--tls-cert", tls.cert,
                  "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)")
@@ -139,6 +174,13 @@ int main(int argc, char** argv) {
   if (startup.ok()) startup = flotilla::CheckPortFree(*grpc_address, "--listen");
   if (startup.ok() && !http_listen.empty()) {
     startup = flotilla::CheckPortFree(*http_address, "--http-listen");
+  }
+  absl::StatusOr<flotilla::ListenAddress> admin_address =
+      admin_listen.empty() ? flotilla::ListenAddress()
+                           : flotilla::ParseListenAddress(admin_listen, "--admin-listen");
+  if (startup.ok()) startup = admin_address.status();
+  if (startup.ok() && !admin_listen.empty()) {
+    startup = flotilla::CheckPortFree(*admin_address, "--admin-listen");
   }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       flotilla::MakeServerCredentials(tls);
@@ -219,7 +261,7 @@ int main(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(grpc_address->ToString(), *credentials, &port);
   builder.RegisterService(&control);
-  builder.RegisterService(&admin);
+  if (admin_listen.empty()) builder.RegisterService(&admin);
   builder.RegisterService(&frontend);
   // The transport refuses anything over the larger of the client limit and the
   // workers' session messages; the frontend holds client calls to theirs.
@@ -236,6 +278,17 @@ int main(int argc, char** argv) {
     std::cerr << "flotilla-coordinator: --listen " << listen << ": cannot listen on port "
               << grpc_address->port << "\n";
     return 1;
+  }
+  std::unique_ptr<grpc::Server> admin_server;
+  if (!admin_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> started =
+        StartAdminServer(*admin_address, *credentials, &admin, admin_port_file);
+    if (!started.ok()) {
+      std::cerr << "flotilla-coordinator: " << started.status().message() << "\n";
+      server->Shutdown();
+      return 1;
+    }
+    admin_server = *std::move(started);
   }
   std::unique_ptr<flotilla::coordinator::HttpServer> http;
   if (!http_listen.empty()) {
@@ -292,6 +345,7 @@ int main(int argc, char** argv) {
   }
   spdlog::info("coordinator stopping");
   if (http) http->Stop();
+  if (admin_server) admin_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return 0;
 }

@@ -3,8 +3,11 @@
 // leaves the first cluster serving; ports out of range are refused; gRPC and
 // HTTPS over TLS with certificates made by the openssl command line at test
 // time; 100 MiB prompts and 60 MiB bodies are refused fast and cheaply.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,7 +16,9 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
+#include "proto/admin.grpc.pb.h"
 #include "tools/cli/local_cluster.h"
 #include "tools/sdk/client.h"
 
@@ -386,6 +391,59 @@ TEST(MtlsClusterTest, OnlyClientsWithACertificateAreServed) {
   EXPECT_TRUE(r.ok()) << r.status();
   cluster.reset();
   fs::remove_all(certs.dir);
+}
+
+}  // namespace
+}  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+// Reads a port a coordinator wrote to `file` (0 when none came in time).
+int ReadPortFile(const std::string& file) {
+  for (int i = 0; i < 1500; ++i) {
+    int port = 0;
+    if (std::ifstream(file) >> port && port > 0) return port;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return 0;
+}
+
+grpc::Status AdminStatus(const std::string& address) {
+  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  admin::ClusterStatus status;
+  return stub->GetStatus(&ctx, admin::GetStatusRequest(), &status);
+}
+
+// --admin-listen: the admin API on its own address only (e.g. one only
+// operators reach); the client port no longer serves it.
+TEST(AdminListen, AdminApiMovesToItsOwnAddress) {
+  const std::string dir = fs::temp_directory_path() / ("flotilla_admin_listen_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  const std::string bin = std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    execl(bin.c_str(), bin.c_str(), "--model", "synthetic:tiny", "--listen", "127.0.0.1:0",
+          "--port-file", (dir + "/port").c_str(), "--http-listen", "", "--admin-listen",
+          "127.0.0.1:0", "--admin-port-file", (dir + "/admin-port").c_str(), nullptr);
+    _exit(127);
+  }
+  const int port = ReadPortFile(dir + "/port"), admin_port = ReadPortFile(dir + "/admin-port");
+  EXPECT_GT(port, 0);
+  EXPECT_GT(admin_port, 0);
+  if (port > 0 && admin_port > 0) {
+    EXPECT_EQ(AdminStatus("127.0.0.1:" + std::to_string(port)).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+    const grpc::Status on_admin = AdminStatus("127.0.0.1:" + std::to_string(admin_port));
+    EXPECT_TRUE(on_admin.ok()) << on_admin.error_message();
+  }
+  kill(pid, SIGTERM);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  fs::remove_all(dir);
 }
 
 }  // namespace
