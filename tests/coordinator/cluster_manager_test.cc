@@ -5,32 +5,12 @@
 #include <mutex>
 #include <thread>
 
+#include "tests/coordinator/fake_session.h"
+
 namespace flotilla::coordinator {
 namespace {
 
-// A scriptable worker session: records what the coordinator sends.
-class FakeSession : public WorkerSession {
- public:
-  void Send(const cluster::CoordinatorMessage& m) override {
-    std::lock_guard<std::mutex> lock(mu);
-    sent.push_back(m);
-  }
-  void Close(const absl::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu);
-    closed = status;
-  }
-  std::vector<cluster::CoordinatorMessage> Of(cluster::CoordinatorMessage::KindCase k) {
-    std::lock_guard<std::mutex> lock(mu);
-    std::vector<cluster::CoordinatorMessage> out;
-    for (auto& m : sent) {
-      if (m.kind_case() == k) out.push_back(m);
-    }
-    return out;
-  }
-  std::mutex mu;
-  std::vector<cluster::CoordinatorMessage> sent;
-  std::optional<absl::Status> closed;
-};
+using test_fakes::FakeSession;
 
 struct Fixture {
   std::unique_ptr<ClusterManager> manager;

@@ -17,6 +17,7 @@
 #include "coordinator/services.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
+#include "tests/coordinator/fake_session.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -73,32 +74,7 @@ TEST(ClusterToken, BadFilesAreRefusedClearly) {
 
 // ---- the manager, with scriptable sessions ----
 
-class FakeSession : public WorkerSession {
- public:
-  void Send(const cluster::CoordinatorMessage& m) override {
-    std::lock_guard<std::mutex> lock(mu);
-    sent.push_back(m);
-  }
-  void Close(const absl::Status& status) override {
-    std::lock_guard<std::mutex> lock(mu);
-    closed = status;
-  }
-  std::vector<cluster::CoordinatorMessage> Of(cluster::CoordinatorMessage::KindCase k) {
-    std::lock_guard<std::mutex> lock(mu);
-    std::vector<cluster::CoordinatorMessage> out;
-    for (auto& m : sent) {
-      if (m.kind_case() == k) out.push_back(m);
-    }
-    return out;
-  }
-  std::optional<absl::Status> Closed() {
-    std::lock_guard<std::mutex> lock(mu);
-    return closed;
-  }
-  std::mutex mu;
-  std::vector<cluster::CoordinatorMessage> sent;
-  std::optional<absl::Status> closed;
-};
+using test_fakes::FakeSession;
 
 ClusterOptions Options(int workers) {
   ClusterOptions o;

@@ -41,6 +41,7 @@
 #include "worker/model/load_weights.h"
 #include "worker/model/synthetic_weights.h"
 #include "tests/engine/golden_fixtures.h"
+#include "tests/engine/logit_diff.h"
 #include "tests/engine/multi_turn.h"
 
 namespace flotilla {
@@ -52,16 +53,7 @@ using testing_golden::GoldenDir;
 using testing_golden::ReadF32;
 constexpr double kRelTolerance = 0.03;
 
-// max |a - b| / max(1, max |b|).
-double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0, big = 1;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-    big = std::max(big, std::abs(double(b[i])));
-  }
-  return worst / big;
-}
+using testing_golden::RelDiff;
 
 bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
 

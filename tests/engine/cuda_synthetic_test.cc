@@ -16,6 +16,7 @@
 
 #include "common/model_spec.h"
 #include "kernels/cuda/synthetic_fill.h"
+#include "tests/engine/logit_diff.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "worker/engine/cuda_engine.h"
@@ -209,16 +210,7 @@ TEST_F(CudaSynthetic, DeviceFeedEqualsTheHostShardAtTwentyBillionShapes) {
   ExpectFeedEqualsHostShard(*config, 5);
 }
 
-// max |a - b| / max(1, max |b|).
-double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0, big = 1;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-    big = std::max(big, std::abs(double(b[i])));
-  }
-  return worst / big;
-}
+using testing_golden::RelDiff;
 
 // The same weights through the same upload: the logits agree up to the order
 // of the kernels' float atomics (split-K projections, the MoE combine), and

@@ -1,0 +1,23 @@
+// How far two logit vectors are apart, relative to their scale (engine tests).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace flotilla::testing_golden {
+
+// max |a - b| / max(1, max |b|).
+inline double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0, big = 1;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
+    big = std::max(big, std::abs(double(b[i])));
+  }
+  return worst / big;
+}
+
+}  // namespace flotilla::testing_golden
