@@ -34,26 +34,43 @@ absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset) {
 absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model) {
   if (!IsSyntheticModel(model)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("'", model, "' is not a synthetic model (expected synthetic:PRESET[:SEED])"));
+        absl::StrCat("'", model, "' is not a synthetic model (expected synthetic:PRESET[:SEED[:LAYERS]])"));
   }
   const std::vector<absl::string_view> fields =
       absl::StrSplit(model.substr(kSyntheticModelPrefix.size()), ':');
   auto error = [&](const std::string& problem) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--model ", model, ": ", problem, "; expected synthetic:PRESET[:SEED]"));
+        absl::StrCat("--model ", model, ": ", problem, "; expected synthetic:PRESET[:SEED[:LAYERS]]"));
   };
-  if (fields.size() > 2) return error("too many ':' fields");
+  if (fields.size() > 3) return error("too many ':' fields");
   SyntheticModelSpec spec;
   spec.preset = std::string(fields[0]);
   absl::StatusOr<ModelConfig> config = SyntheticPresetConfig(spec.preset);
   if (!config.ok()) return error(std::string(config.status().message()));
   spec.config = *std::move(config);
-  if (fields.size() == 2) {
+  if (fields.size() >= 2) {
     const absl::string_view seed = fields[1];
     auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), spec.seed);
     if (seed.empty() || ec != std::errc() || end != seed.data() + seed.size()) {
       return error(absl::StrCat("seed '", seed, "' is not a non-negative 64-bit integer"));
     }
+  }
+  if (fields.size() == 3) {
+    // The preset's first LAYERS layers (same shapes and layer types): a
+    // full-width model that loads in seconds, for tests and benchmarks.
+    const absl::string_view text = fields[2];
+    int layers = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), layers);
+    const int most = spec.config.num_hidden_layers;
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() || layers < 1 ||
+        layers > most) {
+      return error(absl::StrCat("layers '", text, "' is not a whole number in [1, ", most, "]"));
+    }
+    spec.config.num_hidden_layers = layers;
+    spec.config.layer_types.resize(layers);
+    absl::StatusOr<ModelConfig> cut = ModelConfig::FromJson(spec.config.ToJson());
+    if (!cut.ok()) return error(std::string(cut.status().message()));
+    spec.config = *std::move(cut);
   }
   return spec;
 }

@@ -1,6 +1,8 @@
 // What a --model flag names: a checkpoint directory (Hugging Face layout), or
-// "synthetic:PRESET[:SEED]", the weights `flotilla make-checkpoint --preset
-// PRESET --seed SEED` would write (SEED defaults to 0), generated where they
+// "synthetic:PRESET[:SEED[:LAYERS]]", the weights `flotilla make-checkpoint
+// --preset PRESET --seed SEED` would write (SEED defaults to 0; LAYERS keeps
+// only the preset's first LAYERS layers, as `--set num_hidden_layers=LAYERS`
+// would), generated where they
 // are needed instead of read from disk. Shared by the coordinator (which needs
 // only the config), the workers and the CLI.
 #pragma once
@@ -19,14 +21,14 @@ inline constexpr absl::string_view kSyntheticModelPrefix = "synthetic:";
 struct SyntheticModelSpec {
   std::string preset;  // tiny, 20b or 120b
   uint64_t seed = 0;
-  ModelConfig config;  // the preset's configuration
+  ModelConfig config;  // the preset's configuration (cut to LAYERS layers if given)
 };
 
 // True when `model` starts with "synthetic:" (a directory of that name cannot
 // be named this way; write ./synthetic:... to mean one).
 bool IsSyntheticModel(absl::string_view model);
 
-// Parses "synthetic:PRESET[:SEED]". Errors name the spec and the problem: an
+// Parses "synthetic:PRESET[:SEED[:LAYERS]]". Errors name the spec and the problem: an
 // unknown preset, a seed that is not a non-negative 64-bit integer, extra fields.
 absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model);
 

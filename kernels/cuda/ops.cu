@@ -2,6 +2,7 @@
 // KV write, router top-K. The projections (LaunchLinear) are in linear.cu.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 
@@ -80,6 +81,15 @@ __global__ void __launch_bounds__(kNormThreads)
   uint16_t* o = out + static_cast<size_t>(blockIdx.x) * hidden;
   for (int c = threadIdx.x; c < hidden; c += kNormThreads) {
     o[c] = ToBf16Bits(__fmul_rn(Bf16Bits(weight[c]), __fmul_rn(xr[c], inv)));
+  }
+}
+
+__global__ void AddInPlaceKernel(float* __restrict__ x, const float* __restrict__ add,
+                                 size_t count) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
+       i += stride) {
+    x[i] += add[i];
   }
 }
 
@@ -172,6 +182,15 @@ cudaError_t LaunchAddRmsNorm(float* x, const float* add, const uint16_t* weight,
   if (tokens == 0) return cudaSuccess;
   AddRmsNormKernel<<<tokens, kNormThreads, 0, stream>>>(x, add, weight, nullptr, hidden, eps,
                                                          out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddInPlace(float* x, const float* add, size_t count, cudaStream_t stream) {
+  if ((x == nullptr || add == nullptr) && count > 0) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  const size_t blocks = std::min<size_t>((count + kThreads - 1) / kThreads, 1024);
+  AddInPlaceKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(x, add, count);
   return cudaGetLastError();
 }
 

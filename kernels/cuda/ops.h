@@ -26,6 +26,10 @@ cudaError_t LaunchEmbedding(const uint16_t* table, int vocab, int hidden, const 
 cudaError_t LaunchAddRmsNorm(float* x, const float* add, const uint16_t* weight, int tokens,
                              int hidden, float eps, uint16_t* out, cudaStream_t stream);
 
+// x[i] += add[i] for i < count (f32): a partial result joined from other
+// ranks (the tensor-parallel O projection, the expert-parallel MoE output).
+cudaError_t LaunchAddInPlace(float* x, const float* add, size_t count, cudaStream_t stream);
+
 // Same for the rows listed in `rows` [count] only (the positions whose logits
 // are wanted): out[i, :] = rmsnorm(x[rows[i], :]) * weight.
 cudaError_t LaunchRmsNormRows(const float* x, const int32_t* rows, int count, const uint16_t* weight,

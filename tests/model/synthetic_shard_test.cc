@@ -120,6 +120,19 @@ TEST(SyntheticModelSpec, ParsesPresetAndSeed) {
   EXPECT_EQ(DefaultModelId("/models/gpt-oss-20b/"), "gpt-oss-20b");
 }
 
+TEST(SyntheticModelSpec, LayersKeepThePresetsFirstLayers) {
+  auto full = ParseSyntheticModel("synthetic:120b:5");
+  auto cut = ParseSyntheticModel("synthetic:120b:5:3");
+  ASSERT_TRUE(full.ok() && cut.ok()) << cut.status();
+  EXPECT_EQ(cut->seed, 5u);
+  EXPECT_EQ(cut->config.num_hidden_layers, 3);
+  EXPECT_EQ(cut->config.hidden_size, full->config.hidden_size);
+  EXPECT_EQ(cut->config.num_local_experts, full->config.num_local_experts);
+  ASSERT_EQ(cut->config.layer_types.size(), 3u);
+  for (int l = 0; l < 3; ++l) EXPECT_EQ(cut->config.is_sliding(l), full->config.is_sliding(l));
+  EXPECT_EQ(DefaultModelId("synthetic:120b:5:3"), "synthetic:120b:5:3");
+}
+
 TEST(SyntheticModelSpec, BadSpecsSayWhatIsWrong) {
   const struct {
     const char* spec;
@@ -130,7 +143,9 @@ TEST(SyntheticModelSpec, BadSpecsSayWhatIsWrong) {
                {"synthetic:tiny:-1", "seed '-1'"},
                {"synthetic:tiny:", "seed ''"},
                {"synthetic:tiny:99999999999999999999", "seed '99999999999999999999'"},
-               {"synthetic:tiny:1:2", "too many ':' fields"}};
+               {"synthetic:tiny:1:2:3", "too many ':' fields"},
+               {"synthetic:tiny:1:0", "layers '0' is not a whole number"},
+               {"synthetic:120b:1:37", "layers '37'"}};
   for (const auto& c : cases) {
     auto spec = ParseSyntheticModel(c.spec);
     ASSERT_FALSE(spec.ok()) << c.spec;

@@ -57,7 +57,9 @@ TEST(SyntheticModelCli, BadSpecsFailWithTheProblemNamed) {
     const char* problem;
   } cases[] = {{"synthetic:foo", "unknown preset 'foo'"},
                {"synthetic:tiny:x", "seed 'x' is not a non-negative"},
-               {"synthetic:tiny:1:2", "too many ':' fields"}};
+               {"synthetic:tiny:1:2:3", "too many ':' fields"},
+               {"synthetic:tiny:1:0", "layers '0' is not a whole number"},
+               {"synthetic:120b:1:37", "layers '37'"}};
   for (const auto& c : cases) {
     auto [rc, out] = RunCommand(Flotilla(std::string("generate --model ") + c.spec +
                                          " --prompt-ids 1 --max-tokens 1 2>&1"));

@@ -17,6 +17,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_weight_feed.h"
+#include "worker/parallel/parallel_context.h"
 
 namespace flotilla {
 namespace {
@@ -37,6 +38,54 @@ int64_t PowerOfTwoAtLeast(int64_t n) {
   int64_t p = 1;
   while (p < n) p <<= 1;
   return p;
+}
+
+// What one rank holds: its TP rank's heads and, per layer, the expert in
+// each MoE slot (the slot ids ExpertMap gives this rank; -1: slot unused).
+// Without a ParallelContext: every head, and expert e in slot e.
+struct RankShard {
+  int tp_rank = 0;
+  int tp_size = 1;
+  std::vector<std::vector<int>> slot_expert;  // [layer][slot]
+  int max_slots = 0;
+};
+
+absl::StatusOr<RankShard> ShardOfRank(const ModelConfig& c, const parallel::ParallelContext* p) {
+  RankShard shard;
+  const int L = c.num_hidden_layers, E = c.num_local_experts;
+  if (p == nullptr) {
+    std::vector<int> all(E);
+    for (int e = 0; e < E; ++e) all[e] = e;
+    shard.slot_expert.assign(L, all);
+    shard.max_slots = E;
+    return shard;
+  }
+  const ParallelConfig& pc = p->config();
+  const ExpertMap& map = p->expert_map();
+  if (map.num_layers() != L || map.num_experts() != E || map.world_size() != pc.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda engine: the expert map covers ", map.num_layers(), " layers x ", map.num_experts(),
+        " experts over ", map.world_size(), " ranks; the model has ", L, " x ", E,
+        " and the instance ", pc.world_size(), " ranks"));
+  }
+  shard.tp_rank = pc.tp_rank_of(p->rank());
+  shard.tp_size = pc.tp_size();
+  shard.slot_expert.resize(L);
+  for (int l = 0; l < L; ++l) {
+    std::vector<int>& slots = shard.slot_expert[l];
+    slots.assign(map.SlotsOnRank(l, p->rank()), -1);
+    for (int e = 0; e < E; ++e) {
+      for (const ExpertLocation& loc : map.replicas(l, e)) {
+        if (loc.rank == p->rank()) slots[loc.slot] = e;
+      }
+    }
+    shard.max_slots = std::max(shard.max_slots, static_cast<int>(slots.size()));
+  }
+  if (shard.max_slots == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda engine: rank ", p->rank(), " holds no expert"));
+  }
+  return shard;
 }
 
 }  // namespace
@@ -63,6 +112,7 @@ struct CudaEngine::Impl {
   cudaStream_t stream = nullptr;
   kc::LinearContext* linear = nullptr;
   std::vector<void*> allocations;
+  size_t allocated_bytes = 0;  // through Alloc and the MoE weights
 
   uint16_t* embed = nullptr;
   uint16_t* final_norm = nullptr;
@@ -80,6 +130,11 @@ struct CudaEngine::Impl {
   uint16_t* q = nullptr;       // [T, NH D]
   uint16_t* attn = nullptr;    // [T, NH D]
   float* router_logits = nullptr;  // [T, E], zero between steps' uses (see the router)
+  // Sharded ranks: this rank's O-projection partial before the TP sum, and
+  // the joined MoE output, both f32 [T, H].
+  float* o_part = nullptr;
+  float* moe_y = nullptr;
+  size_t moe_rows = 0;  // rows the MoE workspace holds (received rows when sharded)
   int32_t* topk_ids = nullptr;
   int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
   float* topk_w = nullptr;
@@ -122,8 +177,9 @@ struct CudaEngine::Impl {
   int32_t* top_ids_host = nullptr;
   float* top_logprobs_host = nullptr;
 
-  // Decode graphs by (padded batch, context bucket, sampling variant).
-  std::map<std::tuple<int, int64_t, int>, cudaGraphExec_t> graphs;
+  // Decode graphs by (padded batch, context bucket, sampling variant, the
+  // instance's step-token bound when sharded).
+  std::map<std::tuple<int, int64_t, int, int64_t>, cudaGraphExec_t> graphs;
 
   ~Impl() {
     if (device >= 0) cudaSetDevice(device);
@@ -152,6 +208,7 @@ struct CudaEngine::Impl {
                                                        cudaGetErrorString(err)));
     }
     allocations.push_back(raw);
+    allocated_bytes += bytes;
     *p = static_cast<T*>(raw);
     return absl::OkStatus();
   }
@@ -204,19 +261,24 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeight
     return absl::InvalidArgumentError(
         "cuda engine: the weights must hold every layer, the embedding, model.norm and lm_head");
   }
+  FLOTILLA_ASSIGN_OR_RETURN(const RankShard shard, ShardOfRank(c, options.parallel));
+  const char* whose = options.parallel == nullptr ? "a single-GPU engine" : "this rank";
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights.layers[l];
-    if (L.attn.q_heads != c.num_attention_heads || L.attn.kv_heads != c.num_key_value_heads) {
-      return absl::InvalidArgumentError(
-          "cuda engine: a single-GPU engine needs every attention head (tensor-parallel GPU "
-          "ranks are not supported yet)");
+    if (L.attn.q_heads != c.num_attention_heads / shard.tp_size ||
+        L.attn.kv_heads != c.num_key_value_heads / shard.tp_size ||
+        L.attn.q_head_begin != shard.tp_rank * L.attn.q_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda engine: layer ", l, " holds q heads [", L.attn.q_head_begin, ", +",
+          L.attn.q_heads, "); ", whose, " needs the heads of TP rank ", shard.tp_rank, " of ",
+          shard.tp_size));
     }
-    for (int e = 0; e < c.num_local_experts; ++e) {
-      if (static_cast<int>(L.slot_of_expert.size()) != c.num_local_experts ||
-          L.slot_of_expert[e] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "cuda engine: layer ", l, " does not hold expert ", e,
-            "; a single-GPU engine needs every expert"));
+    for (int e : shard.slot_expert[l]) {
+      if (e >= 0 && (static_cast<int>(L.slot_of_expert.size()) != c.num_local_experts ||
+                     L.slot_of_expert[e] < 0)) {
+        return absl::InvalidArgumentError(absl::StrCat("cuda engine: layer ", l,
+                                                       " does not hold expert ", e, ", which ",
+                                                       whose, " runs"));
       }
     }
   }
@@ -287,8 +349,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
                                                               std::unique_ptr<CudaWeightFeed> feed,
                                                               uint64_t seed,
                                                               const CudaEngineOptions& options) {
+  FLOTILLA_ASSIGN_OR_RETURN(const RankShard shard, ShardOfRank(c, options.parallel));
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
-  const int64_t NH = c.num_attention_heads, NKV = c.num_key_value_heads;
+  // This rank's heads (all of them without tensor parallelism).
+  const int64_t NH = c.num_attention_heads / shard.tp_size;
+  const int64_t NKV = c.num_key_value_heads / shard.tp_size;
   const int64_t E = c.num_local_experts, K = c.num_experts_per_tok, V = c.vocab_size;
   const int64_t QKV = (NH + 2 * NKV) * D;
   if (H <= 0 || H % 32 != 0 || I <= 0 || I % 32 != 0 || NH <= 0 || NKV <= 0 || NH % NKV != 0 ||
@@ -357,9 +422,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&L.sinks, NH));
     count(2 * H + QKV * H + QKV + H * NH * D + H + E * H + E, 2);
     count(NH, 4);
-    FLOTILLA_CUDA_RETURN(kc::AllocMoeWeights(static_cast<int>(E), static_cast<int>(H),
+    const std::vector<int>& slot_expert = shard.slot_expert[l];
+    FLOTILLA_CUDA_RETURN(kc::AllocMoeWeights(shard.max_slots, static_cast<int>(H),
                                              static_cast<int>(I), &L.moe));
-    weight_bytes += L.moe.ExpertBytes() * E;
+    weight_bytes += L.moe.ExpertBytes() * slot_expert.size();
+    d.allocated_bytes += L.moe.ExpertBytes() * shard.max_slots;
     const uint64_t ls = seed + 1000 * static_cast<uint64_t>(l + 1);
     if (feed != nullptr) {
       FLOTILLA_ASSIGN_OR_RETURN(const LayerWeights src, feed->Layer(l, s));
@@ -375,16 +442,23 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
       FLOTILLA_RETURN_IF_ERROR(UploadVectorRopePairs(a.bk, D, L.bqkv + NH * D, s));
       FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bv, L.bqkv + (NH + NKV) * D, s));
       FLOTILLA_RETURN_IF_ERROR(UploadMatrix(a.wo, L.wo, s));
-      FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bo, L.bo, s));
+      // o_proj's bias joins the TP sum on TP rank 0 only.
+      if (shard.tp_rank == 0) {
+        FLOTILLA_RETURN_IF_ERROR(UploadVector(a.bo, L.bo, s));
+      } else {
+        FLOTILLA_CUDA_RETURN(cudaMemsetAsync(L.bo, 0, H * sizeof(uint16_t), s));
+      }
       FLOTILLA_RETURN_IF_ERROR(UploadMatrix(src.router, L.router, s));
       FLOTILLA_RETURN_IF_ERROR(UploadVector(src.router_bias, L.router_bias, s));
       FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(L.sinks, a.sinks.data(), NH * sizeof(float),
                                            cudaMemcpyHostToDevice, s));
-      for (int e = 0; e < E; ++e) {
-        const ExpertWeights& x = src.experts[src.slot_of_expert[e]];
-        FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(L.moe, e, x.gate_up.blocks, x.gate_up.scales,
-                                                 x.gate_up_bias.data, x.down.blocks,
-                                                 x.down.scales, x.down_bias.data, s));
+      for (size_t slot = 0; slot < slot_expert.size(); ++slot) {
+        if (slot_expert[slot] < 0) continue;
+        const ExpertWeights& x = src.experts[src.slot_of_expert[slot_expert[slot]]];
+        FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(L.moe, static_cast<int>(slot), x.gate_up.blocks,
+                                                 x.gate_up.scales, x.gate_up_bias.data,
+                                                 x.down.blocks, x.down.scales, x.down_bias.data,
+                                                 s));
       }
     } else {
       FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(L.input_norm, H, ls + 1, 0.1f, 1.0f, s));
@@ -438,7 +512,18 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.final_t, d.logit_rows * H));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.logits, static_cast<size_t>(d.logit_rows) * V));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.invalid, 1));
-  d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, T, static_cast<int>(K));
+  if (options.parallel != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.o_part, static_cast<size_t>(T) * H));
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.moe_y, static_cast<size_t>(T) * H));
+    // Rows a rank can receive in one dispatch: from each of the W ranks, its
+    // share of a step's tokens times K (the device context's capacity).
+    const int W = options.parallel->config().world_size();
+    d.moe_rows = static_cast<size_t>(W) * CeilDiv(T, shard.tp_size) * K;
+    d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, static_cast<int>(d.moe_rows), 1);
+  } else {
+    d.moe_rows = static_cast<size_t>(T) * K;
+    d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, T, static_cast<int>(K));
+  }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.moe_ws), d.moe_ws_bytes));
   d.sample_ws_bytes = kc::SampleWorkspaceBytes(B, static_cast<int>(V));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(reinterpret_cast<uint8_t**>(&d.sample_ws), d.sample_ws_bytes));
@@ -478,10 +563,15 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
     size_t free_bytes = 0, total_bytes = 0;
     FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
     FLOTILLA_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
-    // Leave room for the block tables, graphs and cuBLASLt.
-    const double used = static_cast<double>(total_bytes - free_bytes);
-    const double usable = std::max(
-        0.0, static_cast<double>(total_bytes) * options.gpu_memory_utilization - used);
+    // This engine's share of the device (several ranks may share one GPU):
+    // gpu_memory_utilization of it, less what the engine holds already and
+    // room for the CUDA context, block tables, graphs and cuBLASLt; never
+    // more than is free now.
+    constexpr double kContextReserve = 768.0 * (1 << 20);
+    const double budget = static_cast<double>(total_bytes) * options.gpu_memory_utilization -
+                          static_cast<double>(d.allocated_bytes) - kContextReserve;
+    const double free_now = static_cast<double>(free_bytes) - kContextReserve / 2;
+    const double usable = std::max(0.0, std::min(budget, free_now));
     num_blocks = static_cast<int64_t>(usable / static_cast<double>(block_bytes));
     num_blocks = std::min<int64_t>(num_blocks, CeilDiv(max_context, bs) * B + 1);
   }
@@ -605,7 +695,11 @@ absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int3
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
 
 absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
-  if (items.empty()) return absl::InvalidArgumentError("step: no sequences");
+  if (items.empty()) {
+    // A sharded rank with no work runs an empty step to join its peers.
+    if (options_.parallel != nullptr) return absl::OkStatus();
+    return absl::InvalidArgumentError("step: no sequences");
+  }
   if (static_cast<int64_t>(items.size()) > options_.max_sequences) {
     return absl::InvalidArgumentError(absl::StrCat("step: ", items.size(),
                                                    " sequences, more than max_sequences ",
@@ -879,6 +973,29 @@ void CudaEngine::SetSkipOps(std::vector<std::string> ops) {
   impl_->graphs.clear();
 }
 
+absl::Status CudaEngine::RunShardedMoe(int layer, int tokens, cudaStream_t stream) {
+  Impl& d = *impl_;
+  parallel::ExpertParallel& ep = options_.parallel->ep();
+  FLOTILLA_ASSIGN_OR_RETURN(const parallel::ExpertRows rows,
+                            ep.Dispatch(layer, d.t, d.topk_ids, d.topk_w, tokens, stream));
+  if (rows.rows < 0 || static_cast<size_t>(rows.rows) > d.moe_rows) {
+    return absl::InternalError(absl::StrCat("layer ", layer, ": dispatch gave ", rows.rows,
+                                            " rows; the MoE workspace holds ", d.moe_rows));
+  }
+  // The rows' weights are 1 (0 for padding): the outputs stay unweighted and
+  // Combine applies the router weights.
+  if (rows.rows > 0) {
+    FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(
+        d.layers[layer].moe, static_cast<const uint16_t*>(rows.x), rows.slot, rows.ones,
+        static_cast<int>(rows.rows), 1, static_cast<float>(config_.swiglu_limit), 1.702f,
+        rows.out, d.moe_ws, d.moe_ws_bytes, nullptr, stream));
+  }
+  FLOTILLA_RETURN_IF_ERROR(ep.Combine(layer, d.moe_y, stream));
+  FLOTILLA_CUDA_RETURN(kc::LaunchAddInPlace(
+      d.x, d.moe_y, static_cast<size_t>(tokens) * config_.hidden_size, stream));
+  return absl::OkStatus();
+}
+
 absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
                                  const DeviceSampling* sampling, StepOutput* logits_out,
                                  std::vector<SampledToken>* sampled) {
@@ -892,9 +1009,12 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   FLOTILLA_RETURN_IF_ERROR(Validate(items));
   Impl& d = *impl_;
   const ModelConfig& c = config_;
-  const int H = c.hidden_size, D = c.head_dim, NH = c.num_attention_heads;
+  parallel::ParallelContext* par = options_.parallel;
+  const int tp = par != nullptr ? par->config().tp_size() : 1;
+  // This rank's heads (all of them without tensor parallelism).
+  const int H = c.hidden_size, D = c.head_dim, NH = c.num_attention_heads / tp;
   const int E = c.num_local_experts, K = c.num_experts_per_tok, V = c.vocab_size;
-  const int QKV = (NH + 2 * c.num_key_value_heads) * D;
+  const int QKV = (NH + 2 * c.num_key_value_heads / tp) * D;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int bs = options_.kv_block_size;
   const int MB = static_cast<int>(max_blocks_per_seq_);
@@ -902,7 +1022,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   FLOTILLA_RETURN_IF_ERROR(Reserve(items));
 
   // Decode steps replay a graph over a padded batch.
-  bool decode = options_.cuda_graphs && !options_.profile_ops;
+  bool decode = options_.cuda_graphs && !options_.profile_ops && !items.empty();
   for (size_t i = 0; i < items.size(); ++i) {
     decode = decode && items[i].tokens.size() == 1 &&
              (sample ? has_row(i) : items[i].logits == LogitsMode::kLast);
@@ -962,6 +1082,19 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   m[d.off_qstart + plan.seqs] = T;
   plan.tokens = T;
   plan.rows = static_cast<int>(rows.size());
+  // Sharded: every rank sizes the step's exchanges from the same bound, the
+  // instance's largest step rounded up as decode batches are (so it covers
+  // this rank's padded rows too).
+  int64_t step_bound = 0;
+  if (par != nullptr) {
+    const int64_t n = std::max<int64_t>(instance_step_tokens_ > 0 ? instance_step_tokens_ : T, 1);
+    step_bound = std::min<int64_t>(PowerOfTwoAtLeast(n), options_.max_batch_tokens);
+    if (step_bound < T) {
+      return absl::InternalError(absl::StrCat("step: ", T, " tokens on this rank, more than the ",
+                                              "instance's step bound ", step_bound));
+    }
+    par->ep().SetStepTokens(step_bound);
+  }
   std::copy(rows.begin(), rows.end(), m + d.off_rows);
 
   // Upload the used part of each region (offsets are fixed).
@@ -1009,6 +1142,13 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     const bool fused_qkv = T <= options_.fused_qkv_max_tokens &&
                            T <= kc::kNormQkvRopeMaxTokens && kc::NormQkvRopeSupported(T, H, D);
     FLOTILLA_RETURN_IF_ERROR(mark("embedding"));
+    if (T == 0) {
+      // A sharded rank with no tokens still takes part in every exchange.
+      for (size_t l = 0; l < d.layers.size(); ++l) {
+        FLOTILLA_RETURN_IF_ERROR(RunShardedMoe(static_cast<int>(l), 0, s));
+      }
+      return mark("end");
+    }
     if (on("embedding")) {
       FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
                                                d.invalid, s));
@@ -1052,15 +1192,23 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
         }
       }
       FLOTILLA_RETURN_IF_ERROR(mark("o_linear"));
+      // Tensor parallel: this rank's heads give a partial O projection, summed
+      // over the TP group and added to the residual by the norm below.
+      const bool tp_sum = tp > 1;
       if (on("o_linear")) {
-        FLOTILLA_CUDA_RETURN(
-            kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, true, d.x, s));
+        FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.attn, L.wo, L.bo, T, NH * D, H, !tp_sum,
+                                              tp_sum ? d.o_part : d.x, s));
+      }
+      if (tp_sum) {
+        FLOTILLA_RETURN_IF_ERROR(mark("tp_all_reduce"));
+        FLOTILLA_RETURN_IF_ERROR(par->tp().AllReduce(d.o_part, static_cast<int64_t>(T) * H, s));
       }
       // The router projection adds into zeroed logits (so a few tokens can
       // split its input over many blocks) and the ranking zeroes them again.
       // Few tokens: the norm runs inside the projection, which also writes
       // the normalised rows (the experts' input).
-      if (T <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens)) {
+      if (!tp_sum &&
+          T <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens)) {
         FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
         if (on("router_linear")) {
           FLOTILLA_CUDA_RETURN(kc::LaunchNormLinear(d.x, L.post_norm, eps, L.router,
@@ -1070,7 +1218,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
       } else {
         FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
         if (on("rmsnorm")) {
-          FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, nullptr, L.post_norm, T, H, eps, d.t, s));
+          FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d.x, tp_sum ? d.o_part : nullptr, L.post_norm,
+                                                    T, H, eps, d.t, s));
         }
         FLOTILLA_RETURN_IF_ERROR(mark("router_linear"));
         if (on("router_linear")) {
@@ -1090,7 +1239,9 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
                                              cudaMemcpyDeviceToDevice, s));
       }
       FLOTILLA_RETURN_IF_ERROR(mark("moe"));
-      if (on("moe")) {
+      if (par != nullptr) {
+        FLOTILLA_RETURN_IF_ERROR(RunShardedMoe(static_cast<int>(&L - d.layers.data()), T, s));
+      } else if (on("moe")) {
         FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
                                                 static_cast<float>(c.swiglu_limit), 1.702f, d.x,
                                                 d.moe_ws, d.moe_ws_bytes, d.invalid, s));
@@ -1119,8 +1270,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   if (decode) {
     const int64_t ctx = std::min<int64_t>(std::max<int64_t>(PowerOfTwoAtLeast(plan.max_len), 1024),
                                           options_.max_context);
-    const std::tuple<int, int64_t, int> key(plan.seqs, ctx,
-                                            sample ? SamplingVariant(*sampling) : -1);
+    const std::tuple<int, int64_t, int, int64_t> key(
+        plan.seqs, ctx, sample ? SamplingVariant(*sampling) : -1, step_bound);
     auto g = d.graphs.find(key);
     if (g == d.graphs.end()) {
       cudaGraph_t graph = nullptr;
@@ -1183,7 +1334,10 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
       offset += n;
     }
   }
-  if (sample) return CollectSampled(items, *sampling, plan, logits_out, sampled);
+  if (sample) {
+    FLOTILLA_RETURN_IF_ERROR(CollectSampled(items, *sampling, plan, logits_out, sampled));
+    return par != nullptr ? par->CheckHealth() : absl::OkStatus();
+  }
   std::vector<float> host(static_cast<size_t>(plan.rows) * V);
   if (plan.rows <= d.logit_rows || decode) {
     FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data(), d.logits, host.size() * sizeof(float),
@@ -1201,6 +1355,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     }
   }
   FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+  if (par != nullptr) FLOTILLA_RETURN_IF_ERROR(par->CheckHealth());
   logits_out->logits.resize(items.size());
   logits_out->routing = std::move(routing);
   for (size_t i = 0; i < items.size(); ++i) {

@@ -9,8 +9,16 @@
 // matrix, experts in their packed MXFP4 checkpoint layout, KV cache bf16
 // [num_blocks, kv_heads, block_size, D] per layer (every layer keeps every
 // position; sliding layers only read their window).
-// Not thread-safe: one owner drives it. A single rank holds the whole model
-// (tensor / expert parallel GPU ranks are not wired yet).
+//
+// Sharded (CudaEngineOptions::parallel set, W > 1 ranks): the engine holds its
+// TP rank's q and kv heads (and their KV), the experts its rank holds in the
+// expert map (by slot), and the replicated embedding, norms, router and
+// lm_head. Each layer runs its heads' attention, sums the O projection over
+// the TP group (tp().AllReduce), routes, dispatches its share of the tokens to
+// the experts' ranks (ep().Dispatch), runs its own experts on the rows it
+// received and joins the outputs (ep().Combine). Every operation is ordered on
+// the engine's stream, so decode steps stay one CUDA graph.
+// Not thread-safe: one owner drives it.
 #pragma once
 
 #include <cstdint>
@@ -33,12 +41,21 @@ namespace flotilla {
 
 class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
 
+namespace parallel {
+class ParallelContext;  // worker/parallel/parallel_context.h
+}
+
 struct CudaEngineOptions {
   int device = 0;
+  // A sharded rank's view of the instance (Memory::kDevice on `device`; must
+  // outlive the engine), or nullptr: this engine holds the whole model.
+  parallel::ParallelContext* parallel = nullptr;
   int kv_block_size = 16;
   // Blocks in the KV arena (block 0 is kept as scratch for padded graph
-  // rows); 0: what gpu_memory_utilization of the device's memory leaves after
-  // the weights, the workspaces and whatever else already uses the device.
+  // rows); 0: what this engine's share of the device (gpu_memory_utilization
+  // of its memory) leaves after its weights, workspaces and a reserve for the
+  // CUDA context, capped by the memory free now. Ranks sharing one GPU each
+  // take their own fraction.
   int64_t kv_num_blocks = 0;
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
@@ -80,13 +97,15 @@ struct SampledToken {
 
 class CudaEngine : public Engine {
  public:
-  // Uploads `weights` (a single rank's: every head and expert).
+  // Uploads `weights`: every head and expert, or with options.parallel the
+  // shard LoadShard gives for this rank (its TP rank's heads, its experts).
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
                                                             const CudaEngineOptions& options);
   // Generates on the device exactly the weights `flotilla make-checkpoint`
   // writes for (config, seed), in the layout Create uploads them to: the same
   // engine as Create(LoadWeights(that checkpoint)), with no checkpoint and no
   // host copy (a staging buffer of one layer on the device while it builds).
+  // With options.parallel, only this rank's shard of it.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> CreateFromSyntheticCheckpoint(
       const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options);
   // Fills every weight on the device from `seed` with the benchmarks' own
@@ -109,6 +128,9 @@ class CudaEngine : public Engine {
   // max_batch_tokens tokens or max_sequences sequences.
   absl::Status Validate(const std::vector<StepItem>& items) const override;
   absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) override;
+  void SetInstanceStepTokens(int64_t max_tokens_any_rank) override {
+    instance_step_tokens_ = max_tokens_any_rank;
+  }
 
   // Runs a step and samples one token per item on the GPU from the logits of
   // the item's last position (`params` one per item). A step whose items
@@ -175,6 +197,10 @@ class CudaEngine : public Engine {
   absl::StatusOr<StepOutput> StepWithHostSampling(const std::vector<StepItem>& items);
   absl::Status RunStep(const std::vector<StepItem>& items, const DeviceSampling* sampling,
                        StepOutput* logits_out, std::vector<SampledToken>* sampled);
+  // A sharded rank's MoE for one layer: dispatch its share of the step's
+  // `tokens` routed rows (d.t, topk), run its experts on the rows received,
+  // combine and add the result into the residual. tokens may be 0.
+  absl::Status RunShardedMoe(int layer, int tokens, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int SamplingVariant(const DeviceSampling& sampling);
   absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
@@ -192,6 +218,7 @@ class CudaEngine : public Engine {
   std::unordered_map<int64_t, Sequence> sequences_;
   std::unique_ptr<PrefixCache> blocks_;  // the arena's blocks but 0, and cached prefixes
   std::map<std::string, double> op_time_ms_;
+  int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
 };
 
 }  // namespace flotilla

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <set>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -16,6 +17,7 @@
 #include "worker/engine/cuda_weight_feed.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/synthetic_shard.h"
+#include "worker/parallel/parallel_context.h"
 
 namespace flotilla {
 namespace {
@@ -133,17 +135,29 @@ class SyntheticCheckpointFeed : public CudaWeightFeed {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWeightFeed>> MakeSyntheticCheckpointFeed(
-    const ModelConfig& config, uint64_t seed) {
+    const ModelConfig& config, uint64_t seed, const ShardSpec& shard) {
   auto writer = std::make_unique<DeviceStagingWriter>(StagingBytes(config));
   FLOTILLA_ASSIGN_OR_RETURN(SyntheticShardBuilder builder,
-                            SyntheticShardBuilder::Create(config, seed, ShardSpec{}, writer.get()));
+                            SyntheticShardBuilder::Create(config, seed, shard, writer.get()));
   return std::make_unique<SyntheticCheckpointFeed>(std::move(writer), std::move(builder));
 }
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateFromSyntheticCheckpoint(
     const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options) {
+  // A sharded rank generates its TP rank's heads and every expert it holds
+  // in any layer (the engine uploads each layer's slots from them).
+  ShardSpec shard;
+  if (const parallel::ParallelContext* p = options.parallel) {
+    shard.tp_rank = p->config().tp_rank_of(p->rank());
+    shard.tp_size = p->config().tp_size();
+    std::set<int> held;
+    for (int l = 0; l < p->expert_map().num_layers(); ++l) {
+      for (int e : p->expert_map().ExpertsOnRank(l, p->rank())) held.insert(e);
+    }
+    shard.experts.assign(held.begin(), held.end());
+  }
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaWeightFeed> feed,
-                            MakeSyntheticCheckpointFeed(config, seed));
+                            MakeSyntheticCheckpointFeed(config, seed, shard));
   return Build(config, std::move(feed), 0, options);
 }
 

@@ -44,10 +44,10 @@ class HostWeightsFeed : public CudaWeightFeed {
 };
 
 // The synthetic checkpoint `flotilla make-checkpoint` would write for
-// (config, seed), generated on the current device piece by piece into one
+// (config, seed), the part of it `shard` names (default: all of it), generated on the current device piece by piece into one
 // staging buffer (the largest piece: a layer with every expert, or the
 // embedding) that lives as long as the feed.
 absl::StatusOr<std::unique_ptr<CudaWeightFeed>> MakeSyntheticCheckpointFeed(
-    const ModelConfig& config, uint64_t seed);
+    const ModelConfig& config, uint64_t seed, const ShardSpec& shard = {});
 
 }  // namespace flotilla

@@ -75,8 +75,17 @@ class Engine {
   // unknown or repeated sequence, an empty chunk, a token id out of range, a
   // sequence past the context; RESOURCE_EXHAUSTED when KV blocks are short).
   virtual absl::Status Validate(const std::vector<StepItem>& items) const = 0;
-  // Runs one forward step; on error no sequence changes.
+  // Runs one forward step; on error no sequence changes. A rank of a
+  // sharded instance with no work of its own runs an empty step so that its
+  // peers' collectives match (engines built without a ParallelContext refuse
+  // an empty step).
   virtual absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) = 0;
+
+  // Sharded instances: the most tokens any rank of the instance runs in the
+  // coming step (every rank passes the same value before every step), so
+  // that fixed-capacity exchanges agree on their shapes. Engines that
+  // exchange nothing, or size exchanges on the host, ignore it.
+  virtual void SetInstanceStepTokens(int64_t max_tokens_any_rank) {}
 
   // Longest sequence this engine can run (context and KV capacity).
   virtual int64_t MaxSequenceLength() const = 0;
