@@ -153,11 +153,14 @@ absl::Status CheckContext(const ModelWeights& w, const parallel::ParallelContext
         " experts, the model ", c.num_hidden_layers, " of ", c.num_local_experts));
   }
   const int tp = context.config().tp_size();
+  const int tp_rank = context.config().tp_rank_of(context.rank());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    if (w.layers[l].attn.q_heads * tp != c.num_attention_heads) {
+    const AttentionWeights& a = w.layers[l].attn;
+    if (a.q_heads * tp != c.num_attention_heads || a.q_head_begin != tp_rank * a.q_heads) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "weights: layer ", l, " holds ", w.layers[l].attn.q_heads, " q heads; a rank of a TP ",
-          "group of ", tp, " needs ", c.num_attention_heads / tp));
+          "weights: layer ", l, " holds q heads [", a.q_head_begin, ", +", a.q_heads, "); TP rank ",
+          tp_rank, " of ", tp, " needs [", tp_rank * (c.num_attention_heads / tp), ", +",
+          c.num_attention_heads / tp, ")"));
     }
     for (int e : map.ExpertsOnRank(l, context.rank())) {
       if (w.layers[l].slot_of_expert[e] < 0) {
