@@ -19,6 +19,7 @@
 #include "spdlog/spdlog.h"
 #include "worker/advertise_address.h"
 #include "worker/engine_probe.h"
+#include "worker/parallel/host_context.h"
 #include "worker/worker_messages.h"
 #if FLOTILLA_WITH_UCX
 #include "comm/ucx/ucx_communicator.h"
@@ -376,7 +377,7 @@ void WorkerRuntime::Reset(const std::string& why) {
   if (engine_ || comm_) spdlog::info("dropping engine state: {}", why);
   running_ = false;
   engine_.reset();
-  collectives_.reset();
+  parallel_context_.reset();
   comm_.reset();
   ucx_endpoint_.reset();
   pending_.clear();
@@ -466,7 +467,16 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     FLOTILLA_ASSIGN_OR_RETURN(comm_, comm::UcxCommunicator::Create(std::move(ucx_endpoint_),
                                                                    a.rank(), addresses, uo));
     FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
-    collectives_ = std::make_unique<DistributedCollectives>(comm_.get(), *parallel_, map);
+    const ModelConfig& model = pending_weights_->config;
+    parallel::ContextOptions po;
+    po.memory = parallel::Memory::kHost;
+    po.hidden = model.hidden_size;
+    po.top_k = model.num_experts_per_tok;
+    // The planner's budget, plus decode tokens that may overrun it.
+    po.max_tokens_per_step = int64_t{std::max<uint32_t>(1, a.max_batch_tokens())} +
+                             std::max<uint32_t>(1, a.max_sequences());
+    FLOTILLA_ASSIGN_OR_RETURN(parallel_context_, parallel::CreateHostContext(
+                                                     *parallel_, std::move(map), comm_.get(), po));
 #endif
   }
   const ModelConfig& c = pending_weights_->config;
@@ -508,7 +518,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
 #endif
   } else {
     FLOTILLA_ASSIGN_OR_RETURN(engine_, CpuEngine::Create(std::move(*pending_weights_), eo,
-                                                         pool_.get(), collectives_.get()));
+                                                         pool_.get(), parallel_context_.get()));
   }
   pending_weights_.reset();
   kv_total_ = engine_->KvTotalBlocks();
@@ -737,7 +747,7 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   out.Clear();
   // Switch expert maps at this boundary when every rank has the new one.
   if (have_version > map_version_ && pending_maps_.count(have_version)) {
-    if (collectives_) collectives_->SetExpertMap(pending_maps_.at(have_version));
+    if (parallel_context_) parallel_context_->SetExpertMap(pending_maps_.at(have_version));
     map_version_ = have_version;
     pending_maps_.erase(pending_maps_.begin(), pending_maps_.upper_bound(have_version));
     spdlog::info("rank {} switched to expert map version {} at step {}", a.rank(), map_version_,

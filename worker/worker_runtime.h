@@ -24,11 +24,11 @@
 #include "common/tls_credentials.h"
 #include "kernels/cpu/thread_pool.h"
 #include "proto/cluster.grpc.pb.h"
-#include "worker/distributed_collectives.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/model_source.h"
+#include "worker/parallel/parallel_context.h"
 
 namespace flotilla::comm {
 class UcxWorker;
@@ -152,7 +152,7 @@ class WorkerRuntime {
   std::unique_ptr<comm::UcxWorker> ucx_endpoint_;
   std::string ucx_net_device_;  // the advertised address's interface, set by Run
   std::unique_ptr<comm::Communicator> comm_;
-  std::unique_ptr<DistributedCollectives> collectives_;
+  std::unique_ptr<parallel::ParallelContext> parallel_context_;  // W > 1: over comm_
   std::unique_ptr<Engine> engine_;
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   bool running_ = false;

@@ -2,14 +2,15 @@
 
 #include <gtest/gtest.h>
 
-#include <barrier>
 #include <cmath>
 #include <thread>
 #include <vector>
 
+#include "comm/local/local_communicator.h"
 #include "tests/engine/reference_model.h"
 #include "worker/engine/generate.h"
 #include "worker/model/synthetic_weights.h"
+#include "worker/parallel/host_context.h"
 
 namespace flotilla {
 namespace {
@@ -286,63 +287,103 @@ TEST(CpuEngine, CreateRejectsIncompleteWeights) {
   EXPECT_FALSE(CpuEngine::Create(full, o, nullptr).ok());
 }
 
-// Two ranks in two threads: heads split by tensor parallelism, experts split
-// in halves, joined through RankCollectives that sum over a shared buffer.
-class ThreadCollectives : public RankCollectives {
- public:
-  struct Shared {
-    std::barrier<> barrier{2};
-    std::vector<float> sum;
-  };
-  ThreadCollectives(Shared* shared, int rank) : shared_(shared), rank_(rank) {}
-  absl::Status AllReduceAttention(int, float* data, int64_t n) override { return Sum(data, n); }
-  absl::Status CombineExperts(int, float* data, int64_t n) override { return Sum(data, n); }
-
- private:
-  absl::Status Sum(float* data, int64_t n) {
-    if (rank_ == 0) shared_->sum.assign(data, data + n);
-    shared_->barrier.arrive_and_wait();
-    if (rank_ == 1) {
-      for (int64_t i = 0; i < n; ++i) shared_->sum[i] += data[i];
-    }
-    shared_->barrier.arrive_and_wait();
-    std::copy(shared_->sum.begin(), shared_->sum.end(), data);
-    shared_->barrier.arrive_and_wait();
-    return absl::OkStatus();
+// Two ranks in two threads joined by a host context over a local
+// communicator. Rank 0 holds the even experts at slots in reverse order
+// (its weights keep them ascending, so slot and weight order differ) and a
+// replica of expert 3; rank 1 the odd ones.
+ExpertMap TwoRankMap(int layers) {
+  std::vector<std::vector<ExpertLocation>> layer(8);
+  for (int e = 0; e < 8; ++e) {
+    layer[e] = {e % 2 == 0 ? ExpertLocation{0, 3 - e / 2} : ExpertLocation{1, e / 2}};
   }
-  Shared* shared_;
-  int rank_;
-};
+  layer[3].push_back({0, 4});
+  return *ExpertMap::Create(1, 2, std::vector(layers, layer));
+}
 
-TEST(CpuEngine, TwoRankSplitThroughTheHooksEqualsOneRank) {
-  auto single = MakeEngine(nullptr);
-  std::vector<int32_t> tokens = Tokens(15, 10);
-  std::vector<float> want = Prefill(*single, tokens);
-  ThreadCollectives::Shared shared;
-  std::vector<std::vector<float>> got(2);
+// Runs steps[r] on rank r, one prompt per step on a fresh sequence (an empty
+// prompt: the rank joins the step with no tokens); returns each step's logits.
+std::vector<std::vector<std::vector<float>>> RunTwoRanks(
+    int tp, const std::vector<std::vector<std::vector<int32_t>>>& steps) {
+  const ModelConfig c = TestConfig();
+  auto config = ParallelConfig::Create(2, tp, c);
+  EXPECT_TRUE(config.ok()) << config.status();
+  auto rendezvous = *comm::LocalRendezvous::Create(2);
+  std::vector<std::vector<std::vector<float>>> got(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
+      auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(10)});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      parallel::ContextOptions po;
+      po.hidden = c.hidden_size;
+      po.top_k = c.num_experts_per_tok;
+      po.max_tokens_per_step = 64;
+      auto context =
+          parallel::CreateHostContext(*config, TwoRankMap(c.num_hidden_layers), comm->get(), po);
+      ASSERT_TRUE(context.ok()) << context.status();
       ShardSpec spec;
-      spec.tp_rank = r;
-      spec.tp_size = 2;
-      spec.experts = r == 0 ? std::vector<int>{0, 2, 4, 6} : std::vector<int>{1, 3, 5, 7};
-      auto w = MakeSyntheticWeights(TestConfig(), 1, spec);
-      ThreadCollectives coll(&shared, r);
+      spec.tp_rank = config->tp_rank_of(r);
+      spec.tp_size = tp;
+      spec.experts = r == 0 ? std::vector<int>{0, 2, 3, 4, 6} : std::vector<int>{1, 3, 5, 7};
       CpuEngineOptions o;
       o.kv_block_size = 4;
       o.kv_num_blocks = 256;
-      auto e = CpuEngine::Create(std::move(*w), o, nullptr, &coll);
+      auto e = CpuEngine::Create(*MakeSyntheticWeights(c, 1, spec), o, nullptr, context->get());
       ASSERT_TRUE(e.ok()) << e.status();
-      int64_t s = (*e)->NewSequence();
-      auto out = (*e)->Step({StepItem{s, tokens, LogitsMode::kAll}});
-      ASSERT_TRUE(out.ok()) << out.status();
-      got[r] = out->logits[0];
+      for (const std::vector<int32_t>& prompt : steps[r]) {
+        std::vector<StepItem> items;
+        if (!prompt.empty()) items.push_back({(*e)->NewSequence(), prompt, LogitsMode::kAll});
+        auto out = (*e)->Step(items);
+        ASSERT_TRUE(out.ok()) << out.status();
+        got[r].push_back(prompt.empty() ? std::vector<float>() : out->logits[0]);
+      }
     });
   }
   for (auto& t : ranks) t.join();
-  ExpectNear(got[0], want, 1e-4);
-  ExpectNear(got[1], want, 1e-4);
+  return got;
+}
+
+TEST(CpuEngine, TensorParallelPairThroughAHostContextEqualsOneRank) {
+  auto single = MakeEngine(nullptr);
+  std::vector<int32_t> tokens = Tokens(15, 10);
+  std::vector<float> want = Prefill(*single, tokens);
+  auto got = RunTwoRanks(2, {{tokens}, {tokens}});
+  ASSERT_EQ(got[0].size(), 1u);
+  ASSERT_EQ(got[1].size(), 1u);
+  // The o_proj partials are summed over two ranks: close, not the same bits.
+  ExpectNear(got[0][0], want, 1e-4);
+  ExpectNear(got[1][0], want, 1e-4);
+}
+
+TEST(CpuEngine, ExpertParallelRanksGiveTheSameBitsAsOneRank) {
+  auto single = MakeEngine(nullptr);
+  std::vector<int32_t> a = Tokens(15, 3), b = Tokens(6, 4);
+  std::vector<float> want_a = Prefill(*single, a), want_b = Prefill(*single, b);
+  // Step 1: both ranks have tokens; step 2: rank 1 has none.
+  auto got = RunTwoRanks(1, {{a, b}, {b, {}}});
+  ASSERT_EQ(got[0].size(), 2u);
+  ASSERT_EQ(got[1].size(), 2u);
+  EXPECT_EQ(got[0][0], want_a);
+  EXPECT_EQ(got[1][0], want_b);
+  EXPECT_EQ(got[0][1], want_b);
+}
+
+TEST(CpuEngine, AContextWhoseMapPlacesAnExpertTheWeightsLackIsRefused) {
+  const ModelConfig c = TestConfig();
+  auto rendezvous = *comm::LocalRendezvous::Create(2);
+  auto comm = *comm::LocalCommunicator::Create(rendezvous, 0);
+  parallel::ContextOptions po;
+  po.hidden = c.hidden_size;
+  po.top_k = c.num_experts_per_tok;
+  auto context = *parallel::CreateHostContext(*ParallelConfig::Create(2, 1, c),
+                                              TwoRankMap(c.num_hidden_layers), comm.get(), po);
+  ShardSpec spec;
+  spec.experts = {0, 2, 4, 6};  // not the replica of expert 3
+  CpuEngineOptions o;
+  o.kv_num_blocks = 16;
+  auto e = CpuEngine::Create(*MakeSyntheticWeights(c, 1, spec), o, nullptr, context.get());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(e.status().message()).find("expert 3"), std::string::npos) << e.status();
 }
 
 }  // namespace

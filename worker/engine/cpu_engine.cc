@@ -45,7 +45,7 @@ absl::Status CheckMxfp4(const Mxfp4Matrix& m, int64_t rows, int64_t cols, const 
   return absl::OkStatus();
 }
 
-absl::Status CheckWeights(const ModelWeights& w, bool has_collectives) {
+absl::Status CheckWeights(const ModelWeights& w, bool has_context) {
   const ModelConfig& c = w.config;
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   const int64_t E = c.num_local_experts;
@@ -86,9 +86,10 @@ absl::Status CheckWeights(const ModelWeights& w, bool has_collectives) {
     if (l > 0 && (a.q_heads != w.layers[0].attn.q_heads || a.q_head_begin != w.layers[0].attn.q_head_begin)) {
       return absl::InvalidArgumentError("weights: every layer must hold the same attention heads");
     }
-    if (!has_collectives && a.q_heads != c.num_attention_heads) {
+    if (!has_context && a.q_heads != c.num_attention_heads) {
       return absl::InvalidArgumentError(
-          "weights: a single-rank engine needs every attention head (pass RankCollectives for a shard)");
+          "weights: a single-rank engine needs every attention head (pass a ParallelContext for a "
+          "shard)");
     }
     FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wq, a.q_heads * D, H, p + "self_attn.q_proj.weight"));
     FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bq, a.q_heads * D, p + "self_attn.q_proj.bias"));
@@ -112,7 +113,7 @@ absl::Status CheckWeights(const ModelWeights& w, bool has_collectives) {
     for (int64_t e = 0; e < E; ++e) {
       const int slot = L.slot_of_expert[e];
       if (slot < 0) {
-        if (!has_collectives) {
+        if (!has_context) {
           return absl::InvalidArgumentError(absl::StrCat(
               "weights: ", p, "expert ", e,
               " is not held; a single-rank engine needs every expert"));
@@ -129,6 +130,44 @@ absl::Status CheckWeights(const ModelWeights& w, bool has_collectives) {
       FLOTILLA_RETURN_IF_ERROR(CheckVector(x.gate_up_bias, 2 * I, ep + "gate_up_proj_bias"));
       FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.down, H, I, ep + "down_proj"));
       FLOTILLA_RETURN_IF_ERROR(CheckVector(x.down_bias, H, ep + "down_proj_bias"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A context must fit the weights: host memory, the model's shapes, this
+// rank's share of the heads, and every expert its map places here held.
+absl::Status CheckContext(const ModelWeights& w, const parallel::ParallelContext& context) {
+  const ModelConfig& c = w.config;
+  const parallel::ContextOptions& o = context.options();
+  if (o.memory != parallel::Memory::kHost || o.hidden != c.hidden_size ||
+      o.top_k != c.num_experts_per_tok) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel context: the CPU engine needs host memory, hidden ", c.hidden_size, " and top_k ",
+        c.num_experts_per_tok, "; got hidden ", o.hidden, " top_k ", o.top_k));
+  }
+  const ExpertMap& map = context.expert_map();
+  if (map.num_layers() != c.num_hidden_layers || map.num_experts() != c.num_local_experts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel context: the expert map has ", map.num_layers(), " layers of ", map.num_experts(),
+        " experts, the model ", c.num_hidden_layers, " of ", c.num_local_experts));
+  }
+  const int tp = context.config().tp_size();
+  const int tp_rank = context.config().tp_rank_of(context.rank());
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    const AttentionWeights& a = w.layers[l].attn;
+    if (a.q_heads * tp != c.num_attention_heads || a.q_head_begin != tp_rank * a.q_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights: layer ", l, " holds q heads [", a.q_head_begin, ", +", a.q_heads, "); TP rank ",
+          tp_rank, " of ", tp, " needs [", tp_rank * (c.num_attention_heads / tp), ", +",
+          c.num_attention_heads / tp, ")"));
+    }
+    for (int e : map.ExpertsOnRank(l, context.rank())) {
+      if (w.layers[l].slot_of_expert[e] < 0) {
+        return absl::InvalidArgumentError(absl::StrCat("weights: the expert map places expert ", e,
+                                                       " of layer ", l, " on rank ", context.rank(),
+                                                       ", which does not hold it"));
+      }
     }
   }
   return absl::OkStatus();
@@ -160,8 +199,9 @@ int64_t CpuEngine::KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int6
 absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weights,
                                                              const CpuEngineOptions& options,
                                                              kernels::cpu::ThreadPool* pool,
-                                                             RankCollectives* collectives) {
-  FLOTILLA_RETURN_IF_ERROR(CheckWeights(weights, collectives != nullptr));
+                                                             parallel::ParallelContext* context) {
+  FLOTILLA_RETURN_IF_ERROR(CheckWeights(weights, context != nullptr));
+  if (context != nullptr) FLOTILLA_RETURN_IF_ERROR(CheckContext(weights, *context));
   const ModelConfig& c = weights.config;
   FLOTILLA_ASSIGN_OR_RETURN(
       std::unique_ptr<KvCache> kv,
@@ -170,14 +210,14 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
                                 options.kv_block_size, options.kv_num_blocks,
                                 options.prefix_cache)));
   std::unique_ptr<CpuEngine> engine(
-      new CpuEngine(std::move(weights), std::move(kv), pool, collectives));
+      new CpuEngine(std::move(weights), std::move(kv), pool, context));
   engine->record_margins_ = options.record_router_margins;
   return engine;
 }
 
 CpuEngine::CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv,
-                     kernels::cpu::ThreadPool* pool, RankCollectives* collectives)
-    : weights_(std::move(weights)), kv_(std::move(kv)), pool_(pool), collectives_(collectives) {
+                     kernels::cpu::ThreadPool* pool, parallel::ParallelContext* context)
+    : weights_(std::move(weights)), kv_(std::move(kv)), pool_(pool), context_(context) {
   const ModelConfig& c = weights_.config;
   k::YarnParams p;
   p.theta = c.rope_theta;
@@ -230,7 +270,7 @@ int64_t CpuEngine::MaxSequenceLength() const {
 
 absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
   // An empty step is how a rank with no work joins its peers' collectives.
-  if (items.empty() && collectives_ == nullptr) {
+  if (items.empty() && context_ == nullptr) {
     return absl::InvalidArgumentError("step: no sequences");
   }
   const ModelConfig& c = weights_.config;
@@ -418,8 +458,8 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
       for (int64_t h = 0; h < H; ++h) o_[t * H + h] += Bf16ToFloat(a.bo.data[h]);
     }
   }
-  if (collectives_ != nullptr) {
-    FLOTILLA_RETURN_IF_ERROR(collectives_->AllReduceAttention(layer, o_.data(), T * H));
+  if (context_ != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(context_->tp().AllReduce(o_.data(), T * H));
   }
   for (int64_t i = 0; i < T * H; ++i) x_[i] += o_[i];
 
@@ -466,25 +506,32 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
       margins_[t] = std::min(margins_[t], (kth - next) / std::max(1.0f, std::abs(top)));
     }
   }
-  if (collectives_ != nullptr && collectives_->DispatchesTokens()) {
-    y_.assign(T * H, 0.0f);
-    FLOTILLA_RETURN_IF_ERROR(collectives_->RunMoe(layer, t_.data(), T, H, topk_idx_.data(),
-                                                  topk_w_.data(), static_cast<int>(K), *this,
-                                                  y_.data()));
+  if (context_ != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(RunDispatchedExperts(layer, T));
   } else {
     RunExperts(layer, T);
-    if (collectives_ != nullptr) {
-      FLOTILLA_RETURN_IF_ERROR(collectives_->CombineExperts(layer, y_.data(), T * H));
-    }
   }
   for (int64_t i = 0; i < T * H; ++i) x_[i] += y_[i];
   return absl::OkStatus();
 }
 
+void CpuEngine::RunExpert(const ExpertWeights& x, int64_t n) {
+  const ModelConfig& c = weights_.config;
+  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  ex_gu_.resize(n * 2 * I);
+  k::LinearMxfp4(pool_, ex_in_.data(), n, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
+                 x.gate_up_bias.data, ex_gu_.data());
+  ex_act_.resize(n * I);
+  k::SwigluClamped(ex_gu_.data(), n, I, static_cast<float>(c.swiglu_limit), 1.702f, ex_act_.data());
+  ex_out_.resize(n * H);
+  k::LinearMxfp4(pool_, ex_act_.data(), n, I, x.down.blocks, x.down.scales, H, x.down_bias.data,
+                 ex_out_.data());
+}
+
 void CpuEngine::RunExperts(int layer, int64_t T) {
   const ModelConfig& c = weights_.config;
   const LayerWeights& L = weights_.layers[layer];
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  const int64_t H = c.hidden_size;
   const int64_t E = c.num_local_experts, K = c.num_experts_per_tok;
   y_.assign(T * H, 0.0f);
   // Tokens routed to each expert, in token order.
@@ -494,26 +541,17 @@ void CpuEngine::RunExperts(int layer, int64_t T) {
       routed[topk_idx_[t * K + s]].emplace_back(t, topk_w_[t * K + s]);
     }
   }
-  // Ascending expert order, as transformers accumulates.
+  // Ascending expert order, as transformers accumulates; the host context's
+  // Combine sums in the same order, so several ranks give the same bits.
   for (int64_t e = 0; e < E; ++e) {
     const auto& toks = routed[e];
-    const int slot = L.slot_of_expert[e];
-    if (toks.empty() || slot < 0) continue;
-    const ExpertWeights& x = L.experts[slot];
+    if (toks.empty()) continue;
     const int64_t n = static_cast<int64_t>(toks.size());
     ex_in_.resize(n * H);
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(&ex_in_[i * H], &t_[toks[i].first * H], H * sizeof(float));
     }
-    ex_gu_.resize(n * 2 * I);
-    k::LinearMxfp4(pool_, ex_in_.data(), n, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
-                   x.gate_up_bias.data, ex_gu_.data());
-    ex_act_.resize(n * I);
-    k::SwigluClamped(ex_gu_.data(), n, I, static_cast<float>(c.swiglu_limit), 1.702f,
-                     ex_act_.data());
-    ex_out_.resize(n * H);
-    k::LinearMxfp4(pool_, ex_act_.data(), n, I, x.down.blocks, x.down.scales, H,
-                   x.down_bias.data, ex_out_.data());
+    RunExpert(L.experts[L.slot_of_expert[e]], n);
     for (int64_t i = 0; i < n; ++i) {
       float* yr = &y_[toks[i].first * H];
       const float* er = &ex_out_[i * H];
@@ -523,38 +561,49 @@ void CpuEngine::RunExperts(int layer, int64_t T) {
   }
 }
 
-absl::Status CpuEngine::Run(int layer, const float* rows, int64_t n, const int32_t* experts,
-                            float* out) {
-  const ModelConfig& c = weights_.config;
+absl::Status CpuEngine::RunDispatchedExperts(int layer, int64_t T) {
+  parallel::ExpertParallel& ep = context_->ep();
+  FLOTILLA_ASSIGN_OR_RETURN(parallel::ExpertRows rows,
+                            ep.Dispatch(layer, t_.data(), topk_idx_.data(), topk_w_.data(), T));
+  FLOTILLA_RETURN_IF_ERROR(RunHeldExperts(layer, rows));
+  y_.resize(T * weights_.config.hidden_size);
+  return ep.Combine(layer, y_.data());
+}
+
+absl::Status CpuEngine::RunHeldExperts(int layer, const parallel::ExpertRows& rows) {
   const LayerWeights& L = weights_.layers[layer];
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
-  // Rows grouped by expert, ascending, so each expert's weights stream once.
-  std::vector<std::vector<int64_t>> routed(c.num_local_experts);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t e = experts[i];
-    if (e < 0 || e >= c.num_local_experts || L.slot_of_expert[e] < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("layer ", layer, ": expert ", e, " is not held by this rank"));
+  const int64_t H = weights_.config.hidden_size;
+  // Rows name experts by their slot in the expert map; the weights keep
+  // their own order (the shard's), so translate through the expert id.
+  const ExpertMap& map = context_->expert_map();
+  std::vector<int> held(map.SlotsOnRank(layer, context_->rank()), -1);
+  for (int e = 0; e < map.num_experts(); ++e) {
+    for (const ExpertLocation& at : map.replicas(layer, e)) {
+      if (at.rank == context_->rank()) held[at.slot] = L.slot_of_expert[e];
     }
-    routed[e].push_back(i);
   }
-  std::vector<float> in, gu, act, res;
-  for (int e = 0; e < c.num_local_experts; ++e) {
-    const auto& idx = routed[e];
+  // Rows grouped by expert so each expert's weights stream once.
+  std::vector<std::vector<int64_t>> routed(L.experts.size());
+  for (int64_t i = 0; i < rows.rows; ++i) {
+    const int32_t slot = rows.slot[i];
+    const int local = slot >= 0 && slot < static_cast<int32_t>(held.size()) ? held[slot] : -1;
+    if (local < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer, ": slot ", slot, " names no expert this rank holds"));
+    }
+    routed[local].push_back(i);
+  }
+  const float* x = static_cast<const float*>(rows.x);
+  for (size_t local = 0; local < routed.size(); ++local) {
+    const std::vector<int64_t>& idx = routed[local];
     if (idx.empty()) continue;
-    const ExpertWeights& x = L.experts[L.slot_of_expert[e]];
-    const int64_t m = static_cast<int64_t>(idx.size());
-    in.resize(m * H);
-    for (int64_t i = 0; i < m; ++i) std::memcpy(&in[i * H], rows + idx[i] * H, H * sizeof(float));
-    gu.resize(m * 2 * I);
-    k::LinearMxfp4(pool_, in.data(), m, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
-                   x.gate_up_bias.data, gu.data());
-    act.resize(m * I);
-    k::SwigluClamped(gu.data(), m, I, static_cast<float>(c.swiglu_limit), 1.702f, act.data());
-    res.resize(m * H);
-    k::LinearMxfp4(pool_, act.data(), m, I, x.down.blocks, x.down.scales, H, x.down_bias.data,
-                   res.data());
-    for (int64_t i = 0; i < m; ++i) std::memcpy(out + idx[i] * H, &res[i * H], H * sizeof(float));
+    const int64_t n = static_cast<int64_t>(idx.size());
+    ex_in_.resize(n * H);
+    for (int64_t i = 0; i < n; ++i) std::memcpy(&ex_in_[i * H], x + idx[i] * H, H * sizeof(float));
+    RunExpert(L.experts[local], n);
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(rows.out + idx[i] * H, &ex_out_[i * H], H * sizeof(float));
+    }
   }
   return absl::OkStatus();
 }

@@ -13,8 +13,8 @@
 #include "kernels/cpu/thread_pool.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_cache.h"
-#include "worker/engine/rank_collectives.h"
 #include "worker/model/weights.h"
+#include "worker/parallel/parallel_context.h"
 
 namespace flotilla {
 
@@ -29,14 +29,15 @@ struct CpuEngineOptions {
   bool prefix_cache = true;
 };
 
-class CpuEngine : public Engine, public LocalExperts {
+class CpuEngine : public Engine {
  public:
-  // `pool` (may be nullptr: single-threaded) and `collectives` (nullptr when
-  // this rank holds all heads and experts) must outlive the engine.
-  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(ModelWeights weights,
-                                                           const CpuEngineOptions& options,
-                                                           kernels::cpu::ThreadPool* pool,
-                                                           RankCollectives* collectives = nullptr);
+  // `pool` (may be nullptr: single-threaded) and `context` (a host context;
+  // nullptr when this rank holds all heads and experts) must outlive the
+  // engine. With a context, `weights` hold this rank's heads and the experts
+  // the context's expert map places on this rank.
+  static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(
+      ModelWeights weights, const CpuEngineOptions& options, kernels::cpu::ThreadPool* pool,
+      parallel::ParallelContext* context = nullptr);
 
   // KV blocks needed for `sequences` sequences of up to `tokens` tokens each.
   static int64_t KvBlocksFor(const ModelConfig& config, int64_t kv_heads, int64_t block_size,
@@ -79,23 +80,26 @@ class CpuEngine : public Engine, public LocalExperts {
   int64_t KvBlocksForLength(int64_t tokens) const override { return kv_->BlocksForLength(tokens); }
   const KvCache& kv_cache() const { return *kv_; }
 
-  // LocalExperts: runs experts this rank holds on arbitrary rows (used by a
-  // runtime that dispatches tokens between ranks).
-  absl::Status Run(int layer, const float* rows, int64_t n, const int32_t* experts,
-                   float* out) override;
-
  private:
   CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv, kernels::cpu::ThreadPool* pool,
-            RankCollectives* collectives);
+            parallel::ParallelContext* context);
 
   absl::Status RunLayer(int layer, const std::vector<StepItem>& items,
                         const std::vector<int64_t>& offsets, int64_t tokens);
+  // One rank: every expert on this rank's tokens, summed into y_.
   void RunExperts(int layer, int64_t tokens);
+  // Several ranks: the MoE block through the context (dispatch, the experts
+  // held here on the rows received, combine into y_).
+  absl::Status RunDispatchedExperts(int layer, int64_t tokens);
+  // Runs each received row through the expert of its slot; writes `rows.out`.
+  absl::Status RunHeldExperts(int layer, const parallel::ExpertRows& rows);
+  // Runs expert `x` on the `n` rows of ex_in_; the result lands in ex_out_.
+  void RunExpert(const ExpertWeights& x, int64_t n);
 
   ModelWeights weights_;
   std::unique_ptr<KvCache> kv_;
   kernels::cpu::ThreadPool* pool_;
-  RankCollectives* collectives_;
+  parallel::ParallelContext* context_;
   std::vector<float> inv_freq_;
   float rope_scaling_;
 
