@@ -3,6 +3,7 @@
 #if FLOTILLA_WITH_CUDA
 #include "kernels/cuda/device.h"
 #include "worker/engine/cuda_engine.h"
+#include "worker/parallel/device_context.h"
 #endif
 
 #include <unistd.h>
@@ -466,17 +467,19 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     uo.peer_secret = sc.comm().peer_secret();
     FLOTILLA_ASSIGN_OR_RETURN(comm_, comm::UcxCommunicator::Create(std::move(ucx_endpoint_),
                                                                    a.rank(), addresses, uo));
-    FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
-    const ModelConfig& model = pending_weights_->config;
-    parallel::ContextOptions po;
-    po.memory = parallel::Memory::kHost;
-    po.hidden = model.hidden_size;
-    po.top_k = model.num_experts_per_tok;
-    // The planner's budget, plus decode tokens that may overrun it.
-    po.max_tokens_per_step = int64_t{std::max<uint32_t>(1, a.max_batch_tokens())} +
-                             std::max<uint32_t>(1, a.max_sequences());
-    FLOTILLA_ASSIGN_OR_RETURN(parallel_context_, parallel::CreateHostContext(
-                                                     *parallel_, std::move(map), comm_.get(), po));
+    if (options_.device != "cuda") {  // GPU ranks build a device context below
+      FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
+      const ModelConfig& model = pending_weights_->config;
+      parallel::ContextOptions po;
+      po.memory = parallel::Memory::kHost;
+      po.hidden = model.hidden_size;
+      po.top_k = model.num_experts_per_tok;
+      // The planner's budget, plus decode tokens that may overrun it.
+      po.max_tokens_per_step = int64_t{std::max<uint32_t>(1, a.max_batch_tokens())} +
+                               std::max<uint32_t>(1, a.max_sequences());
+      FLOTILLA_ASSIGN_OR_RETURN(parallel_context_, parallel::CreateHostContext(
+                                                       *parallel_, std::move(map), comm_.get(), po));
+    }
 #endif
   }
   const ModelConfig& c = pending_weights_->config;
@@ -492,11 +495,6 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                                   eo.prefix_cache);
   if (options_.device == "cuda") {
 #if FLOTILLA_WITH_CUDA
-    if (a.world_size() != 1) {
-      return absl::FailedPreconditionError(
-          "--device cuda runs the whole model on one GPU: start the instance with one worker "
-          "(tensor- and expert-parallel GPU ranks are not supported yet)");
-    }
     CudaEngineOptions co;
     co.device = options_.cuda_device;
     co.kv_block_size = static_cast<int>(options_.kv_block_size);
@@ -506,6 +504,26 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     co.gpu_memory_utilization = options_.gpu_memory_utilization;
     co.max_batch_tokens =
         static_cast<int>(std::max<uint32_t>(1, a.max_batch_tokens())) + co.max_sequences;
+    if (a.world_size() > 1) {
+      // A sharded GPU rank: its exchanges run on device memory (CUDA IPC on
+      // one node, NCCL across nodes); the host communicator only bootstraps them.
+      FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
+      parallel::DeviceContextOptions dco;
+      dco.device = options_.cuda_device;
+      dco.hidden = c.hidden_size;
+      dco.top_k = c.num_experts_per_tok;
+      dco.max_tokens_per_step = co.max_batch_tokens;
+      dco.timeout = options_.comm_timeout;
+      const std::string& transport = sc.comm().device_transport();
+      dco.transport = transport == "cuda-ipc" ? parallel::DeviceTransport::kCudaIpc
+                      : transport == "nccl"   ? parallel::DeviceTransport::kNccl
+                                              : parallel::DeviceTransport::kAuto;
+      FLOTILLA_ASSIGN_OR_RETURN(parallel_context_, parallel::CreateDeviceContext(
+                                                       *parallel_, std::move(map), a.rank(),
+                                                       *comm_, dco));
+      co.parallel = parallel_context_.get();
+      spdlog::info("rank {} exchanges over {}", a.rank(), parallel_context_->backend());
+    }
     if (const SyntheticModelSpec* synthetic = model_->synthetic()) {
       FLOTILLA_ASSIGN_OR_RETURN(engine_, CudaEngine::CreateFromSyntheticCheckpoint(
                                              synthetic->config, synthetic->seed, co));
@@ -716,14 +734,22 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   uint64_t have_version = pending_maps_.empty() ? map_version_ : pending_maps_.rbegin()->first;
   if (a.world_size() > 1) {
     const int W = a.world_size();
-    // Per rank: its plan's size and the newest expert map it has received.
-    std::vector<uint64_t> header(2 * W), sizes(W);
-    uint64_t mine_header[2] = {bytes.size(), have_version};
+    // Per rank: its plan's size, the newest expert map it has received and
+    // the tokens its plan runs (the engines size their exchanges from the
+    // largest).
+    uint64_t plan_tokens = 0;
+    for (const cluster::PlanItem& p : mine.items()) plan_tokens += p.tokens_size();
+    constexpr int kHeader = 3;
+    std::vector<uint64_t> header(kHeader * W), sizes(W);
+    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens};
     FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(mine_header, header.data(), sizeof(mine_header)));
+    uint64_t max_tokens = 0;
     for (int r = 0; r < W; ++r) {
-      sizes[r] = header[2 * r];
-      have_version = std::min(have_version, header[2 * r + 1]);
+      sizes[r] = header[kHeader * r];
+      have_version = std::min(have_version, header[kHeader * r + 1]);
+      max_tokens = std::max(max_tokens, header[kHeader * r + 2]);
     }
+    engine_->SetInstanceStepTokens(static_cast<int64_t>(max_tokens));
     uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
     any_work = max_size > 0;
     if (any_work) {

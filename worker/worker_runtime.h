@@ -152,7 +152,9 @@ class WorkerRuntime {
   std::unique_ptr<comm::UcxWorker> ucx_endpoint_;
   std::string ucx_net_device_;  // the advertised address's interface, set by Run
   std::unique_ptr<comm::Communicator> comm_;
-  std::unique_ptr<parallel::ParallelContext> parallel_context_;  // W > 1: over comm_
+  // W > 1: the layer exchanges (host memory over comm_ for CPU ranks, device
+  // memory for GPU ranks, comm_ only bootstrapping them). Outlives engine_.
+  std::unique_ptr<parallel::ParallelContext> parallel_context_;
   std::unique_ptr<Engine> engine_;
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   bool running_ = false;
