@@ -31,11 +31,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FLOTILLA_EP_HD __host__ __device__
-#else
-#define FLOTILLA_EP_HD
-#endif
+#include "common/host_device.h"
+
 
 namespace flotilla::kernels::cuda {
 
@@ -53,16 +50,16 @@ inline constexpr int kEpMaxRanks = 256;
 // Which of an expert's `replicas` copies pair (token, choice) goes to: takes
 // turns, so a hot expert's rows spread over its copies; deterministic, and
 // the rule the host context uses too.
-inline FLOTILLA_EP_HD int EpReplicaIndex(int token, int choice, int replicas) {
+inline FLOTILLA_HOST_DEVICE int EpReplicaIndex(int token, int choice, int replicas) {
   return (token + choice) % replicas;
 }
 
 // A packed (rank, slot) entry of the device expert table.
-inline FLOTILLA_EP_HD int32_t EpPackLocation(int rank, int slot) { return (rank << 16) | slot; }
+inline FLOTILLA_HOST_DEVICE int32_t EpPackLocation(int rank, int slot) { return (rank << 16) | slot; }
 
 // Tokens of `tokens` that TP rank `tp_rank` of `tp_size` dispatches
 // (t % tp_size == tp_rank).
-inline FLOTILLA_EP_HD int EpShareTokens(int tokens, int tp_size, int tp_rank) {
+inline FLOTILLA_HOST_DEVICE int EpShareTokens(int tokens, int tp_size, int tp_rank) {
   return tokens > tp_rank ? (tokens - tp_rank + tp_size - 1) / tp_size : 0;
 }
 
@@ -82,11 +79,11 @@ struct EpRecvBuffers {
 struct EpFlagLayout {
   int world = 0;
   int tp = 0;
-  FLOTILLA_EP_HD size_t dispatch() const { return 0; }
-  FLOTILLA_EP_HD size_t combine() const { return static_cast<size_t>(world) * kEpExchangeBlocks; }
-  FLOTILLA_EP_HD size_t gather() const { return 2 * static_cast<size_t>(world) * kEpExchangeBlocks; }
-  FLOTILLA_EP_HD size_t reduce() const { return gather() + static_cast<size_t>(tp) * kEpExchangeBlocks; }
-  FLOTILLA_EP_HD size_t words() const { return reduce() + static_cast<size_t>(tp) * kEpReduceBlocks; }
+  FLOTILLA_HOST_DEVICE size_t dispatch() const { return 0; }
+  FLOTILLA_HOST_DEVICE size_t combine() const { return static_cast<size_t>(world) * kEpExchangeBlocks; }
+  FLOTILLA_HOST_DEVICE size_t gather() const { return 2 * static_cast<size_t>(world) * kEpExchangeBlocks; }
+  FLOTILLA_HOST_DEVICE size_t reduce() const { return gather() + static_cast<size_t>(tp) * kEpExchangeBlocks; }
+  FLOTILLA_HOST_DEVICE size_t words() const { return reduce() + static_cast<size_t>(tp) * kEpReduceBlocks; }
 };
 
 // Per-block sequence numbers of this rank (advanced by the kernels, so graph

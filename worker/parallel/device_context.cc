@@ -183,8 +183,13 @@ class DeviceContext final : public ParallelContext {
     return broken_;
   }
 
+  // Checks the context is not broken and makes its GPU current (only when
+  // another one is, so that nothing extra happens inside a graph capture).
   absl::Status Usable() {
     if (!broken_.ok()) return broken_;
+    int current = -1;
+    FLOTILLA_CUDA_RETURN_IF_ERROR(cudaGetDevice(&current));
+    if (current == device_) return absl::OkStatus();
     return CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
   }
 
