@@ -1,14 +1,16 @@
 // The expert-parallel exchange kernels (see ep_exchange.h for the layouts).
 //
-// Synchronisation (cuda-ipc): a block that wrote into a peer fences at system
-// scope, meets its block at a barrier, and then one thread stores the block's
-// sequence number into the peer's flag with release semantics; a receiver
-// loads flags with acquire semantics and reads peer-written data through L2
-// (ld.global.cg), never from a possibly stale L1 line. Every block keeps its
-// own sequence number (EpState::epochs), so no block waits for another of its
-// own grid and consecutive launches (or graph replays) keep counting. Waits
-// are bounded by %globaltimer: past the bound the block records an error
-// word, and every later kernel returns at once when it finds it set.
+// Synchronisation (cuda-ipc): a block that wrote into peers meets at a
+// barrier, then one thread fences at system scope (cumulative over what the
+// block wrote, which the barrier ordered before it) and stores the sequence
+// number into each peer's flag with release semantics; a receiver loads
+// flags with acquire semantics and reads peer-written data through L2
+// (ld.global.cg), never from a possibly stale L1 line. Every block of a
+// launch reads the operation's sequence number when it starts and the last
+// block to finish advances it, so launches of any grid (and graph replays)
+// keep counting. Waits are bounded by %globaltimer: past the bound the block
+// records an error word, and every later kernel returns at once when it
+// finds it set.
 //
 // Buffer reuse: a source writes its layer L+1 rows into a destination only
 // after its own layer L combine finished, which needed the destination's
@@ -16,8 +18,9 @@
 // layer L rows; combine and gather buffers are protected the same way. The
 // all-reduce alternates two halves (by sequence parity): a rank can only be
 // one round ahead of a peer that still reads the other half.
-#include <cuda_bf16.h>
-
+//
+// Copies keep several 16-byte loads in flight per thread (kUnroll): one at a
+// time, a copy loop is bound by memory latency, not bandwidth.
 #include <climits>
 
 #include "kernels/cuda/ep_exchange.h"
@@ -27,11 +30,13 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxTopK = 16;
-// Epoch words: dispatch, combine, reduce.
+constexpr int kMaxTopK = 8;  // the combine keeps one output vector per expert in registers
+constexpr int kUnroll = 4;
+// EpState::epochs: sequence number of each operation, then its finished blocks.
 constexpr int kDispatchEpoch = 0;
-constexpr int kCombineEpoch = kEpExchangeBlocks;
-constexpr int kReduceEpoch = 2 * kEpExchangeBlocks;
+constexpr int kCombineEpoch = 1;
+constexpr int kReduceEpoch = 2;
+constexpr int kFinishedBlocks = 3;
 
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
@@ -45,8 +50,9 @@ __device__ __forceinline__ uint64_t LoadAcquire(const uint64_t* p) {
   return v;
 }
 
-__device__ __forceinline__ void StoreRelease(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+// A flag store after a system-scope fence (the fence makes it a release).
+__device__ __forceinline__ void StoreRelaxed(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 // The error word read once per block and shared, so that every thread of
@@ -60,18 +66,28 @@ __device__ bool BlockBroken(const int32_t* error) {
   return result;
 }
 
-// After this block's writes into peers: makes them visible system-wide
-// before any flag that follows.
-__device__ __forceinline__ void FenceBlock() {
-  __threadfence_system();
-  __syncthreads();
+// The operation's sequence number as this launch started.
+__device__ __forceinline__ uint64_t LaunchEpoch(const EpState& state, int op) {
+  return *reinterpret_cast<const volatile uint32_t*>(state.epochs + op);
 }
 
-// Waits until flags[source * blocks + b] >= target for every source in
-// [0, sources) except `skip`, every b < blocks. Each thread polls its share
-// of the words. Returns false when the bound passed (the error word then
-// names op and the world rank first_rank + source) or another block already
-// failed.
+// Called by every block that completed the operation: the last one advances
+// the sequence number by `steps` (no block of this launch reads it again).
+__device__ void FinishLaunch(const EpState& state, int op, uint32_t steps) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(state.epochs + kFinishedBlocks + op, 1u) == gridDim.x - 1) {
+    state.epochs[kFinishedBlocks + op] = 0;
+    state.epochs[op] += steps;
+  }
+}
+
+// Waits until flags[source * kEpMaxBlocks + b] >= target for every source in
+// [0, sources) except `skip` and every b < blocks. Each thread polls its
+// share of the words. Returns false when the bound passed (the error word
+// then names op and the world rank first_rank + source) or another block
+// already failed.
 __device__ bool WaitFlags(const uint64_t* flags, int sources, int blocks, int skip,
                           uint64_t target, uint64_t deadline, int32_t* error, int op,
                           int first_rank) {
@@ -82,15 +98,15 @@ __device__ bool WaitFlags(const uint64_t* flags, int sources, int blocks, int sk
   for (int i = threadIdx.x; i < sources * blocks && *vfailed == 0; i += blockDim.x) {
     const int source = i / blocks;
     if (source == skip) continue;
-    for (uint32_t spins = 1; LoadAcquire(flags + i) < target; ++spins) {
+    const uint64_t* flag = flags + static_cast<size_t>(source) * kEpMaxBlocks + i % blocks;
+    for (uint32_t spins = 1; LoadAcquire(flag) < target; ++spins) {
       if ((spins & 127) != 0) continue;
       if (*reinterpret_cast<volatile int32_t*>(error) != 0 || *vfailed != 0) {
         *vfailed = 1;
         break;
       }
       if (GlobalTimerNs() > deadline) {
-        const int peer = first_rank + source;
-        atomicCAS(error, 0, kEpErrorBase + op * 65536 + peer);
+        atomicCAS(error, 0, kEpErrorBase + op * 65536 + first_rank + source);
         *vfailed = 1;
         break;
       }
@@ -102,11 +118,49 @@ __device__ bool WaitFlags(const uint64_t* flags, int sources, int blocks, int sk
   return ok;
 }
 
-__device__ __forceinline__ float4 LoadCg(const float* p) {
-  return __ldcg(reinterpret_cast<const float4*>(p));
+// After this block's writes into peers: raises its flag word `offset +
+// index * kEpMaxBlocks + block` in each world rank first .. first + count - 1
+// except `skip`. One thread fences (cumulative over the block's writes, which
+// the barrier ordered before it) and stores every flag.
+__device__ void SignalPeers(const EpLaunch& l, size_t offset, int index, int first, int count,
+                            int skip, uint64_t epoch) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  for (int q = 0; q < count; ++q) {
+    if (first + q == skip) continue;
+    StoreRelaxed(l.peers[first + q].flags + offset +
+                     static_cast<size_t>(index) * kEpMaxBlocks + blockIdx.x,
+                 epoch);
+  }
 }
 
-// Row r of the receive side is real when its position is below its source's count.
+// dst(i) = src(i) for the 16-byte vectors i = first, first + stride, ... < n,
+// kUnroll loads in flight per thread.
+template <typename Src, typename Dst>
+__device__ __forceinline__ void CopyVectors(int64_t n, int64_t first, int64_t stride, Src src,
+                                            Dst dst) {
+  for (int64_t i = first; i < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * stride < n) v[u] = src(i + u * stride);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * stride < n) dst(i + u * stride, v[u]);
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t GridThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Rows source `source` put into this rank's segment (clamped to the capacity).
 __device__ __forceinline__ int SegmentCount(const int32_t* meta, int source, int cap) {
   const int count = __ldcg(meta + static_cast<size_t>(source) * (cap + 1));
   return count < 0 ? 0 : (count > cap ? cap : count);
@@ -118,8 +172,8 @@ __device__ void OrderShareTokens(const EpLaunch& l, const int32_t* topk_ids, con
                                  int shares) {
   const EpShape& s = l.shape;
   const int k = s.top_k;
-  for (int share = blockIdx.x * blockDim.x + threadIdx.x; share < shares;
-       share += gridDim.x * blockDim.x) {
+  for (int share = static_cast<int>(GridThread()); share < shares;
+       share += static_cast<int>(GridThreads())) {
     const int t = share * s.tp_size + s.tp_rank;
     int key[kMaxTopK];
     int choice[kMaxTopK];
@@ -166,20 +220,25 @@ __device__ __forceinline__ int2 PairDestination(const EpShape& s, const int32_t*
 
 // Copies the chunk's pairs this block owns: rows into their destination's
 // x, slots into its meta.
-__device__ void SendListedRows(const EpLaunch& l, const uint16_t* x, PlanShared& sh) {
+__device__ void SendListedRows(const EpLaunch& l, const uint16_t* x, const PlanShared& sh) {
   const EpShape& s = l.shape;
   const int vecs = s.hidden / 8;  // 16-byte vectors per bf16 row
   const int len = sh.list_len;
-  for (int v = threadIdx.x; v < len * vecs; v += blockDim.x) {
-    const int4 e = sh.list[v / vecs];
-    const int q = v % vecs;
-    const int segment = l.ipc ? s.rank : e.y;
-    const EpRecvBuffers& dest = l.peers[e.y];
-    const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<size_t>(e.x) * s.hidden) + q;
-    uint4* dst = reinterpret_cast<uint4*>(
-                     dest.x + static_cast<size_t>(segment * s.cap + e.z) * s.hidden) + q;
-    *dst = __ldg(src);
-  }
+  CopyVectors(
+      static_cast<int64_t>(len) * vecs, threadIdx.x, blockDim.x,
+      [&](int64_t v) {
+        const int4 e = sh.list[v / vecs];
+        return __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(e.x) * s.hidden) +
+                     v % vecs);
+      },
+      [&](int64_t v, uint4 value) {
+        const int4 e = sh.list[v / vecs];
+        const int segment = l.ipc ? s.rank : e.y;
+        uint4* row = reinterpret_cast<uint4*>(l.peers[e.y].x +
+                                              static_cast<size_t>(segment * s.cap + e.z) *
+                                                  s.hidden);
+        row[v % vecs] = value;
+      });
   for (int r = threadIdx.x; r < len; r += blockDim.x) {
     const int4 e = sh.list[r];
     const int segment = l.ipc ? s.rank : e.y;
@@ -242,12 +301,13 @@ __device__ void PlanAndSend(const EpLaunch& l, const uint16_t* x, const int32_t*
 }
 
 // Receive side of a dispatch: slot and ones for every row (padding: -1 and
-// 0), the per-source counts, and zeroed out rows for the real ones.
+// 0) and the per-source counts. `out` needs no zeroing here: it is zero from
+// creation, and every combine zeroes the rows it returned (no kernel writes
+// padding rows), so every row is zero again before the next dispatch.
 __device__ void Unpack(const EpLaunch& l) {
   const EpShape& s = l.shape;
   const int rows = s.world * s.cap;
-  const int threads = gridDim.x * blockDim.x;
-  for (int r = blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += threads) {
+  for (int r = static_cast<int>(GridThread()); r < rows; r += static_cast<int>(GridThreads())) {
     const int source = r / s.cap, i = r % s.cap;
     const bool real = i < SegmentCount(l.self.meta, source, s.cap);
     l.state.slot[r] =
@@ -259,28 +319,6 @@ __device__ void Unpack(const EpLaunch& l) {
       l.state.recv_count[p] = SegmentCount(l.self.meta, p, s.cap);
     }
   }
-  const int vecs = s.hidden / 4;
-  const int warps = gridDim.x * kWarps;
-  const int lane = threadIdx.x & 31;
-  for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < rows; r += warps) {
-    if (r % s.cap >= SegmentCount(l.self.meta, r / s.cap, s.cap)) continue;
-    float4* row = reinterpret_cast<float4*>(l.state.out + static_cast<size_t>(r) * s.hidden);
-    for (int q = lane; q < vecs; q += 32) row[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
-// Raises this block's flag word `offset + index * kEpExchangeBlocks + block`
-// in each peer of `ranks` (world ranks first .. first + count - 1, skipping
-// `skip`).
-__device__ void SignalPeers(const EpLaunch& l, size_t offset, int index, int first, int count,
-                            int skip, uint64_t epoch) {
-  FenceBlock();
-  for (int q = threadIdx.x; q < count; q += blockDim.x) {
-    if (first + q == skip) continue;
-    StoreRelease(l.peers[first + q].flags + offset +
-                     static_cast<size_t>(index) * kEpExchangeBlocks + blockIdx.x,
-                 epoch);
-  }
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -289,20 +327,20 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ PlanShared sh;
   if (BlockBroken(l.state.error)) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  const uint64_t epoch = LaunchEpoch(l.state, kDispatchEpoch) + 1;
   const EpShape& s = l.shape;
   const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
   OrderShareTokens(l, topk_ids, topk_w, shares);
   PlanAndSend(l, x, topk_ids, first, reps, shares * s.top_k, sh);
   if (!l.ipc) return;
-  const uint64_t epoch = l.state.epochs[kDispatchEpoch + blockIdx.x] + 1ull;
   const EpFlagLayout flags{s.world, s.tp_size};
   SignalPeers(l, flags.dispatch(), s.rank, 0, s.world, -1, epoch);
-  if (!WaitFlags(l.self.flags + flags.dispatch(), s.world, kEpExchangeBlocks, -1, epoch, deadline,
+  if (!WaitFlags(l.self.flags + flags.dispatch(), s.world, gridDim.x, -1, epoch, deadline,
                  l.state.error, kEpOpDispatch, 0)) {
     return;
   }
   Unpack(l);
-  if (threadIdx.x == 0) l.state.epochs[kDispatchEpoch + blockIdx.x] = static_cast<uint32_t>(epoch);
+  FinishLaunch(l.state, kDispatchEpoch, 1);
 }
 
 __global__ void __launch_bounds__(kThreads) UnpackKernel(EpLaunch l) {
@@ -318,19 +356,31 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
   const EpShape& s = l.shape;
   const int k = s.top_k, vecs = s.hidden / 4;
   const int group_first = s.rank - s.tp_rank;
-  const int threads = gridDim.x * blockDim.x;
-  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < shares * vecs; idx += threads) {
-    const int share = idx / vecs, q = idx % vecs;
+  for (int64_t idx = GridThread(); idx < static_cast<int64_t>(shares) * vecs; idx += GridThreads()) {
+    const int share = static_cast<int>(idx / vecs), q = static_cast<int>(idx % vecs);
     const int t = share * s.tp_size + s.tp_rank;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    bool first = true;
-    for (int r = 0; r < k; ++r) {
+    // All outputs loaded before any is used: k loads in flight, not one.
+    float4 o[kMaxTopK];
+    float w[kMaxTopK];
+    bool valid[kMaxTopK];
+#pragma unroll
+    for (int r = 0; r < kMaxTopK; ++r) {
+      valid[r] = false;
+      if (r >= k) continue;
       const int route = l.state.route[l.state.order[share * k + r]];
       if (route < 0) continue;
-      const float w = l.state.order_w[share * k + r];
-      const float4 o = LoadCg(l.self.combined + static_cast<size_t>(route) * s.hidden + 4 * q);
-      const float4 p = make_float4(__fmul_rn(w, o.x), __fmul_rn(w, o.y), __fmul_rn(w, o.z),
-                                   __fmul_rn(w, o.w));
+      valid[r] = true;
+      w[r] = l.state.order_w[share * k + r];
+      o[r] = __ldcg(reinterpret_cast<const float4*>(
+          l.self.combined + static_cast<size_t>(route) * s.hidden + 4 * q));
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool first = true;
+#pragma unroll
+    for (int r = 0; r < kMaxTopK; ++r) {
+      if (!valid[r]) continue;
+      const float4 p = make_float4(__fmul_rn(w[r], o[r].x), __fmul_rn(w[r], o[r].y),
+                                   __fmul_rn(w[r], o[r].z), __fmul_rn(w[r], o[r].w));
       acc = first ? p
                   : make_float4(__fadd_rn(acc.x, p.x), __fadd_rn(acc.y, p.y),
                                 __fadd_rn(acc.z, p.z), __fadd_rn(acc.w, p.w));
@@ -350,30 +400,37 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
 // peers' rows), or zeroed when `from` is null.
 __device__ void FillOtherShares(const EpShape& s, float* y, int tokens, const float* from) {
   const int vecs = s.hidden / 4;
-  const int threads = gridDim.x * blockDim.x;
-  for (int idx = blockIdx.x * blockDim.x + threadIdx.x; idx < tokens * vecs; idx += threads) {
-    const int t = idx / vecs;
-    if (t % s.tp_size == s.tp_rank) continue;
-    const size_t at = static_cast<size_t>(t) * s.hidden + 4 * (idx % vecs);
-    *reinterpret_cast<float4*>(y + at) =
-        from != nullptr ? LoadCg(from + at) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  CopyVectors(
+      static_cast<int64_t>(tokens) * vecs, GridThread(), GridThreads(),
+      [&](int64_t v) {
+        const bool other = (v / vecs) % s.tp_size != s.tp_rank;
+        return other && from != nullptr ? __ldcg(reinterpret_cast<const uint4*>(from) + v)
+                                        : make_uint4(0, 0, 0, 0);
+      },
+      [&](int64_t v, uint4 value) {
+        if ((v / vecs) % s.tp_size != s.tp_rank) reinterpret_cast<uint4*>(y)[v] = value;
+      });
 }
 
-// Returns the out rows of every source's real rows into that source's
-// `combined` (segment of this rank).
-__device__ void SendOutputs(const EpLaunch& l) {
+// Moves the out rows of every source's real rows into that source's
+// `combined` (segment of this rank), or (send false) only zeroes them:
+// each thread zeroes what it read itself, so out is zero for the next
+// dispatch without a pass of its own.
+__device__ void SendOutputs(const EpLaunch& l, bool send) {
   const EpShape& s = l.shape;
-  const int rows = s.world * s.cap, vecs = s.hidden / 4;
-  const int warps = gridDim.x * kWarps, lane = threadIdx.x & 31;
-  for (int r = blockIdx.x * kWarps + (threadIdx.x >> 5); r < rows; r += warps) {
-    const int source = r / s.cap, i = r % s.cap;
-    if (i >= l.state.recv_count[source]) continue;
-    const float4* src =
-        reinterpret_cast<const float4*>(l.state.out + static_cast<size_t>(r) * s.hidden);
-    float4* dst = reinterpret_cast<float4*>(
-        l.peers[source].combined + static_cast<size_t>(s.rank * s.cap + i) * s.hidden);
-    for (int q = lane; q < vecs; q += 32) dst[q] = src[q];
+  const int vecs = s.hidden / 4;
+  for (int p = 0; p < s.world; ++p) {
+    const int64_t n = static_cast<int64_t>(l.state.recv_count[p]) * vecs;
+    uint4* src = reinterpret_cast<uint4*>(l.state.out + static_cast<size_t>(p) * s.cap * s.hidden);
+    uint4* dst = send ? reinterpret_cast<uint4*>(l.peers[p].combined +
+                                                 static_cast<size_t>(s.rank) * s.cap * s.hidden)
+                      : nullptr;
+    CopyVectors(
+        n, GridThread(), GridThreads(), [&](int64_t v) { return src[v]; },
+        [&](int64_t v, uint4 value) {
+          if (dst != nullptr) dst[v] = value;
+          src[v] = make_uint4(0, 0, 0, 0);
+        });
   }
 }
 
@@ -381,12 +438,12 @@ __global__ void __launch_bounds__(kThreads)
     CombineIpcKernel(EpLaunch l, float* y, int tokens) {
   if (BlockBroken(l.state.error)) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  const uint64_t epoch = LaunchEpoch(l.state, kCombineEpoch) + 1;
   const EpShape& s = l.shape;
   const EpFlagLayout flags{s.world, s.tp_size};
-  const uint64_t epoch = l.state.epochs[kCombineEpoch + blockIdx.x] + 1ull;
-  SendOutputs(l);
+  SendOutputs(l, /*send=*/true);
   SignalPeers(l, flags.combine(), s.rank, 0, s.world, -1, epoch);
-  if (!WaitFlags(l.self.flags + flags.combine(), s.world, kEpExchangeBlocks, -1, epoch, deadline,
+  if (!WaitFlags(l.self.flags + flags.combine(), s.world, gridDim.x, -1, epoch, deadline,
                  l.state.error, kEpOpCombine, 0)) {
     return;
   }
@@ -396,13 +453,13 @@ __global__ void __launch_bounds__(kThreads)
   if (gather) {
     const int group_first = s.rank - s.tp_rank;
     SignalPeers(l, flags.gather(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
-    if (!WaitFlags(l.self.flags + flags.gather(), s.tp_size, kEpExchangeBlocks, s.tp_rank, epoch,
+    if (!WaitFlags(l.self.flags + flags.gather(), s.tp_size, gridDim.x, s.tp_rank, epoch,
                    deadline, l.state.error, kEpOpGather, group_first)) {
       return;
     }
     FillOtherShares(s, y, tokens, l.self.gathered);
   }
-  if (threadIdx.x == 0) l.state.epochs[kCombineEpoch + blockIdx.x] = static_cast<uint32_t>(epoch);
+  FinishLaunch(l.state, kCombineEpoch, 1);
 }
 
 __global__ void __launch_bounds__(kThreads) CombinePackedKernel(EpLaunch l, float* y, int tokens) {
@@ -410,12 +467,14 @@ __global__ void __launch_bounds__(kThreads) CombinePackedKernel(EpLaunch l, floa
   const EpShape& s = l.shape;
   ReduceShare(l, y, EpShareTokens(tokens, s.tp_size, s.tp_rank), /*to_gather=*/false);
   FillOtherShares(s, y, tokens, nullptr);
+  SendOutputs(l, /*send=*/false);  // NCCL has sent them; zero for the next dispatch
 }
 
-// This block's slice [lo, hi) of a round of `round_len` elements from `base`.
+// This block's slice [lo, hi) of the round starting at `base`, relative to it.
 __device__ __forceinline__ int2 ReduceSlice(int64_t count, int64_t base) {
-  const int64_t round_len = min(count - base, static_cast<int64_t>(kEpReduceBlocks) * kEpReduceChunk);
-  int64_t per = (round_len + kEpReduceBlocks - 1) / kEpReduceBlocks;
+  const int64_t round_len =
+      min(count - base, static_cast<int64_t>(gridDim.x) * kEpReduceChunk);
+  int64_t per = (round_len + gridDim.x - 1) / gridDim.x;
   per = (per + 3) / 4 * 4;
   const int64_t lo = min(round_len, per * blockIdx.x);
   const int64_t hi = min(round_len, lo + per);
@@ -423,8 +482,42 @@ __device__ __forceinline__ int2 ReduceSlice(int64_t count, int64_t base) {
 }
 
 __device__ __forceinline__ float* ReducePart(float* reduce, int tp, int parity, int part) {
-  return reduce + (static_cast<size_t>(parity * tp + part) * kEpReduceBlocks + blockIdx.x) *
-                      kEpReduceChunk;
+  return reduce +
+         (static_cast<size_t>(parity * tp + part) * kEpMaxBlocks + blockIdx.x) * kEpReduceChunk;
+}
+
+// Copies this block's slice of the round to every TP peer.
+__device__ void SendReduceSlice(const EpLaunch& l, const float* mine, int2 slice, int parity) {
+  const EpShape& s = l.shape;
+  const int group_first = s.rank - s.tp_rank;
+  const int n = slice.y - slice.x;
+  const bool vector = (reinterpret_cast<uintptr_t>(mine + slice.x) % 16) == 0;
+  for (int peer = 0; peer < s.tp_size; ++peer) {
+    if (peer == s.tp_rank) continue;
+    float* dst = ReducePart(l.peers[group_first + peer].reduce, s.tp_size, parity, s.tp_rank);
+    const int vecs = vector ? n / 4 : 0;
+    CopyVectors(
+        vecs, threadIdx.x, blockDim.x,
+        [&](int64_t v) { return reinterpret_cast<const uint4*>(mine + slice.x)[v]; },
+        [&](int64_t v, uint4 value) { reinterpret_cast<uint4*>(dst)[v] = value; });
+    for (int i = 4 * vecs + threadIdx.x; i < n; i += blockDim.x) dst[i] = mine[slice.x + i];
+  }
+}
+
+// Sums the slice over the TP group in TP-rank order into `mine`.
+__device__ void SumReduceSlice(const EpLaunch& l, float* mine, int2 slice, int parity) {
+  const EpShape& s = l.shape;
+  for (int i = slice.x + threadIdx.x; i < slice.y; i += blockDim.x) {
+    float acc = 0.f;
+    for (int part = 0; part < s.tp_size; ++part) {
+      const float v = part == s.tp_rank
+                          ? mine[i]
+                          : __ldcg(ReducePart(l.self.reduce, s.tp_size, parity, part) +
+                                   (i - slice.x));
+      acc = part == 0 ? v : __fadd_rn(acc, v);
+    }
+    mine[i] = acc;
+  }
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -434,43 +527,23 @@ __global__ void __launch_bounds__(kThreads)
   const EpShape& s = l.shape;
   const EpFlagLayout flags{s.world, s.tp_size};
   const int group_first = s.rank - s.tp_rank;
-  uint64_t epoch = l.state.epochs[kReduceEpoch + blockIdx.x];
-  const int64_t round_len = static_cast<int64_t>(kEpReduceBlocks) * kEpReduceChunk;
-  for (int64_t base = 0; base < count; base += round_len) {
-    ++epoch;
+  const uint64_t first_epoch = LaunchEpoch(l.state, kReduceEpoch);
+  const int64_t round_len = static_cast<int64_t>(gridDim.x) * kEpReduceChunk;
+  uint32_t rounds = 0;
+  for (int64_t base = 0; base < count; base += round_len, ++rounds) {
+    const uint64_t epoch = first_epoch + rounds + 1;
     const int parity = static_cast<int>(epoch & 1);
     const int2 slice = ReduceSlice(count, base);
-    float* mine = data + base;
-    for (int peer = 0; peer < s.tp_size; ++peer) {
-      if (peer == s.tp_rank) continue;
-      float* dst = ReducePart(l.peers[group_first + peer].reduce, s.tp_size, parity, s.tp_rank);
-      for (int i = slice.x + threadIdx.x; i < slice.y; i += blockDim.x) dst[i - slice.x] = mine[i];
-    }
-    FenceBlock();
-    for (int peer = threadIdx.x; peer < s.tp_size; peer += blockDim.x) {
-      if (peer == s.tp_rank) continue;
-      StoreRelease(l.peers[group_first + peer].flags + flags.reduce() +
-                       static_cast<size_t>(s.tp_rank) * kEpReduceBlocks + blockIdx.x,
-                   epoch);
-    }
-    if (!WaitFlags(l.self.flags + flags.reduce(), s.tp_size, kEpReduceBlocks, s.tp_rank, epoch,
+    SendReduceSlice(l, data + base, slice, parity);
+    SignalPeers(l, flags.reduce(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
+    if (!WaitFlags(l.self.flags + flags.reduce(), s.tp_size, gridDim.x, s.tp_rank, epoch,
                    deadline, l.state.error, kEpOpReduce, group_first)) {
       return;
     }
-    for (int i = slice.x + threadIdx.x; i < slice.y; i += blockDim.x) {
-      float acc = 0.f;
-      for (int part = 0; part < s.tp_size; ++part) {
-        const float v = part == s.tp_rank
-                            ? mine[i]
-                            : __ldcg(ReducePart(l.self.reduce, s.tp_size, parity, part) +
-                                     (i - slice.x));
-        acc = part == 0 ? v : __fadd_rn(acc, v);
-      }
-      mine[i] = acc;
-    }
+    SumReduceSlice(l, data + base, slice, parity);
     __syncthreads();
   }
-  if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] = static_cast<uint32_t>(epoch);
+  FinishLaunch(l.state, kReduceEpoch, rounds);
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -484,6 +557,10 @@ bool ValidShape(const EpLaunch& l) {
          l.state.epochs != nullptr;
 }
 
+unsigned ExchangeGrid(const EpLaunch& l) {
+  return static_cast<unsigned>(EpExchangeBlocks(l.shape.world, l.shape.cap));
+}
+
 }  // namespace
 
 cudaError_t LaunchEpDispatch(const EpLaunch& l, const uint16_t* x, const int32_t* topk_ids,
@@ -494,14 +571,14 @@ cudaError_t LaunchEpDispatch(const EpLaunch& l, const uint16_t* x, const int32_t
       !Aligned16(x)) {
     return cudaErrorInvalidValue;
   }
-  DispatchKernel<<<kEpExchangeBlocks, kThreads, 0, stream>>>(l, x, topk_ids, topk_w, tokens,
-                                                             expert_first, expert_reps);
+  DispatchKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, x, topk_ids, topk_w, tokens,
+                                                           expert_first, expert_reps);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchEpUnpack(const EpLaunch& l, cudaStream_t stream) {
   if (!ValidShape(l)) return cudaErrorInvalidValue;
-  UnpackKernel<<<kEpExchangeBlocks, kThreads, 0, stream>>>(l);
+  UnpackKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l);
   return cudaGetLastError();
 }
 
@@ -510,9 +587,9 @@ cudaError_t LaunchEpCombine(const EpLaunch& l, float* y, int tokens, cudaStream_
     return cudaErrorInvalidValue;
   }
   if (l.ipc) {
-    CombineIpcKernel<<<kEpExchangeBlocks, kThreads, 0, stream>>>(l, y, tokens);
+    CombineIpcKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, y, tokens);
   } else {
-    CombinePackedKernel<<<kEpExchangeBlocks, kThreads, 0, stream>>>(l, y, tokens);
+    CombinePackedKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, y, tokens);
   }
   return cudaGetLastError();
 }
@@ -522,7 +599,7 @@ cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cud
     return cudaErrorInvalidValue;
   }
   if (count == 0 || l.shape.tp_size == 1) return cudaSuccess;
-  AllReduceKernel<<<kEpReduceBlocks, kThreads, 0, stream>>>(l, data, count);
+  AllReduceKernel<<<EpReduceBlocks(count), kThreads, 0, stream>>>(l, data, count);
   return cudaGetLastError();
 }
 

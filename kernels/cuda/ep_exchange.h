@@ -17,7 +17,7 @@
 //   meta      [W * (cap + 1)]     source p: its row count, then each row's slot
 //   combined  [W * cap, H] f32    outputs of expert rank d at d * cap + position
 //   gathered  [tokens, H] f32     TP peers' finished token rows (cuda-ipc, TP > 1)
-//   reduce    [2, tp, kEpReduceBlocks, kEpReduceChunk] f32  all-reduce parts
+//   reduce    [2, tp, kEpMaxBlocks, kEpReduceChunk] f32  all-reduce parts
 //   flags     EpFlagWords(W, tp) sequence words (cuda-ipc only)
 //
 // A pair (token t, choice j) of this rank's share becomes one row: its
@@ -36,16 +36,29 @@
 
 namespace flotilla::kernels::cuda {
 
-// Grid of the dispatch and combine kernels (each block signals each peer
-// once per operation), and of the all-reduce (whose blocks run independent
-// slices of every round).
-inline constexpr int kEpExchangeBlocks = 16;
-inline constexpr int kEpReduceBlocks = 16;
-// f32 elements a reduce block moves per round and peer.
-inline constexpr int kEpReduceChunk = 16384;
+// Most blocks of one launch. Grids are a function of the step's capacity
+// (exchanges) or the element count (all-reduce), both known on the host, so
+// graphs replay the same shapes; each block signals each peer once per
+// operation (or all-reduce round) and every block waits for all of them.
+inline constexpr int kEpMaxBlocks = 64;
+// f32 elements an all-reduce block moves per round and peer.
+inline constexpr int kEpReduceChunk = 8192;
 // Largest world the kernels take (the plan keeps per-destination counters in
 // shared memory).
 inline constexpr int kEpMaxRanks = 256;
+
+// Blocks of the dispatch and combine kernels for `world` ranks and `cap`
+// rows per segment: about 16 rows of a full exchange per block.
+inline FLOTILLA_HOST_DEVICE int EpExchangeBlocks(int world, int cap) {
+  const int blocks = (world * cap + 15) / 16;
+  return blocks < 2 ? 2 : (blocks > kEpMaxBlocks ? kEpMaxBlocks : blocks);
+}
+
+// Blocks of the all-reduce of `count` elements: about 2048 per block.
+inline FLOTILLA_HOST_DEVICE int EpReduceBlocks(int64_t count) {
+  const int64_t blocks = (count + 2047) / 2048;
+  return blocks < 1 ? 1 : (blocks > kEpMaxBlocks ? kEpMaxBlocks : static_cast<int>(blocks));
+}
 
 // Which of an expert's `replicas` copies pair (token, choice) goes to: takes
 // turns, so a hot expert's rows spread over its copies; deterministic, and
@@ -80,15 +93,17 @@ struct EpFlagLayout {
   int world = 0;
   int tp = 0;
   FLOTILLA_HOST_DEVICE size_t dispatch() const { return 0; }
-  FLOTILLA_HOST_DEVICE size_t combine() const { return static_cast<size_t>(world) * kEpExchangeBlocks; }
-  FLOTILLA_HOST_DEVICE size_t gather() const { return 2 * static_cast<size_t>(world) * kEpExchangeBlocks; }
-  FLOTILLA_HOST_DEVICE size_t reduce() const { return gather() + static_cast<size_t>(tp) * kEpExchangeBlocks; }
-  FLOTILLA_HOST_DEVICE size_t words() const { return reduce() + static_cast<size_t>(tp) * kEpReduceBlocks; }
+  FLOTILLA_HOST_DEVICE size_t combine() const { return static_cast<size_t>(world) * kEpMaxBlocks; }
+  FLOTILLA_HOST_DEVICE size_t gather() const { return 2 * static_cast<size_t>(world) * kEpMaxBlocks; }
+  FLOTILLA_HOST_DEVICE size_t reduce() const { return gather() + static_cast<size_t>(tp) * kEpMaxBlocks; }
+  FLOTILLA_HOST_DEVICE size_t words() const { return reduce() + static_cast<size_t>(tp) * kEpMaxBlocks; }
 };
 
-// Per-block sequence numbers of this rank (advanced by the kernels, so graph
-// replays keep counting), in one device array.
-inline constexpr int kEpEpochWords = 2 * kEpExchangeBlocks + kEpReduceBlocks;
+// This rank's sequence numbers, one per operation (dispatch, combine,
+// all-reduce), each followed by a count of finished blocks: every block of a
+// launch reads the sequence number at its start and the last block to finish
+// advances it, so graph replays keep counting.
+inline constexpr int kEpEpochWords = 6;
 
 // What a device wait that ran past its bound leaves in the error word:
 // kEpErrorBase + op * 65536 + the rank waited for.
@@ -114,7 +129,7 @@ struct EpShape {
   int tp_size = 1;
   int tp_rank = 0;
   int hidden = 0;  // a multiple of 8
-  int top_k = 0;
+  int top_k = 0;   // 1 to 8
   int num_experts = 0;
   int cap = 0;  // rows per source segment this step
 };
@@ -134,22 +149,24 @@ struct EpLaunch {
 // Dispatch of `tokens` rows of x (bf16 [tokens, H]) with topk_ids/topk_w
 // ([tokens, top_k]); expert_first [E + 1] and expert_reps (packed
 // locations) are the layer's table. cuda-ipc: writes into the peers, raises
-// the dispatch flags, waits for every peer's, then fills slot/ones and
-// zeroes the real rows of out. Pack mode: fills the send staging only (then
-// move it and call LaunchEpUnpack).
+// the dispatch flags, waits for every peer's, then fills slot/ones. Pack
+// mode: fills the send staging only (then move it and call LaunchEpUnpack).
+// `out` is all zero whenever a dispatch runs: it starts zeroed and every
+// combine zeroes the rows it returned (kernels must not write padding rows).
 cudaError_t LaunchEpDispatch(const EpLaunch& l, const uint16_t* x, const int32_t* topk_ids,
                              const float* topk_w, int tokens, const int32_t* expert_first,
                              const int32_t* expert_reps, cudaStream_t stream);
 
-// Pack mode, after the staging arrived in self.x / self.meta: slot, ones,
-// recv_count, and zeroed real rows of out.
+// Pack mode, after the staging arrived in self.x / self.meta: slot, ones and
+// recv_count.
 cudaError_t LaunchEpUnpack(const EpLaunch& l, cudaStream_t stream);
 
 // cuda-ipc: returns every output row to its source's `combined`, waits for
 // this rank's, writes y [tokens, H] for the share, and with TP > 1 trades
 // finished rows with the TP peers so y holds every token of the group.
 // Pack mode: reads `combined` (already moved) and writes y for the share and
-// zeros for the other tokens (a TP all-reduce then joins the shares).
+// zeros for the other tokens (a TP all-reduce then joins the shares). Both
+// zero the out rows they returned.
 cudaError_t LaunchEpCombine(const EpLaunch& l, float* y, int tokens, cudaStream_t stream);
 
 // cuda-ipc, TP > 1: sums `count` f32 of `data` in place over the TP group in

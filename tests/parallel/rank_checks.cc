@@ -32,7 +32,11 @@ class DeviceArray {
   T* get() const { return p_; }
   absl::Status Put(const std::vector<T>& h) {
     if (p_ == nullptr || h.size() > n_) return absl::InternalError("device array too small");
-    return Cuda(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "put");
+    FLOTILLA_RETURN_IF_ERROR(
+        Cuda(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "put"));
+    // From pageable memory the copy may return before it landed, and the
+    // contexts' kernels run on non-blocking streams that do not wait for it.
+    return Cuda(cudaDeviceSynchronize(), "put");
   }
 
  private:

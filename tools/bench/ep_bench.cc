@@ -102,7 +102,8 @@ struct Inputs {
     return Ok(kernels::cuda::LaunchFillBf16(x, rows * c.hidden, rank + 1, 1.f, 0.f, nullptr),
               "fill") &&
            Ok(cudaMemcpy(ids, h_ids.data(), h_ids.size() * 4, cudaMemcpyHostToDevice), "ids") &&
-           Ok(cudaMemcpy(w, h_w.data(), h_w.size() * 4, cudaMemcpyHostToDevice), "w");
+           Ok(cudaMemcpy(w, h_w.data(), h_w.size() * 4, cudaMemcpyHostToDevice), "w") &&
+           Ok(cudaDeviceSynchronize(), "inputs");  // copies and fill finished before the streams run
   }
 };
 

@@ -258,10 +258,10 @@ absl::Status ValidateArguments(const ParallelConfig& config, const ExpertMap& ma
     return absl::InvalidArgumentError("device context: the expert map does not fit the world");
   }
   if (options.hidden <= 0 || options.hidden % 8 != 0 || options.top_k < 1 ||
-      options.top_k > 16 || options.max_tokens_per_step < 0 ||
+      options.top_k > 8 || options.max_tokens_per_step < 0 ||
       options.max_tokens_per_step > (int64_t{1} << 24) || options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
-        "device context: hidden must be a positive multiple of 8, top_k in [1, 16], "
+        "device context: hidden must be a positive multiple of 8, top_k in [1, 8], "
         "max_tokens_per_step in [0, 2^24] and the timeout positive");
   }
   if (config.world_size() > kc::kEpMaxRanks) {

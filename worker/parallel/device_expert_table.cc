@@ -81,7 +81,9 @@ absl::Status DeviceExpertTable::Upload(const ExpertMap& map) {
       cudaMemcpy(first_, first.data(), first.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
   FLOTILLA_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(reps_, reps.data(), reps.size() * sizeof(int32_t), cudaMemcpyHostToDevice));
-  return absl::OkStatus();
+  // A copy from pageable memory may return before it landed, and kernels on
+  // non-blocking streams do not wait for it.
+  return CudaStatus(cudaDeviceSynchronize(), "uploading the expert table");
 }
 
 }  // namespace flotilla::parallel

@@ -38,7 +38,7 @@ RecvLayout RecvLayout::For(const ExchangeSizes& s) {
   l.combined = p.Take(rows * hidden * sizeof(float));
   const bool join_tp = s.ipc && s.tp > 1;
   l.gathered = p.Take(join_tp ? static_cast<size_t>(s.max_tokens) * hidden * sizeof(float) : 0);
-  l.reduce = p.Take(join_tp ? static_cast<size_t>(2 * s.tp) * kc::kEpReduceBlocks *
+  l.reduce = p.Take(join_tp ? static_cast<size_t>(2 * s.tp) * kc::kEpMaxBlocks *
                                   kc::kEpReduceChunk * sizeof(float)
                             : 0);
   l.flags = p.Take(s.ipc ? kc::EpFlagLayout{s.world, s.tp}.words() * sizeof(uint64_t) : 0);

@@ -38,6 +38,9 @@ absl::StatusOr<std::unique_ptr<IpcTransport>> IpcTransport::Create(comm::Communi
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemcpy(t->peers_, peers.data(),
                                            sizeof(kc::EpRecvBuffers) * world,
                                            cudaMemcpyHostToDevice));
+  // The copy may return before it landed (pageable source); kernels on
+  // non-blocking streams would not wait for it.
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return t;
 }
 

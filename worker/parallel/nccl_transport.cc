@@ -36,6 +36,7 @@ absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(comm::Commu
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemcpy(t->pack_to_, pack_to.data(),
                                            sizeof(kc::EpRecvBuffers) * sizes.world,
                                            cudaMemcpyHostToDevice));
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());  // the copy may still be in flight
   FLOTILLA_RETURN_IF_ERROR(t->Form(host, config));
   return t;
 }
