@@ -6,11 +6,11 @@
 // number into each peer's flag with release semantics; a receiver loads
 // flags with acquire semantics and reads peer-written data through L2
 // (ld.global.cg), never from a possibly stale L1 line. Every block of a
-// launch reads the operation's sequence number when it starts and the last
-// block to finish advances it, so launches of any grid (and graph replays)
-// keep counting. Waits are bounded by %globaltimer: past the bound the block
-// records an error word, and every later kernel returns at once when it
-// finds it set.
+// launch reads the operation's sequence number when it starts; dispatch and
+// combine advance each other's (they alternate), each all-reduce block its
+// own, so launches of any grid (and graph replays) keep counting. Waits are
+// bounded by %globaltimer: past the bound the block records an error word,
+// and every later kernel returns at once when it finds it set.
 //
 // Buffer reuse: a source writes its layer L+1 rows into a destination only
 // after its own layer L combine finished, which needed the destination's
@@ -21,6 +21,7 @@
 //
 // Copies keep several 16-byte loads in flight per thread (kUnroll): one at a
 // time, a copy loop is bound by memory latency, not bandwidth.
+#include <algorithm>
 #include <climits>
 
 #include "kernels/cuda/ep_exchange.h"
@@ -32,11 +33,10 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxTopK = 8;  // the combine keeps one output vector per expert in registers
 constexpr int kUnroll = 4;
-// EpState::epochs: sequence number of each operation, then its finished blocks.
+// EpState::epochs: dispatch, combine, then the all-reduce's per block.
 constexpr int kDispatchEpoch = 0;
 constexpr int kCombineEpoch = 1;
 constexpr int kReduceEpoch = 2;
-constexpr int kFinishedBlocks = 3;
 
 __device__ __forceinline__ uint64_t GlobalTimerNs() {
   uint64_t t;
@@ -71,16 +71,11 @@ __device__ __forceinline__ uint64_t LaunchEpoch(const EpState& state, int op) {
   return *reinterpret_cast<const volatile uint32_t*>(state.epochs + op);
 }
 
-// Called by every block that completed the operation: the last one advances
-// the sequence number by `steps` (no block of this launch reads it again).
-__device__ void FinishLaunch(const EpState& state, int op, uint32_t steps) {
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  __threadfence();
-  if (atomicAdd(state.epochs + kFinishedBlocks + op, 1u) == gridDim.x - 1) {
-    state.epochs[kFinishedBlocks + op] = 0;
-    state.epochs[op] += steps;
-  }
+// Advances the sequence number of the operation that follows this one
+// (dispatch -> combine -> dispatch): nothing of this launch reads it, and the
+// next launch starts after this one ended.
+__device__ __forceinline__ void AdvanceNext(const EpState& state, int next) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) state.epochs[next] += 1;
 }
 
 // Waits until flags[source * kEpMaxBlocks + b] >= target for every source in
@@ -327,7 +322,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ PlanShared sh;
   if (BlockBroken(l.state.error)) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  // The n-th dispatch waits for sequence number n; the combines advance it.
   const uint64_t epoch = LaunchEpoch(l.state, kDispatchEpoch) + 1;
+  if (l.ipc) AdvanceNext(l.state, kCombineEpoch);
   const EpShape& s = l.shape;
   const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
   OrderShareTokens(l, topk_ids, topk_w, shares);
@@ -340,7 +337,6 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   Unpack(l);
-  FinishLaunch(l.state, kDispatchEpoch, 1);
 }
 
 __global__ void __launch_bounds__(kThreads) UnpackKernel(EpLaunch l) {
@@ -438,7 +434,9 @@ __global__ void __launch_bounds__(kThreads)
     CombineIpcKernel(EpLaunch l, float* y, int tokens) {
   if (BlockBroken(l.state.error)) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
-  const uint64_t epoch = LaunchEpoch(l.state, kCombineEpoch) + 1;
+  // The n-th combine waits for n, which the n-th dispatch set.
+  const uint64_t epoch = LaunchEpoch(l.state, kCombineEpoch);
+  AdvanceNext(l.state, kDispatchEpoch);
   const EpShape& s = l.shape;
   const EpFlagLayout flags{s.world, s.tp_size};
   SendOutputs(l, /*send=*/true);
@@ -459,7 +457,6 @@ __global__ void __launch_bounds__(kThreads)
     }
     FillOtherShares(s, y, tokens, l.self.gathered);
   }
-  FinishLaunch(l.state, kCombineEpoch, 1);
 }
 
 __global__ void __launch_bounds__(kThreads) CombinePackedKernel(EpLaunch l, float* y, int tokens) {
@@ -527,7 +524,7 @@ __global__ void __launch_bounds__(kThreads)
   const EpShape& s = l.shape;
   const EpFlagLayout flags{s.world, s.tp_size};
   const int group_first = s.rank - s.tp_rank;
-  const uint64_t first_epoch = LaunchEpoch(l.state, kReduceEpoch);
+  const uint64_t first_epoch = LaunchEpoch(l.state, kReduceEpoch + blockIdx.x);
   const int64_t round_len = static_cast<int64_t>(gridDim.x) * kEpReduceChunk;
   uint32_t rounds = 0;
   for (int64_t base = 0; base < count; base += round_len, ++rounds) {
@@ -536,14 +533,16 @@ __global__ void __launch_bounds__(kThreads)
     const int2 slice = ReduceSlice(count, base);
     SendReduceSlice(l, data + base, slice, parity);
     SignalPeers(l, flags.reduce(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
-    if (!WaitFlags(l.self.flags + flags.reduce(), s.tp_size, gridDim.x, s.tp_rank, epoch,
+    // Only this block's slices matter: wait for the same block of each peer.
+    if (!WaitFlags(l.self.flags + flags.reduce() + blockIdx.x, s.tp_size, 1, s.tp_rank, epoch,
                    deadline, l.state.error, kEpOpReduce, group_first)) {
       return;
     }
     SumReduceSlice(l, data + base, slice, parity);
     __syncthreads();
   }
-  FinishLaunch(l.state, kReduceEpoch, rounds);
+  __syncthreads();
+  if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] += rounds;
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -553,12 +552,23 @@ bool ValidShape(const EpLaunch& l) {
   return s.world >= 1 && s.world <= kEpMaxRanks && s.rank >= 0 && s.rank < s.world &&
          s.tp_size >= 1 && s.world % s.tp_size == 0 && s.tp_rank == s.rank % s.tp_size &&
          s.hidden > 0 && s.hidden % 8 == 0 && s.top_k >= 1 && s.top_k <= kMaxTopK &&
-         s.cap >= 0 && l.peers != nullptr && l.state.error != nullptr &&
-         l.state.epochs != nullptr;
+         s.cap >= 0 && s.max_blocks >= 2 && s.max_blocks <= kEpMaxBlocks && l.peers != nullptr &&
+         l.state.error != nullptr && l.state.epochs != nullptr;
 }
 
 unsigned ExchangeGrid(const EpLaunch& l) {
-  return static_cast<unsigned>(EpExchangeBlocks(l.shape.world, l.shape.cap));
+  return static_cast<unsigned>(EpExchangeBlocks(l.shape.cap, l.shape.max_blocks));
+}
+
+// Resident blocks of `kernel` on one multiprocessor.
+template <typename Kernel>
+int BlocksPerSm(Kernel kernel) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return blocks;
 }
 
 }  // namespace
@@ -599,8 +609,25 @@ cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cud
     return cudaErrorInvalidValue;
   }
   if (count == 0 || l.shape.tp_size == 1) return cudaSuccess;
-  AllReduceKernel<<<EpReduceBlocks(count), kThreads, 0, stream>>>(l, data, count);
+  AllReduceKernel<<<EpReduceBlocks(count, l.shape.max_blocks), kThreads, 0, stream>>>(l, data,
+                                                                                      count);
   return cudaGetLastError();
+}
+
+int EpResidentBlocks(int device) {
+  int sms = 0, current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (current != device && cudaSetDevice(device) != cudaSuccess) return 0;
+  const int per_sm =
+      std::min({BlocksPerSm(DispatchKernel), BlocksPerSm(CombineIpcKernel),
+                BlocksPerSm(AllReduceKernel), BlocksPerSm(UnpackKernel),
+                BlocksPerSm(CombinePackedKernel)});
+  if (current != device) cudaSetDevice(current);
+  return sms * per_sm;
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -47,18 +47,26 @@ inline constexpr int kEpReduceChunk = 8192;
 // shared memory).
 inline constexpr int kEpMaxRanks = 256;
 
-// Blocks of the dispatch and combine kernels for `world` ranks and `cap`
-// rows per segment: about 16 rows of a full exchange per block.
-inline FLOTILLA_HOST_DEVICE int EpExchangeBlocks(int world, int cap) {
-  const int blocks = (world * cap + 15) / 16;
-  return blocks < 2 ? 2 : (blocks > kEpMaxBlocks ? kEpMaxBlocks : blocks);
+// Blocks of the dispatch and combine kernels for `cap` rows per segment (a
+// rank sends and receives about cap rows): one block per two rows, so a
+// copy takes a round or two of loads, within [2, max_blocks].
+inline FLOTILLA_HOST_DEVICE int EpExchangeBlocks(int cap, int max_blocks) {
+  const int blocks = (cap + 1) / 2;
+  return blocks < 2 ? 2 : (blocks > max_blocks ? max_blocks : blocks);
 }
 
-// Blocks of the all-reduce of `count` elements: about 2048 per block.
-inline FLOTILLA_HOST_DEVICE int EpReduceBlocks(int64_t count) {
+// Blocks of the all-reduce of `count` elements: about 2048 per block, within
+// [1, max_blocks].
+inline FLOTILLA_HOST_DEVICE int EpReduceBlocks(int64_t count, int max_blocks) {
   const int64_t blocks = (count + 2047) / 2048;
-  return blocks < 1 ? 1 : (blocks > kEpMaxBlocks ? kEpMaxBlocks : static_cast<int>(blocks));
+  return blocks < 1 ? 1 : (blocks > max_blocks ? max_blocks : static_cast<int>(blocks));
 }
+
+// Blocks of these kernels that fit on `device` at once (0 when unknown).
+// Every block of a launch waits for every peer's, so the blocks of all ranks
+// sharing a GPU must be resident together: a context caps its grids at this
+// over twice the ranks on the GPU.
+int EpResidentBlocks(int device);
 
 // Which of an expert's `replicas` copies pair (token, choice) goes to: takes
 // turns, so a hot expert's rows spread over its copies; deterministic, and
@@ -99,11 +107,13 @@ struct EpFlagLayout {
   FLOTILLA_HOST_DEVICE size_t words() const { return reduce() + static_cast<size_t>(tp) * kEpMaxBlocks; }
 };
 
-// This rank's sequence numbers, one per operation (dispatch, combine,
-// all-reduce), each followed by a count of finished blocks: every block of a
-// launch reads the sequence number at its start and the last block to finish
-// advances it, so graph replays keep counting.
-inline constexpr int kEpEpochWords = 6;
+// This rank's sequence numbers: dispatch, combine, then one per all-reduce
+// block. Dispatch and combine alternate, so each advances the other's number
+// when it starts (no block of it reads that one). An all-reduce block only
+// trades with the same block of its peers, so each block index counts its
+// own rounds (the grids, a function of the count, are the same on every
+// rank). Graph replays keep counting either way.
+inline constexpr int kEpEpochWords = 2 + kEpMaxBlocks;
 
 // What a device wait that ran past its bound leaves in the error word:
 // kEpErrorBase + op * 65536 + the rank waited for.
@@ -132,6 +142,7 @@ struct EpShape {
   int top_k = 0;   // 1 to 8
   int num_experts = 0;
   int cap = 0;  // rows per source segment this step
+  int max_blocks = kEpMaxBlocks;  // grid cap, the same on every rank
 };
 
 // Arguments of every launcher. `peers` is a device array of W entries: in

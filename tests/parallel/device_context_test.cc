@@ -7,6 +7,8 @@
 #include "worker/parallel/device_context.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <chrono>
@@ -235,6 +237,7 @@ INSTANTIATE_TEST_SUITE_P(Tp, NcclProcessesTest, ::testing::Values(1, 2));
 int main(int argc, char** argv) {
   using flotilla::parallel::testing::PeerArgs;
   if (argc == 9 && std::string(argv[1]) == flotilla::parallel::testing::kPeerFlag) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a rank never outlives the test
     PeerArgs a;
     a.scenario = argv[2];
     a.rank = std::stoi(argv[3]);

@@ -17,6 +17,8 @@
 //
 //   flotilla_ep_bench --world 4 --transport ipc [--tp 2] [--tokens 1,8,64]
 #include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/prctl.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -53,6 +55,7 @@ struct Config {
   int iters = 200;
   int replays = 50;
   double timeout_s = 60;
+  int limit_s = 300;  // the ranks are killed after this
   // Internal: a child process.
   int rank = -1;
   std::string dir;
@@ -251,7 +254,7 @@ int RunParent(const Config& c) {
     args.insert(args.end(), {"--tokens", absl::StrJoin(c.tokens, ",")});
     if (!group.Start(args)) return 1;
   }
-  group.Wait(std::chrono::seconds(540));
+  group.Wait(std::chrono::seconds(c.limit_s));
   int status = 0;
   for (int r = 0; r < c.world; ++r) {
     if (group.rank(r).exit_code != 0) {
@@ -279,9 +282,12 @@ int main(int argc, char** argv) {
   app.add_option("--experts", c.experts);
   app.add_option("--iters", c.iters);
   app.add_option("--replays", c.replays);
-  app.add_option("--timeout-s", c.timeout_s);
+  app.add_option("--timeout-s", c.timeout_s, "bound of every device wait");
+  app.add_option("--limit-s", c.limit_s, "the ranks are killed after this");
   app.add_option("--rank", c.rank)->group("");
   app.add_option("--dir", c.dir)->group("");
   CLI11_PARSE(app, argc, argv);
-  return c.rank >= 0 ? flotilla::parallel::RunRank(c) : flotilla::parallel::RunParent(c);
+  if (c.rank < 0) return flotilla::parallel::RunParent(c);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // a rank never outlives the benchmark
+  return flotilla::parallel::RunRank(c);
 }

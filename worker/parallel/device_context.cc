@@ -66,13 +66,15 @@ class DeviceExpertParallel final : public ExpertParallel {
 class DeviceContext final : public ParallelContext {
  public:
   DeviceContext(const ParallelConfig& config, ExpertMap map, int rank,
-                const DeviceContextOptions& options, std::unique_ptr<ExchangeBuffers> buffers,
+                const DeviceContextOptions& options, int max_blocks,
+                std::unique_ptr<ExchangeBuffers> buffers,
                 std::unique_ptr<DeviceExpertTable> table,
                 std::unique_ptr<ExchangeTransport> transport)
       : ParallelContext(config, std::move(map), rank,
                         ContextOptions{Memory::kDevice, options.hidden, options.top_k,
                                        options.max_tokens_per_step}),
         device_(options.device),
+        max_blocks_(max_blocks),
         timeout_ns_(static_cast<uint64_t>(absl::ToInt64Nanoseconds(options.timeout))),
         buffers_(std::move(buffers)),
         table_(std::move(table)),
@@ -203,6 +205,7 @@ class DeviceContext final : public ParallelContext {
     l.shape.top_k = options_.top_k;
     l.shape.num_experts = map_.num_experts();
     l.shape.cap = cap_;
+    l.shape.max_blocks = max_blocks_;
     l.self = buffers_->recv();
     l.state = buffers_->state();
     l.timeout_ns = timeout_ns_;
@@ -210,6 +213,7 @@ class DeviceContext final : public ParallelContext {
   }
 
   const int device_;
+  const int max_blocks_;  // grid cap agreed by all ranks
   const uint64_t timeout_ns_;
   std::unique_ptr<ExchangeBuffers> buffers_;
   std::unique_ptr<DeviceExpertTable> table_;
@@ -328,7 +332,8 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<ExchangeTransport> transport,
                             MakeTransport(kind, host, config, **buffers, options));
   return std::unique_ptr<ParallelContext>(
-      new DeviceContext(config, std::move(map), rank, options, std::move(*buffers),
+      new DeviceContext(config, std::move(map), rank, options, AgreedMaxBlocks(ranks),
+                        std::move(*buffers),
                         std::move(*table), std::move(transport)));
 }
 

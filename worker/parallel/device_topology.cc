@@ -3,12 +3,14 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cuda/ep_exchange.h"
 #include "worker/parallel/cuda_status.h"
 
 namespace flotilla::parallel {
@@ -41,7 +43,21 @@ absl::StatusOr<RankIdentity> LocalIdentity(int device, const std::vector<int64_t
     return absl::InternalError("device context fingerprint too long");
   }
   for (size_t i = 0; i < fingerprint.size(); ++i) id.fingerprint[i] = fingerprint[i];
+  id.resident_blocks = kernels::cuda::EpResidentBlocks(device);
   return id;
+}
+
+int AgreedMaxBlocks(const std::vector<RankIdentity>& ranks) {
+  int64_t agreed = kernels::cuda::kEpMaxBlocks;
+  for (const RankIdentity& r : ranks) {
+    int64_t sharing = 0;
+    for (const RankIdentity& other : ranks) {
+      sharing += std::strncmp(r.node, other.node, sizeof(r.node)) == 0 &&
+                 std::strncmp(r.pci_bus_id, other.pci_bus_id, sizeof(r.pci_bus_id)) == 0;
+    }
+    agreed = std::min(agreed, r.resident_blocks / (2 * std::max<int64_t>(sharing, 1)));
+  }
+  return static_cast<int>(std::max<int64_t>(agreed, 2));
 }
 
 absl::StatusOr<std::vector<RankIdentity>> ExchangeIdentities(comm::Communicator& host,

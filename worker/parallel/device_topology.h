@@ -19,6 +19,7 @@ struct RankIdentity {
   char node[128] = {};        // hostname and boot id: processes of one OS instance
   char pci_bus_id[32] = {};   // the rank's GPU
   int64_t fingerprint[8] = {};  // the context's shape; must match on every rank
+  int64_t resident_blocks = 0;  // exchange kernel blocks the GPU holds at once
 };
 
 // This process's identity for a context on `device` whose shape is `fingerprint`.
@@ -31,6 +32,12 @@ absl::StatusOr<std::vector<RankIdentity>> ExchangeIdentities(comm::Communicator&
 
 // Whether this process can map every peer's buffers through CUDA IPC.
 bool CanMapPeers(const std::vector<RankIdentity>& ranks, int device, std::string* why);
+
+// The grid cap of the exchange kernels, the same on every rank: the blocks
+// of all ranks sharing a GPU must be resident together (each waits for all
+// of the others), so each rank's share is half of what its GPU holds over
+// the ranks on that GPU, and the smallest share over the ranks wins.
+int AgreedMaxBlocks(const std::vector<RankIdentity>& ranks);
 
 // True when `value` is true on every rank (one AllGather).
 absl::StatusOr<bool> AllRanksAgree(comm::Communicator& host, bool value);
