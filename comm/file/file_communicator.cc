@@ -23,7 +23,8 @@ absl::StatusOr<std::unique_ptr<FileCommunicator>> FileCommunicator::Create(
   if (!fs::is_directory(dir, ec)) {
     return absl::InvalidArgumentError(absl::StrCat("FileCommunicator: ", dir, " is no directory"));
   }
-  return std::unique_ptr<FileCommunicator>(new FileCommunicator(std::move(dir), rank, size, options));
+  return std::unique_ptr<FileCommunicator>(
+      new FileCommunicator(std::move(dir), rank, size, options));
 }
 
 std::string FileCommunicator::PathOf(uint64_t tag, int from, int to) const {
@@ -37,14 +38,15 @@ absl::Status FileCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> s
     {
       std::ofstream out(path + ".tmp", std::ios::binary | std::ios::trunc);
       out.write(static_cast<const char*>(s.data), static_cast<std::streamsize>(s.bytes));
-      if (!out) return absl::UnavailableError(absl::StrCat("FileCommunicator: cannot write ", path));
+      if (!out)
+        return absl::UnavailableError(absl::StrCat("FileCommunicator: cannot write ", path));
     }
     std::error_code ec;
     fs::rename(path + ".tmp", path, ec);
     if (ec) return absl::UnavailableError(absl::StrCat("FileCommunicator: rename: ", ec.message()));
   }
-  const auto deadline = std::chrono::steady_clock::now() +
-                        absl::ToChronoMilliseconds(options_.timeout);
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(options_.timeout);
   for (const RecvOp& r : recvs) {
     const std::string path = PathOf(tag, r.peer, rank());
     std::error_code ec;

@@ -83,9 +83,8 @@ __device__ __forceinline__ void AdvanceNext(const EpState& state, int next) {
 // share of the words. Returns false when the bound passed (the error word
 // then names op and the world rank first_rank + source) or another block
 // already failed.
-__device__ bool WaitFlags(const uint64_t* flags, int sources, int blocks, int skip,
-                          uint64_t target, uint64_t deadline, int32_t* error, int op,
-                          int first_rank) {
+__device__ bool WaitFlags(const uint64_t* flags, int sources, int blocks, int skip, uint64_t target,
+                          uint64_t deadline, int32_t* error, int op, int first_rank) {
   __shared__ int failed;
   if (threadIdx.x == 0) failed = 0;
   __syncthreads();
@@ -124,9 +123,9 @@ __device__ void SignalPeers(const EpLaunch& l, size_t offset, int index, int fir
   __threadfence_system();
   for (int q = 0; q < count; ++q) {
     if (first + q == skip) continue;
-    StoreRelaxed(l.peers[first + q].flags + offset +
-                     static_cast<size_t>(index) * kEpMaxBlocks + blockIdx.x,
-                 epoch);
+    StoreRelaxed(
+        l.peers[first + q].flags + offset + static_cast<size_t>(index) * kEpMaxBlocks + blockIdx.x,
+        epoch);
   }
 }
 
@@ -229,9 +228,8 @@ __device__ void SendListedRows(const EpLaunch& l, const uint16_t* x, const PlanS
       [&](int64_t v, uint4 value) {
         const int4 e = sh.list[v / vecs];
         const int segment = l.ipc ? s.rank : e.y;
-        uint4* row = reinterpret_cast<uint4*>(l.peers[e.y].x +
-                                              static_cast<size_t>(segment * s.cap + e.z) *
-                                                  s.hidden);
+        uint4* row = reinterpret_cast<uint4*>(
+            l.peers[e.y].x + static_cast<size_t>(segment * s.cap + e.z) * s.hidden);
         row[v % vecs] = value;
       });
   for (int r = threadIdx.x; r < len; r += blockDim.x) {
@@ -245,8 +243,7 @@ __device__ void SendListedRows(const EpLaunch& l, const uint16_t* x, const PlanS
 // position (its rank among earlier pairs to the same destination), and sends
 // the pairs n with n % gridDim.x == blockIdx.x. Block 0 writes the counts.
 __device__ void PlanAndSend(const EpLaunch& l, const uint16_t* x, const int32_t* topk_ids,
-                            const int32_t* first, const int32_t* reps, int pairs,
-                            PlanShared& sh) {
+                            const int32_t* first, const int32_t* reps, int pairs, PlanShared& sh) {
   const EpShape& s = l.shape;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int d = threadIdx.x; d < s.world; d += blockDim.x) sh.base[d] = 0;
@@ -352,7 +349,8 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
   const EpShape& s = l.shape;
   const int k = s.top_k, vecs = s.hidden / 4;
   const int group_first = s.rank - s.tp_rank;
-  for (int64_t idx = GridThread(); idx < static_cast<int64_t>(shares) * vecs; idx += GridThreads()) {
+  for (int64_t idx = GridThread(); idx < static_cast<int64_t>(shares) * vecs;
+       idx += GridThreads()) {
     const int share = static_cast<int>(idx / vecs), q = static_cast<int>(idx % vecs);
     const int t = share * s.tp_size + s.tp_rank;
     // All outputs loaded before any is used: k loads in flight, not one.
@@ -367,8 +365,8 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
       if (route < 0) continue;
       valid[r] = true;
       w[r] = l.state.order_w[share * k + r];
-      o[r] = __ldcg(reinterpret_cast<const float4*>(
-          l.self.combined + static_cast<size_t>(route) * s.hidden + 4 * q));
+      o[r] = __ldcg(reinterpret_cast<const float4*>(l.self.combined +
+                                                    static_cast<size_t>(route) * s.hidden + 4 * q));
     }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     bool first = true;
@@ -378,8 +376,8 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
       const float4 p = make_float4(__fmul_rn(w[r], o[r].x), __fmul_rn(w[r], o[r].y),
                                    __fmul_rn(w[r], o[r].z), __fmul_rn(w[r], o[r].w));
       acc = first ? p
-                  : make_float4(__fadd_rn(acc.x, p.x), __fadd_rn(acc.y, p.y),
-                                __fadd_rn(acc.z, p.z), __fadd_rn(acc.w, p.w));
+                  : make_float4(__fadd_rn(acc.x, p.x), __fadd_rn(acc.y, p.y), __fadd_rn(acc.z, p.z),
+                                __fadd_rn(acc.w, p.w));
       first = false;
     }
     const size_t at = static_cast<size_t>(t) * s.hidden + 4 * q;
@@ -430,8 +428,7 @@ __device__ void SendOutputs(const EpLaunch& l, bool send) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads)
-    CombineIpcKernel(EpLaunch l, float* y, int tokens) {
+__global__ void __launch_bounds__(kThreads) CombineIpcKernel(EpLaunch l, float* y, int tokens) {
   if (BlockBroken(l.state.error)) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
   // The n-th combine waits for n, which the n-th dispatch set.
@@ -451,8 +448,8 @@ __global__ void __launch_bounds__(kThreads)
   if (gather) {
     const int group_first = s.rank - s.tp_rank;
     SignalPeers(l, flags.gather(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
-    if (!WaitFlags(l.self.flags + flags.gather(), s.tp_size, gridDim.x, s.tp_rank, epoch,
-                   deadline, l.state.error, kEpOpGather, group_first)) {
+    if (!WaitFlags(l.self.flags + flags.gather(), s.tp_size, gridDim.x, s.tp_rank, epoch, deadline,
+                   l.state.error, kEpOpGather, group_first)) {
       return;
     }
     FillOtherShares(s, y, tokens, l.self.gathered);
@@ -469,8 +466,7 @@ __global__ void __launch_bounds__(kThreads) CombinePackedKernel(EpLaunch l, floa
 
 // This block's slice [lo, hi) of the round starting at `base`, relative to it.
 __device__ __forceinline__ int2 ReduceSlice(int64_t count, int64_t base) {
-  const int64_t round_len =
-      min(count - base, static_cast<int64_t>(gridDim.x) * kEpReduceChunk);
+  const int64_t round_len = min(count - base, static_cast<int64_t>(gridDim.x) * kEpReduceChunk);
   int64_t per = (round_len + gridDim.x - 1) / gridDim.x;
   per = (per + 3) / 4 * 4;
   const int64_t lo = min(round_len, per * blockIdx.x);
@@ -507,10 +503,10 @@ __device__ void SumReduceSlice(const EpLaunch& l, float* mine, int2 slice, int p
   for (int i = slice.x + threadIdx.x; i < slice.y; i += blockDim.x) {
     float acc = 0.f;
     for (int part = 0; part < s.tp_size; ++part) {
-      const float v = part == s.tp_rank
-                          ? mine[i]
-                          : __ldcg(ReducePart(l.self.reduce, s.tp_size, parity, part) +
-                                   (i - slice.x));
+      const float v =
+          part == s.tp_rank
+              ? mine[i]
+              : __ldcg(ReducePart(l.self.reduce, s.tp_size, parity, part) + (i - slice.x));
       acc = part == 0 ? v : __fadd_rn(acc, v);
     }
     mine[i] = acc;
@@ -551,8 +547,8 @@ bool ValidShape(const EpLaunch& l) {
   const EpShape& s = l.shape;
   return s.world >= 1 && s.world <= kEpMaxRanks && s.rank >= 0 && s.rank < s.world &&
          s.tp_size >= 1 && s.world % s.tp_size == 0 && s.tp_rank == s.rank % s.tp_size &&
-         s.hidden > 0 && s.hidden % 8 == 0 && s.top_k >= 1 && s.top_k <= kMaxTopK &&
-         s.cap >= 0 && s.max_blocks >= 2 && s.max_blocks <= kEpMaxBlocks && l.peers != nullptr &&
+         s.hidden > 0 && s.hidden % 8 == 0 && s.top_k >= 1 && s.top_k <= kMaxTopK && s.cap >= 0 &&
+         s.max_blocks >= 2 && s.max_blocks <= kEpMaxBlocks && l.peers != nullptr &&
          l.state.error != nullptr && l.state.epochs != nullptr;
 }
 
@@ -577,8 +573,7 @@ cudaError_t LaunchEpDispatch(const EpLaunch& l, const uint16_t* x, const int32_t
                              const float* topk_w, int tokens, const int32_t* expert_first,
                              const int32_t* expert_reps, cudaStream_t stream) {
   if (!ValidShape(l) || tokens < 0 || expert_first == nullptr || expert_reps == nullptr ||
-      (tokens > 0 && (x == nullptr || topk_ids == nullptr || topk_w == nullptr)) ||
-      !Aligned16(x)) {
+      (tokens > 0 && (x == nullptr || topk_ids == nullptr || topk_w == nullptr)) || !Aligned16(x)) {
     return cudaErrorInvalidValue;
   }
   DispatchKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, x, topk_ids, topk_w, tokens,
@@ -622,10 +617,9 @@ int EpResidentBlocks(int device) {
     return 0;
   }
   if (current != device && cudaSetDevice(device) != cudaSuccess) return 0;
-  const int per_sm =
-      std::min({BlocksPerSm(DispatchKernel), BlocksPerSm(CombineIpcKernel),
-                BlocksPerSm(AllReduceKernel), BlocksPerSm(UnpackKernel),
-                BlocksPerSm(CombinePackedKernel)});
+  const int per_sm = std::min({BlocksPerSm(DispatchKernel), BlocksPerSm(CombineIpcKernel),
+                               BlocksPerSm(AllReduceKernel), BlocksPerSm(UnpackKernel),
+                               BlocksPerSm(CombinePackedKernel)});
   if (current != device) cudaSetDevice(current);
   return sms * per_sm;
 }

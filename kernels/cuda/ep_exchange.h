@@ -33,7 +33,6 @@
 
 #include "common/host_device.h"
 
-
 namespace flotilla::kernels::cuda {
 
 // Most blocks of one launch. Grids are a function of the step's capacity
@@ -76,7 +75,9 @@ inline FLOTILLA_HOST_DEVICE int EpReplicaIndex(int token, int choice, int replic
 }
 
 // A packed (rank, slot) entry of the device expert table.
-inline FLOTILLA_HOST_DEVICE int32_t EpPackLocation(int rank, int slot) { return (rank << 16) | slot; }
+inline FLOTILLA_HOST_DEVICE int32_t EpPackLocation(int rank, int slot) {
+  return (rank << 16) | slot;
+}
 
 // Tokens of `tokens` that TP rank `tp_rank` of `tp_size` dispatches
 // (t % tp_size == tp_rank).
@@ -102,9 +103,15 @@ struct EpFlagLayout {
   int tp = 0;
   FLOTILLA_HOST_DEVICE size_t dispatch() const { return 0; }
   FLOTILLA_HOST_DEVICE size_t combine() const { return static_cast<size_t>(world) * kEpMaxBlocks; }
-  FLOTILLA_HOST_DEVICE size_t gather() const { return 2 * static_cast<size_t>(world) * kEpMaxBlocks; }
-  FLOTILLA_HOST_DEVICE size_t reduce() const { return gather() + static_cast<size_t>(tp) * kEpMaxBlocks; }
-  FLOTILLA_HOST_DEVICE size_t words() const { return reduce() + static_cast<size_t>(tp) * kEpMaxBlocks; }
+  FLOTILLA_HOST_DEVICE size_t gather() const {
+    return 2 * static_cast<size_t>(world) * kEpMaxBlocks;
+  }
+  FLOTILLA_HOST_DEVICE size_t reduce() const {
+    return gather() + static_cast<size_t>(tp) * kEpMaxBlocks;
+  }
+  FLOTILLA_HOST_DEVICE size_t words() const {
+    return reduce() + static_cast<size_t>(tp) * kEpMaxBlocks;
+  }
 };
 
 // This rank's sequence numbers: dispatch, combine, then one per all-reduce
@@ -126,11 +133,12 @@ struct EpState {
   float* ones = nullptr;          // [W * cap_max] ExpertRows::ones
   float* out = nullptr;           // [W * cap_max, H] ExpertRows::out
   int32_t* recv_count = nullptr;  // [W] rows received from each source
-  int32_t* route = nullptr;       // [pairs_max] where pair n's output comes back (d * cap + pos, -1: none)
-  int32_t* order = nullptr;       // [pairs_max] per share token, its pairs in ascending expert id
-  float* order_w = nullptr;       // [pairs_max] their router weights
-  uint32_t* epochs = nullptr;     // [kEpEpochWords]
-  int32_t* error = nullptr;       // 0, or what broke (see EpOp)
+  int32_t* route =
+      nullptr;  // [pairs_max] where pair n's output comes back (d * cap + pos, -1: none)
+  int32_t* order = nullptr;    // [pairs_max] per share token, its pairs in ascending expert id
+  float* order_w = nullptr;    // [pairs_max] their router weights
+  uint32_t* epochs = nullptr;  // [kEpEpochWords]
+  int32_t* error = nullptr;    // 0, or what broke (see EpOp)
 };
 
 struct EpShape {
@@ -141,7 +149,7 @@ struct EpShape {
   int hidden = 0;  // a multiple of 8
   int top_k = 0;   // 1 to 8
   int num_experts = 0;
-  int cap = 0;  // rows per source segment this step
+  int cap = 0;                    // rows per source segment this step
   int max_blocks = kEpMaxBlocks;  // grid cap, the same on every rank
 };
 

@@ -42,8 +42,14 @@ struct PeerArgs {
 };
 
 std::vector<std::string> PeerCommandLine(const PeerArgs& a) {
-  return {kPeerFlag,     a.scenario,         std::to_string(a.rank),       std::to_string(a.world),
-          std::to_string(a.tp), a.dir, a.transport, std::to_string(a.timeout_ms)};
+  return {kPeerFlag,
+          a.scenario,
+          std::to_string(a.rank),
+          std::to_string(a.world),
+          std::to_string(a.tp),
+          a.dir,
+          a.transport,
+          std::to_string(a.timeout_ms)};
 }
 
 DeviceTransport TransportNamed(const std::string& name) {
@@ -52,9 +58,8 @@ DeviceTransport TransportNamed(const std::string& name) {
   return DeviceTransport::kAuto;
 }
 
-absl::StatusOr<std::unique_ptr<ParallelContext>> MakeContext(const PeerArgs& a,
-                                                              const Scenario& s,
-                                                              comm::Communicator& host) {
+absl::StatusOr<std::unique_ptr<ParallelContext>> MakeContext(const PeerArgs& a, const Scenario& s,
+                                                             comm::Communicator& host) {
   auto config = ParallelConfig::Create(a.world, a.tp, ModelConfig::Gptoss120b());
   if (!config.ok()) return config.status();
   DeviceContextOptions o;
@@ -124,10 +129,10 @@ int RunPeer(const PeerArgs& a) {
   }
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  const absl::Status st = a.scenario == "stall" ? RunStall(a, s, **context, stream)
-                                                : RunExchange(s, **context, stream);
-  std::printf("rank %d (%s, world %d, tp %d): %s\n", a.rank, (*context)->backend().c_str(),
-              a.world, a.tp, st.ToString().c_str());
+  const absl::Status st =
+      a.scenario == "stall" ? RunStall(a, s, **context, stream) : RunExchange(s, **context, stream);
+  std::printf("rank %d (%s, world %d, tp %d): %s\n", a.rank, (*context)->backend().c_str(), a.world,
+              a.tp, st.ToString().c_str());
   cudaStreamDestroy(stream);
   return st.ok() ? 0 : 1;
 }

@@ -40,8 +40,7 @@ TEST(AgreedMaxBlocksTest, RanksSharingAGpuSplitWhatItHolds) {
 }
 
 TEST(AgreedMaxBlocksTest, TheMostCrowdedGpuDecidesForEveryRank) {
-  std::vector<RankIdentity> ranks = {On("a/1", "0000:01:00.0", 396),
-                                     On("b/1", "0000:01:00.0", 100),
+  std::vector<RankIdentity> ranks = {On("a/1", "0000:01:00.0", 396), On("b/1", "0000:01:00.0", 100),
                                      On("b/1", "0000:01:00.0", 100)};
   EXPECT_EQ(AgreedMaxBlocks(ranks), 25);  // 100 / (2 * 2) on node b
 }

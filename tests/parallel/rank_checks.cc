@@ -57,8 +57,8 @@ absl::StatusOr<std::vector<T>> Get(const T* device, size_t n) {
 absl::Status SameFloats(const std::vector<float>& got, const std::vector<float>& want,
                         const std::string& what) {
   if (got.size() != want.size()) {
-    return absl::InternalError(absl::StrCat(what, ": ", got.size(), " values, expected ",
-                                            want.size()));
+    return absl::InternalError(
+        absl::StrCat(what, ": ", got.size(), " values, expected ", want.size()));
   }
   for (size_t i = 0; i < got.size(); ++i) {
     if (got[i] != want[i]) {
@@ -123,16 +123,15 @@ absl::Status CheckSegment(const Scenario& s, int source, int cap,
     const bool real = i < static_cast<int>(want.size());
     const int want_slot = real ? want[i].slot : -1;
     if (slot[r] != want_slot || ones[r] != (real ? 1.f : 0.f)) {
-      return absl::InternalError(absl::StrCat("row ", i, " from rank ", source, ": slot ",
-                                              slot[r], " ones ", ones[r], ", expected slot ",
-                                              want_slot));
+      return absl::InternalError(absl::StrCat("row ", i, " from rank ", source, ": slot ", slot[r],
+                                              " ones ", ones[r], ", expected slot ", want_slot));
     }
     if (!real) continue;
     const size_t h = static_cast<size_t>(s.hidden);
     if (!std::equal(x.begin() + r * h, x.begin() + (r + 1) * h,
                     from.x.begin() + static_cast<size_t>(want[i].token) * h)) {
-      return absl::InternalError(absl::StrCat("row ", i, " from rank ", source,
-                                              ": not token ", want[i].token, "'s x"));
+      return absl::InternalError(
+          absl::StrCat("row ", i, " from rank ", source, ": not token ", want[i].token, "'s x"));
     }
     if (std::any_of(out.begin() + r * h, out.begin() + (r + 1) * h,
                     [](float v) { return v != 0.f; })) {
@@ -147,8 +146,8 @@ absl::Status CheckRows(const Scenario& s, const ExpertMap& map, int layer, int r
                        const std::vector<GroupData>& groups) {
   const int cap = static_cast<int>((step_tokens + s.tp - 1) / s.tp * s.top_k);
   if (rows.rows != static_cast<int64_t>(s.world) * cap) {
-    return absl::InternalError(absl::StrCat("ExpertRows::rows is ", rows.rows, ", expected ",
-                                            s.world * cap));
+    return absl::InternalError(
+        absl::StrCat("ExpertRows::rows is ", rows.rows, ", expected ", s.world * cap));
   }
   const size_t n = static_cast<size_t>(rows.rows), h = static_cast<size_t>(s.hidden);
   FLOTILLA_ASSIGN_OR_RETURN(auto slot, Get(rows.slot, n));
@@ -157,19 +156,18 @@ absl::Status CheckRows(const Scenario& s, const ExpertMap& map, int layer, int r
   FLOTILLA_ASSIGN_OR_RETURN(auto out, Get(rows.out, n * h));
   const auto want = ExpectedRows(s, map, layer, rank, groups);
   for (int p = 0; p < s.world; ++p) {
-    FLOTILLA_RETURN_IF_ERROR(CheckSegment(s, p, cap, want[p], groups[p / s.tp], slot, ones, x,
-                                          out));
+    FLOTILLA_RETURN_IF_ERROR(
+        CheckSegment(s, p, cap, want[p], groups[p / s.tp], slot, ones, x, out));
   }
   return absl::OkStatus();
 }
 
 // The fake experts over the rows of `layer`, as an engine runs its MoE kernel.
-absl::Status RunFakeExperts(const ExpertRows& rows, const SlotTables& tables, int layer,
-                            int hidden, cudaStream_t stream) {
+absl::Status RunFakeExperts(const ExpertRows& rows, const SlotTables& tables, int layer, int hidden,
+                            cudaStream_t stream) {
   const auto& table = tables.host[static_cast<size_t>(layer)];
   return Cuda(LaunchFakeExperts(static_cast<const uint16_t*>(rows.x), rows.slot, rows.ones,
-                                rows.rows, hidden,
-                                tables.device[static_cast<size_t>(layer)]->get(),
+                                rows.rows, hidden, tables.device[static_cast<size_t>(layer)]->get(),
                                 static_cast<int>(table.size()), rows.out, stream),
               "fake experts");
 }
@@ -202,7 +200,8 @@ absl::Status CheckSteps(const Scenario& s, ParallelContext& c, int steps, cudaSt
       FLOTILLA_RETURN_IF_ERROR(RunFakeExperts(rows, tables, layer, s.hidden, stream));
       FLOTILLA_RETURN_IF_ERROR(c.ep().Combine(layer, b.y.get(), stream));
       FLOTILLA_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "combine"));
-      FLOTILLA_ASSIGN_OR_RETURN(auto y, Get(b.y.get(), static_cast<size_t>(mine.tokens) * s.hidden));
+      FLOTILLA_ASSIGN_OR_RETURN(auto y,
+                                Get(b.y.get(), static_cast<size_t>(mine.tokens) * s.hidden));
       FLOTILLA_RETURN_IF_ERROR(SameFloats(y, ExpectedY(s, mine), where + "combine y"));
     }
   }
@@ -240,8 +239,8 @@ absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& c, cudaStream
   cudaGraph_t graph = nullptr;
   FLOTILLA_RETURN_IF_ERROR(
       Cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"));
-  absl::StatusOr<ExpertRows> rows = c.ep().Dispatch(
-      layer, b.x.get(), b.ids.get(), b.w.get(), tokens[static_cast<size_t>(group)], stream);
+  absl::StatusOr<ExpertRows> rows = c.ep().Dispatch(layer, b.x.get(), b.ids.get(), b.w.get(),
+                                                    tokens[static_cast<size_t>(group)], stream);
   absl::Status captured = rows.status();
   if (captured.ok()) captured = RunFakeExperts(*rows, tables, layer, s.hidden, stream);
   if (captured.ok()) captured = c.ep().Combine(layer, b.y.get(), stream);

@@ -106,7 +106,8 @@ struct Inputs {
               "fill") &&
            Ok(cudaMemcpy(ids, h_ids.data(), h_ids.size() * 4, cudaMemcpyHostToDevice), "ids") &&
            Ok(cudaMemcpy(w, h_w.data(), h_w.size() * 4, cudaMemcpyHostToDevice), "w") &&
-           Ok(cudaDeviceSynchronize(), "inputs");  // copies and fill finished before the streams run
+           Ok(cudaDeviceSynchronize(),
+              "inputs");  // copies and fill finished before the streams run
   }
 };
 
@@ -132,12 +133,14 @@ bool TimeOps(const Config& c, ParallelContext& ctx, const Inputs& in, int tokens
   std::vector<cudaEvent_t> events(static_cast<size_t>(c.iters) * 4);
   for (auto& e : events) cudaEventCreate(&e);
   bool ok = true;
-  for (int i = 0; i < c.iters && ok; ++i) ok = Layer(ctx, in, tokens, c.hidden, stream, &events[i * 4]);
+  for (int i = 0; i < c.iters && ok; ++i)
+    ok = Layer(ctx, in, tokens, c.hidden, stream, &events[i * 4]);
   ok = ok && Ok(cudaStreamSynchronize(stream), "ops");
   std::vector<double> d, m, a;
   for (int i = c.iters / 10; i < c.iters && ok; ++i) {
     float ms[3];
-    for (int k = 0; k < 3; ++k) cudaEventElapsedTime(&ms[k], events[i * 4 + k], events[i * 4 + k + 1]);
+    for (int k = 0; k < 3; ++k)
+      cudaEventElapsedTime(&ms[k], events[i * 4 + k], events[i * 4 + k + 1]);
     d.push_back(ms[0] * 1e3), m.push_back(ms[1] * 1e3), a.push_back(ms[2] * 1e3);
   }
   for (auto& e : events) cudaEventDestroy(e);
@@ -149,9 +152,11 @@ bool TimeOps(const Config& c, ParallelContext& ctx, const Inputs& in, int tokens
 bool TimeGraph(const Config& c, ParallelContext& ctx, const Inputs& in, int tokens,
                cudaStream_t stream, double* layer_us) {
   cudaGraph_t graph = nullptr;
-  if (!Ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture")) return false;
+  if (!Ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture"))
+    return false;
   bool ok = true;
-  for (int l = 0; l < kGraphLayers && ok; ++l) ok = Layer(ctx, in, tokens, c.hidden, stream, nullptr);
+  for (int l = 0; l < kGraphLayers && ok; ++l)
+    ok = Layer(ctx, in, tokens, c.hidden, stream, nullptr);
   ok = Ok(cudaStreamEndCapture(stream, &graph), "end capture") && ok;
   cudaGraphExec_t exec = nullptr;
   ok = ok && Ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -198,7 +203,9 @@ int RunRank(const Config& c) {
   o.timeout = absl::Seconds(c.timeout_s);
   auto ctx = CreateDeviceContext(*config, *map, c.rank, **host, o);
   if (!ctx.ok()) {
-    nlohmann::json j = {{"bench", "ep_exchange"}, {"transport", c.transport}, {"world", c.world},
+    nlohmann::json j = {{"bench", "ep_exchange"},
+                        {"transport", c.transport},
+                        {"world", c.world},
                         {"skipped", ctx.status().ToString()}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
@@ -212,7 +219,8 @@ int RunRank(const Config& c) {
     if (!in.Make(c, tokens, c.rank)) return 1;
     (*ctx)->ep().SetStepTokens(tokens);
     double ops[3] = {0, 0, 0}, layer = 0;
-    if (!TimeOps(c, **ctx, in, tokens, stream, ops) || !TimeGraph(c, **ctx, in, tokens, stream, &layer)) {
+    if (!TimeOps(c, **ctx, in, tokens, stream, ops) ||
+        !TimeGraph(c, **ctx, in, tokens, stream, &layer)) {
       return 1;
     }
     if (!Ok((*ctx)->CheckHealth(), "health")) return 1;
@@ -235,7 +243,8 @@ int RunRank(const Config& c) {
         {"allreduce_us", c.tp > 1 ? nlohmann::json(ops[2]) : nlohmann::json(nullptr)},
         {"layer_us", layer},
         {"goal_us", tokens <= 8 ? nlohmann::json(20) : nlohmann::json(nullptr)},
-        {"anchors", "pplx-kernels 41.6 us (8xH100, 1 token); DeepEP low-latency 32 us (16 tokens)"}};
+        {"anchors",
+         "pplx-kernels 41.6 us (8xH100, 1 token); DeepEP low-latency 32 us (16 tokens)"}};
     if (c.rank == 0) std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }
@@ -246,11 +255,14 @@ int RunRank(const Config& c) {
 int RunParent(const Config& c) {
   testing::ProcessGroup group;
   for (int r = 0; r < c.world; ++r) {
-    std::vector<std::string> args = {"--transport", c.transport,  "--world", std::to_string(c.world),
-                                     "--tp",        std::to_string(c.tp), "--rank", std::to_string(r),
-                                     "--dir",       group.dir(),   "--iters", std::to_string(c.iters),
-                                     "--replays",   std::to_string(c.replays), "--timeout-s",
-                                     std::to_string(c.timeout_s)};
+    std::vector<std::string> args = {"--transport", c.transport,
+                                     "--world",     std::to_string(c.world),
+                                     "--tp",        std::to_string(c.tp),
+                                     "--rank",      std::to_string(r),
+                                     "--dir",       group.dir(),
+                                     "--iters",     std::to_string(c.iters),
+                                     "--replays",   std::to_string(c.replays),
+                                     "--timeout-s", std::to_string(c.timeout_s)};
     args.insert(args.end(), {"--tokens", absl::StrJoin(c.tokens, ",")});
     if (!group.Start(args)) return 1;
   }

@@ -67,8 +67,7 @@ class DeviceContext final : public ParallelContext {
  public:
   DeviceContext(const ParallelConfig& config, ExpertMap map, int rank,
                 const DeviceContextOptions& options, int max_blocks,
-                std::unique_ptr<ExchangeBuffers> buffers,
-                std::unique_ptr<DeviceExpertTable> table,
+                std::unique_ptr<ExchangeBuffers> buffers, std::unique_ptr<DeviceExpertTable> table,
                 std::unique_ptr<ExchangeTransport> transport)
       : ParallelContext(config, std::move(map), rank,
                         ContextOptions{Memory::kDevice, options.hidden, options.top_k,
@@ -113,9 +112,9 @@ class DeviceContext final : public ParallelContext {
           absl::StrCat("device context: the device failed: ", cudaGetErrorString(err))));
     }
     if (word != 0) {
-      return Break(absl::UnavailableError(
-          absl::StrCat("device context rank ", rank_, ": ", DescribeDeviceError(word),
-                       "; the context is broken")));
+      return Break(absl::UnavailableError(absl::StrCat("device context rank ", rank_, ": ",
+                                                       DescribeDeviceError(word),
+                                                       "; the context is broken")));
     }
     return absl::OkStatus();
   }
@@ -132,8 +131,8 @@ class DeviceContext final : public ParallelContext {
   void SetStepTokens(int64_t tokens) {
     if (tokens < 0 || tokens > options_.max_tokens_per_step) {
       step_status_ = absl::InvalidArgumentError(
-          absl::StrCat("SetStepTokens(", tokens, "): outside [0, max_tokens_per_step = ",
-                       options_.max_tokens_per_step, "]"));
+          absl::StrCat("SetStepTokens(", tokens,
+                       "): outside [0, max_tokens_per_step = ", options_.max_tokens_per_step, "]"));
       return;
     }
     step_status_ = absl::OkStatus();
@@ -150,8 +149,8 @@ class DeviceContext final : public ParallelContext {
       return absl::InvalidArgumentError(absl::StrCat("Dispatch: layer ", layer, " out of range"));
     }
     if (tokens < 0 || tokens > step_tokens_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Dispatch: ", tokens, " tokens, but SetStepTokens allowed ", step_tokens_));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Dispatch: ", tokens, " tokens, but SetStepTokens allowed ", step_tokens_));
     }
     FLOTILLA_RETURN_IF_ERROR(transport_->Dispatch(
         Launch(), static_cast<const uint16_t*>(x), topk_ids, topk_w, static_cast<int>(tokens),
@@ -171,9 +170,8 @@ class DeviceContext final : public ParallelContext {
     FLOTILLA_RETURN_IF_ERROR(Usable());
     if (pending_layer_ < 0) return absl::FailedPreconditionError("Combine without a Dispatch");
     if (layer != pending_layer_) {
-      return absl::InvalidArgumentError(absl::StrCat("Combine(layer ", layer,
-                                                     ") after Dispatch(layer ", pending_layer_,
-                                                     ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("Combine(layer ", layer, ") after Dispatch(layer ", pending_layer_, ")"));
     }
     pending_layer_ = -1;
     return transport_->Combine(Launch(), y, pending_tokens_, static_cast<cudaStream_t>(stream));
@@ -230,9 +228,7 @@ class DeviceContext final : public ParallelContext {
 };
 
 int DeviceTensorParallel::size() const { return context_->config().tp_size(); }
-int DeviceTensorParallel::rank() const {
-  return context_->config().tp_rank_of(context_->rank());
-}
+int DeviceTensorParallel::rank() const { return context_->config().tp_rank_of(context_->rank()); }
 absl::Status DeviceTensorParallel::AllReduce(float* data, int64_t count, void* stream) {
   return context_->AllReduce(data, count, stream);
 }
@@ -254,16 +250,16 @@ absl::Status ValidateArguments(const ParallelConfig& config, const ExpertMap& ma
                                const comm::Communicator& host,
                                const DeviceContextOptions& options) {
   if (host.size() != config.world_size() || host.rank() != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device context: the host communicator is rank ", host.rank(), " of ", host.size(),
-        ", the context rank ", rank, " of ", config.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device context: the host communicator is rank ", host.rank(), " of ",
+                     host.size(), ", the context rank ", rank, " of ", config.world_size()));
   }
   if (map.world_size() != config.world_size() || map.num_layers() < 1) {
     return absl::InvalidArgumentError("device context: the expert map does not fit the world");
   }
-  if (options.hidden <= 0 || options.hidden % 8 != 0 || options.top_k < 1 ||
-      options.top_k > 8 || options.max_tokens_per_step < 0 ||
-      options.max_tokens_per_step > (int64_t{1} << 24) || options.timeout <= absl::ZeroDuration()) {
+  if (options.hidden <= 0 || options.hidden % 8 != 0 || options.top_k < 1 || options.top_k > 8 ||
+      options.max_tokens_per_step < 0 || options.max_tokens_per_step > (int64_t{1} << 24) ||
+      options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "device context: hidden must be a positive multiple of 8, top_k in [1, 8], "
         "max_tokens_per_step in [0, 2^24] and the timeout positive");
@@ -302,13 +298,11 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
     const DeviceContextOptions& options) {
   FLOTILLA_RETURN_IF_ERROR(ValidateArguments(config, map, rank, host, options));
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
-  const std::vector<int64_t> fingerprint = {config.world_size(), config.tp_size(),
-                                            options.hidden,      options.top_k,
-                                            options.max_tokens_per_step, map.num_layers(),
-                                            map.num_experts()};
+  const std::vector<int64_t> fingerprint = {
+      config.world_size(),         config.tp_size(), options.hidden,   options.top_k,
+      options.max_tokens_per_step, map.num_layers(), map.num_experts()};
   FLOTILLA_ASSIGN_OR_RETURN(const RankIdentity mine, LocalIdentity(options.device, fingerprint));
-  FLOTILLA_ASSIGN_OR_RETURN(const std::vector<RankIdentity> ranks,
-                            ExchangeIdentities(host, mine));
+  FLOTILLA_ASSIGN_OR_RETURN(const std::vector<RankIdentity> ranks, ExchangeIdentities(host, mine));
   FLOTILLA_ASSIGN_OR_RETURN(const DeviceTransport kind,
                             ChooseTransport(host, ranks, options.device, options.transport));
 
@@ -333,8 +327,7 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
                             MakeTransport(kind, host, config, **buffers, options));
   return std::unique_ptr<ParallelContext>(
       new DeviceContext(config, std::move(map), rank, options, AgreedMaxBlocks(ranks),
-                        std::move(*buffers),
-                        std::move(*table), std::move(transport)));
+                        std::move(*buffers), std::move(*table), std::move(transport)));
 }
 
 }  // namespace flotilla::parallel

@@ -17,6 +17,8 @@
 //                             (source, destination) pair and so every launch's
 //                             shape and ExpertRows::rows = world * cap. Graphs
 //                             captured after the same n replay the same shapes.
+//                             n outside [0, max_tokens_per_step] makes the next
+//                             Dispatch return INVALID_ARGUMENT.
 //   ep().Dispatch(layer, x, topk_ids, topk_w, tokens, stream)
 //                             x bf16 [tokens, hidden], topk_ids int32 and
 //                             topk_w f32 [tokens, top_k], all device memory,
@@ -60,9 +62,10 @@ enum class DeviceTransport { kAuto, kCudaIpc, kNccl };
 
 struct DeviceContextOptions {
   int device = 0;  // CUDA device of this rank
-  DeviceTransport transport = DeviceTransport::kAuto;  // kAuto: cuda-ipc when all ranks share a node
-  int hidden = 0;                   // a multiple of 8
-  int top_k = 0;                    // 1 to 8
+  DeviceTransport transport =
+      DeviceTransport::kAuto;  // kAuto: cuda-ipc when all ranks share a node
+  int hidden = 0;              // a multiple of 8
+  int top_k = 0;               // 1 to 8
   int64_t max_tokens_per_step = 0;
   absl::Duration timeout = absl::Seconds(30);  // bound of every device wait
 };

@@ -17,7 +17,8 @@ int64_t MostReplicasInALayer(const ExpertMap& map) {
   int64_t most = 0;
   for (int l = 0; l < map.num_layers(); ++l) {
     int64_t n = 0;
-    for (int e = 0; e < map.num_experts(); ++e) n += static_cast<int64_t>(map.replicas(l, e).size());
+    for (int e = 0; e < map.num_experts(); ++e)
+      n += static_cast<int64_t>(map.replicas(l, e).size());
     most = std::max(most, n);
   }
   return most;

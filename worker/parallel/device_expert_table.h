@@ -24,8 +24,12 @@ class DeviceExpertTable {
   // whole device first: kernels of the previous step may still read the table.
   absl::Status Upload(const ExpertMap& map);
 
-  const int32_t* first(int layer) const { return first_ + static_cast<int64_t>(layer) * (experts_ + 1); }
-  const int32_t* reps(int layer) const { return reps_ + static_cast<int64_t>(layer) * reps_per_layer_; }
+  const int32_t* first(int layer) const {
+    return first_ + static_cast<int64_t>(layer) * (experts_ + 1);
+  }
+  const int32_t* reps(int layer) const {
+    return reps_ + static_cast<int64_t>(layer) * reps_per_layer_;
+  }
 
  private:
   DeviceExpertTable(int layers, int experts, int64_t reps_per_layer)

@@ -38,7 +38,8 @@ absl::StatusOr<RankIdentity> LocalIdentity(int device, const std::vector<int64_t
   RankIdentity id;
   const std::string node = NodeName();
   std::strncpy(id.node, node.c_str(), sizeof(id.node) - 1);
-  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(id.pci_bus_id, sizeof(id.pci_bus_id), device));
+  FLOTILLA_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetPCIBusId(id.pci_bus_id, sizeof(id.pci_bus_id), device));
   if (fingerprint.size() > std::size(id.fingerprint)) {
     return absl::InternalError("device context fingerprint too long");
   }
@@ -66,9 +67,11 @@ absl::StatusOr<std::vector<RankIdentity>> ExchangeIdentities(comm::Communicator&
   FLOTILLA_RETURN_IF_ERROR(host.AllGather(&mine, all.data(), sizeof(RankIdentity)));
   for (size_t r = 0; r < all.size(); ++r) {
     if (std::memcmp(all[r].fingerprint, mine.fingerprint, sizeof(mine.fingerprint)) != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device context: rank ", r, " was created with another shape (world, tp, hidden, "
-          "top_k, max tokens, layers, experts) than rank ", host.rank()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device context: rank ", r,
+                       " was created with another shape (world, tp, hidden, "
+                       "top_k, max tokens, layers, experts) than rank ",
+                       host.rank()));
     }
   }
   return all;
@@ -90,8 +93,8 @@ bool CanMapPeers(const std::vector<RankIdentity>& ranks, int device, std::string
     if (peer_device != device &&
         (cudaDeviceCanAccessPeer(&access, device, peer_device) != cudaSuccess || access == 0)) {
       cudaGetLastError();
-      *why = absl::StrCat("no peer access from GPU ", device, " to rank ", r, "'s GPU ",
-                          peer_device);
+      *why =
+          absl::StrCat("no peer access from GPU ", device, " to rank ", r, "'s GPU ", peer_device);
       return false;
     }
   }
@@ -109,8 +112,8 @@ absl::StatusOr<bool> AllRanksAgree(comm::Communicator& host, bool value) {
 }
 
 absl::StatusOr<DeviceTransport> ChooseTransport(comm::Communicator& host,
-                                                const std::vector<RankIdentity>& ranks,
-                                                int device, DeviceTransport asked) {
+                                                const std::vector<RankIdentity>& ranks, int device,
+                                                DeviceTransport asked) {
   std::string why_not_ipc;
   FLOTILLA_ASSIGN_OR_RETURN(const bool ipc,
                             AllRanksAgree(host, CanMapPeers(ranks, device, &why_not_ipc)));

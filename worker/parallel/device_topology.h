@@ -16,8 +16,8 @@ namespace flotilla::parallel {
 
 // What a rank tells its peers (fixed size: it travels in one AllGather).
 struct RankIdentity {
-  char node[128] = {};        // hostname and boot id: processes of one OS instance
-  char pci_bus_id[32] = {};   // the rank's GPU
+  char node[128] = {};          // hostname and boot id: processes of one OS instance
+  char pci_bus_id[32] = {};     // the rank's GPU
   int64_t fingerprint[8] = {};  // the context's shape; must match on every rank
   int64_t resident_blocks = 0;  // exchange kernel blocks the GPU holds at once
 };
@@ -45,7 +45,7 @@ absl::StatusOr<bool> AllRanksAgree(comm::Communicator& host, bool value);
 // The transport every rank will use (all ranks reach the same answer), or
 // FAILED_PRECONDITION saying why the one asked for cannot work.
 absl::StatusOr<DeviceTransport> ChooseTransport(comm::Communicator& host,
-                                                const std::vector<RankIdentity>& ranks,
-                                                int device, DeviceTransport asked);
+                                                const std::vector<RankIdentity>& ranks, int device,
+                                                DeviceTransport asked);
 
 }  // namespace flotilla::parallel

@@ -55,7 +55,8 @@ class ExchangeBuffers {
   const kernels::cuda::EpState& state() const { return state_; }
 
  private:
-  ExchangeBuffers(const ExchangeSizes& sizes) : sizes_(sizes), layout_(RecvLayout::For(sizes)) {}
+  explicit ExchangeBuffers(const ExchangeSizes& sizes)
+      : sizes_(sizes), layout_(RecvLayout::For(sizes)) {}
   absl::Status Allocate();
 
   ExchangeSizes sizes_;

@@ -25,19 +25,17 @@ absl::StatusOr<std::unique_ptr<IpcTransport>> IpcTransport::Create(comm::Communi
       continue;
     }
     void* base = nullptr;
-    const cudaError_t err =
-        cudaIpcOpenMemHandle(&base, handles[p], cudaIpcMemLazyEnablePeerAccess);
+    const cudaError_t err = cudaIpcOpenMemHandle(&base, handles[p], cudaIpcMemLazyEnablePeerAccess);
     if (err != cudaSuccess) {
-      return absl::UnavailableError(absl::StrCat("cuda-ipc: cannot map rank ", p,
-                                                 "'s buffers: ", cudaGetErrorString(err)));
+      return absl::UnavailableError(
+          absl::StrCat("cuda-ipc: cannot map rank ", p, "'s buffers: ", cudaGetErrorString(err)));
     }
     t->mapped_[p] = base;
     peers[p] = buffers.layout().At(base);
   }
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMalloc(&t->peers_, sizeof(kc::EpRecvBuffers) * world));
-  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemcpy(t->peers_, peers.data(),
-                                           sizeof(kc::EpRecvBuffers) * world,
-                                           cudaMemcpyHostToDevice));
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemcpy(
+      t->peers_, peers.data(), sizeof(kc::EpRecvBuffers) * world, cudaMemcpyHostToDevice));
   // The copy may return before it landed (pageable source); kernels on
   // non-blocking streams would not wait for it.
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -57,17 +55,15 @@ kc::EpLaunch IpcTransport::WithPeers(kc::EpLaunch launch) const {
   return launch;
 }
 
-absl::Status IpcTransport::Dispatch(kc::EpLaunch launch, const uint16_t* x,
-                                    const int32_t* topk_ids, const float* topk_w, int tokens,
-                                    const int32_t* expert_first, const int32_t* expert_reps,
-                                    cudaStream_t stream) {
+absl::Status IpcTransport::Dispatch(kc::EpLaunch launch, const uint16_t* x, const int32_t* topk_ids,
+                                    const float* topk_w, int tokens, const int32_t* expert_first,
+                                    const int32_t* expert_reps, cudaStream_t stream) {
   return CudaStatus(kc::LaunchEpDispatch(WithPeers(launch), x, topk_ids, topk_w, tokens,
                                          expert_first, expert_reps, stream),
                     "dispatch");
 }
 
-absl::Status IpcTransport::Combine(kc::EpLaunch launch, float* y, int tokens,
-                                   cudaStream_t stream) {
+absl::Status IpcTransport::Combine(kc::EpLaunch launch, float* y, int tokens, cudaStream_t stream) {
   return CudaStatus(kc::LaunchEpCombine(WithPeers(launch), y, tokens, stream), "combine");
 }
 

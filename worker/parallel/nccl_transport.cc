@@ -64,8 +64,8 @@ absl::Status NcclTransport::Settle(ncclComm_t comm, int result, const char* what
   const absl::Time deadline = absl::Now() + timeout_;
   while (r == ncclInProgress && comm != nullptr) {
     if (absl::Now() > deadline) {
-      broken_ = absl::UnavailableError(absl::StrCat("nccl: ", what, " did not finish within ",
-                                                    absl::FormatDuration(timeout_)));
+      broken_ = absl::UnavailableError(
+          absl::StrCat("nccl: ", what, " did not finish within ", absl::FormatDuration(timeout_)));
       return broken_;
     }
     std::this_thread::yield();
@@ -100,9 +100,9 @@ absl::Status NcclTransport::Dispatch(kc::EpLaunch launch, const uint16_t* x,
   FLOTILLA_RETURN_IF_ERROR(broken_);
   launch.ipc = false;
   launch.peers = pack_to_;
-  FLOTILLA_RETURN_IF_ERROR(CudaStatus(kc::LaunchEpDispatch(launch, x, topk_ids, topk_w, tokens,
-                                                           expert_first, expert_reps, stream),
-                                      "dispatch pack"));
+  FLOTILLA_RETURN_IF_ERROR(CudaStatus(
+      kc::LaunchEpDispatch(launch, x, topk_ids, topk_w, tokens, expert_first, expert_reps, stream),
+      "dispatch pack"));
   const size_t cap = static_cast<size_t>(launch.shape.cap);
   const size_t row_bytes = static_cast<size_t>(launch.shape.hidden) * sizeof(uint16_t);
   char* send_x = reinterpret_cast<char*>(staging_view_.x);
@@ -139,8 +139,8 @@ absl::Status NcclTransport::Combine(kc::EpLaunch launch, float* y, int tokens,
       CudaStatus(kc::LaunchEpCombine(launch, y, tokens, stream), "combine reduce"));
   if (tp_ == nullptr || tokens == 0) return absl::OkStatus();
   return Settle(tp_,
-                ncclAllReduce(y, y, static_cast<size_t>(tokens) * launch.shape.hidden,
-                              ncclFloat32, ncclSum, tp_, stream),
+                ncclAllReduce(y, y, static_cast<size_t>(tokens) * launch.shape.hidden, ncclFloat32,
+                              ncclSum, tp_, stream),
                 "combine join");
 }
 
@@ -148,10 +148,9 @@ absl::Status NcclTransport::AllReduce(kc::EpLaunch launch, float* data, int64_t 
                                       cudaStream_t stream) {
   FLOTILLA_RETURN_IF_ERROR(broken_);
   if (tp_ == nullptr || count == 0) return absl::OkStatus();
-  return Settle(tp_,
-                ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, tp_,
-                              stream),
-                "all-reduce");
+  return Settle(
+      tp_, ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, tp_, stream),
+      "all-reduce");
 }
 
 absl::Status NcclTransport::Health() {

@@ -37,10 +37,9 @@ class NcclTransport final : public ExchangeTransport {
   ~NcclTransport() override;
 
   std::string name() const override { return "nccl"; }
-  absl::Status Dispatch(kernels::cuda::EpLaunch launch, const uint16_t* x,
-                        const int32_t* topk_ids, const float* topk_w, int tokens,
-                        const int32_t* expert_first, const int32_t* expert_reps,
-                        cudaStream_t stream) override;
+  absl::Status Dispatch(kernels::cuda::EpLaunch launch, const uint16_t* x, const int32_t* topk_ids,
+                        const float* topk_w, int tokens, const int32_t* expert_first,
+                        const int32_t* expert_reps, cudaStream_t stream) override;
   absl::Status Combine(kernels::cuda::EpLaunch launch, float* y, int tokens,
                        cudaStream_t stream) override;
   absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
