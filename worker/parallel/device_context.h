@@ -9,6 +9,44 @@
 //   nccl: ranks on distinct GPUs of any number of nodes; fixed-capacity
 //     ncclSend/ncclRecv per peer (counts travel inside the buffers).
 // Needs CUDA; declared here without CUDA types.
+//
+// Use (all on the caller's stream; nothing synchronises with the host, so a
+// step captures in one CUDA graph):
+//   ep().SetStepTokens(n)     host only: n = the most tokens any rank runs this
+//                             step; fixes cap = ceil(n / tp) * top_k rows per
+//                             (source, destination) pair and so every launch's
+//                             shape and ExpertRows::rows = world * cap. Graphs
+//                             captured after the same n replay the same shapes.
+//                             n outside [0, max_tokens_per_step] makes the next
+//                             Dispatch return INVALID_ARGUMENT.
+//   ep().Dispatch(layer, x, topk_ids, topk_w, tokens, stream)
+//                             x bf16 [tokens, hidden], topk_ids int32 and
+//                             topk_w f32 [tokens, top_k], all device memory,
+//                             x 16-byte aligned; read by the kernels only (they
+//                             may change after the stream passed Dispatch).
+//                             Returns device ExpertRows whose pointers never
+//                             change for the context's life: x bf16, slot
+//                             (-1 padding), ones (1 real, 0 padding), out f32,
+//                             zero on every row when Dispatch's kernel has run.
+//                             Experts must write real rows only (LaunchMoeLayer
+//                             skips slots outside [0, experts)). The rows are
+//                             valid until the matching Combine.
+//   ep().Combine(layer, y, stream)
+//                             y f32 [tokens, hidden] (16-byte aligned) of every
+//                             token of the TP group, overwritten.
+//   tp().AllReduce(data, count, stream)
+//                             cuda-ipc: one-shot, summed in TP-rank order (the
+//                             same bits on every rank and as the host context);
+//                             nccl: ncclAllReduce (the same bits on every rank,
+//                             NCCL's order).
+//   CheckHealth()             after the caller synchronised the stream.
+// SetExpertMap waits for the whole device and rewrites the device table in
+// place (captured graphs stay valid).
+//
+// Memory per rank: about world * cap_max * hidden * 10 bytes (bf16 rows in,
+// f32 outputs twice) with cap_max = ceil(max_tokens_per_step / tp) * top_k,
+// plus, with cuda-ipc and TP > 1, 4 * tp MB of all-reduce staging and
+// max_tokens_per_step * hidden * 4 bytes for joining the TP shares.
 #pragma once
 
 #include <memory>
@@ -24,9 +62,10 @@ enum class DeviceTransport { kAuto, kCudaIpc, kNccl };
 
 struct DeviceContextOptions {
   int device = 0;  // CUDA device of this rank
-  DeviceTransport transport = DeviceTransport::kAuto;  // kAuto: cuda-ipc when all ranks share a node
-  int hidden = 0;
-  int top_k = 0;
+  DeviceTransport transport =
+      DeviceTransport::kAuto;  // kAuto: cuda-ipc when all ranks share a node
+  int hidden = 0;              // a multiple of 8
+  int top_k = 0;               // 1 to 8
   int64_t max_tokens_per_step = 0;
   absl::Duration timeout = absl::Seconds(30);  // bound of every device wait
 };
@@ -34,6 +73,8 @@ struct DeviceContextOptions {
 // `host` spans the same ranks as the instance (rank() == rank) and is used
 // only while creating the context: to learn which ranks share a node and to
 // exchange IPC handles or the NCCL unique id. It need not outlive the call.
+// Every rank must call it; a rank that fails makes the others fail too (or,
+// if it fails before the first exchange, time out in `host`).
 absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
     const ParallelConfig& config, ExpertMap map, int rank, comm::Communicator& host,
     const DeviceContextOptions& options);

@@ -1,0 +1,627 @@
+// The expert-parallel exchange kernels (see ep_exchange.h for the layouts).
+//
+// Synchronisation (cuda-ipc): a block that wrote into peers meets at a
+// barrier, then one thread fences at system scope (cumulative over what the
+// block wrote, which the barrier ordered before it) and stores the sequence
+// number into each peer's flag with release semantics; a receiver loads
+// flags with acquire semantics and reads peer-written data through L2
+// (ld.global.cg), never from a possibly stale L1 line. Every block of a
+// launch reads the operation's sequence number when it starts; dispatch and
+// combine advance each other's (they alternate), each all-reduce block its
+// own, so launches of any grid (and graph replays) keep counting. Waits are
+// bounded by %globaltimer: past the bound the block records an error word,
+// and every later kernel returns at once when it finds it set.
+//
+// Buffer reuse: a source writes its layer L+1 rows into a destination only
+// after its own layer L combine finished, which needed the destination's
+// layer L outputs, which the destination sends after its experts read the
+// layer L rows; combine and gather buffers are protected the same way. The
+// all-reduce alternates two halves (by sequence parity): a rank can only be
+// one round ahead of a peer that still reads the other half.
+//
+// Copies keep several 16-byte loads in flight per thread (kUnroll): one at a
+// time, a copy loop is bound by memory latency, not bandwidth.
+#include <algorithm>
+#include <climits>
+
+#include "kernels/cuda/ep_exchange.h"
+
+namespace flotilla::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxTopK = 8;  // the combine keeps one output vector per expert in registers
+constexpr int kUnroll = 4;
+// EpState::epochs: dispatch, combine, then the all-reduce's per block.
+constexpr int kDispatchEpoch = 0;
+constexpr int kCombineEpoch = 1;
+constexpr int kReduceEpoch = 2;
+
+__device__ __forceinline__ uint64_t GlobalTimerNs() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint64_t LoadAcquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// A flag store after a system-scope fence (the fence makes it a release).
+__device__ __forceinline__ void StoreRelaxed(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+// The error word read once per block and shared, so that every thread of
+// the block takes the same branch.
+__device__ bool BlockBroken(const int32_t* error) {
+  __shared__ int broken;
+  if (threadIdx.x == 0) broken = *reinterpret_cast<const volatile int32_t*>(error);
+  __syncthreads();
+  const bool result = broken != 0;
+  __syncthreads();
+  return result;
+}
+
+// The operation's sequence number as this launch started.
+__device__ __forceinline__ uint64_t LaunchEpoch(const EpState& state, int op) {
+  return *reinterpret_cast<const volatile uint32_t*>(state.epochs + op);
+}
+
+// Advances the sequence number of the operation that follows this one
+// (dispatch -> combine -> dispatch): nothing of this launch reads it, and the
+// next launch starts after this one ended.
+__device__ __forceinline__ void AdvanceNext(const EpState& state, int next) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) state.epochs[next] += 1;
+}
+
+// Waits until flags[source * kEpMaxBlocks + b] >= target for every source in
+// [0, sources) except `skip` and every b < blocks. Each thread polls its
+// share of the words. Returns false when the bound passed (the error word
+// then names op and the world rank first_rank + source) or another block
+// already failed.
+__device__ bool WaitFlags(const uint64_t* flags, int sources, int blocks, int skip, uint64_t target,
+                          uint64_t deadline, int32_t* error, int op, int first_rank) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = 0;
+  __syncthreads();
+  volatile int* vfailed = &failed;
+  for (int i = threadIdx.x; i < sources * blocks && *vfailed == 0; i += blockDim.x) {
+    const int source = i / blocks;
+    if (source == skip) continue;
+    const uint64_t* flag = flags + static_cast<size_t>(source) * kEpMaxBlocks + i % blocks;
+    for (uint32_t spins = 1; LoadAcquire(flag) < target; ++spins) {
+      if ((spins & 127) != 0) continue;
+      if (*reinterpret_cast<volatile int32_t*>(error) != 0 || *vfailed != 0) {
+        *vfailed = 1;
+        break;
+      }
+      if (GlobalTimerNs() > deadline) {
+        atomicCAS(error, 0, kEpErrorBase + op * 65536 + first_rank + source);
+        *vfailed = 1;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  const bool ok = *vfailed == 0;
+  __syncthreads();
+  return ok;
+}
+
+// After this block's writes into peers: raises its flag word `offset +
+// index * kEpMaxBlocks + block` in each world rank first .. first + count - 1
+// except `skip`. One thread fences (cumulative over the block's writes, which
+// the barrier ordered before it) and stores every flag.
+__device__ void SignalPeers(const EpLaunch& l, size_t offset, int index, int first, int count,
+                            int skip, uint64_t epoch) {
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence_system();
+  for (int q = 0; q < count; ++q) {
+    if (first + q == skip) continue;
+    StoreRelaxed(
+        l.peers[first + q].flags + offset + static_cast<size_t>(index) * kEpMaxBlocks + blockIdx.x,
+        epoch);
+  }
+}
+
+// dst(i) = src(i) for the 16-byte vectors i = first, first + stride, ... < n,
+// kUnroll loads in flight per thread.
+template <typename Src, typename Dst>
+__device__ __forceinline__ void CopyVectors(int64_t n, int64_t first, int64_t stride, Src src,
+                                            Dst dst) {
+  for (int64_t i = first; i < n; i += kUnroll * stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * stride < n) v[u] = src(i + u * stride);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (i + u * stride < n) dst(i + u * stride, v[u]);
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t GridThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+// Rows source `source` put into this rank's segment (clamped to the capacity).
+__device__ __forceinline__ int SegmentCount(const int32_t* meta, int source, int cap) {
+  const int count = __ldcg(meta + static_cast<size_t>(source) * (cap + 1));
+  return count < 0 ? 0 : (count > cap ? cap : count);
+}
+
+// For each share token: its pairs ordered by ascending expert id (ties by
+// choice), with their weights, so Combine sums in the contract's order.
+__device__ void OrderShareTokens(const EpLaunch& l, const int32_t* topk_ids, const float* topk_w,
+                                 int shares) {
+  const EpShape& s = l.shape;
+  const int k = s.top_k;
+  for (int share = static_cast<int>(GridThread()); share < shares;
+       share += static_cast<int>(GridThreads())) {
+    const int t = share * s.tp_size + s.tp_rank;
+    int key[kMaxTopK];
+    int choice[kMaxTopK];
+    for (int j = 0; j < k; ++j) {
+      const int e = topk_ids[t * k + j];
+      key[j] = (e >= 0 && e < s.num_experts) ? e : INT_MAX;
+      choice[j] = j;
+      for (int i = j; i > 0 && key[i - 1] > key[i]; --i) {
+        const int kk = key[i - 1], cc = choice[i - 1];
+        key[i - 1] = key[i];
+        choice[i - 1] = choice[i];
+        key[i] = kk;
+        choice[i] = cc;
+      }
+    }
+    for (int r = 0; r < k; ++r) {
+      l.state.order[share * k + r] = share * k + choice[r];
+      l.state.order_w[share * k + r] = topk_w[t * k + choice[r]];
+    }
+  }
+}
+
+struct PlanShared {
+  int count[kWarps][kEpMaxRanks];  // per warp and destination; then exclusive offsets
+  int base[kEpMaxRanks];           // rows planned to each destination so far
+  int4 list[kThreads];             // this block's pairs of the chunk: token, dest, pos, slot
+  int list_len;
+};
+
+// Destination rank and slot of pair `n` of the share, or dest -1.
+__device__ __forceinline__ int2 PairDestination(const EpShape& s, const int32_t* topk_ids,
+                                                const int32_t* first, const int32_t* reps, int n,
+                                                int* token) {
+  const int share = n / s.top_k, j = n % s.top_k;
+  const int t = share * s.tp_size + s.tp_rank;
+  *token = t;
+  const int e = topk_ids[t * s.top_k + j];
+  if (e < 0 || e >= s.num_experts) return make_int2(-1, 0);
+  const int f = first[e], replicas = first[e + 1] - f;
+  if (replicas <= 0) return make_int2(-1, 0);
+  const int loc = reps[f + EpReplicaIndex(t, j, replicas)];
+  return make_int2(loc >> 16, loc & 0xffff);
+}
+
+// Copies the chunk's pairs this block owns: rows into their destination's
+// x, slots into its meta.
+__device__ void SendListedRows(const EpLaunch& l, const uint16_t* x, const PlanShared& sh) {
+  const EpShape& s = l.shape;
+  const int vecs = s.hidden / 8;  // 16-byte vectors per bf16 row
+  const int len = sh.list_len;
+  CopyVectors(
+      static_cast<int64_t>(len) * vecs, threadIdx.x, blockDim.x,
+      [&](int64_t v) {
+        const int4 e = sh.list[v / vecs];
+        return __ldg(reinterpret_cast<const uint4*>(x + static_cast<size_t>(e.x) * s.hidden) +
+                     v % vecs);
+      },
+      [&](int64_t v, uint4 value) {
+        const int4 e = sh.list[v / vecs];
+        const int segment = l.ipc ? s.rank : e.y;
+        uint4* row = reinterpret_cast<uint4*>(
+            l.peers[e.y].x + static_cast<size_t>(segment * s.cap + e.z) * s.hidden);
+        row[v % vecs] = value;
+      });
+  for (int r = threadIdx.x; r < len; r += blockDim.x) {
+    const int4 e = sh.list[r];
+    const int segment = l.ipc ? s.rank : e.y;
+    l.peers[e.y].meta[static_cast<size_t>(segment) * (s.cap + 1) + 1 + e.z] = e.w;
+  }
+}
+
+// Every block scans all pairs in chunks of kThreads to learn each pair's
+// position (its rank among earlier pairs to the same destination), and sends
+// the pairs n with n % gridDim.x == blockIdx.x. Block 0 writes the counts.
+__device__ void PlanAndSend(const EpLaunch& l, const uint16_t* x, const int32_t* topk_ids,
+                            const int32_t* first, const int32_t* reps, int pairs, PlanShared& sh) {
+  const EpShape& s = l.shape;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int d = threadIdx.x; d < s.world; d += blockDim.x) sh.base[d] = 0;
+  for (int chunk = 0; chunk < pairs; chunk += kThreads) {
+    for (int i = threadIdx.x; i < kWarps * s.world; i += blockDim.x) {
+      sh.count[i / s.world][i % s.world] = 0;
+    }
+    if (threadIdx.x == 0) sh.list_len = 0;
+    __syncthreads();
+    const int n = chunk + threadIdx.x;
+    int token = 0;
+    int2 dest = make_int2(-1, 0);
+    if (n < pairs) dest = PairDestination(s, topk_ids, first, reps, n, &token);
+    const unsigned same = __match_any_sync(0xffffffffu, dest.x);
+    const int below = __popc(same & ((1u << lane) - 1));
+    if (dest.x >= 0 && below == 0) sh.count[warp][dest.x] = __popc(same);
+    __syncthreads();
+    for (int d = threadIdx.x; d < s.world; d += blockDim.x) {
+      int run = sh.base[d];
+      for (int w = 0; w < kWarps; ++w) {
+        const int c = sh.count[w][d];
+        sh.count[w][d] = run;
+        run += c;
+      }
+      sh.base[d] = run;
+    }
+    __syncthreads();
+    if (n < pairs && n % gridDim.x == blockIdx.x) {
+      int route = -1;
+      if (dest.x >= 0) {
+        const int pos = sh.count[warp][dest.x] + below;
+        route = dest.x * s.cap + pos;
+        sh.list[atomicAdd(&sh.list_len, 1)] = make_int4(token, dest.x, pos, dest.y);
+      }
+      l.state.route[n] = route;
+    }
+    __syncthreads();
+    SendListedRows(l, x, sh);
+    __syncthreads();
+  }
+  if (blockIdx.x == 0) {
+    for (int d = threadIdx.x; d < s.world; d += blockDim.x) {
+      const int segment = l.ipc ? s.rank : d;
+      l.peers[d].meta[static_cast<size_t>(segment) * (s.cap + 1)] = sh.base[d];
+    }
+  }
+}
+
+// Receive side of a dispatch: slot and ones for every row (padding: -1 and
+// 0) and the per-source counts. `out` needs no zeroing here: it is zero from
+// creation, and every combine zeroes the rows it returned (no kernel writes
+// padding rows), so every row is zero again before the next dispatch.
+__device__ void Unpack(const EpLaunch& l) {
+  const EpShape& s = l.shape;
+  const int rows = s.world * s.cap;
+  for (int r = static_cast<int>(GridThread()); r < rows; r += static_cast<int>(GridThreads())) {
+    const int source = r / s.cap, i = r % s.cap;
+    const bool real = i < SegmentCount(l.self.meta, source, s.cap);
+    l.state.slot[r] =
+        real ? __ldcg(l.self.meta + static_cast<size_t>(source) * (s.cap + 1) + 1 + i) : -1;
+    l.state.ones[r] = real ? 1.0f : 0.0f;
+  }
+  if (blockIdx.x == 0) {
+    for (int p = threadIdx.x; p < s.world; p += blockDim.x) {
+      l.state.recv_count[p] = SegmentCount(l.self.meta, p, s.cap);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    DispatchKernel(EpLaunch l, const uint16_t* x, const int32_t* topk_ids, const float* topk_w,
+                   int tokens, const int32_t* first, const int32_t* reps) {
+  __shared__ PlanShared sh;
+  if (BlockBroken(l.state.error)) return;
+  const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  // The n-th dispatch waits for sequence number n; the combines advance it.
+  const uint64_t epoch = LaunchEpoch(l.state, kDispatchEpoch) + 1;
+  if (l.ipc) AdvanceNext(l.state, kCombineEpoch);
+  const EpShape& s = l.shape;
+  const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
+  OrderShareTokens(l, topk_ids, topk_w, shares);
+  PlanAndSend(l, x, topk_ids, first, reps, shares * s.top_k, sh);
+  if (!l.ipc) return;
+  const EpFlagLayout flags{s.world, s.tp_size};
+  SignalPeers(l, flags.dispatch(), s.rank, 0, s.world, -1, epoch);
+  if (!WaitFlags(l.self.flags + flags.dispatch(), s.world, gridDim.x, -1, epoch, deadline,
+                 l.state.error, kEpOpDispatch, 0)) {
+    return;
+  }
+  Unpack(l);
+}
+
+__global__ void __launch_bounds__(kThreads) UnpackKernel(EpLaunch l) {
+  if (BlockBroken(l.state.error)) return;
+  Unpack(l);
+}
+
+// y rows of the share: the sum over each token's pairs in ascending expert
+// id of weight * output, multiplied and added with one rounding each (no
+// contraction) so a host reference can reproduce the bits. With
+// `to_gather`, the rows also go to the TP peers' gathered buffers.
+__device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gather) {
+  const EpShape& s = l.shape;
+  const int k = s.top_k, vecs = s.hidden / 4;
+  const int group_first = s.rank - s.tp_rank;
+  for (int64_t idx = GridThread(); idx < static_cast<int64_t>(shares) * vecs;
+       idx += GridThreads()) {
+    const int share = static_cast<int>(idx / vecs), q = static_cast<int>(idx % vecs);
+    const int t = share * s.tp_size + s.tp_rank;
+    // All outputs loaded before any is used: k loads in flight, not one.
+    float4 o[kMaxTopK];
+    float w[kMaxTopK];
+    bool valid[kMaxTopK];
+#pragma unroll
+    for (int r = 0; r < kMaxTopK; ++r) {
+      valid[r] = false;
+      if (r >= k) continue;
+      const int route = l.state.route[l.state.order[share * k + r]];
+      if (route < 0) continue;
+      valid[r] = true;
+      w[r] = l.state.order_w[share * k + r];
+      o[r] = __ldcg(reinterpret_cast<const float4*>(l.self.combined +
+                                                    static_cast<size_t>(route) * s.hidden + 4 * q));
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool first = true;
+#pragma unroll
+    for (int r = 0; r < kMaxTopK; ++r) {
+      if (!valid[r]) continue;
+      const float4 p = make_float4(__fmul_rn(w[r], o[r].x), __fmul_rn(w[r], o[r].y),
+                                   __fmul_rn(w[r], o[r].z), __fmul_rn(w[r], o[r].w));
+      acc = first ? p
+                  : make_float4(__fadd_rn(acc.x, p.x), __fadd_rn(acc.y, p.y), __fadd_rn(acc.z, p.z),
+                                __fadd_rn(acc.w, p.w));
+      first = false;
+    }
+    const size_t at = static_cast<size_t>(t) * s.hidden + 4 * q;
+    *reinterpret_cast<float4*>(y + at) = acc;
+    if (!to_gather) continue;
+    for (int peer = 0; peer < s.tp_size; ++peer) {
+      if (peer == s.tp_rank) continue;
+      *reinterpret_cast<float4*>(l.peers[group_first + peer].gathered + at) = acc;
+    }
+  }
+}
+
+// Rows of tokens outside this rank's share: copied from `from` (the TP
+// peers' rows), or zeroed when `from` is null.
+__device__ void FillOtherShares(const EpShape& s, float* y, int tokens, const float* from) {
+  const int vecs = s.hidden / 4;
+  CopyVectors(
+      static_cast<int64_t>(tokens) * vecs, GridThread(), GridThreads(),
+      [&](int64_t v) {
+        const bool other = (v / vecs) % s.tp_size != s.tp_rank;
+        return other && from != nullptr ? __ldcg(reinterpret_cast<const uint4*>(from) + v)
+                                        : make_uint4(0, 0, 0, 0);
+      },
+      [&](int64_t v, uint4 value) {
+        if ((v / vecs) % s.tp_size != s.tp_rank) reinterpret_cast<uint4*>(y)[v] = value;
+      });
+}
+
+// Moves the out rows of every source's real rows into that source's
+// `combined` (segment of this rank), or (send false) only zeroes them:
+// each thread zeroes what it read itself, so out is zero for the next
+// dispatch without a pass of its own.
+__device__ void SendOutputs(const EpLaunch& l, bool send) {
+  const EpShape& s = l.shape;
+  const int vecs = s.hidden / 4;
+  for (int p = 0; p < s.world; ++p) {
+    const int64_t n = static_cast<int64_t>(l.state.recv_count[p]) * vecs;
+    uint4* src = reinterpret_cast<uint4*>(l.state.out + static_cast<size_t>(p) * s.cap * s.hidden);
+    uint4* dst = send ? reinterpret_cast<uint4*>(l.peers[p].combined +
+                                                 static_cast<size_t>(s.rank) * s.cap * s.hidden)
+                      : nullptr;
+    CopyVectors(
+        n, GridThread(), GridThreads(), [&](int64_t v) { return src[v]; },
+        [&](int64_t v, uint4 value) {
+          if (dst != nullptr) dst[v] = value;
+          src[v] = make_uint4(0, 0, 0, 0);
+        });
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) CombineIpcKernel(EpLaunch l, float* y, int tokens) {
+  if (BlockBroken(l.state.error)) return;
+  const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  // The n-th combine waits for n, which the n-th dispatch set.
+  const uint64_t epoch = LaunchEpoch(l.state, kCombineEpoch);
+  AdvanceNext(l.state, kDispatchEpoch);
+  const EpShape& s = l.shape;
+  const EpFlagLayout flags{s.world, s.tp_size};
+  SendOutputs(l, /*send=*/true);
+  SignalPeers(l, flags.combine(), s.rank, 0, s.world, -1, epoch);
+  if (!WaitFlags(l.self.flags + flags.combine(), s.world, gridDim.x, -1, epoch, deadline,
+                 l.state.error, kEpOpCombine, 0)) {
+    return;
+  }
+  const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
+  const bool gather = s.tp_size > 1;
+  ReduceShare(l, y, shares, gather);
+  if (gather) {
+    const int group_first = s.rank - s.tp_rank;
+    SignalPeers(l, flags.gather(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
+    if (!WaitFlags(l.self.flags + flags.gather(), s.tp_size, gridDim.x, s.tp_rank, epoch, deadline,
+                   l.state.error, kEpOpGather, group_first)) {
+      return;
+    }
+    FillOtherShares(s, y, tokens, l.self.gathered);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) CombinePackedKernel(EpLaunch l, float* y, int tokens) {
+  if (BlockBroken(l.state.error)) return;
+  const EpShape& s = l.shape;
+  ReduceShare(l, y, EpShareTokens(tokens, s.tp_size, s.tp_rank), /*to_gather=*/false);
+  FillOtherShares(s, y, tokens, nullptr);
+  SendOutputs(l, /*send=*/false);  // NCCL has sent them; zero for the next dispatch
+}
+
+// This block's slice [lo, hi) of the round starting at `base`, relative to it.
+__device__ __forceinline__ int2 ReduceSlice(int64_t count, int64_t base) {
+  const int64_t round_len = min(count - base, static_cast<int64_t>(gridDim.x) * kEpReduceChunk);
+  int64_t per = (round_len + gridDim.x - 1) / gridDim.x;
+  per = (per + 3) / 4 * 4;
+  const int64_t lo = min(round_len, per * blockIdx.x);
+  const int64_t hi = min(round_len, lo + per);
+  return make_int2(static_cast<int>(lo), static_cast<int>(hi));
+}
+
+__device__ __forceinline__ float* ReducePart(float* reduce, int tp, int parity, int part) {
+  return reduce +
+         (static_cast<size_t>(parity * tp + part) * kEpMaxBlocks + blockIdx.x) * kEpReduceChunk;
+}
+
+// Copies this block's slice of the round to every TP peer.
+__device__ void SendReduceSlice(const EpLaunch& l, const float* mine, int2 slice, int parity) {
+  const EpShape& s = l.shape;
+  const int group_first = s.rank - s.tp_rank;
+  const int n = slice.y - slice.x;
+  const bool vector = (reinterpret_cast<uintptr_t>(mine + slice.x) % 16) == 0;
+  for (int peer = 0; peer < s.tp_size; ++peer) {
+    if (peer == s.tp_rank) continue;
+    float* dst = ReducePart(l.peers[group_first + peer].reduce, s.tp_size, parity, s.tp_rank);
+    const int vecs = vector ? n / 4 : 0;
+    CopyVectors(
+        vecs, threadIdx.x, blockDim.x,
+        [&](int64_t v) { return reinterpret_cast<const uint4*>(mine + slice.x)[v]; },
+        [&](int64_t v, uint4 value) { reinterpret_cast<uint4*>(dst)[v] = value; });
+    for (int i = 4 * vecs + threadIdx.x; i < n; i += blockDim.x) dst[i] = mine[slice.x + i];
+  }
+}
+
+// Sums the slice over the TP group in TP-rank order into `mine`.
+__device__ void SumReduceSlice(const EpLaunch& l, float* mine, int2 slice, int parity) {
+  const EpShape& s = l.shape;
+  for (int i = slice.x + threadIdx.x; i < slice.y; i += blockDim.x) {
+    float acc = 0.f;
+    for (int part = 0; part < s.tp_size; ++part) {
+      const float v =
+          part == s.tp_rank
+              ? mine[i]
+              : __ldcg(ReducePart(l.self.reduce, s.tp_size, parity, part) + (i - slice.x));
+      acc = part == 0 ? v : __fadd_rn(acc, v);
+    }
+    mine[i] = acc;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    AllReduceKernel(EpLaunch l, float* data, int64_t count) {
+  if (BlockBroken(l.state.error)) return;
+  const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  const EpShape& s = l.shape;
+  const EpFlagLayout flags{s.world, s.tp_size};
+  const int group_first = s.rank - s.tp_rank;
+  const uint64_t first_epoch = LaunchEpoch(l.state, kReduceEpoch + blockIdx.x);
+  const int64_t round_len = static_cast<int64_t>(gridDim.x) * kEpReduceChunk;
+  uint32_t rounds = 0;
+  for (int64_t base = 0; base < count; base += round_len, ++rounds) {
+    const uint64_t epoch = first_epoch + rounds + 1;
+    const int parity = static_cast<int>(epoch & 1);
+    const int2 slice = ReduceSlice(count, base);
+    SendReduceSlice(l, data + base, slice, parity);
+    SignalPeers(l, flags.reduce(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
+    // Only this block's slices matter: wait for the same block of each peer.
+    if (!WaitFlags(l.self.flags + flags.reduce() + blockIdx.x, s.tp_size, 1, s.tp_rank, epoch,
+                   deadline, l.state.error, kEpOpReduce, group_first)) {
+      return;
+    }
+    SumReduceSlice(l, data + base, slice, parity);
+    __syncthreads();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] += rounds;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool ValidShape(const EpLaunch& l) {
+  const EpShape& s = l.shape;
+  return s.world >= 1 && s.world <= kEpMaxRanks && s.rank >= 0 && s.rank < s.world &&
+         s.tp_size >= 1 && s.world % s.tp_size == 0 && s.tp_rank == s.rank % s.tp_size &&
+         s.hidden > 0 && s.hidden % 8 == 0 && s.top_k >= 1 && s.top_k <= kMaxTopK && s.cap >= 0 &&
+         s.max_blocks >= 2 && s.max_blocks <= kEpMaxBlocks && l.peers != nullptr &&
+         l.state.error != nullptr && l.state.epochs != nullptr;
+}
+
+unsigned ExchangeGrid(const EpLaunch& l) {
+  return static_cast<unsigned>(EpExchangeBlocks(l.shape.cap, l.shape.max_blocks));
+}
+
+// Resident blocks of `kernel` on one multiprocessor.
+template <typename Kernel>
+int BlocksPerSm(Kernel kernel) {
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, 0) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return blocks;
+}
+
+}  // namespace
+
+cudaError_t LaunchEpDispatch(const EpLaunch& l, const uint16_t* x, const int32_t* topk_ids,
+                             const float* topk_w, int tokens, const int32_t* expert_first,
+                             const int32_t* expert_reps, cudaStream_t stream) {
+  if (!ValidShape(l) || tokens < 0 || expert_first == nullptr || expert_reps == nullptr ||
+      (tokens > 0 && (x == nullptr || topk_ids == nullptr || topk_w == nullptr)) || !Aligned16(x)) {
+    return cudaErrorInvalidValue;
+  }
+  DispatchKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, x, topk_ids, topk_w, tokens,
+                                                           expert_first, expert_reps);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEpUnpack(const EpLaunch& l, cudaStream_t stream) {
+  if (!ValidShape(l)) return cudaErrorInvalidValue;
+  UnpackKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEpCombine(const EpLaunch& l, float* y, int tokens, cudaStream_t stream) {
+  if (!ValidShape(l) || tokens < 0 || (tokens > 0 && y == nullptr) || !Aligned16(y)) {
+    return cudaErrorInvalidValue;
+  }
+  if (l.ipc) {
+    CombineIpcKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, y, tokens);
+  } else {
+    CombinePackedKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, y, tokens);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cudaStream_t stream) {
+  if (!ValidShape(l) || !l.ipc || count < 0 || (count > 0 && data == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0 || l.shape.tp_size == 1) return cudaSuccess;
+  AllReduceKernel<<<EpReduceBlocks(count, l.shape.max_blocks), kThreads, 0, stream>>>(l, data,
+                                                                                      count);
+  return cudaGetLastError();
+}
+
+int EpResidentBlocks(int device) {
+  int sms = 0, current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (current != device && cudaSetDevice(device) != cudaSuccess) return 0;
+  const int per_sm = std::min({BlocksPerSm(DispatchKernel), BlocksPerSm(CombineIpcKernel),
+                               BlocksPerSm(AllReduceKernel), BlocksPerSm(UnpackKernel),
+                               BlocksPerSm(CombinePackedKernel)});
+  if (current != device) cudaSetDevice(current);
+  return sms * per_sm;
+}
+
+}  // namespace flotilla::kernels::cuda

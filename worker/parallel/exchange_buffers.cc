@@ -1,0 +1,112 @@
+#include "worker/parallel/exchange_buffers.h"
+
+#include <cuda_runtime_api.h>
+
+#include "common/status.h"
+#include "worker/parallel/cuda_status.h"
+
+namespace flotilla::parallel {
+namespace {
+
+namespace kc = kernels::cuda;
+
+// Places regions of `bytes` one after the other, each 256-byte aligned (the
+// kernels move 16-byte vectors; 256 keeps rows of peers' mappings aligned
+// the same way as this rank's).
+class Packer {
+ public:
+  size_t Take(size_t bytes) {
+    const size_t at = end_;
+    end_ = (end_ + bytes + 255) / 256 * 256;
+    return at;
+  }
+  size_t end() const { return end_; }
+
+ private:
+  size_t end_ = 0;
+};
+
+}  // namespace
+
+RecvLayout RecvLayout::For(const ExchangeSizes& s) {
+  const size_t rows = static_cast<size_t>(s.rows_max());
+  const size_t hidden = static_cast<size_t>(s.hidden);
+  Packer p;
+  RecvLayout l;
+  l.x = p.Take(rows * hidden * sizeof(uint16_t));
+  l.meta = p.Take(static_cast<size_t>(s.world) * (s.cap_max() + 1) * sizeof(int32_t));
+  l.combined = p.Take(rows * hidden * sizeof(float));
+  const bool join_tp = s.ipc && s.tp > 1;
+  l.gathered = p.Take(join_tp ? static_cast<size_t>(s.max_tokens) * hidden * sizeof(float) : 0);
+  l.reduce = p.Take(join_tp ? static_cast<size_t>(2 * s.tp) * kc::kEpMaxBlocks *
+                                  kc::kEpReduceChunk * sizeof(float)
+                            : 0);
+  l.flags = p.Take(s.ipc ? kc::EpFlagLayout{s.world, s.tp}.words() * sizeof(uint64_t) : 0);
+  l.bytes = p.end();
+  return l;
+}
+
+kc::EpRecvBuffers RecvLayout::At(void* base) const {
+  char* b = static_cast<char*>(base);
+  kc::EpRecvBuffers r;
+  r.x = reinterpret_cast<uint16_t*>(b + x);
+  r.meta = reinterpret_cast<int32_t*>(b + meta);
+  r.combined = reinterpret_cast<float*>(b + combined);
+  r.gathered = reinterpret_cast<float*>(b + gathered);
+  r.reduce = reinterpret_cast<float*>(b + reduce);
+  r.flags = reinterpret_cast<uint64_t*>(b + flags);
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<ExchangeBuffers>> ExchangeBuffers::Create(
+    const ExchangeSizes& sizes) {
+  if (sizes.world < 1 || sizes.world > kc::kEpMaxRanks || sizes.tp < 1 ||
+      sizes.world % sizes.tp != 0 || sizes.hidden <= 0 || sizes.hidden % 8 != 0 ||
+      sizes.top_k < 1 || sizes.max_tokens < 0) {
+    return absl::InvalidArgumentError(
+        "device exchange: world in [1, 256] divisible by tp, hidden a positive multiple of 8, "
+        "top_k >= 1 and max_tokens >= 0 are required");
+  }
+  std::unique_ptr<ExchangeBuffers> b(new ExchangeBuffers(sizes));
+  FLOTILLA_RETURN_IF_ERROR(b->Allocate());
+  return b;
+}
+
+absl::Status ExchangeBuffers::Allocate() {
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMalloc(&recv_, layout_.bytes));
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemset(recv_, 0, layout_.bytes));
+  const size_t rows = static_cast<size_t>(sizes_.rows_max());
+  const size_t pairs = static_cast<size_t>(sizes_.cap_max());
+  Packer p;
+  const size_t slot = p.Take(rows * sizeof(int32_t));
+  const size_t ones = p.Take(rows * sizeof(float));
+  const size_t out = p.Take(rows * sizes_.hidden * sizeof(float));
+  const size_t recv_count = p.Take(sizes_.world * sizeof(int32_t));
+  const size_t route = p.Take(pairs * sizeof(int32_t));
+  const size_t order = p.Take(pairs * sizeof(int32_t));
+  const size_t order_w = p.Take(pairs * sizeof(float));
+  const size_t epochs = p.Take(kc::kEpEpochWords * sizeof(uint32_t));
+  const size_t error = p.Take(sizeof(int32_t));
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMalloc(&local_, p.end()));
+  FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemset(local_, 0, p.end()));
+  char* b = static_cast<char*>(local_);
+  state_.slot = reinterpret_cast<int32_t*>(b + slot);
+  state_.ones = reinterpret_cast<float*>(b + ones);
+  state_.out = reinterpret_cast<float*>(b + out);
+  state_.recv_count = reinterpret_cast<int32_t*>(b + recv_count);
+  state_.route = reinterpret_cast<int32_t*>(b + route);
+  state_.order = reinterpret_cast<int32_t*>(b + order);
+  state_.order_w = reinterpret_cast<float*>(b + order_w);
+  state_.epochs = reinterpret_cast<uint32_t*>(b + epochs);
+  state_.error = reinterpret_cast<int32_t*>(b + error);
+  // cudaMemset may run asynchronously to the host: peers must not see the
+  // buffers before they are zero.
+  return CudaStatus(cudaDeviceSynchronize(), "zeroing the exchange buffers");
+}
+
+ExchangeBuffers::~ExchangeBuffers() {
+  if (recv_ != nullptr) cudaFree(recv_);
+  if (local_ != nullptr) cudaFree(local_);
+}
+
+}  // namespace flotilla::parallel

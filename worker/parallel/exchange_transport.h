@@ -1,0 +1,34 @@
+// How a device context's exchange reaches its peers: the context fills an
+// EpLaunch (shape, this rank's buffers and state) and a transport completes
+// it with the peers and enqueues the work on the caller's stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/ep_exchange.h"
+
+namespace flotilla::parallel {
+
+class ExchangeTransport {
+ public:
+  virtual ~ExchangeTransport() = default;
+  virtual std::string name() const = 0;
+
+  virtual absl::Status Dispatch(kernels::cuda::EpLaunch launch, const uint16_t* x,
+                                const int32_t* topk_ids, const float* topk_w, int tokens,
+                                const int32_t* expert_first, const int32_t* expert_reps,
+                                cudaStream_t stream) = 0;
+  virtual absl::Status Combine(kernels::cuda::EpLaunch launch, float* y, int tokens,
+                               cudaStream_t stream) = 0;
+  // Over the TP group of launch.shape (size > 1).
+  virtual absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
+                                 cudaStream_t stream) = 0;
+  // Failures the transport learns of outside the kernels' error word.
+  virtual absl::Status Health() { return absl::OkStatus(); }
+};
+
+}  // namespace flotilla::parallel
