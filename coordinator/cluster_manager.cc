@@ -137,6 +137,13 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
           if (message.error().fatal()) {
             MarkDeadLocked(*w, absl::StrCat("reported a fatal error: ", message.error().message()),
                            &done);
+          } else if (w->rank >= 0 && state_ == admin::LOADING) {
+            // The rank dropped this generation: it can never become ready,
+            // so say so instead of loading forever. A worker joining or
+            // leaving re-plans.
+            state_ = admin::DEGRADED;
+            state_message_ = absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
+                                          "') failed while loading: ", message.error().message());
           }
           break;
         default:

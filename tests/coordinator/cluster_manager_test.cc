@@ -465,5 +465,20 @@ TEST(ClusterManager, GpuRankGoesOnlyToANewcomerOnItsNode) {
   EXPECT_EQ(a[0].assignment().comm().device_transport(), "cuda-ipc");
 }
 
+TEST(ClusterManager, RankFailingWhileLoadingDegradesTheInstanceWithItsReason) {
+  Fixture f(2, 2);
+  f.ConnectGpu("g0", "n0", 0);
+  f.ConnectGpu("g1", "n0", 1);
+  f.Ready(0);
+  f.Ready(1);
+  cluster::WorkerMessage m;
+  m.mutable_error()->set_message("joining the communicator failed: no peer");
+  f.manager->OnWorkerMessage(f.ids[1], m);
+  admin::ClusterStatus s = f.manager->Status();
+  EXPECT_EQ(s.state(), admin::DEGRADED);
+  EXPECT_EQ(s.message(),
+            "rank 1 (worker 'g1') failed while loading: joining the communicator failed: no peer");
+}
+
 }  // namespace
 }  // namespace flotilla::coordinator
