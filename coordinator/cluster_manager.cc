@@ -137,10 +137,13 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
           if (message.error().fatal()) {
             MarkDeadLocked(*w, absl::StrCat("reported a fatal error: ", message.error().message()),
                            &done);
-          } else if (w->rank >= 0 && state_ == admin::LOADING) {
-            // The rank dropped this generation: it can never become ready,
-            // so say so instead of loading forever. A worker joining or
-            // leaving re-plans.
+          } else if (w->rank >= 0 && state_ == admin::LOADING &&
+                     w->ready_generation == generation_) {
+            // The rank dropped this generation after loading it (it could
+            // not join the communicator): it can never become ready, so say
+            // so instead of loading forever. A worker joining or leaving
+            // re-plans. Errors sent before this generation's Ready are about
+            // an older one and are only logged.
             state_ = admin::DEGRADED;
             state_message_ = absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
                                           "') failed while loading: ", message.error().message());

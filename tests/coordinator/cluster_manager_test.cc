@@ -469,6 +469,11 @@ TEST(ClusterManager, RankFailingWhileLoadingDegradesTheInstanceWithItsReason) {
   Fixture f(2, 2);
   f.ConnectGpu("g0", "n0", 0);
   f.ConnectGpu("g1", "n0", 1);
+  // An error sent before this generation's Ready is about an older one.
+  cluster::WorkerMessage stale;
+  stale.mutable_error()->set_message("step failed: a peer is gone");
+  f.manager->OnWorkerMessage(f.ids[1], stale);
+  EXPECT_EQ(f.manager->Status().state(), admin::LOADING);
   f.Ready(0);
   f.Ready(1);
   cluster::WorkerMessage m;
