@@ -11,6 +11,28 @@
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
+namespace {
+
+// What placement needs from a worker's Hello.
+WorkerDesc DescribeWorker(const cluster::Hello& hello) {
+  const common::DeviceInfo& d = hello.device();
+  WorkerDesc w;
+  w.worker_id = hello.worker_id();
+  w.node = hello.node();
+  w.device_index = d.index();
+  w.memory_bytes = d.memory_bytes();
+  if (d.kind() != common::DeviceInfo::CUDA) return w;
+  w.kind = DeviceKind::kCuda;
+  w.host_id = hello.host_id();
+  w.device_uuid = d.uuid();
+  w.device_name = d.name();
+  w.free_memory_bytes = d.free_memory_bytes();
+  w.memory_utilization = hello.gpu_memory_utilization();
+  w.device_transports.assign(hello.device_transports().begin(), hello.device_transports().end());
+  return w;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ClusterManager>> ClusterManager::Create(ClusterOptions options) {
   if (options.expected_workers < 1) {
@@ -22,7 +44,11 @@ absl::StatusOr<std::unique_ptr<ClusterManager>> ClusterManager::Create(ClusterOp
   // Refuse an impossible layout before any worker shows up.
   std::vector<WorkerDesc> probe;
   for (int i = 0; i < options.expected_workers; ++i) {
-    probe.push_back({absl::StrCat("w", i), "node", i, 0});
+    WorkerDesc w;
+    w.worker_id = absl::StrCat("w", i);
+    w.node = "node";
+    w.device_index = i;
+    probe.push_back(std::move(w));
   }
   absl::StatusOr<Placement> p = PlanPlacement(options.model, probe, options.layout);
   if (!p.ok() && p.status().code() != absl::StatusCode::kResourceExhausted) return p.status();
@@ -111,6 +137,16 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
           if (message.error().fatal()) {
             MarkDeadLocked(*w, absl::StrCat("reported a fatal error: ", message.error().message()),
                            &done);
+          } else if (w->rank >= 0 && state_ == admin::LOADING &&
+                     w->ready_generation == generation_) {
+            // The rank dropped this generation after loading it (it could
+            // not join the communicator): it can never become ready, so say
+            // so instead of loading forever. A worker joining or leaving
+            // re-plans. Errors sent before this generation's Ready are about
+            // an older one and are only logged.
+            state_ = admin::DEGRADED;
+            state_message_ = absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
+                                          "') failed while loading: ", message.error().message());
           }
           break;
         default:
@@ -169,6 +205,7 @@ void ClusterManager::MaybeAssignLocked() {
     int alive = 0;
     for (auto& [id, w] : workers_) alive += w.alive ? 1 : 0;
     if (alive < options_.expected_workers) {
+      state_ = admin::WAITING_FOR_WORKERS;
       state_message_ = absl::StrCat("waiting for workers: ", alive, " of ",
                                     options_.expected_workers, " registered");
       return;
@@ -176,11 +213,12 @@ void ClusterManager::MaybeAssignLocked() {
     std::vector<WorkerDesc> desc;
     for (Worker* w : alive_unassigned) {
       if (static_cast<int>(desc.size()) == options_.expected_workers) break;
-      desc.push_back({w->worker_id, w->hello.node(), w->hello.device().index(),
-                      w->hello.device().memory_bytes()});
+      desc.push_back(DescribeWorker(w->hello));
     }
     absl::StatusOr<Placement> p = PlanPlacement(options_.model, desc, options_.layout);
     if (!p.ok()) {
+      // Waiting would not help: these workers cannot hold this layout.
+      state_ = admin::PLACEMENT_REFUSED;
       state_message_ = absl::StrCat("placement failed: ", p.status().message());
       spdlog::error("{}", state_message_);
       return;
@@ -193,20 +231,17 @@ void ClusterManager::MaybeAssignLocked() {
     // Nothing to do while the instance is whole and serving or loading.
     if (state_ != admin::DEGRADED) return;
     // Fill ranks whose worker is gone with newcomers; wait while any is empty.
-    size_t next = 0;
+    const std::vector<Worker*> holders = ChooseHoldersLocked(alive_unassigned);
+    if (holders.empty()) return;
     for (RankPlacement& r : placement_->ranks) {
-      Worker& holder = workers_[r.worker_id];
-      if (holder.alive) continue;
-      if (next >= alive_unassigned.size()) {
-        state_message_ = absl::StrCat("instance incomplete: waiting for ", MissingWorkersLocked());
-        return;
-      }
-      Worker* repl = alive_unassigned[next++];
-      holder.rank = -1;
+      Worker* repl = holders[r.rank];
+      if (repl->worker_id == r.worker_id) continue;
+      workers_[r.worker_id].rank = -1;
       repl->rank = r.rank;
       spdlog::info("worker {} takes rank {} of {}", repl->worker_id, r.rank, r.worker_id);
       r.worker_id = repl->worker_id;
       r.node = repl->hello.node();
+      r.device_index = repl->hello.device().index();
     }
   }
 
@@ -217,6 +252,7 @@ void ClusterManager::MaybeAssignLocked() {
   const Placement& p = *placement_;
   cluster::CommBootstrap comm;
   comm.set_backend(p.parallel.world_size() == 1 ? "none" : options_.comm_backend);
+  comm.set_device_transport(p.device_transport);
   cluster::ExpertMap map = ExpertMapToProto(p.expert_map);
   for (const RankPlacement& r : p.ranks) {
     Worker& w = workers_[r.worker_id];
@@ -244,6 +280,43 @@ void ClusterManager::MaybeAssignLocked() {
   spdlog::info("assigned generation {}: {}", generation_, p.parallel.ToString());
 }
 
+std::vector<ClusterManager::Worker*> ClusterManager::ChooseHoldersLocked(
+    const std::vector<Worker*>& candidates) {
+  std::vector<Worker*> holders;
+  std::vector<bool> taken(candidates.size(), false);
+  for (const RankPlacement& r : placement_->ranks) {
+    Worker& holder = workers_[r.worker_id];
+    if (holder.alive) {
+      holders.push_back(&holder);
+      continue;
+    }
+    // GPU ranks keep their node: their TP group and transport are there.
+    Worker* repl = nullptr;
+    for (size_t i = 0; i < candidates.size() && repl == nullptr; ++i) {
+      const WorkerDesc d = DescribeWorker(candidates[i]->hello);
+      if (taken[i] || d.kind != placement_->device ||
+          (d.kind == DeviceKind::kCuda && d.node != r.node)) {
+        continue;
+      }
+      taken[i] = true;
+      repl = candidates[i];
+    }
+    if (repl == nullptr) {
+      state_message_ = absl::StrCat("instance incomplete: waiting for ", MissingWorkersLocked());
+      return {};
+    }
+    holders.push_back(repl);
+  }
+  std::vector<WorkerDesc> desc;
+  for (const Worker* w : holders) desc.push_back(DescribeWorker(w->hello));
+  if (absl::Status fits = CheckRankHolders(options_.model, *placement_, desc); !fits.ok()) {
+    state_message_ = absl::StrCat("instance incomplete: the newcomers cannot take the missing "
+                                  "ranks: ", fits.message());
+    return {};
+  }
+  return holders;
+}
+
 void ClusterManager::UpdateReadyLocked() {
   if (!placement_ || state_ != admin::LOADING) return;
   for (const RankPlacement& r : placement_->ranks) {
@@ -258,6 +331,7 @@ void ClusterManager::UpdateReadyLocked() {
     sc->set_generation(generation_);
     sc->mutable_comm()->set_backend(placement_->parallel.world_size() == 1 ? "none"
                                                                             : options_.comm_backend);
+    sc->mutable_comm()->set_device_transport(placement_->device_transport);
     // The group's secret for this generation (keys the peers' message tags).
     absl::StatusOr<std::string> secret = NewClusterToken();
     if (secret.ok()) sc->mutable_comm()->set_peer_secret(*secret);
@@ -305,7 +379,11 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
                                absl::UnavailableError(absl::StrCat(
                                    "worker '", w.worker_id, "' is gone: ", why))),
       done);
-  if (w.rank < 0) return;
+  if (w.rank < 0) {
+    // Before the first placement: the remaining workers may fit, or we wait.
+    if (!placement_) MaybeAssignLocked();
+    return;
+  }
   const std::string msg = absl::StrCat("worker '", w.worker_id, "' (rank ", w.rank, ", node ",
                                        w.hello.node(), ") is gone: ", why);
   if (state_ == admin::READY || state_ == admin::LOADING) {
@@ -605,6 +683,7 @@ absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement() const {
   info.set_dp_size(placement_->parallel.dp_size());
   info.set_ep_size(placement_->parallel.ep_size());
   info.set_groups_spanning_nodes(placement_->groups_spanning_nodes);
+  info.set_device_transport(placement_->device_transport);
   for (const RankPlacement& r : placement_->ranks) {
     admin::RankInfo* ri = info.add_ranks();
     ri->set_rank(r.rank);
@@ -613,6 +692,10 @@ absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement() const {
     ri->set_dp_group(r.dp_group);
     ri->set_tp_rank(r.tp_rank);
     ri->set_weight_bytes(placement_->bytes_per_rank[r.rank]);
+    ri->set_device_index(r.device_index);
+    if (!placement_->device_bytes_per_rank.empty()) {
+      ri->set_device_bytes(placement_->device_bytes_per_rank[r.rank]);
+    }
   }
   return info;
 }

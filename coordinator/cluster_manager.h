@@ -149,6 +149,10 @@ class ClusterManager {
   void MarkDeadLocked(Worker& w, const std::string& why, std::vector<Finished>* done);
   // Plans and sends assignments when every expected worker is alive.
   void MaybeAssignLocked();
+  // The workers to hold each rank of the current placement: the alive holders,
+  // newcomers (from `candidates`) in the places of the gone. Empty, with the
+  // state message saying why, while no fitting newcomer is there.
+  std::vector<Worker*> ChooseHoldersLocked(const std::vector<Worker*>& candidates);
   void UpdateReadyLocked();
   std::string MissingWorkersLocked() const;
   Worker* WorkerBySessionLocked(uint64_t session_id);

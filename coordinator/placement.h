@@ -1,6 +1,8 @@
 // The placement planner: from the registered workers and a requested layout,
-// decide ranks, TP groups (kept inside a node when possible), EP over all
-// ranks and the first expert map. Pure: no I/O, no gRPC.
+// decide ranks, TP groups (kept inside a node when possible; always on GPUs),
+// EP over all ranks, the first expert map and, for GPU ranks, whether each GPU
+// holds its ranks' shards and which device transport links the ranks.
+// Pure: no I/O, no gRPC.
 #pragma once
 
 #include <cstdint>
@@ -11,15 +13,11 @@
 #include "common/expert_map.h"
 #include "common/model_config.h"
 #include "common/parallel_config.h"
+#include "coordinator/placement_memory.h"
+#include "coordinator/placement_transport.h"
+#include "coordinator/worker_desc.h"
 
 namespace flotilla::coordinator {
-
-struct WorkerDesc {
-  std::string worker_id;
-  std::string node;          // host name; TP groups prefer one node
-  int device_index = 0;      // GPU ordinal on the node (0 for CPU workers)
-  uint64_t memory_bytes = 0; // device memory; 0 = unknown (no check)
-};
 
 struct LayoutRequest {
   int tp_size = 0;    // 0 = automatic
@@ -32,6 +30,7 @@ struct RankPlacement {
   std::string node;
   int dp_group = 0;
   int tp_rank = 0;
+  int device_index = 0;  // the worker's GPU ordinal (0 for CPU ranks)
 };
 
 struct Placement {
@@ -40,19 +39,33 @@ struct Placement {
   ExpertMap expert_map;
   std::vector<uint64_t> bytes_per_rank;  // estimated weight bytes each rank loads
   int groups_spanning_nodes = 0;         // TP groups that could not stay on one node
+  DeviceKind device = DeviceKind::kCpu;  // every rank's engine
+  // GPU ranks: weights, the KV minimum and the runtime allowance each needs on
+  // its GPU (empty for CPU ranks).
+  std::vector<uint64_t> device_bytes_per_rank;
+  // GPU ranks, W > 1: "cuda-ipc" or "nccl" (placement_transport.h); else empty.
+  std::string device_transport;
 };
-
-// Estimated weight bytes of one rank: its share of attention, its experts,
-// and the replicated parts (norms, router, embedding, lm_head).
-uint64_t EstimateRankBytes(const ModelConfig& model, int tp_size, int experts_on_rank);
 
 // Refuses impossible layouts with a message that says why (no workers, tp that
 // does not divide the heads or the worker count, dp * tp != workers, more
-// workers than experts, shards that do not fit a worker's memory).
-// Automatic tp: the largest divisor of the kv heads that also divides the
-// worker count and fits in the smallest node, so TP never crosses nodes.
+// workers than experts, CPU and GPU workers mixed, shards that do not fit a
+// worker's memory). GPU workers also get: TP groups strictly inside nodes (a
+// group's all-reduce runs every layer), each GPU's memory checked against the
+// sum of its ranks' needs (several workers may share a GPU), and a device
+// transport every rank can join.
+// Automatic tp: the largest divisor of the heads that also divides the worker
+// count and fits in the smallest node (on GPUs: divides every node's worker
+// count), so TP does not cross nodes.
 absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
                                         const std::vector<WorkerDesc>& workers,
                                         const LayoutRequest& request);
+
+// Whether `holders` (indexed by rank) can hold the ranks of `placement` as
+// planned; used when newcomers take the ranks of workers that are gone. They
+// must run the same kind of engine; on GPUs each must also be on its rank's
+// node, the GPUs must hold the shards, and the device transport must stay.
+absl::Status CheckRankHolders(const ModelConfig& model, const Placement& placement,
+                              const std::vector<WorkerDesc>& holders);
 
 }  // namespace flotilla::coordinator

@@ -509,6 +509,7 @@ grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContex
     case admin::READY: m->set_state("ready"); break;
     case admin::LOADING: m->set_state("loading"); break;
     case admin::DEGRADED: m->set_state("degraded"); break;
+    case admin::PLACEMENT_REFUSED: m->set_state("refused"); break;
     default: m->set_state("waiting"); break;
   }
   auto* reactor = context->DefaultReactor();

@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 #include "worker/advertise_address.h"
+#include "worker/device_report.h"
 #include "worker/engine_probe.h"
 #include "worker/parallel/host_context.h"
 #include "worker/worker_messages.h"
@@ -51,6 +52,8 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
   if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
     return absl::InvalidArgumentError("gpu memory utilization must be in (0, 1]");
   }
+  // A worker without its GPU stops here, not after registering as a CPU.
+  if (options.device == "cuda") FLOTILLA_RETURN_IF_ERROR(CheckCudaDevice(options.cuda_device));
   if (options.kv_tokens < 1 || options.kv_block_size < 1) {
     return absl::InvalidArgumentError("kv tokens and block size must be >= 1");
   }
@@ -103,16 +106,7 @@ void WorkerRuntime::WriterLoop() {
 void WorkerRuntime::DescribeDevice(common::DeviceInfo* device) const {
   device->set_kind(common::DeviceInfo::CPU);
   device->set_name(absl::StrCat("cpu x", pool_->num_threads()));
-#if FLOTILLA_WITH_CUDA
-  kernels::cuda::DeviceProps props;
-  if (options_.device == "cuda" && kernels::cuda::GetDeviceProps(options_.cuda_device, &props)) {
-    device->set_kind(common::DeviceInfo::CUDA);
-    device->set_index(options_.cuda_device);
-    device->set_name(props.name);
-    device->set_memory_bytes(props.memory_bytes);
-    device->set_compute_capability(props.compute_capability);
-  }
-#endif
+  if (options_.device == "cuda") DescribeCudaDevice(options_.cuda_device, device);
 }
 
 absl::Status WorkerRuntime::Run() {
@@ -155,6 +149,11 @@ absl::Status WorkerRuntime::Run() {
   h->set_host_memory_bytes(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   h->mutable_build()->set_version(GetBuildInfo().version);
   h->set_comm_backend("ucx");
+  h->set_host_id(HostId());
+  for (const std::string& t : DeviceTransports(h->device())) h->add_device_transports(t);
+  if (h->device().kind() == common::DeviceInfo::CUDA) {
+    h->set_gpu_memory_utilization(options_.gpu_memory_utilization);
+  }
   Send(hello);
   spdlog::info("worker {} connected to {}", options_.worker_id, options_.coordinator);
 

@@ -45,6 +45,30 @@ struct Fixture {
     names.push_back(id);
     return static_cast<int>(sessions.size()) - 1;
   }
+  // A GPU worker's Hello: `gpu` of `node`, a CUDA + NCCL build.
+  int ConnectGpu(const std::string& id, const std::string& node, int gpu,
+                 uint64_t memory = uint64_t{80} << 30) {
+    auto s = std::make_shared<FakeSession>();
+    uint64_t sid = manager->OnSessionOpened(s);
+    cluster::WorkerMessage m;
+    cluster::Hello* h = m.mutable_hello();
+    h->set_worker_id(id);
+    h->set_node(node);
+    h->set_host_id("boot-" + node);
+    h->set_gpu_memory_utilization(0.9);
+    h->add_device_transports("cuda-ipc");
+    h->add_device_transports("nccl");
+    h->mutable_device()->set_kind(common::DeviceInfo::CUDA);
+    h->mutable_device()->set_index(gpu);
+    h->mutable_device()->set_name("NVIDIA H100 80GB HBM3");
+    h->mutable_device()->set_memory_bytes(memory);
+    h->mutable_device()->set_uuid("GPU-" + node + "-" + std::to_string(gpu));
+    manager->OnWorkerMessage(sid, m);
+    sessions.push_back(s);
+    ids.push_back(sid);
+    names.push_back(id);
+    return static_cast<int>(sessions.size()) - 1;
+  }
   void Ready(int i) {
     auto a = sessions[i]->Of(cluster::CoordinatorMessage::kAssignment);
     ASSERT_FALSE(a.empty());
@@ -369,6 +393,96 @@ TEST(ClusterManager, MeasureEngineIsUnimplementedForSeveralWorkers) {
   f.manager->MeasureEngine({}, absl::InfiniteFuture(), out.Callback());
   ASSERT_TRUE(out.Get().has_value());
   EXPECT_EQ(out.Get()->status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(ClusterManager, GpuRanksLearnTheirDeviceTransport) {
+  Fixture f(2, 2);
+  f.ConnectGpu("g0", "n0", 0);
+  f.ConnectGpu("g1", "n0", 1);
+  for (int i = 0; i < 2; ++i) {
+    auto a = f.sessions[i]->Of(cluster::CoordinatorMessage::kAssignment);
+    ASSERT_EQ(a.size(), 1u);
+    EXPECT_EQ(a[0].assignment().comm().backend(), "ucx");  // host control and bootstrap
+    EXPECT_EQ(a[0].assignment().comm().device_transport(), "cuda-ipc");
+  }
+  f.Ready(0);
+  f.Ready(1);
+  auto sc = f.sessions[0]->Of(cluster::CoordinatorMessage::kStartComm);
+  ASSERT_EQ(sc.size(), 1u);
+  EXPECT_EQ(sc[0].start_comm().comm().device_transport(), "cuda-ipc");
+  f.JoinAll();
+  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+  auto placement = f.manager->GetPlacement();
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->device_transport(), "cuda-ipc");
+  EXPECT_EQ(placement->ranks(1).device_index(), 1);
+  EXPECT_GT(placement->ranks(1).device_bytes(), uint64_t{1} << 30);  // the runtime allowance
+}
+
+TEST(ClusterManager, RefusedGpuPlacementSaysWhy) {
+  Fixture f(2, 0);
+  f.ConnectGpu("g0", "n0", 0, uint64_t{512} << 20);
+  f.ConnectGpu("g1", "n0", 1, uint64_t{512} << 20);
+  EXPECT_TRUE(f.sessions[0]->Of(cluster::CoordinatorMessage::kAssignment).empty());
+  admin::ClusterStatus s = f.manager->Status();
+  EXPECT_EQ(s.state(), admin::PLACEMENT_REFUSED);
+  EXPECT_NE(s.message().find("placement failed: rank 0 (worker 'g0') needs about"),
+            std::string::npos)
+      << s.message();
+  // A worker leaving makes it a wait for workers again.
+  f.manager->OnSessionClosed(f.ids[1]);
+  EXPECT_EQ(f.manager->Status().state(), admin::WAITING_FOR_WORKERS);
+}
+
+TEST(ClusterManager, MixedCpuAndGpuWorkersAreRefused) {
+  Fixture f(2, 0);
+  f.Connect("c0");
+  f.ConnectGpu("g0", "n0", 0);
+  admin::ClusterStatus s = f.manager->Status();
+  EXPECT_EQ(s.state(), admin::PLACEMENT_REFUSED);
+  EXPECT_NE(s.message().find("mix devices"), std::string::npos) << s.message();
+}
+
+TEST(ClusterManager, GpuRankGoesOnlyToANewcomerOnItsNode) {
+  Fixture f(2, 2);
+  f.ConnectGpu("g0", "n0", 0);
+  f.ConnectGpu("g1", "n0", 1);
+  f.Ready(0);
+  f.Ready(1);
+  f.JoinAll();
+  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+  f.manager->OnSessionClosed(f.ids[1]);
+  ASSERT_EQ(f.manager->Status().state(), admin::DEGRADED);
+  // A GPU on another node would split the TP group: it waits.
+  const int far = f.ConnectGpu("far", "n1", 0);
+  EXPECT_TRUE(f.sessions[far]->Of(cluster::CoordinatorMessage::kAssignment).empty());
+  EXPECT_NE(f.manager->Status().message().find("waiting for worker 'g1'"), std::string::npos)
+      << f.manager->Status().message();
+  const int near = f.ConnectGpu("near", "n0", 1);
+  auto a = f.sessions[near]->Of(cluster::CoordinatorMessage::kAssignment);
+  ASSERT_EQ(a.size(), 1u);
+  EXPECT_EQ(a[0].assignment().rank(), 1u);
+  EXPECT_EQ(a[0].assignment().comm().device_transport(), "cuda-ipc");
+}
+
+TEST(ClusterManager, RankFailingWhileLoadingDegradesTheInstanceWithItsReason) {
+  Fixture f(2, 2);
+  f.ConnectGpu("g0", "n0", 0);
+  f.ConnectGpu("g1", "n0", 1);
+  // An error sent before this generation's Ready is about an older one.
+  cluster::WorkerMessage stale;
+  stale.mutable_error()->set_message("step failed: a peer is gone");
+  f.manager->OnWorkerMessage(f.ids[1], stale);
+  EXPECT_EQ(f.manager->Status().state(), admin::LOADING);
+  f.Ready(0);
+  f.Ready(1);
+  cluster::WorkerMessage m;
+  m.mutable_error()->set_message("joining the communicator failed: no peer");
+  f.manager->OnWorkerMessage(f.ids[1], m);
+  admin::ClusterStatus s = f.manager->Status();
+  EXPECT_EQ(s.state(), admin::DEGRADED);
+  EXPECT_EQ(s.message(),
+            "rank 1 (worker 'g1') failed while loading: joining the communicator failed: no peer");
 }
 
 }  // namespace

@@ -11,9 +11,48 @@ namespace {
 std::vector<WorkerDesc> Workers(std::vector<std::pair<std::string, int>> nodes) {
   std::vector<WorkerDesc> out;
   for (auto& [node, n] : nodes) {
-    for (int d = 0; d < n; ++d) out.push_back({node + "-gpu" + std::to_string(d), node, d, 0});
+    for (int d = 0; d < n; ++d) {
+      WorkerDesc w;
+      w.worker_id = node + "-gpu" + std::to_string(d);
+      w.node = node;
+      w.device_index = d;
+      out.push_back(std::move(w));
+    }
   }
   return out;
+}
+
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+// Fake Hellos of GPU workers: `n` GPUs on each node, one worker per GPU, as a
+// CUDA + NCCL build reports them.
+std::vector<WorkerDesc> Gpus(std::vector<std::pair<std::string, int>> nodes,
+                             uint64_t memory = 141 * kGiB, std::string name = "NVIDIA H200") {
+  std::vector<WorkerDesc> out = Workers(std::move(nodes));
+  for (WorkerDesc& w : out) {
+    w.kind = DeviceKind::kCuda;
+    w.host_id = "boot-id-of-" + w.node;
+    w.device_uuid = "GPU-" + w.worker_id;
+    w.device_name = name;
+    w.memory_bytes = memory;
+    w.memory_utilization = 0.9;
+    w.device_transports = {"cuda-ipc", "nccl"};
+  }
+  return out;
+}
+
+// `n` workers on GPU 0 of one node (several processes per GPU, as tests run).
+std::vector<WorkerDesc> SharedGpu(int n, uint64_t memory) {
+  std::vector<WorkerDesc> out = Gpus({{"a", n}}, memory);
+  for (WorkerDesc& w : out) {
+    w.device_index = 0;
+    w.device_uuid = "GPU-the-one";
+  }
+  return out;
+}
+
+bool Has(const absl::Status& s, const std::string& text) {
+  return s.message().find(text) != std::string::npos;
 }
 
 TEST(ParallelConfig, RejectsImpossibleLayoutsWithReason) {
@@ -119,6 +158,194 @@ TEST(Placement, RefusesShardsThatDoNotFit) {
   auto s = PlanPlacement(m, two, {});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(s.status().message().find("MiB"), std::string::npos) << s.status();
+}
+
+TEST(GpuPlacement, EightGpusOfOneNodeAtEveryTp) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  for (int tp : {8, 4, 2, 1}) {
+    auto p = PlanPlacement(m, Gpus({{"a", 8}}), {tp, 0});
+    ASSERT_TRUE(p.ok()) << "tp " << tp << ": " << p.status();
+    EXPECT_EQ(p->device, DeviceKind::kCuda);
+    EXPECT_EQ(p->parallel.tp_size(), tp);
+    EXPECT_EQ(p->parallel.dp_size(), 8 / tp);
+    EXPECT_EQ(p->parallel.ep_size(), 8);
+    EXPECT_EQ(p->groups_spanning_nodes, 0);
+    EXPECT_EQ(p->device_transport, "cuda-ipc");
+    for (const RankPlacement& r : p->ranks) {
+      EXPECT_EQ(r.device_index, r.rank);  // neighbouring GPUs form a group
+      EXPECT_EQ(r.dp_group, r.rank / tp);
+      EXPECT_EQ(p->expert_map.SlotsOnRank(0, r.rank), 16);  // 128 experts over 8 ranks
+    }
+    ASSERT_EQ(p->device_bytes_per_rank.size(), 8u);
+    // Weights, 4k tokens of KV and the runtime: ~10.5 GiB at tp 8, ~12.4 at tp 1.
+    EXPECT_GT(p->device_bytes_per_rank[0], 10 * kGiB);
+    EXPECT_LT(p->device_bytes_per_rank[0], 13 * kGiB);
+  }
+  // Automatic: the whole node is one TP group.
+  auto p = PlanPlacement(m, Gpus({{"a", 8}}), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->parallel.tp_size(), 8);
+}
+
+TEST(GpuPlacement, TwoNodesOfFourKeepTpGroupsInsideNodes) {
+  auto p = PlanPlacement(ModelConfig::Gptoss120b(), Gpus({{"b", 4}, {"a", 4}}), {4, 0});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->groups_spanning_nodes, 0);
+  for (const RankPlacement& r : p->ranks) {
+    EXPECT_EQ(r.node, r.dp_group == 0 ? "a" : "b") << r.rank;
+    EXPECT_EQ(r.device_index, r.tp_rank);
+  }
+  EXPECT_EQ(p->parallel.ep_size(), 8);  // EP spans both nodes
+  EXPECT_EQ(p->device_transport, "nccl");
+}
+
+TEST(GpuPlacement, RefusesTpGroupAcrossNodes) {
+  auto p = PlanPlacement(ModelConfig::Gptoss120b(), Gpus({{"a", 4}, {"b", 4}}), {8, 0});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Has(p.status(), "tp 8 would put a TP group across nodes")) << p.status();
+  EXPECT_TRUE(Has(p.status(), "'a' 4, 'b' 4")) << p.status();
+  EXPECT_TRUE(Has(p.status(), "(1, 2, 4)")) << p.status();
+  // CPU workers of the same shape still may (today's behaviour).
+  EXPECT_TRUE(PlanPlacement(ModelConfig::Gptoss120b(), Workers({{"a", 3}, {"b", 1}}), {2, 0}).ok());
+  EXPECT_FALSE(PlanPlacement(ModelConfig::Gptoss120b(), Gpus({{"a", 3}, {"b", 1}}), {2, 0}).ok());
+}
+
+TEST(GpuPlacement, AutomaticTpTilesEveryNode) {
+  // 3 + 3 GPUs: tp 2 would leave a group across the nodes, so tp 1.
+  auto p = PlanPlacement(ModelConfig::Gptoss120b(), Gpus({{"a", 3}, {"b", 3}}), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->parallel.tp_size(), 1);
+  // CPU workers take tp 2 with a group spanning the nodes.
+  p = PlanPlacement(ModelConfig::Gptoss120b(), Workers({{"a", 3}, {"b", 3}}), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->parallel.tp_size(), 2);
+  EXPECT_EQ(p->groups_spanning_nodes, 1);
+  // 6 + 2 GPUs: tp 2 tiles both.
+  p = PlanPlacement(ModelConfig::Gptoss120b(), Gpus({{"a", 6}, {"b", 2}}), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->parallel.tp_size(), 2);
+}
+
+TEST(GpuPlacement, RefusesWhole120bOnA40GbGpuAndSaysWhatItNeeds) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  auto p = PlanPlacement(m, Gpus({{"a", 1}}, 40 * kGiB, "NVIDIA A100-SXM4-40GB"), {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  const absl::Status& s = p.status();
+  EXPECT_TRUE(Has(s, "rank 0 (worker 'a-gpu0') needs about 62.")) << s;
+  EXPECT_TRUE(Has(s, "GPU 0 of node 'a' (NVIDIA A100-SXM4-40GB)")) << s;
+  EXPECT_TRUE(Has(s, "128 of 128 experts per layer")) << s;
+  EXPECT_TRUE(Has(s, "the GPU has 40.0 GiB, 36.0 GiB of it usable")) << s;
+  EXPECT_TRUE(Has(s, "a GPU of at least 68.9 GiB")) << s;
+  // An 80 GB GPU (an H100 reports 79.6 GiB) and an H200 hold it.
+  EXPECT_TRUE(PlanPlacement(m, Gpus({{"a", 1}}, 81559ull << 20, "NVIDIA H100 80GB HBM3"), {}).ok());
+  auto h200 = PlanPlacement(m, Gpus({{"a", 1}}), {});
+  ASSERT_TRUE(h200.ok()) << h200.status();
+  EXPECT_EQ(h200->device_transport, "");  // one rank: no peers
+  // Two 40 GB GPUs split the experts: ~33.6 GiB each fits 36 GiB.
+  EXPECT_TRUE(PlanPlacement(m, Gpus({{"a", 2}}, 40 * kGiB), {1, 0}).ok());
+  // A lower utilization shrinks what the GPU offers.
+  std::vector<WorkerDesc> low = Gpus({{"a", 1}}, 80 * kGiB);
+  low[0].memory_utilization = 0.5;
+  auto refused = PlanPlacement(m, low, {});
+  EXPECT_TRUE(Has(refused.status(), "40.0 GiB of it usable at gpu memory utilization 0.50"))
+      << refused.status();
+}
+
+TEST(GpuPlacement, WorkersSharingOneGpuAddTheirNeeds) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  // One 120b rank fits an 80 GiB GPU; four ranks on it (replicated embeddings
+  // and runtime four times) do not.
+  ASSERT_TRUE(PlanPlacement(m, SharedGpu(1, 80 * kGiB), {}).ok());
+  auto p = PlanPlacement(m, SharedGpu(4, 80 * kGiB), {1, 0});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Has(p.status(), "ranks 0, 1, 2, 3 (workers 'a-gpu0', 'a-gpu1', 'a-gpu2', "
+                              "'a-gpu3') share GPU 0 of node 'a'"))
+      << p.status();
+  EXPECT_TRUE(Has(p.status(), "together")) << p.status();
+  // An H200 holds all four; they talk over CUDA IPC (NCCL would refuse them).
+  p = PlanPlacement(m, SharedGpu(4, 141 * kGiB), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->parallel.tp_size(), 4);
+  EXPECT_EQ(p->device_transport, "cuda-ipc");
+  uint64_t sum = 0;
+  for (uint64_t b : p->device_bytes_per_rank) sum += b;
+  EXPECT_GT(sum, 70 * kGiB);
+  // 20b: four workers on one 40 GB GPU.
+  EXPECT_TRUE(PlanPlacement(ModelConfig::Gptoss20b(), SharedGpu(4, 40 * kGiB), {}).ok());
+}
+
+TEST(GpuPlacement, RefusesWhenOtherProcessesHoldTheGpu) {
+  std::vector<WorkerDesc> w = Gpus({{"a", 1}}, 80 * kGiB);
+  w[0].free_memory_bytes = 20 * kGiB;
+  auto p = PlanPlacement(ModelConfig::Gptoss120b(), w, {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "only 20.0 GiB of its 80.0 GiB was free")) << p.status();
+  w[0].free_memory_bytes = 79 * kGiB;
+  EXPECT_TRUE(PlanPlacement(ModelConfig::Gptoss120b(), w, {}).ok());
+}
+
+TEST(GpuPlacement, ChoosesTheDeviceTransport) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  // One node: CUDA IPC; a worker without it moves the node to NCCL.
+  std::vector<WorkerDesc> one_node = Gpus({{"a", 4}});
+  EXPECT_EQ(PlanPlacement(m, one_node, {})->device_transport, "cuda-ipc");
+  one_node[2].device_transports = {"nccl"};
+  EXPECT_EQ(PlanPlacement(m, one_node, {})->device_transport, "nccl");
+  // Two nodes: NCCL, which every rank must offer.
+  std::vector<WorkerDesc> two_nodes = Gpus({{"a", 2}, {"b", 2}});
+  EXPECT_EQ(PlanPlacement(m, two_nodes, {2, 0})->device_transport, "nccl");
+  two_nodes[3].device_transports = {"cuda-ipc"};
+  auto p = PlanPlacement(m, two_nodes, {2, 0});
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "rank 3 (worker 'b-gpu1') cannot use nccl (it offers: cuda-ipc)"))
+      << p.status();
+  EXPECT_TRUE(Has(p.status(), "span 2 nodes")) << p.status();
+  // Two ranks on one GPU across nodes: NCCL allows one rank per GPU.
+  std::vector<WorkerDesc> shared = Gpus({{"a", 2}, {"b", 2}});
+  shared[1].device_index = 0;
+  shared[1].device_uuid = shared[0].device_uuid;
+  p = PlanPlacement(m, shared, {2, 0});
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "nccl allows one rank per GPU")) << p.status();
+  // CPU workers have no device transport.
+  EXPECT_EQ(PlanPlacement(m, Workers({{"a", 2}}), {})->device_transport, "");
+}
+
+TEST(GpuPlacement, RefusesMixedDevicesAndAmbiguousNodes) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  std::vector<WorkerDesc> mixed = Gpus({{"a", 2}});
+  mixed[1].kind = DeviceKind::kCpu;
+  auto p = PlanPlacement(m, mixed, {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "the workers mix devices: 'a-gpu0' runs on cuda and 'a-gpu1' on cpu"))
+      << p.status();
+  // Two machines both calling themselves "a" cannot share GPU memory.
+  std::vector<WorkerDesc> twins = Gpus({{"a", 2}});
+  twins[1].host_id = "another-machine";
+  p = PlanPlacement(m, twins, {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "both say node 'a' but run on different machines")) << p.status();
+}
+
+TEST(GpuPlacement, NewcomersTakeRanksOnlyWhereTheyFit) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  std::vector<WorkerDesc> workers = Gpus({{"a", 2}, {"b", 2}});
+  auto p = PlanPlacement(m, workers, {2, 0});
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::vector<WorkerDesc> holders = workers;
+  holders[1].worker_id = "a-new";
+  EXPECT_TRUE(CheckRankHolders(m, *p, holders).ok());
+  holders[1].node = "c";  // its TP group is on node a
+  EXPECT_TRUE(Has(CheckRankHolders(m, *p, holders), "rank 1's TP group is on node 'a'"));
+  holders[1] = workers[1];
+  holders[1].kind = DeviceKind::kCpu;
+  EXPECT_TRUE(Has(CheckRankHolders(m, *p, holders), "runs on cpu"));
+  holders[1] = workers[1];
+  holders[1].memory_bytes = 16 * kGiB;
+  EXPECT_EQ(CheckRankHolders(m, *p, holders).code(), absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "proto/admin.grpc.pb.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
+#include "tools/cli/gpu_assignment.h"
 
 namespace flotilla::cli {
 namespace fs = std::filesystem;
@@ -102,6 +103,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (options.tls.enabled() && !options.client_tls.enabled()) {
     return absl::InvalidArgumentError(
         "--tls-cert needs --tls-ca: the CA the workers verify the coordinator's certificate with");
+  }
+  if (options.device == "cuda") {
+    // No GPU: say so now, not after a wait for workers that cannot start.
+    FLOTILLA_ASSIGN_OR_RETURN(const int visible, VisibleGpus());
+    FLOTILLA_ASSIGN_OR_RETURN(c->worker_gpus_,
+                              AssignWorkerGpus(options.workers, options.gpus, visible));
+  } else if (!options.gpus.empty()) {
+    return absl::InvalidArgumentError("--gpus needs --device cuda");
   }
   c->coordinator_bin_ = FindBinary("flotilla-coordinator", options.bin_dir);
   c->worker_bin_ = FindBinary("flotilla-worker", options.bin_dir);
@@ -190,11 +199,13 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--threads",      std::to_string(threads),
                                      "--comm-timeout-ms", std::to_string(options.comm_timeout_ms),
                                      "--device",       options.device,
-                                     "--cuda-device",  std::to_string(i),
                                      options.prefix_cache ? "--prefix-cache" : "--no-prefix-cache",
                                      "--cluster-token-file", c->cluster_token_file_,
                                      // Every peer is on this host: listen on loopback only.
                                      "--advertise-address", "127.0.0.1"};
+    if (!c->worker_gpus_.empty()) {
+      argv.insert(argv.end(), {"--cuda-device", std::to_string(c->worker_gpus_[i])});
+    }
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     for (const auto& [flag, value] :
          {std::pair<const char*, std::string>{"--tls-ca", options.client_tls.ca},
@@ -261,6 +272,11 @@ absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
     admin::ClusterStatus s;
     if (stub->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok()) {
       if (s.state() == admin::READY) return absl::OkStatus();
+      // Nothing restarts these workers: waiting on would not help.
+      if (s.state() == admin::PLACEMENT_REFUSED || s.state() == admin::DEGRADED) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the cluster cannot start: ", s.message()));
+      }
       last = s.message();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -20,7 +20,10 @@ struct LocalClusterOptions {
   int workers = 1;
   int tp = 0;                 // 0 = automatic
   int threads_per_worker = 0; // 0 = cores / workers
-  std::string device = "cpu"; // workers' engine: cpu, or cuda (one worker, whole model on a GPU)
+  std::string device = "cpu"; // workers' engine: cpu or cuda
+  // --device cuda: the GPU ordinals the workers go on, worker i on
+  // gpus[i % gpus.size()]; empty = every visible GPU.
+  std::vector<int> gpus;
   bool prefix_cache = true;   // workers share KV blocks of identical prompt prefixes
   std::string listen = "127.0.0.1:0";
   std::string http_listen = "127.0.0.1:0";  // the OpenAI-compatible HTTP API; empty = off
@@ -53,6 +56,8 @@ class LocalCluster {
   // host:port of the HTTP API (empty when it is off).
   const std::string& http_address() const { return http_address_; }
   const std::string& model() const { return model_; }
+  // --device cuda: the GPU ordinal of each worker (empty on the CPU).
+  const std::vector<int>& worker_gpus() const { return worker_gpus_; }
   // The file holding this cluster's random token (0600, in a directory only
   // this user can enter; removed by Stop()).
   const std::string& cluster_token_file() const { return cluster_token_file_; }
@@ -81,6 +86,7 @@ class LocalCluster {
   std::string secret_dir_, cluster_token_file_;
   pid_t coordinator_ = -1;
   std::vector<pid_t> workers_;
+  std::vector<int> worker_gpus_;
   std::vector<std::vector<std::string>> worker_argv_;
 };
 

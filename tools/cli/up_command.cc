@@ -3,6 +3,8 @@
 #include <csignal>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 #include <thread>
 
 #include "tools/cli/local_cluster.h"
@@ -29,6 +31,14 @@ struct ServingLimits {
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
 };
+
+// " on GPUs 0,1,0,1" (each worker's GPU, in order), or nothing on the CPU.
+std::string OnGpus(const std::vector<int>& gpus) {
+  if (gpus.empty()) return "";
+  std::string out = " on GPUs ";
+  for (size_t i = 0; i < gpus.size(); ++i) out += (i ? "," : "") + std::to_string(gpus[i]);
+  return out;
+}
 
 }  // namespace
 
@@ -57,8 +67,14 @@ void AddUpCommand(CLI::App& app) {
                   "admin keys (SetExpertMap, MeasureEngine), passed to the coordinator")
       ->envname("FLOTILLA_ADMIN_KEY_FILE");
   cmd->add_option("--device", o->device,
-                  "workers' engine: cpu, or cuda (each worker holds the whole model on its GPU)")
+                  "workers' engine: cpu, or cuda (worker i on visible GPU i % GPUs: several "
+                  "workers share a GPU when there are more workers than GPUs)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--gpus", o->gpus,
+                  "--device cuda: the GPU ordinals to use, e.g. 0,1 (default: every GPU that "
+                  "CUDA_VISIBLE_DEVICES leaves visible)")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--prefix-cache,!--no-prefix-cache", o->prefix_cache,
                 "workers share the KV blocks of identical prompt prefixes (default on)");
   cmd->add_option("--threads-per-worker", o->threads_per_worker, "0 = cores / workers")
@@ -107,7 +123,8 @@ void AddUpCommand(CLI::App& app) {
       throw CLI::RuntimeError(1);
     }
     std::cout << "flotilla up: serving " << (*cluster)->model() << " with " << o->workers
-              << " worker(s) at " << (*cluster)->address() << "\n"
+              << " worker(s)" << OnGpus((*cluster)->worker_gpus()) << " at "
+              << (*cluster)->address() << "\n"
               << "  try: flotilla generate --coordinator " << (*cluster)->address()
               << " --prompt-ids 1,2,3 --max-tokens 8 --json"
               << (o->api_key_file.empty() && o->admin_key_file.empty() ? "" : " --api-key KEY")
