@@ -186,8 +186,12 @@ void ClusterManager::HandleHello(uint64_t session_id, const cluster::Hello& hell
   w.last_heard = absl::Now();
   w.ready_generation = 0;
   session_to_worker_[session_id] = w.worker_id;
-  spdlog::info("worker {} {} from node {} ({})", w.worker_id, rejoin ? "rejoined" : "registered",
-               hello.node(), hello.device().name());
+  spdlog::info("worker {} {} from node {} ({}{})", w.worker_id,
+               rejoin ? "rejoined" : "registered", hello.node(), hello.device().name(),
+               hello.device().kind() == common::DeviceInfo::CUDA
+                   ? absl::StrCat(" ", hello.device().uuid(), ", ", hello.device().memory_bytes() >> 20,
+                                  " MiB, ", hello.device().free_memory_bytes() >> 20, " MiB free")
+                   : "");
   cluster::CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
@@ -277,7 +281,8 @@ void ClusterManager::MaybeAssignLocked() {
     a->set_kv_blocks(options_.kv_blocks);
     w.session->Send(msg);
   }
-  spdlog::info("assigned generation {}: {}", generation_, p.parallel.ToString());
+  spdlog::info("assigned generation {}: {}{}", generation_, p.parallel.ToString(),
+               p.device_transport.empty() ? "" : " over " + p.device_transport);
 }
 
 std::vector<ClusterManager::Worker*> ClusterManager::ChooseHoldersLocked(
