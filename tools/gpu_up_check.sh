@@ -5,7 +5,7 @@
 #   tools/gpu_up_check.sh BUNDLE OUT
 # Checks that one worker serves, and that the layouts which cannot start stop
 # at once with their reason: a GPU that is not there, no visible GPU, 120b on
-# four workers sharing one 80 GB GPU. Each child's log lands in OUT/<case>/.
+# four workers (tp 1) sharing one 80 GB GPU. Each child's log lands in OUT/<case>/.
 set -u
 bundle="${1:?usage: gpu_up_check.sh BUNDLE OUT}"
 out="${2:?usage: gpu_up_check.sh BUNDLE OUT}"
@@ -32,7 +32,7 @@ refused missing_gpu 5 --device cuda --workers 2 --gpus 0,64 --model synthetic:ti
 CUDA_VISIBLE_DEVICES= refused no_gpu 5 --device cuda --workers 1 --model synthetic:tiny:3
 memory=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0)
 if (( memory < 100000 )); then  # MiB: 120b over four workers needs an H200
-  refused four_workers_120b 60 --device cuda --workers 4 --model synthetic:120b
+  refused four_workers_120b 60 --device cuda --workers 4 --tp 1 --model synthetic:120b
 fi
 
 # One worker on GPU 0 serves a request, then stops on SIGINT.
