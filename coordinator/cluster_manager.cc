@@ -186,11 +186,12 @@ void ClusterManager::HandleHello(uint64_t session_id, const cluster::Hello& hell
   w.last_heard = absl::Now();
   w.ready_generation = 0;
   session_to_worker_[session_id] = w.worker_id;
+  const common::DeviceInfo& device = hello.device();
   spdlog::info("worker {} {} from node {} ({}{})", w.worker_id,
-               rejoin ? "rejoined" : "registered", hello.node(), hello.device().name(),
-               hello.device().kind() == common::DeviceInfo::CUDA
-                   ? absl::StrCat(" ", hello.device().uuid(), ", ", hello.device().memory_bytes() >> 20,
-                                  " MiB, ", hello.device().free_memory_bytes() >> 20, " MiB free")
+               rejoin ? "rejoined" : "registered", hello.node(), device.name(),
+               device.kind() == common::DeviceInfo::CUDA
+                   ? absl::StrCat(" ", device.uuid(), ", ", device.memory_bytes() >> 20, " MiB, ",
+                                  device.free_memory_bytes() >> 20, " MiB free")
                    : "");
   cluster::CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
@@ -221,7 +222,8 @@ void ClusterManager::MaybeAssignLocked() {
     }
     absl::StatusOr<Placement> p = PlanPlacement(options_.model, desc, options_.layout);
     if (!p.ok()) {
-      // Waiting would not help: these workers cannot hold this layout.
+      // More waiting would not help: these workers cannot hold the layout.
+      // A worker leaving or joining tries again.
       state_ = admin::PLACEMENT_REFUSED;
       state_message_ = absl::StrCat("placement failed: ", p.status().message());
       spdlog::error("{}", state_message_);
