@@ -186,8 +186,13 @@ void ClusterManager::HandleHello(uint64_t session_id, const cluster::Hello& hell
   w.last_heard = absl::Now();
   w.ready_generation = 0;
   session_to_worker_[session_id] = w.worker_id;
-  spdlog::info("worker {} {} from node {} ({})", w.worker_id, rejoin ? "rejoined" : "registered",
-               hello.node(), hello.device().name());
+  const common::DeviceInfo& device = hello.device();
+  spdlog::info("worker {} {} from node {} ({}{})", w.worker_id,
+               rejoin ? "rejoined" : "registered", hello.node(), device.name(),
+               device.kind() == common::DeviceInfo::CUDA
+                   ? absl::StrCat(" ", device.uuid(), ", ", device.memory_bytes() >> 20, " MiB, ",
+                                  device.free_memory_bytes() >> 20, " MiB free")
+                   : "");
   cluster::CoordinatorMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
@@ -217,7 +222,8 @@ void ClusterManager::MaybeAssignLocked() {
     }
     absl::StatusOr<Placement> p = PlanPlacement(options_.model, desc, options_.layout);
     if (!p.ok()) {
-      // Waiting would not help: these workers cannot hold this layout.
+      // More waiting would not help: these workers cannot hold the layout.
+      // A worker leaving or joining tries again.
       state_ = admin::PLACEMENT_REFUSED;
       state_message_ = absl::StrCat("placement failed: ", p.status().message());
       spdlog::error("{}", state_message_);
@@ -277,7 +283,8 @@ void ClusterManager::MaybeAssignLocked() {
     a->set_kv_blocks(options_.kv_blocks);
     w.session->Send(msg);
   }
-  spdlog::info("assigned generation {}: {}", generation_, p.parallel.ToString());
+  spdlog::info("assigned generation {}: {}{}", generation_, p.parallel.ToString(),
+               p.device_transport.empty() ? "" : " over " + p.device_transport);
 }
 
 std::vector<ClusterManager::Worker*> ClusterManager::ChooseHoldersLocked(

@@ -80,8 +80,7 @@ bool TilesEveryNode(int tp, const NodeWorkers& by_node) {
 
 // The largest tp dividing the heads and the world that keeps groups in nodes:
 // fitting the smallest node on CPUs, tiling every node exactly on GPUs.
-int AutomaticTp(const ModelConfig& model, int world, const NodeWorkers& by_node,
-                DeviceKind kind) {
+int AutomaticTp(const ModelConfig& model, int world, const NodeWorkers& by_node, DeviceKind kind) {
   int smallest_node = world;
   for (const auto& [node, ws] : by_node) smallest_node = std::min<int>(smallest_node, ws.size());
   const int g = std::gcd(std::gcd(model.num_key_value_heads, model.num_attention_heads), world);
@@ -128,15 +127,15 @@ absl::Status CheckGroupsInsideNodes(int tp, const NodeWorkers& by_node) {
     if (gcd % t == 0) fitting.push_back(t);
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "tp ", tp, " would put a TP group across nodes (GPU workers per node: ",
-      absl::StrJoin(counts, ", "), "); the ranks of a GPU TP group must share a node, since "
+      "tp ", tp,
+      " would put a TP group across nodes (GPU workers per node: ", absl::StrJoin(counts, ", "),
+      "); the ranks of a GPU TP group must share a node, since "
       "their all-reduce runs every layer. Use a tp that divides every node's worker count (",
       absl::StrJoin(fitting, ", "), ") and the model's heads, or add workers"));
 }
 
 // TP groups: whole groups inside each node first, leftovers grouped across nodes.
-std::vector<std::vector<WorkerDesc>> FormGroups(int tp, const NodeWorkers& by_node,
-                                                int* spanning) {
+std::vector<std::vector<WorkerDesc>> FormGroups(int tp, const NodeWorkers& by_node, int* spanning) {
   std::vector<std::vector<WorkerDesc>> groups;
   std::vector<WorkerDesc> leftovers;
   for (const auto& [node, ws] : by_node) {
@@ -159,18 +158,18 @@ absl::Status CheckHostMemory(const std::vector<const WorkerDesc*>& rank_workers,
     const WorkerDesc& w = *rank_workers[rank];
     const uint64_t bytes = p.bytes_per_rank[rank];
     if (w.memory_bytes != 0 && bytes > w.memory_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "worker '", w.worker_id, "' has ", w.memory_bytes >> 20, " MiB but rank ", rank,
-          " needs about ", bytes >> 20, " MiB of weights with ", p.parallel.ToString(),
-          "; add workers or raise tp"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker '", w.worker_id, "' has ", w.memory_bytes >> 20, " MiB but rank ",
+                       rank, " needs about ", bytes >> 20, " MiB of weights with ",
+                       p.parallel.ToString(), "; add workers or raise tp"));
     }
   }
   return absl::OkStatus();
 }
 
 // GPU ranks: memory per physical GPU, then the transport between them.
-absl::Status PlanDevice(const ModelConfig& model, const std::vector<const WorkerDesc*>& rank_workers,
-                        Placement& p) {
+absl::Status PlanDevice(const ModelConfig& model,
+                        const std::vector<const WorkerDesc*>& rank_workers, Placement& p) {
   std::vector<GpuRankNeed> needs;
   for (size_t rank = 0; rank < rank_workers.size(); ++rank) {
     needs.push_back(EstimateGpuRankNeed(model, p.parallel.tp_size(),
@@ -204,9 +203,14 @@ absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
   FLOTILLA_ASSIGN_OR_RETURN(
       ExpertMap map,
       ExpertMap::Contiguous(model.num_hidden_layers, model.num_local_experts, world, 1));
-  Placement p{.parallel = parallel, .ranks = {}, .expert_map = std::move(map),
-              .bytes_per_rank = {}, .groups_spanning_nodes = spanning, .device = kind,
-              .device_bytes_per_rank = {}, .device_transport = {}};
+  Placement p{.parallel = parallel,
+              .ranks = {},
+              .expert_map = std::move(map),
+              .bytes_per_rank = {},
+              .groups_spanning_nodes = spanning,
+              .device = kind,
+              .device_bytes_per_rank = {},
+              .device_transport = {}};
   std::vector<const WorkerDesc*> rank_workers;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int t = 0; t < tp; ++t) {
@@ -229,8 +233,8 @@ absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
 absl::Status CheckRankHolders(const ModelConfig& model, const Placement& placement,
                               const std::vector<WorkerDesc>& holders) {
   if (holders.size() != placement.ranks.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(holders.size(), " holders for ",
-                                                   placement.ranks.size(), " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(holders.size(), " holders for ", placement.ranks.size(), " ranks"));
   }
   for (size_t rank = 0; rank < holders.size(); ++rank) {
     const WorkerDesc& w = holders[rank];
@@ -252,9 +256,9 @@ absl::Status CheckRankHolders(const ModelConfig& model, const Placement& placeme
   replanned.device_bytes_per_rank.clear();
   FLOTILLA_RETURN_IF_ERROR(PlanDevice(model, rank_workers, replanned));
   if (replanned.device_transport != placement.device_transport) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the ranks would need device transport '", replanned.device_transport,
-                     "' instead of '", placement.device_transport, "'"));
+    return absl::FailedPreconditionError(absl::StrCat("the ranks would need device transport '",
+                                                      replanned.device_transport, "' instead of '",
+                                                      placement.device_transport, "'"));
   }
   return absl::OkStatus();
 }

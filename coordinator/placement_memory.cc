@@ -32,8 +32,8 @@ std::map<std::string, GpuUse> GroupByGpu(const std::vector<const WorkerDesc*>& r
     use.ranks.push_back(static_cast<int>(r));
     use.total_bytes = std::max(use.total_bytes, w.memory_bytes);
     if (w.free_memory_bytes > 0) {
-      use.free_bytes = use.free_bytes == 0 ? w.free_memory_bytes
-                                           : std::min(use.free_bytes, w.free_memory_bytes);
+      use.free_bytes =
+          use.free_bytes == 0 ? w.free_memory_bytes : std::min(use.free_bytes, w.free_memory_bytes);
     }
     // Each engine sizes its KV to its own share; the smallest bounds them all.
     const double u = w.memory_utilization > 0 ? w.memory_utilization : kDefaultGpuMemoryUtilization;
@@ -61,9 +61,9 @@ std::string WhoNeeds(const GpuUse& use, const std::vector<const WorkerDesc*>& ra
                         DescribeGpu(*use.gpu), ": ", DescribeNeed(needs[first]));
   }
   return absl::StrCat("ranks ", absl::StrJoin(use.ranks, ", "), " (workers ",
-                      absl::StrJoin(workers, ", "), ") share ", DescribeGpu(*use.gpu),
-                      " and need ", amount, " together (rank ", first, " alone: ",
-                      DescribeNeed(needs[first]), ")");
+                      absl::StrJoin(workers, ", "), ") share ", DescribeGpu(*use.gpu), " and need ",
+                      amount, " together (rank ", first, " alone: ", DescribeNeed(needs[first]),
+                      ")");
 }
 
 // What would make the ranks fit; a shared GPU gets fuller with every worker
@@ -117,7 +117,8 @@ absl::Status CheckGpuMemory(const std::vector<const WorkerDesc*>& rank_workers,
       need += needs[r].total();
       resident += needs[r].weights + needs[r].kv_minimum;
     }
-    const auto usable = static_cast<uint64_t>(static_cast<double>(use.total_bytes) * use.utilization);
+    const auto usable =
+        static_cast<uint64_t>(static_cast<double>(use.total_bytes) * use.utilization);
     if (need > usable) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "%s; the GPU has %s, %s of it usable at gpu memory utilization %.2f (a GPU of at least "
@@ -131,8 +132,7 @@ absl::Status CheckGpuMemory(const std::vector<const WorkerDesc*>& rank_workers,
     if (use.free_bytes > 0 && resident > use.free_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           WhoNeeds(use, rank_workers, needs, absl::StrCat(GiB(resident), " for weights and KV")),
-          "; only ",
-          GiB(use.free_bytes), " of its ", GiB(use.total_bytes),
+          "; only ", GiB(use.free_bytes), " of its ", GiB(use.total_bytes),
           " was free when the workers registered (other processes hold the rest); ",
           Advice(use, true)));
     }

@@ -18,16 +18,16 @@ inline constexpr double kDefaultGpuMemoryUtilization = 0.90;
 
 struct WorkerDesc {
   std::string worker_id;
-  std::string node;          // node name; TP groups prefer one node (GPU groups must)
-  int device_index = 0;      // GPU ordinal on the node (0 for CPU workers)
-  uint64_t memory_bytes = 0; // device memory; 0 = unknown (no check)
+  std::string node;           // node name; TP groups prefer one node (GPU groups must)
+  int device_index = 0;       // GPU ordinal on the node (0 for CPU workers)
+  uint64_t memory_bytes = 0;  // device memory; 0 = unknown (no check)
   DeviceKind kind = DeviceKind::kCpu;
   // GPU workers only; every field may be left empty or zero (not reported).
-  std::string host_id;            // the machine's identity (kernel boot id)
-  std::string device_uuid;        // the physical GPU; empty = node and ordinal
-  std::string device_name;        // e.g. "NVIDIA H100 80GB HBM3", for messages
-  uint64_t free_memory_bytes = 0; // free on the GPU when the worker registered
-  double memory_utilization = 0;  // its engine's share of the GPU; 0 = the default
+  std::string host_id;                         // the machine's identity (kernel boot id)
+  std::string device_uuid;                     // the physical GPU; empty = node and ordinal
+  std::string device_name;                     // e.g. "NVIDIA H100 80GB HBM3", for messages
+  uint64_t free_memory_bytes = 0;              // free on the GPU when the worker registered
+  double memory_utilization = 0;               // its engine's share of the GPU; 0 = the default
   std::vector<std::string> device_transports;  // "cuda-ipc", "nccl"; empty = not reported
 };
 

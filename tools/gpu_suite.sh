@@ -18,7 +18,8 @@ status=0
 for t in kernels_cuda_convert_test kernels_ops_cuda_test kernels_sampling_cuda_test \
          kernels_attention_cuda_test kernels_moe_cuda_test kernels_small_shapes_cuda_test \
          kernels_norm_qkv_rope_cuda_test cuda_synthetic_test \
-         cuda_engine_test parallel_device_topology_test parallel_device_context_test; do
+         cuda_engine_test parallel_device_topology_test parallel_device_context_test \
+         device_report_cuda_test cuda_cluster_test; do
   [[ -x "$bundle/bin/$t" ]] || { echo "$t: not in the bundle"; status=1; continue; }
   log="$out/tests.log"
   echo "==== $t" >> "$log"

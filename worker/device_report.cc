@@ -28,10 +28,10 @@ absl::Status CheckCudaDevice(int ordinal) {
   const int visible = kernels::cuda::DeviceCount();
   if (ordinal >= 0 && ordinal < visible) return absl::OkStatus();
   const char* mask = std::getenv("CUDA_VISIBLE_DEVICES");
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--device cuda: there is no CUDA device ", ordinal, " (", visible, " visible",
-      mask == nullptr ? "" : absl::StrCat(", CUDA_VISIBLE_DEVICES=", mask),
-      visible == 0 ? "; no GPU or no driver" : "", ")"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("--device cuda: there is no CUDA device ", ordinal, " (", visible, " visible",
+                   mask == nullptr ? "" : absl::StrCat(", CUDA_VISIBLE_DEVICES=", mask),
+                   visible == 0 ? "; no GPU or no driver" : "", ")"));
 #else
   (void)ordinal;
   return absl::FailedPreconditionError("--device cuda: this worker was built without CUDA");

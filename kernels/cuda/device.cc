@@ -47,8 +47,8 @@ bool GetDeviceMemory(int ordinal, uint64_t* free_bytes, uint64_t* total_bytes) {
   int previous = 0;
   if (cudaGetDevice(&previous) != cudaSuccess) previous = ordinal;
   size_t free_now = 0, total = 0;
-  const bool ok = cudaSetDevice(ordinal) == cudaSuccess &&
-                  cudaMemGetInfo(&free_now, &total) == cudaSuccess;
+  const bool ok =
+      cudaSetDevice(ordinal) == cudaSuccess && cudaMemGetInfo(&free_now, &total) == cudaSuccess;
   if (!ok) cudaGetLastError();
   cudaSetDevice(previous);
   *free_bytes = free_now;

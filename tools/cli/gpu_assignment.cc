@@ -15,11 +15,11 @@ absl::StatusOr<int> VisibleGpus() {
   const int visible = kernels::cuda::DeviceCount();
   if (visible > 0) return visible;
   const char* mask = std::getenv("CUDA_VISIBLE_DEVICES");
-  return absl::FailedPreconditionError(absl::StrCat(
-      "--device cuda: no CUDA GPU is visible (",
-      mask == nullptr ? "no GPU or no driver on this machine"
-                      : absl::StrCat("CUDA_VISIBLE_DEVICES=", mask),
-      "); run with --device cpu"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("--device cuda: no CUDA GPU is visible (",
+                   mask == nullptr ? "no GPU or no driver on this machine"
+                                   : absl::StrCat("CUDA_VISIBLE_DEVICES=", mask),
+                   "); run with --device cpu"));
 #else
   return absl::FailedPreconditionError(
       "--device cuda: this build has no CUDA support (configure with FLOTILLA_CUDA=ON); run with "
@@ -38,9 +38,9 @@ absl::StatusOr<std::vector<int>> AssignWorkerGpus(int workers, const std::vector
   std::set<int> seen;
   for (int g : gpus) {
     if (g < 0 || g >= visible) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--gpus: GPU ", g, " is not visible; ordinals go from 0 to ", visible - 1,
-          " (CUDA_VISIBLE_DEVICES renumbers the GPUs it keeps from 0)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpus: GPU ", g, " is not visible; ordinals go from 0 to ", visible - 1,
+                       " (CUDA_VISIBLE_DEVICES renumbers the GPUs it keeps from 0)"));
     }
     if (!seen.insert(g).second) {
       return absl::InvalidArgumentError(
