@@ -147,6 +147,15 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
             state_ = admin::DEGRADED;
             state_message_ = absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
                                           "') failed while loading: ", message.error().message());
+          } else if (w->rank >= 0 && state_ == admin::READY &&
+                     w->joined_generation == generation_) {
+            // The rank dropped its engine after a failed step (a peer that
+            // stalled past the exchange bound, a device error): its peers
+            // cannot go on without it. Fail what is in flight and form the
+            // instance again on the same workers.
+            ReformLocked(absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
+                                      "') failed a step: ", message.error().message()),
+                         &done);
           }
           break;
         default:
@@ -399,6 +408,18 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
   state_message_ = msg;
   for (auto& [id, req] : requests_) {
     done->push_back(Finished{std::move(req.callbacks), absl::UnavailableError(msg), std::nullopt});
+  }
+  requests_.clear();
+  std::fill(group_inflight_.begin(), group_inflight_.end(), 0);
+  MaybeAssignLocked();
+}
+
+void ClusterManager::ReformLocked(const std::string& why, std::vector<Finished>* done) {
+  spdlog::warn("{}; forming the instance again", why);
+  state_ = admin::DEGRADED;
+  state_message_ = why;
+  for (auto& [id, req] : requests_) {
+    done->push_back(Finished{std::move(req.callbacks), absl::UnavailableError(why), std::nullopt});
   }
   requests_.clear();
   std::fill(group_inflight_.begin(), group_inflight_.end(), 0);

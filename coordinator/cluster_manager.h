@@ -147,6 +147,10 @@ class ClusterManager {
                     std::vector<Finished>* done);
   // Marks a worker dead, fails in-flight requests, degrades the instance.
   void MarkDeadLocked(Worker& w, const std::string& why, std::vector<Finished>* done);
+  // A rank of the serving generation failed a step but its worker lives:
+  // fails every request in flight (UNAVAILABLE, `why`) and assigns a new
+  // generation to the same workers.
+  void ReformLocked(const std::string& why, std::vector<Finished>* done);
   // Plans and sends assignments when every expected worker is alive.
   void MaybeAssignLocked();
   // The workers to hold each rank of the current placement: the alive holders,

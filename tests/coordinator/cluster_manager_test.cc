@@ -485,5 +485,40 @@ TEST(ClusterManager, RankFailingWhileLoadingDegradesTheInstanceWithItsReason) {
             "rank 1 (worker 'g1') failed while loading: joining the communicator failed: no peer");
 }
 
+TEST(ClusterManager, RankFailingAStepFailsInflightAndFormsTheInstanceAgain) {
+  Fixture f(2, 1);
+  f.Connect("w0");
+  f.Connect("w1");
+  f.Ready(0);
+  f.Ready(1);
+  f.JoinAll();
+  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+  absl::Status status;
+  cluster::SubmitSequence req;
+  req.add_prompt_ids(1);
+  ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
+
+  // w1 dropped its engine after a failed step but its session lives.
+  cluster::WorkerMessage m;
+  m.mutable_error()->set_message("step failed: a device wait in combine ran past its bound");
+  f.manager->OnWorkerMessage(f.ids[1], m);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(status.message().find("rank 1 (worker 'w1') failed a step"), std::string::npos)
+      << status;
+  EXPECT_EQ(f.manager->Status().state(), admin::LOADING);
+  // Both workers get generation 2 with their old ranks, and serve again.
+  for (int i = 0; i < 2; ++i) {
+    auto a = f.sessions[i]->Of(cluster::CoordinatorMessage::kAssignment);
+    ASSERT_EQ(a.size(), 2u);
+    EXPECT_EQ(a.back().assignment().generation(), 2u);
+    EXPECT_EQ(a.back().assignment().rank(), static_cast<uint32_t>(i));
+  }
+  f.Ready(0);
+  f.Ready(1);
+  f.JoinAll();
+  EXPECT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+  EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+}
+
 }  // namespace
 }  // namespace flotilla::coordinator
