@@ -20,8 +20,13 @@ struct GpuUse {
   const WorkerDesc* gpu = nullptr;  // the first worker on it: name, size
   uint64_t total_bytes = 0;
   uint64_t free_bytes = 0;  // the least any of its workers saw; 0 = unknown
-  double utilization = 1.0;
+  double utilization = 0.0;  // the sum of its ranks' shares, at most 1
+  double shares = 0.0;       // the same, uncapped
 };
+
+double RankShare(const WorkerDesc& w) {
+  return w.memory_utilization > 0 ? w.memory_utilization : kDefaultGpuMemoryUtilization;
+}
 
 std::map<std::string, GpuUse> GroupByGpu(const std::vector<const WorkerDesc*>& rank_workers) {
   std::map<std::string, GpuUse> gpus;
@@ -35,9 +40,10 @@ std::map<std::string, GpuUse> GroupByGpu(const std::vector<const WorkerDesc*>& r
       use.free_bytes =
           use.free_bytes == 0 ? w.free_memory_bytes : std::min(use.free_bytes, w.free_memory_bytes);
     }
-    // Each engine sizes its KV to its own share; the smallest bounds them all.
-    const double u = w.memory_utilization > 0 ? w.memory_utilization : kDefaultGpuMemoryUtilization;
-    use.utilization = std::min(use.utilization, u);
+    // Each engine takes its own share (--gpu-memory-utilization) of the GPU;
+    // ranks sharing a GPU together take the sum of their shares.
+    use.shares += RankShare(w);
+    use.utilization = std::min(1.0, use.shares);
   }
   return gpus;
 }
@@ -116,6 +122,25 @@ absl::Status CheckGpuMemory(const std::vector<const WorkerDesc*>& rank_workers,
     for (int r : use.ranks) {
       need += needs[r].total();
       resident += needs[r].weights + needs[r].kv_minimum;
+    }
+    if (use.shares > 1.0 + 1e-9) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s; their --gpu-memory-utilization shares add up to %.2f of the GPU: give each at "
+          "most %.2f",
+          WhoNeeds(use, rank_workers, needs, absl::StrFormat("%.2f of its memory", use.shares)),
+          use.shares, 1.0 / static_cast<double>(use.ranks.size())));
+    }
+    // Ranks sharing a GPU: each must fit its own share, and all of them the GPU.
+    for (int r : use.ranks.size() > 1 ? use.ranks : std::vector<int>{}) {
+      const double share = RankShare(*rank_workers[r]);
+      const auto own = static_cast<uint64_t>(static_cast<double>(use.total_bytes) * share);
+      if (needs[r].total() > own) {
+        return absl::ResourceExhaustedError(absl::StrFormat(
+            "rank %d (worker '%s') needs about %s (%s); its share of the GPU's %s at gpu memory "
+            "utilization %.2f is %s; raise --gpu-memory-utilization or use a larger GPU",
+            r, rank_workers[r]->worker_id, GiB(needs[r].total()), DescribeNeed(needs[r]),
+            GiB(use.total_bytes), share, GiB(own)));
+      }
     }
     const auto usable =
         static_cast<uint64_t>(static_cast<double>(use.total_bytes) * use.utilization);

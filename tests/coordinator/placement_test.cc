@@ -42,11 +42,14 @@ std::vector<WorkerDesc> Gpus(std::vector<std::pair<std::string, int>> nodes,
 }
 
 // `n` workers on GPU 0 of one node (several processes per GPU, as tests run).
+// `n` workers on one GPU, each with its share of 0.9 of it (as flotilla up
+// gives them).
 std::vector<WorkerDesc> SharedGpu(int n, uint64_t memory) {
   std::vector<WorkerDesc> out = Gpus({{"a", n}}, memory);
   for (WorkerDesc& w : out) {
     w.device_index = 0;
     w.device_uuid = "GPU-the-one";
+    w.memory_utilization = 0.9 / n;
   }
   return out;
 }
@@ -258,9 +261,20 @@ TEST(GpuPlacement, WorkersSharingOneGpuAddTheirNeeds) {
   // One 120b rank fits an 80 GiB GPU; four ranks on it (replicated embeddings
   // and runtime four times) do not.
   ASSERT_TRUE(PlanPlacement(m, SharedGpu(1, 80 * kGiB), {}).ok());
-  auto p = PlanPlacement(m, SharedGpu(4, 80 * kGiB), {1, 0});
+  // Each worker's --gpu-memory-utilization is its own share of the GPU
+  // (flotilla up divides its flag by the workers per GPU): four shares of
+  // 0.225 leave a 120b rank short on its own.
+  std::vector<WorkerDesc> four = SharedGpu(4, 80 * kGiB);
+  auto p = PlanPlacement(m, four, {1, 0});
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(Has(p.status(), "rank 0 (worker 'a-gpu0') needs about")) << p.status();
+  EXPECT_TRUE(Has(p.status(), "its share of the GPU's 80.0 GiB at gpu memory utilization 0.23"))
+      << p.status();
+  // Shares that each fit but together exceed the GPU are refused as a sum.
+  for (WorkerDesc& w : four) w.memory_utilization = 0.3;
+  p = PlanPlacement(m, four, {1, 0});
+  ASSERT_FALSE(p.ok());
   EXPECT_TRUE(Has(p.status(), "ranks 0, 1, 2, 3 (workers 'a-gpu0', 'a-gpu1', 'a-gpu2', "
                               "'a-gpu3') share GPU 0 of node 'a'"))
       << p.status();
@@ -307,6 +321,7 @@ TEST(GpuPlacement, ChoosesTheDeviceTransport) {
   std::vector<WorkerDesc> shared = Gpus({{"a", 2}, {"b", 2}});
   shared[1].device_index = 0;
   shared[1].device_uuid = shared[0].device_uuid;
+  shared[0].memory_utilization = shared[1].memory_utilization = 0.45;
   p = PlanPlacement(m, shared, {2, 0});
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(Has(p.status(), "nccl allows one rank per GPU")) << p.status();

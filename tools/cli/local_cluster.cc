@@ -8,12 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_token.h"
 #include "common/key_file.h"
@@ -24,6 +26,8 @@
 #include "proto/admin.grpc.pb.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "tools/cli/gpu_assignment.h"
+
+extern char** environ;  // POSIX: the process environment
 
 namespace flotilla::cli {
 namespace fs = std::filesystem;
@@ -203,8 +207,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--cluster-token-file", c->cluster_token_file_,
                                      // Every peer is on this host: listen on loopback only.
                                      "--advertise-address", "127.0.0.1"};
+    std::vector<std::string> env;
     if (!c->worker_gpus_.empty()) {
-      argv.insert(argv.end(), {"--cuda-device", std::to_string(c->worker_gpus_[i])});
+      const int gpu = c->worker_gpus_[i];
+      const int sharing = static_cast<int>(
+          std::count(c->worker_gpus_.begin(), c->worker_gpus_.end(), gpu));
+      argv.insert(argv.end(), {"--cuda-device", std::to_string(gpu), "--gpu-memory-utilization",
+                               absl::StrCat(options.gpu_memory_utilization / sharing)});
+      if (sharing > 1 && std::getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == nullptr) {
+        env.push_back(absl::StrCat("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=", 100 / sharing));
+      }
     }
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     for (const auto& [flag, value] :
@@ -214,7 +226,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       if (!value.empty()) argv.insert(argv.end(), {flag, value});
     }
     c->worker_argv_.push_back(argv);
-    FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i))));
+    c->worker_env_.push_back(env);
+    FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i)), env));
     c->workers_.push_back(pid);
   }
   FLOTILLA_RETURN_IF_ERROR(c->WaitReady(options.ready_timeout));
@@ -233,7 +246,24 @@ absl::Status LocalCluster::WriteClusterToken() {
 }
 
 absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
-                                          const std::string& log) {
+                                          const std::string& log,
+                                          const std::vector<std::string>& env) {
+  // Everything the child needs is built before fork (no allocation after it).
+  std::vector<std::string> environment;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    const std::string name = entry.substr(0, entry.find('=') + 1);
+    bool overridden = false;
+    for (const std::string& x : env) overridden = overridden || absl::StartsWith(x, name);
+    if (!overridden) environment.push_back(entry);
+  }
+  environment.insert(environment.end(), env.begin(), env.end());
+  std::vector<char*> envp;
+  for (const std::string& e : environment) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
@@ -249,10 +279,7 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
         close(fd);
       }
     }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), envp.data());
     _exit(127);
   }
   return pid;
@@ -320,9 +347,10 @@ absl::Status LocalCluster::RestartWorker(int i) {
   if (workers_[i] > 0) return absl::FailedPreconditionError("worker is still running");
   FLOTILLA_ASSIGN_OR_RETURN(
       workers_[i],
-      Spawn(worker_argv_[i], options_.log_dir.empty()
-                                 ? std::string()
-                                 : absl::StrCat(options_.log_dir, "/worker-", i, ".log")));
+      Spawn(worker_argv_[i],
+            options_.log_dir.empty() ? std::string()
+                                     : absl::StrCat(options_.log_dir, "/worker-", i, ".log"),
+            worker_env_[i]));
   return absl::OkStatus();
 }
 

@@ -40,6 +40,12 @@ struct LocalClusterOptions {
   // {"--max-sequences", "256"}, {"--gpu-memory-utilization", "0.9"}).
   std::vector<std::string> coordinator_args;
   std::vector<std::string> worker_args;
+  // --device cuda: the fraction of each GPU the workers on it may use
+  // together; each of k workers sharing a GPU gets 1/k of it (its
+  // --gpu-memory-utilization) and, under the MPS daemon, 1/k of its SMs
+  // (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, unless set already), so ranks that
+  // spin-wait on each other never starve each other of SMs.
+  double gpu_memory_utilization = 0.90;
   // TLS: the coordinator's certificate, key and (mTLS) client CA; the CA the
   // workers and this process verify it with, and the workers' client
   // certificate. Empty: plaintext.
@@ -75,7 +81,10 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
-  absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log);
+  // Starts argv[0] with this process's environment plus `env` ("NAME=value",
+  // overriding), its output appended to `log` (empty: inherited).
+  absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log,
+                              const std::vector<std::string>& env = {});
   absl::Status WaitReady(absl::Duration timeout);
   // A fresh random cluster token in a private directory, for the children.
   absl::Status WriteClusterToken();
@@ -88,6 +97,7 @@ class LocalCluster {
   std::vector<pid_t> workers_;
   std::vector<int> worker_gpus_;
   std::vector<std::vector<std::string>> worker_argv_;
+  std::vector<std::vector<std::string>> worker_env_;
 };
 
 // The built-in default model: a deterministic synthetic tiny gpt-oss with the

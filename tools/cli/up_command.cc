@@ -27,7 +27,7 @@ struct ServingLimits {
     o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
                           std::to_string(max_batch_tokens), "--max-model-len",
                           std::to_string(max_model_len)};
-    o.worker_args = {"--gpu-memory-utilization", std::to_string(gpu_memory_utilization)};
+    o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
 };
@@ -108,7 +108,8 @@ void AddUpCommand(CLI::App& app) {
                   "longest sequence served (0 = the model's context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--gpu-memory-utilization", limits->gpu_memory_utilization,
-                  "--device cuda: fraction of each GPU's memory for weights, workspaces and KV")
+                  "--device cuda: fraction of each GPU's memory for weights, workspaces and KV "
+                  "(workers sharing a GPU split it)")
       ->capture_default_str()->check(CLI::Range(0.05, 1.0));
   cmd->add_option("--ready-timeout-s", limits->ready_timeout_s,
                   "how long to wait for every worker to load (a 120b load takes minutes)")
