@@ -264,6 +264,47 @@ TEST(CudaCluster120b, ShardedPromptLogitsMatchTheSingleWorker) {
   }
 }
 
+// Concurrent requests: DP groups run batches of different sizes in the same
+// steps (decode graphs of different padded sizes, prefill beside decode), so
+// every rank must size its exchanges from the instance's largest step. Each
+// request must still give the single worker's greedy tokens (ties allowed).
+TEST(CudaClusterConcurrency, ConcurrentRequestsGiveTheSingleWorkersTokens) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: the sharded GPU cluster needs one";
+  const fs::path dir = fs::path(EnvOr("FLOTILLA_GOLDEN_DIR", FLOTILLA_GOLDEN_DIR)) / "tiny_e8";
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> lengths;
+  for (int i = 0; i < 7; ++i) {
+    std::vector<int32_t> p;
+    for (int j = 0; j < 1 + 9 * i; ++j) p.push_back((i * 131 + j * 17 + 5) % 512);
+    prompts.push_back(p);
+    lengths.push_back(8 + 5 * i);
+  }
+  std::vector<GpuCluster::Result> single;
+  {
+    auto one = GpuCluster::Start(dir.string(), {1, 1});
+    ASSERT_NE(one, nullptr);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      single.push_back(one->Generate(prompts[i], lengths[i], false));
+    }
+    one->Stop();
+  }
+  for (const Layout& layout : {Layout{4, 1}, Layout{4, 2}}) {
+    auto cluster = GpuCluster::Start(dir.string(), layout);
+    ASSERT_NE(cluster, nullptr);
+    std::vector<GpuCluster::Result> got(prompts.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      threads.emplace_back([&, i] { got[i] = cluster->Generate(prompts[i], lengths[i], false); });
+    }
+    for (std::thread& t : threads) t.join();
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ExpectSameGreedy(single[i], got[i],
+                       "concurrent, " + Name(layout) + ", request " + std::to_string(i));
+    }
+    cluster->Stop();
+  }
+}
+
 // Kill -9 of one GPU rank mid-stream: the request ends UNAVAILABLE naming
 // the worker, new requests are refused clearly, the restarted worker rejoins
 // and the instance serves again.
