@@ -1022,16 +1022,27 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   FLOTILLA_RETURN_IF_ERROR(Reserve(items));
 
   // Decode steps replay a graph over a padded batch.
-  bool decode = options_.cuda_graphs && !options_.profile_ops && !items.empty();
+  // A rank of a sharded instance whose items ask for no logits (a TP peer of
+  // the leader) replays such graphs too, without logit rows. TP peers must
+  // run the same padded tokens whatever logits each asks for (only the
+  // leader asks), so a sharded engine pads every one-token-per-item step.
+  const bool graphs_on = options_.cuda_graphs && !options_.profile_ops;
+  bool one_token = !items.empty(), rows_fit = true, any_row = false;
   for (size_t i = 0; i < items.size(); ++i) {
-    decode = decode && items[i].tokens.size() == 1 &&
-             (sample ? has_row(i) : items[i].logits == LogitsMode::kLast);
+    one_token = one_token && items[i].tokens.size() == 1;
+    const bool row = sample ? has_row(i) : items[i].logits == LogitsMode::kLast;
+    const bool none = !sample && items[i].logits == LogitsMode::kNone;
+    rows_fit = rows_fit && (row || (par != nullptr && none));
+    any_row = any_row || row;
   }
+  const bool pad = graphs_on && one_token && (rows_fit || par != nullptr);
+  const bool decode = pad && rows_fit;
+  const bool pad_rows = sample || any_row;  // padding rows get logit rows too
   Plan plan;
   plan.real_items = static_cast<int>(items.size());
-  plan.seqs = decode ? static_cast<int>(std::min<int64_t>(PowerOfTwoAtLeast(items.size()),
-                                                          options_.max_sequences))
-                     : static_cast<int>(items.size());
+  plan.seqs = pad ? static_cast<int>(std::min<int64_t>(PowerOfTwoAtLeast(items.size()),
+                                                       options_.max_sequences))
+                  : static_cast<int>(items.size());
   int32_t* m = d.meta_host;
   int T = 0;
   plan.max_q = 0;
@@ -1074,7 +1085,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
       m[d.off_slots + T] = -1;
       m[d.off_lens + i] = 1;
       std::fill(table, table + MB, 0);
-      rows.push_back(T);
+      if (pad_rows) rows.push_back(T);
       plan.max_q = std::max(plan.max_q, 1);
       T += 1;
     }
@@ -1271,7 +1282,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     const int64_t ctx = std::min<int64_t>(std::max<int64_t>(PowerOfTwoAtLeast(plan.max_len), 1024),
                                           options_.max_context);
     const std::tuple<int, int64_t, int, int64_t> key(
-        plan.seqs, ctx, sample ? SamplingVariant(*sampling) : -1, step_bound);
+        plan.seqs, ctx, sample ? SamplingVariant(*sampling) : (pad_rows ? -1 : -2), step_bound);
     auto g = d.graphs.find(key);
     if (g == d.graphs.end()) {
       cudaGraph_t graph = nullptr;
