@@ -406,11 +406,7 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
     state_ = admin::DEGRADED;
   }
   state_message_ = msg;
-  for (auto& [id, req] : requests_) {
-    done->push_back(Finished{std::move(req.callbacks), absl::UnavailableError(msg), std::nullopt});
-  }
-  requests_.clear();
-  std::fill(group_inflight_.begin(), group_inflight_.end(), 0);
+  FailInflightLocked(msg, done);
   MaybeAssignLocked();
 }
 
@@ -418,12 +414,16 @@ void ClusterManager::ReformLocked(const std::string& why, std::vector<Finished>*
   spdlog::warn("{}; forming the instance again", why);
   state_ = admin::DEGRADED;
   state_message_ = why;
+  FailInflightLocked(why, done);
+  MaybeAssignLocked();
+}
+
+void ClusterManager::FailInflightLocked(const std::string& why, std::vector<Finished>* done) {
   for (auto& [id, req] : requests_) {
     done->push_back(Finished{std::move(req.callbacks), absl::UnavailableError(why), std::nullopt});
   }
   requests_.clear();
   std::fill(group_inflight_.begin(), group_inflight_.end(), 0);
-  MaybeAssignLocked();
 }
 
 void ClusterManager::OnSessionClosed(uint64_t session_id) {

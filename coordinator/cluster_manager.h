@@ -151,6 +151,8 @@ class ClusterManager {
   // fails every request in flight (UNAVAILABLE, `why`) and assigns a new
   // generation to the same workers.
   void ReformLocked(const std::string& why, std::vector<Finished>* done);
+  // Ends every request in flight with UNAVAILABLE (`why`).
+  void FailInflightLocked(const std::string& why, std::vector<Finished>* done);
   // Plans and sends assignments when every expected worker is alive.
   void MaybeAssignLocked();
   // The workers to hold each rank of the current placement: the alive holders,
