@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "worker/engine/stop_rules.h"
 
 namespace flotilla {
 namespace {
@@ -19,13 +20,17 @@ absl::StatusOr<GenerationResult> GenerateIn(Engine& engine, int64_t seq,
     return absl::InvalidArgumentError("prefill_chunk must be >= 0");
   }
   if (static_cast<int64_t>(prompt.size()) > engine.MaxSequenceLength()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prompt of ", prompt.size(), " tokens is longer than the context (",
-        engine.MaxSequenceLength(), " tokens: max_position_embeddings ",
-        c.max_position_embeddings, " and the KV cache capacity)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt of ", prompt.size(), " tokens is longer than the context (",
+                     engine.MaxSequenceLength(), " tokens: max_position_embeddings ",
+                     c.max_position_embeddings, " and the KV cache capacity)"));
   }
-  const std::vector<int>& stops =
-      options.sampling.stop_token_ids ? *options.sampling.stop_token_ids : c.eos_token_ids;
+  // A sequence ends at a stop token, after max_tokens, or when the context is
+  // full: the last kept token need not fit, as it is never fed back.
+  const int64_t room = engine.MaxSequenceLength() - static_cast<int64_t>(prompt.size()) + 1;
+  const StopRules rules(
+      options.sampling.stop_token_ids ? *options.sampling.stop_token_ids : c.eos_token_ids,
+      std::min<int64_t>(options.sampling.max_tokens, room));
 
   GenerationResult result;
   result.prompt_tokens = static_cast<int64_t>(prompt.size());
@@ -49,23 +54,22 @@ absl::StatusOr<GenerationResult> GenerateIn(Engine& engine, int64_t seq,
   }
   while (true) {
     TokenLogprob lp;
-    const int32_t token =
-        sampler->Sample(last.data(), options.sampling.logprobs ? &lp : nullptr);
+    const int32_t token = sampler->Sample(last.data(), options.sampling.logprobs ? &lp : nullptr);
     ++result.completion_tokens;
     if (options.sampling.logprobs) result.logprobs.push_back(lp);
-    if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
+    const StopDecision decision = rules.Check(token, static_cast<int64_t>(result.tokens.size()));
+    if (decision == StopDecision::kStop) {
       result.finish_reason = "stop";
       result.stop_token = token;
       break;
     }
     result.tokens.push_back(token);
-    FLOTILLA_ASSIGN_OR_RETURN(int64_t length, engine.SequenceLength(seq));
-    if (result.completion_tokens >= options.sampling.max_tokens ||
-        length + 1 > engine.MaxSequenceLength()) {
+    if (decision == StopDecision::kLength) {
       result.finish_reason = "length";
       break;
     }
-    FLOTILLA_ASSIGN_OR_RETURN(StepOutput out, engine.Step({StepItem{seq, {token}, LogitsMode::kLast}}));
+    FLOTILLA_ASSIGN_OR_RETURN(StepOutput out,
+                              engine.Step({StepItem{seq, {token}, LogitsMode::kLast}}));
     last = std::move(out.logits[0]);
   }
   return result;

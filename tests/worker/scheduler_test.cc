@@ -1,0 +1,302 @@
+#include "worker/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/worker/fake_engine.h"
+#include "worker/engine/stop_rules.h"
+
+namespace flotilla::worker {
+namespace {
+
+constexpr int32_t kEos = 1000;  // ModelConfig::Tiny()'s
+
+cluster::SubmitSequence Submit(uint64_t id, std::vector<int32_t> prompt, uint32_t max_tokens = 0) {
+  cluster::SubmitSequence s;
+  s.set_request_id(id);
+  for (int32_t t : prompt) s.add_prompt_ids(t);
+  s.mutable_sampling()->set_max_tokens(max_tokens);
+  s.mutable_sampling()->set_temperature(0.0f);
+  return s;
+}
+
+std::vector<int32_t> Prompt(int n, int32_t first = 10) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(first + i);
+  return p;
+}
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  Scheduler Make(SchedulerLimits limits) {
+    return Scheduler(&engine_, limits, [this] { return now_ms_; });
+  }
+  static SchedulerLimits Limits(int64_t batch_tokens, int64_t sequences, int64_t max_len = 0) {
+    SchedulerLimits l;
+    l.max_batch_tokens = batch_tokens;
+    l.max_sequences = sequences;
+    l.max_model_len = max_len;
+    return l;
+  }
+  // A step of `plan` in which every item that draws a token draws `token`.
+  static StepOutput Drawn(Scheduler& s, const cluster::StepPlan& plan, int32_t token) {
+    StepOutput out;
+    for (const cluster::PlanItem& item : plan.items()) {
+      out.logits.emplace_back();
+      TokenLogprob lp;
+      lp.token = s.SamplerFor(item) != nullptr ? token : -1;
+      out.sampled.push_back(lp);
+    }
+    return out;
+  }
+  // Plans and completes one step drawing `token`; returns the updates.
+  static cluster::TokenBatch Step(Scheduler& s, int32_t token,
+                                  cluster::StepPlan* plan_out = nullptr) {
+    cluster::TokenBatch refused, out;
+    cluster::StepPlan plan = s.Plan(&refused);
+    EXPECT_EQ(refused.updates_size(), 0);
+    s.Complete(plan, Drawn(s, plan, token), &out);
+    if (plan_out) *plan_out = plan;
+    return out;
+  }
+
+  FakeEngine engine_{ModelConfig::Tiny(), /*total_blocks=*/64, /*block_size=*/4,
+                     /*max_length=*/256};
+  uint64_t now_ms_ = 1000;
+};
+
+TEST(StopRulesTest, StopTokenBeforeLength) {
+  StopRules rules({7, 9}, 3);
+  EXPECT_EQ(rules.Check(9, 0), StopDecision::kStop);
+  EXPECT_EQ(rules.Check(5, 0), StopDecision::kContinue);
+  EXPECT_EQ(rules.Check(5, 1), StopDecision::kContinue);
+  EXPECT_EQ(rules.Check(5, 2), StopDecision::kLength);
+  EXPECT_EQ(rules.Check(7, 2), StopDecision::kStop);
+}
+
+TEST_F(SchedulerTest, FullQueueRefusesWithResourceExhausted) {
+  Scheduler s = Make(Limits(16, 1));
+  cluster::TokenBatch refused;
+  for (uint64_t id = 1; id <= 4; ++id) s.Enqueue(Submit(id, Prompt(3)), &refused);
+  EXPECT_EQ(refused.updates_size(), 0);
+  EXPECT_EQ(s.queued(), 4u);
+  s.Enqueue(Submit(5, Prompt(3)), &refused);
+  ASSERT_EQ(refused.updates_size(), 1);
+  EXPECT_EQ(refused.updates(0).request_id(), 5u);
+  EXPECT_EQ(refused.updates(0).finish_reason(), common::ERROR);
+  EXPECT_EQ(refused.updates(0).error_code(),
+            static_cast<int>(absl::StatusCode::kResourceExhausted));
+}
+
+TEST_F(SchedulerTest, AdmissionRefusesBadRequests) {
+  Scheduler s = Make(Limits(64, 8, /*max_len=*/32));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, {}), &refused);
+  s.Enqueue(Submit(2, {5, 1024}), &refused);   // outside the vocabulary
+  s.Enqueue(Submit(3, Prompt(32)), &refused);  // no room left in the context
+  cluster::SubmitSequence late = Submit(4, Prompt(3));
+  late.set_deadline_unix_ms(now_ms_ - 1);
+  s.Enqueue(late, &refused);
+  cluster::SubmitSequence bad_sampling = Submit(5, Prompt(3));
+  bad_sampling.mutable_sampling()->set_top_p(2.0f);
+  s.Enqueue(bad_sampling, &refused);
+  ASSERT_EQ(refused.updates_size(), 0);
+  cluster::StepPlan plan = s.Plan(&refused);
+  EXPECT_EQ(plan.items_size(), 0);
+  std::map<uint64_t, int> codes;
+  for (const cluster::SequenceUpdate& u : refused.updates()) {
+    EXPECT_EQ(u.finish_reason(), common::ERROR);
+    codes[u.request_id()] = u.error_code();
+  }
+  const int invalid = static_cast<int>(absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(codes[1], invalid);
+  EXPECT_EQ(codes[2], invalid);
+  EXPECT_EQ(codes[3], invalid);
+  EXPECT_EQ(codes[4], static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(codes[5], invalid);
+  EXPECT_EQ(s.running(), 0u);
+  EXPECT_EQ(s.queued(), 0u);
+  EXPECT_EQ(s.kv_reserved(), 0);
+}
+
+TEST_F(SchedulerTest, RefusesARequestNeedingMoreBlocksThanTheEngineHas) {
+  engine_ = FakeEngine(ModelConfig::Tiny(), /*total_blocks=*/8, /*block_size=*/4);
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(8), /*max_tokens=*/32), &refused);  // 40 tokens: 10 blocks
+  s.Plan(&refused);
+  ASSERT_EQ(refused.updates_size(), 1);
+  EXPECT_EQ(refused.updates(0).error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(refused.updates(0).error().find("KV blocks"), std::string::npos);
+}
+
+TEST_F(SchedulerTest, ChunksThePromptWithinTheTokenBudget) {
+  Scheduler s = Make(Limits(4, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(10), 5), &refused);
+  std::vector<int> sizes;
+  std::vector<uint32_t> logits;
+  for (int i = 0; i < 3; ++i) {
+    cluster::StepPlan plan;
+    cluster::TokenBatch out = Step(s, 50, &plan);
+    ASSERT_EQ(plan.items_size(), 1);
+    EXPECT_EQ(plan.items(0).first(), i == 0);
+    sizes.push_back(plan.items(0).tokens_size());
+    logits.push_back(plan.items(0).logits());
+    // Only the chunk that ends the prompt draws a token.
+    EXPECT_EQ(out.updates_size(), i == 2 ? 1 : 0);
+  }
+  EXPECT_EQ(sizes, (std::vector<int>{4, 4, 2}));
+  EXPECT_EQ(logits, (std::vector<uint32_t>{kLogitsNone, kLogitsNone, kLogitsLast}));
+}
+
+TEST_F(SchedulerTest, DecodeTokensComeFirstThenPromptChunks) {
+  Scheduler s = Make(Limits(4, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(2), 10), &refused);
+  Step(s, 50);  // prompt of request 1, which draws its first token
+  s.Enqueue(Submit(2, Prompt(8), 8), &refused);
+  cluster::StepPlan plan = s.Plan(&refused);
+  ASSERT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(plan.items(0).request_id(), 1u);
+  EXPECT_EQ(plan.items(0).tokens_size(), 1);
+  EXPECT_EQ(plan.items(0).tokens(0), 50);
+  EXPECT_EQ(plan.items(1).request_id(), 2u);
+  EXPECT_EQ(plan.items(1).tokens_size(), 3);  // what the decode token left of 4
+}
+
+TEST_F(SchedulerTest, StopTokenEndsWithStopAndIsNotOutput) {
+  Scheduler s = Make(Limits(16, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(3), 10), &refused);
+  cluster::TokenBatch first = Step(s, 50);
+  ASSERT_EQ(first.updates_size(), 1);
+  EXPECT_EQ(first.updates(0).token_ids_size(), 1);
+  EXPECT_EQ(first.updates(0).finish_reason(), common::FINISH_REASON_UNSPECIFIED);
+  cluster::TokenBatch last = Step(s, kEos);
+  ASSERT_EQ(last.updates_size(), 1);
+  const cluster::SequenceUpdate& u = last.updates(0);
+  EXPECT_EQ(u.finish_reason(), common::STOP);
+  EXPECT_EQ(u.stop_token(), kEos);
+  EXPECT_EQ(u.token_ids_size(), 0);
+  EXPECT_EQ(u.completion_tokens(), 2u);
+  EXPECT_EQ(u.prompt_tokens(), 3u);
+  EXPECT_EQ(s.running(), 0u);
+  EXPECT_EQ(s.kv_reserved(), 0);
+  // The next plan frees it on every rank.
+  cluster::StepPlan next = s.Plan(&refused);
+  ASSERT_EQ(next.free_size(), 1);
+  EXPECT_EQ(next.free(0), 1u);
+}
+
+TEST_F(SchedulerTest, IgnoreEosKeepsTheEosToken) {
+  Scheduler s = Make(Limits(16, 8));
+  cluster::TokenBatch refused;
+  cluster::SubmitSequence sub = Submit(1, Prompt(3), 2);
+  sub.mutable_sampling()->set_ignore_eos(true);
+  s.Enqueue(sub, &refused);
+  cluster::TokenBatch out = Step(s, kEos);
+  ASSERT_EQ(out.updates_size(), 1);
+  EXPECT_EQ(out.updates(0).token_ids_size(), 1);
+  EXPECT_EQ(out.updates(0).finish_reason(), common::FINISH_REASON_UNSPECIFIED);
+}
+
+TEST_F(SchedulerTest, MaxTokensEndsWithLength) {
+  Scheduler s = Make(Limits(16, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(3), 3), &refused);
+  std::vector<common::FinishReason> reasons;
+  int tokens = 0;
+  for (int i = 0; i < 3; ++i) {
+    cluster::TokenBatch out = Step(s, 50 + i);
+    ASSERT_EQ(out.updates_size(), 1);
+    tokens += out.updates(0).token_ids_size();
+    reasons.push_back(out.updates(0).finish_reason());
+  }
+  EXPECT_EQ(tokens, 3);
+  EXPECT_EQ(reasons.back(), common::LENGTH);
+  EXPECT_EQ(reasons[0], common::FINISH_REASON_UNSPECIFIED);
+  EXPECT_EQ(s.running(), 0u);
+}
+
+TEST_F(SchedulerTest, TheContextLimitEndsWithLength) {
+  Scheduler s = Make(Limits(16, 8, /*max_len=*/8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(6)), &refused);  // max_tokens 0: what the context leaves
+  EXPECT_EQ(Step(s, 50).updates(0).finish_reason(), common::FINISH_REASON_UNSPECIFIED);
+  cluster::TokenBatch out = Step(s, 51);
+  EXPECT_EQ(out.updates(0).finish_reason(), common::LENGTH);
+  EXPECT_EQ(out.updates(0).completion_tokens(), 2u);
+}
+
+TEST_F(SchedulerTest, DeadlineWhileRunningEndsWithDeadlineExceeded) {
+  Scheduler s = Make(Limits(16, 8));
+  cluster::TokenBatch refused;
+  cluster::SubmitSequence sub = Submit(1, Prompt(3), 10);
+  sub.set_deadline_unix_ms(now_ms_ + 5);
+  s.Enqueue(sub, &refused);
+  Step(s, 50);
+  now_ms_ += 10;
+  cluster::TokenBatch out = Step(s, 51);
+  ASSERT_EQ(out.updates_size(), 1);
+  EXPECT_EQ(out.updates(0).finish_reason(), common::ERROR);
+  EXPECT_EQ(out.updates(0).error_code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(s.running(), 0u);
+}
+
+TEST_F(SchedulerTest, QueuesWhileKvIsReservedAndAdmitsWhenItFrees) {
+  // 16 tokens = 4 blocks each; 10 blocks hold two such requests.
+  engine_ = FakeEngine(ModelConfig::Tiny(), /*total_blocks=*/10, /*block_size=*/4);
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  for (uint64_t id = 1; id <= 3; ++id) s.Enqueue(Submit(id, Prompt(4), 12), &refused);
+  cluster::StepPlan plan;
+  Step(s, 50, &plan);
+  EXPECT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(s.running(), 2u);
+  EXPECT_EQ(s.queued(), 1u);
+  EXPECT_EQ(s.kv_reserved(), 8);
+  s.Cancel(1);
+  EXPECT_EQ(s.kv_reserved(), 4);
+  plan = s.Plan(&refused);
+  ASSERT_EQ(plan.free_size(), 1);
+  EXPECT_EQ(plan.free(0), 1u);
+  EXPECT_EQ(s.running(), 2u);
+  EXPECT_EQ(s.queued(), 0u);
+}
+
+TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
+  engine_.cached_prefix = 4;
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(6), 4), &refused);
+  cluster::SubmitSequence logits = Submit(2, Prompt(6), 4);
+  logits.set_return_prompt_logits(true);
+  s.Enqueue(logits, &refused);
+  cluster::StepPlan plan = s.Plan(&refused);
+  ASSERT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(plan.items(0).cached_prefix_size(), 4);
+  EXPECT_EQ(plan.items(0).tokens_size(), 2);
+  EXPECT_EQ(plan.items(0).tokens(0), 14);
+  EXPECT_EQ(plan.items(1).cached_prefix_size(), 0);
+  EXPECT_EQ(plan.items(1).tokens_size(), 6);
+  EXPECT_EQ(plan.items(1).logits(), kLogitsAll);
+  EXPECT_EQ(s.prefix_queries_tokens(), 12u);
+  EXPECT_EQ(s.prefix_hits_tokens(), 4u);
+}
+
+TEST_F(SchedulerTest, FailAllEndsRunningAndQueuedRequests) {
+  Scheduler s = Make(Limits(64, 1));
+  cluster::TokenBatch refused, failed;
+  s.Enqueue(Submit(1, Prompt(3)), &refused);
+  s.Enqueue(Submit(2, Prompt(3)), &refused);
+  s.Plan(&refused);
+  s.FailAll(absl::UnavailableError("gone"), &failed);
+  ASSERT_EQ(failed.updates_size(), 2);
+  for (const cluster::SequenceUpdate& u : failed.updates()) {
+    EXPECT_EQ(u.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+    EXPECT_EQ(u.error(), "gone");
+  }
+}
+
+}  // namespace
+}  // namespace flotilla::worker

@@ -1,0 +1,168 @@
+#include "worker/step_executor.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/local/local_communicator.h"
+#include "tests/worker/fake_engine.h"
+
+namespace flotilla::worker {
+namespace {
+
+cluster::StepPlan FirstChunk(uint64_t request_id, std::vector<int32_t> tokens,
+                             std::vector<int32_t> cached = {}) {
+  cluster::StepPlan plan;
+  cluster::PlanItem* item = plan.add_items();
+  item->set_request_id(request_id);
+  item->set_first(true);
+  for (int32_t t : cached) item->add_cached_prefix(t);
+  for (int32_t t : tokens) item->add_tokens(t);
+  item->set_logits(kLogitsLast);
+  return plan;
+}
+
+std::unique_ptr<Sampler> Greedy() {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  return *Sampler::Create(p, ModelConfig::Tiny().vocab_size);
+}
+
+ExpertMap Map(uint64_t version, int world) {
+  const ModelConfig c = ModelConfig::Tiny();
+  return *ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, world, version);
+}
+
+TEST(StepExecutorTest, OneRankRunsItsPlanAndFrees) {
+  FakeEngine engine;
+  const ParallelConfig parallel = *ParallelConfig::Create(1, 1, ModelConfig::Tiny());
+  StepExecutor executor(&engine, nullptr, nullptr, parallel, 0, 1);
+  EXPECT_TRUE(executor.leader());
+  std::unique_ptr<Sampler> sampler = Greedy();
+  auto lookup = [&](const cluster::PlanItem&) { return sampler.get(); };
+
+  absl::StatusOr<StepExecutor::Exchanged> got = executor.Exchange(FirstChunk(7, {1, 2, 3}, {4, 5}));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->any_work);
+  absl::StatusOr<std::optional<StepOutput>> out = executor.Run(got->plan, lookup);
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(out->has_value());
+  ASSERT_EQ(engine.steps.size(), 1u);
+  EXPECT_EQ(engine.steps[0][0].tokens, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(engine.steps[0][0].sampler, sampler.get());
+  EXPECT_EQ(engine.steps[0][0].logits, LogitsMode::kNone);  // the token is drawn on the device
+  EXPECT_EQ(engine.sequences.begin()->second, (std::vector<int32_t>{4, 5, 1, 2, 3}));
+  EXPECT_EQ(executor.steps(), 1u);
+
+  // An idle instance does nothing; a plan with only frees frees and does not step.
+  got = executor.Exchange(cluster::StepPlan());
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->any_work);
+  cluster::StepPlan free;
+  free.add_free(7);
+  got = executor.Exchange(free);
+  ASSERT_TRUE(got.ok());
+  out = executor.Run(got->plan, lookup);
+  ASSERT_TRUE(out.ok());
+  EXPECT_FALSE(out->has_value());
+  EXPECT_EQ(engine.freed.size(), 1u);
+  EXPECT_EQ(executor.steps(), 1u);
+}
+
+TEST(StepExecutorTest, OneRankSwitchesToANewerExpertMapAtTheNextBoundary) {
+  FakeEngine engine;
+  const ParallelConfig parallel = *ParallelConfig::Create(1, 1, ModelConfig::Tiny());
+  StepExecutor executor(&engine, nullptr, nullptr, parallel, 0, 3);
+  executor.OfferExpertMap(Map(2, 1));  // older: ignored
+  ASSERT_TRUE(executor.Exchange(cluster::StepPlan()).ok());
+  EXPECT_EQ(executor.map_version(), 3u);
+  executor.OfferExpertMap(Map(5, 1));
+  EXPECT_EQ(executor.map_version(), 3u);
+  ASSERT_TRUE(executor.Exchange(cluster::StepPlan()).ok());
+  EXPECT_EQ(executor.map_version(), 5u);
+}
+
+// Two ranks in threads over a local communicator, each with a fake engine.
+class TwoRanks {
+ public:
+  explicit TwoRanks(int tp_size) {
+    auto rendezvous = *comm::LocalRendezvous::Create(2);
+    const ParallelConfig parallel = *ParallelConfig::Create(2, tp_size, ModelConfig::Tiny());
+    for (int r = 0; r < 2; ++r) {
+      comms[r] = *comm::LocalCommunicator::Create(rendezvous, r);
+      executors[r] =
+          std::make_unique<StepExecutor>(&engines[r], comms[r].get(), nullptr, parallel, r, 1);
+    }
+  }
+  // Both ranks exchange their plans (and run them when there is work).
+  void Step(const cluster::StepPlan& plan0, const cluster::StepPlan& plan1) {
+    const cluster::StepPlan* plans[2] = {&plan0, &plan1};
+    std::thread threads[2];
+    for (int r = 0; r < 2; ++r) {
+      threads[r] = std::thread([&, r] {
+        absl::StatusOr<StepExecutor::Exchanged> got = executors[r]->Exchange(*plans[r]);
+        ASSERT_TRUE(got.ok()) << got.status();
+        exchanged[r] = *got;
+        if (!got->any_work) return;
+        auto lookup = [&](const cluster::PlanItem&) { return sampler.get(); };
+        absl::StatusOr<std::optional<StepOutput>> out = executors[r]->Run(got->plan, lookup);
+        ASSERT_TRUE(out.ok()) << out.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+  FakeEngine engines[2];
+  std::unique_ptr<comm::LocalCommunicator> comms[2];
+  std::unique_ptr<StepExecutor> executors[2];
+  StepExecutor::Exchanged exchanged[2];
+  std::unique_ptr<Sampler> sampler = Greedy();
+};
+
+TEST(StepExecutorTest, TensorParallelPeerRunsItsLeadersPlanWithoutSampling) {
+  TwoRanks ranks(/*tp_size=*/2);
+  EXPECT_TRUE(ranks.executors[0]->leader());
+  EXPECT_FALSE(ranks.executors[1]->leader());
+  ranks.Step(FirstChunk(9, {3, 4, 5, 6}), cluster::StepPlan());
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_TRUE(ranks.exchanged[r].any_work);
+    ASSERT_EQ(ranks.engines[r].steps.size(), 1u);
+    ASSERT_EQ(ranks.engines[r].steps[0].size(), 1u);
+    EXPECT_EQ(ranks.engines[r].steps[0][0].tokens, (std::vector<int32_t>{3, 4, 5, 6}));
+    EXPECT_EQ(ranks.engines[r].instance_step_tokens, (std::vector<int64_t>{4}));
+  }
+  EXPECT_EQ(ranks.engines[0].steps[0][0].sampler, ranks.sampler.get());
+  EXPECT_EQ(ranks.engines[1].steps[0][0].sampler, nullptr);
+}
+
+TEST(StepExecutorTest, IdleGroupsRunEmptyStepsBesideBusyOnes) {
+  TwoRanks ranks(/*tp_size=*/1);  // two DP groups, each its own leader
+  ranks.Step(cluster::StepPlan(), cluster::StepPlan());
+  EXPECT_FALSE(ranks.exchanged[0].any_work);
+  EXPECT_FALSE(ranks.exchanged[1].any_work);
+  EXPECT_TRUE(ranks.engines[0].steps.empty());
+
+  ranks.Step(cluster::StepPlan(), FirstChunk(4, {7, 8}));
+  ASSERT_EQ(ranks.engines[0].steps.size(), 1u);
+  EXPECT_TRUE(ranks.engines[0].steps[0].empty());  // lockstep: an empty step
+  ASSERT_EQ(ranks.engines[1].steps.size(), 1u);
+  EXPECT_EQ(ranks.engines[1].steps[0].size(), 1u);
+  EXPECT_EQ(ranks.engines[0].instance_step_tokens.back(), 2);
+  EXPECT_EQ(ranks.engines[1].instance_step_tokens.back(), 2);
+}
+
+TEST(StepExecutorTest, ExpertMapSwitchesWhenEveryRankHasIt) {
+  TwoRanks ranks(/*tp_size=*/2);
+  ranks.executors[0]->OfferExpertMap(Map(2, 2));
+  ranks.Step(cluster::StepPlan(), cluster::StepPlan());
+  EXPECT_EQ(ranks.executors[0]->map_version(), 1u);
+  EXPECT_EQ(ranks.executors[1]->map_version(), 1u);
+  ranks.executors[1]->OfferExpertMap(Map(2, 2));
+  ranks.Step(cluster::StepPlan(), cluster::StepPlan());
+  EXPECT_EQ(ranks.executors[0]->map_version(), 2u);
+  EXPECT_EQ(ranks.executors[1]->map_version(), 2u);
+}
+
+}  // namespace
+}  // namespace flotilla::worker

@@ -1,0 +1,218 @@
+// The worker runtime driven through a fake coordinator client and a fake
+// engine: the session's messages in and out, no gRPC server, no model compute.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "common/expert_map_proto.h"
+#include "tests/worker/fake_coordinator_client.h"
+#include "tests/worker/fake_engine.h"
+#include "worker/worker_runtime.h"
+
+namespace flotilla::worker {
+namespace {
+
+class FakeEngineFactory final : public EngineFactory {
+ public:
+  bool WantsHostWeights(const ModelSource&) const override { return false; }
+  absl::StatusOr<RankEngine> Create(EngineSpec spec) override {
+    if (!create_error.ok()) return create_error;
+    auto engine = std::make_unique<FakeEngine>(spec.weights.config);
+    engine->step_error = step_error;
+    last = engine.get();
+    RankEngine built;
+    built.engine = std::move(engine);
+    return built;
+  }
+  absl::Status create_error, step_error;
+  FakeEngine* last = nullptr;
+};
+
+cluster::CoordinatorMessage Assignment(uint64_t generation) {
+  const ModelConfig c = ModelConfig::Tiny();
+  cluster::CoordinatorMessage m;
+  cluster::Assignment* a = m.mutable_assignment();
+  a->set_generation(generation);
+  a->set_model_path("synthetic:tiny:3");
+  a->set_world_size(1);
+  a->set_tp_size(1);
+  *a->mutable_expert_map() =
+      ExpertMapToProto(*ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, 1));
+  a->set_max_batch_tokens(4);
+  a->set_max_sequences(2);
+  return m;
+}
+
+cluster::CoordinatorMessage StartComm(uint64_t generation) {
+  cluster::CoordinatorMessage m;
+  m.mutable_start_comm()->set_generation(generation);
+  return m;
+}
+
+cluster::CoordinatorMessage Submit(uint64_t id, int prompt_tokens, uint32_t max_tokens,
+                                   std::vector<int32_t> stop = {}) {
+  cluster::CoordinatorMessage m;
+  cluster::SubmitSequence* s = m.mutable_submit();
+  s->set_request_id(id);
+  for (int i = 0; i < prompt_tokens; ++i) s->add_prompt_ids(100 + i);
+  s->mutable_sampling()->set_max_tokens(max_tokens);
+  for (int32_t t : stop) s->mutable_sampling()->add_stop_token_ids(t);
+  return m;
+}
+
+// The updates for `request_id` among the messages sent.
+std::vector<cluster::SequenceUpdate> UpdatesFor(const std::vector<cluster::WorkerMessage>& sent,
+                                                uint64_t request_id) {
+  std::vector<cluster::SequenceUpdate> updates;
+  for (const cluster::WorkerMessage& m : sent) {
+    for (const cluster::SequenceUpdate& u : m.tokens().updates()) {
+      if (u.request_id() == request_id) updates.push_back(u);
+    }
+  }
+  return updates;
+}
+
+bool Finished(const std::vector<cluster::WorkerMessage>& sent, uint64_t request_id) {
+  for (const cluster::SequenceUpdate& u : UpdatesFor(sent, request_id)) {
+    if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) return true;
+  }
+  return false;
+}
+
+template <typename Pred>
+bool Any(const std::vector<cluster::WorkerMessage>& sent, Pred pred) {
+  return std::any_of(sent.begin(), sent.end(), pred);
+}
+
+class WorkerRuntimeFakeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto client = std::make_unique<FakeCoordinatorClient>();
+    client_ = client.get();
+    auto factory = std::make_unique<FakeEngineFactory>();
+    factory_ = factory.get();
+    EngineFactories factories;
+    factories.emplace("cpu", std::move(factory));
+    WorkerOptions o;
+    o.worker_id = "w0";
+    o.threads = 1;
+    o.advertise_address = "127.0.0.1";
+    auto runtime = WorkerRuntime::Create(o, std::move(client), std::move(factories));
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    runtime_ = std::move(*runtime);
+    thread_ = std::thread([this] { run_status_ = runtime_->Run(); });
+  }
+  void TearDown() override {
+    if (runtime_) runtime_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Assignment then StartComm; true when the worker answered Ready and Joined.
+  bool Serve(uint64_t generation = 1) {
+    client_->Push(Assignment(generation));
+    if (!client_->WaitFor([&](const auto& sent) {
+          return Any(sent, [&](const auto& m) { return m.ready().generation() == generation; });
+        })) {
+      return false;
+    }
+    client_->Push(StartComm(generation));
+    return client_->WaitFor([&](const auto& sent) {
+      return Any(sent, [&](const auto& m) { return m.joined().generation() == generation; });
+    });
+  }
+
+  FakeCoordinatorClient* client_ = nullptr;
+  FakeEngineFactory* factory_ = nullptr;
+  std::unique_ptr<WorkerRuntime> runtime_;
+  std::thread thread_;
+  absl::Status run_status_;
+};
+
+TEST_F(WorkerRuntimeFakeTest, HelloThenAssignmentReadyJoinedAndTokens) {
+  ASSERT_TRUE(Serve());
+  const cluster::WorkerMessage hello = client_->hello();
+  EXPECT_EQ(hello.hello().worker_id(), "w0");
+  EXPECT_EQ(hello.hello().device().kind(), common::DeviceInfo::CPU);
+
+  client_->Push(Submit(1, /*prompt_tokens=*/6, /*max_tokens=*/3));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return Finished(sent, 1); }));
+  std::vector<int32_t> tokens;
+  common::FinishReason reason = common::FINISH_REASON_UNSPECIFIED;
+  for (const cluster::SequenceUpdate& u : UpdatesFor(client_->sent(), 1)) {
+    tokens.insert(tokens.end(), u.token_ids().begin(), u.token_ids().end());
+    if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) reason = u.finish_reason();
+  }
+  // The fake draws the last token + 1: the prompt ends at 105.
+  EXPECT_EQ(tokens, (std::vector<int32_t>{106, 107, 108}));
+  EXPECT_EQ(reason, common::LENGTH);
+  // The prompt of 6 ran in chunks of the assignment's 4 tokens.
+  ASSERT_GE(factory_->last->steps.size(), 2u);
+  EXPECT_EQ(factory_->last->steps[0][0].tokens.size(), 4u);
+  EXPECT_EQ(factory_->last->steps[1][0].tokens.size(), 2u);
+
+  client_->Push(Submit(2, 3, 10, /*stop=*/{104}));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return Finished(sent, 2); }));
+  const std::vector<cluster::SequenceUpdate> updates = UpdatesFor(client_->sent(), 2);
+  EXPECT_EQ(updates.back().finish_reason(), common::STOP);
+  EXPECT_EQ(updates.back().stop_token(), 104);
+  EXPECT_EQ(updates.back().completion_tokens(), 2u);
+
+  const cluster::WorkerLoad load = client_->Load();
+  EXPECT_EQ(load.kv_blocks_total(), 64u);
+  EXPECT_EQ(load.queued_sequences(), 0u);
+}
+
+TEST_F(WorkerRuntimeFakeTest, RefusedRequestsEndWithTheirReason) {
+  ASSERT_TRUE(Serve());
+  client_->Push(Submit(3, /*prompt_tokens=*/0, 4));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return Finished(sent, 3); }));
+  const cluster::SequenceUpdate u = UpdatesFor(client_->sent(), 3).back();
+  EXPECT_EQ(u.finish_reason(), common::ERROR);
+  EXPECT_EQ(u.error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+}
+
+TEST_F(WorkerRuntimeFakeTest, AFailedStepFailsTheRequestsAndReportsTheError) {
+  factory_->step_error = absl::InternalError("device lost");
+  ASSERT_TRUE(Serve());
+  client_->Push(Submit(4, 3, 4));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return Finished(sent, 4); }));
+  const cluster::SequenceUpdate u = UpdatesFor(client_->sent(), 4).back();
+  EXPECT_EQ(u.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(u.error().find("device lost"), std::string::npos);
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) {
+    return Any(sent, [](const auto& m) {
+      return m.has_error() && m.error().message().find("step failed") != std::string::npos;
+    });
+  }));
+}
+
+TEST_F(WorkerRuntimeFakeTest, AnEngineThatCannotBeBuiltIsReported) {
+  factory_->create_error = absl::ResourceExhaustedError("no memory");
+  client_->Push(Assignment(1));
+  client_->Push(StartComm(1));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) {
+    return Any(sent, [](const auto& m) {
+      return m.has_error() &&
+             m.error().message().find("joining the communicator failed") != std::string::npos;
+    });
+  }));
+}
+
+TEST_F(WorkerRuntimeFakeTest, ShutdownEndsRunWithOk) {
+  ASSERT_TRUE(Serve());
+  cluster::CoordinatorMessage shutdown;
+  shutdown.mutable_shutdown()->set_reason("test");
+  client_->Push(shutdown);
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok()) << run_status_;
+}
+
+TEST(WorkerRuntimeCreateTest, RefusesADeviceWithoutAnEngineFactory) {
+  WorkerOptions o;
+  o.device = "tpu";
+  auto runtime =
+      WorkerRuntime::Create(o, std::make_unique<FakeCoordinatorClient>(), EngineFactories());
+  EXPECT_EQ(runtime.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace flotilla::worker

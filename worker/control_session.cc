@@ -1,0 +1,166 @@
+#include "worker/control_session.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster_token.h"
+#include "worker/worker_messages.h"
+
+namespace flotilla::worker {
+namespace {
+
+uint64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+ControlSession::ControlSession(const WorkerOptions& options) : options_(options) {}
+
+ControlSession::~ControlSession() {
+  Close();
+  if (writer_.joinable() || reader_.joinable() || heartbeat_.joinable()) (void)Finish();
+}
+
+absl::Status ControlSession::Connect() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  args.SetMaxSendMessageSize(256 << 20);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options_.tls);
+  if (!credentials.ok()) return credentials.status();
+  channel_ = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
+  if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                  absl::ToChronoMilliseconds(options_.connect_timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the coordinator at ", options_.coordinator));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ControlSession::Open(cluster::WorkerMessage hello, LoadReporter report) {
+  if (!channel_) return absl::FailedPreconditionError("Open before Connect");
+  report_ = std::move(report);
+  stub_ = cluster::ClusterControl::NewStub(channel_);
+  if (!options_.cluster_token.empty()) {
+    context_.AddMetadata(kClusterTokenMetadataKey, options_.cluster_token);
+  }
+  stream_ = stub_->Session(&context_);
+  writer_ = std::thread([this] { WriterLoop(); });
+  Send(std::move(hello));
+  reader_ = std::thread([this] { ReaderLoop(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void ControlSession::Send(cluster::WorkerMessage message) {
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    outbox_.push_back(std::move(message));
+  }
+  outbox_cv_.notify_one();
+}
+
+// The step loop never waits on the coordinator's stream: messages queue and
+// this thread writes them in order (split when one is too large).
+void ControlSession::WriterLoop() {
+  std::unique_lock<std::mutex> lock(outbox_mu_);
+  while (true) {
+    outbox_cv_.wait(lock, [this] { return writer_done_ || !outbox_.empty(); });
+    if (outbox_.empty()) return;  // done and drained
+    std::deque<cluster::WorkerMessage> batch;
+    batch.swap(outbox_);
+    lock.unlock();
+    for (const cluster::WorkerMessage& m : batch) {
+      if (m.ByteSizeLong() <= kMaxWorkerMessageBytes) {
+        stream_->Write(m);
+        continue;
+      }
+      for (const cluster::WorkerMessage& part : SplitWorkerMessage(m, kMaxWorkerMessageBytes)) {
+        stream_->Write(part);
+      }
+    }
+    lock.lock();
+  }
+}
+
+void ControlSession::ReaderLoop() {
+  cluster::CoordinatorMessage m;
+  while (stream_->Read(&m)) {
+    if (m.kind_case() == cluster::CoordinatorMessage::kWelcome) {
+      heartbeat_ms_ = std::max<uint32_t>(10, m.welcome().heartbeat_interval_ms());
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(m);
+    cv_.notify_all();
+  }
+  const bool asked_to_stop = closing_.load();
+  grpc::Status st = stream_->Finish();
+  if (asked_to_stop) st = grpc::Status::OK;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    end_status_ =
+        st.ok() ? absl::OkStatus()
+                : absl::Status(static_cast<absl::StatusCode>(st.error_code()),
+                               absl::StrCat("coordinator ended the session: ", st.error_message()));
+    ended_ = true;
+  }
+  cv_.notify_all();
+}
+
+void ControlSession::HeartbeatLoop() {
+  while (!ended_) {
+    cluster::WorkerMessage m;
+    cluster::Heartbeat* hb = m.mutable_heartbeat();
+    hb->set_unix_ms(NowUnixMs());
+    if (report_) report_(hb->mutable_load());
+    Send(m);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_.load()),
+                 [this] { return ended_.load(); });
+  }
+}
+
+std::vector<cluster::CoordinatorMessage> ControlSession::Receive(absl::Duration wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (wait > absl::ZeroDuration()) {
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(wait),
+                 [this] { return ended_.load() || !inbox_.empty(); });
+  }
+  std::vector<cluster::CoordinatorMessage> got(std::make_move_iterator(inbox_.begin()),
+                                               std::make_move_iterator(inbox_.end()));
+  inbox_.clear();
+  return got;
+}
+
+void ControlSession::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closing_ = true;
+    ended_ = true;
+  }
+  cv_.notify_all();
+  context_.TryCancel();
+}
+
+absl::Status ControlSession::Finish() {
+  if (heartbeat_.joinable()) heartbeat_.join();
+  {
+    std::lock_guard<std::mutex> lock(outbox_mu_);
+    writer_done_ = true;
+  }
+  outbox_cv_.notify_one();
+  if (writer_.joinable()) writer_.join();
+  if (reader_.joinable()) reader_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  return end_status_;
+}
+
+}  // namespace flotilla::worker

@@ -1,0 +1,74 @@
+// The "cuda" factory: the whole model on one GPU, or a sharded GPU rank whose
+// exchanges run on device memory (CUDA IPC on one node, NCCL across nodes).
+#include <algorithm>
+
+#include "common/expert_map_proto.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+#include "worker/engine/cuda_engine.h"
+#include "worker/engine_factory.h"
+#include "worker/parallel/device_context.h"
+
+namespace flotilla::worker {
+namespace {
+
+parallel::DeviceTransport TransportNamed(const std::string& transport) {
+  return transport == "cuda-ipc" ? parallel::DeviceTransport::kCudaIpc
+         : transport == "nccl"   ? parallel::DeviceTransport::kNccl
+                                 : parallel::DeviceTransport::kAuto;
+}
+
+class CudaEngineFactory final : public EngineFactory {
+ public:
+  // A synthetic model is generated on the GPU: no host copy.
+  bool WantsHostWeights(const ModelSource& model) const override {
+    return model.synthetic() == nullptr;
+  }
+
+  absl::StatusOr<RankEngine> Create(EngineSpec spec) override {
+    const cluster::Assignment& a = *spec.assignment;
+    const WorkerOptions& options = *spec.options;
+    const ModelConfig& c = spec.weights.config;
+    CudaEngineOptions co;
+    co.device = options.cuda_device;
+    co.kv_block_size = static_cast<int>(options.kv_block_size);
+    co.prefix_cache = options.prefix_cache;
+    co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
+    co.max_context = a.max_model_len();
+    co.gpu_memory_utilization = options.gpu_memory_utilization;
+    co.max_batch_tokens =
+        static_cast<int>(std::max<uint32_t>(1, a.max_batch_tokens())) + co.max_sequences;
+    RankEngine built;
+    if (spec.comm != nullptr) {
+      // The host communicator only bootstraps the device exchanges.
+      FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
+      parallel::DeviceContextOptions dco;
+      dco.device = options.cuda_device;
+      dco.hidden = c.hidden_size;
+      dco.top_k = c.num_experts_per_tok;
+      dco.max_tokens_per_step = co.max_batch_tokens;
+      dco.timeout = options.comm_timeout;
+      dco.transport = TransportNamed(spec.start->comm().device_transport());
+      FLOTILLA_ASSIGN_OR_RETURN(
+          built.context,
+          parallel::CreateDeviceContext(*spec.parallel, std::move(map), a.rank(), *spec.comm, dco));
+      co.parallel = built.context.get();
+      spdlog::info("rank {} exchanges over {}", a.rank(), built.context->backend());
+    }
+    if (const SyntheticModelSpec* synthetic = spec.model->synthetic()) {
+      FLOTILLA_ASSIGN_OR_RETURN(built.engine, CudaEngine::CreateFromSyntheticCheckpoint(
+                                                  synthetic->config, synthetic->seed, co));
+    } else {
+      FLOTILLA_ASSIGN_OR_RETURN(built.engine, CudaEngine::Create(spec.weights, co));
+    }
+    return built;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<EngineFactory> MakeCudaEngineFactory() {
+  return std::make_unique<CudaEngineFactory>();
+}
+
+}  // namespace flotilla::worker

@@ -1,0 +1,62 @@
+#include "worker/engine_factory.h"
+
+#include <algorithm>
+
+#include "common/expert_map_proto.h"
+#include "common/status.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/parallel/host_context.h"
+
+namespace flotilla::worker {
+namespace {
+
+class CpuEngineFactory final : public EngineFactory {
+ public:
+  absl::StatusOr<RankEngine> Create(EngineSpec spec) override {
+    const cluster::Assignment& a = *spec.assignment;
+    const WorkerOptions& options = *spec.options;
+    const ModelConfig c = spec.weights.config;
+    RankEngine built;
+    if (spec.comm != nullptr) {
+      // Host memory over the instance's communicator.
+      FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
+      parallel::ContextOptions po;
+      po.memory = parallel::Memory::kHost;
+      po.hidden = c.hidden_size;
+      po.top_k = c.num_experts_per_tok;
+      // The planner's budget, plus decode tokens that may overrun it.
+      po.max_tokens_per_step = int64_t{std::max<uint32_t>(1, a.max_batch_tokens())} +
+                               std::max<uint32_t>(1, a.max_sequences());
+      FLOTILLA_ASSIGN_OR_RETURN(built.context, parallel::CreateHostContext(
+                                                   *spec.parallel, std::move(map), spec.comm, po));
+    }
+    CpuEngineOptions eo;
+    eo.kv_block_size = options.kv_block_size;
+    eo.prefix_cache = options.prefix_cache;
+    const int64_t kv_heads = c.num_key_value_heads / a.tp_size();
+    const int64_t seqs = std::max<uint32_t>(1, a.max_sequences());
+    eo.kv_num_blocks = a.kv_blocks() > 0
+                           ? a.kv_blocks()
+                           : CpuEngine::KvBlocksFor(c, kv_heads, eo.kv_block_size, seqs,
+                                                    std::max<int64_t>(1, options.kv_tokens / seqs),
+                                                    eo.prefix_cache);
+    FLOTILLA_ASSIGN_OR_RETURN(built.engine, CpuEngine::Create(std::move(spec.weights), eo,
+                                                              spec.pool, built.context.get()));
+    return built;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<EngineFactory> MakeCpuEngineFactory() {
+  return std::make_unique<CpuEngineFactory>();
+}
+
+EngineFactories DefaultEngineFactories() {
+  EngineFactories factories;
+  factories.emplace("cpu", MakeCpuEngineFactory());
+  factories.emplace("cuda", MakeCudaEngineFactory());
+  return factories;
+}
+
+}  // namespace flotilla::worker

@@ -1,0 +1,272 @@
+#include "worker/scheduler.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "worker/worker_messages.h"
+
+namespace flotilla::worker {
+namespace {
+
+void EndWithError(uint64_t request_id, absl::StatusCode code, const std::string& message,
+                  cluster::TokenBatch* out) {
+  cluster::SequenceUpdate* u = out->add_updates();
+  u->set_request_id(request_id);
+  u->set_finish_reason(common::ERROR);
+  u->set_error_code(static_cast<int>(code));
+  u->set_error(message);
+}
+
+SamplingParams SamplingFrom(const common::SamplingParams& p) {
+  SamplingParams sp;
+  sp.temperature = p.has_temperature() ? p.temperature() : 1.0f;
+  sp.top_p = p.has_top_p() ? p.top_p() : 1.0f;
+  sp.top_k = p.top_k();
+  sp.min_p = p.min_p();
+  if (p.has_seed()) sp.seed = p.seed();
+  sp.frequency_penalty = p.frequency_penalty();
+  sp.presence_penalty = p.presence_penalty();
+  sp.repetition_penalty = p.has_repetition_penalty() ? p.repetition_penalty() : 1.0f;
+  sp.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
+  sp.logprobs = p.return_logprobs() || p.logprobs() > 0;
+  sp.top_logprobs = static_cast<int>(p.logprobs());
+  return sp;
+}
+
+void AddLogprob(const TokenLogprob& lp, cluster::SequenceUpdate* u) {
+  common::TokenLogprob* l = u->add_logprobs();
+  l->set_token_id(lp.token);
+  l->set_logprob(lp.logprob);
+  for (auto& [t, v] : lp.top) {
+    common::TopLogprob* top = l->add_top();
+    top->set_token_id(t);
+    top->set_logprob(v);
+  }
+}
+
+}  // namespace
+
+Scheduler::Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock)
+    : engine_(engine), limits_(limits), clock_(std::move(clock)) {}
+
+int64_t Scheduler::MaxSequenceLength() const {
+  const int64_t engine = engine_->MaxSequenceLength();
+  return limits_.max_model_len > 0 ? std::min(engine, limits_.max_model_len) : engine;
+}
+
+void Scheduler::Enqueue(cluster::SubmitSequence submit, cluster::TokenBatch* refused) {
+  if (static_cast<int64_t>(pending_.size()) >= 4 * limits_.max_sequences) {
+    EndWithError(submit.request_id(), absl::StatusCode::kResourceExhausted,
+                 "worker queue full; retry later", refused);
+    return;
+  }
+  pending_.push_back(std::move(submit));
+}
+
+void Scheduler::Cancel(uint64_t request_id) {
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const auto& s) { return s.request_id() == request_id; });
+  if (it != pending_.end()) pending_.erase(it);
+  auto seq = sequences_.find(request_id);
+  if (seq != sequences_.end()) {
+    Release(seq->second);
+    sequences_.erase(seq);
+  }
+}
+
+void Scheduler::FailAll(const absl::Status& why, cluster::TokenBatch* out) const {
+  const std::string message(why.message());
+  for (const auto& [id, seq] : sequences_) EndWithError(id, why.code(), message, out);
+  for (const cluster::SubmitSequence& s : pending_) {
+    EndWithError(s.request_id(), why.code(), message, out);
+  }
+}
+
+void Scheduler::Release(const Sequence& seq) {
+  kv_reserved_ -= seq.kv_reserved;
+  to_free_.push_back(seq.request_id);
+}
+
+void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out) {
+  auto reject = [&](absl::StatusCode code, const std::string& msg) {
+    EndWithError(s.request_id(), code, msg, out);
+  };
+  const ModelConfig& c = engine_->config();
+  const int64_t prompt = s.prompt_ids_size();
+  const int64_t max_len = MaxSequenceLength();
+  if (prompt == 0) return reject(absl::StatusCode::kInvalidArgument, "the prompt is empty");
+  for (int id : s.prompt_ids()) {
+    if (id < 0 || id >= c.vocab_size) {
+      return reject(absl::StatusCode::kInvalidArgument,
+                    absl::StrCat("prompt token id ", id, " is outside [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (prompt >= max_len) {
+    return reject(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("prompt of ", prompt, " tokens leaves no room in the context of ",
+                               max_len, " tokens"));
+  }
+  const common::SamplingParams& p = s.sampling();
+  SamplingParams sp = SamplingFrom(p);
+  std::vector<int> stops;
+  if (!p.ignore_eos()) stops = c.eos_token_ids;
+  for (int t : p.stop_token_ids()) stops.push_back(t);
+  sp.stop_token_ids = stops;
+  const int64_t room = max_len - prompt;
+  sp.max_tokens = p.max_tokens() == 0 ? room : std::min<int64_t>(p.max_tokens(), room);
+  const std::vector<int32_t> prompt_ids(s.prompt_ids().begin(), s.prompt_ids().end());
+  absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(sp, c.vocab_size, prompt_ids);
+  if (!sampler.ok()) {
+    return reject(sampler.status().code(), std::string(sampler.status().message()));
+  }
+  Sequence seq;
+  seq.request_id = s.request_id();
+  seq.prompt = prompt_ids;
+  seq.sampler = std::move(*sampler);
+  seq.stop = StopRules(std::move(stops), sp.max_tokens);
+  seq.want_logprobs = sp.logprobs;
+  seq.return_prompt_logits = s.return_prompt_logits();
+  seq.deadline_unix_ms = s.deadline_unix_ms();
+  // The whole length, cached prefix included: shared blocks are counted once
+  // per sequence, so the reservations still bound the blocks in use.
+  seq.kv_reserved = engine_->KvBlocksForLength(prompt + sp.max_tokens);
+  kv_reserved_ += seq.kv_reserved;
+  sequences_.emplace(seq.request_id, std::move(seq));
+}
+
+cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
+  cluster::StepPlan plan;
+  for (uint64_t id : to_free_) plan.add_free(id);
+  to_free_.clear();
+  int64_t budget = limits_.max_batch_tokens;
+  const uint64_t now = clock_();
+  // Decode tokens first: one per running sequence past its prompt.
+  for (auto& [id, seq] : sequences_) {
+    if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    cluster::PlanItem* it = plan.add_items();
+    it->set_request_id(id);
+    it->add_tokens(seq.generated.back());
+    it->set_logits(kLogitsLast);
+    --budget;
+  }
+  // Admit queued requests while the KV reservation and the sequence cap allow
+  // (the policy when KV runs short: queue, never preempt; running sequences
+  // always finish, so the queue always drains).
+  const int64_t total_blocks = engine_->KvTotalBlocks();
+  while (!pending_.empty() && static_cast<int64_t>(sequences_.size()) < limits_.max_sequences) {
+    const cluster::SubmitSequence& s = pending_.front();
+    if (s.deadline_unix_ms() != 0 && now > s.deadline_unix_ms()) {
+      EndWithError(s.request_id(), absl::StatusCode::kDeadlineExceeded,
+                   "deadline passed while queued", refused);
+      pending_.pop_front();
+      continue;
+    }
+    const int64_t max_len = MaxSequenceLength();
+    const int64_t need = engine_->KvBlocksForLength(std::min<int64_t>(
+        max_len, s.prompt_ids_size() +
+                     (s.sampling().max_tokens() == 0 ? max_len : s.sampling().max_tokens())));
+    if (need > total_blocks) {
+      EndWithError(s.request_id(), absl::StatusCode::kInvalidArgument,
+                   absl::StrCat("the request needs ", need, " KV blocks but a worker has ",
+                                total_blocks, "; lower max_tokens or the prompt"),
+                   refused);
+      pending_.pop_front();
+      continue;
+    }
+    if (kv_reserved_ + need > total_blocks) break;  // wait for running sequences to finish
+    cluster::SubmitSequence sub = std::move(pending_.front());
+    pending_.pop_front();
+    Admit(sub, refused);
+  }
+  PlanPromptChunks(budget, &plan);
+  return plan;
+}
+
+void Scheduler::PlanPromptChunks(int64_t budget, cluster::StepPlan* plan) {
+  for (auto& [id, seq] : sequences_) {
+    if (budget <= 0) continue;
+    const bool first = !seq.started;
+    if (first) TakeCachedPrefix(seq);
+    const int64_t left = static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
+    if (left <= 0) continue;
+    const int64_t n = std::min(left, budget);
+    cluster::PlanItem* it = plan->add_items();
+    it->set_request_id(id);
+    it->set_first(first);
+    if (first) {
+      it->mutable_cached_prefix()->Add(seq.prompt.begin(), seq.prompt.begin() + seq.prefilled);
+      seq.started = true;
+    }
+    for (int64_t j = 0; j < n; ++j) it->add_tokens(seq.prompt[seq.prefilled + j]);
+    it->set_logits(seq.return_prompt_logits ? kLogitsAll : (n == left ? kLogitsLast : kLogitsNone));
+    budget -= n;
+  }
+}
+
+void Scheduler::TakeCachedPrefix(Sequence& seq) {
+  const int64_t cached = seq.return_prompt_logits ? 0 : engine_->CachedPrefixLength(seq.prompt);
+  seq.prefilled = cached;
+  prefix_queries_ += seq.prompt.size();
+  prefix_hits_ += cached;
+}
+
+Sampler* Scheduler::SamplerFor(const cluster::PlanItem& item) {
+  auto it = sequences_.find(item.request_id());
+  if (it == sequences_.end()) return nullptr;
+  const Sequence& seq = it->second;
+  // Decode tokens and the chunk that completes the prompt draw a token.
+  const int64_t prompt = static_cast<int64_t>(seq.prompt.size());
+  return seq.prefilled + item.tokens_size() >= prompt ? seq.sampler.get() : nullptr;
+}
+
+void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result,
+                         cluster::TokenBatch* out) {
+  const uint64_t now = clock_();
+  for (int i = 0; i < plan.items_size(); ++i) {
+    const cluster::PlanItem& p = plan.items(i);
+    auto sit = sequences_.find(p.request_id());
+    if (sit == sequences_.end()) continue;  // cancelled during the step
+    Sequence& seq = sit->second;
+    const bool prefill = seq.prefilled < static_cast<int64_t>(seq.prompt.size());
+    if (prefill) {
+      seq.prefilled += p.tokens_size();
+      // Streamed as they come, in bounded updates (never one huge message).
+      if (seq.return_prompt_logits) {
+        AppendPromptLogits(seq.request_id, result.logits[i], engine_->config().vocab_size, out);
+      }
+      if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    }
+    if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;
+    if (TakeToken(seq, result.sampled[i], now, out->add_updates())) sequences_.erase(sit);
+  }
+}
+
+bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now,
+                          cluster::SequenceUpdate* u) {
+  const int32_t tok = drawn.token;
+  u->set_request_id(seq.request_id);
+  const StopDecision decision = seq.stop.Check(tok, static_cast<int64_t>(seq.generated.size()));
+  const bool stop = decision == StopDecision::kStop;
+  if (!stop) {
+    seq.generated.push_back(tok);
+    u->add_token_ids(tok);
+    if (seq.want_logprobs) AddLogprob(drawn, u);
+  }
+  u->set_completion_tokens(seq.generated.size() + (stop ? 1 : 0));
+  if (decision != StopDecision::kContinue) {
+    if (stop) u->set_stop_token(tok);
+    u->set_finish_reason(stop ? common::STOP : common::LENGTH);
+    u->set_prompt_tokens(seq.prompt.size());
+  } else if (seq.deadline_unix_ms != 0 && now > seq.deadline_unix_ms) {
+    u->set_finish_reason(common::ERROR);
+    u->set_error_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+    u->set_error("deadline exceeded");
+  } else {
+    return false;
+  }
+  Release(seq);
+  return true;
+}
+
+}  // namespace flotilla::worker

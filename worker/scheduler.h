@@ -1,0 +1,106 @@
+// The DP-group leader's scheduling: which requests run, what each step
+// computes for them and when they end. Admission (queue bound, deadlines, KV
+// reservations, the sequence cap), chunked prefill within the step's token
+// budget, the prefix-cache lookup, and the stop and finish rules applied to
+// the tokens a step drew. It never touches the engine's state: it reads the
+// engine's limits and KV accounting and turns plans and step outputs into
+// updates for the coordinator.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/cluster.pb.h"
+#include "worker/engine/engine.h"
+#include "worker/engine/sampler.h"
+#include "worker/engine/stop_rules.h"
+#include "worker/step_plan.h"
+
+namespace flotilla::worker {
+
+struct SchedulerLimits {
+  int64_t max_batch_tokens = 1;  // tokens one step computes (decode tokens may overrun it)
+  int64_t max_sequences = 1;     // running sequences
+  int64_t max_model_len = 0;     // longest sequence; 0 = the engine's limit
+};
+
+class Scheduler {
+ public:
+  // Milliseconds since the Unix epoch (deadlines are wall-clock times).
+  using Clock = std::function<uint64_t()>;
+
+  // `engine` must outlive the scheduler; the scheduler only reads it.
+  Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock);
+
+  // Queues a request; when the queue is full (4 x max_sequences) refuses it
+  // with RESOURCE_EXHAUSTED in `refused` instead.
+  void Enqueue(cluster::SubmitSequence submit, cluster::TokenBatch* refused);
+  // Forgets a queued or running request; a running one is freed on every
+  // rank by the next plan.
+  void Cancel(uint64_t request_id);
+  // Ends every request held (running or queued) with `why`, into `out`.
+  void FailAll(const absl::Status& why, cluster::TokenBatch* out) const;
+
+  // The next step: frees, decode tokens first, then the admitted requests'
+  // prompt chunks within the token budget. Requests refused at admission
+  // (deadline passed, too long, bad sampling) are ended into `refused`.
+  cluster::StepPlan Plan(cluster::TokenBatch* refused);
+  // The sampler that draws the item's next token on the engine's device, or
+  // null for a prompt chunk that does not end the prompt.
+  Sampler* SamplerFor(const cluster::PlanItem& item);
+  // Takes the step's output for `plan` (item by item): prompt progress and
+  // prompt logits, drawn tokens with their logprobs, and the finish of
+  // sequences at a stop token, their length limit or their deadline.
+  void Complete(const cluster::StepPlan& plan, const StepOutput& result, cluster::TokenBatch* out);
+
+  size_t running() const { return sequences_.size(); }
+  size_t queued() const { return pending_.size(); }
+  // KV blocks reserved by the running sequences (their whole length).
+  int64_t kv_reserved() const { return kv_reserved_; }
+  // Prompt tokens looked up in the prefix cache and found there.
+  uint64_t prefix_queries_tokens() const { return prefix_queries_; }
+  uint64_t prefix_hits_tokens() const { return prefix_hits_; }
+  // Longest sequence served: the engine's limit within max_model_len.
+  int64_t MaxSequenceLength() const;
+
+ private:
+  struct Sequence {
+    uint64_t request_id = 0;
+    std::vector<int32_t> prompt;
+    int64_t prefilled = 0;
+    bool started = false;  // its first chunk was planned
+    std::vector<int32_t> generated;
+    std::unique_ptr<Sampler> sampler;
+    StopRules stop{{}, 0};
+    bool want_logprobs = false;
+    bool return_prompt_logits = false;
+    int64_t kv_reserved = 0;
+    uint64_t deadline_unix_ms = 0;
+  };
+
+  void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
+  // Starts the prompt after its longest cached prefix (none when the request
+  // wants every prompt position's logits) and counts the lookup.
+  void TakeCachedPrefix(Sequence& seq);
+  void PlanPromptChunks(int64_t budget, cluster::StepPlan* plan);
+  // Takes the token drawn for `seq` into `u`; true when the sequence ended.
+  bool TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now,
+                 cluster::SequenceUpdate* u);
+  void Release(const Sequence& seq);
+
+  const Engine* engine_;
+  const SchedulerLimits limits_;
+  const Clock clock_;
+  std::deque<cluster::SubmitSequence> pending_;
+  std::map<uint64_t, Sequence> sequences_;  // running, by request id
+  std::vector<uint64_t> to_free_;
+  int64_t kv_reserved_ = 0;
+  uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
+};
+
+}  // namespace flotilla::worker

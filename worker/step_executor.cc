@@ -1,0 +1,107 @@
+#include "worker/step_executor.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace flotilla::worker {
+
+StepExecutor::StepExecutor(Engine* engine, comm::Communicator* comm,
+                           parallel::ParallelContext* context, ParallelConfig parallel, int rank,
+                           uint64_t map_version)
+    : engine_(engine),
+      comm_(comm),
+      context_(context),
+      parallel_(parallel),
+      rank_(rank),
+      leader_(parallel.is_leader(rank)),
+      map_version_(map_version) {}
+
+void StepExecutor::OfferExpertMap(ExpertMap map) {
+  if (map.version() > map_version_) pending_maps_.emplace(map.version(), std::move(map));
+}
+
+absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::StepPlan& mine) {
+  Exchanged got;
+  got.any_work = !mine.items().empty() || !mine.free().empty();
+  uint64_t have_version = pending_maps_.empty() ? map_version_ : pending_maps_.rbegin()->first;
+  const int W = parallel_.world_size();
+  if (W > 1) {
+    const std::string bytes = leader_ ? mine.SerializeAsString() : std::string();
+    // Per rank: its plan's size, the newest expert map it has received and
+    // the tokens its plan runs (the engines size their exchanges from the
+    // largest). Then the plans, padded to the largest.
+    uint64_t plan_tokens = 0;
+    for (const cluster::PlanItem& p : mine.items()) plan_tokens += p.tokens_size();
+    constexpr int kHeader = 3;
+    std::vector<uint64_t> header(kHeader * W), sizes(W);
+    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens};
+    FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(mine_header, header.data(), sizeof(mine_header)));
+    uint64_t max_tokens = 0;
+    for (int r = 0; r < W; ++r) {
+      sizes[r] = header[kHeader * r];
+      have_version = std::min(have_version, header[kHeader * r + 1]);
+      max_tokens = std::max(max_tokens, header[kHeader * r + 2]);
+    }
+    engine_->SetInstanceStepTokens(static_cast<int64_t>(max_tokens));
+    const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+    got.any_work = max_size > 0;
+    if (got.any_work) {
+      std::string padded = bytes;
+      padded.resize(max_size);
+      std::string all(max_size * W, '\0');
+      FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(padded.data(), all.data(), max_size));
+      const int lead = parallel_.leader_of_group(parallel_.dp_group_of(rank_));
+      if (!got.plan.ParseFromArray(all.data() + lead * max_size, static_cast<int>(sizes[lead]))) {
+        return absl::InternalError("could not parse the leader's step plan");
+      }
+    }
+  } else {
+    got.plan = mine;
+  }
+  SwitchExpertMap(have_version);
+  return got;
+}
+
+void StepExecutor::SwitchExpertMap(uint64_t agreed_version) {
+  if (agreed_version <= map_version_ || !pending_maps_.count(agreed_version)) return;
+  if (context_) context_->SetExpertMap(pending_maps_.at(agreed_version));
+  map_version_ = agreed_version;
+  pending_maps_.erase(pending_maps_.begin(), pending_maps_.upper_bound(agreed_version));
+  spdlog::info("rank {} switched to expert map version {} at step {}", rank_, map_version_, steps_);
+}
+
+absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepPlan& plan,
+                                                            const SamplerLookup& sampler_for) {
+  for (uint64_t id : plan.free()) {
+    auto it = engine_ids_.find(id);
+    if (it == engine_ids_.end()) continue;
+    FLOTILLA_RETURN_IF_ERROR(engine_->FreeSequence(it->second));
+    engine_ids_.erase(it);
+  }
+  std::vector<StepItem> items;
+  for (const cluster::PlanItem& p : plan.items()) {
+    if (p.first()) {
+      FLOTILLA_ASSIGN_OR_RETURN(
+          engine_ids_[p.request_id()],
+          engine_->NewSequenceWithPrefix({p.cached_prefix().begin(), p.cached_prefix().end()}));
+    }
+    StepItem it;
+    it.sequence = engine_ids_.at(p.request_id());
+    it.tokens.assign(p.tokens().begin(), p.tokens().end());
+    // Only the leader samples (on the engine's device): the other ranks of
+    // the group skip lm_head. Logit rows come back only as prompt logits.
+    it.logits = leader_ && p.logits() == kLogitsAll ? LogitsMode::kAll : LogitsMode::kNone;
+    if (leader_ && p.logits() != kLogitsNone && sampler_for) it.sampler = sampler_for(p);
+    items.push_back(std::move(it));
+  }
+  if (items.empty() && parallel_.world_size() == 1) return std::optional<StepOutput>();
+  FLOTILLA_ASSIGN_OR_RETURN(StepOutput result, engine_->Step(items));
+  ++steps_;
+  return std::optional<StepOutput>(std::move(result));
+}
+
+}  // namespace flotilla::worker

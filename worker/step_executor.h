@@ -1,0 +1,75 @@
+// One lockstep step of a rank: the exchange of the DP-group leaders' plans
+// over the instance, the switch to a new expert map at a step boundary that
+// every rank agrees on, and the engine step running this rank's group plan.
+// Every rank of the instance calls Exchange once per iteration, in the same
+// order, whether or not it has work (the MoE collectives must match).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "comm/communicator.h"
+#include "common/expert_map.h"
+#include "common/parallel_config.h"
+#include "proto/cluster.pb.h"
+#include "worker/engine/engine.h"
+#include "worker/parallel/parallel_context.h"
+#include "worker/step_plan.h"
+
+namespace flotilla::worker {
+
+class StepExecutor {
+ public:
+  // `comm`: the instance's host communicator, null for an instance of one
+  // rank. `context`: the engine's parallel context (expert-map switches go to
+  // it), null when the engine exchanges nothing. `map_version`: the version
+  // of the expert map the engine starts with. All must outlive the executor.
+  StepExecutor(Engine* engine, comm::Communicator* comm, parallel::ParallelContext* context,
+               ParallelConfig parallel, int rank, uint64_t map_version);
+
+  // A newer expert map received from the coordinator; it is used from the
+  // first step boundary where every rank has it. Older ones are ignored.
+  void OfferExpertMap(ExpertMap map);
+
+  struct Exchanged {
+    cluster::StepPlan plan;  // this rank's group plan
+    bool any_work = false;   // some group of the instance has work
+  };
+  // Shares `mine` (the leader's plan; empty on other ranks) with the whole
+  // instance, returns this rank's group plan, tells the engine the largest
+  // step of any rank and switches the expert map when all ranks have a newer one.
+  absl::StatusOr<Exchanged> Exchange(const cluster::StepPlan& mine);
+
+  // The sampler that draws a plan item's token (leader only); may return null.
+  using SamplerLookup = std::function<Sampler*(const cluster::PlanItem&)>;
+  // Frees, creates and steps the plan's sequences. Only the leader samples
+  // and asks for logit rows (`sampler_for` is not called elsewhere). Nothing
+  // (no output) when a one-rank instance had only frees to do.
+  absl::StatusOr<std::optional<StepOutput>> Run(const cluster::StepPlan& plan,
+                                                const SamplerLookup& sampler_for);
+
+  bool leader() const { return leader_; }
+  uint64_t steps() const { return steps_; }
+  uint64_t map_version() const { return map_version_; }
+
+ private:
+  void SwitchExpertMap(uint64_t agreed_version);
+
+  Engine* engine_;
+  comm::Communicator* comm_;
+  parallel::ParallelContext* context_;
+  const ParallelConfig parallel_;
+  const int rank_;
+  const bool leader_;
+  uint64_t steps_ = 0;
+  // Expert maps received but not yet in use, by version.
+  std::map<uint64_t, ExpertMap> pending_maps_;
+  uint64_t map_version_ = 0;
+  // Request id -> engine sequence id (every rank of the group).
+  std::map<uint64_t, int64_t> engine_ids_;
+};
+
+}  // namespace flotilla::worker

@@ -1,0 +1,41 @@
+// What a worker is started with (flags and FLOTILLA_* environment variables).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "common/tls_credentials.h"
+
+namespace flotilla::worker {
+
+struct WorkerOptions {
+  std::string coordinator = "127.0.0.1:50051";
+  std::string worker_id;  // stable across restarts; default host-pid
+  std::string node;       // default: the host name
+  int threads = 0;        // CPU threads for the engine (0 = all cores)
+  int64_t kv_tokens =
+      65536;  // KV capacity (tokens over all sequences) when the coordinator leaves it to us
+  int64_t kv_block_size = 16;
+  // "cpu" (the reference engine) or "cuda" (one GPU holds the whole model:
+  // an instance of one worker).
+  std::string device = "cpu";
+  int cuda_device = 0;
+  // --device cuda: the fraction of the GPU's memory this worker may use in
+  // all (weights, workspaces, KV cache); the KV arena gets what is left.
+  double gpu_memory_utilization = 0.90;
+  // Share the KV blocks of identical prompt prefixes between requests.
+  bool prefix_cache = true;
+  absl::Duration comm_timeout = absl::Seconds(10);
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Sent in the Session call's metadata; the coordinator may require it.
+  std::string cluster_token;
+  // The address peers reach this worker at; its interface is the only one
+  // the peer (UCX) listeners use. Empty = the address toward the coordinator.
+  std::string advertise_address;
+  // TLS to the coordinator: tls.ca verifies it; tls.cert/tls.key are this
+  // worker's client certificate (the coordinator's --tls-client-ca). Empty: plaintext.
+  TlsClientFiles tls;
+};
+
+}  // namespace flotilla::worker
