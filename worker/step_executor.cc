@@ -33,7 +33,7 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
     const std::string bytes = leader_ ? mine.SerializeAsString() : std::string();
     // Per rank: its plan's size, the newest expert map it has received and
     // the tokens its plan runs (the engines size their exchanges from the
-    // largest). Then the plans, padded to the largest.
+    // largest). Then each leader's plan goes to its TP group only.
     uint64_t plan_tokens = 0;
     for (const cluster::PlanItem& p : mine.items()) plan_tokens += p.tokens_size();
     constexpr int kHeader = 3;
@@ -49,21 +49,40 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
     engine_->SetInstanceStepTokens(static_cast<int64_t>(max_tokens));
     const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
     got.any_work = max_size > 0;
-    if (got.any_work) {
-      std::string padded = bytes;
-      padded.resize(max_size);
-      std::string all(max_size * W, '\0');
-      FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(padded.data(), all.data(), max_size));
-      const int lead = parallel_.leader_of_group(parallel_.dp_group_of(rank_));
-      if (!got.plan.ParseFromArray(all.data() + lead * max_size, static_cast<int>(sizes[lead]))) {
-        return absl::InternalError("could not parse the leader's step plan");
-      }
-    }
+    if (got.any_work) FLOTILLA_RETURN_IF_ERROR(ReceiveGroupPlan(mine, bytes, sizes, &got.plan));
   } else {
     got.plan = mine;
   }
   SwitchExpertMap(have_version);
   return got;
+}
+
+absl::Status StepExecutor::ReceiveGroupPlan(const cluster::StepPlan& mine,
+                                            const std::string& bytes,
+                                            const std::vector<uint64_t>& sizes,
+                                            cluster::StepPlan* plan) {
+  const int W = parallel_.world_size(), tp = parallel_.tp_size();
+  if (leader_) {
+    *plan = mine;
+    if (tp == 1) return absl::OkStatus();  // every rank leads its own group
+  }
+  if (tp == 1) return absl::OkStatus();
+  // Only inside the TP group: the leader sends its plan to its peers.
+  const int lead = parallel_.leader_of_group(parallel_.dp_group_of(rank_));
+  std::vector<size_t> send_counts(W, 0), send_offsets(W, 0), recv_counts(W, 0),
+      recv_offsets(W, 0);
+  if (leader_) {
+    for (int peer = lead + 1; peer < lead + tp; ++peer) send_counts[peer] = bytes.size();
+  } else {
+    recv_counts[lead] = sizes[lead];
+  }
+  std::string received(leader_ ? 0 : sizes[lead], '\0');
+  FLOTILLA_RETURN_IF_ERROR(comm_->AllToAllV(bytes.data(), send_counts, send_offsets,
+                                            received.data(), recv_counts, recv_offsets));
+  if (!leader_ && !plan->ParseFromString(received)) {
+    return absl::InternalError("could not parse the leader's step plan");
+  }
+  return absl::OkStatus();
 }
 
 void StepExecutor::SwitchExpertMap(uint64_t agreed_version) {

@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
@@ -56,6 +58,10 @@ class StepExecutor {
   uint64_t map_version() const { return map_version_; }
 
  private:
+  // The plan this rank runs: its own (a leader) or its group leader's, sent
+  // inside the TP group only; `sizes` are every rank's plan bytes.
+  absl::Status ReceiveGroupPlan(const cluster::StepPlan& mine, const std::string& bytes,
+                                const std::vector<uint64_t>& sizes, cluster::StepPlan* plan);
   void SwitchExpertMap(uint64_t agreed_version);
 
   Engine* engine_;
