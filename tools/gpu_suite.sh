@@ -12,6 +12,18 @@ quick="${3:-}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FLOTILLA_GOLDEN_DIR="$root/tests/data/golden"
+# cuda_cluster_test starts the bundle's flotilla-coordinator and -worker.
+export FLOTILLA_BIN_DIR="$bundle/bin"
+# Tests that run several ranks as processes on one GPU want the MPS daemon
+# (without it they time-slice: correct, but each exchange waits for a slice).
+mps_started=0
+if command -v nvidia-cuda-mps-control > /dev/null && [[ -z "${CUDA_MPS_PIPE_DIRECTORY:-}" ]]; then
+  export CUDA_MPS_PIPE_DIRECTORY="$out/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps-log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && mps_started=1
+fi
+stop_mps() { [[ $mps_started == 1 ]] && echo quit | nvidia-cuda-mps-control; mps_started=0; }
+trap stop_mps EXIT
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
