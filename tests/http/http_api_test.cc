@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -73,7 +74,14 @@ TEST_F(HttpApiTest, HealthAndMetrics) {
   auto r = c.Post("/v1/chat/completions", Chat(R"(, "max_tokens": 4, "temperature": 0)"), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
+  // A request is counted once its response is written (the server's logger
+  // runs after the write), so the client may ask before that: ask again.
+  const std::string counted = "flotilla_http_requests_total{path=\"/v1/chat/completions\",status=\"200\"}";
   auto m = c.Get("/metrics");
+  for (int i = 0; i < 100 && m && m->body.find(counted) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    m = c.Get("/metrics");
+  }
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
   for (const char* name :
