@@ -1,21 +1,11 @@
 #include "coordinator/http_server.h"
 
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <httplib.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
-#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -126,82 +116,81 @@ class HttpMetrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
 };
 
+
 namespace {
 
-// One request's updates, handed from the manager's callbacks to the HTTP thread.
-struct Exchange {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<cluster::SequenceUpdate> updates;
-  bool done = false;
-  absl::Status status;
-};
-
-RequestCallbacks MakeCallbacks(const std::shared_ptr<Exchange>& ex) {
-  RequestCallbacks cb;
-  cb.on_update = [ex](const cluster::SequenceUpdate& u) {
-    std::lock_guard<std::mutex> l(ex->mu);
-    ex->updates.push_back(u);
-    ex->cv.notify_all();
-  };
-  cb.on_done = [ex](const absl::Status& st) {
-    std::lock_guard<std::mutex> l(ex->mu);
-    ex->done = true;
-    ex->status = st;
-    ex->cv.notify_all();
-  };
-  return cb;
-}
-
-void SendJson(httplib::Response& res, int status, const Json& j) {
+void SendJson(HttpResponse& res, int status, const Json& j) {
   res.status = status;
   res.set_content(DumpJson(j), "application/json");
 }
 
-void SendError(httplib::Response& res, const ApiError& e) { SendJson(res, e.http_status, ErrorJson(e)); }
-void SendError(httplib::Response& res, const absl::Status& st) { SendError(res, ErrorFromStatus(st)); }
+void SendError(HttpResponse& res, const ApiError& e) { SendJson(res, e.http_status, ErrorJson(e)); }
+void SendError(HttpResponse& res, const absl::Status& st) { SendError(res, ErrorFromStatus(st)); }
 
-// Progress of one generation, driven by the HTTP thread.
+HttpResponse ErrorResponse(const absl::Status& st) {
+  HttpResponse res;
+  SendError(res, st);
+  return res;
+}
+
+std::string FinishReasonName(common::FinishReason reason) {
+  switch (reason) {
+    case common::STOP: return "stop";
+    case common::LENGTH: return "length";
+    case common::CANCELLED: return "cancelled";
+    case common::ERROR: return "error";
+    default: return "";
+  }
+}
+
+// One generation, driven by the manager's callbacks (and, for whole
+// responses, a deadline timer). Everything below `mu` is guarded by it; the
+// exchange's calls are made under it so they reach the connection in order.
 struct Generation {
-  std::shared_ptr<Exchange> ex;
+  std::mutex mu;
+  std::shared_ptr<HttpExchange> exchange;
+  std::shared_ptr<AccessRecord> access;
   std::unique_ptr<ResponseBuilder> builder;
-  uint64_t request_id = 0;
+  std::atomic<uint64_t> request_id{0};
   uint32_t prompt_tokens = 0;
   uint32_t tokens_seen = 0;  // generated tokens delivered so far
-  bool cancelled_for_stop = false;
-  bool finished = false;     // Finish() called on the builder
-  bool begun = false;
-  bool ended = false;        // the whole response was produced
+  bool stream = false;
   bool include_usage = false;
+  bool begun = false;               // streams: the head and Begin() chunks went out
+  std::string held;                 // streams: text produced before `begun`
+  bool cancelled_for_stop = false;
+  bool finished = false;  // Finish() called on the builder
+  bool ended = false;     // the whole response was produced
 };
 
-// Feeds the queued updates; returns the chunks they produced. Sets `g.finished`
-// when the last update arrived.
-std::vector<Json> Drain(Generation& g, std::deque<cluster::SequenceUpdate>& updates, ClusterManager* manager) {
+// Feeds one update; returns the chunks it produced. Sets `g.finished` when it
+// was the last; `*cancel` when a stop string appeared and the sequence must
+// be cancelled (by the caller, without g.mu held).
+std::vector<Json> Drain(Generation& g, const cluster::SequenceUpdate& u, bool* cancel) {
   std::vector<Json> out;
-  for (const cluster::SequenceUpdate& u : updates) {
-    if (g.finished || u.finish_reason() == common::ERROR) continue;
-    std::vector<Json> c = g.builder->FeedUpdate(u);
-    out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
-    g.tokens_seen += static_cast<uint32_t>(u.token_ids_size());
-    if (g.builder->stopped_by_string()) {
-      if (!g.cancelled_for_stop) {
-        g.cancelled_for_stop = true;
-        manager->Cancel(g.request_id, "a stop string was generated");
-      }
-      c = g.builder->Finish(common::STOP, std::nullopt, g.prompt_tokens, g.tokens_seen);
-      out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
-      g.finished = true;
-    } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-      std::optional<tokenizer::TokenId> stop;
-      if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
-      c = g.builder->Finish(u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens,
-                            u.completion_tokens());
-      out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
-      g.finished = true;
+  if (g.finished || u.finish_reason() == common::ERROR) return out;
+  std::vector<Json> c = g.builder->FeedUpdate(u);
+  out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
+  g.tokens_seen += static_cast<uint32_t>(u.token_ids_size());
+  if (g.builder->stopped_by_string()) {
+    if (!g.cancelled_for_stop) {
+      g.cancelled_for_stop = true;
+      *cancel = true;
     }
+    c = g.builder->Finish(common::STOP, std::nullopt, g.prompt_tokens, g.tokens_seen);
+    out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
+    g.finished = true;
+    g.access->set_finish_reason("stop");
+  } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+    std::optional<tokenizer::TokenId> stop;
+    if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
+    c = g.builder->Finish(u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens,
+                          u.completion_tokens());
+    out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
+    g.finished = true;
+    g.access->set_output_tokens(u.completion_tokens());
+    g.access->set_finish_reason(FinishReasonName(u.finish_reason()));
   }
-  updates.clear();
   return out;
 }
 
@@ -213,72 +202,51 @@ absl::Status EndStatus(const Generation& g, const absl::Status& done_status) {
   return absl::InternalError("the request ended without a finish reason");
 }
 
-// "ADDR" and port of a socket address (IPv4 or IPv6).
-bool AddrPort(const sockaddr_storage& a, std::string* addr, int* port) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (a.ss_family == AF_INET) {
-    const auto* in = reinterpret_cast<const sockaddr_in*>(&a);
-    inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf));
-    *port = ntohs(in->sin_port);
-  } else if (a.ss_family == AF_INET6) {
-    const auto* in = reinterpret_cast<const sockaddr_in6*>(&a);
-    inet_ntop(AF_INET6, &in->sin6_addr, buf, sizeof(buf));
-    *port = ntohs(in->sin6_port);
+std::string Events(const std::vector<Json>& chunks) {
+  std::string text;
+  for (const Json& c : chunks) absl::StrAppend(&text, "data: ", DumpJson(c), "\n\n");
+  return text;
+}
+
+// Streams: sends `text` now, or holds it until the stream has begun.
+void EmitLocked(Generation& g, std::string text) {
+  if (text.empty()) return;
+  if (!g.begun) {
+    g.held += text;
+    return;
+  }
+  g.exchange->Write(std::move(text));
+}
+
+// Ends the response (under g.mu): the stream's last events, or the whole
+// answer, for `st` (OK: finished normally).
+void EndLocked(Generation& g, const absl::Status& st) {
+  if (g.ended) return;
+  g.ended = true;
+  if (g.stream) {
+    std::string text;
+    if (!st.ok()) {
+      absl::StrAppend(&text, "data: ", DumpJson(ErrorJson(ErrorFromStatus(st))), "\n\n");
+    } else if (g.include_usage) {
+      absl::StrAppend(&text, "data: ", DumpJson(g.builder->UsageChunk()), "\n\n");
+    }
+    text += "data: [DONE]\n\n";
+    EmitLocked(g, std::move(text));
+    if (g.begun) g.exchange->End();
+    return;
+  }
+  if (!st.ok()) {
+    g.exchange->Send(ErrorResponse(st));
   } else {
-    return false;
+    HttpResponse res;
+    SendJson(res, 200, g.builder->Response());
+    g.exchange->Send(std::move(res));
   }
-  *addr = buf;
-  return true;
-}
-
-// The connection a request arrived on (cpp-httplib does not hand it to
-// handlers): the socket of this process whose two ends match the request's.
-// -1 when not found. The socket stays open while the handler runs.
-int ConnectionOf(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  int found = -1;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st;
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t ll = sizeof(local), pl = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-        getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
-      continue;
-    }
-    std::string la, pa;
-    int lp = 0, pp = 0;
-    if (!AddrPort(local, &la, &lp) || !AddrPort(peer, &pa, &pp)) continue;
-    if (lp == req.local_port && pp == req.remote_port && pa == req.remote_addr &&
-        (req.local_addr.empty() || la == req.local_addr)) {
-      found = static_cast<int>(fd);
-      break;
-    }
-  }
-  closedir(dir);
-  return found;
-}
-
-// Whether the peer closed (or reset) the connection. A request the client
-// pipelined behind this one would be readable data, not a close.
-bool PeerGone(int fd) {
-  if (fd < 0) return false;
-  pollfd p{fd, static_cast<short>(POLLIN | POLLRDHUP), 0};
-  if (poll(&p, 1, 0) <= 0) return false;
-  if (p.revents & (POLLERR | POLLHUP | POLLRDHUP)) return true;
-  char c;
-  const ssize_t n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 // The request's deadline from X-Request-Timeout or X-Stainless-Timeout
 // (seconds, > 0); nullopt when neither is set.
-absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const httplib::Request& req,
-                                                          absl::Time now) {
+absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const HttpRequest& req, absl::Time now) {
   for (const char* header : {"X-Request-Timeout", "X-Stainless-Timeout"}) {
     if (!req.has_header(header)) continue;
     const std::string v = req.get_header_value(header);
@@ -293,6 +261,17 @@ absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const httplib::Request
   return std::optional<absl::Time>();
 }
 
+// The path label of a request in flotilla_http_requests_total.
+std::string PathLabel(const std::string& path) {
+  static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+                                 "/metrics"};
+  for (const char* k : kKnown) {
+    if (path == k) return k;
+  }
+  if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  return "other";
+}
+
 }  // namespace
 
 // ---- server ----
@@ -302,48 +281,46 @@ HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
     : options_(std::move(options)),
       manager_(manager),
       tok_(tokenizer),
-      metrics_(std::make_unique<HttpMetrics>()) {
-  if (options_.tls.enabled()) {
-    server_ =
-        std::make_unique<httplib::SSLServer>(options_.tls.cert.c_str(), options_.tls.key.c_str());
-  } else {
-    server_ = std::make_unique<httplib::Server>();
-  }
-}
+      metrics_(std::make_unique<HttpMetrics>()) {}
 
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::Stop() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
-  if (metrics_server_) metrics_server_->stop();
-  if (metrics_thread_.joinable()) metrics_thread_.join();
+  // The transport first (no new requests, no handler running), then what is
+  // still generating: its callbacks hold connections.
+  if (server_) server_->Stop();
+  if (metrics_server_) metrics_server_->Stop();
+  std::set<uint64_t> active;
+  {
+    std::lock_guard<std::mutex> l(active_mu_);
+    active.swap(active_);
+  }
+  for (uint64_t id : active) manager_->Cancel(id, "the HTTP server is stopping");
 }
 
-namespace {
-
-// Binds `server` to `listen` (HOST:PORT, port 0 = any); the bound port.
-absl::StatusOr<int> Bind(httplib::Server& server, const std::string& listen, const char* flag) {
-  const size_t colon = listen.rfind(':');
-  int port = -1;
-  if (colon == std::string::npos || colon == 0 ||
-      std::sscanf(listen.c_str() + colon + 1, "%d", &port) != 1 || port < 0 || port > 65535 ||
-      std::to_string(port) != listen.substr(colon + 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " '", listen, "' is not HOST:PORT (port 0-65535)"));
-  }
-  std::string host = listen.substr(0, colon);
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  if (port == 0) {
-    port = server.bind_to_any_port(host);
-    if (port <= 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
-  } else if (!server.bind_to_port(host, port)) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
-  }
-  return port;
+void HttpServer::Track(uint64_t request_id) {
+  std::lock_guard<std::mutex> l(active_mu_);
+  active_.insert(request_id);
 }
 
-}  // namespace
+void HttpServer::Untrack(uint64_t request_id) {
+  std::lock_guard<std::mutex> l(active_mu_);
+  active_.erase(request_id);
+}
+
+HttpTransportOptions HttpServer::TransportOptions(const std::string& listen, const char* flag) const {
+  HttpTransportOptions t;
+  t.listen = listen;
+  t.flag = flag;
+  t.max_body_bytes = options_.limits.max_request_bytes == 0 ? std::numeric_limits<size_t>::max()
+                                                            : options_.limits.max_request_bytes;
+  t.max_connections = options_.max_connections;
+  t.header_timeout = options_.header_timeout;
+  t.body_timeout = options_.body_timeout;
+  t.idle_timeout = options_.idle_timeout;
+  t.write_timeout = options_.write_timeout;
+  return t;
+}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions options,
                                                                ClusterManager* manager,
@@ -354,21 +331,15 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
     if (absl::Status st = CheckServerFiles(files); !st.ok()) return st;
   }
   std::unique_ptr<HttpServer> s(new HttpServer(std::move(options), manager, tokenizer));
-  if (!s->server_->is_valid()) {
-    return absl::InvalidArgumentError(absl::StrCat("--tls-cert ", s->options_.tls.cert,
-                                                   ": cannot serve HTTPS with it and --tls-key"));
-  }
-  // cpp-httplib's default options add SO_REUSEPORT, which lets a second
-  // server share a taken port; only SO_REUSEADDR here.
-  s->server_->set_socket_options([](socket_t fd) { SetListenSocketOptions(fd); });
+  HttpTransportOptions t = s->TransportOptions(s->options_.listen, "--http-listen");
+  t.tls = s->options_.tls;
+  t.tls.client_ca.clear();
+  absl::StatusOr<std::unique_ptr<HttpTransport>> server = HttpTransport::Create(std::move(t));
+  if (!server.ok()) return server.status();
+  s->server_ = *std::move(server);
+  s->port_ = s->server_->port();
   s->Routes();
-  // Streams hold a thread each while they last.
-  s->server_->new_task_queue = [] { return new httplib::ThreadPool(64); };
-  absl::StatusOr<int> port = Bind(*s->server_, s->options_.listen, "--http-listen");
-  if (!port.ok()) return port.status();
-  s->port_ = *port;
-  httplib::Server* raw = s->server_.get();
-  s->thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  s->server_->Start();
   if (!s->options_.metrics_listen.empty()) {
     absl::Status metrics = s->ServeMetrics();
     if (!metrics.ok()) return metrics;  // the destructor stops the API listener
@@ -377,25 +348,33 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
 }
 
 absl::Status HttpServer::ServeMetrics() {
-  metrics_server_ = std::make_unique<httplib::Server>();
-  metrics_server_->set_socket_options([](socket_t fd) { SetListenSocketOptions(fd); });
-  metrics_server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  HttpTransportOptions t = TransportOptions(options_.metrics_listen, "--metrics-listen");
+  t.post_threads = 1;
+  absl::StatusOr<std::unique_ptr<HttpTransport>> server = HttpTransport::Create(std::move(t));
+  if (!server.ok()) return server.status();
+  metrics_server_ = *std::move(server);
+  metrics_server_->Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()),
                     "text/plain; version=0.0.4");
   });
-  absl::StatusOr<int> port = Bind(*metrics_server_, options_.metrics_listen, "--metrics-listen");
-  if (!port.ok()) return port.status();
-  metrics_port_ = *port;
-  httplib::Server* raw = metrics_server_.get();
-  metrics_thread_ = std::thread([raw] { raw->listen_after_bind(); });
+  metrics_server_->set_logger([](const HttpRequest& req, const HttpResponse& res, bool) {
+    if (!req.access) return;
+    req.access->set_level(spdlog::level::debug);
+    req.access->Log(absl::StrCat(res.status), absl::Now());
+  });
+  metrics_port_ = metrics_server_->port();
+  metrics_server_->Start();
   return absl::OkStatus();
 }
 
-bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res) const {
+bool HttpServer::Authorized(const HttpRequest& req, HttpResponse& res) const {
   if (options_.auth == nullptr || req.path == "/health") return true;
   absl::StatusOr<Caller> caller =
       options_.auth->Authenticate(req.get_header_value("Authorization"));
-  if (caller.ok()) return true;
+  if (caller.ok()) {
+    if (req.access) req.access->set_key(caller->key_id);
+    return true;
+  }
   // What OpenAI answers for a missing or wrong key.
   ApiError e;
   e.http_status = 401;
@@ -408,62 +387,46 @@ bool HttpServer::Authorized(const httplib::Request& req, httplib::Response& res)
 }
 
 void HttpServer::Routes() {
-  httplib::Server& svr = *server_;
-  svr.set_payload_max_length(options_.limits.max_request_bytes == 0
-                                 ? std::numeric_limits<size_t>::max()
-                                 : options_.limits.max_request_bytes);
-  svr.set_read_timeout(60, 0);
-  svr.set_write_timeout(60, 0);
-  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    return Authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
-                                : httplib::Server::HandlerResponse::Handled;
-  });
+  HttpTransport& svr = *server_;
+  svr.set_pre_routing_handler(
+      [this](const HttpRequest& req, HttpResponse& res) { return !Authorized(req, res); });
 
-  svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                   "/metrics"};
-    std::string path = "other";
-    for (const char* k : kKnown) {
-      if (req.path == k) path = k;
-    }
-    if (req.path.rfind("/v1/models/", 0) == 0) path = "/v1/models/{id}";
+  svr.set_logger([this](const HttpRequest& req, const HttpResponse& res, bool complete) {
+    const std::string path = PathLabel(req.path);
     metrics_->CountRequest(path, res.status);
+    if (!req.access) return;
+    if (path == "/health" || path == "/metrics") req.access->set_level(spdlog::level::debug);
+    if (!complete) req.access->set_finish_reason("client_gone");
+    req.access->Log(absl::StrCat(res.status), absl::Now());
   });
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
-                                                                    httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+  svr.set_error_handler([this](const HttpRequest& req, HttpResponse& res) {
     ApiError e;
     e.http_status = res.status;
     e.type = res.status >= 500 ? "server_error" : "invalid_request_error";
     if (res.status == 404) {
       e.message = absl::StrCat("unknown path: ", req.method, " ", req.path);
       e.code = "unknown_url";
+    } else if (res.status == 405) {
+      e.message = absl::StrCat("method ", req.method, " is not allowed on ", req.path);
+      e.code = "method_not_allowed";
     } else if (res.status == 413) {
       e.message = absl::StrCat("the request body is too large (this server's limit is ",
                                options_.limits.max_request_bytes, " bytes: --max-request-bytes)");
+    } else if (res.status == 408) {
+      e.message = "the request did not arrive in time (--http-header-timeout-s, --http-body-timeout-s)";
+      e.type = "timeout_error";
+    } else if (res.status == 503 && req.method.empty()) {
+      e.message = absl::StrCat("too many connections (", options_.max_connections,
+                               ", --http-max-connections); retry later");
+    } else if (res.status == 400 || res.status == 431) {
+      e.message = absl::StrCat("malformed HTTP request", res.status == 431 ? " (headers too large)" : "");
     } else {
       e.message = absl::StrCat("HTTP ", res.status, " for ", req.method, " ", req.path);
     }
     SendError(res, e);
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "unknown error";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    spdlog::error("http: {} {}: {}", req.method, req.path, what);
-    ApiError e;
-    e.http_status = 500;
-    e.type = "server_error";
-    e.message = absl::StrCat("internal error: ", what);
-    SendError(res, e);
   });
 
-  svr.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  svr.Get("/health", [this](const HttpRequest&, HttpResponse& res) {
     const admin::ClusterStatus s = manager_->Status();
     if (s.state() == admin::READY) {
       SendJson(res, 200, Json{{"status", "ok"}});
@@ -472,156 +435,130 @@ void HttpServer::Routes() {
                               {"reason", s.message().empty() ? "the instance is not ready" : s.message()}});
     }
   });
-  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  svr.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()), "text/plain; version=0.0.4");
   });
   auto model_json = [this] {
     return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};
   };
-  svr.Get("/v1/models", [model_json](const httplib::Request&, httplib::Response& res) {
+  svr.Get("/v1/models", [model_json](const HttpRequest&, HttpResponse& res) {
     SendJson(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
   });
-  svr.Get(R"(/v1/models/(.+))", [this, model_json](const httplib::Request& req, httplib::Response& res) {
+  svr.Get(R"(/v1/models/(.+))", [this, model_json](const HttpRequest& req, HttpResponse& res) {
     if (req.matches[1] == options_.model_id) {
       SendJson(res, 200, model_json());
     } else {
-      SendError(res, absl::NotFoundError(absl::StrCat("model: the model '", std::string(req.matches[1]),
+      SendError(res, absl::NotFoundError(absl::StrCat("model: the model '", req.matches[1],
                                                       "' does not exist")));
     }
   });
-  svr.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(Endpoint::kChat, req, res);
-  });
-  svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    Serve(Endpoint::kCompletions, req, res);
-  });
+  svr.Post("/v1/chat/completions", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
+             Serve(Endpoint::kChat, std::move(ex));
+           }));
+  svr.Post("/v1/completions", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
+             Serve(Endpoint::kCompletions, std::move(ex));
+           }));
 }
 
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
 
-void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
+  const HttpRequest& req = exchange->request();
+  auto fail = [&](const absl::Status& st) { exchange->Send(ErrorResponse(st)); };
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
-  if (!deadline.ok()) return SendError(res, deadline.status());
+  if (!deadline.ok()) return fail(deadline.status());
   absl::StatusOr<Json> json = ParseBody(req.body);
-  if (!json.ok()) return SendError(res, json.status());
+  if (!json.ok()) return fail(json.status());
   absl::StatusOr<PreparedRequest> prepared =
       endpoint == Endpoint::kChat
           ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony,
                                options_.limits.max_prompt_text_bytes)
           : PrepareCompletionRequest(*json, options_.model_id, *tok_,
                                      options_.limits.max_prompt_text_bytes);
-  if (!prepared.ok()) return SendError(res, prepared.status());
+  if (!prepared.ok()) return fail(prepared.status());
 
   auto g = std::make_shared<Generation>();
-  g->ex = std::make_shared<Exchange>();
+  g->exchange = exchange;
+  g->access = req.access ? req.access : std::make_shared<AccessRecord>(req.path, req.received);
   g->prompt_tokens = static_cast<uint32_t>(prepared->prompt.size());
+  g->stream = prepared->stream;
   g->include_usage = prepared->include_usage;
+  const std::string id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
+  g->access->set_request_id(id);
+  g->access->set_prompt_tokens(g->prompt_tokens);
   const int64_t created = absl::ToUnixSeconds(absl::Now());
-  g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint,
-                                                 NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-"),
-                                                 options_.model_id, created, prepared->stop, prepared->logprobs);
+  g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint, id, options_.model_id, created,
+                                                 prepared->stop, prepared->logprobs);
   cluster::SubmitSequence submit;
   for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
   *submit.mutable_sampling() = prepared->sampling;
   if (*deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(**deadline));
-  absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), MakeCallbacks(g->ex));
-  if (!id.ok()) return SendError(res, id.status());
-  g->request_id = *id;
-  ++metrics_->in_flight;
 
-  if (!prepared->stream) {
-    // Wait for the end, watching the connection: a client that goes away
-    // cancels the request, and a deadline the workers missed ends it here.
-    const int conn = ConnectionOf(req);
-    absl::Status done_status;
-    bool cancelled = false;
-    while (true) {
-      std::deque<cluster::SequenceUpdate> updates;
-      bool done;
-      {
-        std::unique_lock<std::mutex> l(g->ex->mu);
-        g->ex->cv.wait_for(l, std::chrono::milliseconds(100),
-                           [&] { return !g->ex->updates.empty() || g->ex->done; });
-        updates.swap(g->ex->updates);
-        done = g->ex->done;
-        done_status = g->ex->status;
-      }
-      Drain(*g, updates, manager_);
-      if (done) break;
-      if (!cancelled && PeerGone(conn)) {
-        cancelled = true;
-        manager_->Cancel(g->request_id, "the HTTP client disconnected");
-      } else if (!cancelled && *deadline && absl::Now() > **deadline + absl::Seconds(1)) {
-        cancelled = true;
-        manager_->Cancel(g->request_id, "the request's deadline passed");
-        --metrics_->in_flight;
-        return SendError(res, absl::DeadlineExceededError("the request's deadline passed"));
-      }
-    }
-    --metrics_->in_flight;
-    absl::Status st = EndStatus(*g, done_status);
-    if (!st.ok()) return SendError(res, st);
-    return SendJson(res, 200, g->builder->Response());
-  }
-
-  res.set_header("Cache-Control", "no-cache");
-  res.set_header("X-Accel-Buffering", "no");
   ClusterManager* manager = manager_;
   HttpMetrics* metrics = metrics_.get();
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [g, manager](size_t, httplib::DataSink& sink) {
-        std::vector<Json> chunks;
-        if (!g->begun) {
-          g->begun = true;
-          chunks = g->builder->Begin();
-        }
-        std::deque<cluster::SequenceUpdate> updates;
-        bool done;
-        absl::Status done_status;
-        {
-          std::unique_lock<std::mutex> l(g->ex->mu);
-          if (chunks.empty()) {
-            g->ex->cv.wait_for(l, std::chrono::milliseconds(100),
-                               [&] { return !g->ex->updates.empty() || g->ex->done; });
-          }
-          updates.swap(g->ex->updates);
-          done = g->ex->done;
-          done_status = g->ex->status;
-        }
-        std::vector<Json> more = Drain(*g, updates, manager);
-        chunks.insert(chunks.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
-        std::string text;
-        for (const Json& c : chunks) absl::StrAppend(&text, "data: ", DumpJson(c), "\n\n");
-        if (done || g->finished) {
-          absl::Status st = EndStatus(*g, done_status);
-          if (!st.ok()) {
-            absl::StrAppend(&text, "data: ", DumpJson(ErrorJson(ErrorFromStatus(st))), "\n\n");
-          } else if (g->include_usage) {
-            absl::StrAppend(&text, "data: ", DumpJson(g->builder->UsageChunk()), "\n\n");
-          }
-          text += "data: [DONE]\n\n";
-          if (!sink.write(text.data(), text.size())) return false;
-          g->ended = true;
-          sink.done();
-          return true;
-        }
-        if (!text.empty()) return sink.write(text.data(), text.size());
-        return sink.is_writable();
-      },
-      [g, manager, metrics](bool success) {
-        if (!g->ended || !g->ex->done) {
-          // The client went away before the end (or the stream is done but the
-          // worker has not confirmed): free the sequence.
-          bool done;
-          {
-            std::lock_guard<std::mutex> l(g->ex->mu);
-            done = g->ex->done;
-          }
-          if (!done) manager->Cancel(g->request_id, "the HTTP client disconnected");
-        }
-        --metrics->in_flight;
-      });
+  RequestCallbacks cb;
+  cb.on_accepted = [this, g](uint64_t request_id) {
+    g->request_id = request_id;
+    Track(request_id);
+  };
+  cb.on_update = [g, manager](const cluster::SequenceUpdate& u) {
+    g->access->AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
+    bool cancel = false;
+    {
+      std::lock_guard<std::mutex> l(g->mu);
+      if (g->ended) return;
+      std::vector<Json> chunks = Drain(*g, u, &cancel);
+      if (g->stream) EmitLocked(*g, Events(chunks));
+      if (g->finished) EndLocked(*g, absl::OkStatus());
+    }
+    if (cancel) manager->Cancel(g->request_id, "a stop string was generated");
+  };
+  cb.on_done = [this, g, metrics](const absl::Status& st) {
+    {
+      std::lock_guard<std::mutex> l(g->mu);
+      if (!g->finished) {
+        g->access->set_finish_reason(st.code() == absl::StatusCode::kCancelled           ? "cancelled"
+                                     : st.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
+                                                                                       : "error");
+      }
+      EndLocked(*g, EndStatus(*g, st));
+    }
+    --metrics->in_flight;
+    Untrack(g->request_id);
+  };
+  ++metrics_->in_flight;
+  absl::StatusOr<uint64_t> submitted = manager_->Submit(std::move(submit), std::move(cb));
+  if (!submitted.ok()) {
+    --metrics_->in_flight;
+    return fail(submitted.status());
+  }
+
+  if (g->stream) {
+    HttpResponse head;
+    head.content_type = "text/event-stream";
+    head.set_header("Cache-Control", "no-cache");
+    head.set_header("X-Accel-Buffering", "no");
+    std::lock_guard<std::mutex> l(g->mu);
+    exchange->BeginStream(std::move(head));
+    std::string text = Events(g->builder->Begin()) + g->held;
+    g->held.clear();
+    g->begun = true;
+    if (!text.empty()) exchange->Write(std::move(text));
+    if (g->ended) exchange->End();
+  } else if (*deadline) {
+    // A deadline the workers missed ends the request here (504).
+    exchange->After(**deadline - absl::Now() + absl::Seconds(1), [g, manager] {
+      {
+        std::lock_guard<std::mutex> l(g->mu);
+        if (g->ended) return;
+        g->access->set_finish_reason("deadline");
+        EndLocked(*g, absl::DeadlineExceededError("the request's deadline passed"));
+      }
+      manager->Cancel(g->request_id, "the request's deadline passed");
+    });
+  }
+  // A client that goes away cancels its request.
+  exchange->OnClientGone([g, manager] { manager->Cancel(g->request_id, "the HTTP client disconnected"); });
 }
 
 }  // namespace flotilla::coordinator

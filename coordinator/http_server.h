@@ -1,4 +1,5 @@
-// The OpenAI-compatible HTTP API of the coordinator (cpp-httplib):
+// The OpenAI-compatible HTTP API of the coordinator (on HttpTransport:
+// Boost.Beast, event-driven; see http_transport.h for what no client can do to it):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus text).
 // With API keys every path but /health needs "Authorization: Bearer KEY"
@@ -12,22 +13,17 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
+#include <set>
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
 #include "common/tls_credentials.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
+#include "coordinator/http_transport.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/tokenizer/tokenizer.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}
 
 namespace flotilla::coordinator {
 
@@ -44,6 +40,15 @@ struct HttpServerOptions {
   InputLimits limits;
   // With tls.cert and tls.key the API is HTTPS only (client_ca is for gRPC).
   TlsServerFiles tls;
+  // Connections past this get 503 and are closed.
+  int max_connections = 4096;
+  // A request's head must arrive within header_timeout of its first byte
+  // (408), its body within body_timeout of the head; a kept-alive connection
+  // closes after idle_timeout without a request.
+  absl::Duration header_timeout = absl::Seconds(10);
+  absl::Duration body_timeout = absl::Seconds(60);
+  absl::Duration idle_timeout = absl::Seconds(60);
+  absl::Duration write_timeout = absl::Seconds(60);
 };
 
 class HttpMetrics;
@@ -61,30 +66,38 @@ class HttpServer {
   int port() const { return port_; }
   // The bound port of the metrics listener (0 when there is none).
   int metrics_port() const { return metrics_port_; }
-  // Stops accepting and waits for the server thread; open streams end.
+  // Open connections of the API listener.
+  int connections() const { return server_ ? server_->connections() : 0; }
+  // Stops accepting, closes every connection and cancels the requests still
+  // running; open streams end.
   void Stop();
 
  private:
   HttpServer(HttpServerOptions options, ClusterManager* manager, const tokenizer::Tokenizer* tokenizer);
   void Routes();
-  // Runs one chat or completions request, streamed or whole.
-  void Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // Runs one chat or completions request, streamed or whole: prepares and
+  // submits it, then answers from the manager's callbacks (no thread waits).
+  void Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
   std::string NewId(const char* prefix);
   // Whether `req` may go on; answers 401 itself otherwise.
-  bool Authorized(const httplib::Request& req, httplib::Response& res) const;
+  bool Authorized(const HttpRequest& req, HttpResponse& res) const;
   // Starts the open /metrics listener on options_.metrics_listen.
   absl::Status ServeMetrics();
+  HttpTransportOptions TransportOptions(const std::string& listen, const char* flag) const;
+  // The requests in flight, cancelled by Stop.
+  void Track(uint64_t request_id);
+  void Untrack(uint64_t request_id);
 
   HttpServerOptions options_;
   ClusterManager* manager_;
   const tokenizer::Tokenizer* tok_;
   std::unique_ptr<HttpMetrics> metrics_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<HttpTransport> server_;
   int port_ = 0;
-  std::unique_ptr<httplib::Server> metrics_server_;
-  std::thread metrics_thread_;
+  std::unique_ptr<HttpTransport> metrics_server_;
   int metrics_port_ = 0;
+  std::mutex active_mu_;
+  std::set<uint64_t> active_;  // under active_mu_
 };
 
 }  // namespace flotilla::coordinator

@@ -13,9 +13,10 @@ packages=(
   g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
   git                     # tests clone the tree
   libabsl-dev             # absl::Status, flags helpers, synchronization
+  libboost-dev            # Boost.Beast and Asio: the coordinator's HTTP server (event-driven)
   libclang-rt-dev         # clang's runtimes: libFuzzer, ASan, UBSan (tools/fuzz.sh)
   libcli11-dev            # command-line parsing for every binary
-  libcpp-httplib-dev      # OpenAI-compatible HTTP server
+  libcpp-httplib-dev      # HTTP clients of the CLI and the tests
   libfmt-dev              # formatting (spdlog's backend)
   libgmock-dev            # gmock
   libgrpc++-dev           # gRPC C++ (client API, cluster control, admin)

@@ -1,0 +1,71 @@
+#include "coordinator/access_log.h"
+
+#include <vector>
+
+#include "common/logging.h"
+
+namespace flotilla::coordinator {
+
+AccessRecord::AccessRecord(std::string api, absl::Time start)
+    : api_(std::move(api)), start_(start) {}
+
+void AccessRecord::set_api(std::string api) {
+  std::lock_guard<std::mutex> l(mu_);
+  api_ = std::move(api);
+}
+void AccessRecord::set_request_id(std::string id) {
+  std::lock_guard<std::mutex> l(mu_);
+  request_id_ = std::move(id);
+}
+void AccessRecord::set_key(std::string key) {
+  std::lock_guard<std::mutex> l(mu_);
+  key_ = std::move(key);
+}
+void AccessRecord::set_prompt_tokens(uint32_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  prompt_tokens_ = n;
+}
+void AccessRecord::AddOutputTokens(uint32_t n, absl::Time now) {
+  if (n == 0) return;
+  std::lock_guard<std::mutex> l(mu_);
+  if (!ttft_) ttft_ = now - start_;
+  output_tokens_ += n;
+}
+void AccessRecord::set_output_tokens(uint32_t n) {
+  std::lock_guard<std::mutex> l(mu_);
+  output_tokens_ = n;
+}
+void AccessRecord::set_finish_reason(std::string reason) {
+  std::lock_guard<std::mutex> l(mu_);
+  finish_reason_ = std::move(reason);
+}
+void AccessRecord::set_level(spdlog::level::level_enum level) {
+  std::lock_guard<std::mutex> l(mu_);
+  level_ = level;
+}
+
+void AccessRecord::Log(std::string_view status, absl::Time end) {
+  std::vector<LogField> fields;
+  spdlog::level::level_enum level;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (logged_) return;
+    logged_ = true;
+    level = level_;
+    fields = {
+        request_id_.empty() ? LogField::Null("request_id") : LogField("request_id", request_id_),
+        key_.empty() ? LogField::Null("key") : LogField("key", key_),
+        LogField("api", api_),
+        LogField("status", status),
+        LogField("prompt_tokens", prompt_tokens_),
+        LogField("output_tokens", output_tokens_),
+        ttft_ ? LogField("ttft_ms", absl::ToDoubleMilliseconds(*ttft_)) : LogField::Null("ttft_ms"),
+        LogField("duration_ms", absl::ToDoubleMilliseconds(end - start_)),
+        finish_reason_.empty() ? LogField::Null("finish_reason")
+                               : LogField("finish_reason", finish_reason_),
+    };
+  }
+  LogEvent(level, "access", fields);
+}
+
+}  // namespace flotilla::coordinator

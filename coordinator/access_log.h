@@ -1,0 +1,49 @@
+// The access log: one line per request the coordinator answers, whatever API
+// it came through, for operators (request id, key id, API, status, prompt and
+// output tokens, time to first token, duration, finish reason). Each layer
+// fills in what it knows; the line is written once, when the request ends.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "spdlog/common.h"
+
+namespace flotilla::coordinator {
+
+class AccessRecord {
+ public:
+  // `api` names the call: "POST /v1/chat/completions", "grpc Generate", ...
+  AccessRecord(std::string api, absl::Time start);
+
+  void set_api(std::string api);
+  void set_request_id(std::string id);
+  void set_key(std::string key);  // the caller's key id ("client:0"), never the key
+  void set_prompt_tokens(uint32_t n);
+  // Output tokens as they arrive; the first ones fix the time to first token.
+  void AddOutputTokens(uint32_t n, absl::Time now);
+  // The final count, when the worker reports it (end tokens included).
+  void set_output_tokens(uint32_t n);
+  void set_finish_reason(std::string reason);
+  // Control-plane calls (health probes, scrapes) are logged at debug.
+  void set_level(spdlog::level::level_enum level);
+
+  // Writes the line, once (later calls do nothing). `status` is the HTTP
+  // status or the gRPC code's name.
+  void Log(std::string_view status, absl::Time end);
+
+ private:
+  std::mutex mu_;
+  std::string api_, request_id_, key_, finish_reason_;
+  absl::Time start_;
+  uint32_t prompt_tokens_ = 0, output_tokens_ = 0;
+  std::optional<absl::Duration> ttft_;
+  spdlog::level::level_enum level_ = spdlog::level::info;
+  bool logged_ = false;
+};
+
+}  // namespace flotilla::coordinator
