@@ -12,6 +12,7 @@
 
 #include "common/cluster_token.h"
 #include "common/listen_address.h"
+#include "common/logging.h"
 #include "common/model_spec.h"
 #include "common/tls_credentials.h"
 #include "coordinator/auth.h"
@@ -160,7 +161,28 @@ int main(int argc, char** argv) {
   app.add_option("--tls-client-ca", tls.client_ca,
                  "PEM CA: gRPC clients and workers must present a certificate it signed (mTLS)")
       ->envname("FLOTILLA_TLS_CLIENT_CA");
+  flotilla::coordinator::HttpServerOptions http_options;
+  app.add_option("--http-max-connections", http_options.max_connections,
+                 "open HTTP connections at most; past it a new one gets 503 and is closed")
+      ->envname("FLOTILLA_HTTP_MAX_CONNECTIONS")->capture_default_str()->check(CLI::PositiveNumber);
+  double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 60;
+  app.add_option("--http-header-timeout-s", header_timeout_s,
+                 "seconds a request's head may take from its first byte (else 408 and close)")
+      ->envname("FLOTILLA_HTTP_HEADER_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--http-body-timeout-s", body_timeout_s,
+                 "seconds a request's body may take after its head (else 408 and close)")
+      ->envname("FLOTILLA_HTTP_BODY_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--http-idle-timeout-s", idle_timeout_s,
+                 "seconds a kept-alive HTTP connection may wait for its next request")
+      ->envname("FLOTILLA_HTTP_IDLE_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+  flotilla::LogOptions log_options;
+  flotilla::AddLogFlags(app, &log_options);
+  flotilla::AddVersionFlag(app, "flotilla-coordinator");
   CLI11_PARSE(app, argc, argv);
+  if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
+    std::cerr << "flotilla-coordinator: " << st.message() << "\n";
+    return 2;
+  }
 
   // Addresses, ports and TLS files are checked before anything starts: a taken
   // port or a bad file is a clear error and exit 1 within milliseconds.
@@ -292,7 +314,9 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<flotilla::coordinator::HttpServer> http;
   if (!http_listen.empty()) {
-    flotilla::coordinator::HttpServerOptions http_options;
+    http_options.header_timeout = absl::Seconds(header_timeout_s);
+    http_options.body_timeout = absl::Seconds(body_timeout_s);
+    http_options.idle_timeout = absl::Seconds(idle_timeout_s);
     http_options.listen = http_listen;
     http_options.model_id = model_id;
     if (!(*auth)->open()) http_options.auth = auth->get();

@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "common/cluster_token.h"
+#include "common/logging.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker_runtime.h"
 
@@ -59,7 +60,14 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_TLS_CERT");
   app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert")
       ->envname("FLOTILLA_TLS_KEY");
+  flotilla::LogOptions log_options;
+  flotilla::AddLogFlags(app, &log_options);
+  flotilla::AddVersionFlag(app, "flotilla-worker");
   CLI11_PARSE(app, argc, argv);
+  if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
+    std::cerr << "flotilla-worker: " << st.message() << "\n";
+    return 2;
+  }
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
   if (absl::Status tls = flotilla::CheckClientFiles(o.tls); !tls.ok()) {
     std::cerr << "flotilla-worker: " << tls.message() << "\n";

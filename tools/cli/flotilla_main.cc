@@ -4,6 +4,7 @@
 #include <iostream>
 #include <string>
 
+#include "common/logging.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/chat_command.h"
 #include "tools/cli/generate_command.h"
@@ -16,6 +17,16 @@
 int main(int argc, char** argv) {
   CLI::App app{"flotilla: serve gpt-oss across GPUs and nodes"};
   app.require_subcommand(1);
+  // Logging flags work before or after the subcommand (flotilla up --log-level debug).
+  app.fallthrough();
+  flotilla::LogOptions log_options;
+  flotilla::AddLogFlags(app, &log_options);
+  flotilla::AddVersionFlag(app, "flotilla");
+  app.parse_complete_callback([&log_options] {
+    if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
+      throw CLI::ValidationError(std::string(st.message()));
+    }
+  });
   flotilla::cli::AddInfoCommand(app);
   flotilla::cli::AddMakeCheckpointCommand(app);
   flotilla::cli::AddGenerateCommand(app);

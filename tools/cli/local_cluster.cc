@@ -63,6 +63,14 @@ std::string CacheDir() {
   return "/tmp/flotilla-cache";
 }
 
+// The logging flags of a child named `tag`.
+std::vector<std::string> LogArgs(const LocalClusterOptions& o, const std::string& tag) {
+  std::vector<std::string> args = {"--log-tag", tag};
+  if (!o.log_level.empty()) args.insert(args.end(), {"--log-level", o.log_level});
+  if (!o.log_format.empty()) args.insert(args.end(), {"--log-format", o.log_format});
+  return args;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> EnsureDefaultModel() {
@@ -152,6 +160,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       "--http-listen", options.http_listen, "--cluster-token-file", c->cluster_token_file_};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
+  for (const std::string& arg : LogArgs(options, "coordinator")) coordinator_argv.push_back(arg);
   for (const auto& [flag, value] :
        {std::pair<const char*, std::string>{"--tls-cert", options.tls.cert},
         {"--tls-key", options.tls.key},
@@ -219,6 +228,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       }
     }
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
+    for (const std::string& arg : LogArgs(options, absl::StrCat("worker-", i))) argv.push_back(arg);
     for (const auto& [flag, value] :
          {std::pair<const char*, std::string>{"--tls-ca", options.client_tls.ca},
           {"--tls-cert", options.client_tls.cert},

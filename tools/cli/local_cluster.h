@@ -35,6 +35,10 @@ struct LocalClusterOptions {
   int comm_timeout_ms = 10000;
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them
   std::string log_dir;        // children's logs; empty = inherit stderr
+  // The children's --log-level and --log-format (empty: their defaults); each
+  // gets --log-tag coordinator or worker-N.
+  std::string log_level;
+  std::string log_format;
   absl::Duration ready_timeout = absl::Seconds(120);
   // Further flags for the coordinator and for every worker (e.g.
   // {"--max-sequences", "256"}, {"--gpu-memory-utilization", "0.9"}).

@@ -114,8 +114,11 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--ready-timeout-s", limits->ready_timeout_s,
                   "how long to wait for every worker to load (a 120b load takes minutes)")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->callback([o, limits] {
+  cmd->callback([o, limits, &app] {
     limits->ApplyTo(*o);
+    // The children log like up itself (--log-level, --log-format are flotilla's).
+    o->log_level = app.get_option("--log-level")->as<std::string>();
+    o->log_format = app.get_option("--log-format")->as<std::string>();
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(*o);
