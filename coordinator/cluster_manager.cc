@@ -8,6 +8,7 @@
 #include "common/cluster_token.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
+#include "coordinator/input_limits.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -497,11 +498,9 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
       options_.max_model_len > 0
           ? std::min<int64_t>(options_.max_model_len, options_.model.max_position_embeddings)
           : options_.model.max_position_embeddings;
-  if (static_cast<int64_t>(request.prompt_ids().size()) >= context) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt of ", request.prompt_ids().size(),
-                                                   " tokens does not fit the context of ",
-                                                   context, " (--max-model-len)"));
-  }
+  // Prompt + max_tokens within the context, or a clear refusal (cut to fit
+  // when the request asked to be truncated).
+  if (absl::Status fits = FitToContext(request, context); !fits.ok()) return fits;
   if (request.return_prompt_logits()) {
     const uint64_t bytes = static_cast<uint64_t>(request.prompt_ids_size()) *
                            static_cast<uint64_t>(options_.model.vocab_size) * sizeof(float);
@@ -536,6 +535,7 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
       absl::Time submitted = absl::Now();
       absl::Time last;
       bool got_token = false;
+      std::optional<cluster::SequenceUpdate> finish;  // the update with the finish reason
     };
     auto timing = std::make_shared<Timing>();
     ServingMetrics* m = &metrics_;
@@ -556,6 +556,13 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
         timing->got_token = true;
         timing->last = now;
       }
+      if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+        std::lock_guard<std::mutex> l(timing->mu);
+        timing->finish = u;
+        timing->finish->clear_token_ids();
+        timing->finish->clear_logprobs();
+        timing->finish->clear_prompt_logits();
+      }
       if (on_update) on_update(u);
     };
     auto on_done = std::move(callbacks.on_done);
@@ -563,6 +570,14 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
       {
         std::lock_guard<std::mutex> l(timing->mu);
         m->e2e.Observe(absl::ToDoubleSeconds(absl::Now() - timing->submitted));
+        if (st.code() == absl::StatusCode::kCancelled && st.message() == kStopStringCancel) {
+          // Cancelled because the answer hit a stop string: it stopped.
+          cluster::SequenceUpdate stop;
+          stop.set_finish_reason(common::STOP);
+          m->Finished(absl::OkStatus(), &stop);
+        } else {
+          m->Finished(st, timing->finish ? &*timing->finish : nullptr);
+        }
       }
       if (on_done) on_done(st);
     };

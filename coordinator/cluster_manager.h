@@ -59,6 +59,10 @@ struct ClusterOptions {
   uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;
 };
 
+// The Cancel reason of a request whose answer hit a stop string (the
+// metrics count it as stopped, not cancelled).
+inline constexpr char kStopStringCancel[] = "a stop string was generated";
+
 // Callbacks of one request. `on_update` gets every SequenceUpdate (the last
 // one has a finish reason); `on_done` is called exactly once, after the last
 // update, with OK or the error that ended the request. Both are called without

@@ -20,24 +20,18 @@ namespace flotilla::coordinator {
 
 namespace {
 
-void Gauge(std::string& out, const std::string& name, const std::string& help, double v) {
-  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, " ", v, "\n");
-}
-void Counter(std::string& out, const std::string& name, const std::string& help, uint64_t v) {
-  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name, " ", v, "\n");
-}
+// A series' labels in braces, or nothing.
+std::string Braces(const std::string& labels) { return labels.empty() ? "" : "{" + labels + "}"; }
 
-std::string LabelValue(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '\\' || c == '"') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
+void Gauge(std::string& out, const std::string& name, const std::string& help, const std::string& labels,
+           double v) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " gauge\n", name, Braces(labels),
+                  " ", v, "\n");
+}
+void Counter(std::string& out, const std::string& name, const std::string& help,
+             const std::string& labels, uint64_t v) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " counter\n", name,
+                  Braces(labels), " ", v, "\n");
 }
 
 }  // namespace
@@ -52,28 +46,33 @@ class HttpMetrics {
   }
   std::atomic<int64_t> in_flight{0};
 
-  std::string Render(const admin::ClusterStatus& s, const ServingMetrics& serving) const {
+  // Every series carries model_name="`model_id`" (as vLLM's do).
+  std::string Render(const admin::ClusterStatus& s, const ServingMetrics& serving,
+                     const std::string& model_id) const {
+    const std::string m = ModelLabel(model_id);
     std::string out;
     out += "# HELP flotilla_http_requests_total HTTP requests answered, by path and status\n"
            "# TYPE flotilla_http_requests_total counter\n";
     {
       std::lock_guard<std::mutex> l(mu_);
       for (const auto& [key, n] : requests_) {
-        absl::StrAppend(&out, "flotilla_http_requests_total{path=\"", LabelValue(key.first),
+        absl::StrAppend(&out, "flotilla_http_requests_total{", m, ",path=\"", PrometheusLabelValue(key.first),
                         "\",status=\"", key.second, "\"} ", n, "\n");
       }
     }
-    serving.Render(out);
-    Gauge(out, "flotilla_http_requests_in_flight", "generation requests being served over HTTP",
+    serving.Render(m, out);
+    Gauge(out, "flotilla_http_requests_in_flight", "generation requests being served over HTTP", m,
           static_cast<double>(in_flight.load()));
-    Counter(out, "flotilla_requests_submitted_total", "requests admitted (gRPC and HTTP)",
+    Gauge(out, "flotilla_http_connections", "open connections of the HTTP API", m,
+          static_cast<double>(connections ? connections() : 0));
+    Counter(out, "flotilla_requests_submitted_total", "requests admitted (gRPC and HTTP)", m,
             s.requests_submitted());
     Counter(out, "flotilla_requests_cancelled_total",
-            "requests ended early by a cancel, a client disconnect or a stop string",
+            "requests ended early by a cancel, a client disconnect or a stop string", m,
             s.requests_cancelled());
-    Gauge(out, "flotilla_requests_in_flight", "requests the coordinator is serving (gRPC and HTTP)",
+    Gauge(out, "flotilla_requests_in_flight", "requests the coordinator is serving (gRPC and HTTP)", m,
           static_cast<double>(s.requests_in_flight()));
-    Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests",
+    Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests", m,
           s.state() == admin::READY ? 1 : 0);
     uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
     uint64_t prefix_queries = 0, prefix_hits = 0;
@@ -89,27 +88,32 @@ class HttpMetrics {
                                ? 0.0
                                : 1.0 - static_cast<double>(w.load().kv_blocks_free()) /
                                            static_cast<double>(w.load().kv_blocks_total());
-      absl::StrAppend(&per_worker, "flotilla_worker_kv_cache_usage_ratio{worker=\"",
-                      LabelValue(w.worker_id()), "\",rank=\"", w.rank(), "\"} ", usage, "\n");
+      absl::StrAppend(&per_worker, "flotilla_worker_kv_cache_usage_ratio{", m, ",worker=\"",
+                      PrometheusLabelValue(w.worker_id()), "\",rank=\"", w.rank(), "\"} ", usage, "\n");
     }
-    Gauge(out, "flotilla_running_sequences", "sequences running on the workers", static_cast<double>(running));
-    Gauge(out, "flotilla_queued_sequences", "sequences waiting on the workers (queue depth)",
+    Gauge(out, "flotilla_running_sequences", "sequences running on the workers", m,
+          static_cast<double>(running));
+    Gauge(out, "flotilla_queued_sequences", "sequences waiting on the workers (queue depth)", m,
           static_cast<double>(queued));
-    Gauge(out, "flotilla_kv_blocks_free", "free KV cache blocks over all workers", static_cast<double>(kv_free));
-    Gauge(out, "flotilla_kv_blocks_total", "KV cache blocks over all workers", static_cast<double>(kv_total));
-    Gauge(out, "flotilla_kv_cache_usage_ratio", "used fraction of the KV cache over all workers",
+    Gauge(out, "flotilla_kv_blocks_free", "free KV cache blocks over all workers", m,
+          static_cast<double>(kv_free));
+    Gauge(out, "flotilla_kv_blocks_total", "KV cache blocks over all workers", m,
+          static_cast<double>(kv_total));
+    Gauge(out, "flotilla_kv_cache_usage_ratio", "used fraction of the KV cache over all workers", m,
           kv_total == 0 ? 0.0 : 1.0 - static_cast<double>(kv_free) / static_cast<double>(kv_total));
     // Sums of the workers' counters since each started (a restarted worker
     // starts again from zero: Prometheus treats that as a counter reset).
     Counter(out, "flotilla_prefix_cache_queries_tokens_total",
-            "prompt tokens looked up in the workers' prefix caches", prefix_queries);
+            "prompt tokens looked up in the workers' prefix caches", m, prefix_queries);
     Counter(out, "flotilla_prefix_cache_hits_tokens_total",
-            "prompt tokens found in the workers' prefix caches (not computed)", prefix_hits);
+            "prompt tokens found in the workers' prefix caches (not computed)", m, prefix_hits);
     out += "# HELP flotilla_worker_kv_cache_usage_ratio used fraction of one worker's KV cache\n"
            "# TYPE flotilla_worker_kv_cache_usage_ratio gauge\n";
     out += per_worker;
     return out;
   }
+  // The API listener's open connections (set once it exists).
+  std::function<int()> connections;
 
  private:
   mutable std::mutex mu_;
@@ -338,6 +342,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
   if (!server.ok()) return server.status();
   s->server_ = *std::move(server);
   s->port_ = s->server_->port();
+  HttpTransport* transport = s->server_.get();
+  s->metrics_->connections = [transport] { return transport->connections(); };
   s->Routes();
   s->server_->Start();
   if (!s->options_.metrics_listen.empty()) {
@@ -354,7 +360,7 @@ absl::Status HttpServer::ServeMetrics() {
   if (!server.ok()) return server.status();
   metrics_server_ = *std::move(server);
   metrics_server_->Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()),
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id),
                     "text/plain; version=0.0.4");
   });
   metrics_server_->set_logger([](const HttpRequest& req, const HttpResponse& res, bool) {
@@ -436,7 +442,7 @@ void HttpServer::Routes() {
     }
   });
   svr.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()), "text/plain; version=0.0.4");
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id), "text/plain; version=0.0.4");
   });
   auto model_json = [this] {
     return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};
@@ -511,7 +517,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
       if (g->stream) EmitLocked(*g, Events(chunks));
       if (g->finished) EndLocked(*g, absl::OkStatus());
     }
-    if (cancel) manager->Cancel(g->request_id, "a stop string was generated");
+    if (cancel) manager->Cancel(g->request_id, kStopStringCancel);
   };
   cb.on_done = [this, g, metrics](const absl::Status& st) {
     {
@@ -530,7 +536,11 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   absl::StatusOr<uint64_t> submitted = manager_->Submit(std::move(submit), std::move(cb));
   if (!submitted.ok()) {
     --metrics_->in_flight;
-    return fail(submitted.status());
+    ApiError e = ErrorFromStatus(submitted.status());
+    if (e.code == kContextLengthExceeded) e.param = endpoint == Endpoint::kChat ? "messages" : "prompt";
+    HttpResponse res;
+    SendError(res, e);
+    return exchange->Send(std::move(res));
   }
 
   if (g->stream) {

@@ -297,6 +297,8 @@ class HttpTransport::Impl {
   Logger logger;
   WorkPool get_pool, post_pool;
   std::vector<std::thread> threads;
+  // Keeps the I/O threads running until Stop, whatever is pending.
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   std::mutex conns_mu;
   std::map<uint64_t, std::weak_ptr<ConnectionBase>> conns;
   std::atomic<uint64_t> next_id{1};
@@ -459,6 +461,7 @@ class Connection final : public ConnectionBase {
     // one may sit idle for idle_timeout, then has header_timeout from the
     // first byte of the next request.
     awaiting_first_byte_ = !first && buffer_.size() == 0;
+    got_bytes_ = buffer_.size() > 0;
     ArmRead(awaiting_first_byte_ ? server_->options.idle_timeout : server_->options.header_timeout);
     Parse();
     Read();
@@ -481,6 +484,7 @@ class Connection final : public ConnectionBase {
       return Close();
     }
     buffer_.commit(n);
+    if (phase_ == Phase::kHead) got_bytes_ = true;
     if (phase_ == Phase::kDiscard) {
       buffer_.consume(buffer_.size());
       return Read();
@@ -602,7 +606,8 @@ class Connection final : public ConnectionBase {
   void OnReadDeadline() {
     switch (phase_) {
       case Phase::kHead:
-        if (awaiting_first_byte_ || parser_->is_header_done()) return Close();
+        // Nothing sent (an idle connection): closed without a word.
+        if (awaiting_first_byte_ || !got_bytes_ || parser_->is_header_done()) return Close();
         [[fallthrough]];
       case Phase::kBody:
         if (!started_) {
@@ -705,6 +710,7 @@ class Connection final : public ConnectionBase {
   Phase phase_ = Phase::kHead;
   bool reading_ = false, writing_ = false, closed_ = false;
   bool awaiting_first_byte_ = false;
+  bool got_bytes_ = false;  // of the request being read
   std::string remote_addr_;
   int remote_port_ = 0;
   // The request being answered.
@@ -913,6 +919,7 @@ void HttpTransport::Start() {
   Impl& s = *impl_;
   s.get_pool.Start(std::max(1, s.options.get_threads));
   s.post_pool.Start(std::max(1, s.options.post_threads));
+  s.work.emplace(s.shared->io.get_executor());
   asio::post(s.acceptor.get_executor(), [&s] { s.Accept(); });
   for (int i = 0; i < std::max(1, s.options.io_threads); ++i) {
     s.threads.emplace_back([&s] { s.shared->io.run(); });
@@ -946,6 +953,7 @@ void HttpTransport::Stop() {
   std::future<void> closed = done->get_future();
   asio::post(s.acceptor.get_executor(), [done] { done->set_value(); });
   if (!s.threads.empty()) closed.wait_for(std::chrono::seconds(2));
+  s.work.reset();
   s.shared->io.stop();
   for (std::thread& t : s.threads) {
     if (t.joinable()) t.join();

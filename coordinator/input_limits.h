@@ -7,9 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <optional>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "proto/cluster.pb.h"
 
 namespace flotilla::coordinator {
 
@@ -44,5 +48,21 @@ absl::Status CheckPromptTextBytes(size_t bytes, size_t limit, absl::string_view 
 // RESOURCE_EXHAUSTED naming the size and the limit (--max-request-bytes) when
 // a request of `bytes` is over `limit` (0 = no limit).
 absl::Status CheckRequestBytes(size_t bytes, size_t limit);
+
+// The OpenAI error code of a request that does not fit the context.
+inline constexpr char kContextLengthExceeded[] = "context_length_exceeded";
+
+// Fits `request` to a context of `context` tokens (prompt + max_tokens, where
+// max_tokens 0 means "up to the context"). When the request asked to be
+// truncated (sampling.truncate_prompt_tokens), the prompt keeps its last N
+// tokens (-1: context - 1) and max_tokens shrinks to the room left. Otherwise
+// a request that does not fit is INVALID_ARGUMENT with vLLM's message ("This
+// model's maximum context length is C tokens. However, you requested T tokens
+// (P in the messages, M in the completion). ...") and the OpenAI code
+// context_length_exceeded as a payload (OpenAiErrorCode).
+absl::Status FitToContext(cluster::SubmitSequence& request, int64_t context);
+
+// The OpenAI error `code` a status carries (set by FitToContext), if any.
+std::optional<std::string> OpenAiErrorCode(const absl::Status& status);
 
 }  // namespace flotilla::coordinator

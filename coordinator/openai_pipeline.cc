@@ -111,6 +111,14 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out) {
     out.include_usage = *inc;
   }
   common::SamplingParams& s = out.sampling;
+  // vLLM's: cut the prompt (and max_tokens) to fit the context instead of a
+  // context_length_exceeded error.
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> truncate,
+                            Integer(body, "truncate_prompt_tokens", -1, INT32_MAX));
+  if (truncate) {
+    if (*truncate == 0) return Invalid("truncate_prompt_tokens", "must be -1 or a positive number");
+    s.set_truncate_prompt_tokens(static_cast<int32_t>(*truncate));
+  }
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> t, Number(body, "temperature", 0, 2));
   if (t) s.set_temperature(static_cast<float>(*t));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> p, Number(body, "top_p", 0, 1));
@@ -192,6 +200,11 @@ ApiError ErrorFromStatus(const absl::Status& status) {
       e.http_status = 500;
       e.type = "server_error";
       break;
+  }
+  if (std::optional<std::string> code = OpenAiErrorCode(status)) {
+    e.code = *code;
+    // Named by the caller (messages or prompt); the message says the numbers.
+    return e;
   }
   if (e.http_status == 400 || e.http_status == 404) {
     // "field.path: what" -> param = field.path

@@ -220,7 +220,7 @@ class ChatReactor final : public ChatReactorBase {
           state->queue.Close(grpc::Status::OK);
         }
       }
-      if (cancel) manager->Cancel(u.request_id(), "a stop string was generated");
+      if (cancel) manager->Cancel(u.request_id(), kStopStringCancel);
     };
     cb.on_done = [state, requests](const absl::Status& st) {
       requests->Remove(state->request_id);

@@ -3,6 +3,45 @@
 #include "absl/strings/str_cat.h"
 
 namespace flotilla::coordinator {
+namespace {
+
+// Latencies from milliseconds up to 30 minutes (long prompts, slow queues
+// and long generations are what an operator most needs to see).
+std::vector<double> LatencyBuckets(std::vector<double> small) {
+  for (double b : {1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0}) {
+    small.push_back(b);
+  }
+  return small;
+}
+
+const char* ReasonName(FinishedReason r) {
+  switch (r) {
+    case FinishedReason::kStop: return "stop";
+    case FinishedReason::kLength: return "length";
+    case FinishedReason::kCancelled: return "cancelled";
+    case FinishedReason::kDeadline: return "deadline";
+    default: return "error";
+  }
+}
+
+}  // namespace
+
+std::string PrometheusLabelValue(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string ModelLabel(const std::string& model_id) {
+  return absl::StrCat("model_name=\"", PrometheusLabelValue(model_id), "\"");
+}
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), counts_(bounds_.size() + 1) {}
@@ -16,37 +55,80 @@ void Histogram::Observe(double v) {
   ++count_;
 }
 
-void Histogram::Render(const std::string& name, const std::string& help, std::string& out) const {
+void Histogram::Render(const std::string& name, const std::string& help, const std::string& labels,
+                       std::string& out) const {
   std::lock_guard<std::mutex> l(mu_);
+  const std::string prefix = labels.empty() ? "" : labels + ",";
+  const std::string alone = labels.empty() ? "" : absl::StrCat("{", labels, "}");
   absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
-    absl::StrAppend(&out, name, "_bucket{le=\"", bounds_[i], "\"} ", cum, "\n");
+    absl::StrAppend(&out, name, "_bucket{", prefix, "le=\"", bounds_[i], "\"} ", cum, "\n");
   }
   cum += counts_.back();
-  absl::StrAppend(&out, name, "_bucket{le=\"+Inf\"} ", cum, "\n", name, "_sum ", sum_, "\n", name,
-                  "_count ", count_, "\n");
+  absl::StrAppend(&out, name, "_bucket{", prefix, "le=\"+Inf\"} ", cum, "\n", name, "_sum", alone, " ",
+                  sum_, "\n", name, "_count", alone, " ", count_, "\n");
 }
 
 ServingMetrics::ServingMetrics()
-    : ttft({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
-      itl({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}),
-      e2e({0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}) {}
+    : ttft(LatencyBuckets({0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5})),
+      itl({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}),
+      e2e(LatencyBuckets({0.05, 0.1, 0.25, 0.5})),
+      queue_time(LatencyBuckets({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5})),
+      prefill_time(LatencyBuckets({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5})),
+      decode_time(LatencyBuckets({0.01, 0.025, 0.05, 0.1, 0.25, 0.5})) {}
 
-void ServingMetrics::Render(std::string& out) const {
+void ServingMetrics::Finished(const absl::Status& status, const cluster::SequenceUpdate* last) {
+  FinishedReason reason = FinishedReason::kError;
+  if (status.ok() && last != nullptr) {
+    if (last->finish_reason() == common::STOP) reason = FinishedReason::kStop;
+    if (last->finish_reason() == common::LENGTH) reason = FinishedReason::kLength;
+    if (last->finish_reason() == common::STOP || last->finish_reason() == common::LENGTH) {
+      queue_time.Observe(last->queue_time_ms() / 1000.0);
+      prefill_time.Observe(last->prefill_time_ms() / 1000.0);
+      decode_time.Observe(last->decode_time_ms() / 1000.0);
+    }
+  } else if (status.code() == absl::StatusCode::kCancelled) {
+    reason = FinishedReason::kCancelled;
+  } else if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    reason = FinishedReason::kDeadline;
+  }
+  ++finished[static_cast<int>(reason)];
+}
+
+void ServingMetrics::Render(const std::string& labels, std::string& out) const {
+  const std::string alone = labels.empty() ? "" : absl::StrCat("{", labels, "}");
   absl::StrAppend(&out, "# HELP flotilla_prompt_tokens_total prompt tokens of admitted requests\n",
-                  "# TYPE flotilla_prompt_tokens_total counter\nflotilla_prompt_tokens_total ",
-                  prompt_tokens.load(), "\n");
+                  "# TYPE flotilla_prompt_tokens_total counter\nflotilla_prompt_tokens_total", alone,
+                  " ", prompt_tokens.load(), "\n");
   absl::StrAppend(&out,
                   "# HELP flotilla_generation_tokens_total tokens generated (end tokens included)\n",
-                  "# TYPE flotilla_generation_tokens_total counter\nflotilla_generation_tokens_total ",
-                  generation_tokens.load(), "\n");
+                  "# TYPE flotilla_generation_tokens_total counter\nflotilla_generation_tokens_total",
+                  alone, " ", generation_tokens.load(), "\n");
+  absl::StrAppend(&out,
+                  "# HELP flotilla_requests_finished_total requests ended, by how: stop (an end "
+                  "token, stop token or stop string), length (max_tokens or the context), "
+                  "cancelled (by the client or its disconnect), deadline, error\n"
+                  "# TYPE flotilla_requests_finished_total counter\n");
+  const std::string prefix = labels.empty() ? "" : labels + ",";
+  for (int r = 0; r < static_cast<int>(FinishedReason::kCount); ++r) {
+    absl::StrAppend(&out, "flotilla_requests_finished_total{", prefix, "finished_reason=\"",
+                    ReasonName(static_cast<FinishedReason>(r)), "\"} ", finished[r].load(), "\n");
+  }
   ttft.Render("flotilla_time_to_first_token_seconds",
-              "time from admission to the first generated token (gRPC and HTTP)", out);
+              "time from admission to the first generated token (gRPC and HTTP)", labels, out);
   itl.Render("flotilla_inter_token_latency_seconds",
-             "time between generated tokens of one request (gRPC and HTTP)", out);
-  e2e.Render("flotilla_request_duration_seconds", "time from admission to the last token", out);
+             "time between generated tokens of one request (gRPC and HTTP)", labels, out);
+  e2e.Render("flotilla_request_duration_seconds", "time from admission to the last token", labels, out);
+  queue_time.Render("flotilla_request_queue_time_seconds",
+                    "time a finished request waited on its worker before it was admitted to the batch",
+                    labels, out);
+  prefill_time.Render("flotilla_request_prefill_time_seconds",
+                      "time from admission to the batch to the first token (the prompt's prefill)",
+                      labels, out);
+  decode_time.Render("flotilla_request_decode_time_seconds",
+                     "time from the first token to the last", labels, out);
 }
 
 }  // namespace flotilla::coordinator

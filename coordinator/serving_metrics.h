@@ -1,6 +1,7 @@
 // Latency and token metrics of every request the coordinator serves, whatever
 // API it came through (gRPC Generate/Chat or HTTP): the cluster manager wraps
-// each request's callbacks, and /metrics renders them in Prometheus text.
+// each request's callbacks, and /metrics renders them in Prometheus text,
+// every series labelled with the served model (model_name, as vLLM does).
 #pragma once
 
 #include <atomic>
@@ -9,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "proto/cluster.pb.h"
+
 namespace flotilla::coordinator {
 
 // A Prometheus histogram (cumulative buckets, sum, count). Thread-safe.
@@ -16,7 +20,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds);
   void Observe(double v);
-  void Render(const std::string& name, const std::string& help, std::string& out) const;
+  // `labels` (e.g. model_name="m") go on every series, before `le`.
+  void Render(const std::string& name, const std::string& help, const std::string& labels,
+              std::string& out) const;
 
  private:
   mutable std::mutex mu_;
@@ -26,16 +32,33 @@ class Histogram {
   uint64_t count_ = 0;
 };
 
+// How requests ended, as flotilla_requests_finished_total counts them.
+enum class FinishedReason { kStop, kLength, kCancelled, kDeadline, kError, kCount };
+
 struct ServingMetrics {
   ServingMetrics();
   Histogram ttft;  // admission to the first generated token
   Histogram itl;   // between generated tokens of one request
   Histogram e2e;   // admission to the last token
+  // The leader's view of finished requests: waiting, prefill, decode.
+  Histogram queue_time;
+  Histogram prefill_time;
+  Histogram decode_time;
   std::atomic<uint64_t> prompt_tokens{0};
   std::atomic<uint64_t> generation_tokens{0};
+  std::atomic<uint64_t> finished[static_cast<int>(FinishedReason::kCount)] = {};
 
-  // Appends the five series.
-  void Render(std::string& out) const;
+  // Counts a request's end: the status its on_done got and, when it finished
+  // normally, the last update (its finish reason and the leader's timings).
+  void Finished(const absl::Status& status, const cluster::SequenceUpdate* last);
+
+  // Appends every series, each with `labels` (model_name="...").
+  void Render(const std::string& labels, std::string& out) const;
 };
+
+// model_name="ID", escaped for Prometheus.
+std::string ModelLabel(const std::string& model_id);
+// A label value escaped for Prometheus (backslash, quote, newline).
+std::string PrometheusLabelValue(const std::string& value);
 
 }  // namespace flotilla::coordinator

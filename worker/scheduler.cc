@@ -61,6 +61,7 @@ void Scheduler::Enqueue(cluster::SubmitSequence submit, cluster::TokenBatch* ref
                  "worker queue full; retry later", refused);
     return;
   }
+  enqueued_at_[submit.request_id()] = clock_();
   pending_.push_back(std::move(submit));
 }
 
@@ -68,6 +69,7 @@ void Scheduler::Cancel(uint64_t request_id) {
   auto it = std::find_if(pending_.begin(), pending_.end(),
                          [&](const auto& s) { return s.request_id() == request_id; });
   if (it != pending_.end()) pending_.erase(it);
+  enqueued_at_.erase(request_id);
   auto seq = sequences_.find(request_id);
   if (seq != sequences_.end()) {
     Release(seq->second);
@@ -89,6 +91,12 @@ void Scheduler::Release(const Sequence& seq) {
 }
 
 void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out) {
+  const uint64_t now = clock_();
+  uint64_t queued_ms = 0;
+  if (auto it = enqueued_at_.find(s.request_id()); it != enqueued_at_.end()) {
+    queued_ms = now > it->second ? now - it->second : 0;
+    enqueued_at_.erase(it);
+  }
   auto reject = [&](absl::StatusCode code, const std::string& msg) {
     EndWithError(s.request_id(), code, msg, out);
   };
@@ -128,6 +136,8 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
   seq.deadline_unix_ms = s.deadline_unix_ms();
+  seq.queued_ms = queued_ms;
+  seq.admitted_at = now;
   // The whole length, cached prefix included: shared blocks are counted once
   // per sequence, so the reservations still bound the blocks in use.
   seq.kv_reserved = engine_->KvBlocksForLength(prompt + sp.max_tokens);
@@ -159,6 +169,7 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     if (s.deadline_unix_ms() != 0 && now > s.deadline_unix_ms()) {
       EndWithError(s.request_id(), absl::StatusCode::kDeadlineExceeded,
                    "deadline passed while queued", refused);
+      enqueued_at_.erase(s.request_id());
       pending_.pop_front();
       continue;
     }
@@ -171,6 +182,7 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
                    absl::StrCat("the request needs ", need, " KV blocks but a worker has ",
                                 total_blocks, "; lower max_tokens or the prompt"),
                    refused);
+      enqueued_at_.erase(s.request_id());
       pending_.pop_front();
       continue;
     }
@@ -248,6 +260,10 @@ bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now
   u->set_request_id(seq.request_id);
   const StopDecision decision = seq.stop.Check(tok, static_cast<int64_t>(seq.generated.size()));
   const bool stop = decision == StopDecision::kStop;
+  if (!seq.got_token) {
+    seq.got_token = true;
+    seq.first_token_at = now;
+  }
   if (!stop) {
     seq.generated.push_back(tok);
     u->add_token_ids(tok);
@@ -258,6 +274,10 @@ bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now
     if (stop) u->set_stop_token(tok);
     u->set_finish_reason(stop ? common::STOP : common::LENGTH);
     u->set_prompt_tokens(seq.prompt.size());
+    u->set_queue_time_ms(static_cast<uint32_t>(seq.queued_ms));
+    u->set_prefill_time_ms(
+        static_cast<uint32_t>(seq.first_token_at > seq.admitted_at ? seq.first_token_at - seq.admitted_at : 0));
+    u->set_decode_time_ms(static_cast<uint32_t>(now > seq.first_token_at ? now - seq.first_token_at : 0));
   } else if (seq.deadline_unix_ms != 0 && now > seq.deadline_unix_ms) {
     u->set_finish_reason(common::ERROR);
     u->set_error_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));

@@ -81,6 +81,11 @@ class Scheduler {
     bool return_prompt_logits = false;
     int64_t kv_reserved = 0;
     uint64_t deadline_unix_ms = 0;
+    // Timings reported with the last token (clock_ milliseconds).
+    uint64_t queued_ms = 0;    // waiting before admission
+    uint64_t admitted_at = 0;
+    uint64_t first_token_at = 0;
+    bool got_token = false;
   };
 
   void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
@@ -97,6 +102,7 @@ class Scheduler {
   const SchedulerLimits limits_;
   const Clock clock_;
   std::deque<cluster::SubmitSequence> pending_;
+  std::map<uint64_t, uint64_t> enqueued_at_;  // pending request id -> clock_() when queued
   std::map<uint64_t, Sequence> sequences_;  // running, by request id
   std::vector<uint64_t> to_free_;
   int64_t kv_reserved_ = 0;

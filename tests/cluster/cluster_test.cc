@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -215,11 +216,14 @@ TEST_P(ClusterPrefixCache, SecondTurnIsServedFromTheCacheWithTheSameTokens) {
   httplib::Client http("http://" + (*cluster)->http_address());
   auto metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("flotilla_prefix_cache_hits_tokens_total " + std::to_string(hits)),
-            std::string::npos);
-  EXPECT_NE(metrics->body.find("flotilla_prefix_cache_queries_tokens_total " +
-                               std::to_string(queries)),
-            std::string::npos);
+  EXPECT_TRUE(std::regex_search(
+      metrics->body, std::regex("\nflotilla_prefix_cache_hits_tokens_total\\{[^}]*\\} " +
+                                std::to_string(hits) + "\n")))
+      << metrics->body;
+  EXPECT_TRUE(std::regex_search(
+      metrics->body, std::regex("\nflotilla_prefix_cache_queries_tokens_total\\{[^}]*\\} " +
+                                std::to_string(queries) + "\n")))
+      << metrics->body;
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterPrefixCache,

@@ -66,8 +66,8 @@ class GrpcApiTest : public ::testing::Test {
     auto m = c.Get("/metrics");
     if (!m) return -1;
     std::smatch g;
-    if (!std::regex_search(m->body, g, std::regex("\n" + name + " ([0-9.e+-]+)"))) return -1;
-    return std::stod(g[1]);
+    if (!std::regex_search(m->body, g, std::regex("\n" + name + "(\\{[^}]*\\})? ([0-9.e+-]+)"))) return -1;
+    return std::stod(g[2]);
   }
   // Waits until nothing runs: no request in flight at the coordinator, no
   // sequence on the workers (their heartbeats report it).

@@ -68,9 +68,9 @@ async function metrics() {
   assert.equal(r.status, 200);
   const text = await r.text();
   const value = (name) => {
-    const m = text.match(new RegExp(`^${name} ([0-9.e+-]+)$`, 'm'));
+    const m = text.match(new RegExp(`^${name}(\\{[^}]*\\})? ([0-9.e+-]+)$`, 'm'));
     assert.ok(m, `metric ${name} missing`);
-    return Number(m[1]);
+    return Number(m[2]);
   };
   return {
     inFlight: value('flotilla_requests_in_flight'),

@@ -76,7 +76,8 @@ TEST_F(HttpApiTest, HealthAndMetrics) {
   ASSERT_EQ(r->status, 200) << r->body;
   // A request is counted once its response is written (the server's logger
   // runs after the write), so the client may ask before that: ask again.
-  const std::string counted = "flotilla_http_requests_total{path=\"/v1/chat/completions\",status=\"200\"}";
+  const std::string counted = "flotilla_http_requests_total{model_name=\"" + Model() +
+                              "\",path=\"/v1/chat/completions\",status=\"200\"}";
   auto m = c.Get("/metrics");
   for (int i = 0; i < 100 && m && m->body.find(counted) == std::string::npos; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -84,16 +85,26 @@ TEST_F(HttpApiTest, HealthAndMetrics) {
   }
   ASSERT_TRUE(m);
   EXPECT_EQ(m->status, 200);
-  for (const char* name :
-       {"flotilla_http_requests_total{path=\"/v1/chat/completions\",status=\"200\"}",
-        "flotilla_prompt_tokens_total", "flotilla_generation_tokens_total",
-        "flotilla_time_to_first_token_seconds_bucket{le=\"+Inf\"}", "flotilla_inter_token_latency_seconds_count",
-        "flotilla_running_sequences", "flotilla_queued_sequences", "flotilla_kv_cache_usage_ratio",
-        "flotilla_instance_ready 1"}) {
+  // Every series names the model (model_name, as vLLM's do).
+  const std::string model = "model_name=\"" + Model() + "\"";
+  for (const std::string& name :
+       {counted, "flotilla_prompt_tokens_total{" + model + "}",
+        "flotilla_generation_tokens_total{" + model + "}",
+        "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"+Inf\"}",
+        "flotilla_inter_token_latency_seconds_count{" + model + "}",
+        "flotilla_running_sequences{" + model + "}", "flotilla_queued_sequences{" + model + "}",
+        "flotilla_kv_cache_usage_ratio{" + model + "}", "flotilla_instance_ready{" + model + "} 1",
+        // Finish reasons; queue, prefill and decode times (buckets up to 30 minutes).
+        "flotilla_requests_finished_total{" + model + ",finished_reason=\"length\"}",
+        "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"1800\"} ",
+        "flotilla_request_prefill_time_seconds_count{" + model + "}",
+        "flotilla_request_decode_time_seconds_sum{" + model + "}",
+        "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"1800\"}",
+        "flotilla_request_duration_seconds_bucket{" + model + ",le=\"1800\"}"}) {
     EXPECT_NE(m->body.find(name), std::string::npos) << name << "\n" << m->body;
   }
   std::smatch g;
-  ASSERT_TRUE(std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total (\\d+)")));
+  ASSERT_TRUE(std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total\\{[^}]*\\} (\\d+)")));
   EXPECT_GE(std::stoull(g[1]), Json::parse(r->body)["usage"]["completion_tokens"].get<uint64_t>());
 }
 
@@ -179,14 +190,14 @@ TEST_F(HttpApiTest, DisconnectMidStreamCancels) {
   auto generated = [&]() -> uint64_t {
     auto m = c.Get("/metrics");
     std::smatch g;
-    if (!m || !std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total (\\d+)"))) return 0;
+    if (!m || !std::regex_search(m->body, g, std::regex("flotilla_generation_tokens_total\\{[^}]*\\} (\\d+)"))) return 0;
     return std::stoull(g[1]);
   };
   bool released = false;
   for (int i = 0; i < 100 && !released; ++i) {
     auto m = c.Get("/metrics");
     ASSERT_TRUE(m);
-    released = m->body.find("flotilla_http_requests_in_flight 0") != std::string::npos;
+    released = std::regex_search(m->body, std::regex("\nflotilla_http_requests_in_flight\\{[^}]*\\} 0\n"));
     if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(released) << "the dropped stream is still counted in flight";
@@ -203,7 +214,7 @@ TEST_F(HttpApiTest, WholeResponseClientGoneCancels) {
   auto metric = [&](const std::string& name) -> double {
     auto m = c.Get("/metrics");
     std::smatch g;
-    if (!m || !std::regex_search(m->body, g, std::regex("\n" + name + " ([0-9.e+-]+)"))) return -1;
+    if (!m || !std::regex_search(m->body, g, std::regex("\n" + name + "\\{[^}]*\\} ([0-9.e+-]+)"))) return -1;
     return std::stod(g[1]);
   };
   const double cancelled = metric("flotilla_requests_cancelled_total");
