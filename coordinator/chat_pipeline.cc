@@ -67,6 +67,7 @@ absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
   }
   if (s.has_seed()) body["seed"] = static_cast<int64_t>(s.seed());
   if (s.max_tokens() != 0) body["max_tokens"] = s.max_tokens();
+  if (s.has_truncate_prompt_tokens()) body["truncate_prompt_tokens"] = s.truncate_prompt_tokens();
   if (s.logprobs() > 20) {
     return Invalid("sampling.logprobs", absl::StrCat("must be in [0, 20], not ", s.logprobs()));
   }

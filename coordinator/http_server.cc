@@ -147,11 +147,17 @@ std::string FinishReasonName(common::FinishReason reason) {
   }
 }
 
-// One generation, driven by the manager's callbacks (and, for whole
-// responses, a deadline timer). Everything below `mu` is guarded by it; the
-// exchange's calls are made under it so they reach the connection in order.
+// One generation. The manager's callbacks only queue its updates (they run
+// on the gRPC thread of the worker's session, which must stay free for the
+// next batch and the heartbeats); Pump turns them into response bytes on a
+// transport thread. Everything below `mu` is guarded by it; the exchange's
+// calls are made under it so they reach the connection in order.
 struct Generation {
   std::mutex mu;
+  std::deque<cluster::SequenceUpdate> updates;  // not yet pumped
+  bool pumping = false;                         // a Pump is scheduled or running
+  bool done = false;                            // on_done came, with done_status
+  absl::Status done_status;
   std::shared_ptr<HttpExchange> exchange;
   std::shared_ptr<AccessRecord> access;
   std::unique_ptr<ResponseBuilder> builder;
@@ -246,6 +252,43 @@ void EndLocked(Generation& g, const absl::Status& st) {
     SendJson(res, 200, g.builder->Response());
     g.exchange->Send(std::move(res));
   }
+}
+
+// Turns the queued updates (and the end, once on_done came) into the
+// response; one Pump at a time per generation.
+void Pump(const std::shared_ptr<Generation>& g, ClusterManager* manager) {
+  while (true) {
+    bool cancel = false;
+    {
+      std::lock_guard<std::mutex> l(g->mu);
+      if (g->updates.empty() && (!g->done || g->ended)) {
+        g->pumping = false;
+        return;
+      }
+      std::deque<cluster::SequenceUpdate> updates;
+      updates.swap(g->updates);
+      std::string text;
+      for (const cluster::SequenceUpdate& u : updates) {
+        if (g->ended) break;
+        std::vector<Json> chunks = Drain(*g, u, &cancel);
+        if (g->stream) text += Events(chunks);
+      }
+      if (!g->ended && g->stream) EmitLocked(*g, std::move(text));
+      if (g->finished) {
+        EndLocked(*g, absl::OkStatus());
+      } else if (g->done) {
+        EndLocked(*g, EndStatus(*g, g->done_status));
+      }
+    }
+    if (cancel) manager->Cancel(g->request_id, kStopStringCancel);
+  }
+}
+
+// Queues work for Pump (under g.mu); true when the caller must schedule it.
+bool NeedsPumpLocked(Generation& g) {
+  if (g.pumping) return false;
+  g.pumping = true;
+  return true;
 }
 
 // The request's deadline from X-Request-Timeout or X-Stainless-Timeout
@@ -509,26 +552,29 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   };
   cb.on_update = [g, manager](const cluster::SequenceUpdate& u) {
     g->access->AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
-    bool cancel = false;
+    bool schedule;
     {
       std::lock_guard<std::mutex> l(g->mu);
       if (g->ended) return;
-      std::vector<Json> chunks = Drain(*g, u, &cancel);
-      if (g->stream) EmitLocked(*g, Events(chunks));
-      if (g->finished) EndLocked(*g, absl::OkStatus());
+      g->updates.push_back(u);
+      schedule = NeedsPumpLocked(*g);
     }
-    if (cancel) manager->Cancel(g->request_id, kStopStringCancel);
+    if (schedule) g->exchange->Defer([g, manager] { Pump(g, manager); });
   };
-  cb.on_done = [this, g, metrics](const absl::Status& st) {
+  cb.on_done = [this, g, manager, metrics](const absl::Status& st) {
+    bool schedule;
     {
       std::lock_guard<std::mutex> l(g->mu);
+      g->done = true;
+      g->done_status = st;
+      schedule = NeedsPumpLocked(*g);
       if (!g->finished) {
         g->access->set_finish_reason(st.code() == absl::StatusCode::kCancelled           ? "cancelled"
                                      : st.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
                                                                                        : "error");
       }
-      EndLocked(*g, EndStatus(*g, st));
     }
+    if (schedule) g->exchange->Defer([g, manager] { Pump(g, manager); });
     --metrics->in_flight;
     Untrack(g->request_id);
   };

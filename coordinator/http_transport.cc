@@ -176,8 +176,9 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
 
 class Exchange final : public HttpExchange {
  public:
-  Exchange(std::shared_ptr<ConnectionBase> conn, uint64_t seq, HttpRequest request)
-      : conn_(std::move(conn)), seq_(seq), request_(std::move(request)) {}
+  Exchange(std::shared_ptr<ConnectionBase> conn, uint64_t seq, HttpRequest request,
+           std::shared_ptr<WorkPool> defer)
+      : conn_(std::move(conn)), seq_(seq), request_(std::move(request)), defer_(std::move(defer)) {}
   const HttpRequest& request() const override { return request_; }
   void Send(HttpResponse response) override {
     conn_->Post([c = conn_, s = seq_, r = std::move(response)]() mutable { c->SendWhole(s, std::move(r)); });
@@ -199,11 +200,13 @@ class Exchange final : public HttpExchange {
       c->After(s, delay, std::move(f));
     });
   }
+  void Defer(std::function<void()> f) override { defer_->Submit(std::move(f)); }
 
  private:
   std::shared_ptr<ConnectionBase> conn_;
   const uint64_t seq_;
   const HttpRequest request_;
+  std::shared_ptr<WorkPool> defer_;
 };
 
 }  // namespace
@@ -252,7 +255,7 @@ class HttpTransport::Impl {
     return res;
   }
   void Dispatch(const Route& route, std::shared_ptr<Exchange> exchange) {
-    WorkPool& pool = route.method == "GET" ? get_pool : post_pool;
+    WorkPool& pool = route.method == "GET" ? *get_pool : *post_pool;
     pool.Submit([this, &route, exchange] {
       try {
         if (route.async) {
@@ -295,7 +298,11 @@ class HttpTransport::Impl {
   PreRoutingHandler pre_routing;
   ErrorHandler error_handler;
   Logger logger;
-  WorkPool get_pool, post_pool;
+  // GET handlers, POST handlers, deferred work (shared: exchanges may outlive
+  // the transport; a stopped pool drops what it is given).
+  std::shared_ptr<WorkPool> get_pool = std::make_shared<WorkPool>();
+  std::shared_ptr<WorkPool> post_pool = std::make_shared<WorkPool>();
+  std::shared_ptr<WorkPool> defer_pool = std::make_shared<WorkPool>();
   std::vector<std::thread> threads;
   // Keeps the I/O threads running until Stop, whatever is pending.
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
@@ -573,7 +580,7 @@ class Connection final : public ConnectionBase {
     request_.body = std::move(parser_->get().body());
     parser_.reset();
     exchange_live_ = true;
-    auto exchange = std::make_shared<Exchange>(shared_from_this(), seq_, request_);
+    auto exchange = std::make_shared<Exchange>(shared_from_this(), seq_, request_, server_->defer_pool);
     server_->Dispatch(*route_, std::move(exchange));
   }
 
@@ -917,8 +924,9 @@ void HttpTransport::set_logger(Logger logger) { impl_->logger = std::move(logger
 
 void HttpTransport::Start() {
   Impl& s = *impl_;
-  s.get_pool.Start(std::max(1, s.options.get_threads));
-  s.post_pool.Start(std::max(1, s.options.post_threads));
+  s.get_pool->Start(std::max(1, s.options.get_threads));
+  s.post_pool->Start(std::max(1, s.options.post_threads));
+  s.defer_pool->Start(std::max(1, s.options.defer_threads));
   s.work.emplace(s.shared->io.get_executor());
   asio::post(s.acceptor.get_executor(), [&s] { s.Accept(); });
   for (int i = 0; i < std::max(1, s.options.io_threads); ++i) {
@@ -946,8 +954,9 @@ void HttpTransport::Stop() {
   }
   for (auto& c : open) c->Post([c] { c->Close(); });
   open.clear();
-  s.get_pool.Stop();
-  s.post_pool.Stop();
+  s.get_pool->Stop();
+  s.post_pool->Stop();
+  s.defer_pool->Stop();
   // Let the closes run, then stop the loop.
   auto done = std::make_shared<std::promise<void>>();
   std::future<void> closed = done->get_future();

@@ -56,6 +56,7 @@ struct HttpTransportOptions {
   int io_threads = 2;
   int get_threads = 2;   // GET handlers (health, metrics, models)
   int post_threads = 4;  // POST handlers (preparing and submitting generations)
+  int defer_threads = 2;  // HttpExchange::Defer (turning tokens into response bytes)
 };
 
 // One request, as handlers see it (the subset of cpp-httplib's Request the
@@ -115,6 +116,9 @@ class HttpExchange {
   virtual void OnClientGone(std::function<void()> f) = 0;
   // Runs `f` on an I/O thread after `delay`, unless the connection is gone.
   virtual void After(absl::Duration delay, std::function<void()> f) = 0;
+  // Runs `f` soon on one of the transport's worker threads: for work a
+  // caller's thread (e.g. the gRPC thread that delivers tokens) must not do.
+  virtual void Defer(std::function<void()> f) = 0;
 };
 
 class HttpTransport {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_token.h"
 #include "common/grpc_status.h"
+#include "coordinator/access_log.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/grpc_auth.h"
 #include "coordinator/stream_queue.h"
@@ -17,6 +18,25 @@
 
 namespace flotilla::coordinator {
 namespace {
+
+// The access log's view of an update: tokens as they come, then the finish.
+void NoteUpdate(AccessRecord& access, const cluster::SequenceUpdate& u) {
+  access.AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
+  if (u.finish_reason() == common::STOP || u.finish_reason() == common::LENGTH) {
+    access.set_output_tokens(u.completion_tokens());
+    access.set_finish_reason(u.finish_reason() == common::STOP ? "stop" : "length");
+  }
+}
+
+// The access log line of a call that ended with `st`.
+void LogDone(AccessRecord& access, const absl::Status& st) {
+  if (st.code() == absl::StatusCode::kCancelled) access.set_finish_reason("cancelled");
+  access.Log(absl::StatusCodeToString(st.code()), absl::Now());
+}
+
+std::string GrpcCodeName(const grpc::Status& status) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
+}
 
 using SessionReactorBase = grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>;
 
@@ -82,8 +102,9 @@ class GenerateReactor final : public GenerateReactorBase {
                   const v1::GenerateRequest& request, const std::string& model_id,
                   const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller)
       : manager_(manager), state_(std::make_shared<State>(this, tok)) {
+    state_->access->set_key(caller.key_id);
     if (!request.model().empty() && request.model() != model_id) {
-      Finish(grpc::Status(grpc::StatusCode::NOT_FOUND,
+      Refuse(grpc::Status(grpc::StatusCode::NOT_FOUND,
                           absl::StrCat("model '", request.model(),
                                        "' is not served here; this server serves '", model_id,
                                        "'")));
@@ -96,16 +117,17 @@ class GenerateReactor final : public GenerateReactorBase {
       absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
           tok->Encode(request.text(), tokenizer::SpecialTokenPolicy::All());
       if (!ids.ok()) {
-        Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+        Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             absl::StrCat("prompt text: ", ids.status().message())));
         return;
       }
       for (tokenizer::TokenId id : *ids) submit.add_prompt_ids(static_cast<int32_t>(id));
     } else {
-      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request has no prompt"));
+      Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request has no prompt"));
       return;
     }
     *submit.mutable_sampling() = request.sampling();
+    state_->access->set_prompt_tokens(static_cast<uint32_t>(submit.prompt_ids_size()));
     submit.set_return_prompt_logits(request.return_prompt_logits());
     const auto deadline = context->deadline();
     if (deadline != std::chrono::system_clock::time_point::max()) {
@@ -114,10 +136,12 @@ class GenerateReactor final : public GenerateReactorBase {
                                       .count());
     }
     state_->request_id = requests->Reserve(caller);
+    state_->access->set_request_id(state_->request_id);
     std::shared_ptr<State> state = state_;
     RequestCallbacks cb;
     cb.on_accepted = [state, requests](uint64_t id) { requests->Bind(state->request_id, id); };
     cb.on_update = [state](const cluster::SequenceUpdate& u) {
+      NoteUpdate(*state->access, u);
       v1::GenerateResponse r;
       r.set_request_id(state->request_id);
       *r.mutable_token_ids() = u.token_ids();
@@ -140,11 +164,13 @@ class GenerateReactor final : public GenerateReactorBase {
     };
     cb.on_done = [state, requests](const absl::Status& st) {
       requests->Remove(state->request_id);
+      LogDone(*state->access, st);
       state->queue.Close(ToGrpcStatus(st));
     };
     absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
     if (!id.ok()) {
       requests->Remove(state_->request_id);
+      LogDone(*state_->access, id.status());
       state_->queue.Close(ToGrpcStatus(id.status()));
       return;
     }
@@ -161,9 +187,15 @@ class GenerateReactor final : public GenerateReactorBase {
   }
 
  private:
+  void Refuse(const grpc::Status& status) {
+    state_->access->Log(GrpcCodeName(status), absl::Now());
+    Finish(status);
+  }
   struct State {
     State(GenerateReactor* r, const tokenizer::Tokenizer* tok)
         : queue(r), detok(tok, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace) {}
+    std::shared_ptr<AccessRecord> access =
+        std::make_shared<AccessRecord>("grpc Generate", absl::Now());
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
     tokenizer::StreamingDetokenizer detok;  // used from the manager's callbacks, one at a time
     std::string request_id;                 // the client's (random) id; set before Submit
@@ -186,15 +218,21 @@ class ChatReactor final : public ChatReactorBase {
               const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
               size_t max_prompt_text_bytes)
       : manager_(manager) {
+    auto access = std::make_shared<AccessRecord>("grpc Chat", absl::Now());
+    access->set_key(caller.key_id);
     absl::StatusOr<PreparedRequest> prepared =
         PrepareChat(request, model_id, *tok, harmony, max_prompt_text_bytes);
     if (!prepared.ok()) {
+      LogDone(*access, prepared.status());
       Finish(ToGrpcStatus(prepared.status()));
       return;
     }
     state_ = std::make_shared<State>(this, tok, call_id_salt, prepared->stop,
                                      static_cast<uint32_t>(prepared->prompt.size()),
                                      request.return_token_ids(), requests->Reserve(caller));
+    state_->access = access;
+    access->set_request_id(state_->request_id);
+    access->set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
     cluster::SubmitSequence submit;
     for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
     *submit.mutable_sampling() = prepared->sampling;
@@ -207,6 +245,7 @@ class ChatReactor final : public ChatReactorBase {
     std::shared_ptr<State> state = state_;
     RequestCallbacks cb;
     cb.on_update = [state, manager](const cluster::SequenceUpdate& u) {
+      NoteUpdate(*state->access, u);
       bool cancel = false;
       {
         std::lock_guard<std::mutex> lock(state->mu);
@@ -224,6 +263,7 @@ class ChatReactor final : public ChatReactorBase {
     };
     cb.on_done = [state, requests](const absl::Status& st) {
       requests->Remove(state->request_id);
+      LogDone(*state->access, st);
       std::lock_guard<std::mutex> lock(state->mu);
       if (!state->stream) {  // ended before the stream began (e.g. a worker died at once)
         state->queue.Close(
@@ -245,6 +285,7 @@ class ChatReactor final : public ChatReactorBase {
     absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
     if (!id.ok()) {
       requests->Remove(state_->request_id);
+      LogDone(*state_->access, id.status());
       state_->queue.Close(ToGrpcStatus(id.status()));
       return;
     }
@@ -290,6 +331,7 @@ class ChatReactor final : public ChatReactorBase {
     uint32_t prompt_tokens;
     bool return_token_ids;
     const std::string request_id;  // the client's (random) id
+    std::shared_ptr<AccessRecord> access;
     std::mutex mu;
     std::optional<ChatStream> stream;  // under mu
     bool cancel_sent = false;          // under mu

@@ -416,7 +416,7 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
 
   // Cancel mid-stream: the stream ends CANCELLED and the leader frees the sequence.
   v1::GenerateRequest long_req = req;
-  long_req.mutable_sampling()->set_max_tokens(100000);
+  long_req.mutable_sampling()->set_max_tokens(4000);  // within the 4096-token context
   client::CancelHandle cancel;
   int chunks = 0;
   absl::Status st = (*c)->GenerateStream(long_req, [&](const v1::GenerateResponse&) {

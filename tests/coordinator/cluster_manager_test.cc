@@ -278,7 +278,7 @@ TEST(ClusterManager, MaxModelLenBoundsPromptsAndReachesTheWorkers) {
   req.add_prompt_ids(15);
   auto refused = f.manager->Submit(req, {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("context of 16"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("maximum context length is 16 tokens"), std::string::npos)
       << refused.status();
 }
 

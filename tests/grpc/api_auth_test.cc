@@ -190,7 +190,7 @@ class LongRequest {
     thread_ = std::thread([this, &owner] {
       v1::GenerateRequest r;
       for (int t : {1, 2, 3}) r.mutable_prompt_ids()->add_ids(t);
-      r.mutable_sampling()->set_max_tokens(100000);
+      r.mutable_sampling()->set_max_tokens(4000);  // within the 4096-token context
       r.mutable_sampling()->set_ignore_eos(true);
       result_ = owner.GenerateStream(r, [this](const v1::GenerateResponse& resp) {
         std::lock_guard<std::mutex> lock(mu_);
