@@ -63,5 +63,67 @@ TEST(InputLimits, PipelinesRefuseLongTextsUntokenised) {
   EXPECT_TRUE(PrepareCompletionRequest(small, "m", Tok()).ok());
 }
 
+cluster::SubmitSequence Request(int prompt_tokens, uint32_t max_tokens) {
+  cluster::SubmitSequence r;
+  for (int i = 0; i < prompt_tokens; ++i) r.add_prompt_ids(i);
+  r.mutable_sampling()->set_max_tokens(max_tokens);
+  return r;
+}
+
+TEST(ContextLength, OverTheContextIsRefusedWithVllmsMessageAndCode) {
+  cluster::SubmitSequence r = Request(15, 10);
+  absl::Status st = FitToContext(r, 20);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "This model's maximum context length is 20 tokens. However, you requested 25 tokens "
+            "(15 in the messages, 10 in the completion). Please reduce the length of the messages "
+            "or completion (or set truncate_prompt_tokens).");
+  EXPECT_EQ(OpenAiErrorCode(st), std::optional<std::string>(kContextLengthExceeded));
+  const ApiError e = ErrorFromStatus(st);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  // max_tokens unset means "up to the context": only a prompt that leaves no room fails.
+  r = Request(19, 0);
+  EXPECT_TRUE(FitToContext(r, 20).ok());
+  r = Request(20, 0);
+  st = FitToContext(r, 20);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("20 tokens in the messages"), std::string::npos) << st;
+  // Exactly full is fine and untouched.
+  r = Request(10, 10);
+  EXPECT_TRUE(FitToContext(r, 20).ok());
+  EXPECT_EQ(r.prompt_ids_size(), 10);
+  EXPECT_EQ(r.sampling().max_tokens(), 10u);
+  // Other errors carry no code.
+  EXPECT_FALSE(OpenAiErrorCode(absl::InvalidArgumentError("x")).has_value());
+}
+
+TEST(ContextLength, TruncationKeepsThePromptsEndAndShrinksMaxTokens) {
+  cluster::SubmitSequence r = Request(30, 10);
+  r.mutable_sampling()->set_truncate_prompt_tokens(-1);
+  ASSERT_TRUE(FitToContext(r, 20).ok());
+  ASSERT_EQ(r.prompt_ids_size(), 19);
+  EXPECT_EQ(r.prompt_ids(0), 11);  // the last 19 of 0..29
+  EXPECT_EQ(r.prompt_ids(18), 29);
+  EXPECT_EQ(r.sampling().max_tokens(), 1u);
+  r = Request(30, 4);
+  r.mutable_sampling()->set_truncate_prompt_tokens(5);
+  ASSERT_TRUE(FitToContext(r, 20).ok());
+  EXPECT_EQ(r.prompt_ids_size(), 5);
+  EXPECT_EQ(r.prompt_ids(0), 25);
+  EXPECT_EQ(r.sampling().max_tokens(), 4u);
+  r = Request(3, 4);
+  r.mutable_sampling()->set_truncate_prompt_tokens(0);
+  EXPECT_EQ(FitToContext(r, 20).code(), absl::StatusCode::kInvalidArgument);
+  // The HTTP field reaches the sampling parameters.
+  Json body = {{"model", "m"}, {"prompt", "hello"}, {"truncate_prompt_tokens", 7}};
+  absl::StatusOr<PreparedRequest> p = PrepareCompletionRequest(body, "m", Tok());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->sampling.truncate_prompt_tokens(), 7);
+  body["truncate_prompt_tokens"] = 0;
+  p = PrepareCompletionRequest(body, "m", Tok());
+  EXPECT_FALSE(p.ok());
+}
+
 }  // namespace
 }  // namespace flotilla::coordinator
