@@ -218,11 +218,16 @@ TEST_F(HttpTransportTest, ConnectionCloseIsHonoured) {
   EXPECT_NE(text.find("Connection: close"), std::string::npos) << text;
 }
 
-TEST_F(HttpTransportTest, SlowHeadersGet408AndIdleConnectionsClose) {
+TEST_F(HttpTransportTest, SlowHeadsAndBodiesGet408AndIdleConnectionsClose) {
   HttpTransportOptions o;
   o.header_timeout = absl::Milliseconds(300);
   o.idle_timeout = absl::Milliseconds(300);
+  o.body_timeout = absl::Milliseconds(300);
   Start(o);
+  RawClient slow_body(port_);  // a whole head, then 3 of the 10 bytes it promised
+  ASSERT_TRUE(slow_body.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"));
+  EXPECT_TRUE(absl::StartsWith(slow_body.ReadToEof(std::chrono::milliseconds(3000)), "HTTP/1.1 408"));
+  EXPECT_TRUE(slow_body.eof());
   RawClient slow(port_);
   ASSERT_TRUE(slow.Send("GET /health HTTP/1.1\r\nHost: x\r\n"));  // never ends its head
   const auto start = Clock::now();

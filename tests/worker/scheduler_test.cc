@@ -298,5 +298,32 @@ TEST_F(SchedulerTest, FailAllEndsRunningAndQueuedRequests) {
   }
 }
 
+// The last update of a finished sequence carries the leader's timings for
+// the coordinator's queue, prefill and decode histograms.
+TEST_F(SchedulerTest, TheLastUpdateCarriesQueuePrefillAndDecodeTimes) {
+  Scheduler s = Make(Limits(16, 1));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(3), /*max_tokens=*/1), &refused);
+  s.Enqueue(Submit(2, Prompt(3), /*max_tokens=*/3), &refused);
+  now_ms_ += 5;
+  cluster::TokenBatch first = Step(s, 7);  // request 1: admitted, prefilled, its one token
+  ASSERT_EQ(first.updates_size(), 1);
+  EXPECT_EQ(first.updates(0).finish_reason(), common::LENGTH);
+  EXPECT_EQ(first.updates(0).queue_time_ms(), 5u);
+  now_ms_ += 20;  // request 2 waited for the only slot
+  Step(s, 7);     // frees 1, admits 2: prefill and its first token
+  now_ms_ += 10;
+  Step(s, 7);
+  now_ms_ += 10;
+  cluster::TokenBatch last = Step(s, 7);
+  ASSERT_EQ(last.updates_size(), 1);
+  const cluster::SequenceUpdate& u = last.updates(0);
+  EXPECT_EQ(u.request_id(), 2u);
+  EXPECT_EQ(u.finish_reason(), common::LENGTH);
+  EXPECT_EQ(u.queue_time_ms(), 25u);
+  EXPECT_EQ(u.prefill_time_ms(), 0u);  // the clock did not move within its first step
+  EXPECT_EQ(u.decode_time_ms(), 20u);
+}
+
 }  // namespace
 }  // namespace flotilla::worker
