@@ -357,8 +357,9 @@ class Connection final : public ConnectionBase {
   void SendWhole(uint64_t seq, HttpResponse res) override {
     if (!Current(seq) || started_) return;
     started_ = true;
-    response_ = res;
-    response_.body.clear();
+    response_.status = res.status;  // for the logger (the body goes out below)
+    response_.headers = res.headers;
+    response_.content_type = res.content_type;
     const bool head_only = request_method_ == "HEAD";
     close_after_ = close_after_ || !keep_alive_;
     Queue(ResponseHead(res, res.body.size(), false, close_after_, keep_alive_ && version_ == 10));
@@ -802,12 +803,12 @@ void HttpTransport::Impl::OnAccept(const ErrorCode& ec, tcp::socket socket) {
           this, shared, id, asio::ssl::stream<tcp::socket>(std::move(socket), *ssl));
       conn = c;
       Register(id, conn);
-      c->Start();
+      c->Post([c] { c->Start(); });  // on the connection's strand, like all it does
     } else {
       auto c = std::make_shared<Connection<tcp::socket>>(this, shared, id, std::move(socket));
       conn = c;
       Register(id, conn);
-      c->Start();
+      c->Post([c] { c->Start(); });
     }
   }
   Accept();
