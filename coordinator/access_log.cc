@@ -44,6 +44,15 @@ void AccessRecord::set_level(spdlog::level::level_enum level) {
   level_ = level;
 }
 
+std::optional<absl::Duration> AccessRecord::ttft() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return ttft_;
+}
+uint32_t AccessRecord::output_tokens() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return output_tokens_;
+}
+
 void AccessRecord::Log(std::string_view status, absl::Time end) {
   std::vector<LogField> fields;
   spdlog::level::level_enum level;

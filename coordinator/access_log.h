@@ -32,12 +32,15 @@ class AccessRecord {
   // Control-plane calls (health probes, scrapes) are logged at debug.
   void set_level(spdlog::level::level_enum level);
 
+  std::optional<absl::Duration> ttft() const;
+  uint32_t output_tokens() const;
+
   // Writes the line, once (later calls do nothing). `status` is the HTTP
   // status or the gRPC code's name.
   void Log(std::string_view status, absl::Time end);
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::string api_, request_id_, key_, finish_reason_;
   absl::Time start_;
   uint32_t prompt_tokens_ = 0, output_tokens_ = 0;
