@@ -10,8 +10,9 @@
 // - Deadlines per connection: the request head within `header_timeout` of
 //   its first byte (of the connection's start for the first request; 408
 //   past it), the body within `body_timeout` of the head, a kept-alive
-//   connection closed after `idle_timeout` without a request, a write that
-//   makes no progress for `write_timeout` ends the connection.
+//   connection closed after `idle_timeout` without a request, a write (of
+//   what is queued) that does not complete within `write_timeout` ends the
+//   connection.
 // - At most `max_connections` open connections; past that a new one gets
 //   503 ("too many connections") and is closed.
 // - One request at a time per connection, in order: pipelined requests wait
