@@ -1,8 +1,8 @@
 #include "common/logging.h"
 
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -28,11 +28,21 @@ void AppendJsonString(std::string& out, std::string_view s) {
   out += '"';
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -76,7 +86,8 @@ class JsonFormatter final : public spdlog::formatter {
     const std::string_view payload(msg.payload.data(), msg.payload.size());
     if (!payload.empty() && payload.front() == kFieldsMark) {
       const size_t sep = payload.find(kFieldsSep);
-      AppendJsonString(line, payload.substr(1, sep == std::string_view::npos ? payload.npos : sep - 1));
+      AppendJsonString(line,
+                       payload.substr(1, sep == std::string_view::npos ? payload.npos : sep - 1));
       if (sep != std::string_view::npos && sep + 1 < payload.size()) {
         line += ",";
         line.append(payload.substr(sep + 1));
@@ -128,7 +139,8 @@ void AddLogFlags(CLI::App& app, LogOptions* options) {
                  "least severe log level shown: trace, debug, info, warn, error, critical, off")
       ->envname("FLOTILLA_LOG_LEVEL")
       ->capture_default_str()
-      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}));
+      ->check(
+          CLI::IsMember({"trace", "debug", "info", "warn", "warning", "error", "critical", "off"}));
   app.add_option("--log-format", options->format,
                  "log lines on stderr: text, or json (one object a line)")
       ->envname("FLOTILLA_LOG_FORMAT")
@@ -173,8 +185,8 @@ absl::Status ConfigureLogging(const LogOptions& options) {
     logger->set_formatter(std::make_unique<JsonFormatter>(options.tag));
   } else {
     const std::string tag = options.tag.empty() ? "" : absl::StrCat("[", options.tag, "] ");
-    logger->set_formatter(
-        std::make_unique<spdlog::pattern_formatter>(absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] ", tag, "[%l] %v")));
+    logger->set_formatter(std::make_unique<spdlog::pattern_formatter>(
+        absl::StrCat("[%Y-%m-%d %H:%M:%S.%e] ", tag, "[%l] %v")));
   }
   logger->set_level(level);
   logger->flush_on(spdlog::level::trace);

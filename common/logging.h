@@ -21,9 +21,9 @@ class App;
 namespace flotilla {
 
 struct LogOptions {
-  std::string level = "info";  // trace, debug, info, warn, error, critical, off
+  std::string level = "info";   // trace, debug, info, warn, error, critical, off
   std::string format = "text";  // text or json
-  std::string tag;             // the process's name on each line; empty = none
+  std::string tag;              // the process's name on each line; empty = none
 };
 
 // Adds --log-level, --log-format and --log-tag (FLOTILLA_LOG_LEVEL, ...) to

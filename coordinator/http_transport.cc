@@ -34,7 +34,8 @@ using ErrorCode = boost::system::error_code;
 
 namespace {
 bool SameName(std::string_view a, std::string_view b) {
-  return absl::EqualsIgnoreCase(absl::string_view(a.data(), a.size()), absl::string_view(b.data(), b.size()));
+  return absl::EqualsIgnoreCase(absl::string_view(a.data(), a.size()),
+                                absl::string_view(b.data(), b.size()));
 }
 }  // namespace
 
@@ -71,9 +72,9 @@ constexpr int kMaxRefusing = 256;
 
 std::string StatusLine(int status) {
   const auto reason = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(status)));
-  return absl::StrCat("HTTP/1.1 ", status, " ",
-                      reason.empty() ? std::string("Unknown") : std::string(reason.data(), reason.size()),
-                      "\r\n");
+  return absl::StrCat(
+      "HTTP/1.1 ", status, " ",
+      reason.empty() ? std::string("Unknown") : std::string(reason.data(), reason.size()), "\r\n");
 }
 
 // The response head: status line, content type, the handler's headers, the
@@ -181,13 +182,17 @@ class Exchange final : public HttpExchange {
       : conn_(std::move(conn)), seq_(seq), request_(std::move(request)), defer_(std::move(defer)) {}
   const HttpRequest& request() const override { return request_; }
   void Send(HttpResponse response) override {
-    conn_->Post([c = conn_, s = seq_, r = std::move(response)]() mutable { c->SendWhole(s, std::move(r)); });
+    conn_->Post([c = conn_, s = seq_, r = std::move(response)]() mutable {
+      c->SendWhole(s, std::move(r));
+    });
   }
   void BeginStream(HttpResponse head) override {
-    conn_->Post([c = conn_, s = seq_, h = std::move(head)]() mutable { c->BeginStream(s, std::move(h)); });
+    conn_->Post(
+        [c = conn_, s = seq_, h = std::move(head)]() mutable { c->BeginStream(s, std::move(h)); });
   }
   void Write(std::string data) override {
-    conn_->Post([c = conn_, s = seq_, d = std::move(data)]() mutable { c->Write(s, std::move(d)); });
+    conn_->Post(
+        [c = conn_, s = seq_, d = std::move(data)]() mutable { c->Write(s, std::move(d)); });
   }
   void End() override {
     conn_->Post([c = conn_, s = seq_] { c->End(s); });
@@ -342,11 +347,10 @@ class Connection final : public ConnectionBase {
     if constexpr (kTls) {
       phase_ = Phase::kHandshake;
       ArmRead(server_->options.header_timeout);
-      stream_.async_handshake(asio::ssl::stream_base::server,
-                              [self = Self()](const ErrorCode& e) {
-                                if (e) return self->Close();
-                                self->BeginRequest(/*first=*/true);
-                              });
+      stream_.async_handshake(asio::ssl::stream_base::server, [self = Self()](const ErrorCode& e) {
+        if (e) return self->Close();
+        self->BeginRequest(/*first=*/true);
+      });
     } else {
       BeginRequest(/*first=*/true);
     }
@@ -479,8 +483,9 @@ class Connection final : public ConnectionBase {
     if (reading_ || closed_) return;
     if (phase_ == Phase::kHandling && buffer_.size() >= kPipelineLimit) return;  // resumes later
     reading_ = true;
-    stream_.async_read_some(buffer_.prepare(kReadChunk),
-                            [self = Self()](const ErrorCode& ec, size_t n) { self->OnRead(ec, n); });
+    stream_.async_read_some(
+        buffer_.prepare(kReadChunk),
+        [self = Self()](const ErrorCode& ec, size_t n) { self->OnRead(ec, n); });
   }
 
   void OnRead(const ErrorCode& ec, size_t n) {
@@ -555,7 +560,8 @@ class Connection final : public ConnectionBase {
     ArmRead(server_->options.body_timeout);
 
     HttpResponse early;
-    if (server_->pre_routing && server_->pre_routing(request_, early)) return RespondEarly(std::move(early));
+    if (server_->pre_routing && server_->pre_routing(request_, early))
+      return RespondEarly(std::move(early));
     Impl::Lookup found = server_->Find(request_.method, request_.path);
     if (found.route == nullptr) {
       if (found.allow.empty()) return RespondEarly(server_->Error(404, request_));
@@ -581,7 +587,8 @@ class Connection final : public ConnectionBase {
     request_.body = std::move(parser_->get().body());
     parser_.reset();
     exchange_live_ = true;
-    auto exchange = std::make_shared<Exchange>(shared_from_this(), seq_, request_, server_->defer_pool);
+    auto exchange =
+        std::make_shared<Exchange>(shared_from_this(), seq_, request_, server_->defer_pool);
     server_->Dispatch(*route_, std::move(exchange));
   }
 
@@ -620,7 +627,8 @@ class Connection final : public ConnectionBase {
       case Phase::kBody:
         if (!started_) {
           if (request_.method.empty()) request_.method = "?";
-          spdlog::debug("http: {}:{} too slow sending its request; 408", remote_addr_, remote_port_);
+          spdlog::debug("http: {}:{} too slow sending its request; 408", remote_addr_,
+                        remote_port_);
           return RespondEarly(server_->Error(408, request_));
         }
         return Close();
@@ -646,7 +654,8 @@ class Connection final : public ConnectionBase {
     write_timer_.expires_after(absl::ToChronoNanoseconds(server_->options.write_timeout));
     write_timer_.async_wait([self = Self(), gen](const ErrorCode& ec) {
       if (ec || gen != self->write_gen_ || self->closed_) return;
-      spdlog::debug("http: a write to {}:{} stalled; closing", self->remote_addr_, self->remote_port_);
+      spdlog::debug("http: a write to {}:{} stalled; closing", self->remote_addr_,
+                    self->remote_port_);
       self->Abort();
     });
     asio::async_write(stream_, asio::buffer(writing_buffer_),
@@ -737,8 +746,10 @@ class Connection final : public ConnectionBase {
 
 // Answers 503 to a connection over the limit, then closes it.
 template <class Stream>
-void RefuseOn(std::shared_ptr<IoShared> shared, std::shared_ptr<Stream> stream, std::string answer) {
-  auto timer = std::make_shared<asio::steady_timer>(beast::get_lowest_layer(*stream).get_executor());
+void RefuseOn(std::shared_ptr<IoShared> shared, std::shared_ptr<Stream> stream,
+              std::string answer) {
+  auto timer =
+      std::make_shared<asio::steady_timer>(beast::get_lowest_layer(*stream).get_executor());
   timer->expires_after(std::chrono::seconds(2));
   timer->async_wait([stream](const ErrorCode& ec) {
     if (ec) return;
@@ -747,34 +758,36 @@ void RefuseOn(std::shared_ptr<IoShared> shared, std::shared_ptr<Stream> stream, 
   });
   auto text = std::make_shared<std::string>(std::move(answer));
   auto write = [shared, stream, timer, text] {
-    asio::async_write(*stream, asio::buffer(*text), [shared, stream, timer, text](const ErrorCode&, size_t) {
-      ErrorCode ignored;
-      beast::get_lowest_layer(*stream).shutdown(tcp::socket::shutdown_both, ignored);
-      beast::get_lowest_layer(*stream).close(ignored);
-      timer->cancel();
-      --shared->refusing;
-    });
+    asio::async_write(
+        *stream, asio::buffer(*text), [shared, stream, timer, text](const ErrorCode&, size_t) {
+          ErrorCode ignored;
+          beast::get_lowest_layer(*stream).shutdown(tcp::socket::shutdown_both, ignored);
+          beast::get_lowest_layer(*stream).close(ignored);
+          timer->cancel();
+          --shared->refusing;
+        });
   };
   if constexpr (std::is_same_v<Stream, tcp::socket>) {
     write();
   } else {
-    stream->async_handshake(asio::ssl::stream_base::server, [shared, stream, timer, write](const ErrorCode& ec) {
-      if (ec) {
-        timer->cancel();
-        --shared->refusing;
-        return;
-      }
-      write();
-    });
+    stream->async_handshake(asio::ssl::stream_base::server,
+                            [shared, stream, timer, write](const ErrorCode& ec) {
+                              if (ec) {
+                                timer->cancel();
+                                --shared->refusing;
+                                return;
+                              }
+                              write();
+                            });
   }
 }
 
 }  // namespace
 
 void HttpTransport::Impl::Accept() {
-  acceptor.async_accept(asio::make_strand(shared->io), [this](const ErrorCode& ec, tcp::socket socket) {
-    OnAccept(ec, std::move(socket));
-  });
+  acceptor.async_accept(
+      asio::make_strand(shared->io),
+      [this](const ErrorCode& ec, tcp::socket socket) { OnAccept(ec, std::move(socket)); });
 }
 
 void HttpTransport::Impl::OnAccept(const ErrorCode& ec, tcp::socket socket) {
@@ -885,8 +898,8 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> HttpTransport::Create(HttpTranspo
   }
   ErrorCode ec;
   tcp::resolver resolver(s.shared->io);
-  const auto resolved = resolver.resolve(address->host, std::to_string(address->port),
-                                         tcp::resolver::passive, ec);
+  const auto resolved =
+      resolver.resolve(address->host, std::to_string(address->port), tcp::resolver::passive, ec);
   if (ec || resolved.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(s.options.flag, " '", s.options.listen,
                                                    "': cannot resolve '", address->host, "'"));
@@ -897,8 +910,8 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> HttpTransport::Create(HttpTranspo
   if (!ec) s.acceptor.bind(endpoint, ec);
   if (!ec) s.acceptor.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return absl::UnavailableError(
-        absl::StrCat(s.options.flag, " ", s.options.listen, ": cannot listen on it: ", ec.message()));
+    return absl::UnavailableError(absl::StrCat(s.options.flag, " ", s.options.listen,
+                                               ": cannot listen on it: ", ec.message()));
   }
   s.port = s.acceptor.local_endpoint().port();
   return std::unique_ptr<HttpTransport>(new HttpTransport(std::move(impl)));
@@ -920,7 +933,9 @@ void HttpTransport::Post(const std::string& pattern, AsyncHandler handler) {
 void HttpTransport::set_pre_routing_handler(PreRoutingHandler handler) {
   impl_->pre_routing = std::move(handler);
 }
-void HttpTransport::set_error_handler(ErrorHandler handler) { impl_->error_handler = std::move(handler); }
+void HttpTransport::set_error_handler(ErrorHandler handler) {
+  impl_->error_handler = std::move(handler);
+}
 void HttpTransport::set_logger(Logger logger) { impl_->logger = std::move(logger); }
 
 void HttpTransport::Start() {

@@ -45,18 +45,18 @@
 namespace flotilla::coordinator {
 
 struct HttpTransportOptions {
-  std::string listen;                 // HOST:PORT; port 0 = any free port
+  std::string listen;                  // HOST:PORT; port 0 = any free port
   std::string flag = "--http-listen";  // named in errors
-  TlsServerFiles tls;                 // cert and key: HTTPS only
-  size_t max_body_bytes = 16 << 20;   // larger bodies: 413, unread
-  int max_connections = 4096;         // clamped to what the descriptor limit allows
+  TlsServerFiles tls;                  // cert and key: HTTPS only
+  size_t max_body_bytes = 16 << 20;    // larger bodies: 413, unread
+  int max_connections = 4096;          // clamped to what the descriptor limit allows
   absl::Duration header_timeout = absl::Seconds(10);
   absl::Duration body_timeout = absl::Seconds(60);
   absl::Duration idle_timeout = absl::Seconds(60);
   absl::Duration write_timeout = absl::Seconds(60);
   int io_threads = 2;
-  int get_threads = 2;   // GET handlers (health, metrics, models)
-  int post_threads = 4;  // POST handlers (preparing and submitting generations)
+  int get_threads = 2;    // GET handlers (health, metrics, models)
+  int post_threads = 4;   // POST handlers (preparing and submitting generations)
   int defer_threads = 2;  // HttpExchange::Defer (turning tokens into response bytes)
 };
 

@@ -16,11 +16,16 @@ std::vector<double> LatencyBuckets(std::vector<double> small) {
 
 const char* ReasonName(FinishedReason r) {
   switch (r) {
-    case FinishedReason::kStop: return "stop";
-    case FinishedReason::kLength: return "length";
-    case FinishedReason::kCancelled: return "cancelled";
-    case FinishedReason::kDeadline: return "deadline";
-    default: return "error";
+    case FinishedReason::kStop:
+      return "stop";
+    case FinishedReason::kLength:
+      return "length";
+    case FinishedReason::kCancelled:
+      return "cancelled";
+    case FinishedReason::kDeadline:
+      return "deadline";
+    default:
+      return "error";
   }
 }
 
@@ -67,8 +72,8 @@ void Histogram::Render(const std::string& name, const std::string& help, const s
     absl::StrAppend(&out, name, "_bucket{", prefix, "le=\"", bounds_[i], "\"} ", cum, "\n");
   }
   cum += counts_.back();
-  absl::StrAppend(&out, name, "_bucket{", prefix, "le=\"+Inf\"} ", cum, "\n", name, "_sum", alone, " ",
-                  sum_, "\n", name, "_count", alone, " ", count_, "\n");
+  absl::StrAppend(&out, name, "_bucket{", prefix, "le=\"+Inf\"} ", cum, "\n", name, "_sum", alone,
+                  " ", sum_, "\n", name, "_count", alone, " ", count_, "\n");
 }
 
 ServingMetrics::ServingMetrics()
@@ -100,12 +105,12 @@ void ServingMetrics::Finished(const absl::Status& status, const cluster::Sequenc
 void ServingMetrics::Render(const std::string& labels, std::string& out) const {
   const std::string alone = labels.empty() ? "" : absl::StrCat("{", labels, "}");
   absl::StrAppend(&out, "# HELP flotilla_prompt_tokens_total prompt tokens of admitted requests\n",
-                  "# TYPE flotilla_prompt_tokens_total counter\nflotilla_prompt_tokens_total", alone,
-                  " ", prompt_tokens.load(), "\n");
-  absl::StrAppend(&out,
-                  "# HELP flotilla_generation_tokens_total tokens generated (end tokens included)\n",
-                  "# TYPE flotilla_generation_tokens_total counter\nflotilla_generation_tokens_total",
-                  alone, " ", generation_tokens.load(), "\n");
+                  "# TYPE flotilla_prompt_tokens_total counter\nflotilla_prompt_tokens_total",
+                  alone, " ", prompt_tokens.load(), "\n");
+  absl::StrAppend(
+      &out, "# HELP flotilla_generation_tokens_total tokens generated (end tokens included)\n",
+      "# TYPE flotilla_generation_tokens_total counter\nflotilla_generation_tokens_total", alone,
+      " ", generation_tokens.load(), "\n");
   absl::StrAppend(&out,
                   "# HELP flotilla_requests_finished_total requests ended, by how: stop (an end "
                   "token, stop token or stop string), length (max_tokens or the context), "
@@ -120,10 +125,12 @@ void ServingMetrics::Render(const std::string& labels, std::string& out) const {
               "time from admission to the first generated token (gRPC and HTTP)", labels, out);
   itl.Render("flotilla_inter_token_latency_seconds",
              "time between generated tokens of one request (gRPC and HTTP)", labels, out);
-  e2e.Render("flotilla_request_duration_seconds", "time from admission to the last token", labels, out);
-  queue_time.Render("flotilla_request_queue_time_seconds",
-                    "time a finished request waited on its worker before it was admitted to the batch",
-                    labels, out);
+  e2e.Render("flotilla_request_duration_seconds", "time from admission to the last token", labels,
+             out);
+  queue_time.Render(
+      "flotilla_request_queue_time_seconds",
+      "time a finished request waited on its worker before it was admitted to the batch", labels,
+      out);
   prefill_time.Render("flotilla_request_prefill_time_seconds",
                       "time from admission to the batch to the first token (the prompt's prefill)",
                       labels, out);

@@ -33,18 +33,28 @@ TEST(ServingMetrics, FinishReasonsAndLeaderTimingsAreCountedWithTheModelLabel) {
   m.Render(ModelLabel("gpt-oss-20b"), out);
   const std::string model = "model_name=\"gpt-oss-20b\"";
   for (const char* reason : {"stop", "length", "cancelled", "deadline", "error"}) {
-    EXPECT_TRUE(Has(out, "flotilla_requests_finished_total{" + model + ",finished_reason=\"" + reason +
-                             "\"} 1\n"))
-        << reason << "\n" << out;
+    EXPECT_TRUE(Has(out, "flotilla_requests_finished_total{" + model + ",finished_reason=\"" +
+                             reason + "\"} 1\n"))
+        << reason << "\n"
+        << out;
   }
-  EXPECT_TRUE(Has(out, "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"1\"} 0\n")) << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"2.5\"} 2\n")) << out;
+  EXPECT_TRUE(Has(out, "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"1\"} 0\n"))
+      << out;
+  EXPECT_TRUE(Has(out, "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"2.5\"} 2\n"))
+      << out;
   EXPECT_TRUE(Has(out, "flotilla_request_prefill_time_seconds_sum{" + model + "} 0.5\n")) << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_decode_time_seconds_bucket{" + model + ",le=\"1200\"} 2\n")) << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_decode_time_seconds_bucket{" + model + ",le=\"1800\"} 2\n")) << out;
-  EXPECT_TRUE(Has(out, "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"30\"} 0\n")) << out;
-  EXPECT_TRUE(Has(out, "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"60\"} 1\n")) << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_duration_seconds_bucket{" + model + ",le=\"1800\"} 0\n")) << out;
+  EXPECT_TRUE(
+      Has(out, "flotilla_request_decode_time_seconds_bucket{" + model + ",le=\"1200\"} 2\n"))
+      << out;
+  EXPECT_TRUE(
+      Has(out, "flotilla_request_decode_time_seconds_bucket{" + model + ",le=\"1800\"} 2\n"))
+      << out;
+  EXPECT_TRUE(Has(out, "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"30\"} 0\n"))
+      << out;
+  EXPECT_TRUE(Has(out, "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"60\"} 1\n"))
+      << out;
+  EXPECT_TRUE(Has(out, "flotilla_request_duration_seconds_bucket{" + model + ",le=\"1800\"} 0\n"))
+      << out;
   EXPECT_TRUE(Has(out, "flotilla_prompt_tokens_total{" + model + "} 0\n")) << out;
 }
 

@@ -140,14 +140,16 @@ class HttpServingTest : public ::testing::Test {
   static double Metric(const std::string& name) {
     auto m = Client().Get("/metrics");
     std::smatch g;
-    if (!m || !std::regex_search(m->body, g, std::regex("\n" + name + "\\{[^}]*\\} ([0-9.e+-]+)"))) {
+    if (!m ||
+        !std::regex_search(m->body, g, std::regex("\n" + name + "\\{[^}]*\\} ([0-9.e+-]+)"))) {
       return -1;
     }
     return std::stod(g[1]);
   }
   static bool WaitIdle() {
     for (int i = 0; i < 200; ++i) {
-      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0) return true;
+      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0)
+        return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;
@@ -176,7 +178,8 @@ TEST_F(HttpServingTest, SlowHeadersAndIdleConnectionsDoNotDelayARequest) {
     hogs.emplace_back(cluster_->http_address());
     ASSERT_TRUE(hogs.back().ok()) << "slow connection " << i;
     // A head that never ends (slowloris).
-    ASSERT_TRUE(hogs.back().Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"));
+    ASSERT_TRUE(hogs.back().Send(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"));
   }
   const auto start = Clock::now();
   auto c = Client();
@@ -199,14 +202,16 @@ TEST_F(HttpServingTest, SlowHeadersAndIdleConnectionsDoNotDelayARequest) {
 TEST_F(HttpServingTest, HealthAnswersFastWith128StreamsOpen) {
   // 128 x 401 tokens fit the worker's KV cache (64 Ki tokens): every stream generates at once.
   std::vector<Socket> streams;
-  const std::string body = R"({"model": ")" + Model() +
-                           R"(", "prompt": "hello", "max_tokens": 400, "temperature": 1, "stream": true})";
+  const std::string body =
+      R"({"model": ")" + Model() +
+      R"(", "prompt": "hello", "max_tokens": 400, "temperature": 1, "stream": true})";
   for (int i = 0; i < 128; ++i) {
     streams.emplace_back(cluster_->http_address());
     ASSERT_TRUE(streams.back().ok());
-    ASSERT_TRUE(streams.back().Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                                    "application/json\r\nContent-Length: " +
-                                    std::to_string(body.size()) + "\r\n\r\n" + body));
+    ASSERT_TRUE(
+        streams.back().Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                            "application/json\r\nContent-Length: " +
+                            std::to_string(body.size()) + "\r\n\r\n" + body));
   }
   for (Socket& s : streams) ASSERT_TRUE(s.WaitFor("data: ")) << "a stream did not start";
   EXPECT_GE(Metric("flotilla_http_requests_in_flight"), 120);
@@ -221,8 +226,8 @@ TEST_F(HttpServingTest, HealthAnswersFastWith128StreamsOpen) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::sort(ms.begin(), ms.end());
-  std::cout << "/health with 128 streams open: median " << ms[ms.size() / 2] << " ms, max " << ms.back()
-            << " ms\n";
+  std::cout << "/health with 128 streams open: median " << ms[ms.size() / 2] << " ms, max "
+            << ms.back() << " ms\n";
   EXPECT_LT(ms[ms.size() / 2], 100.0);
   EXPECT_LT(ms.back(), 1000.0);
   streams.clear();  // the clients go away: their requests are cancelled
@@ -246,7 +251,8 @@ TEST_F(HttpServingTest, ContextLengthErrorsLikeVllm) {
   EXPECT_NE(message.find("maximum context length is 4096 tokens"), std::string::npos) << message;
   EXPECT_NE(message.find("5000 in the completion"), std::string::npos) << message;
   // Completions name the prompt.
-  r = c.Post("/v1/completions", R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 4096})",
+  r = c.Post("/v1/completions",
+             R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 4096})",
              "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400) << r->body;
@@ -275,17 +281,19 @@ TEST_F(HttpServingTest, ContextLengthErrorsLikeVllm) {
   g.mutable_sampling()->set_max_tokens(5000);
   auto res = (*sdk)->Generate(g);
   EXPECT_EQ(res.status().code(), absl::StatusCode::kInvalidArgument) << res.status();
-  EXPECT_NE(res.status().message().find("However, you requested 5003 tokens (3 in the messages, 5000 in "
-                                        "the completion)"),
-            std::string::npos)
+  EXPECT_NE(
+      res.status().message().find("However, you requested 5003 tokens (3 in the messages, 5000 in "
+                                  "the completion)"),
+      std::string::npos)
       << res.status();
 }
 
 TEST_F(HttpServingTest, LogsAreJsonWithProcessTagsAndOneAccessLineARequest) {
   auto c = Client();
-  auto r = c.Post("/v1/completions",
-                  R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 3, "temperature": 0})",
-                  "application/json");
+  auto r = c.Post(
+      "/v1/completions",
+      R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 3, "temperature": 0})",
+      "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   const std::string id = Json::parse(r->body)["id"];
@@ -308,7 +316,8 @@ TEST_F(HttpServingTest, LogsAreJsonWithProcessTagsAndOneAccessLineARequest) {
       if (line["request_id"] == id) http_line = line;
       if (line["api"] == "grpc Generate") grpc_line = line;
     }
-    if (http_line.is_null() || grpc_line.is_null()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (http_line.is_null() || grpc_line.is_null())
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_FALSE(http_line.is_null()) << "no access line for " << id;
   EXPECT_EQ(http_line["api"], "POST /v1/completions");
@@ -341,8 +350,9 @@ TEST(Binaries, VersionAndLogFlags) {
     EXPECT_EQ(pclose(p), 0) << bin;
     EXPECT_EQ(std::string(buf, n).rfind(std::string(bin) + " 0.", 0), 0u) << buf;
   }
-  const std::string bad = std::string("timeout 20 ") + FLOTILLA_BIN_DIR +
-                          "/flotilla-coordinator --model synthetic:tiny --log-format yaml >/dev/null 2>&1";
+  const std::string bad =
+      std::string("timeout 20 ") + FLOTILLA_BIN_DIR +
+      "/flotilla-coordinator --model synthetic:tiny --log-format yaml >/dev/null 2>&1";
   EXPECT_NE(std::system(bad.c_str()), 0) << "--log-format yaml was accepted";
 }
 

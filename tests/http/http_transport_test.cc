@@ -111,14 +111,15 @@ class HttpTransportTest : public ::testing::Test {
       res.set_content(req.body, "text/plain");
     });
     // A stream of `n` events, one every 20 ms, from a timer (no thread waits).
-    transport_->Post("/stream", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
-                       const int n = std::stoi(ex->request().body.empty() ? "3" : ex->request().body);
-                       HttpResponse head;
-                       head.content_type = "text/event-stream";
-                       ex->BeginStream(head);
-                       ex->OnClientGone([this] { ++gone_; });
-                       Tick(ex, 0, n);
-                     }));
+    transport_->Post(
+        "/stream", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
+          const int n = std::stoi(ex->request().body.empty() ? "3" : ex->request().body);
+          HttpResponse head;
+          head.content_type = "text/event-stream";
+          ex->BeginStream(head);
+          ex->OnClientGone([this] { ++gone_; });
+          Tick(ex, 0, n);
+        }));
     transport_->set_logger([this](const HttpRequest&, const HttpResponse&, bool complete) {
       ++(complete ? logged_complete_ : logged_incomplete_);
     });
@@ -147,12 +148,14 @@ TEST_F(HttpTransportTest, PipelinedRequestsAreAnsweredInOrder) {
   Start();
   RawClient c(port_);
   ASSERT_TRUE(c.connected());
-  ASSERT_TRUE(c.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-                     "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
-                     "GET /items/42 HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+             "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+             "GET /items/42 HTTP/1.1\r\nHost: x\r\n\r\n"));
   const std::string text = c.ReadUntil([](const std::string& t) { return WholeResponses(t) == 3; });
   ASSERT_EQ(WholeResponses(text), 3) << text;
-  const size_t a = text.find("\r\n\r\nok"), b = text.find("\r\n\r\nhello"), d = text.find("item 42");
+  const size_t a = text.find("\r\n\r\nok"), b = text.find("\r\n\r\nhello"),
+               d = text.find("item 42");
   EXPECT_TRUE(a < b && b < d) << text;
   EXPECT_FALSE(c.eof());  // kept alive
 }
@@ -165,7 +168,8 @@ TEST_F(HttpTransportTest, WrongMethodIs405WithAllowAndUnknownPathIs404) {
   EXPECT_TRUE(absl::StartsWith(text, "HTTP/1.1 405")) << text;
   EXPECT_NE(text.find("Allow: GET, HEAD"), std::string::npos) << text;
   RawClient d(port_);
-  ASSERT_TRUE(d.Send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\nGET /nothing HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_TRUE(
+      d.Send("GET /echo HTTP/1.1\r\nHost: x\r\n\r\nGET /nothing HTTP/1.1\r\nHost: x\r\n\r\n"));
   text = d.ReadUntil([](const std::string& t) { return WholeResponses(t) == 2; });
   EXPECT_TRUE(absl::StartsWith(text, "HTTP/1.1 405")) << text;
   EXPECT_NE(text.find("Allow: POST"), std::string::npos) << text;
@@ -177,13 +181,16 @@ TEST_F(HttpTransportTest, StreamsAreChunkedForHttp11AndCloseDelimitedForHttp10) 
   {
     RawClient c(port_);
     ASSERT_TRUE(c.Send("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n3"));
-    const std::string text = c.ReadUntil([](const std::string& t) { return absl::StrContains(t, "0\r\n\r\n"); });
+    const std::string text =
+        c.ReadUntil([](const std::string& t) { return absl::StrContains(t, "0\r\n\r\n"); });
     EXPECT_NE(text.find("Transfer-Encoding: chunked"), std::string::npos) << text;
     EXPECT_NE(text.find("data: [DONE]"), std::string::npos) << text;
     EXPECT_FALSE(c.eof());
     // The connection goes on with the next request.
     ASSERT_TRUE(c.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
-    EXPECT_NE(c.ReadUntil([](const std::string& t) { return absl::StrContains(t, "\r\n\r\nok"); }).find("\r\n\r\nok"),
+    EXPECT_NE(c.ReadUntil([](const std::string& t) {
+                 return absl::StrContains(t, "\r\n\r\nok");
+               }).find("\r\n\r\nok"),
               std::string::npos);
   }
   RawClient c(port_);
@@ -203,7 +210,8 @@ TEST_F(HttpTransportTest, Http10KeepsAliveOnlyWhenAsked) {
   EXPECT_TRUE(once.eof());
   RawClient kept(port_);
   ASSERT_TRUE(kept.Send("GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
-  const std::string text = kept.ReadUntil([](const std::string& t) { return WholeResponses(t) == 1; });
+  const std::string text =
+      kept.ReadUntil([](const std::string& t) { return WholeResponses(t) == 1; });
   EXPECT_NE(text.find("Connection: keep-alive"), std::string::npos) << text;
   kept.ReadUntil([](const std::string&) { return false; }, std::chrono::milliseconds(200));
   EXPECT_FALSE(kept.eof());
@@ -226,7 +234,8 @@ TEST_F(HttpTransportTest, SlowHeadsAndBodiesGet408AndIdleConnectionsClose) {
   Start(o);
   RawClient slow_body(port_);  // a whole head, then 3 of the 10 bytes it promised
   ASSERT_TRUE(slow_body.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"));
-  EXPECT_TRUE(absl::StartsWith(slow_body.ReadToEof(std::chrono::milliseconds(3000)), "HTTP/1.1 408"));
+  EXPECT_TRUE(
+      absl::StartsWith(slow_body.ReadToEof(std::chrono::milliseconds(3000)), "HTTP/1.1 408"));
   EXPECT_TRUE(slow_body.eof());
   RawClient slow(port_);
   ASSERT_TRUE(slow.Send("GET /health HTTP/1.1\r\nHost: x\r\n"));  // never ends its head
@@ -266,8 +275,9 @@ TEST_F(HttpTransportTest, ConnectionsPastTheBoundGet503) {
   for (int i = 0; i < 50 && !served; ++i) {
     RawClient again(port_);
     again.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-    served = absl::StartsWith(again.ReadUntil([](const std::string& t) { return WholeResponses(t) == 1; }),
-                              "HTTP/1.1 200");
+    served = absl::StartsWith(
+        again.ReadUntil([](const std::string& t) { return WholeResponses(t) == 1; }),
+        "HTTP/1.1 200");
     if (!served) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   EXPECT_TRUE(served);
@@ -279,18 +289,22 @@ TEST_F(HttpTransportTest, LargeBodyIs413BeforeItIsRead) {
   Start(o);
   RawClient c(port_);
   ASSERT_TRUE(c.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"));
-  ASSERT_TRUE(c.Send(std::string(50000, 'a')));  // the client goes on sending; it still reads the answer
+  ASSERT_TRUE(
+      c.Send(std::string(50000, 'a')));  // the client goes on sending; it still reads the answer
   const std::string text = c.ReadToEof();
   EXPECT_TRUE(absl::StartsWith(text, "HTTP/1.1 413")) << text;
   EXPECT_NE(text.find("Connection: close"), std::string::npos) << text;
   // With Expect: 100-continue under the limit, the body follows the 100.
   RawClient e(port_);
-  ASSERT_TRUE(e.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"));
-  EXPECT_TRUE(absl::StartsWith(
-      e.ReadUntil([](const std::string& t) { return absl::StrContains(t, "100 Continue\r\n\r\n"); }),
-      "HTTP/1.1 100 Continue"));
+  ASSERT_TRUE(e.Send(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"));
+  EXPECT_TRUE(absl::StartsWith(e.ReadUntil([](const std::string& t) {
+    return absl::StrContains(t, "100 Continue\r\n\r\n");
+  }),
+                               "HTTP/1.1 100 Continue"));
   ASSERT_TRUE(e.Send("abc"));
-  EXPECT_TRUE(absl::EndsWith(e.ReadUntil([](const std::string& t) { return absl::EndsWith(t, "abc"); }), "abc"));
+  EXPECT_TRUE(absl::EndsWith(
+      e.ReadUntil([](const std::string& t) { return absl::EndsWith(t, "abc"); }), "abc"));
 }
 
 TEST_F(HttpTransportTest, AClientThatLeavesMidStreamIsNoticed) {
@@ -300,7 +314,8 @@ TEST_F(HttpTransportTest, AClientThatLeavesMidStreamIsNoticed) {
     ASSERT_TRUE(c.Send("POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n500"));
     c.ReadUntil([](const std::string& t) { return absl::StrContains(t, "data: 1"); });
   }
-  for (int i = 0; i < 100 && gone_ == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && gone_ == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(gone_, 1);
   for (int i = 0; i < 100 && logged_incomplete_ == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
