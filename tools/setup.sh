@@ -12,6 +12,7 @@ packages=(
   cmake                   # build system
   g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
   git                     # tests clone the tree
+  iproute2                # k8s multi-host test: network namespaces, veths, ss
   libabsl-dev             # absl::Status, flags helpers, synchronization
   libclang-rt-dev         # clang's runtimes: libFuzzer, ASan, UBSan (tools/fuzz.sh)
   libcli11-dev            # command-line parsing for every binary
