@@ -111,7 +111,7 @@ absl::Status OutputConstraint::Build(const ConstraintSpec& spec) {
       forms_.push_back(final);
     }
     for (size_t i = 0; i < spec.tools.size(); ++i) {
-      Form call = form("commentary to=functions." + spec.tools[i].name + " ", {v.constrain});
+      Form call = form("commentary to=functions." + spec.tools[i].name, {v.constrain});
       for (char ch : std::string("json")) call.symbols.push_back(static_cast<uint8_t>(ch));
       call.symbols.push_back(kSpecial + v.message);
       call.end_token = v.call;

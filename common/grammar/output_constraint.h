@@ -10,7 +10,7 @@
 //   final      <|channel|>final<|message|> JSON of the response schema, then
 //              <|return|> as soon as the JSON is complete (free text and
 //              <|return|> when no response format is set)
-//   tool call  <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>
+//   tool call  <|channel|>commentary to=functions.NAME<|constrain|>json<|message|>
 //              JSON of the tool's parameter schema, then <|call|> (free text
 //              for a tool that is not constrained)
 //

@@ -106,10 +106,10 @@ TEST(GrammarConstraint, RequiredToolCall) {
     const std::string args = After(turn.text, "json<|message|>", "<|call|>");
     const Json v = Json::parse(args, nullptr, false);
     ASSERT_FALSE(v.is_discarded()) << turn.text;
-    if (turn.text.find("to=functions.get_weather ") != std::string::npos) {
+    if (turn.text.find("to=functions.get_weather<|constrain|>") != std::string::npos) {
       EXPECT_TRUE(v.contains("location") && (v["unit"] == "c" || v["unit"] == "f")) << args;
     } else {
-      ASSERT_NE(turn.text.find("to=functions.get_time "), std::string::npos) << turn.text;
+      ASSERT_NE(turn.text.find("to=functions.get_time<|constrain|>"), std::string::npos) << turn.text;
       EXPECT_TRUE(v["zone"].get<int>() >= -12 && v["zone"].get<int>() <= 14) << args;
     }
   }
