@@ -200,7 +200,9 @@ TEST(Sampler, FilterRestrictsDrawsToTheAllowedTokens) {
     for (int i = 0; i < 50; ++i) {
       const int32_t t = s->Sample(logits.data(), nullptr);
       EXPECT_TRUE(t == 3 || t == 40 || t == 63) << t;
-      if (temperature == 0.0f) EXPECT_EQ(t, 40);  // logits 3, 5, 0: the best allowed
+      if (temperature == 0.0f) {
+        EXPECT_EQ(t, 40);  // logits 3, 5, 0: the best allowed
+      }
     }
     EXPECT_EQ(seen.size(), 50u);
   }
