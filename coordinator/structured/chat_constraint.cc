@@ -66,7 +66,10 @@ absl::Status ReadTools(const Json& body, std::vector<grammar::ConstraintSpec::To
   auto it = body.find("tools");
   if (it == body.end() || !it->is_array()) return absl::OkStatus();
   for (size_t i = 0; i < it->size(); ++i) {
-    const Json& fn = (*it)[i].value("function", Json::object());
+    // Malformed tools are the Harmony mapping's to report.
+    const Json& tool_json = (*it)[i];
+    if (!tool_json.is_object() || !tool_json.contains("function")) continue;
+    const Json& fn = tool_json["function"];
     if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) continue;
     const std::string where = absl::StrCat("tools[", i, "].function");
     grammar::ConstraintSpec::Tool tool;
@@ -98,7 +101,9 @@ absl::StatusOr<std::optional<grammar::ConstraintSpec>> ChatConstraint(const Json
   if (choice.is_string() && choice == "required") {
     spec.tool_required = true;
   } else if (choice.is_object()) {
-    const std::string name = choice.value("function", Json::object()).value("name", "");
+    const Json fn = choice.contains("function") ? choice["function"] : Json();
+    const std::string name =
+        fn.is_object() && fn.contains("name") && fn["name"].is_string() ? fn["name"].get<std::string>() : "";
     std::erase_if(tools, [&](const auto& t) { return t.name != name; });
     spec.tool_required = true;
   } else if (choice.is_string() && choice == "none") {
