@@ -110,6 +110,8 @@ absl::StatusOr<std::optional<grammar::ConstraintSpec>> ChatConstraint(const Json
     tools.clear();
   }
   if (spec.tool_required) {
+    // No tool to call: the Harmony mapping refuses the request, naming tool_choice.
+    if (tools.empty()) return std::nullopt;
     for (auto& t : tools) t.constrained = true;  // a forced call's arguments always conform
   }
   const bool constrain_tools = spec.tool_required || any_strict;
