@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grammar/constraint_proto.h"
 #include "common/listen_address.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
@@ -523,6 +524,7 @@ void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::
   cluster::SubmitSequence submit;
   for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
   *submit.mutable_sampling() = prepared->sampling;
+  if (prepared->constraint) grammar::ToProto(*prepared->constraint, submit.mutable_constraint());
   if (*deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(**deadline));
   absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), MakeCallbacks(g->ex));
   if (!id.ok()) return SendError(res, id.status());

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grammar/constraint_proto.h"
 #include "common/cluster_token.h"
 #include "common/grpc_status.h"
 #include "coordinator/chat_pipeline.h"
@@ -198,6 +199,7 @@ class ChatReactor final : public ChatReactorBase {
     cluster::SubmitSequence submit;
     for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
     *submit.mutable_sampling() = prepared->sampling;
+    if (prepared->constraint) grammar::ToProto(*prepared->constraint, submit.mutable_constraint());
     const auto deadline = context->deadline();
     if (deadline != std::chrono::system_clock::time_point::max()) {
       submit.set_deadline_unix_ms(

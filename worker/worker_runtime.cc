@@ -362,7 +362,8 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   limits.max_batch_tokens = std::max<uint32_t>(1, a.max_batch_tokens());
   limits.max_sequences = std::max<uint32_t>(1, a.max_sequences());
   limits.max_model_len = a.max_model_len();
-  scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs);
+  scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
+                                           LazyO200kVocabulary(engine->config().vocab_size));
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
   cluster::WorkerMessage joined;

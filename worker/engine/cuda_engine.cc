@@ -805,6 +805,9 @@ bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
     if (sampler == nullptr) continue;
+    // A structured-output row needs its whole-vocabulary mask: the step then
+    // samples on the host from the logits it brings back (StepWithHostSampling).
+    if (sampler->Allowed() != nullptr) return false;
     const SamplingParams& p = sampler->params();
     kc::SamplingRow& row = sampling->rows[i];
     row.temperature = p.temperature;

@@ -194,7 +194,8 @@ class CudaEngine : public Engine {
     int top_n = 0;
     bool logprobs = false;  // some row reports logprobs
   };
-  // False when the step's adjustments do not fit the device buffer.
+  // False when the step's adjustments do not fit the device buffer, or a
+  // row samples under a token mask (structured outputs): host sampling then.
   bool PrepareDeviceSampling(const std::vector<StepItem>& items, DeviceSampling* sampling);
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
