@@ -110,6 +110,19 @@ class Engine {
     if (prefix.empty()) return NewSequence();
     return absl::FailedPreconditionError("this engine has no prefix cache");
   }
+
+  // Expert load (the balancer's input): rows this rank's experts ran per
+  // (layer, logical expert) since the last call, [layer * E + expert], and
+  // the counters restart. Empty when the engine does not count. Cheap: a
+  // device engine returns what its last finished read-back brought.
+  virtual std::vector<uint64_t> TakeExpertCounts() { return {}; }
+  // Hot swap: makes the experts of `extra` (its layers' `experts`, other
+  // views unused) runnable on this rank, so that an expert map placing them
+  // here can be switched to. Experts already held are skipped. Called
+  // between steps; the experts stay until the engine goes.
+  virtual absl::Status InstallExperts(ModelWeights extra) {
+    return absl::UnimplementedError("this engine cannot load experts while serving");
+  }
 };
 
 }  // namespace flotilla
