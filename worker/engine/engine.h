@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "worker/engine/sampler.h"
+#include "worker/model/weights.h"
 
 namespace flotilla {
 
