@@ -110,9 +110,19 @@ Layer PlaceLayer(const BalancerInput& in, int layer, const std::vector<std::vect
       }
     }
   }
+  // Slots the current map fills stay untouched where possible: a GPU rank
+  // loads new experts into slots the map in force leaves free.
+  std::vector<std::set<int>> busy(world);
+  for (int e = 0; e < E; ++e) {
+    for (const ExpertLocation& at : in.current.replicas(layer, e)) busy[at.rank].insert(at.slot);
+  }
   for (auto [e, r] : fresh) {
     int slot = 0;
-    while (used[r].count(slot)) ++slot;
+    while (slot < in.slots_per_rank[r] && (used[r].count(slot) || busy[r].count(slot))) ++slot;
+    if (slot >= in.slots_per_rank[r]) {
+      slot = 0;
+      while (used[r].count(slot)) ++slot;
+    }
     out[e].push_back({r, slot});
     used[r].insert(slot);
   }

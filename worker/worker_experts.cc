@@ -62,7 +62,7 @@ void WorkerRuntime::HandleExpertMap(const cluster::ExpertMapUpdate& update) {
     case Update::COMMIT: {
       absl::StatusOr<ExpertStore::Committed> c = expert_store_->Commit(version);
       absl::Status st = c.status();
-      if (st.ok()) st = rank_engine_.engine->InstallExperts(std::move(c->experts));
+      if (st.ok()) st = rank_engine_.engine->InstallExperts(c->map, std::move(c->experts));
       if (!st.ok()) {
         // The others may switch without this rank only if it never joins the
         // version; it keeps stepping on v, and they wait on it: report loudly.

@@ -622,7 +622,9 @@ std::vector<uint64_t> CpuEngine::TakeExpertCounts() {
   return out;
 }
 
-absl::Status CpuEngine::InstallExperts(ModelWeights extra) {
+// The CPU engine runs a slot's expert through its id (RunHeldExperts), so
+// slots need no weights of their own and `next` needs no checks here.
+absl::Status CpuEngine::InstallExperts(const ExpertMap& /*next*/, ModelWeights extra) {
   const ModelConfig& c = weights_.config;
   if (static_cast<int>(extra.layers.size()) != c.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("InstallExperts: ", extra.layers.size(),

@@ -80,7 +80,7 @@ class CpuEngine : public Engine {
   int64_t KvBlocksForLength(int64_t tokens) const override { return kv_->BlocksForLength(tokens); }
   const KvCache& kv_cache() const { return *kv_; }
   std::vector<uint64_t> TakeExpertCounts() override;
-  absl::Status InstallExperts(ModelWeights extra) override;
+  absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
 
  private:
   CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv, kernels::cpu::ThreadPool* pool,

@@ -60,6 +60,9 @@ struct CudaEngineOptions {
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
   int64_t max_context = 0;
+  // Sharded: expert slots per layer beyond those the expert map uses at
+  // start, for replicas loaded while serving (InstallExperts).
+  int spare_expert_slots = 0;
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
   // Share the KV blocks of identical prompt prefixes (worker/engine/prefix_cache.h).
@@ -131,6 +134,15 @@ class CudaEngine : public Engine {
   void SetInstanceStepTokens(int64_t max_tokens_any_rank) override {
     instance_step_tokens_ = max_tokens_any_rank;
   }
+  // Sharded ranks count the rows each expert slot runs on the device; each
+  // call queues the counters' read-back (and reset) on the engine's stream
+  // after the step and returns the previous read-back once it has landed
+  // (no host wait). Empty on a single-GPU engine (nothing to balance).
+  std::vector<uint64_t> TakeExpertCounts() override;
+  // Uploads the experts `next` places in slots the current map leaves free
+  // (options.spare_expert_slots of them beyond the map's) from host memory,
+  // between steps.
+  absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
 
   // Runs a step and samples one token per item on the GPU from the logits of
   // the item's last position (`params` one per item). A step whose items

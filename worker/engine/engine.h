@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/expert_map.h"
 #include "common/model_config.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/weights.h"
@@ -118,10 +119,12 @@ class Engine {
   // device engine returns what its last finished read-back brought.
   virtual std::vector<uint64_t> TakeExpertCounts() { return {}; }
   // Hot swap: makes the experts of `extra` (its layers' `experts`, other
-  // views unused) runnable on this rank, so that an expert map placing them
-  // here can be switched to. Experts already held are skipped. Called
-  // between steps; the experts stay until the engine goes.
-  virtual absl::Status InstallExperts(ModelWeights extra) {
+  // views unused) runnable on this rank in the slots `next` gives them, so
+  // that the engine can be switched to `next` (through its parallel
+  // context). Experts already held are skipped. Called between steps, while
+  // the current map is still in force: a slot the current map uses for
+  // another expert is refused (FAILED_PRECONDITION).
+  virtual absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) {
     return absl::UnimplementedError("this engine cannot load experts while serving");
   }
 };
