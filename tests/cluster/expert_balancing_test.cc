@@ -5,125 +5,26 @@
 // into spare slots, the next window measures the new balance, no request
 // fails or stalls, and greedy tokens are the same before and after.
 #include <gtest/gtest.h>
-#include <grpcpp/grpcpp.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <filesystem>
-#include <mutex>
-#include <nlohmann/json.hpp>
-#include <thread>
+#include <fstream>
+#include <iostream>
 
-#include "proto/flotilla.grpc.pb.h"
-#include "tests/run_command.h"
+#include "tests/cluster/balancing_util.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
-#include "tools/cli/local_cluster.h"
 
 namespace flotilla {
 namespace {
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-struct Stream {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  double largest_gap_s = 0;  // between consecutive token messages
-};
-
-Stream Generate(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens) {
-  auto stub = v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest req;
-  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(max_tokens);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->Generate(&ctx, req);
-  Stream s;
-  v1::GenerateResponse resp;
-  std::optional<Clock::time_point> last;
-  while (reader->Read(&resp)) {
-    if (resp.token_ids().empty()) continue;
-    const Clock::time_point now = Clock::now();
-    if (last) s.largest_gap_s = std::max(s.largest_gap_s, std::chrono::duration<double>(now - *last).count());
-    last = now;
-    s.tokens.insert(s.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-  }
-  s.status = reader->Finish();
-  return s;
-}
-
-// Concurrent streams of varied prompts until stopped; counts failures.
-class Load {
- public:
-  Load(std::string address, int streams) {
-    for (int i = 0; i < streams; ++i) {
-      threads_.emplace_back([this, address, i] {
-        for (int n = 0; !stop_; ++n) {
-          std::vector<int32_t> prompt;
-          for (int t = 0; t < 6 + (n + i) % 5; ++t) prompt.push_back((i * 131 + n * 17 + t * 7) % 1000 + 1);
-          Stream s = Generate(address, prompt, 12);
-          std::lock_guard<std::mutex> lock(mu_);
-          ++done_;
-          if (!s.status.ok()) failures_.push_back(s.status.error_message());
-          largest_gap_s_ = std::max(largest_gap_s_, s.largest_gap_s);
-        }
-      });
-    }
-  }
-  ~Load() { Stop(); }
-  void Stop() {
-    stop_ = true;
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-  int done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  std::vector<std::string> failures() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return failures_;
-  }
-  double largest_gap_s() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return largest_gap_s_;
-  }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-  std::mutex mu_;
-  int done_ = 0;
-  std::vector<std::string> failures_;
-  double largest_gap_s_ = 0;
-};
+using balancing_test::Generate;
+using balancing_test::Load;
+using balancing_test::Stream;
 
 nlohmann::json Ctl(const cli::LocalCluster& cluster, const std::string& args) {
-  const std::string cmd = std::string(FLOTILLA_BIN_DIR) + "/flotillactl --coordinator " +
-                          cluster.address() + " --json " + args;
-  auto [rc, out] = testing_util::RunCommandWithStderr(cmd);
-  EXPECT_EQ(rc, 0) << cmd << "\n" << out;
-  nlohmann::json j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(j.is_discarded()) << out;
-  return j;
+  return balancing_test::Ctl(FLOTILLA_BIN_DIR, cluster, args);
 }
-
-// Expert load of the current map over the last `window` seconds, once it
-// covers at least `min_rows` expert rows.
 nlohmann::json MeasuredLoad(const cli::LocalCluster& cluster, int window, uint64_t min_rows) {
-  nlohmann::json j;
-  for (int i = 0; i < 100; ++i) {
-    j = Ctl(cluster, "experts --window " + std::to_string(window));
-    if (j.is_object() && j["total_tokens"].get<uint64_t>() >= min_rows &&
-        j["window_seconds"].get<double>() >= window - 0.5) {
-      return j;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  }
-  return j;
+  return balancing_test::MeasuredLoad(FLOTILLA_BIN_DIR, cluster, window, min_rows);
 }
 
 const std::vector<std::vector<int32_t>> kFixedPrompts = {{1, 2, 3, 4}, {500, 17, 900, 3, 3, 71}};
@@ -181,6 +82,9 @@ TEST_P(ExpertBalancing, ReplicasBalanceTheHotExpertsWithoutLosingARequest) {
   ASSERT_TRUE(skewed.is_object());
   EXPECT_EQ(skewed["map_version"], 1);
   EXPECT_NEAR(skewed["imbalance"].get<double>(), 2.0, 0.3) << skewed.dump();
+  std::cout << "skewed: imbalance " << skewed["imbalance"] << " (worst layer "
+            << skewed["max_layer_imbalance"] << "), " << skewed["total_tokens"] << " rows in "
+            << skewed["window_seconds"] << " s" << std::endl;
   const double gap_before = load.largest_gap_s();
 
   uint64_t version = 1;
@@ -196,6 +100,7 @@ TEST_P(ExpertBalancing, ReplicasBalanceTheHotExpertsWithoutLosingARequest) {
     EXPECT_EQ(dry["version_after"], 1);
     nlohmann::json r = Ctl(**cluster, "rebalance");
     ASSERT_TRUE(r.is_object());
+    std::cout << "rebalance: " << r.dump() << std::endl;
     for (const char* key : {"version_before", "version_after", "imbalance_before",
                             "imbalance_after", "bytes_moved", "duration_ms"}) {
       EXPECT_TRUE(r.contains(key)) << key << " missing: " << r.dump();
@@ -213,6 +118,9 @@ TEST_P(ExpertBalancing, ReplicasBalanceTheHotExpertsWithoutLosingARequest) {
   ASSERT_TRUE(balanced.is_object());
   EXPECT_EQ(balanced["map_version"].get<uint64_t>(), version);
   EXPECT_LT(balanced["imbalance"].get<double>(), 1.25) << balanced.dump();
+  std::cout << "balanced: imbalance " << balanced["imbalance"] << " (worst layer "
+            << balanced["max_layer_imbalance"] << "), " << balanced["total_tokens"] << " rows in "
+            << balanced["window_seconds"] << " s" << std::endl;
   EXPECT_LT(balanced["max_layer_imbalance"].get<double>(), 1.35) << balanced.dump();
 
   const int before_stop = load.done();
@@ -221,6 +129,9 @@ TEST_P(ExpertBalancing, ReplicasBalanceTheHotExpertsWithoutLosingARequest) {
   EXPECT_TRUE(load.failures().empty()) << load.failures().front();
   // No stream waited much longer than it did before the switch (a CPU step
   // of this model is milliseconds; generous: 1 s or 5x the earlier worst).
+  std::cout << "largest gap between two tokens of a stream: " << load.largest_gap_s() * 1000
+            << " ms (before the switch " << gap_before * 1000 << " ms), " << load.done()
+            << " requests" << std::endl;
   EXPECT_LT(load.largest_gap_s(), std::max(1.0, 5 * gap_before));
   EXPECT_EQ(FixedTokens(**cluster), before_tokens);
   (*cluster)->Stop();
@@ -247,7 +158,9 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
   status = Ctl(**cluster, "status");
   for (const auto& w : status["workers"]) {
-    if (w["worker_id"] == "worker-0") EXPECT_TRUE(w["drained"].get<bool>());
+    if (w["worker_id"] == "worker-0") {
+      EXPECT_TRUE(w["drained"].get<bool>());
+    }
   }
   Ctl(**cluster, "drain worker-1");
   Stream refused = Generate((*cluster)->address(), {1, 2, 3}, 4);
@@ -261,7 +174,7 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("no worker 'nobody'"), std::string::npos) << out;
 
-  // A slot past the rank's slots (2 experts + 1 spare = 3) is refused.
+  // A slot past the rank's slots (4 experts + 1 spare = 5) is refused.
   nlohmann::json map = Ctl(**cluster, "get-expert-map");
   map["version"] = std::to_string(std::stoull(map["version"].get<std::string>()) + 1);
   map["layers"][0]["experts"][0]["replicas"].push_back({{"rank", 1}, {"slot", 9}});
@@ -271,14 +184,15 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
       std::string(FLOTILLA_BIN_DIR) + "/flotillactl --coordinator " + (*cluster)->address() +
       " set-expert-map " + file);
   EXPECT_EQ(bad_rc, 1);
-  EXPECT_NE(bad.find("slot 9 of rank 1, which has 3 expert slots"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("slot 9 of rank 1, which has 5 expert slots"), std::string::npos) << bad;
   // In the spare slot: accepted; rank 1 loads expert 0 and both switch.
-  map["layers"][0]["experts"][0]["replicas"].back()["slot"] = 2;
+  map["layers"][0]["experts"][0]["replicas"].back()["slot"] = 4;
   std::ofstream(file) << map.dump();
   auto [ok_rc, ok] = testing_util::RunCommandWithStderr(
       std::string(FLOTILLA_BIN_DIR) + "/flotillactl --coordinator " + (*cluster)->address() +
       " set-expert-map " + file);
   EXPECT_EQ(ok_rc, 0) << ok;
+  EXPECT_EQ(Ctl(**cluster, "status")["expert_map_version"], 2);
   EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
   (*cluster)->Stop();
 }

@@ -92,7 +92,9 @@ TEST(Balancer, NewReplicasAvoidSlotsTheCurrentMapFills) {
   for (int l = 0; l < kLayers; ++l) {
     for (int e = 0; e < kExperts; ++e) {
       for (const ExpertLocation& at : plan->map.replicas(l, e)) {
-        if (at.rank == 0 && at.slot == 2) EXPECT_EQ(e, 5) << "layer " << l;
+        if (at.rank == 0 && at.slot == 2) {
+          EXPECT_EQ(e, 5) << "layer " << l;
+        }
       }
     }
   }
