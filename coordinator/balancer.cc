@@ -12,7 +12,6 @@ namespace {
 
 using Layer = std::vector<std::vector<ExpertLocation>>;  // [expert][replica]
 
-
 // (max rank load, sum of squares): what a step tries to lower, in order.
 std::pair<double, double> Score(const std::vector<double>& rank_load) {
   double max = 0, squares = 0;
@@ -100,7 +99,8 @@ Layer PlaceLayer(const BalancerInput& in, int layer, const std::vector<std::vect
     for (int r : extra[e]) {
       int kept = -1;
       for (const ExpertLocation& at : in.current.replicas(layer, e)) {
-        if (at.rank == r && !used[r].count(at.slot) && at.slot < in.slots_per_rank[r]) kept = at.slot;
+        if (at.rank == r && !used[r].count(at.slot) && at.slot < in.slots_per_rank[r])
+          kept = at.slot;
       }
       if (kept >= 0) {
         out[e].push_back({r, kept});

@@ -60,15 +60,15 @@ absl::Status ClusterManager::CheckExpertMapLocked(const ExpertMap& map) const {
   }
   const ExpertMap& cur = placement_->expert_map;
   if (map.version() != cur.version() + 1) {
-    return absl::FailedPreconditionError(absl::StrCat("expert map version must be ",
-                                                      cur.version() + 1, ", got ", map.version()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("expert map version must be ", cur.version() + 1, ", got ", map.version()));
   }
   if (map.world_size() != cur.world_size() || map.num_layers() != cur.num_layers() ||
       map.num_experts() != cur.num_experts()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert map shape ", map.num_layers(), " layers x ", map.num_experts(), " experts over ",
-        map.world_size(), " ranks does not match ", cur.num_layers(), " x ", cur.num_experts(),
-        " over ", cur.world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("expert map shape ", map.num_layers(), " layers x ", map.num_experts(),
+                     " experts over ", map.world_size(), " ranks does not match ", cur.num_layers(),
+                     " x ", cur.num_experts(), " over ", cur.world_size()));
   }
   for (const RankPlacement& r : placement_->ranks) {
     const Worker& w = workers_.at(r.worker_id);
@@ -134,7 +134,8 @@ absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(
   ExpertMap map;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!placement_) return absl::UnavailableError(absl::StrCat("no placement yet: ", state_message_));
+    if (!placement_)
+      return absl::UnavailableError(absl::StrCat("no placement yet: ", state_message_));
     map = placement_->expert_map;
   }
   if (!request.all_layers() && (request.layer() < -1 || request.layer() >= map.num_layers())) {

@@ -31,8 +31,8 @@ std::string RenderExpertMetrics(const ClusterManager& manager) {
                   "# HELP flotilla_expert_rank_tokens expert rows a rank ran over the window "
                   "(all layers)\n# TYPE flotilla_expert_rank_tokens gauge\n");
   for (int rank = 0; rank < r->rank_tokens_size(); ++rank) {
-    absl::StrAppend(&out, "flotilla_expert_rank_tokens{rank=\"", rank, "\"} ",
-                    r->rank_tokens(rank), "\n");
+    absl::StrAppend(&out, "flotilla_expert_rank_tokens{rank=\"", rank, "\"} ", r->rank_tokens(rank),
+                    "\n");
   }
   return out;
 }

@@ -39,8 +39,14 @@ void TouchExpert(const ExpertWeights& x) {
 }  // namespace
 
 ExpertStore::ExpertStore(const ModelSource* model, int rank, int tp_rank, int tp_size,
-                         const ExpertMap& initial, int slots)
-    : model_(model), rank_(rank), tp_rank_(tp_rank), tp_size_(tp_size), slots_(slots) {
+                         const ExpertMap& initial, int slots, Stager stage)
+    : model_(model),
+      rank_(rank),
+      tp_rank_(tp_rank),
+      tp_size_(tp_size),
+      slots_(slots),
+      stage_(std::move(stage)),
+      current_(initial) {
   for (int l = 0; l < initial.num_layers(); ++l) {
     for (int e : initial.ExpertsOnRank(l, rank)) held_.insert({l, e});
   }
@@ -72,13 +78,13 @@ absl::Status ExpertStore::Prepare(ExpertMap map) {
     finished_.reset();
     prepared_.reset();
   }
-  loader_ = std::thread([this, map = std::move(map), generation]() mutable {
-    Load(std::move(map), generation);
+  loader_ = std::thread([this, current = current_, map = std::move(map), generation]() mutable {
+    Load(std::move(current), std::move(map), generation);
   });
   return absl::OkStatus();
 }
 
-void ExpertStore::Load(ExpertMap map, uint64_t generation) {
+void ExpertStore::Load(ExpertMap current, ExpertMap map, uint64_t generation) {
   const absl::Time start = absl::Now();
   std::set<int> wanted;
   for (int l = 0; l < map.num_layers(); ++l) {
@@ -118,6 +124,7 @@ void ExpertStore::Load(ExpertMap map, uint64_t generation) {
       experts.keepalive = loaded->keepalive;
     }
   }
+  if (done.status.ok() && stage_) done.status = stage_(current, map, experts);
   done.load_ms = absl::ToInt64Milliseconds(absl::Now() - start);
   std::lock_guard<std::mutex> lock(mu_);
   if (generation != generation_) return;  // replaced or aborted meanwhile
@@ -140,6 +147,7 @@ absl::StatusOr<ExpertStore::Committed> ExpertStore::Commit(uint64_t version) {
   }
   Committed out = std::move(*prepared_);
   prepared_.reset();
+  current_ = out.map;
   for (size_t l = 0; l < out.experts.layers.size(); ++l) {
     for (const ExpertWeights& x : out.experts.layers[l].experts) {
       held_.insert({static_cast<int>(l), x.expert_id});

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,10 +27,15 @@ namespace flotilla::worker {
 
 class ExpertStore {
  public:
+  // Called on the loader thread with the map in force, the prepared map and
+  // the experts loaded for it (Engine::StageExperts: a GPU rank copies them
+  // into its free slots there, off the step loop). An error fails the preparation.
+  using Stager = std::function<absl::Status(const ExpertMap& current, const ExpertMap& next,
+                                            const ModelWeights& experts)>;
   // `model` outlives the store. `initial`: the map the rank loaded;
-  // `slots`: expert slots per layer this rank has.
-  ExpertStore(const ModelSource* model, int rank, int tp_rank, int tp_size, const ExpertMap& initial,
-              int slots);
+  // `slots`: expert slots per layer this rank has; `stage` may be empty.
+  ExpertStore(const ModelSource* model, int rank, int tp_rank, int tp_size,
+              const ExpertMap& initial, int slots, Stager stage = nullptr);
   ~ExpertStore();
 
   int slots() const { return slots_; }
@@ -58,11 +64,13 @@ class ExpertStore {
   void Abort(uint64_t version);
 
  private:
-  void Load(ExpertMap map, uint64_t generation);
+  void Load(ExpertMap current, ExpertMap map, uint64_t generation);
   void Join();
 
   const ModelSource* model_;
   const int rank_, tp_rank_, tp_size_, slots_;
+  const Stager stage_;
+  ExpertMap current_;  // the map in force (the last committed); engine loop only
   // (layer, expert) pairs this rank holds weights for.
   std::set<std::pair<int, int>> held_;
 

@@ -42,8 +42,8 @@ void WorkerRuntime::HandleExpertMap(const cluster::ExpertMapUpdate& update) {
   const uint64_t version = update.map().version();
   if (!executor_ || !expert_store_) {
     if (update.phase() == Update::PREPARE) {
-      client_->Send(Prepared(version, absl::FailedPreconditionError("the rank is not serving"), 0,
-                             0));
+      client_->Send(
+          Prepared(version, absl::FailedPreconditionError("the rank is not serving"), 0, 0));
     }
     return;
   }

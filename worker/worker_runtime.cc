@@ -372,7 +372,10 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
     FLOTILLA_ASSIGN_OR_RETURN(ExpertMap initial, ExpertMapFromProto(a.expert_map()));
     expert_store_ = std::make_unique<ExpertStore>(
         model_.get(), a.rank(), a.tp_rank(), a.tp_size(), initial,
-        initial.SlotsOnRank(0, a.rank()) + static_cast<int>(a.redundant_experts()));
+        initial.SlotsOnRank(0, a.rank()) + static_cast<int>(a.redundant_experts()),
+        [engine](const ExpertMap& current, const ExpertMap& next, const ModelWeights& experts) {
+          return engine->StageExperts(current, next, experts);
+        });
     expert_load_version_ = initial.version();
   }
   cluster::WorkerMessage joined;

@@ -1,6 +1,6 @@
-#include "kernels/cuda/expert_count.h"
-
 #include <algorithm>
+
+#include "kernels/cuda/expert_count.h"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -25,7 +25,7 @@ cudaError_t LaunchCountExpertRows(const int32_t* ids, int64_t n, int32_t bound, 
   constexpr int kThreads = 256;
   const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, 64);
   CountExpertRowsKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(ids, n, bound,
-                                                                                 counts);
+                                                                                counts);
   return cudaGetLastError();
 }
 

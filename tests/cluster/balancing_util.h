@@ -3,8 +3,8 @@
 // concurrent streams, and flotillactl run as the operator would.
 #pragma once
 
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,8 +30,10 @@ struct Stream {
   double largest_gap_s = 0;  // between consecutive token messages
 };
 
-inline Stream Generate(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens) {
-  auto stub = v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+inline Stream Generate(const std::string& address, const std::vector<int32_t>& prompt,
+                       int max_tokens) {
+  auto stub =
+      v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   v1::GenerateRequest req;
   for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
   req.mutable_sampling()->set_temperature(0);
@@ -45,7 +47,9 @@ inline Stream Generate(const std::string& address, const std::vector<int32_t>& p
   while (reader->Read(&resp)) {
     if (resp.token_ids().empty()) continue;
     const Clock::time_point now = Clock::now();
-    if (last) s.largest_gap_s = std::max(s.largest_gap_s, std::chrono::duration<double>(now - *last).count());
+    if (last)
+      s.largest_gap_s =
+          std::max(s.largest_gap_s, std::chrono::duration<double>(now - *last).count());
     last = now;
     s.tokens.insert(s.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
   }
@@ -61,7 +65,8 @@ class Load {
       threads_.emplace_back([this, address, i] {
         for (int n = 0; !stop_; ++n) {
           std::vector<int32_t> prompt;
-          for (int t = 0; t < 6 + (n + i) % 5; ++t) prompt.push_back((i * 131 + n * 17 + t * 7) % 1000 + 1);
+          for (int t = 0; t < 6 + (n + i) % 5; ++t)
+            prompt.push_back((i * 131 + n * 17 + t * 7) % 1000 + 1);
           Stream s = Generate(address, prompt, 12);
           std::lock_guard<std::mutex> lock(mu_);
           ++done_;
@@ -102,8 +107,8 @@ class Load {
 
 inline nlohmann::json Ctl(const std::string& bin_dir, const cli::LocalCluster& cluster,
                           const std::string& args) {
-  const std::string cmd = bin_dir + "/flotillactl --coordinator " +
-                          cluster.address() + " --json " + args;
+  const std::string cmd =
+      bin_dir + "/flotillactl --coordinator " + cluster.address() + " --json " + args;
   auto [rc, out] = testing_util::RunCommandWithStderr(cmd);
   EXPECT_EQ(rc, 0) << cmd << "\n" << out;
   nlohmann::json j = nlohmann::json::parse(out, nullptr, /*allow_exceptions=*/false);

@@ -49,8 +49,8 @@ TEST(CudaExpertBalancing, HotSwapAndSwitchOnGpuWorkers) {
   o.log_dir = dir + "-logs";
   o.gpu_memory_utilization = 0.85;
   o.ready_timeout = absl::Seconds(300);
-  o.coordinator_args = {"--max-sequences", "16",       "--max-batch-tokens", "512",
-                        "--redundant-experts", "2", "--expert-window", "2"};
+  o.coordinator_args = {"--max-sequences",     "16", "--max-batch-tokens", "512",
+                        "--redundant-experts", "2",  "--expert-window",    "2"};
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status() << " (logs in " << o.log_dir << ")";
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4}, {500, 17, 900, 3, 3, 71}};

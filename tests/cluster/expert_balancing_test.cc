@@ -42,7 +42,8 @@ std::vector<std::vector<int32_t>> FixedTokens(const cli::LocalCluster& cluster) 
 class ExpertBalancing : public ::testing::TestWithParam<bool> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = (fs::temp_directory_path() / ("flotilla-hot-experts-" + std::to_string(getpid()))).string();
+    dir_ =
+        (fs::temp_directory_path() / ("flotilla-hot-experts-" + std::to_string(getpid()))).string();
     SyntheticCheckpointOptions o;
     o.hot_experts = {0, 1};
     o.hot_bias = 8;
@@ -155,7 +156,8 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
   EXPECT_TRUE(d["drained"].get<bool>());
   nlohmann::json status = Ctl(**cluster, "status");
   ASSERT_EQ(status["drained_groups"].size(), 1u);
-  for (int i = 0; i < 4; ++i) EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
+  for (int i = 0; i < 4; ++i)
+    EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
   status = Ctl(**cluster, "status");
   for (const auto& w : status["workers"]) {
     if (w["worker_id"] == "worker-0") {
@@ -169,8 +171,8 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
   Ctl(**cluster, "undrain worker-1");
   EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
   auto [rc, out] = testing_util::RunCommandWithStderr(std::string(FLOTILLA_BIN_DIR) +
-                                                       "/flotillactl --coordinator " +
-                                                       (*cluster)->address() + " drain nobody");
+                                                      "/flotillactl --coordinator " +
+                                                      (*cluster)->address() + " drain nobody");
   EXPECT_EQ(rc, 1);
   EXPECT_NE(out.find("no worker 'nobody'"), std::string::npos) << out;
 

@@ -123,7 +123,8 @@ cluster::ExpertLoad Report(uint64_t version, uint64_t tokens_of_expert0) {
   load.set_num_layers(kLayers);
   load.set_num_experts(kExperts);
   load.set_map_version(version);
-  for (int i = 0; i < kLayers * kExperts; ++i) load.add_tokens(i % kExperts == 0 ? tokens_of_expert0 : 0);
+  for (int i = 0; i < kLayers * kExperts; ++i)
+    load.add_tokens(i % kExperts == 0 ? tokens_of_expert0 : 0);
   return load;
 }
 

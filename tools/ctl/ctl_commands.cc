@@ -108,8 +108,8 @@ int RunSetExpertMap(Connection& c, const std::string& file, const OutputOptions&
   text << in.rdbuf();
   cluster::ExpertMap map;
   if (auto parsed = google::protobuf::util::JsonStringToMessage(text.str(), &map); !parsed.ok()) {
-    std::cerr << "flotillactl set-expert-map: " << file << " is not an expert map: "
-              << parsed.message() << "\n";
+    std::cerr << "flotillactl set-expert-map: " << file
+              << " is not an expert map: " << parsed.message() << "\n";
     return 2;
   }
   cluster::ExpertMap applied;

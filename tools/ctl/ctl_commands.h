@@ -14,10 +14,10 @@ struct OutputOptions {
 
 int RunStatus(Connection& c, const OutputOptions& out);
 struct ExpertsOptions {
-  int layer = -1;            // -1: every layer
-  double window_s = 0;       // 0: the coordinator's default
-  double watch_s = 0;        // > 0: refresh every watch_s seconds until interrupted
-  int watch_count = 0;       // with watch: stop after this many (0 = never)
+  int layer = -1;       // -1: every layer
+  double window_s = 0;  // 0: the coordinator's default
+  double watch_s = 0;   // > 0: refresh every watch_s seconds until interrupted
+  int watch_count = 0;  // with watch: stop after this many (0 = never)
 };
 int RunExperts(Connection& c, const ExpertsOptions& o, const OutputOptions& out);
 struct RebalanceOptions {

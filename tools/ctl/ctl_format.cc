@@ -105,16 +105,15 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
                           ? 0
                           : 100.0 * (1.0 - static_cast<double>(l.kv_blocks_free()) /
                                                static_cast<double>(l.kv_blocks_total()));
-    rows.push_back({w.worker_id(), w.rank() < 0 ? "-" : absl::StrCat(w.rank()),
-                    w.dp_group() < 0 ? "-" : absl::StrCat(w.dp_group()),
-                    w.device().name().empty() ? "cpu" : w.device().name(),
-                    w.device().memory_bytes() == 0
-                        ? "-"
-                        : absl::StrCat(w.device().memory_bytes() >> 30, " GiB"),
-                    w.alive() ? (w.drained() ? "drained" : "alive") : "dead",
-                    absl::StrCat(w.last_heartbeat_age_ms(), " ms"), absl::StrCat(l.steps()),
-                    absl::StrCat(l.running_sequences(), "/", l.queued_sequences()),
-                    Fixed(kv, 1) + "%"});
+    rows.push_back(
+        {w.worker_id(), w.rank() < 0 ? "-" : absl::StrCat(w.rank()),
+         w.dp_group() < 0 ? "-" : absl::StrCat(w.dp_group()),
+         w.device().name().empty() ? "cpu" : w.device().name(),
+         w.device().memory_bytes() == 0 ? "-"
+                                        : absl::StrCat(w.device().memory_bytes() >> 30, " GiB"),
+         w.alive() ? (w.drained() ? "drained" : "alive") : "dead",
+         absl::StrCat(w.last_heartbeat_age_ms(), " ms"), absl::StrCat(l.steps()),
+         absl::StrCat(l.running_sequences(), "/", l.queued_sequences()), Fixed(kv, 1) + "%"});
   }
   out += Table({"WORKER", "RANK", "DP", "DEVICE", "MEMORY", "STATE", "HEARTBEAT", "STEPS",
                 "RUN/QUEUE", "KV USED"},
@@ -123,22 +122,23 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
 }
 
 json ExpertLoadJson(const admin::ExpertLoadReport& r) {
-  json j = {{"window_seconds", r.window_seconds()},
-            {"map_version", r.map_version()},
-            {"num_layers", r.num_layers()},
-            {"num_experts", r.num_experts()},
-            {"world_size", r.world_size()},
-            {"imbalance", r.imbalance()},
-            {"max_layer_imbalance", r.max_layer_imbalance()},
-            {"total_tokens", r.total_tokens()},
-            {"rank_tokens", json(std::vector<uint64_t>(r.rank_tokens().begin(),
-                                                       r.rank_tokens().end()))},
-            {"layers", json::array()}};
+  json j = {
+      {"window_seconds", r.window_seconds()},
+      {"map_version", r.map_version()},
+      {"num_layers", r.num_layers()},
+      {"num_experts", r.num_experts()},
+      {"world_size", r.world_size()},
+      {"imbalance", r.imbalance()},
+      {"max_layer_imbalance", r.max_layer_imbalance()},
+      {"total_tokens", r.total_tokens()},
+      {"rank_tokens", json(std::vector<uint64_t>(r.rank_tokens().begin(), r.rank_tokens().end()))},
+      {"layers", json::array()}};
   for (const admin::LayerLoad& l : r.layers()) {
     j["layers"].push_back(
         {{"layer", l.layer()},
          {"imbalance", l.imbalance()},
-         {"rank_tokens", json(std::vector<uint64_t>(l.rank_tokens().begin(), l.rank_tokens().end()))},
+         {"rank_tokens",
+          json(std::vector<uint64_t>(l.rank_tokens().begin(), l.rank_tokens().end()))},
          {"expert_tokens",
           json(std::vector<uint64_t>(l.expert_tokens().begin(), l.expert_tokens().end()))}});
   }
@@ -146,12 +146,13 @@ json ExpertLoadJson(const admin::ExpertLoadReport& r) {
 }
 
 std::string ExpertLoadTable(const admin::ExpertLoadReport& r) {
-  std::string out = absl::StrCat("expert map v", r.map_version(), ", window ",
-                                 Fixed(r.window_seconds(), 1), " s, ", r.total_tokens(),
-                                 " expert rows; imbalance ", Fixed(r.imbalance()), " (worst layer ",
-                                 Fixed(r.max_layer_imbalance()), ")\n\n");
+  std::string out =
+      absl::StrCat("expert map v", r.map_version(), ", window ", Fixed(r.window_seconds(), 1),
+                   " s, ", r.total_tokens(), " expert rows; imbalance ", Fixed(r.imbalance()),
+                   " (worst layer ", Fixed(r.max_layer_imbalance()), ")\n\n");
   std::vector<std::string> header = {"LAYER", "IMBALANCE"};
-  for (uint32_t rank = 0; rank < r.world_size(); ++rank) header.push_back(absl::StrCat("RANK ", rank));
+  for (uint32_t rank = 0; rank < r.world_size(); ++rank)
+    header.push_back(absl::StrCat("RANK ", rank));
   header.push_back("HOTTEST EXPERTS");
   std::vector<std::vector<std::string>> rows;
   for (const admin::LayerLoad& l : r.layers()) {
@@ -172,18 +173,23 @@ std::string ExpertLoadTable(const admin::ExpertLoadReport& r) {
 }
 
 json RebalanceJson(const admin::RebalanceResult& r) {
-  return {{"version_before", r.version_before()},   {"version_after", r.version_after()},
-          {"imbalance_before", r.imbalance_before()}, {"imbalance_after", r.imbalance_after()},
-          {"bytes_moved", r.bytes_moved()},           {"duration_ms", r.duration_ms()},
-          {"applied", r.applied()},                   {"replicas_added", r.replicas_added()},
-          {"replicas_removed", r.replicas_removed()}, {"message", r.message()}};
+  return {{"version_before", r.version_before()},
+          {"version_after", r.version_after()},
+          {"imbalance_before", r.imbalance_before()},
+          {"imbalance_after", r.imbalance_after()},
+          {"bytes_moved", r.bytes_moved()},
+          {"duration_ms", r.duration_ms()},
+          {"applied", r.applied()},
+          {"replicas_added", r.replicas_added()},
+          {"replicas_removed", r.replicas_removed()},
+          {"message", r.message()}};
 }
 
 std::string RebalanceText(const admin::RebalanceResult& r) {
-  std::string out = absl::StrCat("plan: imbalance ", Fixed(r.imbalance_before()), " -> ",
-                                 Fixed(r.imbalance_after()), " (predicted), +", r.replicas_added(),
-                                 " / -", r.replicas_removed(), " replicas, ", r.bytes_moved(),
-                                 " bytes to load\n");
+  std::string out =
+      absl::StrCat("plan: imbalance ", Fixed(r.imbalance_before()), " -> ",
+                   Fixed(r.imbalance_after()), " (predicted), +", r.replicas_added(), " / -",
+                   r.replicas_removed(), " replicas, ", r.bytes_moved(), " bytes to load\n");
   std::vector<std::vector<std::string>> rows;
   for (int l = 0; l < r.map().layers_size(); ++l) {
     const auto& layer = r.map().layers(l);

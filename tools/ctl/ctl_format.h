@@ -14,7 +14,8 @@ namespace flotilla::ctl {
 std::string Table(const std::vector<std::string>& header,
                   const std::vector<std::vector<std::string>>& rows);
 
-nlohmann::json StatusJson(const admin::ClusterStatus& status, const admin::PlacementInfo* placement);
+nlohmann::json StatusJson(const admin::ClusterStatus& status,
+                          const admin::PlacementInfo* placement);
 std::string StatusTable(const admin::ClusterStatus& status, const admin::PlacementInfo* placement);
 
 nlohmann::json ExpertLoadJson(const admin::ExpertLoadReport& report);

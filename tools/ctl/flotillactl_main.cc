@@ -16,7 +16,8 @@ int main(int argc, char** argv) {
   ConnectionOptions conn;
   flotilla::ctl::OutputOptions out;
   app.add_option("--coordinator", conn.coordinator, "coordinator HOST:PORT (its gRPC port)")
-      ->envname("FLOTILLA_COORDINATOR")->capture_default_str();
+      ->envname("FLOTILLA_COORDINATOR")
+      ->capture_default_str();
   app.add_option("--api-key", conn.api_key, "admin key (mutating calls need one when keys are on)")
       ->envname("FLOTILLA_API_KEY");
   app.add_option("--tls-ca", conn.tls.ca, "CA that signed the coordinator's certificate")
@@ -25,16 +26,20 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_TLS_CERT");
   app.add_option("--tls-key", conn.tls.key, "key of --tls-cert")->envname("FLOTILLA_TLS_KEY");
   app.add_option("--timeout", conn.timeout_s, "seconds a call may take")
-      ->envname("FLOTILLA_TIMEOUT")->capture_default_str();
+      ->envname("FLOTILLA_TIMEOUT")
+      ->capture_default_str();
   app.add_flag("--json", out.json, "one JSON object per answer instead of tables")
       ->envname("FLOTILLA_JSON");
 
   auto* status = app.add_subcommand("status", "instance state, workers, placement, map version");
   flotilla::ctl::ExpertsOptions experts;
-  auto* experts_cmd = app.add_subcommand("experts", "per-layer, per-rank expert load and imbalance");
+  auto* experts_cmd =
+      app.add_subcommand("experts", "per-layer, per-rank expert load and imbalance");
   experts_cmd->add_option("--layer", experts.layer, "only this layer (default: every layer)");
-  experts_cmd->add_option("--window", experts.window_s, "seconds of load (default: the coordinator's)");
-  experts_cmd->add_option("--watch", experts.watch_s, "refresh every SECONDS")->expected(0, 1)
+  experts_cmd->add_option("--window", experts.window_s,
+                          "seconds of load (default: the coordinator's)");
+  experts_cmd->add_option("--watch", experts.watch_s, "refresh every SECONDS")
+      ->expected(0, 1)
       ->default_str("2");
   experts_cmd->add_option("--count", experts.watch_count, "with --watch: stop after N refreshes");
   flotilla::ctl::RebalanceOptions rebalance;
@@ -49,7 +54,8 @@ int main(int argc, char** argv) {
   undrain->add_option("worker", worker, "worker id")->required();
   auto* get_map = app.add_subcommand("get-expert-map", "print the expert map (JSON)");
   auto* set_map = app.add_subcommand("set-expert-map", "apply an edited expert map (JSON FILE)");
-  set_map->add_option("file", file, "the map, as get-expert-map prints it, version + 1")->required();
+  set_map->add_option("file", file, "the map, as get-expert-map prints it, version + 1")
+      ->required();
   CLI11_PARSE(app, argc, argv);
 
   auto connection = Connection::Create(conn);

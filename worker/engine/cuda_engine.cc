@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -175,6 +176,10 @@ struct CudaEngine::Impl {
   uint32_t* expert_counts_host = nullptr;
   cudaEvent_t counts_event = nullptr;
   bool counts_pending = false;
+  // Hot swap: the stream StageExperts copies on (its own thread) and the map
+  // version it last staged.
+  cudaStream_t copy_stream = nullptr;
+  std::atomic<uint64_t> staged_version{0};
   std::vector<std::vector<int>> counts_slot_expert;  // the map the read-back counted under
   size_t meta_ints = 0;
   size_t off_tokens = 0, off_pos = 0, off_slots = 0, off_qstart = 0, off_lens = 0, off_tables = 0,
@@ -198,6 +203,7 @@ struct CudaEngine::Impl {
     if (meta_host != nullptr) cudaFreeHost(meta_host);
     if (expert_counts_host != nullptr) cudaFreeHost(expert_counts_host);
     if (counts_event != nullptr) cudaEventDestroy(counts_event);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (params_host != nullptr) cudaFreeHost(params_host);
     if (tokens_host != nullptr) cudaFreeHost(tokens_host);
     if (logprobs_host != nullptr) cudaFreeHost(logprobs_host);
@@ -1453,17 +1459,19 @@ std::vector<uint64_t> CudaEngine::TakeExpertCounts() {
   return out;
 }
 
-absl::Status CudaEngine::InstallExperts(const ExpertMap& next, ModelWeights extra) {
+absl::Status CudaEngine::UploadExperts(const ExpertMap& current, const ExpertMap& next,
+                                       const ModelWeights& extra, cudaStream_t stream) {
   Impl& d = *impl_;
   if (options_.parallel == nullptr) {
     return absl::FailedPreconditionError("a single-GPU engine holds every expert already");
   }
   const int rank = options_.parallel->rank();
   if (next.num_layers() != config_.num_hidden_layers ||
+      current.num_layers() != config_.num_hidden_layers ||
       static_cast<int>(extra.layers.size()) != config_.num_hidden_layers) {
-    return absl::InvalidArgumentError("InstallExperts: the map or the experts miss layers");
+    return absl::InvalidArgumentError("expert upload: the maps or the experts miss layers");
   }
-  const auto now = SlotExperts(options_.parallel->expert_map(), rank, d.max_slots);
+  const auto now = SlotExperts(current, rank, d.max_slots);
   cudaSetDevice(d.device);
   for (int l = 0; l < next.num_layers(); ++l) {
     for (int e = 0; e < next.num_experts(); ++e) {
@@ -1486,17 +1494,36 @@ absl::Status CudaEngine::InstallExperts(const ExpertMap& next, ModelWeights extr
         }
         if (x == nullptr) {
           return absl::InvalidArgumentError(
-              absl::StrCat("InstallExperts: no weights for layer ", l, " expert ", e));
+              absl::StrCat("expert upload: no weights for layer ", l, " expert ", e));
         }
         FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(d.layers[l].moe, at.slot, x->gate_up.blocks,
                                                  x->gate_up.scales, x->gate_up_bias.data,
                                                  x->down.blocks, x->down.scales,
-                                                 x->down_bias.data, d.stream));
+                                                 x->down_bias.data, stream));
       }
     }
   }
-  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(stream));
   return absl::OkStatus();
+}
+
+absl::Status CudaEngine::StageExperts(const ExpertMap& current, const ExpertMap& next,
+                                      const ModelWeights& extra) {
+  Impl& d = *impl_;
+  cudaSetDevice(d.device);
+  if (d.copy_stream == nullptr) {
+    FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
+  }
+  FLOTILLA_RETURN_IF_ERROR(UploadExperts(current, next, extra, d.copy_stream));
+  d.staged_version = next.version();
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::InstallExperts(const ExpertMap& next, ModelWeights extra) {
+  // Staged on the loader thread already (the normal path); otherwise copied
+  // here, between steps.
+  if (impl_->staged_version == next.version()) return absl::OkStatus();
+  return UploadExperts(options_.parallel->expert_map(), next, extra, impl_->stream);
 }
 
 }  // namespace flotilla

@@ -140,8 +140,11 @@ class CudaEngine : public Engine {
   // (no host wait). Empty on a single-GPU engine (nothing to balance).
   std::vector<uint64_t> TakeExpertCounts() override;
   // Uploads the experts `next` places in slots the current map leaves free
-  // (options.spare_expert_slots of them beyond the map's) from host memory,
-  // between steps.
+  // (options.spare_expert_slots of them beyond the map's) from host memory:
+  // StageExperts on its own stream from the caller's thread while steps go
+  // on; InstallExperts (between steps) only when they were not staged.
+  absl::Status StageExperts(const ExpertMap& current, const ExpertMap& next,
+                            const ModelWeights& extra) override;
   absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
 
   // Runs a step and samples one token per item on the GPU from the logits of
@@ -213,6 +216,8 @@ class CudaEngine : public Engine {
   // `tokens` routed rows (d.t, topk), run its experts on the rows received,
   // combine and add the result into the residual. tokens may be 0.
   absl::Status RunShardedMoe(int layer, int tokens, cudaStream_t stream);
+  absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
+                             const ModelWeights& extra, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int SamplingVariant(const DeviceSampling& sampling);
   absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);

@@ -124,6 +124,15 @@ class Engine {
   // context). Experts already held are skipped. Called between steps, while
   // the current map is still in force: a slot the current map uses for
   // another expert is refused (FAILED_PRECONDITION).
+  // The device half of a hot swap, ahead of InstallExperts: copies the
+  // experts of `extra` into the slots `next` gives them that `current` (the
+  // map in force) leaves free. Safe to call from another thread while steps
+  // run (ExpertStore's loader); an engine whose experts need no copying
+  // keeps this no-op.
+  virtual absl::Status StageExperts(const ExpertMap& current, const ExpertMap& next,
+                                    const ModelWeights& extra) {
+    return absl::OkStatus();
+  }
   virtual absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) {
     return absl::UnimplementedError("this engine cannot load experts while serving");
   }
