@@ -70,6 +70,10 @@ ClusterManager::~ClusterManager() {
   }
   monitor_cv_.notify_all();
   monitor_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a map change waiting gives up
+  }
+  map_switch_cv_.notify_all();
   if (auto_rebalance_.joinable()) auto_rebalance_.join();
 }
 

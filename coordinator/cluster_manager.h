@@ -220,7 +220,7 @@ class ClusterManager {
   EngineMeasurements measurements_;
 
   // Expert balancing.
-  ExpertLoadWindow expert_window_{absl::Minutes(5)};
+  ExpertLoadWindow expert_window_{absl::Seconds(61)};
   std::mutex rebalance_mu_;  // one map change at a time
   struct MapSwitch {
     uint64_t version = 0;

@@ -97,10 +97,11 @@ absl::Status ClusterManager::ApplyExpertMap(const ExpertMap& map) {
   const bool settled = map_switch_cv_.wait_for(
       lock, absl::ToChronoNanoseconds(options_.expert_map_prepare_timeout), [&] {
         return !map_switch_->error.empty() || map_switch_->prepared.size() == world ||
-               generation_ != map_switch_->generation || state_ != admin::READY;
+               generation_ != map_switch_->generation || state_ != admin::READY || stop_;
       });
   std::string why = map_switch_->error;
   if (why.empty() && !settled) why = "ranks did not prepare in time";
+  if (why.empty() && stop_) why = "the coordinator is stopping";
   if (why.empty() && (generation_ != map_switch_->generation || state_ != admin::READY)) {
     why = absl::StrCat("the instance changed while preparing: ", state_message_);
   }
@@ -128,8 +129,8 @@ absl::StatusOr<cluster::ExpertMap> ClusterManager::SetExpertMap(const cluster::E
 
 absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(
     const admin::ExpertLoadRequest& request) const {
-  if (request.window_seconds() < 0 || request.window_seconds() > 300) {
-    return absl::InvalidArgumentError("window_seconds must be in [0, 300]");
+  if (request.window_seconds() < 0 || request.window_seconds() > 60) {
+    return absl::InvalidArgumentError("window_seconds must be in [0, 60] (0: the default)");
   }
   ExpertMap map;
   {
@@ -183,8 +184,8 @@ absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(
 
 absl::StatusOr<admin::RebalanceResult> ClusterManager::Rebalance(
     const admin::RebalanceRequest& request) {
-  if (request.window_seconds() < 0 || request.window_seconds() > 300) {
-    return absl::InvalidArgumentError("window_seconds must be in [0, 300]");
+  if (request.window_seconds() < 0 || request.window_seconds() > 60) {
+    return absl::InvalidArgumentError("window_seconds must be in [0, 60] (0: the default)");
   }
   const absl::Time start = absl::Now();
   std::lock_guard<std::mutex> one_at_a_time(rebalance_mu_);

@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_REDUNDANT_EXPERTS")->capture_default_str();
   app.add_option("--expert-window", expert_window_s,
                  "seconds of expert load the balancer and `flotillactl experts` look at")
-      ->envname("FLOTILLA_EXPERT_WINDOW")->capture_default_str()->check(CLI::Range(0.1, 300.0));
+      ->envname("FLOTILLA_EXPERT_WINDOW")->capture_default_str()->check(CLI::Range(0.1, 60.0));
   app.add_option("--rebalance-interval", rebalance_interval_s,
                  "seconds between automatic rebalances (0 = off)")
       ->envname("FLOTILLA_REBALANCE_INTERVAL")->capture_default_str()->check(CLI::NonNegativeNumber);

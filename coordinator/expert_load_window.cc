@@ -43,6 +43,14 @@ void ExpertLoadWindow::Add(int rank, absl::Time at, const cluster::ExpertLoad& l
       load.tokens_size() != num_layers_ * num_experts_) {
     return;
   }
+  // Reports of one rank and map within a second share a sample, so memory
+  // stays (ranks x seconds kept) rows of counts.
+  for (auto it = samples_.rbegin(); it != samples_.rend() && it->at > at - absl::Seconds(1); ++it) {
+    if (it->rank == rank && it->version == load.map_version()) {
+      for (int i = 0; i < load.tokens_size(); ++i) it->tokens[i] += load.tokens(i);
+      return;
+    }
+  }
   samples_.push_back({at, rank, load.map_version(), {load.tokens().begin(), load.tokens().end()}});
   while (!samples_.empty() && samples_.front().at < at - max_age_) samples_.pop_front();
 }

@@ -1,8 +1,10 @@
 // ExpertLoadWindow: the coordinator's sliding window of expert load. Ranks
 // report the rows their experts ran per (layer, logical expert), tagged with
 // the expert-map version they ran under; the window keeps the samples of the
-// last `max_age` and sums any shorter span of them, per rank, for one map
-// version (so a window read after a switch measures only the new map).
+// last `max_age` (a rank's reports within a second merged into one sample,
+// stamped with the first) and sums any shorter span of them, per rank, for
+// one map version (so a window read after a switch measures only the new
+// map).
 // Thread-safe; time is passed in.
 #pragma once
 

@@ -133,7 +133,8 @@ TEST(ExpertLoadWindow, SumsTheWindowOfOneMapVersion) {
   window.Reset(kWorld, kLayers, kExperts);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   window.Add(0, t0, Report(1, 10));
-  window.Add(1, t0 + absl::Seconds(5), Report(1, 20));
+  window.Add(1, t0 + absl::Seconds(5), Report(1, 15));
+  window.Add(1, t0 + absl::Milliseconds(5500), Report(1, 5));  // merged into the one before
   window.Add(0, t0 + absl::Seconds(6), Report(2, 40));
   window.Add(9, t0 + absl::Seconds(6), Report(1, 1000));  // no such rank: ignored
   ExpertLoadCounts all = window.Sum(t0 + absl::Seconds(7), absl::Seconds(10), 1);
