@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -130,6 +132,21 @@ inline nlohmann::json MeasuredLoad(const std::string& bin_dir, const cli::LocalC
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return j;
+}
+
+// The step at which each worker's log says it switched to `version`
+// ("switched to expert map version V at step N"); -1 where it does not.
+inline std::vector<int64_t> SwitchSteps(const std::string& log_dir, int workers, uint64_t version) {
+  std::vector<int64_t> out;
+  const std::string needle =
+      "switched to expert map version " + std::to_string(version) + " at step ";
+  for (int i = 0; i < workers; ++i) {
+    std::ifstream log(log_dir + "/worker-" + std::to_string(i) + ".log");
+    std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    const size_t at = text.find(needle);
+    out.push_back(at == std::string::npos ? -1 : std::stoll(text.substr(at + needle.size())));
+  }
+  return out;
 }
 
 }  // namespace flotilla::balancing_test

@@ -86,6 +86,9 @@ TEST(CudaExpertBalancing, HotSwapAndSwitchOnGpuWorkers) {
     EXPECT_EQ(Generate((*cluster)->address(), prompts[i], 16).tokens, before[i]) << "prompt " << i;
   }
   (*cluster)->Stop();
+  const std::vector<int64_t> steps = balancing_test::SwitchSteps(o.log_dir, 4, 2);
+  EXPECT_GE(steps[0], 0);
+  for (int64_t s : steps) EXPECT_EQ(s, steps[0]) << "switch steps differ";
   fs::remove_all(dir);
 }
 

@@ -60,6 +60,7 @@ class ExpertBalancing : public ::testing::TestWithParam<bool> {
     o.bin_dir = FLOTILLA_BIN_DIR;
     o.comm_timeout_ms = 5000;
     o.log_dir = dir_ + "-logs-" + (automatic ? "auto" : "manual");
+    log_dir_ = o.log_dir;
     o.coordinator_args = {"--redundant-experts", "2", "--expert-window", "2"};
     if (automatic) {
       o.coordinator_args.insert(o.coordinator_args.end(),
@@ -68,6 +69,7 @@ class ExpertBalancing : public ::testing::TestWithParam<bool> {
     return cli::LocalCluster::Start(o);
   }
   static std::string dir_;
+  std::string log_dir_;
 };
 std::string ExpertBalancing::dir_;
 
@@ -136,6 +138,10 @@ TEST_P(ExpertBalancing, ReplicasBalanceTheHotExpertsWithoutLosingARequest) {
   EXPECT_LT(load.largest_gap_s(), std::max(1.0, 5 * gap_before));
   EXPECT_EQ(FixedTokens(**cluster), before_tokens);
   (*cluster)->Stop();
+  // Every rank switched at the same step boundary.
+  const std::vector<int64_t> steps = balancing_test::SwitchSteps(log_dir_, 4, version);
+  EXPECT_GE(steps[0], 0);
+  for (int64_t s : steps) EXPECT_EQ(s, steps[0]) << "switch steps differ";
 }
 
 INSTANTIATE_TEST_SUITE_P(OnRequestAndAutomatic, ExpertBalancing, ::testing::Values(false, true),
