@@ -13,6 +13,7 @@ using flotilla::ctl::ConnectionOptions;
 int main(int argc, char** argv) {
   CLI::App app{"flotillactl: status, expert load, rebalancing and drain of a Flotilla instance"};
   app.require_subcommand(1);
+  app.fallthrough();  // --coordinator, --json, ... also after the command
   ConnectionOptions conn;
   flotilla::ctl::OutputOptions out;
   app.add_option("--coordinator", conn.coordinator, "coordinator HOST:PORT (its gRPC port)")
