@@ -5,6 +5,7 @@
 // into spare slots, the next window measures the new balance, no request
 // fails or stalls, and greedy tokens are the same before and after.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <filesystem>
 #include <fstream>
@@ -201,6 +202,20 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
       " set-expert-map " + file);
   EXPECT_EQ(ok_rc, 0) << ok;
   EXPECT_EQ(Ctl(**cluster, "status")["expert_map_version"], 2);
+
+  // --watch refreshes (here twice); /metrics shows the map and the balance.
+  auto [watch_rc, watched] =
+      testing_util::RunCommand(std::string(FLOTILLA_BIN_DIR) + "/flotillactl --coordinator " +
+                               (*cluster)->address() + " --json experts --watch 0.2 --count 2");
+  EXPECT_EQ(watch_rc, 0);
+  EXPECT_EQ(std::count(watched.begin(), watched.end(), '\n'), 2) << watched;
+  httplib::Client http("http://" + (*cluster)->http_address());
+  auto metrics = http.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("flotilla_expert_map_version 2"), std::string::npos);
+  EXPECT_NE(metrics->body.find("flotilla_expert_layer_imbalance{layer=\"0\"}"), std::string::npos);
+  EXPECT_NE(metrics->body.find("flotilla_expert_rank_tokens{rank=\"1\"}"), std::string::npos)
+      << metrics->body;
   EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
   (*cluster)->Stop();
 }
