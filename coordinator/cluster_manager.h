@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/model_config.h"
 #include "coordinator/engine_measurements.h"
+#include "coordinator/expert_load_window.h"
 #include "coordinator/placement.h"
 #include "proto/admin.pb.h"
 #include "proto/cluster.pb.h"
@@ -57,6 +59,13 @@ struct ClusterOptions {
   // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
   // this are refused with INVALID_ARGUMENT before any work.
   uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;
+  // Expert balancing (cluster_manager_experts.cc).
+  uint32_t redundant_experts = 0;            // spare expert slots per layer on every rank
+  absl::Duration expert_window = absl::Seconds(10);  // default load window
+  absl::Duration rebalance_interval = absl::ZeroDuration();  // automatic rebalancing; 0 = off
+  double rebalance_min_imbalance = 1.25;     // automatic: act only above this
+  uint64_t rebalance_max_bytes = 0;          // per rebalance; 0 = no bound
+  absl::Duration expert_map_prepare_timeout = absl::Seconds(120);
 };
 
 // Callbacks of one request. `on_update` gets every SequenceUpdate (the last
@@ -109,7 +118,17 @@ class ClusterManager {
   absl::StatusOr<cluster::ExpertMap> GetExpertMap() const;
   // Validates `map` (next version, same shape, experts only where they are
   // held) and sends it to every rank; they switch at one step boundary.
+  // Validates `map` (next version, same shape, slots within each rank's
+  // reported slots) and applies it in two phases: every rank loads the
+  // experts it lacks (PREPARE), then all switch at one step boundary
+  // (COMMIT); if a rank fails or times out, ABORT keeps the current map.
   absl::StatusOr<cluster::ExpertMap> SetExpertMap(const cluster::ExpertMap& map);
+  // Per-layer, per-rank expert load of the current map over `window`.
+  absl::StatusOr<admin::ExpertLoadReport> ExpertLoad(const admin::ExpertLoadRequest& request) const;
+  // Plans from the window's load and, unless a dry run, applies the plan.
+  absl::StatusOr<admin::RebalanceResult> Rebalance(const admin::RebalanceRequest& request);
+  // Stops / resumes admission to `worker_id`'s DP group.
+  absl::StatusOr<admin::DrainResult> Drain(const std::string& worker_id, bool drained);
   const ClusterOptions& options() const { return options_; }
 
  private:
@@ -167,6 +186,18 @@ class ClusterManager {
   // Failed measurements, delivered with the finished requests.
   static void AddFailedMeasurements(std::vector<MeasureResult> failed,
                                     std::vector<Finished>* done);
+  // ---- expert balancing (cluster_manager_experts.cc) ----
+  // A rank's answer to PREPARE.
+  void OnExpertMapPreparedLocked(const Worker& w, const cluster::ExpertMapPrepared& prepared);
+  // Sends `update` to every rank of the placement.
+  void SendToRanksLocked(const cluster::CoordinatorMessage& message);
+  // The two phases of a validated map; waits without the lock held.
+  absl::Status ApplyExpertMap(const ExpertMap& map);
+  absl::Status CheckExpertMapLocked(const ExpertMap& map) const;
+  // The DP group to admit to (least in flight, not drained); -1 if none.
+  int ChooseGroupLocked() const;
+  void AddDrainStatusLocked(admin::ClusterStatus* status) const;
+  void AutoRebalanceLoop();
 
   const ClusterOptions options_;
   mutable std::mutex mu_;
@@ -187,6 +218,21 @@ class ClusterManager {
   uint64_t requests_cancelled_ = 0;
   std::vector<uint32_t> group_inflight_;
   EngineMeasurements measurements_;
+
+  // Expert balancing.
+  ExpertLoadWindow expert_window_{absl::Seconds(61)};
+  std::mutex rebalance_mu_;  // one map change at a time
+  struct MapSwitch {
+    uint64_t version = 0;
+    uint64_t generation = 0;
+    std::set<int> prepared;  // ranks
+    std::string error;
+    uint64_t bytes = 0;
+  };
+  std::optional<MapSwitch> map_switch_;  // under mu_
+  std::condition_variable map_switch_cv_;
+  std::set<int> drained_groups_;  // under mu_
+  std::thread auto_rebalance_;
 
   std::atomic<bool> stop_{false};
   std::mutex monitor_mu_;

@@ -103,6 +103,22 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_PROMPT_LOGITS_MB")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kv-blocks", opts.kv_blocks, "KV blocks per worker (0 = sized automatically)")
       ->envname("FLOTILLA_KV_BLOCKS")->capture_default_str();
+  double expert_window_s = 10, rebalance_interval_s = 0;
+  app.add_option("--redundant-experts", opts.redundant_experts,
+                 "spare expert slots per layer on every rank, for replicas of hot experts")
+      ->envname("FLOTILLA_REDUNDANT_EXPERTS")->capture_default_str();
+  app.add_option("--expert-window", expert_window_s,
+                 "seconds of expert load the balancer and `flotillactl experts` look at")
+      ->envname("FLOTILLA_EXPERT_WINDOW")->capture_default_str()->check(CLI::Range(0.1, 60.0));
+  app.add_option("--rebalance-interval", rebalance_interval_s,
+                 "seconds between automatic rebalances (0 = off)")
+      ->envname("FLOTILLA_REBALANCE_INTERVAL")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--rebalance-min-imbalance", opts.rebalance_min_imbalance,
+                 "automatic rebalancing acts only above this imbalance (max / mean rank load)")
+      ->envname("FLOTILLA_REBALANCE_MIN_IMBALANCE")->capture_default_str();
+  app.add_option("--rebalance-max-bytes", opts.rebalance_max_bytes,
+                 "expert bytes one rebalance may load (0 = no bound)")
+      ->envname("FLOTILLA_REBALANCE_MAX_BYTES")->capture_default_str();
   std::string tokenizer_path = flotilla::tokenizer::Tokenizer::DefaultRanksPath();
   app.add_option("--tokenizer", tokenizer_path, "o200k_harmony ranks file")
       ->envname("FLOTILLA_TOKENIZER")->capture_default_str();
@@ -202,6 +218,8 @@ int main(int argc, char** argv) {
   opts.heartbeat_interval = absl::Milliseconds(hb_interval_ms);
   opts.heartbeat_timeout = absl::Milliseconds(hb_timeout_ms);
   opts.max_prompt_logits_bytes = max_prompt_logits_mb << 20;
+  opts.expert_window = absl::Seconds(expert_window_s);
+  opts.rebalance_interval = absl::Seconds(rebalance_interval_s);
   auto manager = flotilla::coordinator::ClusterManager::Create(opts);
   if (!manager.ok()) {
     std::cerr << "flotilla-coordinator: " << manager.status().message() << "\n";

@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/grammar/constraint_proto.h"
 #include "common/listen_address.h"
+#include "coordinator/expert_metrics.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
 #include "spdlog/spdlog.h"
@@ -381,7 +382,8 @@ absl::Status HttpServer::ServeMetrics() {
   metrics_server_ = std::make_unique<httplib::Server>();
   metrics_server_->set_socket_options([](socket_t fd) { SetListenSocketOptions(fd); });
   metrics_server_->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()),
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()) +
+                        RenderExpertMetrics(*manager_),
                     "text/plain; version=0.0.4");
   });
   absl::StatusOr<int> port = Bind(*metrics_server_, options_.metrics_listen, "--metrics-listen");
@@ -474,7 +476,8 @@ void HttpServer::Routes() {
     }
   });
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()), "text/plain; version=0.0.4");
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()) +
+                        RenderExpertMetrics(*manager_), "text/plain; version=0.0.4");
   });
   auto model_json = [this] {
     return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};

@@ -37,7 +37,8 @@ class ClusterControlService final : public cluster::ClusterControl::CallbackServ
 class AdminService final : public admin::Admin::CallbackService {
  public:
   // `auth` (null = open) checks every call: reads need any valid key,
-  // SetExpertMap and MeasureEngine (which pauses serving) an admin key.
+  // SetExpertMap, Rebalance, Drain, Undrain and MeasureEngine (which pauses
+  // serving) an admin key.
   explicit AdminService(ClusterManager* manager, const Authenticator* auth = nullptr)
       : manager_(manager), auth_(auth) {}
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
@@ -55,6 +56,21 @@ class AdminService final : public admin::Admin::CallbackService {
   grpc::ServerUnaryReactor* MeasureEngine(grpc::CallbackServerContext* context,
                                           const cluster::MeasureEngineRequest* request,
                                           cluster::EngineMeasurement* response) override;
+  // Expert balancing and drain (admin_balancing.cc): GetExpertLoad needs any
+  // valid key, the others an admin key. Rebalance and SetExpertMap wait for
+  // the ranks to load their new slots (seconds), on the calling thread.
+  grpc::ServerUnaryReactor* GetExpertLoad(grpc::CallbackServerContext* context,
+                                          const admin::ExpertLoadRequest* request,
+                                          admin::ExpertLoadReport* response) override;
+  grpc::ServerUnaryReactor* Rebalance(grpc::CallbackServerContext* context,
+                                      const admin::RebalanceRequest* request,
+                                      admin::RebalanceResult* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const admin::DrainRequest* request,
+                                  admin::DrainResult* response) override;
+  grpc::ServerUnaryReactor* Undrain(grpc::CallbackServerContext* context,
+                                    const admin::DrainRequest* request,
+                                    admin::DrainResult* response) override;
 
  private:
   ClusterManager* manager_;

@@ -110,6 +110,7 @@ void WorkerRuntime::ReportLoad(cluster::WorkerLoad* load) const {
   load->set_kv_blocks_total(kv_total_);
   load->set_prefix_cache_queries_tokens(prefix_queries_);
   load->set_prefix_cache_hits_tokens(prefix_hits_);
+  load->set_steps(steps_);
 }
 
 absl::Status WorkerRuntime::Run() {
@@ -142,8 +143,10 @@ void WorkerRuntime::EngineLoop() {
     }
     PublishLoad();
     if (stop_ || client_->Ended() || !executor_) continue;
+    PollExpertStore();
     absl::StatusOr<bool> worked = StepOnce();
     PublishLoad();
+    MaybeSendExpertLoad(/*force=*/false);
     if (!worked.ok()) {
       spdlog::error("step failed: {}", worked.status().ToString());
       FailRequests(absl::UnavailableError(
@@ -203,10 +206,7 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
       if (scheduler_) scheduler_->Cancel(m.cancel().request_id());
       break;
     case cluster::CoordinatorMessage::kExpertMap:
-      if (executor_) {
-        absl::StatusOr<ExpertMap> map = ExpertMapFromProto(m.expert_map().map());
-        if (map.ok()) executor_->OfferExpertMap(std::move(*map));
-      }
+      HandleExpertMap(m.expert_map());
       break;
     case cluster::CoordinatorMessage::kMeasureEngine:
       client_->Send(AnswerMeasurement(m.measure_engine()));
@@ -274,6 +274,8 @@ void WorkerRuntime::Reset(const std::string& why) {
     prefix_hits_base_ += scheduler_->prefix_hits_tokens();
   }
   executor_.reset();
+  expert_store_.reset();
+  expert_load_.clear();
   scheduler_.reset();
   rank_engine_.engine.reset();
   rank_engine_.context.reset();
@@ -319,6 +321,7 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
   r->set_generation(a.generation());
   r->set_rank(a.rank());
   r->set_weight_bytes(weight_bytes);
+  r->set_expert_slots(static_cast<uint32_t>(map.SlotsOnRank(0, a.rank())) + a.redundant_experts());
   if (a.world_size() > 1) {
     PeerOptions po;
     po.timeout = options_.comm_timeout;
@@ -366,6 +369,16 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                            LazyO200kVocabulary(engine->config().vocab_size));
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
+  {
+    FLOTILLA_ASSIGN_OR_RETURN(ExpertMap initial, ExpertMapFromProto(a.expert_map()));
+    expert_store_ = std::make_unique<ExpertStore>(
+        model_.get(), a.rank(), a.tp_rank(), a.tp_size(), initial,
+        initial.SlotsOnRank(0, a.rank()) + static_cast<int>(a.redundant_experts()),
+        [engine](const ExpertMap& current, const ExpertMap& next, const ModelWeights& experts) {
+          return engine->StageExperts(current, next, experts);
+        });
+    expert_load_version_ = initial.version();
+  }
   cluster::WorkerMessage joined;
   joined.mutable_joined()->set_generation(a.generation());
   client_->Send(std::move(joined));
@@ -391,6 +404,8 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<StepOutput> result,
                             executor_->Run(exchanged.plan, sampler_for));
   if (!result) return true;
+  steps_ = executor_->steps();
+  CollectExpertCounts();
   kv_free_ = engine.KvFreeBlocks();
   if (!leader) return true;
 

@@ -19,6 +19,7 @@
 #include "worker/coordinator_client.h"
 #include "worker/engine/engine.h"
 #include "worker/engine_factory.h"
+#include "worker/expert_store.h"
 #include "worker/model/model_source.h"
 #include "worker/peer_endpoint.h"
 #include "worker/scheduler.h"
@@ -64,6 +65,14 @@ class WorkerRuntime {
   // The scheduler's figures for the heartbeat (read by the client's thread).
   void PublishLoad();
 
+  // Expert balancing (worker_experts.cc): the phases of an expert-map
+  // change, the store's finished loads, and the engine's expert counts sent
+  // to the coordinator about every kExpertLoadInterval.
+  void HandleExpertMap(const cluster::ExpertMapUpdate& update);
+  void PollExpertStore();
+  void CollectExpertCounts();
+  void MaybeSendExpertLoad(bool force);
+
   const WorkerOptions options_;
   const std::unique_ptr<CoordinatorClient> client_;
   const EngineFactories factories_;
@@ -83,11 +92,17 @@ class WorkerRuntime {
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   std::unique_ptr<Scheduler> scheduler_;         // while running (used on leaders)
   std::unique_ptr<StepExecutor> executor_;       // while running
+  std::unique_ptr<ExpertStore> expert_store_;    // while running
+  // Expert rows counted under map version expert_load_version_, not yet sent.
+  std::vector<uint64_t> expert_load_;
+  uint64_t expert_load_version_ = 0;
+  int64_t last_expert_load_ms_ = 0;
   int64_t idle_sleep_us_ = 100;
 
   std::atomic<uint32_t> running_count_{0}, queued_count_{0};
   std::atomic<uint64_t> kv_free_{0}, kv_total_{0};
   std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0};  // tokens
+  std::atomic<uint64_t> steps_{0};
   // What the schedulers of earlier generations counted.
   uint64_t prefix_queries_base_ = 0, prefix_hits_base_ = 0;
 };

@@ -347,7 +347,7 @@ TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(admin->GetExpertMap(&ctx, admin::GetExpertMapRequest(), &cur).ok());
   }
-  // Expert 0 of layer 0 moved to a rank that does not hold it: refused.
+  // Expert 0 of layer 0 moved to slot 99 of a rank with no such slot: refused.
   cluster::ExpertMap bad = cur;
   bad.set_version(cur.version() + 1);
   auto* rep = bad.mutable_layers(0)->mutable_experts(0)->mutable_replicas(0);
@@ -357,8 +357,8 @@ TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
     grpc::ClientContext ctx;
     cluster::ExpertMap out;
     grpc::Status st = admin->SetExpertMap(&ctx, bad, &out);
-    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_NE(st.error_message().find("has not loaded it"), std::string::npos) << st.error_message();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("expert slots"), std::string::npos) << st.error_message();
   }
   // The next version with every expert where it is held: accepted and used.
   cluster::ExpertMap next = cur;

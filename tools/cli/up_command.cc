@@ -22,11 +22,15 @@ struct ServingLimits {
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
   int ready_timeout_s = 600;
+  uint32_t redundant_experts = 0;
+  double rebalance_interval = 0;
 
   void ApplyTo(LocalClusterOptions& o) const {
     o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
                           std::to_string(max_batch_tokens), "--max-model-len",
-                          std::to_string(max_model_len)};
+                          std::to_string(max_model_len), "--redundant-experts",
+                          std::to_string(redundant_experts), "--rebalance-interval",
+                          std::to_string(rebalance_interval)};
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
@@ -111,6 +115,13 @@ void AddUpCommand(CLI::App& app) {
                   "--device cuda: fraction of each GPU's memory for weights, workspaces and KV "
                   "(workers sharing a GPU split it)")
       ->capture_default_str()->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--redundant-experts", limits->redundant_experts,
+                  "spare expert slots per layer on every worker, for replicas of hot experts")
+      ->capture_default_str();
+  cmd->add_option("--rebalance-interval", limits->rebalance_interval,
+                  "seconds between automatic expert rebalances (0 = off; flotillactl rebalance "
+                  "on request)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--ready-timeout-s", limits->ready_timeout_s,
                   "how long to wait for every worker to load (a 120b load takes minutes)")
       ->capture_default_str()->check(CLI::PositiveNumber);

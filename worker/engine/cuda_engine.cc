@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/expert_count.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
@@ -168,6 +170,18 @@ struct CudaEngine::Impl {
   // keep the addresses), filled from a pinned host mirror.
   int32_t* meta = nullptr;
   int32_t* meta_host = nullptr;
+  // Sharded ranks: rows run per (layer, slot) [layers * max_slots] on the
+  // device, read back into the pinned mirror after a step (counts_event).
+  int max_slots = 0;
+  uint32_t* expert_counts = nullptr;
+  uint32_t* expert_counts_host = nullptr;
+  cudaEvent_t counts_event = nullptr;
+  bool counts_pending = false;
+  // Hot swap: the stream StageExperts copies on (its own thread) and the map
+  // version it last staged.
+  cudaStream_t copy_stream = nullptr;
+  std::atomic<uint64_t> staged_version{0};
+  std::vector<std::vector<int>> counts_slot_expert;  // the map the read-back counted under
   size_t meta_ints = 0;
   // Slots and block tables come once per KV group, `slots_stride` /
   // `tables_stride` apart.
@@ -191,6 +205,9 @@ struct CudaEngine::Impl {
     for (Layer& l : layers) kc::FreeMoeWeights(&l.moe);
     for (void* p : allocations) cudaFree(p);
     if (meta_host != nullptr) cudaFreeHost(meta_host);
+    if (expert_counts_host != nullptr) cudaFreeHost(expert_counts_host);
+    if (counts_event != nullptr) cudaEventDestroy(counts_event);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (params_host != nullptr) cudaFreeHost(params_host);
     if (tokens_host != nullptr) cudaFreeHost(tokens_host);
     if (logprobs_host != nullptr) cudaFreeHost(logprobs_host);
@@ -372,7 +389,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
                                                               std::unique_ptr<CudaWeightFeed> feed,
                                                               uint64_t seed,
                                                               const CudaEngineOptions& options) {
-  FLOTILLA_ASSIGN_OR_RETURN(const RankShard shard, ShardOfRank(c, options.parallel));
+  FLOTILLA_ASSIGN_OR_RETURN(RankShard shard, ShardOfRank(c, options.parallel));
+  if (options.parallel != nullptr) shard.max_slots += std::max(0, options.spare_expert_slots);
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   // This rank's heads (all of them without tensor parallelism).
   const int64_t NH = c.num_attention_heads / shard.tp_size;
@@ -528,6 +546,15 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
+  d.max_slots = shard.max_slots;
+  if (options.parallel != nullptr) {
+    const size_t counters = static_cast<size_t>(c.num_hidden_layers) * shard.max_slots;
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.expert_counts, counters));
+    FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.expert_counts, 0, counters * sizeof(uint32_t), s));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.expert_counts_host),
+                                        counters * sizeof(uint32_t)));
+    FLOTILLA_CUDA_RETURN(cudaEventCreateWithFlags(&d.counts_event, cudaEventDisableTiming));
+  }
   FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_logits, 0, static_cast<size_t>(T) * E * sizeof(float), s));
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
@@ -996,6 +1023,11 @@ absl::Status CudaEngine::RunShardedMoe(int layer, int tokens, cudaStream_t strea
     return absl::InternalError(absl::StrCat("layer ", layer, ": dispatch gave ", rows.rows,
                                             " rows; the MoE workspace holds ", d.moe_rows));
   }
+  if (d.expert_counts != nullptr && rows.rows > 0) {
+    FLOTILLA_CUDA_RETURN(kc::LaunchCountExpertRows(
+        rows.slot, rows.rows, d.max_slots,
+        d.expert_counts + static_cast<size_t>(layer) * d.max_slots, stream));
+  }
   // The rows' weights are 1 (0 for padding): the outputs stay unweighted and
   // Combine applies the router weights.
   if (rows.rows > 0) {
@@ -1407,6 +1439,123 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
         host.begin() + static_cast<size_t>(plan.first_row[i] + plan.row_count[i]) * V);
   }
   return absl::OkStatus();
+}
+
+}  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+// [layer][slot] -> the expert `map` puts in that slot of `rank` (-1: none).
+std::vector<std::vector<int>> SlotExperts(const ExpertMap& map, int rank, int max_slots) {
+  std::vector<std::vector<int>> out(map.num_layers(), std::vector<int>(max_slots, -1));
+  for (int l = 0; l < map.num_layers(); ++l) {
+    for (int e = 0; e < map.num_experts(); ++e) {
+      for (const ExpertLocation& at : map.replicas(l, e)) {
+        if (at.rank == rank && at.slot < max_slots) out[l][at.slot] = e;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint64_t> CudaEngine::TakeExpertCounts() {
+  Impl& d = *impl_;
+  if (d.expert_counts == nullptr) return {};
+  cudaSetDevice(d.device);
+  const int L = config_.num_hidden_layers, E = config_.num_local_experts;
+  std::vector<uint64_t> out;
+  if (d.counts_pending) {
+    if (cudaEventQuery(d.counts_event) == cudaErrorNotReady) return {};
+    out.assign(static_cast<size_t>(L) * E, 0);
+    for (int l = 0; l < L; ++l) {
+      for (int slot = 0; slot < d.max_slots; ++slot) {
+        const int e = d.counts_slot_expert[l][slot];
+        if (e >= 0) out[l * E + e] += d.expert_counts_host[l * d.max_slots + slot];
+      }
+    }
+    d.counts_pending = false;
+  }
+  // The next read-back: after this step's kernels, on the same stream.
+  const size_t bytes = static_cast<size_t>(L) * d.max_slots * sizeof(uint32_t);
+  if (cudaMemcpyAsync(d.expert_counts_host, d.expert_counts, bytes, cudaMemcpyDeviceToHost,
+                      d.stream) == cudaSuccess &&
+      cudaMemsetAsync(d.expert_counts, 0, bytes, d.stream) == cudaSuccess &&
+      cudaEventRecord(d.counts_event, d.stream) == cudaSuccess) {
+    d.counts_slot_expert =
+        SlotExperts(options_.parallel->expert_map(), options_.parallel->rank(), d.max_slots);
+    d.counts_pending = true;
+  }
+  return out;
+}
+
+absl::Status CudaEngine::UploadExperts(const ExpertMap& current, const ExpertMap& next,
+                                       const ModelWeights& extra, cudaStream_t stream) {
+  Impl& d = *impl_;
+  if (options_.parallel == nullptr) {
+    return absl::FailedPreconditionError("a single-GPU engine holds every expert already");
+  }
+  const int rank = options_.parallel->rank();
+  if (next.num_layers() != config_.num_hidden_layers ||
+      current.num_layers() != config_.num_hidden_layers ||
+      static_cast<int>(extra.layers.size()) != config_.num_hidden_layers) {
+    return absl::InvalidArgumentError("expert upload: the maps or the experts miss layers");
+  }
+  const auto now = SlotExperts(current, rank, d.max_slots);
+  cudaSetDevice(d.device);
+  for (int l = 0; l < next.num_layers(); ++l) {
+    for (int e = 0; e < next.num_experts(); ++e) {
+      for (const ExpertLocation& at : next.replicas(l, e)) {
+        if (at.rank != rank) continue;
+        if (at.slot >= d.max_slots) {
+          return absl::InvalidArgumentError(absl::StrCat("layer ", l, " slot ", at.slot,
+                                                         ": this rank has ", d.max_slots,
+                                                         " expert slots"));
+        }
+        if (now[l][at.slot] == e) continue;
+        if (now[l][at.slot] >= 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("layer ", l, " slot ", at.slot, " holds expert ", now[l][at.slot],
+                           " in the current map; it cannot take expert ", e, " before the switch"));
+        }
+        const ExpertWeights* x = nullptr;
+        for (const ExpertWeights& w : extra.layers[l].experts) {
+          if (w.expert_id == e) x = &w;
+        }
+        if (x == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("expert upload: no weights for layer ", l, " expert ", e));
+        }
+        FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(d.layers[l].moe, at.slot, x->gate_up.blocks,
+                                                 x->gate_up.scales, x->gate_up_bias.data,
+                                                 x->down.blocks, x->down.scales,
+                                                 x->down_bias.data, stream));
+      }
+    }
+  }
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::StageExperts(const ExpertMap& current, const ExpertMap& next,
+                                      const ModelWeights& extra) {
+  Impl& d = *impl_;
+  cudaSetDevice(d.device);
+  if (d.copy_stream == nullptr) {
+    FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
+  }
+  FLOTILLA_RETURN_IF_ERROR(UploadExperts(current, next, extra, d.copy_stream));
+  d.staged_version = next.version();
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::InstallExperts(const ExpertMap& next, ModelWeights extra) {
+  // Staged on the loader thread already (the normal path); otherwise copied
+  // here, between steps.
+  if (impl_->staged_version == next.version()) return absl::OkStatus();
+  return UploadExperts(options_.parallel->expert_map(), next, extra, impl_->stream);
 }
 
 }  // namespace flotilla

@@ -64,6 +64,9 @@ struct CudaEngineOptions {
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
   int64_t max_context = 0;
+  // Sharded: expert slots per layer beyond those the expert map uses at
+  // start, for replicas loaded while serving (InstallExperts).
+  int spare_expert_slots = 0;
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
   // Share the KV blocks of identical prompt prefixes (worker/engine/prefix_cache.h).
@@ -136,6 +139,18 @@ class CudaEngine : public Engine {
   void SetInstanceStepTokens(int64_t max_tokens_any_rank) override {
     instance_step_tokens_ = max_tokens_any_rank;
   }
+  // Sharded ranks count the rows each expert slot runs on the device; each
+  // call queues the counters' read-back (and reset) on the engine's stream
+  // after the step and returns the previous read-back once it has landed
+  // (no host wait). Empty on a single-GPU engine (nothing to balance).
+  std::vector<uint64_t> TakeExpertCounts() override;
+  // Uploads the experts `next` places in slots the current map leaves free
+  // (options.spare_expert_slots of them beyond the map's) from host memory:
+  // StageExperts on its own stream from the caller's thread while steps go
+  // on; InstallExperts (between steps) only when they were not staged.
+  absl::Status StageExperts(const ExpertMap& current, const ExpertMap& next,
+                            const ModelWeights& extra) override;
+  absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
 
   // Runs a step and samples one token per item on the GPU from the logits of
   // the item's last position (`params` one per item). A step whose items
@@ -206,6 +221,8 @@ class CudaEngine : public Engine {
   // `tokens` routed rows (d.t, topk), run its experts on the rows received,
   // combine and add the result into the residual. tokens may be 0.
   absl::Status RunShardedMoe(int layer, int tokens, cudaStream_t stream);
+  absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
+                             const ModelWeights& extra, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int SamplingVariant(const DeviceSampling& sampling);
   absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
