@@ -2,6 +2,7 @@
 // Every flag also reads a FLOTILLA_* environment variable (same name, upper
 // case, dashes as underscores), so pods and laptops start it the same way.
 #include <CLI/CLI.hpp>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -115,6 +116,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
   app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
       ->envname("FLOTILLA_HTTP_PORT_FILE");
+  bool grpc_reflection = true;
+  app.add_option("--grpc-reflection", grpc_reflection,
+                 "serve gRPC server reflection (grpc.reflection.v1alpha) so that grpcurl, grpcui and "
+                 "Postman find the services without the .proto files; it answers without a key, "
+                 "like health, and tells only the API's schema")
+      ->envname("FLOTILLA_GRPC_REFLECTION")->capture_default_str();
   std::string api_key_file, admin_key_file, metrics_listen, metrics_port_file;
   app.add_option("--api-key-file", api_key_file,
                  "client API keys, one a line ('#' comments); without it (and without "
@@ -257,6 +264,8 @@ int main(int argc, char** argv) {
       flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
   frontend.SetInputLimits(limits);
   grpc::EnableDefaultHealthCheckService(true);
+  // Registers with every ServerBuilder made from here on.
+  if (grpc_reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(grpc_address->ToString(), *credentials, &port);
