@@ -19,6 +19,7 @@
 #include "coordinator/cluster_manager.h"
 #include "coordinator/http_server.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/served_models.h"
 #include "coordinator/services.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
@@ -75,6 +76,11 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", model_id,
                  "model name clients use (default: the directory name, or the synthetic spec)")
       ->envname("FLOTILLA_MODEL_ID");
+  std::vector<std::string> served_model_names;
+  app.add_option("--served-model-name", served_model_names,
+                 "names requests may give as `model` (repeat it or separate with commas); the first "
+                 "replaces --model-id in replies, /v1/models and ListModels list each")
+      ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
   app.add_option("--workers", workers, "workers in the instance")
       ->envname("FLOTILLA_WORKERS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--tp", tp, "attention tensor-parallel size (0 = automatic)")
@@ -215,6 +221,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (model_id.empty()) model_id = flotilla::DefaultModelId(model);
+  auto served_names = flotilla::coordinator::ServedModelNames(served_model_names, model_id);
+  if (!served_names.ok()) {
+    std::cerr << "flotilla-coordinator: " << served_names.status().message() << "\n";
+    return 2;
+  }
+  model_id = served_names->front();
   auto auth = flotilla::coordinator::Authenticator::Create(api_key_file, admin_key_file);
   if (!auth.ok()) {
     std::cerr << "flotilla-coordinator: " << auth.status().message() << "\n";
@@ -263,6 +275,7 @@ int main(int argc, char** argv) {
   limits.max_prompt_text_bytes =
       flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
   frontend.SetInputLimits(limits);
+  frontend.SetServedModelNames(*served_names);
   grpc::EnableDefaultHealthCheckService(true);
   // Registers with every ServerBuilder made from here on.
   if (grpc_reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -304,6 +317,7 @@ int main(int argc, char** argv) {
     flotilla::coordinator::HttpServerOptions http_options;
     http_options.listen = http_listen;
     http_options.model_id = model_id;
+    http_options.served_model_names = *served_names;
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
     http_options.limits = limits;

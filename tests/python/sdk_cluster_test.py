@@ -2,10 +2,12 @@
 """The Python SDK and gRPC reflection against a real local cluster.
 
 Starts `flotilla up` (the built-in synthetic model with the real vocabulary,
-one CPU worker, an API key), then with flotilla_client: streams a chat and a
-generate, cancels one request by id and drops another, lets a deadline expire,
-checks that the server freed every sequence (/metrics), and lists the services
-and describes flotilla.v1.Flotilla over server reflection (in process and with
+one CPU worker, an API key, two served model names), then with flotilla_client
+streams a chat and a generate, cancels one request by id and drops another,
+lets a deadline expire and checks that the server freed every sequence
+(/metrics); over HTTP checks /v1/models (every name, max_model_len),
+/tokenize and /detokenize; over server reflection lists the services and
+describes flotilla.v1.Flotilla (in process and with
 `python3 -m flotilla_client.reflection`). Prints a line per check; exits
 non-zero on the first failure.
 
@@ -20,9 +22,12 @@ import sys
 import tempfile
 import threading
 import time
+import json
+import urllib.error
 import urllib.request
 
 API_KEY = "python-sdk-test-key"
+SERVED_NAMES = ["gpt-oss-test", "openai/gpt-oss-test"]
 
 
 def check(condition, what):
@@ -41,6 +46,7 @@ class Cluster:
         self.process = subprocess.Popen(
             [os.path.join(bin_dir, "flotilla"), "up", "--workers", "1", "--threads-per-worker", "1",
              "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--api-key-file", key_file,
+             "--served-model-name", ",".join(SERVED_NAMES),
              "--log-dir", os.path.join(work_dir, "logs")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output = []
@@ -61,6 +67,18 @@ class Cluster:
             if "Ctrl-C stops" in line:
                 ready.set()
         ready.set()
+
+    def http_json(self, path, body=None):
+        """(status, JSON answer) of GET path, or POST when a body is given."""
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"http://{self.http}{path}", data=data,
+                                         headers={"Authorization": f"Bearer {API_KEY}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
 
     def metric(self, name):
         request = urllib.request.Request(f"http://{self.http}/metrics",
@@ -95,7 +113,10 @@ HELLO = [{"role": "system", "content": "You are terse."},
 def test_chat_and_generate(client):
     import flotilla_client as fc
     models = client.list_models()
-    check(len(models) == 1 and models[0].vocab_size > 1024, f"list_models: {[m.id for m in models]}")
+    check([m.id for m in models] == SERVED_NAMES and models[0].vocab_size > 1024,
+          f"list_models lists every served name: {[m.id for m in models]}")
+    aliased = client.chat(HELLO, model=SERVED_NAMES[1], temperature=0, max_tokens=2).collect()
+    check(aliased.finish is not None, "chat under the second served name")
     stream = client.chat(HELLO, reasoning_effort="low", temperature=0, max_tokens=8, return_token_ids=True)
     check(re.fullmatch(r"[0-9a-f]{32}", stream.request_id) is not None, f"chat request id {stream.request_id}")
     events = list(stream)
@@ -168,6 +189,32 @@ def test_cancel_and_deadline(cluster, client):
     check(cluster.wait_idle(), "the expired chat's sequence is freed")
 
 
+def test_http_models_and_tokenize(cluster):
+    status, models = cluster.http_json("/v1/models")
+    check(status == 200 and [m["id"] for m in models["data"]] == SERVED_NAMES,
+          f"/v1/models lists every served name: {[m['id'] for m in models['data']]}")
+    max_len = models["data"][0]["max_model_len"]
+    check(isinstance(max_len, int) and max_len > 0, f"/v1/models has max_model_len {max_len}")
+    status, one = cluster.http_json("/v1/models/" + SERVED_NAMES[1])
+    check(status == 200 and one["id"] == SERVED_NAMES[1], "/v1/models/{second name}")
+    status, chat = cluster.http_json("/v1/chat/completions", {
+        "model": SERVED_NAMES[1], "messages": HELLO, "max_tokens": 2, "temperature": 0})
+    check(status == 200 and chat["model"] == SERVED_NAMES[0], f"HTTP chat under the second name answers as {chat.get('model')}")
+    status, tokens = cluster.http_json("/tokenize", {"prompt": "Hello world", "return_token_strs": True})
+    check(status == 200 and tokens["count"] == len(tokens["tokens"]) == 2 and
+          tokens["token_strs"] == ["Hello", " world"] and tokens["max_model_len"] == max_len,
+          f"/tokenize a prompt: {tokens}")
+    status, text = cluster.http_json("/detokenize", {"tokens": tokens["tokens"], "model": SERVED_NAMES[1]})
+    check(status == 200 and text == {"prompt": "Hello world"}, f"/detokenize: {text}")
+    status, chat_tokens = cluster.http_json("/tokenize", {"model": SERVED_NAMES[0], "messages": HELLO})
+    check(status == 200 and chat_tokens["count"] == chat["usage"]["prompt_tokens"],
+          f"/tokenize messages counts what chat bills ({chat_tokens['count']} tokens)")
+    status, error = cluster.http_json("/detokenize", {"tokens": [1, -5]})
+    check(status == 400 and "tokens[1]" in error["error"]["message"], f"/detokenize bad id: {error['error']['message']}")
+    status, error = cluster.http_json("/tokenize", {"prompt": "x", "model": "nope"})
+    check(status == 404, f"/tokenize of another model: {status}")
+
+
 def test_reflection(cluster, python_dir):
     import grpc
     from flotilla_client import ReflectionClient
@@ -215,6 +262,7 @@ def main():
                 test_chat_and_generate(client)
                 test_cancel_and_deadline(cluster, client)
             test_errors(cluster, flotilla_client.Client)
+            test_http_models_and_tokenize(cluster)
             test_reflection(cluster, args.python_dir)
         except Exception:
             print("flotilla up output:\n" + "".join(cluster.output), file=sys.stderr)
