@@ -2,6 +2,7 @@
 // Every flag also reads a FLOTILLA_* environment variable (same name, upper
 // case, dashes as underscores), so pods and laptops start it the same way.
 #include <CLI/CLI.hpp>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -18,6 +19,7 @@
 #include "coordinator/cluster_manager.h"
 #include "coordinator/http_server.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/served_models.h"
 #include "coordinator/services.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
@@ -74,6 +76,11 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", model_id,
                  "model name clients use (default: the directory name, or the synthetic spec)")
       ->envname("FLOTILLA_MODEL_ID");
+  std::vector<std::string> served_model_names;
+  app.add_option("--served-model-name", served_model_names,
+                 "names requests may give as `model` (repeat it or separate with commas); the first "
+                 "replaces --model-id in replies, /v1/models and ListModels list each")
+      ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
   app.add_option("--workers", workers, "workers in the instance")
       ->envname("FLOTILLA_WORKERS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--tp", tp, "attention tensor-parallel size (0 = automatic)")
@@ -131,6 +138,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
   app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
       ->envname("FLOTILLA_HTTP_PORT_FILE");
+  bool grpc_reflection = true;
+  app.add_option("--grpc-reflection", grpc_reflection,
+                 "serve gRPC server reflection (grpc.reflection.v1alpha) so that grpcurl, grpcui and "
+                 "Postman find the services without the .proto files; it answers without a key, "
+                 "like health, and tells only the API's schema")
+      ->envname("FLOTILLA_GRPC_REFLECTION")->capture_default_str();
   std::string api_key_file, admin_key_file, metrics_listen, metrics_port_file;
   app.add_option("--api-key-file", api_key_file,
                  "client API keys, one a line ('#' comments); without it (and without "
@@ -226,6 +239,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (model_id.empty()) model_id = flotilla::DefaultModelId(model);
+  auto served_names = flotilla::coordinator::ServedModelNames(served_model_names, model_id);
+  if (!served_names.ok()) {
+    std::cerr << "flotilla-coordinator: " << served_names.status().message() << "\n";
+    return 2;
+  }
+  model_id = served_names->front();
   auto auth = flotilla::coordinator::Authenticator::Create(api_key_file, admin_key_file);
   if (!auth.ok()) {
     std::cerr << "flotilla-coordinator: " << auth.status().message() << "\n";
@@ -274,7 +293,10 @@ int main(int argc, char** argv) {
   limits.max_prompt_text_bytes =
       flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
   frontend.SetInputLimits(limits);
+  frontend.SetServedModelNames(*served_names);
   grpc::EnableDefaultHealthCheckService(true);
+  // Registers with every ServerBuilder made from here on.
+  if (grpc_reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(grpc_address->ToString(), *credentials, &port);
@@ -313,6 +335,7 @@ int main(int argc, char** argv) {
     flotilla::coordinator::HttpServerOptions http_options;
     http_options.listen = http_listen;
     http_options.model_id = model_id;
+    http_options.served_model_names = *served_names;
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
     http_options.limits = limits;

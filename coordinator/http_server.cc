@@ -24,6 +24,8 @@
 #include "coordinator/expert_metrics.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
+#include "coordinator/served_models.h"
+#include "coordinator/tokenize_api.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -305,6 +307,7 @@ HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
       manager_(manager),
       tok_(tokenizer),
       metrics_(std::make_unique<HttpMetrics>()) {
+  if (options_.served_model_names.empty()) options_.served_model_names = {options_.model_id};
   if (options_.tls.enabled()) {
     server_ =
         std::make_unique<httplib::SSLServer>(options_.tls.cert.c_str(), options_.tls.key.c_str());
@@ -424,7 +427,7 @@ void HttpServer::Routes() {
 
   svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
     static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                   "/metrics"};
+                                   "/metrics", "/tokenize", "/detokenize"};
     std::string path = "other";
     for (const char* k : kKnown) {
       if (req.path == k) path = k;
@@ -479,15 +482,19 @@ void HttpServer::Routes() {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics()) +
                         RenderExpertMetrics(*manager_), "text/plain; version=0.0.4");
   });
-  auto model_json = [this] {
-    return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};
+  auto model_json = [this](const std::string& name) {
+    return Json{{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"},
+                {"root", options_.model_id}, {"max_model_len", MaxModelLen(manager_->options())}};
   };
-  svr.Get("/v1/models", [model_json](const httplib::Request&, httplib::Response& res) {
-    SendJson(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
+  svr.Get("/v1/models", [this, model_json](const httplib::Request&, httplib::Response& res) {
+    Json data = Json::array();
+    for (const std::string& name : options_.served_model_names) data.push_back(model_json(name));
+    SendJson(res, 200, Json{{"object", "list"}, {"data", std::move(data)}});
   });
   svr.Get(R"(/v1/models/(.+))", [this, model_json](const httplib::Request& req, httplib::Response& res) {
-    if (req.matches[1] == options_.model_id) {
-      SendJson(res, 200, model_json());
+    const std::string name = req.matches[1];
+    if (ResolveModelName(options_.served_model_names, name) == name) {
+      SendJson(res, 200, model_json(name));
     } else {
       SendError(res, absl::NotFoundError(absl::StrCat("model: the model '", std::string(req.matches[1]),
                                                       "' does not exist")));
@@ -499,6 +506,28 @@ void HttpServer::Routes() {
   svr.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
     Serve(Endpoint::kCompletions, req, res);
   });
+  svr.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    ServeTokenize(false, req, res);
+  });
+  svr.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    ServeTokenize(true, req, res);
+  });
+}
+
+const std::string& HttpServer::ModelFor(const Json& body) const {
+  auto model = body.is_object() ? body.find("model") : body.end();
+  if (model == body.end() || !model->is_string()) return options_.model_id;
+  return ResolveModelName(options_.served_model_names, model->get_ref<const std::string&>());
+}
+
+void HttpServer::ServeTokenize(bool detokenize, const httplib::Request& req, httplib::Response& res) {
+  absl::StatusOr<Json> json = ParseBody(req.body);
+  if (!json.ok()) return SendError(res, json.status());
+  TokenizeContext context{tok_, options_.harmony, ModelFor(*json), MaxModelLen(manager_->options()),
+                          options_.limits.max_prompt_text_bytes};
+  absl::StatusOr<Json> answer = detokenize ? Detokenize(*json, context) : Tokenize(*json, context);
+  if (!answer.ok()) return SendError(res, answer.status());
+  SendJson(res, 200, *answer);
 }
 
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
@@ -510,9 +539,9 @@ void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::
   if (!json.ok()) return SendError(res, json.status());
   absl::StatusOr<PreparedRequest> prepared =
       endpoint == Endpoint::kChat
-          ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony,
+          ? PrepareChatRequest(*json, ModelFor(*json), *tok_, options_.harmony,
                                options_.limits.max_prompt_text_bytes)
-          : PrepareCompletionRequest(*json, options_.model_id, *tok_,
+          : PrepareCompletionRequest(*json, ModelFor(*json), *tok_,
                                      options_.limits.max_prompt_text_bytes);
   if (!prepared.ok()) return SendError(res, prepared.status());
 

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP API of the coordinator (cpp-httplib):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
-//   GET /v1/models, GET /health, GET /metrics (Prometheus text).
+//   GET /v1/models, GET /health, GET /metrics (Prometheus text), and vLLM's
+//   POST /tokenize and POST /detokenize.
 // With API keys every path but /health needs "Authorization: Bearer KEY"
 // (401 otherwise); /metrics can also be served, open, on its own listener.
 // Requests go to ClusterManager::Submit; a client that disconnects (streamed
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
@@ -34,6 +36,9 @@ namespace flotilla::coordinator {
 struct HttpServerOptions {
   std::string listen = "127.0.0.1:8000";  // host:port; port 0 = any free port
   std::string model_id;                   // the model name clients use
+  // Every name requests may use (ServedModelNames: --served-model-name, else
+  // model_id alone); replies carry model_id, /v1/models lists each.
+  std::vector<std::string> served_model_names;
   harmony::OpenAiRequestOptions harmony;  // system message defaults
   const Authenticator* auth = nullptr;    // null = open; must outlive the server
   // host:port of a second listener serving only GET /metrics, without a key
@@ -69,6 +74,10 @@ class HttpServer {
   void Routes();
   // Runs one chat or completions request, streamed or whole.
   void Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res);
+  // /tokenize (`detokenize` false) or /detokenize.
+  void ServeTokenize(bool detokenize, const httplib::Request& req, httplib::Response& res);
+  // The name a request's `model` is checked against: itself when served.
+  const std::string& ModelFor(const Json& body) const;
   std::string NewId(const char* prefix);
   // Whether `req` may go on; answers 401 itself otherwise.
   bool Authorized(const httplib::Request& req, httplib::Response& res) const;

@@ -101,10 +101,17 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   // Bounds on client requests (size, prompt text), checked before any work;
   // set before the server starts.
   void SetInputLimits(const InputLimits& limits) { limits_ = limits; }
+  // Every name requests may give as `model` (ServedModelNames), the model id
+  // first; ListModels lists each. Set before the server starts.
+  void SetServedModelNames(std::vector<std::string> names) { served_names_ = std::move(names); }
 
  private:
+  // The name to check a request's `model` against: itself when served.
+  const std::string& ModelFor(const std::string& requested) const;
+
   ClusterManager* manager_;
   std::string model_id_;
+  std::vector<std::string> served_names_;  // empty = {model_id_}
   const tokenizer::Tokenizer* tokenizer_;
   harmony::OpenAiRequestOptions harmony_;
   std::string call_id_salt_;  // per process: tool call ids differ across restarts

@@ -33,7 +33,9 @@ packages=(
   openssl                 # tests make throw-away CAs and certificates
   pkg-config              # finds UCX
   protobuf-compiler       # protoc
-  protobuf-compiler-grpc  # grpc_cpp_plugin
+  protobuf-compiler-grpc  # grpc_cpp_plugin, grpc_python_plugin (Python SDK stubs)
+  python3-grpcio          # Python SDK (sdk/python) and its cluster test
+  python3-protobuf        # Python SDK: generated messages, reflection descriptors
 )
 
 missing=()

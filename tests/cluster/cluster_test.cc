@@ -433,14 +433,16 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
 
   // UNAVAILABLE before the first token is retried: kill a worker, start the
   // call, bring the worker back; the call succeeds once the instance is whole.
+  // The worker is restarted from this thread, not a short-lived one: children
+  // get PR_SET_PDEATHSIG, which fires when the thread that forked them ends.
   ASSERT_TRUE((*cluster)->KillWorker(1).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  std::thread restart([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
-  });
-  auto retried = (*c)->Generate(req);
-  restart.join();
+  absl::StatusOr<client::GenerateResult> retried = absl::UnknownError("not called");
+  std::thread call([&] { retried = (*c)->Generate(req); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const absl::Status restarted = (*cluster)->RestartWorker(1);
+  call.join();
+  ASSERT_TRUE(restarted.ok()) << restarted;
   ASSERT_TRUE(retried.ok()) << retried.status();
   EXPECT_EQ(retried->token_ids, res->token_ids);
 }

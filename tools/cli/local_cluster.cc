@@ -168,6 +168,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (!options.admin_key_file.empty()) {
     coordinator_argv.insert(coordinator_argv.end(), {"--admin-key-file", options.admin_key_file});
   }
+  for (const std::string& name : options.served_model_names) {
+    coordinator_argv.insert(coordinator_argv.end(), {"--served-model-name", name});
+  }
   FLOTILLA_ASSIGN_OR_RETURN(c->coordinator_, c->Spawn(coordinator_argv, log("coordinator")));
   // Wait for the coordinator's ports.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

@@ -31,6 +31,9 @@ struct LocalClusterOptions {
   // cluster's own readiness check presents the first admin (else client) key.
   std::string api_key_file;
   std::string admin_key_file;
+  // The coordinator's --served-model-name: names requests may use for the
+  // model (the first is the one replies carry); empty = the model id alone.
+  std::vector<std::string> served_model_names;
   int heartbeat_timeout_ms = 2000;
   int comm_timeout_ms = 10000;
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them

@@ -70,6 +70,10 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--admin-key-file", o->admin_key_file,
                   "admin keys (SetExpertMap, MeasureEngine), passed to the coordinator")
       ->envname("FLOTILLA_ADMIN_KEY_FILE");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "names requests may give as `model` (repeat it or separate with commas; the first "
+                  "is the one replies carry), passed to the coordinator")
+      ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
   cmd->add_option("--device", o->device,
                   "workers' engine: cpu, or cuda (worker i on visible GPU i % GPUs: several "
                   "workers share a GPU when there are more workers than GPUs)")
