@@ -57,6 +57,9 @@ struct ClusterOptions {
   // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
   // this are refused with INVALID_ARGUMENT before any work.
   uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;
+  // A dead worker holding no rank is forgotten (gone from GetStatus) after
+  // this long, so restarts under fresh ids do not pile up.
+  absl::Duration forget_dead_workers_after = absl::Seconds(60);
 };
 
 // Callbacks of one request. `on_update` gets every SequenceUpdate (the last
@@ -103,6 +106,16 @@ class ClusterManager {
   // Blocks until the instance is ready or `timeout` passes.
   bool WaitReady(absl::Duration timeout);
 
+  // ---- drain ----
+  // From now on Submit refuses with UNAVAILABLE ("shutting down"); requests
+  // in flight go on. Not undone.
+  void BeginDrain();
+  bool draining() const { return draining_; }
+  // Requests submitted and not yet ended.
+  int InflightRequests() const;
+  // Ends every request in flight with UNAVAILABLE (`why`): the stop after a drain.
+  void FailAll(const std::string& why);
+
   // ---- admin ----
   admin::ClusterStatus Status() const;
   absl::StatusOr<admin::PlacementInfo> GetPlacement() const;
@@ -127,6 +140,7 @@ class ClusterManager {
     uint64_t joined_generation = 0;  // communicator joined for this generation
     cluster::Ready ready;
     cluster::WorkerLoad load;
+    absl::Time died_at;  // when it was marked dead
   };
   struct Request {
     uint64_t id = 0;
@@ -153,6 +167,12 @@ class ClusterManager {
   void ReformLocked(const std::string& why, std::vector<Finished>* done);
   // Ends every request in flight with UNAVAILABLE (`why`).
   void FailInflightLocked(const std::string& why, std::vector<Finished>* done);
+  // Tells every live rank holder but `except` to drop the current generation
+  // at once (DropGeneration): a peer is gone, so their next collective would
+  // only wait out the communicator's timeout.
+  void DropGenerationLocked(const std::string& why, const Worker* except);
+  // Erases dead workers without a rank, dead for longer than the options say.
+  void ForgetDeadWorkersLocked(absl::Time now);
   // Plans and sends assignments when every expected worker is alive.
   void MaybeAssignLocked();
   // The workers to hold each rank of the current placement: the alive holders,
@@ -188,6 +208,7 @@ class ClusterManager {
   std::vector<uint32_t> group_inflight_;
   EngineMeasurements measurements_;
 
+  std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;
