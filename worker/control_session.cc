@@ -115,6 +115,11 @@ void ControlSession::ReaderLoop() {
     cv_.notify_all();
   }
   const bool asked_to_stop = closing_.load();
+  if (urgent_) {
+    cluster::CoordinatorMessage ended;
+    ended.mutable_drop_generation()->set_reason("the session with the coordinator ended");
+    urgent_(ended);
+  }
   grpc::Status st = stream_->Finish();
   if (asked_to_stop) st = grpc::Status::OK;
   {

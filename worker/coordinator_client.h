@@ -20,7 +20,9 @@ class CoordinatorClient {
   using LoadReporter = std::function<void(cluster::WorkerLoad*)>;
   // Called on the client's own thread with a message that must reach the
   // worker even while its engine loop is inside a step (DropGeneration), as
-  // soon as it arrives and before Receive returns it.
+  // soon as it arrives and before Receive returns it; and once when the
+  // session ends, with DropGeneration{generation 0}: the peers of whatever
+  // runs are leaving too, so no collective should wait for them.
   using UrgentHandler = std::function<void(const cluster::CoordinatorMessage&)>;
 
   virtual ~CoordinatorClient() = default;

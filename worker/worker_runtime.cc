@@ -153,11 +153,13 @@ absl::Status WorkerRuntime::Run() {
   spdlog::info("worker {} advertises {}: peer listeners bind interface {} only", options_.worker_id,
                advertised->address, advertised->interface);
   absl::Duration backoff = options_.reconnect_backoff;
+  absl::Status ended;
   while (true) {
+    std::unique_ptr<CoordinatorClient> client = clients_();
+    if (!client) return ended;  // no more sessions (tests)
     const absl::Time started = absl::Now();
-    absl::Status ended = RunSession();
+    ended = RunSession(std::move(client));
     if (stop_) return ended;
-    if (ended.code() == absl::StatusCode::kAborted) return ended;  // no more clients
     if (Permanent(ended)) return ended;
     // A session that served a while starts the backoff over.
     if (absl::Now() - started > absl::Seconds(10)) backoff = options_.reconnect_backoff;
@@ -169,9 +171,7 @@ absl::Status WorkerRuntime::Run() {
   }
 }
 
-absl::Status WorkerRuntime::RunSession() {
-  std::unique_ptr<CoordinatorClient> client = clients_();
-  if (!client) return absl::AbortedError("no client for another session");
+absl::Status WorkerRuntime::RunSession(std::unique_ptr<CoordinatorClient> client) {
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
     if (stop_) return absl::OkStatus();
@@ -205,7 +205,8 @@ absl::Status WorkerRuntime::RunSession() {
 void WorkerRuntime::OnUrgent(const cluster::CoordinatorMessage& m) {
   if (!m.has_drop_generation()) return;
   std::lock_guard<std::mutex> lock(interrupt_mu_);
-  if (interrupt_ && m.drop_generation().generation() == interrupt_generation_) {
+  const uint64_t generation = m.drop_generation().generation();
+  if (interrupt_ && (generation == 0 || generation == interrupt_generation_)) {
     interrupt_->store(true);
   }
 }

@@ -60,8 +60,8 @@ class WorkerRuntime {
  private:
   WorkerRuntime(WorkerOptions options, ClientFactory clients, EngineFactories factories);
 
-  // One session: connect, open, the engine loop; returns why it ended.
-  absl::Status RunSession();
+  // One session over `client`: connect, open, the engine loop; returns why it ended.
+  absl::Status RunSession(std::unique_ptr<CoordinatorClient> client);
   // Sleeps `wait`, less when Stop() is called.
   void SleepUnlessStopped(absl::Duration wait);
   // On the client's thread: a DropGeneration interrupts the current

@@ -58,6 +58,16 @@ class FakeCoordinatorClient final : public CoordinatorClient {
 
   // The coordinator ends the session with `why` (what Finish then returns).
   void EndSession(absl::Status why) {
+    UrgentHandler urgent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      urgent = urgent_;
+    }
+    if (urgent) {  // as ControlSession's reader does
+      cluster::CoordinatorMessage ended;
+      ended.mutable_drop_generation()->set_reason("the session ended");
+      urgent(ended);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     finish_status_ = std::move(why);
     ended_ = true;
