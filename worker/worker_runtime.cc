@@ -142,7 +142,6 @@ void WorkerRuntime::ReportLoad(cluster::WorkerLoad* load) const {
 }
 
 absl::Status WorkerRuntime::Run() {
-  FLOTILLA_RETURN_IF_ERROR(client_->Connect());
   absl::StatusOr<AdvertisedInterface> advertised =
       ResolveAdvertisedInterface(options_.advertise_address, options_.coordinator);
   if (!advertised.ok()) {

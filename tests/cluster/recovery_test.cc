@@ -9,8 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <thread>
@@ -80,8 +83,10 @@ class Up {
     dir_ = dir;
     int out[2];
     EXPECT_EQ(pipe(out), 0);
-    args.insert(args.begin(), {FLOTILLA_BIN, "up", "--listen", "127.0.0.1:0", "--http-listen",
-                               "127.0.0.1:0", "--threads-per-worker", "1"});
+    // The tiny preset (1024-token vocabulary): steps of well under a millisecond.
+    args.insert(args.begin(), {FLOTILLA_BIN, "up", "--model", "synthetic:tiny", "--listen",
+                               "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
+                               "--threads-per-worker", "1"});
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -99,11 +104,12 @@ class Up {
     stdout_ = fdopen(out[0], "r");
   }
   ~Up() {
+    // Only while up runs are its children surely ours (a pid is reused later).
     if (pid_ > 0 && !exited_) {
+      for (pid_t p : Children()) kill(p, SIGKILL);
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
-    for (pid_t p : children_) kill(p, SIGKILL);
     if (stdout_) fclose(stdout_);
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
@@ -242,6 +248,7 @@ TEST(Recovery, UpRestartsAKilledWorkerAndServesAgainWithin5s) {
 
 TEST(Recovery, WorkersOfARestartedStandaloneCoordinatorServeWithin10s) {
   cli::LocalClusterOptions o;
+  o.model = "synthetic:tiny";
   o.workers = 2;
   o.threads_per_worker = 1;
   o.listen = "127.0.0.1:0";

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/drain.h"
 #include "tests/coordinator/fake_session.h"
 
@@ -527,7 +528,7 @@ TEST(ClusterManager, RankFailingAStepFailsInflightAndFormsTheInstanceAgain) {
 
 // A READY instance of `workers` ranks at tp 1.
 void MakeReady(Fixture& f, int workers) {
-  for (int i = 0; i < workers; ++i) f.Connect("w" + std::to_string(i));
+  for (int i = 0; i < workers; ++i) f.Connect(absl::StrCat("w", i));
   for (int i = 0; i < workers; ++i) f.Ready(i);
   f.JoinAll();
   ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
