@@ -12,8 +12,8 @@ namespace flotilla::coordinator {
 
 struct DrainResult {
   int in_flight_at_start = 0;
-  int cut = 0;             // requests ended by the stop, not by themselves
-  bool timed_out = false;  // `timeout` passed with requests still running
+  int cut = 0;               // requests ended by the stop, not by themselves
+  bool timed_out = false;    // `timeout` passed with requests still running
   bool interrupted = false;  // `stop_now` said to stop at once
 };
 

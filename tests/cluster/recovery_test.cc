@@ -2,8 +2,8 @@
 // its streams on SIGTERM, exits when its coordinator dies, restarts a killed
 // worker; workers of a standalone coordinator come back when it is restarted.
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -54,7 +54,8 @@ Outcome Generate(const std::string& address, int max_tokens, std::atomic<int>* s
       counted = true;
       started->fetch_add(1);
     }
-    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) out.finish = resp.finish_reason();
+    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED)
+      out.finish = resp.finish_reason();
   }
   out.status = reader->Finish();
   return out;
@@ -85,9 +86,9 @@ class Up {
     int out[2];
     EXPECT_EQ(pipe(out), 0);
     // The tiny preset (1024-token vocabulary): steps of well under a millisecond.
-    args.insert(args.begin(), {FLOTILLA_BIN, "up", "--model", "synthetic:tiny", "--listen",
-                               "127.0.0.1:0", "--http-listen", "127.0.0.1:0",
-                               "--threads-per-worker", "1"});
+    args.insert(args.begin(),
+                {FLOTILLA_BIN, "up", "--model", "synthetic:tiny", "--listen", "127.0.0.1:0",
+                 "--http-listen", "127.0.0.1:0", "--threads-per-worker", "1"});
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -233,8 +234,8 @@ TEST(Recovery, SigtermToUpDrainsInFlightStreamsRefusesNewOnesAndLeavesNothing) {
   // all of them finished.
   const std::string log = up.Stderr();
   std::smatch drained;
-  ASSERT_TRUE(std::regex_search(log, drained,
-                                std::regex(R"(drained: (\d+) of (\d+) requests in flight finished)")))
+  ASSERT_TRUE(std::regex_search(
+      log, drained, std::regex(R"(drained: (\d+) of (\d+) requests in flight finished)")))
       << log;
   EXPECT_EQ(drained[1], drained[2]) << log;
   EXPECT_GE(std::stoi(drained[2]), kStreams) << log;
@@ -249,8 +250,7 @@ TEST(Recovery, UpExitsNonZeroWithin5sWhenItsCoordinatorIsKilled) {
   const int status = up.WaitExit(absl::Seconds(5));
   ASSERT_NE(status, -1) << "flotilla up still runs 5 s after its coordinator died";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
-  EXPECT_NE(up.Stderr().find("flotilla-coordinator exited (killed by signal 9)"),
-            std::string::npos)
+  EXPECT_NE(up.Stderr().find("flotilla-coordinator exited (killed by signal 9)"), std::string::npos)
       << up.Stderr();
   for (pid_t child : up.children()) EXPECT_FALSE(Alive(child)) << "pid " << child << " is left";
 }

@@ -228,7 +228,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     c->workers_.push_back(pid);
     c->lives_.push_back({absl::Now(), absl::InfiniteFuture(), RestartPolicy().first_backoff, 0});
   }
-  FLOTILLA_RETURN_IF_ERROR(c->WaitReady(options.ready_timeout));
+  if (absl::Status ready = c->WaitReady(options.ready_timeout); !ready.ok()) {
+    // Nothing is served yet: no need to give the children long to stop.
+    c->Stop(absl::Seconds(1));
+    return ready;
+  }
   return c;
 }
 
@@ -326,7 +330,7 @@ absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
     FLOTILLA_RETURN_IF_ERROR(CheckAlive());
     if (Interrupted()) return absl::CancelledError("interrupted while the workers loaded");
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     if (!key_.empty()) ctx.AddMetadata("authorization", "Bearer " + key_);
     admin::ClusterStatus s;
     if (stub->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok()) {

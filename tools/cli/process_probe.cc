@@ -43,7 +43,8 @@ std::vector<pid_t> ChildrenNamed(pid_t parent, const std::string& name) {
     pid_t ppid = 0;
     rest >> state >> ppid;
     // COMM is the name cut to 15 characters.
-    if (ppid == parent && state != "Z" && text.substr(open + 1, close - open - 1) == name.substr(0, 15)) {
+    if (ppid == parent && state != "Z" &&
+        text.substr(open + 1, close - open - 1) == name.substr(0, 15)) {
       children.push_back(static_cast<pid_t>(std::stol(pid)));
     }
   }

@@ -21,7 +21,7 @@ namespace {
 
 struct SoakFlags {
   std::string coordinator;  // empty: start a local cluster
-  int up_pid = 0;           // a running `flotilla up`: its workers are killed, its coordinator watched
+  int up_pid = 0;  // a running `flotilla up`: its workers are killed, its coordinator watched
   int workers = 2;
   std::string model;
   std::string log_dir;
@@ -87,16 +87,21 @@ void ClientLoop(const SoakFlags& f, client::Client& client, uint64_t seed, absl:
   while (absl::Now() < end && !state.done) {
     SoakTally one;
     RunSoakRequest(client, DrawSoakKind(rng), options, rng, &one);
-    std::lock_guard<std::mutex> lock(state.mu);
-    state.tally.Add(one);
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      state.tally.Add(one);
+    }
+    // Refused while a worker restarts: pause as a client would, rather than
+    // count thousands of refusals a second.
+    if (one.failed_total() > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
 // Restarts what exits (own cluster) and kills a worker every kill_every_s.
 void ChaosLoop(const SoakFlags& f, LocalCluster* own, SoakTargets& targets, absl::Time end,
                SoakState& state) {
-  absl::Time next_kill = f.kill_every_s > 0 ? absl::Now() + absl::Seconds(f.kill_every_s)
-                                            : absl::InfiniteFuture();
+  absl::Time next_kill =
+      f.kill_every_s > 0 ? absl::Now() + absl::Seconds(f.kill_every_s) : absl::InfiniteFuture();
   while (absl::Now() < end && !state.done) {
     if (own) {
       absl::Status supervised = own->Supervise();
@@ -128,8 +133,7 @@ nlohmann::json Report(SoakState& state, const SoakTargets& targets, absl::Time s
   }
   line["elapsed_s"] = absl::ToInt64Seconds(absl::Now() - start);
   const pid_t coordinator = targets.coordinator();
-  std::optional<ProcessSample> now =
-      coordinator > 0 ? SampleProcess(coordinator) : std::nullopt;
+  std::optional<ProcessSample> now = coordinator > 0 ? SampleProcess(coordinator) : std::nullopt;
   if (now) {
     if (!baseline) baseline = now;
     line["coordinator_rss_kb"] = now->rss_kb;
@@ -181,8 +185,8 @@ int RunSoak(const SoakFlags& f) {
   std::thread chaos([&] { ChaosLoop(f, own.get(), targets, end, state); });
   std::optional<ProcessSample> baseline;
   while (absl::Now() < end && !state.done) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(
-        static_cast<int64_t>(std::min(f.report_every_s, absl::ToDoubleSeconds(end - absl::Now())) * 1000)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(
+        std::min(f.report_every_s, absl::ToDoubleSeconds(end - absl::Now())) * 1000)));
     std::cout << Report(state, targets, start, baseline).dump() << std::endl;
   }
   for (std::thread& t : threads) t.join();
@@ -192,7 +196,8 @@ int RunSoak(const SoakFlags& f) {
   last["final"] = true;
   if (!state.fatal.empty()) last["fatal"] = state.fatal;
   std::cout << last.dump() << std::endl;
-  const bool kept = last["lost"] == 0 && last["hung"] == 0 && last["wrong"] == 0 && state.fatal.empty();
+  const bool kept =
+      last["lost"] == 0 && last["hung"] == 0 && last["wrong"] == 0 && state.fatal.empty();
   return kept ? 0 : 1;
 }
 
@@ -201,32 +206,41 @@ int RunSoak(const SoakFlags& f) {
 void AddSoakCommand(CLI::App& bench) {
   auto f = std::make_shared<SoakFlags>();
   CLI::App* soak = bench.add_subcommand(
-      "soak", "Bounded soak: streams, cancels, malformed requests and worker kills; JSON lines "
-              "with lost/hung/failed counts and the coordinator's memory and descriptors");
+      "soak",
+      "Bounded soak: streams, cancels, malformed requests and worker kills; JSON lines "
+      "with lost/hung/failed counts and the coordinator's memory and descriptors");
   soak->add_option("--coordinator", f->coordinator,
                    "HOST:PORT of a running cluster (default: start one with --workers)");
   soak->add_option("--up-pid", f->up_pid,
                    "pid of the `flotilla up` serving --coordinator: its workers are killed and "
                    "its coordinator watched");
   soak->add_option("--workers", f->workers, "workers of the cluster it starts")
-      ->check(CLI::Range(1, 16))->capture_default_str();
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   soak->add_option("--model", f->model, "model of the cluster it starts (default: built-in)");
   soak->add_option("--log-dir", f->log_dir, "logs of the cluster it starts (default: stderr)");
   soak->add_option("--duration", f->duration_s, "seconds of load")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   soak->add_option("--kill-every", f->kill_every_s, "seconds between worker kills (0 = none)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   soak->add_option("--report-every", f->report_every_s, "seconds between JSON lines")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   soak->add_option("--hang-after", f->hang_after_s,
                    "a request not ended after this many seconds counts as hung")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   soak->add_option("--concurrency", f->concurrency, "client threads")
-      ->check(CLI::Range(1, 1024))->capture_default_str();
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   soak->add_option("--max-tokens", f->max_tokens, "longest output asked for")
-      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   soak->add_option("--vocab", f->vocab, "prompt ids are drawn below this")
-      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   soak->add_option("--seed", f->seed, "random seed")->capture_default_str();
   soak->add_option("--api-key", f->api_key, "API key")->envname("FLOTILLA_API_KEY");
   AddClientTlsFlags(soak, &f->tls);

@@ -56,6 +56,11 @@ void RunStream(client::Client& client, const v1::GenerateRequest& request, bool 
       (void)client.Cancel(request_id);  // the stream then ends CANCELLED
     }
   });
+  // A Generate stream cancelled through Cancel ends with the CANCELLED status.
+  if (cancel_sent && absl::IsCancelled(status)) {
+    ++tally->cancelled;
+    return;
+  }
   if (!status.ok()) return CountError(status, tally);
   if (finish == common::FINISH_REASON_UNSPECIFIED) {
     ++tally->lost;
@@ -88,9 +93,14 @@ int64_t SoakTally::failed_total() const {
 }
 
 nlohmann::json SoakTally::ToJson() const {
-  return {{"requests", requests}, {"ok", ok},     {"cancelled", cancelled},
-          {"refused", refused},   {"lost", lost}, {"hung", hung},
-          {"wrong", wrong},       {"failed", failed_total()},
+  return {{"requests", requests},
+          {"ok", ok},
+          {"cancelled", cancelled},
+          {"refused", refused},
+          {"lost", lost},
+          {"hung", hung},
+          {"wrong", wrong},
+          {"failed", failed_total()},
           {"failed_by_code", failed}};
 }
 
