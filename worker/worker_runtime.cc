@@ -262,6 +262,8 @@ void WorkerRuntime::PublishLoad() {
 void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
   switch (m.kind_case()) {
     case cluster::CoordinatorMessage::kAssignment: {
+      // The coordinator has failed what it had sent; say so for anything left.
+      FailRequests(absl::UnavailableError("the coordinator formed the instance again"));
       Reset("new assignment");
       absl::Status st = Load(m.assignment());
       if (!st.ok()) {
