@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "nlohmann/json.hpp"
 #include "proto/flotilla.grpc.pb.h"
 #include "tools/cli/local_cluster.h"
 #include "tools/cli/process_probe.h"
@@ -291,6 +292,36 @@ TEST(Recovery, WorkersOfARestartedStandaloneCoordinatorServeWithin10s) {
   const absl::Duration back = UntilServing(address, absl::Seconds(10));
   EXPECT_LT(back, absl::Seconds(10));
   std::cerr << "served again " << absl::FormatDuration(back) << " after the restart\n";
+}
+
+// A short soak: the program runs its mix against a cluster it starts, kills
+// a worker, and its last JSON line shows nothing lost, hung or wrongly answered.
+TEST(Recovery, ShortSoakLosesNothing) {
+  const std::string command =
+      std::string(FLOTILLA_BIN) +
+      " bench soak --workers 1 --model synthetic:tiny --duration 6 --kill-every 3 "
+      "--report-every 3 --concurrency 4 --hang-after 20 2>/dev/null";
+  FILE* p = popen(command.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string last;
+  char line[8192];
+  // The cluster's processes log to the same stdout: keep the JSON lines.
+  while (fgets(line, sizeof(line), p) != nullptr) {
+    if (line[0] == '{') last = line;
+  }
+  const int status = pclose(p);
+  const nlohmann::json report = nlohmann::json::parse(last, nullptr, false);
+  ASSERT_FALSE(report.is_discarded()) << last;
+  EXPECT_TRUE(report.value("final", false)) << last;
+  EXPECT_GT(report.value("requests", 0), 0) << last;
+  EXPECT_GT(report.value("ok", 0), 0) << last;
+  EXPECT_GT(report.value("refused", 0), 0) << last;
+  EXPECT_GE(report.value("kills", 0), 1) << last;
+  EXPECT_EQ(report.value("lost", -1), 0) << last;
+  EXPECT_EQ(report.value("hung", -1), 0) << last;
+  EXPECT_EQ(report.value("wrong", -1), 0) << last;
+  EXPECT_TRUE(report.contains("coordinator_rss_kb")) << last;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << last;
 }
 
 }  // namespace

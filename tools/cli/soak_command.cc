@@ -184,10 +184,13 @@ int RunSoak(const SoakFlags& f) {
   }
   std::thread chaos([&] { ChaosLoop(f, own.get(), targets, end, state); });
   std::optional<ProcessSample> baseline;
-  while (absl::Now() < end && !state.done) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int64_t>(
-        std::min(f.report_every_s, absl::ToDoubleSeconds(end - absl::Now())) * 1000)));
-    std::cout << Report(state, targets, start, baseline).dump() << std::endl;
+  // A line every report_every_s while the load runs; the final one follows.
+  while (!state.done) {
+    const absl::Duration left = end - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    std::this_thread::sleep_for(
+        absl::ToChronoMilliseconds(std::min(absl::Seconds(f.report_every_s), left)));
+    if (absl::Now() < end) std::cout << Report(state, targets, start, baseline).dump() << std::endl;
   }
   for (std::thread& t : threads) t.join();
   state.done = true;
