@@ -242,6 +242,34 @@ TEST(Recovery, SigtermToUpDrainsInFlightStreamsRefusesNewOnesAndLeavesNothing) {
   EXPECT_GE(std::stoi(drained[2]), kStreams) << log;
 }
 
+TEST(Recovery, ASecondSignalStopsAtOnceAndEndsTheStreamsWithAReason) {
+  Up up({"--workers", "1", "--drain-timeout", "60"});
+  ASSERT_TRUE(up.WaitServing()) << up.Stderr();
+  constexpr int kStreams = 4;
+  std::atomic<int> started{0};
+  std::vector<Outcome> outcomes(kStreams);
+  std::vector<std::thread> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    // Far longer than the test: only the second signal can end them.
+    streams.emplace_back([&, i] { outcomes[i] = Generate(up.address, 4000, &started); });
+  }
+  while (started < kStreams) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_EQ(kill(up.pid(), SIGTERM), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(kill(up.pid(), SIGTERM), 0);
+  const absl::Time second = absl::Now();
+  for (std::thread& t : streams) t.join();
+  EXPECT_LT(absl::Now() - second, absl::Seconds(5));
+  for (const Outcome& o : outcomes) {
+    EXPECT_EQ(o.status.error_code(), grpc::StatusCode::UNAVAILABLE) << o.status.error_message();
+    EXPECT_NE(o.status.error_message().find("second signal"), std::string::npos)
+        << o.status.error_message();
+  }
+  const int status = up.WaitExit(absl::Seconds(5));
+  ASSERT_NE(status, -1) << "flotilla up did not exit: " << up.Stderr();
+  for (pid_t child : up.children()) EXPECT_FALSE(Alive(child)) << "pid " << child << " is left";
+}
+
 TEST(Recovery, UpExitsNonZeroWithin5sWhenItsCoordinatorIsKilled) {
   Up up({"--workers", "1"});
   ASSERT_TRUE(up.WaitServing()) << up.Stderr();
