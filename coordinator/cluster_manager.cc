@@ -407,6 +407,7 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
                                     std::vector<Finished>* done) {
   if (!w.alive) return;
   w.alive = false;
+  w.died_at = absl::Now();
   if (w.session) w.session->Close(absl::UnavailableError(why));
   session_to_worker_.erase(w.session_id);
   w.session.reset();
@@ -429,6 +430,7 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
   }
   state_message_ = msg;
   FailInflightLocked(msg, done);
+  DropGenerationLocked(msg, &w);
   MaybeAssignLocked();
 }
 
@@ -437,7 +439,32 @@ void ClusterManager::ReformLocked(const std::string& why, std::vector<Finished>*
   state_ = admin::DEGRADED;
   state_message_ = why;
   FailInflightLocked(why, done);
+  DropGenerationLocked(why, nullptr);
   MaybeAssignLocked();
+}
+
+void ClusterManager::DropGenerationLocked(const std::string& why, const Worker* except) {
+  if (!placement_) return;
+  cluster::CoordinatorMessage msg;
+  msg.mutable_drop_generation()->set_generation(generation_);
+  msg.mutable_drop_generation()->set_reason(why);
+  for (const RankPlacement& r : placement_->ranks) {
+    const Worker& w = workers_[r.worker_id];
+    if (&w != except && w.alive && w.session) w.session->Send(msg);
+  }
+}
+
+void ClusterManager::ForgetDeadWorkersLocked(absl::Time now) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const Worker& w = it->second;
+    if (!w.alive && w.rank < 0 && now - w.died_at > options_.forget_dead_workers_after) {
+      spdlog::info("forgetting worker {}: gone for {} s", w.worker_id,
+                   absl::ToInt64Seconds(now - w.died_at));
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void ClusterManager::FailInflightLocked(const std::string& why, std::vector<Finished>* done) {
@@ -535,6 +562,11 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) {
+    return absl::UnavailableError(
+        "the server is shutting down: it finishes the requests in flight and takes no new "
+        "ones; retry on another server");
+  }
   if (state_ != admin::READY) {
     return absl::UnavailableError(absl::StrCat("the model instance is not ready: ", state_message_));
   }
@@ -631,6 +663,26 @@ bool ClusterManager::WaitReady(absl::Duration timeout) {
                             [this] { return state_ == admin::READY; });
 }
 
+void ClusterManager::BeginDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!draining_) spdlog::info("draining: {} requests in flight, no new ones", requests_.size());
+  draining_ = true;
+}
+
+int ClusterManager::InflightRequests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(requests_.size());
+}
+
+void ClusterManager::FailAll(const std::string& why) {
+  std::vector<Finished> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailInflightLocked(why, &done);
+  }
+  Deliver(done);
+}
+
 void ClusterManager::MonitorLoop() {
   const auto tick = absl::ToChronoMilliseconds(
       std::max(absl::Milliseconds(10), options_.heartbeat_interval / 2));
@@ -653,6 +705,7 @@ void ClusterManager::MonitorLoop() {
                          &done);
         }
       }
+      ForgetDeadWorkersLocked(now);
     }
     Deliver(done);
   }

@@ -66,6 +66,9 @@ struct ClusterOptions {
   double rebalance_min_imbalance = 1.25;     // automatic: act only above this
   uint64_t rebalance_max_bytes = 0;          // per rebalance; 0 = no bound
   absl::Duration expert_map_prepare_timeout = absl::Seconds(120);
+  // A dead worker holding no rank is forgotten (gone from GetStatus) after
+  // this long, so restarts under fresh ids do not pile up.
+  absl::Duration forget_dead_workers_after = absl::Seconds(60);
 };
 
 // Callbacks of one request. `on_update` gets every SequenceUpdate (the last
@@ -112,6 +115,16 @@ class ClusterManager {
   // Blocks until the instance is ready or `timeout` passes.
   bool WaitReady(absl::Duration timeout);
 
+  // ---- drain ----
+  // From now on Submit refuses with UNAVAILABLE ("shutting down"); requests
+  // in flight go on. Not undone.
+  void BeginDrain();
+  bool draining() const { return draining_; }
+  // Requests submitted and not yet ended.
+  int InflightRequests() const;
+  // Ends every request in flight with UNAVAILABLE (`why`): the stop after a drain.
+  void FailAll(const std::string& why);
+
   // ---- admin ----
   admin::ClusterStatus Status() const;
   absl::StatusOr<admin::PlacementInfo> GetPlacement() const;
@@ -146,6 +159,7 @@ class ClusterManager {
     uint64_t joined_generation = 0;  // communicator joined for this generation
     cluster::Ready ready;
     cluster::WorkerLoad load;
+    absl::Time died_at;  // when it was marked dead
   };
   struct Request {
     uint64_t id = 0;
@@ -172,6 +186,12 @@ class ClusterManager {
   void ReformLocked(const std::string& why, std::vector<Finished>* done);
   // Ends every request in flight with UNAVAILABLE (`why`).
   void FailInflightLocked(const std::string& why, std::vector<Finished>* done);
+  // Tells every live rank holder but `except` to drop the current generation
+  // at once (DropGeneration): a peer is gone, so their next collective would
+  // only wait out the communicator's timeout.
+  void DropGenerationLocked(const std::string& why, const Worker* except);
+  // Erases dead workers without a rank, dead for longer than the options say.
+  void ForgetDeadWorkersLocked(absl::Time now);
   // Plans and sends assignments when every expected worker is alive.
   void MaybeAssignLocked();
   // The workers to hold each rank of the current placement: the alive holders,
@@ -234,6 +254,7 @@ class ClusterManager {
   std::set<int> drained_groups_;  // under mu_
   std::thread auto_rebalance_;
 
+  std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;

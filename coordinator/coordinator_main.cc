@@ -17,6 +17,7 @@
 #include "common/tls_credentials.h"
 #include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
+#include "coordinator/drain.h"
 #include "coordinator/http_server.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/served_models.h"
@@ -26,8 +27,9 @@
 
 namespace {
 
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
+// SIGINT/SIGTERM received: the first drains, a second stops at once.
+std::atomic<int> g_signals{0};
+void OnSignal(int) { g_signals.fetch_add(1); }
 
 }  // namespace
 
@@ -93,6 +95,16 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HEARTBEAT_INTERVAL_MS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-timeout-ms", hb_timeout_ms, "silence after which a worker is dead")
       ->envname("FLOTILLA_HEARTBEAT_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+  double drain_timeout_s = 30;
+  app.add_option("--drain-timeout", drain_timeout_s,
+                 "on SIGTERM/SIGINT: seconds the requests in flight get to finish while new ones "
+                 "are refused (HTTP 503, gRPC UNAVAILABLE); a second signal stops at once")
+      ->envname("FLOTILLA_DRAIN_TIMEOUT")->capture_default_str()->check(CLI::NonNegativeNumber);
+  int forget_dead_workers_s = 60;
+  app.add_option("--forget-dead-workers-s", forget_dead_workers_s,
+                 "a dead worker without a rank leaves the registry after this many seconds")
+      ->envname("FLOTILLA_FORGET_DEAD_WORKERS_S")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-inflight", opts.max_inflight_requests,
                  "requests in flight before RESOURCE_EXHAUSTED")
       ->envname("FLOTILLA_MAX_INFLIGHT")->capture_default_str()->check(CLI::PositiveNumber);
@@ -230,6 +242,7 @@ int main(int argc, char** argv) {
   opts.model = *config;
   opts.heartbeat_interval = absl::Milliseconds(hb_interval_ms);
   opts.heartbeat_timeout = absl::Milliseconds(hb_timeout_ms);
+  opts.forget_dead_workers_after = absl::Seconds(forget_dead_workers_s);
   opts.max_prompt_logits_bytes = max_prompt_logits_mb << 20;
   opts.expert_window = absl::Seconds(expert_window_s);
   opts.rebalance_interval = absl::Seconds(rebalance_interval_s);
@@ -376,7 +389,7 @@ int main(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   bool serving = false;
   health->SetServingStatus("flotilla.v1.Flotilla", false);
-  while (!g_stop) {
+  while (g_signals.load() == 0) {
     const bool ready = (*manager)->Status().state() == flotilla::admin::READY;
     if (ready != serving) {
       health->SetServingStatus("flotilla.v1.Flotilla", ready);
@@ -384,9 +397,19 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  spdlog::info("coordinator stopping");
+  health->SetServingStatus("flotilla.v1.Flotilla", false);
+  spdlog::info("coordinator stopping: draining for up to {} s (a second signal stops at once)",
+               drain_timeout_s);
+  const flotilla::coordinator::DrainResult drained = flotilla::coordinator::Drain(
+      **manager, absl::Seconds(drain_timeout_s), [] { return g_signals.load() > 1; });
+  spdlog::info("{}", flotilla::coordinator::DescribeDrain(drained));
+  // Streams that just ended still write their last messages: give them a
+  // moment unless told to stop at once.
+  const auto grace = std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(drained.interrupted ? 0 : 2000);
   if (http) http->Stop();
-  if (admin_server) admin_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (admin_server) admin_server->Shutdown(grace);
+  server->Shutdown(grace);
+  spdlog::info("coordinator stopped");
   return 0;
 }

@@ -533,6 +533,12 @@ void HttpServer::ServeTokenize(bool detokenize, const httplib::Request& req, htt
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
 
 void HttpServer::Serve(Endpoint endpoint, const httplib::Request& req, httplib::Response& res) {
+  if (manager_->draining()) {  // stopping: refuse before reading any of it
+    res.set_header("Retry-After", "5");
+    return SendError(res, absl::UnavailableError(
+                              "the server is shutting down: it finishes the requests in flight "
+                              "and takes no new ones; retry on another server"));
+  }
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
   if (!deadline.ok()) return SendError(res, deadline.status());
   absl::StatusOr<Json> json = ParseBody(req.body);
