@@ -59,6 +59,9 @@ absl::StatusOr<std::unique_ptr<ClusterManager>> ClusterManager::Create(ClusterOp
 ClusterManager::ClusterManager(ClusterOptions options) : options_(std::move(options)) {
   state_message_ = absl::StrCat("waiting for ", options_.expected_workers, " workers");
   monitor_ = std::thread([this] { MonitorLoop(); });
+  if (options_.rebalance_interval > absl::ZeroDuration()) {
+    auto_rebalance_ = std::thread([this] { AutoRebalanceLoop(); });
+  }
 }
 
 ClusterManager::~ClusterManager() {
@@ -68,6 +71,11 @@ ClusterManager::~ClusterManager() {
   }
   monitor_cv_.notify_all();
   monitor_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a map change waiting gives up
+  }
+  map_switch_cv_.notify_all();
+  if (auto_rebalance_.joinable()) auto_rebalance_.join();
 }
 
 uint64_t ClusterManager::OnSessionOpened(std::shared_ptr<WorkerSession> session) {
@@ -107,7 +115,13 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
       w->last_heard = absl::Now();
       switch (message.kind_case()) {
         case cluster::WorkerMessage::kHeartbeat:
-          w->load = message.heartbeat().load();
+          if (message.heartbeat().has_load()) w->load = message.heartbeat().load();
+          if (message.heartbeat().has_expert_load() && w->rank >= 0 && state_ == admin::READY) {
+            expert_window_.Add(w->rank, absl::Now(), message.heartbeat().expert_load());
+          }
+          break;
+        case cluster::WorkerMessage::kExpertMapPrepared:
+          OnExpertMapPreparedLocked(*w, message.expert_map_prepared());
           break;
         case cluster::WorkerMessage::kReady:
           if (message.ready().generation() == generation_ && w->rank >= 0) {
@@ -241,6 +255,8 @@ void ClusterManager::MaybeAssignLocked() {
     }
     placement_ = std::move(*p);
     loaded_map_ = placement_->expert_map;
+    expert_window_.Reset(placement_->parallel.world_size(), loaded_map_->num_layers(),
+                         loaded_map_->num_experts());
     for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].rank = r.rank;
     group_inflight_.assign(placement_->parallel.dp_size(), 0);
   } else {
@@ -261,6 +277,11 @@ void ClusterManager::MaybeAssignLocked() {
     }
   }
 
+  if (loaded_map_ && placement_->expert_map.locations() != loaded_map_->locations()) {
+    // Ranks load their base experts again; replicas come back with the balancer.
+    placement_->expert_map = *ExpertMap::Create(placement_->expert_map.version() + 1,
+                                                loaded_map_->world_size(), loaded_map_->locations());
+  }
   ++generation_;
   comm_started_ = false;
   state_ = admin::LOADING;
@@ -291,6 +312,7 @@ void ClusterManager::MaybeAssignLocked() {
     a->set_max_sequences(options_.max_sequences);
     a->set_max_model_len(options_.max_model_len);
     a->set_kv_blocks(options_.kv_blocks);
+    a->set_redundant_experts(options_.redundant_experts);
     w.session->Send(msg);
   }
   spdlog::info("assigned generation {}: {}{}", generation_, p.parallel.ToString(),
@@ -386,6 +408,7 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
                                     std::vector<Finished>* done) {
   if (!w.alive) return;
   w.alive = false;
+  w.died_at = absl::Now();
   if (w.session) w.session->Close(absl::UnavailableError(why));
   session_to_worker_.erase(w.session_id);
   w.session.reset();
@@ -408,6 +431,7 @@ void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
   }
   state_message_ = msg;
   FailInflightLocked(msg, done);
+  DropGenerationLocked(msg, &w);
   MaybeAssignLocked();
 }
 
@@ -416,7 +440,32 @@ void ClusterManager::ReformLocked(const std::string& why, std::vector<Finished>*
   state_ = admin::DEGRADED;
   state_message_ = why;
   FailInflightLocked(why, done);
+  DropGenerationLocked(why, nullptr);
   MaybeAssignLocked();
+}
+
+void ClusterManager::DropGenerationLocked(const std::string& why, const Worker* except) {
+  if (!placement_) return;
+  cluster::CoordinatorMessage msg;
+  msg.mutable_drop_generation()->set_generation(generation_);
+  msg.mutable_drop_generation()->set_reason(why);
+  for (const RankPlacement& r : placement_->ranks) {
+    const Worker& w = workers_[r.worker_id];
+    if (&w != except && w.alive && w.session) w.session->Send(msg);
+  }
+}
+
+void ClusterManager::ForgetDeadWorkersLocked(absl::Time now) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const Worker& w = it->second;
+    if (!w.alive && w.rank < 0 && now - w.died_at > options_.forget_dead_workers_after) {
+      spdlog::info("forgetting worker {}: gone for {} s", w.worker_id,
+                   absl::ToInt64Seconds(now - w.died_at));
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void ClusterManager::FailInflightLocked(const std::string& why, std::vector<Finished>* done) {
@@ -512,6 +561,11 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (draining_) {
+    return absl::UnavailableError(
+        "the server is shutting down: it finishes the requests in flight and takes no new "
+        "ones; retry on another server");
+  }
   if (state_ != admin::READY) {
     return absl::UnavailableError(absl::StrCat("the model instance is not ready: ", state_message_));
   }
@@ -519,9 +573,9 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
     return absl::ResourceExhaustedError(absl::StrCat("server busy: ", requests_.size(),
                                                      " requests in flight; retry later"));
   }
-  int group = 0;
-  for (int g = 1; g < static_cast<int>(group_inflight_.size()); ++g) {
-    if (group_inflight_[g] < group_inflight_[group]) group = g;
+  const int group = ChooseGroupLocked();
+  if (group < 0) {
+    return absl::UnavailableError("every DP group is drained (flotillactl undrain WORKER)");
   }
   const int leader = placement_->parallel.leader_of_group(group);
   Worker& w = workers_[placement_->ranks[leader].worker_id];
@@ -624,6 +678,26 @@ bool ClusterManager::WaitReady(absl::Duration timeout) {
                             [this] { return state_ == admin::READY; });
 }
 
+void ClusterManager::BeginDrain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!draining_) spdlog::info("draining: {} requests in flight, no new ones", requests_.size());
+  draining_ = true;
+}
+
+int ClusterManager::InflightRequests() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(requests_.size());
+}
+
+void ClusterManager::FailAll(const std::string& why) {
+  std::vector<Finished> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    FailInflightLocked(why, &done);
+  }
+  Deliver(done);
+}
+
 void ClusterManager::MonitorLoop() {
   const auto tick = absl::ToChronoMilliseconds(
       std::max(absl::Milliseconds(10), options_.heartbeat_interval / 2));
@@ -646,6 +720,7 @@ void ClusterManager::MonitorLoop() {
                          &done);
         }
       }
+      ForgetDeadWorkersLocked(now);
     }
     Deliver(done);
   }
@@ -714,6 +789,7 @@ admin::ClusterStatus ClusterManager::Status() const {
     ws->set_last_heartbeat_age_ms(absl::ToInt64Milliseconds(now - w.last_heard));
     *ws->mutable_load() = w.load;
   }
+  AddDrainStatusLocked(&s);
   return s;
 }
 
@@ -741,48 +817,6 @@ absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement() const {
     }
   }
   return info;
-}
-
-absl::StatusOr<cluster::ExpertMap> ClusterManager::SetExpertMap(const cluster::ExpertMap& proto) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!placement_ || state_ != admin::READY) {
-    return absl::UnavailableError(absl::StrCat("the instance is not serving: ", state_message_));
-  }
-  FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(proto));
-  const ExpertMap& cur = placement_->expert_map;
-  if (map.version() != cur.version() + 1) {
-    return absl::FailedPreconditionError(absl::StrCat("expert map version must be ",
-                                                      cur.version() + 1, ", got ", map.version()));
-  }
-  if (map.world_size() != cur.world_size() || map.num_layers() != cur.num_layers() ||
-      map.num_experts() != cur.num_experts()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "expert map shape ", map.num_layers(), " layers x ", map.num_experts(), " experts over ",
-        map.world_size(), " ranks does not match ", cur.num_layers(), " x ", cur.num_experts(),
-        " over ", cur.world_size()));
-  }
-  for (int l = 0; l < map.num_layers(); ++l) {
-    for (int e = 0; e < map.num_experts(); ++e) {
-      for (const ExpertLocation& loc : map.replicas(l, e)) {
-        bool held = false;
-        for (const ExpertLocation& have : loaded_map_->replicas(l, e)) held |= have.rank == loc.rank;
-        if (!held) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "layer ", l, " expert ", e, " is placed on rank ", loc.rank,
-              ", which has not loaded it; only ranks holding an expert may serve it"));
-        }
-      }
-    }
-  }
-  placement_->expert_map = map;
-  cluster::CoordinatorMessage msg;
-  *msg.mutable_expert_map()->mutable_map() = ExpertMapToProto(map);
-  for (const RankPlacement& r : placement_->ranks) {
-    Worker& w = workers_[r.worker_id];
-    if (w.session) w.session->Send(msg);
-  }
-  spdlog::info("expert map version {} sent to {} ranks", map.version(), placement_->ranks.size());
-  return ExpertMapToProto(map);
 }
 
 absl::StatusOr<cluster::ExpertMap> ClusterManager::GetExpertMap() const {

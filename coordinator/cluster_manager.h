@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/model_config.h"
 #include "coordinator/engine_measurements.h"
+#include "coordinator/expert_load_window.h"
 #include "coordinator/placement.h"
 #include "proto/admin.pb.h"
 #include "proto/cluster.pb.h"
@@ -57,6 +59,16 @@ struct ClusterOptions {
   // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
   // this are refused with INVALID_ARGUMENT before any work.
   uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;
+  // Expert balancing (cluster_manager_experts.cc).
+  uint32_t redundant_experts = 0;            // spare expert slots per layer on every rank
+  absl::Duration expert_window = absl::Seconds(10);  // default load window
+  absl::Duration rebalance_interval = absl::ZeroDuration();  // automatic rebalancing; 0 = off
+  double rebalance_min_imbalance = 1.25;     // automatic: act only above this
+  uint64_t rebalance_max_bytes = 0;          // per rebalance; 0 = no bound
+  absl::Duration expert_map_prepare_timeout = absl::Seconds(120);
+  // A dead worker holding no rank is forgotten (gone from GetStatus) after
+  // this long, so restarts under fresh ids do not pile up.
+  absl::Duration forget_dead_workers_after = absl::Seconds(60);
 };
 
 // The Cancel reason of a request whose answer hit a stop string (the
@@ -107,13 +119,33 @@ class ClusterManager {
   // Blocks until the instance is ready or `timeout` passes.
   bool WaitReady(absl::Duration timeout);
 
+  // ---- drain ----
+  // From now on Submit refuses with UNAVAILABLE ("shutting down"); requests
+  // in flight go on. Not undone.
+  void BeginDrain();
+  bool draining() const { return draining_; }
+  // Requests submitted and not yet ended.
+  int InflightRequests() const;
+  // Ends every request in flight with UNAVAILABLE (`why`): the stop after a drain.
+  void FailAll(const std::string& why);
+
   // ---- admin ----
   admin::ClusterStatus Status() const;
   absl::StatusOr<admin::PlacementInfo> GetPlacement() const;
   absl::StatusOr<cluster::ExpertMap> GetExpertMap() const;
   // Validates `map` (next version, same shape, experts only where they are
   // held) and sends it to every rank; they switch at one step boundary.
+  // Validates `map` (next version, same shape, slots within each rank's
+  // reported slots) and applies it in two phases: every rank loads the
+  // experts it lacks (PREPARE), then all switch at one step boundary
+  // (COMMIT); if a rank fails or times out, ABORT keeps the current map.
   absl::StatusOr<cluster::ExpertMap> SetExpertMap(const cluster::ExpertMap& map);
+  // Per-layer, per-rank expert load of the current map over `window`.
+  absl::StatusOr<admin::ExpertLoadReport> ExpertLoad(const admin::ExpertLoadRequest& request) const;
+  // Plans from the window's load and, unless a dry run, applies the plan.
+  absl::StatusOr<admin::RebalanceResult> Rebalance(const admin::RebalanceRequest& request);
+  // Stops / resumes admission to `worker_id`'s DP group.
+  absl::StatusOr<admin::DrainResult> Drain(const std::string& worker_id, bool drained);
   const ClusterOptions& options() const { return options_; }
 
  private:
@@ -131,6 +163,7 @@ class ClusterManager {
     uint64_t joined_generation = 0;  // communicator joined for this generation
     cluster::Ready ready;
     cluster::WorkerLoad load;
+    absl::Time died_at;  // when it was marked dead
   };
   struct Request {
     uint64_t id = 0;
@@ -157,6 +190,12 @@ class ClusterManager {
   void ReformLocked(const std::string& why, std::vector<Finished>* done);
   // Ends every request in flight with UNAVAILABLE (`why`).
   void FailInflightLocked(const std::string& why, std::vector<Finished>* done);
+  // Tells every live rank holder but `except` to drop the current generation
+  // at once (DropGeneration): a peer is gone, so their next collective would
+  // only wait out the communicator's timeout.
+  void DropGenerationLocked(const std::string& why, const Worker* except);
+  // Erases dead workers without a rank, dead for longer than the options say.
+  void ForgetDeadWorkersLocked(absl::Time now);
   // Plans and sends assignments when every expected worker is alive.
   void MaybeAssignLocked();
   // The workers to hold each rank of the current placement: the alive holders,
@@ -171,6 +210,18 @@ class ClusterManager {
   // Failed measurements, delivered with the finished requests.
   static void AddFailedMeasurements(std::vector<MeasureResult> failed,
                                     std::vector<Finished>* done);
+  // ---- expert balancing (cluster_manager_experts.cc) ----
+  // A rank's answer to PREPARE.
+  void OnExpertMapPreparedLocked(const Worker& w, const cluster::ExpertMapPrepared& prepared);
+  // Sends `update` to every rank of the placement.
+  void SendToRanksLocked(const cluster::CoordinatorMessage& message);
+  // The two phases of a validated map; waits without the lock held.
+  absl::Status ApplyExpertMap(const ExpertMap& map);
+  absl::Status CheckExpertMapLocked(const ExpertMap& map) const;
+  // The DP group to admit to (least in flight, not drained); -1 if none.
+  int ChooseGroupLocked() const;
+  void AddDrainStatusLocked(admin::ClusterStatus* status) const;
+  void AutoRebalanceLoop();
 
   const ClusterOptions options_;
   mutable std::mutex mu_;
@@ -192,6 +243,22 @@ class ClusterManager {
   std::vector<uint32_t> group_inflight_;
   EngineMeasurements measurements_;
 
+  // Expert balancing.
+  ExpertLoadWindow expert_window_{absl::Seconds(61)};
+  std::mutex rebalance_mu_;  // one map change at a time
+  struct MapSwitch {
+    uint64_t version = 0;
+    uint64_t generation = 0;
+    std::set<int> prepared;  // ranks
+    std::string error;
+    uint64_t bytes = 0;
+  };
+  std::optional<MapSwitch> map_switch_;  // under mu_
+  std::condition_variable map_switch_cv_;
+  std::set<int> drained_groups_;  // under mu_
+  std::thread auto_rebalance_;
+
+  std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;

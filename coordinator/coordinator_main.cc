@@ -2,6 +2,7 @@
 // Every flag also reads a FLOTILLA_* environment variable (same name, upper
 // case, dashes as underscores), so pods and laptops start it the same way.
 #include <CLI/CLI.hpp>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
@@ -17,16 +18,19 @@
 #include "common/tls_credentials.h"
 #include "coordinator/auth.h"
 #include "coordinator/cluster_manager.h"
+#include "coordinator/drain.h"
 #include "coordinator/http_server.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/served_models.h"
 #include "coordinator/services.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
 
 namespace {
 
-std::atomic<bool> g_stop{false};
-void OnSignal(int) { g_stop = true; }
+// SIGINT/SIGTERM received: the first drains, a second stops at once.
+std::atomic<int> g_signals{0};
+void OnSignal(int) { g_signals.fetch_add(1); }
 
 }  // namespace
 
@@ -75,6 +79,11 @@ int main(int argc, char** argv) {
   app.add_option("--model-id", model_id,
                  "model name clients use (default: the directory name, or the synthetic spec)")
       ->envname("FLOTILLA_MODEL_ID");
+  std::vector<std::string> served_model_names;
+  app.add_option("--served-model-name", served_model_names,
+                 "names requests may give as `model` (repeat it or separate with commas); the first "
+                 "replaces --model-id in replies, /v1/models and ListModels list each")
+      ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
   app.add_option("--workers", workers, "workers in the instance")
       ->envname("FLOTILLA_WORKERS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--tp", tp, "attention tensor-parallel size (0 = automatic)")
@@ -87,6 +96,16 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HEARTBEAT_INTERVAL_MS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-timeout-ms", hb_timeout_ms, "silence after which a worker is dead")
       ->envname("FLOTILLA_HEARTBEAT_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+  double drain_timeout_s = 30;
+  app.add_option("--drain-timeout", drain_timeout_s,
+                 "on SIGTERM/SIGINT: seconds the requests in flight get to finish while new ones "
+                 "are refused (HTTP 503, gRPC UNAVAILABLE); a second signal stops at once")
+      ->envname("FLOTILLA_DRAIN_TIMEOUT")->capture_default_str()->check(CLI::NonNegativeNumber);
+  int forget_dead_workers_s = 60;
+  app.add_option("--forget-dead-workers-s", forget_dead_workers_s,
+                 "a dead worker without a rank leaves the registry after this many seconds")
+      ->envname("FLOTILLA_FORGET_DEAD_WORKERS_S")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-inflight", opts.max_inflight_requests,
                  "requests in flight before RESOURCE_EXHAUSTED")
       ->envname("FLOTILLA_MAX_INFLIGHT")->capture_default_str()->check(CLI::PositiveNumber);
@@ -104,6 +123,22 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_PROMPT_LOGITS_MB")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kv-blocks", opts.kv_blocks, "KV blocks per worker (0 = sized automatically)")
       ->envname("FLOTILLA_KV_BLOCKS")->capture_default_str();
+  double expert_window_s = 10, rebalance_interval_s = 0;
+  app.add_option("--redundant-experts", opts.redundant_experts,
+                 "spare expert slots per layer on every rank, for replicas of hot experts")
+      ->envname("FLOTILLA_REDUNDANT_EXPERTS")->capture_default_str();
+  app.add_option("--expert-window", expert_window_s,
+                 "seconds of expert load the balancer and `flotillactl experts` look at")
+      ->envname("FLOTILLA_EXPERT_WINDOW")->capture_default_str()->check(CLI::Range(0.1, 60.0));
+  app.add_option("--rebalance-interval", rebalance_interval_s,
+                 "seconds between automatic rebalances (0 = off)")
+      ->envname("FLOTILLA_REBALANCE_INTERVAL")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--rebalance-min-imbalance", opts.rebalance_min_imbalance,
+                 "automatic rebalancing acts only above this imbalance (max / mean rank load)")
+      ->envname("FLOTILLA_REBALANCE_MIN_IMBALANCE")->capture_default_str();
+  app.add_option("--rebalance-max-bytes", opts.rebalance_max_bytes,
+                 "expert bytes one rebalance may load (0 = no bound)")
+      ->envname("FLOTILLA_REBALANCE_MAX_BYTES")->capture_default_str();
   std::string tokenizer_path = flotilla::tokenizer::Tokenizer::DefaultRanksPath();
   app.add_option("--tokenizer", tokenizer_path, "o200k_harmony ranks file")
       ->envname("FLOTILLA_TOKENIZER")->capture_default_str();
@@ -116,6 +151,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
   app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
       ->envname("FLOTILLA_HTTP_PORT_FILE");
+  bool grpc_reflection = true;
+  app.add_option("--grpc-reflection", grpc_reflection,
+                 "serve gRPC server reflection (grpc.reflection.v1alpha) so that grpcurl, grpcui and "
+                 "Postman find the services without the .proto files; it answers without a key, "
+                 "like health, and tells only the API's schema")
+      ->envname("FLOTILLA_GRPC_REFLECTION")->capture_default_str();
   std::string api_key_file, admin_key_file, metrics_listen, metrics_port_file;
   app.add_option("--api-key-file", api_key_file,
                  "client API keys, one a line ('#' comments); without it (and without "
@@ -223,13 +264,22 @@ int main(int argc, char** argv) {
   opts.model = *config;
   opts.heartbeat_interval = absl::Milliseconds(hb_interval_ms);
   opts.heartbeat_timeout = absl::Milliseconds(hb_timeout_ms);
+  opts.forget_dead_workers_after = absl::Seconds(forget_dead_workers_s);
   opts.max_prompt_logits_bytes = max_prompt_logits_mb << 20;
+  opts.expert_window = absl::Seconds(expert_window_s);
+  opts.rebalance_interval = absl::Seconds(rebalance_interval_s);
   auto manager = flotilla::coordinator::ClusterManager::Create(opts);
   if (!manager.ok()) {
     std::cerr << "flotilla-coordinator: " << manager.status().message() << "\n";
     return 2;
   }
   if (model_id.empty()) model_id = flotilla::DefaultModelId(model);
+  auto served_names = flotilla::coordinator::ServedModelNames(served_model_names, model_id);
+  if (!served_names.ok()) {
+    std::cerr << "flotilla-coordinator: " << served_names.status().message() << "\n";
+    return 2;
+  }
+  model_id = served_names->front();
   auto auth = flotilla::coordinator::Authenticator::Create(api_key_file, admin_key_file);
   if (!auth.ok()) {
     std::cerr << "flotilla-coordinator: " << auth.status().message() << "\n";
@@ -278,7 +328,10 @@ int main(int argc, char** argv) {
   limits.max_prompt_text_bytes =
       flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
   frontend.SetInputLimits(limits);
+  frontend.SetServedModelNames(*served_names);
   grpc::EnableDefaultHealthCheckService(true);
+  // Registers with every ServerBuilder made from here on.
+  if (grpc_reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(grpc_address->ToString(), *credentials, &port);
@@ -319,6 +372,7 @@ int main(int argc, char** argv) {
     http_options.idle_timeout = absl::Seconds(idle_timeout_s);
     http_options.listen = http_listen;
     http_options.model_id = model_id;
+    http_options.served_model_names = *served_names;
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
     http_options.limits = limits;
@@ -359,7 +413,7 @@ int main(int argc, char** argv) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   bool serving = false;
   health->SetServingStatus("flotilla.v1.Flotilla", false);
-  while (!g_stop) {
+  while (g_signals.load() == 0) {
     const bool ready = (*manager)->Status().state() == flotilla::admin::READY;
     if (ready != serving) {
       health->SetServingStatus("flotilla.v1.Flotilla", ready);
@@ -367,9 +421,19 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  spdlog::info("coordinator stopping");
-  if (http) http->Stop();
-  if (admin_server) admin_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  health->SetServingStatus("flotilla.v1.Flotilla", false);
+  spdlog::info("coordinator stopping: draining for up to {} s (a second signal stops at once)",
+               drain_timeout_s);
+  const flotilla::coordinator::DrainResult drained = flotilla::coordinator::Drain(
+      **manager, absl::Seconds(drain_timeout_s), [] { return g_signals.load() > 1; });
+  spdlog::info("{}", flotilla::coordinator::DescribeDrain(drained));
+  // Streams that just ended still write their last messages: give them a
+  // moment unless told to stop at once.
+  const auto grace = std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(drained.interrupted ? 0 : 2000);
+  if (http) http->Stop(drained.interrupted ? absl::ZeroDuration() : absl::Seconds(2));
+  if (admin_server) admin_server->Shutdown(grace);
+  server->Shutdown(grace);
+  spdlog::info("coordinator stopped");
   return 0;
 }

@@ -9,9 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grammar/constraint_proto.h"
 #include "common/listen_address.h"
+#include "coordinator/expert_metrics.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
+#include "coordinator/served_models.h"
+#include "coordinator/tokenize_api.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -311,7 +315,7 @@ absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const HttpRequest& req
 // The path label of a request in flotilla_http_requests_total.
 std::string PathLabel(const std::string& path) {
   static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
-                                 "/metrics"};
+                                 "/metrics", "/tokenize", "/detokenize"};
   for (const char* k : kKnown) {
     if (path == k) return k;
   }
@@ -328,14 +332,16 @@ HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
     : options_(std::move(options)),
       manager_(manager),
       tok_(tokenizer),
-      metrics_(std::make_unique<HttpMetrics>()) {}
+      metrics_(std::make_unique<HttpMetrics>()) {
+  if (options_.served_model_names.empty()) options_.served_model_names = {options_.model_id};
+}
 
 HttpServer::~HttpServer() { Stop(); }
 
-void HttpServer::Stop() {
+void HttpServer::Stop(absl::Duration grace) {
   // The transport first (no new requests, no handler running), then what is
   // still generating: its callbacks hold connections.
-  if (server_) server_->Stop();
+  if (server_) server_->Stop(grace);
   if (metrics_server_) metrics_server_->Stop();
   std::set<uint64_t> active;
   {
@@ -403,7 +409,8 @@ absl::Status HttpServer::ServeMetrics() {
   if (!server.ok()) return server.status();
   metrics_server_ = *std::move(server);
   metrics_server_->Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id),
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +
+                        RenderExpertMetrics(*manager_),
                     "text/plain; version=0.0.4");
   });
   metrics_server_->set_logger([](const HttpRequest& req, const HttpResponse& res, bool) {
@@ -485,17 +492,23 @@ void HttpServer::Routes() {
     }
   });
   svr.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id), "text/plain; version=0.0.4");
+    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +
+                        RenderExpertMetrics(*manager_),
+                    "text/plain; version=0.0.4");
   });
-  auto model_json = [this] {
-    return Json{{"id", options_.model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"}};
+  auto model_json = [this](const std::string& name) {
+    return Json{{"id", name}, {"object", "model"}, {"created", 0}, {"owned_by", "flotilla"},
+                {"root", options_.model_id}, {"max_model_len", MaxModelLen(manager_->options())}};
   };
-  svr.Get("/v1/models", [model_json](const HttpRequest&, HttpResponse& res) {
-    SendJson(res, 200, Json{{"object", "list"}, {"data", Json::array({model_json()})}});
+  svr.Get("/v1/models", [this, model_json](const HttpRequest&, HttpResponse& res) {
+    Json data = Json::array();
+    for (const std::string& name : options_.served_model_names) data.push_back(model_json(name));
+    SendJson(res, 200, Json{{"object", "list"}, {"data", std::move(data)}});
   });
   svr.Get(R"(/v1/models/(.+))", [this, model_json](const HttpRequest& req, HttpResponse& res) {
-    if (req.matches[1] == options_.model_id) {
-      SendJson(res, 200, model_json());
+    const std::string name = req.matches[1];
+    if (ResolveModelName(options_.served_model_names, name) == name) {
+      SendJson(res, 200, model_json(name));
     } else {
       SendError(res, absl::NotFoundError(absl::StrCat("model: the model '", req.matches[1],
                                                       "' does not exist")));
@@ -507,6 +520,28 @@ void HttpServer::Routes() {
   svr.Post("/v1/completions", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
              Serve(Endpoint::kCompletions, std::move(ex));
            }));
+  svr.Post("/tokenize", [this](const HttpRequest& req, HttpResponse& res) {
+    ServeTokenize(false, req, res);
+  });
+  svr.Post("/detokenize", [this](const HttpRequest& req, HttpResponse& res) {
+    ServeTokenize(true, req, res);
+  });
+}
+
+const std::string& HttpServer::ModelFor(const Json& body) const {
+  auto model = body.is_object() ? body.find("model") : body.end();
+  if (model == body.end() || !model->is_string()) return options_.model_id;
+  return ResolveModelName(options_.served_model_names, model->get_ref<const std::string&>());
+}
+
+void HttpServer::ServeTokenize(bool detokenize, const HttpRequest& req, HttpResponse& res) {
+  absl::StatusOr<Json> json = ParseBody(req.body);
+  if (!json.ok()) return SendError(res, json.status());
+  TokenizeContext context{tok_, options_.harmony, ModelFor(*json), MaxModelLen(manager_->options()),
+                          options_.limits.max_prompt_text_bytes};
+  absl::StatusOr<Json> answer = detokenize ? Detokenize(*json, context) : Tokenize(*json, context);
+  if (!answer.ok()) return SendError(res, answer.status());
+  SendJson(res, 200, *answer);
 }
 
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
@@ -514,15 +549,22 @@ std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, 
 void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
   const HttpRequest& req = exchange->request();
   auto fail = [&](const absl::Status& st) { exchange->Send(ErrorResponse(st)); };
+  if (manager_->draining()) {  // stopping: refuse (what was read of it is dropped)
+    HttpResponse res = ErrorResponse(absl::UnavailableError(
+        "the server is shutting down: it finishes the requests in flight and takes no new ones; "
+        "retry on another server"));
+    res.set_header("Retry-After", "5");
+    return exchange->Send(std::move(res));
+  }
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
   if (!deadline.ok()) return fail(deadline.status());
   absl::StatusOr<Json> json = ParseBody(req.body);
   if (!json.ok()) return fail(json.status());
   absl::StatusOr<PreparedRequest> prepared =
       endpoint == Endpoint::kChat
-          ? PrepareChatRequest(*json, options_.model_id, *tok_, options_.harmony,
+          ? PrepareChatRequest(*json, ModelFor(*json), *tok_, options_.harmony,
                                options_.limits.max_prompt_text_bytes)
-          : PrepareCompletionRequest(*json, options_.model_id, *tok_,
+          : PrepareCompletionRequest(*json, ModelFor(*json), *tok_,
                                      options_.limits.max_prompt_text_bytes);
   if (!prepared.ok()) return fail(prepared.status());
 
@@ -541,6 +583,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   cluster::SubmitSequence submit;
   for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
   *submit.mutable_sampling() = prepared->sampling;
+  if (prepared->constraint) grammar::ToProto(*prepared->constraint, submit.mutable_constraint());
   if (*deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(**deadline));
 
   ClusterManager* manager = manager_;

@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP API of the coordinator (on HttpTransport:
 // Boost.Beast, event-driven; see http_transport.h for what no client can do to it):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
-//   GET /v1/models, GET /health, GET /metrics (Prometheus text).
+//   GET /v1/models, GET /health, GET /metrics (Prometheus text), and vLLM's
+//   POST /tokenize and POST /detokenize.
 // With API keys every path but /health needs "Authorization: Bearer KEY"
 // (401 otherwise); /metrics can also be served, open, on its own listener.
 // Requests go to ClusterManager::Submit; a client that disconnects (streamed
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <set>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/auth.h"
@@ -30,6 +32,9 @@ namespace flotilla::coordinator {
 struct HttpServerOptions {
   std::string listen = "127.0.0.1:8000";  // host:port; port 0 = any free port
   std::string model_id;                   // the model name clients use
+  // Every name requests may use (ServedModelNames: --served-model-name, else
+  // model_id alone); replies carry model_id, /v1/models lists each.
+  std::vector<std::string> served_model_names;
   harmony::OpenAiRequestOptions harmony;  // system message defaults
   const Authenticator* auth = nullptr;    // null = open; must outlive the server
   // host:port of a second listener serving only GET /metrics, without a key
@@ -68,9 +73,10 @@ class HttpServer {
   int metrics_port() const { return metrics_port_; }
   // Open connections of the API listener.
   int connections() const { return server_ ? server_->connections() : 0; }
-  // Stops accepting, closes every connection and cancels the requests still
-  // running; open streams end.
-  void Stop();
+  // Stops accepting, gives the responses under way up to `grace` to be
+  // written (after a drain: the last events of streams that just ended),
+  // then closes every connection and cancels the requests still running.
+  void Stop(absl::Duration grace = absl::ZeroDuration());
 
  private:
   HttpServer(HttpServerOptions options, ClusterManager* manager, const tokenizer::Tokenizer* tokenizer);
@@ -78,6 +84,10 @@ class HttpServer {
   // Runs one chat or completions request, streamed or whole: prepares and
   // submits it, then answers from the manager's callbacks (no thread waits).
   void Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
+  // /tokenize (`detokenize` false) or /detokenize.
+  void ServeTokenize(bool detokenize, const HttpRequest& req, HttpResponse& res);
+  // The name a request's `model` is checked against: itself when served.
+  const std::string& ModelFor(const Json& body) const;
   std::string NewId(const char* prefix);
   // Whether `req` may go on; answers 401 itself otherwise.
   bool Authorized(const HttpRequest& req, HttpResponse& res) const;

@@ -19,6 +19,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/listen_address.h"
 #include "spdlog/spdlog.h"
 
@@ -158,6 +159,7 @@ struct IoShared {
   asio::io_context io;
   std::atomic<int> open{0};
   std::atomic<int> refusing{0};
+  std::atomic<int> busy{0};  // requests being answered
 };
 
 // A connection as the exchange and the transport see it (the stream type is
@@ -586,7 +588,7 @@ class Connection final : public ConnectionBase {
     DisarmRead();
     request_.body = std::move(parser_->get().body());
     parser_.reset();
-    exchange_live_ = true;
+    SetLive();
     auto exchange =
         std::make_shared<Exchange>(shared_from_this(), seq_, request_, server_->defer_pool);
     server_->Dispatch(*route_, std::move(exchange));
@@ -598,7 +600,7 @@ class Connection final : public ConnectionBase {
     const bool body_unread = !parser_ || !parser_->is_done();
     DisarmRead();
     phase_ = Phase::kHandling;
-    exchange_live_ = true;
+    SetLive();
     if (body_unread) close_after_ = true;
     SendWhole(seq_, std::move(res));
   }
@@ -679,8 +681,13 @@ class Connection final : public ConnectionBase {
   }
 
   // The logger sees each request once, complete or not.
+  void SetLive() {
+    if (!exchange_live_) ++shared_->busy;
+    exchange_live_ = true;
+  }
   void Finish(bool complete) {
     complete_ = true;
+    if (exchange_live_) --shared_->busy;
     exchange_live_ = false;
     on_gone_ = nullptr;
     if (server_->logger && !request_.method.empty()) {
@@ -953,7 +960,7 @@ void HttpTransport::Start() {
 int HttpTransport::port() const { return impl_->port; }
 int HttpTransport::connections() const { return impl_->shared->open.load(); }
 
-void HttpTransport::Stop() {
+void HttpTransport::Stop(absl::Duration grace) {
   Impl& s = *impl_;
   if (s.stopped.exchange(true)) return;
   asio::post(s.acceptor.get_executor(), [&s] {
@@ -961,6 +968,10 @@ void HttpTransport::Stop() {
     s.acceptor.close(ignored);
     s.accept_retry.cancel();
   });
+  const absl::Time deadline = absl::Now() + grace;
+  while (!s.threads.empty() && s.shared->busy.load() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   std::vector<std::shared_ptr<ConnectionBase>> open;
   {
     std::lock_guard<std::mutex> l(s.conns_mu);

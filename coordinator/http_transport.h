@@ -156,8 +156,9 @@ class HttpTransport {
   int port() const;
   // Open connections now (for tests and metrics).
   int connections() const;
-  // Stops accepting, closes every connection, waits for the threads.
-  void Stop();
+  // Stops accepting; gives the responses under way up to `grace` to be
+  // written; then closes every connection and waits for the threads.
+  void Stop(absl::Duration grace = absl::ZeroDuration());
 
   class Impl;
 

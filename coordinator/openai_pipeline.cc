@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/structured/chat_constraint.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -260,6 +261,8 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
   out.sampling.set_logprobs(static_cast<uint32_t>(out.top_logprobs));
   out.sampling.add_stop_token_ids(tokenizer::kReturn);
   out.sampling.add_stop_token_ids(tokenizer::kCall);
+  FLOTILLA_ASSIGN_OR_RETURN(out.constraint,
+                            structured::ChatConstraint(body, out.sampling.max_tokens()));
 
   FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped, harmony::MapChatRequest(body, options));
   FLOTILLA_ASSIGN_OR_RETURN(harmony::RenderedPrompt prompt,

@@ -16,10 +16,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/grammar/output_constraint.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/harmony/parser.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "coordinator/tokenizer/tokenizer.h"
+#include "common/grammar/output_constraint.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 
@@ -56,6 +58,8 @@ struct PreparedRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;
   int top_logprobs = 0;
+  // Structured outputs (chat only): the constraint the worker decodes under.
+  std::optional<grammar::ConstraintSpec> constraint;
 };
 
 // Chat completions: validates every field it uses (errors name the field),

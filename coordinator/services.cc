@@ -7,11 +7,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/grammar/constraint_proto.h"
 #include "common/cluster_token.h"
 #include "common/grpc_status.h"
 #include "coordinator/access_log.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/grpc_auth.h"
+#include "coordinator/served_models.h"
 #include "coordinator/stream_queue.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "spdlog/spdlog.h"
@@ -236,6 +238,7 @@ class ChatReactor final : public ChatReactorBase {
     cluster::SubmitSequence submit;
     for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
     *submit.mutable_sampling() = prepared->sampling;
+    if (prepared->constraint) grammar::ToProto(*prepared->constraint, submit.mutable_constraint());
     const auto deadline = context->deadline();
     if (deadline != std::chrono::system_clock::time_point::max()) {
       submit.set_deadline_unix_ms(
@@ -406,7 +409,7 @@ grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
       !st.ok()) {
     return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(st));
   }
-  return new ChatReactor(manager_, context, *request, model_id_, tokenizer_, harmony_,
+  return new ChatReactor(manager_, context, *request, ModelFor(request->model()), tokenizer_, harmony_,
                          call_id_salt_, &requests_, *caller, limits_.max_prompt_text_bytes);
 }
 
@@ -506,7 +509,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     st = CheckPromptTextBytes(request->text().size(), limits_.max_prompt_text_bytes, "prompt text");
   }
   if (!st.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(st));
-  return new GenerateReactor(manager_, context, *request, model_id_, tokenizer_, &requests_,
+  return new GenerateReactor(manager_, context, *request, ModelFor(request->model()), tokenizer_, &requests_,
                              *caller);
 }
 
@@ -531,6 +534,10 @@ grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* c
   return reactor;
 }
 
+const std::string& FrontendService::ModelFor(const std::string& requested) const {
+  return served_names_.empty() ? model_id_ : ResolveModelName(served_names_, requested);
+}
+
 grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
                                                       const v1::ListModelsRequest* request,
                                                       v1::ListModelsResponse* response) {
@@ -540,19 +547,20 @@ grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContex
     return reactor;
   }
   admin::ClusterStatus s = manager_->Status();
-  v1::ModelInfo* m = response->add_models();
-  m->set_id(model_id_);
-  m->set_vocab_size(manager_->options().model.vocab_size);
-  const ClusterOptions& o = manager_->options();
-  m->set_max_context(o.max_model_len > 0 ? std::min<int64_t>(o.max_model_len,
-                                                              o.model.max_position_embeddings)
-                                         : o.model.max_position_embeddings);
+  const char* state = "waiting";
   switch (s.state()) {
-    case admin::READY: m->set_state("ready"); break;
-    case admin::LOADING: m->set_state("loading"); break;
-    case admin::DEGRADED: m->set_state("degraded"); break;
-    case admin::PLACEMENT_REFUSED: m->set_state("refused"); break;
-    default: m->set_state("waiting"); break;
+    case admin::READY: state = "ready"; break;
+    case admin::LOADING: state = "loading"; break;
+    case admin::DEGRADED: state = "degraded"; break;
+    case admin::PLACEMENT_REFUSED: state = "refused"; break;
+    default: break;
+  }
+  for (const std::string& name : served_names_.empty() ? std::vector<std::string>{model_id_} : served_names_) {
+    v1::ModelInfo* m = response->add_models();
+    m->set_id(name);
+    m->set_vocab_size(manager_->options().model.vocab_size);
+    m->set_max_context(MaxModelLen(manager_->options()));
+    m->set_state(state);
   }
   auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);

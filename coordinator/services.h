@@ -37,7 +37,8 @@ class ClusterControlService final : public cluster::ClusterControl::CallbackServ
 class AdminService final : public admin::Admin::CallbackService {
  public:
   // `auth` (null = open) checks every call: reads need any valid key,
-  // SetExpertMap and MeasureEngine (which pauses serving) an admin key.
+  // SetExpertMap, Rebalance, Drain, Undrain and MeasureEngine (which pauses
+  // serving) an admin key.
   explicit AdminService(ClusterManager* manager, const Authenticator* auth = nullptr)
       : manager_(manager), auth_(auth) {}
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
@@ -55,6 +56,21 @@ class AdminService final : public admin::Admin::CallbackService {
   grpc::ServerUnaryReactor* MeasureEngine(grpc::CallbackServerContext* context,
                                           const cluster::MeasureEngineRequest* request,
                                           cluster::EngineMeasurement* response) override;
+  // Expert balancing and drain (admin_balancing.cc): GetExpertLoad needs any
+  // valid key, the others an admin key. Rebalance and SetExpertMap wait for
+  // the ranks to load their new slots (seconds), on the calling thread.
+  grpc::ServerUnaryReactor* GetExpertLoad(grpc::CallbackServerContext* context,
+                                          const admin::ExpertLoadRequest* request,
+                                          admin::ExpertLoadReport* response) override;
+  grpc::ServerUnaryReactor* Rebalance(grpc::CallbackServerContext* context,
+                                      const admin::RebalanceRequest* request,
+                                      admin::RebalanceResult* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context,
+                                  const admin::DrainRequest* request,
+                                  admin::DrainResult* response) override;
+  grpc::ServerUnaryReactor* Undrain(grpc::CallbackServerContext* context,
+                                    const admin::DrainRequest* request,
+                                    admin::DrainResult* response) override;
 
  private:
   ClusterManager* manager_;
@@ -85,10 +101,17 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   // Bounds on client requests (size, prompt text), checked before any work;
   // set before the server starts.
   void SetInputLimits(const InputLimits& limits) { limits_ = limits; }
+  // Every name requests may give as `model` (ServedModelNames), the model id
+  // first; ListModels lists each. Set before the server starts.
+  void SetServedModelNames(std::vector<std::string> names) { served_names_ = std::move(names); }
 
  private:
+  // The name to check a request's `model` against: itself when served.
+  const std::string& ModelFor(const std::string& requested) const;
+
   ClusterManager* manager_;
   std::string model_id_;
+  std::vector<std::string> served_names_;  // empty = {model_id_}
   const tokenizer::Tokenizer* tokenizer_;
   harmony::OpenAiRequestOptions harmony_;
   std::string call_id_salt_;  // per process: tool call ids differ across restarts

@@ -12,7 +12,8 @@ quick="${3:-}"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export LD_LIBRARY_PATH="$bundle/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export FLOTILLA_GOLDEN_DIR="$root/tests/data/golden"
-# cuda_cluster_test starts the bundle's flotilla-coordinator and -worker.
+# cuda_cluster_test and cuda_expert_balancing_test start the bundle's
+# flotilla-coordinator and -worker (and flotillactl).
 export FLOTILLA_BIN_DIR="$bundle/bin"
 # Tests that run several ranks as processes on one GPU want the MPS daemon
 # (without it they time-slice: correct, but each exchange waits for a slice).
@@ -31,7 +32,8 @@ for t in kernels_cuda_convert_test kernels_ops_cuda_test kernels_sampling_cuda_t
          kernels_attention_cuda_test kernels_moe_cuda_test kernels_small_shapes_cuda_test \
          kernels_norm_qkv_rope_cuda_test cuda_synthetic_test \
          cuda_engine_test parallel_device_topology_test parallel_device_context_test \
-         device_report_cuda_test cuda_cluster_test; do
+         device_report_cuda_test cuda_cluster_test kernels_expert_count_cuda_test \
+         cuda_expert_balancing_test; do
   [[ -x "$bundle/bin/$t" ]] || { echo "$t: not in the bundle"; status=1; continue; }
   log="$out/tests.log"
   echo "==== $t" >> "$log"

@@ -12,6 +12,7 @@ packages=(
   cmake                   # build system
   g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
   git                     # tests clone the tree
+  iproute2                # k8s multi-host test: network namespaces, veths, ss
   libabsl-dev             # absl::Status, flags helpers, synchronization
   libboost-dev            # Boost.Beast and Asio: the coordinator's HTTP server (event-driven)
   libclang-rt-dev         # clang's runtimes: libFuzzer, ASan, UBSan (tools/fuzz.sh)
@@ -33,7 +34,9 @@ packages=(
   openssl                 # tests make throw-away CAs and certificates
   pkg-config              # finds UCX
   protobuf-compiler       # protoc
-  protobuf-compiler-grpc  # grpc_cpp_plugin
+  protobuf-compiler-grpc  # grpc_cpp_plugin, grpc_python_plugin (Python SDK stubs)
+  python3-grpcio          # Python SDK (sdk/python) and its cluster test
+  python3-protobuf        # Python SDK: generated messages, reflection descriptors
 )
 
 missing=()

@@ -32,21 +32,33 @@ absl::Status ControlSession::Connect() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Each session has a channel of its own, retried briskly: a coordinator
+  // coming back is found within a second, not after gRPC's default backoff
+  // (up to minutes) that a shared subchannel would carry over.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(options_.tls);
   if (!credentials.ok()) return credentials.status();
   channel_ = grpc::CreateCustomChannel(options_.coordinator, *credentials, args);
-  if (!channel_->WaitForConnected(std::chrono::system_clock::now() +
-                                  absl::ToChronoMilliseconds(options_.connect_timeout))) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach the coordinator at ", options_.coordinator));
+  // In slices, so that Close (a signal) ends the wait.
+  const absl::Time deadline = absl::Now() + options_.connect_timeout;
+  while (!closing_) {
+    const absl::Time slice = std::min(deadline, absl::Now() + absl::Milliseconds(200));
+    if (channel_->WaitForConnected(absl::ToChronoTime(slice))) return absl::OkStatus();
+    if (absl::Now() >= deadline) break;
   }
-  return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("cannot reach the coordinator at ", options_.coordinator));
 }
 
-absl::Status ControlSession::Open(cluster::WorkerMessage hello, LoadReporter report) {
+absl::Status ControlSession::Open(cluster::WorkerMessage hello, LoadReporter report,
+                                  UrgentHandler urgent) {
   if (!channel_) return absl::FailedPreconditionError("Open before Connect");
   report_ = std::move(report);
+  urgent_ = std::move(urgent);
   stub_ = cluster::ClusterControl::NewStub(channel_);
   if (!options_.cluster_token.empty()) {
     context_.AddMetadata(kClusterTokenMetadataKey, options_.cluster_token);
@@ -97,11 +109,17 @@ void ControlSession::ReaderLoop() {
       heartbeat_ms_ = std::max<uint32_t>(10, m.welcome().heartbeat_interval_ms());
       continue;
     }
+    if (urgent_ && m.kind_case() == cluster::CoordinatorMessage::kDropGeneration) urgent_(m);
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(m);
     cv_.notify_all();
   }
   const bool asked_to_stop = closing_.load();
+  if (urgent_) {
+    cluster::CoordinatorMessage ended;
+    ended.mutable_drop_generation()->set_reason("the session with the coordinator ended");
+    urgent_(ended);
+  }
   grpc::Status st = stream_->Finish();
   if (asked_to_stop) st = grpc::Status::OK;
   {

@@ -25,7 +25,8 @@ class ControlSession final : public CoordinatorClient {
   ~ControlSession() override;
 
   absl::Status Connect() override;
-  absl::Status Open(cluster::WorkerMessage hello, LoadReporter report) override;
+  absl::Status Open(cluster::WorkerMessage hello, LoadReporter report,
+                    UrgentHandler urgent) override;
   void Send(cluster::WorkerMessage message) override;
   std::vector<cluster::CoordinatorMessage> Receive(absl::Duration wait) override;
   bool Ended() const override { return ended_; }
@@ -39,6 +40,7 @@ class ControlSession final : public CoordinatorClient {
 
   const WorkerOptions options_;
   LoadReporter report_;
+  UrgentHandler urgent_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<cluster::ClusterControl::Stub> stub_;
   grpc::ClientContext context_;

@@ -18,15 +18,24 @@ class CoordinatorClient {
   // Fills a heartbeat's load with the worker's current figures (called from
   // the client's own thread: it must only read thread-safe state).
   using LoadReporter = std::function<void(cluster::WorkerLoad*)>;
+  // Called on the client's own thread with a message that must reach the
+  // worker even while its engine loop is inside a step (DropGeneration), as
+  // soon as it arrives and before Receive returns it; and once when the
+  // session ends, with DropGeneration{generation 0}: the peers of whatever
+  // runs are leaving too, so no collective should wait for them.
+  using UrgentHandler = std::function<void(const cluster::CoordinatorMessage&)>;
 
   virtual ~CoordinatorClient() = default;
 
   // Reaches the coordinator (UNAVAILABLE when it cannot within the connect
-  // timeout). Called once, before Open.
+  // timeout, or once Close was called). Called once, before Open; a client
+  // serves one session (the worker makes a new one to reconnect).
   virtual absl::Status Connect() = 0;
   // Opens the session: sends `hello` first, then heartbeats every interval
-  // the coordinator asks for, with the load `report` fills in.
-  virtual absl::Status Open(cluster::WorkerMessage hello, LoadReporter report) = 0;
+  // the coordinator asks for, with the load `report` fills in; `urgent` sees
+  // DropGeneration messages first.
+  virtual absl::Status Open(cluster::WorkerMessage hello, LoadReporter report,
+                            UrgentHandler urgent) = 0;
   // Queues `message` for the coordinator, in order; never blocks on the stream.
   virtual void Send(cluster::WorkerMessage message) = 0;
   // The coordinator's messages received since the last call, waiting up to

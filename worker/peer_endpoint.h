@@ -4,6 +4,7 @@
 // Workers talk over UCX; a build without UCX refuses instances of W > 1.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -18,6 +19,8 @@ struct PeerOptions {
   absl::Duration timeout = absl::Seconds(10);
   // The only interface the endpoint listens on (empty: UCX's choice).
   std::string net_device;
+  // Set (from any thread) to make a collective in progress give up at once.
+  std::shared_ptr<const std::atomic<bool>> interrupt;
 };
 
 class PeerEndpoint {

@@ -47,8 +47,9 @@ void AddLogprob(const TokenLogprob& lp, cluster::SequenceUpdate* u) {
 
 }  // namespace
 
-Scheduler::Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock)
-    : engine_(engine), limits_(limits), clock_(std::move(clock)) {}
+Scheduler::Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock,
+                     VocabularyProvider vocabulary)
+    : engine_(engine), limits_(limits), clock_(std::move(clock)), vocabulary_(std::move(vocabulary)) {}
 
 int64_t Scheduler::MaxSequenceLength() const {
   const int64_t engine = engine_->MaxSequenceLength();
@@ -138,11 +139,27 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.deadline_unix_ms = s.deadline_unix_ms();
   seq.queued_ms = queued_ms;
   seq.admitted_at = now;
+  if (absl::Status st = Constrain(s, seq); !st.ok()) {
+    return reject(st.code(), std::string(st.message()));
+  }
   // The whole length, cached prefix included: shared blocks are counted once
   // per sequence, so the reservations still bound the blocks in use.
   seq.kv_reserved = engine_->KvBlocksForLength(prompt + sp.max_tokens);
   kv_reserved_ += seq.kv_reserved;
   sequences_.emplace(seq.request_id, std::move(seq));
+}
+
+absl::Status Scheduler::Constrain(const cluster::SubmitSequence& s, Sequence& seq) {
+  if (!s.has_constraint()) return absl::OkStatus();
+  if (!vocabulary_) {
+    return absl::FailedPreconditionError("this worker does not serve structured outputs");
+  }
+  absl::StatusOr<std::unique_ptr<ConstraintFilter>> filter =
+      ConstraintFilter::Create(s.constraint(), vocabulary_);
+  if (!filter.ok()) return filter.status();
+  seq.constraint = filter->get();
+  seq.sampler->SetFilter(*std::move(filter));
+  return absl::OkStatus();
 }
 
 cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
@@ -278,6 +295,10 @@ bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now
     u->set_prefill_time_ms(
         static_cast<uint32_t>(seq.first_token_at > seq.admitted_at ? seq.first_token_at - seq.admitted_at : 0));
     u->set_decode_time_ms(static_cast<uint32_t>(now > seq.first_token_at ? now - seq.first_token_at : 0));
+  } else if (seq.constraint != nullptr && !seq.constraint->status().ok()) {
+    u->set_finish_reason(common::ERROR);
+    u->set_error_code(static_cast<int>(seq.constraint->status().code()));
+    u->set_error(std::string(seq.constraint->status().message()));
   } else if (seq.deadline_unix_ms != 0 && now > seq.deadline_unix_ms) {
     u->set_finish_reason(common::ERROR);
     u->set_error_code(static_cast<int>(absl::StatusCode::kDeadlineExceeded));

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "proto/cluster.pb.h"
+#include "worker/constraint_filter.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/engine/stop_rules.h"
@@ -35,7 +36,10 @@ class Scheduler {
   using Clock = std::function<uint64_t()>;
 
   // `engine` must outlive the scheduler; the scheduler only reads it.
-  Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock);
+  // `vocabulary` builds structured-output constraints (requests with one are
+  // refused without it).
+  Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock,
+            VocabularyProvider vocabulary = nullptr);
 
   // Queues a request; when the queue is full (4 x max_sequences) refuses it
   // with RESOURCE_EXHAUSTED in `refused` instead.
@@ -81,6 +85,7 @@ class Scheduler {
     bool return_prompt_logits = false;
     int64_t kv_reserved = 0;
     uint64_t deadline_unix_ms = 0;
+    const ConstraintFilter* constraint = nullptr;  // owned by the sampler
     // Timings reported with the last token (clock_ milliseconds).
     uint64_t queued_ms = 0;    // waiting before admission
     uint64_t admitted_at = 0;
@@ -89,6 +94,8 @@ class Scheduler {
   };
 
   void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
+  // Puts the request's structured-output constraint on its sampler.
+  absl::Status Constrain(const cluster::SubmitSequence& s, Sequence& seq);
   // Starts the prompt after its longest cached prefix (none when the request
   // wants every prompt position's logits) and counts the lookup.
   void TakeCachedPrefix(Sequence& seq);
@@ -101,6 +108,7 @@ class Scheduler {
   const Engine* engine_;
   const SchedulerLimits limits_;
   const Clock clock_;
+  const VocabularyProvider vocabulary_;
   std::deque<cluster::SubmitSequence> pending_;
   std::map<uint64_t, uint64_t> enqueued_at_;  // pending request id -> clock_() when queued
   std::map<uint64_t, Sequence> sequences_;  // running, by request id

@@ -20,6 +20,7 @@ class UcxPeerEndpoint final : public PeerEndpoint {
                                        start.comm().peer_addresses().end());
     comm::UcxOptions uo;
     uo.timeout = options_.timeout;
+    uo.interrupt = options_.interrupt;
     uo.peer_secret = start.comm().peer_secret();
     FLOTILLA_ASSIGN_OR_RETURN(
         std::unique_ptr<comm::UcxCommunicator> communicator,

@@ -3,8 +3,12 @@
 // also reads a FLOTILLA_* environment variable.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <iostream>
+#include <thread>
 
 #include "common/cluster_token.h"
 #include "common/logging.h"
@@ -12,10 +16,10 @@
 #include "worker/worker_runtime.h"
 
 namespace {
-flotilla::worker::WorkerRuntime* g_runtime = nullptr;
-void OnSignal(int) {
-  if (g_runtime) g_runtime->Stop();
-}
+// Set by SIGINT/SIGTERM; a thread turns it into WorkerRuntime::Stop (which
+// takes locks, so it cannot run inside the handler).
+std::atomic<bool> g_signalled{false};
+void OnSignal(int) { g_signalled = true; }
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,6 +47,12 @@ int main(int argc, char** argv) {
   app.add_flag("--prefix-cache,!--no-prefix-cache", o.prefix_cache,
                "share the KV blocks of identical prompt prefixes between requests (default on)")
       ->envname("FLOTILLA_PREFIX_CACHE");
+  int reconnect_backoff_max_ms = 2000;
+  app.add_option("--reconnect-backoff-max-ms", reconnect_backoff_max_ms,
+                 "longest wait between attempts to reach the coordinator (the worker retries "
+                 "until it is up, and again whenever it restarts; from 100 ms, doubling)")
+      ->envname("FLOTILLA_RECONNECT_BACKOFF_MAX_MS")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   std::string cluster_token_file;
@@ -69,6 +79,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);
+  o.reconnect_backoff_max = absl::Milliseconds(reconnect_backoff_max_ms);
+  o.reconnect_backoff = std::min(o.reconnect_backoff, o.reconnect_backoff_max);
   if (absl::Status tls = flotilla::CheckClientFiles(o.tls); !tls.ok()) {
     std::cerr << "flotilla-worker: " << tls.message() << "\n";
     return 2;
@@ -87,11 +99,16 @@ int main(int argc, char** argv) {
     std::cerr << "flotilla-worker: " << runtime.status().message() << "\n";
     return 2;
   }
-  g_runtime = runtime->get();
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  std::atomic<bool> done{false};
+  std::thread stopper([&] {
+    while (!done && !g_signalled) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (g_signalled) (*runtime)->Stop();
+  });
   absl::Status st = (*runtime)->Run();
-  g_runtime = nullptr;
+  done = true;
+  stopper.join();
   if (!st.ok()) {
     spdlog::error("worker ended: {}", st.ToString());
     return 1;

@@ -28,6 +28,10 @@ struct WorkerOptions {
   bool prefix_cache = true;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
+  // Between attempts to open a session: the first wait, doubled after each
+  // failure up to the max (reset after a session that lasted a while).
+  absl::Duration reconnect_backoff = absl::Milliseconds(100);
+  absl::Duration reconnect_backoff_max = absl::Seconds(2);
   // Sent in the Session call's metadata; the coordinator may require it.
   std::string cluster_token;
   // The address peers reach this worker at; its interface is the only one

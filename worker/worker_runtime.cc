@@ -38,15 +38,37 @@ cluster::WorkerMessage ErrorMessage(std::string message, bool fatal = false) {
   return err;
 }
 
+// Session errors that another attempt cannot mend: the worker gives up.
+bool Permanent(const absl::Status& ended) {
+  switch (ended.code()) {
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options) {
-  auto client = std::make_unique<ControlSession>(options);
-  return Create(std::move(options), std::move(client), DefaultEngineFactories());
+  ClientFactory clients = [options] { return std::make_unique<ControlSession>(options); };
+  return Create(std::move(options), std::move(clients), DefaultEngineFactories());
 }
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
     WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories) {
+  auto once = std::make_shared<std::unique_ptr<CoordinatorClient>>(std::move(client));
+  ClientFactory clients = [once] { return std::move(*once); };
+  return Create(std::move(options), std::move(clients), std::move(factories));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options,
+                                                                     ClientFactory clients,
+                                                                     EngineFactories factories) {
   if (options.node.empty()) options.node = HostName();
   if (options.worker_id.empty()) options.worker_id = absl::StrCat(options.node, "-", getpid());
   if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
@@ -65,12 +87,12 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
         absl::StrCat("--device ", options.device, ": this worker has engines for ", known));
   }
   return std::unique_ptr<WorkerRuntime>(
-      new WorkerRuntime(std::move(options), std::move(client), std::move(factories)));
+      new WorkerRuntime(std::move(options), std::move(clients), std::move(factories)));
 }
 
-WorkerRuntime::WorkerRuntime(WorkerOptions options, std::unique_ptr<CoordinatorClient> client,
+WorkerRuntime::WorkerRuntime(WorkerOptions options, ClientFactory clients,
                              EngineFactories factories)
-    : options_(std::move(options)), client_(std::move(client)), factories_(std::move(factories)) {
+    : options_(std::move(options)), clients_(std::move(clients)), factories_(std::move(factories)) {
   factory_ = factories_.at(options_.device).get();
   pool_ = std::make_unique<kernels::cpu::ThreadPool>(options_.threads);
 }
@@ -78,8 +100,15 @@ WorkerRuntime::WorkerRuntime(WorkerOptions options, std::unique_ptr<CoordinatorC
 WorkerRuntime::~WorkerRuntime() { Stop(); }
 
 void WorkerRuntime::Stop() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
   stop_ = true;
-  client_->Close();
+  if (client_) client_->Close();
+  stop_cv_.notify_all();
+}
+
+void WorkerRuntime::SleepUnlessStopped(absl::Duration wait) {
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  stop_cv_.wait_for(lock, absl::ToChronoMilliseconds(wait), [this] { return stop_.load(); });
 }
 
 cluster::WorkerMessage WorkerRuntime::MakeHello() const {
@@ -110,10 +139,10 @@ void WorkerRuntime::ReportLoad(cluster::WorkerLoad* load) const {
   load->set_kv_blocks_total(kv_total_);
   load->set_prefix_cache_queries_tokens(prefix_queries_);
   load->set_prefix_cache_hits_tokens(prefix_hits_);
+  load->set_steps(steps_);
 }
 
 absl::Status WorkerRuntime::Run() {
-  FLOTILLA_RETURN_IF_ERROR(client_->Connect());
   absl::StatusOr<AdvertisedInterface> advertised =
       ResolveAdvertisedInterface(options_.advertise_address, options_.coordinator);
   if (!advertised.ok()) {
@@ -123,14 +152,74 @@ absl::Status WorkerRuntime::Run() {
   peer_net_device_ = advertised->interface;
   spdlog::info("worker {} advertises {}: peer listeners bind interface {} only", options_.worker_id,
                advertised->address, advertised->interface);
-  FLOTILLA_RETURN_IF_ERROR(
-      client_->Open(MakeHello(), [this](cluster::WorkerLoad* load) { ReportLoad(load); }));
-  spdlog::info("worker {} connected to {}", options_.worker_id, options_.coordinator);
-  EngineLoop();
-  Stop();
-  absl::Status ended = client_->Finish();
-  Reset("worker stopping");
-  return ended;
+  absl::Duration backoff = options_.reconnect_backoff;
+  absl::Status ended;
+  while (true) {
+    std::unique_ptr<CoordinatorClient> client = clients_();
+    if (!client) return ended;  // no more sessions (tests)
+    const absl::Time started = absl::Now();
+    ended = RunSession(std::move(client));
+    if (stop_) return ended;
+    if (Permanent(ended)) return ended;
+    // A session that served a while starts the backoff over.
+    if (absl::Now() - started > absl::Seconds(10)) backoff = options_.reconnect_backoff;
+    spdlog::warn("worker {}: {}; trying again in {}", options_.worker_id, std::string(ended.message()),
+                 absl::FormatDuration(backoff));
+    SleepUnlessStopped(backoff);
+    if (stop_) return absl::OkStatus();
+    backoff = std::min(backoff * 2, options_.reconnect_backoff_max);
+  }
+}
+
+absl::Status WorkerRuntime::RunSession(std::unique_ptr<CoordinatorClient> client) {
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    if (stop_) return absl::OkStatus();
+    client_ = std::move(client);
+  }
+  absl::Status st = client_->Connect();
+  if (st.ok()) {
+    st = client_->Open(
+        MakeHello(), [this](cluster::WorkerLoad* load) { ReportLoad(load); },
+        [this](const cluster::CoordinatorMessage& m) { OnUrgent(m); });
+  }
+  if (st.ok()) {
+    spdlog::info("worker {} connected to {}", options_.worker_id, options_.coordinator);
+    EngineLoop();
+    client_->Close();
+    st = client_->Finish();
+    if (st.ok() && !stop_) st = absl::UnavailableError("the coordinator ended the session");
+  } else {
+    client_->Close();
+    (void)client_->Finish();
+  }
+  // Whatever this session set up belongs to a coordinator that no longer
+  // knows this worker; a new session starts from nothing.
+  Reset(stop_ ? "worker stopping" : "session ended");
+  assignment_.reset();
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  client_.reset();
+  return st;
+}
+
+void WorkerRuntime::OnUrgent(const cluster::CoordinatorMessage& m) {
+  if (!m.has_drop_generation()) return;
+  std::lock_guard<std::mutex> lock(interrupt_mu_);
+  const uint64_t generation = m.drop_generation().generation();
+  if (interrupt_ && (generation == 0 || generation == interrupt_generation_)) {
+    interrupt_->store(true);
+  }
+}
+
+void WorkerRuntime::RefuseSubmit(const cluster::SubmitSequence& submit) {
+  cluster::TokenBatch refused;
+  cluster::SequenceUpdate* u = refused.add_updates();
+  u->set_request_id(submit.request_id());
+  u->set_finish_reason(common::ERROR);
+  u->set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  u->set_error(absl::StrCat("worker '", options_.worker_id,
+                            "' has no engine running (it is loading or lost its peers)"));
+  SendUpdates(std::move(refused));
 }
 
 void WorkerRuntime::EngineLoop() {
@@ -142,8 +231,10 @@ void WorkerRuntime::EngineLoop() {
     }
     PublishLoad();
     if (stop_ || client_->Ended() || !executor_) continue;
+    PollExpertStore();
     absl::StatusOr<bool> worked = StepOnce();
     PublishLoad();
+    MaybeSendExpertLoad(/*force=*/false);
     if (!worked.ok()) {
       spdlog::error("step failed: {}", worked.status().ToString());
       FailRequests(absl::UnavailableError(
@@ -174,6 +265,8 @@ void WorkerRuntime::PublishLoad() {
 void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
   switch (m.kind_case()) {
     case cluster::CoordinatorMessage::kAssignment: {
+      // The coordinator has failed what it had sent; say so for anything left.
+      FailRequests(absl::UnavailableError("the coordinator formed the instance again"));
       Reset("new assignment");
       absl::Status st = Load(m.assignment());
       if (!st.ok()) {
@@ -197,16 +290,24 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
         cluster::TokenBatch refused;
         scheduler_->Enqueue(m.submit(), &refused);
         SendUpdates(std::move(refused));
+      } else {
+        RefuseSubmit(m.submit());
+      }
+      break;
+    case cluster::CoordinatorMessage::kDropGeneration:
+      if (assignment_ && m.drop_generation().generation() == assignment_->generation()) {
+        spdlog::warn("coordinator dropped generation {}: {}", assignment_->generation(),
+                     m.drop_generation().reason());
+        FailRequests(absl::UnavailableError(m.drop_generation().reason()));
+        Reset(m.drop_generation().reason());
+        assignment_.reset();
       }
       break;
     case cluster::CoordinatorMessage::kCancel:
       if (scheduler_) scheduler_->Cancel(m.cancel().request_id());
       break;
     case cluster::CoordinatorMessage::kExpertMap:
-      if (executor_) {
-        absl::StatusOr<ExpertMap> map = ExpertMapFromProto(m.expert_map().map());
-        if (map.ok()) executor_->OfferExpertMap(std::move(*map));
-      }
+      HandleExpertMap(m.expert_map());
       break;
     case cluster::CoordinatorMessage::kMeasureEngine:
       client_->Send(AnswerMeasurement(m.measure_engine()));
@@ -274,6 +375,8 @@ void WorkerRuntime::Reset(const std::string& why) {
     prefix_hits_base_ += scheduler_->prefix_hits_tokens();
   }
   executor_.reset();
+  expert_store_.reset();
+  expert_load_.clear();
   scheduler_.reset();
   rank_engine_.engine.reset();
   rank_engine_.context.reset();
@@ -310,6 +413,12 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
     FLOTILLA_ASSIGN_OR_RETURN(weights, model_->LoadShard(shard));
   }
   const uint64_t weight_bytes = ShardProjectionBytes(model_->config(), shard);
+  auto interrupt = std::make_shared<std::atomic<bool>>(false);
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mu_);
+    interrupt_ = interrupt;
+    interrupt_generation_ = a.generation();
+  }
   pending_weights_ = std::move(weights);
   assignment_ = a;
   parallel_ = parallel;
@@ -319,10 +428,12 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
   r->set_generation(a.generation());
   r->set_rank(a.rank());
   r->set_weight_bytes(weight_bytes);
+  r->set_expert_slots(static_cast<uint32_t>(map.SlotsOnRank(0, a.rank())) + a.redundant_experts());
   if (a.world_size() > 1) {
     PeerOptions po;
     po.timeout = options_.comm_timeout;
     po.net_device = peer_net_device_;
+    po.interrupt = interrupt;
     FLOTILLA_ASSIGN_OR_RETURN(peer_endpoint_, OpenPeerEndpoint(a.comm().backend(), po));
     r->set_comm_address(peer_endpoint_->Address());
   }
@@ -362,9 +473,20 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   limits.max_batch_tokens = std::max<uint32_t>(1, a.max_batch_tokens());
   limits.max_sequences = std::max<uint32_t>(1, a.max_sequences());
   limits.max_model_len = a.max_model_len();
-  scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs);
+  scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
+                                           LazyO200kVocabulary(engine->config().vocab_size));
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
+  {
+    FLOTILLA_ASSIGN_OR_RETURN(ExpertMap initial, ExpertMapFromProto(a.expert_map()));
+    expert_store_ = std::make_unique<ExpertStore>(
+        model_.get(), a.rank(), a.tp_rank(), a.tp_size(), initial,
+        initial.SlotsOnRank(0, a.rank()) + static_cast<int>(a.redundant_experts()),
+        [engine](const ExpertMap& current, const ExpertMap& next, const ModelWeights& experts) {
+          return engine->StageExperts(current, next, experts);
+        });
+    expert_load_version_ = initial.version();
+  }
   cluster::WorkerMessage joined;
   joined.mutable_joined()->set_generation(a.generation());
   client_->Send(std::move(joined));
@@ -390,6 +512,8 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<StepOutput> result,
                             executor_->Run(exchanged.plan, sampler_for));
   if (!result) return true;
+  steps_ = executor_->steps();
+  CollectExpertCounts();
   kv_free_ = engine.KvFreeBlocks();
   if (!leader) return true;
 

@@ -7,7 +7,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
@@ -19,6 +22,7 @@
 #include "worker/coordinator_client.h"
 #include "worker/engine/engine.h"
 #include "worker/engine_factory.h"
+#include "worker/expert_store.h"
 #include "worker/model/model_source.h"
 #include "worker/peer_endpoint.h"
 #include "worker/scheduler.h"
@@ -29,22 +33,43 @@ namespace flotilla::worker {
 
 class WorkerRuntime {
  public:
+  // A new client for each session (nullptr: no more sessions).
+  using ClientFactory = std::function<std::unique_ptr<CoordinatorClient>()>;
+
   // A worker talking to options.coordinator over gRPC, with the engines of this build.
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(WorkerOptions options);
-  // The same over `client`, building engines with `factories` (tests: fakes).
+  // The same over `client` for one session, building engines with
+  // `factories` (tests: fakes).
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(
       WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories);
+  // Sessions from `clients`, reconnecting as Run describes.
+  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(WorkerOptions options,
+                                                               ClientFactory clients,
+                                                               EngineFactories factories);
   ~WorkerRuntime();
 
-  // Connects, serves until the coordinator ends the session or Stop() is
-  // called. Returns why it ended.
+  // Serves sessions with the coordinator until Stop() (or a Shutdown message):
+  // when a session cannot start or ends (the coordinator is not up yet, was
+  // restarted, or dropped this worker), the worker drops its engine state and
+  // opens a new one after a backoff (options.reconnect_backoff doubling up
+  // to options.reconnect_backoff_max). Returns OK after Stop, or the error
+  // that retrying cannot mend (a refused cluster token, a bad request).
   absl::Status Run();
   // Safe from any thread.
   void Stop();
 
  private:
-  WorkerRuntime(WorkerOptions options, std::unique_ptr<CoordinatorClient> client,
-                EngineFactories factories);
+  WorkerRuntime(WorkerOptions options, ClientFactory clients, EngineFactories factories);
+
+  // One session over `client`: connect, open, the engine loop; returns why it ended.
+  absl::Status RunSession(std::unique_ptr<CoordinatorClient> client);
+  // Sleeps `wait`, less when Stop() is called.
+  void SleepUnlessStopped(absl::Duration wait);
+  // On the client's thread: a DropGeneration interrupts the current
+  // generation's collectives.
+  void OnUrgent(const cluster::CoordinatorMessage& m);
+  // A request arrived while there is no engine to run it: it ends at once.
+  void RefuseSubmit(const cluster::SubmitSequence& submit);
 
   cluster::WorkerMessage MakeHello() const;
   void ReportLoad(cluster::WorkerLoad* load) const;
@@ -64,11 +89,27 @@ class WorkerRuntime {
   // The scheduler's figures for the heartbeat (read by the client's thread).
   void PublishLoad();
 
+  // Expert balancing (worker_experts.cc): the phases of an expert-map
+  // change, the store's finished loads, and the engine's expert counts sent
+  // to the coordinator about every kExpertLoadInterval.
+  void HandleExpertMap(const cluster::ExpertMapUpdate& update);
+  void PollExpertStore();
+  void CollectExpertCounts();
+  void MaybeSendExpertLoad(bool force);
+
   const WorkerOptions options_;
-  const std::unique_ptr<CoordinatorClient> client_;
+  const ClientFactory clients_;
   const EngineFactories factories_;
   EngineFactory* factory_ = nullptr;  // options_.device's
   std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;  // guards client_ against Stop() from other threads
+  std::condition_variable stop_cv_;
+  std::unique_ptr<CoordinatorClient> client_;  // the current session's (engine loop)
+
+  // The current generation's interrupt, raised by OnUrgent.
+  std::mutex interrupt_mu_;
+  std::shared_ptr<std::atomic<bool>> interrupt_;
+  uint64_t interrupt_generation_ = 0;
 
   // Engine state: touched only by the engine loop.
   std::unique_ptr<kernels::cpu::ThreadPool> pool_;
@@ -83,11 +124,17 @@ class WorkerRuntime {
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
   std::unique_ptr<Scheduler> scheduler_;         // while running (used on leaders)
   std::unique_ptr<StepExecutor> executor_;       // while running
+  std::unique_ptr<ExpertStore> expert_store_;    // while running
+  // Expert rows counted under map version expert_load_version_, not yet sent.
+  std::vector<uint64_t> expert_load_;
+  uint64_t expert_load_version_ = 0;
+  int64_t last_expert_load_ms_ = 0;
   int64_t idle_sleep_us_ = 100;
 
   std::atomic<uint32_t> running_count_{0}, queued_count_{0};
   std::atomic<uint64_t> kv_free_{0}, kv_total_{0};
   std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0};  // tokens
+  std::atomic<uint64_t> steps_{0};
   // What the schedulers of earlier generations counted.
   uint64_t prefix_queries_base_ = 0, prefix_hits_base_ = 0;
 };

@@ -336,6 +336,11 @@ absl::Status UcxCommunicator::Exchange(uint64_t tag, absl::Span<const SendOp> se
   const absl::Time deadline = start + options_.timeout;
   uint64_t iter = 0;
   while (failure.ok()) {
+    if (options_.interrupt && options_.interrupt->load(std::memory_order_relaxed)) {
+      failure = absl::UnavailableError(
+          absl::StrCat("rank ", rank(), ": interrupted: a peer of this group is gone"));
+      break;
+    }
     bool pending = false;
     for (size_t i = 0; i < sends.size(); ++i) {
       void*& req = send_requests_[i];

@@ -51,6 +51,10 @@ struct UcxOptions {
   // only holders of the secret can send a message any rank will match.
   // Empty: plain tags (tests, trusted hosts).
   std::string peer_secret;
+  // When set and true, a collective in progress (or the next one) gives up
+  // with UNAVAILABLE at once: the owner learned elsewhere that a peer is gone
+  // (the worker: from its coordinator). Written from any thread.
+  std::shared_ptr<const std::atomic<bool>> interrupt;
   // UCX settings (names without the UCX_ prefix) applied unless the
   // environment sets UCX_<name>.
   std::vector<std::pair<std::string, std::string>> config_defaults = {{"TLS", "sm,tcp,self"}};

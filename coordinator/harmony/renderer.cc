@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
+#include "coordinator/harmony/tool_schema.h"
 #include "common/status.h"
 
 namespace flotilla::harmony {
@@ -13,169 +13,8 @@ namespace {
 using Json = nlohmann::ordered_json;
 namespace tk = tokenizer;
 
-// Each line of `text` as a `// ` comment at `indent`.
-std::string Comment(const std::string& text, const std::string& indent) {
-  std::string out;
-  for (absl::string_view line : absl::StrSplit(absl::string_view(text.data(), text.size()), '\n')) {
-    absl::StrAppend(&out, indent, "// ", line, "\n");
-  }
-  return out;
-}
-
-std::string Literal(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-// A default value as gpt-oss expects it: strings bare, everything else as JSON.
-std::string DefaultText(const Json& v) { return v.is_string() ? v.get<std::string>() : Literal(v); }
-
-bool IsIdentifier(const std::string& s) {
-  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  for (char c : s) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '$')) return false;
-  }
-  return true;
-}
-
 absl::Status Malformed(const std::string& where, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat("malformed tool schema at ", where, ": ", why));
-}
-
-absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& where, int depth, int nesting = 0);
-
-// `{` properties `}` of an object schema; the properties sit at `depth`.
-// `nesting` counts schema levels, to refuse absurdly deep schemas.
-absl::StatusOr<std::string> RenderObject(const Json& schema, const std::string& where, int depth, int nesting = 0) {
-  auto props = schema.find("properties");
-  if (props != schema.end() && !props->is_object()) return Malformed(where + ".properties", "must be an object");
-  std::vector<std::string> required;
-  if (auto req = schema.find("required"); req != schema.end()) {
-    if (!req->is_array()) return Malformed(where + ".required", "must be an array of property names");
-    for (const auto& r : *req) {
-      if (!r.is_string()) return Malformed(where + ".required", "must be an array of property names");
-      if (props == schema.end() || !props->contains(r.get<std::string>())) {
-        return Malformed(where + ".required",
-                         absl::StrCat("names '", r.get<std::string>(), "', which is not a property"));
-      }
-      required.push_back(r.get<std::string>());
-    }
-  }
-  if (props == schema.end() || props->empty()) {
-    if (auto ap = schema.find("additionalProperties"); ap != schema.end() && ap->is_object()) {
-      FLOTILLA_ASSIGN_OR_RETURN(std::string v, RenderType(*ap, where + ".additionalProperties", depth, nesting + 1));
-      return absl::StrCat("{ [key: string]: ", v, " }");
-    }
-    return std::string("object");
-  }
-  const std::string indent(2 * depth, ' ');
-  std::string out = "{\n";
-  for (auto it = props->begin(); it != props->end(); ++it) {
-    const std::string pw = absl::StrCat(where, ".properties.", it.key());
-    const Json& p = it.value();
-    if (!p.is_object() && !p.is_boolean()) return Malformed(pw, "must be a schema object");
-    if (p.is_object()) {
-      if (auto t = p.find("title"); t != p.end() && t->is_string()) {
-        out += Comment(t->get<std::string>(), indent);
-      }
-      if (auto d = p.find("description"); d != p.end()) {
-        if (!d->is_string()) return Malformed(pw + ".description", "must be a string");
-        out += Comment(d->get<std::string>(), indent);
-      }
-      if (auto ex = p.find("examples"); ex != p.end()) {
-        if (!ex->is_array()) return Malformed(pw + ".examples", "must be an array");
-        std::vector<std::string> items;
-        for (const auto& e : *ex) items.push_back(Literal(e));
-        if (!items.empty()) {
-          out += absl::StrCat(indent, "// ", items.size() == 1 ? "Example: " : "Examples: ",
-                              absl::StrJoin(items, ", "), "\n");
-        }
-      }
-    }
-    FLOTILLA_ASSIGN_OR_RETURN(std::string type, RenderType(p, pw, depth + 1, nesting + 1));
-    const bool is_required =
-        std::find(required.begin(), required.end(), it.key()) != required.end();
-    const std::string name = IsIdentifier(it.key()) ? it.key() : Literal(Json(it.key()));
-    absl::StrAppend(&out, indent, name, is_required ? "" : "?", ": ", type, ",");
-    if (p.is_object()) {
-      if (auto d = p.find("default"); d != p.end()) absl::StrAppend(&out, " // default: ", DefaultText(*d));
-    }
-    out += "\n";
-  }
-  absl::StrAppend(&out, std::string(2 * (depth > 0 ? depth - 1 : 0), ' '), "}");
-  return out;
-}
-
-absl::StatusOr<std::string> RenderOneType(const std::string& type, const Json& schema,
-                                          const std::string& where, int depth, int nesting) {
-  if (type == "string") return std::string("string");
-  if (type == "number" || type == "integer") return std::string("number");
-  if (type == "boolean") return std::string("boolean");
-  if (type == "null") return std::string("null");
-  if (type == "array") {
-    auto items = schema.find("items");
-    if (items == schema.end() || items->is_boolean()) return std::string("any[]");
-    if (!items->is_object()) return Malformed(where + ".items", "must be a schema object");
-    FLOTILLA_ASSIGN_OR_RETURN(std::string item, RenderType(*items, where + ".items", depth, nesting + 1));
-    if (item.find(" | ") != std::string::npos && item.find('\n') == std::string::npos) {
-      item = absl::StrCat("(", item, ")");
-    }
-    return absl::StrCat(item, "[]");
-  }
-  if (type == "object") return RenderObject(schema, where, depth, nesting);
-  return Malformed(where + ".type",
-                   absl::StrCat("unknown type '", type,
-                                "' (expected string, number, integer, boolean, array, object or null)"));
-}
-
-absl::StatusOr<std::string> RenderType(const Json& schema, const std::string& where, int depth, int nesting) {
-  if (nesting > 32) return Malformed(where, "is nested more than 32 levels deep");
-  if (schema.is_boolean()) return std::string("any");
-  if (!schema.is_object()) return Malformed(where, "must be a schema object");
-  std::string out;
-  if (auto r = schema.find("$ref"); r != schema.end()) {
-    return Malformed(where + ".$ref", "references are not supported; inline the referenced schema");
-  }
-  if (auto c = schema.find("const"); c != schema.end()) {
-    out = Literal(*c);
-  } else if (auto e = schema.find("enum"); e != schema.end()) {
-    if (!e->is_array() || e->empty()) return Malformed(where + ".enum", "must be a non-empty array");
-    std::vector<std::string> values;
-    for (const auto& v : *e) values.push_back(Literal(v));
-    out = absl::StrJoin(values, " | ");
-  } else if (schema.contains("oneOf") || schema.contains("anyOf")) {
-    const char* key = schema.contains("oneOf") ? "oneOf" : "anyOf";
-    const Json& variants = schema[key];
-    if (!variants.is_array() || variants.empty()) {
-      return Malformed(absl::StrCat(where, ".", key), "must be a non-empty array of schemas");
-    }
-    std::vector<std::string> parts;
-    for (size_t i = 0; i < variants.size(); ++i) {
-      FLOTILLA_ASSIGN_OR_RETURN(std::string v,
-                                RenderType(variants[i], absl::StrCat(where, ".", key, "[", i, "]"), depth, nesting + 1));
-      parts.push_back(std::move(v));
-    }
-    out = absl::StrJoin(parts, " | ");
-  } else if (auto t = schema.find("type"); t != schema.end()) {
-    if (t->is_string()) {
-      FLOTILLA_ASSIGN_OR_RETURN(out, RenderOneType(t->get<std::string>(), schema, where, depth, nesting));
-    } else if (t->is_array() && !t->empty()) {
-      std::vector<std::string> parts;
-      for (const auto& one : *t) {
-        if (!one.is_string()) return Malformed(where + ".type", "must be a string or an array of strings");
-        FLOTILLA_ASSIGN_OR_RETURN(std::string v, RenderOneType(one.get<std::string>(), schema, where, depth, nesting));
-        parts.push_back(std::move(v));
-      }
-      out = absl::StrJoin(parts, " | ");
-    } else {
-      return Malformed(where + ".type", "must be a string or a non-empty array of strings");
-    }
-  } else if (schema.contains("properties")) {
-    FLOTILLA_ASSIGN_OR_RETURN(out, RenderObject(schema, where, depth, nesting));
-  } else {
-    out = "any";
-  }
-  if (auto n = schema.find("nullable"); n != schema.end() && n->is_boolean() && n->get<bool>()) {
-    out += " | null";
-  }
-  return out;
 }
 
 // The built-in tools, described in our own words; their functions follow the
@@ -202,18 +41,34 @@ Json BrowserFunctions() {
   ])");
 }
 
+// The built-in tools' namespace descriptions, in our own words.
+constexpr char kBrowserDescription[] =
+    "Web browsing. Every page you open gets a cursor, shown in brackets as `[{cursor}]`.\n"
+    "Cite what you use as `【{cursor}†L{line_start}(-L{line_end})?】`, e.g. `【6†L9-L11】`.\n"
+    "Quote at most 10 words verbatim from a page.\n"
+    "sources=web (default: web)";
+constexpr char kPythonDescription[] =
+    "Send Python code to this tool to run it in a stateful Jupyter notebook; it replies with "
+    "the output, or reports a timeout after 120 seconds. The notebook's /mnt/data folder "
+    "keeps files between calls. There is no internet access.";
+
+// A tool namespace laid out as the reference does: "## NAME", the
+// description (as comments when the namespace declares functions, else as
+// plain text), then `namespace NAME { ... }` with one declaration per tool.
 std::string RenderNamespace(const std::string& name, const std::string& description,
                             const std::vector<ToolDescription>& tools) {
-  std::string out = absl::StrCat("## ", name, "\n\n");
-  if (!description.empty()) out += Comment(description, "");
-  absl::StrAppend(&out, "namespace ", name, " {\n\n");
-  for (const auto& t : tools) {
-    // Built-in and validated tools render; a failure here is a bug in the caller.
-    auto r = RenderFunctionTool(t);
-    absl::StrAppend(&out, r.ok() ? *r : std::string(r.status().message()), "\n\n");
+  std::vector<std::string> lines = {absl::StrCat("## ", name, "\n")};
+  for (const auto& line : DescriptionLines(description)) lines.push_back(tools.empty() ? line : "// " + line);
+  if (!tools.empty()) {
+    lines.push_back(absl::StrCat("namespace ", name, " {\n"));
+    for (const auto& t : tools) {
+      // Built-in and validated tools render; a failure here is a bug in the caller.
+      auto r = RenderFunctionTool(t);
+      lines.push_back(absl::StrCat(r.ok() ? *r : std::string(r.status().message()), "\n"));
+    }
+    lines.push_back(absl::StrCat("} // namespace ", name));
   }
-  absl::StrAppend(&out, "} // namespace ", name);
-  return out;
+  return absl::StrJoin(lines, "\n");
 }
 
 std::vector<ToolDescription> ToolsFromJson(const Json& arr) {
@@ -256,18 +111,18 @@ std::vector<tk::TokenId> RenderedPrompt::Tokens(const tk::Tokenizer& tok) const 
 absl::StatusOr<std::string> RenderFunctionTool(const ToolDescription& tool) {
   const std::string where = absl::StrCat("function '", tool.name, "' parameters");
   std::string out;
-  if (!tool.description.empty()) out += Comment(tool.description, "");
-  std::string params = "()";
+  for (const auto& line : DescriptionLines(tool.description)) absl::StrAppend(&out, "// ", line, "\n");
+  std::string params;
   if (tool.parameters) {
     const Json& p = *tool.parameters;
     if (!p.is_object()) return Malformed(where, "must be a JSON Schema object");
     if (auto t = p.find("type"); t != p.end() && !(t->is_string() && *t == "object")) {
-      return Malformed(where + ".type", absl::StrCat("must be \"object\", not ", Literal(*t)));
+      return Malformed(where + ".type", absl::StrCat("must be \"object\", not ", t->dump()));
     }
-    FLOTILLA_ASSIGN_OR_RETURN(std::string obj, RenderObject(p, where, 0));
-    if (obj != "object") params = absl::StrCat("(_: ", obj, ")");
+    FLOTILLA_ASSIGN_OR_RETURN(Json prepared, PrepareToolSchema(p, where));
+    params = absl::StrCat("_: ", SchemaToTypeScript(prepared, ""));
   }
-  absl::StrAppend(&out, "type ", tool.name, " = ", params, " => any;");
+  absl::StrAppend(&out, "type ", tool.name, " = (", params, ") => any;");
   return out;
 }
 
@@ -282,32 +137,19 @@ std::string RenderSystemContent(const SystemContent& s, bool has_function_tools)
   if (s.browser_tool || s.python_tool) {
     std::vector<std::string> tools;
     if (s.browser_tool) {
-      tools.push_back(RenderNamespace(
-          "browser",
-          "Web browsing. Every page you open gets a cursor, shown in brackets as `[{cursor}]`.\n"
-          "Cite what you use as `【{cursor}†L{line_start}(-L{line_end})?】`, e.g. `【6†L9-L11】`.\n"
-          "Quote at most 10 words verbatim from a page.",
-          ToolsFromJson(BrowserFunctions())));
+      tools.push_back(RenderNamespace("browser", kBrowserDescription, ToolsFromJson(BrowserFunctions())));
     }
-    if (s.python_tool) {
-      tools.push_back(
-          "## python\n\n"
-          "Send Python code to this tool to run it in a stateful Jupyter notebook; it replies with "
-          "the output, or reports a timeout after 120 seconds. The notebook's /mnt/data folder "
-          "keeps files between calls. There is no internet access.");
-    }
+    if (s.python_tool) tools.push_back(RenderNamespace("python", kPythonDescription, {}));
     blocks.push_back(absl::StrCat("# Tools\n\n", absl::StrJoin(tools, "\n\n")));
   }
-  std::string channels;
+  // As in the reference, the line about function calls belongs to the
+  // channels block and is left out with it.
   if (!s.required_channels.empty()) {
-    channels = absl::StrCat("# Valid channels: ", absl::StrJoin(s.required_channels, ", "),
-                            ". Channel must be included for every message.");
+    std::string channels = absl::StrCat("# Valid channels: ", absl::StrJoin(s.required_channels, ", "),
+                                        ". Channel must be included for every message.");
+    if (has_function_tools) channels += "\nCalls to these tools must go to the commentary channel: 'functions'.";
+    blocks.push_back(std::move(channels));
   }
-  if (has_function_tools) {
-    if (!channels.empty()) channels += "\n";
-    channels += "Calls to these tools must go to the commentary channel: 'functions'.";
-  }
-  if (!channels.empty()) blocks.push_back(channels);
   return absl::StrJoin(blocks, "\n\n");
 }
 
@@ -315,13 +157,8 @@ absl::StatusOr<std::string> RenderDeveloperContent(const DeveloperContent& d) {
   std::vector<std::string> blocks;
   if (d.instructions) blocks.push_back(absl::StrCat("# Instructions\n\n", *d.instructions));
   if (!d.function_tools.empty()) {
-    std::string ns = "# Tools\n\n## functions\n\nnamespace functions {\n\n";
-    for (const auto& t : d.function_tools) {
-      FLOTILLA_ASSIGN_OR_RETURN(std::string decl, RenderFunctionTool(t));
-      absl::StrAppend(&ns, decl, "\n\n");
-    }
-    ns += "} // namespace functions";
-    blocks.push_back(std::move(ns));
+    for (const auto& t : d.function_tools) FLOTILLA_RETURN_IF_ERROR(RenderFunctionTool(t).status());
+    blocks.push_back(absl::StrCat("# Tools\n\n", RenderNamespace("functions", "", d.function_tools)));
   }
   return absl::StrJoin(blocks, "\n\n");
 }

@@ -237,6 +237,32 @@ TEST(UcxCommunicatorTest, SilentPeerMakesCreateUnavailable) {
   EXPECT_TRUE(absl::IsUnavailable(st)) << st;
 }
 
+// A survivor waiting on a dead peer gives up as soon as its owner raises the
+// interrupt (the worker does when the coordinator says the peer is gone), not
+// after the timeout.
+TEST(UcxCommunicatorTest, InterruptEndsAWaitAtOnce) {
+  auto quiet = UcxWorker::Create();
+  auto worker = UcxWorker::Create();
+  ASSERT_TRUE(quiet.ok() && worker.ok());
+  UcxOptions options;
+  options.timeout = absl::Seconds(60);
+  auto interrupt = std::make_shared<std::atomic<bool>>(false);
+  options.interrupt = interrupt;
+  const std::string mine = (*worker)->Address();
+  std::thread raiser([interrupt] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    interrupt->store(true);
+  });
+  const absl::Time start = absl::Now();
+  auto st =
+      UcxCommunicator::Create(std::move(*worker), 0, {mine, (*quiet)->Address()}, options).status();
+  const absl::Duration took = absl::Now() - start;
+  raiser.join();
+  EXPECT_TRUE(absl::IsUnavailable(st)) << st;
+  EXPECT_NE(std::string(st.message()).find("interrupted"), std::string::npos) << st;
+  EXPECT_LT(took, absl::Seconds(5)) << "waited out the timeout instead";
+}
+
 TEST(UcxCommunicatorTest, BadUcxSettingIsRejected) {
   UcxOptions options;
   options.config_defaults = {{"RNDV_THRESH", "lots"}};

@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "coordinator/drain.h"
 #include "tests/coordinator/fake_session.h"
 
 namespace flotilla::coordinator {
@@ -20,7 +22,8 @@ struct Fixture {
 
   explicit Fixture(int workers, int tp, absl::Duration timeout = absl::Seconds(30),
                    int max_inflight = 1024, uint64_t max_prompt_logits_bytes = 1 << 30,
-                   uint32_t max_model_len = 0) {
+                   uint32_t max_model_len = 0,
+                   absl::Duration forget_dead = absl::Seconds(60)) {
     ClusterOptions o;
     o.expected_workers = workers;
     o.layout.tp_size = tp;
@@ -31,6 +34,7 @@ struct Fixture {
     o.max_inflight_requests = max_inflight;
     o.max_prompt_logits_bytes = max_prompt_logits_bytes;
     o.max_model_len = max_model_len;
+    o.forget_dead_workers_after = forget_dead;
     manager = *ClusterManager::Create(o);
   }
   int Connect(const std::string& id) {
@@ -518,6 +522,124 @@ TEST(ClusterManager, RankFailingAStepFailsInflightAndFormsTheInstanceAgain) {
   f.JoinAll();
   EXPECT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+}
+
+// ---- drain, survivors told at once, dead ids forgotten ----
+
+// A READY instance of `workers` ranks at tp 1.
+void MakeReady(Fixture& f, int workers) {
+  for (int i = 0; i < workers; ++i) f.Connect(absl::StrCat("w", i));
+  for (int i = 0; i < workers; ++i) f.Ready(i);
+  f.JoinAll();
+  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+}
+
+// The leader's token update ending request `id` with LENGTH.
+cluster::WorkerMessage Finish(uint64_t id) {
+  cluster::WorkerMessage m;
+  cluster::SequenceUpdate* u = m.mutable_tokens()->add_updates();
+  u->set_request_id(id);
+  u->add_token_ids(5);
+  u->set_finish_reason(common::LENGTH);
+  return m;
+}
+
+TEST(ClusterManager, DrainRefusesNewRequestsAndLetsThoseInFlightFinish) {
+  Fixture f(1, 1);
+  MakeReady(f, 1);
+  cluster::SubmitSequence req;
+  req.add_prompt_ids(1);
+  std::mutex mu;
+  std::vector<absl::Status> ended;
+  auto on_done = [&](const absl::Status& st) {
+    std::lock_guard<std::mutex> lock(mu);
+    ended.push_back(st);
+  };
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(*f.manager->Submit(req, {nullptr, on_done}));
+  std::thread drain([&] {
+    const DrainResult r = Drain(*f.manager, absl::Seconds(10), [] { return false; });
+    EXPECT_EQ(r.in_flight_at_start, 3);
+    EXPECT_EQ(r.cut, 0);
+  });
+  while (!f.manager->draining()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  absl::StatusOr<uint64_t> refused = f.manager->Submit(req, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("shutting down"), std::string::npos);
+  for (uint64_t id : ids) f.manager->OnWorkerMessage(f.ids[0], Finish(id));
+  drain.join();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(ended.size(), 3u);
+  for (const absl::Status& st : ended) EXPECT_TRUE(st.ok()) << st;
+}
+
+TEST(ClusterManager, DrainTimeoutAndSecondSignalEndWhatIsLeft) {
+  for (const bool second_signal : {false, true}) {
+    Fixture f(1, 1);
+    MakeReady(f, 1);
+    cluster::SubmitSequence req;
+    req.add_prompt_ids(1);
+    absl::Status status;
+    ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
+    const absl::Time start = absl::Now();
+    const DrainResult r = Drain(*f.manager, second_signal ? absl::Seconds(30) : absl::Milliseconds(50),
+                                [second_signal] { return second_signal; });
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+    EXPECT_EQ(r.cut, 1);
+    EXPECT_EQ(r.interrupted, second_signal);
+    EXPECT_EQ(r.timed_out, !second_signal);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(status.message().find(second_signal ? "second signal" : "drain timeout"),
+              std::string::npos)
+        << status;
+  }
+}
+
+TEST(ClusterManager, SurvivorsAreToldToDropTheGenerationWhenAPeerDies) {
+  Fixture f(3, 1);
+  MakeReady(f, 3);
+  const uint64_t generation = f.manager->Status().generation();
+  f.manager->OnSessionClosed(f.ids[1]);
+  for (int i : {0, 2}) {
+    auto drops = f.sessions[i]->Of(cluster::CoordinatorMessage::kDropGeneration);
+    ASSERT_EQ(drops.size(), 1u) << "worker " << i;
+    EXPECT_EQ(drops[0].drop_generation().generation(), generation);
+    EXPECT_NE(drops[0].drop_generation().reason().find("w1"), std::string::npos);
+  }
+  EXPECT_TRUE(f.sessions[1]->Of(cluster::CoordinatorMessage::kDropGeneration).empty());
+}
+
+TEST(ClusterManager, ARankFailingAStepMakesItsPeersDropTheGeneration) {
+  Fixture f(2, 1);
+  MakeReady(f, 2);
+  const uint64_t generation = f.manager->Status().generation();
+  cluster::WorkerMessage err;
+  err.mutable_error()->set_message("step failed: rank 0: no message from rank(s) 1 within 10s");
+  f.manager->OnWorkerMessage(f.ids[0], err);
+  auto drops = f.sessions[1]->Of(cluster::CoordinatorMessage::kDropGeneration);
+  ASSERT_EQ(drops.size(), 1u);
+  EXPECT_EQ(drops[0].drop_generation().generation(), generation);
+  // ... and the new generation's assignment follows it.
+  auto& sent = f.sessions[1]->sent;
+  ASSERT_GE(sent.size(), 2u);
+  EXPECT_TRUE(sent.back().has_assignment());
+  EXPECT_EQ(sent.back().assignment().generation(), generation + 1);
+}
+
+TEST(ClusterManager, DeadWorkersWithoutARankAreForgotten) {
+  Fixture f(1, 1, absl::Seconds(30), 1024, 1 << 30, 0, absl::Milliseconds(100));
+  MakeReady(f, 1);
+  f.Connect("spare");
+  ASSERT_EQ(f.manager->Status().workers_size(), 2);
+  f.manager->OnSessionClosed(f.ids[1]);  // the spare dies: no rank
+  f.manager->OnSessionClosed(f.ids[0]);  // the rank holder dies: kept, it is missed
+  const absl::Time start = absl::Now();
+  while (f.manager->Status().workers_size() > 1 && absl::Now() - start < absl::Seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const admin::ClusterStatus s = f.manager->Status();
+  ASSERT_EQ(s.workers_size(), 1);
+  EXPECT_EQ(s.workers(0).worker_id(), "w0");
 }
 
 }  // namespace

@@ -242,6 +242,15 @@ TEST_P(CudaGolden, DecodingThroughTheCacheMatchesTheReference) {
     got.insert(got.end(), out->logits[0].begin(), out->logits[0].end());
     routing.insert(routing.end(), out->routing[0].begin(), out->routing[0].end());
   }
+  // The full-attention layers hold every block of the sequence, the
+  // sliding-window layers only those of the next query's window.
+  const int64_t bs = 16, length = static_cast<int64_t>(tokens.size());
+  const int64_t window = engine_->config().sliding_window;
+  const int64_t keep_begin = std::max<int64_t>(0, length - (window - 1));
+  EXPECT_EQ(engine_->KvBlocksHeld(s, 0), (length + bs - 1) / bs);
+  EXPECT_EQ(engine_->KvBlocksHeld(s, 1), (length + bs - 1) / bs - keep_begin / bs);
+  EXPECT_LT(engine_->KvBlocksHeld(s, 1), engine_->KvBlocksHeld(s, 0));
+  ASSERT_TRUE(engine_->FreeSequence(s).ok());
   StepOutput ref = Reference(tokens, routing);
   ASSERT_EQ(ref.logits.size(), 1u);
   const double rel = RelDiff(got, ref.logits[0]);

@@ -4,7 +4,10 @@
 
 #include <cmath>
 #include <set>
+#include <memory>
 #include <vector>
+
+#include "tests/engine/token_filter.h"
 
 namespace flotilla {
 namespace {
@@ -173,6 +176,48 @@ TEST(Sampler, BadParametersAreRejectedByName) {
   p = {};
   p.max_tokens = 0;
   EXPECT_NE(msg(p).find("max_tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+// Structured outputs: a filter's mask restricts every draw (greedy and
+// sampled) to the allowed tokens, and the filter hears of each token drawn.
+TEST(Sampler, FilterRestrictsDrawsToTheAllowedTokens) {
+  const int vocab = 64;
+  std::vector<float> logits(vocab);
+  for (int t = 0; t < vocab; ++t) logits[t] = static_cast<float>(t % 7);
+  for (float temperature : {0.0f, 1.5f}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.seed = 11;
+    auto s = *Sampler::Create(p, vocab);
+    std::vector<int32_t> seen;
+    s->SetFilter(std::make_unique<testing_filter::FixedFilter>(vocab, std::vector<int32_t>{3, 40, 63}, &seen));
+    for (int i = 0; i < 50; ++i) {
+      const int32_t t = s->Sample(logits.data(), nullptr);
+      EXPECT_TRUE(t == 3 || t == 40 || t == 63) << t;
+      if (temperature == 0.0f) {
+        EXPECT_EQ(t, 40);  // logits 3, 5, 0: the best allowed
+      }
+    }
+    EXPECT_EQ(seen.size(), 50u);
+  }
+}
+
+// logit_bias +100 makes a token the greedy choice over any model logit.
+TEST(Sampler, LogitBiasOfAHundredWinsGreedy) {
+  const int vocab = 1000;
+  std::vector<float> logits(vocab);
+  for (int t = 0; t < vocab; ++t) logits[t] = static_cast<float>((t * 37) % 101) / 5.0f;
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logit_bias = {{7, 100.0f}};
+  auto s = *Sampler::Create(p, vocab);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(s->Sample(logits.data(), nullptr), 7);
 }
 
 }  // namespace

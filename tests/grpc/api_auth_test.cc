@@ -183,6 +183,36 @@ TEST_F(ApiAuthTest, SetExpertMapNeedsAnAdminKey) {
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
+TEST_F(ApiAuthTest, RebalanceAndDrainNeedAnAdminKeyExpertLoadAnyKey) {
+  auto call = [&](const std::string& key, const char* what) {
+    grpc::ClientContext ctx;
+    Key(ctx, key);
+    if (std::string(what) == "rebalance") {
+      admin::RebalanceRequest r;
+      r.set_dry_run(true);
+      admin::RebalanceResult out;
+      return Admin()->Rebalance(&ctx, r, &out);
+    }
+    if (std::string(what) == "load") {
+      admin::ExpertLoadReport out;
+      return Admin()->GetExpertLoad(&ctx, admin::ExpertLoadRequest(), &out);
+    }
+    admin::DrainRequest d;
+    d.set_worker_id("nobody");
+    admin::DrainResult out;
+    return std::string(what) == "drain" ? Admin()->Drain(&ctx, d, &out)
+                                        : Admin()->Undrain(&ctx, d, &out);
+  };
+  for (const char* what : {"rebalance", "drain", "undrain"}) {
+    EXPECT_EQ(call("", what).error_code(), grpc::StatusCode::UNAUTHENTICATED) << what;
+    EXPECT_EQ(call(kAlice, what).error_code(), grpc::StatusCode::PERMISSION_DENIED) << what;
+  }
+  EXPECT_TRUE(call(kAdmin, "rebalance").ok());
+  EXPECT_EQ(call(kAdmin, "drain").error_code(), grpc::StatusCode::NOT_FOUND);  // no such worker
+  EXPECT_EQ(call("", "load").error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(call(kAlice, "load").ok());
+}
+
 // A long Generate of `owner`, streamed on its own thread until cancelled.
 class LongRequest {
  public:

@@ -15,8 +15,9 @@ namespace {
 using Json = nlohmann::ordered_json;
 namespace tk = tokenizer;
 
-std::vector<Json> LoadCases() {
-  std::ifstream in(std::string(FLOTILLA_SOURCE_DIR) + "/tests/data/harmony/cases.json");
+// The cases of one file under tests/data/harmony.
+std::vector<Json> LoadCases(const std::string& file = "cases.json") {
+  std::ifstream in(std::string(FLOTILLA_SOURCE_DIR) + "/tests/data/harmony/" + file);
   if (!in) return {};
   Json j = Json::parse(in, nullptr, false);
   if (j.is_discarded() || !j.contains("cases")) return {};
@@ -105,10 +106,19 @@ TEST_P(HarmonyCase, Passes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Reference, HarmonyCase, ::testing::ValuesIn(LoadCases()),
-                         [](const ::testing::TestParamInfo<Json>& info) {
-                           return info.param["name"].get<std::string>();
-                         });
+std::string CaseName(const ::testing::TestParamInfo<Json>& info) { return info.param["name"].get<std::string>(); }
+
+INSTANTIATE_TEST_SUITE_P(Reference, HarmonyCase, ::testing::ValuesIn(LoadCases()), CaseName);
+
+// One render case per JSON Schema construct and per built-in tool, with the
+// text the reference renderer's rules give (tests/data/harmony/README.md).
+TEST(HarmonyCases, SchemaFileHasACasePerConstruct) {
+  auto cases = LoadCases("schema_cases.json");
+  ASSERT_GE(cases.size(), 14u) << "tests/data/harmony/schema_cases.json missing or cut short";
+  for (const auto& c : cases) EXPECT_EQ(c["kind"], "render") << c["name"];
+}
+
+INSTANTIATE_TEST_SUITE_P(Schemas, HarmonyCase, ::testing::ValuesIn(LoadCases("schema_cases.json")), CaseName);
 
 }  // namespace
 }  // namespace flotilla::harmony

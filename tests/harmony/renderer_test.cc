@@ -1,4 +1,5 @@
 #include "coordinator/harmony/renderer.h"
+#include "coordinator/harmony/tool_schema.h"
 
 #include <gtest/gtest.h>
 
@@ -36,35 +37,71 @@ TEST(SchemaRender, RichSchema) {
   })");
   auto r = RenderFunctionTool(t);
   ASSERT_TRUE(r.ok()) << r.status();
+  // The reference renderer's rules (tests/data/harmony/README.md): titles with
+  // an empty comment line, examples one per line, nested objects indented by
+  // four, oneOf / anyOf one variant per line, enums without a type are any.
   EXPECT_EQ(*r, R"(// Books a trip.
 // Charges the card on file.
 type book = (_: {
 // City
+//
 // Where to go
-// Examples: "Paris", "Oslo"
+// Examples:
+// - "Paris"
+// - "Oslo"
 city: string,
 nights?: number, // default: 2
 class?: "economy" | "business", // default: economy
 budget?: number | null,
 notes?: string | null,
 tags?: string[],
-ids?: (1 | 2 | 3)[],
+ids?: any[],
 anything?: any,
-when?: string | number,
-pet?: "cat" | "dog",
+when?:
+ | string
+ | number
+,
+pet?:
+ | any
+ | any
+,
 // Who travels
-traveller: {
-  name: string,
-  age?: number,
-},
-"flag-name"?: boolean,
+traveller:     // Who travels
+{
+    name: string,
+    age?: number,
+    },
+flag-name?: boolean,
 }) => any;)");
 }
 
 TEST(SchemaRender, NoParametersAndEmptyObject) {
   EXPECT_EQ(*RenderFunctionTool(Tool("ping", "", nullptr)), "type ping = () => any;");
+  // Parameters, even empty ones, render as the reference renders them.
   EXPECT_EQ(*RenderFunctionTool(Tool("ping", "", R"({"type": "object", "properties": {}})")),
-            "type ping = () => any;");
+            "type ping = (_: {\n}) => any;");
+}
+
+TEST(SchemaRender, ReferencesResolveLocallyOrFailClearly) {
+  auto ok = RenderFunctionTool(Tool("f", "", R"({"type": "object",
+      "properties": {"a": {"$ref": "#/$defs/A~1B"}}, "$defs": {"A/B": {"type": "string"}}})"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(*ok, "type f = (_: {\na?: string,\n}) => any;");
+  auto remote = RenderFunctionTool(Tool("f", "", R"({"type": "object",
+      "properties": {"a": {"$ref": "https://example.com/a.json"}}})"));
+  ASSERT_FALSE(remote.ok());
+  EXPECT_NE(std::string(remote.status().message()).find("properties.a.$ref"), std::string::npos) << remote.status();
+  // A reference inside a referenced schema is checked too.
+  auto inner = RenderFunctionTool(Tool("f", "", R"({"type": "object",
+      "properties": {"a": {"$ref": "#/$defs/A"}}, "$defs": {"A": {"type": "strng"}}})"));
+  ASSERT_FALSE(inner.ok());
+  EXPECT_NE(std::string(inner.status().message()).find("unknown type 'strng'"), std::string::npos);
+}
+
+TEST(SchemaRender, DescriptionLinesSplitLikeTheReference) {
+  EXPECT_EQ(DescriptionLines(""), std::vector<std::string>{});
+  EXPECT_EQ(DescriptionLines("a\r\nb\n"), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(DescriptionLines("a\n\nb"), (std::vector<std::string>{"a", "", "b"}));
 }
 
 TEST(SchemaRender, MalformedSchemasAreClearErrors) {
@@ -80,6 +117,7 @@ TEST(SchemaRender, MalformedSchemasAreClearErrors) {
       {R"({"type": "object", "properties": {"a": {"type": "string"}}, "required": "a"})", "required: must be an array"},
       {R"({"type": "object", "properties": {"a": {"enum": []}}})", "enum: must be a non-empty array"},
       {R"({"type": "object", "properties": {"a": {"oneOf": {}}}})", "oneOf: must be a non-empty array"},
+      {R"({"type": "object", "properties": {"a": {"anyOf": []}}})", "anyOf: must be a non-empty array"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "items": 5}}})", "items: must be a schema object"},
       {R"({"type": "object", "properties": {"a": {"$ref": "#/defs/x"}}})", "$ref"},
       {R"({"type": "object", "properties": {"a": {"type": 7}}})", "type: must be a string"},

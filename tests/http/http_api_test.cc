@@ -48,23 +48,30 @@ class HttpApiTest : public ::testing::Test {
     return R"({"model": ")" + Model() + R"(", "messages": [{"role": "user", "content": "Hi"}])" + extra + "}";
   }
   static cli::LocalCluster* cluster_;
+
+  // Runs tests/http/SCRIPT with the official client against the cluster.
+  static void RunNodeScript(const std::string& script) {
+    const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE + " " +
+                            FLOTILLA_HTTP_TEST_DIR + "/" + script + " http://" +
+                            cluster_->http_address() + "/v1 " + Model() + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    const int rc = pclose(p);
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_NE(out.find("all ok"), std::string::npos) << out;
+  }
 };
 cli::LocalCluster* HttpApiTest::cluster_ = nullptr;
 
-TEST_F(HttpApiTest, OfficialOpenAiClient) {
-  const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE + " " +
-                          FLOTILLA_HTTP_TEST_DIR + "/openai_client_test.js http://" +
-                          cluster_->http_address() + "/v1 " + Model() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
-  EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("all ok"), std::string::npos) << out;
-}
+TEST_F(HttpApiTest, OfficialOpenAiClient) { RunNodeScript("openai_client_test.js"); }
+
+// Structured outputs (response_format, required tool calls, unsupported
+// schema features) and logit_bias, through the official client.
+TEST_F(HttpApiTest, StructuredOutputsOfficialClient) { RunNodeScript("structured_client_test.js"); }
 
 TEST_F(HttpApiTest, HealthAndMetrics) {
   auto c = Client();

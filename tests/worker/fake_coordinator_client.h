@@ -16,10 +16,14 @@ namespace flotilla::worker {
 class FakeCoordinatorClient final : public CoordinatorClient {
  public:
   absl::Status Connect() override { return connect_status; }
-  absl::Status Open(cluster::WorkerMessage hello, LoadReporter report) override {
+  absl::Status Open(cluster::WorkerMessage hello, LoadReporter report,
+                    UrgentHandler urgent) override {
     std::lock_guard<std::mutex> lock(mu_);
     hello_ = std::move(hello);
     report_ = std::move(report);
+    urgent_ = std::move(urgent);
+    opened_ = true;
+    cv_.notify_all();
     return absl::OkStatus();
   }
   void Send(cluster::WorkerMessage message) override {
@@ -44,13 +48,46 @@ class FakeCoordinatorClient final : public CoordinatorClient {
     ended_ = true;
     cv_.notify_all();
   }
-  absl::Status Finish() override { return absl::OkStatus(); }
+  absl::Status Finish() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return finish_status_;
+  }
 
   // What Connect answers.
   absl::Status connect_status;
 
+  // The coordinator ends the session with `why` (what Finish then returns).
+  void EndSession(absl::Status why) {
+    UrgentHandler urgent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      urgent = urgent_;
+    }
+    if (urgent) {  // as ControlSession's reader does
+      cluster::CoordinatorMessage ended;
+      ended.mutable_drop_generation()->set_reason("the session ended");
+      urgent(ended);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    finish_status_ = std::move(why);
+    ended_ = true;
+    cv_.notify_all();
+  }
+  // Waits (up to 10 s) until the worker opened the session.
+  bool WaitOpened() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(10), [&] { return opened_; });
+  }
+
   // A message from the coordinator.
   void Push(cluster::CoordinatorMessage message) {
+    UrgentHandler urgent;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      urgent = urgent_;
+    }
+    // As ControlSession's reader does: urgent messages are seen at once.
+    if (urgent && message.has_drop_generation()) urgent(message);
     std::lock_guard<std::mutex> lock(mu_);
     inbox_.push_back(std::move(message));
     cv_.notify_all();
@@ -87,6 +124,9 @@ class FakeCoordinatorClient final : public CoordinatorClient {
   std::vector<cluster::WorkerMessage> sent_;
   cluster::WorkerMessage hello_;
   LoadReporter report_;
+  UrgentHandler urgent_;
+  absl::Status finish_status_;
+  bool opened_ = false;
   bool ended_ = false;
 };
 

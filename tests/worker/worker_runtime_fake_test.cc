@@ -2,6 +2,8 @@
 // engine: the session's messages in and out, no gRPC server, no model compute.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "common/expert_map_proto.h"
@@ -204,6 +206,194 @@ TEST_F(WorkerRuntimeFakeTest, ShutdownEndsRunWithOk) {
   client_->Push(shutdown);
   thread_.join();
   EXPECT_TRUE(run_status_.ok()) << run_status_;
+}
+
+// ---- every failure path ends the requests it touches within 1 s ----
+
+cluster::CoordinatorMessage DropGeneration(uint64_t generation, const std::string& reason) {
+  cluster::CoordinatorMessage m;
+  m.mutable_drop_generation()->set_generation(generation);
+  m.mutable_drop_generation()->set_reason(reason);
+  return m;
+}
+
+// Waits until `request_id` ends; its last update, and how long that took.
+std::pair<cluster::SequenceUpdate, absl::Duration> WaitEnded(FakeCoordinatorClient& client,
+                                                             uint64_t request_id,
+                                                             absl::Time since) {
+  EXPECT_TRUE(client.WaitFor([&](const auto& sent) { return Finished(sent, request_id); }));
+  const absl::Duration took = absl::Now() - since;
+  const std::vector<cluster::SequenceUpdate> updates = UpdatesFor(client.sent(), request_id);
+  return {updates.empty() ? cluster::SequenceUpdate() : updates.back(), took};
+}
+
+TEST_F(WorkerRuntimeFakeTest, ADroppedGenerationEndsRunningRequestsWithin1s) {
+  ASSERT_TRUE(Serve());
+  client_->Push(Submit(5, 3, /*max_tokens=*/100000));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return !UpdatesFor(sent, 5).empty(); }));
+  const absl::Time dropped = absl::Now();
+  client_->Push(DropGeneration(1, "worker 'w1' (rank 1) is gone: its session stream closed"));
+  const auto [update, took] = WaitEnded(*client_, 5, dropped);
+  EXPECT_EQ(update.finish_reason(), common::ERROR);
+  EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(update.error().find("rank 1) is gone"), std::string::npos) << update.error();
+  EXPECT_LT(took, absl::Seconds(1));
+  // It holds nothing now: a request sent meanwhile is refused at once.
+  const absl::Time sent = absl::Now();
+  client_->Push(Submit(6, 3, 4));
+  const auto [refused, refused_in] = WaitEnded(*client_, 6, sent);
+  EXPECT_EQ(refused.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_LT(refused_in, absl::Seconds(1));
+}
+
+TEST_F(WorkerRuntimeFakeTest, ADropForAnotherGenerationIsIgnored) {
+  ASSERT_TRUE(Serve(2));
+  client_->Push(DropGeneration(1, "old news"));
+  client_->Push(Submit(7, 3, 4));
+  const auto [update, took] = WaitEnded(*client_, 7, absl::Now());
+  EXPECT_EQ(update.finish_reason(), common::LENGTH) << update.error();
+}
+
+TEST_F(WorkerRuntimeFakeTest, ARequestBeforeStartCommEndsWithin1s) {
+  client_->Push(Assignment(1));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) {
+    return Any(sent, [](const auto& m) { return m.has_ready(); });
+  }));
+  const absl::Time sent = absl::Now();
+  client_->Push(Submit(8, 3, 4));
+  const auto [update, took] = WaitEnded(*client_, 8, sent);
+  EXPECT_EQ(update.finish_reason(), common::ERROR);
+  EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(update.error().find("no engine running"), std::string::npos) << update.error();
+  EXPECT_LT(took, absl::Seconds(1));
+}
+
+TEST_F(WorkerRuntimeFakeTest, AFailedStartCommLeavesNoRequestWaiting) {
+  factory_->create_error = absl::ResourceExhaustedError("no memory");
+  client_->Push(Assignment(1));
+  client_->Push(StartComm(1));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) {
+    return Any(sent, [](const auto& m) { return m.has_error(); });
+  }));
+  const absl::Time sent = absl::Now();
+  client_->Push(Submit(9, 3, 4));
+  const auto [update, took] = WaitEnded(*client_, 9, sent);
+  EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_LT(took, absl::Seconds(1));
+}
+
+TEST_F(WorkerRuntimeFakeTest, ACommunicatorTimeoutInAStepEndsRequestsWithin1s) {
+  // What a collective gives when a peer stays silent past --comm-timeout-ms.
+  factory_->step_error = absl::UnavailableError("rank 0: no message from rank(s) 1 within 10s");
+  ASSERT_TRUE(Serve());
+  const absl::Time sent = absl::Now();
+  client_->Push(Submit(10, 3, 4));
+  const auto [update, took] = WaitEnded(*client_, 10, sent);
+  EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(update.error().find("no message from rank"), std::string::npos) << update.error();
+  EXPECT_LT(took, absl::Seconds(1));
+  // And the coordinator hears of it, so it can fail the rest and re-form.
+  EXPECT_TRUE(client_->WaitFor([](const auto& sent) {
+    return Any(sent, [](const auto& m) {
+      return m.has_error() && m.error().message().find("step failed") != std::string::npos;
+    });
+  }));
+}
+
+// ---- sessions: the worker outlives its coordinator ----
+
+class WorkerReconnectTest : public ::testing::Test {
+ protected:
+  // `connect_failures` clients refuse to connect before the first that works.
+  void Start(int connect_failures) {
+    auto factory = std::make_unique<FakeEngineFactory>();
+    EngineFactories factories;
+    factories.emplace("cpu", std::move(factory));
+    WorkerOptions o;
+    o.worker_id = "w0";
+    o.threads = 1;
+    o.advertise_address = "127.0.0.1";
+    o.reconnect_backoff = absl::Milliseconds(10);
+    o.reconnect_backoff_max = absl::Milliseconds(40);
+    auto clients = [this, connect_failures]() -> std::unique_ptr<CoordinatorClient> {
+      auto client = std::make_unique<FakeCoordinatorClient>();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (static_cast<int>(clients_.size()) < connect_failures) {
+        client->connect_status = absl::UnavailableError("cannot reach the coordinator");
+      }
+      clients_.push_back(client.get());
+      cv_.notify_all();
+      return client;
+    };
+    auto runtime = WorkerRuntime::Create(o, clients, std::move(factories));
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    runtime_ = std::move(*runtime);
+    thread_ = std::thread([this] { run_status_ = runtime_->Run(); });
+  }
+  void TearDown() override {
+    if (runtime_) runtime_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  // The n-th client (0-based), once the runtime made it.
+  FakeCoordinatorClient* Client(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(10), [&] { return clients_.size() > n; });
+    return clients_.size() > n ? clients_[n] : nullptr;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<FakeCoordinatorClient*> clients_;  // owned by the runtime while in use
+  std::unique_ptr<WorkerRuntime> runtime_;
+  std::thread thread_;
+  absl::Status run_status_;
+};
+
+TEST_F(WorkerReconnectTest, WaitsForACoordinatorThatIsNotUpYet) {
+  Start(/*connect_failures=*/3);
+  FakeCoordinatorClient* fourth = Client(3);
+  ASSERT_NE(fourth, nullptr);
+  ASSERT_TRUE(fourth->WaitOpened());
+  EXPECT_EQ(fourth->hello().hello().worker_id(), "w0");
+}
+
+TEST_F(WorkerReconnectTest, ASessionThatEndsIsOpenedAgainAndServes) {
+  Start(0);
+  FakeCoordinatorClient* first = Client(0);
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(first->WaitOpened());
+  first->Push(Assignment(1));
+  first->Push(StartComm(1));
+  ASSERT_TRUE(first->WaitFor([](const auto& sent) {
+    return Any(sent, [](const auto& m) { return m.has_joined(); });
+  }));
+  first->EndSession(absl::UnavailableError("coordinator restarted"));
+  FakeCoordinatorClient* second = Client(1);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(second->WaitOpened());
+  EXPECT_EQ(second->hello().hello().worker_id(), "w0");
+  // The new coordinator builds the instance again from nothing.
+  second->Push(Submit(1, 3, 4));
+  ASSERT_TRUE(second->WaitFor([](const auto& sent) { return Finished(sent, 1); }));
+  EXPECT_EQ(UpdatesFor(second->sent(), 1).back().error_code(),
+            static_cast<int>(absl::StatusCode::kUnavailable));
+  second->Push(Assignment(1));
+  second->Push(StartComm(1));
+  second->Push(Submit(2, 3, 4));
+  ASSERT_TRUE(second->WaitFor([](const auto& sent) { return Finished(sent, 2); }));
+  EXPECT_EQ(UpdatesFor(second->sent(), 2).back().finish_reason(), common::LENGTH);
+}
+
+TEST_F(WorkerReconnectTest, ARefusedTokenEndsRunWithoutRetrying) {
+  Start(0);
+  FakeCoordinatorClient* first = Client(0);
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(first->WaitOpened());
+  first->EndSession(absl::UnauthenticatedError("wrong cluster token"));
+  thread_.join();
+  EXPECT_TRUE(absl::IsUnauthenticated(run_status_)) << run_status_;
+  std::lock_guard<std::mutex> lock(mu_);
+  EXPECT_EQ(clients_.size(), 1u);
 }
 
 TEST(WorkerRuntimeCreateTest, RefusesADeviceWithoutAnEngineFactory) {

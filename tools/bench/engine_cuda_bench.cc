@@ -122,9 +122,11 @@ int main(int argc, char** argv) {
   // sequences by a token.
   const long decode_steps = 4 + steps + static_cast<long>(ablate.size()) * (2 + steps);
   o.max_context = std::max(context + decode_steps + 16, max_prefill + 16);
+  // Blocks of 16 positions, one table for the full-attention layers and one
+  // for the sliding ones (which hold at most as many): twice a table's worth.
   o.kv_num_blocks = kv_blocks > 0 ? kv_blocks
-                                  : std::max(max_batch * ((context + decode_steps + 16) / 16 + 1),
-                                             max_prefill / 16 + 2);
+                                  : 2 * std::max(max_batch * ((context + decode_steps + 16) / 16 + 1),
+                                                 max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);

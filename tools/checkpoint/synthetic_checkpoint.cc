@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/bf16.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 #include "worker/model/checkpoint.h"
@@ -31,9 +32,24 @@ int64_t NumElements(const TensorSpec& t) {
 int64_t NumBytes(const TensorSpec& t) { return NumElements(t) * DTypeSize(t.dtype); }
 
 // Generates `spec` chunk by chunk into `out`.
-absl::Status WriteTensor(const ModelConfig& c, uint64_t seed, const TensorSpec& spec,
-                         std::ofstream& out, const std::string& path) {
-  const SyntheticTensor tensor = SyntheticTensorFor(c, seed, spec.name, spec.dtype);
+// --hot-experts: the router bias of those experts raised by `hot_bias` in
+// every layer, so that they are picked for (nearly) every token.
+void RaiseHotExperts(const SyntheticCheckpointOptions& o, const TensorSpec& spec, int64_t first,
+                     int64_t n, uint8_t* data) {
+  if (o.hot_experts.empty() || !spec.name.ends_with("mlp.router.bias") ||
+      spec.dtype != DType::kBF16) {
+    return;
+  }
+  uint16_t* bias = reinterpret_cast<uint16_t*>(data);
+  for (int e : o.hot_experts) {
+    if (e < first || e >= first + n) continue;
+    bias[e - first] = FloatToBf16(Bf16ToFloat(bias[e - first]) + o.hot_bias);
+  }
+}
+
+absl::Status WriteTensor(const ModelConfig& c, const SyntheticCheckpointOptions& o,
+                         const TensorSpec& spec, std::ofstream& out, const std::string& path) {
+  const SyntheticTensor tensor = SyntheticTensorFor(c, o.seed, spec.name, spec.dtype);
   const int64_t total = NumElements(spec);
   constexpr int64_t kChunk = int64_t{1} << 22;
   std::vector<uint8_t> buf;
@@ -41,14 +57,15 @@ absl::Status WriteTensor(const ModelConfig& c, uint64_t seed, const TensorSpec& 
     const int64_t n = std::min(kChunk, total - done);
     buf.resize(static_cast<size_t>(n * DTypeSize(spec.dtype)));
     FillSyntheticElements(tensor, done, n, buf.data());
+    RaiseHotExperts(o, spec, done, n, buf.data());
     out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
     if (!out) return absl::InternalError(absl::StrCat(path, ": write failed (disk full?)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status WriteShard(const ModelConfig& c, uint64_t seed, const std::vector<TensorSpec>& tensors,
-                        const std::string& path) {
+absl::Status WriteShard(const ModelConfig& c, const SyntheticCheckpointOptions& o,
+                        const std::vector<TensorSpec>& tensors, const std::string& path) {
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
   int64_t offset = 0;
@@ -68,7 +85,7 @@ absl::Status WriteShard(const ModelConfig& c, uint64_t seed, const std::vector<T
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(n >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const TensorSpec& t : tensors) FLOTILLA_RETURN_IF_ERROR(WriteTensor(c, seed, t, out, path));
+  for (const TensorSpec& t : tensors) FLOTILLA_RETURN_IF_ERROR(WriteTensor(c, o, t, out, path));
   out.close();
   if (!out) return absl::InternalError(absl::StrCat(path, ": write failed"));
   return absl::OkStatus();
@@ -98,6 +115,12 @@ absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
   }
   // Round-trip the config through its own validation, so what we write reads back.
   FLOTILLA_RETURN_IF_ERROR(ModelConfig::FromJson(config.ToJson()).status());
+  for (int e : options.hot_experts) {
+    if (e < 0 || e >= config.num_local_experts) {
+      return absl::InvalidArgumentError(absl::StrCat("hot expert ", e, " is not in [0, ",
+                                                     config.num_local_experts, ")"));
+    }
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
@@ -119,7 +142,7 @@ absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
     }
   }
 
-  if (n == 1) return WriteShard(config, options.seed, tensors, dir + "/model.safetensors");
+  if (n == 1) return WriteShard(config, options, tensors, dir + "/model.safetensors");
 
   // Contiguous runs of tensors, cut where the running byte count crosses k/n
   // of the total (a tensor starts the next shard when its midpoint lies past
@@ -144,7 +167,7 @@ absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
       return absl::InvalidArgumentError(absl::StrCat("cannot split this checkpoint into ", n, " shards"));
     }
     const std::string name = ShardName(s, n);
-    FLOTILLA_RETURN_IF_ERROR(WriteShard(config, options.seed, shards[s], dir + "/" + name));
+    FLOTILLA_RETURN_IF_ERROR(WriteShard(config, options, shards[s], dir + "/" + name));
     for (const TensorSpec& t : shards[s]) weight_map[t.name] = name;
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};

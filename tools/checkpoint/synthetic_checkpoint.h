@@ -27,6 +27,11 @@ struct SyntheticCheckpointOptions {
   uint64_t seed = 0;
   int shards = 1;                     // 1: model.safetensors; N > 1: N files plus the index
   DType sinks_dtype = DType::kBF16;   // BF16 or F32
+  // Experts whose router bias is raised by hot_bias in every layer (skewed
+  // expert load for balancing tests); the values differ from the synthetic
+  // model's there, so `synthetic:` specs cannot name such a checkpoint.
+  std::vector<int> hot_experts;
+  float hot_bias = 0;
 };
 
 // Writes the checkpoint into `dir` (created if needed; existing files of the

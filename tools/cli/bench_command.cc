@@ -22,6 +22,7 @@
 #include "proto/admin.grpc.pb.h"
 #include "tools/cli/engine_compare.h"
 #include "tools/cli/multi_turn_workload.h"
+#include "tools/cli/soak_command.h"
 #include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
 
@@ -360,6 +361,7 @@ int RunServe(const ServeFlags& f) {
 void AddBenchCommand(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks against a running cluster");
   bench->require_subcommand(1);
+  AddSoakCommand(*bench);
   auto f = std::make_shared<ServeFlags>();
   CLI::App* serve = bench->add_subcommand(
       "serve", "Load generator: concurrent streams or a request rate; prints one JSON line");

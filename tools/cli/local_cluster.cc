@@ -177,28 +177,28 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (!options.admin_key_file.empty()) {
     coordinator_argv.insert(coordinator_argv.end(), {"--admin-key-file", options.admin_key_file});
   }
-  FLOTILLA_ASSIGN_OR_RETURN(c->coordinator_, c->Spawn(coordinator_argv, log("coordinator")));
-  // Wait for the coordinator's ports.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  std::string port, http_port;
-  while (absl::Now() < deadline) {
-    std::ifstream in(port_file);
-    std::ifstream http_in(http_port_file);
-    if (in >> port && (options.http_listen.empty() || http_in >> http_port)) break;
-    int status = 0;
-    if (waitpid(c->coordinator_, &status, WNOHANG) == c->coordinator_) {
-      c->coordinator_ = -1;
-      return absl::InternalError("flotilla-coordinator exited at start; see its log");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (const std::string& name : options.served_model_names) {
+    coordinator_argv.insert(coordinator_argv.end(), {"--served-model-name", name});
   }
+  FLOTILLA_ASSIGN_OR_RETURN(c->coordinator_, c->Spawn(coordinator_argv, log("coordinator")));
+  std::string port, http_port;
+  absl::Status listening = c->WaitListening(port_file, http_port_file, &port, &http_port);
   fs::remove_all(tmpl);
-  if (port.empty()) return absl::DeadlineExceededError("the coordinator did not start listening");
+  FLOTILLA_RETURN_IF_ERROR(listening);
   const std::string host = options.listen.substr(0, options.listen.rfind(':'));
   c->address_ = host + ":" + port;
   if (!options.http_listen.empty()) {
-    if (http_port.empty()) return absl::DeadlineExceededError("the coordinator's HTTP API did not start listening");
     c->http_address_ = options.http_listen.substr(0, options.http_listen.rfind(':')) + ":" + http_port;
+  }
+  // A restarted coordinator comes back on the same ports, where the workers look.
+  c->coordinator_argv_ = {coordinator_argv[0]};
+  for (size_t i = 1; i + 1 < coordinator_argv.size(); i += 2) {
+    const std::string& flag = coordinator_argv[i];
+    if (flag == "--port-file" || flag == "--http-port-file") continue;
+    const std::string& value = flag == "--listen"        ? c->address_
+                               : flag == "--http-listen" ? c->http_address_
+                                                         : coordinator_argv[i + 1];
+    c->coordinator_argv_.insert(c->coordinator_argv_.end(), {flag, value});
   }
 
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
@@ -239,10 +239,43 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     c->worker_env_.push_back(env);
     FLOTILLA_ASSIGN_OR_RETURN(pid_t pid, c->Spawn(argv, log(absl::StrCat("worker-", i)), env));
     c->workers_.push_back(pid);
+    c->lives_.push_back({absl::Now(), absl::InfiniteFuture(), RestartPolicy().first_backoff, 0});
   }
-  FLOTILLA_RETURN_IF_ERROR(c->WaitReady(options.ready_timeout));
+  if (absl::Status ready = c->WaitReady(options.ready_timeout); !ready.ok()) {
+    // Nothing is served yet: no need to give the children long to stop.
+    c->Stop(absl::Seconds(1));
+    return ready;
+  }
   return c;
 }
+
+absl::Status LocalCluster::WaitListening(const std::string& port_file,
+                                         const std::string& http_port_file, std::string* port,
+                                         std::string* http_port) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    std::ifstream in(port_file);
+    std::ifstream http_in(http_port_file);
+    if (in >> *port && (options_.http_listen.empty() || http_in >> *http_port)) {
+      return absl::OkStatus();
+    }
+    int status = 0;
+    if (waitpid(coordinator_, &status, WNOHANG) == coordinator_) {
+      coordinator_ = -1;
+      return absl::InternalError(absl::StrCat("flotilla-coordinator exited at start (",
+                                              DescribeExit(status), "); see its log"));
+    }
+    if (Interrupted()) return absl::CancelledError("interrupted while the coordinator started");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError("the coordinator did not start listening within 30 s");
+}
+
+void LocalCluster::Progress(const std::string& line) const {
+  if (options_.progress) options_.progress(line);
+}
+
+bool LocalCluster::Interrupted() const { return options_.interrupted && options_.interrupted(); }
 
 absl::Status LocalCluster::WriteClusterToken() {
   std::string dir = (fs::temp_directory_path() / "flotilla-token-XXXXXX").string();
@@ -281,6 +314,9 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
     // Children die with the process that started them: no orphans.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
+    // Out of the terminal's process group: Ctrl-C reaches only the parent,
+    // which drains the coordinator before it stops the workers.
+    setpgid(0, 0);
     if (!log.empty()) {
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
@@ -299,12 +335,15 @@ absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
   FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                             MakeChannelCredentials(options_.client_tls));
   auto stub = admin::Admin::NewStub(grpc::CreateChannel(address_, credentials));
-  const absl::Time deadline = absl::Now() + timeout;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
   std::string last;
+  absl::Time said = start;
   while (absl::Now() < deadline) {
     FLOTILLA_RETURN_IF_ERROR(CheckAlive());
+    if (Interrupted()) return absl::CancelledError("interrupted while the workers loaded");
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
     if (!key_.empty()) ctx.AddMetadata("authorization", "Bearer " + key_);
     admin::ClusterStatus s;
     if (stub->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok()) {
@@ -314,11 +353,19 @@ absl::Status LocalCluster::WaitReady(absl::Duration timeout) {
         return absl::FailedPreconditionError(
             absl::StrCat("the cluster cannot start: ", s.message()));
       }
+      // Say what it is doing when that changes, and every 10 s while it does not.
+      if (s.message() != last || absl::Now() - said > absl::Seconds(10)) {
+        Progress(absl::StrCat(s.message(), " (", absl::ToInt64Seconds(absl::Now() - start),
+                              " s)"));
+        said = absl::Now();
+      }
       last = s.message();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  return absl::DeadlineExceededError(absl::StrCat("the cluster did not become ready: ", last));
+  return absl::DeadlineExceededError(absl::StrCat("the cluster did not become ready within ",
+                                                  absl::FormatDuration(timeout),
+                                                  " (--ready-timeout-s): ", last));
 }
 
 absl::Status LocalCluster::CheckAlive() {
@@ -364,14 +411,100 @@ absl::Status LocalCluster::RestartWorker(int i) {
   return absl::OkStatus();
 }
 
-void LocalCluster::Stop() {
+std::string DescribeExit(int status) {
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  if (WIFEXITED(status)) return absl::StrCat("exit status ", WEXITSTATUS(status));
+  return "ended";
+}
+
+absl::Status LocalCluster::Supervise(const RestartPolicy& policy) {
+  int status = 0;
+  if (coordinator_ > 0 && waitpid(coordinator_, &status, WNOHANG) == coordinator_) {
+    coordinator_ = -1;
+    return absl::UnavailableError(absl::StrCat("flotilla-coordinator exited (",
+                                               DescribeExit(status), ")"));
+  }
+  if (coordinator_ <= 0) return absl::UnavailableError("flotilla-coordinator is not running");
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i] > 0 && waitpid(workers_[i], &status, WNOHANG) == workers_[i]) {
+      workers_[i] = -1;
+      ScheduleRestart(i, status, policy);
+      if (lives_[i].quick_exits >= policy.max_quick_exits) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "worker-", i, " exited ", lives_[i].quick_exits, " times in a row soon after "
+            "starting (last: ", DescribeExit(status), "); see its log"));
+      }
+    }
+    if (workers_[i] <= 0 && now >= lives_[i].restart_at) {
+      lives_[i].restart_at = absl::InfiniteFuture();
+      lives_[i].started = now;
+      FLOTILLA_RETURN_IF_ERROR(RestartWorker(static_cast<int>(i)));
+      Progress(absl::StrCat("worker-", i, " restarted (pid ", workers_[i], ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void LocalCluster::ScheduleRestart(size_t i, int status, const RestartPolicy& policy) {
+  WorkerLife& life = lives_[i];
+  const absl::Time now = absl::Now();
+  if (now - life.started >= policy.healthy_after) {
+    life.backoff = policy.first_backoff;
+    life.quick_exits = 0;
+  }
+  ++life.quick_exits;
+  life.restart_at = now + life.backoff;
+  Progress(absl::StrCat("worker-", i, " exited (", DescribeExit(status), "); restarting it in ",
+                        absl::FormatDuration(life.backoff)));
+  life.backoff = std::min(life.backoff * 2, policy.max_backoff);
+}
+
+void LocalCluster::Drain(absl::Duration timeout, const std::function<bool()>& stop_now) {
+  if (coordinator_ > 0) kill(coordinator_, SIGTERM);
+  const absl::Time deadline = absl::Now() + timeout;
+  bool hurried = false;
+  while (coordinator_ > 0 && absl::Now() < deadline) {
+    int status = 0;
+    if (waitpid(coordinator_, &status, WNOHANG) == coordinator_) {
+      coordinator_ = -1;
+      break;
+    }
+    if (!hurried && stop_now && stop_now()) {
+      kill(coordinator_, SIGTERM);  // its second signal: stop at once
+      hurried = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Stop(hurried ? absl::Seconds(1) : absl::Seconds(5));
+}
+
+absl::Status LocalCluster::KillCoordinator() {
+  if (coordinator_ <= 0) return absl::FailedPreconditionError("the coordinator is not running");
+  kill(coordinator_, SIGKILL);
+  waitpid(coordinator_, nullptr, 0);
+  coordinator_ = -1;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartCoordinator() {
+  if (coordinator_ > 0) return absl::FailedPreconditionError("the coordinator is still running");
+  FLOTILLA_ASSIGN_OR_RETURN(
+      coordinator_,
+      Spawn(coordinator_argv_, options_.log_dir.empty()
+                                   ? std::string()
+                                   : absl::StrCat(options_.log_dir, "/coordinator.log")));
+  return absl::OkStatus();
+}
+
+void LocalCluster::Stop(absl::Duration grace) {
   std::vector<pid_t*> all;
   for (pid_t& p : workers_) all.push_back(&p);
   all.push_back(&coordinator_);
   for (pid_t* p : all) {
     if (*p > 0) kill(*p, SIGTERM);
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  const absl::Time deadline = absl::Now() + grace;
   for (pid_t* p : all) {
     while (*p > 0) {
       int status = 0;

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,9 @@ struct LocalClusterOptions {
   // cluster's own readiness check presents the first admin (else client) key.
   std::string api_key_file;
   std::string admin_key_file;
+  // The coordinator's --served-model-name: names requests may use for the
+  // model (the first is the one replies carry); empty = the model id alone.
+  std::vector<std::string> served_model_names;
   int heartbeat_timeout_ms = 2000;
   int comm_timeout_ms = 10000;
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them
@@ -55,6 +59,23 @@ struct LocalClusterOptions {
   // certificate. Empty: plaintext.
   TlsServerFiles tls;
   TlsClientFiles client_tls;
+  // Polled while Start waits (for ports, for readiness): true ends the wait
+  // with CANCELLED (Ctrl-C) and the children are stopped.
+  std::function<bool()> interrupted;
+  // Told what the cluster is doing while Start waits (state changes, and a
+  // line every 10 s while loading) and what supervision does.
+  std::function<void(const std::string&)> progress;
+};
+
+// How Supervise restarts workers that exit.
+struct RestartPolicy {
+  absl::Duration first_backoff = absl::Milliseconds(200);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // A worker that ran this long starts its backoff over.
+  absl::Duration healthy_after = absl::Seconds(30);
+  // Give up after this many exits in a row, each within `healthy_after` of
+  // its start (e.g. a flag it refuses).
+  int max_quick_exits = 5;
 };
 
 class LocalCluster {
@@ -80,8 +101,20 @@ class LocalCluster {
   absl::Status RestartWorker(int i);
   // Whether every child is still running; names the first that is not.
   absl::Status CheckAlive();
-  // SIGTERM to every child, then SIGKILL after a grace period; waits for all.
-  void Stop();
+  // One round of supervision (call it often): reaps exited workers and
+  // restarts each after its backoff. Not OK when the coordinator is gone
+  // (how it ended) or a worker keeps exiting at start: then stop everything.
+  absl::Status Supervise(const RestartPolicy& policy = RestartPolicy());
+  // The coordinator's graceful stop: SIGTERM to it alone (it refuses new
+  // requests and lets those in flight finish for up to its --drain-timeout),
+  // waiting up to `timeout` for it to exit; once `stop_now()` turns true a
+  // second SIGTERM makes it stop at once. Then Stop() for the rest.
+  void Drain(absl::Duration timeout, const std::function<bool()>& stop_now);
+  // SIGTERM to every child, then SIGKILL after `grace`; waits for all.
+  void Stop(absl::Duration grace = absl::Seconds(5));
+  // Kills the coordinator with SIGKILL / starts it again on the same ports (tests).
+  absl::Status KillCoordinator();
+  absl::Status RestartCoordinator();
 
  private:
   LocalCluster() = default;
@@ -90,6 +123,13 @@ class LocalCluster {
   absl::StatusOr<pid_t> Spawn(const std::vector<std::string>& argv, const std::string& log,
                               const std::vector<std::string>& env = {});
   absl::Status WaitReady(absl::Duration timeout);
+  // Waits for the coordinator to write its port files.
+  absl::Status WaitListening(const std::string& port_file, const std::string& http_port_file,
+                             std::string* port, std::string* http_port);
+  void Progress(const std::string& line) const;
+  bool Interrupted() const;
+  // Reaped worker `i`: when to start it again.
+  void ScheduleRestart(size_t i, int status, const RestartPolicy& policy);
   // A fresh random cluster token in a private directory, for the children.
   absl::Status WriteClusterToken();
 
@@ -102,7 +142,20 @@ class LocalCluster {
   std::vector<int> worker_gpus_;
   std::vector<std::vector<std::string>> worker_argv_;
   std::vector<std::vector<std::string>> worker_env_;
+  std::vector<std::string> coordinator_argv_;  // with fixed ports once listening
+  // Supervision of each worker: when it started, when to start it again
+  // (InfiniteFuture: not scheduled), its backoff and quick exits in a row.
+  struct WorkerLife {
+    absl::Time started;
+    absl::Time restart_at = absl::InfiniteFuture();
+    absl::Duration backoff;
+    int quick_exits = 0;
+  };
+  std::vector<WorkerLife> lives_;
 };
+
+// "exit status 2", "killed by signal 9": how a child ended (waitpid status).
+std::string DescribeExit(int status);
 
 // The built-in default model: a deterministic synthetic tiny gpt-oss with the
 // real o200k_harmony vocabulary, written once into the cache directory.

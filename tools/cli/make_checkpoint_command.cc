@@ -19,6 +19,8 @@ struct MakeCheckpointOptions {
   uint64_t seed = 0;
   int shards = 1;
   std::string sinks_dtype = "bf16";
+  std::vector<int> hot_experts;
+  float hot_bias = 8;
 };
 
 int RunMakeCheckpoint(const MakeCheckpointOptions& o) {
@@ -31,6 +33,8 @@ int RunMakeCheckpoint(const MakeCheckpointOptions& o) {
   opts.seed = o.seed;
   opts.shards = o.shards;
   opts.sinks_dtype = o.sinks_dtype == "f32" ? DType::kF32 : DType::kBF16;
+  opts.hot_experts = o.hot_experts;
+  opts.hot_bias = o.hot_experts.empty() ? 0 : o.hot_bias;
   if (absl::Status st = WriteSyntheticCheckpoint(*config, opts, o.out); !st.ok()) {
     std::cerr << "flotilla make-checkpoint: " << st.message() << "\n";
     return 1;
@@ -67,6 +71,10 @@ void AddMakeCheckpointCommand(CLI::App& app) {
       ->check(CLI::Range(1, 99999));
   cmd->add_option("--sinks-dtype", o->sinks_dtype, "dtype of self_attn.sinks: bf16 or f32")
       ->check(CLI::IsMember({"bf16", "f32"}));
+  cmd->add_option("--hot-experts", o->hot_experts,
+                  "experts (ids, comma-separated) made hot in every layer by a raised router bias")
+      ->delimiter(',');
+  cmd->add_option("--hot-bias", o->hot_bias, "what --hot-experts adds to their router bias (default 8)");
   cmd->callback([o] {
     int rc = RunMakeCheckpoint(*o);
     if (rc != 0) throw CLI::RuntimeError(rc);  // CLI11 exits with rc, printing nothing more

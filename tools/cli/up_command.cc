@@ -1,5 +1,6 @@
 #include "tools/cli/up_command.h"
 
+#include <atomic>
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -7,13 +8,15 @@
 #include <vector>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla::cli {
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
-void OnSignal(int) { g_stop = 1; }
+// SIGINT/SIGTERM received: the first drains, a second stops at once.
+std::atomic<int> g_signals{0};
+void OnSignal(int) { g_signals.fetch_add(1); }
 
 // The serving limits `flotilla up` passes to its coordinator and workers.
 struct ServingLimits {
@@ -22,15 +25,42 @@ struct ServingLimits {
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
   int ready_timeout_s = 600;
+  uint32_t redundant_experts = 0;
+  double rebalance_interval = 0;
+  double drain_timeout_s = 30;
 
   void ApplyTo(LocalClusterOptions& o) const {
     o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
                           std::to_string(max_batch_tokens), "--max-model-len",
-                          std::to_string(max_model_len)};
+                          std::to_string(max_model_len), "--redundant-experts",
+                          std::to_string(redundant_experts), "--rebalance-interval",
+                          std::to_string(rebalance_interval), "--drain-timeout",
+                          absl::StrCat(drain_timeout_s)};
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
 };
+
+// Serves until a signal: supervises the children (workers that exit are
+// restarted; a coordinator that exits ends everything, exit 1), then drains.
+void ServeUntilSignalled(LocalCluster& cluster, double drain_timeout_s) {
+  while (g_signals.load() == 0) {
+    absl::Status supervised = cluster.Supervise();
+    if (!supervised.ok()) {
+      std::cerr << "flotilla up: " << supervised.message() << "; stopping every process"
+                << std::endl;
+      cluster.Stop(absl::Seconds(2));
+      throw CLI::RuntimeError(1);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::cerr << "flotilla up: draining: no new requests, those in flight get up to "
+            << drain_timeout_s << " s (Ctrl-C again stops at once)" << std::endl;
+  // The coordinator keeps its own bound; this one only guards against a hang.
+  cluster.Drain(absl::Seconds(drain_timeout_s) + absl::Seconds(10),
+                [] { return g_signals.load() > 1; });
+  std::cerr << "flotilla up: stopped" << std::endl;
+}
 
 // " on GPUs 0,1,0,1" (each worker's GPU, in order), or nothing on the CPU.
 std::string OnGpus(const std::vector<int>& gpus) {
@@ -66,6 +96,10 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--admin-key-file", o->admin_key_file,
                   "admin keys (SetExpertMap, MeasureEngine), passed to the coordinator")
       ->envname("FLOTILLA_ADMIN_KEY_FILE");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "names requests may give as `model` (repeat it or separate with commas; the first "
+                  "is the one replies carry), passed to the coordinator")
+      ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
   cmd->add_option("--device", o->device,
                   "workers' engine: cpu, or cuda (worker i on visible GPU i % GPUs: several "
                   "workers share a GPU when there are more workers than GPUs)")
@@ -111,9 +145,20 @@ void AddUpCommand(CLI::App& app) {
                   "--device cuda: fraction of each GPU's memory for weights, workspaces and KV "
                   "(workers sharing a GPU split it)")
       ->capture_default_str()->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--redundant-experts", limits->redundant_experts,
+                  "spare expert slots per layer on every worker, for replicas of hot experts")
+      ->capture_default_str();
+  cmd->add_option("--rebalance-interval", limits->rebalance_interval,
+                  "seconds between automatic expert rebalances (0 = off; flotillactl rebalance "
+                  "on request)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--ready-timeout-s", limits->ready_timeout_s,
                   "how long to wait for every worker to load (a 120b load takes minutes)")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--drain-timeout", limits->drain_timeout_s,
+                  "on Ctrl-C/SIGTERM: seconds the requests in flight get to finish while new ones "
+                  "are refused; a second signal stops at once")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->callback([o, limits, &app] {
     limits->ApplyTo(*o);
     // The children log like up itself (--log-level, --log-format are flotilla's).
@@ -121,10 +166,14 @@ void AddUpCommand(CLI::App& app) {
     o->log_format = app.get_option("--log-format")->as<std::string>();
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
+    o->interrupted = [] { return g_signals.load() > 0; };
+    o->progress = [](const std::string& line) {
+      std::cerr << "flotilla up: " << line << std::endl;
+    };
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(*o);
     if (!cluster.ok()) {
       std::cerr << "flotilla up: " << cluster.status().message() << "\n";
-      throw CLI::RuntimeError(1);
+      throw CLI::RuntimeError(absl::IsCancelled(cluster.status()) ? 130 : 1);
     }
     std::cout << "flotilla up: serving " << (*cluster)->model() << " with " << o->workers
               << " worker(s)" << OnGpus((*cluster)->worker_gpus()) << " at "
@@ -139,13 +188,7 @@ void AddUpCommand(CLI::App& app) {
                             std::string(o->tls.enabled() ? "https://" : "http://") +
                             (*cluster)->http_address() + "/v1\n")
               << "  Ctrl-C stops every process it started." << std::endl;
-    while (!g_stop) {
-      absl::Status alive = (*cluster)->CheckAlive();
-      if (!alive.ok()) std::cerr << "flotilla up: " << alive.message() << "\n";
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    std::cout << "flotilla up: stopping" << std::endl;
-    (*cluster)->Stop();
+    ServeUntilSignalled(**cluster, limits->drain_timeout_s);
   });
 }
 

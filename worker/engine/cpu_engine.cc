@@ -219,6 +219,7 @@ CpuEngine::CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv,
                      kernels::cpu::ThreadPool* pool, parallel::ParallelContext* context)
     : weights_(std::move(weights)), kv_(std::move(kv)), pool_(pool), context_(context) {
   const ModelConfig& c = weights_.config;
+  expert_counts_.assign(static_cast<size_t>(c.num_hidden_layers) * c.num_local_experts, 0);
   k::YarnParams p;
   p.theta = c.rope_theta;
   p.head_dim = c.head_dim;
@@ -552,6 +553,7 @@ void CpuEngine::RunExperts(int layer, int64_t T) {
       std::memcpy(&ex_in_[i * H], &t_[toks[i].first * H], H * sizeof(float));
     }
     RunExpert(L.experts[L.slot_of_expert[e]], n);
+    expert_counts_[layer * E + e] += n;
     for (int64_t i = 0; i < n; ++i) {
       float* yr = &y_[toks[i].first * H];
       const float* er = &ex_out_[i * H];
@@ -601,10 +603,45 @@ absl::Status CpuEngine::RunHeldExperts(int layer, const parallel::ExpertRows& ro
     ex_in_.resize(n * H);
     for (int64_t i = 0; i < n; ++i) std::memcpy(&ex_in_[i * H], x + idx[i] * H, H * sizeof(float));
     RunExpert(L.experts[local], n);
+    expert_counts_[layer * weights_.config.num_local_experts + L.experts[local].expert_id] += n;
     for (int64_t i = 0; i < n; ++i) {
       std::memcpy(rows.out + idx[i] * H, &ex_out_[i * H], H * sizeof(float));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace flotilla
+
+namespace flotilla {
+
+std::vector<uint64_t> CpuEngine::TakeExpertCounts() {
+  const ModelConfig& c = weights_.config;
+  std::vector<uint64_t> out(static_cast<size_t>(c.num_hidden_layers) * c.num_local_experts, 0);
+  out.swap(expert_counts_);
+  return out;
+}
+
+// The CPU engine runs a slot's expert through its id (RunHeldExperts), so
+// slots need no weights of their own and `next` needs no checks here.
+absl::Status CpuEngine::InstallExperts(const ExpertMap& /*next*/, ModelWeights extra) {
+  const ModelConfig& c = weights_.config;
+  if (static_cast<int>(extra.layers.size()) != c.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("InstallExperts: ", extra.layers.size(),
+                                                   " layers, the model has ", c.num_hidden_layers));
+  }
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    LayerWeights& L = weights_.layers[l];
+    for (const ExpertWeights& x : extra.layers[l].experts) {
+      if (x.expert_id < 0 || x.expert_id >= c.num_local_experts) {
+        return absl::InvalidArgumentError(absl::StrCat("InstallExperts: no expert ", x.expert_id));
+      }
+      if (L.slot_of_expert[x.expert_id] >= 0) continue;
+      L.slot_of_expert[x.expert_id] = static_cast<int>(L.experts.size());
+      L.experts.push_back(x);
+    }
+  }
+  installed_.push_back(std::move(extra.keepalive));
   return absl::OkStatus();
 }
 

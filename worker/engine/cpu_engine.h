@@ -79,6 +79,8 @@ class CpuEngine : public Engine {
   int64_t KvFreeBlocks() const override { return kv_->free_blocks(); }
   int64_t KvBlocksForLength(int64_t tokens) const override { return kv_->BlocksForLength(tokens); }
   const KvCache& kv_cache() const { return *kv_; }
+  std::vector<uint64_t> TakeExpertCounts() override;
+  absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
 
  private:
   CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv, kernels::cpu::ThreadPool* pool,
@@ -100,6 +102,10 @@ class CpuEngine : public Engine {
   std::unique_ptr<KvCache> kv_;
   kernels::cpu::ThreadPool* pool_;
   parallel::ParallelContext* context_;
+  // Rows run per (layer, expert) since TakeExpertCounts; [layer * E + e].
+  std::vector<uint64_t> expert_counts_;
+  // Owners of the views InstallExperts added.
+  std::vector<std::shared_ptr<const void>> installed_;
   std::vector<float> inv_freq_;
   float rope_scaling_;
 

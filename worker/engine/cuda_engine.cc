@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -13,6 +14,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/expert_count.h"
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
@@ -106,6 +108,7 @@ struct CudaEngine::Impl {
     kc::MoeDeviceWeights moe;
     kc::PagedKvLayer kv;
     int window = 0;
+    int kv_group = 0;  // the KvBlockAllocator group whose block table it reads
   };
 
   int device = 0;
@@ -167,9 +170,24 @@ struct CudaEngine::Impl {
   // keep the addresses), filled from a pinned host mirror.
   int32_t* meta = nullptr;
   int32_t* meta_host = nullptr;
+  // Sharded ranks: rows run per (layer, slot) [layers * max_slots] on the
+  // device, read back into the pinned mirror after a step (counts_event).
+  int max_slots = 0;
+  uint32_t* expert_counts = nullptr;
+  uint32_t* expert_counts_host = nullptr;
+  cudaEvent_t counts_event = nullptr;
+  bool counts_pending = false;
+  // Hot swap: the stream StageExperts copies on (its own thread) and the map
+  // version it last staged.
+  cudaStream_t copy_stream = nullptr;
+  std::atomic<uint64_t> staged_version{0};
+  std::vector<std::vector<int>> counts_slot_expert;  // the map the read-back counted under
   size_t meta_ints = 0;
+  // Slots and block tables come once per KV group, `slots_stride` /
+  // `tables_stride` apart.
   size_t off_tokens = 0, off_pos = 0, off_slots = 0, off_qstart = 0, off_lens = 0, off_tables = 0,
-         off_rows = 0;
+         off_rows = 0, slots_stride = 0, tables_stride = 0;
+  int kv_groups = 1;
   kc::SamplingRow* params_host = nullptr;
   int32_t* tokens_host = nullptr;
   float* logprobs_host = nullptr;
@@ -187,6 +205,9 @@ struct CudaEngine::Impl {
     for (Layer& l : layers) kc::FreeMoeWeights(&l.moe);
     for (void* p : allocations) cudaFree(p);
     if (meta_host != nullptr) cudaFreeHost(meta_host);
+    if (expert_counts_host != nullptr) cudaFreeHost(expert_counts_host);
+    if (counts_event != nullptr) cudaEventDestroy(counts_event);
+    if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
     if (params_host != nullptr) cudaFreeHost(params_host);
     if (tokens_host != nullptr) cudaFreeHost(tokens_host);
     if (logprobs_host != nullptr) cudaFreeHost(logprobs_host);
@@ -343,13 +364,33 @@ absl::Status UploadVectorRopePairs(const Bf16Vector& v, int64_t head_dim, uint16
   return UploadRopePairs(v.data, 1, v.size, 1, head_dim, dst, stream);
 }
 
+// The KV block groups of `c`: the full-attention layers (group 0) and, when
+// the model has both kinds, the sliding-window layers (group 1). The kernels
+// write every new position of a step into the cache.
+KvBlockAllocatorOptions KvGroups(const ModelConfig& c, const CudaEngineOptions& o) {
+  bool any_full = false, any_sliding = false;
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    (c.is_sliding(l) && c.sliding_window > 0 ? any_sliding : any_full) = true;
+  }
+  KvBlockAllocatorOptions k;
+  k.sliding = any_full && any_sliding ? std::vector<bool>{false, true}
+                                      : std::vector<bool>{any_sliding};
+  k.window = c.sliding_window;
+  k.block_size = o.kv_block_size;
+  k.prefix_cache = o.prefix_cache;
+  k.write_whole_chunk = true;
+  k.max_chunk_tokens = o.max_batch_tokens;
+  return k;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig& c,
                                                               std::unique_ptr<CudaWeightFeed> feed,
                                                               uint64_t seed,
                                                               const CudaEngineOptions& options) {
-  FLOTILLA_ASSIGN_OR_RETURN(const RankShard shard, ShardOfRank(c, options.parallel));
+  FLOTILLA_ASSIGN_OR_RETURN(RankShard shard, ShardOfRank(c, options.parallel));
+  if (options.parallel != nullptr) shard.max_slots += std::max(0, options.spare_expert_slots);
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
   // This rank's heads (all of them without tensor parallelism).
   const int64_t NH = c.num_attention_heads / shard.tp_size;
@@ -505,6 +546,15 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
+  d.max_slots = shard.max_slots;
+  if (options.parallel != nullptr) {
+    const size_t counters = static_cast<size_t>(c.num_hidden_layers) * shard.max_slots;
+    FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.expert_counts, counters));
+    FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.expert_counts, 0, counters * sizeof(uint32_t), s));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.expert_counts_host),
+                                        counters * sizeof(uint32_t)));
+    FLOTILLA_CUDA_RETURN(cudaEventCreateWithFlags(&d.counts_event, cudaEventDisableTiming));
+  }
   FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_logits, 0, static_cast<size_t>(T) * E * sizeof(float), s));
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));
@@ -532,10 +582,19 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sample_params, B));
   FLOTILLA_RETURN_IF_ERROR(d.AllocSamplingExtras(B));
 
-  // KV arena: every layer's K and V for each block.
+  // KV arena: a block holds K and V of every layer of one group (full or
+  // sliding layers); the layers of a group index their own arrays with it.
   const int64_t bs = options.kv_block_size;
+  KvBlockAllocatorOptions kv_options = KvGroups(c, options);
+  d.kv_groups = static_cast<int>(kv_options.sliding.size());
+  std::vector<int> in_group(d.kv_groups, 0);
+  for (Impl::Layer& L : d.layers) {
+    L.kv_group = d.kv_groups == 2 && L.window > 0 ? 1 : 0;
+    ++in_group[L.kv_group];
+  }
+  const int64_t group_layers = *std::max_element(in_group.begin(), in_group.end());
   const size_t layer_block_elems = static_cast<size_t>(NKV) * bs * D;  // K or V of one layer
-  const size_t block_bytes = 2 * layer_block_elems * c.num_hidden_layers * sizeof(uint16_t);
+  const size_t block_bytes = 2 * layer_block_elems * group_layers * sizeof(uint16_t);
   int64_t max_context = options.max_context > 0
                             ? std::min<int64_t>(options.max_context, c.max_position_embeddings)
                             : c.max_position_embeddings;
@@ -573,38 +632,50 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
     const double free_now = static_cast<double>(free_bytes) - kContextReserve / 2;
     const double usable = std::max(0.0, std::min(budget, free_now));
     num_blocks = static_cast<int64_t>(usable / static_cast<double>(block_bytes));
-    num_blocks = std::min<int64_t>(num_blocks, CeilDiv(max_context, bs) * B + 1);
+    kv_options.num_blocks = 1;  // BlocksForLength does not depend on it
+    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> probe,
+                              KvBlockAllocator::Create(kv_options));
+    num_blocks = std::min<int64_t>(num_blocks, probe->BlocksForLength(max_context) * B + 1);
   }
   if (num_blocks < 2) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "cuda engine: no memory left for the KV cache (a block of ", bs, " positions takes ",
-        block_bytes, " bytes over all layers)"));
+        block_bytes, " bytes over the ", group_layers, " layers of a group)"));
   }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_arena, num_blocks * block_bytes / sizeof(uint16_t)));
   // Pseudo-random contents: padded graph rows and ExtendSynthetic read them.
   FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.kv_arena, num_blocks * block_bytes / sizeof(uint16_t),
                                           seed + 77, 1.0f, 0.0f, s));
-  for (int l = 0; l < c.num_hidden_layers; ++l) {
-    kc::PagedKvLayer& kv = d.layers[l].kv;
-    kv.k = d.kv_arena + (2 * static_cast<size_t>(l)) * num_blocks * layer_block_elems;
-    kv.v = d.kv_arena + (2 * static_cast<size_t>(l) + 1) * num_blocks * layer_block_elems;
+  std::fill(in_group.begin(), in_group.end(), 0);
+  for (Impl::Layer& L : d.layers) {
+    const size_t i = in_group[L.kv_group]++;  // its index among its group's layers
+    kc::PagedKvLayer& kv = L.kv;
+    kv.k = d.kv_arena + (2 * i) * num_blocks * layer_block_elems;
+    kv.v = d.kv_arena + (2 * i + 1) * num_blocks * layer_block_elems;
     kv.num_blocks = static_cast<int>(num_blocks);
     kv.block_size = static_cast<int>(bs);
     kv.kv_heads = static_cast<int>(NKV);
     kv.head_dim = static_cast<int>(D);
   }
-  max_context = std::min<int64_t>(max_context, (num_blocks - 1) * bs);
+  // Block 0 is scratch; the allocator hands out the others low to high.
+  kv_options.first_block = 1;
+  kv_options.num_blocks = num_blocks - 1;
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> kv,
+                            KvBlockAllocator::Create(kv_options));
+  max_context = std::min<int64_t>(max_context, kv->MaxTokens());
   const int64_t max_blocks_per_seq = CeilDiv(max_context, bs);
 
   // Metadata regions at fixed offsets.
   d.off_tokens = 0;
   d.off_pos = d.off_tokens + T;
   d.off_slots = d.off_pos + T;
-  d.off_qstart = d.off_slots + T;
+  d.slots_stride = T;
+  d.off_qstart = d.off_slots + d.kv_groups * d.slots_stride;
   d.off_lens = d.off_qstart + B + 1;
   d.off_rows = d.off_lens + B;
   d.off_tables = d.off_rows + std::max(T, d.logit_rows);
-  d.meta_ints = d.off_tables + static_cast<size_t>(B) * max_blocks_per_seq;
+  d.tables_stride = static_cast<size_t>(B) * max_blocks_per_seq;
+  d.meta_ints = d.off_tables + d.kv_groups * d.tables_stride;
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.meta, d.meta_ints));
   FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.meta_host), d.meta_ints * sizeof(int32_t)));
   FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.params_host), B * sizeof(kc::SamplingRow)));
@@ -615,16 +686,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   std::unique_ptr<CudaEngine> engine(new CudaEngine(std::move(impl), c));
   engine->options_ = options;
   engine->options_.max_context = max_context;
-  engine->num_blocks_ = num_blocks;
   engine->max_blocks_per_seq_ = max_blocks_per_seq;
   engine->weight_bytes_ = weight_bytes;
-  // Block 0 is scratch; the cache hands out the others low to high.
-  PrefixCacheOptions po;
-  po.block_size = bs;
-  po.first_block = 1;
-  po.num_blocks = static_cast<int32_t>(num_blocks - 1);
-  po.enabled = options.prefix_cache;
-  FLOTILLA_ASSIGN_OR_RETURN(engine->blocks_, PrefixCache::Create(po));
+  engine->kv_ = std::move(kv);
   return engine;
 }
 
@@ -637,30 +701,20 @@ size_t CudaEngine::decode_bytes_per_token() const {
          static_cast<size_t>(c.vocab_size) * H * 2;
 }
 
-int64_t CudaEngine::NewSequence() {
-  const int64_t id = next_sequence_++;
-  sequences_[id] = Sequence{};
-  return id;
-}
+int64_t CudaEngine::NewSequence() { return kv_->CreateSequence(); }
 
 absl::Status CudaEngine::FreeSequence(int64_t sequence) {
-  auto it = sequences_.find(sequence);
-  if (it == sequences_.end()) {
+  if (!kv_->Contains(sequence)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
   }
-  // Last blocks first: a prefix's first blocks are then evicted last.
-  const std::vector<int32_t>& blocks = it->second.blocks;
-  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) blocks_->Release(*b);
-  sequences_.erase(it);
-  return absl::OkStatus();
+  return kv_->Free(sequence);
 }
 
 absl::StatusOr<int64_t> CudaEngine::SequenceLength(int64_t sequence) const {
-  auto it = sequences_.find(sequence);
-  if (it == sequences_.end()) {
+  if (!kv_->Contains(sequence)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
   }
-  return it->second.length;
+  return kv_->Length(sequence);
 }
 
 int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt) const {
@@ -668,28 +722,11 @@ int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt) const
   const int64_t bs = options_.kv_block_size;
   const int64_t max_blocks = std::min<int64_t>((static_cast<int64_t>(prompt.size()) - 1) / bs,
                                                max_blocks_per_seq_);
-  return static_cast<int64_t>(blocks_->Walk(prompt, max_blocks).size()) * bs;
+  return kv_->MatchPrefix(prompt, max_blocks) * bs;
 }
 
 absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
-  const int64_t bs = options_.kv_block_size;
-  const int64_t count = static_cast<int64_t>(prefix.size()) / bs;
-  std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, count);
-  if (static_cast<int64_t>(prefix.size()) % bs != 0 ||
-      static_cast<int64_t>(hits.size()) != count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "prefix cache: the prefix of ", prefix.size(), " tokens is not whole cached blocks"));
-  }
-  const int64_t id = NewSequence();
-  Sequence& s = sequences_[id];
-  for (const PrefixCache::Hit& hit : hits) {
-    blocks_->Hold(hit.slots[0]);
-    s.blocks.push_back(hit.slots[0]);
-  }
-  s.length = static_cast<int64_t>(prefix.size());
-  if (!hits.empty()) s.chain.link = hits.back().link;
-  s.chain.blocks = count;
-  return id;
+  return kv_->CreateSequenceFromPrefix(prefix);
 }
 
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
@@ -708,18 +745,17 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
   std::unordered_set<int64_t> seen;
   int64_t tokens = 0, needed = 0;
   for (const StepItem& it : items) {
-    auto s = sequences_.find(it.sequence);
     FLOTILLA_RETURN_IF_ERROR(
-        CheckStepItem(it, s != sequences_.end(), config_.vocab_size, &seen));
-    tokens += static_cast<int64_t>(it.tokens.size());
-    const int64_t length = s->second.length + static_cast<int64_t>(it.tokens.size());
+        CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size, &seen));
+    const int64_t n = static_cast<int64_t>(it.tokens.size());
+    tokens += n;
+    const int64_t length = *kv_->Length(it.sequence) + n;
     if (length > options_.max_context) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", it.sequence, " would hold ", length,
           " tokens, more than this engine's context (", options_.max_context, ")"));
     }
-    needed += std::max<int64_t>(
-        0, CeilDiv(length, options_.kv_block_size) - static_cast<int64_t>(s->second.blocks.size()));
+    needed += *kv_->BlocksNeeded(it.sequence, n);
   }
   if (tokens > options_.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("step: ", tokens,
@@ -736,37 +772,39 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
 
 absl::Status CudaEngine::Reserve(const std::vector<StepItem>& items) {
   for (const StepItem& it : items) {
-    Sequence& s = sequences_[it.sequence];
-    const int64_t want = CeilDiv(s.length + static_cast<int64_t>(it.tokens.size()),
-                                 options_.kv_block_size);
-    while (static_cast<int64_t>(s.blocks.size()) < want) {
-      std::optional<int32_t> block = blocks_->Allocate();
-      if (!block) return absl::ResourceExhaustedError("kv cache: out of blocks");
-      s.blocks.push_back(*block);
-    }
+    FLOTILLA_RETURN_IF_ERROR(ReserveKv(it.sequence, static_cast<int64_t>(it.tokens.size())));
   }
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::ReserveKv(int64_t sequence, int64_t tokens) {
+  Impl& d = *impl_;
+  cudaError_t copied = cudaSuccess;
+  // Copy on write of a shared block, every layer's K and V (the prefix cache
+  // shares only whole blocks, which are never written again, so this is for
+  // completeness).
+  auto copy = [&](int32_t from, int32_t to) {
+    for (const Impl::Layer& L : d.layers) {
+      const size_t n = static_cast<size_t>(L.kv.kv_heads) * L.kv.block_size * L.kv.head_dim;
+      for (uint16_t* base : {L.kv.k, L.kv.v}) {
+        const cudaError_t e = cudaMemcpyAsync(base + to * n, base + from * n, n * sizeof(uint16_t),
+                                              cudaMemcpyDeviceToDevice, d.stream);
+        if (e != cudaSuccess) copied = e;
+      }
+    }
+  };
+  FLOTILLA_RETURN_IF_ERROR(kv_->Reserve(sequence, tokens, copy));
+  return CudaStatus(copied, "kv cache: copy a shared block");
+}
+
 absl::Status CudaEngine::ExtendSynthetic(int64_t sequence, int64_t tokens) {
-  auto it = sequences_.find(sequence);
-  if (it == sequences_.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
-  }
-  if (tokens < 0 || it->second.length + tokens > options_.max_context) {
+  absl::StatusOr<int64_t> length = SequenceLength(sequence);
+  if (!length.ok()) return length.status();
+  if (tokens < 0 || *length + tokens > options_.max_context) {
     return absl::InvalidArgumentError("extend: past this engine's context");
   }
-  StepItem probe;
-  probe.sequence = sequence;
-  probe.tokens.assign(static_cast<size_t>(tokens), 0);
-  const int64_t want = CeilDiv(it->second.length + tokens, options_.kv_block_size);
-  if (want - static_cast<int64_t>(it->second.blocks.size()) > free_kv_blocks()) {
-    return absl::ResourceExhaustedError("kv cache: out of blocks");
-  }
-  FLOTILLA_RETURN_IF_ERROR(Reserve({probe}));
-  it->second.length += tokens;
-  it->second.chain.broken = true;  // its KV is not its tokens'
-  return absl::OkStatus();
+  FLOTILLA_RETURN_IF_ERROR(ReserveKv(sequence, tokens));
+  return kv_->Commit(sequence, tokens, nullptr);  // its KV is not its tokens'
 }
 
 absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) {
@@ -794,6 +832,9 @@ bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
     if (sampler == nullptr) continue;
+    // A structured-output row needs its whole-vocabulary mask: the step then
+    // samples on the host from the logits it brings back (StepWithHostSampling).
+    if (sampler->Allowed() != nullptr) return false;
     const SamplingParams& p = sampler->params();
     kc::SamplingRow& row = sampling->rows[i];
     row.temperature = p.temperature;
@@ -982,6 +1023,11 @@ absl::Status CudaEngine::RunShardedMoe(int layer, int tokens, cudaStream_t strea
     return absl::InternalError(absl::StrCat("layer ", layer, ": dispatch gave ", rows.rows,
                                             " rows; the MoE workspace holds ", d.moe_rows));
   }
+  if (d.expert_counts != nullptr && rows.rows > 0) {
+    FLOTILLA_CUDA_RETURN(kc::LaunchCountExpertRows(
+        rows.slot, rows.rows, d.max_slots,
+        d.expert_counts + static_cast<size_t>(layer) * d.max_slots, stream));
+  }
   // The rows' weights are 1 (0 for padding): the outputs stay unweighted and
   // Combine applies the router weights.
   if (rows.rows > 0) {
@@ -1050,21 +1096,32 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   std::vector<int> rows;
   for (int i = 0; i < plan.seqs; ++i) {
     m[d.off_qstart + i] = T;
-    int32_t* table = m + d.off_tables + static_cast<size_t>(i) * MB;
+    auto table_of = [&](int g) {
+      return m + d.off_tables + g * d.tables_stride + static_cast<size_t>(i) * MB;
+    };
     if (i < plan.real_items) {
       const StepItem& it = items[i];
-      const Sequence& s = sequences_[it.sequence];
+      const int64_t length = *kv_->Length(it.sequence);
       const int n = static_cast<int>(it.tokens.size());
       for (int j = 0; j < n; ++j) {
-        const int64_t p = s.length + j;
         m[d.off_tokens + T + j] = it.tokens[j];
-        m[d.off_pos + T + j] = static_cast<int32_t>(p);
-        m[d.off_slots + T + j] = s.blocks[p / bs] * bs + static_cast<int32_t>(p % bs);
+        m[d.off_pos + T + j] = static_cast<int32_t>(length + j);
       }
-      const int64_t len = s.length + n;
+      for (int g = 0; g < d.kv_groups; ++g) {
+        const std::vector<int32_t>& blocks = kv_->Table(it.sequence, g);
+        int32_t* slots = m + d.off_slots + g * d.slots_stride + T;
+        for (int j = 0; j < n; ++j) {
+          const int64_t p = length + j;
+          slots[j] = blocks[p / bs] * bs + static_cast<int32_t>(p % bs);
+        }
+        // Blocks a sliding group dropped read as the scratch block: the
+        // kernels never read a position before the window.
+        int32_t* table = table_of(g);
+        for (size_t b = 0; b < blocks.size(); ++b) table[b] = std::max(blocks[b], 0);
+        std::fill(table + blocks.size(), table + MB, 0);
+      }
+      const int64_t len = length + n;
       m[d.off_lens + i] = static_cast<int32_t>(len);
-      std::copy(s.blocks.begin(), s.blocks.end(), table);
-      std::fill(table + s.blocks.size(), table + MB, 0);
       const LogitsMode mode = sample ? (has_row(i) ? LogitsMode::kLast : LogitsMode::kNone)
                                      : it.logits;
       plan.first_row.push_back(static_cast<int>(rows.size()));
@@ -1082,9 +1139,11 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
       // scratch block; its K/V are not stored and its outputs are dropped.
       m[d.off_tokens + T] = 0;
       m[d.off_pos + T] = 0;
-      m[d.off_slots + T] = -1;
+      for (int g = 0; g < d.kv_groups; ++g) {
+        m[d.off_slots + g * d.slots_stride + T] = -1;
+        std::fill(table_of(g), table_of(g) + MB, 0);
+      }
       m[d.off_lens + i] = 1;
-      std::fill(table, table + MB, 0);
       if (pad_rows) rows.push_back(T);
       plan.max_q = std::max(plan.max_q, 1);
       T += 1;
@@ -1116,11 +1175,14 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   };
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_tokens, T));
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_pos, T));
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_slots, T));
+  for (int g = 0; g < d.kv_groups; ++g) {
+    FLOTILLA_RETURN_IF_ERROR(upload(d.off_slots + g * d.slots_stride, T));
+    FLOTILLA_RETURN_IF_ERROR(
+        upload(d.off_tables + g * d.tables_stride, static_cast<size_t>(plan.seqs) * MB));
+  }
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_qstart, plan.seqs + 1));
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_lens, plan.seqs));
   FLOTILLA_RETURN_IF_ERROR(upload(d.off_rows, std::max(plan.rows, 1)));
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_tables, static_cast<size_t>(plan.seqs) * MB));
   if (sample) FLOTILLA_RETURN_IF_ERROR(UploadSampling(*sampling, plan));
 
   // The body of the step; `ctx` bounds the sequence lengths for the KV split.
@@ -1140,8 +1202,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   };
   auto forward = [&](int64_t ctx, int logit_rows_now, int row_offset) -> absl::Status {
     cudaStream_t s = d.stream;
-    kc::AttentionBatch batch;
-    batch.block_tables = d.meta + d.off_tables;
+    kc::AttentionBatch batch;  // block_tables: the layer's group's, set per layer
     batch.max_blocks_per_seq = MB;
     batch.seq_lens = d.meta + d.off_lens;
     batch.q_start = d.meta + d.off_qstart;
@@ -1164,7 +1225,11 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
       FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
                                                d.invalid, s));
     }
+    auto slots_of = [&](const Impl::Layer& L) {
+      return d.meta + d.off_slots + L.kv_group * d.slots_stride;
+    };
     for (Impl::Layer& L : d.layers) {
+      batch.block_tables = d.meta + d.off_tables + L.kv_group * d.tables_stride;
       if (fused_qkv) {
         // Few tokens: the input norm, the QKV projection, RoPE and the KV
         // write in one launch (labelled as the projection it mostly is).
@@ -1172,7 +1237,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
         if (on("qkv_linear")) {
           FLOTILLA_CUDA_RETURN(kc::LaunchNormQkvRope(
               d.x, L.input_norm, eps, L.wqkv, L.bqkv, T, H, NH, d.meta + d.off_pos,
-              d.meta + d.off_slots, d.inv_freq, d.rope_scaling, L.kv, d.q, s));
+              slots_of(L), d.inv_freq, d.rope_scaling, L.kv, d.q, s));
         }
       } else {
         FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
@@ -1187,7 +1252,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
         FLOTILLA_RETURN_IF_ERROR(mark("rope_kv_write"));
         if (on("rope_kv_write")) {
           FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos,
-                                                     d.meta + d.off_slots, T, NH, d.inv_freq,
+                                                     slots_of(L), T, NH, d.inv_freq,
                                                      d.rope_scaling, L.kv, d.q, s,
                                                      kc::QkvRowOrder::kRopePairs));
         }
@@ -1317,10 +1382,9 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   }
   // Results.
   for (size_t i = 0; i < items.size(); ++i) {
-    Sequence& s = sequences_[items[i].sequence];
-    s.length += static_cast<int64_t>(items[i].tokens.size());
-    blocks_->Extend(&s.chain, items[i].tokens,
-                    [&](int64_t block, std::vector<int32_t>* slots) { (*slots)[0] = s.blocks[block]; });
+    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(items[i].sequence,
+                                         static_cast<int64_t>(items[i].tokens.size()),
+                                         items[i].tokens.data()));
   }
   std::vector<std::vector<int32_t>> routing;
   if (d.routing_record != nullptr) {
@@ -1375,6 +1439,123 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
         host.begin() + static_cast<size_t>(plan.first_row[i] + plan.row_count[i]) * V);
   }
   return absl::OkStatus();
+}
+
+}  // namespace flotilla
+
+namespace flotilla {
+namespace {
+
+// [layer][slot] -> the expert `map` puts in that slot of `rank` (-1: none).
+std::vector<std::vector<int>> SlotExperts(const ExpertMap& map, int rank, int max_slots) {
+  std::vector<std::vector<int>> out(map.num_layers(), std::vector<int>(max_slots, -1));
+  for (int l = 0; l < map.num_layers(); ++l) {
+    for (int e = 0; e < map.num_experts(); ++e) {
+      for (const ExpertLocation& at : map.replicas(l, e)) {
+        if (at.rank == rank && at.slot < max_slots) out[l][at.slot] = e;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint64_t> CudaEngine::TakeExpertCounts() {
+  Impl& d = *impl_;
+  if (d.expert_counts == nullptr) return {};
+  cudaSetDevice(d.device);
+  const int L = config_.num_hidden_layers, E = config_.num_local_experts;
+  std::vector<uint64_t> out;
+  if (d.counts_pending) {
+    if (cudaEventQuery(d.counts_event) == cudaErrorNotReady) return {};
+    out.assign(static_cast<size_t>(L) * E, 0);
+    for (int l = 0; l < L; ++l) {
+      for (int slot = 0; slot < d.max_slots; ++slot) {
+        const int e = d.counts_slot_expert[l][slot];
+        if (e >= 0) out[l * E + e] += d.expert_counts_host[l * d.max_slots + slot];
+      }
+    }
+    d.counts_pending = false;
+  }
+  // The next read-back: after this step's kernels, on the same stream.
+  const size_t bytes = static_cast<size_t>(L) * d.max_slots * sizeof(uint32_t);
+  if (cudaMemcpyAsync(d.expert_counts_host, d.expert_counts, bytes, cudaMemcpyDeviceToHost,
+                      d.stream) == cudaSuccess &&
+      cudaMemsetAsync(d.expert_counts, 0, bytes, d.stream) == cudaSuccess &&
+      cudaEventRecord(d.counts_event, d.stream) == cudaSuccess) {
+    d.counts_slot_expert =
+        SlotExperts(options_.parallel->expert_map(), options_.parallel->rank(), d.max_slots);
+    d.counts_pending = true;
+  }
+  return out;
+}
+
+absl::Status CudaEngine::UploadExperts(const ExpertMap& current, const ExpertMap& next,
+                                       const ModelWeights& extra, cudaStream_t stream) {
+  Impl& d = *impl_;
+  if (options_.parallel == nullptr) {
+    return absl::FailedPreconditionError("a single-GPU engine holds every expert already");
+  }
+  const int rank = options_.parallel->rank();
+  if (next.num_layers() != config_.num_hidden_layers ||
+      current.num_layers() != config_.num_hidden_layers ||
+      static_cast<int>(extra.layers.size()) != config_.num_hidden_layers) {
+    return absl::InvalidArgumentError("expert upload: the maps or the experts miss layers");
+  }
+  const auto now = SlotExperts(current, rank, d.max_slots);
+  cudaSetDevice(d.device);
+  for (int l = 0; l < next.num_layers(); ++l) {
+    for (int e = 0; e < next.num_experts(); ++e) {
+      for (const ExpertLocation& at : next.replicas(l, e)) {
+        if (at.rank != rank) continue;
+        if (at.slot >= d.max_slots) {
+          return absl::InvalidArgumentError(absl::StrCat("layer ", l, " slot ", at.slot,
+                                                         ": this rank has ", d.max_slots,
+                                                         " expert slots"));
+        }
+        if (now[l][at.slot] == e) continue;
+        if (now[l][at.slot] >= 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("layer ", l, " slot ", at.slot, " holds expert ", now[l][at.slot],
+                           " in the current map; it cannot take expert ", e, " before the switch"));
+        }
+        const ExpertWeights* x = nullptr;
+        for (const ExpertWeights& w : extra.layers[l].experts) {
+          if (w.expert_id == e) x = &w;
+        }
+        if (x == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("expert upload: no weights for layer ", l, " expert ", e));
+        }
+        FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(d.layers[l].moe, at.slot, x->gate_up.blocks,
+                                                 x->gate_up.scales, x->gate_up_bias.data,
+                                                 x->down.blocks, x->down.scales,
+                                                 x->down_bias.data, stream));
+      }
+    }
+  }
+  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::StageExperts(const ExpertMap& current, const ExpertMap& next,
+                                      const ModelWeights& extra) {
+  Impl& d = *impl_;
+  cudaSetDevice(d.device);
+  if (d.copy_stream == nullptr) {
+    FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d.copy_stream, cudaStreamNonBlocking));
+  }
+  FLOTILLA_RETURN_IF_ERROR(UploadExperts(current, next, extra, d.copy_stream));
+  d.staged_version = next.version();
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::InstallExperts(const ExpertMap& next, ModelWeights extra) {
+  // Staged on the loader thread already (the normal path); otherwise copied
+  // here, between steps.
+  if (impl_->staged_version == next.version()) return absl::OkStatus();
+  return UploadExperts(options_.parallel->expert_map(), next, extra, impl_->stream);
 }
 
 }  // namespace flotilla

@@ -7,8 +7,12 @@
 // Layout on the device: the residual stream in f32, activations fed to
 // matmuls in bf16, q/k/v projections fused into one [(NH + 2 NKV) D, H]
 // matrix, experts in their packed MXFP4 checkpoint layout, KV cache bf16
-// [num_blocks, kv_heads, block_size, D] per layer (every layer keeps every
-// position; sliding layers only read their window).
+// [num_blocks, kv_heads, block_size, D] per layer. The KV blocks are a
+// KvBlockAllocator's (the CPU engine's rules) with two layer groups: the
+// full-attention layers keep every position, the sliding-window layers only
+// the window (and a step's new positions), so a block holds block_size
+// positions of every layer of one group and a long sequence takes about half
+// the memory it would if every layer kept every position.
 //
 // Sharded (CudaEngineOptions::parallel set, W > 1 ranks): the engine holds its
 // TP rank's q and kv heads (and their KV), the experts its rank holds in the
@@ -34,7 +38,7 @@
 #include "common/model_config.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
-#include "worker/engine/prefix_cache.h"
+#include "worker/engine/kv_block_allocator.h"
 #include "worker/model/weights.h"
 
 namespace flotilla {
@@ -60,6 +64,9 @@ struct CudaEngineOptions {
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
   int64_t max_context = 0;
+  // Sharded: expert slots per layer beyond those the expert map uses at
+  // start, for replicas loaded while serving (InstallExperts).
+  int spare_expert_slots = 0;
   int max_batch_tokens = 8192;  // tokens in one step
   int max_sequences = 256;      // sequences in one step
   // Share the KV blocks of identical prompt prefixes (worker/engine/prefix_cache.h).
@@ -120,7 +127,8 @@ class CudaEngine : public Engine {
   int64_t NewSequence() override;
   absl::Status FreeSequence(int64_t sequence) override;
   absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
-  // Every layer keeps every position, so any run of cached blocks is usable.
+  // Whole cached blocks whose full layers' KV and sliding layers' window are
+  // still in the arena (KvBlockAllocator::MatchPrefix).
   int64_t CachedPrefixLength(const std::vector<int32_t>& prompt) const override;
   absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) override;
 
@@ -131,6 +139,18 @@ class CudaEngine : public Engine {
   void SetInstanceStepTokens(int64_t max_tokens_any_rank) override {
     instance_step_tokens_ = max_tokens_any_rank;
   }
+  // Sharded ranks count the rows each expert slot runs on the device; each
+  // call queues the counters' read-back (and reset) on the engine's stream
+  // after the step and returns the previous read-back once it has landed
+  // (no host wait). Empty on a single-GPU engine (nothing to balance).
+  std::vector<uint64_t> TakeExpertCounts() override;
+  // Uploads the experts `next` places in slots the current map leaves free
+  // (options.spare_expert_slots of them beyond the map's) from host memory:
+  // StageExperts on its own stream from the caller's thread while steps go
+  // on; InstallExperts (between steps) only when they were not staged.
+  absl::Status StageExperts(const ExpertMap& current, const ExpertMap& next,
+                            const ModelWeights& extra) override;
+  absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
 
   // Runs a step and samples one token per item on the GPU from the logits of
   // the item's last position (`params` one per item). A step whose items
@@ -144,15 +164,18 @@ class CudaEngine : public Engine {
   absl::Status ExtendSynthetic(int64_t sequence, int64_t tokens);
 
   int64_t MaxSequenceLength() const override;
-  int64_t num_kv_blocks() const { return num_blocks_ - 1; }
+  int64_t num_kv_blocks() const { return kv_->num_blocks(); }
   // Cached blocks no sequence holds count as free (they are evictable).
-  int64_t free_kv_blocks() const { return blocks_->free_blocks(); }
+  int64_t free_kv_blocks() const { return kv_->free_blocks(); }
   const ModelConfig& config() const override { return config_; }
   int64_t KvTotalBlocks() const override { return num_kv_blocks(); }
   int64_t KvFreeBlocks() const override { return free_kv_blocks(); }
   int64_t KvBlocksForLength(int64_t tokens) const override {
-    return (tokens + options_.kv_block_size - 1) / options_.kv_block_size;
+    return kv_->BlocksForLength(tokens);
   }
+  // Blocks of `group` (0: full-attention layers, 1: sliding-window layers
+  // when the model has both) a sequence holds now (tests).
+  int64_t KvBlocksHeld(int64_t sequence, int group) const { return kv_->BlocksHeld(sequence, group); }
   // Bytes of weights on the device, and the bytes one decode token of a
   // single sequence reads (bf16 matrices, lm_head, top-k experts per layer).
   size_t weight_bytes() const { return weight_bytes_; }
@@ -167,11 +190,6 @@ class CudaEngine : public Engine {
   struct Impl;
   explicit CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config);
 
-  struct Sequence {
-    int64_t length = 0;
-    std::vector<int32_t> blocks;
-    PrefixCache::Chain chain;
-  };
   struct Plan;  // one step's host-side layout
 
   // Weights from `feed`, or (no feed) the benchmarks' fill from `seed`.
@@ -180,6 +198,7 @@ class CudaEngine : public Engine {
                                                            uint64_t seed,
                                                            const CudaEngineOptions& options);
   absl::Status Reserve(const std::vector<StepItem>& items);
+  absl::Status ReserveKv(int64_t sequence, int64_t tokens);
   // One step's sampling on the device: per item, its row's parameters and
   // its sampler (null for StepAndSample's rows); the adjustments staged in
   // the pinned buffer (rows = item indices until RunStep maps them).
@@ -190,7 +209,8 @@ class CudaEngine : public Engine {
     int top_n = 0;
     bool logprobs = false;  // some row reports logprobs
   };
-  // False when the step's adjustments do not fit the device buffer.
+  // False when the step's adjustments do not fit the device buffer, or a
+  // row samples under a token mask (structured outputs): host sampling then.
   bool PrepareDeviceSampling(const std::vector<StepItem>& items, DeviceSampling* sampling);
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
@@ -201,6 +221,8 @@ class CudaEngine : public Engine {
   // `tokens` routed rows (d.t, topk), run its experts on the rows received,
   // combine and add the result into the residual. tokens may be 0.
   absl::Status RunShardedMoe(int layer, int tokens, cudaStream_t stream);
+  absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
+                             const ModelWeights& extra, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int SamplingVariant(const DeviceSampling& sampling);
   absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
@@ -211,12 +233,10 @@ class CudaEngine : public Engine {
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
   CudaEngineOptions options_;
-  int64_t num_blocks_ = 0;
   int64_t max_blocks_per_seq_ = 0;
   size_t weight_bytes_ = 0;
-  int64_t next_sequence_ = 1;
-  std::unordered_map<int64_t, Sequence> sequences_;
-  std::unique_ptr<PrefixCache> blocks_;  // the arena's blocks but 0, and cached prefixes
+  // The arena's blocks but 0 (scratch), by layer group; sequences are its ids.
+  std::unique_ptr<KvBlockAllocator> kv_;
   std::map<std::string, double> op_time_ms_;
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
 };

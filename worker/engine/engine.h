@@ -9,8 +9,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/expert_map.h"
 #include "common/model_config.h"
 #include "worker/engine/sampler.h"
+#include "worker/model/weights.h"
 
 namespace flotilla {
 
@@ -109,6 +111,30 @@ class Engine {
   virtual absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
     if (prefix.empty()) return NewSequence();
     return absl::FailedPreconditionError("this engine has no prefix cache");
+  }
+
+  // Expert load (the balancer's input): rows this rank's experts ran per
+  // (layer, logical expert) since the last call, [layer * E + expert], and
+  // the counters restart. Empty when the engine does not count. Cheap: a
+  // device engine returns what its last finished read-back brought.
+  virtual std::vector<uint64_t> TakeExpertCounts() { return {}; }
+  // Hot swap: makes the experts of `extra` (its layers' `experts`, other
+  // views unused) runnable on this rank in the slots `next` gives them, so
+  // that the engine can be switched to `next` (through its parallel
+  // context). Experts already held are skipped. Called between steps, while
+  // the current map is still in force: a slot the current map uses for
+  // another expert is refused (FAILED_PRECONDITION).
+  // The device half of a hot swap, ahead of InstallExperts: copies the
+  // experts of `extra` into the slots `next` gives them that `current` (the
+  // map in force) leaves free. Safe to call from another thread while steps
+  // run (ExpertStore's loader); an engine whose experts need no copying
+  // keeps this no-op.
+  virtual absl::Status StageExperts(const ExpertMap& current, const ExpertMap& next,
+                                    const ModelWeights& extra) {
+    return absl::OkStatus();
+  }
+  virtual absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) {
+    return absl::UnimplementedError("this engine cannot load experts while serving");
   }
 };
 

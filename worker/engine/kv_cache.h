@@ -1,17 +1,11 @@
-// Paged KV cache: fixed-size blocks from one preallocated arena shared by all
-// sequences and layers. A block holds `block_size` positions of one layer:
-// K [block_size, kv_heads, D] then V [block_size, kv_heads, D], in f32.
-// Full-attention layers keep every position; sliding-window layers keep only
-// the last window - 1 positions (what the next query needs besides itself) and
-// free the blocks that leave the window. Forks share blocks (reference
-// counted) and copy a block only when one of them writes into it.
-// With prefix_cache on, every full block a sequence completes is registered
-// in a PrefixCache (worker/engine/prefix_cache.h) with its blocks of every
-// layer, and a new sequence can start from a cached prefix, sharing its
-// blocks. Sliding layers then write whole blocks (from the block start of
-// the window before the last block boundary short of the chunk's end), so a cached block's
-// sliding-layer KV is complete; blocks leaving the window are released as
-// before but stay cached (and evictable) until the arena needs them.
+// Paged KV cache of the CPU engine: f32 blocks of one preallocated arena
+// shared by all sequences and layers. A block holds `block_size` positions
+// of one layer: K [block_size, kv_heads, D] then V [block_size, kv_heads, D].
+// The block tables, the sliding window, copy on write and the prefix cache
+// are a KvBlockAllocator's (worker/engine/kv_block_allocator.h) with one
+// group per layer, the same rules the CUDA engine's arena follows; this class
+// adds the arena and the rows' addresses. Sliding-window layers write only
+// the new positions still in the window at the step's end.
 // Not thread-safe: one owner (the engine) drives it.
 #pragma once
 
@@ -24,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/ops.h"
-#include "worker/engine/prefix_cache.h"
+#include "worker/engine/kv_block_allocator.h"
 
 namespace flotilla {
 
@@ -59,7 +53,7 @@ class KvCache {
   // cache; FAILED_PRECONDITION otherwise.
   absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix);
 
-  bool Contains(SequenceId seq) const { return seqs_.count(seq) != 0; }
+  bool Contains(SequenceId seq) const { return blocks_->Contains(seq); }
   absl::StatusOr<int64_t> Length(SequenceId seq) const;
 
   // Blocks one sequence of `length` tokens holds at most, all layers together.
@@ -87,40 +81,18 @@ class KvCache {
   int64_t num_blocks() const { return options_.num_blocks; }
   // Blocks no sequence holds (cached ones included: they are evictable).
   int64_t free_blocks() const { return blocks_->free_blocks(); }
-  const PrefixCache& prefix_cache() const { return *blocks_; }
-  int64_t BlocksHeld(SequenceId seq, int layer) const;
+  const PrefixCache& prefix_cache() const { return blocks_->prefix_cache(); }
+  int64_t BlocksHeld(SequenceId seq, int layer) const { return blocks_->BlocksHeld(seq, layer); }
   const KvCacheOptions& options() const { return options_; }
 
  private:
-  struct Sequence {
-    int64_t length = 0;
-    std::vector<std::vector<int32_t>> tables;  // per layer: logical block -> physical, -1 = none
-    PrefixCache::Chain chain;
-    int64_t released_blocks = 0;  // sliding layers hold no block below this
-  };
-
-  KvCache(const KvCacheOptions& options, std::unique_ptr<PrefixCache> blocks);
-  // First position layer `layer` keeps once the sequence holds `length` tokens.
-  int64_t KeepBegin(int layer, int64_t length) const;
-  // A sliding layer (or 0 when there is none: KeepBegin is then 0).
-  int SlidingLayer() const;
-  // Positions [begin, end) a Reserve of n at `length` writes in `layer`.
-  void WriteRange(int layer, int64_t length, int64_t n, int64_t* begin, int64_t* end) const;
-  int32_t Allocate();
-  void Release(int32_t block);
-  // Registers the blocks `tokens` complete, then frees what left the window.
-  absl::Status CommitTokens(SequenceId seq, int64_t n, const int32_t* tokens);
-  // Whether each sliding layer has the blocks of the window before `blocks`
-  // whole blocks (hits: what PrefixCache::Walk found).
-  bool WindowCached(const std::vector<PrefixCache::Hit>& hits, int64_t blocks) const;
+  KvCache(const KvCacheOptions& options, std::unique_ptr<KvBlockAllocator> blocks);
   float* Row(SequenceId seq, int layer, int64_t pos, bool value);
 
   KvCacheOptions options_;
   int64_t block_floats_;
   std::vector<float> arena_;
-  std::unique_ptr<PrefixCache> blocks_;  // refcounts, free blocks, cached prefixes
-  std::unordered_map<SequenceId, Sequence> seqs_;
-  SequenceId next_id_ = 1;
+  std::unique_ptr<KvBlockAllocator> blocks_;
 };
 
 }  // namespace flotilla

@@ -95,6 +95,7 @@ Sampler::Sampler(const SamplingParams& params, int vocab_size, uint64_t seed,
 }
 
 void Sampler::Record(int32_t token) {
+  if (filter_) filter_->Accept(token);
   ++counts_[token];
   ++draws_;
   adjustments_stale_ = true;
@@ -143,6 +144,16 @@ void Sampler::Penalise(const float* logits, std::vector<float>* out) {
   out->assign(logits, logits + vocab_size_);
   for (const LogitAdjustment& a : Adjustments()) {
     (*out)[a.token] = AdjustLogit((*out)[a.token], a.repetition, a.add);
+  }
+  if (const uint32_t* allowed = Allowed()) MaskLogits(allowed, vocab_size_, out->data());
+}
+
+void MaskLogits(const uint32_t* allowed, int64_t n, float* logits) {
+  bool any = false;
+  for (int64_t w = 0; w < (n + 31) / 32 && !any; ++w) any = allowed[w] != 0;
+  if (!any) return;  // nothing allowed: the filter reports the failure on Accept
+  for (int64_t t = 0; t < n; ++t) {
+    if (!((allowed[t >> 5] >> (t & 31)) & 1)) logits[t] = -std::numeric_limits<float>::infinity();
   }
 }
 

@@ -61,6 +61,16 @@ inline float AdjustLogit(float logit, float repetition, float add) {
   return logit + add;
 }
 
+// Which tokens may be drawn next (structured outputs): a bitset over the
+// vocabulary (bit t of word t / 32), told of every token drawn.
+class TokenFilter {
+ public:
+  virtual ~TokenFilter() = default;
+  // MaskWords(vocab) words; null when every token is allowed.
+  virtual const uint32_t* Allowed() = 0;
+  virtual void Accept(int32_t token) = 0;
+};
+
 class Sampler {
  public:
   // `prompt`: the request's prompt tokens (they count for repetition_penalty).
@@ -77,6 +87,11 @@ class Sampler {
   std::vector<std::pair<int32_t, float>> Distribution(const float* logits);
 
   const SamplingParams& params() const { return params_; }
+
+  // Draws only tokens `filter` allows from now on (the sampler owns it).
+  void SetFilter(std::unique_ptr<TokenFilter> filter) { filter_ = std::move(filter); }
+  // The next draw's allowed tokens (null: any). For a sampler on another device.
+  const uint32_t* Allowed() { return filter_ ? filter_->Allowed() : nullptr; }
 
   // For a sampler on another device: the seed in force (drawn at creation
   // when the request set none), how many tokens were drawn so far, the
@@ -102,11 +117,15 @@ class Sampler {
   std::unordered_map<int32_t, int64_t> counts_;
   std::vector<int32_t> prompt_tokens_;  // distinct, when repetition_penalty is on
   std::vector<LogitAdjustment> adjustments_;
+  std::unique_ptr<TokenFilter> filter_;
   bool adjustments_stale_ = true;
   std::vector<float> work_;
   std::vector<int32_t> order_;
 };
 
+// Sets the logits of tokens not in `allowed` (a bitset over n tokens) to
+// -infinity; leaves them all when none is allowed.
+void MaskLogits(const uint32_t* allowed, int64_t n, float* logits);
 // log-softmax of logits [n] into out [n].
 void LogSoftmax(const float* logits, int64_t n, float* out);
 // Index of the largest value, the lowest such index on ties.

@@ -156,6 +156,7 @@ class HostExpertParallel final : public ExpertParallel {
   std::vector<char> send_, recv_, back_, gathered_;
   std::vector<float> rows_, out_, ones_, mine_;
   std::vector<int32_t> slots_;
+  std::vector<uint32_t> turn_;  // [layer * E + expert]: the next replica's turn
 };
 
 absl::Status HostExpertParallel::CheckDispatch(int layer, const void* x, const int32_t* topk_ids,
@@ -185,12 +186,20 @@ void HostExpertParallel::PackShare(int layer, const float* x, const int32_t* top
   const size_t entry = EntryBytes(), row = RowBytes();
   sent_.assign(world, {});
   std::vector<std::vector<int32_t>> slot_of(world);
+  const int E = map.num_experts();
+  if (turn_.size() != static_cast<size_t>(map.num_layers()) * E) {
+    // Senders start at different replicas so their first rows spread too.
+    turn_.assign(static_cast<size_t>(map.num_layers()) * E, static_cast<uint32_t>(comm_->rank()));
+  }
   for (int64_t t = tp_rank_; t < tokens_; t += tp_) {
     for (int j = 0; j < top_k_; ++j) {
-      const auto& replicas = map.replicas(layer, topk_ids[t * top_k_ + j]);
-      // Replicas take turns by (token, k): deterministic, and spreads a hot
-      // expert's rows over its copies.
-      const ExpertLocation& at = replicas[(t + j) % replicas.size()];
+      const int expert = topk_ids[t * top_k_ + j];
+      const auto& replicas = map.replicas(layer, expert);
+      // Replicas of an expert take turns per row this rank sends: a hot
+      // expert's rows spread evenly over its copies even at batch 1, and
+      // every copy holds the same weights, so the choice never changes the
+      // result.
+      const ExpertLocation& at = replicas[turn_[layer * E + expert]++ % replicas.size()];
       sent_[at.rank].push_back({t, j});
       slot_of[at.rank].push_back(at.slot);
     }

@@ -1,0 +1,480 @@
+#include "common/grammar/json_matcher.h"
+
+#include <cmath>
+
+namespace flotilla::grammar {
+namespace {
+
+constexpr uint8_t kNeg = 1, kDot = 2, kSurrogateLead = 4;
+// Object / array phases.
+constexpr uint8_t kOpen = 0, kFirst = 1, kInKey = 2, kAfterValue = 3, kAfterComma = 4,
+                  kAfterKey = 5, kBeforeValue = 6;
+// String phases (after the opening quote).
+constexpr uint8_t kBody = 1, kEscape = 2, kUnicode = 3;
+
+const std::vector<std::string>& Booleans() {
+  static const std::vector<std::string> v = {"true", "false"};
+  return v;
+}
+const std::vector<std::string>& Nulls() {
+  static const std::vector<std::string> v = {"null"};
+  return v;
+}
+const std::vector<std::string>& Keywords() {
+  static const std::vector<std::string> v = {"true", "false", "null"};
+  return v;
+}
+
+bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
+bool IsHex(uint8_t b) { return IsDigit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
+uint64_t AllOf(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+}  // namespace
+
+std::string MatchState::Key() const {
+  std::string key(reinterpret_cast<const char*>(&depth), sizeof(depth));
+  key.append(reinterpret_cast<const char*>(frames), sizeof(Frame) * depth);
+  return key;
+}
+
+MatchState JsonMatcher::Start() const {
+  MatchState s;
+  Push(s, FrameKind::kValue, schema_->root);
+  return s;
+}
+
+bool JsonMatcher::Push(MatchState& s, FrameKind kind, int node) const {
+  if (s.depth >= static_cast<int>(sizeof(s.frames) / sizeof(Frame))) return false;
+  Frame& f = s.frames[s.depth++];
+  std::memset(&f, 0, sizeof(f));
+  f.kind = kind;
+  f.node = node;
+  return true;
+}
+
+bool JsonMatcher::Feed(MatchState& s, uint8_t b) const {
+  for (int guard = 0; guard < 4 * kMaxNesting + 8; ++guard) {
+    if (s.depth == 0) return false;
+    switch (Step(s, b)) {
+      case Outcome::kReject: return false;
+      case Outcome::kConsumed: return true;
+      case Outcome::kDone: --s.depth; return true;
+      case Outcome::kPopRetry: --s.depth; continue;
+      case Outcome::kRetry: continue;
+    }
+  }
+  return false;
+}
+
+bool JsonMatcher::CanEnd(const MatchState& s) const {
+  if (s.depth == 0) return true;
+  if (s.depth != 1) return false;
+  const Frame& f = s.frames[0];
+  if (f.kind == FrameKind::kNumber) return NumberComplete(f);
+  if (f.kind == FrameKind::kLiteral) return LiteralComplete(f);
+  return false;
+}
+
+JsonMatcher::Outcome JsonMatcher::Step(MatchState& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  switch (f.kind) {
+    case FrameKind::kValue: return StepValue(s, b);
+    case FrameKind::kObject: return StepObject(s, b);
+    case FrameKind::kArray: return StepArray(s, b);
+    case FrameKind::kAnyObject: return StepAnyObject(s, b);
+    case FrameKind::kAnyArray: return StepAnyArray(s, b);
+    case FrameKind::kString: return StepString(f, b);
+    case FrameKind::kNumber: return StepNumber(f, b);
+    case FrameKind::kLiteral: return StepLiteral(f, b);
+  }
+  return Outcome::kReject;
+}
+
+bool JsonMatcher::Starts(int node, uint8_t b) const {
+  const SchemaNode& n = schema_->nodes[node];
+  switch (n.kind) {
+    case NodeKind::kAny: return b == '{' || (!n.object_only && b != '}' && b != ']');
+    case NodeKind::kObject: return b == '{';
+    case NodeKind::kArray: return b == '[';
+    case NodeKind::kString: return b == '"';
+    case NodeKind::kInteger:
+    case NodeKind::kNumber: return b == '-' || IsDigit(b);
+    case NodeKind::kBoolean: return b == 't' || b == 'f';
+    case NodeKind::kNull: return b == 'n';
+    case NodeKind::kLiteral:
+      for (const std::string& l : n.literals) {
+        if (!l.empty() && static_cast<uint8_t>(l[0]) == b) return true;
+      }
+      return false;
+    case NodeKind::kUnion: return Resolve(node, b) != -2;
+  }
+  return false;
+}
+
+int JsonMatcher::Resolve(int node, uint8_t b, int hops) const {
+  if (node < 0) return node;  // -1: unconstrained
+  const SchemaNode& n = schema_->nodes[node];
+  if (n.kind != NodeKind::kUnion) return Starts(node, b) ? node : -2;
+  if (hops > 64) return -2;
+  for (int a : n.alternatives) {
+    const int r = Resolve(a, b, hops + 1);
+    if (r != -2) return r;
+  }
+  return -2;
+}
+
+// A value placeholder becomes the frame of the node the byte starts.
+JsonMatcher::Outcome JsonMatcher::StepValue(MatchState& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  const int node = Resolve(f.node, b);
+  if (node == -2) return Outcome::kReject;
+  const NodeKind kind = node < 0 ? NodeKind::kAny : schema_->nodes[node].kind;
+  const bool object_only = node >= 0 && schema_->nodes[node].object_only;
+  std::memset(&f, 0, sizeof(f));
+  f.node = node;
+  auto literal = [&](const std::vector<std::string>* lits) {
+    f.kind = FrameKind::kLiteral;
+    f.literals = lits;
+    f.mask = AllOf(lits->size());
+    return Outcome::kRetry;
+  };
+  // Objects and arrays count towards the nesting limit.
+  const int containers = s.depth;
+  switch (kind) {
+    case NodeKind::kObject: f.kind = FrameKind::kObject; break;
+    case NodeKind::kArray: f.kind = FrameKind::kArray; break;
+    case NodeKind::kString: f.kind = FrameKind::kString; break;
+    case NodeKind::kInteger:
+    case NodeKind::kNumber: f.kind = FrameKind::kNumber; break;
+    case NodeKind::kBoolean: return literal(&Booleans());
+    case NodeKind::kNull: return literal(&Nulls());
+    case NodeKind::kLiteral: return literal(&schema_->nodes[node].literals);
+    case NodeKind::kUnion: return Outcome::kReject;
+    case NodeKind::kAny:
+      f.node = -1;
+      if (b == '{') {
+        f.kind = FrameKind::kAnyObject;
+      } else if (object_only) {
+        return Outcome::kReject;
+      } else if (b == '[') {
+        f.kind = FrameKind::kAnyArray;
+      } else if (b == '"') {
+        f.kind = FrameKind::kString;
+      } else if (b == '-' || IsDigit(b)) {
+        f.kind = FrameKind::kNumber;
+      } else {
+        return literal(&Keywords());
+      }
+      break;
+  }
+  if ((b == '{' || b == '[') && containers > kMaxNesting) return Outcome::kReject;
+  return Outcome::kRetry;
+}
+
+uint64_t JsonMatcher::KeyCandidates(const SchemaNode& n, int next) const {
+  uint64_t mask = 0;
+  for (int j = next; j < static_cast<int>(n.properties.size()); ++j) {
+    mask |= 1ull << j;
+    if (n.properties[j].required) break;  // later keys would skip it
+  }
+  return mask;
+}
+
+bool JsonMatcher::RequiredLeft(const SchemaNode& n, int next) const {
+  for (int j = next; j < static_cast<int>(n.properties.size()); ++j) {
+    if (n.properties[j].required) return true;
+  }
+  return false;
+}
+
+JsonMatcher::Outcome JsonMatcher::StepObject(MatchState& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  const SchemaNode& n = schema_->nodes[f.node];
+  switch (f.phase) {
+    case kOpen:
+      if (b != '{') return Outcome::kReject;
+      f.phase = kFirst;
+      return Outcome::kConsumed;
+    case kFirst:
+    case kAfterComma:
+      if (b == '}' && f.phase == kFirst && !RequiredLeft(n, 0)) return Outcome::kDone;
+      if (b != '"') return Outcome::kReject;
+      f.mask = KeyCandidates(n, f.count);
+      if (f.mask == 0) return Outcome::kReject;
+      f.phase = kInKey;
+      f.pos = 1;
+      return Outcome::kConsumed;
+    case kInKey: {
+      const int pos = f.pos;
+      uint64_t mask = 0;
+      int done = -1;
+      for (int j = 0; j < 64 && (f.mask >> j); ++j) {
+        if (!((f.mask >> j) & 1)) continue;
+        const std::string& key = n.properties[j].key_text;
+        if (static_cast<int>(key.size()) > pos && static_cast<uint8_t>(key[pos]) == b) {
+          mask |= 1ull << j;
+          if (static_cast<int>(key.size()) == pos + 1) done = j;
+        }
+      }
+      if (mask == 0) return Outcome::kReject;
+      f.mask = mask;
+      f.pos = pos + 1;
+      if (done < 0) return Outcome::kConsumed;
+      f.count = done + 1;
+      f.phase = kAfterValue;
+      f.mask = 0;
+      f.pos = 0;
+      return Push(s, FrameKind::kValue, n.properties[done].node) ? Outcome::kConsumed
+                                                                 : Outcome::kReject;
+    }
+    case kAfterValue:
+      if (b == '}') return RequiredLeft(n, f.count) ? Outcome::kReject : Outcome::kDone;
+      if (b != ',' || KeyCandidates(n, f.count) == 0) return Outcome::kReject;
+      f.phase = kAfterComma;
+      return Outcome::kConsumed;
+  }
+  return Outcome::kReject;
+}
+
+JsonMatcher::Outcome JsonMatcher::StepArray(MatchState& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  const SchemaNode& n = schema_->nodes[f.node];
+  switch (f.phase) {
+    case kOpen:
+      if (b != '[') return Outcome::kReject;
+      f.phase = kFirst;
+      return Outcome::kConsumed;
+    case kFirst:
+      if (b == ']') return n.min_items == 0 ? Outcome::kDone : Outcome::kReject;
+      if (n.max_items == 0) return Outcome::kReject;
+      [[fallthrough]];
+    case kAfterComma:
+      ++f.count;
+      f.phase = kAfterValue;
+      return Push(s, FrameKind::kValue, n.items) ? Outcome::kRetry : Outcome::kReject;
+    case kAfterValue:
+      if (b == ']') return f.count >= n.min_items ? Outcome::kDone : Outcome::kReject;
+      if (b != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return Outcome::kReject;
+      f.phase = kAfterComma;
+      return Outcome::kConsumed;
+  }
+  return Outcome::kReject;
+}
+
+JsonMatcher::Outcome JsonMatcher::StepAnyObject(MatchState& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  switch (f.phase) {
+    case kOpen:
+      if (b != '{') return Outcome::kReject;
+      f.phase = kFirst;
+      return Outcome::kConsumed;
+    case kFirst:
+    case kAfterComma:
+      if (b == '}' && f.phase == kFirst) return Outcome::kDone;
+      if (b != '"') return Outcome::kReject;
+      f.phase = kAfterKey;
+      return Push(s, FrameKind::kString, -1) ? Outcome::kRetry : Outcome::kReject;
+    case kAfterKey:
+      if (b != ':') return Outcome::kReject;
+      f.phase = kBeforeValue;
+      return Outcome::kConsumed;
+    case kBeforeValue:
+      f.phase = kAfterValue;
+      return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
+    case kAfterValue:
+      if (b == '}') return Outcome::kDone;
+      if (b != ',') return Outcome::kReject;
+      f.phase = kAfterComma;
+      return Outcome::kConsumed;
+  }
+  return Outcome::kReject;
+}
+
+JsonMatcher::Outcome JsonMatcher::StepAnyArray(MatchState& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  switch (f.phase) {
+    case kOpen:
+      if (b != '[') return Outcome::kReject;
+      f.phase = kFirst;
+      return Outcome::kConsumed;
+    case kFirst:
+      if (b == ']') return Outcome::kDone;
+      [[fallthrough]];
+    case kAfterComma:
+      f.phase = kAfterValue;
+      return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
+    case kAfterValue:
+      if (b == ']') return Outcome::kDone;
+      if (b != ',') return Outcome::kReject;
+      f.phase = kAfterComma;
+      return Outcome::kConsumed;
+  }
+  return Outcome::kReject;
+}
+
+int32_t JsonMatcher::LengthCap(int node) const {
+  if (node < 0) return 0;
+  const SchemaNode& n = schema_->nodes[node];
+  return static_cast<int32_t>(std::max<int64_t>(n.min_length, n.max_length));
+}
+
+JsonMatcher::Outcome JsonMatcher::StepString(Frame& f, uint8_t b) const {
+  const int64_t min_len = f.node >= 0 ? schema_->nodes[f.node].min_length : 0;
+  const int64_t max_len = f.node >= 0 ? schema_->nodes[f.node].max_length : -1;
+  const bool room = max_len < 0 || f.count < max_len;
+  auto counted = [&] {
+    f.count = std::min(f.count + 1, LengthCap(f.node));
+    return Outcome::kConsumed;
+  };
+  if (f.phase == kOpen) {
+    if (b != '"') return Outcome::kReject;
+    f.phase = kBody;
+    return Outcome::kConsumed;
+  }
+  if (f.phase == kEscape) {
+    if (b == 'u') {
+      f.phase = kUnicode;
+      f.need = 0;
+      return Outcome::kConsumed;
+    }
+    static const std::string kSimple = "\"\\/bfnrt";
+    if (kSimple.find(static_cast<char>(b)) == std::string::npos) return Outcome::kReject;
+    f.phase = kBody;
+    return counted();
+  }
+  if (f.phase == kUnicode) {
+    if (!IsHex(b)) return Outcome::kReject;
+    // No surrogates (\uD800-\uDFFF): a lone one is not valid Unicode text.
+    if (f.need == 0 && (b == 'd' || b == 'D')) f.flags |= kSurrogateLead;
+    if (f.need == 1 && (f.flags & kSurrogateLead) && !(b >= '0' && b <= '7')) {
+      return Outcome::kReject;
+    }
+    if (++f.need < 4) return Outcome::kConsumed;
+    f.need = 0;
+    f.flags = 0;
+    f.phase = kBody;
+    return counted();
+  }
+  if (f.need > 0) {  // inside a multi-byte UTF-8 sequence
+    if (b < f.lo || b > f.hi) return Outcome::kReject;
+    f.lo = 0x80;
+    f.hi = 0xBF;
+    return --f.need == 0 ? counted() : Outcome::kConsumed;
+  }
+  if (b == '"') return f.count >= min_len ? Outcome::kDone : Outcome::kReject;
+  if (!room || b < 0x20 || b == 0x7F) return Outcome::kReject;
+  if (b == '\\') {
+    f.phase = kEscape;
+    return Outcome::kConsumed;
+  }
+  if (b < 0x80) return counted();
+  f.lo = 0x80;
+  f.hi = 0xBF;
+  if (b >= 0xC2 && b <= 0xDF) {
+    f.need = 1;
+  } else if (b >= 0xE0 && b <= 0xEF) {
+    f.need = 2;
+    if (b == 0xE0) f.lo = 0xA0;
+    if (b == 0xED) f.hi = 0x9F;
+  } else if (b >= 0xF0 && b <= 0xF4) {
+    f.need = 3;
+    if (b == 0xF0) f.lo = 0x90;
+    if (b == 0xF4) f.hi = 0x8F;
+  } else {
+    return Outcome::kReject;
+  }
+  return Outcome::kConsumed;
+}
+
+bool JsonMatcher::NumberComplete(const Frame& f) const {
+  if (f.int_digits == 0 || ((f.flags & kDot) && f.frac_digits == 0)) return false;
+  if (f.node < 0) return true;
+  const SchemaNode& n = schema_->nodes[f.node];
+  double v = f.int_value + f.frac_value;
+  if (f.flags & kNeg) v = -v;
+  if (n.minimum && (n.exclusive_minimum ? v <= *n.minimum : v < *n.minimum)) return false;
+  if (n.maximum && (n.exclusive_maximum ? v >= *n.maximum : v > *n.maximum)) return false;
+  return true;
+}
+
+// Whether some completion of the digits so far lies within the bounds: the
+// reachable magnitudes are unions of intervals (one per count of further
+// integer digits), each checked against the bounds.
+bool JsonMatcher::NumberFeasible(const Frame& f) const {
+  if (f.node < 0) return true;
+  const SchemaNode& n = schema_->nodes[f.node];
+  if (!n.minimum && !n.maximum) return true;
+  const bool integer = n.kind == NodeKind::kInteger;
+  const double frac_room = integer ? 0.0 : 1.0 - std::pow(10.0, -kMaxFractionDigits);
+  auto fits = [&](double lo, double hi) {  // magnitudes [lo, hi]
+    double vlo = lo, vhi = hi;
+    if (f.flags & kNeg) vlo = -hi, vhi = -lo;
+    if (n.minimum && (n.exclusive_minimum ? vhi <= *n.minimum : vhi < *n.minimum)) return false;
+    if (n.maximum && (n.exclusive_maximum ? vlo >= *n.maximum : vlo > *n.maximum)) return false;
+    return true;
+  };
+  if (f.flags & kDot) {
+    const double base = f.int_value + f.frac_value;
+    const double room = std::pow(10.0, -f.frac_digits) - std::pow(10.0, -kMaxFractionDigits);
+    return fits(base, base + std::max(room, 0.0));
+  }
+  if (f.int_digits == 0) return fits(0.0, std::pow(10.0, kMaxIntegerDigits));
+  const bool zero = f.int_value == 0.0;
+  const int more = zero ? 0 : kMaxIntegerDigits - f.int_digits;
+  double scale = 1.0;
+  for (int j = 0; j <= more; ++j, scale *= 10.0) {
+    if (fits(f.int_value * scale, f.int_value * scale + (scale - 1.0) + frac_room)) return true;
+  }
+  return false;
+}
+
+JsonMatcher::Outcome JsonMatcher::StepNumber(Frame& f, uint8_t b) const {
+  const bool integer = f.node >= 0 && schema_->nodes[f.node].kind == NodeKind::kInteger;
+  if (b == '-' && f.int_digits == 0 && !(f.flags & kNeg)) {
+    f.flags |= kNeg;
+  } else if (IsDigit(b)) {
+    const int d = b - '0';
+    if (!(f.flags & kDot)) {
+      if (f.int_digits == kMaxIntegerDigits || (f.int_digits == 1 && f.int_value == 0.0)) {
+        return Outcome::kReject;
+      }
+      f.int_value = f.int_value * 10.0 + d;
+      ++f.int_digits;
+    } else {
+      if (f.frac_digits == kMaxFractionDigits) return Outcome::kReject;
+      ++f.frac_digits;
+      f.frac_value += d * std::pow(10.0, -f.frac_digits);
+    }
+  } else if (b == '.' && !integer && !(f.flags & kDot) && f.int_digits > 0) {
+    f.flags |= kDot;
+  } else {
+    return NumberComplete(f) ? Outcome::kPopRetry : Outcome::kReject;
+  }
+  return NumberFeasible(f) ? Outcome::kConsumed : Outcome::kReject;
+}
+
+bool JsonMatcher::LiteralComplete(const Frame& f) const {
+  for (size_t j = 0; j < f.literals->size(); ++j) {
+    if (((f.mask >> j) & 1) && static_cast<int>((*f.literals)[j].size()) == f.count) return true;
+  }
+  return false;
+}
+
+JsonMatcher::Outcome JsonMatcher::StepLiteral(Frame& f, uint8_t b) const {
+  const std::vector<std::string>& lits = *f.literals;
+  uint64_t mask = 0;
+  bool longer = false;
+  for (size_t j = 0; j < lits.size(); ++j) {
+    if (!((f.mask >> j) & 1)) continue;
+    if (static_cast<int>(lits[j].size()) > f.count && static_cast<uint8_t>(lits[j][f.count]) == b) {
+      mask |= 1ull << j;
+      longer = longer || static_cast<int>(lits[j].size()) > f.count + 1;
+    }
+  }
+  if (mask == 0) return LiteralComplete(f) && f.count > 0 ? Outcome::kPopRetry : Outcome::kReject;
+  f.mask = mask;
+  ++f.count;
+  return longer ? Outcome::kConsumed : Outcome::kDone;
+}
+
+}  // namespace flotilla::grammar

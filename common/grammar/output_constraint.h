@@ -1,0 +1,109 @@
+// Grammar-constrained decoding of one assistant turn in Harmony: which tokens
+// may come next, given the tokens generated so far. The turn is generated
+// after the prompt's `<|start|>assistant`, so the constraint first holds the
+// message header to the forms it allows, then each message's body:
+//
+//   analysis   <|channel|>analysis<|message|> free text <|end|>, then
+//              <|start|>assistant and another header (reasoning stays free;
+//              once `reasoning_budget` tokens of it were generated only
+//              <|end|> may follow, so that the answer still fits)
+//   final      <|channel|>final<|message|> JSON of the response schema, then
+//              <|return|> as soon as the JSON is complete (free text and
+//              <|return|> when no response format is set)
+//   tool call  <|channel|>commentary to=functions.NAME<|constrain|>json<|message|>
+//              JSON of the tool's parameter schema, then <|call|> (free text
+//              for a tool that is not constrained)
+//
+// `tool_required` drops the final form (tool_choice "required" or a named
+// function). Masks are cached per state (the same state recurs at every
+// step inside a string, for instance).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/grammar/json_matcher.h"
+#include "common/grammar/schema.h"
+#include "common/grammar/vocabulary_index.h"
+
+namespace flotilla::grammar {
+
+struct ConstraintSpec {
+  bool json_final = false;       // the final message is JSON
+  std::string final_schema;      // its JSON Schema; empty: any JSON object
+  struct Tool {
+    std::string name;
+    std::string schema;          // the parameters' JSON Schema; empty: any object
+    bool constrained = true;     // false: free arguments
+  };
+  std::vector<Tool> tools;       // the tool-call forms allowed (at most 60)
+  bool tool_required = false;    // no final message: the turn must call a tool
+  int64_t reasoning_budget = 0;  // analysis tokens before <|end|> is forced; 0: no analysis
+};
+
+// Compiles every schema of the spec: INVALID_ARGUMENT naming what is
+// unsupported (the coordinator calls it to refuse a request early).
+absl::Status CheckSpec(const ConstraintSpec& spec);
+
+class OutputConstraint {
+ public:
+  static absl::StatusOr<std::unique_ptr<OutputConstraint>> Create(
+      const ConstraintSpec& spec, std::shared_ptr<const VocabularyIndex> index);
+
+  // The tokens allowed next, MaskWords(vocab_size) words; null once the
+  // turn is complete (nothing more is allowed; the end token stopped it).
+  const uint32_t* Mask();
+  // Takes the token generated; an error when the mask did not allow it.
+  absl::Status Advance(int32_t token);
+  bool complete() const { return phase_ == Phase::kDone; }
+
+ private:
+  enum class Body { kFree, kJson };
+  struct Form {                    // one header form and the body it opens
+    std::vector<int32_t> symbols;  // bytes 0..255; special tokens as kSpecial + id
+    Body body = Body::kFree;
+    int32_t end_token = -1;
+    int schema = -1;               // index into schemas_ (kJson)
+    bool analysis = false;
+  };
+  struct HeaderState {
+    uint64_t alive = 0;  // forms still matching
+    int pos = 0;         // symbols matched
+  };
+  enum class Phase { kHeader, kBody, kDone };
+  static constexpr int32_t kSpecial = 1 << 20;
+
+  OutputConstraint(std::shared_ptr<const VocabularyIndex> index) : index_(std::move(index)) {}
+  absl::Status Build(const ConstraintSpec& spec);
+  void StartHeader(bool after_message);
+  bool FeedHeader(HeaderState& h, int32_t symbol) const;
+  void HeaderMask(uint32_t* bits);
+  void BodyMask(uint32_t* bits);
+  absl::Status AdvanceHeader(int32_t token);
+  absl::Status AdvanceBody(int32_t token);
+  void OpenBody(int form);
+
+  std::shared_ptr<const VocabularyIndex> index_;
+  std::vector<std::unique_ptr<CompiledSchema>> schemas_;
+  std::vector<std::unique_ptr<JsonMatcher>> matchers_;
+  std::vector<Form> forms_;
+  int64_t reasoning_budget_ = 0;
+  int64_t reasoning_used_ = 0;
+  Phase phase_ = Phase::kHeader;
+  HeaderState header_;
+  uint64_t header_forms_ = 0;  // the forms of this header (by reasoning left)
+  int form_ = -1;              // the body's form
+  MatchState json_;
+  std::vector<uint32_t> mask_;
+  bool mask_fresh_ = false;
+  std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+  std::vector<MatchState> json_scratch_;
+  std::vector<HeaderState> header_scratch_;
+};
+
+}  // namespace flotilla::grammar

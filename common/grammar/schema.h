@@ -1,0 +1,69 @@
+// JSON Schema -> a compiled tree of value nodes that JsonMatcher walks byte by
+// byte. Only what the matcher enforces is accepted: every keyword it does not
+// enforce is refused (INVALID_ARGUMENT naming the keyword and where it is),
+// never ignored. Annotations (title, description, default, examples,
+// $schema, $id, $comment) constrain nothing and are accepted.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/statusor.h"
+
+namespace flotilla::grammar {
+
+enum class NodeKind : uint8_t {
+  kAny,      // any JSON value (json_object mode's members)
+  kObject,   // declared properties in declared order, no others
+  kArray,
+  kString,
+  kInteger,
+  kNumber,
+  kBoolean,
+  kNull,
+  kLiteral,  // enum / const: one of `literals` (compact JSON texts)
+  kUnion,    // anyOf / type lists: `alternatives`, told apart by their first byte
+};
+
+struct Property {
+  std::string key_text;  // `"name":` exactly as it is written (JSON-escaped)
+  int node = -1;
+  bool required = false;
+};
+
+struct SchemaNode {
+  NodeKind kind = NodeKind::kAny;
+  std::vector<Property> properties;  // kObject, at most 64
+  int items = -1;                    // kArray: the item node
+  int64_t min_items = 0, max_items = -1;
+  int64_t min_length = 0, max_length = -1;  // kString, in code points
+  // kInteger / kNumber: value bounds (exclusive ones keep their flag).
+  std::optional<double> minimum, maximum;
+  bool exclusive_minimum = false, exclusive_maximum = false;
+  std::vector<std::string> literals;  // kLiteral, at most 64
+  std::vector<int> alternatives;      // kUnion
+  bool object_only = false;           // kAny: only an object (json_object's root)
+};
+
+// Nodes of one schema; node 0 is the root. Immutable once compiled.
+struct CompiledSchema {
+  std::vector<SchemaNode> nodes;
+  int root = 0;
+};
+
+// Largest number of integer digits and of fraction digits a generated number
+// has (within double precision, so bounds are checked exactly).
+inline constexpr int kMaxIntegerDigits = 15;
+inline constexpr int kMaxFractionDigits = 6;
+inline constexpr int kMaxNesting = 24;
+
+// `schema`: a JSON Schema object (strict subset, see the README).
+absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::json& schema);
+// Any JSON object (response_format json_object).
+CompiledSchema AnyObjectSchema();
+
+}  // namespace flotilla::grammar

@@ -1,0 +1,13 @@
+// The expert-balancing part of /metrics: the expert-map version, each
+// layer's imbalance and each rank's expert load over the default window.
+#pragma once
+
+#include <string>
+
+#include "coordinator/cluster_manager.h"
+
+namespace flotilla::coordinator {
+
+std::string RenderExpertMetrics(const ClusterManager& manager);
+
+}  // namespace flotilla::coordinator

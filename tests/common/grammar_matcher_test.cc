@@ -1,0 +1,204 @@
+// The byte-level JSON matcher: documents it accepts and refuses, and random
+// walks through it (any allowed byte, at random) that always end in JSON an
+// independent validator accepts.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "common/grammar/json_matcher.h"
+
+namespace flotilla::grammar {
+namespace {
+
+using Json = nlohmann::json;
+
+bool Accepts(const CompiledSchema& schema, const std::string& text) {
+  JsonMatcher m(&schema);
+  MatchState s = m.Start();
+  for (char c : text) {
+    if (!m.Feed(s, static_cast<uint8_t>(c))) return false;
+  }
+  return m.CanEnd(s);
+}
+
+CompiledSchema Compiled(const char* text) {
+  absl::StatusOr<CompiledSchema> s = CompileSchema(Json::parse(text));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return *s;
+}
+
+// A validator for the subset, written from the JSON Schema rules (not the matcher).
+bool Valid(const Json& schema, const Json& v, const Json& root) {
+  if (schema.contains("$ref")) {
+    const std::string ref = schema["$ref"];
+    return Valid(root["$defs"][ref.substr(ref.rfind('/') + 1)], v, root);
+  }
+  if (schema.value("nullable", false) && v.is_null()) return true;
+  if (schema.contains("anyOf")) {
+    for (const Json& a : schema["anyOf"]) if (Valid(a, v, root)) return true;
+    return false;
+  }
+  if (schema.contains("const")) return v == schema["const"];
+  if (schema.contains("enum")) {
+    for (const Json& e : schema["enum"]) if (e == v) return true;
+    return false;
+  }
+  if (schema.contains("type") && schema["type"].is_array()) {
+    for (const Json& t : schema["type"]) {
+      Json one = schema;
+      one["type"] = t;
+      if (Valid(one, v, root)) return true;
+    }
+    return false;
+  }
+  const std::string type = schema.value("type", "");
+  auto bounded = [&](double x) {
+    if (schema.contains("minimum") && x < schema["minimum"].get<double>()) return false;
+    if (schema.contains("maximum") && x > schema["maximum"].get<double>()) return false;
+    if (schema.contains("exclusiveMinimum") && x <= schema["exclusiveMinimum"].get<double>()) return false;
+    if (schema.contains("exclusiveMaximum") && x >= schema["exclusiveMaximum"].get<double>()) return false;
+    return true;
+  };
+  if (type == "object") {
+    if (!v.is_object()) return false;
+    for (const Json& r : schema.value("required", Json::array())) if (!v.contains(r)) return false;
+    for (const auto& [k, x] : v.items()) {
+      if (!schema["properties"].contains(k) || !Valid(schema["properties"][k], x, root)) return false;
+    }
+    return true;
+  }
+  if (type == "array") {
+    if (!v.is_array()) return false;
+    if (v.size() < schema.value("minItems", 0u) || v.size() > schema.value("maxItems", 1000000u)) return false;
+    for (const Json& x : v) if (!Valid(schema["items"], x, root)) return false;
+    return true;
+  }
+  if (type == "string") {
+    if (!v.is_string()) return false;
+    size_t points = 0;
+    for (unsigned char c : v.get<std::string>()) points += (c & 0xC0) != 0x80;
+    return points >= schema.value("minLength", 0u) && points <= schema.value("maxLength", 1000000u);
+  }
+  if (type == "integer") return v.is_number_integer() && bounded(v.get<double>());
+  if (type == "number") return v.is_number() && bounded(v.get<double>());
+  if (type == "boolean") return v.is_boolean();
+  if (type == "null") return v.is_null();
+  return true;
+}
+
+TEST(GrammarMatcher, ObjectsInOrderWithRequiredFields) {
+  CompiledSchema s = Compiled(R"({"type": "object", "properties": {
+      "a": {"type": "integer"}, "b": {"type": "string"}, "c": {"type": "boolean"}},
+      "required": ["b"], "additionalProperties": false})");
+  EXPECT_TRUE(Accepts(s, R"({"a":1,"b":"x","c":true})"));
+  EXPECT_TRUE(Accepts(s, R"({"b":"x"})"));
+  EXPECT_FALSE(Accepts(s, R"({"a":1})"));           // b is required
+  EXPECT_FALSE(Accepts(s, R"({"b":"x","a":1})"));   // declared order
+  EXPECT_FALSE(Accepts(s, R"({"b":"x","d":1})"));   // undeclared
+  EXPECT_FALSE(Accepts(s, R"({"b": "x"})"));        // compact: no whitespace
+  EXPECT_FALSE(Accepts(s, R"({"b":"x"} )"));
+}
+
+TEST(GrammarMatcher, NumberBoundsAreExact) {
+  CompiledSchema s = Compiled(R"({"type": "integer", "minimum": -5, "maximum": 120})");
+  for (int v = -20; v <= 200; ++v) {
+    EXPECT_EQ(Accepts(s, std::to_string(v)), v >= -5 && v <= 120) << v;
+  }
+  EXPECT_FALSE(Accepts(s, "007"));
+  EXPECT_FALSE(Accepts(s, "1.5"));
+  CompiledSchema x = Compiled(R"({"type": "number", "exclusiveMinimum": 0, "maximum": 1})");
+  EXPECT_TRUE(Accepts(x, "0.25"));
+  EXPECT_TRUE(Accepts(x, "1"));
+  EXPECT_FALSE(Accepts(x, "0"));
+  EXPECT_FALSE(Accepts(x, "1.01"));
+  EXPECT_FALSE(Accepts(x, "-0.5"));
+}
+
+TEST(GrammarMatcher, StringsLengthsUtf8AndEscapes) {
+  CompiledSchema s = Compiled(R"({"type": "string", "minLength": 2, "maxLength": 3})");
+  EXPECT_TRUE(Accepts(s, "\"ab\""));
+  EXPECT_TRUE(Accepts(s, "\"\xC3\xA9t\xC3\xA9\""));  // 3 code points, 6 bytes
+  EXPECT_FALSE(Accepts(s, "\"a\""));
+  EXPECT_FALSE(Accepts(s, "\"abcd\""));
+  EXPECT_TRUE(Accepts(s, "\"a\\n\""));
+  EXPECT_TRUE(Accepts(s, "\"\\u00e9x\""));
+  EXPECT_FALSE(Accepts(s, "\"\\ud800x\""));   // lone surrogate
+  EXPECT_FALSE(Accepts(s, "\"a\xC3\""));       // cut UTF-8
+  EXPECT_FALSE(Accepts(s, "\"a\x01\""));       // raw control character
+}
+
+TEST(GrammarMatcher, EnumsUnionsAndRefs) {
+  CompiledSchema s = Compiled(R"({"type": "object", "properties": {
+      "e": {"enum": ["red", "green", 1, 12, null]},
+      "n": {"type": ["integer", "null"]},
+      "t": {"$ref": "#/$defs/tree"}}, "additionalProperties": false,
+      "$defs": {"tree": {"type": "object", "properties": {
+          "kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}}}}})");
+  EXPECT_TRUE(Accepts(s, R"({"e":"green"})"));
+  EXPECT_TRUE(Accepts(s, R"({"e":1})"));
+  EXPECT_TRUE(Accepts(s, R"({"e":12})"));
+  EXPECT_FALSE(Accepts(s, R"({"e":2})"));
+  EXPECT_FALSE(Accepts(s, R"({"e":"blue"})"));
+  EXPECT_TRUE(Accepts(s, R"({"n":null})"));
+  EXPECT_TRUE(Accepts(s, R"({"n":-3})"));
+  EXPECT_TRUE(Accepts(s, R"({"t":{"kids":[{},{"kids":[]}]}})"));
+  EXPECT_FALSE(Accepts(s, R"({"t":{"kids":[1]}})"));
+}
+
+TEST(GrammarMatcher, AnyObject) {
+  CompiledSchema s = AnyObjectSchema();
+  EXPECT_TRUE(Accepts(s, R"({"a":[1,-2.5,"x",{"b":null}],"c":true})"));
+  EXPECT_TRUE(Accepts(s, "{}"));
+  EXPECT_FALSE(Accepts(s, "[1]"));
+  EXPECT_FALSE(Accepts(s, "\"x\""));
+}
+
+// Random walks: at each step a random byte among those the matcher accepts
+// (closing bytes favoured so walks end); every finished walk must parse and
+// validate.
+TEST(GrammarMatcher, RandomWalksAlwaysValidate) {
+  const char* schemas[] = {
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+          "age": {"type": "integer", "minimum": 18, "maximum": 99},
+          "tags": {"type": "array", "items": {"enum": ["a", "bb", "c"]}, "minItems": 1, "maxItems": 3},
+          "score": {"type": ["number", "null"], "minimum": -1.5, "maximum": 2.25}},
+          "required": ["name", "age", "tags", "score"], "additionalProperties": false})",
+      R"({"type": "object", "properties": {"p": {"type": "object", "properties": {
+          "x": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+          "ok": {"type": "boolean"}}, "required": ["x", "ok"], "additionalProperties": false},
+          "list": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {
+          "id": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["id"],
+          "additionalProperties": false}}}, "required": ["p", "list"], "additionalProperties": false})",
+  };
+  std::mt19937 rng(7);
+  for (const char* text : schemas) {
+    const Json schema = Json::parse(text);
+    CompiledSchema s = Compiled(text);
+    JsonMatcher m(&s);
+    for (int walk = 0; walk < 200; ++walk) {
+      MatchState st = m.Start();
+      std::string doc;
+      for (int step = 0; step < 400 && !(st.depth == 0); ++step) {
+        std::vector<uint8_t> ok;
+        for (int b = 0; b < 128; ++b) {
+          MatchState t = st;
+          if (m.Feed(t, static_cast<uint8_t>(b))) ok.push_back(static_cast<uint8_t>(b));
+        }
+        ASSERT_FALSE(ok.empty()) << doc;
+        uint8_t pick = ok[rng() % ok.size()];
+        for (uint8_t b : ok) {
+          if ((b == '"' || b == '}' || b == ']' || b == ',') && rng() % 2) pick = b;
+        }
+        ASSERT_TRUE(m.Feed(st, pick));
+        doc.push_back(static_cast<char>(pick));
+      }
+      ASSERT_TRUE(m.CanEnd(st)) << doc;
+      const Json v = Json::parse(doc, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << doc;
+      EXPECT_TRUE(Valid(schema, v, schema)) << doc;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flotilla::grammar

@@ -1,0 +1,60 @@
+// The schema compiler: what it accepts, and that every unsupported feature
+// is refused with its name (never ignored).
+#include <gtest/gtest.h>
+
+#include "common/grammar/schema.h"
+
+namespace flotilla::grammar {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Compile(const char* text) { return CompileSchema(Json::parse(text)).status(); }
+
+TEST(GrammarSchema, AcceptsTheSupportedSubset) {
+  EXPECT_TRUE(Compile(R"({"type": "object", "properties": {
+      "name": {"type": "string", "minLength": 1, "maxLength": 8, "description": "who"},
+      "age": {"type": "integer", "minimum": 0, "maximum": 150},
+      "score": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+      "pet": {"anyOf": [{"$ref": "#/$defs/pet"}, {"type": "null"}]},
+      "nick": {"type": ["string", "null"]},
+      "ok": {"type": "boolean", "nullable": true},
+      "kind": {"const": "person"}},
+    "required": ["name", "age"], "additionalProperties": false,
+    "$defs": {"pet": {"type": "object", "properties": {"legs": {"type": "integer"}}}}})")
+                  .ok());
+}
+
+TEST(GrammarSchema, RefusesUnsupportedFeaturesByName) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"type": "string", "pattern": "^a"})", "pattern"},
+      {R"({"type": "string", "format": "date"})", "format"},
+      {R"({"oneOf": [{"type": "string"}]})", "oneOf"},
+      {R"({"allOf": [{"type": "string"}]})", "allOf"},
+      {R"({"type": "integer", "multipleOf": 2})", "multipleOf"},
+      {R"({"type": "object", "additionalProperties": true})", "additionalProperties"},
+      {R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})",
+       "uniqueItems"},
+      {R"({"type": "object", "patternProperties": {}})", "patternProperties"},
+      {R"({"anyOf": [{"type": "object"}, {"type": "object", "properties": {}}]})", "anyOf"},
+      {R"({"type": ["integer", "number"]})", "alternatives"},
+      {R"({"$ref": "https://example.com/x"})", "$ref"},
+      {R"({"type": "object", "required": ["x"]})", "required"},
+      {R"({"type": "date"})", "unknown type"},
+  };
+  for (const auto& [schema, name] : cases) {
+    absl::Status st = Compile(schema);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << schema;
+    EXPECT_NE(std::string(st.message()).find(name), std::string::npos)
+        << schema << " -> " << st.message();
+  }
+}
+
+TEST(GrammarSchema, ErrorsSayWhere) {
+  absl::Status st = Compile(R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})");
+  EXPECT_NE(std::string(st.message()).find("#/properties/a"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace flotilla::grammar

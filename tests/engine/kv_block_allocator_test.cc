@@ -1,0 +1,180 @@
+// KvBlockAllocator as the CUDA engine drives it: two layer groups (full and
+// sliding), every new position of a step written (whole chunks).
+#include "worker/engine/kv_block_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <vector>
+
+namespace flotilla {
+namespace {
+
+constexpr int kFull = 0, kSliding = 1;
+
+// Window 8, 4-token blocks, chunks of up to 16 tokens.
+KvBlockAllocatorOptions Options(int64_t blocks, bool prefix_cache = false) {
+  KvBlockAllocatorOptions o;
+  o.sliding = {false, true};
+  o.window = 8;
+  o.block_size = 4;
+  o.first_block = 1;  // block 0 is the engine's scratch
+  o.num_blocks = blocks;
+  o.prefix_cache = prefix_cache;
+  o.write_whole_chunk = true;
+  o.max_chunk_tokens = 16;
+  return o;
+}
+
+void NoCopy(int32_t, int32_t) { FAIL() << "no block is shared while written"; }
+
+std::vector<int32_t> Tokens(int n, int first = 100) {
+  std::vector<int32_t> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return t;
+}
+
+// Reserves and commits `tokens` as one step.
+void Step(KvBlockAllocator& kv, KvBlockAllocator::SequenceId s, const std::vector<int32_t>& tokens) {
+  ASSERT_TRUE(kv.Reserve(s, static_cast<int64_t>(tokens.size()), NoCopy).ok());
+  ASSERT_TRUE(kv.Commit(s, static_cast<int64_t>(tokens.size()), tokens.data()).ok());
+}
+
+TEST(KvBlockAllocator, SlidingGroupHoldsAWholeChunkThenOnlyTheWindow) {
+  auto kv = *KvBlockAllocator::Create(Options(64));
+  auto s = kv->CreateSequence();
+  // A 16-token chunk needs every one of its positions in both groups.
+  EXPECT_EQ(*kv->BlocksNeeded(s, 16), 4 + 4);
+  ASSERT_TRUE(kv->Reserve(s, 16, NoCopy).ok());
+  EXPECT_EQ(kv->BlocksHeld(s, kFull), 4);
+  EXPECT_EQ(kv->BlocksHeld(s, kSliding), 4);
+  const std::vector<int32_t>& sliding = kv->Table(s, kSliding);
+  for (int b = 0; b < 4; ++b) EXPECT_GE(sliding[b], 1) << "block 0 is never handed out";
+  const std::vector<int32_t> t = Tokens(16);
+  ASSERT_TRUE(kv->Commit(s, 16, t.data()).ok());
+  // The next query (position 16) sees positions 9..16: blocks 2 and 3 stay.
+  EXPECT_EQ(kv->KeepBegin(kSliding, 16), 9);
+  EXPECT_EQ(kv->BlocksHeld(s, kFull), 4);
+  EXPECT_EQ(kv->BlocksHeld(s, kSliding), 2);
+  EXPECT_EQ(kv->Table(s, kSliding)[0], -1);
+  EXPECT_EQ(kv->Table(s, kSliding)[1], -1);
+  EXPECT_EQ(kv->free_blocks(), 64 - 6);
+  EXPECT_FALSE(kv->Keeps(kSliding, 16, 8));
+  EXPECT_TRUE(kv->Keeps(kSliding, 16, 9));
+  EXPECT_TRUE(kv->Keeps(kFull, 16, 0));
+}
+
+TEST(KvBlockAllocator, DecodeKeepsTheSlidingGroupBoundedAndAdmissionCoversEveryStep) {
+  auto kv = *KvBlockAllocator::Create(Options(256));
+  auto s = kv->CreateSequence();
+  Step(*kv, s, Tokens(13));
+  for (int i = 0; i < 200; ++i) {
+    const int64_t length = *kv->Length(s);
+    ASSERT_TRUE(kv->Reserve(s, 1, NoCopy).ok());
+    // What admission reserves for the final length covers what is held.
+    const int64_t held = kv->BlocksHeld(s, kFull) + kv->BlocksHeld(s, kSliding);
+    EXPECT_LE(held, kv->BlocksForLength(length + 1)) << "at length " << length;
+    EXPECT_LE(kv->BlocksHeld(s, kSliding), 3);  // 8 positions over at most 3 blocks
+    const int32_t token = 7;
+    ASSERT_TRUE(kv->Commit(s, 1, &token).ok());
+  }
+  EXPECT_EQ(kv->BlocksHeld(s, kFull), (213 + 3) / 4);
+  ASSERT_TRUE(kv->Free(s).ok());
+  EXPECT_EQ(kv->free_blocks(), 256);
+}
+
+TEST(KvBlockAllocator, ChunkedPrefillStaysWithinTheAdmissionBound) {
+  auto kv = *KvBlockAllocator::Create(Options(512));
+  auto s = kv->CreateSequence();
+  const int64_t total = 16 * 9 + 5;
+  for (int64_t done = 0; done < total;) {
+    const int64_t n = std::min<int64_t>(16, total - done);
+    ASSERT_TRUE(kv->Reserve(s, n, NoCopy).ok());
+    const int64_t held = kv->BlocksHeld(s, kFull) + kv->BlocksHeld(s, kSliding);
+    EXPECT_LE(held, kv->BlocksForLength(total));
+    const std::vector<int32_t> t = Tokens(static_cast<int>(n), static_cast<int>(done));
+    ASSERT_TRUE(kv->Commit(s, n, t.data()).ok());
+    done += n;
+  }
+  // Full layers hold everything, sliding ones the window's blocks.
+  EXPECT_EQ(kv->BlocksHeld(s, kFull), (total + 3) / 4);
+  EXPECT_LE(kv->BlocksHeld(s, kSliding), 3);
+}
+
+TEST(KvBlockAllocator, SlidingWindowMakesLongSequencesFit) {
+  KvBlockAllocatorOptions all_full = Options(200);
+  all_full.sliding = {false, false};
+  const int64_t without = (*KvBlockAllocator::Create(all_full))->MaxTokens();
+  const int64_t with = (*KvBlockAllocator::Create(Options(200)))->MaxTokens();
+  EXPECT_EQ(without, 100 * 4);
+  // The sliding group's bound: the window and a chunk, 7 blocks.
+  EXPECT_EQ(with, (200 - 7) * 4);
+}
+
+TEST(KvBlockAllocator, PrefixMatchNeedsTheWindowOfTheSlidingGroup) {
+  auto kv = *KvBlockAllocator::Create(Options(64, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = Tokens(16);
+  auto a = kv->CreateSequence();
+  Step(*kv, a, prompt);
+  // Blocks 0 and 1 left a's window but stay cached while nothing evicts them.
+  EXPECT_EQ(kv->BlocksHeld(a, kSliding), 2);
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(1);
+  EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
+  ASSERT_TRUE(kv->Free(a).ok());
+  EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
+  auto b = *kv->CreateSequenceFromPrefix(prompt);
+  EXPECT_EQ(*kv->Length(b), 16);
+  EXPECT_EQ(kv->BlocksHeld(b, kFull), 4);
+  // Only the window before position 16 is taken: blocks 2 and 3.
+  EXPECT_EQ(kv->BlocksHeld(b, kSliding), 2);
+  EXPECT_EQ(kv->Table(b, kSliding)[1], -1);
+  // b decodes on from there, writing only fresh blocks.
+  for (int i = 0; i < 10; ++i) Step(*kv, b, {3});
+  EXPECT_EQ(*kv->Length(b), 26);
+}
+
+TEST(KvBlockAllocator, PrefixWithAnEvictedWindowIsNotMatched) {
+  // 12 blocks: a takes 4 full + 4 sliding during its step, keeps 6.
+  auto kv = *KvBlockAllocator::Create(Options(12, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = Tokens(16);
+  auto a = kv->CreateSequence();
+  Step(*kv, a, prompt);
+  // The full group's blocks stay held; the sliding window's last blocks
+  // are evicted by another sequence's allocations.
+  ASSERT_TRUE(kv->Free(a).ok());
+  auto other = kv->CreateSequence();
+  ASSERT_TRUE(kv->Reserve(other, 16, NoCopy).ok());  // 8 blocks: the uncached 4, then 4 cached
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(1);
+  const int64_t match = kv->MatchPrefix(longer, 4);
+  EXPECT_LT(match, 4);
+  if (match > 0) {
+    auto c = kv->CreateSequenceFromPrefix(std::vector<int32_t>(prompt.begin(), prompt.begin() + match * 4));
+    EXPECT_TRUE(c.ok()) << c.status();
+  }
+}
+
+TEST(KvBlockAllocator, OutOfBlocksChangesNothing) {
+  auto kv = *KvBlockAllocator::Create(Options(6));
+  auto s = kv->CreateSequence();
+  const absl::Status st = kv->Reserve(s, 16, NoCopy);  // needs 8
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(kv->free_blocks(), 6);
+  EXPECT_EQ(kv->BlocksHeld(s, kFull), 0);
+  EXPECT_EQ(*kv->Length(s), 0);
+}
+
+TEST(KvBlockAllocator, RejectsBadOptions) {
+  KvBlockAllocatorOptions o = Options(8);
+  o.max_chunk_tokens = 0;
+  EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(8);
+  o.window = 0;
+  EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = Options(0);
+  EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace flotilla

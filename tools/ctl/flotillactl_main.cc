@@ -1,0 +1,79 @@
+// flotillactl: the operator CLI over the coordinator's admin API.
+// Every flag also reads FLOTILLA_<FLAG> (--coordinator: FLOTILLA_COORDINATOR).
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "tools/ctl/ctl_commands.h"
+
+using flotilla::ctl::Connection;
+using flotilla::ctl::ConnectionOptions;
+
+int main(int argc, char** argv) {
+  CLI::App app{"flotillactl: status, expert load, rebalancing and drain of a Flotilla instance"};
+  app.require_subcommand(1);
+  app.fallthrough();  // --coordinator, --json, ... also after the command
+  ConnectionOptions conn;
+  flotilla::ctl::OutputOptions out;
+  app.add_option("--coordinator", conn.coordinator, "coordinator HOST:PORT (its gRPC port)")
+      ->envname("FLOTILLA_COORDINATOR")
+      ->capture_default_str();
+  app.add_option("--api-key", conn.api_key, "admin key (mutating calls need one when keys are on)")
+      ->envname("FLOTILLA_API_KEY");
+  app.add_option("--tls-ca", conn.tls.ca, "CA that signed the coordinator's certificate")
+      ->envname("FLOTILLA_TLS_CA");
+  app.add_option("--tls-cert", conn.tls.cert, "client certificate (for --tls-client-ca servers)")
+      ->envname("FLOTILLA_TLS_CERT");
+  app.add_option("--tls-key", conn.tls.key, "key of --tls-cert")->envname("FLOTILLA_TLS_KEY");
+  app.add_option("--timeout", conn.timeout_s, "seconds a call may take")
+      ->envname("FLOTILLA_TIMEOUT")
+      ->capture_default_str();
+  app.add_flag("--json", out.json, "one JSON object per answer instead of tables")
+      ->envname("FLOTILLA_JSON");
+
+  auto* status = app.add_subcommand("status", "instance state, workers, placement, map version");
+  flotilla::ctl::ExpertsOptions experts;
+  auto* experts_cmd =
+      app.add_subcommand("experts", "per-layer, per-rank expert load and imbalance");
+  experts_cmd->add_option("--layer", experts.layer, "only this layer (default: every layer)");
+  experts_cmd->add_option("--window", experts.window_s,
+                          "seconds of load (default: the coordinator's)");
+  experts_cmd->add_option("--watch", experts.watch_s, "refresh every SECONDS")
+      ->expected(0, 1)
+      ->default_str("2");
+  experts_cmd->add_option("--count", experts.watch_count, "with --watch: stop after N refreshes");
+  flotilla::ctl::RebalanceOptions rebalance;
+  auto* rebalance_cmd = app.add_subcommand("rebalance", "plan a new expert map and apply it");
+  rebalance_cmd->add_flag("--dry-run", rebalance.dry_run, "plan and print, apply nothing");
+  rebalance_cmd->add_option("--max-bytes", rebalance.max_bytes, "expert bytes to load at most");
+  rebalance_cmd->add_option("--window", rebalance.window_s, "seconds of load to plan from");
+  std::string worker, file;
+  auto* drain = app.add_subcommand("drain", "stop admitting requests to WORKER's DP group");
+  drain->add_option("worker", worker, "worker id")->required();
+  auto* undrain = app.add_subcommand("undrain", "admit requests to WORKER's DP group again");
+  undrain->add_option("worker", worker, "worker id")->required();
+  auto* get_map = app.add_subcommand("get-expert-map", "print the expert map (JSON)");
+  auto* set_map = app.add_subcommand("set-expert-map", "apply an edited expert map (JSON FILE)");
+  set_map->add_option("file", file, "the map, as get-expert-map prints it, version + 1")
+      ->required();
+  CLI11_PARSE(app, argc, argv);
+
+  auto connection = Connection::Create(conn);
+  if (!connection.ok()) {
+    std::cerr << "flotillactl: " << connection.status().message() << "\n";
+    return 2;
+  }
+  Connection& c = **connection;
+  if (*status) return flotilla::ctl::RunStatus(c, out);
+  if (*experts_cmd) {
+    if (experts_cmd->count("--watch") > 0 && experts.watch_s <= 0) experts.watch_s = 2;
+    return flotilla::ctl::RunExperts(c, experts, out);
+  }
+  if (*rebalance_cmd) return flotilla::ctl::RunRebalance(c, rebalance, out);
+  if (*drain) return flotilla::ctl::RunDrain(c, worker, true, out);
+  if (*undrain) return flotilla::ctl::RunDrain(c, worker, false, out);
+  if (*get_map) return flotilla::ctl::RunGetExpertMap(c, out);
+  if (*set_map) return flotilla::ctl::RunSetExpertMap(c, file, out);
+  return 2;
+}

@@ -1,0 +1,313 @@
+#include "worker/engine/kv_block_allocator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace flotilla {
+
+absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
+    const KvBlockAllocatorOptions& o) {
+  if (o.sliding.empty()) return absl::InvalidArgumentError("kv cache: no layer groups");
+  if (o.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: block_size must be positive, got ", o.block_size));
+  }
+  if (o.num_blocks <= 0 || o.first_block < 0 || o.num_blocks + o.first_block > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: num_blocks must be in [1, 2^31), got ", o.num_blocks));
+  }
+  const bool any_sliding = std::find(o.sliding.begin(), o.sliding.end(), true) != o.sliding.end();
+  if (any_sliding && o.window <= 0) {
+    return absl::InvalidArgumentError("kv cache: sliding layers need a positive window");
+  }
+  if (any_sliding && o.write_whole_chunk && o.max_chunk_tokens <= 0) {
+    return absl::InvalidArgumentError("kv cache: whole-chunk writes need max_chunk_tokens");
+  }
+  PrefixCacheOptions po;
+  po.block_size = o.block_size;
+  po.first_block = o.first_block;
+  po.num_blocks = static_cast<int32_t>(o.num_blocks);
+  po.slots = static_cast<int>(o.sliding.size());
+  po.enabled = o.prefix_cache;
+  absl::StatusOr<std::unique_ptr<PrefixCache>> blocks = PrefixCache::Create(po);
+  if (!blocks.ok()) return blocks.status();
+  return std::unique_ptr<KvBlockAllocator>(new KvBlockAllocator(o, std::move(*blocks)));
+}
+
+KvBlockAllocator::KvBlockAllocator(const KvBlockAllocatorOptions& o,
+                                   std::unique_ptr<PrefixCache> blocks)
+    : options_(o), blocks_(std::move(blocks)) {}
+
+KvBlockAllocator::SequenceId KvBlockAllocator::CreateSequence() {
+  SequenceId id = next_id_++;
+  seqs_[id].tables.resize(options_.sliding.size());
+  return id;
+}
+
+absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::Fork(SequenceId source) {
+  auto it = seqs_.find(source);
+  if (it == seqs_.end()) {
+    return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", source));
+  }
+  SequenceId id = next_id_++;
+  Sequence copy = it->second;
+  for (const auto& table : copy.tables) {
+    for (int32_t b : table) {
+      if (b >= 0) blocks_->Hold(b);
+    }
+  }
+  seqs_.emplace(id, std::move(copy));
+  return id;
+}
+
+absl::Status KvBlockAllocator::Free(SequenceId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
+  // Last blocks first: a prefix's first blocks, which every longer match
+  // needs, are then the most recently freed and the last evicted.
+  const auto& tables = it->second.tables;
+  size_t longest = 0;
+  for (const auto& table : tables) longest = std::max(longest, table.size());
+  for (size_t b = longest; b-- > 0;) {
+    for (const auto& table : tables) {
+      if (b < table.size() && table[b] >= 0) blocks_->Release(table[b]);
+    }
+  }
+  seqs_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> KvBlockAllocator::Length(SequenceId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
+  return it->second.length;
+}
+
+int KvBlockAllocator::SlidingGroup() const {
+  auto it = std::find(options_.sliding.begin(), options_.sliding.end(), true);
+  return it == options_.sliding.end() ? 0 : static_cast<int>(it - options_.sliding.begin());
+}
+
+int64_t KvBlockAllocator::KeepBegin(int group, int64_t length) const {
+  if (!options_.sliding[group]) return 0;
+  return std::max<int64_t>(0, length - (options_.window - 1));
+}
+
+bool KvBlockAllocator::Keeps(int group, int64_t length, int64_t pos) const {
+  return !options_.sliding[group] || pos >= KeepBegin(group, length);
+}
+
+void KvBlockAllocator::WriteRange(int group, int64_t length, int64_t n, int64_t* begin,
+                                  int64_t* end) const {
+  *end = length + n;
+  if (options_.write_whole_chunk || !options_.sliding[group]) {
+    *begin = length;
+    return;
+  }
+  *begin = std::max(length, KeepBegin(group, length + n));
+  if (options_.prefix_cache) {
+    // Whole blocks from the window before the last block boundary short of
+    // the end (a prompt's match stops before its last token), so that a
+    // prefix ending there finds its sliding-group KV complete.
+    const int64_t bs = options_.block_size;
+    const int64_t boundary = (*end - 1) / bs * bs;
+    const int64_t first = std::max<int64_t>(0, boundary - (options_.window - 1)) / bs * bs;
+    *begin = std::max(length, std::min(*begin, first));
+  }
+}
+
+int64_t KvBlockAllocator::BlocksForLength(int64_t length) const {
+  const int64_t bs = options_.block_size;
+  const int64_t w = options_.window;
+  int64_t bound = 0;  // blocks a sliding group holds at most during a step
+  if (options_.write_whole_chunk) {
+    // The window - 1 kept positions and a whole chunk of new ones, which
+    // may straddle one more block.
+    bound = (w - 1 + options_.max_chunk_tokens + bs - 1) / bs + 1;
+  } else if (options_.prefix_cache) {
+    // The new ones start up to two blocks earlier.
+    bound = (w + bs - 2) / bs + 1 + (w + 2 * bs) / bs + 2;
+  } else {
+    // The window - 1 kept positions and up to window - 1 new ones.
+    bound = (2 * w + bs - 1) / bs + 1;
+  }
+  int64_t total = 0;
+  for (bool sliding : options_.sliding) {
+    const int64_t all = (length + bs - 1) / bs;
+    total += sliding ? std::min(all, bound) : all;
+  }
+  return total;
+}
+
+int64_t KvBlockAllocator::MaxTokens() const {
+  // BlocksForLength is monotone: binary search the largest length that fits.
+  int64_t lo = 0, hi = options_.num_blocks * options_.block_size + 1;
+  while (lo + 1 < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (BlocksForLength(mid) <= options_.num_blocks) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+absl::StatusOr<int64_t> KvBlockAllocator::BlocksNeeded(SequenceId seq, int64_t n) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
+  const Sequence& s = it->second;
+  const int64_t bs = options_.block_size;
+  int64_t needed = 0;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    int64_t begin, end;
+    WriteRange(static_cast<int>(g), s.length, n, &begin, &end);
+    if (begin >= end) continue;
+    const auto& table = s.tables[g];
+    for (int64_t b = begin / bs; b <= (end - 1) / bs; ++b) {
+      if (b >= static_cast<int64_t>(table.size()) || table[b] < 0 ||
+          blocks_->refcount(table[b]) > 1) {
+        ++needed;
+      }
+    }
+  }
+  return needed;
+}
+
+absl::Status KvBlockAllocator::Reserve(SequenceId seq, int64_t n, CopyBlock copy) {
+  if (n < 0) return absl::InvalidArgumentError("kv cache: negative reservation");
+  absl::StatusOr<int64_t> needed = BlocksNeeded(seq, n);
+  if (!needed.ok()) return needed.status();
+  if (*needed > free_blocks()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("kv cache: out of blocks: sequence ", seq, " needs ", *needed,
+                     " more blocks for ", n, " tokens but only ", free_blocks(), " of ",
+                     options_.num_blocks, " are free"));
+  }
+  Sequence& s = seqs_[seq];
+  const int64_t bs = options_.block_size;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    int64_t begin, end;
+    WriteRange(static_cast<int>(g), s.length, n, &begin, &end);
+    if (begin >= end) continue;
+    auto& table = s.tables[g];
+    if (static_cast<int64_t>(table.size()) <= (end - 1) / bs) table.resize((end - 1) / bs + 1, -1);
+    for (int64_t b = begin / bs; b <= (end - 1) / bs; ++b) {
+      if (table[b] < 0) {
+        table[b] = *blocks_->Allocate();  // checked against free_blocks() above
+      } else if (blocks_->refcount(table[b]) > 1) {
+        // Copy on write: this sequence gets its own copy of the shared block.
+        const int32_t fresh = *blocks_->Allocate();
+        copy(table[b], fresh);
+        blocks_->Release(table[b]);
+        table[b] = fresh;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvBlockAllocator::Commit(SequenceId seq, int64_t n, const int32_t* tokens) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
+  Sequence& s = it->second;
+  s.length += n;
+  if (tokens == nullptr) {
+    s.chain.broken = true;
+  } else {
+    blocks_->Extend(&s.chain, absl::MakeConstSpan(tokens, n),
+                    [&](int64_t block, std::vector<int32_t>* slots) {
+                      for (size_t g = 0; g < s.tables.size(); ++g) {
+                        if (block < static_cast<int64_t>(s.tables[g].size())) {
+                          (*slots)[g] = s.tables[g][block];
+                        }
+                      }
+                    });
+  }
+  const int64_t bs = options_.block_size;
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    if (!options_.sliding[g]) continue;
+    auto& table = s.tables[g];
+    const int64_t dead =
+        std::min<int64_t>(KeepBegin(static_cast<int>(g), s.length) / bs, table.size());
+    // From where the last commit stopped: a chunk longer than the window
+    // leaves a gap of never-allocated blocks above the old window's.
+    for (int64_t b = std::min(s.released_blocks, dead); b < dead; ++b) {
+      if (table[b] < 0) continue;
+      blocks_->Release(table[b]);
+      table[b] = -1;
+    }
+  }
+  s.released_blocks = std::max(s.released_blocks, KeepBegin(SlidingGroup(), s.length) / bs);
+  return absl::OkStatus();
+}
+
+bool KvBlockAllocator::WindowCached(const std::vector<PrefixCache::Hit>& hits,
+                                    int64_t blocks) const {
+  const int64_t bs = options_.block_size;
+  const int64_t first = std::max<int64_t>(0, blocks * bs - (options_.window - 1)) / bs;
+  for (int64_t b = first; b < blocks; ++b) {
+    for (size_t g = 0; g < options_.sliding.size(); ++g) {
+      if (options_.sliding[g] && hits[b].slots[g] < 0) return false;
+    }
+  }
+  return true;
+}
+
+int64_t KvBlockAllocator::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const {
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(tokens, max_blocks);
+  // Full groups need every block up to the match.
+  int64_t full = 0;
+  for (; full < static_cast<int64_t>(hits.size()); ++full) {
+    bool complete = true;
+    for (size_t g = 0; g < options_.sliding.size(); ++g) {
+      complete = complete && (options_.sliding[g] || hits[full].slots[g] >= 0);
+    }
+    if (!complete) break;
+  }
+  // Sliding groups only the window before it: the longest match that has it.
+  for (int64_t blocks = full; blocks > 0; --blocks) {
+    if (WindowCached(hits, blocks)) return blocks;
+  }
+  return 0;
+}
+
+absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFromPrefix(
+    absl::Span<const int32_t> prefix) {
+  const int64_t bs = options_.block_size;
+  const int64_t blocks = static_cast<int64_t>(prefix.size()) / bs;
+  if (static_cast<int64_t>(prefix.size()) % bs != 0 || MatchPrefix(prefix, blocks) != blocks) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv cache: the prefix of ", prefix.size(), " tokens is not whole cached blocks"));
+  }
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, blocks);
+  const SequenceId id = CreateSequence();
+  Sequence& s = seqs_[id];
+  s.length = static_cast<int64_t>(prefix.size());
+  for (size_t g = 0; g < s.tables.size(); ++g) {
+    auto& table = s.tables[g];
+    table.assign(blocks, -1);
+    for (int64_t b = KeepBegin(static_cast<int>(g), s.length) / bs; b < blocks; ++b) {
+      table[b] = hits[b].slots[g];
+      blocks_->Hold(table[b]);
+    }
+  }
+  s.released_blocks = KeepBegin(SlidingGroup(), s.length) / bs;
+  if (blocks > 0) s.chain.link = hits.back().link;
+  s.chain.blocks = blocks;
+  return id;
+}
+
+const std::vector<int32_t>& KvBlockAllocator::Table(SequenceId seq, int group) const {
+  static const std::vector<int32_t> kNone;
+  auto it = seqs_.find(seq);
+  return it == seqs_.end() ? kNone : it->second.tables[group];
+}
+
+int64_t KvBlockAllocator::BlocksHeld(SequenceId seq, int group) const {
+  const auto& t = Table(seq, group);
+  return std::count_if(t.begin(), t.end(), [](int32_t b) { return b >= 0; });
+}
+
+}  // namespace flotilla

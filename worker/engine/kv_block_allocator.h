@@ -1,0 +1,127 @@
+// The block bookkeeping of a paged KV cache, shared by the CPU engine's
+// KvCache and the CUDA engine's device arena, so both admit, reserve and free
+// by the same rules. Each sequence has one block table per layer group; a
+// physical block holds block_size positions of every layer of one group. The
+// CPU cache makes a group of each layer; the CUDA engine two groups (the
+// full-attention layers and the sliding-window layers), one table each.
+//
+// Full-attention groups keep every position. Sliding-window groups keep only
+// the last window - 1 positions (what the next query needs besides itself)
+// and free the blocks that leave the window when a step commits. During a
+// step a sliding group also holds the step's new positions: all of them when
+// `write_whole_chunk` (the CUDA engine's kernels write every new key and
+// attend to them from the cache), otherwise only those still in the window at
+// the step's end (the CPU engine skips the rest).
+//
+// With prefix_cache on, every full token block a sequence completes is
+// registered in a PrefixCache with its blocks of every group; a new sequence
+// starts from the longest cached prefix whose full groups have every block
+// and whose sliding groups have the window before its end. Blocks leaving the
+// window are released but stay cached (and evictable). Forks share blocks
+// (reference counted); Reserve copies a shared block before it is written.
+// Not thread-safe: one owner (the engine) drives it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "worker/engine/prefix_cache.h"
+
+namespace flotilla {
+
+struct KvBlockAllocatorOptions {
+  std::vector<bool> sliding;  // one per group: whether it keeps only the window
+  int64_t window = 0;         // sliding window in tokens (keys a query sees, itself included)
+  int64_t block_size = 16;    // positions per block
+  int32_t first_block = 0;    // blocks managed: [first_block, first_block + num_blocks)
+  int64_t num_blocks = 0;
+  bool prefix_cache = false;  // share full blocks of identical prefixes
+  bool write_whole_chunk = false;  // sliding groups hold every new position of a step
+  int64_t max_chunk_tokens = 0;    // with write_whole_chunk: most new tokens of one sequence per step
+};
+
+class KvBlockAllocator {
+ public:
+  using SequenceId = int64_t;
+  // Copies physical block `from` into `to` (all of its layers), for copy on write.
+  using CopyBlock = absl::FunctionRef<void(int32_t from, int32_t to)>;
+
+  static absl::StatusOr<std::unique_ptr<KvBlockAllocator>> Create(
+      const KvBlockAllocatorOptions& options);
+
+  SequenceId CreateSequence();
+  // A new sequence with the same blocks as `source`, shared until written.
+  absl::StatusOr<SequenceId> Fork(SequenceId source);
+  // Releases the sequence's blocks (shared ones stay with their other holders).
+  absl::Status Free(SequenceId seq);
+  bool Contains(SequenceId seq) const { return seqs_.count(seq) != 0; }
+  absl::StatusOr<int64_t> Length(SequenceId seq) const;
+
+  // Whole blocks at the start of `tokens` (at most max_blocks) a new sequence
+  // can take from the cache.
+  int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const;
+  // A new sequence holding `prefix` (whole blocks, all matched) from the
+  // cache; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix);
+
+  // Blocks one sequence of `length` tokens holds at most, all groups
+  // together, a step's new positions included: what admission reserves.
+  int64_t BlocksForLength(int64_t length) const;
+  // Longest sequence the whole arena could hold on its own.
+  int64_t MaxTokens() const;
+  // Free blocks Reserve(seq, n) would take (an upper bound when blocks are shared).
+  absl::StatusOr<int64_t> BlocksNeeded(SequenceId seq, int64_t n) const;
+  // Makes positions [length, length + n) writable in every group that keeps
+  // them: allocates blocks, copying shared ones through `copy`.
+  // RESOURCE_EXHAUSTED, changing nothing, when blocks run out.
+  absl::Status Reserve(SequenceId seq, int64_t n, CopyBlock copy);
+  // The sequence now holds n more tokens; sliding groups free the blocks
+  // that left the window. Without the tokens (nullptr) its blocks are not
+  // cached from here on.
+  absl::Status Commit(SequenceId seq, int64_t n, const int32_t* tokens);
+
+  // First position `group` keeps once the sequence holds `length` tokens.
+  int64_t KeepBegin(int group, int64_t length) const;
+  // Whether `group` holds position `pos` of a sequence `length` long that
+  // reserved it: false for a sliding group's position left out of the window.
+  bool Keeps(int group, int64_t length, int64_t pos) const;
+  // The sequence's block table for `group`: logical block -> physical, -1 = none.
+  const std::vector<int32_t>& Table(SequenceId seq, int group) const;
+  int64_t BlocksHeld(SequenceId seq, int group) const;
+
+  int64_t num_blocks() const { return options_.num_blocks; }
+  // Blocks no sequence holds (cached ones included: they are evictable).
+  int64_t free_blocks() const { return blocks_->free_blocks(); }
+  const PrefixCache& prefix_cache() const { return *blocks_; }
+  const KvBlockAllocatorOptions& options() const { return options_; }
+
+ private:
+  struct Sequence {
+    int64_t length = 0;
+    std::vector<std::vector<int32_t>> tables;  // per group
+    PrefixCache::Chain chain;
+    int64_t released_blocks = 0;  // sliding groups hold no block below this
+  };
+
+  KvBlockAllocator(const KvBlockAllocatorOptions& options, std::unique_ptr<PrefixCache> blocks);
+  // A sliding group (or 0 when there is none: KeepBegin is then 0).
+  int SlidingGroup() const;
+  // Positions [begin, end) a Reserve of n at `length` writes in `group`.
+  void WriteRange(int group, int64_t length, int64_t n, int64_t* begin, int64_t* end) const;
+  // Whether each sliding group has the blocks of the window before `blocks`
+  // whole blocks (hits: what PrefixCache::Walk found).
+  bool WindowCached(const std::vector<PrefixCache::Hit>& hits, int64_t blocks) const;
+
+  KvBlockAllocatorOptions options_;
+  std::unique_ptr<PrefixCache> blocks_;  // refcounts, free blocks, cached prefixes
+  std::unordered_map<SequenceId, Sequence> seqs_;
+  SequenceId next_id_ = 1;
+};
+
+}  // namespace flotilla
