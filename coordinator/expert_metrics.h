@@ -8,6 +8,8 @@
 
 namespace flotilla::coordinator {
 
-std::string RenderExpertMetrics(const ClusterManager& manager);
+// Every series carries `labels` (model_name="...", like the rest of
+// /metrics); empty: none.
+std::string RenderExpertMetrics(const ClusterManager& manager, const std::string& labels = "");
 
 }  // namespace flotilla::coordinator

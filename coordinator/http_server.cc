@@ -410,7 +410,7 @@ absl::Status HttpServer::ServeMetrics() {
   metrics_server_ = *std::move(server);
   metrics_server_->Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +
-                        RenderExpertMetrics(*manager_),
+                        RenderExpertMetrics(*manager_, ModelLabel(options_.model_id)),
                     "text/plain; version=0.0.4");
   });
   metrics_server_->set_logger([](const HttpRequest& req, const HttpResponse& res, bool) {
@@ -493,7 +493,7 @@ void HttpServer::Routes() {
   });
   svr.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +
-                        RenderExpertMetrics(*manager_),
+                        RenderExpertMetrics(*manager_, ModelLabel(options_.model_id)),
                     "text/plain; version=0.0.4");
   });
   auto model_json = [this](const std::string& name) {

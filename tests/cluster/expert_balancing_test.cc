@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <regex>
 
 #include "tests/cluster/balancing_util.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
@@ -212,9 +213,15 @@ TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlo
   httplib::Client http("http://" + (*cluster)->http_address());
   auto metrics = http.Get("/metrics");
   ASSERT_TRUE(metrics);
-  EXPECT_NE(metrics->body.find("flotilla_expert_map_version 2"), std::string::npos);
-  EXPECT_NE(metrics->body.find("flotilla_expert_layer_imbalance{layer=\"0\"}"), std::string::npos);
-  EXPECT_NE(metrics->body.find("flotilla_expert_rank_tokens{rank=\"1\"}"), std::string::npos)
+  // Labelled with the model like every series of /metrics.
+  EXPECT_TRUE(std::regex_search(metrics->body,
+                                std::regex("\nflotilla_expert_map_version\\{model_name=\"[^\"]+\"\\} 2\n")))
+      << metrics->body;
+  EXPECT_TRUE(std::regex_search(
+      metrics->body, std::regex("\nflotilla_expert_layer_imbalance\\{model_name=\"[^\"]+\",layer=\"0\"\\}")))
+      << metrics->body;
+  EXPECT_TRUE(std::regex_search(
+      metrics->body, std::regex("\nflotilla_expert_rank_tokens\\{model_name=\"[^\"]+\",rank=\"1\"\\}")))
       << metrics->body;
   EXPECT_TRUE(Generate((*cluster)->address(), {1, 2, 3}, 4).status.ok());
   (*cluster)->Stop();

@@ -84,8 +84,9 @@ class Cluster:
         request = urllib.request.Request(f"http://{self.http}/metrics",
                                          headers={"Authorization": f"Bearer {API_KEY}"})
         body = urllib.request.urlopen(request, timeout=10).read().decode()
-        m = re.search(rf"^{name} ([0-9.e+-]+)$", body, re.MULTILINE)
-        return float(m.group(1)) if m else -1.0
+        # Series carry labels (model_name="..."), or none.
+        m = re.search(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", body, re.MULTILINE)
+        return float(m.group(2)) if m else -1.0
 
     def wait_idle(self, seconds=30):
         """True once no request is in flight and no sequence runs."""
