@@ -483,6 +483,13 @@ void HttpServer::Routes() {
   });
 
   svr.Get("/health", [this](const HttpRequest&, HttpResponse& res) {
+    // Draining: not ready, so load balancers and readiness probes move on.
+    if (manager_->draining()) {
+      res.set_header("Retry-After", "5");
+      return SendJson(res, 503, Json{{"status", "DRAINING"},
+                                     {"reason", "the server is shutting down: it finishes the "
+                                                "requests in flight and takes no new ones"}});
+    }
     const admin::ClusterStatus s = manager_->Status();
     if (s.state() == admin::READY) {
       SendJson(res, 200, Json{{"status", "ok"}});

@@ -217,6 +217,11 @@ TEST(Recovery, SigtermToUpDrainsInFlightStreamsRefusesNewOnesAndLeavesNothing) {
   ASSERT_TRUE(res) << httplib::to_string(res.error());
   EXPECT_EQ(res->status, 503) << res->body;
   EXPECT_EQ(res->get_header_value("Retry-After"), "5");
+  // Readiness says so too: a load balancer stops sending here.
+  auto health = http.Get("/health");
+  ASSERT_TRUE(health) << httplib::to_string(health.error());
+  EXPECT_EQ(health->status, 503) << health->body;
+  EXPECT_NE(health->body.find("DRAINING"), std::string::npos) << health->body;
 
   for (std::thread& t : streams) t.join();
   int finished = 0;
