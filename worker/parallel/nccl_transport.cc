@@ -56,7 +56,16 @@ absl::Status NcclTransport::Form(comm::Communicator& host, const ParallelConfig&
   const int rank = host.rank();
   const ncclResult_t split =
       ncclCommSplit(world_, config.dp_group_of(rank), config.tp_rank_of(rank), &tp_, &cfg);
-  return Settle(tp_ != nullptr ? tp_ : world_, split, "ncclCommSplit");
+  // A non-blocking split completes on the parent: until the parent leaves
+  // ncclInProgress no new operation may be queued on it (the first dispatch
+  // on `world_` was refused with "invalid argument"), and only then is the
+  // child filled in. So settle the parent first, then the child.
+  FLOTILLA_RETURN_IF_ERROR(Settle(world_, split, "ncclCommSplit"));
+  if (tp_ == nullptr) {
+    broken_ = absl::UnavailableError("nccl: ncclCommSplit gave no tensor-parallel communicator");
+    return broken_;
+  }
+  return Settle(tp_, ncclInProgress, "ncclCommSplit (tensor-parallel communicator)");
 }
 
 absl::Status NcclTransport::Settle(ncclComm_t comm, int result, const char* what) {
