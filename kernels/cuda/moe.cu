@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_gemm.h"
 
 #include "kernels/cuda/launch.cuh"
 
@@ -953,10 +954,19 @@ cudaError_t LaunchMmaProjection(int slots, cudaStream_t stream, const MmaArgs& a
 
 MoeTuning g_tuning;
 
+bool UseGemm(const MoeTuning& t, int pairs, int num_experts) {
+  if (t.legacy_fma || t.copy_only || t.gemm_min_pairs_per_expert < 0) return false;
+  return static_cast<int64_t>(pairs) >=
+         static_cast<int64_t>(t.gemm_min_pairs_per_expert) * num_experts;
+}
+
 }  // namespace
 
 void SetMoeTuning(const MoeTuning& tuning) { g_tuning = tuning; }
 MoeTuning GetMoeTuning() { return g_tuning; }
+bool MoeUsesGemm(int tokens, int top_k, int num_experts) {
+  return UseGemm(g_tuning, tokens * top_k, num_experts);
+}
 
 size_t MoeDeviceWeights::ExpertBytes() const {
   if (num_experts <= 0) return 0;
@@ -1047,8 +1057,12 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   // The tensor-core kernels read activation fragments ahead past a row's end
   // (results dropped): kActivationSlack bytes after the last row keep that
   // inside the buffer.
+  // h: f32 for the decode kernels, or the GEMM path's bf16 h and tile map.
+  const size_t h_bytes =
+      std::max(pairs * static_cast<size_t>(w.intermediate) * sizeof(float),
+               MoeGemmWorkspaceBytes(w.num_experts, w.intermediate, static_cast<int>(pairs)));
   return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
-         AlignUp(pairs * static_cast<size_t>(w.intermediate) * sizeof(float)) +
+         AlignUp(h_bytes) +
          AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t)) + kActivationSlack;
 }
 
@@ -1093,13 +1107,27 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   int32_t* pair_of = reinterpret_cast<int32_t*>(base);
   base += AlignUp(static_cast<size_t>(pairs) * sizeof(int32_t));
   float* h = reinterpret_cast<float*>(base);
-  base += AlignUp(static_cast<size_t>(pairs) * w.intermediate * sizeof(float));
+  base += AlignUp(std::max(static_cast<size_t>(pairs) * w.intermediate * sizeof(float),
+                           MoeGemmWorkspaceBytes(E, w.intermediate, pairs)));
   uint16_t* xh = reinterpret_cast<uint16_t*>(base);
   const int H = w.hidden, I = w.intermediate;
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
   const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
 
   const MoeTuning tuning = g_tuning;
+  if (UseGemm(tuning, pairs, E)) {
+    // Routing only (one block, no activation conversion), then the GEMMs.
+    cudaError_t err = LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream,
+                                tuning.pdl, topk_ids, pairs, E, count, offset, pair_of, active,
+                                num_active, invalid_ids, reinterpret_cast<const uint4*>(x),
+                                size_t{0}, reinterpret_cast<uint4*>(xh));
+    if (err != cudaSuccess) return err;
+    const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
+                              : pairs >= 64 * E                ? 128
+                                                               : 32;
+    return LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
+                         MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile, stream);
+  }
   if (!tuning.legacy_fma) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;
     const unsigned prep_blocks =

@@ -122,8 +122,18 @@ struct MoeTuning {
   // Diagnostic for benchmarks: the projections copy their weight tiles and
   // skip the math (wrong results), to time the copies alone.
   bool copy_only = false;
+  // Grouped tensor-core GEMMs (moe_gemm.h) instead of the decode kernels once
+  // a step routes at least this many (token, expert) pairs per expert on
+  // average (0: always; negative: never).
+  int gemm_min_pairs_per_expert = 4;
+  // Their tile height: 32 or 128 rows; 0 picks 128 from 64 pairs per expert
+  // on average, else 32.
+  int gemm_rows_per_tile = 0;
 };
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();
+// Whether LaunchMoeLayer takes the grouped-GEMM path for this step under the
+// current tuning (its h is bf16: tests widen their tolerance for it).
+bool MoeUsesGemm(int tokens, int top_k, int num_experts);
 
 }  // namespace flotilla::kernels::cuda

@@ -13,6 +13,8 @@
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
 //                                          (NormQkvRopeTuning)
+//                     [--moe-gemm-min-pairs 4] (MoeTuning: grouped GEMMs from this many
+//                                          pairs per expert; -1: never)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_engine.h"
 
@@ -90,7 +93,11 @@ int main(int argc, char** argv) {
     else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
     else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
     else if (a == "--qkv-late-dependents") qkv_tuning.late_dependents = v == "1" || v == "true";
-    else {
+    else if (a == "--moe-gemm-min-pairs") {
+      flotilla::kernels::cuda::MoeTuning t = flotilla::kernels::cuda::GetMoeTuning();
+      t.gemm_min_pairs_per_expert = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
+      flotilla::kernels::cuda::SetMoeTuning(t);
+    } else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
     }

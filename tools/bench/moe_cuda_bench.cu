@@ -16,7 +16,7 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+// (variant names: tc decode gemm32 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
@@ -79,6 +79,13 @@ MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int spli
   MoeTuning t;
   t.legacy_fma = legacy, t.prmt_decode = prmt, t.evict_first = evict, t.pdl = pdl;
   t.tile_buffers = bufs, t.down_split_k = split;
+  t.gemm_min_pairs_per_expert = -1;  // the decode kernels at every size
+  return t;
+}
+
+MoeTuning Gemm(int min_pairs_per_expert, int rows_per_tile) {
+  MoeTuning t;
+  t.gemm_min_pairs_per_expert = min_pairs_per_expert, t.gemm_rows_per_tile = rows_per_tile;
   return t;
 }
 
@@ -140,9 +147,14 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<Variant> variants;
-  // tc: the defaults; tc-plain: none of the options; the others leave one
-  // default out or change the down split; fma: the CUDA-core baseline.
+  // tc: the defaults (decode kernels for few pairs per expert, grouped GEMMs
+  // for many); decode / gemm32 / gemm128: one path at every size; tc-plain:
+  // none of the decode options; the others leave one default out or change
+  // the down split; fma: the CUDA-core baseline.
   const Variant all[] = {{"tc", MoeTuning{}},
+                         {"decode", Gemm(-1, 0)},
+                         {"gemm32", Gemm(0, 32)},
+                         {"gemm128", Gemm(0, 128)},
                          {"tc-plain", Tuned(false, false, false, false, 1, 1)},
                          {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
                          {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},

@@ -1,0 +1,47 @@
+// CUDA: the MoE layer's two projections as grouped GEMMs on the tensor cores,
+// for steps where experts receive many rows (prefill, large batches). Internal
+// to kernels/cuda: LaunchMoeLayer (moe.cu) routes, then calls this when
+// MoeTuning says so.
+//
+// Each CTA computes one tile of kBM rows (an expert's pairs, in the routing
+// order) x 128 output features of that expert over the whole reduction:
+// activations (bf16) and the raw MXFP4 bytes stream into a 3-stage
+// shared-memory ring (cp.async); the FP4 values become bf16 through a 256-entry
+// table (one byte, two values), times the block scale 2^(s-127) as one bf16x2
+// multiply (both exact), and feed mma.sync m16n8k16 with f32 accumulation. A
+// weight byte is decoded once per CTA, however many rows the tile holds.
+//   gate_up: bias + clamped SwiGLU in the epilogue -> h bf16 [pairs, I] in
+//            routing order (so the down tiles read contiguous rows);
+//   down:    bias, times the router weight, added into out with atomics.
+// h in bf16 (as the reference implementation keeps it) is the one rounding
+// beyond the decode path's; MoeGemmMatchesTheReference bounds it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cuda/moe.h"
+
+namespace flotilla::kernels::cuda {
+
+// The routing LaunchMoeRoute produces (device arrays).
+struct MoeGemmRoute {
+  const int32_t* count = nullptr;   // [E]
+  const int32_t* offset = nullptr;  // [E + 1]
+  const int32_t* pair_of = nullptr;  // [pairs], grouped by expert
+};
+
+// Scratch the GEMM path needs beyond the routing: h and the tile map.
+size_t MoeGemmWorkspaceBytes(int num_experts, int intermediate, int pairs);
+
+// Both projections for `tokens` x `top_k` routed pairs, added into `out`
+// (f32 [tokens, H]). `workspace` holds MoeGemmWorkspaceBytes bytes, 16-byte
+// aligned. `rows_per_tile` is 32 or 128 (the tile height: 32 wastes less
+// tensor-core work when experts get few rows).
+cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
+                          int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
+                          float* out, void* workspace, int rows_per_tile, cudaStream_t stream);
+
+}  // namespace flotilla::kernels::cuda
