@@ -1123,7 +1123,8 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                                 size_t{0}, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
-                              : pairs >= 64 * E                ? 128
+                              : pairs >= 192 * E               ? 128
+                              : pairs >= 48 * E                ? 64
                                                                : 32;
     return LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
                          MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile, stream);

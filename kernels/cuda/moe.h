@@ -124,10 +124,10 @@ struct MoeTuning {
   bool copy_only = false;
   // Grouped tensor-core GEMMs (moe_gemm.h) instead of the decode kernels once
   // a step routes at least this many (token, expert) pairs per expert on
-  // average (0: always; negative: never).
-  int gemm_min_pairs_per_expert = 4;
-  // Their tile height: 32 or 128 rows; 0 picks 128 from 64 pairs per expert
-  // on average, else 32.
+  // average (0: always; negative: never). H200, 120b layer: the decode
+  // kernels win at 8 pairs per expert (256 tokens), the GEMMs at 32 (1024).
+  int gemm_min_pairs_per_expert = 16;
+  // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert.
   int gemm_rows_per_tile = 0;
 };
 void SetMoeTuning(const MoeTuning& tuning);

@@ -12,7 +12,6 @@ namespace {
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBN = 128;       // output features per tile
 constexpr int kBK = 64;        // reduction per stage: two MXFP4 blocks
-constexpr int kStages = 3;
 constexpr int kARowBytes = kBK * 2;  // bf16, 8 chunks of 16 bytes, XOR-swizzled by row
 // 32 bytes of blocks per weight row and stage, padded to 48 so the fragment
 // reads of 8 consecutive rows fall in distinct banks.
@@ -27,7 +26,7 @@ __host__ __device__ constexpr int StageBytes() {
   return kBM * kARowBytes + kBN * kBRowBytes;
 }
 
-template <int kBM>
+template <int kBM, int kStages>
 size_t SharedBytes(int blocks_per_row) {
   return kLutBytes + AlignUp(static_cast<size_t>(kBN) * blocks_per_row, 128) +
          static_cast<size_t>(kStages) * StageBytes<kBM>();
@@ -143,8 +142,9 @@ __global__ void __launch_bounds__(1024)
 }
 
 // One (row tile, 128 features) tile of one projection; see moe_gemm.h.
-// kWarpsM warps split the rows, the other 8 / kWarpsM split the features.
-template <bool kDown, int kBM, int kWarpsM>
+// kWarpsM warps split the rows, the other 8 / kWarpsM split the features;
+// kStages stages of the reduction are in flight.
+template <bool kDown, int kBM, int kWarpsM, int kStages>
 __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
   constexpr int kWarpsN = 8 / kWarpsM;
   constexpr int kWarpRows = kBM / kWarpsM, kWarpCols = kBN / kWarpsN;
@@ -303,10 +303,10 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
   }
 }
 
-template <bool kDown, int kBM, int kWarpsM>
+template <bool kDown, int kBM, int kWarpsM, int kStages>
 cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t stream) {
-  auto kernel = MoeGemmKernel<kDown, kBM, kWarpsM>;
-  const size_t smem = SharedBytes<kBM>(kMaxBlocksPerRow);
+  auto kernel = MoeGemmKernel<kDown, kBM, kWarpsM, kStages>;
+  const size_t smem = SharedBytes<kBM, kStages>(kMaxBlocksPerRow);
   static bool attribute_set = false;  // once, so later calls may sit in a graph capture
   if (!attribute_set) {
     const cudaError_t err = cudaFuncSetAttribute(
@@ -315,15 +315,15 @@ cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t s
     attribute_set = true;
   }
   const dim3 grid((args.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
-  kernel<<<grid, kThreads, SharedBytes<kBM>(args.k / 32), stream>>>(args);
+  kernel<<<grid, kThreads, SharedBytes<kBM, kStages>(args.k / 32), stream>>>(args);
   return cudaGetLastError();
 }
 
-template <int kBM, int kWarpsM>
+template <int kBM, int kWarpsM, int kStages>
 cudaError_t LaunchBoth(GemmArgs gu, GemmArgs dn, int max_tiles, cudaStream_t stream) {
-  const cudaError_t err = LaunchProjection<false, kBM, kWarpsM>(gu, max_tiles, stream);
+  const cudaError_t err = LaunchProjection<false, kBM, kWarpsM, kStages>(gu, max_tiles, stream);
   if (err != cudaSuccess) return err;
-  return LaunchProjection<true, kBM, kWarpsM>(dn, max_tiles, stream);
+  return LaunchProjection<true, kBM, kWarpsM, kStages>(dn, max_tiles, stream);
 }
 
 int MaxTiles(int pairs, int num_experts, int rows_per_tile) {
@@ -342,7 +342,7 @@ size_t MoeGemmWorkspaceBytes(int num_experts, int intermediate, int pairs) {
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, cudaStream_t stream) {
-  if ((rows_per_tile != 32 && rows_per_tile != 128) || w.num_experts > 1024 ||
+  if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) || w.num_experts > 1024 ||
       w.hidden % 32 != 0 || w.intermediate % 32 != 0 || w.hidden > 4096 || w.intermediate > 4096) {
     return cudaErrorInvalidValue;
   }
@@ -371,8 +371,14 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
   dn.n = w.hidden, dn.k = w.intermediate;
   dn.topk_weights = topk_weights, dn.out = out;
-  return rows_per_tile == 128 ? LaunchBoth<128, 2>(gu, dn, max_tiles, stream)
-                              : LaunchBoth<32, 1>(gu, dn, max_tiles, stream);
+  switch (rows_per_tile) {
+    case 128:
+      return LaunchBoth<128, 2, 3>(gu, dn, max_tiles, stream);
+    case 64:
+      return LaunchBoth<64, 1, 4>(gu, dn, max_tiles, stream);
+    default:
+      return LaunchBoth<32, 1, 4>(gu, dn, max_tiles, stream);
+  }
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -5,7 +5,7 @@
 //
 // Each CTA computes one tile of kBM rows (an expert's pairs, in the routing
 // order) x 128 output features of that expert over the whole reduction:
-// activations (bf16) and the raw MXFP4 bytes stream into a 3-stage
+// activations (bf16) and the raw MXFP4 bytes stream into a 3- or 4-stage
 // shared-memory ring (cp.async); the FP4 values become bf16 through a 256-entry
 // table (one byte, two values), times the block scale 2^(s-127) as one bf16x2
 // multiply (both exact), and feed mma.sync m16n8k16 with f32 accumulation. A
@@ -38,8 +38,9 @@ size_t MoeGemmWorkspaceBytes(int num_experts, int intermediate, int pairs);
 
 // Both projections for `tokens` x `top_k` routed pairs, added into `out`
 // (f32 [tokens, H]). `workspace` holds MoeGemmWorkspaceBytes bytes, 16-byte
-// aligned. `rows_per_tile` is 32 or 128 (the tile height: 32 wastes less
-// tensor-core work when experts get few rows).
+// aligned. `rows_per_tile` is 32, 64 or 128 (the tile height: smaller tiles
+// waste less tensor-core work on experts' last, partly filled tiles; larger
+// ones read each activation tile fewer times).
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, cudaStream_t stream);

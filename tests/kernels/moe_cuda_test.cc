@@ -247,7 +247,7 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
 // The grouped-GEMM path at every size, both tile heights, with bad ids; and
 // the decode kernels at the sizes the GEMM path takes by default.
 TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
-  for (int rows : {32, 128}) {
+  for (int rows : {32, 64, 128}) {
     cuda::MoeTuning t;
     t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = rows;
     cuda::SetMoeTuning(t);

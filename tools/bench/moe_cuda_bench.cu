@@ -16,7 +16,7 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc decode gemm32 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+// (variant names: tc decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
@@ -148,12 +148,13 @@ int main(int argc, char** argv) {
   }
   std::vector<Variant> variants;
   // tc: the defaults (decode kernels for few pairs per expert, grouped GEMMs
-  // for many); decode / gemm32 / gemm128: one path at every size; tc-plain:
+  // for many); decode / gemm32 / gemm64 / gemm128: one path at every size; tc-plain:
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
   const Variant all[] = {{"tc", MoeTuning{}},
                          {"decode", Gemm(-1, 0)},
                          {"gemm32", Gemm(0, 32)},
+                         {"gemm64", Gemm(0, 64)},
                          {"gemm128", Gemm(0, 128)},
                          {"tc-plain", Tuned(false, false, false, false, 1, 1)},
                          {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
