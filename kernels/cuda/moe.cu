@@ -1060,7 +1060,7 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   // h: f32 for the decode kernels, or the GEMM path's bf16 h and tile map.
   const size_t h_bytes =
       std::max(pairs * static_cast<size_t>(w.intermediate) * sizeof(float),
-               MoeGemmWorkspaceBytes(w.num_experts, w.intermediate, static_cast<int>(pairs)));
+               MoeGemmWorkspaceBytes(w, tokens, top_k));
   return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
          AlignUp(h_bytes) +
          AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t)) + kActivationSlack;
@@ -1108,7 +1108,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   base += AlignUp(static_cast<size_t>(pairs) * sizeof(int32_t));
   float* h = reinterpret_cast<float*>(base);
   base += AlignUp(std::max(static_cast<size_t>(pairs) * w.intermediate * sizeof(float),
-                           MoeGemmWorkspaceBytes(E, w.intermediate, pairs)));
+                           MoeGemmWorkspaceBytes(w, tokens, top_k)));
   uint16_t* xh = reinterpret_cast<uint16_t*>(base);
   const int H = w.hidden, I = w.intermediate;
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
@@ -1123,8 +1123,8 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                                 size_t{0}, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
-                              : pairs >= 192 * E               ? 128
-                              : pairs >= 48 * E                ? 64
+                              : pairs >= 96 * E                ? 128
+                              : pairs >= 24 * E                ? 64
                                                                : 32;
     return LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
                          MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile, stream);

@@ -16,7 +16,6 @@ constexpr int kARowBytes = kBK * 2;  // bf16, 8 chunks of 16 bytes, XOR-swizzled
 // 32 bytes of blocks per weight row and stage, padded to 48 so the fragment
 // reads of 8 consecutive rows fall in distinct banks.
 constexpr int kBRowBytes = 48;
-constexpr int kLutBytes = 256 * 4;
 constexpr int kMaxBlocksPerRow = 4096 / 32;
 
 __host__ __device__ constexpr size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -28,7 +27,7 @@ __host__ __device__ constexpr int StageBytes() {
 
 template <int kBM, int kStages>
 size_t SharedBytes(int blocks_per_row) {
-  return kLutBytes + AlignUp(static_cast<size_t>(kBN) * blocks_per_row, 128) +
+  return AlignUp(static_cast<size_t>(kBN) * blocks_per_row, 128) +
          static_cast<size_t>(kStages) * StageBytes<kBM>();
 }
 
@@ -37,14 +36,16 @@ struct GemmArgs {
   const uint8_t* scales;
   const uint16_t* bias;
   int n;  // output features of one expert
-  int k;  // reduction length, a multiple of 32
+  int k;   // reduction length, a multiple of 32
+  int kp;  // k rounded up to 64: the row length of the permuted activations
   MoeGemmRoute route;
   const int32_t* tile_expert;
   const int32_t* tile_row0;
   const int32_t* num_tiles;
   int top_k;
-  const uint16_t* x;  // gate_up: bf16 [tokens, k]
-  uint16_t* h;        // gate_up writes, down reads: bf16 [pairs, I], routing order
+  const uint16_t* x;  // gate_up: bf16 [tokens, kp], permuted
+  uint16_t* h;        // gate_up writes, down reads: bf16 [pairs, kp of down], routing order, permuted
+  int h_stride;  // gate_up: the row length of h
   float limit, alpha;
   const float* topk_weights;  // down
   float* out;                 // down: f32 [tokens, n]
@@ -88,23 +89,70 @@ __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-// bf16x2 of a byte's two FP4 values: the low nibble (the even element) in
-// the low half, as the mma B fragment wants consecutive k.
-__device__ uint32_t Fp4PairBf16(uint32_t byte) {
-  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
-  auto bits = [&](uint32_t nib) -> uint32_t {
-    const float v = (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  };
-  return bits(byte & 15) | (bits(byte >> 4) << 16);
+// The reduction runs in a permuted order inside each group of 64 so that a
+// lane's B fragments come out of two 32-bit words of MXFP4 bytes with shifts
+// and masks (Fp4Pair): mma step kk, register r, half h of lane t (the logical
+// position 16kk + 8r + 2t + h, which ldmatrix hands the A side) multiplies
+// physical element 16t + 8(kk >> 1) + 2(kk & 1) + r + 4h. The activations are
+// stored in that order (PermuteRowsKernel, and h by gate_up's epilogue).
+__host__ __device__ constexpr int PhysicalOf(int logical) {
+  const int h = logical & 1, t = (logical >> 1) & 3, r = (logical >> 3) & 1;
+  const int kk_lo = (logical >> 4) & 1, kk_hi = (logical >> 5) & 1;
+  return (t << 4) | (kk_hi << 3) | (h << 2) | (kk_lo << 1) | r;
+}
+__host__ __device__ constexpr int LogicalOf(int physical) {
+  const int r = physical & 1, kk_lo = (physical >> 1) & 1, h = (physical >> 2) & 1;
+  const int kk_hi = (physical >> 3) & 1, t = (physical >> 4) & 3;
+  return (kk_hi << 5) | (kk_lo << 4) | (r << 3) | (t << 1) | h;
+}
+static_assert(LogicalOf(PhysicalOf(37)) == 37 && PhysicalOf(LogicalOf(21)) == 21, "bijection");
+
+// w shifted left by `shift` bits (right for a negative one); the callers'
+// shifts are constants once their loops unroll.
+__device__ __forceinline__ uint32_t ShiftLeft(uint32_t w, int shift) {
+  return shift >= 0 ? w << shift : w >> -shift;
 }
 
-// 2^(s - 127) in both halves of a bf16x2 (the exponent field is s); s = 0
-// gives 0, as in the decode path.
-__device__ __forceinline__ uint32_t ScalePair(uint32_t s) { return s * 0x00800080u; }
+// bf16x2 of nibbles i (low half) and i + 4 (high half) of a word of MXFP4
+// bytes, each exactly fp4 * 2^-126: the magnitude bits (e1 e0 m) land on bf16
+// bits 8..6, the sign on bit 15, so e = 0 is the subnormal 2^-127 * m.
+__device__ __forceinline__ uint32_t Fp4Pair(uint32_t w, int i) {
+  return (ShiftLeft(w, 6 - 4 * i) & 0x01C001C0u) | (ShiftLeft(w, 12 - 4 * i) & 0x80008000u);
+}
+
+// The block scale as a bf16x2 multiplier of Fp4Pair's values: 2^(s - 127 + 126).
+// Up to s = 128 that is one exact multiply; above, 2^(s - 65) here and 2^64
+// after (kTwo64). s = 0 (2^-127) is taken as 0, as in the decode path.
+struct BlockScale {
+  uint32_t pair;
+  bool big;
+};
+constexpr uint32_t kTwo64 = ((64u + 127u) << 7) * 0x00010001u;
+__device__ __forceinline__ BlockScale ScaleOf(uint32_t s) {
+  if (s == 0) return {0u, false};
+  const bool big = s > 128;
+  const uint32_t bits = (s + (big ? 62u : 126u)) << 7;
+  return {bits | (bits << 16), big};
+}
+__device__ __forceinline__ uint32_t Scaled(uint32_t v, BlockScale sc) {
+  v = MulBf16x2(v, sc.pair);
+  return sc.big ? MulBf16x2(v, kTwo64) : v;
+}
 
 __device__ __forceinline__ float Bf16ToFloat(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
+}
+
+// dst[r, :] (row length kp, a multiple of 64) = src[r, :] (length k) in the
+// permuted order of each 64-group, zeros past k.
+__global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, uint16_t* dst) {
+  const size_t n = static_cast<size_t>(rows) * kp;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const int r = static_cast<int>(i / kp), l = static_cast<int>(i % kp);
+    const int p = (l & ~63) + PhysicalOf(l & 63);
+    dst[i] = p < k ? src[static_cast<size_t>(r) * k + p] : uint16_t{0};
+  }
 }
 
 // Tiles of kBM rows per expert, in expert order: tile_expert / tile_row0 for
@@ -165,10 +213,8 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
   const int k_tiles = (a.k + kBK - 1) / kBK;
   const int tid = threadIdx.x;
 
-  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
-  uint8_t* s_scales = smem + kLutBytes;
+  uint8_t* s_scales = smem;
   uint8_t* stages = s_scales + AlignUp(static_cast<size_t>(kBN) * nb, 128);
-  lut[tid] = Fp4PairBf16(static_cast<uint32_t>(tid));
 
   // The tile's scales, once: [kBN rows][nb]; rows past the end read 2^0 so
   // their zero-filled bytes stay 0.
@@ -190,8 +236,8 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
     const int r = (tid >> 3) + 32 * j;
     const bool ok = r < rows;
     const int s = sorted0 + (ok ? r : 0);
-    a_src[j] = kDown ? a.h + static_cast<size_t>(s) * a.k
-                     : a.x + static_cast<size_t>(a.route.pair_of[s] / a.top_k) * a.k;
+    a_src[j] = kDown ? a.h + static_cast<size_t>(s) * a.kp
+                     : a.x + static_cast<size_t>(a.route.pair_of[s] / a.top_k) * a.kp;
     a_bytes[j] = ok ? 16 : 0;
   }
   const int b_row = tid >> 1, b_half = tid & 1;
@@ -202,13 +248,11 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
   auto load_stage = [&](int stage, int kt) {
     uint8_t* sa = stages + stage * StageBytes<kBM>();
     uint8_t* sb = sa + kBM * kARowBytes;
-    const int kbase = kt * kBK + a_chunk * 8;
-    const bool k_ok = kbase < a.k;  // k is a multiple of 32: a chunk is all in or all out
+    const int kbase = kt * kBK + a_chunk * 8;  // < kp: rows are padded to whole stages
 #pragma unroll
     for (int j = 0; j < kARowsPerThread; ++j) {
       const int r = (tid >> 3) + 32 * j;
-      CpAsync16(sa + r * kARowBytes + ((a_chunk ^ (r & 7)) << 4), a_src[j] + (k_ok ? kbase : 0),
-                k_ok ? a_bytes[j] : 0);
+      CpAsync16(sa + r * kARowBytes + ((a_chunk ^ (r & 7)) << 4), a_src[j] + kbase, a_bytes[j]);
     }
     const bool b_ok = b_row_ok && kt * 2 + b_half < nb;
     CpAsync16(sb + b_row * kBRowBytes + b_half * 16, b_src + (b_ok ? kt * 32 : 0), b_ok ? 16 : 0);
@@ -236,15 +280,15 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
     CpAsyncCommit();
     const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
     const uint8_t* sb = sa + kBM * kARowBytes;
-    uint32_t scale[kNj][2];
+    // Lane t's words 2t and 2t + 1 of each row hold block 2kt + t / 2.
+    BlockScale scale[kNj];
+    uint2 words[kNj];
 #pragma unroll
     for (int j = 0; j < kNj; ++j) {
       const int r = wn + 8 * j + g;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int kb = kt * 2 + h;
-        scale[j][h] = ScalePair(kb < nb ? s_scales[r * nb + kb] : 127u);
-      }
+      const int kb = kt * 2 + (t >> 1);
+      scale[j] = ScaleOf(kb < nb ? s_scales[r * nb + kb] : 127u);
+      words[j] = *reinterpret_cast<const uint2*>(sb + r * kBRowBytes + 8 * t);
     }
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -257,11 +301,9 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
       }
 #pragma unroll
       for (int j = 0; j < kNj; ++j) {
-        // Bytes 8kk + t and 8kk + t + 4 of the row: k = 16kk + 2t, +1 and +8, +9.
-        const uint2 wv =
-            *reinterpret_cast<const uint2*>(sb + (wn + 8 * j + g) * kBRowBytes + 8 * kk);
-        const uint32_t b0 = MulBf16x2(lut[(wv.x >> (8 * t)) & 0xFF], scale[j][kk >> 1]);
-        const uint32_t b1 = MulBf16x2(lut[(wv.y >> (8 * t)) & 0xFF], scale[j][kk >> 1]);
+        const uint32_t w = (kk >> 1) ? words[j].y : words[j].x;
+        const uint32_t b0 = Scaled(Fp4Pair(w, 2 * (kk & 1)), scale[j]);
+        const uint32_t b1 = Scaled(Fp4Pair(w, 2 * (kk & 1) + 1), scale[j]);
 #pragma unroll
         for (int i = 0; i < kMi; ++i) Mma(acc[i][j], af[i], b0, b1);
       }
@@ -288,8 +330,8 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
           const float gate = fminf(v0, a.limit);
           const float up = fminf(fmaxf(v1, -a.limit), a.limit);
           const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
-          const int I = a.n / 2;
-          a.h[static_cast<size_t>(sorted0 + r) * I + col / 2] =
+          const int m = col / 2;  // down's reduction index, stored permuted
+          a.h[static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63)] =
               __bfloat16_as_ushort(__float2bfloat16_rn((up + 1.0f) * glu));
         } else {
           const int pair = a.route.pair_of[sorted0 + r];
@@ -332,44 +374,60 @@ int MaxTiles(int pairs, int num_experts, int rows_per_tile) {
 
 }  // namespace
 
-size_t MoeGemmWorkspaceBytes(int num_experts, int intermediate, int pairs) {
+int Padded64(int v) { return (v + 63) / 64 * 64; }
+
+size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
+  const int pairs = tokens * top_k;
   if (pairs <= 0) return 0;
-  const size_t tiles = static_cast<size_t>(MaxTiles(pairs, num_experts, 32));
-  return AlignUp(static_cast<size_t>(pairs) * intermediate * sizeof(uint16_t), 256) +
+  const size_t tiles = static_cast<size_t>(MaxTiles(pairs, w.num_experts, 32));
+  return AlignUp(static_cast<size_t>(pairs) * Padded64(w.intermediate) * sizeof(uint16_t), 256) +
+         AlignUp(static_cast<size_t>(tokens) * Padded64(w.hidden) * sizeof(uint16_t), 256) +
          AlignUp((2 * tiles + 1) * sizeof(int32_t), 256);
 }
 
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, cudaStream_t stream) {
-  if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) || w.num_experts > 1024 ||
-      w.hidden % 32 != 0 || w.intermediate % 32 != 0 || w.hidden > 4096 || w.intermediate > 4096) {
+  if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
+      w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
+      w.hidden > 4096 || w.intermediate > 4096) {
     return cudaErrorInvalidValue;
   }
   const int pairs = tokens * top_k;
   if (pairs <= 0) return cudaSuccess;
+  const int hp = Padded64(w.hidden), ip = Padded64(w.intermediate);
   auto* base = static_cast<uint8_t*>(workspace);
   auto* h = reinterpret_cast<uint16_t*>(base);
-  base += AlignUp(static_cast<size_t>(pairs) * w.intermediate * sizeof(uint16_t), 256);
+  base += AlignUp(static_cast<size_t>(pairs) * ip * sizeof(uint16_t), 256);
+  auto* xp = reinterpret_cast<uint16_t*>(base);
+  base += AlignUp(static_cast<size_t>(tokens) * hp * sizeof(uint16_t), 256);
   const int max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
   auto* tile_expert = reinterpret_cast<int32_t*>(base);
   int32_t* tile_row0 = tile_expert + max_tiles;
   int32_t* num_tiles = tile_row0 + max_tiles;
 
+  const size_t x_elems = static_cast<size_t>(tokens) * hp;
+  PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((x_elems + 255) / 256, 4096)), 256,
+                      0, stream>>>(x, tokens, w.hidden, hp, xp);
   TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, tile_expert,
                                         tile_row0, num_tiles);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
+  if (ip != w.intermediate) {
+    // The padding of h's rows is never written by gate_up: it must read 0.
+    err = cudaMemsetAsync(h, 0, static_cast<size_t>(pairs) * ip * sizeof(uint16_t), stream);
+    if (err != cudaSuccess) return err;
+  }
 
   GemmArgs gu{};
   gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
-  gu.n = 2 * w.intermediate, gu.k = w.hidden;
+  gu.n = 2 * w.intermediate, gu.k = w.hidden, gu.kp = hp;
   gu.route = route, gu.tile_expert = tile_expert, gu.tile_row0 = tile_row0;
   gu.num_tiles = num_tiles, gu.top_k = top_k;
-  gu.x = x, gu.h = h, gu.limit = limit, gu.alpha = alpha;
+  gu.x = xp, gu.h = h, gu.h_stride = ip, gu.limit = limit, gu.alpha = alpha;
   GemmArgs dn = gu;
   dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
-  dn.n = w.hidden, dn.k = w.intermediate;
+  dn.n = w.hidden, dn.k = w.intermediate, dn.kp = ip;
   dn.topk_weights = topk_weights, dn.out = out;
   switch (rows_per_tile) {
     case 128:

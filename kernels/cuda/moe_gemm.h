@@ -6,10 +6,13 @@
 // Each CTA computes one tile of kBM rows (an expert's pairs, in the routing
 // order) x 128 output features of that expert over the whole reduction:
 // activations (bf16) and the raw MXFP4 bytes stream into a 3- or 4-stage
-// shared-memory ring (cp.async); the FP4 values become bf16 through a 256-entry
-// table (one byte, two values), times the block scale 2^(s-127) as one bf16x2
-// multiply (both exact), and feed mma.sync m16n8k16 with f32 accumulation. A
-// weight byte is decoded once per CTA, however many rows the tile holds.
+// shared-memory ring (cp.async); each lane turns 32-bit words of FP4 nibbles
+// into bf16 pairs with shifts and masks (fp4 * 2^-126, subnormals included),
+// times the block scale as one bf16x2 multiply (both exact), and feeds
+// mma.sync m16n8k16 with f32 accumulation. The reduction runs in a permuted
+// order within each 64-group so that those words map straight onto the B
+// fragments; the activations are stored in that order. A weight byte is
+// decoded once per CTA, however many rows the tile holds.
 //   gate_up: bias + clamped SwiGLU in the epilogue -> h bf16 [pairs, I] in
 //            routing order (so the down tiles read contiguous rows);
 //   down:    bias, times the router weight, added into out with atomics.
@@ -33,8 +36,9 @@ struct MoeGemmRoute {
   const int32_t* pair_of = nullptr;  // [pairs], grouped by expert
 };
 
-// Scratch the GEMM path needs beyond the routing: h and the tile map.
-size_t MoeGemmWorkspaceBytes(int num_experts, int intermediate, int pairs);
+// Scratch the GEMM path needs beyond the routing: h, the permuted
+// activations and the tile map.
+size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 
 // Both projections for `tokens` x `top_k` routed pairs, added into `out`
 // (f32 [tokens, H]). `workspace` holds MoeGemmWorkspaceBytes bytes, 16-byte
