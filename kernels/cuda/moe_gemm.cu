@@ -430,8 +430,12 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   dn.n = w.hidden, dn.k = w.intermediate, dn.kp = ip;
   dn.topk_weights = topk_weights, dn.out = out;
   switch (rows_per_tile) {
+    // Stages: 8 for 32-row tiles and 6 for 64 (2 CTAs per SM) measured no
+    // better than 4 (3 CTAs per SM), nor did L2::256B prefetch hints on the
+    // copies: small tiles are bound by the decode's instructions, not by
+    // the bytes in flight.
     case 128:
-      return LaunchBoth<128, 2, 3>(gu, dn, max_tiles, stream);
+      return LaunchBoth<128, 2, 4>(gu, dn, max_tiles, stream);
     case 64:
       return LaunchBoth<64, 1, 4>(gu, dn, max_tiles, stream);
     default:
