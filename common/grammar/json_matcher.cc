@@ -120,8 +120,6 @@ JsonMatcher::Outcome JsonMatcher::Step(MatchStack& s, uint8_t b, MatchState& set
     case FrameKind::kValue: return StepValue(s, b, set);
     case FrameKind::kObject: return StepObject(s, b);
     case FrameKind::kArray: return StepArray(s, b);
-    case FrameKind::kAnyObject: return StepAnyObject(s, b);
-    case FrameKind::kAnyArray: return StepAnyArray(s, b);
     case FrameKind::kString: return StepString(f, b);
     case FrameKind::kNumber: return StepNumber(f, b);
     case FrameKind::kLiteral: return StepLiteral(f, b);
@@ -217,11 +215,11 @@ JsonMatcher::Outcome JsonMatcher::StepValue(MatchStack& s, uint8_t b, MatchState
     case NodeKind::kAny:
       f.node = -1;
       if (b == '{') {
-        f.kind = FrameKind::kAnyObject;
+        f.kind = FrameKind::kObject;
       } else if (object_only) {
         return Outcome::kReject;
       } else if (b == '[') {
-        f.kind = FrameKind::kAnyArray;
+        f.kind = FrameKind::kArray;
       } else if (b == '"') {
         f.kind = FrameKind::kString;
       } else if (b == '-' || IsDigit(b)) {
@@ -251,9 +249,12 @@ bool JsonMatcher::RequiredLeft(const SchemaNode& n, int next) const {
   return false;
 }
 
+// Objects: a typed one (a schema node) matches its declared keys in order,
+// each `"key":` text whole; an untyped one (json_object's members, node -1)
+// reads any string key, then ':'. The phases around the keys are shared.
 JsonMatcher::Outcome JsonMatcher::StepObject(MatchStack& s, uint8_t b) const {
   Frame& f = s.frames[s.depth - 1];
-  const SchemaNode& n = schema_->nodes[f.node];
+  const SchemaNode* n = f.node >= 0 ? &schema_->nodes[f.node] : nullptr;
   switch (f.phase) {
     case kOpen:
       if (b != '{') return Outcome::kReject;
@@ -261,83 +262,19 @@ JsonMatcher::Outcome JsonMatcher::StepObject(MatchStack& s, uint8_t b) const {
       return Outcome::kConsumed;
     case kFirst:
     case kAfterComma:
-      if (b == '}' && f.phase == kFirst && !RequiredLeft(n, 0)) return Outcome::kDone;
+      if (b == '}' && f.phase == kFirst && MayClose(n, 0)) return Outcome::kDone;
       if (b != '"') return Outcome::kReject;
-      f.mask = KeyCandidates(n, f.count);
+      if (n == nullptr) {
+        f.phase = kAfterKey;
+        return Push(s, FrameKind::kString, -1) ? Outcome::kRetry : Outcome::kReject;
+      }
+      f.mask = KeyCandidates(*n, f.count);
       if (f.mask == 0) return Outcome::kReject;
       f.phase = kInKey;
       f.pos = 1;
       return Outcome::kConsumed;
-    case kInKey: {
-      const int pos = f.pos;
-      uint64_t mask = 0;
-      int done = -1;
-      for (int j = 0; j < 64 && (f.mask >> j); ++j) {
-        if (!((f.mask >> j) & 1)) continue;
-        const std::string& key = n.properties[j].key_text;
-        if (static_cast<int>(key.size()) > pos && static_cast<uint8_t>(key[pos]) == b) {
-          mask |= 1ull << j;
-          if (static_cast<int>(key.size()) == pos + 1) done = j;
-        }
-      }
-      if (mask == 0) return Outcome::kReject;
-      f.mask = mask;
-      f.pos = pos + 1;
-      if (done < 0) return Outcome::kConsumed;
-      f.count = done + 1;
-      f.phase = kAfterValue;
-      f.mask = 0;
-      f.pos = 0;
-      return Push(s, FrameKind::kValue, n.properties[done].node) ? Outcome::kConsumed
-                                                                 : Outcome::kReject;
-    }
-    case kAfterValue:
-      if (b == '}') return RequiredLeft(n, f.count) ? Outcome::kReject : Outcome::kDone;
-      if (b != ',' || KeyCandidates(n, f.count) == 0) return Outcome::kReject;
-      f.phase = kAfterComma;
-      return Outcome::kConsumed;
-  }
-  return Outcome::kReject;
-}
-
-JsonMatcher::Outcome JsonMatcher::StepArray(MatchStack& s, uint8_t b) const {
-  Frame& f = s.frames[s.depth - 1];
-  const SchemaNode& n = schema_->nodes[f.node];
-  switch (f.phase) {
-    case kOpen:
-      if (b != '[') return Outcome::kReject;
-      f.phase = kFirst;
-      return Outcome::kConsumed;
-    case kFirst:
-      if (b == ']') return n.min_items == 0 ? Outcome::kDone : Outcome::kReject;
-      if (n.max_items == 0) return Outcome::kReject;
-      [[fallthrough]];
-    case kAfterComma:
-      ++f.count;
-      f.phase = kAfterValue;
-      return Push(s, FrameKind::kValue, n.items) ? Outcome::kRetry : Outcome::kReject;
-    case kAfterValue:
-      if (b == ']') return f.count >= n.min_items ? Outcome::kDone : Outcome::kReject;
-      if (b != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return Outcome::kReject;
-      f.phase = kAfterComma;
-      return Outcome::kConsumed;
-  }
-  return Outcome::kReject;
-}
-
-JsonMatcher::Outcome JsonMatcher::StepAnyObject(MatchStack& s, uint8_t b) const {
-  Frame& f = s.frames[s.depth - 1];
-  switch (f.phase) {
-    case kOpen:
-      if (b != '{') return Outcome::kReject;
-      f.phase = kFirst;
-      return Outcome::kConsumed;
-    case kFirst:
-    case kAfterComma:
-      if (b == '}' && f.phase == kFirst) return Outcome::kDone;
-      if (b != '"') return Outcome::kReject;
-      f.phase = kAfterKey;
-      return Push(s, FrameKind::kString, -1) ? Outcome::kRetry : Outcome::kReject;
+    case kInKey:
+      return StepDeclaredKey(s, *n, b);
     case kAfterKey:
       if (b != ':') return Outcome::kReject;
       f.phase = kBeforeValue;
@@ -346,30 +283,71 @@ JsonMatcher::Outcome JsonMatcher::StepAnyObject(MatchStack& s, uint8_t b) const 
       f.phase = kAfterValue;
       return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
     case kAfterValue:
-      if (b == '}') return Outcome::kDone;
-      if (b != ',') return Outcome::kReject;
+      if (b == '}') return MayClose(n, f.count) ? Outcome::kDone : Outcome::kReject;
+      if (b != ',' || (n != nullptr && KeyCandidates(*n, f.count) == 0)) return Outcome::kReject;
       f.phase = kAfterComma;
       return Outcome::kConsumed;
   }
   return Outcome::kReject;
 }
 
-JsonMatcher::Outcome JsonMatcher::StepAnyArray(MatchStack& s, uint8_t b) const {
+bool JsonMatcher::MayClose(const SchemaNode* n, int next) const {
+  return n == nullptr || !RequiredLeft(*n, next);
+}
+
+// The next byte of a declared key: the candidates narrow until one key's
+// text (its ':' included) is whole, then its value follows.
+JsonMatcher::Outcome JsonMatcher::StepDeclaredKey(MatchStack& s, const SchemaNode& n,
+                                                  uint8_t b) const {
   Frame& f = s.frames[s.depth - 1];
+  const int pos = f.pos;
+  uint64_t mask = 0;
+  int done = -1;
+  for (int j = 0; j < 64 && (f.mask >> j); ++j) {
+    if (!((f.mask >> j) & 1)) continue;
+    const std::string& key = n.properties[j].key_text;
+    if (static_cast<int>(key.size()) > pos && static_cast<uint8_t>(key[pos]) == b) {
+      mask |= 1ull << j;
+      if (static_cast<int>(key.size()) == pos + 1) done = j;
+    }
+  }
+  if (mask == 0) return Outcome::kReject;
+  f.mask = mask;
+  f.pos = pos + 1;
+  if (done < 0) return Outcome::kConsumed;
+  f.count = done + 1;
+  f.phase = kAfterValue;
+  f.mask = 0;
+  f.pos = 0;
+  return Push(s, FrameKind::kValue, n.properties[done].node) ? Outcome::kConsumed
+                                                             : Outcome::kReject;
+}
+
+// Arrays: a typed one counts its items against minItems / maxItems; an
+// untyped one (node -1) takes any values and does not count them, so that
+// its states stay few (and masks cached) however long it grows.
+JsonMatcher::Outcome JsonMatcher::StepArray(MatchStack& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  const SchemaNode* n = f.node >= 0 ? &schema_->nodes[f.node] : nullptr;
+  const int64_t min_items = n != nullptr ? n->min_items : 0;
+  const int64_t max_items = n != nullptr ? n->max_items : -1;
   switch (f.phase) {
     case kOpen:
       if (b != '[') return Outcome::kReject;
       f.phase = kFirst;
       return Outcome::kConsumed;
     case kFirst:
-      if (b == ']') return Outcome::kDone;
+      if (b == ']') return min_items == 0 ? Outcome::kDone : Outcome::kReject;
+      if (max_items == 0) return Outcome::kReject;
       [[fallthrough]];
     case kAfterComma:
+      if (n != nullptr) ++f.count;
       f.phase = kAfterValue;
-      return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
+      return Push(s, FrameKind::kValue, n != nullptr ? n->items : -1) ? Outcome::kRetry
+                                                                      : Outcome::kReject;
     case kAfterValue:
-      if (b == ']') return Outcome::kDone;
-      if (b != ',') return Outcome::kReject;
+      if (b == ']') return f.count >= min_items ? Outcome::kDone : Outcome::kReject;
+      if (b != ',' || (max_items >= 0 && f.count >= max_items)) return Outcome::kReject;
       f.phase = kAfterComma;
       return Outcome::kConsumed;
   }

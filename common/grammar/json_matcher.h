@@ -23,8 +23,8 @@
 
 namespace flotilla::grammar {
 
-enum class FrameKind : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral,
-                                 kAnyObject, kAnyArray };
+// Objects and arrays of node -1 are untyped (json_object's members).
+enum class FrameKind : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral };
 
 struct Frame {
   int32_t node;     // schema node; -1: unconstrained (json_object members, keys)
@@ -109,8 +109,9 @@ class JsonMatcher {
   Outcome StepValue(MatchStack& s, uint8_t b, MatchState& set) const;
   Outcome StepObject(MatchStack& s, uint8_t b) const;
   Outcome StepArray(MatchStack& s, uint8_t b) const;
-  Outcome StepAnyObject(MatchStack& s, uint8_t b) const;
-  Outcome StepAnyArray(MatchStack& s, uint8_t b) const;
+  Outcome StepDeclaredKey(MatchStack& s, const SchemaNode& n, uint8_t b) const;
+  // Whether an object (null: untyped) may end before property `next`.
+  bool MayClose(const SchemaNode* n, int next) const;
   Outcome StepString(Frame& f, uint8_t b) const;
   Outcome StepNumber(Frame& f, uint8_t b) const;
   Outcome StepLiteral(Frame& f, uint8_t b) const;
