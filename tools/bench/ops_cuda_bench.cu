@@ -162,8 +162,8 @@ bool BenchTokenMasks(cudaStream_t stream, const cudaDeviceProp& prop, int vocab,
       break;
     }
     std::printf(
-        "{"bench":"token_mask","gpu":"%s","rows":%d,"vocab":%d,"upload_bytes":%zu,"
-        ""us_per_step":%.2f,"logit_bytes_written_max":%zu}\n",
+        "{\"bench\":\"token_mask\",\"gpu\":\"%s\",\"rows\":%d,\"vocab\":%d,\"upload_bytes\":%zu,"
+        "\"us_per_step\":%.2f,\"logit_bytes_written_max\":%zu}\n",
         prop.name, rows, vocab, upload, us, static_cast<size_t>(rows) * vocab * 4);
     std::fflush(stdout);
   }
