@@ -198,9 +198,11 @@ TEST(GrammarMatcher, AlternativesThatBeginAlikeAreReadJointly) {
     // The alternatives alone (a type list: one schema per type).
     std::vector<Json> alternatives;
     if (schema.contains("anyOf")) {
-      for (Json a : schema["anyOf"]) {
-        if (schema.contains("$defs")) a["$defs"] = schema["$defs"];
-        alternatives.push_back(a);
+      for (const Json& a : schema["anyOf"]) {
+        // A one-member anyOf may carry the $defs its alternative refers to.
+        Json alone = {{"anyOf", Json::array({a})}};
+        if (schema.contains("$defs")) alone["$defs"] = schema["$defs"];
+        alternatives.push_back(alone);
       }
     } else if (schema["type"].is_array()) {
       for (const Json& t : schema["type"]) {
