@@ -388,6 +388,16 @@ TEST(ChatRequestTest, ResponseFormatAndStrictToolsBecomeTheConstraint) {
   EXPECT_TRUE(p->constraint->tools.empty());
 
   r.clear_response_format();
+  // A tool that is not strict is only described to the model: a schema
+  // feature the matcher cannot enforce is no reason to refuse it.
+  v1::ChatRequest described = r;
+  auto* loose = described.add_tools();
+  loose->set_name("when");
+  loose->set_parameters_json(R"({"type":"object","properties":{"d":{"type":"string","format":"date"}}})");
+  p = PrepareChat(described, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->constraint.has_value());
+
   auto* t = r.add_tools();
   t->set_name("f");
   t->set_parameters_json(schema);
