@@ -1,6 +1,7 @@
 #include "coordinator/chat_pipeline.h"
 
 #include <cmath>
+#include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -90,6 +91,65 @@ absl::Status SamplingToOpenAi(const common::SamplingParams& s, Json& body) {
   return absl::OkStatus();
 }
 
+// response_format: the schema text is parsed here so that its errors name
+// the proto field; what the schema may contain is the constraint's to check.
+absl::Status ResponseFormatToOpenAi(const v1::ChatRequest& request, Json& body) {
+  if (!request.has_response_format()) return absl::OkStatus();
+  const v1::ResponseFormat& format = request.response_format();
+  const bool with_schema = format.type() == v1::ResponseFormat::JSON_SCHEMA;
+  if (!with_schema && format.has_json_schema()) {
+    return Invalid("response_format.json_schema", "is only used with type JSON_SCHEMA");
+  }
+  switch (format.type()) {
+    case v1::ResponseFormat::TEXT:
+      body["response_format"] = Json{{"type", "text"}};
+      return absl::OkStatus();
+    case v1::ResponseFormat::JSON_OBJECT:
+      body["response_format"] = Json{{"type", "json_object"}};
+      return absl::OkStatus();
+    case v1::ResponseFormat::JSON_SCHEMA:
+      break;
+    default:
+      return Invalid("response_format.type",
+                     absl::StrCat("unknown type ", static_cast<int>(format.type())));
+  }
+  const v1::ResponseFormat::JsonSchema& js = format.json_schema();
+  if (js.schema_json().empty()) {
+    return Invalid("response_format.json_schema.schema_json",
+                   "is required with type JSON_SCHEMA (a JSON Schema object as JSON text)");
+  }
+  Json schema = Json::parse(js.schema_json(), nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded())
+    return Invalid("response_format.json_schema.schema_json", "is not valid JSON");
+  if (!schema.is_object())
+    return Invalid("response_format.json_schema.schema_json", "must be a JSON Schema object");
+  Json out = Json{{"name", js.name().empty() ? "response" : js.name()},
+                  {"schema", std::move(schema)},
+                  {"strict", js.strict()}};
+  if (!js.description().empty()) out["description"] = js.description();
+  body["response_format"] = Json{{"type", "json_schema"}, {"json_schema", std::move(out)}};
+  return absl::OkStatus();
+}
+
+// The OpenAI body's field names in an error of PrepareChatRequest, as the
+// ChatRequest fields they came from.
+absl::Status ToProtoFieldNames(const absl::Status& status) {
+  if (status.ok() || status.code() != absl::StatusCode::kInvalidArgument) return status;
+  std::string message(status.message());
+  static const std::regex kToolParams(R"(^tools\[(\d+)\]\.function\.(parameters|strict))");
+  message = std::regex_replace(message, kToolParams, "tools[$1].$2",
+                               std::regex_constants::format_first_only);
+  const std::string schema = "response_format.json_schema.schema:";
+  if (message.rfind(schema, 0) == 0) {
+    message = "response_format.json_schema.schema_json:" + message.substr(schema.size());
+  }
+  if (message.rfind("tools[", 0) == 0) {
+    const size_t dot = message.find("].parameters:");
+    if (dot != std::string::npos) message.replace(dot, 13, "].parameters_json:");
+  }
+  return absl::InvalidArgumentError(message);
+}
+
 }  // namespace
 
 absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
@@ -170,6 +230,7 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
           return Invalid(where + ".parameters_json", "must be a JSON Schema object");
         fn["parameters"] = std::move(p);
       }
+      if (t.strict()) fn["strict"] = true;
       tools.push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
     }
     body["tools"] = std::move(tools);
@@ -213,6 +274,7 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
                      absl::StrCat("unknown value ", static_cast<int>(request.reasoning_effort())));
   }
   FLOTILLA_RETURN_IF_ERROR(SamplingToOpenAi(request.sampling(), body));
+  FLOTILLA_RETURN_IF_ERROR(ResponseFormatToOpenAi(request, body));
   if (!request.stop().empty()) {
     Json stop = Json::array();
     for (const std::string& s : request.stop()) stop.push_back(s);
@@ -227,9 +289,10 @@ absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
                                             const harmony::OpenAiRequestOptions& options,
                                             size_t max_prompt_text_bytes) {
   FLOTILLA_ASSIGN_OR_RETURN(Json body, ChatRequestToOpenAi(request, model_id));
-  FLOTILLA_ASSIGN_OR_RETURN(
-      PreparedRequest prepared,
-      PrepareChatRequest(body, model_id, tok, options, max_prompt_text_bytes));
+  absl::StatusOr<PreparedRequest> openai =
+      PrepareChatRequest(body, model_id, tok, options, max_prompt_text_bytes);
+  if (!openai.ok()) return ToProtoFieldNames(openai.status());
+  PreparedRequest prepared = *std::move(openai);
   const common::SamplingParams& s = request.sampling();
   prepared.sampling.set_top_k(s.top_k());
   prepared.sampling.set_min_p(s.min_p());

@@ -1,5 +1,6 @@
 #include "common/grammar/json_matcher.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace flotilla::grammar {
@@ -32,18 +33,24 @@ uint64_t AllOf(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 }  // namespace
 
 std::string MatchState::Key() const {
-  std::string key(reinterpret_cast<const char*>(&depth), sizeof(depth));
-  key.append(reinterpret_cast<const char*>(frames), sizeof(Frame) * depth);
+  std::string key(reinterpret_cast<const char*>(&count), sizeof(count));
+  for (int i = 0; i < count; ++i) {
+    const MatchStack& r = readings[i];
+    key.append(reinterpret_cast<const char*>(&r.depth), sizeof(r.depth));
+    key.append(reinterpret_cast<const char*>(r.frames), sizeof(Frame) * r.depth);
+  }
   return key;
 }
 
 MatchState JsonMatcher::Start() const {
   MatchState s;
-  Push(s, FrameKind::kValue, schema_->root);
+  s.count = 1;
+  s.readings[0].depth = 0;
+  Push(s.readings[0], FrameKind::kValue, schema_->root);
   return s;
 }
 
-bool JsonMatcher::Push(MatchState& s, FrameKind kind, int node) const {
+bool JsonMatcher::Push(MatchStack& s, FrameKind kind, int node) const {
   if (s.depth >= static_cast<int>(sizeof(s.frames) / sizeof(Frame))) return false;
   Frame& f = s.frames[s.depth++];
   std::memset(&f, 0, sizeof(f));
@@ -53,9 +60,31 @@ bool JsonMatcher::Push(MatchState& s, FrameKind kind, int node) const {
 }
 
 bool JsonMatcher::Feed(MatchState& s, uint8_t b) const {
+  int live = 0;
+  // s.count grows while readings fork; each fork is fed in its turn.
+  for (int i = 0; i < s.count; ++i) {
+    if (!FeedReading(s, i, b)) continue;
+    if (live != i) s.readings[live].CopyFrom(s.readings[i]);
+    ++live;
+  }
+  // Readings that met again (alternatives that ended alike) are one.
+  int kept = 0;
+  for (int i = 0; i < live; ++i) {
+    bool seen = false;
+    for (int j = 0; j < kept && !seen; ++j) seen = s.readings[j].SameAs(s.readings[i]);
+    if (seen) continue;
+    if (kept != i) s.readings[kept].CopyFrom(s.readings[i]);
+    ++kept;
+  }
+  s.count = kept;
+  return kept > 0;
+}
+
+bool JsonMatcher::FeedReading(MatchState& set, int index, uint8_t b) const {
+  MatchStack& s = set.readings[index];
   for (int guard = 0; guard < 4 * kMaxNesting + 8; ++guard) {
     if (s.depth == 0) return false;
-    switch (Step(s, b)) {
+    switch (Step(s, b, set)) {
       case Outcome::kReject: return false;
       case Outcome::kConsumed: return true;
       case Outcome::kDone: --s.depth; return true;
@@ -67,22 +96,30 @@ bool JsonMatcher::Feed(MatchState& s, uint8_t b) const {
 }
 
 bool JsonMatcher::CanEnd(const MatchState& s) const {
-  if (s.depth == 0) return true;
-  if (s.depth != 1) return false;
-  const Frame& f = s.frames[0];
-  if (f.kind == FrameKind::kNumber) return NumberComplete(f);
-  if (f.kind == FrameKind::kLiteral) return LiteralComplete(f);
+  for (int i = 0; i < s.count; ++i) {
+    const MatchStack& r = s.readings[i];
+    if (r.depth == 0) return true;
+    if (r.depth != 1) continue;
+    const Frame& f = r.frames[0];
+    if (f.kind == FrameKind::kNumber && NumberComplete(f)) return true;
+    if (f.kind == FrameKind::kLiteral && LiteralComplete(f)) return true;
+  }
   return false;
 }
 
-JsonMatcher::Outcome JsonMatcher::Step(MatchState& s, uint8_t b) const {
+bool JsonMatcher::Finished(const MatchState& s) const {
+  for (int i = 0; i < s.count; ++i) {
+    if (s.readings[i].depth != 0) return false;
+  }
+  return true;
+}
+
+JsonMatcher::Outcome JsonMatcher::Step(MatchStack& s, uint8_t b, MatchState& set) const {
   Frame& f = s.frames[s.depth - 1];
   switch (f.kind) {
-    case FrameKind::kValue: return StepValue(s, b);
+    case FrameKind::kValue: return StepValue(s, b, set);
     case FrameKind::kObject: return StepObject(s, b);
     case FrameKind::kArray: return StepArray(s, b);
-    case FrameKind::kAnyObject: return StepAnyObject(s, b);
-    case FrameKind::kAnyArray: return StepAnyArray(s, b);
     case FrameKind::kString: return StepString(f, b);
     case FrameKind::kNumber: return StepNumber(f, b);
     case FrameKind::kLiteral: return StepLiteral(f, b);
@@ -106,28 +143,53 @@ bool JsonMatcher::Starts(int node, uint8_t b) const {
         if (!l.empty() && static_cast<uint8_t>(l[0]) == b) return true;
       }
       return false;
-    case NodeKind::kUnion: return Resolve(node, b) != -2;
+    case NodeKind::kUnion: {
+      int leaf;
+      return Leaves(node, b, &leaf, 1) > 0;
+    }
   }
   return false;
 }
 
-int JsonMatcher::Resolve(int node, uint8_t b, int hops) const {
-  if (node < 0) return node;  // -1: unconstrained
-  const SchemaNode& n = schema_->nodes[node];
-  if (n.kind != NodeKind::kUnion) return Starts(node, b) ? node : -2;
-  if (hops > 64) return -2;
-  for (int a : n.alternatives) {
-    const int r = Resolve(a, b, hops + 1);
-    if (r != -2) return r;
+int JsonMatcher::Leaves(int node, uint8_t b, int* out, int max, int hops) const {
+  if (max <= 0) return 0;
+  if (node < 0) {
+    out[0] = node;  // unconstrained
+    return 1;
   }
-  return -2;
+  const SchemaNode& n = schema_->nodes[node];
+  if (n.kind != NodeKind::kUnion) {
+    if (!Starts(node, b)) return 0;
+    out[0] = node;
+    return 1;
+  }
+  if (hops > 64) return 0;
+  int found = 0;
+  for (int a : n.alternatives) {
+    int more[kMaxReadings];
+    const int k = Leaves(a, b, more, kMaxReadings, hops + 1);
+    for (int j = 0; j < k && found < max; ++j) {
+      if (std::find(out, out + found, more[j]) == out + found) out[found++] = more[j];
+    }
+  }
+  return found;
 }
 
 // A value placeholder becomes the frame of the node the byte starts.
-JsonMatcher::Outcome JsonMatcher::StepValue(MatchState& s, uint8_t b) const {
+JsonMatcher::Outcome JsonMatcher::StepValue(MatchStack& s, uint8_t b, MatchState& set) const {
   Frame& f = s.frames[s.depth - 1];
-  const int node = Resolve(f.node, b);
-  if (node == -2) return Outcome::kReject;
+  int leaves[kMaxReadings];
+  const int found = Leaves(f.node, b, leaves, kMaxReadings);
+  if (found == 0) return Outcome::kReject;
+  // Alternatives that start alike: this reading takes the first, copies of
+  // it (the byte not yet consumed) the others. The schema compiler bounds
+  // how many there can be; were there more, refusing them only narrows.
+  for (int k = 1; k < found && set.count < kMaxReadings; ++k) {
+    MatchStack& fork = set.readings[set.count++];
+    fork.CopyFrom(s);
+    fork.frames[fork.depth - 1].node = leaves[k];
+  }
+  const int node = leaves[0];
   const NodeKind kind = node < 0 ? NodeKind::kAny : schema_->nodes[node].kind;
   const bool object_only = node >= 0 && schema_->nodes[node].object_only;
   std::memset(&f, 0, sizeof(f));
@@ -153,11 +215,11 @@ JsonMatcher::Outcome JsonMatcher::StepValue(MatchState& s, uint8_t b) const {
     case NodeKind::kAny:
       f.node = -1;
       if (b == '{') {
-        f.kind = FrameKind::kAnyObject;
+        f.kind = FrameKind::kObject;
       } else if (object_only) {
         return Outcome::kReject;
       } else if (b == '[') {
-        f.kind = FrameKind::kAnyArray;
+        f.kind = FrameKind::kArray;
       } else if (b == '"') {
         f.kind = FrameKind::kString;
       } else if (b == '-' || IsDigit(b)) {
@@ -187,9 +249,12 @@ bool JsonMatcher::RequiredLeft(const SchemaNode& n, int next) const {
   return false;
 }
 
-JsonMatcher::Outcome JsonMatcher::StepObject(MatchState& s, uint8_t b) const {
+// Objects: a typed one (a schema node) matches its declared keys in order,
+// each `"key":` text whole; an untyped one (json_object's members, node -1)
+// reads any string key, then ':'. The phases around the keys are shared.
+JsonMatcher::Outcome JsonMatcher::StepObject(MatchStack& s, uint8_t b) const {
   Frame& f = s.frames[s.depth - 1];
-  const SchemaNode& n = schema_->nodes[f.node];
+  const SchemaNode* n = f.node >= 0 ? &schema_->nodes[f.node] : nullptr;
   switch (f.phase) {
     case kOpen:
       if (b != '{') return Outcome::kReject;
@@ -197,83 +262,19 @@ JsonMatcher::Outcome JsonMatcher::StepObject(MatchState& s, uint8_t b) const {
       return Outcome::kConsumed;
     case kFirst:
     case kAfterComma:
-      if (b == '}' && f.phase == kFirst && !RequiredLeft(n, 0)) return Outcome::kDone;
+      if (b == '}' && f.phase == kFirst && MayClose(n, 0)) return Outcome::kDone;
       if (b != '"') return Outcome::kReject;
-      f.mask = KeyCandidates(n, f.count);
+      if (n == nullptr) {
+        f.phase = kAfterKey;
+        return Push(s, FrameKind::kString, -1) ? Outcome::kRetry : Outcome::kReject;
+      }
+      f.mask = KeyCandidates(*n, f.count);
       if (f.mask == 0) return Outcome::kReject;
       f.phase = kInKey;
       f.pos = 1;
       return Outcome::kConsumed;
-    case kInKey: {
-      const int pos = f.pos;
-      uint64_t mask = 0;
-      int done = -1;
-      for (int j = 0; j < 64 && (f.mask >> j); ++j) {
-        if (!((f.mask >> j) & 1)) continue;
-        const std::string& key = n.properties[j].key_text;
-        if (static_cast<int>(key.size()) > pos && static_cast<uint8_t>(key[pos]) == b) {
-          mask |= 1ull << j;
-          if (static_cast<int>(key.size()) == pos + 1) done = j;
-        }
-      }
-      if (mask == 0) return Outcome::kReject;
-      f.mask = mask;
-      f.pos = pos + 1;
-      if (done < 0) return Outcome::kConsumed;
-      f.count = done + 1;
-      f.phase = kAfterValue;
-      f.mask = 0;
-      f.pos = 0;
-      return Push(s, FrameKind::kValue, n.properties[done].node) ? Outcome::kConsumed
-                                                                 : Outcome::kReject;
-    }
-    case kAfterValue:
-      if (b == '}') return RequiredLeft(n, f.count) ? Outcome::kReject : Outcome::kDone;
-      if (b != ',' || KeyCandidates(n, f.count) == 0) return Outcome::kReject;
-      f.phase = kAfterComma;
-      return Outcome::kConsumed;
-  }
-  return Outcome::kReject;
-}
-
-JsonMatcher::Outcome JsonMatcher::StepArray(MatchState& s, uint8_t b) const {
-  Frame& f = s.frames[s.depth - 1];
-  const SchemaNode& n = schema_->nodes[f.node];
-  switch (f.phase) {
-    case kOpen:
-      if (b != '[') return Outcome::kReject;
-      f.phase = kFirst;
-      return Outcome::kConsumed;
-    case kFirst:
-      if (b == ']') return n.min_items == 0 ? Outcome::kDone : Outcome::kReject;
-      if (n.max_items == 0) return Outcome::kReject;
-      [[fallthrough]];
-    case kAfterComma:
-      ++f.count;
-      f.phase = kAfterValue;
-      return Push(s, FrameKind::kValue, n.items) ? Outcome::kRetry : Outcome::kReject;
-    case kAfterValue:
-      if (b == ']') return f.count >= n.min_items ? Outcome::kDone : Outcome::kReject;
-      if (b != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return Outcome::kReject;
-      f.phase = kAfterComma;
-      return Outcome::kConsumed;
-  }
-  return Outcome::kReject;
-}
-
-JsonMatcher::Outcome JsonMatcher::StepAnyObject(MatchState& s, uint8_t b) const {
-  Frame& f = s.frames[s.depth - 1];
-  switch (f.phase) {
-    case kOpen:
-      if (b != '{') return Outcome::kReject;
-      f.phase = kFirst;
-      return Outcome::kConsumed;
-    case kFirst:
-    case kAfterComma:
-      if (b == '}' && f.phase == kFirst) return Outcome::kDone;
-      if (b != '"') return Outcome::kReject;
-      f.phase = kAfterKey;
-      return Push(s, FrameKind::kString, -1) ? Outcome::kRetry : Outcome::kReject;
+    case kInKey:
+      return StepDeclaredKey(s, *n, b);
     case kAfterKey:
       if (b != ':') return Outcome::kReject;
       f.phase = kBeforeValue;
@@ -282,30 +283,71 @@ JsonMatcher::Outcome JsonMatcher::StepAnyObject(MatchState& s, uint8_t b) const 
       f.phase = kAfterValue;
       return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
     case kAfterValue:
-      if (b == '}') return Outcome::kDone;
-      if (b != ',') return Outcome::kReject;
+      if (b == '}') return MayClose(n, f.count) ? Outcome::kDone : Outcome::kReject;
+      if (b != ',' || (n != nullptr && KeyCandidates(*n, f.count) == 0)) return Outcome::kReject;
       f.phase = kAfterComma;
       return Outcome::kConsumed;
   }
   return Outcome::kReject;
 }
 
-JsonMatcher::Outcome JsonMatcher::StepAnyArray(MatchState& s, uint8_t b) const {
+bool JsonMatcher::MayClose(const SchemaNode* n, int next) const {
+  return n == nullptr || !RequiredLeft(*n, next);
+}
+
+// The next byte of a declared key: the candidates narrow until one key's
+// text (its ':' included) is whole, then its value follows.
+JsonMatcher::Outcome JsonMatcher::StepDeclaredKey(MatchStack& s, const SchemaNode& n,
+                                                  uint8_t b) const {
   Frame& f = s.frames[s.depth - 1];
+  const int pos = f.pos;
+  uint64_t mask = 0;
+  int done = -1;
+  for (int j = 0; j < 64 && (f.mask >> j); ++j) {
+    if (!((f.mask >> j) & 1)) continue;
+    const std::string& key = n.properties[j].key_text;
+    if (static_cast<int>(key.size()) > pos && static_cast<uint8_t>(key[pos]) == b) {
+      mask |= 1ull << j;
+      if (static_cast<int>(key.size()) == pos + 1) done = j;
+    }
+  }
+  if (mask == 0) return Outcome::kReject;
+  f.mask = mask;
+  f.pos = pos + 1;
+  if (done < 0) return Outcome::kConsumed;
+  f.count = done + 1;
+  f.phase = kAfterValue;
+  f.mask = 0;
+  f.pos = 0;
+  return Push(s, FrameKind::kValue, n.properties[done].node) ? Outcome::kConsumed
+                                                             : Outcome::kReject;
+}
+
+// Arrays: a typed one counts its items against minItems / maxItems; an
+// untyped one (node -1) takes any values and does not count them, so that
+// its states stay few (and masks cached) however long it grows.
+JsonMatcher::Outcome JsonMatcher::StepArray(MatchStack& s, uint8_t b) const {
+  Frame& f = s.frames[s.depth - 1];
+  const SchemaNode* n = f.node >= 0 ? &schema_->nodes[f.node] : nullptr;
+  const int64_t min_items = n != nullptr ? n->min_items : 0;
+  const int64_t max_items = n != nullptr ? n->max_items : -1;
   switch (f.phase) {
     case kOpen:
       if (b != '[') return Outcome::kReject;
       f.phase = kFirst;
       return Outcome::kConsumed;
     case kFirst:
-      if (b == ']') return Outcome::kDone;
+      if (b == ']') return min_items == 0 ? Outcome::kDone : Outcome::kReject;
+      if (max_items == 0) return Outcome::kReject;
       [[fallthrough]];
     case kAfterComma:
+      if (n != nullptr) ++f.count;
       f.phase = kAfterValue;
-      return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
+      return Push(s, FrameKind::kValue, n != nullptr ? n->items : -1) ? Outcome::kRetry
+                                                                      : Outcome::kReject;
     case kAfterValue:
-      if (b == ']') return Outcome::kDone;
-      if (b != ',') return Outcome::kReject;
+      if (b == ']') return f.count >= min_items ? Outcome::kDone : Outcome::kReject;
+      if (b != ',' || (max_items >= 0 && f.count >= max_items)) return Outcome::kReject;
       f.phase = kAfterComma;
       return Outcome::kConsumed;
   }

@@ -1,5 +1,7 @@
-// A deterministic pushdown matcher of compact JSON (no whitespace) that
-// conforms to a CompiledSchema, fed one byte at a time. A MatchState is a
+// A pushdown matcher of compact JSON (no whitespace) that conforms to a
+// CompiledSchema, fed one byte at a time. It never backtracks: anyOf
+// alternatives that begin alike are read side by side (a state is a small
+// set of frame stacks) until the bytes tell them apart. A MatchState is a
 // plain value (frames of fixed size, no heap), so trying a byte is "copy the
 // state, Feed, keep or drop" and identical states compare and hash by bytes.
 //
@@ -21,8 +23,8 @@
 
 namespace flotilla::grammar {
 
-enum class FrameKind : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral,
-                                 kAnyObject, kAnyArray };
+// Objects and arrays of node -1 are untyped (json_object's members).
+enum class FrameKind : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral };
 
 struct Frame {
   int32_t node;     // schema node; -1: unconstrained (json_object members, keys)
@@ -39,13 +41,45 @@ struct Frame {
   double int_value, frac_value;
 };
 
-struct MatchState {
-  int depth = 0;
+// One reading of the bytes so far: a stack of frames, innermost last.
+struct MatchStack {
+  int depth;  // no initialiser: see MatchState()
   Frame frames[2 * kMaxNesting + 2];
 
-  void CopyFrom(const MatchState& other) {
+  void CopyFrom(const MatchStack& other) {
     depth = other.depth;
     std::memcpy(frames, other.frames, sizeof(Frame) * depth);
+  }
+  bool SameAs(const MatchStack& other) const {
+    return depth == other.depth && std::memcmp(frames, other.frames, sizeof(Frame) * depth) == 0;
+  }
+};
+
+// Most readings a state holds: anyOf alternatives that share a prefix are
+// read side by side (at most kMaxJointReadings of them, which the schema
+// compiler checks), plus room for the readings a byte ends while others fork.
+inline constexpr int kMaxReadings = 2 * kMaxJointReadings;
+
+// Every reading of the bytes so far that some conforming document continues.
+// Usually one; several while anyOf alternatives that begin alike (two
+// objects, integer and number, a string and a string enum) have not yet
+// diverged. Identical readings are merged after every byte.
+struct MatchState {
+  // The readings are left uninitialised: a state is large, and vectors of
+  // them (a mask walk's scratch) should only touch the memory they use.
+  MatchState() : count(0) {}
+  MatchState(const MatchState& other) { CopyFrom(other); }
+  MatchState& operator=(const MatchState& other) {
+    if (this != &other) CopyFrom(other);
+    return *this;
+  }
+
+  int count;
+  MatchStack readings[kMaxReadings];
+
+  void CopyFrom(const MatchState& other) {
+    count = other.count;
+    for (int i = 0; i < count; ++i) readings[i].CopyFrom(other.readings[i]);
   }
   // Bytes that identify the state (for caches).
   std::string Key() const;
@@ -63,21 +97,28 @@ class JsonMatcher {
   bool Feed(MatchState& state, uint8_t byte) const;
   // Whether the bytes so far are a whole conforming document.
   bool CanEnd(const MatchState& state) const;
+  // Whether no byte can follow (every reading is a whole document).
+  bool Finished(const MatchState& state) const;
 
  private:
   enum class Outcome { kConsumed, kReject, kDone, kPopRetry, kRetry };
-  Outcome Step(MatchState& s, uint8_t b) const;
-  Outcome StepValue(MatchState& s, uint8_t b) const;
-  Outcome StepObject(MatchState& s, uint8_t b) const;
-  Outcome StepArray(MatchState& s, uint8_t b) const;
-  Outcome StepAnyObject(MatchState& s, uint8_t b) const;
-  Outcome StepAnyArray(MatchState& s, uint8_t b) const;
+  // Feeds `byte` to reading `index` of `state`; readings it forks into are
+  // appended to `state` (and fed later by Feed's loop).
+  bool FeedReading(MatchState& state, int index, uint8_t byte) const;
+  Outcome Step(MatchStack& s, uint8_t b, MatchState& set) const;
+  Outcome StepValue(MatchStack& s, uint8_t b, MatchState& set) const;
+  Outcome StepObject(MatchStack& s, uint8_t b) const;
+  Outcome StepArray(MatchStack& s, uint8_t b) const;
+  Outcome StepDeclaredKey(MatchStack& s, const SchemaNode& n, uint8_t b) const;
+  // Whether an object (null: untyped) may end before property `next`.
+  bool MayClose(const SchemaNode* n, int next) const;
   Outcome StepString(Frame& f, uint8_t b) const;
   Outcome StepNumber(Frame& f, uint8_t b) const;
   Outcome StepLiteral(Frame& f, uint8_t b) const;
-  bool Push(MatchState& s, FrameKind kind, int node) const;
-  // The node a value starting with `b` takes (unions resolved), -2 when none.
-  int Resolve(int node, uint8_t b, int hops = 0) const;
+  bool Push(MatchStack& s, FrameKind kind, int node) const;
+  // The nodes a value of `node` starting with `b` may be (unions flattened,
+  // each once); -1 stands for an unconstrained value. Returns how many.
+  int Leaves(int node, uint8_t b, int* out, int max, int hops = 0) const;
   bool Starts(int node, uint8_t b) const;
   uint64_t KeyCandidates(const SchemaNode& n, int next) const;
   bool RequiredLeft(const SchemaNode& n, int next) const;

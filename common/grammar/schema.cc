@@ -1,5 +1,6 @@
 #include "common/grammar/schema.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -29,10 +30,7 @@ class Compiler {
     out_.nodes.emplace_back();
     absl::Status st = CompileInto(0, root_, "#");
     if (!st.ok()) return st;
-    for (size_t i = 0; i < out_.nodes.size(); ++i) {
-      if (out_.nodes[i].kind != NodeKind::kUnion) continue;
-      if (absl::Status u = CheckUnion(static_cast<int>(i)); !u.ok()) return u;
-    }
+    if (absl::Status u = CheckReadings(); !u.ok()) return u;
     return std::move(out_);
   }
 
@@ -334,26 +332,55 @@ class Compiler {
     }
   }
 
-  // Alternatives must be told apart by their first byte (the matcher is
-  // deterministic): two objects, or an integer and a number, are refused.
-  absl::Status CheckUnion(int id) const {
-    const SchemaNode& n = out_.nodes[id];
-    std::vector<bool> seen(256, false);
-    for (int a : n.alternatives) {
-      std::vector<bool> mine(256, false);
-      std::set<int> visiting = {id};
-      FirstBytes(a, &visiting, &mine);
-      for (int b = 0; b < 256; ++b) {
-        if (mine[b] && seen[b]) {
-          auto w = union_where_.find(id);
-          return Bad(w == union_where_.end() ? "#" : w->second,
-                     absl::StrCat("anyOf / type-list alternatives that can both start with '",
-                                  std::string(1, static_cast<char>(b)),
-                                  "' are not supported (e.g. two object or two number "
-                                  "alternatives)"));
+  // The most readings the matcher may follow at once inside a value of
+  // `node`, given those of the other nodes (`readings`): one for a scalar,
+  // an object's or array's widest member (members are read one at a time),
+  // and for a union the most that values starting with one byte can need.
+  int Readings(int node, const std::vector<int>& readings) const {
+    const SchemaNode& n = out_.nodes[node];
+    int most = 1;
+    switch (n.kind) {
+      case NodeKind::kObject:
+        for (const Property& p : n.properties) most = std::max(most, readings[p.node]);
+        return most;
+      case NodeKind::kArray: return readings[n.items];
+      case NodeKind::kUnion: {
+        std::vector<int> per_byte(256, 0);
+        for (int a : n.alternatives) {
+          std::vector<bool> first(256, false);
+          std::set<int> visiting = {node};
+          FirstBytes(a, &visiting, &first);
+          for (int b = 0; b < 256; ++b) {
+            if (first[b]) per_byte[b] += readings[a];
+          }
         }
-        if (mine[b]) seen[b] = true;
+        for (int count : per_byte) most = std::max(most, count);
+        return most;
       }
+      default: return 1;
+    }
+  }
+
+  // Alternatives that share a first byte are followed side by side, at most
+  // kMaxJointReadings at once; a schema that could need more is refused.
+  // The counts grow to a fixed point (capped), so recursion is covered.
+  absl::Status CheckReadings() const {
+    std::vector<int> readings(out_.nodes.size(), 1);
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t i = 0; i < out_.nodes.size(); ++i) {
+        const int r = std::min(Readings(static_cast<int>(i), readings), kMaxJointReadings + 1);
+        if (r > readings[i]) readings[i] = r, changed = true;
+      }
+    }
+    for (size_t i = 0; i < out_.nodes.size(); ++i) {
+      if (out_.nodes[i].kind != NodeKind::kUnion || readings[i] <= kMaxJointReadings) continue;
+      auto w = union_where_.find(static_cast<int>(i));
+      return Bad(w == union_where_.end() ? "#" : w->second,
+                 absl::StrCat("anyOf / type-list alternatives that begin alike would need more "
+                              "than ", kMaxJointReadings,
+                              " readings at once (too many alternatives sharing a first byte, "
+                              "or such unions nested in each other or in themselves)"));
     }
     return absl::OkStatus();
   }

@@ -26,7 +26,7 @@ enum class NodeKind : uint8_t {
   kBoolean,
   kNull,
   kLiteral,  // enum / const: one of `literals` (compact JSON texts)
-  kUnion,    // anyOf / type lists: `alternatives`, told apart by their first byte
+  kUnion,    // anyOf / type lists / $ref: any of `alternatives`
 };
 
 struct Property {
@@ -60,6 +60,10 @@ struct CompiledSchema {
 inline constexpr int kMaxIntegerDigits = 15;
 inline constexpr int kMaxFractionDigits = 6;
 inline constexpr int kMaxNesting = 24;
+// Most readings the matcher follows at once: anyOf alternatives that share a
+// first byte are followed side by side; schemas that could need more (five
+// object alternatives, or such unions nested in each other) are refused.
+inline constexpr int kMaxJointReadings = 4;
 
 // `schema`: a JSON Schema object (strict subset, see the README).
 absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::json& schema);

@@ -59,10 +59,17 @@ absl::Status ReadResponseFormat(const Json& body, grammar::ConstraintSpec* spec)
   return absl::OkStatus();
 }
 
+// A tool as the constraint sees it, with where it is in the request.
+struct RequestTool {
+  grammar::ConstraintSpec::Tool tool;
+  std::string where;  // "tools[i].function"
+};
+
 // The tools' names, parameter schemas and strict flags (the rest of the
-// tools' validation is the Harmony mapping's).
-absl::Status ReadTools(const Json& body, std::vector<grammar::ConstraintSpec::Tool>* tools,
-                       bool* any_strict) {
+// tools' validation is the Harmony mapping's). Schemas are compiled later,
+// and only those of tools whose calls are constrained: a tool the model is
+// merely told about may use any JSON Schema.
+absl::Status ReadTools(const Json& body, std::vector<RequestTool>* tools, bool* any_strict) {
   auto it = body.find("tools");
   if (it == body.end() || !it->is_array()) return absl::OkStatus();
   for (size_t i = 0; i < it->size(); ++i) {
@@ -71,19 +78,16 @@ absl::Status ReadTools(const Json& body, std::vector<grammar::ConstraintSpec::To
     if (!tool_json.is_object() || !tool_json.contains("function")) continue;
     const Json& fn = tool_json["function"];
     if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string()) continue;
-    const std::string where = absl::StrCat("tools[", i, "].function");
-    grammar::ConstraintSpec::Tool tool;
-    tool.name = fn["name"].get<std::string>();
+    RequestTool t;
+    t.where = absl::StrCat("tools[", i, "].function");
+    t.tool.name = fn["name"].get<std::string>();
     const Json params = fn.value("parameters", Json());
-    if (!params.is_null()) {
-      if (absl::Status st = CheckSchema(params, where + ".parameters"); !st.ok()) return st;
-      tool.schema = params.dump();
-    }
+    if (!params.is_null()) t.tool.schema = params.dump();
     const Json strict = fn.value("strict", Json());
-    if (!strict.is_null() && !strict.is_boolean()) return Invalid(where + ".strict", "must be a boolean");
-    tool.constrained = strict.is_boolean() && strict.get<bool>();
-    *any_strict = *any_strict || tool.constrained;
-    tools->push_back(std::move(tool));
+    if (!strict.is_null() && !strict.is_boolean()) return Invalid(t.where + ".strict", "must be a boolean");
+    t.tool.constrained = strict.is_boolean() && strict.get<bool>();
+    *any_strict = *any_strict || t.tool.constrained;
+    tools->push_back(std::move(t));
   }
   return absl::OkStatus();
 }
@@ -94,7 +98,7 @@ absl::StatusOr<std::optional<grammar::ConstraintSpec>> ChatConstraint(const Json
                                                                       int64_t max_tokens) {
   grammar::ConstraintSpec spec;
   if (absl::Status st = ReadResponseFormat(body, &spec); !st.ok()) return st;
-  std::vector<grammar::ConstraintSpec::Tool> tools;
+  std::vector<RequestTool> tools;
   bool any_strict = false;
   if (absl::Status st = ReadTools(body, &tools, &any_strict); !st.ok()) return st;
   const Json choice = body.value("tool_choice", Json());
@@ -104,7 +108,7 @@ absl::StatusOr<std::optional<grammar::ConstraintSpec>> ChatConstraint(const Json
     const Json fn = choice.contains("function") ? choice["function"] : Json();
     const std::string name =
         fn.is_object() && fn.contains("name") && fn["name"].is_string() ? fn["name"].get<std::string>() : "";
-    std::erase_if(tools, [&](const auto& t) { return t.name != name; });
+    std::erase_if(tools, [&](const RequestTool& t) { return t.tool.name != name; });
     spec.tool_required = true;
   } else if (choice.is_string() && choice == "none") {
     tools.clear();
@@ -112,11 +116,21 @@ absl::StatusOr<std::optional<grammar::ConstraintSpec>> ChatConstraint(const Json
   if (spec.tool_required) {
     // No tool to call: the Harmony mapping refuses the request, naming tool_choice.
     if (tools.empty()) return std::nullopt;
-    for (auto& t : tools) t.constrained = true;  // a forced call's arguments always conform
+    for (RequestTool& t : tools) t.tool.constrained = true;  // a forced call's arguments always conform
   }
   const bool constrain_tools = spec.tool_required || any_strict;
   if (!spec.json_final && !constrain_tools) return std::nullopt;
-  if (constrain_tools) spec.tools = std::move(tools);
+  if (constrain_tools) {
+    for (RequestTool& t : tools) {
+      if (t.tool.constrained && !t.tool.schema.empty()) {
+        if (absl::Status st = CheckSchema(Json::parse(t.tool.schema), t.where + ".parameters");
+            !st.ok()) {
+          return st;
+        }
+      }
+      spec.tools.push_back(std::move(t.tool));
+    }
+  }
   spec.reasoning_budget = max_tokens > 0 ? max_tokens / 2 : kDefaultReasoningBudget;
   if (absl::Status st = grammar::CheckSpec(spec); !st.ok()) return Invalid("tools", std::string(st.message()));
   return spec;

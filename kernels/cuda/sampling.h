@@ -54,6 +54,15 @@ cudaError_t LaunchAdjustLogits(float* logits, int vocab, const LogitAdjustmentEn
 cudaError_t LaunchRestoreLogits(float* logits, int vocab, const LogitAdjustmentEntry* entries,
                                 const int32_t* count, int capacity, const float* saved,
                                 cudaStream_t stream);
+// Token masks (structured outputs; CPU reference: MaskLogits in
+// worker/engine/sampler.h): bit t & 31 of word t >> 5 of a mask is set when
+// token t is allowed; a mask is (vocab + 31) / 32 words. For the first
+// *count (a device int, <= capacity) entries i: logits[rows[i]][t] = -inf for
+// every token t refused by masks[i]; allowed logits are left as they are.
+// The caller leaves out masks that allow nothing (the reference ignores
+// them). Graph-safe: the grid depends on capacity only.
+cudaError_t LaunchMaskLogits(float* logits, int vocab, const int32_t* rows, const uint32_t* masks,
+                             const int32_t* count, int capacity, cudaStream_t stream);
 // logprobs[r] = log softmax(logits[r])[tokens[r]], from a reference token of
 // the same row whose log-probability is known (e.g. the argmax and its
 // logprob from a greedy LaunchSample): logit[t] - (logit[ref] - ref_logprob).

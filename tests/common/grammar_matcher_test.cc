@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/grammar/json_matcher.h"
+#include "tests/common/json_schema_validator.h"
 
 namespace flotilla::grammar {
 namespace {
@@ -27,63 +28,8 @@ CompiledSchema Compiled(const char* text) {
   return *s;
 }
 
-// A validator for the subset, written from the JSON Schema rules (not the matcher).
 bool Valid(const Json& schema, const Json& v, const Json& root) {
-  if (schema.contains("$ref")) {
-    const std::string ref = schema["$ref"];
-    return Valid(root["$defs"][ref.substr(ref.rfind('/') + 1)], v, root);
-  }
-  if (schema.value("nullable", false) && v.is_null()) return true;
-  if (schema.contains("anyOf")) {
-    for (const Json& a : schema["anyOf"]) if (Valid(a, v, root)) return true;
-    return false;
-  }
-  if (schema.contains("const")) return v == schema["const"];
-  if (schema.contains("enum")) {
-    for (const Json& e : schema["enum"]) if (e == v) return true;
-    return false;
-  }
-  if (schema.contains("type") && schema["type"].is_array()) {
-    for (const Json& t : schema["type"]) {
-      Json one = schema;
-      one["type"] = t;
-      if (Valid(one, v, root)) return true;
-    }
-    return false;
-  }
-  const std::string type = schema.value("type", "");
-  auto bounded = [&](double x) {
-    if (schema.contains("minimum") && x < schema["minimum"].get<double>()) return false;
-    if (schema.contains("maximum") && x > schema["maximum"].get<double>()) return false;
-    if (schema.contains("exclusiveMinimum") && x <= schema["exclusiveMinimum"].get<double>()) return false;
-    if (schema.contains("exclusiveMaximum") && x >= schema["exclusiveMaximum"].get<double>()) return false;
-    return true;
-  };
-  if (type == "object") {
-    if (!v.is_object()) return false;
-    for (const Json& r : schema.value("required", Json::array())) if (!v.contains(r)) return false;
-    for (const auto& [k, x] : v.items()) {
-      if (!schema["properties"].contains(k) || !Valid(schema["properties"][k], x, root)) return false;
-    }
-    return true;
-  }
-  if (type == "array") {
-    if (!v.is_array()) return false;
-    if (v.size() < schema.value("minItems", 0u) || v.size() > schema.value("maxItems", 1000000u)) return false;
-    for (const Json& x : v) if (!Valid(schema["items"], x, root)) return false;
-    return true;
-  }
-  if (type == "string") {
-    if (!v.is_string()) return false;
-    size_t points = 0;
-    for (unsigned char c : v.get<std::string>()) points += (c & 0xC0) != 0x80;
-    return points >= schema.value("minLength", 0u) && points <= schema.value("maxLength", 1000000u);
-  }
-  if (type == "integer") return v.is_number_integer() && bounded(v.get<double>());
-  if (type == "number") return v.is_number() && bounded(v.get<double>());
-  if (type == "boolean") return v.is_boolean();
-  if (type == "null") return v.is_null();
-  return true;
+  return schema_check::SchemaValid(schema, v, root);
 }
 
 TEST(GrammarMatcher, ObjectsInOrderWithRequiredFields) {
@@ -178,7 +124,7 @@ TEST(GrammarMatcher, RandomWalksAlwaysValidate) {
     for (int walk = 0; walk < 200; ++walk) {
       MatchState st = m.Start();
       std::string doc;
-      for (int step = 0; step < 400 && !(st.depth == 0); ++step) {
+      for (int step = 0; step < 400 && !m.Finished(st); ++step) {
         std::vector<uint8_t> ok;
         for (int b = 0; b < 128; ++b) {
           MatchState t = st;
@@ -198,6 +144,133 @@ TEST(GrammarMatcher, RandomWalksAlwaysValidate) {
       EXPECT_TRUE(Valid(schema, v, schema)) << doc;
     }
   }
+}
+
+// A random document the matcher of `schema` accepts: at each step a random
+// byte among those it allows (closing bytes favoured so that walks end).
+std::string RandomDocument(const CompiledSchema& schema, std::mt19937& rng) {
+  JsonMatcher m(&schema);
+  MatchState st = m.Start();
+  std::string doc;
+  for (int step = 0; step < 400 && !m.Finished(st); ++step) {
+    if (m.CanEnd(st) && rng() % 3 == 0) break;
+    std::vector<uint8_t> ok;
+    for (int b = 0; b < 128; ++b) {
+      MatchState t = st;
+      if (m.Feed(t, static_cast<uint8_t>(b))) ok.push_back(static_cast<uint8_t>(b));
+    }
+    if (ok.empty()) break;
+    uint8_t pick = ok[rng() % ok.size()];
+    for (uint8_t b : ok) {
+      if ((b == '"' || b == '}' || b == ']' || b == ',') && rng() % 2) pick = b;
+    }
+    m.Feed(st, pick);
+    doc.push_back(static_cast<char>(pick));
+  }
+  return doc;
+}
+
+// anyOf alternatives that begin with the same byte (two objects, integer and
+// number, a string and a string enum, nested and in arrays) are followed
+// side by side: every document any alternative accepts is accepted, and
+// every accepted document validates against the whole schema.
+TEST(GrammarMatcher, AlternativesThatBeginAlikeAreReadJointly) {
+  const char* unions[] = {
+      R"({"anyOf": [{"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}},
+          "required": ["a"]}, {"type": "object", "properties": {"a": {"type": "integer"},
+          "b": {"type": "boolean"}}, "required": ["b"]}]})",
+      R"({"type": ["integer", "number"], "minimum": -3, "maximum": 50})",
+      R"({"anyOf": [{"type": "integer", "minimum": 10, "maximum": 20},
+          {"type": "number", "minimum": 0, "maximum": 1}]})",
+      R"({"anyOf": [{"type": "string", "maxLength": 2}, {"enum": ["abcdef", "xyz", 3]}]})",
+      R"({"type": "array", "maxItems": 4, "items": {"anyOf": [{"type": "integer", "minimum": 0,
+          "maximum": 9}, {"type": "number", "minimum": -1, "maximum": 0}, {"type": "null"}]}})",
+      R"({"anyOf": [{"$ref": "#/$defs/point"}, {"type": "object", "properties": {
+          "x": {"type": "integer", "minimum": 0, "maximum": 5}, "label": {"enum": ["p", "q"]}},
+          "required": ["x", "label"]}, {"type": "null"}],
+          "$defs": {"point": {"type": "object", "properties": {"x": {"type": "number",
+          "minimum": -1, "maximum": 1}, "y": {"type": "number"}}, "required": ["x", "y"]}}})",
+  };
+  std::mt19937 rng(11);
+  for (const char* text : unions) {
+    const Json schema = Json::parse(text);
+    CompiledSchema whole = Compiled(text);
+    // The alternatives alone (a type list: one schema per type).
+    std::vector<Json> alternatives;
+    if (schema.contains("anyOf")) {
+      for (const Json& a : schema["anyOf"]) {
+        // A one-member anyOf may carry the $defs its alternative refers to.
+        Json alone = {{"anyOf", Json::array({a})}};
+        if (schema.contains("$defs")) alone["$defs"] = schema["$defs"];
+        alternatives.push_back(alone);
+      }
+    } else if (schema["type"].is_array()) {
+      for (const Json& t : schema["type"]) {
+        Json one = schema;
+        one["type"] = t;
+        alternatives.push_back(one);
+      }
+    } else {
+      alternatives.push_back(schema);
+    }
+    for (const Json& alternative : alternatives) {
+      absl::StatusOr<CompiledSchema> alone = CompileSchema(alternative);
+      ASSERT_TRUE(alone.ok()) << alone.status();
+      for (int walk = 0; walk < 150; ++walk) {
+        const std::string doc = RandomDocument(*alone, rng);
+        if (!Accepts(*alone, doc)) continue;  // a walk cut short
+        EXPECT_TRUE(Accepts(whole, doc)) << text << " refuses " << doc;
+      }
+    }
+    for (int walk = 0; walk < 300; ++walk) {
+      const std::string doc = RandomDocument(whole, rng);
+      if (!Accepts(whole, doc)) continue;
+      const Json v = Json::parse(doc, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << doc;
+      EXPECT_TRUE(Valid(schema, v, schema)) << text << " accepts " << doc;
+    }
+  }
+}
+
+TEST(GrammarMatcher, AlternativesThatBeginAlikeExamples) {
+  CompiledSchema objects = Compiled(R"({"anyOf": [
+      {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+      {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+       "required": ["b"]}]})");
+  EXPECT_TRUE(Accepts(objects, R"({"a":"x"})"));
+  EXPECT_TRUE(Accepts(objects, R"({"a":1,"b":true})"));
+  EXPECT_TRUE(Accepts(objects, R"({"b":false})"));
+  EXPECT_FALSE(Accepts(objects, R"({"a":1})"));          // the second needs b
+  EXPECT_FALSE(Accepts(objects, R"({"a":"x","b":true})"));  // the first has no b
+  EXPECT_FALSE(Accepts(objects, R"({})"));
+
+  CompiledSchema numbers = Compiled(R"({"anyOf": [{"type": "integer", "minimum": 10,
+      "maximum": 20}, {"type": "number", "minimum": 0, "maximum": 1}]})");
+  EXPECT_TRUE(Accepts(numbers, "15"));
+  EXPECT_TRUE(Accepts(numbers, "0.5"));
+  EXPECT_TRUE(Accepts(numbers, "1"));
+  EXPECT_FALSE(Accepts(numbers, "1.5"));
+  EXPECT_FALSE(Accepts(numbers, "15.5"));
+  EXPECT_FALSE(Accepts(numbers, "5"));
+
+  CompiledSchema strings = Compiled(
+      R"({"anyOf": [{"type": "string", "maxLength": 2}, {"enum": ["abcdef", 3]}]})");
+  EXPECT_TRUE(Accepts(strings, R"("ab")"));
+  EXPECT_TRUE(Accepts(strings, R"("abcdef")"));
+  EXPECT_TRUE(Accepts(strings, "3"));
+  EXPECT_FALSE(Accepts(strings, R"("abc")"));
+  EXPECT_FALSE(Accepts(strings, R"("abcdefg")"));
+
+  // Readings that end alike merge: a long array of integer-or-number items
+  // stays one reading between items.
+  CompiledSchema list = Compiled(
+      R"({"type": "array", "items": {"type": ["integer", "number"]}})");
+  JsonMatcher m(&list);
+  MatchState st = m.Start();
+  for (char c : std::string("[1,2.5,3,4,")) ASSERT_TRUE(m.Feed(st, static_cast<uint8_t>(c)));
+  EXPECT_EQ(st.count, 1);
+  ASSERT_TRUE(m.Feed(st, '7'));
+  EXPECT_EQ(st.count, 2);
 }
 
 }  // namespace

@@ -352,6 +352,68 @@ TEST(ChatRequestTest, SamplingAndOptionsMapToThePrompt) {
   EXPECT_NE(Tok().DecodeUtf8(p->prompt)->find("type other"), std::string::npos);
 }
 
+// response_format and strict tools become the same constraint as the HTTP
+// body's response_format and `strict: true`.
+TEST(ChatRequestTest, ResponseFormatAndStrictToolsBecomeTheConstraint) {
+  v1::ChatRequest r;
+  auto* u = r.add_messages();
+  u->set_role(v1::ChatMessage::USER);
+  u->set_content("Hi");
+  absl::StatusOr<PreparedRequest> p = PrepareChat(r, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->constraint.has_value());
+
+  r.mutable_response_format()->set_type(v1::ResponseFormat::TEXT);
+  p = PrepareChat(r, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->constraint.has_value());
+
+  r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_OBJECT);
+  p = PrepareChat(r, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->constraint.has_value());
+  EXPECT_TRUE(p->constraint->json_final);
+  EXPECT_TRUE(p->constraint->final_schema.empty());
+
+  const std::string schema = R"({"type":"object","properties":{"a":{"type":"integer"}}})";
+  r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+  r.mutable_response_format()->mutable_json_schema()->set_schema_json(schema);
+  r.mutable_sampling()->set_max_tokens(100);
+  p = PrepareChat(r, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->constraint.has_value());
+  EXPECT_TRUE(p->constraint->json_final);
+  EXPECT_EQ(nlohmann::json::parse(p->constraint->final_schema), nlohmann::json::parse(schema));
+  EXPECT_EQ(p->constraint->reasoning_budget, 50);
+  EXPECT_TRUE(p->constraint->tools.empty());
+
+  r.clear_response_format();
+  // A tool that is not strict is only described to the model: a schema
+  // feature the matcher cannot enforce is no reason to refuse it.
+  v1::ChatRequest described = r;
+  auto* loose = described.add_tools();
+  loose->set_name("when");
+  loose->set_parameters_json(R"({"type":"object","properties":{"d":{"type":"string","format":"date"}}})");
+  p = PrepareChat(described, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->constraint.has_value());
+
+  auto* t = r.add_tools();
+  t->set_name("f");
+  t->set_parameters_json(schema);
+  p = PrepareChat(r, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->constraint.has_value()) << "a tool that is not strict is free under AUTO";
+  t->set_strict(true);
+  p = PrepareChat(r, "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->constraint.has_value());
+  ASSERT_EQ(p->constraint->tools.size(), 1u);
+  EXPECT_EQ(p->constraint->tools[0].name, "f");
+  EXPECT_TRUE(p->constraint->tools[0].constrained);
+  EXPECT_FALSE(p->constraint->tool_required);
+}
+
 TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
   auto base = [] {
     v1::ChatRequest r;
@@ -437,6 +499,37 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "stop"},
       {[](v1::ChatRequest& r) { r.set_model("other-model"); }, absl::StatusCode::kNotFound,
        "model"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+       },
+       absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+         r.mutable_response_format()->mutable_json_schema()->set_schema_json("[1]");
+       },
+       absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+         r.mutable_response_format()->mutable_json_schema()->set_schema_json(
+             R"({"type": "string", "pattern": "a+"})");
+       },
+       absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_OBJECT);
+         r.mutable_response_format()->mutable_json_schema()->set_schema_json("{}");
+       },
+       absl::StatusCode::kInvalidArgument, "response_format.json_schema"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_response_format()->set_type(static_cast<v1::ResponseFormat::Type>(7));
+       },
+       absl::StatusCode::kInvalidArgument, "response_format.type"},
+      {[](v1::ChatRequest& r) {
+         auto* t = r.add_tools();
+         t->set_name("f");
+         t->set_strict(true);
+         t->set_parameters_json(R"({"type": "object", "properties": {"d": {"format": "date"}}})");
+       },
+       absl::StatusCode::kInvalidArgument, "tools[0].parameters_json"},
   };
   for (size_t i = 0; i < std::size(cases); ++i) {
     v1::ChatRequest r = base();

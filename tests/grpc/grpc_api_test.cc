@@ -16,6 +16,7 @@
 #include "tools/cli/local_cluster.h"
 #include "tools/sdk/client.h"
 
+#include "tests/common/json_schema_validator.h"
 #include "tests/run_command.h"
 
 namespace flotilla {
@@ -251,6 +252,107 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
   }
   ASSERT_TRUE(WaitIdle()) << "the cancelled stream's sequence still runs";
   EXPECT_GE(Metric("flotilla_requests_cancelled_total"), cancelled + 1);
+}
+
+// response_format over gRPC: on the random synthetic model every JSON_SCHEMA
+// answer parses and conforms (the constraint, not the model, makes it so).
+TEST_F(GrpcApiTest, ResponseFormatJsonSchemaAnswersConform) {
+  auto c = Sdk();
+  const char* schemas[] = {
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": false})",
+      R"({"type": "object", "properties": {"colors": {"type": "array", "minItems": 1,
+          "maxItems": 3, "items": {"enum": ["red", "green", "blue"]}},
+          "score": {"type": ["number", "null"], "minimum": -1, "maximum": 1}},
+          "required": ["colors", "score"], "additionalProperties": false})",
+      R"({"type": "object", "properties": {"home": {"$ref": "#/$defs/place"},
+          "ok": {"type": "boolean"}}, "required": ["home", "ok"], "additionalProperties": false,
+          "$defs": {"place": {"type": "object", "properties": {"zip": {"type": "integer",
+          "minimum": 10000, "maximum": 99999}}, "required": ["zip"],
+          "additionalProperties": false}}})",
+  };
+  uint64_t seed = 1;
+  for (const char* text : schemas) {
+    v1::ChatRequest r = Hello(200);
+    r.mutable_sampling()->set_temperature(1);
+    r.mutable_sampling()->set_seed(seed++);
+    v1::ResponseFormat* format = r.mutable_response_format();
+    format->set_type(v1::ResponseFormat::JSON_SCHEMA);
+    format->mutable_json_schema()->set_name("answer");
+    format->mutable_json_schema()->set_schema_json(text);
+    absl::StatusOr<client::ChatResult> reply = c->Chat(r);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->finish_reason, v1::ChatResponse::STOP) << reply->content;
+    const nlohmann::json schema = nlohmann::json::parse(text);
+    const nlohmann::json answer = nlohmann::json::parse(reply->content, nullptr, false);
+    ASSERT_FALSE(answer.is_discarded()) << reply->content;
+    EXPECT_TRUE(schema_check::SchemaValid(schema, answer, schema)) << reply->content;
+  }
+
+  v1::ChatRequest object = Hello(300);
+  object.mutable_response_format()->set_type(v1::ResponseFormat::JSON_OBJECT);
+  absl::StatusOr<client::ChatResult> reply = c->Chat(object);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  if (reply->finish_reason == v1::ChatResponse::STOP) {  // an open object may run out of tokens
+    const nlohmann::json answer = nlohmann::json::parse(reply->content, nullptr, false);
+    EXPECT_TRUE(answer.is_object()) << reply->content;
+  }
+}
+
+// A strict tool forced by tool_choice: the call's arguments conform.
+TEST_F(GrpcApiTest, RequiredStrictToolCallArgumentsConform) {
+  auto c = Sdk();
+  const std::string params = R"({"type": "object", "properties": {
+      "a": {"type": "integer", "minimum": -99, "maximum": 99},
+      "unit": {"enum": ["c", "f"]}}, "required": ["a", "unit"], "additionalProperties": false})";
+  for (uint64_t seed = 1; seed <= 2; ++seed) {
+    v1::ChatRequest r = Hello(160);
+    r.mutable_sampling()->set_temperature(1);
+    r.mutable_sampling()->set_seed(seed);
+    v1::Tool* tool = r.add_tools();
+    tool->set_name("convert");
+    tool->set_parameters_json(params);
+    tool->set_strict(true);
+    r.mutable_tool_choice()->set_mode(v1::ToolChoice::REQUIRED);
+    absl::StatusOr<client::ChatResult> reply = c->Chat(r);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_EQ(reply->finish_reason, v1::ChatResponse::TOOL_CALLS);
+    ASSERT_EQ(reply->tool_calls.size(), 1u);
+    EXPECT_EQ(reply->tool_calls[0].name, "convert");
+    const nlohmann::json schema = nlohmann::json::parse(params);
+    const nlohmann::json args = nlohmann::json::parse(reply->tool_calls[0].arguments, nullptr, false);
+    EXPECT_TRUE(schema_check::SchemaValid(schema, args, schema)) << reply->tool_calls[0].arguments;
+  }
+}
+
+// Unsupported schema features are INVALID_ARGUMENT naming the proto field
+// and the keyword, before any work.
+TEST_F(GrpcApiTest, ResponseFormatErrorsNameTheField) {
+  auto c = Sdk();
+  auto refused = [&](const v1::ChatRequest& r, const std::string& field, const std::string& what) {
+    absl::StatusOr<client::ChatResult> reply = c->Chat(r);
+    ASSERT_FALSE(reply.ok());
+    EXPECT_EQ(reply.status().code(), absl::StatusCode::kInvalidArgument) << reply.status();
+    EXPECT_NE(reply.status().message().find(field), std::string::npos) << reply.status();
+    EXPECT_NE(reply.status().message().find(what), std::string::npos) << reply.status();
+  };
+  v1::ChatRequest pattern = Hello(8);
+  pattern.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+  pattern.mutable_response_format()->mutable_json_schema()->set_schema_json(
+      R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}})");
+  refused(pattern, "response_format.json_schema.schema_json", "unsupported keyword 'pattern'");
+
+  v1::ChatRequest missing = Hello(8);
+  missing.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+  refused(missing, "response_format.json_schema.schema_json", "is required");
+
+  v1::ChatRequest tool = Hello(8);
+  tool.add_tools()->set_name("f");
+  tool.mutable_tools(0)->set_parameters_json(
+      R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}})");
+  tool.mutable_tools(0)->set_strict(true);
+  refused(tool, "tools[0].parameters_json", "format");
 }
 
 // Runs `cmd`, returns its exit status and stdout+stderr.

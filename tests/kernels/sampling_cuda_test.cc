@@ -18,6 +18,10 @@
 //   the CPU sampler's token exactly, the rows are restored bit for bit, the
 //   drawn token's logprob is the raw one, and seeded draws follow the CPU
 //   sampler's penalised distribution.
+// - Token masks (LaunchMaskLogits): masked rows equal the CPU MaskLogits bit
+//   for bit, unmasked rows are untouched, greedy under a mask is the CPU
+//   argmax over the allowed tokens, seeded draws land only on allowed
+//   tokens, and a mask of one token always gives it.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -347,6 +351,70 @@ TEST_F(SamplingCudaTest, PenalisedDrawsFollowTheCpuDistribution) {
   for (const auto& [t, p] : want) {
     const double f = (got.count(t) ? got[t] : 0) / n;
     EXPECT_NEAR(f, p, 6 * std::sqrt(p * (1 - p) / n) + 0.002) << "token " << t;
+  }
+}
+
+// A mask allowing `allowed` tokens (the CPU sampler's layout).
+std::vector<uint32_t> MaskOf(const std::vector<int32_t>& allowed) {
+  std::vector<uint32_t> bits((kVocab + 31) / 32, 0u);
+  for (int32_t t : allowed) bits[t >> 5] |= 1u << (t & 31);
+  return bits;
+}
+
+TEST_F(SamplingCudaTest, TokenMasksMatchTheCpuReference) {
+  const int rows = 6;
+  std::vector<float> logits = ModelLikeLogits(rows, 41, 1.5f);
+  // Rows 1, 3, 4 masked: a random tenth of the vocabulary, one token, and
+  // every token but the row's argmax.
+  std::mt19937 rng(5);
+  std::vector<int32_t> tenth;
+  for (int t = 0; t < kVocab; ++t) {
+    if (rng() % 10 == 0) tenth.push_back(t);
+  }
+  const float* row4 = logits.data() + 4 * static_cast<size_t>(kVocab);
+  const int32_t argmax4 = static_cast<int32_t>(std::max_element(row4, row4 + kVocab) - row4);
+  std::vector<uint32_t> all_but = MaskOf({});
+  for (uint32_t& w : all_but) w = ~0u;
+  all_but[argmax4 >> 5] &= ~(1u << (argmax4 & 31));
+  const std::vector<int32_t> masked_rows = {1, 3, 4};
+  const std::vector<std::vector<uint32_t>> masks = {MaskOf(tenth), MaskOf({123457}), all_but};
+  std::vector<uint32_t> packed;
+  for (const auto& m : masks) packed.insert(packed.end(), m.begin(), m.end());
+  const int cap = 8;  // spare capacity is never read
+  packed.resize(static_cast<size_t>(cap) * masks[0].size(), 0u);
+  std::vector<int32_t> row_ids = masked_rows;
+  row_ids.resize(cap, 0);
+
+  std::vector<float> expected = logits;
+  for (size_t m = 0; m < masked_rows.size(); ++m) {
+    MaskLogits(masks[m].data(), kVocab, expected.data() + masked_rows[m] * static_cast<size_t>(kVocab));
+  }
+  Dev<float> d_logits(logits);
+  Dev<uint32_t> d_masks(packed);
+  Dev<int32_t> d_rows(row_ids), d_count(std::vector<int32_t>{3});
+  ASSERT_EQ(cuda::LaunchMaskLogits(d_logits.p, kVocab, d_rows.p, d_masks.p, d_count.p, cap, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_logits.Get(), expected) << "masked rows differ from MaskLogits, or others changed";
+
+  // Greedy: the argmax over the allowed tokens.
+  Result greedy = RunSample(d_logits, rows, std::vector<cuda::SamplingRow>(rows), 0);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = expected.data() + static_cast<size_t>(r) * kVocab;
+    EXPECT_EQ(greedy.tokens[r], std::max_element(row, row + kVocab) - row) << "row " << r;
+  }
+  EXPECT_EQ(greedy.tokens[3], 123457);
+  EXPECT_NE(greedy.tokens[4], argmax4);
+  // Seeded draws at temperature 1 only ever land on allowed tokens.
+  for (uint64_t step = 0; step < 32; ++step) {
+    std::vector<cuda::SamplingRow> params(rows);
+    for (auto& p : params) p.temperature = 1.0f, p.seed = 9, p.step = step;
+    Result drawn = RunSample(d_logits, rows, params, 0);
+    for (size_t m = 0; m < masked_rows.size(); ++m) {
+      const int32_t t = drawn.tokens[masked_rows[m]];
+      EXPECT_TRUE((masks[m][t >> 5] >> (t & 31)) & 1u) << "row " << masked_rows[m] << " drew " << t;
+    }
+    EXPECT_EQ(drawn.tokens[3], 123457);
   }
 }
 

@@ -138,6 +138,29 @@ def test_chat_and_generate(client):
     check(len(by_ids.token_ids) == 4, "generate from token ids")
 
 
+def test_structured_output(client):
+    import grpc
+    import flotilla_client as fc
+    schema = {"type": "object", "additionalProperties": False, "required": ["city", "rank"],
+              "properties": {"city": {"type": "string", "maxLength": 8},
+                             "rank": {"type": "integer", "minimum": 1, "maximum": 9}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema, "strict": True}}
+    for seed in range(3):
+        reply = client.chat(HELLO, response_format=fmt, temperature=1, seed=seed, max_tokens=200).collect()
+        check(reply.finish.reason == "STOP", f"structured chat finished: {reply.finish}")
+        answer = json.loads(reply.content)
+        check(sorted(answer) == ["city", "rank"] and isinstance(answer["city"], str)
+              and len(answer["city"]) <= 8 and isinstance(answer["rank"], int) and 1 <= answer["rank"] <= 9,
+              f"the answer conforms to the schema: {reply.content}")
+    bad = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "pattern": "a+"}}}
+    try:
+        client.chat(HELLO, response_format=bad, max_tokens=4).collect()
+        check(False, "an unsupported schema keyword is refused")
+    except fc.FlotillaError as e:
+        check(e.code == grpc.StatusCode.INVALID_ARGUMENT and "response_format.json_schema" in e.details
+              and "pattern" in e.details, f"unsupported keyword: {e.code.name} {e.details}")
+
+
 def test_errors(cluster, client_class):
     import grpc
     import flotilla_client as fc
@@ -261,6 +284,7 @@ def main():
         try:
             with flotilla_client.Client(cluster.address, api_key=API_KEY, timeout=120) as client:
                 test_chat_and_generate(client)
+                test_structured_output(client)
                 test_cancel_and_deadline(cluster, client)
             test_errors(cluster, flotilla_client.Client)
             test_http_models_and_tokenize(cluster)

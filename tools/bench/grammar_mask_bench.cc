@@ -77,5 +77,13 @@ int main() {
       "maxLength": 16}, "days": {"type": "integer", "minimum": 1, "maximum": 14}},
       "required": ["city", "days"], "additionalProperties": false})", true});
   Run("required_tool_call", tool, *index);
+  // anyOf alternatives that begin alike: the matcher reads them side by side.
+  ConstraintSpec joint = object;
+  joint.final_schema = R"({"anyOf": [{"type": "object", "properties": {"id": {"type": "integer",
+      "minimum": 0, "maximum": 999}, "name": {"type": "string", "maxLength": 16}},
+      "required": ["id", "name"]}, {"type": "object", "properties": {"id": {"type": "number"},
+      "tags": {"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 8},
+      {"enum": ["alpha", "beta"]}]}, "maxItems": 3}}, "required": ["id", "tags"]}]})";
+  Run("anyof_alike_objects", joint, *index);
   return 0;
 }

@@ -124,6 +124,57 @@ bool TimeStream(cudaStream_t stream, int launches, int reps, F fn, double* us) {
   return ok;
 }
 
+// Structured outputs' per-step cost on the device: `rows` token masks
+// (a bit per token) copied from pinned memory with the step's inputs, then
+// LaunchMaskLogits over the logits. Stream-timed (the upload is outside the
+// engine's graphs); the roofline is the upload over PCIe plus one write pass
+// over the masked rows' logits.
+bool BenchTokenMasks(cudaStream_t stream, const cudaDeviceProp& prop, int vocab, int launches,
+                     int reps) {
+  const int words = (vocab + 31) / 32, capacity = 32;
+  float* logits = nullptr;
+  uint32_t *masks = nullptr, *masks_host = nullptr;
+  int32_t *rows_dev = nullptr, *rows_host = nullptr;
+  cudaMalloc(&logits, static_cast<size_t>(capacity) * vocab * 4);
+  cudaMalloc(&masks, static_cast<size_t>(capacity) * words * 4);
+  cudaMalloc(&rows_dev, (capacity + 1) * 4);
+  cudaMallocHost(&masks_host, static_cast<size_t>(capacity) * words * 4);
+  cudaMallocHost(&rows_host, (capacity + 1) * 4);
+  // About a tenth of the vocabulary allowed, as in a JSON string state.
+  for (size_t w = 0; w < static_cast<size_t>(capacity) * words; ++w) {
+    masks_host[w] = 0x01010101u << (w % 4);
+  }
+  bool ok = true;
+  for (int rows : {1, 8, 32}) {
+    for (int r = 0; r < capacity; ++r) rows_host[r] = r;
+    rows_host[capacity] = rows;
+    const size_t upload = static_cast<size_t>(rows) * words * 4 + (capacity + 1) * 4;
+    auto fn = [&](int) {
+      cudaMemcpyAsync(masks, masks_host, static_cast<size_t>(rows) * words * 4,
+                      cudaMemcpyHostToDevice, stream);
+      cudaMemcpyAsync(rows_dev, rows_host, (capacity + 1) * 4, cudaMemcpyHostToDevice, stream);
+      return cuda::LaunchMaskLogits(logits, vocab, rows_dev, masks, rows_dev + capacity, capacity,
+                                    stream);
+    };
+    double us = 0;
+    if (!TimeStream(stream, launches, reps, fn, &us)) {
+      ok = false;
+      break;
+    }
+    std::printf(
+        "{\"bench\":\"token_mask\",\"gpu\":\"%s\",\"rows\":%d,\"vocab\":%d,\"upload_bytes\":%zu,"
+        "\"us_per_step\":%.2f,\"logit_bytes_written_max\":%zu}\n",
+        prop.name, rows, vocab, upload, us, static_cast<size_t>(rows) * vocab * 4);
+    std::fflush(stdout);
+  }
+  cudaFree(logits);
+  cudaFree(masks);
+  cudaFree(rows_dev);
+  cudaFreeHost(masks_host);
+  cudaFreeHost(rows_host);
+  return ok;
+}
+
 struct Shape {
   const char* name;
   int in, out;
@@ -137,7 +188,7 @@ int main(int argc, char** argv) {
   std::vector<long> token_counts = {1, 8, 64, 256};
   int launches = 20, reps = 10;
   double hbm_gbs = 0, bf16_tflops = 989;
-  std::string only;  // "linear" or "sample": run one part
+  std::string only;  // "linear", "sample" or "mask": run one part
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
     const char* v = argv[i + 1];
@@ -187,7 +238,7 @@ int main(int argc, char** argv) {
   if (!Check(cudaMalloc(&y, static_cast<size_t>(max_tokens) * 201088 * 4), "alloc y")) return 1;
   FillBf16<<<1024, 256>>>(x, static_cast<size_t>(max_tokens) * 4096, 17, 1.0f);
   for (const Shape& s : shapes) {
-    if (only == "sample") break;
+    if (only == "sample" || only == "mask") break;
     const size_t w_elems = static_cast<size_t>(s.in) * s.out;
     const size_t w_bytes = w_elems * 2;
     const int copies = static_cast<int>(std::max<size_t>(2, (3ull * l2 + w_bytes - 1) / w_bytes));
@@ -239,7 +290,7 @@ int main(int argc, char** argv) {
                               {"top_p0.95", 1.0f, 0, 0.95f, 0.0f, 0},
                               {"min_p0.05", 1.0f, 0, 1.0f, 0.05f, 0}};
   for (int rows : {1, 64}) {
-    if (only == "linear") break;
+    if (only == "linear" || only == "mask") break;
     float* logits = nullptr;
     cuda::SamplingRow* params = nullptr;
     int32_t *tokens = nullptr, *top_ids = nullptr;
@@ -281,6 +332,9 @@ int main(int argc, char** argv) {
     cudaFree(top_ids);
     cudaFree(top_lps);
     cudaFree(ws);
+  }
+  if ((only.empty() || only == "mask") && !BenchTokenMasks(stream, prop, vocab, launches, reps)) {
+    return 1;
   }
   cuda::DestroyLinearContext(ctx);
   cudaFree(x);

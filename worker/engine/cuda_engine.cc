@@ -165,6 +165,12 @@ struct CudaEngine::Impl {
   float* ref_logprobs = nullptr;
   int32_t* top_ids = nullptr;      // [max_seqs, kMaxTopLogprobs]
   float* top_logprobs = nullptr;   // [max_seqs, kMaxTopLogprobs]
+  // Token masks of structured-output rows (LaunchMaskLogits): up to
+  // kMaskCapacity rows a step keep the device sampler under their mask.
+  static constexpr int kMaskCapacity = 32;
+  int mask_words = 0;
+  uint32_t* masks = nullptr;      // [kMaskCapacity, mask_words]
+  int32_t* mask_rows = nullptr;   // [kMaskCapacity + 1]: the logit rows, then the count
 
   // Step metadata: one int32 region on the device at fixed offsets (graphs
   // keep the addresses), filled from a pinned host mirror.
@@ -192,6 +198,8 @@ struct CudaEngine::Impl {
   int32_t* tokens_host = nullptr;
   float* logprobs_host = nullptr;
   kc::LogitAdjustmentEntry* adjust_host = nullptr;  // [kAdjustCapacity + 1]; the count after
+  uint32_t* masks_host = nullptr;     // mirrors of masks and mask_rows
+  int32_t* mask_rows_host = nullptr;
   int32_t* top_ids_host = nullptr;
   float* top_logprobs_host = nullptr;
 
@@ -212,6 +220,8 @@ struct CudaEngine::Impl {
     if (tokens_host != nullptr) cudaFreeHost(tokens_host);
     if (logprobs_host != nullptr) cudaFreeHost(logprobs_host);
     if (adjust_host != nullptr) cudaFreeHost(adjust_host);
+    if (masks_host != nullptr) cudaFreeHost(masks_host);
+    if (mask_rows_host != nullptr) cudaFreeHost(mask_rows_host);
     if (top_ids_host != nullptr) cudaFreeHost(top_ids_host);
     if (top_logprobs_host != nullptr) cudaFreeHost(top_logprobs_host);
     if (linear != nullptr) kc::DestroyLinearContext(linear);
@@ -235,8 +245,15 @@ struct CudaEngine::Impl {
   }
 
   // Buffers for penalties, logit bias and logprobs (see above).
-  absl::Status AllocSamplingExtras(int rows) {
+  absl::Status AllocSamplingExtras(int rows, int vocab) {
     const int cap = kAdjustCapacity, top = kMaxTopLogprobs;
+    mask_words = (vocab + 31) / 32;
+    const size_t mask_bytes = static_cast<size_t>(kMaskCapacity) * mask_words * sizeof(uint32_t);
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&masks, static_cast<size_t>(kMaskCapacity) * mask_words));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&mask_rows, kMaskCapacity + 1));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&masks_host), mask_bytes));
+    FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&mask_rows_host),
+                                        (kMaskCapacity + 1) * sizeof(int32_t)));
     FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust, cap));
     FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust_saved, cap));
     FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust_count, 1));
@@ -580,7 +597,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sampled_tokens, B));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sampled_logprobs, B));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.sample_params, B));
-  FLOTILLA_RETURN_IF_ERROR(d.AllocSamplingExtras(B));
+  FLOTILLA_RETURN_IF_ERROR(d.AllocSamplingExtras(B, c.vocab_size));
 
   // KV arena: a block holds K and V of every layer of one group (full or
   // sliding layers); the layers of a group index their own arrays with it.
@@ -819,7 +836,10 @@ absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) 
     return out;
   }
   DeviceSampling sampling;
-  if (any_all || !PrepareDeviceSampling(items, &sampling)) return StepWithHostSampling(items);
+  if (any_all || !PrepareDeviceSampling(items, &sampling)) {
+    ++host_sampled_steps_;
+    return StepWithHostSampling(items);
+  }
   FLOTILLA_RETURN_IF_ERROR(RunStep(items, &sampling, &out, nullptr));
   return out;
 }
@@ -832,10 +852,10 @@ bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
     if (sampler == nullptr) continue;
-    // A structured-output row needs its whole-vocabulary mask: the step then
-    // samples on the host from the logits it brings back (StepWithHostSampling).
-    if (sampler->Allowed() != nullptr) return false;
     const SamplingParams& p = sampler->params();
+    if (const uint32_t* allowed = sampler->Allowed()) {
+      if (!StageMask(items[i], static_cast<int>(i), allowed, sampling)) return false;
+    }
     kc::SamplingRow& row = sampling->rows[i];
     row.temperature = p.temperature;
     row.top_k = p.top_k;
@@ -855,9 +875,30 @@ bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
   return true;
 }
 
+// A structured-output row's mask goes with the step's inputs (a mask word
+// per 32 tokens, ~25 KB at o200k) and the device sets its refused logits to
+// -inf before the draw. The host samples instead (false) when the row wants
+// logprobs or its logit row (both are of the raw logits, which the mask
+// overwrites), or when more rows than kMaskCapacity are masked.
+bool CudaEngine::StageMask(const StepItem& item, int index, const uint32_t* allowed,
+                           DeviceSampling* sampling) {
+  Impl& d = *impl_;
+  if (item.sampler->params().logprobs || item.logits != LogitsMode::kNone) return false;
+  // A mask that allows nothing is left out, as the CPU sampler ignores it
+  // (the filter reports the failure when the token is recorded).
+  if (std::all_of(allowed, allowed + d.mask_words, [](uint32_t w) { return w == 0; })) return true;
+  if (sampling->masks == Impl::kMaskCapacity) return false;
+  std::memcpy(d.masks_host + static_cast<size_t>(sampling->masks) * d.mask_words, allowed,
+              d.mask_words * sizeof(uint32_t));
+  d.mask_rows_host[sampling->masks++] = index;  // an item index until UploadSampling
+  return true;
+}
+
 int CudaEngine::SamplingVariant(const DeviceSampling& sampling) {
   const bool adjust = sampling.adjustments > 0;
-  return 1 + (adjust ? 2 : 0) + (adjust && sampling.logprobs ? 4 : 0) + 8 * sampling.top_n;
+  const bool masked = sampling.masks > 0;
+  return 1 + (adjust ? 2 : 0) + (adjust && sampling.logprobs ? 4 : 0) + (masked ? 8 : 0) +
+         16 * sampling.top_n;
 }
 
 absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const Plan& plan) {
@@ -869,6 +910,7 @@ absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const Pl
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.sample_params, d.params_host,
                                        std::max(plan.rows, 1) * sizeof(kc::SamplingRow),
                                        cudaMemcpyHostToDevice, d.stream));
+  FLOTILLA_RETURN_IF_ERROR(UploadMasks(sampling, plan));
   if (sampling.adjustments == 0) return absl::OkStatus();
   // Item indices to logit rows; the count travels after the entries.
   for (int e = 0; e < sampling.adjustments; ++e) {
@@ -884,6 +926,24 @@ absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const Pl
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::UploadMasks(const DeviceSampling& sampling, const Plan& plan) {
+  Impl& d = *impl_;
+  if (sampling.masks == 0) return absl::OkStatus();
+  for (int m = 0; m < sampling.masks; ++m) {
+    d.mask_rows_host[m] = plan.first_row[d.mask_rows_host[m]];
+  }
+  d.mask_rows_host[Impl::kMaskCapacity] = sampling.masks;
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(
+      d.masks, d.masks_host, static_cast<size_t>(sampling.masks) * d.mask_words * sizeof(uint32_t),
+      cudaMemcpyHostToDevice, d.stream));
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.mask_rows, d.mask_rows_host,
+                                       (Impl::kMaskCapacity + 1) * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, d.stream));
+  return absl::OkStatus();
+}
+
+// Masks go first: the rows they cover report no logprobs (StageMask), so
+// the raw-logprob passes below never need their refused logits back.
 // Without adjustments one draw reports the raw logprobs itself. With them the
 // draw runs on the adjusted rows, which are then restored, and a greedy draw
 // over the raw rows gives the top logprobs and the normaliser for the drawn
@@ -892,6 +952,11 @@ absl::Status CudaEngine::LaunchSampling(const DeviceSampling& sampling, int rows
                                         cudaStream_t s) {
   Impl& d = *impl_;
   const int V = config_.vocab_size, cap = Impl::kAdjustCapacity;
+  if (sampling.masks > 0) {
+    FLOTILLA_CUDA_RETURN(kc::LaunchMaskLogits(d.logits, V, d.mask_rows, d.masks,
+                                              d.mask_rows + Impl::kMaskCapacity,
+                                              Impl::kMaskCapacity, s));
+  }
   if (sampling.adjustments == 0) {
     FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,
                                           d.sampled_logprobs, sampling.top_n, d.top_ids,

@@ -182,6 +182,10 @@ class CudaEngine : public Engine {
   size_t decode_bytes_per_token() const;
   // With profile_ops: milliseconds spent per op kind since the last reset.
   const std::map<std::string, double>& op_time_ms() const { return op_time_ms_; }
+  // Steps whose sampling ran on the host (prompt logits asked for beside a
+  // draw, adjustments or masks past the device buffers, a masked row that
+  // wants logprobs or its logits).
+  int64_t host_sampled_steps() const { return host_sampled_steps_; }
   void reset_op_times() { op_time_ms_.clear(); }
   // Benchmarks: replaces CudaEngineOptions::skip_ops (drops captured graphs).
   void SetSkipOps(std::vector<std::string> ops);
@@ -206,12 +210,17 @@ class CudaEngine : public Engine {
     std::vector<kernels::cuda::SamplingRow> rows;
     std::vector<Sampler*> samplers;
     int adjustments = 0;
+    int masks = 0;  // rows staged with a token mask
     int top_n = 0;
     bool logprobs = false;  // some row reports logprobs
   };
-  // False when the step's adjustments do not fit the device buffer, or a
-  // row samples under a token mask (structured outputs): host sampling then.
+  // False when the step's adjustments or masks do not fit the device
+  // buffers, or a masked row needs its raw logits: host sampling then.
   bool PrepareDeviceSampling(const std::vector<StepItem>& items, DeviceSampling* sampling);
+  // Stages item `index`'s token mask (structured outputs) for the device;
+  // false when the step must sample on the host instead.
+  bool StageMask(const StepItem& item, int index, const uint32_t* allowed,
+                 DeviceSampling* sampling);
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
   absl::StatusOr<StepOutput> StepWithHostSampling(const std::vector<StepItem>& items);
@@ -226,6 +235,7 @@ class CudaEngine : public Engine {
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int SamplingVariant(const DeviceSampling& sampling);
   absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
+  absl::Status UploadMasks(const DeviceSampling& sampling, const Plan& plan);
   absl::Status LaunchSampling(const DeviceSampling& sampling, int rows, cudaStream_t stream);
   absl::Status CollectSampled(const std::vector<StepItem>& items, const DeviceSampling& sampling,
                               const Plan& plan, StepOutput* out, std::vector<SampledToken>* sampled);
@@ -239,6 +249,7 @@ class CudaEngine : public Engine {
   std::unique_ptr<KvBlockAllocator> kv_;
   std::map<std::string, double> op_time_ms_;
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
+  int64_t host_sampled_steps_ = 0;
 };
 
 }  // namespace flotilla

@@ -211,7 +211,31 @@ def _tool(t) -> flotilla_pb2.Tool:
     fn = t.get("function", t)
     parameters = fn.get("parameters")
     return flotilla_pb2.Tool(name=fn["name"], description=fn.get("description", ""),
-                             parameters_json=json.dumps(parameters) if parameters is not None else "")
+                             parameters_json=json.dumps(parameters) if parameters is not None else "",
+                             strict=bool(fn.get("strict", False)))
+
+
+def _response_format(fmt) -> flotilla_pb2.ResponseFormat:
+    """OpenAI's response_format dict ({"type": "json_schema", "json_schema":
+    {"name", "schema", "strict"}}, {"type": "json_object"}, {"type": "text"})
+    or a ResponseFormat message."""
+    if isinstance(fmt, flotilla_pb2.ResponseFormat):
+        return fmt
+    types = {"text": flotilla_pb2.ResponseFormat.TEXT,
+             "json_object": flotilla_pb2.ResponseFormat.JSON_OBJECT,
+             "json_schema": flotilla_pb2.ResponseFormat.JSON_SCHEMA}
+    kind = fmt.get("type")
+    if kind not in types:
+        raise ValueError(f"response_format type must be one of {sorted(types)}, not {kind!r}")
+    out = flotilla_pb2.ResponseFormat(type=types[kind])
+    if kind == "json_schema":
+        spec = fmt.get("json_schema") or {}
+        schema = spec.get("schema")
+        out.json_schema.CopyFrom(flotilla_pb2.ResponseFormat.JsonSchema(
+            name=spec.get("name", ""), description=spec.get("description", ""),
+            schema_json=schema if isinstance(schema, str) else json.dumps(schema if schema is not None else {}),
+            strict=bool(spec.get("strict", False))))
+    return out
 
 
 def _tool_choice(choice) -> flotilla_pb2.ToolChoice:
@@ -273,13 +297,16 @@ class Client:
     def chat(self, messages: Iterable, *, model: str = "", tools: Iterable = (), tool_choice=None,
              reasoning_effort: Optional[str] = None, stop: Sequence[str] = (),
              stop_token_ids: Sequence[int] = (), return_token_ids: bool = False,
-             timeout: Optional[float] = None, **sampling) -> Stream:
+             response_format=None, timeout: Optional[float] = None, **sampling) -> Stream:
         """Streams a chat reply. messages: dicts in OpenAI's shape ({"role",
         "content", "reasoning", "tool_calls", "tool_call_id", "name"}) or
-        ChatMessage; tools: {"name", "description", "parameters"} (or OpenAI's
-        {"type": "function", "function": {...}}); tool_choice: "auto", "none",
-        "required" or a function name; sampling: temperature, top_p, top_k,
-        min_p, seed, max_tokens, ... as in SamplingParams."""
+        ChatMessage; tools: {"name", "description", "parameters", "strict"} (or
+        OpenAI's {"type": "function", "function": {...}}); tool_choice: "auto",
+        "none", "required" or a function name; response_format: OpenAI's dict
+        ({"type": "json_schema", "json_schema": {"name", "schema"}} or
+        {"type": "json_object"}), enforced while the answer is generated;
+        sampling: temperature, top_p, top_k, min_p, seed, max_tokens, ... as in
+        SamplingParams."""
         if reasoning_effort is not None and reasoning_effort not in _EFFORTS:
             raise ValueError(f"reasoning_effort must be one of {sorted(_EFFORTS)}, not {reasoning_effort!r}")
         request = flotilla_pb2.ChatRequest(
@@ -288,6 +315,8 @@ class Client:
             sampling=_sampling(stop_token_ids, **sampling), return_token_ids=return_token_ids)
         if tool_choice is not None:
             request.tool_choice.CopyFrom(_tool_choice(tool_choice))
+        if response_format is not None:
+            request.response_format.CopyFrom(_response_format(response_format))
         call = self._stub.Chat(request, metadata=self._metadata, timeout=self._deadline(timeout))
         return Stream(call, _chat_events)
 
