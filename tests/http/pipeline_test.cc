@@ -215,7 +215,7 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
     const char* param;
   } cases[] = {
       {"model", "other", 404, "model"},       {"model", 3, 400, "model"},
-      {"n", 2, 400, "n"},                     {"temperature", "hot", 400, "temperature"},
+      {"n", 17, 400, "n"},                    {"temperature", "hot", 400, "temperature"},
       {"temperature", 3, 400, "temperature"}, {"top_p", 0, 400, "top_p"},
       {"max_tokens", 0, 400, "max_tokens"},   {"max_completion_tokens", -5, 400, "max_completion_tokens"},
       {"stop", 7, 400, "stop"},               {"stop", {"a", 1}, 400, "stop[1]"},
