@@ -73,6 +73,12 @@ TEST_F(HttpApiTest, OfficialOpenAiClient) { RunNodeScript("openai_client_test.js
 // schema features) and logit_bias, through the official client.
 TEST_F(HttpApiTest, StructuredOutputsOfficialClient) { RunNodeScript("structured_client_test.js"); }
 
+// Completions n (streamed and not, the prompt's KV shared), echo, token-id and
+// batched prompts, and their 400s, through the official client.
+TEST_F(HttpApiTest, CompletionsChoicesAndPromptsOfficialClient) {
+  RunNodeScript("completions_client_test.js");
+}
+
 TEST_F(HttpApiTest, HealthAndMetrics) {
   auto c = Client();
   auto h = c.Get("/health");
