@@ -132,7 +132,7 @@ TEST_F(HttpApiTest, ErrorsHaveTheOpenAiShape) {
       {"POST", "/v1/chat/completions", "{\"model\": ", 400, nullptr},
       {"POST", "/v1/chat/completions", "[]", 400, nullptr},
       {"POST", "/v1/chat/completions", "\"\xff\xfe\"", 400, nullptr},
-      {"POST", "/v1/chat/completions", Chat(R"(, "n": 3)"), 400, "n"},
+      {"POST", "/v1/chat/completions", Chat(R"(, "n": 17)"), 400, "n"},
       {"POST", "/v1/chat/completions", Chat(R"(, "temperature": -1)"), 400, "temperature"},
       {"POST", "/v1/chat/completions", Chat(R"(, "tools": 5)"), 400, "tools"},
       {"POST", "/v1/chat/completions", R"({"model": "nope", "messages": []})", 404, "model"},
