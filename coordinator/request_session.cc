@@ -38,6 +38,7 @@ RequestSession::RequestSession(RequestBackend* backend, const tokenizer::Tokeniz
       Choice c;
       c.index = p * n + i;
       c.prompt = p;
+      c.prompt_tokens = static_cast<uint32_t>(request_.prompts[p].size());
       // Choice 0 keeps the seed itself, so one choice is named as before.
       std::string seed = c.index == 0 ? request_.call_id_seed
                                       : absl::StrCat(request_.call_id_seed, "-", c.index);
@@ -242,17 +243,17 @@ void RequestSession::UpdateLocked(Choice& c, const cluster::SequenceUpdate& u,
   c.tokens += static_cast<uint32_t>(u.token_ids_size());
   std::vector<tokenizer::TokenId> ids(u.token_ids().begin(), u.token_ids().end());
   c.decoder->Feed(ids, events);
-  const uint32_t prompt = static_cast<uint32_t>(request_.prompts[c.prompt].size());
+  // The workers count the prompt they ran (truncate_prompt_tokens may have cut it).
+  if (u.prompt_tokens() != 0) c.prompt_tokens = u.prompt_tokens();
   if (c.decoder->stopped_by_string()) {
-    c.decoder->Finish(common::STOP, std::nullopt, TokenUsage{prompt, c.tokens}, events);
+    c.decoder->Finish(common::STOP, std::nullopt, TokenUsage{c.prompt_tokens, c.tokens}, events);
     c.finished = true;
     if (c.id != 0) actions.cancels.emplace_back(c.id, kStopStringCancel);
   } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
     std::optional<tokenizer::TokenId> stop;
     if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
     c.tokens = u.completion_tokens();
-    c.decoder->Finish(u.finish_reason(), stop,
-                      TokenUsage{u.prompt_tokens() ? u.prompt_tokens() : prompt, c.tokens}, events);
+    c.decoder->Finish(u.finish_reason(), stop, TokenUsage{c.prompt_tokens, c.tokens}, events);
     c.finished = true;
   }
   if (!c.finished) return;
@@ -302,8 +303,11 @@ void RequestSession::CheckReleasedLocked(Actions& actions) {
 
 TokenUsage RequestSession::UsageLocked() const {
   TokenUsage usage;
-  usage.prompt_tokens = prompt_tokens_;
-  for (const Choice& c : choices_) usage.completion_tokens += c.tokens;
+  const uint32_t n = std::max<uint32_t>(request_.n, 1);
+  for (const Choice& c : choices_) {
+    if (c.index % n == 0) usage.prompt_tokens += c.prompt_tokens;  // each prompt once
+    usage.completion_tokens += c.tokens;
+  }
   return usage;
 }
 

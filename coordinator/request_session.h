@@ -110,7 +110,7 @@ class RequestSession : public std::enable_shared_from_this<RequestSession> {
   void Cancel(const std::string& reason) { Fail(absl::CancelledError(reason)); }
 
   uint32_t choices() const { return static_cast<uint32_t>(choices_.size()); }
-  // Prompt tokens over all prompts (each counted once).
+  // Prompt tokens over all prompts as submitted (each counted once).
   uint32_t prompt_tokens() const { return prompt_tokens_; }
 
  private:
@@ -123,6 +123,7 @@ class RequestSession : public std::enable_shared_from_this<RequestSession> {
     bool done = false;        // its on_done came
     bool finished = false;    // its kFinish was emitted
     uint32_t tokens = 0;
+    uint32_t prompt_tokens = 0;  // as the workers ran it
   };
   // One thing that happened to a choice (or to the whole session).
   struct Item {
