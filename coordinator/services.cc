@@ -22,12 +22,13 @@
 namespace flotilla::coordinator {
 namespace {
 
-// The access log's view of an update: tokens as they come, then the finish.
-void NoteUpdate(AccessRecord& access, const cluster::SequenceUpdate& u) {
-  access.AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
-  if (u.finish_reason() == common::STOP || u.finish_reason() == common::LENGTH) {
-    access.set_output_tokens(u.completion_tokens());
-    access.set_finish_reason(u.finish_reason() == common::STOP ? "stop" : "length");
+// The access log's view of a request's events: tokens as they come, then
+// each choice's finish.
+void NoteEvent(AccessRecord& access, const RequestEvent& e) {
+  if (e.kind == RequestEvent::Kind::kTokens) {
+    access.AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
+  } else if (e.kind == RequestEvent::Kind::kFinish) {
+    access.set_finish_reason(e.worker_reason == common::STOP ? "stop" : "length");
   }
 }
 
@@ -138,7 +139,10 @@ class GenerateReactor final : public GenerateReactorBase {
       if (!bound->exchange(true)) requests->Bind(state->request_id, id);
     };
     auto sink = [state, requests](const std::vector<RequestEvent>& events) {
-      for (const RequestEvent& e : events) state->Handle(e, requests);
+      for (const RequestEvent& e : events) {
+        NoteEvent(*state->access, e);
+        state->Handle(e, requests);
+      }
       state->Flush();
     };
     absl::StatusOr<std::shared_ptr<RequestSession>> session =
@@ -204,7 +208,6 @@ class GenerateReactor final : public GenerateReactorBase {
     void Handle(const RequestEvent& e, RequestRegistry* requests) {
       switch (e.kind) {
         case RequestEvent::Kind::kTokens: {
-          NoteUpdate(*access, *e.update);
           v1::GenerateResponse& r = pending.emplace_back();
           r.set_request_id(request_id);
           r.set_index(e.choice);
@@ -305,6 +308,7 @@ class ChatReactor final : public ChatReactorBase {
     SessionHooks hooks;
     hooks.on_accepted = [state, requests](uint64_t id) { requests->Bind(state->request_id, id); };
     auto sink = [state, requests](const std::vector<RequestEvent>& events) {
+      for (const RequestEvent& e : events) NoteEvent(*state->access, e);
       std::lock_guard<std::mutex> lock(state->mu);
       state->StartLocked();
       if (std::optional<v1::ChatResponse> r = state->stream.Consume(events)) state->queue.Send(*r);
