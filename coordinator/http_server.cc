@@ -524,6 +524,11 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   const int64_t created = absl::ToUnixSeconds(absl::Now());
   SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
   const uint32_t choices = static_cast<uint32_t>(request.prompts.size()) * request.n;
+  uint32_t prompt_tokens = 0;
+  for (const std::vector<tokenizer::TokenId>& prompt : request.prompts) {
+    prompt_tokens += static_cast<uint32_t>(prompt.size());
+  }
+  g->access->set_prompt_tokens(prompt_tokens);
   g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint, id, options_.model_id, created,
                                                  prepared->stop, prepared->logprobs, choices);
 
@@ -549,7 +554,6 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
     return exchange->Send(std::move(res));
   }
   std::shared_ptr<RequestSession> session = *std::move(started);
-  g->access->set_prompt_tokens(session->prompt_tokens());
 
   if (g->stream) {
     HttpResponse head;

@@ -49,8 +49,8 @@ struct RequestEvent {
   Kind kind = Kind::kContent;
   // The choice: prompt_index * n + i (OpenAI's numbering); 0 for terminal events.
   uint32_t choice = 0;
-  std::string text;           // kReasoning, kContent
-  ToolCallPiece tool_call;    // kToolCall
+  std::string text;         // kReasoning, kContent
+  ToolCallPiece tool_call;  // kToolCall
   // kTokens: the update. Valid only while the event is being handled.
   const cluster::SequenceUpdate* update = nullptr;
   // kFinish: "stop" (end token or stop string), "length", "tool_calls".

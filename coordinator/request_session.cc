@@ -10,8 +10,10 @@ namespace flotilla::coordinator {
 namespace {
 
 // The prompt as text, for `echo` (bytes that are not UTF-8 become U+FFFD).
-std::string PromptText(const tokenizer::Tokenizer* tok, const std::vector<tokenizer::TokenId>& ids) {
-  tokenizer::StreamingDetokenizer detok(tok, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace);
+std::string PromptText(const tokenizer::Tokenizer* tok,
+                       const std::vector<tokenizer::TokenId>& ids) {
+  tokenizer::StreamingDetokenizer detok(tok,
+                                        tokenizer::StreamingDetokenizer::InvalidBytes::kReplace);
   std::string text;
   for (tokenizer::TokenId id : ids) {
     absl::StatusOr<std::string> piece = detok.Append(id);
@@ -40,10 +42,10 @@ RequestSession::RequestSession(RequestBackend* backend, const tokenizer::Tokeniz
       c.prompt = p;
       c.prompt_tokens = static_cast<uint32_t>(request_.prompts[p].size());
       // Choice 0 keeps the seed itself, so one choice is named as before.
-      std::string seed = c.index == 0 ? request_.call_id_seed
-                                      : absl::StrCat(request_.call_id_seed, "-", c.index);
-      c.decoder = std::make_unique<ChoiceDecoder>(tok_, request_.decoding, c.index,
-                                                  std::move(seed), request_.stop);
+      std::string seed =
+          c.index == 0 ? request_.call_id_seed : absl::StrCat(request_.call_id_seed, "-", c.index);
+      c.decoder = std::make_unique<ChoiceDecoder>(tok_, request_.decoding, c.index, std::move(seed),
+                                                  request_.stop);
       choices_.push_back(std::move(c));
     }
   }
@@ -52,9 +54,10 @@ RequestSession::RequestSession(RequestBackend* backend, const tokenizer::Tokeniz
 absl::StatusOr<std::shared_ptr<RequestSession>> RequestSession::Start(
     RequestBackend* backend, const tokenizer::Tokenizer* tokenizer, SessionRequest request,
     Sink sink, SessionHooks hooks) {
-  if (request.prompts.empty()) return absl::InvalidArgumentError("prompt: the request has no prompt");
-  std::shared_ptr<RequestSession> session(
-      new RequestSession(backend, tokenizer, std::move(request), std::move(sink), std::move(hooks)));
+  if (request.prompts.empty())
+    return absl::InvalidArgumentError("prompt: the request has no prompt");
+  std::shared_ptr<RequestSession> session(new RequestSession(backend, tokenizer, std::move(request),
+                                                             std::move(sink), std::move(hooks)));
   if (session->request_.echo) {
     for (const Choice& c : session->choices_) {
       session->queue_.push_back(Item{Item::Kind::kEcho, c.index, {}, {}});
@@ -76,14 +79,17 @@ absl::StatusOr<std::shared_ptr<RequestSession>> RequestSession::Start(
           if (c.id != 0) submitted.push_back(c.id);
         }
       }
-      for (uint64_t id : submitted) backend->Cancel(id, absl::StrCat("another prompt of the request was refused: ", st.message()));
+      for (uint64_t id : submitted)
+        backend->Cancel(id,
+                        absl::StrCat("another prompt of the request was refused: ", st.message()));
       return st;
     }
   }
   if (session->request_.deadline && session->hooks_.after) {
     std::weak_ptr<RequestSession> weak = session;
     session->hooks_.after(*session->request_.deadline - absl::Now() + absl::Seconds(1), [weak] {
-      if (auto s = weak.lock()) s->Fail(absl::DeadlineExceededError("the request's deadline passed"));
+      if (auto s = weak.lock())
+        s->Fail(absl::DeadlineExceededError("the request's deadline passed"));
     });
   }
   bool schedule = false;
@@ -121,9 +127,7 @@ absl::Status RequestSession::SubmitChoice(uint32_t index) {
     }
     if (self->hooks_.on_accepted) self->hooks_.on_accepted(id);
   };
-  cb.on_update = [self, index](const cluster::SequenceUpdate& u) {
-    self->Enqueue(Item{Item::Kind::kUpdate, index, u, {}});
-  };
+  cb.on_update = [self, index](const cluster::SequenceUpdate& u) { self->OnUpdate(index, u); };
   cb.on_done = [self, index](const absl::Status& st) {
     self->Enqueue(Item{Item::Kind::kDone, index, {}, st});
   };
@@ -157,6 +161,27 @@ void RequestSession::Enqueue(Item item) {
   } else {
     Pump();
   }
+}
+
+void RequestSession::OnUpdate(uint32_t choice, const cluster::SequenceUpdate& update) {
+  if (!hooks_.run) {
+    // Decoding on this thread and nothing queued: no copy of the update (its
+    // prompt logits may be megabytes).
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!pumping_ && queue_.empty()) {
+      pumping_ = true;
+      std::vector<RequestEvent> events;
+      Actions actions;
+      UpdateLocked(choices_[choice], update, events, actions);
+      CheckReleasedLocked(actions);
+      lock.unlock();
+      if (!events.empty()) sink_(events);
+      Run(std::move(actions));
+      Pump();  // what came meanwhile; clears pumping_
+      return;
+    }
+  }
+  Enqueue(Item{Item::Kind::kUpdate, choice, update, {}});
 }
 
 void RequestSession::Pump() {
@@ -196,8 +221,7 @@ void RequestSession::Run(Actions actions) {
   if (actions.all_released && hooks_.on_all_released) hooks_.on_all_released();
 }
 
-void RequestSession::HandleLocked(Item& item, std::vector<RequestEvent>& events,
-                                  Actions& actions) {
+void RequestSession::HandleLocked(Item& item, std::vector<RequestEvent>& events, Actions& actions) {
   switch (item.kind) {
     case Item::Kind::kEcho: {
       Choice& c = choices_[item.choice];
@@ -272,8 +296,9 @@ void RequestSession::DoneLocked(Choice& c, const absl::Status& status,
   c.done = true;
   if (c.id != 0) actions.released.push_back(c.id);
   if (ended_ || c.finished) return;
-  FailLocked(status.ok() ? absl::InternalError("the request ended without a finish reason") : status,
-             events, actions);
+  FailLocked(
+      status.ok() ? absl::InternalError("the request ended without a finish reason") : status,
+      events, actions);
 }
 
 void RequestSession::FailLocked(const absl::Status& status, std::vector<RequestEvent>& events,

@@ -143,6 +143,7 @@ class RequestSession : public std::enable_shared_from_this<RequestSession> {
   RequestSession(RequestBackend* backend, const tokenizer::Tokenizer* tokenizer,
                  SessionRequest request, Sink sink, SessionHooks hooks);
   absl::Status SubmitChoice(uint32_t choice);
+  void OnUpdate(uint32_t choice, const cluster::SequenceUpdate& update);
   void Enqueue(Item item);
   void Pump();
   void HandleLocked(Item& item, std::vector<RequestEvent>& events, Actions& actions);

@@ -2,12 +2,13 @@
 // and when (the n choices of a prompt after its first token, so they share
 // its cached KV blocks), their seeds, the typed events of recorded text and
 // Harmony token sequences, stop strings, cancel, deadline, refusals.
+#include "coordinator/request_session.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
 #include "coordinator/harmony/renderer.h"
-#include "coordinator/request_session.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -187,8 +188,8 @@ TEST(RequestSessionTest, CancelFailsTheRequestAndCancelsEverySequence) {
   bool released = false;
   SessionHooks hooks;
   hooks.on_all_released = [&released] { released = true; };
-  auto session = RequestSession::Start(&cluster, &Tok(), TextRequest({Encode("hi")}, 2),
-                                       events.Sink(), hooks);
+  auto session =
+      RequestSession::Start(&cluster, &Tok(), TextRequest({Encode("hi")}, 2), events.Sink(), hooks);
   ASSERT_TRUE(session.ok());
   cluster.Update(1, Encode(" there"));
   ASSERT_EQ(cluster.sequences.size(), 2u);
@@ -205,8 +206,8 @@ TEST(RequestSessionTest, CancelFailsTheRequestAndCancelsEverySequence) {
 TEST(RequestSessionTest, ACancelByIdOfOneSequenceEndsThemAll) {
   FakeBackend cluster;
   Events events;
-  auto session = RequestSession::Start(&cluster, &Tok(), TextRequest({Encode("hi")}, 2),
-                                       events.Sink());
+  auto session =
+      RequestSession::Start(&cluster, &Tok(), TextRequest({Encode("hi")}, 2), events.Sink());
   ASSERT_TRUE(session.ok());
   cluster.Update(1, Encode(" there"));
   cluster.Cancel(1, "Cancel by the client");
