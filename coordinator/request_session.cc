@@ -145,7 +145,18 @@ absl::Status RequestSession::SubmitChoice(uint32_t index) {
 }
 
 void RequestSession::Fail(absl::Status status) {
+  // The cancels go out at once, not after the decoding queued before them;
+  // the failure is queued first, so it (not their CANCELLED) ends the request.
+  std::vector<uint64_t> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Choice& c : choices_) {
+      if (!ended_ && c.id != 0 && !c.done && !c.finished) live.push_back(c.id);
+    }
+  }
+  const std::string reason(status.message());
   Enqueue(Item{Item::Kind::kFail, 0, {}, std::move(status)});
+  for (uint64_t id : live) backend_->Cancel(id, reason);
 }
 
 void RequestSession::Enqueue(Item item) {

@@ -103,8 +103,8 @@ class RequestSession : public std::enable_shared_from_this<RequestSession> {
       RequestBackend* backend, const tokenizer::Tokenizer* tokenizer, SessionRequest request,
       Sink sink, SessionHooks hooks = {});
 
-  // Ends the request with `status` (a kError event) and cancels its
-  // sequences; nothing once it ended.
+  // Ends the request with `status` (a kError event, after what is already
+  // queued) and cancels its sequences at once; nothing once it ended.
   void Fail(absl::Status status);
   // Fail with CANCELLED.
   void Cancel(const std::string& reason) { Fail(absl::CancelledError(reason)); }
