@@ -3,8 +3,8 @@
 // PrepareChatRequest validates and renders with Harmony, and the generated
 // tokens go through the same decoding (streaming Harmony parser, stop
 // strings, in ChoiceDecoder) whose events become ChatResponse deltas:
-// reasoning, answer text and tool-call pieces on separate channels. No gRPC in here; the service
-// drives it and tests feed it recorded token sequences.
+// reasoning, answer text and tool-call pieces on separate channels. No gRPC
+// in here; the service drives it and tests feed it recorded token sequences.
 #pragma once
 
 #include <cstdint>
