@@ -314,8 +314,7 @@ ChatStream::ChatStream(const tokenizer::Tokenizer* tokenizer, std::string reques
                        uint32_t prompt_tokens, bool return_token_ids)
     : request_id_(std::move(request_id)),
       prompt_tokens_(prompt_tokens),
-      builder_(tokenizer, Endpoint::kChat, std::move(call_id_seed), /*model=*/"", /*created=*/0,
-               std::move(stop), /*logprobs=*/false),
+      decoder_(tokenizer, Decoding::kHarmony, 0, std::move(call_id_seed), std::move(stop)),
       return_token_ids_(return_token_ids) {}
 
 v1::ChatResponse ChatStream::Begin() const {
@@ -324,59 +323,48 @@ v1::ChatResponse ChatStream::Begin() const {
   return r;
 }
 
-void ChatStream::AddChunks(const std::vector<Json>& chunks, v1::ChatResponse& out) const {
-  for (const Json& c : chunks) {
-    auto choices = c.find("choices");
-    if (choices == c.end() || choices->empty()) continue;
-    const Json& d = (*choices)[0]["delta"];
-    if (!d.is_object()) continue;
-    // Adjacent text on the same channel goes into one delta.
-    auto append_text = [&out](bool reasoning, const std::string& text) {
-      if (text.empty()) return;
-      if (out.deltas_size() > 0) {
-        v1::ChatDelta* last = out.mutable_deltas(out.deltas_size() - 1);
-        if (reasoning && last->has_reasoning()) {
-          last->mutable_reasoning()->append(text);
-          return;
-        }
-        if (!reasoning && last->has_content()) {
-          last->mutable_content()->append(text);
-          return;
-        }
-      }
-      v1::ChatDelta* nd = out.add_deltas();
-      if (reasoning) {
-        nd->set_reasoning(text);
-      } else {
-        nd->set_content(text);
-      }
-    };
-    if (auto it = d.find("content"); it != d.end() && it->is_string())
-      append_text(false, it->get<std::string>());
-    if (auto it = d.find("reasoning_content"); it != d.end() && it->is_string()) {
-      append_text(true, it->get<std::string>());
+namespace {
+
+// Adjacent text on the same channel goes into one delta.
+void AppendText(bool reasoning, const std::string& text, v1::ChatResponse& out) {
+  if (text.empty()) return;
+  if (out.deltas_size() > 0) {
+    v1::ChatDelta* last = out.mutable_deltas(out.deltas_size() - 1);
+    if (reasoning && last->has_reasoning()) {
+      last->mutable_reasoning()->append(text);
+      return;
     }
-    if (auto it = d.find("tool_calls"); it != d.end() && it->is_array()) {
-      for (const Json& call : *it) {
-        v1::ToolCallDelta tcd;
-        tcd.set_index(call.value("index", 0u));
-        tcd.set_id(call.value("id", ""));
-        const Json& fn = call.contains("function") ? call["function"] : Json::object();
-        tcd.set_name(fn.value("name", ""));
-        tcd.set_arguments(fn.value("arguments", ""));
-        if (out.deltas_size() > 0 && tcd.id().empty() && tcd.name().empty()) {
-          v1::ChatDelta* last = out.mutable_deltas(out.deltas_size() - 1);
-          if (last->has_tool_call() && last->tool_call().index() == tcd.index()) {
-            last->mutable_tool_call()->mutable_arguments()->append(tcd.arguments());
-            continue;
-          }
-        }
-        if (tcd.id().empty() && tcd.name().empty() && tcd.arguments().empty()) continue;
-        *out.add_deltas()->mutable_tool_call() = std::move(tcd);
-      }
+    if (!reasoning && last->has_content()) {
+      last->mutable_content()->append(text);
+      return;
     }
   }
+  v1::ChatDelta* delta = out.add_deltas();
+  if (reasoning) {
+    delta->set_reasoning(text);
+  } else {
+    delta->set_content(text);
+  }
 }
+
+// A call's later argument pieces join its last delta.
+void AppendToolCall(const ToolCallPiece& piece, v1::ChatResponse& out) {
+  if (out.deltas_size() > 0 && piece.id.empty() && piece.name.empty()) {
+    v1::ChatDelta* last = out.mutable_deltas(out.deltas_size() - 1);
+    if (last->has_tool_call() && last->tool_call().index() == piece.index) {
+      last->mutable_tool_call()->mutable_arguments()->append(piece.arguments);
+      return;
+    }
+  }
+  if (piece.id.empty() && piece.name.empty() && piece.arguments.empty()) return;
+  v1::ToolCallDelta* call = out.add_deltas()->mutable_tool_call();
+  call->set_index(piece.index);
+  call->set_id(piece.id);
+  call->set_name(piece.name);
+  call->set_arguments(piece.arguments);
+}
+
+}  // namespace
 
 void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason,
                         uint32_t prompt_tokens, uint32_t completion_tokens) {
@@ -386,30 +374,59 @@ void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason re
   out.mutable_usage()->set_completion_tokens(completion_tokens);
 }
 
-std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& u) {
-  if (finished_ || u.finish_reason() == common::ERROR) return std::nullopt;
+std::optional<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEvent>& events) {
+  if (finished_) return std::nullopt;
   v1::ChatResponse r;
   r.set_request_id(request_id_);
-  AddChunks(builder_.FeedUpdate(u), r);
-  tokens_seen_ += static_cast<uint32_t>(u.token_ids_size());
-  *r.mutable_logprobs() = u.logprobs();
-  if (return_token_ids_) {
-    *r.mutable_token_ids() = u.token_ids();
-    if (u.has_stop_token()) r.add_token_ids(u.stop_token());
-  }
-  if (builder_.stopped_by_string()) {
-    AddChunks(builder_.Finish(common::STOP, std::nullopt, prompt_tokens_, tokens_seen_), r);
-    SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt_tokens_, tokens_seen_);
-  } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-    std::optional<tokenizer::TokenId> stop;
-    if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
-    const uint32_t prompt = u.prompt_tokens() ? u.prompt_tokens() : prompt_tokens_;
-    AddChunks(builder_.Finish(u.finish_reason(), stop, prompt, u.completion_tokens()), r);
-    SetEnd(r, ChatFinishReason(builder_.finish_reason()), prompt, u.completion_tokens());
+  for (const RequestEvent& e : events) {
+    switch (e.kind) {
+      case RequestEvent::Kind::kTokens:
+        if (e.update == nullptr) break;
+        tokens_seen_ += static_cast<uint32_t>(e.update->token_ids_size());
+        r.mutable_logprobs()->MergeFrom(e.update->logprobs());
+        if (return_token_ids_) {
+          r.mutable_token_ids()->MergeFrom(e.update->token_ids());
+          if (e.update->has_stop_token()) r.add_token_ids(e.update->stop_token());
+        }
+        break;
+      case RequestEvent::Kind::kReasoning:
+      case RequestEvent::Kind::kContent:
+        AppendText(e.kind == RequestEvent::Kind::kReasoning, e.text, r);
+        break;
+      case RequestEvent::Kind::kToolCall:
+        AppendToolCall(e.tool_call, r);
+        break;
+      case RequestEvent::Kind::kFinish:
+        SetEnd(r, ChatFinishReason(e.finish_reason), e.usage.prompt_tokens,
+               e.usage.completion_tokens);
+        break;
+      case RequestEvent::Kind::kUsage:
+      case RequestEvent::Kind::kError:
+        break;  // the caller ends the stream
+    }
   }
   if (!finished_ && r.deltas().empty() && r.logprobs().empty() && r.token_ids().empty())
     return std::nullopt;
   return r;
+}
+
+std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& u) {
+  if (finished_ || u.finish_reason() == common::ERROR) return std::nullopt;
+  std::vector<RequestEvent> events(1);
+  events[0].kind = RequestEvent::Kind::kTokens;
+  events[0].update = &u;
+  std::vector<tokenizer::TokenId> ids(u.token_ids().begin(), u.token_ids().end());
+  decoder_.Feed(ids, events);
+  const uint32_t seen = tokens_seen_ + static_cast<uint32_t>(u.token_ids_size());
+  if (decoder_.stopped_by_string()) {
+    decoder_.Finish(common::STOP, std::nullopt, TokenUsage{prompt_tokens_, seen}, events);
+  } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+    std::optional<tokenizer::TokenId> stop;
+    if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
+    const uint32_t prompt = u.prompt_tokens() ? u.prompt_tokens() : prompt_tokens_;
+    decoder_.Finish(u.finish_reason(), stop, TokenUsage{prompt, u.completion_tokens()}, events);
+  }
+  return Consume(events);
 }
 
 v1::ChatResponse ChatStream::Cancelled() {

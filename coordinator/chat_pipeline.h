@@ -1,10 +1,10 @@
 // The gRPC Chat call (flotilla.v1.ChatRequest / ChatResponse) on top of the
 // OpenAI pipeline: a ChatRequest becomes the chat-completions body that
 // PrepareChatRequest validates and renders with Harmony, and the generated
-// tokens go through the same ResponseBuilder (streaming Harmony parser, stop
-// strings) whose chunks become ChatResponse deltas: reasoning, answer text
-// and tool-call pieces on separate channels. No gRPC in here; the service
-// drives it and tests feed it recorded token sequences.
+// tokens go through the same decoding (streaming Harmony parser, stop
+// strings, in ChoiceDecoder) whose events become ChatResponse deltas:
+// reasoning, answer text and tool-call pieces on separate channels. No gRPC
+// in here; the service drives it and tests feed it recorded token sequences.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,9 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/harmony/openai.h"
+#include "coordinator/choice_decoder.h"
 #include "coordinator/openai_pipeline.h"
+#include "coordinator/request_events.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "proto/cluster.pb.h"
 #include "proto/flotilla.pb.h"
@@ -38,7 +40,8 @@ absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
                                             const harmony::OpenAiRequestOptions& options,
                                             size_t max_prompt_text_bytes = 0);
 
-// Builds the ChatResponse stream of one request from its SequenceUpdates.
+// Builds the ChatResponse stream of one request: from RequestSession events
+// (Consume) or, decoding them itself, from its SequenceUpdates (Feed).
 class ChatStream {
  public:
   // `tokenizer` must outlive the stream. `request_id` goes on every message;
@@ -50,7 +53,11 @@ class ChatStream {
 
   // The first message: the request id alone (usable with Cancel at once).
   v1::ChatResponse Begin() const;
-  // Feeds one update; returns the message to send, if the update produced
+  // The message of a batch of RequestSession events of choice 0, if they
+  // produced anything; kFinish makes it the last (finish reason and usage).
+  // The terminal events are the caller's to serialize.
+  std::optional<v1::ChatResponse> Consume(const std::vector<RequestEvent>& events);
+  // Decodes one update itself (without a RequestSession); returns the message to send, if the update produced
   // anything. The update with a finish reason (or a stop string in the
   // answer) gives the last message: finish reason and usage. Updates that
   // carry an error (finish reason ERROR) and updates after the end give nothing.
@@ -60,17 +67,16 @@ class ChatStream {
 
   bool finished() const { return finished_; }
   // A stop string appeared: the caller should cancel the sequence.
-  bool stopped_by_string() const { return builder_.stopped_by_string(); }
+  bool stopped_by_string() const { return decoder_.stopped_by_string(); }
   uint32_t completion_tokens() const { return tokens_seen_; }
 
  private:
-  void AddChunks(const std::vector<Json>& chunks, v1::ChatResponse& out) const;
   void SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason, uint32_t prompt_tokens,
               uint32_t completion_tokens);
 
   std::string request_id_;
   uint32_t prompt_tokens_;
-  ResponseBuilder builder_;
+  ChoiceDecoder decoder_;  // Feed only
   bool return_token_ids_;
   uint32_t tokens_seen_ = 0;
   bool finished_ = false;

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -14,6 +13,7 @@
 #include "coordinator/expert_metrics.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
+#include "coordinator/request_session.h"
 #include "coordinator/served_models.h"
 #include "coordinator/tokenize_api.h"
 #include "spdlog/spdlog.h"
@@ -141,80 +141,22 @@ HttpResponse ErrorResponse(const absl::Status& st) {
   return res;
 }
 
-std::string FinishReasonName(common::FinishReason reason) {
-  switch (reason) {
-    case common::STOP: return "stop";
-    case common::LENGTH: return "length";
-    case common::CANCELLED: return "cancelled";
-    case common::ERROR: return "error";
-    default: return "";
-  }
-}
-
-// One generation. The manager's callbacks only queue its updates (they run
-// on the gRPC thread of the worker's session, which must stay free for the
-// next batch and the heartbeats); Pump turns them into response bytes on a
-// transport thread. Everything below `mu` is guarded by it; the exchange's
-// calls are made under it so they reach the connection in order.
+// One HTTP generation: the serializer of a RequestSession's events. The
+// session decodes on a transport thread (its `run` hook is the exchange's
+// Defer), never on the gRPC thread that delivers a worker's tokens and
+// heartbeats. Everything below `mu` is guarded by it; the exchange's calls
+// are made under it so they reach the connection in order.
 struct Generation {
   std::mutex mu;
-  std::deque<cluster::SequenceUpdate> updates;  // not yet pumped
-  bool pumping = false;                         // a Pump is scheduled or running
-  bool done = false;                            // on_done came, with done_status
-  absl::Status done_status;
   std::shared_ptr<HttpExchange> exchange;
   std::shared_ptr<AccessRecord> access;
   std::unique_ptr<ResponseBuilder> builder;
-  std::atomic<uint64_t> request_id{0};
-  uint32_t prompt_tokens = 0;
-  uint32_t tokens_seen = 0;  // generated tokens delivered so far
   bool stream = false;
   bool include_usage = false;
-  bool begun = false;               // streams: the head and Begin() chunks went out
-  std::string held;                 // streams: text produced before `begun`
-  bool cancelled_for_stop = false;
-  bool finished = false;  // Finish() called on the builder
-  bool ended = false;     // the whole response was produced
+  bool begun = false;  // streams: the head and Begin() chunks went out
+  std::string held;    // streams: text produced before `begun`
+  bool ended = false;  // the whole response was produced
 };
-
-// Feeds one update; returns the chunks it produced. Sets `g.finished` when it
-// was the last; `*cancel` when a stop string appeared and the sequence must
-// be cancelled (by the caller, without g.mu held).
-std::vector<Json> Drain(Generation& g, const cluster::SequenceUpdate& u, bool* cancel) {
-  std::vector<Json> out;
-  if (g.finished || u.finish_reason() == common::ERROR) return out;
-  std::vector<Json> c = g.builder->FeedUpdate(u);
-  out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
-  g.tokens_seen += static_cast<uint32_t>(u.token_ids_size());
-  if (g.builder->stopped_by_string()) {
-    if (!g.cancelled_for_stop) {
-      g.cancelled_for_stop = true;
-      *cancel = true;
-    }
-    c = g.builder->Finish(common::STOP, std::nullopt, g.prompt_tokens, g.tokens_seen);
-    out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
-    g.finished = true;
-    g.access->set_finish_reason("stop");
-  } else if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-    std::optional<tokenizer::TokenId> stop;
-    if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
-    c = g.builder->Finish(u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens,
-                          u.completion_tokens());
-    out.insert(out.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
-    g.finished = true;
-    g.access->set_output_tokens(u.completion_tokens());
-    g.access->set_finish_reason(FinishReasonName(u.finish_reason()));
-  }
-  return out;
-}
-
-// The status that ended the generation, or OK when it ended normally (a
-// cancel we sent for a stop string is normal).
-absl::Status EndStatus(const Generation& g, const absl::Status& done_status) {
-  if (g.finished) return absl::OkStatus();
-  if (!done_status.ok()) return done_status;
-  return absl::InternalError("the request ended without a finish reason");
-}
 
 std::string Events(const std::vector<Json>& chunks) {
   std::string text;
@@ -258,41 +200,36 @@ void EndLocked(Generation& g, const absl::Status& st) {
   }
 }
 
-// Turns the queued updates (and the end, once on_done came) into the
-// response; one Pump at a time per generation.
-void Pump(const std::shared_ptr<Generation>& g, ClusterManager* manager) {
-  while (true) {
-    bool cancel = false;
-    {
-      std::lock_guard<std::mutex> l(g->mu);
-      if (g->updates.empty() && (!g->done || g->ended)) {
-        g->pumping = false;
-        return;
-      }
-      std::deque<cluster::SequenceUpdate> updates;
-      updates.swap(g->updates);
-      std::string text;
-      for (const cluster::SequenceUpdate& u : updates) {
-        if (g->ended) break;
-        std::vector<Json> chunks = Drain(*g, u, &cancel);
-        if (g->stream) text += Events(chunks);
-      }
-      if (!g->ended && g->stream) EmitLocked(*g, std::move(text));
-      if (g->finished) {
-        EndLocked(*g, absl::OkStatus());
-      } else if (g->done) {
-        EndLocked(*g, EndStatus(*g, g->done_status));
-      }
-    }
-    if (cancel) manager->Cancel(g->request_id, kStopStringCancel);
+// The access log's finish reason of a request that failed with `st`.
+const char* FailedReason(const absl::Status& st) {
+  switch (st.code()) {
+    case absl::StatusCode::kCancelled: return "cancelled";
+    case absl::StatusCode::kDeadlineExceeded: return "deadline";
+    default: return "error";
   }
 }
 
-// Queues work for Pump (under g.mu); true when the caller must schedule it.
-bool NeedsPumpLocked(Generation& g) {
-  if (g.pumping) return false;
-  g.pumping = true;
-  return true;
+// The session's sink: events -> chunks -> the stream or the whole answer.
+void Consume(Generation& g, const std::vector<RequestEvent>& events) {
+  std::lock_guard<std::mutex> l(g.mu);
+  if (g.ended) return;
+  for (const RequestEvent& e : events) {
+    if (e.kind == RequestEvent::Kind::kTokens) {
+      g.access->AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
+    } else if (e.kind == RequestEvent::Kind::kFinish) {
+      g.access->set_finish_reason(e.stopped_by_string || e.worker_reason == common::STOP ? "stop" : "length");
+    }
+  }
+  std::vector<Json> chunks = g.builder->Consume(events);
+  if (g.stream) EmitLocked(g, Events(chunks));
+  const RequestEvent& last = events.back();
+  if (last.kind == RequestEvent::Kind::kUsage) {
+    g.access->set_output_tokens(last.usage.completion_tokens);
+    EndLocked(g, absl::OkStatus());
+  } else if (last.kind == RequestEvent::Kind::kError) {
+    g.access->set_finish_reason(FailedReason(last.status));
+    EndLocked(g, last.status);
+  }
 }
 
 // The request's deadline from X-Request-Timeout or X-Stainless-Timeout
@@ -331,6 +268,7 @@ HttpServer::HttpServer(HttpServerOptions options, ClusterManager* manager,
                        const tokenizer::Tokenizer* tokenizer)
     : options_(std::move(options)),
       manager_(manager),
+      backend_(manager),
       tok_(tokenizer),
       metrics_(std::make_unique<HttpMetrics>()) {
   if (options_.served_model_names.empty()) options_.served_model_names = {options_.model_id};
@@ -578,66 +516,43 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   auto g = std::make_shared<Generation>();
   g->exchange = exchange;
   g->access = req.access ? req.access : std::make_shared<AccessRecord>(req.path, req.received);
-  g->prompt_tokens = static_cast<uint32_t>(prepared->prompt.size());
   g->stream = prepared->stream;
   g->include_usage = prepared->include_usage;
   const std::string id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   g->access->set_request_id(id);
-  g->access->set_prompt_tokens(g->prompt_tokens);
   const int64_t created = absl::ToUnixSeconds(absl::Now());
+  SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
+  const uint32_t choices = static_cast<uint32_t>(request.prompts.size()) * request.n;
+  uint32_t prompt_tokens = 0;
+  for (const std::vector<tokenizer::TokenId>& prompt : request.prompts) {
+    prompt_tokens += static_cast<uint32_t>(prompt.size());
+  }
+  g->access->set_prompt_tokens(prompt_tokens);
   g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint, id, options_.model_id, created,
-                                                 prepared->stop, prepared->logprobs);
-  cluster::SubmitSequence submit;
-  for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
-  *submit.mutable_sampling() = prepared->sampling;
-  if (prepared->constraint) grammar::ToProto(*prepared->constraint, submit.mutable_constraint());
-  if (*deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(**deadline));
+                                                 prepared->stop, prepared->logprobs, choices);
 
-  ClusterManager* manager = manager_;
   HttpMetrics* metrics = metrics_.get();
-  RequestCallbacks cb;
-  cb.on_accepted = [this, g](uint64_t request_id) {
-    g->request_id = request_id;
-    Track(request_id);
+  SessionHooks hooks;
+  hooks.run = [exchange](std::function<void()> task) { exchange->Defer(std::move(task)); };
+  hooks.after = [exchange](absl::Duration delay, std::function<void()> task) {
+    exchange->After(delay, std::move(task));
   };
-  cb.on_update = [g, manager](const cluster::SequenceUpdate& u) {
-    g->access->AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
-    bool schedule;
-    {
-      std::lock_guard<std::mutex> l(g->mu);
-      if (g->ended) return;
-      g->updates.push_back(u);
-      schedule = NeedsPumpLocked(*g);
-    }
-    if (schedule) g->exchange->Defer([g, manager] { Pump(g, manager); });
-  };
-  cb.on_done = [this, g, manager, metrics](const absl::Status& st) {
-    bool schedule;
-    {
-      std::lock_guard<std::mutex> l(g->mu);
-      g->done = true;
-      g->done_status = st;
-      schedule = NeedsPumpLocked(*g);
-      if (!g->finished) {
-        g->access->set_finish_reason(st.code() == absl::StatusCode::kCancelled           ? "cancelled"
-                                     : st.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
-                                                                                       : "error");
-      }
-    }
-    if (schedule) g->exchange->Defer([g, manager] { Pump(g, manager); });
-    --metrics->in_flight;
-    Untrack(g->request_id);
-  };
+  hooks.on_accepted = [this](uint64_t request_id) { Track(request_id); };
+  hooks.on_released = [this](uint64_t request_id) { Untrack(request_id); };
+  hooks.on_all_released = [metrics] { --metrics->in_flight; };
   ++metrics_->in_flight;
-  absl::StatusOr<uint64_t> submitted = manager_->Submit(std::move(submit), std::move(cb));
-  if (!submitted.ok()) {
+  absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
+      &backend_, tok_, std::move(request),
+      [g](const std::vector<RequestEvent>& events) { Consume(*g, events); }, std::move(hooks));
+  if (!started.ok()) {
     --metrics_->in_flight;
-    ApiError e = ErrorFromStatus(submitted.status());
+    ApiError e = ErrorFromStatus(started.status());
     if (e.code == kContextLengthExceeded) e.param = endpoint == Endpoint::kChat ? "messages" : "prompt";
     HttpResponse res;
     SendError(res, e);
     return exchange->Send(std::move(res));
   }
+  std::shared_ptr<RequestSession> session = *std::move(started);
 
   if (g->stream) {
     HttpResponse head;
@@ -651,20 +566,25 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
     g->begun = true;
     if (!text.empty()) exchange->Write(std::move(text));
     if (g->ended) exchange->End();
-  } else if (*deadline) {
-    // A deadline the workers missed ends the request here (504).
-    exchange->After(**deadline - absl::Now() + absl::Seconds(1), [g, manager] {
-      {
-        std::lock_guard<std::mutex> l(g->mu);
-        if (g->ended) return;
-        g->access->set_finish_reason("deadline");
-        EndLocked(*g, absl::DeadlineExceededError("the request's deadline passed"));
-      }
-      manager->Cancel(g->request_id, "the request's deadline passed");
-    });
   }
   // A client that goes away cancels its request.
-  exchange->OnClientGone([g, manager] { manager->Cancel(g->request_id, "the HTTP client disconnected"); });
+  exchange->OnClientGone([session] { session->Cancel("the HTTP client disconnected"); });
+}
+
+SessionRequest HttpServer::SessionRequestOf(const PreparedRequest& prepared, Endpoint endpoint,
+                                            const std::string& id,
+                                            std::optional<absl::Time> deadline) const {
+  SessionRequest request;
+  request.decoding = endpoint == Endpoint::kChat ? Decoding::kHarmony : Decoding::kText;
+  request.prompts = Prompts(prepared);
+  request.n = prepared.n;
+  *request.submit.mutable_sampling() = prepared.sampling;
+  if (prepared.constraint) grammar::ToProto(*prepared.constraint, request.submit.mutable_constraint());
+  request.stop = prepared.stop;
+  request.echo = prepared.echo;
+  request.call_id_seed = id;
+  request.deadline = deadline;
+  return request;
 }
 
 }  // namespace flotilla::coordinator

@@ -5,7 +5,7 @@
 //   POST /tokenize and POST /detokenize.
 // With API keys every path but /health needs "Authorization: Bearer KEY"
 // (401 otherwise); /metrics can also be served, open, on its own listener.
-// Requests go to ClusterManager::Submit; a client that disconnects (streamed
+// Requests run as RequestSessions on ClusterManager; a client that disconnects (streamed
 // or not) cancels its request. A request's deadline comes from the
 // X-Request-Timeout header (seconds), else X-Stainless-Timeout (what the
 // official OpenAI clients send for their `timeout`); past it the answer is 504.
@@ -25,6 +25,7 @@
 #include "coordinator/http_transport.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
+#include "coordinator/request_session.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
@@ -86,6 +87,9 @@ class HttpServer {
   void Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
   // /tokenize (`detokenize` false) or /detokenize.
   void ServeTokenize(bool detokenize, const HttpRequest& req, HttpResponse& res);
+  // The session of a prepared chat or completions request.
+  SessionRequest SessionRequestOf(const PreparedRequest& prepared, Endpoint endpoint,
+                                  const std::string& id, std::optional<absl::Time> deadline) const;
   // The name a request's `model` is checked against: itself when served.
   const std::string& ModelFor(const Json& body) const;
   std::string NewId(const char* prefix);
@@ -100,6 +104,7 @@ class HttpServer {
 
   HttpServerOptions options_;
   ClusterManager* manager_;
+  ClusterBackend backend_;  // manager_ as the sessions' backend
   const tokenizer::Tokenizer* tok_;
   std::unique_ptr<HttpMetrics> metrics_;
   std::unique_ptr<HttpTransport> server_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/stop_filter.h"
 #include "common/status.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/input_limits.h"
@@ -101,8 +102,14 @@ absl::Status CheckModel(const Json& body, std::string_view model_id) {
 // The fields both endpoints share.
 absl::Status CommonFields(const Json& body, PreparedRequest& out) {
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, 128));
-  if (n && *n != 1) return Invalid("n", "only n=1 is supported");
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, kMaxChoices));
+  out.n = n ? static_cast<uint32_t>(*n) : 1;
+  // We return every sequence we generate, so best_of can only be n.
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, Integer(body, "best_of", 1, kMaxChoices));
+  if (best_of && *best_of != out.n) {
+    return Invalid("best_of", absl::StrCat("must equal n (", out.n,
+                                           "): every generated sequence is returned"));
+  }
   FLOTILLA_ASSIGN_OR_RETURN(out.stream, Bool(body, "stream"));
   if (const Json* so = Field(body, "stream_options")) {
     if (!so->is_object()) return Invalid("stream_options", "must be an object");
@@ -165,6 +172,83 @@ Json BytesJson(const std::string& s) {
   Json a = Json::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
   return a;
+}
+
+
+// One prompt given as text: `field` names it in errors.
+absl::StatusOr<std::vector<tokenizer::TokenId>> TextPrompt(const std::string& text,
+                                                           const std::string& field,
+                                                           const tokenizer::Tokenizer& tok,
+                                                           size_t max_prompt_text_bytes) {
+  if (text.empty()) return Invalid(field, "must not be empty");
+  FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text.size(), max_prompt_text_bytes, field));
+  absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
+      tok.Encode(text, tokenizer::SpecialTokenPolicy::All());
+  if (!ids.ok()) return Invalid(field, std::string(ids.status().message()));
+  return *std::move(ids);
+}
+
+// One prompt given as token ids, each checked against the vocabulary.
+absl::StatusOr<std::vector<tokenizer::TokenId>> IdPrompt(const Json& ids, const std::string& field,
+                                                         const tokenizer::Tokenizer& tok) {
+  if (ids.empty()) return Invalid(field, "must not be empty");
+  std::vector<tokenizer::TokenId> out;
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const Json& id = ids[i];
+    const std::string where = absl::StrCat(field, "[", i, "]");
+    if (!id.is_number_integer()) return Invalid(where, "must be a token id (an integer)");
+    const int64_t v = id.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(
+                                                    id.get<uint64_t>(), INT64_MAX))
+                                              : id.get<int64_t>();
+    if (v < 0 || v >= tok.vocab_size() || !tok.TokenBytes(static_cast<tokenizer::TokenId>(v)).ok()) {
+      return Invalid(where, absl::StrCat(v, " is not a token id of this model's vocabulary (0 to ",
+                                         tok.vocab_size() - 1, ")"));
+    }
+    out.push_back(static_cast<tokenizer::TokenId>(v));
+  }
+  return out;
+}
+
+// A completions `prompt`, as OpenAI takes it: a string, an array of strings,
+// an array of token ids or an array of arrays of token ids.
+absl::StatusOr<std::vector<std::vector<tokenizer::TokenId>>> CompletionPrompts(
+    const Json& prompt, const tokenizer::Tokenizer& tok, size_t max_prompt_text_bytes) {
+  std::vector<std::vector<tokenizer::TokenId>> out;
+  if (prompt.is_string()) {
+    FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids,
+                              TextPrompt(prompt.get<std::string>(), "prompt", tok, max_prompt_text_bytes));
+    out.push_back(std::move(ids));
+    return out;
+  }
+  const char* kShapes =
+      "must be a string, an array of strings, an array of token ids or an array of arrays of "
+      "token ids";
+  if (!prompt.is_array() || prompt.empty()) return Invalid("prompt", kShapes);
+  if (prompt[0].is_number()) {
+    FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids, IdPrompt(prompt, "prompt", tok));
+    out.push_back(std::move(ids));
+    return out;
+  }
+  if (prompt.size() > kMaxBatchPrompts) {
+    return Invalid("prompt", absl::StrCat("may hold at most ", kMaxBatchPrompts, " prompts, not ",
+                                          prompt.size()));
+  }
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::string field = absl::StrCat("prompt[", i, "]");
+    const Json& p = prompt[i];
+    if (p.is_string()) {
+      FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids,
+                                TextPrompt(p.get<std::string>(), field, tok, max_prompt_text_bytes));
+      out.push_back(std::move(ids));
+    } else if (p.is_array()) {
+      FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids, IdPrompt(p, field, tok));
+      out.push_back(std::move(ids));
+    } else {
+      return Invalid(field, "must be a string or an array of token ids");
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -292,79 +376,45 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
     out.sampling.set_logprobs(static_cast<uint32_t>(*lp));
   }
   if (Field(body, "suffix") != nullptr) return Invalid("suffix", "is not supported");
-  FLOTILLA_ASSIGN_OR_RETURN(bool echo, Bool(body, "echo"));
-  if (echo) return Invalid("echo", "is not supported");
+  FLOTILLA_ASSIGN_OR_RETURN(out.echo, Bool(body, "echo"));
+  if (out.echo && out.logprobs) {
+    // The prompt's logprobs would have to come first; the workers return
+    // prompt logits only over gRPC (Generate.return_prompt_logits).
+    return Invalid("echo", "cannot be combined with logprobs");
+  }
   const Json* prompt = Field(body, "prompt");
   if (prompt == nullptr) return Invalid("prompt", "is required");
-  std::string text;
-  if (prompt->is_string()) {
-    text = prompt->get<std::string>();
-  } else if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
-    text = (*prompt)[0].get<std::string>();
-  } else {
-    return Invalid("prompt", "must be a string (or an array of one string)");
-  }
-  if (text.empty()) return Invalid("prompt", "must not be empty");
-  FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text.size(), max_prompt_text_bytes, "prompt"));
-  absl::StatusOr<std::vector<tokenizer::TokenId>> ids = tok.Encode(text, tokenizer::SpecialTokenPolicy::All());
-  if (!ids.ok()) return Invalid("prompt", std::string(ids.status().message()));
-  out.prompt = *std::move(ids);
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::vector<tokenizer::TokenId>> prompts,
+                            CompletionPrompts(*prompt, tok, max_prompt_text_bytes));
+  out.prompt = prompts[0];
+  if (prompts.size() > 1) out.batch = std::move(prompts);
   return out;
 }
 
-// ---- StopFilter ----
-
-std::string StopFilter::Push(std::string_view text) {
-  if (hit_) return std::string();
-  pending_.append(text.data(), text.size());
-  if (stops_.empty()) return std::exchange(pending_, std::string());
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, pending_.find(s));
-  if (first != std::string::npos) {
-    hit_ = true;
-    std::string out = pending_.substr(0, first);
-    pending_.clear();
-    return out;
-  }
-  // Hold back the longest suffix that begins some stop string.
-  size_t hold = 0;
-  for (const std::string& s : stops_) {
-    for (size_t k = std::min(s.size() - 1, pending_.size()); k > hold; --k) {
-      if (pending_.compare(pending_.size() - k, k, s, 0, k) == 0) {
-        hold = k;
-        break;
-      }
-    }
-  }
-  std::string out = pending_.substr(0, pending_.size() - hold);
-  pending_.erase(0, pending_.size() - hold);
-  return out;
-}
-
-std::string StopFilter::Flush() {
-  if (hit_) return std::string();
-  return std::exchange(pending_, std::string());
+std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& request) {
+  if (!request.batch.empty()) return request.batch;
+  return {request.prompt};
 }
 
 // ---- ResponseBuilder ----
 
 ResponseBuilder::ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint endpoint,
                                  std::string id, std::string model, int64_t created,
-                                 std::vector<std::string> stop, bool logprobs)
+                                 std::vector<std::string> stop, bool logprobs, uint32_t choices)
     : tok_(tokenizer),
       endpoint_(endpoint),
       id_(std::move(id)),
       model_(std::move(model)),
       created_(created),
       logprobs_(logprobs),
-      filter_(std::move(stop)),
-      parser_(tokenizer, harmony::ParserOptions{harmony::Role::kAssistant, /*strict=*/false}),
-      mapper_(id_),
-      detok_(tokenizer, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace) {}
+      decoder_(tokenizer, endpoint == Endpoint::kChat ? Decoding::kHarmony : Decoding::kText, 0, id_,
+               std::move(stop)),
+      choices_(std::max<uint32_t>(choices, 1)) {}
 
-Json ResponseBuilder::Chunk(Json delta_or_text, const Json& logprobs, const Json& finish_reason) const {
+Json ResponseBuilder::Chunk(uint32_t index, Json delta_or_text, const Json& logprobs,
+                            const Json& finish_reason) const {
   Json choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   if (endpoint_ == Endpoint::kChat) {
     choice["delta"] = std::move(delta_or_text);
   } else {
@@ -383,8 +433,9 @@ Json ResponseBuilder::Chunk(Json delta_or_text, const Json& logprobs, const Json
 
 std::vector<Json> ResponseBuilder::Begin() {
   std::vector<Json> out;
-  if (endpoint_ == Endpoint::kChat) {
-    out.push_back(Chunk(Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
+  if (endpoint_ != Endpoint::kChat) return out;
+  for (uint32_t i = 0; i < choices_.size(); ++i) {
+    out.push_back(Chunk(i, Json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr));
   }
   return out;
 }
@@ -416,137 +467,134 @@ Json ResponseBuilder::LogprobsJson(const std::vector<common::TokenLogprob>& lps)
   return Json{{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", tops}};
 }
 
-void ResponseBuilder::Emit(Json delta, std::vector<Json>& out) {
+void ResponseBuilder::Emit(uint32_t choice, Json delta, std::vector<Json>& out) {
   Json lp = nullptr;
-  if (!pending_logprobs_.is_null()) lp = std::exchange(pending_logprobs_, Json());
-  out.push_back(Chunk(std::move(delta), lp, nullptr));
+  Json& pending = choices_[choice].pending_logprobs;
+  if (!pending.is_null()) lp = std::exchange(pending, Json());
+  out.push_back(Chunk(choice, std::move(delta), lp, nullptr));
 }
 
-void ResponseBuilder::EmitText(const std::string& text, std::vector<Json>& out) {
-  if (text.empty()) return;
+void ResponseBuilder::FlushLogprobs(uint32_t choice, std::vector<Json>& out) {
+  // The tokens produced no text yet: send their logprobs with an empty delta.
+  if (choices_[choice].pending_logprobs.is_null()) return;
+  Emit(choice, endpoint_ == Endpoint::kChat ? Json::object() : Json(""), out);
+}
+
+void ResponseBuilder::AddLogprobs(uint32_t choice, const cluster::SequenceUpdate& u) {
+  if (!logprobs_ || u.logprobs().empty()) return;
+  Json lp = LogprobsJson(std::vector<common::TokenLogprob>(u.logprobs().begin(), u.logprobs().end()));
+  Choice& c = choices_[choice];
   if (endpoint_ == Endpoint::kChat) {
-    content_ += text;
-    Emit(Json{{"content", text}}, out);
+    if (c.logprob_items.is_null()) c.logprob_items = Json::array();
+    for (Json& item : lp["content"]) c.logprob_items.push_back(item);
   } else {
-    content_ += text;
-    Emit(Json(text), out);
-  }
-}
-
-void ResponseBuilder::ProcessToken(tokenizer::TokenId token, std::vector<Json>& out) {
-  if (endpoint_ == Endpoint::kCompletions) {
-    absl::StatusOr<std::string> piece = detok_.Append(token);
-    if (piece.ok()) EmitText(filter_.Push(*piece), out);
-    return;
-  }
-  absl::StatusOr<harmony::StreamParser::Event> ev = parser_.Process(token);
-  if (!ev.ok()) return;  // non-strict: only ids outside the vocabulary fail; skip them
-  for (Json& d : mapper_.OnEvent(parser_, *ev)) {
-    if (auto c = d.find("content"); c != d.end()) {
-      EmitText(filter_.Push(c->get<std::string>()), out);
-    } else if (auto r = d.find("reasoning_content"); r != d.end()) {
-      reasoning_ += r->get<std::string>();
-      Emit(std::move(d), out);
-    } else if (auto t = d.find("tool_calls"); t != d.end()) {
-      for (const Json& call : *t) {
-        const size_t index = call["index"].get<size_t>();
-        if (index >= tool_calls_.size()) {
-          Json whole;
-          whole["id"] = call.value("id", "");
-          whole["type"] = "function";
-          whole["function"] = {{"name", call["function"].value("name", "")}, {"arguments", ""}};
-          tool_calls_.push_back(std::move(whole));
-        }
-        tool_calls_[index]["function"]["arguments"] =
-            tool_calls_[index]["function"]["arguments"].get<std::string>() +
-            call["function"].value("arguments", "");
-      }
-      Emit(std::move(d), out);
+    if (c.logprob_items.is_null()) {
+      c.logprob_items = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
+                             {"top_logprobs", Json::array()}};
+    }
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
+      for (Json& v : lp[k]) c.logprob_items[k].push_back(v);
     }
   }
+  c.pending_logprobs = std::move(lp);
+}
+
+void ResponseBuilder::AddToolCall(const RequestEvent& e, std::vector<Json>& out) {
+  Json& calls = choices_[e.choice].tool_calls;
+  const ToolCallPiece& piece = e.tool_call;
+  Json call;
+  call["index"] = piece.index;
+  if (piece.index >= calls.size()) {
+    calls.push_back(Json{{"id", piece.id},
+                         {"type", "function"},
+                         {"function", {{"name", piece.name}, {"arguments", ""}}}});
+  }
+  Json& whole = calls[piece.index]["function"]["arguments"];
+  whole = whole.get<std::string>() + piece.arguments;
+  if (!piece.id.empty()) {
+    call["id"] = piece.id;
+    call["type"] = "function";
+    call["function"] = {{"name", piece.name}, {"arguments", piece.arguments}};
+  } else {
+    call["function"] = {{"arguments", piece.arguments}};
+  }
+  Emit(e.choice, Json{{"tool_calls", Json::array({std::move(call)})}}, out);
+}
+
+std::vector<Json> ResponseBuilder::Consume(const std::vector<RequestEvent>& events) {
+  std::vector<Json> out;
+  for (const RequestEvent& e : events) {
+    if (e.kind != RequestEvent::Kind::kUsage && e.kind != RequestEvent::Kind::kError &&
+        e.choice >= choices_.size()) {
+      continue;  // not one of ours
+    }
+    Choice& c = choices_[std::min<size_t>(e.choice, choices_.size() - 1)];
+    switch (e.kind) {
+      case RequestEvent::Kind::kTokens:
+        if (e.update != nullptr) AddLogprobs(e.choice, *e.update);
+        break;
+      case RequestEvent::Kind::kReasoning:
+        c.reasoning += e.text;
+        Emit(e.choice, Json{{"reasoning_content", e.text}}, out);
+        break;
+      case RequestEvent::Kind::kContent:
+        c.content += e.text;
+        Emit(e.choice, endpoint_ == Endpoint::kChat ? Json{{"content", e.text}} : Json(e.text), out);
+        break;
+      case RequestEvent::Kind::kToolCall:
+        AddToolCall(e, out);
+        break;
+      case RequestEvent::Kind::kFinish:
+        FlushLogprobs(e.choice, out);
+        c.finish_reason = e.finish_reason;
+        out.push_back(Chunk(e.choice, endpoint_ == Endpoint::kChat ? Json::object() : Json(""),
+                            nullptr, e.finish_reason));
+        break;
+      case RequestEvent::Kind::kUsage:
+      case RequestEvent::Kind::kError:
+        usage_ = e.usage;
+        break;
+    }
+  }
+  for (uint32_t i = 0; i < choices_.size(); ++i) FlushLogprobs(i, out);
+  return out;
 }
 
 std::vector<Json> ResponseBuilder::Feed(const std::vector<tokenizer::TokenId>& tokens,
                                         const std::vector<common::TokenLogprob>& logprobs) {
-  std::vector<Json> out;
-  if (finished_ || filter_.hit()) return out;
-  if (logprobs_ && !logprobs.empty()) {
-    Json lp = LogprobsJson(logprobs);
-    if (endpoint_ == Endpoint::kChat) {
-      for (Json& item : lp["content"]) logprob_items_.push_back(item);
-    } else {
-      if (logprob_items_.empty()) logprob_items_ = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()}, {"top_logprobs", Json::array()}};
-      for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
-        for (Json& v : lp[k]) logprob_items_[k].push_back(v);
-      }
-    }
-    pending_logprobs_ = std::move(lp);
-  }
-  for (tokenizer::TokenId t : tokens) {
-    ProcessToken(t, out);
-    if (filter_.hit()) break;
-  }
-  if (!pending_logprobs_.is_null()) {
-    // The tokens produced no text yet: send their logprobs with an empty delta.
-    Emit(endpoint_ == Endpoint::kChat ? Json::object() : Json(""), out);
-  }
-  return out;
+  cluster::SequenceUpdate u;
+  for (tokenizer::TokenId t : tokens) u.add_token_ids(static_cast<int32_t>(t));
+  for (const common::TokenLogprob& lp : logprobs) *u.add_logprobs() = lp;
+  return FeedUpdate(u);
 }
 
 std::vector<Json> ResponseBuilder::FeedUpdate(const cluster::SequenceUpdate& u) {
+  if (decoder_.finished() || decoder_.stopped_by_string()) return {};
+  std::vector<RequestEvent> events(1);
+  events[0].kind = RequestEvent::Kind::kTokens;
+  events[0].update = &u;
   std::vector<tokenizer::TokenId> ids(u.token_ids().begin(), u.token_ids().end());
-  std::vector<common::TokenLogprob> lps(u.logprobs().begin(), u.logprobs().end());
-  return Feed(ids, lps);
+  decoder_.Feed(ids, events);
+  return Consume(events);
 }
 
 std::vector<Json> ResponseBuilder::Finish(common::FinishReason reason,
                                           std::optional<tokenizer::TokenId> stop_token,
                                           uint32_t prompt_tokens, uint32_t completion_tokens) {
-  std::vector<Json> out;
-  if (finished_) return out;
-  prompt_tokens_ = prompt_tokens;
-  completion_tokens_ = completion_tokens;
-  if (!filter_.hit()) {
-    if (endpoint_ == Endpoint::kChat) {
-      if (stop_token) ProcessToken(*stop_token, out);
-      const bool in_header = parser_.state() == harmony::StreamParser::State::kHeader;
-      const size_t before = parser_.messages().size();
-      // Non-strict: a header cut off by the length limit is recovered into a
-      // message whose text was never streamed; stream it now, as MapReply would show it.
-      if (parser_.Finish().ok() && in_header && parser_.messages().size() > before) {
-        const harmony::Message& m = parser_.messages().back();
-        if (m.role == harmony::Role::kAssistant && m.recipient.empty() && !m.content.empty()) {
-          if (m.channel == "analysis") {
-            reasoning_ += m.content;
-            Emit(Json{{"reasoning_content", m.content}}, out);
-          } else {
-            EmitText(filter_.Push(m.content), out);
-          }
-        }
-      }
-    } else {
-      absl::StatusOr<std::string> rest = detok_.Finish();
-      if (rest.ok()) EmitText(filter_.Push(*rest), out);
-    }
-    EmitText(filter_.Flush(), out);
-  }
-  finished_ = true;
-  if (endpoint_ == Endpoint::kChat && !tool_calls_.empty()) {
-    finish_reason_ = "tool_calls";
-  } else if (filter_.hit() || reason == common::STOP) {
-    finish_reason_ = "stop";
-  } else {
-    finish_reason_ = "length";
-  }
-  pending_logprobs_ = Json();
-  out.push_back(Chunk(endpoint_ == Endpoint::kChat ? Json::object() : Json(""), nullptr, finish_reason_));
-  return out;
+  if (decoder_.finished()) return {};
+  std::vector<RequestEvent> events;
+  const TokenUsage usage{prompt_tokens, completion_tokens};
+  decoder_.Finish(reason, stop_token, usage, events);
+  usage_ = usage;
+  // Logprobs not yet sent stay in the whole response only.
+  choices_[0].pending_logprobs = Json();
+  return Consume(events);
 }
 
 Json ResponseBuilder::Usage() const {
-  return Json{{"prompt_tokens", prompt_tokens_},
-              {"completion_tokens", completion_tokens_},
-              {"total_tokens", prompt_tokens_ + completion_tokens_}};
+  return Json{{"prompt_tokens", usage_.prompt_tokens},
+              {"completion_tokens", usage_.completion_tokens},
+              {"total_tokens", usage_.prompt_tokens + usage_.completion_tokens}};
 }
 
 Json ResponseBuilder::UsageChunk() const {
@@ -560,30 +608,42 @@ Json ResponseBuilder::UsageChunk() const {
   return c;
 }
 
-Json ResponseBuilder::Response() const {
+Json ResponseBuilder::ChoiceJson(uint32_t index) const {
+  const Choice& c = choices_[index];
   Json choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   if (endpoint_ == Endpoint::kChat) {
     Json message;
     message["role"] = "assistant";
-    message["content"] = content_.empty() && !tool_calls_.empty() ? Json(nullptr) : Json(content_);
-    if (!reasoning_.empty()) message["reasoning_content"] = reasoning_;
-    if (!tool_calls_.empty()) message["tool_calls"] = tool_calls_;
+    message["content"] =
+        c.content.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.content);
+    if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
+    if (!c.tool_calls.empty()) message["tool_calls"] = c.tool_calls;
     choice["message"] = std::move(message);
   } else {
-    choice["text"] = content_;
+    choice["text"] = c.content;
   }
-  choice["logprobs"] = logprobs_ ? (logprob_items_.is_array() && endpoint_ == Endpoint::kChat
-                                        ? Json{{"content", logprob_items_}}
-                                        : logprob_items_)
-                                 : Json(nullptr);
-  choice["finish_reason"] = finish_reason_;
+  if (!logprobs_) {
+    choice["logprobs"] = nullptr;
+  } else if (endpoint_ == Endpoint::kChat) {
+    choice["logprobs"] =
+        Json{{"content", c.logprob_items.is_null() ? Json::array() : c.logprob_items}};
+  } else {
+    choice["logprobs"] = c.logprob_items.is_null() ? Json::array() : c.logprob_items;
+  }
+  choice["finish_reason"] = c.finish_reason;
+  return choice;
+}
+
+Json ResponseBuilder::Response() const {
+  Json choices = Json::array();
+  for (uint32_t i = 0; i < choices_.size(); ++i) choices.push_back(ChoiceJson(i));
   Json r;
   r["id"] = id_;
   r["object"] = endpoint_ == Endpoint::kChat ? "chat.completion" : "text_completion";
   r["created"] = created_;
   r["model"] = model_;
-  r["choices"] = Json::array({std::move(choice)});
+  r["choices"] = std::move(choices);
   r["usage"] = Usage();
   return r;
 }

@@ -17,8 +17,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/output_constraint.h"
+#include "coordinator/choice_decoder.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/harmony/parser.h"
+#include "coordinator/request_events.h"
+#include "coordinator/stop_filter.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "common/grammar/output_constraint.h"
@@ -51,7 +54,12 @@ enum class Endpoint { kChat, kCompletions };
 // A validated request, ready for ClusterManager::Submit.
 struct PreparedRequest {
   Endpoint endpoint = Endpoint::kChat;
-  std::vector<tokenizer::TokenId> prompt;
+  std::vector<tokenizer::TokenId> prompt;  // the prompt (a batch's first)
+  // Completions with a batched prompt (an array of strings or of token id
+  // arrays): every prompt in order, `prompt` being the first; empty otherwise.
+  std::vector<std::vector<tokenizer::TokenId>> batch;
+  uint32_t n = 1;     // choices per prompt
+  bool echo = false;  // completions: the prompt text precedes each choice's text
   common::SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings
   bool stream = false;
@@ -71,7 +79,17 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
                                                    const tokenizer::Tokenizer& tok,
                                                    const harmony::OpenAiRequestOptions& options,
                                                    size_t max_prompt_text_bytes = 0);
-// Completions: `prompt` is a string (or an array holding one string), refused
+// The most prompts of one batched completions request, and the most choices
+// per prompt (`n`).
+inline constexpr size_t kMaxBatchPrompts = 64;
+inline constexpr int64_t kMaxChoices = 16;
+
+// Every prompt of `request`: its batch, else its one prompt.
+std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& request);
+
+// Completions: `prompt` is a string, an array of strings, an array of token
+// ids or an array of arrays of token ids (ids checked against the
+// vocabulary; at most kMaxBatchPrompts prompts); a text is refused
 // untokenised when longer than `max_prompt_text_bytes` (0 = no limit).
 absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                                                          std::string_view model_id,
@@ -80,49 +98,43 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
 // Parses a request body: UTF-8, JSON, an object.
 absl::StatusOr<Json> ParseBody(std::string_view body);
 
-// Holds back text that may be the start of a stop string; reports a hit.
-class StopFilter {
- public:
-  explicit StopFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
-  // Returns the text that is safe to emit. After a hit, returns only the text
-  // before the stop string and then nothing more.
-  std::string Push(std::string_view text);
-  // The held-back text (the stream ended without completing a stop string).
-  std::string Flush();
-  bool hit() const { return hit_; }
-
- private:
-  std::vector<std::string> stops_;
-  std::string pending_;
-  bool hit_ = false;
-};
-
-// Builds the response of one request from its generated tokens.
+// Turns the events of one request (request_events.h) into OpenAI JSON:
+// chat.completion.chunk / text_completion chunks to stream, and the whole
+// response with every choice. Feed/Finish decode one choice's tokens
+// themselves (choice 0, through a ChoiceDecoder): for tests and one-choice callers.
 class ResponseBuilder {
  public:
   // `tokenizer` must outlive the builder. `id` is the response id (also the
-  // seed of tool call ids); `created` is unix seconds.
+  // seed of choice 0's tool call ids); `created` is unix seconds; `choices`
+  // the number of choices (prompts x n).
   ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint endpoint, std::string id,
                   std::string model, int64_t created, std::vector<std::string> stop,
-                  bool logprobs);
+                  bool logprobs, uint32_t choices = 1);
 
-  // The first streamed chunk (chat: the assistant role); empty for completions.
+  // The first streamed chunks (chat: the assistant role of each choice);
+  // empty for completions.
   std::vector<Json> Begin();
-  // Feeds generated tokens (with their logprobs when asked for); returns the
-  // chunks to stream. Once a stop string was produced, further tokens are ignored.
+  // The chunks of a batch of events (those of one worker update). A choice's
+  // logprobs go with its next chunk (an empty one when its tokens made no text).
+  std::vector<Json> Consume(const std::vector<RequestEvent>& events);
+
+  // Feeds generated tokens of choice 0 (with their logprobs when asked for);
+  // returns the chunks to stream. Once a stop string was produced, further
+  // tokens are ignored.
   std::vector<Json> Feed(const std::vector<tokenizer::TokenId>& tokens,
                          const std::vector<common::TokenLogprob>& logprobs);
-  // Feeds one SequenceUpdate (tokens and logprobs).
+  // Feeds one SequenceUpdate (tokens and logprobs) of choice 0.
   std::vector<Json> FeedUpdate(const cluster::SequenceUpdate& update);
-  // Ends generation: `reason` is the worker's finish reason, `stop_token` the
+  // Ends choice 0: `reason` is the worker's finish reason, `stop_token` the
   // end token it stopped on (not part of the tokens). Returns the last chunks
   // (held-back text, then the finish_reason chunk).
   std::vector<Json> Finish(common::FinishReason reason, std::optional<tokenizer::TokenId> stop_token,
                            uint32_t prompt_tokens, uint32_t completion_tokens);
 
-  // A stop string appeared: the caller should cancel the sequence.
-  bool stopped_by_string() const { return filter_.hit(); }
-  const std::string& finish_reason() const { return finish_reason_; }
+  // A stop string appeared in choice 0 (Feed): the caller should cancel the sequence.
+  bool stopped_by_string() const { return decoder_.stopped_by_string(); }
+  // Choice 0's finish reason.
+  const std::string& finish_reason() const { return choices_[0].finish_reason; }
   Json Usage() const;
   // The streamed usage chunk (choices empty).
   Json UsageChunk() const;
@@ -130,29 +142,31 @@ class ResponseBuilder {
   Json Response() const;
 
  private:
-  Json Chunk(Json delta_or_text, const Json& logprobs, const Json& finish_reason) const;
-  void Emit(Json delta, std::vector<Json>& out);
-  void EmitText(const std::string& text, std::vector<Json>& out);
+  // What one choice produced, merged.
+  struct Choice {
+    std::string content, reasoning;
+    Json tool_calls = Json::array();
+    Json logprob_items;      // chat: an array of items; completions: the four lists
+    Json pending_logprobs;   // attached to the choice's next chunk
+    std::string finish_reason;
+  };
+  Json Chunk(uint32_t choice, Json delta_or_text, const Json& logprobs,
+             const Json& finish_reason) const;
+  void Emit(uint32_t choice, Json delta, std::vector<Json>& out);
+  void AddLogprobs(uint32_t choice, const cluster::SequenceUpdate& update);
+  void AddToolCall(const RequestEvent& event, std::vector<Json>& out);
+  void FlushLogprobs(uint32_t choice, std::vector<Json>& out);
   Json LogprobsJson(const std::vector<common::TokenLogprob>& logprobs) const;
-  void ProcessToken(tokenizer::TokenId token, std::vector<Json>& out);
+  Json ChoiceJson(uint32_t index) const;
 
   const tokenizer::Tokenizer* tok_;
   Endpoint endpoint_;
   std::string id_, model_;
   int64_t created_;
   bool logprobs_;
-  StopFilter filter_;
-  harmony::StreamParser parser_;
-  harmony::ChatDeltaMapper mapper_;
-  tokenizer::StreamingDetokenizer detok_;
-  // The merged response.
-  std::string content_, reasoning_;
-  Json tool_calls_ = Json::array();
-  Json logprob_items_ = Json::array();
-  Json pending_logprobs_;  // attached to the next chunk
-  std::string finish_reason_;
-  uint32_t prompt_tokens_ = 0, completion_tokens_ = 0;
-  bool finished_ = false;
+  ChoiceDecoder decoder_;  // Feed/Finish only
+  std::vector<Choice> choices_;
+  TokenUsage usage_;
 };
 
 }  // namespace flotilla::coordinator

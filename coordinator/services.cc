@@ -13,6 +13,7 @@
 #include "coordinator/access_log.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/grpc_auth.h"
+#include "coordinator/request_session.h"
 #include "coordinator/served_models.h"
 #include "coordinator/stream_queue.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
@@ -21,12 +22,13 @@
 namespace flotilla::coordinator {
 namespace {
 
-// The access log's view of an update: tokens as they come, then the finish.
-void NoteUpdate(AccessRecord& access, const cluster::SequenceUpdate& u) {
-  access.AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
-  if (u.finish_reason() == common::STOP || u.finish_reason() == common::LENGTH) {
-    access.set_output_tokens(u.completion_tokens());
-    access.set_finish_reason(u.finish_reason() == common::STOP ? "stop" : "length");
+// The access log's view of a request's events: tokens as they come, then
+// each choice's finish.
+void NoteEvent(AccessRecord& access, const RequestEvent& e) {
+  if (e.kind == RequestEvent::Kind::kTokens) {
+    access.AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
+  } else if (e.kind == RequestEvent::Kind::kFinish) {
+    access.set_finish_reason(e.worker_reason == common::STOP ? "stop" : "length");
   }
 }
 
@@ -95,93 +97,68 @@ class RefusedSession final : public SessionReactorBase {
   void OnDone() override { delete this; }
 };
 
+// The deadline of a gRPC call, if it has one.
+std::optional<absl::Time> CallDeadline(grpc::CallbackServerContext* context) {
+  const auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return std::nullopt;
+  return absl::FromChrono(deadline);
+}
+
+// The access log's view of a request's end.
+void NoteEnd(AccessRecord& access, const RequestEvent& end) {
+  access.set_output_tokens(end.usage.completion_tokens);
+  LogDone(access, end.kind == RequestEvent::Kind::kError ? end.status : absl::OkStatus());
+}
+
 using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
 
-// One client Generate stream: each SequenceUpdate becomes one response.
+// One client Generate stream: a RequestSession of plain text; each worker
+// update of each of the n sequences becomes one response.
 class GenerateReactor final : public GenerateReactorBase {
  public:
   GenerateReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
                   const v1::GenerateRequest& request, const std::string& model_id,
                   const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller)
-      : manager_(manager), state_(std::make_shared<State>(this, tok)) {
+      : backend_(manager), state_(std::make_shared<State>(this)) {
     state_->access->set_key(caller.key_id);
-    if (!request.model().empty() && request.model() != model_id) {
-      Refuse(grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("model '", request.model(),
-                                       "' is not served here; this server serves '", model_id,
-                                       "'")));
+    absl::StatusOr<SessionRequest> session_request = SessionRequestOf(request, model_id, *tok);
+    if (!session_request.ok()) {
+      Refuse(ToGrpcStatus(session_request.status()));
       return;
     }
-    cluster::SubmitSequence submit;
-    if (request.prompt_case() == v1::GenerateRequest::kPromptIds) {
-      *submit.mutable_prompt_ids() = request.prompt_ids().ids();
-    } else if (request.prompt_case() == v1::GenerateRequest::kText) {
-      absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
-          tok->Encode(request.text(), tokenizer::SpecialTokenPolicy::All());
-      if (!ids.ok()) {
-        Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            absl::StrCat("prompt text: ", ids.status().message())));
-        return;
-      }
-      for (tokenizer::TokenId id : *ids) submit.add_prompt_ids(static_cast<int32_t>(id));
-    } else {
-      Refuse(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "the request has no prompt"));
-      return;
-    }
-    *submit.mutable_sampling() = request.sampling();
-    state_->access->set_prompt_tokens(static_cast<uint32_t>(submit.prompt_ids_size()));
-    submit.set_return_prompt_logits(request.return_prompt_logits());
-    const auto deadline = context->deadline();
-    if (deadline != std::chrono::system_clock::time_point::max()) {
-      submit.set_deadline_unix_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                      deadline.time_since_epoch())
-                                      .count());
-    }
+    session_request->deadline = CallDeadline(context);
+    state_->access->set_prompt_tokens(
+        static_cast<uint32_t>(session_request->prompts[0].size()));
     state_->request_id = requests->Reserve(caller);
     state_->access->set_request_id(state_->request_id);
     std::shared_ptr<State> state = state_;
-    RequestCallbacks cb;
-    cb.on_accepted = [state, requests](uint64_t id) { requests->Bind(state->request_id, id); };
-    cb.on_update = [state](const cluster::SequenceUpdate& u) {
-      NoteUpdate(*state->access, u);
-      v1::GenerateResponse r;
-      r.set_request_id(state->request_id);
-      *r.mutable_token_ids() = u.token_ids();
-      *r.mutable_logprobs() = u.logprobs();
-      // Prompt logits come in bounded chunks before the first token; each
-      // chunk is one response.
-      *r.mutable_prompt_logits() = u.prompt_logits();
-      for (int32_t id : u.token_ids()) {
-        absl::StatusOr<std::string> piece = state->detok.Append(static_cast<tokenizer::TokenId>(id));
-        if (piece.ok()) r.mutable_text()->append(*piece);
-      }
-      if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED &&
-          u.finish_reason() != common::ERROR) {
-        r.set_finish_reason(u.finish_reason());
-        r.mutable_usage()->set_prompt_tokens(u.prompt_tokens());
-        r.mutable_usage()->set_completion_tokens(u.completion_tokens());
-        if (u.has_stop_token()) r.set_stop_token(u.stop_token());
-      }
-      if (u.finish_reason() != common::ERROR) state->queue.Send(r);
+    SessionHooks hooks;
+    auto bound = std::make_shared<std::atomic<bool>>(false);
+    hooks.on_accepted = [state, requests, bound](uint64_t id) {
+      // Cancel by the public id reaches the first sequence; the session then ends them all.
+      if (!bound->exchange(true)) requests->Bind(state->request_id, id);
     };
-    cb.on_done = [state, requests](const absl::Status& st) {
-      requests->Remove(state->request_id);
-      LogDone(*state->access, st);
-      state->queue.Close(ToGrpcStatus(st));
+    auto sink = [state, requests](const std::vector<RequestEvent>& events) {
+      for (const RequestEvent& e : events) {
+        NoteEvent(*state->access, e);
+        state->Handle(e, requests);
+      }
+      state->Flush();
     };
-    absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
-    if (!id.ok()) {
+    absl::StatusOr<std::shared_ptr<RequestSession>> session =
+        RequestSession::Start(&backend_, tok, *std::move(session_request), sink, std::move(hooks));
+    if (!session.ok()) {
       requests->Remove(state_->request_id);
-      LogDone(*state_->access, id.status());
-      state_->queue.Close(ToGrpcStatus(id.status()));
+      LogDone(*state_->access, session.status());
+      state_->queue.Close(ToGrpcStatus(session.status()));
       return;
     }
-    request_id_ = *id;
+    session_ = *std::move(session);
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
   void OnCancel() override {
-    if (request_id_ != 0) manager_->Cancel(request_id_, "the client cancelled the stream");
+    if (session_) session_->Cancel("the client cancelled the stream");
   }
   void OnDone() override {
     state_->queue.Detach();
@@ -189,29 +166,108 @@ class GenerateReactor final : public GenerateReactorBase {
   }
 
  private:
+  // The session's request: the prompt (token ids or text), n, sampling.
+  static absl::StatusOr<SessionRequest> SessionRequestOf(const v1::GenerateRequest& request,
+                                                         const std::string& model_id,
+                                                         const tokenizer::Tokenizer& tok) {
+    if (!request.model().empty() && request.model() != model_id) {
+      return absl::NotFoundError(absl::StrCat("model '", request.model(),
+                                              "' is not served here; this server serves '",
+                                              model_id, "'"));
+    }
+    if (request.n() > static_cast<uint32_t>(kMaxChoices)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n: must be at most ", kMaxChoices, ", not ", request.n()));
+    }
+    SessionRequest out;
+    out.decoding = Decoding::kText;
+    out.n = std::max<uint32_t>(request.n(), 1);
+    if (request.prompt_case() == v1::GenerateRequest::kPromptIds) {
+      out.prompts.emplace_back(request.prompt_ids().ids().begin(), request.prompt_ids().ids().end());
+    } else if (request.prompt_case() == v1::GenerateRequest::kText) {
+      absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
+          tok.Encode(request.text(), tokenizer::SpecialTokenPolicy::All());
+      if (!ids.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("prompt text: ", ids.status().message()));
+      }
+      out.prompts.push_back(*std::move(ids));
+    } else {
+      return absl::InvalidArgumentError("the request has no prompt");
+    }
+    *out.submit.mutable_sampling() = request.sampling();
+    out.submit.set_return_prompt_logits(request.return_prompt_logits());
+    return out;
+  }
   void Refuse(const grpc::Status& status) {
     state_->access->Log(GrpcCodeName(status), absl::Now());
     Finish(status);
   }
   struct State {
-    State(GenerateReactor* r, const tokenizer::Tokenizer* tok)
-        : queue(r), detok(tok, tokenizer::StreamingDetokenizer::InvalidBytes::kReplace) {}
+    explicit State(GenerateReactor* r) : queue(r) {}
+    // One event of the session; responses wait in `pending` until Flush.
+    void Handle(const RequestEvent& e, RequestRegistry* requests) {
+      switch (e.kind) {
+        case RequestEvent::Kind::kTokens: {
+          v1::GenerateResponse& r = pending.emplace_back();
+          r.set_request_id(request_id);
+          r.set_index(e.choice);
+          *r.mutable_token_ids() = e.update->token_ids();
+          *r.mutable_logprobs() = e.update->logprobs();
+          // Prompt logits come in bounded chunks before the first token; each
+          // chunk is one response.
+          *r.mutable_prompt_logits() = e.update->prompt_logits();
+          if (e.update->has_stop_token()) r.set_stop_token(e.update->stop_token());
+          break;
+        }
+        case RequestEvent::Kind::kContent:
+          if (v1::GenerateResponse* r = Last(e.choice)) r->mutable_text()->append(e.text);
+          break;
+        case RequestEvent::Kind::kFinish:
+          if (v1::GenerateResponse* r = Last(e.choice)) {
+            r->set_finish_reason(e.worker_reason);
+            r->mutable_usage()->set_prompt_tokens(e.usage.prompt_tokens);
+            r->mutable_usage()->set_completion_tokens(e.usage.completion_tokens);
+          }
+          break;
+        case RequestEvent::Kind::kUsage:
+        case RequestEvent::Kind::kError:
+          Flush();
+          requests->Remove(request_id);
+          NoteEnd(*access, e);
+          queue.Close(ToGrpcStatus(e.kind == RequestEvent::Kind::kError ? e.status
+                                                                         : absl::OkStatus()));
+          break;
+        default:
+          break;  // no reasoning or calls in plain text
+      }
+    }
+    // The response being built for `choice`, if any.
+    v1::GenerateResponse* Last(uint32_t choice) {
+      for (auto it = pending.rbegin(); it != pending.rend(); ++it) {
+        if (it->index() == choice) return &*it;
+      }
+      return nullptr;
+    }
+    void Flush() {
+      for (v1::GenerateResponse& r : pending) queue.Send(r);
+      pending.clear();
+    }
     std::shared_ptr<AccessRecord> access =
         std::make_shared<AccessRecord>("grpc Generate", absl::Now());
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
-    tokenizer::StreamingDetokenizer detok;  // used from the manager's callbacks, one at a time
-    std::string request_id;                 // the client's (random) id; set before Submit
+    std::vector<v1::GenerateResponse> pending;  // used from the session's sink, one call at a time
+    std::string request_id;                     // the client's (random) id; set before Start
   };
-  ClusterManager* manager_;
+  ClusterBackend backend_;
   std::shared_ptr<State> state_;
-  uint64_t request_id_ = 0;
+  std::shared_ptr<RequestSession> session_;
 };
 
 using ChatReactorBase = grpc::ServerWriteReactor<v1::ChatResponse>;
 
 // One client Chat stream: the request goes through the OpenAI pipeline
-// (Harmony renderer), the generated tokens through its streaming parser
-// (ChatStream); each update becomes at most one response.
+// (Harmony renderer) into a RequestSession, whose events become the stream
+// (ChatStream); each worker update becomes at most one response.
 class ChatReactor final : public ChatReactorBase {
  public:
   ChatReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
@@ -219,7 +275,7 @@ class ChatReactor final : public ChatReactorBase {
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
               const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
               size_t max_prompt_text_bytes)
-      : manager_(manager) {
+      : backend_(manager) {
     auto access = std::make_shared<AccessRecord>("grpc Chat", absl::Now());
     access->set_key(caller.key_id);
     absl::StatusOr<PreparedRequest> prepared =
@@ -229,71 +285,49 @@ class ChatReactor final : public ChatReactorBase {
       Finish(ToGrpcStatus(prepared.status()));
       return;
     }
-    state_ = std::make_shared<State>(this, tok, call_id_salt, prepared->stop,
-                                     static_cast<uint32_t>(prepared->prompt.size()),
-                                     request.return_token_ids(), requests->Reserve(caller));
+    const std::string request_id = requests->Reserve(caller);
+    const std::string call_id_seed = absl::StrCat("chat-", call_id_salt, "-", request_id);
+    state_ = std::make_shared<State>(this, request_id,
+                                     ChatStream(tok, request_id, call_id_seed, prepared->stop,
+                                                static_cast<uint32_t>(prepared->prompt.size()),
+                                                request.return_token_ids()));
     state_->access = access;
-    access->set_request_id(state_->request_id);
+    access->set_request_id(request_id);
     access->set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
-    cluster::SubmitSequence submit;
-    for (tokenizer::TokenId t : prepared->prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
-    *submit.mutable_sampling() = prepared->sampling;
-    if (prepared->constraint) grammar::ToProto(*prepared->constraint, submit.mutable_constraint());
-    const auto deadline = context->deadline();
-    if (deadline != std::chrono::system_clock::time_point::max()) {
-      submit.set_deadline_unix_ms(
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch())
-              .count());
+    SessionRequest session_request;
+    session_request.decoding = Decoding::kHarmony;
+    session_request.prompts.push_back(prepared->prompt);
+    *session_request.submit.mutable_sampling() = prepared->sampling;
+    if (prepared->constraint) {
+      grammar::ToProto(*prepared->constraint, session_request.submit.mutable_constraint());
     }
+    session_request.stop = prepared->stop;
+    session_request.call_id_seed = call_id_seed;
+    session_request.deadline = CallDeadline(context);
     std::shared_ptr<State> state = state_;
-    RequestCallbacks cb;
-    cb.on_update = [state, manager](const cluster::SequenceUpdate& u) {
-      NoteUpdate(*state->access, u);
-      bool cancel = false;
-      {
-        std::lock_guard<std::mutex> lock(state->mu);
-        state->StartLocked();
-        std::optional<v1::ChatResponse> r = state->stream->Feed(u);
-        if (r) state->queue.Send(*r);
-        if (state->stream->finished() && state->stream->stopped_by_string() &&
-            !state->cancel_sent) {
-          // The answer hit a stop string: end the stream now, free the sequence.
-          state->cancel_sent = cancel = true;
-          state->queue.Close(grpc::Status::OK);
-        }
-      }
-      if (cancel) manager->Cancel(u.request_id(), kStopStringCancel);
-    };
-    cb.on_done = [state, requests](const absl::Status& st) {
-      requests->Remove(state->request_id);
-      LogDone(*state->access, st);
+    SessionHooks hooks;
+    hooks.on_accepted = [state, requests](uint64_t id) { requests->Bind(state->request_id, id); };
+    auto sink = [state, requests](const std::vector<RequestEvent>& events) {
+      for (const RequestEvent& e : events) NoteEvent(*state->access, e);
       std::lock_guard<std::mutex> lock(state->mu);
-      if (!state->stream) {  // ended before the stream began (e.g. a worker died at once)
-        state->queue.Close(
-            st.ok() ? grpc::Status(grpc::StatusCode::INTERNAL, "the request ended at once")
-                    : ToGrpcStatus(st));
-      } else if (state->stream->finished()) {
-        state->queue.Close(grpc::Status::OK);
-      } else if (st.code() == absl::StatusCode::kCancelled && !state->client_gone) {
-        // Cancelled by id while this stream is still open: say so in-band.
-        state->queue.Send(state->stream->Cancelled());
-        state->queue.Close(grpc::Status::OK);
-      } else if (st.ok()) {
-        state->queue.Close(
-            grpc::Status(grpc::StatusCode::INTERNAL, "the request ended without a finish reason"));
-      } else {
-        state->queue.Close(ToGrpcStatus(st));
+      state->StartLocked();
+      if (std::optional<v1::ChatResponse> r = state->stream.Consume(events)) state->queue.Send(*r);
+      const RequestEvent& last = events.back();
+      if (last.kind == RequestEvent::Kind::kUsage || last.kind == RequestEvent::Kind::kError) {
+        requests->Remove(state->request_id);
+        NoteEnd(*state->access, last);
+        state->EndLocked(last);
       }
     };
-    absl::StatusOr<uint64_t> id = manager_->Submit(std::move(submit), std::move(cb));
-    if (!id.ok()) {
+    absl::StatusOr<std::shared_ptr<RequestSession>> session =
+        RequestSession::Start(&backend_, tok, std::move(session_request), sink, std::move(hooks));
+    if (!session.ok()) {
       requests->Remove(state_->request_id);
-      LogDone(*state_->access, id.status());
-      state_->queue.Close(ToGrpcStatus(id.status()));
+      LogDone(*state_->access, session.status());
+      state_->queue.Close(ToGrpcStatus(session.status()));
       return;
     }
-    request_id_ = *id;
-    requests->Bind(state_->request_id, *id);
+    session_ = *std::move(session);
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->StartLocked();
   }
@@ -301,7 +335,7 @@ class ChatReactor final : public ChatReactorBase {
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
   void OnCancel() override {
     if (state_) state_->client_gone = true;
-    if (request_id_ != 0) manager_->Cancel(request_id_, "the client cancelled the stream");
+    if (session_) session_->Cancel("the client cancelled the stream");
   }
   void OnDone() override {
     if (state_) state_->queue.Detach();
@@ -310,39 +344,37 @@ class ChatReactor final : public ChatReactorBase {
 
  private:
   struct State {
-    State(ChatReactor* r, const tokenizer::Tokenizer* tok, std::string salt,
-          std::vector<std::string> stop, uint32_t prompt_tokens, bool return_token_ids,
-          std::string request_id)
-        : queue(r),
-          tok(tok),
-          salt(std::move(salt)),
-          stop(std::move(stop)),
-          prompt_tokens(prompt_tokens),
-          return_token_ids(return_token_ids),
-          request_id(std::move(request_id)) {}
+    State(ChatReactor* r, std::string request_id, ChatStream stream)
+        : queue(r), request_id(std::move(request_id)), stream(std::move(stream)) {}
     // The request was submitted: the stream begins (once) with a message naming it.
     void StartLocked() {
-      if (stream) return;
-      stream.emplace(tok, request_id, absl::StrCat("chat-", salt, "-", request_id), stop,
-                     prompt_tokens, return_token_ids);
-      queue.Send(stream->Begin());
+      if (started) return;
+      started = true;
+      queue.Send(stream.Begin());
+    }
+    // The session's terminal event ends the stream.
+    void EndLocked(const RequestEvent& end) {
+      if (end.kind == RequestEvent::Kind::kUsage || stream.finished()) {
+        queue.Close(grpc::Status::OK);
+      } else if (end.status.code() == absl::StatusCode::kCancelled && !client_gone) {
+        // Cancelled by id while this stream is still open: say so in-band.
+        queue.Send(stream.Cancelled());
+        queue.Close(grpc::Status::OK);
+      } else {
+        queue.Close(ToGrpcStatus(end.status));
+      }
     }
     StreamQueue<ChatReactorBase, v1::ChatResponse> queue;
-    const tokenizer::Tokenizer* tok;
-    std::string salt;
-    std::vector<std::string> stop;
-    uint32_t prompt_tokens;
-    bool return_token_ids;
     const std::string request_id;  // the client's (random) id
     std::shared_ptr<AccessRecord> access;
     std::mutex mu;
-    std::optional<ChatStream> stream;  // under mu
-    bool cancel_sent = false;          // under mu
+    ChatStream stream;     // under mu
+    bool started = false;  // under mu
     std::atomic<bool> client_gone{false};
   };
-  ClusterManager* manager_;
+  ClusterBackend backend_;
   std::shared_ptr<State> state_;
-  uint64_t request_id_ = 0;
+  std::shared_ptr<RequestSession> session_;
 };
 
 // One MeasureEngine call: finished by the manager's answer or by the

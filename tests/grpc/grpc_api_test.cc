@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <map>
 #include <cstdlib>
 #include <regex>
 #include <thread>
@@ -183,6 +184,46 @@ TEST_F(GrpcApiTest, SdkBadInputIsInvalidArgument) {
 
   // The server is fine afterwards.
   EXPECT_TRUE(c->Chat(Hello(2)).ok());
+}
+
+// Generate with n: n sequences interleaved, each message naming its index,
+// each ending with its own finish reason and usage; seed + i per sequence.
+TEST_F(GrpcApiTest, GenerateNSequencesEachWithItsIndex) {
+  auto c = Sdk();
+  v1::GenerateRequest g;
+  g.set_text("Once upon a time");
+  g.set_n(3);
+  g.mutable_sampling()->set_max_tokens(6);
+  g.mutable_sampling()->set_temperature(1);
+  g.mutable_sampling()->set_seed(5);
+  auto run = [&] {
+    std::map<uint32_t, std::vector<int32_t>> tokens;
+    std::map<uint32_t, uint32_t> completion;
+    absl::Status st = c->GenerateStream(g, [&](const v1::GenerateResponse& r) {
+      EXPECT_LT(r.index(), 3u);
+      tokens[r.index()].insert(tokens[r.index()].end(), r.token_ids().begin(), r.token_ids().end());
+      if (r.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+        completion[r.index()] = r.usage().completion_tokens();
+      }
+    });
+    EXPECT_TRUE(st.ok()) << st;
+    return std::make_pair(tokens, completion);
+  };
+  auto [tokens, completion] = run();
+  ASSERT_EQ(tokens.size(), 3u);
+  ASSERT_EQ(completion.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(tokens[i].size(), 6u) << i;
+    EXPECT_EQ(completion[i], 6u) << i;
+  }
+  EXPECT_FALSE(tokens[0] == tokens[1] && tokens[1] == tokens[2]) << "three identical samples";
+  EXPECT_EQ(run().first, tokens) << "the same seed gives the same sequences";
+
+  g.set_n(17);
+  absl::StatusOr<client::GenerateResult> refused = c->Generate(g);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("n:"), std::string::npos) << refused.status();
 }
 
 TEST_F(GrpcApiTest, CancelByIdEndsTheStreamInBand) {

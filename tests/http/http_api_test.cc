@@ -73,6 +73,12 @@ TEST_F(HttpApiTest, OfficialOpenAiClient) { RunNodeScript("openai_client_test.js
 // schema features) and logit_bias, through the official client.
 TEST_F(HttpApiTest, StructuredOutputsOfficialClient) { RunNodeScript("structured_client_test.js"); }
 
+// Completions n (streamed and not, the prompt's KV shared), echo, token-id and
+// batched prompts, and their 400s, through the official client.
+TEST_F(HttpApiTest, CompletionsChoicesAndPromptsOfficialClient) {
+  RunNodeScript("completions_client_test.js");
+}
+
 TEST_F(HttpApiTest, HealthAndMetrics) {
   auto c = Client();
   auto h = c.Get("/health");
@@ -126,7 +132,7 @@ TEST_F(HttpApiTest, ErrorsHaveTheOpenAiShape) {
       {"POST", "/v1/chat/completions", "{\"model\": ", 400, nullptr},
       {"POST", "/v1/chat/completions", "[]", 400, nullptr},
       {"POST", "/v1/chat/completions", "\"\xff\xfe\"", 400, nullptr},
-      {"POST", "/v1/chat/completions", Chat(R"(, "n": 3)"), 400, "n"},
+      {"POST", "/v1/chat/completions", Chat(R"(, "n": 17)"), 400, "n"},
       {"POST", "/v1/chat/completions", Chat(R"(, "temperature": -1)"), 400, "temperature"},
       {"POST", "/v1/chat/completions", Chat(R"(, "tools": 5)"), 400, "tools"},
       {"POST", "/v1/chat/completions", R"({"model": "nope", "messages": []})", 404, "model"},

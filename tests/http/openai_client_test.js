@@ -115,7 +115,7 @@ async function main() {
 
   await check('invalid field -> 400 BadRequestError naming it', async () => {
     await assert.rejects(
-      client.chat.completions.create({ model, messages, n: 2 }),
+      client.chat.completions.create({ model, messages, n: 17 }),
       (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === 'n');
     await assert.rejects(
       client.chat.completions.create({ model, messages: [{ role: 'wizard', content: 'x' }] }),

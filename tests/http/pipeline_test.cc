@@ -215,7 +215,7 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
     const char* param;
   } cases[] = {
       {"model", "other", 404, "model"},       {"model", 3, 400, "model"},
-      {"n", 2, 400, "n"},                     {"temperature", "hot", 400, "temperature"},
+      {"n", 17, 400, "n"},                    {"temperature", "hot", 400, "temperature"},
       {"temperature", 3, 400, "temperature"}, {"top_p", 0, 400, "top_p"},
       {"max_tokens", 0, 400, "max_tokens"},   {"max_completion_tokens", -5, 400, "max_completion_tokens"},
       {"stop", 7, 400, "stop"},               {"stop", {"a", 1}, 400, "stop[1]"},
@@ -290,6 +290,97 @@ TEST(PrepareRequestTest, SamplingAndCompletions) {
   b.Finish(common::STOP, std::nullopt, 2, 2);
   EXPECT_EQ(b.Response()["choices"][0]["text"], "hello");
   EXPECT_EQ(b.Response()["object"], "text_completion");
+}
+
+TEST(PrepareRequestTest, CompletionPromptShapesNAndEcho) {
+  auto prepare = [](Json extra) {
+    Json body = {{"model", "m"}, {"prompt", "hello world"}};
+    body.update(extra);
+    return PrepareCompletionRequest(body, "m", Tok());
+  };
+  auto param = [&](Json extra) {
+    absl::StatusOr<PreparedRequest> p = prepare(extra);
+    EXPECT_FALSE(p.ok()) << extra.dump();
+    return p.ok() ? std::string("(accepted)") : ErrorFromStatus(p.status()).param;
+  };
+  const std::vector<tk::TokenId> hello{24912, 2375};
+  absl::StatusOr<PreparedRequest> ids = prepare({{"prompt", {24912, 2375}}});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->prompt, hello);
+  EXPECT_TRUE(ids->batch.empty());
+  EXPECT_EQ(Prompts(*ids).size(), 1u);
+
+  absl::StatusOr<PreparedRequest> batch =
+      prepare({{"prompt", Json::array({"hello world", Json::array({24912})})}, {"n", 3}, {"echo", true}});
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  ASSERT_EQ(batch->batch.size(), 2u);
+  EXPECT_EQ(batch->batch[0], hello);
+  EXPECT_EQ(batch->batch[1], std::vector<tk::TokenId>{24912});
+  EXPECT_EQ(batch->n, 3u);
+  EXPECT_TRUE(batch->echo);
+  // One string in an array is one prompt, as before.
+  absl::StatusOr<PreparedRequest> one = prepare({{"prompt", Json::array({"hello world"})}});
+  ASSERT_TRUE(one.ok());
+  EXPECT_TRUE(one->batch.empty());
+  EXPECT_TRUE(prepare({{"n", 2}, {"best_of", 2}}).ok());
+
+  EXPECT_EQ(param({{"prompt", Json::array({Json::array({1, 2}), Json::array({3, 999999999})})}}),
+            "prompt[1][1]");
+  EXPECT_EQ(param({{"prompt", {5, -1}}}), "prompt[1]");
+  EXPECT_EQ(param({{"prompt", {5, "x"}}}), "prompt[1]");
+  EXPECT_EQ(param({{"prompt", Json::array({"ok", 7})}}), "prompt[1]");
+  EXPECT_EQ(param({{"prompt", Json::array({"ok", ""})}}), "prompt[1]");
+  EXPECT_EQ(param({{"prompt", Json::array({"ok", Json::array()})}}), "prompt[1]");
+  EXPECT_EQ(param({{"prompt", Json::array()}}), "prompt");
+  EXPECT_EQ(param({{"prompt", std::vector<std::string>(kMaxBatchPrompts + 1, "x")}}), "prompt");
+  EXPECT_TRUE(prepare({{"prompt", std::vector<std::string>(kMaxBatchPrompts, "x")}}).ok());
+  EXPECT_EQ(param({{"n", 0}}), "n");
+  EXPECT_EQ(param({{"n", kMaxChoices + 1}}), "n");
+  EXPECT_EQ(param({{"n", 2}, {"best_of", 3}}), "best_of");
+  EXPECT_EQ(param({{"echo", true}, {"logprobs", 1}}), "echo");
+}
+
+TEST(ResponsePipelineTest, ChoicesOfEventsStreamAndMerge) {
+  ResponseBuilder b(&Tok(), Endpoint::kCompletions, "cmpl-n", "m", 1, {}, false, 2);
+  auto content = [](uint32_t choice, std::string text) {
+    RequestEvent e;
+    e.kind = RequestEvent::Kind::kContent;
+    e.choice = choice;
+    e.text = std::move(text);
+    return e;
+  };
+  auto finish = [](uint32_t choice, const char* reason, uint32_t tokens) {
+    RequestEvent e;
+    e.kind = RequestEvent::Kind::kFinish;
+    e.choice = choice;
+    e.finish_reason = reason;
+    e.usage = {3, tokens};
+    return e;
+  };
+  std::vector<Json> chunks = b.Consume({content(1, "b"), content(0, "a"), content(1, "c")});
+  ASSERT_EQ(chunks.size(), 3u);
+  EXPECT_EQ(chunks[0]["choices"][0]["index"], 1);
+  EXPECT_EQ(chunks[0]["choices"][0]["text"], "b");
+  chunks = b.Consume({finish(0, "stop", 1), finish(1, "length", 2)});
+  ASSERT_EQ(chunks.size(), 2u);
+  EXPECT_EQ(chunks[1]["choices"][0]["finish_reason"], "length");
+  RequestEvent usage;
+  usage.kind = RequestEvent::Kind::kUsage;
+  usage.usage = {3, 3};
+  EXPECT_TRUE(b.Consume({usage}).empty());
+  Json r = b.Response();
+  ASSERT_EQ(r["choices"].size(), 2u);
+  EXPECT_EQ(r["choices"][0]["text"], "a");
+  EXPECT_EQ(r["choices"][1]["text"], "bc");
+  EXPECT_EQ(r["choices"][1]["index"], 1);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["total_tokens"], 6);
+  // Chat: the role chunk of every choice first.
+  ResponseBuilder chat(&Tok(), Endpoint::kChat, "chatcmpl-n", "m", 1, {}, false, 3);
+  std::vector<Json> begin = chat.Begin();
+  ASSERT_EQ(begin.size(), 3u);
+  EXPECT_EQ(begin[2]["choices"][0]["index"], 2);
+  EXPECT_EQ(begin[2]["choices"][0]["delta"]["role"], "assistant");
 }
 
 }  // namespace

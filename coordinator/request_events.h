@@ -1,0 +1,65 @@
+// The typed events one generation request produces, whatever API asked for
+// it. RequestSession (and, token by token, ChoiceDecoder) emits them; the
+// OpenAI JSON, the gRPC protos and the Responses API only serialize them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "proto/cluster.pb.h"
+#include "proto/common.pb.h"
+
+namespace flotilla::coordinator {
+
+// Token counts. On a kFinish event: that choice's; on the terminal kUsage or
+// kError event: the whole request's (each prompt once, every choice's tokens).
+struct TokenUsage {
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+};
+
+// A piece of a function call. The first piece of a call has its id and name;
+// later pieces carry more of the arguments (a JSON text) under the same index.
+struct ToolCallPiece {
+  uint32_t index = 0;  // the call's place among this choice's calls
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+struct RequestEvent {
+  enum class Kind {
+    // The raw tokens of one worker update (ids, logprobs when asked, the stop
+    // token, prompt logits): for APIs that return them. Comes before the text
+    // the tokens produced.
+    kTokens,
+    kReasoning,  // text on the analysis channel (chat)
+    kContent,    // answer text (chat: the final channel; completions: the text)
+    kToolCall,   // a function call piece (chat)
+    kFinish,     // this choice ended: finish_reason, usage
+    // Terminal, success: every choice finished; usage sums them.
+    kUsage,
+    // Terminal, failure: `status` (CANCELLED after a cancel, DEADLINE_EXCEEDED,
+    // UNAVAILABLE ...); usage is what was produced so far.
+    kError,
+  };
+  Kind kind = Kind::kContent;
+  // The choice: prompt_index * n + i (OpenAI's numbering); 0 for terminal events.
+  uint32_t choice = 0;
+  std::string text;         // kReasoning, kContent
+  ToolCallPiece tool_call;  // kToolCall
+  // kTokens: the update. Valid only while the event is being handled.
+  const cluster::SequenceUpdate* update = nullptr;
+  // kFinish: "stop" (end token or stop string), "length", "tool_calls".
+  std::string finish_reason;
+  // kFinish: the worker's reason (STOP also for a stop string).
+  common::FinishReason worker_reason = common::FINISH_REASON_UNSPECIFIED;
+  bool stopped_by_string = false;  // kFinish: a stop string ended the choice
+  TokenUsage usage;                // kFinish, kUsage, kError
+  absl::Status status;             // kError
+};
+
+}  // namespace flotilla::coordinator
