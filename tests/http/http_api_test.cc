@@ -73,6 +73,10 @@ TEST_F(HttpApiTest, OfficialOpenAiClient) { RunNodeScript("openai_client_test.js
 // schema features) and logit_bias, through the official client.
 TEST_F(HttpApiTest, StructuredOutputsOfficialClient) { RunNodeScript("structured_client_test.js"); }
 
+// POST /v1/responses: whole and streamed, reasoning items, a function-tool
+// round trip with and without the store, errors; through the official client.
+TEST_F(HttpApiTest, ResponsesOfficialClient) { RunNodeScript("responses_client_test.js"); }
+
 TEST_F(HttpApiTest, HealthAndMetrics) {
   auto c = Client();
   auto h = c.Get("/health");
