@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/openai_pipeline.h"
 
 namespace flotilla::coordinator {
@@ -73,7 +74,7 @@ TEST(ResponseStoreTest, OldestGoFirstPastTheEntryAndByteBounds) {
   ASSERT_TRUE(store.ok());
   (*store)->Put("big", Items(std::string(400, 'x')));  // larger than the whole store: not kept
   EXPECT_FALSE((*store)->Get("big").ok());
-  for (int i = 0; i < 10; ++i) (*store)->Put("r" + std::to_string(i), Items(std::string(50, 'y')));
+  for (int i = 0; i < 10; ++i) (*store)->Put(absl::StrCat("r", i), Items(std::string(50, 'y')));
   EXPECT_LE((*store)->bytes(), 300u);
   EXPECT_TRUE((*store)->Get("r9").ok());
   EXPECT_FALSE((*store)->Get("r0").ok());

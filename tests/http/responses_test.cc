@@ -59,7 +59,7 @@ const Json kWeatherTool = {{"type", "function"},
                              {"required", {"location"}}}}};
 
 // Feeds `ids` one token at a time; returns every event.
-std::vector<Json> Run(ResponsesStream& s, const std::vector<tk::TokenId>& ids, tk::TokenId stop,
+std::vector<Json> Generate(ResponsesStream& s, const std::vector<tk::TokenId>& ids, tk::TokenId stop,
                       common::FinishReason reason = common::STOP) {
   std::vector<Json> events = s.Begin();
   for (tk::TokenId t : ids) {
@@ -86,7 +86,7 @@ TEST(ResponsesStreamTest, ReasoningAndToolCallBecomeItemsAndEvents) {
                  &stop);
   ASSERT_EQ(stop, tk::kCall);
   ResponsesStream s(&Tok(), "resp_1", "gpt-oss", Json{{"store", true}}, 7);
-  const std::vector<Json> events = Run(s, ids, stop);
+  const std::vector<Json> events = Generate(s, ids, stop);
 
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i]["sequence_number"], i);
   std::vector<std::string> types = Types(events);
@@ -133,15 +133,16 @@ TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
   tk::TokenId stop;
   const std::vector<tk::TokenId> ids =
       Completion({Assistant("analysis", "Say hi."), Assistant("final", "Hello, wörld!")}, &stop);
-  ASSERT_EQ(stop, tk::kReturn);
+  stop = tk::kReturn;  // rendered as history the answer ends with <|end|>; generated, with <|return|>
   ResponsesStream streamed(&Tok(), "resp_2", "m", Json::object(), 1);
-  const std::vector<Json> events = Run(streamed, ids, stop);
+  const std::vector<Json> events = Generate(streamed, ids, stop);
   ResponsesStream whole(&Tok(), "resp_2", "m", Json::object(), 1);
   whole.Feed(ids);
   whole.Finish(common::STOP, stop, 12, static_cast<uint32_t>(ids.size() + 1));
   EXPECT_EQ(streamed.Response(), whole.Response());
 
-  const Json& msg = whole.Response()["output"][1];
+  const Json response = whole.Response();
+  const Json& msg = response["output"][1];
   EXPECT_EQ(msg["type"], "message");
   EXPECT_EQ(msg["role"], "assistant");
   EXPECT_EQ(msg["content"][0]["type"], "output_text");
@@ -154,7 +155,9 @@ TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
       EXPECT_EQ(e["output_index"], 1);
       EXPECT_EQ(e["content_index"], 0);
     }
-    if (e["type"] == "response.output_text.done") EXPECT_EQ(e["text"], "Hello, wörld!");
+    if (e["type"] == "response.output_text.done") {
+      EXPECT_EQ(e["text"], "Hello, wörld!");
+    }
   }
   EXPECT_EQ(text, "Hello, wörld!");
   // The created event carries the response in progress, without output.
@@ -167,7 +170,7 @@ TEST(ResponsesStreamTest, LengthLimitMakesItIncomplete) {
   std::vector<tk::TokenId> ids = Completion({Assistant("final", "a long answer cut short")}, &stop);
   ids.resize(ids.size() - 2);
   ResponsesStream s(&Tok(), "resp_3", "m", Json::object(), 1);
-  const std::vector<Json> events = Run(s, ids, stop, common::LENGTH);
+  const std::vector<Json> events = Generate(s, ids, stop, common::LENGTH);
   EXPECT_EQ(events.back()["type"], "response.incomplete");
   const Json r = s.Response();
   EXPECT_EQ(r["status"], "incomplete");
@@ -264,7 +267,7 @@ TEST(ResponsesRequestTest, RoundTripItemsAndHistoryGiveTheSamePrompt) {
             {"function", {{"name", "get_weather"}, {"arguments", kArgs}}}}}}},
         {{"role", "tool"}, {"tool_call_id", "call_9"}, {"content", "20 C, sunny"}}}}};
   EXPECT_EQ(explicit_items, ChatPrompt(chat));
-  const std::string text = *Tok().Decode(explicit_items);
+  const std::string text = *Tok().DecodeBytes(explicit_items);
   EXPECT_NE(text.find("<|channel|>analysis<|message|>Need the weather."), std::string::npos) << text;
   EXPECT_NE(text.find("functions.get_weather to=assistant"), std::string::npos) << text;
 }
