@@ -179,8 +179,19 @@ std::vector<Json> ResponsesStream::Finish(common::FinishReason reason,
   std::vector<Json> out;
   if (finished_) return out;
   if (stop_token) ProcessToken(*stop_token, out);
-  (void)parser_.Finish();
   const bool cut = reason == common::LENGTH;
+  const bool in_header = parser_.state() == harmony::StreamParser::State::kHeader;
+  const size_t before = parser_.messages().size();
+  // Non-strict: a header the limit cut off is recovered into a message whose
+  // text was never streamed; it becomes an item now, as chat completions
+  // shows it (a random or confused model may never reach `<|message|>`).
+  if (parser_.Finish().ok() && in_header && parser_.messages().size() > before) {
+    const harmony::Message& recovered = parser_.messages().back();
+    if (recovered.recipient.empty() && !recovered.content.empty()) {
+      OpenItem(recovered, out);
+      AppendDelta(recovered.content, out);
+    }
+  }
   CloseItem(cut ? "incomplete" : "completed", out);
   prompt_tokens_ = prompt_tokens;
   completion_tokens_ = completion_tokens;

@@ -65,7 +65,8 @@ async function main() {
     assert.ok(['completed', 'incomplete'].includes(whole.status), whole.status);
     assert.equal(whole.instructions, 'You are terse.');
     assert.equal(whole.max_output_tokens, 48);
-    assert.ok(whole.output.length > 0);
+    // The random model may never write a readable header: then, as in chat
+    // completions, there is nothing to show.
     for (const item of whole.output) {
       assert.ok(['reasoning', 'message', 'function_call'].includes(item.type), item.type);
     }

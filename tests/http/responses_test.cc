@@ -179,6 +179,25 @@ TEST(ResponsesStreamTest, LengthLimitMakesItIncomplete) {
   EXPECT_EQ(r["output"][0]["status"], "incomplete");
 }
 
+// A header the length limit cut off (no `<|message|>`) still answers with
+// what can be read of it, as chat completions shows it.
+TEST(ResponsesStreamTest, HeaderCutOffByTheLimitShowsAsChatShowsIt) {
+  std::vector<tk::TokenId> ids = *Tok().EncodeOrdinary("final lorem ipsum dolor");
+  ids.insert(ids.begin(), tk::kChannel);
+  ResponsesStream s(&Tok(), "resp_4", "m", Json::object(), 1);
+  const std::vector<Json> events = Generate(s, ids, 0, common::LENGTH);
+  ResponseBuilder chat(&Tok(), Endpoint::kChat, "chatcmpl-4", "m", 1, {}, false);
+  chat.Feed(ids, {});
+  chat.Finish(common::LENGTH, std::nullopt, 12, static_cast<uint32_t>(ids.size()));
+  const std::string content = chat.Response()["choices"][0]["message"]["content"];
+  ASSERT_EQ(content, "lorem ipsum dolor");
+  const Json r = s.Response();
+  ASSERT_EQ(r["output"].size(), 1u);
+  EXPECT_EQ(r["output"][0]["type"], "message");
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], content);
+  EXPECT_EQ(events.back()["type"], "response.incomplete");
+}
+
 // ---- requests ----
 
 Json Request(Json extra) {
