@@ -16,9 +16,11 @@ async function check(name, fn) {
   console.log(`ok ${name}`);
 }
 
-// Items without the ids that differ from one response to the next.
+// Items without the ids that differ from one response to the next, and
+// without what the stream helper adds (parsed, parsed_arguments).
 function withoutIds(items) {
-  return items.map(({ id, call_id, ...rest }) => rest);
+  const dropped = ['id', 'call_id', 'parsed', 'parsed_arguments'];
+  return JSON.parse(JSON.stringify(items, (key, value) => (dropped.includes(key) ? undefined : value)));
 }
 
 function checkUsage(r) {
@@ -52,28 +54,53 @@ async function expectError(params, status, param) {
   assert.fail(`no error for ${JSON.stringify(params)}`);
 }
 
+// The token of "analysis" (o200k): with a +100 bias the random model opens
+// an analysis message, and the json_schema constraint (reasoning free, then a
+// final answer that conforms) closes it, so both a reasoning item and a
+// message come out, deterministically at temperature 0.
+const kAnalysisToken = 35644;
+const answerFormat = {
+  format: {
+    type: 'json_schema', name: 'answer', strict: true,
+    schema: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'], additionalProperties: false },
+  },
+};
+
 async function main() {
+  await check('unconstrained response', async () => {
+    const r = await client.responses.create({ model, input: 'Count to five.', temperature: 0, max_output_tokens: 24 });
+    assert.equal(r.object, 'response');
+    assert.ok(['completed', 'incomplete'].includes(r.status), r.status);
+    // The random model may never write a readable header: then, as in chat
+    // completions, there is nothing to show.
+    for (const item of r.output) assert.ok(['reasoning', 'message', 'function_call'].includes(item.type), item.type);
+    checkUsage(r);
+  });
+
   const base = {
-    model, instructions: 'You are terse.', input: 'Count to five.', temperature: 0, max_output_tokens: 48,
+    model, instructions: 'You are terse.', input: 'Answer in JSON.', temperature: 0, max_output_tokens: 64,
+    reasoning: { effort: 'high' }, text: answerFormat, logit_bias: { [kAnalysisToken]: 100 },
   };
   let whole;
-  await check('non-streamed response', async () => {
+  await check('non-streamed response with a reasoning item', async () => {
     whole = await client.responses.create(base);
     assert.equal(whole.object, 'response');
     assert.ok(whole.id.startsWith('resp_'));
     assert.equal(whole.model, model);
-    assert.ok(['completed', 'incomplete'].includes(whole.status), whole.status);
+    assert.equal(whole.status, 'completed');
     assert.equal(whole.instructions, 'You are terse.');
-    assert.equal(whole.max_output_tokens, 48);
-    // The random model may never write a readable header: then, as in chat
-    // completions, there is nothing to show.
-    for (const item of whole.output) {
-      assert.ok(['reasoning', 'message', 'function_call'].includes(item.type), item.type);
-    }
+    assert.equal(whole.max_output_tokens, 64);
+    assert.equal(whole.reasoning.effort, 'high');
+    assert.deepEqual(whole.output.map((i) => i.type), ['reasoning', 'message'], JSON.stringify(whole.output));
+    const [rs, msg] = whole.output;
+    assert.equal(rs.content[0].type, 'reasoning_text');
+    assert.ok(rs.content[0].text.startsWith('analysis'), rs.content[0].text);
+    assert.equal(msg.role, 'assistant');
+    assert.equal(msg.content[0].type, 'output_text');
+    assert.equal(typeof JSON.parse(msg.content[0].text).a, 'number');
+    assert.equal(whole.output_text, msg.content[0].text);
     checkUsage(whole);
-    const text = whole.output.filter((i) => i.type === 'message')
-      .map((i) => i.content.map((c) => c.text).join('')).join('');
-    assert.equal(whole.output_text, text);
+    assert.ok(whole.usage.output_tokens_details.reasoning_tokens > 0);
   });
 
   await check('streamed response equals the whole one', async () => {
@@ -84,39 +111,35 @@ async function main() {
     events.forEach((e, i) => assert.equal(e.sequence_number, i));
     assert.equal(events[0].type, 'response.created');
     assert.equal(events[1].type, 'response.in_progress');
-    assert.equal(events.at(-1).type, whole.status === 'completed' ? 'response.completed' : 'response.incomplete');
+    assert.equal(events.at(-1).type, 'response.completed');
     assert.deepEqual(withoutIds(final.output), withoutIds(whole.output));
     assert.deepEqual(final.usage, whole.usage);
-    let deltas = '';
-    for (const e of events) if (e.type === 'response.output_text.delta') deltas += e.delta;
-    assert.equal(deltas, final.output_text);
-  });
-
-  await check('reasoning items carry the analysis text', async () => {
-    // The structured-output constraint forces a final JSON answer; what the
-    // random model reasons before it is free. Some seed gives a reasoning item.
-    let found = null;
-    for (let seed = 1; seed <= 12 && !found; seed++) {
-      const r = await client.responses.create({
-        model, input: 'Answer in JSON.', seed, max_output_tokens: 64, reasoning: { effort: 'high' },
-        text: { format: { type: 'json_schema', name: 'answer', schema: { type: 'object', properties: { a: { type: 'integer' } }, required: ['a'], additionalProperties: false } } },
-      });
-      found = r.output.find((i) => i.type === 'reasoning' && i.content[0].text.length > 0) ? r : null;
+    let text = '', reasoning = '';
+    for (const e of events) {
+      if (e.type === 'response.output_text.delta') text += e.delta;
+      if (e.type === 'response.reasoning_text.delta') reasoning += e.delta;
     }
-    assert.ok(found, 'no reasoning item in 12 seeds');
-    assert.equal(found.reasoning.effort, 'high');
-    const rs = found.output.find((i) => i.type === 'reasoning');
-    assert.equal(rs.content[0].type, 'reasoning_text');
-    assert.ok(found.usage.output_tokens_details.reasoning_tokens > 0);
+    assert.equal(text, final.output_text);
+    assert.equal(reasoning, whole.output[0].content[0].text);
+    for (const type of ['response.output_item.added', 'response.content_part.added', 'response.output_text.done',
+      'response.reasoning_text.done', 'response.content_part.done', 'response.output_item.done']) {
+      assert.ok(events.some((e) => e.type === type), type);
+    }
   });
 
-  const ask = { model, input: 'What is the weather in Paris?', tools: [weather], tool_choice: 'required', temperature: 0, max_output_tokens: 160 };
+  // tool_choice required: the grammar makes even the random model call the
+  // tool; the bias makes it reason first, so the round trips below carry a
+  // reasoning item back (Harmony keeps the analysis before a call).
+  const ask = {
+    model, input: 'What is the weather in Paris?', tools: [weather], tool_choice: 'required', temperature: 0,
+    max_output_tokens: 160, logit_bias: { [kAnalysisToken]: 100 },
+  };
   const output = (call) => ({ type: 'function_call_output', call_id: call.call_id, output: '{"celsius": 21}' });
   let stored;
   await check('tool call round trip through previous_response_id', async () => {
     const first = await client.responses.create(ask);
-    const call = first.output.find((i) => i.type === 'function_call');
-    assert.ok(call, JSON.stringify(first.output));
+    assert.deepEqual(first.output.map((i) => i.type), ['reasoning', 'function_call'], JSON.stringify(first.output));
+    const call = first.output[1];
     assert.equal(call.name, 'get_weather');
     assert.ok(call.call_id.startsWith('call_'));
     const args = JSON.parse(call.arguments);
@@ -142,6 +165,12 @@ async function main() {
     // The same conversation: the same Harmony prompt, so the same answer.
     assert.equal(second.usage.input_tokens, stored.second.usage.input_tokens);
     assert.deepEqual(withoutIds(second.output), withoutIds(stored.second.output));
+    // The reasoning item is in the prompt: without it the prompt is shorter.
+    const withoutReasoning = await client.responses.create({
+      model, input: [{ role: 'user', content: ask.input }, first.output[1], output(call)], tools: [weather],
+      max_output_tokens: 1, store: false,
+    });
+    assert.ok(withoutReasoning.usage.input_tokens < second.usage.input_tokens);
     // Not stored: it cannot be continued.
     await expectError({ model, previous_response_id: first.id, input: 'and?' }, 404, 'previous_response_id');
   });
