@@ -12,10 +12,9 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
@@ -24,9 +23,9 @@
 namespace flotilla::coordinator {
 
 struct ResponseStoreOptions {
-  size_t max_entries = 1024;                 // --responses-store-max-entries
-  absl::Duration max_age = absl::Hours(1);   // --responses-store-ttl-s
-  size_t max_bytes = 256u << 20;             // --responses-store-max-bytes
+  size_t max_entries = 1024;                // --responses-store-max-entries
+  absl::Duration max_age = absl::Hours(1);  // --responses-store-ttl-s
+  size_t max_bytes = 256u << 20;            // --responses-store-max-bytes
 };
 
 class ResponseStore {

@@ -58,7 +58,8 @@ HttpResponse ErrorResponse(const absl::Status& status) {
 std::string Events(const std::vector<Json>& events) {
   std::string text;
   for (const Json& e : events) {
-    absl::StrAppend(&text, "event: ", e["type"].get<std::string>(), "\ndata: ", DumpJson(e), "\n\n");
+    absl::StrAppend(&text, "event: ", e["type"].get<std::string>(), "\ndata: ", DumpJson(e),
+                    "\n\n");
   }
   return text;
 }
@@ -85,8 +86,10 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   if (g.stream) {
     if (!status.ok()) {
       const ApiError e = ResponsesError(status);
-      Json error{{"type", "error"}, {"code", e.code.empty() ? Json(nullptr) : Json(e.code)},
-                 {"message", e.message}, {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}};
+      Json error{{"type", "error"},
+                 {"code", e.code.empty() ? Json(nullptr) : Json(e.code)},
+                 {"message", e.message},
+                 {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}};
       EmitLocked(g, absl::StrCat("event: error\ndata: ", DumpJson(error), "\n\n"));
     }
     if (g.begun) g.exchange->End();
@@ -107,7 +110,8 @@ std::vector<Json> DrainUpdate(ResponseGeneration& g, const cluster::SequenceUpda
   std::optional<tokenizer::TokenId> stop;
   if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
   std::vector<Json> last = g.builder->Finish(
-      u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens, u.completion_tokens());
+      u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens,
+      u.completion_tokens());
   out.insert(out.end(), std::make_move_iterator(last.begin()), std::make_move_iterator(last.end()));
   g.access->set_output_tokens(u.completion_tokens());
   g.access->set_finish_reason(u.finish_reason() == common::LENGTH ? "length" : "stop");
@@ -130,8 +134,9 @@ void Pump(const std::shared_ptr<ResponseGeneration>& g) {
     if (g->builder->finished()) {
       EndLocked(*g, absl::OkStatus());
     } else if (g->done) {
-      EndLocked(*g, g->done_status.ok() ? absl::InternalError("the request ended without a finish reason")
-                                        : g->done_status);
+      EndLocked(*g, g->done_status.ok()
+                        ? absl::InternalError("the request ended without a finish reason")
+                        : g->done_status);
     }
   }
   g->pumping = false;
@@ -147,7 +152,8 @@ void SchedulePump(const std::shared_ptr<ResponseGeneration>& g) {
   g->exchange->Defer([g] { Pump(g); });
 }
 
-RequestCallbacks Callbacks(const ResponsesHttpContext& context, const std::shared_ptr<ResponseGeneration>& g) {
+RequestCallbacks Callbacks(const ResponsesHttpContext& context,
+                           const std::shared_ptr<ResponseGeneration>& g) {
   RequestCallbacks cb;
   cb.on_accepted = [track = context.track, g](uint64_t request_id) {
     g->request_id = request_id;
@@ -162,15 +168,16 @@ RequestCallbacks Callbacks(const ResponsesHttpContext& context, const std::share
     }
     SchedulePump(g);
   };
-  cb.on_done = [untrack = context.untrack, in_flight = context.in_flight, g](const absl::Status& st) {
+  cb.on_done = [untrack = context.untrack, in_flight = context.in_flight,
+                g](const absl::Status& st) {
     {
       std::lock_guard<std::mutex> l(g->mu);
       g->done = true;
       g->done_status = st;
       if (!g->builder->finished()) {
-        g->access->set_finish_reason(st.code() == absl::StatusCode::kCancelled           ? "cancelled"
+        g->access->set_finish_reason(st.code() == absl::StatusCode::kCancelled ? "cancelled"
                                      : st.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
-                                                                                       : "error");
+                                                                                        : "error");
       }
     }
     SchedulePump(g);
@@ -219,14 +226,15 @@ absl::StatusOr<Prepared> Prepare(const ResponsesHttpContext& context, const Http
           ? ResolveModelName(context.served_model_names, model->get_ref<const std::string&>())
           : context.model_id;
   absl::StatusOr<PreparedRequest> chat =
-      PrepareResponsesRequest(out.request, out.history, model_id, *context.tokenizer, context.harmony,
-                              context.max_prompt_text_bytes);
+      PrepareResponsesRequest(out.request, out.history, model_id, *context.tokenizer,
+                              context.harmony, context.max_prompt_text_bytes);
   if (!chat.ok()) return chat.status();
   out.chat = *std::move(chat);
   return out;
 }
 
-cluster::SubmitSequence Submission(const PreparedRequest& prepared, std::optional<absl::Time> deadline) {
+cluster::SubmitSequence Submission(const PreparedRequest& prepared,
+                                   std::optional<absl::Time> deadline) {
   cluster::SubmitSequence submit;
   for (tokenizer::TokenId t : prepared.prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
   *submit.mutable_sampling() = prepared.sampling;
@@ -236,7 +244,8 @@ cluster::SubmitSequence Submission(const PreparedRequest& prepared, std::optiona
 }
 
 std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& context,
-                                                  std::shared_ptr<HttpExchange> exchange, Prepared& p) {
+                                                  std::shared_ptr<HttpExchange> exchange,
+                                                  Prepared& p) {
   const HttpRequest& req = exchange->request();
   auto g = std::make_shared<ResponseGeneration>();
   g->exchange = std::move(exchange);
@@ -247,7 +256,8 @@ std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& co
   g->access->set_request_id(id);
   g->access->set_prompt_tokens(g->prompt_tokens);
   g->builder = std::make_unique<ResponsesStream>(context.tokenizer, id, context.model_id,
-                                                 ResponseSettings(p.request), absl::ToUnixSeconds(absl::Now()));
+                                                 ResponseSettings(p.request),
+                                                 absl::ToUnixSeconds(absl::Now()));
   if (p.request.store) {
     g->store = context.store;
     g->conversation = std::move(p.history);
@@ -288,7 +298,8 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
     });
   }
   // A client that goes away cancels its request.
-  exchange->OnClientGone([g, manager] { manager->Cancel(g->request_id, "the HTTP client disconnected"); });
+  exchange->OnClientGone(
+      [g, manager] { manager->Cancel(g->request_id, "the HTTP client disconnected"); });
 }
 
 }  // namespace flotilla::coordinator

@@ -20,24 +20,48 @@ const Json* Field(const Json& object, const char* key) {
   return &*it;
 }
 
-absl::StatusOr<std::string> RequiredString(const Json& object, const char* key, const std::string& where) {
+absl::StatusOr<std::string> RequiredString(const Json& object, const char* key,
+                                           const std::string& where) {
   const Json* v = Field(object, key);
-  if (v == nullptr || !v->is_string()) return Invalid(absl::StrCat(where, ".", key), "is required (a string)");
+  if (v == nullptr || !v->is_string())
+    return Invalid(absl::StrCat(where, ".", key), "is required (a string)");
   return v->get<std::string>();
 }
 
 // Request fields the chat pipeline reads under the same name and meaning.
-constexpr const char* kSameInChat[] = {"model",     "temperature", "top_p",              "seed",
-                                       "top_k",     "min_p",       "repetition_penalty", "logit_bias",
-                                       "frequency_penalty", "presence_penalty"};
+constexpr const char* kSameInChat[] = {"model",
+                                       "temperature",
+                                       "top_p",
+                                       "seed",
+                                       "top_k",
+                                       "min_p",
+                                       "repetition_penalty",
+                                       "logit_bias",
+                                       "frequency_penalty",
+                                       "presence_penalty"};
 // Fields read here, or accepted as documented no-ops (user, safety_identifier,
 // prompt_cache_key: identifiers for OpenAI's abuse tracking and cache routing;
 // the prefix cache needs no key).
-constexpr const char* kResponsesFields[] = {
-    "input",  "instructions", "tools",    "tool_choice", "reasoning",  "text",
-    "stream", "store",        "previous_response_id",    "metadata",   "parallel_tool_calls",
-    "background", "include",  "truncation", "service_tier", "top_logprobs", "max_output_tokens",
-    "user",   "safety_identifier", "prompt_cache_key"};
+constexpr const char* kResponsesFields[] = {"input",
+                                            "instructions",
+                                            "tools",
+                                            "tool_choice",
+                                            "reasoning",
+                                            "text",
+                                            "stream",
+                                            "store",
+                                            "previous_response_id",
+                                            "metadata",
+                                            "parallel_tool_calls",
+                                            "background",
+                                            "include",
+                                            "truncation",
+                                            "service_tier",
+                                            "top_logprobs",
+                                            "max_output_tokens",
+                                            "user",
+                                            "safety_identifier",
+                                            "prompt_cache_key"};
 
 bool Known(const std::string& key) {
   for (const char* k : kSameInChat) {
@@ -62,35 +86,41 @@ absl::Status CheckUnsupported(const Json& body) {
   for (const auto& [key, value] : body.items()) {
     if (!Known(key)) return Invalid(key, "is not supported by this server");
   }
-  if (const Json* v = Field(body, "background"); v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
-    return Invalid("background", "true is not supported: a response is generated while its request waits");
+  if (const Json* v = Field(body, "background");
+      v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
+    return Invalid("background",
+                   "true is not supported: a response is generated while its request waits");
   }
   if (const Json* v = Field(body, "include"); v != nullptr) {
     if (!v->is_array()) return Invalid("include", "must be an array");
     if (!v->empty()) {
-      return Invalid("include[0]", absl::StrCat((*v)[0].dump(), " is not supported (reasoning "
-                                                             "text is always in the reasoning items)"));
+      return Invalid("include[0]", absl::StrCat((*v)[0].dump(),
+                                                " is not supported (reasoning "
+                                                "text is always in the reasoning items)"));
     }
   }
   if (const Json* v = Field(body, "truncation"); v != nullptr && *v != "disabled") {
-    return Invalid("truncation", "only \"disabled\" is supported (a conversation longer than the "
-                                 "context is a context_length_exceeded error)");
+    return Invalid("truncation",
+                   "only \"disabled\" is supported (a conversation longer than the "
+                   "context is a context_length_exceeded error)");
   }
-  if (const Json* v = Field(body, "service_tier"); v != nullptr && *v != "auto" && *v != "default") {
+  if (const Json* v = Field(body, "service_tier");
+      v != nullptr && *v != "auto" && *v != "default") {
     return Invalid("service_tier", "only \"auto\" and \"default\" are supported");
   }
   if (const Json* v = Field(body, "top_logprobs"); v != nullptr && *v != 0) {
     return Invalid("top_logprobs", "is not supported on /v1/responses (use /v1/chat/completions)");
   }
-  for (const char* key : {"user", "safety_identifier", "prompt_cache_key", "instructions",
-                          "previous_response_id"}) {
+  for (const char* key :
+       {"user", "safety_identifier", "prompt_cache_key", "instructions", "previous_response_id"}) {
     FLOTILLA_RETURN_IF_ERROR(CheckOptionalType(body, key, &Json::is_string, "a string"));
   }
   for (const char* key : {"stream", "store", "parallel_tool_calls"}) {
     FLOTILLA_RETURN_IF_ERROR(CheckOptionalType(body, key, &Json::is_boolean, "true or false"));
   }
   if (const Json* m = Field(body, "metadata"); m != nullptr) {
-    if (!m->is_object() || m->size() > 16) return Invalid("metadata", "must be an object of at most 16 strings");
+    if (!m->is_object() || m->size() > 16)
+      return Invalid("metadata", "must be an object of at most 16 strings");
     for (const auto& [key, value] : m->items()) {
       if (!value.is_string()) return Invalid(absl::StrCat("metadata.", key), "must be a string");
     }
@@ -116,7 +146,8 @@ absl::StatusOr<std::string> PartsText(const Json& content, const std::string& wh
     if (!allowed) {
       std::string list;
       for (const char* t : types) absl::StrAppend(&list, list.empty() ? "" : ", ", t);
-      return Invalid(pw + ".type", absl::StrCat("'", type, "' is not supported here (expected ", list, ")"));
+      return Invalid(pw + ".type",
+                     absl::StrCat("'", type, "' is not supported here (expected ", list, ")"));
     }
     FLOTILLA_ASSIGN_OR_RETURN(std::string piece, RequiredString(part, "text", pw));
     text += piece;
@@ -128,7 +159,8 @@ absl::StatusOr<std::string> PartsText(const Json& content, const std::string& wh
 // item it came from (for renaming the chat pipeline's errors).
 class ItemTranslator {
  public:
-  ItemTranslator(Json* messages, std::vector<std::string>* origin) : messages_(messages), origin_(origin) {}
+  ItemTranslator(Json* messages, std::vector<std::string>* origin)
+      : messages_(messages), origin_(origin) {}
 
   absl::Status Add(const Json& item, const std::string& where) {
     if (!item.is_object()) return Invalid(where, "must be an object");
@@ -159,24 +191,27 @@ class ItemTranslator {
     const Json* content = Field(item, "content");
     if (content == nullptr) return Invalid(where + ".content", "is required");
     if (role == "assistant") {
-      FLOTILLA_ASSIGN_OR_RETURN(std::string text,
-                                PartsText(*content, where + ".content", {"output_text", "input_text"}));
+      FLOTILLA_ASSIGN_OR_RETURN(
+          std::string text, PartsText(*content, where + ".content", {"output_text", "input_text"}));
       if (Has("content") || Has("tool_calls")) Flush();
       Pending(where)["content"] = text;
       return absl::OkStatus();
     }
     if (role != "user" && role != "system" && role != "developer") {
-      return Invalid(where + ".role", absl::StrCat("unknown role '", role,
-                                                   "' (expected user, system, developer or assistant)"));
+      return Invalid(where + ".role",
+                     absl::StrCat("unknown role '", role,
+                                  "' (expected user, system, developer or assistant)"));
     }
-    FLOTILLA_ASSIGN_OR_RETURN(std::string text, PartsText(*content, where + ".content", {"input_text"}));
+    FLOTILLA_ASSIGN_OR_RETURN(std::string text,
+                              PartsText(*content, where + ".content", {"input_text"}));
     Push(Json{{"role", role}, {"content", text}}, where);
     return absl::OkStatus();
   }
 
   absl::Status AddReasoning(const Json& item, const std::string& where) {
     if (Field(item, "encrypted_content") != nullptr) {
-      return Invalid(where + ".encrypted_content", "is not supported (this server never encrypts reasoning)");
+      return Invalid(where + ".encrypted_content",
+                     "is not supported (this server never encrypts reasoning)");
     }
     std::string text;
     if (const Json* content = Field(item, "content"); content != nullptr) {
@@ -208,7 +243,8 @@ class ItemTranslator {
     FLOTILLA_ASSIGN_OR_RETURN(std::string call_id, RequiredString(item, "call_id", where));
     const Json* output = Field(item, "output");
     if (output == nullptr) return Invalid(where + ".output", "is required");
-    FLOTILLA_ASSIGN_OR_RETURN(std::string text, PartsText(*output, where + ".output", {"input_text"}));
+    FLOTILLA_ASSIGN_OR_RETURN(std::string text,
+                              PartsText(*output, where + ".output", {"input_text"}));
     Push(Json{{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}}, where);
     return absl::OkStatus();
   }
@@ -277,7 +313,8 @@ absl::StatusOr<Json> ChatToolChoice(const Json& choice) {
   if (!choice.is_object()) return Invalid("tool_choice", "must be a string or an object");
   FLOTILLA_ASSIGN_OR_RETURN(std::string type, RequiredString(choice, "type", "tool_choice"));
   if (type != "function") {
-    return Invalid("tool_choice.type", absl::StrCat("'", type, "' is not supported (only \"function\")"));
+    return Invalid("tool_choice.type",
+                   absl::StrCat("'", type, "' is not supported (only \"function\")"));
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::string name, RequiredString(choice, "name", "tool_choice"));
   return Json{{"type", "function"}, {"function", {{"name", name}}}};
@@ -289,8 +326,10 @@ absl::Status ChatReasoning(const Json& reasoning, Json& chat) {
     if (key == "effort") {
       if (value.is_null()) continue;
       if (value != "low" && value != "medium" && value != "high") {
-        return Invalid("reasoning.effort", absl::StrCat("must be \"low\", \"medium\" or \"high\" (what "
-                                                        "gpt-oss knows), not ", value.dump()));
+        return Invalid("reasoning.effort",
+                       absl::StrCat("must be \"low\", \"medium\" or \"high\" (what "
+                                    "gpt-oss knows), not ",
+                                    value.dump()));
       }
       chat["reasoning_effort"] = value;
     } else if (key == "summary" || key == "generate_summary") {
@@ -399,7 +438,8 @@ std::string RenameField(const std::string& field, const std::vector<std::string>
     if (fn != std::string::npos) return field.substr(0, fn + 1) + field.substr(fn + 10);
   }
   for (const Prefix& p : kPrefixes) {
-    if (absl::StartsWith(field, p.chat)) return p.responses + field.substr(std::string(p.chat).size());
+    if (absl::StartsWith(field, p.chat))
+      return p.responses + field.substr(std::string(p.chat).size());
   }
   return field;
 }
@@ -408,9 +448,10 @@ absl::Status RenameError(const absl::Status& status, const std::vector<std::stri
   if (status.ok()) return status;
   const std::string message(status.message());
   const size_t colon = message.find(": ");
-  if (colon == std::string::npos || message.substr(0, colon).find(' ') != std::string::npos) return status;
-  absl::Status renamed(status.code(),
-                       absl::StrCat(RenameField(message.substr(0, colon), origin), message.substr(colon)));
+  if (colon == std::string::npos || message.substr(0, colon).find(' ') != std::string::npos)
+    return status;
+  absl::Status renamed(status.code(), absl::StrCat(RenameField(message.substr(0, colon), origin),
+                                                   message.substr(colon)));
   status.ForEachPayload(
       [&](absl::string_view url, const absl::Cord& payload) { renamed.SetPayload(url, payload); });
   return renamed;
@@ -419,12 +460,14 @@ absl::Status RenameError(const absl::Status& status, const std::vector<std::stri
 }  // namespace
 
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(const Json& body) {
-  if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  if (!body.is_object())
+    return absl::InvalidArgumentError("the request body must be a JSON object");
   FLOTILLA_RETURN_IF_ERROR(CheckUnsupported(body));
   ResponsesRequest out;
   out.body = body;
   FLOTILLA_ASSIGN_OR_RETURN(out.input_items, InputItems(body));
-  if (const Json* v = Field(body, "previous_response_id")) out.previous_response_id = v->get<std::string>();
+  if (const Json* v = Field(body, "previous_response_id"))
+    out.previous_response_id = v->get<std::string>();
   if (const Json* v = Field(body, "store")) out.store = v->get<bool>();
   if (const Json* v = Field(body, "stream")) out.stream = v->get<bool>();
   // Everything but the conversation's coherence (which needs the history) now.
@@ -437,12 +480,10 @@ absl::StatusOr<Json> ResponsesToChatBody(const ResponsesRequest& request, const 
   return std::move(chat.body);
 }
 
-absl::StatusOr<PreparedRequest> PrepareResponsesRequest(const ResponsesRequest& request,
-                                                        const Json& history,
-                                                        std::string_view model_id,
-                                                        const tokenizer::Tokenizer& tok,
-                                                        const harmony::OpenAiRequestOptions& options,
-                                                        size_t max_prompt_text_bytes) {
+absl::StatusOr<PreparedRequest> PrepareResponsesRequest(
+    const ResponsesRequest& request, const Json& history, std::string_view model_id,
+    const tokenizer::Tokenizer& tok, const harmony::OpenAiRequestOptions& options,
+    size_t max_prompt_text_bytes) {
   FLOTILLA_ASSIGN_OR_RETURN(ChatBody chat, Translate(request, history));
   absl::StatusOr<PreparedRequest> prepared =
       PrepareChatRequest(chat.body, model_id, tok, options, max_prompt_text_bytes);

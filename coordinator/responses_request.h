@@ -14,10 +14,9 @@
 // the items' order; a function_call_output is a tool message.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "coordinator/harmony/openai.h"
@@ -44,12 +43,10 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(const Json& body);
 absl::StatusOr<Json> ResponsesToChatBody(const ResponsesRequest& request, const Json& history);
 
 // ResponsesToChatBody + PrepareChatRequest, errors named as Responses fields.
-absl::StatusOr<PreparedRequest> PrepareResponsesRequest(const ResponsesRequest& request,
-                                                        const Json& history,
-                                                        std::string_view model_id,
-                                                        const tokenizer::Tokenizer& tok,
-                                                        const harmony::OpenAiRequestOptions& options,
-                                                        size_t max_prompt_text_bytes = 0);
+absl::StatusOr<PreparedRequest> PrepareResponsesRequest(
+    const ResponsesRequest& request, const Json& history, std::string_view model_id,
+    const tokenizer::Tokenizer& tok, const harmony::OpenAiRequestOptions& options,
+    size_t max_prompt_text_bytes = 0);
 
 // The request's settings as the Response object repeats them (instructions,
 // tools, tool_choice, reasoning, text, sampling, store, metadata, ...).

@@ -26,8 +26,8 @@ Json TextPart(const char* type, const std::string& text) {
 
 }  // namespace
 
-ResponsesStream::ResponsesStream(const tokenizer::Tokenizer* tokenizer, std::string id, std::string model,
-                                 Json settings, int64_t created_at)
+ResponsesStream::ResponsesStream(const tokenizer::Tokenizer* tokenizer, std::string id,
+                                 std::string model, Json settings, int64_t created_at)
     : tok_(tokenizer),
       id_(std::move(id)),
       model_(std::move(model)),
@@ -127,7 +127,8 @@ void ResponsesStream::CloseItem(const char* status, std::vector<Json>& out) {
     item["content"] = Json::array({part});
     fields["text"] = open_text_;
     if (!reasoning) fields["logprobs"] = Json::array();
-    out.push_back(Event(reasoning ? "response.reasoning_text.done" : "response.output_text.done", fields));
+    out.push_back(
+        Event(reasoning ? "response.reasoning_text.done" : "response.output_text.done", fields));
     fields.erase("text");
     fields.erase("logprobs");
     fields["part"] = std::move(part);
@@ -170,7 +171,8 @@ std::vector<Json> ResponsesStream::Feed(const std::vector<tokenizer::TokenId>& t
 }
 
 std::vector<Json> ResponsesStream::FeedUpdate(const cluster::SequenceUpdate& update) {
-  return Feed(std::vector<tokenizer::TokenId>(update.token_ids().begin(), update.token_ids().end()));
+  return Feed(
+      std::vector<tokenizer::TokenId>(update.token_ids().begin(), update.token_ids().end()));
 }
 
 std::vector<Json> ResponsesStream::Finish(common::FinishReason reason,

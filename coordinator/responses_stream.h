@@ -44,8 +44,9 @@ class ResponsesStream {
   // among the tokens): closes what is open (as incomplete when the length
   // limit cut it) and returns the last events, response.completed or
   // response.incomplete last.
-  std::vector<Json> Finish(common::FinishReason reason, std::optional<tokenizer::TokenId> stop_token,
-                           uint32_t prompt_tokens, uint32_t completion_tokens);
+  std::vector<Json> Finish(common::FinishReason reason,
+                           std::optional<tokenizer::TokenId> stop_token, uint32_t prompt_tokens,
+                           uint32_t completion_tokens);
 
   bool finished() const { return finished_; }
   // The Response object: in progress until Finish, then the whole answer.

@@ -17,7 +17,9 @@ struct FakeClock {
   }
 };
 
-Json Items(const std::string& text) { return Json::array({Json{{"type", "message"}, {"content", text}}}); }
+Json Items(const std::string& text) {
+  return Json::array({Json{{"type", "message"}, {"content", text}}});
+}
 
 TEST(ResponseStoreTest, KeepsAndReturnsItems) {
   FakeClock clock;

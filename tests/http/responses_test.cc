@@ -39,7 +39,8 @@ std::vector<tk::TokenId> Completion(const std::vector<Message>& messages, tk::To
   return ids;
 }
 
-Message Assistant(const std::string& channel, const std::string& content, const std::string& to = "") {
+Message Assistant(const std::string& channel, const std::string& content,
+                  const std::string& to = "") {
   Message m;
   m.role = Role::kAssistant;
   m.channel = channel;
@@ -59,14 +60,15 @@ const Json kWeatherTool = {{"type", "function"},
                              {"required", {"location"}}}}};
 
 // Feeds `ids` one token at a time; returns every event.
-std::vector<Json> Generate(ResponsesStream& s, const std::vector<tk::TokenId>& ids, tk::TokenId stop,
-                      common::FinishReason reason = common::STOP) {
+std::vector<Json> Generate(ResponsesStream& s, const std::vector<tk::TokenId>& ids,
+                           tk::TokenId stop, common::FinishReason reason = common::STOP) {
   std::vector<Json> events = s.Begin();
   for (tk::TokenId t : ids) {
     for (Json& e : s.Feed({t})) events.push_back(std::move(e));
   }
-  for (Json& e : s.Finish(reason, reason == common::STOP ? std::optional<tk::TokenId>(stop) : std::nullopt,
-                          12, static_cast<uint32_t>(ids.size() + 1))) {
+  for (Json& e :
+       s.Finish(reason, reason == common::STOP ? std::optional<tk::TokenId>(stop) : std::nullopt,
+                12, static_cast<uint32_t>(ids.size() + 1))) {
     events.push_back(std::move(e));
   }
   return events;
@@ -101,7 +103,8 @@ TEST(ResponsesStreamTest, ReasoningAndToolCallBecomeItemsAndEvents) {
   std::string reasoning, arguments;
   for (const Json& e : events) {
     if (e["type"] == "response.reasoning_text.delta") reasoning += e["delta"].get<std::string>();
-    if (e["type"] == "response.function_call_arguments.delta") arguments += e["delta"].get<std::string>();
+    if (e["type"] == "response.function_call_arguments.delta")
+      arguments += e["delta"].get<std::string>();
   }
   EXPECT_EQ(reasoning, "Need the weather.");
   EXPECT_EQ(arguments, kArgs);
@@ -133,7 +136,8 @@ TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
   tk::TokenId stop;
   const std::vector<tk::TokenId> ids =
       Completion({Assistant("analysis", "Say hi."), Assistant("final", "Hello, wörld!")}, &stop);
-  stop = tk::kReturn;  // rendered as history the answer ends with <|end|>; generated, with <|return|>
+  stop =
+      tk::kReturn;  // rendered as history the answer ends with <|end|>; generated, with <|return|>
   ResponsesStream streamed(&Tok(), "resp_2", "m", Json::object(), 1);
   const std::vector<Json> events = Generate(streamed, ids, stop);
   ResponsesStream whole(&Tok(), "resp_2", "m", Json::object(), 1);
@@ -260,20 +264,28 @@ TEST(ResponsesRequestTest, RoundTripItemsAndHistoryGiveTheSamePrompt) {
         {"id", "rs_1"},
         {"summary", Json::array()},
         {"content", {{{"type", "reasoning_text"}, {"text", "Need the weather."}}}}},
-       {{"type", "function_call"}, {"call_id", "call_9"}, {"name", "get_weather"}, {"arguments", kArgs}}});
-  const Json output = {{"type", "function_call_output"}, {"call_id", "call_9"}, {"output", "20 C, sunny"}};
+       {{"type", "function_call"},
+        {"call_id", "call_9"},
+        {"name", "get_weather"},
+        {"arguments", kArgs}}});
+  const Json output = {
+      {"type", "function_call_output"}, {"call_id", "call_9"}, {"output", "20 C, sunny"}};
   Json all = first_turn;
   all.push_back(output);
   const Json tools = Json::array({kWeatherTool});
-  const std::vector<tk::TokenId> explicit_items = ResponsesPrompt(Request({{"input", all}, {"tools", tools}}));
+  const std::vector<tk::TokenId> explicit_items =
+      ResponsesPrompt(Request({{"input", all}, {"tools", tools}}));
   const std::vector<tk::TokenId> from_store = ResponsesPrompt(
-      Request({{"input", Json::array({output})}, {"tools", tools}, {"previous_response_id", "resp_1"}}),
+      Request(
+          {{"input", Json::array({output})}, {"tools", tools}, {"previous_response_id", "resp_1"}}),
       first_turn);
   EXPECT_EQ(explicit_items, from_store);
 
   Json chat_tool = {{"type", "function"},
-                    {"function", {{"name", "get_weather"}, {"description", "Gets the weather"},
-                                  {"parameters", kWeatherTool["parameters"]}}}};
+                    {"function",
+                     {{"name", "get_weather"},
+                      {"description", "Gets the weather"},
+                      {"parameters", kWeatherTool["parameters"]}}}};
   const Json chat = {
       {"model", "m"},
       {"tools", {chat_tool}},
@@ -282,18 +294,22 @@ TEST(ResponsesRequestTest, RoundTripItemsAndHistoryGiveTheSamePrompt) {
         {{"role", "assistant"},
          {"reasoning_content", "Need the weather."},
          {"tool_calls",
-          {{{"id", "call_9"}, {"type", "function"},
+          {{{"id", "call_9"},
+            {"type", "function"},
             {"function", {{"name", "get_weather"}, {"arguments", kArgs}}}}}}},
         {{"role", "tool"}, {"tool_call_id", "call_9"}, {"content", "20 C, sunny"}}}}};
   EXPECT_EQ(explicit_items, ChatPrompt(chat));
   const std::string text = *Tok().DecodeBytes(explicit_items);
-  EXPECT_NE(text.find("<|channel|>analysis<|message|>Need the weather."), std::string::npos) << text;
+  EXPECT_NE(text.find("<|channel|>analysis<|message|>Need the weather."), std::string::npos)
+      << text;
   EXPECT_NE(text.find("functions.get_weather to=assistant"), std::string::npos) << text;
 }
 
 TEST(ResponsesRequestTest, TextFormatAndToolChoiceBecomeTheConstraint) {
-  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(Request(
-      {{"text", {{"format", {{"type", "json_schema"}, {"name", "w"}, {"schema", {{"type", "object"}}}}}}}}));
+  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(
+      Request({{"text",
+                {{"format",
+                  {{"type", "json_schema"}, {"name", "w"}, {"schema", {{"type", "object"}}}}}}}}));
   ASSERT_TRUE(r.ok()) << r.status();
   absl::StatusOr<PreparedRequest> p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
   ASSERT_TRUE(p.ok()) << p.status();
@@ -307,8 +323,9 @@ TEST(ResponsesRequestTest, TextFormatAndToolChoiceBecomeTheConstraint) {
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(p->constraint->tool_required);
 
-  r = ParseResponsesRequest(Request({{"tools", {kWeatherTool}},
-                                     {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}}}));
+  r = ParseResponsesRequest(
+      Request({{"tools", {kWeatherTool}},
+               {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}}}));
   ASSERT_TRUE(r.ok()) << r.status();
   p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
   ASSERT_TRUE(p.ok()) << p.status();
@@ -322,11 +339,15 @@ TEST(ResponsesRequestTest, ErrorsNameTheResponsesField) {
   } cases[] = {
       {{{"tools", {{{"type", "web_search"}}}}}, "tools[0].type"},
       {{{"tools", {{{"type", "function"}}}}}, "tools[0].name"},
-      {{{"input", {{{"role", "user"}, {"content", "hi"}}, {{"type", "image_generation_call"}}}}}, "input[1].type"},
-      {{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}}, "input[0].content[0].type"},
+      {{{"input", {{{"role", "user"}, {"content", "hi"}}, {{"type", "image_generation_call"}}}}},
+       "input[1].type"},
+      {{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}},
+       "input[0].content[0].type"},
       {{{"input", {{{"role", "robot"}, {"content", "hi"}}}}}, "input[0].role"},
-      {{{"input", {{{"type", "function_call_output"}, {"call_id", "nope"}, {"output", "x"}}}}}, "input[0].call_id"},
-      {{{"input", {{{"type", "reasoning"}, {"encrypted_content", "xx"}}}}}, "input[0].encrypted_content"},
+      {{{"input", {{{"type", "function_call_output"}, {"call_id", "nope"}, {"output", "x"}}}}},
+       "input[0].call_id"},
+      {{{"input", {{{"type", "reasoning"}, {"encrypted_content", "xx"}}}}},
+       "input[0].encrypted_content"},
       {{{"input", 5}}, "input"},
       {{{"background", true}}, "background"},
       {{{"include", {"reasoning.encrypted_content"}}}, "include[0]"},
@@ -338,9 +359,14 @@ TEST(ResponsesRequestTest, ErrorsNameTheResponsesField) {
       {{{"temperature", 9}}, "temperature"},
       {{{"tool_choice", {{"type", "file_search"}}}}, "tool_choice.type"},
       {{{"tool_choice", "required"}}, "tool_choice"},
-      {{{"tools", {kWeatherTool}}, {"tool_choice", {{"type", "function"}, {"name", "other"}}}}, "tool_choice.name"},
+      {{{"tools", {kWeatherTool}}, {"tool_choice", {{"type", "function"}, {"name", "other"}}}},
+       "tool_choice.name"},
       {{{"text", {{"format", {{"type", "yaml"}}}}}}, "text.format.type"},
-      {{{"text", {{"format", {{"type", "json_schema"}, {"name", "x"}, {"schema", {{"type", "object"}, {"patternProperties", Json::object()}}}}}}}},
+      {{{"text",
+         {{"format",
+           {{"type", "json_schema"},
+            {"name", "x"},
+            {"schema", {{"type", "object"}, {"patternProperties", Json::object()}}}}}}}},
        "text.format.schema"},
       {{{"metadata", {{"k", 1}}}}, "metadata.k"},
   };
@@ -355,14 +381,19 @@ TEST(ResponsesRequestTest, ErrorsNameTheResponsesField) {
     ASSERT_FALSE(p.ok()) << c.extra.dump();
     const ApiError e = ErrorFromStatus(p.status());
     EXPECT_EQ(e.http_status, 400) << c.extra.dump() << ": " << e.message;
-    EXPECT_EQ(e.param.substr(0, std::string(c.param).size()), c.param) << c.extra.dump() << ": " << e.message;
+    EXPECT_EQ(e.param.substr(0, std::string(c.param).size()), c.param)
+        << c.extra.dump() << ": " << e.message;
   }
 }
 
 TEST(ResponsesRequestTest, SettingsAreRepeatedInTheResponse) {
-  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(
-      Request({{"instructions", "Be brief."}, {"tools", {kWeatherTool}}, {"store", false},
-               {"temperature", 0}, {"metadata", {{"k", "v"}}}, {"reasoning", {{"effort", "low"}}}}));
+  absl::StatusOr<ResponsesRequest> r =
+      ParseResponsesRequest(Request({{"instructions", "Be brief."},
+                                     {"tools", {kWeatherTool}},
+                                     {"store", false},
+                                     {"temperature", 0},
+                                     {"metadata", {{"k", "v"}}},
+                                     {"reasoning", {{"effort", "low"}}}}));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_FALSE(r->store);
   const Json s = ResponseSettings(*r);
