@@ -6,12 +6,7 @@
 // are renamed to the Responses field they came from (`messages[3]` ->
 // `input[1]`, `response_format.json_schema.schema` -> `text.format.schema`).
 // No HTTP here: the HTTP driver and tests call it.
-//
-// Item -> chat message: a user/system/developer message is that message; a run
-// of assistant-side items (reasoning, assistant message, function_call) is one
-// assistant message (reasoning_content, content, tool_calls), split where the
-// Harmony order (analysis, then commentary or final, then calls) would change
-// the items' order; a function_call_output is a tool message.
+// The items become chat messages as responses_items.h says.
 #pragma once
 
 #include <nlohmann/json.hpp>
