@@ -305,6 +305,25 @@ TEST(ResponsesRequestTest, RoundTripItemsAndHistoryGiveTheSamePrompt) {
   EXPECT_NE(text.find("functions.get_weather to=assistant"), std::string::npos) << text;
 }
 
+// After a final answer, Harmony drops the turn's analysis from the prompt;
+// the stored reasoning item does not bring it back.
+TEST(ResponsesRequestTest, ReasoningBeforeAFinalAnswerIsDroppedOnTheNextTurn) {
+  const Json history =
+      Json::array({{{"type", "message"}, {"role", "user"}, {"content", "Hi"}},
+                   {{"type", "reasoning"},
+                    {"summary", Json::array()},
+                    {"content", {{{"type", "reasoning_text"}, {"text", "Greet back."}}}}},
+                   {{"type", "message"},
+                    {"role", "assistant"},
+                    {"content", {{{"type", "output_text"}, {"text", "Hello!"}}}}}});
+  const std::vector<tk::TokenId> prompt = ResponsesPrompt(
+      Request({{"input", "And now?"}, {"previous_response_id", "resp_0"}}), history);
+  const std::string text = *Tok().DecodeBytes(prompt);
+  EXPECT_EQ(text.find("Greet back."), std::string::npos) << text;
+  EXPECT_NE(text.find("<|channel|>final<|message|>Hello!<|end|>"), std::string::npos) << text;
+  EXPECT_NE(text.find("And now?"), std::string::npos) << text;
+}
+
 TEST(ResponsesRequestTest, TextFormatAndToolChoiceBecomeTheConstraint) {
   absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(
       Request({{"text",
