@@ -86,11 +86,7 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   if (g.stream) {
     if (!status.ok()) {
       const ApiError e = ResponsesError(status);
-      Json error{{"type", "error"},
-                 {"code", e.code.empty() ? Json(nullptr) : Json(e.code)},
-                 {"message", e.message},
-                 {"param", e.param.empty() ? Json(nullptr) : Json(e.param)}};
-      EmitLocked(g, absl::StrCat("event: error\ndata: ", DumpJson(error), "\n\n"));
+      EmitLocked(g, Events({g.builder->ErrorEvent(e.code, e.message, e.param)}));
     }
     if (g.begun) g.exchange->End();
     return;

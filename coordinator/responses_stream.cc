@@ -209,6 +209,13 @@ std::vector<Json> ResponsesStream::Finish(common::FinishReason reason,
   return out;
 }
 
+Json ResponsesStream::ErrorEvent(const std::string& code, const std::string& message,
+                                 const std::string& param) {
+  return Event("error", Json{{"code", code.empty() ? Json(nullptr) : Json(code)},
+                             {"message", message},
+                             {"param", param.empty() ? Json(nullptr) : Json(param)}});
+}
+
 Json ResponsesStream::Response() const {
   Json r;
   r["id"] = id_;

@@ -48,6 +48,10 @@ class ResponsesStream {
                            std::optional<tokenizer::TokenId> stop_token, uint32_t prompt_tokens,
                            uint32_t completion_tokens);
 
+  // The `error` event that ends a stream the generation failed under
+  // (`code` and `param` empty: null), numbered after the events so far.
+  Json ErrorEvent(const std::string& code, const std::string& message, const std::string& param);
+
   bool finished() const { return finished_; }
   // The Response object: in progress until Finish, then the whole answer.
   Json Response() const;

@@ -306,6 +306,16 @@ TEST_F(HttpApiTest, ResponsesStreamDisconnectAndDeadline) {
   Json j = Json::parse(r->body, nullptr, false);
   ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
   EXPECT_EQ(j["error"]["type"], "timeout_error");
+
+  // Streamed, the deadline ends the stream with an `error` event.
+  auto streamed = c.Post("/v1/responses", httplib::Headers{{"X-Request-Timeout", "1"}},
+                         body.substr(0, body.size() - 1) + R"(, "stream": true})", "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  const size_t error = streamed->body.rfind("event: error\ndata: ");
+  ASSERT_NE(error, std::string::npos) << streamed->body.substr(0, 2000);
+  EXPECT_NE(streamed->body.find("deadline", error), std::string::npos) << streamed->body.substr(error);
+  EXPECT_EQ(streamed->body.find("response.completed"), std::string::npos);
 }
 
 }  // namespace

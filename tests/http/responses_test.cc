@@ -181,6 +181,11 @@ TEST(ResponsesStreamTest, LengthLimitMakesItIncomplete) {
   EXPECT_EQ(r["incomplete_details"]["reason"], "max_output_tokens");
   ASSERT_EQ(r["output"].size(), 1u);
   EXPECT_EQ(r["output"][0]["status"], "incomplete");
+  // An error event is numbered after the rest.
+  const Json error = s.ErrorEvent("", "the request's deadline passed", "");
+  EXPECT_EQ(error["type"], "error");
+  EXPECT_EQ(error["sequence_number"], events.size());
+  EXPECT_TRUE(error["code"].is_null());
 }
 
 // A header the length limit cut off (no `<|message|>`) still answers with
