@@ -216,6 +216,16 @@ int main(int argc, char** argv) {
   app.add_option("--http-idle-timeout-s", idle_timeout_s,
                  "seconds a kept-alive HTTP connection may wait for its next request")
       ->envname("FLOTILLA_HTTP_IDLE_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+  double responses_ttl_s = 3600;
+  app.add_option("--responses-store-max-entries", http_options.responses_store.max_entries,
+                 "/v1/responses kept for previous_response_id at most (the oldest go first)")
+      ->envname("FLOTILLA_RESPONSES_STORE_MAX_ENTRIES")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--responses-store-ttl-s", responses_ttl_s,
+                 "seconds a stored /v1/responses answer stays usable as previous_response_id")
+      ->envname("FLOTILLA_RESPONSES_STORE_TTL_S")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--responses-store-max-bytes", http_options.responses_store.max_bytes,
+                 "bytes of stored /v1/responses conversations at most (the oldest go first)")
+      ->envname("FLOTILLA_RESPONSES_STORE_MAX_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
   flotilla::LogOptions log_options;
   flotilla::AddLogFlags(app, &log_options);
   flotilla::AddVersionFlag(app, "flotilla-coordinator");
@@ -370,6 +380,7 @@ int main(int argc, char** argv) {
     http_options.header_timeout = absl::Seconds(header_timeout_s);
     http_options.body_timeout = absl::Seconds(body_timeout_s);
     http_options.idle_timeout = absl::Seconds(idle_timeout_s);
+    http_options.responses_store.max_age = absl::Seconds(responses_ttl_s);
     http_options.listen = http_listen;
     http_options.model_id = model_id;
     http_options.served_model_names = *served_names;

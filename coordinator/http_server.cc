@@ -251,7 +251,7 @@ absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const HttpRequest& req
 
 // The path label of a request in flotilla_http_requests_total.
 std::string PathLabel(const std::string& path) {
-  static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health",
+  static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health",
                                  "/metrics", "/tokenize", "/detokenize"};
   for (const char* k : kKnown) {
     if (path == k) return k;
@@ -331,6 +331,19 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
   s->port_ = s->server_->port();
   HttpTransport* transport = s->server_.get();
   s->metrics_->connections = [transport] { return transport->connections(); };
+  absl::StatusOr<std::unique_ptr<ResponseStore>> store = ResponseStore::Create(s->options_.responses_store);
+  if (!store.ok()) return store.status();
+  s->responses_store_ = *std::move(store);
+  s->responses_ = ResponsesHttpContext{manager,
+                                       tokenizer,
+                                       s->responses_store_.get(),
+                                       s->options_.model_id,
+                                       s->options_.served_model_names,
+                                       s->options_.harmony,
+                                       s->options_.limits.max_prompt_text_bytes,
+                                       [srv = s.get()](uint64_t id) { srv->Track(id); },
+                                       [srv = s.get()](uint64_t id) { srv->Untrack(id); },
+                                       &s->metrics_->in_flight};
   s->Routes();
   s->server_->Start();
   if (!s->options_.metrics_listen.empty()) {
@@ -465,6 +478,9 @@ void HttpServer::Routes() {
   svr.Post("/v1/completions", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
              Serve(Endpoint::kCompletions, std::move(ex));
            }));
+  svr.Post("/v1/responses", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
+             ServeResponsesRoute(std::move(ex));
+           }));
   svr.Post("/tokenize", [this](const HttpRequest& req, HttpResponse& res) {
     ServeTokenize(false, req, res);
   });
@@ -487,6 +503,19 @@ void HttpServer::ServeTokenize(bool detokenize, const HttpRequest& req, HttpResp
   absl::StatusOr<Json> answer = detokenize ? Detokenize(*json, context) : Tokenize(*json, context);
   if (!answer.ok()) return SendError(res, answer.status());
   SendJson(res, 200, *answer);
+}
+
+void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
+  if (manager_->draining()) {  // stopping: refuse (what was read of it is dropped)
+    HttpResponse res = ErrorResponse(absl::UnavailableError(
+        "the server is shutting down: it finishes the requests in flight and takes no new ones; "
+        "retry on another server"));
+    res.set_header("Retry-After", "5");
+    return exchange->Send(std::move(res));
+  }
+  absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(exchange->request(), absl::Now());
+  if (!deadline.ok()) return exchange->Send(ErrorResponse(deadline.status()));
+  ServeResponses(responses_, std::move(exchange), *deadline);
 }
 
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }

@@ -1,6 +1,7 @@
 // The OpenAI-compatible HTTP API of the coordinator (on HttpTransport:
 // Boost.Beast, event-driven; see http_transport.h for what no client can do to it):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
+//   POST /v1/responses (the Responses API: responses_http.h),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus text), and vLLM's
 //   POST /tokenize and POST /detokenize.
 // With API keys every path but /health needs "Authorization: Bearer KEY"
@@ -26,6 +27,8 @@
 #include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_session.h"
+#include "coordinator/response_store.h"
+#include "coordinator/responses_http.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
@@ -55,6 +58,8 @@ struct HttpServerOptions {
   absl::Duration body_timeout = absl::Seconds(60);
   absl::Duration idle_timeout = absl::Seconds(60);
   absl::Duration write_timeout = absl::Seconds(60);
+  // What /v1/responses keeps for previous_response_id.
+  ResponseStoreOptions responses_store;
 };
 
 class HttpMetrics;
@@ -85,6 +90,8 @@ class HttpServer {
   // Runs one chat or completions request, streamed or whole: prepares and
   // submits it, then answers from the manager's callbacks (no thread waits).
   void Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange);
+  // POST /v1/responses: the checks every generation route makes, then ServeResponses.
+  void ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange);
   // /tokenize (`detokenize` false) or /detokenize.
   void ServeTokenize(bool detokenize, const HttpRequest& req, HttpResponse& res);
   // The session of a prepared chat or completions request.
@@ -107,6 +114,8 @@ class HttpServer {
   ClusterBackend backend_;  // manager_ as the sessions' backend
   const tokenizer::Tokenizer* tok_;
   std::unique_ptr<HttpMetrics> metrics_;
+  std::unique_ptr<ResponseStore> responses_store_;
+  ResponsesHttpContext responses_;  // for ServeResponses
   std::unique_ptr<HttpTransport> server_;
   int port_ = 0;
   std::unique_ptr<HttpTransport> metrics_server_;

@@ -79,6 +79,10 @@ TEST_F(HttpApiTest, CompletionsChoicesAndPromptsOfficialClient) {
   RunNodeScript("completions_client_test.js");
 }
 
+// POST /v1/responses: whole and streamed, reasoning items, a function-tool
+// round trip with and without the store, errors; through the official client.
+TEST_F(HttpApiTest, ResponsesOfficialClient) { RunNodeScript("responses_client_test.js"); }
+
 TEST_F(HttpApiTest, HealthAndMetrics) {
   auto c = Client();
   auto h = c.Get("/health");
@@ -268,6 +272,56 @@ TEST_F(HttpApiTest, RequestDeadlineHeader) {
                     Chat(R"(, "max_tokens": 2)"), "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400) << bad->body;
+}
+
+// /v1/responses on the chat route's model: named SSE events; a dropped
+// stream cancels its request; X-Request-Timeout ends a whole response with 504.
+TEST_F(HttpApiTest, ResponsesStreamDisconnectAndDeadline) {
+  const std::string body = R"({"model": ")" + Model() + R"(", "input": "Hi", "temperature": 1})";
+  {
+    auto c = Client();
+    std::string first;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/responses";
+    req.set_header("Content-Type", "application/json");
+    req.body = body.substr(0, body.size() - 1) + R"(, "max_output_tokens": 4000, "stream": true})";
+    req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
+      first.append(data, size);
+      return false;  // abort the connection
+    };
+    c.send(req);
+    EXPECT_EQ(first.rfind("event: response.created\ndata: {", 0), 0u) << first;
+  }
+  auto c = Client();
+  // Up to 30 s: the workers report their running sequences with their
+  // heartbeats, which a loaded machine delays.
+  bool released = false;
+  for (int i = 0; i < 300 && !released; ++i) {
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    released = std::regex_search(m->body, std::regex("\nflotilla_http_requests_in_flight\\{[^}]*\\} 0\n")) &&
+               std::regex_search(m->body, std::regex("\nflotilla_running_sequences\\{[^}]*\\} 0\n"));
+    if (!released) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(released) << "the dropped /v1/responses stream still runs";
+
+  auto r = c.Post("/v1/responses", httplib::Headers{{"X-Request-Timeout", "1"}}, body, "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 504) << r->body;
+  Json j = Json::parse(r->body, nullptr, false);
+  ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+  EXPECT_EQ(j["error"]["type"], "timeout_error");
+
+  // Streamed, the deadline ends the stream with an `error` event.
+  auto streamed = c.Post("/v1/responses", httplib::Headers{{"X-Request-Timeout", "1"}},
+                         body.substr(0, body.size() - 1) + R"(, "stream": true})", "application/json");
+  ASSERT_TRUE(streamed);
+  EXPECT_EQ(streamed->status, 200);
+  const size_t error = streamed->body.rfind("event: error\ndata: ");
+  ASSERT_NE(error, std::string::npos) << streamed->body.substr(0, 2000);
+  EXPECT_NE(streamed->body.find("deadline", error), std::string::npos) << streamed->body.substr(error);
+  EXPECT_EQ(streamed->body.find("response.completed"), std::string::npos);
 }
 
 }  // namespace

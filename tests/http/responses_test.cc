@@ -1,0 +1,436 @@
+// POST /v1/responses without HTTP: requests translated onto the chat
+// pipeline (the same Harmony prompt as the equivalent chat request, history
+// of previous_response_id first, errors named as Responses fields) and
+// recorded Harmony token sequences turned into output items and events.
+#include <gtest/gtest.h>
+
+#include "coordinator/harmony/openai.h"
+#include "coordinator/harmony/renderer.h"
+#include "coordinator/responses_request.h"
+#include "coordinator/responses_stream.h"
+
+namespace flotilla::coordinator {
+namespace {
+
+namespace tk = tokenizer;
+using harmony::Message;
+using harmony::Role;
+
+const tk::Tokenizer& Tok() {
+  static const tk::Tokenizer* t = [] {
+    auto r = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r->release();
+  }();
+  return *t;
+}
+
+// The tokens the model would generate after `<|start|>assistant` for
+// `messages`, without the end token of the last (the worker reports that as
+// the stop token).
+std::vector<tk::TokenId> Completion(const std::vector<Message>& messages, tk::TokenId* stop) {
+  harmony::RenderedPrompt p;
+  for (const Message& m : messages) EXPECT_TRUE(harmony::RenderMessage(m, true, p).ok());
+  std::vector<tk::TokenId> ids = p.Tokens(Tok());
+  std::vector<tk::TokenId> role = *Tok().EncodeOrdinary("assistant");
+  ids.erase(ids.begin(), ids.begin() + 1 + role.size());
+  *stop = ids.back();
+  ids.pop_back();
+  return ids;
+}
+
+Message Assistant(const std::string& channel, const std::string& content,
+                  const std::string& to = "") {
+  Message m;
+  m.role = Role::kAssistant;
+  m.channel = channel;
+  m.content = content;
+  m.recipient = to;
+  if (!to.empty()) m.content_type = "<|constrain|>json";
+  return m;
+}
+
+const char kArgs[] = R"({"location":"Tokyo, JP"})";
+const Json kWeatherTool = {{"type", "function"},
+                           {"name", "get_weather"},
+                           {"description", "Gets the weather"},
+                           {"parameters",
+                            {{"type", "object"},
+                             {"properties", {{"location", {{"type", "string"}}}}},
+                             {"required", {"location"}}}}};
+
+// Feeds `ids` one token at a time; returns every event.
+std::vector<Json> Generate(ResponsesStream& s, const std::vector<tk::TokenId>& ids,
+                           tk::TokenId stop, common::FinishReason reason = common::STOP) {
+  std::vector<Json> events = s.Begin();
+  for (tk::TokenId t : ids) {
+    for (Json& e : s.Feed({t})) events.push_back(std::move(e));
+  }
+  for (Json& e :
+       s.Finish(reason, reason == common::STOP ? std::optional<tk::TokenId>(stop) : std::nullopt,
+                12, static_cast<uint32_t>(ids.size() + 1))) {
+    events.push_back(std::move(e));
+  }
+  return events;
+}
+
+std::vector<std::string> Types(const std::vector<Json>& events) {
+  std::vector<std::string> types;
+  for (const Json& e : events) types.push_back(e["type"]);
+  return types;
+}
+
+TEST(ResponsesStreamTest, ReasoningAndToolCallBecomeItemsAndEvents) {
+  tk::TokenId stop;
+  const std::vector<tk::TokenId> ids =
+      Completion({Assistant("analysis", "Need the weather."),
+                  Assistant("commentary", kArgs, "functions.get_weather")},
+                 &stop);
+  ASSERT_EQ(stop, tk::kCall);
+  ResponsesStream s(&Tok(), "resp_1", "gpt-oss", Json{{"store", true}}, 7);
+  const std::vector<Json> events = Generate(s, ids, stop);
+
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i]["sequence_number"], i);
+  std::vector<std::string> types = Types(events);
+  // Deltas vary with the tokenization; the rest is fixed.
+  std::erase_if(types, [](const std::string& t) { return t.ends_with(".delta"); });
+  EXPECT_EQ(types, (std::vector<std::string>{
+                       "response.created", "response.in_progress", "response.output_item.added",
+                       "response.content_part.added", "response.reasoning_text.done",
+                       "response.content_part.done", "response.output_item.done",
+                       "response.output_item.added", "response.function_call_arguments.done",
+                       "response.output_item.done", "response.completed"}));
+  std::string reasoning, arguments;
+  for (const Json& e : events) {
+    if (e["type"] == "response.reasoning_text.delta") reasoning += e["delta"].get<std::string>();
+    if (e["type"] == "response.function_call_arguments.delta")
+      arguments += e["delta"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, "Need the weather.");
+  EXPECT_EQ(arguments, kArgs);
+
+  const Json r = s.Response();
+  EXPECT_EQ(events.back()["response"], r);
+  EXPECT_EQ(r["status"], "completed");
+  EXPECT_EQ(r["object"], "response");
+  EXPECT_EQ(r["store"], true);
+  ASSERT_EQ(r["output"].size(), 2u);
+  const Json& rs = r["output"][0];
+  EXPECT_EQ(rs["type"], "reasoning");
+  EXPECT_EQ(rs["content"][0], (Json{{"type", "reasoning_text"}, {"text", "Need the weather."}}));
+  const Json& fc = r["output"][1];
+  EXPECT_EQ(fc["type"], "function_call");
+  EXPECT_EQ(fc["name"], "get_weather");
+  EXPECT_EQ(fc["arguments"], kArgs);
+  EXPECT_EQ(fc["status"], "completed");
+  // The call id chat completions would give the same call.
+  EXPECT_EQ(fc["call_id"], harmony::ToolCallId("resp_1", 0, "get_weather"));
+  EXPECT_NE(rs["id"], fc["id"]);
+  EXPECT_EQ(r["usage"]["input_tokens"], 12);
+  EXPECT_EQ(r["usage"]["output_tokens"], ids.size() + 1);
+  EXPECT_GT(r["usage"]["output_tokens_details"]["reasoning_tokens"].get<int>(), 0);
+  EXPECT_LT(r["usage"]["output_tokens_details"]["reasoning_tokens"].get<size_t>(), ids.size());
+}
+
+TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
+  tk::TokenId stop;
+  const std::vector<tk::TokenId> ids =
+      Completion({Assistant("analysis", "Say hi."), Assistant("final", "Hello, wörld!")}, &stop);
+  stop =
+      tk::kReturn;  // rendered as history the answer ends with <|end|>; generated, with <|return|>
+  ResponsesStream streamed(&Tok(), "resp_2", "m", Json::object(), 1);
+  const std::vector<Json> events = Generate(streamed, ids, stop);
+  ResponsesStream whole(&Tok(), "resp_2", "m", Json::object(), 1);
+  whole.Feed(ids);
+  whole.Finish(common::STOP, stop, 12, static_cast<uint32_t>(ids.size() + 1));
+  EXPECT_EQ(streamed.Response(), whole.Response());
+
+  const Json response = whole.Response();
+  const Json& msg = response["output"][1];
+  EXPECT_EQ(msg["type"], "message");
+  EXPECT_EQ(msg["role"], "assistant");
+  EXPECT_EQ(msg["content"][0]["type"], "output_text");
+  EXPECT_EQ(msg["content"][0]["text"], "Hello, wörld!");
+  std::string text;
+  for (const Json& e : events) {
+    if (e["type"] == "response.output_text.delta") {
+      text += e["delta"].get<std::string>();
+      EXPECT_EQ(e["item_id"], msg["id"]);
+      EXPECT_EQ(e["output_index"], 1);
+      EXPECT_EQ(e["content_index"], 0);
+    }
+    if (e["type"] == "response.output_text.done") {
+      EXPECT_EQ(e["text"], "Hello, wörld!");
+    }
+  }
+  EXPECT_EQ(text, "Hello, wörld!");
+  // The created event carries the response in progress, without output.
+  EXPECT_EQ(events[0]["response"]["status"], "in_progress");
+  EXPECT_TRUE(events[0]["response"]["output"].empty());
+}
+
+TEST(ResponsesStreamTest, LengthLimitMakesItIncomplete) {
+  tk::TokenId stop;
+  std::vector<tk::TokenId> ids = Completion({Assistant("final", "a long answer cut short")}, &stop);
+  ids.resize(ids.size() - 2);
+  ResponsesStream s(&Tok(), "resp_3", "m", Json::object(), 1);
+  const std::vector<Json> events = Generate(s, ids, stop, common::LENGTH);
+  EXPECT_EQ(events.back()["type"], "response.incomplete");
+  const Json r = s.Response();
+  EXPECT_EQ(r["status"], "incomplete");
+  EXPECT_EQ(r["incomplete_details"]["reason"], "max_output_tokens");
+  ASSERT_EQ(r["output"].size(), 1u);
+  EXPECT_EQ(r["output"][0]["status"], "incomplete");
+  // An error event is numbered after the rest.
+  const Json error = s.ErrorEvent("", "the request's deadline passed", "");
+  EXPECT_EQ(error["type"], "error");
+  EXPECT_EQ(error["sequence_number"], events.size());
+  EXPECT_TRUE(error["code"].is_null());
+}
+
+// A header the length limit cut off (no `<|message|>`) still answers with
+// what can be read of it, as chat completions shows it.
+TEST(ResponsesStreamTest, HeaderCutOffByTheLimitShowsAsChatShowsIt) {
+  std::vector<tk::TokenId> ids = *Tok().EncodeOrdinary("final lorem ipsum dolor");
+  ids.insert(ids.begin(), tk::kChannel);
+  ResponsesStream s(&Tok(), "resp_4", "m", Json::object(), 1);
+  const std::vector<Json> events = Generate(s, ids, 0, common::LENGTH);
+  ResponseBuilder chat(&Tok(), Endpoint::kChat, "chatcmpl-4", "m", 1, {}, false);
+  chat.Feed(ids, {});
+  chat.Finish(common::LENGTH, std::nullopt, 12, static_cast<uint32_t>(ids.size()));
+  const std::string content = chat.Response()["choices"][0]["message"]["content"];
+  ASSERT_EQ(content, "lorem ipsum dolor");
+  const Json r = s.Response();
+  ASSERT_EQ(r["output"].size(), 1u);
+  EXPECT_EQ(r["output"][0]["type"], "message");
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], content);
+  EXPECT_EQ(events.back()["type"], "response.incomplete");
+}
+
+// ---- requests ----
+
+Json Request(Json extra) {
+  Json body = {{"model", "m"}, {"input", "What is the weather in Tokyo?"}};
+  for (auto& [key, value] : extra.items()) body[key] = value;
+  return body;
+}
+
+std::vector<tk::TokenId> ResponsesPrompt(const Json& body, const Json& history = Json::array()) {
+  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(body);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  absl::StatusOr<PreparedRequest> p = PrepareResponsesRequest(*r, history, "m", Tok(), {});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? p->prompt : std::vector<tk::TokenId>();
+}
+
+std::vector<tk::TokenId> ChatPrompt(const Json& body) {
+  absl::StatusOr<PreparedRequest> p = PrepareChatRequest(body, "m", Tok(), {});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? p->prompt : std::vector<tk::TokenId>();
+}
+
+TEST(ResponsesRequestTest, SamePromptAsTheEquivalentChatRequest) {
+  const Json responses = Request({{"instructions", "Be brief."},
+                                  {"tools", {kWeatherTool}},
+                                  {"reasoning", {{"effort", "high"}}},
+                                  {"max_output_tokens", 50}});
+  Json chat_tool = {{"type", "function"},
+                    {"function",
+                     {{"name", "get_weather"},
+                      {"description", "Gets the weather"},
+                      {"parameters", kWeatherTool["parameters"]}}}};
+  const Json chat = {{"model", "m"},
+                     {"messages",
+                      {{{"role", "developer"}, {"content", "Be brief."}},
+                       {{"role", "user"}, {"content", "What is the weather in Tokyo?"}}}},
+                     {"tools", {chat_tool}},
+                     {"reasoning_effort", "high"}};
+  EXPECT_EQ(ResponsesPrompt(responses), ChatPrompt(chat));
+
+  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(responses);
+  ASSERT_TRUE(r.ok());
+  absl::StatusOr<PreparedRequest> p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->sampling.max_tokens(), 50u);
+  // Function tools are strict unless they say otherwise, as in the Responses API.
+  ASSERT_TRUE(p->constraint.has_value());
+  EXPECT_TRUE(p->constraint->tools.at(0).constrained);
+  EXPECT_FALSE(p->constraint->tool_required);
+}
+
+// A tool round trip: the reasoning and the call of the first turn stay in
+// the prompt (Harmony keeps the analysis before a call), whether the items
+// come from the store or from the client.
+TEST(ResponsesRequestTest, RoundTripItemsAndHistoryGiveTheSamePrompt) {
+  const Json first_turn = Json::array(
+      {{{"type", "message"}, {"role", "user"}, {"content", "What is the weather in Tokyo?"}},
+       {{"type", "reasoning"},
+        {"id", "rs_1"},
+        {"summary", Json::array()},
+        {"content", {{{"type", "reasoning_text"}, {"text", "Need the weather."}}}}},
+       {{"type", "function_call"},
+        {"call_id", "call_9"},
+        {"name", "get_weather"},
+        {"arguments", kArgs}}});
+  const Json output = {
+      {"type", "function_call_output"}, {"call_id", "call_9"}, {"output", "20 C, sunny"}};
+  Json all = first_turn;
+  all.push_back(output);
+  const Json tools = Json::array({kWeatherTool});
+  const std::vector<tk::TokenId> explicit_items =
+      ResponsesPrompt(Request({{"input", all}, {"tools", tools}}));
+  const std::vector<tk::TokenId> from_store = ResponsesPrompt(
+      Request(
+          {{"input", Json::array({output})}, {"tools", tools}, {"previous_response_id", "resp_1"}}),
+      first_turn);
+  EXPECT_EQ(explicit_items, from_store);
+
+  Json chat_tool = {{"type", "function"},
+                    {"function",
+                     {{"name", "get_weather"},
+                      {"description", "Gets the weather"},
+                      {"parameters", kWeatherTool["parameters"]}}}};
+  const Json chat = {
+      {"model", "m"},
+      {"tools", {chat_tool}},
+      {"messages",
+       {{{"role", "user"}, {"content", "What is the weather in Tokyo?"}},
+        {{"role", "assistant"},
+         {"reasoning_content", "Need the weather."},
+         {"tool_calls",
+          {{{"id", "call_9"},
+            {"type", "function"},
+            {"function", {{"name", "get_weather"}, {"arguments", kArgs}}}}}}},
+        {{"role", "tool"}, {"tool_call_id", "call_9"}, {"content", "20 C, sunny"}}}}};
+  EXPECT_EQ(explicit_items, ChatPrompt(chat));
+  const std::string text = *Tok().DecodeBytes(explicit_items);
+  EXPECT_NE(text.find("<|channel|>analysis<|message|>Need the weather."), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("functions.get_weather to=assistant"), std::string::npos) << text;
+}
+
+// After a final answer, Harmony drops the turn's analysis from the prompt;
+// the stored reasoning item does not bring it back.
+TEST(ResponsesRequestTest, ReasoningBeforeAFinalAnswerIsDroppedOnTheNextTurn) {
+  const Json history =
+      Json::array({{{"type", "message"}, {"role", "user"}, {"content", "Hi"}},
+                   {{"type", "reasoning"},
+                    {"summary", Json::array()},
+                    {"content", {{{"type", "reasoning_text"}, {"text", "Greet back."}}}}},
+                   {{"type", "message"},
+                    {"role", "assistant"},
+                    {"content", {{{"type", "output_text"}, {"text", "Hello!"}}}}}});
+  const std::vector<tk::TokenId> prompt = ResponsesPrompt(
+      Request({{"input", "And now?"}, {"previous_response_id", "resp_0"}}), history);
+  const std::string text = *Tok().DecodeBytes(prompt);
+  EXPECT_EQ(text.find("Greet back."), std::string::npos) << text;
+  EXPECT_NE(text.find("<|channel|>final<|message|>Hello!<|end|>"), std::string::npos) << text;
+  EXPECT_NE(text.find("And now?"), std::string::npos) << text;
+}
+
+TEST(ResponsesRequestTest, TextFormatAndToolChoiceBecomeTheConstraint) {
+  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(
+      Request({{"text",
+                {{"format",
+                  {{"type", "json_schema"}, {"name", "w"}, {"schema", {{"type", "object"}}}}}}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::StatusOr<PreparedRequest> p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(p->constraint.has_value());
+  EXPECT_TRUE(p->constraint->json_final);
+  EXPECT_EQ(Json::parse(p->constraint->final_schema), (Json{{"type", "object"}}));
+
+  r = ParseResponsesRequest(Request({{"tools", {kWeatherTool}}, {"tool_choice", "required"}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->constraint->tool_required);
+
+  r = ParseResponsesRequest(
+      Request({{"tools", {kWeatherTool}},
+               {"tool_choice", {{"type", "function"}, {"name", "get_weather"}}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->constraint->tool_required);
+}
+
+TEST(ResponsesRequestTest, ErrorsNameTheResponsesField) {
+  struct Case {
+    Json extra;
+    const char* param;
+  } cases[] = {
+      {{{"tools", {{{"type", "web_search"}}}}}, "tools[0].type"},
+      {{{"tools", {{{"type", "function"}}}}}, "tools[0].name"},
+      {{{"input", {{{"role", "user"}, {"content", "hi"}}, {{"type", "image_generation_call"}}}}},
+       "input[1].type"},
+      {{{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}}}}}}}},
+       "input[0].content[0].type"},
+      {{{"input", {{{"role", "robot"}, {"content", "hi"}}}}}, "input[0].role"},
+      {{{"input", {{{"type", "function_call_output"}, {"call_id", "nope"}, {"output", "x"}}}}},
+       "input[0].call_id"},
+      {{{"input", {{{"type", "reasoning"}, {"encrypted_content", "xx"}}}}},
+       "input[0].encrypted_content"},
+      {{{"input", 5}}, "input"},
+      {{{"background", true}}, "background"},
+      {{{"include", {"reasoning.encrypted_content"}}}, "include[0]"},
+      {{{"truncation", "auto"}}, "truncation"},
+      {{{"conversation", "conv_1"}}, "conversation"},
+      {{{"max_tool_calls", 3}}, "max_tool_calls"},
+      {{{"reasoning", {{"effort", "minimal"}}}}, "reasoning.effort"},
+      {{{"max_output_tokens", 0}}, "max_output_tokens"},
+      {{{"temperature", 9}}, "temperature"},
+      {{{"tool_choice", {{"type", "file_search"}}}}, "tool_choice.type"},
+      {{{"tool_choice", "required"}}, "tool_choice"},
+      {{{"tools", {kWeatherTool}}, {"tool_choice", {{"type", "function"}, {"name", "other"}}}},
+       "tool_choice.name"},
+      {{{"text", {{"format", {{"type", "yaml"}}}}}}, "text.format.type"},
+      {{{"text",
+         {{"format",
+           {{"type", "json_schema"},
+            {"name", "x"},
+            {"schema", {{"type", "object"}, {"patternProperties", Json::object()}}}}}}}},
+       "text.format.schema"},
+      {{{"metadata", {{"k", 1}}}}, "metadata.k"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<PreparedRequest> p = absl::InternalError("unset");
+    absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(Request(c.extra));
+    if (r.ok()) {
+      p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {});
+    } else {
+      p = r.status();
+    }
+    ASSERT_FALSE(p.ok()) << c.extra.dump();
+    const ApiError e = ErrorFromStatus(p.status());
+    EXPECT_EQ(e.http_status, 400) << c.extra.dump() << ": " << e.message;
+    EXPECT_EQ(e.param.substr(0, std::string(c.param).size()), c.param)
+        << c.extra.dump() << ": " << e.message;
+  }
+}
+
+TEST(ResponsesRequestTest, SettingsAreRepeatedInTheResponse) {
+  absl::StatusOr<ResponsesRequest> r =
+      ParseResponsesRequest(Request({{"instructions", "Be brief."},
+                                     {"tools", {kWeatherTool}},
+                                     {"store", false},
+                                     {"temperature", 0},
+                                     {"metadata", {{"k", "v"}}},
+                                     {"reasoning", {{"effort", "low"}}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->store);
+  const Json s = ResponseSettings(*r);
+  EXPECT_EQ(s["instructions"], "Be brief.");
+  EXPECT_EQ(s["tools"][0]["name"], "get_weather");
+  EXPECT_EQ(s["tools"][0]["strict"], true);
+  EXPECT_EQ(s["store"], false);
+  EXPECT_EQ(s["temperature"], 0);
+  EXPECT_EQ(s["metadata"]["k"], "v");
+  EXPECT_EQ(s["reasoning"]["effort"], "low");
+  EXPECT_EQ(s["tool_choice"], "auto");
+  EXPECT_EQ(s["text"]["format"]["type"], "text");
+}
+
+}  // namespace
+}  // namespace flotilla::coordinator
