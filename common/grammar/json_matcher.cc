@@ -60,9 +60,19 @@ bool JsonMatcher::Push(MatchStack& s, FrameKind kind, int node) const {
 }
 
 bool JsonMatcher::Feed(MatchState& s, uint8_t b) const {
-  int live = 0;
+  // The usual case, kept short (a mask walk feeds millions of bytes): one
+  // reading that does not fork.
+  if (s.count == 1) {
+    const bool ok = FeedReading(s, 0, b);
+    if (s.count == 1) return ok;
+    return FeedFrom(s, b, 1, ok ? 1 : 0);  // it forked: feed the forks
+  }
+  return FeedFrom(s, b, 0, 0);
+}
+
+bool JsonMatcher::FeedFrom(MatchState& s, uint8_t b, int first, int live) const {
   // s.count grows while readings fork; each fork is fed in its turn.
-  for (int i = 0; i < s.count; ++i) {
+  for (int i = first; i < s.count; ++i) {
     if (!FeedReading(s, i, b)) continue;
     if (live != i) s.readings[live].CopyFrom(s.readings[i]);
     ++live;

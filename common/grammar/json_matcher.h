@@ -105,6 +105,9 @@ class JsonMatcher {
   // Feeds `byte` to reading `index` of `state`; readings it forks into are
   // appended to `state` (and fed later by Feed's loop).
   bool FeedReading(MatchState& state, int index, uint8_t byte) const;
+  // Feeds readings [first, count) of `state` after the `live` first ones
+  // already kept, then merges readings that are equal.
+  bool FeedFrom(MatchState& state, uint8_t byte, int first, int live) const;
   Outcome Step(MatchStack& s, uint8_t b, MatchState& set) const;
   Outcome StepValue(MatchStack& s, uint8_t b, MatchState& set) const;
   Outcome StepObject(MatchStack& s, uint8_t b) const;

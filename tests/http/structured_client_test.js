@@ -74,6 +74,13 @@ const schemas = {
     $defs: { addr: obj({ city: S(6), zip: { type: 'integer', minimum: 10000, maximum: 99999 } }) } },
   matrix: obj({ rows: { type: 'array', maxItems: 2, items: { type: 'array', maxItems: 3, items: { type: 'integer', minimum: 0, maximum: 9 } } } }),
   unicode_strings: obj({ title: { type: 'string', minLength: 1, maxLength: 5 }, tags: { type: 'array', maxItems: 2, items: S(3) } }),
+  // Alternatives that begin alike (two objects, integer | number, a string
+  // and a string enum) are read side by side until they diverge.
+  alike_alternatives: obj({
+    v: { anyOf: [obj({ a: S(4) }), obj({ a: { type: 'integer', minimum: 0, maximum: 9 }, b: { type: 'boolean' } }, ['b'])] },
+    n: { type: ['integer', 'number'], minimum: -2, maximum: 2 },
+    s: { anyOf: [S(3), { enum: ['alpha', 'beta'] }] },
+  }),
 };
 
 async function check(name, fn) {
