@@ -73,9 +73,10 @@ absl::Status WorkerRuntime::MeasureInLockstep() {
   // accept or all refuse it, and the probe fits on every rank.
   const int64_t local_kv = std::max<int64_t>(0, LocalProbeLimits().kv_blocks_available);
   absl::StatusOr<uint64_t> kv = executor_->AgreeMin(static_cast<uint64_t>(local_kv));
-  absl::StatusOr<cluster::EngineMeasurement> got = kv.status();
+  absl::StatusOr<cluster::EngineMeasurement> got = absl::UnknownError("not measured");
   if (!kv.ok()) {
     lost = kv.status();
+    got = kv.status();
   } else {
     ProbeLimits limits = LocalProbeLimits();
     limits.kv_blocks_available = static_cast<int64_t>(*kv);
