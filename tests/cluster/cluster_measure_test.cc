@@ -229,5 +229,71 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ClusterMeasureSharded,
                                   std::to_string(info.param.second);
                          });
 
+// A rank killed mid-probe: the call ends UNAVAILABLE (never waits out its
+// deadline), the paused requests end with a clear status, and the instance
+// serves and measures again once the worker is back.
+TEST(ClusterMeasureFailure, ARankKilledMidProbeEndsTheCallAndStrandsNoRequest) {
+  cli::LocalClusterOptions o;
+  o.model = "tests/data/golden/tiny_e16_sharded";
+  o.workers = 2;
+  o.tp = 1;
+  o.threads_per_worker = 1;
+  o.listen = "127.0.0.1:0";
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.comm_timeout_ms = 3000;
+  o.heartbeat_timeout_ms = 2000;
+  o.log_dir = (fs::temp_directory_path() / ("flotilla-measure-kill-" + std::to_string(getpid())))
+                  .string();
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string addr = (*cluster)->address();
+
+  std::atomic<bool> first = false;
+  Streamed paused;
+  std::thread stream([&] { paused = Stream(addr, Prompt(32, 3), 3000, &first); });
+  while (!first) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  // Far more prefill steps than can run before the kill.
+  cluster::MeasureEngineRequest long_probe;
+  for (int i = 0; i < 16; ++i) long_probe.add_prefill_tokens(2000 + i);
+  long_probe.set_prefill_repeats(64);
+  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  grpc::Status measured;
+  std::thread measure([&] {
+    cluster::EngineMeasurement m;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    measured = admin->MeasureEngine(&ctx, long_probe, &m);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE((*cluster)->KillWorker(1).ok());
+  measure.join();
+  stream.join();
+  EXPECT_EQ(measured.error_code(), grpc::StatusCode::UNAVAILABLE) << measured.error_message();
+  EXPECT_NE(measured.error_message().find("worker-1"), std::string::npos)
+      << measured.error_message();
+  EXPECT_EQ(paused.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << paused.status.error_message();
+
+  ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  admin::ClusterStatus status;
+  while (std::chrono::steady_clock::now() < until) {
+    grpc::ClientContext ctx;
+    status.Clear();
+    (void)admin->GetStatus(&ctx, admin::GetStatusRequest(), &status);
+    if (status.state() == admin::READY) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(status.state(), admin::READY) << status.message();
+  const Streamed after = Stream(addr, Prompt(24, 1), 8);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 8u);
+  cluster::EngineMeasurement m;
+  grpc::ClientContext ctx;
+  const grpc::Status again = admin->MeasureEngine(&ctx, SmallMeasurement(), &m);
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  ExpectPlausible(m);
+}
+
 }  // namespace
 }  // namespace flotilla
