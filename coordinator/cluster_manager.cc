@@ -755,6 +755,7 @@ void ClusterManager::MeasureEngine(const cluster::MeasureEngineRequest& request,
       msg.mutable_measure_engine()->set_measure_id(
           measurements_.Add(ranks, leader, deadline, std::move(done)));
       *msg.mutable_measure_engine()->mutable_request() = request;
+      // READY means every rank's session is open.
       for (const std::string& id : ranks) workers_[id].session->Send(msg);
       return;
     }
