@@ -144,7 +144,7 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
         case cluster::WorkerMessage::kMeasurement:
           measured = measurements_.Answer(w->worker_id, message.measurement());
           for (MeasureResult& m : measured) {
-            if (m.result.ok()) *m.result->mutable_device() = w->hello.device();
+            if (m.result.ok()) DescribeMeasuredLocked(&*m.result);
           }
           break;
         case cluster::WorkerMessage::kError:
@@ -440,6 +440,7 @@ void ClusterManager::ReformLocked(const std::string& why, std::vector<Finished>*
   state_ = admin::DEGRADED;
   state_message_ = why;
   FailInflightLocked(why, done);
+  AddFailedMeasurements(measurements_.FailAll(absl::UnavailableError(why)), done);
   DropGenerationLocked(why, nullptr);
   MaybeAssignLocked();
 }
@@ -743,21 +744,33 @@ void ClusterManager::MeasureEngine(const cluster::MeasureEngineRequest& request,
     if (!placement_ || state_ != admin::READY) {
       refused = absl::FailedPreconditionError(
           absl::StrCat("the instance is not serving: ", state_message_));
-    } else if (placement_->parallel.world_size() > 1) {
-      refused = absl::UnimplementedError(absl::StrCat(
-          "engine measurement runs on instances of one worker; this one has ",
-          placement_->parallel.world_size(), " ranks stepping in lockstep"));
     } else {
-      Worker& w = workers_[placement_->ranks[placement_->parallel.leader_of_group(0)].worker_id];
+      // Every rank runs the probe (the ranks step in lockstep); the
+      // leader of DP group 0 speaks for the instance.
+      std::vector<std::string> ranks;
+      for (const RankPlacement& r : placement_->ranks) ranks.push_back(r.worker_id);
+      const std::string& leader =
+          placement_->ranks[placement_->parallel.leader_of_group(0)].worker_id;
       cluster::CoordinatorMessage msg;
       msg.mutable_measure_engine()->set_measure_id(
-          measurements_.Add(w.worker_id, deadline, std::move(done)));
+          measurements_.Add(ranks, leader, deadline, std::move(done)));
       *msg.mutable_measure_engine()->mutable_request() = request;
-      w.session->Send(msg);
+      // READY means every rank's session is open.
+      for (const std::string& id : ranks) workers_[id].session->Send(msg);
       return;
     }
   }
   done(refused);
+}
+
+void ClusterManager::DescribeMeasuredLocked(cluster::EngineMeasurement* m) {
+  if (auto w = workers_.find(m->worker_id()); w != workers_.end()) {
+    *m->mutable_device() = w->second.hello.device();
+  }
+  if (!placement_) return;
+  m->set_world_size(placement_->parallel.world_size());
+  m->set_tp_size(placement_->parallel.tp_size());
+  m->set_dp_groups(placement_->parallel.dp_size());
 }
 
 void ClusterManager::Deliver(std::vector<Finished>& done) {

@@ -106,11 +106,13 @@ class ClusterManager {
   // ready (names the missing workers), RESOURCE_EXHAUSTED when too many
   // requests are in flight, INVALID_ARGUMENT for a bad prompt.
   absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request, RequestCallbacks callbacks);
-  // Asks the leader of DP group 0 to time its engine between steps (admin
-  // MeasureEngine). `done` gets the measurement, or why there is none
-  // (FAILED_PRECONDITION while not serving, UNIMPLEMENTED for W > 1, the
-  // worker's refusal, UNAVAILABLE if it dies, DEADLINE_EXCEEDED after
-  // `deadline`), exactly once and without the manager's lock held.
+  // Asks every rank to time its engine between steps (admin MeasureEngine;
+  // the ranks of a sharded instance run the probe together, in lockstep).
+  // `done` gets the measurement of the leader of DP group 0 once every rank
+  // has answered, or why there is none (FAILED_PRECONDITION while not
+  // serving, the first refusal of any rank, UNAVAILABLE if a rank dies or
+  // the instance is formed again, DEADLINE_EXCEEDED after `deadline`),
+  // exactly once and without the manager's lock held.
   void MeasureEngine(const cluster::MeasureEngineRequest& request, absl::Time deadline,
                      MeasureCallback done);
   // Cancels a request; its on_done gets CANCELLED. Returns false if unknown.
@@ -210,6 +212,8 @@ class ClusterManager {
   // Failed measurements, delivered with the finished requests.
   static void AddFailedMeasurements(std::vector<MeasureResult> failed,
                                     std::vector<Finished>* done);
+  // Adds to the leader's measurement its device and the instance's layout.
+  void DescribeMeasuredLocked(cluster::EngineMeasurement* m);
   // ---- expert balancing (cluster_manager_experts.cc) ----
   // A rank's answer to PREPARE.
   void OnExpertMapPreparedLocked(const Worker& w, const cluster::ExpertMapPrepared& prepared);

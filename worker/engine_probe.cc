@@ -112,6 +112,7 @@ std::vector<int32_t> RandomTokens(std::mt19937& rng, int vocab, int64_t n) {
 
 absl::StatusOr<cluster::PrefillTiming> TimePrefill(Engine& engine, uint32_t length,
                                                    const ProbePlan& p, const ProbeLimits& limits,
+                                                   const ProbeLockstep& lockstep,
                                                    std::mt19937& rng) {
   const std::vector<int32_t> prompt = RandomTokens(rng, engine.config().vocab_size, length);
   std::vector<double> ms;
@@ -119,7 +120,7 @@ absl::StatusOr<cluster::PrefillTiming> TimePrefill(Engine& engine, uint32_t leng
     TemporarySequences seq(engine);
     const int64_t id = seq.Add();
     const Clock::time_point start = Clock::now();
-    FLOTILLA_RETURN_IF_ERROR(ProbePrefill(engine, id, prompt, limits.max_batch_tokens));
+    FLOTILLA_RETURN_IF_ERROR(ProbePrefill(engine, id, prompt, limits.max_batch_tokens, lockstep));
     if (i > 0) ms.push_back(MsSince(start));
   }
   cluster::PrefillTiming t;
@@ -134,6 +135,7 @@ absl::StatusOr<cluster::PrefillTiming> TimePrefill(Engine& engine, uint32_t leng
 // Warm-up then timed steps of the first `batch` sequences, one token each.
 absl::StatusOr<cluster::DecodeTiming> TimeDecode(Engine& engine, const std::vector<int64_t>& all,
                                                  uint32_t batch, const ProbePlan& p,
+                                                 const ProbeLockstep& lockstep,
                                                  std::mt19937& rng) {
   const std::vector<int64_t> sequences(all.begin(), all.begin() + batch);
   int64_t context = 0;  // summed, then the mean (earlier batch sizes grew the first sequences)
@@ -146,7 +148,7 @@ absl::StatusOr<cluster::DecodeTiming> TimeDecode(Engine& engine, const std::vect
   for (uint32_t i = 0; i < p.warmup + p.steps; ++i) {
     const std::vector<int32_t> tokens = RandomTokens(rng, engine.config().vocab_size, batch);
     const Clock::time_point start = Clock::now();
-    FLOTILLA_RETURN_IF_ERROR(ProbeDecodeStep(engine, sequences, tokens));
+    FLOTILLA_RETURN_IF_ERROR(ProbeDecodeStep(engine, sequences, tokens, lockstep));
     if (i >= p.warmup) ms.push_back(MsSince(start));
   }
   cluster::DecodeTiming t;
@@ -163,16 +165,18 @@ absl::StatusOr<cluster::DecodeTiming> TimeDecode(Engine& engine, const std::vect
 // Fills the largest batch's sequences to the context once; each batch size
 // then times steps on a prefix of them (so contexts grow by the steps run).
 absl::Status MeasureDecode(Engine& engine, const ProbePlan& p, const ProbeLimits& limits,
-                           std::mt19937& rng, cluster::EngineMeasurement* out) {
+                           const ProbeLockstep& lockstep, std::mt19937& rng,
+                           cluster::EngineMeasurement* out) {
   TemporarySequences seqs(engine);
   for (uint32_t i = 0; i < p.batches.back(); ++i) {
     const int64_t id = seqs.Add();
     FLOTILLA_RETURN_IF_ERROR(ProbePrefill(engine, id,
                                           RandomTokens(rng, engine.config().vocab_size, p.context),
-                                          limits.max_batch_tokens));
+                                          limits.max_batch_tokens, lockstep));
   }
   for (uint32_t batch : p.batches) {
-    FLOTILLA_ASSIGN_OR_RETURN(*out->add_decode(), TimeDecode(engine, seqs.ids(), batch, p, rng));
+    FLOTILLA_ASSIGN_OR_RETURN(*out->add_decode(),
+                              TimeDecode(engine, seqs.ids(), batch, p, lockstep, rng));
   }
   return absl::OkStatus();
 }
@@ -194,7 +198,7 @@ std::unique_ptr<Sampler> ProbeSampler(const Engine& engine) {
 }  // namespace
 
 absl::Status ProbeDecodeStep(Engine& engine, const std::vector<int64_t>& sequences,
-                             const std::vector<int32_t>& tokens) {
+                             const std::vector<int32_t>& tokens, const ProbeLockstep& lockstep) {
   std::vector<std::unique_ptr<Sampler>> samplers;
   std::vector<StepItem> items(sequences.size());
   for (size_t i = 0; i < sequences.size(); ++i) {
@@ -202,13 +206,16 @@ absl::Status ProbeDecodeStep(Engine& engine, const std::vector<int64_t>& sequenc
     items[i].sequence = sequences[i];
     items[i].tokens = {tokens[i]};
     items[i].logits = LogitsMode::kNone;
-    items[i].sampler = samplers.back().get();
+    if (lockstep.sample) items[i].sampler = samplers.back().get();
+  }
+  if (lockstep.before_step) {
+    FLOTILLA_RETURN_IF_ERROR(lockstep.before_step(static_cast<int64_t>(tokens.size())));
   }
   return engine.Step(items).status();
 }
 
 absl::Status ProbePrefill(Engine& engine, int64_t sequence, const std::vector<int32_t>& prompt,
-                          int64_t chunk_tokens) {
+                          int64_t chunk_tokens, const ProbeLockstep& lockstep) {
   const int64_t chunk = std::max<int64_t>(1, chunk_tokens);
   for (size_t done = 0; done < prompt.size();) {
     const size_t n = std::min<size_t>(chunk, prompt.size() - done);
@@ -218,23 +225,26 @@ absl::Status ProbePrefill(Engine& engine, int64_t sequence, const std::vector<in
     done += n;
     item.logits = LogitsMode::kNone;
     std::unique_ptr<Sampler> sampler = ProbeSampler(engine);
-    if (done == prompt.size()) item.sampler = sampler.get();
+    if (done == prompt.size() && lockstep.sample) item.sampler = sampler.get();
+    if (lockstep.before_step) FLOTILLA_RETURN_IF_ERROR(lockstep.before_step(n));
     FLOTILLA_RETURN_IF_ERROR(engine.Step({item}).status());
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(
-    Engine& engine, const cluster::MeasureEngineRequest& request, const ProbeLimits& limits) {
+    Engine& engine, const cluster::MeasureEngineRequest& request, const ProbeLimits& limits,
+    const ProbeLockstep& lockstep) {
   FLOTILLA_ASSIGN_OR_RETURN(const ProbePlan plan, PlanProbe(engine, request, limits));
   FLOTILLA_RETURN_IF_ERROR(CheckKv(engine, plan, limits));
   const Clock::time_point start = Clock::now();
   std::mt19937 rng(20240806);
   cluster::EngineMeasurement out;
   for (uint32_t n : plan.prefill) {
-    FLOTILLA_ASSIGN_OR_RETURN(*out.add_prefill(), TimePrefill(engine, n, plan, limits, rng));
+    FLOTILLA_ASSIGN_OR_RETURN(*out.add_prefill(),
+                              TimePrefill(engine, n, plan, limits, lockstep, rng));
   }
-  FLOTILLA_RETURN_IF_ERROR(MeasureDecode(engine, plan, limits, rng, &out));
+  FLOTILLA_RETURN_IF_ERROR(MeasureDecode(engine, plan, limits, lockstep, rng, &out));
   out.set_wall_ms(MsSince(start));
   return out;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,23 +24,41 @@ struct ProbeLimits {
   int64_t max_sequences = 64;       // decode batches are clamped to this
 };
 
+// How the probe's engine steps take part in the lockstep of a sharded
+// instance, where every rank runs the same probe step by step. The defaults
+// are those of an instance of one rank.
+struct ProbeLockstep {
+  // Called before every engine step with the step's tokens: on a sharded
+  // instance, the step-token agreement a serving step goes through. An error
+  // stops the probe.
+  std::function<absl::Status(int64_t step_tokens)> before_step;
+  // Tokens are drawn as a DP-group leader draws them; TP peers (false) skip
+  // lm_head as they do when serving.
+  bool sample = true;
+};
+
 // One decode step of `sequences`, token `tokens[i]` appended to sequence i,
 // logits of the last position: the serving loop's decode step.
 absl::Status ProbeDecodeStep(Engine& engine, const std::vector<int64_t>& sequences,
-                             const std::vector<int32_t>& tokens);
+                             const std::vector<int32_t>& tokens,
+                             const ProbeLockstep& lockstep = {});
 
 // Prefills `prompt` into `sequence` in chunks of at most `chunk_tokens`, as the
 // serving loop does (logits of the last position of the last chunk only).
 absl::Status ProbePrefill(Engine& engine, int64_t sequence, const std::vector<int32_t>& prompt,
-                          int64_t chunk_tokens);
+                          int64_t chunk_tokens, const ProbeLockstep& lockstep = {});
 
 // Runs the measurement `request` asks for with temporary sequences (random
-// token ids), freed before it returns, whatever happens. Batch sizes above
-// limits.max_sequences are clamped to it. INVALID_ARGUMENT for lengths past
-// the engine's context or an unreasonable request; RESOURCE_EXHAUSTED when
-// the temporary sequences need more KV blocks than limits.kv_blocks_available
-// (nothing is run then). Fills the timings only (decode, prefill, wall_ms).
+// token ids from a fixed seed, so every rank of an instance runs the same
+// steps on the same ids), freed before it returns, whatever happens. Batch
+// sizes above limits.max_sequences are clamped to it. INVALID_ARGUMENT for
+// lengths past the engine's context or an unreasonable request;
+// RESOURCE_EXHAUSTED when the temporary sequences need more KV blocks than
+// limits.kv_blocks_available (nothing is run then: these checks depend only
+// on the request, the limits and the model, so ranks given the same ones
+// agree). Fills the timings only (decode, prefill, wall_ms).
 absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(
-    Engine& engine, const cluster::MeasureEngineRequest& request, const ProbeLimits& limits);
+    Engine& engine, const cluster::MeasureEngineRequest& request, const ProbeLimits& limits,
+    const ProbeLockstep& lockstep = {});
 
 }  // namespace flotilla::worker

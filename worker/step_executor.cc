@@ -24,27 +24,32 @@ void StepExecutor::OfferExpertMap(ExpertMap map) {
   if (map.version() > map_version_) pending_maps_.emplace(map.version(), std::move(map));
 }
 
-absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::StepPlan& mine) {
+absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::StepPlan& mine,
+                                                               uint64_t measure_id) {
   Exchanged got;
+  got.measure_id = measure_id;
   got.any_work = !mine.items().empty() || !mine.free().empty();
   uint64_t have_version = pending_maps_.empty() ? map_version_ : pending_maps_.rbegin()->first;
   const int W = parallel_.world_size();
   if (W > 1) {
     const std::string bytes = leader_ ? mine.SerializeAsString() : std::string();
-    // Per rank: its plan's size, the newest expert map it has received and
-    // the tokens its plan runs (the engines size their exchanges from the
-    // largest). Then each leader's plan goes to its TP group only.
+    // Per rank: its plan's size, the newest expert map it has received, the
+    // tokens its plan runs (the engines size their exchanges from the
+    // largest) and the measurement it waits to run. Then each leader's plan
+    // goes to its TP group only.
     uint64_t plan_tokens = 0;
     for (const cluster::PlanItem& p : mine.items()) plan_tokens += p.tokens_size();
-    constexpr int kHeader = 3;
+    constexpr int kHeader = 4;
     std::vector<uint64_t> header(kHeader * W), sizes(W);
-    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens};
+    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens, measure_id};
     FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(mine_header, header.data(), sizeof(mine_header)));
     uint64_t max_tokens = 0;
     for (int r = 0; r < W; ++r) {
       sizes[r] = header[kHeader * r];
       have_version = std::min(have_version, header[kHeader * r + 1]);
       max_tokens = std::max(max_tokens, header[kHeader * r + 2]);
+      // A rank that has not received the measurement yet holds it back.
+      if (header[kHeader * r + 3] != measure_id) got.measure_id = 0;
     }
     engine_->SetInstanceStepTokens(static_cast<int64_t>(max_tokens));
     const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
@@ -55,6 +60,25 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
   }
   SwitchExpertMap(have_version);
   return got;
+}
+
+absl::Status StepExecutor::AgreeStepTokens(int64_t tokens) {
+  if (parallel_.world_size() == 1) return absl::OkStatus();
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<uint64_t> all, GatherOne(static_cast<uint64_t>(tokens)));
+  engine_->SetInstanceStepTokens(static_cast<int64_t>(*std::max_element(all.begin(), all.end())));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> StepExecutor::AgreeMin(uint64_t value) {
+  if (parallel_.world_size() == 1) return value;
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<uint64_t> all, GatherOne(value));
+  return *std::min_element(all.begin(), all.end());
+}
+
+absl::StatusOr<std::vector<uint64_t>> StepExecutor::GatherOne(uint64_t value) {
+  std::vector<uint64_t> all(parallel_.world_size());
+  FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(&value, all.data(), sizeof(value)));
+  return all;
 }
 
 absl::Status StepExecutor::ReceiveGroupPlan(const cluster::StepPlan& mine,

@@ -1,6 +1,7 @@
 // One lockstep step of a rank: the exchange of the DP-group leaders' plans
-// over the instance, the switch to a new expert map at a step boundary that
-// every rank agrees on, and the engine step running this rank's group plan.
+// over the instance, the switch to a new expert map and the start of an
+// engine measurement at a step boundary that every rank agrees on, and the
+// engine step running this rank's group plan.
 // Every rank of the instance calls Exchange once per iteration, in the same
 // order, whether or not it has work (the MoE collectives must match).
 #pragma once
@@ -39,11 +40,24 @@ class StepExecutor {
   struct Exchanged {
     cluster::StepPlan plan;  // this rank's group plan
     bool any_work = false;   // some group of the instance has work
+    // Every rank offered this engine measurement: all run it after this
+    // step (0: none agreed).
+    uint64_t measure_id = 0;
   };
   // Shares `mine` (the leader's plan; empty on other ranks) with the whole
   // instance, returns this rank's group plan, tells the engine the largest
-  // step of any rank and switches the expert map when all ranks have a newer one.
-  absl::StatusOr<Exchanged> Exchange(const cluster::StepPlan& mine);
+  // step of any rank and switches the expert map when all ranks have a newer
+  // one. `measure_id`: the oldest engine measurement this rank was asked for
+  // and has not run (0: none); it comes back in `measure_id` once every rank
+  // offers the same one.
+  absl::StatusOr<Exchanged> Exchange(const cluster::StepPlan& mine, uint64_t measure_id = 0);
+
+  // For engine steps outside the plans (the engine probe), called by every
+  // rank before the same step with its tokens: tells the engine the largest,
+  // as Exchange does before a planned step.
+  absl::Status AgreeStepTokens(int64_t tokens);
+  // The smallest `value` any rank passes (every rank calls it at the same point).
+  absl::StatusOr<uint64_t> AgreeMin(uint64_t value);
 
   // The sampler that draws a plan item's token (leader only); may return null.
   using SamplerLookup = std::function<Sampler*(const cluster::PlanItem&)>;
@@ -63,6 +77,8 @@ class StepExecutor {
   absl::Status ReceiveGroupPlan(const cluster::StepPlan& mine, const std::string& bytes,
                                 const std::vector<uint64_t>& sizes, cluster::StepPlan* plan);
   void SwitchExpertMap(uint64_t agreed_version);
+  // Every rank's `value`, by rank.
+  absl::StatusOr<std::vector<uint64_t>> GatherOne(uint64_t value);
 
   Engine* engine_;
   comm::Communicator* comm_;

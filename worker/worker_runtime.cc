@@ -14,7 +14,6 @@
 #include "worker/advertise_address.h"
 #include "worker/control_session.h"
 #include "worker/device_report.h"
-#include "worker/engine_probe.h"
 
 namespace flotilla::worker {
 namespace {
@@ -310,7 +309,7 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
       HandleExpertMap(m.expert_map());
       break;
     case cluster::CoordinatorMessage::kMeasureEngine:
-      client_->Send(AnswerMeasurement(m.measure_engine()));
+      HandleMeasure(m.measure_engine());
       break;
     case cluster::CoordinatorMessage::kShutdown:
       spdlog::info("coordinator asked to shut down: {}", m.shutdown().reason());
@@ -328,39 +327,6 @@ void WorkerRuntime::SendUpdates(cluster::TokenBatch batch) {
   client_->Send(std::move(m));
 }
 
-cluster::WorkerMessage WorkerRuntime::AnswerMeasurement(const cluster::MeasureEngine& m) {
-  Engine* engine = rank_engine_.engine.get();
-  auto got = [&]() -> absl::StatusOr<cluster::EngineMeasurement> {
-    if (!executor_ || !engine) return absl::FailedPreconditionError("the worker is not serving");
-    if (assignment_->world_size() > 1) {
-      return absl::UnimplementedError(
-          "engine measurement runs on instances of one worker; the ranks of this one step in "
-          "lockstep and would all have to take part");
-    }
-    ProbeLimits limits;
-    limits.kv_blocks_available =
-        std::min(engine->KvFreeBlocks(), engine->KvTotalBlocks() - scheduler_->kv_reserved());
-    limits.max_batch_tokens = std::max<uint32_t>(1, assignment_->max_batch_tokens());
-    limits.max_sequences = std::max<uint32_t>(1, assignment_->max_sequences());
-    return MeasureEngine(*engine, m.request(), limits);
-  }();
-  cluster::WorkerMessage out;
-  cluster::EngineMeasurement* r = out.mutable_measurement();
-  if (got.ok()) {
-    *r = *std::move(got);
-  } else {
-    r->set_error_code(static_cast<int>(got.status().code()));
-    r->set_error(std::string(got.status().message()));
-  }
-  r->set_measure_id(m.measure_id());
-  r->set_worker_id(options_.worker_id);
-  r->set_rank(assignment_ ? assignment_->rank() : 0);
-  r->set_engine(options_.device);
-  r->set_running_sequences(scheduler_ ? static_cast<uint32_t>(scheduler_->running()) : 0);
-  if (engine) kv_free_ = engine->KvFreeBlocks();
-  return out;
-}
-
 void WorkerRuntime::FailRequests(const absl::Status& why) {
   if (!scheduler_) return;
   cluster::TokenBatch failed;
@@ -376,6 +342,7 @@ void WorkerRuntime::Reset(const std::string& why) {
   }
   executor_.reset();
   expert_store_.reset();
+  pending_measures_.clear();  // the coordinator fails them with the instance
   expert_load_.clear();
   scheduler_.reset();
   rank_engine_.engine.reset();
@@ -496,16 +463,24 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
 }
 
 absl::StatusOr<bool> WorkerRuntime::StepOnce() {
+  cluster::TokenBatch out;
+  cluster::StepPlan mine;
+  if (executor_->leader()) mine = scheduler_->Plan(&out);
+  const uint64_t measure_id =
+      pending_measures_.empty() ? 0 : pending_measures_.front().measure_id();
+  FLOTILLA_ASSIGN_OR_RETURN(StepExecutor::Exchanged exchanged,
+                            executor_->Exchange(mine, measure_id));
+  SendUpdates(std::move(out));
+  absl::StatusOr<bool> worked = exchanged.any_work ? RunStep(exchanged) : false;
+  // Every rank has the measurement: all run it here, after the same step.
+  if (worked.ok() && exchanged.measure_id != 0) FLOTILLA_RETURN_IF_ERROR(MeasureInLockstep());
+  return worked;
+}
+
+absl::StatusOr<bool> WorkerRuntime::RunStep(const StepExecutor::Exchanged& exchanged) {
   Engine& engine = *rank_engine_.engine;
   const bool leader = executor_->leader();
   cluster::TokenBatch out;
-  cluster::StepPlan mine;
-  if (leader) mine = scheduler_->Plan(&out);
-  FLOTILLA_ASSIGN_OR_RETURN(StepExecutor::Exchanged exchanged, executor_->Exchange(mine));
-  SendUpdates(std::move(out));
-  out.Clear();
-  if (!exchanged.any_work) return false;
-
   StepExecutor::SamplerLookup sampler_for;
   if (leader)
     sampler_for = [this](const cluster::PlanItem& item) { return scheduler_->SamplerFor(item); };

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,7 @@
 #include "proto/cluster.pb.h"
 #include "worker/coordinator_client.h"
 #include "worker/engine/engine.h"
+#include "worker/engine_probe.h"
 #include "worker/engine_factory.h"
 #include "worker/expert_store.h"
 #include "worker/model/model_source.h"
@@ -75,8 +77,22 @@ class WorkerRuntime {
   void ReportLoad(cluster::WorkerLoad* load) const;
   void EngineLoop();
   void Handle(const cluster::CoordinatorMessage& m);
-  // Times the engine between steps (serving pauses) with temporary sequences.
+  // Engine measurements (worker_measure.cc). An instance of one rank times
+  // its engine at once, between steps (serving pauses), with temporary
+  // sequences; a sharded one queues the request until every rank has it
+  // (agreed in the plan exchange) and then all ranks run the same probe in
+  // lockstep after that step.
+  void HandleMeasure(const cluster::MeasureEngine& m);
   cluster::WorkerMessage AnswerMeasurement(const cluster::MeasureEngine& m);
+  // The answer to `m`: `got` (or its error) and who measured.
+  cluster::WorkerMessage MeasurementAnswer(const cluster::MeasureEngine& m,
+                                           absl::StatusOr<cluster::EngineMeasurement> got);
+  // Runs and answers the oldest queued measurement, which every rank agreed
+  // on at this step. An error means the ranks lost their lockstep (a peer
+  // failed mid-probe): the caller handles it as a failed step.
+  absl::Status MeasureInLockstep();
+  // What the probe may use of this rank's engine beside its running requests.
+  ProbeLimits LocalProbeLimits() const;
   void Reset(const std::string& why);
   // Ends every request this worker holds (running or queued) with `why`, so
   // that no client waits for a sequence the worker is about to drop.
@@ -85,6 +101,8 @@ class WorkerRuntime {
   absl::Status StartComm(const cluster::StartComm& sc);
   // One lockstep iteration; false when the whole instance was idle.
   absl::StatusOr<bool> StepOnce();
+  // The engine step of an exchanged plan with work, and its tokens sent.
+  absl::StatusOr<bool> RunStep(const StepExecutor::Exchanged& exchanged);
   void SendUpdates(cluster::TokenBatch batch);
   // The scheduler's figures for the heartbeat (read by the client's thread).
   void PublishLoad();
@@ -125,6 +143,9 @@ class WorkerRuntime {
   std::unique_ptr<Scheduler> scheduler_;         // while running (used on leaders)
   std::unique_ptr<StepExecutor> executor_;       // while running
   std::unique_ptr<ExpertStore> expert_store_;    // while running
+  // Measurements a sharded instance was asked for, oldest first, not yet
+  // agreed by every rank.
+  std::deque<cluster::MeasureEngine> pending_measures_;
   // Expert rows counted under map version expert_load_version_, not yet sent.
   std::vector<uint64_t> expert_load_;
   uint64_t expert_load_version_ = 0;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -386,17 +387,100 @@ TEST(ClusterManager, MeasureEngineFailsWhenTheWorkerDiesOrTimeRunsOut) {
   EXPECT_EQ(orphaned.Get()->status().code(), absl::StatusCode::kUnavailable);
 }
 
-TEST(ClusterManager, MeasureEngineIsUnimplementedForSeveralWorkers) {
+// Sends what worker `i` answers to the measurement it was last asked for.
+void AnswerMeasure(Fixture& f, int i, std::optional<absl::StatusCode> error = std::nullopt) {
+  auto sent = f.sessions[i]->Of(cluster::CoordinatorMessage::kMeasureEngine);
+  ASSERT_FALSE(sent.empty());
+  cluster::WorkerMessage answer;
+  cluster::EngineMeasurement* m = answer.mutable_measurement();
+  m->set_measure_id(sent.back().measure_engine().measure_id());
+  m->set_worker_id(f.names[i]);
+  m->add_decode()->set_batch(i + 1);  // tells the ranks' answers apart
+  if (error) {
+    m->set_error_code(static_cast<int>(*error));
+    m->set_error("refused on " + f.names[i]);
+  }
+  f.manager->OnWorkerMessage(f.ids[i], answer);
+}
+
+TEST(ClusterManager, MeasureEngineGoesToEveryRankAndAnswersWithTheLeadersOnceAllAnswered) {
+  Fixture f(4, 2);  // DP 2 x TP 2
+  for (const char* id : {"w0", "w1", "w2", "w3"}) f.Connect(id);
+  for (int i = 0; i < 4; ++i) f.Ready(i);
+  f.JoinAll();
+  MeasureOutcome out;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), out.Callback());
+  uint64_t id = 0;
+  for (int i = 0; i < 4; ++i) {
+    auto sent = f.sessions[i]->Of(cluster::CoordinatorMessage::kMeasureEngine);
+    ASSERT_EQ(sent.size(), 1u) << "worker " << i;
+    if (i > 0) {
+      EXPECT_EQ(sent[0].measure_engine().measure_id(), id);  // one probe, one id
+    }
+    id = sent[0].measure_engine().measure_id();
+  }
+  // The leader (rank 0, worker w0) answers among the others; the call waits for all.
+  for (int i : {2, 0, 1}) AnswerMeasure(f, i);
+  AnswerMeasure(f, 2);  // twice: ignored
+  EXPECT_FALSE(out.Get().has_value());
+  AnswerMeasure(f, 3);
+  ASSERT_TRUE(out.Get().has_value());
+  ASSERT_TRUE(out.Get()->ok()) << out.Get()->status();
+  const cluster::EngineMeasurement m = **out.Get();
+  EXPECT_EQ(m.decode(0).batch(), 1u);  // worker 0's
+  EXPECT_EQ(m.worker_id(), "w0");
+  EXPECT_EQ(m.world_size(), 4u);
+  EXPECT_EQ(m.tp_size(), 2u);
+  EXPECT_EQ(m.dp_groups(), 2u);
+
+  // Any rank's refusal ends the call at once, naming the worker.
+  MeasureOutcome refused;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), refused.Callback());
+  AnswerMeasure(f, 0);
+  AnswerMeasure(f, 3, absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(refused.Get().has_value());
+  EXPECT_EQ(refused.Get()->status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.Get()->status().message().find("w3"), std::string::npos);
+
+  // A rank that dies mid-probe, even one that had answered, ends it UNAVAILABLE.
+  MeasureOutcome orphaned;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), orphaned.Callback());
+  AnswerMeasure(f, 1);
+  f.manager->OnSessionClosed(f.ids[1]);
+  ASSERT_TRUE(orphaned.Get().has_value());
+  EXPECT_EQ(orphaned.Get()->status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ClusterManager, MeasureEngineFailsWhenARankFailsAStepOrTimeRunsOut) {
   Fixture f(2, 1);
   f.Connect("w0");
   f.Connect("w1");
   f.Ready(0);
   f.Ready(1);
   f.JoinAll();
-  MeasureOutcome out;
-  f.manager->MeasureEngine({}, absl::InfiniteFuture(), out.Callback());
-  ASSERT_TRUE(out.Get().has_value());
-  EXPECT_EQ(out.Get()->status().code(), absl::StatusCode::kUnimplemented);
+  MeasureOutcome reformed;
+  f.manager->MeasureEngine({}, absl::InfiniteFuture(), reformed.Callback());
+  cluster::WorkerMessage failed;
+  failed.mutable_error()->set_message("step failed: peer stalled");
+  f.manager->OnWorkerMessage(f.ids[1], failed);
+  ASSERT_TRUE(reformed.Get().has_value());
+  EXPECT_EQ(reformed.Get()->status().code(), absl::StatusCode::kUnavailable);
+
+  f.Ready(0);
+  f.Ready(1);
+  f.JoinAll();
+  ASSERT_EQ(f.manager->Status().state(), admin::READY);
+  MeasureOutcome expired;
+  f.manager->MeasureEngine({}, absl::Now() + absl::Milliseconds(50), expired.Callback());
+  AnswerMeasure(f, 0);
+  const absl::Time start = absl::Now();
+  while (!expired.Get().has_value() && absl::Now() - start < absl::Seconds(5)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(expired.Get().has_value());
+  EXPECT_EQ(expired.Get()->status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(expired.Get()->status().message().find("w1"), std::string::npos)
+      << expired.Get()->status();
 }
 
 TEST(ClusterManager, GpuRanksLearnTheirDeviceTransport) {

@@ -165,5 +165,54 @@ TEST(EngineProbe, RefusesCleanlyWhenKvIsShortOrLengthsDoNotFit) {
   EXPECT_TRUE(e.steps.empty());
 }
 
+// On a sharded instance every probe step goes through the step-token
+// agreement first, with the tokens the step runs; a TP peer draws no tokens.
+TEST(EngineProbe, EveryStepPassesTheLockstepAgreementAndPeersDoNotSample) {
+  auto cpu = MakeEngine();
+  RecordingEngine e(cpu.get());
+  std::vector<int64_t> agreed;
+  ProbeLockstep lockstep;
+  lockstep.sample = false;
+  lockstep.before_step = [&](int64_t tokens) {
+    agreed.push_back(tokens);
+    return absl::OkStatus();
+  };
+  ASSERT_TRUE(MeasureEngine(e, SmallRequest(), Limits(e), lockstep).ok());
+  ASSERT_EQ(agreed.size(), e.steps.size());
+  for (size_t i = 0; i < e.steps.size(); ++i) {
+    int64_t tokens = 0;
+    for (const StepItem& item : e.steps[i]) {
+      tokens += static_cast<int64_t>(item.tokens.size());
+      EXPECT_EQ(item.sampler, nullptr);
+    }
+    EXPECT_EQ(agreed[i], tokens) << "step " << i;
+  }
+
+  // Two ranks running the same request step the same tokens.
+  auto other_cpu = MakeEngine();
+  RecordingEngine other(other_cpu.get());
+  ASSERT_TRUE(MeasureEngine(other, SmallRequest(), Limits(other)).ok());
+  ASSERT_EQ(other.steps.size(), e.steps.size());
+  for (size_t i = 0; i < e.steps.size(); ++i) {
+    ASSERT_EQ(other.steps[i].size(), e.steps[i].size());
+    for (size_t j = 0; j < e.steps[i].size(); ++j) {
+      EXPECT_EQ(other.steps[i][j].tokens, e.steps[i][j].tokens) << "step " << i;
+    }
+  }
+
+  // A failed agreement (a peer gone) stops the probe and frees its sequences.
+  auto failing_cpu = MakeEngine();
+  RecordingEngine failing(failing_cpu.get());
+  int calls = 0;
+  lockstep.before_step = [&](int64_t) {
+    return ++calls < 3 ? absl::OkStatus() : absl::UnavailableError("peer gone");
+  };
+  EXPECT_EQ(MeasureEngine(failing, SmallRequest(), Limits(failing), lockstep).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(failing.steps.size(), 2u);
+  EXPECT_EQ(failing.created, failing.freed);
+  EXPECT_EQ(failing_cpu->KvFreeBlocks(), failing_cpu->KvTotalBlocks());
+}
+
 }  // namespace
 }  // namespace flotilla::worker

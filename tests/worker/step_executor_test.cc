@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <thread>
 
 #include "comm/local/local_communicator.h"
@@ -94,13 +95,16 @@ class TwoRanks {
           std::make_unique<StepExecutor>(&engines[r], comms[r].get(), nullptr, parallel, r, 1);
     }
   }
-  // Both ranks exchange their plans (and run them when there is work).
-  void Step(const cluster::StepPlan& plan0, const cluster::StepPlan& plan1) {
+  // Both ranks exchange their plans (and run them when there is work),
+  // offering measurements `measure[r]`.
+  void Step(const cluster::StepPlan& plan0, const cluster::StepPlan& plan1,
+            std::array<uint64_t, 2> measure = {0, 0}) {
     const cluster::StepPlan* plans[2] = {&plan0, &plan1};
     std::thread threads[2];
     for (int r = 0; r < 2; ++r) {
       threads[r] = std::thread([&, r] {
-        absl::StatusOr<StepExecutor::Exchanged> got = executors[r]->Exchange(*plans[r]);
+        absl::StatusOr<StepExecutor::Exchanged> got =
+            executors[r]->Exchange(*plans[r], measure[r]);
         ASSERT_TRUE(got.ok()) << got.status();
         exchanged[r] = *got;
         if (!got->any_work) return;
@@ -162,6 +166,36 @@ TEST(StepExecutorTest, ExpertMapSwitchesWhenEveryRankHasIt) {
   ranks.Step(cluster::StepPlan(), cluster::StepPlan());
   EXPECT_EQ(ranks.executors[0]->map_version(), 2u);
   EXPECT_EQ(ranks.executors[1]->map_version(), 2u);
+}
+
+TEST(StepExecutorTest, AMeasurementStartsWhenEveryRankOffersIt) {
+  TwoRanks ranks(/*tp_size=*/2);
+  ranks.Step(cluster::StepPlan(), cluster::StepPlan(), {7, 0});  // rank 1 has not got it yet
+  EXPECT_EQ(ranks.exchanged[0].measure_id, 0u);
+  EXPECT_EQ(ranks.exchanged[1].measure_id, 0u);
+  ranks.Step(FirstChunk(3, {1, 2}), cluster::StepPlan(), {7, 7});
+  EXPECT_EQ(ranks.exchanged[0].measure_id, 7u);
+  EXPECT_EQ(ranks.exchanged[1].measure_id, 7u);
+  EXPECT_TRUE(ranks.exchanged[1].any_work);  // the step still runs its plan
+  ASSERT_EQ(ranks.engines[1].steps.size(), 1u);
+}
+
+TEST(StepExecutorTest, ProbeStepsAgreeOnTheLargestTokensAndTheSmallestValue) {
+  TwoRanks ranks(/*tp_size=*/1);
+  std::thread threads[2];
+  absl::StatusOr<uint64_t> least[2];
+  for (int r = 0; r < 2; ++r) {
+    threads[r] = std::thread([&, r] {
+      ASSERT_TRUE(ranks.executors[r]->AgreeStepTokens(r == 0 ? 5 : 9).ok());
+      least[r] = ranks.executors[r]->AgreeMin(r == 0 ? 40 : 12);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks.engines[r].instance_step_tokens, (std::vector<int64_t>{9}));
+    ASSERT_TRUE(least[r].ok());
+    EXPECT_EQ(*least[r], 12u);
+  }
 }
 
 }  // namespace

@@ -144,12 +144,24 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
   }
 }
 
-// Asks the coordinator's admin API to time the engine for this load.
-absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(const ServeFlags& f,
-                                                         const ServedLoad& load) {
+// The instance's DP groups, which share the served batch (1 when the
+// placement cannot be read).
+int DpGroups(admin::Admin::Stub& admin, const std::string& api_key) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  if (!api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + api_key);
+  admin::PlacementInfo placement;
+  if (!admin.GetPlacement(&ctx, admin::GetPlacementRequest(), &placement).ok()) return 1;
+  return std::max(1, static_cast<int>(placement.dp_size()));
+}
+
+// Asks the coordinator's admin API to time the engine for this load, at the
+// batch of one DP group (setting load.dp_groups).
+absl::StatusOr<cluster::EngineMeasurement> MeasureEngine(const ServeFlags& f, ServedLoad& load) {
   FLOTILLA_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                             MakeChannelCredentials(f.tls));
   auto admin = admin::Admin::NewStub(grpc::CreateChannel(f.coordinator, credentials));
+  load.dp_groups = DpGroups(*admin, f.api_key);
   // Decode is timed at the mean context a served decode step sees.
   const int context = load.prompt_tokens + (f.output_len[0] + f.output_len[1]) / 4;
   grpc::ClientContext ctx;

@@ -12,6 +12,9 @@ nlohmann::json MeasurementJson(const cluster::EngineMeasurement& m) {
   j["device"] = m.device().name();
   j["running_sequences"] = m.running_sequences();
   j["wall_ms"] = m.wall_ms();
+  j["world_size"] = std::max<uint32_t>(1, m.world_size());
+  j["tp_size"] = std::max<uint32_t>(1, m.tp_size());
+  j["dp_groups"] = std::max<uint32_t>(1, m.dp_groups());
   j["decode"] = nlohmann::json::array();
   for (const cluster::DecodeTiming& d : m.decode()) {
     j["decode"].push_back({{"batch", d.batch()},
@@ -57,10 +60,17 @@ std::vector<uint32_t> CompareBatchSizes(int batch) {
   return out;
 }
 
+int GroupBatch(int batch, int dp_groups) {
+  const int groups = std::max(1, dp_groups);
+  return std::max(1, (batch + groups - 1) / groups);
+}
+
 cluster::MeasureEngineRequest CompareRequest(const ServedLoad& load, int context_tokens,
                                              int steps) {
   cluster::MeasureEngineRequest r;
-  for (uint32_t b : CompareBatchSizes(load.batch)) r.add_batch_sizes(b);
+  for (uint32_t b : CompareBatchSizes(GroupBatch(load.batch, load.dp_groups))) {
+    r.add_batch_sizes(b);
+  }
   r.set_context_tokens(static_cast<uint32_t>(std::max(1, context_tokens)));
   r.add_prefill_tokens(static_cast<uint32_t>(std::max(1, load.prompt_tokens)));
   r.set_steps(static_cast<uint32_t>(std::max(1, steps)));
@@ -70,16 +80,21 @@ cluster::MeasureEngineRequest CompareRequest(const ServedLoad& load, int context
 nlohmann::json EngineComparison(const ServedLoad& load, const cluster::EngineMeasurement& m) {
   nlohmann::json out;
   out["engine"] = MeasurementJson(m);
-  const cluster::DecodeTiming* step = DecodeAt(m, load.batch);
+  const int groups = static_cast<int>(std::max<uint32_t>(1, m.dp_groups()));
+  const cluster::DecodeTiming* step = DecodeAt(m, GroupBatch(load.batch, groups));
   if (step == nullptr || m.prefill().empty()) return out;
   const double step_ms = step->step_ms_p50();
   const double prefill_ms = m.prefill(0).ms_p50();
+  // The groups step together, each through its share of the work.
   const double decode_steps =
-      static_cast<double>(std::max<int64_t>(0, load.output_tokens - load.prompts)) / step->batch();
-  const double engine_s = (decode_steps * step_ms + load.prompts * prefill_ms) / 1000.0;
+      static_cast<double>(std::max<int64_t>(0, load.output_tokens - load.prompts)) /
+      (static_cast<double>(step->batch()) * groups);
+  const double group_prompts = static_cast<double>(load.prompts) / groups;
+  const double engine_s = (decode_steps * step_ms + group_prompts * prefill_ms) / 1000.0;
   const double engine_rate = engine_s > 0 ? load.output_tokens / engine_s : 0;
   const double served_rate = load.elapsed_s > 0 ? load.output_tokens / load.elapsed_s : 0;
   nlohmann::json c;
+  c["dp_groups"] = groups;
   c["batch"] = step->batch();
   c["itl_p50_ms"] = load.itl_p50_ms;
   c["engine_step_ms"] = step_ms;
@@ -91,6 +106,7 @@ nlohmann::json EngineComparison(const ServedLoad& load, const cluster::EngineMea
   c["prompts"] = load.prompts;
   c["decode_steps"] = decode_steps;
   c["engine_output_tokens_per_s"] = engine_rate;
+  c["engine_output_tokens_per_s_per_dp_group"] = engine_rate / groups;
   c["served_output_tokens_per_s"] = served_rate;
   c["served_over_engine"] = engine_rate > 0 ? served_rate / engine_rate : 0;
   out["engine_compare"] = c;
