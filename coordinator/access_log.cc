@@ -2,9 +2,47 @@
 
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/logging.h"
 
 namespace flotilla::coordinator {
+namespace {
+
+// The access log's finish reason of a request that failed with `status`.
+const char* FailedReason(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kCancelled:
+      return "cancelled";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "deadline";
+    default:
+      return "error";
+  }
+}
+
+}  // namespace
+
+void RecordEvents(AccessRecord& access, const std::vector<RequestEvent>& events) {
+  for (const RequestEvent& e : events) {
+    switch (e.kind) {
+      case RequestEvent::Kind::kTokens:
+        access.AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
+        break;
+      case RequestEvent::Kind::kFinish:
+        access.set_finish_reason(
+            e.stopped_by_string || e.worker_reason == common::STOP ? "stop" : "length");
+        break;
+      case RequestEvent::Kind::kUsage:
+        access.set_output_tokens(e.usage.completion_tokens);
+        break;
+      case RequestEvent::Kind::kError:
+        access.set_finish_reason(FailedReason(e.status));
+        break;
+      default:
+        break;
+    }
+  }
+}
 
 AccessRecord::AccessRecord(std::string api, absl::Time start)
     : api_(std::move(api)), start_(start) {}

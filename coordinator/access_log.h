@@ -9,8 +9,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/time/time.h"
+#include "coordinator/request_events.h"
 #include "spdlog/common.h"
 
 namespace flotilla::coordinator {
@@ -48,5 +50,10 @@ class AccessRecord {
   spdlog::level::level_enum level_ = spdlog::level::info;
   bool logged_ = false;
 };
+
+// What a batch of a RequestSession's events tells the access record of an
+// HTTP generation: output tokens as they come, each choice's finish reason,
+// then the final count (kUsage) or why it failed (kError).
+void RecordEvents(AccessRecord& access, const std::vector<RequestEvent>& events);
 
 }  // namespace flotilla::coordinator

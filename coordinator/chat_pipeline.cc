@@ -396,6 +396,9 @@ std::optional<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEve
       case RequestEvent::Kind::kToolCall:
         AppendToolCall(e.tool_call, r);
         break;
+      case RequestEvent::Kind::kMessageStart:
+      case RequestEvent::Kind::kMessageEnd:
+        break;  // the deltas say their channel; messages are not shown
       case RequestEvent::Kind::kFinish:
         SetEnd(r, ChatFinishReason(e.finish_reason), e.usage.prompt_tokens,
                e.usage.completion_tokens);

@@ -3,6 +3,23 @@
 #include <utility>
 
 namespace flotilla::coordinator {
+namespace {
+
+constexpr std::string_view kFunctions = "functions.";
+
+// What the answer shows of a message, as ChatDeltaMapper streams it: an
+// assistant's reasoning, answer text or function call; a built-in tool's
+// call or another role's message is not shown.
+bool Shown(const harmony::Message& m) {
+  return m.role == harmony::Role::kAssistant &&
+         (m.recipient.empty() || m.recipient.starts_with(kFunctions));
+}
+
+bool IsReasoning(const harmony::Message& m) {
+  return m.role == harmony::Role::kAssistant && m.recipient.empty() && m.channel == "analysis";
+}
+
+}  // namespace
 
 ChoiceDecoder::ChoiceDecoder(const tokenizer::Tokenizer* tokenizer, Decoding decoding,
                              uint32_t choice, std::string call_id_seed,
@@ -57,15 +74,37 @@ void ChoiceDecoder::EmitDelta(const nlohmann::ordered_json& d, std::vector<Reque
   }
 }
 
+void ChoiceDecoder::EmitMessageStart(const harmony::Message& m,
+                                     std::vector<RequestEvent>& out) const {
+  if (!Shown(m)) return;
+  RequestEvent e = Event(RequestEvent::Kind::kMessageStart);
+  if (!m.recipient.empty()) {
+    e.message_kind = RequestEvent::Kind::kToolCall;
+  } else if (m.channel == "analysis") {
+    e.message_kind = RequestEvent::Kind::kReasoning;
+  }
+  out.push_back(std::move(e));
+}
+
 void ChoiceDecoder::ProcessToken(tokenizer::TokenId token, std::vector<RequestEvent>& out) {
   if (decoding_ == Decoding::kText) {
     absl::StatusOr<std::string> piece = detok_.Append(token);
     if (piece.ok()) EmitContent(filter_.Push(*piece), out);
     return;
   }
-  absl::StatusOr<harmony::StreamParser::Event> ev = parser_.Process(token);
+  using ParserEvent = harmony::StreamParser::Event;
+  absl::StatusOr<ParserEvent> ev = parser_.Process(token);
   if (!ev.ok()) return;  // non-strict: only ids outside the vocabulary fail; skip them
+  if (*ev == ParserEvent::kMessageStarted) EmitMessageStart(parser_.current(), out);
+  const bool ended = *ev == ParserEvent::kMessageEnded;
+  if ((*ev == ParserEvent::kContentDelta && IsReasoning(parser_.current())) ||
+      (ended && IsReasoning(parser_.messages().back()))) {
+    ++reasoning_tokens_;
+  }
   for (const nlohmann::ordered_json& d : mapper_.OnEvent(parser_, *ev)) EmitDelta(d, out);
+  if (ended && Shown(parser_.messages().back())) {
+    out.push_back(Event(RequestEvent::Kind::kMessageEnd));
+  }
 }
 
 void ChoiceDecoder::Feed(absl::Span<const tokenizer::TokenId> tokens,
@@ -85,6 +124,8 @@ void ChoiceDecoder::EmitRecovered(std::vector<RequestEvent>& out) {
   if (!parser_.Finish().ok() || !in_header || parser_.messages().size() == before) return;
   const harmony::Message& m = parser_.messages().back();
   if (m.role != harmony::Role::kAssistant || !m.recipient.empty() || m.content.empty()) return;
+  // No kMessageEnd: the limit cut it, and kFinish says so.
+  EmitMessageStart(m, out);
   if (m.channel == "analysis") {
     RequestEvent e = Event(RequestEvent::Kind::kReasoning);
     e.text = m.content;
@@ -120,6 +161,7 @@ void ChoiceDecoder::Finish(common::FinishReason reason,
     e.finish_reason = "length";
   }
   e.usage = usage;
+  e.usage.reasoning_tokens = reasoning_tokens_;
   out.push_back(std::move(e));
 }
 

@@ -1,6 +1,7 @@
 // One choice's generated tokens -> typed events (request_events.h). Chat
 // tokens go through the streaming Harmony parser (reasoning, answer text,
-// function calls), completion tokens through the streaming detokenizer; the
+// function calls, and where each message begins and ends), completion
+// tokens through the streaming detokenizer; the
 // answer text passes the stop-string filter. No I/O: RequestSession drives
 // one per choice, tests feed it recorded tokens.
 #pragma once
@@ -45,6 +46,8 @@ class ChoiceDecoder {
               TokenUsage usage, std::vector<RequestEvent>& out);
 
   bool stopped_by_string() const { return filter_.hit(); }
+  // The reasoning tokens so far (TokenUsage::reasoning_tokens).
+  uint32_t reasoning_tokens() const { return reasoning_tokens_; }
   bool finished() const { return finished_; }
   uint32_t choice() const { return choice_; }
 
@@ -54,6 +57,8 @@ class ChoiceDecoder {
   void ProcessToken(tokenizer::TokenId token, std::vector<RequestEvent>& out);
   // The Harmony deltas of one parsed token as events.
   void EmitDelta(const nlohmann::ordered_json& delta, std::vector<RequestEvent>& out);
+  // The kMessageStart of `message`, when the answer shows it.
+  void EmitMessageStart(const harmony::Message& message, std::vector<RequestEvent>& out) const;
   // A header cut off by the length limit, recovered by the parser's Finish.
   void EmitRecovered(std::vector<RequestEvent>& out);
 
@@ -66,6 +71,7 @@ class ChoiceDecoder {
   tokenizer::StreamingDetokenizer detok_;
   bool tool_calls_ = false;
   bool finished_ = false;
+  uint32_t reasoning_tokens_ = 0;
 };
 
 }  // namespace flotilla::coordinator

@@ -200,34 +200,17 @@ void EndLocked(Generation& g, const absl::Status& st) {
   }
 }
 
-// The access log's finish reason of a request that failed with `st`.
-const char* FailedReason(const absl::Status& st) {
-  switch (st.code()) {
-    case absl::StatusCode::kCancelled: return "cancelled";
-    case absl::StatusCode::kDeadlineExceeded: return "deadline";
-    default: return "error";
-  }
-}
-
 // The session's sink: events -> chunks -> the stream or the whole answer.
 void Consume(Generation& g, const std::vector<RequestEvent>& events) {
   std::lock_guard<std::mutex> l(g.mu);
   if (g.ended) return;
-  for (const RequestEvent& e : events) {
-    if (e.kind == RequestEvent::Kind::kTokens) {
-      g.access->AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
-    } else if (e.kind == RequestEvent::Kind::kFinish) {
-      g.access->set_finish_reason(e.stopped_by_string || e.worker_reason == common::STOP ? "stop" : "length");
-    }
-  }
+  RecordEvents(*g.access, events);
   std::vector<Json> chunks = g.builder->Consume(events);
   if (g.stream) EmitLocked(g, Events(chunks));
   const RequestEvent& last = events.back();
   if (last.kind == RequestEvent::Kind::kUsage) {
-    g.access->set_output_tokens(last.usage.completion_tokens);
     EndLocked(g, absl::OkStatus());
   } else if (last.kind == RequestEvent::Kind::kError) {
-    g.access->set_finish_reason(FailedReason(last.status));
     EndLocked(g, last.status);
   }
 }
@@ -334,15 +317,13 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
   absl::StatusOr<std::unique_ptr<ResponseStore>> store = ResponseStore::Create(s->options_.responses_store);
   if (!store.ok()) return store.status();
   s->responses_store_ = *std::move(store);
-  s->responses_ = ResponsesHttpContext{manager,
+  s->responses_ = ResponsesHttpContext{&s->backend_,
                                        tokenizer,
                                        s->responses_store_.get(),
                                        s->options_.model_id,
                                        s->options_.served_model_names,
                                        s->options_.harmony,
                                        s->options_.limits.max_prompt_text_bytes,
-                                       [srv = s.get()](uint64_t id) { srv->Track(id); },
-                                       [srv = s.get()](uint64_t id) { srv->Untrack(id); },
                                        &s->metrics_->in_flight};
   s->Routes();
   s->server_->Start();
@@ -515,10 +496,24 @@ void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
   }
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(exchange->request(), absl::Now());
   if (!deadline.ok()) return exchange->Send(ErrorResponse(deadline.status()));
-  ServeResponses(responses_, std::move(exchange), *deadline);
+  SessionHooks hooks = SessionHooksFor(exchange);
+  ServeResponses(responses_, std::move(exchange), *deadline, std::move(hooks));
 }
 
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
+
+SessionHooks HttpServer::SessionHooksFor(const std::shared_ptr<HttpExchange>& exchange) {
+  HttpMetrics* metrics = metrics_.get();
+  SessionHooks hooks;
+  hooks.run = [exchange](std::function<void()> task) { exchange->Defer(std::move(task)); };
+  hooks.after = [exchange](absl::Duration delay, std::function<void()> task) {
+    exchange->After(delay, std::move(task));
+  };
+  hooks.on_accepted = [this](uint64_t request_id) { Track(request_id); };
+  hooks.on_released = [this](uint64_t request_id) { Untrack(request_id); };
+  hooks.on_all_released = [metrics] { --metrics->in_flight; };
+  return hooks;
+}
 
 void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
   const HttpRequest& req = exchange->request();
@@ -560,19 +555,11 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint, id, options_.model_id, created,
                                                  prepared->stop, prepared->logprobs, choices);
 
-  HttpMetrics* metrics = metrics_.get();
-  SessionHooks hooks;
-  hooks.run = [exchange](std::function<void()> task) { exchange->Defer(std::move(task)); };
-  hooks.after = [exchange](absl::Duration delay, std::function<void()> task) {
-    exchange->After(delay, std::move(task));
-  };
-  hooks.on_accepted = [this](uint64_t request_id) { Track(request_id); };
-  hooks.on_released = [this](uint64_t request_id) { Untrack(request_id); };
-  hooks.on_all_released = [metrics] { --metrics->in_flight; };
   ++metrics_->in_flight;
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       &backend_, tok_, std::move(request),
-      [g](const std::vector<RequestEvent>& events) { Consume(*g, events); }, std::move(hooks));
+      [g](const std::vector<RequestEvent>& events) { Consume(*g, events); },
+      SessionHooksFor(exchange));
   if (!started.ok()) {
     --metrics_->in_flight;
     ApiError e = ErrorFromStatus(started.status());

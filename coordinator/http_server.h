@@ -94,6 +94,10 @@ class HttpServer {
   void ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange);
   // /tokenize (`detokenize` false) or /detokenize.
   void ServeTokenize(bool detokenize, const HttpRequest& req, HttpResponse& res);
+  // Where a generation's session runs (the exchange's transport threads and
+  // timers) and the bookkeeping of its sequences (Stop cancels them; the
+  // in-flight gauge counts it until none is left).
+  SessionHooks SessionHooksFor(const std::shared_ptr<HttpExchange>& exchange);
   // The session of a prepared chat or completions request.
   SessionRequest SessionRequestOf(const PreparedRequest& prepared, Endpoint endpoint,
                                   const std::string& id, std::optional<absl::Time> deadline) const;

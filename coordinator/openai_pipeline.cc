@@ -544,6 +544,9 @@ std::vector<Json> ResponseBuilder::Consume(const std::vector<RequestEvent>& even
       case RequestEvent::Kind::kToolCall:
         AddToolCall(e, out);
         break;
+      case RequestEvent::Kind::kMessageStart:
+      case RequestEvent::Kind::kMessageEnd:
+        break;  // chat merges a choice's messages per channel
       case RequestEvent::Kind::kFinish:
         FlushLogprobs(e.choice, out);
         c.finish_reason = e.finish_reason;

@@ -19,6 +19,9 @@ namespace flotilla::coordinator {
 struct TokenUsage {
   uint32_t prompt_tokens = 0;
   uint32_t completion_tokens = 0;
+  // Of completion_tokens: the content tokens of the analysis messages
+  // (Harmony), their end tokens included; the Responses API reports them.
+  uint32_t reasoning_tokens = 0;
 };
 
 // A piece of a function call. The first piece of a call has its id and name;
@@ -39,6 +42,17 @@ struct RequestEvent {
     kReasoning,  // text on the analysis channel (chat)
     kContent,    // answer text (chat: the final channel; completions: the text)
     kToolCall,   // a function call piece (chat)
+    // A Harmony message of the answer begins (chat): the text events up to
+    // its kMessageEnd are its own, of the kind `message_kind` (a function
+    // call's first kToolCall piece follows at once, with its id and name).
+    // Messages the answer does not show (a built-in tool's call) have none.
+    // For APIs whose output is per message (Responses); others ignore both.
+    kMessageStart,
+    // The message ended with its end token. One the length limit cut off has
+    // none (kFinish ends it), and neither has one a stop string ended. Text a
+    // stop string's filter holds back may come after it: stop strings span
+    // the answer's messages, as in chat completions.
+    kMessageEnd,
     kFinish,     // this choice ended: finish_reason, usage
     // Terminal, success: every choice finished; usage sums them.
     kUsage,
@@ -51,6 +65,8 @@ struct RequestEvent {
   uint32_t choice = 0;
   std::string text;         // kReasoning, kContent
   ToolCallPiece tool_call;  // kToolCall
+  // kMessageStart: kReasoning (analysis), kContent (final, preambles) or kToolCall.
+  Kind message_kind = Kind::kContent;
   // kTokens: the update. Valid only while the event is being handled.
   const cluster::SequenceUpdate* update = nullptr;
   // kFinish: "stop" (end token or stop string), "length", "tool_calls".

@@ -343,6 +343,7 @@ TokenUsage RequestSession::UsageLocked() const {
   for (const Choice& c : choices_) {
     if (c.index % n == 0) usage.prompt_tokens += c.prompt_tokens;  // each prompt once
     usage.completion_tokens += c.tokens;
+    usage.reasoning_tokens += c.decoder->reasoning_tokens();
   }
   return usage;
 }

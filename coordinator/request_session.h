@@ -2,12 +2,14 @@
 // its sequences to the cluster (prompts x n choices), decodes each choice's
 // tokens (ChoiceDecoder: Harmony or plain text, stop strings), cancels a
 // choice whose text hit a stop string, enforces the deadline, cancels on
-// request, and emits typed events (request_events.h). The HTTP chat and
-// completions endpoints and the gRPC Chat and Generate calls serialize them.
+// request, and emits typed events (request_events.h). The HTTP chat,
+// completions and Responses endpoints and the gRPC Chat and Generate calls
+// serialize them.
 //
 // Events of a request, per choice in order: [kContent echo] then, per worker
-// update, kTokens and the text it made (kReasoning / kContent / kToolCall),
-// and at the end kFinish. Choices interleave. Then exactly one terminal
+// update, kTokens and the text it made (kReasoning / kContent / kToolCall,
+// within kMessageStart ... kMessageEnd for Harmony), and at the end kFinish.
+// Choices interleave. Then exactly one terminal
 // event: kUsage (every choice finished) or kError (the first failure:
 // cancel, deadline, a worker lost ...). Nothing follows it.
 //

@@ -1,6 +1,5 @@
 #include "coordinator/responses_http.h"
 
-#include <deque>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -17,20 +16,15 @@
 namespace flotilla::coordinator {
 namespace {
 
-// One response being generated. The manager's callbacks only queue updates
-// (they run on a worker session's gRPC thread); Pump turns them into bytes
-// on a transport thread. Everything below `mu` is guarded by it.
+// One response being generated: the serializer of its RequestSession's
+// events, which the session delivers on a transport thread. Everything
+// below `mu` is guarded by it; the exchange's calls are made under it so
+// they reach the connection in order.
 struct ResponseGeneration {
   std::mutex mu;
-  std::deque<cluster::SequenceUpdate> updates;  // not yet pumped
-  bool pumping = false;
-  bool done = false;  // on_done came, with done_status
-  absl::Status done_status;
   std::shared_ptr<HttpExchange> exchange;
   std::shared_ptr<AccessRecord> access;
   std::unique_ptr<ResponsesStream> builder;
-  std::atomic<uint64_t> request_id{0};
-  uint32_t prompt_tokens = 0;
   bool stream = false;
   bool begun = false;  // streams: the head went out
   std::string held;    // streams: events produced before the head
@@ -98,89 +92,19 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   g.exchange->Send(std::move(res));
 }
 
-// Feeds one update; returns the events it produced.
-std::vector<Json> DrainUpdate(ResponseGeneration& g, const cluster::SequenceUpdate& u) {
-  if (g.builder->finished() || u.finish_reason() == common::ERROR) return {};
-  std::vector<Json> out = g.builder->FeedUpdate(u);
-  if (u.finish_reason() == common::FINISH_REASON_UNSPECIFIED) return out;
-  std::optional<tokenizer::TokenId> stop;
-  if (u.has_stop_token()) stop = static_cast<tokenizer::TokenId>(u.stop_token());
-  std::vector<Json> last = g.builder->Finish(
-      u.finish_reason(), stop, u.prompt_tokens() ? u.prompt_tokens() : g.prompt_tokens,
-      u.completion_tokens());
-  out.insert(out.end(), std::make_move_iterator(last.begin()), std::make_move_iterator(last.end()));
-  g.access->set_output_tokens(u.completion_tokens());
-  g.access->set_finish_reason(u.finish_reason() == common::LENGTH ? "length" : "stop");
-  return out;
-}
-
-// Turns the queued updates (and the end, once on_done came) into the answer;
-// one Pump at a time per generation.
-void Pump(const std::shared_ptr<ResponseGeneration>& g) {
-  std::lock_guard<std::mutex> l(g->mu);
-  while (!g->updates.empty() || (g->done && !g->ended)) {
-    std::deque<cluster::SequenceUpdate> updates;
-    updates.swap(g->updates);
-    std::string text;
-    for (const cluster::SequenceUpdate& u : updates) {
-      if (g->ended) break;
-      text += Events(DrainUpdate(*g, u));
-    }
-    if (!g->ended && g->stream) EmitLocked(*g, std::move(text));
-    if (g->builder->finished()) {
-      EndLocked(*g, absl::OkStatus());
-    } else if (g->done) {
-      EndLocked(*g, g->done_status.ok()
-                        ? absl::InternalError("the request ended without a finish reason")
-                        : g->done_status);
-    }
+// The session's sink: events -> Responses events -> the stream or the whole answer.
+void Consume(ResponseGeneration& g, const std::vector<RequestEvent>& events) {
+  std::lock_guard<std::mutex> l(g.mu);
+  if (g.ended) return;
+  RecordEvents(*g.access, events);
+  std::vector<Json> out = g.builder->Consume(events);
+  if (g.stream) EmitLocked(g, Events(out));
+  const RequestEvent& last = events.back();
+  if (last.kind == RequestEvent::Kind::kUsage) {
+    EndLocked(g, absl::OkStatus());
+  } else if (last.kind == RequestEvent::Kind::kError) {
+    EndLocked(g, last.status);
   }
-  g->pumping = false;
-}
-
-// Schedules a Pump unless one is pending (call without g->mu held).
-void SchedulePump(const std::shared_ptr<ResponseGeneration>& g) {
-  {
-    std::lock_guard<std::mutex> l(g->mu);
-    if (g->pumping) return;
-    g->pumping = true;
-  }
-  g->exchange->Defer([g] { Pump(g); });
-}
-
-RequestCallbacks Callbacks(const ResponsesHttpContext& context,
-                           const std::shared_ptr<ResponseGeneration>& g) {
-  RequestCallbacks cb;
-  cb.on_accepted = [track = context.track, g](uint64_t request_id) {
-    g->request_id = request_id;
-    track(request_id);
-  };
-  cb.on_update = [g](const cluster::SequenceUpdate& u) {
-    g->access->AddOutputTokens(static_cast<uint32_t>(u.token_ids_size()), absl::Now());
-    {
-      std::lock_guard<std::mutex> l(g->mu);
-      if (g->ended) return;
-      g->updates.push_back(u);
-    }
-    SchedulePump(g);
-  };
-  cb.on_done = [untrack = context.untrack, in_flight = context.in_flight,
-                g](const absl::Status& st) {
-    {
-      std::lock_guard<std::mutex> l(g->mu);
-      g->done = true;
-      g->done_status = st;
-      if (!g->builder->finished()) {
-        g->access->set_finish_reason(st.code() == absl::StatusCode::kCancelled ? "cancelled"
-                                     : st.code() == absl::StatusCode::kDeadlineExceeded ? "deadline"
-                                                                                        : "error");
-      }
-    }
-    SchedulePump(g);
-    --*in_flight;
-    untrack(g->request_id);
-  };
-  return cb;
 }
 
 // Sends the SSE head and what was produced before it.
@@ -229,30 +153,30 @@ absl::StatusOr<Prepared> Prepare(const ResponsesHttpContext& context, const Http
   return out;
 }
 
-cluster::SubmitSequence Submission(const PreparedRequest& prepared,
-                                   std::optional<absl::Time> deadline) {
-  cluster::SubmitSequence submit;
-  for (tokenizer::TokenId t : prepared.prompt) submit.add_prompt_ids(static_cast<int32_t>(t));
-  *submit.mutable_sampling() = prepared.sampling;
-  if (prepared.constraint) grammar::ToProto(*prepared.constraint, submit.mutable_constraint());
-  if (deadline) submit.set_deadline_unix_ms(absl::ToUnixMillis(*deadline));
-  return submit;
+// One Harmony choice; the response id seeds the call ids, as chat's does.
+SessionRequest SessionRequestOf(const PreparedRequest& prepared, const std::string& id,
+                                std::optional<absl::Time> deadline) {
+  SessionRequest request;
+  request.decoding = Decoding::kHarmony;
+  request.prompts = {prepared.prompt};
+  *request.submit.mutable_sampling() = prepared.sampling;
+  if (prepared.constraint) grammar::ToProto(*prepared.constraint, request.submit.mutable_constraint());
+  request.call_id_seed = id;
+  request.deadline = deadline;
+  return request;
 }
 
 std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& context,
                                                   std::shared_ptr<HttpExchange> exchange,
-                                                  Prepared& p) {
+                                                  const std::string& id, Prepared& p) {
   const HttpRequest& req = exchange->request();
   auto g = std::make_shared<ResponseGeneration>();
   g->exchange = std::move(exchange);
   g->access = req.access ? req.access : std::make_shared<AccessRecord>(req.path, req.received);
-  g->prompt_tokens = static_cast<uint32_t>(p.chat.prompt.size());
   g->stream = p.request.stream;
-  const std::string id = absl::StrCat("resp_", RandomId());
   g->access->set_request_id(id);
-  g->access->set_prompt_tokens(g->prompt_tokens);
-  g->builder = std::make_unique<ResponsesStream>(context.tokenizer, id, context.model_id,
-                                                 ResponseSettings(p.request),
+  g->access->set_prompt_tokens(static_cast<uint32_t>(p.chat.prompt.size()));
+  g->builder = std::make_unique<ResponsesStream>(id, context.model_id, ResponseSettings(p.request),
                                                  absl::ToUnixSeconds(absl::Now()));
   if (p.request.store) {
     g->store = context.store;
@@ -265,37 +189,25 @@ std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& co
 }  // namespace
 
 void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExchange> exchange,
-                    std::optional<absl::Time> deadline) {
+                    std::optional<absl::Time> deadline, SessionHooks hooks) {
   absl::StatusOr<Prepared> prepared = Prepare(context, exchange->request());
   if (!prepared.ok()) return exchange->Send(ErrorResponse(prepared.status()));
-  std::shared_ptr<ResponseGeneration> g = NewGeneration(context, exchange, *prepared);
+  const std::string id = absl::StrCat("resp_", RandomId());
+  std::shared_ptr<ResponseGeneration> g = NewGeneration(context, exchange, id, *prepared);
   if (g->stream) g->held = Events(g->builder->Begin());
 
   ++*context.in_flight;
-  absl::StatusOr<uint64_t> submitted =
-      context.manager->Submit(Submission(prepared->chat, deadline), Callbacks(context, g));
-  if (!submitted.ok()) {
+  absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
+      context.backend, context.tokenizer, SessionRequestOf(prepared->chat, id, deadline),
+      [g](const std::vector<RequestEvent>& events) { Consume(*g, events); }, std::move(hooks));
+  if (!started.ok()) {
     --*context.in_flight;
-    return exchange->Send(ErrorResponse(submitted.status()));
+    return exchange->Send(ErrorResponse(started.status()));
   }
-  ClusterManager* manager = context.manager;
-  if (g->stream) {
-    BeginStream(*g);
-  } else if (deadline) {
-    // A deadline the workers missed ends the request here (504).
-    exchange->After(*deadline - absl::Now() + absl::Seconds(1), [g, manager] {
-      {
-        std::lock_guard<std::mutex> l(g->mu);
-        if (g->ended) return;
-        g->access->set_finish_reason("deadline");
-        EndLocked(*g, absl::DeadlineExceededError("the request's deadline passed"));
-      }
-      manager->Cancel(g->request_id, "the request's deadline passed");
-    });
-  }
+  std::shared_ptr<RequestSession> session = *std::move(started);
+  if (g->stream) BeginStream(*g);
   // A client that goes away cancels its request.
-  exchange->OnClientGone(
-      [g, manager] { manager->Cancel(g->request_id, "the HTTP client disconnected"); });
+  exchange->OnClientGone([session] { session->Cancel("the HTTP client disconnected"); });
 }
 
 }  // namespace flotilla::coordinator

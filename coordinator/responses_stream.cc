@@ -6,8 +6,6 @@
 namespace flotilla::coordinator {
 namespace {
 
-constexpr char kFunctions[] = "functions.";
-
 // "msg_" + 24 hex digits derived from the response id and the item's index:
 // unique per response, and the same streamed or whole.
 std::string ItemId(const char* prefix, const std::string& response_id, size_t index) {
@@ -26,14 +24,12 @@ Json TextPart(const char* type, const std::string& text) {
 
 }  // namespace
 
-ResponsesStream::ResponsesStream(const tokenizer::Tokenizer* tokenizer, std::string id,
-                                 std::string model, Json settings, int64_t created_at)
-    : tok_(tokenizer),
-      id_(std::move(id)),
+ResponsesStream::ResponsesStream(std::string id, std::string model, Json settings,
+                                 int64_t created_at)
+    : id_(std::move(id)),
       model_(std::move(model)),
       settings_(std::move(settings)),
-      created_at_(created_at),
-      parser_(tokenizer, harmony::ParserOptions{harmony::Role::kAssistant, /*strict=*/false}) {}
+      created_at_(created_at) {}
 
 Json ResponsesStream::Event(const char* type, Json fields) {
   Json e{{"type", type}, {"sequence_number", sequence_++}};
@@ -54,37 +50,35 @@ std::vector<Json> ResponsesStream::Begin() {
   return out;
 }
 
-void ResponsesStream::OpenItem(const harmony::Message& header, std::vector<Json>& out) {
-  open_ = Kind::kNone;
-  if (header.role != harmony::Role::kAssistant) return;
+void ResponsesStream::OpenItem(Kind kind, const ToolCallPiece& call, std::vector<Json>& out) {
+  CloseItem("completed", out);
   const size_t index = output_.size();
   Json item;
-  const bool function = header.recipient.rfind(kFunctions, 0) == 0;
-  if (!function && !header.recipient.empty()) return;  // a built-in tool's call: not shown
-  if (function) {
-    const std::string name = header.recipient.substr(sizeof(kFunctions) - 1);
-    open_ = Kind::kFunctionCall;
-    item = Json{{"id", ItemId("fc_", id_, index)},
-                {"type", "function_call"},
-                {"status", "in_progress"},
-                {"arguments", ""},
-                {"call_id", harmony::ToolCallId(id_, function_calls_++, name)},
-                {"name", name}};
-  } else if (header.channel == "analysis") {
-    open_ = Kind::kReasoning;
-    item = Json{{"id", ItemId("rs_", id_, index)},
-                {"type", "reasoning"},
-                {"summary", Json::array()},
-                {"content", Json::array()},
-                {"status", "in_progress"}};
-  } else {
-    open_ = Kind::kMessage;
-    item = Json{{"id", ItemId("msg_", id_, index)},
-                {"type", "message"},
-                {"status", "in_progress"},
-                {"role", "assistant"},
-                {"content", Json::array()}};
+  switch (kind) {
+    case Kind::kFunctionCall:
+      item = Json{{"id", ItemId("fc_", id_, index)},
+                  {"type", "function_call"},
+                  {"status", "in_progress"},
+                  {"arguments", ""},
+                  {"call_id", call.id},
+                  {"name", call.name}};
+      break;
+    case Kind::kReasoning:
+      item = Json{{"id", ItemId("rs_", id_, index)},
+                  {"type", "reasoning"},
+                  {"summary", Json::array()},
+                  {"content", Json::array()},
+                  {"status", "in_progress"}};
+      break;
+    default:
+      item = Json{{"id", ItemId("msg_", id_, index)},
+                  {"type", "message"},
+                  {"status", "in_progress"},
+                  {"role", "assistant"},
+                  {"content", Json::array()}};
+      break;
   }
+  open_ = kind;
   open_text_.clear();
   output_.push_back(item);
   out.push_back(Event("response.output_item.added", Json{{"output_index", index}, {"item", item}}));
@@ -141,64 +135,54 @@ void ResponsesStream::CloseItem(const char* status, std::vector<Json>& out) {
   open_text_.clear();
 }
 
-void ResponsesStream::ProcessToken(tokenizer::TokenId token, std::vector<Json>& out) {
-  absl::StatusOr<harmony::StreamParser::Event> event = parser_.Process(token);
-  if (!event.ok()) return;  // non-strict: only ids outside the vocabulary fail; skip them
-  using E = harmony::StreamParser::Event;
-  switch (*event) {
-    case E::kMessageStarted:
-      OpenItem(parser_.current(), out);
+void ResponsesStream::Handle(const RequestEvent& e, std::vector<Json>& out) {
+  using EventKind = RequestEvent::Kind;
+  switch (e.kind) {
+    case EventKind::kMessageStart:
+      if (e.message_kind == EventKind::kReasoning) {
+        OpenItem(Kind::kReasoning, {}, out);
+      } else if (e.message_kind == EventKind::kContent) {
+        OpenItem(Kind::kMessage, {}, out);
+      }
+      break;  // a function call's item opens with its first piece, which has its id
+    case EventKind::kReasoning:
+    case EventKind::kContent:
+      AppendDelta(e.text, out);
       break;
-    case E::kContentDelta:
-      if (open_ == Kind::kReasoning) ++reasoning_tokens_;
-      AppendDelta(parser_.last_content_delta(), out);
+    case EventKind::kToolCall:
+      if (!e.tool_call.id.empty()) OpenItem(Kind::kFunctionCall, e.tool_call, out);
+      AppendDelta(e.tool_call.arguments, out);
       break;
-    case E::kMessageEnded:
-      if (open_ == Kind::kReasoning) ++reasoning_tokens_;
-      AppendDelta(parser_.last_content_delta(), out);
+    case EventKind::kMessageEnd:
       CloseItem("completed", out);
       break;
-    default:
+    case EventKind::kFinish:
+      cut_ = e.worker_reason == common::LENGTH;
+      CloseItem(cut_ ? "incomplete" : "completed", out);
+      break;
+    case EventKind::kUsage:
+      End(e.usage, out);
+      break;
+    case EventKind::kTokens:
+    case EventKind::kError:
       break;
   }
 }
 
-std::vector<Json> ResponsesStream::Feed(const std::vector<tokenizer::TokenId>& tokens) {
+std::vector<Json> ResponsesStream::Consume(const std::vector<RequestEvent>& events) {
   std::vector<Json> out;
-  if (finished_) return out;
-  for (tokenizer::TokenId t : tokens) ProcessToken(t, out);
+  for (const RequestEvent& e : events) {
+    if (finished_) break;
+    Handle(e, out);
+  }
   return out;
 }
 
-std::vector<Json> ResponsesStream::FeedUpdate(const cluster::SequenceUpdate& update) {
-  return Feed(
-      std::vector<tokenizer::TokenId>(update.token_ids().begin(), update.token_ids().end()));
-}
-
-std::vector<Json> ResponsesStream::Finish(common::FinishReason reason,
-                                          std::optional<tokenizer::TokenId> stop_token,
-                                          uint32_t prompt_tokens, uint32_t completion_tokens) {
-  std::vector<Json> out;
-  if (finished_) return out;
-  if (stop_token) ProcessToken(*stop_token, out);
-  const bool cut = reason == common::LENGTH;
-  const bool in_header = parser_.state() == harmony::StreamParser::State::kHeader;
-  const size_t before = parser_.messages().size();
-  // Non-strict: a header the limit cut off is recovered into a message whose
-  // text was never streamed; it becomes an item now, as chat completions
-  // shows it (a random or confused model may never reach `<|message|>`).
-  if (parser_.Finish().ok() && in_header && parser_.messages().size() > before) {
-    const harmony::Message& recovered = parser_.messages().back();
-    if (recovered.recipient.empty() && !recovered.content.empty()) {
-      OpenItem(recovered, out);
-      AppendDelta(recovered.content, out);
-    }
-  }
-  CloseItem(cut ? "incomplete" : "completed", out);
-  prompt_tokens_ = prompt_tokens;
-  completion_tokens_ = completion_tokens;
+void ResponsesStream::End(const TokenUsage& usage, std::vector<Json>& out) {
+  CloseItem(cut_ ? "incomplete" : "completed", out);
+  usage_ = usage;
   finished_ = true;
-  if (cut) {
+  if (cut_) {
     status_ = "incomplete";
     incomplete_details_ = Json{{"reason", "max_output_tokens"}};
     out.push_back(Event("response.incomplete", Json{{"response", Response()}}));
@@ -206,7 +190,6 @@ std::vector<Json> ResponsesStream::Finish(common::FinishReason reason,
     status_ = "completed";
     out.push_back(Event("response.completed", Json{{"response", Response()}}));
   }
-  return out;
 }
 
 Json ResponsesStream::ErrorEvent(const std::string& code, const std::string& message,
@@ -228,11 +211,11 @@ Json ResponsesStream::Response() const {
   r["output"] = finished_ ? output_ : Json::array();
   for (const auto& [key, value] : settings_.items()) r[key] = value;
   if (finished_) {
-    r["usage"] = Json{{"input_tokens", prompt_tokens_},
+    r["usage"] = Json{{"input_tokens", usage_.prompt_tokens},
                       {"input_tokens_details", {{"cached_tokens", 0}}},
-                      {"output_tokens", completion_tokens_},
-                      {"output_tokens_details", {{"reasoning_tokens", reasoning_tokens_}}},
-                      {"total_tokens", prompt_tokens_ + completion_tokens_}};
+                      {"output_tokens", usage_.completion_tokens},
+                      {"output_tokens_details", {{"reasoning_tokens", usage_.reasoning_tokens}}},
+                      {"total_tokens", usage_.prompt_tokens + usage_.completion_tokens}};
   } else {
     r["usage"] = nullptr;
   }

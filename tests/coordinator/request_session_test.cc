@@ -317,6 +317,21 @@ TEST(RequestSessionTest, HarmonyTokensBecomeReasoningContentAndToolCalls) {
   ASSERT_NE(finish, nullptr);
   EXPECT_EQ(finish->finish_reason, "tool_calls");
   EXPECT_EQ(events.all.back().kind, Kind::kUsage);
+  // Where each message begins and ends, for the APIs whose output is per message.
+  std::vector<std::pair<Kind, Kind>> messages;
+  for (const RequestEvent& e : events.all) {
+    if (e.kind == Kind::kMessageStart || e.kind == Kind::kMessageEnd) {
+      messages.emplace_back(e.kind, e.kind == Kind::kMessageStart ? e.message_kind : e.kind);
+    }
+  }
+  EXPECT_EQ(messages, (std::vector<std::pair<Kind, Kind>>{{Kind::kMessageStart, Kind::kReasoning},
+                                                          {Kind::kMessageEnd, Kind::kMessageEnd},
+                                                          {Kind::kMessageStart, Kind::kToolCall},
+                                                          {Kind::kMessageEnd, Kind::kMessageEnd}}));
+  // The analysis message's content tokens and its end token.
+  const uint32_t reasoning = static_cast<uint32_t>(Encode("Need weather.").size() + 1);
+  EXPECT_EQ(finish->usage.reasoning_tokens, reasoning);
+  EXPECT_EQ(events.all.back().usage.reasoning_tokens, reasoning);
 }
 
 }  // namespace

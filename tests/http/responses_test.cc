@@ -1,9 +1,11 @@
 // POST /v1/responses without HTTP: requests translated onto the chat
 // pipeline (the same Harmony prompt as the equivalent chat request, history
 // of previous_response_id first, errors named as Responses fields) and
-// recorded Harmony token sequences turned into output items and events.
+// recorded Harmony token sequences, decoded by the request session's
+// ChoiceDecoder, turned into output items and events.
 #include <gtest/gtest.h>
 
+#include "coordinator/choice_decoder.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/responses_request.h"
@@ -59,16 +61,47 @@ const Json kWeatherTool = {{"type", "function"},
                              {"properties", {{"location", {{"type", "string"}}}}},
                              {"required", {"location"}}}}};
 
+// Decodes generated tokens as a RequestSession of one Harmony choice does
+// (its call ids seeded with the response id) and serializes the events.
+class Generation {
+ public:
+  explicit Generation(ResponsesStream& stream)
+      : stream_(stream),
+        decoder_(&Tok(), Decoding::kHarmony, 0, stream.Response()["id"].get<std::string>(), {}) {}
+
+  std::vector<Json> Feed(const std::vector<tk::TokenId>& ids) {
+    std::vector<RequestEvent> events;
+    decoder_.Feed(ids, events);
+    return stream_.Consume(events);
+  }
+  // The end of the choice and then the session's terminal kUsage.
+  std::vector<Json> Finish(common::FinishReason reason, std::optional<tk::TokenId> stop,
+                           uint32_t completion_tokens) {
+    std::vector<RequestEvent> events;
+    decoder_.Finish(reason, stop, TokenUsage{12, completion_tokens}, events);
+    RequestEvent end;
+    end.kind = RequestEvent::Kind::kUsage;
+    end.usage = events.back().usage;
+    events.push_back(end);
+    return stream_.Consume(events);
+  }
+
+ private:
+  ResponsesStream& stream_;
+  ChoiceDecoder decoder_;
+};
+
 // Feeds `ids` one token at a time; returns every event.
 std::vector<Json> Generate(ResponsesStream& s, const std::vector<tk::TokenId>& ids,
                            tk::TokenId stop, common::FinishReason reason = common::STOP) {
+  Generation generation(s);
   std::vector<Json> events = s.Begin();
   for (tk::TokenId t : ids) {
-    for (Json& e : s.Feed({t})) events.push_back(std::move(e));
+    for (Json& e : generation.Feed({t})) events.push_back(std::move(e));
   }
-  for (Json& e :
-       s.Finish(reason, reason == common::STOP ? std::optional<tk::TokenId>(stop) : std::nullopt,
-                12, static_cast<uint32_t>(ids.size() + 1))) {
+  for (Json& e : generation.Finish(
+           reason, reason == common::STOP ? std::optional<tk::TokenId>(stop) : std::nullopt,
+           static_cast<uint32_t>(ids.size() + 1))) {
     events.push_back(std::move(e));
   }
   return events;
@@ -87,7 +120,7 @@ TEST(ResponsesStreamTest, ReasoningAndToolCallBecomeItemsAndEvents) {
                   Assistant("commentary", kArgs, "functions.get_weather")},
                  &stop);
   ASSERT_EQ(stop, tk::kCall);
-  ResponsesStream s(&Tok(), "resp_1", "gpt-oss", Json{{"store", true}}, 7);
+  ResponsesStream s("resp_1", "gpt-oss", Json{{"store", true}}, 7);
   const std::vector<Json> events = Generate(s, ids, stop);
 
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i]["sequence_number"], i);
@@ -138,11 +171,12 @@ TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
       Completion({Assistant("analysis", "Say hi."), Assistant("final", "Hello, wörld!")}, &stop);
   stop =
       tk::kReturn;  // rendered as history the answer ends with <|end|>; generated, with <|return|>
-  ResponsesStream streamed(&Tok(), "resp_2", "m", Json::object(), 1);
+  ResponsesStream streamed("resp_2", "m", Json::object(), 1);
   const std::vector<Json> events = Generate(streamed, ids, stop);
-  ResponsesStream whole(&Tok(), "resp_2", "m", Json::object(), 1);
-  whole.Feed(ids);
-  whole.Finish(common::STOP, stop, 12, static_cast<uint32_t>(ids.size() + 1));
+  ResponsesStream whole("resp_2", "m", Json::object(), 1);
+  Generation at_once(whole);
+  at_once.Feed(ids);
+  at_once.Finish(common::STOP, stop, static_cast<uint32_t>(ids.size() + 1));
   EXPECT_EQ(streamed.Response(), whole.Response());
 
   const Json response = whole.Response();
@@ -169,11 +203,35 @@ TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
   EXPECT_TRUE(events[0]["response"]["output"].empty());
 }
 
+// Each message the answer shows is an item of its own, two on one channel
+// too; a built-in tool's call is not shown, as in chat completions.
+TEST(ResponsesStreamTest, EachShownMessageIsAnItem) {
+  tk::TokenId stop;
+  const std::vector<tk::TokenId> ids =
+      Completion({Assistant("analysis", "Think."), Assistant("commentary", "Checking."),
+                  Assistant("commentary", R"({"q":"x"})", "browser.search"),
+                  Assistant("final", "Done.")},
+                 &stop);
+  ResponsesStream s("resp_5", "m", Json::object(), 1);
+  const std::vector<Json> events = Generate(s, ids, tk::kReturn);
+  const Json r = s.Response();
+  ASSERT_EQ(r["output"].size(), 3u) << r.dump();
+  EXPECT_EQ(r["output"][0]["type"], "reasoning");
+  EXPECT_EQ(r["output"][1]["type"], "message");
+  EXPECT_EQ(r["output"][1]["content"][0]["text"], "Checking.");
+  EXPECT_EQ(r["output"][2]["type"], "message");
+  EXPECT_EQ(r["output"][2]["content"][0]["text"], "Done.");
+  for (const Json& item : r["output"]) EXPECT_EQ(item["status"], "completed");
+  int added = 0;
+  for (const Json& e : events) added += e["type"] == "response.output_item.added";
+  EXPECT_EQ(added, 3);
+}
+
 TEST(ResponsesStreamTest, LengthLimitMakesItIncomplete) {
   tk::TokenId stop;
   std::vector<tk::TokenId> ids = Completion({Assistant("final", "a long answer cut short")}, &stop);
   ids.resize(ids.size() - 2);
-  ResponsesStream s(&Tok(), "resp_3", "m", Json::object(), 1);
+  ResponsesStream s("resp_3", "m", Json::object(), 1);
   const std::vector<Json> events = Generate(s, ids, stop, common::LENGTH);
   EXPECT_EQ(events.back()["type"], "response.incomplete");
   const Json r = s.Response();
@@ -193,7 +251,7 @@ TEST(ResponsesStreamTest, LengthLimitMakesItIncomplete) {
 TEST(ResponsesStreamTest, HeaderCutOffByTheLimitShowsAsChatShowsIt) {
   std::vector<tk::TokenId> ids = *Tok().EncodeOrdinary("final lorem ipsum dolor");
   ids.insert(ids.begin(), tk::kChannel);
-  ResponsesStream s(&Tok(), "resp_4", "m", Json::object(), 1);
+  ResponsesStream s("resp_4", "m", Json::object(), 1);
   const std::vector<Json> events = Generate(s, ids, 0, common::LENGTH);
   ResponseBuilder chat(&Tok(), Endpoint::kChat, "chatcmpl-4", "m", 1, {}, false);
   chat.Feed(ids, {});
