@@ -29,8 +29,8 @@ void RecordEvents(AccessRecord& access, const std::vector<RequestEvent>& events)
         access.AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
         break;
       case RequestEvent::Kind::kFinish:
-        access.set_finish_reason(
-            e.stopped_by_string || e.worker_reason == common::STOP ? "stop" : "length");
+        access.set_finish_reason(e.stopped_by_string || e.worker_reason == common::STOP ? "stop"
+                                                                                        : "length");
         break;
       case RequestEvent::Kind::kUsage:
         access.set_output_tokens(e.usage.completion_tokens);

@@ -160,7 +160,8 @@ SessionRequest SessionRequestOf(const PreparedRequest& prepared, const std::stri
   request.decoding = Decoding::kHarmony;
   request.prompts = {prepared.prompt};
   *request.submit.mutable_sampling() = prepared.sampling;
-  if (prepared.constraint) grammar::ToProto(*prepared.constraint, request.submit.mutable_constraint());
+  if (prepared.constraint)
+    grammar::ToProto(*prepared.constraint, request.submit.mutable_constraint());
   request.call_id_seed = id;
   request.deadline = deadline;
   return request;

@@ -207,11 +207,10 @@ TEST(ResponsesStreamTest, FinalAnswerIsAMessageAndStreamedEqualsWhole) {
 // too; a built-in tool's call is not shown, as in chat completions.
 TEST(ResponsesStreamTest, EachShownMessageIsAnItem) {
   tk::TokenId stop;
-  const std::vector<tk::TokenId> ids =
-      Completion({Assistant("analysis", "Think."), Assistant("commentary", "Checking."),
-                  Assistant("commentary", R"({"q":"x"})", "browser.search"),
-                  Assistant("final", "Done.")},
-                 &stop);
+  const std::vector<tk::TokenId> ids = Completion(
+      {Assistant("analysis", "Think."), Assistant("commentary", "Checking."),
+       Assistant("commentary", R"({"q":"x"})", "browser.search"), Assistant("final", "Done.")},
+      &stop);
   ResponsesStream s("resp_5", "m", Json::object(), 1);
   const std::vector<Json> events = Generate(s, ids, tk::kReturn);
   const Json r = s.Response();
