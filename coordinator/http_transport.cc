@@ -412,12 +412,16 @@ class Connection final : public ConnectionBase {
   }
 
   void OnGone(uint64_t seq, std::function<void()> f) override {
-    if (seq != seq_ || complete_) return;
-    if (closed_ || gone_) {
+    if (seq != seq_) return;
+    // A client that left before the handler asked (its Close already ended
+    // the exchange, incomplete) is gone all the same: a generation started
+    // just before must still be cancelled.
+    if (gone_ || (closed_ && !complete_)) {
       gone_ = true;
       f();
       return;
     }
+    if (complete_) return;
     on_gone_ = std::move(f);
   }
 

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -120,6 +121,11 @@ class HttpTransportTest : public ::testing::Test {
           ex->OnClientGone([this] { ++gone_; });
           Tick(ex, 0, n);
         }));
+    // Keeps the exchange unanswered, for the test to use later.
+    transport_->Post("/hold", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
+                       std::lock_guard<std::mutex> l(held_mu_);
+                       held_ = std::move(ex);
+                     }));
     transport_->set_logger([this](const HttpRequest&, const HttpResponse&, bool complete) {
       ++(complete ? logged_complete_ : logged_incomplete_);
     });
@@ -142,6 +148,12 @@ class HttpTransportTest : public ::testing::Test {
   std::unique_ptr<HttpTransport> transport_;
   int port_ = 0;
   std::atomic<int> gone_{0}, logged_complete_{0}, logged_incomplete_{0};
+  std::shared_ptr<HttpExchange> Held() {
+    std::lock_guard<std::mutex> l(held_mu_);
+    return held_;
+  }
+  std::mutex held_mu_;
+  std::shared_ptr<HttpExchange> held_;  // under held_mu_
 };
 
 TEST_F(HttpTransportTest, PipelinedRequestsAreAnsweredInOrder) {
@@ -325,6 +337,30 @@ TEST_F(HttpTransportTest, AClientThatLeavesMidStreamIsNoticed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(transport_->connections(), 0);
+}
+
+// A handler that asks after its client already left (a generation started
+// while the client was closing) is told at once.
+TEST_F(HttpTransportTest, AClientGoneBeforeTheHandlerAsksIsReported) {
+  Start();
+  {
+    RawClient c(port_);
+    ASSERT_TRUE(c.Send("POST /hold HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"));
+    for (int i = 0; i < 500 && !Held(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  for (int i = 0; i < 500 && logged_incomplete_ == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(logged_incomplete_, 1);  // the connection closed with the exchange open
+  std::shared_ptr<HttpExchange> held = Held();
+  ASSERT_NE(held, nullptr);
+  held->OnClientGone([this] { ++gone_; });
+  for (int i = 0; i < 500 && gone_ == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(gone_, 1);
 }
 
 TEST_F(HttpTransportTest, ManyIdleAndSlowConnectionsDoNotDelayOthers) {
