@@ -1,5 +1,7 @@
 #include "coordinator/chat_pipeline.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <regex>
 
@@ -156,6 +158,7 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
                                          std::string_view model_id) {
   Json body = Json::object();
   body["model"] = request.model().empty() ? std::string(model_id) : request.model();
+  if (request.n() > 1) body["n"] = request.n();
   if (request.messages().empty()) return Invalid("messages", "is required (at least one message)");
   Json messages = Json::array();
   std::vector<std::pair<std::string, std::string>> calls;  // id -> name, for TOOL messages
@@ -311,11 +314,12 @@ v1::ChatResponse::FinishReason ChatFinishReason(std::string_view r) {
 
 ChatStream::ChatStream(const tokenizer::Tokenizer* tokenizer, std::string request_id,
                        std::string call_id_seed, std::vector<std::string> stop,
-                       uint32_t prompt_tokens, bool return_token_ids)
+                       uint32_t prompt_tokens, bool return_token_ids, uint32_t choices)
     : request_id_(std::move(request_id)),
       prompt_tokens_(prompt_tokens),
       decoder_(tokenizer, Decoding::kHarmony, 0, std::move(call_id_seed), std::move(stop)),
-      return_token_ids_(return_token_ids) {}
+      return_token_ids_(return_token_ids),
+      choices_(std::max<uint32_t>(choices, 1)) {}
 
 v1::ChatResponse ChatStream::Begin() const {
   v1::ChatResponse r;
@@ -368,20 +372,36 @@ void AppendToolCall(const ToolCallPiece& piece, v1::ChatResponse& out) {
 
 void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason reason,
                         uint32_t prompt_tokens, uint32_t completion_tokens) {
-  finished_ = true;
+  if (++choices_finished_ >= choices_) finished_ = true;
   out.set_finish_reason(reason);
   out.mutable_usage()->set_prompt_tokens(prompt_tokens);
   out.mutable_usage()->set_completion_tokens(completion_tokens);
 }
 
-std::optional<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEvent>& events) {
-  if (finished_) return std::nullopt;
-  v1::ChatResponse r;
-  r.set_request_id(request_id_);
+bool ChatStream::HasNews(const v1::ChatResponse& r) {
+  return r.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED ||
+         !r.deltas().empty() || !r.logprobs().empty() || !r.token_ids().empty();
+}
+
+std::vector<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEvent>& events) {
+  if (finished_) return {};
+  // One message per choice the batch speaks of, in the order they first appear.
+  std::vector<v1::ChatResponse> out;
+  std::vector<int> slot(choices_, -1);
+  auto message = [&](uint32_t choice) -> v1::ChatResponse& {
+    if (slot[choice] < 0) {
+      slot[choice] = static_cast<int>(out.size());
+      out.emplace_back().set_request_id(request_id_);
+      out.back().set_index(choice);
+    }
+    return out[static_cast<size_t>(slot[choice])];
+  };
   for (const RequestEvent& e : events) {
+    if (e.choice >= choices_) continue;
     switch (e.kind) {
-      case RequestEvent::Kind::kTokens:
+      case RequestEvent::Kind::kTokens: {
         if (e.update == nullptr) break;
+        v1::ChatResponse& r = message(e.choice);
         tokens_seen_ += static_cast<uint32_t>(e.update->token_ids_size());
         r.mutable_logprobs()->MergeFrom(e.update->logprobs());
         if (return_token_ids_) {
@@ -389,18 +409,19 @@ std::optional<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEve
           if (e.update->has_stop_token()) r.add_token_ids(e.update->stop_token());
         }
         break;
+      }
       case RequestEvent::Kind::kReasoning:
       case RequestEvent::Kind::kContent:
-        AppendText(e.kind == RequestEvent::Kind::kReasoning, e.text, r);
+        AppendText(e.kind == RequestEvent::Kind::kReasoning, e.text, message(e.choice));
         break;
       case RequestEvent::Kind::kToolCall:
-        AppendToolCall(e.tool_call, r);
+        AppendToolCall(e.tool_call, message(e.choice));
         break;
       case RequestEvent::Kind::kMessageStart:
       case RequestEvent::Kind::kMessageEnd:
         break;  // the deltas say their channel; messages are not shown
       case RequestEvent::Kind::kFinish:
-        SetEnd(r, ChatFinishReason(e.finish_reason), e.usage.prompt_tokens,
+        SetEnd(message(e.choice), ChatFinishReason(e.finish_reason), e.usage.prompt_tokens,
                e.usage.completion_tokens);
         break;
       case RequestEvent::Kind::kUsage:
@@ -408,9 +429,11 @@ std::optional<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEve
         break;  // the caller ends the stream
     }
   }
-  if (!finished_ && r.deltas().empty() && r.logprobs().empty() && r.token_ids().empty())
-    return std::nullopt;
-  return r;
+  std::vector<v1::ChatResponse> news;
+  for (v1::ChatResponse& r : out) {
+    if (HasNews(r)) news.push_back(std::move(r));
+  }
+  return news;
 }
 
 std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& u) {
@@ -429,13 +452,20 @@ std::optional<v1::ChatResponse> ChatStream::Feed(const cluster::SequenceUpdate& 
     const uint32_t prompt = u.prompt_tokens() ? u.prompt_tokens() : prompt_tokens_;
     decoder_.Finish(u.finish_reason(), stop, TokenUsage{prompt, u.completion_tokens()}, events);
   }
-  return Consume(events);
+  std::vector<v1::ChatResponse> out = Consume(events);
+  if (out.empty()) return std::nullopt;
+  return std::move(out.front());
 }
 
 v1::ChatResponse ChatStream::Cancelled() {
   v1::ChatResponse r;
   r.set_request_id(request_id_);
-  if (!finished_) SetEnd(r, v1::ChatResponse::CANCELLED, prompt_tokens_, tokens_seen_);
+  if (!finished_) {
+    finished_ = true;
+    r.set_finish_reason(v1::ChatResponse::CANCELLED);
+    r.mutable_usage()->set_prompt_tokens(prompt_tokens_);
+    r.mutable_usage()->set_completion_tokens(tokens_seen_);
+  }
   return r;
 }
 

@@ -99,9 +99,41 @@ absl::Status CheckModel(const Json& body, std::string_view model_id) {
   return absl::OkStatus();
 }
 
+// The fields each endpoint reads; anything else is a 400 naming it, so no
+// field is silently ignored. The last group of each list is accepted as a
+// documented no-op (coordinator/README.md, "Requests"): `user`, `metadata`,
+// `store` and `service_tier` ask nothing of generation, and
+// `parallel_tool_calls` is what the model does anyway (a turn ends at its
+// first call).
+constexpr const char* kChatFields[] = {
+    "model", "messages", "tools", "tool_choice", "reasoning_effort", "response_format",
+    "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
+    "stop", "stream", "stream_options", "n", "best_of", "logprobs", "top_logprobs",
+    "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "truncate_prompt_tokens", "ignore_eos",
+    "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+constexpr const char* kCompletionFields[] = {
+    "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k", "min_p",
+    "seed", "stop", "stream", "stream_options", "n", "best_of", "logprobs", "echo",
+    "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
+    "truncate_prompt_tokens", "ignore_eos",
+    "user"};
+
+template <size_t kN>
+absl::Status CheckKnownFields(const Json& body, const char* const (&known)[kN]) {
+  for (const auto& [key, value] : body.items()) {
+    bool found = false;
+    for (const char* k : known) found = found || key == k;
+    if (!found) return Invalid(key, "is not a field this endpoint takes");
+  }
+  return absl::OkStatus();
+}
+
 // The fields both endpoints share.
 absl::Status CommonFields(const Json& body, PreparedRequest& out) {
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  FLOTILLA_ASSIGN_OR_RETURN(bool ignore_eos, Bool(body, "ignore_eos"));
+  out.sampling.set_ignore_eos(ignore_eos);
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, kMaxChoices));
   out.n = n ? static_cast<uint32_t>(*n) : 1;
   // We return every sequence we generate, so best_of can only be n.
@@ -328,7 +360,11 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
                                                    size_t max_prompt_text_bytes) {
   PreparedRequest out;
   out.endpoint = Endpoint::kChat;
+  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(CheckKnownFields(body, kChatFields));
   FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
+  if (out.sampling.ignore_eos()) {
+    return Invalid("ignore_eos", "is not allowed for chat (the reply ends at Harmony's end tokens)");
+  }
   FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
     FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, key, 1, UINT32_MAX));
@@ -364,6 +400,7 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                                                          size_t max_prompt_text_bytes) {
   PreparedRequest out;
   out.endpoint = Endpoint::kCompletions;
+  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(CheckKnownFields(body, kCompletionFields));
   FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
   FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, "max_tokens", 1, UINT32_MAX));

@@ -290,13 +290,14 @@ class ChatReactor final : public ChatReactorBase {
     state_ = std::make_shared<State>(this, request_id,
                                      ChatStream(tok, request_id, call_id_seed, prepared->stop,
                                                 static_cast<uint32_t>(prepared->prompt.size()),
-                                                request.return_token_ids()));
+                                                request.return_token_ids(), prepared->n));
     state_->access = access;
     access->set_request_id(request_id);
     access->set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
     SessionRequest session_request;
     session_request.decoding = Decoding::kHarmony;
     session_request.prompts.push_back(prepared->prompt);
+    session_request.n = prepared->n;
     *session_request.submit.mutable_sampling() = prepared->sampling;
     if (prepared->constraint) {
       grammar::ToProto(*prepared->constraint, session_request.submit.mutable_constraint());
@@ -311,7 +312,7 @@ class ChatReactor final : public ChatReactorBase {
       for (const RequestEvent& e : events) NoteEvent(*state->access, e);
       std::lock_guard<std::mutex> lock(state->mu);
       state->StartLocked();
-      if (std::optional<v1::ChatResponse> r = state->stream.Consume(events)) state->queue.Send(*r);
+      for (v1::ChatResponse& r : state->stream.Consume(events)) state->queue.Send(r);
       const RequestEvent& last = events.back();
       if (last.kind == RequestEvent::Kind::kUsage || last.kind == RequestEvent::Kind::kError) {
         requests->Remove(state->request_id);

@@ -226,6 +226,47 @@ TEST_F(GrpcApiTest, GenerateNSequencesEachWithItsIndex) {
   EXPECT_NE(refused.status().message().find("n:"), std::string::npos) << refused.status();
 }
 
+// Chat with n: the choices' messages name their index, each choice ends with
+// its own finish reason and usage, the stream closes after the last; seed + i.
+TEST_F(GrpcApiTest, ChatNChoicesEachWithItsIndex) {
+  auto c = Sdk();
+  v1::ChatRequest req = Hello(6);
+  req.set_n(3);
+  req.set_return_token_ids(true);  // six random tokens rarely make visible text
+  req.mutable_sampling()->set_temperature(1);
+  req.mutable_sampling()->set_seed(5);
+  auto run = [&] {
+    std::map<uint32_t, std::vector<int32_t>> tokens;
+    std::map<uint32_t, uint32_t> completion;
+    int after_end = 0;
+    absl::Status st = c->ChatStream(req, [&](const v1::ChatResponse& r) {
+      EXPECT_LT(r.index(), 3u);
+      if (completion.count(r.index()) > 0) ++after_end;
+      tokens[r.index()].insert(tokens[r.index()].end(), r.token_ids().begin(), r.token_ids().end());
+      if (r.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED) {
+        EXPECT_EQ(r.finish_reason(), v1::ChatResponse::LENGTH);
+        completion[r.index()] = r.usage().completion_tokens();
+      }
+    });
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(after_end, 0) << "a choice spoke after its last message";
+    return std::make_pair(tokens, completion);
+  };
+  auto [tokens, completion] = run();
+  ASSERT_EQ(completion.size(), 3u);
+  for (uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(completion[i], 6u) << i;
+    EXPECT_EQ(tokens[i].size(), 6u) << i;
+  }
+  EXPECT_FALSE(tokens[0] == tokens[1] && tokens[1] == tokens[2]) << "three identical samples";
+  EXPECT_EQ(run().first, tokens) << "the same seed gives the same choices";
+
+  req.set_n(17);
+  absl::Status refused = c->ChatStream(req, [](const v1::ChatResponse&) {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("n:"), std::string::npos) << refused;
+}
+
 TEST_F(GrpcApiTest, CancelByIdEndsTheStreamInBand) {
   auto c = Sdk();
   ASSERT_TRUE(WaitIdle());

@@ -222,6 +222,9 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
       {"seed", 1.5, 400, "seed"},             {"top_logprobs", 3, 400, "top_logprobs"},
       {"messages", "hi", 400, "messages"},    {"stream", "yes", 400, "stream"},
       {"reasoning_effort", "max", 400, "reasoning_effort"},
+      // No field is silently ignored: unknown ones are named.
+      {"functions", Json::array(), 400, "functions"}, {"frequency", 1, 400, "frequency"},
+      {"ignore_eos", true, 400, "ignore_eos"},        {"ignore_eos", "yes", 400, "ignore_eos"},
   };
   for (const Case& c : cases) {
     Json body = ok;
@@ -237,6 +240,11 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
   Json bad_role = ok;
   bad_role["messages"][0]["role"] = "robot";
   EXPECT_EQ(err(bad_role).param, "messages[0].role");
+  // The documented no-ops are accepted.
+  Json noops = ok;
+  noops.update(Json{{"user", "u1"}, {"metadata", {{"k", "v"}}}, {"store", false},
+                    {"service_tier", "auto"}, {"parallel_tool_calls", false}, {"ignore_eos", false}});
+  EXPECT_TRUE(PrepareChatRequest(noops, "m", Tok(), {}).ok());
 
   EXPECT_FALSE(ParseBody("{not json").ok());
   EXPECT_FALSE(ParseBody("[1]").ok());
@@ -338,6 +346,12 @@ TEST(PrepareRequestTest, CompletionPromptShapesNAndEcho) {
   EXPECT_EQ(param({{"n", kMaxChoices + 1}}), "n");
   EXPECT_EQ(param({{"n", 2}, {"best_of", 3}}), "best_of");
   EXPECT_EQ(param({{"echo", true}, {"logprobs", 1}}), "echo");
+  // ignore_eos (as vLLM takes it); unknown fields are named; `user` is a no-op.
+  absl::StatusOr<PreparedRequest> eos = prepare({{"ignore_eos", true}, {"user", "u1"}});
+  ASSERT_TRUE(eos.ok()) << eos.status();
+  EXPECT_TRUE(eos->sampling.ignore_eos());
+  EXPECT_EQ(param({{"messages", Json::array()}}), "messages");
+  EXPECT_EQ(param({{"max_completion_tokens", 5}}), "max_completion_tokens");
 }
 
 TEST(ResponsePipelineTest, ChoicesOfEventsStreamAndMerge) {
