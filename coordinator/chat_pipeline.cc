@@ -1,19 +1,17 @@
 #include "coordinator/chat_pipeline.h"
 
 #include <algorithm>
-
 #include <cmath>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "coordinator/json_fields.h"
 
 namespace flotilla::coordinator {
 namespace {
 
-absl::Status Invalid(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
+using json_fields::Invalid;
 
 const char* RoleName(v1::ChatMessage::Role role) {
   switch (role) {

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/stop_filter.h"
 #include "common/status.h"
+#include "coordinator/json_fields.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/structured/chat_constraint.h"
@@ -14,15 +15,8 @@
 namespace flotilla::coordinator {
 namespace {
 
-absl::Status Invalid(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
-
-const Json* Field(const Json& body, const char* key) {
-  auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return nullptr;
-  return &*it;
-}
+using json_fields::Invalid;
+using json_fields::Field;
 
 absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, double lo, double hi) {
   const Json* v = Field(body, key);
@@ -205,7 +199,6 @@ Json BytesJson(const std::string& s) {
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
   return a;
 }
-
 
 // One prompt given as text: `field` names it in errors.
 absl::StatusOr<std::vector<tokenizer::TokenId>> TextPrompt(const std::string& text,

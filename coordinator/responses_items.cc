@@ -2,28 +2,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "coordinator/json_fields.h"
 
 namespace flotilla::coordinator {
 namespace {
 
-absl::Status Invalid(const std::string& field, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
-
-const Json* Field(const Json& object, const char* key) {
-  auto it = object.find(key);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-absl::StatusOr<std::string> RequiredString(const Json& object, const char* key,
-                                           const std::string& where) {
-  const Json* v = Field(object, key);
-  if (v == nullptr || !v->is_string()) {
-    return Invalid(absl::StrCat(where, ".", key), "is required (a string)");
-  }
-  return v->get<std::string>();
-}
+using json_fields::Invalid;
+using json_fields::Field;
+using json_fields::RequiredString;
 
 // The text of a content array, each part one of `types` (or a string).
 absl::StatusOr<std::string> PartsText(const Json& content, const std::string& where,

@@ -1,0 +1,42 @@
+// Reading request JSON in the OpenAI-shaped APIs (chat completions,
+// completions, Responses, tokenize, the gRPC Chat translation): the error a
+// field check returns and the lookups they share.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace flotilla::coordinator::json_fields {
+
+using Json = nlohmann::ordered_json;
+
+// INVALID_ARGUMENT "field: what"; ErrorFromStatus makes `field` the error's
+// `param`.
+inline absl::Status Invalid(const std::string& field, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+// The member `key` of `object`; null when it is absent or JSON null (both
+// mean "not given").
+inline const Json* Field(const Json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+// The string member `key` of the object at `where`, which must be there.
+inline absl::StatusOr<std::string> RequiredString(const Json& object, const char* key,
+                                                  const std::string& where) {
+  const Json* v = Field(object, key);
+  if (v == nullptr || !v->is_string()) {
+    return Invalid(absl::StrCat(where, ".", key), "is required (a string)");
+  }
+  return v->get<std::string>();
+}
+
+}  // namespace flotilla::coordinator::json_fields
