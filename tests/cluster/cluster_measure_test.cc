@@ -96,10 +96,9 @@ void ExpectPlausible(const cluster::EngineMeasurement& m) {
   EXPECT_EQ(m.rank(), 0u);
 }
 
-class ClusterMeasureSharded : public ::testing::TestWithParam<std::pair<int, int>> {};
-
-TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
-  const auto [workers, tp] = GetParam();
+// A local cluster of `workers` CPU workers in TP groups of `tp` on the
+// sharded golden model, logging under a directory named by `tag`.
+cli::LocalClusterOptions ShardedOptions(int workers, int tp, const std::string& tag) {
   cli::LocalClusterOptions o;
   o.model = "tests/data/golden/tiny_e16_sharded";
   o.workers = workers;
@@ -107,11 +106,20 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
   o.threads_per_worker = 1;
   o.listen = "127.0.0.1:0";
   o.bin_dir = FLOTILLA_BIN_DIR;
+  o.log_dir = (fs::temp_directory_path() /
+               ("flotilla-measure-" + tag + "-" + std::to_string(getpid()) + "-tp" +
+                std::to_string(tp)))
+                  .string();
+  return o;
+}
+
+class ClusterMeasureSharded : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
+  const auto [workers, tp] = GetParam();
+  cli::LocalClusterOptions o = ShardedOptions(workers, tp, "test");
   o.comm_timeout_ms = 3000;
   o.heartbeat_timeout_ms = 2000;
-  o.log_dir = (fs::temp_directory_path() /
-               ("flotilla-measure-test-" + std::to_string(getpid()) + "-tp" + std::to_string(tp)))
-                  .string();
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
@@ -178,16 +186,7 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
 // group and for the whole instance.
 TEST_P(ClusterMeasureSharded, BenchServeComparesPerDpGroupAndForTheInstance) {
   const auto [workers, tp] = GetParam();
-  cli::LocalClusterOptions o;
-  o.model = "tests/data/golden/tiny_e16_sharded";
-  o.workers = workers;
-  o.tp = tp;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-measure-bench-" +
-                                            std::to_string(getpid()) + "-tp" + std::to_string(tp)))
-                  .string();
+  const cli::LocalClusterOptions o = ShardedOptions(workers, tp, "bench");
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   CLI::App app;

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "coordinator/harmony/renderer.h"
+#include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -16,14 +17,7 @@ namespace {
 namespace tk = tokenizer;
 using Kind = RequestEvent::Kind;
 
-const tk::Tokenizer& Tok() {
-  static const tk::Tokenizer* t = [] {
-    auto r = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->release();
-  }();
-  return *t;
-}
+using test_support::Tok;
 
 std::vector<tk::TokenId> Encode(const std::string& text) { return *Tok().EncodeOrdinary(text); }
 

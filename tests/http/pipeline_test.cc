@@ -5,6 +5,7 @@
 
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/openai_pipeline.h"
+#include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -13,31 +14,8 @@ namespace tk = tokenizer;
 using harmony::Message;
 using harmony::Role;
 
-const tk::Tokenizer& Tok() {
-  static const tk::Tokenizer* t = [] {
-    auto r = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->release();
-  }();
-  return *t;
-}
-
-// Tokens of an assistant completion as the model would produce them after a
-// prompt ending in `<|start|>assistant`: the messages rendered, without the
-// leading `<|start|>assistant` of the first, and without the final end token
-// (the worker reports that as the stop token).
-std::vector<tk::TokenId> Completion(const std::vector<Message>& messages, tk::TokenId* stop) {
-  harmony::RenderedPrompt p;
-  for (const Message& m : messages) EXPECT_TRUE(harmony::RenderMessage(m, true, p).ok());
-  std::vector<tk::TokenId> ids = p.Tokens(Tok());
-  // Drop `<|start|>` and the "assistant" role token(s) at the front.
-  std::vector<tk::TokenId> role = *Tok().EncodeOrdinary("assistant");
-  EXPECT_EQ(ids[0], tk::kStart);
-  ids.erase(ids.begin(), ids.begin() + 1 + role.size());
-  *stop = ids.back();
-  ids.pop_back();
-  return ids;
-}
+using test_support::Tok;
+using test_support::Completion;
 
 Message Assistant(const std::string& channel, const std::string& content, const std::string& to = "") {
   Message m;

@@ -10,6 +10,7 @@
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/responses_request.h"
 #include "coordinator/responses_stream.h"
+#include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -18,28 +19,8 @@ namespace tk = tokenizer;
 using harmony::Message;
 using harmony::Role;
 
-const tk::Tokenizer& Tok() {
-  static const tk::Tokenizer* t = [] {
-    auto r = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->release();
-  }();
-  return *t;
-}
-
-// The tokens the model would generate after `<|start|>assistant` for
-// `messages`, without the end token of the last (the worker reports that as
-// the stop token).
-std::vector<tk::TokenId> Completion(const std::vector<Message>& messages, tk::TokenId* stop) {
-  harmony::RenderedPrompt p;
-  for (const Message& m : messages) EXPECT_TRUE(harmony::RenderMessage(m, true, p).ok());
-  std::vector<tk::TokenId> ids = p.Tokens(Tok());
-  std::vector<tk::TokenId> role = *Tok().EncodeOrdinary("assistant");
-  ids.erase(ids.begin(), ids.begin() + 1 + role.size());
-  *stop = ids.back();
-  ids.pop_back();
-  return ids;
-}
+using test_support::Tok;
+using test_support::Completion;
 
 Message Assistant(const std::string& channel, const std::string& content,
                   const std::string& to = "") {
