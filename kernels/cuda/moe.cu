@@ -1127,7 +1127,8 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                               : pairs >= 24 * E                ? 64
                                                                : 32;
     return LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
-                         MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile, stream);
+                         MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile,
+                         tuning.gemm_remainder_tiles, stream);
   }
   if (!tuning.legacy_fma) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;

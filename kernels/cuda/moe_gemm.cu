@@ -155,38 +155,63 @@ __global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, 
   }
 }
 
-// Tiles of kBM rows per expert, in expert order: tile_expert / tile_row0 for
-// each, and their number. One block; E <= 1024.
-__global__ void __launch_bounds__(1024)
-    TileMapKernel(const int32_t* count, int num_experts, int rows_per_tile, int32_t* tile_expert,
-                  int32_t* tile_row0, int32_t* num_tiles) {
-  __shared__ int32_t warp_sums[32];
-  const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
-  const int tiles = e < num_experts ? (count[e] + rows_per_tile - 1) / rows_per_tile : 0;
-  int incl = tiles;
+// Exclusive prefix sum of v over the block (warp 0 also leaves the total in
+// warp_sums[31]); blockDim.x == 1024.
+__device__ __forceinline__ int BlockPrefix(int v, int32_t* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int incl = v;
 #pragma unroll
   for (int off = 1; off < 32; off <<= 1) {
-    const int v = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-    if (lane >= off) incl += v;
+    const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
+    if (lane >= off) incl += n;
   }
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();
   if (warp == 0) {
-    int s = warp_sums[lane];
+    int sum = warp_sums[lane];
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
-      const int v = __shfl_up_sync(0xFFFFFFFFu, s, off);
-      if (lane >= off) s += v;
+      const int n = __shfl_up_sync(0xFFFFFFFFu, sum, off);
+      if (lane >= off) sum += n;
     }
-    warp_sums[lane] = s;
+    warp_sums[lane] = sum;
   }
   __syncthreads();
-  const int first = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - tiles;
-  for (int i = 0; i < tiles; ++i) {
+  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
+  return before;
+}
+
+// The tile maps, in expert order, of an expert's rows: tiles of rows_per_tile
+// rows (tile_expert / tile_row0, num_tiles), except that a last, partly filled
+// tile of at most small_max rows becomes tiles of 32 rows (small_expert /
+// small_row0, num_small) when small_max > 0: such a tile decodes the same
+// weights as a big one for a fraction of the tensor-core work. One block of
+// 1024 threads; E <= 1024.
+__global__ void __launch_bounds__(1024)
+    TileMapKernel(const int32_t* count, int num_experts, int rows_per_tile, int small_max,
+                  int32_t* tile_expert, int32_t* tile_row0, int32_t* num_tiles,
+                  int32_t* small_expert, int32_t* small_row0, int32_t* num_small) {
+  __shared__ int32_t warp_sums[2][32];
+  const int e = threadIdx.x;
+  const int c = e < num_experts ? count[e] : 0;
+  const int rest = c % rows_per_tile;
+  const bool split = small_max > 0 && rest > 0 && rest <= small_max;
+  const int big = c / rows_per_tile + (rest > 0 && !split ? 1 : 0);
+  const int small = split ? (rest + 31) / 32 : 0;
+  const int first = BlockPrefix(big, warp_sums[0]);
+  const int first_small = BlockPrefix(small, warp_sums[1]);
+  for (int i = 0; i < big; ++i) {
     tile_expert[first + i] = e;
     tile_row0[first + i] = i * rows_per_tile;
   }
-  if (e == blockDim.x - 1) *num_tiles = warp_sums[31];
+  for (int i = 0; i < small; ++i) {
+    small_expert[first_small + i] = e;
+    small_row0[first_small + i] = c - rest + 32 * i;
+  }
+  if (e == blockDim.x - 1) {
+    *num_tiles = warp_sums[0][31];
+    *num_small = warp_sums[1][31];
+  }
 }
 
 // One (row tile, 128 features) tile of one projection; see moe_gemm.h.
@@ -362,15 +387,16 @@ cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t s
 }
 
 template <int kBM, int kWarpsM, int kStages>
-cudaError_t LaunchBoth(GemmArgs gu, GemmArgs dn, int max_tiles, cudaStream_t stream) {
-  const cudaError_t err = LaunchProjection<false, kBM, kWarpsM, kStages>(gu, max_tiles, stream);
-  if (err != cudaSuccess) return err;
-  return LaunchProjection<true, kBM, kWarpsM, kStages>(dn, max_tiles, stream);
+cudaError_t LaunchProjection(bool down, const GemmArgs& args, int max_tiles, cudaStream_t stream) {
+  return down ? LaunchProjection<true, kBM, kWarpsM, kStages>(args, max_tiles, stream)
+              : LaunchProjection<false, kBM, kWarpsM, kStages>(args, max_tiles, stream);
 }
 
 int MaxTiles(int pairs, int num_experts, int rows_per_tile) {
   return pairs / rows_per_tile + std::min(num_experts, pairs) + 1;
 }
+// 32-row remainder tiles: at most two per touched expert (remainders <= 64).
+int MaxSmallTiles(int pairs, int num_experts) { return 2 * std::min(num_experts, pairs) + 1; }
 
 }  // namespace
 
@@ -379,15 +405,17 @@ int Padded64(int v) { return (v + 63) / 64 * 64; }
 size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   const int pairs = tokens * top_k;
   if (pairs <= 0) return 0;
-  const size_t tiles = static_cast<size_t>(MaxTiles(pairs, w.num_experts, 32));
+  const size_t tiles = static_cast<size_t>(MaxTiles(pairs, w.num_experts, 32)) +
+                       static_cast<size_t>(MaxSmallTiles(pairs, w.num_experts));
   return AlignUp(static_cast<size_t>(pairs) * Padded64(w.intermediate) * sizeof(uint16_t), 256) +
          AlignUp(static_cast<size_t>(tokens) * Padded64(w.hidden) * sizeof(uint16_t), 256) +
-         AlignUp((2 * tiles + 1) * sizeof(int32_t), 256);
+         AlignUp((2 * tiles + 2) * sizeof(int32_t), 256);
 }
 
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
-                          float* out, void* workspace, int rows_per_tile, cudaStream_t stream) {
+                          float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
+                          cudaStream_t stream) {
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -402,15 +430,23 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   auto* xp = reinterpret_cast<uint16_t*>(base);
   base += AlignUp(static_cast<size_t>(tokens) * hp * sizeof(uint16_t), 256);
   const int max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
+  const int max_small = MaxSmallTiles(pairs, w.num_experts);
   auto* tile_expert = reinterpret_cast<int32_t*>(base);
   int32_t* tile_row0 = tile_expert + max_tiles;
   int32_t* num_tiles = tile_row0 + max_tiles;
+  int32_t* small_expert = num_tiles + 1;
+  int32_t* small_row0 = small_expert + max_small;
+  int32_t* num_small = small_row0 + max_small;
+  // Remainders of up to half a big tile go to 32-row tiles (measured: a
+  // 32-row tile costs about half a 128-row one, the decode being the same).
+  const int small_max = remainder_tiles && rows_per_tile > 32 ? rows_per_tile / 2 : 0;
 
   const size_t x_elems = static_cast<size_t>(tokens) * hp;
   PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((x_elems + 255) / 256, 4096)), 256,
                       0, stream>>>(x, tokens, w.hidden, hp, xp);
-  TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, tile_expert,
-                                        tile_row0, num_tiles);
+  TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, small_max,
+                                        tile_expert, tile_row0, num_tiles, small_expert,
+                                        small_row0, num_small);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (ip != w.intermediate) {
@@ -429,18 +465,34 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
   dn.n = w.hidden, dn.k = w.intermediate, dn.kp = ip;
   dn.topk_weights = topk_weights, dn.out = out;
-  switch (rows_per_tile) {
-    // Stages: 8 for 32-row tiles and 6 for 64 (2 CTAs per SM) measured no
-    // better than 4 (3 CTAs per SM), nor did L2::256B prefetch hints on the
-    // copies: small tiles are bound by the decode's instructions, not by
-    // the bytes in flight.
-    case 128:
-      return LaunchBoth<128, 2, 4>(gu, dn, max_tiles, stream);
-    case 64:
-      return LaunchBoth<64, 1, 4>(gu, dn, max_tiles, stream);
-    default:
-      return LaunchBoth<32, 1, 4>(gu, dn, max_tiles, stream);
+  GemmArgs gu_small = gu, dn_small = dn;
+  gu_small.tile_expert = dn_small.tile_expert = small_expert;
+  gu_small.tile_row0 = dn_small.tile_row0 = small_row0;
+  gu_small.num_tiles = dn_small.num_tiles = num_small;
+  // gate_up (big tiles, then the 32-row remainders) before down reads h.
+  // Stages: 8 for 32-row tiles and 6 for 64 (2 CTAs per SM) measured no
+  // better than 4 (3 CTAs per SM), nor did L2::256B prefetch hints on the
+  // copies: small tiles are bound by the decode's instructions, not by the
+  // bytes in flight.
+  for (const bool down : {false, true}) {
+    const GemmArgs& big = down ? dn : gu;
+    switch (rows_per_tile) {
+      case 128:
+        err = LaunchProjection<128, 2, 4>(down, big, max_tiles, stream);
+        break;
+      case 64:
+        err = LaunchProjection<64, 1, 4>(down, big, max_tiles, stream);
+        break;
+      default:
+        err = LaunchProjection<32, 1, 4>(down, big, max_tiles, stream);
+        break;
+    }
+    if (err == cudaSuccess && small_max > 0) {
+      err = LaunchProjection<32, 1, 4>(down, down ? dn_small : gu_small, max_small, stream);
+    }
+    if (err != cudaSuccess) return err;
   }
+  return cudaSuccess;
 }
 
 }  // namespace flotilla::kernels::cuda
