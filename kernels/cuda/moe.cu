@@ -1128,7 +1128,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                                                                : 32;
     return LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
                          MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile,
-                         tuning.gemm_remainder_tiles, stream);
+                         tuning.gemm_remainder_tiles, tuning.gemm_wgmma, stream);
   }
   if (!tuning.legacy_fma) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;

@@ -131,6 +131,8 @@ struct MoeTuning {
   int gemm_rows_per_tile = 0;
   // An expert's last GEMM tile, when at most half filled, as 32-row tiles.
   bool gemm_remainder_tiles = true;
+  // 64- and 128-row GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
+  bool gemm_wgmma = true;
 };
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();

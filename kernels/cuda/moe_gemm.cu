@@ -155,6 +155,52 @@ __global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, 
   }
 }
 
+// Hopper warpgroup MMA with A from registers (the decoded weights: each warp
+// of the warpgroup holds 16 feature rows in the mma.sync A-fragment layout)
+// and B from shared memory (the activation stage: kBM token rows of 128
+// bytes, 16-byte chunks XOR-swizzled by row, i.e. the 128-byte swizzle of a
+// K-major operand; 8-row groups 1024 bytes apart).
+__device__ __forceinline__ uint64_t SmemDescSw128(const void* p) {
+  const uint64_t addr = static_cast<uint64_t>(SharedAddress(p));
+  return ((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+// D (64 features x 64 tokens, f32, accumulated) += A (registers) * B (desc).
+__device__ __forceinline__ void WgmmaN64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+// D (64 features x 128 tokens, f32, accumulated) += A (registers) * B (desc).
+__device__ __forceinline__ void WgmmaN128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+template <int kN>
+__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (kN == 128) {
+    WgmmaN128(d, a, desc);
+  } else {
+    WgmmaN64(d, a, desc);
+  }
+}
+
 // Exclusive prefix sum of v over the block (warp 0 also leaves the total in
 // warp_sums[31]); blockDim.x == 1024.
 __device__ __forceinline__ int BlockPrefix(int v, int32_t* warp_sums) {
@@ -214,11 +260,95 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
+// The wgmma main loop and epilogue of MoeGemmKernel<..., kWgmma = true>.
+// Warp w of warpgroup wg decodes feature rows f0 = 64 wg + 16 (w % 4) + g and
+// f0 + 8 (lane (g, t)) as the A fragments of each k16 step; the warpgroup's
+// accumulators hold features x tokens: d[4j + c] is feature f0 (+8 for c >= 2)
+// and token row 8j + 2t + (c & 1).
+template <bool kDown, int kBM, int kStages, typename LoadStage>
+__device__ __forceinline__ void WgmmaMainLoopAndEpilogue(const GemmArgs& a, LoadStage& load_stage,
+                                                         uint8_t* stages, const uint8_t* s_scales,
+                                                         int k_tiles, int nb, int e, int n0,
+                                                         int rows, int sorted0) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int f0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;
+  float d[kBM / 2];
+#pragma unroll
+  for (int i = 0; i < kBM / 2; ++i) d[i] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    CpAsyncCommit();
+  }
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    CpAsyncWait<kStages - 2>();
+    // The stage was written through the generic proxy; wgmma reads it
+    // through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+    CpAsyncCommit();
+    const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
+    const uint8_t* sb = sa + kBM * kARowBytes;
+    const int kb = kt * 2 + (t >> 1);
+    const BlockScale sc0 = ScaleOf(kb < nb ? s_scales[f0 * nb + kb] : 127u);
+    const BlockScale sc1 = ScaleOf(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 127u);
+    const uint2 w0 = *reinterpret_cast<const uint2*>(sb + f0 * kBRowBytes + 8 * t);
+    const uint2 w1 = *reinterpret_cast<const uint2*>(sb + (f0 + 8) * kBRowBytes + 8 * t);
+    uint32_t af[kBK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      const uint32_t u0 = (kk >> 1) ? w0.y : w0.x, u1 = (kk >> 1) ? w1.y : w1.x;
+      af[kk][0] = Scaled(Fp4Pair(u0, 2 * (kk & 1)), sc0);
+      af[kk][1] = Scaled(Fp4Pair(u1, 2 * (kk & 1)), sc1);
+      af[kk][2] = Scaled(Fp4Pair(u0, 2 * (kk & 1) + 1), sc0);
+      af[kk][3] = Scaled(Fp4Pair(u1, 2 * (kk & 1) + 1), sc1);
+    }
+    WgmmaFence();
+    const uint64_t desc = SmemDescSw128(sa);
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes
+    WgmmaCommit();
+    WgmmaWaitAll();
+  }
+  CpAsyncWait<0>();
+
+  const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.n;
+#pragma unroll
+  for (int j = 0; j < kBM / 8; ++j) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int col = n0 + f0 + (c >= 2 ? 8 : 0);
+      const int r = 8 * j + 2 * t + (c & 1);
+      if constexpr (!kDown) {
+        // Interleaved features: gate 2m (even g) and up 2m + 1 (lane ^ 4).
+        const float up_raw = __shfl_xor_sync(0xFFFFFFFFu, d[4 * j + c], 4);
+        if ((g & 1) != 0 || col >= a.n || r >= rows) continue;
+        const float gate = fminf(d[4 * j + c] + Bf16ToFloat(bias[col]), a.limit);
+        const float up =
+            fminf(fmaxf(up_raw + Bf16ToFloat(bias[col + 1]), -a.limit), a.limit);
+        const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
+        const int m = col / 2;  // down's reduction index, stored permuted
+        a.h[static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63)] =
+            __bfloat16_as_ushort(__float2bfloat16_rn((up + 1.0f) * glu));
+      } else {
+        if (col >= a.n || r >= rows) continue;
+        const int pair = a.route.pair_of[sorted0 + r];
+        atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * a.n + col,
+                  a.topk_weights[pair] * (d[4 * j + c] + Bf16ToFloat(bias[col])));
+      }
+    }
+  }
+}
+
 // One (row tile, 128 features) tile of one projection; see moe_gemm.h.
 // kWarpsM warps split the rows, the other 8 / kWarpsM split the features;
 // kStages stages of the reduction are in flight.
-template <bool kDown, int kBM, int kWarpsM, int kStages>
-__global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
+// kWgmma: the two warpgroups each own 64 of the 128 features and multiply
+// them against all kBM rows with wgmma (A: the decoded weights in registers;
+// B: the activation stage in shared memory), instead of mma.sync warp tiles.
+template <bool kDown, int kBM, int kWarpsM, int kStages, bool kWgmma = false>
+__global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmArgs a) {
   constexpr int kWarpsN = 8 / kWarpsM;
   constexpr int kWarpRows = kBM / kWarpsM, kWarpCols = kBN / kWarpsN;
   constexpr int kMi = kWarpRows / 16, kNj = kWarpCols / 8;
@@ -240,6 +370,11 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
 
   uint8_t* s_scales = smem;
   uint8_t* stages = s_scales + AlignUp(static_cast<size_t>(kBN) * nb, 128);
+  if constexpr (kWgmma) {
+    // The 128-byte swizzle is taken from address bits: stages start on 1024.
+    const uint32_t off = SharedAddress(stages) & 1023u;
+    if (off != 0) stages += 1024 - off;
+  }
 
   // The tile's scales, once: [kBN rows][nb]; rows past the end read 2^0 so
   // their zero-filled bytes stay 0.
@@ -283,6 +418,11 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
     CpAsync16(sb + b_row * kBRowBytes + b_half * 16, b_src + (b_ok ? kt * 32 : 0), b_ok ? 16 : 0);
   };
 
+  if constexpr (kWgmma) {
+    WgmmaMainLoopAndEpilogue<kDown, kBM, kStages>(a, load_stage, stages, s_scales, k_tiles, nb,
+                                                  e, n0, rows, sorted0);
+    return;
+  }
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wm = (warp % kWarpsM) * kWarpRows, wn = (warp / kWarpsM) * kWarpCols;
   float acc[kMi][kNj][4];
@@ -370,10 +510,11 @@ __global__ void __launch_bounds__(kThreads, 2) MoeGemmKernel(GemmArgs a) {
   }
 }
 
-template <bool kDown, int kBM, int kWarpsM, int kStages>
+template <bool kDown, int kBM, int kWarpsM, int kStages, bool kWgmma = false>
 cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t stream) {
-  auto kernel = MoeGemmKernel<kDown, kBM, kWarpsM, kStages>;
-  const size_t smem = SharedBytes<kBM, kStages>(kMaxBlocksPerRow);
+  auto kernel = MoeGemmKernel<kDown, kBM, kWarpsM, kStages, kWgmma>;
+  constexpr size_t kAlignSlack = kWgmma ? 1024 : 0;  // stages aligned to 1024 bytes
+  const size_t smem = SharedBytes<kBM, kStages>(kMaxBlocksPerRow) + kAlignSlack;
   static bool attribute_set = false;  // once, so later calls may sit in a graph capture
   if (!attribute_set) {
     const cudaError_t err = cudaFuncSetAttribute(
@@ -382,14 +523,14 @@ cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t s
     attribute_set = true;
   }
   const dim3 grid((args.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
-  kernel<<<grid, kThreads, SharedBytes<kBM, kStages>(args.k / 32), stream>>>(args);
+  kernel<<<grid, kThreads, SharedBytes<kBM, kStages>(args.k / 32) + kAlignSlack, stream>>>(args);
   return cudaGetLastError();
 }
 
-template <int kBM, int kWarpsM, int kStages>
+template <int kBM, int kWarpsM, int kStages, bool kWgmma = false>
 cudaError_t LaunchProjection(bool down, const GemmArgs& args, int max_tiles, cudaStream_t stream) {
-  return down ? LaunchProjection<true, kBM, kWarpsM, kStages>(args, max_tiles, stream)
-              : LaunchProjection<false, kBM, kWarpsM, kStages>(args, max_tiles, stream);
+  return down ? LaunchProjection<true, kBM, kWarpsM, kStages, kWgmma>(args, max_tiles, stream)
+              : LaunchProjection<false, kBM, kWarpsM, kStages, kWgmma>(args, max_tiles, stream);
 }
 
 int MaxTiles(int pairs, int num_experts, int rows_per_tile) {
@@ -415,7 +556,7 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          cudaStream_t stream) {
+                          bool wgmma, cudaStream_t stream) {
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -478,10 +619,12 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
     const GemmArgs& big = down ? dn : gu;
     switch (rows_per_tile) {
       case 128:
-        err = LaunchProjection<128, 2, 4>(down, big, max_tiles, stream);
+        err = wgmma ? LaunchProjection<128, 2, 4, true>(down, big, max_tiles, stream)
+                    : LaunchProjection<128, 2, 4>(down, big, max_tiles, stream);
         break;
       case 64:
-        err = LaunchProjection<64, 1, 4>(down, big, max_tiles, stream);
+        err = wgmma ? LaunchProjection<64, 1, 4, true>(down, big, max_tiles, stream)
+                    : LaunchProjection<64, 1, 4>(down, big, max_tiles, stream);
         break;
       default:
         err = LaunchProjection<32, 1, 4>(down, big, max_tiles, stream);

@@ -45,10 +45,12 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // aligned. `rows_per_tile` is 32, 64 or 128 (the tile height: smaller tiles
 // waste less tensor-core work on experts' last, partly filled tiles; larger
 // ones read each activation tile fewer times). With `remainder_tiles`, an
-// expert's last tile, when at most half filled, becomes 32-row tiles.
+// expert's last tile, when at most half filled, becomes 32-row tiles. With
+// `wgmma`, 64- and 128-row tiles run on warpgroup MMA (the decoded weights as
+// register operand A, the activation stage as B).
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          cudaStream_t stream);
+                          bool wgmma, cudaStream_t stream);
 
 }  // namespace flotilla::kernels::cuda

@@ -16,7 +16,7 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-no-remainder decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+// (variant names: tc tc-no-remainder tc-mma decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
@@ -89,6 +89,12 @@ MoeTuning Gemm(int min_pairs_per_expert, int rows_per_tile) {
   return t;
 }
 
+MoeTuning MmaSyncGemm() {
+  MoeTuning t;
+  t.gemm_wgmma = false;
+  return t;
+}
+
 MoeTuning NoRemainderTiles() {
   MoeTuning t;
   t.gemm_remainder_tiles = false;
@@ -155,11 +161,13 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   // tc: the defaults (decode kernels for few pairs per expert, grouped GEMMs
   // for many); tc-no-remainder: experts' last GEMM tiles at full height;
+  // tc-mma: the GEMM tiles on mma.sync instead of wgmma;
   // decode / gemm32 / gemm64 / gemm128: one path at every size; tc-plain:
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
   const Variant all[] = {{"tc", MoeTuning{}},
                          {"tc-no-remainder", NoRemainderTiles()},
+                         {"tc-mma", MmaSyncGemm()},
                          {"decode", Gemm(-1, 0)},
                          {"gemm32", Gemm(0, 32)},
                          {"gemm64", Gemm(0, 64)},
