@@ -174,6 +174,24 @@ __device__ __forceinline__ void WgmmaCommit() {
 __device__ __forceinline__ void WgmmaWaitAll() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// wgmma reads its register operands and writes its accumulators after the
+// instruction issues: these empty asm statements tell the compiler that the
+// accumulators change and the A fragments are still read at the wait, so no
+// read of the former moves above it and the latter's registers are not
+// reused before it.
+template <int kN>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+template <int kSteps>
+__device__ __forceinline__ void FenceFragments(uint32_t (&a)[kSteps][4]) {
+#pragma unroll
+  for (int i = 0; i < kSteps; ++i) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
+  }
+}
 // D (64 features x 64 tokens, f32, accumulated) += A (registers) * B (desc).
 __device__ __forceinline__ void WgmmaN64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
@@ -304,12 +322,15 @@ __device__ __forceinline__ void WgmmaMainLoopAndEpilogue(const GemmArgs& a, Load
       af[kk][2] = Scaled(Fp4Pair(u0, 2 * (kk & 1) + 1), sc0);
       af[kk][3] = Scaled(Fp4Pair(u1, 2 * (kk & 1) + 1), sc1);
     }
+    FenceAccumulators(d);
     WgmmaFence();
     const uint64_t desc = SmemDescSw128(sa);
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes
     WgmmaCommit();
     WgmmaWaitAll();
+    FenceAccumulators(d);
+    FenceFragments(af);
   }
   CpAsyncWait<0>();
 
