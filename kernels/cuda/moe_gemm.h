@@ -9,7 +9,9 @@
 // shared-memory ring (cp.async); each lane turns 32-bit words of FP4 nibbles
 // into bf16 pairs with shifts and masks (fp4 * 2^-126, subnormals included),
 // times the block scale as one bf16x2 multiply (both exact), and feeds
-// mma.sync m16n8k16 with f32 accumulation. The reduction runs in a permuted
+// mma.sync m16n8k16 with f32 accumulation (32-row tiles) or, as register
+// operand A, wgmma m64nNk16 against the activation stage (64- and 128-row
+// tiles). The reduction runs in a permuted
 // order within each 64-group so that those words map straight onto the B
 // fragments; the activations are stored in that order. A weight byte is
 // decoded once per CTA, however many rows the tile holds.
