@@ -12,7 +12,8 @@
 //
 // Environment: the process's UCX_* variables are honoured; UcxOptions::
 // config_defaults are applied only to settings the environment leaves unset
-// (by default UCX_TLS=sm,tcp,self, which works in a sandbox without RDMA).
+// (by default UCX_TLS=sm,tcp,self, which works in a sandbox without RDMA,
+// and UCX_MAX_RNDV_LANES=0: see config_defaults).
 #pragma once
 
 #include <atomic>
@@ -57,7 +58,17 @@ struct UcxOptions {
   std::shared_ptr<const std::atomic<bool>> interrupt;
   // UCX settings (names without the UCX_ prefix) applied unless the
   // environment sets UCX_<name>.
-  std::vector<std::pair<std::string, std::string>> config_defaults = {{"TLS", "sm,tcp,self"}};
+  // MAX_RNDV_LANES=0: large messages (rendezvous) go through the active
+  // message lanes (shared-memory buffers on one node) instead of a
+  // single-copy lane. On one node that lane is cma, which reads the sender's
+  // memory with process_vm_readv; when the sender has died in the meantime,
+  // UCX 1.13 aborts the reading process unless peer failures are detected
+  // (detect_peer_failure), so a rank killed mid-message would take the
+  // survivors down with it. Costs bandwidth above about 100 KB per peer on
+  // one node (measured: about the same up to 16 tokens of 2880 bf16 per
+  // rank, up to ~1.6x slower at 64-256); decode sizes are unaffected.
+  std::vector<std::pair<std::string, std::string>> config_defaults = {{"TLS", "sm,tcp,self"},
+                                                                      {"MAX_RNDV_LANES", "0"}};
 };
 
 // One rank's UCX context and worker, before the group is connected.

@@ -6,6 +6,11 @@
 //   checks  every collective (RunCollectiveChecks); exit 0 when all match
 //   die     after a barrier the last rank idles until killed; the others run an
 //           all-to-all and must get UNAVAILABLE (twice: the group stays broken)
+//   die-sending  after a barrier the last rank starts an all-to-all of large
+//           messages (UCX rendezvous) and writes ready.<rank> while inside it;
+//           the test kills it and writes killed.<rank>; only then do the others
+//           run the same all-to-all, so they meet messages announced by a dead
+//           process, and must get UNAVAILABLE (not crash)
 //   keyed   as checks, every rank keying its message tags with one secret
 //   mismatch  every rank has its own secret: no message may match, so the
 //           group must not form (Create gives UNAVAILABLE; exit 0 then)
@@ -45,7 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("--size", size)->required();
   app.add_option("--dir", dir)->required();
   app.add_option("--scenario", scenario)
-      ->check(CLI::IsMember({"checks", "die", "keyed", "mismatch"}));
+      ->check(CLI::IsMember({"checks", "die", "die-sending", "keyed", "mismatch"}));
   app.add_option("--timeout-ms", timeout_ms);
   bool detect = true;
   app.add_option("--detect-peer-failure", detect,
@@ -100,17 +105,57 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // die
+  // die, die-sending
   if (absl::Status st = (*comm)->Barrier(); !st.ok()) return Fail(rank, st.ToString());
-  if (rank == size - 1) {
-    std::ofstream(base / ("ready." + std::to_string(rank))) << "idle\n";
-    for (;;) pause();  // until SIGKILL
+  const bool sending = scenario == "die-sending";
+  // die-sending: the last rank's messages are large enough for UCX's
+  // rendezvous protocol (the sender only announces a message; the receiver
+  // fetches it when it matches), the others' are small.
+  const size_t small = 64, large = sending ? size_t{512} << 10 : small;
+  auto bytes = [&](int from) { return from == size - 1 ? large : small; };
+  std::vector<size_t> send_counts(static_cast<size_t>(size)), recv_counts(send_counts),
+      offsets(send_counts);
+  for (int p = 0; p < size; ++p) {
+    send_counts[static_cast<size_t>(p)] = bytes(rank);
+    recv_counts[static_cast<size_t>(p)] = bytes(p);
+    offsets[static_cast<size_t>(p)] = static_cast<size_t>(p) * large;
   }
-  std::vector<uint8_t> send(static_cast<size_t>(size) * 64, 1), recv(send.size());
-  std::vector<size_t> counts(static_cast<size_t>(size), 64), offsets(static_cast<size_t>(size));
-  for (size_t p = 0; p < offsets.size(); ++p) offsets[p] = p * 64;
+  std::vector<uint8_t> send(static_cast<size_t>(size) * large, 1), recv(send.size());
+  const std::string victim = std::to_string(size - 1);
+  if (sending) {
+    // Once in full first, as on an instance that has served a while: the
+    // survivors have then mapped what they need to read the last rank's
+    // announcements.
+    absl::Status st =
+        (*comm)->AllToAllV(send.data(), send_counts, offsets, recv.data(), recv_counts, offsets);
+    if (st.ok()) st = (*comm)->Barrier();
+    if (!st.ok()) return Fail(rank, st.ToString());
+  }
+  if (rank == size - 1) {
+    if (!sending) {
+      std::ofstream(base / ("ready." + victim)) << "idle\n";
+      for (;;) pause();  // until SIGKILL
+    }
+    // The messages are announced to every peer on entry; the peers are not
+    // in the call yet, so it waits there until killed.
+    std::thread([base, victim] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::ofstream(base / ("ready." + victim)) << "sending\n";
+    }).detach();
+    (void)(*comm)->AllToAllV(send.data(), send_counts, offsets, recv.data(), recv_counts, offsets);
+    for (;;) pause();
+  }
+  if (sending) {
+    const fs::path killed = base / ("killed." + victim);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!fs::exists(killed)) {
+      if (std::chrono::steady_clock::now() > until) return Fail(rank, "the victim was not killed");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = (*comm)->AllToAllV(send.data(), counts, offsets, recv.data(), counts, offsets);
+  absl::Status st =
+      (*comm)->AllToAllV(send.data(), send_counts, offsets, recv.data(), recv_counts, offsets);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!absl::IsUnavailable(st)) return Fail(rank, "expected UNAVAILABLE, got " + st.ToString());
