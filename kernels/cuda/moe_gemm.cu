@@ -278,7 +278,8 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// The wgmma main loop and epilogue of MoeGemmKernel<..., kWgmma = true>.
+// The wgmma main loop and epilogue of MoeGemmKernel<..., kWgmma = true>, the
+// first kStages - 1 stages already requested.
 // Warp w of warpgroup wg decodes feature rows f0 = 64 wg + 16 (w % 4) + g and
 // f0 + 8 (lane (g, t)) as the A fragments of each k16 step; the warpgroup's
 // accumulators hold features x tokens: d[4j + c] is feature f0 (+8 for c >= 2)
@@ -293,11 +294,6 @@ __device__ __forceinline__ void WgmmaMainLoopAndEpilogue(const GemmArgs& a, Load
   float d[kBM / 2];
 #pragma unroll
   for (int i = 0; i < kBM / 2; ++i) d[i] = 0.f;
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    CpAsyncCommit();
-  }
   for (int kt = 0; kt < k_tiles; ++kt) {
     CpAsyncWait<kStages - 2>();
     // The stage was written through the generic proxy; wgmma reads it
@@ -439,6 +435,12 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     CpAsync16(sb + b_row * kBRowBytes + b_half * 16, b_src + (b_ok ? kt * 32 : 0), b_ok ? 16 : 0);
   };
 
+  // The first kStages - 1 stages in flight (both paths consume them in order).
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < k_tiles) load_stage(s, s);
+    CpAsyncCommit();
+  }
   if constexpr (kWgmma) {
     WgmmaMainLoopAndEpilogue<kDown, kBM, kStages>(a, load_stage, stages, s_scales, k_tiles, nb,
                                                   e, n0, rows, sorted0);
@@ -454,11 +456,6 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
-    CpAsyncCommit();
-  }
   for (int kt = 0; kt < k_tiles; ++kt) {
     CpAsyncWait<kStages - 2>();
     __syncthreads();
