@@ -278,20 +278,23 @@ __global__ void __launch_bounds__(1024)
   }
 }
 
-// The wgmma main loop and epilogue of MoeGemmKernel<..., kWgmma = true>, the
-// first kStages - 1 stages already requested.
-// Warp w of warpgroup wg decodes feature rows f0 = 64 wg + 16 (w % 4) + g and
-// f0 + 8 (lane (g, t)) as the A fragments of each k16 step; the warpgroup's
-// accumulators hold features x tokens: d[4j + c] is feature f0 (+8 for c >= 2)
-// and token row 8j + 2t + (c & 1).
-template <bool kDown, int kBM, int kStages, typename LoadStage>
-__device__ __forceinline__ void WgmmaMainLoopAndEpilogue(const GemmArgs& a, LoadStage& load_stage,
-                                                         uint8_t* stages, const uint8_t* s_scales,
-                                                         int k_tiles, int nb, int e, int n0,
-                                                         int rows, int sorted0) {
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int f0 = (warp >> 2) * 64 + (warp & 3) * 16 + g;
-  float d[kBM / 2];
+// Warp w of warpgroup wg in a wgmma tile decodes feature rows f0 = 64 wg +
+// 16 (w % 4) + g and f0 + 8 (lane (g, t)) as the A fragments of each k16
+// step; the warpgroup's accumulators hold features x tokens: d[4j + c] is
+// feature f0 (+8 for c >= 2) and token row 8j + 2t + (c & 1).
+__device__ __forceinline__ int WgmmaFeatureRow() {
+  const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+  return (warp >> 2) * 64 + (warp & 3) * 16 + g;
+}
+
+// The wgmma main loop of MoeGemmKernel<..., kWgmma = true>, the first
+// kStages - 1 stages already requested: d = the tile's features x rows.
+template <int kBM, int kStages, typename LoadStage>
+__device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_stage, uint8_t* stages,
+                                              const uint8_t* s_scales, int k_tiles, int nb,
+                                              float (&d)[kBM / 2]) {
+  const int t = threadIdx.x & 3;
+  const int f0 = WgmmaFeatureRow();
 #pragma unroll
   for (int i = 0; i < kBM / 2; ++i) d[i] = 0.f;
   for (int kt = 0; kt < k_tiles; ++kt) {
@@ -329,7 +332,15 @@ __device__ __forceinline__ void WgmmaMainLoopAndEpilogue(const GemmArgs& a, Load
     FenceFragments(af);
   }
   CpAsyncWait<0>();
+}
 
+// Its epilogue: gate_up's bias and clamped SwiGLU into h, or down's bias,
+// router weight and scatter-add into out.
+template <bool kDown, int kBM>
+__device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, const float (&d)[kBM / 2], int e,
+                                              int n0, int rows, int sorted0) {
+  const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
+  const int f0 = WgmmaFeatureRow();
   const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.n;
 #pragma unroll
   for (int j = 0; j < kBM / 8; ++j) {
@@ -442,8 +453,9 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     CpAsyncCommit();
   }
   if constexpr (kWgmma) {
-    WgmmaMainLoopAndEpilogue<kDown, kBM, kStages>(a, load_stage, stages, s_scales, k_tiles, nb,
-                                                  e, n0, rows, sorted0);
+    float d[kBM / 2];
+    WgmmaMainLoop<kBM, kStages>(load_stage, stages, s_scales, k_tiles, nb, d);
+    WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0);
     return;
   }
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
