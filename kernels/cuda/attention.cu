@@ -41,9 +41,16 @@
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
+using ptx::CpAsync16;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::LdMatrixX4;
+using ptx::LdMatrixX4Trans;
+using ptx::MmaBf16;
 
 constexpr int kD = 64;         // head_dim (the only one supported)
 constexpr int kTile = 64;      // keys per pipeline stage
@@ -96,40 +103,6 @@ struct Params {
   int chunk;   // keys per split, a multiple of kTile
   int max_q;
 };
-
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void LdMatrixX4Trans(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
@@ -276,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
     const int i = valid ? row / p.group : 0;
     const int h = g * p.group + (valid ? row % p.group : 0);
     const uint16_t* src = p.q + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD + c * 8;
-    CpAsync16(SmemAddr(sQ + Swz(r, c)), src, valid);
+    CpAsync16(sQ + Swz(r, c), src, valid ? 16 : 0);
   }
 
   const int block_size_mask = (1 << p.block_shift) - 1;
@@ -304,8 +277,8 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
             (j & block_size_mask)) *
            kD) +
           cc * 8;
-      CpAsync16(SmemAddr(st + Swz(key, cc)), valid ? p.k + off : p.k, valid);
-      CpAsync16(SmemAddr(st + kTile * kD + Swz(key, cc)), valid ? p.v + off : p.v, valid);
+      CpAsync16(st + Swz(key, cc), valid ? p.k + off : p.k, valid ? 16 : 0);
+      CpAsync16(st + kTile * kD + Swz(key, cc), valid ? p.v + off : p.v, valid ? 16 : 0);
     }
   };
 
@@ -374,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
           const int r = (rg * MR + mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          LdMatrixX4(SmemAddr(sQ + Swz(r, 2 * kk + (lane >> 4))), qf[mr][kk]);
+          LdMatrixX4(qf[mr][kk], sQ + Swz(r, 2 * kk + (lane >> 4)));
         }
     }
     const uint16_t* sK = sKV + (t % STAGES) * kStageElems;
@@ -393,11 +366,11 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
       for (int pr = 0; pr < 2; ++pr) {
         uint32_t bk[4];
         const int key = ko + nt * 8 + (lane & 7);
-        LdMatrixX4(SmemAddr(sK + Swz(key, 4 * pr + (lane >> 3))), bk);
+        LdMatrixX4(bk, sK + Swz(key, 4 * pr + (lane >> 3)));
 #pragma unroll
         for (int mr = 0; mr < MR; ++mr) {
-          Mma(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
-          Mma(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
+          MmaBf16(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
+          MmaBf16(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
         }
       }
     }
@@ -469,11 +442,11 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
       for (int np = 0; np < 4; ++np) {
         uint32_t bv[4];
         const int key = ko + kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        LdMatrixX4Trans(SmemAddr(sV + Swz(key, 2 * np + (lane >> 4))), bv);
+        LdMatrixX4Trans(bv, sV + Swz(key, 2 * np + (lane >> 4)));
 #pragma unroll
         for (int mr = 0; mr < MR; ++mr) {
-          Mma(acc[mr][2 * np], a[mr], bv[0], bv[1]);
-          Mma(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
+          MmaBf16(acc[mr][2 * np], a[mr], bv[0], bv[1]);
+          MmaBf16(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
         }
       }
     }

@@ -7,9 +7,12 @@
 #include "kernels/cuda/moe_gemm.h"
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
+using ptx::BlockExclusiveScan;
+using ptx::SharedAddress;
 
 constexpr int kThreads = 256;  // 8 warps per block in the GEMV kernels
 constexpr int kWarps = kThreads / 32;
@@ -309,19 +312,16 @@ constexpr int kTileRows = 16;
 // (kRing + kAhead) * kMmaWarps blocks of 64 bytes, rounded up.
 constexpr size_t kActivationSlack = 4096;
 
-__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 __device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SmemAddr(bar)), "r"(count)
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count)
                : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 __device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SmemAddr(bar)),
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
                "r"(bytes)
                : "memory");
 }
@@ -333,7 +333,7 @@ __device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
       "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(SmemAddr(bar)),
+      "}\n" ::"r"(SharedAddress(bar)),
       "r"(parity)
       : "memory");
 }
@@ -344,14 +344,14 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t by
   if constexpr (kEvictFirst) {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1], %2, [%3], %4;" ::"r"(SmemAddr(dst)),
-        "l"(src), "r"(bytes), "r"(SmemAddr(bar)), "l"(policy)
+        " [%0], [%1], %2, [%3], %4;" ::"r"(SharedAddress(dst)),
+        "l"(src), "r"(bytes), "r"(SharedAddress(bar)), "l"(policy)
         : "memory");
   } else {
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1], %2, [%3];" ::"r"(SmemAddr(dst)),
-        "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+        " [%0], [%1], %2, [%3];" ::"r"(SharedAddress(dst)),
+        "l"(src), "r"(bytes), "r"(SharedAddress(bar))
         : "memory");
   }
 }
@@ -716,36 +716,9 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+
 // Routing (block 0, as RouteKernel but with parallel scans) and, in the other
 // blocks, the bf16 -> permuted f16 conversion of x, 8 values per thread.
-__device__ __forceinline__ int BlockExclusiveScan(int v, int* warp_sums, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = v;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-    if (lane >= off) incl += n;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    const int nw = blockDim.x / 32;
-    int s = lane < nw ? warp_sums[lane] : 0;
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int n = __shfl_up_sync(0xFFFFFFFFu, s, off);
-      if (lane >= off) s += n;
-    }
-    if (lane < nw) warp_sums[lane] = s;  // inclusive over warps
-    if (lane == nw - 1) *total = s;
-  }
-  __syncthreads();
-  const int before = warp > 0 ? warp_sums[warp - 1] : 0;
-  const int result = before + incl - v;
-  __syncthreads();  // warp_sums may be reused by the caller
-  return result;
-}
-
 __global__ void __launch_bounds__(kRouteThreads)
     RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count,
                     int32_t* offset, int32_t* pair_of, int32_t* active, int32_t* num_active,

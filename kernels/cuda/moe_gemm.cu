@@ -6,8 +6,17 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/ptx.cuh"
+
 namespace flotilla::kernels::cuda {
 namespace {
+using ptx::BlockExclusiveScan;
+using ptx::CpAsync16;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::LdMatrixX4;
+using ptx::MmaBf16;
+using ptx::SharedAddress;
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBN = 128;       // output features per tile
@@ -50,37 +59,6 @@ struct GemmArgs {
   const float* topk_weights;  // down
   float* out;                 // down: f32 [tokens, n]
 };
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared; `src_bytes` 0 fills zeros (rows or blocks past the end).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
-               "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(SharedAddress(p)));
-}
-
-__device__ __forceinline__ void Mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // Exact: an FP4 value times a power of two is a bf16 (subnormals included).
 __device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
@@ -219,32 +197,6 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4]
   }
 }
 
-// Exclusive prefix sum of v over the block (warp 0 also leaves the total in
-// warp_sums[31]); blockDim.x == 1024.
-__device__ __forceinline__ int BlockPrefix(int v, int32_t* warp_sums) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = v;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int n = __shfl_up_sync(0xFFFFFFFFu, incl, off);
-    if (lane >= off) incl += n;
-  }
-  if (lane == 31) warp_sums[warp] = incl;
-  __syncthreads();
-  if (warp == 0) {
-    int sum = warp_sums[lane];
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-      const int n = __shfl_up_sync(0xFFFFFFFFu, sum, off);
-      if (lane >= off) sum += n;
-    }
-    warp_sums[lane] = sum;
-  }
-  __syncthreads();
-  const int before = (warp > 0 ? warp_sums[warp - 1] : 0) + incl - v;
-  return before;
-}
-
 // The tile maps, in expert order, of an expert's rows: tiles of rows_per_tile
 // rows (tile_expert / tile_row0, num_tiles), except that a last, partly filled
 // tile of at most small_max rows becomes tiles of 32 rows (small_expert /
@@ -255,15 +207,16 @@ __global__ void __launch_bounds__(1024)
     TileMapKernel(const int32_t* count, int num_experts, int rows_per_tile, int small_max,
                   int32_t* tile_expert, int32_t* tile_row0, int32_t* num_tiles,
                   int32_t* small_expert, int32_t* small_row0, int32_t* num_small) {
-  __shared__ int32_t warp_sums[2][32];
+  __shared__ int32_t warp_sums[32];
+  __shared__ int32_t totals[2];
   const int e = threadIdx.x;
   const int c = e < num_experts ? count[e] : 0;
   const int rest = c % rows_per_tile;
   const bool split = small_max > 0 && rest > 0 && rest <= small_max;
   const int big = c / rows_per_tile + (rest > 0 && !split ? 1 : 0);
   const int small = split ? (rest + 31) / 32 : 0;
-  const int first = BlockPrefix(big, warp_sums[0]);
-  const int first_small = BlockPrefix(small, warp_sums[1]);
+  const int first = BlockExclusiveScan(big, warp_sums, &totals[0]);
+  const int first_small = BlockExclusiveScan(small, warp_sums, &totals[1]);
   for (int i = 0; i < big; ++i) {
     tile_expert[first + i] = e;
     tile_row0[first + i] = i * rows_per_tile;
@@ -272,9 +225,9 @@ __global__ void __launch_bounds__(1024)
     small_expert[first_small + i] = e;
     small_row0[first_small + i] = c - rest + 32 * i;
   }
-  if (e == blockDim.x - 1) {
-    *num_tiles = warp_sums[0][31];
-    *num_small = warp_sums[1][31];
+  if (e == 0) {
+    *num_tiles = totals[0];
+    *num_small = totals[1];
   }
 }
 
@@ -500,7 +453,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         const uint32_t b0 = Scaled(Fp4Pair(w, 2 * (kk & 1)), scale[j]);
         const uint32_t b1 = Scaled(Fp4Pair(w, 2 * (kk & 1) + 1), scale[j]);
 #pragma unroll
-        for (int i = 0; i < kMi; ++i) Mma(acc[i][j], af[i], b0, b1);
+        for (int i = 0; i < kMi; ++i) MmaBf16(acc[i][j], af[i], b0, b1);
       }
     }
   }
