@@ -6,12 +6,14 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_gemm.h"
 
+#include "kernels/cuda/fp4.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
 using ptx::BlockExclusiveScan;
+using ptx::MmaF16;
 using ptx::SharedAddress;
 
 constexpr int kThreads = 256;  // 8 warps per block in the GEMV kernels
@@ -356,33 +358,6 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t by
   }
 }
 
-// f16x2 of nibbles k (low half) and k + 4 (high half) of `w`, times 2^-14.
-template <int k>
-__device__ __forceinline__ uint32_t Fp4PairF16(uint32_t w) {
-  constexpr int kMag = 9 - 4 * k, kSign = 12 - 4 * k;
-  const uint32_t m = kMag >= 0 ? (w << (kMag >= 0 ? kMag : 0)) : (w >> (kMag < 0 ? -kMag : 0));
-  const uint32_t s = kSign >= 0 ? (w << (kSign >= 0 ? kSign : 0)) : (w >> (kSign < 0 ? -kSign : 0));
-  return (m & 0x0E000E00u) | (s & 0x80008000u);
-}
-
-// The same four pairs through bytes: each nibble becomes the high byte of its
-// f16, [s 0 0 0 e1 e0 m 0], the even nibbles in one word and the odd ones in
-// another (3-4 operations each), then one byte permute per pair.
-struct Fp4Pairs {
-  uint32_t p04, p15, p26, p37;
-};
-template <bool kPrmt>
-__device__ __forceinline__ Fp4Pairs DecodeWord(uint32_t w) {
-  if constexpr (kPrmt) {
-    const uint32_t even = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);
-    const uint32_t odd = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);
-    return {__byte_perm(even, 0u, 0x2404), __byte_perm(odd, 0u, 0x2404),
-            __byte_perm(even, 0u, 0x3414), __byte_perm(odd, 0u, 0x3414)};
-  } else {
-    return {Fp4PairF16<0>(w), Fp4PairF16<1>(w), Fp4PairF16<2>(w), Fp4PairF16<3>(w)};
-  }
-}
-
 __device__ __forceinline__ void GridDependencyWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
@@ -396,14 +371,6 @@ __device__ __forceinline__ void GridDependentsMayLaunch() {
 // reduction.
 constexpr float kMmaRescale = 16384.0f;  // 2^14
 
-__device__ __forceinline__ void MmaF16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Position of value j of a row inside its permuted f16 layout.
 __device__ __forceinline__ int PermutedIndex(int j) {
@@ -432,8 +399,103 @@ struct MmaArgs {
   int ksplit;         // down: CTAs per row tile, each a share of the reduction
   bool evict_first;   // L2 evict-first hint on the weight copies
   bool copy_only;     // diagnostic (MoeTuning::copy_only)
+  bool math_only;     // diagnostic (MoeTuning::math_only)
 };
 
+
+// The end of one pass over a tile's reduction: the warps' partial sums
+// (acc, 8 mma columns x kGroups) meet in warp 0, which runs the epilogue for
+// the pass's tokens [c, end): gate_up's bias + clamped SwiGLU into h (f16 high
+// and low parts, permuted), or down's bias, router weight and scatter-add.
+template <bool kDown, int kGroups>
+__device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int row0, int part,
+                                                  int c, int end, float (&acc)[kGroups][4],
+                                                  float (*red)[4 * kGroups][32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
+  const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.rows;
+  // Reduce the warps' partial sums into warp 0.
+  if (warp > 0) {
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp - 1][G * 4 + i][lane] = acc[G][i];
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
+        acc[G][i] *= kMmaRescale;
+      }
+    }
+#pragma unroll
+    for (int G = 0; G < kGroups; ++G) {
+      const int c0 = c + G * kCols;
+      if constexpr (!kDown) {
+        // Rows interleave gate (even) and up (odd): lane ^ 4 holds row g ^ 1.
+        float up[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 4);
+        if ((g & 1) == 0) {
+          const int I = a.rows / 2;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int j = (row0 + g + 8 * half) / 2;
+            const float bg = Bf16Bits(bias[2 * j]), bu = Bf16Bits(bias[2 * j + 1]);
+            const int pos = PermutedIndex(j);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int t = c0 + 2 * q + i;
+              if (t < end) {
+                float gate = acc[G][2 * half + i] + bg;
+                float u = up[2 * half + i] + bu;
+                gate = fminf(gate, a.limit);
+                u = fminf(fmaxf(u, -a.limit), a.limit);
+                const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
+                const float hv = (u + 1.0f) * glu;
+                const __half hi = __float2half_rn(hv);
+                const __half lo = __float2half_rn(hv - __half2float(hi));
+                uint16_t* dst = a.h_out + static_cast<size_t>(a.route.pair_of[t]) * 2 * I + pos;
+                dst[0] = __half_as_ushort(hi);
+                dst[I] = __half_as_ushort(lo);
+              }
+            }
+          }
+        }
+      } else {
+        // Columns 2q, 2q + 1 (q < 2) are the high parts of tokens 2q, 2q + 1;
+        // lane ^ 2 holds their low parts.
+        float lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) lo[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 2);
+        if (q < 2) {
+          const int H = a.rows;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = row0 + g + 8 * half;
+            const float bd = part == 0 ? Bf16Bits(bias[row]) : 0.f;
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int t = c0 + 2 * q + i;
+              if (t < end) {
+                const int pair = a.route.pair_of[t];
+                const float v = acc[G][2 * half + i] + lo[2 * half + i] + bd;
+                atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * H + row,
+                          a.topk_weights[pair] * v);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // red is reused by the next pass
+}
 
 // kDown selects the projection (epilogue and column meaning); kGroups groups
 // of 8 columns share one decode of each weight block.
@@ -450,7 +512,6 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
   const int begin = a.route.offset[e], end = a.route.offset[e + 1];
   const size_t act_row = static_cast<size_t>(nb) * 4;  // uint4 per activation row
-  const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.rows;
   bool waited = false;
   for (int c = begin; c < end; c += kCols * kGroups) {
     const uint4* src[kGroups];
@@ -486,7 +547,8 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
     // The lane's two scale rows, stepping with the blocks.
     const uint8_t* sp0 = ss + g * nb + kb0 + warp;
     const uint8_t* sp1 = sp0 + 8 * nb;
-    if (!waited) MbarWait(bar, parity), waited = true;
+    if (!waited && !a.math_only) MbarWait(bar, parity);
+    waited = true;
 
     float acc[kGroups][4];
 #pragma unroll
@@ -512,8 +574,8 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
           for (int G = 0; G < kGroups; ++G) {
             const uint4 xv = ring[j][G];
             float d[4] = {0.f, 0.f, 0.f, 0.f};
-            MmaF16(d, d0.p04, d1.p04, d0.p15, d1.p15, xv.x, xv.y);
-            MmaF16(d, d0.p26, d1.p26, d0.p37, d1.p37, xv.z, xv.w);
+            MmaF16(d, {d0.p[0], d1.p[0], d0.p[1], d1.p[1]}, xv.x, xv.y);
+            MmaF16(d, {d0.p[2], d1.p[2], d0.p[3], d1.p[3]}, xv.z, xv.w);
             acc[G][0] = fmaf(d[0], s0, acc[G][0]);
             acc[G][1] = fmaf(d[1], s0, acc[G][1]);
             acc[G][2] = fmaf(d[2], s1, acc[G][2]);
@@ -526,94 +588,15 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
       sp0 += kMmaWarps * kRing;
       sp1 += kMmaWarps * kRing;
     }
-    // Reduce the warps' partial sums into warp 0.
-    if (warp > 0) {
-#pragma unroll
-      for (int G = 0; G < kGroups; ++G) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp - 1][G * 4 + i][lane] = acc[G][i];
-      }
-    }
-    __syncthreads();
-    if (warp == 0) {
-#pragma unroll
-      for (int G = 0; G < kGroups; ++G) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-          for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
-          acc[G][i] *= kMmaRescale;
-        }
-      }
-#pragma unroll
-      for (int G = 0; G < kGroups; ++G) {
-        const int c0 = c + G * kCols;
-        if constexpr (!kDown) {
-          // Rows interleave gate (even) and up (odd): lane ^ 4 holds row g ^ 1.
-          float up[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 4);
-          if ((g & 1) == 0) {
-            const int I = a.rows / 2;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int j = (row0 + g + 8 * half) / 2;
-              const float bg = Bf16Bits(bias[2 * j]), bu = Bf16Bits(bias[2 * j + 1]);
-              const int pos = PermutedIndex(j);
-#pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int t = c0 + 2 * q + i;
-                if (t < end) {
-                  float gate = acc[G][2 * half + i] + bg;
-                  float u = up[2 * half + i] + bu;
-                  gate = fminf(gate, a.limit);
-                  u = fminf(fmaxf(u, -a.limit), a.limit);
-                  const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
-                  const float hv = (u + 1.0f) * glu;
-                  const __half hi = __float2half_rn(hv);
-                  const __half lo = __float2half_rn(hv - __half2float(hi));
-                  uint16_t* dst = a.h_out + static_cast<size_t>(a.route.pair_of[t]) * 2 * I + pos;
-                  dst[0] = __half_as_ushort(hi);
-                  dst[I] = __half_as_ushort(lo);
-                }
-              }
-            }
-          }
-        } else {
-          // Columns 2q, 2q + 1 (q < 2) are the high parts of tokens 2q, 2q + 1;
-          // lane ^ 2 holds their low parts.
-          float lo[4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) lo[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 2);
-          if (q < 2) {
-            const int H = a.rows;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-              const int row = row0 + g + 8 * half;
-              const float bd = part == 0 ? Bf16Bits(bias[row]) : 0.f;
-#pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int t = c0 + 2 * q + i;
-                if (t < end) {
-                  const int pair = a.route.pair_of[t];
-                  const float v = acc[G][2 * half + i] + lo[2 * half + i] + bd;
-                  atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * H + row,
-                            a.topk_weights[pair] * v);
-                }
-              }
-            }
-          }
-        }
-      }
-    }
-    __syncthreads();  // red is reused by the next pass
+    MmaReduceAndStore<kDown, kGroups>(a, e, row0, part, c, end, acc, red);
   }
-  if (!waited) MbarWait(bar, parity);  // never leave with a copy in flight
+  if (!waited && !a.math_only) MbarWait(bar, parity);  // never leave with a copy in flight
 }
 
 // Issues the bulk copies of one tile's weight rows and scales into a buffer.
 __device__ __forceinline__ void CopyTile(const MmaArgs& a, int e, int row0, int kb0, int nbl,
                                          uint8_t* buf, int stride, uint64_t* bar) {
+  if (a.math_only) return;
   const int lane = threadIdx.x & 31;
   const int nb = a.nb, row_bytes = nbl * 16;
   const size_t grow0 = static_cast<size_t>(e) * a.rows + row0;
@@ -925,10 +908,11 @@ cudaError_t LaunchMmaProjection(int slots, cudaStream_t stream, const MmaArgs& a
                     : LaunchMmaGroups<kDown, 1>(slots, stream, args, t);
 }
 
+
 MoeTuning g_tuning;
 
 bool UseGemm(const MoeTuning& t, int pairs, int num_experts) {
-  if (t.legacy_fma || t.copy_only || t.gemm_min_pairs_per_expert < 0) return false;
+  if (t.legacy_fma || t.copy_only || t.math_only || t.gemm_min_pairs_per_expert < 0) return false;
   return static_cast<int64_t>(pairs) >=
          static_cast<int64_t>(t.gemm_min_pairs_per_expert) * num_experts;
 }
@@ -1125,6 +1109,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
     gu.h_out = reinterpret_cast<uint16_t*>(h);
     gu.copy_only = tuning.copy_only;
+    gu.math_only = tuning.math_only;
     err = LaunchMmaProjection<false>(static_cast<int>(slots), stream, gu, groups, tuning);
     if (err != cudaSuccess) return err;
     MmaArgs dn{};
@@ -1133,6 +1118,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
     dn.evict_first = tuning.evict_first;
     dn.copy_only = tuning.copy_only;
+    dn.math_only = tuning.math_only;
     dn.ksplit = std::max(1, std::min(tuning.down_split_k, I / 32));
     return LaunchMmaProjection<true>(static_cast<int>(slots), stream, dn, groups, tuning);
   }

@@ -122,6 +122,10 @@ struct MoeTuning {
   // Diagnostic for benchmarks: the projections copy their weight tiles and
   // skip the math (wrong results), to time the copies alone.
   bool copy_only = false;
+  // Diagnostic for benchmarks: the projections skip their weight copies and
+  // run the math on whatever shared memory holds (wrong results), to time the
+  // math alone.
+  bool math_only = false;
   // Grouped tensor-core GEMMs (moe_gemm.h) instead of the decode kernels once
   // a step routes at least this many (token, expert) pairs per expert on
   // average (0: always; negative: never). H200, 120b layer: the decode
@@ -137,7 +141,8 @@ struct MoeTuning {
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();
 // Whether LaunchMoeLayer takes the grouped-GEMM path for this step under the
-// current tuning (its h is bf16: tests widen their tolerance for it).
+// current tuning (its h is f16 with x rounded once more: tests widen their
+// tolerance for it).
 bool MoeUsesGemm(int tokens, int top_k, int num_experts);
 
 }  // namespace flotilla::kernels::cuda

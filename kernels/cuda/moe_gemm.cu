@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cuda/fp4.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
@@ -15,13 +16,13 @@ using ptx::CpAsync16;
 using ptx::CpAsyncCommit;
 using ptx::CpAsyncWait;
 using ptx::LdMatrixX4;
-using ptx::MmaBf16;
+using ptx::MmaF16;
 using ptx::SharedAddress;
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBN = 128;       // output features per tile
 constexpr int kBK = 64;        // reduction per stage: two MXFP4 blocks
-constexpr int kARowBytes = kBK * 2;  // bf16, 8 chunks of 16 bytes, XOR-swizzled by row
+constexpr int kARowBytes = kBK * 2;  // f16, 8 chunks of 16 bytes, XOR-swizzled by row
 // 32 bytes of blocks per weight row and stage, padded to 48 so the fragment
 // reads of 8 consecutive rows fall in distinct banks.
 constexpr int kBRowBytes = 48;
@@ -52,20 +53,13 @@ struct GemmArgs {
   const int32_t* tile_row0;
   const int32_t* num_tiles;
   int top_k;
-  const uint16_t* x;  // gate_up: bf16 [tokens, kp], permuted
-  uint16_t* h;        // gate_up writes, down reads: bf16 [pairs, kp of down], routing order, permuted
+  const uint16_t* x;  // gate_up: f16 [tokens, kp], permuted
+  uint16_t* h;        // gate_up writes, down reads: f16 [pairs, kp of down], routing order, permuted
   int h_stride;  // gate_up: the row length of h
   float limit, alpha;
   const float* topk_weights;  // down
   float* out;                 // down: f32 [tokens, n]
 };
-
-// Exact: an FP4 value times a power of two is a bf16 (subnormals included).
-__device__ __forceinline__ uint32_t MulBf16x2(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 
 // The reduction runs in a permuted order inside each group of 64 so that a
 // lane's B fragments come out of two 32-bit words of MXFP4 bytes with shifts
@@ -85,51 +79,50 @@ __host__ __device__ constexpr int LogicalOf(int physical) {
 }
 static_assert(LogicalOf(PhysicalOf(37)) == 37 && PhysicalOf(LogicalOf(21)) == 21, "bijection");
 
-// w shifted left by `shift` bits (right for a negative one); the callers'
-// shifts are constants once their loops unroll.
-__device__ __forceinline__ uint32_t ShiftLeft(uint32_t w, int shift) {
-  return shift >= 0 ? w << shift : w >> -shift;
+// Weights enter the tensor cores as f16: DecodeWord (fp4.cuh) gives each
+// value times 2^-14, and one f16x2 multiply by 2^(s - 113 - c) makes it
+// fp4 * 2^(s - 127 - c), where c is the row's shift: its largest block scale
+// minus 128. Every block within 2^24 of the row's largest is then exact (an
+// f16 normal or subnormal), smaller ones round at 2^-24 of it, below f32's
+// own rounding of the row's sums; the epilogue multiplies the sums by 2^c.
+// s = 0 (2^-127) is taken as 0, as in the decode kernels.
+__device__ __forceinline__ uint32_t HalfScale(uint32_t s, int c) {
+  const int e = static_cast<int>(s) - c - 98;  // the multiplier's f16 exponent field
+  const uint32_t bits = e >= 1 ? static_cast<uint32_t>(e) << 10 : e >= -9 ? 1u << (e + 9) : 0u;
+  return s == 0 ? 0u : bits | (bits << 16);
 }
-
-// bf16x2 of nibbles i (low half) and i + 4 (high half) of a word of MXFP4
-// bytes, each exactly fp4 * 2^-126: the magnitude bits (e1 e0 m) land on bf16
-// bits 8..6, the sign on bit 15, so e = 0 is the subnormal 2^-127 * m.
-__device__ __forceinline__ uint32_t Fp4Pair(uint32_t w, int i) {
-  return (ShiftLeft(w, 6 - 4 * i) & 0x01C001C0u) | (ShiftLeft(w, 12 - 4 * i) & 0x80008000u);
+__device__ __forceinline__ uint32_t MulHalf2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(d) : "r"(a), "r"(b));
+  return d;
 }
-
-// The block scale as a bf16x2 multiplier of Fp4Pair's values: 2^(s - 127 + 126).
-// Up to s = 128 that is one exact multiply; above, 2^(s - 65) here and 2^64
-// after (kTwo64). s = 0 (2^-127) is taken as 0, as in the decode path.
-struct BlockScale {
-  uint32_t pair;
-  bool big;
-};
-constexpr uint32_t kTwo64 = ((64u + 127u) << 7) * 0x00010001u;
-__device__ __forceinline__ BlockScale ScaleOf(uint32_t s) {
-  if (s == 0) return {0u, false};
-  const bool big = s > 128;
-  const uint32_t bits = (s + (big ? 62u : 126u)) << 7;
-  return {bits | (bits << 16), big};
+// The row shift c of a row of nb scale bytes, by the 4 lanes of a quad (each
+// reads a quarter; the quad's lanes share the row).
+__device__ __forceinline__ int RowShift(const uint8_t* row, int nb) {
+  int m = 0;
+  for (int i = threadIdx.x & 3; i < nb; i += 4) m = max(m, static_cast<int>(row[i]));
+  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  return m - 128;
 }
-__device__ __forceinline__ uint32_t Scaled(uint32_t v, BlockScale sc) {
-  v = MulBf16x2(v, sc.pair);
-  return sc.big ? MulBf16x2(v, kTwo64) : v;
-}
+// v * 2^c, exactly (c in [-128, 127]).
+__device__ __forceinline__ float Unshift(float v, int c) { return ldexpf(v, c); }
 
 __device__ __forceinline__ float Bf16ToFloat(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
 
-// dst[r, :] (row length kp, a multiple of 64) = src[r, :] (length k) in the
-// permuted order of each 64-group, zeros past k.
+// dst[r, :] (f16, row length kp, a multiple of 64) = src[r, :] (bf16, length
+// k) in the permuted order of each 64-group, zeros past k. Exact for |x| in
+// f16's normal range, as in the decode kernels.
 __global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, uint16_t* dst) {
   const size_t n = static_cast<size_t>(rows) * kp;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     const int r = static_cast<int>(i / kp), l = static_cast<int>(i % kp);
     const int p = (l & ~63) + PhysicalOf(l & 63);
-    dst[i] = p < k ? src[static_cast<size_t>(r) * k + p] : uint16_t{0};
+    dst[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(src[static_cast<size_t>(r) * k + p])))
+                   : uint16_t{0};
   }
 }
 
@@ -174,7 +167,7 @@ __device__ __forceinline__ void FenceFragments(uint32_t (&a)[kSteps][4]) {
 __device__ __forceinline__ void WgmmaN64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
@@ -183,7 +176,7 @@ __device__ __forceinline__ void WgmmaN64(float (&d)[32], const uint32_t (&a)[4],
 __device__ __forceinline__ void WgmmaN128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
@@ -241,11 +234,12 @@ __device__ __forceinline__ int WgmmaFeatureRow() {
 }
 
 // The wgmma main loop of MoeGemmKernel<..., kWgmma = true>, the first
-// kStages - 1 stages already requested: d = the tile's features x rows.
+// kStages - 1 stages already requested: d = the tile's features x rows, rows
+// f0 and f0 + 8 times 2^-c0 and 2^-c1 (HalfScale).
 template <int kBM, int kStages, typename LoadStage>
 __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_stage, uint8_t* stages,
                                               const uint8_t* s_scales, int k_tiles, int nb,
-                                              float (&d)[kBM / 2]) {
+                                              int c0, int c1, float (&d)[kBM / 2]) {
   const int t = threadIdx.x & 3;
   const int f0 = WgmmaFeatureRow();
 #pragma unroll
@@ -261,18 +255,19 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_stage, uint8_t* st
     const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
     const uint8_t* sb = sa + kBM * kARowBytes;
     const int kb = kt * 2 + (t >> 1);
-    const BlockScale sc0 = ScaleOf(kb < nb ? s_scales[f0 * nb + kb] : 127u);
-    const BlockScale sc1 = ScaleOf(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 127u);
+    const uint32_t sc0 = HalfScale(kb < nb ? s_scales[f0 * nb + kb] : 0u, c0);
+    const uint32_t sc1 = HalfScale(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 0u, c1);
     const uint2 w0 = *reinterpret_cast<const uint2*>(sb + f0 * kBRowBytes + 8 * t);
     const uint2 w1 = *reinterpret_cast<const uint2*>(sb + (f0 + 8) * kBRowBytes + 8 * t);
+    const Fp4Pairs p0[2] = {DecodeWord(w0.x), DecodeWord(w0.y)};
+    const Fp4Pairs p1[2] = {DecodeWord(w1.x), DecodeWord(w1.y)};
     uint32_t af[kBK / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      const uint32_t u0 = (kk >> 1) ? w0.y : w0.x, u1 = (kk >> 1) ? w1.y : w1.x;
-      af[kk][0] = Scaled(Fp4Pair(u0, 2 * (kk & 1)), sc0);
-      af[kk][1] = Scaled(Fp4Pair(u1, 2 * (kk & 1)), sc1);
-      af[kk][2] = Scaled(Fp4Pair(u0, 2 * (kk & 1) + 1), sc0);
-      af[kk][3] = Scaled(Fp4Pair(u1, 2 * (kk & 1) + 1), sc1);
+      af[kk][0] = MulHalf2(p0[kk >> 1].p[2 * (kk & 1)], sc0);
+      af[kk][1] = MulHalf2(p1[kk >> 1].p[2 * (kk & 1)], sc1);
+      af[kk][2] = MulHalf2(p0[kk >> 1].p[2 * (kk & 1) + 1], sc0);
+      af[kk][3] = MulHalf2(p1[kk >> 1].p[2 * (kk & 1) + 1], sc1);
     }
     FenceAccumulators(d);
     WgmmaFence();
@@ -290,8 +285,10 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_stage, uint8_t* st
 // Its epilogue: gate_up's bias and clamped SwiGLU into h, or down's bias,
 // router weight and scatter-add into out.
 template <bool kDown, int kBM>
-__device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, const float (&d)[kBM / 2], int e,
-                                              int n0, int rows, int sorted0) {
+__device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, float (&d)[kBM / 2], int e,
+                                              int n0, int rows, int sorted0, int c0, int c1) {
+#pragma unroll
+  for (int i = 0; i < kBM / 2; ++i) d[i] = Unshift(d[i], (i & 2) ? c1 : c0);
   const int g = (threadIdx.x & 31) >> 2, t = threadIdx.x & 3;
   const int f0 = WgmmaFeatureRow();
   const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.n;
@@ -311,7 +308,7 @@ __device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, const float (&d
         const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
         const int m = col / 2;  // down's reduction index, stored permuted
         a.h[static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63)] =
-            __bfloat16_as_ushort(__float2bfloat16_rn((up + 1.0f) * glu));
+            __half_as_ushort(__float2half_rn((up + 1.0f) * glu));
       } else {
         if (col >= a.n || r >= rows) continue;
         const int pair = a.route.pair_of[sorted0 + r];
@@ -357,8 +354,8 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     if (off != 0) stages += 1024 - off;
   }
 
-  // The tile's scales, once: [kBN rows][nb]; rows past the end read 2^0 so
-  // their zero-filled bytes stay 0.
+  // The tile's scales, once: [kBN rows][nb]; rows past the end read 0 (their
+  // weights are zero-filled too).
   const uint8_t* scale_src = a.scales + (static_cast<size_t>(e) * a.n + n0) * nb;
   const int scale_bytes = valid_n * nb;
   if (((reinterpret_cast<uintptr_t>(scale_src) | static_cast<uintptr_t>(scale_bytes)) & 15) == 0) {
@@ -366,7 +363,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
   } else {
     for (int i = tid; i < scale_bytes; i += kThreads) s_scales[i] = scale_src[i];
   }
-  for (int i = scale_bytes + tid; i < kBN * nb; i += kThreads) s_scales[i] = 127;
+  for (int i = scale_bytes + tid; i < kBN * nb; i += kThreads) s_scales[i] = 0;
 
   // This thread's activation rows (chunk a_chunk of each) and weight half-row.
   const int a_chunk = tid & 7;
@@ -406,13 +403,22 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     CpAsyncCommit();
   }
   if constexpr (kWgmma) {
+    CpAsyncWait<kStages - 2>();  // the scales have landed (with the first stage)
+    __syncthreads();
+    const int f0 = WgmmaFeatureRow();
+    const int c0 = RowShift(s_scales + f0 * nb, nb), c1 = RowShift(s_scales + (f0 + 8) * nb, nb);
     float d[kBM / 2];
-    WgmmaMainLoop<kBM, kStages>(load_stage, stages, s_scales, k_tiles, nb, d);
-    WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0);
+    WgmmaMainLoop<kBM, kStages>(load_stage, stages, s_scales, k_tiles, nb, c0, c1, d);
+    WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
     return;
   }
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wm = (warp % kWarpsM) * kWarpRows, wn = (warp / kWarpsM) * kWarpCols;
+  CpAsyncWait<kStages - 2>();  // the scales have landed (with the first stage)
+  __syncthreads();
+  int shift[kNj];  // the row shift of feature row wn + 8j + g
+#pragma unroll
+  for (int j = 0; j < kNj; ++j) shift[j] = RowShift(s_scales + (wn + 8 * j + g) * nb, nb);
   float acc[kMi][kNj][4];
 #pragma unroll
   for (int i = 0; i < kMi; ++i)
@@ -429,14 +435,16 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
     const uint8_t* sb = sa + kBM * kARowBytes;
     // Lane t's words 2t and 2t + 1 of each row hold block 2kt + t / 2.
-    BlockScale scale[kNj];
-    uint2 words[kNj];
+    uint32_t scale[kNj];
+    Fp4Pairs pairs[kNj][2];
 #pragma unroll
     for (int j = 0; j < kNj; ++j) {
       const int r = wn + 8 * j + g;
       const int kb = kt * 2 + (t >> 1);
-      scale[j] = ScaleOf(kb < nb ? s_scales[r * nb + kb] : 127u);
-      words[j] = *reinterpret_cast<const uint2*>(sb + r * kBRowBytes + 8 * t);
+      scale[j] = HalfScale(kb < nb ? s_scales[r * nb + kb] : 0u, shift[j]);
+      const uint2 w = *reinterpret_cast<const uint2*>(sb + r * kBRowBytes + 8 * t);
+      pairs[j][0] = DecodeWord(w.x);
+      pairs[j][1] = DecodeWord(w.y);
     }
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
@@ -449,11 +457,11 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
       }
 #pragma unroll
       for (int j = 0; j < kNj; ++j) {
-        const uint32_t w = (kk >> 1) ? words[j].y : words[j].x;
-        const uint32_t b0 = Scaled(Fp4Pair(w, 2 * (kk & 1)), scale[j]);
-        const uint32_t b1 = Scaled(Fp4Pair(w, 2 * (kk & 1) + 1), scale[j]);
+        const Fp4Pairs& pw = pairs[j][kk >> 1];
+        const uint32_t b0 = MulHalf2(pw.p[2 * (kk & 1)], scale[j]);
+        const uint32_t b1 = MulHalf2(pw.p[2 * (kk & 1) + 1], scale[j]);
 #pragma unroll
-        for (int i = 0; i < kMi; ++i) MmaBf16(acc[i][j], af[i], b0, b1);
+        for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af[i], b0, b1);
       }
     }
   }
@@ -464,6 +472,9 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
 #pragma unroll
   for (int j = 0; j < kNj; ++j) {
     const int col = n0 + wn + 8 * j + 2 * t;
+    // acc[i][j] holds features col, col + 1 of lanes g = 2t, 2t + 1: their shifts.
+    const int sh0 = __shfl_sync(0xFFFFFFFFu, shift[j], (2 * t) * 4);
+    const int sh1 = __shfl_sync(0xFFFFFFFFu, shift[j], (2 * t + 1) * 4);
     if (col >= a.n) continue;
     const float b0 = Bf16ToFloat(bias[col]), b1 = Bf16ToFloat(bias[col + 1]);
 #pragma unroll
@@ -472,7 +483,8 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
       for (int half = 0; half < 2; ++half) {
         const int r = wm + 16 * i + g + 8 * half;
         if (r >= rows) continue;
-        const float v0 = acc[i][j][2 * half] + b0, v1 = acc[i][j][2 * half + 1] + b1;
+        const float v0 = Unshift(acc[i][j][2 * half], sh0) + b0;
+        const float v1 = Unshift(acc[i][j][2 * half + 1], sh1) + b1;
         if constexpr (!kDown) {
           // Interleaved rows: feature 2m is gate m, 2m + 1 is up m.
           const float gate = fminf(v0, a.limit);
@@ -480,7 +492,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
           const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
           const int m = col / 2;  // down's reduction index, stored permuted
           a.h[static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63)] =
-              __bfloat16_as_ushort(__float2bfloat16_rn((up + 1.0f) * glu));
+              __half_as_ushort(__float2half_rn((up + 1.0f) * glu));
         } else {
           const int pair = a.route.pair_of[sorted0 + r];
           const float wgt = a.topk_weights[pair];

@@ -5,21 +5,22 @@
 //
 // Each CTA computes one tile of kBM rows (an expert's pairs, in the routing
 // order) x 128 output features of that expert over the whole reduction:
-// activations (bf16) and the raw MXFP4 bytes stream into a 3- or 4-stage
+// activations (f16) and the raw MXFP4 bytes stream into a 3- or 4-stage
 // shared-memory ring (cp.async); each lane turns 32-bit words of FP4 nibbles
-// into bf16 pairs with shifts and masks (fp4 * 2^-126, subnormals included),
-// times the block scale as one bf16x2 multiply (both exact), and feeds
-// mma.sync m16n8k16 with f32 accumulation (32-row tiles) or, as register
-// operand A, wgmma m64nNk16 against the activation stage (64- and 128-row
-// tiles). The reduction runs in a permuted
-// order within each 64-group so that those words map straight onto the B
-// fragments; the activations are stored in that order. A weight byte is
-// decoded once per CTA, however many rows the tile holds.
-//   gate_up: bias + clamped SwiGLU in the epilogue -> h bf16 [pairs, I] in
+// into f16 pairs with byte permutes (fp4.cuh: fp4 * 2^-14), times the block
+// scale as one f16x2 multiply (2^(s - 113 - c), c the row's shift, restored
+// in the epilogue), and feeds mma.sync m16n8k16 with f32 accumulation (32-row
+// tiles) or, as register operand A, wgmma m64nNk16 against the activation
+// stage (64- and 128-row tiles). The reduction runs in a permuted order
+// within each 64-group so that those words map straight onto the fragments;
+// the activations are stored in that order. A weight byte is decoded once per
+// CTA, however many rows the tile holds.
+//   gate_up: bias + clamped SwiGLU in the epilogue -> h f16 [pairs, I] in
 //            routing order (so the down tiles read contiguous rows);
 //   down:    bias, times the router weight, added into out with atomics.
-// h in bf16 (as the reference implementation keeps it) is the one rounding
-// beyond the decode path's; MoeGemmMatchesTheReference bounds it.
+// x in f16 (exact in its normal range) and h in f16 are the roundings beyond
+// the decode kernels'; tests/kernels/moe_cuda_test.cc (GemmPathAtEverySize)
+// bounds them.
 #pragma once
 
 #include <cuda_runtime_api.h>

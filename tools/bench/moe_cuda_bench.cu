@@ -108,6 +108,12 @@ MoeTuning CopyOnly(int bufs) {
   return t;
 }
 
+MoeTuning MathOnly() {
+  MoeTuning t;
+  t.math_only = true;
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,6 +188,7 @@ int main(int argc, char** argv) {
                          {"tc-split3", Tuned(false, true, true, true, 1, 3)},
                          {"copy-only", CopyOnly(1)},
                          {"copy-only-bufs2", CopyOnly(2)},
+                         {"math-only", MathOnly()},
                          {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
