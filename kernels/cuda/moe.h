@@ -133,7 +133,8 @@ struct MoeTuning {
   int gemm_min_pairs_per_expert = 16;
   // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert.
   int gemm_rows_per_tile = 0;
-  // An expert's last GEMM tile, when at most half filled, as 32-row tiles.
+  // An expert's last GEMM tile, when at most half filled, as smaller tiles
+  // (moe_gemm.h says which).
   bool gemm_remainder_tiles = true;
   // 64- and 128-row GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
   bool gemm_wgmma = true;

@@ -192,12 +192,13 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4]
 
 // The tile maps, in expert order, of an expert's rows: tiles of rows_per_tile
 // rows (tile_expert / tile_row0, num_tiles), except that a last, partly filled
-// tile of at most small_max rows becomes tiles of 32 rows (small_expert /
-// small_row0, num_small) when small_max > 0: such a tile decodes the same
+// tile of at most small_max rows becomes tiles of small_rows rows (small_expert
+// / small_row0, num_small) when small_max > 0: such a tile decodes the same
 // weights as a big one for a fraction of the tensor-core work. One block of
 // 1024 threads; E <= 1024.
 __global__ void __launch_bounds__(1024)
     TileMapKernel(const int32_t* count, int num_experts, int rows_per_tile, int small_max,
+                  int small_rows,
                   int32_t* tile_expert, int32_t* tile_row0, int32_t* num_tiles,
                   int32_t* small_expert, int32_t* small_row0, int32_t* num_small) {
   __shared__ int32_t warp_sums[32];
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(1024)
   const int rest = c % rows_per_tile;
   const bool split = small_max > 0 && rest > 0 && rest <= small_max;
   const int big = c / rows_per_tile + (rest > 0 && !split ? 1 : 0);
-  const int small = split ? (rest + 31) / 32 : 0;
+  const int small = split ? (rest + small_rows - 1) / small_rows : 0;
   const int first = BlockExclusiveScan(big, warp_sums, &totals[0]);
   const int first_small = BlockExclusiveScan(small, warp_sums, &totals[1]);
   for (int i = 0; i < big; ++i) {
@@ -216,7 +217,7 @@ __global__ void __launch_bounds__(1024)
   }
   for (int i = 0; i < small; ++i) {
     small_expert[first_small + i] = e;
-    small_row0[first_small + i] = c - rest + 32 * i;
+    small_row0[first_small + i] = c - rest + small_rows * i;
   }
   if (e == 0) {
     *num_tiles = totals[0];
@@ -573,16 +574,21 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   int32_t* small_expert = num_tiles + 1;
   int32_t* small_row0 = small_expert + max_small;
   int32_t* num_small = small_row0 + max_small;
-  // Remainders of up to half a big tile go to 32-row tiles (measured: a
-  // 32-row tile costs about half a 128-row one, the decode being the same).
-  const int small_max = remainder_tiles && rows_per_tile > 32 ? rows_per_tile / 2 : 0;
+  // Remainders of up to half a big tile go to smaller tiles, which decode the
+  // same weights for less tensor-core work. Measured (H200, f16 operands):
+  // a 128-row tile's remainder is best as one 64-row wgmma tile (or 32-row
+  // tiles without wgmma); a 64-row tile's is best left whole (32-row mma.sync
+  // tiles and their extra launch cost more than the half-empty wgmma tile).
+  const int small_rows = wgmma ? 64 : 32;
+  const int small_max =
+      remainder_tiles && rows_per_tile > small_rows ? rows_per_tile / 2 : 0;
 
   const size_t x_elems = static_cast<size_t>(tokens) * hp;
   PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((x_elems + 255) / 256, 4096)), 256,
                       0, stream>>>(x, tokens, w.hidden, hp, xp);
   TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, small_max,
-                                        tile_expert, tile_row0, num_tiles, small_expert,
-                                        small_row0, num_small);
+                                        small_rows, tile_expert, tile_row0, num_tiles,
+                                        small_expert, small_row0, num_small);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (ip != w.intermediate) {
@@ -626,7 +632,9 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
         break;
     }
     if (err == cudaSuccess && small_max > 0) {
-      err = LaunchProjection<32, 1, 4>(down, down ? dn_small : gu_small, max_small, stream);
+      const GemmArgs& small = down ? dn_small : gu_small;
+      err = small_rows == 64 ? LaunchProjection<64, 1, 4, true>(down, small, max_small, stream)
+                             : LaunchProjection<32, 1, 4>(down, small, max_small, stream);
     }
     if (err != cudaSuccess) return err;
   }

@@ -48,7 +48,8 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // aligned. `rows_per_tile` is 32, 64 or 128 (the tile height: smaller tiles
 // waste less tensor-core work on experts' last, partly filled tiles; larger
 // ones read each activation tile fewer times). With `remainder_tiles`, an
-// expert's last tile, when at most half filled, becomes 32-row tiles. With
+// expert's last tile of 128 rows, when at most half filled, becomes a 64-row
+// tile (with wgmma; else 32-row tiles, also for 64-row tiles). With
 // `wgmma`, 64- and 128-row tiles run on warpgroup MMA (the decoded weights as
 // register operand A, the activation stage as B).
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
