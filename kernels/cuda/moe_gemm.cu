@@ -87,9 +87,12 @@ static_assert(LogicalOf(PhysicalOf(37)) == 37 && PhysicalOf(LogicalOf(21)) == 21
 // own rounding of the row's sums; the epilogue multiplies the sums by 2^c.
 // s = 0 (2^-127) is taken as 0, as in the decode kernels.
 __device__ __forceinline__ uint32_t HalfScale(uint32_t s, int c) {
-  const int e = static_cast<int>(s) - c - 98;  // the multiplier's f16 exponent field
-  const uint32_t bits = e >= 1 ? static_cast<uint32_t>(e) << 10 : e >= -9 ? 1u << (e + 9) : 0u;
-  return s == 0 ? 0u : bits | (bits << 16);
+  // 2^(s - 113 - c) as an f32 (exponent field s - c + 14, at most 142; 0 for
+  // multipliers below f32's normal range), rounded once to f16x2.
+  const int field = max(static_cast<int>(s) - c + 14, 0);
+  const float m = s == 0 ? 0.0f : __uint_as_float(static_cast<uint32_t>(field) << 23);
+  const __half2 h = __float2half2_rn(m);
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 __device__ __forceinline__ uint32_t MulHalf2(uint32_t a, uint32_t b) {
   uint32_t d;
@@ -238,7 +241,7 @@ __device__ __forceinline__ int WgmmaFeatureRow() {
 // kStages - 1 stages already requested: d = the tile's features x rows, rows
 // f0 and f0 + 8 times 2^-c0 and 2^-c1 (HalfScale).
 template <int kBM, int kStages, typename LoadStage>
-__device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_stage, uint8_t* stages,
+__device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* stages,
                                               const uint8_t* s_scales, int k_tiles, int nb,
                                               int c0, int c1, float (&d)[kBM / 2]) {
   const int t = threadIdx.x & 3;
@@ -251,7 +254,7 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_stage, uint8_t* st
     // through the async proxy.
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+    if (kt + kStages - 1 < k_tiles) load_next();
     CpAsyncCommit();
     const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
     const uint8_t* sb = sa + kBM * kARowBytes;
@@ -366,41 +369,52 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
   }
   for (int i = scale_bytes + tid; i < kBN * nb; i += kThreads) s_scales[i] = 0;
 
-  // This thread's activation rows (chunk a_chunk of each) and weight half-row.
+  // This thread's share of every stage: chunk a_chunk of kARowsPerThread
+  // activation rows and one 16-byte half of a weight row's two blocks. The
+  // destinations within a stage and the sources are set up once; each
+  // load_next() copies the next stage and steps the sources by one stage, so
+  // the loop spends no instructions on addresses.
   const int a_chunk = tid & 7;
-  const uint16_t* a_src[kARowsPerThread];
+  const uint16_t* a_next[kARowsPerThread];
+  uint32_t a_dst[kARowsPerThread];
   int a_bytes[kARowsPerThread];
 #pragma unroll
   for (int j = 0; j < kARowsPerThread; ++j) {
     const int r = (tid >> 3) + 32 * j;
     const bool ok = r < rows;
     const int s = sorted0 + (ok ? r : 0);
-    a_src[j] = kDown ? a.h + static_cast<size_t>(s) * a.kp
-                     : a.x + static_cast<size_t>(a.route.pair_of[s] / a.top_k) * a.kp;
+    a_next[j] = (kDown ? a.h + static_cast<size_t>(s) * a.kp
+                       : a.x + static_cast<size_t>(a.route.pair_of[s] / a.top_k) * a.kp) +
+                a_chunk * 8;  // rows are padded to whole stages
+    a_dst[j] = r * kARowBytes + ((a_chunk ^ (r & 7)) << 4);
     a_bytes[j] = ok ? 16 : 0;
   }
   const int b_row = tid >> 1, b_half = tid & 1;
   const bool b_row_ok = b_row < valid_n;
-  const uint8_t* b_src =
+  const uint8_t* b_next =
       a.blocks + ((static_cast<size_t>(e) * a.n + n0 + (b_row_ok ? b_row : 0)) * nb + b_half) * 16;
-
-  auto load_stage = [&](int stage, int kt) {
-    uint8_t* sa = stages + stage * StageBytes<kBM>();
-    uint8_t* sb = sa + kBM * kARowBytes;
-    const int kbase = kt * kBK + a_chunk * 8;  // < kp: rows are padded to whole stages
+  const uint8_t* const b_any = b_next;  // a valid address for zero-byte copies
+  const uint32_t b_dst = kBM * kARowBytes + b_row * kBRowBytes + b_half * 16;
+  int b_block = b_half;  // the block this thread copies next
+  int next_stage = 0;
+  auto load_next = [&]() {
+    uint8_t* sa = stages + next_stage * StageBytes<kBM>();
 #pragma unroll
     for (int j = 0; j < kARowsPerThread; ++j) {
-      const int r = (tid >> 3) + 32 * j;
-      CpAsync16(sa + r * kARowBytes + ((a_chunk ^ (r & 7)) << 4), a_src[j] + kbase, a_bytes[j]);
+      CpAsync16(sa + a_dst[j], a_next[j], a_bytes[j]);
+      a_next[j] += kBK;
     }
-    const bool b_ok = b_row_ok && kt * 2 + b_half < nb;
-    CpAsync16(sb + b_row * kBRowBytes + b_half * 16, b_src + (b_ok ? kt * 32 : 0), b_ok ? 16 : 0);
+    const bool b_ok = b_row_ok && b_block < nb;
+    CpAsync16(sa + b_dst, b_ok ? b_next : b_any, b_ok ? 16 : 0);
+    b_next += 32;
+    b_block += 2;
+    next_stage = next_stage + 1 == kStages ? 0 : next_stage + 1;
   };
 
   // The first kStages - 1 stages in flight (both paths consume them in order).
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < k_tiles) load_stage(s, s);
+    if (s < k_tiles) load_next();
     CpAsyncCommit();
   }
   if constexpr (kWgmma) {
@@ -409,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     const int f0 = WgmmaFeatureRow();
     const int c0 = RowShift(s_scales + f0 * nb, nb), c1 = RowShift(s_scales + (f0 + 8) * nb, nb);
     float d[kBM / 2];
-    WgmmaMainLoop<kBM, kStages>(load_stage, stages, s_scales, k_tiles, nb, c0, c1, d);
+    WgmmaMainLoop<kBM, kStages>(load_next, stages, s_scales, k_tiles, nb, c0, c1, d);
     WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
     return;
   }
@@ -431,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
   for (int kt = 0; kt < k_tiles; ++kt) {
     CpAsyncWait<kStages - 2>();
     __syncthreads();
-    if (kt + kStages - 1 < k_tiles) load_stage((kt + kStages - 1) % kStages, kt + kStages - 1);
+    if (kt + kStages - 1 < k_tiles) load_next();
     CpAsyncCommit();
     const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
     const uint8_t* sb = sa + kBM * kARowBytes;
