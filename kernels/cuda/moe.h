@@ -128,15 +128,16 @@ struct MoeTuning {
   bool math_only = false;
   // Grouped tensor-core GEMMs (moe_gemm.h) instead of the decode kernels once
   // a step routes at least this many (token, expert) pairs per expert on
-  // average (0: always; negative: never). H200, 120b layer: the decode
-  // kernels win at 8 pairs per expert (256 tokens), the GEMMs at 32 (1024).
-  int gemm_min_pairs_per_expert = 16;
+  // average (0: always; negative: never). H200, 120b layer, decode kernels
+  // against 32-row wgmma GEMM tiles: 4 pairs per expert (128 tokens) 847 /
+  // 874 us, 5 (160) 929 / 976, 6 (192) 1012 / 920, 8 (256) 1187 / 922.
+  int gemm_min_pairs_per_expert = 6;
   // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert.
   int gemm_rows_per_tile = 0;
   // An expert's last GEMM tile, when at most half filled, as smaller tiles
   // (moe_gemm.h says which).
   bool gemm_remainder_tiles = true;
-  // 64- and 128-row GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
+  // GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
   bool gemm_wgmma = true;
 };
 void SetMoeTuning(const MoeTuning& tuning);

@@ -9,9 +9,9 @@
 // shared-memory ring (cp.async); each lane turns 32-bit words of FP4 nibbles
 // into f16 pairs with byte permutes (fp4.cuh: fp4 * 2^-14), times the block
 // scale as one f16x2 multiply (2^(s - 113 - c), c the row's shift, restored
-// in the epilogue), and feeds mma.sync m16n8k16 with f32 accumulation (32-row
-// tiles) or, as register operand A, wgmma m64nNk16 against the activation
-// stage (64- and 128-row tiles). The reduction runs in a permuted order
+// in the epilogue), and feeds, as register operand A, wgmma m64nNk16 (N =
+// the tile's 32, 64 or 128 rows) against the activation stage, or with wgmma
+// off mma.sync m16n8k16 (f32 accumulation both). The reduction runs in a permuted order
 // within each 64-group so that those words map straight onto the fragments;
 // the activations are stored in that order. A weight byte is decoded once per
 // CTA, however many rows the tile holds.
@@ -48,10 +48,10 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // aligned. `rows_per_tile` is 32, 64 or 128 (the tile height: smaller tiles
 // waste less tensor-core work on experts' last, partly filled tiles; larger
 // ones read each activation tile fewer times). With `remainder_tiles`, an
-// expert's last tile of 128 rows, when at most half filled, becomes a 64-row
-// tile (with wgmma; else 32-row tiles, also for 64-row tiles). With
-// `wgmma`, 64- and 128-row tiles run on warpgroup MMA (the decoded weights as
-// register operand A, the activation stage as B).
+// expert's last tile, when at most half filled, becomes tiles of half the
+// height (32 rows without wgmma). With `wgmma`, the tiles run on warpgroup
+// MMA (the decoded weights as register operand A, the activation stage as B)
+// instead of mma.sync.
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,

@@ -259,14 +259,14 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
     few.num_experts = 4;
     CheckLayer(few, *host_, 200, 2, 25);  // 100 rows per expert: several tiles of 32
   }
-  // Every tile at full height (no 32-row remainder tiles); 64- and 128-row
-  // tiles on mma.sync instead of wgmma.
+  // Every tile at full height (no remainder tiles); tiles of every height on
+  // mma.sync instead of wgmma.
   cuda::MoeTuning t;
   t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = 128, t.gemm_remainder_tiles = false;
   cuda::SetMoeTuning(t);
   CheckLayer(weights_, *host_, 300, 4, 27, /*bad_ids=*/20);
   t.gemm_wgmma = false;
-  for (int rows : {64, 128}) {
+  for (int rows : {32, 64, 128}) {
     t.gemm_rows_per_tile = rows;
     cuda::SetMoeTuning(t);
     CheckLayer(weights_, *host_, 300, 4, 28, /*bad_ids=*/20);
