@@ -404,7 +404,6 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
   const bool b_row_ok = b_row < valid_n;
   const uint8_t* b_next =
       a.blocks + ((static_cast<size_t>(e) * a.n + n0 + (b_row_ok ? b_row : 0)) * nb + b_half) * 16;
-  const uint8_t* const b_any = b_next;  // a valid address for zero-byte copies
   const uint32_t b_dst = kBM * kARowBytes + b_row * kBRowBytes + b_half * 16;
   int b_block = b_half;  // the block this thread copies next
   int next_stage = 0;
@@ -416,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
       a_next[j] += kBK;
     }
     const bool b_ok = b_row_ok && b_block < nb;
-    CpAsync16(sa + b_dst, b_ok ? b_next : b_any, b_ok ? 16 : 0);
+    CpAsync16(sa + b_dst, b_next, b_ok ? 16 : 0);  // 0 bytes: nothing is read
     b_next += 32;
     b_block += 2;
     next_stage = next_stage + 1 == kStages ? 0 : next_stage + 1;
