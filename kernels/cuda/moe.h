@@ -143,8 +143,8 @@ struct MoeTuning {
 void SetMoeTuning(const MoeTuning& tuning);
 MoeTuning GetMoeTuning();
 // Whether LaunchMoeLayer takes the grouped-GEMM path for this step under the
-// current tuning (its h is f16 with x rounded once more: tests widen their
-// tolerance for it).
+// current tuning (it rounds x to f16 once more than the decode kernels and
+// sums in another order: tests widen their tolerance for it).
 bool MoeUsesGemm(int tokens, int top_k, int num_experts);
 
 }  // namespace flotilla::kernels::cuda
