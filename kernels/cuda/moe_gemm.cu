@@ -433,22 +433,24 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
   // down: the low parts' rows sit at a fixed distance from the high parts'.
   const ptrdiff_t lo_delta = kDown ? a.h_lo - a.h : 0;
   int b_block = b_half;  // the block this thread copies next
-  int next_stage = 0;
+  // The next stage's shared address, stepping through the ring.
+  const uint32_t first_stage = SharedAddress(stages);
+  const uint32_t last_stage = first_stage + (kStages - 1) * StageBytes<kBM, kActs>();
+  uint32_t next_stage = first_stage;
   auto load_next = [&]() {
-    uint8_t* sa = stages + next_stage * StageBytes<kBM, kActs>();
 #pragma unroll
     for (int j = 0; j < kARowsPerThread; ++j) {
-      CpAsync16(sa + a_dst[j], a_next[j], a_bytes[j]);
+      CpAsync16(next_stage + a_dst[j], a_next[j], a_bytes[j]);
       if constexpr (kActs == 2) {
-        CpAsync16(sa + kBM * kARowBytes + a_dst[j], a_next[j] + lo_delta, a_bytes[j]);
+        CpAsync16(next_stage + kBM * kARowBytes + a_dst[j], a_next[j] + lo_delta, a_bytes[j]);
       }
       a_next[j] += kBK;
     }
     const bool b_ok = b_row_ok && b_block < nb;
-    CpAsync16(sa + b_dst, b_next, b_ok ? 16 : 0);  // 0 bytes: nothing is read
+    CpAsync16(next_stage + b_dst, b_next, b_ok ? 16 : 0);  // 0 bytes: nothing is read
     b_next += 32;
     b_block += 2;
-    next_stage = next_stage + 1 == kStages ? 0 : next_stage + 1;
+    next_stage = next_stage == last_stage ? first_stage : next_stage + StageBytes<kBM, kActs>();
   };
 
   // The first kStages - 1 stages in flight (both paths consume them in order).

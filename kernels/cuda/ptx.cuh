@@ -21,6 +21,12 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_by
                "l"(src), "r"(src_bytes)
                : "memory");
 }
+// The same with a shared-state-space address.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
