@@ -126,6 +126,9 @@ struct MoeTuning {
   // run the math on whatever shared memory holds (wrong results), to time the
   // math alone.
   bool math_only = false;
+  // Groups of 8 mma columns (tokens) per weight decode in the decode kernels:
+  // 1, 2 or 4; 0 picks 4 from 16 routed pairs per expert, 2 from 8, else 1.
+  int decode_groups = 0;
   // Grouped tensor-core GEMMs (moe_gemm.h) instead of the decode kernels once
   // a step routes at least this many (token, expert) pairs per expert on
   // average (0: always; negative: never). H200, 120b layer, decode kernels

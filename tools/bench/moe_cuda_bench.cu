@@ -108,6 +108,13 @@ MoeTuning CopyOnly(int bufs) {
   return t;
 }
 
+MoeTuning DecodeGroups(int groups) {
+  MoeTuning t;
+  t.gemm_min_pairs_per_expert = -1;
+  t.decode_groups = groups;
+  return t;
+}
+
 MoeTuning MathOnly() {
   MoeTuning t;
   t.math_only = true;
@@ -189,6 +196,8 @@ int main(int argc, char** argv) {
                          {"copy-only", CopyOnly(1)},
                          {"copy-only-bufs2", CopyOnly(2)},
                          {"math-only", MathOnly()},
+                         {"decode-g2", DecodeGroups(2)},
+                         {"decode-g4", DecodeGroups(4)},
                          {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
