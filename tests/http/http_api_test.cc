@@ -237,11 +237,13 @@ TEST_F(HttpApiTest, WholeResponseClientGoneCancels) {
   const double cancelled = metric("flotilla_requests_cancelled_total");
   ASSERT_GE(cancelled, 0);
   {
-    // Not streamed, up to the context length; the client gives up after 0.5 s.
+    // Not streamed, up to the context length (a fixed seed: an unseeded draw
+    // may sample a stop token within a few tokens); the client gives up
+    // after 0.5 s.
     httplib::Client impatient("http://" + cluster_->http_address());
     impatient.set_read_timeout(0, 500000);
-    auto r =
-        impatient.Post("/v1/chat/completions", Chat(R"(, "temperature": 1)"), "application/json");
+    auto r = impatient.Post("/v1/chat/completions", Chat(R"(, "temperature": 1, "seed": 7)"),
+                            "application/json");
     EXPECT_FALSE(r) << "expected the client to time out";
   }
   bool released = false;
@@ -257,7 +259,8 @@ TEST_F(HttpApiTest, WholeResponseClientGoneCancels) {
 TEST_F(HttpApiTest, RequestDeadlineHeader) {
   auto c = Client();
   httplib::Headers late = {{"X-Request-Timeout", "1"}};
-  auto r = c.Post("/v1/chat/completions", late, Chat(R"(, "temperature": 1)"), "application/json");
+  auto r = c.Post("/v1/chat/completions", late, Chat(R"(, "temperature": 1, "seed": 7)"),
+                  "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 504) << r->body;
   Json j = Json::parse(r->body, nullptr, false);
