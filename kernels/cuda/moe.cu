@@ -297,9 +297,8 @@ __global__ void __launch_bounds__(kRouteThreads)
 //     the same and more tokens loop over the weights held in shared memory;
 //   * activations come pre-converted to f16 in the order the fragments want
 //     (below), one 16-byte load per thread per block, mostly from L1/L2.
-// FP4 nibble n with its 3 magnitude bits at f16 bits 9..11 and its sign at
-// bit 15 is exactly fp4 * 2^-14 (0.5 is the f16 subnormal 2^-15); the 2^14
-// comes back with the block scale, 2^(s - 127 + 14).
+// The weights decode to fp4 * 2^-14 in f16 (fp4.cuh); the 2^14 comes back
+// with the block scale, 2^(s - 127 + 14).
 //
 // Fragment order: thread (g = lane / 4, q = lane % 4) holds the 32-bit word q
 // of a 32-value block, i.e. values 8q..8q+7 of rows g and g + 8. Decoded pairs

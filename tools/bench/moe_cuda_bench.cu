@@ -89,35 +89,11 @@ MoeTuning Gemm(int min_pairs_per_expert, int rows_per_tile) {
   return t;
 }
 
-MoeTuning MmaSyncGemm() {
+// The defaults with one change.
+template <typename Change>
+MoeTuning With(Change change) {
   MoeTuning t;
-  t.gemm_wgmma = false;
-  return t;
-}
-
-MoeTuning NoRemainderTiles() {
-  MoeTuning t;
-  t.gemm_remainder_tiles = false;
-  return t;
-}
-
-MoeTuning CopyOnly(int bufs) {
-  MoeTuning t;
-  t.copy_only = true;
-  t.tile_buffers = bufs;
-  return t;
-}
-
-MoeTuning DecodeGroups(int groups) {
-  MoeTuning t;
-  t.gemm_min_pairs_per_expert = -1;
-  t.decode_groups = groups;
-  return t;
-}
-
-MoeTuning MathOnly() {
-  MoeTuning t;
-  t.math_only = true;
+  change(t);
   return t;
 }
 
@@ -179,8 +155,8 @@ int main(int argc, char** argv) {
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
   const Variant all[] = {{"tc", MoeTuning{}},
-                         {"tc-no-remainder", NoRemainderTiles()},
-                         {"tc-mma", MmaSyncGemm()},
+                         {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
+                         {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
                          {"decode", Gemm(-1, 0)},
                          {"gemm32", Gemm(0, 32)},
                          {"gemm64", Gemm(0, 64)},
@@ -193,11 +169,14 @@ int main(int argc, char** argv) {
                          {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
                          {"tc-split1", Tuned(false, true, true, true, 1, 1)},
                          {"tc-split3", Tuned(false, true, true, true, 1, 3)},
-                         {"copy-only", CopyOnly(1)},
-                         {"copy-only-bufs2", CopyOnly(2)},
-                         {"math-only", MathOnly()},
-                         {"decode-g2", DecodeGroups(2)},
-                         {"decode-g4", DecodeGroups(4)},
+                         {"copy-only", With([](MoeTuning& t) { t.copy_only = true; })},
+                         {"copy-only-bufs2",
+                          With([](MoeTuning& t) { t.copy_only = true, t.tile_buffers = 2; })},
+                         {"math-only", With([](MoeTuning& t) { t.math_only = true; })},
+                         {"decode-g2",
+                          With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
+                         {"decode-g4",
+                          With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
                          {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
