@@ -62,8 +62,8 @@ struct GemmArgs {
 };
 
 // The reduction runs in a permuted order inside each group of 64 so that a
-// lane's B fragments come out of two 32-bit words of MXFP4 bytes with shifts
-// and masks (Fp4Pair): mma step kk, register r, half h of lane t (the logical
+// lane's B fragments come out of two 32-bit words of MXFP4 bytes as
+// DecodeWord's pairs (fp4.cuh): mma step kk, register r, half h of lane t (the logical
 // position 16kk + 8r + 2t + h, which ldmatrix hands the A side) multiplies
 // physical element 16t + 8(kk >> 1) + 2(kk & 1) + r + 4h. The activations are
 // stored in that order (PermuteRowsKernel, and h by gate_up's epilogue).
