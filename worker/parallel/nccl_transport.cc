@@ -56,11 +56,14 @@ absl::Status NcclTransport::Form(comm::Communicator& host, const ParallelConfig&
   const int rank = host.rank();
   const ncclResult_t split =
       ncclCommSplit(world_, config.dp_group_of(rank), config.tp_rank_of(rank), &tp_, &cfg);
-  // A non-blocking split completes on the parent: until the parent leaves
-  // ncclInProgress no new operation may be queued on it (the first dispatch
-  // on `world_` was refused with "invalid argument"), and only then is the
-  // child filled in. So settle the parent first, then the child.
-  FLOTILLA_RETURN_IF_ERROR(Settle(world_, split, "ncclCommSplit"));
+  if (split != ncclSuccess && split != ncclInProgress)
+    return Settle(world_, split, "ncclCommSplit");
+  // On a non-blocking parent, ncclCommSplit returns ncclSuccess while the
+  // child is still being built on NCCL's group thread: the parent reads
+  // ncclInProgress until then, and `tp_` is stored just before the parent
+  // settles. So wait on the parent whatever the split returned; trusting its
+  // return left `tp_` null on distinct GPUs, where building takes longer.
+  FLOTILLA_RETURN_IF_ERROR(Settle(world_, ncclInProgress, "ncclCommSplit"));
   if (tp_ == nullptr) {
     broken_ = absl::UnavailableError("nccl: ncclCommSplit gave no tensor-parallel communicator");
     return broken_;
