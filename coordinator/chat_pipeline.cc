@@ -5,6 +5,7 @@
 #include <regex>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "common/status.h"
 #include "coordinator/json_fields.h"
 
@@ -118,9 +119,10 @@ absl::Status ResponseFormatToOpenAi(const v1::ChatRequest& request, Json& body) 
     return Invalid("response_format.json_schema.schema_json",
                    "is required with type JSON_SCHEMA (a JSON Schema object as JSON text)");
   }
-  Json schema = Json::parse(js.schema_json(), nullptr, /*allow_exceptions=*/false);
-  if (schema.is_discarded())
-    return Invalid("response_format.json_schema.schema_json", "is not valid JSON");
+  absl::StatusOr<Json> parsed = ParseJson<Json>(js.schema_json(), "the schema");
+  if (!parsed.ok())
+    return Invalid("response_format.json_schema.schema_json", std::string(parsed.status().message()));
+  Json schema = *std::move(parsed);
   if (!schema.is_object())
     return Invalid("response_format.json_schema.schema_json", "must be a JSON Schema object");
   Json out = Json{{"name", js.name().empty() ? "response" : js.name()},
@@ -225,11 +227,11 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
       fn["name"] = t.name();
       if (!t.description().empty()) fn["description"] = t.description();
       if (!t.parameters_json().empty()) {
-        Json p = Json::parse(t.parameters_json(), nullptr, /*allow_exceptions=*/false);
-        if (p.is_discarded()) return Invalid(where + ".parameters_json", "is not valid JSON");
-        if (!p.is_object())
+        absl::StatusOr<Json> p = ParseJson<Json>(t.parameters_json(), "the schema");
+        if (!p.ok()) return Invalid(where + ".parameters_json", std::string(p.status().message()));
+        if (!p->is_object())
           return Invalid(where + ".parameters_json", "must be a JSON Schema object");
-        fn["parameters"] = std::move(p);
+        fn["parameters"] = *std::move(p);
       }
       if (t.strict()) fn["strict"] = true;
       tools.push_back(Json{{"type", "function"}, {"function", std::move(fn)}});

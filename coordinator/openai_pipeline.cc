@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/stop_filter.h"
+#include "common/json_parse.h"
 #include "common/status.h"
 #include "coordinator/json_fields.h"
 #include "coordinator/harmony/renderer.h"
@@ -341,9 +342,9 @@ std::string DumpJson(const Json& j) { return j.dump(-1, ' ', false, Json::error_
 
 absl::StatusOr<Json> ParseBody(std::string_view body) {
   FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(body, "request body"));
-  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("the request body is not valid JSON");
-  if (!j.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  absl::StatusOr<Json> j = ParseJson<Json>(body, "the request body");
+  if (!j.ok()) return j.status();
+  if (!j->is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   return j;
 }
 

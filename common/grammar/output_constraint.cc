@@ -1,6 +1,7 @@
 #include "common/grammar/output_constraint.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 
 namespace flotilla::grammar {
 namespace {
@@ -10,9 +11,9 @@ constexpr size_t kMaxTools = 30;  // two header sets of (tools + 2) forms fit 64
 
 absl::StatusOr<CompiledSchema> CompileText(const std::string& text, const std::string& what) {
   if (text.empty()) return AnyObjectSchema();
-  nlohmann::json schema = nlohmann::json::parse(text, nullptr, false);
-  if (schema.is_discarded()) return absl::InvalidArgumentError(what + ": not valid JSON");
-  absl::StatusOr<CompiledSchema> compiled = CompileSchema(schema);
+  absl::StatusOr<nlohmann::json> schema = ParseJson(text, what);
+  if (!schema.ok()) return schema.status();
+  absl::StatusOr<CompiledSchema> compiled = CompileSchema(*schema);
   if (!compiled.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": ", compiled.status().message()));
   }

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/json_parse.h"
 #include "common/status.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -112,9 +113,9 @@ std::string ToolCallId(std::string_view seed, size_t index, std::string_view nam
 absl::StatusOr<MappedRequest> MapChatRequestBody(std::string_view body,
                                                  const OpenAiRequestOptions& options) {
   FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(body, "request body"));
-  Json j = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("request body is not valid JSON");
-  return MapChatRequest(j, options);
+  absl::StatusOr<Json> j = ParseJson<Json>(body, "request body");
+  if (!j.ok()) return j.status();
+  return MapChatRequest(*j, options);
 }
 
 absl::StatusOr<MappedRequest> MapChatRequest(const Json& request, const OpenAiRequestOptions& options) {

@@ -1,9 +1,11 @@
 // Fuzz target: the OpenAI HTTP request mapping, as the HTTP server runs it.
-// Input: one selector byte (bit 0: 0 = /v1/chat/completions, 1 =
-// /v1/completions) and then the request body. The body goes through
-// ParseBody -> PrepareChatRequest (Harmony mapping and renderer, then the
-// tokenizer) or PrepareCompletionRequest; an error becomes the client's error
-// JSON. Properties: nothing crashes; an accepted request has a non-empty
+// Input: one selector byte (its value mod 5: 0 = /v1/chat/completions, 1 =
+// /v1/completions, 2 = /v1/responses, 3 = /tokenize, 4 = /detokenize) and
+// then the request body. The body goes through ParseBody (nesting bounded
+// while parsing) -> PrepareChatRequest (Harmony mapping and renderer, then
+// the tokenizer), PrepareCompletionRequest, ParseResponsesRequest ->
+// PrepareResponsesRequest, Tokenize or Detokenize; an error becomes the
+// client's error JSON. Properties: nothing crashes; an accepted request has a non-empty
 // prompt of valid ids that decodes to valid UTF-8 (every text in a body is
 // UTF-8, and a chat prompt ends with `<|start|>assistant`); the response side
 // runs with the request's stop strings and logprobs.
@@ -15,6 +17,8 @@
 #include <vector>
 
 #include "coordinator/openai_pipeline.h"
+#include "coordinator/responses_request.h"
+#include "coordinator/tokenize_api.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {
@@ -33,14 +37,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     o.date = "2025-06-28";
     return o;
   }();
-  const bool chat = (data[0] & 1) == 0;
+  const int route = data[0] % 5;
+  const bool chat = route == 0 || route == 2;  // a responses request renders as a chat
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
 
   absl::StatusOr<Json> json = ParseBody(body);
-  absl::StatusOr<PreparedRequest> prepared =
-      !json.ok() ? absl::StatusOr<PreparedRequest>(json.status())
-      : chat     ? PrepareChatRequest(*json, kModel, tok, options)
-                 : PrepareCompletionRequest(*json, kModel, tok);
+  if (json.ok() && route >= 3) {
+    const TokenizeContext context{&tok, options, std::string(kModel), 131072, 0};
+    absl::StatusOr<Json> answer = route == 3 ? Tokenize(*json, context) : Detokenize(*json, context);
+    FLOTILLA_FUZZ_CHECK(!DumpJson(answer.ok() ? *answer : ErrorJson(ErrorFromStatus(answer.status()))).empty());
+    return 0;
+  }
+  absl::StatusOr<PreparedRequest> prepared = absl::StatusOr<PreparedRequest>(json.status());
+  if (json.ok() && route == 0) prepared = PrepareChatRequest(*json, kModel, tok, options);
+  if (json.ok() && route == 1) prepared = PrepareCompletionRequest(*json, kModel, tok);
+  if (json.ok() && route == 2) {
+    absl::StatusOr<ResponsesRequest> request = ParseResponsesRequest(*json);
+    prepared = request.ok() ? PrepareResponsesRequest(*request, Json::array(), std::string(kModel),
+                                                      tok, options)
+                            : absl::StatusOr<PreparedRequest>(request.status());
+  }
   if (!prepared.ok()) {
     const ApiError error = ErrorFromStatus(prepared.status());
     FLOTILLA_FUZZ_CHECK(error.http_status >= 400 && error.http_status < 600);

@@ -174,3 +174,26 @@ write("proto_request", "generate_ids", b"\x01" + fld(1, 2, "gpt-oss-20b") +
 write("proto_request", "generate_bad_ids", b"\x01" + fld(2, 2, fld(1, 0, 2**32 - 1) + fld(1, 0, 999999)))
 write("proto_request", "generate_no_prompt", b"\x01" + fld(1, 2, ""))
 write("proto_request", "garbage", b"\x00\xff\xff\xff\xff\x0f\x12\x80")
+
+
+# ---- deep nesting (50,000 levels, ~100 KB): each route's JSON fields and
+# the JSON-carrying proto fields must be refused cleanly, never recursed into ----
+DEPTH = 50000
+DEEP_ARRAY = "[" * DEPTH + "]" * DEPTH
+DEEP_OBJECT = "{\"a\":" * (DEPTH // 3) + "1" + "}" * (DEPTH // 3)  # ~100 KB too
+USER_MSG = '[{"role": "user", "content": "x"}]'
+write("http_request", "deep_chat_metadata",
+      '\x00{"model": "gpt-oss-20b", "messages": ' + USER_MSG + ', "metadata": ' + DEEP_OBJECT + "}")
+write("http_request", "deep_chat_messages", '\x00{"model": "gpt-oss-20b", "messages": ' + DEEP_ARRAY + "}")
+write("http_request", "deep_chat_tools",
+      '\x00{"model": "gpt-oss-20b", "messages": ' + USER_MSG +
+      ', "tools": [{"type": "function", "function": {"name": "f", "parameters": ' + DEEP_OBJECT + "}}]}")
+write("http_request", "deep_responses_input", '\x02{"model": "gpt-oss-20b", "input": ' + DEEP_ARRAY + "}")
+write("http_request", "deep_tokenize", '\x03{"prompt": ' + DEEP_ARRAY + "}")
+write("http_request", "deep_detokenize", '\x04{"tokens": ' + DEEP_ARRAY + "}")
+write("proto_request", "deep_chat_parameters_json", b"\x00" + fld(2, 2, msg(USER, "x")) +
+      fld(3, 2, fld(1, 2, "f") + fld(3, 2, DEEP_OBJECT)))
+write("proto_request", "deep_chat_schema_json", b"\x00" + fld(2, 2, msg(USER, "x")) +
+      fld(10, 2, fld(1, 0, 2) + fld(2, 2, fld(3, 2, DEEP_ARRAY))))
+write("proto_request", "generate_bad_temperature", b"\x01" + fld(2, 2, fld(1, 0, 1) + fld(1, 0, 2)) +
+      fld(3, 2, fld(1, 5, -1.0) + fld(2, 5, 7.0)))

@@ -72,6 +72,29 @@ TEST(SyntheticCheckpoint, RewritingSwitchesLayoutCleanly) {
   EXPECT_TRUE((*ck)->Validate().ok());
 }
 
+// A run that fails part-way (here: a shard count found impossible only after
+// config.json was written) leaves nothing under the final name, and an earlier
+// checkpoint there untouched; no staging directory is left beside it.
+TEST(SyntheticCheckpoint, AFailedWriteLeavesNoPartialCheckpoint) {
+  namespace fs = std::filesystem;
+  const std::string dir = ScratchDir("ck-atomic") + "/out";
+  SyntheticCheckpointOptions o;
+  o.shards = 80;
+  EXPECT_FALSE(WriteSyntheticCheckpoint(Small(), o, dir).ok());
+  EXPECT_FALSE(fs::exists(dir));
+  o.shards = 2;
+  ASSERT_TRUE(WriteSyntheticCheckpoint(Small(), o, dir + "/").ok());
+  o.shards = 80;
+  EXPECT_FALSE(WriteSyntheticCheckpoint(Small(), o, dir).ok());
+  auto ck = Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_TRUE((*ck)->Validate().ok());
+  for (const auto& entry : fs::directory_iterator(fs::path(dir).parent_path())) {
+    EXPECT_EQ(entry.path().filename().string().find(".out.partial"), std::string::npos)
+        << entry.path();
+  }
+}
+
 // Values have the magnitudes the writer promises (a model that neither
 // explodes nor vanishes): checked on the decoded tensors.
 TEST(SyntheticCheckpoint, ValueDistributionsAreSane) {

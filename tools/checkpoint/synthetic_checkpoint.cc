@@ -9,8 +9,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <vector>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/bf16.h"
 #include "common/model_spec.h"
@@ -105,11 +108,41 @@ std::string ShardName(int i, int n) {
   return buf;
 }
 
-}  // namespace
+bool IsCheckpointFile(const std::string& name) {
+  return name == "config.json" || name == "model.safetensors" ||
+         name == "model.safetensors.index.json" ||
+         (name.starts_with("model-") && name.ends_with(".safetensors"));
+}
 
-absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
-                                      const SyntheticCheckpointOptions& options,
-                                      const std::string& dir) {
+// Moves the complete checkpoint in `staging` to `dir`: one rename when `dir`
+// does not exist; otherwise the earlier layout goes and each file is renamed
+// in, config.json last (readers start from it).
+absl::Status MoveCheckpoint(const std::filesystem::path& staging, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) {
+    fs::rename(staging, dir, ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat(dir.string(), ": cannot create: ", ec.message()));
+    return absl::OkStatus();
+  }
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (IsCheckpointFile(entry.path().filename().string())) fs::remove(entry.path(), ec);
+  }
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(staging, ec)) files.push_back(entry.path());
+  std::stable_partition(files.begin(), files.end(),
+                        [](const fs::path& p) { return p.filename() != "config.json"; });
+  for (const fs::path& file : files) {
+    fs::rename(file, dir / file.filename(), ec);
+    if (ec) return absl::PermissionDeniedError(absl::StrCat(dir.string(), ": cannot write: ", ec.message()));
+  }
+  fs::remove_all(staging, ec);
+  return absl::OkStatus();
+}
+
+absl::Status WriteCheckpointFiles(const ModelConfig& config,
+                                  const SyntheticCheckpointOptions& options,
+                                  const std::string& dir) {
   if (options.sinks_dtype != DType::kBF16 && options.sinks_dtype != DType::kF32) {
     return absl::InvalidArgumentError("sinks dtype must be BF16 or F32");
   }
@@ -132,16 +165,6 @@ absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
                                                    "] for this config, got ", n));
   }
   FLOTILLA_RETURN_IF_ERROR(WriteText(dir + "/config.json", config.ToJson().dump(2) + "\n"));
-
-  // Remove an earlier layout so the directory holds exactly one.
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    std::string name = entry.path().filename().string();
-    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
-        (name.starts_with("model-") && name.ends_with(".safetensors"))) {
-      std::filesystem::remove(entry.path(), ec);
-    }
-  }
-
   if (n == 1) return WriteShard(config, options, tensors, dir + "/model.safetensors");
 
   // Contiguous runs of tensors, cut where the running byte count crosses k/n
@@ -172,6 +195,30 @@ absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
   }
   json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
   return WriteText(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+}
+
+}  // namespace
+
+absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
+                                      const SyntheticCheckpointOptions& options,
+                                      const std::string& dir) {
+  namespace fs = std::filesystem;
+  fs::path final_dir = fs::path(dir).lexically_normal();
+  if (final_dir.filename().empty()) final_dir = final_dir.parent_path();  // "out/"
+  if (final_dir.empty()) return absl::InvalidArgumentError("the checkpoint directory is empty");
+  const fs::path staging = final_dir.parent_path() /
+                           absl::StrCat(".", final_dir.filename().string(), ".partial-", getpid());
+  std::error_code ec;
+  if (!final_dir.parent_path().empty()) fs::create_directories(final_dir.parent_path(), ec);
+  if (ec) return absl::PermissionDeniedError(absl::StrCat(dir, ": cannot create: ", ec.message()));
+  fs::remove_all(staging, ec);
+  absl::Status written = WriteCheckpointFiles(config, options, staging.string());
+  if (written.ok()) written = MoveCheckpoint(staging, final_dir);
+  fs::remove_all(staging, ec);
+  if (written.ok()) return written;
+  // Errors name the directory the user gave, not the staging one.
+  return absl::Status(written.code(), absl::StrReplaceAll(written.message(),
+                                                          {{staging.string(), final_dir.string()}}));
 }
 
 absl::StatusOr<ModelConfig> MakeSyntheticConfig(absl::string_view preset,

@@ -34,8 +34,11 @@ struct SyntheticCheckpointOptions {
   float hot_bias = 0;
 };
 
-// Writes the checkpoint into `dir` (created if needed; existing files of the
-// same names are replaced).
+// Writes the checkpoint into `dir` (created if needed; an earlier checkpoint
+// there is replaced). The files are written into a hidden sibling directory
+// (".NAME.partial-PID") and moved into `dir` only once all of them are
+// complete, so an interrupted run never leaves a partial checkpoint under the
+// final name (at worst that hidden directory, which a later run does not read).
 absl::Status WriteSyntheticCheckpoint(const ModelConfig& config,
                                       const SyntheticCheckpointOptions& options,
                                       const std::string& dir);

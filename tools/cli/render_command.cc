@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_parse.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/harmony/renderer.h"
 #include "tools/cli/harmony_cli_util.h"
@@ -37,9 +38,9 @@ absl::StatusOr<harmony::RenderedPrompt> Render(const RenderOptions& o) {
     auto body = ReadFile(o.conversation);
     if (!body.ok()) return body.status();
     if (auto st = tokenizer::CheckUtf8(*body, o.conversation); !st.ok()) return st;
-    auto j = nlohmann::ordered_json::parse(*body, nullptr, false);
-    if (j.is_discarded()) return absl::InvalidArgumentError(absl::StrCat("'", o.conversation, "' is not valid JSON"));
-    auto conv = harmony::ConversationFromJson(j);
+    auto j = ParseJson<nlohmann::ordered_json>(*body, absl::StrCat("'", o.conversation, "'"));
+    if (!j.ok()) return j.status();
+    auto conv = harmony::ConversationFromJson(*j);
     if (!conv.ok()) return conv.status();
     harmony::RenderOptions ro;
     ro.auto_drop_analysis = o.auto_drop_analysis;
