@@ -17,6 +17,7 @@
 #include "common/model_spec.h"
 #include "common/tls_credentials.h"
 #include "coordinator/auth.h"
+#include "coordinator/client_buffers.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/drain.h"
 #include "coordinator/http_server.h"
@@ -226,6 +227,21 @@ int main(int argc, char** argv) {
   app.add_option("--responses-store-max-bytes", http_options.responses_store.max_bytes,
                  "bytes of stored /v1/responses conversations at most (the oldest go first)")
       ->envname("FLOTILLA_RESPONSES_STORE_MAX_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+  // Flow control toward clients (coordinator/client_buffers.h).
+  flotilla::coordinator::ClientBufferOptions client_buffers;
+  double client_stall_timeout_s = 10;
+  app.add_option("--max-stream-buffer-bytes", client_buffers.max_stream_bytes,
+                 "bytes one gRPC stream or HTTP response may queue for a client that does not "
+                 "read; over it for --client-stall-timeout-s (or over twice it at once) the "
+                 "request is cancelled and the stream ended (RESOURCE_EXHAUSTED)")
+      ->envname("FLOTILLA_MAX_STREAM_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-client-buffer-bytes", client_buffers.max_total_bytes,
+                 "bytes queued for all clients together; over it new requests get "
+                 "RESOURCE_EXHAUSTED (HTTP 429) and the largest streams are ended")
+      ->envname("FLOTILLA_MAX_CLIENT_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--client-stall-timeout-s", client_stall_timeout_s,
+                 "seconds a stream may stay over --max-stream-buffer-bytes before it is ended")
+      ->envname("FLOTILLA_CLIENT_STALL_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
   flotilla::LogOptions log_options;
   flotilla::AddLogFlags(app, &log_options);
   flotilla::AddVersionFlag(app, "flotilla-coordinator");
@@ -339,6 +355,11 @@ int main(int argc, char** argv) {
       flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
   frontend.SetInputLimits(limits);
   frontend.SetServedModelNames(*served_names);
+  client_buffers.stall_grace = absl::Seconds(client_stall_timeout_s);
+  client_buffers.max_open_requests = opts.max_inflight_requests;
+  std::shared_ptr<flotilla::coordinator::ClientBuffers> buffers =
+      flotilla::coordinator::ClientBuffers::Create(client_buffers);
+  frontend.SetClientBuffers(buffers);
   grpc::EnableDefaultHealthCheckService(true);
   // Registers with every ServerBuilder made from here on.
   if (grpc_reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -387,6 +408,7 @@ int main(int argc, char** argv) {
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
     http_options.limits = limits;
+    http_options.client_buffers = buffers;
     http_options.tls = tls;
     auto created = flotilla::coordinator::HttpServer::Create(http_options, manager->get(), tokenizer->get());
     if (!created.ok()) {

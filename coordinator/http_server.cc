@@ -69,6 +69,18 @@ class HttpMetrics {
           static_cast<double>(in_flight.load()));
     Gauge(out, "flotilla_http_connections", "open connections of the HTTP API", m,
           static_cast<double>(connections ? connections() : 0));
+    if (buffers) {
+      Gauge(out, "flotilla_client_buffer_bytes",
+            "bytes queued toward clients, not yet taken by them (gRPC and HTTP)", m,
+            static_cast<double>(buffers->queued()));
+      Gauge(out, "flotilla_client_requests_open",
+            "generation requests admitted whose answer is not yet delivered (gRPC and HTTP; "
+            "--max-inflight)",
+            m, static_cast<double>(buffers->open_requests()));
+      Counter(out, "flotilla_client_streams_ended_total",
+              "streams ended because their clients did not read them", m,
+              buffers->streams_ended());
+    }
     Counter(out, "flotilla_requests_submitted_total", "requests admitted (gRPC and HTTP)", m,
             s.requests_submitted());
     Counter(out, "flotilla_requests_cancelled_total",
@@ -118,6 +130,8 @@ class HttpMetrics {
   }
   // The API listener's open connections (set once it exists).
   std::function<int()> connections;
+  // Flow control toward clients (null: none).
+  std::shared_ptr<ClientBuffers> buffers;
 
  private:
   mutable std::mutex mu_;
@@ -293,6 +307,7 @@ HttpTransportOptions HttpServer::TransportOptions(const std::string& listen, con
   t.body_timeout = options_.body_timeout;
   t.idle_timeout = options_.idle_timeout;
   t.write_timeout = options_.write_timeout;
+  t.client_buffers = options_.client_buffers;
   return t;
 }
 
@@ -314,6 +329,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
   s->port_ = s->server_->port();
   HttpTransport* transport = s->server_.get();
   s->metrics_->connections = [transport] { return transport->connections(); };
+  s->metrics_->buffers = s->options_.client_buffers;
   absl::StatusOr<std::unique_ptr<ResponseStore>> store = ResponseStore::Create(s->options_.responses_store);
   if (!store.ok()) return store.status();
   s->responses_store_ = *std::move(store);
@@ -494,10 +510,24 @@ void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
     res.set_header("Retry-After", "5");
     return exchange->Send(std::move(res));
   }
+  if (!Admit(*exchange)) return;
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(exchange->request(), absl::Now());
   if (!deadline.ok()) return exchange->Send(ErrorResponse(deadline.status()));
   SessionHooks hooks = SessionHooksFor(exchange);
   ServeResponses(responses_, std::move(exchange), *deadline, std::move(hooks));
+}
+
+bool HttpServer::Admit(HttpExchange& exchange) {
+  if (!options_.client_buffers) return true;
+  absl::StatusOr<std::shared_ptr<void>> admitted = options_.client_buffers->Admit();
+  if (!admitted.ok()) {
+    HttpResponse res = ErrorResponse(admitted.status());
+    res.set_header("Retry-After", "1");
+    exchange.Send(std::move(res));
+    return false;
+  }
+  exchange.Hold(*std::move(admitted));
+  return true;
 }
 
 std::string HttpServer::NewId(const char* prefix) { return absl::StrCat(prefix, RandomId()); }
@@ -525,6 +555,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
     res.set_header("Retry-After", "5");
     return exchange->Send(std::move(res));
   }
+  if (!Admit(*exchange)) return;
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
   if (!deadline.ok()) return fail(deadline.status());
   absl::StatusOr<Json> json = ParseBody(req.body);

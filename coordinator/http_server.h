@@ -60,6 +60,9 @@ struct HttpServerOptions {
   absl::Duration write_timeout = absl::Seconds(60);
   // What /v1/responses keeps for previous_response_id.
   ResponseStoreOptions responses_store;
+  // Flow control toward clients (client_buffers.h): generations are admitted
+  // by it and every response's unwritten bytes counted in it. Null: none.
+  std::shared_ptr<ClientBuffers> client_buffers;
 };
 
 class HttpMetrics;
@@ -104,6 +107,9 @@ class HttpServer {
   // The name a request's `model` is checked against: itself when served.
   const std::string& ModelFor(const Json& body) const;
   std::string NewId(const char* prefix);
+  // Whether the client buffers admit a new generation (counted open until its
+  // response is written); answers 429 itself otherwise.
+  bool Admit(HttpExchange& exchange);
   // Whether `req` may go on; answers 401 itself otherwise.
   bool Authorized(const HttpRequest& req, HttpResponse& res) const;
   // Starts the open /metrics listener on options_.metrics_listen.

@@ -62,8 +62,11 @@ constexpr size_t kHeaderLimit = 64 << 10;
 // connection stops reading (and so stops noticing a close) until the answer.
 constexpr size_t kPipelineLimit = 1 << 20;
 // Output a stream may queue for a client that does not read before the
-// connection is given up.
+// connection is given up, when the transport has no ClientBuffers.
 constexpr size_t kMaxQueuedOutput = 64 << 20;
+// A write buffer larger than this is freed once written, not kept for the
+// connection's next response.
+constexpr size_t kKeptBufferBytes = 256 << 10;
 // How long a connection closing after an early answer drops what the client
 // still sends, so that the client reads the answer instead of a reset.
 constexpr absl::Duration kLinger = absl::Seconds(5);
@@ -174,6 +177,7 @@ class ConnectionBase : public std::enable_shared_from_this<ConnectionBase> {
   virtual void End(uint64_t seq) = 0;
   virtual void OnGone(uint64_t seq, std::function<void()> f) = 0;
   virtual void After(uint64_t seq, absl::Duration delay, std::function<void()> f) = 0;
+  virtual void Hold(uint64_t seq, std::shared_ptr<void> token) = 0;
   virtual void Close() = 0;
 };
 
@@ -208,6 +212,9 @@ class Exchange final : public HttpExchange {
     });
   }
   void Defer(std::function<void()> f) override { defer_->Submit(std::move(f)); }
+  void Hold(std::shared_ptr<void> token) override {
+    conn_->Post([c = conn_, s = seq_, t = std::move(token)]() mutable { c->Hold(s, std::move(t)); });
+  }
 
  private:
   std::shared_ptr<ConnectionBase> conn_;
@@ -369,7 +376,8 @@ class Connection final : public ConnectionBase {
     const bool head_only = request_method_ == "HEAD";
     close_after_ = close_after_ || !keep_alive_;
     Queue(ResponseHead(res, res.body.size(), false, close_after_, keep_alive_ && version_ == 10));
-    if (!head_only) Queue(std::move(res.body));
+    // Made at once, it cannot wait: counted (its grace applies), never refused.
+    if (!head_only) Queue(std::move(res.body), /*may_refuse=*/false);
     ended_ = true;
     Flush();
   }
@@ -397,7 +405,7 @@ class Connection final : public ConnectionBase {
     } else {
       Queue(std::move(data));
     }
-    if (pending_.size() > kMaxQueuedOutput) {
+    if (overflowed_ || (!account_ && pending_.size() > kMaxQueuedOutput)) {
       spdlog::warn("http: {}:{} does not read its stream; closing it", remote_addr_, remote_port_);
       return Abort();
     }
@@ -432,6 +440,10 @@ class Connection final : public ConnectionBase {
     timer->async_wait([self = Self(), timer, seq, f = std::move(f)](const ErrorCode& ec) {
       if (!ec && self->Current(seq)) f();
     });
+  }
+
+  void Hold(uint64_t seq, std::shared_ptr<void> token) override {
+    if (Current(seq)) held_.push_back(std::move(token));
   }
 
   void Close() override {
@@ -645,7 +657,41 @@ class Connection final : public ConnectionBase {
 
   // ---- writing ----
 
-  void Queue(std::string data) { pending_ += data; }
+  // Adds `data` to what goes out next, counted in the exchange's account;
+  // dropped (and overflowed_ set) when that is over twice its bound.
+  void Queue(std::string data, bool may_refuse = true) {
+    if (server_->options.client_buffers && exchange_live_ && !complete_ && !closed_) {
+      if (!account_) {
+        stall_ = std::make_shared<StallHandle>(Self(), seq_);
+        account_ = server_->options.client_buffers->Open(stall_);
+      }
+      if (!account_->Add(data.size(), may_refuse)) {
+        overflowed_ = true;
+        return;
+      }
+      counted_pending_ += data.size();
+    }
+    pending_ += data;
+  }
+
+  // The flow-control bounds' view of this connection's current exchange.
+  struct StallHandle final : BufferedStream {
+    StallHandle(std::shared_ptr<Connection> c, uint64_t s) : conn(c), seq(s) {}
+    void EndStalled(const absl::Status& status) override { End(std::string(status.message())); }
+    void Drop() override { End("the client took nothing more"); }
+    void End(std::string why) {
+      auto c = conn.lock();
+      if (!c) return;
+      c->Post([c, s = seq, why = std::move(why)] {
+        if (!c->Current(s)) return;
+        spdlog::warn("http: {}:{}: {}; closing the connection", c->remote_addr_, c->remote_port_,
+                     why);
+        c->Abort();
+      });
+    }
+    std::weak_ptr<Connection> conn;
+    const uint64_t seq;
+  };
 
   void Flush() {
     if (closed_ || writing_) return;
@@ -656,6 +702,8 @@ class Connection final : public ConnectionBase {
     writing_ = true;
     writing_buffer_.swap(pending_);
     pending_.clear();
+    counted_writing_ = counted_pending_;
+    counted_pending_ = 0;
     const uint64_t gen = ++write_gen_;
     write_timer_.expires_after(absl::ToChronoNanoseconds(server_->options.write_timeout));
     write_timer_.async_wait([self = Self(), gen](const ErrorCode& ec) {
@@ -674,7 +722,13 @@ class Connection final : public ConnectionBase {
     write_timer_.cancel();
     if (closed_) return;
     if (ec) return Abort();
-    writing_buffer_.clear();
+    if (account_) account_->Remove(counted_writing_);
+    counted_writing_ = 0;
+    if (writing_buffer_.capacity() > kKeptBufferBytes) {
+      std::string().swap(writing_buffer_);
+    } else {
+      writing_buffer_.clear();
+    }
     Flush();
   }
 
@@ -694,6 +748,12 @@ class Connection final : public ConnectionBase {
     if (exchange_live_) --shared_->busy;
     exchange_live_ = false;
     on_gone_ = nullptr;
+    // What is still counted is dropped with the account (a closed connection).
+    account_.reset();
+    stall_.reset();
+    counted_pending_ = counted_writing_ = 0;
+    overflowed_ = false;
+    held_.clear();
     if (server_->logger && !request_.method.empty()) {
       if (!started_) response_.status = 499;  // the client left before any answer
       server_->logger(request_, response_, complete);
@@ -753,6 +813,14 @@ class Connection final : public ConnectionBase {
   bool complete_ = false, close_after_ = false, gone_ = false;
   std::function<void()> on_gone_;
   std::string pending_, writing_buffer_;
+  // Flow control of the current exchange: its account (bytes of pending_ and
+  // writing_buffer_ counted in it), whether it passed its hard bound, and the
+  // tokens it holds.
+  std::unique_ptr<StreamAccount> account_;
+  std::shared_ptr<StallHandle> stall_;
+  size_t counted_pending_ = 0, counted_writing_ = 0;
+  bool overflowed_ = false;
+  std::vector<std::shared_ptr<void>> held_;
 };
 
 // Answers 503 to a connection over the limit, then closes it.

@@ -13,6 +13,8 @@
 //   connection closed after `idle_timeout` without a request, a write (of
 //   what is queued) that does not complete within `write_timeout` ends the
 //   connection.
+// - A response's unwritten bytes are bounded (options.client_buffers): a
+//   client that does not read has its connection closed (client_buffers.h).
 // - At most `max_connections` open connections; past that a new one gets
 //   503 ("too many connections") and is closed.
 // - One request at a time per connection, in order: pipelined requests wait
@@ -41,6 +43,7 @@
 #include "absl/time/time.h"
 #include "common/tls_credentials.h"
 #include "coordinator/access_log.h"
+#include "coordinator/client_buffers.h"
 
 namespace flotilla::coordinator {
 
@@ -58,6 +61,10 @@ struct HttpTransportOptions {
   int get_threads = 2;    // GET handlers (health, metrics, models)
   int post_threads = 4;   // POST handlers (preparing and submitting generations)
   int defer_threads = 2;  // HttpExchange::Defer (turning tokens into response bytes)
+  // Flow control: each response's unwritten bytes are counted in it, and a
+  // response whose client does not read is ended by its bounds (the
+  // connection closes, OnClientGone fires). Null: a response may queue 64 MiB.
+  std::shared_ptr<ClientBuffers> client_buffers;
 };
 
 // One request, as handlers see it (the subset of cpp-httplib's Request the
@@ -120,6 +127,9 @@ class HttpExchange {
   // Runs `f` soon on one of the transport's worker threads: for work a
   // caller's thread (e.g. the gRPC thread that delivers tokens) must not do.
   virtual void Defer(std::function<void()> f) = 0;
+  // Keeps `token` until the response is completely written or the connection
+  // ends (e.g. ClientBuffers' count of open requests).
+  virtual void Hold(std::shared_ptr<void> token) = 0;
 };
 
 class HttpTransport {

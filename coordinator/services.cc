@@ -118,8 +118,11 @@ class GenerateReactor final : public GenerateReactorBase {
  public:
   GenerateReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
                   const v1::GenerateRequest& request, const std::string& model_id,
-                  const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller)
-      : backend_(manager), state_(std::make_shared<State>(this)) {
+                  const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller,
+                  ClientBuffers* buffers, std::shared_ptr<void> admission)
+      : backend_(manager), state_(std::make_shared<State>(this, context)) {
+    state_->admission = std::move(admission);
+    if (buffers) state_->queue.SetAccount(buffers->Open(state_));
     state_->access->set_key(caller.key_id);
     absl::StatusOr<SessionRequest> session_request = SessionRequestOf(request, model_id, *tok);
     if (!session_request.ok()) {
@@ -154,6 +157,7 @@ class GenerateReactor final : public GenerateReactorBase {
       return;
     }
     session_ = *std::move(session);
+    state_->SetSession(session_);
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
@@ -202,8 +206,24 @@ class GenerateReactor final : public GenerateReactorBase {
     state_->access->Log(GrpcCodeName(status), absl::Now());
     Finish(status);
   }
-  struct State {
-    explicit State(GenerateReactor* r) : queue(r) {}
+  struct State : BufferedStream {
+    State(GenerateReactor* r, grpc::CallbackServerContext* context) : queue(r, context) {}
+    void SetSession(const std::shared_ptr<RequestSession>& s) {
+      std::lock_guard<std::mutex> lock(session_mu);
+      session = s;
+    }
+    // The client does not read: the stream ends now, then the request (its
+    // kError finds the stream closed).
+    void EndStalled(const absl::Status& status) override {
+      queue.Abort(ToGrpcStatus(status));
+      std::shared_ptr<RequestSession> live;
+      {
+        std::lock_guard<std::mutex> lock(session_mu);
+        live = session.lock();
+      }
+      if (live) live->Fail(status);
+    }
+    void Drop() override { queue.Cancel(); }
     // One event of the session; responses wait in `pending` until Flush.
     void Handle(const RequestEvent& e, RequestRegistry* requests) {
       switch (e.kind) {
@@ -257,6 +277,9 @@ class GenerateReactor final : public GenerateReactorBase {
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
     std::vector<v1::GenerateResponse> pending;  // used from the session's sink, one call at a time
     std::string request_id;                     // the client's (random) id; set before Start
+    std::shared_ptr<void> admission;            // counts the request open until the stream ends
+    std::mutex session_mu;
+    std::weak_ptr<RequestSession> session;  // under session_mu
   };
   ClusterBackend backend_;
   std::shared_ptr<State> state_;
@@ -274,7 +297,7 @@ class ChatReactor final : public ChatReactorBase {
               const v1::ChatRequest& request, const std::string& model_id,
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
               const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
-              size_t max_prompt_text_bytes)
+              size_t max_prompt_text_bytes, ClientBuffers* buffers, std::shared_ptr<void> admission)
       : backend_(manager) {
     auto access = std::make_shared<AccessRecord>("grpc Chat", absl::Now());
     access->set_key(caller.key_id);
@@ -287,10 +310,12 @@ class ChatReactor final : public ChatReactorBase {
     }
     const std::string request_id = requests->Reserve(caller);
     const std::string call_id_seed = absl::StrCat("chat-", call_id_salt, "-", request_id);
-    state_ = std::make_shared<State>(this, request_id,
+    state_ = std::make_shared<State>(this, context, request_id,
                                      ChatStream(tok, request_id, call_id_seed, prepared->stop,
                                                 static_cast<uint32_t>(prepared->prompt.size()),
                                                 request.return_token_ids(), prepared->n));
+    state_->admission = std::move(admission);
+    if (buffers) state_->queue.SetAccount(buffers->Open(state_));
     state_->access = access;
     access->set_request_id(request_id);
     access->set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
@@ -329,6 +354,7 @@ class ChatReactor final : public ChatReactorBase {
       return;
     }
     session_ = *std::move(session);
+    state_->SetSession(session_);
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->StartLocked();
   }
@@ -344,9 +370,25 @@ class ChatReactor final : public ChatReactorBase {
   }
 
  private:
-  struct State {
-    State(ChatReactor* r, std::string request_id, ChatStream stream)
-        : queue(r), request_id(std::move(request_id)), stream(std::move(stream)) {}
+  struct State : BufferedStream {
+    State(ChatReactor* r, grpc::CallbackServerContext* context, std::string request_id,
+          ChatStream stream)
+        : queue(r, context), request_id(std::move(request_id)), stream(std::move(stream)) {}
+    void SetSession(const std::shared_ptr<RequestSession>& s) {
+      std::lock_guard<std::mutex> lock(session_mu);
+      session = s;
+    }
+    // As GenerateReactor's: the stream ends now, then the request.
+    void EndStalled(const absl::Status& status) override {
+      queue.Abort(ToGrpcStatus(status));
+      std::shared_ptr<RequestSession> live;
+      {
+        std::lock_guard<std::mutex> lock(session_mu);
+        live = session.lock();
+      }
+      if (live) live->Fail(status);
+    }
+    void Drop() override { queue.Cancel(); }
     // The request was submitted: the stream begins (once) with a message naming it.
     void StartLocked() {
       if (started) return;
@@ -372,6 +414,9 @@ class ChatReactor final : public ChatReactorBase {
     ChatStream stream;     // under mu
     bool started = false;  // under mu
     std::atomic<bool> client_gone{false};
+    std::shared_ptr<void> admission;  // counts the request open until the stream ends
+    std::mutex session_mu;
+    std::weak_ptr<RequestSession> session;  // under session_mu
   };
   ClusterBackend backend_;
   std::shared_ptr<State> state_;
@@ -442,8 +487,11 @@ grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
       !st.ok()) {
     return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(st));
   }
+  absl::StatusOr<std::shared_ptr<void>> admission = Admit();
+  if (!admission.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(admission.status()));
   return new ChatReactor(manager_, context, *request, ModelFor(request->model()), tokenizer_, harmony_,
-                         call_id_salt_, &requests_, *caller, limits_.max_prompt_text_bytes);
+                         call_id_salt_, &requests_, *caller, limits_.max_prompt_text_bytes,
+                         buffers_.get(), *std::move(admission));
 }
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
@@ -542,8 +590,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     st = CheckPromptTextBytes(request->text().size(), limits_.max_prompt_text_bytes, "prompt text");
   }
   if (!st.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(st));
+  absl::StatusOr<std::shared_ptr<void>> admission = Admit();
+  if (!admission.ok()) {
+    return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(admission.status()));
+  }
   return new GenerateReactor(manager_, context, *request, ModelFor(request->model()), tokenizer_, &requests_,
-                             *caller);
+                             *caller, buffers_.get(), *std::move(admission));
 }
 
 grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* context,
@@ -565,6 +617,11 @@ grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* c
   response->set_found(true);
   reactor->Finish(grpc::Status::OK);
   return reactor;
+}
+
+absl::StatusOr<std::shared_ptr<void>> FrontendService::Admit() {
+  if (!buffers_) return std::shared_ptr<void>();
+  return buffers_->Admit();
 }
 
 const std::string& FrontendService::ModelFor(const std::string& requested) const {

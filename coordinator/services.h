@@ -7,6 +7,7 @@
 #include <string>
 
 #include "coordinator/auth.h"
+#include "coordinator/client_buffers.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/request_registry.h"
@@ -104,8 +105,14 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   // Every name requests may give as `model` (ServedModelNames), the model id
   // first; ListModels lists each. Set before the server starts.
   void SetServedModelNames(std::vector<std::string> names) { served_names_ = std::move(names); }
+  // Flow control (client_buffers.h): Generate and Chat are admitted by it and
+  // their streams counted in it. Null (the default): unbounded. Set before
+  // the server starts.
+  void SetClientBuffers(std::shared_ptr<ClientBuffers> buffers) { buffers_ = std::move(buffers); }
 
  private:
+  // A token counting the new request open, or why it is refused.
+  absl::StatusOr<std::shared_ptr<void>> Admit();
   // The name to check a request's `model` against: itself when served.
   const std::string& ModelFor(const std::string& requested) const;
 
@@ -118,6 +125,7 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   const Authenticator* auth_;
   RequestRegistry requests_;  // the random ids clients see -> the manager's ids
   InputLimits limits_;
+  std::shared_ptr<ClientBuffers> buffers_;
 };
 
 }  // namespace flotilla::coordinator

@@ -3,28 +3,45 @@
 // one at a time, and Finish happens after the queued writes drain. Shared
 // between the reactor (which gRPC deletes in OnDone) and whoever sends, so it
 // outlives the reactor safely.
+//
+// With a StreamAccount (client streams), the queued messages' bytes are
+// counted against the flow-control bounds (client_buffers.h): past twice the
+// stream's bound messages are dropped, and the bounds' watchdog ends the
+// stream (Abort, then Cancel if the client takes nothing at all).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
+#include <memory>
 #include <mutex>
+
+#include "coordinator/client_buffers.h"
 
 namespace flotilla::coordinator {
 
 template <typename Reactor, typename Message>
 class StreamQueue {
  public:
-  explicit StreamQueue(Reactor* reactor) : reactor_(reactor) {}
+  explicit StreamQueue(Reactor* reactor, grpc::CallbackServerContext* context = nullptr)
+      : reactor_(reactor), context_(context) {}
 
-  // Queues `m`; dropped once the stream is closing or gone.
+  // Counts what is queued from now on in `account` (before the first Send).
+  void SetAccount(std::unique_ptr<StreamAccount> account) {
+    std::lock_guard<std::mutex> lock(mu_);
+    account_ = std::move(account);
+  }
+
+  // Queues `m`; dropped once the stream is closing or gone, or over its bound.
   void Send(const Message& m) {
     std::lock_guard<std::mutex> lock(mu_);
     if (reactor_ == nullptr || closing_) return;
-    queue_.push_back(m);
+    const size_t bytes = account_ ? m.ByteSizeLong() : 0;
+    if (account_ && !account_->Add(bytes)) return;  // the stream is being ended
+    queue_.push_back(Queued{m, bytes});
     if (!writing_) {
       writing_ = true;
-      reactor_->StartWrite(&queue_.front());
+      reactor_->StartWrite(&queue_.front().message);
     }
   }
 
@@ -34,29 +51,53 @@ class StreamQueue {
     if (reactor_ == nullptr || closing_) return;
     closing_ = true;
     status_ = status;
-    if (!writing_) reactor_->Finish(status_);
+    if (!writing_) FinishLocked();
+  }
+
+  // Finishes the stream with `status` now: what is queued and not yet being
+  // written is dropped.
+  void Abort(const grpc::Status& status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reactor_ == nullptr || finished_) return;
+    while (queue_.size() > (writing_ ? 1u : 0u)) {
+      if (account_) account_->Remove(queue_.back().bytes);
+      queue_.pop_back();
+    }
+    closing_ = true;
+    status_ = status;
+    FinishLocked();
+  }
+
+  // Resets the stream (the client took nothing, not even its end).
+  void Cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reactor_ != nullptr && context_ != nullptr) context_->TryCancel();
   }
 
   // From the reactor's OnWriteDone.
   void WriteDone(bool ok) {
     std::lock_guard<std::mutex> lock(mu_);
     if (reactor_ == nullptr) return;
+    if (account_) account_->Remove(queue_.front().bytes);
     queue_.pop_front();
     if (!ok) {
-      queue_.clear();
+      while (!queue_.empty()) {
+        if (account_) account_->Remove(queue_.front().bytes);
+        queue_.pop_front();
+      }
       writing_ = false;
       if (!closing_) {
         closing_ = true;
         status_ = grpc::Status(grpc::StatusCode::UNAVAILABLE, "write failed: peer gone");
       }
-      reactor_->Finish(status_);
+      FinishLocked();
       return;
     }
     if (!queue_.empty()) {
-      reactor_->StartWrite(&queue_.front());
+      reactor_->StartWrite(&queue_.front().message);
     } else {
       writing_ = false;
-      if (closing_) reactor_->Finish(status_);
+      if (closing_) FinishLocked();
     }
   }
 
@@ -64,7 +105,9 @@ class StreamQueue {
   void Detach() {
     std::lock_guard<std::mutex> lock(mu_);
     reactor_ = nullptr;
+    context_ = nullptr;
     queue_.clear();
+    account_.reset();
   }
 
   bool closing() const {
@@ -73,11 +116,24 @@ class StreamQueue {
   }
 
  private:
+  struct Queued {
+    Message message;
+    size_t bytes;  // counted in account_
+  };
+  void FinishLocked() {
+    if (finished_) return;
+    finished_ = true;
+    reactor_->Finish(status_);
+  }
+
   mutable std::mutex mu_;
   Reactor* reactor_;
-  std::deque<Message> queue_;
+  grpc::CallbackServerContext* context_;  // null: Cancel does nothing
+  std::deque<Queued> queue_;
+  std::unique_ptr<StreamAccount> account_;
   bool writing_ = false;
   bool closing_ = false;
+  bool finished_ = false;
   grpc::Status status_;
 };
 

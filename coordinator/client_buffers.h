@@ -1,0 +1,160 @@
+// Flow control toward clients: every byte the coordinator queues for a client
+// (a gRPC Generate or Chat stream's messages, an HTTP response's bytes) is
+// counted, per stream and over the whole process, against bounds:
+//
+// - A stream whose queued bytes stay over `max_stream_bytes` for longer than
+//   `stall_grace` (its client does not read) is ended: its request is
+//   cancelled (the workers free its KV blocks) and the stream ends with
+//   RESOURCE_EXHAUSTED (gRPC) or its connection closes (HTTP). A stream over
+//   twice the bound is ended at once, and while the process holds more than
+//   `max_total_bytes` every stream over its bound is ended at once, largest
+//   first.
+// - An ended stream whose client still takes nothing (not even the end) is
+//   dropped `stall_grace` later (gRPC: the stream is reset; HTTP: closed), so
+//   it holds nothing more.
+// - While the process holds more than `max_total_bytes`, or
+//   `max_open_requests` requests are open (admitted and not yet delivered,
+//   streamed or whole), new requests are refused with RESOURCE_EXHAUSTED
+//   (HTTP 429).
+//
+// The workers cannot pause one sequence, so a stream is ended rather than
+// paused: its bound is the pushback.
+//
+// A watchdog thread applies the grace, sheds under global pressure and gives
+// freed heap back to the operating system (malloc_trim) after bursts.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace flotilla::coordinator {
+
+struct ClientBufferOptions {
+  // Bytes queued for one stream before its grace starts (--max-stream-buffer-bytes).
+  size_t max_stream_bytes = size_t{8} << 20;
+  // Bytes queued for all clients together (--max-client-buffer-bytes).
+  size_t max_total_bytes = size_t{64} << 20;
+  // How long a stream may stay over its bound (--client-stall-timeout-s).
+  absl::Duration stall_grace = absl::Seconds(10);
+  // Requests admitted and not yet delivered, over both APIs (--max-inflight).
+  int max_open_requests = 1024;
+};
+
+// What a stream's owner does when the bounds end its stream. Calls come from
+// the watchdog thread, never while a StreamAccount method runs.
+class BufferedStream {
+ public:
+  virtual ~BufferedStream() = default;
+  // Cancels the stream's request and ends the stream with `status`, dropping
+  // what is still queued for it.
+  virtual void EndStalled(const absl::Status& status) = 0;
+  // The client did not take even the end: drop the stream (or connection).
+  virtual void Drop() = 0;
+};
+
+class ClientBuffers;
+
+// One stream's queued bytes. Thread-safe; unregisters itself (and releases
+// what it still counts) when destroyed.
+class StreamAccount {
+ public:
+  ~StreamAccount();
+  StreamAccount(const StreamAccount&) = delete;
+  StreamAccount& operator=(const StreamAccount&) = delete;
+
+  // `bytes` more are queued for the client. False (nothing counted) when
+  // they would take the stream over twice its bound and `may_refuse`: the
+  // caller should drop them (the watchdog ends the stream at once).
+  bool Add(size_t bytes, bool may_refuse = true);
+  // `bytes` were taken by the client (or dropped).
+  void Remove(size_t bytes);
+  size_t queued() const { return queued_.load(std::memory_order_relaxed); }
+
+ private:
+  friend class ClientBuffers;
+  StreamAccount(std::shared_ptr<ClientBuffers> buffers, uint64_t id)
+      : buffers_(std::move(buffers)), id_(id) {}
+  std::shared_ptr<ClientBuffers> buffers_;
+  const uint64_t id_;
+  std::atomic<size_t> queued_{0};
+};
+
+class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
+ public:
+  // Starts the watchdog unless `start_watchdog` is false (tests call Sweep).
+  // Accounts and admission tokens keep the object alive.
+  static std::shared_ptr<ClientBuffers> Create(ClientBufferOptions options,
+                                               bool start_watchdog = true);
+  ~ClientBuffers();
+  ClientBuffers(const ClientBuffers&) = delete;
+  ClientBuffers& operator=(const ClientBuffers&) = delete;
+
+  const ClientBufferOptions& options() const { return options_; }
+
+  // A new request: a token that counts it open until released (destroyed),
+  // or RESOURCE_EXHAUSTED naming the bound it would pass.
+  absl::StatusOr<std::shared_ptr<void>> Admit();
+
+  // Accounts a stream whose owner is `stream` (held weakly: an owner that
+  // went away is never called).
+  std::unique_ptr<StreamAccount> Open(std::weak_ptr<BufferedStream> stream);
+
+  // Bytes queued for all clients now; requests open now.
+  size_t queued() const { return total_.load(std::memory_order_relaxed); }
+  int open_requests() const { return open_.load(std::memory_order_relaxed); }
+  // Streams ended by the bounds since start.
+  uint64_t streams_ended() const { return ended_count_.load(std::memory_order_relaxed); }
+
+  // One pass of the watchdog at `now`: ends the streams past their grace or
+  // over the hard bound, sheds under global pressure, drops ended streams
+  // whose clients still take nothing.
+  void Sweep(absl::Time now);
+
+ private:
+  friend class StreamAccount;
+  explicit ClientBuffers(ClientBufferOptions options);
+  struct Entry {
+    std::weak_ptr<BufferedStream> stream;
+    size_t queued = 0;
+    std::optional<absl::Time> over_since;  // over max_stream_bytes since
+    std::optional<absl::Time> ended_at;    // EndStalled was called then
+    bool overflowed = false;               // passed twice the bound: ended at once
+    bool dropped = false;
+  };
+  // Why the entry is to be ended now (under mu_), or nothing.
+  std::optional<absl::Status> EndReasonLocked(Entry& entry, absl::Time now);
+  void Changed(uint64_t id, size_t queued, bool overflowed);
+  void Close(uint64_t id, size_t queued);
+  static void Watchdog(std::weak_ptr<ClientBuffers> weak);
+  // Gives freed heap back to the system after large releases (or now and then).
+  void MaybeTrim(absl::Time now);
+
+  const ClientBufferOptions options_;
+  std::atomic<size_t> total_{0};
+  std::atomic<int> open_{0};
+  std::atomic<uint64_t> ended_count_{0};
+  std::atomic<size_t> released_since_trim_{0};
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::map<uint64_t, Entry> entries_;   // under mu_
+  uint64_t next_id_ = 1;                // under mu_
+  bool urgent_ = false;                 // under mu_: a stream passed its hard bound
+  bool stop_ = false;                   // under mu_
+  absl::Time last_trim_ = absl::Now();  // watchdog thread only
+  std::thread watchdog_;
+};
+
+}  // namespace flotilla::coordinator
