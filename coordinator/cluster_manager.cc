@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster_token.h"
+#include "common/comm_names.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "coordinator/input_limits.h"
@@ -13,6 +14,20 @@
 
 namespace flotilla::coordinator {
 namespace {
+
+// A transport this build does not know is refused by name rather than
+// dropped: placement would otherwise assume the worker offers both.
+absl::Status CheckOfferedTransports(const cluster::Hello& hello) {
+  for (int t : hello.device_transports()) {
+    if (t == cluster::DEVICE_TRANSPORT_UNSPECIFIED || !cluster::DeviceTransport_IsValid(t)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Hello offers device transport ",
+          DeviceTransportName(static_cast<cluster::DeviceTransport>(t)),
+          ", which this coordinator does not know; accepted: cuda-ipc, nccl"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 // What placement needs from a worker's Hello.
 WorkerDesc DescribeWorker(const cluster::Hello& hello) {
@@ -29,7 +44,10 @@ WorkerDesc DescribeWorker(const cluster::Hello& hello) {
   w.device_name = d.name();
   w.free_memory_bytes = d.free_memory_bytes();
   w.memory_utilization = hello.gpu_memory_utilization();
-  w.device_transports.assign(hello.device_transports().begin(), hello.device_transports().end());
+  // Values were checked in HandleHello.
+  for (int t : hello.device_transports()) {
+    w.device_transports.push_back(static_cast<cluster::DeviceTransport>(t));
+  }
   return w;
 }
 
@@ -195,6 +213,10 @@ void ClusterManager::HandleHello(uint64_t session_id, const cluster::Hello& hell
     session->Close(absl::InvalidArgumentError("Hello without a worker_id"));
     return;
   }
+  if (absl::Status offered = CheckOfferedTransports(hello); !offered.ok()) {
+    session->Close(offered);
+    return;
+  }
   Worker& w = workers_[hello.worker_id()];
   if (w.alive && w.session) {
     session->Close(absl::AlreadyExistsError(
@@ -288,7 +310,8 @@ void ClusterManager::MaybeAssignLocked() {
   state_message_ = absl::StrCat("loading shards, generation ", generation_);
   const Placement& p = *placement_;
   cluster::CommBootstrap comm;
-  comm.set_backend(p.parallel.world_size() == 1 ? "none" : options_.comm_backend);
+  comm.set_backend(p.parallel.world_size() == 1 ? cluster::COMM_BACKEND_NONE
+                                                 : options_.comm_backend);
   comm.set_device_transport(p.device_transport);
   cluster::ExpertMap map = ExpertMapToProto(p.expert_map);
   for (const RankPlacement& r : p.ranks) {
@@ -316,7 +339,9 @@ void ClusterManager::MaybeAssignLocked() {
     w.session->Send(msg);
   }
   spdlog::info("assigned generation {}: {}{}", generation_, p.parallel.ToString(),
-               p.device_transport.empty() ? "" : " over " + p.device_transport);
+               p.device_transport == cluster::DEVICE_TRANSPORT_UNSPECIFIED
+                   ? ""
+                   : " over " + DeviceTransportName(p.device_transport));
 }
 
 std::vector<ClusterManager::Worker*> ClusterManager::ChooseHoldersLocked(
@@ -368,8 +393,9 @@ void ClusterManager::UpdateReadyLocked() {
     cluster::CoordinatorMessage msg;
     cluster::StartComm* sc = msg.mutable_start_comm();
     sc->set_generation(generation_);
-    sc->mutable_comm()->set_backend(placement_->parallel.world_size() == 1 ? "none"
-                                                                            : options_.comm_backend);
+    sc->mutable_comm()->set_backend(placement_->parallel.world_size() == 1
+                                        ? cluster::COMM_BACKEND_NONE
+                                        : options_.comm_backend);
     sc->mutable_comm()->set_device_transport(placement_->device_transport);
     // The group's secret for this generation (keys the peers' message tags).
     absl::StatusOr<std::string> secret = NewClusterToken();

@@ -46,7 +46,7 @@ struct ClusterOptions {
   LayoutRequest layout;
   std::string model_path;
   ModelConfig model;
-  std::string comm_backend = "ucx";     // for W > 1
+  cluster::CommBackend comm_backend = cluster::COMM_BACKEND_UCX;  // host communicator, W > 1
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
   absl::Duration heartbeat_timeout = absl::Seconds(2);  // silence after which a worker is dead
   int max_inflight_requests = 1024;     // beyond: RESOURCE_EXHAUSTED

@@ -13,6 +13,7 @@
 
 #include "common/cluster_token.h"
 #include "common/listen_address.h"
+#include "common/comm_names.h"
 #include "common/logging.h"
 #include "common/model_spec.h"
 #include "common/tls_credentials.h"
@@ -60,6 +61,19 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartAdminServer(
   return server;
 }
 
+// A CLI11 check from one of common/comm_names.h's parsers, so a value that
+// cannot work stops the coordinator at start, naming the flag, the value and
+// the accepted values, before any worker joins.
+template <typename Parse>
+CLI::Validator NameCheck(Parse parse) {
+  return CLI::Validator(
+      [parse](std::string& value) -> std::string {
+        auto parsed = parse(value);
+        return parsed.ok() ? std::string() : std::string(parsed.status().message());
+      },
+      "");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,8 +105,17 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_TP")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--dp", dp, "data-parallel attention groups (0 = automatic)")
       ->envname("FLOTILLA_DP")->capture_default_str()->check(CLI::NonNegativeNumber);
-  app.add_option("--comm", opts.comm_backend, "communicator between workers: ucx or nccl")
-      ->envname("FLOTILLA_COMM")->capture_default_str()->check(CLI::IsMember({"ucx", "nccl"}));
+  std::string comm = "ucx", device_transport = "auto";
+  app.add_option("--comm", comm,
+                 "host communicator between workers (control, bootstrap, CPU tensors); accepted: "
+                 "ucx")
+      ->envname("FLOTILLA_COMM")->capture_default_str()
+      ->check(NameCheck(flotilla::ParseCommBackend));
+  app.add_option("--device-transport", device_transport,
+                 "how GPU ranks move device buffers: auto (cuda-ipc when every rank is on one "
+                 "node, else nccl), cuda-ipc or nccl; CPU ranks have none")
+      ->envname("FLOTILLA_DEVICE_TRANSPORT")->capture_default_str()
+      ->check(NameCheck(flotilla::ParseDeviceTransport));
   app.add_option("--heartbeat-interval-ms", hb_interval_ms, "how often workers report")
       ->envname("FLOTILLA_HEARTBEAT_INTERVAL_MS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-timeout-ms", hb_timeout_ms, "silence after which a worker is dead")
@@ -285,7 +308,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.expected_workers = workers;
-  opts.layout = {tp, dp};
+  // Checked by NameCheck at parse time.
+  opts.comm_backend = *flotilla::ParseCommBackend(comm);
+  opts.layout = {tp, dp, *flotilla::ParseDeviceTransport(device_transport)};
   opts.model_path = model;
   opts.model = *config;
   opts.heartbeat_interval = absl::Milliseconds(hb_interval_ms);

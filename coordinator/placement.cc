@@ -169,7 +169,8 @@ absl::Status CheckHostMemory(const std::vector<const WorkerDesc*>& rank_workers,
 
 // GPU ranks: memory per physical GPU, then the transport between them.
 absl::Status PlanDevice(const ModelConfig& model,
-                        const std::vector<const WorkerDesc*>& rank_workers, Placement& p) {
+                        const std::vector<const WorkerDesc*>& rank_workers,
+                        cluster::DeviceTransport requested, Placement& p) {
   std::vector<GpuRankNeed> needs;
   for (size_t rank = 0; rank < rank_workers.size(); ++rank) {
     needs.push_back(EstimateGpuRankNeed(model, p.parallel.tp_size(),
@@ -177,7 +178,7 @@ absl::Status PlanDevice(const ModelConfig& model,
     p.device_bytes_per_rank.push_back(needs.back().total());
   }
   FLOTILLA_RETURN_IF_ERROR(CheckGpuMemory(rank_workers, needs));
-  FLOTILLA_ASSIGN_OR_RETURN(p.device_transport, ChooseDeviceTransport(rank_workers));
+  FLOTILLA_ASSIGN_OR_RETURN(p.device_transport, ChooseDeviceTransport(rank_workers, requested));
   return absl::OkStatus();
 }
 
@@ -210,7 +211,7 @@ absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
               .groups_spanning_nodes = spanning,
               .device = kind,
               .device_bytes_per_rank = {},
-              .device_transport = {}};
+              .device_transport = cluster::DEVICE_TRANSPORT_UNSPECIFIED};
   std::vector<const WorkerDesc*> rank_workers;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int t = 0; t < tp; ++t) {
@@ -223,7 +224,7 @@ absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
     }
   }
   if (gpu) {
-    FLOTILLA_RETURN_IF_ERROR(PlanDevice(model, rank_workers, p));
+    FLOTILLA_RETURN_IF_ERROR(PlanDevice(model, rank_workers, request.device_transport, p));
   } else {
     FLOTILLA_RETURN_IF_ERROR(CheckHostMemory(rank_workers, p));
   }
@@ -254,12 +255,8 @@ absl::Status CheckRankHolders(const ModelConfig& model, const Placement& placeme
   for (const WorkerDesc& w : holders) rank_workers.push_back(&w);
   Placement replanned = placement;
   replanned.device_bytes_per_rank.clear();
-  FLOTILLA_RETURN_IF_ERROR(PlanDevice(model, rank_workers, replanned));
-  if (replanned.device_transport != placement.device_transport) {
-    return absl::FailedPreconditionError(absl::StrCat("the ranks would need device transport '",
-                                                      replanned.device_transport, "' instead of '",
-                                                      placement.device_transport, "'"));
-  }
+  // The transport stays, so ask for it: any other choice is refused.
+  FLOTILLA_RETURN_IF_ERROR(PlanDevice(model, rank_workers, placement.device_transport, replanned));
   return absl::OkStatus();
 }
 

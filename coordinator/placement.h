@@ -22,6 +22,8 @@ namespace flotilla::coordinator {
 struct LayoutRequest {
   int tp_size = 0;    // 0 = automatic
   int dp_groups = 0;  // 0 = automatic (all workers); else tp * dp must equal the workers
+  // Between GPU ranks; UNSPECIFIED = automatic (placement_transport.h).
+  cluster::DeviceTransport device_transport = cluster::DEVICE_TRANSPORT_UNSPECIFIED;
 };
 
 struct RankPlacement {
@@ -43,8 +45,8 @@ struct Placement {
   // GPU ranks: weights, the KV minimum and the runtime allowance each needs on
   // its GPU (empty for CPU ranks).
   std::vector<uint64_t> device_bytes_per_rank;
-  // GPU ranks, W > 1: "cuda-ipc" or "nccl" (placement_transport.h); else empty.
-  std::string device_transport;
+  // GPU ranks, W > 1: CUDA IPC or NCCL (placement_transport.h); else UNSPECIFIED.
+  cluster::DeviceTransport device_transport = cluster::DEVICE_TRANSPORT_UNSPECIFIED;
 };
 
 // Refuses impossible layouts with a message that says why (no workers, tp that

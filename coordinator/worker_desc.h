@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "proto/cluster.pb.h"
 
 namespace flotilla::coordinator {
 
@@ -28,7 +29,8 @@ struct WorkerDesc {
   std::string device_name;                     // e.g. "NVIDIA H100 80GB HBM3", for messages
   uint64_t free_memory_bytes = 0;              // free on the GPU when the worker registered
   double memory_utilization = 0;               // its engine's share of the GPU; 0 = the default
-  std::vector<std::string> device_transports;  // "cuda-ipc", "nccl"; empty = not reported
+  // What it can join; empty = not reported (taken to be both).
+  std::vector<cluster::DeviceTransport> device_transports;
 };
 
 // One key per physical GPU, so workers sharing a GPU add their needs up. The

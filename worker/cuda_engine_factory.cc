@@ -2,6 +2,8 @@
 // exchanges run on device memory (CUDA IPC on one node, NCCL across nodes).
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "common/comm_names.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -12,10 +14,19 @@
 namespace flotilla::worker {
 namespace {
 
-parallel::DeviceTransport TransportNamed(const std::string& transport) {
-  return transport == "cuda-ipc" ? parallel::DeviceTransport::kCudaIpc
-         : transport == "nccl"   ? parallel::DeviceTransport::kNccl
-                                 : parallel::DeviceTransport::kAuto;
+// The coordinator names the transport for every GPU rank with peers; an
+// unknown value is refused rather than guessed.
+absl::StatusOr<parallel::DeviceTransport> TransportOf(cluster::DeviceTransport transport) {
+  switch (transport) {
+    case cluster::DEVICE_TRANSPORT_CUDA_IPC:
+      return parallel::DeviceTransport::kCudaIpc;
+    case cluster::DEVICE_TRANSPORT_NCCL:
+      return parallel::DeviceTransport::kNccl;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("the coordinator asked for device transport ",
+                                                     DeviceTransportName(transport),
+                                                     "; this worker joins cuda-ipc or nccl"));
+  }
 }
 
 class CudaEngineFactory final : public EngineFactory {
@@ -49,7 +60,7 @@ class CudaEngineFactory final : public EngineFactory {
       dco.top_k = c.num_experts_per_tok;
       dco.max_tokens_per_step = co.max_batch_tokens;
       dco.timeout = options.comm_timeout;
-      dco.transport = TransportNamed(spec.start->comm().device_transport());
+      FLOTILLA_ASSIGN_OR_RETURN(dco.transport, TransportOf(spec.start->comm().device_transport()));
       FLOTILLA_ASSIGN_OR_RETURN(
           built.context,
           parallel::CreateDeviceContext(*spec.parallel, std::move(map), a.rank(), *spec.comm, dco));

@@ -58,10 +58,10 @@ void DescribeCudaDevice(int ordinal, common::DeviceInfo* device) {
 #endif
 }
 
-std::vector<std::string> DeviceTransports(const common::DeviceInfo& device) {
+std::vector<cluster::DeviceTransport> DeviceTransports(const common::DeviceInfo& device) {
   if (device.kind() != common::DeviceInfo::CUDA) return {};
-  std::vector<std::string> transports = {"cuda-ipc"};
-  if (GetBuildInfo().nccl) transports.push_back("nccl");
+  std::vector<cluster::DeviceTransport> transports = {cluster::DEVICE_TRANSPORT_CUDA_IPC};
+  if (GetBuildInfo().nccl) transports.push_back(cluster::DEVICE_TRANSPORT_NCCL);
   return transports;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 
 namespace flotilla::worker {
@@ -27,7 +28,7 @@ absl::Status CheckCudaDevice(int ordinal);
 void DescribeCudaDevice(int ordinal, common::DeviceInfo* device);
 
 // Device-memory transports a worker on `device` can join: none on the CPU; on
-// a GPU "cuda-ipc" and, when built with NCCL, "nccl".
-std::vector<std::string> DeviceTransports(const common::DeviceInfo& device);
+// a GPU CUDA IPC and, when built with NCCL, NCCL.
+std::vector<cluster::DeviceTransport> DeviceTransports(const common::DeviceInfo& device);
 
 }  // namespace flotilla::worker

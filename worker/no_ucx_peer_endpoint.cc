@@ -3,7 +3,7 @@
 
 namespace flotilla::worker {
 
-absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(const std::string&,
+absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(cluster::CommBackend,
                                                                const PeerOptions&) {
   return absl::FailedPreconditionError("this worker was built without UCX (FLOTILLA_UCX=OFF)");
 }

@@ -33,8 +33,9 @@ class PeerEndpoint {
       int rank, const cluster::StartComm& start) = 0;
 };
 
-// An endpoint of `backend` (what the coordinator's assignment names).
-absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(const std::string& backend,
+// An endpoint of `backend` (what the coordinator's assignment names); any
+// backend but UCX is refused with its name.
+absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(cluster::CommBackend backend,
                                                                const PeerOptions& options);
 
 }  // namespace flotilla::worker

@@ -1,5 +1,6 @@
 #include "absl/strings/str_cat.h"
 #include "comm/ucx/ucx_communicator.h"
+#include "common/comm_names.h"
 #include "common/status.h"
 #include "worker/peer_endpoint.h"
 
@@ -35,11 +36,12 @@ class UcxPeerEndpoint final : public PeerEndpoint {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(const std::string& backend,
+absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(cluster::CommBackend backend,
                                                                const PeerOptions& options) {
-  if (backend != "ucx") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CPU workers talk over ucx, but the coordinator asked for '", backend, "'"));
+  if (backend != cluster::COMM_BACKEND_UCX) {
+    return absl::InvalidArgumentError(absl::StrCat("the coordinator asked for host communicator ",
+                                                   CommBackendName(backend),
+                                                   "; this worker joins peers over ucx"));
   }
   comm::UcxOptions uo;
   uo.timeout = options.timeout;

@@ -122,9 +122,8 @@ cluster::WorkerMessage WorkerRuntime::MakeHello() const {
   if (options_.device == "cuda") DescribeCudaDevice(options_.cuda_device, device);
   h->set_host_memory_bytes(static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   h->mutable_build()->set_version(GetBuildInfo().version);
-  h->set_comm_backend("ucx");
   h->set_host_id(HostId());
-  for (const std::string& t : DeviceTransports(h->device())) h->add_device_transports(t);
+  for (cluster::DeviceTransport t : DeviceTransports(h->device())) h->add_device_transports(t);
   if (h->device().kind() == common::DeviceInfo::CUDA) {
     h->set_gpu_memory_utilization(options_.gpu_memory_utilization);
   }

@@ -23,8 +23,7 @@ struct Fixture {
 
   explicit Fixture(int workers, int tp, absl::Duration timeout = absl::Seconds(30),
                    int max_inflight = 1024, uint64_t max_prompt_logits_bytes = 1 << 30,
-                   uint32_t max_model_len = 0,
-                   absl::Duration forget_dead = absl::Seconds(60)) {
+                   uint32_t max_model_len = 0, absl::Duration forget_dead = absl::Seconds(60)) {
     ClusterOptions o;
     o.expected_workers = workers;
     o.layout.tp_size = tp;
@@ -61,8 +60,8 @@ struct Fixture {
     h->set_node(node);
     h->set_host_id("boot-" + node);
     h->set_gpu_memory_utilization(0.9);
-    h->add_device_transports("cuda-ipc");
-    h->add_device_transports("nccl");
+    h->add_device_transports(cluster::DEVICE_TRANSPORT_CUDA_IPC);
+    h->add_device_transports(cluster::DEVICE_TRANSPORT_NCCL);
     h->mutable_device()->set_kind(common::DeviceInfo::CUDA);
     h->mutable_device()->set_index(gpu);
     h->mutable_device()->set_name("NVIDIA H100 80GB HBM3");
@@ -283,7 +282,8 @@ TEST(ClusterManager, MaxModelLenBoundsPromptsAndReachesTheWorkers) {
   req.add_prompt_ids(15);
   auto refused = f.manager->Submit(req, {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.status().message().find("maximum context length is 16 tokens"), std::string::npos)
+  EXPECT_NE(refused.status().message().find("maximum context length is 16 tokens"),
+            std::string::npos)
       << refused.status();
 }
 
@@ -490,19 +490,20 @@ TEST(ClusterManager, GpuRanksLearnTheirDeviceTransport) {
   for (int i = 0; i < 2; ++i) {
     auto a = f.sessions[i]->Of(cluster::CoordinatorMessage::kAssignment);
     ASSERT_EQ(a.size(), 1u);
-    EXPECT_EQ(a[0].assignment().comm().backend(), "ucx");  // host control and bootstrap
-    EXPECT_EQ(a[0].assignment().comm().device_transport(), "cuda-ipc");
+    EXPECT_EQ(a[0].assignment().comm().backend(),
+              cluster::COMM_BACKEND_UCX);  // host control and bootstrap
+    EXPECT_EQ(a[0].assignment().comm().device_transport(), cluster::DEVICE_TRANSPORT_CUDA_IPC);
   }
   f.Ready(0);
   f.Ready(1);
   auto sc = f.sessions[0]->Of(cluster::CoordinatorMessage::kStartComm);
   ASSERT_EQ(sc.size(), 1u);
-  EXPECT_EQ(sc[0].start_comm().comm().device_transport(), "cuda-ipc");
+  EXPECT_EQ(sc[0].start_comm().comm().device_transport(), cluster::DEVICE_TRANSPORT_CUDA_IPC);
   f.JoinAll();
   ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   auto placement = f.manager->GetPlacement();
   ASSERT_TRUE(placement.ok());
-  EXPECT_EQ(placement->device_transport(), "cuda-ipc");
+  EXPECT_EQ(placement->device_transport(), cluster::DEVICE_TRANSPORT_CUDA_IPC);
   EXPECT_EQ(placement->ranks(1).device_index(), 1);
   EXPECT_GT(placement->ranks(1).device_bytes(), uint64_t{1} << 30);  // the runtime allowance
 }
@@ -550,7 +551,7 @@ TEST(ClusterManager, GpuRankGoesOnlyToANewcomerOnItsNode) {
   auto a = f.sessions[near]->Of(cluster::CoordinatorMessage::kAssignment);
   ASSERT_EQ(a.size(), 1u);
   EXPECT_EQ(a[0].assignment().rank(), 1u);
-  EXPECT_EQ(a[0].assignment().comm().device_transport(), "cuda-ipc");
+  EXPECT_EQ(a[0].assignment().comm().device_transport(), cluster::DEVICE_TRANSPORT_CUDA_IPC);
 }
 
 TEST(ClusterManager, RankFailingWhileLoadingDegradesTheInstanceWithItsReason) {
@@ -666,8 +667,9 @@ TEST(ClusterManager, DrainTimeoutAndSecondSignalEndWhatIsLeft) {
     absl::Status status;
     ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
     const absl::Time start = absl::Now();
-    const DrainResult r = Drain(*f.manager, second_signal ? absl::Seconds(30) : absl::Milliseconds(50),
-                                [second_signal] { return second_signal; });
+    const DrainResult r =
+        Drain(*f.manager, second_signal ? absl::Seconds(30) : absl::Milliseconds(50),
+              [second_signal] { return second_signal; });
     EXPECT_LT(absl::Now() - start, absl::Seconds(1));
     EXPECT_EQ(r.cut, 1);
     EXPECT_EQ(r.interrupted, second_signal);

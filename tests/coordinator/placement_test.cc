@@ -36,7 +36,7 @@ std::vector<WorkerDesc> Gpus(std::vector<std::pair<std::string, int>> nodes,
     w.device_name = name;
     w.memory_bytes = memory;
     w.memory_utilization = 0.9;
-    w.device_transports = {"cuda-ipc", "nccl"};
+    w.device_transports = {cluster::DEVICE_TRANSPORT_CUDA_IPC, cluster::DEVICE_TRANSPORT_NCCL};
   }
   return out;
 }
@@ -92,9 +92,9 @@ TEST(ExpertMap, ValidatesExplicitMaps) {
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->replicas(0, 1).size(), 2u);
   EXPECT_EQ(ok->version(), 2u);
-  EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {}}}).ok());                 // no replica
-  EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {{0, 0}}}}).ok());           // slot twice
-  EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {{2, 0}}}}).ok());           // bad rank
+  EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {}}}).ok());                    // no replica
+  EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {{0, 0}}}}).ok());              // slot twice
+  EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {{2, 0}}}}).ok());              // bad rank
   EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {{1, 0}}}, {{{0, 0}}}}).ok());  // ragged
 }
 
@@ -173,7 +173,7 @@ TEST(GpuPlacement, EightGpusOfOneNodeAtEveryTp) {
     EXPECT_EQ(p->parallel.dp_size(), 8 / tp);
     EXPECT_EQ(p->parallel.ep_size(), 8);
     EXPECT_EQ(p->groups_spanning_nodes, 0);
-    EXPECT_EQ(p->device_transport, "cuda-ipc");
+    EXPECT_EQ(p->device_transport, cluster::DEVICE_TRANSPORT_CUDA_IPC);
     for (const RankPlacement& r : p->ranks) {
       EXPECT_EQ(r.device_index, r.rank);  // neighbouring GPUs form a group
       EXPECT_EQ(r.dp_group, r.rank / tp);
@@ -199,7 +199,7 @@ TEST(GpuPlacement, TwoNodesOfFourKeepTpGroupsInsideNodes) {
     EXPECT_EQ(r.device_index, r.tp_rank);
   }
   EXPECT_EQ(p->parallel.ep_size(), 8);  // EP spans both nodes
-  EXPECT_EQ(p->device_transport, "nccl");
+  EXPECT_EQ(p->device_transport, cluster::DEVICE_TRANSPORT_NCCL);
 }
 
 TEST(GpuPlacement, RefusesTpGroupAcrossNodes) {
@@ -245,7 +245,7 @@ TEST(GpuPlacement, RefusesWhole120bOnA40GbGpuAndSaysWhatItNeeds) {
   EXPECT_TRUE(PlanPlacement(m, Gpus({{"a", 1}}, 81559ull << 20, "NVIDIA H100 80GB HBM3"), {}).ok());
   auto h200 = PlanPlacement(m, Gpus({{"a", 1}}), {});
   ASSERT_TRUE(h200.ok()) << h200.status();
-  EXPECT_EQ(h200->device_transport, "");  // one rank: no peers
+  EXPECT_EQ(h200->device_transport, cluster::DEVICE_TRANSPORT_UNSPECIFIED);  // one rank: no peers
   // Two 40 GB GPUs split the experts: ~33.6 GiB each fits 36 GiB.
   EXPECT_TRUE(PlanPlacement(m, Gpus({{"a", 2}}, 40 * kGiB), {1, 0}).ok());
   // A lower utilization shrinks what the GPU offers.
@@ -275,15 +275,16 @@ TEST(GpuPlacement, WorkersSharingOneGpuAddTheirNeeds) {
   for (WorkerDesc& w : four) w.memory_utilization = 0.3;
   p = PlanPlacement(m, four, {1, 0});
   ASSERT_FALSE(p.ok());
-  EXPECT_TRUE(Has(p.status(), "ranks 0, 1, 2, 3 (workers 'a-gpu0', 'a-gpu1', 'a-gpu2', "
-                              "'a-gpu3') share GPU 0 of node 'a'"))
+  EXPECT_TRUE(Has(p.status(),
+                  "ranks 0, 1, 2, 3 (workers 'a-gpu0', 'a-gpu1', 'a-gpu2', "
+                  "'a-gpu3') share GPU 0 of node 'a'"))
       << p.status();
   EXPECT_TRUE(Has(p.status(), "together")) << p.status();
   // An H200 holds all four; they talk over CUDA IPC (NCCL would refuse them).
   p = PlanPlacement(m, SharedGpu(4, 141 * kGiB), {});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->parallel.tp_size(), 4);
-  EXPECT_EQ(p->device_transport, "cuda-ipc");
+  EXPECT_EQ(p->device_transport, cluster::DEVICE_TRANSPORT_CUDA_IPC);
   uint64_t sum = 0;
   for (uint64_t b : p->device_bytes_per_rank) sum += b;
   EXPECT_GT(sum, 70 * kGiB);
@@ -305,13 +306,13 @@ TEST(GpuPlacement, ChoosesTheDeviceTransport) {
   ModelConfig m = ModelConfig::Gptoss120b();
   // One node: CUDA IPC; a worker without it moves the node to NCCL.
   std::vector<WorkerDesc> one_node = Gpus({{"a", 4}});
-  EXPECT_EQ(PlanPlacement(m, one_node, {})->device_transport, "cuda-ipc");
-  one_node[2].device_transports = {"nccl"};
-  EXPECT_EQ(PlanPlacement(m, one_node, {})->device_transport, "nccl");
+  EXPECT_EQ(PlanPlacement(m, one_node, {})->device_transport, cluster::DEVICE_TRANSPORT_CUDA_IPC);
+  one_node[2].device_transports = {cluster::DEVICE_TRANSPORT_NCCL};
+  EXPECT_EQ(PlanPlacement(m, one_node, {})->device_transport, cluster::DEVICE_TRANSPORT_NCCL);
   // Two nodes: NCCL, which every rank must offer.
   std::vector<WorkerDesc> two_nodes = Gpus({{"a", 2}, {"b", 2}});
-  EXPECT_EQ(PlanPlacement(m, two_nodes, {2, 0})->device_transport, "nccl");
-  two_nodes[3].device_transports = {"cuda-ipc"};
+  EXPECT_EQ(PlanPlacement(m, two_nodes, {2, 0})->device_transport, cluster::DEVICE_TRANSPORT_NCCL);
+  two_nodes[3].device_transports = {cluster::DEVICE_TRANSPORT_CUDA_IPC};
   auto p = PlanPlacement(m, two_nodes, {2, 0});
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(Has(p.status(), "rank 3 (worker 'b-gpu1') cannot use nccl (it offers: cuda-ipc)"))
@@ -326,7 +327,31 @@ TEST(GpuPlacement, ChoosesTheDeviceTransport) {
   ASSERT_FALSE(p.ok());
   EXPECT_TRUE(Has(p.status(), "nccl allows one rank per GPU")) << p.status();
   // CPU workers have no device transport.
-  EXPECT_EQ(PlanPlacement(m, Workers({{"a", 2}}), {})->device_transport, "");
+  EXPECT_EQ(PlanPlacement(m, Workers({{"a", 2}}), {})->device_transport,
+            cluster::DEVICE_TRANSPORT_UNSPECIFIED);
+}
+
+TEST(GpuPlacement, ARequestedDeviceTransportIsKeptOrRefusedWithTheReason) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  LayoutRequest nccl{
+      .tp_size = 2, .dp_groups = 0, .device_transport = cluster::DEVICE_TRANSPORT_NCCL};
+  // One node would get CUDA IPC; asked for NCCL, it gets NCCL.
+  EXPECT_EQ(PlanPlacement(m, Gpus({{"a", 4}}), nccl)->device_transport,
+            cluster::DEVICE_TRANSPORT_NCCL);
+  LayoutRequest ipc = nccl;
+  ipc.device_transport = cluster::DEVICE_TRANSPORT_CUDA_IPC;
+  auto p = PlanPlacement(m, Gpus({{"a", 2}, {"b", 2}}), ipc);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "device transport cuda-ipc cannot link the GPU ranks")) << p.status();
+  EXPECT_TRUE(Has(p.status(), "span 2 nodes")) << p.status();
+  std::vector<WorkerDesc> without_nccl = Gpus({{"a", 4}});
+  without_nccl[1].device_transports = {cluster::DEVICE_TRANSPORT_CUDA_IPC};
+  p = PlanPlacement(m, without_nccl, nccl);
+  ASSERT_FALSE(p.ok());
+  EXPECT_TRUE(Has(p.status(), "cannot use nccl (it offers: cuda-ipc)")) << p.status();
+  // CPU ranks have no device transport, whatever was asked for.
+  EXPECT_EQ(PlanPlacement(m, Workers({{"a", 2}}), nccl)->device_transport,
+            cluster::DEVICE_TRANSPORT_UNSPECIFIED);
 }
 
 TEST(GpuPlacement, RefusesMixedDevicesAndAmbiguousNodes) {

@@ -11,7 +11,7 @@ TEST(ClusterProto, SessionMessagesRoundTripWithTheirKind) {
   cluster::Assignment* a = msg.mutable_assignment();
   a->set_rank(3);
   a->set_world_size(4);
-  a->mutable_comm()->set_backend("ucx");
+  a->mutable_comm()->set_backend(cluster::COMM_BACKEND_UCX);
   a->mutable_comm()->add_peer_addresses(std::string("\0\1\2", 3));
   cluster::LayerExpertMap* layer = a->mutable_expert_map()->add_layers();
   cluster::ExpertReplica* rep = layer->add_experts()->add_replicas();

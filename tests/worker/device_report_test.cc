@@ -24,9 +24,10 @@ TEST(DeviceReport, CpuWorkersOfferNoDeviceTransport) {
 TEST(DeviceReport, GpuWorkersOfferCudaIpcAndNcclWhenBuiltWithIt) {
   common::DeviceInfo gpu;
   gpu.set_kind(common::DeviceInfo::CUDA);
-  const std::vector<std::string> t = DeviceTransports(gpu);
-  EXPECT_NE(std::find(t.begin(), t.end(), "cuda-ipc"), t.end());
-  EXPECT_EQ(std::find(t.begin(), t.end(), "nccl") != t.end(), GetBuildInfo().nccl);
+  const std::vector<cluster::DeviceTransport> t = DeviceTransports(gpu);
+  EXPECT_NE(std::find(t.begin(), t.end(), cluster::DEVICE_TRANSPORT_CUDA_IPC), t.end());
+  EXPECT_EQ(std::find(t.begin(), t.end(), cluster::DEVICE_TRANSPORT_NCCL) != t.end(),
+            GetBuildInfo().nccl);
 }
 
 TEST(DeviceReport, AMissingGpuIsRefusedWithTheReason) {

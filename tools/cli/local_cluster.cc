@@ -155,7 +155,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 
   std::vector<std::string> coordinator_argv = {
       c->coordinator_bin_, "--model", c->model_, "--workers", std::to_string(options.workers),
-      "--tp", std::to_string(options.tp), "--listen", options.listen, "--port-file", port_file,
+      "--tp", std::to_string(options.tp), "--device-transport", options.device_transport,
+      "--listen", options.listen, "--port-file", port_file,
       "--heartbeat-timeout-ms", std::to_string(options.heartbeat_timeout_ms),
       "--http-listen", options.http_listen, "--cluster-token-file", c->cluster_token_file_};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),

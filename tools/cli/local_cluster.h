@@ -20,6 +20,7 @@ struct LocalClusterOptions {
   std::string model;          // checkpoint dir or synthetic:PRESET[:SEED]; empty = built-in
   int workers = 1;
   int tp = 0;                 // 0 = automatic
+  std::string device_transport = "auto";  // between GPU workers: auto, cuda-ipc or nccl
   int threads_per_worker = 0; // 0 = cores / workers
   std::string device = "cpu"; // workers' engine: cpu or cuda
   // --device cuda: the GPU ordinals the workers go on, worker i on

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/comm_names.h"
 
 namespace flotilla::ctl {
 namespace {
@@ -78,11 +79,14 @@ json StatusJson(const admin::ClusterStatus& s, const admin::PlacementInfo* place
                             {"kv_blocks_total", w.load().kv_blocks_total()}});
   }
   if (placement != nullptr) {
-    j["placement"] = {{"world_size", placement->world_size()},
-                      {"tp_size", placement->tp_size()},
-                      {"dp_size", placement->dp_size()},
-                      {"ep_size", placement->ep_size()},
-                      {"device_transport", placement->device_transport()}};
+    j["placement"] = {
+        {"world_size", placement->world_size()},
+        {"tp_size", placement->tp_size()},
+        {"dp_size", placement->dp_size()},
+        {"ep_size", placement->ep_size()},
+        {"device_transport", placement->device_transport() == cluster::DEVICE_TRANSPORT_UNSPECIFIED
+                                 ? ""
+                                 : DeviceTransportName(placement->device_transport())}};
   }
   return j;
 }
