@@ -1,9 +1,10 @@
 // Static checks of deploy/k8s and deploy/image: every overlay renders (also
 // with the RDMA component), every object validates, every flag and FLOTILLA_*
 // variable a container uses is an option of the program it runs, instance
-// sizes add up, and the image recipe holds what the manifests run.
+// sizes add up, every coordinator starts with its rendered values, and the
+// image recipe holds what the manifests run.
 // Usage: node k8s_manifests_test.mjs BUILD_DIR NODE_MODULES
-import { execFileSync } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -79,6 +80,37 @@ function checkSizes(name, objects) {
   else fail(`${name}: the coordinator waits for ${workers} workers but the pods run ${expected}`);
 }
 
+// Each coordinator starts with its rendered environment and arguments, but
+// for listeners on free loopback ports, synthetic:120b as the model (its
+// shapes, no checkpoint: placement is checked at start) and a
+// scratch token file: a value its flags refuse (FLOTILLA_COMM=nccl once was)
+// fails here. Up = it wrote its port file; it is stopped then.
+async function checkCoordinatorStarts(where, c) {
+  const scratch = fs.mkdtempSync(path.join(os.tmpdir(), 'flotilla-coord-'));
+  const env = { PATH: process.env.PATH };
+  for (const e of c.env ?? []) if (e.value !== undefined) env[e.name] = e.value;
+  Object.assign(env, { FLOTILLA_MODEL: 'synthetic:120b', FLOTILLA_CLUSTER_TOKEN_FILE: path.join(scratch, 'token') });
+  fs.writeFileSync(env.FLOTILLA_CLUSTER_TOKEN_FILE, 'a'.repeat(64) + '\n', { mode: 0o600 });
+  const args = (c.args ?? []).map((a) => (a.startsWith('--listen=') ? '--listen=127.0.0.1:0'
+    : a.startsWith('--http-listen=') ? '--http-listen=127.0.0.1:0' : a));
+  const portFile = path.join(scratch, 'port');
+  const proc = spawn(path.join(buildDir, 'bin', path.basename(c.command[0])), [...args, '--port-file', portFile],
+    { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  proc.stdout.on('data', (d) => { output += d; });
+  proc.stderr.on('data', (d) => { output += d; });
+  const exited = new Promise((resolve) => proc.on('exit', (code) => resolve(code)));
+  let code = null;
+  for (let i = 0; i < 200 && code === null && !fs.existsSync(portFile); i++) {
+    code = await Promise.race([exited, new Promise((r) => setTimeout(() => r(null), 100))]);
+  }
+  if (fs.existsSync(portFile)) pass(`${where}: the coordinator starts with its rendered values`);
+  else fail(`${where}: the coordinator did not start with its rendered values (exit ${code}): ${output.trim()}`);
+  proc.kill('SIGKILL');
+  await exited;
+  fs.rmSync(scratch, { recursive: true, force: true });
+}
+
 // The image recipe against the manifests and the build.
 function checkImage(all) {
   const dockerfile = fs.readFileSync(path.join(sourceDir, 'deploy/image/Dockerfile'), 'utf8');
@@ -143,7 +175,11 @@ for (const { name, objects } of all) {
   problems.forEach((p) => fail(`${name}: ${p}`));
   if (!problems.length) pass(`${name}: ${objects.length} objects validate`);
   for (const p of podTemplates(objects)) {
-    for (const c of containers(p.template)) checkContainer(`${name} ${p.object.kind}/${p.object.metadata.name} container ${c.name}`, c);
+    for (const c of containers(p.template)) {
+      const where = `${name} ${p.object.kind}/${p.object.metadata.name} container ${c.name}`;
+      checkContainer(where, c);
+      if (c.command?.[0]?.endsWith('/flotilla-coordinator')) await checkCoordinatorStarts(where, c);
+    }
   }
   checkSizes(name, objects);
 }

@@ -3,6 +3,7 @@
 //   probe.mjs MODULES http URL
 //   probe.mjs MODULES grpc-health HOST:PORT SERVICE
 //   probe.mjs MODULES chat URL MODEL PROMPT
+//   probe.mjs MODULES complete URL MODEL TOKEN_IDS_JSON
 import { createRequire } from 'node:module';
 import path from 'node:path';
 
@@ -43,6 +44,11 @@ else if (mode === 'chat') {
     method: 'POST', headers: { 'content-type': 'application/json' },
     body: JSON.stringify({ model: rest[0], max_tokens: 8, temperature: 0,
       messages: [{ role: 'user', content: rest[1] }] }),
+  });
+} else if (mode === 'complete') {
+  await http(target, {
+    method: 'POST', headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ model: rest[0], max_tokens: 4, temperature: 0, prompt: JSON.parse(rest[1]) }),
   });
 } else {
   out({ error: `unknown mode ${mode}` });
