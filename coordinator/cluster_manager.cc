@@ -321,7 +321,6 @@ void ClusterManager::MaybeAssignLocked() {
     cluster::CoordinatorMessage msg;
     cluster::Assignment* a = msg.mutable_assignment();
     a->set_generation(generation_);
-    a->set_instance_id("flotilla-0");
     a->set_model_path(options_.model_path);
     a->set_rank(r.rank);
     a->set_world_size(p.parallel.world_size());
@@ -330,7 +329,6 @@ void ClusterManager::MaybeAssignLocked() {
     a->set_tp_rank(r.tp_rank);
     *a->mutable_comm() = comm;
     *a->mutable_expert_map() = map;
-    for (const RankPlacement& q : p.ranks) a->add_rank_worker_ids(q.worker_id);
     a->set_max_batch_tokens(options_.max_batch_tokens);
     a->set_max_sequences(options_.max_sequences);
     a->set_max_model_len(options_.max_model_len);
@@ -389,6 +387,16 @@ void ClusterManager::UpdateReadyLocked() {
   }
   if (!comm_started_) {
     // Every rank loaded its shards and has a fresh endpoint: introduce them.
+    // The group's secret for this generation keys the peers' message tags:
+    // without one no generation starts (workers would refuse it anyway).
+    absl::StatusOr<std::string> secret = NewClusterToken();
+    if (!secret.ok()) {
+      state_message_ = absl::StrCat("generation ", generation_,
+                                    " cannot start: drawing its peer secret failed: ",
+                                    secret.status().message());
+      spdlog::error("{}", state_message_);
+      return;
+    }
     comm_started_ = true;
     cluster::CoordinatorMessage msg;
     cluster::StartComm* sc = msg.mutable_start_comm();
@@ -397,13 +405,10 @@ void ClusterManager::UpdateReadyLocked() {
                                         ? cluster::COMM_BACKEND_NONE
                                         : options_.comm_backend);
     sc->mutable_comm()->set_device_transport(placement_->device_transport);
-    // The group's secret for this generation (keys the peers' message tags).
-    absl::StatusOr<std::string> secret = NewClusterToken();
-    if (secret.ok()) sc->mutable_comm()->set_peer_secret(*secret);
+    sc->mutable_comm()->set_peer_secret(*secret);
     for (const RankPlacement& r : placement_->ranks) {
       const Worker& w = workers_[r.worker_id];
       sc->mutable_comm()->add_peer_addresses(w.ready.comm_address());
-      if (r.rank == 0) sc->mutable_comm()->set_nccl_unique_id(w.ready.nccl_unique_id());
     }
     for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].session->Send(msg);
     state_message_ = absl::StrCat("joining the communicator, generation ", generation_);

@@ -17,6 +17,11 @@ class UcxPeerEndpoint final : public PeerEndpoint {
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Join(
       int rank, const cluster::StartComm& start) override {
     if (!worker_) return absl::FailedPreconditionError("the peer endpoint was already joined");
+    // Unkeyed tags would let anyone who learns an address into the group.
+    if (start.comm().peer_secret().empty()) {
+      return absl::InvalidArgumentError(
+          "StartComm without a peer_secret: this worker does not join an unkeyed group");
+    }
     std::vector<std::string> addresses(start.comm().peer_addresses().begin(),
                                        start.comm().peer_addresses().end());
     comm::UcxOptions uo;

@@ -499,6 +499,7 @@ TEST(ClusterManager, GpuRanksLearnTheirDeviceTransport) {
   auto sc = f.sessions[0]->Of(cluster::CoordinatorMessage::kStartComm);
   ASSERT_EQ(sc.size(), 1u);
   EXPECT_EQ(sc[0].start_comm().comm().device_transport(), cluster::DEVICE_TRANSPORT_CUDA_IPC);
+  EXPECT_EQ(sc[0].start_comm().comm().peer_secret().size(), 64u);  // every generation is keyed
   f.JoinAll();
   ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
   auto placement = f.manager->GetPlacement();
