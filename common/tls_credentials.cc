@@ -7,10 +7,14 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/status.h"
 
 namespace flotilla {
@@ -74,7 +78,82 @@ absl::Status CheckPair(const std::string& cert, const std::string& key,
   return CheckKeyPair(cert, key, cert_flag, key_flag);
 }
 
+// The suites and versions of kTls12CipherList / kTls13CipherSuites, and the
+// certificate chain and key.
+absl::Status SetOwnCertificate(const TlsServerFiles& files, SSL_CTX* ctx) {
+  if (SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1 ||
+      SSL_CTX_set_cipher_list(ctx, kTls12CipherList) != 1 ||
+      SSL_CTX_set_ciphersuites(ctx, kTls13CipherSuites) != 1) {
+    return absl::InternalError(absl::StrCat("TLS: cannot restrict the suites: ", OpenSslError()));
+  }
+  // The server picks among what the client offers (ours are all strong; the
+  // order prefers AES-GCM, which has hardware support), never renegotiates.
+  SSL_CTX_set_options(
+      ctx, SSL_OP_CIPHER_SERVER_PREFERENCE | SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+  if (SSL_CTX_use_certificate_chain_file(ctx, files.cert.c_str()) != 1) {
+    return Invalid("--tls-cert", files.cert,
+                   absl::StrCat("not a PEM certificate: ", OpenSslError()));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx, files.key.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx) != 1) {
+    ERR_clear_error();
+    return Invalid("--tls-key", files.key,
+                   absl::StrCat("not a PEM private key of the certificate ", files.cert));
+  }
+  return absl::OkStatus();
+}
+
+// Clients must present a certificate that `ca` signed; the handshake fails
+// without one.
+absl::Status RequireClientCertificate(const std::string& ca, SSL_CTX* ctx) {
+  if (SSL_CTX_load_verify_locations(ctx, ca.c_str(), nullptr) != 1) {
+    return Invalid("--tls-client-ca", ca, absl::StrCat("not a PEM CA: ", OpenSslError()));
+  }
+  // Named in the certificate request, so a client holding several picks the
+  // right one.
+  STACK_OF(X509_NAME)* names = SSL_load_client_CA_file(ca.c_str());
+  if (names == nullptr) {
+    return Invalid("--tls-client-ca", ca, absl::StrCat("no CA name: ", OpenSslError()));
+  }
+  SSL_CTX_set_client_CA_list(ctx, names);
+  SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  // A verifying server must name its sessions, or resuming one fails the
+  // handshake.
+  static constexpr unsigned char kSessionContext[] = "flotilla-https";
+  SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof(kSessionContext) - 1);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+absl::Status ConfigureServerContext(const TlsServerFiles& files, SSL_CTX* ctx) {
+  FLOTILLA_RETURN_IF_ERROR(CheckServerFiles(files));
+  if (!files.enabled()) {
+    return absl::InvalidArgumentError("TLS needs --tls-cert and --tls-key");
+  }
+  FLOTILLA_RETURN_IF_ERROR(SetOwnCertificate(files, ctx));
+  if (!files.client_ca.empty())
+    FLOTILLA_RETURN_IF_ERROR(RequireClientCertificate(files.client_ca, ctx));
+  return absl::OkStatus();
+}
+
+absl::Status CheckGrpcCipherSuites(const char* grpc_ssl_cipher_suites) {
+  if (grpc_ssl_cipher_suites == nullptr || *grpc_ssl_cipher_suites == '\0') {
+    return absl::OkStatus();
+  }
+  const std::string ours = absl::StrCat(kTls12CipherList, ":", kTls13CipherSuites);
+  const std::vector<absl::string_view> allowed = absl::StrSplit(ours, ':');
+  for (absl::string_view suite : absl::StrSplit(grpc_ssl_cipher_suites, ':', absl::SkipEmpty())) {
+    if (std::find(allowed.begin(), allowed.end(), suite) == allowed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GRPC_SSL_CIPHER_SUITES names ", suite,
+                       ": the coordinator serves TLS 1.3 and TLS 1.2 ECDHE with AES-GCM or "
+                       "ChaCha20-Poly1305 only (unset it, or name some of ",
+                       kTls12CipherList, ":", kTls13CipherSuites, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path, const std::string& flag) {
   std::ifstream in(path, std::ios::binary);
@@ -115,6 +194,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsServerFiles& files) {
   FLOTILLA_RETURN_IF_ERROR(CheckServerFiles(files));
   if (!files.enabled()) return grpc::InsecureServerCredentials();
+  // gRPC's own knob, not ours: read where gRPC reads it.
+  FLOTILLA_RETURN_IF_ERROR(CheckGrpcCipherSuites(std::getenv("GRPC_SSL_CIPHER_SUITES")));
   grpc::SslServerCredentialsOptions options;
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   FLOTILLA_ASSIGN_OR_RETURN(pair.cert_chain, ReadPemFile(files.cert, "--tls-cert"));

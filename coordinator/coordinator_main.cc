@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
       ->envname("FLOTILLA_TLS_KEY");
   app.add_option("--tls-client-ca", tls.client_ca,
-                 "PEM CA: gRPC clients and workers must present a certificate it signed (mTLS)")
+                 "PEM CA: gRPC and HTTPS clients and workers need a certificate it signed (mTLS)")
       ->envname("FLOTILLA_TLS_CLIENT_CA");
   flotilla::coordinator::HttpServerOptions http_options;
   app.add_option("--http-max-connections", http_options.max_connections,

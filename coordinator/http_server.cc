@@ -315,14 +315,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
                                                                ClusterManager* manager,
                                                                const tokenizer::Tokenizer* tokenizer) {
   if (options.tls.enabled()) {
-    TlsServerFiles files = options.tls;
-    files.client_ca.clear();
-    if (absl::Status st = CheckServerFiles(files); !st.ok()) return st;
+    if (absl::Status st = CheckServerFiles(options.tls); !st.ok()) return st;
   }
   std::unique_ptr<HttpServer> s(new HttpServer(std::move(options), manager, tokenizer));
   HttpTransportOptions t = s->TransportOptions(s->options_.listen, "--http-listen");
   t.tls = s->options_.tls;
-  t.tls.client_ca.clear();
   absl::StatusOr<std::unique_ptr<HttpTransport>> server = HttpTransport::Create(std::move(t));
   if (!server.ok()) return server.status();
   s->server_ = *std::move(server);

@@ -47,7 +47,8 @@ struct HttpServerOptions {
   // Bodies over limits.max_request_bytes get 413 unread; prompts over
   // limits.max_prompt_text_bytes 400 untokenised.
   InputLimits limits;
-  // With tls.cert and tls.key the API is HTTPS only (client_ca is for gRPC).
+  // With tls.cert and tls.key the API is HTTPS only; with tls.client_ca too,
+  // clients must present a certificate that CA signed (mTLS).
   TlsServerFiles tls;
   // Connections past this get 503 and are closed.
   int max_connections = 4096;

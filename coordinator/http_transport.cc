@@ -953,17 +953,10 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> HttpTransport::Create(HttpTranspo
   auto impl = std::make_unique<Impl>(std::move(options));
   Impl& s = *impl;
   if (s.options.tls.enabled()) {
+    // AEAD suites only, TLS 1.2 and up, and with client_ca mTLS: as gRPC's port.
     s.ssl = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
-    try {
-      s.ssl->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
-                         asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
-                         asio::ssl::context::no_tlsv1_1);
-      s.ssl->use_certificate_chain_file(s.options.tls.cert);
-      s.ssl->use_private_key_file(s.options.tls.key, asio::ssl::context::pem);
-    } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("--tls-cert ", s.options.tls.cert,
-                                                     ": cannot serve HTTPS with it and --tls-key (",
-                                                     e.what(), ")"));
+    if (absl::Status st = ConfigureServerContext(s.options.tls, s.ssl->native_handle()); !st.ok()) {
+      return st;
     }
   }
   // Descriptors: a connection is one; keep some for everything else.

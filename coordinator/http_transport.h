@@ -50,7 +50,7 @@ namespace flotilla::coordinator {
 struct HttpTransportOptions {
   std::string listen;                  // HOST:PORT; port 0 = any free port
   std::string flag = "--http-listen";  // named in errors
-  TlsServerFiles tls;                  // cert and key: HTTPS only
+  TlsServerFiles tls;                  // cert and key: HTTPS only; client_ca: mTLS
   size_t max_body_bytes = 16 << 20;    // larger bodies: 413, unread
   int max_connections = 4096;          // clamped to what the descriptor limit allows
   absl::Duration header_timeout = absl::Seconds(10);

@@ -81,5 +81,18 @@ TEST(TlsFiles, CheckedBeforeUse) {
   EXPECT_TRUE(MakeChannelCredentials({}).ok());
 }
 
+// gRPC reads its suites from GRPC_SSL_CIPHER_SUITES; only AEAD ones pass.
+TEST(TlsFiles, GrpcCipherSuitesOnlyAead) {
+  EXPECT_TRUE(CheckGrpcCipherSuites(nullptr).ok());
+  EXPECT_TRUE(CheckGrpcCipherSuites("").ok());
+  EXPECT_TRUE(CheckGrpcCipherSuites("ECDHE-RSA-AES128-GCM-SHA256:TLS_AES_128_GCM_SHA256").ok());
+  for (const char* weak : {"ECDHE-RSA-AES128-SHA", "ECDHE-RSA-AES128-GCM-SHA256:AES128-GCM-SHA256",
+                           "DHE-RSA-AES128-GCM-SHA256", "ALL", "HIGH"}) {
+    const absl::Status st = CheckGrpcCipherSuites(weak);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << weak;
+    EXPECT_NE(st.message().find("GRPC_SSL_CIPHER_SUITES"), std::string::npos) << st;
+  }
+}
+
 }  // namespace
 }  // namespace flotilla
