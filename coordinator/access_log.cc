@@ -1,5 +1,6 @@
 #include "coordinator/access_log.h"
 
+#include <atomic>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -91,7 +92,14 @@ uint32_t AccessRecord::output_tokens() const {
   return output_tokens_;
 }
 
+namespace {
+std::atomic<bool> log_ids{false};
+}  // namespace
+
+void SetAccessLogIds(bool on) { log_ids.store(on, std::memory_order_relaxed); }
+
 void AccessRecord::Log(std::string_view status, absl::Time end) {
+  const bool with_id = log_ids.load(std::memory_order_relaxed);
   std::vector<LogField> fields;
   spdlog::level::level_enum level;
   {
@@ -100,7 +108,8 @@ void AccessRecord::Log(std::string_view status, absl::Time end) {
     logged_ = true;
     level = level_;
     fields = {
-        request_id_.empty() ? LogField::Null("request_id") : LogField("request_id", request_id_),
+        request_id_.empty() || !with_id ? LogField::Null("request_id")
+                                        : LogField("request_id", request_id_),
         key_.empty() ? LogField::Null("key") : LogField("key", key_),
         LogField("api", api_),
         LogField("status", status),

@@ -2,6 +2,8 @@
 // it came through, for operators (request id, key id, API, status, prompt and
 // output tokens, time to first token, duration, finish reason). Each layer
 // fills in what it knows; the line is written once, when the request ends.
+// Request ids (a stored response's id continues its conversation) are left
+// out unless the operator asks for them (--access-log-ids).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,10 @@
 #include "spdlog/common.h"
 
 namespace flotilla::coordinator {
+
+// Whether access lines carry request ids (default false). Part of the
+// process's logging setup, like the log level: set once at start.
+void SetAccessLogIds(bool on);
 
 class AccessRecord {
  public:

@@ -8,6 +8,7 @@
 #include "common/cluster_token.h"
 #include "common/comm_names.h"
 #include "common/expert_map_proto.h"
+#include "common/sampling_check.h"
 #include "common/status.h"
 #include "coordinator/input_limits.h"
 #include "spdlog/spdlog.h"
@@ -575,6 +576,9 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
                                                      options_.model.vocab_size, ")"));
     }
   }
+  // Every field is checked before availability: a malformed request is the
+  // client's error even while no worker is alive.
+  FLOTILLA_RETURN_IF_ERROR(CheckSamplingParams(request.sampling(), options_.model.vocab_size));
   const int64_t context =
       options_.max_model_len > 0
           ? std::min<int64_t>(options_.max_model_len, options_.model.max_position_embeddings)

@@ -106,13 +106,13 @@ constexpr const char* kChatFields[] = {
     "stop", "stream", "stream_options", "n", "best_of", "logprobs", "top_logprobs",
     "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
     "truncate_prompt_tokens", "ignore_eos",
-    "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+    "user", "metadata", "store", "service_tier", "parallel_tool_calls", "cache_salt"};
 constexpr const char* kCompletionFields[] = {
     "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k", "min_p",
     "seed", "stop", "stream", "stream_options", "n", "best_of", "logprobs", "echo",
     "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
     "truncate_prompt_tokens", "ignore_eos",
-    "user"};
+    "user", "cache_salt"};
 
 template <size_t kN>
 absl::Status CheckKnownFields(const Json& body, const char* const (&known)[kN]) {
@@ -144,6 +144,16 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out) {
     absl::StatusOr<bool> inc = Bool(*so, "include_usage");
     if (!inc.ok()) return Invalid("stream_options.include_usage", "must be true or false");
     out.include_usage = *inc;
+  }
+  // vLLM's: the prefix-cache domain (requests share cached prompt blocks only
+  // with requests of the same salt; without one, with those of the same key).
+  if (const Json* salt = Field(body, "cache_salt")) {
+    if (!salt->is_string() || salt->get_ref<const std::string&>().empty() ||
+        salt->get_ref<const std::string&>().size() > kMaxCacheSaltBytes) {
+      return Invalid("cache_salt", absl::StrCat("must be a non-empty string of at most ",
+                                                kMaxCacheSaltBytes, " bytes"));
+    }
+    out.cache_salt = salt->get<std::string>();
   }
   common::SamplingParams& s = out.sampling;
   // vLLM's: cut the prompt (and max_tokens) to fit the context instead of a

@@ -68,7 +68,12 @@ struct PreparedRequest {
   int top_logprobs = 0;
   // Structured outputs (chat only): the constraint the worker decodes under.
   std::optional<grammar::ConstraintSpec> constraint;
+  // The request's `cache_salt` (empty: none): see coordinator/cache_domain.h.
+  std::string cache_salt;
 };
+
+// The longest `cache_salt` a request may carry.
+inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 // Chat completions: validates every field it uses (errors name the field),
 // refuses a model other than `model_id` (NOT_FOUND), renders the Harmony

@@ -1,10 +1,17 @@
-// The responses kept for `previous_response_id` (POST /v1/responses with
-// `store`): each entry is the whole conversation a response ended, as
-// Responses items (the inputs of its chain, then its own output items), so a
-// follow-up request continues it without the client resending anything.
-// Memory only, bounded three ways: the number of entries, their age and their
-// total size; the oldest entry goes first when a bound is passed, so a store
-// under load forgets rather than grows.
+// The responses kept for `previous_response_id` and GET/DELETE
+// /v1/responses/{id} (POST /v1/responses with `store`): each entry is the
+// response object and the whole conversation it ended, as Responses items
+// (the inputs of its chain, then its own output items), so a follow-up
+// request continues it without the client resending anything.
+//
+// Every entry belongs to the key that created it (its owner, the caller's key
+// id; empty when the server has no keys): another key gets the same NOT_FOUND
+// as for an id that never existed, so ids leak nothing across tenants.
+//
+// Memory only, bounded three ways: the number of entries, their age and the
+// memory they hold (JsonMemoryBytes: the parsed trees, not their text); the
+// oldest entry goes first when a bound is passed, so a store under load
+// forgets rather than grows.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +20,6 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -28,6 +34,11 @@ struct ResponseStoreOptions {
   size_t max_bytes = 256u << 20;            // --responses-store-max-bytes
 };
 
+// The heap memory a parsed JSON value holds (nodes, strings, containers'
+// capacity, and the allocator's per-block overhead), which for short strings
+// and small objects is several times its serialized size.
+size_t JsonMemoryBytes(const nlohmann::ordered_json& value);
+
 class ResponseStore {
  public:
   // `now` is the clock (tests inject a fake); null = absl::Now. Refuses
@@ -35,24 +46,38 @@ class ResponseStore {
   static absl::StatusOr<std::unique_ptr<ResponseStore>> Create(
       ResponseStoreOptions options, std::function<absl::Time()> now = nullptr);
 
-  // Keeps `items` (a JSON array of Responses items) under `id`, replacing an
-  // entry of that id. An entry larger than max_bytes on its own is not kept.
-  void Put(const std::string& id, nlohmann::ordered_json items);
-  // The items stored under `id`; NOT_FOUND naming previous_response_id when
-  // there is none (never stored, evicted or expired).
-  absl::StatusOr<nlohmann::ordered_json> Get(const std::string& id);
+  // One stored response: the object the API answered, and the conversation
+  // it ended (a JSON array of Responses items).
+  struct Stored {
+    nlohmann::ordered_json response;
+    nlohmann::ordered_json items;
+  };
+
+  // Keeps `stored` under `id` for `owner`, replacing an entry of that id. An
+  // entry larger than max_bytes on its own is not kept.
+  void Put(const std::string& id, const std::string& owner, Stored stored);
+  // The entry under `id` if `owner` created it; NOT_FOUND naming `param` when
+  // there is none for this owner (never stored, another key's, deleted,
+  // evicted or expired: the message does not say which).
+  absl::StatusOr<Stored> Get(const std::string& id, const std::string& owner,
+                             const std::string& param = "previous_response_id");
+  // Forgets `id`; NOT_FOUND as Get's.
+  absl::Status Delete(const std::string& id, const std::string& owner);
 
   size_t size() const;
   size_t bytes() const;
 
  private:
   struct Entry {
-    nlohmann::ordered_json items;
+    std::string owner;
+    Stored stored;
     size_t bytes = 0;
-    absl::Time stored;
+    absl::Time stored_at;
     std::list<std::string>::iterator age_position;
   };
   ResponseStore(ResponseStoreOptions options, std::function<absl::Time()> now);
+  // The live entry of `id` owned by `owner`, or entries_.end() (under mu_).
+  std::map<std::string, Entry>::iterator FindLocked(const std::string& id, const std::string& owner);
   // Drops expired entries, then the oldest while a bound is passed (under mu_).
   void EvictLocked(absl::Time now);
   void EraseLocked(std::map<std::string, Entry>::iterator it);

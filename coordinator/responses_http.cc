@@ -29,8 +29,10 @@ struct ResponseGeneration {
   bool begun = false;  // streams: the head went out
   std::string held;    // streams: events produced before the head
   bool ended = false;  // the whole answer was produced
-  // Kept in `store` under the response id once finished (null: not stored).
+  // Kept in `store` under the response id for `owner` once finished (null:
+  // not stored).
   ResponseStore* store = nullptr;
+  std::string owner;
   Json conversation;  // the history and this request's input items
 };
 
@@ -75,7 +77,9 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   if (status.ok() && g.store != nullptr) {
     Json items = g.conversation;
     for (const Json& item : g.builder->output()) items.push_back(item);
-    g.store->Put(g.builder->Response()["id"].get<std::string>(), std::move(items));
+    Json response = g.builder->Response();
+    const std::string id = response["id"].get<std::string>();
+    g.store->Put(id, g.owner, ResponseStore::Stored{std::move(response), std::move(items)});
   }
   if (g.stream) {
     if (!status.ok()) {
@@ -128,7 +132,8 @@ struct Prepared {
   PreparedRequest chat;
 };
 
-absl::StatusOr<Prepared> Prepare(const ResponsesHttpContext& context, const HttpRequest& req) {
+absl::StatusOr<Prepared> Prepare(const ResponsesHttpContext& context, const HttpRequest& req,
+                                 const std::string& owner) {
   absl::StatusOr<Json> body = ParseBody(req.body);
   if (!body.ok()) return body.status();
   absl::StatusOr<ResponsesRequest> request = ParseResponsesRequest(*body);
@@ -136,9 +141,10 @@ absl::StatusOr<Prepared> Prepare(const ResponsesHttpContext& context, const Http
   Prepared out;
   out.request = *std::move(request);
   if (!out.request.previous_response_id.empty()) {
-    absl::StatusOr<Json> history = context.store->Get(out.request.previous_response_id);
-    if (!history.ok()) return history.status();
-    out.history = *std::move(history);
+    absl::StatusOr<ResponseStore::Stored> previous =
+        context.store->Get(out.request.previous_response_id, owner);
+    if (!previous.ok()) return previous.status();
+    out.history = std::move(previous->items);
   }
   const Json* model = body->contains("model") ? &(*body)["model"] : nullptr;
   const std::string& model_id =
@@ -169,7 +175,8 @@ SessionRequest SessionRequestOf(const PreparedRequest& prepared, const std::stri
 
 std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& context,
                                                   std::shared_ptr<HttpExchange> exchange,
-                                                  const std::string& id, Prepared& p) {
+                                                  const std::string& id, const std::string& owner,
+                                                  Prepared& p) {
   const HttpRequest& req = exchange->request();
   auto g = std::make_shared<ResponseGeneration>();
   g->exchange = std::move(exchange);
@@ -181,6 +188,7 @@ std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& co
                                                  absl::ToUnixSeconds(absl::Now()));
   if (p.request.store) {
     g->store = context.store;
+    g->owner = owner;
     g->conversation = std::move(p.history);
     for (const Json& item : p.request.input_items) g->conversation.push_back(item);
   }
@@ -190,16 +198,20 @@ std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& co
 }  // namespace
 
 void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExchange> exchange,
-                    std::optional<absl::Time> deadline, SessionHooks hooks) {
-  absl::StatusOr<Prepared> prepared = Prepare(context, exchange->request());
+                    const std::string& owner, std::optional<absl::Time> deadline,
+                    SessionHooks hooks) {
+  absl::StatusOr<Prepared> prepared = Prepare(context, exchange->request(), owner);
   if (!prepared.ok()) return exchange->Send(ErrorResponse(prepared.status()));
   const std::string id = absl::StrCat("resp_", RandomId());
-  std::shared_ptr<ResponseGeneration> g = NewGeneration(context, exchange, id, *prepared);
+  std::shared_ptr<ResponseGeneration> g = NewGeneration(context, exchange, id, owner, *prepared);
   if (g->stream) g->held = Events(g->builder->Begin());
 
   ++*context.in_flight;
+  SessionRequest request = SessionRequestOf(prepared->chat, id, deadline);
+  request.submit.set_cache_domain(
+      CacheDomain(prepared->chat.cache_salt, owner, context.cache_domains));
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
-      context.backend, context.tokenizer, SessionRequestOf(prepared->chat, id, deadline),
+      context.backend, context.tokenizer, std::move(request),
       [g](const std::vector<RequestEvent>& events) { Consume(*g, events); }, std::move(hooks));
   if (!started.ok()) {
     --*context.in_flight;
@@ -209,6 +221,24 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
   if (g->stream) BeginStream(*g);
   // A client that goes away cancels its request.
   exchange->OnClientGone([session] { session->Cancel("the HTTP client disconnected"); });
+}
+
+HttpResponse RetrieveResponse(const ResponsesHttpContext& context, const std::string& id,
+                              const std::string& owner) {
+  absl::StatusOr<ResponseStore::Stored> stored = context.store->Get(id, owner, "response_id");
+  if (!stored.ok()) return ErrorResponse(stored.status());
+  HttpResponse res;
+  res.set_content(DumpJson(stored->response), "application/json");
+  return res;
+}
+
+HttpResponse DeleteResponse(const ResponsesHttpContext& context, const std::string& id,
+                            const std::string& owner) {
+  if (absl::Status st = context.store->Delete(id, owner); !st.ok()) return ErrorResponse(st);
+  HttpResponse res;
+  res.set_content(DumpJson(Json{{"id", id}, {"object", "response"}, {"deleted", true}}),
+                  "application/json");
+  return res;
 }
 
 }  // namespace flotilla::coordinator

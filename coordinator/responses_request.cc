@@ -26,7 +26,8 @@ constexpr const char* kSameInChat[] = {"model",
                                        "repetition_penalty",
                                        "logit_bias",
                                        "frequency_penalty",
-                                       "presence_penalty"};
+                                       "presence_penalty",
+                                       "cache_salt"};
 // Fields read here, or accepted as documented no-ops (user, safety_identifier,
 // prompt_cache_key: identifiers for OpenAI's abuse tracking and cache routing;
 // the prefix cache needs no key).

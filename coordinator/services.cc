@@ -119,7 +119,7 @@ class GenerateReactor final : public GenerateReactorBase {
   GenerateReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
                   const v1::GenerateRequest& request, const std::string& model_id,
                   const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller,
-                  ClientBuffers* buffers, std::shared_ptr<void> admission)
+                  ClientBuffers* buffers, std::shared_ptr<void> admission, uint64_t cache_domain)
       : backend_(manager), state_(std::make_shared<State>(this, context)) {
     state_->admission = std::move(admission);
     if (buffers) state_->queue.SetAccount(buffers->Open(state_));
@@ -130,6 +130,7 @@ class GenerateReactor final : public GenerateReactorBase {
       return;
     }
     session_request->deadline = CallDeadline(context);
+    session_request->submit.set_cache_domain(cache_domain);
     state_->access->set_prompt_tokens(
         static_cast<uint32_t>(session_request->prompts[0].size()));
     state_->request_id = requests->Reserve(caller);
@@ -297,7 +298,8 @@ class ChatReactor final : public ChatReactorBase {
               const v1::ChatRequest& request, const std::string& model_id,
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
               const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
-              size_t max_prompt_text_bytes, ClientBuffers* buffers, std::shared_ptr<void> admission)
+              size_t max_prompt_text_bytes, ClientBuffers* buffers, std::shared_ptr<void> admission,
+              uint64_t cache_domain)
       : backend_(manager) {
     auto access = std::make_shared<AccessRecord>("grpc Chat", absl::Now());
     access->set_key(caller.key_id);
@@ -330,6 +332,7 @@ class ChatReactor final : public ChatReactorBase {
     session_request.stop = prepared->stop;
     session_request.call_id_seed = call_id_seed;
     session_request.deadline = CallDeadline(context);
+    session_request.submit.set_cache_domain(cache_domain);
     std::shared_ptr<State> state = state_;
     SessionHooks hooks;
     hooks.on_accepted = [state, requests](uint64_t id) { requests->Bind(state->request_id, id); };
@@ -483,15 +486,15 @@ grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
   absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
   if (!caller.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(caller.status()));
-  if (absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
-      !st.ok()) {
-    return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(st));
-  }
+  absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
+  if (st.ok()) st = CheckCacheSalt(request->cache_salt());
+  if (!st.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(st));
   absl::StatusOr<std::shared_ptr<void>> admission = Admit();
   if (!admission.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(admission.status()));
   return new ChatReactor(manager_, context, *request, ModelFor(request->model()), tokenizer_, harmony_,
                          call_id_salt_, &requests_, *caller, limits_.max_prompt_text_bytes,
-                         buffers_.get(), *std::move(admission));
+                         buffers_.get(), *std::move(admission),
+                         CacheDomain(request->cache_salt(), caller->key_id, cache_domains_));
 }
 
 grpc::ServerBidiReactor<cluster::WorkerMessage, cluster::CoordinatorMessage>*
@@ -589,13 +592,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
   if (st.ok() && request->prompt_case() == v1::GenerateRequest::kText) {
     st = CheckPromptTextBytes(request->text().size(), limits_.max_prompt_text_bytes, "prompt text");
   }
+  if (st.ok()) st = CheckCacheSalt(request->cache_salt());
   if (!st.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(st));
   absl::StatusOr<std::shared_ptr<void>> admission = Admit();
   if (!admission.ok()) {
     return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(admission.status()));
   }
   return new GenerateReactor(manager_, context, *request, ModelFor(request->model()), tokenizer_, &requests_,
-                             *caller, buffers_.get(), *std::move(admission));
+                             *caller, buffers_.get(), *std::move(admission),
+                             CacheDomain(request->cache_salt(), caller->key_id, cache_domains_));
 }
 
 grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* context,

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "coordinator/auth.h"
+#include "coordinator/cache_domain.h"
 #include "coordinator/client_buffers.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/harmony/openai.h"
@@ -102,6 +103,8 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   // Bounds on client requests (size, prompt text), checked before any work;
   // set before the server starts.
   void SetInputLimits(const InputLimits& limits) { limits_ = limits; }
+  // Which requests share cached prompt blocks (cache_domain.h).
+  void SetCacheDomains(const CacheDomainPolicy& policy) { cache_domains_ = policy; }
   // Every name requests may give as `model` (ServedModelNames), the model id
   // first; ListModels lists each. Set before the server starts.
   void SetServedModelNames(std::vector<std::string> names) { served_names_ = std::move(names); }
@@ -125,6 +128,7 @@ class FrontendService final : public v1::Flotilla::CallbackService {
   const Authenticator* auth_;
   RequestRegistry requests_;  // the random ids clients see -> the manager's ids
   InputLimits limits_;
+  CacheDomainPolicy cache_domains_;
   std::shared_ptr<ClientBuffers> buffers_;
 };
 

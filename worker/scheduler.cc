@@ -136,6 +136,7 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.stop = StopRules(std::move(stops), sp.max_tokens);
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
+  seq.cache_domain = s.cache_domain();
   seq.deadline_unix_ms = s.deadline_unix_ms();
   seq.queued_ms = queued_ms;
   seq.admitted_at = now;
@@ -225,6 +226,7 @@ void Scheduler::PlanPromptChunks(int64_t budget, cluster::StepPlan* plan) {
     it->set_first(first);
     if (first) {
       it->mutable_cached_prefix()->Add(seq.prompt.begin(), seq.prompt.begin() + seq.prefilled);
+      it->set_cache_domain(seq.cache_domain);
       seq.started = true;
     }
     for (int64_t j = 0; j < n; ++j) it->add_tokens(seq.prompt[seq.prefilled + j]);
@@ -234,7 +236,8 @@ void Scheduler::PlanPromptChunks(int64_t budget, cluster::StepPlan* plan) {
 }
 
 void Scheduler::TakeCachedPrefix(Sequence& seq) {
-  const int64_t cached = seq.return_prompt_logits ? 0 : engine_->CachedPrefixLength(seq.prompt);
+  const int64_t cached =
+      seq.return_prompt_logits ? 0 : engine_->CachedPrefixLength(seq.prompt, seq.cache_domain);
   seq.prefilled = cached;
   prefix_queries_ += seq.prompt.size();
   prefix_hits_ += cached;

@@ -83,6 +83,7 @@ class Scheduler {
     StopRules stop{{}, 0};
     bool want_logprobs = false;
     bool return_prompt_logits = false;
+    uint64_t cache_domain = 0;  // its prefix-cache domain (SubmitSequence)
     int64_t kv_reserved = 0;
     uint64_t deadline_unix_ms = 0;
     const ConstraintFilter* constraint = nullptr;  // owned by the sampler

@@ -130,7 +130,8 @@ absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepP
     if (p.first()) {
       FLOTILLA_ASSIGN_OR_RETURN(
           engine_ids_[p.request_id()],
-          engine_->NewSequenceWithPrefix({p.cached_prefix().begin(), p.cached_prefix().end()}));
+          engine_->NewSequenceWithPrefix({p.cached_prefix().begin(), p.cached_prefix().end()},
+                                         p.cache_domain()));
     }
     StepItem it;
     it.sequence = engine_ids_.at(p.request_id());

@@ -112,7 +112,7 @@ TEST(CpuPrefixCacheSliding, AMatchNeedsTheSlidingWindowBeforeIt) {
     // One chunk of 100 wrote sliding layers only for its last window: position
     // 60's window is not cached and a match cannot start there (nor earlier).
     // Chunks of 4 wrote every position's window.
-    EXPECT_EQ(with->CachedPrefixLength(b), chunk == 100 ? 0 : 60);
+    EXPECT_EQ(with->CachedPrefixLength(b, 0), chunk == 100 ? 0 : 60);
     const TurnResult got = testing::RunTurn(*with, b, o);
     const TurnResult want = testing::RunTurn(*without, b, o);
     EXPECT_EQ(got.tokens, want.tokens);
@@ -120,7 +120,7 @@ TEST(CpuPrefixCacheSliding, AMatchNeedsTheSlidingWindowBeforeIt) {
     // The whole of `a` plus more matches up to a's last full block.
     std::vector<int32_t> longer = a;
     longer.insert(longer.end(), tail.begin(), tail.end());
-    EXPECT_EQ(with->CachedPrefixLength(longer), 100);
+    EXPECT_EQ(with->CachedPrefixLength(longer, 0), 100);
   }
 }
 
@@ -129,14 +129,39 @@ TEST(CpuPrefixCacheSliding, ThePromptsLastTokenIsAlwaysComputed) {
   auto e = MakeEngine(&pool, Layout{8, 4}, true);
   const std::vector<int32_t> a = testing::TurnTokens(32, 7, 1024);
   testing::RunTurn(*e, a, MultiTurnOptions{});
-  EXPECT_EQ(e->CachedPrefixLength(a), 28);  // 32 are cached; 31 may be used, in whole blocks
-  EXPECT_EQ(e->CachedPrefixLength({a.begin(), a.begin() + 1}), 0);
-  auto bad = e->NewSequenceWithPrefix({a.begin(), a.begin() + 6});  // not whole blocks
+  EXPECT_EQ(e->CachedPrefixLength(a, 0), 28);  // 32 are cached; 31 may be used, in whole blocks
+  EXPECT_EQ(e->CachedPrefixLength({a.begin(), a.begin() + 1}, 0), 0);
+  auto bad = e->NewSequenceWithPrefix({a.begin(), a.begin() + 6}, 0);  // not whole blocks
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
   std::vector<int32_t> other = a;
   other[0] += 1;
-  EXPECT_EQ(e->NewSequenceWithPrefix({other.begin(), other.begin() + 8}).status().code(),
+  EXPECT_EQ(e->NewSequenceWithPrefix({other.begin(), other.begin() + 8}, 0).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Tenants do not share cached blocks: a prompt cached in one domain is a miss
+// in every other (the shared domain 0 included), a hit in its own, and a
+// domain's sequences add their blocks to that domain only.
+TEST(CpuPrefixCacheDomains, BlocksAreSharedOnlyWithinADomain) {
+  kernels::cpu::ThreadPool pool(2);
+  auto e = MakeEngine(&pool, Layout{8, 4}, true);
+  const std::vector<int32_t> a = testing::TurnTokens(32, 7, 1024);
+  MultiTurnOptions in_a;
+  in_a.cache_domain = 0x1234;
+  testing::RunTurn(*e, a, in_a);
+  EXPECT_EQ(e->CachedPrefixLength(a, 0x1234), 28);
+  EXPECT_EQ(e->CachedPrefixLength(a, 0x1235), 0);
+  EXPECT_EQ(e->CachedPrefixLength(a, 0), 0);
+  EXPECT_EQ(e->NewSequenceWithPrefix({a.begin(), a.begin() + 8}, 0x1235).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  MultiTurnOptions in_b;
+  in_b.cache_domain = 0x1235;
+  const TurnResult b = testing::RunTurn(*e, a, in_b);
+  EXPECT_EQ(b.cached, 0);
+  EXPECT_EQ(e->CachedPrefixLength(a, 0x1235), 28);  // now cached in b's domain too
+  EXPECT_EQ(e->CachedPrefixLength(a, 0), 0);
+  EXPECT_EQ(testing::RunTurn(*e, a, in_a).cached, 28);
+  EXPECT_EQ(testing::RunTurn(*e, a, in_b).tokens, b.tokens);
 }
 
 TEST(CpuPrefixCacheEviction, TokensStayTheSameWhenTheArenaIsShort) {

@@ -25,6 +25,7 @@ struct MultiTurnOptions {
   bool keep_answers = true;
   int vocab = 1024;
   uint32_t seed = 1;
+  uint64_t cache_domain = 0;  // the turns' prefix-cache domain
 };
 
 struct TurnResult {
@@ -48,8 +49,9 @@ inline TurnResult RunTurn(Engine& engine, const std::vector<int32_t>& prompt,
                           const MultiTurnOptions& o) {
   TurnResult r;
   r.prompt = prompt;
-  r.cached = engine.CachedPrefixLength(prompt);
-  auto seq = engine.NewSequenceWithPrefix({prompt.begin(), prompt.begin() + r.cached});
+  r.cached = engine.CachedPrefixLength(prompt, o.cache_domain);
+  auto seq = engine.NewSequenceWithPrefix({prompt.begin(), prompt.begin() + r.cached},
+                                          o.cache_domain);
   EXPECT_TRUE(seq.ok()) << seq.status();
   if (!seq.ok()) return r;
   EXPECT_EQ(*engine.SequenceLength(*seq), r.cached);

@@ -11,7 +11,9 @@
 // Properties: nothing crashes; a chat prompt is valid ids ending with
 // `<|start|>assistant`, and its reply stream (the prompt's tokens played back
 // with the request's stop strings) always ends; Submit accepts only prompts
-// of ids inside the vocabulary.
+// of ids inside the vocabulary, and refuses bad ids or sampling fields as
+// INVALID_ARGUMENT although no worker is there (validation before
+// availability).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "common/sampling_check.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/cluster_manager.h"
 #include "google/protobuf/stubs/logging.h"
@@ -113,7 +116,11 @@ void FuzzGenerate(const uint8_t* data, size_t size, const tokenizer::Tokenizer& 
   cb.on_done = [](const absl::Status&) {};
   absl::StatusOr<uint64_t> id = Manager().Submit(std::move(submit), std::move(cb));
   FLOTILLA_FUZZ_CHECK(!id.ok());  // no workers: never routed
-  if (!valid_ids) FLOTILLA_FUZZ_CHECK(id.status().code() == absl::StatusCode::kInvalidArgument);
+  const bool valid_sampling =
+      CheckSamplingParams(request.sampling(), static_cast<int>(tokenizer::kVocabSize)).ok();
+  if (!valid_ids || !valid_sampling) {
+    FLOTILLA_FUZZ_CHECK(id.status().code() == absl::StatusCode::kInvalidArgument);
+  }
 }
 
 }  // namespace

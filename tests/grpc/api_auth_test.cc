@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <chrono>
 #include <thread>
+#include <vector>
 
 #include "proto/admin.grpc.pb.h"
 #include "tools/cli/local_cluster.h"
@@ -331,13 +333,148 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
   const std::string id = nlohmann::json::parse(chat->body)["id"];
   EXPECT_EQ(id.rfind("chatcmpl-", 0), 0u) << id;
   EXPECT_EQ(id.size(), std::string("chatcmpl-").size() + 32) << id;
+  // /metrics tells about every tenant's requests: the admin key's only.
   auto metrics = http.Get("/metrics", alice);
   ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 403);
+  EXPECT_EQ(nlohmann::json::parse(metrics->body)["error"]["code"], "admin_key_required");
+  metrics = http.Get("/metrics", {{"Authorization", std::string("Bearer ") + kAdmin}});
+  ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);
+  EXPECT_NE(metrics->body.find("flotilla_"), std::string::npos);
   // Probes go without a key.
   auto health = http.Get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
+}
+
+// A stored response belongs to the key that created it: another key gets the
+// same 404 as for an id that never existed, on retrieve, delete and
+// previous_response_id alike; its owner reads, continues and deletes it.
+TEST_F(ApiAuthTest, StoredResponsesAreTheirKeysOnly) {
+  httplib::Client http("http://" + cluster_->http_address());
+  const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
+  const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
+  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  nlohmann::json request = {{"model", model}, {"input", "Remember the word kumquat."},
+                            {"max_output_tokens", 4}, {"temperature", 0}};
+  auto created = http.Post("/v1/responses", alice, request.dump(), "application/json");
+  ASSERT_TRUE(created);
+  ASSERT_EQ(created->status, 200) << created->body;
+  const std::string id = nlohmann::json::parse(created->body)["id"];
+
+  auto mine = http.Get("/v1/responses/" + id, alice);
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(mine->status, 200) << mine->body;
+  EXPECT_EQ(nlohmann::json::parse(mine->body)["id"], id);
+  auto theirs = http.Get("/v1/responses/" + id, bob);
+  auto never = http.Get("/v1/responses/resp_0123456789abcdef", bob);
+  ASSERT_TRUE(theirs && never);
+  EXPECT_EQ(theirs->status, 404);
+  EXPECT_EQ(never->status, 404);
+  // Nothing tells another key's id from one that never existed.
+  nlohmann::json their_error = nlohmann::json::parse(theirs->body)["error"];
+  nlohmann::json never_error = nlohmann::json::parse(never->body)["error"];
+  std::string their_message = their_error["message"];
+  their_message.replace(their_message.find(id), id.size(), "resp_0123456789abcdef");
+  EXPECT_EQ(their_message, never_error["message"]);
+  EXPECT_EQ(their_error["code"], never_error["code"]);
+
+  nlohmann::json follow = {{"model", model}, {"input", "What was the word?"},
+                           {"previous_response_id", id}, {"max_output_tokens", 2}};
+  auto stolen = http.Post("/v1/responses", bob, follow.dump(), "application/json");
+  ASSERT_TRUE(stolen);
+  EXPECT_EQ(stolen->status, 404) << stolen->body;
+  EXPECT_EQ(nlohmann::json::parse(stolen->body)["error"]["code"], "previous_response_not_found");
+  auto continued = http.Post("/v1/responses", alice, follow.dump(), "application/json");
+  ASSERT_TRUE(continued);
+  EXPECT_EQ(continued->status, 200) << continued->body;
+
+  auto deleted_by_bob = http.Delete("/v1/responses/" + id, bob);
+  ASSERT_TRUE(deleted_by_bob);
+  EXPECT_EQ(deleted_by_bob->status, 404);
+  auto deleted = http.Delete("/v1/responses/" + id, alice);
+  ASSERT_TRUE(deleted);
+  EXPECT_EQ(deleted->status, 200) << deleted->body;
+  EXPECT_EQ(nlohmann::json::parse(deleted->body)["deleted"], true);
+  auto gone = http.Get("/v1/responses/" + id, alice);
+  ASSERT_TRUE(gone);
+  EXPECT_EQ(gone->status, 404);
+}
+
+// The prefix cache's counters as the admin sees them: {queries, hits} in tokens.
+std::pair<uint64_t, uint64_t> PrefixCounters(httplib::Client& http) {
+  auto res = http.Get("/metrics", {{"Authorization", std::string("Bearer ") + kAdmin}});
+  if (!res || res->status != 200) return {0, 0};
+  auto value = [&](const std::string& name) -> uint64_t {  // name{labels} value
+    const size_t at = res->body.find("\n" + name + "{");
+    if (at == std::string::npos) return 0;
+    return std::stoull(res->body.substr(res->body.find("} ", at) + 2));
+  };
+  return {value("flotilla_prefix_cache_queries_tokens_total"),
+          value("flotilla_prefix_cache_hits_tokens_total")};
+}
+
+// Sends `prompt` (token ids) as `headers`' key with `salt` (empty: none) and
+// returns how many of its tokens the worker found in its prefix cache, once
+// its lookup shows in the counters (workers report them with their load).
+int64_t CachedTokensOf(httplib::Client& http, const httplib::Headers& headers,
+                       const std::vector<int>& prompt, const std::string& salt,
+                       const std::string& model) {
+  // A new last token each time: the blocks before it are what may be cached
+  // (the tiny model's sliding layers keep only the window before a prompt's end).
+  static int tail = 60000;
+  std::vector<int> ids = prompt;
+  ids.push_back(++tail);
+  // Earlier requests' lookups reach the counters with the workers' next load
+  // reports: start from counters that stopped moving.
+  std::pair<uint64_t, uint64_t> before = PrefixCounters(http);
+  for (int i = 0; i < 100; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    const std::pair<uint64_t, uint64_t> now = PrefixCounters(http);
+    if (now == before) break;
+    before = now;
+  }
+  const auto [queries, hits] = before;
+  nlohmann::json request = {{"model", model}, {"prompt", ids}, {"max_tokens", 1}};
+  if (!salt.empty()) request["cache_salt"] = salt;
+  auto res = http.Post("/v1/completions", headers, request.dump(), "application/json");
+  EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no answer");
+  for (int i = 0; i < 600; ++i) {
+    const auto [q, h] = PrefixCounters(http);
+    if (q >= queries + ids.size()) return static_cast<int64_t>(h - hits);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ADD_FAILURE() << "the prefix lookup never showed in /metrics";
+  return -1;
+}
+
+// Cached prompt blocks are shared within a key, or among requests of one
+// cache_salt, never across keys: another tenant's prompt is never a hit
+// (so its time to first token tells nothing).
+TEST_F(ApiAuthTest, PrefixCacheIsSharedOnlyWithinAKeyOrASalt) {
+  httplib::Client http("http://" + cluster_->http_address());
+  const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
+  const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
+  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  std::vector<int> prompt;
+  for (int i = 0; i < 160; ++i) prompt.push_back(1000 + (i * 7919) % 50000);
+  EXPECT_EQ(CachedTokensOf(http, alice, prompt, "", model), 0);
+  EXPECT_EQ(CachedTokensOf(http, bob, prompt, "", model), 0);      // alice's blocks: not bob's
+  EXPECT_GT(CachedTokensOf(http, alice, prompt, "", model), 100);  // alice's own
+  EXPECT_GT(CachedTokensOf(http, bob, prompt, "", model), 100);    // bob's own, from his miss
+
+  prompt[0] += 1;  // a prompt nobody sent
+  EXPECT_EQ(CachedTokensOf(http, bob, prompt, "team-a", model), 0);
+  EXPECT_GT(CachedTokensOf(http, alice, prompt, "team-a", model), 100);  // one salt: one domain
+  EXPECT_EQ(CachedTokensOf(http, alice, prompt, "", model), 0);          // not alice's own domain
+  EXPECT_EQ(CachedTokensOf(http, bob, prompt, "team-b", model), 0);
+
+  nlohmann::json bad = {{"model", model}, {"prompt", "x"}, {"cache_salt", ""}};
+  auto refused = http.Post("/v1/completions", alice, bad.dump(), "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400);
+  EXPECT_EQ(nlohmann::json::parse(refused->body)["error"]["param"], "cache_salt");
 }
 
 TEST_F(ApiAuthTest, MetricsListenerIsOpenAndServesOnlyMetrics) {

@@ -93,6 +93,7 @@ class HttpServingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+    setenv("FLOTILLA_ACCESS_LOG_IDS", "1", 1);  // the access-line test finds its line by id
     RaiseDescriptorLimit();
     log_dir_ = new std::string(fs::temp_directory_path() /
                                ("flotilla-http-serving-" + std::to_string(getpid())));

@@ -34,14 +34,19 @@ class FakeEngine : public Engine {
   std::vector<int64_t> instance_step_tokens;  // every SetInstanceStepTokens
   std::vector<int64_t> freed;
   std::map<int64_t, std::vector<int32_t>> sequences;
+  std::map<int64_t, uint64_t> cache_domains;  // each sequence's, as created
+  // Every CachedPrefixLength's domain.
+  mutable std::vector<uint64_t> prefix_queries;
 
   int64_t NewSequence() override {
     sequences[next_id_] = {};
     return next_id_++;
   }
-  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) override {
+  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
+                                                uint64_t cache_domain) override {
     const int64_t id = NewSequence();
     sequences[id] = prefix;
+    cache_domains[id] = cache_domain;
     return id;
   }
   absl::Status FreeSequence(int64_t sequence) override {
@@ -97,7 +102,10 @@ class FakeEngine : public Engine {
   int64_t KvBlocksForLength(int64_t tokens) const override {
     return (tokens + block_size_ - 1) / block_size_;
   }
-  int64_t CachedPrefixLength(const std::vector<int32_t>&) const override { return cached_prefix; }
+  int64_t CachedPrefixLength(const std::vector<int32_t>&, uint64_t cache_domain) const override {
+    prefix_queries.push_back(cache_domain);
+    return cached_prefix;
+  }
 
  private:
   ModelConfig config_;

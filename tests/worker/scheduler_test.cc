@@ -268,12 +268,18 @@ TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
   engine_.cached_prefix = 4;
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(6), 4), &refused);
+  cluster::SubmitSequence first = Submit(1, Prompt(6), 4);
+  first.set_cache_domain(77);
+  s.Enqueue(first, &refused);
   cluster::SubmitSequence logits = Submit(2, Prompt(6), 4);
   logits.set_return_prompt_logits(true);
   s.Enqueue(logits, &refused);
   cluster::StepPlan plan = s.Plan(&refused);
   ASSERT_EQ(plan.items_size(), 2);
+  // The lookup and every rank's new sequence are in the request's cache domain.
+  EXPECT_EQ(engine_.prefix_queries, std::vector<uint64_t>{77});
+  EXPECT_EQ(plan.items(0).cache_domain(), 77u);
+  EXPECT_EQ(plan.items(1).cache_domain(), 0u);
   EXPECT_EQ(plan.items(0).cached_prefix_size(), 4);
   EXPECT_EQ(plan.items(0).tokens_size(), 2);
   EXPECT_EQ(plan.items(0).tokens(0), 14);

@@ -255,14 +255,17 @@ absl::StatusOr<int64_t> CpuEngine::SequenceLength(int64_t sequence) const {
   return kv_->Length(sequence);
 }
 
-int64_t CpuEngine::CachedPrefixLength(const std::vector<int32_t>& prompt) const {
+int64_t CpuEngine::CachedPrefixLength(const std::vector<int32_t>& prompt,
+                                      uint64_t cache_domain) const {
   const int64_t bs = kv_->options().block_size;
   if (prompt.size() < 2) return 0;
-  return kv_->MatchPrefix(prompt, (static_cast<int64_t>(prompt.size()) - 1) / bs) * bs;
+  return kv_->MatchPrefix(prompt, (static_cast<int64_t>(prompt.size()) - 1) / bs, cache_domain) *
+         bs;
 }
 
-absl::StatusOr<int64_t> CpuEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
-  return kv_->CreateSequenceFromPrefix(prefix);
+absl::StatusOr<int64_t> CpuEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
+                                                         uint64_t cache_domain) {
+  return kv_->CreateSequenceFromPrefix(prefix, cache_domain);
 }
 
 int64_t CpuEngine::MaxSequenceLength() const {

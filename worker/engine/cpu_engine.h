@@ -47,8 +47,10 @@ class CpuEngine : public Engine {
   absl::StatusOr<int64_t> ForkSequence(int64_t sequence);
   absl::Status FreeSequence(int64_t sequence) override;
   absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
-  int64_t CachedPrefixLength(const std::vector<int32_t>& prompt) const override;
-  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) override;
+  int64_t CachedPrefixLength(const std::vector<int32_t>& prompt,
+                             uint64_t cache_domain) const override;
+  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
+                                                uint64_t cache_domain) override;
 
   // Runs one forward step. INVALID_ARGUMENT for an unknown or repeated
   // sequence, an empty chunk, a token id outside [0, vocab_size), or a

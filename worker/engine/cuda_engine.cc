@@ -734,16 +734,18 @@ absl::StatusOr<int64_t> CudaEngine::SequenceLength(int64_t sequence) const {
   return kv_->Length(sequence);
 }
 
-int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt) const {
+int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt,
+                                       uint64_t cache_domain) const {
   if (prompt.size() < 2) return 0;
   const int64_t bs = options_.kv_block_size;
   const int64_t max_blocks = std::min<int64_t>((static_cast<int64_t>(prompt.size()) - 1) / bs,
                                                max_blocks_per_seq_);
-  return kv_->MatchPrefix(prompt, max_blocks) * bs;
+  return kv_->MatchPrefix(prompt, max_blocks, cache_domain) * bs;
 }
 
-absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
-  return kv_->CreateSequenceFromPrefix(prefix);
+absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
+                                                          uint64_t cache_domain) {
+  return kv_->CreateSequenceFromPrefix(prefix, cache_domain);
 }
 
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }

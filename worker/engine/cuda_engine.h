@@ -129,8 +129,10 @@ class CudaEngine : public Engine {
   absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
   // Whole cached blocks whose full layers' KV and sliding layers' window are
   // still in the arena (KvBlockAllocator::MatchPrefix).
-  int64_t CachedPrefixLength(const std::vector<int32_t>& prompt) const override;
-  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) override;
+  int64_t CachedPrefixLength(const std::vector<int32_t>& prompt,
+                             uint64_t cache_domain) const override;
+  absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
+                                                uint64_t cache_domain) override;
 
   // As CpuEngine::Validate / Step; also INVALID_ARGUMENT for a step over
   // max_batch_tokens tokens or max_sequences sequences.

@@ -100,15 +100,21 @@ class Engine {
   virtual int64_t KvBlocksForLength(int64_t tokens) const = 0;
 
   // Prefix caching (an engine without a cache keeps these defaults). How
-  // many leading tokens of `prompt` a new sequence can take from the cache
-  // instead of computing them: whole KV blocks, always fewer than
-  // prompt.size() so that the last prompt token is computed and has logits;
-  // 0 when caching is off.
-  virtual int64_t CachedPrefixLength(const std::vector<int32_t>& prompt) const { return 0; }
-  // A new sequence that already holds `prefix`, every block of it shared
-  // with the cache. FAILED_PRECONDITION unless `prefix` is whole blocks the
-  // cache holds (as CachedPrefixLength reported for a prompt starting with it).
-  virtual absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix) {
+  // many leading tokens of `prompt` a new sequence of cache domain
+  // `cache_domain` can take from the cache instead of computing them: whole
+  // KV blocks cached by sequences of the same domain (0: the shared one),
+  // always fewer than prompt.size() so that the last prompt token is
+  // computed and has logits; 0 when caching is off.
+  virtual int64_t CachedPrefixLength(const std::vector<int32_t>& prompt,
+                                     uint64_t cache_domain) const {
+    return 0;
+  }
+  // A new sequence of cache domain `cache_domain` that already holds
+  // `prefix`, every block of it shared with the cache; the blocks it
+  // completes are cached in that domain. FAILED_PRECONDITION unless `prefix`
+  // is whole blocks the domain's cache holds (as CachedPrefixLength reported).
+  virtual absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
+                                                        uint64_t cache_domain) {
     if (prefix.empty()) return NewSequence();
     return absl::FailedPreconditionError("this engine has no prefix cache");
   }

@@ -255,8 +255,9 @@ bool KvBlockAllocator::WindowCached(const std::vector<PrefixCache::Hit>& hits,
   return true;
 }
 
-int64_t KvBlockAllocator::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const {
-  std::vector<PrefixCache::Hit> hits = blocks_->Walk(tokens, max_blocks);
+int64_t KvBlockAllocator::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks,
+                                      uint64_t domain) const {
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(tokens, max_blocks, PrefixCache::Root(domain));
   // Full groups need every block up to the match.
   int64_t full = 0;
   for (; full < static_cast<int64_t>(hits.size()); ++full) {
@@ -274,14 +275,15 @@ int64_t KvBlockAllocator::MatchPrefix(absl::Span<const int32_t> tokens, int64_t 
 }
 
 absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFromPrefix(
-    absl::Span<const int32_t> prefix) {
+    absl::Span<const int32_t> prefix, uint64_t domain) {
   const int64_t bs = options_.block_size;
   const int64_t blocks = static_cast<int64_t>(prefix.size()) / bs;
-  if (static_cast<int64_t>(prefix.size()) % bs != 0 || MatchPrefix(prefix, blocks) != blocks) {
+  if (static_cast<int64_t>(prefix.size()) % bs != 0 ||
+      MatchPrefix(prefix, blocks, domain) != blocks) {
     return absl::FailedPreconditionError(absl::StrCat(
         "kv cache: the prefix of ", prefix.size(), " tokens is not whole cached blocks"));
   }
-  std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, blocks);
+  std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, blocks, PrefixCache::Root(domain));
   const SequenceId id = CreateSequence();
   Sequence& s = seqs_[id];
   s.length = static_cast<int64_t>(prefix.size());
@@ -294,7 +296,7 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
     }
   }
   s.released_blocks = KeepBegin(SlidingGroup(), s.length) / bs;
-  if (blocks > 0) s.chain.link = hits.back().link;
+  s.chain.link = blocks > 0 ? hits.back().link : PrefixCache::Root(domain);
   s.chain.blocks = blocks;
   return id;
 }

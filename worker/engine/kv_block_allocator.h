@@ -64,11 +64,14 @@ class KvBlockAllocator {
   absl::StatusOr<int64_t> Length(SequenceId seq) const;
 
   // Whole blocks at the start of `tokens` (at most max_blocks) a new sequence
-  // can take from the cache.
-  int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const;
-  // A new sequence holding `prefix` (whole blocks, all matched) from the
-  // cache; FAILED_PRECONDITION otherwise.
-  absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix);
+  // of cache domain `domain` (PrefixCache::Root) can take from the cache.
+  int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks,
+                      uint64_t domain = 0) const;
+  // A new sequence of cache domain `domain` holding `prefix` (whole blocks,
+  // all matched in that domain) from the cache; FAILED_PRECONDITION
+  // otherwise. The blocks it completes are cached in that domain.
+  absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix,
+                                                      uint64_t domain = 0);
 
   // Blocks one sequence of `length` tokens holds at most, all groups
   // together, a step's new positions included: what admission reserves.

@@ -41,13 +41,14 @@ absl::Status KvCache::Free(SequenceId seq) { return blocks_->Free(seq); }
 
 absl::StatusOr<int64_t> KvCache::Length(SequenceId seq) const { return blocks_->Length(seq); }
 
-int64_t KvCache::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const {
-  return blocks_->MatchPrefix(tokens, max_blocks);
+int64_t KvCache::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks,
+                             uint64_t domain) const {
+  return blocks_->MatchPrefix(tokens, max_blocks, domain);
 }
 
 absl::StatusOr<KvCache::SequenceId> KvCache::CreateSequenceFromPrefix(
-    absl::Span<const int32_t> prefix) {
-  return blocks_->CreateSequenceFromPrefix(prefix);
+    absl::Span<const int32_t> prefix, uint64_t domain) {
+  return blocks_->CreateSequenceFromPrefix(prefix, domain);
 }
 
 int64_t KvCache::BlocksForLength(int64_t length) const { return blocks_->BlocksForLength(length); }

@@ -48,10 +48,13 @@ class KvCache {
   // Prefix cache: how many whole blocks at the start of `tokens` (at most
   // max_blocks) a new sequence can take from the cache: every full layer's
   // blocks up to there and each sliding layer's blocks of the window before it.
-  int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks) const;
-  // A new sequence holding `prefix` (whole blocks, all matched) from the
-  // cache; FAILED_PRECONDITION otherwise.
-  absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix);
+  // Only blocks of cache domain `domain` count (KvBlockAllocator::MatchPrefix).
+  int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks,
+                      uint64_t domain = 0) const;
+  // A new sequence of cache domain `domain` holding `prefix` (whole blocks,
+  // all matched) from the cache; FAILED_PRECONDITION otherwise.
+  absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix,
+                                                      uint64_t domain = 0);
 
   bool Contains(SequenceId seq) const { return blocks_->Contains(seq); }
   absl::StatusOr<int64_t> Length(SequenceId seq) const;

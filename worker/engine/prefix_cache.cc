@@ -126,13 +126,19 @@ void PrefixCache::Forget(int32_t block) {
 
 // ---- the index ----
 
+PrefixCache::Link PrefixCache::Root(uint64_t domain) {
+  // Registered blocks count their serials up from 1 and never reach 2^63.
+  if (domain == 0) return Link{};
+  return Link{domain, domain | (uint64_t{1} << 63)};
+}
+
 std::vector<PrefixCache::Hit> PrefixCache::Walk(absl::Span<const int32_t> tokens,
-                                                int64_t max_blocks) const {
+                                                int64_t max_blocks, Link root) const {
   std::vector<Hit> hits;
   if (!options_.enabled) return hits;
   const int64_t bs = options_.block_size;
   max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bs);
-  Link parent;
+  Link parent = root;
   for (int64_t b = 0; b < max_blocks; ++b) {
     absl::Span<const int32_t> block = tokens.subspan(b * bs, bs);
     const uint64_t key = Key(parent.key, block);

@@ -45,7 +45,9 @@ class PrefixCache {
   // Where a chain of token blocks stands: the last registered entry.
   struct Link {
     uint64_t key = 0;
-    uint64_t serial = 0;  // 0: the chain's start (no block yet)
+    // 0: the start of a chain of the shared domain; >= 2^63: the start of a
+    // chain of another domain (Root); else the serial of a registered block.
+    uint64_t serial = 0;
   };
   // One cached token block found by Walk.
   struct Hit {
@@ -84,9 +86,19 @@ class PrefixCache {
   bool cached(int32_t block) const { return entry_of_[block - options_.first_block] != 0; }
 
   // ---- the index ----
+  // Where the chains of cache domain `domain` start (0: the shared domain).
+  // A chain's first block is keyed and compared by its root, so chains of
+  // different domains never share a block: one tenant's prompts give
+  // another no cache hit (and so no time-to-first-token oracle).
+  static Link Root(uint64_t domain);
   // The cached token blocks at the start of `tokens`, at most `max_blocks`,
-  // stopping at the first miss. Empty when disabled.
-  std::vector<Hit> Walk(absl::Span<const int32_t> tokens, int64_t max_blocks) const;
+  // in the domain whose root is `root`, stopping at the first miss. Empty
+  // when disabled.
+  std::vector<Hit> Walk(absl::Span<const int32_t> tokens, int64_t max_blocks, Link root) const;
+  // ... in the shared domain.
+  std::vector<Hit> Walk(absl::Span<const int32_t> tokens, int64_t max_blocks) const {
+    return Walk(tokens, max_blocks, Root(0));
+  }
   // Appends `tokens` to `chain`; each token block this completes is
   // registered with the slots `slots_of(block_index, &slots)` fills (blocks
   // the caller holds, or -1). A block already cached keeps its entry (its
