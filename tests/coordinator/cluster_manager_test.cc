@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -176,6 +178,35 @@ TEST(ClusterManager, RejectsBadPrompts) {
   auto st = f.manager->Submit(bad, {});
   EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.status().message().find("outside the vocabulary"), std::string::npos);
+}
+
+// Validation before availability: with no worker alive, a malformed request
+// is still the client's error (INVALID_ARGUMENT naming the field), not
+// UNAVAILABLE.
+TEST(ClusterManager, BadSamplingIsInvalidArgumentWithEveryWorkerDead) {
+  Fixture f(1, 1);
+  EXPECT_EQ(f.manager->Status().state(), admin::WAITING_FOR_WORKERS);
+  cluster::SubmitSequence good;
+  good.add_prompt_ids(1);
+  EXPECT_EQ(f.manager->Submit(good, {}).status().code(), absl::StatusCode::kUnavailable);
+  const std::vector<std::pair<std::string, std::function<void(common::SamplingParams&)>>> cases = {
+      {"sampling.temperature", [](common::SamplingParams& s) { s.set_temperature(-1); }},
+      {"sampling.top_p", [](common::SamplingParams& s) { s.set_top_p(7); }},
+      {"sampling.top_k", [](common::SamplingParams& s) { s.set_top_k(-3); }},
+      {"sampling.min_p", [](common::SamplingParams& s) { s.set_min_p(2); }},
+      {"sampling.presence_penalty", [](common::SamplingParams& s) { s.set_presence_penalty(9); }},
+      {"sampling.repetition_penalty", [](common::SamplingParams& s) { s.set_repetition_penalty(0); }},
+      {"sampling.logprobs", [](common::SamplingParams& s) { s.set_logprobs(99); }},
+      {"sampling.stop_token_ids[0]", [](common::SamplingParams& s) { s.add_stop_token_ids(-1); }},
+      {"sampling.logit_bias[5]", [](common::SamplingParams& s) { (*s.mutable_logit_bias())[5] = 500; }},
+  };
+  for (const auto& [field, spoil] : cases) {
+    cluster::SubmitSequence bad = good;
+    spoil(*bad.mutable_sampling());
+    absl::StatusOr<uint64_t> st = f.manager->Submit(bad, {});
+    EXPECT_EQ(st.status().code(), absl::StatusCode::kInvalidArgument) << field << ": " << st.status();
+    EXPECT_EQ(st.status().message().rfind(field + ":", 0), 0u) << st.status();
+  }
 }
 
 TEST(ClusterManager, OverloadAnswersResourceExhausted) {

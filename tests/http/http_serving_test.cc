@@ -169,6 +169,89 @@ class HttpServingTest : public ::testing::Test {
 cli::LocalCluster* HttpServingTest::cluster_ = nullptr;
 std::string* HttpServingTest::log_dir_ = nullptr;
 
+// ~100 KB bodies nested ~50,000 levels deep (the probe's crash): every route
+// and JSON-carrying field answers a clean 400 naming the nesting, and the
+// coordinator stays up and serves the next request.
+TEST_F(HttpServingTest, DeeplyNestedJsonIsRefusedOnEveryRoute) {
+  const int depth = 50000;
+  const std::string arrays = std::string(depth, '[') + std::string(depth, ']');
+  std::string objects;
+  for (int i = 0; i < depth / 3; ++i) objects += "{\"a\":";
+  objects += "1" + std::string(depth / 3, '}');
+  const std::string model = "\"model\": \"" + Model() + "\"";
+  const std::string user = "[{\"role\": \"user\", \"content\": \"x\"}]";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/chat/completions", "{" + model + ", \"messages\": " + user + ", \"metadata\": " + objects + "}"},
+      {"/v1/chat/completions", "{" + model + ", \"messages\": " + arrays + "}"},
+      {"/v1/chat/completions",
+       "{" + model + ", \"messages\": " + user +
+           ", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+           "\"parameters\": " + objects + "}}]}"},
+      {"/v1/chat/completions",
+       "{" + model + ", \"messages\": " + user +
+           ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": "
+           "\"x\", \"schema\": " + objects + "}}}"},
+      {"/v1/completions", "{" + model + ", \"prompt\": " + arrays + "}"},
+      {"/v1/responses", "{" + model + ", \"input\": " + arrays + "}"},
+      {"/v1/responses", "{" + model + ", \"input\": \"x\", \"metadata\": " + objects + "}"},
+      {"/tokenize", "{\"prompt\": " + arrays + "}"},
+      {"/tokenize", "{\"messages\": " + arrays + "}"},
+      {"/detokenize", "{\"tokens\": " + arrays + "}"},
+      {"/v1/chat/completions", std::string(1 << 20, '[')},  // unclosed, 1 MiB
+  };
+  auto c = Client();
+  for (const auto& [path, body] : cases) {
+    SCOPED_TRACE(path + " with " + body.substr(0, 60) + "...");
+    auto res = c.Post(path, body, "application/json");
+    ASSERT_TRUE(res) << "no answer: the coordinator is down";
+    EXPECT_EQ(res->status, 400) << res->body;
+    const Json error = Json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(error.is_object()) << res->body;
+    EXPECT_NE(error["error"]["message"].get<std::string>().find("nested more than 64 levels"),
+              std::string::npos)
+        << res->body;
+  }
+  auto ok = c.Post("/v1/completions",
+                   R"({"model": ")" + Model() + R"(", "prompt": "hi", "max_tokens": 2})",
+                   "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// The same through gRPC Chat's JSON-carrying fields: INVALID_ARGUMENT naming
+// the field; Generate's sampling fields are checked whatever the instance's state.
+TEST_F(HttpServingTest, DeeplyNestedGrpcJsonFieldsAreInvalidArgument) {
+  client::ClientOptions o;
+  o.address = cluster_->address();
+  auto sdk = client::Client::Create(o);
+  ASSERT_TRUE(sdk.ok());
+  const std::string arrays = std::string(50000, '[') + std::string(50000, ']');
+  v1::ChatRequest tools;
+  *tools.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, "Hi");
+  v1::Tool* tool = tools.add_tools();
+  tool->set_name("f");
+  tool->set_parameters_json("{\"a\": " + arrays + "}");
+  absl::StatusOr<client::ChatResult> got = (*sdk)->Chat(tools);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("tools[0].parameters_json"), std::string::npos)
+      << got.status();
+  v1::ChatRequest schema;
+  *schema.add_messages() = client::MakeChatMessage(v1::ChatMessage::USER, "Hi");
+  schema.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+  schema.mutable_response_format()->mutable_json_schema()->set_schema_json(arrays);
+  got = (*sdk)->Chat(schema);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+  EXPECT_NE(got.status().message().find("nested more than 64 levels"), std::string::npos)
+      << got.status();
+  v1::GenerateRequest g;
+  g.mutable_prompt_ids()->add_ids(1);
+  g.mutable_sampling()->set_top_p(7);
+  auto generated = (*sdk)->Generate(g);
+  EXPECT_EQ(generated.status().code(), absl::StatusCode::kInvalidArgument) << generated.status();
+  EXPECT_NE(generated.status().message().find("sampling.top_p"), std::string::npos);
+  EXPECT_TRUE((*sdk)->ListModels().ok());
+}
+
 TEST_F(HttpServingTest, SlowHeadersAndIdleConnectionsDoNotDelayARequest) {
   std::vector<Socket> hogs;
   for (int i = 0; i < 500; ++i) {
