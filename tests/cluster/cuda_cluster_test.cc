@@ -1,6 +1,7 @@
 // Sharded GPU workers against one GPU worker, end to end: `flotilla up
 // --device cuda` with 2 and 4 workers (TP 1 and 2, EP = W; on a one-GPU
-// machine they share the GPU and exchange through CUDA IPC) must give the
+// machine they share the GPU and exchange through CUDA IPC; with a GPU per
+// rank the same layouts also run over NCCL) must give the
 // greedy tokens of a single worker on both golden fixtures, and prompt
 // logits within bf16 tolerance of it on a 120b-wide model of a few layers.
 //
@@ -49,10 +50,11 @@ std::string EnvOr(const char* name, const char* fallback) {
 struct Layout {
   int workers;
   int tp;
+  std::string transport = "auto";  // --device-transport: auto, cuda-ipc or nccl
 };
 
 std::string Name(const Layout& l) {
-  return std::to_string(l.workers) + " workers, TP " + std::to_string(l.tp);
+  return std::to_string(l.workers) + " workers, TP " + std::to_string(l.tp) + ", " + l.transport;
 }
 
 class GpuCluster {
@@ -63,13 +65,15 @@ class GpuCluster {
     o.device = "cuda";
     o.workers = layout.workers;
     o.tp = layout.tp;
+    o.device_transport = layout.transport;
     o.threads_per_worker = 1;
     o.listen = "127.0.0.1:0";
     o.http_listen = "";
     o.bin_dir = EnvOr("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR);
     o.log_dir = (fs::temp_directory_path() /
                  ("flotilla-cuda-cluster-" + std::to_string(getpid()) + "-" +
-                  std::to_string(layout.workers) + "x" + std::to_string(layout.tp)))
+                  std::to_string(layout.workers) + "x" + std::to_string(layout.tp) + "-" +
+                  layout.transport))
                     .string();
     // Several workers share one GPU here: flotilla up gives each its slice of
     // the memory (and of the SMs, under MPS).
@@ -157,7 +161,21 @@ class GpuCluster {
 
 bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
 
-const Layout kSharded[] = {{2, 1}, {2, 2}, {4, 1}, {4, 2}};
+// Automatic transport (CUDA IPC on this one node, workers sharing GPUs when
+// there are fewer), then NCCL where every rank gets a GPU of its own (NCCL
+// allows one rank per GPU).
+std::vector<Layout> ShardedLayouts() {
+  std::vector<Layout> layouts = {{2, 1}, {2, 2}, {4, 1}, {4, 2}};
+  for (const Layout& l : {Layout{2, 1, "nccl"}, Layout{2, 2, "nccl"}, Layout{4, 1, "nccl"},
+                          Layout{4, 2, "nccl"}}) {
+    if (l.workers <= kernels::cuda::DeviceCount()) {
+      layouts.push_back(l);
+    } else {
+      std::cout << "not run: " << Name(l) << " (needs " << l.workers << " GPUs)" << std::endl;
+    }
+  }
+  return layouts;
+}
 
 // Compares a sharded continuation with the single worker's: equal tokens up
 // to the end, or up to a step where the single worker's choice was a tie.
@@ -194,7 +212,7 @@ TEST_P(CudaCluster, ShardedWorkersGiveTheSingleWorkersGreedyTokens) {
     for (const auto& p : prompts) single.push_back(one->Generate(p, kGreedyTokens, false));
     one->Stop();
   }
-  for (const Layout& layout : kSharded) {
+  for (const Layout& layout : ShardedLayouts()) {
     auto cluster = GpuCluster::Start(dir.string(), layout);
     ASSERT_NE(cluster, nullptr);
     for (size_t i = 0; i < prompts.size(); ++i) {
@@ -226,7 +244,7 @@ TEST(CudaCluster120b, ShardedPromptLogitsMatchTheSingleWorker) {
     one->Stop();
   }
   ASSERT_FALSE(single.prompt_logits.empty());
-  for (const Layout& layout : kSharded) {
+  for (const Layout& layout : ShardedLayouts()) {
     auto cluster = GpuCluster::Start(model, layout);
     ASSERT_NE(cluster, nullptr);
     const GpuCluster::Result r = cluster->Generate(prompt, 4, true);
@@ -330,10 +348,15 @@ TEST(CudaClusterConcurrency, ManyConcurrentRequestsOnTpPeersAllFinish) {
 // Kill -9 of one GPU rank mid-stream: the request ends UNAVAILABLE naming
 // the worker, new requests are refused clearly, the restarted worker rejoins
 // and the instance serves again.
-TEST(CudaClusterFailure, KilledGpuRankFailsClearlyAndRejoins) {
+class CudaClusterFailure : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaClusterFailure, KilledGpuRankFailsClearlyAndRejoins) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device: the sharded GPU cluster needs one";
+  if (GetParam() == "nccl" && kernels::cuda::DeviceCount() < 2) {
+    GTEST_SKIP() << "nccl needs a GPU per rank: 2 GPUs";
+  }
   const fs::path dir = fs::path(EnvOr("FLOTILLA_GOLDEN_DIR", FLOTILLA_GOLDEN_DIR)) / "tiny_e8";
-  auto cluster = GpuCluster::Start(dir.string(), {2, 2});
+  auto cluster = GpuCluster::Start(dir.string(), {2, 2, GetParam()});
   ASSERT_NE(cluster, nullptr);
   ASSERT_TRUE(cluster->Run({1, 2, 3}, 4).ok());
   grpc::Status inflight;
@@ -356,6 +379,9 @@ TEST(CudaClusterFailure, KilledGpuRankFailsClearlyAndRejoins) {
   EXPECT_TRUE(cluster->Run({1, 2, 3}, 4).ok());
   cluster->Stop();
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, CudaClusterFailure,
+                         ::testing::Values(std::string("cuda-ipc"), std::string("nccl")));
 
 }  // namespace
 }  // namespace flotilla
