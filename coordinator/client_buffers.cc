@@ -14,9 +14,11 @@ namespace flotilla::coordinator {
 namespace {
 
 // Freed client buffers that make the watchdog return heap to the system at
-// once; otherwise it does so every kTrimInterval.
+// once; after smaller releases it does so every kTrimInterval.
 constexpr size_t kTrimAfterReleasedBytes = size_t{16} << 20;
-constexpr absl::Duration kTrimInterval = absl::Seconds(60);
+constexpr absl::Duration kTrimInterval = absl::Seconds(5);
+// Allocations this large are mapped on their own (ReturnLargeBuffersToSystem).
+constexpr int kMmapThresholdBytes = 1 << 20;
 
 // "512 KiB", "3.5 MiB": bytes as messages name them.
 std::string Bytes(size_t bytes) {
@@ -36,12 +38,20 @@ struct OpenRequest {
 
 }  // namespace
 
+void ReturnLargeBuffersToSystem() {
+  // A fixed threshold also stops glibc from raising it after each large free
+  // (its default), which is what keeps a burst's buffers in the heap.
+  mallopt(M_MMAP_THRESHOLD, kMmapThresholdBytes);
+}
+
 StreamAccount::~StreamAccount() { buffers_->Close(id_, queued_.exchange(0)); }
 
 bool StreamAccount::Add(size_t bytes, bool may_refuse) {
   const size_t hard = 2 * buffers_->options_.max_stream_bytes;
   size_t now = queued_.load(std::memory_order_relaxed);
-  if (may_refuse && now + bytes > hard) {
+  // A stream may always hold one message, whatever its size.
+  if (may_refuse && now > 0 && now + bytes > hard) {
+    overflowed_.store(true, std::memory_order_relaxed);
     buffers_->Changed(id_, now, /*overflowed=*/true);
     return false;
   }
@@ -86,12 +96,6 @@ ClientBuffers::~ClientBuffers() {
 }
 
 absl::StatusOr<std::shared_ptr<void>> ClientBuffers::Admit() {
-  const size_t total = queued();
-  if (total > options_.max_total_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server holds ", Bytes(total), " for clients that do not read their streams (over ",
-        "--max-client-buffer-bytes, ", Bytes(options_.max_total_bytes), "); retry shortly"));
-  }
   if (open_.fetch_add(1, std::memory_order_relaxed) >= options_.max_open_requests) {
     open_.fetch_sub(1, std::memory_order_relaxed);
     return absl::ResourceExhaustedError(absl::StrCat("the server is answering ",
@@ -162,12 +166,15 @@ void ClientBuffers::Sweep(absl::Time now) {
     std::lock_guard<std::mutex> lock(mu_);
     urgent_ = false;
     size_t remaining = total_.load(std::memory_order_relaxed);
+    const bool pressed = remaining > options_.max_total_bytes;
     std::vector<std::pair<size_t, uint64_t>> sheddable;  // (queued, id)
     for (auto& [id, e] : entries_) {
-      if (e.dropped) continue;
       if (e.ended_at) {
-        // Ended, and the client has not taken even that: drop it.
-        if (e.queued > 0 && now - *e.ended_at >= options_.stall_grace) {
+        remaining -= std::min(remaining, e.queued);  // going already
+        if (e.dropped) continue;
+        // Ended, and the client has not taken even that: drop it (at once
+        // under global pressure).
+        if (e.queued > 0 && (pressed || now - *e.ended_at >= options_.stall_grace)) {
           e.dropped = true;
           if (auto s = e.stream.lock()) drop.push_back(std::move(s));
         }
@@ -208,10 +215,9 @@ void ClientBuffers::Sweep(absl::Time now) {
 }
 
 void ClientBuffers::MaybeTrim(absl::Time now) {
-  if (released_since_trim_.load(std::memory_order_relaxed) < kTrimAfterReleasedBytes &&
-      now - last_trim_ < kTrimInterval) {
-    return;
-  }
+  const size_t released = released_since_trim_.load(std::memory_order_relaxed);
+  if (released == 0) return;  // idle: nothing new to give back
+  if (released < kTrimAfterReleasedBytes && now - last_trim_ < kTrimInterval) return;
   // Only once the bursts are over: trimming while buffers are full frees little.
   if (queued() > options_.max_total_bytes / 2) return;
   released_since_trim_.store(0, std::memory_order_relaxed);

@@ -6,16 +6,17 @@
 //   `stall_grace` (its client does not read) is ended: its request is
 //   cancelled (the workers free its KV blocks) and the stream ends with
 //   RESOURCE_EXHAUSTED (gRPC) or its connection closes (HTTP). A stream over
-//   twice the bound is ended at once, and while the process holds more than
-//   `max_total_bytes` every stream over its bound is ended at once, largest
-//   first.
+//   twice the bound is ended at once (a stream may always hold one message,
+//   whatever its size).
+// - While the process holds more than `max_total_bytes`, the largest streams
+//   (of those holding over a quarter of their bound) are ended at once until
+//   it holds less: the holders pay, not new or small requests.
 // - An ended stream whose client still takes nothing (not even the end) is
-//   dropped `stall_grace` later (gRPC: the stream is reset; HTTP: closed), so
-//   it holds nothing more.
-// - While the process holds more than `max_total_bytes`, or
-//   `max_open_requests` requests are open (admitted and not yet delivered,
-//   streamed or whole), new requests are refused with RESOURCE_EXHAUSTED
-//   (HTTP 429).
+//   dropped `stall_grace` later, at once under global pressure (gRPC: the
+//   stream is reset; HTTP: closed), so it holds nothing more.
+// - While `max_open_requests` requests are open (admitted and not yet
+//   delivered, streamed or whole), new requests are refused with
+//   RESOURCE_EXHAUSTED (HTTP 429).
 //
 // The workers cannot pause one sequence, so a stream is ended rather than
 // paused: its bound is the pushback.
@@ -66,6 +67,13 @@ class BufferedStream {
 
 class ClientBuffers;
 
+// Makes this process's allocator map every buffer of 1 MiB or more on its own
+// (a client's logits, a worker's message, an HTTP write), so that its memory
+// goes back to the system as soon as it is freed: a burst does not stay in
+// the heap. Smaller frees are returned by the ClientBuffers watchdog's trim.
+// Call once at start, before threads run.
+void ReturnLargeBuffersToSystem();
+
 // One stream's queued bytes. Thread-safe; unregisters itself (and releases
 // what it still counts) when destroyed.
 class StreamAccount {
@@ -81,6 +89,8 @@ class StreamAccount {
   // `bytes` were taken by the client (or dropped).
   void Remove(size_t bytes);
   size_t queued() const { return queued_.load(std::memory_order_relaxed); }
+  // Whether Add refused bytes: the stream is being ended.
+  bool overflowed() const { return overflowed_.load(std::memory_order_relaxed); }
 
  private:
   friend class ClientBuffers;
@@ -89,6 +99,7 @@ class StreamAccount {
   std::shared_ptr<ClientBuffers> buffers_;
   const uint64_t id_;
   std::atomic<size_t> queued_{0};
+  std::atomic<bool> overflowed_{false};
 };
 
 class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
@@ -104,7 +115,7 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
   const ClientBufferOptions& options() const { return options_; }
 
   // A new request: a token that counts it open until released (destroyed),
-  // or RESOURCE_EXHAUSTED naming the bound it would pass.
+  // or RESOURCE_EXHAUSTED (max_open_requests open already).
   absl::StatusOr<std::shared_ptr<void>> Admit();
 
   // Accounts a stream whose owner is `stream` (held weakly: an owner that

@@ -78,6 +78,7 @@ CLI::Validator NameCheck(Parse parse) {
 
 int main(int argc, char** argv) {
   CLI::App app{"flotilla-coordinator: places workers and serves the client API"};
+  flotilla::coordinator::ReturnLargeBuffersToSystem();
   std::string listen = "127.0.0.1:50051";
   std::string model;
   std::string model_id;
@@ -259,8 +260,8 @@ int main(int argc, char** argv) {
                  "request is cancelled and the stream ended (RESOURCE_EXHAUSTED)")
       ->envname("FLOTILLA_MAX_STREAM_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-client-buffer-bytes", client_buffers.max_total_bytes,
-                 "bytes queued for all clients together; over it new requests get "
-                 "RESOURCE_EXHAUSTED (HTTP 429) and the largest streams are ended")
+                 "bytes queued for all clients together; over it the streams holding the most "
+                 "are ended at once (RESOURCE_EXHAUSTED)")
       ->envname("FLOTILLA_MAX_CLIENT_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--client-stall-timeout-s", client_stall_timeout_s,
                  "seconds a stream may stay over --max-stream-buffer-bytes before it is ended")

@@ -64,6 +64,8 @@ constexpr size_t kPipelineLimit = 1 << 20;
 // Output a stream may queue for a client that does not read before the
 // connection is given up, when the transport has no ClientBuffers.
 constexpr size_t kMaxQueuedOutput = 64 << 20;
+// What Linux's send-buffer autotuning reaches by default (tcp_wmem's maximum).
+constexpr size_t kAutotunedSendBuffer = 4 << 20;
 // A write buffer larger than this is freed once written, not kept for the
 // connection's next response.
 constexpr size_t kKeptBufferBytes = 256 << 10;
@@ -353,6 +355,15 @@ class Connection final : public ConnectionBase {
       remote_port_ = peer.port();
     }
     Socket().set_option(tcp::no_delay(true), ec);
+    // The kernel's share of what waits for a slow client is bounded too: with
+    // a stream bound under what send-buffer autotuning may reach, the socket
+    // buffer is held to it.
+    if (const auto& buffers = server_->options.client_buffers;
+        buffers && buffers->options().max_stream_bytes < kAutotunedSendBuffer) {
+      Socket().set_option(
+          asio::socket_base::send_buffer_size(static_cast<int>(buffers->options().max_stream_bytes)),
+          ec);
+    }
     if constexpr (kTls) {
       phase_ = Phase::kHandshake;
       ArmRead(server_->options.header_timeout);
@@ -407,6 +418,8 @@ class Connection final : public ConnectionBase {
     }
     if (overflowed_ || (!account_ && pending_.size() > kMaxQueuedOutput)) {
       spdlog::warn("http: {}:{} does not read its stream; closing it", remote_addr_, remote_port_);
+      ErrorCode ignored;
+      Socket().set_option(asio::socket_base::linger(true, 0), ignored);
       return Abort();
     }
     Flush();
@@ -686,6 +699,10 @@ class Connection final : public ConnectionBase {
         if (!c->Current(s)) return;
         spdlog::warn("http: {}:{}: {}; closing the connection", c->remote_addr_, c->remote_port_,
                      why);
+        // Reset, not closed in order: what the kernel still holds for the
+        // client is dropped too.
+        ErrorCode ignored;
+        c->Socket().set_option(asio::socket_base::linger(true, 0), ignored);
         c->Abort();
       });
     }

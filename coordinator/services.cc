@@ -120,7 +120,7 @@ class GenerateReactor final : public GenerateReactorBase {
                   const v1::GenerateRequest& request, const std::string& model_id,
                   const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller,
                   ClientBuffers* buffers, std::shared_ptr<void> admission, uint64_t cache_domain)
-      : backend_(manager), state_(std::make_shared<State>(this, context)) {
+      : state_(std::make_shared<State>(this, context, manager)) {
     state_->admission = std::move(admission);
     if (buffers) state_->queue.SetAccount(buffers->Open(state_));
     state_->access->set_key(caller.key_id);
@@ -150,7 +150,8 @@ class GenerateReactor final : public GenerateReactorBase {
       state->Flush();
     };
     absl::StatusOr<std::shared_ptr<RequestSession>> session =
-        RequestSession::Start(&backend_, tok, *std::move(session_request), sink, std::move(hooks));
+        RequestSession::Start(&state_->backend, tok, *std::move(session_request), sink,
+                              std::move(hooks));
     if (!session.ok()) {
       requests->Remove(state_->request_id);
       LogDone(*state_->access, session.status());
@@ -208,7 +209,8 @@ class GenerateReactor final : public GenerateReactorBase {
     Finish(status);
   }
   struct State : BufferedStream {
-    State(GenerateReactor* r, grpc::CallbackServerContext* context) : queue(r, context) {}
+    State(GenerateReactor* r, grpc::CallbackServerContext* context, ClusterManager* manager)
+        : backend(manager), queue(r, context) {}
     void SetSession(const std::shared_ptr<RequestSession>& s) {
       std::lock_guard<std::mutex> lock(session_mu);
       session = s;
@@ -229,6 +231,8 @@ class GenerateReactor final : public GenerateReactorBase {
     void Handle(const RequestEvent& e, RequestRegistry* requests) {
       switch (e.kind) {
         case RequestEvent::Kind::kTokens: {
+          // A stream being ended takes nothing more: no copy of its logits.
+          if (!queue.accepting()) break;
           v1::GenerateResponse& r = pending.emplace_back();
           r.set_request_id(request_id);
           r.set_index(e.choice);
@@ -270,11 +274,14 @@ class GenerateReactor final : public GenerateReactorBase {
       return nullptr;
     }
     void Flush() {
-      for (v1::GenerateResponse& r : pending) queue.Send(r);
+      for (v1::GenerateResponse& r : pending) queue.Send(std::move(r));
       pending.clear();
     }
     std::shared_ptr<AccessRecord> access =
         std::make_shared<AccessRecord>("grpc Generate", absl::Now());
+    // The session's backend: here, not in the reactor, since the stream may
+    // end (a client that does not read) while the session still runs.
+    ClusterBackend backend;
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
     std::vector<v1::GenerateResponse> pending;  // used from the session's sink, one call at a time
     std::string request_id;                     // the client's (random) id; set before Start
@@ -282,7 +289,6 @@ class GenerateReactor final : public GenerateReactorBase {
     std::mutex session_mu;
     std::weak_ptr<RequestSession> session;  // under session_mu
   };
-  ClusterBackend backend_;
   std::shared_ptr<State> state_;
   std::shared_ptr<RequestSession> session_;
 };
@@ -299,8 +305,7 @@ class ChatReactor final : public ChatReactorBase {
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
               const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
               size_t max_prompt_text_bytes, ClientBuffers* buffers, std::shared_ptr<void> admission,
-              uint64_t cache_domain)
-      : backend_(manager) {
+              uint64_t cache_domain) {
     auto access = std::make_shared<AccessRecord>("grpc Chat", absl::Now());
     access->set_key(caller.key_id);
     absl::StatusOr<PreparedRequest> prepared =
@@ -312,7 +317,7 @@ class ChatReactor final : public ChatReactorBase {
     }
     const std::string request_id = requests->Reserve(caller);
     const std::string call_id_seed = absl::StrCat("chat-", call_id_salt, "-", request_id);
-    state_ = std::make_shared<State>(this, context, request_id,
+    state_ = std::make_shared<State>(this, context, manager, request_id,
                                      ChatStream(tok, request_id, call_id_seed, prepared->stop,
                                                 static_cast<uint32_t>(prepared->prompt.size()),
                                                 request.return_token_ids(), prepared->n));
@@ -340,7 +345,7 @@ class ChatReactor final : public ChatReactorBase {
       for (const RequestEvent& e : events) NoteEvent(*state->access, e);
       std::lock_guard<std::mutex> lock(state->mu);
       state->StartLocked();
-      for (v1::ChatResponse& r : state->stream.Consume(events)) state->queue.Send(r);
+      for (v1::ChatResponse& r : state->stream.Consume(events)) state->queue.Send(std::move(r));
       const RequestEvent& last = events.back();
       if (last.kind == RequestEvent::Kind::kUsage || last.kind == RequestEvent::Kind::kError) {
         requests->Remove(state->request_id);
@@ -349,7 +354,8 @@ class ChatReactor final : public ChatReactorBase {
       }
     };
     absl::StatusOr<std::shared_ptr<RequestSession>> session =
-        RequestSession::Start(&backend_, tok, std::move(session_request), sink, std::move(hooks));
+        RequestSession::Start(&state_->backend, tok, std::move(session_request), sink,
+                              std::move(hooks));
     if (!session.ok()) {
       requests->Remove(state_->request_id);
       LogDone(*state_->access, session.status());
@@ -374,9 +380,12 @@ class ChatReactor final : public ChatReactorBase {
 
  private:
   struct State : BufferedStream {
-    State(ChatReactor* r, grpc::CallbackServerContext* context, std::string request_id,
-          ChatStream stream)
-        : queue(r, context), request_id(std::move(request_id)), stream(std::move(stream)) {}
+    State(ChatReactor* r, grpc::CallbackServerContext* context, ClusterManager* manager,
+          std::string request_id, ChatStream stream)
+        : backend(manager),
+          queue(r, context),
+          request_id(std::move(request_id)),
+          stream(std::move(stream)) {}
     void SetSession(const std::shared_ptr<RequestSession>& s) {
       std::lock_guard<std::mutex> lock(session_mu);
       session = s;
@@ -410,6 +419,7 @@ class ChatReactor final : public ChatReactorBase {
         queue.Close(ToGrpcStatus(end.status));
       }
     }
+    ClusterBackend backend;  // as GenerateReactor's: outlives the stream
     StreamQueue<ChatReactorBase, v1::ChatResponse> queue;
     const std::string request_id;  // the client's (random) id
     std::shared_ptr<AccessRecord> access;
@@ -421,7 +431,6 @@ class ChatReactor final : public ChatReactorBase {
     std::mutex session_mu;
     std::weak_ptr<RequestSession> session;  // under session_mu
   };
-  ClusterBackend backend_;
   std::shared_ptr<State> state_;
   std::shared_ptr<RequestSession> session_;
 };

@@ -33,16 +33,24 @@ class StreamQueue {
   }
 
   // Queues `m`; dropped once the stream is closing or gone, or over its bound.
-  void Send(const Message& m) {
+  void Send(const Message& m) { Send(Message(m)); }
+  void Send(Message&& m) {
     std::lock_guard<std::mutex> lock(mu_);
     if (reactor_ == nullptr || closing_) return;
     const size_t bytes = account_ ? m.ByteSizeLong() : 0;
     if (account_ && !account_->Add(bytes)) return;  // the stream is being ended
-    queue_.push_back(Queued{m, bytes});
+    queue_.push_back(Queued{std::move(m), bytes});
     if (!writing_) {
       writing_ = true;
       reactor_->StartWrite(&queue_.front().message);
     }
+  }
+
+  // Whether Send would queue anything now: false once the stream is closing,
+  // gone or over its bound (so a large message need not even be built).
+  bool accepting() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reactor_ != nullptr && !closing_ && !(account_ && account_->overflowed());
   }
 
   // Finishes the stream with `status` once queued writes are done.
