@@ -209,7 +209,8 @@ TEST_P(IpcProcessesTest, DispatchCombineAndAllReduceMatchTheHostReference) {
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndTp, IpcProcessesTest,
                          ::testing::Values(std::make_tuple(2, 1), std::make_tuple(2, 2),
-                                           std::make_tuple(4, 1), std::make_tuple(4, 2)));
+                                           std::make_tuple(4, 1), std::make_tuple(4, 2),
+                                           std::make_tuple(4, 4)));
 
 TEST_F(GpuTest, StalledPeerIsReportedByCheckHealth) {
   PeerArgs a;
@@ -219,22 +220,31 @@ TEST_F(GpuTest, StalledPeerIsReportedByCheckHealth) {
   RunGroup(a, 2, std::chrono::seconds(120));
 }
 
-class NcclProcessesTest : public GpuTest, public ::testing::WithParamInterface<int> {};
+class NcclProcessesTest : public GpuTest,
+                          public ::testing::WithParamInterface<std::tuple<int, int>> {};
 
 TEST_P(NcclProcessesTest, DispatchCombineAndAllReduceMatchTheHostReference) {
 #if !FLOTILLA_WITH_NCCL
   GTEST_SKIP() << "built without NCCL";
 #endif
+  const auto [world, tp] = GetParam();
   const int gpus = kernels::cuda::DeviceCount();
-  if (gpus < 2) GTEST_SKIP() << "NCCL needs a GPU per rank; " << gpus << " found";
+  if (gpus < world) {
+    GTEST_SKIP() << "NCCL needs a GPU per rank: " << world << ", " << gpus << " found";
+  }
   PeerArgs a;
   a.scenario = "exchange";
-  a.tp = GetParam();
+  a.tp = tp;
   a.transport = "nccl";
-  RunGroup(a, 2, std::chrono::seconds(240));
+  RunGroup(a, world, std::chrono::seconds(240));
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp, NcclProcessesTest, ::testing::Values(1, 2));
+// Every TP size that divides gpt-oss's 8 KV heads, as far as the GPUs go.
+INSTANTIATE_TEST_SUITE_P(WorldsAndTp, NcclProcessesTest,
+                         ::testing::Values(std::make_tuple(2, 1), std::make_tuple(2, 2),
+                                           std::make_tuple(4, 1), std::make_tuple(4, 2),
+                                           std::make_tuple(4, 4), std::make_tuple(8, 2),
+                                           std::make_tuple(8, 8)));
 
 }  // namespace
 }  // namespace flotilla::parallel::testing
