@@ -416,7 +416,10 @@ class Connection final : public ConnectionBase {
     } else {
       Queue(std::move(data));
     }
-    if (overflowed_ || (!account_ && pending_.size() > kMaxQueuedOutput)) {
+    // Over twice its bound the account refused the bytes: the bounds' watchdog
+    // ends the stream at once (StallHandle); nothing more goes out meanwhile.
+    if (overflowed_) return;
+    if (!account_ && pending_.size() > kMaxQueuedOutput) {
       spdlog::warn("http: {}:{} does not read its stream; closing it", remote_addr_, remote_port_);
       ErrorCode ignored;
       Socket().set_option(asio::socket_base::linger(true, 0), ignored);

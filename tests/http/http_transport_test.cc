@@ -141,6 +141,16 @@ class HttpTransportTest : public ::testing::Test {
     ex->Write(absl::StrCat("data: ", i, "\n\n"));
     ex->After(absl::Milliseconds(20), [ex, i, n] { Tick(ex, i + 1, n); });
   }
+  // 400 events of 8 KiB, one every millisecond, then the end.
+  static void Flood(const std::shared_ptr<HttpExchange>& ex, int i) {
+    if (i == 400) {
+      ex->Write("data: [DONE]\n\n");
+      ex->End();
+      return;
+    }
+    ex->Write(absl::StrCat("data: ", std::string(8 << 10, 'x'), "\n\n"));
+    ex->After(absl::Milliseconds(1), [ex, i] { Flood(ex, i + 1); });
+  }
   void TearDown() override {
     if (transport_) transport_->Stop();
   }
@@ -337,6 +347,71 @@ TEST_F(HttpTransportTest, AClientThatLeavesMidStreamIsNoticed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(transport_->connections(), 0);
+}
+
+// Flow control (ClientBuffers): a stream whose client does not read is ended
+// once over its bound past the grace (the connection closes, the handler hears
+// the client is gone) and its bytes are released; a client that reads gets it
+// all; what a handler holds on the exchange is released with its response.
+TEST_F(HttpTransportTest, AStreamWhoseClientDoesNotReadIsEndedAtItsBound) {
+  ClientBufferOptions bounds;
+  bounds.max_stream_bytes = 64 << 10;
+  bounds.stall_grace = absl::Milliseconds(100);
+  std::shared_ptr<ClientBuffers> buffers = ClientBuffers::Create(bounds);
+  HttpTransportOptions o;
+  o.client_buffers = buffers;
+  Start(o);
+  // Counts the tokens the exchanges hold.
+  struct Token {
+    explicit Token(std::atomic<int>* n) : live(n) { ++*live; }
+    ~Token() { --*live; }
+    std::atomic<int>* live;
+  };
+  auto live = std::make_shared<std::atomic<int>>(0);
+  transport_->Post("/flood",
+                   HttpTransport::AsyncHandler([this, live](std::shared_ptr<HttpExchange> ex) {
+                     ex->Hold(std::make_shared<Token>(live.get()));
+                     HttpResponse head;
+                     head.content_type = "text/event-stream";
+                     ex->BeginStream(head);
+                     ex->OnClientGone([this] { ++gone_; });
+                     Flood(ex, 0);
+                   }));
+  {
+    // Reads everything: served whole, nothing ended.
+    RawClient reader(port_);
+    ASSERT_TRUE(reader.Send("POST /flood HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"));
+    const std::string text = reader.ReadUntil(
+        [](const std::string& t) { return absl::StrContains(t, "0\r\n\r\n"); },
+        std::chrono::milliseconds(30000));
+    EXPECT_NE(text.find("data: [DONE]"), std::string::npos);
+    EXPECT_EQ(buffers->streams_ended(), 0u);
+  }
+  {
+    // Reads nothing: ended, and the transport lets go of everything.
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string request = "POST /flood HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n";
+    ASSERT_EQ(send(fd, request.data(), request.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(request.size()));
+    for (int i = 0; i < 1000 && gone_ == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(gone_, 1);
+    EXPECT_EQ(buffers->streams_ended(), 1u);
+    close(fd);
+  }
+  for (int i = 0; i < 500 && (buffers->queued() != 0 || *live != 0); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(buffers->queued(), 0u);
+  EXPECT_EQ(*live, 0) << "an exchange's token outlived its response";
 }
 
 // A handler that asks after its client already left (a generation started
