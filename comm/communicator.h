@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace flotilla::comm {
@@ -86,6 +87,13 @@ class Communicator {
   // Returns once every rank has entered Barrier (for nccl: once the work queued
   // on `stream` before it has completed on every rank).
   virtual absl::Status Barrier(void* stream = nullptr) = 0;
+
+  // How long the following calls wait for a silent peer before UNAVAILABLE
+  // (the backend's configured timeout until this is called; must be
+  // positive). A rank that knows a peer is busy for long (a step with many
+  // prompt-logit rows) raises it for that wait instead of taking the peer for
+  // dead. Backends whose waits the host does not bound ignore it.
+  virtual void SetTimeout(absl::Duration timeout) {}
 };
 
 // AllToAllV for a receiver that does not know what it will get: exchanges the

@@ -80,7 +80,7 @@ void ControlSession::Send(cluster::WorkerMessage message) {
 }
 
 // The step loop never waits on the coordinator's stream: messages queue and
-// this thread writes them in order (split when one is too large).
+// this thread writes them in order (in parts of kSessionPartBytes).
 void ControlSession::WriterLoop() {
   std::unique_lock<std::mutex> lock(outbox_mu_);
   while (true) {
@@ -90,13 +90,8 @@ void ControlSession::WriterLoop() {
     batch.swap(outbox_);
     lock.unlock();
     for (const cluster::WorkerMessage& m : batch) {
-      if (m.ByteSizeLong() <= kMaxWorkerMessageBytes) {
-        stream_->Write(m);
-        continue;
-      }
-      for (const cluster::WorkerMessage& part : SplitWorkerMessage(m, kMaxWorkerMessageBytes)) {
-        stream_->Write(part);
-      }
+      ForEachWorkerMessagePart(m, kSessionPartBytes,
+                               [this](const cluster::WorkerMessage& part) { stream_->Write(part); });
     }
     lock.lock();
   }

@@ -37,21 +37,31 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
     // tokens its plan runs (the engines size their exchanges from the
     // largest) and the measurement it waits to run. Then each leader's plan
     // goes to its TP group only.
-    uint64_t plan_tokens = 0;
-    for (const cluster::PlanItem& p : mine.items()) plan_tokens += p.tokens_size();
-    constexpr int kHeader = 4;
+    uint64_t plan_tokens = 0, logit_rows = 0;
+    for (const cluster::PlanItem& p : mine.items()) {
+      plan_tokens += p.tokens_size();
+      if (p.logits() == kLogitsAll) logit_rows += p.tokens_size();
+    }
+    constexpr int kHeader = 5;
     std::vector<uint64_t> header(kHeader * W), sizes(W);
-    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens, measure_id};
+    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens, measure_id,
+                                     logit_rows};
     FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(mine_header, header.data(), sizeof(mine_header)));
-    uint64_t max_tokens = 0;
+    uint64_t max_tokens = 0, max_logit_rows = 0;
     for (int r = 0; r < W; ++r) {
       sizes[r] = header[kHeader * r];
       have_version = std::min(have_version, header[kHeader * r + 1]);
       max_tokens = std::max(max_tokens, header[kHeader * r + 2]);
       // A rank that has not received the measurement yet holds it back.
       if (header[kHeader * r + 3] != measure_id) got.measure_id = 0;
+      max_logit_rows = std::max(max_logit_rows, header[kHeader * r + 4]);
     }
     engine_->SetInstanceStepTokens(static_cast<int64_t>(max_tokens));
+    // Until the next exchange, peers may be busy with this step's logit rows.
+    if (comm_timeout_ > absl::ZeroDuration()) {
+      comm_->SetTimeout(
+          StepWaitTimeout(comm_timeout_, max_logit_rows, engine_->config().vocab_size));
+    }
     const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
     got.any_work = max_size > 0;
     if (got.any_work) FLOTILLA_RETURN_IF_ERROR(ReceiveGroupPlan(mine, bytes, sizes, &got.plan));
@@ -60,6 +70,11 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
   }
   SwitchExpertMap(have_version);
   return got;
+}
+
+absl::Duration StepWaitTimeout(absl::Duration base, uint64_t logit_rows, int64_t vocab_size) {
+  const double bytes = static_cast<double>(logit_rows) * static_cast<double>(vocab_size) * 4.0;
+  return base + absl::Seconds(bytes / 1e6);
 }
 
 absl::Status StepExecutor::AgreeStepTokens(int64_t tokens) {

@@ -24,6 +24,12 @@
 
 namespace flotilla::worker {
 
+// How long the ranks of a step wait for each other when the step makes
+// `logit_rows` prompt-logit rows of `vocab_size` floats somewhere: `base`,
+// plus those bytes at a floor of 1 MB/s (computing, serializing and sending
+// them to the coordinator on a loaded CPU machine is far faster).
+absl::Duration StepWaitTimeout(absl::Duration base, uint64_t logit_rows, int64_t vocab_size);
+
 class StepExecutor {
  public:
   // `comm`: the instance's host communicator, null for an instance of one
@@ -36,6 +42,12 @@ class StepExecutor {
   // A newer expert map received from the coordinator; it is used from the
   // first step boundary where every rank has it. Older ones are ignored.
   void OfferExpertMap(ExpertMap map);
+
+  // The communicator's configured wait for a silent peer. From then on each
+  // Exchange sets the waits until the next one to this plus an allowance for
+  // the prompt-logit rows any leader computes and sends in the step
+  // (StepWaitTimeout): a long legitimate step is not a dead peer.
+  void SetCommTimeout(absl::Duration base) { comm_timeout_ = base; }
 
   struct Exchanged {
     cluster::StepPlan plan;  // this rank's group plan
@@ -82,6 +94,7 @@ class StepExecutor {
 
   Engine* engine_;
   comm::Communicator* comm_;
+  absl::Duration comm_timeout_ = absl::ZeroDuration();  // zero: left as configured
   parallel::ParallelContext* context_;
   const ParallelConfig parallel_;
   const int rank_;

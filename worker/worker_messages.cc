@@ -45,30 +45,41 @@ void AppendPromptLogits(uint64_t request_id, const std::vector<float>& logits, i
 
 std::vector<cluster::WorkerMessage> SplitWorkerMessage(const cluster::WorkerMessage& message,
                                                        size_t max_bytes) {
+  std::vector<cluster::WorkerMessage> out;
+  ForEachWorkerMessagePart(message, max_bytes,
+                           [&out](const cluster::WorkerMessage& part) { out.push_back(part); });
+  return out;
+}
+
+void ForEachWorkerMessagePart(const cluster::WorkerMessage& message, size_t max_bytes,
+                              const std::function<void(const cluster::WorkerMessage&)>& write) {
   if (message.ByteSizeLong() <= max_bytes ||
       message.kind_case() != cluster::WorkerMessage::kTokens) {
-    return {message};
+    write(message);
+    return;
   }
   // Room for the WorkerMessage and TokenBatch framing and the step number.
   const size_t budget = max_bytes > 32 ? max_bytes - 32 : 0;
-  std::vector<cluster::WorkerMessage> out;
-  size_t used = budget + 1;  // forces a first message
+  cluster::WorkerMessage part;
+  size_t used = 0;
   for (const cluster::SequenceUpdate& update : message.tokens().updates()) {
     cluster::SequenceUpdate replacement;
-    const cluster::SequenceUpdate* part = &update;
+    const cluster::SequenceUpdate* piece = &update;
     if (FramedSize(update) > budget) {
       replacement = TooLarge(update, max_bytes);
-      part = &replacement;
+      piece = &replacement;
     }
-    const size_t size = FramedSize(*part);
-    if (used + size > budget) {
-      out.emplace_back().mutable_tokens()->set_step(message.tokens().step());
+    const size_t size = FramedSize(*piece);
+    if (part.has_tokens() && used + size > budget) {
+      write(part);
+      part.Clear();
       used = 0;
     }
-    *out.back().mutable_tokens()->add_updates() = *part;
+    if (!part.has_tokens()) part.mutable_tokens()->set_step(message.tokens().step());
+    *part.mutable_tokens()->add_updates() = *piece;
     used += size;
   }
-  return out;
+  if (part.has_tokens()) write(part);
 }
 
 }  // namespace flotilla::worker

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <functional>
+
 #include "proto/cluster.pb.h"
 
 namespace flotilla::worker {
@@ -14,6 +16,11 @@ namespace flotilla::worker {
 // The largest message a worker sends (both ends allow 256 MiB; this leaves
 // room and keeps one message from holding the stream for long).
 inline constexpr size_t kMaxWorkerMessageBytes = size_t{16} << 20;
+// The session writes larger messages in parts of about this size (a prompt-
+// logits chunk and framing): the coordinator takes every message it receives
+// as a sign of life, and over a loaded machine a 16 MiB message can take
+// longer to cross than the heartbeat timeout; one part of this size does not.
+inline constexpr size_t kSessionPartBytes = (size_t{5} << 20) / 2;
 // The most prompt-logits bytes one SequenceUpdate carries: whole rows, at
 // least one. The coordinator forwards each as one client message, which stays
 // under the 4 MiB default receive limit of gRPC clients for vocabularies up
@@ -32,5 +39,9 @@ void AppendPromptLogits(uint64_t request_id, const std::vector<float>& logits, i
 // request can break the session. Other kinds come back as they are.
 std::vector<cluster::WorkerMessage> SplitWorkerMessage(const cluster::WorkerMessage& message,
                                                        size_t max_bytes);
+// The same parts, each handed to `write` as soon as it is complete, so the
+// first goes out before the rest of a large message is copied.
+void ForEachWorkerMessagePart(const cluster::WorkerMessage& message, size_t max_bytes,
+                              const std::function<void(const cluster::WorkerMessage&)>& write);
 
 }  // namespace flotilla::worker

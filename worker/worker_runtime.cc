@@ -443,6 +443,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                            LazyO200kVocabulary(engine->config().vocab_size));
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
+  executor_->SetCommTimeout(options_.comm_timeout);
   {
     FLOTILLA_ASSIGN_OR_RETURN(ExpertMap initial, ExpertMapFromProto(a.expert_map()));
     expert_store_ = std::make_unique<ExpertStore>(

@@ -58,6 +58,10 @@ class LocalCommunicator final : public P2pCommunicator {
   // Marks this rank dead in the rendezvous.
   ~LocalCommunicator() override;
 
+  void SetTimeout(absl::Duration timeout) override {
+    if (timeout > absl::ZeroDuration()) options_.timeout = timeout;
+  }
+
  protected:
   absl::Status Exchange(uint64_t tag, absl::Span<const SendOp> sends,
                         absl::Span<const RecvOp> recvs) override;

@@ -103,6 +103,10 @@ class UcxCommunicator final : public P2pCommunicator {
   // Flushes what was sent, then closes the connections (bounded by the timeout).
   ~UcxCommunicator() override;
 
+  void SetTimeout(absl::Duration timeout) override {
+    if (timeout > absl::ZeroDuration()) options_.timeout = timeout;
+  }
+
   // The UCX transports (lanes) used to reach `peer`, for logs and benchmarks.
   std::string TransportInfo(int peer) const;
 
