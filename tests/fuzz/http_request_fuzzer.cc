@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FLOTILLA_FUZZ_CHECK(!DumpJson(answer.ok() ? *answer : ErrorJson(ErrorFromStatus(answer.status()))).empty());
     return 0;
   }
-  absl::StatusOr<PreparedRequest> prepared = absl::StatusOr<PreparedRequest>(json.status());
+  absl::StatusOr<PreparedRequest> prepared = absl::InternalError("no route");
+  if (!json.ok()) prepared = json.status();
   if (json.ok() && route == 0) prepared = PrepareChatRequest(*json, kModel, tok, options);
   if (json.ok() && route == 1) prepared = PrepareCompletionRequest(*json, kModel, tok);
   if (json.ok() && route == 2) {
