@@ -47,7 +47,7 @@ void ReturnLargeBuffersToSystem() {
 StreamAccount::~StreamAccount() { buffers_->Close(id_, queued_.exchange(0)); }
 
 bool StreamAccount::Add(size_t bytes, bool may_refuse) {
-  const size_t hard = 2 * buffers_->options_.max_stream_bytes;
+  const size_t hard = buffers_->options_.max_total_bytes;
   size_t now = queued_.load(std::memory_order_relaxed);
   // A stream may always hold one message, whatever its size.
   if (may_refuse && now > 0 && now + bytes > hard) {
@@ -143,8 +143,9 @@ std::optional<absl::Status> ClientBuffers::EndReasonLocked(Entry& e, absl::Time 
   const size_t bound = options_.max_stream_bytes;
   if (e.overflowed) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the client does not read its stream: over ", Bytes(2 * bound),
-        " waited for it (twice --max-stream-buffer-bytes); the request was cancelled"));
+        "the client does not read its stream: it would hold over ",
+        Bytes(options_.max_total_bytes),
+        " by itself (--max-client-buffer-bytes); the request was cancelled"));
   }
   if (e.queued <= bound) {
     e.over_since.reset();

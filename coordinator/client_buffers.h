@@ -5,12 +5,14 @@
 // - A stream whose queued bytes stay over `max_stream_bytes` for longer than
 //   `stall_grace` (its client does not read) is ended: its request is
 //   cancelled (the workers free its KV blocks) and the stream ends with
-//   RESOURCE_EXHAUSTED (gRPC) or its connection closes (HTTP). A stream over
-//   twice the bound is ended at once (a stream may always hold one message,
-//   whatever its size).
+//   RESOURCE_EXHAUSTED (gRPC) or its connection closes (HTTP). The grace lets
+//   a reading client take a burst (a worker's message of prompt logits comes
+//   as up to 16 MiB at once) at its own pace.
 // - While the process holds more than `max_total_bytes`, the largest streams
 //   (of those holding over a quarter of their bound) are ended at once until
-//   it holds less: the holders pay, not new or small requests.
+//   it holds less: the holders pay, not new or small requests. A stream that
+//   would hold more than `max_total_bytes` by itself takes nothing more and is
+//   ended at once (it may always hold one message, whatever its size).
 // - An ended stream whose client still takes nothing (not even the end) is
 //   dropped `stall_grace` later, at once under global pressure (gRPC: the
 //   stream is reset; HTTP: closed), so it holds nothing more.
@@ -83,8 +85,9 @@ class StreamAccount {
   StreamAccount& operator=(const StreamAccount&) = delete;
 
   // `bytes` more are queued for the client. False (nothing counted) when
-  // they would take the stream over twice its bound and `may_refuse`: the
-  // caller should drop them (the watchdog ends the stream at once).
+  // they would take the stream over the global bound by itself and
+  // `may_refuse`: the caller should drop them (the watchdog ends the stream
+  // at once).
   bool Add(size_t bytes, bool may_refuse = true);
   // `bytes` were taken by the client (or dropped).
   void Remove(size_t bytes);
@@ -129,7 +132,7 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
   uint64_t streams_ended() const { return ended_count_.load(std::memory_order_relaxed); }
 
   // One pass of the watchdog at `now`: ends the streams past their grace or
-  // over the hard bound, sheds under global pressure, drops ended streams
+  // over the global bound by themselves, sheds under global pressure, drops ended streams
   // whose clients still take nothing.
   void Sweep(absl::Time now);
 
@@ -141,7 +144,7 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
     size_t queued = 0;
     std::optional<absl::Time> over_since;  // over max_stream_bytes since
     std::optional<absl::Time> ended_at;    // EndStalled was called then
-    bool overflowed = false;               // passed twice the bound: ended at once
+    bool overflowed = false;  // would pass the global bound by itself: ended at once
     bool dropped = false;
   };
   // Why the entry is to be ended now (under mu_), or nothing.
@@ -162,7 +165,7 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
   std::condition_variable wake_;
   std::map<uint64_t, Entry> entries_;   // under mu_
   uint64_t next_id_ = 1;                // under mu_
-  bool urgent_ = false;                 // under mu_: a stream passed its hard bound
+  bool urgent_ = false;                 // under mu_: a stream overflowed, or the total
   bool stop_ = false;                   // under mu_
   absl::Time last_trim_ = absl::Now();  // watchdog thread only
   std::thread watchdog_;

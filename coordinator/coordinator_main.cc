@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
   double client_stall_timeout_s = 10;
   app.add_option("--max-stream-buffer-bytes", client_buffers.max_stream_bytes,
                  "bytes one gRPC stream or HTTP response may queue for a client that does not "
-                 "read; over it for --client-stall-timeout-s (or over twice it at once) the "
+                 "read; over it for --client-stall-timeout-s the "
                  "request is cancelled and the stream ended (RESOURCE_EXHAUSTED)")
       ->envname("FLOTILLA_MAX_STREAM_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-client-buffer-bytes", client_buffers.max_total_bytes,

@@ -416,7 +416,7 @@ class Connection final : public ConnectionBase {
     } else {
       Queue(std::move(data));
     }
-    // Over twice its bound the account refused the bytes: the bounds' watchdog
+    // The account refused the bytes (over the global bound): the bounds' watchdog
     // ends the stream at once (StallHandle); nothing more goes out meanwhile.
     if (overflowed_) return;
     if (!account_ && pending_.size() > kMaxQueuedOutput) {
@@ -674,7 +674,7 @@ class Connection final : public ConnectionBase {
   // ---- writing ----
 
   // Adds `data` to what goes out next, counted in the exchange's account;
-  // dropped (and overflowed_ set) when that is over twice its bound.
+  // dropped (and overflowed_ set) when the account refuses them.
   void Queue(std::string data, bool may_refuse = true) {
     if (server_->options.client_buffers && exchange_live_ && !complete_ && !closed_) {
       if (!account_) {
@@ -834,7 +834,7 @@ class Connection final : public ConnectionBase {
   std::function<void()> on_gone_;
   std::string pending_, writing_buffer_;
   // Flow control of the current exchange: its account (bytes of pending_ and
-  // writing_buffer_ counted in it), whether it passed its hard bound, and the
+  // writing_buffer_ counted in it), whether it refused bytes, and the
   // tokens it holds.
   std::unique_ptr<StreamAccount> account_;
   std::shared_ptr<StallHandle> stall_;

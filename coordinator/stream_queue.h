@@ -5,9 +5,9 @@
 // outlives the reactor safely.
 //
 // With a StreamAccount (client streams), the queued messages' bytes are
-// counted against the flow-control bounds (client_buffers.h): past twice the
-// stream's bound messages are dropped, and the bounds' watchdog ends the
-// stream (Abort, then Cancel if the client takes nothing at all).
+// counted against the flow-control bounds (client_buffers.h): a message the
+// account refuses is dropped, and the bounds' watchdog ends the stream
+// (Abort, then Cancel if the client takes nothing at all).
 #pragma once
 
 #include <grpcpp/grpcpp.h>

@@ -72,16 +72,17 @@ TEST(ClientBuffers, AClientThatCatchesUpWithinTheGraceKeepsItsStream) {
   EXPECT_EQ(stream->ended.size(), 1u);
 }
 
-TEST(ClientBuffers, OverTwiceTheBoundIsRefusedAndEndedAtOnce) {
+TEST(ClientBuffers, AStreamOverTheGlobalBoundByItselfIsRefusedAndEndedAtOnce) {
   auto buffers = ClientBuffers::Create(Options(), false);
   auto stream = std::make_shared<FakeStream>();
   std::unique_ptr<StreamAccount> account = buffers->Open(stream);
-  ASSERT_TRUE(account->Add(1900));
+  ASSERT_TRUE(account->Add(9900)) << "a burst over its own bound waits for the grace";
   EXPECT_FALSE(account->Add(200));
-  EXPECT_EQ(account->queued(), 1900u) << "refused bytes are not counted";
+  EXPECT_TRUE(account->overflowed());
+  EXPECT_EQ(account->queued(), 9900u) << "refused bytes are not counted";
   // Not refusable (a whole response made at once): counted all the same.
   EXPECT_TRUE(account->Add(200, /*may_refuse=*/false));
-  EXPECT_EQ(account->queued(), 2100u);
+  EXPECT_EQ(account->queued(), 10100u);
   buffers->Sweep(kT0);
   ASSERT_EQ(stream->ended.size(), 1u);
   EXPECT_EQ(stream->ended[0].code(), absl::StatusCode::kResourceExhausted);
@@ -118,7 +119,7 @@ TEST(ClientBuffers, AStreamMayAlwaysHoldOneMessage) {
   auto buffers = ClientBuffers::Create(Options(), false);
   auto stream = std::make_shared<FakeStream>();
   std::unique_ptr<StreamAccount> account = buffers->Open(stream);
-  EXPECT_TRUE(account->Add(5000)) << "one message over twice the bound, nothing else queued";
+  EXPECT_TRUE(account->Add(50000)) << "one message over every bound, nothing else queued";
   EXPECT_FALSE(account->Add(1));
 }
 
