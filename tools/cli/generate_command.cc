@@ -223,7 +223,9 @@ absl::Status RunGenerate(const GenerateFlags& f) {
     co.max_context = std::min<int64_t>(config.max_position_embeddings,
                                        static_cast<int64_t>(prompt.size()) + f.max_tokens);
     co.max_batch_tokens = 4096;
-    co.kv_num_blocks = (co.max_context + co.kv_block_size - 1) / co.kv_block_size;
+    // kv_num_blocks stays 0: the engine sizes the cache for max_context in
+    // every KV group (full and sliding layers) plus its scratch block. One
+    // block per 16 positions was too few: the context shrank to 16 tokens.
     if (opts.prefill_chunk == 0 || opts.prefill_chunk > co.max_batch_tokens) {
       opts.prefill_chunk = co.max_batch_tokens;
     }
