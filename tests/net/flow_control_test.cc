@@ -6,8 +6,11 @@
 // back after they leave, and another client is served meanwhile.
 //
 // The bounds come from the environment when it sets them already, so the same
-// program shows the unbounded case too (e.g.
-// FLOTILLA_MAX_STREAM_BUFFER_BYTES=1000000000000).
+// program runs the defaults or no bounds at all (e.g.
+// FLOTILLA_MAX_STREAM_BUFFER_BYTES=1000000000000), and
+// FLOTILLA_FLOW_TEST_SECONDS, FLOTILLA_FLOW_TEST_PROMPT_TOKENS and
+// FLOTILLA_FLOW_TEST_HOLD_SECONDS scale the pressure (issue 28's scenario:
+// 60 s, large prompt-logits answers held unread).
 #include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -38,11 +41,18 @@ using Json = nlohmann::json;
 
 constexpr int kGrpcReaders = 8;
 constexpr int kHttpReaders = 8;
+// An integer from the environment, else `fallback`.
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? fallback : std::atoi(v);
+}
 // How long the clients that do not read keep coming back.
-constexpr auto kPressure = std::chrono::seconds(20);
+const std::chrono::seconds kPressure(EnvInt("FLOTILLA_FLOW_TEST_SECONDS", 20));
 // A prompt whose logits (786 KiB a token: the real vocabulary) come in two
 // messages, over the stream bound below (computing them is slow on a CPU).
-constexpr int kPromptTokens = 4;
+const int kPromptTokens = EnvInt("FLOTILLA_FLOW_TEST_PROMPT_TOKENS", 4);
+// How long a client holds a stream it does not read before it cancels it.
+const std::chrono::seconds kHold(EnvInt("FLOTILLA_FLOW_TEST_HOLD_SECONDS", 4));
 
 // VmRSS of `pid` in kB; -1 when unreadable.
 long RssKb(pid_t pid) {
@@ -86,7 +96,7 @@ struct NeverReader {
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
       std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub->Generate(&ctx, req);
       ++streams;
-      std::this_thread::sleep_for(std::chrono::seconds(4));
+      std::this_thread::sleep_for(kHold);
       ctx.TryCancel();
       const grpc::Status st = reader->Finish();
       if (!st.ok()) ++not_ok, last_error = st.error_message();
