@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -627,6 +628,45 @@ TEST(ClusterBenchMultiTurn, LaterTurnsRepeatTheLastAndHitThePrefixCache) {
   EXPECT_EQ(p["prefill_tokens_computed"].get<int64_t>(),
             p["queried_tokens"].get<int64_t>() - p["hit_tokens"].get<int64_t>());
   EXPECT_TRUE((*cluster)->CheckAlive().ok());
+}
+
+// A step that computes and sends the largest prompt logits the server allows
+// takes far longer than the ranks' wait for a silent peer (250 ms here) on a
+// machine kept busy by a CPU hog; the peers allow for the step's logit rows
+// (StepWaitTimeout), the leader's session sends them in parts that each count
+// as a sign of life (kSessionPartBytes), so the instance is not re-formed and
+// the request is answered in full.
+TEST(ClusterLongSteps, LargestPromptLogitsUnderACpuHogDoNotReformTheInstance) {
+  cli::LocalClusterOptions o = Options("", 2, 2);
+  o.comm_timeout_ms = 250;
+  o.coordinator_args = {"--max-prompt-logits-mb", "128"};
+  auto c = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const admin::ClusterStatus before = Status((*c)->address());
+  ASSERT_EQ(before.state(), admin::READY);
+  const int64_t vocab = 201088;  // the built-in model's o200k vocabulary
+  const int rows = static_cast<int>((int64_t{128} << 20) / (vocab * 4));
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < rows; ++i) prompt.push_back(1000 + (i * 7919) % 90000);
+
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> hog;
+  for (int i = 0; i < 4; ++i) {
+    hog.emplace_back([&stop] {
+      volatile uint64_t x = 0;
+      while (!stop.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  }
+  const Reply r = Generate((*c)->address(), prompt, 2, /*logits=*/true);
+  stop = true;
+  for (std::thread& t : hog) t.join();
+
+  EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.prompt_logits.size(), static_cast<size_t>(rows) * vocab);
+  EXPECT_EQ(r.tokens.size(), 2u);
+  const admin::ClusterStatus after = Status((*c)->address());
+  EXPECT_EQ(after.state(), admin::READY);
+  EXPECT_EQ(after.generation(), before.generation()) << "the instance was re-formed";
 }
 
 }  // namespace
