@@ -122,8 +122,8 @@ void ClientBuffers::Changed(uint64_t id, size_t queued, bool overflowed) {
     if (overflowed && !it->second.overflowed) {
       it->second.overflowed = true;
       wake = urgent_ = true;
-    } else if (queued > options_.max_stream_bytes / 4 &&
-               total_.load(std::memory_order_relaxed) > options_.max_total_bytes && !urgent_) {
+    } else if (queued > 0 && total_.load(std::memory_order_relaxed) > options_.max_total_bytes &&
+               !urgent_) {
       wake = urgent_ = true;
     }
   }
@@ -183,7 +183,7 @@ void ClientBuffers::Sweep(absl::Time now) {
       }
       std::optional<absl::Status> why = EndReasonLocked(e, now);
       if (!why) {
-        if (e.queued > options_.max_stream_bytes / 4) sheddable.emplace_back(e.queued, id);
+        if (e.queued > 0) sheddable.emplace_back(e.queued, id);
         continue;
       }
       e.ended_at = now;

@@ -9,8 +9,9 @@
 //   a reading client take a burst (a worker's message of prompt logits comes
 //   as up to 16 MiB at once) at its own pace.
 // - While the process holds more than `max_total_bytes`, the largest streams
-//   (of those holding over a quarter of their bound) are ended at once until
-//   it holds less: the holders pay, not new or small requests. A stream that
+//   are ended at once until it holds less: the holders pay, not new or small
+//   requests (however many streams share the total, none escapes by holding
+//   little each). A stream that
 //   would hold more than `max_total_bytes` by itself takes nothing more and is
 //   ended at once (it may always hold one message, whatever its size).
 // - An ended stream whose client still takes nothing (not even the end) is
@@ -46,9 +47,9 @@ namespace flotilla::coordinator {
 
 struct ClientBufferOptions {
   // Bytes queued for one stream before its grace starts (--max-stream-buffer-bytes).
-  size_t max_stream_bytes = size_t{8} << 20;
+  size_t max_stream_bytes = size_t{4} << 20;
   // Bytes queued for all clients together (--max-client-buffer-bytes).
-  size_t max_total_bytes = size_t{64} << 20;
+  size_t max_total_bytes = size_t{32} << 20;
   // How long a stream may stay over its bound (--client-stall-timeout-s).
   absl::Duration stall_grace = absl::Seconds(10);
   // Requests admitted and not yet delivered, over both APIs (--max-inflight).
