@@ -2,6 +2,8 @@
 // is refused with its name (never ignored).
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "common/grammar/schema.h"
 
 namespace flotilla::grammar {
@@ -52,6 +54,27 @@ TEST(GrammarSchema, RefusesUnsupportedFeaturesByName) {
     EXPECT_NE(std::string(st.message()).find(name), std::string::npos)
         << schema << " -> " << st.message();
   }
+}
+
+// $ref chains are bounded like nesting (each reference compiles its target
+// once, inside the same depth count), and cycles end at the first repeat.
+TEST(GrammarSchema, LongRefChainsAreRefusedAndCyclesCompile) {
+  nlohmann::json chain = {{"type", "object"},
+                          {"properties", {{"x", {{"$ref", "#/$defs/d0"}}}}},
+                          {"$defs", nlohmann::json::object()}};
+  for (int i = 0; i < 500; ++i) {
+    chain["$defs"][absl::StrCat("d", i)] = {{"$ref", absl::StrCat("#/$defs/d", i + 1)}};
+  }
+  chain["$defs"]["d500"] = {{"type", "integer"}};
+  const std::string text = chain.dump();
+  absl::Status st = Compile(text.c_str());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(st.message()).find("nested too deeply"), std::string::npos) << st;
+  absl::Status cycle = Compile(R"({"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}},
+      "$defs": {"a": {"anyOf": [{"type": "null"},
+      {"type": "object", "properties": {"next": {"$ref": "#/$defs/b"}}}]},
+      "b": {"$ref": "#/$defs/a"}}})");
+  EXPECT_TRUE(cycle.ok()) << cycle;
 }
 
 TEST(GrammarSchema, AcceptsAlternativesThatBeginAlike) {
