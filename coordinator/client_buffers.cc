@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,8 @@ constexpr size_t kTrimAfterReleasedBytes = size_t{16} << 20;
 constexpr absl::Duration kTrimInterval = absl::Seconds(5);
 // Allocations this large are mapped on their own (ReturnLargeBuffersToSystem).
 constexpr int kMmapThresholdBytes = 1 << 20;
+// A client's pace is measured over windows this long.
+constexpr absl::Duration kPaceWindow = absl::Milliseconds(500);
 
 // "512 KiB", "3.5 MiB": bytes as messages name them.
 std::string Bytes(size_t bytes) {
@@ -46,26 +49,17 @@ void ReturnLargeBuffersToSystem() {
 
 StreamAccount::~StreamAccount() { buffers_->Close(id_, queued_.exchange(0)); }
 
-bool StreamAccount::Add(size_t bytes, bool may_refuse) {
-  const size_t hard = buffers_->options_.max_total_bytes;
-  size_t now = queued_.load(std::memory_order_relaxed);
-  // A stream may always hold one message, whatever its size.
-  if (may_refuse && now > 0 && now + bytes > hard) {
-    overflowed_.store(true, std::memory_order_relaxed);
-    buffers_->Changed(id_, now, /*overflowed=*/true);
-    return false;
-  }
-  now = queued_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+void StreamAccount::Add(size_t bytes) {
+  const size_t before = queued_.fetch_add(bytes, std::memory_order_relaxed);
   buffers_->total_.fetch_add(bytes, std::memory_order_relaxed);
-  buffers_->Changed(id_, now, false);
-  return true;
+  buffers_->Changed(id_, before + bytes, 0, /*was_empty=*/before == 0);
 }
 
 void StreamAccount::Remove(size_t bytes) {
   const size_t now = queued_.fetch_sub(bytes, std::memory_order_relaxed) - bytes;
   buffers_->total_.fetch_sub(bytes, std::memory_order_relaxed);
   buffers_->released_since_trim_.fetch_add(bytes, std::memory_order_relaxed);
-  buffers_->Changed(id_, now, false);
+  buffers_->Changed(id_, now, bytes, false);
 }
 
 std::shared_ptr<ClientBuffers> ClientBuffers::Create(ClientBufferOptions options,
@@ -108,22 +102,30 @@ absl::StatusOr<std::shared_ptr<void>> ClientBuffers::Admit() {
 std::unique_ptr<StreamAccount> ClientBuffers::Open(std::weak_ptr<BufferedStream> stream) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_id_++;
-  entries_[id].stream = std::move(stream);
+  Entry& e = entries_[id];
+  e.stream = std::move(stream);
+  e.window_start = options_.clock();
   return std::unique_ptr<StreamAccount>(new StreamAccount(shared_from_this(), id));
 }
 
-void ClientBuffers::Changed(uint64_t id, size_t queued, bool overflowed) {
+void ClientBuffers::Changed(uint64_t id, size_t queued, size_t taken, bool was_empty) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = entries_.find(id);
     if (it == entries_.end()) return;
-    it->second.queued = queued;
-    if (overflowed && !it->second.overflowed) {
-      it->second.overflowed = true;
-      wake = urgent_ = true;
-    } else if (queued > 0 && total_.load(std::memory_order_relaxed) > options_.max_total_bytes &&
-               !urgent_) {
+    Entry& e = it->second;
+    e.queued = queued;
+    e.taken += taken;
+    if (was_empty) {
+      // A pace is measured while something waits: a burst after a quiet
+      // time gets a whole window to show how fast its client takes it.
+      e.taken = 0;
+      e.window_start = options_.clock();
+      e.pace.reset();
+    }
+    if (taken == 0 && total_.load(std::memory_order_relaxed) > options_.max_total_bytes &&
+        !urgent_) {
       wake = urgent_ = true;
     }
   }
@@ -141,12 +143,6 @@ void ClientBuffers::Close(uint64_t id, size_t queued) {
 
 std::optional<absl::Status> ClientBuffers::EndReasonLocked(Entry& e, absl::Time now) {
   const size_t bound = options_.max_stream_bytes;
-  if (e.overflowed) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the client does not read its stream: it would hold over ",
-        Bytes(options_.max_total_bytes),
-        " by itself (--max-client-buffer-bytes); the request was cancelled"));
-  }
   if (e.queued <= bound) {
     e.over_since.reset();
     return std::nullopt;
@@ -168,8 +164,14 @@ void ClientBuffers::Sweep(absl::Time now) {
     urgent_ = false;
     size_t remaining = total_.load(std::memory_order_relaxed);
     const bool pressed = remaining > options_.max_total_bytes;
-    std::vector<std::pair<size_t, uint64_t>> sheddable;  // (queued, id)
+    // (seconds to drain, bytes, id): the slowest, then the largest, first.
+    std::vector<std::tuple<double, size_t, uint64_t>> sheddable;
     for (auto& [id, e] : entries_) {
+      if (now - e.window_start >= kPaceWindow) {
+        e.pace = static_cast<double>(e.taken) / absl::ToDoubleSeconds(now - e.window_start);
+        e.taken = 0;
+        e.window_start = now;
+      }
       if (e.ended_at) {
         remaining -= std::min(remaining, e.queued);  // going already
         if (e.dropped) continue;
@@ -183,18 +185,26 @@ void ClientBuffers::Sweep(absl::Time now) {
       }
       std::optional<absl::Status> why = EndReasonLocked(e, now);
       if (!why) {
-        if (e.queued > 0) sheddable.emplace_back(e.queued, id);
+        // Under pressure, a stream whose client would not drain it within
+        // the grace at its pace may be shed.
+        if (e.queued > 0 && e.pace) {
+          const double drain = *e.pace > 0 ? static_cast<double>(e.queued) / *e.pace : 1e300;
+          if (drain > absl::ToDoubleSeconds(options_.stall_grace)) {
+            sheddable.emplace_back(drain, e.queued, id);
+          }
+        }
         continue;
       }
       e.ended_at = now;
       remaining -= std::min(remaining, e.queued);
       if (auto s = e.stream.lock()) end.emplace_back(std::move(s), *std::move(why));
     }
-    // Over the global bound: end the largest streams until under it.
+    // Over the global bound: end the slowest to drain until under it.
     std::sort(sheddable.rbegin(), sheddable.rend());
-    for (const auto& [queued, id] : sheddable) {
+    for (const auto& [drain, bytes, id] : sheddable) {
       if (remaining <= options_.max_total_bytes) break;
       Entry& e = entries_[id];
+      const size_t queued = e.queued;
       e.ended_at = now;
       remaining -= std::min(remaining, queued);
       if (auto s = e.stream.lock()) {
@@ -203,7 +213,9 @@ void ClientBuffers::Sweep(absl::Time now) {
                              "the server holds over ", Bytes(options_.max_total_bytes),
                              " for clients that do not read (--max-client-buffer-bytes); this "
                              "stream held ",
-                             Bytes(queued), ", among the most; the request was cancelled")));
+                             Bytes(queued),
+                             ", its client taking it among the slowest; the request "
+                             "was cancelled")));
       }
     }
   }
@@ -233,14 +245,14 @@ void ClientBuffers::Watchdog(std::weak_ptr<ClientBuffers> weak) {
     std::shared_ptr<ClientBuffers> self = weak.lock();
     if (!self) return;
     const absl::Duration period =
-        std::clamp(self->options_.stall_grace / 4, absl::Milliseconds(20), absl::Seconds(1));
+        std::clamp(self->options_.stall_grace / 4, absl::Milliseconds(20), kPaceWindow);
     {
       std::unique_lock<std::mutex> lock(self->mu_);
       self->wake_.wait_for(lock, absl::ToChronoNanoseconds(period),
                            [&] { return self->stop_ || self->urgent_; });
       if (self->stop_) return;
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = self->options_.clock();
     self->Sweep(now);
     self->MaybeTrim(now);
   }

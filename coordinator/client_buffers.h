@@ -8,12 +8,14 @@
 //   RESOURCE_EXHAUSTED (gRPC) or its connection closes (HTTP). The grace lets
 //   a reading client take a burst (a worker's message of prompt logits comes
 //   as up to 16 MiB at once) at its own pace.
-// - While the process holds more than `max_total_bytes`, the largest streams
-//   are ended at once until it holds less: the holders pay, not new or small
-//   requests (however many streams share the total, none escapes by holding
-//   little each). A stream that
-//   would hold more than `max_total_bytes` by itself takes nothing more and is
-//   ended at once (it may always hold one message, whatever its size).
+// - While the process holds more than `max_total_bytes`, the streams that
+//   would take longest to drain at the pace their clients read (measured over
+//   half a second; a client that takes nothing never drains) are ended at
+//   once, slowest first, until it holds less. A client that drains what it
+//   holds within `stall_grace` at its pace is not ended for it, however large
+//   its answer (up to --max-prompt-logits-mb of logits): a reader's burst is
+//   not a stall. New and small requests are never refused for what others
+//   hold.
 // - An ended stream whose client still takes nothing (not even the end) is
 //   dropped `stall_grace` later, at once under global pressure (gRPC: the
 //   stream is reset; HTTP: closed), so it holds nothing more.
@@ -32,6 +34,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,9 +52,11 @@ struct ClientBufferOptions {
   // Bytes queued for one stream before its grace starts (--max-stream-buffer-bytes).
   size_t max_stream_bytes = size_t{4} << 20;
   // Bytes queued for all clients together (--max-client-buffer-bytes).
-  size_t max_total_bytes = size_t{32} << 20;
+  size_t max_total_bytes = size_t{64} << 20;
   // How long a stream may stay over its bound (--client-stall-timeout-s).
   absl::Duration stall_grace = absl::Seconds(10);
+  // The time (a fake in tests).
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
   // Requests admitted and not yet delivered, over both APIs (--max-inflight).
   int max_open_requests = 1024;
 };
@@ -85,16 +90,11 @@ class StreamAccount {
   StreamAccount(const StreamAccount&) = delete;
   StreamAccount& operator=(const StreamAccount&) = delete;
 
-  // `bytes` more are queued for the client. False (nothing counted) when
-  // they would take the stream over the global bound by itself and
-  // `may_refuse`: the caller should drop them (the watchdog ends the stream
-  // at once).
-  bool Add(size_t bytes, bool may_refuse = true);
+  // `bytes` more are queued for the client.
+  void Add(size_t bytes);
   // `bytes` were taken by the client (or dropped).
   void Remove(size_t bytes);
   size_t queued() const { return queued_.load(std::memory_order_relaxed); }
-  // Whether Add refused bytes: the stream is being ended.
-  bool overflowed() const { return overflowed_.load(std::memory_order_relaxed); }
 
  private:
   friend class ClientBuffers;
@@ -103,7 +103,6 @@ class StreamAccount {
   std::shared_ptr<ClientBuffers> buffers_;
   const uint64_t id_;
   std::atomic<size_t> queued_{0};
-  std::atomic<bool> overflowed_{false};
 };
 
 class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
@@ -132,9 +131,9 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
   // Streams ended by the bounds since start.
   uint64_t streams_ended() const { return ended_count_.load(std::memory_order_relaxed); }
 
-  // One pass of the watchdog at `now`: ends the streams past their grace or
-  // over the global bound by themselves, sheds under global pressure, drops ended streams
-  // whose clients still take nothing.
+  // One pass of the watchdog at `now`: ends the streams past their grace,
+  // sheds under global pressure, drops ended streams whose clients still
+  // take nothing.
   void Sweep(absl::Time now);
 
  private:
@@ -145,12 +144,16 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
     size_t queued = 0;
     std::optional<absl::Time> over_since;  // over max_stream_bytes since
     std::optional<absl::Time> ended_at;    // EndStalled was called then
-    bool overflowed = false;  // would pass the global bound by itself: ended at once
     bool dropped = false;
+    // The client's pace: bytes taken since window_start; the pace of the
+    // last whole window (bytes a second; none before one).
+    size_t taken = 0;
+    absl::Time window_start;
+    std::optional<double> pace;
   };
   // Why the entry is to be ended now (under mu_), or nothing.
   std::optional<absl::Status> EndReasonLocked(Entry& entry, absl::Time now);
-  void Changed(uint64_t id, size_t queued, bool overflowed);
+  void Changed(uint64_t id, size_t queued, size_t taken, bool was_empty);
   void Close(uint64_t id, size_t queued);
   static void Watchdog(std::weak_ptr<ClientBuffers> weak);
   // Gives freed heap back to the system after large releases (or now and then).
@@ -166,7 +169,7 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
   std::condition_variable wake_;
   std::map<uint64_t, Entry> entries_;   // under mu_
   uint64_t next_id_ = 1;                // under mu_
-  bool urgent_ = false;                 // under mu_: a stream overflowed, or the total
+  bool urgent_ = false;                 // under mu_: the total passed its bound
   bool stop_ = false;                   // under mu_
   absl::Time last_trim_ = absl::Now();  // watchdog thread only
   std::thread watchdog_;

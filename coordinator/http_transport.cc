@@ -387,8 +387,7 @@ class Connection final : public ConnectionBase {
     const bool head_only = request_method_ == "HEAD";
     close_after_ = close_after_ || !keep_alive_;
     Queue(ResponseHead(res, res.body.size(), false, close_after_, keep_alive_ && version_ == 10));
-    // Made at once, it cannot wait: counted (its grace applies), never refused.
-    if (!head_only) Queue(std::move(res.body), /*may_refuse=*/false);
+    if (!head_only) Queue(std::move(res.body));
     ended_ = true;
     Flush();
   }
@@ -416,9 +415,6 @@ class Connection final : public ConnectionBase {
     } else {
       Queue(std::move(data));
     }
-    // The account refused the bytes (over the global bound): the bounds' watchdog
-    // ends the stream at once (StallHandle); nothing more goes out meanwhile.
-    if (overflowed_) return;
     if (!account_ && pending_.size() > kMaxQueuedOutput) {
       spdlog::warn("http: {}:{} does not read its stream; closing it", remote_addr_, remote_port_);
       ErrorCode ignored;
@@ -673,18 +669,14 @@ class Connection final : public ConnectionBase {
 
   // ---- writing ----
 
-  // Adds `data` to what goes out next, counted in the exchange's account;
-  // dropped (and overflowed_ set) when the account refuses them.
-  void Queue(std::string data, bool may_refuse = true) {
+  // Adds `data` to what goes out next, counted in the exchange's account.
+  void Queue(std::string data) {
     if (server_->options.client_buffers && exchange_live_ && !complete_ && !closed_) {
       if (!account_) {
         stall_ = std::make_shared<StallHandle>(Self(), seq_);
         account_ = server_->options.client_buffers->Open(stall_);
       }
-      if (!account_->Add(data.size(), may_refuse)) {
-        overflowed_ = true;
-        return;
-      }
+      account_->Add(data.size());
       counted_pending_ += data.size();
     }
     pending_ += data;
@@ -772,7 +764,6 @@ class Connection final : public ConnectionBase {
     account_.reset();
     stall_.reset();
     counted_pending_ = counted_writing_ = 0;
-    overflowed_ = false;
     held_.clear();
     if (server_->logger && !request_.method.empty()) {
       if (!started_) response_.status = 499;  // the client left before any answer
@@ -834,12 +825,10 @@ class Connection final : public ConnectionBase {
   std::function<void()> on_gone_;
   std::string pending_, writing_buffer_;
   // Flow control of the current exchange: its account (bytes of pending_ and
-  // writing_buffer_ counted in it), whether it refused bytes, and the
-  // tokens it holds.
+  // writing_buffer_ counted in it) and the tokens it holds.
   std::unique_ptr<StreamAccount> account_;
   std::shared_ptr<StallHandle> stall_;
   size_t counted_pending_ = 0, counted_writing_ = 0;
-  bool overflowed_ = false;
   std::vector<std::shared_ptr<void>> held_;
 };
 

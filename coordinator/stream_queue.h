@@ -5,9 +5,9 @@
 // outlives the reactor safely.
 //
 // With a StreamAccount (client streams), the queued messages' bytes are
-// counted against the flow-control bounds (client_buffers.h): a message the
-// account refuses is dropped, and the bounds' watchdog ends the stream
-// (Abort, then Cancel if the client takes nothing at all).
+// counted against the flow-control bounds (client_buffers.h), whose watchdog
+// ends a stream its client does not read (Abort, then Cancel if the client
+// takes nothing at all).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -38,7 +38,7 @@ class StreamQueue {
     std::lock_guard<std::mutex> lock(mu_);
     if (reactor_ == nullptr || closing_) return;
     const size_t bytes = account_ ? m.ByteSizeLong() : 0;
-    if (account_ && !account_->Add(bytes)) return;  // the stream is being ended
+    if (account_) account_->Add(bytes);
     queue_.push_back(Queued{std::move(m), bytes});
     if (!writing_) {
       writing_ = true;
@@ -46,11 +46,11 @@ class StreamQueue {
     }
   }
 
-  // Whether Send would queue anything now: false once the stream is closing,
-  // gone or over its bound (so a large message need not even be built).
+  // Whether Send would queue anything now: false once the stream is closing
+  // or gone (so a large message need not even be built).
   bool accepting() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return reactor_ != nullptr && !closing_ && !(account_ && account_->overflowed());
+    return reactor_ != nullptr && !closing_;
   }
 
   // Finishes the stream with `status` once queued writes are done.
