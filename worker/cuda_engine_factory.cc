@@ -60,6 +60,7 @@ class CudaEngineFactory final : public EngineFactory {
       dco.top_k = c.num_experts_per_tok;
       dco.max_tokens_per_step = co.max_batch_tokens;
       dco.timeout = options.comm_timeout;
+      dco.interrupt = spec.interrupt;
       FLOTILLA_ASSIGN_OR_RETURN(dco.transport, TransportOf(spec.start->comm().device_transport()));
       FLOTILLA_ASSIGN_OR_RETURN(
           built.context,

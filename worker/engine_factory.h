@@ -4,6 +4,7 @@
 // (DefaultEngineFactories).
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,9 @@ struct EngineSpec {
   comm::Communicator* comm = nullptr;
   kernels::cpu::ThreadPool* pool = nullptr;
   const WorkerOptions* options = nullptr;
+  // Raised when the coordinator drops this generation or the session ends:
+  // device waits on peers give up then. May be null.
+  std::shared_ptr<const std::atomic<bool>> interrupt;
 };
 
 struct RankEngine {

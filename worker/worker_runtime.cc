@@ -344,7 +344,7 @@ void WorkerRuntime::Reset(const std::string& why) {
   pending_measures_.clear();  // the coordinator fails them with the instance
   expert_load_.clear();
   scheduler_.reset();
-  rank_engine_.engine.reset();
+  rank_engine_.engine.reset();  // a sharded GPU engine aborts its exchanges first
   rank_engine_.context.reset();
   comm_.reset();
   peer_endpoint_.reset();
@@ -431,6 +431,10 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   spec.comm = comm_.get();
   spec.pool = pool_.get();
   spec.options = &options_;
+  {
+    std::lock_guard<std::mutex> lock(interrupt_mu_);
+    spec.interrupt = interrupt_;
+  }
   FLOTILLA_ASSIGN_OR_RETURN(rank_engine_, factory_->Create(std::move(spec)));
   Engine* engine = rank_engine_.engine.get();
   kv_total_ = engine->KvTotalBlocks();

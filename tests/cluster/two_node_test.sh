@@ -25,11 +25,12 @@ fail() {
   exit 1
 }
 cleanup() {
+  # The logs first: a worker stuck on its GPU can take long to die.
+  if [[ -n "${TWO_NODE_LOGS:-}" ]]; then cp "$work"/*.log "$TWO_NODE_LOGS"/ 2>/dev/null; fi
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
   ip netns del "$ns_a" 2>/dev/null
   ip netns del "$ns_b" 2>/dev/null
-  if [[ -n "${TWO_NODE_LOGS:-}" ]]; then cp "$work"/*.log "$TWO_NODE_LOGS"/ 2>/dev/null; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -110,13 +111,18 @@ fi
 generate 1,2,3 4000 --stop-token-ids "" > "$work/inflight.json" 2> "$work/inflight.err" &
 inflight=$!
 sleep 0.5
+killed_at=$(date +%s.%N)
 kill -9 "${worker_pid[1]}"
 wait "${worker_pid[1]}" 2> /dev/null  # reaped here, so bash reports no "Killed"
 wait "$inflight" && fail "the request in flight survived its worker"
+ended_at=$(date +%s.%N)
 grep -q "worker 'w1' .*is gone" "$work/inflight.err" || fail "in flight: $(cat "$work/inflight.err")"
 echo "killed w1: $(head -c 200 "$work/inflight.err")"
 start_worker 1 "$ns_b" 10.215.0.2
 wait_serving || fail "the instance did not serve again after w1 came back"
+# Reported, not asserted: how long the client waited, and the way back.
+awk -v k="$killed_at" -v e="$ended_at" -v s="$(date +%s.%N)" \
+  'BEGIN { printf "the request in flight ended %.2f s after the kill; serving again %.1f s after it\n", e - k, s - k }'
 again=$(generate 200,300,400,500,600 16 2> "$work/generate.err") ||
   fail "generate after the rejoin: $(cat "$work/generate.err")"
 [[ "$(tokens <<< "$again")" == "$(tokens <<< "$reference")" ]] || fail "tokens differ after the rejoin"

@@ -11,6 +11,7 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -32,7 +33,7 @@ namespace {
 constexpr char kPeerFlag[] = "--device-context-peer";
 
 struct PeerArgs {
-  std::string scenario;  // "exchange" or "stall"
+  std::string scenario;  // "exchange", "stall" or "interrupt"
   int rank = 0;
   int world = 1;
   int tp = 1;
@@ -58,8 +59,9 @@ DeviceTransport TransportNamed(const std::string& name) {
   return DeviceTransport::kAuto;
 }
 
-absl::StatusOr<std::unique_ptr<ParallelContext>> MakeContext(const PeerArgs& a, const Scenario& s,
-                                                             comm::Communicator& host) {
+absl::StatusOr<std::unique_ptr<ParallelContext>> MakeContext(
+    const PeerArgs& a, const Scenario& s, comm::Communicator& host,
+    std::shared_ptr<const std::atomic<bool>> interrupt) {
   auto config = ParallelConfig::Create(a.world, a.tp, ModelConfig::Gptoss120b());
   if (!config.ok()) return config.status();
   DeviceContextOptions o;
@@ -69,6 +71,7 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> MakeContext(const PeerArgs& a, 
   o.top_k = s.top_k;
   o.max_tokens_per_step = s.max_tokens;
   o.timeout = absl::Milliseconds(a.timeout_ms);
+  o.interrupt = std::move(interrupt);
   return CreateDeviceContext(*config, ScenarioMap(s), a.rank, host, o);
 }
 
@@ -116,21 +119,71 @@ absl::Status RunStall(const PeerArgs& a, const Scenario& s, ParallelContext& con
   return absl::OkStatus();
 }
 
+// Every rank runs a step together; then the last rank takes no part, and
+// the others enqueue one more Dispatch, which (over NCCL) waits on the device
+// for good, until the interrupt is raised: WaitForStream must then give
+// UNAVAILABLE, leave the stream drained, and every later call must fail.
+absl::Status RunInterrupt(const PeerArgs& a, const Scenario& s, ParallelContext& context,
+                          std::atomic<bool>& interrupt, cudaStream_t stream) {
+  const std::string done = a.dir + "/done";
+  if (absl::Status st = CheckSteps(s, context, 1, stream); !st.ok()) return st;
+  if (a.rank == a.world - 1) {
+    if (!WaitForFile(done, std::chrono::seconds(120))) return absl::InternalError("never released");
+    return absl::OkStatus();
+  }
+  void* scratch = nullptr;
+  const size_t x_bytes = static_cast<size_t>(s.hidden) * sizeof(uint16_t);
+  const size_t k_bytes = static_cast<size_t>(s.top_k) * sizeof(int32_t);
+  if (cudaMalloc(&scratch, x_bytes + 2 * k_bytes) != cudaSuccess ||
+      cudaMemset(scratch, 0, x_bytes + 2 * k_bytes) != cudaSuccess) {
+    return absl::InternalError("cudaMalloc");
+  }
+  const auto* ids = reinterpret_cast<const int32_t*>(static_cast<char*>(scratch) + x_bytes);
+  const auto* weights = reinterpret_cast<const float*>(ids + s.top_k);
+  context.ep().SetStepTokens(1);
+  std::thread raise([&interrupt] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    interrupt.store(true);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<ExpertRows> rows = context.ep().Dispatch(0, scratch, ids, weights, 1, stream);
+  absl::Status waited = rows.ok() ? context.WaitForStream(stream) : rows.status();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  raise.join();
+  context.Abort();  // no graph captured the exchanges: the kernels exit
+  const cudaError_t drained = cudaStreamSynchronize(stream);
+  auto again = context.ep().Dispatch(0, scratch, ids, weights, 1, stream);
+  std::printf("rank %d: after %.2f s: %s; stream %s; again: %s\n", a.rank, seconds,
+              waited.ToString().c_str(), cudaGetErrorString(drained),
+              again.status().ToString().c_str());
+  if (a.rank == 0) std::ofstream(done) << "done\n";
+  cudaFree(scratch);
+  if (!absl::IsUnavailable(waited)) return absl::InternalError("the wait did not give UNAVAILABLE");
+  if (drained != cudaSuccess) return absl::InternalError("the stream did not drain");
+  if (!absl::IsUnavailable(again.status())) {
+    return absl::InternalError("a call after the interrupt did not give UNAVAILABLE");
+  }
+  return absl::OkStatus();
+}
+
 int RunPeer(const PeerArgs& a) {
   Scenario s;
   s.world = a.world;
   s.tp = a.tp;
+  auto interrupt = std::make_shared<std::atomic<bool>>(false);
   auto host = comm::FileCommunicator::Create(a.dir, a.rank, a.world);
   absl::StatusOr<std::unique_ptr<ParallelContext>> context =
-      host.ok() ? MakeContext(a, s, **host) : host.status();
+      host.ok() ? MakeContext(a, s, **host, interrupt) : host.status();
   if (!context.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", a.rank, context.status().ToString().c_str());
     return 1;
   }
   cudaStream_t stream = nullptr;
   cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  const absl::Status st =
-      a.scenario == "stall" ? RunStall(a, s, **context, stream) : RunExchange(s, **context, stream);
+  const absl::Status st = a.scenario == "stall"       ? RunStall(a, s, **context, stream)
+                          : a.scenario == "interrupt" ? RunInterrupt(a, s, **context, *interrupt, stream)
+                                                      : RunExchange(s, **context, stream);
   std::printf("rank %d (%s, world %d, tp %d): %s\n", a.rank, (*context)->backend().c_str(), a.world,
               a.tp, st.ToString().c_str());
   cudaStreamDestroy(stream);
@@ -237,6 +290,20 @@ TEST_P(NcclProcessesTest, DispatchCombineAndAllReduceMatchTheHostReference) {
   a.tp = tp;
   a.transport = "nccl";
   RunGroup(a, world, std::chrono::seconds(240));
+}
+
+// A peer that stops taking part leaves NCCL's kernels waiting for good; the
+// interrupt (the coordinator dropping the generation) must end the wait.
+TEST_F(GpuTest, NcclWaitOnAStalledPeerEndsAtTheInterrupt) {
+#if !FLOTILLA_WITH_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#endif
+  if (kernels::cuda::DeviceCount() < 2) GTEST_SKIP() << "NCCL needs a GPU per rank";
+  PeerArgs a;
+  a.scenario = "interrupt";
+  a.transport = "nccl";
+  a.timeout_ms = 10000;  // also bounds the idle rank's ncclCommFinalize
+  RunGroup(a, 2, std::chrono::seconds(120));
 }
 
 // Every TP size that divides gpt-oss's 8 KV heads, as far as the GPUs go.

@@ -288,7 +288,12 @@ struct CudaEngine::Plan {
 CudaEngine::CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config)
     : impl_(std::move(impl)), config_(config) {}
 
-CudaEngine::~CudaEngine() = default;
+CudaEngine::~CudaEngine() {
+  // The generation is over and its peers may be gone: exchanges still in
+  // flight (a step that failed half-way) end now instead of holding the
+  // teardown, which waits for the device.
+  if (impl_ != nullptr && options_.parallel != nullptr) AbortExchanges();
+}
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeights& weights,
                                                                const CudaEngineOptions& options) {
@@ -984,6 +989,30 @@ absl::Status CudaEngine::LaunchSampling(const DeviceSampling& sampling, int rows
 
 // Brings back the drawn tokens (and logprobs, and the logit rows asked for
 // beside them) and records the tokens in their samplers.
+absl::Status CudaEngine::WaitForStep(cudaStream_t stream) {
+  if (options_.parallel == nullptr) {
+    return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  // A sharded step waits through its context: a peer that died inside an
+  // exchange must not hold this thread forever.
+  const absl::Status waited = options_.parallel->WaitForStream(stream);
+  if (!waited.ok()) {
+    AbortExchanges();
+    cudaStreamSynchronize(stream);  // the aborted kernels have exited
+  }
+  return waited;
+}
+
+void CudaEngine::AbortExchanges() {
+  // NCCL aborts a communicator only once every graph that captured it is
+  // destroyed; an exec destroyed while it runs is freed when it completes,
+  // which the abort itself brings about.
+  cudaSetDevice(impl_->device);
+  for (auto& [key, exec] : impl_->graphs) cudaGraphExecDestroy(exec);
+  impl_->graphs.clear();
+  options_.parallel->Abort();
+}
+
 absl::Status CudaEngine::CollectSampled(const std::vector<StepItem>& items,
                                         const DeviceSampling& sampling, const Plan& plan,
                                         StepOutput* out, std::vector<SampledToken>* sampled) {
@@ -1012,7 +1041,7 @@ absl::Status CudaEngine::CollectSampled(const std::vector<StepItem>& items,
                                            V * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
   }
-  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
+  FLOTILLA_RETURN_IF_ERROR(WaitForStep(s));
   if (sampled != nullptr) {
     sampled->resize(plan.real_items);
     for (int i = 0; i < plan.real_items; ++i) {
@@ -1439,7 +1468,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   }
 
   if (!marks.empty()) {
-    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+    FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
     for (size_t i = 0; i + 1 < marks.size(); ++i) {
       float ms = 0;
       FLOTILLA_CUDA_RETURN(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
@@ -1459,7 +1488,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     std::vector<int32_t> all(static_cast<size_t>(layers) * d.max_tokens * K);
     FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(all.data(), d.routing_record, all.size() * sizeof(int32_t),
                                          cudaMemcpyDeviceToHost, d.stream));
-    FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
+    FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
     int offset = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       const int n = static_cast<int>(items[i].tokens.size());
@@ -1477,8 +1506,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     }
   }
   if (sample) {
-    FLOTILLA_RETURN_IF_ERROR(CollectSampled(items, *sampling, plan, logits_out, sampled));
-    return par != nullptr ? par->CheckHealth() : absl::OkStatus();
+    return CollectSampled(items, *sampling, plan, logits_out, sampled);
   }
   std::vector<float> host(static_cast<size_t>(plan.rows) * V);
   if (plan.rows <= d.logit_rows || decode) {
@@ -1496,8 +1524,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
                                            cudaMemcpyDeviceToHost, d.stream));
     }
   }
-  FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
-  if (par != nullptr) FLOTILLA_RETURN_IF_ERROR(par->CheckHealth());
+  FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
   logits_out->logits.resize(items.size());
   logits_out->routing = std::move(routing);
   for (size_t i = 0; i < items.size(); ++i) {

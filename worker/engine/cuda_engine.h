@@ -239,6 +239,11 @@ class CudaEngine : public Engine {
   absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
   absl::Status UploadMasks(const DeviceSampling& sampling, const Plan& plan);
   absl::Status LaunchSampling(const DeviceSampling& sampling, int rows, cudaStream_t stream);
+  // Waits for the step's work on `stream`: through the parallel context
+  // when sharded (interruptible, and it reports the exchanges' health).
+  absl::Status WaitForStep(cudaStream_t stream);
+  // Sharded: destroys the captured graphs and aborts the context's exchanges.
+  void AbortExchanges();
   absl::Status CollectSampled(const std::vector<StepItem>& items, const DeviceSampling& sampling,
                               const Plan& plan, StepOutput* out, std::vector<SampledToken>* sampled);
 

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <chrono>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -78,6 +80,7 @@ class DeviceContext final : public ParallelContext {
         buffers_(std::move(buffers)),
         table_(std::move(table)),
         transport_(std::move(transport)),
+        interrupt_(options.interrupt),
         tp_(this),
         ep_(this) {
     SetStepTokens(options.max_tokens_per_step);
@@ -117,6 +120,41 @@ class DeviceContext final : public ParallelContext {
                                                        "; the context is broken")));
     }
     return absl::OkStatus();
+  }
+
+  absl::Status WaitForStream(void* stream) override {
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);
+    FLOTILLA_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // Spin briefly (a decode step ends within microseconds of its last
+    // kernel), then check the interrupt and the transport between short naps.
+    for (int polls = 0;; ++polls) {
+      const cudaError_t done = cudaStreamQuery(s);
+      if (done == cudaSuccess) return CheckHealth();
+      if (done != cudaErrorNotReady) {
+        return Break(absl::UnavailableError(
+            absl::StrCat("device context: the device failed: ", cudaGetErrorString(done))));
+      }
+      if (polls < 1000) {
+        std::this_thread::yield();
+        continue;
+      }
+      absl::Status why = transport_->Health();
+      if (why.ok() && interrupt_ != nullptr && interrupt_->load()) {
+        why = absl::UnavailableError(
+            "the step was interrupted: the coordinator dropped the instance or its session ended");
+      }
+      if (!why.ok()) {
+        return Break(absl::UnavailableError(
+            absl::StrCat("device context rank ", rank_, ": ", why.message())));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void Abort() override {
+    cudaSetDevice(device_);
+    transport_->Abort();
+    if (broken_.ok()) broken_ = absl::UnavailableError("device context: aborted");
   }
 
   absl::Status AllReduce(float* data, int64_t count, void* stream) {
@@ -216,6 +254,7 @@ class DeviceContext final : public ParallelContext {
   std::unique_ptr<ExchangeBuffers> buffers_;
   std::unique_ptr<DeviceExpertTable> table_;
   std::unique_ptr<ExchangeTransport> transport_;
+  std::shared_ptr<const std::atomic<bool>> interrupt_;
   DeviceTensorParallel tp_;
   DeviceExpertParallel ep_;
   int64_t step_tokens_ = 0;
@@ -285,7 +324,7 @@ absl::StatusOr<std::unique_ptr<ExchangeTransport>> MakeTransport(
     const ExchangeBuffers& buffers, const DeviceContextOptions& options) {
   if (kind == DeviceTransport::kCudaIpc) return IpcTransport::Create(host, buffers);
 #if FLOTILLA_WITH_NCCL
-  return NcclTransport::Create(host, config, buffers.sizes(), options.timeout);
+  return NcclTransport::Create(host, config, buffers.sizes(), options.timeout, options.interrupt);
 #else
   return absl::FailedPreconditionError("device context: this build has no NCCL");
 #endif

@@ -40,6 +40,10 @@
 //                             nccl: ncclAllReduce (the same bits on every rank,
 //                             NCCL's order).
 //   CheckHealth()             after the caller synchronised the stream.
+//   WaitForStream(stream)     instead of cudaStreamSynchronize: polls the
+//                             stream, the interrupt and the transport's
+//                             health; gives up on either (then destroy the
+//                             graphs, Abort(), and the stream drains).
 // SetExpertMap waits for the whole device and rewrites the device table in
 // place (captured graphs stay valid).
 //
@@ -49,6 +53,7 @@
 // max_tokens_per_step * hidden * 4 bytes for joining the TP shares.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -68,6 +73,9 @@ struct DeviceContextOptions {
   int top_k = 0;               // 1 to 8
   int64_t max_tokens_per_step = 0;
   absl::Duration timeout = absl::Seconds(30);  // bound of every device wait
+  // Raised (by another thread) when the instance is being torn down: ends
+  // WaitForStream and the transport's waits early. May be null.
+  std::shared_ptr<const std::atomic<bool>> interrupt;
 };
 
 // `host` spans the same ranks as the instance (rank() == rank) and is used

@@ -29,6 +29,11 @@ class ExchangeTransport {
                                  cudaStream_t stream) = 0;
   // Failures the transport learns of outside the kernels' error word.
   virtual absl::Status Health() { return absl::OkStatus(); }
+  // Makes this rank's exchanges already enqueued end without their peers (a
+  // peer died or the instance is being torn down) and every later call fail.
+  // Called on the thread that enqueues, never during a capture. Transports
+  // whose kernels bound their own waits need not do anything.
+  virtual void Abort() {}
 };
 
 }  // namespace flotilla::parallel

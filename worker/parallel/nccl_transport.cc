@@ -20,11 +20,10 @@ absl::Status NcclError(ncclResult_t r, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(comm::Communicator& host,
-                                                                     const ParallelConfig& config,
-                                                                     const ExchangeSizes& sizes,
-                                                                     absl::Duration timeout) {
-  std::unique_ptr<NcclTransport> t(new NcclTransport(sizes, timeout));
+absl::StatusOr<std::unique_ptr<NcclTransport>> NcclTransport::Create(
+    comm::Communicator& host, const ParallelConfig& config, const ExchangeSizes& sizes,
+    absl::Duration timeout, std::shared_ptr<const std::atomic<bool>> interrupt) {
+  std::unique_ptr<NcclTransport> t(new NcclTransport(sizes, timeout, std::move(interrupt)));
   const size_t rows = static_cast<size_t>(sizes.rows_max());
   const size_t x_bytes = (rows * sizes.hidden * sizeof(uint16_t) + 255) / 256 * 256;
   const size_t meta_bytes = static_cast<size_t>(sizes.world) * (sizes.cap_max() + 1) * 4;
@@ -80,6 +79,11 @@ absl::Status NcclTransport::Settle(ncclComm_t comm, int result, const char* what
           absl::StrCat("nccl: ", what, " did not finish within ", absl::FormatDuration(timeout_)));
       return broken_;
     }
+    if (interrupt_ != nullptr && interrupt_->load()) {
+      broken_ = absl::UnavailableError(
+          absl::StrCat("nccl: ", what, " was interrupted (the instance is being torn down)"));
+      return broken_;
+    }
     std::this_thread::yield();
     ncclResult_t async = ncclSuccess;
     const ncclResult_t q = ncclCommGetAsyncError(comm, &async);
@@ -103,6 +107,17 @@ NcclTransport::~NcclTransport() {
   }
   if (pack_to_ != nullptr) cudaFree(pack_to_);
   if (staging_ != nullptr) cudaFree(staging_);
+}
+
+void NcclTransport::Abort() {
+  // ncclCommAbort raises the communicator's abort flag, which NCCL's kernels
+  // poll while they wait for a peer: they exit, and the stream moves on.
+  for (ncclComm_t* comm : {&tp_, &world_}) {
+    if (*comm == nullptr) continue;
+    ncclCommAbort(*comm);
+    *comm = nullptr;
+  }
+  if (broken_.ok()) broken_ = absl::UnavailableError("nccl: the communicators were aborted");
 }
 
 absl::Status NcclTransport::Dispatch(kc::EpLaunch launch, const uint16_t* x,

@@ -9,10 +9,13 @@
 // TP > 2.
 //
 // Communicators are non-blocking so that forming the group and every enqueue
-// have a deadline; a stalled peer inside NCCL's kernels is NCCL's to detect
-// (Health() reports its asynchronous errors).
+// have a deadline (cut short by `interrupt`). A dead peer leaves NCCL's
+// kernels waiting for good (over its socket transport the proxy sees the
+// connection close, the kernels do not): Health() reports NCCL's
+// asynchronous errors, and Abort() (ncclCommAbort) makes the kernels exit.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -29,11 +32,11 @@ namespace flotilla::parallel {
 class NcclTransport final : public ExchangeTransport {
  public:
   // Rank 0 makes the unique id and broadcasts it over `host`; the TP groups
-  // are split off the world communicator.
-  static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(comm::Communicator& host,
-                                                               const ParallelConfig& config,
-                                                               const ExchangeSizes& sizes,
-                                                               absl::Duration timeout);
+  // are split off the world communicator. `interrupt` (may be null), once
+  // true, ends every wait for a non-blocking call at once.
+  static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(
+      comm::Communicator& host, const ParallelConfig& config, const ExchangeSizes& sizes,
+      absl::Duration timeout, std::shared_ptr<const std::atomic<bool>> interrupt = nullptr);
   ~NcclTransport() override;
 
   std::string name() const override { return "nccl"; }
@@ -45,16 +48,19 @@ class NcclTransport final : public ExchangeTransport {
   absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
                          cudaStream_t stream) override;
   absl::Status Health() override;
+  void Abort() override;
 
  private:
-  NcclTransport(const ExchangeSizes& sizes, absl::Duration timeout)
-      : sizes_(sizes), timeout_(timeout) {}
+  NcclTransport(const ExchangeSizes& sizes, absl::Duration timeout,
+                std::shared_ptr<const std::atomic<bool>> interrupt)
+      : sizes_(sizes), timeout_(timeout), interrupt_(std::move(interrupt)) {}
   absl::Status Form(comm::Communicator& host, const ParallelConfig& config);
   // Waits out ncclInProgress of a non-blocking call on `comm`.
   absl::Status Settle(ncclComm_t comm, int result, const char* what);
 
   ExchangeSizes sizes_;
   absl::Duration timeout_;
+  std::shared_ptr<const std::atomic<bool>> interrupt_;
   ncclComm_t world_ = nullptr;
   ncclComm_t tp_ = nullptr;
   void* staging_ = nullptr;                          // send rows and metas

@@ -122,6 +122,21 @@ class ParallelContext {
   // caller has synchronised the stream (after a step); the context is then
   // broken for good. Host contexts report failures from each call instead.
   virtual absl::Status CheckHealth() { return absl::OkStatus(); }
+  // Device contexts: waits until the work enqueued on `stream` (a
+  // cudaStream_t) has finished, then CheckHealth(). The wait polls instead of
+  // blocking, so that it ends early, UNAVAILABLE and the context broken for
+  // good, when the context's interrupt is raised (the coordinator dropped the
+  // generation, or the session ended) or the transport reports a failure.
+  // The stream may then still hold kernels waiting for a dead peer: the
+  // caller destroys every CUDA graph that captured this context's exchanges
+  // (NCCL waits for those before it aborts), calls Abort(), and the stream
+  // drains. Host contexts return at once.
+  virtual absl::Status WaitForStream(void* stream) { return absl::OkStatus(); }
+  // Ends the exchanges in flight without waiting for the peers (their
+  // kernels exit) and breaks the context: for a step that gave up, or an
+  // engine torn down whose peers may be gone. No CUDA graph that captured
+  // the exchanges may be alive. Called on the thread that runs the engine.
+  virtual void Abort() {}
 
  protected:
   ParallelContext(ParallelConfig config, ExpertMap map, int rank, ContextOptions options)
