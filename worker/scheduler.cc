@@ -175,7 +175,7 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     cluster::PlanItem* it = plan.add_items();
     it->set_request_id(id);
     it->add_tokens(seq.generated.back());
-    it->set_logits(kLogitsLast);
+    it->set_logits(cluster::PLAN_LOGITS_LAST);
     --budget;
   }
   // Admit queued requests while the KV reservation and the sequence cap allow
@@ -230,7 +230,9 @@ void Scheduler::PlanPromptChunks(int64_t budget, cluster::StepPlan* plan) {
       seq.started = true;
     }
     for (int64_t j = 0; j < n; ++j) it->add_tokens(seq.prompt[seq.prefilled + j]);
-    it->set_logits(seq.return_prompt_logits ? kLogitsAll : (n == left ? kLogitsLast : kLogitsNone));
+    it->set_logits(seq.return_prompt_logits ? cluster::PLAN_LOGITS_ALL
+                   : n == left              ? cluster::PLAN_LOGITS_LAST
+                                            : cluster::PLAN_LOGITS_NONE);
     budget -= n;
   }
 }

@@ -20,7 +20,6 @@
 #include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/engine/stop_rules.h"
-#include "worker/step_plan.h"
 
 namespace flotilla::worker {
 

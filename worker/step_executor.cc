@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
@@ -40,7 +41,7 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
     uint64_t plan_tokens = 0, logit_rows = 0;
     for (const cluster::PlanItem& p : mine.items()) {
       plan_tokens += p.tokens_size();
-      if (p.logits() == kLogitsAll) logit_rows += p.tokens_size();
+      if (p.logits() == cluster::PLAN_LOGITS_ALL) logit_rows += p.tokens_size();
     }
     constexpr int kHeader = 5;
     std::vector<uint64_t> header(kHeader * W), sizes(W);
@@ -96,8 +97,7 @@ absl::StatusOr<std::vector<uint64_t>> StepExecutor::GatherOne(uint64_t value) {
   return all;
 }
 
-absl::Status StepExecutor::ReceiveGroupPlan(const cluster::StepPlan& mine,
-                                            const std::string& bytes,
+absl::Status StepExecutor::ReceiveGroupPlan(const cluster::StepPlan& mine, const std::string& bytes,
                                             const std::vector<uint64_t>& sizes,
                                             cluster::StepPlan* plan) {
   const int W = parallel_.world_size(), tp = parallel_.tp_size();
@@ -108,8 +108,7 @@ absl::Status StepExecutor::ReceiveGroupPlan(const cluster::StepPlan& mine,
   if (tp == 1) return absl::OkStatus();
   // Only inside the TP group: the leader sends its plan to its peers.
   const int lead = parallel_.leader_of_group(parallel_.dp_group_of(rank_));
-  std::vector<size_t> send_counts(W, 0), send_offsets(W, 0), recv_counts(W, 0),
-      recv_offsets(W, 0);
+  std::vector<size_t> send_counts(W, 0), send_offsets(W, 0), recv_counts(W, 0), recv_offsets(W, 0);
   if (leader_) {
     for (int peer = lead + 1; peer < lead + tp; ++peer) send_counts[peer] = bytes.size();
   } else {
@@ -134,6 +133,25 @@ void StepExecutor::SwitchExpertMap(uint64_t agreed_version) {
 
 absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepPlan& plan,
                                                             const SamplerLookup& sampler_for) {
+  // The whole plan is checked before anything runs, so a refused plan
+  // changes nothing.
+  for (const cluster::PlanItem& p : plan.items()) {
+    if (!cluster::PlanLogits_IsValid(p.logits())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the step plan asks request ", p.request_id(), " for logits ", p.logits(),
+                       ", which this worker does not know (it knows ",
+                       cluster::PlanLogits_Name(cluster::PLAN_LOGITS_NONE), ", ",
+                       cluster::PlanLogits_Name(cluster::PLAN_LOGITS_LAST), " and ",
+                       cluster::PlanLogits_Name(cluster::PLAN_LOGITS_ALL), ")"));
+    }
+    const bool freed =
+        std::find(plan.free().begin(), plan.free().end(), p.request_id()) != plan.free().end();
+    if (!p.first() && (freed || !engine_ids_.contains(p.request_id()))) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the step plan continues request ", p.request_id(), " on rank ", rank_,
+                       ", which never started it (its first chunk did not reach this rank)"));
+    }
+  }
   for (uint64_t id : plan.free()) {
     auto it = engine_ids_.find(id);
     if (it == engine_ids_.end()) continue;
@@ -149,12 +167,15 @@ absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepP
                                          p.cache_domain()));
     }
     StepItem it;
-    it.sequence = engine_ids_.at(p.request_id());
+    it.sequence = engine_ids_.find(p.request_id())->second;  // checked above
     it.tokens.assign(p.tokens().begin(), p.tokens().end());
     // Only the leader samples (on the engine's device): the other ranks of
     // the group skip lm_head. Logit rows come back only as prompt logits.
-    it.logits = leader_ && p.logits() == kLogitsAll ? LogitsMode::kAll : LogitsMode::kNone;
-    if (leader_ && p.logits() != kLogitsNone && sampler_for) it.sampler = sampler_for(p);
+    it.logits =
+        leader_ && p.logits() == cluster::PLAN_LOGITS_ALL ? LogitsMode::kAll : LogitsMode::kNone;
+    if (leader_ && p.logits() != cluster::PLAN_LOGITS_NONE && sampler_for) {
+      it.sampler = sampler_for(p);
+    }
     items.push_back(std::move(it));
   }
   if (items.empty() && parallel_.world_size() == 1) return std::optional<StepOutput>();

@@ -20,7 +20,6 @@
 #include "proto/cluster.pb.h"
 #include "worker/engine/engine.h"
 #include "worker/parallel/parallel_context.h"
-#include "worker/step_plan.h"
 
 namespace flotilla::worker {
 

@@ -134,7 +134,7 @@ TEST_F(SchedulerTest, ChunksThePromptWithinTheTokenBudget) {
   cluster::TokenBatch refused;
   s.Enqueue(Submit(1, Prompt(10), 5), &refused);
   std::vector<int> sizes;
-  std::vector<uint32_t> logits;
+  std::vector<cluster::PlanLogits> logits;
   for (int i = 0; i < 3; ++i) {
     cluster::StepPlan plan;
     cluster::TokenBatch out = Step(s, 50, &plan);
@@ -146,7 +146,9 @@ TEST_F(SchedulerTest, ChunksThePromptWithinTheTokenBudget) {
     EXPECT_EQ(out.updates_size(), i == 2 ? 1 : 0);
   }
   EXPECT_EQ(sizes, (std::vector<int>{4, 4, 2}));
-  EXPECT_EQ(logits, (std::vector<uint32_t>{kLogitsNone, kLogitsNone, kLogitsLast}));
+  EXPECT_EQ(logits,
+            (std::vector<cluster::PlanLogits>{cluster::PLAN_LOGITS_NONE, cluster::PLAN_LOGITS_NONE,
+                                              cluster::PLAN_LOGITS_LAST}));
 }
 
 TEST_F(SchedulerTest, DecodeTokensComeFirstThenPromptChunks) {
@@ -285,7 +287,7 @@ TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
   EXPECT_EQ(plan.items(0).tokens(0), 14);
   EXPECT_EQ(plan.items(1).cached_prefix_size(), 0);
   EXPECT_EQ(plan.items(1).tokens_size(), 6);
-  EXPECT_EQ(plan.items(1).logits(), kLogitsAll);
+  EXPECT_EQ(plan.items(1).logits(), cluster::PLAN_LOGITS_ALL);
   EXPECT_EQ(s.prefix_queries_tokens(), 12u);
   EXPECT_EQ(s.prefix_hits_tokens(), 4u);
 }

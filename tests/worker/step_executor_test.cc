@@ -19,7 +19,7 @@ cluster::StepPlan FirstChunk(uint64_t request_id, std::vector<int32_t> tokens,
   item->set_first(true);
   for (int32_t t : cached) item->add_cached_prefix(t);
   for (int32_t t : tokens) item->add_tokens(t);
-  item->set_logits(kLogitsLast);
+  item->set_logits(cluster::PLAN_LOGITS_LAST);
   return plan;
 }
 
@@ -68,6 +68,43 @@ TEST(StepExecutorTest, OneRankRunsItsPlanAndFrees) {
   EXPECT_FALSE(out->has_value());
   EXPECT_EQ(engine.freed.size(), 1u);
   EXPECT_EQ(executor.steps(), 1u);
+}
+
+TEST(StepExecutorTest, APlanItCannotRunIsRefusedWholeWithTheRequestNamed) {
+  FakeEngine engine;
+  const ParallelConfig parallel = *ParallelConfig::Create(1, 1, ModelConfig::Tiny());
+  StepExecutor executor(&engine, nullptr, nullptr, parallel, 0, 1);
+  std::unique_ptr<Sampler> sampler = Greedy();
+  auto lookup = [&](const cluster::PlanItem&) { return sampler.get(); };
+
+  // A logits mode from a newer leader: the enum value arrives as a number.
+  cluster::StepPlan newer = FirstChunk(7, {1, 2, 3});
+  newer.mutable_items(0)->set_logits(static_cast<cluster::PlanLogits>(7));
+  cluster::StepPlan parsed;
+  ASSERT_TRUE(parsed.ParseFromString(newer.SerializeAsString()));
+  absl::StatusOr<std::optional<StepOutput>> out = executor.Run(parsed, lookup);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument) << out.status();
+  EXPECT_NE(out.status().message().find("request 7 for logits 7"), std::string::npos);
+  EXPECT_NE(out.status().message().find("PLAN_LOGITS_ALL"), std::string::npos);
+  EXPECT_TRUE(engine.steps.empty());
+  EXPECT_TRUE(engine.sequences.empty());
+
+  // A sequence this rank never started (or frees in the same plan): a
+  // status, not an exception, and nothing runs.
+  cluster::StepPlan unknown;
+  cluster::PlanItem* item = unknown.add_items();
+  item->set_request_id(9);
+  item->add_tokens(1);
+  item->set_logits(cluster::PLAN_LOGITS_LAST);
+  out = executor.Run(unknown, lookup);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_NE(out.status().message().find("request 9"), std::string::npos);
+  ASSERT_TRUE(executor.Run(FirstChunk(9, {1, 2}), lookup).ok());
+  unknown.add_free(9);
+  out = executor.Run(unknown, lookup);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << out.status();
+  EXPECT_EQ(engine.sequences.size(), 1u);  // the refused plan freed nothing
+  EXPECT_EQ(engine.steps.size(), 1u);
 }
 
 TEST(StepExecutorTest, OneRankSwitchesToANewerExpertMapAtTheNextBoundary) {
