@@ -27,6 +27,7 @@ import urllib.error
 import urllib.request
 
 API_KEY = "python-sdk-test-key"
+ADMIN_KEY = "python-sdk-test-admin-key"  # /metrics answers the admin key only
 SERVED_NAMES = ["gpt-oss-test", "openai/gpt-oss-test"]
 
 
@@ -43,10 +44,13 @@ class Cluster:
         key_file = os.path.join(work_dir, "keys")
         with open(key_file, "w") as f:
             f.write(API_KEY + "\n")
+        admin_key_file = os.path.join(work_dir, "admin-keys")
+        with open(admin_key_file, "w") as f:
+            f.write(ADMIN_KEY + "\n")
         self.process = subprocess.Popen(
             [os.path.join(bin_dir, "flotilla"), "up", "--workers", "1", "--threads-per-worker", "1",
              "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--api-key-file", key_file,
-             "--served-model-name", ",".join(SERVED_NAMES),
+             "--admin-key-file", admin_key_file, "--served-model-name", ",".join(SERVED_NAMES),
              "--log-dir", os.path.join(work_dir, "logs")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.output = []
@@ -82,7 +86,7 @@ class Cluster:
 
     def metric(self, name):
         request = urllib.request.Request(f"http://{self.http}/metrics",
-                                         headers={"Authorization": f"Bearer {API_KEY}"})
+                                         headers={"Authorization": f"Bearer {ADMIN_KEY}"})
         body = urllib.request.urlopen(request, timeout=10).read().decode()
         # Series carry labels (model_name="..."), or none.
         m = re.search(rf"^{name}(\{{[^}}]*\}})? ([0-9.e+-]+)$", body, re.MULTILINE)
