@@ -537,7 +537,16 @@ void ResponseBuilder::AddLogprobs(uint32_t choice, const cluster::SequenceUpdate
       for (Json& v : lp[k]) c.logprob_items[k].push_back(v);
     }
   }
-  c.pending_logprobs = std::move(lp);
+  if (c.pending_logprobs.is_null()) {
+    c.pending_logprobs = std::move(lp);
+    return;
+  }
+  // Earlier tokens made no text yet: these wait with theirs (every field is
+  // an array), so a stream carries every token's logprobs, as the whole
+  // answer does.
+  for (auto& [key, values] : lp.items()) {
+    for (Json& v : values) c.pending_logprobs[key].push_back(std::move(v));
+  }
 }
 
 void ResponseBuilder::AddToolCall(const RequestEvent& e, std::vector<Json>& out) {

@@ -377,5 +377,35 @@ TEST(ResponsePipelineTest, ChoicesOfEventsStreamAndMerge) {
   EXPECT_EQ(begin[2]["choices"][0]["delta"]["role"], "assistant");
 }
 
+// Tokens that make no text yet (a Harmony header, a held-back stop string)
+// keep their logprobs until the next chunk: two such updates in a row lose
+// neither's, so a stream carries every token's logprobs as the whole answer.
+TEST(ResponsePipelineTest, LogprobsOfTokensWithoutTextAccumulateUntilTheNextChunk) {
+  ResponseBuilder b(&Tok(), Endpoint::kChat, "chatcmpl-lp", "m", 1, {}, /*logprobs=*/true);
+  std::vector<cluster::SequenceUpdate> updates(2);
+  for (int i = 0; i < 2; ++i) {
+    common::TokenLogprob* lp = updates[i].add_logprobs();
+    lp->set_token_id(100 + i);
+    lp->set_logprob(-1.0f - i);
+  }
+  std::vector<RequestEvent> events;
+  for (const cluster::SequenceUpdate& u : updates) {
+    RequestEvent tokens;
+    tokens.kind = RequestEvent::Kind::kTokens;
+    tokens.update = &u;
+    events.push_back(tokens);
+  }
+  RequestEvent text;
+  text.kind = RequestEvent::Kind::kContent;
+  text.text = "hi";
+  events.push_back(text);
+  std::vector<Json> chunks = b.Consume(events);
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& content = chunks[0]["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 2u) << chunks[0].dump();
+  EXPECT_EQ(content[0]["logprob"], -1.0);
+  EXPECT_EQ(content[1]["logprob"], -2.0);
+}
+
 }  // namespace
 }  // namespace flotilla::coordinator
