@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/model_spec.h"
 #include "common/tls_credentials.h"
+#include "coordinator/access_log.h"
 #include "coordinator/auth.h"
 #include "coordinator/client_buffers.h"
 #include "coordinator/cluster_manager.h"
@@ -77,8 +78,8 @@ CLI::Validator NameCheck(Parse parse) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"flotilla-coordinator: places workers and serves the client API"};
   flotilla::coordinator::ReturnLargeBuffersToSystem();
+  CLI::App app{"flotilla-coordinator: places workers and serves the client API"};
   std::string listen = "127.0.0.1:50051";
   std::string model;
   std::string model_id;
@@ -193,8 +194,25 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_ADMIN_KEY_FILE");
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port of a listener serving only GET /metrics, without a key (port 0 = "
-                 "any; empty = none: /metrics is on the HTTP API, behind a key when keys are set)")
+                 "any; empty = none: /metrics is on the HTTP API, behind the admin key when keys "
+                 "are set)")
       ->envname("FLOTILLA_METRICS_LISTEN");
+  flotilla::coordinator::CacheDomainPolicy cache_domains;
+  app.add_flag("--shared-prefix-cache", cache_domains.shared,
+               "let requests of different API keys share cached prompt blocks (by default each "
+               "key, and each request cache_salt, has a prefix-cache domain of its own: a cache "
+               "hit's faster first token would tell one tenant what another asked)")
+      ->envname("FLOTILLA_SHARED_PREFIX_CACHE");
+  bool access_log_ids = false;
+  app.add_flag("--access-log-ids", access_log_ids,
+               "write request ids into the access log (off: a stored response's id continues its "
+               "conversation, so ids stay out of logs unless asked for)")
+      ->envname("FLOTILLA_ACCESS_LOG_IDS");
+  bool metrics_for_clients = false;
+  app.add_flag("--metrics-for-clients", metrics_for_clients,
+               "let client keys read /metrics on the HTTP API too (its counters, prefix-cache hits "
+               "among them, tell about every tenant's requests); default: the admin key only")
+      ->envname("FLOTILLA_METRICS_FOR_CLIENTS");
   app.add_option("--metrics-port-file", metrics_port_file,
                  "write the bound --metrics-listen port here once listening")
       ->envname("FLOTILLA_METRICS_PORT_FILE");
@@ -270,6 +288,7 @@ int main(int argc, char** argv) {
   flotilla::AddLogFlags(app, &log_options);
   flotilla::AddVersionFlag(app, "flotilla-coordinator");
   CLI11_PARSE(app, argc, argv);
+  flotilla::coordinator::SetAccessLogIds(access_log_ids);
   if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
     std::cerr << "flotilla-coordinator: " << st.message() << "\n";
     return 2;
@@ -380,6 +399,7 @@ int main(int argc, char** argv) {
   limits.max_prompt_text_bytes =
       flotilla::coordinator::PromptTextByteLimit(config->max_position_embeddings, **tokenizer);
   frontend.SetInputLimits(limits);
+  frontend.SetCacheDomains(cache_domains);
   frontend.SetServedModelNames(*served_names);
   client_buffers.stall_grace = absl::Seconds(client_stall_timeout_s);
   client_buffers.max_open_requests = opts.max_inflight_requests;
@@ -433,7 +453,9 @@ int main(int argc, char** argv) {
     http_options.served_model_names = *served_names;
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
+    http_options.metrics_for_clients = metrics_for_clients;
     http_options.limits = limits;
+    http_options.cache_domains = cache_domains;
     http_options.client_buffers = buffers;
     http_options.tls = tls;
     auto created = flotilla::coordinator::HttpServer::Create(http_options, manager->get(), tokenizer->get());

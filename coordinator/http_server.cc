@@ -254,6 +254,7 @@ std::string PathLabel(const std::string& path) {
     if (path == k) return k;
   }
   if (path.rfind("/v1/models/", 0) == 0) return "/v1/models/{id}";
+  if (path.rfind("/v1/responses/", 0) == 0) return "/v1/responses/{id}";
   return "other";
 }
 
@@ -337,7 +338,8 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
                                        s->options_.served_model_names,
                                        s->options_.harmony,
                                        s->options_.limits.max_prompt_text_bytes,
-                                       &s->metrics_->in_flight};
+                                       &s->metrics_->in_flight,
+                                       s->options_.cache_domains};
   s->Routes();
   s->server_->Start();
   if (!s->options_.metrics_listen.empty()) {
@@ -372,6 +374,18 @@ bool HttpServer::Authorized(const HttpRequest& req, HttpResponse& res) const {
   if (options_.auth == nullptr || req.path == "/health") return true;
   absl::StatusOr<Caller> caller =
       options_.auth->Authenticate(req.get_header_value("Authorization"));
+  if (caller.ok() && req.path == "/metrics" && caller->role == Caller::Role::kClient &&
+      !options_.metrics_for_clients) {
+    ApiError e;
+    e.http_status = 403;
+    e.type = "permission_error";
+    e.code = "admin_key_required";
+    e.message =
+        "GET /metrics needs the admin key (or scrape the --metrics-listen port; "
+        "--metrics-for-clients opens it to client keys)";
+    SendError(res, e);
+    return false;
+  }
   if (caller.ok()) {
     if (req.access) req.access->set_key(caller->key_id);
     return true;
@@ -385,6 +399,12 @@ bool HttpServer::Authorized(const HttpRequest& req, HttpResponse& res) const {
   res.set_header("WWW-Authenticate", "Bearer");
   SendError(res, e);
   return false;
+}
+
+std::string HttpServer::CallerKeyId(const HttpRequest& req) const {
+  if (options_.auth == nullptr) return "";
+  absl::StatusOr<Caller> caller = options_.auth->Authenticate(req.get_header_value("Authorization"));
+  return caller.ok() ? caller->key_id : "";
 }
 
 void HttpServer::Routes() {
@@ -475,6 +495,12 @@ void HttpServer::Routes() {
   svr.Post("/v1/responses", HttpTransport::AsyncHandler([this](std::shared_ptr<HttpExchange> ex) {
              ServeResponsesRoute(std::move(ex));
            }));
+  svr.Get(R"(/v1/responses/([^/]+))", [this](const HttpRequest& req, HttpResponse& res) {
+    res = RetrieveResponse(responses_, req.matches[1], CallerKeyId(req));
+  });
+  svr.Delete(R"(/v1/responses/([^/]+))", [this](const HttpRequest& req, HttpResponse& res) {
+    res = DeleteResponse(responses_, req.matches[1], CallerKeyId(req));
+  });
   svr.Post("/tokenize", [this](const HttpRequest& req, HttpResponse& res) {
     ServeTokenize(false, req, res);
   });
@@ -511,7 +537,8 @@ void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(exchange->request(), absl::Now());
   if (!deadline.ok()) return exchange->Send(ErrorResponse(deadline.status()));
   SessionHooks hooks = SessionHooksFor(exchange);
-  ServeResponses(responses_, std::move(exchange), *deadline, std::move(hooks));
+  const std::string owner = CallerKeyId(exchange->request());
+  ServeResponses(responses_, std::move(exchange), owner, *deadline, std::move(hooks));
 }
 
 bool HttpServer::Admit(HttpExchange& exchange) {
@@ -574,6 +601,8 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   g->access->set_request_id(id);
   const int64_t created = absl::ToUnixSeconds(absl::Now());
   SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
+  request.submit.set_cache_domain(
+      CacheDomain(prepared->cache_salt, CallerKeyId(exchange->request()), options_.cache_domains));
   const uint32_t choices = static_cast<uint32_t>(request.prompts.size()) * request.n;
   uint32_t prompt_tokens = 0;
   for (const std::vector<tokenizer::TokenId>& prompt : request.prompts) {

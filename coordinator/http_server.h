@@ -28,6 +28,7 @@
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_session.h"
 #include "coordinator/response_store.h"
+#include "coordinator/cache_domain.h"
 #include "coordinator/responses_http.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
@@ -44,6 +45,12 @@ struct HttpServerOptions {
   // host:port of a second listener serving only GET /metrics, without a key
   // (port 0 = any); empty = none.
   std::string metrics_listen;
+  // GET /metrics on the API listener answers client keys too (its counters,
+  // prefix-cache hits among them, tell about other tenants' requests); by
+  // default only the admin key (or anyone when the server has no keys).
+  bool metrics_for_clients = false;
+  // Which requests share cached prompt blocks (cache_domain.h).
+  CacheDomainPolicy cache_domains;
   // Bodies over limits.max_request_bytes get 413 unread; prompts over
   // limits.max_prompt_text_bytes 400 untokenised.
   InputLimits limits;
@@ -111,8 +118,12 @@ class HttpServer {
   // Whether the client buffers admit a new generation (counted open until its
   // response is written); answers 429 itself otherwise.
   bool Admit(HttpExchange& exchange);
-  // Whether `req` may go on; answers 401 itself otherwise.
+  // Whether `req` may go on; answers 401 (no or a wrong key) or 403 (a
+  // client key on an admin route) itself otherwise.
   bool Authorized(const HttpRequest& req, HttpResponse& res) const;
+  // The caller's key id ("client:3"; empty without keys): what owns the
+  // responses it stores. Only for requests Authorized let through.
+  std::string CallerKeyId(const HttpRequest& req) const;
   // Starts the open /metrics listener on options_.metrics_listen.
   absl::Status ServeMetrics();
   HttpTransportOptions TransportOptions(const std::string& listen, const char* flag) const;

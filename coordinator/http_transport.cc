@@ -1011,6 +1011,10 @@ void HttpTransport::Post(const std::string& pattern, Handler handler) {
 void HttpTransport::Post(const std::string& pattern, AsyncHandler handler) {
   impl_->routes.push_back(Route{"POST", std::regex(pattern), nullptr, std::move(handler)});
 }
+
+void HttpTransport::Delete(const std::string& pattern, Handler handler) {
+  impl_->routes.push_back(Route{"DELETE", std::regex(pattern), std::move(handler), nullptr});
+}
 void HttpTransport::set_pre_routing_handler(PreRoutingHandler handler) {
   impl_->pre_routing = std::move(handler);
 }

@@ -156,6 +156,8 @@ class HttpTransport {
   void Get(const std::string& pattern, Handler handler);
   void Post(const std::string& pattern, Handler handler);
   void Post(const std::string& pattern, AsyncHandler handler);
+  // DELETE handlers run on the POST pool.
+  void Delete(const std::string& pattern, Handler handler);
   void set_pre_routing_handler(PreRoutingHandler handler);
   void set_error_handler(ErrorHandler handler);
   void set_logger(Logger logger);
