@@ -473,6 +473,10 @@ TEST(ClusterPromptLogits, ALongPromptsLogitsStreamInBoundedMessagesAndTheWorkerS
   ASSERT_TRUE(model.ok()) << model.status();
   cli::LocalClusterOptions o = Options(*model, 1, 1);
   o.log_dir += "-logits";
+  // The worker sends a prompt's logits ahead of the reader; an answer of 322 MB
+  // needs a client-buffer bound above the default 64 MiB, which sheds it on a
+  // loaded machine (coordinator/flow_control_notes.md).
+  o.coordinator_args = {"--max-client-buffer-bytes", "1073741824"};
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
@@ -639,7 +643,7 @@ TEST(ClusterBenchMultiTurn, LaterTurnsRepeatTheLastAndHitThePrefixCache) {
 TEST(ClusterLongSteps, LargestPromptLogitsUnderACpuHogDoNotReformTheInstance) {
   cli::LocalClusterOptions o = Options("", 2, 2);
   o.comm_timeout_ms = 250;
-  o.coordinator_args = {"--max-prompt-logits-mb", "128"};
+  o.coordinator_args = {"--max-prompt-logits-mb", "128", "--max-client-buffer-bytes", "1073741824"};
   auto c = cli::LocalCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
   const admin::ClusterStatus before = Status((*c)->address());
