@@ -110,6 +110,28 @@ void NoteEnd(AccessRecord& access, const RequestEvent& end) {
   LogDone(access, end.kind == RequestEvent::Kind::kError ? end.status : absl::OkStatus());
 }
 
+// The session a client stream feeds from, held weakly: a stream the bounds
+// end (its client does not read) fails the session if it still runs.
+class SessionLink {
+ public:
+  void Set(const std::shared_ptr<RequestSession>& session) {
+    std::lock_guard<std::mutex> lock(mu_);
+    session_ = session;
+  }
+  void Fail(const absl::Status& status) {
+    std::shared_ptr<RequestSession> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live = session_.lock();
+    }
+    if (live) live->Fail(status);
+  }
+
+ private:
+  std::mutex mu_;
+  std::weak_ptr<RequestSession> session_;  // under mu_
+};
+
 using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
 
 // One client Generate stream: a RequestSession of plain text; each worker
@@ -159,7 +181,7 @@ class GenerateReactor final : public GenerateReactorBase {
       return;
     }
     session_ = *std::move(session);
-    state_->SetSession(session_);
+    state_->session.Set(session_);
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
@@ -211,20 +233,11 @@ class GenerateReactor final : public GenerateReactorBase {
   struct State : BufferedStream {
     State(GenerateReactor* r, grpc::CallbackServerContext* context, ClusterManager* manager)
         : backend(manager), queue(r, context) {}
-    void SetSession(const std::shared_ptr<RequestSession>& s) {
-      std::lock_guard<std::mutex> lock(session_mu);
-      session = s;
-    }
     // The client does not read: the stream ends now, then the request (its
     // kError finds the stream closed).
     void EndStalled(const absl::Status& status) override {
       queue.Abort(ToGrpcStatus(status));
-      std::shared_ptr<RequestSession> live;
-      {
-        std::lock_guard<std::mutex> lock(session_mu);
-        live = session.lock();
-      }
-      if (live) live->Fail(status);
+      session.Fail(status);
     }
     void Drop() override { queue.Cancel(); }
     // One event of the session; responses wait in `pending` until Flush.
@@ -286,8 +299,7 @@ class GenerateReactor final : public GenerateReactorBase {
     std::vector<v1::GenerateResponse> pending;  // used from the session's sink, one call at a time
     std::string request_id;                     // the client's (random) id; set before Start
     std::shared_ptr<void> admission;            // counts the request open until the stream ends
-    std::mutex session_mu;
-    std::weak_ptr<RequestSession> session;  // under session_mu
+    SessionLink session;
   };
   std::shared_ptr<State> state_;
   std::shared_ptr<RequestSession> session_;
@@ -363,7 +375,7 @@ class ChatReactor final : public ChatReactorBase {
       return;
     }
     session_ = *std::move(session);
-    state_->SetSession(session_);
+    state_->session.Set(session_);
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->StartLocked();
   }
@@ -386,19 +398,10 @@ class ChatReactor final : public ChatReactorBase {
           queue(r, context),
           request_id(std::move(request_id)),
           stream(std::move(stream)) {}
-    void SetSession(const std::shared_ptr<RequestSession>& s) {
-      std::lock_guard<std::mutex> lock(session_mu);
-      session = s;
-    }
     // As GenerateReactor's: the stream ends now, then the request.
     void EndStalled(const absl::Status& status) override {
       queue.Abort(ToGrpcStatus(status));
-      std::shared_ptr<RequestSession> live;
-      {
-        std::lock_guard<std::mutex> lock(session_mu);
-        live = session.lock();
-      }
-      if (live) live->Fail(status);
+      session.Fail(status);
     }
     void Drop() override { queue.Cancel(); }
     // The request was submitted: the stream begins (once) with a message naming it.
@@ -428,8 +431,7 @@ class ChatReactor final : public ChatReactorBase {
     bool started = false;  // under mu
     std::atomic<bool> client_gone{false};
     std::shared_ptr<void> admission;  // counts the request open until the stream ends
-    std::mutex session_mu;
-    std::weak_ptr<RequestSession> session;  // under session_mu
+    SessionLink session;
   };
   std::shared_ptr<State> state_;
   std::shared_ptr<RequestSession> session_;
