@@ -21,6 +21,13 @@ bool IsReasoning(const harmony::Message& m) {
 
 }  // namespace
 
+std::string FinishReasonName(common::FinishReason worker_reason, bool tool_call) {
+  // The length limit may cut a call's arguments anywhere: a call is finished
+  // only when the turn ended on its end token, never when the limit ended it.
+  if (worker_reason != common::STOP) return "length";
+  return tool_call ? "tool_calls" : "stop";
+}
+
 ChoiceDecoder::ChoiceDecoder(const tokenizer::Tokenizer* tokenizer, Decoding decoding,
                              uint32_t choice, std::string call_id_seed,
                              std::vector<std::string> stop)
@@ -153,13 +160,7 @@ void ChoiceDecoder::Finish(common::FinishReason reason,
   RequestEvent e = Event(RequestEvent::Kind::kFinish);
   e.stopped_by_string = filter_.hit();
   e.worker_reason = filter_.hit() ? common::STOP : reason;
-  if (tool_calls_) {
-    e.finish_reason = "tool_calls";
-  } else if (e.worker_reason == common::STOP) {
-    e.finish_reason = "stop";
-  } else {
-    e.finish_reason = "length";
-  }
+  e.finish_reason = FinishReasonName(e.worker_reason, tool_calls_);
   e.usage = usage;
   e.usage.reasoning_tokens = reasoning_tokens_;
   out.push_back(std::move(e));

@@ -27,6 +27,12 @@ enum class Decoding {
   kText,     // completions and Generate: plain text
 };
 
+// OpenAI's finish_reason of a choice the worker ended with `worker_reason`
+// (STOP also for a stop string): "length" whenever the length limit ended it,
+// even inside a function call (whose arguments are then cut); "tool_calls"
+// when a finished call ended the turn; else "stop".
+std::string FinishReasonName(common::FinishReason worker_reason, bool tool_call);
+
 class ChoiceDecoder {
  public:
   // `tokenizer` must outlive the decoder. `call_id_seed` seeds the function

@@ -69,7 +69,9 @@ struct RequestEvent {
   Kind message_kind = Kind::kContent;
   // kTokens: the update. Valid only while the event is being handled.
   const cluster::SequenceUpdate* update = nullptr;
-  // kFinish: "stop" (end token or stop string), "length", "tool_calls".
+  // kFinish: "stop" (end token or stop string), "length" (the length limit,
+  // also inside a function call), "tool_calls" (a finished call ended the
+  // turn): FinishReasonName (choice_decoder.h).
   std::string finish_reason;
   // kFinish: the worker's reason (STOP also for a stop string).
   common::FinishReason worker_reason = common::FINISH_REASON_UNSPECIFIED;

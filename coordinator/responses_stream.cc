@@ -157,7 +157,7 @@ void ResponsesStream::Handle(const RequestEvent& e, std::vector<Json>& out) {
       CloseItem("completed", out);
       break;
     case EventKind::kFinish:
-      cut_ = e.worker_reason == common::LENGTH;
+      cut_ = e.finish_reason == "length";
       CloseItem(cut_ ? "incomplete" : "completed", out);
       break;
     case EventKind::kUsage:

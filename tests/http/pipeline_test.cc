@@ -122,6 +122,42 @@ TEST(ResponsePipelineTest, ToolCallReplyBecomesToolCalls) {
   EXPECT_EQ(p->sampling.stop_token_ids(1), static_cast<int>(tk::kCall));
 }
 
+// max_tokens that end a function call mid-arguments: the choice is
+// "length", streamed and whole (its arguments are not a finished call), and
+// so is what the decoder reports to the access log and the other APIs; the
+// same call ended by <|call|> is "tool_calls".
+TEST(ResponsePipelineTest, ToolCallCutByTheLengthLimitIsLength) {
+  tk::TokenId stop;
+  const std::vector<tk::TokenId> ids = Completion(
+      {Assistant("commentary", R"({"location":"Tokyo, JP","format":"celsius"})", "functions.get_weather")},
+      &stop);
+  for (size_t cut : {ids.size() - 3, ids.size() / 2, ids.size()}) {
+    std::vector<tk::TokenId> head(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(cut));
+    ResponseBuilder b(&Tok(), Endpoint::kChat, "chatcmpl-cut", "m", 1, {}, false);
+    std::string last_finish;
+    for (const Json& c : b.Feed(head, {})) EXPECT_TRUE(c["choices"][0]["finish_reason"].is_null());
+    for (const Json& c : b.Finish(common::LENGTH, std::nullopt, 10, static_cast<uint32_t>(cut))) {
+      if (!c["choices"][0]["finish_reason"].is_null()) last_finish = c["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(last_finish, "length") << cut;
+    EXPECT_EQ(b.Response()["choices"][0]["finish_reason"], "length") << cut;
+  }
+  EXPECT_EQ(FinishReasonName(common::LENGTH, true), "length");
+  EXPECT_EQ(FinishReasonName(common::STOP, true), "tool_calls");
+  EXPECT_EQ(FinishReasonName(common::STOP, false), "stop");
+  EXPECT_EQ(FinishReasonName(common::LENGTH, false), "length");
+
+  // The events a session reports: kFinish carries the reason every API and
+  // the access log use.
+  ChoiceDecoder decoder(&Tok(), Decoding::kHarmony, 0, "seed", {});
+  std::vector<RequestEvent> events;
+  decoder.Feed(ids, events);
+  decoder.Finish(common::STOP, stop, TokenUsage{10, static_cast<uint32_t>(ids.size() + 1)}, events);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().kind, RequestEvent::Kind::kFinish);
+  EXPECT_EQ(events.back().finish_reason, "tool_calls");
+}
+
 TEST(ResponsePipelineTest, FinalAnswerWithStopString) {
   tk::TokenId stop;
   std::vector<tk::TokenId> ids =
