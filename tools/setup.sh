@@ -6,6 +6,21 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
+# Runs a step quietly; when it fails, prints what it printed and its status,
+# so the cause (a network error, a missing package) is on the screen.
+quiet() {
+  local log status=0
+  log="$(mktemp)"
+  "$@" >"$log" 2>&1 || status=$?
+  if ((status != 0)); then
+    echo "setup: '$*' failed with status $status; its output:" >&2
+    cat "$log" >&2
+    rm -f "$log"
+    return "$status"
+  fi
+  rm -f "$log"
+}
+
 # Debian packages the build and the tests use. Keep sorted; one line each says why.
 packages=(
   clang                   # libFuzzer targets (tools/fuzz.sh); clang's -fsanitize=fuzzer
@@ -55,8 +70,9 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=()
   [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  quiet "${sudo_cmd[@]}" apt-get update -qq
+  quiet "${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 # npm packages into a git-ignored cache, pinned by the committed lock file.
@@ -68,10 +84,7 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" || ! -d "$node_dir/node_modu
   echo "setup: installing node packages into .cache/node"
   mkdir -p "$node_dir"
   cp "$node_src/package.json" "$node_src/package-lock.json" "$node_dir/"
-  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1) || {
-    echo "setup: npm ci failed; rerun with: (cd $node_dir && npm ci)" >&2
-    exit 1
-  }
+  quiet npm ci --prefix "$node_dir" --no-audit --no-fund --loglevel=error
   echo "$want" >"$stamp"
 fi
 
