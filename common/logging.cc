@@ -18,6 +18,7 @@ namespace flotilla {
 namespace {
 
 std::atomic<bool> g_json{false};
+std::string g_tag;  // --log-tag; set once by ConfigureLogging
 
 // Marks a payload whose fields LogEvent already rendered as JSON members:
 // "\x1f<event>\x1e<members>".
@@ -181,6 +182,7 @@ absl::Status ConfigureLogging(const LogOptions& options) {
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_mt>();
   auto logger = std::make_shared<spdlog::logger>("flotilla", sink);
   g_json = options.format == "json";
+  g_tag = options.tag;
   if (g_json) {
     logger->set_formatter(std::make_unique<JsonFormatter>(options.tag));
   } else {
@@ -191,16 +193,19 @@ absl::Status ConfigureLogging(const LogOptions& options) {
   logger->set_level(level);
   logger->flush_on(spdlog::level::trace);
   spdlog::set_default_logger(logger);
+  RouteLibraryLogs();
   return absl::OkStatus();
 }
 
 bool JsonLogs() { return g_json; }
 
-void LogEvent(spdlog::level::level_enum level, std::string_view event,
-              const std::vector<LogField>& fields) {
-  if (!spdlog::should_log(level)) return;
+namespace {
+
+// The payload LogEvent hands spdlog: marked JSON members for the JSON
+// formatter, else "event k=v ...".
+std::string EventPayload(bool json, std::string_view event, const std::vector<LogField>& fields) {
   std::string payload;
-  if (g_json) {
+  if (json) {
     payload += kFieldsMark;
     payload += event;
     payload += kFieldsSep;
@@ -222,7 +227,24 @@ void LogEvent(spdlog::level::level_enum level, std::string_view event,
     payload = std::string(event);
     for (const LogField& f : fields) absl::StrAppend(&payload, " ", f.key, "=", TextValue(f));
   }
-  spdlog::log(level, "{}", payload);
+  return payload;
+}
+
+}  // namespace
+
+void LogEvent(spdlog::level::level_enum level, std::string_view event,
+              const std::vector<LogField>& fields) {
+  if (!spdlog::should_log(level)) return;
+  spdlog::log(level, "{}", EventPayload(g_json, event, fields));
+}
+
+std::string JsonEventLine(spdlog::level::level_enum level, std::string_view event,
+                          const std::vector<LogField>& fields) {
+  const std::string payload = EventPayload(true, event, fields);
+  const spdlog::details::log_msg msg(spdlog::source_loc{}, "flotilla", level, payload);
+  spdlog::memory_buf_t line;
+  JsonFormatter(g_tag).format(msg, line);
+  return std::string(line.data(), line.size());
 }
 
 }  // namespace flotilla

@@ -34,9 +34,13 @@ void AddVersionFlag(CLI::App& app, const std::string& program);
 // "flotilla-worker 0.1.0 (Release, cuda, nccl, ucx)".
 std::string VersionLine(const std::string& program);
 
-// Replaces the default logger: stderr, `options.level`, `options.format`.
+// Replaces the default logger: stderr, `options.level`, `options.format`;
+// gRPC's and Protobuf's own log lines go through it too (RouteLibraryLogs).
 // INVALID_ARGUMENT for an unknown level or format.
 absl::Status ConfigureLogging(const LogOptions& options);
+// Sends the log lines of gRPC and Protobuf through the default logger
+// (library_logs.cc).
+void RouteLibraryLogs();
 // Whether logs are JSON lines.
 bool JsonLogs();
 
@@ -61,5 +65,10 @@ struct LogField {
 // quotes quoted), {"msg": event, "k": v, ...} in JSON.
 void LogEvent(spdlog::level::level_enum level, std::string_view event,
               const std::vector<LogField>& fields);
+// The JSON line (with its newline) LogEvent would write under --log-format
+// json, for output that goes elsewhere than the log (`flotilla up`'s banner
+// on stdout).
+std::string JsonEventLine(spdlog::level::level_enum level, std::string_view event,
+                          const std::vector<LogField>& fields);
 
 }  // namespace flotilla

@@ -7,10 +7,8 @@
 #include "common/logging.h"
 
 namespace flotilla::coordinator {
-namespace {
 
-// The access log's finish reason of a request that failed with `status`.
-const char* FailedReason(const absl::Status& status) {
+const char* FailedFinishReason(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kCancelled:
       return "cancelled";
@@ -21,8 +19,6 @@ const char* FailedReason(const absl::Status& status) {
   }
 }
 
-}  // namespace
-
 void RecordEvents(AccessRecord& access, const std::vector<RequestEvent>& events) {
   for (const RequestEvent& e : events) {
     switch (e.kind) {
@@ -30,14 +26,13 @@ void RecordEvents(AccessRecord& access, const std::vector<RequestEvent>& events)
         access.AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
         break;
       case RequestEvent::Kind::kFinish:
-        access.set_finish_reason(e.stopped_by_string || e.worker_reason == common::STOP ? "stop"
-                                                                                        : "length");
+        access.set_finish_reason(e.finish_reason);
         break;
       case RequestEvent::Kind::kUsage:
         access.set_output_tokens(e.usage.completion_tokens);
         break;
       case RequestEvent::Kind::kError:
-        access.set_finish_reason(FailedReason(e.status));
+        access.set_finish_reason(FailedFinishReason(e.status));
         break;
       default:
         break;

@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "coordinator/request_events.h"
 #include "spdlog/common.h"
@@ -56,6 +57,11 @@ class AccessRecord {
   spdlog::level::level_enum level_ = spdlog::level::info;
   bool logged_ = false;
 };
+
+// The finish reason of a request that failed with `status`: "cancelled",
+// "deadline" (gRPC reports a passed deadline to the server as a cancel: the
+// callers tell the two apart before they get here), else "error".
+const char* FailedFinishReason(const absl::Status& status);
 
 // What a batch of a RequestSession's events tells the access record of an
 // HTTP generation: output tokens as they come, each choice's finish reason,

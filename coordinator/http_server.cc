@@ -113,7 +113,7 @@ class HttpMetrics {
           static_cast<double>(queued));
     Gauge(out, "flotilla_kv_blocks_free", "free KV cache blocks over all workers", m,
           static_cast<double>(kv_free));
-    Gauge(out, "flotilla_kv_blocks_total", "KV cache blocks over all workers", m,
+    Gauge(out, "flotilla_kv_blocks_capacity", "KV cache blocks over all workers, used or free", m,
           static_cast<double>(kv_total));
     Gauge(out, "flotilla_kv_cache_usage_ratio", "used fraction of the KV cache over all workers", m,
           kv_total == 0 ? 0.0 : 1.0 - static_cast<double>(kv_free) / static_cast<double>(kv_total));

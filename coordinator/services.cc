@@ -28,13 +28,13 @@ void NoteEvent(AccessRecord& access, const RequestEvent& e) {
   if (e.kind == RequestEvent::Kind::kTokens) {
     access.AddOutputTokens(static_cast<uint32_t>(e.update->token_ids_size()), absl::Now());
   } else if (e.kind == RequestEvent::Kind::kFinish) {
-    access.set_finish_reason(e.worker_reason == common::STOP ? "stop" : "length");
+    access.set_finish_reason(e.finish_reason);
   }
 }
 
 // The access log line of a call that ended with `st`.
 void LogDone(AccessRecord& access, const absl::Status& st) {
-  if (st.code() == absl::StatusCode::kCancelled) access.set_finish_reason("cancelled");
+  if (!st.ok()) access.set_finish_reason(FailedFinishReason(st));
   access.Log(absl::StatusCodeToString(st.code()), absl::Now());
 }
 
@@ -104,6 +104,16 @@ std::optional<absl::Time> CallDeadline(grpc::CallbackServerContext* context) {
   return absl::FromChrono(deadline);
 }
 
+// Why gRPC called OnCancel: a call past its deadline is reported as a
+// cancel, and is counted and logged as a deadline instead.
+absl::Status ClientEnded(grpc::CallbackServerContext* context) {
+  const std::optional<absl::Time> deadline = CallDeadline(context);
+  if (deadline && absl::Now() >= *deadline) {
+    return absl::DeadlineExceededError("the call's deadline passed");
+  }
+  return absl::CancelledError("the client cancelled the stream");
+}
+
 // The access log's view of a request's end.
 void NoteEnd(AccessRecord& access, const RequestEvent& end) {
   access.set_output_tokens(end.usage.completion_tokens);
@@ -142,7 +152,7 @@ class GenerateReactor final : public GenerateReactorBase {
                   const v1::GenerateRequest& request, const std::string& model_id,
                   const tokenizer::Tokenizer* tok, RequestRegistry* requests, const Caller& caller,
                   ClientBuffers* buffers, std::shared_ptr<void> admission, uint64_t cache_domain)
-      : state_(std::make_shared<State>(this, context, manager)) {
+      : context_(context), state_(std::make_shared<State>(this, context, manager)) {
     state_->admission = std::move(admission);
     if (buffers) state_->queue.SetAccount(buffers->Open(state_));
     state_->access->set_key(caller.key_id);
@@ -186,7 +196,7 @@ class GenerateReactor final : public GenerateReactorBase {
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
   void OnCancel() override {
-    if (session_) session_->Cancel("the client cancelled the stream");
+    if (session_) session_->Fail(ClientEnded(context_));
   }
   void OnDone() override {
     state_->queue.Detach();
@@ -301,6 +311,7 @@ class GenerateReactor final : public GenerateReactorBase {
     std::shared_ptr<void> admission;            // counts the request open until the stream ends
     SessionLink session;
   };
+  grpc::CallbackServerContext* const context_;  // lives until OnDone
   std::shared_ptr<State> state_;
   std::shared_ptr<RequestSession> session_;
 };
@@ -317,7 +328,8 @@ class ChatReactor final : public ChatReactorBase {
               const tokenizer::Tokenizer* tok, const harmony::OpenAiRequestOptions& harmony,
               const std::string& call_id_salt, RequestRegistry* requests, const Caller& caller,
               size_t max_prompt_text_bytes, ClientBuffers* buffers, std::shared_ptr<void> admission,
-              uint64_t cache_domain) {
+              uint64_t cache_domain)
+      : context_(context) {
     auto access = std::make_shared<AccessRecord>("grpc Chat", absl::Now());
     access->set_key(caller.key_id);
     absl::StatusOr<PreparedRequest> prepared =
@@ -383,7 +395,7 @@ class ChatReactor final : public ChatReactorBase {
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
   void OnCancel() override {
     if (state_) state_->client_gone = true;
-    if (session_) session_->Cancel("the client cancelled the stream");
+    if (session_) session_->Fail(ClientEnded(context_));
   }
   void OnDone() override {
     if (state_) state_->queue.Detach();
@@ -433,6 +445,7 @@ class ChatReactor final : public ChatReactorBase {
     std::shared_ptr<void> admission;  // counts the request open until the stream ends
     SessionLink session;
   };
+  grpc::CallbackServerContext* const context_;  // lives until OnDone
   std::shared_ptr<State> state_;
   std::shared_ptr<RequestSession> session_;
 };

@@ -71,6 +71,16 @@ class GrpcApiTest : public ::testing::Test {
     if (!std::regex_search(m->body, g, std::regex("\n" + name + "(\\{[^}]*\\})? ([0-9.e+-]+)"))) return -1;
     return std::stod(g[2]);
   }
+  // The requests /metrics counts as finished for `reason` (0 when none yet).
+  static double Finished(const std::string& reason) {
+    httplib::Client c("http://" + cluster_->http_address());
+    auto m = c.Get("/metrics");
+    if (!m) return -1;
+    std::smatch g;
+    const std::regex series("\nflotilla_requests_finished_total\\{[^}]*finished_reason=\"" +
+                            reason + "\"\\} ([0-9.e+-]+)");
+    return std::regex_search(m->body, g, series) ? std::stod(g[1]) : 0;
+  }
   // Waits until nothing runs: no request in flight at the coordinator, no
   // sequence on the workers (their heartbeats report it).
   static bool WaitIdle() {
@@ -304,6 +314,8 @@ TEST_F(GrpcApiTest, CancelByIdEndsTheStreamInBand) {
 TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
   ASSERT_TRUE(WaitIdle());
   const double cancelled = Metric("flotilla_requests_cancelled_total");
+  const double deadlines = Finished("deadline");
+  const double cancels = Finished("cancelled");
   {
     auto c = Sdk(absl::Seconds(1));
     v1::ChatRequest req = Hello(0);
@@ -313,6 +325,10 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
   }
   ASSERT_TRUE(WaitIdle()) << "the sequence outlived its deadline";
+  // gRPC tells the server of a passed deadline as a cancel: it still counts
+  // as a deadline.
+  EXPECT_EQ(Finished("deadline"), deadlines + 1);
+  EXPECT_EQ(Finished("cancelled"), cancels);
   {
     auto c = Sdk();
     client::CancelHandle cancel;
@@ -334,6 +350,8 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
   }
   ASSERT_TRUE(WaitIdle()) << "the cancelled stream's sequence still runs";
   EXPECT_GE(Metric("flotilla_requests_cancelled_total"), cancelled + 1);
+  EXPECT_EQ(Finished("cancelled"), cancels + 1);
+  EXPECT_EQ(Finished("deadline"), deadlines + 1);
 }
 
 // response_format over gRPC: on the random synthetic model every JSON_SCHEMA

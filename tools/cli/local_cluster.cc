@@ -71,6 +71,14 @@ std::vector<std::string> LogArgs(const LocalClusterOptions& o, const std::string
   return args;
 }
 
+// The --log-tag a child was given ("" when none).
+std::string LogTagOf(const std::vector<std::string>& argv) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--log-tag") return argv[i + 1];
+  }
+  return "";
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> EnsureDefaultModel() {
@@ -250,6 +258,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   return c;
 }
 
+std::string LocalCluster::model_id() const {
+  if (!options_.served_model_names.empty()) return options_.served_model_names.front();
+  return DefaultModelId(model_);
+}
+
 absl::Status LocalCluster::WaitListening(const std::string& port_file,
                                          const std::string& http_port_file, std::string* port,
                                          std::string* http_port) {
@@ -308,9 +321,20 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // Under JSON logs with no log files, the child's output comes back
+  // through a pipe (child_output.h).
+  int output[2] = {-1, -1};
+  if (log.empty() && options_.log_format == "json" && pipe2(output, O_CLOEXEC) != 0) {
+    return absl::InternalError("pipe2 failed");
+  }
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid < 0) {
+    for (int fd : output) {
+      if (fd >= 0) close(fd);
+    }
+    return absl::InternalError("fork failed");
+  }
   if (pid == 0) {
     // Children die with the process that started them: no orphans.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -318,6 +342,10 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
     // Out of the terminal's process group: Ctrl-C reaches only the parent,
     // which drains the coordinator before it stops the workers.
     setpgid(0, 0);
+    if (output[1] >= 0) {
+      dup2(output[1], 1);
+      dup2(output[1], 2);
+    }
     if (!log.empty()) {
       int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd >= 0) {
@@ -328,6 +356,11 @@ absl::StatusOr<pid_t> LocalCluster::Spawn(const std::vector<std::string>& argv,
     }
     execve(args[0], args.data(), envp.data());
     _exit(127);
+  }
+  if (output[0] >= 0) {
+    close(output[1]);
+    std::erase_if(outputs_, [](const std::unique_ptr<ChildOutput>& o) { return o->done(); });
+    outputs_.push_back(std::make_unique<ChildOutput>(output[0], LogTagOf(argv)));
   }
   return pid;
 }
@@ -522,6 +555,8 @@ void LocalCluster::Stop(absl::Duration grace) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  // Every child is gone: their output ends, and its last lines are out.
+  outputs_.clear();
   if (!secret_dir_.empty()) {
     std::error_code ec;
     fs::remove_all(secret_dir_, ec);

@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/tls_credentials.h"
+#include "tools/cli/child_output.h"
 
 namespace flotilla::cli {
 
@@ -41,7 +42,8 @@ struct LocalClusterOptions {
   std::string bin_dir;        // where flotilla-coordinator/-worker live; empty = find them
   std::string log_dir;        // children's logs; empty = inherit stderr
   // The children's --log-level and --log-format (empty: their defaults); each
-  // gets --log-tag coordinator or worker-N.
+  // gets --log-tag coordinator or worker-N. Under "json" without `log_dir`,
+  // their output reaches this process's stderr as JSON lines only.
   std::string log_level;
   std::string log_format;
   absl::Duration ready_timeout = absl::Seconds(120);
@@ -88,6 +90,9 @@ class LocalCluster {
   // host:port of the HTTP API (empty when it is off).
   const std::string& http_address() const { return http_address_; }
   const std::string& model() const { return model_; }
+  // What requests give as "model": the first --served-model-name, else the
+  // model's default id (the coordinator's rule).
+  std::string model_id() const;
   // --device cuda: the GPU ordinal of each worker (empty on the CPU).
   const std::vector<int>& worker_gpus() const { return worker_gpus_; }
   // The file holding this cluster's random token (0600, in a directory only
@@ -153,6 +158,8 @@ class LocalCluster {
     int quick_exits = 0;
   };
   std::vector<WorkerLife> lives_;
+  // Under JSON logs (and no --log-dir): each child's output, passed on.
+  std::vector<std::unique_ptr<ChildOutput>> outputs_;
 };
 
 // "exit status 2", "killed by signal 9": how a child ended (waitpid status).

@@ -9,7 +9,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "tools/cli/local_cluster.h"
+#include "tools/cli/up_banner.h"
 
 namespace flotilla::cli {
 namespace {
@@ -41,33 +43,52 @@ struct ServingLimits {
   }
 };
 
+// One line of up's own: "flotilla up: LINE" on stderr, or a JSON log line
+// under --log-format json.
+void Say(const std::string& line, spdlog::level::level_enum level = spdlog::level::info) {
+  if (JsonLogs()) {
+    LogEvent(level, line, {{"process", "up"}});
+  } else {
+    std::cerr << "flotilla up: " << line << std::endl;
+  }
+}
+
 // Serves until a signal: supervises the children (workers that exit are
 // restarted; a coordinator that exits ends everything, exit 1), then drains.
 void ServeUntilSignalled(LocalCluster& cluster, double drain_timeout_s) {
   while (g_signals.load() == 0) {
     absl::Status supervised = cluster.Supervise();
     if (!supervised.ok()) {
-      std::cerr << "flotilla up: " << supervised.message() << "; stopping every process"
-                << std::endl;
+      Say(absl::StrCat(supervised.message(), "; stopping every process"), spdlog::level::err);
       cluster.Stop(absl::Seconds(2));
       throw CLI::RuntimeError(1);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::cerr << "flotilla up: draining: no new requests, those in flight get up to "
-            << drain_timeout_s << " s (Ctrl-C again stops at once)" << std::endl;
+  Say(absl::StrCat("draining: no new requests, those in flight get up to ", drain_timeout_s,
+                   " s (Ctrl-C again stops at once)"));
   // The coordinator keeps its own bound; this one only guards against a hang.
   cluster.Drain(absl::Seconds(drain_timeout_s) + absl::Seconds(10),
                 [] { return g_signals.load() > 1; });
-  std::cerr << "flotilla up: stopped" << std::endl;
+  Say("stopped");
 }
 
-// " on GPUs 0,1,0,1" (each worker's GPU, in order), or nothing on the CPU.
-std::string OnGpus(const std::vector<int>& gpus) {
-  if (gpus.empty()) return "";
-  std::string out = " on GPUs ";
-  for (size_t i = 0; i < gpus.size(); ++i) out += (i ? "," : "") + std::to_string(gpus[i]);
-  return out;
+UpBanner BannerOf(const LocalCluster& cluster, const LocalClusterOptions& o) {
+  UpBanner b;
+  b.model = cluster.model();
+  b.model_id = cluster.model_id();
+  b.workers = o.workers;
+  b.gpus = cluster.worker_gpus();
+  b.grpc_address = cluster.address();
+  b.http_address = cluster.http_address();
+  b.tls = o.tls.enabled();
+  b.tls_ca = o.client_tls.ca;
+  if (!o.tls.client_ca.empty()) {
+    b.client_cert = o.client_tls.cert;
+    b.client_key = o.client_tls.key;
+  }
+  b.needs_key = !o.api_key_file.empty() || !o.admin_key_file.empty();
+  return b;
 }
 
 }  // namespace
@@ -170,27 +191,14 @@ void AddUpCommand(CLI::App& app) {
     std::signal(SIGINT, OnSignal);
     std::signal(SIGTERM, OnSignal);
     o->interrupted = [] { return g_signals.load() > 0; };
-    o->progress = [](const std::string& line) {
-      std::cerr << "flotilla up: " << line << std::endl;
-    };
+    o->progress = [](const std::string& line) { Say(line); };
     absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(*o);
     if (!cluster.ok()) {
-      std::cerr << "flotilla up: " << cluster.status().message() << "\n";
+      Say(std::string(cluster.status().message()), spdlog::level::err);
       throw CLI::RuntimeError(absl::IsCancelled(cluster.status()) ? 130 : 1);
     }
-    std::cout << "flotilla up: serving " << (*cluster)->model() << " with " << o->workers
-              << " worker(s)" << OnGpus((*cluster)->worker_gpus()) << " at "
-              << (*cluster)->address() << "\n"
-              << "  try: flotilla generate --coordinator " << (*cluster)->address()
-              << " --prompt-ids 1,2,3 --max-tokens 8 --json"
-              << (o->api_key_file.empty() && o->admin_key_file.empty() ? "" : " --api-key KEY")
-              << "\n"
-              << ((*cluster)->http_address().empty()
-                      ? std::string()
-                      : "  OpenAI-compatible API: " +
-                            std::string(o->tls.enabled() ? "https://" : "http://") +
-                            (*cluster)->http_address() + "/v1\n")
-              << "  Ctrl-C stops every process it started." << std::endl;
+    const UpBanner banner = BannerOf(**cluster, *o);
+    std::cout << (JsonLogs() ? BannerJson(banner) : BannerText(banner)) << std::flush;
     ServeUntilSignalled(**cluster, limits->drain_timeout_s);
   });
 }
