@@ -8,7 +8,11 @@
 # fail the request in flight, naming it, and rejoin.
 #   two_node_test.sh BIN_DIR cpu|cuda [MODEL]
 # Exit 77 (skipped): not root, no `ip`, no network namespaces, or (cuda) fewer
-# than 2 GPUs. Logs stay in $TWO_NODE_LOGS when it is set.
+# than 2 GPUs. Logs stay in $TWO_NODE_LOGS when it is set. By hand:
+# $TWO_NODE_WORKER_FLAGS adds worker flags, and
+# $TWO_NODE_BENCH="1,64" runs `flotilla bench serve` at those concurrencies
+# (prompt 1024, output 512, $TWO_NODE_BENCH_S seconds each) across the two
+# nodes before the kill.
 set -u
 bin="${1:?usage: two_node_test.sh BIN_DIR cpu|cuda [MODEL]}"
 device="${2:?usage: two_node_test.sh BIN_DIR cpu|cuda [MODEL]}"
@@ -58,6 +62,11 @@ export NCCL_DEBUG_FILE="$work/nccl-%p.log"
 openssl rand -hex 32 > "$work/token" 2> /dev/null || head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/token"
 export FLOTILLA_CLUSTER_TOKEN_FILE="$work/token"
 
+# The one-engine reference first, while the GPUs are free.
+reference=$("$bin/flotilla" generate --model "$model" --device "$device" \
+  --prompt-ids 200,300,400,500,600 --max-tokens 16 --temperature 0 --json 2> "$work/reference.err") ||
+  fail "reference: $(cat "$work/reference.err")"
+
 ip netns exec "$ns_a" "$bin/flotilla-coordinator" --model "$model" --workers 2 \
   --listen 10.215.0.1:0 --port-file "$work/port" --http-listen "" \
   --heartbeat-timeout-ms 1000 > "$work/coordinator.log" 2>&1 &
@@ -70,7 +79,7 @@ address="10.215.0.1:$(cat "$work/port")"
 start_worker() {
   ip netns exec "$2" "$bin/flotilla-worker" --coordinator "$address" --worker-id "w$1" \
     --node "node-$1" --device "$device" --cuda-device "$1" --advertise-address "$3" \
-    --threads 1 --comm-timeout-ms 5000 >> "$work/worker$1.log" 2>&1 &
+    --threads 1 --comm-timeout-ms 5000 ${TWO_NODE_WORKER_FLAGS:-} >> "$work/worker$1.log" 2>&1 &
   pids+=($!)
   worker_pid[$1]=$!
 }
@@ -90,12 +99,15 @@ wait_serving() {
 }
 wait_serving || fail "the two-node instance did not serve"
 grep -h "assigned generation" "$work/coordinator.log" | tail -1
+bench="${TWO_NODE_BENCH:-}"
+for concurrency in ${bench//,/ }; do
+  ip netns exec "$ns_a" "$bin/flotilla" bench serve --coordinator "$address" \
+    --concurrency "$concurrency" --duration "${TWO_NODE_BENCH_S:-30}" \
+    --prompt-len 1024 1024 --output-len 512 512 --ignore-eos || fail "bench serve at $concurrency"
+done
 
 served=$(generate 200,300,400,500,600 16 2> "$work/generate.err") ||
   fail "generate: $(cat "$work/generate.err")"
-reference=$("$bin/flotilla" generate --model "$model" --device "$device" \
-  --prompt-ids 200,300,400,500,600 --max-tokens 16 --temperature 0 --json 2> "$work/reference.err") ||
-  fail "reference: $(cat "$work/reference.err")"
 tokens() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read())["tokens"])'; }
 echo "two nodes: $(tokens <<< "$served")"
 echo "one engine: $(tokens <<< "$reference")"
@@ -105,6 +117,7 @@ if [[ "$device" == cuda ]]; then
   grep -h "via NET/Socket" "$work"/nccl-*.log | head -2
   grep -q "via NET/Socket" "$work"/nccl-*.log || fail "NCCL did not go over its socket transport"
 fi
+
 
 # A killed worker: the request in flight ends naming it, and it rejoins.
 # No stop tokens: it runs to near the context's end unless its worker dies.

@@ -1168,8 +1168,11 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   // the leader) replays such graphs too, without logit rows. TP peers must
   // run the same padded tokens whatever logits each asks for (only the
   // leader asks), so a sharded engine pads every one-token-per-item step.
+  // An idle sharded rank's empty step (it only joins its peers' exchanges)
+  // replays a one-padding-row graph too: launched eagerly, NCCL's enqueue of
+  // 72 exchanges costs more than the busy peer's whole step.
   const bool graphs_on = options_.cuda_graphs && !options_.profile_ops;
-  bool one_token = !items.empty(), rows_fit = true, any_row = false;
+  bool one_token = !items.empty() || par != nullptr, rows_fit = true, any_row = false;
   for (size_t i = 0; i < items.size(); ++i) {
     one_token = one_token && items[i].tokens.size() == 1;
     const bool row = sample ? has_row(i) : items[i].logits == LogitsMode::kLast;
