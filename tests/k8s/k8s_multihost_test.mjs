@@ -12,6 +12,13 @@
 // layout mounted at /opt/flotilla. Probes run as the manifests state them.
 // Needs root; exits 77 (skipped) when network namespaces cannot be made.
 // Usage: node k8s_multihost_test.mjs BUILD_DIR NODE_MODULES
+// On a GPU machine (by hand): K8S_GPU_WORKERS=N keeps the GPU overlays on
+// cuda with N workers in all (FLOTILLA_MODEL from K8S_MODEL, default
+// synthetic:120b), K8S_OVERLAYS=a,b runs only those overlays, K8S_RENDERED
+// (see manifests.mjs) stands in for kubectl, BUILD_DIR may be a bundle
+// (tools/bundle.sh: bin/ and share/flotilla/), and the variables named in
+// K8S_PASS_ENV (e.g. LD_LIBRARY_PATH for the bundle's libraries in place of
+// the image's packages, NCCL_NVLS_ENABLE) reach every container.
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -119,7 +126,9 @@ function containerScript(c, pod) {
     else lines.push(`mount --bind ${quote(dir)} ${quote(m.mountPath)}`);
   }
   const argv = [...c.command, ...(c.args ?? [])].map((a) => quote(expand(a, env)));
-  const envs = Object.entries(env).map(([k, v]) => quote(`${k}=${v}`));
+  const passed = (process.env.K8S_PASS_ENV ?? '').split(',').filter((k) => k && k in process.env)
+    .map((k) => [k, process.env[k]]);
+  const envs = [...Object.entries(env), ...passed].map(([k, v]) => quote(`${k}=${v}`));
   lines.push(`exec env -i PATH=/opt/flotilla/bin:/usr/bin:/bin ${envs.join(' ')} ${argv.join(' ')}`);
   return { script: lines.join('\n'), argv, env };
 }
@@ -310,6 +319,27 @@ function forCi(objects) {
   return { objects: out, workers: podCount * scaled, coordinator };
 }
 
+// On a GPU machine: the GPU overlays as rendered, but for the instance's
+// size (K8S_GPU_WORKERS in all, the pods' count kept where it divides) and
+// the model (no checkpoint here).
+const gpuWorkers = Number(process.env.K8S_GPU_WORKERS ?? 0);
+const gpuModel = process.env.K8S_MODEL ?? 'synthetic:120b';
+
+function forGpu(objects) {
+  const out = structuredClone(objects);
+  const all = podTemplates(out).flatMap((p) => p.template.spec.containers);
+  const coordinator = all.find((c) => c.command?.[0]?.endsWith('/flotilla-coordinator'));
+  const total = Number(coordinator.env.find((e) => e.name === 'FLOTILLA_WORKERS').value);
+  const perPod = Number(all.find((c) => c.command?.[0]?.endsWith('/flotilla-pod-workers'))
+    .env.find((e) => e.name === 'FLOTILLA_WORKERS_PER_POD')?.value ?? 1);
+  const podCount = total / perPod;
+  if (gpuWorkers % podCount !== 0) throw new Error(`${gpuWorkers} GPU workers do not fill ${podCount} pods`);
+  for (const c of all) setEnv(c, 'FLOTILLA_WORKERS_PER_POD', String(gpuWorkers / podCount));
+  setEnv(coordinator, 'FLOTILLA_MODEL', gpuModel);
+  setEnv(coordinator, 'FLOTILLA_WORKERS', String(gpuWorkers));
+  return { objects: out, workers: gpuWorkers, coordinator };
+}
+
 async function complete(url, model) {
   const reply = probe('complete', url, model, '[1,2,3,4]');
   if (reply.status !== 200) throw new Error(`completion via ${url}: ${JSON.stringify(reply)}`);
@@ -350,15 +380,25 @@ function leaderWorkerSetPods(objects, base) {
 // Starts every pod of `name`'s overlay, waits until its coordinator is ready
 // and has answered a completion, then removes the pods.
 async function formsAnInstance(name, base) {
-  const { objects, workers, coordinator: c } = forCi(render(modules, path.join(k8sDir, 'overlays', name)));
-  log(`=== ${name}: ${workers} CPU workers on synthetic:tiny ===`);
+  const rendered = render(modules, path.join(k8sDir, 'overlays', name));
+  const { objects, workers, coordinator: c } = gpuWorkers ? forGpu(rendered) : forCi(rendered);
+  const model = gpuWorkers ? gpuModel : 'synthetic:tiny';
+  log(`=== ${name}: ${workers} ${gpuWorkers ? 'GPU' : 'CPU'} workers on ${model} ===`);
   const lws = objects.some((o) => o.kind === 'LeaderWorkerSet');
   const { hosts, coordinator, pods } = lws ? leaderWorkerSetPods(objects, base) : statefulSetPods(objects, base);
+  if (gpuWorkers) {
+    // What the device plugin gives each pod: GPUs of its own, in pod order.
+    const workerPods = pods.filter((p) => p.worker);
+    const each = gpuWorkers / workerPods.length;
+    workerPods.forEach((p, i) => {
+      p.injected.CUDA_VISIBLE_DEVICES = [...Array(each).keys()].map((g) => i * each + g).join(',');
+    });
+  }
   writeHosts(`${tag}-client`, hosts);
   pods.forEach(startPod);
   await until(`${name}: readiness (/health) 200`, 180, () => { const v = readiness(coordinator, c); return { ok: v.status === 200, value: v }; });
   log(`${name}: instance ready: /health 200`);
-  await complete('http://flotilla:8000/v1/completions', 'synthetic:tiny');
+  await complete('http://flotilla:8000/v1/completions', model);
   checkCrossing(pods.filter((p) => p.worker && p !== coordinator));
   pods.forEach(killPod);
 }
@@ -380,9 +420,10 @@ try {
   fs.chmodSync(made.work, 0o755);
   made.token = execFileSync('openssl', ['rand', '-hex', '32'], { encoding: 'utf8' }).trim();
   execFileSync(path.join(sourceDir, 'deploy/image/stage.sh'), [path.join(made.work, 'image'), buildDir], { stdio: 'inherit' });
-  await cpuDemo();
+  const chosen = process.env.K8S_OVERLAYS ? process.env.K8S_OVERLAYS.split(',') : overlays;
+  if (chosen.includes('cpu-demo')) await cpuDemo();
   let base = 30;
-  for (const name of overlays.filter((o) => o !== 'cpu-demo')) {
+  for (const name of chosen.filter((o) => o !== 'cpu-demo')) {
     await formsAnInstance(name, base);
     base += 10;
   }

@@ -2,6 +2,7 @@
 // objects, their schemas, and each container's command, args and environment.
 // Shared by k8s_manifests_test.mjs and k8s_multihost_test.mjs.
 import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -10,8 +11,14 @@ export const sourceDir = path.resolve(path.dirname(new URL(import.meta.url).path
 export const k8sDir = path.join(sourceDir, 'deploy/k8s');
 export const overlays = ['cpu-demo', 'single-node', 'multi-node', 'multi-node-statefulset'];
 
-// Renders a kustomization directory into plain objects.
+// Renders a kustomization directory into plain objects. With
+// K8S_RENDERED=DIR set, reads DIR/<overlay>.json instead (written here by
+// `node manifests.mjs --dump DIR MODULES`, for a machine without kubectl).
 export function render(modules, dir) {
+  if (process.env.K8S_RENDERED) {
+    const file = path.join(process.env.K8S_RENDERED, `${path.basename(dir)}.json`);
+    return JSON.parse(fs.readFileSync(file, 'utf8'));
+  }
   const yaml = createRequire(path.join(modules, 'x.js'))('yaml');
   const text = execFileSync('kubectl', ['kustomize', dir], { encoding: 'utf8' });
   return yaml.parseAllDocuments(text).map((d) => d.toJS()).filter(Boolean);
@@ -82,4 +89,13 @@ export function containers(template) {
 
 export function envValue(container, name) {
   return container.env?.find((e) => e.name === name)?.value;
+}
+
+// node manifests.mjs --dump DIR MODULES: every overlay rendered to DIR/<name>.json.
+if (process.argv[1] === new URL(import.meta.url).pathname && process.argv[2] === '--dump') {
+  const [dir, modules] = process.argv.slice(3).map((p) => path.resolve(p));
+  fs.mkdirSync(dir, { recursive: true });
+  for (const name of overlays) {
+    fs.writeFileSync(path.join(dir, `${name}.json`), JSON.stringify(render(modules, path.join(k8sDir, 'overlays', name))));
+  }
 }
