@@ -2,7 +2,9 @@
 // /v1/responses/{id} (POST /v1/responses with `store`): each entry is the
 // response object and the whole conversation it ended, as Responses items
 // (the inputs of its chain, then its own output items), so a follow-up
-// request continues it without the client resending anything.
+// request continues it without the client resending anything. A background
+// response is here from its start, with how to cancel it
+// (POST /v1/responses/{id}/cancel), and is replaced by its end.
 //
 // Every entry belongs to the key that created it (its owner, the caller's key
 // id; empty when the server has no keys): another key gets the same NOT_FOUND
@@ -46,11 +48,16 @@ class ResponseStore {
   static absl::StatusOr<std::unique_ptr<ResponseStore>> Create(
       ResponseStoreOptions options, std::function<absl::Time()> now = nullptr);
 
-  // One stored response: the object the API answered, and the conversation
-  // it ended (a JSON array of Responses items).
+  // One stored response: the object the API answered (in progress while a
+  // background response is generated), and the conversation it ended (a
+  // JSON array of Responses items).
   struct Stored {
     nlohmann::ordered_json response;
     nlohmann::ordered_json items;
+    // Set while the response is generated in the background: stops the
+    // generation and returns the response as it then is (cancelled, or
+    // however it ended if it ended first). Null once it ended.
+    std::function<nlohmann::ordered_json()> cancel = nullptr;
   };
 
   // Keeps `stored` under `id` for `owner`, replacing an entry of that id. An
