@@ -57,6 +57,10 @@ absl::Status CheckSamplingParams(const common::SamplingParams& s, int vocab_size
         CheckTokenId(absl::StrCat("stop_token_ids[", i, "]"), s.stop_token_ids(i), vocab_size);
     if (!st.ok()) return st;
   }
+  if (s.max_tokens() != 0 && s.min_tokens() > s.max_tokens()) {
+    return Invalid("min_tokens", absl::StrCat("must be at most max_tokens (", s.max_tokens(),
+                                              "), not ", s.min_tokens()));
+  }
   return absl::OkStatus();
 }
 

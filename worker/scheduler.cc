@@ -31,6 +31,7 @@ SamplingParams SamplingFrom(const common::SamplingParams& p) {
   sp.logit_bias.assign(p.logit_bias().begin(), p.logit_bias().end());
   sp.logprobs = p.return_logprobs() || p.logprobs() > 0;
   sp.top_logprobs = static_cast<int>(p.logprobs());
+  sp.min_tokens = p.min_tokens();
   return sp;
 }
 

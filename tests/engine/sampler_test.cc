@@ -220,5 +220,46 @@ TEST(Sampler, LogitBiasOfAHundredWinsGreedy) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(s->Sample(logits.data(), nullptr), 7);
 }
 
+// min_tokens: the stop tokens are never drawn before that many tokens (even
+// when they are by far the likeliest), then they may be; a filter allowing
+// only a stop token still gets it (the constraint wins); min_tokens over
+// max_tokens is refused.
+TEST(Sampler, MinTokensSuppressesTheStopTokensUntilReached) {
+  const int vocab = 16;
+  std::vector<float> logits(vocab, 0.0f);
+  logits[5] = 20.0f;  // a stop token
+  logits[9] = 19.0f;  // another
+  for (float temperature : {0.0f, 1.0f}) {
+    SamplingParams p;
+    p.temperature = temperature;
+    p.seed = 3;
+    p.stop_token_ids = std::vector<int>{5, 9};
+    p.max_tokens = 8;
+    p.min_tokens = 4;
+    auto s = *Sampler::Create(p, vocab);
+    for (int i = 0; i < 4; ++i) {
+      const int32_t t = s->Sample(logits.data(), nullptr);
+      EXPECT_NE(t, 5) << i;
+      EXPECT_NE(t, 9) << i;
+    }
+    const int32_t after = s->Sample(logits.data(), nullptr);  // the others weigh e^-19 of it
+    EXPECT_TRUE(after == 5 || after == 9) << after;
+    if (temperature == 0.0f) {
+      EXPECT_EQ(after, 5);
+    }
+  }
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.stop_token_ids = std::vector<int>{5, 9};
+  p.max_tokens = 8;
+  p.min_tokens = 8;
+  auto s = *Sampler::Create(p, vocab);
+  std::vector<int32_t> seen;
+  s->SetFilter(std::make_unique<testing_filter::FixedFilter>(vocab, std::vector<int32_t>{9}, &seen));
+  EXPECT_EQ(s->Sample(logits.data(), nullptr), 9);
+  p.min_tokens = 9;
+  EXPECT_FALSE(Sampler::Create(p, vocab).ok());
+}
+
 }  // namespace
 }  // namespace flotilla

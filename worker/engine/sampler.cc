@@ -56,6 +56,9 @@ absl::Status SamplingParams::Validate(int vocab_size) const {
   }
   if (top_logprobs > 0 && !logprobs) return bad("top_logprobs needs logprobs");
   if (max_tokens < 1) return bad("max_tokens must be >= 1, got ", max_tokens);
+  if (min_tokens < 0 || min_tokens > max_tokens) {
+    return bad("min_tokens must be in [0, max_tokens = ", max_tokens, "], got ", min_tokens);
+  }
   if (stop_token_ids) {
     for (int t : *stop_token_ids) {
       if (t < 0 || t >= vocab_size) {
@@ -107,12 +110,21 @@ const std::vector<LogitAdjustment>& Sampler::Adjustments() {
   adjustments_.clear();
   const bool penalties = params_.frequency_penalty != 0.0f || params_.presence_penalty != 0.0f;
   const bool repetition = params_.repetition_penalty != 1.0f;
-  if (!penalties && !repetition && params_.logit_bias.empty()) return adjustments_;
-  // Every token that can change: the prompt's (repetition), the output's and
-  // the biased ones; then one entry per token in ascending order.
+  // min_tokens: the stop tokens wait until that many were drawn.
+  const std::vector<int>* suppressed =
+      params_.stop_token_ids && static_cast<int64_t>(draws_) < params_.min_tokens
+          ? &*params_.stop_token_ids
+          : nullptr;
+  if (!penalties && !repetition && params_.logit_bias.empty() && suppressed == nullptr) {
+    return adjustments_;
+  }
+  // Every token that can change: the prompt's (repetition), the output's,
+  // the biased and the suppressed ones; then one entry per token in
+  // ascending order.
   std::vector<int32_t> tokens = prompt_tokens_;
   for (const auto& [token, count] : counts_) tokens.push_back(token);
   for (const auto& [token, bias] : params_.logit_bias) tokens.push_back(token);
+  if (suppressed != nullptr) tokens.insert(tokens.end(), suppressed->begin(), suppressed->end());
   std::sort(tokens.begin(), tokens.end());
   tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
   for (int32_t token : tokens) {
@@ -130,6 +142,10 @@ const std::vector<LogitAdjustment>& Sampler::Adjustments() {
     a.repetition = repetition && seen ? params_.repetition_penalty : 1.0f;
     a.add = bias - (static_cast<float>(count) * params_.frequency_penalty +
                     (count > 0 ? params_.presence_penalty : 0.0f));
+    if (suppressed != nullptr &&
+        std::find(suppressed->begin(), suppressed->end(), token) != suppressed->end()) {
+      a.add += kSuppressedLogitAdd;
+    }
     if (a.repetition != 1.0f || a.add != 0.0f) adjustments_.push_back(a);
   }
   return adjustments_;

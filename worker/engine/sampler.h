@@ -37,6 +37,9 @@ struct SamplingParams {
   int top_logprobs = 0;            // [0, 20] alternatives per position (needs logprobs)
   std::optional<std::vector<int>> stop_token_ids;  // unset = the config's eos ids
   int64_t max_tokens = 16;                         // >= 1
+  // The stop tokens are suppressed (kSuppressedLogitAdd) until this many
+  // tokens were drawn; 0 = off.
+  int64_t min_tokens = 0;
 
   // INVALID_ARGUMENT naming the first bad field.
   absl::Status Validate(int vocab_size) const;
@@ -47,6 +50,11 @@ struct TokenLogprob {
   float logprob = 0;                               // log-softmax of the model's logits
   std::vector<std::pair<int32_t, float>> top;      // most likely first
 };
+
+// What min_tokens adds to a stop token's logit: finite, so that a token
+// filter allowing only stop tokens still leaves them drawable (the constraint
+// wins), and large enough that exp() of the difference is 0 otherwise.
+inline constexpr float kSuppressedLogitAdd = -1e9f;
 
 // One token's change before sampling: logit' = Adjust(logit) (see AdjustLogit).
 struct LogitAdjustment {
@@ -92,6 +100,7 @@ class Sampler {
   void SetFilter(std::unique_ptr<TokenFilter> filter) { filter_ = std::move(filter); }
   // The next draw's allowed tokens (null: any). For a sampler on another device.
   const uint32_t* Allowed() { return filter_ ? filter_->Allowed() : nullptr; }
+  bool has_filter() const { return filter_ != nullptr; }
 
   // For a sampler on another device: the seed in force (drawn at creation
   // when the request set none), how many tokens were drawn so far, the
