@@ -30,6 +30,31 @@ bool IsDigit(uint8_t b) { return b >= '0' && b <= '9'; }
 bool IsHex(uint8_t b) { return IsDigit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
 uint64_t AllOf(size_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
 
+// Whether a short escape's decoded byte can come next in a string with a
+// pattern (so that a backslash never leads to a dead end).
+bool EscapeCanFollow(const Frame& f, const TextConstraint& text) {
+  for (uint8_t decoded : {'"', '\\', '/', '\b', '\f', '\n', '\r', '\t'}) {
+    const int32_t next = text.dfa.Next(f.pos, decoded);
+    if (next != ByteDfa::kDead && text.lengths.Feasible(next, f.count + 1)) return true;
+  }
+  return false;
+}
+
+// What a short escape (after the backslash) stands for; 0 for none.
+uint8_t ShortEscape(uint8_t b) {
+  switch (b) {
+    case '"': return '"';
+    case '\\': return '\\';
+    case '/': return '/';
+    case 'b': return '\b';
+    case 'f': return '\f';
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    default: return 0;
+  }
+}
+
 }  // namespace
 
 std::string MatchState::Key() const {
@@ -243,11 +268,25 @@ JsonMatcher::Outcome JsonMatcher::StepValue(MatchStack& s, uint8_t b, MatchState
   return Outcome::kRetry;
 }
 
-uint64_t JsonMatcher::KeyCandidates(const SchemaNode& n, int next) const {
+// The properties that may come next: from `next` up to the first required
+// one (later keys would skip it), and with property counts only those after
+// which the count can still end within [minProperties, maxProperties] (the
+// required ones after it written, and as many optional ones as wanted).
+uint64_t JsonMatcher::KeyCandidates(const SchemaNode& n, int next, int members) const {
+  const int size = static_cast<int>(n.properties.size());
+  const bool counted = n.min_properties > 0 || n.max_properties >= 0;
+  int required_after = 0;
+  if (counted) {
+    for (int j = next; j < size; ++j) required_after += n.properties[j].required ? 1 : 0;
+  }
   uint64_t mask = 0;
-  for (int j = next; j < static_cast<int>(n.properties.size()); ++j) {
-    mask |= 1ull << j;
-    if (n.properties[j].required) break;  // later keys would skip it
+  for (int j = next; j < size; ++j) {
+    if (n.properties[j].required) --required_after;
+    const bool fits = !counted ||
+                      ((n.max_properties < 0 || members + 1 + required_after <= n.max_properties) &&
+                       members + 1 + (size - j - 1) >= n.min_properties);
+    if (fits) mask |= 1ull << j;
+    if (n.properties[j].required) break;
   }
   return mask;
 }
@@ -272,14 +311,20 @@ JsonMatcher::Outcome JsonMatcher::StepObject(MatchStack& s, uint8_t b) const {
       return Outcome::kConsumed;
     case kFirst:
     case kAfterComma:
-      if (b == '}' && f.phase == kFirst && MayClose(n, 0)) return Outcome::kDone;
+      if (b == '}' && f.phase == kFirst && MayClose(n, 0, 0)) return Outcome::kDone;
       if (b != '"') return Outcome::kReject;
-      if (n == nullptr) {
+      if (n == nullptr || n->key_node >= 0) {  // any key, or a record's key
+        if (n != nullptr && !MayContinue(*n, f.count, f.members)) return Outcome::kReject;
+        ++f.members;
         f.phase = kAfterKey;
-        return Push(s, FrameKind::kString, -1) ? Outcome::kRetry : Outcome::kReject;
+        return Push(s, n == nullptr ? FrameKind::kString : FrameKind::kValue,
+                    n == nullptr ? -1 : n->key_node)
+                   ? Outcome::kRetry
+                   : Outcome::kReject;
       }
-      f.mask = KeyCandidates(*n, f.count);
+      f.mask = KeyCandidates(*n, f.count, f.members);
       if (f.mask == 0) return Outcome::kReject;
+      ++f.members;
       f.phase = kInKey;
       f.pos = 1;
       return Outcome::kConsumed;
@@ -291,18 +336,26 @@ JsonMatcher::Outcome JsonMatcher::StepObject(MatchStack& s, uint8_t b) const {
       return Outcome::kConsumed;
     case kBeforeValue:
       f.phase = kAfterValue;
-      return Push(s, FrameKind::kValue, -1) ? Outcome::kRetry : Outcome::kReject;
+      return Push(s, FrameKind::kValue, n == nullptr ? -1 : n->value_node) ? Outcome::kRetry
+                                                                           : Outcome::kReject;
     case kAfterValue:
-      if (b == '}') return MayClose(n, f.count) ? Outcome::kDone : Outcome::kReject;
-      if (b != ',' || (n != nullptr && KeyCandidates(*n, f.count) == 0)) return Outcome::kReject;
+      if (b == '}') return MayClose(n, f.count, f.members) ? Outcome::kDone : Outcome::kReject;
+      if (b != ',' || (n != nullptr && !MayContinue(*n, f.count, f.members))) {
+        return Outcome::kReject;
+      }
       f.phase = kAfterComma;
       return Outcome::kConsumed;
   }
   return Outcome::kReject;
 }
 
-bool JsonMatcher::MayClose(const SchemaNode* n, int next) const {
-  return n == nullptr || !RequiredLeft(*n, next);
+bool JsonMatcher::MayClose(const SchemaNode* n, int next, int members) const {
+  return n == nullptr || (!RequiredLeft(*n, next) && members >= n->min_properties);
+}
+
+bool JsonMatcher::MayContinue(const SchemaNode& n, int next, int members) const {
+  if (n.key_node >= 0) return n.max_properties < 0 || members < n.max_properties;
+  return KeyCandidates(n, next, members) != 0;
 }
 
 // The next byte of a declared key: the candidates narrow until one key's
@@ -350,11 +403,16 @@ JsonMatcher::Outcome JsonMatcher::StepArray(MatchStack& s, uint8_t b) const {
       if (b == ']') return min_items == 0 ? Outcome::kDone : Outcome::kReject;
       if (max_items == 0) return Outcome::kReject;
       [[fallthrough]];
-    case kAfterComma:
-      if (n != nullptr) ++f.count;
+    case kAfterComma: {
+      int item = -1;
+      if (n != nullptr) {
+        ++f.count;
+        item = f.count <= static_cast<int>(n->prefix_items.size()) ? n->prefix_items[f.count - 1]
+                                                                  : n->items;
+      }
       f.phase = kAfterValue;
-      return Push(s, FrameKind::kValue, n != nullptr ? n->items : -1) ? Outcome::kRetry
-                                                                      : Outcome::kReject;
+      return Push(s, FrameKind::kValue, item) ? Outcome::kRetry : Outcome::kReject;
+    }
     case kAfterValue:
       if (b == ']') return f.count >= min_items ? Outcome::kDone : Outcome::kReject;
       if (b != ',' || (max_items >= 0 && f.count >= max_items)) return Outcome::kReject;
@@ -370,10 +428,26 @@ int32_t JsonMatcher::LengthCap(int node) const {
   return static_cast<int32_t>(std::max<int64_t>(n.min_length, n.max_length));
 }
 
+bool JsonMatcher::FeedText(Frame& f, const TextConstraint& text, uint8_t b) {
+  const int32_t next = text.dfa.Next(f.pos, b);
+  if (next == ByteDfa::kDead) return false;
+  f.pos = next;
+  return true;
+}
+
 JsonMatcher::Outcome JsonMatcher::StepString(Frame& f, uint8_t b) const {
-  const int64_t min_len = f.node >= 0 ? schema_->nodes[f.node].min_length : 0;
-  const int64_t max_len = f.node >= 0 ? schema_->nodes[f.node].max_length : -1;
+  const SchemaNode* node = f.node >= 0 ? &schema_->nodes[f.node] : nullptr;
+  const int64_t min_len = node != nullptr ? node->min_length : 0;
+  const int64_t max_len = node != nullptr ? node->max_length : -1;
+  const TextConstraint* text = node != nullptr ? node->text.get() : nullptr;
   const bool room = max_len < 0 || f.count < max_len;
+  // With a pattern: the decoded byte must be one its automaton takes, and
+  // some completion must still match within the length bounds.
+  auto feed = [&](uint8_t decoded) { return text == nullptr || FeedText(f, *text, decoded); };
+  auto feasible = [&](Outcome o) {
+    if (text == nullptr || o == Outcome::kReject) return o;
+    return text->lengths.Feasible(f.pos, f.count + (f.need > 0 ? 1 : 0)) ? o : Outcome::kReject;
+  };
   auto counted = [&] {
     f.count = std::min(f.count + 1, LengthCap(f.node));
     return Outcome::kConsumed;
@@ -384,15 +458,15 @@ JsonMatcher::Outcome JsonMatcher::StepString(Frame& f, uint8_t b) const {
     return Outcome::kConsumed;
   }
   if (f.phase == kEscape) {
-    if (b == 'u') {
+    if (b == 'u' && text == nullptr) {  // with a pattern only short escapes are written
       f.phase = kUnicode;
       f.need = 0;
       return Outcome::kConsumed;
     }
-    static const std::string kSimple = "\"\\/bfnrt";
-    if (kSimple.find(static_cast<char>(b)) == std::string::npos) return Outcome::kReject;
+    const uint8_t decoded = ShortEscape(b);
+    if (decoded == 0 || !feed(decoded)) return Outcome::kReject;
     f.phase = kBody;
-    return counted();
+    return feasible(counted());
   }
   if (f.phase == kUnicode) {
     if (!IsHex(b)) return Outcome::kReject;
@@ -408,18 +482,22 @@ JsonMatcher::Outcome JsonMatcher::StepString(Frame& f, uint8_t b) const {
     return counted();
   }
   if (f.need > 0) {  // inside a multi-byte UTF-8 sequence
-    if (b < f.lo || b > f.hi) return Outcome::kReject;
+    if (b < f.lo || b > f.hi || !feed(b)) return Outcome::kReject;
     f.lo = 0x80;
     f.hi = 0xBF;
-    return --f.need == 0 ? counted() : Outcome::kConsumed;
+    return feasible(--f.need == 0 ? counted() : Outcome::kConsumed);
   }
-  if (b == '"') return f.count >= min_len ? Outcome::kDone : Outcome::kReject;
+  if (b == '"') {
+    if (text != nullptr && !text->dfa.Accepting(f.pos)) return Outcome::kReject;
+    return f.count >= min_len ? Outcome::kDone : Outcome::kReject;
+  }
   if (!room || b < 0x20 || b == 0x7F) return Outcome::kReject;
-  if (b == '\\') {
+  if (b == '\\') {  // with a pattern, only when some short escape can follow
+    if (text != nullptr && !EscapeCanFollow(f, *text)) return Outcome::kReject;
     f.phase = kEscape;
     return Outcome::kConsumed;
   }
-  if (b < 0x80) return counted();
+  if (b < 0x80) return feed(b) ? feasible(counted()) : Outcome::kReject;
   f.lo = 0x80;
   f.hi = 0xBF;
   if (b >= 0xC2 && b <= 0xDF) {
@@ -435,7 +513,7 @@ JsonMatcher::Outcome JsonMatcher::StepString(Frame& f, uint8_t b) const {
   } else {
     return Outcome::kReject;
   }
-  return Outcome::kConsumed;
+  return feed(b) ? feasible(Outcome::kConsumed) : Outcome::kReject;
 }
 
 bool JsonMatcher::NumberComplete(const Frame& f) const {
@@ -446,7 +524,19 @@ bool JsonMatcher::NumberComplete(const Frame& f) const {
   if (f.flags & kNeg) v = -v;
   if (n.minimum && (n.exclusive_minimum ? v <= *n.minimum : v < *n.minimum)) return false;
   if (n.maximum && (n.exclusive_maximum ? v >= *n.maximum : v > *n.maximum)) return false;
-  return true;
+  return n.multiple_of == 0 || static_cast<int64_t>(f.int_value) % n.multiple_of == 0;
+}
+
+// Whether an integer in [lo, hi] (and within the bounds) is a multiple of
+// the node's multipleOf; the values are whole and below 2^53, so exact.
+bool JsonMatcher::MultipleWithin(const Frame& f, double lo, double hi) const {
+  const SchemaNode& n = schema_->nodes[f.node];
+  if (n.minimum) lo = std::max(lo, n.exclusive_minimum ? std::floor(*n.minimum) + 1 : std::ceil(*n.minimum));
+  if (n.maximum) hi = std::min(hi, n.exclusive_maximum ? std::ceil(*n.maximum) - 1 : std::floor(*n.maximum));
+  if (lo > hi) return false;
+  const int64_t low = static_cast<int64_t>(lo), high = static_cast<int64_t>(hi), m = n.multiple_of;
+  const int64_t below = high >= 0 ? high / m : -((-high + m - 1) / m);  // floor(high / m)
+  return below * m >= low;
 }
 
 // Whether some completion of the digits so far lies within the bounds: the
@@ -455,7 +545,7 @@ bool JsonMatcher::NumberComplete(const Frame& f) const {
 bool JsonMatcher::NumberFeasible(const Frame& f) const {
   if (f.node < 0) return true;
   const SchemaNode& n = schema_->nodes[f.node];
-  if (!n.minimum && !n.maximum) return true;
+  if (!n.minimum && !n.maximum && n.multiple_of == 0) return true;
   const bool integer = n.kind == NodeKind::kInteger;
   const double frac_room = integer ? 0.0 : 1.0 - std::pow(10.0, -kMaxFractionDigits);
   auto fits = [&](double lo, double hi) {  // magnitudes [lo, hi]
@@ -463,7 +553,7 @@ bool JsonMatcher::NumberFeasible(const Frame& f) const {
     if (f.flags & kNeg) vlo = -hi, vhi = -lo;
     if (n.minimum && (n.exclusive_minimum ? vhi <= *n.minimum : vhi < *n.minimum)) return false;
     if (n.maximum && (n.exclusive_maximum ? vlo >= *n.maximum : vlo > *n.maximum)) return false;
-    return true;
+    return n.multiple_of == 0 || MultipleWithin(f, vlo, vhi);
   };
   if (f.flags & kDot) {
     const double base = f.int_value + f.frac_value;

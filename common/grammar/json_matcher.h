@@ -6,12 +6,15 @@
 // state, Feed, keep or drop" and identical states compare and hash by bytes.
 //
 // What it enforces: object properties in declared order, required ones
-// present, no undeclared ones; array item counts; string lengths in code
-// points, valid UTF-8 and escapes (no lone surrogates); numbers as
+// present, no undeclared ones (records: keys of their key schema), property
+// counts; array item counts and tuple positions; string lengths in code
+// points, valid UTF-8 and escapes (no lone surrogates), patterns and formats
+// on the decoded value (where every state kept can still complete); numbers as
 // -?(0|[1-9][0-9]*)(.[0-9]+)? with at most kMaxIntegerDigits / kMaxFractionDigits
 // digits and the bounds checked at every digit (a prefix is kept only while
 // some completion of it lies within them, so bounds hold exactly, within
-// double precision); enums and const as literal texts; nesting up to kMaxNesting.
+// double precision), whole multipleOf exactly; enums and const as literal
+// texts; nesting up to kMaxNesting.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +38,8 @@ struct Frame {
   uint8_t flags;    // numbers: kNeg, kDot; strings: kSurrogateLead
   int8_t int_digits, frac_digits;
   int32_t count;    // items, code points (clamped), next property, literal position
-  int32_t pos;      // objects: bytes of the key text matched
+  int32_t pos;      // objects: bytes of the key text matched; strings: pattern state
+  int32_t members;  // objects: properties begun (minProperties / maxProperties)
   uint64_t mask;    // literal or key candidates
   const std::vector<std::string>* literals;
   double int_value, frac_value;
@@ -113,9 +117,15 @@ class JsonMatcher {
   Outcome StepObject(MatchStack& s, uint8_t b) const;
   Outcome StepArray(MatchStack& s, uint8_t b) const;
   Outcome StepDeclaredKey(MatchStack& s, const SchemaNode& n, uint8_t b) const;
-  // Whether an object (null: untyped) may end before property `next`.
-  bool MayClose(const SchemaNode* n, int next) const;
+  // Whether an object (null: untyped) may end before property `next`, with
+  // `members` properties written.
+  bool MayClose(const SchemaNode* n, int next, int members) const;
+  // Whether another property may follow.
+  bool MayContinue(const SchemaNode& n, int next, int members) const;
   Outcome StepString(Frame& f, uint8_t b) const;
+  // The decoded byte `b` of a string with a pattern / format: false when
+  // its automaton refuses it.
+  static bool FeedText(Frame& f, const TextConstraint& text, uint8_t b);
   Outcome StepNumber(Frame& f, uint8_t b) const;
   Outcome StepLiteral(Frame& f, uint8_t b) const;
   bool Push(MatchStack& s, FrameKind kind, int node) const;
@@ -123,8 +133,9 @@ class JsonMatcher {
   // each once); -1 stands for an unconstrained value. Returns how many.
   int Leaves(int node, uint8_t b, int* out, int max, int hops = 0) const;
   bool Starts(int node, uint8_t b) const;
-  uint64_t KeyCandidates(const SchemaNode& n, int next) const;
+  uint64_t KeyCandidates(const SchemaNode& n, int next, int members) const;
   bool RequiredLeft(const SchemaNode& n, int next) const;
+  bool MultipleWithin(const Frame& f, double lo, double hi) const;
   bool NumberFeasible(const Frame& f) const;
   bool NumberComplete(const Frame& f) const;
   bool LiteralComplete(const Frame& f) const;

@@ -1,11 +1,14 @@
 #include "common/grammar/schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grammar/schema_disjoint.h"
+#include "common/grammar/text_constraint.h"
 
 namespace flotilla::grammar {
 namespace {
@@ -16,9 +19,12 @@ const std::set<std::string>& KnownKeywords() {
   static const std::set<std::string> known = {
       "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
       "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-      "enum", "const", "anyOf", "$ref", "$defs", "definitions", "nullable",
-      // Annotations: they constrain nothing.
-      "title", "description", "default", "examples", "$schema", "$id", "$comment"};
+      "enum", "const", "anyOf", "$ref", "$defs", "definitions", "nullable", "pattern", "format",
+      "oneOf", "prefixItems", "multipleOf", "minProperties", "maxProperties", "propertyNames",
+      // Annotations: they constrain nothing (`discriminator` names the
+      // property that tells oneOf alternatives apart, which oneOf enforces).
+      "title", "description", "default", "examples", "$schema", "$id", "$comment",
+      "discriminator", "readOnly", "writeOnly", "deprecated"};
   return known;
 }
 
@@ -84,9 +90,15 @@ class Compiler {
       inner.erase("nullable");
       return CompileUnion(id, {inner, Json{{"type", "null"}}}, where);
     }
-    if (schema.contains("anyOf")) return CompileAnyOf(id, schema, where);
-    if (schema.contains("const")) return CompileLiterals(id, Json::array({schema["const"]}), where);
-    if (schema.contains("enum")) return CompileLiterals(id, schema["enum"], where + "/enum");
+    if (schema.contains("anyOf") && schema.contains("oneOf")) {
+      return Bad(where, "anyOf beside oneOf is not supported");
+    }
+    if (schema.contains("anyOf")) return CompileAnyOf(id, schema, "anyOf", where);
+    if (schema.contains("oneOf")) return CompileAnyOf(id, schema, "oneOf", where);
+    if (schema.contains("const")) {
+      return CompileLiterals(id, Json::array({schema["const"]}), schema, where + "/const");
+    }
+    if (schema.contains("enum")) return CompileLiterals(id, schema["enum"], schema, where + "/enum");
     if (!schema.contains("type")) {
       if (schema.contains("properties")) return CompileObject(id, schema, where);
       if (schema.contains("items")) return CompileArray(id, schema, where);
@@ -111,16 +123,22 @@ class Compiler {
 
   absl::Status CompileTyped(int id, const std::string& type, const Json& schema,
                             const std::string& where) {
+    if (type != "string" && type != "null" && type != "boolean") {
+      for (const char* key : {"pattern", "format"}) {
+        if (schema.contains(key)) {
+          return Bad(where + "/" + key, absl::StrCat("'", key, "' on a ", type,
+                                                     " is not enforced (only on strings)"));
+        }
+      }
+    }
     SchemaNode& n = out_.nodes[id];
     if (type == "object") return CompileObject(id, schema, where);
     if (type == "array") return CompileArray(id, schema, where);
-    if (type == "string") {
-      n.kind = NodeKind::kString;
-      return ReadRange(schema, "minLength", "maxLength", &n.min_length, &n.max_length, where);
-    }
+    if (type == "string") return CompileString(id, schema, where);
     if (type == "integer" || type == "number") {
       n.kind = type == "integer" ? NodeKind::kInteger : NodeKind::kNumber;
-      return ReadBounds(id, schema, where);
+      if (absl::Status st = ReadBounds(id, schema, where); !st.ok()) return st;
+      return ReadMultipleOf(id, schema, where);
     }
     if (type == "boolean") {
       n.kind = NodeKind::kBoolean;
@@ -131,6 +149,49 @@ class Compiler {
       return absl::OkStatus();
     }
     return Bad(where + "/type", absl::StrCat("unknown type '", type, "'"));
+  }
+
+  absl::Status CompileString(int id, const Json& schema, const std::string& where) {
+    SchemaNode& n = out_.nodes[id];
+    n.kind = NodeKind::kString;
+    if (absl::Status st =
+            ReadRange(schema, "minLength", "maxLength", &n.min_length, &n.max_length, where);
+        !st.ok()) {
+      return st;
+    }
+    TextRequest request;
+    for (const char* key : {"pattern", "format"}) {
+      if (!schema.contains(key)) continue;
+      if (!schema[key].is_string()) return Bad(where + "/" + key, "must be a string");
+      (key[0] == 'p' ? request.pattern : request.format) = schema[key].get<std::string>();
+    }
+    if (!request.pattern && !request.format) return absl::OkStatus();
+    request.min_length = n.min_length;
+    request.max_length = n.max_length;
+    absl::StatusOr<std::shared_ptr<const TextConstraint>> text = CompileTextConstraint(request);
+    if (!text.ok()) return Bad(where, std::string(text.status().message()));
+    SchemaNode& m = out_.nodes[id];
+    m.min_length = (*text)->min_length;
+    m.max_length = (*text)->max_length;
+    m.text = *std::move(text);
+    return absl::OkStatus();
+  }
+
+  // Whole multiples only: a number with a whole multipleOf is generated as
+  // an integer (a multiple written 10.0 is never needed).
+  absl::Status ReadMultipleOf(int id, const Json& schema, const std::string& where) {
+    if (!schema.contains("multipleOf")) return absl::OkStatus();
+    const Json& v = schema["multipleOf"];
+    const std::string at = where + "/multipleOf";
+    if (!v.is_number() || v.get<double>() <= 0) return Bad(at, "must be a positive number");
+    const double m = v.get<double>();
+    if (m != std::floor(m) || m > 1e15) {
+      return Bad(at, "only whole multipleOf values (1 to 1e15) are enforced");
+    }
+    SchemaNode& n = out_.nodes[id];
+    n.kind = NodeKind::kInteger;
+    n.multiple_of = static_cast<int64_t>(m);
+    return absl::OkStatus();
   }
 
   absl::Status ReadRange(const Json& schema, const char* lo_key, const char* hi_key, int64_t* lo,
@@ -173,13 +234,6 @@ class Compiler {
 
   absl::Status CompileObject(int id, const Json& schema, const std::string& where) {
     out_.nodes[id].kind = NodeKind::kObject;
-    if (schema.contains("additionalProperties")) {
-      const Json& ap = schema["additionalProperties"];
-      if (!(ap.is_boolean() && !ap.get<bool>())) {
-        return Bad(where + "/additionalProperties",
-                   "only 'false' is supported (no undeclared properties are generated)");
-      }
-    }
     std::set<std::string> required;
     if (schema.contains("required")) {
       const Json& r = schema["required"];
@@ -206,6 +260,80 @@ class Compiler {
       p.required = required.count(name) > 0;
       out_.nodes[id].properties.push_back(std::move(p));
     }
+    if (absl::Status st = CompileAdditional(id, schema, props.empty(), where); !st.ok()) return st;
+    return CheckPropertyCounts(id, schema, where);
+  }
+
+  // additionalProperties: false, true or absent generate the declared
+  // properties only (true and absent allow more, which need not be written).
+  // A schema with no declared properties is a record: keys of propertyNames
+  // (any string without it), values of the schema. An enum of key names
+  // becomes declared optional properties.
+  absl::Status CompileAdditional(int id, const Json& schema, bool no_declared,
+                                 const std::string& where) {
+    const bool has_names = schema.contains("propertyNames");
+    const Json ap = schema.value("additionalProperties", Json(true));
+    const bool record = no_declared && ap.is_object();
+    if (!ap.is_boolean() && !ap.is_object()) {
+      return Bad(where + "/additionalProperties", "must be a boolean or a schema");
+    }
+    if (has_names && !record) {
+      return Bad(where + "/propertyNames",
+                 "is supported on records only (additionalProperties a schema, no properties)");
+    }
+    if (!record) return absl::OkStatus();
+    absl::StatusOr<int> value = Compile(ap, where + "/additionalProperties");
+    if (!value.ok()) return value.status();
+    // Keys are strings: a propertyNames schema without a type means one.
+    Json names = schema.value("propertyNames", Json::object());
+    if (names.is_object() && !names.contains("type") && !names.contains("enum") &&
+        !names.contains("const") && !names.contains("$ref")) {
+      names["type"] = "string";
+    }
+    absl::StatusOr<int> key = Compile(names, where + "/propertyNames");
+    if (!key.ok()) return key.status();
+    const SchemaNode& k = out_.nodes[*key];
+    if (k.kind == NodeKind::kLiteral) {  // listed names: optional declared properties
+      for (const std::string& name : k.literals) {
+        if (name.empty() || name[0] != '"') {
+          return Bad(where + "/propertyNames", "must list strings");
+        }
+        Property p;
+        p.key_text = name + ":";
+        p.node = *value;
+        out_.nodes[id].properties.push_back(std::move(p));
+      }
+      return absl::OkStatus();
+    }
+    if (k.kind != NodeKind::kString) {
+      return Bad(where + "/propertyNames", "must be a string schema (type string)");
+    }
+    out_.nodes[id].key_node = *key;
+    out_.nodes[id].value_node = *value;
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPropertyCounts(int id, const Json& schema, const std::string& where) {
+    SchemaNode& n = out_.nodes[id];
+    if (absl::Status st = ReadRange(schema, "minProperties", "maxProperties", &n.min_properties,
+                                    &n.max_properties, where);
+        !st.ok()) {
+      return st;
+    }
+    int64_t required = 0;
+    for (const Property& p : n.properties) required += p.required ? 1 : 0;
+    if (n.max_properties >= 0 && required > n.max_properties) {
+      return Bad(where + "/maxProperties", "is below the number of required properties");
+    }
+    // Record keys are not checked for repeats (a parser keeps the last), so
+    // only one of them counts for sure.
+    const int64_t most = n.key_node >= 0 ? 1 : static_cast<int64_t>(n.properties.size());
+    if (n.min_properties > most) {
+      return Bad(where + "/minProperties",
+                 n.key_node >= 0
+                     ? "above 1 on a record is not enforced (its keys are not checked for repeats)"
+                     : "is above the number of properties that can be generated");
+    }
     return absl::OkStatus();
   }
 
@@ -213,40 +341,105 @@ class Compiler {
     out_.nodes[id].kind = NodeKind::kArray;
     int64_t lo = 0, hi = -1;
     if (auto st = ReadRange(schema, "minItems", "maxItems", &lo, &hi, where); !st.ok()) return st;
+    std::vector<int> prefix;
+    if (schema.contains("prefixItems")) {
+      const Json& p = schema["prefixItems"];
+      if (!p.is_array() || p.size() > 64) {
+        return Bad(where + "/prefixItems", "must be a list of at most 64 schemas");
+      }
+      for (size_t i = 0; i < p.size(); ++i) {
+        absl::StatusOr<int> child = Compile(p[i], absl::StrCat(where, "/prefixItems/", i));
+        if (!child.ok()) return child.status();
+        prefix.push_back(*child);
+      }
+    }
     int items = -1;
-    if (schema.contains("items")) {
+    const bool has_items = schema.contains("items");
+    if (has_items && schema["items"] == Json(false)) {
+      // No items past the prefix.
+      const int64_t cap = static_cast<int64_t>(prefix.size());
+      if (lo > cap) return Bad(where + "/minItems", "is above the prefixItems allowed");
+      hi = hi < 0 ? cap : std::min(hi, cap);
+      items = NewNode();
+    } else if (has_items) {
       absl::StatusOr<int> child = Compile(schema["items"], where + "/items");
       if (!child.ok()) return child.status();
       items = *child;
     } else {
       items = NewNode();  // any value
+      if (!prefix.empty()) {  // a tuple: no items past it unless minItems asks for them
+        const int64_t cap = std::max<int64_t>(static_cast<int64_t>(prefix.size()), lo);
+        hi = hi < 0 ? cap : std::min(hi, cap);
+      }
     }
     SchemaNode& n = out_.nodes[id];
     n.items = items;
+    n.prefix_items = std::move(prefix);
     n.min_items = lo;
     n.max_items = hi;
     return absl::OkStatus();
   }
 
-  absl::Status CompileLiterals(int id, const Json& values, const std::string& where) {
+  // enum / const: the values that also have the schema's `type` (if any).
+  absl::Status CompileLiterals(int id, const Json& values, const Json& schema,
+                               const std::string& where) {
     if (!values.is_array() || values.empty()) return Bad(where, "must be a non-empty list");
     if (values.size() > 64) return Bad(where, "more than 64 values");
     SchemaNode& n = out_.nodes[id];
     n.kind = NodeKind::kLiteral;
-    for (const Json& v : values) n.literals.push_back(v.dump());
+    for (const Json& v : values) {
+      if (schema.contains("type") && !HasType(v, schema["type"])) continue;
+      n.literals.push_back(v.dump());
+    }
+    if (n.literals.empty()) return Bad(where, "no value has the schema's type");
     return absl::OkStatus();
   }
 
-  absl::Status CompileAnyOf(int id, const Json& schema, const std::string& where) {
-    const Json& any = schema["anyOf"];
-    if (!any.is_array() || any.empty()) return Bad(where + "/anyOf", "must be a non-empty list");
+  static bool HasType(const Json& v, const Json& type) {
+    if (type.is_array()) {
+      for (const Json& t : type) {
+        if (HasType(v, t)) return true;
+      }
+      return false;
+    }
+    if (!type.is_string()) return false;
+    const std::string t = type.get<std::string>();
+    if (t == "integer") return v.is_number_integer() || (v.is_number() && v.get<double>() == std::floor(v.get<double>()));
+    return (t == "number" && v.is_number()) || (t == "string" && v.is_string()) ||
+           (t == "boolean" && v.is_boolean()) || (t == "null" && v.is_null()) ||
+           (t == "object" && v.is_object()) || (t == "array" && v.is_array());
+  }
+
+  // anyOf, and oneOf where its alternatives exclude each other (then a value
+  // generated for one matches no other, and oneOf holds as anyOf does).
+  absl::Status CompileAnyOf(int id, const Json& schema, const std::string& keyword,
+                            const std::string& where) {
+    const Json& any = schema[keyword];
+    const std::string at = where + "/" + keyword;
+    if (!any.is_array() || any.empty() || any.size() > 64) {
+      return Bad(at, "must be a non-empty list of at most 64 schemas");
+    }
+    static const std::set<std::string> kBeside = {
+        "title", "description", "$defs", "definitions", "default", "examples", "$schema",
+        "$id", "$comment", "discriminator", "readOnly", "writeOnly", "deprecated"};
     for (const auto& [key, value] : schema.items()) {
-      if (key != "anyOf" && key != "title" && key != "description" && key != "$defs" &&
-          key != "definitions" && key != "default" && key != "examples" && key != "$schema") {
-        return Bad(where, absl::StrCat("'", key, "' beside anyOf is not supported"));
+      if (key != keyword && !kBeside.count(key)) {
+        return Bad(where, absl::StrCat("'", key, "' beside ", keyword, " is not supported"));
       }
     }
-    return CompileUnion(id, std::vector<Json>(any.begin(), any.end()), where + "/anyOf");
+    if (keyword == "oneOf") {
+      for (size_t i = 0; i < any.size(); ++i) {
+        for (size_t j = i + 1; j < any.size(); ++j) {
+          if (ProvablyDisjoint(any[i], any[j], root_)) continue;
+          return Bad(at, absl::StrCat(
+                             "alternatives ", i, " and ", j,
+                             " may both match one value (oneOf is enforced only where its "
+                             "alternatives exclude each other: different types, different "
+                             "const/enum values, or a required property that tells them apart)"));
+        }
+      }
+    }
+    return CompileUnion(id, std::vector<Json>(any.begin(), any.end()), at);
   }
 
   absl::Status CompileUnion(int id, const std::vector<Json>& members, const std::string& where) {
@@ -342,8 +535,14 @@ class Compiler {
     switch (n.kind) {
       case NodeKind::kObject:
         for (const Property& p : n.properties) most = std::max(most, readings[p.node]);
+        for (int member : {n.key_node, n.value_node}) {
+          if (member >= 0) most = std::max(most, readings[member]);
+        }
         return most;
-      case NodeKind::kArray: return readings[n.items];
+      case NodeKind::kArray:
+        most = readings[n.items];
+        for (int item : n.prefix_items) most = std::max(most, readings[item]);
+        return most;
       case NodeKind::kUnion: {
         std::vector<int> per_byte(256, 0);
         for (int a : n.alternatives) {

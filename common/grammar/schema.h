@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "common/grammar/byte_dfa.h"
 
 namespace flotilla::grammar {
 
@@ -35,15 +37,33 @@ struct Property {
   bool required = false;
 };
 
+// A string's `pattern` and `format` as one automaton over the decoded bytes
+// of its value, with the length bounds it must hold at the same time.
+struct TextConstraint {
+  ByteDfa dfa;
+  LengthTable lengths;
+  // minLength / maxLength narrowed by a pattern's length lookahead (the
+  // node's own bounds are set to these).
+  int64_t min_length = 0, max_length = -1;
+};
+
 struct SchemaNode {
   NodeKind kind = NodeKind::kAny;
   std::vector<Property> properties;  // kObject, at most 64
-  int items = -1;                    // kArray: the item node
+  // kObject without declared properties whose additionalProperties is a
+  // schema (a record): any keys of `key_node` (a string or string literal
+  // node: propertyNames) with values of `value_node`; -1 otherwise.
+  int key_node = -1, value_node = -1;
+  int64_t min_properties = 0, max_properties = -1;  // kObject
+  int items = -1;                    // kArray: the item node after prefix_items
+  std::vector<int> prefix_items;     // kArray: the first items' nodes (a tuple)
   int64_t min_items = 0, max_items = -1;
   int64_t min_length = 0, max_length = -1;  // kString, in code points
+  std::shared_ptr<const TextConstraint> text;  // kString: pattern / format, or null
   // kInteger / kNumber: value bounds (exclusive ones keep their flag).
   std::optional<double> minimum, maximum;
   bool exclusive_minimum = false, exclusive_maximum = false;
+  int64_t multiple_of = 0;           // kInteger: 0 or a positive whole multipleOf
   std::vector<std::string> literals;  // kLiteral, at most 64
   std::vector<int> alternatives;      // kUnion
   bool object_only = false;           // kAny: only an object (json_object's root)
@@ -64,6 +84,10 @@ inline constexpr int kMaxNesting = 24;
 // first byte are followed side by side; schemas that could need more (five
 // object alternatives, or such unions nested in each other) are refused.
 inline constexpr int kMaxJointReadings = 4;
+// States of one string's pattern/format automaton, and the states x lengths
+// its length bounds may track.
+inline constexpr int kMaxTextStates = 2048;
+inline constexpr int64_t kMaxLengthBits = int64_t{1} << 22;
 
 // `schema`: a JSON Schema object (strict subset, see the README).
 absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::json& schema);

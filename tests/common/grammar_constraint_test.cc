@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <regex>
 
 #include "common/grammar/o200k_vocabulary.h"
 #include "common/grammar/output_constraint.h"
@@ -128,10 +129,45 @@ TEST(GrammarConstraint, RefusesATokenOutsideTheMask) {
 TEST(GrammarConstraint, UnsupportedSchemaIsRefused) {
   ConstraintSpec spec;
   spec.json_final = true;
-  spec.final_schema = R"({"type": "string", "pattern": "a+"})";
+  spec.final_schema = R"({"type": "string", "pattern": "(a)\\1"})";
   absl::Status st = CheckSpec(spec);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(std::string(st.message()).find("pattern"), std::string::npos);
+  EXPECT_NE(std::string(st.message()).find("pattern"), std::string::npos) << st;
+}
+
+// Formats and patterns over the real vocabulary: the masks only let through
+// tokens that keep the decoded value matching (multi-character tokens, and
+// tokens that end in a quote or run past it, included), so every turn's JSON
+// holds values that checks written here independently accept.
+TEST(GrammarConstraint, FormatsAndPatternsHoldTokenByToken) {
+  ASSERT_NE(Index(), nullptr);
+  ConstraintSpec spec;
+  spec.json_final = true;
+  spec.final_schema = R"({"type": "object", "properties": {
+      "id": {"type": "string", "format": "uuid"},
+      "mail": {"type": "string", "format": "email", "maxLength": 24},
+      "day": {"type": "string", "format": "date"},
+      "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{2}$"}},
+      "required": ["id", "mail", "day", "code"], "additionalProperties": false})";
+  const std::regex uuid("^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$");
+  const std::regex mail("^[^@\\s.]+(\\.[^@\\s.]+)*@([A-Za-z0-9-]+\\.)+[A-Za-z]{2,}$");
+  const std::regex day("^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])$");
+  const std::regex code("^[A-Z]{3}-[0-9]{2}$");
+  std::mt19937 rng(9);
+  for (int run = 0; run < 4; ++run) {
+    auto c = OutputConstraint::Create(spec, Index());
+    ASSERT_TRUE(c.ok()) << c.status();
+    Turn turn = Drive(**c, rng, 400);
+    ASSERT_TRUE((*c)->complete()) << turn.text;
+    const std::string json = After(turn.text, "<|channel|>final<|message|>", "<|return|>");
+    const Json v = Json::parse(json, nullptr, false);
+    ASSERT_TRUE(v.is_object()) << json;
+    EXPECT_TRUE(std::regex_match(v["id"].get<std::string>(), uuid)) << json;
+    EXPECT_TRUE(std::regex_match(v["mail"].get<std::string>(), mail)) << json;
+    EXPECT_LE(v["mail"].get<std::string>().size(), 24u) << json;
+    EXPECT_TRUE(std::regex_match(v["day"].get<std::string>(), day)) << json;
+    EXPECT_TRUE(std::regex_match(v["code"].get<std::string>(), code)) << json;
+  }
 }
 
 }  // namespace

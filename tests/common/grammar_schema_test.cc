@@ -30,12 +30,28 @@ TEST(GrammarSchema, AcceptsTheSupportedSubset) {
 
 TEST(GrammarSchema, RefusesUnsupportedFeaturesByName) {
   const std::pair<const char*, const char*> cases[] = {
-      {R"({"type": "string", "pattern": "^a"})", "pattern"},
-      {R"({"type": "string", "format": "date"})", "format"},
-      {R"({"oneOf": [{"type": "string"}]})", "oneOf"},
+      {R"({"type": "string", "pattern": "(a)\\1"})", "pattern: unsupported backreference"},
+      {R"({"type": "string", "format": "duration"})", "unsupported format 'duration'"},
+      {R"({"type": "string", "format": "time", "pattern": "^\\d\\d:\\d\\d$"})",
+       "no string matches both"},
+      {R"({"type": "integer", "format": "int32"})", "'format' on a integer"},
+      {R"({"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 2}]})",
+       "oneOf: alternatives 0 and 1 may both match"},
+      {R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})", "alternatives 0 and 1"},
       {R"({"allOf": [{"type": "string"}]})", "allOf"},
-      {R"({"type": "integer", "multipleOf": 2})", "multipleOf"},
-      {R"({"type": "object", "additionalProperties": true})", "additionalProperties"},
+      {R"({"type": "number", "multipleOf": 0.5})", "multipleOf"},
+      {R"({"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 2})",
+       "minProperties"},
+      {R"({"type": "object", "properties": {"a": {"type": "null"}}, "minProperties": 2})",
+       "minProperties"},
+      {R"({"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
+          "required": ["a", "b"], "maxProperties": 1})", "maxProperties"},
+      {R"({"type": "object", "properties": {"a": {"type": "null"}}, "propertyNames": {"maxLength": 3}})",
+       "propertyNames"},
+      {R"({"type": "object", "additionalProperties": {"type": "null"}, "propertyNames": {"type": "integer"}})",
+       "propertyNames"},
+      {R"({"type": "array", "prefixItems": [{"type": "null"}], "items": false, "minItems": 2})",
+       "minItems"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})",
        "uniqueItems"},
       {R"({"type": "object", "patternProperties": {}})", "patternProperties"},
@@ -58,6 +74,31 @@ TEST(GrammarSchema, RefusesUnsupportedFeaturesByName) {
 
 // $ref chains are bounded like nesting (each reference compiles its target
 // once, inside the same depth count), and cycles end at the first repeat.
+// What clients write: formats and patterns, oneOf whose alternatives exclude
+// each other (types, discriminators, closed objects), records, tuples,
+// multipleOf, property counts, additionalProperties true.
+TEST(GrammarSchema, AcceptsWhatClientsWrite) {
+  for (const char* schema : {
+           R"({"type": "string", "format": "email", "pattern": "^[a-z@.]+$", "maxLength": 40})",
+           R"({"type": "string", "format": "uri", "minLength": 1, "maxLength": 2083})",
+           R"({"oneOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]})",
+           R"({"oneOf": [{"$ref": "#/$defs/a"}, {"$ref": "#/$defs/b"}],
+               "discriminator": {"propertyName": "t"},
+               "$defs": {"a": {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
+                         "b": {"type": "object", "properties": {"t": {"enum": ["b", "c"]}}, "required": ["t"]}}})",
+           R"({"oneOf": [{"type": "object", "properties": {"x": {"type": "null"}}, "required": ["x"],
+               "additionalProperties": false}, {"type": "object", "properties": {"y": {"type": "null"}},
+               "required": ["y"], "additionalProperties": false}]})",
+           R"({"type": "object", "additionalProperties": {"type": "number"}, "propertyNames": {"type": "string"}})",
+           R"({"type": "array", "prefixItems": [{"type": "string"}, {"type": "number"}], "items": false})",
+           R"({"type": "integer", "multipleOf": 5, "minimum": -9007199254740991, "maximum": 9007199254740991})",
+           R"({"type": "object", "properties": {"a": {"type": "null"}}, "additionalProperties": true,
+               "minProperties": 1, "maxProperties": 1})",
+       }) {
+    EXPECT_TRUE(Compile(schema).ok()) << schema << " -> " << Compile(schema);
+  }
+}
+
 TEST(GrammarSchema, LongRefChainsAreRefusedAndCyclesCompile) {
   nlohmann::json chain = {{"type", "object"},
                           {"properties", {{"x", {{"$ref", "#/$defs/d0"}}}}},
@@ -91,8 +132,11 @@ TEST(GrammarSchema, AcceptsAlternativesThatBeginAlike) {
 }
 
 TEST(GrammarSchema, ErrorsSayWhere) {
-  absl::Status st = Compile(R"({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}})");
+  absl::Status st = Compile(R"({"type": "object", "properties": {"a": {"type": "string", "format": "ean"}}})");
   EXPECT_NE(std::string(st.message()).find("#/properties/a"), std::string::npos) << st.message();
+  absl::Status one = Compile(R"({"type": "object", "properties": {"b": {"oneOf": [{"type": "string"},
+      {"type": "string"}]}}})");
+  EXPECT_NE(std::string(one.message()).find("#/properties/b/oneOf"), std::string::npos) << one;
 }
 
 }  // namespace

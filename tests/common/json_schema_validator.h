@@ -3,6 +3,8 @@
 // tests that check generated JSON against its schema.
 #pragma once
 
+#include <cmath>
+#include <regex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -21,6 +23,11 @@ inline bool SchemaValid(const nlohmann::json& schema, const nlohmann::json& v,
   if (schema.contains("anyOf")) {
     for (const Json& a : schema["anyOf"]) if (SchemaValid(a, v, root)) return true;
     return false;
+  }
+  if (schema.contains("oneOf")) {  // exactly one
+    int matched = 0;
+    for (const Json& a : schema["oneOf"]) matched += SchemaValid(a, v, root) ? 1 : 0;
+    return matched == 1;
   }
   if (schema.contains("const")) return v == schema["const"];
   if (schema.contains("enum")) {
@@ -46,22 +53,50 @@ inline bool SchemaValid(const nlohmann::json& schema, const nlohmann::json& v,
   if (type == "object") {
     if (!v.is_object()) return false;
     for (const Json& r : schema.value("required", Json::array())) if (!v.contains(r)) return false;
+    if (v.size() < schema.value("minProperties", 0u) ||
+        v.size() > schema.value("maxProperties", 1000000u)) {
+      return false;
+    }
+    const Json props = schema.value("properties", Json::object());
+    const Json extra = schema.value("additionalProperties", Json(true));
     for (const auto& [k, x] : v.items()) {
-      if (!schema["properties"].contains(k) || !SchemaValid(schema["properties"][k], x, root)) return false;
+      if (props.contains(k)) {
+        if (!SchemaValid(props[k], x, root)) return false;
+        continue;
+      }
+      if (extra == Json(false) || (extra.is_object() && !SchemaValid(extra, x, root))) return false;
+      if (schema.contains("propertyNames") && !SchemaValid(schema["propertyNames"], k, root)) {
+        return false;
+      }
     }
     return true;
   }
   if (type == "array") {
     if (!v.is_array()) return false;
     if (v.size() < schema.value("minItems", 0u) || v.size() > schema.value("maxItems", 1000000u)) return false;
-    for (const Json& x : v) if (!SchemaValid(schema["items"], x, root)) return false;
+    const Json prefix = schema.value("prefixItems", Json::array());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const Json& item_schema = i < prefix.size() ? prefix[i] : schema.value("items", Json(true));
+      if (item_schema == Json(false)) return false;
+      if (item_schema.is_object() && !SchemaValid(item_schema, v[i], root)) return false;
+    }
     return true;
   }
   if (type == "string") {
     if (!v.is_string()) return false;
     size_t points = 0;
     for (unsigned char c : v.get<std::string>()) points += (c & 0xC0) != 0x80;
+    if (schema.contains("pattern") &&
+        !std::regex_search(v.get<std::string>(), std::regex(schema["pattern"].get<std::string>(),
+                                                            std::regex::ECMAScript))) {
+      return false;
+    }
     return points >= schema.value("minLength", 0u) && points <= schema.value("maxLength", 1000000u);
+  }
+  if (schema.contains("multipleOf")) {
+    if (!v.is_number()) return false;
+    const double q = v.get<double>() / schema["multipleOf"].get<double>();
+    if (q != std::floor(q)) return false;
   }
   if (type == "integer") return v.is_number_integer() && bounded(v.get<double>());
   if (type == "number") return v.is_number() && bounded(v.get<double>());
