@@ -148,7 +148,10 @@ void ChoiceDecoder::Finish(common::FinishReason reason,
   if (finished_) return;
   if (!filter_.hit()) {
     if (decoding_ == Decoding::kHarmony) {
-      if (stop_token) ProcessToken(*stop_token, out);
+      // An end token of Harmony's (or another special token a request
+      // stops on) ends the message; an ordinary token of stop_token_ids is
+      // left out of the text, as in completions.
+      if (stop_token && *stop_token >= tokenizer::kFirstSpecialId) ProcessToken(*stop_token, out);
       EmitRecovered(out);
     } else {
       absl::StatusOr<std::string> rest = detok_.Finish();

@@ -269,6 +269,22 @@ int main(int argc, char** argv) {
   app.add_option("--responses-store-max-bytes", http_options.responses_store.max_bytes,
                  "bytes of stored /v1/responses conversations at most (the oldest go first)")
       ->envname("FLOTILLA_RESPONSES_STORE_MAX_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--reasoning-key-file", http_options.reasoning_key_file,
+                 "keys of /v1/responses' reasoning encrypted_content: one a line, 64 hex digits, the "
+                 "current first, then older ones still accepted (default: a random key per process)")
+      ->envname("FLOTILLA_REASONING_KEY_FILE");
+  // The request field policy (coordinator/request_fields.h).
+  bool strict_request_fields = false;
+  app.add_flag("--strict-request-fields", strict_request_fields,
+               "refuse request fields this server does not know with a 400 naming them (default: "
+               "ignore them, naming them in the x-flotilla-ignored-fields header and the log)")
+      ->envname("FLOTILLA_STRICT_REQUEST_FIELDS");
+  std::string reasoning_field = "both";
+  app.add_option("--reasoning-field", reasoning_field,
+                 "the chat message and delta member carrying reasoning text: reasoning (vLLM's "
+                 "current name), reasoning_content (its older one) or both")
+      ->envname("FLOTILLA_REASONING_FIELD")->capture_default_str()
+      ->check(CLI::IsMember({"reasoning", "reasoning_content", "both"}));
   // Flow control toward clients (coordinator/client_buffers.h).
   flotilla::coordinator::ClientBufferOptions client_buffers;
   double client_stall_timeout_s = 10;
@@ -456,6 +472,10 @@ int main(int argc, char** argv) {
     http_options.metrics_for_clients = metrics_for_clients;
     http_options.limits = limits;
     http_options.cache_domains = cache_domains;
+    http_options.unknown_fields = strict_request_fields
+                                      ? flotilla::coordinator::UnknownFields::kRefuse
+                                      : flotilla::coordinator::UnknownFields::kIgnore;
+    http_options.reasoning_field = *flotilla::coordinator::ParseReasoningField(reasoning_field);
     http_options.client_buffers = buffers;
     http_options.tls = tls;
     auto created = flotilla::coordinator::HttpServer::Create(http_options, manager->get(), tokenizer->get());

@@ -168,6 +168,8 @@ struct Generation {
   bool stream = false;
   bool include_usage = false;
   bool begun = false;  // streams: the head and Begin() chunks went out
+  // The x-flotilla-ignored-fields value (empty: none) every answer carries.
+  std::string ignored_fields;
   std::string held;    // streams: text produced before `begun`
   bool ended = false;  // the whole response was produced
 };
@@ -205,13 +207,14 @@ void EndLocked(Generation& g, const absl::Status& st) {
     if (g.begun) g.exchange->End();
     return;
   }
+  HttpResponse res;
   if (!st.ok()) {
-    g.exchange->Send(ErrorResponse(st));
+    res = ErrorResponse(st);
   } else {
-    HttpResponse res;
     SendJson(res, 200, g.builder->Response());
-    g.exchange->Send(std::move(res));
   }
+  if (!g.ignored_fields.empty()) res.set_header(kIgnoredFieldsHeader, g.ignored_fields);
+  g.exchange->Send(std::move(res));
 }
 
 // The session's sink: events -> chunks -> the stream or the whole answer.
@@ -331,6 +334,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
   absl::StatusOr<std::unique_ptr<ResponseStore>> store = ResponseStore::Create(s->options_.responses_store);
   if (!store.ok()) return store.status();
   s->responses_store_ = *std::move(store);
+  absl::StatusOr<std::unique_ptr<ReasoningCipher>> cipher =
+      s->options_.reasoning_key_file.empty()
+          ? ReasoningCipher::Random()
+          : ReasoningCipher::FromFile(s->options_.reasoning_key_file);
+  if (!cipher.ok()) return cipher.status();
+  s->reasoning_cipher_ = *std::move(cipher);
   s->responses_ = ResponsesHttpContext{&s->backend_,
                                        tokenizer,
                                        s->responses_store_.get(),
@@ -339,7 +348,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Create(HttpServerOptions
                                        s->options_.harmony,
                                        s->options_.limits.max_prompt_text_bytes,
                                        &s->metrics_->in_flight,
-                                       s->options_.cache_domains};
+                                       s->options_.cache_domains,
+                                       s->reasoning_cipher_.get(),
+                                       s->options_.unknown_fields};
   s->Routes();
   s->server_->Start();
   if (!s->options_.metrics_listen.empty()) {
@@ -496,7 +507,10 @@ void HttpServer::Routes() {
              ServeResponsesRoute(std::move(ex));
            }));
   svr.Get(R"(/v1/responses/([^/]+))", [this](const HttpRequest& req, HttpResponse& res) {
-    res = RetrieveResponse(responses_, req.matches[1], CallerKeyId(req));
+    res = RetrieveResponse(responses_, req.matches[1], CallerKeyId(req), req.target);
+  });
+  svr.Post(R"(/v1/responses/([^/]+)/cancel)", [this](const HttpRequest& req, HttpResponse& res) {
+    res = CancelResponse(responses_, req.matches[1], CallerKeyId(req));
   });
   svr.Delete(R"(/v1/responses/([^/]+))", [this](const HttpRequest& req, HttpResponse& res) {
     res = DeleteResponse(responses_, req.matches[1], CallerKeyId(req));
@@ -587,9 +601,9 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   absl::StatusOr<PreparedRequest> prepared =
       endpoint == Endpoint::kChat
           ? PrepareChatRequest(*json, ModelFor(*json), *tok_, options_.harmony,
-                               options_.limits.max_prompt_text_bytes)
+                               options_.limits.max_prompt_text_bytes, options_.unknown_fields)
           : PrepareCompletionRequest(*json, ModelFor(*json), *tok_,
-                                     options_.limits.max_prompt_text_bytes);
+                                     options_.limits.max_prompt_text_bytes, options_.unknown_fields);
   if (!prepared.ok()) return fail(prepared.status());
 
   auto g = std::make_shared<Generation>();
@@ -599,6 +613,11 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   g->include_usage = prepared->include_usage;
   const std::string id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   g->access->set_request_id(id);
+  g->ignored_fields = IgnoredFieldsHeaderValue(prepared->ignored_fields);
+  if (!g->ignored_fields.empty()) {
+    spdlog::warn("{} {}: ignored request fields this server does not know: {}", req.path, id,
+                 g->ignored_fields);
+  }
   const int64_t created = absl::ToUnixSeconds(absl::Now());
   SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
   request.submit.set_cache_domain(
@@ -611,6 +630,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   g->access->set_prompt_tokens(prompt_tokens);
   g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint, id, options_.model_id, created,
                                                  prepared->stop, prepared->logprobs, choices);
+  g->builder->set_reasoning_field(options_.reasoning_field);
 
   ++metrics_->in_flight;
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
@@ -632,6 +652,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
     head.content_type = "text/event-stream";
     head.set_header("Cache-Control", "no-cache");
     head.set_header("X-Accel-Buffering", "no");
+    if (!g->ignored_fields.empty()) head.set_header(kIgnoredFieldsHeader, g->ignored_fields);
     std::lock_guard<std::mutex> l(g->mu);
     exchange->BeginStream(std::move(head));
     std::string text = Events(g->builder->Begin()) + g->held;

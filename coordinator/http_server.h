@@ -1,7 +1,8 @@
 // The OpenAI-compatible HTTP API of the coordinator (on HttpTransport:
 // Boost.Beast, event-driven; see http_transport.h for what no client can do to it):
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
-//   POST /v1/responses (the Responses API: responses_http.h),
+//   POST /v1/responses, GET and DELETE /v1/responses/{id}, POST
+//   /v1/responses/{id}/cancel (the Responses API: responses_http.h),
 //   GET /v1/models, GET /health, GET /metrics (Prometheus text), and vLLM's
 //   POST /tokenize and POST /detokenize.
 // With API keys every path but /health needs "Authorization: Bearer KEY"
@@ -51,6 +52,12 @@ struct HttpServerOptions {
   bool metrics_for_clients = false;
   // Which requests share cached prompt blocks (cache_domain.h).
   CacheDomainPolicy cache_domains;
+  // Request fields this server does not know (request_fields.h): ignored,
+  // named in the x-flotilla-ignored-fields header and a log line, or refused
+  // (--strict-request-fields).
+  UnknownFields unknown_fields = UnknownFields::kIgnore;
+  // Where chat replies carry reasoning text (--reasoning-field).
+  ReasoningField reasoning_field = ReasoningField::kBoth;
   // Bodies over limits.max_request_bytes get 413 unread; prompts over
   // limits.max_prompt_text_bytes 400 untokenised.
   InputLimits limits;
@@ -68,6 +75,9 @@ struct HttpServerOptions {
   absl::Duration write_timeout = absl::Seconds(60);
   // What /v1/responses keeps for previous_response_id.
   ResponseStoreOptions responses_store;
+  // --reasoning-key-file: the keys of /v1/responses' encrypted_content
+  // (responses_cipher.h); empty: a random key of this process.
+  std::string reasoning_key_file;
   // Flow control toward clients (client_buffers.h): generations are admitted
   // by it and every response's unwritten bytes counted in it. Null: none.
   std::shared_ptr<ClientBuffers> client_buffers;
@@ -137,6 +147,7 @@ class HttpServer {
   const tokenizer::Tokenizer* tok_;
   std::unique_ptr<HttpMetrics> metrics_;
   std::unique_ptr<ResponseStore> responses_store_;
+  std::unique_ptr<ReasoningCipher> reasoning_cipher_;
   ResponsesHttpContext responses_;  // for ServeResponses
   std::unique_ptr<HttpTransport> server_;
   int port_ = 0;

@@ -11,6 +11,8 @@
 #include "coordinator/json_fields.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/openai_extra_fields.h"
+#include "coordinator/request_fields.h"
 #include "coordinator/structured/chat_constraint.h"
 
 namespace flotilla::coordinator {
@@ -94,38 +96,10 @@ absl::Status CheckModel(const Json& body, std::string_view model_id) {
   return absl::OkStatus();
 }
 
-// The fields each endpoint reads; anything else is a 400 naming it, so no
-// field is silently ignored. The last group of each list is accepted as a
-// documented no-op (coordinator/README.md, "Requests"): `user`, `metadata`,
-// `store` and `service_tier` ask nothing of generation, and
-// `parallel_tool_calls` is what the model does anyway (a turn ends at its
-// first call).
-constexpr const char* kChatFields[] = {
-    "model", "messages", "tools", "tool_choice", "reasoning_effort", "response_format",
-    "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
-    "stop", "stream", "stream_options", "n", "best_of", "logprobs", "top_logprobs",
-    "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
-    "truncate_prompt_tokens", "ignore_eos",
-    "user", "metadata", "store", "service_tier", "parallel_tool_calls", "cache_salt"};
-constexpr const char* kCompletionFields[] = {
-    "model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-    "seed", "stop", "stream", "stream_options", "n", "best_of", "logprobs", "echo",
-    "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
-    "truncate_prompt_tokens", "ignore_eos",
-    "user", "cache_salt"};
-
-template <size_t kN>
-absl::Status CheckKnownFields(const Json& body, const char* const (&known)[kN]) {
-  for (const auto& [key, value] : body.items()) {
-    bool found = false;
-    for (const char* k : known) found = found || key == k;
-    if (!found) return Invalid(key, "is not a field this endpoint takes");
-  }
-  return absl::OkStatus();
-}
+constexpr const char* kStreamOptionsFields[] = {"include_usage", "include_obfuscation"};
 
 // The fields both endpoints share.
-absl::Status CommonFields(const Json& body, PreparedRequest& out) {
+absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fields) {
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
   FLOTILLA_ASSIGN_OR_RETURN(bool ignore_eos, Bool(body, "ignore_eos"));
   out.sampling.set_ignore_eos(ignore_eos);
@@ -144,6 +118,9 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out) {
     absl::StatusOr<bool> inc = Bool(*so, "include_usage");
     if (!inc.ok()) return Invalid("stream_options.include_usage", "must be true or false");
     out.include_usage = *inc;
+    // include_obfuscation: a no-op (no padding is added to the chunks).
+    FLOTILLA_RETURN_IF_ERROR(
+        fields.Check(*so, kStreamOptionsFields, "stream_options."));
   }
   // vLLM's: the prefix-cache domain (requests share cached prompt blocks only
   // with requests of the same salt; without one, with those of the same key).
@@ -361,11 +338,13 @@ absl::StatusOr<Json> ParseBody(std::string_view body) {
 absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
                                                    const tokenizer::Tokenizer& tok,
                                                    const harmony::OpenAiRequestOptions& options,
-                                                   size_t max_prompt_text_bytes) {
+                                                   size_t max_prompt_text_bytes,
+                                                   UnknownFields unknown_fields) {
   PreparedRequest out;
   out.endpoint = Endpoint::kChat;
-  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(CheckKnownFields(body, kChatFields));
-  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
+  FieldCheck fields(unknown_fields);
+  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(fields.Check(body, ChatFields()));
+  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out, fields));
   if (out.sampling.ignore_eos()) {
     return Invalid("ignore_eos", "is not allowed for chat (the reply ends at Harmony's end tokens)");
   }
@@ -385,30 +364,41 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
   out.sampling.set_logprobs(static_cast<uint32_t>(out.top_logprobs));
   out.sampling.add_stop_token_ids(tokenizer::kReturn);
   out.sampling.add_stop_token_ids(tokenizer::kCall);
+  FLOTILLA_RETURN_IF_ERROR(ReadStopTokenFields(body, tok.vocab_size(), out.sampling));
+  FLOTILLA_RETURN_IF_ERROR(CheckTextOnly(body));
+  harmony::OpenAiRequestOptions harmony_options = options;
+  FLOTILLA_RETURN_IF_ERROR(ReadChatTemplateKwargs(body, fields, harmony_options));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<Json> with_tools, MapLegacyFunctions(body));
+  const Json& request = with_tools ? *with_tools : body;
   FLOTILLA_ASSIGN_OR_RETURN(out.constraint,
-                            structured::ChatConstraint(body, out.sampling.max_tokens()));
+                            structured::ChatConstraint(request, out.sampling.max_tokens()));
 
-  FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped, harmony::MapChatRequest(body, options));
+  FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped,
+                            harmony::MapChatRequest(request, harmony_options));
   FLOTILLA_ASSIGN_OR_RETURN(harmony::RenderedPrompt prompt,
                             harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
   size_t text_bytes = 0;
   for (const harmony::RenderedPrompt::Segment& s : prompt.segments()) text_bytes += s.text.size();
   FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text_bytes, max_prompt_text_bytes, "messages"));
   out.prompt = prompt.Tokens(tok);
+  out.ignored_fields = fields.ignored();
   return out;
 }
 
 absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                                                          std::string_view model_id,
                                                          const tokenizer::Tokenizer& tok,
-                                                         size_t max_prompt_text_bytes) {
+                                                         size_t max_prompt_text_bytes,
+                                                         UnknownFields unknown_fields) {
   PreparedRequest out;
   out.endpoint = Endpoint::kCompletions;
-  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(CheckKnownFields(body, kCompletionFields));
-  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out));
+  FieldCheck fields(unknown_fields);
+  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(fields.Check(body, CompletionFields()));
+  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out, fields));
   FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, "max_tokens", 1, UINT32_MAX));
   out.sampling.set_max_tokens(m ? static_cast<uint32_t>(*m) : 16);  // OpenAI's default
+  FLOTILLA_RETURN_IF_ERROR(ReadStopTokenFields(body, tok.vocab_size(), out.sampling));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> lp, Integer(body, "logprobs", 0, 5));
   if (lp) {
     out.logprobs = true;
@@ -416,7 +406,10 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
     out.sampling.set_return_logprobs(true);
     out.sampling.set_logprobs(static_cast<uint32_t>(*lp));
   }
-  if (Field(body, "suffix") != nullptr) return Invalid("suffix", "is not supported");
+  if (const Json* suffix = Field(body, "suffix");
+      suffix != nullptr && !(suffix->is_string() && suffix->get_ref<const std::string&>().empty())) {
+    return Invalid("suffix", "is not supported (gpt-oss does not fill in the middle)");
+  }
   FLOTILLA_ASSIGN_OR_RETURN(out.echo, Bool(body, "echo"));
   if (out.echo && out.logprobs) {
     // The prompt's logprobs would have to come first; the workers return
@@ -429,7 +422,16 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                             CompletionPrompts(*prompt, tok, max_prompt_text_bytes));
   out.prompt = prompts[0];
   if (prompts.size() > 1) out.batch = std::move(prompts);
+  out.ignored_fields = fields.ignored();
   return out;
+}
+
+absl::StatusOr<ReasoningField> ParseReasoningField(std::string_view name) {
+  if (name == "reasoning") return ReasoningField::kReasoning;
+  if (name == "reasoning_content") return ReasoningField::kReasoningContent;
+  if (name == "both") return ReasoningField::kBoth;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--reasoning-field: '", std::string(name), "' is not one of reasoning, reasoning_content, both"));
 }
 
 std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& request) {
@@ -451,6 +453,11 @@ ResponseBuilder::ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint
       decoder_(tokenizer, endpoint == Endpoint::kChat ? Decoding::kHarmony : Decoding::kText, 0, id_,
                std::move(stop)),
       choices_(std::max<uint32_t>(choices, 1)) {}
+
+void ResponseBuilder::PutReasoning(Json& message, const std::string& text) const {
+  if (reasoning_field_ != ReasoningField::kReasoningContent) message["reasoning"] = text;
+  if (reasoning_field_ != ReasoningField::kReasoning) message["reasoning_content"] = text;
+}
 
 Json ResponseBuilder::Chunk(uint32_t index, Json delta_or_text, const Json& logprobs,
                             const Json& finish_reason) const {
@@ -583,10 +590,13 @@ std::vector<Json> ResponseBuilder::Consume(const std::vector<RequestEvent>& even
       case RequestEvent::Kind::kTokens:
         if (e.update != nullptr) AddLogprobs(e.choice, *e.update);
         break;
-      case RequestEvent::Kind::kReasoning:
+      case RequestEvent::Kind::kReasoning: {
         c.reasoning += e.text;
-        Emit(e.choice, Json{{"reasoning_content", e.text}}, out);
+        Json delta = Json::object();
+        PutReasoning(delta, e.text);
+        Emit(e.choice, std::move(delta), out);
         break;
+      }
       case RequestEvent::Kind::kContent:
         c.content += e.text;
         Emit(e.choice, endpoint_ == Endpoint::kChat ? Json{{"content", e.text}} : Json(e.text), out);
@@ -668,10 +678,13 @@ Json ResponseBuilder::ChoiceJson(uint32_t index) const {
   if (endpoint_ == Endpoint::kChat) {
     Json message;
     message["role"] = "assistant";
-    message["content"] =
-        c.content.empty() && !c.tool_calls.empty() ? Json(nullptr) : Json(c.content);
-    if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
-    if (!c.tool_calls.empty()) message["tool_calls"] = c.tool_calls;
+    // A call the length limit cut (a finished call ends the turn, so a
+    // "length" choice's call is cut) is no call: its arguments are not JSON.
+    // The stream has sent its pieces; the whole message leaves it out.
+    const bool calls = !c.tool_calls.empty() && c.finish_reason != "length";
+    message["content"] = c.content.empty() && calls ? Json(nullptr) : Json(c.content);
+    if (!c.reasoning.empty()) PutReasoning(message, c.reasoning);
+    if (calls) message["tool_calls"] = c.tool_calls;
     choice["message"] = std::move(message);
   } else {
     choice["text"] = c.content;

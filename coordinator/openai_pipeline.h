@@ -21,6 +21,7 @@
 #include "coordinator/harmony/openai.h"
 #include "coordinator/harmony/parser.h"
 #include "coordinator/request_events.h"
+#include "coordinator/request_fields.h"
 #include "coordinator/stop_filter.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "coordinator/tokenizer/tokenizer.h"
@@ -51,6 +52,13 @@ std::string DumpJson(const Json& j);
 
 enum class Endpoint { kChat, kCompletions };
 
+// The member of a chat message and delta that carries reasoning text
+// (--reasoning-field): vLLM's current `reasoning`, its older
+// `reasoning_content`, or both (the default: clients read either).
+enum class ReasoningField { kReasoning, kReasoningContent, kBoth };
+// "reasoning", "reasoning_content" or "both"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ReasoningField> ParseReasoningField(std::string_view name);
+
 // A validated request, ready for ClusterManager::Submit.
 struct PreparedRequest {
   Endpoint endpoint = Endpoint::kChat;
@@ -70,6 +78,9 @@ struct PreparedRequest {
   std::optional<grammar::ConstraintSpec> constraint;
   // The request's `cache_salt` (empty: none): see coordinator/cache_domain.h.
   std::string cache_salt;
+  // The fields the request carried that this server does not know, ignored
+  // (request_fields.h: the response names them in a header).
+  std::vector<std::string> ignored_fields;
 };
 
 // The longest `cache_salt` a request may carry.
@@ -83,7 +94,8 @@ inline constexpr size_t kMaxCacheSaltBytes = 1024;
 absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
                                                    const tokenizer::Tokenizer& tok,
                                                    const harmony::OpenAiRequestOptions& options,
-                                                   size_t max_prompt_text_bytes = 0);
+                                                   size_t max_prompt_text_bytes = 0,
+                                                   UnknownFields unknown_fields = UnknownFields::kIgnore);
 // The most prompts of one batched completions request, and the most choices
 // per prompt (`n`).
 inline constexpr size_t kMaxBatchPrompts = 64;
@@ -99,7 +111,8 @@ std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& requ
 absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                                                          std::string_view model_id,
                                                          const tokenizer::Tokenizer& tok,
-                                                         size_t max_prompt_text_bytes = 0);
+                                                         size_t max_prompt_text_bytes = 0,
+                                                         UnknownFields unknown_fields = UnknownFields::kIgnore);
 // Parses a request body: UTF-8, JSON, an object.
 absl::StatusOr<Json> ParseBody(std::string_view body);
 
@@ -122,6 +135,9 @@ class ResponseBuilder {
   // The chunks of a batch of events (those of one worker update). A choice's
   // logprobs go with its next chunk (an empty one when its tokens made no text).
   std::vector<Json> Consume(const std::vector<RequestEvent>& events);
+
+  // Where reasoning text goes (default: both members).
+  void set_reasoning_field(ReasoningField field) { reasoning_field_ = field; }
 
   // Feeds generated tokens of choice 0 (with their logprobs when asked for);
   // returns the chunks to stream. Once a stop string was produced, further
@@ -163,12 +179,15 @@ class ResponseBuilder {
   void FlushLogprobs(uint32_t choice, std::vector<Json>& out);
   Json LogprobsJson(const std::vector<common::TokenLogprob>& logprobs) const;
   Json ChoiceJson(uint32_t index) const;
+  // `text` under the member(s) reasoning_field_ names.
+  void PutReasoning(Json& message, const std::string& text) const;
 
   const tokenizer::Tokenizer* tok_;
   Endpoint endpoint_;
   std::string id_, model_;
   int64_t created_;
   bool logprobs_;
+  ReasoningField reasoning_field_ = ReasoningField::kBoth;
   ChoiceDecoder decoder_;  // Feed/Finish only
   std::vector<Choice> choices_;
   TokenUsage usage_;

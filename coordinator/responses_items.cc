@@ -38,8 +38,9 @@ absl::StatusOr<std::string> PartsText(const Json& content, const std::string& wh
 
 }  // namespace
 
-ChatMessageBuilder::ChatMessageBuilder(Json* messages, std::vector<std::string>* origin)
-    : messages_(messages), origin_(origin) {}
+ChatMessageBuilder::ChatMessageBuilder(Json* messages, std::vector<std::string>* origin,
+                                       const ReasoningCipher* cipher)
+    : messages_(messages), origin_(origin), cipher_(cipher) {}
 
 absl::Status ChatMessageBuilder::Add(const Json& item, const std::string& where) {
   if (!item.is_object()) return Invalid(where, "must be an object");
@@ -87,12 +88,11 @@ absl::Status ChatMessageBuilder::AddMessage(const Json& item, const std::string&
 }
 
 absl::Status ChatMessageBuilder::AddReasoning(const Json& item, const std::string& where) {
-  if (Field(item, "encrypted_content") != nullptr) {
-    return Invalid(where + ".encrypted_content",
-                   "is not supported (this server never encrypts reasoning)");
-  }
   std::string text;
-  if (const Json* content = Field(item, "content"); content != nullptr) {
+  if (const Json* sealed = Field(item, "encrypted_content"); sealed != nullptr) {
+    // The server's own words: they stand for the item, whatever its content says.
+    FLOTILLA_ASSIGN_OR_RETURN(text, OpenReasoning(*sealed, where + ".encrypted_content"));
+  } else if (const Json* content = Field(item, "content"); content != nullptr) {
     FLOTILLA_ASSIGN_OR_RETURN(text, PartsText(*content, where + ".content", {"reasoning_text"}));
   }
   if (text.empty()) {
@@ -103,6 +103,15 @@ absl::Status ChatMessageBuilder::AddReasoning(const Json& item, const std::strin
   if (Has("reasoning_content") || Has("content") || Has("tool_calls")) Flush();
   Pending(where)["reasoning_content"] = text;
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ChatMessageBuilder::OpenReasoning(const Json& sealed,
+                                                             const std::string& where) const {
+  if (!sealed.is_string()) return Invalid(where, "must be a string");
+  if (cipher_ == nullptr) return Invalid(where, "cannot be opened here (no reasoning key)");
+  absl::StatusOr<std::string> text = cipher_->Open(sealed.get_ref<const std::string&>());
+  if (!text.ok()) return Invalid(where, std::string(text.status().message()));
+  return text;
 }
 
 absl::Status ChatMessageBuilder::AddCall(const Json& item, const std::string& where) {

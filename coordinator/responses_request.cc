@@ -1,5 +1,6 @@
 #include "coordinator/responses_request.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "coordinator/json_fields.h"
+#include "coordinator/request_fields.h"
 #include "coordinator/responses_items.h"
 
 namespace flotilla::coordinator {
@@ -27,40 +29,16 @@ constexpr const char* kSameInChat[] = {"model",
                                        "logit_bias",
                                        "frequency_penalty",
                                        "presence_penalty",
-                                       "cache_salt"};
-// Fields read here, or accepted as documented no-ops (user, safety_identifier,
-// prompt_cache_key: identifiers for OpenAI's abuse tracking and cache routing;
-// the prefix cache needs no key).
-constexpr const char* kResponsesFields[] = {"input",
-                                            "instructions",
-                                            "tools",
-                                            "tool_choice",
-                                            "reasoning",
-                                            "text",
-                                            "stream",
-                                            "store",
-                                            "previous_response_id",
-                                            "metadata",
-                                            "parallel_tool_calls",
-                                            "background",
-                                            "include",
-                                            "truncation",
-                                            "service_tier",
-                                            "top_logprobs",
-                                            "max_output_tokens",
-                                            "user",
-                                            "safety_identifier",
-                                            "prompt_cache_key"};
-
-bool Known(const std::string& key) {
-  for (const char* k : kSameInChat) {
-    if (key == k) return true;
-  }
-  for (const char* k : kResponsesFields) {
-    if (key == k) return true;
-  }
-  return false;
-}
+                                       "cache_salt",
+                                       "stop_token_ids",
+                                       "min_tokens",
+                                       "chat_template_kwargs"};
+// The members of `reasoning`, `text` and `stream_options` known here.
+constexpr const char* kReasoningFields[] = {"effort", "summary", "generate_summary"};
+constexpr const char* kTextFields[] = {"format", "verbosity"};
+constexpr const char* kStreamOptionsFields[] = {"include_obfuscation"};
+// The one `include` value acted on: reasoning items carry encrypted_content.
+constexpr const char* kEncryptedReasoning = "reasoning.encrypted_content";
 
 absl::Status CheckOptionalType(const Json& body, const char* key, bool (Json::*is)() const noexcept,
                                const char* what) {
@@ -69,23 +47,50 @@ absl::Status CheckOptionalType(const Json& body, const char* key, bool (Json::*i
   return absl::OkStatus();
 }
 
-// The fields this server does not act on: a 400 naming each, unless the
-// value asks for what the server does anyway.
-absl::Status CheckUnsupported(const Json& body) {
-  for (const auto& [key, value] : body.items()) {
-    if (!Known(key)) return Invalid(key, "is not supported by this server");
+// Fields whose value asks for what this server cannot do: a 400 naming
+// them. Fields it does not know: `fields` ignores or refuses them
+// (request_fields.h).
+absl::Status CheckUnsupported(const Json& body, FieldCheck& fields) {
+  FLOTILLA_RETURN_IF_ERROR(fields.Check(body, ResponsesFields()));
+  for (const auto& [key, known] : {std::pair<const char*, absl::Span<const char* const>>{
+                                       "reasoning", kReasoningFields},
+                                   {"text", kTextFields},
+                                   {"stream_options", kStreamOptionsFields}}) {
+    const Json* v = Field(body, key);
+    if (v == nullptr) continue;
+    if (!v->is_object()) return Invalid(key, "must be an object");
+    FLOTILLA_RETURN_IF_ERROR(fields.Check(*v, known, absl::StrCat(key, ".")));
   }
-  if (const Json* v = Field(body, "background");
-      v != nullptr && !(v->is_boolean() && !v->get<bool>())) {
-    return Invalid("background",
-                   "true is not supported: a response is generated while its request waits");
+  if (Field(body, "conversation") != nullptr) {
+    return Invalid("conversation",
+                   "is not supported (no Conversations API here): continue with "
+                   "previous_response_id");
+  }
+  // gpt-oss ends its turn at a function call: a response holds at most one.
+  if (const Json* v = Field(body, "max_tool_calls");
+      v != nullptr && !(v->is_number_integer() && v->get<int64_t>() >= 1)) {
+    return Invalid("max_tool_calls", "must be an integer of at least 1 (a response makes at most one call)");
+  }
+  if (Field(body, "prompt") != nullptr) {
+    return Invalid("prompt", "is not supported: this server stores no prompt templates");
+  }
+  FLOTILLA_RETURN_IF_ERROR(CheckOptionalType(body, "background", &Json::is_boolean, "true or false"));
+  if (const Json* v = Field(body, "background"); v != nullptr && v->get<bool>()) {
+    if (const Json* store = Field(body, "store"); store != nullptr && *store == false) {
+      return Invalid("background",
+                     "true needs store: true (a background response is fetched with GET "
+                     "/v1/responses/{id})");
+    }
   }
   if (const Json* v = Field(body, "include"); v != nullptr) {
     if (!v->is_array()) return Invalid("include", "must be an array");
-    if (!v->empty()) {
-      return Invalid("include[0]", absl::StrCat((*v)[0].dump(),
-                                                " is not supported (reasoning "
-                                                "text is always in the reasoning items)"));
+    for (size_t i = 0; i < v->size(); ++i) {
+      if ((*v)[i] != kEncryptedReasoning) {
+        return Invalid(absl::StrCat("include[", i, "]"),
+                       absl::StrCat((*v)[i].dump(), " is not supported (only \"",
+                                    kEncryptedReasoning, "\"; reasoning text is always in the "
+                                    "reasoning items)"));
+      }
     }
   }
   if (const Json* v = Field(body, "truncation"); v != nullptr && *v != "disabled") {
@@ -93,10 +98,7 @@ absl::Status CheckUnsupported(const Json& body) {
                    "only \"disabled\" is supported (a conversation longer than the "
                    "context is a context_length_exceeded error)");
   }
-  if (const Json* v = Field(body, "service_tier");
-      v != nullptr && *v != "auto" && *v != "default") {
-    return Invalid("service_tier", "only \"auto\" and \"default\" are supported");
-  }
+  FLOTILLA_RETURN_IF_ERROR(CheckOptionalType(body, "service_tier", &Json::is_string, "a string"));
   if (const Json* v = Field(body, "top_logprobs"); v != nullptr && *v != 0) {
     return Invalid("top_logprobs", "is not supported on /v1/responses (use /v1/chat/completions)");
   }
@@ -185,9 +187,7 @@ absl::Status ChatReasoning(const Json& reasoning, Json& chat) {
       if (!value.is_null() && value != "auto" && value != "concise" && value != "detailed") {
         return Invalid("reasoning." + key, "must be \"auto\", \"concise\" or \"detailed\"");
       }
-    } else {
-      return Invalid("reasoning." + key, "is not supported");
-    }
+    }  // other members: CheckUnsupported reported them
   }
   return absl::OkStatus();
 }
@@ -195,12 +195,11 @@ absl::Status ChatReasoning(const Json& reasoning, Json& chat) {
 absl::Status ChatTextFormat(const Json& text, Json& chat) {
   if (!text.is_object()) return Invalid("text", "must be an object");
   for (const auto& [key, value] : text.items()) {
-    if (key == "verbosity") {
-      if (!value.is_null() && value != "medium") {
-        return Invalid("text.verbosity", "only \"medium\" is supported");
-      }
-    } else if (key != "format") {
-      return Invalid("text." + key, "is not supported");
+    // verbosity: a no-op (gpt-oss has no such setting); other members:
+    // CheckUnsupported reported them.
+    if (key == "verbosity" && !value.is_null() && value != "low" && value != "medium" &&
+        value != "high") {
+      return Invalid("text.verbosity", "must be \"low\", \"medium\" or \"high\"");
     }
   }
   const Json* format = Field(text, "format");
@@ -248,7 +247,7 @@ absl::StatusOr<ChatBody> Translate(const ResponsesRequest& request, const Json& 
     messages.push_back(Json{{"role", "developer"}, {"content", *v}});
     out.origin.push_back("instructions");
   }
-  ChatMessageBuilder items(&messages, &out.origin);
+  ChatMessageBuilder items(&messages, &out.origin, request.cipher);
   for (const Json& item : history) {
     FLOTILLA_RETURN_IF_ERROR(items.Add(item, "previous_response_id"));
   }
@@ -307,17 +306,27 @@ absl::Status RenameError(const absl::Status& status, const std::vector<std::stri
 
 }  // namespace
 
-absl::StatusOr<ResponsesRequest> ParseResponsesRequest(const Json& body) {
+absl::StatusOr<ResponsesRequest> ParseResponsesRequest(const Json& body,
+                                                       const ReasoningCipher* cipher,
+                                                       UnknownFields unknown_fields) {
   if (!body.is_object())
     return absl::InvalidArgumentError("the request body must be a JSON object");
-  FLOTILLA_RETURN_IF_ERROR(CheckUnsupported(body));
+  FieldCheck fields(unknown_fields);
+  FLOTILLA_RETURN_IF_ERROR(CheckUnsupported(body, fields));
   ResponsesRequest out;
+  out.unknown_fields = unknown_fields;
+  out.ignored_fields = fields.ignored();
   out.body = body;
+  out.cipher = cipher;
   FLOTILLA_ASSIGN_OR_RETURN(out.input_items, InputItems(body));
   if (const Json* v = Field(body, "previous_response_id"))
     out.previous_response_id = v->get<std::string>();
   if (const Json* v = Field(body, "store")) out.store = v->get<bool>();
   if (const Json* v = Field(body, "stream")) out.stream = v->get<bool>();
+  if (const Json* v = Field(body, "background")) out.background = v->get<bool>();
+  if (const Json* v = Field(body, "include")) {
+    out.encrypted_reasoning = std::find(v->begin(), v->end(), kEncryptedReasoning) != v->end();
+  }
   // Everything but the conversation's coherence (which needs the history) now.
   FLOTILLA_RETURN_IF_ERROR(Translate(out, Json::array()).status());
   return out;
@@ -333,9 +342,12 @@ absl::StatusOr<PreparedRequest> PrepareResponsesRequest(
     const tokenizer::Tokenizer& tok, const harmony::OpenAiRequestOptions& options,
     size_t max_prompt_text_bytes) {
   FLOTILLA_ASSIGN_OR_RETURN(ChatBody chat, Translate(request, history));
-  absl::StatusOr<PreparedRequest> prepared =
-      PrepareChatRequest(chat.body, model_id, tok, options, max_prompt_text_bytes);
+  absl::StatusOr<PreparedRequest> prepared = PrepareChatRequest(
+      chat.body, model_id, tok, options, max_prompt_text_bytes, request.unknown_fields);
   if (!prepared.ok()) return RenameError(prepared.status(), chat.origin);
+  // The Responses fields ignored, then chat_template_kwargs' members.
+  prepared->ignored_fields.insert(prepared->ignored_fields.begin(),
+                                  request.ignored_fields.begin(), request.ignored_fields.end());
   return prepared;
 }
 
@@ -372,7 +384,7 @@ Json ResponseSettings(const ResponsesRequest& request) {
   settings["tools"] = std::move(tools);
   settings["top_p"] = get("top_p", 1.0);
   settings["truncation"] = "disabled";
-  settings["background"] = false;
+  settings["background"] = request.background;
   settings["service_tier"] = "default";
   if (const Json* user = Field(r, "user")) settings["user"] = *user;
   return settings;

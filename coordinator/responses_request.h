@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/harmony/openai.h"
 #include "coordinator/openai_pipeline.h"
+#include "coordinator/responses_cipher.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
@@ -27,11 +28,30 @@ struct ResponsesRequest {
   std::string previous_response_id;  // empty: none
   bool store = true;
   bool stream = false;
+  // background: true: the request answers at once; GET polls the result.
+  bool background = false;
+  // include: ["reasoning.encrypted_content"]: reasoning items carry their
+  // text sealed with `cipher`.
+  bool encrypted_reasoning = false;
+  // Opens input items' encrypted_content (and seals with encrypted_reasoning);
+  // null: such items are refused.
+  const ReasoningCipher* cipher = nullptr;
+  // What happens to fields this server does not know (request_fields.h),
+  // and the names of those ignored (the chat pipeline adds
+  // chat_template_kwargs' members to PreparedRequest::ignored_fields).
+  UnknownFields unknown_fields = UnknownFields::kIgnore;
+  std::vector<std::string> ignored_fields;
 };
 
-// Checks every field (unsupported ones are INVALID_ARGUMENT naming the field:
-// built-in tools, background: true, include, truncation: "auto", ...).
-absl::StatusOr<ResponsesRequest> ParseResponsesRequest(const Json& body);
+// Checks every field (values asking for what this server cannot do are
+// INVALID_ARGUMENT naming the field: built-in tools, include values other
+// than reasoning.encrypted_content, background without store, truncation:
+// "auto", conversation, prompt, ...); fields it does not know are ignored
+// (noted in ignored_fields) or, with UnknownFields::kRefuse, refused by name.
+// `cipher` opens the encrypted_content of reasoning items in `input`.
+absl::StatusOr<ResponsesRequest> ParseResponsesRequest(
+    const Json& body, const ReasoningCipher* cipher = nullptr,
+    UnknownFields unknown_fields = UnknownFields::kIgnore);
 
 // The chat-completions body for `request` continuing `history` (the stored
 // items of previous_response_id; an empty array when there is none).

@@ -25,11 +25,12 @@ Json TextPart(const char* type, const std::string& text) {
 }  // namespace
 
 ResponsesStream::ResponsesStream(std::string id, std::string model, Json settings,
-                                 int64_t created_at)
+                                 int64_t created_at, const ReasoningCipher* seal)
     : id_(std::move(id)),
       model_(std::move(model)),
       settings_(std::move(settings)),
-      created_at_(created_at) {}
+      created_at_(created_at),
+      seal_(seal) {}
 
 Json ResponsesStream::Event(const char* type, Json fields) {
   Json e{{"type", type}, {"sequence_number", sequence_++}};
@@ -119,6 +120,10 @@ void ResponsesStream::CloseItem(const char* status, std::vector<Json>& out) {
     const bool reasoning = open_ == Kind::kReasoning;
     Json part = TextPart(reasoning ? "reasoning_text" : "output_text", open_text_);
     item["content"] = Json::array({part});
+    if (reasoning && seal_ != nullptr) {
+      absl::StatusOr<std::string> sealed = seal_->Seal(open_text_);
+      item["encrypted_content"] = sealed.ok() ? Json(*sealed) : Json(nullptr);
+    }
     fields["text"] = open_text_;
     if (!reasoning) fields["logprobs"] = Json::array();
     out.push_back(
@@ -192,6 +197,16 @@ void ResponsesStream::End(const TokenUsage& usage, std::vector<Json>& out) {
   }
 }
 
+std::vector<Json> ResponsesStream::Abort(const char* status, Json error) {
+  std::vector<Json> out;
+  if (finished_) return out;
+  CloseItem("incomplete", out);
+  finished_ = true;
+  status_ = status;
+  error_ = std::move(error);
+  return out;
+}
+
 Json ResponsesStream::ErrorEvent(const std::string& code, const std::string& message,
                                  const std::string& param) {
   return Event("error", Json{{"code", code.empty() ? Json(nullptr) : Json(code)},
@@ -205,12 +220,12 @@ Json ResponsesStream::Response() const {
   r["object"] = "response";
   r["created_at"] = created_at_;
   r["status"] = status_;
-  r["error"] = nullptr;
+  r["error"] = error_;
   r["incomplete_details"] = incomplete_details_;
   r["model"] = model_;
   r["output"] = finished_ ? output_ : Json::array();
   for (const auto& [key, value] : settings_.items()) r[key] = value;
-  if (finished_) {
+  if (finished_ && error_.is_null() && status_ != "cancelled") {
     r["usage"] = Json{{"input_tokens", usage_.prompt_tokens},
                       {"input_tokens_details", {{"cached_tokens", 0}}},
                       {"output_tokens", usage_.completion_tokens},

@@ -21,6 +21,7 @@
 
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_events.h"
+#include "coordinator/responses_cipher.h"
 
 namespace flotilla::coordinator {
 
@@ -29,8 +30,10 @@ class ResponsesStream {
   // `id` is the response id (the session's call_id_seed must be the same, so
   // call ids match chat's; it also seeds the item ids); `settings` are the
   // request's fields the Response repeats (ResponseSettings); `created_at`
-  // is unix seconds.
-  ResponsesStream(std::string id, std::string model, Json settings, int64_t created_at);
+  // is unix seconds. With `seal`, each reasoning item also carries its text
+  // sealed as `encrypted_content` (include: ["reasoning.encrypted_content"]).
+  ResponsesStream(std::string id, std::string model, Json settings, int64_t created_at,
+                  const ReasoningCipher* seal = nullptr);
 
   // response.created and response.in_progress.
   std::vector<Json> Begin();
@@ -44,6 +47,12 @@ class ResponsesStream {
   // The `error` event that ends a stream the generation failed under
   // (`code` and `param` empty: null), numbered after the events so far.
   Json ErrorEvent(const std::string& code, const std::string& message, const std::string& param);
+
+  // Ends the response without a finish: `status` "cancelled" or "failed"
+  // (then `error` is its {code, message}); the open item closes as
+  // incomplete (its events are returned), and the output so far is the
+  // response's. Nothing once the response ended.
+  std::vector<Json> Abort(const char* status, Json error);
 
   bool finished() const { return finished_; }
   // The Response object: in progress until the end, then the whole answer.
@@ -67,6 +76,7 @@ class ResponsesStream {
   std::string id_, model_;
   Json settings_;
   int64_t created_at_;
+  const ReasoningCipher* seal_;
   Json output_ = Json::array();
   Kind open_ = Kind::kNone;  // the kind of the last item of output_ while it is open
   std::string open_text_;    // the open item's text (or arguments) so far
@@ -75,6 +85,7 @@ class ResponsesStream {
   TokenUsage usage_;
   std::string status_ = "in_progress";
   Json incomplete_details_ = nullptr;
+  Json error_ = nullptr;
   bool finished_ = false;
 };
 

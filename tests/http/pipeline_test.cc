@@ -3,6 +3,9 @@
 // ResponseBuilder, whole and streamed; request validation names its fields.
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "absl/strings/str_join.h"
 #include "coordinator/harmony/renderer.h"
 #include "coordinator/openai_pipeline.h"
 #include "tests/harmony_completion.h"
@@ -140,7 +143,11 @@ TEST(ResponsePipelineTest, ToolCallCutByTheLengthLimitIsLength) {
       if (!c["choices"][0]["finish_reason"].is_null()) last_finish = c["choices"][0]["finish_reason"];
     }
     EXPECT_EQ(last_finish, "length") << cut;
-    EXPECT_EQ(b.Response()["choices"][0]["finish_reason"], "length") << cut;
+    const Json whole = b.Response()["choices"][0];
+    EXPECT_EQ(whole["finish_reason"], "length") << cut;
+    // The cut call is left out of the whole message.
+    EXPECT_FALSE(whole["message"].contains("tool_calls")) << whole.dump();
+    EXPECT_EQ(whole["message"]["content"], "");
   }
   EXPECT_EQ(FinishReasonName(common::LENGTH, true), "length");
   EXPECT_EQ(FinishReasonName(common::STOP, true), "tool_calls");
@@ -236,9 +243,17 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
       {"seed", 1.5, 400, "seed"},             {"top_logprobs", 3, 400, "top_logprobs"},
       {"messages", "hi", 400, "messages"},    {"stream", "yes", 400, "stream"},
       {"reasoning_effort", "max", 400, "reasoning_effort"},
-      // No field is silently ignored: unknown ones are named.
-      {"functions", Json::array(), 400, "functions"}, {"frequency", 1, 400, "frequency"},
       {"ignore_eos", true, 400, "ignore_eos"},        {"ignore_eos", "yes", 400, "ignore_eos"},
+      {"functions", 3, 400, "functions"},
+      {"stop_token_ids", {1, -2}, 400, "stop_token_ids[1]"},
+      {"stop_token_ids", {300000}, 400, "stop_token_ids[0]"},
+      {"min_tokens", -1, 400, "min_tokens"},
+      {"chat_template_kwargs", "x", 400, "chat_template_kwargs"},
+      {"chat_template_kwargs", {{"reasoning_effort", "max"}}, 400, "chat_template_kwargs.reasoning_effort"},
+      {"chat_template_kwargs", {{"conversation_start_date", "2025-13-01"}}, 400,
+       "chat_template_kwargs.conversation_start_date"},
+      {"modalities", {"text", "audio"}, 400, "modalities[1]"},
+      {"audio", {{"voice", "alloy"}, {"format", "mp3"}}, 400, "audio"},
   };
   for (const Case& c : cases) {
     Json body = ok;
@@ -275,6 +290,137 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
   EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("down")).http_status, 503);
   EXPECT_EQ(ErrorFromStatus(absl::DeadlineExceededError("late")).http_status, 504);
   EXPECT_EQ(ErrorFromStatus(absl::InternalError("bug")).http_status, 500);
+}
+
+// The field policy (request_fields.h): every field of OpenAI's chat schema
+// and vLLM's extras is accepted with a value a client sends; unknown fields,
+// top-level and nested, are ignored and named, or refused by name under
+// kRefuse; the acted-on extras change the prompt and the sampling.
+TEST(PrepareRequestTest, RequestFieldPolicy) {
+  const Json tool = {{"type", "function"},
+                     {"function", {{"name", "f"}, {"parameters", {{"type", "object"}}}}}};
+  const std::map<std::string, Json> sample = {
+      {"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"model", "m"},
+      {"audio", nullptr}, {"frequency_penalty", 0.5}, {"function_call", "auto"},
+      {"functions", {{{"name", "g"}, {"parameters", {{"type", "object"}}}}}},
+      {"logit_bias", {{"13", 1}}}, {"logprobs", true}, {"max_completion_tokens", 40},
+      {"max_tokens", 40}, {"metadata", {{"k", "v"}}}, {"modalities", {"text"}},
+      {"moderation", {{"enabled", false}}}, {"n", 1}, {"parallel_tool_calls", false},
+      {"prediction", {{"type", "content"}, {"content", "x"}}}, {"presence_penalty", 0.1},
+      {"prompt_cache_key", "user-42"}, {"prompt_cache_options", Json::object()},
+      {"prompt_cache_retention", "24h"}, {"reasoning_effort", "low"},
+      {"response_format", {{"type", "text"}}}, {"safety_identifier", "hash-1"}, {"seed", 7},
+      {"service_tier", "flex"}, {"stop", "END"}, {"store", true}, {"stream", true},
+      {"stream_options", {{"include_usage", true}, {"include_obfuscation", false}}},
+      {"temperature", 0.7}, {"tool_choice", "auto"}, {"tools", Json::array({tool})}, {"top_logprobs", 2},
+      {"top_p", 0.9}, {"user", "u1"}, {"verbosity", "low"}, {"web_search_options", Json::object()},
+      {"top_k", 5}, {"min_p", 0.05}, {"repetition_penalty", 1.1}, {"truncate_prompt_tokens", -1},
+      {"ignore_eos", false}, {"cache_salt", "salt"}, {"best_of", 1}, {"stop_token_ids", {13}},
+      {"min_tokens", 2}, {"chat_template_kwargs", {{"reasoning_effort", "high"}}}};
+  Json all = Json::object(), legacy = Json::object();
+  for (const char* field : ChatFields()) {
+    ASSERT_TRUE(sample.count(field)) << field << " needs a sample value";
+    // functions / function_call and tools / tool_choice are alternatives.
+    const bool old_form = std::string(field) == "functions" || std::string(field) == "function_call";
+    (old_form ? legacy : all)[field] = sample.at(field);
+  }
+  legacy["model"] = "m";
+  legacy["messages"] = sample.at("messages");
+  for (const Json& body : {all, legacy}) {
+    absl::StatusOr<PreparedRequest> p = PrepareChatRequest(body, "m", Tok(), {}, 0, UnknownFields::kRefuse);
+    ASSERT_TRUE(p.ok()) << p.status() << " " << body.dump();
+    EXPECT_TRUE(p->ignored_fields.empty());
+  }
+  absl::StatusOr<PreparedRequest> acted = PrepareChatRequest(all, "m", Tok(), {});
+  ASSERT_TRUE(acted.ok());
+  ASSERT_EQ(acted->sampling.stop_token_ids_size(), 3);  // <|return|>, <|call|>, then the request's
+  EXPECT_EQ(acted->sampling.stop_token_ids(2), 13);
+  EXPECT_EQ(acted->sampling.min_tokens(), 2u);
+  // functions became a tool the prompt offers.
+  absl::StatusOr<PreparedRequest> old = PrepareChatRequest(legacy, "m", Tok(), {});
+  ASSERT_TRUE(old.ok());
+  EXPECT_NE(Tok().DecodeUtf8(old->prompt)->find("type g = "), std::string::npos);
+
+  // Unknown fields: ignored and named (nested ones with their path), or refused.
+  Json extra = {{"model", "m"},
+                {"messages", sample.at("messages")},
+                {"guided_json", Json::object()},
+                {"stream", true},
+                {"stream_options", {{"include_usage", true}, {"continuous_usage_stats", true}}},
+                {"chat_template_kwargs", {{"builtin_tools", {"browser"}}}}};
+  absl::StatusOr<PreparedRequest> ignored = PrepareChatRequest(extra, "m", Tok(), {});
+  ASSERT_TRUE(ignored.ok()) << ignored.status();
+  EXPECT_EQ(ignored->ignored_fields,
+            (std::vector<std::string>{"guided_json", "stream_options.continuous_usage_stats",
+                                      "chat_template_kwargs.builtin_tools"}));
+  for (const char* field : {"guided_json", "stream_options", "chat_template_kwargs"}) {
+    Json one = {{"model", "m"}, {"messages", sample.at("messages")}, {"stream", true}};
+    one[field] = extra[field];
+    absl::StatusOr<PreparedRequest> refused =
+        PrepareChatRequest(one, "m", Tok(), {}, 0, UnknownFields::kRefuse);
+    ASSERT_FALSE(refused.ok()) << field;
+    EXPECT_EQ(ErrorFromStatus(refused.status()).http_status, 400);
+    EXPECT_EQ(ErrorFromStatus(refused.status()).param.substr(0, std::string(field).size()), field);
+  }
+
+  // chat_template_kwargs: what Harmony's system message has a place for.
+  Json kwargs = {{"model", "m"},
+                 {"messages", sample.at("messages")},
+                 {"chat_template_kwargs",
+                  {{"reasoning_effort", "high"},
+                   {"model_identity", "You are Flotilla's test model."},
+                   {"knowledge_cutoff", "2025-01"},
+                   {"conversation_start_date", "2026-11-28"}}}};
+  absl::StatusOr<PreparedRequest> rendered = PrepareChatRequest(kwargs, "m", Tok(), {});
+  ASSERT_TRUE(rendered.ok()) << rendered.status();
+  const std::string text = *Tok().DecodeUtf8(rendered->prompt);
+  for (const char* part : {"You are Flotilla's test model.", "Knowledge cutoff: 2025-01",
+                           "Current date: 2026-11-28", "Reasoning: high"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << " in " << text;
+  }
+  // The top-level reasoning_effort wins over the template's.
+  kwargs["reasoning_effort"] = "low";
+  rendered = PrepareChatRequest(kwargs, "m", Tok(), {});
+  ASSERT_TRUE(rendered.ok());
+  EXPECT_NE(Tok().DecodeUtf8(rendered->prompt)->find("Reasoning: low"), std::string::npos);
+
+  // The header value is bounded and safe whatever the names.
+  EXPECT_EQ(IgnoredFieldsHeaderValue({"a", "b.c"}), "a,b.c");
+  EXPECT_EQ(IgnoredFieldsHeaderValue({"x\r\nSet-Cookie: y"}), "x??Set-Cookie??y");
+  const std::string many = IgnoredFieldsHeaderValue(std::vector<std::string>(40, std::string(100, 'z')));
+  EXPECT_EQ(many, absl::StrJoin(std::vector<std::string>(16, std::string(64, 'z')), ",") + ",...(24 more)");
+}
+
+// --reasoning-field: reasoning text under `reasoning`, `reasoning_content`
+// or both, in the streamed deltas and the whole message alike.
+TEST(ResponsePipelineTest, ReasoningFieldChoosesTheMember) {
+  tk::TokenId stop;
+  const std::vector<tk::TokenId> ids =
+      Completion({Assistant("analysis", "Think."), Assistant("final", "Done.")}, &stop);
+  for (ReasoningField field : {ReasoningField::kReasoning, ReasoningField::kReasoningContent,
+                               ReasoningField::kBoth}) {
+    ResponseBuilder b(&Tok(), Endpoint::kChat, "chatcmpl-r", "m", 1, {}, false);
+    b.set_reasoning_field(field);
+    std::vector<Json> chunks;
+    const Json r = StreamAndMerge(b, ids, stop, &chunks);
+    const bool plain = field != ReasoningField::kReasoningContent;
+    const bool content = field != ReasoningField::kReasoning;
+    const Json& msg = r["choices"][0]["message"];
+    EXPECT_EQ(msg.contains("reasoning"), plain);
+    EXPECT_EQ(msg.contains("reasoning_content"), content);
+    EXPECT_EQ(msg.value("reasoning", ""), plain ? "Think." : "");
+    EXPECT_EQ(msg.value("reasoning_content", ""), content ? "Think." : "");
+    std::string streamed, streamed_content;
+    for (const Json& c : chunks) {
+      const Json& d = c["choices"][0]["delta"];
+      if (d.contains("reasoning")) streamed += d["reasoning"].get<std::string>();
+      if (d.contains("reasoning_content")) streamed_content += d["reasoning_content"].get<std::string>();
+    }
+    EXPECT_EQ(streamed, plain ? "Think." : "");
+    EXPECT_EQ(streamed_content, content ? "Think." : "");
+  }
+  EXPECT_EQ(*ParseReasoningField("reasoning_content"), ReasoningField::kReasoningContent);
+  EXPECT_FALSE(ParseReasoningField("thoughts").ok());
 }
 
 TEST(PrepareRequestTest, SamplingAndCompletions) {
@@ -362,12 +508,28 @@ TEST(PrepareRequestTest, CompletionPromptShapesNAndEcho) {
   EXPECT_EQ(param({{"n", kMaxChoices + 1}}), "n");
   EXPECT_EQ(param({{"n", 2}, {"best_of", 3}}), "best_of");
   EXPECT_EQ(param({{"echo", true}, {"logprobs", 1}}), "echo");
-  // ignore_eos (as vLLM takes it); unknown fields are named; `user` is a no-op.
+  // ignore_eos (as vLLM takes it); `user` is a no-op; unknown fields are ignored
+  // and named (refused under the strict policy).
   absl::StatusOr<PreparedRequest> eos = prepare({{"ignore_eos", true}, {"user", "u1"}});
   ASSERT_TRUE(eos.ok()) << eos.status();
   EXPECT_TRUE(eos->sampling.ignore_eos());
-  EXPECT_EQ(param({{"messages", Json::array()}}), "messages");
-  EXPECT_EQ(param({{"max_completion_tokens", 5}}), "max_completion_tokens");
+  EXPECT_TRUE(eos->ignored_fields.empty());
+  absl::StatusOr<PreparedRequest> unknown = prepare({{"max_completion_tokens", 5}});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->ignored_fields, std::vector<std::string>{"max_completion_tokens"});
+  absl::StatusOr<PreparedRequest> strict =
+      PrepareCompletionRequest(Json{{"model", "m"}, {"prompt", "x"}, {"messages", Json::array()}}, "m",
+                               Tok(), 0, UnknownFields::kRefuse);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_EQ(ErrorFromStatus(strict.status()).param, "messages");
+  EXPECT_EQ(param({{"suffix", "tail"}}), "suffix");
+  EXPECT_TRUE(prepare({{"suffix", ""}}).ok());
+  absl::StatusOr<PreparedRequest> stops = prepare({{"stop_token_ids", {13, 11}}, {"min_tokens", 4}});
+  ASSERT_TRUE(stops.ok()) << stops.status();
+  ASSERT_EQ(stops->sampling.stop_token_ids_size(), 2);
+  EXPECT_EQ(stops->sampling.stop_token_ids(1), 11);
+  EXPECT_EQ(stops->sampling.min_tokens(), 4u);
+  EXPECT_EQ(param({{"max_tokens", 3}, {"min_tokens", 4}}), "min_tokens");
 }
 
 TEST(ResponsePipelineTest, ChoicesOfEventsStreamAndMerge) {

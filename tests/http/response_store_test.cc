@@ -110,6 +110,30 @@ TEST(ResponseStoreTest, AnEntryIsItsOwnersOnly) {
   EXPECT_EQ((*store)->size(), 1u);  // resp_b
 }
 
+// A background response is stored running, with how to cancel it; its end
+// replaces the entry, and with it the way to cancel.
+TEST(ResponseStoreTest, ARunningEntryKeepsItsCancelUntilReplaced) {
+  auto store = ResponseStore::Create({});
+  ASSERT_TRUE(store.ok());
+  int cancels = 0;
+  ResponseStore::Stored running = Entry("a");
+  running.cancel = [&cancels] {
+    ++cancels;
+    return Json{{"status", "cancelled"}};
+  };
+  (*store)->Put("resp_a", "client:0", running);
+  absl::StatusOr<ResponseStore::Stored> got = (*store)->Get("resp_a", "client:0");
+  ASSERT_TRUE(got.ok());
+  ASSERT_TRUE(got->cancel);
+  EXPECT_EQ(got->cancel()["status"], "cancelled");
+  EXPECT_EQ(cancels, 1);
+  EXPECT_FALSE((*store)->Get("resp_a", "client:1").ok());
+  (*store)->Put("resp_a", "client:0", Entry("a"));
+  got = (*store)->Get("resp_a", "client:0");
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->cancel);
+}
+
 // The bound counts what the parsed entries hold, not their text: many short
 // strings cost far more than their bytes.
 TEST(ResponseStoreTest, TheByteBoundCountsTheMemoryHeld) {

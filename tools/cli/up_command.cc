@@ -30,6 +30,9 @@ struct ServingLimits {
   uint32_t redundant_experts = 0;
   double rebalance_interval = 0;
   double drain_timeout_s = 30;
+  // The request field policy (coordinator/request_fields.h).
+  bool strict_request_fields = false;
+  std::string reasoning_field = "both";
 
   void ApplyTo(LocalClusterOptions& o) const {
     o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
@@ -37,7 +40,8 @@ struct ServingLimits {
                           std::to_string(max_model_len), "--redundant-experts",
                           std::to_string(redundant_experts), "--rebalance-interval",
                           std::to_string(rebalance_interval), "--drain-timeout",
-                          absl::StrCat(drain_timeout_s)};
+                          absl::StrCat(drain_timeout_s), "--reasoning-field", reasoning_field};
+    if (strict_request_fields) o.coordinator_args.push_back("--strict-request-fields");
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
@@ -183,6 +187,13 @@ void AddUpCommand(CLI::App& app) {
                   "on Ctrl-C/SIGTERM: seconds the requests in flight get to finish while new ones "
                   "are refused; a second signal stops at once")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--strict-request-fields", limits->strict_request_fields,
+                "refuse request fields the server does not know (400 naming them) instead of "
+                "ignoring them with the x-flotilla-ignored-fields header");
+  cmd->add_option("--reasoning-field", limits->reasoning_field,
+                  "where chat replies carry reasoning text: reasoning, reasoning_content or both")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"reasoning", "reasoning_content", "both"}));
   cmd->callback([o, limits, &app] {
     limits->ApplyTo(*o);
     // The children log like up itself (--log-level, --log-format are flotilla's).
