@@ -7,10 +7,13 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <algorithm>
+#include <optional>
 #include <csignal>
 #include <fstream>
 #include <iostream>
 
+#include "common/command_line.h"
+#include "common/config_file.h"
 #include "common/cluster_token.h"
 #include "common/listen_address.h"
 #include "common/comm_names.h"
@@ -303,7 +306,8 @@ int main(int argc, char** argv) {
   flotilla::LogOptions log_options;
   flotilla::AddLogFlags(app, &log_options);
   flotilla::AddVersionFlag(app, "flotilla-coordinator");
-  CLI11_PARSE(app, argc, argv);
+  flotilla::AddConfigFlag(app);
+  if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;
   flotilla::coordinator::SetAccessLogIds(access_log_ids);
   if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
     std::cerr << "flotilla-coordinator: " << st.message() << "\n";

@@ -25,6 +25,7 @@ quiet() {
 packages=(
   clang                   # libFuzzer targets (tools/fuzz.sh); clang's -fsanitize=fuzzer
   cmake                   # build system
+  curl                    # tests run the curl "try:" line flotilla up prints
   g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
   git                     # tests clone the tree
   iproute2                # k8s multi-host test: network namespaces, veths, ss
@@ -42,12 +43,14 @@ packages=(
   libspdlog-dev           # logging
   libssl-dev              # OpenSSL: TLS for gRPC/HTTPS, certificate and key checks
   libucx-dev              # UCX host-memory communicator
+  libyaml-cpp-dev         # --config FILE (YAML) of every program
   ninja-build             # build tool
   nlohmann-json3-dev      # JSON (configs, safetensors headers, HTTP bodies)
   nodejs                  # independent test clients and tokenizer data
   npm                     # fetches the node packages below
   openssl                 # tests make throw-away CAs and certificates
   pkg-config              # finds UCX
+  prometheus              # promtool: tests lint /metrics (promtool check metrics)
   protobuf-compiler       # protoc
   protobuf-compiler-grpc  # grpc_cpp_plugin, grpc_python_plugin (Python SDK stubs)
   python3-grpcio          # Python SDK (sdk/python) and its cluster test

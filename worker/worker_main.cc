@@ -4,12 +4,15 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <iostream>
 #include <thread>
 
+#include "common/command_line.h"
+#include "common/config_file.h"
 #include "common/cluster_token.h"
 #include "common/logging.h"
 #include "spdlog/spdlog.h"
@@ -73,7 +76,8 @@ int main(int argc, char** argv) {
   flotilla::LogOptions log_options;
   flotilla::AddLogFlags(app, &log_options);
   flotilla::AddVersionFlag(app, "flotilla-worker");
-  CLI11_PARSE(app, argc, argv);
+  flotilla::AddConfigFlag(app);
+  if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;
   if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
     std::cerr << "flotilla-worker: " << st.message() << "\n";
     return 2;

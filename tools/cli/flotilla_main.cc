@@ -1,9 +1,11 @@
 // `flotilla`: the user CLI. Each subcommand lives in its own *_command.cc.
 #include <CLI/CLI.hpp>
 
-#include <iostream>
+#include <optional>
 #include <string>
 
+#include "common/command_line.h"
+#include "common/config_file.h"
 #include "common/logging.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/chat_command.h"
@@ -35,16 +37,7 @@ int main(int argc, char** argv) {
   flotilla::cli::AddUpCommand(app);
   flotilla::cli::AddBenchCommand(app);
   flotilla::cli::AddChatCommand(app);
-  // CLI11 reports an unknown first word only as "a subcommand is required";
-  // name the word and the choices instead.
-  bool known = false;
-  for (const CLI::App* sub : app.get_subcommands({})) known |= argc > 1 && sub->check_name(argv[1]);
-  if (argc > 1 && argv[1][0] != '-' && !known) {
-    std::cerr << "flotilla: unknown command '" << argv[1] << "'; commands:";
-    for (const CLI::App* sub : app.get_subcommands({})) std::cerr << " " << sub->get_name();
-    std::cerr << "\n";
-    return 2;
-  }
-  CLI11_PARSE(app, argc, argv);
+  flotilla::AddConfigFlag(app);
+  if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;
   return 0;
 }

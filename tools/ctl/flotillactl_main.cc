@@ -2,9 +2,12 @@
 // Every flag also reads FLOTILLA_<FLAG> (--coordinator: FLOTILLA_COORDINATOR).
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/command_line.h"
+#include "common/config_file.h"
 #include "tools/ctl/ctl_commands.h"
 
 using flotilla::ctl::Connection;
@@ -57,7 +60,8 @@ int main(int argc, char** argv) {
   auto* set_map = app.add_subcommand("set-expert-map", "apply an edited expert map (JSON FILE)");
   set_map->add_option("file", file, "the map, as get-expert-map prints it, version + 1")
       ->required();
-  CLI11_PARSE(app, argc, argv);
+  flotilla::AddConfigFlag(app);
+  if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;
 
   auto connection = Connection::Create(conn);
   if (!connection.ok()) {
