@@ -1,7 +1,10 @@
-// The communicator every distributed part of Flotilla moves bytes through.
-// Backends: comm/local (threads of one process), comm/ucx (host memory across
-// processes and nodes), comm/nccl (GPU memory). This header needs neither CUDA
-// nor any backend: streams are passed as `void*` (a cudaStream_t for nccl).
+// The host communicator every distributed part of Flotilla moves bytes
+// through. Backends: comm/local (threads of one process), comm/ucx (host
+// memory across processes and nodes), comm/file (bootstrap of multi-process
+// GPU tests). GPU ranks' device buffers move through a device transport
+// (comm/exchange_transport.h) instead, bootstrapped over this one. This
+// header needs neither CUDA nor any backend: `stream` arguments are `void*`
+// and every backend here ignores them.
 #pragma once
 
 #include <cstddef>
@@ -31,9 +34,9 @@ absl::string_view DataTypeName(DataType type);
 //   arguments (same byte counts, same root); a collective returns when this
 //   rank's part is done.
 // - One thread at a time calls into a communicator.
-// - Buffers are host memory for local and ucx, device memory for nccl. `stream`
-//   is a cudaStream_t for nccl (nullptr: the backend's own stream, and the call
-//   waits for completion); host backends ignore it and always complete.
+// - Buffers are host memory. `stream` is for a device-memory backend (a
+//   cudaStream_t; none exists now); host backends ignore it and always
+//   complete.
 // - A peer that failed, vanished or did not take part within the backend's
 //   configured timeout gives UNAVAILABLE; no call waits forever.
 // - Arguments this rank can check alone (wrong number of counts, a root out of
@@ -79,13 +82,12 @@ class Communicator {
 
   // Tells every rank how much every peer will send it: recv_counts[p] becomes
   // send_counts[rank()] of rank p. Both spans are HOST memory with size()
-  // entries on every backend. The default runs AllToAllV on host buffers;
-  // device backends override it.
+  // entries on every backend. The default runs AllToAllV on host buffers; a
+  // device-memory backend would override it.
   virtual absl::Status ExchangeCounts(absl::Span<const size_t> send_counts,
                                       absl::Span<size_t> recv_counts);
 
-  // Returns once every rank has entered Barrier (for nccl: once the work queued
-  // on `stream` before it has completed on every rank).
+  // Returns once every rank has entered Barrier.
   virtual absl::Status Barrier(void* stream = nullptr) = 0;
 
   // How long the following calls wait for a silent peer before UNAVAILABLE

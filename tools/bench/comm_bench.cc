@@ -9,7 +9,9 @@
 //
 //   flotilla_comm_bench --backend local --world 4
 //   flotilla_comm_bench --backend ucx --world 2      # W separate processes
-//   flotilla_comm_bench --backend nccl --world 2     # one thread per GPU
+//
+// NCCL between GPUs is a device transport, not a host backend: its exchange
+// is measured by flotilla_ep_bench --transport nccl.
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,11 +33,6 @@
 #include "common/status.h"
 #if FLOTILLA_BENCH_UCX
 #include "comm/ucx/ucx_communicator.h"
-#endif
-#if FLOTILLA_BENCH_NCCL
-#include <cuda_runtime_api.h>
-
-#include "comm/nccl/nccl_communicator.h"
 #endif
 
 extern char** environ;
@@ -61,7 +58,6 @@ struct Config {
   double timeout_s = 60;
   double budget_ms_per_token = 1.0;
   bool detect_peer_failure = false;
-  bool nccl_blocking = false;
   // Internal: a UCX child process.
   int rank = -1;
   std::string dir;
@@ -328,58 +324,6 @@ int RunUcxParent(const Config& cfg, const std::vector<std::string>& args) {
 }
 #endif
 
-#if FLOTILLA_BENCH_NCCL
-int RunNccl(const Config& cfg) {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess) devices = 0;
-  if (devices < cfg.world) {
-    std::fprintf(stderr, "nccl: --world %d needs %d GPUs, found %d\n", cfg.world, cfg.world,
-                 devices);
-    return 1;
-  }
-  auto id = NcclUniqueId();
-  if (!id.ok()) {
-    std::fprintf(stderr, "nccl: %s\n", id.status().ToString().c_str());
-    return 1;
-  }
-  std::vector<absl::Status> results(static_cast<size_t>(cfg.world));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < cfg.world; ++r) {
-    threads.emplace_back([&, r] {
-      NcclOptions options;
-      options.device = r;
-      options.timeout = absl::Seconds(cfg.timeout_s);
-      options.blocking = cfg.nccl_blocking;
-      auto c = NcclCommunicator::Create(r, cfg.world, *id, options);
-      if (!c.ok()) {
-        results[static_cast<size_t>(r)] = c.status();
-        return;
-      }
-      cudaStream_t s;
-      cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-      Memory mem{[](size_t n) {
-                   void* p = nullptr;
-                   return cudaMalloc(&p, n) == cudaSuccess ? p : nullptr;
-                 },
-                 [](void* p) { cudaFree(p); }};
-      NcclCommunicator* raw = c->get();
-      results[static_cast<size_t>(r)] = RunRank(
-          *raw, cfg, mem, [raw](void* st) { return raw->Wait(st); }, s,
-          cfg.nccl_blocking ? "nccl(blocking)" : "nccl(non-blocking)");
-      cudaStreamDestroy(s);
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& st : results) {
-    if (!st.ok()) {
-      std::fprintf(stderr, "nccl: %s\n", st.ToString().c_str());
-      return 1;
-    }
-  }
-  return 0;
-}
-#endif
-
 }  // namespace
 }  // namespace flotilla::comm
 
@@ -387,9 +331,9 @@ int main(int argc, char** argv) {
   using flotilla::comm::Config;
   Config cfg;
   CLI::App app{"MoE all-to-all latency and bandwidth at decode sizes (JSON lines)"};
-  app.add_option("--backend", cfg.backend, "local, ucx or nccl")
-      ->check(CLI::IsMember({"local", "ucx", "nccl"}));
-  app.add_option("--world", cfg.world, "ranks (threads, processes or GPUs)")
+  app.add_option("--backend", cfg.backend, "local or ucx")
+      ->check(CLI::IsMember({"local", "ucx"}));
+  app.add_option("--world", cfg.world, "ranks (threads or processes)")
       ->check(CLI::Range(1, 64));
   app.add_option("--tokens", cfg.tokens, "tokens per rank, one line each")->delimiter(',');
   app.add_option("--hidden", cfg.hidden, "bf16 values per token")->check(CLI::Range(1, 1 << 20));
@@ -401,8 +345,6 @@ int main(int argc, char** argv) {
   app.add_option("--budget-ms-per-token", cfg.budget_ms_per_token)->check(CLI::PositiveNumber);
   app.add_option("--detect-peer-failure", cfg.detect_peer_failure,
                  "ucx: let UCX report dead peers (TCP only in UCX 1.13)");
-  app.add_flag("--nccl-blocking", cfg.nccl_blocking,
-               "nccl: blocking communicator (no timeout while the group forms)");
   app.add_option("--rank", cfg.rank)->group("");  // internal: UCX child
   app.add_option("--dir", cfg.dir)->group("");
   try {
@@ -421,19 +363,11 @@ int main(int argc, char** argv) {
     }
   }
   if (cfg.backend == "local") return flotilla::comm::RunLocal(cfg);
-  if (cfg.backend == "ucx") {
 #if FLOTILLA_BENCH_UCX
-    if (cfg.rank >= 0) return flotilla::comm::RunUcxChild(cfg);
-    return flotilla::comm::RunUcxParent(cfg, std::vector<std::string>(argv, argv + argc));
+  if (cfg.rank >= 0) return flotilla::comm::RunUcxChild(cfg);
+  return flotilla::comm::RunUcxParent(cfg, std::vector<std::string>(argv, argv + argc));
 #else
-    std::fprintf(stderr, "this build has no UCX backend (FLOTILLA_UCX=OFF)\n");
-    return 2;
-#endif
-  }
-#if FLOTILLA_BENCH_NCCL
-  return flotilla::comm::RunNccl(cfg);
-#else
-  std::fprintf(stderr, "this build has no NCCL backend (FLOTILLA_NCCL=OFF)\n");
+  std::fprintf(stderr, "this build has no UCX backend (FLOTILLA_UCX=OFF)\n");
   return 2;
 #endif
 }

@@ -1,6 +1,7 @@
 // The device ParallelContext: validates calls, keeps the step's capacity and
 // the pending Dispatch, and hands the kernels' launches to a transport
-// (ipc_transport.h, nccl_transport.h) that reaches the peers.
+// (comm/exchange_transport.h: comm/cuda_ipc or comm/nccl) that reaches the
+// peers.
 #include "worker/parallel/device_context.h"
 
 #include <cuda_runtime_api.h>
@@ -11,21 +12,23 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/cuda_ipc/cuda_ipc_transport.h"
+#include "comm/exchange_transport.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/ep_exchange.h"
-#include "worker/parallel/cuda_status.h"
 #include "worker/parallel/device_expert_table.h"
 #include "worker/parallel/device_topology.h"
 #include "worker/parallel/exchange_buffers.h"
-#include "worker/parallel/ipc_transport.h"
 #if FLOTILLA_WITH_NCCL
-#include "worker/parallel/nccl_transport.h"
+#include "comm/nccl/nccl_transport.h"
 #endif
 
 namespace flotilla::parallel {
 namespace {
 
 namespace kc = kernels::cuda;
+using comm::ExchangeTransport;
 
 // The error word the kernels leave when a wait ran past its bound.
 std::string DescribeDeviceError(int32_t word) {
@@ -322,9 +325,13 @@ absl::Status ValidateArguments(const ParallelConfig& config, const ExpertMap& ma
 absl::StatusOr<std::unique_ptr<ExchangeTransport>> MakeTransport(
     DeviceTransport kind, comm::Communicator& host, const ParallelConfig& config,
     const ExchangeBuffers& buffers, const DeviceContextOptions& options) {
-  if (kind == DeviceTransport::kCudaIpc) return IpcTransport::Create(host, buffers);
+  if (kind == DeviceTransport::kCudaIpc) {
+    return comm::CudaIpcTransport::Create(host, buffers.recv_base(), buffers.recv());
+  }
 #if FLOTILLA_WITH_NCCL
-  return NcclTransport::Create(host, config, buffers.sizes(), options.timeout, options.interrupt);
+  const comm::NcclStagingSizes staging{buffers.sizes().world, buffers.sizes().hidden,
+                                       buffers.sizes().cap_max()};
+  return comm::NcclTransport::Create(host, config, staging, options.timeout, options.interrupt);
 #else
   return absl::FailedPreconditionError("device context: this build has no NCCL");
 #endif

@@ -6,9 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/ep_exchange.h"
-#include "worker/parallel/cuda_status.h"
 
 namespace flotilla::parallel {
 namespace {

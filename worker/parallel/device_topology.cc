@@ -9,9 +9,9 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status.h"
 #include "kernels/cuda/ep_exchange.h"
-#include "worker/parallel/cuda_status.h"
 
 namespace flotilla::parallel {
 namespace {

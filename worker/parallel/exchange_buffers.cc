@@ -2,8 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/cuda_status.h"
 #include "common/status.h"
-#include "worker/parallel/cuda_status.h"
 
 namespace flotilla::parallel {
 namespace {

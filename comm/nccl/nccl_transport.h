@@ -8,26 +8,31 @@
 // but not in TP-rank order, so they may differ from cuda-ipc's sums for
 // TP > 2.
 //
-// Communicators are non-blocking so that forming the group and every enqueue
-// have a deadline (cut short by `interrupt`). A dead peer leaves NCCL's
-// kernels waiting for good (over its socket transport the proxy sees the
-// connection close, the kernels do not): Health() reports NCCL's
-// asynchronous errors, and Abort() (ncclCommAbort) makes the kernels exit.
+// The communicators (the world and the TP groups split off it) are
+// NcclComms (nccl_comms.h): non-blocking, every wait bounded, Health() and
+// Abort() for a peer that died inside NCCL's kernels.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/communicator.h"
+#include "comm/exchange_transport.h"
+#include "comm/nccl/nccl_comms.h"
 #include "common/parallel_config.h"
-#include "worker/parallel/exchange_buffers.h"
-#include "worker/parallel/exchange_transport.h"
 
-typedef struct ncclComm* ncclComm_t;
+namespace flotilla::comm {
 
-namespace flotilla::parallel {
+// What the send staging must hold: `world` segments of up to `cap_max` rows
+// of `hidden` bf16 (and each segment's count and slots).
+struct NcclStagingSizes {
+  int world = 1;
+  int hidden = 0;
+  int64_t cap_max = 0;
+};
 
 class NcclTransport final : public ExchangeTransport {
  public:
@@ -35,7 +40,7 @@ class NcclTransport final : public ExchangeTransport {
   // are split off the world communicator. `interrupt` (may be null), once
   // true, ends every wait for a non-blocking call at once.
   static absl::StatusOr<std::unique_ptr<NcclTransport>> Create(
-      comm::Communicator& host, const ParallelConfig& config, const ExchangeSizes& sizes,
+      Communicator& host, const ParallelConfig& config, const NcclStagingSizes& sizes,
       absl::Duration timeout, std::shared_ptr<const std::atomic<bool>> interrupt = nullptr);
   ~NcclTransport() override;
 
@@ -47,26 +52,16 @@ class NcclTransport final : public ExchangeTransport {
                        cudaStream_t stream) override;
   absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
                          cudaStream_t stream) override;
-  absl::Status Health() override;
-  void Abort() override;
+  absl::Status Health() override { return comms_->Health(); }
+  void Abort() override { comms_->Abort(); }
 
  private:
-  NcclTransport(const ExchangeSizes& sizes, absl::Duration timeout,
-                std::shared_ptr<const std::atomic<bool>> interrupt)
-      : sizes_(sizes), timeout_(timeout), interrupt_(std::move(interrupt)) {}
-  absl::Status Form(comm::Communicator& host, const ParallelConfig& config);
-  // Waits out ncclInProgress of a non-blocking call on `comm`.
-  absl::Status Settle(ncclComm_t comm, int result, const char* what);
+  NcclTransport() = default;
 
-  ExchangeSizes sizes_;
-  absl::Duration timeout_;
-  std::shared_ptr<const std::atomic<bool>> interrupt_;
-  ncclComm_t world_ = nullptr;
-  ncclComm_t tp_ = nullptr;
+  std::unique_ptr<NcclComms> comms_;
   void* staging_ = nullptr;                          // send rows and metas
   kernels::cuda::EpRecvBuffers* pack_to_ = nullptr;  // device array: W x the staging
   kernels::cuda::EpRecvBuffers staging_view_;
-  absl::Status broken_;
 };
 
-}  // namespace flotilla::parallel
+}  // namespace flotilla::comm

@@ -9,18 +9,19 @@
 
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
-#include "worker/parallel/exchange_buffers.h"
-#include "worker/parallel/exchange_transport.h"
+#include "comm/exchange_transport.h"
 
-namespace flotilla::parallel {
+namespace flotilla::comm {
 
-class IpcTransport final : public ExchangeTransport {
+class CudaIpcTransport final : public ExchangeTransport {
  public:
-  // Exports `buffers`' receive allocation, maps every peer's (`host` spans
-  // the context's ranks). `buffers` must outlive the transport.
-  static absl::StatusOr<std::unique_ptr<IpcTransport>> Create(comm::Communicator& host,
-                                                              const ExchangeBuffers& buffers);
-  ~IpcTransport() override;
+  // Exports this rank's receive allocation (`recv_base`, which `recv` views)
+  // and maps every peer's (`host` spans the context's ranks). Every rank's
+  // allocation has the same layout, so a peer's view is `recv` moved to the
+  // peer's mapping. The allocation must outlive the transport.
+  static absl::StatusOr<std::unique_ptr<CudaIpcTransport>> Create(
+      Communicator& host, void* recv_base, const kernels::cuda::EpRecvBuffers& recv);
+  ~CudaIpcTransport() override;
 
   std::string name() const override { return "cuda-ipc"; }
   absl::Status Dispatch(kernels::cuda::EpLaunch launch, const uint16_t* x, const int32_t* topk_ids,
@@ -32,11 +33,11 @@ class IpcTransport final : public ExchangeTransport {
                          cudaStream_t stream) override;
 
  private:
-  IpcTransport() = default;
+  CudaIpcTransport() = default;
   kernels::cuda::EpLaunch WithPeers(kernels::cuda::EpLaunch launch) const;
 
   std::vector<void*> mapped_;  // peers' receive allocations (null for this rank)
   kernels::cuda::EpRecvBuffers* peers_ = nullptr;  // device array, one per rank
 };
 
-}  // namespace flotilla::parallel
+}  // namespace flotilla::comm

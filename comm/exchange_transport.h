@@ -1,6 +1,10 @@
-// How a device context's exchange reaches its peers: the context fills an
-// EpLaunch (shape, this rank's buffers and state) and a transport completes
-// it with the peers and enqueues the work on the caller's stream.
+// The device-transport interface: how a device parallel context's exchange
+// reaches its peers. The context fills an EpLaunch (shape, this rank's
+// buffers and state) and a transport completes it with the peers and
+// enqueues the work on the caller's stream. Backends, one folder each:
+// cuda_ipc/ (ranks of one node) and nccl/ (GPUs of any nodes). Beside the
+// host Communicator (communicator.h), which creating a transport uses to
+// trade handles or the NCCL unique id. Needs CUDA.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,17 +15,22 @@
 #include "absl/status/status.h"
 #include "kernels/cuda/ep_exchange.h"
 
-namespace flotilla::parallel {
+namespace flotilla::comm {
 
 class ExchangeTransport {
  public:
   virtual ~ExchangeTransport() = default;
+  // "cuda-ipc" or "nccl" (the context's backend() in logs and the Hello).
   virtual std::string name() const = 0;
 
+  // Moves each (token, choice) row of x to its expert's rank and leaves the
+  // received rows in launch.self / launch.state (kernels/cuda/ep_exchange.h).
   virtual absl::Status Dispatch(kernels::cuda::EpLaunch launch, const uint16_t* x,
                                 const int32_t* topk_ids, const float* topk_w, int tokens,
                                 const int32_t* expert_first, const int32_t* expert_reps,
                                 cudaStream_t stream) = 0;
+  // Moves the expert outputs back to their sources and sums them into y,
+  // joined over the TP group.
   virtual absl::Status Combine(kernels::cuda::EpLaunch launch, float* y, int tokens,
                                cudaStream_t stream) = 0;
   // Over the TP group of launch.shape (size > 1).
@@ -36,4 +45,4 @@ class ExchangeTransport {
   virtual void Abort() {}
 };
 
-}  // namespace flotilla::parallel
+}  // namespace flotilla::comm
