@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -33,8 +34,8 @@ int GpuCount() {
   return n;
 }
 
-// Runs `body(host)` for ranks 0..w-1, each on its own thread with GPU `rank`
-// current.
+// Runs `body(host)` for ranks 0..w-1, each on its own thread with GPU
+// `rank % GPUs` current (distinct GPUs when w <= GPUs).
 std::vector<absl::Status> RunRanks(int w, const std::function<absl::Status(Communicator&)>& body) {
   auto rendezvous = LocalRendezvous::Create(w);
   EXPECT_TRUE(rendezvous.ok()) << rendezvous.status();
@@ -48,7 +49,7 @@ std::vector<absl::Status> RunRanks(int w, const std::function<absl::Status(Commu
         result = host.status();
         return;
       }
-      result = CudaStatus(cudaSetDevice(r), "cudaSetDevice");
+      result = CudaStatus(cudaSetDevice(r % std::max(GpuCount(), 1)), "cudaSetDevice");
       if (result.ok()) result = body(**host);
     });
   }
