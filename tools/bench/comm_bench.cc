@@ -93,7 +93,7 @@ double Percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
 }
 
-// Device or host buffers, by backend.
+// How a rank allocates its buffers (host memory for every backend here).
 struct Memory {
   std::function<void*(size_t)> alloc;
   std::function<void(void*)> release;
