@@ -216,6 +216,17 @@ int main(int argc, char** argv) {
                "let client keys read /metrics on the HTTP API too (its counters, prefix-cache hits "
                "among them, tell about every tenant's requests); default: the admin key only")
       ->envname("FLOTILLA_METRICS_FOR_CLIENTS");
+  std::vector<std::string> allowed_origins;
+  app.add_option("--allowed-origins", allowed_origins,
+                 "origins browsers may call the HTTP API from (CORS), comma-separated, e.g. "
+                 "https://app.example.com, or * for any; default: none (no CORS headers)")
+      ->envname("FLOTILLA_ALLOWED_ORIGINS")
+      ->delimiter(',')
+      ->check([](const std::string& origin) {
+        absl::StatusOr<flotilla::coordinator::CorsPolicy> policy =
+            flotilla::coordinator::CorsPolicy::Create({origin});
+        return policy.ok() ? std::string() : std::string(policy.status().message());
+      });
   app.add_option("--metrics-port-file", metrics_port_file,
                  "write the bound --metrics-listen port here once listening")
       ->envname("FLOTILLA_METRICS_PORT_FILE");
@@ -474,6 +485,7 @@ int main(int argc, char** argv) {
     if (!(*auth)->open()) http_options.auth = auth->get();
     http_options.metrics_listen = metrics_listen;
     http_options.metrics_for_clients = metrics_for_clients;
+    http_options.cors = *flotilla::coordinator::CorsPolicy::Create(allowed_origins);
     http_options.limits = limits;
     http_options.cache_domains = cache_domains;
     http_options.unknown_fields = strict_request_fields

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/build_info.h"
 #include "common/grammar/constraint_proto.h"
 #include "common/listen_address.h"
 #include "coordinator/expert_metrics.h"
@@ -252,7 +253,7 @@ absl::StatusOr<std::optional<absl::Time>> RequestDeadline(const HttpRequest& req
 // The path label of a request in flotilla_http_requests_total.
 std::string PathLabel(const std::string& path) {
   static const char* kKnown[] = {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/health",
-                                 "/metrics", "/tokenize", "/detokenize"};
+                                 "/metrics", "/tokenize", "/detokenize", "/ping", "/version"};
   for (const char* k : kKnown) {
     if (path == k) return k;
   }
@@ -382,7 +383,7 @@ absl::Status HttpServer::ServeMetrics() {
 }
 
 bool HttpServer::Authorized(const HttpRequest& req, HttpResponse& res) const {
-  if (options_.auth == nullptr || req.path == "/health") return true;
+  if (options_.auth == nullptr || req.path == "/health" || req.path == "/ping") return true;
   absl::StatusOr<Caller> caller =
       options_.auth->Authenticate(req.get_header_value("Authorization"));
   if (caller.ok() && req.path == "/metrics" && caller->role == Caller::Role::kClient &&
@@ -420,14 +421,22 @@ std::string HttpServer::CallerKeyId(const HttpRequest& req) const {
 
 void HttpServer::Routes() {
   HttpTransport& svr = *server_;
-  svr.set_pre_routing_handler(
-      [this](const HttpRequest& req, HttpResponse& res) { return !Authorized(req, res); });
+  // A browser's preflight carries no key: it is answered before the check.
+  svr.set_pre_routing_handler([this](const HttpRequest& req, HttpResponse& res) {
+    return options_.cors.AnswerPreflight(req, res) || !Authorized(req, res);
+  });
+  if (options_.cors.enabled()) {
+    svr.set_response_decorator(
+        [this](const HttpRequest& req, HttpResponse& res) { options_.cors.Decorate(req, res); });
+  }
 
   svr.set_logger([this](const HttpRequest& req, const HttpResponse& res, bool complete) {
     const std::string path = PathLabel(req.path);
     metrics_->CountRequest(path, res.status);
     if (!req.access) return;
-    if (path == "/health" || path == "/metrics") req.access->set_level(spdlog::level::debug);
+    if (path == "/health" || path == "/metrics" || path == "/ping") {
+      req.access->set_level(spdlog::level::debug);
+    }
     if (!complete) req.access->set_finish_reason("client_gone");
     req.access->Log(absl::StrCat(res.status), absl::Now());
   });
@@ -473,6 +482,14 @@ void HttpServer::Routes() {
       SendJson(res, 503, Json{{"status", admin::InstanceState_Name(s.state())},
                               {"reason", s.message().empty() ? "the instance is not ready" : s.message()}});
     }
+  });
+  // The process is up and answering (whatever the instance's state: /health
+  // says that).
+  svr.Get("/ping", [](const HttpRequest&, HttpResponse& res) { res.set_content("", "text/plain"); });
+  svr.Get("/version", [](const HttpRequest&, HttpResponse& res) {
+    const BuildInfo& b = GetBuildInfo();
+    SendJson(res, 200, Json{{"version", b.version}, {"build_type", b.build_type}, {"cuda", b.cuda},
+                            {"nccl", b.nccl}, {"ucx", b.ucx}, {"sanitize", b.sanitize}});
   });
   svr.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
     res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +

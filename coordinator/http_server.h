@@ -3,10 +3,14 @@
 //   POST /v1/chat/completions, POST /v1/completions (JSON or SSE streams),
 //   POST /v1/responses, GET and DELETE /v1/responses/{id}, POST
 //   /v1/responses/{id}/cancel (the Responses API: responses_http.h),
-//   GET /v1/models, GET /health, GET /metrics (Prometheus text), and vLLM's
+//   GET /v1/models, GET /health, GET /metrics (Prometheus text), GET /ping
+//   (200 while the process answers), GET /version (build info), and vLLM's
 //   POST /tokenize and POST /detokenize.
-// With API keys every path but /health needs "Authorization: Bearer KEY"
-// (401 otherwise); /metrics can also be served, open, on its own listener.
+// With API keys every path but /health and /ping needs "Authorization: Bearer
+// KEY" (401 otherwise); /metrics can also be served, open, on its own listener.
+// CORS is off unless --allowed-origins lists origins (cors.h): then their
+// preflights are answered before the key check and every answer to them,
+// errors and streams included, carries Access-Control-Allow-Origin.
 // Requests run as RequestSessions on ClusterManager; a client that disconnects (streamed
 // or not) cancels its request. A request's deadline comes from the
 // X-Request-Timeout header (seconds), else X-Stainless-Timeout (what the
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/cors.h"
 #include "coordinator/auth.h"
 #include "common/tls_credentials.h"
 #include "coordinator/cluster_manager.h"
@@ -50,6 +55,8 @@ struct HttpServerOptions {
   // prefix-cache hits among them, tell about other tenants' requests); by
   // default only the admin key (or anyone when the server has no keys).
   bool metrics_for_clients = false;
+  // Origins browsers may call the API from (--allowed-origins; cors.h).
+  CorsPolicy cors;
   // Which requests share cached prompt blocks (cache_domain.h).
   CacheDomainPolicy cache_domains;
   // Request fields this server does not know (request_fields.h): ignored,

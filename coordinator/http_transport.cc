@@ -312,6 +312,7 @@ class HttpTransport::Impl {
   int port = 0;
   std::vector<Route> routes;
   PreRoutingHandler pre_routing;
+  ResponseDecorator decorate;
   ErrorHandler error_handler;
   Logger logger;
   // GET handlers, POST handlers, deferred work (shared: exchanges may outlive
@@ -381,6 +382,7 @@ class Connection final : public ConnectionBase {
   void SendWhole(uint64_t seq, HttpResponse res) override {
     if (!Current(seq) || started_) return;
     started_ = true;
+    if (server_->decorate) server_->decorate(request_, res);
     response_.status = res.status;  // for the logger (the body goes out below)
     response_.headers = res.headers;
     response_.content_type = res.content_type;
@@ -395,6 +397,7 @@ class Connection final : public ConnectionBase {
   void BeginStream(uint64_t seq, HttpResponse head) override {
     if (!Current(seq) || started_) return;
     started_ = true;
+    if (server_->decorate) server_->decorate(request_, head);
     response_ = head;
     // HTTP/1.0 has no chunked encoding: the body ends with the connection.
     chunked_ = version_ == 11;
@@ -1015,6 +1018,10 @@ void HttpTransport::Post(const std::string& pattern, AsyncHandler handler) {
 void HttpTransport::Delete(const std::string& pattern, Handler handler) {
   impl_->routes.push_back(Route{"DELETE", std::regex(pattern), std::move(handler), nullptr});
 }
+void HttpTransport::set_response_decorator(ResponseDecorator decorator) {
+  impl_->decorate = std::move(decorator);
+}
+
 void HttpTransport::set_pre_routing_handler(PreRoutingHandler handler) {
   impl_->pre_routing = std::move(handler);
 }

@@ -144,6 +144,9 @@ class HttpTransport {
   // Fills the body of an error the transport produced (404, 405, 408, 413,
   // 400, 503 for too many connections; `req.method` is empty for the last).
   using ErrorHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
+  // Sees each response of a routed request (whole or streamed, early ones
+  // included) just before its head is written, to add headers (CORS).
+  using ResponseDecorator = std::function<void(const HttpRequest&, HttpResponse&)>;
   // After each response is completely written, or its connection ended.
   using Logger = std::function<void(const HttpRequest&, const HttpResponse&, bool complete)>;
 
@@ -160,6 +163,7 @@ class HttpTransport {
   void Delete(const std::string& pattern, Handler handler);
   void set_pre_routing_handler(PreRoutingHandler handler);
   void set_error_handler(ErrorHandler handler);
+  void set_response_decorator(ResponseDecorator decorator);
   void set_logger(Logger logger);
 
   // Starts accepting on the bound port.
