@@ -402,6 +402,46 @@ TEST_F(ApiAuthTest, StoredResponsesAreTheirKeysOnly) {
   EXPECT_EQ(gone->status, 404);
 }
 
+// A background response is its key's too while it runs: another key can
+// neither read nor cancel nor delete it (404 as for an id that never
+// existed); its owner cancels it.
+TEST_F(ApiAuthTest, BackgroundResponsesAreTheirKeysOnly) {
+  httplib::Client http("http://" + cluster_->http_address());
+  const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
+  const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
+  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  // Long enough to be running while the test acts on it.
+  nlohmann::json request = {{"model", model}, {"input", "Write a long story."},
+                            {"max_output_tokens", 2000}, {"background", true}};
+  auto created = http.Post("/v1/responses", alice, request.dump(), "application/json");
+  ASSERT_TRUE(created);
+  ASSERT_EQ(created->status, 200) << created->body;
+  const nlohmann::json started = nlohmann::json::parse(created->body);
+  EXPECT_EQ(started["status"], "in_progress");
+  const std::string id = started["id"];
+  const std::string path = "/v1/responses/" + id;
+
+  auto theirs = http.Get(path, bob);
+  auto cancelled_by_bob = http.Post(path + "/cancel", bob, "", "application/json");
+  auto deleted_by_bob = http.Delete(path, bob);
+  ASSERT_TRUE(theirs && cancelled_by_bob && deleted_by_bob);
+  EXPECT_EQ(theirs->status, 404) << theirs->body;
+  EXPECT_EQ(cancelled_by_bob->status, 404) << cancelled_by_bob->body;
+  EXPECT_EQ(deleted_by_bob->status, 404) << deleted_by_bob->body;
+  EXPECT_EQ(nlohmann::json::parse(cancelled_by_bob->body)["error"]["param"], "response_id");
+
+  auto mine = http.Get(path, alice);
+  ASSERT_TRUE(mine);
+  EXPECT_EQ(nlohmann::json::parse(mine->body)["status"], "in_progress") << mine->body;
+  auto cancelled = http.Post(path + "/cancel", alice, "", "application/json");
+  ASSERT_TRUE(cancelled);
+  ASSERT_EQ(cancelled->status, 200) << cancelled->body;
+  EXPECT_EQ(nlohmann::json::parse(cancelled->body)["status"], "cancelled");
+  auto after = http.Get(path, alice);
+  ASSERT_TRUE(after);
+  EXPECT_EQ(nlohmann::json::parse(after->body)["status"], "cancelled") << after->body;
+}
+
 // The prefix cache's counters as the admin sees them: {queries, hits} in tokens.
 std::pair<uint64_t, uint64_t> PrefixCounters(httplib::Client& http) {
   auto res = http.Get("/metrics", {{"Authorization", std::string("Bearer ") + kAdmin}});

@@ -190,7 +190,7 @@ async function main() {
     assert.equal(e.code, 'previous_response_not_found');
     await expectError({ model, input: [{ type: 'image_generation_call', id: 'x' }] }, 400, 'input[0].type');
     await expectError({ model, input: 'hi', tools: [{ type: 'web_search' }] }, 400, 'tools[0].type');
-    await expectError({ model, input: 'hi', background: true }, 400, 'background');
+    await expectError({ model, input: 'hi', background: true, store: false }, 400, 'background');
     await expectError({ model, input: [{ type: 'function_call_output', call_id: 'call_x', output: '1' }] }, 400, 'input[0].call_id');
     await expectError({ model: 'other', input: 'hi' }, 404, 'model');
   });

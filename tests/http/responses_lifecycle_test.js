@@ -3,7 +3,10 @@
 // end (whole and streamed), cancelled, refused as a previous_response_id
 // while they run; and reasoning returned encrypted (include:
 // ["reasoning.encrypted_content"]) and passed back by a client that stores
-// nothing. Another key's responses are tests/grpc/api_auth_test.cc's.
+// nothing. Where FLOTILLA_REASONING_KEY_FILE names the server's key file,
+// the blobs are also opened and sealed here with node's own AES-256-GCM in
+// the documented layout, with the current and the rotated key. Another
+// key's responses are tests/grpc/api_auth_test.cc's.
 // Usage: node responses_lifecycle_test.js BASE_URL MODEL   (NODE_PATH must hold `openai`)
 'use strict';
 const assert = require('node:assert/strict');
@@ -32,6 +35,37 @@ async function expectError(promise, status, param) {
 function withoutIds(items) {
   const dropped = ['id', 'call_id', 'parsed', 'parsed_arguments', 'encrypted_content'];
   return JSON.parse(JSON.stringify(items, (key, value) => (dropped.includes(key) ? undefined : value)));
+}
+
+// The documented blob: version 1 | key id (SHA-256 of the key, first 8
+// bytes) | nonce (12) | ciphertext | tag (16), base64; the version and key id
+// authenticated with the purpose string.
+const kPurpose = 'flotilla reasoning.encrypted_content';
+function keyId(key) { return crypto.createHash('sha256').update(key).digest().subarray(0, 8); }
+function openBlob(key, text) {
+  const blob = Buffer.from(text, 'base64');
+  const header = blob.subarray(0, 9);
+  assert.equal(header[0], 1);
+  assert.deepEqual(header.subarray(1), keyId(key));
+  const decipher = crypto.createDecipheriv('aes-256-gcm', key, blob.subarray(9, 21));
+  decipher.setAAD(Buffer.concat([header, Buffer.from(kPurpose)]));
+  decipher.setAuthTag(blob.subarray(blob.length - 16));
+  return Buffer.concat([decipher.update(blob.subarray(21, blob.length - 16)), decipher.final()]).toString();
+}
+function sealBlob(key, plaintext) {
+  const header = Buffer.concat([Buffer.from([1]), keyId(key)]);
+  const nonce = crypto.randomBytes(12);
+  const cipher = crypto.createCipheriv('aes-256-gcm', key, nonce);
+  cipher.setAAD(Buffer.concat([header, Buffer.from(kPurpose)]));
+  const body = Buffer.concat([cipher.update(plaintext), cipher.final()]);
+  return Buffer.concat([header, nonce, body, cipher.getAuthTag()]).toString('base64');
+}
+// The server's keys, current first, when the test knows them.
+function serverKeys() {
+  const file = process.env.FLOTILLA_REASONING_KEY_FILE;
+  if (!file) return [];
+  return require('node:fs').readFileSync(file, 'utf8').split('\n').map((l) => l.trim())
+    .filter((l) => l && !l.startsWith('#')).map((l) => Buffer.from(l, 'hex'));
 }
 
 const terminal = ['completed', 'incomplete', 'failed', 'cancelled'];
@@ -160,6 +194,15 @@ async function main() {
     const replayed = await next([sealed, call]);
     assert.equal(replayed.usage.input_tokens, plain.usage.input_tokens);
     assert.deepEqual(withoutIds(replayed.output), withoutIds(plain.output));
+    const keys = serverKeys();
+    if (keys.length >= 2) {
+      // Sealed with the current key, as documented; a blob of the rotated key still opens.
+      assert.equal(openBlob(keys[0], reasoning.encrypted_content), reasoning.content[0].text);
+      const rotated = await next([{ ...sealed, encrypted_content: sealBlob(keys[1], reasoning.content[0].text) }, call]);
+      assert.equal(rotated.usage.input_tokens, plain.usage.input_tokens);
+      assert.deepEqual(withoutIds(rotated.output), withoutIds(plain.output));
+      console.log('ok the key file seals and its rotated key opens');
+    }
     const withoutReasoning = await next([call]);
     assert.ok(withoutReasoning.usage.input_tokens < replayed.usage.input_tokens);
 
