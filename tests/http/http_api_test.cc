@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -18,10 +21,22 @@ namespace {
 
 using Json = nlohmann::json;
 
+constexpr char kReasoningKey[] = "5f3c0a9e7d21b4c68e0f1a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6f";
+constexpr char kRotatedReasoningKey[] =
+    "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
 class HttpApiTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+    // The coordinator's --reasoning-key-file, through its variable: a current
+    // key and a rotated one (responses_lifecycle_test.js seals and opens with
+    // them independently).
+    const std::string keys = testing::TempDir() + "flotilla-reasoning-keys-" +
+                             std::to_string(getpid());
+    std::ofstream(keys) << "# current, then the rotated one\n" << kReasoningKey << "\n"
+                        << kRotatedReasoningKey << "\n";
+    setenv("FLOTILLA_REASONING_KEY_FILE", keys.c_str(), 1);
     cli::LocalClusterOptions o;
     o.workers = 1;
     o.threads_per_worker = 1;
@@ -82,6 +97,24 @@ TEST_F(HttpApiTest, CompletionsChoicesAndPromptsOfficialClient) {
 // POST /v1/responses: whole and streamed, reasoning items, a function-tool
 // round trip with and without the store, errors; through the official client.
 TEST_F(HttpApiTest, ResponsesOfficialClient) { RunNodeScript("responses_client_test.js"); }
+
+// The Responses lifecycle: retrieve, delete, background responses polled and
+// cancelled, encrypted reasoning passed back; through the official client.
+TEST_F(HttpApiTest, ResponsesLifecycleOfficialClient) { RunNodeScript("responses_lifecycle_test.js"); }
+
+// The request field policy (extras accepted and acted on, unknown fields
+// named in a header), reasoning in both members, and forced calls cut by the
+// token limit answered "length" / "incomplete"; through the official client.
+TEST_F(HttpApiTest, RequestFieldsAndFinishReasonsOfficialClient) {
+  RunNodeScript("request_fields_client_test.js");
+}
+
+// The official agent and framework clients: the OpenAI Agents SDK (both model
+// classes), the Vercel AI SDK and LangChain JS, each with tool round trips,
+// structured outputs and a zod .email() tool parameter.
+TEST_F(HttpApiTest, AgentsSdkClient) { RunNodeScript("agents_client_test.js"); }
+TEST_F(HttpApiTest, VercelAiSdkClient) { RunNodeScript("ai_sdk_client_test.js"); }
+TEST_F(HttpApiTest, LangChainClient) { RunNodeScript("langchain_client_test.js"); }
 
 TEST_F(HttpApiTest, HealthAndMetrics) {
   auto c = Client();
