@@ -226,6 +226,16 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
   EXPECT_EQ(p->sampling.stop_token_ids(1), static_cast<int>(tk::kCall));
 }
 
+// max_tokens that end the call mid-arguments: LENGTH, not TOOL_CALLS.
+TEST(ChatStreamTest, ToolCallCutByTheLengthLimitIsLength) {
+  tk::TokenId stop;
+  const std::vector<tk::TokenId> ids = Completion(
+      {Assistant("commentary", R"({"location":"Tokyo, JP"})", "functions.get_weather")}, &stop);
+  const std::vector<tk::TokenId> head(ids.begin(), ids.end() - 3);
+  ChatStream s(&Tok(), "7", "seed-1", {}, 30);
+  EXPECT_EQ(Merge(Stream(s, head, std::nullopt, common::LENGTH)).finish, v1::ChatResponse::LENGTH);
+}
+
 TEST(ChatStreamTest, StopStringLengthAndCancel) {
   tk::TokenId stop;
   std::vector<tk::TokenId> ids = Completion(
