@@ -632,7 +632,8 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   g->access->set_request_id(id);
   g->ignored_fields = IgnoredFieldsHeaderValue(prepared->ignored_fields);
   if (!g->ignored_fields.empty()) {
-    spdlog::warn("{} {}: ignored request fields this server does not know: {}", req.path, id,
+    // No request id: ids stay out of logs unless --access-log-ids asks.
+    spdlog::warn("{}: ignored request fields this server does not know: {}", req.path,
                  g->ignored_fields);
   }
   const int64_t created = absl::ToUnixSeconds(absl::Now());

@@ -233,7 +233,8 @@ std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& co
   g->access->set_prompt_tokens(static_cast<uint32_t>(p.chat.prompt.size()));
   g->ignored_fields = IgnoredFieldsHeaderValue(p.chat.ignored_fields);
   if (!g->ignored_fields.empty()) {
-    spdlog::warn("{} {}: ignored request fields this server does not know: {}", req.path, id,
+    // No response id: it continues the conversation, and stays out of logs.
+    spdlog::warn("{}: ignored request fields this server does not know: {}", req.path,
                  g->ignored_fields);
   }
   g->builder = std::make_unique<ResponsesStream>(

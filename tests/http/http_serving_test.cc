@@ -376,11 +376,25 @@ TEST_F(HttpServingTest, LogsAreJsonWithProcessTagsAndOneAccessLineARequest) {
   auto c = Client();
   auto r = c.Post(
       "/v1/completions",
-      R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 3, "temperature": 0})",
+      R"({"model": ")" + Model() + R"(", "prompt": "hello", "max_tokens": 3, "temperature": 0,
+          "guided_choice": ["a"]})",
       "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("x-flotilla-ignored-fields"), "guided_choice");
   const std::string id = Json::parse(r->body)["id"];
+  // A forced function call: the access line says tool_calls, as the answer does.
+  auto call = c.Post("/v1/chat/completions", R"({"model": ")" + Model() + R"(",
+      "messages": [{"role": "user", "content": "Weather?"}], "max_tokens": 200, "temperature": 0,
+      "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "w",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+      "required": ["city"], "additionalProperties": false}}}]})",
+                  "application/json");
+  ASSERT_TRUE(call);
+  ASSERT_EQ(call->status, 200) << call->body;
+  const Json call_json = Json::parse(call->body);
+  ASSERT_EQ(call_json["choices"][0]["finish_reason"], "tool_calls") << call->body;
+  const std::string call_id = call_json["id"];
   client::ClientOptions o;
   o.address = cluster_->address();
   auto sdk = client::Client::Create(o);
@@ -390,14 +404,19 @@ TEST_F(HttpServingTest, LogsAreJsonWithProcessTagsAndOneAccessLineARequest) {
   g.mutable_sampling()->set_max_tokens(2);
   ASSERT_TRUE((*sdk)->Generate(g).ok());
 
-  Json http_line, grpc_line;
-  for (int i = 0; i < 100 && (http_line.is_null() || grpc_line.is_null()); ++i) {
+  Json http_line, grpc_line, call_line, ignored_line;
+  for (int i = 0; i < 100 && (http_line.is_null() || grpc_line.is_null() || call_line.is_null());
+       ++i) {
     for (const Json& line : LogLines("coordinator")) {
       ASSERT_TRUE(line.is_object()) << "a coordinator log line is not JSON";
       EXPECT_EQ(line["process"], "coordinator") << line;
       EXPECT_TRUE(line.contains("time") && line.contains("level") && line.contains("msg")) << line;
+      if (line["msg"].get<std::string>().find("ignored request fields") != std::string::npos) {
+        ignored_line = line;
+      }
       if (line["msg"] != "access") continue;
       if (line["request_id"] == id) http_line = line;
+      if (line["request_id"] == call_id) call_line = line;
       if (line["api"] == "grpc Generate") grpc_line = line;
     }
     if (http_line.is_null() || grpc_line.is_null())
@@ -411,6 +430,12 @@ TEST_F(HttpServingTest, LogsAreJsonWithProcessTagsAndOneAccessLineARequest) {
   EXPECT_TRUE(http_line["ttft_ms"].is_number()) << http_line;
   EXPECT_TRUE(http_line["duration_ms"].is_number()) << http_line;
   EXPECT_EQ(http_line["finish_reason"], "length");
+  ASSERT_FALSE(call_line.is_null()) << "no access line for " << call_id;
+  EXPECT_EQ(call_line["finish_reason"], "tool_calls");
+  ASSERT_FALSE(ignored_line.is_null()) << "no log line naming the ignored field";
+  EXPECT_EQ(ignored_line["level"], "warning");
+  EXPECT_EQ(ignored_line["msg"],
+            "/v1/completions: ignored request fields this server does not know: guided_choice");
   EXPECT_TRUE(http_line.contains("key"));
   ASSERT_FALSE(grpc_line.is_null());
   EXPECT_EQ(grpc_line["status"], "OK");
