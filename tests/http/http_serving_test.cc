@@ -449,6 +449,40 @@ TEST_F(HttpServingTest, LogsAreJsonWithProcessTagsAndOneAccessLineARequest) {
   }
 }
 
+// The coordinator's field flags as `flotilla up` passes them:
+// --strict-request-fields refuses an unknown field with a 400 naming it, and
+// --reasoning-field reasoning leaves reasoning_content out.
+TEST(RequestFieldFlags, StrictFieldsAndTheReasoningMember) {
+  setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+  cli::LocalClusterOptions o;
+  o.workers = 1;
+  o.threads_per_worker = 1;
+  o.coordinator_args = {"--strict-request-fields", "--reasoning-field", "reasoning"};
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  httplib::Client c("http://" + (*cluster)->http_address());
+  c.set_read_timeout(120, 0);
+  const std::string model = (*cluster)->model_id();
+  auto refused = c.Post("/v1/chat/completions", R"({"model": ")" + model + R"(",
+      "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "guided_json": {}})",
+                        "application/json");
+  ASSERT_TRUE(refused);
+  EXPECT_EQ(refused->status, 400) << refused->body;
+  EXPECT_EQ(Json::parse(refused->body)["error"]["param"], "guided_json") << refused->body;
+  // "analysis" (35644) at +100 opens an analysis message; the schema closes it.
+  auto r = c.Post("/v1/chat/completions", R"({"model": ")" + model + R"(",
+      "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 64, "temperature": 0,
+      "logit_bias": {"35644": 100}, "prompt_cache_key": "k", "response_format": {"type": "json_schema",
+      "json_schema": {"name": "a", "schema": {"type": "object", "properties": {"a": {"type": "integer"}},
+      "required": ["a"], "additionalProperties": false}}}})",
+                  "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json message = Json::parse(r->body)["choices"][0]["message"];
+  EXPECT_TRUE(message.contains("reasoning")) << message;
+  EXPECT_FALSE(message.contains("reasoning_content")) << message;
+}
+
 TEST(Binaries, VersionAndLogFlags) {
   for (const char* bin : {"flotilla", "flotilla-coordinator", "flotilla-worker"}) {
     const std::string cmd = std::string(FLOTILLA_BIN_DIR) + "/" + bin + " --version 2>&1";
