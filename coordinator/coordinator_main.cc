@@ -26,6 +26,7 @@
 #include "coordinator/cluster_manager.h"
 #include "coordinator/drain.h"
 #include "coordinator/http_server.h"
+#include "coordinator/reflection_v1.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/served_models.h"
 #include "coordinator/services.h"
@@ -182,7 +183,8 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_HTTP_PORT_FILE");
   bool grpc_reflection = true;
   app.add_option("--grpc-reflection", grpc_reflection,
-                 "serve gRPC server reflection (grpc.reflection.v1alpha) so that grpcurl, grpcui and "
+                 "serve gRPC server reflection (grpc.reflection.v1 and v1alpha) so that grpcurl, "
+                 "grpcui and "
                  "Postman find the services without the .proto files; it answers without a key, "
                  "like health, and tells only the API's schema")
       ->envname("FLOTILLA_GRPC_REFLECTION")->capture_default_str();
@@ -438,14 +440,27 @@ int main(int argc, char** argv) {
       flotilla::coordinator::ClientBuffers::Create(client_buffers);
   frontend.SetClientBuffers(buffers);
   grpc::EnableDefaultHealthCheckService(true);
-  // Registers with every ServerBuilder made from here on.
-  if (grpc_reflection) grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // v1alpha: Debian's plugin, registered with every ServerBuilder made from
+  // here on. v1: ours, answering from the same descriptors with the same list.
+  std::unique_ptr<flotilla::coordinator::ReflectionV1Service> reflection_v1;
+  if (grpc_reflection) {
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    std::vector<std::string> services = {
+        flotilla::cluster::ClusterControl::service_full_name(),
+        flotilla::v1::Flotilla::service_full_name(), "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        grpc::reflection::v1::ServerReflection::service_full_name()};
+    if (admin_listen.empty()) services.push_back(flotilla::admin::Admin::service_full_name());
+    reflection_v1 =
+        std::make_unique<flotilla::coordinator::ReflectionV1Service>(std::move(services));
+  }
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(grpc_address->ToString(), *credentials, &port);
   builder.RegisterService(&control);
   if (admin_listen.empty()) builder.RegisterService(&admin);
   builder.RegisterService(&frontend);
+  if (reflection_v1) builder.RegisterService(reflection_v1.get());
   // The transport refuses anything over the larger of the client limit and the
   // workers' session messages; the frontend holds client calls to theirs.
   builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(

@@ -18,7 +18,8 @@ import sys
 import tempfile
 
 # The client API, the shared messages it uses, and the admin API.
-SERVICE_PROTOS = ["proto/common.proto", "proto/flotilla.proto", "proto/cluster.proto", "proto/admin.proto"]
+SERVICE_PROTOS = ["proto/common.proto", "proto/flotilla.proto", "proto/cluster.proto", "proto/admin.proto",
+                  "proto/grpc_reflection_v1.proto"]
 # Messages only (no grpc stubs needed).
 SDK_PROTOS = ["grpc_reflection_v1alpha.proto"]
 

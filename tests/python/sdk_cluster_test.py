@@ -245,13 +245,25 @@ def test_http_models_and_tokenize(cluster):
 
 def test_reflection(cluster, python_dir):
     import grpc
-    from flotilla_client import ReflectionClient
+    from flotilla_client import ReflectionClient, ReflectionError
     with grpc.insecure_channel(cluster.address) as channel:
         reflection = ReflectionClient(channel)
         services = reflection.list_services()
+        check(reflection.version == "v1", f"the client asked v1 first and was answered: {reflection.version}")
         for name in ("flotilla.v1.Flotilla", "flotilla.admin.Admin", "grpc.health.v1.Health",
-                     "grpc.reflection.v1alpha.ServerReflection"):
+                     "grpc.reflection.v1alpha.ServerReflection", "grpc.reflection.v1.ServerReflection"):
             check(name in services, f"reflection lists {name}")
+        # Both versions answer alike (tools ask v1 first, older ones v1alpha).
+        alpha = ReflectionClient(channel, version="v1alpha")
+        check(alpha.list_services() == services, f"v1alpha lists what v1 lists: {alpha.list_services()}")
+        check(alpha.describe("flotilla.v1.ChatRequest") ==
+              ReflectionClient(channel, version="v1").describe("flotilla.v1.ChatRequest"),
+              "v1 and v1alpha describe flotilla.v1.ChatRequest alike")
+        try:
+            ReflectionClient(channel, version="v1").describe("flotilla.v1.Nothing")
+            check(False, "v1: an unknown symbol is an error")
+        except ReflectionError as e:
+            check("flotilla.v1.Nothing" in str(e) and "code 5" in str(e), f"v1: unknown symbol: {e}")
         described = reflection.describe("flotilla.v1.Flotilla")
         for line in ("rpc Chat ( .flotilla.v1.ChatRequest ) returns ( stream .flotilla.v1.ChatResponse );",
                      "rpc Generate ( .flotilla.v1.GenerateRequest ) returns ( stream .flotilla.v1.GenerateResponse );",

@@ -12,9 +12,14 @@ from typing import List, Optional
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
 
-from ._pb import grpc_reflection_v1alpha_pb2 as reflection_pb2
+from ._pb import grpc_reflection_v1_pb2, grpc_reflection_v1alpha_pb2
 
-_METHOD = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+# The two versions of the protocol: the same messages in two packages.
+_VERSIONS = {
+    "v1": (grpc_reflection_v1_pb2, "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
+    "v1alpha": (grpc_reflection_v1alpha_pb2,
+                "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"),
+}
 
 
 class ReflectionError(Exception):
@@ -22,17 +27,42 @@ class ReflectionError(Exception):
 
 
 class ReflectionClient:
-    """Asks one server about its services over grpc.reflection.v1alpha."""
+    """Asks one server about its services over grpc.reflection.v1 or, on
+    servers without it, v1alpha (version=None, the default); version="v1" or
+    "v1alpha" asks that one only."""
 
-    def __init__(self, channel: grpc.Channel, *, timeout: Optional[float] = 10.0, metadata=()):
-        self._call = channel.stream_stream(
-            _METHOD,
-            request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
-            response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+    def __init__(self, channel: grpc.Channel, *, timeout: Optional[float] = 10.0, metadata=(),
+                 version: Optional[str] = None):
+        if version is not None and version not in _VERSIONS:
+            raise ValueError(f"version {version!r}: use v1 or v1alpha")
+        self._channel = channel
         self._timeout = timeout
         self._metadata = metadata
+        self._fallback = version is None
+        self._use(version or "v1")
 
-    def _ask(self, request) -> "reflection_pb2.ServerReflectionResponse":
+    def _use(self, version: str):
+        self.version = version
+        module, method = _VERSIONS[version]
+        self._pb = module
+        self._call = self._channel.stream_stream(
+            method, request_serializer=module.ServerReflectionRequest.SerializeToString,
+            response_deserializer=module.ServerReflectionResponse.FromString)
+
+    def _request(self, **fields):
+        return self._pb.ServerReflectionRequest(**fields)
+
+    def _ask(self, request):
+        try:
+            return self._ask_once(request)
+        except grpc.RpcError as e:
+            if not self._fallback or e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+        self._fallback = False
+        self._use("v1alpha")
+        return self._ask_once(self._pb.ServerReflectionRequest.FromString(request.SerializeToString()))
+
+    def _ask_once(self, request):
         responses = list(self._call(iter([request]), timeout=self._timeout, metadata=self._metadata))
         if len(responses) != 1:
             raise ReflectionError(f"expected one answer, got {len(responses)}")
@@ -45,7 +75,7 @@ class ReflectionClient:
 
     def list_services(self) -> List[str]:
         """The fully qualified names of the server's services, sorted."""
-        response = self._ask(reflection_pb2.ServerReflectionRequest(list_services="*"))
+        response = self._ask(self._request(list_services="*"))
         return sorted(s.name for s in response.list_services_response.service)
 
     def pool_for(self, symbol: str) -> descriptor_pool.DescriptorPool:
@@ -57,9 +87,9 @@ class ReflectionClient:
         while pending:
             kind, name = pending.pop()
             if kind == "symbol":
-                request = reflection_pb2.ServerReflectionRequest(file_containing_symbol=name)
+                request = self._request(file_containing_symbol=name)
             else:
-                request = reflection_pb2.ServerReflectionRequest(file_by_filename=name)
+                request = self._request(file_by_filename=name)
             for raw in self._ask(request).file_descriptor_response.file_descriptor_proto:
                 proto = descriptor_pb2.FileDescriptorProto.FromString(raw)
                 files.setdefault(proto.name, proto)
