@@ -88,9 +88,11 @@ inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 // Chat completions: validates every field it uses (errors name the field),
 // refuses a model other than `model_id` (NOT_FOUND), renders the Harmony
-// prompt and stops on <|return|> and <|call|>. A rendered prompt of more than
-// `max_prompt_text_bytes` (0 = no limit; see PromptTextByteLimit) is refused
-// before it is tokenised.
+// prompt and stops on <|return|> and <|call|> (and the request's
+// stop_token_ids). A rendered prompt of more than `max_prompt_text_bytes`
+// (0 = no limit; see PromptTextByteLimit) is refused before it is tokenised.
+// Fields it does not know are noted in `ignored_fields`, or refused under
+// UnknownFields::kRefuse (request_fields.h).
 absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
                                                    const tokenizer::Tokenizer& tok,
                                                    const harmony::OpenAiRequestOptions& options,
@@ -108,6 +110,7 @@ std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& requ
 // ids or an array of arrays of token ids (ids checked against the
 // vocabulary; at most kMaxBatchPrompts prompts); a text is refused
 // untokenised when longer than `max_prompt_text_bytes` (0 = no limit).
+// Unknown fields as for chat.
 absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                                                          std::string_view model_id,
                                                          const tokenizer::Tokenizer& tok,
