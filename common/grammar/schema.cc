@@ -20,7 +20,7 @@ const std::set<std::string>& KnownKeywords() {
       "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
       "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
       "enum", "const", "anyOf", "$ref", "$defs", "definitions", "nullable", "pattern", "format",
-      "oneOf", "prefixItems", "multipleOf", "minProperties", "maxProperties", "propertyNames",
+      "oneOf", "allOf", "prefixItems", "multipleOf", "minProperties", "maxProperties", "propertyNames",
       // Annotations: they constrain nothing (`discriminator` names the
       // property that tells oneOf alternatives apart, which oneOf enforces).
       "title", "description", "default", "examples", "$schema", "$id", "$comment",
@@ -84,6 +84,7 @@ class Compiler {
     }
     if (!schema.is_object()) return Bad(where, "a schema must be an object");
     if (absl::Status st = CheckKeywords(schema, where); !st.ok()) return st;
+    if (absl::Status st = CheckAllOf(schema, where); !st.ok()) return st;
     if (schema.contains("$ref")) return CompileRef(id, schema, where);
     if (schema.value("nullable", false)) {
       Json inner = schema;
@@ -119,6 +120,25 @@ class Compiler {
     }
     if (!type.is_string()) return Bad(where + "/type", "must be a string or a list of strings");
     return CompileTyped(id, type.get<std::string>(), schema, where);
+  }
+
+  // allOf is enforced where it only adds patterns to a string (zod writes
+  // startsWith + endsWith so): each must match.
+  absl::Status CheckAllOf(const Json& schema, const std::string& where) {
+    if (!schema.contains("allOf")) return absl::OkStatus();
+    const Json& all = schema["allOf"];
+    bool patterns = schema.value("type", Json()) == Json("string") && all.is_array() &&
+                    !all.empty() && all.size() <= 8;
+    for (size_t i = 0; patterns && i < all.size(); ++i) {
+      const Json& member = all[i];
+      patterns = member.is_object() && member.contains("pattern") && member["pattern"].is_string();
+      for (auto it = member.begin(); patterns && it != member.end(); ++it) {
+        patterns = it.key() == "pattern" || it.key() == "title" || it.key() == "description";
+      }
+    }
+    if (patterns) return absl::OkStatus();
+    return Bad(where + "/allOf",
+               "unsupported keyword 'allOf' (only an allOf of patterns on a string is enforced)");
   }
 
   absl::Status CompileTyped(int id, const std::string& type, const Json& schema,
@@ -160,12 +180,18 @@ class Compiler {
       return st;
     }
     TextRequest request;
-    for (const char* key : {"pattern", "format"}) {
-      if (!schema.contains(key)) continue;
-      if (!schema[key].is_string()) return Bad(where + "/" + key, "must be a string");
-      (key[0] == 'p' ? request.pattern : request.format) = schema[key].get<std::string>();
+    if (schema.contains("format")) {
+      if (!schema["format"].is_string()) return Bad(where + "/format", "must be a string");
+      request.format = schema["format"].get<std::string>();
     }
-    if (!request.pattern && !request.format) return absl::OkStatus();
+    if (schema.contains("pattern")) {
+      if (!schema["pattern"].is_string()) return Bad(where + "/pattern", "must be a string");
+      request.patterns.push_back(schema["pattern"].get<std::string>());
+    }
+    for (const Json& member : schema.value("allOf", Json::array())) {  // CheckAllOf: patterns
+      request.patterns.push_back(member["pattern"].get<std::string>());
+    }
+    if (request.patterns.empty() && !request.format) return absl::OkStatus();
     request.min_length = n.min_length;
     request.max_length = n.max_length;
     absl::StatusOr<std::shared_ptr<const TextConstraint>> text = CompileTextConstraint(request);
@@ -246,21 +272,25 @@ class Compiler {
     const Json props = schema.value("properties", Json::object());
     if (!props.is_object()) return Bad(where + "/properties", "must be an object");
     if (props.size() > 64) return Bad(where + "/properties", "more than 64 properties");
-    for (const std::string& name : required) {
-      if (!props.contains(name)) {
-        return Bad(where + "/required", absl::StrCat("'", name, "' is not a declared property"));
-      }
-    }
     for (const auto& [name, sub] : props.items()) {
       absl::StatusOr<int> child = Compile(sub, where + "/properties/" + name);
       if (!child.ok()) return child.status();
       Property p;
       p.key_text = Json(name).dump() + ":";
       p.node = *child;
-      p.required = required.count(name) > 0;
       out_.nodes[id].properties.push_back(std::move(p));
     }
     if (absl::Status st = CompileAdditional(id, schema, props.empty(), where); !st.ok()) return st;
+    // Required names are declared properties (or a record's listed names).
+    for (const std::string& name : required) {
+      bool found = false;
+      for (Property& p : out_.nodes[id].properties) {
+        if (p.key_text == Json(name).dump() + ":") p.required = found = true;
+      }
+      if (!found) {
+        return Bad(where + "/required", absl::StrCat("'", name, "' is not a declared property"));
+      }
+    }
     return CheckPropertyCounts(id, schema, where);
   }
 
@@ -459,8 +489,12 @@ class Compiler {
     const Json& ref = schema["$ref"];
     if (!ref.is_string()) return Bad(where + "/$ref", "must be a string");
     const std::string r = ref.get<std::string>();
-    if (schema.size() > 1 && !(schema.size() == 2 && schema.contains("description"))) {
-      return Bad(where, "keywords beside $ref are not supported");
+    static const std::set<std::string> kBeside = {"$ref", "description", "title", "$defs",
+                                                  "definitions", "$schema", "$id", "$comment"};
+    for (const auto& [key, value] : schema.items()) {
+      if (!kBeside.count(key)) {
+        return Bad(where, absl::StrCat("'", key, "' beside $ref is not supported"));
+      }
     }
     auto found = refs_.find(r);
     int target;

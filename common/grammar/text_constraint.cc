@@ -14,6 +14,12 @@ absl::Status Refuse(const std::string& keyword, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(keyword, ": ", why));
 }
 
+// zod writes these format names beside the pattern that carries their whole
+// meaning (`.includes()`, `.startsWith()`, `.endsWith()`).
+bool IsPatternAnnotation(const std::string& format) {
+  return format == "includes" || format == "starts_with" || format == "ends_with";
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const TextConstraint>> CompileTextConstraint(
@@ -37,19 +43,20 @@ absl::StatusOr<std::shared_ptr<const TextConstraint>> CompileTextConstraint(
     dfa = *std::move(both);
     return absl::OkStatus();
   };
-  if (request.format) {
+  const bool patterns = !request.patterns.empty();
+  if (request.format && !(patterns && IsPatternAnnotation(*request.format))) {
     absl::StatusOr<std::string> pattern = FormatPattern(*request.format);
     if (!pattern.ok()) return Refuse("format", pattern.status().message());
     if (absl::Status st = add("format", *pattern); !st.ok()) return st;
   }
-  if (request.pattern) {
-    if (absl::Status st = add("pattern", *request.pattern); !st.ok()) return st;
+  for (const std::string& pattern : request.patterns) {
+    if (absl::Status st = add("pattern", pattern); !st.ok()) return st;
   }
-  const std::string what = request.pattern && request.format ? "pattern and format"
-                           : request.pattern                  ? "pattern"
-                                                              : "format";
+  const std::string what = patterns && request.format ? "pattern and format"
+                           : patterns                  ? "pattern"
+                                                       : "format";
   if (dfa->empty()) {
-    return Refuse(what, request.pattern && request.format
+    return Refuse(what, patterns && request.format
                             ? absl::StrCat("no string matches both (format '", *request.format, "')")
                             : "no string a JSON string can carry matches");
   }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/grammar/schema.h"
@@ -14,7 +15,8 @@
 namespace flotilla::grammar {
 
 struct TextRequest {
-  std::optional<std::string> pattern, format;
+  std::vector<std::string> patterns;  // `pattern`, and those of an allOf: all must match
+  std::optional<std::string> format;
   int64_t min_length = 0, max_length = -1;  // code points; -1: none
 };
 

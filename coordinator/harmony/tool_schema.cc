@@ -106,7 +106,11 @@ absl::Status PrepareProperties(Json& schema, const std::string& where, int nesti
     if (!req->is_array()) return Malformed(where + ".required", "must be an array of property names");
     for (const auto& name : *req) {
       if (!name.is_string()) return Malformed(where + ".required", "must be an array of property names");
-      if (props == schema.end() || !props->contains(name.get<std::string>())) {
+      // A record's required keys may be names its propertyNames enum lists.
+      const Json names = schema.value("propertyNames", Json::object());
+      const bool listed = names.is_object() && names.contains("enum") && names["enum"].is_array() &&
+                          std::find(names["enum"].begin(), names["enum"].end(), name) != names["enum"].end();
+      if (!listed && (props == schema.end() || !props->contains(name.get<std::string>()))) {
         return Malformed(where + ".required",
                          absl::StrCat("names '", name.get<std::string>(), "', which is not a property"));
       }

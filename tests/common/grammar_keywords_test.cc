@@ -52,6 +52,10 @@ TEST(GrammarKeywords, PatternOnTheDecodedValue) {
   EXPECT_FALSE(Accepts(s, R"("abd")"));
   EXPECT_FALSE(Continues(s, R"("\u0061)"));  // with a pattern only short escapes
   EXPECT_FALSE(Continues(s, R"("d)"));        // no completion matches: refused at once
+  CompiledSchema both = Compiled(R"({"type": "string", "format": "ends_with",
+      "allOf": [{"pattern": "^ab"}, {"pattern": "yz$"}]})");
+  EXPECT_TRUE(Accepts(both, R"("ab-xyz")"));
+  EXPECT_FALSE(Accepts(both, R"("ab-xy")"));
   CompiledSchema unanchored = Compiled(R"({"type": "string", "pattern": "x\\d"})");
   EXPECT_TRUE(Accepts(unanchored, R"("before x1 after")"));
   EXPECT_FALSE(Accepts(unanchored, R"("before x after")"));

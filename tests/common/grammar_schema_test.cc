@@ -94,6 +94,11 @@ TEST(GrammarSchema, AcceptsWhatClientsWrite) {
            R"({"type": "integer", "multipleOf": 5, "minimum": -9007199254740991, "maximum": 9007199254740991})",
            R"({"type": "object", "properties": {"a": {"type": "null"}}, "additionalProperties": true,
                "minProperties": 1, "maxProperties": 1})",
+           // zod's startsWith + endsWith; pydantic's recursive root model.
+           R"({"type": "string", "format": "ends_with", "allOf": [{"pattern": "^ab.*"}, {"pattern": ".*yz$"}]})",
+           R"({"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object", "properties": {
+               "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/Node"}}},
+               "required": ["v"]}}})",
        }) {
     EXPECT_TRUE(Compile(schema).ok()) << schema << " -> " << Compile(schema);
   }

@@ -98,6 +98,13 @@ TEST(SchemaRender, ReferencesResolveLocallyOrFailClearly) {
   EXPECT_NE(std::string(inner.status().message()).find("unknown type 'strng'"), std::string::npos);
 }
 
+// zod's record with enum keys requires names its propertyNames lists.
+TEST(SchemaRender, RecordRequiresItsListedKeys) {
+  auto r = RenderFunctionTool(Tool("f", "", R"({"type": "object", "propertyNames": {"type": "string",
+      "enum": ["low", "high"]}, "additionalProperties": {"type": "boolean"}, "required": ["low", "high"]})"));
+  EXPECT_TRUE(r.ok()) << r.status();
+}
+
 TEST(SchemaRender, DescriptionLinesSplitLikeTheReference) {
   EXPECT_EQ(DescriptionLines(""), std::vector<std::string>{});
   EXPECT_EQ(DescriptionLines("a\r\nb\n"), (std::vector<std::string>{"a", "b"}));

@@ -85,5 +85,18 @@ int main() {
       "tags": {"type": "array", "items": {"anyOf": [{"type": "string", "maxLength": 8},
       {"enum": ["alpha", "beta"]}]}, "maxItems": 3}}, "required": ["id", "tags"]}]})";
   Run("anyof_alike_objects", joint, *index);
+  // Patterns and formats: a string's state is an automaton state; zod's
+  // email pattern beside the format is intersected with it.
+  ConstraintSpec formats = object;
+  formats.final_schema = R"({"type": "object", "properties": {"id": {"type": "string", "format": "uuid"},
+      "at": {"type": "string", "format": "date-time"}, "site": {"type": "string", "format": "uri",
+      "maxLength": 40}, "mail": {"type": "string", "format": "email", "maxLength": 40, "pattern":
+      "^(?!\\.)(?!.*\\.\\.)([A-Za-z0-9_'+\\-\\.]*)[A-Za-z0-9_+-]@([A-Za-z0-9][A-Za-z0-9\\-]*\\.)+[A-Za-z]{2,}$"}},
+      "required": ["id", "at", "site", "mail"], "additionalProperties": false})";
+  Run("formats_and_patterns", formats, *index);
+  ConstraintSpec record = object;
+  record.final_schema = R"({"type": "object", "propertyNames": {"pattern": "^[a-z]{1,8}$"},
+      "additionalProperties": {"type": "integer", "multipleOf": 5}, "maxProperties": 4})";
+  Run("record_pattern_keys", record, *index);
   return 0;
 }
