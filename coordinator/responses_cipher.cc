@@ -104,7 +104,9 @@ absl::StatusOr<std::unique_ptr<ReasoningCipher>> ReasoningCipher::Parse(absl::st
 absl::StatusOr<std::unique_ptr<ReasoningCipher>> ReasoningCipher::FromFile(
     const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("--reasoning-key-file: cannot read '", path, "'"));
+  if (!in)
+    return absl::InvalidArgumentError(
+        absl::StrCat("--reasoning-key-file: cannot read '", path, "'"));
   std::stringstream text;
   text << in.rdbuf();
   return Parse(text.str(), absl::StrCat("--reasoning-key-file '", path, "'"));
@@ -128,8 +130,8 @@ absl::StatusOr<std::string> ReasoningCipher::Seal(absl::string_view plaintext) c
       EVP_EncryptUpdate(ctx.get(), out, &len, Bytes(plaintext),
                         static_cast<int>(plaintext.size())) != 1 ||
       EVP_EncryptFinal_ex(ctx.get(), out + len, &len) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes,
-                          out + plaintext.size()) != 1) {
+      EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, out + plaintext.size()) !=
+          1) {
     return Internal("AES-256-GCM encryption");
   }
   return absl::Base64Escape(blob);
@@ -170,7 +172,8 @@ absl::StatusOr<std::string> ReasoningCipher::Open(absl::string_view text) const 
       EVP_DecryptUpdate(ctx.get(), Bytes(plaintext), &len, in, static_cast<int>(size)) != 1 ||
       EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kTagBytes, tag.data()) != 1 ||
       EVP_DecryptFinal_ex(ctx.get(), Bytes(plaintext) + len, &len) != 1) {
-    return absl::InvalidArgumentError("was altered: it does not authenticate under this server's key");
+    return absl::InvalidArgumentError(
+        "was altered: it does not authenticate under this server's key");
   }
   return plaintext;
 }

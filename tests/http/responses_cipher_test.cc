@@ -3,12 +3,13 @@
 // it, and the same sealed items accepted back in `input`; a tampered or
 // foreign blob is refused naming the item's field. Background responses that
 // end without a finish (cancelled, failed) keep the output so far.
+#include "coordinator/responses_cipher.h"
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
 #include "coordinator/choice_decoder.h"
 #include "coordinator/harmony/openai.h"
-#include "coordinator/responses_cipher.h"
 #include "coordinator/responses_request.h"
 #include "coordinator/responses_stream.h"
 #include "tests/harmony_completion.h"
@@ -170,7 +171,9 @@ Json Turn(const Json& reasoning) {
   return Json::array(
       {{{"role", "user"}, {"content", "Weather in Tokyo?"}},
        reasoning,
-       {{"type", "function_call"}, {"call_id", "call_1"}, {"name", "get_weather"},
+       {{"type", "function_call"},
+        {"call_id", "call_1"},
+        {"name", "get_weather"},
         {"arguments", "{}"}},
        {{"type", "function_call_output"}, {"call_id", "call_1"}, {"output", "sunny"}}});
 }
@@ -216,8 +219,8 @@ TEST(BackgroundResponseTest, CancelledKeepsTheOutputSoFar) {
   tk::TokenId stop;
   const std::vector<tk::TokenId> ids =
       Completion({Assistant("analysis", "A long thought that goes on")}, &stop);
-  const Json r = Generated({Assistant("analysis", "A long thought that goes on")}, nullptr,
-                           ids.size() - 2);
+  const Json r =
+      Generated({Assistant("analysis", "A long thought that goes on")}, nullptr, ids.size() - 2);
   EXPECT_EQ(r["status"], "cancelled");
   EXPECT_TRUE(r["error"].is_null());
   EXPECT_TRUE(r["usage"].is_null());
