@@ -264,6 +264,27 @@ absl::StatusOr<std::vector<std::vector<tokenizer::TokenId>>> CompletionPrompts(
   return out;
 }
 
+// Chat's max_tokens (or max_completion_tokens), logprobs and end tokens:
+// Harmony's <|return|> and <|call|>, then the request's stop_token_ids.
+absl::Status ChatLimitsAndLogprobs(const Json& body, int vocab_size, PreparedRequest& out) {
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, key, 1, UINT32_MAX));
+    if (m) {
+      out.sampling.set_max_tokens(static_cast<uint32_t>(*m));
+      break;
+    }
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(out.logprobs, Bool(body, "logprobs"));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, 20));
+  if (top && *top > 0 && !out.logprobs) return Invalid("top_logprobs", "needs logprobs: true");
+  out.top_logprobs = top ? static_cast<int>(*top) : 0;
+  out.sampling.set_return_logprobs(out.logprobs);
+  out.sampling.set_logprobs(static_cast<uint32_t>(out.top_logprobs));
+  out.sampling.add_stop_token_ids(tokenizer::kReturn);
+  out.sampling.add_stop_token_ids(tokenizer::kCall);
+  return ReadStopTokenFields(body, vocab_size, out.sampling);
+}
+
 }  // namespace
 
 ApiError ErrorFromStatus(const absl::Status& status) {
@@ -349,22 +370,7 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
     return Invalid("ignore_eos", "is not allowed for chat (the reply ends at Harmony's end tokens)");
   }
   FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
-  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
-    FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, key, 1, UINT32_MAX));
-    if (m) {
-      out.sampling.set_max_tokens(static_cast<uint32_t>(*m));
-      break;
-    }
-  }
-  FLOTILLA_ASSIGN_OR_RETURN(out.logprobs, Bool(body, "logprobs"));
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, 20));
-  if (top && *top > 0 && !out.logprobs) return Invalid("top_logprobs", "needs logprobs: true");
-  out.top_logprobs = top ? static_cast<int>(*top) : 0;
-  out.sampling.set_return_logprobs(out.logprobs);
-  out.sampling.set_logprobs(static_cast<uint32_t>(out.top_logprobs));
-  out.sampling.add_stop_token_ids(tokenizer::kReturn);
-  out.sampling.add_stop_token_ids(tokenizer::kCall);
-  FLOTILLA_RETURN_IF_ERROR(ReadStopTokenFields(body, tok.vocab_size(), out.sampling));
+  FLOTILLA_RETURN_IF_ERROR(ChatLimitsAndLogprobs(body, tok.vocab_size(), out));
   FLOTILLA_RETURN_IF_ERROR(CheckTextOnly(body));
   harmony::OpenAiRequestOptions harmony_options = options;
   FLOTILLA_RETURN_IF_ERROR(ReadChatTemplateKwargs(body, fields, harmony_options));
