@@ -62,7 +62,17 @@ std::string MatchState::Key() const {
   for (int i = 0; i < count; ++i) {
     const MatchStack& r = readings[i];
     key.append(reinterpret_cast<const char*>(&r.depth), sizeof(r.depth));
-    key.append(reinterpret_cast<const char*>(r.frames), sizeof(Frame) * r.depth);
+    for (int d = 0; d < r.depth; ++d) {
+      // A schema node's literals are named by the node: the key then holds
+      // no address of this matcher's schema, so the same state of another
+      // compilation of the same schema has the same key (shared mask caches).
+      Frame f;
+      std::memcpy(&f, &r.frames[d], sizeof(Frame));  // padding too: it is zeroed at Push
+      if (f.literals != &Booleans() && f.literals != &Nulls() && f.literals != &Keywords()) {
+        f.literals = nullptr;
+      }
+      key.append(reinterpret_cast<const char*>(&f), sizeof(Frame));
+    }
   }
   return key;
 }

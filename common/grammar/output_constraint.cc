@@ -1,12 +1,23 @@
 #include "common/grammar/output_constraint.h"
 
+#include <functional>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/json_parse.h"
 
 namespace flotilla::grammar {
 namespace {
 
-constexpr size_t kMaxCachedMasks = 64;
+// A name for `text` in cache keys: its length and two unrelated 64-bit
+// hashes (the standard library's and FNV-1a).
+std::string Fingerprint(std::string_view text) {
+  uint64_t fnv = 14695981039346656037ull;
+  for (unsigned char c : text) fnv = (fnv ^ c) * 1099511628211ull;
+  return absl::StrCat(text.size(), ".", std::hash<std::string_view>{}(text), ".", fnv);
+}
+
 constexpr size_t kMaxTools = 30;  // two header sets of (tools + 2) forms fit 64 bits
 
 absl::StatusOr<CompiledSchema> CompileText(const std::string& text, const std::string& what) {
@@ -62,10 +73,12 @@ absl::Status OutputConstraint::Build(const ConstraintSpec& spec) {
           "constraint: the vocabulary lacks a Harmony special token it needs");
     }
   }
+  std::vector<std::string> schema_texts;  // by schemas_ index
   auto add_schema = [&](const std::string& text) -> absl::StatusOr<int> {
     absl::StatusOr<CompiledSchema> s = CompileText(text, "schema");
     if (!s.ok()) return s.status();
     schemas_.push_back(std::make_unique<CompiledSchema>(*std::move(s)));
+    schema_texts.push_back(text);
     matchers_.push_back(std::make_unique<JsonMatcher>(schemas_.back().get()));
     return static_cast<int>(schemas_.size()) - 1;
   };
@@ -120,6 +133,17 @@ absl::Status OutputConstraint::Build(const ConstraintSpec& spec) {
       forms_.push_back(call);
     }
   }
+  // Cache keys: a JSON body's masks depend on its schema and end token, a
+  // header's on every form's symbols.
+  std::string symbols;
+  for (Form& f : forms_) {
+    if (f.body == Body::kJson) {
+      f.cache_id = absl::StrCat("b", f.end_token, ":", Fingerprint(schema_texts[f.schema]));
+    }
+    absl::StrAppend(&symbols, absl::StrJoin(f.symbols, ","), ";");
+  }
+  header_cache_id_ = absl::StrCat("h", Fingerprint(symbols));
+  cache_ = MaskCache::For(index_);
   mask_.assign(index_->words(), 0);
   return absl::OkStatus();
 }
@@ -150,6 +174,8 @@ bool OutputConstraint::FeedHeader(HeaderState& h, int32_t symbol) const {
 }
 
 void OutputConstraint::HeaderMask(uint32_t* bits) {
+  const std::string key = absl::StrCat(header_cache_id_, ":", header_.alive, ":", header_.pos);
+  if (cache_->Lookup(key, bits, index_->words())) return;
   for (size_t f = 0; f < forms_.size(); ++f) {
     if (!((header_.alive >> f) & 1)) continue;
     const std::vector<int32_t>& s = forms_[f].symbols;
@@ -160,6 +186,7 @@ void OutputConstraint::HeaderMask(uint32_t* bits) {
   index_->AllowAccepted(
       header_, [this](HeaderState& h, uint8_t b) { return FeedHeader(h, b); }, &header_scratch_,
       bits);
+  cache_->Insert(key, bits, index_->words());
 }
 
 void OutputConstraint::BodyMask(uint32_t* bits) {
@@ -170,17 +197,12 @@ void OutputConstraint::BodyMask(uint32_t* bits) {
     return;
   }
   const JsonMatcher& m = *matchers_[form.schema];
-  const std::string key = absl::StrCat(form_, ":", json_.Key());
-  auto hit = cache_.find(key);
-  if (hit != cache_.end()) {
-    std::copy(hit->second.begin(), hit->second.end(), bits);
-    return;
-  }
+  const std::string key = absl::StrCat(form.cache_id, ":", json_.Key());
+  if (cache_->Lookup(key, bits, index_->words())) return;
   if (m.CanEnd(json_)) SetBit(bits, form.end_token);
   index_->AllowAccepted(
       json_, [&m](MatchState& s, uint8_t b) { return m.Feed(s, b); }, &json_scratch_, bits);
-  if (cache_.size() >= kMaxCachedMasks) cache_.clear();
-  cache_.emplace(key, std::vector<uint32_t>(bits, bits + index_->words()));
+  cache_->Insert(key, bits, index_->words());
 }
 
 const uint32_t* OutputConstraint::Mask() {

@@ -16,7 +16,9 @@
 //
 // `tool_required` drops the final form (tool_choice "required" or a named
 // function). Masks are cached per state (the same state recurs at every
-// step inside a string, for instance).
+// step inside a string, for instance) in a MaskCache that every constraint
+// over the same vocabulary shares, so a schema's states cost their trie walk
+// once per process, not once per request.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/json_matcher.h"
+#include "common/grammar/mask_cache.h"
 #include "common/grammar/schema.h"
 #include "common/grammar/vocabulary_index.h"
 
@@ -70,6 +73,7 @@ class OutputConstraint {
     int32_t end_token = -1;
     int schema = -1;               // index into schemas_ (kJson)
     bool analysis = false;
+    std::string cache_id;          // kJson: what its masks depend on but the state
   };
   struct HeaderState {
     uint64_t alive = 0;  // forms still matching
@@ -101,7 +105,8 @@ class OutputConstraint {
   MatchState json_;
   std::vector<uint32_t> mask_;
   bool mask_fresh_ = false;
-  std::unordered_map<std::string, std::vector<uint32_t>> cache_;
+  std::shared_ptr<MaskCache> cache_;
+  std::string header_cache_id_;  // what header masks depend on but the state
   std::vector<MatchState> json_scratch_;
   std::vector<HeaderState> header_scratch_;
 };

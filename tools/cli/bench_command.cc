@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -48,6 +50,9 @@ struct ServeFlags {
   int turn_tokens = 64;     // new tokens each later turn adds
   std::string metrics_url;  // the coordinator's Prometheus /metrics; empty = not read
   std::string api_key;      // sent on every call (the SDK's, the admin's, /metrics)
+  bool chat = false;         // requests go through Chat (Harmony rendered and parsed)
+  std::string schema_file;   // --response-format-schema: Chat answers in this JSON Schema
+  std::string schema_json;   // its text, read once
 };
 
 // One turn index of the multi-turn workload.
@@ -76,6 +81,32 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+// A Chat request of about `words` prompt tokens (random words of one token
+// each, mostly) asking for `max_tokens`, in the schema's JSON if one is set.
+v1::ChatRequest ChatRequestOf(const ServeFlags& f, std::mt19937_64& rng, int words,
+                              int max_tokens) {
+  static const char* const kWords[] = {"river", "stone", "cloud", "green", "north",  "table",
+                                       "light", "seven", "apple", "quiet", "train",  "paper",
+                                       "storm", "house", "music", "field", "glass",  "bread"};
+  std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
+  std::string text;
+  for (int i = 0; i < words; ++i) absl::StrAppend(&text, i ? " " : "", kWords[pick(rng)]);
+  v1::ChatRequest req;
+  v1::ChatMessage* m = req.add_messages();
+  m->set_role(v1::ChatMessage::USER);
+  m->set_content(text);
+  req.set_return_token_ids(true);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(rng());
+  req.mutable_sampling()->set_max_tokens(max_tokens);
+  if (!f.schema_json.empty()) {
+    req.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+    req.mutable_response_format()->mutable_json_schema()->set_name("bench");
+    req.mutable_response_format()->mutable_json_schema()->set_schema_json(f.schema_json);
+  }
+  return req;
+}
+
 // One request: a random prompt, or the next turn of `conversation`.
 void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, int vocab,
                 Stats& stats, MultiTurnConversation* conversation = nullptr) {
@@ -102,20 +133,25 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
   int64_t tokens = 0;
   std::vector<double> itl;
   double ttft = 0;
-  absl::Status st = c.GenerateStream(req, [&](const v1::GenerateResponse& r) {
-    if (r.token_ids().empty()) return;
+  auto on_tokens = [&](const google::protobuf::RepeatedField<int32_t>& ids) {
+    if (ids.empty()) return;
     const auto now = Clock::now();
     if (first) {
       ttft = std::chrono::duration<double, std::milli>(now - start).count();
       first = false;
     } else {
       const double gap = std::chrono::duration<double, std::milli>(now - last).count();
-      for (int i = 0; i < r.token_ids_size(); ++i) itl.push_back(gap / r.token_ids_size());
+      for (int i = 0; i < ids.size(); ++i) itl.push_back(gap / ids.size());
     }
     last = now;
-    tokens += r.token_ids_size();
-    if (conversation != nullptr) output.insert(output.end(), r.token_ids().begin(), r.token_ids().end());
-  });
+    tokens += ids.size();
+    if (conversation != nullptr) output.insert(output.end(), ids.begin(), ids.end());
+  };
+  absl::Status st =
+      f.chat ? c.ChatStream(ChatRequestOf(f, rng, static_cast<int>(prompt_tokens),
+                                          static_cast<int>(req.sampling().max_tokens())),
+                            [&](const v1::ChatResponse& r) { on_tokens(r.token_ids()); })
+             : c.GenerateStream(req, [&](const v1::GenerateResponse& r) { on_tokens(r.token_ids()); });
   if (conversation != nullptr) conversation->Done(output, st.ok());
   std::lock_guard<std::mutex> lock(stats.mu);
   stats.tokens += tokens;
@@ -341,6 +377,8 @@ int RunServe(const ServeFlags& f) {
   j["bench"] = "serve";
   j["coordinator"] = f.coordinator;
   j["mode"] = f.rate > 0 ? "rate" : "concurrency";
+  j["api"] = f.chat ? "chat" : "generate";
+  if (!f.schema_file.empty()) j["response_format_schema"] = f.schema_file;
   if (f.rate > 0) {
     j["rate_rps"] = f.rate;
   } else {
@@ -403,6 +441,13 @@ void AddBenchCommand(CLI::App& app) {
       "every output exactly N tokens: --output-len N N with end tokens ignored")
       ->check(CLI::Range(1, 1 << 20));
   serve->add_flag("--ignore-eos", f->ignore_eos, "end tokens do not stop generation");
+  serve->add_flag("--chat", f->chat,
+                  "send Chat requests (a user message of about the prompt length in words; "
+                  "Harmony rendered and parsed) instead of Generate with token ids");
+  serve->add_option("--response-format-schema", f->schema_file,
+                    "JSON Schema file: Chat requests whose answer must be JSON of it "
+                    "(structured outputs; implies --chat)")
+      ->check(CLI::ExistingFile);
   serve->add_option("--engine-compare", f->engine_compare,
                     "after the load, time the engine on the serving worker (admin MeasureEngine) "
                     "and print served/engine ratios: on, off, or auto (on when it answers)")
@@ -424,6 +469,16 @@ void AddBenchCommand(CLI::App& app) {
   serve->callback([f] {
     if (f->prompt_len[0] > f->prompt_len[1] || f->output_len[0] > f->output_len[1]) {
       std::cerr << "flotilla bench serve: --prompt-len/--output-len take MIN MAX with MIN <= MAX\n";
+      throw CLI::RuntimeError(2);
+    }
+    if (!f->schema_file.empty()) {
+      std::ifstream in(f->schema_file);
+      f->schema_json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      f->chat = true;
+    }
+    if (f->chat && (f->ignore_eos || f->multi_turn > 0)) {
+      std::cerr << "flotilla bench serve: --chat takes neither --ignore-eos (a chat reply "
+                   "must end) nor --multi-turn\n";
       throw CLI::RuntimeError(2);
     }
     if (f->multi_turn > 0 && f->rate > 0) {

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <thread>
 #include <tuple>
 #include <unordered_set>
 
@@ -165,12 +166,12 @@ struct CudaEngine::Impl {
   float* ref_logprobs = nullptr;
   int32_t* top_ids = nullptr;      // [max_seqs, kMaxTopLogprobs]
   float* top_logprobs = nullptr;   // [max_seqs, kMaxTopLogprobs]
-  // Token masks of structured-output rows (LaunchMaskLogits): up to
-  // kMaskCapacity rows a step keep the device sampler under their mask.
-  static constexpr int kMaskCapacity = 32;
+  // Token masks of structured-output rows (LaunchMaskLogits): every row of
+  // a step (mask_capacity = its sequences) keeps the device sampler under its mask.
+  int mask_capacity = 0;
   int mask_words = 0;
-  uint32_t* masks = nullptr;      // [kMaskCapacity, mask_words]
-  int32_t* mask_rows = nullptr;   // [kMaskCapacity + 1]: the logit rows, then the count
+  uint32_t* masks = nullptr;      // [mask_capacity, mask_words]
+  int32_t* mask_rows = nullptr;   // [mask_capacity + 1]: the logit rows, then the count
 
   // Step metadata: one int32 region on the device at fixed offsets (graphs
   // keep the addresses), filled from a pinned host mirror.
@@ -247,13 +248,14 @@ struct CudaEngine::Impl {
   // Buffers for penalties, logit bias and logprobs (see above).
   absl::Status AllocSamplingExtras(int rows, int vocab) {
     const int cap = kAdjustCapacity, top = kMaxTopLogprobs;
+    mask_capacity = rows;
     mask_words = (vocab + 31) / 32;
-    const size_t mask_bytes = static_cast<size_t>(kMaskCapacity) * mask_words * sizeof(uint32_t);
-    FLOTILLA_RETURN_IF_ERROR(Alloc(&masks, static_cast<size_t>(kMaskCapacity) * mask_words));
-    FLOTILLA_RETURN_IF_ERROR(Alloc(&mask_rows, kMaskCapacity + 1));
+    const size_t mask_bytes = static_cast<size_t>(mask_capacity) * mask_words * sizeof(uint32_t);
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&masks, static_cast<size_t>(mask_capacity) * mask_words));
+    FLOTILLA_RETURN_IF_ERROR(Alloc(&mask_rows, mask_capacity + 1));
     FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&masks_host), mask_bytes));
     FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&mask_rows_host),
-                                        (kMaskCapacity + 1) * sizeof(int32_t)));
+                                        (mask_capacity + 1) * sizeof(int32_t)));
     FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust, cap));
     FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust_saved, cap));
     FLOTILLA_RETURN_IF_ERROR(Alloc(&adjust_count, 1));
@@ -842,6 +844,7 @@ absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) 
     FLOTILLA_RETURN_IF_ERROR(RunStep(items, nullptr, &out, nullptr));
     return out;
   }
+  PrefetchMasks(items);
   DeviceSampling sampling;
   if (any_all || !PrepareDeviceSampling(items, &sampling)) {
     ++host_sampled_steps_;
@@ -849,6 +852,22 @@ absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) 
   }
   FLOTILLA_RETURN_IF_ERROR(RunStep(items, &sampling, &out, nullptr));
   return out;
+}
+
+void CudaEngine::PrefetchMasks(const std::vector<StepItem>& items) {
+  std::vector<Sampler*> masked;
+  for (const StepItem& it : items) {
+    if (it.sampler != nullptr && it.sampler->has_filter()) masked.push_back(it.sampler);
+  }
+  if (masked.size() < 2) return;
+  if (mask_pool_ == nullptr) {
+    // Threads of their own: the step's host work waits for the masks anyway.
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    mask_pool_ = std::make_unique<kernels::cpu::ThreadPool>(std::clamp(cores / 2, 2, 8));
+  }
+  mask_pool_->ParallelFor(static_cast<int64_t>(masked.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) masked[i]->Allowed();
+  });
 }
 
 bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
@@ -886,7 +905,7 @@ bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
 // per 32 tokens, ~25 KB at o200k) and the device sets its refused logits to
 // -inf before the draw. The host samples instead (false) when the row wants
 // logprobs or its logit row (both are of the raw logits, which the mask
-// overwrites), or when more rows than kMaskCapacity are masked.
+// overwrites), or when more rows than mask_capacity are masked.
 bool CudaEngine::StageMask(const StepItem& item, int index, const uint32_t* allowed,
                            DeviceSampling* sampling) {
   Impl& d = *impl_;
@@ -894,7 +913,7 @@ bool CudaEngine::StageMask(const StepItem& item, int index, const uint32_t* allo
   // A mask that allows nothing is left out, as the CPU sampler ignores it
   // (the filter reports the failure when the token is recorded).
   if (std::all_of(allowed, allowed + d.mask_words, [](uint32_t w) { return w == 0; })) return true;
-  if (sampling->masks == Impl::kMaskCapacity) return false;
+  if (sampling->masks == d.mask_capacity) return false;
   std::memcpy(d.masks_host + static_cast<size_t>(sampling->masks) * d.mask_words, allowed,
               d.mask_words * sizeof(uint32_t));
   d.mask_rows_host[sampling->masks++] = index;  // an item index until UploadSampling
@@ -939,12 +958,12 @@ absl::Status CudaEngine::UploadMasks(const DeviceSampling& sampling, const Plan&
   for (int m = 0; m < sampling.masks; ++m) {
     d.mask_rows_host[m] = plan.first_row[d.mask_rows_host[m]];
   }
-  d.mask_rows_host[Impl::kMaskCapacity] = sampling.masks;
+  d.mask_rows_host[d.mask_capacity] = sampling.masks;
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(
       d.masks, d.masks_host, static_cast<size_t>(sampling.masks) * d.mask_words * sizeof(uint32_t),
       cudaMemcpyHostToDevice, d.stream));
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.mask_rows, d.mask_rows_host,
-                                       (Impl::kMaskCapacity + 1) * sizeof(int32_t),
+                                       (d.mask_capacity + 1) * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, d.stream));
   return absl::OkStatus();
 }
@@ -961,8 +980,8 @@ absl::Status CudaEngine::LaunchSampling(const DeviceSampling& sampling, int rows
   const int V = config_.vocab_size, cap = Impl::kAdjustCapacity;
   if (sampling.masks > 0) {
     FLOTILLA_CUDA_RETURN(kc::LaunchMaskLogits(d.logits, V, d.mask_rows, d.masks,
-                                              d.mask_rows + Impl::kMaskCapacity,
-                                              Impl::kMaskCapacity, s));
+                                              d.mask_rows + d.mask_capacity,
+                                              d.mask_capacity, s));
   }
   if (sampling.adjustments == 0) {
     FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,

@@ -36,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_block_allocator.h"
@@ -223,6 +224,10 @@ class CudaEngine : public Engine {
   // false when the step must sample on the host instead.
   bool StageMask(const StepItem& item, int index, const uint32_t* allowed,
                  DeviceSampling* sampling);
+  // Computes the masks of the step's structured-output rows in parallel
+  // (each a copy from the shared mask cache or a walk of the token trie), so
+  // that PrepareDeviceSampling finds them ready.
+  void PrefetchMasks(const std::vector<StepItem>& items);
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
   absl::StatusOr<StepOutput> StepWithHostSampling(const std::vector<StepItem>& items);
@@ -257,6 +262,7 @@ class CudaEngine : public Engine {
   std::map<std::string, double> op_time_ms_;
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
   int64_t host_sampled_steps_ = 0;
+  std::unique_ptr<kernels::cpu::ThreadPool> mask_pool_;  // PrefetchMasks, made at first use
 };
 
 }  // namespace flotilla

@@ -1,0 +1,102 @@
+// MaskCache: masks shared by every constraint over one vocabulary.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "common/grammar/mask_cache.h"
+#include "common/grammar/o200k_vocabulary.h"
+#include "common/grammar/output_constraint.h"
+
+namespace flotilla::grammar {
+namespace {
+
+std::shared_ptr<const VocabularyIndex> Index() {
+  static std::shared_ptr<const VocabularyIndex> index = [] {
+    absl::StatusOr<std::shared_ptr<const VocabularyIndex>> i = LoadO200kIndex(201088);
+    EXPECT_TRUE(i.ok()) << i.status();
+    return i.ok() ? *i : nullptr;
+  }();
+  return index;
+}
+
+TEST(GrammarMaskCache, EvictsTheOldestPastItsBound) {
+  const std::vector<uint32_t> a(100, 1u), b(100, 2u), c(100, 3u);
+  // Room for two entries of 100 words and short keys.
+  MaskCache cache(2 * (100 * sizeof(uint32_t) + 2 * 3 + 64));
+  cache.Insert("one", a.data(), a.size());
+  cache.Insert("two", b.data(), b.size());
+  std::vector<uint32_t> out(100);
+  ASSERT_TRUE(cache.Lookup("one", out.data(), out.size()));
+  EXPECT_EQ(out, a);
+  cache.Insert("six", c.data(), c.size());
+  EXPECT_FALSE(cache.Lookup("one", out.data(), out.size()));  // the oldest went
+  ASSERT_TRUE(cache.Lookup("two", out.data(), out.size()));
+  EXPECT_EQ(out, b);
+  ASSERT_TRUE(cache.Lookup("six", out.data(), out.size()));
+  EXPECT_EQ(out, c);
+  EXPECT_FALSE(cache.Lookup("two", out.data(), 99));  // a different width is no hit
+  EXPECT_EQ(cache.counts().entries, 2u);
+}
+
+TEST(GrammarMaskCache, OneCachePerLiveVocabulary) {
+  ASSERT_NE(Index(), nullptr);
+  EXPECT_EQ(MaskCache::For(Index()), MaskCache::For(Index()));
+  auto other = std::make_shared<const VocabularyIndex>(Index()->vocab());
+  EXPECT_NE(MaskCache::For(other), MaskCache::For(Index()));
+}
+
+// Drives a constraint along one path, recording every mask.
+std::vector<std::vector<uint32_t>> Masks(OutputConstraint& c, uint32_t seed, int steps) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint32_t>> masks;
+  const int words = Index()->words();
+  for (int i = 0; i < steps && !c.complete(); ++i) {
+    const uint32_t* m = c.Mask();
+    masks.emplace_back(m, m + words);
+    std::vector<int32_t> allowed;
+    for (int32_t t = 0; t < Index()->vocab().vocab_size; ++t) {
+      if (TestBit(m, t)) allowed.push_back(t);
+    }
+    if (allowed.empty() || !c.Advance(allowed[rng() % allowed.size()]).ok()) break;
+  }
+  return masks;
+}
+
+TEST(GrammarMaskCache, AnotherRequestWithTheSameSchemaReusesMasksAndGetsTheSameOnes) {
+  ASSERT_NE(Index(), nullptr);
+  ConstraintSpec spec;
+  spec.json_final = true;
+  spec.final_schema = R"({"type": "object", "properties": {"mood": {"enum": ["calm", "busy"]},
+      "count": {"type": "integer", "minimum": 0, "maximum": 90}}, "required": ["mood", "count"],
+      "additionalProperties": false})";
+  auto first = OutputConstraint::Create(spec, Index());
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::vector<std::vector<uint32_t>> computed = Masks(**first, 11, 60);
+  ASSERT_TRUE((*first)->complete());
+
+  std::shared_ptr<MaskCache> cache = MaskCache::For(Index());
+  const MaskCache::Counts before = cache->counts();
+  auto second = OutputConstraint::Create(spec, Index());
+  ASSERT_TRUE(second.ok());
+  const std::vector<std::vector<uint32_t>> reused = Masks(**second, 11, 60);
+  const MaskCache::Counts after = cache->counts();
+  EXPECT_EQ(reused, computed);  // the same path, the same masks
+  EXPECT_EQ(after.misses, before.misses);  // every header and body state was cached
+  EXPECT_GE(after.hits - before.hits, computed.size() - 1);
+
+  // Another schema's states are its own: the same bytes lead elsewhere.
+  ConstraintSpec narrow = spec;
+  narrow.final_schema = R"({"type": "object", "properties": {"mood": {"enum": ["calm"]},
+      "count": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["mood", "count"],
+      "additionalProperties": false})";
+  auto third = OutputConstraint::Create(narrow, Index());
+  ASSERT_TRUE(third.ok()) << third.status();
+  const std::vector<std::vector<uint32_t>> own = Masks(**third, 11, 60);
+  ASSERT_TRUE((*third)->complete());
+  EXPECT_NE(own, computed);
+}
+
+}  // namespace
+}  // namespace flotilla::grammar
