@@ -70,13 +70,6 @@ class Up:
         return rc
 
 
-def post_json(url, body, context=None):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120, context=context) as answer:
-        return answer.status, json.loads(answer.read())
-
-
 def get_text(url):
     with urllib.request.urlopen(url, timeout=60) as answer:
         return answer.read().decode()
@@ -88,13 +81,22 @@ def check(condition, message):
 
 
 def json_logs(bin_dir):
-    up = Up(bin_dir, ["--log-format", "json"], lambda line: '"serving"' in line)
+    origin = "http://localhost:3000"
+    up = Up(bin_dir, ["--log-format", "json", "--allowed-origins", origin],
+            lambda line: '"serving"' in line)
     banner = json.loads(up.stdout[0])
     check(banner["msg"] == "serving", f"banner: {banner}")
-    status, answer = post_json(banner["openai_api"] + "/chat/completions", {
-        "model": banner["model_id"], "max_tokens": 4,
-        "messages": [{"role": "user", "content": "hi"}]})
-    check(status == 200 and answer["choices"], f"chat answer: {answer}")
+    # As a web page at `origin` calls it: up passed --allowed-origins on.
+    request = urllib.request.Request(
+        banner["openai_api"] + "/chat/completions",
+        data=json.dumps({"model": banner["model_id"], "max_tokens": 4,
+                         "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"Content-Type": "application/json", "Origin": origin})
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        answer = json.loads(reply.read())
+        check(reply.status == 200 and answer["choices"], f"chat answer: {answer}")
+        check(reply.headers.get("Access-Control-Allow-Origin") == origin,
+              f"no CORS header for {origin}: {dict(reply.headers)}")
     rc = up.stop()
     check(rc == 0, f"up exit code {rc}")
     lines = up.stdout + up.stderr

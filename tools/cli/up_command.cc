@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "tools/cli/local_cluster.h"
 #include "tools/cli/up_banner.h"
@@ -33,6 +34,8 @@ struct ServingLimits {
   // The request field policy (coordinator/request_fields.h).
   bool strict_request_fields = false;
   std::string reasoning_field = "both";
+  // Origins browsers may call the HTTP API from (the coordinator's CORS).
+  std::vector<std::string> allowed_origins;
 
   void ApplyTo(LocalClusterOptions& o) const {
     o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
@@ -42,6 +45,10 @@ struct ServingLimits {
                           std::to_string(rebalance_interval), "--drain-timeout",
                           absl::StrCat(drain_timeout_s), "--reasoning-field", reasoning_field};
     if (strict_request_fields) o.coordinator_args.push_back("--strict-request-fields");
+    if (!allowed_origins.empty()) {
+      o.coordinator_args.insert(o.coordinator_args.end(),
+                                {"--allowed-origins", absl::StrJoin(allowed_origins, ",")});
+    }
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
@@ -194,6 +201,10 @@ void AddUpCommand(CLI::App& app) {
                   "where chat replies carry reasoning text: reasoning, reasoning_content or both")
       ->capture_default_str()
       ->check(CLI::IsMember({"reasoning", "reasoning_content", "both"}));
+  cmd->add_option("--allowed-origins", limits->allowed_origins,
+                  "origins browsers may call the HTTP API from (CORS), comma-separated, or *; "
+                  "passed to the coordinator (default: none)")
+      ->delimiter(',');
   cmd->callback([o, limits, &app] {
     limits->ApplyTo(*o);
     // The children log like up itself (--log-level, --log-format are flotilla's).
