@@ -682,7 +682,8 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
   return id;
 }
 
-bool ClusterManager::Cancel(uint64_t request_id, const std::string& reason) {
+bool ClusterManager::Cancel(uint64_t request_id, const std::string& reason,
+                            absl::StatusCode code) {
   std::vector<Finished> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -699,10 +700,10 @@ bool ClusterManager::Cancel(uint64_t request_id, const std::string& reason) {
     if (group < static_cast<int>(group_inflight_.size()) && group_inflight_[group] > 0) {
       --group_inflight_[group];
     }
-    done.push_back(Finished{std::move(it->second.callbacks), absl::CancelledError(reason),
+    done.push_back(Finished{std::move(it->second.callbacks), absl::Status(code, reason),
                             std::nullopt});
     requests_.erase(it);
-    ++requests_cancelled_;
+    if (code == absl::StatusCode::kCancelled) ++requests_cancelled_;
   }
   Deliver(done);
   return true;

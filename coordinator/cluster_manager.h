@@ -115,8 +115,11 @@ class ClusterManager {
   // exactly once and without the manager's lock held.
   void MeasureEngine(const cluster::MeasureEngineRequest& request, absl::Time deadline,
                      MeasureCallback done);
-  // Cancels a request; its on_done gets CANCELLED. Returns false if unknown.
-  bool Cancel(uint64_t request_id, const std::string& reason);
+  // Cancels a request; its on_done gets `code` (CANCELLED, or
+  // DEADLINE_EXCEEDED for a request ended at its deadline: /metrics counts it
+  // as one). Returns false if unknown.
+  bool Cancel(uint64_t request_id, const std::string& reason,
+              absl::StatusCode code = absl::StatusCode::kCancelled);
 
   // Blocks until the instance is ready or `timeout` passes.
   bool WaitReady(absl::Duration timeout);

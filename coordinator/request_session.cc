@@ -155,8 +155,15 @@ void RequestSession::Fail(absl::Status status) {
     }
   }
   const std::string reason(status.message());
+  const bool expired = status.code() == absl::StatusCode::kDeadlineExceeded;
   Enqueue(Item{Item::Kind::kFail, 0, {}, std::move(status)});
-  for (uint64_t id : live) backend_->Cancel(id, reason);
+  for (uint64_t id : live) {
+    if (expired) {
+      backend_->Expire(id, reason);
+    } else {
+      backend_->Cancel(id, reason);
+    }
+  }
 }
 
 void RequestSession::Enqueue(Item item) {
@@ -216,6 +223,7 @@ void RequestSession::Pump() {
 
 void RequestSession::Run(Actions actions) {
   for (const auto& [id, reason] : actions.cancels) backend_->Cancel(id, reason);
+  for (const auto& [id, reason] : actions.expires) backend_->Expire(id, reason);
   for (uint32_t index : actions.submits) {
     absl::Status st = SubmitChoice(index);
     if (!st.ok()) {
@@ -321,10 +329,10 @@ void RequestSession::FailLocked(const absl::Status& status, std::vector<RequestE
   end.status = status;
   end.usage = UsageLocked();
   events.push_back(std::move(end));
+  auto& ends = status.code() == absl::StatusCode::kDeadlineExceeded ? actions.expires
+                                                                      : actions.cancels;
   for (const Choice& c : choices_) {
-    if (c.id != 0 && !c.done && !c.finished) {
-      actions.cancels.emplace_back(c.id, std::string(status.message()));
-    }
+    if (c.id != 0 && !c.done && !c.finished) ends.emplace_back(c.id, std::string(status.message()));
   }
 }
 

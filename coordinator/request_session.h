@@ -45,6 +45,11 @@ class RequestBackend {
                                           RequestCallbacks callbacks) = 0;
   // As ClusterManager::Cancel.
   virtual bool Cancel(uint64_t request_id, const std::string& reason) = 0;
+  // Cancel for a request that ended at its deadline (counted as a deadline
+  // where the backend keeps counts).
+  virtual bool Expire(uint64_t request_id, const std::string& reason) {
+    return Cancel(request_id, reason);
+  }
 };
 
 // RequestBackend on a ClusterManager (which must outlive it).
@@ -57,6 +62,9 @@ class ClusterBackend final : public RequestBackend {
   }
   bool Cancel(uint64_t request_id, const std::string& reason) override {
     return manager_->Cancel(request_id, reason);
+  }
+  bool Expire(uint64_t request_id, const std::string& reason) override {
+    return manager_->Cancel(request_id, reason, absl::StatusCode::kDeadlineExceeded);
   }
 
  private:
@@ -137,6 +145,8 @@ class RequestSession : public std::enable_shared_from_this<RequestSession> {
   // What a step asks to do once the lock is released.
   struct Actions {
     std::vector<std::pair<uint64_t, std::string>> cancels;
+    // Sequences of a request that ended at its deadline (RequestBackend::Expire).
+    std::vector<std::pair<uint64_t, std::string>> expires;
     std::vector<uint32_t> submits;
     std::vector<uint64_t> released;
     bool all_released = false;

@@ -104,11 +104,17 @@ std::optional<absl::Time> CallDeadline(grpc::CallbackServerContext* context) {
   return absl::FromChrono(deadline);
 }
 
-// Why gRPC called OnCancel: a call past its deadline is reported as a
-// cancel, and is counted and logged as a deadline instead.
+// How close to its deadline a cancel counts as the deadline. The client's
+// deadline passes first (the server's starts when the call arrives), and the
+// client then cancels the stream: that cancel reaches the server about when
+// the server's own deadline would pass, a little before or after.
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(500);
+
+// Why gRPC called OnCancel: a call that ended at its deadline is reported as
+// a cancel, and is counted and logged as a deadline instead.
 absl::Status ClientEnded(grpc::CallbackServerContext* context) {
   const std::optional<absl::Time> deadline = CallDeadline(context);
-  if (deadline && absl::Now() >= *deadline) {
+  if (deadline && absl::Now() + kDeadlineSlack >= *deadline) {
     return absl::DeadlineExceededError("the call's deadline passed");
   }
   return absl::CancelledError("the client cancelled the stream");

@@ -1,8 +1,11 @@
 """What an operator reads from `flotilla up`, run as its users run it.
 
-    up_signals_test.py --bin-dir DIR json-logs   every line of `up --log-format json`
+    up_signals_test.py --bin-dir DIR --python-dir DIR json-logs
+                                                  every line of `up --log-format json`
                                                   (its own, the children's) is JSON,
-                                                  through a request and a stop
+                                                  through requests and a stop; a gRPC
+                                                  call past its deadline is logged and
+                                                  counted as a deadline, not a cancel
     up_signals_test.py --bin-dir DIR promtool     /metrics after traffic passes
                                                   `promtool check metrics`
                                                   (exit 77, skipped, without promtool)
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 
 SKIP = 77
@@ -80,7 +84,28 @@ def check(condition, message):
         raise AssertionError(message)
 
 
-def json_logs(bin_dir):
+def expire_a_grpc_call(address, python_dir):
+    """A gRPC Chat (the Python SDK) whose 0.5 s deadline passes mid-generation."""
+    sys.path.insert(0, python_dir)
+    import grpc
+    import flotilla_client
+    with flotilla_client.Client(address, timeout=120) as client:
+        try:
+            client.chat([{"role": "user", "content": "Tell a long story."}], timeout=0.5,
+                        temperature=1.0, max_tokens=0, stop_token_ids=()).collect()
+            raise AssertionError("a 0.5 s deadline expired")
+        except flotilla_client.FlotillaError as e:
+            check(e.code == grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline: {e.code.name}")
+
+
+def finished(metrics, reason):
+    """flotilla_requests_finished_total for `reason` in a /metrics scrape."""
+    m = re.search(r'\nflotilla_requests_finished_total\{[^}]*finished_reason="' + reason +
+                  r'"\} ([0-9.e+]+)', metrics)
+    return float(m.group(1)) if m else 0.0
+
+
+def json_logs(bin_dir, python_dir):
     origin = "http://localhost:3000"
     up = Up(bin_dir, ["--log-format", "json", "--allowed-origins", origin],
             lambda line: '"serving"' in line)
@@ -97,6 +122,16 @@ def json_logs(bin_dir):
         check(reply.status == 200 and answer["choices"], f"chat answer: {answer}")
         check(reply.headers.get("Access-Control-Allow-Origin") == origin,
               f"no CORS header for {origin}: {dict(reply.headers)}")
+    expire_a_grpc_call(banner["address"], python_dir)
+    metrics = ""
+    for _ in range(100):  # the session ends as the deadline passes; the count follows
+        metrics = get_text(banner["openai_api"][:-len("/v1")] + "/metrics")
+        if finished(metrics, "deadline") >= 1:
+            break
+        time.sleep(0.1)
+    check(finished(metrics, "deadline") == 1 and finished(metrics, "cancelled") == 0,
+          "the expired call counts as a deadline: " +
+          " ".join(l for l in metrics.splitlines() if "finished_total{" in l))
     rc = up.stop()
     check(rc == 0, f"up exit code {rc}")
     lines = up.stdout + up.stderr
@@ -111,6 +146,9 @@ def json_logs(bin_dir):
     check({"up", "coordinator", "worker-0"} <= processes, f"processes seen: {processes}")
     check(any(p.get("msg") == "access" for p in parsed),
           "no access log line:\n" + "".join(lines))
+    grpc_chats = [p for p in parsed if p.get("msg") == "access" and p.get("api") == "grpc Chat"]
+    check(len(grpc_chats) == 1 and grpc_chats[0].get("finish_reason") == "deadline",
+          f"the expired gRPC call's access line: {grpc_chats}")
     check(any(p.get("process") == "up" and p["msg"] == "stopped" for p in parsed),
           "up did not say it stopped")
     # jq, what operators pipe the stream into, reads it whole.
@@ -200,9 +238,11 @@ def tls_try(bin_dir):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
+    parser.add_argument("--python-dir", help="the Python SDK (json-logs)")
     parser.add_argument("check", choices=["json-logs", "promtool", "tls-try"])
     args = parser.parse_args()
-    run = {"json-logs": json_logs, "promtool": promtool, "tls-try": tls_try}[args.check]
+    run = {"json-logs": lambda b: json_logs(b, args.python_dir), "promtool": promtool,
+           "tls-try": tls_try}[args.check]
     try:
         return run(args.bin_dir) or 0
     except AssertionError as e:
