@@ -183,10 +183,19 @@ absl::StatusOr<LengthTable> LengthTable::Build(const ByteDfa& dfa, int64_t min_l
   std::vector<uint64_t> shifted(t.words_);
   const int64_t last_word = t.cap_ / 64;
   const uint64_t last_bit = 1ull << (t.cap_ % 64);
+  // Each state's set only grows, but a worst case could still churn: past
+  // this much work the bounds are refused rather than tracked slowly.
+  int64_t work = 0;
+  const int64_t max_work = 8 * max_bits;
   while (!queue.empty()) {
     const int32_t to = queue.front();
     queue.pop_front();
     queued[to] = 0;
+    work += static_cast<int64_t>(preds[to].size()) * t.words_;
+    if (work > max_work) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the length bound ", t.cap_, " is too costly to track beside this automaton"));
+    }
     const uint64_t* from_bits = &t.bits_[to * t.words_];
     for (const auto& [source, weight] : preds[to]) {
       if (weight == 0) {

@@ -16,6 +16,10 @@ using Ranges = std::vector<std::pair<char32_t, char32_t>>;  // code points, incl
 constexpr char32_t kMaxCodePoint = 0x10FFFF;
 constexpr int kMaxDepth = 64;
 constexpr size_t kMaxNfaStates = 200000;
+// Work (NFA states visited) one determinization may do, and lookaheads per
+// sequence: a pattern past them is refused rather than compiled slowly.
+constexpr int64_t kMaxDeterminizeWork = 50'000'000;
+constexpr int kMaxLookaheads = 8;
 
 struct Node {
   enum Kind { kEmpty, kClass, kConcat, kAlt, kRepeat, kBegin, kEnd, kLookahead };
@@ -489,7 +493,12 @@ class Nfa {
       return it->second;
     };
     id_of({f.in});
+    int64_t work = 0;
     for (size_t s = 0; s < sets.size(); ++s) {
+      work += static_cast<int64_t>(sets[s].size()) * static_cast<int64_t>(bounds.size());
+      if (work > kMaxDeterminizeWork) {
+        return absl::InvalidArgumentError("pattern too complex to compile into an automaton");
+      }
       for (size_t k = 0; k + 1 < bounds.size(); ++k) {
         const int lo = bounds[k], hi = bounds[k + 1] - 1;
         std::vector<int32_t> moved;
@@ -674,7 +683,11 @@ class PatternCompiler {
 
   // items, where a lookahead constrains everything after it: the rest's
   // automaton intersected with (or less) the lookahead's language.
-  absl::StatusOr<ByteDfa> Sequence(const std::vector<Node>& items) {
+  absl::StatusOr<ByteDfa> Sequence(const std::vector<Node>& items, int depth = 0) {
+    if (depth > kMaxLookaheads) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("more than ", kMaxLookaheads, " lookaheads in one sequence"));
+    }
     size_t look = 0;
     while (look < items.size() && items[look].kind != Node::kLookahead) ++look;
     Nfa nfa;
@@ -682,7 +695,7 @@ class PatternCompiler {
     if (!head.ok()) return head.status();
     if (look == items.size()) return nfa.Determinize(*head, max_states_);
     const std::vector<Node> rest(items.begin() + look + 1, items.end());
-    absl::StatusOr<ByteDfa> rest_dfa = Sequence(rest);
+    absl::StatusOr<ByteDfa> rest_dfa = Sequence(rest, depth + 1);
     if (!rest_dfa.ok()) return rest_dfa;
     absl::StatusOr<ByteDfa> look_dfa = Lookahead(items[look]);
     if (!look_dfa.ok()) return look_dfa;

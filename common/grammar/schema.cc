@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grammar/json_matcher.h"
 #include "common/grammar/schema_disjoint.h"
 #include "common/grammar/text_constraint.h"
 
@@ -100,12 +101,7 @@ class Compiler {
       return CompileLiterals(id, Json::array({schema["const"]}), schema, where + "/const");
     }
     if (schema.contains("enum")) return CompileLiterals(id, schema["enum"], schema, where + "/enum");
-    if (!schema.contains("type")) {
-      if (schema.contains("properties")) return CompileObject(id, schema, where);
-      if (schema.contains("items")) return CompileArray(id, schema, where);
-      out_.nodes[id].kind = NodeKind::kAny;
-      return absl::OkStatus();
-    }
+    if (!schema.contains("type")) return CompileUntyped(id, schema, where);
     const Json& type = schema["type"];
     if (type.is_array()) {
       std::vector<Json> members;
@@ -120,6 +116,37 @@ class Compiler {
     }
     if (!type.is_string()) return Bad(where + "/type", "must be a string or a list of strings");
     return CompileTyped(id, type.get<std::string>(), schema, where);
+  }
+
+  // Without `type`, a keyword of one type applies to values of that type
+  // only; the value generated is of that type (any value when there is none),
+  // so that the keyword is never left unenforced.
+  absl::Status CompileUntyped(int id, const Json& schema, const std::string& where) {
+    static const std::vector<std::pair<std::string, std::vector<std::string>>> kByType = {
+        {"string", {"pattern", "format", "minLength", "maxLength", "allOf"}},
+        {"number", {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}},
+        {"object", {"properties", "additionalProperties", "propertyNames", "minProperties",
+                    "maxProperties", "required"}},
+        {"array", {"items", "prefixItems", "minItems", "maxItems"}},
+    };
+    std::vector<std::string> types;
+    for (const auto& [type, keywords] : kByType) {
+      for (const std::string& k : keywords) {
+        if (schema.contains(k)) {
+          types.push_back(type);
+          break;
+        }
+      }
+    }
+    if (types.empty()) {
+      out_.nodes[id].kind = NodeKind::kAny;
+      return absl::OkStatus();
+    }
+    if (types.size() > 1) {
+      return Bad(where, absl::StrCat("keywords of several types (", absl::StrJoin(types, ", "),
+                                     ") without 'type' are not supported"));
+    }
+    return CompileTyped(id, types[0], schema, where);
   }
 
   // allOf is enforced where it only adds patterns to a string (zod writes
@@ -410,19 +437,53 @@ class Compiler {
     return absl::OkStatus();
   }
 
-  // enum / const: the values that also have the schema's `type` (if any).
+  // enum / const: the values that also have the schema's `type` (if any)
+  // and meet the keywords beside it (a value is kept when the schema without
+  // enum / const accepts its text).
   absl::Status CompileLiterals(int id, const Json& values, const Json& schema,
                                const std::string& where) {
     if (!values.is_array() || values.empty()) return Bad(where, "must be a non-empty list");
     if (values.size() > 64) return Bad(where, "more than 64 values");
-    SchemaNode& n = out_.nodes[id];
-    n.kind = NodeKind::kLiteral;
+    std::optional<CompiledSchema> beside;
+    if (ConstrainsBeside(schema)) {
+      Json rest = schema;
+      rest.erase("enum");
+      rest.erase("const");
+      absl::StatusOr<CompiledSchema> compiled = CompileSchema(rest);
+      if (!compiled.ok()) return compiled.status();
+      beside = *std::move(compiled);
+    }
+    std::vector<std::string> literals;
     for (const Json& v : values) {
       if (schema.contains("type") && !HasType(v, schema["type"])) continue;
-      n.literals.push_back(v.dump());
+      const std::string text = v.dump();
+      if (beside && !MatchesWhole(*beside, text)) continue;
+      literals.push_back(text);
     }
-    if (n.literals.empty()) return Bad(where, "no value has the schema's type");
+    if (literals.empty()) return Bad(where, "no value meets the schema's other keywords");
+    out_.nodes[id].kind = NodeKind::kLiteral;
+    out_.nodes[id].literals = std::move(literals);
     return absl::OkStatus();
+  }
+
+  // Whether a schema with enum / const says more than type and annotations.
+  static bool ConstrainsBeside(const Json& schema) {
+    static const std::set<std::string> kPlain = {
+        "enum", "const", "type", "title", "description", "default", "examples", "$schema", "$id",
+        "$comment", "readOnly", "writeOnly", "deprecated", "nullable"};
+    for (const auto& [key, value] : schema.items()) {
+      if (!kPlain.count(key)) return true;
+    }
+    return false;
+  }
+
+  static bool MatchesWhole(const CompiledSchema& schema, const std::string& text) {
+    JsonMatcher matcher(&schema);
+    MatchState state = matcher.Start();
+    for (char c : text) {
+      if (!matcher.Feed(state, static_cast<uint8_t>(c))) return false;
+    }
+    return matcher.CanEnd(state);
   }
 
   static bool HasType(const Json& v, const Json& type) {

@@ -8,6 +8,9 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr int kMaxDepth = 16;
+// Schemas visited in one check: unions of unions could otherwise branch
+// exponentially; past it the alternatives are not shown apart (refused).
+constexpr int kMaxSteps = 2000;
 enum TypeBit : unsigned { kNull = 1, kBoolean = 2, kObject = 4, kArray = 8, kString = 16,
                           kNumber = 32, kAll = 63 };
 
@@ -58,8 +61,8 @@ const Json* Literals(const Json& s) {
 }
 
 // The JSON types a schema may accept.
-unsigned Types(const Json& s, const Json& root, int depth) {
-  if (!s.is_object() || depth > kMaxDepth) return kAll;
+unsigned Types(const Json& s, const Json& root, int depth, int* steps) {
+  if (!s.is_object() || depth > kMaxDepth || ++*steps > kMaxSteps) return kAll;
   if (s.contains("const")) return TypeOfValue(s["const"]);
   if (const Json* values = Literals(s)) {
     unsigned t = 0;
@@ -81,18 +84,18 @@ unsigned Types(const Json& s, const Json& root, int depth) {
     unsigned members = 0;
     for (const Json& m : s[key]) {
       const Json* d = Deref(&m, root);
-      members |= d == nullptr ? kAll : Types(*d, root, depth + 1);
+      members |= d == nullptr ? kAll : Types(*d, root, depth + 1, steps);
     }
     t &= members;
   }
   return t;
 }
 
-bool Disjoint(const Json* a, const Json* b, const Json& root, int depth);
+bool Disjoint(const Json* a, const Json* b, const Json& root, int depth, int* steps);
 
 // Objects that a required property tells apart: its values cannot agree, or
 // one side forbids it.
-bool ObjectsDisjoint(const Json& a, const Json& b, const Json& root, int depth) {
+bool ObjectsDisjoint(const Json& a, const Json& b, const Json& root, int depth, int* steps) {
   auto required = [](const Json& s) {
     return s.contains("required") && s["required"].is_array() ? s["required"] : Json::array();
   };
@@ -114,25 +117,25 @@ bool ObjectsDisjoint(const Json& a, const Json& b, const Json& root, int depth) 
       if (px != nullptr && py != nullptr) {
         bool y_requires = false;
         for (const Json& r : required(*y)) y_requires = y_requires || r == name;
-        if (y_requires && Disjoint(px, py, root, depth + 1)) return true;
+        if (y_requires && Disjoint(px, py, root, depth + 1, steps)) return true;
       }
     }
   }
   return false;
 }
 
-bool Disjoint(const Json* a, const Json* b, const Json& root, int depth) {
-  if (depth > kMaxDepth) return false;
+bool Disjoint(const Json* a, const Json* b, const Json& root, int depth, int* steps) {
+  if (depth > kMaxDepth || ++*steps > kMaxSteps) return false;
   a = Deref(a, root);
   b = Deref(b, root);
   if (a == nullptr || b == nullptr || !a->is_object() || !b->is_object()) return false;
-  const unsigned common = Types(*a, root, depth) & Types(*b, root, depth);
+  const unsigned common = Types(*a, root, depth, steps) & Types(*b, root, depth, steps);
   if (common == 0) return true;
   for (const auto& [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
     for (const char* key : {"anyOf", "oneOf"}) {  // every member apart from the other side
       if (!x->contains(key) || !(*x)[key].is_array()) continue;
       bool all = true;
-      for (const Json& m : (*x)[key]) all = all && Disjoint(&m, y, root, depth + 1);
+      for (const Json& m : (*x)[key]) all = all && Disjoint(&m, y, root, depth + 1, steps);
       if (all) return true;
     }
   }
@@ -150,14 +153,15 @@ bool Disjoint(const Json* a, const Json* b, const Json& root, int depth) {
     }
     return true;
   }
-  if (common == kObject) return ObjectsDisjoint(*a, *b, root, depth);
+  if (common == kObject) return ObjectsDisjoint(*a, *b, root, depth, steps);
   return false;
 }
 
 }  // namespace
 
 bool ProvablyDisjoint(const Json& a, const Json& b, const Json& root) {
-  return Disjoint(&a, &b, root, 0);
+  int steps = 0;
+  return Disjoint(&a, &b, root, 0, &steps);
 }
 
 }  // namespace flotilla::grammar

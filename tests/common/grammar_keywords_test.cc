@@ -56,6 +56,10 @@ TEST(GrammarKeywords, PatternOnTheDecodedValue) {
       "allOf": [{"pattern": "^ab"}, {"pattern": "yz$"}]})");
   EXPECT_TRUE(Accepts(both, R"("ab-xyz")"));
   EXPECT_FALSE(Accepts(both, R"("ab-xy")"));
+  // Without `type`, a string keyword makes the value a string.
+  CompiledSchema untyped = Compiled(R"({"pattern": "^a$"})");
+  EXPECT_TRUE(Accepts(untyped, R"("a")"));
+  EXPECT_FALSE(Accepts(untyped, "1"));
   CompiledSchema unanchored = Compiled(R"({"type": "string", "pattern": "x\\d"})");
   EXPECT_TRUE(Accepts(unanchored, R"("before x1 after")"));
   EXPECT_FALSE(Accepts(unanchored, R"("before x after")"));
@@ -154,6 +158,20 @@ TEST(GrammarKeywords, ConstAndEnumOfAnyType) {
   CompiledSchema typed = Compiled(R"({"type": "string", "enum": ["a", 1, null]})");
   EXPECT_TRUE(Accepts(typed, R"("a")"));
   EXPECT_FALSE(Accepts(typed, "1"));  // not a string
+  // Keywords beside an enum hold too: values that break them are never written.
+  CompiledSchema beside = Compiled(R"({"type": "string", "enum": ["a", "bb", "c1"],
+      "maxLength": 1})");
+  EXPECT_TRUE(Accepts(beside, R"("a")"));
+  EXPECT_FALSE(Accepts(beside, R"("bb")"));
+  CompiledSchema patterned = Compiled(R"({"enum": ["a", "bb", "c1"], "pattern": "\\d"})");
+  EXPECT_TRUE(Accepts(patterned, R"("c1")"));
+  EXPECT_FALSE(Accepts(patterned, R"("a")"));
+  CompiledSchema bounded = Compiled(R"({"type": "integer", "enum": [1, 5, 10], "multipleOf": 5,
+      "maximum": 9})");
+  EXPECT_TRUE(Accepts(bounded, "5"));
+  EXPECT_FALSE(Accepts(bounded, "10"));
+  EXPECT_FALSE(Accepts(bounded, "1"));
+  EXPECT_FALSE(CompileSchema(Json::parse(R"({"const": "abc", "maxLength": 2})")).ok());
 }
 
 TEST(GrammarKeywords, RandomWalksNeverDeadEndAndValidate) {

@@ -52,6 +52,10 @@ TEST(GrammarSchema, RefusesUnsupportedFeaturesByName) {
        "propertyNames"},
       {R"({"type": "array", "prefixItems": [{"type": "null"}], "items": false, "minItems": 2})",
        "minItems"},
+      {R"({"minLength": 1, "minimum": 0})", "keywords of several types"},
+      {R"({"type": "string", "pattern": "^(?=a)(?=a)(?=a)(?=a)(?=a)(?=a)(?=a)(?=a)(?=a)a$"})",
+       "lookaheads"},
+      {R"({"type": "string", "pattern": "^[ab]*a[ab]{15}$"})", "automaton states"},
       {R"({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": true}}})",
        "uniqueItems"},
       {R"({"type": "object", "patternProperties": {}})", "patternProperties"},
@@ -134,6 +138,18 @@ TEST(GrammarSchema, AcceptsAlternativesThatBeginAlike) {
        }) {
     EXPECT_TRUE(Compile(schema).ok()) << schema << " -> " << Compile(schema);
   }
+}
+
+// Unions of unions under oneOf could make the disjointness check branch
+// exponentially: it stops after a bounded number of steps (and refuses).
+TEST(GrammarSchema, OneOfCheckIsBounded) {
+  nlohmann::json nested = {{"type", "string"}};
+  for (int level = 0; level < 7; ++level) {
+    nested = {{"anyOf", nlohmann::json::array({nested, nested, nested, nested})}};
+  }
+  nlohmann::json schema = {{"oneOf", nlohmann::json::array({nested, nested})}};
+  absl::Status st = CompileSchema(schema).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(GrammarSchema, ErrorsSayWhere) {
