@@ -30,7 +30,7 @@ grpc::ServerUnaryReactor* AdminService::GetExpertLoad(grpc::CallbackServerContex
                                                       const admin::ExpertLoadRequest* request,
                                                       admin::ExpertLoadReport* response) {
   return Answer(
-      context, [&] { return AuthenticateCall(auth_, context).status(); },
+      context, [&] { return AuthenticateCall(auth_, context, *request).status(); },
       [&] { return manager_->ExpertLoad(*request); }, response);
 }
 
@@ -38,7 +38,7 @@ grpc::ServerUnaryReactor* AdminService::Rebalance(grpc::CallbackServerContext* c
                                                   const admin::RebalanceRequest* request,
                                                   admin::RebalanceResult* response) {
   return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context).status(); },
+      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
       [&] { return manager_->Rebalance(*request); }, response);
 }
 
@@ -46,7 +46,7 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* conte
                                               const admin::DrainRequest* request,
                                               admin::DrainResult* response) {
   return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context).status(); },
+      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
       [&] { return manager_->Drain(request->worker_id(), true); }, response);
 }
 
@@ -54,7 +54,7 @@ grpc::ServerUnaryReactor* AdminService::Undrain(grpc::CallbackServerContext* con
                                                 const admin::DrainRequest* request,
                                                 admin::DrainResult* response) {
   return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context).status(); },
+      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
       [&] { return manager_->Drain(request->worker_id(), false); }, response);
 }
 

@@ -514,7 +514,7 @@ FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
 
 grpc::ServerWriteReactor<v1::ChatResponse>* FrontendService::Chat(
     grpc::CallbackServerContext* context, const v1::ChatRequest* request) {
-  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
+  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request);
   if (!caller.ok()) return new RefusedStream<v1::ChatResponse>(ToGrpcStatus(caller.status()));
   absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
   if (st.ok()) st = CheckCacheSalt(request->cache_salt());
@@ -550,7 +550,7 @@ grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* c
                                                   const admin::GetStatusRequest* request,
                                                   admin::ClusterStatus* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
@@ -563,7 +563,7 @@ grpc::ServerUnaryReactor* AdminService::GetPlacement(grpc::CallbackServerContext
                                                      const admin::GetPlacementRequest* request,
                                                      admin::PlacementInfo* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
@@ -577,7 +577,7 @@ grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext
                                                      const admin::GetExpertMapRequest* request,
                                                      cluster::ExpertMap* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
@@ -591,7 +591,7 @@ grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext
                                                      const cluster::ExpertMap* request,
                                                      cluster::ExpertMap* response) {
   auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context, *request); !caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
@@ -605,7 +605,7 @@ grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContex
                                                       const cluster::MeasureEngineRequest* request,
                                                       cluster::EngineMeasurement* response) {
   // Serving pauses while the engine is measured: an admin call.
-  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context, *request); !caller.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
@@ -615,7 +615,7 @@ grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContex
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
-  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
+  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request);
   if (!caller.ok()) return new RefusedStream<v1::GenerateResponse>(ToGrpcStatus(caller.status()));
   // Sizes first: refusing a 100 MiB text must not cost its tokenisation.
   absl::Status st = CheckRequestBytes(request->ByteSizeLong(), limits_.max_request_bytes);
@@ -637,7 +637,7 @@ grpc::ServerUnaryReactor* FrontendService::Cancel(grpc::CallbackServerContext* c
                                                   const v1::CancelRequest* request,
                                                   v1::CancelResponse* response) {
   auto* reactor = context->DefaultReactor();
-  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context);
+  absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request);
   if (!caller.ok()) {
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
@@ -666,7 +666,7 @@ const std::string& FrontendService::ModelFor(const std::string& requested) const
 grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
                                                       const v1::ListModelsRequest* request,
                                                       v1::ListModelsResponse* response) {
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context); !caller.ok()) {
+  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;

@@ -156,6 +156,55 @@ TEST_F(ApiAuthTest, GrpcHealthStaysOpen) {
   EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "SERVING";
 }
 
+// Bytes that are no protobuf message: INVALID_ARGUMENT naming the message
+// type, on the client and the admin API (gRPC itself would answer
+// UNIMPLEMENTED with no message); a caller without a key is still refused first.
+TEST_F(ApiAuthTest, UndecodableRequestsAreInvalidArgumentNamingTheMessage) {
+  grpc::GenericStub stub(
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  auto call = [&](const std::string& method, const std::string& bytes, const std::string& key) {
+    grpc::CompletionQueue cq;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    if (!key.empty()) Key(ctx, key);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    auto rpc = stub.PrepareUnaryCall(&ctx, method, request, &cq);
+    rpc->StartCall();
+    grpc::ByteBuffer response;
+    grpc::Status status;
+    rpc->Finish(&response, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    return status;
+  };
+  const std::string truncated("\x0a\x05" "ab", 4), garbage("\xff\xff\xff", 3);
+  const std::pair<const char*, const char*> methods[] = {
+      {"/flotilla.v1.Flotilla/Generate", "flotilla.v1.GenerateRequest"},
+      {"/flotilla.v1.Flotilla/Chat", "flotilla.v1.ChatRequest"},
+      {"/flotilla.v1.Flotilla/Cancel", "flotilla.v1.CancelRequest"},
+      {"/flotilla.v1.Flotilla/ListModels", "flotilla.v1.ListModelsRequest"},
+      {"/flotilla.admin.Admin/GetStatus", "flotilla.admin.GetStatusRequest"},
+      {"/flotilla.admin.Admin/GetExpertLoad", "flotilla.admin.ExpertLoadRequest"},
+      {"/flotilla.admin.Admin/Drain", "flotilla.admin.DrainRequest"},
+  };
+  for (const auto& [method, type] : methods) {
+    for (const std::string& bytes : {truncated, garbage}) {
+      const grpc::Status st = call(method, bytes, kAdmin);
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+      EXPECT_NE(st.error_message().find(type), std::string::npos)
+          << method << ": " << st.error_message();
+    }
+    EXPECT_EQ(call(method, garbage, "").error_code(), grpc::StatusCode::UNAUTHENTICATED) << method;
+  }
+  // Well-formed requests still work.
+  grpc::ClientContext ctx;
+  Key(ctx, kAlice);
+  admin::ClusterStatus s;
+  EXPECT_TRUE(Admin()->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok());
+}
+
 TEST_F(ApiAuthTest, SetExpertMapNeedsAnAdminKey) {
   cluster::ExpertMap current;
   {

@@ -33,11 +33,13 @@ function(flotilla_add_library name)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS})
 endfunction()
 
-# flotilla_add_proto(name PROTO file.proto [GRPC] [DEPS other_proto ...])
+# flotilla_add_proto(name PROTO file.proto [GRPC] [DECODING header.h] [DEPS other_proto ...])
 # Compiles one .proto into the library ${name}_proto. Generated headers are
-# included as "proto/<file>.pb.h". With GRPC the service stubs are generated too.
+# included as "proto/<file>.pb.h". With GRPC the service stubs are generated too;
+# DECODING names a header (under the source root) the generated .grpc.pb.h
+# includes first (proto/request_decoding.h says why).
 function(flotilla_add_proto name)
-  cmake_parse_arguments(ARG "GRPC" "PROTO" "DEPS" ${ARGN})
+  cmake_parse_arguments(ARG "GRPC" "PROTO;DECODING" "DEPS" ${ARGN})
   get_filename_component(_abs ${ARG_PROTO} ABSOLUTE)
   get_filename_component(_stem ${ARG_PROTO} NAME_WE)
   set(_out ${PROJECT_BINARY_DIR}/gen/proto)
@@ -48,7 +50,11 @@ function(flotilla_add_proto name)
   if(ARG_GRPC)
     list(APPEND _srcs ${_out}/${_stem}.grpc.pb.cc)
     list(APPEND _hdrs ${_out}/${_stem}.grpc.pb.h)
-    list(APPEND _args --grpc_out=${PROJECT_BINARY_DIR}/gen
+    set(_grpc_out ${PROJECT_BINARY_DIR}/gen)
+    if(ARG_DECODING)
+      set(_grpc_out additional_header_includes=${ARG_DECODING}:${_grpc_out})
+    endif()
+    list(APPEND _args --grpc_out=${_grpc_out}
          --plugin=protoc-gen-grpc=$<TARGET_FILE:gRPC::grpc_cpp_plugin>)
   endif()
   add_custom_command(
@@ -58,7 +64,7 @@ function(flotilla_add_proto name)
     COMMENT "protoc ${ARG_PROTO}"
     VERBATIM)
   add_library(${name}_proto STATIC ${_srcs})
-  target_include_directories(${name}_proto PUBLIC ${PROJECT_BINARY_DIR}/gen)
+  target_include_directories(${name}_proto PUBLIC ${PROJECT_BINARY_DIR}/gen ${PROJECT_SOURCE_DIR})
   # Generated code is not ours to fix: no project warnings on it.
   target_compile_options(${name}_proto PRIVATE -w)
   target_link_libraries(${name}_proto PUBLIC protobuf::libprotobuf ${ARG_DEPS})
