@@ -437,11 +437,11 @@ TEST_F(GrpcApiTest, ResponseFormatErrorsNameTheField) {
     EXPECT_NE(reply.status().message().find(field), std::string::npos) << reply.status();
     EXPECT_NE(reply.status().message().find(what), std::string::npos) << reply.status();
   };
-  v1::ChatRequest pattern = Hello(8);
-  pattern.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
-  pattern.mutable_response_format()->mutable_json_schema()->set_schema_json(
-      R"({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}})");
-  refused(pattern, "response_format.json_schema.schema_json", "unsupported keyword 'pattern'");
+  v1::ChatRequest unsupported = Hello(8);
+  unsupported.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
+  unsupported.mutable_response_format()->mutable_json_schema()->set_schema_json(
+      R"({"type": "object", "properties": {"s": {"not": {"type": "string"}}}})");
+  refused(unsupported, "response_format.json_schema.schema_json", "unsupported keyword 'not'");
 
   v1::ChatRequest missing = Hello(8);
   missing.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
@@ -450,7 +450,7 @@ TEST_F(GrpcApiTest, ResponseFormatErrorsNameTheField) {
   v1::ChatRequest tool = Hello(8);
   tool.add_tools()->set_name("f");
   tool.mutable_tools(0)->set_parameters_json(
-      R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}})");
+      R"({"type": "object", "properties": {"d": {"type": "string", "format": "iri"}}})");
   tool.mutable_tools(0)->set_strict(true);
   refused(tool, "tools[0].parameters_json", "format");
 }
