@@ -384,7 +384,7 @@ TEST(ChatRequestTest, ResponseFormatAndStrictToolsBecomeTheConstraint) {
   v1::ChatRequest described = r;
   auto* loose = described.add_tools();
   loose->set_name("when");
-  loose->set_parameters_json(R"({"type":"object","properties":{"d":{"type":"string","format":"date"}}})");
+  loose->set_parameters_json(R"({"type":"object","properties":{"d":{"type":"string","format":"iri"}}})");
   p = PrepareChat(described, "m", Tok(), {});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->constraint.has_value());
@@ -502,7 +502,7 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
       {[](v1::ChatRequest& r) {
          r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
          r.mutable_response_format()->mutable_json_schema()->set_schema_json(
-             R"({"type": "string", "pattern": "a+"})");
+             R"({"type": "string", "pattern": "(a)\\1"})");  // a backreference
        },
        absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
       {[](v1::ChatRequest& r) {
@@ -518,7 +518,7 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
          auto* t = r.add_tools();
          t->set_name("f");
          t->set_strict(true);
-         t->set_parameters_json(R"({"type": "object", "properties": {"d": {"format": "date"}}})");
+         t->set_parameters_json(R"({"type": "object", "properties": {"d": {"format": "iri"}}})");
        },
        absl::StatusCode::kInvalidArgument, "tools[0].parameters_json"},
   };
