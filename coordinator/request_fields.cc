@@ -64,7 +64,8 @@ absl::Span<const char* const> ResponsesFields() { return kResponses; }
 
 absl::Status FieldCheck::Check(const nlohmann::ordered_json& object,
                                absl::Span<const char* const> known, const std::string& prefix) {
-  for (const auto& [key, value] : object.items()) {
+  for (const auto& item : object.items()) {
+    const std::string& key = item.key();
     const bool found =
         std::any_of(known.begin(), known.end(), [&key](const char* k) { return key == k; });
     if (!found) {
