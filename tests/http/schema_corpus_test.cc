@@ -4,10 +4,10 @@
 // or enforced, its answers validated by ajv (schema_corpus_test.js).
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 
+#include "tests/run_command.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla {
@@ -25,14 +25,8 @@ TEST(SchemaCorpus, EverySchemaIsEnforcedOrRefusedByName) {
   const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE +
                           " " + dir + "/schema_corpus_test.js http://" +
                           (*cluster)->http_address() + "/v1 " + model + " " + dir +
-                          "/schema_corpus/corpus.json 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
+                          "/schema_corpus/corpus.json";
+  const auto [rc, out] = testing_util::RunCommandWithStderr(cmd);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("all ok"), std::string::npos) << out;
 }
