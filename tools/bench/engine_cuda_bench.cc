@@ -1,12 +1,15 @@
 // Whole-model throughput of the CUDA engine at gpt-oss shapes (default
 // 120b) with weights filled on the device (no checkpoint). JSON lines:
-//   {"bench":"decode_step", batch, context, ms_per_step, tokens_per_s,
+//   {"bench":"decode_step", batch, context, filled, ms_per_step, tokens_per_s,
 //    bytes_per_step, gbs, hbm_gbs, roofline_tokens_per_s, fraction_of_roofline}
 //   {"bench":"prefill", prompt_tokens, ms, tokens_per_s, tflops, peak_tflops}
 // Decode steps sample on the GPU and return tokens to the host every step, as
 // serving does; the bytes a step must read are the bf16 matrices, lm_head,
 // the distinct experts the batch is expected to touch and the KV it attends
 // over, so `roofline_tokens_per_s` is what HBM bandwidth alone would allow.
+// `filled` is the context before the first decode step: `--context`, or less
+// where the decode steps would pass the model's limit (then the last step's
+// sequences hold exactly `--context` tokens, e.g. 131072).
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
@@ -128,11 +131,25 @@ int main(int argc, char** argv) {
   // per ablated op, 2 more captures and the timed ones again) grows its
   // sequences by a token.
   const long decode_steps = 4 + steps + static_cast<long>(ablate.size()) * (2 + steps);
-  o.max_context = std::max(context + decode_steps + 16, max_prefill + 16);
+  // A context at the model's limit (131,072 for gpt-oss) cannot take the
+  // decode steps on top of it: the sequences are filled short by those steps,
+  // so the last one holds exactly `context` tokens.
+  const long limit = c.max_position_embeddings;
+  if (context < 1 || context > limit) {
+    std::fprintf(stderr, "engine_cuda_bench: --context %ld is outside [1, %ld]\n", context, limit);
+    return 2;
+  }
+  const long filled = std::min(context, limit - decode_steps);
+  if (filled < 1) {
+    std::fprintf(stderr, "engine_cuda_bench: %ld decode steps leave no room in a context of %ld\n",
+                 decode_steps, context);
+    return 2;
+  }
+  o.max_context = std::min(std::max(filled + decode_steps + 16, max_prefill + 16), limit);
   // Blocks of 16 positions, one table for the full-attention layers and one
   // for the sliding ones (which hold at most as many): twice a table's worth.
   o.kv_num_blocks = kv_blocks > 0 ? kv_blocks
-                                  : 2 * std::max(max_batch * ((context + decode_steps + 16) / 16 + 1),
+                                  : 2 * std::max(max_batch * ((filled + decode_steps + 16) / 16 + 1),
                                                  max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
@@ -169,7 +186,7 @@ int main(int argc, char** argv) {
     for (long b = 0; b < B && ok; ++b) {
       const int64_t s = e.NewSequence();
       seqs.push_back(s);
-      ok = e.ExtendSynthetic(s, context).ok();
+      ok = e.ExtendSynthetic(s, filled).ok();
       items.push_back(StepItem{s, {static_cast<int32_t>(1000 + b)}, LogitsMode::kLast});
     }
     if (!ok) {
@@ -197,17 +214,17 @@ int main(int argc, char** argv) {
     if (!step(static_cast<int>(steps))) return 1;
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
     const double touched = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
-    const double ctx = context + 4 + steps / 2.0;
+    const double ctx = filled + 4 + steps / 2.0;
     const double kv = B * kv_token_layer *
                       (std::ceil(layers / 2.0) * std::min(ctx, 128.0) + std::floor(layers / 2.0) * ctx);
     const double bytes = layers * (dense_layer + touched * expert_bytes) + lm_head + kv;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     const double roof_step_ms = bytes / (hbm_gbs * 1e9) * 1e3;
     std::printf("{\"bench\":\"decode_step\",\"gpu\":\"%s\",\"layers\":%ld,\"batch\":%ld,"
-                "\"context\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+                "\"context\":%ld,\"filled\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
                 "\"bytes_per_step_gb\":%.3f,\"gbs\":%.0f,\"hbm_gbs\":%.0f,"
                 "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
-                props.name.c_str(), layers, B, context, ms, B * 1e3 / ms, bytes / 1e9, gbs,
+                props.name.c_str(), layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
                 hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
     // Ablation: the same steps with one op left out; the difference is what
     // that op costs inside the replayed graph (overlap with its neighbours
