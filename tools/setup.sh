@@ -24,6 +24,7 @@ quiet() {
 # Debian packages the build and the tests use. Keep sorted; one line each says why.
 packages=(
   clang                   # libFuzzer targets (tools/fuzz.sh); clang's -fsanitize=fuzzer
+  clang-format            # .ci/check_format.py: changed lines against .clang-format
   cmake                   # build system
   curl                    # tests run the curl "try:" line flotilla up prints
   g++                     # compiler (g++ 12 is what nvcc 13 accepts as host compiler)
