@@ -14,6 +14,7 @@
 #include "worker/advertise_address.h"
 #include "worker/control_session.h"
 #include "worker/device_report.h"
+#include "worker/kv_events_report.h"
 
 namespace flotilla::worker {
 namespace {
@@ -326,6 +327,17 @@ void WorkerRuntime::SendUpdates(cluster::TokenBatch batch) {
   client_->Send(std::move(m));
 }
 
+void WorkerRuntime::SendKvEvents() {
+  for (int sent = 0; sent < kMaxKvEventMessagesPerStep; ++sent) {
+    const KvEventBatch batch = rank_engine_.engine->TakeKvEvents(kMaxKvEventKeys);
+    if (batch.empty()) return;
+    cluster::WorkerMessage m;
+    *m.mutable_kv_events() = KvEventsMessage(batch, assignment_->dp_group());
+    client_->Send(std::move(m));
+    if (batch.keys() < kMaxKvEventKeys) return;
+  }
+}
+
 void WorkerRuntime::FailRequests(const absl::Status& why) {
   if (!scheduler_) return;
   cluster::TokenBatch failed;
@@ -476,6 +488,7 @@ absl::StatusOr<bool> WorkerRuntime::StepOnce() {
                             executor_->Exchange(mine, measure_id));
   SendUpdates(std::move(out));
   absl::StatusOr<bool> worked = exchanged.any_work ? RunStep(exchanged) : false;
+  if (worked.ok() && executor_->leader()) SendKvEvents();
   // Every rank has the measurement: all run it here, after the same step.
   if (worked.ok() && exchanged.measure_id != 0) FLOTILLA_RETURN_IF_ERROR(MeasureInLockstep());
   return worked;

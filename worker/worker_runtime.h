@@ -104,6 +104,9 @@ class WorkerRuntime {
   // The engine step of an exchanged plan with work, and its tokens sent.
   absl::StatusOr<bool> RunStep(const StepExecutor::Exchanged& exchanged);
   void SendUpdates(cluster::TokenBatch batch);
+  // DP-group leaders: the prefix cache's changes since the last call as
+  // KvEvents (bounded: kv_events_report.h), for the coordinator's router.
+  void SendKvEvents();
   // The scheduler's figures for the heartbeat (read by the client's thread).
   void PublishLoad();
 

@@ -51,6 +51,7 @@ class CpuEngine : public Engine {
                              uint64_t cache_domain) const override;
   absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
                                                 uint64_t cache_domain) override;
+  KvEventBatch TakeKvEvents(size_t max_keys) override { return kv_->TakeEvents(max_keys); }
 
   // Runs one forward step. INVALID_ARGUMENT for an unknown or repeated
   // sequence, an empty chunk, a token id outside [0, vocab_size), or a

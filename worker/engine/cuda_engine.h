@@ -134,6 +134,7 @@ class CudaEngine : public Engine {
                              uint64_t cache_domain) const override;
   absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
                                                 uint64_t cache_domain) override;
+  KvEventBatch TakeKvEvents(size_t max_keys) override { return kv_->TakeEvents(max_keys); }
 
   // As CpuEngine::Validate / Step; also INVALID_ARGUMENT for a step over
   // max_batch_tokens tokens or max_sequences sequences.

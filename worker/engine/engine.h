@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/expert_map.h"
 #include "common/model_config.h"
+#include "worker/engine/kv_event_log.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/weights.h"
 
@@ -118,6 +119,12 @@ class Engine {
     if (prefix.empty()) return NewSequence();
     return absl::FailedPreconditionError("this engine has no prefix cache");
   }
+
+  // The prefix cache's report for the coordinator's cache-aware router: the
+  // KV blocks it came to hold or stopped holding since the last call, at
+  // most `max_keys` keys (KvEventLog: the first call is a resync, and
+  // nothing is recorded before it). Engines without a cache report nothing.
+  virtual KvEventBatch TakeKvEvents(size_t max_keys) { return {}; }
 
   // Expert load (the balancer's input): rows this rank's experts ran per
   // (layer, logical expert) since the last call, [layer * E + expert], and

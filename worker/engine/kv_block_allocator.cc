@@ -30,6 +30,7 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
   po.num_blocks = static_cast<int32_t>(o.num_blocks);
   po.slots = static_cast<int>(o.sliding.size());
   po.enabled = o.prefix_cache;
+  po.window_slots = o.sliding;
   absl::StatusOr<std::unique_ptr<PrefixCache>> blocks = PrefixCache::Create(po);
   if (!blocks.ok()) return blocks.status();
   return std::unique_ptr<KvBlockAllocator>(new KvBlockAllocator(o, std::move(*blocks)));
@@ -299,6 +300,15 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
   s.chain.link = blocks > 0 ? hits.back().link : PrefixCache::Root(domain);
   s.chain.blocks = blocks;
   return id;
+}
+
+KvEventBatch KvBlockAllocator::TakeEvents(size_t max_keys) {
+  KvEventBatch batch = blocks_->TakeEvents(max_keys);
+  batch.block_size = options_.block_size;
+  const bool any_sliding =
+      std::find(options_.sliding.begin(), options_.sliding.end(), true) != options_.sliding.end();
+  batch.sliding_window = any_sliding ? options_.window : 0;
+  return batch;
 }
 
 const std::vector<int32_t>& KvBlockAllocator::Table(SequenceId seq, int group) const {

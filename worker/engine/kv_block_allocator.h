@@ -102,6 +102,9 @@ class KvBlockAllocator {
   // Blocks no sequence holds (cached ones included: they are evictable).
   int64_t free_blocks() const { return blocks_->free_blocks(); }
   const PrefixCache& prefix_cache() const { return *blocks_; }
+  // The prefix cache's report for the coordinator (PrefixCache::TakeEvents),
+  // with the block size and the sliding window its keys are matched under.
+  KvEventBatch TakeEvents(size_t max_keys);
   const KvBlockAllocatorOptions& options() const { return options_; }
 
  private:

@@ -85,6 +85,8 @@ class KvCache {
   // Blocks no sequence holds (cached ones included: they are evictable).
   int64_t free_blocks() const { return blocks_->free_blocks(); }
   const PrefixCache& prefix_cache() const { return blocks_->prefix_cache(); }
+  // The prefix cache's report for the coordinator (KvBlockAllocator::TakeEvents).
+  KvEventBatch TakeEvents(size_t max_keys) { return blocks_->TakeEvents(max_keys); }
   int64_t BlocksHeld(SequenceId seq, int layer) const { return blocks_->BlocksHeld(seq, layer); }
   const KvCacheOptions& options() const { return options_; }
 

@@ -3,22 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/prefix_hash.h"
 
 namespace flotilla {
-namespace {
-
-// splitmix64's finalizer: every input bit reaches every output bit.
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-constexpr uint64_t kRootKey = 0x6a09e667f3bcc908ULL;
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(PrefixCacheOptions options) {
   if (options.block_size <= 0 || options.num_blocks <= 0 || options.first_block < 0 ||
@@ -27,11 +14,21 @@ absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(PrefixCacheOpti
         "prefix cache: block_size ", options.block_size, ", num_blocks ", options.num_blocks,
         " and slots ", options.slots, " must be positive, first_block non-negative"));
   }
+  if (!options.window_slots.empty() &&
+      options.window_slots.size() != static_cast<size_t>(options.slots)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix cache: ", options.window_slots.size(),
+                                                   " window_slots for ", options.slots, " slots"));
+  }
   return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(options)));
 }
 
 PrefixCache::PrefixCache(PrefixCacheOptions options)
     : options_(std::move(options)),
+      window_slot_(options_.window_slots.empty() ? std::vector<bool>(options_.slots, false)
+                                                 : options_.window_slots),
+      window_slot_count_(static_cast<int>(
+          std::count(window_slot_.begin(), window_slot_.end(), true))),
+      events_(options_.max_pending_events),
       refcount_(options_.num_blocks, 0),
       entry_of_(options_.num_blocks, 0),
       slot_of_(options_.num_blocks, -1),
@@ -43,13 +40,8 @@ PrefixCache::PrefixCache(PrefixCacheOptions options)
 }
 
 uint64_t PrefixCache::Key(uint64_t parent, absl::Span<const int32_t> tokens) const {
-  uint64_t key;
-  if (options_.hash) {
-    key = options_.hash(parent, tokens);
-  } else {
-    key = Mix(parent ^ kRootKey);
-    for (int32_t t : tokens) key = Mix(key ^ static_cast<uint32_t>(t));
-  }
+  if (!options_.hash) return PrefixBlockKey(parent, tokens);
+  const uint64_t key = options_.hash(parent, tokens);
   return key == 0 ? 1 : key;  // 0 marks "no entry"
 }
 
@@ -119,17 +111,26 @@ void PrefixCache::Forget(int32_t block) {
   auto it = entries_.find(entry_of_[index]);
   entry_of_[index] = 0;
   if (it == entries_.end()) return;
-  it->second.slots[slot_of_[index]] = -1;
+  Entry& entry = it->second;
+  const Held before = HeldBy(&entry);
+  entry.slots[slot_of_[index]] = -1;
+  if (window_slot_[slot_of_[index]]) --entry.live_window_slots;
   slot_of_[index] = -1;
-  if (--it->second.live_slots == 0) entries_.erase(it);
+  const uint64_t key = it->first;
+  if (--entry.live_slots == 0) {
+    entries_.erase(it);
+    Report(key, before, Held{});
+  } else {
+    Report(key, before, HeldBy(&entry));
+  }
 }
 
 // ---- the index ----
 
 PrefixCache::Link PrefixCache::Root(uint64_t domain) {
   // Registered blocks count their serials up from 1 and never reach 2^63.
-  if (domain == 0) return Link{};
-  return Link{domain, domain | (uint64_t{1} << 63)};
+  if (domain == 0) return Link{PrefixRootKey(0), 0};
+  return Link{PrefixRootKey(domain), domain | (uint64_t{1} << 63)};
 }
 
 std::vector<PrefixCache::Hit> PrefixCache::Walk(absl::Span<const int32_t> tokens,
@@ -205,6 +206,7 @@ std::optional<PrefixCache::Link> PrefixCache::Insert(Link parent, absl::Span<con
 }
 
 void PrefixCache::AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t>& slots) {
+  const Held before = HeldBy(&entry);
   for (int s = 0; s < options_.slots; ++s) {
     const int32_t block = slots[s];
     if (block < 0 || entry.slots[s] >= 0) continue;
@@ -216,7 +218,9 @@ void PrefixCache::AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t
     entry_of_[index] = key;
     slot_of_[index] = s;
     ++entry.live_slots;
+    if (window_slot_[s]) ++entry.live_window_slots;
   }
+  Report(key, before, HeldBy(&entry));
 }
 
 bool PrefixCache::DropIfUnheld(uint64_t key) {
@@ -224,6 +228,7 @@ bool PrefixCache::DropIfUnheld(uint64_t key) {
   for (int32_t block : e.slots) {
     if (block >= 0 && refcount_[block - options_.first_block] > 0) return false;
   }
+  Report(key, HeldBy(&e), Held{});
   for (int32_t block : e.slots) {
     if (block < 0) continue;
     const int32_t index = block - options_.first_block;
@@ -234,6 +239,36 @@ bool PrefixCache::DropIfUnheld(uint64_t key) {
   }
   entries_.erase(key);
   return true;
+}
+
+// ---- events ----
+
+PrefixCache::Held PrefixCache::HeldBy(const Entry* entry) const {
+  if (entry == nullptr || entry->live_slots == 0) return Held{};
+  const int full_slots = options_.slots - window_slot_count_;
+  Held held;
+  held.full = entry->live_slots - entry->live_window_slots == full_slots;
+  held.window = window_slot_count_ > 0 && entry->live_window_slots == window_slot_count_;
+  return held;
+}
+
+void PrefixCache::Report(uint64_t key, Held before, Held after) {
+  if (!events_.recording()) return;
+  if (before.full != after.full) events_.Record(KvGroupKind::kFullAttention, key, after.full);
+  if (before.window != after.window) events_.Record(KvGroupKind::kSlidingWindow, key, after.window);
+}
+
+KvEventBatch PrefixCache::TakeEvents(size_t max_keys) {
+  if (events_.needs_snapshot()) {
+    std::vector<uint64_t> held[kKvGroupKinds];
+    for (const auto& [key, entry] : entries_) {
+      const Held h = HeldBy(&entry);
+      if (h.full) held[static_cast<int>(KvGroupKind::kFullAttention)].push_back(key);
+      if (h.window) held[static_cast<int>(KvGroupKind::kSlidingWindow)].push_back(key);
+    }
+    events_.Resync(held);
+  }
+  return events_.Take(max_keys);
 }
 
 }  // namespace flotilla

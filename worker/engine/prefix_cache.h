@@ -4,8 +4,9 @@
 // instead of computing them again.
 //
 // A token block (block_size tokens) is keyed by a chained hash: the key of
-// the block before it and its own token ids. The index compares the tokens
-// and the parent entry too, so a hash collision is a miss, never a wrong hit.
+// the block before it and its own token ids (common/prefix_hash.h, which the
+// coordinator computes too). The index compares the tokens and the parent
+// entry too, so a hash collision is a miss, never a wrong hit.
 // One token block may own several physical blocks ("slots": the CPU engine
 // keeps one per layer; the CUDA engine one for every layer at once); a slot of
 // -1 is not kept (a sliding-window layer may have dropped it).
@@ -14,6 +15,10 @@
 // cached token block stays in an LRU and is reused (evicted) only when no
 // other free block is left; holding it again (a hit) takes it out of the LRU.
 // So free_blocks() counts cached blocks too: caching never starves admission.
+//
+// TakeEvents reports which token blocks the slots of each kind (full
+// attention, sliding window) hold in full (KvEventLog), for the
+// coordinator's cache-aware router.
 // Device-independent and not thread-safe: one engine drives it.
 #pragma once
 
@@ -27,6 +32,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/engine/kv_event_log.h"
 
 namespace flotilla {
 
@@ -36,6 +42,11 @@ struct PrefixCacheOptions {
   int32_t num_blocks = 0;
   int slots = 1;            // physical blocks per token block
   bool enabled = true;      // false: a plain reference-counted allocator
+  // Per slot: whether it belongs to a sliding-window group (else full
+  // attention); empty = every slot is full attention.
+  std::vector<bool> window_slots;
+  // Bound on the unsent changes of TakeEvents (then a resync).
+  size_t max_pending_events = 65536;
   // Tests: the key of a token block after `parent` (to force collisions).
   std::function<uint64_t(uint64_t parent, absl::Span<const int32_t> tokens)> hash;
 };
@@ -109,6 +120,14 @@ class PrefixCache {
   // Token blocks in the index (for tests and stats).
   int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
 
+  // ---- events ----
+  // What the index gained and lost since the last call, at most `max_keys`
+  // keys: a block is held by the full-attention kind while its entry exists
+  // and every full-attention slot is kept, by the sliding-window kind while
+  // every sliding-window slot is (none is reported when no slot slides).
+  // The first call is a resync (KvEventLog); recording starts with it.
+  KvEventBatch TakeEvents(size_t max_keys);
+
  private:
   struct Entry {
     uint64_t serial = 0;
@@ -116,6 +135,12 @@ class PrefixCache {
     std::vector<int32_t> tokens;
     std::vector<int32_t> slots;
     int live_slots = 0;
+    int live_window_slots = 0;  // of those, sliding-window slots
+  };
+  // Which kinds hold an entry in full (see TakeEvents).
+  struct Held {
+    bool full = false;
+    bool window = false;
   };
 
   explicit PrefixCache(PrefixCacheOptions options);
@@ -124,6 +149,9 @@ class PrefixCache {
   std::optional<Link> Insert(Link parent, absl::Span<const int32_t> tokens,
                              const std::vector<int32_t>& slots);
   void AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t>& slots);
+  Held HeldBy(const Entry* entry) const;
+  // Records the change of an entry's Held from `before` to `after`.
+  void Report(uint64_t key, Held before, Held after);
   // Drops an entry none of whose blocks is held; false when one is.
   bool DropIfUnheld(uint64_t key);
   // The block no longer holds a cached token block.
@@ -132,6 +160,9 @@ class PrefixCache {
   void LruRemove(int32_t index);
 
   PrefixCacheOptions options_;
+  std::vector<bool> window_slot_;  // per slot: sliding window
+  int window_slot_count_ = 0;
+  KvEventLog events_;
   uint64_t next_serial_ = 1;
   std::unordered_map<uint64_t, Entry> entries_;
   // Per managed block (index = block - first_block).
