@@ -49,6 +49,33 @@ TEST(Sampler, SameSeedSameTokens) {
   EXPECT_NE(run(42), run(43));
 }
 
+// Request migration: a sampler that records the first k tokens another one
+// drew (same seed, same logits) draws what that one drew from token k on,
+// through the draws where only one token was left to choose from too.
+TEST(Sampler, RecordingEarlierDrawsContinuesTheSeededStream) {
+  const int vocab = 50;
+  std::vector<float> l(vocab);
+  for (int i = 0; i < vocab; ++i) l[i] = std::sin(i * 0.7f) * 2;
+  std::vector<float> one_sided(vocab, 0.0f);
+  one_sided[17] = 50.0f;  // top_p keeps only this token
+  SamplingParams p;
+  p.seed = 42;
+  p.top_p = 0.95f;
+  p.frequency_penalty = 0.4f;
+  auto logits_at = [&](int i) { return i % 5 == 2 ? one_sided.data() : l.data(); };
+  auto whole = Make(p, vocab);
+  std::vector<int32_t> drawn;
+  for (int i = 0; i < 40; ++i) drawn.push_back(whole->Sample(logits_at(i), nullptr));
+  for (int k : {0, 1, 13, 39}) {
+    auto resumed = Make(p, vocab);
+    for (int i = 0; i < k; ++i) resumed->Record(drawn[i]);
+    EXPECT_EQ(resumed->draws(), static_cast<uint64_t>(k));
+    for (int i = k; i < 40; ++i) {
+      EXPECT_EQ(resumed->Sample(logits_at(i), nullptr), drawn[i]) << "k " << k << " token " << i;
+    }
+  }
+}
+
 TEST(Sampler, TopKTopPMinPRestrictTheSupport) {
   std::vector<float> l = LogitsOf({0.5, 0.3, 0.15, 0.05});
   auto support = [&](SamplingParams p) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 
@@ -87,7 +88,7 @@ absl::StatusOr<std::unique_ptr<Sampler>> Sampler::Create(const SamplingParams& p
 
 Sampler::Sampler(const SamplingParams& params, int vocab_size, uint64_t seed,
                  const std::vector<int32_t>& prompt)
-    : params_(params), vocab_size_(vocab_size), seed_(seed), rng_(seed) {
+    : params_(params), vocab_size_(vocab_size), seed_(seed) {
   if (params_.repetition_penalty != 1.0f) {
     prompt_tokens_ = prompt;
     std::sort(prompt_tokens_.begin(), prompt_tokens_.end());
@@ -152,8 +153,16 @@ const std::vector<LogitAdjustment>& Sampler::Adjustments() {
 }
 
 double Sampler::NextUniform() {
-  // 53 random bits: the same value for the same seed on every platform.
-  return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0);
+  // SplitMix64's output at position draws_ of the stream seeded with seed_:
+  // the value depends only on (seed, draw), as the GPU's Philox draw does,
+  // so a resumed request whose draw count starts at k draws what an
+  // undisturbed one draws for its token k + 1. 53 random bits: the same
+  // value on every platform.
+  uint64_t z = seed_ + (draws_ + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
 void Sampler::Penalise(const float* logits, std::vector<float>* out) {

@@ -1,14 +1,13 @@
 // Token sampling for one request: penalties, logit bias, temperature, top-k,
-// top-p, min-p, a per-request seeded RNG and logprobs. A Sampler is also the
-// request's sampling state when another device samples (CudaEngine): it
-// hands out the seed, the draw count and the sparse logit adjustments, and
-// records the tokens drawn elsewhere.
+// top-p, min-p, a per-request seeded random stream (indexed by the draw
+// count) and logprobs. A Sampler is also the request's sampling state when
+// another device samples (CudaEngine): it hands out the seed, the draw count
+// and the sparse logit adjustments, and records the tokens drawn elsewhere.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <random>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -109,6 +108,11 @@ class Sampler {
   uint64_t seed() const { return seed_; }
   uint64_t draws() const { return draws_; }
   const std::vector<LogitAdjustment>& Adjustments();
+  // Counts `token` as drawn: the penalties' counts, min_tokens, the filter's
+  // state and the draw count all advance, and the next draw uses the random
+  // value of the next position of the seed's stream. Recording a request's
+  // earlier output one token at a time (request migration) leaves the
+  // sampler where the sampler that drew it was.
   void Record(int32_t token);
 
  private:
@@ -122,7 +126,6 @@ class Sampler {
   int vocab_size_;
   uint64_t seed_;
   uint64_t draws_ = 0;
-  std::mt19937_64 rng_;
   std::unordered_map<int32_t, int64_t> counts_;
   std::vector<int32_t> prompt_tokens_;  // distinct, when repetition_penalty is on
   std::vector<LogitAdjustment> adjustments_;
