@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "worker/resume.h"
 #include "worker/worker_messages.h"
 
 namespace flotilla::worker {
@@ -125,6 +126,9 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   sp.stop_token_ids = stops;
   const int64_t room = max_len - prompt;
   sp.max_tokens = p.max_tokens() == 0 ? room : std::min<int64_t>(p.max_tokens(), room);
+  if (absl::Status st = CheckResume(s, stops, sp.max_tokens, c.vocab_size); !st.ok()) {
+    return reject(st.code(), std::string(st.message()));
+  }
   const std::vector<int32_t> prompt_ids(s.prompt_ids().begin(), s.prompt_ids().end());
   absl::StatusOr<std::unique_ptr<Sampler>> sampler = Sampler::Create(sp, c.vocab_size, prompt_ids);
   if (!sampler.ok()) {
@@ -133,6 +137,7 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   Sequence seq;
   seq.request_id = s.request_id();
   seq.prompt = prompt_ids;
+  seq.prompt_tokens = prompt;
   seq.sampler = std::move(*sampler);
   seq.stop = StopRules(std::move(stops), sp.max_tokens);
   seq.want_logprobs = sp.logprobs;
@@ -142,6 +147,9 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.queued_ms = queued_ms;
   seq.admitted_at = now;
   if (absl::Status st = Constrain(s, seq); !st.ok()) {
+    return reject(st.code(), std::string(st.message()));
+  }
+  if (absl::Status st = Resume(s, seq); !st.ok()) {
     return reject(st.code(), std::string(st.message()));
   }
   // The whole length, cached prefix included: shared blocks are counted once
@@ -161,6 +169,16 @@ absl::Status Scheduler::Constrain(const cluster::SubmitSequence& s, Sequence& se
   if (!filter.ok()) return filter.status();
   seq.constraint = filter->get();
   seq.sampler->SetFilter(*std::move(filter));
+  return absl::OkStatus();
+}
+
+absl::Status Scheduler::Resume(const cluster::SubmitSequence& s, Sequence& seq) {
+  if (!s.has_resume()) return absl::OkStatus();
+  const auto& resumed = s.resume().output_ids();
+  const std::vector<int32_t> output(resumed.begin(), resumed.end());
+  if (absl::Status st = ReplayOutput(output, *seq.sampler, seq.constraint); !st.ok()) return st;
+  seq.prompt.insert(seq.prompt.end(), output.begin(), output.end());
+  seq.generated = output;
   return absl::OkStatus();
 }
 
@@ -296,7 +314,7 @@ bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now
   if (decision != StopDecision::kContinue) {
     if (stop) u->set_stop_token(tok);
     u->set_finish_reason(stop ? common::STOP : common::LENGTH);
-    u->set_prompt_tokens(seq.prompt.size());
+    u->set_prompt_tokens(seq.prompt_tokens);
     u->set_queue_time_ms(static_cast<uint32_t>(seq.queued_ms));
     u->set_prefill_time_ms(
         static_cast<uint32_t>(seq.first_token_at > seq.admitted_at ? seq.first_token_at - seq.admitted_at : 0));

@@ -41,7 +41,9 @@ class Scheduler {
             VocabularyProvider vocabulary = nullptr);
 
   // Queues a request; when the queue is full (4 x max_sequences) refuses it
-  // with RESOURCE_EXHAUSTED in `refused` instead.
+  // with RESOURCE_EXHAUSTED in `refused` instead. A request with `resume`
+  // continues a migrated one: its updates start with the first new token
+  // and count its earlier output as generated.
   void Enqueue(cluster::SubmitSequence submit, cluster::TokenBatch* refused);
   // Forgets a queued or running request; a running one is freed on every
   // rank by the next plan.
@@ -74,10 +76,12 @@ class Scheduler {
  private:
   struct Sequence {
     uint64_t request_id = 0;
+    // What is prefilled: the prompt, then a resumed request's earlier output.
     std::vector<int32_t> prompt;
+    int64_t prompt_tokens = 0;  // the request's own prompt (reported)
     int64_t prefilled = 0;
     bool started = false;  // its first chunk was planned
-    std::vector<int32_t> generated;
+    std::vector<int32_t> generated;  // a resumed request's earlier output first
     std::unique_ptr<Sampler> sampler;
     StopRules stop{{}, 0};
     bool want_logprobs = false;
@@ -96,6 +100,10 @@ class Scheduler {
   void Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out);
   // Puts the request's structured-output constraint on its sampler.
   absl::Status Constrain(const cluster::SubmitSequence& s, Sequence& seq);
+  // A migrated request (SubmitSequence.resume): its earlier output replayed
+  // through the sampler and constraint, then prefilled after the prompt and
+  // counted as generated (worker/resume.h).
+  absl::Status Resume(const cluster::SubmitSequence& s, Sequence& seq);
   // Starts the prompt after its longest cached prefix (none when the request
   // wants every prompt position's logits) and counts the lookup.
   void TakeCachedPrefix(Sequence& seq);

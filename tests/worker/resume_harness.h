@@ -1,0 +1,197 @@
+// What the request-migration tests share (resume_test.cc on CPU engines,
+// resume_cuda_test.cc on the GPU engine): the model, the leader's serving
+// loop of WorkerRuntime (Scheduler plans, StepExecutor exchanges and runs,
+// Scheduler completes) over any engine, the test requests, and the check
+// that a request resumed after k of its tokens streams exactly the tokens
+// k.. of an undisturbed run.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "common/expert_map.h"
+#include "common/parallel_config.h"
+#include "proto/cluster.pb.h"
+#include "worker/constraint_filter.h"
+#include "worker/engine/engine.h"
+#include "worker/model/synthetic_weights.h"
+#include "worker/parallel/parallel_context.h"
+#include "worker/scheduler.h"
+#include "worker/step_executor.h"
+
+namespace flotilla::worker::resume_testing {
+
+using Updates = std::vector<cluster::SequenceUpdate>;
+// Runs a request to its end on a fresh instance; the leader's updates for it.
+using ServeFn = std::function<Updates(const cluster::SubmitSequence&)>;
+
+// A tiny model with the o200k vocabulary and end tokens, so structured
+// outputs work.
+inline ModelConfig TestModel() {
+  ModelConfig c = ModelConfig::Tiny();
+  c.vocab_size = 201088;
+  c.eos_token_ids = {200002, 200012};
+  c.pad_token_id = 199999;
+  return c;
+}
+
+inline ExpertMap MapFor(int world) {
+  const ModelConfig c = TestModel();
+  return *ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, world);
+}
+
+// The weights of rank `rank` of a tensor-parallel instance of `world`, made once.
+inline ModelWeights WeightsOf(int world, int rank) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, ModelWeights> made;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = made.find({world, rank});
+  if (it != made.end()) return it->second;
+  ShardSpec spec;
+  spec.tp_rank = rank;
+  spec.tp_size = world;
+  spec.experts = MapFor(world).ExpertsOnRank(0, rank);
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(TestModel(), 5, spec);
+  EXPECT_TRUE(w.ok()) << w.status();
+  return made.emplace(std::make_pair(world, rank), *std::move(w)).first->second;
+}
+
+inline VocabularyProvider Vocabulary() {
+  static const VocabularyProvider provider = LazyO200kVocabulary(TestModel().vocab_size);
+  return provider;
+}
+
+// One rank's serving loop until the instance is idle: the leader (rank 0)
+// plans `submit`, every rank exchanges and steps. The leader's updates.
+inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
+                           parallel::ParallelContext* context, int world, int rank,
+                           const cluster::SubmitSequence& submit) {
+  const ParallelConfig parallel = *ParallelConfig::Create(world, world, TestModel());
+  StepExecutor executor(&engine, comm, context, parallel, rank, MapFor(world).version());
+  std::unique_ptr<Scheduler> scheduler;
+  cluster::TokenBatch out;
+  if (executor.leader()) {
+    SchedulerLimits limits;
+    limits.max_batch_tokens = 8;  // a resumed context is prefilled in chunks
+    limits.max_sequences = 4;
+    scheduler = std::make_unique<Scheduler>(
+        &engine, limits, [] { return uint64_t{1000}; }, Vocabulary());
+    scheduler->Enqueue(submit, &out);
+  }
+  StepExecutor::SamplerLookup sampler_for;
+  if (scheduler) sampler_for = [&](const cluster::PlanItem& i) { return scheduler->SamplerFor(i); };
+  for (int step = 0; step < 1000; ++step) {
+    cluster::StepPlan mine;
+    if (scheduler) mine = scheduler->Plan(&out);
+    absl::StatusOr<StepExecutor::Exchanged> exchanged = executor.Exchange(mine);
+    EXPECT_TRUE(exchanged.ok()) << exchanged.status();
+    if (!exchanged.ok() || !exchanged->any_work) break;
+    absl::StatusOr<std::optional<StepOutput>> result = executor.Run(exchanged->plan, sampler_for);
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) break;
+    if (scheduler && result->has_value()) scheduler->Complete(exchanged->plan, **result, &out);
+  }
+  return {out.updates().begin(), out.updates().end()};
+}
+
+inline std::vector<int32_t> TokensOf(const Updates& updates) {
+  std::vector<int32_t> tokens;
+  for (const cluster::SequenceUpdate& u : updates) {
+    tokens.insert(tokens.end(), u.token_ids().begin(), u.token_ids().end());
+  }
+  return tokens;
+}
+
+// A greedy request of `max_tokens`.
+inline cluster::SubmitSequence Request(uint32_t max_tokens) {
+  cluster::SubmitSequence s;
+  s.set_request_id(7);
+  for (int i = 0; i < 11; ++i) s.add_prompt_ids(1000 + 37 * i);
+  s.mutable_sampling()->set_max_tokens(max_tokens);
+  s.mutable_sampling()->set_temperature(0.0f);
+  return s;
+}
+
+inline cluster::SubmitSequence Seeded(cluster::SubmitSequence s, uint64_t seed) {
+  s.mutable_sampling()->set_temperature(1.0f);
+  s.mutable_sampling()->set_top_p(0.9f);
+  s.mutable_sampling()->set_seed(seed);
+  return s;
+}
+
+inline cluster::SubmitSequence Penalised(cluster::SubmitSequence s) {
+  common::SamplingParams* p = s.mutable_sampling();
+  p->set_frequency_penalty(1.5f);
+  p->set_presence_penalty(0.5f);
+  p->set_repetition_penalty(1.6f);
+  p->set_min_tokens(12);
+  return s;
+}
+
+// The final message is JSON of a small schema.
+inline cluster::SubmitSequence Constrained(cluster::SubmitSequence s) {
+  cluster::OutputConstraint* c = s.mutable_constraint();
+  c->set_json_final(true);
+  c->set_final_schema_json(
+      R"({"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer"}},)"
+      R"("required":["name","n"]})");
+  return s;
+}
+
+inline cluster::SubmitSequence ResumedAfter(cluster::SubmitSequence s,
+                                            const std::vector<int32_t>& tokens, size_t k) {
+  s.mutable_resume()->mutable_output_ids()->Add(tokens.begin(), tokens.begin() + k);
+  return s;
+}
+
+// Serves `submit` undisturbed, then resumed after k tokens for each k, and
+// checks that each continuation is the rest of the undisturbed run, with the
+// same finish and counts.
+inline void ExpectResumedRunsContinueExactly(const ServeFn& serve,
+                                             const cluster::SubmitSequence& submit,
+                                             const std::vector<size_t>& ks) {
+  const Updates whole = serve(submit);
+  ASSERT_FALSE(whole.empty());
+  const cluster::SequenceUpdate& end = whole.back();
+  ASSERT_NE(end.finish_reason(), common::ERROR) << end.error();
+  const std::vector<int32_t> tokens = TokensOf(whole);
+  for (size_t k : ks) {
+    ASSERT_LT(k, tokens.size()) << "the undisturbed run stopped early";
+    SCOPED_TRACE(testing::Message() << "resumed after " << k << " of " << tokens.size());
+    const Updates rest = serve(ResumedAfter(submit, tokens, k));
+    ASSERT_FALSE(rest.empty());
+    // The first update carries the first new token, not the resumed ones.
+    ASSERT_GT(rest.front().token_ids_size(), 0) << rest.front().error();
+    EXPECT_EQ(rest.front().token_ids(0), tokens[k]);
+    EXPECT_EQ(rest.front().completion_tokens(), k + 1);
+    EXPECT_EQ(TokensOf(rest), std::vector<int32_t>(tokens.begin() + k, tokens.end()));
+    EXPECT_EQ(rest.back().finish_reason(), end.finish_reason());
+    EXPECT_EQ(rest.back().completion_tokens(), end.completion_tokens());
+    EXPECT_EQ(rest.back().prompt_tokens(), static_cast<uint32_t>(submit.prompt_ids_size()));
+  }
+}
+
+// max_tokens counts the resumed output: resumed one token short of it, a
+// request draws that token and ends with LENGTH.
+inline void ExpectMaxTokensCountsTheResumedOutput(const ServeFn& serve) {
+  const cluster::SubmitSequence s = Request(12);
+  const Updates whole = serve(s);
+  const std::vector<int32_t> tokens = TokensOf(whole);
+  ASSERT_EQ(tokens.size(), 12u);
+  ASSERT_EQ(whole.back().finish_reason(), common::LENGTH);
+  const Updates rest = serve(ResumedAfter(s, tokens, 11));
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(TokensOf(rest), std::vector<int32_t>{tokens[11]});
+  EXPECT_EQ(rest[0].finish_reason(), common::LENGTH);
+  EXPECT_EQ(rest[0].completion_tokens(), 12u);
+}
+
+}  // namespace flotilla::worker::resume_testing

@@ -1,0 +1,196 @@
+// Request migration on the worker (SubmitSequence.resume): a request
+// submitted again with the first k tokens it streamed continues with exactly
+// the tokens k.. of an undisturbed run, and counts those k as generated.
+// Real CPU engines over a tiny synthetic model with the o200k vocabulary
+// (resume_harness.h): one rank, and a TP 2 pair in threads over comm/local.
+// Each run is on a fresh instance, as after a migration.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "comm/local/local_communicator.h"
+#include "tests/worker/fake_engine.h"
+#include "tests/worker/resume_harness.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/parallel/host_context.h"
+
+namespace flotilla::worker {
+namespace {
+
+using resume_testing::ExpectMaxTokensCountsTheResumedOutput;
+using resume_testing::ExpectResumedRunsContinueExactly;
+using resume_testing::MapFor;
+using resume_testing::Request;
+using resume_testing::ServeFn;
+using resume_testing::TestModel;
+using resume_testing::Updates;
+
+constexpr int32_t kChannel = 200005;  // <|channel|>, what a constrained turn starts with
+
+// Rank `rank` of a fresh CPU instance of `world` ranks serving `submit`.
+Updates ServeCpuRank(const cluster::SubmitSequence& submit, int world, int rank,
+                     comm::Communicator* comm) {
+  const ModelConfig c = TestModel();
+  std::unique_ptr<parallel::ParallelContext> context;
+  if (comm != nullptr) {
+    parallel::ContextOptions po;
+    po.hidden = c.hidden_size;
+    po.top_k = c.num_experts_per_tok;
+    po.max_tokens_per_step = 64;
+    auto made = parallel::CreateHostContext(*ParallelConfig::Create(world, world, c), MapFor(world),
+                                            comm, po);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (!made.ok()) return {};
+    context = *std::move(made);
+  }
+  CpuEngineOptions eo;
+  eo.kv_block_size = 4;
+  eo.kv_num_blocks = 256;
+  absl::StatusOr<std::unique_ptr<CpuEngine>> engine =
+      CpuEngine::Create(resume_testing::WeightsOf(world, rank), eo, nullptr, context.get());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  return resume_testing::ServeOnRank(**engine, comm, context.get(), world, rank, submit);
+}
+
+// A fresh CPU instance of `world` ranks (TP `world`, ranks in threads).
+Updates ServeCpu(const cluster::SubmitSequence& submit, int world) {
+  if (world == 1) return ServeCpuRank(submit, 1, 0, nullptr);
+  auto rendezvous = *comm::LocalRendezvous::Create(world);
+  Updates leader;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(30)});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      Updates got = ServeCpuRank(submit, world, r, comm->get());
+      if (r == 0) leader = std::move(got);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return leader;
+}
+
+class ResumeTest : public ::testing::TestWithParam<int> {  // the instance's ranks
+ protected:
+  ServeFn Serve() const {
+    const int world = GetParam();
+    return [world](const cluster::SubmitSequence& s) { return ServeCpu(s, world); };
+  }
+};
+
+TEST_P(ResumeTest, GreedyContinuesWithTheUndisturbedTokens) {
+  ExpectResumedRunsContinueExactly(Serve(), Request(16), {0, 1, 6, 15});
+}
+
+TEST_P(ResumeTest, SeededSamplingContinuesTheRandomStream) {
+  ExpectResumedRunsContinueExactly(Serve(), resume_testing::Seeded(Request(16), 1234), {3, 9});
+}
+
+TEST_P(ResumeTest, PenaltiesCountTheResumedOutput) {
+  const cluster::SubmitSequence greedy = resume_testing::Penalised(Request(16));
+  ExpectResumedRunsContinueExactly(Serve(), greedy, {5, 11});
+  ExpectResumedRunsContinueExactly(Serve(), resume_testing::Seeded(greedy, 99), {7});
+}
+
+TEST_P(ResumeTest, ConstrainedOutputContinuesInTheGrammarsState) {
+  const cluster::SubmitSequence s =
+      resume_testing::Constrained(resume_testing::Seeded(Request(24), 5));
+  // In the header and inside the JSON body.
+  ExpectResumedRunsContinueExactly(Serve(), s, {2, 10});
+}
+
+TEST_P(ResumeTest, MaxTokensCountsTheResumedOutput) {
+  ExpectMaxTokensCountsTheResumedOutput(Serve());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, ResumeTest, ::testing::Values(1, 2), [](const auto& info) {
+  return info.param == 1 ? "OneRank" : "TensorParallel2";
+});
+
+// A resumed output the constraint refuses ends the request with
+// INVALID_ARGUMENT naming the position.
+TEST(ResumeRefusalTest, ATokenTheGrammarRefusesNamesItsPosition) {
+  cluster::SubmitSequence s = Request(16);
+  s.mutable_constraint()->set_json_final(true);
+  s.mutable_resume()->add_output_ids(kChannel);
+  s.mutable_resume()->add_output_ids(42);  // "K": no header goes on with it
+  const Updates got = ServeCpu(s, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].finish_reason(), common::ERROR);
+  EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(got[0].error().find("resume.output_ids[1]"), std::string::npos) << got[0].error();
+}
+
+// The refusals that need no engine, with the scheduler over a fake one.
+class ResumeSchedulerTest : public ::testing::Test {
+ protected:
+  // Admits `submit`; the refusal's update, if any.
+  std::optional<cluster::SequenceUpdate> Admit(const cluster::SubmitSequence& submit) {
+    cluster::TokenBatch refused;
+    scheduler_.Enqueue(submit, &refused);
+    plan_ = scheduler_.Plan(&refused);
+    if (refused.updates().empty()) return std::nullopt;
+    return refused.updates(0);
+  }
+  static cluster::SubmitSequence Resumed(std::vector<int32_t> output, uint32_t max_tokens = 8) {
+    cluster::SubmitSequence s;
+    s.set_request_id(3);
+    for (int32_t t : {10, 11, 12}) s.add_prompt_ids(t);
+    s.mutable_sampling()->set_max_tokens(max_tokens);
+    s.mutable_sampling()->set_temperature(0.0f);
+    s.mutable_resume()->mutable_output_ids()->Add(output.begin(), output.end());
+    return s;
+  }
+  void ExpectRefused(const cluster::SubmitSequence& submit, const std::string& says) {
+    std::optional<cluster::SequenceUpdate> refused = Admit(submit);
+    ASSERT_TRUE(refused.has_value());
+    EXPECT_EQ(refused->error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+    EXPECT_NE(refused->error().find(says), std::string::npos) << refused->error();
+    EXPECT_EQ(scheduler_.running(), 0u);
+    EXPECT_EQ(scheduler_.kv_reserved(), 0);
+  }
+
+  static SchedulerLimits Limits() {
+    SchedulerLimits limits;
+    limits.max_batch_tokens = 64;
+    limits.max_sequences = 4;
+    return limits;
+  }
+
+  FakeEngine engine_{ModelConfig::Tiny(), /*total_blocks=*/64, /*block_size=*/4};
+  Scheduler scheduler_{&engine_, Limits(), [] { return uint64_t{1000}; }};
+  cluster::StepPlan plan_;
+};
+
+TEST_F(ResumeSchedulerTest, PrefillsThePromptAndTheOutputAndDrawsFromThere) {
+  ASSERT_FALSE(Admit(Resumed({50, 51, 52})).has_value());
+  ASSERT_EQ(plan_.items_size(), 1);
+  EXPECT_EQ(std::vector<int32_t>(plan_.items(0).tokens().begin(), plan_.items(0).tokens().end()),
+            (std::vector<int32_t>{10, 11, 12, 50, 51, 52}));
+  EXPECT_EQ(plan_.items(0).logits(), cluster::PLAN_LOGITS_LAST);
+  // The sampler has drawn three tokens already: the next draw is the fourth.
+  Sampler* sampler = scheduler_.SamplerFor(plan_.items(0));
+  ASSERT_NE(sampler, nullptr);
+  EXPECT_EQ(sampler->draws(), 3u);
+  // KV for the whole length, as an undisturbed run reserves.
+  EXPECT_EQ(scheduler_.kv_reserved(), engine_.KvBlocksForLength(3 + 8));
+}
+
+TEST_F(ResumeSchedulerTest, RefusesWhatCannotContinue) {
+  cluster::SubmitSequence logits = Resumed({50});
+  logits.set_return_prompt_logits(true);
+  ExpectRefused(logits, "return_prompt_logits");
+  ExpectRefused(Resumed({50, 1024}), "resume.output_ids[1] = 1024 is outside");
+  ExpectRefused(Resumed({1000}), "resume.output_ids[0] = 1000 is a stop token");
+  ExpectRefused(Resumed({50, 51, 52, 53}, /*max_tokens=*/4), "nothing is left to generate");
+  // A constraint needs the vocabulary, which this scheduler lacks.
+  cluster::SubmitSequence constrained = Resumed({50});
+  constrained.mutable_constraint()->set_json_final(true);
+  std::optional<cluster::SequenceUpdate> refused = Admit(constrained);
+  ASSERT_TRUE(refused.has_value());
+  EXPECT_EQ(refused->error_code(), static_cast<int>(absl::StatusCode::kFailedPrecondition));
+}
+
+}  // namespace
+}  // namespace flotilla::worker
