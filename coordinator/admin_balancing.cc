@@ -9,6 +9,19 @@
 namespace flotilla::coordinator {
 namespace {
 
+// Drain and Undrain act on a worker's DP group or, with `instance`, on a
+// whole instance.
+absl::StatusOr<admin::DrainResult> DrainTarget(ClusterManager& manager,
+                                               const admin::DrainRequest& request, bool drained) {
+  if (request.has_instance()) {
+    return manager.DrainInstance(static_cast<int>(request.instance()), drained);
+  }
+  return manager.Drain(request.worker_id(), drained);
+}
+
+}  // namespace
+namespace {
+
 // Authorises with `check`, then answers with what `call` returns.
 template <typename Response, typename Check, typename Call>
 grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, Check check, Call call,
@@ -47,7 +60,7 @@ grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* conte
                                               admin::DrainResult* response) {
   return Answer(
       context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
-      [&] { return manager_->Drain(request->worker_id(), true); }, response);
+      [&] { return DrainTarget(*manager_, *request, true); }, response);
 }
 
 grpc::ServerUnaryReactor* AdminService::Undrain(grpc::CallbackServerContext* context,
@@ -55,7 +68,7 @@ grpc::ServerUnaryReactor* AdminService::Undrain(grpc::CallbackServerContext* con
                                                 admin::DrainResult* response) {
   return Answer(
       context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
-      [&] { return manager_->Drain(request->worker_id(), false); }, response);
+      [&] { return DrainTarget(*manager_, *request, false); }, response);
 }
 
 }  // namespace flotilla::coordinator

@@ -5,719 +5,568 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/cluster_token.h"
-#include "common/comm_names.h"
-#include "common/expert_map_proto.h"
-#include "common/sampling_check.h"
-#include "common/status.h"
-#include "coordinator/input_limits.h"
+#include "coordinator/cluster/migration.h"
+#include "coordinator/cluster/request_check.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
 namespace {
 
-// A transport this build does not know is refused by name rather than
-// dropped: placement would otherwise assume the worker offers both.
-absl::Status CheckOfferedTransports(const cluster::Hello& hello) {
-  for (int t : hello.device_transports()) {
-    if (t == cluster::DEVICE_TRANSPORT_UNSPECIFIED || !cluster::DeviceTransport_IsValid(t)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Hello offers device transport ",
-          DeviceTransportName(static_cast<cluster::DeviceTransport>(t)),
-          ", which this coordinator does not know; accepted: cuda-ipc, nccl"));
+// Metrics of one request as it streams, on the instance serving it.
+void ObserveTokens(TrackedRequest& t, ServingMetrics& m, const cluster::SequenceUpdate& u,
+                   absl::Time now) {
+  const int n = u.token_ids_size() + (u.has_stop_token() ? 1 : 0);
+  if (n > 0) {
+    m.generation_tokens += static_cast<uint64_t>(n);
+    if (!t.got_token) {
+      m.ttft.Observe(absl::ToDoubleSeconds(now - t.arrival));
+      for (int i = 1; i < n; ++i) m.itl.Observe(0);
+    } else {
+      const double gap = absl::ToDoubleSeconds(now - t.last_token) / n;
+      for (int i = 0; i < n; ++i) m.itl.Observe(gap);
     }
+    t.got_token = true;
+    t.last_token = now;
   }
-  return absl::OkStatus();
+  if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
+    t.finish = u;
+    t.finish->clear_token_ids();
+    t.finish->clear_logprobs();
+    t.finish->clear_prompt_logits();
+  }
 }
 
-// What placement needs from a worker's Hello.
-WorkerDesc DescribeWorker(const cluster::Hello& hello) {
-  const common::DeviceInfo& d = hello.device();
-  WorkerDesc w;
-  w.worker_id = hello.worker_id();
-  w.node = hello.node();
-  w.device_index = d.index();
-  w.memory_bytes = d.memory_bytes();
-  if (d.kind() != common::DeviceInfo::CUDA) return w;
-  w.kind = DeviceKind::kCuda;
-  w.host_id = hello.host_id();
-  w.device_uuid = d.uuid();
-  w.device_name = d.name();
-  w.free_memory_bytes = d.free_memory_bytes();
-  w.memory_utilization = hello.gpu_memory_utilization();
-  // Values were checked in HandleHello.
-  for (int t : hello.device_transports()) {
-    w.device_transports.push_back(static_cast<cluster::DeviceTransport>(t));
+// The cluster's state from its instances': serving while any serves.
+admin::InstanceState MergedState(const std::vector<admin::InstanceStatus>& instances) {
+  admin::InstanceState best = admin::INSTANCE_STATE_UNSPECIFIED;
+  auto rank = [](admin::InstanceState s) {
+    switch (s) {
+      case admin::READY:
+        return 5;
+      case admin::LOADING:
+        return 4;
+      case admin::DEGRADED:
+        return 3;
+      case admin::WAITING_FOR_WORKERS:
+        return 2;
+      case admin::PLACEMENT_REFUSED:
+        return 1;
+      default:
+        return 0;
+    }
+  };
+  for (const admin::InstanceStatus& i : instances) {
+    if (rank(i.state()) > rank(best)) best = i.state();
   }
-  return w;
+  return best;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ClusterManager>> ClusterManager::Create(ClusterOptions options) {
-  if (options.expected_workers < 1) {
-    return absl::InvalidArgumentError("expected_workers must be >= 1");
+  if (options.instances < 1) return absl::InvalidArgumentError("instances must be >= 1");
+  if (options.expected_workers < options.instances ||
+      options.expected_workers % options.instances != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        options.expected_workers, " workers cannot be split evenly into ", options.instances,
+        " instances; give a worker count that is a multiple of the instance count"));
   }
-  if (options.heartbeat_timeout <= options.heartbeat_interval) {
-    return absl::InvalidArgumentError("heartbeat timeout must exceed the heartbeat interval");
+  auto manager = std::unique_ptr<ClusterManager>(new ClusterManager(options));
+  ClusterOptions per = options;
+  per.expected_workers = options.expected_workers / options.instances;
+  per.instances = 1;
+  for (int i = 0; i < options.instances; ++i) {
+    absl::StatusOr<std::unique_ptr<Instance>> inst = Instance::Create(per, i);
+    if (!inst.ok()) return inst.status();
+    manager->instances_.push_back(*std::move(inst));
+    manager->metrics_.push_back(std::make_unique<ServingMetrics>());
   }
-  // Refuse an impossible layout before any worker shows up.
-  std::vector<WorkerDesc> probe;
-  for (int i = 0; i < options.expected_workers; ++i) {
-    WorkerDesc w;
-    w.worker_id = absl::StrCat("w", i);
-    w.node = "node";
-    w.device_index = i;
-    probe.push_back(std::move(w));
-  }
-  absl::StatusOr<Placement> p = PlanPlacement(options.model, probe, options.layout);
-  if (!p.ok() && p.status().code() != absl::StatusCode::kResourceExhausted) return p.status();
-  return std::unique_ptr<ClusterManager>(new ClusterManager(std::move(options)));
+  return manager;
 }
 
-ClusterManager::ClusterManager(ClusterOptions options) : options_(std::move(options)) {
-  state_message_ = absl::StrCat("waiting for ", options_.expected_workers, " workers");
-  monitor_ = std::thread([this] { MonitorLoop(); });
-  if (options_.rebalance_interval > absl::ZeroDuration()) {
-    auto_rebalance_ = std::thread([this] { AutoRebalanceLoop(); });
-  }
+ClusterManager::ClusterManager(ClusterOptions options)
+    : options_(std::move(options)), router_(options_.router) {
+  parked_thread_ = std::thread([this] { ParkedLoop(); });
 }
 
 ClusterManager::~ClusterManager() {
   {
-    std::lock_guard<std::mutex> lock(monitor_mu_);
+    std::lock_guard<std::mutex> lock(parked_mu_);
     stop_ = true;
   }
-  monitor_cv_.notify_all();
-  monitor_.join();
+  parked_cv_.notify_all();
+  parked_thread_.join();
+  // The instances stop their threads before the requests they hold go away.
+  std::vector<std::unique_ptr<Instance>> instances;
   {
-    std::lock_guard<std::mutex> lock(mu_);  // a map change waiting gives up
+    std::lock_guard<std::mutex> lock(mu_);
+    instances.swap(instances_);
   }
-  map_switch_cv_.notify_all();
-  if (auto_rebalance_.joinable()) auto_rebalance_.join();
+  instances.clear();
 }
+
+int ClusterManager::instance_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(instances_.size());
+}
+
+Instance* ClusterManager::InstanceAt(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (index < 0 || index >= static_cast<int>(instances_.size())) return nullptr;
+  return instances_[index].get();
+}
+
+absl::StatusOr<Instance*> ClusterManager::AdminInstance(uint32_t index) const {
+  Instance* inst = InstanceAt(static_cast<int>(index));
+  if (inst == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("there is no instance ", index, "; this cluster has ", instance_count()));
+  }
+  return inst;
+}
+
+ServingMetrics& ClusterManager::MetricsOf(int instance) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return *metrics_[std::clamp(instance, 0, static_cast<int>(metrics_.size()) - 1)];
+}
+
+void ClusterManager::RenderServingMetrics(const std::string& labels, std::string& out) const {
+  std::vector<ServingMetrics::Part> parts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < metrics_.size(); ++i) {
+      parts.emplace_back(absl::StrCat(labels, labels.empty() ? "" : ",", "instance=\"", i, "\""),
+                         metrics_[i].get());
+    }
+  }
+  ServingMetrics::RenderAll(parts, out);
+}
+
+// ---- worker sessions ----
 
 uint64_t ClusterManager::OnSessionOpened(std::shared_ptr<WorkerSession> session) {
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_session_id_++;
-  pending_sessions_[id] = std::move(session);
+  sessions_[id].session = std::move(session);
   return id;
 }
 
-ClusterManager::Worker* ClusterManager::WorkerBySessionLocked(uint64_t session_id) {
-  auto it = session_to_worker_.find(session_id);
-  if (it == session_to_worker_.end()) return nullptr;
-  auto w = workers_.find(it->second);
-  if (w == workers_.end() || w->second.session_id != session_id) return nullptr;
-  return &w->second;
+int ClusterManager::InstanceForWorkerLocked(const std::string& worker_id) {
+  for (const auto& inst : instances_) {
+    if (inst->HasWorker(worker_id)) return inst->id();
+  }
+  // One instance: every worker joins it (the extra ones stand by for a rank).
+  if (options_.instances == 1) return 0;
+  // An instance missing a worker first (waiting to form, or a rank gone),
+  // then one short of its count; in order, so workers started together
+  // (consecutive devices of a node) form one instance.
+  const int per = options_.expected_workers / options_.instances;
+  for (const auto& inst : instances_) {
+    const admin::InstanceState s = inst->InstanceStatusProto().state();
+    if (s != admin::READY && s != admin::LOADING && inst->AliveWorkers() < per) return inst->id();
+  }
+  for (const auto& inst : instances_) {
+    if (inst->AliveWorkers() < per) return inst->id();
+  }
+  // Every instance is whole: extra workers form another.
+  ClusterOptions o = options_;
+  o.expected_workers = per;
+  o.instances = 1;
+  const int id = static_cast<int>(instances_.size());
+  absl::StatusOr<std::unique_ptr<Instance>> inst = Instance::Create(o, id);
+  if (!inst.ok()) return 0;  // the layout was checked at start; not expected
+  spdlog::info("worker {} is beyond the {} instances: it starts instance {}", worker_id, id, id);
+  instances_.push_back(*std::move(inst));
+  metrics_.push_back(std::make_unique<ServingMetrics>());
+  return id;
 }
 
 void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerMessage& message) {
-  std::vector<Finished> done;
-  std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>> updates;
-  std::vector<MeasureResult> measured;
+  Instance* inst = nullptr;
+  uint64_t inner = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (message.kind_case() == cluster::WorkerMessage::kHello) {
-      HandleHello(session_id, message.hello(), &done);
-    } else {
-      Worker* w = WorkerBySessionLocked(session_id);
-      if (w == nullptr) {
-        auto pending = pending_sessions_.find(session_id);
-        if (pending != pending_sessions_.end()) {
-          pending->second->Close(
-              absl::FailedPreconditionError("the first message of a session must be Hello"));
-          pending_sessions_.erase(pending);
-        }
-        return;
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    SessionRoute& route = it->second;
+    if (route.instance < 0) {
+      if (message.kind_case() != cluster::WorkerMessage::kHello ||
+          message.hello().worker_id().empty()) {
+        // The instance refuses it with the reason (no Hello, no worker id).
+        route.instance = 0;
+      } else {
+        route.instance = InstanceForWorkerLocked(message.hello().worker_id());
       }
-      w->last_heard = absl::Now();
-      switch (message.kind_case()) {
-        case cluster::WorkerMessage::kHeartbeat:
-          if (message.heartbeat().has_load()) w->load = message.heartbeat().load();
-          if (message.heartbeat().has_expert_load() && w->rank >= 0 && state_ == admin::READY) {
-            expert_window_.Add(w->rank, absl::Now(), message.heartbeat().expert_load());
-          }
-          break;
-        case cluster::WorkerMessage::kExpertMapPrepared:
-          OnExpertMapPreparedLocked(*w, message.expert_map_prepared());
-          break;
-        case cluster::WorkerMessage::kReady:
-          if (message.ready().generation() == generation_ && w->rank >= 0) {
-            w->ready_generation = generation_;
-            w->ready = message.ready();
-            spdlog::info("worker {} (rank {}) ready: {} MiB of weights in {} ms", w->worker_id,
-                         w->rank, message.ready().weight_bytes() >> 20, message.ready().load_ms());
-            UpdateReadyLocked();
-          }
-          break;
-        case cluster::WorkerMessage::kJoined:
-          if (message.joined().generation() == generation_ && w->rank >= 0) {
-            w->joined_generation = generation_;
-            UpdateReadyLocked();
-          }
-          break;
-        case cluster::WorkerMessage::kTokens:
-          HandleTokens(*w, message.tokens(), &updates, &done);
-          break;
-        case cluster::WorkerMessage::kMeasurement:
-          measured = measurements_.Answer(w->worker_id, message.measurement());
-          for (MeasureResult& m : measured) {
-            if (m.result.ok()) DescribeMeasuredLocked(&*m.result);
-          }
-          break;
-        case cluster::WorkerMessage::kError:
-          spdlog::warn("worker {}: {}", w->worker_id, message.error().message());
-          if (message.error().fatal()) {
-            MarkDeadLocked(*w, absl::StrCat("reported a fatal error: ", message.error().message()),
-                           &done);
-          } else if (w->rank >= 0 && state_ == admin::LOADING &&
-                     w->ready_generation == generation_) {
-            // The rank dropped this generation after loading it (it could
-            // not join the communicator): it can never become ready, so say
-            // so instead of loading forever. A worker joining or leaving
-            // re-plans. Errors sent before this generation's Ready are about
-            // an older one and are only logged.
-            state_ = admin::DEGRADED;
-            state_message_ = absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
-                                          "') failed while loading: ", message.error().message());
-          } else if (w->rank >= 0 && state_ == admin::READY &&
-                     w->joined_generation == generation_) {
-            // The rank dropped its engine after a failed step (a peer that
-            // stalled past the exchange bound, a device error): its peers
-            // cannot go on without it. Fail what is in flight and form the
-            // instance again on the same workers.
-            ReformLocked(absl::StrCat("rank ", w->rank, " (worker '", w->worker_id,
-                                      "') failed a step: ", message.error().message()),
-                         &done);
-          }
-          break;
-        default:
-          break;
-      }
+      route.inner_id = instances_[route.instance]->OnSessionOpened(route.session);
+      route.session.reset();
     }
+    inst = instances_[route.instance].get();
+    inner = route.inner_id;
   }
-  for (auto& [cb, update] : updates) {
-    if (cb.on_update) cb.on_update(update);
-  }
-  for (MeasureResult& m : measured) m.Deliver();
-  Deliver(done);
-}
-
-void ClusterManager::HandleHello(uint64_t session_id, const cluster::Hello& hello,
-                                 std::vector<Finished>* done) {
-  auto pending = pending_sessions_.find(session_id);
-  if (pending == pending_sessions_.end()) return;  // a second Hello on a bound session
-  std::shared_ptr<WorkerSession> session = pending->second;
-  pending_sessions_.erase(pending);
-  if (hello.worker_id().empty()) {
-    session->Close(absl::InvalidArgumentError("Hello without a worker_id"));
-    return;
-  }
-  if (absl::Status offered = CheckOfferedTransports(hello); !offered.ok()) {
-    session->Close(offered);
-    return;
-  }
-  Worker& w = workers_[hello.worker_id()];
-  if (w.alive && w.session) {
-    session->Close(absl::AlreadyExistsError(
-        absl::StrCat("worker id '", hello.worker_id(), "' is already connected")));
-    return;
-  }
-  const bool rejoin = !w.worker_id.empty();
-  w.worker_id = hello.worker_id();
-  w.session_id = session_id;
-  w.session = session;
-  w.hello = hello;
-  w.alive = true;
-  w.last_heard = absl::Now();
-  w.ready_generation = 0;
-  session_to_worker_[session_id] = w.worker_id;
-  const common::DeviceInfo& device = hello.device();
-  spdlog::info("worker {} {} from node {} ({}{})", w.worker_id,
-               rejoin ? "rejoined" : "registered", hello.node(), device.name(),
-               device.kind() == common::DeviceInfo::CUDA
-                   ? absl::StrCat(" ", device.uuid(), ", ", device.memory_bytes() >> 20, " MiB, ",
-                                  device.free_memory_bytes() >> 20, " MiB free")
-                   : "");
-  cluster::CoordinatorMessage welcome;
-  welcome.mutable_welcome()->set_heartbeat_interval_ms(
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
-  session->Send(welcome);
-  (void)done;
-  MaybeAssignLocked();
-}
-
-void ClusterManager::MaybeAssignLocked() {
-  std::vector<Worker*> alive_unassigned;
-  for (auto& [id, w] : workers_) {
-    if (w.alive && w.rank < 0) alive_unassigned.push_back(&w);
-  }
-  if (!placement_) {
-    int alive = 0;
-    for (auto& [id, w] : workers_) alive += w.alive ? 1 : 0;
-    if (alive < options_.expected_workers) {
-      state_ = admin::WAITING_FOR_WORKERS;
-      state_message_ = absl::StrCat("waiting for workers: ", alive, " of ",
-                                    options_.expected_workers, " registered");
-      return;
-    }
-    std::vector<WorkerDesc> desc;
-    for (Worker* w : alive_unassigned) {
-      if (static_cast<int>(desc.size()) == options_.expected_workers) break;
-      desc.push_back(DescribeWorker(w->hello));
-    }
-    absl::StatusOr<Placement> p = PlanPlacement(options_.model, desc, options_.layout);
-    if (!p.ok()) {
-      // More waiting would not help: these workers cannot hold the layout.
-      // A worker leaving or joining tries again.
-      state_ = admin::PLACEMENT_REFUSED;
-      state_message_ = absl::StrCat("placement failed: ", p.status().message());
-      spdlog::error("{}", state_message_);
-      return;
-    }
-    placement_ = std::move(*p);
-    loaded_map_ = placement_->expert_map;
-    expert_window_.Reset(placement_->parallel.world_size(), loaded_map_->num_layers(),
-                         loaded_map_->num_experts());
-    for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].rank = r.rank;
-    group_inflight_.assign(placement_->parallel.dp_size(), 0);
-  } else {
-    // Nothing to do while the instance is whole and serving or loading.
-    if (state_ != admin::DEGRADED) return;
-    // Fill ranks whose worker is gone with newcomers; wait while any is empty.
-    const std::vector<Worker*> holders = ChooseHoldersLocked(alive_unassigned);
-    if (holders.empty()) return;
-    for (RankPlacement& r : placement_->ranks) {
-      Worker* repl = holders[r.rank];
-      if (repl->worker_id == r.worker_id) continue;
-      workers_[r.worker_id].rank = -1;
-      repl->rank = r.rank;
-      spdlog::info("worker {} takes rank {} of {}", repl->worker_id, r.rank, r.worker_id);
-      r.worker_id = repl->worker_id;
-      r.node = repl->hello.node();
-      r.device_index = repl->hello.device().index();
-    }
-  }
-
-  if (loaded_map_ && placement_->expert_map.locations() != loaded_map_->locations()) {
-    // Ranks load their base experts again; replicas come back with the balancer.
-    placement_->expert_map = *ExpertMap::Create(placement_->expert_map.version() + 1,
-                                                loaded_map_->world_size(), loaded_map_->locations());
-  }
-  ++generation_;
-  comm_started_ = false;
-  state_ = admin::LOADING;
-  state_message_ = absl::StrCat("loading shards, generation ", generation_);
-  const Placement& p = *placement_;
-  cluster::CommBootstrap comm;
-  comm.set_backend(p.parallel.world_size() == 1 ? cluster::COMM_BACKEND_NONE
-                                                 : options_.comm_backend);
-  comm.set_device_transport(p.device_transport);
-  cluster::ExpertMap map = ExpertMapToProto(p.expert_map);
-  for (const RankPlacement& r : p.ranks) {
-    Worker& w = workers_[r.worker_id];
-    w.ready_generation = 0;
-    w.joined_generation = 0;
-    cluster::CoordinatorMessage msg;
-    cluster::Assignment* a = msg.mutable_assignment();
-    a->set_generation(generation_);
-    a->set_model_path(options_.model_path);
-    a->set_rank(r.rank);
-    a->set_world_size(p.parallel.world_size());
-    a->set_tp_size(p.parallel.tp_size());
-    a->set_dp_group(r.dp_group);
-    a->set_tp_rank(r.tp_rank);
-    *a->mutable_comm() = comm;
-    *a->mutable_expert_map() = map;
-    a->set_max_batch_tokens(options_.max_batch_tokens);
-    a->set_max_sequences(options_.max_sequences);
-    a->set_max_model_len(options_.max_model_len);
-    a->set_kv_blocks(options_.kv_blocks);
-    a->set_redundant_experts(options_.redundant_experts);
-    w.session->Send(msg);
-  }
-  spdlog::info("assigned generation {}: {}{}", generation_, p.parallel.ToString(),
-               p.device_transport == cluster::DEVICE_TRANSPORT_UNSPECIFIED
-                   ? ""
-                   : " over " + DeviceTransportName(p.device_transport));
-}
-
-std::vector<ClusterManager::Worker*> ClusterManager::ChooseHoldersLocked(
-    const std::vector<Worker*>& candidates) {
-  std::vector<Worker*> holders;
-  std::vector<bool> taken(candidates.size(), false);
-  for (const RankPlacement& r : placement_->ranks) {
-    Worker& holder = workers_[r.worker_id];
-    if (holder.alive) {
-      holders.push_back(&holder);
-      continue;
-    }
-    // GPU ranks keep their node: their TP group and transport are there.
-    Worker* repl = nullptr;
-    for (size_t i = 0; i < candidates.size() && repl == nullptr; ++i) {
-      const WorkerDesc d = DescribeWorker(candidates[i]->hello);
-      if (taken[i] || d.kind != placement_->device ||
-          (d.kind == DeviceKind::kCuda && d.node != r.node)) {
-        continue;
-      }
-      taken[i] = true;
-      repl = candidates[i];
-    }
-    if (repl == nullptr) {
-      state_message_ = absl::StrCat("instance incomplete: waiting for ", MissingWorkersLocked());
-      return {};
-    }
-    holders.push_back(repl);
-  }
-  std::vector<WorkerDesc> desc;
-  for (const Worker* w : holders) desc.push_back(DescribeWorker(w->hello));
-  if (absl::Status fits = CheckRankHolders(options_.model, *placement_, desc); !fits.ok()) {
-    state_message_ = absl::StrCat("instance incomplete: the newcomers cannot take the missing "
-                                  "ranks: ", fits.message());
-    return {};
-  }
-  return holders;
-}
-
-void ClusterManager::UpdateReadyLocked() {
-  if (!placement_ || state_ != admin::LOADING) return;
-  for (const RankPlacement& r : placement_->ranks) {
-    const Worker& w = workers_[r.worker_id];
-    if (!w.alive || w.ready_generation != generation_) return;
-  }
-  if (!comm_started_) {
-    // Every rank loaded its shards and has a fresh endpoint: introduce them.
-    // The group's secret for this generation keys the peers' message tags:
-    // without one no generation starts (workers would refuse it anyway).
-    absl::StatusOr<std::string> secret = NewClusterToken();
-    if (!secret.ok()) {
-      state_message_ = absl::StrCat("generation ", generation_,
-                                    " cannot start: drawing its peer secret failed: ",
-                                    secret.status().message());
-      spdlog::error("{}", state_message_);
-      return;
-    }
-    comm_started_ = true;
-    cluster::CoordinatorMessage msg;
-    cluster::StartComm* sc = msg.mutable_start_comm();
-    sc->set_generation(generation_);
-    sc->mutable_comm()->set_backend(placement_->parallel.world_size() == 1
-                                        ? cluster::COMM_BACKEND_NONE
-                                        : options_.comm_backend);
-    sc->mutable_comm()->set_device_transport(placement_->device_transport);
-    sc->mutable_comm()->set_peer_secret(*secret);
-    for (const RankPlacement& r : placement_->ranks) {
-      const Worker& w = workers_[r.worker_id];
-      sc->mutable_comm()->add_peer_addresses(w.ready.comm_address());
-    }
-    for (const RankPlacement& r : placement_->ranks) workers_[r.worker_id].session->Send(msg);
-    state_message_ = absl::StrCat("joining the communicator, generation ", generation_);
-  }
-  for (const RankPlacement& r : placement_->ranks) {
-    if (workers_[r.worker_id].joined_generation != generation_) return;
-  }
-  state_ = admin::READY;
-  state_message_ = absl::StrCat("serving with ", placement_->parallel.ToString());
-  spdlog::info("instance ready: {}", state_message_);
-  ready_cv_.notify_all();
-}
-
-std::string ClusterManager::MissingWorkersLocked() const {
-  std::vector<std::string> missing;
-  if (placement_) {
-    for (const RankPlacement& r : placement_->ranks) {
-      auto it = workers_.find(r.worker_id);
-      if (it == workers_.end() || !it->second.alive) {
-        missing.push_back(absl::StrCat("worker '", r.worker_id, "' (rank ", r.rank, ")"));
-      }
-    }
-  }
-  return missing.empty() ? "workers" : absl::StrJoin(missing, ", ");
-}
-
-void ClusterManager::MarkDeadLocked(Worker& w, const std::string& why,
-                                    std::vector<Finished>* done) {
-  if (!w.alive) return;
-  w.alive = false;
-  w.died_at = absl::Now();
-  if (w.session) w.session->Close(absl::UnavailableError(why));
-  session_to_worker_.erase(w.session_id);
-  w.session.reset();
-  w.session_id = 0;
-  spdlog::warn("worker {} is gone: {}", w.worker_id, why);
-  AddFailedMeasurements(
-      measurements_.FailWorker(w.worker_id,
-                               absl::UnavailableError(absl::StrCat(
-                                   "worker '", w.worker_id, "' is gone: ", why))),
-      done);
-  if (w.rank < 0) {
-    // Before the first placement: the remaining workers may fit, or we wait.
-    if (!placement_) MaybeAssignLocked();
-    return;
-  }
-  const std::string msg = absl::StrCat("worker '", w.worker_id, "' (rank ", w.rank, ", node ",
-                                       w.hello.node(), ") is gone: ", why);
-  if (state_ == admin::READY || state_ == admin::LOADING) {
-    state_ = admin::DEGRADED;
-  }
-  state_message_ = msg;
-  FailInflightLocked(msg, done);
-  DropGenerationLocked(msg, &w);
-  MaybeAssignLocked();
-}
-
-void ClusterManager::ReformLocked(const std::string& why, std::vector<Finished>* done) {
-  spdlog::warn("{}; forming the instance again", why);
-  state_ = admin::DEGRADED;
-  state_message_ = why;
-  FailInflightLocked(why, done);
-  AddFailedMeasurements(measurements_.FailAll(absl::UnavailableError(why)), done);
-  DropGenerationLocked(why, nullptr);
-  MaybeAssignLocked();
-}
-
-void ClusterManager::DropGenerationLocked(const std::string& why, const Worker* except) {
-  if (!placement_) return;
-  cluster::CoordinatorMessage msg;
-  msg.mutable_drop_generation()->set_generation(generation_);
-  msg.mutable_drop_generation()->set_reason(why);
-  for (const RankPlacement& r : placement_->ranks) {
-    const Worker& w = workers_[r.worker_id];
-    if (&w != except && w.alive && w.session) w.session->Send(msg);
-  }
-}
-
-void ClusterManager::ForgetDeadWorkersLocked(absl::Time now) {
-  for (auto it = workers_.begin(); it != workers_.end();) {
-    const Worker& w = it->second;
-    if (!w.alive && w.rank < 0 && now - w.died_at > options_.forget_dead_workers_after) {
-      spdlog::info("forgetting worker {}: gone for {} s", w.worker_id,
-                   absl::ToInt64Seconds(now - w.died_at));
-      it = workers_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void ClusterManager::FailInflightLocked(const std::string& why, std::vector<Finished>* done) {
-  for (auto& [id, req] : requests_) {
-    done->push_back(Finished{std::move(req.callbacks), absl::UnavailableError(why), std::nullopt});
-  }
-  requests_.clear();
-  std::fill(group_inflight_.begin(), group_inflight_.end(), 0);
+  inst->OnWorkerMessage(inner, message);
 }
 
 void ClusterManager::OnSessionClosed(uint64_t session_id) {
-  std::vector<Finished> done;
+  Instance* inst = nullptr;
+  uint64_t inner = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_sessions_.erase(session_id);
-    if (Worker* w = WorkerBySessionLocked(session_id)) {
-      MarkDeadLocked(*w, "its session stream closed", &done);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    if (it->second.instance >= 0) {
+      inst = instances_[it->second.instance].get();
+      inner = it->second.inner_id;
     }
+    sessions_.erase(it);
   }
-  Deliver(done);
+  if (inst != nullptr) inst->OnSessionClosed(inner);
 }
 
-void ClusterManager::HandleTokens(
-    Worker& sender, const cluster::TokenBatch& batch,
-    std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>>* updates,
-    std::vector<Finished>* done) {
-  std::optional<uint64_t> foreign;  // a request this worker was not sent
-  for (const cluster::SequenceUpdate& u : batch.updates()) {
-    auto it = requests_.find(u.request_id());
-    if (it == requests_.end()) continue;  // cancelled meanwhile
-    // Only the leader that was sent the SubmitSequence reports on it.
-    if (!placement_ || sender.rank < 0 ||
-        sender.rank != placement_->parallel.leader_of_group(it->second.dp_group)) {
-      foreign = u.request_id();
-      continue;
-    }
-    if (u.finish_reason() == common::FINISH_REASON_UNSPECIFIED) {
-      updates->push_back({it->second.callbacks, u});
-      continue;
-    }
-    absl::Status st = absl::OkStatus();
-    if (u.finish_reason() == common::ERROR) {
-      auto code = static_cast<absl::StatusCode>(u.error_code());
-      if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
-      st = absl::Status(code, u.error());
-    }
-    if (it->second.dp_group < static_cast<int>(group_inflight_.size()) &&
-        group_inflight_[it->second.dp_group] > 0) {
-      --group_inflight_[it->second.dp_group];
-    }
-    done->push_back(Finished{std::move(it->second.callbacks), st, u});
-    requests_.erase(it);
+// ---- requests ----
+
+bool ClusterManager::MigrationOn() const {
+  return options_.migrate_requests && !draining_ && !stop_;
+}
+
+std::string ClusterManager::NotServingReason() const {
+  std::vector<std::string> why;
+  std::vector<Instance*> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& i : instances_) all.push_back(i.get());
   }
-  if (foreign) {
-    // A protocol violation: a bug or a hostile member. Its session ends so it
-    // cannot go on guessing request ids.
-    spdlog::error(
-        "worker {} (rank {}) sent token updates for request {}, which is not assigned "
-        "to it; dropped them and ended its session",
-        sender.worker_id, sender.rank, *foreign);
-    MarkDeadLocked(sender,
-                   absl::StrCat("protocol violation: token updates for request ", *foreign,
-                                ", which was not assigned to this worker"),
-                   done);
+  if (all.size() == 1) {
+    const admin::InstanceStatus s = all[0]->InstanceStatusProto();
+    if (s.drained()) return "the model instance is drained (flotillactl undrain --instance 0)";
+    return absl::StrCat("the model instance is not ready: ", s.message());
   }
+  for (Instance* i : all) {
+    const admin::InstanceStatus s = i->InstanceStatusProto();
+    why.push_back(absl::StrCat("instance ", s.id(), ": ",
+                               s.drained() ? std::string("drained") : s.message()));
+  }
+  return absl::StrCat("no model instance is serving (", absl::StrJoin(why, "; "), ")");
 }
 
 absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
-                                                RequestCallbacks callbacks) {
-  if (request.prompt_ids().empty()) return absl::InvalidArgumentError("the prompt is empty");
-  for (int id : request.prompt_ids()) {
-    if (id < 0 || id >= options_.model.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("prompt token id ", id,
-                                                     " is outside the vocabulary [0, ",
-                                                     options_.model.vocab_size, ")"));
-    }
-  }
+                                                RequestCallbacks callbacks,
+                                                const std::string& route_key) {
   // Every field is checked before availability: a malformed request is the
   // client's error even while no worker is alive.
-  FLOTILLA_RETURN_IF_ERROR(CheckSamplingParams(request.sampling(), options_.model.vocab_size));
-  const int64_t context =
-      options_.max_model_len > 0
-          ? std::min<int64_t>(options_.max_model_len, options_.model.max_position_embeddings)
-          : options_.model.max_position_embeddings;
-  // Prompt + max_tokens within the context, or a clear refusal (cut to fit
-  // when the request asked to be truncated).
-  if (absl::Status fits = FitToContext(request, context); !fits.ok()) return fits;
-  if (request.return_prompt_logits()) {
-    const uint64_t bytes = static_cast<uint64_t>(request.prompt_ids_size()) *
-                           static_cast<uint64_t>(options_.model.vocab_size) * sizeof(float);
-    if (bytes > options_.max_prompt_logits_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "return_prompt_logits for ", request.prompt_ids_size(), " prompt tokens is ",
-          bytes >> 20, " MiB of logits, over this server's limit of ",
-          options_.max_prompt_logits_bytes >> 20, " MiB; shorten the prompt"));
-    }
-  }
-  std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status checked = CheckSubmission(request, options_); !checked.ok()) return checked;
   if (draining_) {
     return absl::UnavailableError(
         "the server is shutting down: it finishes the requests in flight and takes no new "
         "ones; retry on another server");
   }
-  if (state_ != admin::READY) {
-    return absl::UnavailableError(absl::StrCat("the model instance is not ready: ", state_message_));
-  }
-  if (static_cast<int>(requests_.size()) >= options_.max_inflight_requests) {
-    return absl::ResourceExhaustedError(absl::StrCat("server busy: ", requests_.size(),
-                                                     " requests in flight; retry later"));
-  }
-  const int group = ChooseGroupLocked();
-  if (group < 0) {
-    return absl::UnavailableError("every DP group is drained (flotillactl undrain WORKER)");
-  }
-  const int leader = placement_->parallel.leader_of_group(group);
-  Worker& w = workers_[placement_->ranks[leader].worker_id];
-  const uint64_t id = next_request_id_++;
-  request.set_request_id(id);
-  // Latency and token metrics for every request, whichever API it came from.
-  metrics_.prompt_tokens += static_cast<uint64_t>(request.prompt_ids_size());
+  auto t = std::make_shared<TrackedRequest>();
+  t->request = std::move(request);
+  t->client = std::move(callbacks);
+  t->route_key = route_key;
+  t->arrival = options_.clock->TimeNow();
   {
-    struct Timing {
-      std::mutex mu;
-      absl::Time submitted = absl::Now();
-      absl::Time last;
-      bool got_token = false;
-      std::optional<cluster::SequenceUpdate> finish;  // the update with the finish reason
-    };
-    auto timing = std::make_shared<Timing>();
-    ServingMetrics* m = &metrics_;
-    auto on_update = std::move(callbacks.on_update);
-    callbacks.on_update = [timing, m, on_update](const cluster::SequenceUpdate& u) {
-      const int n = u.token_ids_size() + (u.has_stop_token() ? 1 : 0);
-      if (n > 0) {
-        const absl::Time now = absl::Now();
-        std::lock_guard<std::mutex> l(timing->mu);
-        m->generation_tokens += static_cast<uint64_t>(n);
-        if (!timing->got_token) {
-          m->ttft.Observe(absl::ToDoubleSeconds(now - timing->submitted));
-          for (int i = 1; i < n; ++i) m->itl.Observe(0);
-        } else {
-          const double gap = absl::ToDoubleSeconds(now - timing->last) / n;
-          for (int i = 0; i < n; ++i) m->itl.Observe(gap);
-        }
-        timing->got_token = true;
-        timing->last = now;
-      }
-      if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) {
-        std::lock_guard<std::mutex> l(timing->mu);
-        timing->finish = u;
-        timing->finish->clear_token_ids();
-        timing->finish->clear_logprobs();
-        timing->finish->clear_prompt_logits();
-      }
-      if (on_update) on_update(u);
-    };
-    auto on_done = std::move(callbacks.on_done);
-    callbacks.on_done = [timing, m, on_done](const absl::Status& st) {
-      {
-        std::lock_guard<std::mutex> l(timing->mu);
-        m->e2e.Observe(absl::ToDoubleSeconds(absl::Now() - timing->submitted));
-        if (st.code() == absl::StatusCode::kCancelled && st.message() == kStopStringCancel) {
-          // Cancelled because the answer hit a stop string: it stopped.
-          cluster::SequenceUpdate stop;
-          stop.set_finish_reason(common::STOP);
-          m->Finished(absl::OkStatus(), &stop);
-        } else {
-          m->Finished(st, timing->finish ? &*timing->finish : nullptr);
-        }
-      }
-      if (on_done) on_done(st);
-    };
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int>(requests_.size()) >= options_.max_inflight_requests) {
+      return absl::ResourceExhaustedError(absl::StrCat("server busy: ", requests_.size(),
+                                                       " requests in flight; retry later"));
+    }
+    t->id = next_request_id_++;
+    requests_[t->id] = t;
   }
-  if (callbacks.on_accepted) callbacks.on_accepted(id);
-  requests_[id] = Request{id, group, std::move(callbacks)};
-  ++group_inflight_[group];
-  ++requests_submitted_;
-  cluster::CoordinatorMessage msg;
-  *msg.mutable_submit() = std::move(request);
-  w.session->Send(msg);
-  return id;
+  absl::Status why;
+  if (!Place(t, -1, &why)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.erase(t->id);
+    return why;
+  }
+  return t->id;
+}
+
+bool ClusterManager::Place(const std::shared_ptr<TrackedRequest>& t, int avoid,
+                           absl::Status* why) {
+  std::vector<RouteCandidate> candidates;
+  RouteCandidate avoided;
+  bool have_avoided = false;
+  {
+    std::vector<Instance*> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& i : instances_) all.push_back(i.get());
+    }
+    for (Instance* i : all) {
+      RouteCandidate c{i->id(), i->Load(), 0};
+      if (!c.load.serving) continue;
+      if (cached_prefix_) c.cached_tokens = cached_prefix_(i->id(), t->request);
+      if (i->id() == avoid) {
+        avoided = c;
+        have_avoided = true;
+        continue;
+      }
+      candidates.push_back(c);
+    }
+  }
+  // The instance that just failed the request only when nothing else serves.
+  if (candidates.empty() && have_avoided) candidates.push_back(avoided);
+  if (candidates.empty()) {
+    *why = absl::UnavailableError(NotServingReason());
+    return false;
+  }
+  const uint64_t prompt_tokens =
+      static_cast<uint64_t>(t->request.prompt_ids_size()) + t->output.size();
+  while (!candidates.empty()) {
+    const int pick = router_.Choose(candidates, prompt_tokens, t->route_key);
+    const int index = candidates[pick].instance;
+    candidates.erase(candidates.begin() + pick);
+    Instance* inst = InstanceAt(index);
+    ServingMetrics* metrics = &MetricsOf(index);
+    int attempt = 0;
+    cluster::SubmitSequence submission;
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(t->mu);
+      if (t->finished) return true;  // cancelled meanwhile
+      attempt = ++t->attempt;
+      first = attempt == 1;
+      t->instance = index;
+      t->inner_id = 0;
+      submission = t->NextSubmissionLocked();
+    }
+    RequestCallbacks cb = AttemptCallbacks(t, attempt);
+    if (first) {
+      metrics->prompt_tokens += static_cast<uint64_t>(t->request.prompt_ids_size());
+      cb.on_accepted = [t](uint64_t) {
+        if (t->client.on_accepted) t->client.on_accepted(t->id);
+      };
+    }
+    absl::StatusOr<uint64_t> inner = inst->Submit(std::move(submission), std::move(cb));
+    if (!inner.ok()) {
+      *why = inner.status();
+      continue;
+    }
+    router_.Remember(t->route_key, index);
+    std::optional<absl::Status> cancel;
+    {
+      std::lock_guard<std::mutex> lock(t->mu);
+      if (t->attempt == attempt) t->inner_id = *inner;
+      cancel = t->cancel;
+    }
+    if (cancel) inst->Cancel(*inner, std::string(cancel->message()), cancel->code());
+    return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    t->instance = -1;
+  }
+  return false;
+}
+
+RequestCallbacks ClusterManager::AttemptCallbacks(const std::shared_ptr<TrackedRequest>& t,
+                                                  int attempt) {
+  RequestCallbacks cb;
+  cb.on_update = [this, t, attempt](const cluster::SequenceUpdate& u) {
+    {
+      std::lock_guard<std::mutex> lock(t->mu);
+      if (t->attempt != attempt || t->finished) return;
+      t->output.insert(t->output.end(), u.token_ids().begin(), u.token_ids().end());
+      if (u.prompt_logits_size() > 0) t->prompt_logits_sent = true;
+      ObserveTokens(*t, MetricsOf(t->instance), u, options_.clock->TimeNow());
+    }
+    if (t->client.on_update) t->client.on_update(u);
+  };
+  cb.on_done = [this, t, attempt](const absl::Status& st) { OnAttemptDone(t, attempt, st); };
+  return cb;
+}
+
+void ClusterManager::OnAttemptDone(const std::shared_ptr<TrackedRequest>& t, int attempt,
+                                   const absl::Status& status) {
+  int failed = -1;
+  size_t streamed = 0;
+  std::optional<absl::Status> end;
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (t->attempt != attempt || t->finished) return;
+    const bool move = status.code() == absl::StatusCode::kUnavailable && !t->cancel &&
+                      t->ResumableLocked() && MigrationOn();
+    if (move) {
+      failed = t->instance;
+      streamed = t->output.size();
+      t->instance = -1;
+      t->inner_id = 0;
+    } else {
+      // A cancel asked for while the request changed instances wins.
+      end = t->cancel ? *t->cancel : status;
+    }
+  }
+  if (end) {
+    Finish(t, *end);
+    return;
+  }
+  MetricsOf(failed).migrated++;
+  spdlog::info("request {} leaves instance {} after {} tokens ({}); continuing elsewhere", t->id,
+               failed, streamed, std::string(status.message()));
+  absl::Status why;
+  if (Place(t, failed, &why)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_migrated_;
+    return;
+  }
+  // Nothing serves now: wait for an instance (this one re-formed or another).
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    t->parked_until = options_.clock->TimeNow() + options_.migration_wait;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.push_back(t);
+  }
+  parked_cv_.notify_all();
+}
+
+void ClusterManager::Finish(const std::shared_ptr<TrackedRequest>& t, const absl::Status& status) {
+  std::optional<cluster::SequenceUpdate> finish;
+  int instance = 0;
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (t->finished) return;
+    t->finished = true;
+    finish = t->finish;
+    instance = std::max(t->instance, 0);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.erase(t->id);
+    parked_.erase(std::remove(parked_.begin(), parked_.end(), t), parked_.end());
+  }
+  ServingMetrics& m = MetricsOf(instance);
+  m.e2e.Observe(absl::ToDoubleSeconds(options_.clock->TimeNow() - t->arrival));
+  if (status.code() == absl::StatusCode::kCancelled && status.message() == kStopStringCancel) {
+    // Cancelled because the answer hit a stop string: it stopped.
+    cluster::SequenceUpdate stop;
+    stop.set_finish_reason(common::STOP);
+    m.Finished(absl::OkStatus(), &stop);
+  } else {
+    m.Finished(status, finish ? &*finish : nullptr);
+  }
+  if (t->client.on_done) t->client.on_done(status);
+}
+
+void ClusterManager::ParkedLoop() {
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(parked_mu_);
+      parked_cv_.wait_for(lock, std::chrono::milliseconds(50), [this] { return stop_.load(); });
+      if (stop_) return;
+    }
+    std::vector<std::shared_ptr<TrackedRequest>> parked;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      parked = parked_;
+    }
+    const absl::Time now = options_.clock->TimeNow();
+    for (const std::shared_ptr<TrackedRequest>& t : parked) {
+      absl::Time until;
+      {
+        std::lock_guard<std::mutex> lock(t->mu);
+        if (t->finished || t->instance >= 0) continue;
+        until = t->parked_until;
+      }
+      absl::Status why;
+      if (!draining_ && Place(t, -1, &why)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        parked_.erase(std::remove(parked_.begin(), parked_.end(), t), parked_.end());
+        ++requests_migrated_;
+        continue;
+      }
+      if (draining_ || now >= until) {
+        Finish(t, absl::UnavailableError(absl::StrCat(
+                      "its instance failed and no instance could take it within ",
+                      absl::FormatDuration(options_.migration_wait), ": ", NotServingReason())));
+      }
+    }
+  }
 }
 
 bool ClusterManager::Cancel(uint64_t request_id, const std::string& reason,
                             absl::StatusCode code) {
-  std::vector<Finished> done;
+  std::shared_ptr<TrackedRequest> t;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = requests_.find(request_id);
     if (it == requests_.end()) return false;
-    const int group = it->second.dp_group;
-    if (placement_ && state_ == admin::READY) {
-      Worker& w = workers_[placement_->ranks[placement_->parallel.leader_of_group(group)].worker_id];
-      cluster::CoordinatorMessage msg;
-      msg.mutable_cancel()->set_request_id(request_id);
-      msg.mutable_cancel()->set_reason(reason);
-      if (w.session) w.session->Send(msg);
-    }
-    if (group < static_cast<int>(group_inflight_.size()) && group_inflight_[group] > 0) {
-      --group_inflight_[group];
-    }
-    done.push_back(Finished{std::move(it->second.callbacks), absl::Status(code, reason),
-                            std::nullopt});
-    requests_.erase(it);
-    if (code == absl::StatusCode::kCancelled) ++requests_cancelled_;
+    t = it->second;
   }
-  Deliver(done);
+  Instance* inst = nullptr;
+  uint64_t inner = 0;
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (t->finished) return false;
+    t->cancel = absl::Status(code, reason);
+    if (t->instance >= 0 && t->inner_id != 0) {
+      inst = InstanceAt(t->instance);
+      inner = t->inner_id;
+    } else if (t->instance >= 0) {
+      return true;  // being placed: Place cancels it once the instance took it
+    }
+  }
+  if (inst != nullptr && inst->Cancel(inner, reason, code)) return true;
+  // Parked, or its instance had already let it go: end it here.
+  Finish(t, absl::Status(code, reason));
   return true;
 }
 
-bool ClusterManager::WaitReady(absl::Duration timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return ready_cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                            [this] { return state_ == admin::READY; });
+void ClusterManager::GrantPromptLogits(uint64_t request_id, uint64_t allowed_bytes) {
+  std::shared_ptr<TrackedRequest> t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(request_id);
+    if (it == requests_.end()) return;
+    t = it->second;
+  }
+  Instance* inst = nullptr;
+  uint64_t inner = 0;
+  {
+    std::lock_guard<std::mutex> lock(t->mu);
+    if (t->finished || t->instance < 0 || t->inner_id == 0) return;
+    inst = InstanceAt(t->instance);
+    inner = t->inner_id;
+  }
+  inst->GrantPromptLogits(inner, allowed_bytes);
 }
 
+void ClusterManager::MeasureEngine(const cluster::MeasureEngineRequest& request,
+                                   absl::Time deadline, MeasureCallback done) {
+  std::vector<Instance*> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& i : instances_) all.push_back(i.get());
+  }
+  for (Instance* i : all) {
+    if (i->Load().serving) return i->MeasureEngine(request, deadline, std::move(done));
+  }
+  all[0]->MeasureEngine(request, deadline, std::move(done));
+}
+
+bool ClusterManager::WaitReady(absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  while (true) {
+    std::vector<Instance*> all;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& i : instances_) all.push_back(i.get());
+    }
+    if (all.size() == 1) return all[0]->WaitReady(timeout);
+    for (Instance* i : all) {
+      if (i->WaitReady(absl::ZeroDuration())) return true;
+    }
+    if (absl::Now() >= until) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+// ---- drain ----
+
 void ClusterManager::BeginDrain() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!draining_) spdlog::info("draining: {} requests in flight, no new ones", requests_.size());
+  if (!draining_) spdlog::info("draining: {} requests in flight, no new ones", InflightRequests());
   draining_ = true;
 }
 
@@ -727,151 +576,142 @@ int ClusterManager::InflightRequests() const {
 }
 
 void ClusterManager::FailAll(const std::string& why) {
-  std::vector<Finished> done;
+  draining_ = true;  // nothing moves any more
+  std::vector<Instance*> all;
+  std::vector<std::shared_ptr<TrackedRequest>> parked;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    FailInflightLocked(why, &done);
+    for (const auto& i : instances_) all.push_back(i.get());
+    parked = parked_;
   }
-  Deliver(done);
+  for (Instance* i : all) i->FailAll(why);
+  for (const auto& t : parked) Finish(t, absl::UnavailableError(why));
 }
 
-void ClusterManager::MonitorLoop() {
-  const auto tick = absl::ToChronoMilliseconds(
-      std::max(absl::Milliseconds(10), options_.heartbeat_interval / 2));
-  while (true) {
-    {
-      std::unique_lock<std::mutex> lock(monitor_mu_);
-      monitor_cv_.wait_for(lock, tick, [this] { return stop_.load(); });
-      if (stop_) return;
-    }
-    std::vector<Finished> done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      const absl::Time now = absl::Now();
-      AddFailedMeasurements(measurements_.Expire(now), &done);
-      for (auto& [id, w] : workers_) {
-        if (w.alive && now - w.last_heard > options_.heartbeat_timeout) {
-          MarkDeadLocked(w,
-                         absl::StrCat("no heartbeat for ",
-                                      absl::ToInt64Milliseconds(now - w.last_heard), " ms"),
-                         &done);
-        }
-      }
-      ForgetDeadWorkersLocked(now);
-    }
-    Deliver(done);
-  }
-}
-
-void ClusterManager::AddFailedMeasurements(std::vector<MeasureResult> failed,
-                                           std::vector<Finished>* done) {
-  for (MeasureResult& m : failed) {
-    RequestCallbacks cb;
-    cb.on_done = [m](const absl::Status&) mutable { m.Deliver(); };
-    done->push_back(Finished{std::move(cb), absl::OkStatus(), std::nullopt});
-  }
-}
-
-void ClusterManager::MeasureEngine(const cluster::MeasureEngineRequest& request,
-                                   absl::Time deadline, MeasureCallback done) {
-  absl::Status refused;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!placement_ || state_ != admin::READY) {
-      refused = absl::FailedPreconditionError(
-          absl::StrCat("the instance is not serving: ", state_message_));
-    } else {
-      // Every rank runs the probe (the ranks step in lockstep); the
-      // leader of DP group 0 speaks for the instance.
-      std::vector<std::string> ranks;
-      for (const RankPlacement& r : placement_->ranks) ranks.push_back(r.worker_id);
-      const std::string& leader =
-          placement_->ranks[placement_->parallel.leader_of_group(0)].worker_id;
-      cluster::CoordinatorMessage msg;
-      msg.mutable_measure_engine()->set_measure_id(
-          measurements_.Add(ranks, leader, deadline, std::move(done)));
-      *msg.mutable_measure_engine()->mutable_request() = request;
-      // READY means every rank's session is open.
-      for (const std::string& id : ranks) workers_[id].session->Send(msg);
-      return;
-    }
-  }
-  done(refused);
-}
-
-void ClusterManager::DescribeMeasuredLocked(cluster::EngineMeasurement* m) {
-  if (auto w = workers_.find(m->worker_id()); w != workers_.end()) {
-    *m->mutable_device() = w->second.hello.device();
-  }
-  if (!placement_) return;
-  m->set_world_size(placement_->parallel.world_size());
-  m->set_tp_size(placement_->parallel.tp_size());
-  m->set_dp_groups(placement_->parallel.dp_size());
-}
-
-void ClusterManager::Deliver(std::vector<Finished>& done) {
-  for (Finished& f : done) {
-    if (f.last_update && f.callbacks.on_update) f.callbacks.on_update(*f.last_update);
-    if (f.callbacks.on_done) f.callbacks.on_done(f.status);
-  }
-}
+// ---- admin ----
 
 admin::ClusterStatus ClusterManager::Status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  admin::ClusterStatus s;
-  s.set_state(state_);
-  s.set_model(options_.model_path);
-  s.set_expected_workers(options_.expected_workers);
-  s.set_generation(generation_);
-  s.set_message(state_message_);
-  s.set_requests_in_flight(static_cast<uint32_t>(requests_.size()));
-  s.set_requests_submitted(requests_submitted_);
-  s.set_requests_cancelled(requests_cancelled_);
-  const absl::Time now = absl::Now();
-  for (const auto& [id, w] : workers_) {
-    admin::WorkerStatus* ws = s.add_workers();
-    ws->set_worker_id(id);
-    ws->set_node(w.hello.node());
-    *ws->mutable_device() = w.hello.device();
-    ws->set_rank(w.rank);
-    ws->set_alive(w.alive);
-    ws->set_last_heartbeat_age_ms(absl::ToInt64Milliseconds(now - w.last_heard));
-    *ws->mutable_load() = w.load;
+  std::vector<Instance*> all;
+  uint64_t migrated = 0;
+  int inflight = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& i : instances_) all.push_back(i.get());
+    migrated = requests_migrated_;
+    inflight = static_cast<int>(requests_.size());
   }
-  AddDrainStatusLocked(&s);
+  // Instance 0 fills the cluster-wide fields; the others add theirs.
+  admin::ClusterStatus s = all[0]->Status();
+  std::vector<admin::InstanceStatus> states;
+  for (Instance* i : all) states.push_back(i->InstanceStatusProto());
+  for (size_t k = 1; k < all.size(); ++k) {
+    const admin::ClusterStatus o = all[k]->Status();
+    for (const admin::WorkerStatus& w : o.workers()) *s.add_workers() = w;
+    s.set_requests_submitted(s.requests_submitted() + o.requests_submitted());
+    s.set_requests_cancelled(s.requests_cancelled() + o.requests_cancelled());
+  }
+  s.set_expected_workers(static_cast<uint32_t>(options_.expected_workers));
+  s.set_requests_in_flight(static_cast<uint32_t>(inflight));
+  s.set_requests_migrated(migrated);
+  for (const admin::InstanceStatus& i : states) *s.add_instances() = i;
+  if (all.size() > 1) {
+    s.set_state(MergedState(states));
+    int serving = 0;
+    std::vector<std::string> parts;
+    for (const admin::InstanceStatus& i : states) {
+      serving += i.state() == admin::READY ? 1 : 0;
+      parts.push_back(absl::StrCat("instance ", i.id(), ": ", i.drained() ? "drained; " : "",
+                                   i.message()));
+    }
+    s.set_message(absl::StrCat(serving, " of ", states.size(), " instances serving (",
+                               absl::StrJoin(parts, "; "), ")"));
+  }
   return s;
 }
 
-absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!placement_) return absl::UnavailableError(absl::StrCat("no placement yet: ", state_message_));
-  admin::PlacementInfo info;
-  info.set_world_size(placement_->parallel.world_size());
-  info.set_tp_size(placement_->parallel.tp_size());
-  info.set_dp_size(placement_->parallel.dp_size());
-  info.set_ep_size(placement_->parallel.ep_size());
-  info.set_groups_spanning_nodes(placement_->groups_spanning_nodes);
-  info.set_device_transport(placement_->device_transport);
-  for (const RankPlacement& r : placement_->ranks) {
-    admin::RankInfo* ri = info.add_ranks();
-    ri->set_rank(r.rank);
-    ri->set_worker_id(r.worker_id);
-    ri->set_node(r.node);
-    ri->set_dp_group(r.dp_group);
-    ri->set_tp_rank(r.tp_rank);
-    ri->set_weight_bytes(placement_->bytes_per_rank[r.rank]);
-    ri->set_device_index(r.device_index);
-    if (!placement_->device_bytes_per_rank.empty()) {
-      ri->set_device_bytes(placement_->device_bytes_per_rank[r.rank]);
-    }
-  }
-  return info;
+absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement(int instance) const {
+  absl::StatusOr<Instance*> inst = AdminInstance(static_cast<uint32_t>(instance));
+  if (!inst.ok()) return inst.status();
+  return (*inst)->GetPlacement();
 }
 
-absl::StatusOr<cluster::ExpertMap> ClusterManager::GetExpertMap() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!placement_) return absl::UnavailableError(absl::StrCat("no placement yet: ", state_message_));
-  return ExpertMapToProto(placement_->expert_map);
+absl::StatusOr<cluster::ExpertMap> ClusterManager::GetExpertMap(int instance) const {
+  absl::StatusOr<Instance*> inst = AdminInstance(static_cast<uint32_t>(instance));
+  if (!inst.ok()) return inst.status();
+  return (*inst)->GetExpertMap();
+}
+
+absl::StatusOr<cluster::ExpertMap> ClusterManager::SetExpertMap(const cluster::ExpertMap& map) {
+  return InstanceAt(0)->SetExpertMap(map);
+}
+
+absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(
+    const admin::ExpertLoadRequest& request) const {
+  absl::StatusOr<Instance*> inst = AdminInstance(request.instance());
+  if (!inst.ok()) return inst.status();
+  return (*inst)->ExpertLoad(request);
+}
+
+absl::StatusOr<admin::RebalanceResult> ClusterManager::Rebalance(
+    const admin::RebalanceRequest& request) {
+  absl::StatusOr<Instance*> inst = AdminInstance(request.instance());
+  if (!inst.ok()) return inst.status();
+  return (*inst)->Rebalance(request);
+}
+
+absl::StatusOr<admin::DrainResult> ClusterManager::Drain(const std::string& worker_id,
+                                                         bool drained) {
+  std::vector<Instance*> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& i : instances_) all.push_back(i.get());
+  }
+  for (Instance* i : all) {
+    if (!i->HasWorker(worker_id)) continue;
+    absl::StatusOr<admin::DrainResult> r = i->Drain(worker_id, drained);
+    if (r.ok()) r->set_instance(i->id());
+    return r;
+  }
+  return all[0]->Drain(worker_id, drained);  // names the unknown worker
+}
+
+absl::StatusOr<admin::DrainResult> ClusterManager::DrainInstance(int instance, bool drained) {
+  absl::StatusOr<Instance*> inst = AdminInstance(static_cast<uint32_t>(instance));
+  if (!inst.ok()) return inst.status();
+  (*inst)->SetDrained(drained);
+  if (drained && MigrationOn()) {
+    // Move what runs there to instances that serve; without one it finishes here.
+    bool other = false;
+    {
+      std::vector<Instance*> all;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& i : instances_) all.push_back(i.get());
+      }
+      for (Instance* i : all) other = other || (i->id() != instance && i->Load().serving);
+    }
+    if (other) {
+      std::vector<std::pair<uint64_t, Instance*>> moving;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [id, t] : requests_) {
+          std::lock_guard<std::mutex> l(t->mu);
+          if (t->instance == instance && t->inner_id != 0 && t->ResumableLocked()) {
+            moving.emplace_back(t->inner_id, *inst);
+          }
+        }
+      }
+      for (const auto& [inner, i] : moving) {
+        i->Cancel(inner, absl::StrCat("instance ", instance, " is drained"),
+                  absl::StatusCode::kUnavailable);
+      }
+    }
+  }
+  admin::DrainResult r;
+  r.set_instance(instance);
+  r.set_drained(drained);
+  r.set_requests_in_flight(static_cast<uint32_t>((*inst)->InflightRequests()));
+  return r;
 }
 
 }  // namespace flotilla::coordinator

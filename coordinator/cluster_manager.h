@@ -1,7 +1,10 @@
-// ClusterManager: the coordinator's worker registry, liveness, placement and
-// request routing. It owns all cluster state behind one mutex; gRPC reactors
-// and the frontend reach it only through these methods. Sessions are behind
-// the WorkerSession interface so tests drive it with fakes.
+// ClusterManager: the coordinator's whole cluster. It splits the workers into
+// model instances (cluster/instance.h: each placed, formed, failed and drained
+// on its own), checks every request before anything else, routes it to an
+// instance (cluster/router.h), and when that instance fails or is drained
+// continues the request on another one (cluster/migration.h), so the client
+// sees neither an error nor a repeated or missing token. gRPC reactors and the
+// HTTP front end reach the cluster only through these methods.
 #pragma once
 
 #include <atomic>
@@ -11,8 +14,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,113 +21,61 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/model_config.h"
-#include "coordinator/engine_measurements.h"
-#include "coordinator/expert_load_window.h"
-#include "coordinator/placement.h"
+#include "coordinator/cluster/cluster_types.h"
+#include "coordinator/cluster/instance.h"
+#include "coordinator/cluster/router.h"
+#include "coordinator/serving_metrics.h"
 #include "proto/admin.pb.h"
 #include "proto/cluster.pb.h"
 
-#include "coordinator/serving_metrics.h"
-
 namespace flotilla::coordinator {
 
-// The coordinator's end of one worker's Session stream.
-class WorkerSession {
- public:
-  virtual ~WorkerSession() = default;
-  // Queues a message to the worker; never blocks. Ignored once closed.
-  virtual void Send(const cluster::CoordinatorMessage& message) = 0;
-  // Ends the stream with `status` (the worker sees it as the RPC's status).
-  virtual void Close(const absl::Status& status) = 0;
-};
-
-struct ClusterOptions {
-  int expected_workers = 1;
-  LayoutRequest layout;
-  std::string model_path;
-  ModelConfig model;
-  cluster::CommBackend comm_backend = cluster::COMM_BACKEND_UCX;  // host communicator, W > 1
-  absl::Duration heartbeat_interval = absl::Milliseconds(250);
-  absl::Duration heartbeat_timeout = absl::Seconds(2);  // silence after which a worker is dead
-  int max_inflight_requests = 1024;     // beyond: RESOURCE_EXHAUSTED
-  // Sized for a GPU: continuous batching of up to 256 sequences, prompt
-  // chunks within 2048 tokens per step.
-  uint32_t max_batch_tokens = 2048;
-  uint32_t max_sequences = 256;
-  uint32_t max_model_len = 0;  // 0 = the model's max_position_embeddings
-  uint32_t kv_blocks = 0;
-  // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
-  // this are refused with INVALID_ARGUMENT before any work.
-  uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;
-  // Expert balancing (cluster_manager_experts.cc).
-  uint32_t redundant_experts = 0;            // spare expert slots per layer on every rank
-  absl::Duration expert_window = absl::Seconds(10);  // default load window
-  absl::Duration rebalance_interval = absl::ZeroDuration();  // automatic rebalancing; 0 = off
-  double rebalance_min_imbalance = 1.25;     // automatic: act only above this
-  uint64_t rebalance_max_bytes = 0;          // per rebalance; 0 = no bound
-  absl::Duration expert_map_prepare_timeout = absl::Seconds(120);
-  // A dead worker holding no rank is forgotten (gone from GetStatus) after
-  // this long, so restarts under fresh ids do not pile up.
-  absl::Duration forget_dead_workers_after = absl::Seconds(60);
-};
-
-// The Cancel reason of a request whose answer hit a stop string (the
-// metrics count it as stopped, not cancelled).
-inline constexpr char kStopStringCancel[] = "a stop string was generated";
-
-// Callbacks of one request. `on_update` gets every SequenceUpdate (the last
-// one has a finish reason); `on_done` is called exactly once, after the last
-// update, with OK or the error that ended the request. Both are called without
-// the manager's lock held, possibly from the manager's threads.
-struct RequestCallbacks {
-  std::function<void(const cluster::SequenceUpdate&)> on_update;
-  std::function<void(const absl::Status&)> on_done;
-  // Called once inside Submit with the request's id, before any update can
-  // arrive (e.g. to make the id cancellable before the client sees it).
-  std::function<void(uint64_t)> on_accepted = nullptr;
-};
+struct TrackedRequest;  // cluster/migration.h
 
 class ClusterManager {
  public:
   static absl::StatusOr<std::unique_ptr<ClusterManager>> Create(ClusterOptions options);
   ~ClusterManager();
 
-  // Latency and token metrics of every request submitted (any API).
-  const ServingMetrics& metrics() const { return metrics_; }
+  // Latency and token metrics of every request (any API), one set per
+  // instance, as Prometheus text with `labels` (model_name=...) and each
+  // instance's label on every series.
+  void RenderServingMetrics(const std::string& labels, std::string& out) const;
 
   // ---- worker sessions ----
-  // A new stream opened; returns its id for the calls below.
+  // A new stream opened; returns its id for the calls below. Its Hello
+  // decides its instance: the one it belonged to, else the one missing the
+  // most workers, else a new instance once enough extra workers registered.
   uint64_t OnSessionOpened(std::shared_ptr<WorkerSession> session);
   void OnWorkerMessage(uint64_t session_id, const cluster::WorkerMessage& message);
   void OnSessionClosed(uint64_t session_id);
 
   // ---- requests ----
-  // Routes the request to a DP group. UNAVAILABLE while the instance is not
-  // ready (names the missing workers), RESOURCE_EXHAUSTED when too many
-  // requests are in flight, INVALID_ARGUMENT for a bad prompt.
-  absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request, RequestCallbacks callbacks);
-  // Asks every rank to time its engine between steps (admin MeasureEngine;
-  // the ranks of a sharded instance run the probe together, in lockstep).
-  // `done` gets the measurement of the leader of DP group 0 once every rank
-  // has answered, or why there is none (FAILED_PRECONDITION while not
-  // serving, the first refusal of any rank, UNAVAILABLE if a rank dies or
-  // the instance is formed again, DEADLINE_EXCEEDED after `deadline`),
-  // exactly once and without the manager's lock held.
+  // Checks the request (INVALID_ARGUMENT whatever the state of the
+  // instances), then routes it. UNAVAILABLE while no instance serves (names
+  // each one's reason), RESOURCE_EXHAUSTED when too many requests are in
+  // flight. `route_key` (a conversation: previous_response_id or a session
+  // header) keeps related requests on one instance while that is good.
+  absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request, RequestCallbacks callbacks,
+                                  const std::string& route_key = "");
+  // Instance 0's engine measurement (see Instance::MeasureEngine).
   void MeasureEngine(const cluster::MeasureEngineRequest& request, absl::Time deadline,
                      MeasureCallback done);
   // Cancels a request; its on_done gets `code` (CANCELLED, or
-  // DEADLINE_EXCEEDED for a request ended at its deadline: /metrics counts it
-  // as one). Returns false if unknown.
+  // DEADLINE_EXCEEDED for a request ended at its deadline). False if unknown.
   bool Cancel(uint64_t request_id, const std::string& reason,
               absl::StatusCode code = absl::StatusCode::kCancelled);
+  // The client took prompt logits of the request: its sequence may have sent
+  // `allowed_bytes` of them in all (prompt_logits_credit.h); its instance
+  // tells the DP-group leader, where the sequence waits beyond its credit.
+  void GrantPromptLogits(uint64_t request_id, uint64_t allowed_bytes);
 
-  // Blocks until the instance is ready or `timeout` passes.
+  // Blocks until an instance serves or `timeout` passes.
   bool WaitReady(absl::Duration timeout);
 
   // ---- drain ----
   // From now on Submit refuses with UNAVAILABLE ("shutting down"); requests
-  // in flight go on. Not undone.
+  // in flight go on (and no longer move between instances). Not undone.
   void BeginDrain();
   bool draining() const { return draining_; }
   // Requests submitted and not yet ended.
@@ -135,142 +84,74 @@ class ClusterManager {
   void FailAll(const std::string& why);
 
   // ---- admin ----
+  // The cluster (READY while any instance serves) with each instance.
   admin::ClusterStatus Status() const;
-  absl::StatusOr<admin::PlacementInfo> GetPlacement() const;
-  absl::StatusOr<cluster::ExpertMap> GetExpertMap() const;
-  // Validates `map` (next version, same shape, experts only where they are
-  // held) and sends it to every rank; they switch at one step boundary.
-  // Validates `map` (next version, same shape, slots within each rank's
-  // reported slots) and applies it in two phases: every rank loads the
-  // experts it lacks (PREPARE), then all switch at one step boundary
-  // (COMMIT); if a rank fails or times out, ABORT keeps the current map.
+  absl::StatusOr<admin::PlacementInfo> GetPlacement(int instance = 0) const;
+  absl::StatusOr<cluster::ExpertMap> GetExpertMap(int instance = 0) const;
+  // Expert balancing acts on one instance (instance 0 for SetExpertMap).
   absl::StatusOr<cluster::ExpertMap> SetExpertMap(const cluster::ExpertMap& map);
-  // Per-layer, per-rank expert load of the current map over `window`.
   absl::StatusOr<admin::ExpertLoadReport> ExpertLoad(const admin::ExpertLoadRequest& request) const;
-  // Plans from the window's load and, unless a dry run, applies the plan.
   absl::StatusOr<admin::RebalanceResult> Rebalance(const admin::RebalanceRequest& request);
   // Stops / resumes admission to `worker_id`'s DP group.
   absl::StatusOr<admin::DrainResult> Drain(const std::string& worker_id, bool drained);
+  // Stops / resumes admission to a whole instance. Draining moves its
+  // requests in flight to other instances (when migration is on and another
+  // serves; otherwise they finish where they are).
+  absl::StatusOr<admin::DrainResult> DrainInstance(int instance, bool drained);
   const ClusterOptions& options() const { return options_; }
+  int instance_count() const;
 
  private:
   explicit ClusterManager(ClusterOptions options);
 
-  struct Worker {
-    std::string worker_id;
-    uint64_t session_id = 0;  // 0 when disconnected
+  struct SessionRoute {
+    int instance = -1;        // -1 before its Hello
+    uint64_t inner_id = 0;    // the instance's session id
     std::shared_ptr<WorkerSession> session;
-    cluster::Hello hello;
-    absl::Time last_heard;
-    bool alive = false;
-    int rank = -1;
-    uint64_t ready_generation = 0;   // shards loaded for this generation
-    uint64_t joined_generation = 0;  // communicator joined for this generation
-    cluster::Ready ready;
-    cluster::WorkerLoad load;
-    absl::Time died_at;  // when it was marked dead
-  };
-  struct Request {
-    uint64_t id = 0;
-    int dp_group = 0;
-    RequestCallbacks callbacks;
-  };
-  struct Finished {
-    RequestCallbacks callbacks;
-    absl::Status status;
-    std::optional<cluster::SequenceUpdate> last_update;
   };
 
-  void HandleHello(uint64_t session_id, const cluster::Hello& hello, std::vector<Finished>* done);
-  // Delivers the updates of requests assigned to `sender`'s DP group (it is
-  // its leader); any other update is dropped and ends `sender`'s session.
-  void HandleTokens(Worker& sender, const cluster::TokenBatch& batch,
-                    std::vector<std::pair<RequestCallbacks, cluster::SequenceUpdate>>* updates,
-                    std::vector<Finished>* done);
-  // Marks a worker dead, fails in-flight requests, degrades the instance.
-  void MarkDeadLocked(Worker& w, const std::string& why, std::vector<Finished>* done);
-  // A rank of the serving generation failed a step but its worker lives:
-  // fails every request in flight (UNAVAILABLE, `why`) and assigns a new
-  // generation to the same workers.
-  void ReformLocked(const std::string& why, std::vector<Finished>* done);
-  // Ends every request in flight with UNAVAILABLE (`why`).
-  void FailInflightLocked(const std::string& why, std::vector<Finished>* done);
-  // Tells every live rank holder but `except` to drop the current generation
-  // at once (DropGeneration): a peer is gone, so their next collective would
-  // only wait out the communicator's timeout.
-  void DropGenerationLocked(const std::string& why, const Worker* except);
-  // Erases dead workers without a rank, dead for longer than the options say.
-  void ForgetDeadWorkersLocked(absl::Time now);
-  // Plans and sends assignments when every expected worker is alive.
-  void MaybeAssignLocked();
-  // The workers to hold each rank of the current placement: the alive holders,
-  // newcomers (from `candidates`) in the places of the gone. Empty, with the
-  // state message saying why, while no fitting newcomer is there.
-  std::vector<Worker*> ChooseHoldersLocked(const std::vector<Worker*>& candidates);
-  void UpdateReadyLocked();
-  std::string MissingWorkersLocked() const;
-  Worker* WorkerBySessionLocked(uint64_t session_id);
-  void MonitorLoop();
-  static void Deliver(std::vector<Finished>& done);
-  // Failed measurements, delivered with the finished requests.
-  static void AddFailedMeasurements(std::vector<MeasureResult> failed,
-                                    std::vector<Finished>* done);
-  // Adds to the leader's measurement its device and the instance's layout.
-  void DescribeMeasuredLocked(cluster::EngineMeasurement* m);
-  // ---- expert balancing (cluster_manager_experts.cc) ----
-  // A rank's answer to PREPARE.
-  void OnExpertMapPreparedLocked(const Worker& w, const cluster::ExpertMapPrepared& prepared);
-  // Sends `update` to every rank of the placement.
-  void SendToRanksLocked(const cluster::CoordinatorMessage& message);
-  // The two phases of a validated map; waits without the lock held.
-  absl::Status ApplyExpertMap(const ExpertMap& map);
-  absl::Status CheckExpertMapLocked(const ExpertMap& map) const;
-  // The DP group to admit to (least in flight, not drained); -1 if none.
-  int ChooseGroupLocked() const;
-  void AddDrainStatusLocked(admin::ClusterStatus* status) const;
-  void AutoRebalanceLoop();
+  Instance* InstanceAt(int index) const;
+  absl::StatusOr<Instance*> AdminInstance(uint32_t index) const;
+  // The instance a worker saying Hello joins (a new one if every instance is whole).
+  int InstanceForWorkerLocked(const std::string& worker_id);
+  // Starts (or restarts after a failure) `t` on an instance chosen by the
+  // router, `avoid` last. False when none took it.
+  bool Place(const std::shared_ptr<TrackedRequest>& t, int avoid, absl::Status* why);
+  // The attempt's callbacks, which feed `t` and notice a failed instance.
+  RequestCallbacks AttemptCallbacks(const std::shared_ptr<TrackedRequest>& t, int attempt);
+  void OnAttemptDone(const std::shared_ptr<TrackedRequest>& t, int attempt,
+                     const absl::Status& status);
+  // Ends `t` for the client (once).
+  void Finish(const std::shared_ptr<TrackedRequest>& t, const absl::Status& status);
+  // Why no instance takes requests now, one clause per instance.
+  std::string NotServingReason() const;
+  bool MigrationOn() const;
+  void ParkedLoop();
+  ServingMetrics& MetricsOf(int instance) const;
 
   const ClusterOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable ready_cv_;
-  std::map<std::string, Worker> workers_;  // by worker id
-  std::map<uint64_t, std::string> session_to_worker_;
-  std::map<uint64_t, std::shared_ptr<WorkerSession>> pending_sessions_;  // before Hello
-  uint64_t next_session_id_ = 1;
-  admin::InstanceState state_ = admin::WAITING_FOR_WORKERS;
-  std::string state_message_;
-  uint64_t generation_ = 0;
-  bool comm_started_ = false;  // StartComm sent for generation_
-  std::optional<Placement> placement_;
-  std::optional<ExpertMap> loaded_map_;  // the map whose experts the ranks loaded
-  std::map<uint64_t, Request> requests_;
-  uint64_t next_request_id_ = 1;
-  uint64_t requests_submitted_ = 0;
-  uint64_t requests_cancelled_ = 0;
-  std::vector<uint32_t> group_inflight_;
-  EngineMeasurements measurements_;
+  Router router_;
+  // Leading prompt tokens an instance holds cached for a request (the prefix
+  // index); unset: none known.
+  std::function<uint64_t(int instance, const cluster::SubmitSequence&)> cached_prefix_;
 
-  // Expert balancing.
-  ExpertLoadWindow expert_window_{absl::Seconds(61)};
-  std::mutex rebalance_mu_;  // one map change at a time
-  struct MapSwitch {
-    uint64_t version = 0;
-    uint64_t generation = 0;
-    std::set<int> prepared;  // ranks
-    std::string error;
-    uint64_t bytes = 0;
-  };
-  std::optional<MapSwitch> map_switch_;  // under mu_
-  std::condition_variable map_switch_cv_;
-  std::set<int> drained_groups_;  // under mu_
-  std::thread auto_rebalance_;
+  mutable std::mutex mu_;  // instances_, sessions_, requests_, parked_
+  std::vector<std::unique_ptr<Instance>> instances_;
+  std::vector<std::unique_ptr<ServingMetrics>> metrics_;  // by instance
+  std::map<uint64_t, SessionRoute> sessions_;
+  uint64_t next_session_id_ = 1;
+  std::map<uint64_t, std::shared_ptr<TrackedRequest>> requests_;
+  uint64_t next_request_id_ = 1;
+  uint64_t requests_migrated_ = 0;
+  // Requests whose instance failed while no other served: placed again as
+  // soon as one does, or failed after migration_wait.
+  std::vector<std::shared_ptr<TrackedRequest>> parked_;
 
   std::atomic<bool> draining_{false};
   std::atomic<bool> stop_{false};
-  std::mutex monitor_mu_;
-  std::condition_variable monitor_cv_;
-  std::thread monitor_;
-  ServingMetrics metrics_;
+  std::mutex parked_mu_;
+  std::condition_variable parked_cv_;
+  std::thread parked_thread_;
 };
 
 }  // namespace flotilla::coordinator

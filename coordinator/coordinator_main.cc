@@ -105,8 +105,29 @@ int main(int argc, char** argv) {
                  "names requests may give as `model` (repeat it or separate with commas); the first "
                  "replaces --model-id in replies, /v1/models and ListModels list each")
       ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
-  app.add_option("--workers", workers, "workers in the instance")
+  app.add_option("--workers", workers, "workers of the cluster (split evenly into --instances)")
       ->envname("FLOTILLA_WORKERS")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--instances", opts.instances,
+                 "model instances the workers form (each placed, failed and drained on its own; "
+                 "requests are routed among them)")
+      ->envname("FLOTILLA_INSTANCES")->capture_default_str()->check(CLI::PositiveNumber);
+  std::string router = "cache-aware";
+  app.add_option("--router", router,
+                 "how requests are spread over the instances: cache-aware (the longest cached "
+                 "prompt prefix against the load), least-loaded or round-robin")
+      ->envname("FLOTILLA_ROUTER")->capture_default_str()
+      ->check(CLI::IsMember({"cache-aware", "least-loaded", "round-robin"}));
+  std::string migrate = "auto";
+  app.add_option("--migrate-requests", migrate,
+                 "when an instance fails or is drained, continue its requests on another one "
+                 "(or on the same one once it formed again) instead of failing them: on, off, or "
+                 "auto (on with several instances)")
+      ->envname("FLOTILLA_MIGRATE_REQUESTS")->capture_default_str()
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  double migration_wait_s = 30;
+  app.add_option("--migration-wait-s", migration_wait_s,
+                 "how long a request whose instance failed waits for one to take it")
+      ->envname("FLOTILLA_MIGRATION_WAIT_S")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--tp", tp, "attention tensor-parallel size (0 = automatic)")
       ->envname("FLOTILLA_TP")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("--dp", dp, "data-parallel attention groups (0 = automatic)")
@@ -361,6 +382,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   opts.expected_workers = workers;
+  opts.router = *flotilla::coordinator::ParseRouterPolicy(router);  // checked by IsMember
+  opts.migrate_requests = migrate == "on" || (migrate == "auto" && opts.instances > 1);
+  opts.migration_wait = absl::Seconds(migration_wait_s);
   // Checked by NameCheck at parse time.
   opts.comm_backend = *flotilla::ParseCommBackend(comm);
   opts.layout = {tp, dp, *flotilla::ParseDeviceTransport(device_transport)};

@@ -52,7 +52,7 @@ class HttpMetrics {
   std::atomic<int64_t> in_flight{0};
 
   // Every series carries model_name="`model_id`" (as vLLM's do).
-  std::string Render(const admin::ClusterStatus& s, const ServingMetrics& serving,
+  std::string Render(const admin::ClusterStatus& s, const ClusterManager& manager,
                      const std::string& model_id) const {
     const std::string m = ModelLabel(model_id);
     std::string out;
@@ -65,7 +65,7 @@ class HttpMetrics {
                         "\",status=\"", key.second, "\"} ", n, "\n");
       }
     }
-    serving.Render(m, out);
+    manager.RenderServingMetrics(m, out);
     Gauge(out, "flotilla_http_requests_in_flight", "generation requests being served over HTTP", m,
           static_cast<double>(in_flight.load()));
     Gauge(out, "flotilla_http_connections", "open connections of the HTTP API", m,
@@ -89,8 +89,13 @@ class HttpMetrics {
             s.requests_cancelled());
     Gauge(out, "flotilla_requests_in_flight", "requests the coordinator is serving (gRPC and HTTP)", m,
           static_cast<double>(s.requests_in_flight()));
-    Gauge(out, "flotilla_instance_ready", "1 while the instance takes requests", m,
-          s.state() == admin::READY ? 1 : 0);
+    out += "# HELP flotilla_instance_ready 1 while the instance takes requests\n"
+           "# TYPE flotilla_instance_ready gauge\n";
+    for (const admin::InstanceStatus& i : s.instances()) {
+      absl::StrAppend(&out, "flotilla_instance_ready{", m, ",instance=\"", i.id(), "\"} ",
+                      i.state() == admin::READY && !i.drained() ? 1 : 0, "\n");
+    }
+
     uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
     uint64_t prefix_queries = 0, prefix_hits = 0;
     std::string per_worker;
@@ -105,8 +110,9 @@ class HttpMetrics {
                                ? 0.0
                                : 1.0 - static_cast<double>(w.load().kv_blocks_free()) /
                                            static_cast<double>(w.load().kv_blocks_total());
-      absl::StrAppend(&per_worker, "flotilla_worker_kv_cache_usage_ratio{", m, ",worker=\"",
-                      PrometheusLabelValue(w.worker_id()), "\",rank=\"", w.rank(), "\"} ", usage, "\n");
+      absl::StrAppend(&per_worker, "flotilla_worker_kv_cache_usage_ratio{", m, ",instance=\"",
+                      w.instance(), "\",worker=\"", PrometheusLabelValue(w.worker_id()),
+                      "\",rank=\"", w.rank(), "\"} ", usage, "\n");
     }
     Gauge(out, "flotilla_running_sequences", "sequences running on the workers", m,
           static_cast<double>(running));
@@ -368,7 +374,7 @@ absl::Status HttpServer::ServeMetrics() {
   if (!server.ok()) return server.status();
   metrics_server_ = *std::move(server);
   metrics_server_->Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +
+    res.set_content(metrics_->Render(manager_->Status(), *manager_, options_.model_id) +
                         RenderExpertMetrics(*manager_, ModelLabel(options_.model_id)),
                     "text/plain; version=0.0.4");
   });
@@ -476,11 +482,22 @@ void HttpServer::Routes() {
                                                 "requests in flight and takes no new ones"}});
     }
     const admin::ClusterStatus s = manager_->Status();
-    if (s.state() == admin::READY) {
-      SendJson(res, 200, Json{{"status", "ok"}});
+    Json instances = Json::array();
+    bool serving = false;
+    for (const admin::InstanceStatus& i : s.instances()) {
+      const bool takes = i.state() == admin::READY && !i.drained();
+      serving = serving || takes;
+      instances.push_back(Json{{"instance", i.id()},
+                               {"status", i.drained() ? std::string("DRAINED")
+                                                      : admin::InstanceState_Name(i.state())},
+                               {"reason", i.message()}});
+    }
+    if (serving) {
+      SendJson(res, 200, Json{{"status", "ok"}, {"instances", instances}});
     } else {
       SendJson(res, 503, Json{{"status", admin::InstanceState_Name(s.state())},
-                              {"reason", s.message().empty() ? "the instance is not ready" : s.message()}});
+                              {"reason", s.message().empty() ? "the instance is not ready" : s.message()},
+                              {"instances", instances}});
     }
   });
   // The process is up and answering (whatever the instance's state: /health
@@ -492,7 +509,7 @@ void HttpServer::Routes() {
                             {"nccl", b.nccl}, {"ucx", b.ucx}, {"sanitize", b.sanitize}});
   });
   svr.Get("/metrics", [this](const HttpRequest&, HttpResponse& res) {
-    res.set_content(metrics_->Render(manager_->Status(), manager_->metrics(), options_.model_id) +
+    res.set_content(metrics_->Render(manager_->Status(), *manager_, options_.model_id) +
                         RenderExpertMetrics(*manager_, ModelLabel(options_.model_id)),
                     "text/plain; version=0.0.4");
   });

@@ -567,7 +567,7 @@ grpc::ServerUnaryReactor* AdminService::GetPlacement(grpc::CallbackServerContext
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  absl::StatusOr<admin::PlacementInfo> p = manager_->GetPlacement();
+  absl::StatusOr<admin::PlacementInfo> p = manager_->GetPlacement(static_cast<int>(request->instance()));
   if (p.ok()) *response = *p;
   reactor->Finish(ToGrpcStatus(p.status()));
   return reactor;
@@ -581,7 +581,7 @@ grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  absl::StatusOr<cluster::ExpertMap> m = manager_->GetExpertMap();
+  absl::StatusOr<cluster::ExpertMap> m = manager_->GetExpertMap(static_cast<int>(request->instance()));
   if (m.ok()) *response = *m;
   reactor->Finish(ToGrpcStatus(m.status()));
   return reactor;

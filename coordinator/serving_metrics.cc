@@ -62,10 +62,15 @@ void Histogram::Observe(double v) {
 
 void Histogram::Render(const std::string& name, const std::string& help, const std::string& labels,
                        std::string& out) const {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
+  RenderSeries(name, labels, out);
+}
+
+void Histogram::RenderSeries(const std::string& name, const std::string& labels,
+                             std::string& out) const {
   std::lock_guard<std::mutex> l(mu_);
   const std::string prefix = labels.empty() ? "" : labels + ",";
   const std::string alone = labels.empty() ? "" : absl::StrCat("{", labels, "}");
-  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " histogram\n");
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cum += counts_[i];
@@ -103,39 +108,73 @@ void ServingMetrics::Finished(const absl::Status& status, const cluster::Sequenc
 }
 
 void ServingMetrics::Render(const std::string& labels, std::string& out) const {
-  const std::string alone = labels.empty() ? "" : absl::StrCat("{", labels, "}");
-  absl::StrAppend(&out, "# HELP flotilla_prompt_tokens_total prompt tokens of admitted requests\n",
-                  "# TYPE flotilla_prompt_tokens_total counter\nflotilla_prompt_tokens_total",
-                  alone, " ", prompt_tokens.load(), "\n");
-  absl::StrAppend(
-      &out, "# HELP flotilla_generation_tokens_total tokens generated (end tokens included)\n",
-      "# TYPE flotilla_generation_tokens_total counter\nflotilla_generation_tokens_total", alone,
-      " ", generation_tokens.load(), "\n");
-  absl::StrAppend(&out,
-                  "# HELP flotilla_requests_finished_total requests ended, by how: stop (an end "
-                  "token, stop token or stop string), length (max_tokens or the context), "
-                  "cancelled (by the client or its disconnect), deadline, error\n"
-                  "# TYPE flotilla_requests_finished_total counter\n");
-  const std::string prefix = labels.empty() ? "" : labels + ",";
-  for (int r = 0; r < static_cast<int>(FinishedReason::kCount); ++r) {
-    absl::StrAppend(&out, "flotilla_requests_finished_total{", prefix, "finished_reason=\"",
-                    ReasonName(static_cast<FinishedReason>(r)), "\"} ", finished[r].load(), "\n");
+  RenderAll({{labels, this}}, out);
+}
+
+void ServingMetrics::RenderAll(const std::vector<Part>& parts, std::string& out) {
+  auto header = [&out](const char* name, const char* type, const char* help) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  };
+  auto alone = [](const std::string& labels) {
+    return labels.empty() ? std::string() : absl::StrCat("{", labels, "}");
+  };
+  auto prefix = [](const std::string& labels) {
+    return labels.empty() ? std::string() : labels + ",";
+  };
+  header("flotilla_prompt_tokens_total", "counter", "prompt tokens of admitted requests");
+  for (const auto& [labels, m] : parts) {
+    absl::StrAppend(&out, "flotilla_prompt_tokens_total", alone(labels), " ",
+                    m->prompt_tokens.load(), "\n");
   }
-  ttft.Render("flotilla_time_to_first_token_seconds",
-              "time from admission to the first generated token (gRPC and HTTP)", labels, out);
-  itl.Render("flotilla_inter_token_latency_seconds",
-             "time between generated tokens of one request (gRPC and HTTP)", labels, out);
-  e2e.Render("flotilla_request_duration_seconds", "time from admission to the last token", labels,
-             out);
-  queue_time.Render(
-      "flotilla_request_queue_time_seconds",
-      "time a finished request waited on its worker before it was admitted to the batch", labels,
-      out);
-  prefill_time.Render("flotilla_request_prefill_time_seconds",
-                      "time from admission to the batch to the first token (the prompt's prefill)",
-                      labels, out);
-  decode_time.Render("flotilla_request_decode_time_seconds",
-                     "time from the first token to the last", labels, out);
+  header("flotilla_generation_tokens_total", "counter",
+         "tokens generated (end tokens included)");
+  for (const auto& [labels, m] : parts) {
+    absl::StrAppend(&out, "flotilla_generation_tokens_total", alone(labels), " ",
+                    m->generation_tokens.load(), "\n");
+  }
+  header("flotilla_requests_finished_total", "counter",
+         "requests ended, by how: stop (an end token, stop token or stop string), length "
+         "(max_tokens or the context), cancelled (by the client or its disconnect), deadline, "
+         "error");
+  for (const auto& [labels, m] : parts) {
+    for (int r = 0; r < static_cast<int>(FinishedReason::kCount); ++r) {
+      absl::StrAppend(&out, "flotilla_requests_finished_total{", prefix(labels),
+                      "finished_reason=\"", ReasonName(static_cast<FinishedReason>(r)), "\"} ",
+                      m->finished[r].load(), "\n");
+    }
+  }
+  header("flotilla_requests_migrated_total", "counter",
+         "requests that continued on another instance (or the same one re-formed) after theirs "
+         "failed or was drained, counted on the instance they left");
+  for (const auto& [labels, m] : parts) {
+    absl::StrAppend(&out, "flotilla_requests_migrated_total", alone(labels), " ",
+                    m->migrated.load(), "\n");
+  }
+  struct Hist {
+    const char* name;
+    const char* help;
+    const Histogram ServingMetrics::*member;
+  };
+  static constexpr Hist kHists[] = {
+      {"flotilla_time_to_first_token_seconds",
+       "time from admission to the first generated token (gRPC and HTTP)", &ServingMetrics::ttft},
+      {"flotilla_inter_token_latency_seconds",
+       "time between generated tokens of one request (gRPC and HTTP)", &ServingMetrics::itl},
+      {"flotilla_request_duration_seconds", "time from admission to the last token",
+       &ServingMetrics::e2e},
+      {"flotilla_request_queue_time_seconds",
+       "time a finished request waited on its worker before it was admitted to the batch",
+       &ServingMetrics::queue_time},
+      {"flotilla_request_prefill_time_seconds",
+       "time from admission to the batch to the first token (the prompt's prefill)",
+       &ServingMetrics::prefill_time},
+      {"flotilla_request_decode_time_seconds", "time from the first token to the last",
+       &ServingMetrics::decode_time},
+  };
+  for (const Hist& h : kHists) {
+    header(h.name, "histogram", h.help);
+    for (const auto& [labels, m] : parts) (m->*h.member).RenderSeries(h.name, labels, out);
+  }
 }
 
 }  // namespace flotilla::coordinator

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +24,8 @@ class Histogram {
   // `labels` (e.g. model_name="m") go on every series, before `le`.
   void Render(const std::string& name, const std::string& help, const std::string& labels,
               std::string& out) const;
+  // The series alone (no HELP/TYPE lines), for one metric of several parts.
+  void RenderSeries(const std::string& name, const std::string& labels, std::string& out) const;
 
  private:
   mutable std::mutex mu_;
@@ -47,6 +50,7 @@ struct ServingMetrics {
   std::atomic<uint64_t> prompt_tokens{0};
   std::atomic<uint64_t> generation_tokens{0};
   std::atomic<uint64_t> finished[static_cast<int>(FinishedReason::kCount)] = {};
+  std::atomic<uint64_t> migrated{0};  // requests that left this instance for another
 
   // Counts a request's end: the status its on_done got and, when it finished
   // normally, the last update (its finish reason and the leader's timings).
@@ -54,6 +58,10 @@ struct ServingMetrics {
 
   // Appends every series, each with `labels` (model_name="...").
   void Render(const std::string& labels, std::string& out) const;
+  // One metrics object per instance, each with its labels (model_name and
+  // instance); every metric's HELP and TYPE once.
+  using Part = std::pair<std::string, const ServingMetrics*>;
+  static void RenderAll(const std::vector<Part>& parts, std::string& out);
 };
 
 // model_name="ID", escaped for Prometheus.

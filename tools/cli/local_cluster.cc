@@ -163,12 +163,18 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 
   std::vector<std::string> coordinator_argv = {
       c->coordinator_bin_, "--model", c->model_, "--workers", std::to_string(options.workers),
+      "--instances", std::to_string(options.instances),
       "--tp", std::to_string(options.tp), "--device-transport", options.device_transport,
       "--listen", options.listen, "--port-file", port_file,
       "--heartbeat-timeout-ms", std::to_string(options.heartbeat_timeout_ms),
       "--http-listen", options.http_listen, "--cluster-token-file", c->cluster_token_file_};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
+  for (const auto& [flag, value] :
+       {std::pair<const char*, std::string>{"--router", options.router},
+        {"--migrate-requests", options.migrate_requests}}) {
+    if (!value.empty()) coordinator_argv.insert(coordinator_argv.end(), {flag, value});
+  }
   for (const std::string& arg : LogArgs(options, "coordinator")) coordinator_argv.push_back(arg);
   for (const auto& [flag, value] :
        {std::pair<const char*, std::string>{"--tls-cert", options.tls.cert},

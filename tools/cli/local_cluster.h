@@ -20,6 +20,9 @@ namespace flotilla::cli {
 struct LocalClusterOptions {
   std::string model;          // checkpoint dir or synthetic:PRESET[:SEED]; empty = built-in
   int workers = 1;
+  int instances = 1;          // model instances the workers form (coordinator --instances)
+  std::string router;            // coordinator --router; empty = its default
+  std::string migrate_requests;  // coordinator --migrate-requests; empty = its default
   int tp = 0;                 // 0 = automatic
   std::string device_transport = "auto";  // between GPU workers: auto, cuda-ipc or nccl
   int threads_per_worker = 0; // 0 = cores / workers

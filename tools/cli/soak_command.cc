@@ -23,6 +23,7 @@ struct SoakFlags {
   std::string coordinator;  // empty: start a local cluster
   int up_pid = 0;  // a running `flotilla up`: its workers are killed, its coordinator watched
   int workers = 2;
+  int instances = 1;
   std::string model;
   std::string log_dir;
   double duration_s = 120;
@@ -150,6 +151,7 @@ int RunSoak(const SoakFlags& f) {
   if (address.empty()) {
     LocalClusterOptions o;
     o.workers = f.workers;
+    o.instances = f.instances;
     o.model = f.model;
     o.log_dir = f.log_dir;
     absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
@@ -218,6 +220,10 @@ void AddSoakCommand(CLI::App& bench) {
                    "pid of the `flotilla up` serving --coordinator: its workers are killed and "
                    "its coordinator watched");
   soak->add_option("--workers", f->workers, "workers of the cluster it starts")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  soak->add_option("--instances", f->instances,
+                   "model instances of the cluster it starts (--workers a multiple of it)")
       ->check(CLI::Range(1, 16))
       ->capture_default_str();
   soak->add_option("--model", f->model, "model of the cluster it starts (default: built-in)");

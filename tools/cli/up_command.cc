@@ -111,6 +111,18 @@ void AddUpCommand(CLI::App& app) {
       "up", "Start a coordinator and N workers on this machine and serve until Ctrl-C");
   cmd->add_option("--workers", o->workers, "worker processes (default 1)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--instances", o->instances,
+                  "model instances the workers form (--workers must be a multiple): each serves "
+                  "on its own, requests are routed among them and move to another when theirs "
+                  "fails")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--router", o->router,
+                  "with several instances: cache-aware (default), least-loaded or round-robin")
+      ->check(CLI::IsMember({"cache-aware", "least-loaded", "round-robin"}));
+  cmd->add_option("--migrate-requests", o->migrate_requests,
+                  "continue a failed instance's requests elsewhere: auto (on with several "
+                  "instances; the default), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   cmd->add_option("--tp", o->tp, "attention tensor-parallel size (0 = automatic)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device-transport", o->device_transport,

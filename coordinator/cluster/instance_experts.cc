@@ -1,4 +1,4 @@
-// ClusterManager's expert balancing: the load window's reports, the
+// Instance's expert balancing: the load window's reports, the
 // balancer's plans, the two-phase expert-map switch, automatic rebalancing
 // and the drained DP groups.
 #include <algorithm>
@@ -8,7 +8,7 @@
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "coordinator/balancer.h"
-#include "coordinator/cluster_manager.h"
+#include "coordinator/cluster/instance.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -35,14 +35,14 @@ cluster::CoordinatorMessage MapUpdate(cluster::ExpertMapUpdate::Phase phase, con
 
 }  // namespace
 
-void ClusterManager::SendToRanksLocked(const cluster::CoordinatorMessage& message) {
+void Instance::SendToRanksLocked(const cluster::CoordinatorMessage& message) {
   for (const RankPlacement& r : placement_->ranks) {
     Worker& w = workers_[r.worker_id];
     if (w.session) w.session->Send(message);
   }
 }
 
-void ClusterManager::OnExpertMapPreparedLocked(const Worker& w,
+void Instance::OnExpertMapPreparedLocked(const Worker& w,
                                                const cluster::ExpertMapPrepared& prepared) {
   if (!map_switch_ || map_switch_->version != prepared.version() || w.rank < 0) return;
   if (!prepared.error().empty()) {
@@ -54,7 +54,7 @@ void ClusterManager::OnExpertMapPreparedLocked(const Worker& w,
   map_switch_cv_.notify_all();
 }
 
-absl::Status ClusterManager::CheckExpertMapLocked(const ExpertMap& map) const {
+absl::Status Instance::CheckExpertMapLocked(const ExpertMap& map) const {
   if (!placement_ || state_ != admin::READY) {
     return absl::UnavailableError(absl::StrCat("the instance is not serving: ", state_message_));
   }
@@ -88,7 +88,7 @@ absl::Status ClusterManager::CheckExpertMapLocked(const ExpertMap& map) const {
   return absl::OkStatus();
 }
 
-absl::Status ClusterManager::ApplyExpertMap(const ExpertMap& map) {
+absl::Status Instance::ApplyExpertMap(const ExpertMap& map) {
   std::unique_lock<std::mutex> lock(mu_);
   FLOTILLA_RETURN_IF_ERROR(CheckExpertMapLocked(map));
   map_switch_ = MapSwitch{map.version(), generation_, {}, {}, 0};
@@ -120,14 +120,14 @@ absl::Status ClusterManager::ApplyExpertMap(const ExpertMap& map) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<cluster::ExpertMap> ClusterManager::SetExpertMap(const cluster::ExpertMap& proto) {
+absl::StatusOr<cluster::ExpertMap> Instance::SetExpertMap(const cluster::ExpertMap& proto) {
   FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(proto));
   std::lock_guard<std::mutex> one_at_a_time(rebalance_mu_);
   FLOTILLA_RETURN_IF_ERROR(ApplyExpertMap(map));
   return ExpertMapToProto(map);
 }
 
-absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(
+absl::StatusOr<admin::ExpertLoadReport> Instance::ExpertLoad(
     const admin::ExpertLoadRequest& request) const {
   if (request.window_seconds() < 0 || request.window_seconds() > 60) {
     return absl::InvalidArgumentError("window_seconds must be in [0, 60] (0: the default)");
@@ -182,7 +182,7 @@ absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(
   return report;
 }
 
-absl::StatusOr<admin::RebalanceResult> ClusterManager::Rebalance(
+absl::StatusOr<admin::RebalanceResult> Instance::Rebalance(
     const admin::RebalanceRequest& request) {
   if (request.window_seconds() < 0 || request.window_seconds() > 60) {
     return absl::InvalidArgumentError("window_seconds must be in [0, 60] (0: the default)");
@@ -240,7 +240,7 @@ absl::StatusOr<admin::RebalanceResult> ClusterManager::Rebalance(
   return result;
 }
 
-void ClusterManager::AutoRebalanceLoop() {
+void Instance::AutoRebalanceLoop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(monitor_mu_);
@@ -257,7 +257,7 @@ void ClusterManager::AutoRebalanceLoop() {
   }
 }
 
-int ClusterManager::ChooseGroupLocked() const {
+int Instance::ChooseGroupLocked() const {
   int group = -1;
   for (int g = 0; g < static_cast<int>(group_inflight_.size()); ++g) {
     if (drained_groups_.count(g)) continue;
@@ -266,7 +266,7 @@ int ClusterManager::ChooseGroupLocked() const {
   return group;
 }
 
-absl::StatusOr<admin::DrainResult> ClusterManager::Drain(const std::string& worker_id,
+absl::StatusOr<admin::DrainResult> Instance::Drain(const std::string& worker_id,
                                                          bool drained) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = workers_.find(worker_id);
@@ -294,7 +294,7 @@ absl::StatusOr<admin::DrainResult> ClusterManager::Drain(const std::string& work
   return result;
 }
 
-void ClusterManager::AddDrainStatusLocked(admin::ClusterStatus* status) const {
+void Instance::AddDrainStatusLocked(admin::ClusterStatus* status) const {
   if (placement_) status->set_expert_map_version(placement_->expert_map.version());
   for (int g : drained_groups_) status->add_drained_groups(g);
   for (admin::WorkerStatus& ws : *status->mutable_workers()) {
