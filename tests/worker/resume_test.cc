@@ -6,13 +6,18 @@
 // Each run is on a fresh instance, as after a migration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "comm/local/local_communicator.h"
+#include "common/expert_map_proto.h"
+#include "tests/worker/fake_coordinator_client.h"
 #include "tests/worker/fake_engine.h"
 #include "tests/worker/resume_harness.h"
 #include "worker/engine/cpu_engine.h"
+#include "worker/engine_factory.h"
 #include "worker/parallel/host_context.h"
+#include "worker/worker_runtime.h"
 
 namespace flotilla::worker {
 namespace {
@@ -120,6 +125,109 @@ TEST(ResumeRefusalTest, ATokenTheGrammarRefusesNamesItsPosition) {
   EXPECT_EQ(got[0].finish_reason(), common::ERROR);
   EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_NE(got[0].error().find("resume.output_ids[1]"), std::string::npos) << got[0].error();
+}
+
+// The whole worker: a WorkerRuntime (the CPU engine factory on
+// synthetic:tiny:3, a fake coordinator client) takes a SubmitSequence with
+// resume from its session and streams only the continuation. The same
+// worker served the undisturbed run, so the resumed context comes partly
+// from its prefix cache.
+class WorkerRuntimeResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto client = std::make_unique<FakeCoordinatorClient>();
+    client_ = client.get();
+    EngineFactories factories;
+    factories.emplace("cpu", MakeCpuEngineFactory());
+    WorkerOptions o;
+    o.worker_id = "w0";
+    o.threads = 1;
+    o.kv_block_size = 4;
+    o.advertise_address = "127.0.0.1";
+    auto runtime = WorkerRuntime::Create(o, std::move(client), std::move(factories));
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    runtime_ = *std::move(runtime);
+    thread_ = std::thread([this] { (void)runtime_->Run(); });
+  }
+  void TearDown() override {
+    if (runtime_) runtime_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Assignment and StartComm of a one-rank instance; true once it joined.
+  bool Serve() {
+    const ModelConfig c = ModelConfig::Tiny();
+    cluster::CoordinatorMessage m;
+    cluster::Assignment* a = m.mutable_assignment();
+    a->set_generation(1);
+    a->set_model_path("synthetic:tiny:3");
+    a->set_world_size(1);
+    a->set_tp_size(1);
+    *a->mutable_expert_map() =
+        ExpertMapToProto(*ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, 1));
+    a->set_max_batch_tokens(8);
+    a->set_max_sequences(2);
+    client_->Push(m);
+    if (!client_->WaitFor(
+            [](const auto& sent) { return Sent(sent, &cluster::WorkerMessage::has_ready); })) {
+      return false;
+    }
+    cluster::CoordinatorMessage start;
+    start.mutable_start_comm()->set_generation(1);
+    client_->Push(start);
+    return client_->WaitFor(
+        [](const auto& sent) { return Sent(sent, &cluster::WorkerMessage::has_joined); });
+  }
+  static bool Sent(const std::vector<cluster::WorkerMessage>& sent,
+                   bool (cluster::WorkerMessage::*has)() const) {
+    return std::any_of(sent.begin(), sent.end(), [&](const auto& m) { return (m.*has)(); });
+  }
+  // Submits `submit` and waits for its end; its updates.
+  Updates Run(const cluster::SubmitSequence& submit) {
+    cluster::CoordinatorMessage m;
+    *m.mutable_submit() = submit;
+    client_->Push(m);
+    auto updates = [&](const std::vector<cluster::WorkerMessage>& sent) {
+      Updates got;
+      for (const cluster::WorkerMessage& w : sent) {
+        for (const cluster::SequenceUpdate& u : w.tokens().updates()) {
+          if (u.request_id() == submit.request_id()) got.push_back(u);
+        }
+      }
+      return got;
+    };
+    EXPECT_TRUE(client_->WaitFor([&](const auto& sent) {
+      const Updates got = updates(sent);
+      return !got.empty() && got.back().finish_reason() != common::FINISH_REASON_UNSPECIFIED;
+    }));
+    return updates(client_->sent());
+  }
+
+  FakeCoordinatorClient* client_ = nullptr;
+  std::unique_ptr<WorkerRuntime> runtime_;
+  std::thread thread_;
+};
+
+TEST_F(WorkerRuntimeResumeTest, AResumedSubmitStreamsOnlyTheContinuation) {
+  ASSERT_TRUE(Serve());
+  cluster::SubmitSequence first;
+  first.set_request_id(1);
+  for (int32_t t : {3, 1, 4, 1, 5, 9, 2, 6, 5, 3}) first.add_prompt_ids(t);
+  first.mutable_sampling()->set_max_tokens(12);
+  first.mutable_sampling()->set_temperature(0.0f);
+  first.mutable_sampling()->set_ignore_eos(true);
+  const Updates whole = Run(first);
+  const std::vector<int32_t> tokens = resume_testing::TokensOf(whole);
+  ASSERT_EQ(tokens.size(), 12u) << whole.back().error();
+  const uint64_t hits_before = client_->Load().prefix_cache_hits_tokens();
+
+  cluster::SubmitSequence resumed = resume_testing::ResumedAfter(first, tokens, 5);
+  resumed.set_request_id(2);
+  const Updates rest = Run(resumed);
+  EXPECT_EQ(resume_testing::TokensOf(rest), std::vector<int32_t>(tokens.begin() + 5, tokens.end()));
+  EXPECT_EQ(rest.back().finish_reason(), common::LENGTH);
+  EXPECT_EQ(rest.back().completion_tokens(), 12u);
+  EXPECT_EQ(rest.back().prompt_tokens(), 10u);
+  EXPECT_GT(client_->Load().prefix_cache_hits_tokens(), hits_before);
 }
 
 // The refusals that need no engine, with the scheduler over a fake one.
