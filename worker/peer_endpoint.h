@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,5 +38,11 @@ class PeerEndpoint {
 // backend but UCX is refused with its name.
 absl::StatusOr<std::unique_ptr<PeerEndpoint>> OpenPeerEndpoint(cluster::CommBackend backend,
                                                                const PeerOptions& options);
+
+// How a worker opens its endpoint for each generation: OpenPeerEndpoint in
+// the process, in-process endpoints in tests (a whole W > 1 instance of
+// WorkerRuntimes in one process, over scripted communicators).
+using PeerEndpointFactory = std::function<absl::StatusOr<std::unique_ptr<PeerEndpoint>>(
+    cluster::CommBackend backend, const PeerOptions& options)>;
 
 }  // namespace flotilla::worker

@@ -41,13 +41,14 @@ class WorkerRuntime {
   // A worker talking to options.coordinator over gRPC, with the engines of this build.
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(WorkerOptions options);
   // The same over `client` for one session, building engines with
-  // `factories` (tests: fakes).
+  // `factories` and opening peer endpoints with `peers` (tests: fakes).
   static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(
-      WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories);
+      WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories,
+      PeerEndpointFactory peers = OpenPeerEndpoint);
   // Sessions from `clients`, reconnecting as Run describes.
-  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(WorkerOptions options,
-                                                               ClientFactory clients,
-                                                               EngineFactories factories);
+  static absl::StatusOr<std::unique_ptr<WorkerRuntime>> Create(
+      WorkerOptions options, ClientFactory clients, EngineFactories factories,
+      PeerEndpointFactory peers = OpenPeerEndpoint);
   ~WorkerRuntime();
 
   // Serves sessions with the coordinator until Stop() (or a Shutdown message):
@@ -61,7 +62,8 @@ class WorkerRuntime {
   void Stop();
 
  private:
-  WorkerRuntime(WorkerOptions options, ClientFactory clients, EngineFactories factories);
+  WorkerRuntime(WorkerOptions options, ClientFactory clients, EngineFactories factories,
+                PeerEndpointFactory peers);
 
   // One session over `client`: connect, open, the engine loop; returns why it ended.
   absl::Status RunSession(std::unique_ptr<CoordinatorClient> client);
@@ -121,6 +123,7 @@ class WorkerRuntime {
   const WorkerOptions options_;
   const ClientFactory clients_;
   const EngineFactories factories_;
+  const PeerEndpointFactory peers_;
   EngineFactory* factory_ = nullptr;  // options_.device's
   std::atomic<bool> stop_{false};
   std::mutex stop_mu_;  // guards client_ against Stop() from other threads

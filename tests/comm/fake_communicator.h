@@ -60,6 +60,10 @@ class FakeCommunicator final : public Communicator {
   absl::Status ExchangeCounts(absl::Span<const size_t> send_counts,
                               absl::Span<size_t> recv_counts) override;
   absl::Status Barrier(void* stream = nullptr) override;
+  // Passed on to the wrapped communicator (a standalone fake never waits).
+  void SetTimeout(absl::Duration timeout) override {
+    if (inner_) inner_->SetTimeout(timeout);
+  }
 
  private:
   // Records the call and applies the script; ok means "go ahead".

@@ -29,6 +29,9 @@ class FakeEngine : public Engine {
   int64_t cached_prefix = 0;
   // Not OK: every Step fails with it.
   absl::Status step_error;
+  // Called with every Step's items (on the stepping thread), for records that
+  // must outlive the engine.
+  std::function<void(const std::vector<StepItem>&)> on_step;
 
   std::vector<std::vector<StepItem>> steps;   // every Step's items (samplers included)
   std::vector<int64_t> instance_step_tokens;  // every SetInstanceStepTokens
@@ -69,6 +72,7 @@ class FakeEngine : public Engine {
     if (!step_error.ok()) return step_error;
     if (absl::Status valid = Validate(items); !valid.ok()) return valid;
     steps.push_back(items);
+    if (on_step) on_step(items);
     StepOutput out;
     for (const StepItem& item : items) {
       std::vector<int32_t>& tokens = sequences[item.sequence];

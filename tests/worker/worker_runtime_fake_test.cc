@@ -6,85 +6,12 @@
 #include <mutex>
 #include <thread>
 
-#include "common/expert_map_proto.h"
 #include "tests/worker/fake_coordinator_client.h"
-#include "tests/worker/fake_engine.h"
+#include "tests/worker/session_messages.h"
 #include "worker/worker_runtime.h"
 
 namespace flotilla::worker {
 namespace {
-
-class FakeEngineFactory final : public EngineFactory {
- public:
-  bool WantsHostWeights(const ModelSource&) const override { return false; }
-  absl::StatusOr<RankEngine> Create(EngineSpec spec) override {
-    if (!create_error.ok()) return create_error;
-    auto engine = std::make_unique<FakeEngine>(spec.weights.config);
-    engine->step_error = step_error;
-    last = engine.get();
-    RankEngine built;
-    built.engine = std::move(engine);
-    return built;
-  }
-  absl::Status create_error, step_error;
-  FakeEngine* last = nullptr;
-};
-
-cluster::CoordinatorMessage Assignment(uint64_t generation) {
-  const ModelConfig c = ModelConfig::Tiny();
-  cluster::CoordinatorMessage m;
-  cluster::Assignment* a = m.mutable_assignment();
-  a->set_generation(generation);
-  a->set_model_path("synthetic:tiny:3");
-  a->set_world_size(1);
-  a->set_tp_size(1);
-  *a->mutable_expert_map() =
-      ExpertMapToProto(*ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, 1));
-  a->set_max_batch_tokens(4);
-  a->set_max_sequences(2);
-  return m;
-}
-
-cluster::CoordinatorMessage StartComm(uint64_t generation) {
-  cluster::CoordinatorMessage m;
-  m.mutable_start_comm()->set_generation(generation);
-  return m;
-}
-
-cluster::CoordinatorMessage Submit(uint64_t id, int prompt_tokens, uint32_t max_tokens,
-                                   std::vector<int32_t> stop = {}) {
-  cluster::CoordinatorMessage m;
-  cluster::SubmitSequence* s = m.mutable_submit();
-  s->set_request_id(id);
-  for (int i = 0; i < prompt_tokens; ++i) s->add_prompt_ids(100 + i);
-  s->mutable_sampling()->set_max_tokens(max_tokens);
-  for (int32_t t : stop) s->mutable_sampling()->add_stop_token_ids(t);
-  return m;
-}
-
-// The updates for `request_id` among the messages sent.
-std::vector<cluster::SequenceUpdate> UpdatesFor(const std::vector<cluster::WorkerMessage>& sent,
-                                                uint64_t request_id) {
-  std::vector<cluster::SequenceUpdate> updates;
-  for (const cluster::WorkerMessage& m : sent) {
-    for (const cluster::SequenceUpdate& u : m.tokens().updates()) {
-      if (u.request_id() == request_id) updates.push_back(u);
-    }
-  }
-  return updates;
-}
-
-bool Finished(const std::vector<cluster::WorkerMessage>& sent, uint64_t request_id) {
-  for (const cluster::SequenceUpdate& u : UpdatesFor(sent, request_id)) {
-    if (u.finish_reason() != common::FINISH_REASON_UNSPECIFIED) return true;
-  }
-  return false;
-}
-
-template <typename Pred>
-bool Any(const std::vector<cluster::WorkerMessage>& sent, Pred pred) {
-  return std::any_of(sent.begin(), sent.end(), pred);
-}
 
 class WorkerRuntimeFakeTest : public ::testing::Test {
  protected:
@@ -208,64 +135,51 @@ TEST_F(WorkerRuntimeFakeTest, ShutdownEndsRunWithOk) {
   EXPECT_TRUE(run_status_.ok()) << run_status_;
 }
 
-// ---- every failure path ends the requests it touches within 1 s ----
+// ---- every failure path ends the requests it touches ----
+// Nothing else would end them (the fake engine never finishes a 100000-token
+// request, and no timeout runs), so the ending itself is the check; the
+// fake's WaitFor bound only keeps a broken path from hanging the test.
 
-cluster::CoordinatorMessage DropGeneration(uint64_t generation, const std::string& reason) {
-  cluster::CoordinatorMessage m;
-  m.mutable_drop_generation()->set_generation(generation);
-  m.mutable_drop_generation()->set_reason(reason);
-  return m;
-}
-
-// Waits until `request_id` ends; its last update, and how long that took.
-std::pair<cluster::SequenceUpdate, absl::Duration> WaitEnded(FakeCoordinatorClient& client,
-                                                             uint64_t request_id,
-                                                             absl::Time since) {
+// Waits until `request_id` ends; its last update.
+cluster::SequenceUpdate WaitEnded(FakeCoordinatorClient& client, uint64_t request_id) {
   EXPECT_TRUE(client.WaitFor([&](const auto& sent) { return Finished(sent, request_id); }));
-  const absl::Duration took = absl::Now() - since;
   const std::vector<cluster::SequenceUpdate> updates = UpdatesFor(client.sent(), request_id);
-  return {updates.empty() ? cluster::SequenceUpdate() : updates.back(), took};
+  return updates.empty() ? cluster::SequenceUpdate() : updates.back();
 }
 
-TEST_F(WorkerRuntimeFakeTest, ADroppedGenerationEndsRunningRequestsWithin1s) {
+TEST_F(WorkerRuntimeFakeTest, ADroppedGenerationEndsRunningRequests) {
   ASSERT_TRUE(Serve());
   client_->Push(Submit(5, 3, /*max_tokens=*/100000));
   ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return !UpdatesFor(sent, 5).empty(); }));
-  const absl::Time dropped = absl::Now();
   client_->Push(DropGeneration(1, "worker 'w1' (rank 1) is gone: its session stream closed"));
-  const auto [update, took] = WaitEnded(*client_, 5, dropped);
+  const cluster::SequenceUpdate update = WaitEnded(*client_, 5);
   EXPECT_EQ(update.finish_reason(), common::ERROR);
   EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_NE(update.error().find("rank 1) is gone"), std::string::npos) << update.error();
-  EXPECT_LT(took, absl::Seconds(1));
   // It holds nothing now: a request sent meanwhile is refused at once.
-  const absl::Time sent = absl::Now();
   client_->Push(Submit(6, 3, 4));
-  const auto [refused, refused_in] = WaitEnded(*client_, 6, sent);
+  const cluster::SequenceUpdate refused = WaitEnded(*client_, 6);
   EXPECT_EQ(refused.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
-  EXPECT_LT(refused_in, absl::Seconds(1));
 }
 
 TEST_F(WorkerRuntimeFakeTest, ADropForAnotherGenerationIsIgnored) {
   ASSERT_TRUE(Serve(2));
   client_->Push(DropGeneration(1, "old news"));
   client_->Push(Submit(7, 3, 4));
-  const auto [update, took] = WaitEnded(*client_, 7, absl::Now());
+  const cluster::SequenceUpdate update = WaitEnded(*client_, 7);
   EXPECT_EQ(update.finish_reason(), common::LENGTH) << update.error();
 }
 
-TEST_F(WorkerRuntimeFakeTest, ARequestBeforeStartCommEndsWithin1s) {
+TEST_F(WorkerRuntimeFakeTest, ARequestBeforeStartCommEndsAtOnce) {
   client_->Push(Assignment(1));
   ASSERT_TRUE(client_->WaitFor([](const auto& sent) {
     return Any(sent, [](const auto& m) { return m.has_ready(); });
   }));
-  const absl::Time sent = absl::Now();
   client_->Push(Submit(8, 3, 4));
-  const auto [update, took] = WaitEnded(*client_, 8, sent);
+  const cluster::SequenceUpdate update = WaitEnded(*client_, 8);
   EXPECT_EQ(update.finish_reason(), common::ERROR);
   EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_NE(update.error().find("no engine running"), std::string::npos) << update.error();
-  EXPECT_LT(took, absl::Seconds(1));
 }
 
 TEST_F(WorkerRuntimeFakeTest, AFailedStartCommLeavesNoRequestWaiting) {
@@ -275,23 +189,19 @@ TEST_F(WorkerRuntimeFakeTest, AFailedStartCommLeavesNoRequestWaiting) {
   ASSERT_TRUE(client_->WaitFor([](const auto& sent) {
     return Any(sent, [](const auto& m) { return m.has_error(); });
   }));
-  const absl::Time sent = absl::Now();
   client_->Push(Submit(9, 3, 4));
-  const auto [update, took] = WaitEnded(*client_, 9, sent);
+  const cluster::SequenceUpdate update = WaitEnded(*client_, 9);
   EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
-  EXPECT_LT(took, absl::Seconds(1));
 }
 
-TEST_F(WorkerRuntimeFakeTest, ACommunicatorTimeoutInAStepEndsRequestsWithin1s) {
+TEST_F(WorkerRuntimeFakeTest, ACommunicatorTimeoutInAStepEndsRequests) {
   // What a collective gives when a peer stays silent past --comm-timeout-ms.
   factory_->step_error = absl::UnavailableError("rank 0: no message from rank(s) 1 within 10s");
   ASSERT_TRUE(Serve());
-  const absl::Time sent = absl::Now();
   client_->Push(Submit(10, 3, 4));
-  const auto [update, took] = WaitEnded(*client_, 10, sent);
+  const cluster::SequenceUpdate update = WaitEnded(*client_, 10);
   EXPECT_EQ(update.error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_NE(update.error().find("no message from rank"), std::string::npos) << update.error();
-  EXPECT_LT(took, absl::Seconds(1));
   // And the coordinator hears of it, so it can fail the rest and re-form.
   EXPECT_TRUE(client_->WaitFor([](const auto& sent) {
     return Any(sent, [](const auto& m) {
