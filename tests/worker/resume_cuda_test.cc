@@ -54,6 +54,10 @@ TEST_F(ResumeCudaTest, ConstrainedOutputContinuesInTheGrammarsState) {
       ServeCuda, resume_testing::Constrained(resume_testing::Seeded(Request(24), 5)), {2, 10});
 }
 
+TEST_F(ResumeCudaTest, ReasoningBudgetCountsTheResumedAnalysis) {
+  ExpectResumedRunsContinueExactly(ServeCuda, resume_testing::Reasoning(Request(20), 6), {5, 8});
+}
+
 TEST_F(ResumeCudaTest, MaxTokensCountsTheResumedOutput) {
   resume_testing::ExpectMaxTokensCountsTheResumedOutput(ServeCuda);
 }

@@ -8,11 +8,13 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -143,6 +145,25 @@ inline cluster::SubmitSequence Constrained(cluster::SubmitSequence s) {
   c->set_final_schema_json(
       R"({"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer"}},)"
       R"("required":["name","n"]})");
+  return s;
+}
+
+// The id of the ordinary token whose bytes are `text` (-1: none).
+inline int32_t TokenOf(const std::string& text) {
+  absl::StatusOr<std::shared_ptr<const grammar::VocabularyIndex>> index = Vocabulary()();
+  EXPECT_TRUE(index.ok()) << index.status();
+  if (!index.ok()) return -1;
+  const std::vector<std::string>& bytes = (*index)->vocab().bytes;
+  auto it = std::find(bytes.begin(), bytes.end(), text);
+  return it == bytes.end() ? -1 : static_cast<int32_t>(it - bytes.begin());
+}
+
+// Constrained with a reasoning budget of `budget` tokens, and a logit bias
+// that makes the turn open an analysis message (and fill it) first.
+inline cluster::SubmitSequence Reasoning(cluster::SubmitSequence s, uint32_t budget) {
+  s = Constrained(std::move(s));
+  s.mutable_constraint()->set_reasoning_budget(budget);
+  (*s.mutable_sampling()->mutable_logit_bias())[TokenOf("analysis")] = 100.0f;
   return s;
 }
 

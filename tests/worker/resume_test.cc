@@ -105,6 +105,17 @@ TEST_P(ResumeTest, ConstrainedOutputContinuesInTheGrammarsState) {
   ExpectResumedRunsContinueExactly(Serve(), s, {2, 10});
 }
 
+// The budget counts the analysis tokens before the resumption: resumed
+// inside the analysis, <|end|> comes where it came in the undisturbed run.
+TEST_P(ResumeTest, ReasoningBudgetCountsTheResumedAnalysis) {
+  const cluster::SubmitSequence s = resume_testing::Reasoning(Request(20), 6);
+  const std::vector<int32_t> tokens = resume_testing::TokensOf(Serve()(s));
+  constexpr int32_t kEnd = 200007;  // <|end|>: the budget's end of the analysis
+  ASSERT_GT(tokens.size(), 9u);
+  ASSERT_EQ(tokens[9], kEnd) << "header of 3 tokens, 6 of analysis";
+  ExpectResumedRunsContinueExactly(Serve(), s, {5, 8});
+}
+
 TEST_P(ResumeTest, MaxTokensCountsTheResumedOutput) {
   ExpectMaxTokensCountsTheResumedOutput(Serve());
 }
