@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Runs every GPU test and benchmark of a bundle (tools/bundle.sh) on a GPU
-# machine that lacks the build tools, writing logs and JSON lines to OUT:
+# Runs every GPU test and benchmark of a bundle on a GPU machine that lacks
+# the build tools, writing logs and JSON lines to OUT:
+#   tools/gpu_bundle.sh build BUNDLE     # here: bundles by ctest's labels
 #   tools/gpu_suite.sh BUNDLE OUT [--quick]
 # (OUT gets tests.log, benches.jsonl and benches.err.)
+# The tests are the programs BUNDLE/gpu_tests.txt lists: every one holding a
+# test labelled `gpu` or `multigpu`, the same set as `ctest -L 'gpu|multigpu'`.
+# A multi-GPU test on a machine with one GPU skips itself and is reported as
+# skipped, not passed; a script's exit 77 is a skip too.
 # BUNDLE holds bin/ and lib/ (the toolkit's lib64 is added for cuBLASLt);
 # the golden fixtures are taken from the source tree next to this script.
 set -u
@@ -28,22 +33,36 @@ trap stop_mps EXIT
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
-for t in kernels_cuda_convert_test kernels_ops_cuda_test kernels_sampling_cuda_test \
-         kernels_attention_cuda_test kernels_moe_cuda_test kernels_small_shapes_cuda_test \
-         kernels_norm_qkv_rope_cuda_test cuda_synthetic_test \
-         cuda_engine_test parallel_device_topology_test parallel_device_context_test \
-         device_report_cuda_test cuda_cluster_test kernels_expert_count_cuda_test \
-         cuda_expert_balancing_test; do
-  [[ -x "$bundle/bin/$t" ]] || { echo "$t: not in the bundle"; status=1; continue; }
-  log="$out/tests.log"
-  echo "==== $t" >> "$log"
-  if timeout 600 "$bundle/bin/$t" > "$out/current.log" 2>&1; then
-    echo "$t: $(grep -E '^\[  PASSED  \]' "$out/current.log")"
+manifest="$bundle/gpu_tests.txt"
+[[ -s "$manifest" ]] || { echo "gpu_suite.sh: $manifest missing (tools/gpu_bundle.sh writes it)"; exit 2; }
+log="$out/tests.log"
+# One program: PASSED/SKIPPED counts from gtest's summary, or the script's
+# exit status (77 = skipped).
+run_test() {
+  local name="$1" labels="$2"; shift 2
+  [[ -x "$bundle/bin/$name" ]] || { echo "$name: not in the bundle"; status=1; return; }
+  echo "==== $name ($labels)" >> "$log"
+  local rc=0
+  timeout 1800 "$bundle/bin/$name" "$@" < /dev/null > "$out/current.log" 2>&1 || rc=$?
+  local passed skipped
+  passed=$(grep -oE '^\[  PASSED  \] [0-9]+' "$out/current.log" | grep -oE '[0-9]+$' || echo 0)
+  skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+' "$out/current.log" | grep -oE '[0-9]+$' || echo 0)
+  if [[ $rc == 77 ]]; then
+    echo "$name: skipped ($(grep -m1 SKIP "$out/current.log"))"
+  elif [[ $rc == 0 ]]; then
+    echo "$name: ${passed:-0} passed, ${skipped:-0} skipped"
   else
-    echo "$t: FAILED"; grep -E "FAILED|Failure" "$out/current.log" | head -20; status=1
+    echo "$name: FAILED (exit $rc)"; grep -E "FAILED|Failure|FAIL:" "$out/current.log" | head -20; status=1
   fi
   cat "$out/current.log" >> "$log"; rm -f "$out/current.log"
-done
+}
+gpus=$(nvidia-smi --list-gpus 2> /dev/null | wc -l)
+echo "GPUs: $gpus"
+while IFS=$'\t' read -r name labels args; do
+  # shellcheck disable=SC2086  # the manifest's arguments are words
+  run_test "$name" "$labels" ${args//@BIN@/$bundle/bin}
+  if [[ $gpus -lt 2 && ",$labels," == *,multigpu,* ]]; then echo "$name: multigpu on $gpus GPU(s): its multi-GPU cases skip"; fi
+done < "$manifest"
 [[ "$quick" == --quick ]] && exit $status
 run_bench() {
   local name="$1"; shift

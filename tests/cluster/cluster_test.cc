@@ -257,7 +257,9 @@ TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
       << inflight.status.error_message();
   EXPECT_NE(inflight.status.error_message().find("worker-1"), std::string::npos)
       << inflight.status.error_message();
-  EXPECT_LT(noticed_s, 2.5);
+  // The session stream closes at the kill; heartbeats (1 s) are only the
+  // backstop. Generous for a loaded machine (label slow).
+  EXPECT_LT(noticed_s, 5.0);
   RecordProperty("noticed_ms", static_cast<int>(noticed_s * 1000));
   std::cout << "in-flight request ended " << noticed_s * 1000 << " ms after the kill\n";
 

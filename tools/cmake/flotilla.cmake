@@ -73,24 +73,57 @@ function(flotilla_add_proto name)
   endif()
 endfunction()
 
-# flotilla_add_test(name SOURCES ... [LIBS ...] [LABELS gpu|multigpu|slow ...] [TIMEOUT s])
+# flotilla_add_test(name SOURCES ... [LIBS ...] [LABELS gpu|multigpu ...]
+#                   [SLOW_TESTS Suite.Test ...] [TIMEOUT s])
 # One gtest binary; each TEST becomes its own ctest entry carrying LABELS, so
-# `ctest -L gpu` or `ctest -LE slow` select them.
+# `ctest -L gpu` or `ctest -LE slow` select them. SLOW_TESTS names the tests
+# (Suite.Test, or the start of a parameterized name) that also get the `slow`
+# label: end-to-end checks of behaviour about time (deadlines, timeouts, stays
+# responsive), which assert generous bounds only.
 function(flotilla_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS;SLOW_TESTS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   flotilla_target_defaults(${name})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
-  set(_props TIMEOUT ${ARG_TIMEOUT})
-  if(ARG_LABELS)
-    list(JOIN ARG_LABELS ";" _labels)
-    list(APPEND _props LABELS "${_labels}")
-  endif()
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES ${_props})
+    PROPERTIES TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_LABELS OR ARG_SLOW_TESTS)
+    _flotilla_test_labels(${name} "${ARG_LABELS}" "${ARG_SLOW_TESTS}")
+  endif()
+endfunction()
+
+# gtest_discover_tests flattens its PROPERTIES, so a list of labels would
+# lose all but the first; a file ctest reads after the discovered tests sets
+# them, and `slow` on each test whose name starts with one of `slow_tests`
+# (parameterized names end in their value), warning of one that matches none.
+function(_flotilla_test_labels name labels slow_tests)
+  set(_content "if(DEFINED ${name}_TESTS)\n")
+  if(labels)
+    string(APPEND _content
+      "  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${labels}\")\n")
+  endif()
+  set(_slow_labels ${labels} slow)
+  foreach(_slow IN LISTS slow_tests)
+    string(APPEND _content
+      "  set(_found OFF)\n"
+      "  foreach(_test IN LISTS ${name}_TESTS)\n"
+      "    string(FIND \"\${_test}\" [==[${_slow}]==] _at)\n"
+      "    if(_at EQUAL 0)\n"
+      "      set_tests_properties(\"\${_test}\" PROPERTIES LABELS \"${_slow_labels}\")\n"
+      "      set(_found ON)\n"
+      "    endif()\n"
+      "  endforeach()\n"
+      "  if(NOT _found)\n"
+      "    message(WARNING [==[${name}: no test ${_slow} to label slow]==])\n"
+      "  endif()\n")
+  endforeach()
+  string(APPEND _content "endif()\n")
+  set(_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+  file(WRITE "${_file}" "${_content}")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_file}")
 endfunction()
