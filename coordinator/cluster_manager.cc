@@ -203,6 +203,13 @@ void ClusterManager::OnWorkerMessage(uint64_t session_id, const cluster::WorkerM
     inst = instances_[route.instance].get();
     inner = route.inner_id;
   }
+  if (message.kind_case() == cluster::WorkerMessage::kKvEvents) {
+    // The router's view of the instance's caches; a malformed report changes nothing.
+    if (absl::Status applied = prefix_index_.Apply(inst->id(), message.kv_events());
+        !applied.ok()) {
+      spdlog::warn("instance {}: KV events refused: {}", inst->id(), std::string(applied.message()));
+    }
+  }
   inst->OnWorkerMessage(inner, message);
 }
 
@@ -293,10 +300,18 @@ bool ClusterManager::Place(const std::shared_ptr<TrackedRequest>& t, int avoid,
       std::lock_guard<std::mutex> lock(mu_);
       for (const auto& i : instances_) all.push_back(i.get());
     }
+    // Only the cache-aware router weighs cached prefixes.
+    std::map<int, int64_t> cached;
+    if (options_.router == RouterPolicy::kCacheAware) {
+      cached = prefix_index_.MatchedTokensByInstance(t->request.cache_domain(),
+                                                     t->request.prompt_ids());
+    }
     for (Instance* i : all) {
       RouteCandidate c{i->id(), i->Load(), 0};
       if (!c.load.serving) continue;
-      if (cached_prefix_) c.cached_tokens = cached_prefix_(i->id(), t->request);
+      if (auto hit = cached.find(i->id()); hit != cached.end()) {
+        c.cached_tokens = static_cast<uint64_t>(std::max<int64_t>(hit->second, 0));
+      }
       if (i->id() == avoid) {
         avoided = c;
         have_avoided = true;

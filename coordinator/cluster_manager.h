@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "coordinator/cluster/cluster_types.h"
 #include "coordinator/cluster/instance.h"
+#include "coordinator/cluster/prefix_index.h"
 #include "coordinator/cluster/router.h"
 #include "coordinator/serving_metrics.h"
 #include "proto/admin.pb.h"
@@ -131,9 +132,8 @@ class ClusterManager {
 
   const ClusterOptions options_;
   Router router_;
-  // Leading prompt tokens an instance holds cached for a request (the prefix
-  // index); unset: none known.
-  std::function<uint64_t(int instance, const cluster::SubmitSequence&)> cached_prefix_;
+  // What each instance's prefix caches hold, from the leaders' KvEvents.
+  PrefixIndex prefix_index_;
 
   mutable std::mutex mu_;  // instances_, sessions_, requests_, parked_
   std::vector<std::unique_ptr<Instance>> instances_;

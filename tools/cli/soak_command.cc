@@ -98,12 +98,14 @@ void ClientLoop(const SoakFlags& f, client::Client& client, uint64_t seed, absl:
   }
 }
 
-// Restarts what exits (own cluster) and kills a worker every kill_every_s.
+// Restarts what exits (own cluster) and kills a worker every kill_every_s
+// until `end`; it goes on restarting until the clients' last requests ended,
+// so a kill near the end is recovered from as any other.
 void ChaosLoop(const SoakFlags& f, LocalCluster* own, SoakTargets& targets, absl::Time end,
                SoakState& state) {
   absl::Time next_kill =
       f.kill_every_s > 0 ? absl::Now() + absl::Seconds(f.kill_every_s) : absl::InfiniteFuture();
-  while (absl::Now() < end && !state.done) {
+  while (!state.done) {
     if (own) {
       absl::Status supervised = own->Supervise();
       if (!supervised.ok()) {
@@ -113,7 +115,7 @@ void ChaosLoop(const SoakFlags& f, LocalCluster* own, SoakTargets& targets, absl
         return;
       }
     }
-    if (absl::Now() >= next_kill) {
+    if (absl::Now() >= next_kill && absl::Now() < end) {
       next_kill += absl::Seconds(f.kill_every_s);
       if (targets.KillNextWorker()) {
         std::lock_guard<std::mutex> lock(state.mu);

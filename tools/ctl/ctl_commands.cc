@@ -41,6 +41,7 @@ int RunExperts(Connection& c, const ExpertsOptions& o, const OutputOptions& out)
   request.set_layer(o.layer);
   request.set_all_layers(o.layer < 0);
   request.set_window_seconds(o.window_s);
+  request.set_instance(o.instance);
   for (int shown = 0;; ++shown) {
     admin::ExpertLoadReport report;
     grpc::Status st = c.admin().GetExpertLoad(c.Context().get(), request, &report);
@@ -61,6 +62,7 @@ int RunRebalance(Connection& c, const RebalanceOptions& o, const OutputOptions& 
   request.set_dry_run(o.dry_run);
   request.set_max_bytes(o.max_bytes);
   request.set_window_seconds(o.window_s);
+  request.set_instance(o.instance);
   admin::RebalanceResult result;
   grpc::Status st = c.admin().Rebalance(c.Context().get(), request, &result);
   if (!st.ok()) return Failed("rebalance", st);
@@ -72,17 +74,26 @@ int RunRebalance(Connection& c, const RebalanceOptions& o, const OutputOptions& 
   return 0;
 }
 
-int RunDrain(Connection& c, const std::string& worker, bool drain, const OutputOptions& out) {
+int RunDrain(Connection& c, const std::string& worker, int instance, bool drain,
+             const OutputOptions& out) {
   admin::DrainRequest request;
   request.set_worker_id(worker);
+  if (instance >= 0) request.set_instance(static_cast<uint32_t>(instance));
   admin::DrainResult result;
   grpc::Status st = drain ? c.admin().Drain(c.Context().get(), request, &result)
                           : c.admin().Undrain(c.Context().get(), request, &result);
   if (!st.ok()) return Failed(drain ? "drain" : "undrain", st);
   if (out.json) {
     std::cout << DrainJson(result).dump() << "\n";
+  } else if (instance >= 0) {
+    std::cout << "instance " << result.instance() << " "
+              << (result.drained() ? "drained: no new requests, its requests move to other "
+                                     "instances where one serves; "
+                                   : "admits requests again; ")
+              << result.requests_in_flight() << " in flight\n";
   } else {
-    std::cout << "DP group " << result.dp_group() << " (worker " << result.worker_id() << ") "
+    std::cout << "DP group " << result.dp_group() << " (worker " << result.worker_id()
+              << ", instance " << result.instance() << ") "
               << (result.drained() ? "drained: no new requests; " : "admits requests again; ")
               << result.requests_in_flight() << " in flight\n";
   }

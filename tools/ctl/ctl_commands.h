@@ -18,15 +18,19 @@ struct ExpertsOptions {
   double window_s = 0;  // 0: the coordinator's default
   double watch_s = 0;   // > 0: refresh every watch_s seconds until interrupted
   int watch_count = 0;  // with watch: stop after this many (0 = never)
+  uint32_t instance = 0;  // which model instance
 };
 int RunExperts(Connection& c, const ExpertsOptions& o, const OutputOptions& out);
 struct RebalanceOptions {
   bool dry_run = false;
   uint64_t max_bytes = 0;
   double window_s = 0;
+  uint32_t instance = 0;  // which model instance
 };
 int RunRebalance(Connection& c, const RebalanceOptions& o, const OutputOptions& out);
-int RunDrain(Connection& c, const std::string& worker, bool drain, const OutputOptions& out);
+// Drains (or undrains) WORKER's DP group, or with `instance` >= 0 a whole instance.
+int RunDrain(Connection& c, const std::string& worker, int instance, bool drain,
+             const OutputOptions& out);
 int RunGetExpertMap(Connection& c, const OutputOptions& out);
 int RunSetExpertMap(Connection& c, const std::string& file, const OutputOptions& out);
 

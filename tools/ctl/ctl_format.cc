@@ -60,10 +60,23 @@ json StatusJson(const admin::ClusterStatus& s, const admin::PlacementInfo* place
             {"requests_in_flight", s.requests_in_flight()},
             {"requests_submitted", s.requests_submitted()},
             {"drained_groups", json::array()},
+            {"requests_migrated", s.requests_migrated()},
+            {"instances", json::array()},
             {"workers", json::array()}};
+  for (const admin::InstanceStatus& i : s.instances()) {
+    j["instances"].push_back({{"instance", i.id()},
+                              {"state", StateName(i.state())},
+                              {"message", i.message()},
+                              {"drained", i.drained()},
+                              {"generation", i.generation()},
+                              {"requests_in_flight", i.requests_in_flight()},
+                              {"kv_blocks_free", i.kv_blocks_free()},
+                              {"kv_blocks_total", i.kv_blocks_total()}});
+  }
   for (uint32_t g : s.drained_groups()) j["drained_groups"].push_back(g);
   for (const admin::WorkerStatus& w : s.workers()) {
     j["workers"].push_back({{"worker_id", w.worker_id()},
+                            {"instance", w.instance()},
                             {"node", w.node()},
                             {"device", w.device().name()},
                             {"device_memory_bytes", w.device().memory_bytes()},
@@ -101,7 +114,18 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
                     placement->ep_size(), "\n");
   }
   absl::StrAppend(&out, "requests: ", s.requests_in_flight(), " in flight, ",
-                  s.requests_submitted(), " submitted\n\n");
+                  s.requests_submitted(), " submitted, ", s.requests_migrated(),
+                  " moved between instances\n\n");
+  if (s.instances_size() > 1) {
+    std::vector<std::vector<std::string>> inst;
+    for (const admin::InstanceStatus& i : s.instances()) {
+      inst.push_back({absl::StrCat(i.id()), i.drained() ? "DRAINED" : StateName(i.state()),
+                      absl::StrCat(i.requests_in_flight()), absl::StrCat(i.generation()),
+                      i.message()});
+    }
+    out += Table({"INSTANCE", "STATE", "IN FLIGHT", "GENERATION", "MESSAGE"}, inst);
+    out += "\n";
+  }
   std::vector<std::vector<std::string>> rows;
   for (const admin::WorkerStatus& w : s.workers()) {
     const auto& l = w.load();
@@ -110,7 +134,7 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
                           : 100.0 * (1.0 - static_cast<double>(l.kv_blocks_free()) /
                                                static_cast<double>(l.kv_blocks_total()));
     rows.push_back(
-        {w.worker_id(), w.rank() < 0 ? "-" : absl::StrCat(w.rank()),
+        {w.worker_id(), absl::StrCat(w.instance()), w.rank() < 0 ? "-" : absl::StrCat(w.rank()),
          w.dp_group() < 0 ? "-" : absl::StrCat(w.dp_group()),
          w.device().name().empty() ? "cpu" : w.device().name(),
          w.device().memory_bytes() == 0 ? "-"
@@ -119,7 +143,7 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
          absl::StrCat(w.last_heartbeat_age_ms(), " ms"), absl::StrCat(l.steps()),
          absl::StrCat(l.running_sequences(), "/", l.queued_sequences()), Fixed(kv, 1) + "%"});
   }
-  out += Table({"WORKER", "RANK", "DP", "DEVICE", "MEMORY", "STATE", "HEARTBEAT", "STEPS",
+  out += Table({"WORKER", "INSTANCE", "RANK", "DP", "DEVICE", "MEMORY", "STATE", "HEARTBEAT", "STEPS",
                 "RUN/QUEUE", "KV USED"},
                rows);
   return out;
@@ -214,6 +238,7 @@ std::string RebalanceText(const admin::RebalanceResult& r) {
 
 json DrainJson(const admin::DrainResult& r) {
   return {{"worker_id", r.worker_id()},
+          {"instance", r.instance()},
           {"dp_group", r.dp_group()},
           {"drained", r.drained()},
           {"requests_in_flight", r.requests_in_flight()}};

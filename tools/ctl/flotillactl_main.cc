@@ -46,16 +46,28 @@ int main(int argc, char** argv) {
       ->expected(0, 1)
       ->default_str("2");
   experts_cmd->add_option("--count", experts.watch_count, "with --watch: stop after N refreshes");
+  experts_cmd->add_option("--instance", experts.instance, "which model instance (default 0)");
   flotilla::ctl::RebalanceOptions rebalance;
   auto* rebalance_cmd = app.add_subcommand("rebalance", "plan a new expert map and apply it");
   rebalance_cmd->add_flag("--dry-run", rebalance.dry_run, "plan and print, apply nothing");
   rebalance_cmd->add_option("--max-bytes", rebalance.max_bytes, "expert bytes to load at most");
   rebalance_cmd->add_option("--window", rebalance.window_s, "seconds of load to plan from");
+  rebalance_cmd->add_option("--instance", rebalance.instance, "which model instance (default 0)");
   std::string worker, file;
-  auto* drain = app.add_subcommand("drain", "stop admitting requests to WORKER's DP group");
-  drain->add_option("worker", worker, "worker id")->required();
-  auto* undrain = app.add_subcommand("undrain", "admit requests to WORKER's DP group again");
-  undrain->add_option("worker", worker, "worker id")->required();
+  int instance = -1;
+  auto* drain = app.add_subcommand(
+      "drain",
+      "stop admitting requests to WORKER's DP group, or with --instance N to a whole instance "
+      "(its requests in flight move to other instances; then it can be restarted)");
+  auto* undrain = app.add_subcommand(
+      "undrain", "admit requests to WORKER's DP group (or --instance N) again");
+  for (CLI::App* cmd : {drain, undrain}) {
+    auto* w = cmd->add_option("worker", worker, "worker id");
+    auto* i = cmd->add_option("--instance", instance, "a whole model instance instead of a worker")
+                  ->check(CLI::NonNegativeNumber);
+    w->excludes(i);
+    cmd->require_option(1);
+  }
   auto* get_map = app.add_subcommand("get-expert-map", "print the expert map (JSON)");
   auto* set_map = app.add_subcommand("set-expert-map", "apply an edited expert map (JSON FILE)");
   set_map->add_option("file", file, "the map, as get-expert-map prints it, version + 1")
@@ -75,8 +87,8 @@ int main(int argc, char** argv) {
     return flotilla::ctl::RunExperts(c, experts, out);
   }
   if (*rebalance_cmd) return flotilla::ctl::RunRebalance(c, rebalance, out);
-  if (*drain) return flotilla::ctl::RunDrain(c, worker, true, out);
-  if (*undrain) return flotilla::ctl::RunDrain(c, worker, false, out);
+  if (*drain) return flotilla::ctl::RunDrain(c, worker, instance, true, out);
+  if (*undrain) return flotilla::ctl::RunDrain(c, worker, instance, false, out);
   if (*get_map) return flotilla::ctl::RunGetExpertMap(c, out);
   if (*set_map) return flotilla::ctl::RunSetExpertMap(c, file, out);
   return 2;
