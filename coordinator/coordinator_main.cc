@@ -10,6 +10,7 @@
 #include <optional>
 #include <csignal>
 #include <fstream>
+#include <map>
 #include <iostream>
 
 #include "common/command_line.h"
@@ -77,6 +78,47 @@ CLI::Validator NameCheck(Parse parse) {
         return parsed.ok() ? std::string() : std::string(parsed.status().message());
       },
       "");
+}
+
+// The scheduler's policy flags (worker/prefill_policy.h, worker/README.md
+// "Scheduling policy"), vLLM's names where vLLM has the knob. Their defaults
+// are the served policy: shortest prompt first, no prompt waiting over a
+// second behind shorter ones.
+void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* policy) {
+  using flotilla::cluster::PrefillOrder;
+  policy->set_prefill_order(flotilla::cluster::PREFILL_ORDER_SHORTEST_PROMPT_FIRST);
+  policy->set_max_prefill_wait_ms(1000);
+  const std::map<std::string, PrefillOrder> orders = {
+      {"fcfs", flotilla::cluster::PREFILL_ORDER_FCFS},
+      {"shortest-prompt-first", flotilla::cluster::PREFILL_ORDER_SHORTEST_PROMPT_FIRST}};
+  app.add_option_function<std::string>(
+         "--scheduling-policy",
+         [policy, orders](const std::string& v) { policy->set_prefill_order(orders.at(v)); },
+         "order of the prompts waiting for prefill: fcfs, or shortest-prompt-first (fewest "
+         "prompt tokens left first, within --max-prefill-wait-ms)")
+      ->envname("FLOTILLA_SCHEDULING_POLICY")->default_str("shortest-prompt-first")
+      ->check(CLI::IsMember({"fcfs", "shortest-prompt-first"}));
+  app.add_option_function<uint32_t>(
+         "--max-prefill-wait-ms", [policy](uint32_t ms) { policy->set_max_prefill_wait_ms(ms); },
+         "shortest-prompt-first: a prompt waiting this long goes before every other (0 = no "
+         "bound)")
+      ->envname("FLOTILLA_MAX_PREFILL_WAIT_MS")->default_str("1000");
+  app.add_option_function<uint32_t>(
+         "--max-num-partial-prefills",
+         [policy](uint32_t n) { policy->set_max_num_partial_prefills(n); },
+         "prompts given a chunk in one step (0 = as many as the token budget takes)")
+      ->envname("FLOTILLA_MAX_NUM_PARTIAL_PREFILLS")->default_str("0");
+  app.add_option_function<uint32_t>(
+         "--max-long-partial-prefills",
+         [policy](uint32_t n) { policy->set_max_long_partial_prefills(n); },
+         "of those, prompts longer than --long-prefill-token-threshold (0 = no bound)")
+      ->envname("FLOTILLA_MAX_LONG_PARTIAL_PREFILLS")->default_str("0");
+  app.add_option_function<uint32_t>(
+         "--long-prefill-token-threshold",
+         [policy](uint32_t n) { policy->set_long_prefill_token_threshold(n); },
+         "a prompt longer than this is long: its chunk is at most this many tokens while other "
+         "prompts want the budget (0 = no prompt is long)")
+      ->envname("FLOTILLA_LONG_PREFILL_TOKEN_THRESHOLD")->default_str("0");
 }
 
 }  // namespace
@@ -160,8 +202,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-inflight", opts.max_inflight_requests,
                  "requests in flight before RESOURCE_EXHAUSTED")
       ->envname("FLOTILLA_MAX_INFLIGHT")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--max-batch-tokens", opts.max_batch_tokens, "token budget of one step")
+  app.add_option("--max-num-batched-tokens,--max-batch-tokens", opts.max_batch_tokens,
+                 "token budget of one step: a decode token per running sequence, then prompt "
+                 "chunks by the scheduling policy")
       ->envname("FLOTILLA_MAX_BATCH_TOKENS")->capture_default_str()->check(CLI::PositiveNumber);
+  AddSchedulerPolicyFlags(app, &opts.scheduler_policy);
   app.add_option("--max-sequences", opts.max_sequences, "sequences running per DP group")
       ->envname("FLOTILLA_MAX_SEQUENCES")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-model-len", opts.max_model_len,

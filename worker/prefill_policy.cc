@@ -52,6 +52,27 @@ std::string_view PrefillOrderName(PrefillOrder order) {
   return order == PrefillOrder::kFcfs ? kFcfsName : kShortestName;
 }
 
+absl::StatusOr<PrefillPolicy> PrefillPolicyFromProto(const cluster::SchedulerPolicy& proto) {
+  PrefillPolicy policy;
+  switch (proto.prefill_order()) {
+    case cluster::PREFILL_ORDER_UNSPECIFIED:
+    case cluster::PREFILL_ORDER_FCFS:
+      policy.order = PrefillOrder::kFcfs;
+      break;
+    case cluster::PREFILL_ORDER_SHORTEST_PROMPT_FIRST:
+      policy.order = PrefillOrder::kShortestPromptFirst;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "scheduler_policy: unknown prefill_order ", static_cast<int>(proto.prefill_order())));
+  }
+  policy.max_partial_prefills = proto.max_num_partial_prefills();
+  policy.max_long_partial_prefills = proto.max_long_partial_prefills();
+  policy.long_prefill_token_threshold = proto.long_prefill_token_threshold();
+  policy.max_prefill_wait_ms = proto.max_prefill_wait_ms();
+  return policy;
+}
+
 std::vector<PrefillChunk> PlanPrefill(const PrefillPolicy& policy,
                                       const std::vector<PrefillCandidate>& candidates,
                                       int64_t budget, uint64_t now_ms,

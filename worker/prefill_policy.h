@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "proto/cluster.pb.h"
 
 namespace flotilla::worker {
 
@@ -46,6 +47,11 @@ struct PrefillPolicy {
   int64_t long_prefill_token_threshold = 0;  // a prompt longer than this is long; 0 = none is
   uint64_t max_prefill_wait_ms = 0;          // kShortestPromptFirst's bound; 0 = none
 };
+
+// The Assignment's policy; an order value this build does not know is
+// refused with INVALID_ARGUMENT naming it. UNSPECIFIED is first come, first
+// served.
+absl::StatusOr<PrefillPolicy> PrefillPolicyFromProto(const cluster::SchedulerPolicy& proto);
 
 // A prompt with tokens left to prefill.
 struct PrefillCandidate {

@@ -145,6 +145,7 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.cache_domain = s.cache_domain();
   seq.deadline_unix_ms = s.deadline_unix_ms();
   seq.queued_ms = queued_ms;
+  seq.arrived_at = now - queued_ms;
   seq.admitted_at = now;
   if (absl::Status st = Constrain(s, seq); !st.ok()) {
     return reject(st.code(), std::string(st.message()));
@@ -228,32 +229,48 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     pending_.pop_front();
     Admit(sub, refused);
   }
-  PlanPromptChunks(budget, &plan);
+  PlanPromptChunks(budget, now, &plan);
   return plan;
 }
 
-void Scheduler::PlanPromptChunks(int64_t budget, cluster::StepPlan* plan) {
+void Scheduler::PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan) {
+  if (budget <= 0) return;
+  std::vector<Sequence*> prompts;
+  std::vector<PrefillCandidate> candidates;
   for (auto& [id, seq] : sequences_) {
-    if (budget <= 0) continue;
-    const bool first = !seq.started;
-    if (first) TakeCachedPrefix(seq);
-    const int64_t left = static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
-    if (left <= 0) continue;
-    const int64_t n = std::min(left, budget);
-    cluster::PlanItem* it = plan->add_items();
-    it->set_request_id(id);
-    it->set_first(first);
-    if (first) {
-      it->mutable_cached_prefix()->Add(seq.prompt.begin(), seq.prompt.begin() + seq.prefilled);
-      it->set_cache_domain(seq.cache_domain);
-      seq.started = true;
-    }
-    for (int64_t j = 0; j < n; ++j) it->add_tokens(seq.prompt[seq.prefilled + j]);
-    it->set_logits(seq.return_prompt_logits ? cluster::PLAN_LOGITS_ALL
-                   : n == left              ? cluster::PLAN_LOGITS_LAST
-                                            : cluster::PLAN_LOGITS_NONE);
-    budget -= n;
+    const int64_t size = static_cast<int64_t>(seq.prompt.size());
+    if (seq.prefilled >= size) continue;
+    prompts.push_back(&seq);
+    candidates.push_back(PrefillCandidate{id, seq.arrived_at, size, size - seq.prefilled});
   }
+  // A prompt's cached prefix is looked up when its first chunk is planned,
+  // so the prefix sent with that chunk is what the engine holds.
+  auto left_of = [&](size_t i) {
+    Sequence& seq = *prompts[i];
+    if (!seq.started) TakeCachedPrefix(seq);
+    return static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
+  };
+  for (const PrefillChunk& chunk : PlanPrefill(limits_.prefill, candidates, budget, now, left_of)) {
+    AddPromptChunk(*prompts[chunk.candidate], chunk.tokens, plan);
+  }
+}
+
+void Scheduler::AddPromptChunk(Sequence& seq, int64_t n, cluster::StepPlan* plan) {
+  const int64_t left = static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
+  const bool first = !seq.started;
+  cluster::PlanItem* it = plan->add_items();
+  it->set_request_id(seq.request_id);
+  it->set_first(first);
+  if (first) {
+    it->mutable_cached_prefix()->Add(seq.prompt.begin(), seq.prompt.begin() + seq.prefilled);
+    it->set_cache_domain(seq.cache_domain);
+    seq.started = true;
+  }
+  it->mutable_tokens()->Add(seq.prompt.begin() + seq.prefilled,
+                            seq.prompt.begin() + seq.prefilled + n);
+  it->set_logits(seq.return_prompt_logits ? cluster::PLAN_LOGITS_ALL
+                 : n == left              ? cluster::PLAN_LOGITS_LAST
+                                          : cluster::PLAN_LOGITS_NONE);
 }
 
 void Scheduler::TakeCachedPrefix(Sequence& seq) {

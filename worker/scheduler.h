@@ -20,13 +20,18 @@
 #include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/engine/stop_rules.h"
+#include "worker/prefill_policy.h"
 
 namespace flotilla::worker {
 
 struct SchedulerLimits {
-  int64_t max_batch_tokens = 1;  // tokens one step computes (decode tokens may overrun it)
+  // Tokens one step computes (--max-num-batched-tokens; decode tokens may
+  // overrun it): one decode token per sequence past its prompt, then prompt
+  // chunks in what is left, split by `prefill`.
+  int64_t max_batch_tokens = 1;
   int64_t max_sequences = 1;     // running sequences
   int64_t max_model_len = 0;     // longest sequence; 0 = the engine's limit
+  PrefillPolicy prefill;         // which prompts get chunks, and how large
 };
 
 class Scheduler {
@@ -52,7 +57,7 @@ class Scheduler {
   void FailAll(const absl::Status& why, cluster::TokenBatch* out) const;
 
   // The next step: frees, decode tokens first, then the admitted requests'
-  // prompt chunks within the token budget. Requests refused at admission
+  // prompt chunks within the token budget, by the limits' PrefillPolicy. Requests refused at admission
   // (deadline passed, too long, bad sampling) are ended into `refused`.
   cluster::StepPlan Plan(cluster::TokenBatch* refused);
   // The sampler that draws the item's next token on the engine's device, or
@@ -92,6 +97,7 @@ class Scheduler {
     const ConstraintFilter* constraint = nullptr;  // owned by the sampler
     // Timings reported with the last token (clock_ milliseconds).
     uint64_t queued_ms = 0;    // waiting before admission
+    uint64_t arrived_at = 0;   // queued (the prefill policy's arrival order)
     uint64_t admitted_at = 0;
     uint64_t first_token_at = 0;
     bool got_token = false;
@@ -107,7 +113,9 @@ class Scheduler {
   // Starts the prompt after its longest cached prefix (none when the request
   // wants every prompt position's logits) and counts the lookup.
   void TakeCachedPrefix(Sequence& seq);
-  void PlanPromptChunks(int64_t budget, cluster::StepPlan* plan);
+  void PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan);
+  // Adds `seq`'s next `tokens` prompt tokens to `plan`.
+  void AddPromptChunk(Sequence& seq, int64_t tokens, cluster::StepPlan* plan);
   // Takes the token drawn for `seq` into `u`; true when the sequence ended.
   bool TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now,
                  cluster::SequenceUpdate* u);

@@ -60,17 +60,15 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
 }
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
-    WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories,
-    PeerEndpointFactory peers) {
+    WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories) {
   auto once = std::make_shared<std::unique_ptr<CoordinatorClient>>(std::move(client));
   ClientFactory clients = [once] { return std::move(*once); };
-  return Create(std::move(options), std::move(clients), std::move(factories), std::move(peers));
+  return Create(std::move(options), std::move(clients), std::move(factories));
 }
 
-absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
-    WorkerOptions options, ClientFactory clients, EngineFactories factories,
-    PeerEndpointFactory peers) {
-  if (!peers) return absl::InvalidArgumentError("no peer endpoint factory");
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options,
+                                                                     ClientFactory clients,
+                                                                     EngineFactories factories) {
   if (options.node.empty()) options.node = HostName();
   if (options.worker_id.empty()) options.worker_id = absl::StrCat(options.node, "-", getpid());
   if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
@@ -88,16 +86,13 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", options.device, ": this worker has engines for ", known));
   }
-  return std::unique_ptr<WorkerRuntime>(new WorkerRuntime(
-      std::move(options), std::move(clients), std::move(factories), std::move(peers)));
+  return std::unique_ptr<WorkerRuntime>(
+      new WorkerRuntime(std::move(options), std::move(clients), std::move(factories)));
 }
 
 WorkerRuntime::WorkerRuntime(WorkerOptions options, ClientFactory clients,
-                             EngineFactories factories, PeerEndpointFactory peers)
-    : options_(std::move(options)),
-      clients_(std::move(clients)),
-      factories_(std::move(factories)),
-      peers_(std::move(peers)) {
+                             EngineFactories factories)
+    : options_(std::move(options)), clients_(std::move(clients)), factories_(std::move(factories)) {
   factory_ = factories_.at(options_.device).get();
   pool_ = std::make_unique<kernels::cpu::ThreadPool>(options_.threads);
 }
@@ -417,7 +412,7 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
     po.timeout = options_.comm_timeout;
     po.net_device = peer_net_device_;
     po.interrupt = interrupt;
-    FLOTILLA_ASSIGN_OR_RETURN(peer_endpoint_, peers_(a.comm().backend(), po));
+    FLOTILLA_ASSIGN_OR_RETURN(peer_endpoint_, OpenPeerEndpoint(a.comm().backend(), po));
     r->set_comm_address(peer_endpoint_->Address());
   }
   r->set_load_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(absl::Now() - start)));
@@ -460,6 +455,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   limits.max_batch_tokens = std::max<uint32_t>(1, a.max_batch_tokens());
   limits.max_sequences = std::max<uint32_t>(1, a.max_sequences());
   limits.max_model_len = a.max_model_len();
+  FLOTILLA_ASSIGN_OR_RETURN(limits.prefill, PrefillPolicyFromProto(a.scheduler_policy()));
   scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
                                            LazyO200kVocabulary(engine->config().vocab_size));
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "tests/worker/fake_engine.h"
 #include "worker/engine/stop_rules.h"
 
@@ -164,6 +166,91 @@ TEST_F(SchedulerTest, DecodeTokensComeFirstThenPromptChunks) {
   EXPECT_EQ(plan.items(0).tokens(0), 50);
   EXPECT_EQ(plan.items(1).request_id(), 2u);
   EXPECT_EQ(plan.items(1).tokens_size(), 3);  // what the decode token left of 4
+}
+
+// The steps until request `id` draws its first token, stepping `s`.
+int StepsToFirstToken(Scheduler& s, uint64_t id, cluster::StepPlan* first_plan,
+                      const std::function<cluster::TokenBatch(Scheduler&, cluster::StepPlan*)>& step) {
+  for (int n = 1; n <= 64; ++n) {
+    cluster::StepPlan plan;
+    cluster::TokenBatch out = step(s, &plan);
+    if (n == 1) *first_plan = plan;
+    for (const cluster::SequenceUpdate& u : out.updates()) {
+      if (u.request_id() == id && u.token_ids_size() > 0) return n;
+    }
+  }
+  return -1;
+}
+
+TEST_F(SchedulerTest, ShortestPromptFirstLetsAShortPromptPassALongOne) {
+  auto step = [](Scheduler& s, cluster::StepPlan* plan) { return Step(s, 50, plan); };
+  for (PrefillOrder order : {PrefillOrder::kFcfs, PrefillOrder::kShortestPromptFirst}) {
+    SchedulerLimits limits = Limits(8, 8);
+    limits.prefill.order = order;
+    Scheduler s = Make(limits);
+    cluster::TokenBatch refused;
+    s.Enqueue(Submit(1, Prompt(40), 4), &refused);
+    now_ms_ += 1;
+    s.Enqueue(Submit(2, Prompt(4, 100), 4), &refused);
+    cluster::StepPlan first;
+    const int steps = StepsToFirstToken(s, 2, &first, step);
+    if (order == PrefillOrder::kFcfs) {
+      // Behind all 40 tokens of request 1 at 8 a step: five steps, then its own.
+      EXPECT_EQ(steps, 6) << PrefillOrderName(order);
+      EXPECT_EQ(first.items(0).request_id(), 1u);
+    } else {
+      EXPECT_EQ(steps, 1) << PrefillOrderName(order);
+      ASSERT_EQ(first.items_size(), 2);
+      EXPECT_EQ(first.items(0).request_id(), 2u);
+      EXPECT_EQ(first.items(0).tokens_size(), 4);
+      EXPECT_EQ(first.items(1).request_id(), 1u);
+      EXPECT_EQ(first.items(1).tokens_size(), 4);
+    }
+  }
+}
+
+TEST_F(SchedulerTest, AWaitBoundKeepsShortPromptsFromStarvingALongOne) {
+  SchedulerLimits limits = Limits(8, 16);
+  limits.prefill.order = PrefillOrder::kShortestPromptFirst;
+  limits.prefill.max_prefill_wait_ms = 100;
+  Scheduler s = Make(limits);
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(16), 1), &refused);
+  // A new 8-token prompt every step would take the whole budget forever.
+  uint64_t next_id = 2;
+  int long_tokens = 0;
+  for (int i = 0; i < 12; ++i) {
+    s.Enqueue(Submit(next_id++, Prompt(8, 200), 1), &refused);
+    cluster::StepPlan plan;
+    Step(s, 50, &plan);
+    for (const cluster::PlanItem& item : plan.items()) {
+      if (item.request_id() == 1) long_tokens += item.tokens_size();
+    }
+    now_ms_ += 20;
+  }
+  // Overdue from 100 ms (the sixth step): it then goes first until done.
+  EXPECT_EQ(long_tokens, 16);
+}
+
+TEST_F(SchedulerTest, ALongPromptsChunkIsCappedWhileAShortOneWaits) {
+  SchedulerLimits limits = Limits(16, 8);
+  limits.prefill.long_prefill_token_threshold = 8;
+  Scheduler s = Make(limits);
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(40), 4), &refused);
+  cluster::StepPlan plan;
+  Step(s, 50, &plan);
+  ASSERT_EQ(plan.items_size(), 1);
+  EXPECT_EQ(plan.items(0).tokens_size(), 16);  // alone: the whole budget
+  s.Enqueue(Submit(2, Prompt(6, 100), 4), &refused);
+  cluster::TokenBatch out = Step(s, 50, &plan);
+  ASSERT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(plan.items(0).request_id(), 1u);
+  EXPECT_EQ(plan.items(0).tokens_size(), 10);  // 8, plus what request 2 left
+  EXPECT_EQ(plan.items(1).request_id(), 2u);
+  EXPECT_EQ(plan.items(1).tokens_size(), 6);
+  ASSERT_EQ(out.updates_size(), 1);
+  EXPECT_EQ(out.updates(0).request_id(), 2u);
 }
 
 TEST_F(SchedulerTest, StopTokenEndsWithStopAndIsNotOutput) {

@@ -25,6 +25,12 @@ void OnSignal(int) { g_signals.fetch_add(1); }
 struct ServingLimits {
   uint32_t max_sequences = 256;
   uint32_t max_batch_tokens = 2048;
+  // The scheduling policy (the coordinator's flags of the same names).
+  std::string scheduling_policy = "shortest-prompt-first";
+  uint32_t max_prefill_wait_ms = 1000;
+  uint32_t max_num_partial_prefills = 0;
+  uint32_t max_long_partial_prefills = 0;
+  uint32_t long_prefill_token_threshold = 0;
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
   int ready_timeout_s = 600;
@@ -38,8 +44,14 @@ struct ServingLimits {
   std::vector<std::string> allowed_origins;
 
   void ApplyTo(LocalClusterOptions& o) const {
-    o.coordinator_args = {"--max-sequences", std::to_string(max_sequences), "--max-batch-tokens",
-                          std::to_string(max_batch_tokens), "--max-model-len",
+    o.coordinator_args = {"--max-sequences", std::to_string(max_sequences),
+                          "--max-num-batched-tokens", std::to_string(max_batch_tokens),
+                          "--scheduling-policy", scheduling_policy,
+                          "--max-prefill-wait-ms", std::to_string(max_prefill_wait_ms),
+                          "--max-num-partial-prefills", std::to_string(max_num_partial_prefills),
+                          "--max-long-partial-prefills", std::to_string(max_long_partial_prefills),
+                          "--long-prefill-token-threshold",
+                          std::to_string(long_prefill_token_threshold), "--max-model-len",
                           std::to_string(max_model_len), "--redundant-experts",
                           std::to_string(redundant_experts), "--rebalance-interval",
                           std::to_string(rebalance_interval), "--drain-timeout",
@@ -182,9 +194,25 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--max-sequences", limits->max_sequences,
                   "sequences batched per step (continuous batching)")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--max-batch-tokens", limits->max_batch_tokens,
+  cmd->add_option("--max-num-batched-tokens,--max-batch-tokens", limits->max_batch_tokens,
                   "token budget of one step (prompt chunks beside the decode tokens)")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--scheduling-policy", limits->scheduling_policy,
+                  "order of the prompts waiting for prefill: fcfs or shortest-prompt-first")
+      ->capture_default_str()->check(CLI::IsMember({"fcfs", "shortest-prompt-first"}));
+  cmd->add_option("--max-prefill-wait-ms", limits->max_prefill_wait_ms,
+                  "shortest-prompt-first: a prompt waiting this long goes first (0 = no bound)")
+      ->capture_default_str();
+  cmd->add_option("--max-num-partial-prefills", limits->max_num_partial_prefills,
+                  "prompts given a chunk in one step (0 = as many as the budget takes)")
+      ->capture_default_str();
+  cmd->add_option("--max-long-partial-prefills", limits->max_long_partial_prefills,
+                  "of those, prompts longer than --long-prefill-token-threshold (0 = no bound)")
+      ->capture_default_str();
+  cmd->add_option("--long-prefill-token-threshold", limits->long_prefill_token_threshold,
+                  "a longer prompt's chunk is at most this while others want the budget (0 = "
+                  "off)")
+      ->capture_default_str();
   cmd->add_option("--max-model-len", limits->max_model_len,
                   "longest sequence served (0 = the model's context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
