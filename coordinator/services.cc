@@ -456,48 +456,6 @@ class ChatReactor final : public ChatReactorBase {
   std::shared_ptr<RequestSession> session_;
 };
 
-// One MeasureEngine call: finished by the manager's answer or by the
-// client going away, whichever comes first (the other then does nothing).
-class MeasureEngineReactor final : public grpc::ServerUnaryReactor {
- public:
-  MeasureEngineReactor(ClusterManager* manager, grpc::CallbackServerContext* context,
-                       const cluster::MeasureEngineRequest& request,
-                       cluster::EngineMeasurement* response)
-      : state_(std::make_shared<State>(this, response)) {
-    // Serving pauses while the worker measures: bound how long a call may ask for.
-    absl::Time deadline = absl::Now() + absl::Minutes(10);
-    if (context->deadline() != std::chrono::system_clock::time_point::max()) {
-      deadline = std::min(deadline, absl::FromChrono(context->deadline()));
-    }
-    std::shared_ptr<State> state = state_;
-    manager->MeasureEngine(request, deadline,
-                           [state](absl::StatusOr<cluster::EngineMeasurement> m) {
-                             std::lock_guard<std::mutex> lock(state->mu);
-                             if (state->finished) return;
-                             state->finished = true;
-                             if (m.ok()) *state->response = *std::move(m);
-                             state->reactor->Finish(ToGrpcStatus(m.status()));
-                           });
-  }
-  void OnCancel() override {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->finished) return;
-    state_->finished = true;
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the client went away"));
-  }
-  void OnDone() override { delete this; }
-
- private:
-  struct State {
-    State(MeasureEngineReactor* r, cluster::EngineMeasurement* out) : reactor(r), response(out) {}
-    std::mutex mu;
-    bool finished = false;  // under mu; reactor and response are used only before
-    MeasureEngineReactor* reactor;
-    cluster::EngineMeasurement* response;
-  };
-  std::shared_ptr<State> state_;
-};
-
 }  // namespace
 
 FrontendService::FrontendService(ClusterManager* manager, std::string model_id,
@@ -544,73 +502,6 @@ ClusterControlService::Session(grpc::CallbackServerContext* context) {
     }
   }
   return new SessionReactor(manager_);
-}
-
-grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
-                                                  const admin::GetStatusRequest* request,
-                                                  admin::ClusterStatus* response) {
-  auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  *response = manager_->Status();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* AdminService::GetPlacement(grpc::CallbackServerContext* context,
-                                                     const admin::GetPlacementRequest* request,
-                                                     admin::PlacementInfo* response) {
-  auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  absl::StatusOr<admin::PlacementInfo> p = manager_->GetPlacement(static_cast<int>(request->instance()));
-  if (p.ok()) *response = *p;
-  reactor->Finish(ToGrpcStatus(p.status()));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext* context,
-                                                     const admin::GetExpertMapRequest* request,
-                                                     cluster::ExpertMap* response) {
-  auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateCall(auth_, context, *request); !caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  absl::StatusOr<cluster::ExpertMap> m = manager_->GetExpertMap(static_cast<int>(request->instance()));
-  if (m.ok()) *response = *m;
-  reactor->Finish(ToGrpcStatus(m.status()));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext* context,
-                                                     const cluster::ExpertMap* request,
-                                                     cluster::ExpertMap* response) {
-  auto* reactor = context->DefaultReactor();
-  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context, *request); !caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  absl::StatusOr<cluster::ExpertMap> m = manager_->SetExpertMap(*request);
-  if (m.ok()) *response = *m;
-  reactor->Finish(ToGrpcStatus(m.status()));
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContext* context,
-                                                      const cluster::MeasureEngineRequest* request,
-                                                      cluster::EngineMeasurement* response) {
-  // Serving pauses while the engine is measured: an admin call.
-  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context, *request); !caller.ok()) {
-    auto* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
-  return new MeasureEngineReactor(manager_, context, *request, response);
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* FrontendService::Generate(

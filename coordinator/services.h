@@ -36,6 +36,8 @@ class ClusterControlService final : public cluster::ClusterControl::CallbackServ
   std::optional<std::string> cluster_token_;
 };
 
+// The admin API (admin_service.cc): every call authorised, then answered
+// with what the manager returns.
 class AdminService final : public admin::Admin::CallbackService {
  public:
   // `auth` (null = open) checks every call: reads need any valid key,
@@ -58,7 +60,7 @@ class AdminService final : public admin::Admin::CallbackService {
   grpc::ServerUnaryReactor* MeasureEngine(grpc::CallbackServerContext* context,
                                           const cluster::MeasureEngineRequest* request,
                                           cluster::EngineMeasurement* response) override;
-  // Expert balancing and drain (admin_balancing.cc): GetExpertLoad needs any
+  // Expert balancing and drain: GetExpertLoad needs any
   // valid key, the others an admin key. Rebalance and SetExpertMap wait for
   // the ranks to load their new slots (seconds), on the calling thread.
   grpc::ServerUnaryReactor* GetExpertLoad(grpc::CallbackServerContext* context,
