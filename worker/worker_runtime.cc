@@ -60,15 +60,17 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
 }
 
 absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
-    WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories) {
+    WorkerOptions options, std::unique_ptr<CoordinatorClient> client, EngineFactories factories,
+    PeerEndpointFactory peers) {
   auto once = std::make_shared<std::unique_ptr<CoordinatorClient>>(std::move(client));
   ClientFactory clients = [once] { return std::move(*once); };
-  return Create(std::move(options), std::move(clients), std::move(factories));
+  return Create(std::move(options), std::move(clients), std::move(factories), std::move(peers));
 }
 
-absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptions options,
-                                                                     ClientFactory clients,
-                                                                     EngineFactories factories) {
+absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(
+    WorkerOptions options, ClientFactory clients, EngineFactories factories,
+    PeerEndpointFactory peers) {
+  if (!peers) return absl::InvalidArgumentError("no peer endpoint factory");
   if (options.node.empty()) options.node = HostName();
   if (options.worker_id.empty()) options.worker_id = absl::StrCat(options.node, "-", getpid());
   if (!(options.gpu_memory_utilization > 0.0 && options.gpu_memory_utilization <= 1.0)) {
@@ -86,13 +88,16 @@ absl::StatusOr<std::unique_ptr<WorkerRuntime>> WorkerRuntime::Create(WorkerOptio
     return absl::InvalidArgumentError(
         absl::StrCat("--device ", options.device, ": this worker has engines for ", known));
   }
-  return std::unique_ptr<WorkerRuntime>(
-      new WorkerRuntime(std::move(options), std::move(clients), std::move(factories)));
+  return std::unique_ptr<WorkerRuntime>(new WorkerRuntime(
+      std::move(options), std::move(clients), std::move(factories), std::move(peers)));
 }
 
 WorkerRuntime::WorkerRuntime(WorkerOptions options, ClientFactory clients,
-                             EngineFactories factories)
-    : options_(std::move(options)), clients_(std::move(clients)), factories_(std::move(factories)) {
+                             EngineFactories factories, PeerEndpointFactory peers)
+    : options_(std::move(options)),
+      clients_(std::move(clients)),
+      factories_(std::move(factories)),
+      peers_(std::move(peers)) {
   factory_ = factories_.at(options_.device).get();
   pool_ = std::make_unique<kernels::cpu::ThreadPool>(options_.threads);
 }
@@ -412,7 +417,7 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
     po.timeout = options_.comm_timeout;
     po.net_device = peer_net_device_;
     po.interrupt = interrupt;
-    FLOTILLA_ASSIGN_OR_RETURN(peer_endpoint_, OpenPeerEndpoint(a.comm().backend(), po));
+    FLOTILLA_ASSIGN_OR_RETURN(peer_endpoint_, peers_(a.comm().backend(), po));
     r->set_comm_address(peer_endpoint_->Address());
   }
   r->set_load_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(absl::Now() - start)));
