@@ -12,10 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cpu/thread_pool.h"
-#include "worker/engine/cpu_engine.h"
-#if FLOTILLA_WITH_CUDA
-#include "worker/engine/cuda_engine.h"
-#endif
+#include "common/parallel_config.h"
+#include "worker/engine_factory.h"
 #include "worker/engine/generate.h"
 #include "worker/model/model_source.h"
 #include "tools/cli/tls_flags.h"
@@ -97,17 +95,47 @@ nlohmann::json ResultJson(const GenerationResult& r, bool with_logprobs) {
   return j;
 }
 
-#if FLOTILLA_WITH_CUDA
-// A synthetic model is generated on the GPU itself (no host copy of the weights).
-absl::StatusOr<std::unique_ptr<CudaEngine>> CreateCudaEngine(const ModelSource& source,
-                                                             const CudaEngineOptions& options) {
-  if (const SyntheticModelSpec* synthetic = source.synthetic()) {
-    return CudaEngine::CreateFromSyntheticCheckpoint(synthetic->config, synthetic->seed, options);
+// The engine `--device` names, built by the worker's engine factory for an
+// instance of one rank serving one sequence of up to `tokens`, as a worker
+// given that assignment would build it: the KV cache sized by the engine's
+// own admission math (every KV group: full-attention and sliding-window
+// layers), a synthetic model generated on the GPU under --device cuda.
+absl::StatusOr<worker::RankEngine> BuildEngine(const GenerateFlags& f, const ModelSource& source,
+                                               int64_t tokens, int64_t step_tokens,
+                                               kernels::cpu::ThreadPool* pool) {
+  worker::EngineFactories factories = worker::DefaultEngineFactories();
+  auto factory = factories.find(f.device);
+  if (factory == factories.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("--device ", f.device, ": no such engine"));
   }
-  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, source.LoadShard(ShardSpec{}));
-  return CudaEngine::Create(weights, options);
+  const ModelConfig& config = source.config();
+  FLOTILLA_ASSIGN_OR_RETURN(ParallelConfig parallel, ParallelConfig::Create(1, 1, config));
+  cluster::Assignment assignment;
+  assignment.set_world_size(1);
+  assignment.set_tp_size(1);
+  assignment.set_max_sequences(1);
+  assignment.set_max_batch_tokens(static_cast<uint32_t>(step_tokens));
+  assignment.set_max_model_len(static_cast<uint32_t>(tokens));
+  worker::WorkerOptions options;
+  options.device = f.device;
+  options.threads = f.threads;
+  options.kv_block_size = f.kv_block_size;
+  options.kv_tokens = tokens;
+  cluster::StartComm start;
+  worker::EngineSpec spec;
+  spec.assignment = &assignment;
+  spec.start = &start;
+  spec.parallel = &parallel;
+  spec.model = &source;
+  spec.pool = pool;
+  spec.options = &options;
+  if (factory->second->WantsHostWeights(source)) {
+    FLOTILLA_ASSIGN_OR_RETURN(spec.weights, source.LoadShard(ShardSpec{}));
+  } else {
+    spec.weights.config = config;
+  }
+  return factory->second->Create(std::move(spec));
 }
-#endif
 
 // The same request sent to a running cluster through the client API.
 absl::Status PrintResult(const GenerateFlags& f, const GenerationResult& result,
@@ -216,37 +244,21 @@ absl::Status RunGenerate(const GenerateFlags& f) {
         config.max_position_embeddings, ")"));
   }
   if (f.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0 (0 = all cores)");
-  if (f.device == "cuda") {
-#if FLOTILLA_WITH_CUDA
-    CudaEngineOptions co;
-    co.max_sequences = 1;
-    co.max_context = std::min<int64_t>(config.max_position_embeddings,
-                                       static_cast<int64_t>(prompt.size()) + f.max_tokens);
-    co.max_batch_tokens = 4096;
-    // kv_num_blocks stays 0: the engine sizes the cache for max_context in
-    // every KV group (full and sliding layers) plus its scratch block. One
-    // block per 16 positions was too few: the context shrank to 16 tokens.
-    if (opts.prefill_chunk == 0 || opts.prefill_chunk > co.max_batch_tokens) {
-      opts.prefill_chunk = co.max_batch_tokens;
-    }
-    FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaEngine> gpu, CreateCudaEngine(**source, co));
-    FLOTILLA_ASSIGN_OR_RETURN(GenerationResult gpu_result, Generate(*gpu, prompt, opts));
-    return PrintResult(f, gpu_result, prompt.size());
-#else
-    return absl::FailedPreconditionError("--device cuda: this build has no CUDA support");
-#endif
+  const int64_t tokens = std::min<int64_t>(config.max_position_embeddings,
+                                           static_cast<int64_t>(prompt.size()) + f.max_tokens);
+  // The GPU engine's step holds at most 4096 prompt tokens (its workspaces
+  // are sized for that); the CPU engine takes the whole prompt unless
+  // --prefill-chunk says otherwise.
+  constexpr int64_t kCudaStepTokens = 4096;
+  if (f.device == "cuda" && (opts.prefill_chunk == 0 || opts.prefill_chunk > kCudaStepTokens)) {
+    opts.prefill_chunk = kCudaStepTokens;
   }
-  FLOTILLA_ASSIGN_OR_RETURN(ModelWeights weights, (*source)->LoadShard(ShardSpec{}));
-  kernels::cpu::ThreadPool pool(f.threads);
-  CpuEngineOptions eo;
-  eo.kv_block_size = f.kv_block_size;
-  const int64_t tokens =
-      std::min<int64_t>(config.max_position_embeddings, static_cast<int64_t>(prompt.size()) + f.max_tokens);
-  eo.kv_num_blocks = CpuEngine::KvBlocksFor(config, config.num_key_value_heads, eo.kv_block_size, 1,
-                                            tokens);
-  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CpuEngine> engine,
-                            CpuEngine::Create(std::move(weights), eo, &pool));
-  FLOTILLA_ASSIGN_OR_RETURN(GenerationResult result, Generate(*engine, prompt, opts));
+  const int64_t step_tokens =
+      opts.prefill_chunk > 0 ? opts.prefill_chunk : static_cast<int64_t>(prompt.size());
+  kernels::cpu::ThreadPool pool(f.device == "cpu" ? f.threads : 1);
+  FLOTILLA_ASSIGN_OR_RETURN(worker::RankEngine built,
+                            BuildEngine(f, **source, tokens, step_tokens, &pool));
+  FLOTILLA_ASSIGN_OR_RETURN(GenerationResult result, Generate(*built.engine, prompt, opts));
   return PrintResult(f, result, prompt.size());
 }
 
