@@ -62,6 +62,8 @@ void StreamAccount::Remove(size_t bytes) {
   buffers_->Changed(id_, now, bytes, false);
 }
 
+void StreamAccount::SetProducerWaiting(bool waiting) { buffers_->SetWaiting(id_, waiting); }
+
 std::shared_ptr<ClientBuffers> ClientBuffers::Create(ClientBufferOptions options,
                                                      bool start_watchdog) {
   std::shared_ptr<ClientBuffers> buffers(new ClientBuffers(std::move(options)));
@@ -117,6 +119,7 @@ void ClientBuffers::Changed(uint64_t id, size_t queued, size_t taken, bool was_e
     Entry& e = it->second;
     e.queued = queued;
     e.taken += taken;
+    if (taken > 0 && e.waiting_since) e.waiting_since = options_.clock();
     if (was_empty) {
       // A pace is measured while something waits: a burst after a quiet
       // time gets a whole window to show how fast its client takes it.
@@ -132,6 +135,18 @@ void ClientBuffers::Changed(uint64_t id, size_t queued, size_t taken, bool was_e
   if (wake) wake_.notify_all();
 }
 
+void ClientBuffers::SetWaiting(uint64_t id, bool waiting) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;
+  Entry& e = it->second;
+  if (!waiting) {
+    e.waiting_since.reset();
+  } else if (!e.waiting_since) {
+    e.waiting_since = options_.clock();
+  }
+}
+
 void ClientBuffers::Close(uint64_t id, size_t queued) {
   if (queued > 0) {
     total_.fetch_sub(queued, std::memory_order_relaxed);
@@ -141,7 +156,21 @@ void ClientBuffers::Close(uint64_t id, size_t queued) {
   entries_.erase(id);
 }
 
+std::optional<absl::Status> ClientBuffers::WaitedTooLongLocked(const Entry& e,
+                                                               absl::Time now) const {
+  if (!e.waiting_since || e.queued == 0) return std::nullopt;
+  const absl::Duration waited = now - *e.waiting_since;
+  if (waited < options_.stall_grace) return std::nullopt;
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the client does not read its stream: its sequence waited for it (paused at its "
+      "prompt-logits credit, ",
+      Bytes(PromptLogitsWindow(options_)), " a stream ahead of the client) and it took none of ",
+      Bytes(e.queued), " for ", absl::FormatDuration(absl::Trunc(waited, absl::Milliseconds(1))),
+      " (longer than --client-stall-timeout-s); the request was cancelled"));
+}
+
 std::optional<absl::Status> ClientBuffers::EndReasonLocked(Entry& e, absl::Time now) {
+  if (std::optional<absl::Status> why = WaitedTooLongLocked(e, now)) return why;
   const size_t bound = options_.max_stream_bytes;
   if (e.queued <= bound) {
     e.over_since.reset();

@@ -16,6 +16,11 @@
 //   its answer (up to --max-prompt-logits-mb of logits): a reader's burst is
 //   not a stall. New and small requests are never refused for what others
 //   hold.
+// - A stream whose producer waits for its client (a gRPC Generate stream's
+//   sequence paused at its prompt-logits credit, prompt_logits_credit.h) is
+//   ended once its client has taken nothing for `stall_grace` while it
+//   waited: the credit keeps it under its bound, and a paused sequence still
+//   holds its KV blocks on the worker.
 // - An ended stream whose client still takes nothing (not even the end) is
 //   dropped `stall_grace` later, at once under global pressure (gRPC: the
 //   stream is reset; HTTP: closed), so it holds nothing more.
@@ -23,8 +28,10 @@
 //   delivered, streamed or whole), new requests are refused with
 //   RESOURCE_EXHAUSTED (HTTP 429).
 //
-// The workers cannot pause one sequence, so a stream is ended rather than
-// paused: its bound is the pushback.
+// Prompt logits, the only answers large enough to matter, come under credit:
+// a sequence sends at most PromptLogitsWindow ahead of what its client took,
+// and pauses on the worker beyond it. Other streams (tokens, text) are small
+// per step: their bound is the pushback.
 //
 // A watchdog thread applies the grace, sheds under global pressure and gives
 // freed heap back to the operating system (malloc_trim) after bursts.
@@ -61,6 +68,13 @@ struct ClientBufferOptions {
   int max_open_requests = 1024;
 };
 
+// The prompt-logits bytes one stream's sequences may send ahead of what its
+// client took: half its bound, so a reading client's stream stays under it
+// (a row of logits may pass the credit, and one message is being written).
+inline size_t PromptLogitsWindow(const ClientBufferOptions& options) {
+  return options.max_stream_bytes / 2;
+}
+
 // What a stream's owner does when the bounds end its stream. Calls come from
 // the watchdog thread, never while a StreamAccount method runs.
 class BufferedStream {
@@ -94,6 +108,9 @@ class StreamAccount {
   void Add(size_t bytes);
   // `bytes` were taken by the client (or dropped).
   void Remove(size_t bytes);
+  // Whether the stream's producer waits for the client now (its sequence is
+  // paused at its credit): see the bounds above.
+  void SetProducerWaiting(bool waiting);
   size_t queued() const { return queued_.load(std::memory_order_relaxed); }
 
  private:
@@ -144,6 +161,8 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
     size_t queued = 0;
     std::optional<absl::Time> over_since;  // over max_stream_bytes since
     std::optional<absl::Time> ended_at;    // EndStalled was called then
+    // The producer waits for the client, which has taken nothing since then.
+    std::optional<absl::Time> waiting_since;
     bool dropped = false;
     // The client's pace: bytes taken since window_start; the pace of the
     // last whole window (bytes a second; none before one).
@@ -153,7 +172,10 @@ class ClientBuffers : public std::enable_shared_from_this<ClientBuffers> {
   };
   // Why the entry is to be ended now (under mu_), or nothing.
   std::optional<absl::Status> EndReasonLocked(Entry& entry, absl::Time now);
+  // Why a stream whose producer waits is to be ended now, or nothing.
+  std::optional<absl::Status> WaitedTooLongLocked(const Entry& entry, absl::Time now) const;
   void Changed(uint64_t id, size_t queued, size_t taken, bool was_empty);
+  void SetWaiting(uint64_t id, bool waiting);
   void Close(uint64_t id, size_t queued);
   static void Watchdog(std::weak_ptr<ClientBuffers> weak);
   // Gives freed heap back to the system after large releases (or now and then).

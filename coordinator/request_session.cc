@@ -202,6 +202,16 @@ void RequestSession::OnUpdate(uint32_t choice, const cluster::SequenceUpdate& up
   Enqueue(Item{Item::Kind::kUpdate, choice, update, {}});
 }
 
+void RequestSession::GrantPromptLogits(uint32_t choice, uint64_t allowed_bytes) {
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (choice >= choices_.size() || choices_[choice].done) return;
+    id = choices_[choice].id;
+  }
+  if (id != 0) backend_->GrantPromptLogits(id, allowed_bytes);
+}
+
 void RequestSession::Pump() {
   while (true) {
     std::deque<Item> items;  // the kTokens events point into it until the sink returns

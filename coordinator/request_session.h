@@ -50,6 +50,10 @@ class RequestBackend {
   virtual bool Expire(uint64_t request_id, const std::string& reason) {
     return Cancel(request_id, reason);
   }
+  // As ClusterManager::GrantPromptLogits: the sequence may have sent
+  // `allowed_bytes` of prompt logits in all. Backends whose sequences never
+  // wait for credit (scripted fakes) have nothing to do.
+  virtual void GrantPromptLogits(uint64_t request_id, uint64_t allowed_bytes) {}
 };
 
 // RequestBackend on a ClusterManager (which must outlive it).
@@ -65,6 +69,9 @@ class ClusterBackend final : public RequestBackend {
   }
   bool Expire(uint64_t request_id, const std::string& reason) override {
     return manager_->Cancel(request_id, reason, absl::StatusCode::kDeadlineExceeded);
+  }
+  void GrantPromptLogits(uint64_t request_id, uint64_t allowed_bytes) override {
+    manager_->GrantPromptLogits(request_id, allowed_bytes);
   }
 
  private:
@@ -118,6 +125,10 @@ class RequestSession : public std::enable_shared_from_this<RequestSession> {
   void Fail(absl::Status status);
   // Fail with CANCELLED.
   void Cancel(const std::string& reason) { Fail(absl::CancelledError(reason)); }
+  // The client took prompt logits of `choice`: its sequence may have sent
+  // `allowed_bytes` of them in all (RequestBackend::GrantPromptLogits).
+  // Nothing before the choice was accepted or once it is done.
+  void GrantPromptLogits(uint32_t choice, uint64_t allowed_bytes);
 
   uint32_t choices() const { return static_cast<uint32_t>(choices_.size()); }
   // Prompt tokens over all prompts as submitted (each counted once).

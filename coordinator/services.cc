@@ -7,12 +7,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/grammar/constraint_proto.h"
 #include "common/cluster_token.h"
+#include "common/grammar/constraint_proto.h"
 #include "common/grpc_status.h"
 #include "coordinator/access_log.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/grpc_auth.h"
+#include "coordinator/prompt_logits_credit.h"
 #include "coordinator/request_session.h"
 #include "coordinator/served_models.h"
 #include "coordinator/stream_queue.h"
@@ -142,6 +143,14 @@ class SessionLink {
     }
     if (live) live->Fail(status);
   }
+  void GrantPromptLogits(uint32_t choice, uint64_t allowed_bytes) {
+    std::shared_ptr<RequestSession> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live = session_.lock();
+    }
+    if (live) live->GrantPromptLogits(choice, allowed_bytes);
+  }
 
  private:
   std::mutex mu_;
@@ -169,6 +178,12 @@ class GenerateReactor final : public GenerateReactorBase {
     }
     session_request->deadline = CallDeadline(context);
     session_request->submit.set_cache_domain(cache_domain);
+    if (buffers != nullptr && request.return_prompt_logits()) {
+      // The stream's window, shared by its choices.
+      state_->credit = std::make_unique<PromptLogitsCredit>(PromptLogitsWindow(buffers->options()) /
+                                                            session_request->n);
+      session_request->submit.set_prompt_logits_credit_bytes(state_->credit->window());
+    }
     state_->access->set_prompt_tokens(
         static_cast<uint32_t>(session_request->prompts[0].size()));
     state_->request_id = requests->Reserve(caller);
@@ -271,6 +286,7 @@ class GenerateReactor final : public GenerateReactorBase {
           // chunk is one response.
           *r.mutable_prompt_logits() = e.update->prompt_logits();
           if (e.update->has_stop_token()) r.set_stop_token(e.update->stop_token());
+          if (credit) Received(e.choice, *e.update);
           break;
         }
         case RequestEvent::Kind::kContent:
@@ -303,8 +319,32 @@ class GenerateReactor final : public GenerateReactorBase {
       return nullptr;
     }
     void Flush() {
-      for (v1::GenerateResponse& r : pending) queue.Send(std::move(r));
+      for (v1::GenerateResponse& r : pending) {
+        const uint64_t logits_bytes = static_cast<uint64_t>(r.prompt_logits_size()) * sizeof(float);
+        if (!credit || logits_bytes == 0) {
+          queue.Send(std::move(r));
+          continue;
+        }
+        // The state outlives the queue's messages (both end in OnDone).
+        const uint32_t choice = r.index();
+        queue.Send(std::move(r), [this, choice, logits_bytes] { Taken(choice, logits_bytes); });
+      }
       pending.clear();
+    }
+    // Prompt-logits credit, per choice: an update of its sequence arrived;
+    // the client took a message of its prompt logits.
+    void Received(uint32_t choice, const cluster::SequenceUpdate& u) {
+      const bool prompt_done = u.token_ids_size() > 0 || u.has_stop_token() ||
+                               u.finish_reason() != common::FINISH_REASON_UNSPECIFIED;
+      credit->Received(choice, static_cast<uint64_t>(u.prompt_logits_size()) * sizeof(float),
+                       prompt_done);
+      queue.SetProducerWaiting(credit->waiting());
+    }
+    void Taken(uint32_t choice, uint64_t bytes) {
+      if (const uint64_t allowed = credit->Taken(choice, bytes); allowed != 0) {
+        session.GrantPromptLogits(choice, allowed);
+      }
+      queue.SetProducerWaiting(credit->waiting());
     }
     std::shared_ptr<AccessRecord> access =
         std::make_shared<AccessRecord>("grpc Generate", absl::Now());
@@ -313,6 +353,8 @@ class GenerateReactor final : public GenerateReactorBase {
     ClusterBackend backend;
     StreamQueue<GenerateReactorBase, v1::GenerateResponse> queue;
     std::vector<v1::GenerateResponse> pending;  // used from the session's sink, one call at a time
+    // With return_prompt_logits (and flow control): each choice's credit.
+    std::unique_ptr<PromptLogitsCredit> credit;
     std::string request_id;                     // the client's (random) id; set before Start
     std::shared_ptr<void> admission;            // counts the request open until the stream ends
     SessionLink session;

@@ -8,13 +8,18 @@
 // counted against the flow-control bounds (client_buffers.h), whose watchdog
 // ends a stream its client does not read (Abort, then Cancel if the client
 // takes nothing at all).
+//
+// A message may come with a function called once gRPC has taken it (its
+// write completed; prompt-logits credit is granted from there).
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "coordinator/client_buffers.h"
 
@@ -32,14 +37,16 @@ class StreamQueue {
     account_ = std::move(account);
   }
 
-  // Queues `m`; dropped once the stream is closing or gone, or over its bound.
+  // Queues `m`; dropped once the stream is closing or gone, or over its
+  // bound. `written`, if any, is called (without the queue's lock) once the
+  // message's write completed, never if it was dropped.
   void Send(const Message& m) { Send(Message(m)); }
-  void Send(Message&& m) {
+  void Send(Message&& m, std::function<void()> written = nullptr) {
     std::lock_guard<std::mutex> lock(mu_);
     if (reactor_ == nullptr || closing_) return;
     const size_t bytes = account_ ? m.ByteSizeLong() : 0;
     if (account_) account_->Add(bytes);
-    queue_.push_back(Queued{std::move(m), bytes});
+    queue_.push_back(Queued{std::move(m), bytes, std::move(written)});
     if (!writing_) {
       writing_ = true;
       reactor_->StartWrite(&queue_.front().message);
@@ -76,6 +83,13 @@ class StreamQueue {
     FinishLocked();
   }
 
+  // Tells the bounds whether the stream's producer waits for the client
+  // (StreamAccount::SetProducerWaiting).
+  void SetProducerWaiting(bool waiting) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (account_) account_->SetProducerWaiting(waiting);
+  }
+
   // Resets the stream (the client took nothing, not even its end).
   void Cancel() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -84,8 +98,37 @@ class StreamQueue {
 
   // From the reactor's OnWriteDone.
   void WriteDone(bool ok) {
+    std::function<void()> written;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reactor_ == nullptr) return;
+      if (ok) written = std::move(queue_.front().written);
+      WriteDoneLocked(ok);
+    }
+    if (written) written();
+  }
+
+  // From the reactor's OnDone: the reactor is about to be deleted.
+  void Detach() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (reactor_ == nullptr) return;
+    reactor_ = nullptr;
+    context_ = nullptr;
+    queue_.clear();
+    account_.reset();
+  }
+
+  bool closing() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closing_;
+  }
+
+ private:
+  struct Queued {
+    Message message;
+    size_t bytes;                   // counted in account_
+    std::function<void()> written;  // called once its write completed
+  };
+  void WriteDoneLocked(bool ok) {
     if (account_) account_->Remove(queue_.front().bytes);
     queue_.pop_front();
     if (!ok) {
@@ -108,26 +151,6 @@ class StreamQueue {
       if (closing_) FinishLocked();
     }
   }
-
-  // From the reactor's OnDone: the reactor is about to be deleted.
-  void Detach() {
-    std::lock_guard<std::mutex> lock(mu_);
-    reactor_ = nullptr;
-    context_ = nullptr;
-    queue_.clear();
-    account_.reset();
-  }
-
-  bool closing() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return closing_;
-  }
-
- private:
-  struct Queued {
-    Message message;
-    size_t bytes;  // counted in account_
-  };
   void FinishLocked() {
     if (finished_) return;
     finished_ = true;

@@ -80,6 +80,22 @@ void Scheduler::Cancel(uint64_t request_id) {
   }
 }
 
+void Scheduler::GrantPromptLogits(uint64_t request_id, uint64_t allowed_bytes) {
+  if (auto it = sequences_.find(request_id); it != sequences_.end()) {
+    Sequence& seq = it->second;
+    if (seq.logits_credit != 0) seq.logits_credit = std::max(seq.logits_credit, allowed_bytes);
+    return;
+  }
+  // A queued request has sent nothing: its credit is its window.
+  for (cluster::SubmitSequence& s : pending_) {
+    if (s.request_id() != request_id) continue;
+    if (s.prompt_logits_credit_bytes() != 0) {
+      s.set_prompt_logits_credit_bytes(std::max(s.prompt_logits_credit_bytes(), allowed_bytes));
+    }
+    return;
+  }
+}
+
 void Scheduler::FailAll(const absl::Status& why, cluster::TokenBatch* out) const {
   const std::string message(why.message());
   for (const auto& [id, seq] : sequences_) EndWithError(id, why.code(), message, out);
@@ -142,6 +158,7 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.stop = StopRules(std::move(stops), sp.max_tokens);
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
+  seq.logits_credit = s.return_prompt_logits() ? s.prompt_logits_credit_bytes() : 0;
   seq.cache_domain = s.cache_domain();
   seq.deadline_unix_ms = s.deadline_unix_ms();
   seq.queued_ms = queued_ms;
@@ -240,22 +257,36 @@ void Scheduler::PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan
   for (auto& [id, seq] : sequences_) {
     const int64_t size = static_cast<int64_t>(seq.prompt.size());
     if (seq.prefilled >= size) continue;
+    const int64_t left = WithinCredit(seq, size - seq.prefilled);
+    if (left == 0) continue;  // paused until its client takes what it was sent
     prompts.push_back(&seq);
-    candidates.push_back(PrefillCandidate{id, seq.arrived_at, size, size - seq.prefilled});
+    candidates.push_back(PrefillCandidate{id, seq.arrived_at, size, left});
   }
   // A prompt's cached prefix is looked up when its first chunk is planned,
   // so the prefix sent with that chunk is what the engine holds.
   auto left_of = [&](size_t i) {
     Sequence& seq = *prompts[i];
     if (!seq.started) TakeCachedPrefix(seq);
-    return static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
+    return WithinCredit(seq, static_cast<int64_t>(seq.prompt.size()) - seq.prefilled);
   };
   for (const PrefillChunk& chunk : PlanPrefill(limits_.prefill, candidates, budget, now, left_of)) {
     AddPromptChunk(*prompts[chunk.candidate], chunk.tokens, plan);
   }
 }
 
+int64_t Scheduler::WithinCredit(const Sequence& seq, int64_t left) const {
+  if (seq.logits_credit == 0) return left;
+  if (seq.logits_planned >= seq.logits_credit) return 0;
+  const uint64_t row = static_cast<uint64_t>(engine_->config().vocab_size) * sizeof(float);
+  const uint64_t rows = (seq.logits_credit - seq.logits_planned + row - 1) / row;
+  return static_cast<int64_t>(std::min<uint64_t>(rows, static_cast<uint64_t>(left)));
+}
+
 void Scheduler::AddPromptChunk(Sequence& seq, int64_t n, cluster::StepPlan* plan) {
+  if (seq.return_prompt_logits) {
+    seq.logits_planned += static_cast<uint64_t>(n) *
+                          static_cast<uint64_t>(engine_->config().vocab_size) * sizeof(float);
+  }
   const int64_t left = static_cast<int64_t>(seq.prompt.size()) - seq.prefilled;
   const bool first = !seq.started;
   cluster::PlanItem* it = plan->add_items();

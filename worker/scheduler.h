@@ -53,6 +53,11 @@ class Scheduler {
   // Forgets a queued or running request; a running one is freed on every
   // rank by the next plan.
   void Cancel(uint64_t request_id);
+  // Raises the prompt-logits credit of a queued or running request to
+  // `allowed_bytes` sent in all (PromptLogitsCredit); a lower value changes
+  // nothing. A sequence whose next prompt row would pass its credit is not
+  // planned (it pauses, its KV kept) until the credit grows.
+  void GrantPromptLogits(uint64_t request_id, uint64_t allowed_bytes);
   // Ends every request held (running or queued) with `why`, into `out`.
   void FailAll(const absl::Status& why, cluster::TokenBatch* out) const;
 
@@ -91,6 +96,10 @@ class Scheduler {
     StopRules stop{{}, 0};
     bool want_logprobs = false;
     bool return_prompt_logits = false;
+    // Prompt-logits bytes it may send in all (0 = no limit), and those of
+    // the rows planned so far.
+    uint64_t logits_credit = 0;
+    uint64_t logits_planned = 0;
     uint64_t cache_domain = 0;  // its prefix-cache domain (SubmitSequence)
     int64_t kv_reserved = 0;
     uint64_t deadline_unix_ms = 0;
@@ -114,6 +123,10 @@ class Scheduler {
   // wants every prompt position's logits) and counts the lookup.
   void TakeCachedPrefix(Sequence& seq);
   void PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan);
+  // The prompt tokens `seq` may be given now, up to `left`: all of them
+  // unless its prompt logits are under credit; then the rows its credit
+  // allows (the last may pass it by less than a row), 0 while paused.
+  int64_t WithinCredit(const Sequence& seq, int64_t left) const;
   // Adds `seq`'s next `tokens` prompt tokens to `plan`.
   void AddPromptChunk(Sequence& seq, int64_t tokens, cluster::StepPlan* plan);
   // Takes the token drawn for `seq` into `u`; true when the sequence ended.

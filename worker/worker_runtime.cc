@@ -310,6 +310,12 @@ void WorkerRuntime::Handle(const cluster::CoordinatorMessage& m) {
     case cluster::CoordinatorMessage::kCancel:
       if (scheduler_) scheduler_->Cancel(m.cancel().request_id());
       break;
+    case cluster::CoordinatorMessage::kPromptLogitsCredit:
+      if (scheduler_) {
+        scheduler_->GrantPromptLogits(m.prompt_logits_credit().request_id(),
+                                      m.prompt_logits_credit().allowed_bytes());
+      }
+      break;
     case cluster::CoordinatorMessage::kExpertMap:
       HandleExpertMap(m.expert_map());
       break;

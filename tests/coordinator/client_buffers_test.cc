@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/prompt_logits_credit.h"
+
 namespace flotilla::coordinator {
 namespace {
 
@@ -152,6 +154,73 @@ TEST(ClientBuffers, TheWatchdogEndsAStalledStream) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(buffers->streams_ended(), 1u);
+}
+
+// A stream whose producer waits for its client (a sequence paused at its
+// prompt-logits credit) holds less than its bound, yet is ended once its
+// client has taken nothing for the grace; anything taken starts the grace
+// again, and a stream whose producer does not wait is never ended under its
+// bound.
+TEST(ClientBuffers, AStreamWhoseProducerWaitsIsEndedWhenItsClientTakesNothingForTheGrace) {
+  auto now = std::make_shared<absl::Time>(kT0);
+  ClientBufferOptions o = Options();
+  o.clock = [now] { return *now; };
+  auto buffers = ClientBuffers::Create(o, false);
+  auto waiting = std::make_shared<FakeStream>();
+  auto idle = std::make_shared<FakeStream>();
+  std::unique_ptr<StreamAccount> account = buffers->Open(waiting);
+  std::unique_ptr<StreamAccount> other = buffers->Open(idle);
+  account->Add(600);
+  other->Add(600);
+  account->SetProducerWaiting(true);
+  *now = kT0 + absl::Seconds(1.5);
+  account->Remove(100);  // the client took some: the grace starts again
+  buffers->Sweep(*now);
+  *now = kT0 + absl::Seconds(3);
+  buffers->Sweep(*now);
+  EXPECT_TRUE(waiting->ended.empty()) << "it took something 1.5 s ago";
+  *now = kT0 + absl::Seconds(3.5);
+  buffers->Sweep(*now);
+  ASSERT_EQ(waiting->ended.size(), 1u);
+  EXPECT_EQ(waiting->ended[0].code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(waiting->ended[0].message().find("prompt-logits credit"), std::string::npos)
+      << waiting->ended[0];
+  EXPECT_TRUE(idle->ended.empty()) << "under its bound, nothing waits for it";
+
+  // The producer stopped waiting (more credit came): no grace runs.
+  auto resumed = std::make_shared<FakeStream>();
+  std::unique_ptr<StreamAccount> third = buffers->Open(resumed);
+  third->Add(600);
+  third->SetProducerWaiting(true);
+  third->SetProducerWaiting(false);
+  *now = kT0 + absl::Seconds(30);
+  buffers->Sweep(*now);
+  EXPECT_TRUE(resumed->ended.empty());
+}
+
+// Credit per sequence: the window at first, then what the client took plus
+// the window; a sequence waits once it sent all its credit, until the client
+// takes more or its prompt logits are complete.
+TEST(PromptLogitsCredit, GrantsWhatTheClientTookPlusTheWindow) {
+  PromptLogitsCredit credit(100);
+  EXPECT_EQ(credit.window(), 100u);
+  EXPECT_FALSE(credit.waiting());
+  credit.Received(7, 60, false);
+  EXPECT_FALSE(credit.waiting());
+  credit.Received(7, 60, false);  // 120 sent: one row past its window
+  EXPECT_TRUE(credit.waiting());
+  credit.Received(8, 40, false);  // another sequence of the stream
+  EXPECT_EQ(credit.Taken(7, 60), 160u);
+  EXPECT_FALSE(credit.waiting()) << "7 may send 40 more, 8 did not send its window";
+  EXPECT_EQ(credit.Taken(7, 0), 0u) << "the credit did not grow";
+  credit.Received(7, 60, false);
+  EXPECT_TRUE(credit.waiting());
+  EXPECT_EQ(credit.Taken(7, 60), 220u);
+  credit.Received(7, 60, true);  // the last rows, with the first token
+  EXPECT_FALSE(credit.waiting()) << "its prompt logits are complete";
+  EXPECT_EQ(credit.Taken(7, 60), 0u) << "nothing more to grant";
+  EXPECT_EQ(credit.Taken(8, 40), 140u);
+  EXPECT_EQ(PromptLogitsCredit(0).window(), 1u);
 }
 
 }  // namespace

@@ -379,6 +379,78 @@ TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
   EXPECT_EQ(s.prefix_hits_tokens(), 4u);
 }
 
+// Prompt logits under credit: a sequence plans no more rows than its credit
+// allows (whole rows, the last passing it by less than one), pauses while it
+// has none and goes on from where it stopped when the credit grows; others
+// run meanwhile.
+TEST_F(SchedulerTest, PromptLogitsPauseAtTheirCreditAndGoOnWhenItGrows) {
+  const uint64_t row = static_cast<uint64_t>(ModelConfig::Tiny().vocab_size) * sizeof(float);
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  cluster::SubmitSequence logits = Submit(1, Prompt(8), 2);
+  logits.set_return_prompt_logits(true);
+  logits.set_prompt_logits_credit_bytes(2 * row + 1);
+  s.Enqueue(logits, &refused);
+  cluster::StepPlan plan;
+  Step(s, 5, &plan);
+  ASSERT_EQ(plan.items_size(), 1);
+  EXPECT_EQ(plan.items(0).tokens_size(), 3);  // 2 rows and a part of a third: 3 rows
+  EXPECT_EQ(plan.items(0).tokens(0), 10);
+  EXPECT_EQ(plan.items(0).logits(), cluster::PLAN_LOGITS_ALL);
+
+  // Paused: nothing planned for it, and a request without prompt logits runs.
+  s.Enqueue(Submit(2, Prompt(4), 2), &refused);
+  Step(s, 5, &plan);
+  ASSERT_EQ(plan.items_size(), 1);
+  EXPECT_EQ(plan.items(0).request_id(), 2u);
+  s.GrantPromptLogits(1, 2 * row);     // lower than before: changes nothing
+  s.GrantPromptLogits(99, 100 * row);  // unknown: ignored
+  Step(s, 5, &plan);
+  for (const cluster::PlanItem& item : plan.items()) EXPECT_NE(item.request_id(), 1u);
+
+  // Credit for two more rows: the next two prompt tokens.
+  s.GrantPromptLogits(1, 5 * row);
+  Step(s, 5, &plan);
+  const cluster::PlanItem* mine = nullptr;
+  for (const cluster::PlanItem& item : plan.items()) {
+    if (item.request_id() == 1) mine = &item;
+  }
+  ASSERT_NE(mine, nullptr);
+  ASSERT_EQ(mine->tokens_size(), 2);
+  EXPECT_EQ(mine->tokens(0), 13);
+  EXPECT_EQ(mine->tokens(1), 14);
+
+  // The rest of the prompt once the credit covers it; then it decodes.
+  s.GrantPromptLogits(1, 100 * row);
+  cluster::TokenBatch out = Step(s, 5, &plan);
+  bool drew = false;
+  for (const cluster::SequenceUpdate& u : out.updates()) {
+    if (u.request_id() == 1 && u.token_ids_size() == 1) drew = true;
+  }
+  EXPECT_TRUE(drew) << "the chunk that ends the prompt draws the first token";
+}
+
+// A credit that comes while the request still waits in the queue is its
+// window when it starts; without a window (0) nothing limits it.
+TEST_F(SchedulerTest, CreditForAQueuedRequestCountsAndNoWindowMeansNoLimit) {
+  const uint64_t row = static_cast<uint64_t>(ModelConfig::Tiny().vocab_size) * sizeof(float);
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  cluster::SubmitSequence small = Submit(1, Prompt(8), 2);
+  small.set_return_prompt_logits(true);
+  small.set_prompt_logits_credit_bytes(row);
+  s.Enqueue(small, &refused);
+  s.GrantPromptLogits(1, 4 * row);
+  cluster::SubmitSequence unlimited = Submit(2, Prompt(8), 2);
+  unlimited.set_return_prompt_logits(true);
+  s.Enqueue(unlimited, &refused);
+  cluster::StepPlan plan;
+  Step(s, 5, &plan);
+  ASSERT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(plan.items(0).tokens_size(), 4);
+  EXPECT_EQ(plan.items(1).tokens_size(), 8);
+}
+
 TEST_F(SchedulerTest, FailAllEndsRunningAndQueuedRequests) {
   Scheduler s = Make(Limits(64, 1));
   cluster::TokenBatch refused, failed;

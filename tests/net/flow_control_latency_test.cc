@@ -1,0 +1,105 @@
+// Issue 28's "other clients' latency unchanged": an ordinary client's request
+// takes about as long while eight gRPC clients hold prompt-logits streams they
+// never read and eight HTTP clients read their streams a few bytes at a time
+// as it does on the idle cluster. Their sequences pause at their credit or
+// their streams are ended by the bounds, so they neither fill the coordinator
+// nor hold the step loop. A test about time (label slow): it compares medians
+// of several requests against a generous ratio, on a real CPU cluster.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/net/hostile_clients.h"
+#include "tools/cli/local_cluster.h"
+
+namespace flotilla {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kGrpcReaders = 8;
+constexpr int kHttpReaders = 8;
+constexpr int kSamples = 7;    // requests per median
+constexpr int kMaxTokens = 8;  // each request's tokens
+// How much slower the median may be under the hostile clients. Generous: on
+// a 2-core machine the clients' own processes, their requests' admission and
+// the slow readers' decoding share the cores with the ordinary request.
+constexpr double kMaxRatio = 4.0;
+
+// The median latency (seconds) of kSamples ordinary requests, one after
+// another; a failed request fails the test.
+double MedianLatency(const std::string& address) {
+  std::vector<double> took;
+  for (int i = 0; i < kSamples; ++i) {
+    std::string error;
+    const double s = flow_test::TimedGenerate(address, kMaxTokens, &error).count();
+    EXPECT_GT(s, 0) << error;
+    if (s > 0) took.push_back(s);
+  }
+  if (took.empty()) return -1;
+  std::sort(took.begin(), took.end());
+  return took[took.size() / 2];
+}
+
+TEST(FlowControlLatency, ClientsThatDoNotReadLeaveOthersLatencyAlone) {
+  setenv("FLOTILLA_MAX_STREAM_BUFFER_BYTES", "65536", 0);
+  setenv("FLOTILLA_MAX_CLIENT_BUFFER_BYTES", "1048576", 0);
+  setenv("FLOTILLA_CLIENT_STALL_TIMEOUT_S", "1", 0);
+  cli::LocalClusterOptions o;
+  o.workers = 1;
+  o.threads_per_worker = 1;
+  o.heartbeat_timeout_ms = 15000;
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.log_dir =
+      (fs::temp_directory_path() / ("flotilla-flow-latency-" + std::to_string(getpid()))).string();
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string model = (*cluster)->model().substr((*cluster)->model().find_last_of('/') + 1);
+  const std::string address = (*cluster)->address();
+
+  MedianLatency(address);  // warm: one-time allocations and caches
+  const double idle = MedianLatency(address);
+  ASSERT_GT(idle, 0);
+
+  // The hostile clients press until the loaded samples are taken.
+  std::atomic<bool> stop{false};
+  const auto far = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  std::vector<flow_test::NeverReader> never(kGrpcReaders);
+  std::vector<flow_test::SlowReader> slow(kHttpReaders);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kGrpcReaders; ++i) {
+    never[i].hold = std::chrono::seconds(3);
+    threads.emplace_back([&, i] { never[i].Run(address, i, far, &stop); });
+  }
+  for (int i = 0; i < kHttpReaders; ++i) {
+    threads.emplace_back([&, i] { slow[i].Run((*cluster)->http_address(), model, i, far, &stop); });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // every client is in
+  const double loaded = MedianLatency(address);
+  stop = true;
+  for (std::thread& t : threads) t.join();
+
+  int grpc_streams = 0, http_streams = 0;
+  for (const auto& r : never) grpc_streams += r.streams;
+  for (const auto& r : slow) http_streams += r.streams;
+  std::cout << "median latency of a " << kMaxTokens << "-token request: " << idle * 1000
+            << " ms idle, " << loaded * 1000 << " ms beside " << kGrpcReaders
+            << " never-reading gRPC and " << kHttpReaders << " slow HTTP clients (" << grpc_streams
+            << " and " << http_streams << " streams)\n";
+  ASSERT_GT(loaded, 0);
+  EXPECT_GT(grpc_streams, 0);
+  EXPECT_GT(http_streams, 0);
+  EXPECT_LT(loaded / idle, kMaxRatio)
+      << "idle " << idle * 1000 << " ms, loaded " << loaded * 1000 << " ms";
+  EXPECT_TRUE((*cluster)->CheckAlive().ok());
+}
+
+}  // namespace
+}  // namespace flotilla
