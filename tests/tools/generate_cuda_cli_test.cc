@@ -20,7 +20,10 @@ using flotilla::testing_util::RunCommandWithStderr;
 // 150 ids, none of them a special token.
 std::string PromptIds() {
   std::string ids;
-  for (int i = 0; i < 150; ++i) ids += (i ? "," : "") + std::to_string(1000 + (i * 7919) % 90000);
+  for (int i = 0; i < 150; ++i) {
+    if (i > 0) ids.push_back(',');
+    ids.append(std::to_string(1000 + (i * 7919) % 90000));
+  }
   return ids;
 }
 
