@@ -152,5 +152,34 @@ TEST(PrefixCacheEvents, AResyncListsWhatIsHeld) {
   EXPECT_TRUE(first.stored[kWindow].empty());
 }
 
+TEST(PrefixCacheEvents, ABlockWhoseParentWentIsReportedGone) {
+  // One slot per block, 4 blocks: a chain of two, freed parent first, so the
+  // parent is evicted while its child stays cached: the child can never be
+  // matched again (a new parent gets a new serial) and is reported so.
+  PrefixCacheOptions o;
+  o.block_size = 4;
+  o.num_blocks = 4;
+  auto made = PrefixCache::Create(o);
+  ASSERT_TRUE(made.ok());
+  PrefixCache& cache = **made;
+  (void)cache.TakeEvents(100);
+  const std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<int32_t> blocks = {*cache.Allocate(), *cache.Allocate()};
+  PrefixCache::Chain chain;
+  cache.Extend(&chain, tokens, [&](int64_t block, std::vector<int32_t>* slots) {
+    (*slots)[0] = blocks[block];
+  });
+  const std::vector<uint64_t> keys = PrefixBlockKeys(0, tokens, 4, 2);
+  EXPECT_EQ(Sorted(cache.TakeEvents(100).stored[kFull]), Sorted(keys));
+  cache.Release(blocks[0]);
+  cache.Release(blocks[1]);
+  (void)cache.Allocate();
+  (void)cache.Allocate();  // the free uncached blocks
+  (void)cache.Allocate();  // evicts the parent
+  EXPECT_EQ(cache.entries(), 1);
+  EXPECT_EQ(Sorted(cache.TakeEvents(100).removed[kFull]), Sorted(keys));
+  EXPECT_EQ(cache.Walk(tokens, 2).size(), 0u);
+}
+
 }  // namespace
 }  // namespace flotilla

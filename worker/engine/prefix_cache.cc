@@ -116,12 +116,10 @@ void PrefixCache::Forget(int32_t block) {
   entry.slots[slot_of_[index]] = -1;
   if (window_slot_[slot_of_[index]]) --entry.live_window_slots;
   slot_of_[index] = -1;
-  const uint64_t key = it->first;
   if (--entry.live_slots == 0) {
-    entries_.erase(it);
-    Report(key, before, Held{});
+    Erase(it, before);
   } else {
-    Report(key, before, HeldBy(&entry));
+    Report(it->first, before, HeldBy(&entry));
   }
 }
 
@@ -195,11 +193,13 @@ std::optional<PrefixCache::Link> PrefixCache::Insert(Link parent, absl::Span<con
   Entry& e = entries_[key];
   e.serial = next_serial_++;
   e.parent_serial = parent.serial;
+  e.parent_key = parent.key;
   e.tokens.assign(tokens.begin(), tokens.end());
   e.slots.assign(options_.slots, -1);
+  Attach(key, e);
   AddSlots(e, key, slots);
   if (e.live_slots == 0) {
-    entries_.erase(key);
+    Erase(entries_.find(key), Held{});
     return std::nullopt;
   }
   return Link{key, e.serial};
@@ -228,7 +228,7 @@ bool PrefixCache::DropIfUnheld(uint64_t key) {
   for (int32_t block : e.slots) {
     if (block >= 0 && refcount_[block - options_.first_block] > 0) return false;
   }
-  Report(key, HeldBy(&e), Held{});
+  const Held before = HeldBy(&e);
   for (int32_t block : e.slots) {
     if (block < 0) continue;
     const int32_t index = block - options_.first_block;
@@ -237,14 +237,61 @@ bool PrefixCache::DropIfUnheld(uint64_t key) {
     slot_of_[index] = -1;
     plain_free_.push_back(index);
   }
-  entries_.erase(key);
+  Erase(entries_.find(key), before);
   return true;
+}
+
+void PrefixCache::Attach(uint64_t key, Entry& entry) {
+  // A chain's first block hangs from a root (serial 0 or >= 2^63), no entry.
+  if (entry.parent_serial == 0 || entry.parent_serial >= (uint64_t{1} << 63)) return;
+  auto parent = entries_.find(entry.parent_key);
+  if (parent == entries_.end() || parent->second.serial != entry.parent_serial ||
+      parent->second.unreachable) {
+    entry.unreachable = true;
+    return;
+  }
+  parent->second.children.push_back(key);
+}
+
+void PrefixCache::Erase(std::unordered_map<uint64_t, Entry>::iterator it, Held before) {
+  const uint64_t key = it->first;
+  Entry& entry = it->second;
+  Report(key, before, Held{});
+  auto parent = entries_.find(entry.parent_key);
+  if (parent != entries_.end() && parent->second.serial == entry.parent_serial) {
+    std::vector<uint64_t>& siblings = parent->second.children;
+    auto self = std::find(siblings.begin(), siblings.end(), key);
+    if (self != siblings.end()) {
+      *self = siblings.back();
+      siblings.pop_back();
+    }
+  }
+  // Everything below it: (key, the serial its parent must have).
+  std::vector<std::pair<uint64_t, uint64_t>> below;
+  for (uint64_t child : entry.children) below.emplace_back(child, entry.serial);
+  entries_.erase(it);
+  while (!below.empty()) {
+    const auto [child_key, parent_serial] = below.back();
+    below.pop_back();
+    auto child = entries_.find(child_key);
+    if (child == entries_.end() || child->second.parent_serial != parent_serial ||
+        child->second.unreachable) {
+      continue;
+    }
+    const Held before = HeldBy(&child->second);
+    child->second.unreachable = true;
+    Report(child_key, before, Held{});
+    for (uint64_t grandchild : child->second.children) {
+      below.emplace_back(grandchild, child->second.serial);
+    }
+    child->second.children.clear();
+  }
 }
 
 // ---- events ----
 
 PrefixCache::Held PrefixCache::HeldBy(const Entry* entry) const {
-  if (entry == nullptr || entry->live_slots == 0) return Held{};
+  if (entry == nullptr || entry->live_slots == 0 || entry->unreachable) return Held{};
   const int full_slots = options_.slots - window_slot_count_;
   Held held;
   held.full = entry->live_slots - entry->live_window_slots == full_slots;

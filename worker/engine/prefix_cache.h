@@ -136,6 +136,13 @@ class PrefixCache {
     std::vector<int32_t> slots;
     int live_slots = 0;
     int live_window_slots = 0;  // of those, sliding-window slots
+    uint64_t parent_key = 0;
+    // Entries registered after this one (their parent_serial is its serial;
+    // kept until they go).
+    std::vector<uint64_t> children;
+    // Its parent entry went: Walk never reaches it again (a new parent has a
+    // new serial), so it is reported held by no kind.
+    bool unreachable = false;
   };
   // Which kinds hold an entry in full (see TakeEvents).
   struct Held {
@@ -154,6 +161,12 @@ class PrefixCache {
   void Report(uint64_t key, Held before, Held after);
   // Drops an entry none of whose blocks is held; false when one is.
   bool DropIfUnheld(uint64_t key);
+  // Erases an entry (its blocks already forgotten; `before`: which kinds
+  // held it until then): its parent no longer lists it, and the entries
+  // below it become unreachable.
+  void Erase(std::unordered_map<uint64_t, Entry>::iterator it, Held before);
+  // A new entry joins its parent's children, or is unreachable at once.
+  void Attach(uint64_t key, Entry& entry);
   // The block no longer holds a cached token block.
   void Forget(int32_t block);
   void LruPushBack(int32_t index);
