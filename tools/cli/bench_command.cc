@@ -1,7 +1,6 @@
 #include "tools/cli/bench_command.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <iostream>
@@ -10,7 +9,6 @@
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -24,6 +22,7 @@
 #include "proto/admin.grpc.pb.h"
 #include "tools/cli/engine_compare.h"
 #include "tools/cli/multi_turn_workload.h"
+#include "tools/cli/serve_load.h"
 #include "tools/cli/soak_command.h"
 #include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
@@ -32,153 +31,6 @@ namespace flotilla::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct ServeFlags {
-  TlsClientFiles tls;
-  std::string coordinator = "127.0.0.1:50051";
-  int concurrency = 16;
-  double rate = 0;  // requests/s; 0 = closed loop at `concurrency`
-  double duration_s = 30;
-  std::vector<int> prompt_len = {16, 128};
-  std::vector<int> output_len = {16, 128};
-  uint64_t seed = 1;
-  double timeout_s = 120;
-  bool ignore_eos = false;  // outputs run to their length (set by --output-tokens)
-  std::string engine_compare = "auto";  // on, off, or auto (on when the admin RPC answers)
-  int engine_steps = 32;
-  int multi_turn = 0;       // turns per conversation; 0 = independent random prompts
-  int turn_tokens = 64;     // new tokens each later turn adds
-  std::string metrics_url;  // the coordinator's Prometheus /metrics; empty = not read
-  std::string api_key;      // sent on every call (the SDK's, the admin's, /metrics)
-  bool chat = false;         // requests go through Chat (Harmony rendered and parsed)
-  std::string schema_file;   // --response-format-schema: Chat answers in this JSON Schema
-  std::string schema_json;   // its text, read once
-};
-
-// One turn index of the multi-turn workload.
-struct TurnStats {
-  int64_t requests = 0, ok = 0;
-  int64_t prompt_tokens = 0, shared_tokens = 0, output_tokens = 0;
-  std::vector<double> ttft_ms;
-};
-
-struct Stats {
-  std::mutex mu;
-  int64_t ok = 0, failed = 0, tokens = 0;
-  int64_t prompts = 0;   // requests that got a first token
-  double busy_s = 0;     // request durations summed: / elapsed = mean requests in flight
-  std::map<std::string, int64_t> errors;
-  std::vector<double> ttft_ms, itl_ms;
-  int64_t prompt_tokens = 0;            // every prompt sent
-  int64_t prompt_tokens_prefilled = 0;  // of the requests that got a first token
-  std::vector<TurnStats> turns;         // --multi-turn: index turn - 1
-};
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p / 100.0 * (v.size() - 1) + 0.5));
-  return v[i];
-}
-
-// A Chat request of about `words` prompt tokens (random words of one token
-// each, mostly) asking for `max_tokens`, in the schema's JSON if one is set.
-v1::ChatRequest ChatRequestOf(const ServeFlags& f, std::mt19937_64& rng, int words,
-                              int max_tokens) {
-  static const char* const kWords[] = {"river", "stone", "cloud", "green", "north",  "table",
-                                       "light", "seven", "apple", "quiet", "train",  "paper",
-                                       "storm", "house", "music", "field", "glass",  "bread"};
-  std::uniform_int_distribution<size_t> pick(0, std::size(kWords) - 1);
-  std::string text;
-  for (int i = 0; i < words; ++i) absl::StrAppend(&text, i ? " " : "", kWords[pick(rng)]);
-  v1::ChatRequest req;
-  v1::ChatMessage* m = req.add_messages();
-  m->set_role(v1::ChatMessage::USER);
-  m->set_content(text);
-  req.set_return_token_ids(true);
-  req.mutable_sampling()->set_temperature(1.0f);
-  req.mutable_sampling()->set_seed(rng());
-  req.mutable_sampling()->set_max_tokens(max_tokens);
-  if (!f.schema_json.empty()) {
-    req.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
-    req.mutable_response_format()->mutable_json_schema()->set_name("bench");
-    req.mutable_response_format()->mutable_json_schema()->set_schema_json(f.schema_json);
-  }
-  return req;
-}
-
-// One request: a random prompt, or the next turn of `conversation`.
-void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, int vocab,
-                Stats& stats, MultiTurnConversation* conversation = nullptr) {
-  std::uniform_int_distribution<int> plen(f.prompt_len[0], f.prompt_len[1]);
-  std::uniform_int_distribution<int> olen(f.output_len[0], f.output_len[1]);
-  std::uniform_int_distribution<int> tok(0, vocab - 1);
-  v1::GenerateRequest req;
-  if (conversation != nullptr) {
-    const std::vector<int32_t>& prompt = conversation->Next(rng);
-    req.mutable_prompt_ids()->mutable_ids()->Add(prompt.begin(), prompt.end());
-  } else {
-    const int n = plen(rng);
-    for (int i = 0; i < n; ++i) req.mutable_prompt_ids()->add_ids(tok(rng));
-  }
-  const int64_t prompt_tokens = req.prompt_ids().ids_size();
-  std::vector<int32_t> output;  // kept for the conversation's next turn
-  req.mutable_sampling()->set_temperature(1.0f);
-  req.mutable_sampling()->set_seed(rng());
-  req.mutable_sampling()->set_max_tokens(olen(rng));
-  req.mutable_sampling()->set_ignore_eos(f.ignore_eos);
-  const auto start = Clock::now();
-  auto last = start;
-  bool first = true;
-  int64_t tokens = 0;
-  std::vector<double> itl;
-  double ttft = 0;
-  auto on_tokens = [&](const google::protobuf::RepeatedField<int32_t>& ids) {
-    if (ids.empty()) return;
-    const auto now = Clock::now();
-    if (first) {
-      ttft = std::chrono::duration<double, std::milli>(now - start).count();
-      first = false;
-    } else {
-      const double gap = std::chrono::duration<double, std::milli>(now - last).count();
-      for (int i = 0; i < ids.size(); ++i) itl.push_back(gap / ids.size());
-    }
-    last = now;
-    tokens += ids.size();
-    if (conversation != nullptr) output.insert(output.end(), ids.begin(), ids.end());
-  };
-  absl::Status st =
-      f.chat ? c.ChatStream(ChatRequestOf(f, rng, static_cast<int>(prompt_tokens),
-                                          static_cast<int>(req.sampling().max_tokens())),
-                            [&](const v1::ChatResponse& r) { on_tokens(r.token_ids()); })
-             : c.GenerateStream(req, [&](const v1::GenerateResponse& r) { on_tokens(r.token_ids()); });
-  if (conversation != nullptr) conversation->Done(output, st.ok());
-  std::lock_guard<std::mutex> lock(stats.mu);
-  stats.tokens += tokens;
-  stats.prompts += first ? 0 : 1;
-  stats.prompt_tokens += prompt_tokens;
-  if (!first) stats.prompt_tokens_prefilled += prompt_tokens;
-  if (conversation != nullptr) {
-    TurnStats& t = stats.turns[conversation->turn() - 1];
-    ++t.requests;
-    t.prompt_tokens += prompt_tokens;
-    t.shared_tokens += conversation->shared_tokens();
-    t.output_tokens += tokens;
-    if (st.ok()) {
-      ++t.ok;
-      if (!first) t.ttft_ms.push_back(ttft);
-    }
-  }
-  stats.busy_s += std::chrono::duration<double>(Clock::now() - start).count();
-  if (st.ok()) {
-    ++stats.ok;
-    if (!first) stats.ttft_ms.push_back(ttft);
-    stats.itl_ms.insert(stats.itl_ms.end(), itl.begin(), itl.end());
-  } else {
-    ++stats.failed;
-    ++stats.errors[std::string(absl::StatusCodeToString(st.code()))];
-  }
-}
 
 // The instance's DP groups, which share the served batch (1 when the
 // placement cannot be read).
@@ -308,24 +160,35 @@ nlohmann::json MultiTurnJson(const ServeFlags& f, const Stats& stats) {
   return j;
 }
 
-int RunServe(const ServeFlags& f) {
+// The client of --coordinator and the model's vocabulary size.
+struct Target {
+  std::unique_ptr<client::Client> client;
+  int vocab = 0;
+};
+
+absl::StatusOr<Target> Connect(const ServeFlags& f) {
   client::ClientOptions co;
   co.address = f.coordinator;
   co.api_key = f.api_key;
   co.tls = f.tls;
   co.deadline = absl::Seconds(f.timeout_s);
-  auto c = client::Client::Create(co);
-  if (!c.ok()) {
-    std::cerr << "flotilla bench serve: " << c.status().message() << "\n";
-    return 2;
-  }
-  auto models = (*c)->ListModels();
+  Target t;
+  FLOTILLA_ASSIGN_OR_RETURN(t.client, client::Client::Create(co));
+  auto models = t.client->ListModels();
   if (!models.ok() || models->models().empty()) {
-    std::cerr << "flotilla bench serve: cannot list models at " << f.coordinator << ": "
-              << models.status().message() << "\n";
+    return absl::UnavailableError(absl::StrCat("cannot list models at ", f.coordinator, ": ",
+                                               models.status().message()));
+  }
+  t.vocab = static_cast<int>(models->models(0).vocab_size());
+  return t;
+}
+
+int RunServe(const ServeFlags& f) {
+  absl::StatusOr<Target> target = Connect(f);
+  if (!target.ok()) {
+    std::cerr << "flotilla bench serve: " << target.status().message() << "\n";
     return 1;
   }
-  const int vocab = static_cast<int>(models->models(0).vocab_size());
   Stats stats;
   stats.turns.resize(std::max(0, f.multi_turn));
   PrefixCounters prefix_before;
@@ -337,73 +200,70 @@ int RunServe(const ServeFlags& f) {
     }
     prefix_before = *p;
   }
-  const auto start = Clock::now();
-  const auto end = start + std::chrono::milliseconds(static_cast<int64_t>(f.duration_s * 1000));
-  std::vector<std::thread> threads;
-  std::atomic<int64_t> launched{0};
-  if (f.rate <= 0) {
-    for (int w = 0; w < f.concurrency; ++w) {
-      threads.emplace_back([&, w] {
-        std::mt19937_64 rng(f.seed * 1000003 + w);
-        std::optional<MultiTurnConversation> conversation;
-        if (f.multi_turn > 0) {
-          conversation.emplace(MultiTurnOptions{f.multi_turn, f.turn_tokens, f.prompt_len[0],
-                                                f.prompt_len[1], vocab});
-        }
-        while (Clock::now() < end) {
-          ++launched;
-          OneRequest(**c, rng, f, vocab, stats, conversation ? &*conversation : nullptr);
-        }
-      });
-    }
-  } else {
-    std::mt19937_64 rng(f.seed);
-    std::exponential_distribution<double> gap(f.rate);
-    auto next = start;
-    while (next < end) {
-      std::this_thread::sleep_until(next);
-      const uint64_t s = rng();
-      ++launched;
-      threads.emplace_back([&, s] {
-        std::mt19937_64 r(s);
-        OneRequest(**c, r, f, vocab, stats);
-      });
-      next += std::chrono::microseconds(static_cast<int64_t>(gap(rng) * 1e6));
-    }
-  }
-  for (auto& t : threads) t.join();
-  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  nlohmann::json j;
-  j["bench"] = "serve";
-  j["coordinator"] = f.coordinator;
-  j["mode"] = f.rate > 0 ? "rate" : "concurrency";
-  j["api"] = f.chat ? "chat" : "generate";
-  if (!f.schema_file.empty()) j["response_format_schema"] = f.schema_file;
-  if (f.rate > 0) {
-    j["rate_rps"] = f.rate;
-  } else {
-    j["concurrency"] = f.concurrency;
-  }
-  j["duration_s"] = elapsed;
-  j["requests_sent"] = launched.load();
-  j["requests_ok"] = stats.ok;
-  j["requests_failed"] = stats.failed;
-  j["errors"] = stats.errors;
-  j["requests_unaccounted"] = launched.load() - stats.ok - stats.failed;
-  j["output_tokens"] = stats.tokens;
-  j["output_tokens_per_s"] = stats.tokens / elapsed;
-  for (auto [name, v] : {std::pair{"ttft_ms", &stats.ttft_ms}, std::pair{"itl_ms", &stats.itl_ms}}) {
-    j[name] = {{"p50", Percentile(*v, 50)}, {"p90", Percentile(*v, 90)},
-               {"p99", Percentile(*v, 99)}, {"n", v->size()}};
-  }
-  j["mean_requests_in_flight"] = stats.busy_s / elapsed;
-  j["prompt_tokens"] = stats.prompt_tokens;
+  const LoadRun run = RunLoad(*target->client, f, target->vocab, stats);
+  nlohmann::json j = LoadJson(f, stats, run);
   if (f.multi_turn > 0) j["multi_turn"] = MultiTurnJson(f, stats);
   if (!f.metrics_url.empty()) j["prefix_cache"] = PrefixCacheDelta(f, prefix_before, stats);
   // After the load, so the engine is idle and the served batch is known.
-  const bool compared = AddEngineCompare(f, stats, elapsed, j);
+  const bool compared = AddEngineCompare(f, stats, run.elapsed_s, j);
   std::cout << j.dump() << std::endl;
   return compared ? 0 : 1;
+}
+
+// --rate-fraction: the capacity first, closed loop at --concurrency (which
+// must saturate the server): output tokens per second while the load ran
+// (not the tail of requests it then waits for), and requests per second =
+// that over the mean output tokens of an answered request; then open-loop
+// Poisson arrivals at each fraction of those requests per second, with the
+// same length mix and seed. One JSON line per run; the engine is timed
+// once, after the last.
+int RunRateSweep(const ServeFlags& flags) {
+  absl::StatusOr<Target> target = Connect(flags);
+  if (!target.ok()) {
+    std::cerr << "flotilla bench serve: " << target.status().message() << "\n";
+    return 1;
+  }
+  ServeFlags f = flags;
+  f.rate = 0;
+  Stats saturated;
+  const LoadRun capacity_run = RunLoad(*target->client, f, target->vocab, saturated);
+  const double capacity_tps = saturated.tokens_before_end / f.duration_s;
+  const double mean_output =
+      saturated.ok > 0 ? static_cast<double>(saturated.tokens) / saturated.ok : 0;
+  const double capacity_rps = mean_output > 0 ? capacity_tps / mean_output : 0;
+  nlohmann::json capacity = LoadJson(f, saturated, capacity_run);
+  capacity["mode"] = "capacity";
+  capacity["capacity_rps"] = capacity_rps;
+  capacity["capacity_output_tokens_per_s"] = capacity_tps;
+  std::cout << capacity.dump() << std::endl;
+  if (capacity_rps <= 0 || saturated.failed > 0) {
+    std::cerr << "flotilla bench serve: the capacity run had " << saturated.ok << " answers and "
+              << saturated.failed << " failures; no rate to run at\n";
+    return 1;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < flags.rate_fractions.size(); ++i) {
+    f.rate = flags.rate_fractions[i] * capacity_rps;
+    Stats stats;
+    const LoadRun run = RunLoad(*target->client, f, target->vocab, stats);
+    nlohmann::json j = LoadJson(f, stats, run);
+    j["rate_fraction"] = flags.rate_fractions[i];
+    j["capacity_rps"] = capacity_rps;
+    j["capacity_output_tokens_per_s"] = capacity_tps;
+    // The load actually carried: output tokens/s while arrivals ran over the capacity's.
+    j["carried_fraction"] = stats.tokens_before_end / f.duration_s / capacity_tps;
+    if (i + 1 == flags.rate_fractions.size()) ok = AddEngineCompare(f, stats, run.elapsed_s, j);
+    std::cout << j.dump() << std::endl;
+    ok = ok && stats.failed == 0;
+  }
+  return ok ? 0 : 1;
+}
+
+// --prompt-tokens / --output-tokens: a bad value stops the command naming it.
+std::vector<int> TokenRangeOrExit(const std::string& text) {
+  absl::StatusOr<std::pair<int, int>> range = ParseTokenRange(text);
+  if (!range.ok()) throw CLI::ValidationError("token count", std::string(range.status().message()));
+  return {range->first, range->second};
 }
 
 }  // namespace
@@ -414,7 +274,9 @@ void AddBenchCommand(CLI::App& app) {
   AddSoakCommand(*bench);
   auto f = std::make_shared<ServeFlags>();
   CLI::App* serve = bench->add_subcommand(
-      "serve", "Load generator: concurrent streams or a request rate; prints one JSON line");
+      "serve",
+      "Load generator: concurrent streams, a request rate, or rates as fractions of the "
+      "measured capacity; prints JSON lines");
   serve->add_option("--coordinator", f->coordinator, "HOST:PORT")->capture_default_str();
   serve
       ->add_option("--api-key", f->api_key,
@@ -428,18 +290,26 @@ void AddBenchCommand(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--duration", f->duration_s, "seconds of load")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  serve->add_option("--rate-fraction", f->rate_fractions,
+                    "F1,F2,...: measure the capacity (closed loop at --concurrency, which must "
+                    "saturate the server), then run Poisson arrivals at each fraction of it; a "
+                    "JSON line per run")
+      ->delimiter(',')->check(CLI::Range(0.001, 10.0));
   serve->add_option("--prompt-len", f->prompt_len, "MIN MAX prompt tokens (uniform)")
       ->expected(2)->check(CLI::Range(1, 1 << 20));
   serve->add_option("--output-len", f->output_len, "MIN MAX output tokens (uniform)")
       ->expected(2)->check(CLI::Range(1, 1 << 20));
-  serve->add_option_function<int>(
-      "--prompt-tokens", [f](int n) { f->prompt_len = {n, n}; },
-      "every prompt exactly N tokens (--prompt-len N N)")
-      ->check(CLI::Range(1, 1 << 20));
-  serve->add_option_function<int>(
-      "--output-tokens", [f](int n) { f->output_len = {n, n}; f->ignore_eos = true; },
-      "every output exactly N tokens: --output-len N N with end tokens ignored")
-      ->check(CLI::Range(1, 1 << 20));
+  serve->add_option_function<std::string>(
+      "--prompt-tokens", [f](const std::string& v) { f->prompt_len = TokenRangeOrExit(v); },
+      "N: every prompt N tokens; MIN-MAX: uniform in [MIN, MAX] (--prompt-len MIN MAX)");
+  serve->add_option_function<std::string>(
+      "--output-tokens",
+      [f](const std::string& v) {
+        f->output_len = TokenRangeOrExit(v);
+        f->ignore_eos = true;
+      },
+      "N or MIN-MAX output tokens, each request running to its drawn length (end tokens "
+      "ignored)");
   serve->add_flag("--ignore-eos", f->ignore_eos, "end tokens do not stop generation");
   serve->add_flag("--chat", f->chat,
                   "send Chat requests (a user message of about the prompt length in words; "
@@ -485,7 +355,12 @@ void AddBenchCommand(CLI::App& app) {
       std::cerr << "flotilla bench serve: --multi-turn runs closed-loop streams, not --rate\n";
       throw CLI::RuntimeError(2);
     }
-    int rc = RunServe(*f);
+    if (!f->rate_fractions.empty() && (f->rate > 0 || f->multi_turn > 0)) {
+      std::cerr << "flotilla bench serve: --rate-fraction sets the rates itself; it takes "
+                   "neither --rate nor --multi-turn\n";
+      throw CLI::RuntimeError(2);
+    }
+    int rc = f->rate_fractions.empty() ? RunServe(*f) : RunRateSweep(*f);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }

@@ -1,0 +1,118 @@
+// `flotilla bench serve`'s load shapes: token ranges as --prompt-tokens and
+// --output-tokens take them, and --rate-fraction against a real CPU cluster
+// (a coordinator and a worker process): the capacity line, then one line per
+// fraction at that share of it, every request answered within its ranges.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "tools/cli/bench_command.h"
+#include "tools/cli/local_cluster.h"
+#include "tools/cli/serve_load.h"
+
+namespace flotilla {
+namespace {
+
+TEST(BenchServeTokenRange, TakesNOrMinMax) {
+  EXPECT_EQ(*cli::ParseTokenRange("512"), (std::pair<int, int>{512, 512}));
+  EXPECT_EQ(*cli::ParseTokenRange("256-2048"), (std::pair<int, int>{256, 2048}));
+  for (const char* bad : {"", "0", "2048-256", "1-2-3", "a-9", "-5", "5-", "1-2000000"}) {
+    absl::StatusOr<std::pair<int, int>> r = cli::ParseTokenRange(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(std::string("\"") + bad + "\""), std::string::npos)
+        << r.status();
+  }
+}
+
+// Runs `flotilla bench serve ARGS` in this process; its stdout lines as JSON.
+std::vector<nlohmann::json> BenchServe(const std::string& args, bool* ok) {
+  CLI::App app;
+  cli::AddBenchCommand(app);
+  std::stringstream out;
+  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
+  *ok = true;
+  try {
+    app.parse("bench serve " + args, /*program_name_included=*/false);
+  } catch (const CLI::Error& e) {
+    *ok = false;
+    std::cerr << "bench serve: " << e.what() << "\n";
+  }
+  std::cout.rdbuf(saved);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(out, line)) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+TEST(BenchServeRateFraction, MeasuresTheCapacityThenRunsEachFractionOfIt) {
+  auto model = cli::EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  cli::LocalClusterOptions o;
+  o.model = *model;
+  o.workers = 1;
+  o.threads_per_worker = 1;
+  o.listen = "127.0.0.1:0";
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.log_dir = (std::filesystem::temp_directory_path() /
+               ("flotilla-bench-serve-test-" + std::to_string(getpid())))
+                  .string();
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  bool ok = false;
+  const std::vector<nlohmann::json> lines = BenchServe(
+      "--coordinator " + (*cluster)->address() +
+          " --concurrency 4 --duration 1.5 --prompt-tokens 8-48 --output-tokens 2-10"
+          " --rate-fraction 0.5,0.9 --seed 7 --engine-compare off",
+      &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(lines.size(), 3u);
+  const nlohmann::json& capacity = lines[0];
+  EXPECT_EQ(capacity["mode"], "capacity") << capacity.dump();
+  EXPECT_EQ(capacity["requests_failed"].get<int>(), 0) << capacity.dump();
+  const double capacity_rps = capacity["capacity_rps"].get<double>();
+  EXPECT_GT(capacity_rps, 0) << capacity.dump();
+  EXPECT_GT(capacity["capacity_output_tokens_per_s"].get<double>(), 0) << capacity.dump();
+  const double fractions[] = {0.5, 0.9};
+  for (int i = 0; i < 2; ++i) {
+    const nlohmann::json& j = lines[i + 1];
+    SCOPED_TRACE(j.dump());
+    EXPECT_EQ(j["mode"], "rate");
+    EXPECT_DOUBLE_EQ(j["rate_fraction"].get<double>(), fractions[i]);
+    EXPECT_DOUBLE_EQ(j["capacity_rps"].get<double>(), capacity_rps);
+    EXPECT_DOUBLE_EQ(j["rate_rps"].get<double>(), fractions[i] * capacity_rps);
+    EXPECT_EQ(j["prompt_len"], (std::vector<int>{8, 48}));
+    EXPECT_EQ(j["output_len"], (std::vector<int>{2, 10}));
+    EXPECT_EQ(j["requests_failed"].get<int>(), 0);
+    EXPECT_EQ(j["requests_unaccounted"].get<int>(), 0);
+    const int answered = j["requests_ok"].get<int>();
+    ASSERT_GT(answered, 0);
+    // Every request runs to its drawn length (end tokens ignored): 2 to 10 tokens.
+    EXPECT_GE(j["output_tokens"].get<int>(), 2 * answered);
+    EXPECT_LE(j["output_tokens"].get<int>(), 10 * answered);
+    EXPECT_EQ(j["ttft_ms"]["n"].get<int>(), answered);
+    for (const char* p : {"p50", "p90", "p99"}) EXPECT_GT(j["ttft_ms"][p].get<double>(), 0);
+    EXPECT_TRUE(j["itl_ms"].contains("p50"));
+    EXPECT_GT(j["output_tokens_per_s"].get<double>(), 0);
+  }
+  EXPECT_TRUE((*cluster)->CheckAlive().ok());
+
+  // A reversed range is refused before any load.
+  const std::vector<nlohmann::json> none =
+      BenchServe("--coordinator " + (*cluster)->address() + " --prompt-tokens 64-16", &ok);
+  EXPECT_FALSE(ok);
+  EXPECT_TRUE(none.empty());
+}
+
+}  // namespace
+}  // namespace flotilla
