@@ -2,13 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
-
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/clock.h"
 #include "coordinator/drain.h"
 #include "tests/coordinator/fake_session.h"
 
@@ -17,7 +18,20 @@ namespace {
 
 using test_fakes::FakeSession;
 
+// Polls `done` until it holds: the manager's monitor thread acts on the
+// injected clock on its own thread. The bound only keeps a broken test from
+// hanging; nothing asserts how long it took.
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 1000 && !done(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
 struct Fixture {
+  // Liveness, forgetting and measurement deadlines run on this clock; the
+  // tests move it.
+  SimulatedClock clock{absl::Now()};
   std::unique_ptr<ClusterManager> manager;
   std::vector<std::shared_ptr<FakeSession>> sessions;
   std::vector<uint64_t> ids;
@@ -25,9 +39,12 @@ struct Fixture {
 
   explicit Fixture(int workers, int tp, absl::Duration timeout = absl::Seconds(30),
                    int max_inflight = 1024, uint64_t max_prompt_logits_bytes = 1 << 30,
-                   uint32_t max_model_len = 0, absl::Duration forget_dead = absl::Seconds(60)) {
+                   uint32_t max_model_len = 0, absl::Duration forget_dead = absl::Seconds(60),
+                   int instances = 1, bool migrate = false) {
     ClusterOptions o;
     o.expected_workers = workers;
+    o.instances = instances;
+    o.migrate_requests = migrate;
     o.layout.tp_size = tp;
     o.model = ModelConfig::Tiny();
     o.model_path = "/models/tiny";
@@ -37,6 +54,7 @@ struct Fixture {
     o.max_prompt_logits_bytes = max_prompt_logits_bytes;
     o.max_model_len = max_model_len;
     o.forget_dead_workers_after = forget_dead;
+    o.clock = &clock;
     manager = *ClusterManager::Create(o);
   }
   int Connect(const std::string& id) {
@@ -263,12 +281,12 @@ TEST(ClusterManager, SilentWorkerIsDeclaredDeadWithinTheTimeout) {
   f.Ready(0);
   f.JoinAll();
   ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
-  const absl::Time start = absl::Now();
-  while (f.manager->Status().state() != admin::DEGRADED && absl::Now() - start < absl::Seconds(3)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(f.manager->Status().state(), admin::DEGRADED);
-  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  // Within the timeout the silent worker is still alive...
+  f.clock.Advance(absl::Milliseconds(150));
+  EXPECT_EQ(f.manager->Status().state(), admin::READY);
+  // ... and past it, dead at the monitor's next look.
+  f.clock.Advance(absl::Milliseconds(100));
+  EXPECT_TRUE(Eventually([&] { return f.manager->Status().state() == admin::DEGRADED; }));
   std::lock_guard<std::mutex> lock(f.sessions[0]->mu);
   ASSERT_TRUE(f.sessions[0]->closed.has_value());
   EXPECT_NE(f.sessions[0]->closed->message().find("no heartbeat"), std::string::npos);
@@ -403,12 +421,9 @@ TEST(ClusterManager, MeasureEngineFailsWhenTheWorkerDiesOrTimeRunsOut) {
   f.Ready(0);
   f.JoinAll();
   MeasureOutcome expired;
-  f.manager->MeasureEngine({}, absl::Now() + absl::Milliseconds(50), expired.Callback());
-  const absl::Time start = absl::Now();
-  while (!expired.Get().has_value() && absl::Now() - start < absl::Seconds(5)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(expired.Get().has_value());
+  f.manager->MeasureEngine({}, f.clock.TimeNow() + absl::Milliseconds(50), expired.Callback());
+  f.clock.Advance(absl::Milliseconds(51));
+  ASSERT_TRUE(Eventually([&] { return expired.Get().has_value(); }));
   EXPECT_EQ(expired.Get()->status().code(), absl::StatusCode::kDeadlineExceeded);
 
   MeasureOutcome orphaned;
@@ -502,13 +517,10 @@ TEST(ClusterManager, MeasureEngineFailsWhenARankFailsAStepOrTimeRunsOut) {
   f.JoinAll();
   ASSERT_EQ(f.manager->Status().state(), admin::READY);
   MeasureOutcome expired;
-  f.manager->MeasureEngine({}, absl::Now() + absl::Milliseconds(50), expired.Callback());
+  f.manager->MeasureEngine({}, f.clock.TimeNow() + absl::Milliseconds(50), expired.Callback());
   AnswerMeasure(f, 0);
-  const absl::Time start = absl::Now();
-  while (!expired.Get().has_value() && absl::Now() - start < absl::Seconds(5)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_TRUE(expired.Get().has_value());
+  f.clock.Advance(absl::Milliseconds(51));
+  ASSERT_TRUE(Eventually([&] { return expired.Get().has_value(); }));
   EXPECT_EQ(expired.Get()->status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(expired.Get()->status().message().find("w1"), std::string::npos)
       << expired.Get()->status();
@@ -698,11 +710,11 @@ TEST(ClusterManager, DrainTimeoutAndSecondSignalEndWhatIsLeft) {
     req.add_prompt_ids(1);
     absl::Status status;
     ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
-    const absl::Time start = absl::Now();
+    // The second signal ends the drain at once: had it waited out the 30 s,
+    // it would report a timeout, not the interrupt.
     const DrainResult r =
         Drain(*f.manager, second_signal ? absl::Seconds(30) : absl::Milliseconds(50),
               [second_signal] { return second_signal; });
-    EXPECT_LT(absl::Now() - start, absl::Seconds(1));
     EXPECT_EQ(r.cut, 1);
     EXPECT_EQ(r.interrupted, second_signal);
     EXPECT_EQ(r.timed_out, !second_signal);
@@ -751,13 +763,134 @@ TEST(ClusterManager, DeadWorkersWithoutARankAreForgotten) {
   ASSERT_EQ(f.manager->Status().workers_size(), 2);
   f.manager->OnSessionClosed(f.ids[1]);  // the spare dies: no rank
   f.manager->OnSessionClosed(f.ids[0]);  // the rank holder dies: kept, it is missed
-  const absl::Time start = absl::Now();
-  while (f.manager->Status().workers_size() > 1 && absl::Now() - start < absl::Seconds(5)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  f.clock.Advance(absl::Milliseconds(101));
+  ASSERT_TRUE(Eventually([&] { return f.manager->Status().workers_size() == 1; }));
   const admin::ClusterStatus s = f.manager->Status();
   ASSERT_EQ(s.workers_size(), 1);
   EXPECT_EQ(s.workers(0).worker_id(), "w0");
+}
+
+
+// Two instances of 2 workers each, migration on.
+Fixture TwoInstances() {
+  return Fixture(4, 2, absl::Seconds(30), 1024, 1 << 30, 0, absl::Seconds(60), 2, true);
+}
+
+TEST(ClusterManagerInstances, MalformedIsInvalidArgumentAndGoodIsUnavailableNamingEachInstance) {
+  Fixture f = TwoInstances();
+  cluster::SubmitSequence bad;
+  bad.add_prompt_ids(1);
+  bad.mutable_sampling()->set_temperature(-1);
+  EXPECT_EQ(f.manager->Submit(bad, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  cluster::SubmitSequence good;
+  good.add_prompt_ids(1);
+  absl::StatusOr<uint64_t> refused = f.manager->Submit(good, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("instance 0"), std::string::npos) << refused.status();
+  EXPECT_NE(refused.status().message().find("instance 1"), std::string::npos) << refused.status();
+}
+
+TEST(ClusterManagerInstances, ARequestWhoseInstanceLosesAWorkerContinuesOnTheOther) {
+  Fixture f = TwoInstances();
+  for (const char* id : {"w0", "w1", "w2", "w3"}) f.Connect(id);
+  for (int i = 0; i < 4; ++i) f.Ready(i);
+  f.JoinAll();
+  admin::ClusterStatus s = f.manager->Status();
+  ASSERT_EQ(s.instances_size(), 2);
+  for (const admin::InstanceStatus& i : s.instances()) ASSERT_EQ(i.state(), admin::READY);
+  for (const admin::WorkerStatus& w : s.workers()) {
+    EXPECT_EQ(w.instance(), w.worker_id() < "w2" ? 0 : 1) << w.worker_id();
+  }
+
+  std::vector<int> got;
+  std::optional<absl::Status> done;
+  cluster::SubmitSequence req;
+  req.add_prompt_ids(5);
+  req.add_prompt_ids(6);
+  auto id = f.manager->Submit(req, {[&](const cluster::SequenceUpdate& u) {
+                                      for (int t : u.token_ids()) got.push_back(t);
+                                    },
+                                    [&](const absl::Status& st) { done = st; }});
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The leader of the instance that took it (rank 0 of w0/w1 or w2/w3).
+  int leader = -1;
+  for (int i = 0; i < 4; ++i) {
+    if (!f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).empty()) leader = i;
+  }
+  ASSERT_GE(leader, 0);
+  const uint64_t inner =
+      f.sessions[leader]->Of(cluster::CoordinatorMessage::kSubmit)[0].submit().request_id();
+  cluster::WorkerMessage m;
+  cluster::SequenceUpdate* u = m.mutable_tokens()->add_updates();
+  u->set_request_id(inner);
+  u->add_token_ids(7);
+  u->add_token_ids(8);
+  f.manager->OnWorkerMessage(f.ids[leader], m);
+
+  // Its peer dies: the request goes to the other instance with what it streamed.
+  const int peer = leader < 2 ? 1 - leader : 5 - leader;
+  f.manager->OnSessionClosed(f.ids[peer]);
+  EXPECT_FALSE(done.has_value()) << *done;
+  int next = -1;
+  for (int i = 0; i < 4; ++i) {
+    if ((i < 2) != (leader < 2) && !f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).empty()) {
+      next = i;
+    }
+  }
+  ASSERT_GE(next, 0) << "not resubmitted to the other instance";
+  const cluster::SubmitSequence moved =
+      f.sessions[next]->Of(cluster::CoordinatorMessage::kSubmit)[0].submit();
+  EXPECT_EQ(std::vector<int>(moved.prompt_ids().begin(), moved.prompt_ids().end()),
+            (std::vector<int>{5, 6}));
+  EXPECT_EQ(std::vector<int>(moved.resume().output_ids().begin(), moved.resume().output_ids().end()),
+            (std::vector<int>{7, 8}));
+
+  cluster::WorkerMessage rest;
+  u = rest.mutable_tokens()->add_updates();
+  u->set_request_id(moved.request_id());
+  u->add_token_ids(9);
+  u->set_finish_reason(common::LENGTH);
+  f.manager->OnWorkerMessage(f.ids[next], rest);
+  EXPECT_EQ(got, (std::vector<int>{7, 8, 9}));
+  ASSERT_TRUE(done.has_value());
+  EXPECT_TRUE(done->ok()) << *done;
+  EXPECT_EQ(f.manager->Status().requests_migrated(), 1u);
+  EXPECT_EQ(f.manager->InflightRequests(), 0);
+}
+
+TEST(ClusterManagerInstances, DrainingAnInstanceMovesItsRequestsAndRoutesAroundIt) {
+  Fixture f = TwoInstances();
+  for (const char* id : {"w0", "w1", "w2", "w3"}) f.Connect(id);
+  for (int i = 0; i < 4; ++i) f.Ready(i);
+  f.JoinAll();
+  cluster::SubmitSequence req;
+  req.add_prompt_ids(5);
+  std::optional<absl::Status> done;
+  ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& st) { done = st; }}).ok());
+  int leader = -1;
+  for (int i = 0; i < 4; ++i) {
+    if (!f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).empty()) leader = i;
+  }
+  ASSERT_GE(leader, 0);
+  const int instance = leader < 2 ? 0 : 1;
+  absl::StatusOr<admin::DrainResult> r = f.manager->DrainInstance(instance, true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->drained());
+  EXPECT_FALSE(done.has_value());
+  // Moved: the other instance's leader has it, and new requests go there too.
+  for (int k = 0; k < 3; ++k) ASSERT_TRUE(f.manager->Submit(req, {}).ok());
+  int on_drained = 0, on_other = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int n = static_cast<int>(f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).size());
+    ((i < 2) == (instance == 0) ? on_drained : on_other) += n;
+  }
+  EXPECT_EQ(on_drained, 1);  // the first submission only
+  EXPECT_EQ(on_other, 4);
+  const admin::ClusterStatus s = f.manager->Status();
+  EXPECT_TRUE(s.instances(instance).drained());
+  EXPECT_EQ(s.state(), admin::READY);
+  ASSERT_TRUE(f.manager->DrainInstance(instance, false).ok());
+  EXPECT_FALSE(f.manager->Status().instances(instance).drained());
 }
 
 }  // namespace
