@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "tools/cli/prompt_stream.h"
 
 namespace flotilla::cli {
 
@@ -26,17 +27,17 @@ struct MultiTurnOptions {
 // the next request, Done() takes what it generated. Turn 1 is a fresh random
 // prompt; turn k+1 is turn k's prompt + turn k's output + turn_tokens random
 // ids; after `turns` turns, or after a failed turn, a new conversation starts.
-class MultiTurnConversation {
+class MultiTurnConversation : public PromptStream {
  public:
   explicit MultiTurnConversation(const MultiTurnOptions& options);
 
-  const std::vector<int32_t>& Next(std::mt19937_64& rng);
+  const std::vector<int32_t>& Next(std::mt19937_64& rng) override;
   // Of the prompt Next() last returned: its turn (1..turns) and how many of
   // its leading tokens repeat the previous turn's prompt and output (0 on turn 1).
-  int turn() const { return turn_; }
-  int64_t shared_tokens() const { return shared_; }
+  int turn() const override { return turn_; }
+  int64_t shared_tokens() const override { return shared_; }
   // The tokens that turn generated; a failed turn (ok = false) ends the conversation.
-  void Done(const std::vector<int32_t>& output, bool ok);
+  void Done(const std::vector<int32_t>& output, bool ok) override;
 
  private:
   MultiTurnOptions options_;
