@@ -666,6 +666,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   g->builder = std::make_unique<ResponseBuilder>(tok_, endpoint, id, options_.model_id, created,
                                                  prepared->stop, prepared->logprobs, choices);
   g->builder->set_reasoning_field(options_.reasoning_field);
+  g->builder->set_streaming(g->stream);
 
   ++metrics_->in_flight;
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(

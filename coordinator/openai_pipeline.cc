@@ -538,7 +538,9 @@ void ResponseBuilder::AddLogprobs(uint32_t choice, const cluster::SequenceUpdate
   if (!logprobs_ || u.logprobs().empty()) return;
   Json lp = LogprobsJson(std::vector<common::TokenLogprob>(u.logprobs().begin(), u.logprobs().end()));
   Choice& c = choices_[choice];
-  if (endpoint_ == Endpoint::kChat) {
+  if (streaming_) {
+    // Kept for Response() only, which a stream never asks for.
+  } else if (endpoint_ == Endpoint::kChat) {
     if (c.logprob_items.is_null()) c.logprob_items = Json::array();
     for (Json& item : lp["content"]) c.logprob_items.push_back(item);
   } else {

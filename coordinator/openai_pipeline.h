@@ -141,6 +141,10 @@ class ResponseBuilder {
 
   // Where reasoning text goes (default: both members).
   void set_reasoning_field(ReasoningField field) { reasoning_field_ = field; }
+  // For a stream, whose chunks carry everything: Response() is never asked
+  // for, so the per-token logprobs it would list are not kept (a long answer
+  // with top logprobs would otherwise hold kilobytes a token until it ends).
+  void set_streaming(bool streaming) { streaming_ = streaming; }
 
   // Feeds generated tokens of choice 0 (with their logprobs when asked for);
   // returns the chunks to stream. Once a stop string was produced, further
@@ -191,6 +195,7 @@ class ResponseBuilder {
   int64_t created_;
   bool logprobs_;
   ReasoningField reasoning_field_ = ReasoningField::kBoth;
+  bool streaming_ = false;
   ChoiceDecoder decoder_;  // Feed/Finish only
   std::vector<Choice> choices_;
   TokenUsage usage_;

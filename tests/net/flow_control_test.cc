@@ -138,7 +138,10 @@ TEST(FlowControl, ClientsThatDoNotReadCannotGrowTheCoordinator) {
             << " MiB counted for clients), " << rss_after / 1024 << " MiB after\n";
   EXPECT_GT(ended, 0) << "the bounds ended streams; a gRPC stream ended with: "
                        << never[0].last_error;
-  if (kHttpReaders > 0) {
+  // With the test's small stream bound the slow readers are cut off; with
+  // larger ones (the defaults) the kernel's socket buffers absorb what they
+  // leave unread, nothing waits here, and nothing is cut.
+  if (kHttpReaders > 0 && EnvInt("FLOTILLA_MAX_STREAM_BUFFER_BYTES", 0) <= 65536) {
     EXPECT_GT(http_cut, 0) << "slow HTTP readers were cut off";
   }
   EXPECT_EQ(grpc_not_ok, grpc_streams);
