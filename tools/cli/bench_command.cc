@@ -69,7 +69,7 @@ bool AddEngineCompare(const ServeFlags& f, const Stats& stats, double elapsed, n
   load.batch = f.rate > 0 ? std::max(1, static_cast<int>(stats.busy_s / elapsed + 0.5))
                           : f.concurrency;
   // Multi-turn prompts grow turn by turn: the mean of those sent.
-  load.prompt_tokens = f.multi_turn > 0 && stats.ok + stats.failed > 0
+  load.prompt_tokens = (f.multi_turn > 0 || f.prefix_tenants) && stats.ok + stats.failed > 0
                            ? static_cast<int>(stats.prompt_tokens / (stats.ok + stats.failed))
                            : (f.prompt_len[0] + f.prompt_len[1]) / 2;
   load.output_tokens = stats.tokens;
@@ -160,6 +160,24 @@ nlohmann::json MultiTurnJson(const ServeFlags& f, const Stats& stats) {
   return j;
 }
 
+// --workload prefix-tenants: its shape, the figures per turn, and the share
+// of prompt tokens earlier requests had sent (what a perfect cache would not
+// compute, the bound of the measured hit ratio).
+nlohmann::json PrefixTenantsJson(const ServeFlags& f, const Stats& stats) {
+  const PrefixTenantsOptions& o = f.tenants;
+  nlohmann::json j = MultiTurnJson(f, stats);
+  j["turns"] = o.max_turns;
+  j.erase("turn_tokens");
+  j["tenants"] = o.tenants;
+  j["system_tokens"] = o.system_tokens;
+  j["user_tokens"] = {o.user_min, o.user_max};
+  j["follow_up"] = o.follow_up;
+  const int64_t shared = j["shared_prompt_tokens"].get<int64_t>();
+  j["shared_ratio"] = stats.prompt_tokens > 0 ? static_cast<double>(shared) / stats.prompt_tokens
+                                              : 0.0;
+  return j;
+}
+
 // The client of --coordinator and the model's vocabulary size.
 struct Target {
   std::unique_ptr<client::Client> client;
@@ -190,7 +208,7 @@ int RunServe(const ServeFlags& f) {
     return 1;
   }
   Stats stats;
-  stats.turns.resize(std::max(0, f.multi_turn));
+  stats.turns.resize(f.prefix_tenants ? f.tenants.max_turns : std::max(0, f.multi_turn));
   PrefixCounters prefix_before;
   if (!f.metrics_url.empty()) {
     absl::StatusOr<PrefixCounters> p = ReadPrefixCounters(f.metrics_url, f.api_key);
@@ -203,6 +221,7 @@ int RunServe(const ServeFlags& f) {
   const LoadRun run = RunLoad(*target->client, f, target->vocab, stats);
   nlohmann::json j = LoadJson(f, stats, run);
   if (f.multi_turn > 0) j["multi_turn"] = MultiTurnJson(f, stats);
+  if (f.prefix_tenants) j["prefix_tenants"] = PrefixTenantsJson(f, stats);
   if (!f.metrics_url.empty()) j["prefix_cache"] = PrefixCacheDelta(f, prefix_before, stats);
   // After the load, so the engine is idle and the served batch is known.
   const bool compared = AddEngineCompare(f, stats, run.elapsed_s, j);
@@ -330,6 +349,35 @@ void AddBenchCommand(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 16));
   serve->add_option("--turn-tokens", f->turn_tokens, "new token ids each later turn adds")
       ->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  serve
+      ->add_option_function<std::string>(
+          "--workload", [f](const std::string& w) { f->prefix_tenants = w == "prefix-tenants"; },
+          "random: independent prompts (or --multi-turn); prefix-tenants: --tenants system "
+          "prompts of --system-tokens each, shared by short user turns and by conversations "
+          "that resend their whole history (closed loop only; use --metrics-url for the hit "
+          "ratio)")
+      ->check(CLI::IsMember({"random", "prefix-tenants"}));
+  serve->add_option("--tenants", f->tenants.tenants, "prefix-tenants: distinct system prompts")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  serve->add_option("--system-tokens", f->tenants.system_tokens,
+                    "prefix-tenants: tokens of each system prompt")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  serve->add_option_function<std::string>(
+      "--user-tokens",
+      [f](const std::string& text) {
+        absl::StatusOr<std::pair<int, int>> range = ParseTokenRange(text);
+        if (!range.ok()) throw CLI::ValidationError("--user-tokens", std::string(range.status().message()));
+        f->tenants.user_min = range->first;
+        f->tenants.user_max = range->second;
+      },
+      "prefix-tenants: tokens of each user turn, N or MIN-MAX (default 16-64)");
+  serve->add_option("--tenant-turns", f->tenants.max_turns,
+                    "prefix-tenants: turns of one conversation at most")
+      ->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  serve->add_option("--follow-up", f->tenants.follow_up,
+                    "prefix-tenants: chance that a stream's next request continues its "
+                    "conversation (else a new one of a random tenant)")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   serve->add_option("--metrics-url", f->metrics_url,
                     "http://HOST:PORT/metrics of the coordinator: report the prefix-cache "
                     "counters' change over the load");
@@ -349,6 +397,12 @@ void AddBenchCommand(CLI::App& app) {
     if (f->chat && (f->ignore_eos || f->multi_turn > 0)) {
       std::cerr << "flotilla bench serve: --chat takes neither --ignore-eos (a chat reply "
                    "must end) nor --multi-turn\n";
+      throw CLI::RuntimeError(2);
+    }
+    if (f->prefix_tenants && (f->chat || f->multi_turn > 0 || f->rate > 0 ||
+                              !f->rate_fractions.empty())) {
+      std::cerr << "flotilla bench serve: --workload prefix-tenants runs closed-loop streams of "
+                   "token ids; it takes none of --chat, --multi-turn, --rate, --rate-fraction\n";
       throw CLI::RuntimeError(2);
     }
     if (f->multi_turn > 0 && f->rate > 0) {

@@ -47,7 +47,7 @@ v1::ChatRequest ChatRequestOf(const ServeFlags& f, std::mt19937_64& rng, int wor
 
 // One request: a random prompt, or the next one of `conversation`.
 void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, int vocab,
-                Stats& stats, MultiTurnConversation* conversation = nullptr) {
+                Stats& stats, PromptStream* conversation = nullptr) {
   std::uniform_int_distribution<int> plen(f.prompt_len[0], f.prompt_len[1]);
   std::uniform_int_distribution<int> olen(f.output_len[0], f.output_len[1]);
   std::uniform_int_distribution<int> tok(0, vocab - 1);
@@ -151,18 +151,27 @@ LoadRun RunLoad(client::Client& client, const ServeFlags& f, int vocab, Stats& s
   stats.load_end = end;
   std::vector<std::thread> threads;
   std::atomic<int64_t> launched{0};
+  std::optional<PrefixTenants> tenants;  // read by the streams until they are joined
+  if (f.prefix_tenants) {
+    PrefixTenantsOptions o = f.tenants;
+    o.vocab = vocab;
+    o.seed = f.seed;
+    tenants.emplace(o);
+  }
   if (f.rate <= 0) {
     for (int w = 0; w < f.concurrency; ++w) {
       threads.emplace_back([&, w] {
         std::mt19937_64 rng(f.seed * 1000003 + w);
-        std::optional<MultiTurnConversation> conversation;
-        if (f.multi_turn > 0) {
-          conversation.emplace(MultiTurnOptions{f.multi_turn, f.turn_tokens, f.prompt_len[0],
-                                                f.prompt_len[1], vocab});
+        std::unique_ptr<PromptStream> conversation;
+        if (tenants) {
+          conversation = std::make_unique<TenantConversation>(*tenants);
+        } else if (f.multi_turn > 0) {
+          conversation = std::make_unique<MultiTurnConversation>(MultiTurnOptions{
+              f.multi_turn, f.turn_tokens, f.prompt_len[0], f.prompt_len[1], vocab});
         }
         while (Clock::now() < end) {
           ++launched;
-          OneRequest(client, rng, f, vocab, stats, conversation ? &*conversation : nullptr);
+          OneRequest(client, rng, f, vocab, stats, conversation.get());
         }
       });
     }

@@ -1,6 +1,6 @@
 // The load `flotilla bench serve` puts on a coordinator: closed-loop streams
 // or open-loop Poisson arrivals of random prompts (or multi-turn
-// conversations, or Chat requests), and what each request saw (TTFT, the
+// conversations, the prefix-tenants workload, or Chat requests), and what each request saw (TTFT, the
 // gaps between tokens, errors). bench_command.cc turns it into JSON lines.
 #pragma once
 
@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "tools/cli/prefix_tenants_workload.h"
 #include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
 
@@ -39,6 +40,10 @@ struct ServeFlags {
   int engine_steps = 32;
   int multi_turn = 0;       // turns per conversation; 0 = independent random prompts
   int turn_tokens = 64;     // new tokens each later turn adds
+  // --workload prefix-tenants: tenants' long system prompts and conversations
+  // on them (prefix_tenants_workload.h); false = the prompts above.
+  bool prefix_tenants = false;
+  PrefixTenantsOptions tenants;
   std::string metrics_url;  // the coordinator's Prometheus /metrics; empty = not read
   std::string api_key;      // sent on every call (the SDK's, the admin's, /metrics)
   bool chat = false;         // requests go through Chat (Harmony rendered and parsed)

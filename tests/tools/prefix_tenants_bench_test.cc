@@ -1,0 +1,109 @@
+// `flotilla bench serve --workload prefix-tenants` against a real CPU
+// cluster: the prefix cache serves most of every prompt, and the flags it
+// cannot run with are refused.
+#include <gtest/gtest.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "tools/cli/bench_command.h"
+#include "tools/cli/local_cluster.h"
+
+namespace flotilla::cli {
+namespace {
+
+// Runs `flotilla bench serve ARGS` in this process; its stdout lines as JSON.
+std::vector<nlohmann::json> BenchServe(const std::string& args, bool* ok) {
+  CLI::App app;
+  AddBenchCommand(app);
+  std::stringstream out;
+  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
+  *ok = true;
+  try {
+    app.parse("bench serve " + args, /*program_name_included=*/false);
+  } catch (const CLI::Error& e) {
+    *ok = false;
+    std::cerr << "bench serve: " << e.what() << "\n";
+  }
+  std::cout.rdbuf(saved);
+  std::vector<nlohmann::json> lines;
+  std::string line;
+  while (std::getline(out, line)) {
+    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+TEST(PrefixTenantsBench, MostOfEveryPromptComesFromThePrefixCache) {
+  auto model = EnsureDefaultModel();
+  ASSERT_TRUE(model.ok()) << model.status();
+  LocalClusterOptions o;
+  o.model = *model;
+  o.workers = 1;
+  o.threads_per_worker = 1;
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.log_dir = (std::filesystem::temp_directory_path() /
+               ("flotilla-prefix-tenants-test-" + std::to_string(getpid())))
+                  .string();
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+
+  bool ok = false;
+  const std::vector<nlohmann::json> lines = BenchServe(
+      "--coordinator " + (*cluster)->address() + " --metrics-url http://" +
+          (*cluster)->http_address() +
+          "/metrics --workload prefix-tenants --tenants 4 --system-tokens 160 --user-tokens 8-16"
+          " --tenant-turns 3 --output-tokens 4 --concurrency 4 --duration 2 --seed 3"
+          " --engine-compare off",
+      &ok);
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(lines.size(), 1u);
+  const nlohmann::json& j = lines[0];
+  std::cerr << j.dump() << "\n";  // the figures, for the log
+  SCOPED_TRACE(j.dump());
+  EXPECT_EQ(j["requests_failed"].get<int>(), 0);
+  const int answered = j["requests_ok"].get<int>();
+  ASSERT_GT(answered, 8);
+  EXPECT_EQ(j["ttft_ms"]["n"].get<int>(), answered);
+  EXPECT_GT(j["ttft_ms"]["p90"].get<double>(), 0);
+  const nlohmann::json& tenants = j["prefix_tenants"];
+  EXPECT_EQ(tenants["tenants"].get<int>(), 4);
+  EXPECT_EQ(tenants["per_turn"].size(), 3u);
+  EXPECT_GT(tenants["per_turn"][1]["requests"].get<int>(), 0);  // follow-ups were sent
+  const double shared = tenants["shared_ratio"].get<double>();
+  EXPECT_GT(shared, 0.8);
+  const nlohmann::json& cache = j["prefix_cache"];
+  ASSERT_TRUE(cache["complete"].get<bool>());
+  // Never above the shared share. Below it by at most: each tenant's system
+  // prompt computed by each of the 4 streams that may ask for it at once,
+  // and per request its last partial block and last token (blocks of at
+  // most 16 tokens on CPU workers); however few requests a slow machine ran.
+  const double hit = cache["hit_ratio"].get<double>();
+  EXPECT_LE(hit, shared + 1e-9);
+  const int64_t shared_tokens = tenants["shared_prompt_tokens"].get<int64_t>();
+  const int64_t misses_allowed = (4 + 4) * (160 + 16) + int64_t{answered} * 32;
+  EXPECT_GE(cache["hit_tokens"].get<int64_t>(), shared_tokens - misses_allowed);
+  EXPECT_GT(cache["hit_tokens"].get<int64_t>(), 0);
+}
+
+TEST(PrefixTenantsBench, RefusesTheFlagsItCannotRunWith) {
+  bool ok = true;
+  EXPECT_TRUE(BenchServe("--workload prefix-tenants --rate 5", &ok).empty());
+  EXPECT_FALSE(ok);
+  EXPECT_TRUE(BenchServe("--workload prefix-tenants --multi-turn 2", &ok).empty());
+  EXPECT_FALSE(ok);
+  EXPECT_TRUE(BenchServe("--workload nonsense", &ok).empty());
+  EXPECT_FALSE(ok);
+  EXPECT_TRUE(BenchServe("--workload prefix-tenants --user-tokens 9-3", &ok).empty());
+  EXPECT_FALSE(ok);
+}
+
+}  // namespace
+}  // namespace flotilla::cli
