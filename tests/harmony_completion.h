@@ -1,9 +1,11 @@
 // What the coordinator's pipeline tests share: the default o200k tokenizer,
-// loaded once, and the tokens a model would generate for Harmony messages.
+// loaded once, the assistant messages a model writes and the tokens it would
+// generate for Harmony messages.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <string>
 #include <vector>
 
 #include "coordinator/harmony/message.h"
@@ -20,6 +22,19 @@ inline const tokenizer::Tokenizer& Tok() {
     return r->release();
   }();
   return *t;
+}
+
+// An assistant message on `channel`; with `to`, a call to that recipient
+// whose arguments are JSON.
+inline harmony::Message Assistant(const std::string& channel, const std::string& content,
+                                  const std::string& to = "") {
+  harmony::Message m;
+  m.role = harmony::Role::kAssistant;
+  m.channel = channel;
+  m.content = content;
+  m.recipient = to;
+  if (!to.empty()) m.content_type = "<|constrain|>json";
+  return m;
 }
 
 // The tokens the model would generate after `<|start|>assistant` for

@@ -4,19 +4,11 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cluster_token.h"
 #include "worker/worker_messages.h"
 
 namespace flotilla::worker {
-namespace {
-
-uint64_t NowUnixMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
 
 ControlSession::ControlSession(const WorkerOptions& options) : options_(options) {}
 
@@ -132,7 +124,7 @@ void ControlSession::HeartbeatLoop() {
   while (!ended_) {
     cluster::WorkerMessage m;
     cluster::Heartbeat* hb = m.mutable_heartbeat();
-    hb->set_unix_ms(NowUnixMs());
+    hb->set_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
     if (report_) report_(hb->mutable_load());
     Send(m);
     std::unique_lock<std::mutex> lock(mu_);

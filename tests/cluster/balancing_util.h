@@ -19,44 +19,18 @@
 #include <vector>
 
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/greedy_client.h"
 #include "tests/run_command.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla::balancing_test {
 
-using Clock = std::chrono::steady_clock;
+using Stream = cluster_test::Streamed;
 
-struct Stream {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  double largest_gap_s = 0;  // between consecutive token messages
-};
-
+// A greedy stream (with its largest gap between tokens) of 60 s at most.
 inline Stream Generate(const std::string& address, const std::vector<int32_t>& prompt,
                        int max_tokens) {
-  auto stub =
-      v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest req;
-  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(max_tokens);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  auto reader = stub->Generate(&ctx, req);
-  Stream s;
-  v1::GenerateResponse resp;
-  std::optional<Clock::time_point> last;
-  while (reader->Read(&resp)) {
-    if (resp.token_ids().empty()) continue;
-    const Clock::time_point now = Clock::now();
-    if (last)
-      s.largest_gap_s =
-          std::max(s.largest_gap_s, std::chrono::duration<double>(now - *last).count());
-    last = now;
-    s.tokens.insert(s.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-  }
-  s.status = reader->Finish();
-  return s;
+  return cluster_test::GreedyGenerate(address, prompt, max_tokens, {.deadline_s = 60});
 }
 
 // Concurrent streams of varied prompts until stopped; counts failures.

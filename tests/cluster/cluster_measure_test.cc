@@ -18,6 +18,7 @@
 
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/greedy_client.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/local_cluster.h"
 
@@ -25,33 +26,14 @@ namespace flotilla {
 namespace {
 namespace fs = std::filesystem;
 
-struct Streamed {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-};
+using cluster_test::Streamed;
 
 // A greedy request of exactly `max_tokens` (end tokens ignored); `first`
 // turns true when its first tokens arrive.
 Streamed Stream(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens,
                 std::atomic<bool>* first = nullptr) {
-  auto stub =
-      v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest req;
-  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(max_tokens);
-  req.mutable_sampling()->set_ignore_eos(true);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(180));
-  auto reader = stub->Generate(&ctx, req);
-  Streamed out;
-  v1::GenerateResponse resp;
-  while (reader->Read(&resp)) {
-    out.tokens.insert(out.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-    if (first != nullptr && !out.tokens.empty()) first->store(true);
-  }
-  out.status = reader->Finish();
-  return out;
+  return cluster_test::GreedyGenerate(address, prompt, max_tokens,
+                                      {.ignore_eos = true, .deadline_s = 180, .first = first});
 }
 
 std::vector<int32_t> Prompt(int length, int seed) {

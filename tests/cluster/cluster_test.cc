@@ -1,8 +1,8 @@
 // The distributed runtime end to end: a coordinator and W worker processes
 // (UCX between them) must give exactly the tokens of the single-process
 // engine, and survive a worker killed with SIGKILL.
-#include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <atomic>
@@ -10,16 +10,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
-#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "coordinator/tokenizer/tokenizer.h"
 #include "kernels/cpu/thread_pool.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
-#include "coordinator/tokenizer/streaming_detokenizer.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "tests/cluster/greedy_client.h"
 #include "tools/cli/local_cluster.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/generate.h"
@@ -30,37 +31,11 @@ namespace flotilla {
 namespace {
 namespace fs = std::filesystem;
 
-struct Reply {
-  grpc::Status status;
-  std::vector<int32_t> tokens;
-  std::vector<float> prompt_logits;
-  common::FinishReason finish = common::FINISH_REASON_UNSPECIFIED;
-  size_t largest_message = 0;
-};
+using Reply = cluster_test::Streamed;
 
 Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens,
                bool logits) {
-  auto stub = v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  v1::GenerateRequest req;
-  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(max_tokens);
-  req.set_return_prompt_logits(logits);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub->Generate(&ctx, req);
-  Reply r;
-  v1::GenerateResponse resp;
-  while (reader->Read(&resp)) {
-    r.tokens.insert(r.tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-    // Prompt logits arrive in bounded chunks of whole rows.
-    r.prompt_logits.insert(r.prompt_logits.end(), resp.prompt_logits().begin(),
-                           resp.prompt_logits().end());
-    r.largest_message = std::max(r.largest_message, resp.ByteSizeLong());
-    if (resp.finish_reason() != common::FINISH_REASON_UNSPECIFIED) r.finish = resp.finish_reason();
-  }
-  r.status = reader->Finish();
-  return r;
+  return cluster_test::GreedyGenerate(address, prompt, max_tokens, {.prompt_logits = logits});
 }
 
 std::vector<std::string> GoldenDirs() {

@@ -12,18 +12,17 @@
 
 #include <atomic>
 #include <bitset>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <chrono>
 #include <thread>
 #include <vector>
 
 #include "proto/admin.grpc.pb.h"
-#include "tools/cli/local_cluster.h"
-#include "tools/sdk/client.h"
-
+#include "tests/local_cluster_suite.h"
 #include "tests/run_command.h"
+#include "tools/sdk/client.h"
 
 namespace flotilla {
 namespace {
@@ -44,32 +43,24 @@ std::pair<int, std::string> RunCommand(const std::string& cmd) {
   return flotilla::testing_util::RunCommandWithStderr(cmd);
 }
 
-class ApiAuthTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+class ApiAuthTest : public testing_util::LocalClusterSuite<ApiAuthTest> {
+ public:
+  static void Configure(cli::LocalClusterOptions& o) {
     unsetenv("FLOTILLA_API_KEY");
     const std::string dir = TempDir();
     std::ofstream(dir + "/api-keys") << "# clients\n" << kAlice << "\n\n" << kBob << "\n";
     std::ofstream(dir + "/admin-keys") << kAdmin << "\n";
-    cli::LocalClusterOptions o;
-    o.workers = 1;
-    o.threads_per_worker = 1;
     o.api_key_file = dir + "/api-keys";
     o.admin_key_file = dir + "/admin-keys";
     o.coordinator_args = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
                           dir + "/metrics-port"};
-    auto c = cli::LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
-    std::ifstream(dir + "/metrics-port") >> metrics_port_;
   }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
+  static void SetUpTestSuite() {
+    LocalClusterSuite::SetUpTestSuite();
+    std::ifstream(TempDir() + "/metrics-port") >> metrics_port_;
   }
-  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
 
+ protected:
   static std::unique_ptr<client::Client> Sdk(const std::string& key) {
     client::ClientOptions o;
     o.address = cluster_->address();
@@ -93,11 +84,8 @@ class ApiAuthTest : public ::testing::Test {
     r.mutable_sampling()->set_ignore_eos(true);
     return r;
   }
-  static cli::LocalCluster* cluster_;
-  static int metrics_port_;
+  static inline int metrics_port_ = 0;
 };
-cli::LocalCluster* ApiAuthTest::cluster_ = nullptr;
-int ApiAuthTest::metrics_port_ = 0;
 
 TEST_F(ApiAuthTest, GrpcWithoutAValidKeyIsUnauthenticated) {
   for (const std::string key : {"", "not-a-key", "alice-key"}) {
@@ -373,7 +361,7 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
   auto models = http.Get("/v1/models", alice);
   ASSERT_TRUE(models);
   EXPECT_EQ(models->status, 200);
-  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  const std::string model = Model();
   const nlohmann::json request = {
       {"model", model}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}};
   auto chat = http.Post("/v1/chat/completions", alice, request.dump(), "application/json");
@@ -404,7 +392,7 @@ TEST_F(ApiAuthTest, StoredResponsesAreTheirKeysOnly) {
   httplib::Client http("http://" + cluster_->http_address());
   const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
   const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
-  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  const std::string model = Model();
   nlohmann::json request = {{"model", model}, {"input", "Remember the word kumquat."},
                             {"max_output_tokens", 4}, {"temperature", 0}};
   auto created = http.Post("/v1/responses", alice, request.dump(), "application/json");
@@ -458,7 +446,7 @@ TEST_F(ApiAuthTest, BackgroundResponsesAreTheirKeysOnly) {
   httplib::Client http("http://" + cluster_->http_address());
   const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
   const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
-  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  const std::string model = Model();
   // Long enough to be running while the test acts on it.
   nlohmann::json request = {{"model", model}, {"input", "Write a long story."},
                             {"max_output_tokens", 2000}, {"background", true}};
@@ -545,7 +533,7 @@ TEST_F(ApiAuthTest, PrefixCacheIsSharedOnlyWithinAKeyOrASalt) {
   httplib::Client http("http://" + cluster_->http_address());
   const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
   const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
-  const std::string model = cluster_->model().substr(cluster_->model().find_last_of('/') + 1);
+  const std::string model = Model();
   std::vector<int> prompt;
   for (int i = 0; i < 160; ++i) prompt.push_back(1000 + (i * 7919) % 50000);
   EXPECT_EQ(CachedTokensOf(http, alice, prompt, "", model), 0);

@@ -17,19 +17,9 @@ namespace tk = tokenizer;
 using harmony::Message;
 using harmony::Role;
 
-using test_support::Tok;
+using test_support::Assistant;
 using test_support::Completion;
-
-Message Assistant(const std::string& channel, const std::string& content,
-                  const std::string& to = "") {
-  Message m;
-  m.role = Role::kAssistant;
-  m.channel = channel;
-  m.content = content;
-  m.recipient = to;
-  if (!to.empty()) m.content_type = "<|constrain|>json";
-  return m;
-}
+using test_support::Tok;
 
 // Streams `ids` through a ChatStream `per_update` tokens at a time, the last
 // update carrying the finish reason and the stop token.

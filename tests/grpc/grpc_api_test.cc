@@ -8,38 +8,22 @@
 #include <sys/wait.h>
 
 #include <atomic>
-#include <map>
 #include <cstdlib>
+#include <map>
 #include <regex>
 #include <thread>
 #include <tuple>
 
-#include "tools/cli/local_cluster.h"
-#include "tools/sdk/client.h"
-
 #include "tests/common/json_schema_validator.h"
+#include "tests/local_cluster_suite.h"
 #include "tests/run_command.h"
+#include "tools/sdk/client.h"
 
 namespace flotilla {
 namespace {
 
-class GrpcApiTest : public ::testing::Test {
+class GrpcApiTest : public testing_util::LocalClusterSuite<GrpcApiTest> {
  protected:
-  static void SetUpTestSuite() {
-    setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
-    cli::LocalClusterOptions o;
-    o.workers = 1;
-    o.threads_per_worker = 1;
-    auto c = cli::LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
-
   static std::unique_ptr<client::Client> Sdk(absl::Duration deadline = absl::Minutes(2)) {
     client::ClientOptions o;
     o.address = cluster_->address();
@@ -47,10 +31,6 @@ class GrpcApiTest : public ::testing::Test {
     auto c = client::Client::Create(o);
     EXPECT_TRUE(c.ok()) << c.status();
     return *std::move(c);
-  }
-  static std::string Model() {
-    std::string m = cluster_->model();
-    return m.substr(m.find_last_of('/') + 1);
   }
   static v1::ChatRequest Hello(uint32_t max_tokens) {
     v1::ChatRequest r;
@@ -62,15 +42,6 @@ class GrpcApiTest : public ::testing::Test {
     r.mutable_sampling()->set_max_tokens(max_tokens);
     return r;
   }
-  // A gauge or counter from /metrics; -1 when missing.
-  static double Metric(const std::string& name) {
-    httplib::Client c("http://" + cluster_->http_address());
-    auto m = c.Get("/metrics");
-    if (!m) return -1;
-    std::smatch g;
-    if (!std::regex_search(m->body, g, std::regex("\n" + name + "(\\{[^}]*\\})? ([0-9.e+-]+)"))) return -1;
-    return std::stod(g[2]);
-  }
   // The requests /metrics counts as finished for `reason` (0 when none yet).
   static double Finished(const std::string& reason) {
     httplib::Client c("http://" + cluster_->http_address());
@@ -81,32 +52,24 @@ class GrpcApiTest : public ::testing::Test {
                             reason + "\"\\} ([0-9.e+-]+)");
     return std::regex_search(m->body, g, series) ? std::stod(g[1]) : 0;
   }
-  // Waits until nothing runs: no request in flight at the coordinator, no
-  // sequence on the workers (their heartbeats report it).
-  static bool WaitIdle() {
-    for (int i = 0; i < 100; ++i) {
-      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0)
-        return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Waits until /metrics counts tokens generated past `before`: on an idle
+  // cluster, the one request is running (the random synthetic model's
+  // tokens need not parse into streamed text).
+  static bool WaitGenerating(double before) {
+    for (int i = 0; i < 200; ++i) {
+      if (Metric("flotilla_generation_tokens_total") > before) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
   }
-  static cli::LocalCluster* cluster_;
 };
-cli::LocalCluster* GrpcApiTest::cluster_ = nullptr;
 
 TEST_F(GrpcApiTest, IndependentNodeClient) {
   const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " + FLOTILLA_NODE +
                           " " + FLOTILLA_GRPC_TEST_DIR + "/grpc_client_test.js " +
                           FLOTILLA_SOURCE_DIR + " " + cluster_->address() + " " +
-                          cluster_->http_address() + " " + Model() + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = pclose(p);
+                          cluster_->http_address() + " " + Model();
+  const auto [rc, out] = testing_util::RunCommandWithStderr(cmd);
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("all ok"), std::string::npos) << out;
   std::cout << out;
@@ -281,12 +244,14 @@ TEST_F(GrpcApiTest, CancelByIdEndsTheStreamInBand) {
   auto c = Sdk();
   ASSERT_TRUE(WaitIdle());
   const double cancelled = Metric("flotilla_requests_cancelled_total");
+  const double generated = Metric("flotilla_generation_tokens_total");
   client::ChatResult result;
   std::string id;
   v1::ChatRequest req = Hello(0);  // up to the context: only a cancel ends it soon
   req.mutable_sampling()->set_temperature(1);
-  // The first message names the request; 0.5 s later (generating, far from
-  // the context length) another call cancels it by that id.
+  // The first message names the request; once it generates (and only the
+  // context length, thousands of tokens away, or a cancel ends it) another
+  // call cancels it by that id.
   std::thread canceller;
   std::atomic<int> found{-1};
   absl::Status st = c->ChatStream(req, [&](const v1::ChatResponse& r) {
@@ -294,7 +259,7 @@ TEST_F(GrpcApiTest, CancelByIdEndsTheStreamInBand) {
     if (!id.empty()) return;
     id = r.request_id();
     canceller = std::thread([&, id] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      EXPECT_TRUE(WaitGenerating(generated));
       absl::StatusOr<bool> f = c->Cancel(id);
       found = f.ok() ? (*f ? 1 : 0) : 2;
     });
@@ -334,13 +299,14 @@ TEST_F(GrpcApiTest, DeadlineAndClientCancelFreeTheSequence) {
     client::CancelHandle cancel;
     v1::ChatRequest req = Hello(0);
     req.mutable_sampling()->set_temperature(1);
+    const double generated = Metric("flotilla_generation_tokens_total");
     std::thread canceller;
     absl::Status st = c->ChatStream(
         req,
         [&](const v1::ChatResponse&) {
           if (canceller.joinable()) return;
           canceller = std::thread([&] {
-            std::this_thread::sleep_for(std::chrono::milliseconds(500));
+            EXPECT_TRUE(WaitGenerating(generated));
             cancel.Cancel();
           });
         },

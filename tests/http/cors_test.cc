@@ -1,5 +1,7 @@
 // CORS (--allowed-origins), /ping and /version: the policy alone, then on a
 // local cluster with API keys on, as a browser and a load balancer call it.
+#include "coordinator/cors.h"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <unistd.h>
@@ -9,10 +11,9 @@
 #include <fstream>
 
 #include "common/build_info.h"
-#include "coordinator/cors.h"
 #include "nlohmann/json.hpp"
+#include "tests/local_cluster_suite.h"
 #include "tests/run_command.h"
-#include "tools/cli/local_cluster.h"
 
 namespace flotilla {
 namespace {
@@ -84,27 +85,20 @@ TEST(CorsPolicy, MalformedOriginsAreRefusedByName) {
   }
 }
 
-class CorsClusterTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    setenv("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR, 1);
+class CorsClusterTest : public testing_util::LocalClusterSuite<CorsClusterTest> {
+ public:
+  static void Configure(cli::LocalClusterOptions& o) {
     key_file_ = ::testing::TempDir() + "/flotilla-cors-keys-" + std::to_string(getpid());
     std::ofstream(key_file_) << kKey << "\n";
-    cli::LocalClusterOptions o;
-    o.workers = 1;
-    o.threads_per_worker = 1;
     o.api_key_file = key_file_;
     o.coordinator_args = {"--allowed-origins", std::string(kOrigin) + ",http://localhost:3000"};
-    auto c = cli::LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
   }
   static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
+    LocalClusterSuite::TearDownTestSuite();
     std::filesystem::remove(key_file_);
   }
-  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
+
+ protected:
   static httplib::Client Client() { return httplib::Client("http://" + cluster_->http_address()); }
   static std::string Body(bool stream) {
     return nlohmann::json{{"model", cluster_->model_id()},
@@ -114,7 +108,6 @@ class CorsClusterTest : public ::testing::Test {
         .dump();
   }
   static inline std::string key_file_;
-  static inline cli::LocalCluster* cluster_ = nullptr;
 };
 
 TEST_F(CorsClusterTest, PreflightIsAnsweredWithoutAKey) {

@@ -18,6 +18,7 @@ namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
+using test_support::Assistant;
 using test_support::Completion;
 using test_support::Tok;
 
@@ -108,13 +109,6 @@ TEST(ReasoningCipherTest, BadKeyFilesNameTheLine) {
   EXPECT_FALSE(ReasoningCipher::Create({"short"}).ok());
 }
 
-harmony::Message Assistant(const std::string& channel, const std::string& content) {
-  harmony::Message m;
-  m.role = harmony::Role::kAssistant;
-  m.channel = channel;
-  m.content = content;
-  return m;
-}
 
 // The response of `messages` generated and finished, through a ResponsesStream sealing with `seal`.
 Json Generated(const std::vector<harmony::Message>& messages, const ReasoningCipher* seal,
