@@ -596,5 +596,31 @@ TEST(ResponsePipelineTest, LogprobsOfTokensWithoutTextAccumulateUntilTheNextChun
   EXPECT_EQ(content[1]["logprob"], -2.0);
 }
 
+// A stream's chunks carry every token's logprobs; the builder keeps none
+// for a whole answer the stream never asks for (they would add kilobytes a
+// token over a long answer with top logprobs), while a whole answer lists
+// them all.
+TEST(ResponsePipelineTest, AStreamKeepsNoLogprobsForAWholeAnswer) {
+  cluster::SequenceUpdate u;
+  common::TokenLogprob* lp = u.add_logprobs();
+  lp->set_token_id(100);
+  lp->set_logprob(-1.5f);
+  std::vector<RequestEvent> events(2);
+  events[0].kind = RequestEvent::Kind::kTokens;
+  events[0].update = &u;
+  events[1].kind = RequestEvent::Kind::kContent;
+  events[1].text = "hi";
+  for (const bool streaming : {true, false}) {
+    ResponseBuilder b(&Tok(), Endpoint::kChat, "chatcmpl-s", "m", 1, {}, /*logprobs=*/true);
+    b.set_streaming(streaming);
+    std::vector<Json> chunks = b.Consume(events);
+    ASSERT_EQ(chunks.size(), 1u);
+    EXPECT_EQ(chunks[0]["choices"][0]["logprobs"]["content"].size(), 1u) << chunks[0].dump();
+    const Json whole = b.Response();
+    EXPECT_EQ(whole["choices"][0]["logprobs"]["content"].size(), streaming ? 0u : 1u)
+        << whole.dump();
+  }
+}
+
 }  // namespace
 }  // namespace flotilla::coordinator
