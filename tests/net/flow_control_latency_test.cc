@@ -30,8 +30,10 @@ constexpr int kSamples = 7;    // requests per median
 constexpr int kMaxTokens = 8;  // each request's tokens
 // How much slower the median may be under the hostile clients. Generous: on
 // a 2-core machine the clients' own processes, their requests' admission and
-// the slow readers' decoding share the cores with the ordinary request.
-constexpr double kMaxRatio = 4.0;
+// the slow readers' decoding (their sequences batched with the ordinary one)
+// share the cores with the ordinary request; 0.6 on a quiet machine, 2.9 on
+// one loaded by other work (flow_control_notes.md).
+constexpr double kMaxRatio = 5.0;
 
 // The median latency (seconds) of kSamples ordinary requests, one after
 // another; a failed request fails the test.
