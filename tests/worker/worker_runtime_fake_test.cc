@@ -90,6 +90,43 @@ TEST_F(WorkerRuntimeFakeTest, HelloThenAssignmentReadyJoinedAndTokens) {
   EXPECT_EQ(load.queued_sequences(), 0u);
 }
 
+// Prompt logits under credit, through the session: the leader sends the rows
+// its credit allows and pauses (its first row here, then nothing) until a
+// PromptLogitsCredit raises it; the prompt then goes on where it stopped.
+TEST_F(WorkerRuntimeFakeTest, PromptLogitsWaitForCreditFromTheCoordinator) {
+  ASSERT_TRUE(Serve());
+  const int64_t vocab = ModelConfig::Tiny().vocab_size;
+  const uint64_t row = static_cast<uint64_t>(vocab) * sizeof(float);
+  cluster::CoordinatorMessage submit = Submit(11, /*prompt_tokens=*/6, /*max_tokens=*/2);
+  submit.mutable_submit()->set_return_prompt_logits(true);
+  submit.mutable_submit()->set_prompt_logits_credit_bytes(row);
+  auto rows = [vocab](const std::vector<cluster::WorkerMessage>& sent) {
+    int64_t floats = 0;
+    for (const cluster::SequenceUpdate& u : UpdatesFor(sent, 11)) floats += u.prompt_logits_size();
+    return floats / vocab;
+  };
+  auto credit = [](uint64_t allowed) {
+    cluster::CoordinatorMessage m;
+    m.mutable_prompt_logits_credit()->set_request_id(11);
+    m.mutable_prompt_logits_credit()->set_allowed_bytes(allowed);
+    return m;
+  };
+  client_->Push(submit);
+  ASSERT_TRUE(client_->WaitFor([&](const auto& sent) { return rows(sent) >= 1; }));
+  client_->Push(credit(3 * row));
+  ASSERT_TRUE(client_->WaitFor([&](const auto& sent) { return rows(sent) >= 3; }));
+  // Paused at each credit: the chunks (4 tokens a step) never ran ahead of it.
+  EXPECT_EQ(rows(client_->sent()), 3);
+  EXPECT_FALSE(Finished(client_->sent(), 11));
+  client_->Push(credit(100 * row));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return Finished(sent, 11); }));
+  EXPECT_EQ(rows(client_->sent()), 6);
+  const std::vector<std::vector<std::vector<int32_t>>> steps = factory_->step_tokens();
+  ASSERT_GE(steps.size(), 3u);
+  EXPECT_EQ(steps[0][0].size(), 1u);
+  EXPECT_EQ(steps[1][0].size(), 2u);
+}
+
 TEST_F(WorkerRuntimeFakeTest, RefusedRequestsEndWithTheirReason) {
   ASSERT_TRUE(Serve());
   client_->Push(Submit(3, /*prompt_tokens=*/0, 4));
