@@ -61,6 +61,20 @@ admin::InstanceState MergedState(const std::vector<admin::InstanceStatus>& insta
   return best;
 }
 
+// Without a conversation key, a prompt's opening stands for one: requests
+// that open alike (a tenant's system prompt) stay on one instance until the
+// workers' KV reports say where it is cached, instead of each computing it on
+// another instance while the first is still in flight. Prompts shorter than
+// the opening share nothing worth keeping together.
+constexpr int kPrefixRouteTokens = 64;
+
+std::string PrefixRouteKey(const cluster::SubmitSequence& r) {
+  if (r.prompt_ids_size() < kPrefixRouteTokens) return "";
+  const std::string_view opening(reinterpret_cast<const char*>(r.prompt_ids().data()),
+                                 kPrefixRouteTokens * sizeof(int32_t));
+  return absl::StrCat("prefix:", r.cache_domain(), ":", std::hash<std::string_view>()(opening));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ClusterManager>> ClusterManager::Create(ClusterOptions options) {
@@ -269,7 +283,7 @@ absl::StatusOr<uint64_t> ClusterManager::Submit(cluster::SubmitSequence request,
   auto t = std::make_shared<TrackedRequest>();
   t->request = std::move(request);
   t->client = std::move(callbacks);
-  t->route_key = route_key;
+  t->route_key = route_key.empty() ? PrefixRouteKey(t->request) : route_key;
   t->arrival = options_.clock->TimeNow();
   {
     std::lock_guard<std::mutex> lock(mu_);

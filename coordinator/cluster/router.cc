@@ -27,10 +27,9 @@ std::optional<RouterPolicy> ParseRouterPolicy(std::string_view name) {
 
 uint64_t Router::Cost(const RouteCandidate& c, uint64_t prompt_tokens, int least_requests) {
   const uint64_t cached = std::min(c.cached_tokens, prompt_tokens);
-  const uint64_t queued =
-      static_cast<uint64_t>(std::max(0, c.load.requests - least_requests)) +
-      c.load.queued_sequences;
-  uint64_t cost = (prompt_tokens - cached) + queued * kTokensPerQueuedRequest;
+  const uint64_t running = static_cast<uint64_t>(std::max(0, c.load.requests - least_requests));
+  uint64_t cost = (prompt_tokens - cached) + running * kTokensPerRunningRequest +
+                  uint64_t{c.load.queued_sequences} * kTokensPerQueuedRequest;
   // An instance with no free KV block would only queue the request.
   if (c.load.kv_blocks_total > 0 && c.load.kv_blocks_free == 0) cost += 4 * kTokensPerQueuedRequest;
   return cost;

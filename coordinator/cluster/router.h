@@ -24,9 +24,12 @@ struct RouteCandidate {
 
 class Router {
  public:
-  // One request in flight ahead of a new one costs about this many prompt
-  // tokens of prefill: the exchange rate between cache hits and queueing.
+  // The exchange rate between cache hits and load, in prompt tokens: a
+  // sequence waiting on a worker for room delays a new one by about a
+  // request's prefill; one running beside it (continuous batching) only
+  // slows its steps a little.
   static constexpr uint64_t kTokensPerQueuedRequest = 256;
+  static constexpr uint64_t kTokensPerRunningRequest = 16;
   // Conversations remembered for affinity (oldest forgotten first).
   static constexpr size_t kAffinityEntries = 65536;
 

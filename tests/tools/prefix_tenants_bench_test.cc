@@ -93,6 +93,52 @@ TEST(PrefixTenantsBench, MostOfEveryPromptComesFromThePrefixCache) {
   EXPECT_GT(cache["hit_tokens"].get<int64_t>(), 0);
 }
 
+// The prefix-cache hit ratio of one prefix-tenants load on `instances`
+// instances of one CPU worker each, `kv_blocks` per worker, under `router`.
+double HitRatio(int instances, int kv_blocks, const std::string& router) {
+  auto model = EnsureDefaultModel();
+  EXPECT_TRUE(model.ok()) << model.status();
+  LocalClusterOptions o;
+  o.model = *model;
+  o.workers = instances;
+  o.instances = instances;
+  o.router = router;
+  o.threads_per_worker = 1;
+  o.bin_dir = FLOTILLA_BIN_DIR;
+  o.coordinator_args = {"--kv-blocks", std::to_string(kv_blocks)};
+  auto cluster = LocalCluster::Start(o);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  if (!cluster.ok()) return -1;
+  bool ok = false;
+  const std::vector<nlohmann::json> lines = BenchServe(
+      "--coordinator " + (*cluster)->address() + " --metrics-url http://" +
+          (*cluster)->http_address() +
+          "/metrics --workload prefix-tenants --tenants 12 --system-tokens 256 --user-tokens 8-16"
+          " --tenant-turns 2 --output-tokens 2 --concurrency 4 --duration 10 --seed 5"
+          " --engine-compare off",
+      &ok);
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(lines.size(), 1u);
+  if (lines.size() != 1) return -1;
+  std::cerr << instances << " instance(s), " << router << ": " << lines[0].dump() << "\n";
+  EXPECT_EQ(lines[0]["requests_failed"].get<int>(), 0);
+  return lines[0]["prefix_cache"]["hit_ratio"].get<double>();
+}
+
+// Two instances, each with half the KV of one: routed by their caches, the
+// tenants' system prompts split between them and the hit ratio stays near
+// one instance's with all the KV; sent in turn, each instance needs every
+// tenant and evicts them.
+TEST(PrefixTenantsBench, CacheAwareRoutingKeepsOneInstancesHitRatio) {
+  // 12 tenants x 16 blocks of 16 tokens: one worker of 300 blocks holds
+  // them all, one of 150 about half.
+  const double single = HitRatio(1, 400, "cache-aware");
+  const double aware = HitRatio(2, 200, "cache-aware");
+  const double round_robin = HitRatio(2, 200, "round-robin");
+  EXPECT_GE(aware, 0.9 * single) << "single " << single << ", cache-aware " << aware;
+  EXPECT_GT(aware, round_robin + 0.1) << "cache-aware " << aware << ", round-robin " << round_robin;
+}
+
 TEST(PrefixTenantsBench, RefusesTheFlagsItCannotRunWith) {
   bool ok = true;
   EXPECT_TRUE(BenchServe("--workload prefix-tenants --rate 5", &ok).empty());
