@@ -670,9 +670,9 @@ bool Instance::drained() const {
 InstanceLoad Instance::Load() const {
   std::lock_guard<std::mutex> lock(mu_);
   InstanceLoad load;
-  load.serving = state_ == admin::READY && !drained_ &&
-                 static_cast<int>(drained_groups_.size()) <
-                     (placement_ ? placement_->parallel.dp_size() : 1);
+  // An instance whose DP groups are all drained still counts: its Submit
+  // refuses with that reason, and the router tries the next instance.
+  load.serving = state_ == admin::READY && !drained_;
   load.requests = static_cast<int>(requests_.size());
   if (placement_) {
     for (int g = 0; g < placement_->parallel.dp_size(); ++g) {
