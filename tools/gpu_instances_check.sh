@@ -8,7 +8,7 @@
 #   tools/gpu_instances_check.sh BUNDLE OUT [MODEL]
 # Environment: INSTANCES (default 2), ROUTERS (default
 # cache-aware,least-loaded,round-robin), BENCH_SECONDS (45), CONCURRENCY
-# (64), KILL_EVERY (20), SOAK_SECONDS (60). Keep NCCL_NVLS_ENABLE=0 where
+# (64), KILL_EVERY (20), SOAK_SECONDS (60), SKIP_ONE_GPU (set: no one-GPU run). Keep NCCL_NVLS_ENABLE=0 where
 # NVLink multicast must not be used.
 set -u
 bundle="${1:?usage: gpu_instances_check.sh BUNDLE OUT [MODEL]}"
@@ -28,7 +28,9 @@ start() {  # NAME FLAGS...: starts `flotilla up`, sets address/http/up_pid
   "$bin/flotilla" up --device cuda --model "$model" --listen 127.0.0.1:0 \
       --http-listen 127.0.0.1:0 --log-dir "$out/$name" "$@" > "$out/$name.txt" 2>&1 &
   up_pid=$!
-  for _ in $(seq 1 300); do grep -q "serving" "$out/$name.txt" && break
+  # The banner with the address comes once it serves (progress lines before
+  # it may say "serving" too).
+  for _ in $(seq 1 300); do grep -q 'at [0-9.]*:[0-9]*' "$out/$name.txt" && break
     kill -0 "$up_pid" 2> /dev/null || break; sleep 1; done
   address=$(grep -o 'at [0-9.]*:[0-9]*' "$out/$name.txt" | head -1 | cut -c4-)
   http=$(grep -o 'http://[0-9.]*:[0-9]*' "$out/$name.txt" | head -1)
@@ -47,9 +49,11 @@ tenants() {  # NAME: the prefix workload against the running cluster
 }
 
 gpus=$(seq -s, 0 $((instances - 1)))
-start one_gpu --workers 1 --gpus 0
-[[ -n "$address" ]] && tenants one_gpu
-stop
+if [[ -z "${SKIP_ONE_GPU:-}" ]]; then
+  start one_gpu --workers 1 --gpus 0
+  [[ -n "$address" ]] && tenants one_gpu
+  stop
+fi
 routers="${ROUTERS:-cache-aware,least-loaded,round-robin}"
 for router in ${routers//,/ }; do
   start "instances_$router" --workers "$instances" --instances "$instances" --gpus "$gpus" \
