@@ -657,6 +657,10 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
   request.submit.set_cache_domain(
       CacheDomain(prepared->cache_salt, CallerKeyId(exchange->request()), options_.cache_domains));
+  // prompt_cache_key, else the x-session-id header: routed together.
+  request.route_key = !prepared->route_key.empty()
+                          ? prepared->route_key
+                          : exchange->request().get_header_value("x-session-id");
   const uint32_t choices = static_cast<uint32_t>(request.prompts.size()) * request.n;
   uint32_t prompt_tokens = 0;
   for (const std::vector<tokenizer::TokenId>& prompt : request.prompts) {

@@ -132,6 +132,15 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fi
     }
     out.cache_salt = salt->get<std::string>();
   }
+  // OpenAI's routing hint: requests with one key go to one instance while
+  // that costs little (it never widens a prefix-cache domain: cache_salt's).
+  if (const Json* key = Field(body, "prompt_cache_key")) {
+    if (!key->is_string() || key->get_ref<const std::string&>().size() > kMaxCacheSaltBytes) {
+      return Invalid("prompt_cache_key",
+                     absl::StrCat("must be a string of at most ", kMaxCacheSaltBytes, " bytes"));
+    }
+    out.route_key = key->get<std::string>();
+  }
   common::SamplingParams& s = out.sampling;
   // vLLM's: cut the prompt (and max_tokens) to fit the context instead of a
   // context_length_exceeded error.

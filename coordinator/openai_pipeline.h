@@ -78,6 +78,10 @@ struct PreparedRequest {
   std::optional<grammar::ConstraintSpec> constraint;
   // The request's `cache_salt` (empty: none): see coordinator/cache_domain.h.
   std::string cache_salt;
+  // Which requests belong together for the router (OpenAI's
+  // `prompt_cache_key`, or the `x-session-id` header): they stay on one
+  // instance while that costs little. Empty: the prompt's opening decides.
+  std::string route_key;
   // The fields the request carried that this server does not know, ignored
   // (request_fields.h: the response names them in a header).
   std::vector<std::string> ignored_fields;

@@ -131,7 +131,8 @@ absl::Status RequestSession::SubmitChoice(uint32_t index) {
   cb.on_done = [self, index](const absl::Status& st) {
     self->Enqueue(Item{Item::Kind::kDone, index, {}, st});
   };
-  absl::StatusOr<uint64_t> id = backend_->Submit(std::move(submit), std::move(cb));
+  absl::StatusOr<uint64_t> id =
+      backend_->SubmitRouted(std::move(submit), std::move(cb), request_.route_key);
   if (!id.ok()) return id.status();
   bool ended;
   {

@@ -43,6 +43,13 @@ class RequestBackend {
   // As ClusterManager::Submit: the id, or why the sequence was refused.
   virtual absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request,
                                           RequestCallbacks callbacks) = 0;
+  // Submit with ClusterManager::Submit's route_key; backends without
+  // instances ignore it.
+  virtual absl::StatusOr<uint64_t> SubmitRouted(cluster::SubmitSequence request,
+                                                RequestCallbacks callbacks,
+                                                const std::string& route_key) {
+    return Submit(std::move(request), std::move(callbacks));
+  }
   // As ClusterManager::Cancel.
   virtual bool Cancel(uint64_t request_id, const std::string& reason) = 0;
   // Cancel for a request that ended at its deadline (counted as a deadline
@@ -63,6 +70,11 @@ class ClusterBackend final : public RequestBackend {
   absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request,
                                   RequestCallbacks callbacks) override {
     return manager_->Submit(std::move(request), std::move(callbacks));
+  }
+  absl::StatusOr<uint64_t> SubmitRouted(cluster::SubmitSequence request,
+                                        RequestCallbacks callbacks,
+                                        const std::string& route_key) override {
+    return manager_->Submit(std::move(request), std::move(callbacks), route_key);
   }
   bool Cancel(uint64_t request_id, const std::string& reason) override {
     return manager_->Cancel(request_id, reason);
@@ -91,6 +103,7 @@ struct SessionRequest {
   bool echo = false;              // each choice's text starts with its prompt, decoded
   std::string call_id_seed;       // function call ids; the choice is added for choices > 0
   std::optional<absl::Time> deadline;
+  std::string route_key;  // keeps related requests on one instance (ClusterManager::Submit)
 };
 
 // Where the session runs and whom it tells about its sequences.

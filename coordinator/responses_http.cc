@@ -321,6 +321,10 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
       SessionRequestOf(prepared->chat, id, g->background ? std::nullopt : deadline);
   request.submit.set_cache_domain(
       CacheDomain(prepared->chat.cache_salt, owner, context.cache_domains));
+  // prompt_cache_key, else the x-session-id header: routed together.
+  request.route_key = !prepared->chat.route_key.empty()
+                          ? prepared->chat.route_key
+                          : exchange->request().get_header_value("x-session-id");
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       context.backend, context.tokenizer, std::move(request),
       [g](const std::vector<RequestEvent>& events) { Consume(*g, events); }, std::move(hooks));
