@@ -71,8 +71,7 @@ class ClusterBackend final : public RequestBackend {
                                   RequestCallbacks callbacks) override {
     return manager_->Submit(std::move(request), std::move(callbacks));
   }
-  absl::StatusOr<uint64_t> SubmitRouted(cluster::SubmitSequence request,
-                                        RequestCallbacks callbacks,
+  absl::StatusOr<uint64_t> SubmitRouted(cluster::SubmitSequence request, RequestCallbacks callbacks,
                                         const std::string& route_key) override {
     return manager_->Submit(std::move(request), std::move(callbacks), route_key);
   }

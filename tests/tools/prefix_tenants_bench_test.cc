@@ -141,7 +141,8 @@ TEST(PrefixTenantsBench, CacheAwareRoutingKeepsOneInstancesHitRatio) {
   // holds every time here, 0.8x, and the clear margin over round-robin
   // (measured 0.27-0.30).
   EXPECT_GE(aware, 0.8 * single) << "single " << single << ", cache-aware " << aware;
-  EXPECT_GT(aware, round_robin + 0.15) << "cache-aware " << aware << ", round-robin " << round_robin;
+  EXPECT_GT(aware, round_robin + 0.15)
+      << "cache-aware " << aware << ", round-robin " << round_robin;
 }
 
 TEST(PrefixTenantsBench, RefusesTheFlagsItCannotRunWith) {
