@@ -3,6 +3,7 @@
 // (a coordinator and a worker process): the capacity line, then one line per
 // fraction at that share of it, every request answered within its ranges.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
@@ -10,15 +11,17 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
+#include "tests/tools/bench_serve_in_process.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/local_cluster.h"
 #include "tools/cli/serve_load.h"
 
 namespace flotilla {
 namespace {
+
+using cli::BenchServe;
 
 TEST(BenchServeTokenRange, TakesNOrMinMax) {
   EXPECT_EQ(*cli::ParseTokenRange("512"), (std::pair<int, int>{512, 512}));
@@ -30,28 +33,6 @@ TEST(BenchServeTokenRange, TakesNOrMinMax) {
     EXPECT_NE(r.status().message().find(std::string("\"") + bad + "\""), std::string::npos)
         << r.status();
   }
-}
-
-// Runs `flotilla bench serve ARGS` in this process; its stdout lines as JSON.
-std::vector<nlohmann::json> BenchServe(const std::string& args, bool* ok) {
-  CLI::App app;
-  cli::AddBenchCommand(app);
-  std::stringstream out;
-  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
-  *ok = true;
-  try {
-    app.parse("bench serve " + args, /*program_name_included=*/false);
-  } catch (const CLI::Error& e) {
-    *ok = false;
-    std::cerr << "bench serve: " << e.what() << "\n";
-  }
-  std::cout.rdbuf(saved);
-  std::vector<nlohmann::json> lines;
-  std::string line;
-  while (std::getline(out, line)) {
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  }
-  return lines;
 }
 
 TEST(BenchServeRateFraction, MeasuresTheCapacityThenRunsEachFractionOfIt) {

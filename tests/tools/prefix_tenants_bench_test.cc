@@ -2,6 +2,7 @@
 // cluster: the prefix cache serves most of every prompt, and the flags it
 // cannot run with are refused.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -10,36 +11,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
+#include "tests/tools/bench_serve_in_process.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla::cli {
 namespace {
-
-// Runs `flotilla bench serve ARGS` in this process; its stdout lines as JSON.
-std::vector<nlohmann::json> BenchServe(const std::string& args, bool* ok) {
-  CLI::App app;
-  AddBenchCommand(app);
-  std::stringstream out;
-  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
-  *ok = true;
-  try {
-    app.parse("bench serve " + args, /*program_name_included=*/false);
-  } catch (const CLI::Error& e) {
-    *ok = false;
-    std::cerr << "bench serve: " << e.what() << "\n";
-  }
-  std::cout.rdbuf(saved);
-  std::vector<nlohmann::json> lines;
-  std::string line;
-  while (std::getline(out, line)) {
-    if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
-  }
-  return lines;
-}
 
 TEST(PrefixTenantsBench, MostOfEveryPromptComesFromThePrefixCache) {
   auto model = EnsureDefaultModel();
