@@ -45,4 +45,20 @@ absl::StatusOr<cluster::DeviceTransport> ParseDeviceTransport(absl::string_view 
       absl::StrCat("'", name, "' is not a device transport; accepted: ", kDeviceTransportNames));
 }
 
+absl::StatusOr<cluster::MoeLayout> ParseMoeLayout(absl::string_view name) {
+  if (name == "auto") return cluster::MOE_LAYOUT_UNSPECIFIED;
+  if (name == "ep") return cluster::MOE_LAYOUT_EP;
+  if (name == "tp") return cluster::MOE_LAYOUT_TP;
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", name, "' is not a MoE layout; accepted: ", kMoeLayoutNames));
+}
+
+MoeLayout ToMoeLayout(cluster::MoeLayout layout) {
+  return layout == cluster::MOE_LAYOUT_TP ? MoeLayout::kTensorParallel : MoeLayout::kExpertParallel;
+}
+
+cluster::MoeLayout ToProto(MoeLayout layout) {
+  return layout == MoeLayout::kTensorParallel ? cluster::MOE_LAYOUT_TP : cluster::MOE_LAYOUT_EP;
+}
+
 }  // namespace flotilla

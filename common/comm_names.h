@@ -1,5 +1,5 @@
-// Names of the communicator settings of cluster.proto (the host backend and
-// the device transport) as flags, environment variables, logs and operators
+// Names of the layout settings of cluster.proto (the host backend, the
+// device transport, the MoE layout) as flags, environment variables, logs and operators
 // spell them, and the one parser that turns a name into its enum: a value no
 // parser accepts is refused with the accepted names, never mapped to a
 // default.
@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/parallel_config.h"
 #include "proto/cluster.pb.h"
 
 namespace flotilla {
@@ -28,8 +29,16 @@ std::string DeviceTransportName(cluster::DeviceTransport transport);
 // INVALID_ARGUMENT naming the accepted values.
 absl::StatusOr<cluster::DeviceTransport> ParseDeviceTransport(absl::string_view name);
 
-// The accepted names, for --help: "ucx" and "auto, cuda-ipc, nccl".
+// "auto" -> UNSPECIFIED (let placement choose), "ep", "tp"; anything else is
+// INVALID_ARGUMENT naming the accepted values.
+absl::StatusOr<cluster::MoeLayout> ParseMoeLayout(absl::string_view name);
+// The proto's layout as ParallelConfig's (UNSPECIFIED: expert parallel) and back.
+MoeLayout ToMoeLayout(cluster::MoeLayout layout);
+cluster::MoeLayout ToProto(MoeLayout layout);
+
+// The accepted names, for --help: "ucx", "auto, cuda-ipc, nccl", "auto, ep, tp".
 inline constexpr char kCommBackendNames[] = "ucx";
 inline constexpr char kDeviceTransportNames[] = "auto, cuda-ipc, nccl";
+inline constexpr char kMoeLayoutNames[] = "auto, ep, tp";
 
 }  // namespace flotilla

@@ -185,6 +185,15 @@ int main(int argc, char** argv) {
                  "node, else nccl), cuda-ipc or nccl; CPU ranks have none")
       ->envname("FLOTILLA_DEVICE_TRANSPORT")->capture_default_str()
       ->check(NameCheck(flotilla::ParseDeviceTransport));
+  std::string moe_parallel = "auto";
+  app.add_option("--moe-parallel", moe_parallel,
+                 "how each instance splits its MoE layer: ep (whole experts spread over every "
+                 "rank; tokens dispatched to them and combined back), tp (every rank of a TP "
+                 "group holds a slice of every expert; one all-reduce, no dispatch) or auto (tp "
+                 "for a GPU instance of one TP group, else ep)")
+      ->envname("FLOTILLA_MOE_PARALLEL")
+      ->capture_default_str()
+      ->check(NameCheck(flotilla::ParseMoeLayout));
   app.add_option("--heartbeat-interval-ms", hb_interval_ms, "how often workers report")
       ->envname("FLOTILLA_HEARTBEAT_INTERVAL_MS")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-timeout-ms", hb_timeout_ms, "silence after which a worker is dead")
@@ -432,7 +441,8 @@ int main(int argc, char** argv) {
   opts.migration_wait = absl::Seconds(migration_wait_s);
   // Checked by NameCheck at parse time.
   opts.comm_backend = *flotilla::ParseCommBackend(comm);
-  opts.layout = {tp, dp, *flotilla::ParseDeviceTransport(device_transport)};
+  opts.layout = {tp, dp, *flotilla::ParseDeviceTransport(device_transport),
+                 *flotilla::ParseMoeLayout(moe_parallel)};
   opts.model_path = model;
   opts.model = *config;
   opts.heartbeat_interval = absl::Milliseconds(hb_interval_ms);

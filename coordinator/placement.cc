@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/comm_names.h"
 #include "common/status.h"
 
 namespace flotilla::coordinator {
@@ -184,6 +185,12 @@ absl::Status PlanDevice(const ModelConfig& model,
 
 }  // namespace
 
+MoeLayout ChooseMoeLayout(cluster::MoeLayout requested, DeviceKind device, int world, int tp) {
+  if (requested != cluster::MOE_LAYOUT_UNSPECIFIED) return ToMoeLayout(requested);
+  return device == DeviceKind::kCuda && tp > 1 && world == tp ? MoeLayout::kTensorParallel
+                                                              : MoeLayout::kExpertParallel;
+}
+
 absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
                                         const std::vector<WorkerDesc>& workers,
                                         const LayoutRequest& request) {
@@ -196,7 +203,9 @@ absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
 
   const NodeWorkers by_node = ByNode(workers);
   FLOTILLA_ASSIGN_OR_RETURN(const int tp, ChooseTp(model, world, by_node, kind, request));
-  FLOTILLA_ASSIGN_OR_RETURN(ParallelConfig parallel, ParallelConfig::Create(world, tp, model));
+  FLOTILLA_ASSIGN_OR_RETURN(
+      ParallelConfig parallel,
+      ParallelConfig::Create(world, tp, model, ChooseMoeLayout(request.moe, kind, world, tp)));
   if (gpu) FLOTILLA_RETURN_IF_ERROR(CheckGroupsInsideNodes(tp, by_node));
   int spanning = 0;
   const std::vector<std::vector<WorkerDesc>> groups = FormGroups(tp, by_node, &spanning);
@@ -219,7 +228,10 @@ absl::StatusOr<Placement> PlanPlacement(const ModelConfig& model,
       const int rank = static_cast<int>(g) * tp + t;
       p.ranks.push_back(
           RankPlacement{rank, w.worker_id, w.node, static_cast<int>(g), t, w.device_index});
-      p.bytes_per_rank.push_back(EstimateRankBytes(model, tp, p.expert_map.SlotsOnRank(0, rank)));
+      // The tensor-parallel MoE holds 1/tp of every expert: E/tp experts' bytes.
+      const int experts = parallel.moe_tp() ? (model.num_local_experts + tp - 1) / tp
+                                            : p.expert_map.SlotsOnRank(0, rank);
+      p.bytes_per_rank.push_back(EstimateRankBytes(model, tp, experts));
       rank_workers.push_back(&w);
     }
   }

@@ -24,7 +24,15 @@ struct LayoutRequest {
   int dp_groups = 0;  // 0 = automatic (all workers); else tp * dp must equal the workers
   // Between GPU ranks; UNSPECIFIED = automatic (placement_transport.h).
   cluster::DeviceTransport device_transport = cluster::DEVICE_TRANSPORT_UNSPECIFIED;
+  // How the MoE layer is split; UNSPECIFIED = automatic (ChooseMoeLayout).
+  cluster::MoeLayout moe = cluster::MOE_LAYOUT_UNSPECIFIED;
 };
+
+// The automatic MoE layout: tensor parallel for GPU instances of one TP group
+// (tp > 1, dp 1: a token's MoE then needs one all-reduce in place of a
+// dispatch and a combine, and the group holds every expert), expert parallel
+// otherwise (attention data parallelism, several nodes, CPU instances).
+MoeLayout ChooseMoeLayout(cluster::MoeLayout requested, DeviceKind device, int world, int tp);
 
 struct RankPlacement {
   int rank = 0;

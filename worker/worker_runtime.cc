@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/build_info.h"
+#include "common/comm_names.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -382,13 +383,15 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
     FLOTILLA_ASSIGN_OR_RETURN(model_, ModelSource::Open(a.model_path()));
   }
   FLOTILLA_ASSIGN_OR_RETURN(ParallelConfig parallel,
-                            ParallelConfig::Create(a.world_size(), a.tp_size(), model_->config()));
+                            ParallelConfig::Create(a.world_size(), a.tp_size(), model_->config(),
+                                                   ToMoeLayout(a.moe_layout())));
   FLOTILLA_ASSIGN_OR_RETURN(ExpertMap map, ExpertMapFromProto(a.expert_map()));
   ShardSpec shard;
   shard.tp_rank = a.tp_rank();
   shard.tp_size = a.tp_size();
-  shard.experts = map.ExpertsOnRank(0, a.rank());
-  if (a.world_size() > 1) {
+  // The tensor-parallel MoE: every expert, which the engine slices.
+  if (!parallel.moe_tp()) shard.experts = map.ExpertsOnRank(0, a.rank());
+  if (a.world_size() > 1 && !parallel.moe_tp()) {
     // Experts a rank holds must be the same set on every layer for now.
     for (int l = 1; l < map.num_layers(); ++l) {
       if (map.ExpertsOnRank(l, a.rank()) != shard.experts) {
@@ -427,8 +430,11 @@ absl::Status WorkerRuntime::Load(const cluster::Assignment& a) {
     r->set_comm_address(peer_endpoint_->Address());
   }
   r->set_load_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(absl::Now() - start)));
-  spdlog::info("rank {} of {} (tp {} dp group {}) loaded {} experts/layer, {} MiB in {} ms",
-               a.rank(), a.world_size(), a.tp_size(), a.dp_group(), shard.experts.size(),
+  spdlog::info("rank {} of {} (tp {} dp group {}, {} MoE) loaded {} experts/layer, {} MiB in {} ms",
+               a.rank(), a.world_size(), a.tp_size(), a.dp_group(),
+               MoeLayoutName(parallel.moe_layout()),
+               shard.experts.empty() ? model_->config().num_local_experts
+                                     : static_cast<int>(shard.experts.size()),
                weight_bytes >> 20, r->load_ms());
   client_->Send(std::move(ready));
   return absl::OkStatus();

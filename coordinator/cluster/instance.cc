@@ -334,6 +334,7 @@ void Instance::MaybeAssignLocked() {
     a->set_max_model_len(options_.max_model_len);
     a->set_kv_blocks(options_.kv_blocks);
     a->set_redundant_experts(options_.redundant_experts);
+    a->set_moe_layout(ToProto(p.parallel.moe_layout()));
     w.session->Send(msg);
   }
   spdlog::info("assigned generation {}: {}{}", generation_, p.parallel.ToString(),
@@ -834,6 +835,7 @@ absl::StatusOr<admin::PlacementInfo> Instance::GetPlacement() const {
   info.set_ep_size(placement_->parallel.ep_size());
   info.set_groups_spanning_nodes(placement_->groups_spanning_nodes);
   info.set_device_transport(placement_->device_transport);
+  info.set_moe_layout(ToProto(placement_->parallel.moe_layout()));
   for (const RankPlacement& r : placement_->ranks) {
     admin::RankInfo* ri = info.add_ranks();
     ri->set_rank(r.rank);

@@ -190,6 +190,9 @@ class Instance {
   // The two phases of a validated map; waits without the lock held.
   absl::Status ApplyExpertMap(const ExpertMap& map);
   absl::Status CheckExpertMapLocked(const ExpertMap& map) const;
+  // FAILED_PRECONDITION for the tensor-parallel MoE layout, which has no
+  // whole experts to move. Needs a placement.
+  absl::Status CheckBalancingAppliesLocked() const;
   // The DP group to admit to (least in flight, not drained); -1 if none.
   int ChooseGroupLocked() const;
   void AddDrainStatusLocked(admin::ClusterStatus* status) const;

@@ -58,6 +58,7 @@ absl::Status Instance::CheckExpertMapLocked(const ExpertMap& map) const {
   if (!placement_ || state_ != admin::READY) {
     return absl::UnavailableError(absl::StrCat("the instance is not serving: ", state_message_));
   }
+  FLOTILLA_RETURN_IF_ERROR(CheckBalancingAppliesLocked());
   const ExpertMap& cur = placement_->expert_map;
   if (map.version() != cur.version() + 1) {
     return absl::FailedPreconditionError(
@@ -84,6 +85,16 @@ absl::Status Instance::CheckExpertMapLocked(const ExpertMap& map) const {
         }
       }
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Instance::CheckBalancingAppliesLocked() const {
+  if (placement_->parallel.moe_tp()) {
+    return absl::FailedPreconditionError(
+        "expert balancing moves whole experts between ranks (the expert-parallel MoE layout); "
+        "this instance runs the tensor-parallel MoE layout, where every rank holds a slice of "
+        "every expert, so there is nothing to balance");
   }
   return absl::OkStatus();
 }
@@ -195,6 +206,7 @@ absl::StatusOr<admin::RebalanceResult> Instance::Rebalance(
     if (!placement_ || state_ != admin::READY || !loaded_map_) {
       return absl::UnavailableError(absl::StrCat("the instance is not serving: ", state_message_));
     }
+    FLOTILLA_RETURN_IF_ERROR(CheckBalancingAppliesLocked());
     in.current = placement_->expert_map;
     in.base = *loaded_map_;
     for (const RankPlacement& r : placement_->ranks) {
@@ -253,6 +265,7 @@ void Instance::AutoRebalanceLoop() {
     absl::StatusOr<admin::ExpertLoadReport> load = ExpertLoad(ask);
     if (!load.ok() || load->imbalance() < options_.rebalance_min_imbalance) continue;
     absl::StatusOr<admin::RebalanceResult> r = Rebalance(admin::RebalanceRequest());
+    if (absl::IsFailedPrecondition(r.status())) continue;  // the tensor-parallel MoE layout
     if (!r.ok()) spdlog::warn("automatic rebalance failed: {}", r.status().ToString());
   }
 }

@@ -994,6 +994,51 @@ cudaError_t UploadMoeExpert(const MoeDeviceWeights& w, int slot, const uint8_t* 
   return cudaSuccess;
 }
 
+cudaError_t UploadMoeExpertSlice(const MoeDeviceWeights& w, int slot, int full_intermediate,
+                                 int begin, bool with_down_bias, const uint8_t* gate_up_blocks,
+                                 const uint8_t* gate_up_scales, const uint16_t* gate_up_bias,
+                                 const uint8_t* down_blocks, const uint8_t* down_scales,
+                                 const uint16_t* down_bias, cudaStream_t stream) {
+  if (slot < 0 || slot >= w.num_experts || begin < 0 || begin % 32 != 0 ||
+      full_intermediate % 32 != 0 || begin + w.intermediate > full_intermediate ||
+      gate_up_blocks == nullptr || gate_up_scales == nullptr || gate_up_bias == nullptr ||
+      down_blocks == nullptr || down_scales == nullptr ||
+      (with_down_bias && down_bias == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  const Sizes s = SizesOf(1, w.hidden, w.intermediate);
+  const size_t e = static_cast<size_t>(slot), hb = static_cast<size_t>(w.hidden) / 32;
+  const size_t row0 = 2 * static_cast<size_t>(begin);  // gate_up rows: gate and up interleaved
+  const size_t b0 = static_cast<size_t>(begin) / 32, nb = static_cast<size_t>(w.intermediate) / 32;
+  const size_t full_nb = static_cast<size_t>(full_intermediate) / 32;
+  cudaError_t err =
+      cudaMemcpyAsync(w.gate_up_blocks + e * s.gu_blocks, gate_up_blocks + row0 * hb * 16,
+                      s.gu_blocks, cudaMemcpyDefault, stream);
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(w.gate_up_scales + e * s.gu_scales, gate_up_scales + row0 * hb,
+                          s.gu_scales, cudaMemcpyDefault, stream);
+  }
+  if (err == cudaSuccess) {
+    err = cudaMemcpyAsync(reinterpret_cast<uint8_t*>(w.gate_up_bias) + e * s.gu_bias,
+                          gate_up_bias + row0, s.gu_bias, cudaMemcpyDefault, stream);
+  }
+  // down [H, I/32] blocks and scales: a run of nb blocks out of each row's full_nb.
+  if (err == cudaSuccess) {
+    err = cudaMemcpy2DAsync(w.down_blocks + e * s.d_blocks, nb * 16, down_blocks + b0 * 16,
+                            full_nb * 16, nb * 16, w.hidden, cudaMemcpyDefault, stream);
+  }
+  if (err == cudaSuccess) {
+    err = cudaMemcpy2DAsync(w.down_scales + e * s.d_scales, nb, down_scales + b0, full_nb, nb,
+                            w.hidden, cudaMemcpyDefault, stream);
+  }
+  uint8_t* bias = reinterpret_cast<uint8_t*>(w.down_bias) + e * s.d_bias;
+  if (err == cudaSuccess) {
+    err = with_down_bias ? cudaMemcpyAsync(bias, down_bias, s.d_bias, cudaMemcpyDefault, stream)
+                         : cudaMemsetAsync(bias, 0, s.d_bias, stream);
+  }
+  return err;
+}
+
 cudaError_t LaunchFillMoeWeightsSynthetic(const MoeDeviceWeights& w, uint64_t seed,
                                           cudaStream_t stream) {
   if (!ShapeOk(w.num_experts, w.hidden, w.intermediate)) return cudaErrorInvalidValue;

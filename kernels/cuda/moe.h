@@ -63,6 +63,19 @@ cudaError_t UploadMoeExpert(const MoeDeviceWeights& w, int slot, const uint8_t* 
                             const uint8_t* down_blocks, const uint8_t* down_scales,
                             const uint16_t* down_bias, cudaStream_t stream);
 
+// The tensor-parallel MoE layout's share of one expert: from the full
+// expert's tensors (checkpoint layout, intermediate size
+// `full_intermediate`), the intermediate columns [begin, begin +
+// w.intermediate) (begin a multiple of 32) into slot `slot`: gate_up rows
+// [2 begin, 2 (begin + w.intermediate)) with their biases, down's blocks and
+// scales of those columns, and down's bias when `with_down_bias` (else zeros:
+// exactly one rank of a TP group adds it). Asynchronous on `stream`.
+cudaError_t UploadMoeExpertSlice(const MoeDeviceWeights& w, int slot, int full_intermediate,
+                                 int begin, bool with_down_bias, const uint8_t* gate_up_blocks,
+                                 const uint8_t* gate_up_scales, const uint16_t* gate_up_bias,
+                                 const uint8_t* down_blocks, const uint8_t* down_scales,
+                                 const uint16_t* down_bias, cudaStream_t stream);
+
 // Fills every expert with deterministic pseudo-random weights derived from
 // `seed` (uniform nibbles, scales 2^(-10..-5), biases in [-0.1, 0.1)), for
 // tests and benchmarks at full shapes without a checkpoint.

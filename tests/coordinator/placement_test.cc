@@ -75,6 +75,68 @@ TEST(ParallelConfig, RejectsImpossibleLayoutsWithReason) {
   EXPECT_EQ(ok->leader_of_group(2), 8);
 }
 
+TEST(ParallelConfig, TensorParallelMoeSlicesTheIntermediateInWholeBlocks) {
+  // 2880 = 90 blocks of 32: 45 + 45 over 2 ranks, 23 23 22 22 over 4, 12 x 6 + 11 x 2 over 8.
+  EXPECT_EQ(IntermediateSliceOf(2880, 1, 2).begin, 1440);
+  EXPECT_EQ(IntermediateSliceOf(2880, 1, 2).size, 1440);
+  const int sizes4[] = {736, 736, 704, 704}, begins4[] = {0, 736, 1472, 2176};
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(IntermediateSliceOf(2880, r, 4).size, sizes4[r]) << r;
+    EXPECT_EQ(IntermediateSliceOf(2880, r, 4).begin, begins4[r]) << r;
+  }
+  int covered = 0;
+  for (int r = 0; r < 8; ++r) {
+    const IntermediateSlice s = IntermediateSliceOf(2880, r, 8);
+    EXPECT_EQ(s.begin, covered) << r;
+    EXPECT_EQ(s.size % 32, 0) << r;
+    covered += s.size;
+  }
+  EXPECT_EQ(covered, 2880);
+
+  ModelConfig m = ModelConfig::Gptoss120b();
+  auto tp = ParallelConfig::Create(8, 4, m, MoeLayout::kTensorParallel);
+  ASSERT_TRUE(tp.ok()) << tp.status();
+  EXPECT_TRUE(tp->moe_tp());
+  EXPECT_EQ(tp->ep_size(), 1);
+  EXPECT_NE(tp->ToString().find("moe=tp"), std::string::npos) << tp->ToString();
+  // One TP rank: nothing to slice, the experts stay whole.
+  EXPECT_FALSE(ParallelConfig::Create(2, 1, m, MoeLayout::kTensorParallel)->moe_tp());
+  // Every rank needs one block: the tiny model's 64 = 2 blocks.
+  ModelConfig tiny = ModelConfig::Tiny();
+  tiny.num_attention_heads = tiny.num_key_value_heads = 4;
+  auto s = ParallelConfig::Create(4, 4, tiny, MoeLayout::kTensorParallel);
+  EXPECT_TRUE(Has(s.status(), "at most 2 ranks per TP group")) << s.status();
+}
+
+TEST(Placement, MoeLayoutAutomaticOrAsAsked) {
+  ModelConfig m = ModelConfig::Gptoss120b();
+  // Automatic: tensor parallel only for a GPU instance of one TP group.
+  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 2, 2),
+            MoeLayout::kTensorParallel);
+  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 4, 2),
+            MoeLayout::kExpertParallel);
+  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 2, 1),
+            MoeLayout::kExpertParallel);
+  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCpu, 2, 2),
+            MoeLayout::kExpertParallel);
+  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_EP, DeviceKind::kCuda, 2, 2),
+            MoeLayout::kExpertParallel);
+  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_TP, DeviceKind::kCpu, 4, 2),
+            MoeLayout::kTensorParallel);
+  LayoutRequest ask;
+  ask.tp_size = 2;
+  ask.moe = cluster::MOE_LAYOUT_TP;
+  auto p = PlanPlacement(m, Gpus({{"a", 4}}), ask);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->parallel.moe_tp());
+  EXPECT_EQ(p->parallel.dp_size(), 2);
+  // Each rank holds half of every expert: the bytes of 64 whole ones.
+  auto ep = PlanPlacement(m, Gpus({{"a", 2}}), {2, 0, {}, cluster::MOE_LAYOUT_EP});
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  EXPECT_FALSE(ep->parallel.moe_tp());
+  EXPECT_EQ(p->bytes_per_rank[0], ep->bytes_per_rank[0]);
+}
+
 TEST(ExpertMap, ContiguousSpreadsRemainderAndCoversAll) {
   auto m = ExpertMap::Contiguous(3, 10, 4);
   ASSERT_TRUE(m.ok());
@@ -171,7 +233,9 @@ TEST(GpuPlacement, EightGpusOfOneNodeAtEveryTp) {
     EXPECT_EQ(p->device, DeviceKind::kCuda);
     EXPECT_EQ(p->parallel.tp_size(), tp);
     EXPECT_EQ(p->parallel.dp_size(), 8 / tp);
-    EXPECT_EQ(p->parallel.ep_size(), 8);
+    // Automatic MoE layout: tensor parallel for one TP group of the node.
+    EXPECT_EQ(p->parallel.moe_tp(), tp == 8);
+    EXPECT_EQ(p->parallel.ep_size(), tp == 8 ? 1 : 8);
     EXPECT_EQ(p->groups_spanning_nodes, 0);
     EXPECT_EQ(p->device_transport, cluster::DEVICE_TRANSPORT_CUDA_IPC);
     for (const RankPlacement& r : p->ranks) {

@@ -302,10 +302,13 @@ ExpertMap TwoRankMap(int layers) {
 
 // Runs steps[r] on rank r, one prompt per step on a fresh sequence (an empty
 // prompt: the rank joins the step with no tokens); returns each step's logits.
+// With the tensor-parallel MoE layout each rank loads every expert (the
+// engine keeps its TP rank's slices).
 std::vector<std::vector<std::vector<float>>> RunTwoRanks(
-    int tp, const std::vector<std::vector<std::vector<int32_t>>>& steps) {
+    int tp, const std::vector<std::vector<std::vector<int32_t>>>& steps,
+    MoeLayout moe = MoeLayout::kExpertParallel) {
   const ModelConfig c = TestConfig();
-  auto config = ParallelConfig::Create(2, tp, c);
+  auto config = ParallelConfig::Create(2, tp, c, moe);
   EXPECT_TRUE(config.ok()) << config.status();
   auto rendezvous = *comm::LocalRendezvous::Create(2);
   std::vector<std::vector<std::vector<float>>> got(2);
@@ -324,7 +327,9 @@ std::vector<std::vector<std::vector<float>>> RunTwoRanks(
       ShardSpec spec;
       spec.tp_rank = config->tp_rank_of(r);
       spec.tp_size = tp;
-      spec.experts = r == 0 ? std::vector<int>{0, 2, 3, 4, 6} : std::vector<int>{1, 3, 5, 7};
+      if (!config->moe_tp()) {
+        spec.experts = r == 0 ? std::vector<int>{0, 2, 3, 4, 6} : std::vector<int>{1, 3, 5, 7};
+      }
       CpuEngineOptions o;
       o.kv_block_size = 4;
       o.kv_num_blocks = 256;
@@ -353,6 +358,22 @@ TEST(CpuEngine, TensorParallelPairThroughAHostContextEqualsOneRank) {
   // The o_proj partials are summed over two ranks: close, not the same bits.
   ExpectNear(got[0][0], want, 1e-4);
   ExpectNear(got[1][0], want, 1e-4);
+}
+
+TEST(CpuEngine, TensorParallelMoePairEqualsOneRank) {
+  auto single = MakeEngine(nullptr);
+  std::vector<int32_t> a = Tokens(15, 10), b = Tokens(6, 4);
+  std::vector<float> want_a = Prefill(*single, a), want_b = Prefill(*single, b);
+  // Each rank runs half of every expert's intermediate columns; the pair's
+  // partial outputs (and o_proj's) are summed by the TP all-reduce.
+  auto got = RunTwoRanks(2, {{a, b}, {a, b}}, MoeLayout::kTensorParallel);
+  ASSERT_EQ(got[0].size(), 2u);
+  ASSERT_EQ(got[1].size(), 2u);
+  ExpectNear(got[0][0], want_a, 1e-4);
+  ExpectNear(got[0][1], want_b, 1e-4);
+  // Both ranks of the group hold the same bits.
+  EXPECT_EQ(got[0][0], got[1][0]);
+  EXPECT_EQ(got[0][1], got[1][1]);
 }
 
 TEST(CpuEngine, ExpertParallelRanksGiveTheSameBitsAsOneRank) {

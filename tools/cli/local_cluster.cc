@@ -170,9 +170,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       "--http-listen", options.http_listen, "--cluster-token-file", c->cluster_token_file_};
   coordinator_argv.insert(coordinator_argv.end(), options.coordinator_args.begin(),
                           options.coordinator_args.end());
-  for (const auto& [flag, value] :
-       {std::pair<const char*, std::string>{"--router", options.router},
-        {"--migrate-requests", options.migrate_requests}}) {
+  for (const auto& [flag, value] : {std::pair<const char*, std::string>{"--router", options.router},
+                                    {"--migrate-requests", options.migrate_requests},
+                                    {"--moe-parallel", options.moe_parallel}}) {
     if (!value.empty()) coordinator_argv.insert(coordinator_argv.end(), {flag, value});
   }
   for (const std::string& arg : LogArgs(options, "coordinator")) coordinator_argv.push_back(arg);

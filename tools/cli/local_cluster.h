@@ -23,6 +23,7 @@ struct LocalClusterOptions {
   int instances = 1;          // model instances the workers form (coordinator --instances)
   std::string router;            // coordinator --router; empty = its default
   std::string migrate_requests;  // coordinator --migrate-requests; empty = its default
+  std::string moe_parallel;      // coordinator --moe-parallel; empty = its default (auto)
   int tp = 0;                 // 0 = automatic
   std::string device_transport = "auto";  // between GPU workers: auto, cuda-ipc or nccl
   int threads_per_worker = 0; // 0 = cores / workers

@@ -11,6 +11,7 @@
 #include "common/bf16.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
+#include "worker/model/expert_slice.h"
 
 namespace flotilla {
 namespace {
@@ -202,6 +203,10 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
                                                              parallel::ParallelContext* context) {
   FLOTILLA_RETURN_IF_ERROR(CheckWeights(weights, context != nullptr));
   if (context != nullptr) FLOTILLA_RETURN_IF_ERROR(CheckContext(weights, *context));
+  if (context != nullptr && context->config().moe_tp()) {
+    const ParallelConfig& pc = context->config();
+    weights = SliceExpertsForTp(std::move(weights), pc.tp_rank_of(context->rank()), pc.tp_size());
+  }
   const ModelConfig& c = weights.config;
   FLOTILLA_ASSIGN_OR_RETURN(
       std::unique_ptr<KvCache> kv,
@@ -510,10 +515,12 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
       margins_[t] = std::min(margins_[t], (kth - next) / std::max(1.0f, std::abs(top)));
     }
   }
-  if (context_ != nullptr) {
+  if (context_ != nullptr && !context_->config().moe_tp()) {
     FLOTILLA_RETURN_IF_ERROR(RunDispatchedExperts(layer, T));
   } else {
     RunExperts(layer, T);
+    // The tensor-parallel MoE: each rank ran its slice of every expert.
+    if (context_ != nullptr) FLOTILLA_RETURN_IF_ERROR(context_->tp().AllReduce(y_.data(), T * H));
   }
   for (int64_t i = 0; i < T * H; ++i) x_[i] += y_[i];
   return absl::OkStatus();
@@ -521,7 +528,8 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
 
 void CpuEngine::RunExpert(const ExpertWeights& x, int64_t n) {
   const ModelConfig& c = weights_.config;
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
+  // I of the expert held: the model's, or a TP rank's slice of it.
+  const int64_t H = c.hidden_size, I = x.down.cols;
   ex_gu_.resize(n * 2 * I);
   k::LinearMxfp4(pool_, ex_in_.data(), n, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
                  x.gate_up_bias.data, ex_gu_.data());

@@ -34,7 +34,8 @@ class CpuEngine : public Engine {
   // `pool` (may be nullptr: single-threaded) and `context` (a host context;
   // nullptr when this rank holds all heads and experts) must outlive the
   // engine. With a context, `weights` hold this rank's heads and the experts
-  // the context's expert map places on this rank.
+  // the context's expert map places on this rank (the tensor-parallel MoE
+  // layout: every expert, whole; the engine keeps this TP rank's slices).
   static absl::StatusOr<std::unique_ptr<CpuEngine>> Create(
       ModelWeights weights, const CpuEngineOptions& options, kernels::cpu::ThreadPool* pool,
       parallel::ParallelContext* context = nullptr);

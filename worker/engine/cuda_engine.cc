@@ -20,6 +20,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_weight_feed.h"
+#include "worker/model/expert_slice.h"
 #include "worker/parallel/parallel_context.h"
 
 namespace flotilla {
@@ -45,10 +46,12 @@ int64_t PowerOfTwoAtLeast(int64_t n) {
 
 // What one rank holds: its TP rank's heads and, per layer, the expert in
 // each MoE slot (the slot ids ExpertMap gives this rank; -1: slot unused).
-// Without a ParallelContext: every head, and expert e in slot e.
+// Without a ParallelContext: every head, and expert e in slot e. The
+// tensor-parallel MoE layout: expert e in slot e, each this TP rank's slice.
 struct RankShard {
   int tp_rank = 0;
   int tp_size = 1;
+  bool moe_tp = false;
   std::vector<std::vector<int>> slot_expert;  // [layer][slot]
   int max_slots = 0;
 };
@@ -56,11 +59,16 @@ struct RankShard {
 absl::StatusOr<RankShard> ShardOfRank(const ModelConfig& c, const parallel::ParallelContext* p) {
   RankShard shard;
   const int L = c.num_hidden_layers, E = c.num_local_experts;
-  if (p == nullptr) {
+  if (p == nullptr || p->config().moe_tp()) {
     std::vector<int> all(E);
     for (int e = 0; e < E; ++e) all[e] = e;
     shard.slot_expert.assign(L, all);
     shard.max_slots = E;
+    if (p != nullptr) {
+      shard.tp_rank = p->config().tp_rank_of(p->rank());
+      shard.tp_size = p->config().tp_size();
+      shard.moe_tp = true;
+    }
     return shard;
   }
   const ParallelConfig& pc = p->config();
@@ -414,8 +422,14 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
                                                               uint64_t seed,
                                                               const CudaEngineOptions& options) {
   FLOTILLA_ASSIGN_OR_RETURN(RankShard shard, ShardOfRank(c, options.parallel));
-  if (options.parallel != nullptr) shard.max_slots += std::max(0, options.spare_expert_slots);
+  if (options.parallel != nullptr && !shard.moe_tp) {
+    shard.max_slots += std::max(0, options.spare_expert_slots);
+  }
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
+  // The experts' intermediate size on this rank: a slice with the
+  // tensor-parallel MoE layout.
+  const ExpertSliceLayout slice = ExpertSliceOf(H, I, shard.tp_rank, shard.tp_size);
+  const int64_t I_rank = shard.moe_tp ? slice.slice.size : I;
   // This rank's heads (all of them without tensor parallelism).
   const int64_t NH = c.num_attention_heads / shard.tp_size;
   const int64_t NKV = c.num_key_value_heads / shard.tp_size;
@@ -489,7 +503,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
     count(NH, 4);
     const std::vector<int>& slot_expert = shard.slot_expert[l];
     FLOTILLA_CUDA_RETURN(kc::AllocMoeWeights(shard.max_slots, static_cast<int>(H),
-                                             static_cast<int>(I), &L.moe));
+                                             static_cast<int>(I_rank), &L.moe));
     weight_bytes += L.moe.ExpertBytes() * slot_expert.size();
     d.allocated_bytes += L.moe.ExpertBytes() * shard.max_slots;
     const uint64_t ls = seed + 1000 * static_cast<uint64_t>(l + 1);
@@ -520,6 +534,13 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
       for (size_t slot = 0; slot < slot_expert.size(); ++slot) {
         if (slot_expert[slot] < 0) continue;
         const ExpertWeights& x = src.experts[src.slot_of_expert[slot_expert[slot]]];
+        if (shard.moe_tp) {
+          FLOTILLA_CUDA_RETURN(kc::UploadMoeExpertSlice(
+              L.moe, static_cast<int>(slot), static_cast<int>(I), slice.slice.begin,
+              slice.down_bias, x.gate_up.blocks, x.gate_up.scales, x.gate_up_bias.data,
+              x.down.blocks, x.down.scales, x.down_bias.data, s));
+          continue;
+        }
         FLOTILLA_CUDA_RETURN(kc::UploadMoeExpert(L.moe, static_cast<int>(slot), x.gate_up.blocks,
                                                  x.gate_up.scales, x.gate_up_bias.data,
                                                  x.down.blocks, x.down.scales, x.down_bias.data,
@@ -571,7 +592,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
   d.max_slots = shard.max_slots;
-  if (options.parallel != nullptr) {
+  if (options.parallel != nullptr && !shard.moe_tp) {
     const size_t counters = static_cast<size_t>(c.num_hidden_layers) * shard.max_slots;
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.expert_counts, counters));
     FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.expert_counts, 0, counters * sizeof(uint32_t), s));
@@ -589,6 +610,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   if (options.parallel != nullptr) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.o_part, static_cast<size_t>(T) * H));
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.moe_y, static_cast<size_t>(T) * H));
+  }
+  if (options.parallel != nullptr && !shard.moe_tp) {
     // Rows a rank can receive in one dispatch: from each of the W ranks, its
     // share of a step's tokens times K (the device context's capacity).
     const int W = options.parallel->config().world_size();
@@ -1157,6 +1180,21 @@ absl::Status CudaEngine::RunShardedMoe(int layer, int tokens, cudaStream_t strea
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::RunTensorParallelMoe(int layer, int tokens, cudaStream_t stream) {
+  Impl& d = *impl_;
+  const kc::MoeDeviceWeights& moe = d.layers[layer].moe;
+  const size_t n = static_cast<size_t>(tokens) * config_.hidden_size;
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.moe_y, 0, n * sizeof(float), stream));
+  FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(moe, d.t, d.topk_ids, d.topk_w, tokens,
+                                          config_.num_experts_per_tok,
+                                          static_cast<float>(config_.swiglu_limit), 1.702f, d.moe_y,
+                                          d.moe_ws, d.moe_ws_bytes, d.invalid, stream));
+  FLOTILLA_RETURN_IF_ERROR(
+      options_.parallel->tp().AllReduce(d.moe_y, static_cast<int64_t>(n), stream));
+  FLOTILLA_CUDA_RETURN(kc::LaunchAddInPlace(d.x, d.moe_y, n, stream));
+  return absl::OkStatus();
+}
+
 absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
                                  const DeviceSampling* sampling, StepOutput* logits_out,
                                  std::vector<SampledToken>* sampled) {
@@ -1172,6 +1210,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   const ModelConfig& c = config_;
   parallel::ParallelContext* par = options_.parallel;
   const int tp = par != nullptr ? par->config().tp_size() : 1;
+  const bool moe_tp = par != nullptr && par->config().moe_tp();
   // This rank's heads (all of them without tensor parallelism).
   const int H = c.hidden_size, D = c.head_dim, NH = c.num_attention_heads / tp;
   const int E = c.num_local_experts, K = c.num_experts_per_tok, V = c.vocab_size;
@@ -1333,8 +1372,9 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
                            T <= kc::kNormQkvRopeMaxTokens && kc::NormQkvRopeSupported(T, H, D);
     FLOTILLA_RETURN_IF_ERROR(mark("embedding"));
     if (T == 0) {
-      // A sharded rank with no tokens still takes part in every exchange.
-      for (size_t l = 0; l < d.layers.size(); ++l) {
+      // A sharded rank with no tokens still takes part in every exchange
+      // (the tensor-parallel MoE has none beyond its idle TP group's).
+      for (size_t l = 0; l < d.layers.size() && !moe_tp; ++l) {
         FLOTILLA_RETURN_IF_ERROR(RunShardedMoe(static_cast<int>(l), 0, s));
       }
       return mark("end");
@@ -1433,7 +1473,10 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
                                              cudaMemcpyDeviceToDevice, s));
       }
       FLOTILLA_RETURN_IF_ERROR(mark("moe"));
-      if (par != nullptr) {
+      if (moe_tp) {
+        FLOTILLA_RETURN_IF_ERROR(
+            RunTensorParallelMoe(static_cast<int>(&L - d.layers.data()), T, s));
+      } else if (par != nullptr) {
         FLOTILLA_RETURN_IF_ERROR(RunShardedMoe(static_cast<int>(&L - d.layers.data()), T, s));
       } else if (on("moe")) {
         FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(L.moe, d.t, d.topk_ids, d.topk_w, T, K,
@@ -1612,6 +1655,10 @@ absl::Status CudaEngine::UploadExperts(const ExpertMap& current, const ExpertMap
   Impl& d = *impl_;
   if (options_.parallel == nullptr) {
     return absl::FailedPreconditionError("a single-GPU engine holds every expert already");
+  }
+  if (options_.parallel->config().moe_tp()) {
+    return absl::FailedPreconditionError(
+        "the tensor-parallel MoE layout holds a slice of every expert: nothing to move");
   }
   const int rank = options_.parallel->rank();
   if (next.num_layers() != config_.num_hidden_layers ||

@@ -238,6 +238,9 @@ class CudaEngine : public Engine {
   // `tokens` routed rows (d.t, topk), run its experts on the rows received,
   // combine and add the result into the residual. tokens may be 0.
   absl::Status RunShardedMoe(int layer, int tokens, cudaStream_t stream);
+  // The tensor-parallel MoE layout: this rank's slices of every expert on all
+  // `tokens`, the TP group's all-reduce of the partial outputs, residual add.
+  absl::Status RunTensorParallelMoe(int layer, int tokens, cudaStream_t stream);
   absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
                              const ModelWeights& extra, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).

@@ -150,8 +150,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateFromSyntheticCheck
   if (const parallel::ParallelContext* p = options.parallel) {
     shard.tp_rank = p->config().tp_rank_of(p->rank());
     shard.tp_size = p->config().tp_size();
+    // The tensor-parallel MoE: every expert (empty = all), sliced on upload.
     std::set<int> held;
-    for (int l = 0; l < p->expert_map().num_layers(); ++l) {
+    for (int l = 0; l < p->expert_map().num_layers() && !p->config().moe_tp(); ++l) {
       for (int e : p->expert_map().ExpertsOnRank(l, p->rank())) held.insert(e);
     }
     shard.experts.assign(held.begin(), held.end());
