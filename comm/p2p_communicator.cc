@@ -149,15 +149,26 @@ absl::Status P2pCommunicator::AllReduce(void* buffer, size_t count, DataType typ
   ChunkOf(count, size_, rank_, &my_begin, &my_end);
   const size_t my_bytes = (my_end - my_begin) * elem;
   scratch_.resize(my_bytes * static_cast<size_t>(size_));
-  sends_.clear();
-  recvs_.clear();
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    size_t b, e;
-    ChunkOf(count, size_, p, &b, &e);
-    sends_.push_back({p, data + b * elem, (e - b) * elem});
-    recvs_.push_back({p, scratch_.data() + static_cast<size_t>(p) * my_bytes, my_bytes});
-  }
+  // Between this rank and each peer p: p's chunk of the buffer one way, a
+  // region of this rank's chunk size (`own(p)`) the other.
+  auto pair_chunks = [&](bool chunks_out, auto own) {
+    sends_.clear();
+    recvs_.clear();
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      size_t b, e;
+      ChunkOf(count, size_, p, &b, &e);
+      uint8_t* chunk = data + b * elem;
+      if (chunks_out) {
+        sends_.push_back({p, chunk, (e - b) * elem});
+        recvs_.push_back({p, own(p), my_bytes});
+      } else {
+        sends_.push_back({p, own(p), my_bytes});
+        recvs_.push_back({p, chunk, (e - b) * elem});
+      }
+    }
+  };
+  pair_chunks(true, [&](int p) { return scratch_.data() + static_cast<size_t>(p) * my_bytes; });
   FLOTILLA_RETURN_IF_ERROR(Step(tag, sends_, recvs_));
 
   uint8_t* mine = data + my_begin * elem;
@@ -187,15 +198,7 @@ absl::Status P2pCommunicator::AllReduce(void* buffer, size_t count, DataType typ
   }
 
   // Phase 2 (all-gather of the reduced chunks).
-  sends_.clear();
-  recvs_.clear();
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    size_t b, e;
-    ChunkOf(count, size_, p, &b, &e);
-    sends_.push_back({p, mine, my_bytes});
-    recvs_.push_back({p, data + b * elem, (e - b) * elem});
-  }
+  pair_chunks(false, [&](int) { return mine; });
   return Step(tag | 1, sends_, recvs_);
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/constant_time.h"
 
 namespace flotilla {
 namespace {
@@ -70,14 +71,7 @@ absl::Status WriteClusterTokenFile(const std::string& path, const std::string& t
 }
 
 bool TokensEqual(std::string_view presented, std::string_view expected) {
-  // Every byte of `presented` is looked at whatever differs; a length
-  // mismatch is folded in at the end.
-  unsigned char diff = presented.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < presented.size(); ++i) {
-    const unsigned char want = i < expected.size() ? static_cast<unsigned char>(expected[i]) : 0;
-    diff |= static_cast<unsigned char>(presented[i]) ^ want;
-  }
-  return diff == 0 && !expected.empty();
+  return !expected.empty() && ConstantTimeEquals(presented, expected);
 }
 
 }  // namespace flotilla

@@ -27,8 +27,8 @@ absl::StatusOr<std::string> NewClusterToken();
 // owner (0600) and writes `token` to it.
 absl::Status WriteClusterTokenFile(const std::string& path, const std::string& token);
 
-// Whether `presented` equals `expected`, in time that depends only on the
-// length of `presented` (no early exit on the first differing byte).
+// Whether `presented` equals `expected` (ConstantTimeEquals); an empty
+// `expected` token equals nothing.
 bool TokensEqual(std::string_view presented, std::string_view expected);
 
 }  // namespace flotilla

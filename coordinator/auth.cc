@@ -3,6 +3,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/constant_time.h"
 #include "common/key_file.h"
 
 namespace flotilla::coordinator {
@@ -19,17 +20,6 @@ int FindKey(const std::vector<std::string>& keys, absl::string_view key) {
 }
 
 }  // namespace
-
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  // Walks `b` (the stored key) whatever `a` holds, so the time tells at most
-  // the stored key's length.
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < b.size(); ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ static_cast<unsigned char>(b[i]));
-  }
-  return diff == 0;
-}
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     const std::string& api_key_file, const std::string& admin_key_file) {

@@ -57,7 +57,4 @@ class Authenticator {
   std::vector<std::string> admin_keys_;
 };
 
-// Whether `a` equals `b`, in time that depends only on the lengths.
-bool ConstantTimeEquals(std::string_view a, std::string_view b);
-
 }  // namespace flotilla::coordinator

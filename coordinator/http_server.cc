@@ -12,6 +12,7 @@
 #include "common/grammar/constraint_proto.h"
 #include "common/listen_address.h"
 #include "coordinator/expert_metrics.h"
+#include "coordinator/held_stream.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
 #include "coordinator/request_session.h"
@@ -187,16 +188,6 @@ std::string Events(const std::vector<Json>& chunks) {
   return text;
 }
 
-// Streams: sends `text` now, or holds it until the stream has begun.
-void EmitLocked(Generation& g, std::string text) {
-  if (text.empty()) return;
-  if (!g.begun) {
-    g.held += text;
-    return;
-  }
-  g.exchange->Write(std::move(text));
-}
-
 // Ends the response (under g.mu): the stream's last events, or the whole
 // answer, for `st` (OK: finished normally).
 void EndLocked(Generation& g, const absl::Status& st) {
@@ -231,12 +222,7 @@ void Consume(Generation& g, const std::vector<RequestEvent>& events) {
   RecordEvents(*g.access, events);
   std::vector<Json> chunks = g.builder->Consume(events);
   if (g.stream) EmitLocked(g, Events(chunks));
-  const RequestEvent& last = events.back();
-  if (last.kind == RequestEvent::Kind::kUsage) {
-    EndLocked(g, absl::OkStatus());
-  } else if (last.kind == RequestEvent::Kind::kError) {
-    EndLocked(g, last.status);
-  }
+  if (std::optional<absl::Status> end = RequestEnd(events)) EndLocked(g, *end);
 }
 
 // The request's deadline from X-Request-Timeout or X-Stainless-Timeout
@@ -574,13 +560,6 @@ void HttpServer::ServeTokenize(bool detokenize, const HttpRequest& req, HttpResp
 }
 
 void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
-  if (manager_->draining()) {  // stopping: refuse (what was read of it is dropped)
-    HttpResponse res = ErrorResponse(absl::UnavailableError(
-        "the server is shutting down: it finishes the requests in flight and takes no new ones; "
-        "retry on another server"));
-    res.set_header("Retry-After", "5");
-    return exchange->Send(std::move(res));
-  }
   if (!Admit(*exchange)) return;
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(exchange->request(), absl::Now());
   if (!deadline.ok()) return exchange->Send(ErrorResponse(deadline.status()));
@@ -590,6 +569,14 @@ void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
 }
 
 bool HttpServer::Admit(HttpExchange& exchange) {
+  if (manager_->draining()) {  // stopping: refuse (what was read of it is dropped)
+    HttpResponse res = ErrorResponse(absl::UnavailableError(
+        "the server is shutting down: it finishes the requests in flight and takes no new ones; "
+        "retry on another server"));
+    res.set_header("Retry-After", "5");
+    exchange.Send(std::move(res));
+    return false;
+  }
   if (!options_.client_buffers) return true;
   absl::StatusOr<std::shared_ptr<void>> admitted = options_.client_buffers->Admit();
   if (!admitted.ok()) {
@@ -620,13 +607,6 @@ SessionHooks HttpServer::SessionHooksFor(const std::shared_ptr<HttpExchange>& ex
 void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
   const HttpRequest& req = exchange->request();
   auto fail = [&](const absl::Status& st) { exchange->Send(ErrorResponse(st)); };
-  if (manager_->draining()) {  // stopping: refuse (what was read of it is dropped)
-    HttpResponse res = ErrorResponse(absl::UnavailableError(
-        "the server is shutting down: it finishes the requests in flight and takes no new ones; "
-        "retry on another server"));
-    res.set_header("Retry-After", "5");
-    return exchange->Send(std::move(res));
-  }
   if (!Admit(*exchange)) return;
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
   if (!deadline.ok()) return fail(deadline.status());

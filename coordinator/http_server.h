@@ -132,8 +132,9 @@ class HttpServer {
   // The name a request's `model` is checked against: itself when served.
   const std::string& ModelFor(const Json& body) const;
   std::string NewId(const char* prefix);
-  // Whether the client buffers admit a new generation (counted open until its
-  // response is written); answers 429 itself otherwise.
+  // Whether a new generation may start: not while the server drains (answers
+  // 503 itself) and only when the client buffers admit it (counted open until
+  // its response is written; answers 429 itself otherwise).
   bool Admit(HttpExchange& exchange);
   // Whether `req` may go on; answers 401 (no or a wrong key) or 403 (a
   // client key on an admin route) itself otherwise.

@@ -185,6 +185,15 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fi
   return absl::OkStatus();
 }
 
+// What every endpoint reads first: its fields checked against those it
+// knows (`known`), then the common ones.
+absl::Status ReadCommon(const Json& body, Endpoint endpoint, absl::Span<const char* const> known,
+                        FieldCheck& fields, PreparedRequest& out) {
+  out.endpoint = endpoint;
+  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(fields.Check(body, known));
+  return CommonFields(body, out, fields);
+}
+
 // "Bad" token text: the token's bytes, which may be part of a character.
 std::string TokenText(const tokenizer::Tokenizer& tok, int32_t id) {
   absl::StatusOr<std::string_view> b = tok.TokenBytes(static_cast<tokenizer::TokenId>(id));
@@ -371,10 +380,8 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
                                                    size_t max_prompt_text_bytes,
                                                    UnknownFields unknown_fields) {
   PreparedRequest out;
-  out.endpoint = Endpoint::kChat;
   FieldCheck fields(unknown_fields);
-  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(fields.Check(body, ChatFields()));
-  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out, fields));
+  FLOTILLA_RETURN_IF_ERROR(ReadCommon(body, Endpoint::kChat, ChatFields(), fields, out));
   if (out.sampling.ignore_eos()) {
     return Invalid("ignore_eos", "is not allowed for chat (the reply ends at Harmony's end tokens)");
   }
@@ -406,10 +413,9 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
                                                          size_t max_prompt_text_bytes,
                                                          UnknownFields unknown_fields) {
   PreparedRequest out;
-  out.endpoint = Endpoint::kCompletions;
   FieldCheck fields(unknown_fields);
-  if (body.is_object()) FLOTILLA_RETURN_IF_ERROR(fields.Check(body, CompletionFields()));
-  FLOTILLA_RETURN_IF_ERROR(CommonFields(body, out, fields));
+  FLOTILLA_RETURN_IF_ERROR(
+      ReadCommon(body, Endpoint::kCompletions, CompletionFields(), fields, out));
   FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, "max_tokens", 1, UINT32_MAX));
   out.sampling.set_max_tokens(m ? static_cast<uint32_t>(*m) : 16);  // OpenAI's default

@@ -80,4 +80,14 @@ struct RequestEvent {
   absl::Status status;             // kError
 };
 
+// How a batch of a session's events ends its request: OK after a terminal
+// kUsage, the error after a kError; nullopt while the request goes on.
+inline std::optional<absl::Status> RequestEnd(const std::vector<RequestEvent>& events) {
+  if (events.empty()) return std::nullopt;
+  const RequestEvent& last = events.back();
+  if (last.kind == RequestEvent::Kind::kUsage) return absl::OkStatus();
+  if (last.kind == RequestEvent::Kind::kError) return last.status;
+  return std::nullopt;
+}
+
 }  // namespace flotilla::coordinator

@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "common/grammar/constraint_proto.h"
 #include "coordinator/access_log.h"
+#include "coordinator/held_stream.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_registry.h"
@@ -72,16 +73,6 @@ std::string Events(const std::vector<Json>& events) {
   return text;
 }
 
-// Streams: sends `text` now, or holds it until the head went out.
-void EmitLocked(ResponseGeneration& g, std::string text) {
-  if (text.empty()) return;
-  if (!g.begun) {
-    g.held += text;
-    return;
-  }
-  g.exchange->Write(std::move(text));
-}
-
 // Stores the response as it now is: `cancel` set while it runs in the background.
 void StoreLocked(ResponseGeneration& g, std::function<Json()> cancel = nullptr) {
   Json items = g.conversation;
@@ -140,12 +131,7 @@ void Consume(ResponseGeneration& g, const std::vector<RequestEvent>& events) {
   RecordEvents(*g.access, events);
   std::vector<Json> out = g.builder->Consume(events);
   if (g.stream) EmitLocked(g, Events(out));
-  const RequestEvent& last = events.back();
-  if (last.kind == RequestEvent::Kind::kUsage) {
-    EndLocked(g, absl::OkStatus());
-  } else if (last.kind == RequestEvent::Kind::kError) {
-    EndLocked(g, last.status);
-  }
+  if (std::optional<absl::Status> end = RequestEnd(events)) EndLocked(g, *end);
 }
 
 // Sends the SSE head and what was produced before it.

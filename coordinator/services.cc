@@ -157,6 +157,27 @@ class SessionLink {
   std::weak_ptr<RequestSession> session_;  // under mu_
 };
 
+// Starts the session of a client stream's `state` (a reactor's State: its
+// backend, access record, reserved request id, queue and session link). When
+// it cannot start, the id is released, the access log written and the stream
+// closed with the error: null then.
+template <typename State>
+std::shared_ptr<RequestSession> StartSession(State& state, RequestRegistry* requests,
+                                             const tokenizer::Tokenizer* tok,
+                                             SessionRequest request, RequestSession::Sink sink,
+                                             SessionHooks hooks) {
+  absl::StatusOr<std::shared_ptr<RequestSession>> session = RequestSession::Start(
+      &state.backend, tok, std::move(request), std::move(sink), std::move(hooks));
+  if (!session.ok()) {
+    requests->Remove(state.request_id);
+    LogDone(*state.access, session.status());
+    state.queue.Close(ToGrpcStatus(session.status()));
+    return nullptr;
+  }
+  state.session.Set(*session);
+  return *std::move(session);
+}
+
 using GenerateReactorBase = grpc::ServerWriteReactor<v1::GenerateResponse>;
 
 // One client Generate stream: a RequestSession of plain text; each worker
@@ -202,17 +223,8 @@ class GenerateReactor final : public GenerateReactorBase {
       }
       state->Flush();
     };
-    absl::StatusOr<std::shared_ptr<RequestSession>> session =
-        RequestSession::Start(&state_->backend, tok, *std::move(session_request), sink,
-                              std::move(hooks));
-    if (!session.ok()) {
-      requests->Remove(state_->request_id);
-      LogDone(*state_->access, session.status());
-      state_->queue.Close(ToGrpcStatus(session.status()));
-      return;
-    }
-    session_ = *std::move(session);
-    state_->session.Set(session_);
+    session_ = StartSession(*state_, requests, tok, *std::move(session_request), std::move(sink),
+                            std::move(hooks));
   }
 
   void OnWriteDone(bool ok) override { state_->queue.WriteDone(ok); }
@@ -425,17 +437,9 @@ class ChatReactor final : public ChatReactorBase {
         state->EndLocked(last);
       }
     };
-    absl::StatusOr<std::shared_ptr<RequestSession>> session =
-        RequestSession::Start(&state_->backend, tok, std::move(session_request), sink,
-                              std::move(hooks));
-    if (!session.ok()) {
-      requests->Remove(state_->request_id);
-      LogDone(*state_->access, session.status());
-      state_->queue.Close(ToGrpcStatus(session.status()));
-      return;
-    }
-    session_ = *std::move(session);
-    state_->session.Set(session_);
+    session_ = StartSession(*state_, requests, tok, std::move(session_request), std::move(sink),
+                            std::move(hooks));
+    if (!session_) return;
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->StartLocked();
   }

@@ -629,4 +629,13 @@ JsonMatcher::Outcome JsonMatcher::StepLiteral(Frame& f, uint8_t b) const {
   return longer ? Outcome::kConsumed : Outcome::kDone;
 }
 
+bool MatchesWhole(const CompiledSchema& schema, std::string_view text) {
+  JsonMatcher matcher(&schema);
+  MatchState state = matcher.Start();
+  for (char c : text) {
+    if (!matcher.Feed(state, static_cast<uint8_t>(c))) return false;
+  }
+  return matcher.CanEnd(state);
+}
+
 }  // namespace flotilla::grammar

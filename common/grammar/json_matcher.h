@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/grammar/schema.h"
@@ -143,5 +144,9 @@ class JsonMatcher {
 
   const CompiledSchema* schema_;
 };
+
+// Whether the matcher of `schema` takes every byte of `text` and may end
+// there: `text` is a whole document the schema accepts.
+bool MatchesWhole(const CompiledSchema& schema, std::string_view text);
 
 }  // namespace flotilla::grammar

@@ -477,15 +477,6 @@ class Compiler {
     return false;
   }
 
-  static bool MatchesWhole(const CompiledSchema& schema, const std::string& text) {
-    JsonMatcher matcher(&schema);
-    MatchState state = matcher.Start();
-    for (char c : text) {
-      if (!matcher.Feed(state, static_cast<uint8_t>(c))) return false;
-    }
-    return matcher.CanEnd(state);
-  }
-
   static bool HasType(const Json& v, const Json& type) {
     if (type.is_array()) {
       for (const Json& t : type) {
