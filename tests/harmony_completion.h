@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -14,14 +16,19 @@
 
 namespace flotilla::test_support {
 
+// The default o200k_harmony tokenizer, loaded once; without its ranks file the
+// test fails saying where it looked, and the program stops.
 inline const tokenizer::Tokenizer& Tok() {
   namespace tk = tokenizer;
-  static const tk::Tokenizer* t = [] {
-    auto r = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
-    EXPECT_TRUE(r.ok()) << r.status();
-    return r->release();
+  static const tk::Tokenizer* tok = [] {
+    auto t = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
+    return t.ok() ? t->release() : nullptr;
   }();
-  return *t;
+  if (tok == nullptr) {
+    ADD_FAILURE() << "tokenizer ranks not found at " << tk::Tokenizer::DefaultRanksPath();
+    std::abort();
+  }
+  return *tok;
 }
 
 // An assistant message on `channel`; with `to`, a call to that recipient
@@ -54,6 +61,40 @@ inline std::vector<tokenizer::TokenId> Completion(
   *stop = ids.back();
   ids.pop_back();
   return ids;
+}
+
+// The pipeline tests' get_weather tool as an OpenAI chat `tools` entry,
+// `properties` its parameters' properties (in order, as a client sent them).
+inline nlohmann::ordered_json WeatherTool(const nlohmann::ordered_json& properties) {
+  return {{"type", "function"},
+          {"function",
+           {{"name", "get_weather"},
+            {"description", "Gets the weather"},
+            {"parameters", {{"type", "object"}, {"properties", properties}}}}}};
+}
+
+// Expects the rendered prompt `text` to hold the assistant's get_weather call
+// with `arguments`, then the tool's answer {"temp_c": 21}, and to end where
+// the assistant's next message begins.
+inline void ExpectWeatherRoundTrip(const std::string& text, const std::string& arguments) {
+  EXPECT_NE(text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary "
+                      "<|constrain|>json<|message|>" +
+                      arguments + "<|call|>"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
+                      "{\"temp_c\": 21}<|end|><|start|>assistant"),
+            std::string::npos)
+      << text;
+  EXPECT_TRUE(text.ends_with("<|start|>assistant"));
+}
+
+// Expects a chat request's stop tokens to be Harmony's: <|return|>, <|call|>.
+template <typename Sampling>
+void ExpectHarmonyStops(const Sampling& sampling) {
+  ASSERT_EQ(sampling.stop_token_ids_size(), 2);
+  EXPECT_EQ(sampling.stop_token_ids(0), static_cast<int>(tokenizer::kReturn));
+  EXPECT_EQ(sampling.stop_token_ids(1), static_cast<int>(tokenizer::kCall));
 }
 
 }  // namespace flotilla::test_support

@@ -19,7 +19,9 @@
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
 #include "tests/cluster/greedy_client.h"
-#include "tools/cli/bench_command.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
+#include "tests/tools/bench_serve_in_process.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla {
@@ -81,18 +83,8 @@ void ExpectPlausible(const cluster::EngineMeasurement& m) {
 // A local cluster of `workers` CPU workers in TP groups of `tp` on the
 // sharded golden model, logging under a directory named by `tag`.
 cli::LocalClusterOptions ShardedOptions(int workers, int tp, const std::string& tag) {
-  cli::LocalClusterOptions o;
-  o.model = "tests/data/golden/tiny_e16_sharded";
-  o.workers = workers;
-  o.tp = tp;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (fs::temp_directory_path() /
-               ("flotilla-measure-" + tag + "-" + std::to_string(getpid()) + "-tp" +
-                std::to_string(tp)))
-                  .string();
-  return o;
+  return testing_util::TestClusterOptions("tests/data/golden/tiny_e16_sharded", workers, tp,
+                                          "measure-" + tag + "-tp" + std::to_string(tp));
 }
 
 class ClusterMeasureSharded : public ::testing::TestWithParam<std::pair<int, int>> {};
@@ -122,7 +114,7 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
   while (!(first[0] && first[1]) && absl::Now() - start < absl::Seconds(60)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto admin = testing_util::PlainStub<admin::Admin>(addr);
   cluster::EngineMeasurement m;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
@@ -171,23 +163,11 @@ TEST_P(ClusterMeasureSharded, BenchServeComparesPerDpGroupAndForTheInstance) {
   const cli::LocalClusterOptions o = ShardedOptions(workers, tp, "bench");
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  CLI::App app;
-  cli::AddBenchCommand(app);
-  std::stringstream out;
-  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
-  bool parsed = true;
-  try {
-    app.parse("bench serve --coordinator " + (*cluster)->address() +
-                  " --concurrency 4 --duration 1 --prompt-tokens 24 --output-tokens 8"
-                  " --engine-compare on --engine-steps 4",
-              /*program_name_included=*/false);
-  } catch (const CLI::Error& e) {
-    parsed = false;
-    std::cerr << "bench serve: " << e.what() << "\n";
-  }
-  std::cout.rdbuf(saved);
-  ASSERT_TRUE(parsed) << out.str();
-  const nlohmann::json j = nlohmann::json::parse(out.str());
+  const nlohmann::json j =
+      cli::BenchServeLine("--coordinator " + (*cluster)->address() +
+                          " --concurrency 4 --duration 1 --prompt-tokens 24 --output-tokens 8"
+                          " --engine-compare on --engine-steps 4");
+  ASSERT_FALSE(j.empty());
   EXPECT_EQ(j["requests_failed"].get<int>(), 0) << j.dump();
   ASSERT_TRUE(j.contains("engine_compare")) << j.dump();
   const nlohmann::json& c = j["engine_compare"];
@@ -205,26 +185,15 @@ TEST_P(ClusterMeasureSharded, BenchServeComparesPerDpGroupAndForTheInstance) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterMeasureSharded,
                          ::testing::Values(std::pair{2, 2}, std::pair{2, 1}),
-                         [](const auto& info) {
-                           return "W" + std::to_string(info.param.first) + "_TP" +
-                                  std::to_string(info.param.second);
-                         });
+                         testing_util::LayoutName);
 
 // A rank killed mid-probe: the call ends UNAVAILABLE (never waits out its
 // deadline), the paused requests end with a clear status, and the instance
 // serves and measures again once the worker is back.
 TEST(ClusterMeasureFailure, ARankKilledMidProbeEndsTheCallAndStrandsNoRequest) {
-  cli::LocalClusterOptions o;
-  o.model = "tests/data/golden/tiny_e16_sharded";
-  o.workers = 2;
-  o.tp = 1;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
-  o.bin_dir = FLOTILLA_BIN_DIR;
+  cli::LocalClusterOptions o = ShardedOptions(2, 1, "kill");
   o.comm_timeout_ms = 3000;
   o.heartbeat_timeout_ms = 2000;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-measure-kill-" + std::to_string(getpid())))
-                  .string();
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
@@ -237,7 +206,7 @@ TEST(ClusterMeasureFailure, ARankKilledMidProbeEndsTheCallAndStrandsNoRequest) {
   cluster::MeasureEngineRequest long_probe;
   for (int i = 0; i < 16; ++i) long_probe.add_prefill_tokens(2000 + i);
   long_probe.set_prefill_repeats(64);
-  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto admin = testing_util::PlainStub<admin::Admin>(addr);
   grpc::Status measured;
   std::thread measure([&] {
     cluster::EngineMeasurement m;

@@ -20,6 +20,8 @@
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla {
@@ -27,8 +29,7 @@ namespace {
 namespace fs = std::filesystem;
 
 admin::ClusterStatus StatusOf(const std::string& address) {
-  auto stub =
-      admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<admin::Admin>(address);
   grpc::ClientContext ctx;
   admin::ClusterStatus s;
   (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
@@ -43,8 +44,7 @@ bool Registered(const admin::ClusterStatus& s, const std::string& worker_id) {
 }
 
 grpc::Status GenerateFew(const std::string& address) {
-  auto stub =
-      v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<v1::Flotilla>(address);
   v1::GenerateRequest req;
   for (int32_t t : {1, 2, 3}) req.mutable_prompt_ids()->add_ids(t);
   req.mutable_sampling()->set_temperature(0);
@@ -61,8 +61,7 @@ grpc::Status GenerateFew(const std::string& address) {
 // A hand-made worker session that says Hello; returns how the coordinator ended it.
 grpc::Status RogueHello(const std::string& address, const std::string& worker_id,
                         std::optional<std::string> token) {
-  auto stub = cluster::ClusterControl::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<cluster::ClusterControl>(address);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (token) ctx.AddMetadata(kClusterTokenMetadataKey, *token);
@@ -109,17 +108,8 @@ bool IsLoopback(const std::string& hex) {
 }
 
 TEST(ClusterMembership, FlotillaUpHasItsOwnTokenAndNoOneWithoutItJoinsOrTakesARank) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  cli::LocalClusterOptions o;
-  o.model = *model;
-  o.workers = 2;
-  o.tp = 1;
-  o.threads_per_worker = 1;
-  o.bin_dir = FLOTILLA_BIN_DIR;
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions("", 2, 1, "membership-test");
   o.comm_timeout_ms = 3000;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-membership-test-" + std::to_string(getpid())))
-                  .string();
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();

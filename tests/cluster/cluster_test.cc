@@ -21,7 +21,11 @@
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
 #include "tests/cluster/greedy_client.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
+#include "tests/tools/bench_serve_in_process.h"
 #include "tools/cli/local_cluster.h"
+#include "tools/sdk/client.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/generate.h"
 #include "worker/model/checkpoint.h"
@@ -47,17 +51,14 @@ std::vector<std::string> GoldenDirs() {
   return out;
 }
 
-cli::LocalClusterOptions Options(const std::string& model, int workers, int tp) {
-  cli::LocalClusterOptions o;
-  o.model = model;
-  o.workers = workers;
-  o.tp = tp;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
-  o.bin_dir = FLOTILLA_BIN_DIR;
+// `model` empty: the built-in model. `moe`: the coordinator's --moe-parallel
+// (empty: its default).
+cli::LocalClusterOptions Options(const std::string& model, int workers, int tp,
+                                 const std::string& moe = "") {
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions(model, workers, tp, "cluster-test");
   o.comm_timeout_ms = 3000;
   o.heartbeat_timeout_ms = 2000;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-cluster-test-" + std::to_string(getpid()))).string();
+  o.moe_parallel = moe;
   return o;
 }
 
@@ -88,15 +89,24 @@ Expected SingleProcess(const std::string& dir) {
   return e;
 }
 
-class ClusterEquivalence : public ::testing::TestWithParam<std::pair<int, int>> {};
-
-TEST_P(ClusterEquivalence, SameTokensAndLogitsAsOneProcess) {
-  const auto [workers, tp] = GetParam();
+// Every golden fixture's prompts at once through a cluster of `workers`
+// ranks of TP `tp`: the single process's greedy tokens and prompt logits.
+void ExpectSameAsOneProcess(int workers, int tp, const std::string& moe) {
   for (const std::string& dir : GoldenDirs()) {
     SCOPED_TRACE(dir);
     Expected want = SingleProcess(dir);
-    auto cluster = cli::LocalCluster::Start(Options(dir, workers, tp));
+    auto cluster = cli::LocalCluster::Start(Options(dir, workers, tp, moe));
     ASSERT_TRUE(cluster.ok()) << cluster.status();
+    {
+      // The instance runs the MoE layout asked for.
+      auto admin = testing_util::PlainStub<admin::Admin>((*cluster)->address());
+      grpc::ClientContext ctx;
+      admin::PlacementInfo placement;
+      ASSERT_TRUE(admin->GetPlacement(&ctx, admin::GetPlacementRequest(), &placement).ok());
+      EXPECT_EQ(placement.moe_layout(), moe == "tp" ? ::flotilla::cluster::MOE_LAYOUT_TP
+                                                    : ::flotilla::cluster::MOE_LAYOUT_EP);
+      EXPECT_EQ(placement.ep_size(), moe == "tp" ? 1u : static_cast<uint32_t>(workers));
+    }
     // All prompts at once: they batch together across the DP groups.
     std::vector<Reply> got(want.prompts.size());
     std::vector<std::thread> threads;
@@ -119,16 +129,34 @@ TEST_P(ClusterEquivalence, SameTokensAndLogitsAsOneProcess) {
   }
 }
 
+class ClusterEquivalence : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterEquivalence, SameTokensAndLogitsAsOneProcess) {
+  const auto [workers, tp] = GetParam();
+  ExpectSameAsOneProcess(workers, tp, "ep");
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalence,
                          ::testing::Values(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2},
                                            std::pair{4, 1}, std::pair{4, 2}),
-                         [](const auto& info) {
-                           return "W" + std::to_string(info.param.first) + "_TP" +
-                                  std::to_string(info.param.second);
-                         });
+                         testing_util::LayoutName);
+
+// The tensor-parallel MoE layout (every rank a slice of every expert, one
+// all-reduce per MoE layer): one TP group, and two groups each holding every
+// expert.
+class ClusterEquivalenceMoeTp : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterEquivalenceMoeTp, SameTokensAndLogitsAsOneProcess) {
+  const auto [workers, tp] = GetParam();
+  ExpectSameAsOneProcess(workers, tp, "tp");
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalenceMoeTp,
+                         ::testing::Values(std::pair{2, 2}, std::pair{4, 2}),
+                         testing_util::LayoutName);
 
 admin::ClusterStatus Status(const std::string& address) {
-  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<admin::Admin>(address);
   grpc::ClientContext ctx;
   admin::ClusterStatus s;
   (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
@@ -204,25 +232,23 @@ TEST_P(ClusterPrefixCache, SecondTurnIsServedFromTheCacheWithTheSameTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterPrefixCache,
                          ::testing::Values(std::pair{1, 1}, std::pair{2, 2}),
-                         [](const auto& info) {
-                           return "W" + std::to_string(info.param.first) + "_TP" +
-                                  std::to_string(info.param.second);
-                         });
+                         testing_util::LayoutName);
 
 TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   // The built-in model: its end tokens are 2 of 201088 ids, so a long
   // greedy request keeps running until the kill.
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto cluster = cli::LocalCluster::Start(Options(*model, 2, 1));
+  auto cluster = cli::LocalCluster::Start(Options("", 2, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
   ASSERT_TRUE(Generate(addr, {1, 2, 3}, 4, false).status.ok());
 
   // A long request in flight while worker-1 is killed.
   Reply inflight;
-  std::thread t([&] { inflight = Generate(addr, {5, 6, 7}, 4000, false); });  // within the 4096-token context
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::atomic<bool> first{false};
+  std::thread t([&] {  // within the 4096-token context
+    inflight = cluster_test::GreedyGenerate(addr, {5, 6, 7}, 4000, {.first = &first});
+  });
+  while (!first.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // it runs
   const auto killed = std::chrono::steady_clock::now();
   ASSERT_TRUE((*cluster)->KillWorker(1).ok());
   t.join();
@@ -257,19 +283,11 @@ TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   EXPECT_EQ(after.tokens.size(), 4u);
 }
 
-}  // namespace
-}  // namespace flotilla
-
-namespace flotilla {
-namespace {
 
 TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto cluster = cli::LocalCluster::Start(Options(*model, 1, 1));
+  auto cluster = cli::LocalCluster::Start(Options("", 1, 1));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto stub = v1::Flotilla::NewStub(
-      grpc::CreateChannel((*cluster)->address(), grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<v1::Flotilla>((*cluster)->address());
   v1::GenerateRequest req;
   req.set_text("hello world");
   req.mutable_sampling()->set_temperature(0);
@@ -307,11 +325,6 @@ TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
   EXPECT_NE(st.error_message().find("empty"), std::string::npos) << st.error_message();
 }
 
-}  // namespace
-}  // namespace flotilla
-
-namespace flotilla {
-namespace {
 
 TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
   const std::string dir = GoldenDirs().front();
@@ -323,7 +336,7 @@ TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
   Reply before = Generate(addr, {1, 2, 3, 4}, 8, false);
   ASSERT_TRUE(before.status.ok());
 
-  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto admin = testing_util::PlainStub<admin::Admin>(addr);
   cluster::ExpertMap cur;
   {
     grpc::ClientContext ctx;
@@ -361,18 +374,9 @@ TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
   }
 }
 
-}  // namespace
-}  // namespace flotilla
-
-#include "tools/sdk/client.h"
-
-namespace flotilla {
-namespace {
 
 TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  auto cluster = cli::LocalCluster::Start(Options(*model, 2, 2));
+  auto cluster = cli::LocalCluster::Start(Options("", 2, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
   client::ClientOptions co;
@@ -401,7 +405,7 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
     if (++chunks == 3) cancel.Cancel();
   }, &cancel);
   EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
-  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto admin = testing_util::PlainStub<admin::Admin>(addr);
   bool freed = false;
   for (int i = 0; i < 100 && !freed; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -418,9 +422,13 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
   // The worker is restarted from this thread, not a short-lived one: children
   // get PR_SET_PDEATHSIG, which fires when the thread that forked them ends.
   ASSERT_TRUE((*cluster)->KillWorker(1).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  while (Status(addr).state() == admin::READY) {  // until the coordinator saw the kill
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   absl::StatusOr<client::GenerateResult> retried = absl::UnknownError("not called");
   std::thread call([&] { retried = (*c)->Generate(req); });
+  // Room for refused attempts before the worker is back; the call must succeed
+  // whether it was refused once or many times.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const absl::Status restarted = (*cluster)->RestartWorker(1);
   call.join();
@@ -429,15 +437,6 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
   EXPECT_EQ(retried->token_ids, res->token_ids);
 }
 
-}  // namespace
-}  // namespace flotilla
-
-#include <CLI/CLI.hpp>
-
-#include "tools/cli/bench_command.h"
-
-namespace flotilla {
-namespace {
 
 std::vector<int32_t> LongPrompt(int n) {
   std::vector<int32_t> p(n);
@@ -446,9 +445,7 @@ std::vector<int32_t> LongPrompt(int n) {
 }
 
 TEST(ClusterPromptLogits, ALongPromptsLogitsStreamInBoundedMessagesAndTheWorkerStaysUp) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  cli::LocalClusterOptions o = Options(*model, 1, 1);
+  cli::LocalClusterOptions o = Options("", 1, 1);
   o.log_dir += "-logits";
   // The worker sends a prompt's logits ahead of the reader; an answer of 322 MB
   // needs a client-buffer bound above the default 64 MiB, which sheds it on a
@@ -492,15 +489,13 @@ TEST(ClusterPromptLogits, ALongPromptsLogitsStreamInBoundedMessagesAndTheWorkerS
 }
 
 TEST(ClusterMeasureEngine, TheWorkerTimesItsEngineAndBenchServeComparesInOneLine) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  cli::LocalClusterOptions o = Options(*model, 1, 1);
+  cli::LocalClusterOptions o = Options("", 1, 1);
   o.log_dir += "-measure";
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
 
-  auto admin = admin::Admin::NewStub(grpc::CreateChannel(addr, grpc::InsecureChannelCredentials()));
+  auto admin = testing_util::PlainStub<admin::Admin>(addr);
   cluster::MeasureEngineRequest req;
   req.add_batch_sizes(1);
   req.add_batch_sizes(4);
@@ -531,23 +526,11 @@ TEST(ClusterMeasureEngine, TheWorkerTimesItsEngineAndBenchServeComparesInOneLine
         << st.error_code() << " " << st.error_message();
   }
 
-  CLI::App app;
-  cli::AddBenchCommand(app);
-  std::stringstream out;
-  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
-  bool parsed = true;
-  try {
-    app.parse("bench serve --coordinator " + addr +
-                  " --concurrency 2 --duration 1.5 --prompt-tokens 40 --output-tokens 6"
-                  " --engine-compare on --engine-steps 4",
-              /*program_name_included=*/false);
-  } catch (const CLI::Error& e) {
-    parsed = false;
-    std::cerr << "bench serve: " << e.what() << "\n";
-  }
-  std::cout.rdbuf(saved);
-  ASSERT_TRUE(parsed) << out.str();
-  nlohmann::json j = nlohmann::json::parse(out.str());
+  const nlohmann::json j =
+      cli::BenchServeLine("--coordinator " + addr +
+                          " --concurrency 2 --duration 1.5 --prompt-tokens 40 --output-tokens 6"
+                          " --engine-compare on --engine-steps 4");
+  ASSERT_FALSE(j.empty());
   EXPECT_GT(j["requests_ok"].get<int>(), 0) << j.dump();
   EXPECT_EQ(j["requests_failed"].get<int>(), 0) << j.dump();
   EXPECT_EQ(j["output_tokens"].get<int>(), 6 * j["requests_ok"].get<int>()) << j.dump();
@@ -563,32 +546,18 @@ TEST(ClusterMeasureEngine, TheWorkerTimesItsEngineAndBenchServeComparesInOneLine
 }
 
 TEST(ClusterBenchMultiTurn, LaterTurnsRepeatTheLastAndHitThePrefixCache) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  cli::LocalClusterOptions o = Options(*model, 1, 1);
+  cli::LocalClusterOptions o = Options("", 1, 1);
   o.log_dir += "-multi-turn";
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   ASSERT_FALSE((*cluster)->http_address().empty());
 
-  CLI::App app;
-  cli::AddBenchCommand(app);
-  std::stringstream out;
-  std::streambuf* saved = std::cout.rdbuf(out.rdbuf());
-  bool parsed = true;
-  try {
-    app.parse("bench serve --coordinator " + (*cluster)->address() +
-                  " --concurrency 2 --duration 3 --prompt-tokens 64 --output-tokens 4"
-                  " --multi-turn 3 --turn-tokens 32 --engine-compare off --metrics-url http://" +
-                  (*cluster)->http_address() + "/metrics",
-              /*program_name_included=*/false);
-  } catch (const CLI::Error& e) {
-    parsed = false;
-    std::cerr << "bench serve: " << e.what() << "\n";
-  }
-  std::cout.rdbuf(saved);
-  ASSERT_TRUE(parsed) << out.str();
-  nlohmann::json j = nlohmann::json::parse(out.str());
+  const nlohmann::json j = cli::BenchServeLine(
+      "--coordinator " + (*cluster)->address() +
+      " --concurrency 2 --duration 3 --prompt-tokens 64 --output-tokens 4"
+      " --multi-turn 3 --turn-tokens 32 --engine-compare off --metrics-url http://" +
+      (*cluster)->http_address() + "/metrics");
+  ASSERT_FALSE(j.empty());
   EXPECT_EQ(j["requests_failed"].get<int>(), 0) << j.dump();
   const nlohmann::json& turns = j["multi_turn"]["per_turn"];
   ASSERT_EQ(turns.size(), 3u) << j.dump();

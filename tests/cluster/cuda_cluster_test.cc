@@ -1,5 +1,6 @@
 // Sharded GPU workers against one GPU worker, end to end: `flotilla up
-// --device cuda` with 2 and 4 workers (TP 1 and 2, EP = W; on a one-GPU
+// --device cuda` with 2 and 4 workers (TP 1 and 2; the MoE expert parallel
+// over all W ranks or tensor parallel inside each TP group; on a one-GPU
 // machine they share the GPU and exchange through CUDA IPC; with a GPU per
 // rank the same layouts also run over NCCL) must give the
 // greedy tokens of a single worker on both golden fixtures, and prompt
@@ -17,20 +18,23 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
-#include <thread>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <string>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "kernels/cuda/device.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/greedy_client.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
 #include "tools/cli/local_cluster.h"
 
 namespace flotilla {
@@ -51,30 +55,26 @@ struct Layout {
   int workers;
   int tp;
   std::string transport = "auto";  // --device-transport: auto, cuda-ipc or nccl
+  std::string moe = "auto";        // --moe-parallel: auto (tp for one TP group), ep or tp
 };
 
 std::string Name(const Layout& l) {
-  return std::to_string(l.workers) + " workers, TP " + std::to_string(l.tp) + ", " + l.transport;
+  return std::to_string(l.workers) + " workers, TP " + std::to_string(l.tp) + ", " + l.transport +
+         ", MoE " + l.moe;
 }
 
 class GpuCluster {
  public:
   static std::unique_ptr<GpuCluster> Start(const std::string& model, const Layout& layout) {
-    cli::LocalClusterOptions o;
-    o.model = model;
+    cli::LocalClusterOptions o = testing_util::TestClusterOptions(
+        model, layout.workers, layout.tp,
+        "cuda-cluster-" + std::to_string(layout.workers) + "x" + std::to_string(layout.tp) + "-" +
+            layout.transport + "-" + layout.moe);
     o.device = "cuda";
-    o.workers = layout.workers;
-    o.tp = layout.tp;
     o.device_transport = layout.transport;
-    o.threads_per_worker = 1;
-    o.listen = "127.0.0.1:0";
+    o.moe_parallel = layout.moe;
     o.http_listen = "";
     o.bin_dir = EnvOr("FLOTILLA_BIN_DIR", FLOTILLA_BIN_DIR);
-    o.log_dir = (fs::temp_directory_path() /
-                 ("flotilla-cuda-cluster-" + std::to_string(getpid()) + "-" +
-                  std::to_string(layout.workers) + "x" + std::to_string(layout.tp) + "-" +
-                  layout.transport))
-                    .string();
     // Several workers share one GPU here: flotilla up gives each its slice of
     // the memory (and of the SMs, under MPS).
     o.gpu_memory_utilization = 0.85;
@@ -88,8 +88,7 @@ class GpuCluster {
     }
     auto c = std::make_unique<GpuCluster>();
     c->cluster_ = *std::move(cluster);
-    c->stub_ = v1::Flotilla::NewStub(
-        grpc::CreateChannel(c->cluster_->address(), grpc::InsecureChannelCredentials()));
+    c->stub_ = testing_util::PlainStub<v1::Flotilla>(c->cluster_->address());
     return c;
   }
 
@@ -130,8 +129,7 @@ class GpuCluster {
   cli::LocalCluster& local() { return *cluster_; }
 
   admin::ClusterStatus Status() {
-    auto stub = admin::Admin::NewStub(
-        grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+    auto stub = testing_util::PlainStub<admin::Admin>(cluster_->address());
     grpc::ClientContext ctx;
     admin::ClusterStatus s;
     (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
@@ -139,19 +137,12 @@ class GpuCluster {
   }
 
   // A greedy request; returns its final status.
-  grpc::Status Run(const std::vector<int32_t>& prompt, int max_tokens) {
-    v1::GenerateRequest req;
-    for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
-    req.mutable_sampling()->set_temperature(0);
-    req.mutable_sampling()->set_max_tokens(max_tokens);
-    req.mutable_sampling()->set_ignore_eos(true);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-    auto reader = stub_->Generate(&ctx, req);
-    v1::GenerateResponse resp;
-    while (reader->Read(&resp)) {
-    }
-    return reader->Finish();
+  // `first` (optional) is set when its first tokens arrive.
+  grpc::Status Run(const std::vector<int32_t>& prompt, int max_tokens,
+                   std::atomic<bool>* first = nullptr) {
+    return cluster_test::GreedyGenerate(cluster_->address(), prompt, max_tokens,
+                                        {.ignore_eos = true, .first = first})
+        .status;
   }
 
  private:
@@ -164,15 +155,27 @@ bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
 // Automatic transport (CUDA IPC on this one node, workers sharing GPUs when
 // there are fewer), then NCCL where every rank gets a GPU of its own (NCCL
 // allows one rank per GPU).
+// Automatic MoE layout: tensor parallel for {2, 2}, expert parallel for the
+// others; each layout is also run with the other one.
 std::vector<Layout> ShardedLayouts() {
-  std::vector<Layout> layouts = {{2, 1}, {2, 2}, {4, 1}, {4, 2}};
-  for (const Layout& l : {Layout{2, 1, "nccl"}, Layout{2, 2, "nccl"}, Layout{4, 1, "nccl"},
-                          Layout{4, 2, "nccl"}}) {
+  std::vector<Layout> layouts = {{2, 1}, {2, 2}, {2, 2, "auto", "ep"},
+                                 {4, 1}, {4, 2}, {4, 2, "auto", "tp"}};
+  for (const Layout& l : {Layout{2, 1, "nccl"}, Layout{2, 2, "nccl"}, Layout{2, 2, "nccl", "ep"},
+                          Layout{4, 1, "nccl"}, Layout{4, 2, "nccl"}}) {
     if (l.workers <= kernels::cuda::DeviceCount()) {
       layouts.push_back(l);
     } else {
       std::cout << "not run: " << Name(l) << " (needs " << l.workers << " GPUs)" << std::endl;
     }
+  }
+  // FLOTILLA_CUDA_CLUSTER_MOE=tp|ep: only the layouts whose MoE layout is that
+  // one (auto resolves to tp for one TP group), to check one layout quickly.
+  const std::string only = EnvOr("FLOTILLA_CUDA_CLUSTER_MOE", "");
+  if (!only.empty()) {
+    std::erase_if(layouts, [&](const Layout& l) {
+      const std::string moe = l.moe != "auto" ? l.moe : (l.workers == l.tp ? "tp" : "ep");
+      return moe != only;
+    });
   }
   return layouts;
 }
@@ -360,8 +363,9 @@ TEST_P(CudaClusterFailure, KilledGpuRankFailsClearlyAndRejoins) {
   ASSERT_NE(cluster, nullptr);
   ASSERT_TRUE(cluster->Run({1, 2, 3}, 4).ok());
   grpc::Status inflight;
-  std::thread t([&] { inflight = cluster->Run({5, 6, 7}, 100000); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::atomic<bool> first{false};
+  std::thread t([&] { inflight = cluster->Run({5, 6, 7}, 100000, &first); });
+  while (!first.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // it runs
   ASSERT_TRUE(cluster->local().KillWorker(1).ok());
   t.join();
   EXPECT_EQ(inflight.error_code(), grpc::StatusCode::UNAVAILABLE) << inflight.error_message();

@@ -13,6 +13,7 @@
 
 #include "kernels/cuda/device.h"
 #include "tests/cluster/balancing_util.h"
+#include "tests/cluster_options.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 
 namespace flotilla {
@@ -38,12 +39,8 @@ TEST(CudaExpertBalancing, HotSwapAndSwitchOnGpuWorkers) {
   co.hot_bias = 8;
   ASSERT_TRUE(WriteSyntheticCheckpoint(ModelConfig::Tiny(), co, dir).ok());
 
-  cli::LocalClusterOptions o;
-  o.model = dir;
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions(dir, 4, 1);
   o.device = "cuda";
-  o.workers = 4;
-  o.tp = 1;
-  o.threads_per_worker = 1;
   o.http_listen = "";
   o.bin_dir = bin;
   o.log_dir = dir + "-logs";

@@ -13,6 +13,7 @@
 #include <regex>
 
 #include "tests/cluster/balancing_util.h"
+#include "tests/cluster_options.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 
 namespace flotilla {
@@ -54,12 +55,7 @@ class ExpertBalancing : public ::testing::TestWithParam<bool> {
   static void TearDownTestSuite() { fs::remove_all(dir_); }
 
   absl::StatusOr<std::unique_ptr<cli::LocalCluster>> Start(bool automatic) {
-    cli::LocalClusterOptions o;
-    o.model = dir_;
-    o.workers = 4;
-    o.tp = 1;
-    o.threads_per_worker = 1;
-    o.bin_dir = FLOTILLA_BIN_DIR;
+    cli::LocalClusterOptions o = testing_util::TestClusterOptions(dir_, 4, 1);
     o.comm_timeout_ms = 5000;
     o.log_dir = dir_ + "-logs-" + (automatic ? "auto" : "manual");
     log_dir_ = o.log_dir;
@@ -152,13 +148,7 @@ INSTANTIATE_TEST_SUITE_P(OnRequestAndAutomatic, ExpertBalancing, ::testing::Valu
                          [](const auto& info) { return info.param ? "Automatic" : "OnRequest"; });
 
 TEST(ExpertBalancingAdmin, DrainStopsAdmissionToTheGroupAndSetExpertMapChecksSlots) {
-  cli::LocalClusterOptions o;
-  o.model = "synthetic:tiny";
-  o.workers = 2;
-  o.tp = 1;
-  o.threads_per_worker = 1;
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-drain-" + std::to_string(getpid()))).string();
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions("synthetic:tiny", 2, 1, "drain");
   o.coordinator_args = {"--redundant-experts", "1"};
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();

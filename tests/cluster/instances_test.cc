@@ -20,6 +20,8 @@
 #include "nlohmann/json.hpp"
 #include "proto/admin.grpc.pb.h"
 #include "tests/cluster/greedy_client.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
 #include "tests/run_command.h"
 #include "tools/cli/local_cluster.h"
 
@@ -33,20 +35,15 @@ using cluster_test::Streamed;
 // 4 CPU workers of the tiny preset as 2 instances of TP 2 (migration is on
 // by default with several instances).
 std::unique_ptr<cli::LocalCluster> StartInstances() {
-  cli::LocalClusterOptions o;
-  o.model = "synthetic:tiny";
-  o.workers = 4;
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions("synthetic:tiny", 4, 2);
   o.instances = 2;
-  o.tp = 2;
-  o.threads_per_worker = 1;
-  o.bin_dir = FLOTILLA_BIN_DIR;
   absl::StatusOr<std::unique_ptr<cli::LocalCluster>> c = cli::LocalCluster::Start(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *std::move(c) : nullptr;
 }
 
 admin::ClusterStatus GetStatus(const std::string& address) {
-  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<admin::Admin>(address);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   admin::ClusterStatus s;
@@ -57,7 +54,7 @@ admin::ClusterStatus GetStatus(const std::string& address) {
 
 grpc::Status DrainInstance(const std::string& address, uint32_t instance, bool drained,
                            admin::DrainResult* result) {
-  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<admin::Admin>(address);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   admin::DrainRequest req;

@@ -22,6 +22,8 @@
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
 #include "tools/cli/local_cluster.h"
 #include "tools/cli/process_probe.h"
 
@@ -37,8 +39,7 @@ struct Outcome {
 
 Outcome Generate(const std::string& address, int max_tokens, std::atomic<int>* started = nullptr,
                  std::chrono::seconds deadline = std::chrono::seconds(60)) {
-  auto stub =
-      v1::Flotilla::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<v1::Flotilla>(address);
   v1::GenerateRequest req;
   for (int t : {1, 2, 3}) req.mutable_prompt_ids()->add_ids(t);
   req.mutable_sampling()->set_max_tokens(max_tokens);
@@ -170,6 +171,20 @@ class Up {
   }
   pid_t pid() const { return pid_; }
   const std::vector<pid_t>& children() const { return children_; }
+  // Its children of program `name` now.
+  std::vector<pid_t> Named(const char* name) const { return cli::ChildrenNamed(pid_, name); }
+  // Kills (SIGKILL) the `index`-th of its `name` children, which must number
+  // `count`; the pid killed, or -1.
+  pid_t KillChild(const char* name, size_t count, size_t index) const {
+    const std::vector<pid_t> pids = Named(name);
+    EXPECT_EQ(pids.size(), count);
+    if (pids.size() <= index || kill(pids[index], SIGKILL) != 0) return -1;
+    return pids[index];
+  }
+  // Up ended: none of the children it had is left.
+  void ExpectNoChildLeft() const {
+    for (pid_t child : children_) EXPECT_FALSE(Alive(child)) << "pid " << child << " is left";
+  }
 
   std::string address, http;
 
@@ -234,7 +249,7 @@ TEST(Recovery, SigtermToUpDrainsInFlightStreamsRefusesNewOnesAndLeavesNothing) {
   const int status = up.WaitExit(absl::Seconds(20));
   ASSERT_NE(status, -1) << "flotilla up did not exit: " << up.Stderr();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << up.Stderr();
-  for (pid_t child : up.children()) EXPECT_FALSE(Alive(child)) << "pid " << child << " is left";
+  up.ExpectNoChildLeft();
   // The coordinator's own account: every stream (and perhaps a short probe
   // sent before the drain began) was in flight when it began to drain, and
   // all of them finished.
@@ -260,7 +275,11 @@ TEST(Recovery, ASecondSignalStopsAtOnceAndEndsTheStreamsWithAReason) {
   }
   while (started < kStreams) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   ASSERT_EQ(kill(up.pid(), SIGTERM), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // The second signal once the first began the drain (up says so).
+  for (int i = 0; i < 3000 && up.Stderr().find("draining:") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_NE(up.Stderr().find("draining:"), std::string::npos) << up.Stderr();
   ASSERT_EQ(kill(up.pid(), SIGTERM), 0);
   const absl::Time second = absl::Now();
   for (std::thread& t : streams) t.join();
@@ -272,47 +291,39 @@ TEST(Recovery, ASecondSignalStopsAtOnceAndEndsTheStreamsWithAReason) {
   }
   const int status = up.WaitExit(absl::Seconds(5));
   ASSERT_NE(status, -1) << "flotilla up did not exit: " << up.Stderr();
-  for (pid_t child : up.children()) EXPECT_FALSE(Alive(child)) << "pid " << child << " is left";
+  up.ExpectNoChildLeft();
 }
 
 TEST(Recovery, UpExitsNonZeroWithin5sWhenItsCoordinatorIsKilled) {
   Up up({"--workers", "1"});
   ASSERT_TRUE(up.WaitServing()) << up.Stderr();
-  std::vector<pid_t> coordinator = cli::ChildrenNamed(up.pid(), "flotilla-coordinator");
-  ASSERT_EQ(coordinator.size(), 1u);
-  ASSERT_EQ(kill(coordinator[0], SIGKILL), 0);
+  ASSERT_NE(up.KillChild("flotilla-coordinator", 1, 0), -1);
   const int status = up.WaitExit(absl::Seconds(5));
   ASSERT_NE(status, -1) << "flotilla up still runs 5 s after its coordinator died";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0);
   EXPECT_NE(up.Stderr().find("flotilla-coordinator exited (killed by signal 9)"), std::string::npos)
       << up.Stderr();
-  for (pid_t child : up.children()) EXPECT_FALSE(Alive(child)) << "pid " << child << " is left";
+  up.ExpectNoChildLeft();
 }
 
 TEST(Recovery, UpRestartsAKilledWorkerAndServesAgainWithin5s) {
   Up up({"--workers", "2"});
   ASSERT_TRUE(up.WaitServing()) << up.Stderr();
-  std::vector<pid_t> workers = cli::ChildrenNamed(up.pid(), "flotilla-worker");
-  ASSERT_EQ(workers.size(), 2u);
-  ASSERT_EQ(kill(workers[1], SIGKILL), 0);
+  const pid_t killed = up.KillChild("flotilla-worker", 2, 1);
+  ASSERT_NE(killed, -1);
   const absl::Duration back = UntilServing(up.address, absl::Seconds(5));
   EXPECT_LT(back, absl::Seconds(5)) << up.Stderr();
-  std::vector<pid_t> now = cli::ChildrenNamed(up.pid(), "flotilla-worker");
+  std::vector<pid_t> now = up.Named("flotilla-worker");
   EXPECT_EQ(now.size(), 2u);
-  EXPECT_EQ(std::count(now.begin(), now.end(), workers[1]), 0);
+  EXPECT_EQ(std::count(now.begin(), now.end(), killed), 0);
   EXPECT_NE(up.Stderr().find("worker-1 exited (killed by signal 9)"), std::string::npos)
       << up.Stderr();
   std::cerr << "served again " << absl::FormatDuration(back) << " after the kill\n";
 }
 
 TEST(Recovery, WorkersOfARestartedStandaloneCoordinatorServeWithin10s) {
-  cli::LocalClusterOptions o;
-  o.model = "synthetic:tiny";
-  o.workers = 2;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions("synthetic:tiny", 2);
   o.http_listen = "";
-  o.bin_dir = FLOTILLA_BIN_DIR;
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->address();

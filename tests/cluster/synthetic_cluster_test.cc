@@ -11,6 +11,9 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/greedy_client.h"
+#include "tests/cluster_options.h"
+#include "tests/grpc_stub.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "tools/cli/local_cluster.h"
 #include "worker/engine/cpu_engine.h"
@@ -47,20 +50,12 @@ std::vector<int32_t> FromWrittenCheckpoint(const std::vector<int32_t>& prompt) {
 }
 
 TEST(ClusterSynthetic, ServesTheWrittenCheckpointsTokensWithNoCheckpoint) {
-  cli::LocalClusterOptions o;
-  o.model = "synthetic:tiny:3";
-  o.workers = 2;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
+  cli::LocalClusterOptions o =
+      testing_util::TestClusterOptions("synthetic:tiny:3", 2, 0, "synthetic-cluster-log");
   o.http_listen = "";
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir =
-      (fs::temp_directory_path() / ("flotilla-synthetic-cluster-log-" + std::to_string(getpid())))
-          .string();
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto stub = v1::Flotilla::NewStub(
-      grpc::CreateChannel((*cluster)->address(), grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<v1::Flotilla>((*cluster)->address());
 
   grpc::ClientContext list_ctx;
   v1::ListModelsResponse models;
@@ -70,20 +65,10 @@ TEST(ClusterSynthetic, ServesTheWrittenCheckpointsTokensWithNoCheckpoint) {
   EXPECT_EQ(models.models(0).vocab_size(), 1024u);
 
   const std::vector<int32_t> prompt = {1, 2, 3, 900, 17};
-  v1::GenerateRequest req;
-  for (int32_t t : prompt) req.mutable_prompt_ids()->add_ids(t);
-  req.mutable_sampling()->set_temperature(0);
-  req.mutable_sampling()->set_max_tokens(kMaxTokens);
-  req.mutable_sampling()->set_ignore_eos(true);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
-  auto reader = stub->Generate(&ctx, req);
-  std::vector<int32_t> tokens;
-  v1::GenerateResponse resp;
-  while (reader->Read(&resp))
-    tokens.insert(tokens.end(), resp.token_ids().begin(), resp.token_ids().end());
-  grpc::Status status = reader->Finish();
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  const cluster_test::Streamed reply =
+      cluster_test::GreedyGenerate((*cluster)->address(), prompt, kMaxTokens, {.ignore_eos = true});
+  ASSERT_TRUE(reply.status.ok()) << reply.status.error_message();
+  const std::vector<int32_t>& tokens = reply.tokens;
   EXPECT_EQ(tokens, FromWrittenCheckpoint(prompt));
   EXPECT_EQ(tokens.size(), static_cast<size_t>(kMaxTokens));
   (*cluster)->Stop();

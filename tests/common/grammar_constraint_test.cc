@@ -9,25 +9,20 @@
 
 #include "common/grammar/o200k_vocabulary.h"
 #include "common/grammar/output_constraint.h"
+#include "tests/common/grammar_test_util.h"
 
 namespace flotilla::grammar {
 namespace {
 
 using Json = nlohmann::json;
 
-std::shared_ptr<const VocabularyIndex> Index() {
-  static std::shared_ptr<const VocabularyIndex> index = [] {
-    absl::StatusOr<std::shared_ptr<const VocabularyIndex>> i = LoadO200kIndex(201088);
-    EXPECT_TRUE(i.ok()) << i.status();
-    return i.ok() ? *i : nullptr;
-  }();
-  return index;
-}
+std::shared_ptr<const VocabularyIndex> Index() { return testing_util::O200kIndex(); }
 
 struct Turn {
   std::string text;  // bytes, special tokens as their names
   int32_t last = -1;
   int tokens = 0;
+  bool complete = false;  // the constraint ended the turn
 };
 
 Turn Drive(OutputConstraint& c, std::mt19937& rng, int max_tokens) {
@@ -55,6 +50,16 @@ Turn Drive(OutputConstraint& c, std::mt19937& rng, int max_tokens) {
   return turn;
 }
 
+// A turn of random allowed tokens under a fresh constraint of `spec`.
+Turn RandomTurn(const ConstraintSpec& spec, std::mt19937& rng, int max_tokens) {
+  auto c = OutputConstraint::Create(spec, Index());
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return {};
+  Turn turn = Drive(**c, rng, max_tokens);
+  turn.complete = (*c)->complete();
+  return turn;
+}
+
 std::string After(const std::string& text, const std::string& marker, const std::string& end) {
   const size_t at = text.rfind(marker);
   if (at == std::string::npos) return "";
@@ -73,10 +78,8 @@ TEST(GrammarConstraint, FinalJsonAfterFreeReasoning) {
   spec.reasoning_budget = 8;
   std::mt19937 rng(3);
   for (int run = 0; run < 6; ++run) {
-    auto c = OutputConstraint::Create(spec, Index());
-    ASSERT_TRUE(c.ok()) << c.status();
-    Turn turn = Drive(**c, rng, 400);
-    ASSERT_TRUE((*c)->complete()) << turn.text;
+    const Turn turn = RandomTurn(spec, rng, 400);
+    ASSERT_TRUE(turn.complete) << turn.text;
     EXPECT_EQ(turn.last, Index()->vocab().return_);
     const std::string json = After(turn.text, "<|channel|>final<|message|>", "<|return|>");
     const Json v = Json::parse(json, nullptr, false);
@@ -98,10 +101,8 @@ TEST(GrammarConstraint, RequiredToolCall) {
       "zone": {"type": "integer", "minimum": -12, "maximum": 14}}, "required": ["zone"]})", true});
   std::mt19937 rng(5);
   for (int run = 0; run < 6; ++run) {
-    auto c = OutputConstraint::Create(spec, Index());
-    ASSERT_TRUE(c.ok()) << c.status();
-    Turn turn = Drive(**c, rng, 300);
-    ASSERT_TRUE((*c)->complete()) << turn.text;
+    const Turn turn = RandomTurn(spec, rng, 300);
+    ASSERT_TRUE(turn.complete) << turn.text;
     EXPECT_EQ(turn.last, Index()->vocab().call);
     EXPECT_EQ(turn.text.find("<|channel|>final"), std::string::npos);
     const std::string args = After(turn.text, "json<|message|>", "<|call|>");
@@ -155,10 +156,8 @@ TEST(GrammarConstraint, FormatsAndPatternsHoldTokenByToken) {
   const std::regex code("^[A-Z]{3}-[0-9]{2}$");
   std::mt19937 rng(9);
   for (int run = 0; run < 4; ++run) {
-    auto c = OutputConstraint::Create(spec, Index());
-    ASSERT_TRUE(c.ok()) << c.status();
-    Turn turn = Drive(**c, rng, 400);
-    ASSERT_TRUE((*c)->complete()) << turn.text;
+    const Turn turn = RandomTurn(spec, rng, 400);
+    ASSERT_TRUE(turn.complete) << turn.text;
     const std::string json = After(turn.text, "<|channel|>final<|message|>", "<|return|>");
     const Json v = Json::parse(json, nullptr, false);
     ASSERT_TRUE(v.is_object()) << json;

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "common/grammar/json_matcher.h"
+#include "tests/common/grammar_test_util.h"
 #include "tests/common/json_schema_validator.h"
 
 namespace flotilla::grammar {
@@ -17,30 +18,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool Accepts(const CompiledSchema& schema, const std::string& text) {
-  JsonMatcher m(&schema);
-  MatchState s = m.Start();
-  for (char c : text) {
-    if (!m.Feed(s, static_cast<uint8_t>(c))) return false;
-  }
-  return m.CanEnd(s);
-}
-
-// Whether `text` is a prefix some accepted document continues.
-bool Continues(const CompiledSchema& schema, const std::string& text) {
-  JsonMatcher m(&schema);
-  MatchState s = m.Start();
-  for (char c : text) {
-    if (!m.Feed(s, static_cast<uint8_t>(c))) return false;
-  }
-  return true;
-}
-
-CompiledSchema Compiled(const std::string& text) {
-  absl::StatusOr<CompiledSchema> s = CompileSchema(Json::parse(text));
-  EXPECT_TRUE(s.ok()) << text << ": " << s.status();
-  return s.ok() ? *s : CompiledSchema{};
-}
+using testing_util::Accepts;
+using testing_util::Compiled;
+using testing_util::Continues;
 
 TEST(GrammarKeywords, PatternOnTheDecodedValue) {
   CompiledSchema s = Compiled(R"({"type": "string", "pattern": "^[a-c]+\"?\n?$"})");
@@ -191,34 +171,7 @@ TEST(GrammarKeywords, RandomWalksNeverDeadEndAndValidate) {
       R"({"type": "string", "pattern": "^(ab|abcdef)+$", "minLength": 4, "maxLength": 9})",
   };
   std::mt19937 rng(5);
-  for (const char* text : schemas) {
-    const Json schema = Json::parse(text);
-    CompiledSchema s = Compiled(text);
-    JsonMatcher m(&s);
-    for (int walk = 0; walk < 150; ++walk) {
-      MatchState st = m.Start();
-      std::string doc;
-      for (int step = 0; step < 400 && !m.Finished(st); ++step) {
-        if (m.CanEnd(st) && rng() % 4 == 0) break;
-        std::vector<uint8_t> ok;
-        for (int b = 0; b < 128; ++b) {
-          MatchState t = st;
-          if (m.Feed(t, static_cast<uint8_t>(b))) ok.push_back(static_cast<uint8_t>(b));
-        }
-        ASSERT_FALSE(ok.empty()) << text << " dead end after " << doc;
-        uint8_t pick = ok[rng() % ok.size()];
-        for (uint8_t b : ok) {
-          if ((b == '"' || b == '}' || b == ']' || b == ',') && rng() % 2) pick = b;
-        }
-        ASSERT_TRUE(m.Feed(st, pick));
-        doc.push_back(static_cast<char>(pick));
-      }
-      ASSERT_TRUE(m.CanEnd(st)) << doc;
-      const Json v = Json::parse(doc, nullptr, false);
-      ASSERT_FALSE(v.is_discarded()) << doc;
-      EXPECT_TRUE(schema_check::SchemaValid(schema, v, schema)) << text << "\n" << doc;
-    }
-  }
+  for (const char* text : schemas) testing_util::ExpectWalksValidate(text, rng, 150, 4);
 }
 
 }  // namespace

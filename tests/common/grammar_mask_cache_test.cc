@@ -8,18 +8,12 @@
 #include "common/grammar/mask_cache.h"
 #include "common/grammar/o200k_vocabulary.h"
 #include "common/grammar/output_constraint.h"
+#include "tests/common/grammar_test_util.h"
 
 namespace flotilla::grammar {
 namespace {
 
-std::shared_ptr<const VocabularyIndex> Index() {
-  static std::shared_ptr<const VocabularyIndex> index = [] {
-    absl::StatusOr<std::shared_ptr<const VocabularyIndex>> i = LoadO200kIndex(201088);
-    EXPECT_TRUE(i.ok()) << i.status();
-    return i.ok() ? *i : nullptr;
-  }();
-  return index;
-}
+std::shared_ptr<const VocabularyIndex> Index() { return testing_util::O200kIndex(); }
 
 TEST(GrammarMaskCache, EvictsTheOldestPastItsBound) {
   const std::vector<uint32_t> a(100, 1u), b(100, 2u), c(100, 3u);
@@ -64,6 +58,17 @@ std::vector<std::vector<uint32_t>> Masks(OutputConstraint& c, uint32_t seed, int
   return masks;
 }
 
+// The masks of a turn under a fresh constraint of `spec` (Masks: seed 11, at
+// most 60 tokens); `complete`: the constraint ended the turn.
+std::vector<std::vector<uint32_t>> TurnMasks(const ConstraintSpec& spec, bool* complete) {
+  auto c = OutputConstraint::Create(spec, Index());
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return {};
+  std::vector<std::vector<uint32_t>> masks = Masks(**c, 11, 60);
+  *complete = (*c)->complete();
+  return masks;
+}
+
 TEST(GrammarMaskCache, AnotherRequestWithTheSameSchemaReusesMasksAndGetsTheSameOnes) {
   ASSERT_NE(Index(), nullptr);
   ConstraintSpec spec;
@@ -71,16 +76,13 @@ TEST(GrammarMaskCache, AnotherRequestWithTheSameSchemaReusesMasksAndGetsTheSameO
   spec.final_schema = R"({"type": "object", "properties": {"mood": {"enum": ["calm", "busy"]},
       "count": {"type": "integer", "minimum": 0, "maximum": 90}}, "required": ["mood", "count"],
       "additionalProperties": false})";
-  auto first = OutputConstraint::Create(spec, Index());
-  ASSERT_TRUE(first.ok()) << first.status();
-  const std::vector<std::vector<uint32_t>> computed = Masks(**first, 11, 60);
-  ASSERT_TRUE((*first)->complete());
+  bool complete = false;
+  const std::vector<std::vector<uint32_t>> computed = TurnMasks(spec, &complete);
+  ASSERT_TRUE(complete);
 
   std::shared_ptr<MaskCache> cache = MaskCache::For(Index());
   const MaskCache::Counts before = cache->counts();
-  auto second = OutputConstraint::Create(spec, Index());
-  ASSERT_TRUE(second.ok());
-  const std::vector<std::vector<uint32_t>> reused = Masks(**second, 11, 60);
+  const std::vector<std::vector<uint32_t>> reused = TurnMasks(spec, &complete);
   const MaskCache::Counts after = cache->counts();
   EXPECT_EQ(reused, computed);  // the same path, the same masks
   EXPECT_EQ(after.misses, before.misses);  // every header and body state was cached
@@ -91,10 +93,8 @@ TEST(GrammarMaskCache, AnotherRequestWithTheSameSchemaReusesMasksAndGetsTheSameO
   narrow.final_schema = R"({"type": "object", "properties": {"mood": {"enum": ["calm"]},
       "count": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["mood", "count"],
       "additionalProperties": false})";
-  auto third = OutputConstraint::Create(narrow, Index());
-  ASSERT_TRUE(third.ok()) << third.status();
-  const std::vector<std::vector<uint32_t>> own = Masks(**third, 11, 60);
-  ASSERT_TRUE((*third)->complete());
+  const std::vector<std::vector<uint32_t>> own = TurnMasks(narrow, &complete);
+  ASSERT_TRUE(complete);
   EXPECT_NE(own, computed);
 }
 

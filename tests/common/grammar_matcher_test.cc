@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/grammar/json_matcher.h"
+#include "tests/common/grammar_test_util.h"
 #include "tests/common/json_schema_validator.h"
 
 namespace flotilla::grammar {
@@ -13,20 +14,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool Accepts(const CompiledSchema& schema, const std::string& text) {
-  JsonMatcher m(&schema);
-  MatchState s = m.Start();
-  for (char c : text) {
-    if (!m.Feed(s, static_cast<uint8_t>(c))) return false;
-  }
-  return m.CanEnd(s);
-}
-
-CompiledSchema Compiled(const char* text) {
-  absl::StatusOr<CompiledSchema> s = CompileSchema(Json::parse(text));
-  EXPECT_TRUE(s.ok()) << s.status();
-  return *s;
-}
+using testing_util::Accepts;
+using testing_util::Compiled;
 
 bool Valid(const Json& schema, const Json& v, const Json& root) {
   return schema_check::SchemaValid(schema, v, root);
@@ -117,57 +106,12 @@ TEST(GrammarMatcher, RandomWalksAlwaysValidate) {
           "additionalProperties": false}}}, "required": ["p", "list"], "additionalProperties": false})",
   };
   std::mt19937 rng(7);
-  for (const char* text : schemas) {
-    const Json schema = Json::parse(text);
-    CompiledSchema s = Compiled(text);
-    JsonMatcher m(&s);
-    for (int walk = 0; walk < 200; ++walk) {
-      MatchState st = m.Start();
-      std::string doc;
-      for (int step = 0; step < 400 && !m.Finished(st); ++step) {
-        std::vector<uint8_t> ok;
-        for (int b = 0; b < 128; ++b) {
-          MatchState t = st;
-          if (m.Feed(t, static_cast<uint8_t>(b))) ok.push_back(static_cast<uint8_t>(b));
-        }
-        ASSERT_FALSE(ok.empty()) << doc;
-        uint8_t pick = ok[rng() % ok.size()];
-        for (uint8_t b : ok) {
-          if ((b == '"' || b == '}' || b == ']' || b == ',') && rng() % 2) pick = b;
-        }
-        ASSERT_TRUE(m.Feed(st, pick));
-        doc.push_back(static_cast<char>(pick));
-      }
-      ASSERT_TRUE(m.CanEnd(st)) << doc;
-      const Json v = Json::parse(doc, nullptr, false);
-      ASSERT_FALSE(v.is_discarded()) << doc;
-      EXPECT_TRUE(Valid(schema, v, schema)) << doc;
-    }
-  }
+  for (const char* text : schemas) testing_util::ExpectWalksValidate(text, rng, 200, 0);
 }
 
-// A random document the matcher of `schema` accepts: at each step a random
-// byte among those it allows (closing bytes favoured so that walks end).
+// A random document the matcher of `schema` accepts, or a walk cut short.
 std::string RandomDocument(const CompiledSchema& schema, std::mt19937& rng) {
-  JsonMatcher m(&schema);
-  MatchState st = m.Start();
-  std::string doc;
-  for (int step = 0; step < 400 && !m.Finished(st); ++step) {
-    if (m.CanEnd(st) && rng() % 3 == 0) break;
-    std::vector<uint8_t> ok;
-    for (int b = 0; b < 128; ++b) {
-      MatchState t = st;
-      if (m.Feed(t, static_cast<uint8_t>(b))) ok.push_back(static_cast<uint8_t>(b));
-    }
-    if (ok.empty()) break;
-    uint8_t pick = ok[rng() % ok.size()];
-    for (uint8_t b : ok) {
-      if ((b == '"' || b == '}' || b == ']' || b == ',') && rng() % 2) pick = b;
-    }
-    m.Feed(st, pick);
-    doc.push_back(static_cast<char>(pick));
-  }
-  return doc;
+  return testing_util::RandomWalk(schema, rng, 3).doc;
 }
 
 // anyOf alternatives that begin with the same byte (two objects, integer and

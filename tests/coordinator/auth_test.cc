@@ -83,14 +83,6 @@ TEST(Authenticator, BadKeyFileNamesTheFlag) {
   EXPECT_NE(auth.status().message().find("--api-key-file"), std::string::npos);
 }
 
-TEST(ConstantTimeEquals, ComparesWholeStrings) {
-  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
-  EXPECT_FALSE(ConstantTimeEquals("abd", "abc"));
-  EXPECT_FALSE(ConstantTimeEquals("ab", "abc"));
-  EXPECT_FALSE(ConstantTimeEquals("abcd", "abc"));
-  EXPECT_FALSE(ConstantTimeEquals("", "abc"));
-}
-
 TEST(RequestRegistry, IdsAreRandom128Bit) {
   const std::string a = RandomId(), b = RandomId();
   ASSERT_EQ(a.size(), 32u);

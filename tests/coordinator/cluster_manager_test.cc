@@ -115,6 +115,43 @@ struct Fixture {
   }
 };
 
+// Workers w0 .. w<workers - 1> connect, load and join the instance.
+void JoinWorkers(Fixture& f, int workers) {
+  for (int i = 0; i < workers; ++i) f.Connect(absl::StrCat("w", i));
+  for (int i = 0; i < workers; ++i) f.Ready(i);
+  f.JoinAll();
+}
+
+// JoinWorkers, and the instance serves.
+void MakeReady(Fixture& f, int workers) {
+  JoinWorkers(f, workers);
+  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+}
+
+// A request of `prompt`.
+cluster::SubmitSequence PromptOf(std::initializer_list<int> prompt) {
+  cluster::SubmitSequence req;
+  for (int t : prompt) req.add_prompt_ids(t);
+  return req;
+}
+
+// Callbacks that keep only how the request ended, in `*status`.
+RequestCallbacks EndInto(absl::Status* status) {
+  return {nullptr, [status](const absl::Status& s) { *status = s; }};
+}
+
+// A request's tokens and its end, as the manager's callbacks deliver them.
+struct Streamed {
+  std::vector<int> tokens;
+  std::optional<absl::Status> done;
+  RequestCallbacks Callbacks() {
+    return {[this](const cluster::SequenceUpdate& u) {
+              for (int t : u.token_ids()) tokens.push_back(t);
+            },
+            [this](const absl::Status& s) { done = s; }};
+  }
+};
+
 TEST(ClusterManager, AssignsWhenAllWorkersRegisterAndServesWhenReady) {
   Fixture f(2, 2);
   f.Connect("w-b");
@@ -154,18 +191,9 @@ TEST(ClusterManager, AssignsWhenAllWorkersRegisterAndServesWhenReady) {
 
 TEST(ClusterManager, RoutesRequestsAndStreamsTokensBack) {
   Fixture f(1, 1);
-  f.Connect("w0");
-  f.Ready(0);
-  f.JoinAll();
-  std::vector<int> got;
-  absl::Status final_status = absl::UnknownError("not done");
-  cluster::SubmitSequence req;
-  req.add_prompt_ids(5);
-  req.add_prompt_ids(6);
-  auto id = f.manager->Submit(req, {[&](const cluster::SequenceUpdate& u) {
-                                      for (int t : u.token_ids()) got.push_back(t);
-                                    },
-                                    [&](const absl::Status& s) { final_status = s; }});
+  JoinWorkers(f, 1);
+  Streamed out;
+  auto id = f.manager->Submit(PromptOf({5, 6}), out.Callbacks());
   ASSERT_TRUE(id.ok()) << id.status();
   auto submits = f.sessions[0]->Of(cluster::CoordinatorMessage::kSubmit);
   ASSERT_EQ(submits.size(), 1u);
@@ -180,15 +208,14 @@ TEST(ClusterManager, RoutesRequestsAndStreamsTokensBack) {
   u->add_token_ids(8);
   u->set_finish_reason(common::LENGTH);
   f.manager->OnWorkerMessage(f.ids[0], m);
-  EXPECT_EQ(got, (std::vector<int>{7, 8}));
-  EXPECT_TRUE(final_status.ok()) << final_status;
+  EXPECT_EQ(out.tokens, (std::vector<int>{7, 8}));
+  ASSERT_TRUE(out.done.has_value());
+  EXPECT_TRUE(out.done->ok()) << *out.done;
 }
 
 TEST(ClusterManager, RejectsBadPrompts) {
   Fixture f(1, 1);
-  f.Connect("w0");
-  f.Ready(0);
-  f.JoinAll();
+  JoinWorkers(f, 1);
   cluster::SubmitSequence empty;
   EXPECT_EQ(f.manager->Submit(empty, {}).status().code(), absl::StatusCode::kInvalidArgument);
   cluster::SubmitSequence bad;
@@ -241,22 +268,15 @@ TEST(ClusterManager, OverloadAnswersResourceExhausted) {
 
 TEST(ClusterManager, DeadWorkerFailsInflightNamesItAndRejoinRestoresService) {
   Fixture f(2, 1);
-  f.Connect("w0");
-  f.Connect("w1");
-  f.Ready(0);
-  f.Ready(1);
-  f.JoinAll();
-  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+  MakeReady(f, 2);
   absl::Status status;
-  cluster::SubmitSequence req;
-  req.add_prompt_ids(1);
-  ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
+  ASSERT_TRUE(f.manager->Submit(PromptOf({1}), EndInto(&status)).ok());
 
   f.manager->OnSessionClosed(f.ids[1]);  // w1's stream breaks (process killed)
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(status.message().find("w1"), std::string::npos) << status;
   EXPECT_EQ(f.manager->Status().state(), admin::DEGRADED);
-  auto refused = f.manager->Submit(req, {});
+  auto refused = f.manager->Submit(PromptOf({1}), {});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(refused.status().message().find("w1"), std::string::npos) << refused.status();
 
@@ -272,7 +292,7 @@ TEST(ClusterManager, DeadWorkerFailsInflightNamesItAndRejoinRestoresService) {
   f.Ready(2);
   f.JoinAll();
   EXPECT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
-  EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+  EXPECT_TRUE(f.manager->Submit(PromptOf({1}), {}).ok());
 }
 
 TEST(ClusterManager, SilentWorkerIsDeclaredDeadWithinTheTimeout) {
@@ -303,13 +323,11 @@ TEST(ClusterManager, DuplicateWorkerIdIsRefused) {
 
 TEST(ClusterManager, CancelEndsTheRequestAndTellsTheLeader) {
   Fixture f(1, 1);
-  f.Connect("w0");
-  f.Ready(0);
-  f.JoinAll();
+  JoinWorkers(f, 1);
   absl::Status status;
   cluster::SubmitSequence req;
   req.add_prompt_ids(1);
-  auto id = f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }});
+  auto id = f.manager->Submit(req, EndInto(&status));
   ASSERT_TRUE(id.ok());
   EXPECT_TRUE(f.manager->Cancel(*id, "bye"));
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
@@ -417,9 +435,7 @@ TEST(ClusterManager, MeasureEngineGoesToTheLeaderAndOnlyItsAnswerCounts) {
 
 TEST(ClusterManager, MeasureEngineFailsWhenTheWorkerDiesOrTimeRunsOut) {
   Fixture f(1, 1);
-  f.Connect("w0");
-  f.Ready(0);
-  f.JoinAll();
+  JoinWorkers(f, 1);
   MeasureOutcome expired;
   f.manager->MeasureEngine({}, f.clock.TimeNow() + absl::Milliseconds(50), expired.Callback());
   f.clock.Advance(absl::Milliseconds(51));
@@ -499,11 +515,7 @@ TEST(ClusterManager, MeasureEngineGoesToEveryRankAndAnswersWithTheLeadersOnceAll
 
 TEST(ClusterManager, MeasureEngineFailsWhenARankFailsAStepOrTimeRunsOut) {
   Fixture f(2, 1);
-  f.Connect("w0");
-  f.Connect("w1");
-  f.Ready(0);
-  f.Ready(1);
-  f.JoinAll();
+  JoinWorkers(f, 2);
   MeasureOutcome reformed;
   f.manager->MeasureEngine({}, absl::InfiniteFuture(), reformed.Callback());
   cluster::WorkerMessage failed;
@@ -620,16 +632,9 @@ TEST(ClusterManager, RankFailingWhileLoadingDegradesTheInstanceWithItsReason) {
 
 TEST(ClusterManager, RankFailingAStepFailsInflightAndFormsTheInstanceAgain) {
   Fixture f(2, 1);
-  f.Connect("w0");
-  f.Connect("w1");
-  f.Ready(0);
-  f.Ready(1);
-  f.JoinAll();
-  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
+  MakeReady(f, 2);
   absl::Status status;
-  cluster::SubmitSequence req;
-  req.add_prompt_ids(1);
-  ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
+  ASSERT_TRUE(f.manager->Submit(PromptOf({1}), EndInto(&status)).ok());
 
   // w1 dropped its engine after a failed step but its session lives.
   cluster::WorkerMessage m;
@@ -650,19 +655,12 @@ TEST(ClusterManager, RankFailingAStepFailsInflightAndFormsTheInstanceAgain) {
   f.Ready(1);
   f.JoinAll();
   EXPECT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
-  EXPECT_TRUE(f.manager->Submit(req, {}).ok());
+  EXPECT_TRUE(f.manager->Submit(PromptOf({1}), {}).ok());
 }
 
 // ---- drain, survivors told at once, dead ids forgotten ----
 
 // A READY instance of `workers` ranks at tp 1.
-void MakeReady(Fixture& f, int workers) {
-  for (int i = 0; i < workers; ++i) f.Connect(absl::StrCat("w", i));
-  for (int i = 0; i < workers; ++i) f.Ready(i);
-  f.JoinAll();
-  ASSERT_TRUE(f.manager->WaitReady(absl::Seconds(1)));
-}
-
 // The leader's token update ending request `id` with LENGTH.
 cluster::WorkerMessage Finish(uint64_t id) {
   cluster::WorkerMessage m;
@@ -709,7 +707,7 @@ TEST(ClusterManager, DrainTimeoutAndSecondSignalEndWhatIsLeft) {
     cluster::SubmitSequence req;
     req.add_prompt_ids(1);
     absl::Status status;
-    ASSERT_TRUE(f.manager->Submit(req, {nullptr, [&](const absl::Status& s) { status = s; }}).ok());
+    ASSERT_TRUE(f.manager->Submit(req, EndInto(&status)).ok());
     // The second signal ends the drain at once: had it waited out the 30 s,
     // it would report a timeout, not the interrupt.
     const DrainResult r =
@@ -802,15 +800,8 @@ TEST(ClusterManagerInstances, ARequestWhoseInstanceLosesAWorkerContinuesOnTheOth
     EXPECT_EQ(w.instance(), w.worker_id() < "w2" ? 0 : 1) << w.worker_id();
   }
 
-  std::vector<int> got;
-  std::optional<absl::Status> done;
-  cluster::SubmitSequence req;
-  req.add_prompt_ids(5);
-  req.add_prompt_ids(6);
-  auto id = f.manager->Submit(req, {[&](const cluster::SequenceUpdate& u) {
-                                      for (int t : u.token_ids()) got.push_back(t);
-                                    },
-                                    [&](const absl::Status& st) { done = st; }});
+  Streamed out;
+  auto id = f.manager->Submit(PromptOf({5, 6}), out.Callbacks());
   ASSERT_TRUE(id.ok()) << id.status();
   // The leader of the instance that took it (rank 0 of w0/w1 or w2/w3).
   int leader = -1;
@@ -830,7 +821,7 @@ TEST(ClusterManagerInstances, ARequestWhoseInstanceLosesAWorkerContinuesOnTheOth
   // Its peer dies: the request goes to the other instance with what it streamed.
   const int peer = leader < 2 ? 1 - leader : 5 - leader;
   f.manager->OnSessionClosed(f.ids[peer]);
-  EXPECT_FALSE(done.has_value()) << *done;
+  EXPECT_FALSE(out.done.has_value()) << *out.done;
   int next = -1;
   for (int i = 0; i < 4; ++i) {
     if ((i < 2) != (leader < 2) && !f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).empty()) {
@@ -851,9 +842,9 @@ TEST(ClusterManagerInstances, ARequestWhoseInstanceLosesAWorkerContinuesOnTheOth
   u->add_token_ids(9);
   u->set_finish_reason(common::LENGTH);
   f.manager->OnWorkerMessage(f.ids[next], rest);
-  EXPECT_EQ(got, (std::vector<int>{7, 8, 9}));
-  ASSERT_TRUE(done.has_value());
-  EXPECT_TRUE(done->ok()) << *done;
+  EXPECT_EQ(out.tokens, (std::vector<int>{7, 8, 9}));
+  ASSERT_TRUE(out.done.has_value());
+  EXPECT_TRUE(out.done->ok()) << *out.done;
   EXPECT_EQ(f.manager->Status().requests_migrated(), 1u);
   EXPECT_EQ(f.manager->InflightRequests(), 0);
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/comm_names.h"
+#include "tests/run_command.h"
 
 namespace flotilla {
 namespace {
@@ -21,15 +22,8 @@ struct Ran {
 // Runs `command` through the shell (bounded by timeout(1): a coordinator that
 // accepted the value would listen and never return on its own).
 Ran RunCommand(const std::string& command) {
-  Ran r;
-  FILE* pipe = popen(("timeout 20 env " + command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) r.output.append(buf, n);
-  const int status = pclose(pipe);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  auto [rc, output] = testing_util::RunCommandWithStderr("timeout 20 env " + command);
+  return {rc, std::move(output)};
 }
 
 const std::string kCoordinator = std::string(FLOTILLA_BIN_DIR) +

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "coordinator/harmony/renderer.h"
+#include "tests/coordinator/fake_backend.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
@@ -21,54 +22,7 @@ using test_support::Tok;
 
 std::vector<tk::TokenId> Encode(const std::string& text) { return *Tok().EncodeOrdinary(text); }
 
-// The cluster: keeps what was submitted and lets the test answer.
-class FakeBackend : public RequestBackend {
- public:
-  struct Sequence {
-    cluster::SubmitSequence request;
-    RequestCallbacks callbacks;
-    std::string cancelled;  // the cancel reason, if cancelled
-  };
-  absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request,
-                                  RequestCallbacks callbacks) override {
-    if (refuse_after == 0) return absl::UnavailableError("no workers");
-    if (refuse_after > 0) --refuse_after;
-    const uint64_t id = next_id++;
-    if (callbacks.on_accepted) callbacks.on_accepted(id);
-    sequences[id] = Sequence{std::move(request), std::move(callbacks), ""};
-    return id;
-  }
-  bool Cancel(uint64_t id, const std::string& reason) override {
-    auto it = sequences.find(id);
-    if (it == sequences.end() || !it->second.cancelled.empty()) return false;
-    it->second.cancelled = reason;
-    it->second.callbacks.on_done(absl::CancelledError(reason));
-    return true;
-  }
-  // A worker update of sequence `id`: tokens, and the finish when given.
-  void Update(uint64_t id, const std::vector<tk::TokenId>& tokens,
-              common::FinishReason finish = common::FINISH_REASON_UNSPECIFIED,
-              std::optional<tk::TokenId> stop_token = std::nullopt, uint32_t completion = 0) {
-    cluster::SequenceUpdate u;
-    u.set_request_id(id);
-    for (tk::TokenId t : tokens) u.add_token_ids(static_cast<int32_t>(t));
-    u.set_finish_reason(finish);
-    if (stop_token) u.set_stop_token(static_cast<int32_t>(*stop_token));
-    u.set_completion_tokens(completion);
-    sequences.at(id).callbacks.on_update(u);
-  }
-  void Done(uint64_t id, absl::Status status = absl::OkStatus()) {
-    sequences.at(id).callbacks.on_done(status);
-  }
-  std::vector<tk::TokenId> Prompt(uint64_t id) const {
-    const auto& ids = sequences.at(id).request.prompt_ids();
-    return std::vector<tk::TokenId>(ids.begin(), ids.end());
-  }
-
-  std::map<uint64_t, Sequence> sequences;
-  uint64_t next_id = 1;
-  int refuse_after = -1;  // -1: never; k: accept k more, then refuse
-};
+using test_support::FakeBackend;
 
 // Collects what the session emits.
 struct Events {

@@ -5,6 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "coordinator/access_log.h"
 
@@ -38,24 +42,22 @@ TEST(ServingMetrics, FinishReasonsAndLeaderTimingsAreCountedWithTheModelLabel) {
         << reason << "\n"
         << out;
   }
-  EXPECT_TRUE(Has(out, "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"1\"} 0\n"))
-      << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_queue_time_seconds_bucket{" + model + ",le=\"2.5\"} 2\n"))
-      << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_prefill_time_seconds_sum{" + model + "} 0.5\n")) << out;
-  EXPECT_TRUE(
-      Has(out, "flotilla_request_decode_time_seconds_bucket{" + model + ",le=\"1200\"} 2\n"))
-      << out;
-  EXPECT_TRUE(
-      Has(out, "flotilla_request_decode_time_seconds_bucket{" + model + ",le=\"1800\"} 2\n"))
-      << out;
-  EXPECT_TRUE(Has(out, "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"30\"} 0\n"))
-      << out;
-  EXPECT_TRUE(Has(out, "flotilla_time_to_first_token_seconds_bucket{" + model + ",le=\"60\"} 1\n"))
-      << out;
-  EXPECT_TRUE(Has(out, "flotilla_request_duration_seconds_bucket{" + model + ",le=\"1800\"} 0\n"))
-      << out;
-  EXPECT_TRUE(Has(out, "flotilla_prompt_tokens_total{" + model + "} 0\n")) << out;
+  // Each series: its name, its labels after the model's, its value.
+  const std::vector<std::array<std::string, 3>> series = {
+      {"flotilla_request_queue_time_seconds_bucket", ",le=\"1\"", "0"},
+      {"flotilla_request_queue_time_seconds_bucket", ",le=\"2.5\"", "2"},
+      {"flotilla_request_prefill_time_seconds_sum", "", "0.5"},
+      {"flotilla_request_decode_time_seconds_bucket", ",le=\"1200\"", "2"},
+      {"flotilla_request_decode_time_seconds_bucket", ",le=\"1800\"", "2"},
+      {"flotilla_time_to_first_token_seconds_bucket", ",le=\"30\"", "0"},
+      {"flotilla_time_to_first_token_seconds_bucket", ",le=\"60\"", "1"},
+      {"flotilla_request_duration_seconds_bucket", ",le=\"1800\"", "0"},
+      {"flotilla_prompt_tokens_total", "", "0"},
+  };
+  for (const auto& [name, labels, value] : series) {
+    const std::string line = name + "{" + model + labels + "} " + value + "\n";
+    EXPECT_TRUE(Has(out, line)) << line << out;
+  }
 }
 
 TEST(ServingMetrics, LabelValuesAreEscaped) {

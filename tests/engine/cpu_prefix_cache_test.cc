@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/engine/logit_diff.h"
 #include "tests/engine/multi_turn.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/model/synthetic_weights.h"
@@ -41,12 +42,7 @@ std::unique_ptr<CpuEngine> MakeEngine(kernels::cpu::ThreadPool* pool, Layout lay
 }
 
 double MaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-  }
-  return worst;
+  return testing_golden::MaxAbsDiff(a, b);
 }
 
 void ExpectSameTurns(const std::vector<TurnResult>& cached, const std::vector<TurnResult>& plain) {

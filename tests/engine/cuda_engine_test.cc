@@ -21,6 +21,8 @@
 // (kMaxRegret: measured up to 1e-2), so a routing bug (wrong expert, wrong order, swapped ids)
 // cannot hide behind the forcing. Greedy tokens must agree wherever the
 // reference's top-2 logits are further apart than the logit tolerance.
+#include "worker/engine/cuda_engine.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -30,19 +32,20 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "tests/engine/golden_fixtures.h"
+#include "tests/engine/logit_diff.h"
+#include "tests/engine/multi_turn.h"
+#include "tests/engine/small_cuda_options.h"
 #include "worker/engine/cpu_engine.h"
-#include "worker/engine/cuda_engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
 #include "worker/model/synthetic_weights.h"
-#include "tests/engine/golden_fixtures.h"
-#include "tests/engine/logit_diff.h"
-#include "tests/engine/multi_turn.h"
 
 namespace flotilla {
 namespace {
@@ -57,14 +60,7 @@ using testing_golden::RelDiff;
 
 bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
 
-CudaEngineOptions SmallOptions() {
-  CudaEngineOptions o;
-  o.kv_num_blocks = 256;
-  o.max_context = 2048;
-  o.max_batch_tokens = 1024;
-  o.max_sequences = 16;
-  return o;
-}
+CudaEngineOptions SmallOptions() { return testing_util::SmallCudaOptions(256, 2048, 1024, 16); }
 
 // The GPU's residual stream carries ~1% relative noise after a few layers
 // (logits differ by up to 2.4e-2 on the fixtures with routing followed), so
@@ -91,13 +87,10 @@ class CudaGolden : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
     dir_ = fs::path(GoldenDir()) / GetParam();
-    std::ifstream in(dir_ / "golden.json");
-    golden_ = nlohmann::json::parse(in);
-    auto ck = Checkpoint::Open(dir_.string());
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    std::shared_ptr<const Checkpoint> checkpoint(std::move(*ck));
-    auto w = LoadWeights(checkpoint, ShardSpec{});
-    ASSERT_TRUE(w.ok()) << w.status();
+    absl::StatusOr<testing_golden::LoadedFixture> fixture = testing_golden::LoadFixture(GetParam());
+    ASSERT_TRUE(fixture.ok()) << fixture.status();
+    golden_ = std::move(fixture->golden);
+    std::optional<ModelWeights> w = std::move(fixture->weights);
     auto e = CudaEngine::Create(*w, RecordingOptions());
     ASSERT_TRUE(e.ok()) << e.status();
     engine_ = std::move(*e);

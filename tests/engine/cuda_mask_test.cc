@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/cuda/device.h"
+#include "tests/engine/small_cuda_options.h"
 #include "tests/engine/token_filter.h"
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/sampler.h"
@@ -23,12 +24,7 @@ TEST(CudaEngineMask, MaskedRowsDrawOnlyAllowedTokens) {
   ModelConfig c = ModelConfig::Tiny();
   auto w = MakeSyntheticWeights(c, 21);
   ASSERT_TRUE(w.ok()) << w.status();
-  CudaEngineOptions o;
-  o.kv_num_blocks = 64;
-  o.max_context = 512;
-  o.max_batch_tokens = 256;
-  o.max_sequences = 4;
-  auto e = CudaEngine::Create(*w, o);
+  auto e = CudaEngine::Create(*w, testing_util::SmallCudaOptions());
   ASSERT_TRUE(e.ok()) << e.status();
   CudaEngine& engine = **e;
   const std::vector<int32_t> allowed = {5, 77, 300, 901};
@@ -81,11 +77,7 @@ struct MaskFixture {
   void Build(bool graphs) {
     auto w = MakeSyntheticWeights(config, 21);
     ASSERT_TRUE(w.ok()) << w.status();
-    CudaEngineOptions o;
-    o.kv_num_blocks = 64;
-    o.max_context = 512;
-    o.max_batch_tokens = 256;
-    o.max_sequences = 4;
+    CudaEngineOptions o = testing_util::SmallCudaOptions();
     o.cuda_graphs = graphs;
     auto e = CudaEngine::Create(*w, o);
     ASSERT_TRUE(e.ok()) << e.status();

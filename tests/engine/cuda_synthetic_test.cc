@@ -17,6 +17,7 @@
 #include "common/model_spec.h"
 #include "kernels/cuda/synthetic_fill.h"
 #include "tests/engine/logit_diff.h"
+#include "tests/engine/small_cuda_options.h"
 #include "tests/kernels/cuda_test_util.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "worker/engine/cuda_engine.h"
@@ -34,14 +35,7 @@ using kernels::Dev;
 
 class CudaSynthetic : public kernels::CudaTest {};
 
-CudaEngineOptions SmallOptions() {
-  CudaEngineOptions o;
-  o.kv_num_blocks = 64;
-  o.max_context = 512;
-  o.max_batch_tokens = 256;
-  o.max_sequences = 4;
-  return o;
-}
+using testing_util::SmallCudaOptions;
 
 TEST_F(CudaSynthetic, DeviceBytesEqualHostBytes) {
   // The 120b shapes: ranges deep inside the largest tensors.
@@ -227,10 +221,10 @@ TEST_F(CudaSynthetic, EngineFromSpecMatchesEngineFromWrittenCheckpoint) {
   std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
   auto weights = LoadWeights(ck, ShardSpec{});
   ASSERT_TRUE(weights.ok()) << weights.status();
-  auto from_checkpoint = CudaEngine::Create(*weights, SmallOptions());
+  auto from_checkpoint = CudaEngine::Create(*weights, SmallCudaOptions());
   ASSERT_TRUE(from_checkpoint.ok()) << from_checkpoint.status();
   auto from_spec =
-      CudaEngine::CreateFromSyntheticCheckpoint(spec->config, spec->seed, SmallOptions());
+      CudaEngine::CreateFromSyntheticCheckpoint(spec->config, spec->seed, SmallCudaOptions());
   ASSERT_TRUE(from_spec.ok()) << from_spec.status();
   EXPECT_EQ((*from_spec)->weight_bytes(), (*from_checkpoint)->weight_bytes());
   const int64_t V = spec->config.vocab_size;
@@ -263,7 +257,7 @@ TEST_F(CudaSynthetic, WholeHundredTwentyBillionModelBuildsOnTheDevice) {
   ASSERT_TRUE(spec.ok());
   rusage before{};
   getrusage(RUSAGE_SELF, &before);
-  CudaEngineOptions o = SmallOptions();
+  CudaEngineOptions o = SmallCudaOptions();
   o.kv_num_blocks = 0;  // what is left after the weights
   o.gpu_memory_utilization = 0.95;
   auto engine = CudaEngine::CreateFromSyntheticCheckpoint(spec->config, spec->seed, o);

@@ -10,8 +10,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/checkpoint.h"
+#include "worker/model/load_weights.h"
 
 namespace flotilla::testing_golden {
 
@@ -43,6 +49,25 @@ inline std::vector<float> ReadF32(const std::filesystem::path& path) {
   in.seekg(0);
   in.read(reinterpret_cast<char*>(v.data()), v.size() * sizeof(float));
   return v;
+}
+
+// A fixture's transformers results (golden.json) and its checkpoint's
+// weights, whole (no sharding).
+struct LoadedFixture {
+  nlohmann::json golden;
+  ModelWeights weights;
+};
+
+inline absl::StatusOr<LoadedFixture> LoadFixture(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::path(GoldenDir()) / name;
+  std::ifstream in(dir / "golden.json");
+  nlohmann::json golden = nlohmann::json::parse(in);
+  absl::StatusOr<std::unique_ptr<Checkpoint>> checkpoint = Checkpoint::Open(dir.string());
+  if (!checkpoint.ok()) return checkpoint.status();
+  absl::StatusOr<ModelWeights> weights =
+      LoadWeights(std::shared_ptr<const Checkpoint>(*std::move(checkpoint)), ShardSpec{});
+  if (!weights.ok()) return weights.status();
+  return LoadedFixture{std::move(golden), *std::move(weights)};
 }
 
 }  // namespace flotilla::testing_golden

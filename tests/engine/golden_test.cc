@@ -10,14 +10,16 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tests/engine/golden_fixtures.h"
+#include "tests/engine/logit_diff.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/load_weights.h"
-#include "tests/engine/golden_fixtures.h"
 
 namespace flotilla {
 namespace {
@@ -27,26 +29,16 @@ using testing_golden::Fixtures;
 using testing_golden::ReadF32;
 constexpr double kTolerance = 1e-3;
 
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    worst = std::max(worst, std::abs(double(a[i]) - b[i]));
-  }
-  return worst;
-}
+using testing_golden::MaxAbsDiff;
 
 class Golden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = fs::path(testing_golden::GoldenDir()) / GetParam();
-    std::ifstream in(dir_ / "golden.json");
-    golden_ = nlohmann::json::parse(in);
-    auto ck = Checkpoint::Open(dir_.string());
-    ASSERT_TRUE(ck.ok()) << ck.status();
-    std::shared_ptr<const Checkpoint> checkpoint(std::move(*ck));
-    auto w = LoadWeights(checkpoint, ShardSpec{});
-    ASSERT_TRUE(w.ok()) << w.status();
+    absl::StatusOr<testing_golden::LoadedFixture> fixture = testing_golden::LoadFixture(GetParam());
+    ASSERT_TRUE(fixture.ok()) << fixture.status();
+    golden_ = std::move(fixture->golden);
+    std::optional<ModelWeights> w = std::move(fixture->weights);
     ASSERT_EQ(w->config.vocab_size, golden_["vocab_size"].get<int>());
     CpuEngineOptions o;
     o.kv_block_size = 16;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "proto/admin.grpc.pb.h"
+#include "tests/grpc_stub.h"
 #include "tests/local_cluster_suite.h"
 #include "tests/run_command.h"
 #include "tools/sdk/client.h"
@@ -71,8 +72,7 @@ class ApiAuthTest : public testing_util::LocalClusterSuite<ApiAuthTest> {
     return *std::move(c);
   }
   static std::unique_ptr<admin::Admin::Stub> Admin() {
-    return admin::Admin::NewStub(
-        grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+    return testing_util::PlainStub<admin::Admin>(cluster_->address());
   }
   static void Key(grpc::ClientContext& ctx, const std::string& key) {
     if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
@@ -308,9 +308,7 @@ TEST_F(ApiAuthTest, CancelActsOnlyOnTheCallersOwnRequests) {
     req.set_request_id(id);
     v1::CancelResponse resp;
     grpc::Status raw =
-        v1::Flotilla::NewStub(
-            grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()))
-            ->Cancel(&ctx, req, &resp);
+        testing_util::PlainStub<v1::Flotilla>(cluster_->address())->Cancel(&ctx, req, &resp);
     EXPECT_EQ(raw.error_code(), grpc::StatusCode::NOT_FOUND);
     // The owner (or an admin key) cancels it.
     absl::StatusOr<bool> own = canceller->Cancel(id);

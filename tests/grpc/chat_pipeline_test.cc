@@ -14,12 +14,7 @@ namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
-using harmony::Message;
-using harmony::Role;
-
-using test_support::Assistant;
-using test_support::Completion;
-using test_support::Tok;
+using test_support::Assistant, test_support::Completion, test_support::Tok;
 
 // Streams `ids` through a ChatStream `per_update` tokens at a time, the last
 // update carrying the finish reason and the stop token.
@@ -177,16 +172,7 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
   const std::string text = *Tok().DecodeUtf8(p->prompt);
   EXPECT_NE(text.find("Reasoning: low"), std::string::npos) << text;
   EXPECT_NE(text.find("type get_weather = (_: {\n"), std::string::npos) << text;
-  EXPECT_NE(
-      text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
-                "<|message|>{\"location\":\"Tokyo, JP\"}<|call|>"),
-      std::string::npos)
-      << text;
-  EXPECT_NE(text.find("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
-                      "{\"temp_c\": 21}<|end|><|start|>assistant"),
-            std::string::npos)
-      << text;
-  EXPECT_TRUE(text.ends_with("<|start|>assistant"));
+  test_support::ExpectWeatherRoundTrip(text, R"({"location":"Tokyo, JP"})");
 
   Json body = {
       {"model", "m"},
@@ -201,19 +187,11 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
             {"type", "function"},
             {"function", {{"name", "get_weather"}, {"arguments", m.calls[0].arguments()}}}}}}},
         {{"role", "tool"}, {"tool_call_id", m.calls[0].id()}, {"content", R"({"temp_c": 21})"}}}},
-      {"tools",
-       {{{"type", "function"},
-         {"function",
-          {{"name", "get_weather"},
-           {"description", "Gets the weather"},
-           {"parameters",
-            {{"type", "object"}, {"properties", {{"location", {{"type", "string"}}}}}}}}}}}}};
+      {"tools", Json::array({test_support::WeatherTool({{"location", {{"type", "string"}}}})})}};
   absl::StatusOr<PreparedRequest> q = PrepareChatRequest(body, "m", Tok(), {});
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ(p->prompt, q->prompt);
-  ASSERT_EQ(p->sampling.stop_token_ids_size(), 2);
-  EXPECT_EQ(p->sampling.stop_token_ids(0), static_cast<int>(tk::kReturn));
-  EXPECT_EQ(p->sampling.stop_token_ids(1), static_cast<int>(tk::kCall));
+  test_support::ExpectHarmonyStops(p->sampling);
 }
 
 // max_tokens that end the call mid-arguments: LENGTH, not TOOL_CALLS.

@@ -8,6 +8,7 @@
 
 #include "coordinator/harmony/parser.h"
 #include "coordinator/harmony/renderer.h"
+#include "tests/harmony_completion.h"
 
 namespace flotilla::harmony {
 namespace {
@@ -24,17 +25,7 @@ std::vector<Json> LoadCases(const std::string& file = "cases.json") {
   return j["cases"].get<std::vector<Json>>();
 }
 
-const tk::Tokenizer& Tok() {
-  static const tk::Tokenizer* tok = [] {
-    auto t = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
-    return t.ok() ? t->release() : nullptr;
-  }();
-  if (tok == nullptr) {
-    ADD_FAILURE() << "tokenizer ranks not found at " << tk::Tokenizer::DefaultRanksPath();
-    std::abort();
-  }
-  return *tok;
-}
+using test_support::Tok;
 
 class HarmonyCase : public ::testing::TestWithParam<Json> {};
 

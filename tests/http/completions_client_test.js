@@ -6,18 +6,9 @@
 'use strict';
 const assert = require('node:assert/strict');
 const OpenAI = require('openai');
+const { check, clientFromArgs } = require('./openai_test_client');
 
-const [baseURL, model] = process.argv.slice(2);
-if (!baseURL || !model) {
-  console.error('usage: node completions_client_test.js BASE_URL MODEL');
-  process.exit(2);
-}
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok ${name}`);
-}
+const { baseURL, model, client } = clientFromArgs('completions_client_test.js', 120000);
 
 function badRequest(param) {
   return (e) => e instanceof OpenAI.BadRequestError && e.status === 400 && e.param === param;

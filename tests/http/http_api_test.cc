@@ -48,6 +48,15 @@ class HttpApiTest : public testing_util::LocalClusterSuite<HttpApiTest> {
     return R"({"model": ")" + Model() + R"(", "messages": [{"role": "user", "content": "Hi"}])" + extra + "}";
   }
 
+  // A request that ran past its deadline: 504 with an OpenAI timeout_error.
+  static void ExpectTimedOut(const httplib::Result& r) {
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 504) << r->body;
+    const Json j = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_EQ(j["error"]["type"], "timeout_error");
+  }
+
   // Runs tests/http/SCRIPT with the official client against the cluster.
   static void RunNodeScript(const std::string& script) {
     const std::string cmd = std::string("NODE_PATH=") + FLOTILLA_NODE_MODULES + " " +
@@ -255,11 +264,7 @@ TEST_F(HttpApiTest, RequestDeadlineHeader) {
   httplib::Headers late = {{"X-Request-Timeout", "1"}};
   auto r = c.Post("/v1/chat/completions", late, Chat(R"(, "temperature": 1, "seed": 7)"),
                   "application/json");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 504) << r->body;
-  Json j = Json::parse(r->body, nullptr, false);
-  ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
-  EXPECT_EQ(j["error"]["type"], "timeout_error");
+  ExpectTimedOut(r);
   // The official clients' header works the same; a bad value is a 400.
   auto ok = c.Post("/v1/chat/completions", httplib::Headers{{"X-Stainless-Timeout", "600"}},
                    Chat(R"(, "max_tokens": 2)"), "application/json");
@@ -307,11 +312,7 @@ TEST_F(HttpApiTest, ResponsesStreamDisconnectAndDeadline) {
   EXPECT_TRUE(released) << "the dropped /v1/responses stream still runs";
 
   auto r = c.Post("/v1/responses", httplib::Headers{{"X-Request-Timeout", "1"}}, body, "application/json");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 504) << r->body;
-  Json j = Json::parse(r->body, nullptr, false);
-  ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
-  EXPECT_EQ(j["error"]["type"], "timeout_error");
+  ExpectTimedOut(r);
 
   // Streamed, the deadline ends the stream with an `error` event.
   auto streamed = c.Post("/v1/responses", httplib::Headers{{"X-Request-Timeout", "1"}},

@@ -4,23 +4,14 @@
 'use strict';
 const assert = require('node:assert/strict');
 const OpenAI = require('openai');
+const { check, clientFromArgs } = require('./openai_test_client');
 
-const [baseURL, model] = process.argv.slice(2);
-if (!baseURL || !model) {
-  console.error('usage: node openai_client_test.js BASE_URL MODEL');
-  process.exit(2);
-}
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 120000 });
+const { baseURL, model, client } = clientFromArgs('openai_client_test.js', 120000);
 
 const messages = [
   { role: 'system', content: 'You are terse.' },
   { role: 'user', content: 'Count to five.' },
 ];
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok ${name}`);
-}
 
 async function main() {
   let whole;

@@ -14,12 +14,7 @@ namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
-using harmony::Message;
-using harmony::Role;
-
-using test_support::Assistant;
-using test_support::Completion;
-using test_support::Tok;
+using test_support::Assistant, test_support::Completion, test_support::Tok;
 
 Json StreamAndMerge(ResponseBuilder& b, const std::vector<tk::TokenId>& ids, tk::TokenId stop,
                     std::vector<Json>* chunks) {
@@ -91,29 +86,13 @@ TEST(ResponsePipelineTest, ToolCallReplyBecomesToolCalls) {
        {{{"role", "user"}, {"content", "Weather in Tokyo?"}},
         {{"role", "assistant"}, {"content", nullptr}, {"tool_calls", msg["tool_calls"]}},
         {{"role", "tool"}, {"tool_call_id", call["id"]}, {"content", R"({"temp_c": 21})"}}}},
-      {"tools",
-       {{{"type", "function"},
-         {"function",
-          {{"name", "get_weather"},
-           {"description", "Gets the weather"},
-           {"parameters",
-            {{"type", "object"},
-             {"properties", {{"location", {{"type", "string"}}}, {"format", {{"type", "string"}}}}}}}}}}}}};
+      {"tools", Json::array({test_support::WeatherTool(
+                    {{"location", {{"type", "string"}}}, {"format", {{"type", "string"}}}})})}};
   absl::StatusOr<PreparedRequest> p = PrepareChatRequest(follow, "m", Tok(), {});
   ASSERT_TRUE(p.ok()) << p.status();
-  std::string text = *Tok().DecodeUtf8(p->prompt);
-  EXPECT_NE(text.find("<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
-                      "<|message|>{\"location\":\"Tokyo, JP\",\"format\":\"celsius\"}<|call|>"),
-            std::string::npos)
-      << text;
-  EXPECT_NE(text.find("<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"
-                      "{\"temp_c\": 21}<|end|><|start|>assistant"),
-            std::string::npos)
-      << text;
-  EXPECT_TRUE(text.ends_with("<|start|>assistant"));
-  ASSERT_EQ(p->sampling.stop_token_ids_size(), 2);
-  EXPECT_EQ(p->sampling.stop_token_ids(0), static_cast<int>(tk::kReturn));
-  EXPECT_EQ(p->sampling.stop_token_ids(1), static_cast<int>(tk::kCall));
+  test_support::ExpectWeatherRoundTrip(*Tok().DecodeUtf8(p->prompt),
+                                       R"({"location":"Tokyo, JP","format":"celsius"})");
+  test_support::ExpectHarmonyStops(p->sampling);
 }
 
 // max_tokens that end a function call mid-arguments: the choice is

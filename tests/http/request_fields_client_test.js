@@ -9,9 +9,9 @@
 'use strict';
 const assert = require('node:assert/strict');
 const OpenAI = require('openai');
+const { check, clientFromArgs } = require('./openai_test_client');
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
+const { model, client } = clientFromArgs('request_fields_client_test.js', 300000);
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
 const weather = {
   type: 'function',
@@ -25,11 +25,6 @@ const weather = {
     },
   },
 };
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok ${name}`);
-}
 
 async function main() {
   await check('the extras clients send are accepted, unknown ones named in a header', async () => {

@@ -18,9 +18,7 @@ namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
-using test_support::Assistant;
-using test_support::Completion;
-using test_support::Tok;
+using test_support::Assistant, test_support::Completion, test_support::Tok;
 
 constexpr char kKeyA[] = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
 constexpr char kKeyB[] = "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100";

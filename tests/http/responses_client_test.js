@@ -6,15 +6,9 @@
 // Usage: node responses_client_test.js BASE_URL MODEL   (NODE_PATH must hold `openai`)
 'use strict';
 const assert = require('node:assert/strict');
-const OpenAI = require('openai');
+const { check, clientFromArgs } = require('./openai_test_client');
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok ${name}`);
-}
+const { model, client } = clientFromArgs('responses_client_test.js', 300000);
 
 // Items without the ids that differ from one response to the next, and
 // without what the stream helper adds (parsed, parsed_arguments).

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "coordinator/harmony/message.h"
+#include "tests/coordinator/fake_backend.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
@@ -22,45 +23,16 @@ using test_support::Completion;
 using test_support::Tok;
 
 // The cluster: takes sequences and plays their updates when the test says.
-class ScriptedBackend : public RequestBackend {
+class ScriptedBackend : public test_support::FakeBackend {
  public:
-  absl::StatusOr<uint64_t> Submit(cluster::SubmitSequence request,
-                                  RequestCallbacks callbacks) override {
-    const uint64_t id = next_id_++;
-    if (callbacks.on_accepted) callbacks.on_accepted(id);
-    sequences[id] = {std::move(callbacks), ""};
-    return id;
-  }
-  bool Cancel(uint64_t id, const std::string& reason) override {
-    auto it = sequences.find(id);
-    if (it == sequences.end() || !it->second.cancelled.empty()) return false;
-    it->second.cancelled = reason;
-    it->second.callbacks.on_done(absl::CancelledError(reason));
-    return true;
-  }
   // Sequence `id` generates the tokens of `messages` and finishes.
   void Finish(uint64_t id, const std::vector<harmony::Message>& messages) {
     tk::TokenId stop;
     const std::vector<tk::TokenId> tokens = Completion(messages, &stop);
-    cluster::SequenceUpdate u;
-    u.set_request_id(id);
-    for (tk::TokenId t : tokens) u.add_token_ids(static_cast<int32_t>(t));
-    u.set_finish_reason(common::STOP);
-    u.set_stop_token(static_cast<int32_t>(stop));
-    u.set_completion_tokens(static_cast<uint32_t>(tokens.size() + 1));
-    sequences.at(id).callbacks.on_update(u);
-    sequences.at(id).callbacks.on_done(absl::OkStatus());
+    Update(id, tokens, common::STOP, stop, static_cast<uint32_t>(tokens.size() + 1));
+    Done(id);
   }
-  void Fail(uint64_t id, absl::Status status) { sequences.at(id).callbacks.on_done(status); }
-
-  struct Sequence {
-    RequestCallbacks callbacks;
-    std::string cancelled;  // the cancel reason, once cancelled
-  };
-  std::map<uint64_t, Sequence> sequences;
-
- private:
-  uint64_t next_id_ = 1;
+  void Fail(uint64_t id, absl::Status status) { Done(id, std::move(status)); }
 };
 
 // The connection: records what the driver sends.

@@ -11,15 +11,9 @@
 'use strict';
 const assert = require('node:assert/strict');
 const crypto = require('node:crypto');
-const OpenAI = require('openai');
+const { check, clientFromArgs } = require('./openai_test_client');
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok ${name}`);
-}
+const { model, client } = clientFromArgs('responses_lifecycle_test.js', 300000);
 
 async function expectError(promise, status, param) {
   try {

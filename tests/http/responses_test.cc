@@ -16,12 +16,7 @@ namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
-using harmony::Message;
-using harmony::Role;
-
-using test_support::Assistant;
-using test_support::Completion;
-using test_support::Tok;
+using test_support::Assistant, test_support::Completion, test_support::Tok;
 
 const char kArgs[] = R"({"location":"Tokyo, JP"})";
 const Json kWeatherTool = {{"type", "function"},

@@ -6,9 +6,9 @@
 'use strict';
 const assert = require('node:assert/strict');
 const OpenAI = require('openai');
+const { check, clientFromArgs } = require('./openai_test_client');
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
+const { model, client } = clientFromArgs('structured_client_test.js', 300000);
 const messages = [{ role: 'user', content: 'Answer in JSON.' }];
 
 // A validator of the JSON Schema subset, written from the JSON Schema rules.
@@ -82,11 +82,6 @@ const schemas = {
     s: { anyOf: [S(3), { enum: ['alpha', 'beta'] }] },
   }),
 };
-
-async function check(name, fn) {
-  await fn();
-  console.log(`ok ${name}`);
-}
 
 async function main() {
   let seed = 1;

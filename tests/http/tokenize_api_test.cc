@@ -6,23 +6,14 @@
 
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/served_models.h"
+#include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
 
-const tk::Tokenizer& Tok() {
-  static const tk::Tokenizer* tok = [] {
-    auto t = tk::Tokenizer::Create(tk::Tokenizer::DefaultRanksPath());
-    return t.ok() ? t->release() : nullptr;
-  }();
-  if (tok == nullptr) {
-    ADD_FAILURE() << "tokenizer ranks not found at " << tk::Tokenizer::DefaultRanksPath();
-    std::abort();
-  }
-  return *tok;
-}
+using test_support::Tok;
 
 TokenizeContext Context() {
   TokenizeContext c;

@@ -24,13 +24,7 @@ using testing_util::ReadEntries;
 using testing_util::ScratchDir;
 using testing_util::WriteSafetensors;
 
-ModelConfig TinyConfig() {
-  ModelConfig c = ModelConfig::Tiny();
-  c.vocab_size = 256;
-  c.eos_token_ids = {255};
-  c.pad_token_id = 254;
-  return c;
-}
+ModelConfig TinyConfig() { return testing_util::TinyWithVocab(256); }
 
 std::string MakeCheckpoint(const std::string& name, const ModelConfig& c, int shards = 1,
                            uint64_t seed = 7, DType sinks = DType::kBF16) {
@@ -328,6 +322,19 @@ std::string EditedCheckpoint(const std::function<void(std::vector<Entry>&)>& edi
   return dir;
 }
 
+// A valid tiny checkpoint whose config.json is then rewritten by `edit`.
+std::string EditedConfig(const std::function<void(nlohmann::json&)>& edit) {
+  std::string dir = MakeCheckpoint("ck", TinyConfig());
+  nlohmann::json j;
+  {
+    std::ifstream in(dir + "/config.json");
+    j = nlohmann::json::parse(in);
+  }
+  edit(j);
+  std::ofstream(dir + "/config.json") << j.dump();
+  return dir;
+}
+
 // The error of opening `dir` and loading all of it ("" when both succeed).
 std::string LoadError(const std::string& dir) {
   auto ck = Checkpoint::Open(dir);
@@ -345,14 +352,7 @@ Entry* FindEntry(std::vector<Entry>& entries, const std::string& name) {
 }
 
 TEST(BadCheckpoint, MissingConfigField) {
-  std::string dir = MakeCheckpoint("ck", TinyConfig());
-  nlohmann::json j;
-  {
-    std::ifstream in(dir + "/config.json");
-    j = nlohmann::json::parse(in);
-  }
-  j.erase("head_dim");
-  std::ofstream(dir + "/config.json") << j.dump();
+  const std::string dir = EditedConfig([](nlohmann::json& j) { j.erase("head_dim"); });
   std::string err = LoadError(dir);
   EXPECT_NE(err.find("missing field 'head_dim'"), std::string::npos) << err;
 }
@@ -364,14 +364,7 @@ TEST(BadCheckpoint, NoConfig) {
 }
 
 TEST(BadCheckpoint, NonMxfp4ConfigIsRejected) {
-  std::string dir = MakeCheckpoint("ck", TinyConfig());
-  nlohmann::json j;
-  {
-    std::ifstream in(dir + "/config.json");
-    j = nlohmann::json::parse(in);
-  }
-  j.erase("quantization_config");
-  std::ofstream(dir + "/config.json") << j.dump();
+  const std::string dir = EditedConfig([](nlohmann::json& j) { j.erase("quantization_config"); });
   EXPECT_NE(LoadError(dir).find("MXFP4"), std::string::npos) << LoadError(dir);
 }
 

@@ -23,13 +23,7 @@ std::string ReadFile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-ModelConfig Small() {
-  ModelConfig c = ModelConfig::Tiny();
-  c.vocab_size = 128;
-  c.eos_token_ids = {127};
-  c.pad_token_id = 126;
-  return c;
-}
+ModelConfig Small() { return testing_util::TinyWithVocab(128); }
 
 std::string Write(const std::string& name, const ModelConfig& c, uint64_t seed, int shards = 1) {
   std::string dir = ScratchDir(name);

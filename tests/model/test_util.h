@@ -1,5 +1,5 @@
-// Helpers for the checkpoint tests: scratch directories and hand-made
-// safetensors files (valid or deliberately broken).
+// Helpers for the checkpoint tests: scratch directories, hand-made
+// safetensors files (valid or deliberately broken) and small configurations.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model_config.h"
 #include "worker/model/safetensors.h"
 
 namespace flotilla::testing_util {
@@ -73,6 +74,16 @@ inline void WriteSafetensors(const std::string& path, const std::vector<Entry>& 
   std::string text = h.dump();
   while (text.size() % 8 != 0) text.push_back(' ');
   WriteBytes(path, FileImage(text, data));
+}
+
+// The tiny preset with a vocabulary of `vocab` ids, its end and padding ids
+// the last two.
+inline ModelConfig TinyWithVocab(int vocab) {
+  ModelConfig c = ModelConfig::Tiny();
+  c.vocab_size = vocab;
+  c.eos_token_ids = {vocab - 1};
+  c.pad_token_id = vocab - 2;
+  return c;
 }
 
 }  // namespace flotilla::testing_util

@@ -66,19 +66,7 @@ void ExpectServed(const cli::LocalCluster& cluster, const std::string& model) {
 }
 
 TEST(FlowControl, ClientsThatDoNotReadCannotGrowTheCoordinator) {
-  // Small bounds (unless the environment says otherwise): 64 KiB a stream,
-  // 1 MiB in all, one second of grace.
-  setenv("FLOTILLA_MAX_STREAM_BUFFER_BYTES", "65536", 0);
-  setenv("FLOTILLA_MAX_CLIENT_BUFFER_BYTES", "1048576", 0);
-  setenv("FLOTILLA_CLIENT_STALL_TIMEOUT_S", "1", 0);
-  cli::LocalClusterOptions o;
-  o.workers = 1;
-  o.threads_per_worker = 1;
-  // A loaded 2-core machine may delay a heartbeat: that is not this test's subject.
-  o.heartbeat_timeout_ms = 15000;
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (fs::temp_directory_path() / ("flotilla-flow-control-" + std::to_string(getpid())))
-                  .string();
+  const cli::LocalClusterOptions o = flow_test::FlowControlCluster("flow-control");
   auto cluster = cli::LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string model = (*cluster)->model().substr((*cluster)->model().find_last_of('/') + 1);

@@ -12,7 +12,18 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/cluster_options.h"
+
 namespace flotilla::flow_test {
+
+cli::LocalClusterOptions FlowControlCluster(const std::string& log_tag) {
+  setenv("FLOTILLA_MAX_STREAM_BUFFER_BYTES", "65536", 0);
+  setenv("FLOTILLA_MAX_CLIENT_BUFFER_BYTES", "1048576", 0);
+  setenv("FLOTILLA_CLIENT_STALL_TIMEOUT_S", "1", 0);
+  cli::LocalClusterOptions o = testing_util::TestClusterOptions("", 1, 0, log_tag);
+  o.heartbeat_timeout_ms = 15000;
+  return o;
+}
 namespace {
 
 using Json = nlohmann::json;

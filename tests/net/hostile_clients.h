@@ -13,8 +13,16 @@
 #include <string>
 
 #include "proto/flotilla.grpc.pb.h"
+#include "tools/cli/local_cluster.h"
 
 namespace flotilla::flow_test {
+
+// The cluster the flow-control tests start: one worker of one thread, the
+// client bounds small unless the environment sets them (64 KiB a stream,
+// 1 MiB in all, one second of grace), and a heartbeat timeout a loaded
+// 2-core machine does not trip (not these tests' subject); the children's
+// logs in testing_util::TestLogDir(log_tag).
+cli::LocalClusterOptions FlowControlCluster(const std::string& log_tag);
 
 // An integer from the environment, else `fallback`.
 int EnvInt(const char* name, int fallback);

@@ -19,6 +19,8 @@
 #include <thread>
 
 #include "proto/admin.grpc.pb.h"
+#include "tests/grpc_stub.h"
+#include "tests/run_command.h"
 #include "tools/cli/local_cluster.h"
 #include "tools/sdk/client.h"
 
@@ -35,17 +37,11 @@ struct Ran {
 
 // Runs a shell command (stdout and stderr together) under `timeout`.
 Ran RunShell(const std::string& command, int timeout_s = 60) {
-  Ran r;
   const auto start = std::chrono::steady_clock::now();
-  FILE* p = popen(("timeout " + std::to_string(timeout_s) + " " + command + " 2>&1").c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return r;
+  auto [rc, output] =
+      testing_util::RunCommandWithStderr("timeout " + std::to_string(timeout_s) + " " + command);
+  return {rc, std::move(output),
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
 }
 
 // A field of /proc/PID/status in kB (VmRSS, VmHWM); -1 when unreadable.
@@ -431,7 +427,7 @@ int ReadPortFile(const std::string& file) {
 }
 
 grpc::Status AdminStatus(const std::string& address) {
-  auto stub = admin::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub = testing_util::PlainStub<admin::Admin>(address);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   admin::ClusterStatus status;

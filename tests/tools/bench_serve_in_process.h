@@ -2,6 +2,8 @@
 // JSON lines it prints, for the bench's own tests.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <CLI/CLI.hpp>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -33,6 +35,17 @@ inline std::vector<nlohmann::json> BenchServe(const std::string& args, bool* ok)
     if (!line.empty()) lines.push_back(nlohmann::json::parse(line));
   }
   return lines;
+}
+
+// The one JSON line of a run that prints one (a run without --rate-fraction);
+// an empty object, and a test failure, when the flags were refused or it
+// printed otherwise.
+inline nlohmann::json BenchServeLine(const std::string& args) {
+  bool ok = false;
+  const std::vector<nlohmann::json> lines = BenchServe(args, &ok);
+  EXPECT_TRUE(ok) << "bench serve " << args;
+  EXPECT_EQ(lines.size(), 1u) << "bench serve " << args;
+  return ok && lines.size() == 1 ? lines[0] : nlohmann::json::object();
 }
 
 }  // namespace flotilla::cli

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cluster_options.h"
 #include "tests/tools/bench_serve_in_process.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/local_cluster.h"
@@ -36,18 +37,8 @@ TEST(BenchServeTokenRange, TakesNOrMinMax) {
 }
 
 TEST(BenchServeRateFraction, MeasuresTheCapacityThenRunsEachFractionOfIt) {
-  auto model = cli::EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  cli::LocalClusterOptions o;
-  o.model = *model;
-  o.workers = 1;
-  o.threads_per_worker = 1;
-  o.listen = "127.0.0.1:0";
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (std::filesystem::temp_directory_path() /
-               ("flotilla-bench-serve-test-" + std::to_string(getpid())))
-                  .string();
-  auto cluster = cli::LocalCluster::Start(o);
+  auto cluster =
+      cli::LocalCluster::Start(testing_util::TestClusterOptions("", 1, 0, "bench-serve-test"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
   bool ok = false;

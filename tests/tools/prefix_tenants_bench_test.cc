@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/cluster_options.h"
 #include "tests/tools/bench_serve_in_process.h"
 #include "tools/cli/bench_command.h"
 #include "tools/cli/local_cluster.h"
@@ -20,31 +21,24 @@
 namespace flotilla::cli {
 namespace {
 
+// bench serve's prefix-tenants workload (`load`: its shape and length) on
+// `cluster`, the prefix cache read from its /metrics: the run's line.
+nlohmann::json PrefixTenantsLoad(const LocalCluster& cluster, const std::string& load) {
+  return BenchServeLine("--coordinator " + cluster.address() + " --metrics-url http://" +
+                        cluster.http_address() + "/metrics --workload prefix-tenants " + load +
+                        " --engine-compare off");
+}
+
 TEST(PrefixTenantsBench, MostOfEveryPromptComesFromThePrefixCache) {
-  auto model = EnsureDefaultModel();
-  ASSERT_TRUE(model.ok()) << model.status();
-  LocalClusterOptions o;
-  o.model = *model;
-  o.workers = 1;
-  o.threads_per_worker = 1;
-  o.bin_dir = FLOTILLA_BIN_DIR;
-  o.log_dir = (std::filesystem::temp_directory_path() /
-               ("flotilla-prefix-tenants-test-" + std::to_string(getpid())))
-                  .string();
-  auto cluster = LocalCluster::Start(o);
+  auto cluster =
+      LocalCluster::Start(testing_util::TestClusterOptions("", 1, 0, "prefix-tenants-test"));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
 
-  bool ok = false;
-  const std::vector<nlohmann::json> lines = BenchServe(
-      "--coordinator " + (*cluster)->address() + " --metrics-url http://" +
-          (*cluster)->http_address() +
-          "/metrics --workload prefix-tenants --tenants 4 --system-tokens 160 --user-tokens 8-16"
-          " --tenant-turns 3 --output-tokens 4 --concurrency 4 --duration 2 --seed 3"
-          " --engine-compare off",
-      &ok);
-  ASSERT_TRUE(ok);
-  ASSERT_EQ(lines.size(), 1u);
-  const nlohmann::json& j = lines[0];
+  const nlohmann::json j =
+      PrefixTenantsLoad(**cluster,
+                        "--tenants 4 --system-tokens 160 --user-tokens 8-16 --tenant-turns 3"
+                        " --output-tokens 4 --concurrency 4 --duration 2 --seed 3");
+  ASSERT_FALSE(j.empty());
   std::cerr << j.dump() << "\n";  // the figures, for the log
   SCOPED_TRACE(j.dump());
   EXPECT_EQ(j["requests_failed"].get<int>(), 0);
@@ -75,33 +69,21 @@ TEST(PrefixTenantsBench, MostOfEveryPromptComesFromThePrefixCache) {
 // The prefix-cache hit ratio of one prefix-tenants load on `instances`
 // instances of one CPU worker each, `kv_blocks` per worker, under `router`.
 double HitRatio(int instances, int kv_blocks, const std::string& router) {
-  auto model = EnsureDefaultModel();
-  EXPECT_TRUE(model.ok()) << model.status();
-  LocalClusterOptions o;
-  o.model = *model;
-  o.workers = instances;
+  LocalClusterOptions o = testing_util::TestClusterOptions("", instances);
   o.instances = instances;
   o.router = router;
-  o.threads_per_worker = 1;
-  o.bin_dir = FLOTILLA_BIN_DIR;
   o.coordinator_args = {"--kv-blocks", std::to_string(kv_blocks)};
   auto cluster = LocalCluster::Start(o);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   if (!cluster.ok()) return -1;
-  bool ok = false;
-  const std::vector<nlohmann::json> lines = BenchServe(
-      "--coordinator " + (*cluster)->address() + " --metrics-url http://" +
-          (*cluster)->http_address() +
-          "/metrics --workload prefix-tenants --tenants 12 --system-tokens 256 --user-tokens 8-16"
-          " --tenant-turns 2 --output-tokens 2 --concurrency 4 --duration 10 --seed 5"
-          " --engine-compare off",
-      &ok);
-  EXPECT_TRUE(ok);
-  EXPECT_EQ(lines.size(), 1u);
-  if (lines.size() != 1) return -1;
-  std::cerr << instances << " instance(s), " << router << ": " << lines[0].dump() << "\n";
-  EXPECT_EQ(lines[0]["requests_failed"].get<int>(), 0);
-  return lines[0]["prefix_cache"]["hit_ratio"].get<double>();
+  const nlohmann::json j =
+      PrefixTenantsLoad(**cluster,
+                        "--tenants 12 --system-tokens 256 --user-tokens 8-16 --tenant-turns 2"
+                        " --output-tokens 2 --concurrency 4 --duration 10 --seed 5");
+  if (j.empty()) return -1;
+  std::cerr << instances << " instance(s), " << router << ": " << j.dump() << "\n";
+  EXPECT_EQ(j["requests_failed"].get<int>(), 0);
+  return j["prefix_cache"]["hit_ratio"].get<double>();
 }
 
 // Two instances, each with half the KV of one: routed by their caches, the

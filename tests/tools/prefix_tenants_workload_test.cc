@@ -12,15 +12,14 @@ namespace flotilla::cli {
 namespace {
 
 PrefixTenantsOptions SmallOptions() {
-  PrefixTenantsOptions o;
-  o.tenants = 3;
-  o.system_tokens = 40;
-  o.user_min = 4;
-  o.user_max = 8;
-  o.max_turns = 3;
-  o.follow_up = 1.0;
-  o.vocab = 1000;
-  return o;
+  return {.tenants = 3,
+          .system_tokens = 40,
+          .user_min = 4,
+          .user_max = 8,
+          .max_turns = 3,
+          .follow_up = 1.0,
+          .vocab = 1000,
+          .seed = 1};
 }
 
 bool StartsWith(const std::vector<int32_t>& v, const std::vector<int32_t>& prefix) {

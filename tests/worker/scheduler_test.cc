@@ -21,6 +21,15 @@ cluster::SubmitSequence Submit(uint64_t id, std::vector<int32_t> prompt, uint32_
   return s;
 }
 
+// Submit, returning its prompt's logits within `credit_bytes` (0: no limit).
+cluster::SubmitSequence SubmitWithLogits(uint64_t id, std::vector<int32_t> prompt,
+                                         uint32_t max_tokens, uint64_t credit_bytes = 0) {
+  cluster::SubmitSequence s = Submit(id, std::move(prompt), max_tokens);
+  s.set_return_prompt_logits(true);
+  if (credit_bytes > 0) s.set_prompt_logits_credit_bytes(credit_bytes);
+  return s;
+}
+
 std::vector<int32_t> Prompt(int n, int32_t first = 10) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) p.push_back(first + i);
@@ -360,8 +369,7 @@ TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
   cluster::SubmitSequence first = Submit(1, Prompt(6), 4);
   first.set_cache_domain(77);
   s.Enqueue(first, &refused);
-  cluster::SubmitSequence logits = Submit(2, Prompt(6), 4);
-  logits.set_return_prompt_logits(true);
+  cluster::SubmitSequence logits = SubmitWithLogits(2, Prompt(6), 4);
   s.Enqueue(logits, &refused);
   cluster::StepPlan plan = s.Plan(&refused);
   ASSERT_EQ(plan.items_size(), 2);
@@ -387,9 +395,7 @@ TEST_F(SchedulerTest, PromptLogitsPauseAtTheirCreditAndGoOnWhenItGrows) {
   const uint64_t row = static_cast<uint64_t>(ModelConfig::Tiny().vocab_size) * sizeof(float);
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  cluster::SubmitSequence logits = Submit(1, Prompt(8), 2);
-  logits.set_return_prompt_logits(true);
-  logits.set_prompt_logits_credit_bytes(2 * row + 1);
+  cluster::SubmitSequence logits = SubmitWithLogits(1, Prompt(8), 2, 2 * row + 1);
   s.Enqueue(logits, &refused);
   cluster::StepPlan plan;
   Step(s, 5, &plan);
@@ -436,13 +442,10 @@ TEST_F(SchedulerTest, CreditForAQueuedRequestCountsAndNoWindowMeansNoLimit) {
   const uint64_t row = static_cast<uint64_t>(ModelConfig::Tiny().vocab_size) * sizeof(float);
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  cluster::SubmitSequence small = Submit(1, Prompt(8), 2);
-  small.set_return_prompt_logits(true);
-  small.set_prompt_logits_credit_bytes(row);
+  cluster::SubmitSequence small = SubmitWithLogits(1, Prompt(8), 2, row);
   s.Enqueue(small, &refused);
   s.GrantPromptLogits(1, 4 * row);
-  cluster::SubmitSequence unlimited = Submit(2, Prompt(8), 2);
-  unlimited.set_return_prompt_logits(true);
+  cluster::SubmitSequence unlimited = SubmitWithLogits(2, Prompt(8), 2);
   s.Enqueue(unlimited, &refused);
   cluster::StepPlan plan;
   Step(s, 5, &plan);

@@ -13,7 +13,35 @@
 namespace flotilla::worker {
 namespace {
 
-class WorkerRuntimeFakeTest : public ::testing::Test {
+// The options of the one-thread worker "w0" the tests run.
+WorkerOptions TestOptions() {
+  WorkerOptions o;
+  o.worker_id = "w0";
+  o.threads = 1;
+  o.advertise_address = "127.0.0.1";
+  return o;
+}
+
+// A fixture running a WorkerRuntime's Run on a thread of its own; stopped
+// and joined at the end of the test.
+class RunningRuntimeTest : public ::testing::Test {
+ protected:
+  void Run(absl::StatusOr<std::unique_ptr<WorkerRuntime>> runtime) {
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    runtime_ = std::move(*runtime);
+    thread_ = std::thread([this] { run_status_ = runtime_->Run(); });
+  }
+  void TearDown() override {
+    if (runtime_) runtime_->Stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  std::unique_ptr<WorkerRuntime> runtime_;
+  std::thread thread_;
+  absl::Status run_status_;
+};
+
+class WorkerRuntimeFakeTest : public RunningRuntimeTest {
  protected:
   void SetUp() override {
     auto client = std::make_unique<FakeCoordinatorClient>();
@@ -22,18 +50,7 @@ class WorkerRuntimeFakeTest : public ::testing::Test {
     factory_ = factory.get();
     EngineFactories factories;
     factories.emplace("cpu", std::move(factory));
-    WorkerOptions o;
-    o.worker_id = "w0";
-    o.threads = 1;
-    o.advertise_address = "127.0.0.1";
-    auto runtime = WorkerRuntime::Create(o, std::move(client), std::move(factories));
-    ASSERT_TRUE(runtime.ok()) << runtime.status();
-    runtime_ = std::move(*runtime);
-    thread_ = std::thread([this] { run_status_ = runtime_->Run(); });
-  }
-  void TearDown() override {
-    if (runtime_) runtime_->Stop();
-    if (thread_.joinable()) thread_.join();
+    Run(WorkerRuntime::Create(TestOptions(), std::move(client), std::move(factories)));
   }
   // Assignment then StartComm; true when the worker answered Ready and Joined.
   bool Serve(uint64_t generation = 1) {
@@ -51,9 +68,6 @@ class WorkerRuntimeFakeTest : public ::testing::Test {
 
   FakeCoordinatorClient* client_ = nullptr;
   FakeEngineFactory* factory_ = nullptr;
-  std::unique_ptr<WorkerRuntime> runtime_;
-  std::thread thread_;
-  absl::Status run_status_;
 };
 
 TEST_F(WorkerRuntimeFakeTest, HelloThenAssignmentReadyJoinedAndTokens) {
@@ -249,17 +263,14 @@ TEST_F(WorkerRuntimeFakeTest, ACommunicatorTimeoutInAStepEndsRequests) {
 
 // ---- sessions: the worker outlives its coordinator ----
 
-class WorkerReconnectTest : public ::testing::Test {
+class WorkerReconnectTest : public RunningRuntimeTest {
  protected:
   // `connect_failures` clients refuse to connect before the first that works.
   void Start(int connect_failures) {
     auto factory = std::make_unique<FakeEngineFactory>();
     EngineFactories factories;
     factories.emplace("cpu", std::move(factory));
-    WorkerOptions o;
-    o.worker_id = "w0";
-    o.threads = 1;
-    o.advertise_address = "127.0.0.1";
+    WorkerOptions o = TestOptions();
     o.reconnect_backoff = absl::Milliseconds(10);
     o.reconnect_backoff_max = absl::Milliseconds(40);
     auto clients = [this, connect_failures]() -> std::unique_ptr<CoordinatorClient> {
@@ -272,14 +283,7 @@ class WorkerReconnectTest : public ::testing::Test {
       cv_.notify_all();
       return client;
     };
-    auto runtime = WorkerRuntime::Create(o, clients, std::move(factories));
-    ASSERT_TRUE(runtime.ok()) << runtime.status();
-    runtime_ = std::move(*runtime);
-    thread_ = std::thread([this] { run_status_ = runtime_->Run(); });
-  }
-  void TearDown() override {
-    if (runtime_) runtime_->Stop();
-    if (thread_.joinable()) thread_.join();
+    Run(WorkerRuntime::Create(o, clients, std::move(factories)));
   }
   // The n-th client (0-based), once the runtime made it.
   FakeCoordinatorClient* Client(size_t n) {
@@ -291,9 +295,6 @@ class WorkerReconnectTest : public ::testing::Test {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<FakeCoordinatorClient*> clients_;  // owned by the runtime while in use
-  std::unique_ptr<WorkerRuntime> runtime_;
-  std::thread thread_;
-  absl::Status run_status_;
 };
 
 TEST_F(WorkerReconnectTest, WaitsForACoordinatorThatIsNotUpYet) {

@@ -73,21 +73,50 @@ function(flotilla_add_proto name)
   endif()
 endfunction()
 
+# flotilla_add_program(name SOURCES ... [LIBS ...]): an executable with the
+# project's compile settings (benchmarks, examples).
+function(flotilla_add_program name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  flotilla_target_defaults(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS})
+endfunction()
+
 # flotilla_add_test(name SOURCES ... [LIBS ...] [LABELS gpu|multigpu ...]
-#                   [SLOW_TESTS Suite.Test ...] [TIMEOUT s])
+#                   [SLOW_TESTS Suite.Test ...] [TIMEOUT s] [CLUSTER] [NODE]
+#                   [PROGRAMS target ...] [DEFINITIONS NAME=VALUE ...])
 # One gtest binary; each TEST becomes its own ctest entry carrying LABELS, so
 # `ctest -L gpu` or `ctest -LE slow` select them. SLOW_TESTS names the tests
 # (Suite.Test, or the start of a parameterized name) that also get the `slow`
 # label: end-to-end checks of behaviour about time (deadlines, timeouts, stays
-# responsive), which assert generous bounds only.
+# responsive), which assert generous bounds only. CLUSTER: the test starts
+# local clusters (FLOTILLA_BIN_DIR names where the coordinator and the worker
+# are built, and they are built first); NODE: it runs node clients
+# (FLOTILLA_NODE, FLOTILLA_NODE_MODULES); PROGRAMS: further targets built
+# before it; DEFINITIONS: further compile definitions.
 function(flotilla_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS;LABELS;SLOW_TESTS" ${ARGN})
+  cmake_parse_arguments(ARG "CLUSTER;NODE" "TIMEOUT"
+                        "SOURCES;LIBS;LABELS;SLOW_TESTS;PROGRAMS;DEFINITIONS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   flotilla_target_defaults(${name})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  if(ARG_CLUSTER)
+    list(APPEND ARG_DEFINITIONS FLOTILLA_BIN_DIR="${FLOTILLA_BIN_DIR}")
+    list(APPEND ARG_PROGRAMS flotilla-coordinator flotilla-worker)
+  endif()
+  if(ARG_NODE)
+    list(APPEND ARG_DEFINITIONS FLOTILLA_NODE="${FLOTILLA_NODE}"
+         FLOTILLA_NODE_MODULES="${FLOTILLA_NODE_MODULES}")
+  endif()
+  if(ARG_DEFINITIONS)
+    target_compile_definitions(${name} PRIVATE ${ARG_DEFINITIONS})
+  endif()
+  if(ARG_PROGRAMS)
+    add_dependencies(${name} ${ARG_PROGRAMS})
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
