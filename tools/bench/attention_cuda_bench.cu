@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cuda/attention.h"
+#include "tools/bench/bench_fill.cuh"
 
 namespace {
 
@@ -39,10 +40,7 @@ bool Check(cudaError_t err, const char* what) {
 __global__ void FillBf16(uint16_t* x, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
+    const uint32_t h = BenchHash(i, seed);
     // Uniform in about [-1, 1): sign, exponent 126 or 125, 7 mantissa bits.
     x[i] = static_cast<uint16_t>((h & 0x8000u) | ((125u + ((h >> 7) & 1u)) << 7) | (h & 0x7fu));
   }

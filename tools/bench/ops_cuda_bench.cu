@@ -23,6 +23,7 @@
 
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
+#include "tools/bench/bench_fill.cuh"
 
 namespace {
 
@@ -37,10 +38,7 @@ bool Check(cudaError_t err, const char* what) {
 __global__ void FillBf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
+    const uint32_t h = BenchHash(i, seed);
     const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
     const uint32_t bits = __float_as_uint(u * scale);
     p[i] = static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
@@ -50,10 +48,7 @@ __global__ void FillBf16(uint16_t* p, size_t n, uint32_t seed, float scale) {
 __global__ void FillLogits(float* p, size_t n, uint32_t seed) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
+    const uint32_t h = BenchHash(i, seed);
     const float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);
     // A broad tail with a few strong candidates.
     p[i] = u * 4.0f + ((h & 0xFFFu) == 0 ? 8.0f : 0.0f);
