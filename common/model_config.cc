@@ -272,56 +272,49 @@ json ModelConfig::ToJson() const {
 }
 
 namespace {
-ModelConfig Base() {
-  ModelConfig c;
-  c.num_experts_per_tok = 4;
-  c.hidden_size = 2880;
-  c.intermediate_size = 2880;
-  c.num_attention_heads = 64;
-  c.num_key_value_heads = 8;
-  c.head_dim = 64;
-  c.vocab_size = 201088;
-  c.sliding_window = 128;
-  c.max_position_embeddings = 131072;
-  c.rope_theta = 150000;
-  c.rope_scaling = RopeScaling{};
-  c.rms_norm_eps = 1e-5;
-  c.swiglu_limit = 7.0;
-  c.eos_token_ids = {200002};
-  c.pad_token_id = 199999;
-  c.mxfp4_experts = true;
-  c.modules_to_not_convert = {"model.layers.*.self_attn", "model.layers.*.mlp.router",
-                              "model.embed_tokens", "lm_head"};
-  return c;
-}
 void AlternateLayers(ModelConfig& c) {
   c.layer_types.clear();
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     c.layer_types.push_back(i % 2 == 0 ? LayerType::kSlidingAttention : LayerType::kFullAttention);
   }
 }
+
+// gpt-oss as released: `layers` layers of `experts` experts, sliding and full
+// attention alternating.
+ModelConfig Gptoss(int layers, int experts) {
+  ModelConfig c{.num_hidden_layers = layers,
+                .num_local_experts = experts,
+                .num_experts_per_tok = 4,
+                .hidden_size = 2880,
+                .intermediate_size = 2880,
+                .num_attention_heads = 64,
+                .num_key_value_heads = 8,
+                .head_dim = 64,
+                .vocab_size = 201088,
+                .sliding_window = 128,
+                .max_position_embeddings = 131072,
+                .layer_types = {},
+                .rope_theta = 150000,
+                .rope_scaling = RopeScaling{},
+                .rms_norm_eps = 1e-5,
+                .swiglu_limit = 7.0,
+                .eos_token_ids = {200002},
+                .pad_token_id = 199999,
+                .tie_word_embeddings = false,
+                .mxfp4_experts = true,
+                .modules_to_not_convert = {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                           "model.embed_tokens", "lm_head"}};
+  AlternateLayers(c);
+  return c;
+}
 }  // namespace
 
-ModelConfig ModelConfig::Gptoss120b() {
-  ModelConfig c = Base();
-  c.num_hidden_layers = 36;
-  c.num_local_experts = 128;
-  AlternateLayers(c);
-  return c;
-}
+ModelConfig ModelConfig::Gptoss120b() { return Gptoss(36, 128); }
 
-ModelConfig ModelConfig::Gptoss20b() {
-  ModelConfig c = Base();
-  c.num_hidden_layers = 24;
-  c.num_local_experts = 32;
-  AlternateLayers(c);
-  return c;
-}
+ModelConfig ModelConfig::Gptoss20b() { return Gptoss(24, 32); }
 
 ModelConfig ModelConfig::Tiny() {
-  ModelConfig c = Base();
-  c.num_hidden_layers = 4;
-  c.num_local_experts = 8;
+  ModelConfig c = Gptoss(4, 8);
   c.hidden_size = 64;
   c.intermediate_size = 64;
   c.num_attention_heads = 8;
@@ -332,7 +325,18 @@ ModelConfig ModelConfig::Tiny() {
   c.max_position_embeddings = 4096;
   c.eos_token_ids = {1000};
   c.pad_token_id = 1001;
-  AlternateLayers(c);
+  return c;
+}
+
+ModelConfig ModelConfig::Demo() {
+  ModelConfig c = Gptoss(4, 8);
+  c.num_experts_per_tok = 2;
+  c.hidden_size = 64;
+  c.intermediate_size = 64;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.sliding_window = 64;
   return c;
 }
 

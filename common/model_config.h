@@ -58,6 +58,9 @@ struct ModelConfig {
   static ModelConfig Gptoss120b();
   static ModelConfig Gptoss20b();
   static ModelConfig Tiny();  // H=64, E=8, 4 layers, window 16, V=1024
+  // The demo model's shape (tools/demo_model/): H=64, E=8 (K=2), 4 layers,
+  // window 64, the full o200k_harmony vocabulary.
+  static ModelConfig Demo();
 
   bool is_sliding(int layer) const {
     return layer_types[layer] == LayerType::kSlidingAttention;
