@@ -23,6 +23,22 @@
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
+//                     [--predict-ranks 2,4,8 --allreduce-us 2:12,4:13,8:15
+//                      --graph-step-ms 1:3.02,64:26.9]
+//                                         (with --profile-ops 1: the step-time model of
+//                                          one TP group of W GPUs with the
+//                                          tensor-parallel MoE, {"bench":"step_model"};
+//                                          the graph step times from a run without
+//                                          --profile-ops, else the profiled step's)
+//
+// The step-time model: the profiled ops split into those W ranks share (QKV
+// with its norm and RoPE, attention, the O projection, the MoE: each rank
+// reads 1/W of their weights and KV) and those every rank repeats (embedding,
+// norms, router, top-k, lm_head, sampling); a step on W ranks takes
+//   graph_step x (replicated + sharded / W) / (replicated + sharded)
+//   + layers x (2 all-reduces + 2 small launches) of the measured latency,
+// the graph step scaling the profiled (ungraphed) sum to what a replayed step
+// takes. The all-reduce latency per W comes from flotilla_ep_bench.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -30,6 +46,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -56,6 +74,19 @@ std::vector<long> ParseList(const std::string& s) {
   return out;
 }
 
+// "K:V,K:V" -> {K: V}.
+std::map<long, double> ParsePairs(const std::string& s) {
+  std::map<long, double> out;
+  std::stringstream ss(s);
+  std::string pair;
+  while (std::getline(ss, pair, ',')) {
+    const size_t colon = pair.find(':');
+    if (colon == std::string::npos) continue;
+    out[std::strtol(pair.c_str(), nullptr, 10)] = std::strtod(pair.c_str() + colon + 1, nullptr);
+  }
+  return out;
+}
+
 double PeakHbmGbs(int device) {
   int clock_khz = 0, bus_bits = 0;
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
@@ -63,6 +94,37 @@ double PeakHbmGbs(int device) {
     return 0;
   }
   return 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+}
+
+// The step-time model above, one line per W in `ranks` with a latency.
+template <typename OpTimes>
+void PrintStepModel(const OpTimes& op_ms, long steps, double graph_step_ms, bool graphed,
+                    long layers, long batch, const std::vector<long>& ranks,
+                    const std::map<long, double>& allreduce_us) {
+  static const std::set<std::string> kSharded = {"qkv_linear", "rope_kv_write", "attention",
+                                                 "o_linear", "moe"};
+  double sharded = 0, replicated = 0;
+  for (const auto& [label, total] : op_ms) {
+    (kSharded.count(label) != 0 ? sharded : replicated) += total / steps;
+  }
+  if (sharded + replicated <= 0) return;
+  const double scale = graph_step_ms / (sharded + replicated);
+  for (long w : ranks) {
+    const auto at = allreduce_us.find(w);
+    if (w < 1 || at == allreduce_us.end()) continue;
+    // Per layer: the O projection's and the MoE's all-reduce, and the MoE
+    // output's zeroing and residual add (~2 us each in a graph).
+    const double exchange_ms = layers * (2 * at->second + 2 * 2.0) / 1e3;
+    const double ms = scale * (replicated + sharded / w) + exchange_ms;
+    std::printf("{\"bench\":\"step_model\",\"batch\":%ld,\"ranks\":%ld,\"one_gpu_ms\":%.3f,"
+                "\"one_gpu_step\":\"%s\","
+                "\"sharded_ms\":%.3f,\"replicated_ms\":%.3f,\"allreduce_us\":%.1f,"
+                "\"exchange_ms\":%.3f,\"predicted_ms_per_step\":%.3f,"
+                "\"predicted_tokens_per_s\":%.1f,\"speedup\":%.2f}\n",
+                batch, w, graph_step_ms, graphed ? "graph replay" : "profiled, no graph",
+                scale * sharded, scale * replicated, at->second,
+                exchange_ms, ms, batch * 1e3 / ms, graph_step_ms / ms);
+  }
 }
 
 }  // namespace
@@ -76,6 +138,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
+  std::vector<long> predict_ranks;
+  std::map<long, double> allreduce_us;  // W -> one all-reduce's latency
+  std::map<long, double> graph_step_ms;  // batch -> a replayed step's time
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--layers") layers = std::strtol(v.c_str(), nullptr, 10);
@@ -86,6 +151,9 @@ int main(int argc, char** argv) {
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
     else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
+    else if (a == "--predict-ranks") predict_ranks = ParseList(v);
+    else if (a == "--allreduce-us") allreduce_us = ParsePairs(v);
+    else if (a == "--graph-step-ms") graph_step_ms = ParsePairs(v);
     else if (a == "--ablate") {
       std::stringstream ss(v);
       std::string op;
@@ -251,6 +319,9 @@ int main(int argc, char** argv) {
         first = false;
       }
       std::printf("}}\n");
+      const auto graphed = graph_step_ms.find(B);
+      PrintStepModel(e.op_time_ms(), steps, graphed != graph_step_ms.end() ? graphed->second : ms,
+                     graphed != graph_step_ms.end(), layers, B, predict_ranks, allreduce_us);
     }
     std::fflush(stdout);
     for (int64_t s : seqs) (void)e.FreeSequence(s);

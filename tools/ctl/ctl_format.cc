@@ -99,7 +99,8 @@ json StatusJson(const admin::ClusterStatus& s, const admin::PlacementInfo* place
         {"ep_size", placement->ep_size()},
         {"device_transport", placement->device_transport() == cluster::DEVICE_TRANSPORT_UNSPECIFIED
                                  ? ""
-                                 : DeviceTransportName(placement->device_transport())}};
+                                 : DeviceTransportName(placement->device_transport())},
+        {"moe_layout", placement->moe_layout() == cluster::MOE_LAYOUT_TP ? "tp" : "ep"}};
   }
   return j;
 }
@@ -111,7 +112,9 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
   if (placement != nullptr) {
     absl::StrAppend(&out, "placement: ", placement->world_size(), " ranks, tp ",
                     placement->tp_size(), " x dp ", placement->dp_size(), ", ep ",
-                    placement->ep_size(), "\n");
+                    placement->ep_size(), ", MoE ",
+                    placement->moe_layout() == cluster::MOE_LAYOUT_TP ? "tensor" : "expert",
+                    " parallel\n");
   }
   absl::StrAppend(&out, "requests: ", s.requests_in_flight(), " in flight, ",
                   s.requests_submitted(), " submitted, ", s.requests_migrated(),
