@@ -20,6 +20,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_weight_feed.h"
+#include "worker/engine/step_layout.h"
 #include "worker/model/expert_slice.h"
 #include "worker/parallel/parallel_context.h"
 
@@ -36,13 +37,6 @@ absl::Status CudaStatus(cudaError_t err, const char* what) {
 #define FLOTILLA_CUDA_RETURN(expr) FLOTILLA_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Next power of two >= n (n >= 1).
-int64_t PowerOfTwoAtLeast(int64_t n) {
-  int64_t p = 1;
-  while (p < n) p <<= 1;
-  return p;
-}
 
 // What one rank holds: its TP rank's heads and, per layer, the expert in
 // each MoE slot (the slot ids ExpertMap gives this rank; -1: slot unused).
@@ -197,11 +191,7 @@ struct CudaEngine::Impl {
   cudaStream_t copy_stream = nullptr;
   std::atomic<uint64_t> staged_version{0};
   std::vector<std::vector<int>> counts_slot_expert;  // the map the read-back counted under
-  size_t meta_ints = 0;
-  // Slots and block tables come once per KV group, `slots_stride` /
-  // `tables_stride` apart.
-  size_t off_tokens = 0, off_pos = 0, off_slots = 0, off_qstart = 0, off_lens = 0, off_tables = 0,
-         off_rows = 0, slots_stride = 0, tables_stride = 0;
+  StepMetaOffsets meta_at;                           // the regions of `meta`
   int kv_groups = 1;
   kc::SamplingRow* params_host = nullptr;
   int32_t* tokens_host = nullptr;
@@ -285,15 +275,6 @@ struct CudaEngine::Impl {
   }
 };
 
-struct CudaEngine::Plan {
-  int tokens = 0;       // T, padded rows included
-  int seqs = 0;         // B, padded rows included
-  int real_items = 0;   // items of the caller
-  int rows = 0;         // logit rows
-  int max_q = 0;
-  int64_t max_len = 0;
-  std::vector<int> first_row, row_count;  // per real item
-};
 
 CudaEngine::CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config)
     : impl_(std::move(impl)), config_(config) {}
@@ -713,18 +694,10 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   const int64_t max_blocks_per_seq = CeilDiv(max_context, bs);
 
   // Metadata regions at fixed offsets.
-  d.off_tokens = 0;
-  d.off_pos = d.off_tokens + T;
-  d.off_slots = d.off_pos + T;
-  d.slots_stride = T;
-  d.off_qstart = d.off_slots + d.kv_groups * d.slots_stride;
-  d.off_lens = d.off_qstart + B + 1;
-  d.off_rows = d.off_lens + B;
-  d.off_tables = d.off_rows + std::max(T, d.logit_rows);
-  d.tables_stride = static_cast<size_t>(B) * max_blocks_per_seq;
-  d.meta_ints = d.off_tables + d.kv_groups * d.tables_stride;
-  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.meta, d.meta_ints));
-  FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.meta_host), d.meta_ints * sizeof(int32_t)));
+  d.meta_at = StepMetaOffsets::For(T, B, d.logit_rows, d.kv_groups, max_blocks_per_seq);
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.meta, d.meta_at.total));
+  FLOTILLA_CUDA_RETURN(
+      cudaMallocHost(reinterpret_cast<void**>(&d.meta_host), d.meta_at.total * sizeof(int32_t)));
   FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.params_host), B * sizeof(kc::SamplingRow)));
   FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.tokens_host), B * sizeof(int32_t)));
   FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.logprobs_host), B * sizeof(float)));
@@ -950,7 +923,7 @@ int CudaEngine::SamplingVariant(const DeviceSampling& sampling) {
          16 * sampling.top_n;
 }
 
-absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const Plan& plan) {
+absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const StepLayout& plan) {
   Impl& d = *impl_;
   for (int r = 0; r < plan.seqs; ++r) d.params_host[r] = kc::SamplingRow{};  // padding: greedy
   for (int i = 0; i < plan.real_items; ++i) {
@@ -975,7 +948,7 @@ absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const Pl
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::UploadMasks(const DeviceSampling& sampling, const Plan& plan) {
+absl::Status CudaEngine::UploadMasks(const DeviceSampling& sampling, const StepLayout& plan) {
   Impl& d = *impl_;
   if (sampling.masks == 0) return absl::OkStatus();
   for (int m = 0; m < sampling.masks; ++m) {
@@ -1056,7 +1029,7 @@ void CudaEngine::AbortExchanges() {
 }
 
 absl::Status CudaEngine::CollectSampled(const std::vector<StepItem>& items,
-                                        const DeviceSampling& sampling, const Plan& plan,
+                                        const DeviceSampling& sampling, const StepLayout& plan,
                                         StepOutput* out, std::vector<SampledToken>* sampled) {
   Impl& d = *impl_;
   const int V = config_.vocab_size, rows = plan.rows, top = sampling.top_n;
@@ -1221,125 +1194,42 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
   FLOTILLA_RETURN_IF_ERROR(Reserve(items));
 
-  // Decode steps replay a graph over a padded batch.
+  // Decode steps replay a graph over a padded batch (StepLayout::Plan).
   // A rank of a sharded instance whose items ask for no logits (a TP peer of
-  // the leader) replays such graphs too, without logit rows. TP peers must
-  // run the same padded tokens whatever logits each asks for (only the
-  // leader asks), so a sharded engine pads every one-token-per-item step.
-  // An idle sharded rank's empty step (it only joins its peers' exchanges)
-  // replays a one-padding-row graph too: launched eagerly, NCCL's enqueue of
-  // 72 exchanges costs more than the busy peer's whole step.
-  const bool graphs_on = options_.cuda_graphs && !options_.profile_ops;
-  bool one_token = !items.empty() || par != nullptr, rows_fit = true, any_row = false;
+  // the leader) replays such graphs too, without logit rows. An idle sharded
+  // rank's empty step (it only joins its peers' exchanges) replays a
+  // one-padding-row graph too: launched eagerly, NCCL's enqueue of 72
+  // exchanges costs more than the busy peer's whole step.
+  std::vector<LogitsMode> modes(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    one_token = one_token && items[i].tokens.size() == 1;
-    const bool row = sample ? has_row(i) : items[i].logits == LogitsMode::kLast;
-    const bool none = !sample && items[i].logits == LogitsMode::kNone;
-    rows_fit = rows_fit && (row || (par != nullptr && none));
-    any_row = any_row || row;
+    modes[i] = sample ? (has_row(i) ? LogitsMode::kLast : LogitsMode::kNone) : items[i].logits;
   }
-  const bool pad = graphs_on && one_token && (rows_fit || par != nullptr);
-  const bool decode = pad && rows_fit;
-  const bool pad_rows = sample || any_row;  // padding rows get logit rows too
-  Plan plan;
-  plan.real_items = static_cast<int>(items.size());
-  plan.seqs = pad ? static_cast<int>(std::min<int64_t>(PowerOfTwoAtLeast(items.size()),
-                                                       options_.max_sequences))
-                  : static_cast<int>(items.size());
-  int32_t* m = d.meta_host;
-  int T = 0;
-  plan.max_q = 0;
-  plan.max_len = 1;
-  std::vector<int> rows;
-  for (int i = 0; i < plan.seqs; ++i) {
-    m[d.off_qstart + i] = T;
-    auto table_of = [&](int g) {
-      return m + d.off_tables + g * d.tables_stride + static_cast<size_t>(i) * MB;
-    };
-    if (i < plan.real_items) {
-      const StepItem& it = items[i];
-      const int64_t length = *kv_->Length(it.sequence);
-      const int n = static_cast<int>(it.tokens.size());
-      for (int j = 0; j < n; ++j) {
-        m[d.off_tokens + T + j] = it.tokens[j];
-        m[d.off_pos + T + j] = static_cast<int32_t>(length + j);
-      }
-      for (int g = 0; g < d.kv_groups; ++g) {
-        const std::vector<int32_t>& blocks = kv_->Table(it.sequence, g);
-        int32_t* slots = m + d.off_slots + g * d.slots_stride + T;
-        for (int j = 0; j < n; ++j) {
-          const int64_t p = length + j;
-          slots[j] = blocks[p / bs] * bs + static_cast<int32_t>(p % bs);
-        }
-        // Blocks a sliding group dropped read as the scratch block: the
-        // kernels never read a position before the window.
-        int32_t* table = table_of(g);
-        for (size_t b = 0; b < blocks.size(); ++b) table[b] = std::max(blocks[b], 0);
-        std::fill(table + blocks.size(), table + MB, 0);
-      }
-      const int64_t len = length + n;
-      m[d.off_lens + i] = static_cast<int32_t>(len);
-      const LogitsMode mode = sample ? (has_row(i) ? LogitsMode::kLast : LogitsMode::kNone)
-                                     : it.logits;
-      plan.first_row.push_back(static_cast<int>(rows.size()));
-      if (mode == LogitsMode::kAll) {
-        for (int j = 0; j < n; ++j) rows.push_back(T + j);
-      } else if (mode == LogitsMode::kLast) {
-        rows.push_back(T + n - 1);
-      }
-      plan.row_count.push_back(static_cast<int>(rows.size()) - plan.first_row.back());
-      plan.max_q = std::max(plan.max_q, n);
-      plan.max_len = std::max(plan.max_len, len);
-      T += n;
-    } else {
-      // Padding row: one token at position 0 of a one-token sequence in the
-      // scratch block; its K/V are not stored and its outputs are dropped.
-      m[d.off_tokens + T] = 0;
-      m[d.off_pos + T] = 0;
-      for (int g = 0; g < d.kv_groups; ++g) {
-        m[d.off_slots + g * d.slots_stride + T] = -1;
-        std::fill(table_of(g), table_of(g) + MB, 0);
-      }
-      m[d.off_lens + i] = 1;
-      if (pad_rows) rows.push_back(T);
-      plan.max_q = std::max(plan.max_q, 1);
-      T += 1;
-    }
-  }
-  m[d.off_qstart + plan.seqs] = T;
-  plan.tokens = T;
-  plan.rows = static_cast<int>(rows.size());
+  StepLayoutOptions layout_options;
+  layout_options.max_sequences = options_.max_sequences;
+  layout_options.block_size = bs;
+  layout_options.graphs = options_.cuda_graphs && !options_.profile_ops;
+  layout_options.sharded = par != nullptr;
+  FLOTILLA_ASSIGN_OR_RETURN(
+      const StepLayout plan,
+      StepLayout::Plan(items, modes, sample, *kv_, d.meta_at, layout_options, d.meta_host));
+  const bool decode = plan.decode, pad_rows = plan.pad_rows;
+  const int T = plan.tokens;
   // Sharded: every rank sizes the step's exchanges from the same bound, the
   // instance's largest step rounded up as decode batches are (so it covers
   // this rank's padded rows too).
   int64_t step_bound = 0;
   if (par != nullptr) {
-    const int64_t n = std::max<int64_t>(instance_step_tokens_ > 0 ? instance_step_tokens_ : T, 1);
-    step_bound = std::min<int64_t>(PowerOfTwoAtLeast(n), options_.max_batch_tokens);
-    if (step_bound < T) {
-      return absl::InternalError(absl::StrCat("step: ", T, " tokens on this rank, more than the ",
-                                              "instance's step bound ", step_bound));
-    }
+    FLOTILLA_ASSIGN_OR_RETURN(
+        step_bound, ShardedStepBound(instance_step_tokens_, T, options_.max_batch_tokens));
     par->ep().SetStepTokens(step_bound);
   }
-  std::copy(rows.begin(), rows.end(), m + d.off_rows);
 
   // Upload the used part of each region (offsets are fixed).
-  auto upload = [&](size_t off, size_t count) {
-    return CudaStatus(cudaMemcpyAsync(d.meta + off, m + off, count * sizeof(int32_t),
-                                      cudaMemcpyHostToDevice, d.stream),
-                      "upload step metadata");
-  };
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_tokens, T));
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_pos, T));
-  for (int g = 0; g < d.kv_groups; ++g) {
-    FLOTILLA_RETURN_IF_ERROR(upload(d.off_slots + g * d.slots_stride, T));
-    FLOTILLA_RETURN_IF_ERROR(
-        upload(d.off_tables + g * d.tables_stride, static_cast<size_t>(plan.seqs) * MB));
+  for (const auto& [offset, count] : plan.UsedRegions(d.meta_at)) {
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.meta + offset, d.meta_host + offset,
+                                         count * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                         d.stream));
   }
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_qstart, plan.seqs + 1));
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_lens, plan.seqs));
-  FLOTILLA_RETURN_IF_ERROR(upload(d.off_rows, std::max(plan.rows, 1)));
   if (sample) FLOTILLA_RETURN_IF_ERROR(UploadSampling(*sampling, plan));
 
   // The body of the step; `ctx` bounds the sequence lengths for the KV split.
@@ -1361,8 +1251,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     cudaStream_t s = d.stream;
     kc::AttentionBatch batch;  // block_tables: the layer's group's, set per layer
     batch.max_blocks_per_seq = MB;
-    batch.seq_lens = d.meta + d.off_lens;
-    batch.q_start = d.meta + d.off_qstart;
+    batch.seq_lens = d.meta + d.meta_at.lens;
+    batch.q_start = d.meta + d.meta_at.qstart;
     batch.batch = plan.seqs;
     batch.total_q = T;
     batch.max_seq_len = static_cast<int>(ctx);
@@ -1380,22 +1270,22 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
       return mark("end");
     }
     if (on("embedding")) {
-      FLOTILLA_CUDA_RETURN(kc::LaunchEmbedding(d.embed, V, H, d.meta + d.off_tokens, T, d.x,
-                                               d.invalid, s));
+      FLOTILLA_CUDA_RETURN(
+          kc::LaunchEmbedding(d.embed, V, H, d.meta + d.meta_at.tokens, T, d.x, d.invalid, s));
     }
     auto slots_of = [&](const Impl::Layer& L) {
-      return d.meta + d.off_slots + L.kv_group * d.slots_stride;
+      return d.meta + d.meta_at.slots + L.kv_group * d.meta_at.slots_stride;
     };
     for (Impl::Layer& L : d.layers) {
-      batch.block_tables = d.meta + d.off_tables + L.kv_group * d.tables_stride;
+      batch.block_tables = d.meta + d.meta_at.tables + L.kv_group * d.meta_at.tables_stride;
       if (fused_qkv) {
         // Few tokens: the input norm, the QKV projection, RoPE and the KV
         // write in one launch (labelled as the projection it mostly is).
         FLOTILLA_RETURN_IF_ERROR(mark("qkv_linear"));
         if (on("qkv_linear")) {
-          FLOTILLA_CUDA_RETURN(kc::LaunchNormQkvRope(
-              d.x, L.input_norm, eps, L.wqkv, L.bqkv, T, H, NH, d.meta + d.off_pos,
-              slots_of(L), d.inv_freq, d.rope_scaling, L.kv, d.q, s));
+          FLOTILLA_CUDA_RETURN(kc::LaunchNormQkvRope(d.x, L.input_norm, eps, L.wqkv, L.bqkv, T, H,
+                                                     NH, d.meta + d.meta_at.pos, slots_of(L),
+                                                     d.inv_freq, d.rope_scaling, L.kv, d.q, s));
         }
       } else {
         FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
@@ -1409,9 +1299,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
         }
         FLOTILLA_RETURN_IF_ERROR(mark("rope_kv_write"));
         if (on("rope_kv_write")) {
-          FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.off_pos,
-                                                     slots_of(L), T, NH, d.inv_freq,
-                                                     d.rope_scaling, L.kv, d.q, s,
+          FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d.qkv, d.meta + d.meta_at.pos, slots_of(L), T,
+                                                     NH, d.inv_freq, d.rope_scaling, L.kv, d.q, s,
                                                      kc::QkvRowOrder::kRopePairs));
         }
       }
@@ -1487,9 +1376,9 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
     if (logit_rows_now > 0) {
       FLOTILLA_RETURN_IF_ERROR(mark("rmsnorm"));
       if (on("rmsnorm")) {
-        FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + row_offset,
-                                                   logit_rows_now, d.final_norm, H, eps,
-                                                   d.final_t, s));
+        FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.meta_at.rows + row_offset,
+                                                   logit_rows_now, d.final_norm, H, eps, d.final_t,
+                                                   s));
       }
       FLOTILLA_RETURN_IF_ERROR(mark("lm_head"));
       if (on("lm_head")) {
@@ -1505,8 +1394,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   };
 
   if (decode) {
-    const int64_t ctx = std::min<int64_t>(std::max<int64_t>(PowerOfTwoAtLeast(plan.max_len), 1024),
-                                          options_.max_context);
+    const int64_t ctx = DecodeContextBucket(plan.max_len, options_.max_context);
     const std::tuple<int, int64_t, int, int64_t> key(
         plan.seqs, ctx, sample ? SamplingVariant(*sampling) : (pad_rows ? -1 : -2), step_bound);
     auto g = d.graphs.find(key);
@@ -1580,8 +1468,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items,
   } else {
     for (int r0 = 0; r0 < plan.rows; r0 += d.logit_rows) {
       const int n = std::min(d.logit_rows, plan.rows - r0);
-      FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.off_rows + r0, n, d.final_norm, H,
-                                                 eps, d.final_t, d.stream));
+      FLOTILLA_CUDA_RETURN(kc::LaunchRmsNormRows(d.x, d.meta + d.meta_at.rows + r0, n, d.final_norm,
+                                                 H, eps, d.final_t, d.stream));
       FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d.linear, d.final_t, d.lm_head, nullptr, n, H, V, false,
                                             d.logits, d.stream));
       FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data() + static_cast<size_t>(r0) * V, d.logits,

@@ -45,6 +45,7 @@
 namespace flotilla {
 
 class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
+struct StepLayout;     // worker/engine/step_layout.h
 
 namespace parallel {
 class ParallelContext;  // worker/parallel/parallel_context.h
@@ -198,7 +199,6 @@ class CudaEngine : public Engine {
   struct Impl;
   explicit CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config);
 
-  struct Plan;  // one step's host-side layout
 
   // Weights from `feed`, or (no feed) the benchmarks' fill from `seed`.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Build(const ModelConfig& config,
@@ -245,8 +245,8 @@ class CudaEngine : public Engine {
                              const ModelWeights& extra, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int SamplingVariant(const DeviceSampling& sampling);
-  absl::Status UploadSampling(const DeviceSampling& sampling, const Plan& plan);
-  absl::Status UploadMasks(const DeviceSampling& sampling, const Plan& plan);
+  absl::Status UploadSampling(const DeviceSampling& sampling, const StepLayout& plan);
+  absl::Status UploadMasks(const DeviceSampling& sampling, const StepLayout& plan);
   absl::Status LaunchSampling(const DeviceSampling& sampling, int rows, cudaStream_t stream);
   // Waits for the step's work on `stream`: through the parallel context
   // when sharded (interruptible, and it reports the exchanges' health).
@@ -254,7 +254,8 @@ class CudaEngine : public Engine {
   // Sharded: destroys the captured graphs and aborts the context's exchanges.
   void AbortExchanges();
   absl::Status CollectSampled(const std::vector<StepItem>& items, const DeviceSampling& sampling,
-                              const Plan& plan, StepOutput* out, std::vector<SampledToken>* sampled);
+                              const StepLayout& plan, StepOutput* out,
+                              std::vector<SampledToken>* sampled);
 
   std::unique_ptr<Impl> impl_;
   ModelConfig config_;
