@@ -116,14 +116,14 @@ void PrintStepModel(const OpTimes& op_ms, long steps, double graph_step_ms, bool
     // output's zeroing and residual add (~2 us each in a graph).
     const double exchange_ms = layers * (2 * at->second + 2 * 2.0) / 1e3;
     const double ms = scale * (replicated + sharded / w) + exchange_ms;
-    std::printf("{\"bench\":\"step_model\",\"batch\":%ld,\"ranks\":%ld,\"one_gpu_ms\":%.3f,"
-                "\"one_gpu_step\":\"%s\","
-                "\"sharded_ms\":%.3f,\"replicated_ms\":%.3f,\"allreduce_us\":%.1f,"
-                "\"exchange_ms\":%.3f,\"predicted_ms_per_step\":%.3f,"
-                "\"predicted_tokens_per_s\":%.1f,\"speedup\":%.2f}\n",
-                batch, w, graph_step_ms, graphed ? "graph replay" : "profiled, no graph",
-                scale * sharded, scale * replicated, at->second,
-                exchange_ms, ms, batch * 1e3 / ms, graph_step_ms / ms);
+    std::printf(
+        "{\"bench\":\"step_model\",\"batch\":%ld,\"ranks\":%ld,\"one_gpu_ms\":%.3f,"
+        "\"one_gpu_step\":\"%s\","
+        "\"sharded_ms\":%.3f,\"replicated_ms\":%.3f,\"allreduce_us\":%.1f,"
+        "\"exchange_ms\":%.3f,\"predicted_ms_per_step\":%.3f,"
+        "\"predicted_tokens_per_s\":%.1f,\"speedup\":%.2f}\n",
+        batch, w, graph_step_ms, graphed ? "graph replay" : "profiled, no graph", scale * sharded,
+        scale * replicated, at->second, exchange_ms, ms, batch * 1e3 / ms, graph_step_ms / ms);
   }
 }
 
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
   std::vector<long> predict_ranks;
-  std::map<long, double> allreduce_us;  // W -> one all-reduce's latency
+  std::map<long, double> allreduce_us;   // W -> one all-reduce's latency
   std::map<long, double> graph_step_ms;  // batch -> a replayed step's time
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -151,9 +151,12 @@ int main(int argc, char** argv) {
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
     else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
-    else if (a == "--predict-ranks") predict_ranks = ParseList(v);
-    else if (a == "--allreduce-us") allreduce_us = ParsePairs(v);
-    else if (a == "--graph-step-ms") graph_step_ms = ParsePairs(v);
+    else if (a == "--predict-ranks")
+      predict_ranks = ParseList(v);
+    else if (a == "--allreduce-us")
+      allreduce_us = ParsePairs(v);
+    else if (a == "--graph-step-ms")
+      graph_step_ms = ParsePairs(v);
     else if (a == "--ablate") {
       std::stringstream ss(v);
       std::string op;
