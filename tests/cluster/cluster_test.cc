@@ -106,6 +106,15 @@ void ExpectSameAsOneProcess(int workers, int tp, const std::string& moe) {
       EXPECT_EQ(placement.moe_layout(), moe == "tp" ? ::flotilla::cluster::MOE_LAYOUT_TP
                                                     : ::flotilla::cluster::MOE_LAYOUT_EP);
       EXPECT_EQ(placement.ep_size(), moe == "tp" ? 1u : static_cast<uint32_t>(workers));
+      if (moe == "tp") {
+        // No whole experts to move: balancing says so instead of planning.
+        grpc::ClientContext rctx;
+        admin::RebalanceResult result;
+        const grpc::Status refused = admin->Rebalance(&rctx, admin::RebalanceRequest(), &result);
+        EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+        EXPECT_NE(refused.error_message().find("tensor-parallel MoE layout"), std::string::npos)
+            << refused.error_message();
+      }
     }
     // All prompts at once: they batch together across the DP groups.
     std::vector<Reply> got(want.prompts.size());
