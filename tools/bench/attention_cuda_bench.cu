@@ -126,20 +126,20 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
     }
     if (Check(cudaStreamEndCapture(stream, &graph), "end capture") && ok &&
         Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) {
-      cudaEvent_t e0, e1;
-      cudaEventCreate(&e0);
-      cudaEventCreate(&e1);
-      for (int i = 0; i < 2; ++i) cudaGraphLaunch(exec, stream);
-      cudaEventRecord(e0, stream);
-      for (int i = 0; i < iters; ++i) cudaGraphLaunch(exec, stream);
-      cudaEventRecord(e1, stream);
-      if (Check(cudaEventSynchronize(e1), "run")) {
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
+      float ms = 0;
+      if (Check(EventMs(
+                    stream,
+                    [&] {
+                      for (int i = 0; i < 2; ++i) cudaGraphLaunch(exec, stream);
+                    },
+                    [&] {
+                      for (int i = 0; i < iters; ++i) cudaGraphLaunch(exec, stream);
+                      return cudaSuccess;
+                    },
+                    &ms),
+                "run")) {
         us = ms * 1e3 / (static_cast<double>(iters) * layers);
       }
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }

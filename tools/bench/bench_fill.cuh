@@ -1,7 +1,9 @@
-// Arbitrary device data for the CUDA benchmarks: a cheap per-element hash of
-// the index and a seed (not the synthetic checkpoint's values, which are
-// common/synthetic_fill.h's).
+// What the CUDA benchmarks share: arbitrary device data from a cheap
+// per-element hash of the index and a seed (not the synthetic checkpoint's
+// values, which are common/synthetic_fill.h's), and event timing.
 #pragma once
+
+#include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -13,4 +15,26 @@ __device__ __forceinline__ uint32_t BenchHash(size_t i, uint32_t seed) {
   h *= 2246822519u;
   h ^= h >> 13;
   return h;
+}
+
+// Runs `warm`, then times `run` with CUDA events on `stream` (both enqueue
+// their work there; `run` returns its first launch error, else cudaSuccess):
+// `*ms` is how long `run`'s work took on the device. Returns the first error
+// of `run` or of the stream.
+template <typename Warm, typename Run>
+cudaError_t EventMs(cudaStream_t stream, Warm warm, Run run, float* ms) {
+  cudaEvent_t start, end;
+  cudaEventCreate(&start);
+  cudaEventCreate(&end);
+  warm();
+  cudaEventRecord(start, stream);
+  cudaError_t err = run();
+  cudaEventRecord(end, stream);
+  const cudaError_t synced = cudaEventSynchronize(end);
+  if (err == cudaSuccess) err = synced;
+  *ms = 0;
+  if (err == cudaSuccess) cudaEventElapsedTime(ms, start, end);
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  return err;
 }

@@ -77,19 +77,19 @@ bool TimeGraph(cudaStream_t stream, int launches, int reps, F fn, double* us) {
   if (!Check(cudaStreamEndCapture(stream, &graph), "end capture")) return false;
   cudaGraphExec_t exec;
   if (!Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) return false;
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int w = 0; w < 2; ++w) cudaGraphLaunch(exec, stream);
-  cudaEventRecord(a, stream);
-  for (int r = 0; r < reps; ++r) cudaGraphLaunch(exec, stream);
-  cudaEventRecord(b, stream);
-  bool ok = Check(cudaEventSynchronize(b), "run graph");
   float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
+  const bool ok = Check(EventMs(
+                            stream,
+                            [&] {
+                              for (int w = 0; w < 2; ++w) cudaGraphLaunch(exec, stream);
+                            },
+                            [&] {
+                              for (int r = 0; r < reps; ++r) cudaGraphLaunch(exec, stream);
+                              return cudaSuccess;
+                            },
+                            &ms),
+                        "run graph");
   *us = 1000.0 * ms / (static_cast<double>(launches) * reps);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   return ok;
@@ -99,23 +99,24 @@ bool TimeGraph(cudaStream_t stream, int launches, int reps, F fn, double* us) {
 // next projection may start while the previous one drains.
 template <typename F>
 bool TimeStream(cudaStream_t stream, int launches, int reps, F fn, double* us) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  for (int i = 0; i < launches; ++i) fn(i);
-  cudaEventRecord(a, stream);
-  for (int r = 0; r < reps; ++r) {
-    for (int i = 0; i < launches; ++i) {
-      if (!Check(fn(i), "launch")) return false;
-    }
-  }
-  cudaEventRecord(b, stream);
-  bool ok = Check(cudaEventSynchronize(b), "run stream");
   float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
+  const bool ok = Check(EventMs(
+                            stream,
+                            [&] {
+                              for (int i = 0; i < launches; ++i) fn(i);
+                            },
+                            [&] {
+                              for (int r = 0; r < reps; ++r) {
+                                for (int i = 0; i < launches; ++i) {
+                                  const cudaError_t err = fn(i);
+                                  if (err != cudaSuccess) return err;
+                                }
+                              }
+                              return cudaSuccess;
+                            },
+                            &ms),
+                        "run stream");
   *us = 1000.0 * ms / (static_cast<double>(launches) * reps);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
   return ok;
 }
 
