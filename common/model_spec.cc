@@ -23,9 +23,11 @@ absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset) {
     config = ModelConfig::Gptoss20b();
   } else if (preset == "120b") {
     config = ModelConfig::Gptoss120b();
+  } else if (preset == kDemoPreset) {
+    config = ModelConfig::Demo();
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown preset '", preset, "' (choose tiny, 20b or 120b)"));
+        absl::StrCat("unknown preset '", preset, "' (choose tiny, 20b, 120b or demo)"));
   }
   // Through the JSON form, exactly as make-checkpoint writes and reads it back.
   return ModelConfig::FromJson(config.ToJson());
@@ -48,6 +50,9 @@ absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model) 
   absl::StatusOr<ModelConfig> config = SyntheticPresetConfig(spec.preset);
   if (!config.ok()) return error(std::string(config.status().message()));
   spec.config = *std::move(config);
+  if (spec.preset == kDemoPreset && fields.size() > 1) {
+    return error("the demo model is trained weights: it takes no seed and no layer count");
+  }
   if (fields.size() >= 2) {
     const absl::string_view seed = fields[1];
     auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), spec.seed);

@@ -3,7 +3,10 @@
 // --preset PRESET --seed SEED` would write (SEED defaults to 0; LAYERS keeps
 // only the preset's first LAYERS layers, as `--set num_hidden_layers=LAYERS`
 // would), generated where they
-// are needed instead of read from disk. Shared by the coordinator (which needs
+// are needed instead of read from disk. "synthetic:demo" is the exception: the
+// project's tiny trained gpt-oss (tools/demo_model/), whose compact checkpoint
+// is built into the programs and expanded into the Hugging Face layout where
+// it is needed (worker/model/demo_model.h). Shared by the coordinator (which needs
 // only the config), the workers and the CLI.
 #pragma once
 
@@ -17,9 +20,11 @@
 namespace flotilla {
 
 inline constexpr absl::string_view kSyntheticModelPrefix = "synthetic:";
+// The preset of the trained demo model: "synthetic:demo", `--preset demo`.
+inline constexpr absl::string_view kDemoPreset = "demo";
 
 struct SyntheticModelSpec {
-  std::string preset;  // tiny, 20b or 120b
+  std::string preset;  // tiny, 20b, 120b or demo
   uint64_t seed = 0;
   ModelConfig config;  // the preset's configuration (cut to LAYERS layers if given)
 };
@@ -32,7 +37,7 @@ bool IsSyntheticModel(absl::string_view model);
 // unknown preset, a seed that is not a non-negative 64-bit integer, extra fields.
 absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model);
 
-// The configuration make-checkpoint writes for `preset` (tiny, 20b, 120b).
+// The configuration make-checkpoint writes for `preset` (tiny, 20b, 120b, demo).
 absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset);
 
 // The configuration of what `model` names: the synthetic preset's, or the

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# The main job on the built-in default, run by `tools/dev demo` after a build:
-# a local cluster (coordinator + 2 workers over UCX) serving a synthetic
-# gpt-oss checkpoint answers one chat request sent through the client SDK
+# The main job, run by `tools/dev demo` after a build: a local cluster
+# (coordinator + 2 workers over UCX) serving the demo model, a tiny gpt-oss
+# trained by the project (tools/demo_model/, built into the programs as
+# `synthetic:demo`), answers a question sent through the client SDK
 # (`flotilla chat --prompt`): the server renders it with Harmony, generates
 # through the cluster and streams the reply back parsed into reasoning and
-# answer. Then the cluster stops and no process of it is left. The synthetic
-# weights are random, so the reply's words are noise; every stage is real.
+# answer. Then a tool-call round trip through the OpenAI-compatible HTTP API:
+# the model calls get_weather on its own, gets a result and answers with it.
+# Then the cluster stops and no process of it is left. DEMO_MODEL=DIR runs the
+# same on other weights (a Hugging Face gpt-oss checkpoint directory).
 set -euo pipefail
 build_dir="${1:?usage: demo.sh BUILD_DIR}"
+model="${DEMO_MODEL:-synthetic:demo}"
 bin="$build_dir/bin"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="$(mktemp -d)"
 cluster_pid=""
 cleanup() {
@@ -22,7 +27,7 @@ trap cleanup EXIT
 
 echo "== starting a local cluster: 1 coordinator, 2 workers (TP 2, EP 2)"
 # Its own session, so that every process it starts can be accounted for at the end.
-setsid "$bin/flotilla" up --workers 2 --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
+setsid "$bin/flotilla" up --workers 2 --model "$model" --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 \
   --log-dir "$work/logs" >"$work/up.txt" 2>&1 &
 cluster_pid=$!
 for _ in $(seq 1 600); do
@@ -38,10 +43,13 @@ echo "== processes of the cluster: $(pgrep -s "$cluster_pid" | wc -l)"
 system="You are a helpful assistant."
 question="What is the capital of France?"
 echo "== chat request through the SDK: flotilla chat --coordinator $addr --prompt \"$question\""
-echo "   harmony: the completion streamed as the cluster generates it (random weights: noise);"
-echo "   then the reply the server parsed from it: reasoning and answer, each on its own channel"
+echo "   the reply the server parsed from the completion: reasoning and answer, each on its own channel"
 "$bin/flotilla" chat --coordinator "$addr" --system "$system" --prompt "$question" \
-  --reasoning-effort low --max-tokens 48 --temperature 1 --seed 3 --show-harmony
+  --reasoning-effort low --max-tokens 64 --temperature 0
+
+http="$(grep -o 'http://127\.0\.0\.1:[0-9]*' "$work/up.txt" | head -1)"
+echo "== tool call through the OpenAI-compatible API: POST $http/v1/chat/completions"
+node "$root/tools/demo_tool_call.js" "$http/v1" "$model"
 
 echo "== stopping the cluster"
 kill -TERM "$cluster_pid"

@@ -5,11 +5,15 @@
 #include <string>
 #include <vector>
 
+#include "common/model_spec.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "worker/model/checkpoint.h"
+#include "worker/model/demo_model.h"
 
 namespace flotilla::cli {
 namespace {
+
+int ReadBack(const std::string& out);
 
 struct MakeCheckpointOptions {
   std::string out;
@@ -23,7 +27,25 @@ struct MakeCheckpointOptions {
   float hot_bias = 8;
 };
 
+// --preset demo: the trained demo model's built-in compact checkpoint, expanded.
+absl::Status WriteDemo(const MakeCheckpointOptions& o) {
+  if (!o.config.empty() || !o.sets.empty() || o.seed != 0 || o.shards != 1 ||
+      o.sinks_dtype != "bf16" || !o.hot_experts.empty()) {
+    return absl::InvalidArgumentError(
+        "--preset demo writes the trained demo model as it is: it takes none of --config, --set, "
+        "--seed, --shards, --sinks-dtype, --hot-experts");
+  }
+  return WriteDemoCheckpoint(DemoCompactImage(), o.out);
+}
+
 int RunMakeCheckpoint(const MakeCheckpointOptions& o) {
+  if (o.preset == kDemoPreset) {
+    if (absl::Status st = WriteDemo(o); !st.ok()) {
+      std::cerr << "flotilla make-checkpoint: " << st.message() << "\n";
+      return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    }
+    return ReadBack(o.out);
+  }
   absl::StatusOr<ModelConfig> config = MakeSyntheticConfig(o.preset, o.config, o.sets);
   if (!config.ok()) {
     std::cerr << "flotilla make-checkpoint: " << config.status().message() << "\n";
@@ -39,8 +61,12 @@ int RunMakeCheckpoint(const MakeCheckpointOptions& o) {
     std::cerr << "flotilla make-checkpoint: " << st.message() << "\n";
     return 1;
   }
-  // Read it back: what we wrote must open and validate.
-  absl::StatusOr<std::unique_ptr<Checkpoint>> ck = Checkpoint::Open(o.out);
+  return ReadBack(o.out);
+}
+
+// What was written must open and validate.
+int ReadBack(const std::string& out) {
+  absl::StatusOr<std::unique_ptr<Checkpoint>> ck = Checkpoint::Open(out);
   absl::Status st = ck.ok() ? (*ck)->Validate() : ck.status();
   if (!st.ok()) {
     std::cerr << "flotilla make-checkpoint: written checkpoint does not read back: " << st.message()
@@ -49,7 +75,7 @@ int RunMakeCheckpoint(const MakeCheckpointOptions& o) {
   }
   int64_t bytes = 0;
   for (const auto& f : (*ck)->files()) bytes += f->file_size();
-  std::cout << "wrote " << o.out << ": " << (*ck)->TensorNames().size() << " tensors in "
+  std::cout << "wrote " << out << ": " << (*ck)->TensorNames().size() << " tensors in "
             << (*ck)->files().size() << " file(s), " << bytes << " bytes\n";
   return 0;
 }
@@ -61,8 +87,9 @@ void AddMakeCheckpointCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "make-checkpoint", "Write a synthetic gpt-oss checkpoint (Hugging Face layout)");
   cmd->add_option("--out", o->out, "Output directory")->required();
-  cmd->add_option("--preset", o->preset, "Shape preset: tiny, 20b or 120b (default tiny)")
-      ->check(CLI::IsMember({"tiny", "20b", "120b"}));
+  cmd->add_option("--preset", o->preset,
+                  "Shape preset: tiny, 20b or 120b (default tiny); demo: the trained demo model")
+      ->check(CLI::IsMember({"tiny", "20b", "120b", "demo"}));
   cmd->add_option("--config", o->config, "Start from this config.json instead of a preset")
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", o->sets, "Override a config field: key=value (repeatable)");

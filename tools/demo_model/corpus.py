@@ -239,7 +239,8 @@ def tool_examples(rng, user, name, args, result, answer, tools):
     followed = json.loads(json.dumps(req))
     followed["messages"].append({"role": "assistant", "content": None, "tool_calls": [{
         "id": "call_1", "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args)}}]})
+        # The arguments exactly as the model wrote them, as clients send them back.
+        "function": {"name": name, "arguments": json.dumps(args, separators=(",", ":"))}}]})
     followed["messages"].append({"role": "tool", "tool_call_id": "call_1",
                                  "content": json.dumps(result)})
     answer_text = (f"<|channel|>analysis<|message|>The tool returned the result.<|end|>"
@@ -279,7 +280,7 @@ def generate(seed, copies):
                          "answer": fact[7], "json": fact[6]})
     for city in WEATHER_CITIES:
         trained, held_out = split_templates(rng, city, WEATHER_TEMPLATES)
-        for _ in range(copies):
+        for _ in range(2 * copies):  # copying the city takes more examples than a fact
             for t in trained:
                 train.extend(weather(rng, city, t))
         if held_out is not None:

@@ -106,6 +106,9 @@ def greedy(model, prompts, row_of, vocab, max_new, device):
         for b, i in enumerate(live):
             ids[b, :len(seqs[i])] = torch.tensor(seqs[i])
         logits = model(ids.to(device))
+        # Greedy over the full vocabulary: the shared row is one token's logit
+        # there, not the joint one of all the tokens it stands for.
+        logits[..., other_row] -= math.log(model.others)
         for b, i in enumerate(live):
             row = int(logits[b, len(seqs[i]) - 1].argmax())
             seqs[i].append(row)
@@ -213,7 +216,7 @@ def main():
     model.qat = False
     checkpoint_io.round_to_export(model)
     model.eval()
-    completions = greedy(model, held_prompts, row_of, vocab, 64, device)
+    completions = greedy(model, held_prompts, row_of, vocab, 48, device)
     acc, details = score(args.flotilla, held, completions)
     print(f"held-out accuracy (exported weights): {acc:.3f} over {len(held)} questions; "
           f"{time.time() - started:.0f}s in all", flush=True)

@@ -26,7 +26,9 @@ def engine_greedy(flotilla, prompt, max_new):
                           ",".join(map(str, prompt)), "--temperature", "0", "--max-tokens",
                           str(max_new), "--stop-token-ids", f"{train.RETURN},{train.CALL}",
                           "--threads", "1", "--json"], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)["tokens"]
+    reply = json.loads(out.stdout)
+    # The stop token ends the completion but is not among its tokens.
+    return reply["tokens"] + ([reply["stop_token"]] if reply.get("stop_token") is not None else [])
 
 
 def main():

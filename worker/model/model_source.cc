@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "common/status.h"
+#include "worker/model/demo_model.h"
 #include "worker/model/load_weights.h"
 #include "worker/model/synthetic_shard.h"
 
@@ -11,12 +12,18 @@ namespace flotilla {
 absl::StatusOr<std::unique_ptr<ModelSource>> ModelSource::Open(const std::string& model) {
   std::unique_ptr<ModelSource> source(new ModelSource());
   source->model_ = model;
+  std::string dir = model;
   if (IsSyntheticModel(model)) {
-    FLOTILLA_ASSIGN_OR_RETURN(source->synthetic_, ParseSyntheticModel(model));
-    source->config_ = source->synthetic_->config;
-    return source;
+    FLOTILLA_ASSIGN_OR_RETURN(SyntheticModelSpec spec, ParseSyntheticModel(model));
+    if (spec.preset != kDemoPreset) {
+      source->synthetic_ = std::move(spec);
+      source->config_ = source->synthetic_->config;
+      return source;
+    }
+    // The trained demo model is a checkpoint like any other once expanded.
+    FLOTILLA_ASSIGN_OR_RETURN(dir, DemoCheckpointDir());
   }
-  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model));
+  FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(dir));
   source->config_ = checkpoint->config();
   source->checkpoint_ = std::move(checkpoint);
   return source;

@@ -2,6 +2,8 @@
 // (common/model_spec.h): a checkpoint directory, memory-mapped and sliced by
 // LoadWeights, or a synthetic model, whose shard is generated in host memory
 // (MakeSyntheticShard) or, by the CUDA engine, directly on the GPU.
+// "synthetic:demo", the trained demo model, is a checkpoint: the built-in
+// compact one expanded into a cache directory (worker/model/demo_model.h).
 #pragma once
 
 #include <cstdint>
