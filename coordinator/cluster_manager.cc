@@ -393,14 +393,25 @@ RequestCallbacks ClusterManager::AttemptCallbacks(const std::shared_ptr<TrackedR
                                                   int attempt) {
   RequestCallbacks cb;
   cb.on_update = [this, t, attempt](const cluster::SequenceUpdate& u) {
+    std::optional<cluster::SequenceUpdate> trimmed;  // without repeated prompt logits
     {
       std::lock_guard<std::mutex> lock(t->mu);
       if (t->attempt != attempt || t->finished) return;
       t->output.insert(t->output.end(), u.token_ids().begin(), u.token_ids().end());
-      if (u.prompt_logits_size() > 0) t->prompt_logits_sent = true;
+      uint64_t logits = static_cast<uint64_t>(u.prompt_logits_size());
+      if (t->prompt_logits_skip > 0 && logits > 0) {
+        const uint64_t drop = std::min(t->prompt_logits_skip, logits);
+        t->prompt_logits_skip -= drop;
+        logits -= drop;
+        trimmed = u;
+        trimmed->mutable_prompt_logits()->erase(
+            trimmed->mutable_prompt_logits()->begin(),
+            trimmed->mutable_prompt_logits()->begin() + static_cast<int>(drop));
+      }
+      t->prompt_logits_sent += logits;
       ObserveTokens(*t, MetricsOf(t->instance), u, options_.clock->TimeNow());
     }
-    if (t->client.on_update) t->client.on_update(u);
+    if (t->client.on_update) t->client.on_update(trimmed ? *trimmed : u);
   };
   cb.on_done = [this, t, attempt](const absl::Status& st) { OnAttemptDone(t, attempt, st); };
   return cb;
@@ -558,6 +569,8 @@ void ClusterManager::GrantPromptLogits(uint64_t request_id, uint64_t allowed_byt
     if (t->finished || t->instance < 0 || t->inner_id == 0) return;
     inst = InstanceAt(t->instance);
     inner = t->inner_id;
+    // A moved request's attempt also sends again what the client has had.
+    allowed_bytes += t->prompt_logits_repeated * sizeof(float);
   }
   inst->GrantPromptLogits(inner, allowed_bytes);
 }

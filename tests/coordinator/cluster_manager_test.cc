@@ -143,10 +143,12 @@ RequestCallbacks EndInto(absl::Status* status) {
 // A request's tokens and its end, as the manager's callbacks deliver them.
 struct Streamed {
   std::vector<int> tokens;
+  std::vector<float> prompt_logits;
   std::optional<absl::Status> done;
   RequestCallbacks Callbacks() {
     return {[this](const cluster::SequenceUpdate& u) {
               for (int t : u.token_ids()) tokens.push_back(t);
+              for (float v : u.prompt_logits()) prompt_logits.push_back(v);
             },
             [this](const absl::Status& s) { done = s; }};
   }
@@ -847,6 +849,103 @@ TEST(ClusterManagerInstances, ARequestWhoseInstanceLosesAWorkerContinuesOnTheOth
   EXPECT_TRUE(out.done->ok()) << *out.done;
   EXPECT_EQ(f.manager->Status().requests_migrated(), 1u);
   EXPECT_EQ(f.manager->InflightRequests(), 0);
+}
+
+// Both instances of TwoInstances() serving.
+void ServeTwoInstances(Fixture& f) {
+  for (const char* id : {"w0", "w1", "w2", "w3"}) f.Connect(id);
+  for (int i = 0; i < 4; ++i) f.Ready(i);
+  f.JoinAll();
+}
+
+// The worker (index) whose session got the latest Submit, among `among`.
+int SubmittedTo(Fixture& f, const std::vector<int>& among) {
+  for (int i : among) {
+    if (!f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).empty()) return i;
+  }
+  return -1;
+}
+
+void SendUpdate(Fixture& f, int worker, uint64_t request, std::vector<float> logits,
+                std::vector<int> tokens, bool last = false) {
+  cluster::WorkerMessage m;
+  cluster::SequenceUpdate* u = m.mutable_tokens()->add_updates();
+  u->set_request_id(request);
+  for (float v : logits) u->add_prompt_logits(v);
+  for (int t : tokens) u->add_token_ids(t);
+  if (last) u->set_finish_reason(common::LENGTH);
+  f.manager->OnWorkerMessage(f.ids[worker], m);
+}
+
+TEST(ClusterManagerInstances, ARequestMovedWhileItsPromptLogitsStreamSendsEachRowOnce) {
+  Fixture f = TwoInstances();
+  ServeTwoInstances(f);
+  cluster::SubmitSequence req = PromptOf({5, 6});
+  req.set_return_prompt_logits(true);
+  req.set_prompt_logits_credit_bytes(64);
+  Streamed out;
+  auto id = f.manager->Submit(req, out.Callbacks());
+  ASSERT_TRUE(id.ok()) << id.status();
+  const int leader = SubmittedTo(f, {0, 2});
+  ASSERT_GE(leader, 0);
+  const uint64_t inner =
+      f.sessions[leader]->Of(cluster::CoordinatorMessage::kSubmit)[0].submit().request_id();
+  SendUpdate(f, leader, inner, {1, 2, 3, 4}, {});
+
+  // Its peer dies mid-logits: the other instance starts the prompt over (the
+  // worker cannot resume prompt logits), allowed the 16 bytes it repeats.
+  f.manager->OnSessionClosed(f.ids[leader + 1]);
+  const int next = SubmittedTo(f, {2 - leader});
+  ASSERT_GE(next, 0) << "not resubmitted to the other instance";
+  const cluster::SubmitSequence moved =
+      f.sessions[next]->Of(cluster::CoordinatorMessage::kSubmit)[0].submit();
+  EXPECT_TRUE(moved.return_prompt_logits());
+  EXPECT_FALSE(moved.has_resume());
+  EXPECT_EQ(moved.prompt_logits_credit_bytes(), 64u + 16u);
+  // The client's grants count what it was sent; the new attempt's add the repeat.
+  f.manager->GrantPromptLogits(*id, 100);
+  auto credits = f.sessions[next]->Of(cluster::CoordinatorMessage::kPromptLogitsCredit);
+  ASSERT_EQ(credits.size(), 1u);
+  EXPECT_EQ(credits[0].prompt_logits_credit().allowed_bytes(), 116u);
+
+  // The repeated rows are dropped: the client sees 1..6 once, then tokens.
+  SendUpdate(f, next, moved.request_id(), {1, 2, 3}, {});
+  SendUpdate(f, next, moved.request_id(), {4, 5, 6}, {});
+  SendUpdate(f, next, moved.request_id(), {}, {7}, /*last=*/true);
+  EXPECT_EQ(out.prompt_logits, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(out.tokens, (std::vector<int>{7}));
+  ASSERT_TRUE(out.done.has_value());
+  EXPECT_TRUE(out.done->ok()) << *out.done;
+}
+
+TEST(ClusterManagerInstances, ARequestMovedAfterItsPromptLogitsResumesWithoutThem) {
+  Fixture f = TwoInstances();
+  ServeTwoInstances(f);
+  cluster::SubmitSequence req = PromptOf({5, 6});
+  req.set_return_prompt_logits(true);
+  Streamed out;
+  ASSERT_TRUE(f.manager->Submit(req, out.Callbacks()).ok());
+  const int leader = SubmittedTo(f, {0, 2});
+  ASSERT_GE(leader, 0);
+  const uint64_t inner =
+      f.sessions[leader]->Of(cluster::CoordinatorMessage::kSubmit)[0].submit().request_id();
+  SendUpdate(f, leader, inner, {1, 2}, {});
+  SendUpdate(f, leader, inner, {}, {7});
+  f.manager->OnSessionClosed(f.ids[leader + 1]);
+  const int next = SubmittedTo(f, {2 - leader});
+  ASSERT_GE(next, 0);
+  const cluster::SubmitSequence moved =
+      f.sessions[next]->Of(cluster::CoordinatorMessage::kSubmit)[0].submit();
+  // The logits were all sent (they come before the first token).
+  EXPECT_FALSE(moved.return_prompt_logits());
+  EXPECT_EQ(
+      std::vector<int>(moved.resume().output_ids().begin(), moved.resume().output_ids().end()),
+      (std::vector<int>{7}));
+  SendUpdate(f, next, moved.request_id(), {}, {8}, /*last=*/true);
+  EXPECT_EQ(out.prompt_logits, (std::vector<float>{1, 2}));
+  EXPECT_EQ(out.tokens, (std::vector<int>{7, 8}));
+  ASSERT_TRUE(out.done.has_value());
+  EXPECT_TRUE(out.done->ok()) << *out.done;
 }
 
 TEST(ClusterManagerInstances, DrainingAnInstanceMovesItsRequestsAndRoutesAroundIt) {
