@@ -46,6 +46,8 @@ namespace flotilla {
 
 class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
 struct StepLayout;     // worker/engine/step_layout.h
+struct CudaDeviceState;  // worker/engine/cuda_engine_state.h
+class LayerStages;       // worker/engine/cuda_layer_stages.h
 
 namespace parallel {
 class ParallelContext;  // worker/parallel/parallel_context.h
@@ -196,9 +198,7 @@ class CudaEngine : public Engine {
   void SetSkipOps(std::vector<std::string> ops);
 
  private:
-  struct Impl;
-  explicit CudaEngine(std::unique_ptr<Impl> impl, const ModelConfig& config);
-
+  explicit CudaEngine(std::unique_ptr<CudaDeviceState> impl, const ModelConfig& config);
 
   // Weights from `feed`, or (no feed) the benchmarks' fill from `seed`.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Build(const ModelConfig& config,
@@ -232,15 +232,28 @@ class CudaEngine : public Engine {
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
   absl::StatusOr<StepOutput> StepWithHostSampling(const std::vector<StepItem>& items);
+  // One step (cuda_engine_step.cc): validated, its KV reserved, laid out,
+  // launched; the logit rows into `logits_out` or, with `sampling`, the
+  // draws into `logits_out->sampled` or `sampled`.
   absl::Status RunStep(const std::vector<StepItem>& items, const DeviceSampling* sampling,
                        StepOutput* logits_out, std::vector<SampledToken>* sampled);
-  // A sharded rank's MoE for one layer: dispatch its share of the step's
-  // `tokens` routed rows (d.t, topk), run its experts on the rows received,
-  // combine and add the result into the residual. tokens may be 0.
-  absl::Status RunShardedMoe(int layer, int tokens, cudaStream_t stream);
-  // The tensor-parallel MoE layout: this rank's slices of every expert on all
-  // `tokens`, the TP group's all-reduce of the partial outputs, residual add.
-  absl::Status RunTensorParallelMoe(int layer, int tokens, cudaStream_t stream);
+  // The step's StepLayout into the pinned metadata and up to the device,
+  // with the sampling rows; `step_bound`: a sharded step's token bound.
+  absl::StatusOr<StepLayout> LayOutStep(const std::vector<StepItem>& items,
+                                        const DeviceSampling* sampling, bool logits_out,
+                                        int64_t* step_bound);
+  // The step's launches: a decode step's graph (captured on first use) or
+  // the stages launched eagerly.
+  absl::Status LaunchStep(LayerStages& stages, const StepLayout& plan,
+                          const DeviceSampling* sampling, int64_t step_bound);
+  // record_routing: every item's tokens' experts per layer (waits).
+  absl::StatusOr<std::vector<std::vector<int32_t>>> CollectRouting(
+      const std::vector<StepItem>& items);
+  // The logit rows of a step without sampling, in pieces when they exceed
+  // the device buffer (waits).
+  absl::Status CollectLogits(const std::vector<StepItem>& items, const StepLayout& plan,
+                             LayerStages& stages, std::vector<std::vector<int32_t>> routing,
+                             StepOutput* out);
   absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
                              const ModelWeights& extra, cudaStream_t stream);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
@@ -257,7 +270,7 @@ class CudaEngine : public Engine {
                               const StepLayout& plan, StepOutput* out,
                               std::vector<SampledToken>* sampled);
 
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<CudaDeviceState> impl_;
   ModelConfig config_;
   CudaEngineOptions options_;
   int64_t max_blocks_per_seq_ = 0;

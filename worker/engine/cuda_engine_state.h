@@ -1,0 +1,160 @@
+// CudaEngine's device state (worker/engine/cuda_engine.h): the weights, the
+// KV arena, the step buffers and workspaces, the pinned mirrors they are
+// filled from, and the captured graphs. Shared by the engine's source files
+// (cuda_engine*.cc, cuda_layer_stages.cc); no other code includes it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/sampling.h"
+#include "worker/engine/cuda_engine.h"
+#include "worker/engine/device_arena.h"
+#include "worker/engine/graph_cache.h"
+#include "worker/engine/step_layout.h"
+
+namespace flotilla {
+
+inline absl::Status CudaStatus(cudaError_t err, const char* what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", cudaGetErrorString(err)));
+}
+
+#define FLOTILLA_CUDA_RETURN(expr) FLOTILLA_RETURN_IF_ERROR(::flotilla::CudaStatus((expr), #expr))
+
+inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Device state: weights, KV arena, step buffers, graphs.
+struct CudaDeviceState {
+  struct Layer {
+    uint16_t* input_norm = nullptr;
+    uint16_t* post_norm = nullptr;
+    // [(NH + 2 NKV) D, H], q and k rows in kernels::cuda::QkvRowOrder::kRopePairs
+    uint16_t* wqkv = nullptr;
+    uint16_t* bqkv = nullptr;  // same order
+    uint16_t* wo = nullptr;    // [H, NH D]
+    uint16_t* bo = nullptr;
+    uint16_t* router = nullptr;  // [E, H]
+    uint16_t* router_bias = nullptr;
+    float* sinks = nullptr;
+    kernels::cuda::MoeDeviceWeights moe;
+    kernels::cuda::PagedKvLayer kv;
+    int window = 0;
+    int kv_group = 0;  // the KvBlockAllocator group whose block table it reads
+  };
+
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  kernels::cuda::LinearContext* linear = nullptr;
+  // Every buffer below but the MoE weights (counted in it, freed by the destructor).
+  std::unique_ptr<DeviceArena> arena;
+
+  uint16_t* embed = nullptr;
+  uint16_t* final_norm = nullptr;
+  uint16_t* lm_head = nullptr;
+  std::vector<Layer> layers;
+  float* inv_freq = nullptr;
+  float rope_scaling = 1.0f;
+  uint16_t* kv_arena = nullptr;
+
+  // Step buffers, sized for the largest step.
+  int max_tokens = 0, max_seqs = 0, logit_rows = 0;
+  float* x = nullptr;              // [T, H] residual stream
+  uint16_t* t = nullptr;           // [T, H] normed activations
+  float* qkv = nullptr;            // [T, (NH + 2 NKV) D], rows as wqkv
+  uint16_t* q = nullptr;           // [T, NH D]
+  uint16_t* attn = nullptr;        // [T, NH D]
+  float* router_logits = nullptr;  // [T, E], zero between steps' uses (see the router)
+  // Sharded ranks: this rank's O-projection partial before the TP sum, and
+  // the joined MoE output, both f32 [T, H].
+  float* o_part = nullptr;
+  float* moe_y = nullptr;
+  size_t moe_rows = 0;  // rows the MoE workspace holds (received rows when sharded)
+  int32_t* topk_ids = nullptr;
+  int32_t* routing_record = nullptr;  // [layers][max_tokens * K] when recording
+  float* topk_w = nullptr;
+  uint16_t* final_t = nullptr;  // [rows, H]
+  float* logits = nullptr;      // [logit_rows, V]
+  int32_t* invalid = nullptr;
+  void* moe_ws = nullptr;
+  size_t moe_ws_bytes = 0;
+  void* attn_ws = nullptr;
+  size_t attn_ws_bytes = 0;
+  void* sample_ws = nullptr;
+  size_t sample_ws_bytes = 0;
+  int32_t* sampled_tokens = nullptr;
+  float* sampled_logprobs = nullptr;
+  kernels::cuda::SamplingRow* sample_params = nullptr;
+  // Penalties and logit bias (LaunchAdjustLogits), raw logprobs of tokens
+  // drawn from adjusted logits (a greedy reference draw), top logprobs.
+  static constexpr int kAdjustCapacity = 1 << 18;
+  static constexpr int kMaxTopLogprobs = 20;
+  kernels::cuda::LogitAdjustmentEntry* adjust = nullptr;
+  float* adjust_saved = nullptr;
+  int32_t* adjust_count = nullptr;
+  kernels::cuda::SamplingRow* greedy_params = nullptr;
+  int32_t* ref_tokens = nullptr;
+  float* ref_logprobs = nullptr;
+  int32_t* top_ids = nullptr;     // [max_seqs, kMaxTopLogprobs]
+  float* top_logprobs = nullptr;  // [max_seqs, kMaxTopLogprobs]
+  // Token masks of structured-output rows (LaunchMaskLogits): every row of
+  // a step (mask_capacity = its sequences) keeps the device sampler under its mask.
+  int mask_capacity = 0;
+  int mask_words = 0;
+  uint32_t* masks = nullptr;     // [mask_capacity, mask_words]
+  int32_t* mask_rows = nullptr;  // [mask_capacity + 1]: the logit rows, then the count
+
+  // Step metadata: one int32 region on the device at fixed offsets (graphs
+  // keep the addresses), filled from a pinned host mirror.
+  int32_t* meta = nullptr;
+  int32_t* meta_host = nullptr;
+  // Sharded ranks: rows run per (layer, slot) [layers * max_slots] on the
+  // device, read back into the pinned mirror after a step (counts_event).
+  int max_slots = 0;
+  uint32_t* expert_counts = nullptr;
+  uint32_t* expert_counts_host = nullptr;
+  cudaEvent_t counts_event = nullptr;
+  bool counts_pending = false;
+  // Hot swap: the stream StageExperts copies on (its own thread) and the map
+  // version it last staged.
+  cudaStream_t copy_stream = nullptr;
+  std::atomic<uint64_t> staged_version{0};
+  std::vector<std::vector<int>> counts_slot_expert;  // the map the read-back counted under
+  StepMetaOffsets meta_at;                           // the regions of `meta`
+  int kv_groups = 1;
+  kernels::cuda::SamplingRow* params_host = nullptr;
+  int32_t* tokens_host = nullptr;
+  float* logprobs_host = nullptr;
+  kernels::cuda::LogitAdjustmentEntry* adjust_host =
+      nullptr;                     // [kAdjustCapacity + 1]; the count after
+  uint32_t* masks_host = nullptr;  // mirrors of masks and mask_rows
+  int32_t* mask_rows_host = nullptr;
+  int32_t* top_ids_host = nullptr;
+  float* top_logprobs_host = nullptr;
+
+  // Decode graphs by (padded batch, context bucket, sampling variant, the
+  // instance's step-token bound when sharded).
+  GraphCache graphs;
+
+  ~CudaDeviceState();
+  template <typename T>
+  absl::Status Alloc(T** p, size_t count) {
+    return arena->Alloc(p, count);
+  }
+  template <typename T>
+  absl::Status AllocHost(T** p, size_t count) {
+    return arena->AllocHost(p, count);
+  }
+};
+
+}  // namespace flotilla

@@ -1,0 +1,171 @@
+// CudaEngine::RunStep: the host layout of the step (StepLayout) uploaded,
+// the layer stages launched (replayed as a CUDA graph for decode steps),
+// the KV committed and the results brought back.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "worker/engine/cuda_engine.h"
+#include "worker/engine/cuda_engine_state.h"
+#include "worker/engine/cuda_layer_stages.h"
+#include "worker/engine/step_layout.h"
+#include "worker/parallel/parallel_context.h"
+
+namespace flotilla {
+
+absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const DeviceSampling* sampling,
+                                 StepOutput* logits_out, std::vector<SampledToken>* sampled) {
+  FLOTILLA_RETURN_IF_ERROR(Validate(items));
+  CudaDeviceState& d = *impl_;
+  FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
+  FLOTILLA_RETURN_IF_ERROR(Reserve(items));
+  int64_t step_bound = 0;
+  FLOTILLA_ASSIGN_OR_RETURN(const StepLayout plan,
+                            LayOutStep(items, sampling, logits_out != nullptr, &step_bound));
+  LayerStages::SampleFn sample;
+  if (sampling != nullptr) {
+    sample = [this, sampling](int rows, cudaStream_t stream) {
+      return LaunchSampling(*sampling, rows, stream);
+    };
+  }
+  OpMarks marks(options_.profile_ops);
+  LayerStages stages(d, config_, options_, plan, std::move(sample), &marks);
+  FLOTILLA_RETURN_IF_ERROR(LaunchStep(stages, plan, sampling, step_bound));
+  if (!marks.empty()) {
+    FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
+    FLOTILLA_RETURN_IF_ERROR(marks.AddTimes(&op_time_ms_));
+  }
+  for (const StepItem& item : items) {
+    FLOTILLA_RETURN_IF_ERROR(
+        kv_->Commit(item.sequence, static_cast<int64_t>(item.tokens.size()), item.tokens.data()));
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> routing, CollectRouting(items));
+  if (sampling != nullptr) return CollectSampled(items, *sampling, plan, logits_out, sampled);
+  return CollectLogits(items, plan, stages, std::move(routing), logits_out);
+}
+
+absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& items,
+                                                  const DeviceSampling* sampling, bool logits_out,
+                                                  int64_t* step_bound) {
+  CudaDeviceState& d = *impl_;
+  parallel::ParallelContext* par = options_.parallel;
+  // With sampling, every item that samples (or asks for its last logits)
+  // owns one row; StepAndSample's items (no samplers) all sample.
+  std::vector<LogitsMode> modes(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (sampling == nullptr) {
+      modes[i] = items[i].logits;
+      continue;
+    }
+    const bool row =
+        items[i].logits != LogitsMode::kNone || sampling->samplers[i] != nullptr || !logits_out;
+    modes[i] = row ? LogitsMode::kLast : LogitsMode::kNone;
+  }
+  // Decode steps replay a graph over a padded batch (StepLayout::Plan). An
+  // idle sharded rank's empty step (it only joins its peers' exchanges)
+  // replays a one-padding-row graph too: launched eagerly, NCCL's enqueue of
+  // 72 exchanges costs more than the busy peer's whole step.
+  StepLayoutOptions layout_options;
+  layout_options.max_sequences = options_.max_sequences;
+  layout_options.block_size = options_.kv_block_size;
+  layout_options.graphs = options_.cuda_graphs && !options_.profile_ops;
+  layout_options.sharded = par != nullptr;
+  FLOTILLA_ASSIGN_OR_RETURN(StepLayout plan,
+                            StepLayout::Plan(items, modes, sampling != nullptr, *kv_, d.meta_at,
+                                             layout_options, d.meta_host));
+  // Sharded: every rank sizes the step's exchanges from the same bound, the
+  // instance's largest step rounded up as decode batches are (so it covers
+  // this rank's padded rows too).
+  if (par != nullptr) {
+    FLOTILLA_ASSIGN_OR_RETURN(*step_bound, ShardedStepBound(instance_step_tokens_, plan.tokens,
+                                                            options_.max_batch_tokens));
+    par->ep().SetStepTokens(*step_bound);
+  }
+  // Upload the used part of each region (offsets are fixed).
+  for (const auto& [offset, count] : plan.UsedRegions(d.meta_at)) {
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.meta + offset, d.meta_host + offset,
+                                         count * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                         d.stream));
+  }
+  if (sampling != nullptr) FLOTILLA_RETURN_IF_ERROR(UploadSampling(*sampling, plan));
+  return plan;
+}
+
+absl::Status CudaEngine::LaunchStep(LayerStages& stages, const StepLayout& plan,
+                                    const DeviceSampling* sampling, int64_t step_bound) {
+  CudaDeviceState& d = *impl_;
+  if (plan.decode) {
+    const int64_t ctx = DecodeContextBucket(plan.max_len, options_.max_context);
+    const int variant =
+        sampling != nullptr ? SamplingVariant(*sampling) : (plan.pad_rows ? -1 : -2);
+    const GraphCache::Key key(plan.seqs, ctx, variant, step_bound);
+    return d.graphs.Launch(key, d.stream, [&] { return stages.Forward(ctx, plan.rows, 0); });
+  }
+  if (plan.rows <= d.logit_rows) return stages.Forward(plan.max_len, plan.rows, 0);
+  // More logit rows than the buffer holds (kAll over a long chunk): the
+  // layers once, then lm_head in pieces, copied out one by one
+  // (CollectLogits).
+  return stages.Forward(plan.max_len, 0, 0);
+}
+
+absl::StatusOr<std::vector<std::vector<int32_t>>> CudaEngine::CollectRouting(
+    const std::vector<StepItem>& items) {
+  CudaDeviceState& d = *impl_;
+  std::vector<std::vector<int32_t>> routing;
+  if (d.routing_record == nullptr) return routing;
+  const int layers = config_.num_hidden_layers, K = config_.num_experts_per_tok;
+  const size_t layer_stride = static_cast<size_t>(d.max_tokens) * K;
+  std::vector<int32_t> all(layers * layer_stride);
+  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(all.data(), d.routing_record, all.size() * sizeof(int32_t),
+                                       cudaMemcpyDeviceToHost, d.stream));
+  FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
+  int offset = 0;
+  for (const StepItem& item : items) {
+    const int n = static_cast<int>(item.tokens.size());
+    std::vector<int32_t> r(static_cast<size_t>(n) * layers * K);
+    for (int j = 0; j < n; ++j) {
+      for (int l = 0; l < layers; ++l) {
+        for (int k = 0; k < K; ++k) {
+          r[(static_cast<size_t>(j) * layers + l) * K + k] =
+              all[l * layer_stride + static_cast<size_t>(offset + j) * K + k];
+        }
+      }
+    }
+    routing.push_back(std::move(r));
+    offset += n;
+  }
+  return routing;
+}
+
+absl::Status CudaEngine::CollectLogits(const std::vector<StepItem>& items, const StepLayout& plan,
+                                       LayerStages& stages,
+                                       std::vector<std::vector<int32_t>> routing, StepOutput* out) {
+  CudaDeviceState& d = *impl_;
+  const int V = config_.vocab_size;
+  std::vector<float> host(static_cast<size_t>(plan.rows) * V);
+  if (plan.rows <= d.logit_rows || plan.decode) {
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data(), d.logits, host.size() * sizeof(float),
+                                         cudaMemcpyDeviceToHost, d.stream));
+  } else {
+    for (int r0 = 0; r0 < plan.rows; r0 += d.logit_rows) {
+      const int n = std::min(d.logit_rows, plan.rows - r0);
+      FLOTILLA_RETURN_IF_ERROR(stages.LogitRows(n, r0));
+      FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data() + static_cast<size_t>(r0) * V, d.logits,
+                                           static_cast<size_t>(n) * V * sizeof(float),
+                                           cudaMemcpyDeviceToHost, d.stream));
+    }
+  }
+  FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
+  out->logits.resize(items.size());
+  out->routing = std::move(routing);
+  for (size_t i = 0; i < items.size(); ++i) {
+    out->logits[i].assign(
+        host.begin() + static_cast<size_t>(plan.first_row[i]) * V,
+        host.begin() + static_cast<size_t>(plan.first_row[i] + plan.row_count[i]) * V);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flotilla
