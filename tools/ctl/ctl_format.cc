@@ -110,11 +110,10 @@ std::string StatusTable(const admin::ClusterStatus& s, const admin::PlacementInf
                                  "model: ", s.model(), "  generation: ", s.generation(),
                                  "  expert map: v", s.expert_map_version(), "\n");
   if (placement != nullptr) {
-    absl::StrAppend(&out, "placement: ", placement->world_size(), " ranks, tp ",
-                    placement->tp_size(), " x dp ", placement->dp_size(), ", ep ",
-                    placement->ep_size(), ", MoE ",
-                    placement->moe_layout() == cluster::MOE_LAYOUT_TP ? "tensor" : "expert",
-                    " parallel\n");
+    absl::StrAppend(
+        &out, "placement: ", placement->world_size(), " ranks, tp ", placement->tp_size(), " x dp ",
+        placement->dp_size(), ", ep ", placement->ep_size(), ", MoE ",
+        placement->moe_layout() == cluster::MOE_LAYOUT_TP ? "tensor" : "expert", " parallel\n");
   }
   absl::StrAppend(&out, "requests: ", s.requests_in_flight(), " in flight, ",
                   s.requests_submitted(), " submitted, ", s.requests_migrated(),
