@@ -46,6 +46,84 @@ absl::Status CheckMxfp4(const Mxfp4Matrix& m, int64_t rows, int64_t cols, const 
   return absl::OkStatus();
 }
 
+// Layer `l`'s norms and attention: a whole GQA group slice of heads, the
+// same on every layer (every head without a context).
+absl::Status CheckLayerAttention(const ModelWeights& w, int l, bool has_context) {
+  const ModelConfig& c = w.config;
+  const int64_t H = c.hidden_size, D = c.head_dim;
+  const int group = c.num_attention_heads / c.num_key_value_heads;
+  const LayerWeights& L = w.layers[l];
+  const std::string p = absl::StrCat("model.layers.", l, ".");
+  const AttentionWeights& a = L.attn;
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(L.input_norm, H, p + "input_layernorm.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(L.post_attn_norm, H, p + "post_attention_layernorm.weight"));
+  if (a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads != a.kv_heads * group ||
+      a.q_head_begin != a.kv_head_begin * group ||
+      a.q_head_begin + a.q_heads > c.num_attention_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights: ", p, "self_attn holds q heads [", a.q_head_begin, ", +", a.q_heads,
+        ") and kv heads [", a.kv_head_begin, ", +", a.kv_heads, "), not a whole GQA group slice"));
+  }
+  if (l > 0 &&
+      (a.q_heads != w.layers[0].attn.q_heads || a.q_head_begin != w.layers[0].attn.q_head_begin)) {
+    return absl::InvalidArgumentError("weights: every layer must hold the same attention heads");
+  }
+  if (!has_context && a.q_heads != c.num_attention_heads) {
+    return absl::InvalidArgumentError(
+        "weights: a single-rank engine needs every attention head (pass a ParallelContext for a "
+        "shard)");
+  }
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wq, a.q_heads * D, H, p + "self_attn.q_proj.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bq, a.q_heads * D, p + "self_attn.q_proj.bias"));
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wk, a.kv_heads * D, H, p + "self_attn.k_proj.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bk, a.kv_heads * D, p + "self_attn.k_proj.bias"));
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wv, a.kv_heads * D, H, p + "self_attn.v_proj.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bv, a.kv_heads * D, p + "self_attn.v_proj.bias"));
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wo, H, a.q_heads * D, p + "self_attn.o_proj.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bo, H, p + "self_attn.o_proj.bias"));
+  if (static_cast<int>(a.sinks.size()) != a.q_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights: ", p, "self_attn.sinks has ", a.sinks.size(), " values, expected ", a.q_heads));
+  }
+  return absl::OkStatus();
+}
+
+// Layer `l`'s router and the experts it holds (every expert without a
+// context), each in the slot slot_of_expert names.
+absl::Status CheckLayerMoe(const ModelWeights& w, int l, bool has_context) {
+  const ModelConfig& c = w.config;
+  const int64_t H = c.hidden_size, I = c.intermediate_size, E = c.num_local_experts;
+  const LayerWeights& L = w.layers[l];
+  const std::string p = absl::StrCat("model.layers.", l, ".");
+  FLOTILLA_RETURN_IF_ERROR(CheckMatrix(L.router, E, H, p + "mlp.router.weight"));
+  FLOTILLA_RETURN_IF_ERROR(CheckVector(L.router_bias, E, p + "mlp.router.bias"));
+  if (static_cast<int64_t>(L.slot_of_expert.size()) != E) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights: ", p, "slot_of_expert must have one entry per expert"));
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int slot = L.slot_of_expert[e];
+    if (slot < 0) {
+      if (!has_context) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "weights: ", p, "expert ", e, " is not held; a single-rank engine needs every expert"));
+      }
+      continue;
+    }
+    if (slot >= static_cast<int>(L.experts.size()) || L.experts[slot].expert_id != e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights: ", p, "expert ", e, " maps to a bad slot ", slot));
+    }
+    const ExpertWeights& x = L.experts[slot];
+    const std::string ep = absl::StrCat(p, "mlp.experts[", e, "].");
+    FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.gate_up, 2 * I, H, ep + "gate_up_proj"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(x.gate_up_bias, 2 * I, ep + "gate_up_proj_bias"));
+    FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.down, H, I, ep + "down_proj"));
+    FLOTILLA_RETURN_IF_ERROR(CheckVector(x.down_bias, H, ep + "down_proj_bias"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckWeights(const ModelWeights& w, bool has_context) {
   const ModelConfig& c = w.config;
   const int64_t H = c.hidden_size, D = c.head_dim, I = c.intermediate_size;
@@ -70,68 +148,9 @@ absl::Status CheckWeights(const ModelWeights& w, bool has_context) {
   FLOTILLA_RETURN_IF_ERROR(CheckMatrix(w.embed, c.vocab_size, H, "model.embed_tokens.weight"));
   FLOTILLA_RETURN_IF_ERROR(CheckMatrix(w.lm_head, c.vocab_size, H, "lm_head.weight"));
   FLOTILLA_RETURN_IF_ERROR(CheckVector(w.final_norm, H, "model.norm.weight"));
-  const int group = c.num_attention_heads / c.num_key_value_heads;
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    const LayerWeights& L = w.layers[l];
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    const AttentionWeights& a = L.attn;
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(L.input_norm, H, p + "input_layernorm.weight"));
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(L.post_attn_norm, H, p + "post_attention_layernorm.weight"));
-    if (a.q_heads <= 0 || a.kv_heads <= 0 || a.q_heads != a.kv_heads * group ||
-        a.q_head_begin != a.kv_head_begin * group ||
-        a.q_head_begin + a.q_heads > c.num_attention_heads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "weights: ", p, "self_attn holds q heads [", a.q_head_begin, ", +", a.q_heads,
-          ") and kv heads [", a.kv_head_begin, ", +", a.kv_heads, "), not a whole GQA group slice"));
-    }
-    if (l > 0 && (a.q_heads != w.layers[0].attn.q_heads || a.q_head_begin != w.layers[0].attn.q_head_begin)) {
-      return absl::InvalidArgumentError("weights: every layer must hold the same attention heads");
-    }
-    if (!has_context && a.q_heads != c.num_attention_heads) {
-      return absl::InvalidArgumentError(
-          "weights: a single-rank engine needs every attention head (pass a ParallelContext for a "
-          "shard)");
-    }
-    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wq, a.q_heads * D, H, p + "self_attn.q_proj.weight"));
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bq, a.q_heads * D, p + "self_attn.q_proj.bias"));
-    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wk, a.kv_heads * D, H, p + "self_attn.k_proj.weight"));
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bk, a.kv_heads * D, p + "self_attn.k_proj.bias"));
-    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wv, a.kv_heads * D, H, p + "self_attn.v_proj.weight"));
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bv, a.kv_heads * D, p + "self_attn.v_proj.bias"));
-    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(a.wo, H, a.q_heads * D, p + "self_attn.o_proj.weight"));
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(a.bo, H, p + "self_attn.o_proj.bias"));
-    if (static_cast<int>(a.sinks.size()) != a.q_heads) {
-      return absl::InvalidArgumentError(absl::StrCat("weights: ", p, "self_attn.sinks has ",
-                                                     a.sinks.size(), " values, expected ",
-                                                     a.q_heads));
-    }
-    FLOTILLA_RETURN_IF_ERROR(CheckMatrix(L.router, E, H, p + "mlp.router.weight"));
-    FLOTILLA_RETURN_IF_ERROR(CheckVector(L.router_bias, E, p + "mlp.router.bias"));
-    if (static_cast<int64_t>(L.slot_of_expert.size()) != E) {
-      return absl::InvalidArgumentError(absl::StrCat("weights: ", p,
-                                                     "slot_of_expert must have one entry per expert"));
-    }
-    for (int64_t e = 0; e < E; ++e) {
-      const int slot = L.slot_of_expert[e];
-      if (slot < 0) {
-        if (!has_context) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "weights: ", p, "expert ", e,
-              " is not held; a single-rank engine needs every expert"));
-        }
-        continue;
-      }
-      if (slot >= static_cast<int>(L.experts.size()) || L.experts[slot].expert_id != e) {
-        return absl::InvalidArgumentError(absl::StrCat("weights: ", p, "expert ", e,
-                                                       " maps to a bad slot ", slot));
-      }
-      const ExpertWeights& x = L.experts[slot];
-      const std::string ep = absl::StrCat(p, "mlp.experts[", e, "].");
-      FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.gate_up, 2 * I, H, ep + "gate_up_proj"));
-      FLOTILLA_RETURN_IF_ERROR(CheckVector(x.gate_up_bias, 2 * I, ep + "gate_up_proj_bias"));
-      FLOTILLA_RETURN_IF_ERROR(CheckMxfp4(x.down, H, I, ep + "down_proj"));
-      FLOTILLA_RETURN_IF_ERROR(CheckVector(x.down_bias, H, ep + "down_proj_bias"));
-    }
+    FLOTILLA_RETURN_IF_ERROR(CheckLayerAttention(w, l, has_context));
+    FLOTILLA_RETURN_IF_ERROR(CheckLayerMoe(w, l, has_context));
   }
   return absl::OkStatus();
 }
@@ -314,7 +333,7 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
 absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   FLOTILLA_RETURN_IF_ERROR(Validate(items));
   const ModelConfig& c = weights_.config;
-  const int64_t H = c.hidden_size, V = c.vocab_size;
+  const int64_t H = c.hidden_size;
   for (const StepItem& it : items) {
     FLOTILLA_RETURN_IF_ERROR(kv_->Reserve(it.sequence, static_cast<int64_t>(it.tokens.size())));
   }
@@ -331,34 +350,65 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     }
   }
   if (record_margins_) margins_.assign(T, std::numeric_limits<float>::infinity());
-  if (!forced_routing_.empty()) {
-    const int64_t per_token = static_cast<int64_t>(c.num_hidden_layers) * c.num_experts_per_tok;
-    if (forced_routing_.size() != items.size()) {
-      forced_routing_.clear();
-      return absl::InvalidArgumentError("forced routing: one entry per item is needed");
-    }
-    token_item_.resize(T);
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (static_cast<int64_t>(forced_routing_[i].size()) !=
-          static_cast<int64_t>(items[i].tokens.size()) * per_token) {
-        forced_routing_.clear();
-        return absl::InvalidArgumentError("forced routing: [tokens][layers][K] per item");
-      }
-      for (int32_t e : forced_routing_[i]) {
-        if (e < 0 || e >= c.num_local_experts) {
-          forced_routing_.clear();
-          return absl::InvalidArgumentError("forced routing: expert id out of range");
-        }
-      }
-      for (int64_t t = offsets[i]; t < offsets[i + 1]; ++t) token_item_[t] = static_cast<int64_t>(i);
-    }
-    regret_.assign(items.size(), 0.0f);
-  }
+  FLOTILLA_RETURN_IF_ERROR(PrepareForcedRouting(items, offsets));
   x_.resize(T * H);
   k::EmbeddingGather(weights_.embed.data, weights_.embed.row_stride, H, ids.data(), T, x_.data());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     FLOTILLA_RETURN_IF_ERROR(RunLayer(l, items, offsets, T));
   }
+  StepOutput out;
+  out.logits.resize(items.size());
+  out.sampled.resize(items.size());
+  if (!forced_routing_.empty()) {
+    out.routing_regret = regret_;
+    forced_routing_.clear();
+  }
+  if (record_margins_) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      out.router_margins.emplace_back(margins_.begin() + offsets[i],
+                                      margins_.begin() + offsets[i + 1]);
+    }
+  }
+  FinalRows(items, offsets, &out);
+  for (const StepItem& it : items) {
+    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, it.tokens));
+  }
+  return out;
+}
+
+absl::Status CpuEngine::PrepareForcedRouting(const std::vector<StepItem>& items,
+                                             const std::vector<int64_t>& offsets) {
+  if (forced_routing_.empty()) return absl::OkStatus();
+  const ModelConfig& c = weights_.config;
+  const int64_t T = offsets.back();
+  const int64_t per_token = static_cast<int64_t>(c.num_hidden_layers) * c.num_experts_per_tok;
+  if (forced_routing_.size() != items.size()) {
+    forced_routing_.clear();
+    return absl::InvalidArgumentError("forced routing: one entry per item is needed");
+  }
+  token_item_.resize(T);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (static_cast<int64_t>(forced_routing_[i].size()) !=
+        static_cast<int64_t>(items[i].tokens.size()) * per_token) {
+      forced_routing_.clear();
+      return absl::InvalidArgumentError("forced routing: [tokens][layers][K] per item");
+    }
+    for (int32_t e : forced_routing_[i]) {
+      if (e < 0 || e >= c.num_local_experts) {
+        forced_routing_.clear();
+        return absl::InvalidArgumentError("forced routing: expert id out of range");
+      }
+    }
+    for (int64_t t = offsets[i]; t < offsets[i + 1]; ++t) token_item_[t] = static_cast<int64_t>(i);
+  }
+  regret_.assign(items.size(), 0.0f);
+  return absl::OkStatus();
+}
+
+void CpuEngine::FinalRows(const std::vector<StepItem>& items, const std::vector<int64_t>& offsets,
+                          StepOutput* out) {
+  const ModelConfig& c = weights_.config;
+  const int64_t H = c.hidden_size, V = c.vocab_size;
   // Final norm and lm_head on the rows asked for.
   std::vector<int64_t> rows;
   std::vector<int64_t> first_row(items.size()), row_count(items.size());
@@ -371,18 +421,6 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
       rows.push_back(offsets[i] + n - 1);
     }
     row_count[i] = static_cast<int64_t>(rows.size()) - first_row[i];
-  }
-  StepOutput out;
-  out.logits.resize(items.size());
-  out.sampled.resize(items.size());
-  if (!forced_routing_.empty()) {
-    out.routing_regret = regret_;
-    forced_routing_.clear();
-  }
-  if (record_margins_) {
-    for (size_t i = 0; i < items.size(); ++i) {
-      out.router_margins.emplace_back(margins_.begin() + offsets[i], margins_.begin() + offsets[i + 1]);
-    }
   }
   if (!rows.empty()) {
     const int64_t R = static_cast<int64_t>(rows.size());
@@ -398,23 +436,26 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     for (size_t i = 0; i < items.size(); ++i) {
       const float* last = logits.data() + (first_row[i] + row_count[i] - 1) * V;
       if (items[i].sampler != nullptr) {
-        TokenLogprob& drawn = out.sampled[i];
+        TokenLogprob& drawn = out->sampled[i];
         const bool logprobs = items[i].sampler->params().logprobs;
         drawn.token = items[i].sampler->Sample(last, logprobs ? &drawn : nullptr);
       }
       if (items[i].logits == LogitsMode::kNone) continue;
-      out.logits[i].assign(logits.begin() + first_row[i] * V,
-                           logits.begin() + (first_row[i] + row_count[i]) * V);
+      out->logits[i].assign(logits.begin() + first_row[i] * V,
+                            logits.begin() + (first_row[i] + row_count[i]) * V);
     }
   }
-  for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, it.tokens));
-  }
-  return out;
 }
 
 absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
                                  const std::vector<int64_t>& offsets, int64_t T) {
+  FLOTILLA_RETURN_IF_ERROR(RunAttention(layer, items, offsets, T));
+  RunRouter(layer, offsets, T);
+  return RunMoe(layer, T);
+}
+
+absl::Status CpuEngine::RunAttention(int layer, const std::vector<StepItem>& items,
+                                     const std::vector<int64_t>& offsets, int64_t T) {
   const ModelConfig& c = weights_.config;
   const LayerWeights& L = weights_.layers[layer];
   const AttentionWeights& a = L.attn;
@@ -471,9 +512,15 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
     FLOTILLA_RETURN_IF_ERROR(context_->tp().AllReduce(o_.data(), T * H));
   }
   for (int64_t i = 0; i < T * H; ++i) x_[i] += o_[i];
+  return absl::OkStatus();
+}
 
-  // Router on the full hidden state, then the experts this rank holds.
-  k::RmsNorm(x_.data(), L.post_attn_norm.data, T, H, eps, t_.data());
+void CpuEngine::RunRouter(int layer, const std::vector<int64_t>& offsets, int64_t T) {
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& L = weights_.layers[layer];
+  const int64_t H = c.hidden_size;
+  // Router on the full hidden state (the experts this rank holds follow).
+  k::RmsNorm(x_.data(), L.post_attn_norm.data, T, H, static_cast<float>(c.rms_norm_eps), t_.data());
   const int64_t E = c.num_local_experts, K = c.num_experts_per_tok;
   router_.resize(T * E);
   k::LinearBf16(pool_, t_.data(), T, H, L.router.data, L.router.row_stride, E,
@@ -481,40 +528,52 @@ absl::Status CpuEngine::RunLayer(int layer, const std::vector<StepItem>& items,
   topk_idx_.resize(T * K);
   topk_w_.resize(T * K);
   k::RouterTopK(router_.data(), T, E, K, topk_idx_.data(), topk_w_.data());
-  if (!forced_routing_.empty()) {
-    const int layers = c.num_hidden_layers;
-    for (int64_t t = 0; t < T; ++t) {
-      const int64_t item = token_item_[t];
-      const int64_t j = t - offsets[item];
-      const int32_t* f = forced_routing_[item].data() + (j * layers + layer) * K;
-      const float* r = &router_[t * E];
-      float kth = std::numeric_limits<float>::infinity(), top = -kth, fmax = -kth;
-      for (int64_t k = 0; k < K; ++k) {
-        kth = std::min(kth, r[topk_idx_[t * K + k]]);
-        top = std::max(top, r[topk_idx_[t * K + k]]);
-        fmax = std::max(fmax, r[f[k]]);
-      }
-      float sum = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        regret_[item] = std::max(regret_[item], (kth - r[f[k]]) / std::max(1.0f, std::abs(top)));
-        topk_idx_[t * K + k] = f[k];
-        topk_w_[t * K + k] = std::exp(r[f[k]] - fmax);
-        sum += topk_w_[t * K + k];
-      }
-      for (int64_t k = 0; k < K; ++k) topk_w_[t * K + k] /= sum;
+  if (!forced_routing_.empty()) ForceRouting(layer, offsets, T);
+  if (record_margins_ && K < E) RecordMargins(T);
+}
+
+void CpuEngine::ForceRouting(int layer, const std::vector<int64_t>& offsets, int64_t T) {
+  const ModelConfig& c = weights_.config;
+  const int64_t E = c.num_local_experts, K = c.num_experts_per_tok;
+  const int layers = c.num_hidden_layers;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t item = token_item_[t];
+    const int64_t j = t - offsets[item];
+    const int32_t* f = forced_routing_[item].data() + (j * layers + layer) * K;
+    const float* r = &router_[t * E];
+    float kth = std::numeric_limits<float>::infinity(), top = -kth, fmax = -kth;
+    for (int64_t k = 0; k < K; ++k) {
+      kth = std::min(kth, r[topk_idx_[t * K + k]]);
+      top = std::max(top, r[topk_idx_[t * K + k]]);
+      fmax = std::max(fmax, r[f[k]]);
     }
-  }
-  if (record_margins_ && K < E) {
-    std::vector<float> r(E);
-    for (int64_t t = 0; t < T; ++t) {
-      std::copy(router_.begin() + t * E, router_.begin() + (t + 1) * E, r.begin());
-      std::nth_element(r.begin(), r.begin() + K, r.end(), std::greater<float>());
-      const float next = r[K];
-      const float kth = *std::min_element(r.begin(), r.begin() + K);
-      const float top = *std::max_element(r.begin(), r.begin() + K);
-      margins_[t] = std::min(margins_[t], (kth - next) / std::max(1.0f, std::abs(top)));
+    float sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      regret_[item] = std::max(regret_[item], (kth - r[f[k]]) / std::max(1.0f, std::abs(top)));
+      topk_idx_[t * K + k] = f[k];
+      topk_w_[t * K + k] = std::exp(r[f[k]] - fmax);
+      sum += topk_w_[t * K + k];
     }
+    for (int64_t k = 0; k < K; ++k) topk_w_[t * K + k] /= sum;
   }
+}
+
+void CpuEngine::RecordMargins(int64_t T) {
+  const ModelConfig& c = weights_.config;
+  const int64_t E = c.num_local_experts, K = c.num_experts_per_tok;
+  std::vector<float> r(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(router_.begin() + t * E, router_.begin() + (t + 1) * E, r.begin());
+    std::nth_element(r.begin(), r.begin() + K, r.end(), std::greater<float>());
+    const float next = r[K];
+    const float kth = *std::min_element(r.begin(), r.begin() + K);
+    const float top = *std::max_element(r.begin(), r.begin() + K);
+    margins_[t] = std::min(margins_[t], (kth - next) / std::max(1.0f, std::abs(top)));
+  }
+}
+
+absl::Status CpuEngine::RunMoe(int layer, int64_t T) {
+  const int64_t H = weights_.config.hidden_size;
   if (context_ != nullptr && !context_->config().moe_tp()) {
     FLOTILLA_RETURN_IF_ERROR(RunDispatchedExperts(layer, T));
   } else {

@@ -90,8 +90,30 @@ class CpuEngine : public Engine {
   CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv, kernels::cpu::ThreadPool* pool,
             parallel::ParallelContext* context);
 
+  // ForceNextRouting's entries checked against the step (one per item,
+  // [tokens][layers][K], ids in range) and each token's item noted.
+  absl::Status PrepareForcedRouting(const std::vector<StepItem>& items,
+                                    const std::vector<int64_t>& offsets);
+  // The final norm and lm_head on the rows asked for (and those samplers
+  // draw from); the draws and logit rows into `out`.
+  void FinalRows(const std::vector<StepItem>& items, const std::vector<int64_t>& offsets,
+                 StepOutput* out);
+  // One layer in three stages: attention (with the TP sum of o_proj), the
+  // router, the MoE; the residual stream x_ in place.
   absl::Status RunLayer(int layer, const std::vector<StepItem>& items,
                         const std::vector<int64_t>& offsets, int64_t tokens);
+  absl::Status RunAttention(int layer, const std::vector<StepItem>& items,
+                            const std::vector<int64_t>& offsets, int64_t tokens);
+  // Top-k experts and weights per token into topk_idx_ / topk_w_.
+  void RunRouter(int layer, const std::vector<int64_t>& offsets, int64_t tokens);
+  // ForceNextRouting: the given experts replace the ranked ones (weights
+  // from their router logits) and each item's regret is recorded.
+  void ForceRouting(int layer, const std::vector<int64_t>& offsets, int64_t tokens);
+  // record_margins: each token's smallest routing margin so far.
+  void RecordMargins(int64_t tokens);
+  // The experts (one rank, dispatched, or the TP layout's slices) added
+  // into x_.
+  absl::Status RunMoe(int layer, int64_t tokens);
   // One rank: every expert on this rank's tokens, summed into y_.
   void RunExperts(int layer, int64_t tokens);
   // Several ranks: the MoE block through the context (dispatch, the experts
