@@ -15,6 +15,7 @@
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_engine_state.h"
 #include "worker/engine/cuda_weight_feed.h"
+#include "worker/engine/device_sampler.h"
 #include "worker/engine/rank_shard.h"
 #include "worker/parallel/parallel_context.h"
 

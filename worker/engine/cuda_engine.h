@@ -36,7 +36,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
-#include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_block_allocator.h"
@@ -48,6 +47,8 @@ class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
 struct StepLayout;     // worker/engine/step_layout.h
 struct CudaDeviceState;  // worker/engine/cuda_engine_state.h
 class LayerStages;       // worker/engine/cuda_layer_stages.h
+class DeviceSampler;     // worker/engine/device_sampler.h
+struct DeviceSampling;   // worker/engine/device_sampler.h
 
 namespace parallel {
 class ParallelContext;  // worker/parallel/parallel_context.h
@@ -207,28 +208,6 @@ class CudaEngine : public Engine {
                                                            const CudaEngineOptions& options);
   absl::Status Reserve(const std::vector<StepItem>& items);
   absl::Status ReserveKv(int64_t sequence, int64_t tokens);
-  // One step's sampling on the device: per item, its row's parameters and
-  // its sampler (null for StepAndSample's rows); the adjustments staged in
-  // the pinned buffer (rows = item indices until RunStep maps them).
-  struct DeviceSampling {
-    std::vector<kernels::cuda::SamplingRow> rows;
-    std::vector<Sampler*> samplers;
-    int adjustments = 0;
-    int masks = 0;  // rows staged with a token mask
-    int top_n = 0;
-    bool logprobs = false;  // some row reports logprobs
-  };
-  // False when the step's adjustments or masks do not fit the device
-  // buffers, or a masked row needs its raw logits: host sampling then.
-  bool PrepareDeviceSampling(const std::vector<StepItem>& items, DeviceSampling* sampling);
-  // Stages item `index`'s token mask (structured outputs) for the device;
-  // false when the step must sample on the host instead.
-  bool StageMask(const StepItem& item, int index, const uint32_t* allowed,
-                 DeviceSampling* sampling);
-  // Computes the masks of the step's structured-output rows in parallel
-  // (each a copy from the shared mask cache or a walk of the token trie), so
-  // that PrepareDeviceSampling finds them ready.
-  void PrefetchMasks(const std::vector<StepItem>& items);
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
   absl::StatusOr<StepOutput> StepWithHostSampling(const std::vector<StepItem>& items);
@@ -256,19 +235,11 @@ class CudaEngine : public Engine {
                              StepOutput* out);
   absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
                              const ModelWeights& extra, cudaStream_t stream);
-  // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
-  static int SamplingVariant(const DeviceSampling& sampling);
-  absl::Status UploadSampling(const DeviceSampling& sampling, const StepLayout& plan);
-  absl::Status UploadMasks(const DeviceSampling& sampling, const StepLayout& plan);
-  absl::Status LaunchSampling(const DeviceSampling& sampling, int rows, cudaStream_t stream);
   // Waits for the step's work on `stream`: through the parallel context
   // when sharded (interruptible, and it reports the exchanges' health).
   absl::Status WaitForStep(cudaStream_t stream);
   // Sharded: destroys the captured graphs and aborts the context's exchanges.
   void AbortExchanges();
-  absl::Status CollectSampled(const std::vector<StepItem>& items, const DeviceSampling& sampling,
-                              const StepLayout& plan, StepOutput* out,
-                              std::vector<SampledToken>* sampled);
 
   std::unique_ptr<CudaDeviceState> impl_;
   ModelConfig config_;
@@ -280,7 +251,7 @@ class CudaEngine : public Engine {
   std::map<std::string, double> op_time_ms_;
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
   int64_t host_sampled_steps_ = 0;
-  std::unique_ptr<kernels::cpu::ThreadPool> mask_pool_;  // PrefetchMasks, made at first use
+  std::unique_ptr<DeviceSampler> sampler_;  // the draws of Step's samplers and StepAndSample
 };
 
 }  // namespace flotilla

@@ -16,6 +16,7 @@
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/cuda_engine_state.h"
 #include "worker/engine/cuda_weight_feed.h"
+#include "worker/engine/device_sampler.h"
 #include "worker/engine/rank_shard.h"
 #include "worker/engine/step_layout.h"
 #include "worker/model/expert_slice.h"
@@ -607,6 +608,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   engine->max_blocks_per_seq_ = max_blocks_per_seq;
   engine->weight_bytes_ = weight_bytes;
   engine->kv_ = std::move(kv);
+  engine->sampler_ = std::make_unique<DeviceSampler>(*engine->impl_, c.vocab_size);
   return engine;
 }
 

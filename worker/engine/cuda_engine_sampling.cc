@@ -1,23 +1,17 @@
-// CudaEngine's sampling: a step's draws on the device (the rows' parameters,
-// penalties and logit bias as sparse adjustments, token masks, logprobs),
-// or on the host from the returned logits when the device buffers cannot
-// take the step; StepAndSample's explicit rows.
+// CudaEngine's sampling entries: Step with the items' samplers (their draws
+// on the device through the DeviceSampler, or on the host from the returned
+// logits when the device buffers cannot take the step) and StepAndSample's
+// explicit rows.
 #include <cuda_runtime_api.h>
-
-#include <algorithm>
-#include <cstring>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/cuda_engine.h"
-#include "worker/engine/cuda_engine_state.h"
+#include "worker/engine/device_sampler.h"
 #include "worker/engine/step_layout.h"
 
 namespace flotilla {
-
-namespace kc = kernels::cuda;
 
 absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) {
   bool any_sampler = false, any_all = false;
@@ -30,220 +24,14 @@ absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) 
     FLOTILLA_RETURN_IF_ERROR(RunStep(items, nullptr, &out, nullptr));
     return out;
   }
-  PrefetchMasks(items);
+  sampler_->PrefetchMasks(items);
   DeviceSampling sampling;
-  if (any_all || !PrepareDeviceSampling(items, &sampling)) {
+  if (any_all || !sampler_->Prepare(items, &sampling)) {
     ++host_sampled_steps_;
     return StepWithHostSampling(items);
   }
   FLOTILLA_RETURN_IF_ERROR(RunStep(items, &sampling, &out, nullptr));
   return out;
-}
-
-void CudaEngine::PrefetchMasks(const std::vector<StepItem>& items) {
-  std::vector<Sampler*> masked;
-  for (const StepItem& it : items) {
-    if (it.sampler != nullptr && it.sampler->has_filter()) masked.push_back(it.sampler);
-  }
-  if (masked.size() < 2) return;
-  if (mask_pool_ == nullptr) {
-    // Threads of their own: the step's host work waits for the masks anyway.
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    mask_pool_ = std::make_unique<kernels::cpu::ThreadPool>(std::clamp(cores / 2, 2, 8));
-  }
-  mask_pool_->ParallelFor(static_cast<int64_t>(masked.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) masked[i]->Allowed();
-  });
-}
-
-bool CudaEngine::PrepareDeviceSampling(const std::vector<StepItem>& items,
-                                       DeviceSampling* sampling) {
-  CudaDeviceState& d = *impl_;
-  sampling->rows.assign(items.size(), kc::SamplingRow{});
-  sampling->samplers.assign(items.size(), nullptr);
-  for (size_t i = 0; i < items.size(); ++i) {
-    Sampler* sampler = items[i].sampler;
-    if (sampler == nullptr) continue;
-    const SamplingParams& p = sampler->params();
-    if (const uint32_t* allowed = sampler->Allowed()) {
-      if (!StageMask(items[i], static_cast<int>(i), allowed, sampling)) return false;
-    }
-    kc::SamplingRow& row = sampling->rows[i];
-    row.temperature = p.temperature;
-    row.top_k = p.top_k;
-    row.top_p = p.top_p;
-    row.min_p = p.min_p;
-    row.seed = sampler->seed();
-    row.step = sampler->draws();
-    sampling->samplers[i] = sampler;
-    sampling->logprobs = sampling->logprobs || p.logprobs;
-    sampling->top_n = std::max(sampling->top_n, p.logprobs ? p.top_logprobs : 0);
-    for (const LogitAdjustment& a : sampler->Adjustments()) {
-      if (sampling->adjustments == CudaDeviceState::kAdjustCapacity) return false;
-      d.adjust_host[sampling->adjustments++] =
-          kc::LogitAdjustmentEntry{static_cast<int32_t>(i), a.token, a.repetition, a.add};
-    }
-  }
-  return true;
-}
-
-// A structured-output row's mask goes with the step's inputs (a mask word
-// per 32 tokens, ~25 KB at o200k) and the device sets its refused logits to
-// -inf before the draw. The host samples instead (false) when the row wants
-// logprobs or its logit row (both are of the raw logits, which the mask
-// overwrites), or when more rows than mask_capacity are masked.
-bool CudaEngine::StageMask(const StepItem& item, int index, const uint32_t* allowed,
-                           DeviceSampling* sampling) {
-  CudaDeviceState& d = *impl_;
-  if (item.sampler->params().logprobs || item.logits != LogitsMode::kNone) return false;
-  // A mask that allows nothing is left out, as the CPU sampler ignores it
-  // (the filter reports the failure when the token is recorded).
-  if (std::all_of(allowed, allowed + d.mask_words, [](uint32_t w) { return w == 0; })) return true;
-  if (sampling->masks == d.mask_capacity) return false;
-  std::memcpy(d.masks_host + static_cast<size_t>(sampling->masks) * d.mask_words, allowed,
-              d.mask_words * sizeof(uint32_t));
-  d.mask_rows_host[sampling->masks++] = index;  // an item index until UploadSampling
-  return true;
-}
-
-int CudaEngine::SamplingVariant(const DeviceSampling& sampling) {
-  const bool adjust = sampling.adjustments > 0;
-  const bool masked = sampling.masks > 0;
-  return 1 + (adjust ? 2 : 0) + (adjust && sampling.logprobs ? 4 : 0) + (masked ? 8 : 0) +
-         16 * sampling.top_n;
-}
-
-absl::Status CudaEngine::UploadSampling(const DeviceSampling& sampling, const StepLayout& plan) {
-  CudaDeviceState& d = *impl_;
-  for (int r = 0; r < plan.seqs; ++r) d.params_host[r] = kc::SamplingRow{};  // padding: greedy
-  for (int i = 0; i < plan.real_items; ++i) {
-    if (plan.row_count[i] > 0) d.params_host[plan.first_row[i]] = sampling.rows[i];
-  }
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.sample_params, d.params_host,
-                                       std::max(plan.rows, 1) * sizeof(kc::SamplingRow),
-                                       cudaMemcpyHostToDevice, d.stream));
-  FLOTILLA_RETURN_IF_ERROR(UploadMasks(sampling, plan));
-  if (sampling.adjustments == 0) return absl::OkStatus();
-  // Item indices to logit rows; the count travels after the entries.
-  for (int e = 0; e < sampling.adjustments; ++e) {
-    d.adjust_host[e].row = plan.first_row[d.adjust_host[e].row];
-  }
-  int32_t* count = reinterpret_cast<int32_t*>(d.adjust_host + CudaDeviceState::kAdjustCapacity);
-  *count = sampling.adjustments;
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.adjust, d.adjust_host,
-                                       sampling.adjustments * sizeof(kc::LogitAdjustmentEntry),
-                                       cudaMemcpyHostToDevice, d.stream));
-  FLOTILLA_CUDA_RETURN(
-      cudaMemcpyAsync(d.adjust_count, count, sizeof(int32_t), cudaMemcpyHostToDevice, d.stream));
-  return absl::OkStatus();
-}
-
-absl::Status CudaEngine::UploadMasks(const DeviceSampling& sampling, const StepLayout& plan) {
-  CudaDeviceState& d = *impl_;
-  if (sampling.masks == 0) return absl::OkStatus();
-  for (int m = 0; m < sampling.masks; ++m) {
-    d.mask_rows_host[m] = plan.first_row[d.mask_rows_host[m]];
-  }
-  d.mask_rows_host[d.mask_capacity] = sampling.masks;
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(
-      d.masks, d.masks_host, static_cast<size_t>(sampling.masks) * d.mask_words * sizeof(uint32_t),
-      cudaMemcpyHostToDevice, d.stream));
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.mask_rows, d.mask_rows_host,
-                                       (d.mask_capacity + 1) * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, d.stream));
-  return absl::OkStatus();
-}
-
-// Masks go first: the rows they cover report no logprobs (StageMask), so
-// the raw-logprob passes below never need their refused logits back.
-// Without adjustments one draw reports the raw logprobs itself. With them the
-// draw runs on the adjusted rows, which are then restored, and a greedy draw
-// over the raw rows gives the top logprobs and the normaliser for the drawn
-// token's raw logprob (OpenAI and the CPU sampler report raw logprobs).
-absl::Status CudaEngine::LaunchSampling(const DeviceSampling& sampling, int rows, cudaStream_t s) {
-  CudaDeviceState& d = *impl_;
-  const int V = config_.vocab_size, cap = CudaDeviceState::kAdjustCapacity;
-  if (sampling.masks > 0) {
-    FLOTILLA_CUDA_RETURN(kc::LaunchMaskLogits(d.logits, V, d.mask_rows, d.masks,
-                                              d.mask_rows + d.mask_capacity, d.mask_capacity, s));
-  }
-  if (sampling.adjustments == 0) {
-    FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,
-                                          d.sampled_logprobs, sampling.top_n, d.top_ids,
-                                          d.top_logprobs, d.sample_ws, d.sample_ws_bytes, s));
-    return absl::OkStatus();
-  }
-  FLOTILLA_CUDA_RETURN(
-      kc::LaunchAdjustLogits(d.logits, V, d.adjust, d.adjust_count, cap, d.adjust_saved, s));
-  FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,
-                                        nullptr, 0, nullptr, nullptr, d.sample_ws,
-                                        d.sample_ws_bytes, s));
-  FLOTILLA_CUDA_RETURN(
-      kc::LaunchRestoreLogits(d.logits, V, d.adjust, d.adjust_count, cap, d.adjust_saved, s));
-  if (!sampling.logprobs) return absl::OkStatus();
-  FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.greedy_params, d.ref_tokens,
-                                        d.ref_logprobs, sampling.top_n, d.top_ids, d.top_logprobs,
-                                        d.sample_ws, d.sample_ws_bytes, s));
-  FLOTILLA_CUDA_RETURN(kc::LaunchLogprobsFromReference(
-      d.logits, rows, V, d.sampled_tokens, d.ref_tokens, d.ref_logprobs, d.sampled_logprobs, s));
-  return absl::OkStatus();
-}
-
-// Brings back the drawn tokens (and logprobs, and the logit rows asked for
-// beside them) and records the tokens in their samplers.
-absl::Status CudaEngine::CollectSampled(const std::vector<StepItem>& items,
-                                        const DeviceSampling& sampling, const StepLayout& plan,
-                                        StepOutput* out, std::vector<SampledToken>* sampled) {
-  CudaDeviceState& d = *impl_;
-  const int V = config_.vocab_size, rows = plan.rows, top = sampling.top_n;
-  cudaStream_t s = d.stream;
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.tokens_host, d.sampled_tokens, rows * sizeof(int32_t),
-                                       cudaMemcpyDeviceToHost, s));
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.logprobs_host, d.sampled_logprobs, rows * sizeof(float),
-                                       cudaMemcpyDeviceToHost, s));
-  if (top > 0) {
-    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.top_ids_host, d.top_ids,
-                                         static_cast<size_t>(rows) * top * sizeof(int32_t),
-                                         cudaMemcpyDeviceToHost, s));
-    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.top_logprobs_host, d.top_logprobs,
-                                         static_cast<size_t>(rows) * top * sizeof(float),
-                                         cudaMemcpyDeviceToHost, s));
-  }
-  if (out != nullptr) {
-    out->logits.assign(items.size(), {});
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (items[i].logits != LogitsMode::kLast || plan.row_count[i] == 0) continue;
-      out->logits[i].resize(V);
-      FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(out->logits[i].data(),
-                                           d.logits + static_cast<size_t>(plan.first_row[i]) * V,
-                                           V * sizeof(float), cudaMemcpyDeviceToHost, s));
-    }
-  }
-  FLOTILLA_RETURN_IF_ERROR(WaitForStep(s));
-  if (sampled != nullptr) {
-    sampled->resize(plan.real_items);
-    for (int i = 0; i < plan.real_items; ++i) {
-      const int r = plan.first_row[i];
-      (*sampled)[i] = SampledToken{d.tokens_host[r], d.logprobs_host[r]};
-    }
-  }
-  if (out == nullptr) return absl::OkStatus();
-  out->sampled.assign(items.size(), TokenLogprob{});
-  for (size_t i = 0; i < items.size(); ++i) {
-    Sampler* sampler = sampling.samplers[i];
-    if (sampler == nullptr) continue;
-    const int r = plan.first_row[i];
-    TokenLogprob& drawn = out->sampled[i];
-    drawn.token = d.tokens_host[r];
-    drawn.logprob = d.logprobs_host[r];
-    const int n = sampler->params().logprobs ? sampler->params().top_logprobs : 0;
-    for (int j = 0; j < n; ++j) {
-      const size_t at = static_cast<size_t>(r) * top + j;
-      drawn.top.emplace_back(d.top_ids_host[at], d.top_logprobs_host[at]);
-    }
-    sampler->Record(drawn.token);
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<StepOutput> CudaEngine::StepWithHostSampling(const std::vector<StepItem>& items) {

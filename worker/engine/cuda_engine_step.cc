@@ -10,6 +10,7 @@
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/cuda_engine_state.h"
 #include "worker/engine/cuda_layer_stages.h"
+#include "worker/engine/device_sampler.h"
 #include "worker/engine/step_layout.h"
 #include "worker/parallel/parallel_context.h"
 
@@ -27,7 +28,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   LayerStages::SampleFn sample;
   if (sampling != nullptr) {
     sample = [this, sampling](int rows, cudaStream_t stream) {
-      return LaunchSampling(*sampling, rows, stream);
+      return sampler_->Launch(*sampling, rows, stream);
     };
   }
   OpMarks marks(options_.profile_ops);
@@ -42,7 +43,10 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
         kv_->Commit(item.sequence, static_cast<int64_t>(item.tokens.size()), item.tokens.data()));
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> routing, CollectRouting(items));
-  if (sampling != nullptr) return CollectSampled(items, *sampling, plan, logits_out, sampled);
+  if (sampling != nullptr) {
+    return sampler_->Collect(items, *sampling, plan, logits_out, sampled,
+                             [&] { return WaitForStep(d.stream); });
+  }
   return CollectLogits(items, plan, stages, std::move(routing), logits_out);
 }
 
@@ -89,7 +93,7 @@ absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& i
                                          count * sizeof(int32_t), cudaMemcpyHostToDevice,
                                          d.stream));
   }
-  if (sampling != nullptr) FLOTILLA_RETURN_IF_ERROR(UploadSampling(*sampling, plan));
+  if (sampling != nullptr) FLOTILLA_RETURN_IF_ERROR(sampler_->Upload(*sampling, plan));
   return plan;
 }
 
@@ -99,7 +103,7 @@ absl::Status CudaEngine::LaunchStep(LayerStages& stages, const StepLayout& plan,
   if (plan.decode) {
     const int64_t ctx = DecodeContextBucket(plan.max_len, options_.max_context);
     const int variant =
-        sampling != nullptr ? SamplingVariant(*sampling) : (plan.pad_rows ? -1 : -2);
+        sampling != nullptr ? DeviceSampler::Variant(*sampling) : (plan.pad_rows ? -1 : -2);
     const GraphCache::Key key(plan.seqs, ctx, variant, step_bound);
     return d.graphs.Launch(key, d.stream, [&] { return stages.Forward(ctx, plan.rows, 0); });
   }

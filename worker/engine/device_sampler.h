@@ -1,0 +1,82 @@
+// The CUDA engine's sampler on the device: each row's parameters
+// (temperature, top-k, top-p, min-p, seed, draw count), penalties and
+// logit bias as sparse adjustments, token masks of structured-output rows,
+// logprobs and top logprobs, staged in pinned buffers, uploaded with the
+// step's metadata, drawn inside the step (graphs included) and brought back.
+// Behind CudaEngine's sampling entries: Step with the items' samplers and
+// StepAndSample's explicit rows. Not thread-safe: one owner.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/sampling.h"
+#include "worker/engine/cuda_engine.h"
+#include "worker/engine/engine.h"
+
+namespace flotilla {
+
+struct CudaDeviceState;  // worker/engine/cuda_engine_state.h
+struct StepLayout;       // worker/engine/step_layout.h
+
+// One step's sampling on the device: per item, its row's parameters and
+// its sampler (null for StepAndSample's rows); the adjustments staged in
+// the pinned buffer (rows = item indices until Upload maps them).
+struct DeviceSampling {
+  std::vector<kernels::cuda::SamplingRow> rows;
+  std::vector<Sampler*> samplers;
+  int adjustments = 0;
+  int masks = 0;  // rows staged with a token mask
+  int top_n = 0;
+  bool logprobs = false;  // some row reports logprobs
+};
+
+class DeviceSampler {
+ public:
+  // Draws with `d`'s sampling buffers over `vocab` tokens.
+  DeviceSampler(CudaDeviceState& d, int vocab);
+  ~DeviceSampler();
+  DeviceSampler(const DeviceSampler&) = delete;
+  DeviceSampler& operator=(const DeviceSampler&) = delete;
+
+  // Computes the masks of the step's structured-output rows in parallel
+  // (each a copy from the shared mask cache or a walk of the token trie), so
+  // that Prepare finds them ready.
+  void PrefetchMasks(const std::vector<StepItem>& items);
+  // The items' samplers into `sampling` (rows, adjustments and masks staged
+  // in the pinned buffers). False when the step's adjustments or masks do
+  // not fit the device buffers, or a masked row needs its raw logits: host
+  // sampling then.
+  bool Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling);
+  // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
+  static int Variant(const DeviceSampling& sampling);
+  // The staged rows, adjustments and masks up to the device, item indices
+  // mapped to `plan`'s logit rows.
+  absl::Status Upload(const DeviceSampling& sampling, const StepLayout& plan);
+  // The draws from the first `rows` logit rows on `stream`.
+  absl::Status Launch(const DeviceSampling& sampling, int rows, cudaStream_t stream);
+  // Brings back the drawn tokens (and logprobs, and the logit rows asked for
+  // beside them; `wait` waits for the stream) and records the tokens in
+  // their samplers: into `out` (Step) or `sampled` (StepAndSample).
+  absl::Status Collect(const std::vector<StepItem>& items, const DeviceSampling& sampling,
+                       const StepLayout& plan, StepOutput* out, std::vector<SampledToken>* sampled,
+                       const std::function<absl::Status()>& wait);
+
+ private:
+  // Stages item `index`'s token mask (structured outputs) for the device;
+  // false when the step must sample on the host instead.
+  bool StageMask(const StepItem& item, int index, const uint32_t* allowed,
+                 DeviceSampling* sampling);
+  absl::Status UploadMasks(const DeviceSampling& sampling, const StepLayout& plan);
+
+  CudaDeviceState& d_;
+  int vocab_;
+  std::unique_ptr<kernels::cpu::ThreadPool> mask_pool_;  // PrefetchMasks, made at first use
+};
+
+}  // namespace flotilla
