@@ -22,6 +22,11 @@
 // the experts' ranks (ep().Dispatch), runs its own experts on the rows it
 // received and joins the outputs (ep().Combine). Every operation is ordered on
 // the engine's stream, so decode steps stay one CUDA graph.
+//
+// Its parts: StepLayout (the host plan of a step), LayerStages (a step's
+// launches stage by stage), DeviceSampler, GraphCache, DeviceArena and the
+// device state they share (cuda_engine_state.h); worker/README.md lists
+// the files.
 // Not thread-safe: one owner drives it.
 #pragma once
 

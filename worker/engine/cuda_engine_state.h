@@ -1,7 +1,8 @@
 // CudaEngine's device state (worker/engine/cuda_engine.h): the weights, the
 // KV arena, the step buffers and workspaces, the pinned mirrors they are
 // filled from, and the captured graphs. Shared by the engine's source files
-// (cuda_engine*.cc, cuda_layer_stages.cc); no other code includes it.
+// (cuda_engine*.cc, cuda_layer_stages.cc, device_sampler.cc); no other code
+// includes it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -135,8 +136,8 @@ struct CudaDeviceState {
   kernels::cuda::SamplingRow* params_host = nullptr;
   int32_t* tokens_host = nullptr;
   float* logprobs_host = nullptr;
-  kernels::cuda::LogitAdjustmentEntry* adjust_host =
-      nullptr;                     // [kAdjustCapacity + 1]; the count after
+  // [kAdjustCapacity + 1]; the count after the entries.
+  kernels::cuda::LogitAdjustmentEntry* adjust_host = nullptr;
   uint32_t* masks_host = nullptr;  // mirrors of masks and mask_rows
   int32_t* mask_rows_host = nullptr;
   int32_t* top_ids_host = nullptr;
