@@ -63,6 +63,13 @@ TEST(FlotillaRender, RequestFileWithDateAndTokens) {
   EXPECT_EQ(j.back(), 173781);  // "assistant"
 }
 
+// `flotilla ARGS` exits 1 naming `want`.
+void ExpectFails(const std::string& args, const std::string& want) {
+  const auto [rc, out] = RunFlotilla(args);
+  EXPECT_EQ(rc, 1) << args;
+  EXPECT_NE(out.find(want), std::string::npos) << args << ": " << out;
+}
+
 TEST(FlotillaRender, BadInputIsAClearError) {
   const std::string bad_utf8 = WriteTemp("bad_utf8.json", "{\"messages\": [{\"role\": \"user\", \"content\": \"a\xFF\"}]}");
   auto [rc, out] = RunFlotilla("render --request " + bad_utf8 + " --date 2025-01-02");
@@ -71,18 +78,12 @@ TEST(FlotillaRender, BadInputIsAClearError) {
   EXPECT_NE(out.find("offset 44"), std::string::npos) << out;
 
   const std::string wizard = WriteTemp("wizard.json", R"({"conversation": [{"role": "wizard", "content": "x"}]})");
-  std::tie(rc, out) = RunFlotilla("render --conversation " + wizard);
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("unknown role 'wizard'"), std::string::npos) << out;
+  ExpectFails("render --conversation " + wizard, "unknown role 'wizard'");
 
   const std::string ok = WriteTemp("ok.json", R"({"messages": [{"role": "user", "content": "x"}]})");
-  std::tie(rc, out) = RunFlotilla("render --request " + ok + " --date 2025-13-01");
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("2025-13-01"), std::string::npos) << out;
+  ExpectFails("render --request " + ok + " --date 2025-13-01", "2025-13-01");
 
-  std::tie(rc, out) = RunFlotilla("render --request /nonexistent/request.json");
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("/nonexistent/request.json"), std::string::npos) << out;
+  ExpectFails("render --request /nonexistent/request.json", "/nonexistent/request.json");
 
   std::tie(rc, out) = RunFlotilla("render");
   EXPECT_NE(rc, 0);
@@ -101,17 +102,11 @@ TEST(FlotillaParse, TokensToMessages) {
 }
 
 TEST(FlotillaParse, BadTokensAreClearErrors) {
-  auto [rc, out] = RunFlotilla("parse --tokens 200006,173781,201088");
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("201088 is outside the vocabulary"), std::string::npos) << out;
-  std::tie(rc, out) = RunFlotilla("parse --tokens 200006,abc");
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("'abc' is not a token id"), std::string::npos) << out;
+  ExpectFails("parse --tokens 200006,173781,201088", "201088 is outside the vocabulary");
+  ExpectFails("parse --tokens 200006,abc", "'abc' is not a token id");
   // Stops mid-header: <|start|>assistant<|channel|>
-  std::tie(rc, out) = RunFlotilla("parse --tokens 200006,173781,200005");
-  EXPECT_EQ(rc, 1);
-  EXPECT_NE(out.find("mid-header"), std::string::npos) << out;
-  std::tie(rc, out) = RunFlotilla("parse --non-strict --tokens 200006,173781,200005,17196");
+  ExpectFails("parse --tokens 200006,173781,200005", "mid-header");
+  auto [rc, out] = RunFlotilla("parse --non-strict --tokens 200006,173781,200005,17196");
   EXPECT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("\"channel\": \"final\""), std::string::npos) << out;
 }

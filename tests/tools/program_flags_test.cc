@@ -26,6 +26,15 @@ std::pair<int, std::string> RunProgram(const std::string& program, const std::st
   return RunCommandWithStderr(Bin(program) + " " + args);
 }
 
+// `program ARGS` exits non-zero naming `want`; what it printed.
+std::string ExpectRefused(const std::string& program, const std::string& args,
+                          const std::string& want) {
+  auto [rc, out] = RunProgram(program, args);
+  EXPECT_NE(rc, 0) << program << " " << args;
+  EXPECT_NE(out.find(want), std::string::npos) << program << " " << args << ": " << out;
+  return out;
+}
+
 std::string ScratchFile(const std::string& name, const std::string& text) {
   const std::string path =
       ::testing::TempDir() + "/flotilla-flags-" + std::to_string(getpid()) + "-" + name;
@@ -44,32 +53,25 @@ TEST(ProgramFlags, UnknownFlagsNameTheNearestOnEveryProgram) {
             "unknown flag --coordinatr; did you mean --coordinator?"},
            {"flotillactl", "--coordinatr 127.0.0.1:1 status",
             "unknown flag --coordinatr; did you mean --coordinator?"}}) {
-    auto [rc, out] = RunProgram(program, args);
-    EXPECT_NE(rc, 0) << program << " " << args;
-    EXPECT_NE(out.find(program + ": " ), std::string::npos) << out;
-    EXPECT_NE(out.find(want), std::string::npos) << program << " " << args << ": " << out;
+    const std::string out = ExpectRefused(program, args, want);
+    EXPECT_NE(out.find(program + ": "), std::string::npos) << out;
     EXPECT_EQ(out.find("were not expected"), std::string::npos) << out;
   }
 }
 
 TEST(ProgramFlags, UnknownCommandsNameTheNearest) {
-  auto [rc, out] = RunProgram("flotilla", "upp");
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("unknown command 'upp'; did you mean up?"), std::string::npos) << out;
-  std::tie(rc, out) = RunProgram("flotillactl", "statuss");
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("unknown command 'statuss'; did you mean status?"), std::string::npos) << out;
+  ExpectRefused("flotilla", "upp", "unknown command 'upp'; did you mean up?");
+  const std::string out =
+      ExpectRefused("flotillactl", "statuss", "unknown command 'statuss'; did you mean status?");
   EXPECT_EQ(out.find("A subcommand is required"), std::string::npos) << out;
 }
 
 TEST(ProgramFlags, CountsTakeSizesAndBadOnesSayWhy) {
   // 2k is a count; the range then refuses it by its value, not its spelling.
-  auto [rc, out] = RunProgram("flotilla", "up --workers 2k");
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("--workers: 2000 is out of range: 1 to 64"), std::string::npos) << out;
-  std::tie(rc, out) = RunProgram("flotilla-coordinator", "--model synthetic:tiny --max-sequences lots");
-  EXPECT_NE(rc, 0);
-  EXPECT_NE(out.find("--max-sequences: 'lots' is not a number"), std::string::npos) << out;
+  ExpectRefused("flotilla", "up --workers 2k", "--workers: 2000 is out of range: 1 to 64");
+  const std::string out =
+      ExpectRefused("flotilla-coordinator", "--model synthetic:tiny --max-sequences lots",
+                    "--max-sequences: 'lots' is not a number");
   EXPECT_LT(out.size(), 300u) << "no 310-digit range: " << out;
 }
 

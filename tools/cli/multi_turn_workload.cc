@@ -35,12 +35,6 @@ const std::vector<int32_t>& MultiTurnConversation::Next(std::mt19937_64& rng) {
   return prompt_;
 }
 
-void MultiTurnConversation::Done(const std::vector<int32_t>& output, bool ok) {
-  if (turn_ == 0) return;
-  continues_ = ok;
-  if (ok) prompt_.insert(prompt_.end(), output.begin(), output.end());
-}
-
 std::optional<double> PrometheusValue(std::string_view text, std::string_view name) {
   std::optional<double> sum;
   size_t pos = 0;

@@ -27,24 +27,16 @@ struct MultiTurnOptions {
 // the next request, Done() takes what it generated. Turn 1 is a fresh random
 // prompt; turn k+1 is turn k's prompt + turn k's output + turn_tokens random
 // ids; after `turns` turns, or after a failed turn, a new conversation starts.
-class MultiTurnConversation : public PromptStream {
+// Its turns (1..turns) share with the previous turn its prompt and output (0
+// tokens on turn 1); a failed turn ends the conversation.
+class MultiTurnConversation : public GrowingConversation {
  public:
   explicit MultiTurnConversation(const MultiTurnOptions& options);
 
   const std::vector<int32_t>& Next(std::mt19937_64& rng) override;
-  // Of the prompt Next() last returned: its turn (1..turns) and how many of
-  // its leading tokens repeat the previous turn's prompt and output (0 on turn 1).
-  int turn() const override { return turn_; }
-  int64_t shared_tokens() const override { return shared_; }
-  // The tokens that turn generated; a failed turn (ok = false) ends the conversation.
-  void Done(const std::vector<int32_t>& output, bool ok) override;
 
  private:
   MultiTurnOptions options_;
-  std::vector<int32_t> prompt_;  // the last prompt, then with its output appended
-  int turn_ = 0;                 // 0 until the first Next()
-  int64_t shared_ = 0;
-  bool continues_ = false;  // the last turn finished well: the next one builds on it
 };
 
 // The value of a Prometheus counter or gauge in text exposition format,

@@ -40,10 +40,4 @@ const std::vector<int32_t>& TenantConversation::Next(std::mt19937_64& rng) {
   return prompt_;
 }
 
-void TenantConversation::Done(const std::vector<int32_t>& output, bool ok) {
-  if (turn_ == 0) return;
-  continues_ = ok;
-  if (ok) prompt_.insert(prompt_.end(), output.begin(), output.end());
-}
-
 }  // namespace flotilla::cli

@@ -40,27 +40,20 @@ class PrefixTenants {
 
 // One stream's requests, one at a time: Next() gives the next prompt, Done()
 // takes what it generated (a failed request ends its conversation).
-class TenantConversation : public PromptStream {
+class TenantConversation : public GrowingConversation {
  public:
   explicit TenantConversation(const PrefixTenants& tenants) : tenants_(tenants) {}
 
+  // Of the prompt it returns: its turn in its conversation (1..max_turns),
+  // its tenant, and as shared tokens those earlier requests sent too (the
+  // system prompt on turn 1, the whole history after): what a perfect prefix
+  // cache would not compute.
   const std::vector<int32_t>& Next(std::mt19937_64& rng) override;
-  // Of the prompt Next() last returned: its turn in its conversation
-  // (1..max_turns), its tenant, and how many leading tokens earlier requests
-  // sent too (the system prompt on turn 1, the whole history after): what a
-  // perfect prefix cache would not compute.
-  int turn() const override { return turn_; }
   int tenant() const { return tenant_; }
-  int64_t shared_tokens() const override { return shared_; }
-  void Done(const std::vector<int32_t>& output, bool ok) override;
 
  private:
   const PrefixTenants& tenants_;
-  std::vector<int32_t> prompt_;  // the last prompt, then with its output appended
-  int turn_ = 0;
   int tenant_ = -1;
-  int64_t shared_ = 0;
-  bool continues_ = false;  // the last request finished well
 };
 
 }  // namespace flotilla::cli
