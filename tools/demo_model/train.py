@@ -153,6 +153,23 @@ def parse(flotilla, tokens):
     return json.loads(out.stdout) if out.returncode == 0 else []
 
 
+@torch.no_grad()
+def load_init(model, vocab, path):
+    """Copies a compact checkpoint's weights into `model` (vocabulary rows by token id)."""
+    _, old_vocab, old = checkpoint_io.read_compact(path)
+    old_row = {t: i for i, t in enumerate(old_vocab)}
+    old_params = dict(old.named_parameters())
+    for name, p in model.named_parameters():
+        if name in ("embed", "lm_head"):
+            src = old_params[name]
+            for i, t in enumerate(vocab):
+                if t in old_row:
+                    p[i] = src[old_row[t]]
+            p[-1] = src[-1]
+        else:
+            p.copy_(old_params[name])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--flotilla", required=True, help="the flotilla CLI (renders the corpus)")
@@ -164,6 +181,8 @@ def main():
     ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--copies", type=int, default=2, help="corpus copies of each trained question")
     ap.add_argument("--report", help="write the held-out results here (JSON)")
+    ap.add_argument("--init", help="start from this compact checkpoint (rows of tokens it "
+                    "lacks start random) instead of random weights")
     ap.add_argument("--heldout", help="write the held-out questions and the score here (JSON; "
                     "the meaning tests read tools/demo_model/heldout.json)")
     args = ap.parse_args()
@@ -188,7 +207,10 @@ def main():
 
     cfg = demo_config(VOCAB)
     gen = torch.Generator().manual_seed(args.seed)
-    model = GptOss(cfg, len(vocab) + 1, VOCAB - len(vocab), gen).to(device)
+    model = GptOss(cfg, len(vocab) + 1, VOCAB - len(vocab), gen)
+    if args.init:
+        load_init(model, vocab, args.init)
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01,
                             betas=(0.9, 0.95))
     rng = random.Random(args.seed)
