@@ -5,18 +5,12 @@
 
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "coordinator/serving_metrics.h"
 
 namespace flotilla::coordinator {
 
 const char* FailedFinishReason(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kCancelled:
-      return "cancelled";
-    case absl::StatusCode::kDeadlineExceeded:
-      return "deadline";
-    default:
-      return "error";
-  }
+  return FinishedReasonName(FailedReason(status));
 }
 
 void RecordEvents(AccessRecord& access, const std::vector<RequestEvent>& events) {

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <regex>
 
 #include "absl/strings/str_cat.h"
 #include "common/json_parse.h"
+#include "common/proto_enum_name.h"
 #include "common/status.h"
 #include "coordinator/json_fields.h"
 
@@ -13,23 +15,6 @@ namespace flotilla::coordinator {
 namespace {
 
 using json_fields::Invalid;
-
-const char* RoleName(v1::ChatMessage::Role role) {
-  switch (role) {
-    case v1::ChatMessage::SYSTEM:
-      return "system";
-    case v1::ChatMessage::DEVELOPER:
-      return "developer";
-    case v1::ChatMessage::USER:
-      return "user";
-    case v1::ChatMessage::ASSISTANT:
-      return "assistant";
-    case v1::ChatMessage::TOOL:
-      return "tool";
-    default:
-      return nullptr;
-  }
-}
 
 absl::Status InRange(const std::string& field, double v, double lo, double hi,
                      bool lo_open = false) {
@@ -165,12 +150,12 @@ absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request,
   for (int i = 0; i < request.messages_size(); ++i) {
     const v1::ChatMessage& m = request.messages(i);
     const std::string where = absl::StrCat("messages[", i, "]");
-    const char* role = RoleName(m.role());
-    if (role == nullptr) {
+    const std::optional<std::string> role = LowerCaseEnumName(m.role());
+    if (!role.has_value()) {
       return Invalid(where + ".role", "is required (SYSTEM, DEVELOPER, USER, ASSISTANT or TOOL)");
     }
     Json j;
-    j["role"] = role;
+    j["role"] = *role;
     j["content"] = m.content();
     const bool assistant = m.role() == v1::ChatMessage::ASSISTANT;
     const bool tool = m.role() == v1::ChatMessage::TOOL;

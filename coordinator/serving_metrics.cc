@@ -1,5 +1,7 @@
 #include "coordinator/serving_metrics.h"
 
+#include <iterator>
+
 #include "absl/strings/str_cat.h"
 
 namespace flotilla::coordinator {
@@ -14,22 +16,24 @@ std::vector<double> LatencyBuckets(std::vector<double> small) {
   return small;
 }
 
-const char* ReasonName(FinishedReason r) {
-  switch (r) {
-    case FinishedReason::kStop:
-      return "stop";
-    case FinishedReason::kLength:
-      return "length";
-    case FinishedReason::kCancelled:
-      return "cancelled";
-    case FinishedReason::kDeadline:
-      return "deadline";
-    default:
-      return "error";
-  }
+}  // namespace
+
+const char* FinishedReasonName(FinishedReason reason) {
+  static constexpr const char* kNames[] = {"stop", "length", "cancelled", "deadline", "error"};
+  static_assert(std::size(kNames) == static_cast<size_t>(FinishedReason::kCount));
+  return kNames[static_cast<int>(reason)];
 }
 
-}  // namespace
+FinishedReason FailedReason(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kCancelled:
+      return FinishedReason::kCancelled;
+    case absl::StatusCode::kDeadlineExceeded:
+      return FinishedReason::kDeadline;
+    default:
+      return FinishedReason::kError;
+  }
+}
 
 std::string PrometheusLabelValue(const std::string& s) {
   std::string out;
@@ -99,10 +103,8 @@ void ServingMetrics::Finished(const absl::Status& status, const cluster::Sequenc
       prefill_time.Observe(last->prefill_time_ms() / 1000.0);
       decode_time.Observe(last->decode_time_ms() / 1000.0);
     }
-  } else if (status.code() == absl::StatusCode::kCancelled) {
-    reason = FinishedReason::kCancelled;
-  } else if (status.code() == absl::StatusCode::kDeadlineExceeded) {
-    reason = FinishedReason::kDeadline;
+  } else if (!status.ok()) {
+    reason = FailedReason(status);
   }
   ++finished[static_cast<int>(reason)];
 }
@@ -139,8 +141,8 @@ void ServingMetrics::RenderAll(const std::vector<Part>& parts, std::string& out)
   for (const auto& [labels, m] : parts) {
     for (int r = 0; r < static_cast<int>(FinishedReason::kCount); ++r) {
       absl::StrAppend(&out, "flotilla_requests_finished_total{", prefix(labels),
-                      "finished_reason=\"", ReasonName(static_cast<FinishedReason>(r)), "\"} ",
-                      m->finished[r].load(), "\n");
+                      "finished_reason=\"", FinishedReasonName(static_cast<FinishedReason>(r)),
+                      "\"} ", m->finished[r].load(), "\n");
     }
   }
   header("flotilla_requests_migrated_total", "counter",

@@ -38,6 +38,13 @@ class Histogram {
 // How requests ended, as flotilla_requests_finished_total counts them.
 enum class FinishedReason { kStop, kLength, kCancelled, kDeadline, kError, kCount };
 
+// "stop", "length", "cancelled", "deadline", "error": the metric's label and
+// the access log's finish_reason.
+const char* FinishedReasonName(FinishedReason reason);
+// How a request that ended with `status` (not OK) finished: cancelled,
+// past its deadline, or failed.
+FinishedReason FailedReason(const absl::Status& status);
+
 struct ServingMetrics {
   ServingMetrics();
   Histogram ttft;  // admission to the first generated token

@@ -3,26 +3,24 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/enum_names.h"
+
 namespace flotilla::coordinator {
+namespace {
+
+constexpr EnumName<RouterPolicy> kRouterPolicies[] = {{RouterPolicy::kCacheAware, "cache-aware"},
+                                                      {RouterPolicy::kLeastLoaded, "least-loaded"},
+                                                      {RouterPolicy::kRoundRobin, "round-robin"}};
+
+}  // namespace
 
 std::string RouterPolicyName(RouterPolicy policy) {
-  switch (policy) {
-    case RouterPolicy::kCacheAware:
-      return "cache-aware";
-    case RouterPolicy::kLeastLoaded:
-      return "least-loaded";
-    case RouterPolicy::kRoundRobin:
-      return "round-robin";
-  }
-  return "cache-aware";
+  const char* name = NameIn(kRouterPolicies, policy);
+  return name != nullptr ? name : "cache-aware";
 }
 
 std::optional<RouterPolicy> ParseRouterPolicy(std::string_view name) {
-  for (RouterPolicy p :
-       {RouterPolicy::kCacheAware, RouterPolicy::kLeastLoaded, RouterPolicy::kRoundRobin}) {
-    if (name == RouterPolicyName(p)) return p;
-  }
-  return std::nullopt;
+  return ValueIn(kRouterPolicies, name);
 }
 
 uint64_t Router::Cost(const RouteCandidate& c, uint64_t prompt_tokens, int least_requests) {

@@ -1,6 +1,9 @@
 #include "coordinator/harmony/message.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 #include "common/status.h"
 #include "coordinator/tokenizer/tokenizer.h"
 
@@ -8,6 +11,12 @@ namespace flotilla::harmony {
 namespace {
 
 using Json = nlohmann::ordered_json;
+
+constexpr EnumName<Role> kRoles[] = {{Role::kSystem, "system"},
+                                     {Role::kDeveloper, "developer"},
+                                     {Role::kUser, "user"},
+                                     {Role::kAssistant, "assistant"},
+                                     {Role::kTool, "tool"}};
 
 absl::Status Invalid(const std::string& where, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
@@ -127,20 +136,12 @@ absl::StatusOr<DeveloperContent> DeveloperFromJson(const Json& j, const std::str
 }  // namespace
 
 const char* RoleName(Role role) {
-  switch (role) {
-    case Role::kSystem: return "system";
-    case Role::kDeveloper: return "developer";
-    case Role::kUser: return "user";
-    case Role::kAssistant: return "assistant";
-    case Role::kTool: return "tool";
-  }
-  return "unknown";
+  const char* name = NameIn(kRoles, role);
+  return name != nullptr ? name : "unknown";
 }
 
 absl::StatusOr<Role> ParseRole(const std::string& name) {
-  for (Role r : {Role::kSystem, Role::kDeveloper, Role::kUser, Role::kAssistant, Role::kTool}) {
-    if (name == RoleName(r)) return r;
-  }
+  if (std::optional<Role> role = ValueIn(kRoles, name)) return *role;
   return absl::InvalidArgumentError(absl::StrCat(
       "unknown role '", name, "' (expected system, developer, user, assistant or tool)"));
 }

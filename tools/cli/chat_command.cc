@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/proto_enum_name.h"
 #include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "coordinator/tokenizer/tokenizer.h"
 #include "tools/cli/tls_flags.h"
@@ -38,21 +39,6 @@ struct ChatFlags {
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
-
-const char* FinishName(v1::ChatResponse::FinishReason r) {
-  switch (r) {
-    case v1::ChatResponse::STOP:
-      return "stop";
-    case v1::ChatResponse::LENGTH:
-      return "length";
-    case v1::ChatResponse::TOOL_CALLS:
-      return "tool_calls";
-    case v1::ChatResponse::CANCELLED:
-      return "cancelled";
-    default:
-      return "none";
-  }
-}
 
 // Prints the deltas of one reply as they arrive. On a terminal: reasoning
 // dimmed, the answer plain. Otherwise each block starts on its own line with
@@ -204,7 +190,8 @@ absl::StatusOr<client::ChatResult> Turn(client::Client& c, const v1::ChatRequest
     }
     return st;
   }
-  std::cerr << (tty ? "\x1b[2m" : "") << "[" << FinishName(result.finish_reason) << "; "
+  std::cerr << (tty ? "\x1b[2m" : "") << "["
+            << LowerCaseEnumName(result.finish_reason).value_or("none") << "; "
             << result.prompt_tokens << " prompt + " << result.completion_tokens
             << " completion tokens]" << (tty ? "\x1b[0m" : "") << "\n";
   return result;
