@@ -4,6 +4,7 @@
 // the model answers from the result. Exits non-zero when it calls no tool.
 // Usage: node tools/demo_tool_call.js BASE_URL MODEL
 'use strict';
+const { addTool, weatherTool, question, firstMessages, turnRequest } = require('./demo_tools');
 
 const [baseURL, model] = process.argv.slice(2);
 if (!baseURL || !model) {
@@ -11,36 +12,13 @@ if (!baseURL || !model) {
   process.exit(2);
 }
 
-const tools = [{
-  type: 'function',
-  function: {
-    name: 'get_weather',
-    description: 'Gets the current weather in a city.',
-    parameters: {
-      type: 'object',
-      properties: { location: { type: 'string', description: 'The city, e.g. Paris' } },
-      required: ['location'],
-    },
-  },
-}, {
-  type: 'function',
-  function: {
-    name: 'add',
-    description: 'Adds two integers.',
-    parameters: {
-      type: 'object',
-      properties: { a: { type: 'integer' }, b: { type: 'integer' } },
-      required: ['a', 'b'],
-    },
-  },
-}];
+const tools = [weatherTool, addTool];
 
 async function chat(messages) {
   const r = await fetch(`${baseURL}/chat/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model, messages, tools, tool_choice: 'auto', temperature: 0,
-                           max_completion_tokens: 64 }),
+    body: JSON.stringify(turnRequest(model, messages, tools)),
   });
   const body = await r.json();
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${JSON.stringify(body)}`);
@@ -48,9 +26,7 @@ async function chat(messages) {
 }
 
 async function main() {
-  const question = 'Use the add tool to add 3 and 4.';
-  const messages = [{ role: 'system', content: 'You are a helpful assistant.' },
-                    { role: 'user', content: question }];
+  const messages = firstMessages();
   console.log(`user: ${question}`);
   const first = await chat(messages);
   if (first.message.reasoning_content) console.log(`reasoning: ${first.message.reasoning_content}`);

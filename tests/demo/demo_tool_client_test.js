@@ -6,32 +6,17 @@
 'use strict';
 const assert = require('node:assert/strict');
 const { check, clientFromArgs } = require('../http/openai_test_client');
+const { addTool, firstMessages, turnRequest } = require('../../tools/demo_tools');
 
 const { model, client } = clientFromArgs('demo_tool_client_test.js', 300000);
 
-const tools = [{
-  type: 'function',
-  function: {
-    name: 'add',
-    description: 'Adds two integers.',
-    parameters: {
-      type: 'object',
-      properties: { a: { type: 'integer' }, b: { type: 'integer' } },
-      required: ['a', 'b'],
-    },
-  },
-}];
+const tools = [addTool];
 
 async function main() {
-  const messages = [
-    { role: 'system', content: 'You are a helpful assistant.' },
-    { role: 'user', content: 'Use the add tool to add 3 and 4.' },
-  ];
+  const messages = firstMessages();
   let call;
   await check('the model calls add on its own', async () => {
-    const r = await client.chat.completions.create({
-      model, messages, tools, tool_choice: 'auto', temperature: 0, max_completion_tokens: 64,
-    });
+    const r = await client.chat.completions.create(turnRequest(model, messages, tools));
     const c = r.choices[0];
     assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c.message));
     assert.equal(c.message.tool_calls.length, 1);
@@ -47,9 +32,7 @@ async function main() {
       role: 'tool', tool_call_id: call.id,
       content: JSON.stringify({ result: 7 }),
     });
-    const r = await client.chat.completions.create({
-      model, messages, tools, tool_choice: 'auto', temperature: 0, max_completion_tokens: 64,
-    });
+    const r = await client.chat.completions.create(turnRequest(model, messages, tools));
     const c = r.choices[0];
     assert.equal(c.finish_reason, 'stop', JSON.stringify(c.message));
     assert.match(c.message.content, /\b7\b/);
