@@ -155,6 +155,74 @@ TEST(KvBlockAllocator, PrefixWithAnEvictedWindowIsNotMatched) {
   }
 }
 
+// A prompt longer than the window, then decoding on past it: the window
+// before the prompt's end leaves the sliding group during decode. Once the
+// sequence is freed, that window must stay cached as long as the prompt's
+// full-group blocks, or no later request with the same prompt can hit.
+TEST(KvBlockAllocator, PromptWindowLeftDuringDecodeIsEvictedNoSoonerThanItsFullBlocks) {
+  // 14 blocks: a ends holding 7 full blocks and has used 7 sliding ones.
+  auto kv = *KvBlockAllocator::Create(Options(14, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = Tokens(16);
+  auto a = kv->CreateSequence();
+  Step(*kv, a, prompt);
+  std::vector<int32_t> history = prompt;
+  for (int i = 0; i < 12; ++i) {
+    const std::vector<int32_t> token = {static_cast<int32_t>(500 + i)};
+    Step(*kv, a, token);
+    history.push_back(token[0]);
+  }
+  // Decoding moved past the prompt: its window (blocks 2 and 3) left.
+  EXPECT_EQ(kv->Table(a, kSliding)[2], -1);
+  EXPECT_EQ(kv->Table(a, kSliding)[3], -1);
+  ASSERT_TRUE(kv->Free(a).ok());
+  EXPECT_EQ(kv->free_blocks(), 14);
+  EXPECT_EQ(kv->prefix_cache().cached_free_blocks(), 14);
+
+  // Another request needs 4 blocks: all are cached, so 4 are evicted. They
+  // must be the end of a's history, not the prompt's window.
+  auto other = kv->CreateSequence();
+  Step(*kv, other, Tokens(8, 900));
+  std::vector<int32_t> again = prompt;
+  again.push_back(7);
+  EXPECT_EQ(kv->MatchPrefix(again, 4), 4);
+  history.push_back(7);
+  EXPECT_EQ(kv->MatchPrefix(history, 7), 5);  // blocks 5 and 6 went
+  auto b = kv->CreateSequenceFromPrefix(prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(kv->BlocksHeld(*b, kFull), 4);
+  EXPECT_EQ(kv->BlocksHeld(*b, kSliding), 2);
+}
+
+// A sequence that started from a cached prefix refreshes, when freed, the
+// prefix's sliding blocks it never took (those before its window) too.
+TEST(KvBlockAllocator, PrefixHitRefreshesTheBlocksBeforeItsWindowWhenFreed) {
+  auto kv = *KvBlockAllocator::Create(Options(12, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = Tokens(16);
+  auto a = kv->CreateSequence();
+  Step(*kv, a, prompt);
+  ASSERT_TRUE(kv->Free(a).ok());
+  // A short sequence of other tokens takes the 4 uncached blocks, then b
+  // hits the prompt: blocks 0 and 1 of the sliding group stay in the
+  // cache's LRU, untaken.
+  auto other = kv->CreateSequence();
+  Step(*kv, other, Tokens(8, 900));
+  auto b = kv->CreateSequenceFromPrefix(prompt);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(kv->Table(*b, kSliding)[0], -1);
+  EXPECT_EQ(kv->Table(*b, kSliding)[1], -1);
+  ASSERT_TRUE(kv->Free(other).ok());
+  ASSERT_TRUE(kv->Free(*b).ok());
+  EXPECT_EQ(kv->prefix_cache().cached_free_blocks(), 12);
+  // A request of 8 blocks evicts other's 4, then b's end (full and sliding
+  // blocks 3 and 2): blocks 0 and 1 of both groups stay, so the first 2
+  // blocks (whose window is blocks 0 and 1) still match.
+  auto c = kv->CreateSequence();
+  ASSERT_TRUE(kv->Reserve(c, 16, NoCopy).ok());
+  std::vector<int32_t> again = prompt;
+  again.push_back(7);
+  EXPECT_EQ(kv->MatchPrefix(again, 4), 2);
+}
+
 TEST(KvBlockAllocator, OutOfBlocksChangesNothing) {
   auto kv = *KvBlockAllocator::Create(Options(6));
   auto s = kv->CreateSequence();

@@ -136,6 +136,34 @@ TEST(PrefixCache, LeastRecentlyUsedPrefixIsEvictedFirst) {
   EXPECT_TRUE(cache->Walk(y, 2).empty());
 }
 
+TEST(PrefixCache, RefreshMovesAFreeCachedBlockToTheRecentEnd) {
+  auto cache = MakeCache(4);
+  const std::vector<int32_t> x = Iota(4, 0), y = Iota(4, 100);
+  Seq sx = RunSequence(*cache, x);
+  Seq sy = RunSequence(*cache, y);
+  const uint64_t x_key = cache->cached_key(sx.blocks[0]);
+  ASSERT_NE(x_key, 0u);
+  EXPECT_EQ(cache->cached_key(sy.blocks[0]), cache->Walk(y, 1)[0].link.key);
+  cache->Refresh(sx.blocks[0], x_key);  // held: nothing to move
+  EXPECT_EQ(cache->refcount(sx.blocks[0]), 1);
+  Free(*cache, sx);
+  Free(*cache, sy);
+  cache->Refresh(sx.blocks[0], x_key + 1);  // another key: left alone
+  cache->Refresh(sx.blocks[0], x_key);      // x is now the most recently freed
+  EXPECT_EQ(cache->free_blocks(), 4);
+  ASSERT_TRUE(cache->Allocate().has_value());
+  ASSERT_TRUE(cache->Allocate().has_value());
+  const int32_t evicted = *cache->Allocate();
+  EXPECT_EQ(evicted, sy.blocks[0]);
+  EXPECT_EQ(cache->cached_key(evicted), 0u);
+  EXPECT_EQ(cache->Walk(x, 1).size(), 1u);
+  EXPECT_TRUE(cache->Walk(y, 1).empty());
+  // An evicted block that caches nothing now is not put back.
+  cache->Release(evicted);
+  cache->Refresh(evicted, x_key);
+  EXPECT_FALSE(cache->cached(evicted));
+}
+
 TEST(PrefixCache, HashCollisionsAreNeverTrusted) {
   PrefixCacheOptions o;
   o.hash = [](uint64_t, absl::Span<const int32_t>) { return uint64_t{42}; };  // every key collides

@@ -43,7 +43,15 @@ KvBlockAllocator::KvBlockAllocator(const KvBlockAllocatorOptions& o,
 KvBlockAllocator::SequenceId KvBlockAllocator::CreateSequence() {
   SequenceId id = next_id_++;
   seqs_[id].tables.resize(options_.sliding.size());
+  seqs_[id].left.resize(options_.sliding.size());
   return id;
+}
+
+void KvBlockAllocator::NoteLeft(Sequence& s, size_t group, int64_t b, int32_t block, uint64_t key) {
+  if (key == 0) return;
+  auto& left = s.left[group];
+  if (static_cast<int64_t>(left.size()) <= b) left.resize(b + 1);
+  left[b] = LeftBlock{block, key};
 }
 
 absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::Fork(SequenceId source) {
@@ -66,13 +74,20 @@ absl::Status KvBlockAllocator::Free(SequenceId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
   // Last blocks first: a prefix's first blocks, which every longer match
-  // needs, are then the most recently freed and the last evicted.
-  const auto& tables = it->second.tables;
+  // needs, are then the most recently freed and the last evicted. Cached
+  // blocks that left a sliding window earlier take their place in that
+  // order too, unless they were evicted or taken again since.
+  const Sequence& s = it->second;
   size_t longest = 0;
-  for (const auto& table : tables) longest = std::max(longest, table.size());
+  for (const auto& table : s.tables) longest = std::max(longest, table.size());
   for (size_t b = longest; b-- > 0;) {
-    for (const auto& table : tables) {
-      if (b < table.size() && table[b] >= 0) blocks_->Release(table[b]);
+    for (size_t g = 0; g < s.tables.size(); ++g) {
+      const auto& table = s.tables[g];
+      if (b < table.size() && table[b] >= 0) {
+        blocks_->Release(table[b]);
+      } else if (b < s.left[g].size() && s.left[g][b].block >= 0) {
+        blocks_->Refresh(s.left[g][b].block, s.left[g][b].key);
+      }
     }
   }
   seqs_.erase(it);
@@ -236,6 +251,7 @@ absl::Status KvBlockAllocator::Commit(SequenceId seq, int64_t n, const int32_t* 
     // leaves a gap of never-allocated blocks above the old window's.
     for (int64_t b = std::min(s.released_blocks, dead); b < dead; ++b) {
       if (table[b] < 0) continue;
+      NoteLeft(s, g, b, table[b], blocks_->cached_key(table[b]));
       blocks_->Release(table[b]);
       table[b] = -1;
     }
@@ -291,7 +307,14 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
   for (size_t g = 0; g < s.tables.size(); ++g) {
     auto& table = s.tables[g];
     table.assign(blocks, -1);
-    for (int64_t b = KeepBegin(static_cast<int>(g), s.length) / bs; b < blocks; ++b) {
+    const int64_t keep = KeepBegin(static_cast<int>(g), s.length) / bs;
+    // The cached blocks before the window are not taken, but they belong
+    // to this sequence's prefix as much as those of a sequence that
+    // computed it: Free refreshes them.
+    for (int64_t b = 0; b < keep; ++b) {
+      if (hits[b].slots[g] >= 0) NoteLeft(s, g, b, hits[b].slots[g], hits[b].link.key);
+    }
+    for (int64_t b = keep; b < blocks; ++b) {
       table[b] = hits[b].slots[g];
       blocks_->Hold(table[b]);
     }

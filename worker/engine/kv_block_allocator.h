@@ -17,8 +17,13 @@
 // registered in a PrefixCache with its blocks of every group; a new sequence
 // starts from the longest cached prefix whose full groups have every block
 // and whose sliding groups have the window before its end. Blocks leaving the
-// window are released but stay cached (and evictable). Forks share blocks
-// (reference counted); Reserve copies a shared block before it is written.
+// window are released but stay cached (and evictable); when the sequence is
+// freed they go back to the recent end of the cache's LRU with its other
+// blocks, last blocks first, as if it had held them to the end. So the
+// window before the end of a cached prompt (released once decoding moved
+// past it) is evicted no sooner than the prompt's full-group blocks, which
+// are useless without it. Forks share blocks (reference counted); Reserve
+// copies a shared block before it is written.
 // Not thread-safe: one owner (the engine) drives it.
 #pragma once
 
@@ -108,9 +113,18 @@ class KvBlockAllocator {
   const KvBlockAllocatorOptions& options() const { return options_; }
 
  private:
+  // A cached block a sliding group no longer holds (it left the window, or
+  // a prefix hit never took it), and the key of the token block it caches.
+  struct LeftBlock {
+    int32_t block = -1;
+    uint64_t key = 0;
+  };
   struct Sequence {
     int64_t length = 0;
     std::vector<std::vector<int32_t>> tables;  // per group
+    // Per group, logical block -> the cached block that left its table;
+    // Free refreshes those still cached (PrefixCache::Refresh).
+    std::vector<std::vector<LeftBlock>> left;
     PrefixCache::Chain chain;
     int64_t released_blocks = 0;  // sliding groups hold no block below this
   };
@@ -123,6 +137,9 @@ class KvBlockAllocator {
   // Whether each sliding group has the blocks of the window before `blocks`
   // whole blocks (hits: what PrefixCache::Walk found).
   bool WindowCached(const std::vector<PrefixCache::Hit>& hits, int64_t blocks) const;
+  // Notes that logical block `b` of `group` left the table of `s` while
+  // `block` caches the token block keyed `key` (nothing when key is 0).
+  static void NoteLeft(Sequence& s, size_t group, int64_t b, int32_t block, uint64_t key);
 
   KvBlockAllocatorOptions options_;
   std::unique_ptr<PrefixCache> blocks_;  // refcounts, free blocks, cached prefixes

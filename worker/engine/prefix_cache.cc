@@ -78,6 +78,13 @@ void PrefixCache::Release(int32_t block) {
   }
 }
 
+void PrefixCache::Refresh(int32_t block, uint64_t key) {
+  const int32_t index = block - options_.first_block;
+  if (key == 0 || refcount_[index] != 0 || entry_of_[index] != key) return;
+  LruRemove(index);
+  LruPushBack(index);
+}
+
 void PrefixCache::LruPushBack(int32_t index) {
   lru_prev_[index] = lru_tail_;
   lru_next_[index] = -1;

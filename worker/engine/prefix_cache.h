@@ -95,6 +95,12 @@ class PrefixCache {
   void Release(int32_t block);
   int32_t refcount(int32_t block) const { return refcount_[block - options_.first_block]; }
   bool cached(int32_t block) const { return entry_of_[block - options_.first_block] != 0; }
+  // The key of the token block `block` caches (0: none).
+  uint64_t cached_key(int32_t block) const { return entry_of_[block - options_.first_block]; }
+  // A free block still caching the token block keyed `key` moves to the
+  // recent end of the LRU, as if released now; any other block is left as
+  // it is (held, evicted, or caching another token block since).
+  void Refresh(int32_t block, uint64_t key);
 
   // ---- the index ----
   // Where the chains of cache domain `domain` start (0: the shared domain).
