@@ -337,9 +337,11 @@ int main(int argc, char** argv) {
                  "PEM CA: gRPC and HTTPS clients and workers need a certificate it signed (mTLS)")
       ->envname("FLOTILLA_TLS_CLIENT_CA");
   flotilla::coordinator::HttpServerOptions http_options;
-  app.add_option("--http-max-connections", http_options.max_connections,
+  app.add_option("--http-max-connections", http_options.connections.max_connections,
                  "open HTTP connections at most; past it a new one gets 503 and is closed")
-      ->envname("FLOTILLA_HTTP_MAX_CONNECTIONS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->envname("FLOTILLA_HTTP_MAX_CONNECTIONS")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 60;
   app.add_option("--http-header-timeout-s", header_timeout_s,
                  "seconds a request's head may take from its first byte (else 408 and close)")
@@ -569,9 +571,9 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<flotilla::coordinator::HttpServer> http;
   if (!http_listen.empty()) {
-    http_options.header_timeout = absl::Seconds(header_timeout_s);
-    http_options.body_timeout = absl::Seconds(body_timeout_s);
-    http_options.idle_timeout = absl::Seconds(idle_timeout_s);
+    http_options.connections.header_timeout = absl::Seconds(header_timeout_s);
+    http_options.connections.body_timeout = absl::Seconds(body_timeout_s);
+    http_options.connections.idle_timeout = absl::Seconds(idle_timeout_s);
     http_options.responses_store.max_age = absl::Seconds(responses_ttl_s);
     http_options.listen = http_listen;
     http_options.model_id = model_id;

@@ -299,11 +299,7 @@ HttpTransportOptions HttpServer::TransportOptions(const std::string& listen, con
   t.flag = flag;
   t.max_body_bytes = options_.limits.max_request_bytes == 0 ? std::numeric_limits<size_t>::max()
                                                             : options_.limits.max_request_bytes;
-  t.max_connections = options_.max_connections;
-  t.header_timeout = options_.header_timeout;
-  t.body_timeout = options_.body_timeout;
-  t.idle_timeout = options_.idle_timeout;
-  t.write_timeout = options_.write_timeout;
+  t.connections = options_.connections;
   t.client_buffers = options_.client_buffers;
   return t;
 }
@@ -449,7 +445,7 @@ void HttpServer::Routes() {
       e.message = "the request did not arrive in time (--http-header-timeout-s, --http-body-timeout-s)";
       e.type = "timeout_error";
     } else if (res.status == 503 && req.method.empty()) {
-      e.message = absl::StrCat("too many connections (", options_.max_connections,
+      e.message = absl::StrCat("too many connections (", options_.connections.max_connections,
                                ", --http-max-connections); retry later");
     } else if (res.status == 400 || res.status == 431) {
       e.message = absl::StrCat("malformed HTTP request", res.status == 431 ? " (headers too large)" : "");

@@ -71,15 +71,9 @@ struct HttpServerOptions {
   // With tls.cert and tls.key the API is HTTPS only; with tls.client_ca too,
   // clients must present a certificate that CA signed (mTLS).
   TlsServerFiles tls;
-  // Connections past this get 503 and are closed.
-  int max_connections = 4096;
-  // A request's head must arrive within header_timeout of its first byte
-  // (408), its body within body_timeout of the head; a kept-alive connection
-  // closes after idle_timeout without a request.
-  absl::Duration header_timeout = absl::Seconds(10);
-  absl::Duration body_timeout = absl::Seconds(60);
-  absl::Duration idle_timeout = absl::Seconds(60);
-  absl::Duration write_timeout = absl::Seconds(60);
+  // Connections and their timeouts, on every listener (the API's and the
+  // metrics one).
+  HttpConnectionLimits connections;
   // What /v1/responses keeps for previous_response_id.
   ResponseStoreOptions responses_store;
   // --reasoning-key-file: the keys of /v1/responses' encrypted_content

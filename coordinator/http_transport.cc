@@ -367,7 +367,7 @@ class Connection final : public ConnectionBase {
     }
     if constexpr (kTls) {
       phase_ = Phase::kHandshake;
-      ArmRead(server_->options.header_timeout);
+      ArmRead(server_->options.connections.header_timeout);
       stream_.async_handshake(asio::ssl::stream_base::server, [self = Self()](const ErrorCode& e) {
         if (e) return self->Close();
         self->BeginRequest(/*first=*/true);
@@ -507,7 +507,8 @@ class Connection final : public ConnectionBase {
     // first byte of the next request.
     awaiting_first_byte_ = !first && buffer_.size() == 0;
     got_bytes_ = buffer_.size() > 0;
-    ArmRead(awaiting_first_byte_ ? server_->options.idle_timeout : server_->options.header_timeout);
+    ArmRead(awaiting_first_byte_ ? server_->options.connections.idle_timeout
+                                 : server_->options.connections.header_timeout);
     Parse();
     Read();
   }
@@ -537,7 +538,7 @@ class Connection final : public ConnectionBase {
     }
     if (awaiting_first_byte_ && phase_ == Phase::kHead) {
       awaiting_first_byte_ = false;
-      ArmRead(server_->options.header_timeout);
+      ArmRead(server_->options.connections.header_timeout);
     }
     Parse();
     Read();
@@ -590,7 +591,7 @@ class Connection final : public ConnectionBase {
     version_ = request_.version;
     keep_alive_ = head.keep_alive();
     phase_ = Phase::kBody;
-    ArmRead(server_->options.body_timeout);
+    ArmRead(server_->options.connections.body_timeout);
 
     HttpResponse early;
     if (server_->pre_routing && server_->pre_routing(request_, early))
@@ -720,7 +721,8 @@ class Connection final : public ConnectionBase {
     counted_writing_ = counted_pending_;
     counted_pending_ = 0;
     const uint64_t gen = ++write_gen_;
-    write_timer_.expires_after(absl::ToChronoNanoseconds(server_->options.write_timeout));
+    write_timer_.expires_after(
+        absl::ToChronoNanoseconds(server_->options.connections.write_timeout));
     write_timer_.async_wait([self = Self(), gen](const ErrorCode& ec) {
       if (ec || gen != self->write_gen_ || self->closed_) return;
       spdlog::debug("http: a write to {}:{} stalled; closing", self->remote_addr_,
@@ -974,11 +976,11 @@ absl::StatusOr<std::unique_ptr<HttpTransport>> HttpTransport::Create(HttpTranspo
   // Descriptors: a connection is one; keep some for everything else.
   const rlim_t fds = RaiseDescriptorLimit();
   const int allowed = static_cast<int>(std::max<rlim_t>(16, fds > 512 ? fds - 256 : fds / 2));
-  s.max_connections = std::max(1, std::min(s.options.max_connections, allowed));
-  if (s.max_connections < s.options.max_connections) {
+  s.max_connections = std::max(1, std::min(s.options.connections.max_connections, allowed));
+  if (s.max_connections < s.options.connections.max_connections) {
     spdlog::warn("http: {}: at most {} connections (the descriptor limit is {}), not {}",
                  s.options.flag, s.max_connections, static_cast<uint64_t>(fds),
-                 s.options.max_connections);
+                 s.options.connections.max_connections);
   }
   ErrorCode ec;
   tcp::resolver resolver(s.shared->io);

@@ -47,16 +47,29 @@
 
 namespace flotilla::coordinator {
 
+// How many connections a listener holds and how long each may take to send
+// or read: set on the HTTP server (HttpServerOptions) and handed to its
+// transport as they are.
+struct HttpConnectionLimits {
+  // Connections past this get 503 and are closed (clamped to what the
+  // descriptor limit allows).
+  int max_connections = 4096;
+  // A request's head must arrive within header_timeout of its first byte
+  // (408), its body within body_timeout of the head; a kept-alive connection
+  // closes after idle_timeout without a request, and one whose response
+  // write stalls (the client reads nothing) for write_timeout.
+  absl::Duration header_timeout = absl::Seconds(10);
+  absl::Duration body_timeout = absl::Seconds(60);
+  absl::Duration idle_timeout = absl::Seconds(60);
+  absl::Duration write_timeout = absl::Seconds(60);
+};
+
 struct HttpTransportOptions {
   std::string listen;                  // HOST:PORT; port 0 = any free port
   std::string flag = "--http-listen";  // named in errors
   TlsServerFiles tls;                  // cert and key: HTTPS only; client_ca: mTLS
   size_t max_body_bytes = 16 << 20;    // larger bodies: 413, unread
-  int max_connections = 4096;          // clamped to what the descriptor limit allows
-  absl::Duration header_timeout = absl::Seconds(10);
-  absl::Duration body_timeout = absl::Seconds(60);
-  absl::Duration idle_timeout = absl::Seconds(60);
-  absl::Duration write_timeout = absl::Seconds(60);
+  HttpConnectionLimits connections;
   int io_threads = 2;
   int get_threads = 2;    // GET handlers (health, metrics, models)
   int post_threads = 4;   // POST handlers (preparing and submitting generations)

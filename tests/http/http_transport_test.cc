@@ -250,9 +250,9 @@ TEST_F(HttpTransportTest, ConnectionCloseIsHonoured) {
 
 TEST_F(HttpTransportTest, SlowHeadsAndBodiesGet408AndIdleConnectionsClose) {
   HttpTransportOptions o;
-  o.header_timeout = absl::Milliseconds(300);
-  o.idle_timeout = absl::Milliseconds(300);
-  o.body_timeout = absl::Milliseconds(300);
+  o.connections.header_timeout = absl::Milliseconds(300);
+  o.connections.idle_timeout = absl::Milliseconds(300);
+  o.connections.body_timeout = absl::Milliseconds(300);
   Start(o);
   RawClient slow_body(port_);  // a whole head, then 3 of the 10 bytes it promised
   ASSERT_TRUE(slow_body.Send("POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"));
@@ -278,7 +278,7 @@ TEST_F(HttpTransportTest, SlowHeadsAndBodiesGet408AndIdleConnectionsClose) {
 
 TEST_F(HttpTransportTest, ConnectionsPastTheBoundGet503) {
   HttpTransportOptions o;
-  o.max_connections = 8;
+  o.connections.max_connections = 8;
   Start(o);
   std::vector<RawClient> held;
   for (int i = 0; i < 8; ++i) {

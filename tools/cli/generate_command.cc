@@ -29,14 +29,9 @@ struct GenerateFlags {
   std::string api_key;
   double timeout_s = 600;
   std::string prompt_ids;
-  int64_t max_tokens = 16;
-  float temperature = 1.0f;
-  float top_p = 1.0f;
-  int top_k = 0;
-  float min_p = 0.0f;
-  std::optional<uint64_t> seed;
-  float frequency_penalty = 0.0f;
-  float presence_penalty = 0.0f;
+  // The sampling flags bind to these fields (their defaults are the flags'
+  // defaults); --logprobs and --stop-token-ids are read apart.
+  SamplingParams sampling;
   std::optional<std::string> stop_token_ids;
   std::optional<int> logprobs;
   std::string logits_out;
@@ -145,14 +140,14 @@ absl::Status RunRemote(const GenerateFlags& f, const std::vector<int>& prompt) {
   v1::GenerateRequest req;
   for (int t : prompt) req.mutable_prompt_ids()->add_ids(t);
   common::SamplingParams* s = req.mutable_sampling();
-  s->set_temperature(f.temperature);
-  s->set_top_p(f.top_p);
-  s->set_top_k(f.top_k);
-  s->set_min_p(f.min_p);
-  if (f.seed) s->set_seed(*f.seed);
-  s->set_frequency_penalty(f.frequency_penalty);
-  s->set_presence_penalty(f.presence_penalty);
-  s->set_max_tokens(static_cast<uint32_t>(f.max_tokens));
+  s->set_temperature(f.sampling.temperature);
+  s->set_top_p(f.sampling.top_p);
+  s->set_top_k(f.sampling.top_k);
+  s->set_min_p(f.sampling.min_p);
+  if (f.sampling.seed) s->set_seed(*f.sampling.seed);
+  s->set_frequency_penalty(f.sampling.frequency_penalty);
+  s->set_presence_penalty(f.sampling.presence_penalty);
+  s->set_max_tokens(static_cast<uint32_t>(f.sampling.max_tokens));
   if (f.logprobs) {
     s->set_return_logprobs(true);
     s->set_logprobs(*f.logprobs);
@@ -202,15 +197,8 @@ absl::Status RunGenerate(const GenerateFlags& f) {
         "give --model DIR (or synthetic:PRESET[:SEED]) or --coordinator HOST:PORT");
   }
   GenerateOptions opts;
+  opts.sampling = f.sampling;
   SamplingParams& s = opts.sampling;
-  s.temperature = f.temperature;
-  s.top_p = f.top_p;
-  s.top_k = f.top_k;
-  s.min_p = f.min_p;
-  s.seed = f.seed;
-  s.frequency_penalty = f.frequency_penalty;
-  s.presence_penalty = f.presence_penalty;
-  s.max_tokens = f.max_tokens;
   if (f.logprobs) {
     s.logprobs = true;
     s.top_logprobs = *f.logprobs;
@@ -244,8 +232,8 @@ absl::Status RunGenerate(const GenerateFlags& f) {
         config.max_position_embeddings, ")"));
   }
   if (f.threads < 0) return absl::InvalidArgumentError("--threads must be >= 0 (0 = all cores)");
-  const int64_t tokens = std::min<int64_t>(config.max_position_embeddings,
-                                           static_cast<int64_t>(prompt.size()) + f.max_tokens);
+  const int64_t tokens = std::min<int64_t>(
+      config.max_position_embeddings, static_cast<int64_t>(prompt.size()) + f.sampling.max_tokens);
   // The GPU engine's step holds at most 4096 prompt tokens (its workspaces
   // are sized for that); the CPU engine takes the whole prompt unless
   // --prefill-chunk says otherwise.
@@ -309,14 +297,14 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--timeout", f->timeout_s, "Seconds before a --coordinator request gives up")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--prompt-ids", f->prompt_ids, "Prompt token ids, comma-separated: 1,2,3")->required();
-  cmd->add_option("--max-tokens", f->max_tokens, "Most tokens to generate (default 16)");
-  cmd->add_option("--temperature", f->temperature, "0 = greedy (default 1)");
-  cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass in (0, 1] (default 1)");
-  cmd->add_option("--top-k", f->top_k, "Keep the k most likely tokens; 0 = off");
-  cmd->add_option("--min-p", f->min_p, "Drop tokens below min_p * p(top) (default 0)");
-  cmd->add_option("--seed", f->seed, "Sampling seed: same seed, same tokens");
-  cmd->add_option("--frequency-penalty", f->frequency_penalty, "In [-2, 2] (default 0)");
-  cmd->add_option("--presence-penalty", f->presence_penalty, "In [-2, 2] (default 0)");
+  cmd->add_option("--max-tokens", f->sampling.max_tokens, "Most tokens to generate (default 16)");
+  cmd->add_option("--temperature", f->sampling.temperature, "0 = greedy (default 1)");
+  cmd->add_option("--top-p", f->sampling.top_p, "Nucleus sampling mass in (0, 1] (default 1)");
+  cmd->add_option("--top-k", f->sampling.top_k, "Keep the k most likely tokens; 0 = off");
+  cmd->add_option("--min-p", f->sampling.min_p, "Drop tokens below min_p * p(top) (default 0)");
+  cmd->add_option("--seed", f->sampling.seed, "Sampling seed: same seed, same tokens");
+  cmd->add_option("--frequency-penalty", f->sampling.frequency_penalty, "In [-2, 2] (default 0)");
+  cmd->add_option("--presence-penalty", f->sampling.presence_penalty, "In [-2, 2] (default 0)");
   cmd->add_option("--stop-token-ids", f->stop_token_ids,
                   "Stop tokens, comma-separated (default: the config's eos ids; empty = none)");
   cmd->add_option("--logprobs", f->logprobs,
