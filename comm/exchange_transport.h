@@ -33,9 +33,10 @@ class ExchangeTransport {
   // joined over the TP group.
   virtual absl::Status Combine(kernels::cuda::EpLaunch launch, float* y, int tokens,
                                cudaStream_t stream) = 0;
-  // Over the TP group of launch.shape (size > 1).
+  // Over the TP group of launch.shape (size > 1). With `residual`, adds the
+  // sum into it and leaves `data` zero (kernels::cuda::LaunchEpAllReduce).
   virtual absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
-                                 cudaStream_t stream) = 0;
+                                 cudaStream_t stream, float* residual) = 0;
   // Failures the transport learns of outside the kernels' error word.
   virtual absl::Status Health() { return absl::OkStatus(); }
   // Makes this rank's exchanges already enqueued end without their peers (a

@@ -25,6 +25,8 @@ kc::EpRecvBuffers ViewAt(const kc::EpRecvBuffers& mine, const void* my_base, voi
   view.gathered = Moved(mine.gathered, my_base, base);
   view.reduce = Moved(mine.reduce, my_base, base);
   view.flags = Moved(mine.flags, my_base, base);
+  view.ll = Moved(mine.ll, my_base, base);
+  view.ll_count = mine.ll_count;
   return view;
 }
 
@@ -92,8 +94,9 @@ absl::Status CudaIpcTransport::Combine(kc::EpLaunch launch, float* y, int tokens
 }
 
 absl::Status CudaIpcTransport::AllReduce(kc::EpLaunch launch, float* data, int64_t count,
-                                         cudaStream_t stream) {
-  return CudaStatus(kc::LaunchEpAllReduce(WithPeers(launch), data, count, stream), "all-reduce");
+                                         cudaStream_t stream, float* residual) {
+  return CudaStatus(kc::LaunchEpAllReduce(WithPeers(launch), data, count, stream, residual),
+                    "all-reduce");
 }
 
 }  // namespace flotilla::comm

@@ -30,7 +30,7 @@ class CudaIpcTransport final : public ExchangeTransport {
   absl::Status Combine(kernels::cuda::EpLaunch launch, float* y, int tokens,
                        cudaStream_t stream) override;
   absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
-                         cudaStream_t stream) override;
+                         cudaStream_t stream, float* residual) override;
 
  private:
   CudaIpcTransport() = default;

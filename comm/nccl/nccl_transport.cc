@@ -103,13 +103,15 @@ absl::Status NcclTransport::Combine(kc::EpLaunch launch, float* y, int tokens,
 }
 
 absl::Status NcclTransport::AllReduce(kc::EpLaunch launch, float* data, int64_t count,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, float* residual) {
   FLOTILLA_RETURN_IF_ERROR(comms_->broken());
   ncclComm_t tp = comms_->child();
   if (tp == nullptr || count == 0) return absl::OkStatus();
-  return comms_->Settle(
+  FLOTILLA_RETURN_IF_ERROR(comms_->Settle(
       tp, ncclAllReduce(data, data, static_cast<size_t>(count), ncclFloat32, ncclSum, tp, stream),
-      "all-reduce");
+      "all-reduce"));
+  if (residual == nullptr) return absl::OkStatus();
+  return CudaStatus(kc::LaunchEpAddAndZero(residual, data, count, stream), "all-reduce add");
 }
 
 }  // namespace flotilla::comm

@@ -51,7 +51,7 @@ class NcclTransport final : public ExchangeTransport {
   absl::Status Combine(kernels::cuda::EpLaunch launch, float* y, int tokens,
                        cudaStream_t stream) override;
   absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
-                         cudaStream_t stream) override;
+                         cudaStream_t stream, float* residual) override;
   absl::Status Health() override { return comms_->Health(); }
   void Abort() override { comms_->Abort(); }
 

@@ -10,7 +10,9 @@
 // combine advance each other's (they alternate), each all-reduce block its
 // own, so launches of any grid (and graph replays) keep counting. Waits are
 // bounded by %globaltimer: past the bound the block records an error word,
-// and every later kernel returns at once when it finds it set.
+// and every later kernel returns at once when it finds it set. All-reduces
+// of up to ll_count elements send flagged lines instead (value and sequence
+// number in each 8-byte half), so they need neither the fence nor the flag.
 //
 // Buffer reuse: a source writes its layer L+1 rows into a destination only
 // after its own layer L combine finished, which needed the destination's
@@ -541,6 +543,115 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] += rounds;
 }
 
+// The flagged-line all-reduce. Each 16-byte line holds two values, each
+// followed by the launch's sequence number; a peer's 8-byte halves land
+// whole, so a receiver that sees both numbers has both values, with no fence
+// and no separate flag. Lines alternate two halves by the number's parity;
+// stale lines carry an older number and are waited past.
+__device__ __forceinline__ void StoreLine(uint32_t* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 LoadLine(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Line `line` of TP rank `part`'s values in half `parity` of `ll`.
+__device__ __forceinline__ uint32_t* LlLine(uint32_t* ll, int64_t ll_count, int tp, int parity,
+                                            int part, int64_t line) {
+  return ll + (static_cast<size_t>(parity * tp + part) * (ll_count / 2) + line) * 4;
+}
+
+// Waits for a line of `epoch`; false when the bound passed (recorded as a
+// reduce wait on `source`) or another wait already failed.
+__device__ bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline, int32_t* error,
+                         int source, float2* value) {
+  for (uint32_t spins = 1;; ++spins) {
+    const uint4 w = LoadLine(p);
+    if (w.y == epoch && w.w == epoch) {
+      *value = make_float2(__uint_as_float(w.x), __uint_as_float(w.z));
+      return true;
+    }
+    if ((spins & 127) != 0) continue;
+    if (*reinterpret_cast<volatile int32_t*>(error) != 0) return false;
+    if (GlobalTimerNs() > deadline) {
+      atomicCAS(error, 0, kEpErrorBase + kEpOpReduce * 65536 + source);
+      return false;
+    }
+  }
+}
+
+// Sends this thread's lines to every TP peer, then sums each line over the
+// group in TP-rank order. Every block reads the launch's number as it
+// starts; the last block to finish advances it.
+__global__ void __launch_bounds__(kThreads)
+    AllReduceLinesKernel(EpLaunch l, float* data, int64_t count, float* residual) {
+  if (BlockBroken(l.state.error)) return;
+  const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  const EpShape& s = l.shape;
+  const int group_first = s.rank - s.tp_rank;
+  const uint32_t epoch =
+      *reinterpret_cast<const volatile uint32_t*>(l.state.epochs + kEpLlEpochWord) + 1;
+  const int parity = static_cast<int>(epoch & 1);
+  const int64_t lines = count / 2;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  float2* mine = reinterpret_cast<float2*>(data);
+  for (int64_t i = first; i < lines; i += stride) {
+    const float2 v = mine[i];
+    const uint4 line = make_uint4(__float_as_uint(v.x), epoch, __float_as_uint(v.y), epoch);
+    for (int peer = 0; peer < s.tp_size; ++peer) {
+      if (peer == s.tp_rank) continue;
+      StoreLine(
+          LlLine(l.peers[group_first + peer].ll, l.self.ll_count, s.tp_size, parity, s.tp_rank, i),
+          line);
+    }
+  }
+  bool ok = true;
+  for (int64_t i = first; i < lines && ok; i += stride) {
+    float2 acc = make_float2(0.f, 0.f);
+    for (int part = 0; part < s.tp_size && ok; ++part) {
+      float2 v = mine[i];
+      if (part != s.tp_rank) {
+        ok = WaitLine(LlLine(l.self.ll, l.self.ll_count, s.tp_size, parity, part, i), epoch,
+                      deadline, l.state.error, group_first + part, &v);
+      }
+      acc = part == 0 ? v : make_float2(__fadd_rn(acc.x, v.x), __fadd_rn(acc.y, v.y));
+    }
+    if (!ok) break;
+    if (residual == nullptr) {
+      mine[i] = acc;
+      continue;
+    }
+    float2* r = reinterpret_cast<float2*>(residual) + i;
+    const float2 before = *r;
+    *r = make_float2(__fadd_rn(before.x, acc.x), __fadd_rn(before.y, acc.y));
+    mine[i] = make_float2(0.f, 0.f);
+  }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(l.state.epochs + kEpLlDoneWord, 1u) == gridDim.x - 1) {
+    l.state.epochs[kEpLlDoneWord] = 0;
+    l.state.epochs[kEpLlEpochWord] = epoch;
+  }
+}
+
+__global__ void AddAndZeroKernel(float* residual, float* part, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    residual[i] = __fadd_rn(residual[i], part[i]);
+    part[i] = 0.f;
+  }
+}
+
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool ValidShape(const EpLaunch& l) {
@@ -599,13 +710,38 @@ cudaError_t LaunchEpCombine(const EpLaunch& l, float* y, int tokens, cudaStream_
   return cudaGetLastError();
 }
 
-cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cudaStream_t stream) {
+cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cudaStream_t stream,
+                              float* residual) {
   if (!ValidShape(l) || !l.ipc || count < 0 || (count > 0 && data == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  if (count == 0 || l.shape.tp_size == 1) return cudaSuccess;
+  if (count == 0) return cudaSuccess;
+  if (l.shape.tp_size == 1) {
+    return residual == nullptr ? cudaSuccess : LaunchEpAddAndZero(residual, data, count, stream);
+  }
+  const bool lines = count % 2 == 0 && count <= l.self.ll_count && l.self.ll != nullptr &&
+                     reinterpret_cast<uintptr_t>(data) % 8 == 0 &&
+                     reinterpret_cast<uintptr_t>(residual) % 8 == 0;
+  if (lines) {
+    const int64_t blocks = (count / 2 + kThreads - 1) / kThreads;
+    AllReduceLinesKernel<<<static_cast<unsigned>(std::min<int64_t>(blocks, l.shape.max_blocks)),
+                           kThreads, 0, stream>>>(l, data, count, residual);
+    return cudaGetLastError();
+  }
   AllReduceKernel<<<EpReduceBlocks(count, l.shape.max_blocks), kThreads, 0, stream>>>(l, data,
                                                                                       count);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess || residual == nullptr) return err;
+  return LaunchEpAddAndZero(residual, data, count, stream);
+}
+
+cudaError_t LaunchEpAddAndZero(float* residual, float* part, int64_t count, cudaStream_t stream) {
+  if (count < 0 || (count > 0 && (residual == nullptr || part == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) return cudaSuccess;
+  const int64_t blocks = std::min<int64_t>((count + kThreads - 1) / kThreads, 1024);
+  AddAndZeroKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(residual, part, count);
   return cudaGetLastError();
 }
 
@@ -618,8 +754,8 @@ int EpResidentBlocks(int device) {
   }
   if (current != device && cudaSetDevice(device) != cudaSuccess) return 0;
   const int per_sm = std::min({BlocksPerSm(DispatchKernel), BlocksPerSm(CombineIpcKernel),
-                               BlocksPerSm(AllReduceKernel), BlocksPerSm(UnpackKernel),
-                               BlocksPerSm(CombinePackedKernel)});
+                               BlocksPerSm(AllReduceKernel), BlocksPerSm(AllReduceLinesKernel),
+                               BlocksPerSm(UnpackKernel), BlocksPerSm(CombinePackedKernel)});
   if (current != device) cudaSetDevice(current);
   return sms * per_sm;
 }

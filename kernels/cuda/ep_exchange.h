@@ -18,6 +18,9 @@
 //   combined  [W * cap, H] f32    outputs of expert rank d at d * cap + position
 //   gathered  [tokens, H] f32     TP peers' finished token rows (cuda-ipc, TP > 1)
 //   reduce    [2, tp, kEpMaxBlocks, kEpReduceChunk] f32  all-reduce parts
+//   ll        [2, tp, ll_count / 2] 16-byte lines of the small all-reduce:
+//             two f32 values, each followed by the sequence number
+//             (kEpLlMaxCount bounds ll_count)
 //   flags     EpFlagWords(W, tp) sequence words (cuda-ipc only)
 //
 // A pair (token t, choice j) of this rank's share becomes one row: its
@@ -42,6 +45,11 @@ namespace flotilla::kernels::cuda {
 inline constexpr int kEpMaxBlocks = 64;
 // f32 elements an all-reduce block moves per round and peer.
 inline constexpr int kEpReduceChunk = 8192;
+// Most f32 elements an all-reduce sends as flagged lines (64 tokens of
+// H = 2880 and some): each 8-byte half of a 16-byte line carries a value and
+// the sequence number, so a receiver waits on the data itself and no fence
+// or flag round trip is needed. Larger all-reduces use `reduce` and flags.
+inline constexpr int64_t kEpLlMaxCount = 262144;
 // Largest world the kernels take (the plan keeps per-destination counters in
 // shared memory).
 inline constexpr int kEpMaxRanks = 256;
@@ -93,6 +101,8 @@ struct EpRecvBuffers {
   float* gathered = nullptr;
   float* reduce = nullptr;
   uint64_t* flags = nullptr;
+  uint32_t* ll = nullptr;  // 16-byte lines (see the layouts above)
+  int64_t ll_count = 0;    // f32 elements of one flagged-line all-reduce
 };
 
 // Offsets of the flag groups inside EpRecvBuffers::flags, indexed
@@ -119,8 +129,12 @@ struct EpFlagLayout {
 // when it starts (no block of it reads that one). An all-reduce block only
 // trades with the same block of its peers, so each block index counts its
 // own rounds (the grids, a function of the count, are the same on every
-// rank). Graph replays keep counting either way.
-inline constexpr int kEpEpochWords = 2 + kEpMaxBlocks;
+// rank). Graph replays keep counting either way. The flagged-line
+// all-reduce has one number for the whole launch and a counter of its
+// finished blocks: the last block to finish advances the number.
+inline constexpr int kEpLlEpochWord = 2 + kEpMaxBlocks;
+inline constexpr int kEpLlDoneWord = kEpLlEpochWord + 1;
+inline constexpr int kEpEpochWords = kEpLlDoneWord + 1;
 
 // What a device wait that ran past its bound leaves in the error word:
 // kEpErrorBase + op * 65536 + the rank waited for.
@@ -188,8 +202,16 @@ cudaError_t LaunchEpUnpack(const EpLaunch& l, cudaStream_t stream);
 // zero the out rows they returned.
 cudaError_t LaunchEpCombine(const EpLaunch& l, float* y, int tokens, cudaStream_t stream);
 
-// cuda-ipc, TP > 1: sums `count` f32 of `data` in place over the TP group in
-// TP-rank order (every rank gets the same bits).
-cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cudaStream_t stream);
+// cuda-ipc, TP > 1: sums `count` f32 of `data` over the TP group in TP-rank
+// order (every rank gets the same bits). Without `residual` the sum replaces
+// `data`; with it, residual[i] += sum[i] and `data` is left all zero (the
+// next producer may add into it). Up to self.ll_count elements (even counts)
+// go as flagged lines in one kernel; more go in rounds through `reduce`.
+cudaError_t LaunchEpAllReduce(const EpLaunch& l, float* data, int64_t count, cudaStream_t stream,
+                              float* residual = nullptr);
+
+// residual[i] += part[i], then part[i] = 0 (what the all-reduce with a
+// residual does after a transport that only sums, e.g. NCCL).
+cudaError_t LaunchEpAddAndZero(float* residual, float* part, int64_t count, cudaStream_t stream);
 
 }  // namespace flotilla::kernels::cuda

@@ -221,9 +221,32 @@ absl::Status CheckSteps(const Scenario& s, ParallelContext& c, int steps, cudaSt
   return c.CheckHealth();
 }
 
+// residual + the group's sum of `part`, and `part` zero afterwards.
+absl::Status CheckAllReduceAdd(const Scenario& s, ParallelContext& c, int64_t count,
+                               DeviceArray<float>& part, DeviceArray<float>& residual,
+                               cudaStream_t stream) {
+  const uint64_t seed = static_cast<uint64_t>(count) + 17;
+  const std::vector<float> before = ReduceInput(seed + 1, c.rank(), count);
+  FLOTILLA_RETURN_IF_ERROR(part.Put(ReduceInput(seed, c.rank(), count)));
+  FLOTILLA_RETURN_IF_ERROR(residual.Put(before));
+  FLOTILLA_RETURN_IF_ERROR(c.tp().AllReduceAdd(part.get(), residual.get(), count, stream));
+  FLOTILLA_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "all-reduce add"));
+  FLOTILLA_ASSIGN_OR_RETURN(auto got, Get(residual.get(), static_cast<size_t>(count)));
+  FLOTILLA_ASSIGN_OR_RETURN(auto left, Get(part.get(), static_cast<size_t>(count)));
+  std::vector<float> want = ExpectedReduce(s, seed, c.rank(), count);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = RoundedAdd(before[i], want[i]);
+  const std::string what = absl::StrCat("all-reduce add of ", count);
+  FLOTILLA_RETURN_IF_ERROR(SameReduce(s, got, want, what));
+  return SameFloats(left, std::vector<float>(left.size(), 0.f), what + ": the part left");
+}
+
 absl::Status CheckAllReduces(const Scenario& s, ParallelContext& c, cudaStream_t stream) {
-  const int64_t counts[] = {0, 1, 7, 5 * s.hidden + 3, 300001};
+  // Odd counts and those past the flagged lines' bound go in rounds; even
+  // ones up to max_tokens * hidden as flagged lines.
+  const int64_t full = s.max_tokens * s.hidden;
+  const int64_t counts[] = {0, 1, 2, 7, 8, 2 * s.hidden, 5 * s.hidden + 3, full, 300001};
   DeviceArray<float> data(300001);
+  DeviceArray<float> residual(300001);
   for (int64_t count : counts) {
     const uint64_t seed = static_cast<uint64_t>(count);
     FLOTILLA_RETURN_IF_ERROR(data.Put(ReduceInput(seed, c.rank(), count)));
@@ -233,14 +256,20 @@ absl::Status CheckAllReduces(const Scenario& s, ParallelContext& c, cudaStream_t
     FLOTILLA_RETURN_IF_ERROR(SameReduce(s, got, ExpectedReduce(s, seed, c.rank(), count),
                                         absl::StrCat("all-reduce of ", count)));
   }
+  for (int64_t count : {int64_t{2}, int64_t{s.hidden}, full, int64_t{300000}, int64_t{7}}) {
+    FLOTILLA_RETURN_IF_ERROR(CheckAllReduceAdd(s, c, count, data, residual, stream));
+  }
   return c.CheckHealth();
 }
 
 absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& c, cudaStream_t stream) {
   const int rank = c.rank(), group = rank / s.tp;
   const int64_t reduce_count = 3 * s.hidden + 1;
+  const int64_t add_count = 2 * s.hidden;  // flagged lines
   StepBuffers b(s);
   DeviceArray<float> reduce(static_cast<size_t>(reduce_count));
+  DeviceArray<float> part(static_cast<size_t>(add_count));
+  DeviceArray<float> residual(static_cast<size_t>(add_count));
   SlotTables tables(c.expert_map(), rank);
   FLOTILLA_RETURN_IF_ERROR(tables.status);
   std::vector<int> tokens;
@@ -258,6 +287,7 @@ absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& c, cudaStream
   if (captured.ok()) captured = RunFakeExperts(*rows, tables, layer, s.hidden, stream);
   if (captured.ok()) captured = c.ep().Combine(layer, b.y.get(), stream);
   if (captured.ok()) captured = c.tp().AllReduce(reduce.get(), reduce_count, stream);
+  if (captured.ok()) captured = c.tp().AllReduceAdd(part.get(), residual.get(), add_count, stream);
   FLOTILLA_RETURN_IF_ERROR(Cuda(cudaStreamEndCapture(stream, &graph), "end capture"));
   FLOTILLA_RETURN_IF_ERROR(captured);
   cudaGraphExec_t exec = nullptr;
@@ -271,6 +301,9 @@ absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& c, cudaStream
     const GroupData& mine = groups[static_cast<size_t>(group)];
     result.Update(b.Put(mine));
     result.Update(reduce.Put(ReduceInput(seed, rank, reduce_count)));
+    const std::vector<float> before = ReduceInput(seed + 1, rank, add_count);
+    result.Update(part.Put(ReduceInput(seed, rank, add_count)));
+    result.Update(residual.Put(before));
     result.Update(Cuda(cudaGraphLaunch(exec, stream), "graph launch"));
     result.Update(Cuda(cudaStreamSynchronize(stream), "graph replay"));
     if (!result.ok()) break;
@@ -282,6 +315,12 @@ absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& c, cudaStream
     result.Update(SameFloats(*y, ExpectedY(s, mine), absl::StrCat("replay ", replay, " y")));
     result.Update(SameReduce(s, *r, ExpectedReduce(s, seed, rank, reduce_count),
                              absl::StrCat("replay ", replay, " all-reduce")));
+    auto added = Get(residual.get(), static_cast<size_t>(add_count));
+    result.Update(added.status());
+    if (!result.ok()) break;
+    std::vector<float> want = ExpectedReduce(s, seed, rank, add_count);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = RoundedAdd(before[i], want[i]);
+    result.Update(SameReduce(s, *added, want, absl::StrCat("replay ", replay, " all-reduce add")));
   }
   cudaGraphExecDestroy(exec);
   FLOTILLA_RETURN_IF_ERROR(result);

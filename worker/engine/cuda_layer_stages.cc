@@ -162,8 +162,8 @@ absl::Status LayerStages::Attention(const CudaDeviceState::Layer& L) {
 
 absl::Status LayerStages::OProjection(const CudaDeviceState::Layer& L) {
   FLOTILLA_RETURN_IF_ERROR(Mark("o_linear"));
-  // Tensor parallel: this rank's heads give a partial O projection, summed
-  // over the TP group and added to the residual by the norm below.
+  // Tensor parallel: this rank's heads give a partial O projection; the
+  // all-reduce sums it over the TP group and adds it to the residual.
   const bool tp_sum = tp_ > 1;
   if (On("o_linear")) {
     FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d_.linear, d_.attn, L.wo, L.bo, T_, NH_ * D_, H_, !tp_sum,
@@ -171,18 +171,17 @@ absl::Status LayerStages::OProjection(const CudaDeviceState::Layer& L) {
   }
   if (!tp_sum) return absl::OkStatus();
   FLOTILLA_RETURN_IF_ERROR(Mark("tp_all_reduce"));
-  return par_->tp().AllReduce(d_.o_part, static_cast<int64_t>(T_) * H_, d_.stream);
+  return par_->tp().AllReduceAdd(d_.o_part, d_.x, static_cast<int64_t>(T_) * H_, d_.stream);
 }
 
 absl::Status LayerStages::Router(int layer) {
   const CudaDeviceState::Layer& L = d_.layers[layer];
   cudaStream_t s = d_.stream;
-  const bool tp_sum = tp_ > 1;
   // The router projection adds into zeroed logits (so a few tokens can
   // split its input over many blocks) and the ranking zeroes them again.
   // Few tokens: the norm runs inside the projection, which also writes the
   // normalised rows (the experts' input).
-  if (!tp_sum && T_ <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens)) {
+  if (T_ <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens)) {
     FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
     if (On("router_linear")) {
       FLOTILLA_CUDA_RETURN(kc::LaunchNormLinear(d_.x, L.post_norm, eps_, L.router, L.router_bias,
@@ -191,8 +190,7 @@ absl::Status LayerStages::Router(int layer) {
   } else {
     FLOTILLA_RETURN_IF_ERROR(Mark("rmsnorm"));
     if (On("rmsnorm")) {
-      FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d_.x, tp_sum ? d_.o_part : nullptr, L.post_norm, T_,
-                                                H_, eps_, d_.t, s));
+      FLOTILLA_CUDA_RETURN(kc::LaunchAddRmsNorm(d_.x, nullptr, L.post_norm, T_, H_, eps_, d_.t, s));
     }
     FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
     if (On("router_linear")) {
@@ -256,14 +254,14 @@ absl::Status LayerStages::TensorParallelMoe(int layer, int tokens) {
   cudaStream_t stream = d_.stream;
   const kc::MoeDeviceWeights& moe = d_.layers[layer].moe;
   const size_t n = static_cast<size_t>(tokens) * c_.hidden_size;
-  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d_.moe_y, 0, n * sizeof(float), stream));
+  // The experts add into moe_y, which each all-reduce leaves zero; the
+  // step's first layer zeroes it in case an earlier step stopped midway.
+  if (layer == 0) FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d_.moe_y, 0, n * sizeof(float), stream));
   FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(moe, d_.t, d_.topk_ids, d_.topk_w, tokens,
                                           c_.num_experts_per_tok,
                                           static_cast<float>(c_.swiglu_limit), 1.702f, d_.moe_y,
                                           d_.moe_ws, d_.moe_ws_bytes, d_.invalid, stream));
-  FLOTILLA_RETURN_IF_ERROR(par_->tp().AllReduce(d_.moe_y, static_cast<int64_t>(n), stream));
-  FLOTILLA_CUDA_RETURN(kc::LaunchAddInPlace(d_.x, d_.moe_y, n, stream));
-  return absl::OkStatus();
+  return par_->tp().AllReduceAdd(d_.moe_y, d_.x, static_cast<int64_t>(n), stream);
 }
 
 absl::Status LayerStages::Logits(int logit_rows, int row_offset) {

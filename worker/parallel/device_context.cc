@@ -51,6 +51,7 @@ class DeviceTensorParallel final : public TensorParallel {
   int size() const override;
   int rank() const override;
   absl::Status AllReduce(float* data, int64_t count, void* stream) override;
+  absl::Status AllReduceAdd(float* part, float* residual, int64_t count, void* stream) override;
 
  private:
   DeviceContext* context_;
@@ -160,13 +161,19 @@ class DeviceContext final : public ParallelContext {
     if (broken_.ok()) broken_ = absl::UnavailableError("device context: aborted");
   }
 
-  absl::Status AllReduce(float* data, int64_t count, void* stream) {
-    if (config_.tp_size() == 1) return absl::OkStatus();
-    FLOTILLA_RETURN_IF_ERROR(Usable());
+  // `residual` null: AllReduce; else AllReduceAdd.
+  absl::Status AllReduce(float* data, int64_t count, void* stream, float* residual) {
     if (count < 0 || (count > 0 && data == nullptr)) {
       return absl::InvalidArgumentError("tp().AllReduce: bad buffer or count");
     }
-    return transport_->AllReduce(Launch(), data, count, static_cast<cudaStream_t>(stream));
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (config_.tp_size() == 1) {
+      if (residual == nullptr) return absl::OkStatus();
+      return CudaStatus(kernels::cuda::LaunchEpAddAndZero(residual, data, count, s),
+                        "all-reduce add");
+    }
+    FLOTILLA_RETURN_IF_ERROR(Usable());
+    return transport_->AllReduce(Launch(), data, count, s, residual);
   }
 
   void SetStepTokens(int64_t tokens) {
@@ -272,7 +279,14 @@ class DeviceContext final : public ParallelContext {
 int DeviceTensorParallel::size() const { return context_->config().tp_size(); }
 int DeviceTensorParallel::rank() const { return context_->config().tp_rank_of(context_->rank()); }
 absl::Status DeviceTensorParallel::AllReduce(float* data, int64_t count, void* stream) {
-  return context_->AllReduce(data, count, stream);
+  return context_->AllReduce(data, count, stream, nullptr);
+}
+absl::Status DeviceTensorParallel::AllReduceAdd(float* part, float* residual, int64_t count,
+                                                void* stream) {
+  if (count > 0 && residual == nullptr) {
+    return absl::InvalidArgumentError("tp().AllReduceAdd: no residual");
+  }
+  return context_->AllReduce(part, count, stream, residual);
 }
 
 void DeviceExpertParallel::SetStepTokens(int64_t max_tokens_any_rank) {

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+
 #include "common/cuda_status.h"
 #include "common/status.h"
 
@@ -42,6 +44,10 @@ RecvLayout RecvLayout::For(const ExchangeSizes& s) {
                                   kc::kEpReduceChunk * sizeof(float)
                             : 0);
   l.flags = p.Take(s.ipc ? kc::EpFlagLayout{s.world, s.tp}.words() * sizeof(uint64_t) : 0);
+  // The flagged lines: two values per 16-byte line, for the step's largest
+  // all-reduce up to kEpLlMaxCount (hidden is a multiple of 8, so even).
+  l.ll_count = join_tp ? std::min<int64_t>(s.max_tokens * s.hidden, kc::kEpLlMaxCount) : 0;
+  l.ll = p.Take(static_cast<size_t>(2 * s.tp) * static_cast<size_t>(l.ll_count / 2) * 16);
   l.bytes = p.end();
   return l;
 }
@@ -55,6 +61,8 @@ kc::EpRecvBuffers RecvLayout::At(void* base) const {
   r.gathered = reinterpret_cast<float*>(b + gathered);
   r.reduce = reinterpret_cast<float*>(b + reduce);
   r.flags = reinterpret_cast<uint64_t*>(b + flags);
+  r.ll = reinterpret_cast<uint32_t*>(b + ll);
+  r.ll_count = ll_count;
   return r;
 }
 

@@ -32,7 +32,8 @@ struct ExchangeSizes {
 // Byte offsets of the receive buffers inside their allocation; the same on
 // every rank of a context, so a peer's mapping is decoded with this rank's.
 struct RecvLayout {
-  size_t x = 0, meta = 0, combined = 0, gathered = 0, reduce = 0, flags = 0, bytes = 0;
+  size_t x = 0, meta = 0, combined = 0, gathered = 0, reduce = 0, flags = 0, ll = 0, bytes = 0;
+  int64_t ll_count = 0;  // f32 elements of one flagged-line all-reduce
   static RecvLayout For(const ExchangeSizes& sizes);
   kernels::cuda::EpRecvBuffers At(void* base) const;
 };

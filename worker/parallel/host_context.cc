@@ -87,6 +87,18 @@ class HostTensorParallel final : public TensorParallel {
     return absl::OkStatus();
   }
 
+  absl::Status AllReduceAdd(float* part, float* residual, int64_t count, void* stream) override {
+    if (count > 0 && residual == nullptr) {
+      return absl::InvalidArgumentError("tp AllReduceAdd: no residual");
+    }
+    FLOTILLA_RETURN_IF_ERROR(AllReduce(part, count, stream));
+    for (int64_t i = 0; i < count; ++i) {
+      residual[i] += part[i];
+      part[i] = 0.0f;
+    }
+    return absl::OkStatus();
+  }
+
  private:
   GroupExchange group_;
   int size_;

@@ -1,7 +1,7 @@
 // The one seam through which an engine's layer is split across ranks.
 //
 // Every engine runs the same layer sequence; with W > 1 ranks it calls:
-//   own heads' attention -> tp().AllReduce(o_proj partial) -> router ->
+//   own heads' attention -> tp().AllReduceAdd(o_proj partial) -> router ->
 //   ep().Dispatch(x, topk) -> its local experts on the received rows ->
 //   ep().Combine(-> y) -> residual += y.
 // With W = 1 there is no context at all (nullptr): the engine's partial
@@ -66,6 +66,11 @@ class TensorParallel {
   // of the group gets the same bits (parts summed in TP-rank order). A group
   // of one returns at once.
   virtual absl::Status AllReduce(float* data, int64_t count, void* stream = nullptr) = 0;
+  // The same sum of `part`, added into `residual` (residual[i] += sum[i]);
+  // `part` is left all zero, so the next producer may add into it. The
+  // device context does both in the exchange's own kernel.
+  virtual absl::Status AllReduceAdd(float* part, float* residual, int64_t count,
+                                    void* stream = nullptr) = 0;
 };
 
 class ExpertParallel {
