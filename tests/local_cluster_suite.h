@@ -75,11 +75,15 @@ class LocalClusterSuite : public ::testing::Test {
     return ScrapeMetric(cluster_->http_address(), name);
   }
   // Waits until nothing runs: no request in flight at the coordinator and no
-  // sequence on the workers (their heartbeats report it); false after 20 s,
-  // a bound for a test that would otherwise hang, not a measurement.
+  // sequence running or queued on the workers (a worker reports turning busy
+  // before its first tokens and idle right after its last ones, so once the
+  // requests have their answers these figures, and the counters beside them,
+  // are the workers' own); false after 20 s, a bound for a test that would
+  // otherwise hang, not a measurement.
   static bool WaitIdle() {
     for (int i = 0; i < 200; ++i) {
-      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0)
+      if (Metric("flotilla_requests_in_flight") == 0 && Metric("flotilla_running_sequences") == 0 &&
+          Metric("flotilla_queued_sequences") == 0)
         return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }

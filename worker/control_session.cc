@@ -120,13 +120,18 @@ void ControlSession::ReaderLoop() {
   cv_.notify_all();
 }
 
+void ControlSession::ReportLoadNow() {
+  std::lock_guard<std::mutex> lock(heartbeat_mu_);
+  cluster::WorkerMessage m;
+  cluster::Heartbeat* hb = m.mutable_heartbeat();
+  hb->set_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
+  if (report_) report_(hb->mutable_load());
+  Send(std::move(m));
+}
+
 void ControlSession::HeartbeatLoop() {
   while (!ended_) {
-    cluster::WorkerMessage m;
-    cluster::Heartbeat* hb = m.mutable_heartbeat();
-    hb->set_unix_ms(static_cast<uint64_t>(absl::ToUnixMillis(absl::Now())));
-    if (report_) report_(hb->mutable_load());
-    Send(m);
+    ReportLoadNow();
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::milliseconds(heartbeat_ms_.load()),
                  [this] { return ended_.load(); });

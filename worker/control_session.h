@@ -28,6 +28,7 @@ class ControlSession final : public CoordinatorClient {
   absl::Status Open(cluster::WorkerMessage hello, LoadReporter report,
                     UrgentHandler urgent) override;
   void Send(cluster::WorkerMessage message) override;
+  void ReportLoadNow() override;
   std::vector<cluster::CoordinatorMessage> Receive(absl::Duration wait) override;
   bool Ended() const override { return ended_; }
   void Close() override;
@@ -47,6 +48,9 @@ class ControlSession final : public CoordinatorClient {
   std::unique_ptr<grpc::ClientReaderWriter<cluster::WorkerMessage, cluster::CoordinatorMessage>>
       stream_;
   std::thread writer_, reader_, heartbeat_;
+  // Held while a heartbeat's load is read and queued, so that heartbeats
+  // reach the outbox in the order their loads were read.
+  std::mutex heartbeat_mu_;
 
   std::mutex outbox_mu_;
   std::condition_variable outbox_cv_;

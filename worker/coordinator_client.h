@@ -38,6 +38,10 @@ class CoordinatorClient {
                             UrgentHandler urgent) = 0;
   // Queues `message` for the coordinator, in order; never blocks on the stream.
   virtual void Send(cluster::WorkerMessage message) = 0;
+  // Queues a heartbeat with the load `report` fills in now, in order with
+  // Send and with the periodic heartbeats (none filled in before it is
+  // queued after it), for a change the coordinator should see at once.
+  virtual void ReportLoadNow() = 0;
   // The coordinator's messages received since the last call, waiting up to
   // `wait` for one when there are none (less when the session ends).
   virtual std::vector<cluster::CoordinatorMessage> Receive(absl::Duration wait) = 0;

@@ -31,6 +31,13 @@ class FakeCoordinatorClient final : public CoordinatorClient {
     sent_.push_back(std::move(message));
     cv_.notify_all();
   }
+  // A heartbeat with the load now, recorded with what Send queued (the fake
+  // sends no periodic ones).
+  void ReportLoadNow() override {
+    cluster::WorkerMessage m;
+    *m.mutable_heartbeat()->mutable_load() = Load();
+    Send(std::move(m));
+  }
   std::vector<cluster::CoordinatorMessage> Receive(absl::Duration wait) override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, absl::ToChronoMilliseconds(wait),

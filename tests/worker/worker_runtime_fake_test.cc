@@ -2,9 +2,11 @@
 // engine: the session's messages in and out, no gRPC server, no model compute.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "tests/worker/fake_coordinator_client.h"
 #include "tests/worker/session_messages.h"
@@ -102,6 +104,36 @@ TEST_F(WorkerRuntimeFakeTest, HelloThenAssignmentReadyJoinedAndTokens) {
   const cluster::WorkerLoad load = client_->Load();
   EXPECT_EQ(load.kv_blocks_total(), 64u);
   EXPECT_EQ(load.queued_sequences(), 0u);
+}
+
+// The coordinator's view of the worker is never a heartbeat behind once a
+// request has its answer: a heartbeat saying the worker is busy goes before
+// the request's first tokens, and one saying it is idle, with the prompt
+// tokens it looked up in the prefix cache, right after its last ones.
+TEST_F(WorkerRuntimeFakeTest, LoadIsReportedWhenTheWorkerTurnsBusyAndIdle) {
+  ASSERT_TRUE(Serve());
+  client_->Push(Submit(1, /*prompt_tokens=*/6, /*max_tokens=*/3));
+  auto idle_after_finish = [](const std::vector<cluster::WorkerMessage>& sent) {
+    bool finished = false;
+    for (const cluster::WorkerMessage& m : sent) {
+      if (m.has_tokens() && Finished({m}, 1)) finished = true;
+      const cluster::WorkerLoad& load = m.heartbeat().load();
+      if (finished && m.has_heartbeat() && load.running_sequences() == 0 &&
+          load.queued_sequences() == 0 && load.prefix_cache_queries_tokens() == 6) {
+        return true;
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(client_->WaitFor(idle_after_finish));
+  const std::vector<cluster::WorkerMessage> sent = client_->sent();
+  auto first_tokens = std::find_if(sent.begin(), sent.end(),
+                                   [](const cluster::WorkerMessage& m) { return m.has_tokens(); });
+  ASSERT_NE(first_tokens, sent.end());
+  EXPECT_TRUE(std::any_of(sent.begin(), first_tokens, [](const cluster::WorkerMessage& m) {
+    const cluster::WorkerLoad& load = m.heartbeat().load();
+    return m.has_heartbeat() && load.running_sequences() + load.queued_sequences() > 0;
+  }));
 }
 
 // Prompt logits under credit, through the session: the leader sends the rows
