@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/constant_time.h"
 #include "common/key_file.h"
+#include "common/status.h"
 
 namespace flotilla::coordinator {
 namespace {
@@ -19,25 +20,24 @@ int FindKey(const std::vector<std::string>& keys, absl::string_view key) {
   return found;
 }
 
+// The keys of `file` (none when it is empty); an error names `flag`.
+absl::StatusOr<std::vector<std::string>> KeysOf(const std::string& file, const char* flag) {
+  if (file.empty()) return std::vector<std::string>();
+  absl::StatusOr<std::vector<std::string>> keys = ReadKeyFile(file);
+  if (!keys.ok()) {
+    return absl::Status(keys.status().code(), absl::StrCat(flag, ": ", keys.status().message()));
+  }
+  return keys;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Authenticator>> Authenticator::Create(
     const std::string& api_key_file, const std::string& admin_key_file) {
-  std::vector<std::string> client, admin;
-  if (!api_key_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> keys = ReadKeyFile(api_key_file);
-    if (!keys.ok())
-      return absl::Status(keys.status().code(),
-                          absl::StrCat("--api-key-file: ", keys.status().message()));
-    client = *std::move(keys);
-  }
-  if (!admin_key_file.empty()) {
-    absl::StatusOr<std::vector<std::string>> keys = ReadKeyFile(admin_key_file);
-    if (!keys.ok())
-      return absl::Status(keys.status().code(),
-                          absl::StrCat("--admin-key-file: ", keys.status().message()));
-    admin = *std::move(keys);
-  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::string> client,
+                            KeysOf(api_key_file, "--api-key-file"));
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::string> admin,
+                            KeysOf(admin_key_file, "--admin-key-file"));
   return std::unique_ptr<Authenticator>(new Authenticator(std::move(client), std::move(admin)));
 }
 

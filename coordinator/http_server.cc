@@ -99,6 +99,7 @@ class HttpMetrics {
 
     uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
     uint64_t prefix_queries = 0, prefix_hits = 0;
+    uint64_t spec_drafted = 0, spec_accepted = 0, spec_steps = 0;
     std::string per_worker;
     for (const admin::WorkerStatus& w : s.workers()) {
       running += w.load().running_sequences();
@@ -107,6 +108,9 @@ class HttpMetrics {
       kv_total += w.load().kv_blocks_total();
       prefix_queries += w.load().prefix_cache_queries_tokens();
       prefix_hits += w.load().prefix_cache_hits_tokens();
+      spec_drafted += w.load().spec_drafted_tokens();
+      spec_accepted += w.load().spec_accepted_tokens();
+      spec_steps += w.load().spec_verify_steps();
       const double usage = w.load().kv_blocks_total() == 0
                                ? 0.0
                                : 1.0 - static_cast<double>(w.load().kv_blocks_free()) /
@@ -131,6 +135,18 @@ class HttpMetrics {
             "prompt tokens looked up in the workers' prefix caches", m, prefix_queries);
     Counter(out, "flotilla_prefix_cache_hits_tokens_total",
             "prompt tokens found in the workers' prefix caches (not computed)", m, prefix_hits);
+    Counter(out, "flotilla_spec_decode_num_draft_tokens_total",
+            "tokens drafted for speculative decoding", m, spec_drafted);
+    Counter(out, "flotilla_spec_decode_num_accepted_tokens_total",
+            "drafted tokens the model accepted", m, spec_accepted);
+    Counter(out, "flotilla_spec_decode_num_verify_steps_total",
+            "decode steps that verified a draft", m, spec_steps);
+    // Tokens a verification step produces on average: the accepted drafted
+    // ones and the model's own after them.
+    Gauge(out, "flotilla_spec_decode_mean_acceptance_length",
+          "tokens per verification step since the workers started (accepted + 1; 0: none)", m,
+          spec_steps == 0 ? 0.0
+                          : 1.0 + static_cast<double>(spec_accepted) / static_cast<double>(spec_steps));
     out += "# HELP flotilla_worker_kv_cache_usage_ratio used fraction of one worker's KV cache\n"
            "# TYPE flotilla_worker_kv_cache_usage_ratio gauge\n";
     out += per_worker;
@@ -213,16 +229,6 @@ void EndLocked(Generation& g, const absl::Status& st) {
   }
   if (!g.ignored_fields.empty()) res.set_header(kIgnoredFieldsHeader, g.ignored_fields);
   g.exchange->Send(std::move(res));
-}
-
-// The session's sink: events -> chunks -> the stream or the whole answer.
-void Consume(Generation& g, const std::vector<RequestEvent>& events) {
-  std::lock_guard<std::mutex> l(g.mu);
-  if (g.ended) return;
-  RecordEvents(*g.access, events);
-  std::vector<Json> chunks = g.builder->Consume(events);
-  if (g.stream) EmitLocked(g, Events(chunks));
-  if (std::optional<absl::Status> end = RequestEnd(events)) EndLocked(g, *end);
 }
 
 // The request's deadline from X-Request-Timeout or X-Stainless-Timeout
@@ -651,7 +657,9 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   ++metrics_->in_flight;
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       &backend_, tok_, std::move(request),
-      [g](const std::vector<RequestEvent>& events) { Consume(*g, events); },
+      [g](const std::vector<RequestEvent>& events) {
+        ConsumeEvents(*g, events, Events, EndLocked);
+      },
       SessionHooksFor(exchange));
   if (!started.ok()) {
     --metrics_->in_flight;

@@ -124,16 +124,6 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   g.exchange->Send(std::move(res));
 }
 
-// The session's sink: events -> Responses events -> the stream or the whole answer.
-void Consume(ResponseGeneration& g, const std::vector<RequestEvent>& events) {
-  std::lock_guard<std::mutex> l(g.mu);
-  if (g.ended) return;
-  RecordEvents(*g.access, events);
-  std::vector<Json> out = g.builder->Consume(events);
-  if (g.stream) EmitLocked(g, Events(out));
-  if (std::optional<absl::Status> end = RequestEnd(events)) EndLocked(g, *end);
-}
-
 // Sends the SSE head and what was produced before it.
 void BeginStream(ResponseGeneration& g) {
   HttpResponse head;
@@ -313,7 +303,10 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
                           : exchange->request().get_header_value("x-session-id");
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       context.backend, context.tokenizer, std::move(request),
-      [g](const std::vector<RequestEvent>& events) { Consume(*g, events); }, std::move(hooks));
+      [g](const std::vector<RequestEvent>& events) {
+        ConsumeEvents(*g, events, Events, EndLocked);
+      },
+      std::move(hooks));
   if (!started.ok()) {
     --*context.in_flight;
     return exchange->Send(ErrorResponse(started.status()));
