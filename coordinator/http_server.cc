@@ -145,8 +145,9 @@ class HttpMetrics {
     // ones and the model's own after them.
     Gauge(out, "flotilla_spec_decode_mean_acceptance_length",
           "tokens per verification step since the workers started (accepted + 1; 0: none)", m,
-          spec_steps == 0 ? 0.0
-                          : 1.0 + static_cast<double>(spec_accepted) / static_cast<double>(spec_steps));
+          spec_steps == 0
+              ? 0.0
+              : 1.0 + static_cast<double>(spec_accepted) / static_cast<double>(spec_steps));
     out += "# HELP flotilla_worker_kv_cache_usage_ratio used fraction of one worker's KV cache\n"
            "# TYPE flotilla_worker_kv_cache_usage_ratio gauge\n";
     out += per_worker;
@@ -182,20 +183,10 @@ HttpResponse ErrorResponse(const absl::Status& st) {
 // One HTTP generation: the serializer of a RequestSession's events. The
 // session decodes on a transport thread (its `run` hook is the exchange's
 // Defer), never on the gRPC thread that delivers a worker's tokens and
-// heartbeats. Everything below `mu` is guarded by it; the exchange's calls
-// are made under it so they reach the connection in order.
-struct Generation {
-  std::mutex mu;
-  std::shared_ptr<HttpExchange> exchange;
-  std::shared_ptr<AccessRecord> access;
+// heartbeats.
+struct Generation : HttpAnswer {
   std::unique_ptr<ResponseBuilder> builder;
-  bool stream = false;
-  bool include_usage = false;
-  bool begun = false;  // streams: the head and Begin() chunks went out
-  // The x-flotilla-ignored-fields value (empty: none) every answer carries.
-  std::string ignored_fields;
-  std::string held;    // streams: text produced before `begun`
-  bool ended = false;  // the whole response was produced
+  bool include_usage = false;  // `begun`: the head and Begin() chunks went out
 };
 
 std::string Events(const std::vector<Json>& chunks) {
@@ -227,7 +218,7 @@ void EndLocked(Generation& g, const absl::Status& st) {
   } else {
     SendJson(res, 200, g.builder->Response());
   }
-  if (!g.ignored_fields.empty()) res.set_header(kIgnoredFieldsHeader, g.ignored_fields);
+  g.TagIgnored(res);
   g.exchange->Send(std::move(res));
 }
 
@@ -623,18 +614,11 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   if (!prepared.ok()) return fail(prepared.status());
 
   auto g = std::make_shared<Generation>();
-  g->exchange = exchange;
-  g->access = req.access ? req.access : std::make_shared<AccessRecord>(req.path, req.received);
+  g->Open(exchange, prepared->ignored_fields);
   g->stream = prepared->stream;
   g->include_usage = prepared->include_usage;
   const std::string id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   g->access->set_request_id(id);
-  g->ignored_fields = IgnoredFieldsHeaderValue(prepared->ignored_fields);
-  if (!g->ignored_fields.empty()) {
-    // No request id: ids stay out of logs unless --access-log-ids asks.
-    spdlog::warn("{}: ignored request fields this server does not know: {}", req.path,
-                 g->ignored_fields);
-  }
   const int64_t created = absl::ToUnixSeconds(absl::Now());
   SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
   request.submit.set_cache_domain(
@@ -676,7 +660,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
     head.content_type = "text/event-stream";
     head.set_header("Cache-Control", "no-cache");
     head.set_header("X-Accel-Buffering", "no");
-    if (!g->ignored_fields.empty()) head.set_header(kIgnoredFieldsHeader, g->ignored_fields);
+    g->TagIgnored(head);
     std::lock_guard<std::mutex> l(g->mu);
     exchange->BeginStream(std::move(head));
     std::string text = Events(g->builder->Begin()) + g->held;

@@ -20,34 +20,19 @@ namespace flotilla::coordinator {
 namespace {
 
 // One response being generated: the serializer of its RequestSession's
-// events, which the session delivers on a transport thread. Everything
-// below `mu` is guarded by it; the exchange's calls are made under it so
-// they reach the connection in order.
-struct ResponseGeneration {
-  std::mutex mu;
-  std::shared_ptr<HttpExchange> exchange;
-  std::shared_ptr<AccessRecord> access;
+// events, which the session delivers on a transport thread.
+struct ResponseGeneration : HttpAnswer {
   std::unique_ptr<ResponsesStream> builder;
-  bool stream = false;
   // background: true: answered when it starts; the store has it from then
   // on, with how to cancel it, and the client's leaving does not cancel it.
   bool background = false;
-  bool begun = false;  // streams: the head went out
-  std::string held;    // streams: events produced before the head
-  bool ended = false;  // the whole answer was produced (or cancelled)
   // Kept in `store` under `id` for `owner` once finished (null: not stored).
   ResponseStore* store = nullptr;
   std::string id;
   std::string owner;
   Json conversation;  // the history and this request's input items
   std::weak_ptr<RequestSession> session;  // what a cancel stops
-  std::string ignored_fields;  // the x-flotilla-ignored-fields value (empty: none)
 };
-
-// Names the request's ignored fields on an answer of `g`.
-void TagIgnored(const ResponseGeneration& g, HttpResponse& res) {
-  if (!g.ignored_fields.empty()) res.set_header(kIgnoredFieldsHeader, g.ignored_fields);
-}
 
 ApiError ResponsesError(const absl::Status& status) {
   ApiError e = ErrorFromStatus(status);
@@ -120,7 +105,7 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
     res.status = 200;
     res.set_content(DumpJson(g.builder->Response()), "application/json");
   }
-  TagIgnored(g, res);
+  g.TagIgnored(res);
   g.exchange->Send(std::move(res));
 }
 
@@ -130,7 +115,7 @@ void BeginStream(ResponseGeneration& g) {
   head.content_type = "text/event-stream";
   head.set_header("Cache-Control", "no-cache");
   head.set_header("X-Accel-Buffering", "no");
-  TagIgnored(g, head);
+  g.TagIgnored(head);
   std::lock_guard<std::mutex> l(g.mu);
   g.exchange->BeginStream(std::move(head));
   std::string text = std::exchange(g.held, std::string());
@@ -198,21 +183,13 @@ std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& co
                                                   std::shared_ptr<HttpExchange> exchange,
                                                   const std::string& id, const std::string& owner,
                                                   Prepared& p) {
-  const HttpRequest& req = exchange->request();
   auto g = std::make_shared<ResponseGeneration>();
-  g->exchange = std::move(exchange);
-  g->access = req.access ? req.access : std::make_shared<AccessRecord>(req.path, req.received);
+  g->Open(std::move(exchange), p.chat.ignored_fields);
   g->stream = p.request.stream;
   g->background = p.request.background;
   g->id = id;
   g->access->set_request_id(id);
   g->access->set_prompt_tokens(static_cast<uint32_t>(p.chat.prompt.size()));
-  g->ignored_fields = IgnoredFieldsHeaderValue(p.chat.ignored_fields);
-  if (!g->ignored_fields.empty()) {
-    // No response id: it continues the conversation, and stays out of logs.
-    spdlog::warn("{}: ignored request fields this server does not know: {}", req.path,
-                 g->ignored_fields);
-  }
   g->builder = std::make_unique<ResponsesStream>(
       id, context.model_id, ResponseSettings(p.request), absl::ToUnixSeconds(absl::Now()),
       p.request.encrypted_reasoning ? context.cipher : nullptr);
@@ -263,7 +240,7 @@ void StartBackground(const std::shared_ptr<ResponseGeneration>& g,
     if (!g->stream) {
       HttpResponse res;
       res.set_content(DumpJson(g->builder->Response()), "application/json");
-      TagIgnored(*g, res);
+      g->TagIgnored(res);
       g->exchange->Send(std::move(res));
     }
   }
