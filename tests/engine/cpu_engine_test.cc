@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "comm/local/local_communicator.h"
+#include "tests/engine/chunked_prefill.h"
 #include "tests/engine/reference_model.h"
+#include "tests/engine/small_cpu_engine.h"
 #include "worker/engine/generate.h"
 #include "worker/model/synthetic_weights.h"
 #include "worker/parallel/host_context.h"
@@ -30,14 +32,7 @@ std::vector<int32_t> Tokens(int n, int seed, int vocab = 1024) {
 
 std::unique_ptr<CpuEngine> MakeEngine(kernels::cpu::ThreadPool* pool, int64_t blocks = 512,
                                       ModelConfig c = TestConfig(), uint64_t seed = 1) {
-  auto w = MakeSyntheticWeights(c, seed);
-  EXPECT_TRUE(w.ok()) << w.status();
-  CpuEngineOptions o;
-  o.kv_block_size = 4;
-  o.kv_num_blocks = blocks;
-  auto e = CpuEngine::Create(std::move(*w), o, pool);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
+  return testing_util::SmallCpuEngine(c, blocks, seed, pool);
 }
 
 // Logits of every position of `tokens`, in one prefill on a fresh sequence.
@@ -103,14 +98,9 @@ TEST(CpuEngine, ChunkedPrefillEqualsOneShot) {
   std::vector<float> full = Prefill(*e, tokens);
   for (int chunk : {1, 3, 7, 16}) {
     int64_t s = e->NewSequence();
-    std::vector<float> got;
-    for (size_t b = 0; b < tokens.size(); b += chunk) {
-      size_t end = std::min(tokens.size(), b + chunk);
-      auto out = e->Step({StepItem{s, {tokens.begin() + b, tokens.begin() + end}, LogitsMode::kAll}});
-      ASSERT_TRUE(out.ok()) << out.status();
-      got.insert(got.end(), out->logits[0].begin(), out->logits[0].end());
-    }
-    ExpectNear(got, full, 1e-4);
+    auto got = testing_util::PrefillInChunks(*e, s, tokens, chunk);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectNear(got->logits, full, 1e-4);
     ASSERT_TRUE(e->FreeSequence(s).ok());
   }
 }

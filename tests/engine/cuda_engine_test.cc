@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "kernels/cuda/device.h"
+#include "tests/engine/chunked_prefill.h"
 #include "tests/engine/golden_fixtures.h"
 #include "tests/engine/logit_diff.h"
 #include "tests/engine/multi_turn.h"
@@ -61,6 +62,17 @@ using testing_golden::RelDiff;
 bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
 
 CudaEngineOptions SmallOptions() { return testing_util::SmallCudaOptions(256, 2048, 1024, 16); }
+
+// An engine of the tiny preset on the synthetic weights of `seed`; null (with
+// a failure saying why) when it cannot be made.
+std::unique_ptr<CudaEngine> TinyEngine(uint64_t seed) {
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(ModelConfig::Tiny(), seed);
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return nullptr;
+  absl::StatusOr<std::unique_ptr<CudaEngine>> e = CudaEngine::Create(*w, SmallOptions());
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
 
 // The GPU's residual stream carries ~1% relative noise after a few layers
 // (logits differ by up to 2.4e-2 on the fixtures with routing followed), so
@@ -127,24 +139,17 @@ TEST_P(CudaGolden, PromptLogitsMatchTheReference) {
     std::vector<float> golden = ReadF32(dir_ / golden_["logits_files"][i].get<std::string>());
     for (size_t chunk : {prompt.size(), size_t{5}}) {
       int64_t s = engine_->NewSequence();
-      std::vector<float> got;
-      std::vector<int32_t> routing;
-      for (size_t b = 0; b < prompt.size(); b += chunk) {
-        size_t end = std::min(prompt.size(), b + chunk);
-        auto out = engine_->Step({StepItem{s, {prompt.begin() + b, prompt.begin() + end}, LogitsMode::kAll}});
-        ASSERT_TRUE(out.ok()) << out.status();
-        got.insert(got.end(), out->logits[0].begin(), out->logits[0].end());
-        routing.insert(routing.end(), out->routing[0].begin(), out->routing[0].end());
-      }
+      auto got = testing_util::PrefillInChunks(*engine_, s, prompt, chunk);
+      ASSERT_TRUE(got.ok()) << got.status();
       ASSERT_TRUE(engine_->FreeSequence(s).ok());
-      StepOutput ref = Reference(prompt, routing);
+      StepOutput ref = Reference(prompt, got->routing);
       ASSERT_EQ(ref.logits.size(), 1u);
-      const double rel = RelDiff(got, ref.logits[0]);
+      const double rel = RelDiff(got->logits, ref.logits[0]);
       EXPECT_LE(rel, kRelTolerance) << "chunk " << chunk;
       EXPECT_LE(ref.routing_regret[0], kMaxRegret) << "chunk " << chunk;
       std::cout << GetParam() << " prompt " << i << " chunk " << chunk << ": rel diff " << rel
                 << ", routing regret " << ref.routing_regret[0]
-                << " (vs transformers without following the routing: " << RelDiff(got, golden)
+                << " (vs transformers without following the routing: " << RelDiff(got->logits, golden)
                 << ")\n";
     }
   }
@@ -258,12 +263,10 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaGolden, ::testing::ValuesIn(Fixtures()),
 
 TEST(CudaEngineErrors, BadStepsAreRefusedAndChangeNothing) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  ModelConfig c = ModelConfig::Tiny();
-  auto w = MakeSyntheticWeights(c, 3);
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto e = CudaEngine::Create(*w, SmallOptions());
-  ASSERT_TRUE(e.ok()) << e.status();
-  CudaEngine& engine = **e;
+  const ModelConfig c = ModelConfig::Tiny();
+  std::unique_ptr<CudaEngine> e = TinyEngine(3);
+  ASSERT_NE(e, nullptr);
+  CudaEngine& engine = *e;
   const int64_t s = engine.NewSequence();
   auto bad_token = engine.Step({StepItem{s, {1, c.vocab_size}, LogitsMode::kLast}});
   EXPECT_EQ(bad_token.status().code(), absl::StatusCode::kInvalidArgument);
@@ -410,12 +413,10 @@ SamplingParams PenalisedGreedy(int32_t biased_token) {
 
 TEST(CudaEngineSampling, DeviceDrawsEqualHostDrawsOfTheSameLogits) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  ModelConfig c = ModelConfig::Tiny();
-  auto w = MakeSyntheticWeights(c, 11);
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto e = CudaEngine::Create(*w, SmallOptions());
-  ASSERT_TRUE(e.ok()) << e.status();
-  CudaEngine& engine = **e;
+  const ModelConfig c = ModelConfig::Tiny();
+  std::unique_ptr<CudaEngine> e = TinyEngine(11);
+  ASSERT_NE(e, nullptr);
+  CudaEngine& engine = *e;
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5}, {9, 9, 8, 7}, {40, 41}};
   const int n = static_cast<int>(prompts.size());
   std::vector<std::vector<int32_t>> device_tokens(n);
@@ -461,12 +462,10 @@ TEST(CudaEngineSampling, DeviceDrawsEqualHostDrawsOfTheSameLogits) {
 
 TEST(CudaEngineSampling, PromptLogitsBesideADrawFallBackToTheHostSampler) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  ModelConfig c = ModelConfig::Tiny();
-  auto w = MakeSyntheticWeights(c, 12);
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto e = CudaEngine::Create(*w, SmallOptions());
-  ASSERT_TRUE(e.ok()) << e.status();
-  CudaEngine& engine = **e;
+  const ModelConfig c = ModelConfig::Tiny();
+  std::unique_ptr<CudaEngine> e = TinyEngine(12);
+  ASSERT_NE(e, nullptr);
+  CudaEngine& engine = *e;
   SamplingParams greedy;
   greedy.temperature = 0.0f;
   auto sampler = *Sampler::Create(greedy, c.vocab_size);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/engine/chunked_prefill.h"
 #include "tests/engine/golden_fixtures.h"
 #include "tests/engine/logit_diff.h"
 #include "worker/engine/cpu_engine.h"
@@ -66,14 +67,9 @@ TEST_P(Golden, PromptLogitsMatchTransformers) {
     // One-shot prefill and prefill in chunks of 5 must both match.
     for (size_t chunk : {prompt.size(), size_t{5}}) {
       int64_t s = engine_->NewSequence();
-      std::vector<float> got;
-      for (size_t b = 0; b < prompt.size(); b += chunk) {
-        size_t end = std::min(prompt.size(), b + chunk);
-        auto out = engine_->Step({StepItem{s, {prompt.begin() + b, prompt.begin() + end}, LogitsMode::kAll}});
-        ASSERT_TRUE(out.ok()) << out.status();
-        got.insert(got.end(), out->logits[0].begin(), out->logits[0].end());
-      }
-      const double worst = MaxAbsDiff(got, want);
+      auto got = testing_util::PrefillInChunks(*engine_, s, prompt, chunk);
+      ASSERT_TRUE(got.ok()) << got.status();
+      const double worst = MaxAbsDiff(got->logits, want);
       EXPECT_LE(worst, kTolerance) << "chunk " << chunk;
       std::cout << GetParam() << " prompt " << i << " chunk " << chunk << ": max |logit diff| "
                 << worst << "\n";

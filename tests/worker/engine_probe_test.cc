@@ -2,21 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/engine/small_cpu_engine.h"
 #include "worker/engine/cpu_engine.h"
-#include "worker/model/synthetic_weights.h"
 
 namespace flotilla::worker {
 namespace {
 
 std::unique_ptr<CpuEngine> MakeEngine(int64_t blocks = 256) {
-  auto w = MakeSyntheticWeights(ModelConfig::Tiny(), 1);
-  EXPECT_TRUE(w.ok()) << w.status();
-  CpuEngineOptions o;
-  o.kv_block_size = 4;
-  o.kv_num_blocks = blocks;
-  auto e = CpuEngine::Create(std::move(*w), o, nullptr);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return std::move(*e);
+  return testing_util::SmallCpuEngine(ModelConfig::Tiny(), blocks);
 }
 
 // Forwards to a CpuEngine and records every step it is asked for.

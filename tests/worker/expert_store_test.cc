@@ -8,8 +8,8 @@
 #include <numeric>
 #include <thread>
 
+#include "tests/engine/small_cpu_engine.h"
 #include "worker/engine/cpu_engine.h"
-#include "worker/model/synthetic_weights.h"
 
 namespace flotilla::worker {
 namespace {
@@ -105,18 +105,13 @@ TEST(ExpertStore, AFailingStageFailsThePreparation) {
 
 TEST(CpuEngineExpertCounts, EveryTokenCountsTopKRowsPerLayer) {
   const ModelConfig c = ModelConfig::Tiny();
-  auto w = MakeSyntheticWeights(c, 1);
-  ASSERT_TRUE(w.ok()) << w.status();
-  CpuEngineOptions o;
-  o.kv_block_size = 4;
-  o.kv_num_blocks = 64;
-  auto engine = CpuEngine::Create(std::move(*w), o, nullptr);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::unique_ptr<CpuEngine> engine = testing_util::SmallCpuEngine(c, 64);
+  ASSERT_NE(engine, nullptr);
   StepItem item;
-  item.sequence = (*engine)->NewSequence();
+  item.sequence = engine->NewSequence();
   item.tokens = {1, 2, 3, 4, 5};
-  ASSERT_TRUE((*engine)->Step({item}).ok());
-  const std::vector<uint64_t> counts = (*engine)->TakeExpertCounts();
+  ASSERT_TRUE(engine->Step({item}).ok());
+  const std::vector<uint64_t> counts = engine->TakeExpertCounts();
   ASSERT_EQ(counts.size(), static_cast<size_t>(c.num_hidden_layers * c.num_local_experts));
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const uint64_t rows =
@@ -124,7 +119,7 @@ TEST(CpuEngineExpertCounts, EveryTokenCountsTopKRowsPerLayer) {
                         counts.begin() + (l + 1) * c.num_local_experts, uint64_t{0});
     EXPECT_EQ(rows, 5u * c.num_experts_per_tok) << "layer " << l;
   }
-  const std::vector<uint64_t> again = (*engine)->TakeExpertCounts();
+  const std::vector<uint64_t> again = engine->TakeExpertCounts();
   EXPECT_EQ(std::accumulate(again.begin(), again.end(), uint64_t{0}), 0u);  // restarted
 }
 
