@@ -25,6 +25,7 @@
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/topk.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -35,6 +36,35 @@ constexpr int kSmallBatch = 16;
 constexpr size_t kWorkspaceBytes = 32u << 20;
 constexpr int kBiasCapacity = 1 << 18;  // f32 bias staging for the cuBLASLt epilogue
 
+// The router's ranking fused into its projection (GemvMmaKernel's kTopK).
+struct GemvTopK {
+  int k = 0;
+  int32_t* ids = nullptr;
+  float* weights = nullptr;
+  unsigned* done = nullptr;
+};
+
+// The grid's last block to finish ranks the rows; the fences make every
+// block's sums visible before its count.
+__device__ void RankAfterLastBlock(const GemvTopK& topk, int tokens, int experts, float* y) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(topk.done, 1u) == gridDim.x * gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int warp = threadIdx.x >> 5;
+  if (warp < tokens) {
+    float* row = y + static_cast<size_t>(warp) * experts;
+    WarpTopKSoftmax(row, experts, topk.k, topk.ids + static_cast<size_t>(warp) * topk.k,
+                    topk.weights + static_cast<size_t>(warp) * topk.k);
+    __syncwarp();
+    for (int e = threadIdx.x & 31; e < experts; e += 32) row[e] = 0.0f;
+  }
+  if (threadIdx.x == 0) *topk.done = 0;
+}
+
 // kNt: tiles of 8 tokens (1 or 2).
 // kNorm (kNt == 1): the RMSNorm of the input fused in. x is then unused and
 // xf is the f32 residual [tokens, in]: every block first computes the tokens'
@@ -42,15 +72,20 @@ constexpr int kBiasCapacity = 1 << 18;  // f32 bias staging for the cuBLASLt epi
 // bf16(nw * (xf * inv)) with AddRmsNorm's rounding, from xf in L2; the blocks
 // of row tile 0 (one per input share) also store those values to t_out (or
 // not, if it is null).
+// kTopK (kNorm, accumulating): the router's ranking fused after the
+// projection. Every block counts itself done on topk.done once its sums are
+// in y; the last one ranks each token's row (WarpTopKSoftmax, one warp per
+// token), writes ids and weights, zeroes the rows and the counter.
 // At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV
 // projection are all resident at once on a 132-SM part.
-template <int kNt, bool kNorm>
+template <int kNt, bool kNorm, bool kTopK>
 __global__ void __launch_bounds__(kGemvThreads, 3)
     GemvMmaKernel(const uint16_t* __restrict__ x, const float* __restrict__ xf,
                   const uint16_t* __restrict__ nw, float eps, uint16_t* __restrict__ t_out,
                   const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
-                  int in, int out, bool accumulate, float* __restrict__ y) {
+                  int in, int out, bool accumulate, float* __restrict__ y, GemvTopK topk) {
   static_assert(!kNorm || kNt == 1, "the fused norm serves one tile of 8 tokens");
+  static_assert(!kTopK || (kNorm && kRmsMaxTokens <= kGemvWarps), "a warp per token's row");
   // 32-wide input slices loaded before the first mma (fewer with 2 token tiles:
   // their activations take the registers).
   constexpr int kGemvUnroll = kNt == 1 ? 4 : 3;
@@ -166,6 +201,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
       *dst = accumulate ? *dst + s : s;
     }
   }
+  if constexpr (kTopK) RankAfterLastBlock(topk, tokens, out, y);
 }
 
 // Inputs that are not a multiple of 32: one warp per (row, token), plain FMA.
@@ -237,11 +273,13 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   const int tiles = (out + 15) / 16;
   const dim3 grid(tiles, SplitFor(accumulate, tiles, in));
   if (tokens <= 8) {
-    return LaunchPdl(GemvMmaKernel<1, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
-                     nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y);
+    return LaunchPdl(GemvMmaKernel<1, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
+                     nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
+                     GemvTopK{});
   }
-  return LaunchPdl(GemvMmaKernel<2, false>, grid, dim3(kGemvThreads), 0, stream, true, x, nullptr,
-                   nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y);
+  return LaunchPdl(GemvMmaKernel<2, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
+                   nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
+                   GemvTopK{});
 }
 
 // The cuBLASLt entry points, resolved with dlsym.
@@ -461,9 +499,26 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
   }
   if (tokens == 0) return cudaSuccess;
   const int tiles = (out + 15) / 16;
-  return LaunchPdl(GemvMmaKernel<1, true>, dim3(tiles, SplitFor(accumulate, tiles, in)),
-                   dim3(kGemvThreads), 0, stream, true, nullptr, x, norm_weight, eps, t_out, w, bias,
-                   tokens, in, out, accumulate, y);
+  return LaunchPdl(GemvMmaKernel<1, true, false>, dim3(tiles, SplitFor(accumulate, tiles, in)),
+                   dim3(kGemvThreads), 0, stream, true, nullptr, x, norm_weight, eps, t_out, w,
+                   bias, tokens, in, out, accumulate, y, GemvTopK{});
+}
+
+cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
+                                 const uint16_t* w, const uint16_t* bias, int tokens, int in,
+                                 int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
+                                 float* weights, unsigned* done, cudaStream_t stream) {
+  if (x == nullptr || norm_weight == nullptr || w == nullptr || logits == nullptr ||
+      ids == nullptr || weights == nullptr || done == nullptr || tokens < 0 ||
+      tokens > kNormLinearMaxTokens || in <= 0 || in % 32 != 0 || experts <= 0 ||
+      experts > 32 * kTopKMaxPerLane || k <= 0 || k > kTopKMaxK || k > experts) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  const int tiles = (experts + 15) / 16;
+  return LaunchPdl(GemvMmaKernel<1, true, true>, dim3(tiles, SplitFor(true, tiles, in)),
+                   dim3(kGemvThreads), 0, stream, true, nullptr, x, norm_weight, eps, t_out, w,
+                   bias, tokens, in, experts, true, logits, GemvTopK{k, ids, weights, done});
 }
 
 }  // namespace flotilla::kernels::cuda

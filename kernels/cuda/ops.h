@@ -107,6 +107,17 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
                              const uint16_t* w, const uint16_t* bias, int tokens, int in, int out,
                              bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream);
 
+// The router of a few tokens in one launch: LaunchNormLinear(x, norm_weight,
+// eps, w, bias, tokens, in, experts, accumulate = true, logits, t_out) then
+// LaunchRouterTopK(logits, tokens, experts, k, ids, weights, clear = true):
+// the grid's last block ranks the rows once every block's sums are in.
+// `logits` must be zero and is left zero; `done` is a device counter that
+// must be zero and is left zero (one per stream of launches).
+cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
+                                 const uint16_t* w, const uint16_t* bias, int tokens, int in,
+                                 int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
+                                 float* weights, unsigned* done, cudaStream_t stream);
+
 // Few tokens: the input RMSNorm, the QKV projection, RoPE and the KV cache
 // write in one launch, equal to
 //   LaunchAddRmsNorm(x, nullptr, norm_weight, tokens, hidden, eps, t)

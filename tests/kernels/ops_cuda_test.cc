@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -429,6 +430,64 @@ TEST_F(OpsCudaTest, NormLinearMatchesNormThenLinear) {
                                    nullptr, nullptr),
             cudaErrorInvalidValue);
   cuda::DestroyLinearContext(ctx);
+}
+
+// The router in one launch against the norm-fused projection and the CPU
+// ranking of its logits: the same experts (unless the k-th and the next are
+// within the projection's summation noise), their softmax weights, the
+// normalised rows bit for bit, and the logits and the counter left zero, so
+// a second launch gives the same.
+TEST_F(OpsCudaTest, NormLinearTopKMatchesNormLinearThenRanking) {
+  const int in = 2880, E = 128, K = 4;
+  std::vector<uint16_t> w = FastBf16(static_cast<size_t>(E) * in, 0.035f, E);
+  std::vector<uint16_t> bias = ToBf16(Normal(E, 0.1f, 21));
+  std::vector<uint16_t> nw = ToBf16(Normal(in, 0.2f, 22));
+  for (uint16_t& v : nw) v = FloatToBf16(1.0f + Bf16ToFloat(v));
+  Dev<uint16_t> d_w(w), d_bias(bias), d_nw(nw);
+  Dev<unsigned> d_done(std::vector<unsigned>{0});
+  for (int T : {1, 3, 8}) {
+    SCOPED_TRACE(::testing::Message() << "T=" << T);
+    const std::vector<float> x = Normal(static_cast<size_t>(T) * in, 1.3f, 50 + T);
+    const std::vector<float> zero(static_cast<size_t>(T) * E, 0.0f);
+    Dev<float> d_x(x), d_ref(zero), d_logits(zero);
+    Dev<uint16_t> d_tr(static_cast<size_t>(T) * in), d_t(static_cast<size_t>(T) * in);
+    Dev<int32_t> d_ids(static_cast<size_t>(T) * K);
+    Dev<float> d_wk(static_cast<size_t>(T) * K);
+    ASSERT_EQ(cuda::LaunchNormLinear(d_x.p, d_nw.p, kEps, d_w.p, d_bias.p, T, in, E, true, d_ref.p,
+                                     d_tr.p, nullptr),
+              cudaSuccess);
+    const std::vector<float> ref = d_ref.Get();
+    for (int launch = 0; launch < 2; ++launch) {
+      ASSERT_EQ(
+          cuda::LaunchNormLinearTopK(d_x.p, d_nw.p, kEps, d_w.p, d_bias.p, T, in, E, d_logits.p,
+                                     d_t.p, K, d_ids.p, d_wk.p, d_done.p, nullptr),
+          cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(d_logits.Get(), zero) << "launch " << launch;
+      EXPECT_EQ(d_done.Get(), std::vector<unsigned>{0}) << "launch " << launch;
+      EXPECT_EQ(d_t.Get(), d_tr.Get()) << "launch " << launch;
+      std::vector<int32_t> want(static_cast<size_t>(T) * K);
+      std::vector<float> want_w(want.size());
+      cpu::RouterTopK(ref.data(), T, E, K, want.data(), want_w.data());
+      const std::vector<int32_t> ids = d_ids.Get();
+      const std::vector<float> got_w = d_wk.Get();
+      for (int t = 0; t < T; ++t) {
+        std::vector<float> row(ref.begin() + static_cast<size_t>(t) * E,
+                               ref.begin() + static_cast<size_t>(t + 1) * E);
+        std::sort(row.begin(), row.end(), std::greater<float>());
+        if (row[K - 1] - row[K] < 1e-3f) continue;  // a near tie: either order is right
+        for (int j = 0; j < K; ++j) {
+          const size_t i = static_cast<size_t>(t) * K + j;
+          ASSERT_EQ(ids[i], want[i]) << "token " << t << " choice " << j;
+          ASSERT_NEAR(got_w[i], want_w[i], 1e-4f) << "token " << t << " choice " << j;
+        }
+      }
+    }
+  }
+  float* y = nullptr;
+  EXPECT_EQ(cuda::LaunchNormLinearTopK(nullptr, nullptr, kEps, nullptr, nullptr, 1, in, E, y,
+                                       nullptr, K, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST_F(OpsCudaTest, BadArgumentsAreRefused) {

@@ -314,6 +314,7 @@ absl::Status AllocActivations(CudaDeviceState& d, const ModelConfig& c,
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.q, T * b.NH * b.D));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.attn, T * b.NH * b.D));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_logits, T * E));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.router_done, 1));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_ids, T * K));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.topk_w, T * K));
   d.max_slots = shard.max_slots;
@@ -322,6 +323,7 @@ absl::Status AllocActivations(CudaDeviceState& d, const ModelConfig& c,
   }
   FLOTILLA_CUDA_RETURN(
       cudaMemsetAsync(d.router_logits, 0, static_cast<size_t>(T) * E * sizeof(float), d.stream));
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_done, 0, sizeof(unsigned), d.stream));
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(
         d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));

@@ -70,12 +70,13 @@ struct CudaDeviceState {
 
   // Step buffers, sized for the largest step.
   int max_tokens = 0, max_seqs = 0, logit_rows = 0;
-  float* x = nullptr;              // [T, H] residual stream
-  uint16_t* t = nullptr;           // [T, H] normed activations
-  float* qkv = nullptr;            // [T, (NH + 2 NKV) D], rows as wqkv
-  uint16_t* q = nullptr;           // [T, NH D]
-  uint16_t* attn = nullptr;        // [T, NH D]
-  float* router_logits = nullptr;  // [T, E], zero between steps' uses (see the router)
+  float* x = nullptr;               // [T, H] residual stream
+  uint16_t* t = nullptr;            // [T, H] normed activations
+  float* qkv = nullptr;             // [T, (NH + 2 NKV) D], rows as wqkv
+  uint16_t* q = nullptr;            // [T, NH D]
+  uint16_t* attn = nullptr;         // [T, NH D]
+  float* router_logits = nullptr;   // [T, E], zero between steps' uses (see the router)
+  unsigned* router_done = nullptr;  // the fused router's finished-block count, zero between uses
   // Sharded ranks: this rank's O-projection partial before the TP sum, and
   // the joined MoE output, both f32 [T, H].
   float* o_part = nullptr;

@@ -180,8 +180,18 @@ absl::Status LayerStages::Router(int layer) {
   // The router projection adds into zeroed logits (so a few tokens can
   // split its input over many blocks) and the ranking zeroes them again.
   // Few tokens: the norm runs inside the projection, which also writes the
-  // normalised rows (the experts' input).
-  if (T_ <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens)) {
+  // normalised rows (the experts' input), and the ranking after it in the
+  // same launch.
+  const bool fused =
+      T_ <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens);
+  if (fused && On("router_linear") && On("router_topk")) {
+    FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
+    FLOTILLA_CUDA_RETURN(kc::LaunchNormLinearTopK(d_.x, L.post_norm, eps_, L.router, L.router_bias,
+                                                  T_, H_, E_, d_.router_logits, d_.t, K_,
+                                                  d_.topk_ids, d_.topk_w, d_.router_done, s));
+    return RecordRouting(layer);
+  }
+  if (fused) {
     FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
     if (On("router_linear")) {
       FLOTILLA_CUDA_RETURN(kc::LaunchNormLinear(d_.x, L.post_norm, eps_, L.router, L.router_bias,
@@ -203,7 +213,12 @@ absl::Status LayerStages::Router(int layer) {
     FLOTILLA_CUDA_RETURN(kc::LaunchRouterTopK(d_.router_logits, T_, E_, K_, d_.topk_ids, d_.topk_w,
                                               s, /*clear_logits=*/true));
   }
+  return RecordRouting(layer);
+}
+
+absl::Status LayerStages::RecordRouting(int layer) {
   if (d_.routing_record == nullptr) return absl::OkStatus();
+  cudaStream_t s = d_.stream;
   return CudaStatus(
       cudaMemcpyAsync(d_.routing_record + static_cast<size_t>(layer) * d_.max_tokens * K_,
                       d_.topk_ids, static_cast<size_t>(T_) * K_ * sizeof(int32_t),

@@ -75,6 +75,8 @@ class LayerStages {
   absl::Status Attention(const CudaDeviceState::Layer& L);
   absl::Status OProjection(const CudaDeviceState::Layer& L);
   absl::Status Router(int layer);
+  // Copies the layer's chosen experts to the routing record, if kept.
+  absl::Status RecordRouting(int layer);
   absl::Status Moe(int layer);
   // A sharded rank's MoE for one layer: dispatch its share of the step's
   // `tokens` routed rows (d.t, topk), run its experts on the rows received,
