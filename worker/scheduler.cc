@@ -155,6 +155,15 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.prompt = prompt_ids;
   seq.prompt_tokens = prompt;
   seq.sampler = std::move(*sampler);
+  seq.max_tokens = sp.max_tokens;
+  absl::StatusOr<SpeculativeConfig> speculative =
+      SpeculativeFor(p.speculative(), limits_.speculative);
+  if (!speculative.ok()) {
+    return reject(speculative.status().code(), std::string(speculative.status().message()));
+  }
+  seq.speculative = *speculative;
+  // An engine that cannot verify runs the request without drafting.
+  if (!engine_->VerifiesDrafts()) seq.speculative.method = SpeculativeMethod::kOff;
   seq.stop = StopRules(std::move(stops), sp.max_tokens);
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
@@ -206,15 +215,13 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   to_free_.clear();
   int64_t budget = limits_.max_batch_tokens;
   const uint64_t now = clock_();
-  // Decode tokens first: one per running sequence past its prompt.
-  for (auto& [id, seq] : sequences_) {
-    if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
-    cluster::PlanItem* it = plan.add_items();
-    it->set_request_id(id);
-    it->add_tokens(seq.generated.back());
-    it->set_logits(cluster::PLAN_LOGITS_LAST);
-    --budget;
+  // Decode tokens first: one per running sequence past its prompt, and the
+  // drafts within what the budget has left after them.
+  int64_t decoding = 0;
+  for (const auto& [id, seq] : sequences_) {
+    if (seq.prefilled >= static_cast<int64_t>(seq.prompt.size())) ++decoding;
   }
+  budget -= PlanDecodes(std::max<int64_t>(0, budget - decoding), &plan);
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
   // always finish, so the queue always drains).
@@ -248,6 +255,37 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   }
   PlanPromptChunks(budget, now, &plan);
   return plan;
+}
+
+int64_t Scheduler::PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan) {
+  int64_t planned = 0;
+  for (auto& [id, seq] : sequences_) {
+    if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    cluster::PlanItem* it = plan->add_items();
+    it->set_request_id(id);
+    it->mutable_accepted_draft()->Add(seq.accepted_draft.begin(), seq.accepted_draft.end());
+    seq.accepted_draft.clear();
+    it->add_tokens(seq.generated.back());
+    const std::vector<int32_t> draft = DraftOf(seq, draft_budget);
+    it->mutable_tokens()->Add(draft.begin(), draft.end());
+    it->set_draft_tokens(static_cast<uint32_t>(draft.size()));
+    it->set_logits(cluster::PLAN_LOGITS_LAST);
+    draft_budget -= static_cast<int64_t>(draft.size());
+    planned += 1 + static_cast<int64_t>(draft.size());
+  }
+  return planned;
+}
+
+std::vector<int32_t> Scheduler::DraftOf(const Sequence& seq, int64_t limit) const {
+  if (seq.speculative.method == SpeculativeMethod::kOff) return {};
+  // Drafted tokens past its last possible one would be wasted (and past its
+  // KV reservation).
+  const int64_t room = seq.max_tokens - static_cast<int64_t>(seq.generated.size()) - 1;
+  limit = std::min(limit, room);
+  if (limit <= 0) return {};
+  std::vector<int32_t> context(seq.prompt.begin(), seq.prompt.begin() + seq.prompt_tokens);
+  context.insert(context.end(), seq.generated.begin(), seq.generated.end());
+  return DraftFor(seq.speculative, context, limit);
 }
 
 void Scheduler::PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan) {
@@ -339,8 +377,27 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
       if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
     }
     if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;
-    if (TakeToken(seq, result.sampled[i], now, out->add_updates())) sequences_.erase(sit);
+    if (TakeDrawn(seq, p, result, static_cast<size_t>(i), now, out)) sequences_.erase(sit);
   }
+}
+
+bool Scheduler::TakeDrawn(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result,
+                          size_t i, uint64_t now, cluster::TokenBatch* out) {
+  static const std::vector<TokenLogprob> kNone;
+  const std::vector<TokenLogprob>& accepted =
+      i < result.accepted.size() ? result.accepted[i] : kNone;
+  if (item.draft_tokens() > 0) {
+    speculative_.drafted += item.draft_tokens();
+    speculative_.accepted += accepted.size();
+    ++speculative_.verify_steps;
+  }
+  cluster::SequenceUpdate* u = out->add_updates();
+  for (const TokenLogprob& drawn : accepted) {
+    if (TakeToken(seq, drawn, now, u)) return true;
+  }
+  if (TakeToken(seq, result.sampled[i], now, u)) return true;
+  for (const TokenLogprob& drawn : accepted) seq.accepted_draft.push_back(drawn.token);
+  return false;
 }
 
 bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now,

@@ -21,6 +21,7 @@
 #include "worker/engine/sampler.h"
 #include "worker/engine/stop_rules.h"
 #include "worker/prefill_policy.h"
+#include "worker/speculation.h"
 
 namespace flotilla::worker {
 
@@ -32,6 +33,18 @@ struct SchedulerLimits {
   int64_t max_sequences = 1;     // running sequences
   int64_t max_model_len = 0;     // longest sequence; 0 = the engine's limit
   PrefillPolicy prefill;         // which prompts get chunks, and how large
+  // Speculative decoding for requests that do not choose (--speculative-method,
+  // --num-speculative-tokens). Drafted tokens count in max_batch_tokens;
+  // engines that do not verify drafts run every request without.
+  SpeculativeConfig speculative;
+};
+
+// Speculative decoding, since the scheduler started: tokens drafted, drafted
+// tokens accepted, verification steps (steps of a sequence with a draft).
+struct SpeculativeCounts {
+  uint64_t drafted = 0;
+  uint64_t accepted = 0;
+  uint64_t verify_steps = 0;
 };
 
 class Scheduler {
@@ -80,6 +93,7 @@ class Scheduler {
   // Prompt tokens looked up in the prefix cache and found there.
   uint64_t prefix_queries_tokens() const { return prefix_queries_; }
   uint64_t prefix_hits_tokens() const { return prefix_hits_; }
+  const SpeculativeCounts& speculative_counts() const { return speculative_; }
   // Longest sequence served: the engine's limit within max_model_len.
   int64_t MaxSequenceLength() const;
 
@@ -104,6 +118,11 @@ class Scheduler {
     int64_t kv_reserved = 0;
     uint64_t deadline_unix_ms = 0;
     const ConstraintFilter* constraint = nullptr;  // owned by the sampler
+    int64_t max_tokens = 0;                        // output tokens it may have in all
+    SpeculativeConfig speculative;
+    // The drafted tokens its last step's verification accepted: its next
+    // plan item has every rank commit them (their KV is written).
+    std::vector<int32_t> accepted_draft;
     // Timings reported with the last token (clock_ milliseconds).
     uint64_t queued_ms = 0;    // waiting before admission
     uint64_t arrived_at = 0;   // queued (the prefill policy's arrival order)
@@ -129,6 +148,18 @@ class Scheduler {
   int64_t WithinCredit(const Sequence& seq, int64_t left) const;
   // Adds `seq`'s next `tokens` prompt tokens to `plan`.
   void AddPromptChunk(Sequence& seq, int64_t tokens, cluster::StepPlan* plan);
+  // One decode item per sequence past its prompt: its last token, what its
+  // last verification accepted, and a draft within `draft_budget` tokens
+  // (taken from it). The decode tokens planned.
+  int64_t PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan);
+  // The draft `seq` brings this step: at most `limit` tokens, fewer than
+  // it may still generate.
+  std::vector<int32_t> DraftOf(const Sequence& seq, int64_t limit) const;
+  // Takes the tokens a step drew for a decoding sequence (its accepted
+  // drafted tokens, then the token drawn after them) into one update;
+  // true when the sequence ended.
+  bool TakeDrawn(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result, size_t i,
+                 uint64_t now, cluster::TokenBatch* out);
   // Takes the token drawn for `seq` into `u`; true when the sequence ended.
   bool TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now,
                  cluster::SequenceUpdate* u);
@@ -144,6 +175,7 @@ class Scheduler {
   std::vector<uint64_t> to_free_;
   int64_t kv_reserved_ = 0;
   uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
+  SpeculativeCounts speculative_;
 };
 
 }  // namespace flotilla::worker

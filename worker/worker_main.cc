@@ -50,6 +50,17 @@ int main(int argc, char** argv) {
   app.add_flag("--prefix-cache,!--no-prefix-cache", o.prefix_cache,
                "share the KV blocks of identical prompt prefixes between requests (default on)")
       ->envname("FLOTILLA_PREFIX_CACHE");
+  std::string speculative_method = "off";
+  app.add_option("--speculative-method", speculative_method,
+                 "speculative decoding for requests that do not choose: ngram (prompt lookup "
+                 "over the request's prompt and output, verified exactly) or off; the CPU engine "
+                 "verifies drafts, other engines run without drafting")
+      ->envname("FLOTILLA_SPECULATIVE_METHOD")
+      ->capture_default_str();
+  app.add_option("--num-speculative-tokens", o.speculative.num_tokens,
+                 "tokens drafted per decode step with --speculative-method")
+      ->envname("FLOTILLA_NUM_SPECULATIVE_TOKENS")
+      ->capture_default_str();
   int reconnect_backoff_max_ms = 2000;
   app.add_option("--reconnect-backoff-max-ms", reconnect_backoff_max_ms,
                  "longest wait between attempts to reach the coordinator (the worker retries "
@@ -79,6 +90,11 @@ int main(int argc, char** argv) {
   flotilla::AddConfigFlag(app);
   if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;
   if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
+    std::cerr << "flotilla-worker: " << st.message() << "\n";
+    return 2;
+  }
+  if (absl::Status st = flotilla::worker::SetSpeculativeMethod(speculative_method, &o.speculative);
+      !st.ok()) {
     std::cerr << "flotilla-worker: " << st.message() << "\n";
     return 2;
   }

@@ -6,6 +6,7 @@
 
 #include "absl/time/time.h"
 #include "common/tls_credentials.h"
+#include "worker/speculation.h"
 
 namespace flotilla::worker {
 
@@ -26,6 +27,9 @@ struct WorkerOptions {
   double gpu_memory_utilization = 0.90;
   // Share the KV blocks of identical prompt prefixes between requests.
   bool prefix_cache = true;
+  // Speculative decoding for requests that do not choose
+  // (--speculative-method, --num-speculative-tokens); off by default.
+  SpeculativeConfig speculative;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
   // Between attempts to open a session: the first wait, doubled after each

@@ -1,4 +1,5 @@
 // What the request-migration tests share (resume_test.cc on CPU engines,
+// speculative_test.cc's serving runs too,
 // resume_cuda_test.cc on the GPU engine): the model, the leader's serving
 // loop of WorkerRuntime (Scheduler plans, StepExecutor exchanges and runs,
 // Scheduler completes) over any engine, the test requests, and the check
@@ -71,26 +72,38 @@ inline VocabularyProvider Vocabulary() {
   return provider;
 }
 
+// How ServeOnRank's leader schedules (speculative_test.cc varies it).
+struct ServeOptions {
+  int64_t max_batch_tokens = 8;  // a resumed context is prefilled in chunks
+  int64_t max_sequences = 4;
+  SpeculativeConfig speculative;        // the worker's default
+  SpeculativeCounts* counts = nullptr;  // not null: the leader's counts at the end
+  int max_steps = 1000;
+};
+
 // One rank's serving loop until the instance is idle: the leader (rank 0)
-// plans `submit`, every rank exchanges and steps. The leader's updates.
+// plans `submits`, every rank exchanges and steps. The leader's updates.
 inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
                            parallel::ParallelContext* context, int world, int rank,
-                           const cluster::SubmitSequence& submit) {
-  const ParallelConfig parallel = *ParallelConfig::Create(world, world, TestModel());
+                           const std::vector<cluster::SubmitSequence>& submits,
+                           const ServeOptions& options = {}) {
+  const ParallelConfig parallel = *ParallelConfig::Create(world, world, engine.config());
   StepExecutor executor(&engine, comm, context, parallel, rank, MapFor(world).version());
   std::unique_ptr<Scheduler> scheduler;
   cluster::TokenBatch out;
   if (executor.leader()) {
     SchedulerLimits limits;
-    limits.max_batch_tokens = 8;  // a resumed context is prefilled in chunks
-    limits.max_sequences = 4;
+    limits.max_batch_tokens = options.max_batch_tokens;
+    limits.max_sequences = options.max_sequences;
+    limits.speculative = options.speculative;
     scheduler = std::make_unique<Scheduler>(
-        &engine, limits, [] { return uint64_t{1000}; }, Vocabulary());
-    scheduler->Enqueue(submit, &out);
+        &engine, limits, [] { return uint64_t{1000}; },
+        engine.config().vocab_size == TestModel().vocab_size ? Vocabulary() : nullptr);
+    for (const cluster::SubmitSequence& submit : submits) scheduler->Enqueue(submit, &out);
   }
   StepExecutor::SamplerLookup sampler_for;
   if (scheduler) sampler_for = [&](const cluster::PlanItem& i) { return scheduler->SamplerFor(i); };
-  for (int step = 0; step < 1000; ++step) {
+  for (int step = 0; step < options.max_steps; ++step) {
     cluster::StepPlan mine;
     if (scheduler) mine = scheduler->Plan(&out);
     absl::StatusOr<StepExecutor::Exchanged> exchanged = executor.Exchange(mine);
@@ -101,7 +114,15 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
     if (!result.ok()) break;
     if (scheduler && result->has_value()) scheduler->Complete(exchanged->plan, **result, &out);
   }
+  if (scheduler && options.counts != nullptr) *options.counts = scheduler->speculative_counts();
   return {out.updates().begin(), out.updates().end()};
+}
+
+inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
+                           parallel::ParallelContext* context, int world, int rank,
+                           const cluster::SubmitSequence& submit) {
+  return ServeOnRank(engine, comm, context, world, rank,
+                     std::vector<cluster::SubmitSequence>{submit});
 }
 
 inline std::vector<int32_t> TokensOf(const Updates& updates) {

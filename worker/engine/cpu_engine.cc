@@ -11,6 +11,7 @@
 #include "common/bf16.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
+#include "worker/engine/draft_verify.h"
 #include "worker/model/expert_slice.h"
 
 namespace flotilla {
@@ -269,6 +270,7 @@ absl::Status CpuEngine::FreeSequence(int64_t sequence) {
   if (!kv_->Contains(sequence)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
   }
+  drafts_.erase(sequence);
   return kv_->Free(sequence);
 }
 
@@ -305,8 +307,11 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
   std::unordered_set<int64_t> seen;
   int64_t needed = 0;
   for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(CheckStepItem(it, kv_->Contains(it.sequence), c.vocab_size, &seen));
-    const int64_t length = *kv_->Length(it.sequence) + static_cast<int64_t>(it.tokens.size());
+    FLOTILLA_RETURN_IF_ERROR(
+        CheckStepItem(it, kv_->Contains(it.sequence), c.vocab_size, &seen, VerifiesDrafts()));
+    FLOTILLA_RETURN_IF_ERROR(CheckAcceptedDraft(it));
+    const int64_t added = static_cast<int64_t>(it.accepted_draft.size() + it.tokens.size());
+    const int64_t length = *kv_->Length(it.sequence) + added;
     if (length > c.max_position_embeddings) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", it.sequence, " would hold ", length,
@@ -319,7 +324,7 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
           " tokens, more than the KV cache can hold (", kv_->MaxTokens(), " tokens in ",
           kv_->num_blocks(), " blocks)"));
     }
-    FLOTILLA_ASSIGN_OR_RETURN(int64_t n, kv_->BlocksNeeded(it.sequence, it.tokens.size()));
+    FLOTILLA_ASSIGN_OR_RETURN(int64_t n, kv_->BlocksNeeded(it.sequence, added));
     needed += n;
   }
   if (needed > kv_->free_blocks()) {
@@ -334,9 +339,7 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   FLOTILLA_RETURN_IF_ERROR(Validate(items));
   const ModelConfig& c = weights_.config;
   const int64_t H = c.hidden_size;
-  for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(kv_->Reserve(it.sequence, static_cast<int64_t>(it.tokens.size())));
-  }
+  FLOTILLA_RETURN_IF_ERROR(ReserveStep(items));
   std::vector<int64_t> offsets(items.size() + 1, 0);
   for (size_t i = 0; i < items.size(); ++i) offsets[i + 1] = offsets[i] + items[i].tokens.size();
   const int64_t T = offsets.back();
@@ -359,6 +362,7 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   StepOutput out;
   out.logits.resize(items.size());
   out.sampled.resize(items.size());
+  out.accepted.resize(items.size());
   if (!forced_routing_.empty()) {
     out.routing_regret = regret_;
     forced_routing_.clear();
@@ -370,10 +374,43 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     }
   }
   FinalRows(items, offsets, &out);
-  for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, it.tokens));
-  }
+  FLOTILLA_RETURN_IF_ERROR(CommitStep(items));
   return out;
+}
+
+absl::Status CpuEngine::CheckAcceptedDraft(const StepItem& item) const {
+  if (item.accepted_draft.empty()) return absl::OkStatus();
+  auto it = drafts_.find(item.sequence);
+  const size_t drafted = it == drafts_.end() ? 0 : it->second.size();
+  if (item.accepted_draft.size() > drafted ||
+      !std::equal(item.accepted_draft.begin(), item.accepted_draft.end(), it->second.begin())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: sequence ", item.sequence, " accepts ", item.accepted_draft.size(),
+        " drafted tokens that are not the start of its last step's draft of ", drafted));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuEngine::ReserveStep(const std::vector<StepItem>& items) {
+  for (const StepItem& it : items) {
+    // The accepted positions were written by the drafting step: they are
+    // reserved already and only become part of the sequence.
+    if (!it.accepted_draft.empty()) {
+      FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, it.accepted_draft));
+    }
+    drafts_.erase(it.sequence);
+    FLOTILLA_RETURN_IF_ERROR(kv_->Reserve(it.sequence, static_cast<int64_t>(it.tokens.size())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuEngine::CommitStep(const std::vector<StepItem>& items) {
+  for (const StepItem& it : items) {
+    const size_t kept = it.tokens.size() - static_cast<size_t>(it.draft_tokens);
+    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence, absl::MakeConstSpan(it.tokens.data(), kept)));
+    if (it.draft_tokens > 0) drafts_[it.sequence].assign(it.tokens.begin() + kept, it.tokens.end());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CpuEngine::PrepareForcedRouting(const std::vector<StepItem>& items,
@@ -418,7 +455,7 @@ void CpuEngine::FinalRows(const std::vector<StepItem>& items, const std::vector<
     if (items[i].logits == LogitsMode::kAll) {
       for (int64_t j = 0; j < n; ++j) rows.push_back(offsets[i] + j);
     } else if (items[i].logits == LogitsMode::kLast || items[i].sampler != nullptr) {
-      rows.push_back(offsets[i] + n - 1);
+      for (int64_t j = n - 1 - items[i].draft_tokens; j < n; ++j) rows.push_back(offsets[i] + j);
     }
     row_count[i] = static_cast<int64_t>(rows.size()) - first_row[i];
   }
@@ -434,11 +471,14 @@ void CpuEngine::FinalRows(const std::vector<StepItem>& items, const std::vector<
     k::LinearBf16(pool_, t_.data(), R, H, weights_.lm_head.data, weights_.lm_head.row_stride, V,
                   nullptr, logits.data());
     for (size_t i = 0; i < items.size(); ++i) {
-      const float* last = logits.data() + (first_row[i] + row_count[i] - 1) * V;
+      const int64_t draft = items[i].draft_tokens;
+      const float* verified = logits.data() + (first_row[i] + row_count[i] - 1 - draft) * V;
       if (items[i].sampler != nullptr) {
-        TokenLogprob& drawn = out->sampled[i];
-        const bool logprobs = items[i].sampler->params().logprobs;
-        drawn.token = items[i].sampler->Sample(last, logprobs ? &drawn : nullptr);
+        const std::vector<int32_t>& tokens = items[i].tokens;
+        VerifiedDraft v = VerifyDraft(*items[i].sampler, verified, V,
+                                      absl::MakeConstSpan(tokens).subspan(tokens.size() - draft));
+        out->sampled[i] = std::move(v.next);
+        out->accepted[i] = std::move(v.accepted);
       }
       if (items[i].logits == LogitsMode::kNone) continue;
       out->logits[i].assign(logits.begin() + first_row[i] * V,

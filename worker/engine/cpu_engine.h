@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,6 +67,12 @@ class CpuEngine : public Engine {
   // step so that no rank of the instance fails a step its peers run.
   absl::Status Validate(const std::vector<StepItem>& items) const override;
 
+  // Drafted tokens are verified on the host with the item's sampler
+  // (VerifyDraft); their KV stays written but uncommitted until the next
+  // step of the sequence names the accepted ones, and the rest is
+  // overwritten.
+  bool VerifiesDrafts() const override { return true; }
+
   // Tests: the next Step sends each token to the given experts instead of its
   // own top K (per item, [tokens][layers][K], as StepOutput::routing), with
   // the softmax over its own router logits of those experts, and reports in
@@ -94,8 +101,15 @@ class CpuEngine : public Engine {
   // [tokens][layers][K], ids in range) and each token's item noted.
   absl::Status PrepareForcedRouting(const std::vector<StepItem>& items,
                                     const std::vector<int64_t>& offsets);
+  // An item's accepted_draft is a prefix of its sequence's last draft.
+  absl::Status CheckAcceptedDraft(const StepItem& item) const;
+  // Commits each item's accepted drafted tokens, then reserves its chunk.
+  absl::Status ReserveStep(const std::vector<StepItem>& items);
+  // Commits each item's tokens but its drafted ones, which are remembered.
+  absl::Status CommitStep(const std::vector<StepItem>& items);
   // The final norm and lm_head on the rows asked for (and those samplers
-  // draw from); the draws and logit rows into `out`.
+  // draw from: the last position, or the draft_tokens + 1 verified ones);
+  // the draws and logit rows into `out`.
   void FinalRows(const std::vector<StepItem>& items, const std::vector<int64_t>& offsets,
                  StepOutput* out);
   // One layer in three stages: attention (with the TP sum of o_proj), the
@@ -132,6 +146,9 @@ class CpuEngine : public Engine {
   std::vector<uint64_t> expert_counts_;
   // Owners of the views InstallExperts added.
   std::vector<std::shared_ptr<const void>> installed_;
+  // Per sequence: the tokens its last step drafted (KV written past its
+  // length), until its next step.
+  std::unordered_map<int64_t, std::vector<int32_t>> drafts_;
   std::vector<float> inv_freq_;
   float rope_scaling_;
 

@@ -5,7 +5,7 @@
 namespace flotilla {
 
 absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
-                           std::unordered_set<int64_t>* seen) {
+                           std::unordered_set<int64_t>* seen, bool verifies_drafts) {
   if (!known) {
     return absl::InvalidArgumentError(absl::StrCat("step: unknown sequence ", item.sequence));
   }
@@ -22,6 +22,23 @@ absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
       return absl::InvalidArgumentError(absl::StrCat(
           "token id ", item.tokens[i], " at index ", i, " of sequence ", item.sequence,
           " is out of range [0, ", vocab_size, ")"));
+    }
+  }
+  if ((item.draft_tokens != 0 || !item.accepted_draft.empty()) && !verifies_drafts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: sequence ", item.sequence,
+        " brings drafted tokens, but this engine does not verify drafts (speculative decoding)"));
+  }
+  if (item.draft_tokens < 0 || item.draft_tokens >= static_cast<int64_t>(item.tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: sequence ", item.sequence, " marks ", item.draft_tokens, " of its ",
+                     item.tokens.size(), " tokens as drafted; at least one must not be"));
+  }
+  for (int32_t t : item.accepted_draft) {
+    if (t < 0 || t >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("accepted drafted token id ", t,
+                                                     " of sequence ", item.sequence,
+                                                     " is out of range [0, ", vocab_size, ")"));
     }
   }
   return absl::OkStatus();

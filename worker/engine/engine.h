@@ -33,6 +33,15 @@ struct StepItem {
   // on its own device with this request's sampler (its parameters, seed,
   // draw count and penalties) and records the token in it.
   Sampler* sampler = nullptr;
+  // Speculative decoding (engines whose VerifiesDrafts() is true; others
+  // refuse both). The last `draft_tokens` of `tokens` are drafted: the
+  // engine writes their KV but the sequence grows only by the others, and an
+  // item with a sampler verifies them (VerifyDraft) from the logits of its
+  // last draft_tokens + 1 positions. `accepted_draft`: the first tokens of
+  // this sequence's previous draft that verification accepted; they are
+  // committed (their KV kept) before `tokens`.
+  int32_t draft_tokens = 0;
+  std::vector<int32_t> accepted_draft = {};
 };
 
 struct StepOutput {
@@ -42,6 +51,11 @@ struct StepOutput {
   // others), its log-probability under the raw logits and, when the sampler
   // asks for top logprobs, the most likely alternatives.
   std::vector<TokenLogprob> sampled;
+  // Per item with drafted tokens and a sampler: the drafted tokens accepted,
+  // in order, with their logprobs; `sampled` then holds the token drawn
+  // after them (the model's own at the first rejected position, or one
+  // more after a fully accepted draft). Empty for the other items.
+  std::vector<std::vector<TokenLogprob>> accepted;
   // Per item and token, when the engine was asked to record them (the CPU
   // reference, for tests): the smallest routing margin over the layers,
   // (r_K - r_K+1) / max(1, |r_1|) of the sorted router logits. A margin below
@@ -60,10 +74,11 @@ struct StepOutput {
 
 // The checks every engine makes on one item of a step: the sequence is known
 // (`known`) and not already in the step (`seen`, updated), the chunk is not
-// empty and every token id is in [0, vocab_size). INVALID_ARGUMENT naming
-// the first problem.
+// empty and every token id is in [0, vocab_size); drafted tokens only when
+// the engine `verifies_drafts`, fewer than the chunk's tokens. INVALID_ARGUMENT
+// naming the first problem.
 absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
-                           std::unordered_set<int64_t>* seen);
+                           std::unordered_set<int64_t>* seen, bool verifies_drafts = false);
 
 class Engine {
  public:
@@ -83,6 +98,11 @@ class Engine {
   // peers' collectives match (engines built without a ParallelContext refuse
   // an empty step).
   virtual absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) = 0;
+
+  // Whether Step takes drafted tokens (StepItem::draft_tokens,
+  // accepted_draft) and verifies them. A scheduler does not draft for an
+  // engine that does not.
+  virtual bool VerifiesDrafts() const { return false; }
 
   // Sharded instances: the most tokens any rank of the instance runs in the
   // coming step (every rank passes the same value before every step), so

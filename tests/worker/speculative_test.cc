@@ -1,0 +1,476 @@
+// Speculative decoding on the worker: prompt-lookup drafting
+// (ngram_drafter.h), the request's settings (speculation.h), verification
+// (worker/engine/draft_verify.h) and the whole serving loop on real CPU
+// engines (resume_harness.h's): greedy and seeded requests give the tokens
+// of a run without speculation, on one rank and a TP 2 pair, on a tiny
+// synthetic model, the golden fixtures and the trained demo model;
+// structured outputs stay valid; acceptance is counted; KV blocks come back.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "comm/local/local_communicator.h"
+#include "tests/engine/golden_fixtures.h"
+#include "tests/engine/token_filter.h"
+#include "tests/worker/resume_harness.h"
+#include "worker/engine/cpu_engine.h"
+#include "worker/engine/draft_verify.h"
+#include "worker/model/model_source.h"
+#include "worker/ngram_drafter.h"
+#include "worker/parallel/host_context.h"
+#include "worker/speculation.h"
+
+namespace flotilla::worker {
+namespace {
+
+using resume_testing::MapFor;
+using resume_testing::Request;
+using resume_testing::ServeOptions;
+using resume_testing::TestModel;
+using resume_testing::TokensOf;
+using resume_testing::Updates;
+
+// ---- drafting and settings ----
+
+TEST(NgramDraftTest, ProposesWhatFollowedTheLatestMatchWithAWholeDraft) {
+  const std::vector<int32_t> context = {1, 5, 1, 6, 1};
+  EXPECT_EQ(ProposeNgramDraft(context, 1, 1, 1), (std::vector<int32_t>{6}));
+  EXPECT_EQ(ProposeNgramDraft(context, 1, 1, 2), (std::vector<int32_t>{6, 1}));
+  // Only the first match is followed by 3 tokens.
+  EXPECT_EQ(ProposeNgramDraft(context, 1, 1, 3), (std::vector<int32_t>{5, 1, 6}));
+  // None is followed by 5: the earliest, followed by the most.
+  EXPECT_EQ(ProposeNgramDraft(context, 1, 1, 5), (std::vector<int32_t>{5, 1, 6, 1}));
+  // A run of one token drafts more of it.
+  EXPECT_EQ(ProposeNgramDraft(std::vector<int32_t>{3, 9, 9, 9, 9}, 1, 2, 2),
+            (std::vector<int32_t>{9, 9}));
+}
+
+TEST(NgramDraftTest, PrefersTheLongestMatch) {
+  const std::vector<int32_t> context = {2, 1, 7, 3, 1, 8, 2, 1};
+  EXPECT_EQ(ProposeNgramDraft(context, 1, 2, 2), (std::vector<int32_t>{7, 3}));
+  EXPECT_EQ(ProposeNgramDraft(context, 1, 1, 3), (std::vector<int32_t>{8, 2, 1}));
+  // Only bigrams and longer: "2 1" is the one that matches.
+  EXPECT_EQ(ProposeNgramDraft(context, 2, 4, 1), (std::vector<int32_t>{7}));
+}
+
+TEST(NgramDraftTest, NothingWithoutAMatch) {
+  EXPECT_TRUE(ProposeNgramDraft(std::vector<int32_t>{1, 2, 3, 4}, 1, 3, 4).empty());
+  EXPECT_TRUE(ProposeNgramDraft(std::vector<int32_t>{7}, 1, 3, 4).empty());
+  EXPECT_TRUE(ProposeNgramDraft(std::vector<int32_t>{}, 1, 3, 4).empty());
+  EXPECT_TRUE(ProposeNgramDraft(std::vector<int32_t>{1, 1, 1}, 1, 3, 0).empty());
+  // "4 5" occurs only at the end.
+  EXPECT_TRUE(ProposeNgramDraft(std::vector<int32_t>{4, 9, 4, 5}, 2, 2, 4).empty());
+}
+
+TEST(SpeculativeSettingsTest, ARequestOverridesTheWorkersDefault) {
+  SpeculativeConfig worker;  // off, 3 tokens, n-grams 1..4
+  common::SpeculativeParams p;
+  absl::StatusOr<SpeculativeConfig> same = SpeculativeFor(p, worker);
+  ASSERT_TRUE(same.ok()) << same.status();
+  EXPECT_EQ(same->method, SpeculativeMethod::kOff);
+  p.set_method("ngram");
+  p.set_num_speculative_tokens(5);
+  p.set_prompt_lookup_max(2);
+  absl::StatusOr<SpeculativeConfig> on = SpeculativeFor(p, worker);
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_EQ(on->method, SpeculativeMethod::kNgram);
+  EXPECT_EQ(on->num_tokens, 5);
+  EXPECT_EQ(on->lookup_min, 1);
+  EXPECT_EQ(on->lookup_max, 2);
+  worker.method = SpeculativeMethod::kNgram;
+  common::SpeculativeParams off;
+  off.set_method("off");
+  EXPECT_EQ(SpeculativeFor(off, worker)->method, SpeculativeMethod::kOff);
+}
+
+TEST(SpeculativeSettingsTest, RefusesWhatItCannotDo) {
+  auto refused = [](common::SpeculativeParams p, const std::string& says) {
+    absl::StatusOr<SpeculativeConfig> got = SpeculativeFor(p, SpeculativeConfig{});
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(got.status().message().find(says), std::string::npos) << got.status();
+  };
+  common::SpeculativeParams p;
+  p.set_method("eagle3");
+  refused(p, "not built yet");
+  p.set_method("medusa");
+  refused(p, "unknown speculative method \"medusa\"");
+  p.set_method("ngram");
+  p.set_num_speculative_tokens(17);
+  refused(p, "num_speculative_tokens must be in [1, 16]");
+  p.set_num_speculative_tokens(2);
+  p.set_prompt_lookup_min(5);
+  p.set_prompt_lookup_max(3);
+  refused(p, "prompt_lookup_min and prompt_lookup_max");
+  EXPECT_FALSE(ParseSpeculativeMethod("").ok());
+}
+
+// ---- verification ----
+
+constexpr int kVocab = 6;
+
+// Rows of logits whose argmax is `tops` (one row per entry).
+std::vector<float> RowsWithArgmax(const std::vector<int32_t>& tops) {
+  std::vector<float> rows(tops.size() * kVocab, 0.0f);
+  for (size_t r = 0; r < tops.size(); ++r) rows[r * kVocab + tops[r]] = 3.0f;
+  return rows;
+}
+
+std::unique_ptr<Sampler> MakeSampler(float temperature, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.seed = seed;
+  p.max_tokens = 100;
+  p.logprobs = true;
+  return *Sampler::Create(p, kVocab);
+}
+
+std::vector<int32_t> TokensOf(const std::vector<TokenLogprob>& drawn) {
+  std::vector<int32_t> tokens;
+  for (const TokenLogprob& t : drawn) tokens.push_back(t.token);
+  return tokens;
+}
+
+TEST(VerifyDraftTest, GreedyAcceptsWhileTheArgmaxMatches) {
+  const std::vector<float> rows = RowsWithArgmax({5, 2, 4});
+  std::unique_ptr<Sampler> s = MakeSampler(0.0f, 1);
+  VerifiedDraft v = VerifyDraft(*s, rows.data(), kVocab, std::vector<int32_t>{5, 3});
+  EXPECT_EQ(TokensOf(v.accepted), std::vector<int32_t>{5});
+  EXPECT_EQ(v.next.token, 2);  // the model's own at the rejected position
+  EXPECT_EQ(s->draws(), 2u);   // the accepted token and the one after it
+  s = MakeSampler(0.0f, 1);
+  v = VerifyDraft(*s, rows.data(), kVocab, std::vector<int32_t>{5, 2});
+  EXPECT_EQ(TokensOf(v.accepted), (std::vector<int32_t>{5, 2}));
+  EXPECT_EQ(v.next.token, 4);  // one more after the whole draft
+  // The logprobs are the model's (log-softmax of the raw row).
+  std::vector<float> lp(kVocab);
+  LogSoftmax(rows.data(), kVocab, lp.data());
+  EXPECT_FLOAT_EQ(v.accepted[0].logprob, lp[5]);
+}
+
+TEST(VerifyDraftTest, ADraftTheFilterRefusesIsRejected) {
+  const std::vector<float> rows = RowsWithArgmax({5, 5});
+  std::unique_ptr<Sampler> s = MakeSampler(0.0f, 1);
+  std::vector<int32_t> seen;
+  s->SetFilter(
+      std::make_unique<testing_filter::FixedFilter>(kVocab, std::vector<int32_t>{1, 2}, &seen));
+  VerifiedDraft v = VerifyDraft(*s, rows.data(), kVocab, std::vector<int32_t>{5});
+  EXPECT_TRUE(v.accepted.empty());
+  EXPECT_TRUE(v.next.token == 1 || v.next.token == 2) << v.next.token;
+  EXPECT_EQ(seen, std::vector<int32_t>{v.next.token});
+}
+
+// The speculative-sampling rule with a deterministic draft d: accepted with
+// probability p(d), else a token of p with d removed and renormalised. Over
+// 20,000 seeds, the acceptance rate within 4.5 standard deviations of p(d)
+// and the rejected tokens' counts against the renormalised rest by a
+// chi-square test at p = 1e-5 (the seeds are fixed: the test is exact
+// arithmetic, it cannot flake).
+TEST(VerifyDraftTest, SampledVerificationKeepsTheTargetDistribution) {
+  const std::vector<float> row = {0.3f, 1.2f, -0.5f, 0.9f, 0.0f, -1.0f};
+  std::vector<float> rows = row;
+  rows.insert(rows.end(), row.begin(), row.end());  // the row after the draft
+  std::vector<double> p(kVocab);
+  double z = 0;
+  for (int t = 0; t < kVocab; ++t) z += std::exp(row[t]);
+  for (int t = 0; t < kVocab; ++t) p[t] = std::exp(row[t]) / z;
+  constexpr int kRuns = 20000;
+  for (int32_t draft : {1, 4}) {
+    SCOPED_TRACE(testing::Message() << "draft " << draft);
+    int accepted = 0;
+    std::vector<int> rejected(kVocab, 0);
+    for (int seed = 0; seed < kRuns; ++seed) {
+      std::unique_ptr<Sampler> s = MakeSampler(1.0f, 1000003ull * seed + 17);
+      VerifiedDraft v = VerifyDraft(*s, rows.data(), kVocab, std::vector<int32_t>{draft});
+      if (!v.accepted.empty()) {
+        ++accepted;
+      } else {
+        ASSERT_NE(v.next.token, draft);
+        ++rejected[v.next.token];
+      }
+    }
+    const double pd = p[draft];
+    const double sigma = std::sqrt(pd * (1 - pd) / kRuns);
+    EXPECT_NEAR(static_cast<double>(accepted) / kRuns, pd, 4.5 * sigma);
+    const int n = kRuns - accepted;
+    double chi2 = 0;
+    for (int t = 0; t < kVocab; ++t) {
+      if (t == draft) continue;
+      const double want = n * p[t] / (1 - pd);
+      chi2 += (rejected[t] - want) * (rejected[t] - want) / want;
+    }
+    EXPECT_LT(chi2, 25.7) << "chi-square with 4 degrees of freedom";  // p = 1e-5
+  }
+}
+
+// Verification draws each position as a step without a draft would: a
+// seeded sampler gives the same tokens whatever was drafted.
+TEST(VerifyDraftTest, SeededDrawsAreThoseOfARunWithoutADraft) {
+  std::vector<float> rows;
+  for (int r = 0; r < 5; ++r) {
+    for (int t = 0; t < kVocab; ++t) rows.push_back(0.4f * ((r * 7 + t * 3) % 5));
+  }
+  std::unique_ptr<Sampler> plain = MakeSampler(1.0f, 42);
+  std::vector<int32_t> want;
+  for (int r = 0; r < 5; ++r) want.push_back(plain->Sample(rows.data() + r * kVocab, nullptr));
+  for (const std::vector<int32_t>& draft :
+       {std::vector<int32_t>{want[0], want[1], want[2], want[3]},
+        std::vector<int32_t>{want[0], (want[1] + 1) % kVocab, 0, 0}}) {
+    std::unique_ptr<Sampler> s = MakeSampler(1.0f, 42);
+    VerifiedDraft v = VerifyDraft(*s, rows.data(), kVocab, draft);
+    std::vector<int32_t> got = TokensOf(v.accepted);
+    got.push_back(v.next.token);
+    EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + got.size()));
+  }
+}
+
+// ---- the serving loop on CPU engines ----
+
+ServeOptions Speculating(int tokens, SpeculativeCounts* counts = nullptr) {
+  ServeOptions o;
+  o.max_batch_tokens = 32;
+  o.speculative.method = SpeculativeMethod::kNgram;
+  o.speculative.num_tokens = tokens;
+  o.counts = counts;
+  return o;
+}
+
+ServeOptions Plain() {
+  ServeOptions o;
+  o.max_batch_tokens = 32;
+  return o;
+}
+
+// Rank `rank` of a fresh CPU instance of `world` ranks of `weights` (null:
+// the tiny test model's) serving `submits`.
+Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world, int rank,
+                  comm::Communicator* comm, const ServeOptions& options,
+                  const ModelWeights* weights) {
+  const ModelConfig c = weights ? weights->config : TestModel();
+  std::unique_ptr<parallel::ParallelContext> context;
+  if (comm != nullptr) {
+    parallel::ContextOptions po;
+    po.hidden = c.hidden_size;
+    po.top_k = c.num_experts_per_tok;
+    po.max_tokens_per_step = 64;
+    auto made = parallel::CreateHostContext(*ParallelConfig::Create(world, world, c), MapFor(world),
+                                            comm, po);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (!made.ok()) return {};
+    context = *std::move(made);
+  }
+  CpuEngineOptions eo;
+  eo.kv_block_size = 4;
+  eo.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 4, 256);
+  absl::StatusOr<std::unique_ptr<CpuEngine>> engine = CpuEngine::Create(
+      weights ? *weights : resume_testing::WeightsOf(world, rank), eo, nullptr, context.get());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  Updates got =
+      resume_testing::ServeOnRank(**engine, comm, context.get(), world, rank, submits, options);
+  // Every KV block is back (cached prefixes count as free: evictable).
+  EXPECT_EQ((*engine)->KvFreeBlocks(), (*engine)->KvTotalBlocks());
+  return got;
+}
+
+Updates Serve(const std::vector<cluster::SubmitSequence>& submits, int world,
+              const ServeOptions& options, const ModelWeights* weights = nullptr) {
+  if (world == 1) return ServeRank(submits, 1, 0, nullptr, options, weights);
+  auto rendezvous = *comm::LocalRendezvous::Create(world);
+  Updates leader;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(30)});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      Updates got = ServeRank(submits, world, r, comm->get(), options, weights);
+      if (r == 0) leader = std::move(got);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return leader;
+}
+
+// Per request id: its tokens, and the last update (its finish).
+std::map<uint64_t, std::vector<int32_t>> TokensById(const Updates& updates) {
+  std::map<uint64_t, std::vector<int32_t>> by_id;
+  for (const cluster::SequenceUpdate& u : updates) {
+    EXPECT_NE(u.finish_reason(), common::ERROR) << u.error();
+    auto& tokens = by_id[u.request_id()];
+    tokens.insert(tokens.end(), u.token_ids().begin(), u.token_ids().end());
+  }
+  return by_id;
+}
+
+// A prompt that repeats itself, and a logit bias that keeps the output to
+// its tokens (a random model's output over a large vocabulary hardly ever
+// repeats on its own): prompt lookup finds what to draft, and the model's
+// own logits choose among them.
+cluster::SubmitSequence Repetitive(uint64_t id, uint32_t max_tokens, int32_t base = 1000) {
+  cluster::SubmitSequence s = Request(max_tokens);
+  s.set_request_id(id);
+  s.clear_prompt_ids();
+  for (int round = 0; round < 3; ++round) {
+    for (int i = 0; i < 9; ++i) s.add_prompt_ids(base + 37 * i);
+  }
+  for (int i = 0; i < 9; ++i) (*s.mutable_sampling()->mutable_logit_bias())[base + 37 * i] = 50.0f;
+  return s;
+}
+
+void ExpectSameWithAndWithout(const std::vector<cluster::SubmitSequence>& submits, int world,
+                              const ModelWeights* weights = nullptr,
+                              SpeculativeCounts* counts = nullptr) {
+  const auto want = TokensById(Serve(submits, world, Plain(), weights));
+  ASSERT_EQ(want.size(), submits.size());
+  for (int k : {1, 4}) {
+    SCOPED_TRACE(testing::Message() << k << " speculative tokens");
+    SpeculativeCounts got_counts;
+    EXPECT_EQ(TokensById(Serve(submits, world, Speculating(k, &got_counts), weights)), want);
+    EXPECT_GT(got_counts.drafted, 0u);
+    EXPECT_LE(got_counts.accepted, got_counts.drafted);
+    if (counts != nullptr) *counts = got_counts;
+  }
+}
+
+class SpeculativeServeTest : public ::testing::TestWithParam<int> {};  // ranks
+
+TEST_P(SpeculativeServeTest, GreedyTokensAreThoseWithoutSpeculation) {
+  ExpectSameWithAndWithout({Repetitive(1, 24), Repetitive(2, 17, 3000)}, GetParam());
+}
+
+TEST_P(SpeculativeServeTest, SeededAndPenalisedRequestsAreThoseWithoutSpeculation) {
+  ExpectSameWithAndWithout(
+      {resume_testing::Seeded(Repetitive(1, 20), 77),
+       resume_testing::Penalised(Repetitive(2, 20, 2000)),
+       resume_testing::Seeded(resume_testing::Penalised(Repetitive(3, 16)), 5)},
+      GetParam());
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, SpeculativeServeTest, ::testing::Values(1, 2),
+                         [](const auto& info) {
+                           return info.param == 1 ? "OneRank" : "TensorParallel2";
+                         });
+
+// The text of the final message of a constrained turn's tokens.
+std::string FinalText(const std::vector<int32_t>& tokens) {
+  constexpr int32_t kMessage = 200008;  // <|message|>
+  auto index = resume_testing::Vocabulary()();
+  EXPECT_TRUE(index.ok()) << index.status();
+  if (!index.ok()) return "";
+  auto from = std::find(tokens.rbegin(), tokens.rend(), kMessage).base();
+  std::string text;
+  for (auto it = from; it != tokens.end(); ++it) text += (*index)->vocab().bytes[*it];
+  return text;
+}
+
+TEST(SpeculativeStructuredTest, JsonOutputStaysValid) {
+  // Biases that lead the random model through a short JSON body and its
+  // end (the grammar decides which of them may come where); the body
+  // repeats its punctuation, so prompt lookup drafts inside it, and many
+  // drafts are tokens the grammar refuses at that point.
+  std::vector<cluster::SubmitSequence> submits;
+  const std::vector<std::pair<std::string, float>> biases = {{"{", 60}, {"\"", 70}, {":", 60},
+                                                             {"}", 60}, {",", 55},  {"name", 50},
+                                                             {"n", 50}, {"1", 50},  {"a", 40}};
+  for (uint64_t id = 1; id <= 2; ++id) {
+    cluster::SubmitSequence s = resume_testing::Constrained(
+        resume_testing::Seeded(Repetitive(id, 48, 1000 + 100 * id), id));
+    s.mutable_sampling()->set_temperature(0.7f);
+    auto& bias = *s.mutable_sampling()->mutable_logit_bias();
+    for (const auto& [text, b] : biases) {
+      const int32_t token = resume_testing::TokenOf(text);
+      ASSERT_GE(token, 0) << text;
+      bias[token] = b;
+    }
+    bias[200002] = 60;  // <|return|>, once the grammar allows it
+    submits.push_back(s);
+  }
+  SpeculativeCounts counts;
+  const auto want = TokensById(Serve(submits, 1, Plain()));
+  const Updates got = Serve(submits, 1, Speculating(4, &counts));
+  EXPECT_EQ(TokensById(got), want);
+  EXPECT_GT(counts.drafted, 0u);
+  int finished = 0;
+  for (const cluster::SequenceUpdate& u : got) {
+    if (u.finish_reason() != common::STOP) continue;
+    ++finished;
+    const std::string text = FinalText(want.at(u.request_id()));
+    const nlohmann::json body = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(body.is_discarded()) << "not JSON: " << text;
+    EXPECT_TRUE(body.contains("name") && body.contains("n")) << text;
+  }
+  EXPECT_GT(finished, 0) << "no request finished its JSON";
+  std::cout << "drafted " << counts.drafted << ", accepted " << counts.accepted << "\n";
+}
+
+TEST(SpeculativeKvTest, BlocksComeBackAfterManyRequests) {
+  // 1,000 short requests queued at once on one engine (as many running as
+  // the KV blocks allow); ServeRank checks that every block is free at the end.
+  std::vector<cluster::SubmitSequence> submits;
+  for (uint64_t id = 1; id <= 1000; ++id) {
+    cluster::SubmitSequence s = Repetitive(id, 6, 10 + static_cast<int32_t>(id % 50) * 13);
+    s.mutable_prompt_ids()->Truncate(10 + id % 9);
+    submits.push_back(s);
+  }
+  ModelConfig c = ModelConfig::Tiny();
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(c, 3, ShardSpec{});
+  ASSERT_TRUE(w.ok()) << w.status();
+  ServeOptions o = Speculating(3);
+  SpeculativeCounts counts;
+  o.counts = &counts;
+  o.max_sequences = 250;  // the queue holds 4 x this
+  o.max_batch_tokens = 64;
+  o.max_steps = 100000;
+  for (auto& s : submits) s.mutable_sampling()->set_ignore_eos(true);
+  const auto got = TokensById(Serve(submits, 1, o, &*w));
+  ASSERT_EQ(got.size(), submits.size());
+  for (const auto& [id, tokens] : got) EXPECT_EQ(tokens.size(), 6u) << id;
+  EXPECT_GT(counts.verify_steps, 0u);
+}
+
+// ---- the golden fixtures and the demo model ----
+
+TEST(SpeculativeGoldenTest, GreedyTokensMatchTheFixtures) {
+  const std::vector<std::string> fixtures = testing_golden::Fixtures();
+  ASSERT_FALSE(fixtures.empty()) << "no fixtures under " << testing_golden::GoldenDir();
+  for (const std::string& name : fixtures) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<testing_golden::LoadedFixture> f = testing_golden::LoadFixture(name);
+    ASSERT_TRUE(f.ok()) << f.status();
+    std::vector<cluster::SubmitSequence> submits;
+    std::vector<std::vector<int32_t>> greedy;
+    for (size_t i = 0; i < f->golden["prompts"].size(); ++i) {
+      cluster::SubmitSequence s;
+      s.set_request_id(i + 1);
+      for (int32_t t : f->golden["prompts"][i].get<std::vector<int32_t>>()) s.add_prompt_ids(t);
+      greedy.push_back(f->golden["greedy"][i].get<std::vector<int32_t>>());
+      s.mutable_sampling()->set_temperature(0.0f);
+      s.mutable_sampling()->set_ignore_eos(true);
+      s.mutable_sampling()->set_max_tokens(static_cast<uint32_t>(greedy.back().size()));
+      submits.push_back(s);
+    }
+    for (const ServeOptions& o : {Plain(), Speculating(2), Speculating(5)}) {
+      const auto got = TokensById(Serve(submits, 1, o, &f->weights));
+      for (size_t i = 0; i < submits.size(); ++i) EXPECT_EQ(got.at(i + 1), greedy[i]) << i;
+    }
+  }
+}
+
+TEST(SpeculativeDemoTest, RepetitiveOutputAcceptsManyTokens) {
+  absl::StatusOr<std::unique_ptr<ModelSource>> source = ModelSource::Open("synthetic:demo");
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::StatusOr<ModelWeights> w = (*source)->LoadShard(ShardSpec{});
+  ASSERT_TRUE(w.ok()) << w.status();
+  SpeculativeCounts counts;
+  ExpectSameWithAndWithout({Repetitive(1, 48), Repetitive(2, 48, 20000)}, 1, &*w, &counts);
+  std::cout << "demo model: drafted " << counts.drafted << ", accepted " << counts.accepted
+            << " in " << counts.verify_steps << " verification steps\n";
+  // Drafted tokens accepted per verification step of a 4-token draft.
+  EXPECT_GE(static_cast<double>(counts.accepted) / counts.verify_steps, 2.0);
+}
+
+}  // namespace
+}  // namespace flotilla::worker

@@ -1,0 +1,42 @@
+// Verification of drafted tokens (speculative decoding), the same on every
+// engine: the model's token at each drafted position is drawn with the
+// request's sampler exactly as a step without speculation draws it, and a
+// drafted token is accepted when the draw equals it.
+//
+// Greedy requests: a draft is accepted while the model's argmax equals it,
+// so the output is token for token the output without speculation.
+// Sampled requests: the draw at a position is the inverse CDF of the
+// sampler's uniform for that draw (Sampler: the value depends only on the
+// seed and the draw count). The draft d is accepted exactly when the draw
+// lands on d, which has probability p(d); otherwise the token drawn is
+// distributed as p with d removed and renormalised. That is the
+// speculative-sampling rule for a deterministic draft, with the two random
+// choices coupled through one uniform, so the target distribution is kept
+// and a seeded request gives the same tokens with speculation on or off.
+// Penalties, logit_bias, min_tokens and a structured-output filter apply at
+// every position (the sampler records each accepted token before the next
+// draw): a drafted token the filter refuses is never drawn, so it is
+// rejected.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "worker/engine/sampler.h"
+
+namespace flotilla {
+
+struct VerifiedDraft {
+  std::vector<TokenLogprob> accepted;  // the drafted tokens accepted, in order
+  TokenLogprob next;                   // the token drawn after them
+};
+
+// `rows`: the model's logits [draft.size() + 1][vocab_size], row j at the
+// position whose next token is draft[j] (the last row follows the whole
+// draft). Draws at most draft.size() + 1 tokens with `sampler` (each
+// recorded in it); logprobs when its parameters ask for them.
+VerifiedDraft VerifyDraft(Sampler& sampler, const float* rows, int64_t vocab_size,
+                          absl::Span<const int32_t> draft);
+
+}  // namespace flotilla
