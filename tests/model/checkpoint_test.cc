@@ -402,60 +402,48 @@ TEST(BadCheckpoint, MissingLmHeadOnlyMattersWhenLoaded) {
   EXPECT_TRUE(LoadWeights(std::shared_ptr<const Checkpoint>(std::move(*ck)), s).ok());
 }
 
-TEST(BadCheckpoint, WrongShape) {
-  std::string dir = EditedCheckpoint([](std::vector<Entry>& e) {
-    FindEntry(e, "model.layers.1.self_attn.q_proj.weight")->shape = {64, 128};  // transposed
-  });
-  std::string err = LoadError(dir);
-  EXPECT_NE(err.find("'model.layers.1.self_attn.q_proj.weight' has shape [64, 128], expected [128, 64]"),
-            std::string::npos)
-      << err;
-}
-
-TEST(BadCheckpoint, WrongExpertShape) {
-  std::string dir = EditedCheckpoint([](std::vector<Entry>& e) {
-    FindEntry(e, "model.layers.0.mlp.experts.down_proj_scales")->shape = {8, 128, 1};
-  });
-  std::string err = LoadError(dir);
-  EXPECT_NE(err.find("down_proj_scales' has shape [8, 128, 1], expected [8, 64, 2]"),
-            std::string::npos)
-      << err;
-}
-
-TEST(BadCheckpoint, WrongDtype) {
-  std::string dir = EditedCheckpoint([](std::vector<Entry>& e) {
-    FindEntry(e, "model.layers.3.mlp.router.weight")->dtype = "F16";
-  });
-  std::string err = LoadError(dir);
-  EXPECT_NE(err.find("'model.layers.3.mlp.router.weight' has dtype F16, expected BF16"),
-            std::string::npos)
-      << err;
-}
-
-TEST(BadCheckpoint, SinksInAnUnsupportedDtype) {
-  std::string dir = EditedCheckpoint([](std::vector<Entry>& e) {
-    Entry* s = FindEntry(e, "model.layers.0.self_attn.sinks");
-    s->dtype = "I16";  // same size as BF16
-  });
-  std::string err = LoadError(dir);
-  EXPECT_NE(err.find("has dtype I16, expected BF16 or F32"), std::string::npos) << err;
-}
-
-TEST(BadCheckpoint, UnsupportedDtypeInFile) {
-  std::string dir = EditedCheckpoint([](std::vector<Entry>& e) {
-    FindEntry(e, "model.norm.weight")->dtype = "F8_E5M2";
-  });
-  std::string err = LoadError(dir);
-  EXPECT_NE(err.find("unsupported dtype 'F8_E5M2'"), std::string::npos) << err;
-  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
-}
-
-TEST(BadCheckpoint, MisalignedBf16Data) {
-  std::string dir = EditedCheckpoint([](std::vector<Entry>& e) {
-    e.insert(e.begin(), Entry{"padding", "U8", {1}, {0}});  // shifts everything by one byte
-  });
-  std::string err = LoadError(dir);
-  EXPECT_NE(err.find("2-byte aligned"), std::string::npos) << err;
+// One tensor entry of the tiny checkpoint edited: the load names the
+// tensor and what is wrong with it.
+TEST(BadCheckpoint, EditedEntriesAreRefusedNamingTheProblem) {
+  const struct {
+    const char* what;
+    std::function<void(std::vector<Entry>&)> edit;
+    std::vector<std::string> problems;  // each must stand in the error
+  } cases[] = {
+      {"transposed",
+       [](std::vector<Entry>& e) {
+         FindEntry(e, "model.layers.1.self_attn.q_proj.weight")->shape = {64, 128};
+       },
+       {"'model.layers.1.self_attn.q_proj.weight' has shape [64, 128], expected [128, 64]"}},
+      {"expert scales of another shape",
+       [](std::vector<Entry>& e) {
+         FindEntry(e, "model.layers.0.mlp.experts.down_proj_scales")->shape = {8, 128, 1};
+       },
+       {"down_proj_scales' has shape [8, 128, 1], expected [8, 64, 2]"}},
+      {"wrong dtype",
+       [](std::vector<Entry>& e) {
+         FindEntry(e, "model.layers.3.mlp.router.weight")->dtype = "F16";
+       },
+       {"'model.layers.3.mlp.router.weight' has dtype F16, expected BF16"}},
+      {"sinks in a dtype of BF16's size",
+       [](std::vector<Entry>& e) { FindEntry(e, "model.layers.0.self_attn.sinks")->dtype = "I16"; },
+       {"has dtype I16, expected BF16 or F32"}},
+      {"a dtype no loader knows",
+       [](std::vector<Entry>& e) { FindEntry(e, "model.norm.weight")->dtype = "F8_E5M2"; },
+       {"unsupported dtype 'F8_E5M2'", "model.safetensors"}},
+      {"BF16 data one byte off",
+       [](std::vector<Entry>& e) {
+         e.insert(e.begin(), Entry{"padding", "U8", {1}, {0}});
+       },
+       {"2-byte aligned"}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string err = LoadError(EditedCheckpoint(c.edit));
+    for (const std::string& problem : c.problems) {
+      EXPECT_NE(err.find(problem), std::string::npos) << err;
+    }
+  }
 }
 
 TEST(BadCheckpoint, TruncatedFile) {

@@ -33,6 +33,14 @@ ModelConfig Model() {
   return c;
 }
 
+// Context options for the model above.
+ContextOptions Options() {
+  ContextOptions o;
+  o.hidden = kHidden;
+  o.top_k = kTopK;
+  return o;
+}
+
 // Uneven maps with replicas. Layer 0: expert e on rank e % W, and expert 0
 // (hot) replicated on every rank. Layer 1: everything on rank 0 but the
 // last expert (on the last rank), expert 2 also on rank 1, slots on rank 0
@@ -128,9 +136,7 @@ void RunRanks(int world, int tp, const std::function<void(int, ParallelContext&)
     ranks.emplace_back([&, r] {
       auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(10)});
       ASSERT_TRUE(comm.ok()) << comm.status();
-      ContextOptions o;
-      o.hidden = kHidden;
-      o.top_k = kTopK;
+      ContextOptions o = Options();
       o.max_tokens_per_step = 16;
       auto context = CreateHostContext(*config, UnevenMap(world), comm->get(), o);
       ASSERT_TRUE(context.ok()) << context.status();
@@ -241,9 +247,7 @@ TEST(HostContext, CreateRefusesWhatCannotWork) {
   const ModelConfig model = Model();
   auto rendezvous = *comm::LocalRendezvous::Create(2);
   auto comm = *comm::LocalCommunicator::Create(rendezvous, 0);
-  ContextOptions o;
-  o.hidden = kHidden;
-  o.top_k = kTopK;
+  const ContextOptions o = Options();
   // The communicator spans 2 ranks, the layout 4.
   auto four = *ParallelConfig::Create(4, 1, model);
   EXPECT_EQ(CreateHostContext(four, UnevenMap(4), comm.get(), o).status().code(),
@@ -265,9 +269,7 @@ TEST(HostContext, BadCallsFailBeforeAnythingIsSent) {
   const ModelConfig model = Model();
   auto rendezvous = *comm::LocalRendezvous::Create(2);
   auto comm = *comm::LocalCommunicator::Create(rendezvous, 0);
-  ContextOptions o;
-  o.hidden = kHidden;
-  o.top_k = kTopK;
+  const ContextOptions o = Options();
   auto context =
       *CreateHostContext(*ParallelConfig::Create(2, 1, model), UnevenMap(2), comm.get(), o);
   std::vector<float> x(kHidden), w(kTopK, 0.5f), y(kHidden);
