@@ -145,6 +145,9 @@ void WorkerRuntime::ReportLoad(cluster::WorkerLoad* load) const {
   load->set_prefix_cache_queries_tokens(prefix_queries_);
   load->set_prefix_cache_hits_tokens(prefix_hits_);
   load->set_steps(steps_);
+  load->set_spec_drafted_tokens(spec_drafted_);
+  load->set_spec_accepted_tokens(spec_accepted_);
+  load->set_spec_verify_steps(spec_verify_steps_);
 }
 
 absl::Status WorkerRuntime::Run() {
@@ -265,6 +268,10 @@ void WorkerRuntime::PublishLoad() {
   queued_count_ = scheduler_->queued();
   prefix_queries_ = prefix_queries_base_ + scheduler_->prefix_queries_tokens();
   prefix_hits_ = prefix_hits_base_ + scheduler_->prefix_hits_tokens();
+  const SpeculativeCounts& spec = scheduler_->speculative_counts();
+  spec_drafted_ = spec_base_.drafted + spec.drafted;
+  spec_accepted_ = spec_base_.accepted + spec.accepted;
+  spec_verify_steps_ = spec_base_.verify_steps + spec.verify_steps;
   // The coordinator hears of work before any of its tokens, and of the end
   // of it with the counts it left, right after its last tokens: once every
   // request in flight has its answer, its view of the worker (running and
@@ -371,6 +378,10 @@ void WorkerRuntime::Reset(const std::string& why) {
   if (scheduler_) {
     prefix_queries_base_ += scheduler_->prefix_queries_tokens();
     prefix_hits_base_ += scheduler_->prefix_hits_tokens();
+    const SpeculativeCounts& spec = scheduler_->speculative_counts();
+    spec_base_.drafted += spec.drafted;
+    spec_base_.accepted += spec.accepted;
+    spec_base_.verify_steps += spec.verify_steps;
   }
   executor_.reset();
   expert_store_.reset();
@@ -481,6 +492,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   limits.max_batch_tokens = std::max<uint32_t>(1, a.max_batch_tokens());
   limits.max_sequences = std::max<uint32_t>(1, a.max_sequences());
   limits.max_model_len = a.max_model_len();
+  limits.speculative = options_.speculative;
   FLOTILLA_ASSIGN_OR_RETURN(limits.prefill, PrefillPolicyFromProto(a.scheduler_policy()));
   scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
                                            LazyO200kVocabulary(engine->config().vocab_size));
