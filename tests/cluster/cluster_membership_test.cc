@@ -20,6 +20,7 @@
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/cluster_status.h"
 #include "tests/cluster_options.h"
 #include "tests/grpc_stub.h"
 #include "tools/cli/local_cluster.h"
@@ -27,14 +28,6 @@
 namespace flotilla {
 namespace {
 namespace fs = std::filesystem;
-
-admin::ClusterStatus StatusOf(const std::string& address) {
-  auto stub = testing_util::PlainStub<admin::Admin>(address);
-  grpc::ClientContext ctx;
-  admin::ClusterStatus s;
-  (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
-  return s;
-}
 
 bool Registered(const admin::ClusterStatus& s, const std::string& worker_id) {
   for (const admin::WorkerStatus& w : s.workers()) {
@@ -151,29 +144,30 @@ TEST(ClusterMembership, FlotillaUpHasItsOwnTokenAndNoOneWithoutItJoinsOrTakesARa
   std::stringstream log;
   log << std::ifstream(out).rdbuf();
   EXPECT_NE(log.str().find("cluster token"), std::string::npos) << log.str();
-  admin::ClusterStatus status = StatusOf(addr);
+  admin::ClusterStatus status = testing_util::ClusterStatusAt(addr);
   EXPECT_FALSE(Registered(status, "rogue")) << status.DebugString();
   EXPECT_FALSE(Registered(status, "rogue-process")) << status.DebugString();
   EXPECT_EQ(status.state(), admin::READY);
 
   // A worker dies: its rank is free, but not for a process without the token.
   ASSERT_TRUE((*cluster)->KillWorker(1).ok());
-  for (int i = 0; i < 100 && StatusOf(addr).state() != admin::DEGRADED; ++i) {
+  for (int i = 0; i < 100 && testing_util::ClusterStatusAt(addr).state() != admin::DEGRADED; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_EQ(StatusOf(addr).state(), admin::DEGRADED);
+  ASSERT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::DEGRADED);
   const grpc::Status refused = RogueHello(addr, "rogue-spare", std::nullopt);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAUTHENTICATED) << refused.error_message();
-  status = StatusOf(addr);
+  status = testing_util::ClusterStatusAt(addr);
   EXPECT_FALSE(Registered(status, "rogue-spare")) << status.DebugString();
   EXPECT_EQ(status.state(), admin::DEGRADED);
 
   // The cluster's own worker, with the token, takes it back.
   ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
-  for (int i = 0; i < 600 && StatusOf(addr).state() != admin::READY; ++i) {
+  for (int i = 0; i < 600 && testing_util::ClusterStatusAt(addr).state() != admin::READY; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_EQ(StatusOf(addr).state(), admin::READY) << StatusOf(addr).message();
+  ASSERT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::READY)
+      << testing_util::ClusterStatusAt(addr).message();
   EXPECT_TRUE(GenerateFew(addr).ok());
 
   (*cluster)->Stop();

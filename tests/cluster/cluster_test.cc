@@ -20,6 +20,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/cluster_status.h"
 #include "tests/cluster/greedy_client.h"
 #include "tests/cluster_options.h"
 #include "tests/grpc_stub.h"
@@ -164,14 +165,6 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalenceMoeTp,
                          ::testing::Values(std::pair{2, 2}, std::pair{4, 2}),
                          testing_util::LayoutName);
 
-admin::ClusterStatus Status(const std::string& address) {
-  auto stub = testing_util::PlainStub<admin::Admin>(address);
-  grpc::ClientContext ctx;
-  admin::ClusterStatus s;
-  (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
-  return s;
-}
-
 // The prefix cache end to end: a second request repeating the first one's
 // conversation (prompt and answer) plus 64 new tokens is served from the
 // workers' prefix caches (every rank of a TP group shares the same blocks),
@@ -218,7 +211,7 @@ TEST_P(ClusterPrefixCache, SecondTurnIsServedFromTheCacheWithTheSameTokens) {
   for (int attempt = 0; attempt < 100 && hits < want_hits; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     queries = hits = 0;
-    const admin::ClusterStatus status = Status((*cluster)->address());
+    const admin::ClusterStatus status = testing_util::ClusterStatusAt((*cluster)->address());
     for (const admin::WorkerStatus& w : status.workers()) {
       queries += w.load().prefix_cache_queries_tokens();
       hits += w.load().prefix_cache_hits_tokens();
@@ -278,20 +271,21 @@ TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(refused.status.error_message().find("worker-1"), std::string::npos)
       << refused.status.error_message();
-  EXPECT_EQ(Status(addr).state(), admin::DEGRADED);
+  EXPECT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::DEGRADED);
 
   // The restarted worker rejoins, reloads its shards, and service resumes.
   ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (Status(addr).state() != admin::READY && std::chrono::steady_clock::now() < until) {
+  while (testing_util::ClusterStatusAt(addr).state() != admin::READY &&
+         std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_EQ(Status(addr).state(), admin::READY) << Status(addr).message();
+  ASSERT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::READY)
+      << testing_util::ClusterStatusAt(addr).message();
   Reply after = Generate(addr, {1, 2, 3}, 4, false);
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 4u);
 }
-
 
 TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
   auto cluster = cli::LocalCluster::Start(Options("", 1, 1));
@@ -333,7 +327,6 @@ TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(st.error_message().find("empty"), std::string::npos) << st.error_message();
 }
-
 
 TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
   const std::string dir = GoldenDirs().front();
@@ -383,7 +376,6 @@ TEST(ClusterExpertMap, NewMapIsValidatedAndEveryRankSwitchesAtOneStep) {
   }
 }
 
-
 TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
   auto cluster = cli::LocalCluster::Start(Options("", 2, 2));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -431,7 +423,8 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
   // The worker is restarted from this thread, not a short-lived one: children
   // get PR_SET_PDEATHSIG, which fires when the thread that forked them ends.
   ASSERT_TRUE((*cluster)->KillWorker(1).ok());
-  while (Status(addr).state() == admin::READY) {  // until the coordinator saw the kill
+  while (testing_util::ClusterStatusAt(addr).state() ==
+         admin::READY) {  // until the coordinator saw the kill
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   absl::StatusOr<client::GenerateResult> retried = absl::UnknownError("not called");
@@ -445,7 +438,6 @@ TEST(ClientSdk, StreamsCancelsAndRetriesUnavailableBeforeTheFirstToken) {
   ASSERT_TRUE(retried.ok()) << retried.status();
   EXPECT_EQ(retried->token_ids, res->token_ids);
 }
-
 
 std::vector<int32_t> LongPrompt(int n) {
   std::vector<int32_t> p(n);
@@ -491,7 +483,8 @@ TEST(ClusterPromptLogits, ALongPromptsLogitsStreamInBoundedMessagesAndTheWorkerS
 
   // The worker stayed up, the instance is still serving.
   EXPECT_TRUE((*cluster)->CheckAlive().ok()) << (*cluster)->CheckAlive();
-  EXPECT_EQ(Status(addr).state(), admin::READY) << Status(addr).message();
+  EXPECT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::READY)
+      << testing_util::ClusterStatusAt(addr).message();
   Reply after = Generate(addr, {1, 2, 3}, 4, false);
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 4u);
@@ -601,7 +594,7 @@ TEST(ClusterLongSteps, LargestPromptLogitsUnderACpuHogDoNotReformTheInstance) {
   o.coordinator_args = {"--max-prompt-logits-mb", "128", "--max-client-buffer-bytes", "1073741824"};
   auto c = cli::LocalCluster::Start(o);
   ASSERT_TRUE(c.ok()) << c.status();
-  const admin::ClusterStatus before = Status((*c)->address());
+  const admin::ClusterStatus before = testing_util::ClusterStatusAt((*c)->address());
   ASSERT_EQ(before.state(), admin::READY);
   const int64_t vocab = 201088;  // the built-in model's o200k vocabulary
   const int rows = static_cast<int>((int64_t{128} << 20) / (vocab * 4));
@@ -623,7 +616,7 @@ TEST(ClusterLongSteps, LargestPromptLogitsUnderACpuHogDoNotReformTheInstance) {
   EXPECT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.prompt_logits.size(), static_cast<size_t>(rows) * vocab);
   EXPECT_EQ(r.tokens.size(), 2u);
-  const admin::ClusterStatus after = Status((*c)->address());
+  const admin::ClusterStatus after = testing_util::ClusterStatusAt((*c)->address());
   EXPECT_EQ(after.state(), admin::READY);
   EXPECT_EQ(after.generation(), before.generation()) << "the instance was re-formed";
 }

@@ -32,6 +32,7 @@
 #include "kernels/cuda/device.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"
+#include "tests/cluster/cluster_status.h"
 #include "tests/cluster/greedy_client.h"
 #include "tests/cluster_options.h"
 #include "tests/grpc_stub.h"
@@ -128,13 +129,7 @@ class GpuCluster {
   void Stop() { cluster_->Stop(); }
   cli::LocalCluster& local() { return *cluster_; }
 
-  admin::ClusterStatus Status() {
-    auto stub = testing_util::PlainStub<admin::Admin>(cluster_->address());
-    grpc::ClientContext ctx;
-    admin::ClusterStatus s;
-    (void)stub->GetStatus(&ctx, admin::GetStatusRequest(), &s);
-    return s;
-  }
+  admin::ClusterStatus Status() { return testing_util::ClusterStatusAt(cluster_->address()); }
 
   // A greedy request; returns its final status.
   // `first` (optional) is set when its first tokens arrive.

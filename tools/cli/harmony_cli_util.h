@@ -24,4 +24,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path);
 // Loads the tokenizer from `path`, or from the default location when empty.
 absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> LoadTokenizer(const std::string& path);
 
+// Adds `--tokenizer FILE` to `cmd`, read into `path` (LoadTokenizer's `path`).
+inline void AddTokenizerOption(CLI::App* cmd, std::string* path) {
+  cmd->add_option("--tokenizer", *path,
+                  "o200k ranks file (default: o200k_base.ranks beside the binary or "
+                  "share/flotilla/ above it)");
+}
+
 }  // namespace flotilla::cli

@@ -95,8 +95,7 @@ void AddParseCommand(CLI::App& app) {
                   "Role of the first message when the prompt ended with <|start|>ROLE (e.g. assistant)");
   cmd->add_flag("--non-strict", opts->non_strict, "Recover from malformed headers instead of failing");
   cmd->add_flag("--openai", opts->openai, "Print the OpenAI chat-completions message instead");
-  cmd->add_option("--tokenizer", opts->tokenizer,
-                  "o200k ranks file (default: o200k_base.ranks beside the binary or share/flotilla/ above it)");
+  AddTokenizerOption(cmd, &opts->tokenizer);
   cmd->callback([opts] { RunParse(*opts); });
 }
 

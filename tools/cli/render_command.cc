@@ -146,8 +146,7 @@ void AddRenderCommand(CLI::App& app) {
                 "(requests always do)");
   cmd->add_option("--date", opts->date, "With --request: the system message's current date, YYYY-MM-DD (default: today, UTC)");
   cmd->add_flag("--tokens", opts->tokens, "Print the prompt's token ids (JSON array) instead of its text");
-  cmd->add_option("--tokenizer", opts->tokenizer,
-                  "o200k ranks file (default: o200k_base.ranks beside the binary or share/flotilla/ above it)");
+  AddTokenizerOption(cmd, &opts->tokenizer);
   cmd->callback([opts] { RunRender(*opts); });
 }
 
