@@ -43,6 +43,15 @@ Reply Generate(const std::string& address, const std::vector<int32_t>& prompt, i
   return cluster_test::GreedyGenerate(address, prompt, max_tokens, {.prompt_logits = logits});
 }
 
+// The instance at `address` is READY and answers a request of 4 tokens.
+void ExpectServing(const std::string& address) {
+  const admin::ClusterStatus status = testing_util::ClusterStatusAt(address);
+  EXPECT_EQ(status.state(), admin::READY) << status.message();
+  Reply after = Generate(address, {1, 2, 3}, 4, false);
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 4u);
+}
+
 std::vector<std::string> GoldenDirs() {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator("tests/data/golden")) {
@@ -280,11 +289,7 @@ TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
          std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  ASSERT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::READY)
-      << testing_util::ClusterStatusAt(addr).message();
-  Reply after = Generate(addr, {1, 2, 3}, 4, false);
-  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
-  EXPECT_EQ(after.tokens.size(), 4u);
+  ExpectServing(addr);
 }
 
 TEST(ClusterText, TextPromptsAreTokenizedAndTokensComeBackAsText) {
@@ -483,11 +488,7 @@ TEST(ClusterPromptLogits, ALongPromptsLogitsStreamInBoundedMessagesAndTheWorkerS
 
   // The worker stayed up, the instance is still serving.
   EXPECT_TRUE((*cluster)->CheckAlive().ok()) << (*cluster)->CheckAlive();
-  EXPECT_EQ(testing_util::ClusterStatusAt(addr).state(), admin::READY)
-      << testing_util::ClusterStatusAt(addr).message();
-  Reply after = Generate(addr, {1, 2, 3}, 4, false);
-  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
-  EXPECT_EQ(after.tokens.size(), 4u);
+  ExpectServing(addr);
 }
 
 TEST(ClusterMeasureEngine, TheWorkerTimesItsEngineAndBenchServeComparesInOneLine) {

@@ -14,6 +14,7 @@
 #include "tests/cluster/greedy_client.h"
 #include "tests/cluster_options.h"
 #include "tests/grpc_stub.h"
+#include "tests/model/written_checkpoint.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "tools/cli/local_cluster.h"
 #include "worker/engine/cpu_engine.h"
@@ -28,13 +29,9 @@ namespace fs = std::filesystem;
 constexpr int kMaxTokens = 10;
 
 std::vector<int32_t> FromWrittenCheckpoint(const std::vector<int32_t>& prompt) {
-  const std::string dir =
-      (fs::temp_directory_path() / ("flotilla-synthetic-cluster-" + std::to_string(getpid())))
-          .string();
-  SyntheticCheckpointOptions o;
-  o.seed = 3;
-  EXPECT_TRUE(WriteSyntheticCheckpoint(*MakeSyntheticConfig("tiny", "", {}), o, dir).ok());
-  std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
+  const testing_util::WrittenTinyCheckpoint written("flotilla-synthetic-cluster", 3);
+  if (written.checkpoint() == nullptr) return {};
+  const std::shared_ptr<const Checkpoint>& ck = written.checkpoint();
   kernels::cpu::ThreadPool pool(1);
   CpuEngineOptions eo;
   eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16, 1,
@@ -45,7 +42,6 @@ std::vector<int32_t> FromWrittenCheckpoint(const std::vector<int32_t>& prompt) {
   go.sampling.max_tokens = kMaxTokens;
   go.sampling.stop_token_ids = std::vector<int>{};  // as ignore_eos with no stop tokens below
   auto result = flotilla::Generate(*engine, prompt, go);
-  fs::remove_all(dir);
   return result.ok() ? result->tokens : std::vector<int32_t>{};
 }
 

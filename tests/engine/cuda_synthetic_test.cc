@@ -19,6 +19,7 @@
 #include "tests/engine/logit_diff.h"
 #include "tests/engine/small_cuda_options.h"
 #include "tests/kernels/cuda_test_util.h"
+#include "tests/model/written_checkpoint.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/cuda_weight_feed.h"
@@ -212,14 +213,9 @@ using testing_golden::RelDiff;
 TEST_F(CudaSynthetic, EngineFromSpecMatchesEngineFromWrittenCheckpoint) {
   auto spec = ParseSyntheticModel("synthetic:tiny:7");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const std::string dir =
-      (fs::temp_directory_path() / ("flotilla_cuda_synthetic_" + std::to_string(getpid())))
-          .string();
-  SyntheticCheckpointOptions o;
-  o.seed = 7;
-  ASSERT_TRUE(WriteSyntheticCheckpoint(*MakeSyntheticConfig("tiny", "", {}), o, dir).ok());
-  std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
-  auto weights = LoadWeights(ck, ShardSpec{});
+  const testing_util::WrittenTinyCheckpoint written("flotilla_cuda_synthetic", 7);
+  ASSERT_NE(written.checkpoint(), nullptr);
+  auto weights = LoadWeights(written.checkpoint(), ShardSpec{});
   ASSERT_TRUE(weights.ok()) << weights.status();
   auto from_checkpoint = CudaEngine::Create(*weights, SmallCudaOptions());
   ASSERT_TRUE(from_checkpoint.ok()) << from_checkpoint.status();
@@ -243,7 +239,6 @@ TEST_F(CudaSynthetic, EngineFromSpecMatchesEngineFromWrittenCheckpoint) {
       EXPECT_EQ(argmax(got[i]), argmax(want[i])) << "step " << i;
     }
   }
-  fs::remove_all(dir);
 }
 
 // The whole gpt-oss-120b on one GPU with no checkpoint: the host never holds
