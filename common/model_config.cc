@@ -307,6 +307,20 @@ ModelConfig Gptoss(int layers, int experts) {
   AlternateLayers(c);
   return c;
 }
+
+// The shape the tiny and demo presets share: 4 layers of 8 experts, 64 wide,
+// heads of 16 with 2 KV heads.
+ModelConfig SmallGptoss(int attention_heads, int sliding_window) {
+  ModelConfig c = Gptoss(4, 8);
+  c.hidden_size = 64;
+  c.intermediate_size = 64;
+  c.num_attention_heads = attention_heads;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.sliding_window = sliding_window;
+  return c;
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::Gptoss120b() { return Gptoss(36, 128); }
@@ -314,14 +328,8 @@ ModelConfig ModelConfig::Gptoss120b() { return Gptoss(36, 128); }
 ModelConfig ModelConfig::Gptoss20b() { return Gptoss(24, 32); }
 
 ModelConfig ModelConfig::Tiny() {
-  ModelConfig c = Gptoss(4, 8);
-  c.hidden_size = 64;
-  c.intermediate_size = 64;
-  c.num_attention_heads = 8;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
+  ModelConfig c = SmallGptoss(/*attention_heads=*/8, /*sliding_window=*/16);
   c.vocab_size = 1024;
-  c.sliding_window = 16;
   c.max_position_embeddings = 4096;
   c.eos_token_ids = {1000};
   c.pad_token_id = 1001;
@@ -329,14 +337,8 @@ ModelConfig ModelConfig::Tiny() {
 }
 
 ModelConfig ModelConfig::Demo() {
-  ModelConfig c = Gptoss(4, 8);
+  ModelConfig c = SmallGptoss(/*attention_heads=*/4, /*sliding_window=*/64);
   c.num_experts_per_tok = 2;
-  c.hidden_size = 64;
-  c.intermediate_size = 64;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.sliding_window = 64;
   return c;
 }
 

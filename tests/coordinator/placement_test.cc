@@ -160,15 +160,19 @@ TEST(ExpertMap, ValidatesExplicitMaps) {
   EXPECT_FALSE(ExpertMap::Create(2, 2, L{{{{0, 0}}, {{1, 0}}}, {{{0, 0}}}}).ok());  // ragged
 }
 
+// Two nodes "a" and "b" of 4 GPUs at tp 4: no TP group spans them, DP group
+// 0 is on "a" and 1 on "b".
+void ExpectAGroupPerNode(const Placement& p) {
+  EXPECT_EQ(p.groups_spanning_nodes, 0);
+  for (const RankPlacement& r : p.ranks) EXPECT_EQ(r.node, r.dp_group == 0 ? "a" : "b") << r.rank;
+}
+
 TEST(Placement, KeepsTpGroupsInsideNodes) {
   // Two nodes of 4 GPUs, tp 4: each group on one node.
   auto p = PlanPlacement(ModelConfig::Gptoss120b(), Workers({{"b", 4}, {"a", 4}}), {4, 0});
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->groups_spanning_nodes, 0);
-  for (const RankPlacement& r : p->ranks) {
-    EXPECT_EQ(r.node, r.dp_group == 0 ? "a" : "b") << r.rank;
-    EXPECT_EQ(r.tp_rank, r.rank % 4);
-  }
+  ExpectAGroupPerNode(*p);
+  for (const RankPlacement& r : p->ranks) EXPECT_EQ(r.tp_rank, r.rank % 4) << r.rank;
   EXPECT_EQ(p->expert_map.SlotsOnRank(0, 7), 16);
 }
 
@@ -257,11 +261,8 @@ TEST(GpuPlacement, EightGpusOfOneNodeAtEveryTp) {
 TEST(GpuPlacement, TwoNodesOfFourKeepTpGroupsInsideNodes) {
   auto p = PlanPlacement(ModelConfig::Gptoss120b(), Gpus({{"b", 4}, {"a", 4}}), {4, 0});
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->groups_spanning_nodes, 0);
-  for (const RankPlacement& r : p->ranks) {
-    EXPECT_EQ(r.node, r.dp_group == 0 ? "a" : "b") << r.rank;
-    EXPECT_EQ(r.device_index, r.tp_rank);
-  }
+  ExpectAGroupPerNode(*p);
+  for (const RankPlacement& r : p->ranks) EXPECT_EQ(r.device_index, r.tp_rank) << r.rank;
   EXPECT_EQ(p->parallel.ep_size(), 8);  // EP spans both nodes
   EXPECT_EQ(p->device_transport, cluster::DEVICE_TRANSPORT_NCCL);
 }

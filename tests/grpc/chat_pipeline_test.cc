@@ -381,6 +381,15 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
     u->set_content("Hi");
     return r;
   };
+  // The edit that asks for a response format of `type` with `schema` (null: none).
+  auto format = [](v1::ResponseFormat::Type type, const char* schema) {
+    return [type, schema](v1::ChatRequest& r) {
+      r.mutable_response_format()->set_type(type);
+      if (schema != nullptr) {
+        r.mutable_response_format()->mutable_json_schema()->set_schema_json(schema);
+      }
+    };
+  };
   struct Case {
     std::function<void(v1::ChatRequest&)> edit;
     absl::StatusCode code;
@@ -458,29 +467,16 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "stop"},
       {[](v1::ChatRequest& r) { r.set_model("other-model"); }, absl::StatusCode::kNotFound,
        "model"},
-      {[](v1::ChatRequest& r) {
-         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
-       },
+      {format(v1::ResponseFormat::JSON_SCHEMA, nullptr), absl::StatusCode::kInvalidArgument,
+       "response_format.json_schema.schema_json"},
+      {format(v1::ResponseFormat::JSON_SCHEMA, "[1]"), absl::StatusCode::kInvalidArgument,
+       "response_format.json_schema.schema_json"},
+      {format(v1::ResponseFormat::JSON_SCHEMA,
+              R"({"type": "string", "pattern": "(a)\\1"})"),  // a backreference
        absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
-      {[](v1::ChatRequest& r) {
-         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
-         r.mutable_response_format()->mutable_json_schema()->set_schema_json("[1]");
-       },
-       absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
-      {[](v1::ChatRequest& r) {
-         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
-         r.mutable_response_format()->mutable_json_schema()->set_schema_json(
-             R"({"type": "string", "pattern": "(a)\\1"})");  // a backreference
-       },
-       absl::StatusCode::kInvalidArgument, "response_format.json_schema.schema_json"},
-      {[](v1::ChatRequest& r) {
-         r.mutable_response_format()->set_type(v1::ResponseFormat::JSON_OBJECT);
-         r.mutable_response_format()->mutable_json_schema()->set_schema_json("{}");
-       },
-       absl::StatusCode::kInvalidArgument, "response_format.json_schema"},
-      {[](v1::ChatRequest& r) {
-         r.mutable_response_format()->set_type(static_cast<v1::ResponseFormat::Type>(7));
-       },
+      {format(v1::ResponseFormat::JSON_OBJECT, "{}"), absl::StatusCode::kInvalidArgument,
+       "response_format.json_schema"},
+      {format(static_cast<v1::ResponseFormat::Type>(7), nullptr),
        absl::StatusCode::kInvalidArgument, "response_format.type"},
       {[](v1::ChatRequest& r) {
          auto* t = r.add_tools();
