@@ -119,6 +119,22 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
          "a prompt longer than this is long: its chunk is at most this many tokens while other "
          "prompts want the budget (0 = no prompt is long)")
       ->envname("FLOTILLA_LONG_PREFILL_TOKEN_THRESHOLD")->default_str("0");
+  // Speculative decoding (worker/README.md "Speculative decoding"): the
+  // default of requests that do not choose, sent to every worker.
+  app.add_option_function<std::string>(
+         "--speculative-method",
+         [policy](const std::string& v) { policy->mutable_speculative()->set_method(v); },
+         "speculative decoding for requests that do not choose: ngram (prompt lookup, verified "
+         "exactly; the CPU engine drafts, others run without) or off (default: the workers' "
+         "own --speculative-method, off unless set)")
+      ->envname("FLOTILLA_SPECULATIVE_METHOD")
+      ->check(CLI::IsMember({"ngram", "off"}));
+  app.add_option_function<uint32_t>(
+         "--num-speculative-tokens",
+         [policy](uint32_t n) { policy->mutable_speculative()->set_num_speculative_tokens(n); },
+         "tokens drafted per decode step with --speculative-method (default 3)")
+      ->envname("FLOTILLA_NUM_SPECULATIVE_TOKENS")
+      ->check(CLI::Range(1, 16));
 }
 
 }  // namespace

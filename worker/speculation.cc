@@ -46,7 +46,7 @@ absl::Status SetSpeculativeMethod(std::string_view method, SpeculativeConfig* co
   }
   config->method = *parsed;
   if (absl::Status st = ValidateSpeculative(*config); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--", st.message()));
+    return absl::InvalidArgumentError(absl::StrCat("--num-speculative-tokens: ", st.message()));
   }
   return absl::OkStatus();
 }

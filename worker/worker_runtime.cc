@@ -492,7 +492,10 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   limits.max_batch_tokens = std::max<uint32_t>(1, a.max_batch_tokens());
   limits.max_sequences = std::max<uint32_t>(1, a.max_sequences());
   limits.max_model_len = a.max_model_len();
-  limits.speculative = options_.speculative;
+  // The coordinator's default for requests that do not choose, over this
+  // worker's flags.
+  FLOTILLA_ASSIGN_OR_RETURN(
+      limits.speculative, SpeculativeFor(a.scheduler_policy().speculative(), options_.speculative));
   FLOTILLA_ASSIGN_OR_RETURN(limits.prefill, PrefillPolicyFromProto(a.scheduler_policy()));
   scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
                                            LazyO200kVocabulary(engine->config().vocab_size));

@@ -31,6 +31,9 @@ struct ServingLimits {
   uint32_t max_num_partial_prefills = 0;
   uint32_t max_long_partial_prefills = 0;
   uint32_t long_prefill_token_threshold = 0;
+  // Speculative decoding (the coordinator's flags of the same names).
+  std::string speculative_method = "off";
+  uint32_t num_speculative_tokens = 3;
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
   int ready_timeout_s = 600;
@@ -56,6 +59,9 @@ struct ServingLimits {
                           std::to_string(redundant_experts), "--rebalance-interval",
                           std::to_string(rebalance_interval), "--drain-timeout",
                           absl::StrCat(drain_timeout_s), "--reasoning-field", reasoning_field};
+    o.coordinator_args.insert(o.coordinator_args.end(),
+                              {"--speculative-method", speculative_method,
+                               "--num-speculative-tokens", std::to_string(num_speculative_tokens)});
     if (strict_request_fields) o.coordinator_args.push_back("--strict-request-fields");
     if (!allowed_origins.empty()) {
       o.coordinator_args.insert(o.coordinator_args.end(),
@@ -218,6 +224,15 @@ void AddUpCommand(CLI::App& app) {
                   "a longer prompt's chunk is at most this while others want the budget (0 = "
                   "off)")
       ->capture_default_str();
+  cmd->add_option("--speculative-method", limits->speculative_method,
+                  "speculative decoding for requests that do not choose: ngram (prompt lookup, "
+                  "verified exactly; CPU workers draft) or off")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"ngram", "off"}));
+  cmd->add_option("--num-speculative-tokens", limits->num_speculative_tokens,
+                  "tokens drafted per decode step with --speculative-method")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
   cmd->add_option("--max-model-len", limits->max_model_len,
                   "longest sequence served (0 = the model's context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
