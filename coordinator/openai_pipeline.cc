@@ -303,40 +303,37 @@ absl::Status ChatLimitsAndLogprobs(const Json& body, int vocab_size, PreparedReq
   return ReadStopTokenFields(body, vocab_size, out.sampling);
 }
 
+// How a status code answers over HTTP: its status, the OpenAI error type and
+// code (null: none). Codes not listed: 500 server_error.
+struct StatusMapping {
+  absl::StatusCode code;
+  int http_status;
+  const char* type;
+  const char* openai_code;
+};
+constexpr StatusMapping kStatusMappings[] = {
+    {absl::StatusCode::kInvalidArgument, 400, "invalid_request_error", nullptr},
+    {absl::StatusCode::kOutOfRange, 400, "invalid_request_error", nullptr},
+    {absl::StatusCode::kFailedPrecondition, 400, "invalid_request_error", nullptr},
+    {absl::StatusCode::kNotFound, 404, "invalid_request_error", "model_not_found"},
+    {absl::StatusCode::kResourceExhausted, 429, "rate_limit_error", "rate_limit_exceeded"},
+    {absl::StatusCode::kUnavailable, 503, "service_unavailable_error", nullptr},
+    {absl::StatusCode::kDeadlineExceeded, 504, "timeout_error", nullptr},
+};
+
 }  // namespace
 
 ApiError ErrorFromStatus(const absl::Status& status) {
   ApiError e;
   e.message = std::string(status.message());
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kFailedPrecondition:
-      e.http_status = 400;
-      e.type = "invalid_request_error";
-      break;
-    case absl::StatusCode::kNotFound:
-      e.http_status = 404;
-      e.type = "invalid_request_error";
-      e.code = "model_not_found";
-      break;
-    case absl::StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
-      e.code = "rate_limit_exceeded";
-      break;
-    case absl::StatusCode::kUnavailable:
-      e.http_status = 503;
-      e.type = "service_unavailable_error";
-      break;
-    case absl::StatusCode::kDeadlineExceeded:
-      e.http_status = 504;
-      e.type = "timeout_error";
-      break;
-    default:
-      e.http_status = 500;
-      e.type = "server_error";
-      break;
+  e.http_status = 500;
+  e.type = "server_error";
+  for (const StatusMapping& m : kStatusMappings) {
+    if (m.code != status.code()) continue;
+    e.http_status = m.http_status;
+    e.type = m.type;
+    if (m.openai_code != nullptr) e.code = m.openai_code;
+    break;
   }
   if (std::optional<std::string> code = OpenAiErrorCode(status)) {
     e.code = *code;

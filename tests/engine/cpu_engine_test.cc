@@ -44,6 +44,14 @@ std::vector<float> Prefill(CpuEngine& e, const std::vector<int32_t>& tokens) {
   return out->logits[0];
 }
 
+// The logits of positions [from, to) of `all` (rows of `vocab`); `to` -1:
+// through the last position.
+std::vector<float> Positions(const std::vector<float>& all, int64_t vocab, int64_t from,
+                             int64_t to = -1) {
+  return std::vector<float>(all.begin() + from * vocab,
+                            to < 0 ? all.end() : all.begin() + to * vocab);
+}
+
 void ExpectNear(const std::vector<float>& a, const std::vector<float>& b, double tol) {
   ASSERT_EQ(a.size(), b.size());
   double worst = 0;
@@ -118,16 +126,16 @@ TEST(CpuEngine, BatchingEqualsOneAtATime) {
                      StepItem{sc, {c.begin(), c.begin() + 9}, LogitsMode::kNone}});
   ASSERT_TRUE(o1.ok()) << o1.status();
   EXPECT_TRUE(o1->logits[2].empty());
-  ExpectNear(o1->logits[0], std::vector<float>(fa.begin() + 15 * V, fa.begin() + 16 * V), 1e-4);
-  ExpectNear(o1->logits[1], std::vector<float>(fb.begin(), fb.begin() + 10 * V), 1e-4);
+  ExpectNear(o1->logits[0], Positions(fa, V, 15, 16), 1e-4);
+  ExpectNear(o1->logits[1], Positions(fb, V, 0, 10), 1e-4);
   // Step 2: a and b decode one token each while c prefills the rest.
   auto o2 = e->Step({StepItem{sc, {c.begin() + 9, c.end()}, LogitsMode::kAll},
                      StepItem{sa, {a[16]}, LogitsMode::kLast},
                      StepItem{sb, {b[10]}, LogitsMode::kLast}});
   ASSERT_TRUE(o2.ok()) << o2.status();
-  ExpectNear(o2->logits[0], std::vector<float>(fc.begin() + 9 * V, fc.end()), 1e-4);
-  ExpectNear(o2->logits[1], std::vector<float>(fa.begin() + 16 * V, fa.end()), 1e-4);
-  ExpectNear(o2->logits[2], std::vector<float>(fb.begin() + 10 * V, fb.end()), 1e-4);
+  ExpectNear(o2->logits[0], Positions(fc, V, 9), 1e-4);
+  ExpectNear(o2->logits[1], Positions(fa, V, 16), 1e-4);
+  ExpectNear(o2->logits[2], Positions(fb, V, 10), 1e-4);
 }
 
 TEST(CpuEngine, ForkedSequencesContinueIndependently) {
@@ -144,8 +152,8 @@ TEST(CpuEngine, ForkedSequencesContinueIndependently) {
   auto out = e->Step({StepItem{s, {5, 6, 7}, LogitsMode::kAll}, StepItem{f, {9, 10, 11}, LogitsMode::kAll}});
   ASSERT_TRUE(out.ok()) << out.status();
   std::vector<float> fa = Prefill(*e, ta), fb = Prefill(*e, tb);
-  ExpectNear(out->logits[0], std::vector<float>(fa.begin() + 13 * V, fa.end()), 1e-4);
-  ExpectNear(out->logits[1], std::vector<float>(fb.begin() + 13 * V, fb.end()), 1e-4);
+  ExpectNear(out->logits[0], Positions(fa, V, 13), 1e-4);
+  ExpectNear(out->logits[1], Positions(fb, V, 13), 1e-4);
 }
 
 TEST(CpuEngine, GenerateGreedyFollowsArgmaxOfRecomputedLogits) {

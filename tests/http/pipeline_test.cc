@@ -260,6 +260,20 @@ TEST(PrepareRequestTest, ErrorsNameTheField) {
   EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("down")).http_status, 503);
   EXPECT_EQ(ErrorFromStatus(absl::DeadlineExceededError("late")).http_status, 504);
   EXPECT_EQ(ErrorFromStatus(absl::InternalError("bug")).http_status, 500);
+  // Each code's OpenAI type and code beside its HTTP status.
+  const ApiError missing = ErrorFromStatus(absl::NotFoundError("model: no such model"));
+  EXPECT_EQ(missing.http_status, 404);
+  EXPECT_EQ(missing.type, "invalid_request_error");
+  EXPECT_EQ(missing.code, "model_not_found");
+  EXPECT_EQ(missing.param, "model");
+  const ApiError busy = ErrorFromStatus(absl::ResourceExhaustedError("busy"));
+  EXPECT_EQ(busy.type, "rate_limit_error");
+  EXPECT_EQ(busy.code, "rate_limit_exceeded");
+  EXPECT_EQ(ErrorFromStatus(absl::UnavailableError("down")).type, "service_unavailable_error");
+  EXPECT_EQ(ErrorFromStatus(absl::DeadlineExceededError("late")).type, "timeout_error");
+  const ApiError bug = ErrorFromStatus(absl::InternalError("bug"));
+  EXPECT_EQ(bug.type, "server_error");
+  EXPECT_TRUE(bug.code.empty());
 }
 
 // The field policy (request_fields.h): every field of OpenAI's chat schema
