@@ -596,4 +596,18 @@ cudaError_t LaunchSample(const float* logits, int rows, int vocab, const Samplin
   return cudaGetLastError();
 }
 
+// Asking for a kernel's attributes loads it (under lazy module loading a
+// kernel is otherwise loaded at its first launch, which may wait for the
+// device: fatal behind a kernel that waits for the host).
+cudaError_t LoadSamplingKernels() {
+  cudaFuncAttributes a;
+  for (cudaError_t err :
+       {cudaFuncGetAttributes(&a, SegmentKernel<kSegTop>),
+        cudaFuncGetAttributes(&a, SegmentKernel<0>), cudaFuncGetAttributes(&a, SampleKernel),
+        LoadAdjustKernels(), LoadMaskKernels()}) {
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace flotilla::kernels::cuda

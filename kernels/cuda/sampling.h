@@ -63,6 +63,18 @@ cudaError_t LaunchRestoreLogits(float* logits, int vocab, const LogitAdjustmentE
 // them). Graph-safe: the grid depends on capacity only.
 cudaError_t LaunchMaskLogits(float* logits, int vocab, const int32_t* rows, const uint32_t* masks,
                              const int32_t* count, int capacity, cudaStream_t stream);
+// LaunchMaskLogits with masks the host computes while the step runs: `rows`
+// (device, capacity + 2 entries) holds the logit rows, then the count, then
+// the step's number; `host_masks` and `ready` are pinned host memory
+// (addressable from the device). Each block waits until *ready equals the
+// step's number (the host stores it with release once the masks are
+// written) and then masks as LaunchMaskLogits does. Past `timeout_ns` it
+// sets *late (device) to 1 and masks nothing, for the host to fail the step.
+// A mask that allows nothing must be written as one that allows everything.
+cudaError_t LaunchMaskLogitsWhenReady(float* logits, int vocab, const int32_t* rows,
+                                      const uint32_t* host_masks, int capacity,
+                                      const int32_t* ready, uint64_t timeout_ns, int32_t* late,
+                                      cudaStream_t stream);
 // logprobs[r] = log softmax(logits[r])[tokens[r]], from a reference token of
 // the same row whose log-probability is known (e.g. the argmax and its
 // logprob from a greedy LaunchSample): logit[t] - (logit[ref] - ref_logprob).
@@ -70,5 +82,14 @@ cudaError_t LaunchLogprobsFromReference(const float* logits, int rows, int vocab
                                         const int32_t* tokens, const int32_t* ref_tokens,
                                         const float* ref_logprobs, float* logprobs,
                                         cudaStream_t stream);
+
+// Loads every sampling kernel now (lazy module loading would load each at its
+// first launch, which may wait for the device). A step whose masks the host
+// writes after the launch (LaunchMaskLogitsWhenReady) must not launch a
+// kernel for the first time behind the waiting one: call this once first.
+cudaError_t LoadSamplingKernels();
+// Its parts, one per file of kernels.
+cudaError_t LoadAdjustKernels();
+cudaError_t LoadMaskKernels();
 
 }  // namespace flotilla::kernels::cuda

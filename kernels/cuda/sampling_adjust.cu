@@ -81,4 +81,14 @@ cudaError_t LaunchLogprobsFromReference(const float* logits, int rows, int vocab
   return cudaGetLastError();
 }
 
+cudaError_t LoadAdjustKernels() {
+  cudaFuncAttributes a;
+  for (cudaError_t err :
+       {cudaFuncGetAttributes(&a, AdjustKernel), cudaFuncGetAttributes(&a, RestoreKernel),
+        cudaFuncGetAttributes(&a, ReferenceLogprobKernel)}) {
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace flotilla::kernels::cuda

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -416,6 +417,52 @@ TEST_F(SamplingCudaTest, TokenMasksMatchTheCpuReference) {
     }
     EXPECT_EQ(drawn.tokens[3], 123457);
   }
+}
+
+// The masks the host writes while the step runs: the kernel is launched
+// first, the host then fills pinned masks and publishes the step's number;
+// the masked rows equal LaunchMaskLogits's. A second launch numbered 2 waits
+// for the new number (the stale 1 does not pass). A number that never comes
+// raises the late flag within the bound and masks nothing.
+TEST_F(SamplingCudaTest, TokenMasksWrittenAfterTheLaunchAreWaitedFor) {
+  const int rows = 4, cap = 4;
+  const int words = (kVocab + 31) / 32;
+  std::vector<float> logits = ModelLikeLogits(rows, 43, 1.5f);
+  std::vector<uint32_t> mask = MaskOf({7, 99, 123457});
+  std::vector<float> expected = logits;
+  MaskLogits(mask.data(), kVocab, expected.data() + 2 * static_cast<size_t>(kVocab));
+
+  uint32_t* host_masks = nullptr;
+  int32_t* ready = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host_masks, static_cast<size_t>(cap) * words * sizeof(uint32_t)),
+            cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&ready, sizeof(int32_t)), cudaSuccess);
+  *ready = 0;
+  Dev<int32_t> d_late(1);
+  for (int32_t step : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "step " << step);
+    std::fill(host_masks, host_masks + static_cast<size_t>(cap) * words, 0u);
+    Dev<float> d_logits(logits);
+    Dev<int32_t> d_rows(std::vector<int32_t>{2, 0, 0, 0, /*count*/ 1, /*step*/ step});
+    ASSERT_EQ(cuda::LaunchMaskLogitsWhenReady(d_logits.p, kVocab, d_rows.p, host_masks, cap, ready,
+                                              30ull * 1000 * 1000 * 1000, d_late.p, nullptr),
+              cudaSuccess);
+    std::copy(mask.begin(), mask.end(), host_masks);
+    std::atomic_ref<int32_t>(*ready).store(step, std::memory_order_release);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(d_logits.Get(), expected);
+    EXPECT_EQ(d_late.Get(), std::vector<int32_t>{0});
+  }
+  Dev<float> d_logits(logits);
+  Dev<int32_t> d_rows(std::vector<int32_t>{2, 0, 0, 0, 1, 3});
+  ASSERT_EQ(cuda::LaunchMaskLogitsWhenReady(d_logits.p, kVocab, d_rows.p, host_masks, cap, ready,
+                                            1000 * 1000, d_late.p, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_late.Get(), std::vector<int32_t>{1});
+  EXPECT_EQ(d_logits.Get(), logits) << "nothing is masked when the masks never came";
+  cudaFreeHost(host_masks);
+  cudaFreeHost(ready);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "kernels/cuda/fill.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/sampling.h"
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/cuda_engine_state.h"
 #include "worker/engine/cuda_weight_feed.h"
@@ -363,10 +364,15 @@ absl::Status AllocSamplingExtras(CudaDeviceState& d, int rows, int vocab) {
   d.mask_capacity = rows;
   d.mask_words = (vocab + 31) / 32;
   const size_t mask_ints = static_cast<size_t>(d.mask_capacity) * d.mask_words;
-  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.masks, mask_ints));
-  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.mask_rows, d.mask_capacity + 1));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.mask_rows, d.mask_capacity + 2));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.mask_late, 1));
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.mask_late, 0, sizeof(int32_t), d.stream));
   FLOTILLA_RETURN_IF_ERROR(d.AllocHost(&d.masks_host, mask_ints));
-  FLOTILLA_RETURN_IF_ERROR(d.AllocHost(&d.mask_rows_host, d.mask_capacity + 1));
+  FLOTILLA_RETURN_IF_ERROR(d.AllocHost(&d.mask_rows_host, d.mask_capacity + 2));
+  FLOTILLA_RETURN_IF_ERROR(d.AllocHost(&d.mask_ready, 1));
+  FLOTILLA_RETURN_IF_ERROR(d.AllocHost(&d.mask_late_host, 1));
+  *d.mask_ready = 0;
+  *d.mask_late_host = 0;
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.adjust, cap));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.adjust_saved, cap));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.adjust_count, 1));
@@ -602,6 +608,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
                             BuildKvCache(d, c, options, b, seed, &max_context));
   const int64_t max_blocks_per_seq = CeilDiv(max_context, options.kv_block_size);
   FLOTILLA_RETURN_IF_ERROR(AllocStepMeta(d, max_blocks_per_seq));
+  // Steps launch the sampling kernels behind one that waits for the host's
+  // masks: they must be loaded before.
+  FLOTILLA_CUDA_RETURN(kernels::cuda::LoadSamplingKernels());
   FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
 
   std::unique_ptr<CudaEngine> engine(new CudaEngine(std::move(state), c));

@@ -24,7 +24,6 @@ absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) 
     FLOTILLA_RETURN_IF_ERROR(RunStep(items, nullptr, &out, nullptr));
     return out;
   }
-  sampler_->PrefetchMasks(items);
   DeviceSampling sampling;
   if (any_all || !sampler_->Prepare(items, &sampling)) {
     ++host_sampled_steps_;

@@ -109,12 +109,15 @@ struct CudaDeviceState {
   float* ref_logprobs = nullptr;
   int32_t* top_ids = nullptr;     // [max_seqs, kMaxTopLogprobs]
   float* top_logprobs = nullptr;  // [max_seqs, kMaxTopLogprobs]
-  // Token masks of structured-output rows (LaunchMaskLogits): every row of
-  // a step (mask_capacity = its sequences) keeps the device sampler under its mask.
+  // Token masks of structured-output rows (LaunchMaskLogitsWhenReady): every
+  // row of a step (mask_capacity = its sequences) keeps the device sampler
+  // under its mask, which the host writes into masks_host while the step
+  // runs and then marks with the step's number in mask_ready.
   int mask_capacity = 0;
   int mask_words = 0;
-  uint32_t* masks = nullptr;     // [mask_capacity, mask_words]
-  int32_t* mask_rows = nullptr;  // [mask_capacity + 1]: the logit rows, then the count
+  // [mask_capacity + 2]: the logit rows, the count, the step's number.
+  int32_t* mask_rows = nullptr;
+  int32_t* mask_late = nullptr;  // set by the device when the masks came too late
 
   // Step metadata: one int32 region on the device at fixed offsets (graphs
   // keep the addresses), filled from a pinned host mirror.
@@ -139,8 +142,10 @@ struct CudaDeviceState {
   float* logprobs_host = nullptr;
   // [kAdjustCapacity + 1]; the count after the entries.
   kernels::cuda::LogitAdjustmentEntry* adjust_host = nullptr;
-  uint32_t* masks_host = nullptr;  // mirrors of masks and mask_rows
-  int32_t* mask_rows_host = nullptr;
+  uint32_t* masks_host = nullptr;     // [mask_capacity, mask_words], read by the device
+  int32_t* mask_rows_host = nullptr;  // the mirror of mask_rows
+  int32_t* mask_ready = nullptr;      // the number of the step whose masks are written
+  int32_t* mask_late_host = nullptr;
   int32_t* top_ids_host = nullptr;
   float* top_logprobs_host = nullptr;
 

@@ -33,7 +33,12 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   }
   OpMarks marks(options_.profile_ops);
   LayerStages stages(d, config_, options_, plan, std::move(sample), &marks);
-  FLOTILLA_RETURN_IF_ERROR(LaunchStep(stages, plan, sampling, step_bound));
+  const absl::Status launched = LaunchStep(stages, plan, sampling, step_bound);
+  // Structured-output masks are computed now, while the device runs the
+  // layers (its sampling waits for them), and written even if the launch
+  // failed partway, so nothing on the device waits for them in vain.
+  if (sampling != nullptr) sampler_->WriteMasks(*sampling);
+  FLOTILLA_RETURN_IF_ERROR(launched);
   if (!marks.empty()) {
     FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
     FLOTILLA_RETURN_IF_ERROR(marks.AddTimes(&op_time_ms_));

@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cstring>
 #include <thread>
 
@@ -16,24 +18,43 @@ namespace flotilla {
 
 namespace kc = kernels::cuda;
 
+// How long the device waits for a step's masks (WriteMasks runs right after
+// the launch; only a host that stopped would take this long).
+constexpr uint64_t kMaskWaitNs = 30ull * 1000 * 1000 * 1000;
+
 DeviceSampler::DeviceSampler(CudaDeviceState& d, int vocab) : d_(d), vocab_(vocab) {}
 
 DeviceSampler::~DeviceSampler() = default;
 
-void DeviceSampler::PrefetchMasks(const std::vector<StepItem>& items) {
-  std::vector<Sampler*> masked;
-  for (const StepItem& it : items) {
-    if (it.sampler != nullptr && it.sampler->has_filter()) masked.push_back(it.sampler);
+void DeviceSampler::WriteMasks(const DeviceSampling& sampling) {
+  CudaDeviceState& d = d_;
+  const int n = sampling.masks;
+  if (n == 0) return;
+  auto write = [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) {
+      uint32_t* dst = d.masks_host + static_cast<size_t>(m) * d.mask_words;
+      const uint32_t* allowed = sampling.masked[static_cast<size_t>(m)]->Allowed();
+      // A mask that allows nothing is ignored, as the CPU sampler ignores it
+      // (the filter reports the failure when the token is recorded).
+      if (allowed == nullptr ||
+          std::all_of(allowed, allowed + d.mask_words, [](uint32_t w) { return w == 0; })) {
+        std::fill(dst, dst + d.mask_words, ~0u);
+      } else {
+        std::memcpy(dst, allowed, d.mask_words * sizeof(uint32_t));
+      }
+    }
+  };
+  if (n == 1) {
+    write(0, 1);
+  } else {
+    if (mask_pool_ == nullptr) {
+      // Threads of their own, while the device runs the step.
+      const int cores = static_cast<int>(std::thread::hardware_concurrency());
+      mask_pool_ = std::make_unique<kernels::cpu::ThreadPool>(std::clamp(cores / 2, 2, 8));
+    }
+    mask_pool_->ParallelFor(n, write);
   }
-  if (masked.size() < 2) return;
-  if (mask_pool_ == nullptr) {
-    // Threads of their own: the step's host work waits for the masks anyway.
-    const int cores = static_cast<int>(std::thread::hardware_concurrency());
-    mask_pool_ = std::make_unique<kernels::cpu::ThreadPool>(std::clamp(cores / 2, 2, 8));
-  }
-  mask_pool_->ParallelFor(static_cast<int64_t>(masked.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) masked[i]->Allowed();
-  });
+  std::atomic_ref<int32_t>(*d.mask_ready).store(mask_step_, std::memory_order_release);
 }
 
 bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling) {
@@ -44,9 +65,7 @@ bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* 
     Sampler* sampler = items[i].sampler;
     if (sampler == nullptr) continue;
     const SamplingParams& p = sampler->params();
-    if (const uint32_t* allowed = sampler->Allowed()) {
-      if (!StageMask(items[i], static_cast<int>(i), allowed, sampling)) return false;
-    }
+    if (sampler->has_filter() && !StageMask(items[i], static_cast<int>(i), sampling)) return false;
     kc::SamplingRow& row = sampling->rows[i];
     row.temperature = p.temperature;
     row.top_k = p.top_k;
@@ -66,22 +85,18 @@ bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* 
   return true;
 }
 
-// A structured-output row's mask goes with the step's inputs (a mask word
-// per 32 tokens, ~25 KB at o200k) and the device sets its refused logits to
-// -inf before the draw. The host samples instead (false) when the row wants
-// logprobs or its logit row (both are of the raw logits, which the mask
-// overwrites), or when more rows than mask_capacity are masked.
-bool DeviceSampler::StageMask(const StepItem& item, int index, const uint32_t* allowed,
-                              DeviceSampling* sampling) {
+// A structured-output row gets a mask slot (a mask word per 32 tokens, ~25
+// KB at o200k) that WriteMasks fills while the device runs the step, and the
+// device sets its refused logits to -inf before the draw. The host samples
+// instead (false) when the row wants logprobs or its logit row (both are of
+// the raw logits, which the mask overwrites), or when more rows than
+// mask_capacity are masked.
+bool DeviceSampler::StageMask(const StepItem& item, int index, DeviceSampling* sampling) {
   CudaDeviceState& d = d_;
   if (item.sampler->params().logprobs || item.logits != LogitsMode::kNone) return false;
-  // A mask that allows nothing is left out, as the CPU sampler ignores it
-  // (the filter reports the failure when the token is recorded).
-  if (std::all_of(allowed, allowed + d.mask_words, [](uint32_t w) { return w == 0; })) return true;
   if (sampling->masks == d.mask_capacity) return false;
-  std::memcpy(d.masks_host + static_cast<size_t>(sampling->masks) * d.mask_words, allowed,
-              d.mask_words * sizeof(uint32_t));
   d.mask_rows_host[sampling->masks++] = index;  // an item index until Upload
+  sampling->masked.push_back(item.sampler);
   return true;
 }
 
@@ -124,11 +139,11 @@ absl::Status DeviceSampler::UploadMasks(const DeviceSampling& sampling, const St
     d.mask_rows_host[m] = plan.first_row[d.mask_rows_host[m]];
   }
   d.mask_rows_host[d.mask_capacity] = sampling.masks;
-  FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(
-      d.masks, d.masks_host, static_cast<size_t>(sampling.masks) * d.mask_words * sizeof(uint32_t),
-      cudaMemcpyHostToDevice, d.stream));
+  // The step's number, never 0 (what mask_ready starts at).
+  mask_step_ = mask_step_ == INT32_MAX ? 1 : mask_step_ + 1;
+  d.mask_rows_host[d.mask_capacity + 1] = mask_step_;
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.mask_rows, d.mask_rows_host,
-                                       (d.mask_capacity + 1) * sizeof(int32_t),
+                                       (d.mask_capacity + 2) * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, d.stream));
   return absl::OkStatus();
 }
@@ -143,8 +158,9 @@ absl::Status DeviceSampler::Launch(const DeviceSampling& sampling, int rows, cud
   CudaDeviceState& d = d_;
   const int V = vocab_, cap = CudaDeviceState::kAdjustCapacity;
   if (sampling.masks > 0) {
-    FLOTILLA_CUDA_RETURN(kc::LaunchMaskLogits(d.logits, V, d.mask_rows, d.masks,
-                                              d.mask_rows + d.mask_capacity, d.mask_capacity, s));
+    FLOTILLA_CUDA_RETURN(kc::LaunchMaskLogitsWhenReady(d.logits, V, d.mask_rows, d.masks_host,
+                                                       d.mask_capacity, d.mask_ready, kMaskWaitNs,
+                                                       d.mask_late, s));
   }
   if (sampling.adjustments == 0) {
     FLOTILLA_CUDA_RETURN(kc::LaunchSample(d.logits, rows, V, d.sample_params, d.sampled_tokens,
@@ -181,6 +197,10 @@ absl::Status DeviceSampler::Collect(const std::vector<StepItem>& items,
                                        cudaMemcpyDeviceToHost, s));
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.logprobs_host, d.sampled_logprobs, rows * sizeof(float),
                                        cudaMemcpyDeviceToHost, s));
+  if (sampling.masks > 0) {
+    FLOTILLA_CUDA_RETURN(
+        cudaMemcpyAsync(d.mask_late_host, d.mask_late, sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  }
   if (top > 0) {
     FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.top_ids_host, d.top_ids,
                                          static_cast<size_t>(rows) * top * sizeof(int32_t),
@@ -200,6 +220,13 @@ absl::Status DeviceSampler::Collect(const std::vector<StepItem>& items,
     }
   }
   FLOTILLA_RETURN_IF_ERROR(wait());
+  if (sampling.masks > 0 && *d.mask_late_host != 0) {
+    *d.mask_late_host = 0;
+    FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.mask_late, 0, sizeof(int32_t), s));
+    return absl::InternalError(absl::StrCat("structured outputs: the step's token masks were not ",
+                                            "written within ", kMaskWaitNs / 1000000000,
+                                            " s of its launch"));
+  }
   if (sampled != nullptr) {
     sampled->resize(plan.real_items);
     for (int i = 0; i < plan.real_items; ++i) {

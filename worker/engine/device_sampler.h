@@ -31,7 +31,8 @@ struct DeviceSampling {
   std::vector<kernels::cuda::SamplingRow> rows;
   std::vector<Sampler*> samplers;
   int adjustments = 0;
-  int masks = 0;  // rows staged with a token mask
+  int masks = 0;                 // rows with a token mask slot
+  std::vector<Sampler*> masked;  // their samplers, by slot
   int top_n = 0;
   bool logprobs = false;  // some row reports logprobs
 };
@@ -44,15 +45,17 @@ class DeviceSampler {
   DeviceSampler(const DeviceSampler&) = delete;
   DeviceSampler& operator=(const DeviceSampler&) = delete;
 
-  // Computes the masks of the step's structured-output rows in parallel
-  // (each a copy from the shared mask cache or a walk of the token trie), so
-  // that Prepare finds them ready.
-  void PrefetchMasks(const std::vector<StepItem>& items);
-  // The items' samplers into `sampling` (rows, adjustments and masks staged
-  // in the pinned buffers). False when the step's adjustments or masks do
-  // not fit the device buffers, or a masked row needs its raw logits: host
-  // sampling then.
+  // The items' samplers into `sampling` (rows and adjustments staged in the
+  // pinned buffers, a mask slot per structured-output row). False when the
+  // step's adjustments or masks do not fit the device buffers, or a masked
+  // row needs its raw logits: host sampling then.
   bool Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling);
+  // Once the step is launched: computes the masks of its structured-output
+  // rows in parallel (each a copy from the shared mask cache or a walk of the
+  // token trie) into the pinned slots, then tells the device they are there.
+  // The step's sampling waits for this on the device, so the masks cost
+  // nothing while they take less than the step's layers.
+  void WriteMasks(const DeviceSampling& sampling);
   // The graph variant a sampling setup needs (adjustments, logprobs, top-n).
   static int Variant(const DeviceSampling& sampling);
   // The staged rows, adjustments and masks up to the device, item indices
@@ -70,13 +73,13 @@ class DeviceSampler {
  private:
   // Stages item `index`'s token mask (structured outputs) for the device;
   // false when the step must sample on the host instead.
-  bool StageMask(const StepItem& item, int index, const uint32_t* allowed,
-                 DeviceSampling* sampling);
+  bool StageMask(const StepItem& item, int index, DeviceSampling* sampling);
   absl::Status UploadMasks(const DeviceSampling& sampling, const StepLayout& plan);
 
   CudaDeviceState& d_;
   int vocab_;
-  std::unique_ptr<kernels::cpu::ThreadPool> mask_pool_;  // PrefetchMasks, made at first use
+  std::unique_ptr<kernels::cpu::ThreadPool> mask_pool_;  // WriteMasks, made at first use
+  int32_t mask_step_ = 0;                                // the number of the last step with masks
 };
 
 }  // namespace flotilla
