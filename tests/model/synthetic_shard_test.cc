@@ -15,6 +15,7 @@
 
 #include "common/bf16.h"
 #include "common/model_spec.h"
+#include "tests/model/bad_synthetic_specs.h"
 #include "tests/model/test_util.h"
 #include "tools/checkpoint/synthetic_checkpoint.h"
 #include "worker/model/checkpoint.h"
@@ -134,19 +135,7 @@ TEST(SyntheticModelSpec, LayersKeepThePresetsFirstLayers) {
 }
 
 TEST(SyntheticModelSpec, BadSpecsSayWhatIsWrong) {
-  const struct {
-    const char* spec;
-    const char* problem;
-  } cases[] = {{"synthetic:foo", "unknown preset 'foo'"},
-               {"synthetic:", "unknown preset ''"},
-               {"synthetic:tiny:x", "seed 'x' is not a non-negative"},
-               {"synthetic:tiny:-1", "seed '-1'"},
-               {"synthetic:tiny:", "seed ''"},
-               {"synthetic:tiny:99999999999999999999", "seed '99999999999999999999'"},
-               {"synthetic:tiny:1:2:3", "too many ':' fields"},
-               {"synthetic:tiny:1:0", "layers '0' is not a whole number"},
-               {"synthetic:120b:1:37", "layers '37'"}};
-  for (const auto& c : cases) {
+  for (const auto& c : testing_util::kBadSyntheticSpecs) {
     auto spec = ParseSyntheticModel(c.spec);
     ASSERT_FALSE(spec.ok()) << c.spec;
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);

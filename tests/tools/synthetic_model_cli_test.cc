@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tests/model/bad_synthetic_specs.h"
 #include "tests/run_command.h"
 
 namespace {
@@ -52,15 +53,7 @@ TEST(SyntheticModelCli, GeneratesTheTokensOfTheWrittenCheckpoint) {
 }
 
 TEST(SyntheticModelCli, BadSpecsFailWithTheProblemNamed) {
-  const struct {
-    const char* spec;
-    const char* problem;
-  } cases[] = {{"synthetic:foo", "unknown preset 'foo'"},
-               {"synthetic:tiny:x", "seed 'x' is not a non-negative"},
-               {"synthetic:tiny:1:2:3", "too many ':' fields"},
-               {"synthetic:tiny:1:0", "layers '0' is not a whole number"},
-               {"synthetic:120b:1:37", "layers '37'"}};
-  for (const auto& c : cases) {
+  for (const auto& c : flotilla::testing_util::kBadSyntheticSpecs) {
     auto [rc, out] = RunCommand(Flotilla(std::string("generate --model ") + c.spec +
                                          " --prompt-ids 1 --max-tokens 1 2>&1"));
     EXPECT_EQ(rc, 2) << out;
