@@ -1,5 +1,5 @@
-// Speculative decoding end to end: a local cluster (one CPU worker) whose
-// coordinator sets --speculative-method ngram. A request that leaves the
+// Speculative decoding end to end: local clusters (one CPU worker, and four
+// as TP 2 x DP 2) whose coordinator sets --speculative-method ngram. A request that leaves the
 // choice to the server drafts (the /metrics counters move) and streams the
 // tokens of the same request with speculation turned off in its own
 // SamplingParams; an unknown method is INVALID_ARGUMENT naming it.
@@ -81,6 +81,31 @@ TEST_F(SpeculativeCluster, DraftsByDefaultAndStreamsTheTokensOfARunWithout) {
   EXPECT_GT(steps, 0);
   // Printed with six significant digits.
   EXPECT_NEAR(Metric("flotilla_spec_decode_mean_acceptance_length"), 1 + accepted / steps, 1e-4);
+}
+
+// Four workers as TP 2 x DP 2: the plans carry the drafts and the accepted
+// tokens to the peer of each leader.
+class SpeculativeTpCluster : public testing_util::LocalClusterSuite<SpeculativeTpCluster> {
+ public:
+  static void Configure(cli::LocalClusterOptions& o) {
+    o.workers = 4;
+    o.tp = 2;
+    o.threads_per_worker = 1;
+    o.coordinator_args = {"--speculative-method", "ngram", "--num-speculative-tokens", "3"};
+  }
+};
+
+TEST_F(SpeculativeTpCluster, GreedyAndSeededTokensAreThoseWithoutSpeculation) {
+  for (bool seeded : {false, true}) {
+    SCOPED_TRACE(seeded ? "seeded" : "greedy");
+    const Generated off = Generate(cluster_->address(), "off", seeded);
+    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
+    const Generated on = Generate(cluster_->address(), "", seeded);
+    ASSERT_TRUE(on.status.ok()) << on.status.error_message();
+    EXPECT_EQ(on.tokens, off.tokens);
+  }
+  ASSERT_TRUE(WaitIdle());
+  EXPECT_GT(Metric("flotilla_spec_decode_num_draft_tokens_total"), 0);
 }
 
 TEST_F(SpeculativeCluster, AnUnknownMethodIsRefusedByName) {
