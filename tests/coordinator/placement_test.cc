@@ -110,19 +110,25 @@ TEST(ParallelConfig, TensorParallelMoeSlicesTheIntermediateInWholeBlocks) {
 
 TEST(Placement, MoeLayoutAutomaticOrAsAsked) {
   ModelConfig m = ModelConfig::Gptoss120b();
-  // Automatic: tensor parallel only for a GPU instance of one TP group.
-  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 2, 2),
-            MoeLayout::kTensorParallel);
-  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 4, 2),
-            MoeLayout::kExpertParallel);
-  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 2, 1),
-            MoeLayout::kExpertParallel);
-  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCpu, 2, 2),
-            MoeLayout::kExpertParallel);
-  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_EP, DeviceKind::kCuda, 2, 2),
-            MoeLayout::kExpertParallel);
-  EXPECT_EQ(ChooseMoeLayout(cluster::MOE_LAYOUT_TP, DeviceKind::kCpu, 4, 2),
-            MoeLayout::kTensorParallel);
+  const struct {
+    cluster::MoeLayout requested;
+    DeviceKind device;
+    int world, tp;
+    MoeLayout chosen;
+  } cases[] = {
+      // Automatic: tensor parallel only for a GPU instance of one TP group.
+      {cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 2, 2, MoeLayout::kTensorParallel},
+      {cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 4, 2, MoeLayout::kExpertParallel},
+      {cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCuda, 2, 1, MoeLayout::kExpertParallel},
+      {cluster::MOE_LAYOUT_UNSPECIFIED, DeviceKind::kCpu, 2, 2, MoeLayout::kExpertParallel},
+      // As asked.
+      {cluster::MOE_LAYOUT_EP, DeviceKind::kCuda, 2, 2, MoeLayout::kExpertParallel},
+      {cluster::MOE_LAYOUT_TP, DeviceKind::kCpu, 4, 2, MoeLayout::kTensorParallel},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(ChooseMoeLayout(c.requested, c.device, c.world, c.tp), c.chosen)
+        << "requested " << c.requested << ", world " << c.world << ", tp " << c.tp;
+  }
   LayoutRequest ask;
   ask.tp_size = 2;
   ask.moe = cluster::MOE_LAYOUT_TP;

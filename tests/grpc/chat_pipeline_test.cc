@@ -86,6 +86,15 @@ Merged Merge(const std::vector<v1::ChatResponse>& rs) {
   return m;
 }
 
+// Appends a message of `role` (with `content`, when given) to `request`.
+v1::ChatMessage* AddMessage(v1::ChatRequest& request, v1::ChatMessage::Role role,
+                            const std::string& content = "") {
+  v1::ChatMessage* message = request.add_messages();
+  message->set_role(role);
+  if (!content.empty()) message->set_content(content);
+  return message;
+}
+
 TEST(ChatStreamTest, ReasoningAndAnswerStreamApart) {
   tk::TokenId stop;
   std::vector<tk::TokenId> ids =
@@ -146,18 +155,14 @@ TEST(ChatStreamTest, ToolCallTurnAndFollowUp) {
   // The follow-up turn: the call and its result, rendered the same way the
   // OpenAI body of the same conversation renders.
   v1::ChatRequest req;
-  auto* u = req.add_messages();
-  u->set_role(v1::ChatMessage::USER);
-  u->set_content("Weather in Tokyo?");
-  auto* a = req.add_messages();
-  a->set_role(v1::ChatMessage::ASSISTANT);
+  AddMessage(req, v1::ChatMessage::USER, "Weather in Tokyo?");
+  auto* a = AddMessage(req, v1::ChatMessage::ASSISTANT);
   a->set_reasoning(m.reasoning);
   auto* call = a->add_tool_calls();
   call->set_id(m.calls[0].id());
   call->set_name("get_weather");
   call->set_arguments(m.calls[0].arguments());
-  auto* t = req.add_messages();
-  t->set_role(v1::ChatMessage::TOOL);
+  auto* t = AddMessage(req, v1::ChatMessage::TOOL);
   t->set_tool_call_id(m.calls[0].id());
   t->set_name("get_weather");
   t->set_content(R"({"temp_c": 21})");
@@ -261,12 +266,8 @@ TEST(ChatStreamTest, RawTokensOnRequest) {
 
 TEST(ChatRequestTest, SamplingAndOptionsMapToThePrompt) {
   v1::ChatRequest req;
-  auto* sys = req.add_messages();
-  sys->set_role(v1::ChatMessage::SYSTEM);
-  sys->set_content("Be terse.");
-  auto* u = req.add_messages();
-  u->set_role(v1::ChatMessage::USER);
-  u->set_content("Hi");
+  AddMessage(req, v1::ChatMessage::SYSTEM, "Be terse.");
+  AddMessage(req, v1::ChatMessage::USER, "Hi");
   common::SamplingParams* s = req.mutable_sampling();
   s->set_temperature(0);
   s->set_top_p(0.5f);
@@ -315,9 +316,7 @@ TEST(ChatRequestTest, SamplingAndOptionsMapToThePrompt) {
 // body's response_format and `strict: true`.
 TEST(ChatRequestTest, ResponseFormatAndStrictToolsBecomeTheConstraint) {
   v1::ChatRequest r;
-  auto* u = r.add_messages();
-  u->set_role(v1::ChatMessage::USER);
-  u->set_content("Hi");
+  AddMessage(r, v1::ChatMessage::USER, "Hi");
   absl::StatusOr<PreparedRequest> p = PrepareChat(r, "m", Tok(), {});
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_FALSE(p->constraint.has_value());
@@ -376,9 +375,7 @@ TEST(ChatRequestTest, ResponseFormatAndStrictToolsBecomeTheConstraint) {
 TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
   auto base = [] {
     v1::ChatRequest r;
-    auto* u = r.add_messages();
-    u->set_role(v1::ChatMessage::USER);
-    u->set_content("Hi");
+    AddMessage(r, v1::ChatMessage::USER, "Hi");
     return r;
   };
   // The edit that asks for a response format of `type` with `schema` (null: none).
@@ -405,26 +402,19 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "messages[0].reasoning"},
       {[](v1::ChatRequest& r) { r.mutable_messages(0)->set_tool_call_id("c"); },
        absl::StatusCode::kInvalidArgument, "messages[0].tool_call_id"},
-      {[](v1::ChatRequest& r) {
-         auto* t = r.add_messages();
-         t->set_role(v1::ChatMessage::TOOL);
-         t->set_content("42");
-       },
+      {[](v1::ChatRequest& r) { AddMessage(r, v1::ChatMessage::TOOL, "42"); },
        absl::StatusCode::kInvalidArgument, "messages[1].tool_call_id"},
       {[](v1::ChatRequest& r) {
-         auto* t = r.add_messages();
-         t->set_role(v1::ChatMessage::TOOL);
+         auto* t = AddMessage(r, v1::ChatMessage::TOOL);
          t->set_tool_call_id("call_nope");
        },
        absl::StatusCode::kInvalidArgument, "messages[1].tool_call_id"},
       {[](v1::ChatRequest& r) {
-         auto* a = r.add_messages();
-         a->set_role(v1::ChatMessage::ASSISTANT);
+         auto* a = AddMessage(r, v1::ChatMessage::ASSISTANT);
          auto* c = a->add_tool_calls();
          c->set_id("call_1");
          c->set_name("f");
-         auto* t = r.add_messages();
-         t->set_role(v1::ChatMessage::TOOL);
+         auto* t = AddMessage(r, v1::ChatMessage::TOOL);
          t->set_tool_call_id("call_1");
          t->set_name("g");
        },
