@@ -133,6 +133,25 @@ absl::StatusOr<DeveloperContent> DeveloperFromJson(const Json& j, const std::str
   return d;
 }
 
+// The content only a message of `owner`'s role carries, under `key` (the
+// role's name): read when the message has that role (defaults when absent),
+// refused on a message of another role.
+template <typename Content, typename Read>
+absl::Status ReadRoleContent(const Json& j, const std::string& where, Role role, Role owner,
+                             const std::string& key, std::optional<Content>& out, Read read) {
+  auto it = j.find(key);
+  if (role != owner) {
+    if (it == j.end()) return absl::OkStatus();
+    return Invalid(where + "." + key, "only a " + key + " message may carry " + key + " content");
+  }
+  if (it == j.end()) {
+    out = Content();
+    return absl::OkStatus();
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(out, read(*it, where + "." + key));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 const char* RoleName(Role role) {
@@ -176,26 +195,13 @@ absl::StatusOr<Message> MessageFromJson(const Json& j, const std::string& where)
     }
     FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.content, where + ".content"));
   }
-  if (m.role == Role::kSystem) {
-    auto it = j.find("system");
-    if (it != j.end()) {
-      FLOTILLA_ASSIGN_OR_RETURN(m.system, SystemFromJson(*it, where + ".system"));
-    } else {
-      m.system = SystemContent();
-    }
-  } else if (j.contains("system")) {
-    return Invalid(where + ".system", "only a system message may carry system content");
-  }
-  if (m.role == Role::kDeveloper) {
-    auto it = j.find("developer");
-    if (it != j.end()) {
-      FLOTILLA_ASSIGN_OR_RETURN(m.developer, DeveloperFromJson(*it, where + ".developer"));
-    } else {
-      m.developer = DeveloperContent();
-      if (!m.content.empty()) m.developer->instructions = m.content;
-    }
-  } else if (j.contains("developer")) {
-    return Invalid(where + ".developer", "only a developer message may carry developer content");
+  FLOTILLA_RETURN_IF_ERROR(
+      ReadRoleContent(j, where, m.role, Role::kSystem, "system", m.system, SystemFromJson));
+  FLOTILLA_RETURN_IF_ERROR(ReadRoleContent(j, where, m.role, Role::kDeveloper, "developer",
+                                           m.developer, DeveloperFromJson));
+  // A developer message without developer content: its text is the instructions.
+  if (m.role == Role::kDeveloper && !j.contains("developer") && !m.content.empty()) {
+    m.developer->instructions = m.content;
   }
   if (m.role == Role::kTool && m.name.empty()) {
     return Invalid(where + ".name", "a tool message needs the tool's name (e.g. functions.get_weather)");

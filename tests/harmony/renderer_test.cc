@@ -225,5 +225,27 @@ TEST(ConversationJson, UnknownRoleAndBadFields) {
   EXPECT_FALSE(ConversationFromJson(Json::parse(R"([{"role": "tool", "content": "x"}])")).ok());
 }
 
+TEST(ConversationJson, RoleContentBelongsToItsRole) {
+  // System and developer content on a message of another role: refused, naming the field.
+  for (const char* text : {R"({"conversation": [{"role": "user", "content": "x", "system": {}}]})",
+                           R"({"conversation": [{"role": "system", "developer": {}}]})"}) {
+    auto refused = ConversationFromJson(Json::parse(text));
+    ASSERT_FALSE(refused.ok()) << text;
+    EXPECT_NE(std::string(refused.status().message()).find("only a "), std::string::npos)
+        << refused.status();
+  }
+  auto user = ConversationFromJson(
+      Json::parse(R"({"conversation": [{"role": "user", "content": "x", "system": {}}]})"));
+  EXPECT_NE(std::string(user.status().message()).find("conversation[0].system"), std::string::npos)
+      << user.status();
+  // Absent, each takes its default; a developer message's text becomes its instructions.
+  auto ok = ConversationFromJson(Json::parse(
+      R"({"conversation": [{"role": "system"}, {"role": "developer", "content": "Be brief."}]})"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE((*ok)[0].system.has_value());
+  ASSERT_TRUE((*ok)[1].developer.has_value());
+  EXPECT_EQ((*ok)[1].developer->instructions, "Be brief.");
+}
+
 }  // namespace
 }  // namespace flotilla::harmony
