@@ -11,6 +11,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unordered_set>
 
 #include "comm/local/local_communicator.h"
 #include "tests/engine/golden_fixtures.h"
@@ -224,6 +225,95 @@ TEST(VerifyDraftTest, SeededDrawsAreThoseOfARunWithoutADraft) {
     std::vector<int32_t> got = TokensOf(v.accepted);
     got.push_back(v.next.token);
     EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + got.size()));
+  }
+}
+
+// ---- the engine's side ----
+
+// A drafted chunk grows the sequence only by its real tokens; the next step
+// commits the accepted ones; what is not the start of the last draft, or a
+// chunk of nothing but draft, is refused; an engine that does not verify
+// drafts refuses them.
+TEST(DraftedStepTest, TheSequenceKeepsOnlyWhatVerificationAccepted) {
+  ModelConfig c = ModelConfig::Tiny();
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(c, 3, ShardSpec{});
+  ASSERT_TRUE(w.ok()) << w.status();
+  CpuEngineOptions eo;
+  eo.kv_block_size = 4;
+  eo.kv_num_blocks = 256;
+  std::unique_ptr<CpuEngine> engine = *CpuEngine::Create(*std::move(w), eo, nullptr);
+  const int64_t seq = engine->NewSequence();
+  ASSERT_TRUE(engine->Step({StepItem{seq, {5, 6, 7}, LogitsMode::kNone}}).ok());
+  StepItem drafted{seq, {8, 9, 10, 11}, LogitsMode::kNone, nullptr, 3};
+  absl::StatusOr<StepOutput> out = engine->Step({drafted});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*engine->SequenceLength(seq), 4);
+  const int64_t free_before = engine->KvFreeBlocks();
+
+  StepItem wrong{seq, {3}, LogitsMode::kNone};
+  wrong.accepted_draft = {9, 11};
+  absl::StatusOr<StepOutput> refused = engine->Step({wrong});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("not the start of its last step's draft"),
+            std::string::npos)
+      << refused.status();
+  StepItem all_draft{seq, {3}, LogitsMode::kNone, nullptr, 1};
+  EXPECT_FALSE(engine->Step({all_draft}).ok());
+  EXPECT_EQ(*engine->SequenceLength(seq), 4);  // nothing changed
+
+  StepItem accepted{seq, {3}, LogitsMode::kNone};
+  accepted.accepted_draft = {9, 10};
+  ASSERT_TRUE(engine->Step({accepted}).ok());
+  EXPECT_EQ(*engine->SequenceLength(seq), 7);
+  EXPECT_EQ(engine->KvFreeBlocks(), free_before);  // the draft's blocks were reused
+  // The draft is gone once a step ran without accepting it.
+  StepItem late{seq, {4}, LogitsMode::kNone};
+  late.accepted_draft = {11};
+  EXPECT_FALSE(engine->Step({late}).ok());
+
+  std::unordered_set<int64_t> seen;
+  absl::Status no_verifier = CheckStepItem(drafted, true, c.vocab_size, &seen);
+  EXPECT_EQ(no_verifier.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_verifier.message().find("does not verify drafts"), std::string::npos);
+  ASSERT_TRUE(engine->FreeSequence(seq).ok());
+  EXPECT_EQ(engine->KvFreeBlocks(), engine->KvTotalBlocks());
+}
+
+// The same token whether the logits of a position come from a drafted
+// chunk or a step of its own: greedy verification is exact on this engine.
+TEST(DraftedStepTest, VerifiedRowsAreTheRowsOfSingleSteps) {
+  ModelConfig c = ModelConfig::Tiny();
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(c, 4, ShardSpec{});
+  ASSERT_TRUE(w.ok()) << w.status();
+  CpuEngineOptions eo;
+  eo.kv_block_size = 4;
+  eo.kv_num_blocks = 256;
+  std::unique_ptr<CpuEngine> engine = *CpuEngine::Create(*std::move(w), eo, nullptr);
+  const std::vector<int32_t> prompt = {11, 22, 33, 44, 55};
+  const std::vector<int32_t> draft = {66, 77, 88};
+  // One token at a time.
+  const int64_t one = engine->NewSequence();
+  ASSERT_TRUE(engine->Step({StepItem{one, prompt, LogitsMode::kNone}}).ok());
+  std::vector<float> want;
+  std::vector<int32_t> feed = {99};
+  feed.insert(feed.end(), draft.begin(), draft.end());
+  for (int32_t t : feed) {
+    absl::StatusOr<StepOutput> o = engine->Step({StepItem{one, {t}, LogitsMode::kLast}});
+    ASSERT_TRUE(o.ok()) << o.status();
+    want.insert(want.end(), o->logits[0].begin(), o->logits[0].end());
+  }
+  // The same positions as one drafted chunk.
+  const int64_t chunk = engine->NewSequence();
+  ASSERT_TRUE(engine->Step({StepItem{chunk, prompt, LogitsMode::kNone}}).ok());
+  absl::StatusOr<StepOutput> o =
+      engine->Step({StepItem{chunk, feed, LogitsMode::kLast, nullptr, 3}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_EQ(o->logits[0].size(), want.size());
+  for (size_t r = 0; r < feed.size(); ++r) {
+    EXPECT_EQ(Argmax(o->logits[0].data() + r * c.vocab_size, c.vocab_size),
+              Argmax(want.data() + r * c.vocab_size, c.vocab_size))
+        << "row " << r;
   }
 }
 
