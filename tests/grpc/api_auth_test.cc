@@ -44,6 +44,22 @@ std::pair<int, std::string> RunCommand(const std::string& cmd) {
   return flotilla::testing_util::RunCommandWithStderr(cmd);
 }
 
+// The admin key as an HTTP client sends it.
+httplib::Headers AdminHeaders() { return {{"Authorization", std::string("Bearer ") + kAdmin}}; }
+
+// GETs `path` with `headers` and expects `status`: the body ("" when no
+// answer came, a test failure too).
+std::string Body(httplib::Client& http, const std::string& path, const httplib::Headers& headers,
+                 int status) {
+  auto res = http.Get(path, headers);
+  if (!res) {
+    ADD_FAILURE() << path << ": no answer";
+    return "";
+  }
+  EXPECT_EQ(res->status, status) << path << ": " << res->body;
+  return res->body;
+}
+
 class ApiAuthTest : public testing_util::LocalClusterSuite<ApiAuthTest> {
  public:
   static void Configure(cli::LocalClusterOptions& o) {
@@ -356,9 +372,7 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
     EXPECT_EQ(post->status, 401);
   }
   httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
-  auto models = http.Get("/v1/models", alice);
-  ASSERT_TRUE(models);
-  EXPECT_EQ(models->status, 200);
+  Body(http, "/v1/models", alice, 200);
   const std::string model = Model();
   const nlohmann::json request = {
       {"model", model}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 2}};
@@ -369,18 +383,11 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
   EXPECT_EQ(id.rfind("chatcmpl-", 0), 0u) << id;
   EXPECT_EQ(id.size(), std::string("chatcmpl-").size() + 32) << id;
   // /metrics tells about every tenant's requests: the admin key's only.
-  auto metrics = http.Get("/metrics", alice);
-  ASSERT_TRUE(metrics);
-  EXPECT_EQ(metrics->status, 403);
-  EXPECT_EQ(nlohmann::json::parse(metrics->body)["error"]["code"], "admin_key_required");
-  metrics = http.Get("/metrics", {{"Authorization", std::string("Bearer ") + kAdmin}});
-  ASSERT_TRUE(metrics);
-  EXPECT_EQ(metrics->status, 200);
-  EXPECT_NE(metrics->body.find("flotilla_"), std::string::npos);
+  const std::string refused = Body(http, "/metrics", alice, 403);
+  EXPECT_EQ(nlohmann::json::parse(refused)["error"]["code"], "admin_key_required") << refused;
+  EXPECT_NE(Body(http, "/metrics", AdminHeaders(), 200).find("flotilla_"), std::string::npos);
   // Probes go without a key.
-  auto health = http.Get("/health");
-  ASSERT_TRUE(health);
-  EXPECT_EQ(health->status, 200);
+  Body(http, "/health", {}, 200);
 }
 
 // A stored response belongs to the key that created it: another key gets the
@@ -432,9 +439,7 @@ TEST_F(ApiAuthTest, StoredResponsesAreTheirKeysOnly) {
   ASSERT_TRUE(deleted);
   EXPECT_EQ(deleted->status, 200) << deleted->body;
   EXPECT_EQ(nlohmann::json::parse(deleted->body)["deleted"], true);
-  auto gone = http.Get("/v1/responses/" + id, alice);
-  ASSERT_TRUE(gone);
-  EXPECT_EQ(gone->status, 404);
+  Body(http, "/v1/responses/" + id, alice, 404);
 }
 
 // A background response is its key's too while it runs: another key can
@@ -479,7 +484,7 @@ TEST_F(ApiAuthTest, BackgroundResponsesAreTheirKeysOnly) {
 
 // The prefix cache's counters as the admin sees them: {queries, hits} in tokens.
 std::pair<uint64_t, uint64_t> PrefixCounters(httplib::Client& http) {
-  auto res = http.Get("/metrics", {{"Authorization", std::string("Bearer ") + kAdmin}});
+  auto res = http.Get("/metrics", AdminHeaders());
   if (!res || res->status != 200) return {0, 0};
   auto value = [&](const std::string& name) -> uint64_t {  // name{labels} value
     const size_t at = res->body.find("\n" + name + "{");
@@ -555,13 +560,9 @@ TEST_F(ApiAuthTest, PrefixCacheIsSharedOnlyWithinAKeyOrASalt) {
 TEST_F(ApiAuthTest, MetricsListenerIsOpenAndServesOnlyMetrics) {
   ASSERT_GT(metrics_port_, 0);
   httplib::Client metrics("127.0.0.1", metrics_port_);
-  auto res = metrics.Get("/metrics");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
-  EXPECT_NE(res->body.find("flotilla_requests_in_flight"), std::string::npos);
-  auto other = metrics.Get("/v1/models");
-  ASSERT_TRUE(other);
-  EXPECT_EQ(other->status, 404);
+  EXPECT_NE(Body(metrics, "/metrics", {}, 200).find("flotilla_requests_in_flight"),
+            std::string::npos);
+  Body(metrics, "/v1/models", {}, 404);
 }
 
 TEST_F(ApiAuthTest, CliSendsTheKey) {
