@@ -93,6 +93,16 @@ class ApiAuthTest : public testing_util::LocalClusterSuite<ApiAuthTest> {
   static void Key(grpc::ClientContext& ctx, const std::string& key) {
     if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
   }
+  // Admin call `rpc` with `request`, sent with `key` (empty: none).
+  template <typename Request, typename Response>
+  static grpc::Status AdminCall(const std::string& key,
+                                grpc::Status (admin::Admin::Stub::*rpc)(grpc::ClientContext*,
+                                                                        const Request&, Response*),
+                                const Request& request, Response* response) {
+    grpc::ClientContext ctx;
+    Key(ctx, key);
+    return (Admin().get()->*rpc)(&ctx, request, response);
+  }
   static v1::GenerateRequest Prompt(uint32_t max_tokens) {
     v1::GenerateRequest r;
     for (int id : {1, 2, 3}) r.mutable_prompt_ids()->add_ids(id);
@@ -113,11 +123,10 @@ TEST_F(ApiAuthTest, GrpcWithoutAValidKeyIsUnauthenticated) {
     EXPECT_EQ(c->Chat(chat).status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(c->ListModels().status().code(), absl::StatusCode::kUnauthenticated);
     EXPECT_EQ(c->Cancel("0123").status().code(), absl::StatusCode::kUnauthenticated);
-    grpc::ClientContext ctx;
-    Key(ctx, key);
     admin::ClusterStatus s;
-    EXPECT_EQ(Admin()->GetStatus(&ctx, admin::GetStatusRequest(), &s).error_code(),
-              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(
+        AdminCall(key, &admin::Admin::Stub::GetStatus, admin::GetStatusRequest(), &s).error_code(),
+        grpc::StatusCode::UNAUTHENTICATED);
   }
 }
 
@@ -128,10 +137,9 @@ TEST_F(ApiAuthTest, GrpcWithAKeyWorks) {
     ASSERT_TRUE(g.ok()) << key << ": " << g.status();
     EXPECT_EQ(g->token_ids.size(), 3u);
     EXPECT_TRUE(c->ListModels().ok());
-    grpc::ClientContext ctx;
-    Key(ctx, key);
     admin::ClusterStatus s;
-    EXPECT_TRUE(Admin()->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok()) << "reads: any key";
+    EXPECT_TRUE(AdminCall(key, &admin::Admin::Stub::GetStatus, admin::GetStatusRequest(), &s).ok())
+        << "reads: any key";
   }
 }
 
@@ -203,26 +211,21 @@ TEST_F(ApiAuthTest, UndecodableRequestsAreInvalidArgumentNamingTheMessage) {
     EXPECT_EQ(call(method, garbage, "").error_code(), grpc::StatusCode::UNAUTHENTICATED) << method;
   }
   // Well-formed requests still work.
-  grpc::ClientContext ctx;
-  Key(ctx, kAlice);
   admin::ClusterStatus s;
-  EXPECT_TRUE(Admin()->GetStatus(&ctx, admin::GetStatusRequest(), &s).ok());
+  EXPECT_TRUE(
+      AdminCall(kAlice, &admin::Admin::Stub::GetStatus, admin::GetStatusRequest(), &s).ok());
 }
 
 TEST_F(ApiAuthTest, SetExpertMapNeedsAnAdminKey) {
   cluster::ExpertMap current;
-  {
-    grpc::ClientContext ctx;
-    Key(ctx, kAlice);
-    ASSERT_TRUE(Admin()->GetExpertMap(&ctx, admin::GetExpertMapRequest(), &current).ok());
-  }
+  ASSERT_TRUE(
+      AdminCall(kAlice, &admin::Admin::Stub::GetExpertMap, admin::GetExpertMapRequest(), &current)
+          .ok());
   cluster::ExpertMap next = current;
   next.set_version(current.version() + 1);
   auto set = [&](const std::string& key) {
-    grpc::ClientContext ctx;
-    Key(ctx, key);
     cluster::ExpertMap out;
-    return Admin()->SetExpertMap(&ctx, next, &out);
+    return AdminCall(key, &admin::Admin::Stub::SetExpertMap, next, &out);
   };
   EXPECT_EQ(set("").error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(set("unknown").error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -231,10 +234,9 @@ TEST_F(ApiAuthTest, SetExpertMapNeedsAnAdminKey) {
   grpc::Status admin = set(kAdmin);
   EXPECT_TRUE(admin.ok()) << admin.error_message();
   // MeasureEngine pauses serving: an admin call too.
-  grpc::ClientContext ctx;
-  Key(ctx, kBob);
   cluster::EngineMeasurement m;
-  EXPECT_EQ(Admin()->MeasureEngine(&ctx, cluster::MeasureEngineRequest(), &m).error_code(),
+  EXPECT_EQ(AdminCall(kBob, &admin::Admin::Stub::MeasureEngine, cluster::MeasureEngineRequest(), &m)
+                .error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
 }
 
