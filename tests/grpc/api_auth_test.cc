@@ -93,6 +93,36 @@ class ApiAuthTest : public testing_util::LocalClusterSuite<ApiAuthTest> {
   static void Key(grpc::ClientContext& ctx, const std::string& key) {
     if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
   }
+  // A unary call of `method` with `bytes` as its request, whatever they are
+  // (no protobuf on this side), sent with `key` (empty: none): the status,
+  // and the response's bytes in `*response` when given.
+  static grpc::Status RawCall(const std::string& method, const std::string& bytes,
+                              const std::string& key, std::string* response = nullptr) {
+    grpc::GenericStub stub(
+        grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+    grpc::CompletionQueue cq;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    Key(ctx, key);
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    auto rpc = stub.PrepareUnaryCall(&ctx, method, request, &cq);
+    rpc->StartCall();
+    grpc::ByteBuffer answer;
+    grpc::Status status;
+    rpc->Finish(&answer, &status, reinterpret_cast<void*>(1));
+    void* tag = nullptr;
+    bool ok = false;
+    EXPECT_TRUE(cq.Next(&tag, &ok));
+    if (response != nullptr && status.ok()) {
+      std::vector<grpc::Slice> slices;
+      EXPECT_TRUE(answer.Dump(&slices).ok());
+      for (const grpc::Slice& s : slices) {
+        response->append(reinterpret_cast<const char*>(s.begin()), s.size());
+      }
+    }
+    return status;
+  }
   // Admin call `rpc` with `request`, sent with `key` (empty: none).
   template <typename Request, typename Response>
   static grpc::Status AdminCall(const std::string& key,
@@ -144,53 +174,17 @@ TEST_F(ApiAuthTest, GrpcWithAKeyWorks) {
 }
 
 TEST_F(ApiAuthTest, GrpcHealthStaysOpen) {
-  grpc::GenericStub stub(
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
-  grpc::CompletionQueue cq;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1);  // HealthCheckRequest{service: ""}
-  auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", request, &cq);
-  call->StartCall();
-  grpc::ByteBuffer response;
-  grpc::Status status;
-  call->Finish(&response, &status, reinterpret_cast<void*>(1));
-  void* tag = nullptr;
-  bool ok = false;
-  ASSERT_TRUE(cq.Next(&tag, &ok));
+  std::string response;
+  // HealthCheckRequest{service: ""}, sent without a key.
+  const grpc::Status status = RawCall("/grpc.health.v1.Health/Check", "", "", &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
-  std::vector<grpc::Slice> slices;
-  ASSERT_TRUE(response.Dump(&slices).ok());
-  std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  EXPECT_EQ(bytes, std::string("\x08\x01", 2)) << "SERVING";
+  EXPECT_EQ(response, std::string("\x08\x01", 2)) << "SERVING";
 }
 
 // Bytes that are no protobuf message: INVALID_ARGUMENT naming the message
 // type, on the client and the admin API (gRPC itself would answer
 // UNIMPLEMENTED with no message); a caller without a key is still refused first.
 TEST_F(ApiAuthTest, UndecodableRequestsAreInvalidArgumentNamingTheMessage) {
-  grpc::GenericStub stub(
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
-  auto call = [&](const std::string& method, const std::string& bytes, const std::string& key) {
-    grpc::CompletionQueue cq;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    if (!key.empty()) Key(ctx, key);
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1);
-    auto rpc = stub.PrepareUnaryCall(&ctx, method, request, &cq);
-    rpc->StartCall();
-    grpc::ByteBuffer response;
-    grpc::Status status;
-    rpc->Finish(&response, &status, reinterpret_cast<void*>(1));
-    void* tag = nullptr;
-    bool ok = false;
-    EXPECT_TRUE(cq.Next(&tag, &ok));
-    return status;
-  };
   const std::string truncated("\x0a\x05" "ab", 4), garbage("\xff\xff\xff", 3);
   const std::pair<const char*, const char*> methods[] = {
       {"/flotilla.v1.Flotilla/Generate", "flotilla.v1.GenerateRequest"},
@@ -203,12 +197,13 @@ TEST_F(ApiAuthTest, UndecodableRequestsAreInvalidArgumentNamingTheMessage) {
   };
   for (const auto& [method, type] : methods) {
     for (const std::string& bytes : {truncated, garbage}) {
-      const grpc::Status st = call(method, bytes, kAdmin);
+      const grpc::Status st = RawCall(method, bytes, kAdmin);
       EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
       EXPECT_NE(st.error_message().find(type), std::string::npos)
           << method << ": " << st.error_message();
     }
-    EXPECT_EQ(call(method, garbage, "").error_code(), grpc::StatusCode::UNAUTHENTICATED) << method;
+    EXPECT_EQ(RawCall(method, garbage, "").error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method;
   }
   // Well-formed requests still work.
   admin::ClusterStatus s;
