@@ -282,6 +282,11 @@ std::vector<int32_t> Scheduler::DraftOf(const Sequence& seq, int64_t limit) cons
   // KV reservation).
   const int64_t room = seq.max_tokens - static_cast<int64_t>(seq.generated.size()) - 1;
   limit = std::min(limit, room);
+  // A verified chunk stays within what sliding-window layers keep, so that
+  // every position it writes is still there when a shorter prefix of it is
+  // accepted (CpuEngine::Validate refuses a longer one).
+  const int64_t window = engine_->config().sliding_window;
+  if (window > 0) limit = std::min<int64_t>(limit, window - 2);
   if (limit <= 0) return {};
   std::vector<int32_t> context(seq.prompt.begin(), seq.prompt.begin() + seq.prompt_tokens);
   context.insert(context.end(), seq.generated.begin(), seq.generated.end());

@@ -260,6 +260,12 @@ TEST(DraftedStepTest, TheSequenceKeepsOnlyWhatVerificationAccepted) {
       << refused.status();
   StepItem all_draft{seq, {3}, LogitsMode::kNone, nullptr, 1};
   EXPECT_FALSE(engine->Step({all_draft}).ok());
+  // Longer than the sliding layers keep (Tiny: a window of 16).
+  StepItem too_long{seq, std::vector<int32_t>(16, 3), LogitsMode::kNone, nullptr, 15};
+  absl::StatusOr<StepOutput> long_refused = engine->Step({too_long});
+  ASSERT_FALSE(long_refused.ok());
+  EXPECT_NE(long_refused.status().message().find("sliding window of 16"), std::string::npos)
+      << long_refused.status();
   EXPECT_EQ(*engine->SequenceLength(seq), 4);  // nothing changed
 
   StepItem accepted{seq, {3}, LogitsMode::kNone};
@@ -519,6 +525,20 @@ TEST(SpeculativeKvTest, BlocksComeBackAfterManyRequests) {
   ASSERT_EQ(got.size(), submits.size());
   for (const auto& [id, tokens] : got) EXPECT_EQ(tokens.size(), 6u) << id;
   EXPECT_GT(counts.verify_steps, 0u);
+}
+
+// Asked for more drafted tokens than a sliding window of 16 keeps, the
+// scheduler drafts at most 14 (the engine would refuse more), and the
+// tokens are still those of a run without speculation.
+TEST(SpeculativeKvTest, DraftsStayWithinTheSlidingWindow) {
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(ModelConfig::Tiny(), 3, ShardSpec{});
+  ASSERT_TRUE(w.ok()) << w.status();
+  cluster::SubmitSequence s = Repetitive(1, 40, 10);
+  s.mutable_sampling()->set_ignore_eos(true);
+  SpeculativeCounts counts;
+  const auto want = TokensById(Serve({s}, 1, Plain(), &*w));
+  EXPECT_EQ(TokensById(Serve({s}, 1, Speculating(16, &counts), &*w)), want);
+  EXPECT_GT(counts.drafted, 0u);
 }
 
 // ---- the golden fixtures and the demo model ----

@@ -310,6 +310,13 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
     FLOTILLA_RETURN_IF_ERROR(
         CheckStepItem(it, kv_->Contains(it.sequence), c.vocab_size, &seen, VerifiesDrafts()));
     FLOTILLA_RETURN_IF_ERROR(CheckAcceptedDraft(it));
+    if (it.draft_tokens > 0 && c.sliding_window > 0 &&
+        static_cast<int64_t>(it.tokens.size()) > c.sliding_window - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.sequence, " brings a drafted chunk of ",
+                       it.tokens.size(), " tokens; with a sliding window of ", c.sliding_window,
+                       " it may have at most ", c.sliding_window - 1));
+    }
     const int64_t added = static_cast<int64_t>(it.accepted_draft.size() + it.tokens.size());
     const int64_t length = *kv_->Length(it.sequence) + added;
     if (length > c.max_position_embeddings) {
