@@ -149,8 +149,8 @@ TEST_P(CudaGolden, PromptLogitsMatchTheReference) {
       EXPECT_LE(ref.routing_regret[0], kMaxRegret) << "chunk " << chunk;
       std::cout << GetParam() << " prompt " << i << " chunk " << chunk << ": rel diff " << rel
                 << ", routing regret " << ref.routing_regret[0]
-                << " (vs transformers without following the routing: " << RelDiff(got->logits, golden)
-                << ")\n";
+                << " (vs transformers without following the routing: "
+                << RelDiff(got->logits, golden) << ")\n";
     }
   }
 }
