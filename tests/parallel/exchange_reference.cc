@@ -101,9 +101,9 @@ std::vector<float> ExpectedY(const Scenario& s, const GroupData& d) {
       float acc = 0.f;
       for (size_t r = 0; r < order.size(); ++r) {
         const int j = order[r];
-        const float out = RoundedAdd(0.f, RoundedMul(1.f, FakeExpert(x, ids[j], h)));
-        const float p = RoundedMul(d.w[static_cast<size_t>(t) * s.top_k + j], out);
-        acc = r == 0 ? p : RoundedAdd(acc, p);
+        const float out = SyntheticAdd(0.f, SyntheticMul(1.f, FakeExpert(x, ids[j], h)));
+        const float p = SyntheticMul(d.w[static_cast<size_t>(t) * s.top_k + j], out);
+        acc = r == 0 ? p : SyntheticAdd(acc, p);
       }
       y[static_cast<size_t>(t) * s.hidden + h] = acc;
     }
@@ -124,7 +124,7 @@ std::vector<float> ExpectedReduce(const Scenario& s, uint64_t seed, int rank, in
   std::vector<float> sum = ReduceInput(seed, first, count);
   for (int q = 1; q < s.tp; ++q) {
     const std::vector<float> part = ReduceInput(seed, first + q, count);
-    for (size_t i = 0; i < sum.size(); ++i) sum[i] = RoundedAdd(sum[i], part[i]);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = SyntheticAdd(sum[i], part[i]);
   }
   return sum;
 }

@@ -15,7 +15,7 @@ __global__ void FakeExpertsKernel(const uint16_t* x, const int32_t* slot, const 
     if (s < 0 || s >= slots) continue;
     const int h = static_cast<int>(i % hidden);
     const float v = FakeExpert(Bf16ToFloat(x[i]), expert_of_slot[s], h);
-    out[i] = RoundedAdd(out[i], RoundedMul(ones[r], v));
+    out[i] = SyntheticAdd(out[i], SyntheticMul(ones[r], v));
   }
 }
 

@@ -1,6 +1,7 @@
 // A stand-in for the MoE kernel in the device context tests: each expert is
 // an elementwise function of its input row whose every operation rounds
-// once (no contraction), so the host reference reproduces it bit for bit.
+// once (no contraction: synthetic_fill.h's SyntheticAdd and SyntheticMul), so
+// the host reference reproduces it bit for bit.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,31 +9,16 @@
 #include <cstdint>
 
 #include "common/host_device.h"
+#include "common/synthetic_fill.h"
 
 namespace flotilla::parallel::testing {
 
-FLOTILLA_HOST_DEVICE inline float RoundedMul(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-FLOTILLA_HOST_DEVICE inline float RoundedAdd(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
 // Expert `expert` applied to element `h` of a row.
 FLOTILLA_HOST_DEVICE inline float FakeExpert(float x, int expert, int h) {
-  const float scale = RoundedAdd(1.0f, RoundedMul(static_cast<float>(expert), 0.0625f));
-  const float bias = RoundedAdd(RoundedMul(static_cast<float>(expert), 0.01f),
-                                RoundedMul(static_cast<float>(h % 7), 0.001f));
-  return RoundedAdd(RoundedMul(x, scale), bias);
+  const float scale = SyntheticAdd(1.0f, SyntheticMul(static_cast<float>(expert), 0.0625f));
+  const float bias = SyntheticAdd(SyntheticMul(static_cast<float>(expert), 0.01f),
+                                  SyntheticMul(static_cast<float>(h % 7), 0.001f));
+  return SyntheticAdd(SyntheticMul(x, scale), bias);
 }
 
 // As LaunchMoeLayer with top_k = 1: out[r, :] += ones[r] * expert(x[r, :])

@@ -234,7 +234,7 @@ absl::Status CheckAllReduceAdd(const Scenario& s, ParallelContext& c, int64_t co
   FLOTILLA_ASSIGN_OR_RETURN(auto got, Get(residual.get(), static_cast<size_t>(count)));
   FLOTILLA_ASSIGN_OR_RETURN(auto left, Get(part.get(), static_cast<size_t>(count)));
   std::vector<float> want = ExpectedReduce(s, seed, c.rank(), count);
-  for (size_t i = 0; i < want.size(); ++i) want[i] = RoundedAdd(before[i], want[i]);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = SyntheticAdd(before[i], want[i]);
   const std::string what = absl::StrCat("all-reduce add of ", count);
   FLOTILLA_RETURN_IF_ERROR(SameReduce(s, got, want, what));
   return SameFloats(left, std::vector<float>(left.size(), 0.f), what + ": the part left");
@@ -319,7 +319,7 @@ absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& c, cudaStream
     result.Update(added.status());
     if (!result.ok()) break;
     std::vector<float> want = ExpectedReduce(s, seed, rank, add_count);
-    for (size_t i = 0; i < want.size(); ++i) want[i] = RoundedAdd(before[i], want[i]);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = SyntheticAdd(before[i], want[i]);
     result.Update(SameReduce(s, *added, want, absl::StrCat("replay ", replay, " all-reduce add")));
   }
   cudaGraphExecDestroy(exec);
