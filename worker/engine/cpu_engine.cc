@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 #include "worker/engine/draft_verify.h"
+#include "worker/engine/rope_params.h"
 #include "worker/model/expert_slice.h"
 
 namespace flotilla {
@@ -245,16 +246,7 @@ CpuEngine::CpuEngine(ModelWeights weights, std::unique_ptr<KvCache> kv,
     : weights_(std::move(weights)), kv_(std::move(kv)), pool_(pool), context_(context) {
   const ModelConfig& c = weights_.config;
   expert_counts_.assign(static_cast<size_t>(c.num_hidden_layers) * c.num_local_experts, 0);
-  k::YarnParams p;
-  p.theta = c.rope_theta;
-  p.head_dim = c.head_dim;
-  p.factor = c.rope_scaling.factor;
-  p.original_max_position_embeddings =
-      static_cast<double>(c.rope_scaling.original_max_position_embeddings);
-  p.beta_fast = c.rope_scaling.beta_fast;
-  p.beta_slow = c.rope_scaling.beta_slow;
-  p.truncate = c.rope_scaling.truncate;
-  inv_freq_ = k::YarnInvFreq(p);
+  inv_freq_ = k::YarnInvFreq(YarnParamsOf(c));
   rope_scaling_ = k::YarnAttentionScaling(c.rope_scaling.factor);
 }
 

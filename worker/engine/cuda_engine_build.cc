@@ -19,6 +19,7 @@
 #include "worker/engine/cuda_weight_feed.h"
 #include "worker/engine/device_sampler.h"
 #include "worker/engine/rank_shard.h"
+#include "worker/engine/rope_params.h"
 #include "worker/engine/step_layout.h"
 #include "worker/model/expert_slice.h"
 #include "worker/parallel/parallel_context.h"
@@ -276,16 +277,7 @@ absl::StatusOr<size_t> UploadWeights(CudaDeviceState& d, const ModelConfig& c, C
 
 // YaRN's inverse frequencies on the device and its attention scaling.
 absl::Status UploadRope(CudaDeviceState& d, const ModelConfig& c) {
-  kernels::cpu::YarnParams p;
-  p.theta = c.rope_theta;
-  p.head_dim = c.head_dim;
-  p.factor = c.rope_scaling.factor;
-  p.original_max_position_embeddings =
-      static_cast<double>(c.rope_scaling.original_max_position_embeddings);
-  p.beta_fast = c.rope_scaling.beta_fast;
-  p.beta_slow = c.rope_scaling.beta_slow;
-  p.truncate = c.rope_scaling.truncate;
-  const std::vector<float> inv_freq = kernels::cpu::YarnInvFreq(p);
+  const std::vector<float> inv_freq = kernels::cpu::YarnInvFreq(YarnParamsOf(c));
   d.rope_scaling = kernels::cpu::YarnAttentionScaling(c.rope_scaling.factor);
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.inv_freq, inv_freq.size()));
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.inv_freq, inv_freq.data(), inv_freq.size() * sizeof(float),
