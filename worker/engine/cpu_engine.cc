@@ -259,17 +259,13 @@ absl::StatusOr<int64_t> CpuEngine::ForkSequence(int64_t sequence) {
 }
 
 absl::Status CpuEngine::FreeSequence(int64_t sequence) {
-  if (!kv_->Contains(sequence)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
-  }
+  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
   drafts_.erase(sequence);
   return kv_->Free(sequence);
 }
 
 absl::StatusOr<int64_t> CpuEngine::SequenceLength(int64_t sequence) const {
-  if (!kv_->Contains(sequence)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
-  }
+  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
   return kv_->Length(sequence);
 }
 

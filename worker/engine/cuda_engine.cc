@@ -94,16 +94,12 @@ size_t CudaEngine::decode_bytes_per_token() const {
 int64_t CudaEngine::NewSequence() { return kv_->CreateSequence(); }
 
 absl::Status CudaEngine::FreeSequence(int64_t sequence) {
-  if (!kv_->Contains(sequence)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
-  }
+  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
   return kv_->Free(sequence);
 }
 
 absl::StatusOr<int64_t> CudaEngine::SequenceLength(int64_t sequence) const {
-  if (!kv_->Contains(sequence)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", sequence));
-  }
+  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
   return kv_->Length(sequence);
 }
 

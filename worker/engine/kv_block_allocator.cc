@@ -70,6 +70,11 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::Fork(SequenceId s
   return id;
 }
 
+absl::Status KvBlockAllocator::CheckKnown(SequenceId seq) const {
+  if (Contains(seq)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("unknown sequence ", seq));
+}
+
 absl::Status KvBlockAllocator::Free(SequenceId seq) {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));

@@ -66,6 +66,9 @@ class KvBlockAllocator {
   // Releases the sequence's blocks (shared ones stay with their other holders).
   absl::Status Free(SequenceId seq);
   bool Contains(SequenceId seq) const { return seqs_.count(seq) != 0; }
+  // OK for a sequence this allocator holds, else what an engine answers a
+  // caller naming an unknown one (INVALID_ARGUMENT).
+  absl::Status CheckKnown(SequenceId seq) const;
   absl::StatusOr<int64_t> Length(SequenceId seq) const;
 
   // Whole blocks at the start of `tokens` (at most max_blocks) a new sequence

@@ -57,6 +57,7 @@ class KvCache {
                                                       uint64_t domain = 0);
 
   bool Contains(SequenceId seq) const { return blocks_->Contains(seq); }
+  absl::Status CheckKnown(SequenceId seq) const { return blocks_->CheckKnown(seq); }
   absl::StatusOr<int64_t> Length(SequenceId seq) const;
 
   // Blocks one sequence of `length` tokens holds at most, all layers together.
