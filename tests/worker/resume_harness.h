@@ -26,6 +26,7 @@
 #include "worker/constraint_filter.h"
 #include "worker/engine/engine.h"
 #include "worker/model/synthetic_weights.h"
+#include "worker/parallel/host_context.h"
 #include "worker/parallel/parallel_context.h"
 #include "worker/scheduler.h"
 #include "worker/step_executor.h"
@@ -49,6 +50,23 @@ inline ModelConfig TestModel() {
 inline ExpertMap MapFor(int world) {
   const ModelConfig c = TestModel();
   return *ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, world);
+}
+
+// The host context of `comm`'s rank in a tensor-parallel CPU instance of
+// `world` ranks of model `c`; null without a communicator (one rank needs
+// none) or when it cannot be made (the test then fails).
+inline std::unique_ptr<parallel::ParallelContext> HostContextFor(const ModelConfig& c, int world,
+                                                                 comm::Communicator* comm) {
+  if (comm == nullptr) return nullptr;
+  parallel::ContextOptions po;
+  po.hidden = c.hidden_size;
+  po.top_k = c.num_experts_per_tok;
+  po.max_tokens_per_step = 64;
+  auto made = parallel::CreateHostContext(*ParallelConfig::Create(world, world, c), MapFor(world),
+                                          comm, po);
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return nullptr;
+  return *std::move(made);
 }
 
 // The weights of rank `rank` of a tensor-parallel instance of `world`, made once.

@@ -24,7 +24,6 @@ namespace {
 
 using resume_testing::ExpectMaxTokensCountsTheResumedOutput;
 using resume_testing::ExpectResumedRunsContinueExactly;
-using resume_testing::MapFor;
 using resume_testing::Request;
 using resume_testing::ServeFn;
 using resume_testing::TestModel;
@@ -36,18 +35,9 @@ constexpr int32_t kChannel = 200005;  // <|channel|>, what a constrained turn st
 Updates ServeCpuRank(const cluster::SubmitSequence& submit, int world, int rank,
                      comm::Communicator* comm) {
   const ModelConfig c = TestModel();
-  std::unique_ptr<parallel::ParallelContext> context;
-  if (comm != nullptr) {
-    parallel::ContextOptions po;
-    po.hidden = c.hidden_size;
-    po.top_k = c.num_experts_per_tok;
-    po.max_tokens_per_step = 64;
-    auto made = parallel::CreateHostContext(*ParallelConfig::Create(world, world, c), MapFor(world),
-                                            comm, po);
-    EXPECT_TRUE(made.ok()) << made.status();
-    if (!made.ok()) return {};
-    context = *std::move(made);
-  }
+  std::unique_ptr<parallel::ParallelContext> context =
+      resume_testing::HostContextFor(c, world, comm);
+  if (comm != nullptr && context == nullptr) return {};
   CpuEngineOptions eo;
   eo.kv_block_size = 4;
   eo.kv_num_blocks = 256;

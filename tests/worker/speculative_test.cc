@@ -27,7 +27,6 @@
 namespace flotilla::worker {
 namespace {
 
-using resume_testing::MapFor;
 using resume_testing::Request;
 using resume_testing::ServeOptions;
 using resume_testing::TestModel;
@@ -346,18 +345,9 @@ Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world
                   comm::Communicator* comm, const ServeOptions& options,
                   const ModelWeights* weights) {
   const ModelConfig c = weights ? weights->config : TestModel();
-  std::unique_ptr<parallel::ParallelContext> context;
-  if (comm != nullptr) {
-    parallel::ContextOptions po;
-    po.hidden = c.hidden_size;
-    po.top_k = c.num_experts_per_tok;
-    po.max_tokens_per_step = 64;
-    auto made = parallel::CreateHostContext(*ParallelConfig::Create(world, world, c), MapFor(world),
-                                            comm, po);
-    EXPECT_TRUE(made.ok()) << made.status();
-    if (!made.ok()) return {};
-    context = *std::move(made);
-  }
+  std::unique_ptr<parallel::ParallelContext> context =
+      resume_testing::HostContextFor(c, world, comm);
+  if (comm != nullptr && context == nullptr) return {};
   CpuEngineOptions eo;
   eo.kv_block_size = 4;
   eo.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 4, 256);
