@@ -161,6 +161,30 @@ TEST_F(StepLayoutTest, WithoutGraphsNothingIsPadded) {
   EXPECT_EQ(layout.rows, 3);
 }
 
+// Speculative decoding: a decode item with a drafted chunk gets the rows of
+// its last draft_tokens + 1 positions (those its draft is verified from),
+// and the step is not a graph-replayed decode step.
+TEST_F(StepLayoutTest, DraftedChunkGetsARowPerVerifiedPosition) {
+  const int64_t a = SequenceOf(*kv_, 5), b = SequenceOf(*kv_, 9);
+  StepItem drafted = Item(a, {7, 8, 9, 10}, LogitsMode::kLast);
+  drafted.draft_tokens = 3;
+  const StepLayout layout = Plan({drafted, Item(b, {2}, LogitsMode::kLast)}, true);
+  EXPECT_FALSE(layout.padded);
+  EXPECT_FALSE(layout.decode);
+  EXPECT_EQ(layout.tokens, 5);
+  EXPECT_EQ(layout.rows, 5);
+  EXPECT_EQ(layout.first_row, (std::vector<int>{0, 4}));
+  EXPECT_EQ(layout.row_count, (std::vector<int>{4, 1}));
+  for (int j = 0; j < 5; ++j) EXPECT_EQ(At(offsets_.rows + j), j);
+  EXPECT_EQ(At(offsets_.pos + 3), 8) << "the drafted positions follow the sequence";
+  StepItem partly = Item(b, {3, 4, 5}, LogitsMode::kLast);
+  partly.draft_tokens = 1;
+  const StepLayout second = Plan({partly});
+  EXPECT_EQ(second.rows, 2);
+  EXPECT_EQ(At(offsets_.rows), 1);
+  EXPECT_EQ(At(offsets_.rows + 1), 2);
+}
+
 TEST_F(StepLayoutTest, PrefillChunkContinuesItsSequenceWithEveryRowAskedFor) {
   const int64_t s = SequenceOf(*kv_, 6);
   const StepLayout layout = Plan({Item(s, Tokens(7, 40), LogitsMode::kAll)});

@@ -95,6 +95,7 @@ int64_t CudaEngine::NewSequence() { return kv_->CreateSequence(); }
 
 absl::Status CudaEngine::FreeSequence(int64_t sequence) {
   FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
+  drafts_.erase(sequence);
   return kv_->Free(sequence);
 }
 
@@ -133,17 +134,19 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
   std::unordered_set<int64_t> seen;
   int64_t tokens = 0, needed = 0;
   for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(
-        CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size, &seen));
+    FLOTILLA_RETURN_IF_ERROR(CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size,
+                                           &seen, VerifiesDrafts()));
+    FLOTILLA_RETURN_IF_ERROR(CheckDraft(it));
     const int64_t n = static_cast<int64_t>(it.tokens.size());
     tokens += n;
-    const int64_t length = *kv_->Length(it.sequence) + n;
+    const int64_t added = static_cast<int64_t>(it.accepted_draft.size()) + n;
+    const int64_t length = *kv_->Length(it.sequence) + added;
     if (length > options_.max_context) {
       return absl::InvalidArgumentError(absl::StrCat(
           "sequence ", it.sequence, " would hold ", length,
           " tokens, more than this engine's context (", options_.max_context, ")"));
     }
-    needed += *kv_->BlocksNeeded(it.sequence, n);
+    needed += *kv_->BlocksNeeded(it.sequence, added);
   }
   if (tokens > options_.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("step: ", tokens,
@@ -158,9 +161,47 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
   return absl::OkStatus();
 }
 
+absl::Status CudaEngine::CheckDraft(const StepItem& item) const {
+  if (item.draft_tokens > 0 && config_.sliding_window > 0 &&
+      static_cast<int64_t>(item.tokens.size()) > config_.sliding_window - 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: sequence ", item.sequence, " brings a drafted chunk of ",
+                     item.tokens.size(), " tokens; with a sliding window of ",
+                     config_.sliding_window, " it may have at most ", config_.sliding_window - 1));
+  }
+  if (item.accepted_draft.empty()) return absl::OkStatus();
+  auto it = drafts_.find(item.sequence);
+  const size_t drafted = it == drafts_.end() ? 0 : it->second.size();
+  if (item.accepted_draft.size() > drafted ||
+      !std::equal(item.accepted_draft.begin(), item.accepted_draft.end(), it->second.begin())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: sequence ", item.sequence, " accepts ", item.accepted_draft.size(),
+        " drafted tokens that are not the start of its last step's draft of ", drafted));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaEngine::Reserve(const std::vector<StepItem>& items) {
   for (const StepItem& it : items) {
+    // The accepted positions were written by the drafting step: they are
+    // reserved already and only become part of the sequence.
+    if (!it.accepted_draft.empty()) {
+      FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence,
+                                           static_cast<int64_t>(it.accepted_draft.size()),
+                                           it.accepted_draft.data()));
+    }
+    drafts_.erase(it.sequence);
     FLOTILLA_RETURN_IF_ERROR(ReserveKv(it.sequence, static_cast<int64_t>(it.tokens.size())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::CommitStep(const std::vector<StepItem>& items) {
+  for (const StepItem& it : items) {
+    const size_t kept = it.tokens.size() - static_cast<size_t>(it.draft_tokens);
+    FLOTILLA_RETURN_IF_ERROR(
+        kv_->Commit(it.sequence, static_cast<int64_t>(kept), it.tokens.data()));
+    if (it.draft_tokens > 0) drafts_[it.sequence].assign(it.tokens.begin() + kept, it.tokens.end());
   }
   return absl::OkStatus();
 }

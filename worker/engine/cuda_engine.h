@@ -149,6 +149,16 @@ class CudaEngine : public Engine {
   // max_batch_tokens tokens or max_sequences sequences.
   absl::Status Validate(const std::vector<StepItem>& items) const override;
   absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) override;
+  // Drafted tokens (speculative decoding) as on the CPU engine: their KV is
+  // written but uncommitted until the sequence's next step names the
+  // accepted ones (the rest is overwritten later). The item's last
+  // draft_tokens + 1 positions get logit rows and each row's draw is the one
+  // a step without speculation makes there (VerifyDraft): on the device when
+  // every such item's draws do not depend on the tokens before them (no
+  // penalty, logit_bias, pending min_tokens or structured output) and the
+  // rows fit the sampling buffers (max_sequences), else on the host. Steps
+  // with drafts run eagerly, outside the CUDA graph cache.
+  bool VerifiesDrafts() const override { return true; }
   void SetInstanceStepTokens(int64_t max_tokens_any_rank) override {
     instance_step_tokens_ = max_tokens_any_rank;
   }
@@ -211,7 +221,13 @@ class CudaEngine : public Engine {
                                                            std::unique_ptr<CudaWeightFeed> feed,
                                                            uint64_t seed,
                                                            const CudaEngineOptions& options);
+  // Commits each item's accepted drafted tokens, then reserves its chunk.
   absl::Status Reserve(const std::vector<StepItem>& items);
+  // Commits each item's tokens but its drafted ones, which are remembered.
+  absl::Status CommitStep(const std::vector<StepItem>& items);
+  // An item's accepted_draft is a prefix of its sequence's last draft; a
+  // drafted chunk stays within what the sliding-window layers keep.
+  absl::Status CheckDraft(const StepItem& item) const;
   absl::Status ReserveKv(int64_t sequence, int64_t tokens);
   // Items with a sampler through logits copied to the host and the CPU
   // sampler (prompt logits asked for in the same step, or too many adjustments).
@@ -257,6 +273,9 @@ class CudaEngine : public Engine {
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
   int64_t host_sampled_steps_ = 0;
   std::unique_ptr<DeviceSampler> sampler_;  // the draws of Step's samplers and StepAndSample
+  // Per sequence: the tokens its last step drafted (KV written past its
+  // length), until its next step.
+  std::unordered_map<int64_t, std::vector<int32_t>> drafts_;
 };
 
 }  // namespace flotilla

@@ -1,7 +1,7 @@
 // CudaEngine's sampling entries: Step with the items' samplers (their draws
 // on the device through the DeviceSampler, or on the host from the returned
-// logits when the device buffers cannot take the step) and StepAndSample's
-// explicit rows.
+// logits when the device buffers cannot take the step; drafted tokens are
+// verified either way) and StepAndSample's explicit rows.
 #include <cuda_runtime_api.h>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +9,7 @@
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/device_sampler.h"
+#include "worker/engine/draft_verify.h"
 #include "worker/engine/step_layout.h"
 
 namespace flotilla {
@@ -43,12 +44,19 @@ absl::StatusOr<StepOutput> CudaEngine::StepWithHostSampling(const std::vector<St
   FLOTILLA_RETURN_IF_ERROR(RunStep(plain, nullptr, &out, nullptr));
   const int64_t V = config_.vocab_size;
   out.sampled.resize(items.size());
+  out.accepted.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
     if (sampler == nullptr) continue;
-    const float* last = out.logits[i].data() + out.logits[i].size() - V;
-    TokenLogprob& drawn = out.sampled[i];
-    drawn.token = sampler->Sample(last, sampler->params().logprobs ? &drawn : nullptr);
+    // The last draft_tokens + 1 rows (one without a draft), as the CPU
+    // engine verifies them.
+    const std::vector<int32_t>& tokens = items[i].tokens;
+    const int64_t draft = items[i].draft_tokens;
+    const float* rows = out.logits[i].data() + out.logits[i].size() - (draft + 1) * V;
+    VerifiedDraft v = VerifyDraft(*sampler, rows, V,
+                                  absl::MakeConstSpan(tokens).subspan(tokens.size() - draft));
+    out.sampled[i] = std::move(v.next);
+    out.accepted[i] = std::move(v.accepted);
     if (items[i].logits == LogitsMode::kNone) out.logits[i].clear();
   }
   return out;
@@ -58,6 +66,12 @@ absl::StatusOr<std::vector<SampledToken>> CudaEngine::StepAndSample(
     const std::vector<StepItem>& items, const std::vector<kernels::cuda::SamplingRow>& params) {
   if (params.size() != items.size()) {
     return absl::InvalidArgumentError("step: one sampling row per item is needed");
+  }
+  for (const StepItem& it : items) {
+    if (it.draft_tokens != 0 || !it.accepted_draft.empty()) {
+      return absl::InvalidArgumentError(
+          "step: StepAndSample draws one token per item; drafted tokens go through Step");
+    }
   }
   DeviceSampling sampling;
   sampling.rows = params;

@@ -43,10 +43,7 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
     FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
     FLOTILLA_RETURN_IF_ERROR(marks.AddTimes(&op_time_ms_));
   }
-  for (const StepItem& item : items) {
-    FLOTILLA_RETURN_IF_ERROR(
-        kv_->Commit(item.sequence, static_cast<int64_t>(item.tokens.size()), item.tokens.data()));
-  }
+  FLOTILLA_RETURN_IF_ERROR(CommitStep(items));
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> routing, CollectRouting(items));
   if (sampling != nullptr) {
     return sampler_->Collect(items, *sampling, plan, logits_out, sampled,

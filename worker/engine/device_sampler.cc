@@ -57,13 +57,28 @@ void DeviceSampler::WriteMasks(const DeviceSampling& sampling) {
   std::atomic_ref<int32_t>(*d.mask_ready).store(mask_step_, std::memory_order_release);
 }
 
+// Whether the draws at a drafted chunk's rows can all be made at once: the
+// j-th uses the seed's draw draws() + j, and nothing else about it depends on
+// the tokens drawn before it (no penalty, logit_bias, min_tokens still in
+// force or token filter; VerifyDraft on the host handles those).
+bool DrawsIndependentOfHistory(const Sampler& sampler) {
+  const SamplingParams& p = sampler.params();
+  return !sampler.has_filter() && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f &&
+         p.repetition_penalty == 1.0f && p.logit_bias.empty() &&
+         static_cast<int64_t>(sampler.draws()) >= p.min_tokens;
+}
+
 bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling) {
   CudaDeviceState& d = d_;
   sampling->rows.assign(items.size(), kc::SamplingRow{});
   sampling->samplers.assign(items.size(), nullptr);
+  int rows = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
+    rows += sampler != nullptr || items[i].logits != LogitsMode::kNone ? 1 + items[i].draft_tokens
+                                                                       : 0;
     if (sampler == nullptr) continue;
+    if (items[i].draft_tokens > 0 && !DrawsIndependentOfHistory(*sampler)) return false;
     const SamplingParams& p = sampler->params();
     if (sampler->has_filter() && !StageMask(items[i], static_cast<int>(i), sampling)) return false;
     kc::SamplingRow& row = sampling->rows[i];
@@ -82,7 +97,8 @@ bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* 
           kc::LogitAdjustmentEntry{static_cast<int32_t>(i), a.token, a.repetition, a.add};
     }
   }
-  return true;
+  // Drafted chunks' rows must fit the sampling buffers (one row per sequence).
+  return rows <= std::min(d.max_seqs, d.logit_rows);
 }
 
 // A structured-output row gets a mask slot (a mask word per 32 tokens, ~25
@@ -111,7 +127,13 @@ absl::Status DeviceSampler::Upload(const DeviceSampling& sampling, const StepLay
   CudaDeviceState& d = d_;
   for (int r = 0; r < plan.seqs; ++r) d.params_host[r] = kc::SamplingRow{};  // padding: greedy
   for (int i = 0; i < plan.real_items; ++i) {
-    if (plan.row_count[i] > 0) d.params_host[plan.first_row[i]] = sampling.rows[i];
+    // A drafted chunk's j-th row draws as the sampler would after j more
+    // draws (Prepare checked nothing else changes).
+    for (int j = 0; j < plan.row_count[i]; ++j) {
+      kc::SamplingRow row = sampling.rows[i];
+      row.step += static_cast<uint64_t>(j);
+      d.params_host[plan.first_row[i] + j] = row;
+    }
   }
   FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d.sample_params, d.params_host,
                                        std::max(plan.rows, 1) * sizeof(kc::SamplingRow),
@@ -213,10 +235,11 @@ absl::Status DeviceSampler::Collect(const std::vector<StepItem>& items,
     out->logits.assign(items.size(), {});
     for (size_t i = 0; i < items.size(); ++i) {
       if (items[i].logits != LogitsMode::kLast || plan.row_count[i] == 0) continue;
-      out->logits[i].resize(V);
+      const size_t n = static_cast<size_t>(plan.row_count[i]) * V;
+      out->logits[i].resize(n);
       FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(out->logits[i].data(),
                                            d.logits + static_cast<size_t>(plan.first_row[i]) * V,
-                                           V * sizeof(float), cudaMemcpyDeviceToHost, s));
+                                           n * sizeof(float), cudaMemcpyDeviceToHost, s));
     }
   }
   FLOTILLA_RETURN_IF_ERROR(wait());
@@ -236,21 +259,39 @@ absl::Status DeviceSampler::Collect(const std::vector<StepItem>& items,
   }
   if (out == nullptr) return absl::OkStatus();
   out->sampled.assign(items.size(), TokenLogprob{});
+  out->accepted.assign(items.size(), {});
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = sampling.samplers[i];
     if (sampler == nullptr) continue;
-    const int r = plan.first_row[i];
-    TokenLogprob& drawn = out->sampled[i];
-    drawn.token = d.tokens_host[r];
-    drawn.logprob = d.logprobs_host[r];
-    const int n = sampler->params().logprobs ? sampler->params().top_logprobs : 0;
-    for (int j = 0; j < n; ++j) {
-      const size_t at = static_cast<size_t>(r) * top + j;
-      drawn.top.emplace_back(d.top_ids_host[at], d.top_logprobs_host[at]);
+    // VerifyDraft's rule over the rows drawn on the device: a drafted token
+    // is accepted while the draw at its row equals it; the first other draw
+    // (or the one after a fully accepted draft) is the step's token.
+    const std::vector<int32_t>& tokens = items[i].tokens;
+    const int draft = items[i].draft_tokens;
+    for (int j = 0; j <= draft; ++j) {
+      TokenLogprob drawn = DrawnAt(*sampler, plan.first_row[i] + j, top);
+      sampler->Record(drawn.token);
+      if (j == draft || drawn.token != tokens[tokens.size() - draft + j]) {
+        out->sampled[i] = std::move(drawn);
+        break;
+      }
+      out->accepted[i].push_back(std::move(drawn));
     }
-    sampler->Record(drawn.token);
   }
   return absl::OkStatus();
+}
+
+TokenLogprob DeviceSampler::DrawnAt(const Sampler& sampler, int row, int top) const {
+  const CudaDeviceState& d = d_;
+  TokenLogprob drawn;
+  drawn.token = d.tokens_host[row];
+  drawn.logprob = d.logprobs_host[row];
+  const int n = sampler.params().logprobs ? sampler.params().top_logprobs : 0;
+  for (int j = 0; j < n; ++j) {
+    const size_t at = static_cast<size_t>(row) * top + j;
+    drawn.top.emplace_back(d.top_ids_host[at], d.top_logprobs_host[at]);
+  }
+  return drawn;
 }
 
 }  // namespace flotilla

@@ -47,8 +47,10 @@ class DeviceSampler {
 
   // The items' samplers into `sampling` (rows and adjustments staged in the
   // pinned buffers, a mask slot per structured-output row). False when the
-  // step's adjustments or masks do not fit the device buffers, or a masked
-  // row needs its raw logits: host sampling then.
+  // step's adjustments, masks or rows (a drafted chunk has draft_tokens + 1)
+  // do not fit the device buffers, a masked row needs its raw logits, or a
+  // drafted chunk's draws depend on the tokens before them (penalties, bias,
+  // min_tokens, a token filter): host sampling then.
   bool Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling);
   // Once the step is launched: computes the masks of its structured-output
   // rows in parallel (each a copy from the shared mask cache or a walk of the
@@ -65,7 +67,8 @@ class DeviceSampler {
   absl::Status Launch(const DeviceSampling& sampling, int rows, cudaStream_t stream);
   // Brings back the drawn tokens (and logprobs, and the logit rows asked for
   // beside them; `wait` waits for the stream) and records the tokens in
-  // their samplers: into `out` (Step) or `sampled` (StepAndSample).
+  // their samplers: into `out` (Step; a drafted chunk's accepted tokens
+  // into out->accepted, VerifyDraft's rule) or `sampled` (StepAndSample).
   absl::Status Collect(const std::vector<StepItem>& items, const DeviceSampling& sampling,
                        const StepLayout& plan, StepOutput* out, std::vector<SampledToken>* sampled,
                        const std::function<absl::Status()>& wait);
@@ -75,6 +78,9 @@ class DeviceSampler {
   // false when the step must sample on the host instead.
   bool StageMask(const StepItem& item, int index, DeviceSampling* sampling);
   absl::Status UploadMasks(const DeviceSampling& sampling, const StepLayout& plan);
+  // The token drawn at logit row `row` (brought back by Collect), its
+  // logprob and the top logprobs `sampler` asks for (`top` per row).
+  TokenLogprob DrawnAt(const Sampler& sampler, int row, int top) const;
 
   CudaDeviceState& d_;
   int vocab_;

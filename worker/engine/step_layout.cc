@@ -123,7 +123,8 @@ absl::StatusOr<StepLayout> StepLayout::Plan(const std::vector<StepItem>& items,
     if (modes[i] == LogitsMode::kAll) {
       for (int j = 0; j < n; ++j) rows.push_back(T + j);
     } else if (modes[i] == LogitsMode::kLast) {
-      rows.push_back(T + n - 1);
+      // A drafted chunk: the rows its drafted tokens are verified from.
+      for (int j = n - 1 - item.draft_tokens; j < n; ++j) rows.push_back(T + j);
     }
     layout.row_count.push_back(static_cast<int>(rows.size()) - layout.first_row.back());
     layout.max_q = std::max(layout.max_q, n);

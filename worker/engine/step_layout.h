@@ -63,7 +63,8 @@ struct StepLayout {
 
   // Lays out `items` (their tables already reserved in `kv` for the step's
   // tokens) into `meta` (offsets.total ints). `modes[i]`: the logits item i
-  // computes; with `sampling` every item is kLast (a row it samples from)
+  // computes (kLast: its last draft_tokens + 1 positions, one row without a
+  // draft); with `sampling` every item is kLast (the rows it samples from)
   // or kNone. Decode steps (one token per item) are padded to a power of
   // two with one-token rows at position 0 whose K/V are not stored (slot -1)
   // and whose tables point at the scratch block 0. A sharded rank pads every
