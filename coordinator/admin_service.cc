@@ -15,12 +15,24 @@
 namespace flotilla::coordinator {
 namespace {
 
-// Authorises with `check`, then answers with what `call` returns.
-template <typename Response, typename Check, typename Call>
-grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, Check check, Call call,
-                                 Response* response) {
+// Who may make a call: any valid key (reads) or an admin key (changes).
+enum class Access { kAnyKey, kAdmin };
+
+absl::Status Authorize(Access access, const Authenticator* auth,
+                       const grpc::CallbackServerContext* context,
+                       const google::protobuf::Message& request) {
+  return access == Access::kAdmin ? AuthenticateAdminCall(auth, context, request).status()
+                                  : AuthenticateCall(auth, context, request).status();
+}
+
+// Authorises the call for `access`, then answers with what `call` returns.
+template <typename Response, typename Call>
+grpc::ServerUnaryReactor* Answer(Access access, const Authenticator* auth,
+                                 grpc::CallbackServerContext* context,
+                                 const google::protobuf::Message& request, Response* response,
+                                 Call call) {
   auto* reactor = context->DefaultReactor();
-  if (absl::Status allowed = check(); !allowed.ok()) {
+  if (absl::Status allowed = Authorize(access, auth, context, request); !allowed.ok()) {
     reactor->Finish(ToGrpcStatus(allowed));
     return reactor;
   }
@@ -87,43 +99,38 @@ class MeasureEngineReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* AdminService::GetStatus(grpc::CallbackServerContext* context,
                                                   const admin::GetStatusRequest* request,
                                                   admin::ClusterStatus* response) {
-  return Answer(
-      context, [&] { return AuthenticateCall(auth_, context, *request).status(); },
-      [&]() -> absl::StatusOr<admin::ClusterStatus> { return manager_->Status(); }, response);
+  return Answer(Access::kAnyKey, auth_, context, *request, response,
+                [&]() -> absl::StatusOr<admin::ClusterStatus> { return manager_->Status(); });
 }
 
 grpc::ServerUnaryReactor* AdminService::GetPlacement(grpc::CallbackServerContext* context,
                                                      const admin::GetPlacementRequest* request,
                                                      admin::PlacementInfo* response) {
-  return Answer(
-      context, [&] { return AuthenticateCall(auth_, context, *request).status(); },
-      [&] { return manager_->GetPlacement(static_cast<int>(request->instance())); }, response);
+  return Answer(Access::kAnyKey, auth_, context, *request, response,
+                [&] { return manager_->GetPlacement(static_cast<int>(request->instance())); });
 }
 
 grpc::ServerUnaryReactor* AdminService::GetExpertMap(grpc::CallbackServerContext* context,
                                                      const admin::GetExpertMapRequest* request,
                                                      cluster::ExpertMap* response) {
-  return Answer(
-      context, [&] { return AuthenticateCall(auth_, context, *request).status(); },
-      [&] { return manager_->GetExpertMap(static_cast<int>(request->instance())); }, response);
+  return Answer(Access::kAnyKey, auth_, context, *request, response,
+                [&] { return manager_->GetExpertMap(static_cast<int>(request->instance())); });
 }
 
 grpc::ServerUnaryReactor* AdminService::SetExpertMap(grpc::CallbackServerContext* context,
                                                      const cluster::ExpertMap* request,
                                                      cluster::ExpertMap* response) {
-  return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
-      [&] { return manager_->SetExpertMap(*request); }, response);
+  return Answer(Access::kAdmin, auth_, context, *request, response,
+                [&] { return manager_->SetExpertMap(*request); });
 }
 
 grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContext* context,
                                                       const cluster::MeasureEngineRequest* request,
                                                       cluster::EngineMeasurement* response) {
   // Serving pauses while the engine is measured: an admin call.
-  if (absl::StatusOr<Caller> caller = AuthenticateAdminCall(auth_, context, *request);
-      !caller.ok()) {
+  if (absl::Status allowed = Authorize(Access::kAdmin, auth_, context, *request); !allowed.ok()) {
     auto* reactor = context->DefaultReactor();
-    reactor->Finish(ToGrpcStatus(caller.status()));
+    reactor->Finish(ToGrpcStatus(allowed));
     return reactor;
   }
   return new MeasureEngineReactor(manager_, context, *request, response);
@@ -132,33 +139,29 @@ grpc::ServerUnaryReactor* AdminService::MeasureEngine(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* AdminService::GetExpertLoad(grpc::CallbackServerContext* context,
                                                       const admin::ExpertLoadRequest* request,
                                                       admin::ExpertLoadReport* response) {
-  return Answer(
-      context, [&] { return AuthenticateCall(auth_, context, *request).status(); },
-      [&] { return manager_->ExpertLoad(*request); }, response);
+  return Answer(Access::kAnyKey, auth_, context, *request, response,
+                [&] { return manager_->ExpertLoad(*request); });
 }
 
 grpc::ServerUnaryReactor* AdminService::Rebalance(grpc::CallbackServerContext* context,
                                                   const admin::RebalanceRequest* request,
                                                   admin::RebalanceResult* response) {
-  return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
-      [&] { return manager_->Rebalance(*request); }, response);
+  return Answer(Access::kAdmin, auth_, context, *request, response,
+                [&] { return manager_->Rebalance(*request); });
 }
 
 grpc::ServerUnaryReactor* AdminService::Drain(grpc::CallbackServerContext* context,
                                               const admin::DrainRequest* request,
                                               admin::DrainResult* response) {
-  return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
-      [&] { return DrainTarget(*manager_, *request, true); }, response);
+  return Answer(Access::kAdmin, auth_, context, *request, response,
+                [&] { return DrainTarget(*manager_, *request, true); });
 }
 
 grpc::ServerUnaryReactor* AdminService::Undrain(grpc::CallbackServerContext* context,
                                                 const admin::DrainRequest* request,
                                                 admin::DrainResult* response) {
-  return Answer(
-      context, [&] { return AuthenticateAdminCall(auth_, context, *request).status(); },
-      [&] { return DrainTarget(*manager_, *request, false); }, response);
+  return Answer(Access::kAdmin, auth_, context, *request, response,
+                [&] { return DrainTarget(*manager_, *request, false); });
 }
 
 }  // namespace flotilla::coordinator

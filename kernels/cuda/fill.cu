@@ -34,22 +34,25 @@ unsigned GridFor(size_t n) {
   return static_cast<unsigned>(blocks < 65536 ? (blocks == 0 ? 1 : blocks) : 65536);
 }
 
+template <typename T>
+cudaError_t LaunchFill(void (*kernel)(T*, size_t, uint64_t, float, float), T* p, size_t n,
+                       uint64_t seed, float scale, float offset, cudaStream_t stream) {
+  if (p == nullptr && n != 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  kernel<<<GridFor(n), 256, 0, stream>>>(p, n, seed, scale, offset);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t LaunchFillBf16(uint16_t* p, size_t n, uint64_t seed, float scale, float offset,
                            cudaStream_t stream) {
-  if (p == nullptr && n != 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  FillBf16Kernel<<<GridFor(n), 256, 0, stream>>>(p, n, seed, scale, offset);
-  return cudaGetLastError();
+  return LaunchFill(FillBf16Kernel, p, n, seed, scale, offset, stream);
 }
 
 cudaError_t LaunchFillF32(float* p, size_t n, uint64_t seed, float scale, float offset,
                           cudaStream_t stream) {
-  if (p == nullptr && n != 0) return cudaErrorInvalidValue;
-  if (n == 0) return cudaSuccess;
-  FillF32Kernel<<<GridFor(n), 256, 0, stream>>>(p, n, seed, scale, offset);
-  return cudaGetLastError();
+  return LaunchFill(FillF32Kernel, p, n, seed, scale, offset, stream);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -127,17 +127,7 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
     if (Check(cudaStreamEndCapture(stream, &graph), "end capture") && ok &&
         Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) {
       float ms = 0;
-      if (Check(EventMs(
-                    stream,
-                    [&] {
-                      for (int i = 0; i < 2; ++i) cudaGraphLaunch(exec, stream);
-                    },
-                    [&] {
-                      for (int i = 0; i < iters; ++i) cudaGraphLaunch(exec, stream);
-                      return cudaSuccess;
-                    },
-                    &ms),
-                "run")) {
+      if (Check(GraphMs(stream, exec, iters, &ms), "run")) {
         us = ms * 1e3 / (static_cast<double>(iters) * layers);
       }
       cudaGraphExecDestroy(exec);

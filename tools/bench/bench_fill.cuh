@@ -38,3 +38,17 @@ cudaError_t EventMs(cudaStream_t stream, Warm warm, Run run, float* ms) {
   cudaEventDestroy(end);
   return err;
 }
+
+// Times `replays` replays of `exec` on `stream`, after two untimed ones.
+inline cudaError_t GraphMs(cudaStream_t stream, cudaGraphExec_t exec, int replays, float* ms) {
+  return EventMs(
+      stream,
+      [&] {
+        for (int i = 0; i < 2; ++i) cudaGraphLaunch(exec, stream);
+      },
+      [&] {
+        for (int i = 0; i < replays; ++i) cudaGraphLaunch(exec, stream);
+        return cudaSuccess;
+      },
+      ms);
+}

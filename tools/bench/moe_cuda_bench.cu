@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <set>
@@ -104,6 +105,19 @@ int main(int argc, char** argv) {
   long hbm_gbs_flag = 0;
   std::string variant_flag = "all";
   std::vector<long> token_counts = {1, 8, 64, 256, 4096};
+  // The whole-number flags and their ranges.
+  struct NumberFlag {
+    const char* name;
+    long min, max;
+    long* value;
+  };
+  const NumberFlag numbers[] = {{"--experts", 1, 1024, &experts},
+                                {"--hidden", 32, 4096, &hidden},
+                                {"--intermediate", 32, 4096, &intermediate},
+                                {"--top-k", 1, 1024, &top_k},
+                                {"--layers", 1, 64, &layers},
+                                {"--reps", 1, 100000, &reps},
+                                {"--hbm-gbs", 1, 100000, &hbm_gbs_flag}};
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (i + 1 >= argc) {
@@ -112,20 +126,10 @@ int main(int argc, char** argv) {
     }
     const char* v = argv[++i];
     bool ok = true;
-    if (a == "--experts")
-      ok = ParseInt(v, 1, 1024, &experts);
-    else if (a == "--hidden")
-      ok = ParseInt(v, 32, 4096, &hidden);
-    else if (a == "--intermediate")
-      ok = ParseInt(v, 32, 4096, &intermediate);
-    else if (a == "--top-k")
-      ok = ParseInt(v, 1, 1024, &top_k);
-    else if (a == "--layers")
-      ok = ParseInt(v, 1, 64, &layers);
-    else if (a == "--reps")
-      ok = ParseInt(v, 1, 100000, &reps);
-    else if (a == "--hbm-gbs")
-      ok = ParseInt(v, 1, 100000, &hbm_gbs_flag);
+    const auto number = std::find_if(std::begin(numbers), std::end(numbers),
+                                     [&](const NumberFlag& f) { return a == f.name; });
+    if (number != std::end(numbers))
+      ok = ParseInt(v, number->min, number->max, number->value);
     else if (a == "--variant")
       variant_flag = v;
     else if (a == "--tokens") {

@@ -78,17 +78,7 @@ bool TimeGraph(cudaStream_t stream, int launches, int reps, F fn, double* us) {
   cudaGraphExec_t exec;
   if (!Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) return false;
   float ms = 0;
-  const bool ok = Check(EventMs(
-                            stream,
-                            [&] {
-                              for (int w = 0; w < 2; ++w) cudaGraphLaunch(exec, stream);
-                            },
-                            [&] {
-                              for (int r = 0; r < reps; ++r) cudaGraphLaunch(exec, stream);
-                              return cudaSuccess;
-                            },
-                            &ms),
-                        "run graph");
+  const bool ok = Check(GraphMs(stream, exec, reps, &ms), "run graph");
   *us = 1000.0 * ms / (static_cast<double>(launches) * reps);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

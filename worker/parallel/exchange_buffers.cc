@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
+#include <vector>
 
 #include "common/cuda_status.h"
 #include "common/status.h"
@@ -22,10 +24,21 @@ class Packer {
     end_ = (end_ + bytes + 255) / 256 * 256;
     return at;
   }
+  // Takes a region of `count` elements for `field`, which PointInto aims at
+  // it once the allocation exists: each field is named once, with its type.
+  template <typename T>
+  void Place(T*& field, size_t count) {
+    const size_t at = Take(count * sizeof(T));
+    fields_.push_back([&field, at](char* base) { field = reinterpret_cast<T*>(base + at); });
+  }
+  void PointInto(void* base) const {
+    for (const auto& point : fields_) point(static_cast<char*>(base));
+  }
   size_t end() const { return end_; }
 
  private:
   size_t end_ = 0;
+  std::vector<std::function<void(char*)>> fields_;
 };
 
 }  // namespace
@@ -86,27 +99,18 @@ absl::Status ExchangeBuffers::Allocate() {
   const size_t rows = static_cast<size_t>(sizes_.rows_max());
   const size_t pairs = static_cast<size_t>(sizes_.cap_max());
   Packer p;
-  const size_t slot = p.Take(rows * sizeof(int32_t));
-  const size_t ones = p.Take(rows * sizeof(float));
-  const size_t out = p.Take(rows * sizes_.hidden * sizeof(float));
-  const size_t recv_count = p.Take(sizes_.world * sizeof(int32_t));
-  const size_t route = p.Take(pairs * sizeof(int32_t));
-  const size_t order = p.Take(pairs * sizeof(int32_t));
-  const size_t order_w = p.Take(pairs * sizeof(float));
-  const size_t epochs = p.Take(kc::kEpEpochWords * sizeof(uint32_t));
-  const size_t error = p.Take(sizeof(int32_t));
+  p.Place(state_.slot, rows);
+  p.Place(state_.ones, rows);
+  p.Place(state_.out, rows * sizes_.hidden);
+  p.Place(state_.recv_count, sizes_.world);
+  p.Place(state_.route, pairs);
+  p.Place(state_.order, pairs);
+  p.Place(state_.order_w, pairs);
+  p.Place(state_.epochs, kc::kEpEpochWords);
+  p.Place(state_.error, 1);
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMalloc(&local_, p.end()));
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaMemset(local_, 0, p.end()));
-  char* b = static_cast<char*>(local_);
-  state_.slot = reinterpret_cast<int32_t*>(b + slot);
-  state_.ones = reinterpret_cast<float*>(b + ones);
-  state_.out = reinterpret_cast<float*>(b + out);
-  state_.recv_count = reinterpret_cast<int32_t*>(b + recv_count);
-  state_.route = reinterpret_cast<int32_t*>(b + route);
-  state_.order = reinterpret_cast<int32_t*>(b + order);
-  state_.order_w = reinterpret_cast<float*>(b + order_w);
-  state_.epochs = reinterpret_cast<uint32_t*>(b + epochs);
-  state_.error = reinterpret_cast<int32_t*>(b + error);
+  p.PointInto(local_);
   // cudaMemset may run asynchronously to the host: peers must not see the
   // buffers before they are zero.
   return CudaStatus(cudaDeviceSynchronize(), "zeroing the exchange buffers");
