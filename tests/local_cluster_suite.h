@@ -70,9 +70,12 @@ class LocalClusterSuite : public ::testing::Test {
 
   // The model id clients name.
   static std::string Model() { return cluster_->model_id(); }
+  // Where /metrics is read without a key: the HTTP API's address; a suite
+  // whose cluster has API keys names its --metrics-listen address instead.
+  static std::string MetricsAddress() { return cluster_->http_address(); }
   // A gauge or counter from /metrics (any labels); -1 when missing.
   static double Metric(const std::string& name) {
-    return ScrapeMetric(cluster_->http_address(), name);
+    return ScrapeMetric(Suite::MetricsAddress(), name);
   }
   // Waits until nothing runs: no request in flight at the coordinator and no
   // sequence running or queued on the workers (a worker reports turning busy

@@ -76,6 +76,9 @@ class ApiAuthTest : public testing_util::LocalClusterSuite<ApiAuthTest> {
     LocalClusterSuite::SetUpTestSuite();
     std::ifstream(TempDir() + "/metrics-port") >> metrics_port_;
   }
+  // /metrics without a key: the --metrics-listen listener.
+  static std::string MetricsAddress() { return "127.0.0.1:" + std::to_string(metrics_port_); }
+  using LocalClusterSuite::WaitIdle;  // for CachedTokensOf
 
  protected:
   static std::unique_ptr<client::Client> Sdk(const std::string& key) {
@@ -503,16 +506,13 @@ int64_t CachedTokensOf(httplib::Client& http, const httplib::Headers& headers,
   static int tail = 60000;
   std::vector<int> ids = prompt;
   ids.push_back(++tail);
-  // Earlier requests' lookups reach the counters with the workers' next load
-  // reports: start from counters that stopped moving.
-  std::pair<uint64_t, uint64_t> before = PrefixCounters(http);
-  for (int i = 0; i < 100; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(600));
-    const std::pair<uint64_t, uint64_t> now = PrefixCounters(http);
-    if (now == before) break;
-    before = now;
+  // Earlier requests' lookups reach the counters with the workers' load
+  // reports: once the cluster is idle, the counters cover them all.
+  if (!ApiAuthTest::WaitIdle()) {
+    ADD_FAILURE() << "the cluster never went idle";
+    return -1;
   }
-  const auto [queries, hits] = before;
+  const auto [queries, hits] = PrefixCounters(http);
   nlohmann::json request = {{"model", model}, {"prompt", ids}, {"max_tokens", 1}};
   if (!salt.empty()) request["cache_salt"] = salt;
   auto res = http.Post("/v1/completions", headers, request.dump(), "application/json");
