@@ -124,17 +124,36 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
   app.add_option_function<std::string>(
          "--speculative-method",
          [policy](const std::string& v) { policy->mutable_speculative()->set_method(v); },
-         "speculative decoding for requests that do not choose: ngram (prompt lookup, verified "
-         "exactly; the CPU engine drafts, others run without) or off (default: the workers' "
-         "own --speculative-method, off unless set)")
+         "speculative decoding for requests that do not choose: ngram (prompt lookup), suffix "
+         "(suffix matching over the request and recent outputs), replay (benchmarks only: "
+         "needs --allow-replay-drafter) or off; verified exactly by the CPU and CUDA engines "
+         "(default: the workers' own --speculative-method, off unless set)")
       ->envname("FLOTILLA_SPECULATIVE_METHOD")
-      ->check(CLI::IsMember({"ngram", "off"}));
+      ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
   app.add_option_function<uint32_t>(
          "--num-speculative-tokens",
          [policy](uint32_t n) { policy->mutable_speculative()->set_num_speculative_tokens(n); },
          "tokens drafted per decode step with --speculative-method (default 3)")
       ->envname("FLOTILLA_NUM_SPECULATIVE_TOKENS")
       ->check(CLI::Range(1, 16));
+  app.add_option_function<uint32_t>(
+         "--speculative-max-batch",
+         [policy](uint32_t n) { policy->set_speculative_max_batch(n); },
+         "steps with more decoding sequences than this draft nothing (default: the workers' "
+         "own --speculative-max-batch)")
+      ->envname("FLOTILLA_SPECULATIVE_MAX_BATCH");
+  app.add_flag_callback(
+         "--allow-replay-drafter", [policy] { policy->set_allow_replay_drafter(true); },
+         "benchmarks only: requests may choose the replay drafter (the recorded output of an "
+         "earlier identical request, with --replay-error-rate's errors)")
+      ->envname("FLOTILLA_ALLOW_REPLAY_DRAFTER");
+  app.add_option_function<double>(
+         "--replay-error-rate",
+         [policy](double e) { policy->mutable_speculative()->set_replay_error_rate(e); },
+         "replay drafter: probability that each drafted token is wrong (sets the acceptance "
+         "length; default: the workers' own, 0)")
+      ->envname("FLOTILLA_REPLAY_ERROR_RATE")
+      ->check(CLI::Range(0.0, 1.0));
 }
 
 }  // namespace
@@ -420,6 +439,12 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (opts.scheduler_policy.speculative().method() == "replay" &&
+      !opts.scheduler_policy.allow_replay_drafter()) {
+    std::cerr << "flotilla-coordinator: --speculative-method replay drafts recorded outputs and "
+                 "is for benchmarks only; add --allow-replay-drafter\n";
+    return 2;
+  }
   // Addresses, ports and TLS files are checked before anything starts: a taken
   // port or a bad file is a clear error and exit 1 within milliseconds.
   absl::StatusOr<flotilla::ListenAddress> grpc_address =

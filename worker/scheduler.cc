@@ -50,8 +50,13 @@ void AddLogprob(const TokenLogprob& lp, cluster::SequenceUpdate* u) {
 }  // namespace
 
 Scheduler::Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock,
-                     VocabularyProvider vocabulary)
-    : engine_(engine), limits_(limits), clock_(std::move(clock)), vocabulary_(std::move(vocabulary)) {}
+                     VocabularyProvider vocabulary, DraftMemory* draft_memory)
+    : engine_(engine),
+      limits_(limits),
+      clock_(std::move(clock)),
+      vocabulary_(std::move(vocabulary)),
+      own_draft_memory_(draft_memory == nullptr ? std::make_unique<DraftMemory>() : nullptr),
+      draft_memory_(draft_memory == nullptr ? own_draft_memory_.get() : draft_memory) {}
 
 int64_t Scheduler::MaxSequenceLength() const {
   const int64_t engine = engine_->MaxSequenceLength();
@@ -161,9 +166,9 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   if (!speculative.ok()) {
     return reject(speculative.status().code(), std::string(speculative.status().message()));
   }
-  seq.speculative = *speculative;
+  SpeculativeConfig drafting = *speculative;
   // An engine that cannot verify runs the request without drafting.
-  if (!engine_->VerifiesDrafts()) seq.speculative.method = SpeculativeMethod::kOff;
+  if (!engine_->VerifiesDrafts()) drafting.method = SpeculativeMethod::kOff;
   seq.stop = StopRules(std::move(stops), sp.max_tokens);
   seq.want_logprobs = sp.logprobs;
   seq.return_prompt_logits = s.return_prompt_logits();
@@ -178,6 +183,11 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   }
   if (absl::Status st = Resume(s, seq); !st.ok()) {
     return reject(st.code(), std::string(st.message()));
+  }
+  if (drafting.method != SpeculativeMethod::kOff || drafting.allow_replay) {
+    seq.drafter = std::make_unique<SpeculativeDrafter>(
+        drafting, draft_memory_, absl::MakeConstSpan(prompt_ids), sp, s.request_id(),
+        c.vocab_size);
   }
   // The whole length, cached prefix included: shared blocks are counted once
   // per sequence, so the reservations still bound the blocks in use.
@@ -221,7 +231,10 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   for (const auto& [id, seq] : sequences_) {
     if (seq.prefilled >= static_cast<int64_t>(seq.prompt.size())) ++decoding;
   }
-  budget -= PlanDecodes(std::max<int64_t>(0, budget - decoding), &plan);
+  // Past --speculative-max-batch decoding sequences, nothing is drafted.
+  const bool draft =
+      limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
+  budget -= PlanDecodes(draft ? std::max<int64_t>(0, budget - decoding) : 0, &plan);
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
   // always finish, so the queue always drains).
@@ -276,8 +289,8 @@ int64_t Scheduler::PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan) {
   return planned;
 }
 
-std::vector<int32_t> Scheduler::DraftOf(const Sequence& seq, int64_t limit) const {
-  if (seq.speculative.method == SpeculativeMethod::kOff) return {};
+std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit) {
+  if (seq.drafter == nullptr || seq.drafter->config().method == SpeculativeMethod::kOff) return {};
   // Drafted tokens past its last possible one would be wasted (and past its
   // KV reservation).
   const int64_t room = seq.max_tokens - static_cast<int64_t>(seq.generated.size()) - 1;
@@ -288,9 +301,7 @@ std::vector<int32_t> Scheduler::DraftOf(const Sequence& seq, int64_t limit) cons
   const int64_t window = engine_->config().sliding_window;
   if (window > 0) limit = std::min<int64_t>(limit, window - 2);
   if (limit <= 0) return {};
-  std::vector<int32_t> context(seq.prompt.begin(), seq.prompt.begin() + seq.prompt_tokens);
-  context.insert(context.end(), seq.generated.begin(), seq.generated.end());
-  return DraftFor(seq.speculative, context, limit);
+  return seq.drafter->Propose(seq.generated, limit);
 }
 
 void Scheduler::PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan) {
@@ -422,6 +433,7 @@ bool Scheduler::TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now
   }
   u->set_completion_tokens(seq.generated.size() + (stop ? 1 : 0));
   if (decision != StopDecision::kContinue) {
+    if (seq.drafter != nullptr) seq.drafter->Finish(seq.generated);
     if (stop) u->set_stop_token(tok);
     u->set_finish_reason(stop ? common::STOP : common::LENGTH);
     u->set_prompt_tokens(seq.prompt_tokens);

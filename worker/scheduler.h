@@ -22,6 +22,7 @@
 #include "worker/engine/stop_rules.h"
 #include "worker/prefill_policy.h"
 #include "worker/speculation.h"
+#include "worker/speculative_drafter.h"
 
 namespace flotilla::worker {
 
@@ -37,6 +38,11 @@ struct SchedulerLimits {
   // --num-speculative-tokens). Drafted tokens count in max_batch_tokens;
   // engines that do not verify drafts run every request without.
   SpeculativeConfig speculative;
+  // A step with more decoding sequences than this drafts nothing
+  // (--speculative-max-batch; 0 = no bound): verifying k tokens per sequence
+  // multiplies a large batch's work, which then costs more than the
+  // accepted tokens save (worker/README.md "Speculative decoding").
+  int64_t speculative_max_batch = 0;
 };
 
 // Speculative decoding, since the scheduler started: tokens drafted, drafted
@@ -54,9 +60,11 @@ class Scheduler {
 
   // `engine` must outlive the scheduler; the scheduler only reads it.
   // `vocabulary` builds structured-output constraints (requests with one are
-  // refused without it).
+  // refused without it). `draft_memory`: what drafters remember across
+  // requests (the worker's, so it outlives a rebuilt scheduler; must outlive
+  // this one); null: the scheduler keeps its own.
   Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock,
-            VocabularyProvider vocabulary = nullptr);
+            VocabularyProvider vocabulary = nullptr, DraftMemory* draft_memory = nullptr);
 
   // Queues a request; when the queue is full (4 x max_sequences) refuses it
   // with RESOURCE_EXHAUSTED in `refused` instead. A request with `resume`
@@ -119,7 +127,8 @@ class Scheduler {
     uint64_t deadline_unix_ms = 0;
     const ConstraintFilter* constraint = nullptr;  // owned by the sampler
     int64_t max_tokens = 0;                        // output tokens it may have in all
-    SpeculativeConfig speculative;
+    // Its drafter (null when it neither drafts nor records for replay).
+    std::unique_ptr<SpeculativeDrafter> drafter;
     // The drafted tokens its last step's verification accepted: its next
     // plan item has every rank commit them (their KV is written).
     std::vector<int32_t> accepted_draft;
@@ -154,7 +163,7 @@ class Scheduler {
   int64_t PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan);
   // The draft `seq` brings this step: at most `limit` tokens, fewer than
   // it may still generate.
-  std::vector<int32_t> DraftOf(const Sequence& seq, int64_t limit) const;
+  std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit);
   // Takes the tokens a step drew for a decoding sequence (its accepted
   // drafted tokens, then the token drawn after them) into one update;
   // true when the sequence ended.
@@ -176,6 +185,8 @@ class Scheduler {
   int64_t kv_reserved_ = 0;
   uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
   SpeculativeCounts speculative_;
+  std::unique_ptr<DraftMemory> own_draft_memory_;  // when none was given
+  DraftMemory* draft_memory_;
 };
 
 }  // namespace flotilla::worker

@@ -3,24 +3,36 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "worker/ngram_drafter.h"
 
 namespace flotilla::worker {
 
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name) {
   if (name == "off") return SpeculativeMethod::kOff;
   if (name == "ngram") return SpeculativeMethod::kNgram;
-  if (name == "eagle3" || name == "suffix") {
+  if (name == "suffix") return SpeculativeMethod::kSuffix;
+  if (name == "replay") return SpeculativeMethod::kReplay;
+  if (name == "eagle3") {
     return absl::InvalidArgumentError(
         absl::StrCat("speculative method \"", std::string(name),
-                     "\" is not built yet; this worker knows ngram and off"));
+                     "\" is not built yet; this worker knows ngram, suffix, replay and off"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown speculative method \"", std::string(name), "\"; known: ngram, off"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown speculative method \"",
+                                                 std::string(name),
+                                                 "\"; known: ngram, suffix, replay, off"));
 }
 
 std::string_view SpeculativeMethodName(SpeculativeMethod method) {
-  return method == SpeculativeMethod::kNgram ? "ngram" : "off";
+  switch (method) {
+    case SpeculativeMethod::kNgram:
+      return "ngram";
+    case SpeculativeMethod::kSuffix:
+      return "suffix";
+    case SpeculativeMethod::kReplay:
+      return "replay";
+    case SpeculativeMethod::kOff:
+      break;
+  }
+  return "off";
 }
 
 absl::Status ValidateSpeculative(const SpeculativeConfig& config) {
@@ -35,6 +47,15 @@ absl::Status ValidateSpeculative(const SpeculativeConfig& config) {
         absl::StrCat("prompt_lookup_min and prompt_lookup_max must satisfy 1 <= min <= max <= ",
                      kMaxPromptLookup, ", got ", config.lookup_min, " and ", config.lookup_max));
   }
+  if (!(config.replay_error_rate >= 0.0 && config.replay_error_rate <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("replay_error_rate must be in [0, 1], got ",
+                                                   config.replay_error_rate));
+  }
+  if (config.method == SpeculativeMethod::kReplay && !config.allow_replay) {
+    return absl::InvalidArgumentError(
+        "speculative method \"replay\" drafts recorded outputs and is for benchmarks only; "
+        "start the coordinator (or flotilla up) or the worker with --allow-replay-drafter");
+  }
   return absl::OkStatus();
 }
 
@@ -46,7 +67,8 @@ absl::Status SetSpeculativeMethod(std::string_view method, SpeculativeConfig* co
   }
   config->method = *parsed;
   if (absl::Status st = ValidateSpeculative(*config); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--num-speculative-tokens: ", st.message()));
+    return absl::InvalidArgumentError(absl::StrCat("--speculative-method ", std::string(method), ": ",
+                                                   st.message()));
   }
   return absl::OkStatus();
 }
@@ -70,6 +92,7 @@ absl::StatusOr<SpeculativeConfig> SpeculativeFor(const common::SpeculativeParams
     config.lookup_min =
         static_cast<int>(std::min<uint32_t>(request.prompt_lookup_min(), kMaxPromptLookup + 1));
   }
+  if (request.has_replay_error_rate()) config.replay_error_rate = request.replay_error_rate();
   if (request.prompt_lookup_max() != 0) {
     config.lookup_max =
         static_cast<int>(std::min<uint32_t>(request.prompt_lookup_max(), kMaxPromptLookup + 1));
@@ -78,13 +101,6 @@ absl::StatusOr<SpeculativeConfig> SpeculativeFor(const common::SpeculativeParams
     return absl::InvalidArgumentError(absl::StrCat("speculative: ", st.message()));
   }
   return config;
-}
-
-std::vector<int32_t> DraftFor(const SpeculativeConfig& config, absl::Span<const int32_t> context,
-                              int64_t limit) {
-  const int k = static_cast<int>(std::min<int64_t>(config.num_tokens, limit));
-  if (config.method == SpeculativeMethod::kOff || k <= 0) return {};
-  return ProposeNgramDraft(context, config.lookup_min, config.lookup_max, k);
 }
 
 }  // namespace flotilla::worker

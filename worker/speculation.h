@@ -1,7 +1,8 @@
 // Speculative decoding's settings: the worker's default (--speculative-method,
-// --num-speculative-tokens) and each request's choice over it
-// (SamplingParams.speculative), and the draft a decode step brings.
-// Verification is the engine's (StepItem::draft_tokens, VerifyDraft).
+// --num-speculative-tokens, --replay-error-rate, --allow-replay-drafter) and
+// each request's choice over it (SamplingParams.speculative). The drafts are
+// SpeculativeDrafter's (speculative_drafter.h); verification is the
+// engine's (StepItem::draft_tokens, VerifyDraft).
 #pragma once
 
 #include <cstdint>
@@ -17,27 +18,44 @@ namespace flotilla::worker {
 
 enum class SpeculativeMethod {
   kOff,
-  kNgram,  // prompt lookup over the request's prompt and output (ngram_drafter.h)
+  kNgram,   // prompt lookup over the request's prompt and output (ngram_drafter.h)
+  kSuffix,  // suffix matching over the request and recent outputs (suffix_drafter.h)
+  // Benchmarks only (refused unless allow_replay): the output an earlier
+  // identical request produced, with chosen errors (replay_drafter.h).
+  kReplay,
 };
 
 // Most drafted tokens per step a request may ask for.
 inline constexpr int kMaxSpeculativeTokens = 16;
 // Longest n-gram prompt lookup may match.
 inline constexpr int kMaxPromptLookup = 64;
+// --speculative-max-batch's default: steps with more decoding sequences draft
+// nothing. Provisional (not yet measured on this engine): peers report
+// weight-free drafting losing throughput above about 20 concurrent requests;
+// worker/README.md "Speculative decoding" gives the bench that measures the
+// crossing point.
+inline constexpr int64_t kDefaultSpeculativeMaxBatch = 32;
 
 struct SpeculativeConfig {
   SpeculativeMethod method = SpeculativeMethod::kOff;
   int num_tokens = 3;  // drafted tokens per step, [1, kMaxSpeculativeTokens]
   int lookup_min = 1;  // n-gram lengths prompt lookup matches
   int lookup_max = 4;
+  // replay: the probability that each drafted token is replaced by another,
+  // in [0, 1] (ExpectedReplayAcceptanceLength relates it to acceptance).
+  double replay_error_rate = 0.0;
+  // Whether the replay method may be chosen (--allow-replay-drafter): a
+  // benchmark's opt-in, never set in production.
+  bool allow_replay = false;
 };
 
-// "off" or "ngram"; INVALID_ARGUMENT naming the methods known (and saying
-// which are not built yet) otherwise.
+// "off", "ngram", "suffix" or "replay"; INVALID_ARGUMENT naming the methods
+// known (and saying which are not built yet) otherwise.
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name);
 std::string_view SpeculativeMethodName(SpeculativeMethod method);
 
-// INVALID_ARGUMENT naming the first field out of range.
+// INVALID_ARGUMENT naming the first field out of range, or the replay
+// method without allow_replay.
 absl::Status ValidateSpeculative(const SpeculativeConfig& config);
 
 // The worker's flags: `method` parsed into `config`, then the whole checked
@@ -50,10 +68,5 @@ absl::Status SetSpeculativeMethod(std::string_view method, SpeculativeConfig* co
 // naming the field ("speculative.method", ...) that is wrong.
 absl::StatusOr<SpeculativeConfig> SpeculativeFor(const common::SpeculativeParams& request,
                                                  const SpeculativeConfig& worker_default);
-
-// The draft for a sequence whose prompt and output so far are `context`: at
-// most min(config.num_tokens, limit) tokens; empty when off or nothing matches.
-std::vector<int32_t> DraftFor(const SpeculativeConfig& config, absl::Span<const int32_t> context,
-                              int64_t limit);
 
 }  // namespace flotilla::worker

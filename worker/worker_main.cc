@@ -53,8 +53,10 @@ int main(int argc, char** argv) {
   std::string speculative_method = "off";
   app.add_option("--speculative-method", speculative_method,
                  "speculative decoding for requests that do not choose: ngram (prompt lookup "
-                 "over the request's prompt and output, verified exactly) or off; the CPU engine "
-                 "verifies drafts, other engines run without drafting")
+                 "over the request's prompt and output), suffix (suffix matching over the "
+                 "request and recent outputs), replay (benchmarks only: needs "
+                 "--allow-replay-drafter) or off; drafts are verified exactly by the CPU and "
+                 "CUDA engines")
       ->envname("FLOTILLA_SPECULATIVE_METHOD")
       ->capture_default_str();
   app.add_option("--num-speculative-tokens", o.speculative.num_tokens,
@@ -67,6 +69,21 @@ int main(int argc, char** argv) {
                  "until it is up, and again whenever it restarts; from 100 ms, doubling)")
       ->envname("FLOTILLA_RECONNECT_BACKOFF_MAX_MS")->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--speculative-max-batch", o.speculative_max_batch,
+                 "steps with more decoding sequences than this draft nothing (0 = no bound)")
+      ->envname("FLOTILLA_SPECULATIVE_MAX_BATCH")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_flag("--allow-replay-drafter", o.speculative.allow_replay,
+               "benchmarks only: requests may choose the replay drafter, which proposes the "
+               "recorded output of an earlier identical request (recorded while this is set)")
+      ->envname("FLOTILLA_ALLOW_REPLAY_DRAFTER");
+  app.add_option("--replay-error-rate", o.speculative.replay_error_rate,
+                 "replay drafter: probability that each drafted token is replaced by a wrong "
+                 "one (sets the acceptance length)")
+      ->envname("FLOTILLA_REPLAY_ERROR_RATE")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   std::string cluster_token_file;

@@ -28,11 +28,16 @@ struct WorkerOptions {
   // Share the KV blocks of identical prompt prefixes between requests.
   bool prefix_cache = true;
   // Speculative decoding for requests that do not choose
-  // (--speculative-method, --num-speculative-tokens); off by default.
+  // (--speculative-method, --num-speculative-tokens, --replay-error-rate,
+  // --allow-replay-drafter); off by default.
   SpeculativeConfig speculative;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
   // Between attempts to open a session: the first wait, doubled after each
+  // --speculative-max-batch: steps with more decoding sequences draft
+  // nothing (SchedulerLimits::speculative_max_batch); a coordinator's
+  // nonzero value wins.
+  int64_t speculative_max_batch = kDefaultSpeculativeMaxBatch;
   // failure up to the max (reset after a session that lasted a while).
   absl::Duration reconnect_backoff = absl::Milliseconds(100);
   absl::Duration reconnect_backoff_max = absl::Seconds(2);

@@ -494,11 +494,18 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   limits.max_model_len = a.max_model_len();
   // The coordinator's default for requests that do not choose, over this
   // worker's flags.
-  FLOTILLA_ASSIGN_OR_RETURN(
-      limits.speculative, SpeculativeFor(a.scheduler_policy().speculative(), options_.speculative));
+  SpeculativeConfig speculative = options_.speculative;
+  speculative.allow_replay =
+      speculative.allow_replay || a.scheduler_policy().allow_replay_drafter();
+  FLOTILLA_ASSIGN_OR_RETURN(limits.speculative,
+                            SpeculativeFor(a.scheduler_policy().speculative(), speculative));
+  limits.speculative_max_batch = a.scheduler_policy().speculative_max_batch() != 0
+                                     ? a.scheduler_policy().speculative_max_batch()
+                                     : options_.speculative_max_batch;
   FLOTILLA_ASSIGN_OR_RETURN(limits.prefill, PrefillPolicyFromProto(a.scheduler_policy()));
   scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
-                                           LazyO200kVocabulary(engine->config().vocab_size));
+                                           LazyO200kVocabulary(engine->config().vocab_size),
+                                           &draft_memory_);
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
   executor_->SetCommTimeout(options_.comm_timeout);

@@ -148,6 +148,9 @@ class WorkerRuntime {
   // The engine and, for W > 1, its parallel context (which outlives it).
   RankEngine rank_engine_;
   std::optional<ModelWeights> pending_weights_;  // loaded, waiting for StartComm
+  // What drafters remember across requests (suffix decoding's recent
+  // outputs, replay's recordings); outlives each assignment's scheduler.
+  DraftMemory draft_memory_;
   std::unique_ptr<Scheduler> scheduler_;         // while running (used on leaders)
   std::unique_ptr<StepExecutor> executor_;       // while running
   std::unique_ptr<ExpertStore> expert_store_;    // while running

@@ -95,6 +95,8 @@ struct ServeOptions {
   int64_t max_batch_tokens = 8;  // a resumed context is prefilled in chunks
   int64_t max_sequences = 4;
   SpeculativeConfig speculative;        // the worker's default
+  int64_t speculative_max_batch = 0;    // SchedulerLimits'
+  DraftMemory* draft_memory = nullptr;  // not null: shared with other runs (replay, suffix)
   SpeculativeCounts* counts = nullptr;  // not null: the leader's counts at the end
   int max_steps = 1000;
 };
@@ -114,9 +116,11 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
     limits.max_batch_tokens = options.max_batch_tokens;
     limits.max_sequences = options.max_sequences;
     limits.speculative = options.speculative;
+    limits.speculative_max_batch = options.speculative_max_batch;
     scheduler = std::make_unique<Scheduler>(
         &engine, limits, [] { return uint64_t{1000}; },
-        engine.config().vocab_size == TestModel().vocab_size ? Vocabulary() : nullptr);
+        engine.config().vocab_size == TestModel().vocab_size ? Vocabulary() : nullptr,
+        options.draft_memory);
     for (const cluster::SubmitSequence& submit : submits) scheduler->Enqueue(submit, &out);
   }
   StepExecutor::SamplerLookup sampler_for;

@@ -21,6 +21,7 @@
 #include "worker/engine/draft_verify.h"
 #include "worker/model/model_source.h"
 #include "worker/ngram_drafter.h"
+#include "worker/replay_drafter.h"
 #include "worker/parallel/host_context.h"
 #include "worker/speculation.h"
 
@@ -96,6 +97,12 @@ TEST(SpeculativeSettingsTest, RefusesWhatItCannotDo) {
   common::SpeculativeParams p;
   p.set_method("eagle3");
   refused(p, "not built yet");
+  p.set_method("replay");
+  refused(p, "--allow-replay-drafter");
+  p.set_method("suffix");
+  p.set_replay_error_rate(1.5);
+  refused(p, "replay_error_rate must be in [0, 1]");
+  p.clear_replay_error_rate();
   p.set_method("medusa");
   refused(p, "unknown speculative method \"medusa\"");
   p.set_method("ngram");
@@ -324,10 +331,11 @@ TEST(DraftedStepTest, VerifiedRowsAreTheRowsOfSingleSteps) {
 
 // ---- the serving loop on CPU engines ----
 
-ServeOptions Speculating(int tokens, SpeculativeCounts* counts = nullptr) {
+ServeOptions Speculating(int tokens, SpeculativeCounts* counts = nullptr,
+                         SpeculativeMethod method = SpeculativeMethod::kNgram) {
   ServeOptions o;
   o.max_batch_tokens = 32;
-  o.speculative.method = SpeculativeMethod::kNgram;
+  o.speculative.method = method;
   o.speculative.num_tokens = tokens;
   o.counts = counts;
   return o;
@@ -408,13 +416,15 @@ cluster::SubmitSequence Repetitive(uint64_t id, uint32_t max_tokens, int32_t bas
 
 void ExpectSameWithAndWithout(const std::vector<cluster::SubmitSequence>& submits, int world,
                               const ModelWeights* weights = nullptr,
-                              SpeculativeCounts* counts = nullptr) {
+                              SpeculativeCounts* counts = nullptr,
+                              SpeculativeMethod method = SpeculativeMethod::kNgram) {
   const auto want = TokensById(Serve(submits, world, Plain(), weights));
   ASSERT_EQ(want.size(), submits.size());
   for (int k : {1, 4}) {
     SCOPED_TRACE(testing::Message() << k << " speculative tokens");
     SpeculativeCounts got_counts;
-    EXPECT_EQ(TokensById(Serve(submits, world, Speculating(k, &got_counts), weights)), want);
+    EXPECT_EQ(TokensById(Serve(submits, world, Speculating(k, &got_counts, method), weights)),
+              want);
     EXPECT_GT(got_counts.drafted, 0u);
     EXPECT_LE(got_counts.accepted, got_counts.drafted);
     if (counts != nullptr) *counts = got_counts;
@@ -433,6 +443,13 @@ TEST_P(SpeculativeServeTest, SeededAndPenalisedRequestsAreThoseWithoutSpeculatio
        resume_testing::Penalised(Repetitive(2, 20, 2000)),
        resume_testing::Seeded(resume_testing::Penalised(Repetitive(3, 16)), 5)},
       GetParam());
+}
+
+// Suffix decoding: the request's own prompt and output are searched (the
+// recent outputs are empty in a fresh scheduler's memory).
+TEST_P(SpeculativeServeTest, SuffixDecodingGivesTheTokensWithoutSpeculation) {
+  ExpectSameWithAndWithout({Repetitive(1, 24), resume_testing::Seeded(Repetitive(2, 17, 3000), 9)},
+                           GetParam(), nullptr, nullptr, SpeculativeMethod::kSuffix);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SpeculativeServeTest, ::testing::Values(1, 2),
@@ -529,6 +546,95 @@ TEST(SpeculativeKvTest, DraftsStayWithinTheSlidingWindow) {
   const auto want = TokensById(Serve({s}, 1, Plain(), &*w));
   EXPECT_EQ(TokensById(Serve({s}, 1, Speculating(16, &counts), &*w)), want);
   EXPECT_GT(counts.drafted, 0u);
+}
+
+// ---- drafters that remember: suffix decoding's recent outputs, replay ----
+
+// A prompt of distinct tokens (nothing in it repeats, so only what an earlier
+// request produced can be drafted).
+cluster::SubmitSequence Plainly(uint64_t id, uint32_t max_tokens, int32_t base) {
+  cluster::SubmitSequence s = Request(max_tokens);
+  s.set_request_id(id);
+  s.clear_prompt_ids();
+  for (int i = 0; i < 12; ++i) s.add_prompt_ids(base + 31 * i);
+  s.mutable_sampling()->set_ignore_eos(true);
+  return s;
+}
+
+// Replay: a first pass records the outputs (speculation off: a worker that
+// allows replay records every deterministic request), a second drafts them
+// with errors; its tokens are the first pass's, drafts are accepted up to
+// the first wrong one, and the acceptance length is about what the error
+// rate gives.
+TEST(SpeculativeReplayTest, ReplaysRecordedOutputsWithTheChosenErrors) {
+  DraftMemory memory;
+  std::vector<cluster::SubmitSequence> submits = {
+      Plainly(1, 40, 100), resume_testing::Seeded(Plainly(2, 40, 5000), 3), Plainly(3, 40, 9000)};
+  ServeOptions record = Plain();
+  record.speculative.allow_replay = true;
+  record.draft_memory = &memory;
+  const auto want = TokensById(Serve(submits, 1, record));
+  EXPECT_EQ(memory.recordings.size(), submits.size());
+  for (double rate : {0.0, 0.3}) {
+    SCOPED_TRACE(rate);
+    SpeculativeCounts counts;
+    ServeOptions replay = Speculating(3, &counts, SpeculativeMethod::kReplay);
+    replay.speculative.allow_replay = true;
+    replay.speculative.replay_error_rate = rate;
+    replay.draft_memory = &memory;
+    EXPECT_EQ(TokensById(Serve(submits, 1, replay)), want);
+    ASSERT_GT(counts.verify_steps, 0u);
+    const double length = 1.0 + static_cast<double>(counts.accepted) / counts.verify_steps;
+    if (rate == 0.0) {
+      EXPECT_EQ(counts.accepted, counts.drafted) << "every recorded token is the model's";
+    } else {
+      EXPECT_NEAR(length, ExpectedReplayAcceptanceLength(rate, 3), 0.5);
+    }
+  }
+}
+
+// A request of the same prompt as a finished one drafts its output from the
+// recent outputs (suffix decoding's global index), with the same tokens.
+TEST(SpeculativeSuffixTest, RecentOutputsAreDrafted) {
+  DraftMemory memory;
+  const std::vector<cluster::SubmitSequence> first = {Plainly(1, 30, 700)};
+  SpeculativeCounts counts;
+  ServeOptions suffix = Speculating(4, &counts, SpeculativeMethod::kSuffix);
+  suffix.draft_memory = &memory;
+  const auto want = TokensById(Serve(first, 1, Plain()));
+  EXPECT_EQ(TokensById(Serve(first, 1, suffix)), want);
+  EXPECT_GT(memory.recent_outputs.tokens(), 0);
+  counts = {};
+  cluster::SubmitSequence again = Plainly(2, 30, 700);
+  const auto got = TokensById(Serve({again}, 1, suffix));
+  EXPECT_EQ(got.at(2), want.at(1));
+  EXPECT_GT(counts.accepted, counts.drafted / 2) << "the recent output is the model's own";
+}
+
+// Past --speculative-max-batch decoding sequences nothing is drafted; at or
+// under it drafting goes on; the tokens are the same either way.
+TEST(SpeculativeMaxBatchTest, LargeBatchesDraftNothing) {
+  // The three prompts are prefilled in one step and, ending only at their
+  // length, decode together to the end.
+  std::vector<cluster::SubmitSequence> submits = {Repetitive(1, 20), Repetitive(2, 20, 3000),
+                                                  Repetitive(3, 20, 5000)};
+  for (cluster::SubmitSequence& s : submits) s.mutable_sampling()->set_ignore_eos(true);
+  ServeOptions plain = Plain();
+  plain.max_batch_tokens = 128;
+  const auto want = TokensById(Serve(submits, 1, plain));
+  for (int64_t max_batch : {2, 3}) {
+    SCOPED_TRACE(max_batch);
+    SpeculativeCounts counts;
+    ServeOptions o = Speculating(3, &counts);
+    o.max_batch_tokens = 128;
+    o.speculative_max_batch = max_batch;
+    EXPECT_EQ(TokensById(Serve(submits, 1, o)), want);
+    if (max_batch == 2) {
+      EXPECT_EQ(counts.drafted, 0u);
+    } else {
+      EXPECT_GT(counts.drafted, 0u);
+    }
+  }
 }
 
 // ---- the golden fixtures and the demo model ----

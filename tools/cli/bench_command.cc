@@ -135,6 +135,52 @@ nlohmann::json PrefixCacheDelta(const ServeFlags& f, const PrefixCounters& befor
   return j;
 }
 
+struct SpeculativeCounters {
+  double drafted = 0, accepted = 0, steps = 0;
+};
+
+absl::StatusOr<SpeculativeCounters> ReadSpeculativeCounters(const std::string& url,
+                                                            const std::string& api_key) {
+  absl::StatusOr<std::string> text = HttpGetMetrics(url, api_key);
+  if (!text.ok()) return text.status();
+  std::optional<double> d = PrometheusValue(*text, "flotilla_spec_decode_num_draft_tokens_total");
+  std::optional<double> a =
+      PrometheusValue(*text, "flotilla_spec_decode_num_accepted_tokens_total");
+  std::optional<double> s = PrometheusValue(*text, "flotilla_spec_decode_num_verify_steps_total");
+  if (!d || !a || !s) {
+    return absl::NotFoundError(absl::StrCat(url, " has no flotilla_spec_decode_*_total"));
+  }
+  return SpeculativeCounters{*d, *a, *s};
+}
+
+// Speculative decoding over the load, from the counters' change: drafted and
+// accepted tokens, verification steps and the acceptance length (tokens a
+// verification step gives: 1 + accepted / steps). Workers report in
+// heartbeats, so this reads until the counters stop moving (5 s at most).
+nlohmann::json SpeculativeDelta(const ServeFlags& f, const SpeculativeCounters& before) {
+  nlohmann::json j;
+  absl::StatusOr<SpeculativeCounters> after = ReadSpeculativeCounters(f.metrics_url, f.api_key);
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  int unchanged = 0;
+  while (after.ok() && unchanged < 5 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    absl::StatusOr<SpeculativeCounters> next = ReadSpeculativeCounters(f.metrics_url, f.api_key);
+    if (!next.ok()) break;
+    unchanged = next->steps == after->steps ? unchanged + 1 : 0;
+    after = next;
+  }
+  if (!after.ok()) {
+    j["error"] = std::string(after.status().ToString());
+    return j;
+  }
+  const double steps = after->steps - before.steps, accepted = after->accepted - before.accepted;
+  j["drafted_tokens"] = static_cast<int64_t>(after->drafted - before.drafted);
+  j["accepted_tokens"] = static_cast<int64_t>(accepted);
+  j["verify_steps"] = static_cast<int64_t>(steps);
+  j["acceptance_length"] = steps > 0 ? 1.0 + accepted / steps : 1.0;
+  return j;
+}
+
 nlohmann::json MultiTurnJson(const ServeFlags& f, const Stats& stats) {
   nlohmann::json j;
   j["turns"] = f.multi_turn;
@@ -209,17 +255,36 @@ int RunServe(const ServeFlags& f) {
   }
   Stats stats;
   stats.turns.resize(f.prefix_tenants ? f.tenants.max_turns : std::max(0, f.multi_turn));
+  if (f.warmup_s > 0) {
+    // The same requests first (the closed loop's streams and the arrivals
+    // repeat with the seed): a replay drafter records their outputs.
+    ServeFlags warm = f;
+    warm.duration_s = f.warmup_s;
+    Stats warm_stats;
+    warm_stats.turns.resize(stats.turns.size());
+    nlohmann::json w = LoadJson(warm, warm_stats, RunLoad(*target->client, warm, target->vocab,
+                                                          warm_stats));
+    w["mode"] = "warmup";
+    std::cout << w.dump() << std::endl;
+  }
   PrefixCounters prefix_before;
+  SpeculativeCounters spec_before;
   if (!f.metrics_url.empty()) {
     absl::StatusOr<PrefixCounters> p = ReadPrefixCounters(f.metrics_url, f.api_key);
-    if (!p.ok()) {
-      std::cerr << "flotilla bench serve: " << p.status().message() << "\n";
+    absl::StatusOr<SpeculativeCounters> sp = ReadSpeculativeCounters(f.metrics_url, f.api_key);
+    if (!p.ok() || !sp.ok()) {
+      std::cerr << "flotilla bench serve: " << (p.ok() ? sp.status() : p.status()).message()
+                << "\n";
       return 1;
     }
     prefix_before = *p;
+    spec_before = *sp;
   }
   const LoadRun run = RunLoad(*target->client, f, target->vocab, stats);
   nlohmann::json j = LoadJson(f, stats, run);
+  if (!f.speculative_method.empty()) j["speculative_method"] = f.speculative_method;
+  if (f.replay_error_rate >= 0) j["replay_error_rate"] = f.replay_error_rate;
+  if (!f.metrics_url.empty()) j["speculative"] = SpeculativeDelta(f, spec_before);
   if (f.multi_turn > 0) j["multi_turn"] = MultiTurnJson(f, stats);
   if (f.prefix_tenants) j["prefix_tenants"] = PrefixTenantsJson(f, stats);
   if (!f.metrics_url.empty()) j["prefix_cache"] = PrefixCacheDelta(f, prefix_before, stats);
@@ -381,6 +446,21 @@ void AddBenchCommand(CLI::App& app) {
   serve->add_option("--metrics-url", f->metrics_url,
                     "http://HOST:PORT/metrics of the coordinator: report the prefix-cache "
                     "counters' change over the load");
+  serve->add_option("--speculative-method", f->speculative_method,
+                    "speculative decoding every request asks for (ngram, suffix, replay, off; "
+                    "default: the server's); with --metrics-url the acceptance length is "
+                    "printed beside tokens/s")
+      ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
+  serve->add_option("--replay-error-rate", f->replay_error_rate,
+                    "replay drafter: probability that each drafted token is wrong, asked in "
+                    "every request (with 3 drafted tokens 0.19, 0.31, 0.46, 0.66 give "
+                    "acceptance lengths of about 3, 2.5, 2, 1.5)")
+      ->check(CLI::Range(0.0, 1.0));
+  serve->add_option("--warmup", f->warmup_s,
+                    "seconds of the same load before the measured one (its own JSON line, mode "
+                    "warmup): the replay drafter's recordings; make it long enough to send "
+                    "every request the measured run will (its duration times the speedup)")
+      ->check(CLI::NonNegativeNumber);
   serve->add_option("--seed", f->seed, "random seed")->capture_default_str();
   serve->add_option("--timeout", f->timeout_s, "per-request deadline, seconds")
       ->check(CLI::PositiveNumber)->capture_default_str();

@@ -37,6 +37,7 @@ v1::ChatRequest ChatRequestOf(const ServeFlags& f, std::mt19937_64& rng, int wor
   req.mutable_sampling()->set_temperature(1.0f);
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(max_tokens);
+  SetSpeculative(f, req.mutable_sampling());
   if (!f.schema_json.empty()) {
     req.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
     req.mutable_response_format()->mutable_json_schema()->set_name("bench");
@@ -65,6 +66,7 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(olen(rng));
   req.mutable_sampling()->set_ignore_eos(f.ignore_eos);
+  SetSpeculative(f, req.mutable_sampling());
   const auto start = Clock::now();
   auto last = start;
   bool first = true;
@@ -121,6 +123,15 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
 }
 
 }  // namespace
+
+void SetSpeculative(const ServeFlags& f, common::SamplingParams* sampling) {
+  if (!f.speculative_method.empty()) {
+    sampling->mutable_speculative()->set_method(f.speculative_method);
+  }
+  if (f.replay_error_rate >= 0) {
+    sampling->mutable_speculative()->set_replay_error_rate(f.replay_error_rate);
+  }
+}
 
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
+#include "proto/common.pb.h"
 #include "tools/cli/prefix_tenants_workload.h"
 #include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
@@ -49,7 +50,18 @@ struct ServeFlags {
   bool chat = false;         // requests go through Chat (Harmony rendered and parsed)
   std::string schema_file;   // --response-format-schema: Chat answers in this JSON Schema
   std::string schema_json;   // its text, read once
+  // Speculative decoding asked for in every request (SamplingParams.
+  // speculative): a method ("" = the server's default) and, for the replay
+  // drafter, its error rate (negative = the server's).
+  std::string speculative_method;
+  double replay_error_rate = -1;
+  // Seconds of the same load run first, unreported but for one line (mode
+  // "warmup"): a replay drafter's recordings. 0 = none.
+  double warmup_s = 0;
 };
+
+// Sets `f`'s speculative-decoding choice on a request's sampling.
+void SetSpeculative(const ServeFlags& f, common::SamplingParams* sampling);
 
 // One turn index of the multi-turn workload.
 struct TurnStats {

@@ -34,8 +34,12 @@ struct ServingLimits {
   // Speculative decoding (the coordinator's flags of the same names).
   std::string speculative_method = "off";
   uint32_t num_speculative_tokens = 3;
+  uint32_t speculative_max_batch = 0;  // 0: the workers' default
+  bool allow_replay_drafter = false;
+  double replay_error_rate = 0.0;
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
+  std::string kv_cache_dtype = "auto";
   int ready_timeout_s = 600;
   uint32_t redundant_experts = 0;
   double rebalance_interval = 0;
@@ -58,10 +62,17 @@ struct ServingLimits {
                           std::to_string(max_model_len), "--redundant-experts",
                           std::to_string(redundant_experts), "--rebalance-interval",
                           std::to_string(rebalance_interval), "--drain-timeout",
-                          absl::StrCat(drain_timeout_s), "--reasoning-field", reasoning_field};
+                          absl::StrCat(drain_timeout_s), "--reasoning-field", reasoning_field,
+                          "--kv-cache-dtype", kv_cache_dtype};
     o.coordinator_args.insert(o.coordinator_args.end(),
                               {"--speculative-method", speculative_method,
-                               "--num-speculative-tokens", std::to_string(num_speculative_tokens)});
+                               "--num-speculative-tokens", std::to_string(num_speculative_tokens),
+                               "--replay-error-rate", absl::StrCat(replay_error_rate)});
+    if (speculative_max_batch != 0) {
+      o.coordinator_args.insert(o.coordinator_args.end(), {"--speculative-max-batch",
+                                                           std::to_string(speculative_max_batch)});
+    }
+    if (allow_replay_drafter) o.coordinator_args.push_back("--allow-replay-drafter");
     if (strict_request_fields) o.coordinator_args.push_back("--strict-request-fields");
     if (!allowed_origins.empty()) {
       o.coordinator_args.insert(o.coordinator_args.end(),
@@ -225,14 +236,28 @@ void AddUpCommand(CLI::App& app) {
                   "off)")
       ->capture_default_str();
   cmd->add_option("--speculative-method", limits->speculative_method,
-                  "speculative decoding for requests that do not choose: ngram (prompt lookup, "
-                  "verified exactly; CPU workers draft) or off")
+                  "speculative decoding for requests that do not choose: ngram (prompt lookup), "
+                  "suffix (suffix matching over the request and recent outputs), replay "
+                  "(benchmarks only: needs --allow-replay-drafter) or off; verified exactly")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ngram", "off"}));
+      ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
   cmd->add_option("--num-speculative-tokens", limits->num_speculative_tokens,
                   "tokens drafted per decode step with --speculative-method")
       ->capture_default_str()
       ->check(CLI::Range(1, 16));
+  cmd->add_option("--speculative-max-batch", limits->speculative_max_batch,
+                  "steps with more decoding sequences than this draft nothing (0 = the "
+                  "workers' default, 32)")
+      ->capture_default_str();
+  cmd->add_flag("--allow-replay-drafter", limits->allow_replay_drafter,
+                "benchmarks only: requests may choose the replay drafter (flotilla bench serve "
+                "--speculative-method replay); workers record deterministic requests' outputs");
+  cmd->add_option("--replay-error-rate", limits->replay_error_rate,
+                  "replay drafter: probability that each drafted token is wrong (with 3 "
+                  "drafted tokens 0.19, 0.31, 0.46, 0.66 give acceptance lengths of about 3, "
+                  "2.5, 2, 1.5)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--max-model-len", limits->max_model_len,
                   "longest sequence served (0 = the model's context)")
       ->capture_default_str()->check(CLI::NonNegativeNumber);
@@ -240,6 +265,11 @@ void AddUpCommand(CLI::App& app) {
                   "--device cuda: fraction of each GPU's memory for weights, workspaces and KV "
                   "(workers sharing a GPU split it)")
       ->capture_default_str()->check(CLI::Range(0.05, 1.0));
+  cmd->add_option("--kv-cache-dtype", limits->kv_cache_dtype,
+                  "full-attention layers' KV cache on every worker: bf16, fp8 (e4m3 with a scale "
+                  "per position and head; sliding-window layers stay bf16) or auto (bf16)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--redundant-experts", limits->redundant_experts,
                   "spare expert slots per layer on every worker, for replicas of hot experts")
       ->capture_default_str();
