@@ -433,18 +433,18 @@ int main(int argc, char** argv) {
   flotilla::AddVersionFlag(app, "flotilla-coordinator");
   flotilla::AddConfigFlag(app);
   if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;
-  flotilla::coordinator::SetAccessLogIds(access_log_ids);
-  if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
-    std::cerr << "flotilla-coordinator: " << st.message() << "\n";
-    return 2;
-  }
-
   if (opts.scheduler_policy.speculative().method() == "replay" &&
       !opts.scheduler_policy.allow_replay_drafter()) {
     std::cerr << "flotilla-coordinator: --speculative-method replay drafts recorded outputs and "
                  "is for benchmarks only; add --allow-replay-drafter\n";
     return 2;
   }
+  flotilla::coordinator::SetAccessLogIds(access_log_ids);
+  if (absl::Status st = flotilla::ConfigureLogging(log_options); !st.ok()) {
+    std::cerr << "flotilla-coordinator: " << st.message() << "\n";
+    return 2;
+  }
+
   // Addresses, ports and TLS files are checked before anything starts: a taken
   // port or a bad file is a clear error and exit 1 within milliseconds.
   absl::StatusOr<flotilla::ListenAddress> grpc_address =

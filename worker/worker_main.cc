@@ -63,12 +63,6 @@ int main(int argc, char** argv) {
                  "tokens drafted per decode step with --speculative-method")
       ->envname("FLOTILLA_NUM_SPECULATIVE_TOKENS")
       ->capture_default_str();
-  int reconnect_backoff_max_ms = 2000;
-  app.add_option("--reconnect-backoff-max-ms", reconnect_backoff_max_ms,
-                 "longest wait between attempts to reach the coordinator (the worker retries "
-                 "until it is up, and again whenever it restarts; from 100 ms, doubling)")
-      ->envname("FLOTILLA_RECONNECT_BACKOFF_MAX_MS")->capture_default_str()
-      ->check(CLI::PositiveNumber);
   app.add_option("--speculative-max-batch", o.speculative_max_batch,
                  "steps with more decoding sequences than this draft nothing (0 = no bound)")
       ->envname("FLOTILLA_SPECULATIVE_MAX_BATCH")
@@ -84,6 +78,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_REPLAY_ERROR_RATE")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  int reconnect_backoff_max_ms = 2000;
+  app.add_option("--reconnect-backoff-max-ms", reconnect_backoff_max_ms,
+                 "longest wait between attempts to reach the coordinator (the worker retries "
+                 "until it is up, and again whenever it restarts; from 100 ms, doubling)")
+      ->envname("FLOTILLA_RECONNECT_BACKOFF_MAX_MS")->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--comm-timeout-ms", comm_timeout_ms, "how long a collective waits for a peer")
       ->envname("FLOTILLA_COMM_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
   std::string cluster_token_file;

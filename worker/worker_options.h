@@ -31,13 +31,13 @@ struct WorkerOptions {
   // (--speculative-method, --num-speculative-tokens, --replay-error-rate,
   // --allow-replay-drafter); off by default.
   SpeculativeConfig speculative;
-  absl::Duration comm_timeout = absl::Seconds(10);
-  absl::Duration connect_timeout = absl::Seconds(30);
-  // Between attempts to open a session: the first wait, doubled after each
   // --speculative-max-batch: steps with more decoding sequences draft
   // nothing (SchedulerLimits::speculative_max_batch); a coordinator's
   // nonzero value wins.
   int64_t speculative_max_batch = kDefaultSpeculativeMaxBatch;
+  absl::Duration comm_timeout = absl::Seconds(10);
+  absl::Duration connect_timeout = absl::Seconds(30);
+  // Between attempts to open a session: the first wait, doubled after each
   // failure up to the max (reset after a session that lasted a while).
   absl::Duration reconnect_backoff = absl::Milliseconds(100);
   absl::Duration reconnect_backoff_max = absl::Seconds(2);
