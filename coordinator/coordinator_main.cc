@@ -263,6 +263,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MAX_PROMPT_LOGITS_MB")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--kv-blocks", opts.kv_blocks, "KV blocks per worker (0 = sized automatically)")
       ->envname("FLOTILLA_KV_BLOCKS")->capture_default_str();
+  app.add_option("--kv-cache-dtype", opts.kv_cache_dtype,
+                 "full-attention layers' KV cache on every worker: bf16, fp8 (e4m3 with a scale "
+                 "per position and head; sliding-window layers stay bf16) or auto (each "
+                 "worker's own --kv-cache-dtype, bf16 by default)")
+      ->envname("FLOTILLA_KV_CACHE_DTYPE")->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   double expert_window_s = 10, rebalance_interval_s = 0;
   app.add_option("--redundant-experts", opts.redundant_experts,
                  "spare expert slots per layer on every rank, for replicas of hot experts")

@@ -33,6 +33,7 @@ class CpuEngineFactory final : public EngineFactory {
     CpuEngineOptions eo;
     eo.kv_block_size = options.kv_block_size;
     eo.prefix_cache = options.prefix_cache;
+    FLOTILLA_ASSIGN_OR_RETURN(eo.kv_cache_dtype, KvCacheDtypeOf(a, options));
     const int64_t kv_heads = c.num_key_value_heads / a.tp_size();
     const int64_t seqs = std::max<uint32_t>(1, a.max_sequences());
     eo.kv_num_blocks = a.kv_blocks() > 0
@@ -47,6 +48,12 @@ class CpuEngineFactory final : public EngineFactory {
 };
 
 }  // namespace
+
+absl::StatusOr<KvCacheDtype> KvCacheDtypeOf(const cluster::Assignment& a,
+                                            const WorkerOptions& options) {
+  const bool coordinator_chose = !a.kv_cache_dtype().empty() && a.kv_cache_dtype() != "auto";
+  return ParseKvCacheDtype(coordinator_chose ? a.kv_cache_dtype() : options.kv_cache_dtype);
+}
 
 std::unique_ptr<EngineFactory> MakeCpuEngineFactory() {
   return std::make_unique<CpuEngineFactory>();

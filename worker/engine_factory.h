@@ -15,6 +15,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "proto/cluster.pb.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/kv_cache_dtype.h"
 #include "worker/model/model_source.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/parallel_context.h"
@@ -56,6 +57,12 @@ class EngineFactory {
   // The engine (and for W > 1 its parallel context over spec.comm).
   virtual absl::StatusOr<RankEngine> Create(EngineSpec spec) = 0;
 };
+
+// The full-attention KV storage a rank's engine uses: the Assignment's
+// (the coordinator's --kv-cache-dtype) unless it is empty or auto, then the
+// worker's own flag; INVALID_ARGUMENT naming an unknown one.
+absl::StatusOr<KvCacheDtype> KvCacheDtypeOf(const cluster::Assignment& a,
+                                            const WorkerOptions& options);
 
 using EngineFactories = std::map<std::string, std::unique_ptr<EngineFactory>>;
 

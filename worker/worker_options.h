@@ -27,6 +27,9 @@ struct WorkerOptions {
   double gpu_memory_utilization = 0.90;
   // Share the KV blocks of identical prompt prefixes between requests.
   bool prefix_cache = true;
+  // Full-attention layers' KV storage: auto (= bf16), bf16 or fp8
+  // (worker/engine/kv_cache_dtype.h); a coordinator's other than auto wins.
+  std::string kv_cache_dtype = "auto";
   // Speculative decoding for requests that do not choose
   // (--speculative-method, --num-speculative-tokens, --replay-error-rate,
   // --allow-replay-drafter); off by default.

@@ -56,6 +56,8 @@ struct ClusterOptions {
   cluster::SchedulerPolicy scheduler_policy;
   uint32_t max_model_len = 0;  // 0 = the model's max_position_embeddings
   uint32_t kv_blocks = 0;
+  // --kv-cache-dtype passed to every worker (auto: the worker's own flag).
+  std::string kv_cache_dtype = "auto";
   // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
   // this are refused with INVALID_ARGUMENT before any work.
   uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;

@@ -35,11 +35,17 @@
 //          it cost the single-split kernels about 5% (register allocation).
 // The sink enters only at the final normalisation: out = acc * e^(m - M) /
 // (l * e^(m - M) + e^(sink - M)), M = max(m, sink).
+//
+// FP8 layers (KV8): the ring holds e4m3 codes and scales, converted into a
+// bf16 tile before each tile's mma; the scales multiply the scores and the
+// probabilities in registers (attention_fp8.cuh). The bf16 kernels are
+// compiled from the same code without any of it.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_fp8.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ptx.cuh"
 
@@ -86,6 +92,10 @@ struct Params {
   const uint16_t* q;
   const uint16_t* k;
   const uint16_t* v;
+  const uint8_t* k8;  // FP8 layers: codes and scales per block (ops.h)
+  const uint8_t* v8;
+  long long blk_bytes;  // FP8: bytes between blocks
+  int scale_off;        // FP8: the scales' offset in a block
   const int32_t* block_tables;
   const int32_t* seq_lens;
   const int32_t* q_start;
@@ -200,7 +210,7 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
 
 // FUSED: the grid has more than one KV split (write partials, count arrivals,
 // merge in the last CTA); without it the merge code is not compiled in.
-template <int RG, int MR, int STAGES, bool FUSED>
+template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
 __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
                                                              : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
@@ -210,7 +220,11 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
   constexpr int kNt = kKn / 8;         // n-tiles of S per warp
   extern __shared__ uint4 smem_raw[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
-  uint16_t* sKV = sQ + kRows * kD;
+  uint16_t* sKV = sQ + kRows * kD;  // the ring (KV8: of codes and scales)
+  // KV8: the tile in use as bf16 (K then V) and its f32 scales (K then V).
+  uint16_t* sKVb = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(sKV) +
+                                               STAGES * fp8_tile::kStageBytes);
+  float* sScale = reinterpret_cast<float*>(sKVb + kStageElems);
 
   // Launched programmatically dependent on the previous kernel of the stream
   // (which writes q and the new K/V): wait for its results before reading
@@ -257,14 +271,74 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
   // Each thread copies chunk c of keys kq, kq + 16, kq + 32, kq + 48 of a tile,
   // for K and for V. The block-table entries of a tile are fetched one load
   // ahead of its copies, so a table read never stalls the issue of a tile.
+  // KV8: chunk c8 of keys k8row and k8row + 32 (nb[0], nb[1]); threads
+  // 0..15 also copy the scales of keys 8 * (tid & 7) .. + 7 (nb[2]).
   const int kq = tid >> 3, cc = tid & 7;
+  const int k8row = tid >> 2, c8 = tid & 3;
   auto fetch_blocks = [&](int t, int(&nb)[4]) {
+    if constexpr (KV8) {
+      const int base = start + t * kTile;
+      nb[0] = __ldg(table + min((base + k8row) >> p.block_shift, p.max_blocks - 1));
+      nb[1] = __ldg(table + min((base + k8row + 32) >> p.block_shift, p.max_blocks - 1));
+      nb[2] = __ldg(table + min((base + 8 * (tid & 7)) >> p.block_shift, p.max_blocks - 1));
+      return;
+    }
     const int base = start + t * kTile + kq;
 #pragma unroll
     for (int u = 0; u < 4; ++u)
       nb[u] = __ldg(table + min((base + 16 * u) >> p.block_shift, p.max_blocks - 1));
   };
+  auto issue_fp8_tile = [&](int t, const int(&nb)[4]) {
+    uint8_t* st = reinterpret_cast<uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
+    const int base = start + t * kTile;
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int key = k8row + 32 * u;
+      const int j = base + key;
+      const bool valid = j >= kr.lo && j <= kr.hi && nb[u] >= 0;
+      const size_t off = static_cast<size_t>(valid ? nb[u] : 0) * p.blk_bytes +
+                         ((static_cast<size_t>(g) << p.block_shift) + (j & block_size_mask)) * kD +
+                         c8 * 16;
+      CpAsync16(st + key * kD + c8 * 16, valid ? p.k8 + off : p.k8, valid ? 16 : 0);
+      CpAsync16(st + fp8_tile::kCodeBytes + key * kD + c8 * 16, valid ? p.v8 + off : p.v8,
+                valid ? 16 : 0);
+    }
+    if (tid < 16) {
+      const int j0 = base + 8 * (tid & 7);
+      const bool valid = nb[2] >= 0 && j0 <= kr.hi && j0 + 7 >= kr.lo;
+      const uint8_t* src = tid < 8 ? p.k8 : p.v8;
+      const size_t off =
+          static_cast<size_t>(valid ? nb[2] : 0) * p.blk_bytes + p.scale_off +
+          ((static_cast<size_t>(g) << p.block_shift) + (j0 & block_size_mask)) * sizeof(uint16_t);
+      CpAsync16(st + 2 * fp8_tile::kCodeBytes + (tid >> 3) * fp8_tile::kScaleBytes + (tid & 7) * 16,
+                valid ? src + off : src, valid ? 16 : 0);
+    }
+  };
+  // KV8: the codes of tile t into the bf16 tile, its scales into f32.
+  auto convert_fp8_tile = [&](int t) {
+    const uint8_t* st = reinterpret_cast<const uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
+#pragma unroll
+    for (int idx = tid; idx < 2 * kTile * 4; idx += kThreads) {
+      const int kv = idx >> 8, key = (idx >> 2) & (kTile - 1), c = idx & 3;
+      const uint4 w = *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes + key * kD + c * 16);
+      uint4 lo, hi;
+      fp8_tile::CodesToBf16x16(w, &lo, &hi);
+      uint16_t* dst = sKVb + kv * kTile * kD;
+      *reinterpret_cast<uint4*>(dst + Swz(key, 2 * c)) = lo;
+      *reinterpret_cast<uint4*>(dst + Swz(key, 2 * c + 1)) = hi;
+    }
+    const int key = tid & (kTile - 1), kv = tid >> 6;
+    const int j = start + t * kTile + key;
+    const uint16_t raw = *reinterpret_cast<const uint16_t*>(
+        st + 2 * fp8_tile::kCodeBytes + kv * fp8_tile::kScaleBytes + key * sizeof(uint16_t));
+    sScale[kv * kTile + key] =
+        j >= kr.lo && j <= kr.hi ? __uint_as_float(static_cast<uint32_t>(raw) << 16) : 0.f;
+  };
   auto issue_tile = [&](int t, const int(&nb)[4]) {
+    if constexpr (KV8) {
+      issue_fp8_tile(t, nb);
+      return;
+    }
     uint16_t* st = sKV + (t % STAGES) * kStageElems;
     const int base = start + t * kTile;
 #pragma unroll
@@ -350,7 +424,11 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
           LdMatrixX4(qf[mr][kk], sQ + Swz(r, 2 * kk + (lane >> 4)));
         }
     }
-    const uint16_t* sK = sKV + (t % STAGES) * kStageElems;
+    if constexpr (KV8) {
+      convert_fp8_tile(t);
+      __syncthreads();
+    }
+    const uint16_t* sK = KV8 ? sKVb : sKV + (t % STAGES) * kStageElems;
     const uint16_t* sV = sK + kTile * kD;
     const int ko = kslot * kKn;
     const int base = start + t * kTile + ko;
@@ -373,6 +451,14 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
           MmaBf16(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
         }
       }
+    }
+    if constexpr (KV8) {
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int nt = 0; nt < kNt; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mr][nt][e] *= sScale[ko + nt * 8 + 2 * t4 + (e & 1)];
     }
     // Scale, mask (only on tiles that cross a row's key range), online softmax.
     const int tile_base = start + t * kTile;
@@ -424,6 +510,7 @@ __global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
         for (int e = 0; e < 4; ++e) {
           s[mr][nt][e] = exp2f(s[mr][nt][e] - m_run[mr][e >> 1]);
           l_run[mr][e >> 1] += s[mr][nt][e];
+          if constexpr (KV8) s[mr][nt][e] *= sScale[kTile + ko + nt * 8 + 2 * t4 + (e & 1)];
         }
       }
     }
@@ -574,16 +661,56 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_h
   return plan;
 }
 
-template <int RG, int MR, int STAGES, bool FUSED>
+// Dynamic shared memory: the Q rows and the ring (KV8: the ring of codes,
+// the converted tile and its scales, and at least the final reduction's
+// buffers, which reuse that space).
+template <int RG, int MR, int STAGES, bool KV8>
+size_t SmemBytes() {
+  const size_t q = static_cast<size_t>(16 * RG * MR * kD) * sizeof(uint16_t);
+  if constexpr (!KV8) return q + STAGES * kStageElems * sizeof(uint16_t);
+  const size_t rows = 16 * RG * MR, ks = 4 / RG;
+  const size_t reduce = (ks * rows * kD + 2 * ks * rows) * sizeof(float) + 16;
+  const size_t ring = STAGES * fp8_tile::kStageBytes + fp8_tile::kConvertedBytes;
+  return q + std::max(ring, reduce);
+}
+
+template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
-  const size_t smem = (16 * RG * MR * kD + STAGES * kStageElems) * sizeof(uint16_t);
+  const size_t smem = SmemBytes<RG, MR, STAGES, KV8>();
   cudaError_t err =
-      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED>,
+      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED, KV8>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return LaunchPdl(AttentionKernel<RG, MR, STAGES, FUSED>,
+  return LaunchPdl(AttentionKernel<RG, MR, STAGES, FUSED, KV8>,
                    dim3(row_blocks * p.splits, p.kv_heads, batch), dim3(kThreads), smem, stream,
                    /*pdl=*/true, p);
+}
+
+// The decode kernel of a split plan: wide or 4 per SM, 16 or 32 rows, with or
+// without the in-kernel merge.
+template <bool KV8>
+cudaError_t LaunchDecode(const Params& p, const SplitPlan& plan, int rows, int batch,
+                         cudaStream_t stream) {
+  const bool fused = p.splits > 1;
+  if (plan.wide) {
+    if (rows <= 16)
+      return fused ? LaunchKernel<1, 1, kWideStages, true, KV8>(p, 1, batch, stream)
+                   : LaunchKernel<1, 1, kWideStages, false, KV8>(p, 1, batch, stream);
+    return fused ? LaunchKernel<2, 1, kWideStages, true, KV8>(p, 1, batch, stream)
+                 : LaunchKernel<2, 1, kWideStages, false, KV8>(p, 1, batch, stream);
+  }
+  if (rows <= 16)
+    return fused ? LaunchKernel<1, 1, kStages, true, KV8>(p, 1, batch, stream)
+                 : LaunchKernel<1, 1, kStages, false, KV8>(p, 1, batch, stream);
+  return fused ? LaunchKernel<2, 1, kStages, true, KV8>(p, 1, batch, stream)
+               : LaunchKernel<2, 1, kStages, false, KV8>(p, 1, batch, stream);
+}
+
+// The layer's K and V arrays are set (FP8: with room for the scales).
+bool KvArraysOk(const PagedKvLayer& c) {
+  if (!c.fp8()) return c.k != nullptr && c.v != nullptr;
+  return c.v8 != nullptr && c.fp8_block_bytes % 16 == 0 &&
+         c.fp8_block_bytes >= static_cast<long long>(c.kv_heads) * c.block_size * (c.head_dim + 2);
 }
 
 }  // namespace
@@ -609,9 +736,8 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
                             size_t workspace_bytes, cudaStream_t stream) {
   if (batch.batch < 0 || batch.total_q < 0) return cudaErrorInvalidValue;
   if (batch.batch == 0 || batch.total_q == 0) return cudaSuccess;
-  if (q == nullptr || out == nullptr || sinks == nullptr || cache.k == nullptr ||
-      cache.v == nullptr || batch.block_tables == nullptr || batch.seq_lens == nullptr ||
-      batch.q_start == nullptr)
+  if (q == nullptr || out == nullptr || sinks == nullptr || !KvArraysOk(cache) ||
+      batch.block_tables == nullptr || batch.seq_lens == nullptr || batch.q_start == nullptr)
     return cudaErrorInvalidValue;
   if (cache.head_dim != kD || cache.kv_heads <= 0 || q_heads <= 0 || q_heads % cache.kv_heads != 0)
     return cudaErrorInvalidValue;
@@ -624,6 +750,10 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
   p.q = q;
   p.k = cache.k;
   p.v = cache.v;
+  p.k8 = cache.k8;
+  p.v8 = cache.v8;
+  p.blk_bytes = cache.fp8_block_bytes;
+  p.scale_off = cache.kv_heads * cache.block_size * kD;
   p.block_tables = batch.block_tables;
   p.seq_lens = batch.seq_lens;
   p.q_start = batch.q_start;
@@ -656,24 +786,16 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
       p.part_acc = reinterpret_cast<float*>(static_cast<char*>(workspace) + kCounterBytes);
       p.part_ml = p.part_acc + slots * kD;
     }
-    const bool fused = p.splits > 1;
-    if (plan.wide) {
-      if (rows <= 16)
-        return fused ? LaunchKernel<1, 1, kWideStages, true>(p, 1, batch.batch, stream)
-                     : LaunchKernel<1, 1, kWideStages, false>(p, 1, batch.batch, stream);
-      return fused ? LaunchKernel<2, 1, kWideStages, true>(p, 1, batch.batch, stream)
-                   : LaunchKernel<2, 1, kWideStages, false>(p, 1, batch.batch, stream);
-    }
-    if (rows <= 16)
-      return fused ? LaunchKernel<1, 1, kStages, true>(p, 1, batch.batch, stream)
-                   : LaunchKernel<1, 1, kStages, false>(p, 1, batch.batch, stream);
-    return fused ? LaunchKernel<2, 1, kStages, true>(p, 1, batch.batch, stream)
-                 : LaunchKernel<2, 1, kStages, false>(p, 1, batch.batch, stream);
+    return cache.fp8() ? LaunchDecode<true>(p, plan, rows, batch.batch, stream)
+                       : LaunchDecode<false>(p, plan, rows, batch.batch, stream);
   }
   p.splits = 1;
   p.chunk = 1 << 30;
-  return LaunchKernel<4, kPrefillMr, kStages, false>(p, CeilDiv(rows, 64 * kPrefillMr), batch.batch,
-                                                     stream);
+  const int row_blocks = CeilDiv(rows, 64 * kPrefillMr);
+  return cache.fp8()
+             ? LaunchKernel<4, kPrefillMr, kStages, false, true>(p, row_blocks, batch.batch, stream)
+             : LaunchKernel<4, kPrefillMr, kStages, false, false>(p, row_blocks, batch.batch,
+                                                                  stream);
 }
 
 }  // namespace flotilla::kernels::cuda

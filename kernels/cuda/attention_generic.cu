@@ -2,6 +2,7 @@
 
 #include <cfloat>
 
+#include "kernels/cpu/kv_fp8.h"
 #include "kernels/cuda/attention_generic.h"
 
 namespace flotilla::kernels::cuda {
@@ -18,7 +19,33 @@ __device__ __forceinline__ uint16_t F32ToBf16(float f) {
   return *reinterpret_cast<uint16_t*>(&b);
 }
 
-template <int D>
+// Key or value row of a (block, kv head, slot) of the cache, read as f32:
+// bf16, or an FP8 layer's code times its position's scale.
+template <int D, bool FP8>
+struct KvRow {
+  const uint16_t* bf16 = nullptr;
+  const uint8_t* codes = nullptr;
+  float scale = 1.0f;
+  __device__ KvRow(const PagedKvLayer& c, const uint16_t* base, const uint8_t* base8, int block,
+                   int kvh, int slot) {
+    const size_t at = (static_cast<size_t>(kvh) * c.block_size + slot) * D;
+    if constexpr (FP8) {
+      const uint8_t* blk = base8 + static_cast<size_t>(block) * c.fp8_block_bytes;
+      codes = blk + at;
+      const size_t scale_at = static_cast<size_t>(c.kv_heads) * c.block_size * D +
+                              (static_cast<size_t>(kvh) * c.block_size + slot) * sizeof(uint16_t);
+      scale = Bf16ToF32(*reinterpret_cast<const uint16_t*>(blk + scale_at));
+    } else {
+      bf16 = base + static_cast<size_t>(block) * c.kv_heads * c.block_size * D + at;
+    }
+  }
+  __device__ float operator[](int d) const {
+    if constexpr (FP8) return cpu::E4m3ToFloat(codes[d]) * scale;
+    return Bf16ToF32(bf16[d]);
+  }
+};
+
+template <int D, bool FP8>
 __global__ void __launch_bounds__(kThreads)
     AttentionGenericKernel(const uint16_t* __restrict__ q, PagedKvLayer cache, AttentionBatch batch,
                            int q_heads, const float* __restrict__ sinks, int window, float scale,
@@ -56,20 +83,18 @@ __global__ void __launch_bounds__(kThreads)
   for (int d = 0; d < D; ++d) acc[d] = 0.0f;
   for (int j = first + tid; j <= p; j += kThreads) {
     const int block = table[j / cache.block_size];
-    const size_t row =
-        ((static_cast<size_t>(block) * cache.kv_heads + kvh) * cache.block_size + j % cache.block_size) * D;
-    const uint16_t* k = cache.k + row;
-    const uint16_t* v = cache.v + row;
+    const KvRow<D, FP8> k(cache, cache.k, cache.k8, block, kvh, j % cache.block_size);
+    const KvRow<D, FP8> v(cache, cache.v, cache.v8, block, kvh, j % cache.block_size);
     float s = 0.0f;
 #pragma unroll
-    for (int d = 0; d < D; ++d) s += q_s[d] * Bf16ToF32(k[d]);
+    for (int d = 0; d < D; ++d) s += q_s[d] * k[d];
     s *= scale;
     const float m_new = fmaxf(m, s);
     const float c = __expf(m - m_new);
     const float e = __expf(s - m_new);
     l = l * c + e;
 #pragma unroll
-    for (int d = 0; d < D; ++d) acc[d] = acc[d] * c + e * Bf16ToF32(v[d]);
+    for (int d = 0; d < D; ++d) acc[d] = acc[d] * c + e * v[d];
     m = m_new;
   }
   m_s[tid] = m;
@@ -93,37 +118,57 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+template <bool FP8>
+cudaError_t LaunchGeneric(const uint16_t* q, const PagedKvLayer& cache, const AttentionBatch& batch,
+                          int q_heads, const float* sinks, int window, float scale, uint16_t* out,
+                          cudaStream_t stream) {
+  const dim3 grid(batch.total_q, q_heads);
+  switch (cache.head_dim) {
+    case 16:
+      AttentionGenericKernel<16, FP8>
+          <<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
+      break;
+    case 32:
+      AttentionGenericKernel<32, FP8>
+          <<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
+      break;
+    case 64:
+      AttentionGenericKernel<64, FP8>
+          <<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
+      break;
+    case 128:
+      AttentionGenericKernel<128, FP8>
+          <<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+// The layer's K and V arrays are set (for FP8, with room for the scales).
+bool KvArraysOk(const PagedKvLayer& c) {
+  if (!c.fp8()) return c.k != nullptr && c.v != nullptr;
+  return c.v8 != nullptr &&
+         c.fp8_block_bytes >= static_cast<long long>(c.kv_heads) * c.block_size * (c.head_dim + 2);
+}
+
 }  // namespace
 
 cudaError_t LaunchAttentionGeneric(const uint16_t* q, const PagedKvLayer& cache,
                                    const AttentionBatch& batch, int q_heads, const float* sinks,
                                    int window, float scale, uint16_t* out, cudaStream_t stream) {
-  if (q == nullptr || out == nullptr || sinks == nullptr || cache.k == nullptr ||
-      cache.v == nullptr || batch.block_tables == nullptr || batch.seq_lens == nullptr ||
+  if (q == nullptr || out == nullptr || sinks == nullptr || !KvArraysOk(cache) ||
+      batch.block_tables == nullptr || batch.seq_lens == nullptr ||
       batch.q_start == nullptr || batch.batch <= 0 || batch.total_q < 0 || q_heads <= 0 ||
       cache.kv_heads <= 0 || q_heads % cache.kv_heads != 0 || cache.block_size <= 0 ||
       window < 0) {
     return cudaErrorInvalidValue;
   }
   if (batch.total_q == 0) return cudaSuccess;
-  const dim3 grid(batch.total_q, q_heads);
-  switch (cache.head_dim) {
-    case 16:
-      AttentionGenericKernel<16><<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
-      break;
-    case 32:
-      AttentionGenericKernel<32><<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
-      break;
-    case 64:
-      AttentionGenericKernel<64><<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
-      break;
-    case 128:
-      AttentionGenericKernel<128><<<grid, kThreads, 0, stream>>>(q, cache, batch, q_heads, sinks, window, scale, out);
-      break;
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  return cache.fp8()
+             ? LaunchGeneric<true>(q, cache, batch, q_heads, sinks, window, scale, out, stream)
+             : LaunchGeneric<false>(q, cache, batch, q_heads, sinks, window, scale, out, stream);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -59,6 +59,14 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
 // Paged KV cache of one layer on the GPU: K and V each
 // bf16 [num_blocks, kv_heads, block_size, head_dim]; position p of a sequence
 // lives in block block_table[p / block_size] at slot p % block_size.
+//
+// FP8 layers (k8 set; k and v unused): K and V each hold, per block, at
+// k8 + block * fp8_block_bytes, the e4m3 codes [kv_heads, block_size,
+// head_dim] followed by one bf16 scale per (kv head, slot) [kv_heads,
+// block_size]; value = e4m3 * scale (the rule of kernels/cpu/kv_fp8.h).
+// fp8_block_bytes >= kv_heads * block_size * (head_dim + 2), a multiple of 16.
+// The kernels that write the cache take bf16 layers only: an FP8 layer is
+// written by LaunchKvQuantize (kv_quant.h) from bf16 staging.
 struct PagedKvLayer {
   uint16_t* k = nullptr;
   uint16_t* v = nullptr;
@@ -66,6 +74,10 @@ struct PagedKvLayer {
   int block_size = 0;  // a power of two, 16..128
   int kv_heads = 0;
   int head_dim = 0;  // 64
+  uint8_t* k8 = nullptr;
+  uint8_t* v8 = nullptr;
+  long long fp8_block_bytes = 0;
+  bool fp8() const { return k8 != nullptr; }
 };
 
 // Row order of a fused QKV projection [(q_heads + 2 kv_heads) * head_dim, H]

@@ -12,6 +12,8 @@
 // sequences hold exactly `--context` tokens, e.g. 131072).
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
 //                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
+//                     [--kv-cache-dtype auto|bf16|fp8] (fp8: the full-attention
+//                                          layers' KV in e4m3 with scales)
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
@@ -132,6 +134,7 @@ void PrintStepModel(const OpTimes& op_ms, long steps, double graph_step_ms, bool
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
   bool profile_ops = false;
+  flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
@@ -151,6 +154,14 @@ int main(int argc, char** argv) {
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
     else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
+    else if (a == "--kv-cache-dtype") {
+      const absl::StatusOr<flotilla::KvCacheDtype> d = flotilla::ParseKvCacheDtype(v);
+      if (!d.ok()) {
+        std::fprintf(stderr, "engine_cuda_bench: %s\n", std::string(d.status().message()).c_str());
+        return 2;
+      }
+      kv_dtype = *d;
+    }
     else if (a == "--predict-ranks")
       predict_ranks = ParseList(v);
     else if (a == "--allreduce-us")
@@ -223,6 +234,7 @@ int main(int argc, char** argv) {
                                   : 2 * std::max(max_batch * ((filled + decode_steps + 16) / 16 + 1),
                                                  max_prefill / 16 + 2);
   o.profile_ops = profile_ops;
+  o.kv_cache_dtype = kv_dtype;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
   flotilla::kernels::cuda::SetNormQkvRopeTuning(qkv_tuning);
@@ -235,9 +247,10 @@ int main(int argc, char** argv) {
   CudaEngine& e = **made;
   const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf("{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
-              "\"kv_blocks\":%lld,\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
+              "\"kv_blocks\":%lld,\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
               props.name.c_str(), layers, e.weight_bytes() / 1e9,
-              static_cast<long long>(e.num_kv_blocks()), build_s, hbm_gbs);
+              static_cast<long long>(e.num_kv_blocks()), flotilla::KvCacheDtypeName(kv_dtype),
+              build_s, hbm_gbs);
   std::fflush(stdout);
 
   // Per-token and per-layer byte counts for the roofline.
@@ -249,6 +262,9 @@ int main(int argc, char** argv) {
       (2 * c.intermediate_size + H) * 2;
   const double lm_head = static_cast<double>(c.vocab_size) * H * 2;
   const double kv_token_layer = 2 * NKV * D * 2;
+  // Full-attention layers with fp8: a byte per value and a bf16 scale per head.
+  const double kv_token_full_layer =
+      kv_dtype == flotilla::KvCacheDtype::kFp8 ? 2 * NKV * (D + 2) : kv_token_layer;
 
   for (long B : batches) {
     std::vector<StepItem> items;
@@ -286,8 +302,8 @@ int main(int argc, char** argv) {
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
     const double touched = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
     const double ctx = filled + 4 + steps / 2.0;
-    const double kv = B * kv_token_layer *
-                      (std::ceil(layers / 2.0) * std::min(ctx, 128.0) + std::floor(layers / 2.0) * ctx);
+    const double kv = B * (kv_token_layer * std::ceil(layers / 2.0) * std::min(ctx, 128.0) +
+                           kv_token_full_layer * std::floor(layers / 2.0) * ctx);
     const double bytes = layers * (dense_layer + touched * expert_bytes) + lm_head + kv;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     const double roof_step_ms = bytes / (hbm_gbs * 1e9) * 1e3;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/status.h"
+#include "kernels/cpu/kv_fp8.h"
 #include "kernels/cpu/ops.h"
 #include "worker/engine/draft_verify.h"
 #include "worker/engine/rope_params.h"
@@ -238,6 +239,8 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
   std::unique_ptr<CpuEngine> engine(
       new CpuEngine(std::move(weights), std::move(kv), pool, context));
   engine->record_margins_ = options.record_router_margins;
+  engine->kv_cache_dtype_ = options.kv_cache_dtype;
+  engine->record_routing_ = options.record_routing;
   return engine;
 }
 
@@ -348,6 +351,7 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     }
   }
   if (record_margins_) margins_.assign(T, std::numeric_limits<float>::infinity());
+  if (record_routing_) routing_.assign(T * c.num_hidden_layers * c.num_experts_per_tok, -1);
   FLOTILLA_RETURN_IF_ERROR(PrepareForcedRouting(items, offsets));
   x_.resize(T * H);
   k::EmbeddingGather(weights_.embed.data, weights_.embed.row_stride, H, ids.data(), T, x_.data());
@@ -366,6 +370,13 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
     for (size_t i = 0; i < items.size(); ++i) {
       out.router_margins.emplace_back(margins_.begin() + offsets[i],
                                       margins_.begin() + offsets[i + 1]);
+    }
+  }
+  if (record_routing_) {
+    const int64_t per_token = static_cast<int64_t>(c.num_hidden_layers) * c.num_experts_per_tok;
+    for (size_t i = 0; i < items.size(); ++i) {
+      out.routing.emplace_back(routing_.begin() + offsets[i] * per_token,
+                               routing_.begin() + offsets[i + 1] * per_token);
     }
   }
   FinalRows(items, offsets, &out);
@@ -509,6 +520,15 @@ absl::Status CpuEngine::RunAttention(int layer, const std::vector<StepItem>& ite
   k::LinearBf16(pool_, t_.data(), T, H, a.wv.data, a.wv.row_stride, kvd, a.bv.data, v_.data());
   k::ApplyRope(q_.data(), T, a.q_heads, D, positions_.data(), inv_freq_.data(), rope_scaling_);
   k::ApplyRope(k_.data(), T, a.kv_heads, D, positions_.data(), inv_freq_.data(), rope_scaling_);
+  const int64_t window = c.is_sliding(layer) ? c.sliding_window : 0;
+  if (kv_cache_dtype_ == KvCacheDtype::kFp8 && window == 0) {
+    // An FP8 cache gives back the new keys and values (this step's queries
+    // read them from it too) through e4m3 and a scale per (position, head).
+    for (int64_t r = 0; r < T * a.kv_heads; ++r) {
+      k::RoundTripKvHead(k_.data() + r * D, D);
+      k::RoundTripKvHead(v_.data() + r * D, D);
+    }
+  }
   attn_.resize(T * qd);
   std::vector<k::AttentionItem> att(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
@@ -521,7 +541,6 @@ absl::Status CpuEngine::RunAttention(int layer, const std::vector<StepItem>& ite
     it.start_pos = positions_[offsets[i]];
     it.out = attn_.data() + offsets[i] * qd;
   }
-  const int64_t window = c.is_sliding(layer) ? c.sliding_window : 0;
   if (!k::Attention(pool_, att.data(), static_cast<int64_t>(att.size()), a.q_heads, a.kv_heads,
                     D, a.sinks.data(), window, 1.0f / std::sqrt(static_cast<float>(D)))) {
     return absl::InternalError(absl::StrCat("layer ", layer, ": KV cache lost a needed position"));
@@ -565,6 +584,12 @@ void CpuEngine::RunRouter(int layer, const std::vector<int64_t>& offsets, int64_
   k::RouterTopK(router_.data(), T, E, K, topk_idx_.data(), topk_w_.data());
   if (!forced_routing_.empty()) ForceRouting(layer, offsets, T);
   if (record_margins_ && K < E) RecordMargins(T);
+  if (record_routing_) {
+    for (int64_t t = 0; t < T; ++t) {
+      std::copy(topk_idx_.begin() + t * K, topk_idx_.begin() + (t + 1) * K,
+                routing_.begin() + (t * c.num_hidden_layers + layer) * K);
+    }
+  }
 }
 
 void CpuEngine::ForceRouting(int layer, const std::vector<int64_t>& offsets, int64_t T) {

@@ -14,6 +14,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_cache.h"
+#include "worker/engine/kv_cache_dtype.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/parallel_context.h"
 
@@ -26,8 +27,14 @@ struct CpuEngineOptions {
   int64_t kv_num_blocks = 0;
   // Fill StepOutput::router_margins (tests comparing other engines).
   bool record_router_margins = false;
+  // Fill StepOutput::routing with the experts each token went to (tests:
+  // another engine follows them through ForceNextRouting).
+  bool record_routing = false;
   // Share the KV blocks of identical prompt prefixes (KvCacheOptions::prefix_cache).
   bool prefix_cache = true;
+  // kFp8: full-attention layers keep K and V as the FP8 cache would give them
+  // back (rounded through e4m3 and its scale when written; kv_cache_dtype.h).
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
 };
 
 class CpuEngine : public Engine {
@@ -158,7 +165,10 @@ class CpuEngine : public Engine {
   std::vector<int32_t> topk_idx_;
   std::vector<float> topk_w_;
   bool record_margins_ = false;
+  bool record_routing_ = false;
+  KvCacheDtype kv_cache_dtype_ = KvCacheDtype::kBf16;
   std::vector<float> margins_;  // per token of the step
+  std::vector<int32_t> routing_;  // record_routing: [tokens][layers][K] of the step
   std::vector<std::vector<int32_t>> forced_routing_;
   std::vector<int64_t> token_item_;  // per token of the step: its item
   std::vector<float> regret_;        // per item

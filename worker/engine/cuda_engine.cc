@@ -214,9 +214,16 @@ absl::Status CudaEngine::ReserveKv(int64_t sequence, int64_t tokens) {
   // completeness).
   auto copy = [&](int32_t from, int32_t to) {
     for (const CudaDeviceState::Layer& L : d.layers) {
-      const size_t n = static_cast<size_t>(L.kv.kv_heads) * L.kv.block_size * L.kv.head_dim;
-      for (uint16_t* base : {L.kv.k, L.kv.v}) {
-        const cudaError_t e = cudaMemcpyAsync(base + to * n, base + from * n, n * sizeof(uint16_t),
+      // A block's bytes: bf16 K or V, or an FP8 layer's codes and scales.
+      const size_t n = L.kv.fp8() ? static_cast<size_t>(L.kv.fp8_block_bytes)
+                                  : static_cast<size_t>(L.kv.kv_heads) * L.kv.block_size *
+                                        L.kv.head_dim * sizeof(uint16_t);
+      const bool fp8 = L.kv.fp8();
+      void* arrays[2] = {fp8 ? static_cast<void*>(L.kv.k8) : L.kv.k,
+                         fp8 ? static_cast<void*>(L.kv.v8) : L.kv.v};
+      for (void* array : arrays) {
+        char* base = static_cast<char*>(array);
+        const cudaError_t e = cudaMemcpyAsync(base + to * n, base + from * n, n,
                                               cudaMemcpyDeviceToDevice, d.stream);
         if (e != cudaSuccess) copied = e;
       }

@@ -44,6 +44,7 @@
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_block_allocator.h"
+#include "worker/engine/kv_cache_dtype.h"
 #include "worker/model/weights.h"
 
 namespace flotilla {
@@ -71,6 +72,12 @@ struct CudaEngineOptions {
   // CUDA context, capped by the memory free now. Ranks sharing one GPU each
   // take their own fraction.
   int64_t kv_num_blocks = 0;
+  // kFp8: the full-attention layers' K and V as e4m3 codes with a bf16 scale
+  // per (position, kv head) (kernels/cuda/ops.h PagedKvLayer); sliding-window
+  // layers stay bf16. The arena keeps its block count (the groups share block
+  // ids, so a block is as large as a bf16 sliding-window block); attention
+  // reads half the bytes of a full-attention layer.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
   int64_t max_context = 0;

@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/fill.h"
+#include "kernels/cuda/kv_quant.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
@@ -70,6 +72,10 @@ absl::Status CheckBuild(const ModelConfig& c, const BuildShape& b,
       (options.kv_block_size & (options.kv_block_size - 1)) != 0) {
     return absl::InvalidArgumentError(
         "cuda engine: kv_block_size must be a power of two in [16, 128]");
+  }
+  if (options.kv_cache_dtype == KvCacheDtype::kFp8 && b.D != 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda engine: kv_cache_dtype fp8 needs head_dim 64 (the model has ", b.D, ")"));
   }
   if (options.max_batch_tokens <= 0 || options.max_sequences <= 0 ||
       options.max_sequences > options.max_batch_tokens) {
@@ -500,11 +506,42 @@ absl::StatusOr<int64_t> KvBlocksToAllocate(CudaDeviceState& d, const CudaEngineO
                            probe->BlocksForLength(max_context) * options.max_sequences + 1);
 }
 
+// An FP8 full-attention layer keeps its codes and scales in its bf16 arrays,
+// each block where the bf16 block would be (fp8_block_bytes = a bf16 block),
+// so the groups still share block ids; filled with finite pseudo-random
+// codes and scales like the bf16 arena.
+absl::Status MakeFp8Layer(CudaDeviceState& d, kc::PagedKvLayer& kv, uint64_t seed) {
+  kv.k8 = reinterpret_cast<uint8_t*>(kv.k);
+  kv.v8 = reinterpret_cast<uint8_t*>(kv.v);
+  kv.fp8_block_bytes = static_cast<long long>(kv.kv_heads) * kv.block_size * kv.head_dim *
+                       static_cast<long long>(sizeof(uint16_t));
+  kv.k = nullptr;
+  kv.v = nullptr;
+  FLOTILLA_CUDA_RETURN(kc::LaunchFillKvFp8(kv, seed, 1.0f, d.stream));
+  return absl::OkStatus();
+}
+
+// FP8 layers' writes: the step's new K and V in bf16 and the staging slots
+// 0..max_tokens-1 the QKV kernels write them at (LaunchKvQuantize then
+// stores them in the cache).
+absl::Status AllocKvStaging(CudaDeviceState& d, const BuildShape& b) {
+  const size_t n = static_cast<size_t>(d.max_tokens) * b.NKV * b.D;
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_stage_k, n));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_stage_v, n));
+  FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_stage_slots, d.max_tokens));
+  std::vector<int32_t> slots(d.max_tokens);
+  for (int i = 0; i < d.max_tokens; ++i) slots[i] = i;
+  FLOTILLA_CUDA_RETURN(cudaMemcpy(d.kv_stage_slots, slots.data(), slots.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice));
+  return absl::OkStatus();
+}
+
 // Allocates the arena of `num_blocks` blocks (pseudo-random contents: padded
 // graph rows and ExtendSynthetic read them) and points each layer at its
-// K and V arrays.
+// K and V arrays (FP8 ones for the full-attention layers with kFp8).
 absl::Status PlaceKvArena(CudaDeviceState& d, const KvArenaShape& k, int64_t num_blocks,
-                          const BuildShape& b, int64_t block_size, uint64_t seed) {
+                          const BuildShape& b, const CudaEngineOptions& options, uint64_t seed) {
+  const int64_t block_size = options.kv_block_size;
   const size_t elems = num_blocks * k.block_bytes / sizeof(uint16_t);
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_arena, elems));
   FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.kv_arena, elems, seed + 77, 1.0f, 0.0f, d.stream));
@@ -518,7 +555,11 @@ absl::Status PlaceKvArena(CudaDeviceState& d, const KvArenaShape& k, int64_t num
     kv.block_size = static_cast<int>(block_size);
     kv.kv_heads = static_cast<int>(b.NKV);
     kv.head_dim = static_cast<int>(b.D);
+    if (options.kv_cache_dtype == KvCacheDtype::kFp8 && L.window == 0) {
+      FLOTILLA_RETURN_IF_ERROR(MakeFp8Layer(d, kv, seed + 78 + i));
+    }
   }
+  if (options.kv_cache_dtype == KvCacheDtype::kFp8) FLOTILLA_RETURN_IF_ERROR(AllocKvStaging(d, b));
   return absl::OkStatus();
 }
 
@@ -543,7 +584,7 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& 
                      options.kv_block_size, " positions takes ", k.block_bytes, " bytes over the ",
                      k.group_layers, " layers of a group)"));
   }
-  FLOTILLA_RETURN_IF_ERROR(PlaceKvArena(d, k, num_blocks, b, options.kv_block_size, seed));
+  FLOTILLA_RETURN_IF_ERROR(PlaceKvArena(d, k, num_blocks, b, options, seed));
   k.options.first_block = 1;
   k.options.num_blocks = num_blocks - 1;
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> kv,

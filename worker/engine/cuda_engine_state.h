@@ -67,6 +67,12 @@ struct CudaDeviceState {
   float* inv_freq = nullptr;
   float rope_scaling = 1.0f;
   uint16_t* kv_arena = nullptr;
+  // kv_cache_dtype fp8: the step's new K and V in bf16 [max_tokens, NKV, D],
+  // written there (at kv_stage_slots, 0..max_tokens-1) by the QKV kernels and
+  // quantized into the FP8 layers' cache by LaunchKvQuantize.
+  uint16_t* kv_stage_k = nullptr;
+  uint16_t* kv_stage_v = nullptr;
+  int32_t* kv_stage_slots = nullptr;
 
   // Step buffers, sized for the largest step.
   int max_tokens = 0, max_seqs = 0, logit_rows = 0;

@@ -8,6 +8,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/expert_count.h"
+#include "kernels/cuda/kv_quant.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/parallel/parallel_context.h"
@@ -113,9 +114,29 @@ absl::Status LayerStages::AttentionBlock(int layer) {
 }
 
 absl::Status LayerStages::NormQkvRope(const CudaDeviceState::Layer& L) {
+  const int32_t* slots = d_.meta + d_.meta_at.slots + L.kv_group * d_.meta_at.slots_stride;
+  if (!L.kv.fp8()) return WriteQkv(L, L.kv, slots);
+  // An FP8 layer: the new K and V go to bf16 staging (token t at slot t),
+  // then into the cache as codes and scales.
+  kc::PagedKvLayer staging;
+  staging.k = d_.kv_stage_k;
+  staging.v = d_.kv_stage_v;
+  staging.num_blocks = d_.max_tokens;
+  staging.block_size = 1;
+  staging.kv_heads = L.kv.kv_heads;
+  staging.head_dim = L.kv.head_dim;
+  FLOTILLA_RETURN_IF_ERROR(WriteQkv(L, staging, d_.kv_stage_slots));
+  FLOTILLA_RETURN_IF_ERROR(Mark("kv_quantize"));
+  if (!On("kv_quantize")) return absl::OkStatus();
+  FLOTILLA_CUDA_RETURN(
+      kc::LaunchKvQuantize(d_.kv_stage_k, d_.kv_stage_v, slots, T_, L.kv, d_.stream));
+  return absl::OkStatus();
+}
+
+absl::Status LayerStages::WriteQkv(const CudaDeviceState::Layer& L, const kc::PagedKvLayer& kv,
+                                   const int32_t* slots) {
   cudaStream_t s = d_.stream;
   const int32_t* pos = d_.meta + d_.meta_at.pos;
-  const int32_t* slots = d_.meta + d_.meta_at.slots + L.kv_group * d_.meta_at.slots_stride;
   const bool fused = T_ <= options_.fused_qkv_max_tokens && T_ <= kc::kNormQkvRopeMaxTokens &&
                      kc::NormQkvRopeSupported(T_, H_, D_);
   if (fused) {
@@ -125,7 +146,7 @@ absl::Status LayerStages::NormQkvRope(const CudaDeviceState::Layer& L) {
     if (!On("qkv_linear")) return absl::OkStatus();
     return CudaStatus(
         kc::LaunchNormQkvRope(d_.x, L.input_norm, eps_, L.wqkv, L.bqkv, T_, H_, NH_, pos, slots,
-                              d_.inv_freq, d_.rope_scaling, L.kv, d_.q, s),
+                              d_.inv_freq, d_.rope_scaling, kv, d_.q, s),
         "LaunchNormQkvRope");
   }
   FLOTILLA_RETURN_IF_ERROR(Mark("rmsnorm"));
@@ -140,7 +161,7 @@ absl::Status LayerStages::NormQkvRope(const CudaDeviceState::Layer& L) {
   FLOTILLA_RETURN_IF_ERROR(Mark("rope_kv_write"));
   if (On("rope_kv_write")) {
     FLOTILLA_CUDA_RETURN(kc::LaunchRopeKvWrite(d_.qkv, pos, slots, T_, NH_, d_.inv_freq,
-                                               d_.rope_scaling, L.kv, d_.q, s,
+                                               d_.rope_scaling, kv, d_.q, s,
                                                kc::QkvRowOrder::kRopePairs));
   }
   return absl::OkStatus();

@@ -71,7 +71,12 @@ class LayerStages {
   // Empty steps of a sharded rank: only the layers' exchanges.
   absl::Status JoinExchanges();
   absl::Status AttentionBlock(int layer);
+  // The input norm, QKV projection, RoPE and the layer's KV write (an FP8
+  // layer's through bf16 staging and LaunchKvQuantize).
   absl::Status NormQkvRope(const CudaDeviceState::Layer& L);
+  // The same writing K and V into `kv` at `slots`.
+  absl::Status WriteQkv(const CudaDeviceState::Layer& L, const kernels::cuda::PagedKvLayer& kv,
+                        const int32_t* slots);
   absl::Status Attention(const CudaDeviceState::Layer& L);
   absl::Status OProjection(const CudaDeviceState::Layer& L);
   absl::Status Router(int layer);
