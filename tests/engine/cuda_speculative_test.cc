@@ -153,12 +153,13 @@ void ExpectSameWithDrafts(CudaEngine& engine, const std::vector<std::vector<int3
   EXPECT_EQ(engine.KvFreeBlocks(), free_before);
 }
 
+// 32 sequences: 4 drafting 4 tokens take 20 sampling rows, all on the device.
 std::unique_ptr<CudaEngine> TinyEngine(uint64_t seed) {
   absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(ModelConfig::Tiny(), seed);
   EXPECT_TRUE(w.ok()) << w.status();
   if (!w.ok()) return nullptr;
   absl::StatusOr<std::unique_ptr<CudaEngine>> e =
-      CudaEngine::Create(*w, testing_util::SmallCudaOptions(256, 1024, 512, 16));
+      CudaEngine::Create(*w, testing_util::SmallCudaOptions(256, 1024, 512, 32));
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
 }
@@ -175,6 +176,19 @@ TEST(CudaSpeculative, GreedyTokensEqualWithDraftsOnTheDevice) {
     ExpectSameWithDrafts(*e, kPrompts, Greedy(), k);
   }
   EXPECT_EQ(e->host_sampled_steps(), 0) << "greedy drafts are verified on the device";
+}
+
+// More drafted rows than the sampling buffers hold (max_sequences): the
+// step verifies on the host, with the same tokens.
+TEST(CudaSpeculative, DraftsPastTheSamplingRowsAreVerifiedOnTheHost) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(ModelConfig::Tiny(), 25);
+  ASSERT_TRUE(w.ok()) << w.status();
+  absl::StatusOr<std::unique_ptr<CudaEngine>> e =
+      CudaEngine::Create(*w, testing_util::SmallCudaOptions(256, 1024, 512, 8));
+  ASSERT_TRUE(e.ok()) << e.status();
+  ExpectSameWithDrafts(**e, kPrompts, Greedy(), 4);  // 4 x 5 rows > 8
+  EXPECT_GT((*e)->host_sampled_steps(), 0);
 }
 
 TEST(CudaSpeculative, SeededTokensEqualWithDraftsOnTheDevice) {
