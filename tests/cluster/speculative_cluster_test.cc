@@ -115,5 +115,13 @@ TEST_F(SpeculativeCluster, AnUnknownMethodIsRefusedByName) {
       << got.status.error_message();
 }
 
+// The benchmark-only replay drafter needs the opt-in this cluster lacks.
+TEST_F(SpeculativeCluster, TheReplayDrafterIsRefusedWithoutItsOptIn) {
+  const Generated got = Generate(cluster_->address(), "replay", false);
+  EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(got.status.error_message().find("--allow-replay-drafter"), std::string::npos)
+      << got.status.error_message();
+}
+
 }  // namespace
 }  // namespace flotilla
