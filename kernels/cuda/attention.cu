@@ -68,6 +68,11 @@ constexpr int kThreads = 128;  // 4 warps
 // SM, 84 KB of shared memory each, so never 3) uses a 5-deep ring instead.
 constexpr int kStages = 3;
 constexpr int kWideStages = 5;
+// FP8 layers: a stage holds half the bytes, so the ring is deeper to keep as
+// many bytes in flight per SM (4 then 10 stages: 211 KB of shared memory per
+// SM either way); a stage count of kWideStages or more means the wide shape.
+constexpr int kStages8 = 4;
+constexpr int kWideStages8 = 10;
 constexpr int kWideCtasPerSm = 2;
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
@@ -173,7 +178,7 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
     // Splits whose partials the merging CTA loads at once (8 where registers
     // are capped at 128 for 4 CTAs per SM).
-    constexpr int kMergeBatch = STAGES > kStages ? 16 : 8;
+    constexpr int kMergeBatch = STAGES >= kWideStages ? 16 : 8;
     for (int s0 = 0; s0 < ns; s0 += kMergeBatch) {
       float2 ml[kMergeBatch];
       float4 av[kMergeBatch];
@@ -211,7 +216,7 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
 // FUSED: the grid has more than one KV split (write partials, count arrivals,
 // merge in the last CTA); without it the merge code is not compiled in.
 template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
-__global__ void __launch_bounds__(kThreads, STAGES > kStages ? kWideCtasPerSm
+__global__ void __launch_bounds__(kThreads, STAGES >= kWideStages ? kWideCtasPerSm
                                                              : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
@@ -691,19 +696,21 @@ cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_
 template <bool KV8>
 cudaError_t LaunchDecode(const Params& p, const SplitPlan& plan, int rows, int batch,
                          cudaStream_t stream) {
+  constexpr int kWide = KV8 ? kWideStages8 : kWideStages;
+  constexpr int kNarrow = KV8 ? kStages8 : kStages;
   const bool fused = p.splits > 1;
   if (plan.wide) {
     if (rows <= 16)
-      return fused ? LaunchKernel<1, 1, kWideStages, true, KV8>(p, 1, batch, stream)
-                   : LaunchKernel<1, 1, kWideStages, false, KV8>(p, 1, batch, stream);
-    return fused ? LaunchKernel<2, 1, kWideStages, true, KV8>(p, 1, batch, stream)
-                 : LaunchKernel<2, 1, kWideStages, false, KV8>(p, 1, batch, stream);
+      return fused ? LaunchKernel<1, 1, kWide, true, KV8>(p, 1, batch, stream)
+                   : LaunchKernel<1, 1, kWide, false, KV8>(p, 1, batch, stream);
+    return fused ? LaunchKernel<2, 1, kWide, true, KV8>(p, 1, batch, stream)
+                 : LaunchKernel<2, 1, kWide, false, KV8>(p, 1, batch, stream);
   }
   if (rows <= 16)
-    return fused ? LaunchKernel<1, 1, kStages, true, KV8>(p, 1, batch, stream)
-                 : LaunchKernel<1, 1, kStages, false, KV8>(p, 1, batch, stream);
-  return fused ? LaunchKernel<2, 1, kStages, true, KV8>(p, 1, batch, stream)
-               : LaunchKernel<2, 1, kStages, false, KV8>(p, 1, batch, stream);
+    return fused ? LaunchKernel<1, 1, kNarrow, true, KV8>(p, 1, batch, stream)
+                 : LaunchKernel<1, 1, kNarrow, false, KV8>(p, 1, batch, stream);
+  return fused ? LaunchKernel<2, 1, kNarrow, true, KV8>(p, 1, batch, stream)
+               : LaunchKernel<2, 1, kNarrow, false, KV8>(p, 1, batch, stream);
 }
 
 // The layer's K and V arrays are set (FP8: with room for the scales).

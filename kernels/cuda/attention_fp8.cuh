@@ -7,15 +7,13 @@
 // with 16-byte cp.async: a thread copies chunk c8 (16 codes) of keys k8row
 // and k8row + 32 of K and of V; threads 0..15 copy the scales, 8 keys each.
 // Before a tile is used, the CTA converts its codes exactly into one
-// swizzled bf16 tile (e4m3 -> f16 -> f32 -> bf16 loses nothing) and its scales
+// swizzled bf16 tile (every e4m3 value is a bf16 value) and its scales
 // into f32 (0 for keys outside the rows' range, so a stale scale never
 // reaches P V); the kernel multiplies each score by its key's K scale and each
 // probability by its key's V scale in registers, after the softmax sum.
 #pragma once
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -28,12 +26,18 @@ constexpr int kScaleBytes = kTile * 2;                   // K or V bf16 scales o
 constexpr int kStageBytes = 2 * kCodeBytes + 2 * kScaleBytes;  // 8448
 constexpr int kConvertedBytes = 2 * kTile * kD * 2 + 2 * kTile * 4;  // bf16 K, V + f32 scales
 
-// Two e4m3 codes (low byte first) as a bf16 pair, exactly.
+// Two e4m3 codes (low byte first) as a bf16 pair, exactly, in integer and
+// bf16 ops at full rate (the f16/f32 conversion instructions run at a
+// quarter of it and made the FP8 decode slower than bf16): each code's sign
+// goes to bit 15 and its exponent and mantissa to bits 4..14, which is the
+// value times 2^-120 (e4m3's exponent bias is 7, bf16's 127), subnormal
+// codes included; one exact multiply by 2^120 restores it.
 __device__ __forceinline__ uint32_t CodesToBf16x2(uint16_t codes) {
-  const __half2 h(__nv_cvt_fp8x2_to_halfraw2(codes, __NV_E4M3));
-  const float2 f = __half22float2(h);
-  __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-  return *reinterpret_cast<uint32_t*>(&b);
+  const uint32_t spread = __byte_perm(static_cast<uint32_t>(codes), 0u, 0x4140);
+  const uint32_t bits = ((spread & 0x00800080u) << 8) | ((spread & 0x007f007fu) << 4);
+  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+  v = __hmul2(v, __float2bfloat162_rn(0x1p120f));
+  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Sixteen codes as two 16-byte chunks of bf16.
