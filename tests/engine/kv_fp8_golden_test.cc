@@ -150,6 +150,18 @@ TEST_P(KvFp8Golden, GreedyTokensAgreeThroughTheCache) {
             << worst << ", routing regret " << regret << "\n";
 }
 
+TEST(KvCacheDtype, ParsesTheFlagsValues) {
+  EXPECT_EQ(*ParseKvCacheDtype("auto"), KvCacheDtype::kBf16);
+  EXPECT_EQ(*ParseKvCacheDtype("bf16"), KvCacheDtype::kBf16);
+  EXPECT_EQ(*ParseKvCacheDtype("fp8"), KvCacheDtype::kFp8);
+  const absl::StatusOr<KvCacheDtype> bad = ParseKvCacheDtype("fp16");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("\"fp16\" is not one of auto, bf16, fp8"),
+            std::string::npos)
+      << bad.status();
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, KvFp8Golden, ::testing::ValuesIn(testing_golden::Fixtures()),
                          [](const auto& info) { return info.param; });
 
