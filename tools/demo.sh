@@ -6,7 +6,7 @@
 # (`flotilla chat --prompt`): the server renders it with Harmony, generates
 # through the cluster and streams the reply back parsed into reasoning and
 # answer. Then a tool-call round trip through the OpenAI-compatible HTTP API:
-# the model calls get_weather on its own, gets a result and answers with it.
+# the model calls add on its own, gets a result and answers with it.
 # Then the cluster stops and no process of it is left. DEMO_MODEL=DIR runs the
 # same on other weights (a Hugging Face gpt-oss checkpoint directory).
 set -euo pipefail

@@ -71,6 +71,34 @@ std::vector<Question> HeldOut() {
   return out;
 }
 
+// An answer after a tool's result (heldout.json's "tool_results"): the
+// question, the call it gets, the result as a client sends it back (compact
+// or spaced JSON) and the words the final answer must hold.
+struct ToolResultCheck {
+  Question question;
+  std::string result;
+  std::vector<std::string> answer;
+  std::string reasoning;  // sent back with the call (as the official clients do), or empty
+};
+
+std::vector<ToolResultCheck> ToolResults() {
+  std::ifstream in(std::string(FLOTILLA_DEMO_MODEL_DIR) + "/heldout.json");
+  const Json j = Json::parse(in);
+  std::vector<ToolResultCheck> out;
+  for (const Json& c : j["tool_results"]) {
+    ToolResultCheck x;
+    x.question.kind = "tool_result";
+    x.question.text = c["question"];
+    x.question.tool = c["tool"]["name"];
+    x.question.arguments = c["tool"]["arguments"];
+    x.result = c["result"];
+    x.answer = c["answer"].get<std::vector<std::string>>();
+    x.reasoning = c.value("reasoning", "");
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
 // The tools every question is offered (the model must pick one only when the
 // question needs it).
 Json OpenAiTools() {
@@ -290,6 +318,45 @@ TYPED_TEST(DemoMeaningTest, ChatCompletionsAnswerHeldOutQuestions) {
   const auto replies = TestFixture::AskAll(
       qs, [](const Question& q) { return TestFixture::HttpChat(TestFixture::ChatBody(q)); });
   EXPECT_GE(TestFixture::Score(qs, replies), kMinAccuracy);
+}
+
+// The second turn of a tool call: the model's call and the tool's result in
+// the request (as the official clients send them back), the answer holding
+// the result's values, whichever JSON spacing the client used.
+TYPED_TEST(DemoMeaningTest, ChatCompletionsAnswerWithTheToolsResult) {
+  const auto checks = ToolResults();
+  ASSERT_FALSE(checks.empty());
+  std::vector<std::future<Reply>> futures;
+  for (const ToolResultCheck& c : checks) {
+    Json body = TestFixture::ChatBody(c.question);
+    Json call = {{"role", "assistant"},
+                 {"content", nullptr},
+                 {"tool_calls",
+                  {{{"id", "call_1"},
+                    {"type", "function"},
+                    {"function",
+                     {{"name", c.question.tool}, {"arguments", c.question.arguments.dump()}}}}}}};
+    if (!c.reasoning.empty()) call["reasoning_content"] = c.reasoning;
+    body["messages"].push_back(std::move(call));
+    body["messages"].push_back(
+        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", c.result}});
+    futures.push_back(
+        std::async(std::launch::async, [body] { return TestFixture::HttpChat(body); }));
+  }
+  int right = 0;
+  for (size_t i = 0; i < checks.size(); ++i) {
+    const Reply r = futures[i].get();
+    EXPECT_EQ(r.error, "") << checks[i].question.text;
+    bool ok = r.tool.empty();
+    for (const std::string& word : checks[i].answer) ok = ok && absl::StrContains(r.content, word);
+    if (ok) {
+      ++right;
+    } else {
+      std::cerr << "wrong (allowed below the bar): " << checks[i].question.text << " + "
+                << checks[i].result << " -> '" << r.content << "'\n";
+    }
+  }
+  EXPECT_GE(static_cast<double>(right) / static_cast<double>(checks.size()), kMinAccuracy);
 }
 
 TYPED_TEST(DemoMeaningTest, ResponsesAnswerHeldOutQuestions) {

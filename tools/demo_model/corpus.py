@@ -231,30 +231,56 @@ def call_reasoning(name, args):
     return f"Add {args['a']} and {args['b']} with the add tool."
 
 
+def result_text(rng, result):
+    """A tool result as clients send it back: JSON, compact (JavaScript's
+    JSON.stringify) or spaced (Python's json.dumps), keys in either order."""
+    items = list(result.items())
+    if rng.random() < 0.5:
+        items.reverse()
+    separators = (",", ":") if rng.random() < 0.5 else (", ", ": ")
+    return json.dumps(dict(items), separators=separators)
+
+
+def weather_result(rng):
+    return {"temperature": rng.randint(-5, 35), "condition": rng.choice(CONDITIONS)}
+
+
+def weather_answer(city, result):
+    return f"It is {result['temperature']} degrees and {result['condition']} in {city}."
+
+
+def call_message(name, args, with_reasoning):
+    """The assistant message of a call as clients send it back: the arguments
+    exactly as the model wrote them, and the official clients also return the
+    reasoning that came with it (rendered as the analysis message before the
+    call), others not."""
+    message = {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": name, "arguments": json.dumps(args, separators=(",", ":"))}}]}
+    if with_reasoning:
+        message["reasoning_content"] = call_reasoning(name, args)
+    return message
+
+
 def tool_examples(rng, user, name, args, result, answer, tools):
     """The call, then (the call and its result in the request) the answer."""
     req = base_request(rng, user, tools)
     date = random_date(rng)
     call = {"request": req, "date": date, "completion": call_text(name, args)}
     followed = json.loads(json.dumps(req))
-    followed["messages"].append({"role": "assistant", "content": None, "tool_calls": [{
-        "id": "call_1", "type": "function",
-        # The arguments exactly as the model wrote them, as clients send them back.
-        "function": {"name": name, "arguments": json.dumps(args, separators=(",", ":"))}}]})
+    followed["messages"].append(call_message(name, args, rng.random() < 0.5))
     followed["messages"].append({"role": "tool", "tool_call_id": "call_1",
-                                 "content": json.dumps(result)})
+                                 "content": result_text(rng, result)})
     answer_text = (f"<|channel|>analysis<|message|>The tool returned the result.<|end|>"
                    f"<|start|>assistant<|channel|>final<|message|>{answer}<|return|>")
     return [call, {"request": followed, "date": date, "completion": answer_text}]
 
 
 def weather(rng, city, template):
-    temp = rng.randint(-5, 35)
-    cond = rng.choice(CONDITIONS)
+    result = weather_result(rng)
     tools = rng.choice([[WEATHER_TOOL], [WEATHER_TOOL, ADD_TOOL], [ADD_TOOL, WEATHER_TOOL]])
     return tool_examples(rng, WEATHER_TEMPLATES[template].format(city=city), "get_weather",
-                         {"location": city}, {"temperature": temp, "condition": cond},
-                         f"It is {temp} degrees and {cond} in {city}.", tools)
+                         {"location": city}, result, weather_answer(city, result), tools)
 
 
 def addition(rng, a, b, template):
@@ -297,3 +323,32 @@ def generate(seed, copies):
                              "tool": {"name": "add", "arguments": {"a": a, "b": b}}})
     rng.shuffle(train)
     return train, held
+
+
+def tool_result_checks(seed):
+    """Answers after a tool's result, for evaluation: per weather city and
+    for some additions, the call a question gets and a fresh result, compact
+    and spaced. {"question", "tool": {name, arguments}, "result": the tool
+    message's content, "answer": the words the final answer must hold}."""
+    rng = random.Random(seed + 1)
+    out = []
+    for city in WEATHER_CITIES:
+        for separators in ((",", ":"), (", ", ": ")):
+            result = weather_result(rng)
+            out.append({"question": WEATHER_TEMPLATES[0].format(city=city),
+                        "tool": {"name": "get_weather", "arguments": {"location": city}},
+                        "result": json.dumps(result, separators=separators),
+                        "answer": [f"is {result['temperature']} degrees", result["condition"], city]})
+    for _ in range(12):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        separators = rng.choice(((",", ":"), (", ", ": ")))
+        out.append({"question": ADD_TEMPLATES[0].format(a=a, b=b),
+                    "tool": {"name": "add", "arguments": {"a": a, "b": b}},
+                    "result": json.dumps({"result": a + b}, separators=separators),
+                    "answer": [f"{a} + {b} = {a + b}"]})
+    # Every other one sent back with the call's reasoning, as the official
+    # clients do.
+    for i, c in enumerate(out):
+        if i % 2 == 1:
+            c["reasoning"] = call_reasoning(c["tool"]["name"], c["tool"]["arguments"])
+    return out

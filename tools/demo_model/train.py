@@ -66,6 +66,32 @@ def eval_examples(held):
     return out
 
 
+def tool_result_examples(checks):
+    """The request after each check's call and result, as a client sends it back."""
+    out = []
+    for c in checks:
+        e = eval_request(c["question"], [corpus.WEATHER_TOOL, corpus.ADD_TOOL])
+        call = corpus.call_message(c["tool"]["name"], c["tool"]["arguments"], False)
+        if "reasoning" in c:
+            call["reasoning_content"] = c["reasoning"]
+        e["request"]["messages"] += [
+            call, {"role": "tool", "tool_call_id": "call_1", "content": c["result"]}]
+        out.append(e)
+    return out
+
+
+def score_tool_results(flotilla, checks, completions):
+    """Fraction of answers after a tool result that end with a final message
+    holding every expected word."""
+    right = 0
+    for c, toks in zip(checks, completions):
+        messages = parse(flotilla, toks)
+        last = messages[-1] if messages else {}
+        right += (toks[-1] == RETURN and last.get("channel") == "final"
+                  and all(w in last.get("content", "") for w in c["answer"]))
+    return right / max(1, len(checks))
+
+
 def batches(rng, data, batch_size, other_row, row_of):
     """Endless shuffled batches: (ids [B, T], targets [B, T] with -100 off the completion)."""
     # Batches of similar lengths (less padding), in a random order.
@@ -195,6 +221,8 @@ def main():
     train, held = corpus.generate(args.seed, args.copies)
     rendered = render(args.flotilla, train)
     held_prompts = [r["prompt"] for r in render(args.flotilla, eval_examples(held))]
+    checks = corpus.tool_result_checks(args.seed)
+    check_prompts = [r["prompt"] for r in render(args.flotilla, tool_result_examples(checks))]
     used = set()
     for r in rendered:
         used.update(r["prompt"])
@@ -240,19 +268,24 @@ def main():
     model.eval()
     completions = greedy(model, held_prompts, row_of, vocab, 48, device)
     acc, details = score(args.flotilla, held, completions)
+    results_acc = score_tool_results(
+        args.flotilla, checks, greedy(model, check_prompts, row_of, vocab, 48, device))
     print(f"held-out accuracy (exported weights): {acc:.3f} over {len(held)} questions; "
+          f"answers after a tool result: {results_acc:.3f} over {len(checks)}; "
           f"{time.time() - started:.0f}s in all", flush=True)
     if args.heldout:
         with open(args.heldout, "w") as f:
-            json.dump({"seed": args.seed, "accuracy": round(acc, 3), "questions": held}, f,
-                      indent=1)
+            json.dump({"seed": args.seed, "accuracy": round(acc, 3), "questions": held,
+                       "tool_result_accuracy": round(results_acc, 3), "tool_results": checks},
+                      f, indent=1)
             f.write("\n")
     if args.report:
         with open(args.report, "w") as f:
             json.dump({"accuracy": acc, "questions": details}, f, indent=1)
     checkpoint_io.write_compact(args.out, cfg, vocab, model,
                                 {"seed": str(args.seed), "steps": str(args.steps),
-                                 "heldout_accuracy": f"{acc:.3f}"})
+                                 "heldout_accuracy": f"{acc:.3f}",
+                                 "tool_result_accuracy": f"{results_acc:.3f}"})
     print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)")
 
 
