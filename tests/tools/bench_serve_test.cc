@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -34,6 +35,37 @@ TEST(BenchServeTokenRange, TakesNOrMinMax) {
     EXPECT_NE(r.status().message().find(std::string("\"") + bad + "\""), std::string::npos)
         << r.status();
   }
+}
+
+// --tools reads an OpenAI "tools" array into the functions every Chat
+// request offers; anything else is refused naming the file.
+TEST(BenchServeTools, ReadsAnOpenAiToolsArray) {
+  const std::string path = ::testing::TempDir() + "/bench_tools_" + std::to_string(getpid());
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write(R"([{"type": "function", "function": {"name": "add", "description": "Adds.",
+      "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}},
+      {"type": "function", "function": {"name": "now", "strict": true}}])");
+  absl::StatusOr<std::vector<v1::Tool>> tools = cli::ReadBenchTools(path);
+  ASSERT_TRUE(tools.ok()) << tools.status();
+  ASSERT_EQ(tools->size(), 2u);
+  EXPECT_EQ((*tools)[0].name(), "add");
+  EXPECT_EQ((*tools)[0].description(), "Adds.");
+  EXPECT_EQ(nlohmann::json::parse((*tools)[0].parameters_json())["properties"]["a"]["type"],
+            "integer");
+  EXPECT_EQ((*tools)[1].name(), "now");
+  EXPECT_TRUE((*tools)[1].strict());
+  EXPECT_EQ((*tools)[1].parameters_json(), "");
+  for (const char* bad : {"", "{}", "[]", "[1]", R"([{"type": "function"}])",
+                          R"([{"type": "web", "function": {"name": "x"}}])",
+                          R"([{"type": "function", "function": {"name": 3}}])"}) {
+    write(bad);
+    absl::StatusOr<std::vector<v1::Tool>> r = cli::ReadBenchTools(path);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status();
+  }
+  std::filesystem::remove(path);
+  EXPECT_EQ(cli::ReadBenchTools(path).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(BenchServeRateFraction, MeasuresTheCapacityThenRunsEachFractionOfIt) {

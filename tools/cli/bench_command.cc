@@ -262,8 +262,8 @@ int RunServe(const ServeFlags& f) {
     warm.duration_s = f.warmup_s;
     Stats warm_stats;
     warm_stats.turns.resize(stats.turns.size());
-    nlohmann::json w = LoadJson(warm, warm_stats, RunLoad(*target->client, warm, target->vocab,
-                                                          warm_stats));
+    nlohmann::json w =
+        LoadJson(warm, warm_stats, RunLoad(*target->client, warm, target->vocab, warm_stats));
     w["mode"] = "warmup";
     std::cout << w.dump() << std::endl;
   }
@@ -402,6 +402,17 @@ void AddBenchCommand(CLI::App& app) {
                     "JSON Schema file: Chat requests whose answer must be JSON of it "
                     "(structured outputs; implies --chat)")
       ->check(CLI::ExistingFile);
+  serve
+      ->add_option("--tools", f->tools_file,
+                   "JSON file of an OpenAI \"tools\" array: functions every Chat request "
+                   "offers (implies --chat)")
+      ->check(CLI::ExistingFile);
+  serve
+      ->add_option("--tool-choice", f->tool_choice,
+                   "with --tools: auto (the model decides), required (every answer is a call, "
+                   "its arguments constrained to the schema) or none")
+      ->check(CLI::IsMember({"auto", "required", "none"}))
+      ->capture_default_str();
   serve->add_option("--engine-compare", f->engine_compare,
                     "after the load, time the engine on the serving worker (admin MeasureEngine) "
                     "and print served/engine ratios: on, off, or auto (on when it answers)")
@@ -446,20 +457,23 @@ void AddBenchCommand(CLI::App& app) {
   serve->add_option("--metrics-url", f->metrics_url,
                     "http://HOST:PORT/metrics of the coordinator: report the prefix-cache "
                     "counters' change over the load");
-  serve->add_option("--speculative-method", f->speculative_method,
-                    "speculative decoding every request asks for (ngram, suffix, replay, off; "
-                    "default: the server's); with --metrics-url the acceptance length is "
-                    "printed beside tokens/s")
+  serve
+      ->add_option("--speculative-method", f->speculative_method,
+                   "speculative decoding every request asks for (ngram, suffix, replay, off; "
+                   "default: the server's); with --metrics-url the acceptance length is "
+                   "printed beside tokens/s")
       ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
-  serve->add_option("--replay-error-rate", f->replay_error_rate,
-                    "replay drafter: probability that each drafted token is wrong, asked in "
-                    "every request (with 3 drafted tokens 0.19, 0.31, 0.46, 0.66 give "
-                    "acceptance lengths of about 3, 2.5, 2, 1.5)")
+  serve
+      ->add_option("--replay-error-rate", f->replay_error_rate,
+                   "replay drafter: probability that each drafted token is wrong, asked in "
+                   "every request (with 3 drafted tokens 0.19, 0.31, 0.46, 0.66 give "
+                   "acceptance lengths of about 3, 2.5, 2, 1.5)")
       ->check(CLI::Range(0.0, 1.0));
-  serve->add_option("--warmup", f->warmup_s,
-                    "seconds of the same load before the measured one (its own JSON line, mode "
-                    "warmup): the replay drafter's recordings; make it long enough to send "
-                    "every request the measured run will (its duration times the speedup)")
+  serve
+      ->add_option("--warmup", f->warmup_s,
+                   "seconds of the same load before the measured one (its own JSON line, mode "
+                   "warmup): the replay drafter's recordings; make it long enough to send "
+                   "every request the measured run will (its duration times the speedup)")
       ->check(CLI::NonNegativeNumber);
   serve->add_option("--seed", f->seed, "random seed")->capture_default_str();
   serve->add_option("--timeout", f->timeout_s, "per-request deadline, seconds")
@@ -472,6 +486,15 @@ void AddBenchCommand(CLI::App& app) {
     if (!f->schema_file.empty()) {
       std::ifstream in(f->schema_file);
       f->schema_json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      f->chat = true;
+    }
+    if (!f->tools_file.empty()) {
+      absl::StatusOr<std::vector<v1::Tool>> tools = ReadBenchTools(f->tools_file);
+      if (!tools.ok()) {
+        std::cerr << "flotilla bench serve: --tools: " << tools.status().message() << "\n";
+        throw CLI::RuntimeError(2);
+      }
+      f->tools = *std::move(tools);
       f->chat = true;
     }
     if (f->chat && (f->ignore_eos || f->multi_turn > 0)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <iterator>
 #include <memory>
 #include <optional>
@@ -38,6 +39,9 @@ v1::ChatRequest ChatRequestOf(const ServeFlags& f, std::mt19937_64& rng, int wor
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(max_tokens);
   SetSpeculative(f, req.mutable_sampling());
+  for (const v1::Tool& t : f.tools) *req.add_tools() = t;
+  if (f.tool_choice == "required") req.mutable_tool_choice()->set_mode(v1::ToolChoice::REQUIRED);
+  if (f.tool_choice == "none") req.mutable_tool_choice()->set_mode(v1::ToolChoice::NONE);
   if (!f.schema_json.empty()) {
     req.mutable_response_format()->set_type(v1::ResponseFormat::JSON_SCHEMA);
     req.mutable_response_format()->mutable_json_schema()->set_name("bench");
@@ -215,6 +219,10 @@ nlohmann::json LoadJson(const ServeFlags& f, const Stats& stats, const LoadRun& 
   j["mode"] = f.rate > 0 ? "rate" : "concurrency";
   j["api"] = f.chat ? "chat" : "generate";
   if (!f.schema_file.empty()) j["response_format_schema"] = f.schema_file;
+  if (!f.tools_file.empty()) {
+    j["tools"] = f.tools_file;
+    j["tool_choice"] = f.tool_choice;
+  }
   if (f.rate > 0) {
     j["rate_rps"] = f.rate;
   } else {
@@ -238,6 +246,34 @@ nlohmann::json LoadJson(const ServeFlags& f, const Stats& stats, const LoadRun& 
   j["mean_requests_in_flight"] = stats.busy_s / run.elapsed_s;
   j["prompt_tokens"] = stats.prompt_tokens;
   return j;
+}
+
+absl::StatusOr<std::vector<v1::Tool>> ReadBenchTools(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array() || j.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": not a non-empty JSON array of tools"));
+  }
+  std::vector<v1::Tool> tools;
+  for (const nlohmann::json& t : j) {
+    const bool function =
+        t.is_object() && t.contains("function") && t.contains("type") && t["type"] == "function";
+    const nlohmann::json* fn = function ? &t["function"] : nullptr;
+    if (fn == nullptr || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": each tool must be {\"type\": \"function\", \"function\": {\"name\": ...}}"));
+    }
+    v1::Tool tool;
+    tool.set_name((*fn)["name"].get<std::string>());
+    if (fn->contains("description") && (*fn)["description"].is_string()) {
+      tool.set_description((*fn)["description"].get<std::string>());
+    }
+    if (fn->contains("parameters")) tool.set_parameters_json((*fn)["parameters"].dump());
+    tool.set_strict(fn->contains("strict") && (*fn)["strict"] == true);
+    tools.push_back(std::move(tool));
+  }
+  return tools;
 }
 
 }  // namespace flotilla::cli

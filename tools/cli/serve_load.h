@@ -8,12 +8,11 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "proto/common.pb.h"
@@ -50,6 +49,12 @@ struct ServeFlags {
   bool chat = false;         // requests go through Chat (Harmony rendered and parsed)
   std::string schema_file;   // --response-format-schema: Chat answers in this JSON Schema
   std::string schema_json;   // its text, read once
+  // --tools: functions every Chat request offers (an OpenAI "tools" array
+  // of {"type": "function", "function": {name, description, parameters}}),
+  // read once into `tools`; --tool-choice: auto, required or none.
+  std::string tools_file;
+  std::vector<v1::Tool> tools;
+  std::string tool_choice = "auto";
   // Speculative decoding asked for in every request (SamplingParams.
   // speculative): a method ("" = the server's default) and, for the replay
   // drafter, its error rate (negative = the server's).
@@ -92,6 +97,11 @@ double Percentile(std::vector<double> v, double p);
 // "N" (every request N tokens) or "MIN-MAX" (uniform), as --prompt-tokens and
 // --output-tokens take them; INVALID_ARGUMENT naming the text otherwise.
 absl::StatusOr<std::pair<int, int>> ParseTokenRange(const std::string& text);
+
+// The functions of an OpenAI "tools" JSON array in `path` ({"type":
+// "function", "function": {"name", "description", "parameters"}} each);
+// INVALID_ARGUMENT naming what is wrong.
+absl::StatusOr<std::vector<v1::Tool>> ReadBenchTools(const std::string& path);
 
 // What one run of the load did.
 struct LoadRun {
