@@ -291,18 +291,23 @@ TEST(CudaEngineErrors, BadStepsAreRefusedAndChangeNothing) {
 // Two layers of the real 120b shapes: GPU engine vs CPU engine on the same
 // synthetic weights, prefill of a mixed batch then graph-captured decode, the
 // reference following the GPU's routing and fed the same tokens.
-TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
-  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+// Both engines with the KV cache `dtype`: with fp8 they round the
+// full-attention layer's K and V by the same rule (kernels/cpu/kv_fp8.h), so
+// they differ only by the GPU's bf16 arithmetic, as with bf16 KV.
+void ExpectRealShapesMatchTheCpuEngine(KvCacheDtype dtype) {
   ModelConfig c = ModelConfig::Gptoss120b();
   c.num_hidden_layers = 2;
-  c.layer_types.resize(2);
+  c.layer_types.resize(2);  // one sliding-window layer, one full-attention layer
   auto w = MakeSyntheticWeights(c, 11);
   ASSERT_TRUE(w.ok()) << w.status();
-  auto g = CudaEngine::Create(*w, RecordingOptions());
+  CudaEngineOptions options = RecordingOptions();
+  options.kv_cache_dtype = dtype;
+  auto g = CudaEngine::Create(*w, options);
   ASSERT_TRUE(g.ok()) << g.status();
   kernels::cpu::ThreadPool pool(8);
   CpuEngineOptions co;
   co.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 16, 3, 400);
+  co.kv_cache_dtype = dtype;
   auto cpu = CpuEngine::Create(*std::move(w), co, &pool);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   const int64_t V = c.vocab_size;
@@ -330,8 +335,9 @@ TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
       EXPECT_LE(rel, kRelTolerance) << "sequence " << i;
       EXPECT_LE(co2->routing_regret[i], kMaxRegret) << "sequence " << i;
       if (step == 0 || step == 7) {
-        std::cout << "real shapes step " << step << " seq " << i << ": rel diff " << rel
-                  << ", routing regret " << co2->routing_regret[i] << "\n";
+        std::cout << "real shapes (" << KvCacheDtypeName(dtype) << " KV) step " << step
+                  << " seq " << i << ": rel diff " << rel << ", routing regret "
+                  << co2->routing_regret[i] << "\n";
       }
       const int32_t next = Argmax(co2->logits[i].data(), V);
       if (Decisive(co2->logits[i].data(), V)) {
@@ -341,6 +347,16 @@ TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
       ci[i].tokens = {next};
     }
   }
+}
+
+TEST(CudaEngineRealShapes, MatchesTheCpuEngine) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ExpectRealShapesMatchTheCpuEngine(KvCacheDtype::kBf16);
+}
+
+TEST(CudaEngineRealShapes, MatchesTheCpuEngineWithFp8Kv) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
+  ExpectRealShapesMatchTheCpuEngine(KvCacheDtype::kFp8);
 }
 
 // Prefix caching on the GPU: each turn repeats the previous turn's prompt
