@@ -1,5 +1,12 @@
 # Helpers shared by every CMakeLists.txt in the project.
 
+# Test code in a Release build is compiled at -O1 instead of -O3: about 30%
+# less compile time per test source (measured: cluster_manager_test.cc 10.9 ->
+# 7.8 s of CPU, api_auth_test.cc 23.7 -> 16.5 s), while the libraries under
+# test keep the build type's level: what is tested is what ships, and the
+# tests' work runs mostly in those libraries.
+set(FLOTILLA_TEST_CXX_OPTIMIZATION $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release>>:-O1>)
+
 # Project defaults for a target: warnings (as errors) and the repository root on
 # the include path, so headers are included as "common/status.h".
 function(flotilla_target_defaults target)
@@ -102,6 +109,7 @@ function(flotilla_add_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   flotilla_target_defaults(${name})
+  target_compile_options(${name} PRIVATE ${FLOTILLA_TEST_CXX_OPTIMIZATION})
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
   if(ARG_CLUSTER)
     list(APPEND ARG_DEFINITIONS FLOTILLA_BIN_DIR="${FLOTILLA_BIN_DIR}")
