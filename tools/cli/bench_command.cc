@@ -470,6 +470,12 @@ void AddBenchCommand(CLI::App& app) {
                    "acceptance lengths of about 3, 2.5, 2, 1.5)")
       ->check(CLI::Range(0.0, 1.0));
   serve
+      ->add_option("--temperature", f->temperature,
+                   "every request's sampling temperature (0: greedy; replay wants outputs that "
+                   "repeat from one run to the next)")
+      ->check(CLI::Range(0.0, 2.0))
+      ->capture_default_str();
+  serve
       ->add_option("--warmup", f->warmup_s,
                    "seconds of the same load before the measured one (its own JSON line, mode "
                    "warmup): the replay drafter's recordings; make it long enough to send "

@@ -35,7 +35,7 @@ v1::ChatRequest ChatRequestOf(const ServeFlags& f, std::mt19937_64& rng, int wor
   m->set_role(v1::ChatMessage::USER);
   m->set_content(text);
   req.set_return_token_ids(true);
-  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_temperature(f.temperature);
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(max_tokens);
   SetSpeculative(f, req.mutable_sampling());
@@ -66,7 +66,7 @@ void OneRequest(client::Client& c, std::mt19937_64& rng, const ServeFlags& f, in
   }
   const int64_t prompt_tokens = req.prompt_ids().ids_size();
   std::vector<int32_t> output;  // kept for the conversation's next turn
-  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_temperature(f.temperature);
   req.mutable_sampling()->set_seed(rng());
   req.mutable_sampling()->set_max_tokens(olen(rng));
   req.mutable_sampling()->set_ignore_eos(f.ignore_eos);

@@ -58,6 +58,7 @@ struct ServeFlags {
   // Speculative decoding asked for in every request (SamplingParams.
   // speculative): a method ("" = the server's default) and, for the replay
   // drafter, its error rate (negative = the server's).
+  float temperature = 1.0f;  // every request's (0: greedy); each gets a seed of its own
   std::string speculative_method;
   double replay_error_rate = -1;
   // Seconds of the same load run first, unreported but for one line (mode
