@@ -432,6 +432,19 @@ JsonMatcher::Outcome JsonMatcher::StepArray(MatchStack& s, uint8_t b) const {
   return Outcome::kReject;
 }
 
+bool JsonMatcher::PlainStringRoom(const MatchState& state, int64_t* room) const {
+  if (state.count != 1 || state.readings[0].depth == 0) return false;
+  const MatchStack& s = state.readings[0];
+  const Frame& f = s.frames[s.depth - 1];
+  if (f.kind != FrameKind::kString || f.phase != kBody || f.need != 0) return false;
+  const SchemaNode* node = f.node >= 0 ? &schema_->nodes[f.node] : nullptr;
+  if (node != nullptr && node->text != nullptr) return false;
+  // StepString takes a character's first byte while count < max_length.
+  const int64_t max_len = node != nullptr ? node->max_length : -1;
+  *room = max_len < 0 ? -1 : std::max<int64_t>(0, max_len - f.count);
+  return true;
+}
+
 int32_t JsonMatcher::LengthCap(int node) const {
   if (node < 0) return 0;
   const SchemaNode& n = schema_->nodes[node];

@@ -104,6 +104,12 @@ class JsonMatcher {
   bool CanEnd(const MatchState& state) const;
   // Whether no byte can follow (every reading is a whole document).
   bool Finished(const MatchState& state) const;
+  // Whether `state` is one reading inside the text of a string with no
+  // pattern or format, at a character boundary. Then a token of plain text
+  // (VocabularyIndex::AllowPlainText) is taken exactly when its characters
+  // fit in `*room` (negative: no bound), and only the other tokens need
+  // feeding to find the mask.
+  bool PlainStringRoom(const MatchState& state, int64_t* room) const;
 
  private:
   enum class Outcome { kConsumed, kReject, kDone, kPopRetry, kRetry };

@@ -200,8 +200,14 @@ void OutputConstraint::BodyMask(uint32_t* bits) {
   const std::string key = absl::StrCat(form.cache_id, ":", json_.Key());
   if (cache_->Lookup(key, bits, index_->words())) return;
   if (m.CanEnd(json_)) SetBit(bits, form.end_token);
-  index_->AllowAccepted(
-      json_, [&m](MatchState& s, uint8_t b) { return m.Feed(s, b); }, &json_scratch_, bits);
+  auto feed = [&m](MatchState& s, uint8_t b) { return m.Feed(s, b); };
+  int64_t room = 0;
+  if (m.PlainStringRoom(json_, &room)) {  // inside a string: most tokens are text
+    index_->AllowPlainText(room, bits);
+    index_->AllowAcceptedNotPlain(json_, feed, &json_scratch_, bits);
+  } else {
+    index_->AllowAccepted(json_, feed, &json_scratch_, bits);
+  }
   cache_->Insert(key, bits, index_->words());
 }
 

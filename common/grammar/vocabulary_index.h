@@ -39,17 +39,46 @@ class VocabularyIndex {
   template <typename State, typename Feed>
   void AllowAccepted(const State& start, Feed&& feed, std::vector<State>* scratch,
                      uint32_t* bits) const {
+    Walk(all_, start, feed, scratch, bits);
+  }
+
+  // Plain text: a token whose bytes are printable ASCII but '"' and '\', or
+  // whole UTF-8 characters (no surrogate, no overlong form), the text a JSON
+  // string holds as it is. Inside a string with no pattern, at a character
+  // boundary, such a token is taken exactly when its characters fit.
+  //
+  // Sets every plain token of at most `max_chars` characters (negative: any).
+  void AllowPlainText(int64_t max_chars, uint32_t* bits) const;
+  // AllowAccepted over the tokens that are not plain text only.
+  template <typename State, typename Feed>
+  void AllowAcceptedNotPlain(const State& start, Feed&& feed, std::vector<State>* scratch,
+                             uint32_t* bits) const {
+    Walk(not_plain_, start, feed, scratch, bits);
+  }
+
+ private:
+  // Ordinary ids sorted by their bytes, and each one's common prefix with
+  // the previous one: the order a walk shares prefixes in.
+  struct Sorted {
+    std::vector<int32_t> order;
+    std::vector<int> lcp;
+  };
+  Sorted SortedOf(std::vector<int32_t> ids) const;
+
+  template <typename State, typename Feed>
+  void Walk(const Sorted& sorted, const State& start, Feed&& feed, std::vector<State>* scratch,
+            uint32_t* bits) const {
     if (scratch->size() < static_cast<size_t>(longest_ + 1)) scratch->resize(longest_ + 1);
     std::vector<State>& states = *scratch;
     Copy(states[0], start);
     int valid = 0;          // states[0..valid] hold the current token's prefixes
     int rejected_at = -1;   // byte index of the last rejection (its prefix is dead)
-    for (size_t k = 0; k < order_.size(); ++k) {
-      const int lcp = lcp_[k];
+    for (size_t k = 0; k < sorted.order.size(); ++k) {
+      const int lcp = sorted.lcp[k];
       if (rejected_at >= 0 && rejected_at < lcp) continue;  // shares the dead prefix
       rejected_at = -1;
       valid = std::min(valid, lcp);
-      const std::string& token = vocab_.bytes[order_[k]];
+      const std::string& token = vocab_.bytes[sorted.order[k]];
       const int n = static_cast<int>(token.size());
       for (; valid < n; ++valid) {
         Copy(states[valid + 1], states[valid]);
@@ -58,11 +87,10 @@ class VocabularyIndex {
           break;
         }
       }
-      if (rejected_at < 0) SetBit(bits, order_[k]);
+      if (rejected_at < 0) SetBit(bits, sorted.order[k]);
     }
   }
 
- private:
   template <typename State>
   static void Copy(State& to, const State& from) {
     if constexpr (requires { to.CopyFrom(from); }) {
@@ -73,8 +101,11 @@ class VocabularyIndex {
   }
 
   TokenVocabulary vocab_;
-  std::vector<int32_t> order_;  // ordinary ids sorted by bytes
-  std::vector<int> lcp_;        // common prefix with the previous token in order_
+  Sorted all_;        // every ordinary token
+  Sorted not_plain_;  // the ordinary tokens that are not plain text
+  // plain_up_to_[c]: the plain tokens of at most c characters (a mask each,
+  // c up to the most characters a plain token has; the last holds them all).
+  std::vector<std::vector<uint32_t>> plain_up_to_;
   int longest_ = 0;
 };
 
