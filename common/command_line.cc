@@ -255,6 +255,18 @@ std::string ReadableError(const CLI::App& app, const std::vector<std::string>& a
   return text;
 }
 
+void NameEnvironmentVariables(CLI::App& app) {
+  for (CLI::Option* opt : app.get_options({})) {
+    const std::vector<std::string>& names = opt->get_lnames();
+    if (names.empty() || !opt->get_envname().empty()) continue;
+    const std::string& name = names.back();
+    if (name == "help" || name == "version" || name == "config") continue;
+    std::string variable = "FLOTILLA_" + absl::AsciiStrToUpper(name);
+    std::replace(variable.begin(), variable.end(), '-', '_');
+    opt->envname(variable);
+  }
+}
+
 std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv) {
   AcceptSizeSuffixes(app);
   try {

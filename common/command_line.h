@@ -26,6 +26,14 @@ std::optional<int> ParseCommandLine(CLI::App& app, int argc, char** argv);
 // written with a suffix: k, m, g (x1000), Ki, Mi, Gi (x1024): 2k = 2000.
 void AcceptSizeSuffixes(CLI::App& app);
 
+// Every option of `app` (not its subcommands') without an environment
+// variable gets FLOTILLA_ and its last long name, upper-cased with dashes as
+// underscores (--max-num-batched-tokens,--max-batch-tokens:
+// FLOTILLA_MAX_BATCH_TOKENS); --help, --version and --config get none. Call
+// it once every option is declared: each knob then names its variable once,
+// by its flag.
+void NameEnvironmentVariables(CLI::App& app);
+
 // "2k" -> "2000", "1Ki" -> "1024", "12" -> "12"; nullopt when `text` is not a
 // whole number with an optional suffix.
 std::optional<std::string> ExpandSizeSuffix(std::string_view text);

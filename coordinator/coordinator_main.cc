@@ -96,29 +96,29 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
          [policy, orders](const std::string& v) { policy->set_prefill_order(orders.at(v)); },
          "order of the prompts waiting for prefill: fcfs, or shortest-prompt-first (fewest "
          "prompt tokens left first, within --max-prefill-wait-ms)")
-      ->envname("FLOTILLA_SCHEDULING_POLICY")->default_str("shortest-prompt-first")
+      ->default_str("shortest-prompt-first")
       ->check(CLI::IsMember({"fcfs", "shortest-prompt-first"}));
   app.add_option_function<uint32_t>(
          "--max-prefill-wait-ms", [policy](uint32_t ms) { policy->set_max_prefill_wait_ms(ms); },
          "shortest-prompt-first: a prompt waiting this long goes before every other (0 = no "
          "bound)")
-      ->envname("FLOTILLA_MAX_PREFILL_WAIT_MS")->default_str("1000");
+      ->default_str("1000");
   app.add_option_function<uint32_t>(
          "--max-num-partial-prefills",
          [policy](uint32_t n) { policy->set_max_num_partial_prefills(n); },
          "prompts given a chunk in one step (0 = as many as the token budget takes)")
-      ->envname("FLOTILLA_MAX_NUM_PARTIAL_PREFILLS")->default_str("0");
+      ->default_str("0");
   app.add_option_function<uint32_t>(
          "--max-long-partial-prefills",
          [policy](uint32_t n) { policy->set_max_long_partial_prefills(n); },
          "of those, prompts longer than --long-prefill-token-threshold (0 = no bound)")
-      ->envname("FLOTILLA_MAX_LONG_PARTIAL_PREFILLS")->default_str("0");
+      ->default_str("0");
   app.add_option_function<uint32_t>(
          "--long-prefill-token-threshold",
          [policy](uint32_t n) { policy->set_long_prefill_token_threshold(n); },
          "a prompt longer than this is long: its chunk is at most this many tokens while other "
          "prompts want the budget (0 = no prompt is long)")
-      ->envname("FLOTILLA_LONG_PREFILL_TOKEN_THRESHOLD")->default_str("0");
+      ->default_str("0");
   // Speculative decoding (worker/README.md "Speculative decoding"): the
   // default of requests that do not choose, sent to every worker.
   app.add_option_function<std::string>(
@@ -128,31 +128,25 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
          "(suffix matching over the request and recent outputs), replay (benchmarks only: "
          "needs --allow-replay-drafter) or off; verified exactly by the CPU and CUDA engines "
          "(default: the workers' own --speculative-method, off unless set)")
-      ->envname("FLOTILLA_SPECULATIVE_METHOD")
       ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
   app.add_option_function<uint32_t>(
          "--num-speculative-tokens",
          [policy](uint32_t n) { policy->mutable_speculative()->set_num_speculative_tokens(n); },
          "tokens drafted per decode step with --speculative-method (default 3)")
-      ->envname("FLOTILLA_NUM_SPECULATIVE_TOKENS")
       ->check(CLI::Range(1, 16));
   app.add_option_function<uint32_t>(
-         "--speculative-max-batch",
-         [policy](uint32_t n) { policy->set_speculative_max_batch(n); },
-         "steps with more decoding sequences than this draft nothing (default: the workers' "
-         "own --speculative-max-batch)")
-      ->envname("FLOTILLA_SPECULATIVE_MAX_BATCH");
+      "--speculative-max-batch", [policy](uint32_t n) { policy->set_speculative_max_batch(n); },
+      "steps with more decoding sequences than this draft nothing (default: the workers' "
+      "own --speculative-max-batch)");
   app.add_flag_callback(
-         "--allow-replay-drafter", [policy] { policy->set_allow_replay_drafter(true); },
-         "benchmarks only: requests may choose the replay drafter (the recorded output of an "
-         "earlier identical request, with --replay-error-rate's errors)")
-      ->envname("FLOTILLA_ALLOW_REPLAY_DRAFTER");
+      "--allow-replay-drafter", [policy] { policy->set_allow_replay_drafter(true); },
+      "benchmarks only: requests may choose the replay drafter (the recorded output of an "
+      "earlier identical request, with --replay-error-rate's errors)");
   app.add_option_function<double>(
          "--replay-error-rate",
          [policy](double e) { policy->mutable_speculative()->set_replay_error_rate(e); },
          "replay drafter: probability that each drafted token is wrong (sets the acceptance "
          "length; default: the workers' own, 0)")
-      ->envname("FLOTILLA_REPLAY_ERROR_RATE")
       ->check(CLI::Range(0.0, 1.0));
 }
 
@@ -169,56 +163,61 @@ int main(int argc, char** argv) {
   int hb_interval_ms = 250, hb_timeout_ms = 2000;
   flotilla::coordinator::ClusterOptions opts;
   app.add_option("--listen", listen, "address:port for workers, clients and admin (port 0 = any)")
-      ->envname("FLOTILLA_LISTEN")->capture_default_str();
+      ->capture_default_str();
   app.add_option("--model", model,
                  "checkpoint directory (Hugging Face layout), or synthetic:PRESET[:SEED] "
                  "(tiny, 20b or 120b: make-checkpoint's weights, generated by the workers)")
-      ->envname("FLOTILLA_MODEL")->required();
+      ->required();
   app.add_option("--model-id", model_id,
-                 "model name clients use (default: the directory name, or the synthetic spec)")
-      ->envname("FLOTILLA_MODEL_ID");
+                 "model name clients use (default: the directory name, or the synthetic spec)");
   std::vector<std::string> served_model_names;
-  app.add_option("--served-model-name", served_model_names,
-                 "names requests may give as `model` (repeat it or separate with commas); the first "
-                 "replaces --model-id in replies, /v1/models and ListModels list each")
-      ->envname("FLOTILLA_SERVED_MODEL_NAME")->delimiter(',');
+  app.add_option(
+         "--served-model-name", served_model_names,
+         "names requests may give as `model` (repeat it or separate with commas); the first "
+         "replaces --model-id in replies, /v1/models and ListModels list each")
+      ->delimiter(',');
   app.add_option("--workers", workers, "workers of the cluster (split evenly into --instances)")
-      ->envname("FLOTILLA_WORKERS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--instances", opts.instances,
                  "model instances the workers form (each placed, failed and drained on its own; "
                  "requests are routed among them)")
-      ->envname("FLOTILLA_INSTANCES")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   std::string router = "cache-aware";
   app.add_option("--router", router,
                  "how requests are spread over the instances: cache-aware (the longest cached "
                  "prompt prefix against the load), least-loaded or round-robin")
-      ->envname("FLOTILLA_ROUTER")->capture_default_str()
+      ->capture_default_str()
       ->check(CLI::IsMember({"cache-aware", "least-loaded", "round-robin"}));
   std::string migrate = "auto";
   app.add_option("--migrate-requests", migrate,
                  "when an instance fails or is drained, continue its requests on another one "
                  "(or on the same one once it formed again) instead of failing them: on, off, or "
                  "auto (on with several instances)")
-      ->envname("FLOTILLA_MIGRATE_REQUESTS")->capture_default_str()
+      ->capture_default_str()
       ->check(CLI::IsMember({"auto", "on", "off"}));
   double migration_wait_s = 30;
   app.add_option("--migration-wait-s", migration_wait_s,
                  "how long a request whose instance failed waits for one to take it")
-      ->envname("FLOTILLA_MIGRATION_WAIT_S")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--tp", tp, "attention tensor-parallel size (0 = automatic)")
-      ->envname("FLOTILLA_TP")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--dp", dp, "data-parallel attention groups (0 = automatic)")
-      ->envname("FLOTILLA_DP")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   std::string comm = "ucx", device_transport = "auto";
   app.add_option("--comm", comm,
                  "host communicator between workers (control, bootstrap, CPU tensors); accepted: "
                  "ucx")
-      ->envname("FLOTILLA_COMM")->capture_default_str()
+      ->capture_default_str()
       ->check(NameCheck(flotilla::ParseCommBackend));
   app.add_option("--device-transport", device_transport,
                  "how GPU ranks move device buffers: auto (cuda-ipc when every rank is on one "
                  "node, else nccl), cuda-ipc or nccl; CPU ranks have none")
-      ->envname("FLOTILLA_DEVICE_TRANSPORT")->capture_default_str()
+      ->capture_default_str()
       ->check(NameCheck(flotilla::ParseDeviceTransport));
   std::string moe_parallel = "auto";
   app.add_option("--moe-parallel", moe_parallel,
@@ -226,119 +225,119 @@ int main(int argc, char** argv) {
                  "rank; tokens dispatched to them and combined back), tp (every rank of a TP "
                  "group holds a slice of every expert; one all-reduce, no dispatch) or auto (tp "
                  "for a GPU instance of one TP group, else ep)")
-      ->envname("FLOTILLA_MOE_PARALLEL")
       ->capture_default_str()
       ->check(NameCheck(flotilla::ParseMoeLayout));
   app.add_option("--heartbeat-interval-ms", hb_interval_ms, "how often workers report")
-      ->envname("FLOTILLA_HEARTBEAT_INTERVAL_MS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--heartbeat-timeout-ms", hb_timeout_ms, "silence after which a worker is dead")
-      ->envname("FLOTILLA_HEARTBEAT_TIMEOUT_MS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   double drain_timeout_s = 30;
   app.add_option("--drain-timeout", drain_timeout_s,
                  "on SIGTERM/SIGINT: seconds the requests in flight get to finish while new ones "
                  "are refused (HTTP 503, gRPC UNAVAILABLE); a second signal stops at once")
-      ->envname("FLOTILLA_DRAIN_TIMEOUT")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   int forget_dead_workers_s = 60;
   app.add_option("--forget-dead-workers-s", forget_dead_workers_s,
                  "a dead worker without a rank leaves the registry after this many seconds")
-      ->envname("FLOTILLA_FORGET_DEAD_WORKERS_S")->capture_default_str()
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--max-inflight", opts.max_inflight_requests,
                  "requests in flight before RESOURCE_EXHAUSTED")
-      ->envname("FLOTILLA_MAX_INFLIGHT")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-num-batched-tokens,--max-batch-tokens", opts.max_batch_tokens,
                  "token budget of one step: a decode token per running sequence, then prompt "
                  "chunks by the scheduling policy")
-      ->envname("FLOTILLA_MAX_BATCH_TOKENS")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   AddSchedulerPolicyFlags(app, &opts.scheduler_policy);
   app.add_option("--max-sequences", opts.max_sequences, "sequences running per DP group")
-      ->envname("FLOTILLA_MAX_SEQUENCES")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-model-len", opts.max_model_len,
                  "longest sequence (prompt + output) served; 0 = the model's context")
-      ->envname("FLOTILLA_MAX_MODEL_LEN")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   uint64_t max_prompt_logits_mb = opts.max_prompt_logits_bytes >> 20;
   app.add_option("--max-prompt-logits-mb", max_prompt_logits_mb,
                  "largest return_prompt_logits answer (prompt tokens x vocab x 4 bytes) served; "
                  "larger requests are refused with INVALID_ARGUMENT")
-      ->envname("FLOTILLA_MAX_PROMPT_LOGITS_MB")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--kv-blocks", opts.kv_blocks, "KV blocks per worker (0 = sized automatically)")
-      ->envname("FLOTILLA_KV_BLOCKS")->capture_default_str();
+      ->capture_default_str();
   app.add_option("--kv-cache-dtype", opts.kv_cache_dtype,
                  "full-attention layers' KV cache on every worker: bf16, fp8 (e4m3 with a scale "
                  "per position and head; sliding-window layers stay bf16) or auto (each "
                  "worker's own --kv-cache-dtype, bf16 by default)")
-      ->envname("FLOTILLA_KV_CACHE_DTYPE")->capture_default_str()
+      ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   double expert_window_s = 10, rebalance_interval_s = 0;
   app.add_option("--redundant-experts", opts.redundant_experts,
                  "spare expert slots per layer on every rank, for replicas of hot experts")
-      ->envname("FLOTILLA_REDUNDANT_EXPERTS")->capture_default_str();
+      ->capture_default_str();
   app.add_option("--expert-window", expert_window_s,
                  "seconds of expert load the balancer and `flotillactl experts` look at")
-      ->envname("FLOTILLA_EXPERT_WINDOW")->capture_default_str()->check(CLI::Range(0.1, 60.0));
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 60.0));
   app.add_option("--rebalance-interval", rebalance_interval_s,
                  "seconds between automatic rebalances (0 = off)")
-      ->envname("FLOTILLA_REBALANCE_INTERVAL")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--rebalance-min-imbalance", opts.rebalance_min_imbalance,
                  "automatic rebalancing acts only above this imbalance (max / mean rank load)")
-      ->envname("FLOTILLA_REBALANCE_MIN_IMBALANCE")->capture_default_str();
+      ->capture_default_str();
   app.add_option("--rebalance-max-bytes", opts.rebalance_max_bytes,
                  "expert bytes one rebalance may load (0 = no bound)")
-      ->envname("FLOTILLA_REBALANCE_MAX_BYTES")->capture_default_str();
+      ->capture_default_str();
   std::string tokenizer_path = flotilla::tokenizer::Tokenizer::DefaultRanksPath();
-  app.add_option("--tokenizer", tokenizer_path, "o200k_harmony ranks file")
-      ->envname("FLOTILLA_TOKENIZER")->capture_default_str();
-  app.add_option("--port-file", port_file, "write the bound port here once listening")
-      ->envname("FLOTILLA_PORT_FILE");
+  app.add_option("--tokenizer", tokenizer_path, "o200k_harmony ranks file")->capture_default_str();
+  app.add_option("--port-file", port_file, "write the bound port here once listening");
   std::string http_listen = "127.0.0.1:8000";
   std::string http_port_file;
   app.add_option("--http-listen", http_listen,
                  "host:port of the OpenAI-compatible HTTP API (port 0 = any; empty = off)")
-      ->envname("FLOTILLA_HTTP_LISTEN")->capture_default_str();
-  app.add_option("--http-port-file", http_port_file, "write the bound HTTP port here once listening")
-      ->envname("FLOTILLA_HTTP_PORT_FILE");
+      ->capture_default_str();
+  app.add_option("--http-port-file", http_port_file,
+                 "write the bound HTTP port here once listening");
   bool grpc_reflection = true;
   app.add_option("--grpc-reflection", grpc_reflection,
                  "serve gRPC server reflection (grpc.reflection.v1 and v1alpha) so that grpcurl, "
                  "grpcui and "
                  "Postman find the services without the .proto files; it answers without a key, "
                  "like health, and tells only the API's schema")
-      ->envname("FLOTILLA_GRPC_REFLECTION")->capture_default_str();
+      ->capture_default_str();
   std::string api_key_file, admin_key_file, metrics_listen, metrics_port_file;
   app.add_option("--api-key-file", api_key_file,
                  "client API keys, one a line ('#' comments); without it (and without "
-                 "--admin-key-file) anyone who reaches the ports may call everything")
-      ->envname("FLOTILLA_API_KEY_FILE");
+                 "--admin-key-file) anyone who reaches the ports may call everything");
   app.add_option("--admin-key-file", admin_key_file,
                  "admin keys (same format): SetExpertMap and MeasureEngine need one; with "
-                 "--api-key-file alone those calls are refused")
-      ->envname("FLOTILLA_ADMIN_KEY_FILE");
+                 "--api-key-file alone those calls are refused");
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port of a listener serving only GET /metrics, without a key (port 0 = "
                  "any; empty = none: /metrics is on the HTTP API, behind the admin key when keys "
-                 "are set)")
-      ->envname("FLOTILLA_METRICS_LISTEN");
+                 "are set)");
   flotilla::coordinator::CacheDomainPolicy cache_domains;
   app.add_flag("--shared-prefix-cache", cache_domains.shared,
                "let requests of different API keys share cached prompt blocks (by default each "
                "key, and each request cache_salt, has a prefix-cache domain of its own: a cache "
-               "hit's faster first token would tell one tenant what another asked)")
-      ->envname("FLOTILLA_SHARED_PREFIX_CACHE");
+               "hit's faster first token would tell one tenant what another asked)");
   bool access_log_ids = false;
   app.add_flag("--access-log-ids", access_log_ids,
                "write request ids into the access log (off: a stored response's id continues its "
-               "conversation, so ids stay out of logs unless asked for)")
-      ->envname("FLOTILLA_ACCESS_LOG_IDS");
+               "conversation, so ids stay out of logs unless asked for)");
   bool metrics_for_clients = false;
   app.add_flag("--metrics-for-clients", metrics_for_clients,
                "let client keys read /metrics on the HTTP API too (its counters, prefix-cache hits "
-               "among them, tell about every tenant's requests); default: the admin key only")
-      ->envname("FLOTILLA_METRICS_FOR_CLIENTS");
+               "among them, tell about every tenant's requests); default: the admin key only");
   std::vector<std::string> allowed_origins;
   app.add_option("--allowed-origins", allowed_origins,
                  "origins browsers may call the HTTP API from (CORS), comma-separated, e.g. "
                  "https://app.example.com, or * for any; default: none (no CORS headers)")
-      ->envname("FLOTILLA_ALLOWED_ORIGINS")
       ->delimiter(',')
       ->check([](const std::string& origin) {
         absl::StatusOr<flotilla::coordinator::CorsPolicy> policy =
@@ -346,78 +345,74 @@ int main(int argc, char** argv) {
         return policy.ok() ? std::string() : std::string(policy.status().message());
       });
   app.add_option("--metrics-port-file", metrics_port_file,
-                 "write the bound --metrics-listen port here once listening")
-      ->envname("FLOTILLA_METRICS_PORT_FILE");
+                 "write the bound --metrics-listen port here once listening");
   std::string cluster_token_file;
   app.add_option("--cluster-token-file", cluster_token_file,
                  "file holding the cluster token workers must present (first line); "
-                 "without it any process that reaches --listen can join as a worker")
-      ->envname("FLOTILLA_CLUSTER_TOKEN_FILE");
+                 "without it any process that reaches --listen can join as a worker");
   size_t max_request_bytes = flotilla::coordinator::kDefaultMaxRequestBytes;
   app.add_option("--max-request-bytes", max_request_bytes,
                  "largest HTTP body and gRPC client message; larger ones are refused unread "
                  "(HTTP 413, RESOURCE_EXHAUSTED)")
-      ->envname("FLOTILLA_MAX_REQUEST_BYTES")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   std::string admin_listen, admin_port_file;
   app.add_option("--admin-listen", admin_listen,
                  "host:port of a listener of its own for the admin API (flotilla.admin.Admin), "
-                 "e.g. one only operators reach; empty = the admin API is on --listen")
-      ->envname("FLOTILLA_ADMIN_LISTEN");
+                 "e.g. one only operators reach; empty = the admin API is on --listen");
   app.add_option("--admin-port-file", admin_port_file,
-                 "write the bound --admin-listen port here once listening")
-      ->envname("FLOTILLA_ADMIN_PORT_FILE");
+                 "write the bound --admin-listen port here once listening");
   flotilla::TlsServerFiles tls;
   app.add_option("--tls-cert", tls.cert,
-                 "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)")
-      ->envname("FLOTILLA_TLS_CERT");
-  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert")
-      ->envname("FLOTILLA_TLS_KEY");
+                 "PEM certificate chain: serve gRPC and HTTP over TLS (with --tls-key)");
+  app.add_option("--tls-key", tls.key, "PEM private key of --tls-cert");
   app.add_option("--tls-client-ca", tls.client_ca,
-                 "PEM CA: gRPC and HTTPS clients and workers need a certificate it signed (mTLS)")
-      ->envname("FLOTILLA_TLS_CLIENT_CA");
+                 "PEM CA: gRPC and HTTPS clients and workers need a certificate it signed (mTLS)");
   flotilla::coordinator::HttpServerOptions http_options;
   app.add_option("--http-max-connections", http_options.connections.max_connections,
                  "open HTTP connections at most; past it a new one gets 503 and is closed")
-      ->envname("FLOTILLA_HTTP_MAX_CONNECTIONS")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   double header_timeout_s = 10, body_timeout_s = 60, idle_timeout_s = 60;
   app.add_option("--http-header-timeout-s", header_timeout_s,
                  "seconds a request's head may take from its first byte (else 408 and close)")
-      ->envname("FLOTILLA_HTTP_HEADER_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--http-body-timeout-s", body_timeout_s,
                  "seconds a request's body may take after its head (else 408 and close)")
-      ->envname("FLOTILLA_HTTP_BODY_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--http-idle-timeout-s", idle_timeout_s,
                  "seconds a kept-alive HTTP connection may wait for its next request")
-      ->envname("FLOTILLA_HTTP_IDLE_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   double responses_ttl_s = 3600;
   app.add_option("--responses-store-max-entries", http_options.responses_store.max_entries,
                  "/v1/responses kept for previous_response_id at most (the oldest go first)")
-      ->envname("FLOTILLA_RESPONSES_STORE_MAX_ENTRIES")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--responses-store-ttl-s", responses_ttl_s,
                  "seconds a stored /v1/responses answer stays usable as previous_response_id")
-      ->envname("FLOTILLA_RESPONSES_STORE_TTL_S")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--responses-store-max-bytes", http_options.responses_store.max_bytes,
                  "bytes of stored /v1/responses conversations at most (the oldest go first)")
-      ->envname("FLOTILLA_RESPONSES_STORE_MAX_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--reasoning-key-file", http_options.reasoning_key_file,
-                 "keys of /v1/responses' reasoning encrypted_content: one a line, 64 hex digits, the "
-                 "current first, then older ones still accepted (default: a random key per process)")
-      ->envname("FLOTILLA_REASONING_KEY_FILE");
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option(
+      "--reasoning-key-file", http_options.reasoning_key_file,
+      "keys of /v1/responses' reasoning encrypted_content: one a line, 64 hex digits, the "
+      "current first, then older ones still accepted (default: a random key per process)");
   // The request field policy (coordinator/request_fields.h).
   bool strict_request_fields = false;
   app.add_flag("--strict-request-fields", strict_request_fields,
                "refuse request fields this server does not know with a 400 naming them (default: "
-               "ignore them, naming them in the x-flotilla-ignored-fields header and the log)")
-      ->envname("FLOTILLA_STRICT_REQUEST_FIELDS");
+               "ignore them, naming them in the x-flotilla-ignored-fields header and the log)");
   std::string reasoning_field = "both";
   app.add_option("--reasoning-field", reasoning_field,
                  "the chat message and delta member carrying reasoning text: reasoning (vLLM's "
                  "current name), reasoning_content (its older one) or both")
-      ->envname("FLOTILLA_REASONING_FIELD")->capture_default_str()
+      ->capture_default_str()
       ->check(CLI::IsMember({"reasoning", "reasoning_content", "both"}));
   // Flow control toward clients (coordinator/client_buffers.h).
   flotilla::coordinator::ClientBufferOptions client_buffers;
@@ -426,16 +421,20 @@ int main(int argc, char** argv) {
                  "bytes one gRPC stream or HTTP response may queue for a client that does not "
                  "read; over it for --client-stall-timeout-s the "
                  "request is cancelled and the stream ended (RESOURCE_EXHAUSTED)")
-      ->envname("FLOTILLA_MAX_STREAM_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-client-buffer-bytes", client_buffers.max_total_bytes,
                  "bytes queued for all clients together; over it the streams holding the most "
                  "are ended at once (RESOURCE_EXHAUSTED)")
-      ->envname("FLOTILLA_MAX_CLIENT_BUFFER_BYTES")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--client-stall-timeout-s", client_stall_timeout_s,
                  "seconds a stream may stay over --max-stream-buffer-bytes before it is ended")
-      ->envname("FLOTILLA_CLIENT_STALL_TIMEOUT_S")->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   flotilla::LogOptions log_options;
   flotilla::AddLogFlags(app, &log_options);
+  flotilla::NameEnvironmentVariables(app);
   flotilla::AddVersionFlag(app, "flotilla-coordinator");
   flotilla::AddConfigFlag(app);
   if (std::optional<int> exit_code = flotilla::ParseCommandLine(app, argc, argv)) return *exit_code;

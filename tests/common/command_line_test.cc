@@ -106,6 +106,35 @@ TEST(CommandLine, CountsTakeSizes) {
   EXPECT_EQ(cli.flags.workers, 8);
 }
 
+// A knob's variable is named by its flag's last long name; one named
+// already keeps its name, and the program's own flags get none.
+TEST(CommandLine, EnvironmentVariablesAreNamedByTheFlag) {
+  CLI::App app("test");
+  app.set_version_flag("--version", "1");
+  int batch = 0, other = 0;
+  bool shared = false;
+  std::string file;
+  app.add_option("--max-num-batched-tokens,--max-batch-tokens", batch);
+  app.add_flag("--shared-prefix-cache", shared);
+  app.add_option("--key-file", file)->envname("FLOTILLA_OWN_NAME");
+  app.add_option("-o", other);
+  NameEnvironmentVariables(app);
+  EXPECT_EQ(app.get_option("--max-batch-tokens")->get_envname(), "FLOTILLA_MAX_BATCH_TOKENS");
+  EXPECT_EQ(app.get_option("--shared-prefix-cache")->get_envname(), "FLOTILLA_SHARED_PREFIX_CACHE");
+  EXPECT_EQ(app.get_option("--key-file")->get_envname(), "FLOTILLA_OWN_NAME");
+  EXPECT_EQ(app.get_option("-o")->get_envname(), "");
+  EXPECT_EQ(app.get_option("--help")->get_envname(), "");
+  EXPECT_EQ(app.get_option("--version")->get_envname(), "");
+  setenv("FLOTILLA_MAX_BATCH_TOKENS", "4096", 1);
+  setenv("FLOTILLA_SHARED_PREFIX_CACHE", "1", 1);
+  std::vector<std::string> no_arguments;
+  app.parse(no_arguments);
+  unsetenv("FLOTILLA_MAX_BATCH_TOKENS");
+  unsetenv("FLOTILLA_SHARED_PREFIX_CACHE");
+  EXPECT_EQ(batch, 4096);
+  EXPECT_TRUE(shared);
+}
+
 TEST(CommandLine, BadNumbersSayWhatIsWrongWithoutHugeRanges) {
   EXPECT_EQ(Cli().Parse({"up", "--max-sequences", "lots"}),
             "--max-sequences: 'lots' is not a number (counts may carry a suffix: 2k = 2000, "
