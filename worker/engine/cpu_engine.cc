@@ -300,7 +300,7 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
   for (const StepItem& it : items) {
     FLOTILLA_RETURN_IF_ERROR(
         CheckStepItem(it, kv_->Contains(it.sequence), c.vocab_size, &seen, VerifiesDrafts()));
-    FLOTILLA_RETURN_IF_ERROR(CheckAcceptedDraft(it));
+    FLOTILLA_RETURN_IF_ERROR(CheckAcceptedDraft(it, drafts_));
     if (it.draft_tokens > 0 && c.sliding_window > 0 &&
         static_cast<int64_t>(it.tokens.size()) > c.sliding_window - 1) {
       return absl::InvalidArgumentError(
@@ -382,19 +382,6 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   FinalRows(items, offsets, &out);
   FLOTILLA_RETURN_IF_ERROR(CommitStep(items));
   return out;
-}
-
-absl::Status CpuEngine::CheckAcceptedDraft(const StepItem& item) const {
-  if (item.accepted_draft.empty()) return absl::OkStatus();
-  auto it = drafts_.find(item.sequence);
-  const size_t drafted = it == drafts_.end() ? 0 : it->second.size();
-  if (item.accepted_draft.size() > drafted ||
-      !std::equal(item.accepted_draft.begin(), item.accepted_draft.end(), it->second.begin())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step: sequence ", item.sequence, " accepts ", item.accepted_draft.size(),
-        " drafted tokens that are not the start of its last step's draft of ", drafted));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status CpuEngine::ReserveStep(const std::vector<StepItem>& items) {

@@ -108,8 +108,6 @@ class CpuEngine : public Engine {
   // [tokens][layers][K], ids in range) and each token's item noted.
   absl::Status PrepareForcedRouting(const std::vector<StepItem>& items,
                                     const std::vector<int64_t>& offsets);
-  // An item's accepted_draft is a prefix of its sequence's last draft.
-  absl::Status CheckAcceptedDraft(const StepItem& item) const;
   // Commits each item's accepted drafted tokens, then reserves its chunk.
   absl::Status ReserveStep(const std::vector<StepItem>& items);
   // Commits each item's tokens but its drafted ones, which are remembered.

@@ -16,6 +16,7 @@
 #include "worker/engine/cuda_engine_state.h"
 #include "worker/engine/cuda_weight_feed.h"
 #include "worker/engine/device_sampler.h"
+#include "worker/engine/draft_verify.h"
 #include "worker/engine/rank_shard.h"
 #include "worker/parallel/parallel_context.h"
 
@@ -169,16 +170,7 @@ absl::Status CudaEngine::CheckDraft(const StepItem& item) const {
                      item.tokens.size(), " tokens; with a sliding window of ",
                      config_.sliding_window, " it may have at most ", config_.sliding_window - 1));
   }
-  if (item.accepted_draft.empty()) return absl::OkStatus();
-  auto it = drafts_.find(item.sequence);
-  const size_t drafted = it == drafts_.end() ? 0 : it->second.size();
-  if (item.accepted_draft.size() > drafted ||
-      !std::equal(item.accepted_draft.begin(), item.accepted_draft.end(), it->second.begin())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step: sequence ", item.sequence, " accepts ", item.accepted_draft.size(),
-        " drafted tokens that are not the start of its last step's draft of ", drafted));
-  }
-  return absl::OkStatus();
+  return CheckAcceptedDraft(item, drafts_);
 }
 
 absl::Status CudaEngine::Reserve(const std::vector<StepItem>& items) {

@@ -1,5 +1,9 @@
 #include "worker/engine/draft_verify.h"
 
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
 namespace flotilla {
 
 VerifiedDraft VerifyDraft(Sampler& sampler, const float* rows, int64_t vocab_size,
@@ -17,6 +21,20 @@ VerifiedDraft VerifyDraft(Sampler& sampler, const float* rows, int64_t vocab_siz
     out.accepted.push_back(std::move(drawn));
   }
   return out;
+}
+
+absl::Status CheckAcceptedDraft(const StepItem& item,
+                                const std::unordered_map<int64_t, std::vector<int32_t>>& drafts) {
+  if (item.accepted_draft.empty()) return absl::OkStatus();
+  auto it = drafts.find(item.sequence);
+  const size_t drafted = it == drafts.end() ? 0 : it->second.size();
+  if (item.accepted_draft.size() > drafted ||
+      !std::equal(item.accepted_draft.begin(), item.accepted_draft.end(), it->second.begin())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: sequence ", item.sequence, " accepts ", item.accepted_draft.size(),
+        " drafted tokens that are not the start of its last step's draft of ", drafted));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace flotilla

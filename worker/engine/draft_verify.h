@@ -20,9 +20,12 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "worker/engine/engine.h"
 #include "worker/engine/sampler.h"
 
 namespace flotilla {
@@ -38,5 +41,11 @@ struct VerifiedDraft {
 // recorded in it); logprobs when its parameters ask for them.
 VerifiedDraft VerifyDraft(Sampler& sampler, const float* rows, int64_t vocab_size,
                           absl::Span<const int32_t> draft);
+
+// OK when `item` accepts nothing or accepts the start of the draft its
+// sequence's last step brought (`drafts`: each sequence's last draft, as the
+// engine keeps them); else INVALID_ARGUMENT naming both lengths.
+absl::Status CheckAcceptedDraft(const StepItem& item,
+                                const std::unordered_map<int64_t, std::vector<int32_t>>& drafts);
 
 }  // namespace flotilla
