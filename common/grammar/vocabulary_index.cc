@@ -82,6 +82,10 @@ VocabularyIndex::Sorted VocabularyIndex::SortedOf(std::vector<int32_t> ids) cons
     while (i < n && t[i] == p[i]) ++i;
     s.lcp[k] = static_cast<int>(i);
   }
+  s.next_first.assign(s.order.size(), static_cast<int>(s.order.size()));
+  for (size_t k = s.order.size(); k-- > 1;) {
+    s.next_first[k - 1] = s.lcp[k] > 0 ? s.next_first[k] : static_cast<int>(k);
+  }
   return s;
 }
 

@@ -62,6 +62,9 @@ class VocabularyIndex {
   struct Sorted {
     std::vector<int32_t> order;
     std::vector<int> lcp;
+    // next_first[k]: the first position after k whose token starts with
+    // another byte (a walk that refuses a token's first byte skips there).
+    std::vector<int> next_first;
   };
   Sorted SortedOf(std::vector<int32_t> ids) const;
 
@@ -87,7 +90,12 @@ class VocabularyIndex {
           break;
         }
       }
-      if (rejected_at < 0) SetBit(bits, sorted.order[k]);
+      if (rejected_at < 0) {
+        SetBit(bits, sorted.order[k]);
+      } else if (rejected_at == 0) {
+        k = sorted.next_first[k] - 1;  // every token with this first byte is refused
+        rejected_at = -1;
+      }
     }
   }
 

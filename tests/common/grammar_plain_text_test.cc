@@ -27,9 +27,21 @@ std::vector<int32_t> Set(const std::vector<uint32_t>& mask, int vocab) {
 
 TEST(GrammarPlainText, PlainTokensAreWholeCharactersOfStringText) {
   TokenVocabulary v;
-  v.bytes = {"ab",           "\xC3\xA9",     "\xC3",         "\"x",        "a\\",
-             "\n",           "\xED\xA0\x80", "\xE2\x82\xAC", "a\xC3\xA9" "b", "",
-             "\xF0\x9F\x98", "\x7F",         "\xC0\xAF",     " "};
+  v.bytes = {"ab",
+             "\xC3\xA9",
+             "\xC3",
+             "\"x",
+             "a\\",
+             "\n",
+             "\xED\xA0\x80",
+             "\xE2\x82\xAC",
+             "a\xC3\xA9"
+             "b",
+             "",
+             "\xF0\x9F\x98",
+             "\x7F",
+             "\xC0\xAF",
+             " "};
   v.vocab_size = static_cast<int>(v.bytes.size());
   const VocabularyIndex index(v);
   std::vector<uint32_t> any(index.words()), one(index.words()), none(index.words());
@@ -90,6 +102,39 @@ TEST(GrammarPlainText, MaskInsideAStringEqualsTheFullWalk) {
     }
   }
   EXPECT_GT(fast, 20);  // the walks spent most of their steps inside strings
+}
+
+// The shared-prefix walk (with its skips) sets exactly the tokens whose
+// bytes the matcher takes one by one, at states of every kind.
+TEST(GrammarPlainText, WalkEqualsFeedingEachToken) {
+  auto index = O200kIndex();
+  ASSERT_NE(index, nullptr);
+  const TokenVocabulary& v = index->vocab();
+  const CompiledSchema schema = Compiled(
+      R"({"type": "object", "properties": {"n": {"type": "integer", "minimum": -5,
+          "maximum": 300}, "tag": {"enum": ["red", "green"]}, "s": {"type": "string",
+          "maxLength": 3}, "ok": {"type": "boolean"}}, "required": ["n", "tag", "s", "ok"]})");
+  const JsonMatcher m(&schema);
+  auto feed = [&m](MatchState& s, uint8_t b) { return m.Feed(s, b); };
+  std::vector<MatchState> scratch;
+  // (Properties are declared in the schema's key order: n, ok, s, tag.)
+  for (const char* prefix : {"", "{", "{\"n\":", "{\"n\":2", "{\"n\":-",
+                             "{\"n\":29,\"ok\":", "{\"n\":1,\"ok\":false,\"s\":\"ab",
+                             "{\"n\":1,\"ok\":true,\"s\":\"\",\"tag\":\""}) {
+    MatchState st = m.Start();
+    for (const char* c = prefix; *c; ++c) ASSERT_TRUE(m.Feed(st, static_cast<uint8_t>(*c)));
+    std::vector<uint32_t> walked(index->words()), fed(index->words());
+    index->AllowAccepted(st, feed, &scratch, walked.data());
+    for (int32_t t = 0; t < v.vocab_size; ++t) {
+      if (v.bytes[t].empty()) continue;
+      MatchState s = st;
+      bool ok = true;
+      for (char c : v.bytes[t]) ok = ok && m.Feed(s, static_cast<uint8_t>(c));
+      if (ok) SetBit(fed.data(), t);
+    }
+    EXPECT_EQ(walked, fed) << prefix;
+    EXPECT_FALSE(Set(fed, v.vocab_size).empty()) << prefix;
+  }
 }
 
 }  // namespace
