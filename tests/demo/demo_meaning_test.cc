@@ -204,6 +204,24 @@ class DemoMeaningTest : public testing_util::LocalClusterSuite<DemoMeaningTest<L
             {"max_completion_tokens", kMaxTokens}};
   }
 
+  // The request after the call `c` gets and its result: the call (with its
+  // reasoning when `c` has it) and the tool message appended to the question.
+  static Json ToolResultBody(const ToolResultCheck& c) {
+    Json body = ChatBody(c.question);
+    Json call = {{"role", "assistant"},
+                 {"content", nullptr},
+                 {"tool_calls",
+                  {{{"id", "call_1"},
+                    {"type", "function"},
+                    {"function",
+                     {{"name", c.question.tool}, {"arguments", c.question.arguments.dump()}}}}}}};
+    if (!c.reasoning.empty()) call["reasoning_content"] = c.reasoning;
+    body["messages"].push_back(std::move(call));
+    body["messages"].push_back(
+        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", c.result}});
+    return body;
+  }
+
   static Reply HttpChat(const Json& body) {
     auto r = Http().Post("/v1/chat/completions", body.dump(), "application/json");
     if (!r || r->status != 200) return Failed(r ? r->body : "no response");
@@ -273,10 +291,10 @@ class DemoMeaningTest : public testing_util::LocalClusterSuite<DemoMeaningTest<L
   }
 
   // Asks every question at once (the worker batches them); the replies in order.
-  template <typename Ask>
-  static std::vector<Reply> AskAll(const std::vector<Question>& qs, Ask ask) {
+  template <typename Item, typename Ask>
+  static std::vector<Reply> AskAll(const std::vector<Item>& items, Ask ask) {
     std::vector<std::future<Reply>> futures;
-    for (const Question& q : qs) futures.push_back(std::async(std::launch::async, ask, q));
+    for (const Item& x : items) futures.push_back(std::async(std::launch::async, ask, x));
     std::vector<Reply> out;
     for (auto& f : futures) out.push_back(f.get());
     return out;
@@ -326,26 +344,12 @@ TYPED_TEST(DemoMeaningTest, ChatCompletionsAnswerHeldOutQuestions) {
 TYPED_TEST(DemoMeaningTest, ChatCompletionsAnswerWithTheToolsResult) {
   const auto checks = ToolResults();
   ASSERT_FALSE(checks.empty());
-  std::vector<std::future<Reply>> futures;
-  for (const ToolResultCheck& c : checks) {
-    Json body = TestFixture::ChatBody(c.question);
-    Json call = {{"role", "assistant"},
-                 {"content", nullptr},
-                 {"tool_calls",
-                  {{{"id", "call_1"},
-                    {"type", "function"},
-                    {"function",
-                     {{"name", c.question.tool}, {"arguments", c.question.arguments.dump()}}}}}}};
-    if (!c.reasoning.empty()) call["reasoning_content"] = c.reasoning;
-    body["messages"].push_back(std::move(call));
-    body["messages"].push_back(
-        {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", c.result}});
-    futures.push_back(
-        std::async(std::launch::async, [body] { return TestFixture::HttpChat(body); }));
-  }
+  const auto replies = TestFixture::AskAll(checks, [](const ToolResultCheck& c) {
+    return TestFixture::HttpChat(TestFixture::ToolResultBody(c));
+  });
   int right = 0;
   for (size_t i = 0; i < checks.size(); ++i) {
-    const Reply r = futures[i].get();
+    const Reply& r = replies[i];
     EXPECT_EQ(r.error, "") << checks[i].question.text;
     bool ok = r.tool.empty();
     for (const std::string& word : checks[i].answer) ok = ok && absl::StrContains(r.content, word);

@@ -23,6 +23,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/device.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
@@ -32,12 +33,7 @@ constexpr int kKvHeads = 8;
 constexpr int kD = 64;
 constexpr float kScale = 0.125f;
 
-class AttentionCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
+using AttentionCudaTest = CudaTest;  // skips without a GPU
 
 template <typename T>
 T* ToDevice(const std::vector<T>& h) {

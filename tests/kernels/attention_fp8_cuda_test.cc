@@ -21,6 +21,7 @@
 #include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/kv_quant.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
@@ -33,12 +34,20 @@ constexpr float kScale = 0.125f;
 // As the CUDA engine lays out an FP8 layer: a block where a bf16 block would be.
 constexpr long long kBlockBytes = static_cast<long long>(kKvHeads) * kBs * kD * 2;
 
-class AttentionFp8CudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
+using AttentionFp8CudaTest = CudaTest;  // skips without a GPU
+
+// An FP8 layer of `blocks` blocks over the device codes `k8` and `v8`.
+cuda::PagedKvLayer Fp8Layer(int blocks, uint8_t* k8, uint8_t* v8) {
+  cuda::PagedKvLayer cache;
+  cache.num_blocks = blocks;
+  cache.block_size = kBs;
+  cache.kv_heads = kKvHeads;
+  cache.head_dim = kD;
+  cache.k8 = k8;
+  cache.v8 = v8;
+  cache.fp8_block_bytes = kBlockBytes;
+  return cache;
+}
 
 template <typename T>
 struct DeviceArray {
@@ -46,8 +55,7 @@ struct DeviceArray {
   explicit DeviceArray(const std::vector<T>& h) {
     EXPECT_EQ(cudaMalloc(&p, std::max<size_t>(1, h.size()) * sizeof(T)), cudaSuccess);
     if (!h.empty()) {
-      EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice),
-                cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
     }
   }
   ~DeviceArray() { cudaFree(p); }
@@ -91,20 +99,13 @@ TEST_F(AttentionFp8CudaTest, QuantizeStoresTheCpuRulesCodes) {
   std::vector<int32_t> slots(kTokens);
   std::iota(slots.begin(), slots.end(), 40);
   std::shuffle(slots.begin(), slots.end(), rng);
-  slots[7] = -1;                // not stored
-  slots[8] = kBlocks * kBs;     // past the cache: not stored
+  slots[7] = -1;             // not stored
+  slots[8] = kBlocks * kBs;  // past the cache: not stored
   DeviceArray<uint16_t> dk(k), dv(v);
   DeviceArray<int32_t> dslots(slots);
   const std::vector<uint8_t> zero(kBlocks * kBlockBytes, 0);
   DeviceArray<uint8_t> k8(zero), v8(zero);
-  cuda::PagedKvLayer cache;
-  cache.num_blocks = kBlocks;
-  cache.block_size = kBs;
-  cache.kv_heads = kKvHeads;
-  cache.head_dim = kD;
-  cache.k8 = k8.p;
-  cache.v8 = v8.p;
-  cache.fp8_block_bytes = kBlockBytes;
+  const cuda::PagedKvLayer cache = Fp8Layer(kBlocks, k8.p, v8.p);
   ASSERT_EQ(cuda::LaunchKvQuantize(dk.p, dv.p, dslots.p, kTokens, cache, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<uint8_t> gk = k8.Read(zero.size()), gv = v8.Read(zero.size());
@@ -165,12 +166,15 @@ struct Fp8Problem {
       const int L = seq_lens[b];
       keys[b].resize(static_cast<size_t>(L) * kKvHeads * kD);
       values[b].resize(keys[b].size());
-      for (int blk = 0; blk < (L + kBs - 1) / kBs; ++blk) tables[b * max_blocks + blk] = order[next++];
+      for (int blk = 0; blk < (L + kBs - 1) / kBs; ++blk)
+        tables[b * max_blocks + blk] = order[next++];
       for (int p = 0; p < L; ++p) {
         const int blk = tables[b * max_blocks + p / kBs], off = p % kBs;
         for (int h = 0; h < kKvHeads; ++h) {
-          Store(rng, &k8, blk, h, off, keys[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kD);
-          Store(rng, &v8, blk, h, off, values[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kD);
+          Store(rng, &k8, blk, h, off,
+                keys[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kD);
+          Store(rng, &v8, blk, h, off,
+                values[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kD);
         }
       }
     }
@@ -206,7 +210,8 @@ struct Fp8Problem {
         const int p = L - n[b] + i;
         const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
         for (int h = 0; h < kQHeads; ++h) {
-          const uint16_t* qv = q.data() + ((q_start[b] + i) * static_cast<size_t>(kQHeads) + h) * kD;
+          const uint16_t* qv =
+              q.data() + ((q_start[b] + i) * static_cast<size_t>(kQHeads) + h) * kD;
           const int g = h / group;
           std::vector<double> s(p - lo + 1);
           double m = sinks[h];
@@ -244,14 +249,7 @@ void RunAndCompare(const Fp8Problem& p, bool generic, const char* what) {
   DeviceArray<uint16_t> q(p.q);
   DeviceArray<float> sinks(p.sinks);
   DeviceArray<uint16_t> out(std::vector<uint16_t>(p.q.size(), 0xffff));
-  cuda::PagedKvLayer cache;
-  cache.num_blocks = p.num_blocks;
-  cache.block_size = kBs;
-  cache.kv_heads = kKvHeads;
-  cache.head_dim = kD;
-  cache.k8 = k8.p;
-  cache.v8 = v8.p;
-  cache.fp8_block_bytes = kBlockBytes;
+  const cuda::PagedKvLayer cache = Fp8Layer(p.num_blocks, k8.p, v8.p);
   cuda::AttentionBatch batch;
   batch.block_tables = tables.p;
   batch.max_blocks_per_seq = p.max_blocks;

@@ -8,16 +8,12 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/device.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
 
-class ConvertCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
+using ConvertCudaTest = CudaTest;  // skips without a GPU
 
 TEST_F(ConvertCudaTest, MatchesCpuReferenceBitForBit) {
   const size_t n = (1 << 20) + 37;  // not a multiple of the block size

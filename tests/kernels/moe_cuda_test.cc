@@ -22,6 +22,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
+#include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
 namespace {
@@ -29,12 +30,7 @@ namespace {
 constexpr float kLimit = 7.0f;
 constexpr float kAlpha = 1.702f;
 
-class MoeCudaTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (cuda::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device present";
-  }
-};
+using MoeCudaTest = CudaTest;  // skips without a GPU
 
 // Host copy of the layer's weights, checkpoint layout.
 struct HostMoe {
