@@ -186,8 +186,7 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   }
   if (drafting.method != SpeculativeMethod::kOff || drafting.allow_replay) {
     seq.drafter = std::make_unique<SpeculativeDrafter>(
-        drafting, draft_memory_, absl::MakeConstSpan(prompt_ids), sp, s.request_id(),
-        c.vocab_size);
+        drafting, draft_memory_, absl::MakeConstSpan(prompt_ids), sp, s.request_id(), c.vocab_size);
   }
   // The whole length, cached prefix included: shared blocks are counted once
   // per sequence, so the reservations still bound the blocks in use.

@@ -16,8 +16,7 @@ absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name) 
         absl::StrCat("speculative method \"", std::string(name),
                      "\" is not built yet; this worker knows ngram, suffix, replay and off"));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown speculative method \"",
-                                                 std::string(name),
+  return absl::InvalidArgumentError(absl::StrCat("unknown speculative method \"", std::string(name),
                                                  "\"; known: ngram, suffix, replay, off"));
 }
 
@@ -48,8 +47,8 @@ absl::Status ValidateSpeculative(const SpeculativeConfig& config) {
                      kMaxPromptLookup, ", got ", config.lookup_min, " and ", config.lookup_max));
   }
   if (!(config.replay_error_rate >= 0.0 && config.replay_error_rate <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("replay_error_rate must be in [0, 1], got ",
-                                                   config.replay_error_rate));
+    return absl::InvalidArgumentError(
+        absl::StrCat("replay_error_rate must be in [0, 1], got ", config.replay_error_rate));
   }
   if (config.method == SpeculativeMethod::kReplay && !config.allow_replay) {
     return absl::InvalidArgumentError(
@@ -67,8 +66,8 @@ absl::Status SetSpeculativeMethod(std::string_view method, SpeculativeConfig* co
   }
   config->method = *parsed;
   if (absl::Status st = ValidateSpeculative(*config); !st.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--speculative-method ", std::string(method), ": ",
-                                                   st.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative-method ", std::string(method), ": ", st.message()));
   }
   return absl::OkStatus();
 }

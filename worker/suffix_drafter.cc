@@ -92,7 +92,8 @@ std::vector<int32_t> ProposeSuffixDraft(absl::Span<const SuffixIndex* const> ind
   int best_length = 0, order = 0;
   for (const SuffixIndex* index : indexes) {
     if (index == nullptr) continue;
-    const std::vector<SuffixIndex::Place>* places = index->PlacesAfter(context[n - 2], context[n - 1]);
+    const std::vector<SuffixIndex::Place>* places =
+        index->PlacesAfter(context[n - 2], context[n - 1]);
     if (places == nullptr) continue;
     for (const SuffixIndex::Place& p : *places) {
       ++order;

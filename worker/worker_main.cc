@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
                  "full-attention layers' KV cache: bf16, fp8 (e4m3 with a scale per position and "
                  "head; sliding-window layers stay bf16) or auto (bf16); a coordinator's "
                  "--kv-cache-dtype other than auto wins")
-      ->envname("FLOTILLA_KV_CACHE_DTYPE")->capture_default_str()
+      ->envname("FLOTILLA_KV_CACHE_DTYPE")
+      ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   app.add_flag("--prefix-cache,!--no-prefix-cache", o.prefix_cache,
                "share the KV blocks of identical prompt prefixes between requests (default on)")

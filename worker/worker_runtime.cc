@@ -503,9 +503,8 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                      ? a.scheduler_policy().speculative_max_batch()
                                      : options_.speculative_max_batch;
   FLOTILLA_ASSIGN_OR_RETURN(limits.prefill, PrefillPolicyFromProto(a.scheduler_policy()));
-  scheduler_ = std::make_unique<Scheduler>(engine, limits, NowUnixMs,
-                                           LazyO200kVocabulary(engine->config().vocab_size),
-                                           &draft_memory_);
+  scheduler_ = std::make_unique<Scheduler>(
+      engine, limits, NowUnixMs, LazyO200kVocabulary(engine->config().vocab_size), &draft_memory_);
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
   executor_->SetCommTimeout(options_.comm_timeout);

@@ -216,8 +216,9 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
 // FUSED: the grid has more than one KV split (write partials, count arrivals,
 // merge in the last CTA); without it the merge code is not compiled in.
 template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
-__global__ void __launch_bounds__(kThreads, STAGES >= kWideStages ? kWideCtasPerSm
-                                                             : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
+__global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
+                                                ? kWideCtasPerSm
+                                                : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
   constexpr int kKs = 4 / RG;          // warps sharing one row group (splitting keys)
@@ -227,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages ? kWideCtasPer
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* sKV = sQ + kRows * kD;  // the ring (KV8: of codes and scales)
   // KV8: the tile in use as bf16 (K then V) and its f32 scales (K then V).
-  uint16_t* sKVb = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(sKV) +
-                                               STAGES * fp8_tile::kStageBytes);
+  uint16_t* sKVb =
+      reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(sKV) + STAGES * fp8_tile::kStageBytes);
   float* sScale = reinterpret_cast<float*>(sKVb + kStageElems);
 
   // Launched programmatically dependent on the previous kernel of the stream
@@ -325,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages ? kWideCtasPer
   // barrier is enough before the mma code reads them.
   auto convert_fp8_tile = [&](int t) {
     constexpr bool kOwn = RG == 1;
-    const uint8_t* st = reinterpret_cast<const uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
+    const uint8_t* st =
+        reinterpret_cast<const uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
     constexpr int kKeys = kOwn ? kKn : kTile;  // keys converted by this thread's group
     constexpr int kGroup = kOwn ? 32 : kThreads;
     const int first = kOwn ? warp * kKn : 0;
@@ -333,7 +335,8 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages ? kWideCtasPer
 #pragma unroll
     for (int idx = me; idx < 2 * kKeys * 4; idx += kGroup) {
       const int kv = idx / (kKeys * 4), key = first + (idx >> 2) % kKeys, c = idx & 3;
-      const uint4 w = *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes + key * kD + c * 16);
+      const uint4 w =
+          *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes + key * kD + c * 16);
       uint4 lo, hi;
       fp8_tile::CodesToBf16x16(w, &lo, &hi);
       uint16_t* dst = sKVb + kv * kTile * kD;

@@ -21,9 +21,9 @@ namespace flotilla::kernels::cuda::fp8_tile {
 
 constexpr int kD = 64;
 constexpr int kTile = 64;
-constexpr int kCodeBytes = kTile * kD;                   // K or V codes of a tile
-constexpr int kScaleBytes = kTile * 2;                   // K or V bf16 scales of a tile
-constexpr int kStageBytes = 2 * kCodeBytes + 2 * kScaleBytes;  // 8448
+constexpr int kCodeBytes = kTile * kD;                               // K or V codes of a tile
+constexpr int kScaleBytes = kTile * 2;                               // K or V bf16 scales of a tile
+constexpr int kStageBytes = 2 * kCodeBytes + 2 * kScaleBytes;        // 8448
 constexpr int kConvertedBytes = 2 * kTile * kD * 2 + 2 * kTile * 4;  // bf16 K, V + f32 scales
 
 // Two e4m3 codes (low byte first) as a bf16 pair, exactly, in integer and

@@ -159,10 +159,9 @@ cudaError_t LaunchAttentionGeneric(const uint16_t* q, const PagedKvLayer& cache,
                                    const AttentionBatch& batch, int q_heads, const float* sinks,
                                    int window, float scale, uint16_t* out, cudaStream_t stream) {
   if (q == nullptr || out == nullptr || sinks == nullptr || !KvArraysOk(cache) ||
-      batch.block_tables == nullptr || batch.seq_lens == nullptr ||
-      batch.q_start == nullptr || batch.batch <= 0 || batch.total_q < 0 || q_heads <= 0 ||
-      cache.kv_heads <= 0 || q_heads % cache.kv_heads != 0 || cache.block_size <= 0 ||
-      window < 0) {
+      batch.block_tables == nullptr || batch.seq_lens == nullptr || batch.q_start == nullptr ||
+      batch.batch <= 0 || batch.total_q < 0 || q_heads <= 0 || cache.kv_heads <= 0 ||
+      q_heads % cache.kv_heads != 0 || cache.block_size <= 0 || window < 0) {
     return cudaErrorInvalidValue;
   }
   if (batch.total_q == 0) return cudaSuccess;

@@ -96,14 +96,13 @@ __global__ void FillKvFp8Kernel(uint8_t* p, long long blocks, long long block_by
 bool Fp8LayerOk(const PagedKvLayer& c) {
   return c.k8 != nullptr && c.v8 != nullptr && c.head_dim == kD && c.kv_heads > 0 &&
          c.block_size > 0 && c.num_blocks >= 0 && c.fp8_block_bytes % 16 == 0 &&
-         c.fp8_block_bytes >=
-             static_cast<long long>(c.kv_heads) * c.block_size * (c.head_dim + 2);
+         c.fp8_block_bytes >= static_cast<long long>(c.kv_heads) * c.block_size * (c.head_dim + 2);
 }
 
 }  // namespace
 
-cudaError_t LaunchKvQuantize(const uint16_t* k, const uint16_t* v, const int32_t* slots,
-                             int tokens, const PagedKvLayer& cache, cudaStream_t stream) {
+cudaError_t LaunchKvQuantize(const uint16_t* k, const uint16_t* v, const int32_t* slots, int tokens,
+                             const PagedKvLayer& cache, cudaStream_t stream) {
   if (k == nullptr || v == nullptr || slots == nullptr || tokens < 0 || !Fp8LayerOk(cache))
     return cudaErrorInvalidValue;
   if (tokens == 0) return cudaSuccess;

@@ -18,8 +18,8 @@ namespace flotilla::kernels::cuda {
 // head_dim 64 (one warp per (token, kv head), two values per lane). The codes
 // are the hardware's (cvt.rn.satfinite.e4m3x2.f32), bit-identical to
 // kernels::cpu::FloatToE4m3.
-cudaError_t LaunchKvQuantize(const uint16_t* k, const uint16_t* v, const int32_t* slots,
-                             int tokens, const PagedKvLayer& cache, cudaStream_t stream);
+cudaError_t LaunchKvQuantize(const uint16_t* k, const uint16_t* v, const int32_t* slots, int tokens,
+                             const PagedKvLayer& cache, cudaStream_t stream);
 
 // Fills every block of an FP8 layer with finite pseudo-random codes and
 // scales in [scale_lo, 2 * scale_lo) (a fresh arena that padded rows read).

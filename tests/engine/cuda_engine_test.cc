@@ -335,9 +335,9 @@ void ExpectRealShapesMatchTheCpuEngine(KvCacheDtype dtype) {
       EXPECT_LE(rel, kRelTolerance) << "sequence " << i;
       EXPECT_LE(co2->routing_regret[i], kMaxRegret) << "sequence " << i;
       if (step == 0 || step == 7) {
-        std::cout << "real shapes (" << KvCacheDtypeName(dtype) << " KV) step " << step
-                  << " seq " << i << ": rel diff " << rel << ", routing regret "
-                  << co2->routing_regret[i] << "\n";
+        std::cout << "real shapes (" << KvCacheDtypeName(dtype) << " KV) step " << step << " seq "
+                  << i << ": rel diff " << rel << ", routing regret " << co2->routing_regret[i]
+                  << "\n";
       }
       const int32_t next = Argmax(co2->logits[i].data(), V);
       if (Decisive(co2->logits[i].data(), V)) {

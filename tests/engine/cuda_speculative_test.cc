@@ -96,8 +96,8 @@ Run Generate(CudaEngine& engine, const std::vector<std::vector<int32_t>>& prompt
       const size_t at = run.tokens[i].size();
       if (!first && reference != nullptr) {
         const std::vector<int32_t>& want = reference->tokens[i];
-        for (size_t j = at; j < want.size() && j < at + static_cast<size_t>(k) &&
-                            static_cast<int>(j) < kSteps - 1;
+        for (size_t j = at;
+             j < want.size() && j < at + static_cast<size_t>(k) && static_cast<int>(j) < kSteps - 1;
              ++j) {
           it.tokens.push_back(j % 3 == 2 ? (want[j] + 1) % V : want[j]);
           ++it.draft_tokens;

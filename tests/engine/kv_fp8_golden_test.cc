@@ -104,9 +104,9 @@ TEST_P(KvFp8Golden, PromptLogitsStayWithinBf16LevelDifferences) {
   // The FP8 cache is in use: the logits move (by less than the bound).
   EXPECT_GT(smallest, 0.0);
   EXPECT_LE(regret, kMaxRegret);
-  std::cout << GetParam() << " fp8 KV vs bf16 KV: max |logit diff| / max(1, max |logit|) "
-            << worst << " over " << golden_["prompts"].size() << " prompts, routing regret "
-            << regret << "\n";
+  std::cout << GetParam() << " fp8 KV vs bf16 KV: max |logit diff| / max(1, max |logit|) " << worst
+            << " over " << golden_["prompts"].size() << " prompts, routing regret " << regret
+            << "\n";
 }
 
 TEST_P(KvFp8Golden, GreedyTokensAgreeThroughTheCache) {
@@ -146,8 +146,8 @@ TEST_P(KvFp8Golden, GreedyTokensAgreeThroughTheCache) {
   EXPECT_LE(worst, kFp8Tolerance);
   EXPECT_LE(regret, kMaxRegret);
   std::cout << GetParam() << " fp8 KV greedy: " << equal << "/" << steps << " tokens equal ("
-            << decisive_equal << "/" << decisive << " decisive), max relative logit diff "
-            << worst << ", routing regret " << regret << "\n";
+            << decisive_equal << "/" << decisive << " decisive), max relative logit diff " << worst
+            << ", routing regret " << regret << "\n";
 }
 
 TEST(KvCacheDtype, ParsesTheFlagsValues) {

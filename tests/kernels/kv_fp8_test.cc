@@ -19,11 +19,11 @@ bool IsNanCode(int c) { return (c & 0x7f) == 0x7f; }
 
 TEST(E4m3, DecodesTheFormat) {
   EXPECT_EQ(E4m3ToFloat(0x00), 0.0f);
-  EXPECT_EQ(E4m3ToFloat(0x38), 1.0f);          // exponent 7 = bias
-  EXPECT_EQ(E4m3ToFloat(0x7e), 448.0f);        // largest finite
+  EXPECT_EQ(E4m3ToFloat(0x38), 1.0f);    // exponent 7 = bias
+  EXPECT_EQ(E4m3ToFloat(0x7e), 448.0f);  // largest finite
   EXPECT_EQ(E4m3ToFloat(0xfe), -448.0f);
-  EXPECT_EQ(E4m3ToFloat(0x08), 1.0f / 64);     // smallest normal, 2^-6
-  EXPECT_EQ(E4m3ToFloat(0x01), 1.0f / 512);    // smallest subnormal, 2^-9
+  EXPECT_EQ(E4m3ToFloat(0x08), 1.0f / 64);   // smallest normal, 2^-6
+  EXPECT_EQ(E4m3ToFloat(0x01), 1.0f / 512);  // smallest subnormal, 2^-9
   EXPECT_EQ(E4m3ToFloat(0x07), 7.0f / 512);
   EXPECT_EQ(E4m3ToFloat(0x3c), 1.5f);
   EXPECT_TRUE(std::isnan(E4m3ToFloat(0x7f)));
@@ -49,8 +49,8 @@ TEST(E4m3, SaturatesAndKeepsNan) {
 }
 
 TEST(E4m3, TiesGoToTheEvenCode) {
-  EXPECT_EQ(FloatToE4m3(1.0625f), 0x38);   // between 1 (0x38) and 1.125 (0x39)
-  EXPECT_EQ(FloatToE4m3(1.1875f), 0x3a);   // between 1.125 (0x39) and 1.25 (0x3a)
+  EXPECT_EQ(FloatToE4m3(1.0625f), 0x38);     // between 1 (0x38) and 1.125 (0x39)
+  EXPECT_EQ(FloatToE4m3(1.1875f), 0x3a);     // between 1.125 (0x39) and 1.25 (0x3a)
   EXPECT_EQ(FloatToE4m3(1.5f / 512), 0x02);  // subnormal tie 1.5 * 2^-9
   EXPECT_EQ(FloatToE4m3(2.5f / 512), 0x02);
   EXPECT_EQ(FloatToE4m3(0.5f / 512), 0x00);

@@ -49,7 +49,8 @@ TEST(SuffixDraftTest, RecentOutputsAreSearchedBesideTheRequest) {
   // Longer than what follows: what there is.
   EXPECT_EQ(Draft(own, &recent, context, 8), (std::vector<int32_t>{53, 54, 55}));
   EXPECT_TRUE(Draft(own, nullptr, context, 3).empty());
-  EXPECT_TRUE(Draft(own, &recent, std::vector<int32_t>{52}, 3).empty()) << "one token matches nothing";
+  EXPECT_TRUE(Draft(own, &recent, std::vector<int32_t>{52}, 3).empty())
+      << "one token matches nothing";
 }
 
 TEST(SuffixDraftTest, TheIndexGrowsWithTheRequest) {

@@ -21,8 +21,8 @@
 #include "worker/engine/draft_verify.h"
 #include "worker/model/model_source.h"
 #include "worker/ngram_drafter.h"
-#include "worker/replay_drafter.h"
 #include "worker/parallel/host_context.h"
+#include "worker/replay_drafter.h"
 #include "worker/speculation.h"
 
 namespace flotilla::worker {

@@ -161,8 +161,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       kv_dtype = *d;
-    }
-    else if (a == "--predict-ranks")
+    } else if (a == "--predict-ranks")
       predict_ranks = ParseList(v);
     else if (a == "--allreduce-us")
       allreduce_us = ParsePairs(v);
@@ -246,11 +245,11 @@ int main(int argc, char** argv) {
   }
   CudaEngine& e = **made;
   const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  std::printf("{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
-              "\"kv_blocks\":%lld,\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
-              props.name.c_str(), layers, e.weight_bytes() / 1e9,
-              static_cast<long long>(e.num_kv_blocks()), flotilla::KvCacheDtypeName(kv_dtype),
-              build_s, hbm_gbs);
+  std::printf(
+      "{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
+      "\"kv_blocks\":%lld,\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
+      props.name.c_str(), layers, e.weight_bytes() / 1e9, static_cast<long long>(e.num_kv_blocks()),
+      flotilla::KvCacheDtypeName(kv_dtype), build_s, hbm_gbs);
   std::fflush(stdout);
 
   // Per-token and per-layer byte counts for the roofline.

@@ -51,26 +51,39 @@ struct ServingLimits {
   std::vector<std::string> allowed_origins;
 
   void ApplyTo(LocalClusterOptions& o) const {
-    o.coordinator_args = {"--max-sequences", std::to_string(max_sequences),
-                          "--max-num-batched-tokens", std::to_string(max_batch_tokens),
-                          "--scheduling-policy", scheduling_policy,
-                          "--max-prefill-wait-ms", std::to_string(max_prefill_wait_ms),
-                          "--max-num-partial-prefills", std::to_string(max_num_partial_prefills),
-                          "--max-long-partial-prefills", std::to_string(max_long_partial_prefills),
+    o.coordinator_args = {"--max-sequences",
+                          std::to_string(max_sequences),
+                          "--max-num-batched-tokens",
+                          std::to_string(max_batch_tokens),
+                          "--scheduling-policy",
+                          scheduling_policy,
+                          "--max-prefill-wait-ms",
+                          std::to_string(max_prefill_wait_ms),
+                          "--max-num-partial-prefills",
+                          std::to_string(max_num_partial_prefills),
+                          "--max-long-partial-prefills",
+                          std::to_string(max_long_partial_prefills),
                           "--long-prefill-token-threshold",
-                          std::to_string(long_prefill_token_threshold), "--max-model-len",
-                          std::to_string(max_model_len), "--redundant-experts",
-                          std::to_string(redundant_experts), "--rebalance-interval",
-                          std::to_string(rebalance_interval), "--drain-timeout",
-                          absl::StrCat(drain_timeout_s), "--reasoning-field", reasoning_field,
-                          "--kv-cache-dtype", kv_cache_dtype};
+                          std::to_string(long_prefill_token_threshold),
+                          "--max-model-len",
+                          std::to_string(max_model_len),
+                          "--redundant-experts",
+                          std::to_string(redundant_experts),
+                          "--rebalance-interval",
+                          std::to_string(rebalance_interval),
+                          "--drain-timeout",
+                          absl::StrCat(drain_timeout_s),
+                          "--reasoning-field",
+                          reasoning_field,
+                          "--kv-cache-dtype",
+                          kv_cache_dtype};
     o.coordinator_args.insert(o.coordinator_args.end(),
                               {"--speculative-method", speculative_method,
                                "--num-speculative-tokens", std::to_string(num_speculative_tokens),
                                "--replay-error-rate", absl::StrCat(replay_error_rate)});
     if (speculative_max_batch != 0) {
-      o.coordinator_args.insert(o.coordinator_args.end(), {"--speculative-max-batch",
-                                                           std::to_string(speculative_max_batch)});
+      o.coordinator_args.insert(o.coordinator_args.end(),
+                                {"--speculative-max-batch", std::to_string(speculative_max_batch)});
     }
     if (allow_replay_drafter) o.coordinator_args.push_back("--allow-replay-drafter");
     if (strict_request_fields) o.coordinator_args.push_back("--strict-request-fields");

@@ -135,8 +135,8 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
   std::unordered_set<int64_t> seen;
   int64_t tokens = 0, needed = 0;
   for (const StepItem& it : items) {
-    FLOTILLA_RETURN_IF_ERROR(CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size,
-                                           &seen, VerifiesDrafts()));
+    FLOTILLA_RETURN_IF_ERROR(
+        CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size, &seen, VerifiesDrafts()));
     FLOTILLA_RETURN_IF_ERROR(CheckDraft(it));
     const int64_t n = static_cast<int64_t>(it.tokens.size());
     tokens += n;
@@ -178,9 +178,8 @@ absl::Status CudaEngine::Reserve(const std::vector<StepItem>& items) {
     // The accepted positions were written by the drafting step: they are
     // reserved already and only become part of the sequence.
     if (!it.accepted_draft.empty()) {
-      FLOTILLA_RETURN_IF_ERROR(kv_->Commit(it.sequence,
-                                           static_cast<int64_t>(it.accepted_draft.size()),
-                                           it.accepted_draft.data()));
+      FLOTILLA_RETURN_IF_ERROR(kv_->Commit(
+          it.sequence, static_cast<int64_t>(it.accepted_draft.size()), it.accepted_draft.data()));
     }
     drafts_.erase(it.sequence);
     FLOTILLA_RETURN_IF_ERROR(ReserveKv(it.sequence, static_cast<int64_t>(it.tokens.size())));
@@ -215,8 +214,8 @@ absl::Status CudaEngine::ReserveKv(int64_t sequence, int64_t tokens) {
                          fp8 ? static_cast<void*>(L.kv.v8) : L.kv.v};
       for (void* array : arrays) {
         char* base = static_cast<char*>(array);
-        const cudaError_t e = cudaMemcpyAsync(base + to * n, base + from * n, n,
-                                              cudaMemcpyDeviceToDevice, d.stream);
+        const cudaError_t e =
+            cudaMemcpyAsync(base + to * n, base + from * n, n, cudaMemcpyDeviceToDevice, d.stream);
         if (e != cudaSuccess) copied = e;
       }
     }

@@ -53,8 +53,8 @@ absl::StatusOr<StepOutput> CudaEngine::StepWithHostSampling(const std::vector<St
     const std::vector<int32_t>& tokens = items[i].tokens;
     const int64_t draft = items[i].draft_tokens;
     const float* rows = out.logits[i].data() + out.logits[i].size() - (draft + 1) * V;
-    VerifiedDraft v = VerifyDraft(*sampler, rows, V,
-                                  absl::MakeConstSpan(tokens).subspan(tokens.size() - draft));
+    VerifiedDraft v =
+        VerifyDraft(*sampler, rows, V, absl::MakeConstSpan(tokens).subspan(tokens.size() - draft));
     out.sampled[i] = std::move(v.next);
     out.accepted[i] = std::move(v.accepted);
     if (items[i].logits == LogitsMode::kNone) out.logits[i].clear();

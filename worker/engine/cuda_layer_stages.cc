@@ -144,10 +144,9 @@ absl::Status LayerStages::WriteQkv(const CudaDeviceState::Layer& L, const kc::Pa
     // in one launch (labelled as the projection it mostly is).
     FLOTILLA_RETURN_IF_ERROR(Mark("qkv_linear"));
     if (!On("qkv_linear")) return absl::OkStatus();
-    return CudaStatus(
-        kc::LaunchNormQkvRope(d_.x, L.input_norm, eps_, L.wqkv, L.bqkv, T_, H_, NH_, pos, slots,
-                              d_.inv_freq, d_.rope_scaling, kv, d_.q, s),
-        "LaunchNormQkvRope");
+    return CudaStatus(kc::LaunchNormQkvRope(d_.x, L.input_norm, eps_, L.wqkv, L.bqkv, T_, H_, NH_,
+                                            pos, slots, d_.inv_freq, d_.rope_scaling, kv, d_.q, s),
+                      "LaunchNormQkvRope");
   }
   FLOTILLA_RETURN_IF_ERROR(Mark("rmsnorm"));
   if (On("rmsnorm")) {

@@ -75,8 +75,8 @@ bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* 
   int rows = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
-    rows += sampler != nullptr || items[i].logits != LogitsMode::kNone ? 1 + items[i].draft_tokens
-                                                                       : 0;
+    rows +=
+        sampler != nullptr || items[i].logits != LogitsMode::kNone ? 1 + items[i].draft_tokens : 0;
     if (sampler == nullptr) continue;
     if (items[i].draft_tokens > 0 && !DrawsIndependentOfHistory(*sampler)) return false;
     const SamplingParams& p = sampler->params();
