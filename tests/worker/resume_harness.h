@@ -16,10 +16,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "comm/local/local_communicator.h"
 #include "common/expert_map.h"
 #include "common/parallel_config.h"
 #include "proto/cluster.pb.h"
@@ -39,6 +41,27 @@ using ServeFn = std::function<Updates(const cluster::SubmitSequence&)>;
 
 // A tiny model with the o200k vocabulary and end tokens, so structured
 // outputs work.
+// Runs `serve(rank, comm)` on `world` ranks, each in a thread over
+// comm/local (one rank: in this thread, no communicator), and returns rank
+// 0's updates (the leader's).
+inline Updates OnLocalRanks(int world,
+                            const std::function<Updates(int, comm::Communicator*)>& serve) {
+  if (world == 1) return serve(0, nullptr);
+  auto rendezvous = *comm::LocalRendezvous::Create(world);
+  Updates leader;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back([&, r] {
+      auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(30)});
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      Updates got = serve(r, comm->get());
+      if (r == 0) leader = std::move(got);
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  return leader;
+}
+
 inline ModelConfig TestModel() {
   ModelConfig c = ModelConfig::Tiny();
   c.vocab_size = 201088;

@@ -24,6 +24,7 @@ namespace {
 
 using resume_testing::ExpectMaxTokensCountsTheResumedOutput;
 using resume_testing::ExpectResumedRunsContinueExactly;
+using resume_testing::OnLocalRanks;
 using resume_testing::Request;
 using resume_testing::ServeFn;
 using resume_testing::TestModel;
@@ -50,20 +51,9 @@ Updates ServeCpuRank(const cluster::SubmitSequence& submit, int world, int rank,
 
 // A fresh CPU instance of `world` ranks (TP `world`, ranks in threads).
 Updates ServeCpu(const cluster::SubmitSequence& submit, int world) {
-  if (world == 1) return ServeCpuRank(submit, 1, 0, nullptr);
-  auto rendezvous = *comm::LocalRendezvous::Create(world);
-  Updates leader;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(30)});
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      Updates got = ServeCpuRank(submit, world, r, comm->get());
-      if (r == 0) leader = std::move(got);
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  return leader;
+  return OnLocalRanks(world, [&](int rank, comm::Communicator* comm) {
+    return ServeCpuRank(submit, world, rank, comm);
+  });
 }
 
 class ResumeTest : public ::testing::TestWithParam<int> {  // the instance's ranks

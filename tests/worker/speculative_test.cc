@@ -28,6 +28,7 @@
 namespace flotilla::worker {
 namespace {
 
+using resume_testing::OnLocalRanks;
 using resume_testing::Request;
 using resume_testing::ServeOptions;
 using resume_testing::TestModel;
@@ -236,18 +237,28 @@ TEST(VerifyDraftTest, SeededDrawsAreThoseOfARunWithoutADraft) {
 
 // ---- the engine's side ----
 
+// A CPU engine of the tiny synthetic model of `seed`, blocks of 4 tokens
+// (null, and a test failure, when it cannot be made).
+std::unique_ptr<CpuEngine> TinyEngine(uint64_t seed) {
+  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(ModelConfig::Tiny(), seed, ShardSpec{});
+  EXPECT_TRUE(w.ok()) << w.status();
+  if (!w.ok()) return nullptr;
+  CpuEngineOptions eo;
+  eo.kv_block_size = 4;
+  eo.kv_num_blocks = 256;
+  absl::StatusOr<std::unique_ptr<CpuEngine>> engine = CpuEngine::Create(*std::move(w), eo, nullptr);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? *std::move(engine) : nullptr;
+}
+
 // A drafted chunk grows the sequence only by its real tokens; the next step
 // commits the accepted ones; what is not the start of the last draft, or a
 // chunk of nothing but draft, is refused; an engine that does not verify
 // drafts refuses them.
 TEST(DraftedStepTest, TheSequenceKeepsOnlyWhatVerificationAccepted) {
-  ModelConfig c = ModelConfig::Tiny();
-  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(c, 3, ShardSpec{});
-  ASSERT_TRUE(w.ok()) << w.status();
-  CpuEngineOptions eo;
-  eo.kv_block_size = 4;
-  eo.kv_num_blocks = 256;
-  std::unique_ptr<CpuEngine> engine = *CpuEngine::Create(*std::move(w), eo, nullptr);
+  const ModelConfig c = ModelConfig::Tiny();
+  std::unique_ptr<CpuEngine> engine = TinyEngine(3);
+  ASSERT_NE(engine, nullptr);
   const int64_t seq = engine->NewSequence();
   ASSERT_TRUE(engine->Step({StepItem{seq, {5, 6, 7}, LogitsMode::kNone}}).ok());
   StepItem drafted{seq, {8, 9, 10, 11}, LogitsMode::kNone, nullptr, 3};
@@ -295,13 +306,9 @@ TEST(DraftedStepTest, TheSequenceKeepsOnlyWhatVerificationAccepted) {
 // The same token whether the logits of a position come from a drafted
 // chunk or a step of its own: greedy verification is exact on this engine.
 TEST(DraftedStepTest, VerifiedRowsAreTheRowsOfSingleSteps) {
-  ModelConfig c = ModelConfig::Tiny();
-  absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(c, 4, ShardSpec{});
-  ASSERT_TRUE(w.ok()) << w.status();
-  CpuEngineOptions eo;
-  eo.kv_block_size = 4;
-  eo.kv_num_blocks = 256;
-  std::unique_ptr<CpuEngine> engine = *CpuEngine::Create(*std::move(w), eo, nullptr);
+  const ModelConfig c = ModelConfig::Tiny();
+  std::unique_ptr<CpuEngine> engine = TinyEngine(4);
+  ASSERT_NE(engine, nullptr);
   const std::vector<int32_t> prompt = {11, 22, 33, 44, 55};
   const std::vector<int32_t> draft = {66, 77, 88};
   // One token at a time.
@@ -372,20 +379,9 @@ Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world
 
 Updates Serve(const std::vector<cluster::SubmitSequence>& submits, int world,
               const ServeOptions& options, const ModelWeights* weights = nullptr) {
-  if (world == 1) return ServeRank(submits, 1, 0, nullptr, options, weights);
-  auto rendezvous = *comm::LocalRendezvous::Create(world);
-  Updates leader;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < world; ++r) {
-    ranks.emplace_back([&, r] {
-      auto comm = comm::LocalCommunicator::Create(rendezvous, r, {absl::Seconds(30)});
-      ASSERT_TRUE(comm.ok()) << comm.status();
-      Updates got = ServeRank(submits, world, r, comm->get(), options, weights);
-      if (r == 0) leader = std::move(got);
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  return leader;
+  return OnLocalRanks(world, [&](int rank, comm::Communicator* comm) {
+    return ServeRank(submits, world, rank, comm, options, weights);
+  });
 }
 
 // Per request id: its tokens, and the last update (its finish).
