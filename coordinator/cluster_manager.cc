@@ -680,11 +680,19 @@ absl::StatusOr<admin::PlacementInfo> ClusterManager::GetPlacement(int instance) 
 absl::StatusOr<cluster::ExpertMap> ClusterManager::GetExpertMap(int instance) const {
   absl::StatusOr<Instance*> inst = AdminInstance(static_cast<uint32_t>(instance));
   if (!inst.ok()) return inst.status();
-  return (*inst)->GetExpertMap();
+  absl::StatusOr<cluster::ExpertMap> map = (*inst)->GetExpertMap();
+  if (map.ok()) map->set_instance(static_cast<uint32_t>(instance));
+  return map;
 }
 
 absl::StatusOr<cluster::ExpertMap> ClusterManager::SetExpertMap(const cluster::ExpertMap& map) {
-  return InstanceAt(0)->SetExpertMap(map);
+  absl::StatusOr<Instance*> inst = AdminInstance(map.instance());
+  if (!inst.ok()) return inst.status();
+  cluster::ExpertMap workers_map = map;  // what the ranks get: no instance
+  workers_map.clear_instance();
+  absl::StatusOr<cluster::ExpertMap> applied = (*inst)->SetExpertMap(workers_map);
+  if (applied.ok()) applied->set_instance(map.instance());
+  return applied;
 }
 
 absl::StatusOr<admin::ExpertLoadReport> ClusterManager::ExpertLoad(

@@ -89,7 +89,8 @@ class ClusterManager {
   admin::ClusterStatus Status() const;
   absl::StatusOr<admin::PlacementInfo> GetPlacement(int instance = 0) const;
   absl::StatusOr<cluster::ExpertMap> GetExpertMap(int instance = 0) const;
-  // Expert balancing acts on one instance (instance 0 for SetExpertMap).
+  // Expert balancing acts on one instance (SetExpertMap: the map's
+  // `instance`; GetExpertMap's answer names its instance).
   absl::StatusOr<cluster::ExpertMap> SetExpertMap(const cluster::ExpertMap& map);
   absl::StatusOr<admin::ExpertLoadReport> ExpertLoad(const admin::ExpertLoadRequest& request) const;
   absl::StatusOr<admin::RebalanceResult> Rebalance(const admin::RebalanceRequest& request);

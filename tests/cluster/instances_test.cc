@@ -98,6 +98,46 @@ TEST(Instances, StatusListsBothInstancesAndEachWorkersInstance) {
   EXPECT_EQ(per[1], 2);
 }
 
+// An expert map read from instance 1, changed and sent back changes
+// instance 1's map only; a map for an instance that does not exist is
+// INVALID_ARGUMENT naming it.
+TEST(Instances, ExpertMapsAreReadAndSetPerInstance) {
+  auto c = StartInstances();
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(WaitAllServing(*c, absl::Seconds(30)));
+  auto stub = testing_util::PlainStub<admin::Admin>(c->address());
+  auto get = [&](uint32_t instance) {
+    grpc::ClientContext ctx;
+    admin::GetExpertMapRequest req;
+    req.set_instance(instance);
+    cluster::ExpertMap map;
+    EXPECT_TRUE(stub->GetExpertMap(&ctx, req, &map).ok());
+    return map;
+  };
+  const cluster::ExpertMap first = get(0), second = get(1);
+  EXPECT_EQ(first.instance(), 0u);
+  EXPECT_EQ(second.instance(), 1u);
+  cluster::ExpertMap next = second;
+  next.set_version(second.version() + 1);
+  {
+    grpc::ClientContext ctx;
+    cluster::ExpertMap applied;
+    grpc::Status st = stub->SetExpertMap(&ctx, next, &applied);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(applied.instance(), 1u);
+    EXPECT_EQ(applied.version(), second.version() + 1);
+  }
+  EXPECT_EQ(get(1).version(), second.version() + 1);
+  EXPECT_EQ(get(0).version(), first.version());
+  cluster::ExpertMap nowhere = next;
+  nowhere.set_instance(5);
+  grpc::ClientContext ctx;
+  cluster::ExpertMap out;
+  grpc::Status st = stub->SetExpertMap(&ctx, nowhere, &out);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("no instance 5"), std::string::npos) << st.error_message();
+}
+
 TEST(Instances, GreedyRequestMovedMidStreamGivesTheUndisturbedTokens) {
   auto c = StartInstances();
   ASSERT_NE(c, nullptr);

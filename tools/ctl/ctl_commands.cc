@@ -100,9 +100,11 @@ int RunDrain(Connection& c, const std::string& worker, int instance, bool drain,
   return 0;
 }
 
-int RunGetExpertMap(Connection& c, const OutputOptions& out) {
+int RunGetExpertMap(Connection& c, uint32_t instance, const OutputOptions& out) {
   cluster::ExpertMap map;
-  grpc::Status st = c.admin().GetExpertMap(c.Context().get(), admin::GetExpertMapRequest(), &map);
+  admin::GetExpertMapRequest req;
+  req.set_instance(instance);
+  grpc::Status st = c.admin().GetExpertMap(c.Context().get(), req, &map);
   if (!st.ok()) return Failed("get-expert-map", st);
   (void)out;  // the map is JSON either way: what set-expert-map reads back
   std::cout << ProtoJson(map) << "\n";

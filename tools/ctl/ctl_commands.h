@@ -31,7 +31,7 @@ int RunRebalance(Connection& c, const RebalanceOptions& o, const OutputOptions& 
 // Drains (or undrains) WORKER's DP group, or with `instance` >= 0 a whole instance.
 int RunDrain(Connection& c, const std::string& worker, int instance, bool drain,
              const OutputOptions& out);
-int RunGetExpertMap(Connection& c, const OutputOptions& out);
+int RunGetExpertMap(Connection& c, uint32_t instance, const OutputOptions& out);
 int RunSetExpertMap(Connection& c, const std::string& file, const OutputOptions& out);
 
 }  // namespace flotilla::ctl

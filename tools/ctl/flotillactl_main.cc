@@ -68,7 +68,11 @@ int main(int argc, char** argv) {
     w->excludes(i);
     cmd->require_option(1);
   }
-  auto* get_map = app.add_subcommand("get-expert-map", "print the expert map (JSON)");
+  auto* get_map = app.add_subcommand(
+      "get-expert-map", "print the expert map (JSON, naming its instance for set-expert-map)");
+  uint32_t map_instance = 0;
+  get_map->add_option("--instance", map_instance, "the model instance (0 = the first)")
+      ->capture_default_str();
   auto* set_map = app.add_subcommand("set-expert-map", "apply an edited expert map (JSON FILE)");
   set_map->add_option("file", file, "the map, as get-expert-map prints it, version + 1")
       ->required();
@@ -89,7 +93,7 @@ int main(int argc, char** argv) {
   if (*rebalance_cmd) return flotilla::ctl::RunRebalance(c, rebalance, out);
   if (*drain) return flotilla::ctl::RunDrain(c, worker, instance, true, out);
   if (*undrain) return flotilla::ctl::RunDrain(c, worker, instance, false, out);
-  if (*get_map) return flotilla::ctl::RunGetExpertMap(c, out);
+  if (*get_map) return flotilla::ctl::RunGetExpertMap(c, map_instance, out);
   if (*set_map) return flotilla::ctl::RunSetExpertMap(c, file, out);
   return 2;
 }
