@@ -15,11 +15,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/choice_decoder.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_events.h"
-#include "coordinator/tokenizer/tokenizer.h"
 #include "proto/cluster.pb.h"
 #include "proto/flotilla.pb.h"
 

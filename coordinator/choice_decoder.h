@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/harmony/parser.h"
+#include "common/harmony/openai.h"
+#include "common/harmony/parser.h"
+#include "common/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/request_events.h"
 #include "coordinator/stop_filter.h"
-#include "coordinator/tokenizer/streaming_detokenizer.h"
-#include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
 

@@ -1,37 +1,37 @@
 // flotilla-coordinator: the control plane and front door of one model instance.
 // Every flag also reads a FLOTILLA_* environment variable (same name, upper
 // case, dashes as underscores), so pods and laptops start it the same way.
-#include <CLI/CLI.hpp>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
-#include <optional>
 #include <csignal>
 #include <fstream>
-#include <map>
 #include <iostream>
+#include <map>
+#include <optional>
 
+#include "common/cluster_token.h"
+#include "common/comm_names.h"
 #include "common/command_line.h"
 #include "common/config_file.h"
-#include "common/cluster_token.h"
 #include "common/listen_address.h"
-#include "common/comm_names.h"
 #include "common/logging.h"
 #include "common/model_spec.h"
 #include "common/tls_credentials.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/access_log.h"
 #include "coordinator/auth.h"
 #include "coordinator/client_buffers.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/drain.h"
 #include "coordinator/http_server.h"
-#include "coordinator/reflection_v1.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/reflection_v1.h"
 #include "coordinator/served_models.h"
 #include "coordinator/services.h"
-#include "coordinator/tokenizer/tokenizer.h"
 #include "spdlog/spdlog.h"
 
 namespace {

@@ -19,24 +19,24 @@
 
 #include <memory>
 #include <mutex>
-#include <string>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/cors.h"
-#include "coordinator/auth.h"
+#include "common/harmony/openai.h"
 #include "common/tls_credentials.h"
+#include "common/tokenizer/tokenizer.h"
+#include "coordinator/auth.h"
+#include "coordinator/cache_domain.h"
 #include "coordinator/cluster_manager.h"
-#include "coordinator/harmony/openai.h"
+#include "coordinator/cors.h"
 #include "coordinator/http_transport.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/request_session.h"
 #include "coordinator/response_store.h"
-#include "coordinator/cache_domain.h"
 #include "coordinator/responses_http.h"
-#include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
 

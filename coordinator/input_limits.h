@@ -6,13 +6,12 @@
 
 #include <cstddef>
 #include <cstdint>
-
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "proto/cluster.pb.h"
 
 namespace flotilla::coordinator {

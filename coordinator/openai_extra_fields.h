@@ -6,13 +6,12 @@
 // PrepareCompletionRequest call them; errors name the field.
 #pragma once
 
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
 #include "coordinator/request_fields.h"
 #include "proto/common.pb.h"
 

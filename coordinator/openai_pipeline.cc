@@ -5,14 +5,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/stop_filter.h"
+#include "common/harmony/renderer.h"
 #include "common/json_parse.h"
 #include "common/status.h"
-#include "coordinator/json_fields.h"
-#include "coordinator/harmony/renderer.h"
 #include "coordinator/input_limits.h"
+#include "coordinator/json_fields.h"
 #include "coordinator/openai_extra_fields.h"
 #include "coordinator/request_fields.h"
+#include "coordinator/stop_filter.h"
 #include "coordinator/structured/chat_constraint.h"
 
 namespace flotilla::coordinator {

@@ -7,25 +7,23 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/output_constraint.h"
+#include "common/harmony/openai.h"
+#include "common/harmony/parser.h"
+#include "common/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/harmony/parser.h"
 #include "coordinator/request_events.h"
 #include "coordinator/request_fields.h"
 #include "coordinator/stop_filter.h"
-#include "coordinator/tokenizer/streaming_detokenizer.h"
-#include "coordinator/tokenizer/tokenizer.h"
-#include "common/grammar/output_constraint.h"
 #include "proto/cluster.pb.h"
 #include "proto/common.pb.h"
 

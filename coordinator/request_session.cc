@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/streaming_detokenizer.h"
 
 namespace flotilla::coordinator {
 namespace {

@@ -29,10 +29,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/choice_decoder.h"
 #include "coordinator/cluster_manager.h"
 #include "coordinator/request_events.h"
-#include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
 

@@ -26,14 +26,14 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/cache_domain.h"
 #include "coordinator/http_transport.h"
 #include "coordinator/request_fields.h"
 #include "coordinator/request_session.h"
 #include "coordinator/response_store.h"
 #include "coordinator/responses_cipher.h"
-#include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
 

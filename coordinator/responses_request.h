@@ -14,10 +14,10 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/openai_pipeline.h"
 #include "coordinator/responses_cipher.h"
-#include "coordinator/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
 

@@ -1,7 +1,7 @@
 #include "coordinator/responses_stream.h"
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
 
 namespace flotilla::coordinator {
 namespace {

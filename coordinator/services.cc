@@ -10,6 +10,7 @@
 #include "common/cluster_token.h"
 #include "common/grammar/constraint_proto.h"
 #include "common/grpc_status.h"
+#include "common/tokenizer/streaming_detokenizer.h"
 #include "coordinator/access_log.h"
 #include "coordinator/chat_pipeline.h"
 #include "coordinator/grpc_auth.h"
@@ -17,7 +18,6 @@
 #include "coordinator/request_session.h"
 #include "coordinator/served_models.h"
 #include "coordinator/stream_queue.h"
-#include "coordinator/tokenizer/streaming_detokenizer.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {

@@ -6,14 +6,14 @@
 #include <optional>
 #include <string>
 
+#include "common/harmony/openai.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/auth.h"
 #include "coordinator/cache_domain.h"
 #include "coordinator/client_buffers.h"
 #include "coordinator/cluster_manager.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/request_registry.h"
 #include "coordinator/input_limits.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "coordinator/request_registry.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
 #include "proto/flotilla.grpc.pb.h"

@@ -4,14 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/harmony/openai.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::coordinator {
 

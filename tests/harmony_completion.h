@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/harmony/message.h"
-#include "coordinator/harmony/renderer.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/harmony/message.h"
+#include "common/harmony/renderer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::test_support {
 

@@ -6,7 +6,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/grammar/vocabulary_index.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::grammar {
 

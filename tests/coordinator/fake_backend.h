@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
 #include "coordinator/request_session.h"
-#include "coordinator/tokenizer/tokenizer.h"
 #include "proto/cluster.pb.h"
 
 namespace flotilla::test_support {

@@ -8,7 +8,7 @@
 
 #include <map>
 
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/renderer.h"
 #include "tests/coordinator/fake_backend.h"
 #include "tests/harmony_completion.h"
 

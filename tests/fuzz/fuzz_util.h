@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::fuzz {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/harmony/parser.h"
+#include "common/harmony/parser.h"
 #include "coordinator/openai_pipeline.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/token_stream.h"

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::fuzz {
 

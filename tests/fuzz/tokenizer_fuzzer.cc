@@ -16,8 +16,8 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/tokenizer/streaming_detokenizer.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/renderer.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {

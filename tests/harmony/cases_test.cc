@@ -6,8 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "coordinator/harmony/parser.h"
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/parser.h"
+#include "common/harmony/renderer.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::harmony {

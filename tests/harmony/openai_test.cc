@@ -1,8 +1,8 @@
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
 
 #include <gtest/gtest.h>
 
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/renderer.h"
 
 namespace flotilla::harmony {
 namespace {

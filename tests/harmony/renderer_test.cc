@@ -1,7 +1,8 @@
-#include "coordinator/harmony/renderer.h"
-#include "coordinator/harmony/tool_schema.h"
+#include "common/harmony/renderer.h"
 
 #include <gtest/gtest.h>
+
+#include "common/harmony/tool_schema.h"
 
 namespace flotilla::harmony {
 namespace {

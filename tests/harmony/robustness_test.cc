@@ -5,9 +5,9 @@
 #include <functional>
 #include <random>
 
-#include "coordinator/harmony/openai.h"
-#include "coordinator/harmony/parser.h"
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/openai.h"
+#include "common/harmony/parser.h"
+#include "common/harmony/renderer.h"
 
 namespace flotilla::harmony {
 namespace {

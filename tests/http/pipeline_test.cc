@@ -6,7 +6,7 @@
 #include <map>
 
 #include "absl/strings/str_join.h"
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/renderer.h"
 #include "coordinator/openai_pipeline.h"
 #include "tests/harmony_completion.h"
 

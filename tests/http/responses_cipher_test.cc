@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
+#include "common/harmony/openai.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/harmony/openai.h"
 #include "coordinator/responses_request.h"
 #include "coordinator/responses_stream.h"
 #include "tests/harmony_completion.h"

@@ -10,7 +10,7 @@
 
 #include <map>
 
-#include "coordinator/harmony/message.h"
+#include "common/harmony/message.h"
 #include "tests/coordinator/fake_backend.h"
 #include "tests/harmony_completion.h"
 

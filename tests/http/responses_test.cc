@@ -5,9 +5,9 @@
 // ChoiceDecoder, turned into output items and events.
 #include <gtest/gtest.h>
 
+#include "common/harmony/openai.h"
+#include "common/harmony/renderer.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/harmony/renderer.h"
 #include "coordinator/responses_request.h"
 #include "coordinator/responses_stream.h"
 #include "tests/harmony_completion.h"

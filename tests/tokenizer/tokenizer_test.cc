@@ -1,4 +1,4 @@
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <chrono>
 #include <fstream>
 
-#include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/streaming_detokenizer.h"
 
 namespace flotilla::tokenizer {
 namespace {

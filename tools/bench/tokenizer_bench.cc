@@ -9,6 +9,8 @@
 //
 // Without --input the text is a deterministic mix (about 4 MB) of English-like
 // prose, code, numbers, whitespace runs and several other scripts and emoji.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -20,9 +22,7 @@
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace {
 

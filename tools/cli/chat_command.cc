@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/proto_enum_name.h"
-#include "coordinator/tokenizer/streaming_detokenizer.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "tools/cli/tls_flags.h"
 #include "tools/sdk/client.h"
 

@@ -1,14 +1,13 @@
 // Helpers shared by the Harmony subcommands of `flotilla`.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/status/statusor.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::cli {
 

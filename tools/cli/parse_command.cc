@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/harmony/parser.h"
+#include "common/harmony/openai.h"
+#include "common/harmony/parser.h"
 #include "tools/cli/harmony_cli_util.h"
 
 namespace flotilla::cli {

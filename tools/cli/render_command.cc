@@ -8,9 +8,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/harmony/openai.h"
+#include "common/harmony/renderer.h"
 #include "common/json_parse.h"
-#include "coordinator/harmony/openai.h"
-#include "coordinator/harmony/renderer.h"
 #include "tools/cli/harmony_cli_util.h"
 
 namespace flotilla::cli {

@@ -1,6 +1,6 @@
 // Exports js-tiktoken's o200k_base merge ranks, and the Unicode character
 // classes of the reference tokenizer's regex engine, into Flotilla's compact
-// binary ranks file, which coordinator/tokenizer loads with one read.
+// binary ranks file, which common/tokenizer loads with one read.
 //
 // Why the classes: the pre-tokenisation pattern uses \p{L}, \p{N}, \p{M} and
 // \s, whose meaning depends on the Unicode version of the regex engine. The

@@ -1,13 +1,13 @@
-#include "coordinator/harmony/openai.h"
+#include "common/harmony/openai.h"
 
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/harmony/renderer.h"
 #include "common/json_parse.h"
 #include "common/status.h"
-#include "coordinator/harmony/renderer.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::harmony {
 namespace {

@@ -1,4 +1,4 @@
-#include "coordinator/tokenizer/streaming_detokenizer.h"
+#include "common/tokenizer/streaming_detokenizer.h"
 
 #include "absl/strings/str_cat.h"
 

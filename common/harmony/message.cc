@@ -1,11 +1,11 @@
-#include "coordinator/harmony/message.h"
+#include "common/harmony/message.h"
 
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/enum_names.h"
 #include "common/status.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::harmony {
 namespace {

@@ -14,16 +14,15 @@
 // commentary to `functions.X` -> `tool_calls` (ids stable for a given seed).
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/status/statusor.h"
-#include "coordinator/harmony/message.h"
-#include "coordinator/harmony/parser.h"
+#include "common/harmony/message.h"
+#include "common/harmony/parser.h"
 
 namespace flotilla::harmony {
 

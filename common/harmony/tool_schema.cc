@@ -1,4 +1,4 @@
-#include "coordinator/harmony/tool_schema.h"
+#include "common/harmony/tool_schema.h"
 
 #include <algorithm>
 #include <set>

@@ -1,4 +1,4 @@
-#include "coordinator/harmony/parser.h"
+#include "common/harmony/parser.h"
 
 #include <cctype>
 

@@ -1,10 +1,10 @@
-#include "coordinator/harmony/renderer.h"
+#include "common/harmony/renderer.h"
 
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "coordinator/harmony/tool_schema.h"
+#include "common/harmony/tool_schema.h"
 #include "common/status.h"
 
 namespace flotilla::harmony {

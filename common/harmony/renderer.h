@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/harmony/message.h"
-#include "coordinator/tokenizer/tokenizer.h"
+#include "common/harmony/message.h"
+#include "common/tokenizer/tokenizer.h"
 
 namespace flotilla::harmony {
 
