@@ -25,13 +25,13 @@
 #include "coordinator/access_log.h"
 #include "coordinator/auth.h"
 #include "coordinator/client_buffers.h"
-#include "coordinator/cluster_manager.h"
-#include "coordinator/drain.h"
-#include "coordinator/http_server.h"
+#include "coordinator/cluster/cluster_manager.h"
+#include "coordinator/cluster/drain.h"
+#include "coordinator/grpc/reflection_v1.h"
+#include "coordinator/grpc/services.h"
+#include "coordinator/http/http_server.h"
 #include "coordinator/input_limits.h"
-#include "coordinator/reflection_v1.h"
 #include "coordinator/served_models.h"
-#include "coordinator/services.h"
 #include "spdlog/spdlog.h"
 
 namespace {
@@ -403,7 +403,7 @@ int main(int argc, char** argv) {
       "--reasoning-key-file", http_options.reasoning_key_file,
       "keys of /v1/responses' reasoning encrypted_content: one a line, 64 hex digits, the "
       "current first, then older ones still accepted (default: a random key per process)");
-  // The request field policy (coordinator/request_fields.h).
+  // The request field policy (coordinator/http/request_fields.h).
   bool strict_request_fields = false;
   app.add_flag("--strict-request-fields", strict_request_fields,
                "refuse request fields this server does not know with a 400 naming them (default: "

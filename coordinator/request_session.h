@@ -31,7 +31,7 @@
 #include "absl/time/time.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/cluster_manager.h"
+#include "coordinator/cluster/cluster_manager.h"
 #include "coordinator/request_events.h"
 
 namespace flotilla::coordinator {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/cluster_manager.h"
+#include "coordinator/cluster/cluster_manager.h"
 
 namespace flotilla::coordinator {
 

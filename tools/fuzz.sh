@@ -29,7 +29,7 @@ command -v clang++ >/dev/null || { echo "fuzz: clang++ not found; run tools/setu
 
 # -O1 with line tables only (libFuzzer's advice is -O1 or -O2): the stack
 # traces keep their files and lines, and a source takes about 7% less to
-# compile (coordinator/http_transport.cc: 55.7 -> 51.6 s of CPU).
+# compile (coordinator/http/http_transport.cc: 55.7 -> 51.6 s of CPU).
 CC=clang CXX=clang++ cmake -S "$root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only -DNDEBUG" \
   -DFLOTILLA_FUZZ=ON -DFLOTILLA_SANITIZE=ON -DFLOTILLA_WERROR=OFF -DFLOTILLA_CUDA=OFF >/dev/null

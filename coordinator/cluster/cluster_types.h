@@ -7,11 +7,11 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/clock.h"
 #include "absl/time/time.h"
+#include "common/clock.h"
 #include "common/model_config.h"
+#include "coordinator/cluster/placement.h"
 #include "coordinator/cluster/router_policy.h"
-#include "coordinator/placement.h"
 #include "proto/cluster.pb.h"
 
 namespace flotilla::coordinator {

@@ -24,9 +24,9 @@
 #include "absl/time/time.h"
 #include "common/model_config.h"
 #include "coordinator/cluster/cluster_types.h"
-#include "coordinator/engine_measurements.h"
-#include "coordinator/expert_load_window.h"
-#include "coordinator/placement.h"
+#include "coordinator/cluster/engine_measurements.h"
+#include "coordinator/cluster/expert_load_window.h"
+#include "coordinator/cluster/placement.h"
 #include "proto/admin.pb.h"
 #include "proto/cluster.pb.h"
 

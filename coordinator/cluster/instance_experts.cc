@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
-#include "coordinator/balancer.h"
+#include "coordinator/cluster/balancer.h"
 #include "coordinator/cluster/instance.h"
 #include "spdlog/spdlog.h"
 

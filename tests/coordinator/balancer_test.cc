@@ -1,9 +1,9 @@
 // The balancer's plan on recorded expert counts, and the load window.
-#include "coordinator/balancer.h"
+#include "coordinator/cluster/balancer.h"
 
 #include <gtest/gtest.h>
 
-#include "coordinator/expert_load_window.h"
+#include "coordinator/cluster/expert_load_window.h"
 
 namespace flotilla::coordinator {
 namespace {

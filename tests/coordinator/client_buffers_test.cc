@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/prompt_logits_credit.h"
+#include "coordinator/grpc/prompt_logits_credit.h"
 
 namespace flotilla::coordinator {
 namespace {

@@ -1,4 +1,4 @@
-#include "coordinator/cluster_manager.h"
+#include "coordinator/cluster/cluster_manager.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/drain.h"
+#include "coordinator/cluster/drain.h"
 #include "tests/coordinator/fake_session.h"
 
 namespace flotilla::coordinator {

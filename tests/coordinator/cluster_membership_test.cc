@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "common/cluster_token.h"
-#include "coordinator/cluster_manager.h"
-#include "coordinator/services.h"
+#include "coordinator/cluster/cluster_manager.h"
+#include "coordinator/grpc/services.h"
 #include "proto/admin.grpc.pb.h"
 #include "proto/cluster.grpc.pb.h"
 #include "tests/coordinator/fake_session.h"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "coordinator/cluster_manager.h"
+#include "coordinator/cluster/cluster_manager.h"
 #include "proto/cluster.pb.h"
 
 namespace flotilla::coordinator::test_fakes {

@@ -1,4 +1,4 @@
-#include "coordinator/placement.h"
+#include "coordinator/cluster/placement.h"
 
 #include <gtest/gtest.h>
 

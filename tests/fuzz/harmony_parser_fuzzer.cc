@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "common/harmony/parser.h"
-#include "coordinator/openai_pipeline.h"
+#include "coordinator/http/openai_pipeline.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/fuzz/token_stream.h"
 

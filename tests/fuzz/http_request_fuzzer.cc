@@ -16,9 +16,9 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/openai_pipeline.h"
-#include "coordinator/responses_request.h"
-#include "coordinator/tokenize_api.h"
+#include "coordinator/http/openai_pipeline.h"
+#include "coordinator/http/responses_request.h"
+#include "coordinator/http/tokenize_api.h"
 #include "tests/fuzz/fuzz_util.h"
 
 namespace {

@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "common/sampling_check.h"
-#include "coordinator/chat_pipeline.h"
-#include "coordinator/cluster_manager.h"
+#include "coordinator/cluster/cluster_manager.h"
+#include "coordinator/grpc/chat_pipeline.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/flotilla.pb.h"
 #include "spdlog/spdlog.h"

@@ -2,7 +2,7 @@
 // Harmony prompt, and recorded Harmony completions (rendered with the real
 // renderer and tokenizer) -> ChatResponse deltas with reasoning, answer and
 // tool-call pieces apart; bad requests are INVALID_ARGUMENT naming the field.
-#include "coordinator/chat_pipeline.h"
+#include "coordinator/grpc/chat_pipeline.h"
 
 #include <gtest/gtest.h>
 

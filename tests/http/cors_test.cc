@@ -1,6 +1,6 @@
 // CORS (--allowed-origins), /ping and /version: the policy alone, then on a
 // local cluster with API keys on, as a browser and a load balancer call it.
-#include "coordinator/cors.h"
+#include "coordinator/http/cors.h"
 
 #include <gtest/gtest.h>
 #include <httplib.h>

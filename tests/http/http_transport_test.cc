@@ -1,7 +1,7 @@
 // HttpTransport on its own (no cluster): what a careless or hostile client
 // meets. Raw sockets, because client libraries hide exactly what is tested
 // here (pipelining, HTTP/1.0, slow and idle connections, the connection bound).
-#include "coordinator/http_transport.h"
+#include "coordinator/http/http_transport.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_join.h"
 #include "common/harmony/renderer.h"
-#include "coordinator/openai_pipeline.h"
+#include "coordinator/http/openai_pipeline.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {

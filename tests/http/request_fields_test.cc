@@ -3,13 +3,14 @@
 // sends; unknown fields, top-level and in `reasoning`, `text` and
 // `stream_options`, are ignored and named, or refused by name under
 // UnknownFields::kRefuse; vLLM's extras reach the chat pipeline.
+#include "coordinator/http/request_fields.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 
-#include "coordinator/openai_pipeline.h"
-#include "coordinator/request_fields.h"
-#include "coordinator/responses_request.h"
+#include "coordinator/http/openai_pipeline.h"
+#include "coordinator/http/responses_request.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {

@@ -1,12 +1,12 @@
 // The store behind previous_response_id and GET/DELETE /v1/responses/{id}:
 // entries belong to their key; bounded in entries, age and the memory the
 // entries hold (the oldest goes first), on a fake clock.
-#include "coordinator/response_store.h"
+#include "coordinator/http/response_store.h"
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/openai_pipeline.h"
+#include "coordinator/http/openai_pipeline.h"
 
 namespace flotilla::coordinator {
 namespace {

@@ -3,15 +3,15 @@
 // it, and the same sealed items accepted back in `input`; a tampered or
 // foreign blob is refused naming the item's field. Background responses that
 // end without a finish (cancelled, failed) keep the output so far.
-#include "coordinator/responses_cipher.h"
+#include "coordinator/http/responses_cipher.h"
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
 #include "common/harmony/openai.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/responses_request.h"
-#include "coordinator/responses_stream.h"
+#include "coordinator/http/responses_request.h"
+#include "coordinator/http/responses_stream.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {

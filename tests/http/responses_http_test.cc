@@ -4,7 +4,7 @@
 // responses answer at once and are stored running, then as they end
 // (completed, failed with the error); cancel stops their sequences and ends
 // their stream; a client leaving does not cancel them; delete stops them.
-#include "coordinator/responses_http.h"
+#include "coordinator/http/responses_http.h"
 
 #include <gtest/gtest.h>
 

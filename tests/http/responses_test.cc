@@ -8,8 +8,8 @@
 #include "common/harmony/openai.h"
 #include "common/harmony/renderer.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/responses_request.h"
-#include "coordinator/responses_stream.h"
+#include "coordinator/http/responses_request.h"
+#include "coordinator/http/responses_stream.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {

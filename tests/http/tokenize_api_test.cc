@@ -1,10 +1,10 @@
 // /tokenize and /detokenize bodies against the real o200k_harmony tokenizer,
 // and the --served-model-name rules.
-#include "coordinator/tokenize_api.h"
+#include "coordinator/http/tokenize_api.h"
 
 #include <gtest/gtest.h>
 
-#include "coordinator/openai_pipeline.h"
+#include "coordinator/http/openai_pipeline.h"
 #include "coordinator/served_models.h"
 #include "tests/harmony_completion.h"
 

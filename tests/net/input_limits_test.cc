@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "coordinator/openai_pipeline.h"
+#include "coordinator/http/openai_pipeline.h"
 
 namespace flotilla::coordinator {
 namespace {

@@ -44,7 +44,7 @@ struct ServingLimits {
   uint32_t redundant_experts = 0;
   double rebalance_interval = 0;
   double drain_timeout_s = 30;
-  // The request field policy (coordinator/request_fields.h).
+  // The request field policy (coordinator/http/request_fields.h).
   bool strict_request_fields = false;
   std::string reasoning_field = "both";
   // Origins browsers may call the HTTP API from (the coordinator's CORS).
