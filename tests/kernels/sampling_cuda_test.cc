@@ -465,5 +465,54 @@ TEST_F(SamplingCudaTest, TokenMasksWrittenAfterTheLaunchAreWaitedFor) {
   cudaFreeHost(ready);
 }
 
+// Several rows' masks written after the launch, one of them dense and
+// irregular: each row equals LaunchMaskLogits's (each block of the kernel
+// stages its own slice of a row's words, so every slice boundary is hit).
+TEST_F(SamplingCudaTest, SeveralTokenMasksWrittenAfterTheLaunchMatchTheReference) {
+  const int rows = 5, cap = 8;
+  const int words = (kVocab + 31) / 32;
+  std::vector<float> logits = ModelLikeLogits(rows, 47, 1.5f);
+  std::mt19937 rng(11);
+  std::vector<int32_t> half, last_tokens;
+  for (int t = 0; t < kVocab; ++t) {
+    if (rng() % 2 == 0) half.push_back(t);
+  }
+  for (int t = kVocab - 40; t < kVocab; ++t) last_tokens.push_back(t);
+  const std::vector<int32_t> masked_rows = {4, 0, 2};
+  const std::vector<std::vector<uint32_t>> masks = {MaskOf(half), MaskOf(last_tokens),
+                                                    MaskOf({0, 31, 32, 8191, 8192, 123457})};
+  std::vector<float> expected = logits;
+  for (size_t m = 0; m < masked_rows.size(); ++m) {
+    MaskLogits(masks[m].data(), kVocab,
+               expected.data() + masked_rows[m] * static_cast<size_t>(kVocab));
+  }
+  uint32_t* host_masks = nullptr;
+  int32_t* ready = nullptr;
+  ASSERT_EQ(cudaMallocHost(&host_masks, static_cast<size_t>(cap) * words * sizeof(uint32_t)),
+            cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&ready, sizeof(int32_t)), cudaSuccess);
+  *ready = 0;
+  std::fill(host_masks, host_masks + static_cast<size_t>(cap) * words, 0u);
+  Dev<int32_t> d_late(1);
+  Dev<float> d_logits(logits);
+  std::vector<int32_t> row_ids = masked_rows;
+  row_ids.resize(cap, 0);
+  row_ids.push_back(static_cast<int32_t>(masked_rows.size()));  // count
+  row_ids.push_back(1);                                         // the step's number
+  Dev<int32_t> d_rows(row_ids);
+  ASSERT_EQ(cuda::LaunchMaskLogitsWhenReady(d_logits.p, kVocab, d_rows.p, host_masks, cap, ready,
+                                            30ull * 1000 * 1000 * 1000, d_late.p, nullptr),
+            cudaSuccess);
+  for (size_t m = 0; m < masks.size(); ++m) {
+    std::copy(masks[m].begin(), masks[m].end(), host_masks + m * words);
+  }
+  std::atomic_ref<int32_t>(*ready).store(1, std::memory_order_release);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_late.Get(), std::vector<int32_t>{0});
+  EXPECT_EQ(d_logits.Get(), expected) << "masked rows differ from MaskLogits, or others changed";
+  cudaFreeHost(host_masks);
+  cudaFreeHost(ready);
+}
+
 }  // namespace
 }  // namespace flotilla
