@@ -69,12 +69,17 @@ class CudaEngineFactory final : public EngineFactory {
       co.parallel = built.context.get();
       spdlog::info("rank {} exchanges over {}", a.rank(), built.context->backend());
     }
+    std::unique_ptr<CudaEngine> engine;
     if (const SyntheticModelSpec* synthetic = spec.model->synthetic()) {
-      FLOTILLA_ASSIGN_OR_RETURN(built.engine, CudaEngine::CreateFromSyntheticCheckpoint(
-                                                  synthetic->config, synthetic->seed, co));
+      FLOTILLA_ASSIGN_OR_RETURN(engine, CudaEngine::CreateFromSyntheticCheckpoint(
+                                            synthetic->config, synthetic->seed, co));
     } else {
-      FLOTILLA_ASSIGN_OR_RETURN(built.engine, CudaEngine::Create(spec.weights, co));
+      FLOTILLA_ASSIGN_OR_RETURN(engine, CudaEngine::Create(spec.weights, co));
     }
+    spdlog::info("rank {} KV cache ({}): {}; {} tokens per sequence at most", a.rank(),
+                 KvCacheDtypeName(co.kv_cache_dtype), engine->KvPoolsSummary(),
+                 engine->MaxSequenceLength());
+    built.engine = std::move(engine);
     return built;
   }
 };

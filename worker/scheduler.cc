@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "worker/resume.h"
 #include "worker/worker_messages.h"
 
@@ -109,8 +110,14 @@ void Scheduler::FailAll(const absl::Status& why, cluster::TokenBatch* out) const
   }
 }
 
+int64_t Scheduler::kv_reserved() const {
+  int64_t total = 0;
+  for (int64_t n : kv_reserved_) total += n;
+  return total;
+}
+
 void Scheduler::Release(const Sequence& seq) {
-  kv_reserved_ -= seq.kv_reserved;
+  for (size_t p = 0; p < seq.kv_reserved.size(); ++p) kv_reserved_[p] -= seq.kv_reserved[p];
   to_free_.push_back(seq.request_id);
 }
 
@@ -190,8 +197,9 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   }
   // The whole length, cached prefix included: shared blocks are counted once
   // per sequence, so the reservations still bound the blocks in use.
-  seq.kv_reserved = engine_->KvBlocksForLength(prompt + sp.max_tokens);
-  kv_reserved_ += seq.kv_reserved;
+  seq.kv_reserved = engine_->KvPoolBlocksForLength(prompt + sp.max_tokens);
+  kv_reserved_.resize(seq.kv_reserved.size(), 0);
+  for (size_t p = 0; p < seq.kv_reserved.size(); ++p) kv_reserved_[p] += seq.kv_reserved[p];
   sequences_.emplace(seq.request_id, std::move(seq));
 }
 
@@ -237,7 +245,8 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
   // always finish, so the queue always drains).
-  const int64_t total_blocks = engine_->KvTotalBlocks();
+  const std::vector<int64_t> pool_blocks = engine_->KvPoolAdmissionBlocks();
+  kv_reserved_.resize(pool_blocks.size(), 0);
   while (!pending_.empty() && static_cast<int64_t>(sequences_.size()) < limits_.max_sequences) {
     const cluster::SubmitSequence& s = pending_.front();
     if (s.deadline_unix_ms() != 0 && now > s.deadline_unix_ms()) {
@@ -248,19 +257,27 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
       continue;
     }
     const int64_t max_len = MaxSequenceLength();
-    const int64_t need = engine_->KvBlocksForLength(std::min<int64_t>(
+    const std::vector<int64_t> need = engine_->KvPoolBlocksForLength(std::min<int64_t>(
         max_len, s.prompt_ids_size() +
                      (s.sampling().max_tokens() == 0 ? max_len : s.sampling().max_tokens())));
-    if (need > total_blocks) {
-      EndWithError(s.request_id(), absl::StatusCode::kInvalidArgument,
-                   absl::StrCat("the request needs ", need, " KV blocks but a worker has ",
-                                total_blocks, "; lower max_tokens or the prompt"),
-                   refused);
+    // Each pool on its own: the request must fit in every one.
+    bool too_long = false, wait = false;
+    for (size_t p = 0; p < need.size(); ++p) {
+      too_long = too_long || need[p] > pool_blocks[p];
+      wait = wait || kv_reserved_[p] + need[p] > pool_blocks[p];
+    }
+    if (too_long) {
+      EndWithError(
+          s.request_id(), absl::StatusCode::kInvalidArgument,
+          absl::StrCat("the request needs ", absl::StrJoin(need, " + "),
+                       " KV blocks (per pool) but a worker has ", absl::StrJoin(pool_blocks, " + "),
+                       "; lower max_tokens or the prompt"),
+          refused);
       enqueued_at_.erase(s.request_id());
       pending_.pop_front();
       continue;
     }
-    if (kv_reserved_ + need > total_blocks) break;  // wait for running sequences to finish
+    if (wait) break;  // wait for running sequences to finish
     cluster::SubmitSequence sub = std::move(pending_.front());
     pending_.pop_front();
     Admit(sub, refused);

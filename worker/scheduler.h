@@ -96,8 +96,9 @@ class Scheduler {
 
   size_t running() const { return sequences_.size(); }
   size_t queued() const { return pending_.size(); }
-  // KV blocks reserved by the running sequences (their whole length).
-  int64_t kv_reserved() const { return kv_reserved_; }
+  // KV blocks reserved by the running sequences (their whole length), every
+  // pool together.
+  int64_t kv_reserved() const;
   // Prompt tokens looked up in the prefix cache and found there.
   uint64_t prefix_queries_tokens() const { return prefix_queries_; }
   uint64_t prefix_hits_tokens() const { return prefix_hits_; }
@@ -123,7 +124,7 @@ class Scheduler {
     uint64_t logits_credit = 0;
     uint64_t logits_planned = 0;
     uint64_t cache_domain = 0;  // its prefix-cache domain (SubmitSequence)
-    int64_t kv_reserved = 0;
+    std::vector<int64_t> kv_reserved;  // per KV pool (Engine::KvPoolBlocksForLength)
     uint64_t deadline_unix_ms = 0;
     const ConstraintFilter* constraint = nullptr;  // owned by the sampler
     int64_t max_tokens = 0;                        // output tokens it may have in all
@@ -182,7 +183,7 @@ class Scheduler {
   std::map<uint64_t, uint64_t> enqueued_at_;  // pending request id -> clock_() when queued
   std::map<uint64_t, Sequence> sequences_;  // running, by request id
   std::vector<uint64_t> to_free_;
-  int64_t kv_reserved_ = 0;
+  std::vector<int64_t> kv_reserved_;  // per KV pool, sized at the first admission
   uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
   SpeculativeCounts speculative_;
   std::unique_ptr<DraftMemory> own_draft_memory_;  // when none was given

@@ -181,13 +181,16 @@ TEST(PrefixIndex, RefusesAKindItDoesNotKnowByName) {
 // the CUDA engine keeps them) running random conversations over a few shared
 // system prompts, small enough that blocks are evicted all the time; after
 // every sequence its reports go to the index, which must then find exactly
-// the prefix the worker would reuse, for every prompt.
-TEST(PrefixIndex, AgreesWithTheWorkersPrefixCache) {
+// the prefix the worker would reuse, for every prompt. Both layouts: one
+// pool of blocks for both groups, and a pool per group (each evicting on its
+// own, as the CUDA engine's pools do).
+void RunConversationsAgainstTheIndex(const std::vector<int64_t>& pool_blocks) {
   KvBlockAllocatorOptions o;
   o.sliding = {false, true};
   o.window = 24;
   o.block_size = 4;
-  o.num_blocks = 96;
+  o.pool_blocks = pool_blocks;
+  if (pool_blocks.size() == 2) o.group_pools = {0, 1};
   o.prefix_cache = true;
   auto kv = KvBlockAllocator::Create(o);
   ASSERT_TRUE(kv.ok()) << kv.status();
@@ -227,7 +230,7 @@ TEST(PrefixIndex, AgreesWithTheWorkersPrefixCache) {
     bool fits = true;
     for (size_t at = 0; at < rest.size() && fits;) {
       const size_t n = std::min<size_t>(rest.size() - at, 1 + rng() % 9);
-      fits = blocks.Reserve(*seq, static_cast<int64_t>(n), [](int32_t, int32_t) {}).ok();
+      fits = blocks.Reserve(*seq, static_cast<int64_t>(n), [](int, int32_t, int32_t) {}).ok();
       if (fits) {
         ASSERT_TRUE(blocks.Commit(*seq, static_cast<int64_t>(n), &rest[at]).ok());
       }
@@ -237,6 +240,12 @@ TEST(PrefixIndex, AgreesWithTheWorkersPrefixCache) {
     report();
   }
   EXPECT_GT(matched_somewhere, 50);  // the test exercised real hits
+}
+
+TEST(PrefixIndex, AgreesWithTheWorkersPrefixCache) { RunConversationsAgainstTheIndex({96}); }
+
+TEST(PrefixIndex, AgreesWithTheWorkersPrefixCacheWithAPoolPerGroup) {
+  RunConversationsAgainstTheIndex({56, 40});
 }
 
 }  // namespace

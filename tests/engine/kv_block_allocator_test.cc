@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
+#include <string>
 #include <vector>
 
 namespace flotilla {
@@ -26,7 +28,9 @@ KvBlockAllocatorOptions Options(int64_t blocks, bool prefix_cache = false) {
   return o;
 }
 
-void NoCopy(int32_t, int32_t) { FAIL() << "no block is shared while written"; }
+void NoCopy(int, int32_t, int32_t) { FAIL() << "no block is shared while written"; }
+
+int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 std::vector<int32_t> Tokens(int n, int first = 100) {
   std::vector<int32_t> t(n);
@@ -44,7 +48,7 @@ TEST(KvBlockAllocator, SlidingGroupHoldsAWholeChunkThenOnlyTheWindow) {
   auto kv = *KvBlockAllocator::Create(Options(64));
   auto s = kv->CreateSequence();
   // A 16-token chunk needs every one of its positions in both groups.
-  EXPECT_EQ(*kv->BlocksNeeded(s, 16), 4 + 4);
+  EXPECT_EQ(Sum(*kv->BlocksNeeded(s, 16)), 4 + 4);
   ASSERT_TRUE(kv->Reserve(s, 16, NoCopy).ok());
   EXPECT_EQ(kv->BlocksHeld(s, kFull), 4);
   EXPECT_EQ(kv->BlocksHeld(s, kSliding), 4);
@@ -87,11 +91,15 @@ TEST(KvBlockAllocator, ChunkedPrefillStaysWithinTheAdmissionBound) {
   auto kv = *KvBlockAllocator::Create(Options(512));
   auto s = kv->CreateSequence();
   const int64_t total = 16 * 9 + 5;
+  // A chunk's own blocks beyond the window come from the step reserve: 16
+  // tokens of 4-token blocks.
+  const int64_t reserve = kv->pool_blocks(0) - kv->admission_blocks(0);
+  EXPECT_EQ(reserve, 4);
   for (int64_t done = 0; done < total;) {
     const int64_t n = std::min<int64_t>(16, total - done);
     ASSERT_TRUE(kv->Reserve(s, n, NoCopy).ok());
     const int64_t held = kv->BlocksHeld(s, kFull) + kv->BlocksHeld(s, kSliding);
-    EXPECT_LE(held, kv->BlocksForLength(total));
+    EXPECT_LE(held, kv->BlocksForLength(total) + reserve);
     const std::vector<int32_t> t = Tokens(static_cast<int>(n), static_cast<int>(done));
     ASSERT_TRUE(kv->Commit(s, n, t.data()).ok());
     done += n;
@@ -106,9 +114,11 @@ TEST(KvBlockAllocator, SlidingWindowMakesLongSequencesFit) {
   all_full.sliding = {false, false};
   const int64_t without = (*KvBlockAllocator::Create(all_full))->MaxTokens();
   const int64_t with = (*KvBlockAllocator::Create(Options(200)))->MaxTokens();
+  // All full: no step reserve (nothing slides).
   EXPECT_EQ(without, 100 * 4);
-  // The sliding group's bound: the window and a chunk, 7 blocks.
-  EXPECT_EQ(with, (200 - 7) * 4);
+  // The sliding group's bound: the window and what a chunk may straddle, 4
+  // blocks; 4 more are the step reserve.
+  EXPECT_EQ(with, (200 - 4 - 4) * 4);
 }
 
 TEST(KvBlockAllocator, PrefixMatchNeedsTheWindowOfTheSlidingGroup) {
@@ -242,6 +252,160 @@ TEST(KvBlockAllocator, RejectsBadOptions) {
   EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
   o = Options(0);
   EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- a pool per group (the CUDA engine's layout) ----
+
+// Options(…) with the full group in pool 0 of `full` blocks and the sliding
+// group in pool 1 of `sliding` blocks.
+KvBlockAllocatorOptions TwoPools(int64_t full, int64_t sliding, bool prefix_cache = false) {
+  KvBlockAllocatorOptions o = Options(0, prefix_cache);
+  o.group_pools = {0, 1};
+  o.pool_blocks = {full, sliding};
+  return o;
+}
+
+TEST(KvBlockAllocatorPools, EachGroupTakesItsOwnBlockIds) {
+  auto kv = *KvBlockAllocator::Create(TwoPools(40, 12));
+  EXPECT_EQ(kv->num_pools(), 2);
+  EXPECT_STREQ(kv->pool_name(0), "full-attention");
+  EXPECT_STREQ(kv->pool_name(1), "sliding-window");
+  EXPECT_EQ(kv->num_blocks(), 52);
+  // The step reserve is kept in the sliding pool only.
+  EXPECT_EQ(kv->admission_blocks(0), 40);
+  EXPECT_EQ(kv->admission_blocks(1), 12 - 4);
+  auto s = kv->CreateSequence();
+  EXPECT_EQ(*kv->BlocksNeeded(s, 16), (std::vector<int64_t>{4, 4}));
+  Step(*kv, s, Tokens(16));
+  // Both pools hand out their own low ids: the same numbers, other memory.
+  EXPECT_EQ(kv->Table(s, kFull), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(kv->Table(s, kSliding), (std::vector<int32_t>{-1, -1, 3, 4}));
+  EXPECT_EQ(kv->free_blocks(0), 40 - 4);
+  EXPECT_EQ(kv->free_blocks(1), 12 - 2);
+  EXPECT_EQ(kv->free_blocks(), 52 - 6);
+  ASSERT_TRUE(kv->Free(s).ok());
+  EXPECT_EQ(kv->free_blocks(0), 40);
+  EXPECT_EQ(kv->free_blocks(1), 12);
+}
+
+TEST(KvBlockAllocatorPools, AShortPoolRefusesAndNamesItselfChangingNothing) {
+  // Plenty of full blocks, but a 16-token chunk needs 4 sliding blocks of 3.
+  auto kv = *KvBlockAllocator::Create(TwoPools(64, 7));
+  auto a = kv->CreateSequence();
+  Step(*kv, a, Tokens(12));  // holds 3 sliding blocks, keeps 2 (positions 5..11)
+  EXPECT_EQ(kv->free_blocks(1), 5);
+  auto b = kv->CreateSequence();
+  Step(*kv, b, Tokens(8, 300));  // 2 sliding blocks, keeps 2
+  EXPECT_EQ(kv->free_blocks(1), 3);
+  auto c = kv->CreateSequence();
+  const absl::Status st = kv->Reserve(c, 16, NoCopy);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("sliding-window"), std::string::npos) << st;
+  EXPECT_EQ(kv->free_blocks(0), 64 - 3 - 2);
+  EXPECT_EQ(kv->free_blocks(1), 3);
+  EXPECT_EQ(kv->BlocksHeld(c, kFull), 0);
+}
+
+TEST(KvBlockAllocatorPools, AdmissionAndMaxTokensCountEachPool) {
+  auto kv = *KvBlockAllocator::Create(TwoPools(40, 12));
+  // The full pool: every block; the sliding pool: the window's bound.
+  EXPECT_EQ(kv->PoolBlocksForLength(6), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(kv->PoolBlocksForLength(100), (std::vector<int64_t>{25, 4}));
+  EXPECT_EQ(kv->BlocksForLength(100), 29);
+  // 40 full blocks of 4 tokens; the sliding pool is not the limit.
+  EXPECT_EQ(kv->MaxTokens(), 160);
+  // A sliding pool with no room beside its step reserve is refused.
+  EXPECT_EQ(KvBlockAllocator::Create(TwoPools(40, 4)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  KvBlockAllocatorOptions bad = TwoPools(40, 12);
+  bad.group_pools = {0};
+  EXPECT_EQ(KvBlockAllocator::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.group_pools = {0, 2};
+  EXPECT_EQ(KvBlockAllocator::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// What admission promises: sequences whose reservations fit every pool's
+// admission_blocks never run out of blocks, whatever steps of at most
+// max_chunk_tokens new tokens (over all of them) they run, prefill chunks
+// and decode mixed.
+TEST(KvBlockAllocatorPools, AdmittedSequencesNeverRunOutOfBlocksInAnyStep) {
+  for (uint32_t seed = 1; seed <= 20; ++seed) {
+    auto kv = *KvBlockAllocator::Create(TwoPools(60, 4 * 6 + 4));
+    std::mt19937 rng(seed);
+    struct Seq {
+      KvBlockAllocator::SequenceId id;
+      int64_t length, target;
+    };
+    std::vector<Seq> seqs;
+    std::vector<int64_t> reserved(2, 0);
+    // Admit sequences of random final lengths while every pool has room.
+    for (;;) {
+      const int64_t target = std::uniform_int_distribution<int64_t>(1, 60)(rng);
+      const std::vector<int64_t> need = kv->PoolBlocksForLength(target);
+      if (reserved[0] + need[0] > kv->admission_blocks(0) ||
+          reserved[1] + need[1] > kv->admission_blocks(1)) {
+        break;
+      }
+      reserved[0] += need[0];
+      reserved[1] += need[1];
+      seqs.push_back({kv->CreateSequence(), 0, target});
+    }
+    ASSERT_GE(seqs.size(), 2u);
+    for (bool work = true; work;) {
+      // One step: random chunks of the unfinished sequences, 16 tokens in all.
+      int64_t budget = 16;
+      work = false;
+      std::vector<std::pair<size_t, int64_t>> step;
+      for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
+        const int64_t left = seqs[i].target - seqs[i].length;
+        if (left == 0) continue;
+        const int64_t n =
+            std::uniform_int_distribution<int64_t>(1, std::min(left, budget))(rng);
+        budget -= n;
+        step.emplace_back(i, n);
+      }
+      for (const auto& [i, n] : step) {
+        const absl::Status st = kv->Reserve(seqs[i].id, n, NoCopy);
+        ASSERT_TRUE(st.ok()) << "seed " << seed << ": " << st;
+      }
+      for (const auto& [i, n] : step) {
+        const std::vector<int32_t> t = Tokens(static_cast<int>(n), 7 * static_cast<int>(i));
+        ASSERT_TRUE(kv->Commit(seqs[i].id, n, t.data()).ok());
+        seqs[i].length += n;
+        work = true;
+      }
+    }
+  }
+}
+
+TEST(KvBlockAllocatorPools, PrefixCacheEvictsEachPoolOnItsOwn) {
+  // 8 full blocks; 40 sliding ones (36 beside the step reserve).
+  auto kv = *KvBlockAllocator::Create(TwoPools(8, 40, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = Tokens(16);
+  auto a = kv->CreateSequence();
+  Step(*kv, a, prompt);
+  ASSERT_TRUE(kv->Free(a).ok());
+  std::vector<int32_t> longer = prompt;
+  longer.push_back(1);
+  EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
+  EXPECT_EQ(kv->prefix_cache().cached_free_blocks(0), 4);
+  EXPECT_EQ(kv->prefix_cache().cached_free_blocks(1), 4);
+  // Another sequence takes the 4 uncached full blocks, then one more: the
+  // full pool evicts the prompt's last block (the least recently freed);
+  // the sliding pool has room and evicts nothing.
+  auto other = kv->CreateSequence();
+  Step(*kv, other, Tokens(16, 900));
+  EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
+  ASSERT_TRUE(kv->Reserve(other, 4, NoCopy).ok());
+  EXPECT_EQ(kv->prefix_cache().cached_free_blocks(0), 3);
+  EXPECT_EQ(kv->prefix_cache().cached_free_blocks(1), 4 + 2);  // a's and other's past window
+  EXPECT_EQ(kv->MatchPrefix(longer, 4), 3);
+  // A hit on the 3 blocks left takes them from each pool.
+  auto c = kv->CreateSequenceFromPrefix(std::vector<int32_t>(prompt.begin(), prompt.begin() + 12));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(kv->BlocksHeld(*c, kFull), 3);
+  EXPECT_EQ(kv->BlocksHeld(*c, kSliding), 2);  // the window before position 12: blocks 1, 2
+  EXPECT_EQ(kv->free_blocks(0), 0);
 }
 
 }  // namespace

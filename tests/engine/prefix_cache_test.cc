@@ -227,5 +227,47 @@ TEST(PrefixCache, DisabledIsAPlainAllocator) {
   EXPECT_EQ(cache->cached_free_blocks(), 0);
 }
 
+TEST(PrefixCache, PoolsHaveTheirOwnBlocksFreeListsAndLru) {
+  PrefixCacheOptions o;
+  o.pool_blocks = {2, 3};
+  o.slot_pools = {0, 1};
+  auto cache = MakeCache(0, /*slots=*/2, o);
+  ASSERT_NE(cache, nullptr);
+  EXPECT_EQ(cache->num_pools(), 2);
+  EXPECT_EQ(cache->free_blocks(), 5);
+  // A token block of two slots: block 0 of pool 0 and block 0 of pool 1.
+  const int32_t a0 = *cache->Allocate(0), a1 = *cache->Allocate(1);
+  EXPECT_EQ(a0, 0);
+  EXPECT_EQ(a1, 0);
+  PrefixCache::Chain chain;
+  cache->Extend(&chain, Iota(4), [&](int64_t, std::vector<int32_t>* slots) {
+    *slots = {a0, a1};
+  });
+  EXPECT_TRUE(cache->cached(a0, 0));
+  EXPECT_TRUE(cache->cached(a1, 1));
+  cache->Release(a1, 1);
+  cache->Release(a0, 0);
+  EXPECT_EQ(cache->cached_free_blocks(0), 1);
+  EXPECT_EQ(cache->cached_free_blocks(1), 1);
+  // Pool 0 runs dry first: its second allocation evicts its cached block;
+  // pool 1's stays cached, so the entry keeps its pool-1 slot.
+  EXPECT_EQ(*cache->Allocate(0), 1);
+  EXPECT_EQ(*cache->Allocate(0), 0);
+  EXPECT_FALSE(cache->Allocate(0).has_value());
+  EXPECT_FALSE(cache->cached(0, 0));
+  EXPECT_TRUE(cache->cached(0, 1));
+  std::vector<PrefixCache::Hit> hits = cache->Walk(Iota(4), 1);
+  ASSERT_EQ(hits.size(), 1u);
+  EXPECT_EQ(hits[0].slots, (std::vector<int32_t>{-1, 0}));
+  EXPECT_EQ(cache->free_blocks(0), 0);
+  EXPECT_EQ(cache->free_blocks(1), 3);
+  // A slot naming a pool that does not exist is refused.
+  PrefixCacheOptions bad = o;
+  bad.block_size = 4;
+  bad.slots = 2;
+  bad.slot_pools = {0, 2};
+  EXPECT_EQ(PrefixCache::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace flotilla

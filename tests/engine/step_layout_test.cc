@@ -33,7 +33,7 @@ std::vector<int32_t> Tokens(int n, int first) {
   return t;
 }
 
-void NoCopy(int32_t, int32_t) {}
+void NoCopy(int, int32_t, int32_t) {}
 
 // A sequence that already holds `length` tokens.
 int64_t SequenceOf(KvBlockAllocator& kv, int length) {

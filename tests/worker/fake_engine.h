@@ -4,6 +4,7 @@
 // blocks of `block_size` tokens over `total_blocks`. Records every call.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <vector>
@@ -27,6 +28,10 @@ class FakeEngine : public Engine {
       [](int64_t, const std::vector<int32_t>& tokens) { return tokens.back() + 1; };
   // What CachedPrefixLength answers.
   int64_t cached_prefix = 0;
+  // > 0: a second KV pool of that many blocks, where a sequence holds at
+  // most `window_pool_bound` blocks (as a sliding-window pool does).
+  int64_t window_pool_blocks = 0;
+  int64_t window_pool_bound = 2;
   // Not OK: every Step fails with it.
   absl::Status step_error;
   // Called with every Step's items (on the stepping thread), for records that
@@ -105,6 +110,14 @@ class FakeEngine : public Engine {
   }
   int64_t KvBlocksForLength(int64_t tokens) const override {
     return (tokens + block_size_ - 1) / block_size_;
+  }
+  std::vector<int64_t> KvPoolAdmissionBlocks() const override {
+    if (window_pool_blocks == 0) return {total_blocks_};
+    return {total_blocks_, window_pool_blocks};
+  }
+  std::vector<int64_t> KvPoolBlocksForLength(int64_t tokens) const override {
+    if (window_pool_blocks == 0) return {KvBlocksForLength(tokens)};
+    return {KvBlocksForLength(tokens), std::min(KvBlocksForLength(tokens), window_pool_bound)};
   }
   int64_t CachedPrefixLength(const std::vector<int32_t>&, uint64_t cache_domain) const override {
     prefix_queries.push_back(cache_domain);

@@ -362,6 +362,41 @@ TEST_F(SchedulerTest, QueuesWhileKvIsReservedAndAdmitsWhenItFrees) {
   EXPECT_EQ(s.queued(), 0u);
 }
 
+TEST_F(SchedulerTest, AdmissionFitsEveryKvPoolOnItsOwn) {
+  // The first pool holds all three requests (4 blocks each of 100); the
+  // second, 2 blocks per sequence of 5, only two: the third waits although
+  // the pools' sum would hold it.
+  engine_ = FakeEngine(ModelConfig::Tiny(), /*total_blocks=*/100, /*block_size=*/4);
+  engine_.window_pool_blocks = 5;
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  for (uint64_t id = 1; id <= 3; ++id) s.Enqueue(Submit(id, Prompt(4), 12), &refused);
+  cluster::StepPlan plan;
+  Step(s, 50, &plan);
+  EXPECT_EQ(s.running(), 2u);
+  EXPECT_EQ(s.queued(), 1u);
+  EXPECT_EQ(s.kv_reserved(), 2 * (4 + 2));
+  s.Cancel(1);
+  plan = s.Plan(&refused);
+  EXPECT_EQ(s.running(), 2u);
+  EXPECT_EQ(s.queued(), 0u);
+  EXPECT_EQ(refused.updates_size(), 0);
+}
+
+TEST_F(SchedulerTest, ARequestLargerThanOneKvPoolIsRefused) {
+  engine_ = FakeEngine(ModelConfig::Tiny(), /*total_blocks=*/100, /*block_size=*/4);
+  engine_.window_pool_blocks = 1;  // every sequence needs 2 blocks there
+  Scheduler s = Make(Limits(64, 8));
+  cluster::TokenBatch refused;
+  s.Enqueue(Submit(1, Prompt(4), 12), &refused);
+  s.Plan(&refused);
+  ASSERT_EQ(refused.updates_size(), 1);
+  EXPECT_EQ(refused.updates(0).error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(refused.updates(0).error().find("per pool"), std::string::npos)
+      << refused.updates(0).error();
+  EXPECT_EQ(s.running(), 0u);
+}
+
 TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
   engine_.cached_prefix = 4;
   Scheduler s = Make(Limits(64, 8));

@@ -11,7 +11,11 @@
 // where the decode steps would pass the model's limit (then the last step's
 // sequences hold exactly `--context` tokens, e.g. 131072).
 //   engine_cuda_bench [--layers N] [--batches 1,8,64,256] [--context 1024]
-//                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G] [--kv-blocks N]
+//                     [--prefill 2048,8192] [--steps 64] [--hbm-gbs G]
+//                     [--kv-blocks N|auto] (blocks in each KV pool; auto: what the
+//                                          device's memory leaves, as serving sizes it)
+//                     [--max-sequences N] (sequences the engine is sized for; default
+//                                          the largest batch)
 //                     [--kv-cache-dtype auto|bf16|fp8] (fp8: the full-attention
 //                                          layers' KV in e4m3 with scales)
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
@@ -132,7 +136,7 @@ void PrintStepModel(const OpTimes& op_ms, long steps, double graph_step_ms, bool
 }  // namespace
 
 int main(int argc, char** argv) {
-  long layers = 36, context = 1024, steps = 64, kv_blocks = 0;
+  long layers = 36, context = 1024, steps = 64, kv_blocks = 0, max_sequences = 0;
   bool profile_ops = false;
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
@@ -152,7 +156,10 @@ int main(int argc, char** argv) {
     else if (a == "--prefill") prefills = v == "none" ? std::vector<long>{} : ParseList(v);
     else if (a == "--steps") steps = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--hbm-gbs") hbm_gbs = std::strtod(v.c_str(), nullptr);
-    else if (a == "--kv-blocks") kv_blocks = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--kv-blocks")
+      kv_blocks = v == "auto" ? -1 : std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--max-sequences")
+      max_sequences = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
     else if (a == "--kv-cache-dtype") {
       const absl::StatusOr<flotilla::KvCacheDtype> d = flotilla::ParseKvCacheDtype(v);
@@ -206,7 +213,7 @@ int main(int argc, char** argv) {
   long max_prefill = 0;
   for (long p : prefills) max_prefill = std::max(max_prefill, p);
   CudaEngineOptions o;
-  o.max_sequences = static_cast<int>(std::max(max_batch, 1L));
+  o.max_sequences = static_cast<int>(std::max({max_batch, max_sequences, 1L}));
   o.max_batch_tokens = static_cast<int>(std::max({max_prefill, max_batch, 256L}));
   // Every decode step of a batch (the 4 that capture, the timed ones and,
   // per ablated op, 2 more captures and the timed ones again) grows its
@@ -227,11 +234,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.max_context = std::min(std::max(filled + decode_steps + 16, max_prefill + 16), limit);
-  // Blocks of 16 positions, one table for the full-attention layers and one
-  // for the sliding ones (which hold at most as many): twice a table's worth.
-  o.kv_num_blocks = kv_blocks > 0 ? kv_blocks
-                                  : 2 * std::max(max_batch * ((filled + decode_steps + 16) / 16 + 1),
-                                                 max_prefill / 16 + 2);
+  // Blocks of 16 positions in each pool (one per layer group): a table of
+  // every sequence (the full-attention pool's need; the sliding-window pool
+  // needs less) and one step's chunk. --kv-blocks auto: what the device's
+  // memory leaves (as serving sizes it).
+  o.kv_num_blocks = kv_blocks < 0   ? 0
+                    : kv_blocks > 0 ? kv_blocks
+                                    : std::max(max_batch * ((filled + decode_steps + 16) / 16 + 1),
+                                               max_prefill / 16 + 2) +
+                                          o.max_batch_tokens / 16 + 1;
   o.profile_ops = profile_ops;
   o.kv_cache_dtype = kv_dtype;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
@@ -245,11 +256,18 @@ int main(int argc, char** argv) {
   }
   CudaEngine& e = **made;
   const double build_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::string pools;  // each KV pool (one per layer group): its blocks and their size
+  for (int p = 0; p < e.kv_pools().num_pools(); ++p) {
+    pools += (p > 0 ? ",{" : "{") + std::string("\"pool\":\"") + e.kv_pools().pool_name(p) +
+             "\",\"blocks\":" + std::to_string(e.kv_pools().pool_blocks(p)) +
+             ",\"block_bytes\":" + std::to_string(e.kv_pool_block_bytes(p)) + "}";
+  }
   std::printf(
       "{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
-      "\"kv_blocks\":%lld,\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
+      "\"kv_blocks\":%lld,\"kv_pools\":[%s],\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,"
+      "\"hbm_gbs\":%.0f}\n",
       props.name.c_str(), layers, e.weight_bytes() / 1e9, static_cast<long long>(e.num_kv_blocks()),
-      flotilla::KvCacheDtypeName(kv_dtype), build_s, hbm_gbs);
+      pools.c_str(), flotilla::KvCacheDtypeName(kv_dtype), build_s, hbm_gbs);
   std::fflush(stdout);
 
   // Per-token and per-layer byte counts for the roofline.

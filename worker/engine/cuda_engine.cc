@@ -133,7 +133,8 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
                                                    options_.max_sequences));
   }
   std::unordered_set<int64_t> seen;
-  int64_t tokens = 0, needed = 0;
+  int64_t tokens = 0;
+  std::vector<int64_t> needed(kv_->num_pools(), 0);
   for (const StepItem& it : items) {
     FLOTILLA_RETURN_IF_ERROR(
         CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size, &seen, VerifiesDrafts()));
@@ -147,19 +148,15 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
           "sequence ", it.sequence, " would hold ", length,
           " tokens, more than this engine's context (", options_.max_context, ")"));
     }
-    needed += *kv_->BlocksNeeded(it.sequence, added);
+    const std::vector<int64_t> more = *kv_->BlocksNeeded(it.sequence, added);
+    for (size_t p = 0; p < more.size(); ++p) needed[p] += more[p];
   }
   if (tokens > options_.max_batch_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("step: ", tokens,
                                                    " tokens, more than max_batch_tokens ",
                                                    options_.max_batch_tokens));
   }
-  if (needed > free_kv_blocks()) {
-    return absl::ResourceExhaustedError(absl::StrCat("kv cache: out of blocks: the step needs ",
-                                                     needed, " blocks, ", free_kv_blocks(), " of ",
-                                                     num_kv_blocks(), " are free"));
-  }
-  return absl::OkStatus();
+  return kv_->CheckFree(needed, "the step");
 }
 
 absl::Status CudaEngine::CheckDraft(const StepItem& item) const {
@@ -203,8 +200,9 @@ absl::Status CudaEngine::ReserveKv(int64_t sequence, int64_t tokens) {
   // Copy on write of a shared block, every layer's K and V (the prefix cache
   // shares only whole blocks, which are never written again, so this is for
   // completeness).
-  auto copy = [&](int32_t from, int32_t to) {
+  auto copy = [&](int group, int32_t from, int32_t to) {
     for (const CudaDeviceState::Layer& L : d.layers) {
+      if (L.kv_group != group) continue;
       // A block's bytes: bf16 K or V, or an FP8 layer's codes and scales.
       const size_t n = L.kv.fp8() ? static_cast<size_t>(L.kv.fp8_block_bytes)
                                   : static_cast<size_t>(L.kv.kv_heads) * L.kv.block_size *
@@ -230,8 +228,33 @@ absl::Status CudaEngine::ExtendSynthetic(int64_t sequence, int64_t tokens) {
   if (tokens < 0 || *length + tokens > options_.max_context) {
     return absl::InvalidArgumentError("extend: past this engine's context");
   }
-  FLOTILLA_RETURN_IF_ERROR(ReserveKv(sequence, tokens));
-  return kv_->Commit(sequence, tokens, nullptr);  // its KV is not its tokens'
+  // In steps' chunks, as the sliding-window pool's step reserve assumes.
+  for (int64_t done = 0; done < tokens;) {
+    const int64_t n = std::min<int64_t>(tokens - done, options_.max_batch_tokens);
+    FLOTILLA_RETURN_IF_ERROR(ReserveKv(sequence, n));
+    FLOTILLA_RETURN_IF_ERROR(kv_->Commit(sequence, n, nullptr));  // its KV is not its tokens'
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<int64_t> CudaEngine::KvPoolAdmissionBlocks() const {
+  std::vector<int64_t> blocks;
+  for (int p = 0; p < kv_->num_pools(); ++p) blocks.push_back(kv_->admission_blocks(p));
+  return blocks;
+}
+
+size_t CudaEngine::kv_pool_block_bytes(int pool) const {
+  return impl_->kv_pool_block_bytes[pool];
+}
+
+std::string CudaEngine::KvPoolsSummary() const {
+  std::string out;
+  for (int p = 0; p < kv_->num_pools(); ++p) {
+    absl::StrAppend(&out, p > 0 ? ", " : "", kv_->pool_name(p), " ", kv_->pool_blocks(p),
+                    " blocks (", kv_pool_block_bytes(p), " B each)");
+  }
+  return out;
 }
 
 absl::Status CudaEngine::WaitForStep(cudaStream_t stream) {

@@ -8,11 +8,12 @@
 // matmuls in bf16, q/k/v projections fused into one [(NH + 2 NKV) D, H]
 // matrix, experts in their packed MXFP4 checkpoint layout, KV cache bf16
 // [num_blocks, kv_heads, block_size, D] per layer. The KV blocks are a
-// KvBlockAllocator's (the CPU engine's rules) with two layer groups: the
-// full-attention layers keep every position, the sliding-window layers only
-// the window (and a step's new positions), so a block holds block_size
-// positions of every layer of one group and a long sequence takes about half
-// the memory it would if every layer kept every position.
+// KvBlockAllocator's (the CPU engine's rules) with two layer groups, each
+// with its own pool of blocks: the full-attention layers keep every
+// position, the sliding-window layers only the window (and a step's new
+// positions), so a block holds block_size positions of every layer of one
+// group and a long sequence takes about half the memory it would if every
+// layer kept every position.
 //
 // Sharded (CudaEngineOptions::parallel set, W > 1 ranks): the engine holds its
 // TP rank's q and kv heads (and their KV), the experts its rank holds in the
@@ -66,17 +67,19 @@ struct CudaEngineOptions {
   // outlive the engine), or nullptr: this engine holds the whole model.
   parallel::ParallelContext* parallel = nullptr;
   int kv_block_size = 16;
-  // Blocks in the KV arena (block 0 is kept as scratch for padded graph
-  // rows); 0: what this engine's share of the device (gpu_memory_utilization
-  // of its memory) leaves after its weights, workspaces and a reserve for the
-  // CUDA context, capped by the memory free now. Ranks sharing one GPU each
-  // take their own fraction.
+  // Blocks in each KV pool (one pool per layer group; each pool's block 0
+  // is kept as scratch for padded graph rows); 0: what this engine's share
+  // of the device (gpu_memory_utilization of its memory) leaves after its
+  // weights, workspaces and a reserve for the CUDA context, capped by the
+  // memory free now, split between the pools (the sliding-window pool sized
+  // for max_sequences sequences, at most half the bytes; the rest to the
+  // full-attention pool). Ranks sharing one GPU each take their own fraction.
   int64_t kv_num_blocks = 0;
   // kFp8: the full-attention layers' K and V as e4m3 codes with a bf16 scale
   // per (position, kv head) (kernels/cuda/ops.h PagedKvLayer); sliding-window
-  // layers stay bf16. The arena keeps its block count (the groups share block
-  // ids, so a block is as large as a bf16 sliding-window block); attention
-  // reads half the bytes of a full-attention layer.
+  // layers stay bf16. A full-attention block then takes (head_dim + 2) /
+  // (2 head_dim) of a bf16 one, so its pool holds ~1.94x the blocks in the
+  // same bytes; attention reads half the bytes of a full-attention layer.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
@@ -194,14 +197,25 @@ class CudaEngine : public Engine {
   absl::Status ExtendSynthetic(int64_t sequence, int64_t tokens);
 
   int64_t MaxSequenceLength() const override;
+  // Blocks of every pool together (see kv_pools() for each one's).
   int64_t num_kv_blocks() const { return kv_->num_blocks(); }
   // Cached blocks no sequence holds count as free (they are evictable).
   int64_t free_kv_blocks() const { return kv_->free_blocks(); }
+  // The KV pools (one per layer group) and what a block of each takes on
+  // the device, for logs and benches.
+  const KvBlockAllocator& kv_pools() const { return *kv_; }
+  size_t kv_pool_block_bytes(int pool) const;
+  // "full-attention 120016 blocks (8448 B/layer), sliding-window ..."
+  std::string KvPoolsSummary() const;
   const ModelConfig& config() const override { return config_; }
   int64_t KvTotalBlocks() const override { return num_kv_blocks(); }
   int64_t KvFreeBlocks() const override { return free_kv_blocks(); }
   int64_t KvBlocksForLength(int64_t tokens) const override {
     return kv_->BlocksForLength(tokens);
+  }
+  std::vector<int64_t> KvPoolAdmissionBlocks() const override;
+  std::vector<int64_t> KvPoolBlocksForLength(int64_t tokens) const override {
+    return kv_->PoolBlocksForLength(tokens);
   }
   // Blocks of `group` (0: full-attention layers, 1: sliding-window layers
   // when the model has both) a sequence holds now (tests).

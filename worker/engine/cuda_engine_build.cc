@@ -426,6 +426,8 @@ KvBlockAllocatorOptions KvGroups(const ModelConfig& c, const CudaEngineOptions& 
   k.prefix_cache = o.prefix_cache;
   k.write_whole_chunk = true;
   k.max_chunk_tokens = o.max_batch_tokens;
+  // A pool per group: each group's blocks are sized for its own layers.
+  for (size_t g = 0; g < k.sliding.size(); ++g) k.group_pools.push_back(static_cast<int>(g));
   return k;
 }
 
@@ -457,13 +459,15 @@ absl::Status AllocAttentionWorkspace(CudaDeviceState& d, const CudaEngineOptions
 }
 
 // The KV arena's geometry: a block holds K and V of every layer of one group
-// (full or sliding layers); the layers of a group index their own arrays
-// with it.
+// (full or sliding layers); each group has its own pool of blocks and its
+// layers index their own arrays with the pool's block ids.
 struct KvArenaShape {
   KvBlockAllocatorOptions options;
-  int64_t group_layers = 0;      // layers of the largest group
-  size_t layer_block_elems = 0;  // K or V of one layer in one block
-  size_t block_bytes = 0;
+  std::vector<int64_t> group_layers;     // per group: its layers
+  std::vector<size_t> layer_block_bytes;  // per group: K or V of one layer in one block
+  std::vector<bool> fp8;                  // per group: FP8 codes and scales
+  // Per group: a block over every layer of the group, K and V.
+  size_t block_bytes(size_t g) const { return 2 * layer_block_bytes[g] * group_layers[g]; }
 };
 
 KvArenaShape KvArenaShapeOf(CudaDeviceState& d, const ModelConfig& c,
@@ -471,25 +475,36 @@ KvArenaShape KvArenaShapeOf(CudaDeviceState& d, const ModelConfig& c,
   KvArenaShape k;
   k.options = KvGroups(c, options);
   d.kv_groups = static_cast<int>(k.options.sliding.size());
-  std::vector<int> in_group(d.kv_groups, 0);
+  k.group_layers.assign(d.kv_groups, 0);
   for (Layer& L : d.layers) {
     L.kv_group = d.kv_groups == 2 && L.window > 0 ? 1 : 0;
-    ++in_group[L.kv_group];
+    ++k.group_layers[L.kv_group];
   }
-  k.group_layers = *std::max_element(in_group.begin(), in_group.end());
-  k.layer_block_elems = static_cast<size_t>(b.NKV) * options.kv_block_size * b.D;
-  k.block_bytes = 2 * k.layer_block_elems * k.group_layers * sizeof(uint16_t);
+  const size_t positions = static_cast<size_t>(b.NKV) * options.kv_block_size;
+  for (int g = 0; g < d.kv_groups; ++g) {
+    // Sliding-window layers stay bf16; FP8 keeps a bf16 scale per position
+    // and kv head beside the codes, each block 16-byte aligned.
+    const bool fp8 = options.kv_cache_dtype == KvCacheDtype::kFp8 && !k.options.sliding[g];
+    k.fp8.push_back(fp8);
+    k.layer_block_bytes.push_back(fp8 ? (positions * (b.D + 2) + 15) / 16 * 16
+                                      : positions * b.D * sizeof(uint16_t));
+  }
   return k;
 }
 
-// Blocks in the arena, scratch block 0 included: options.kv_num_blocks + 1,
-// or what this engine's share of the device leaves: gpu_memory_utilization
-// of it, less what the engine holds already and room for the CUDA context,
-// block tables, graphs and cuBLASLt; never more than is free now, nor more
-// than max_sequences sequences of max_context tokens need.
-absl::StatusOr<int64_t> KvBlocksToAllocate(CudaDeviceState& d, const CudaEngineOptions& options,
-                                           KvArenaShape& k, int64_t max_context) {
-  if (options.kv_num_blocks > 0) return options.kv_num_blocks + 1;
+// Blocks of each pool, scratch block 0 included: options.kv_num_blocks + 1
+// each, or what this engine's share of the device leaves: gpu_memory_
+// utilization of it, less what the engine holds already and room for the
+// CUDA context, block tables, graphs and cuBLASLt; never more than is free
+// now, nor more than max_sequences sequences of max_context tokens need.
+// The sliding-window pool gets what max_sequences sequences reserve there
+// (their windows and one step's reserve), at most half the bytes; the
+// full-attention pool the rest.
+absl::StatusOr<std::vector<int64_t>> KvBlocksToAllocate(CudaDeviceState& d,
+                                                        const CudaEngineOptions& options,
+                                                        KvArenaShape& k, int64_t max_context) {
+  const size_t pools = k.options.sliding.size();
+  if (options.kv_num_blocks > 0) return std::vector<int64_t>(pools, options.kv_num_blocks + 1);
   size_t free_bytes = 0, total_bytes = 0;
   FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(d.stream));
   FLOTILLA_CUDA_RETURN(cudaMemGetInfo(&free_bytes, &total_bytes));
@@ -497,24 +512,34 @@ absl::StatusOr<int64_t> KvBlocksToAllocate(CudaDeviceState& d, const CudaEngineO
   const double budget = static_cast<double>(total_bytes) * options.gpu_memory_utilization -
                         static_cast<double>(d.arena->allocated_bytes()) - kContextReserve;
   const double free_now = static_cast<double>(free_bytes) - kContextReserve / 2;
-  const double usable = std::max(0.0, std::min(budget, free_now));
-  const int64_t num_blocks = static_cast<int64_t>(usable / static_cast<double>(k.block_bytes));
-  k.options.num_blocks = 1;  // BlocksForLength does not depend on it
+  double usable = std::max(0.0, std::min(budget, free_now));
+  // What max_sequences sequences of max_context tokens reserve in each pool.
+  k.options.pool_blocks.assign(pools, int64_t{1} << 30);  // the needs do not depend on it
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> probe,
                             KvBlockAllocator::Create(k.options));
-  return std::min<int64_t>(num_blocks,
-                           probe->BlocksForLength(max_context) * options.max_sequences + 1);
+  const std::vector<int64_t> need = probe->PoolBlocksForLength(max_context);
+  std::vector<int64_t> blocks(pools, 0);
+  for (size_t i = 0; i < pools; ++i) {
+    // Allocated last to first: the sliding-window pool (1) before the full one.
+    const size_t p = pools - 1 - i;
+    const int64_t want = need[p] * options.max_sequences +
+                         (probe->pool_blocks(p) - probe->admission_blocks(p)) + 1;
+    const double bytes = p > 0 ? usable / 2 : usable;
+    blocks[p] = std::min<int64_t>(
+        want, static_cast<int64_t>(bytes / static_cast<double>(k.block_bytes(p))));
+    usable -= static_cast<double>(blocks[p]) * static_cast<double>(k.block_bytes(p));
+  }
+  return blocks;
 }
 
-// An FP8 full-attention layer keeps its codes and scales in its bf16 arrays,
-// each block where the bf16 block would be (fp8_block_bytes = a bf16 block),
-// so the groups still share block ids; filled with finite pseudo-random
-// codes and scales like the bf16 arena.
-absl::Status MakeFp8Layer(CudaDeviceState& d, kc::PagedKvLayer& kv, uint64_t seed) {
+// An FP8 full-attention layer's codes and scales: K and V each a block of
+// layer_block_bytes per block id; filled with finite pseudo-random codes and
+// scales like the bf16 arena.
+absl::Status MakeFp8Layer(CudaDeviceState& d, kc::PagedKvLayer& kv, size_t layer_block_bytes,
+                          uint64_t seed) {
   kv.k8 = reinterpret_cast<uint8_t*>(kv.k);
   kv.v8 = reinterpret_cast<uint8_t*>(kv.v);
-  kv.fp8_block_bytes = static_cast<long long>(kv.kv_heads) * kv.block_size * kv.head_dim *
-                       static_cast<long long>(sizeof(uint16_t));
+  kv.fp8_block_bytes = static_cast<long long>(layer_block_bytes);
   kv.k = nullptr;
   kv.v = nullptr;
   FLOTILLA_CUDA_RETURN(kc::LaunchFillKvFp8(kv, seed, 1.0f, d.stream));
@@ -536,36 +561,46 @@ absl::Status AllocKvStaging(CudaDeviceState& d, const BuildShape& b) {
   return absl::OkStatus();
 }
 
-// Allocates the arena of `num_blocks` blocks (pseudo-random contents: padded
-// graph rows and ExtendSynthetic read them) and points each layer at its
-// K and V arrays (FP8 ones for the full-attention layers with kFp8).
-absl::Status PlaceKvArena(CudaDeviceState& d, const KvArenaShape& k, int64_t num_blocks,
-                          const BuildShape& b, const CudaEngineOptions& options, uint64_t seed) {
-  const int64_t block_size = options.kv_block_size;
-  const size_t elems = num_blocks * k.block_bytes / sizeof(uint16_t);
+// Allocates the arena, each group's pool of `num_blocks[group]` blocks
+// (pseudo-random contents: padded graph rows and ExtendSynthetic read them)
+// and points each layer at its K and V arrays in its group's part (FP8 ones
+// for the full-attention layers with kFp8).
+absl::Status PlaceKvArena(CudaDeviceState& d, const KvArenaShape& k,
+                          const std::vector<int64_t>& num_blocks, const BuildShape& b,
+                          const CudaEngineOptions& options, uint64_t seed) {
+  std::vector<size_t> group_offset(d.kv_groups, 0);  // bytes
+  size_t bytes = 0;
+  for (int g = 0; g < d.kv_groups; ++g) {
+    group_offset[g] = bytes;
+    bytes += static_cast<size_t>(num_blocks[g]) * k.block_bytes(g);
+  }
+  const size_t elems = bytes / sizeof(uint16_t);
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.kv_arena, elems));
   FLOTILLA_CUDA_RETURN(kc::LaunchFillBf16(d.kv_arena, elems, seed + 77, 1.0f, 0.0f, d.stream));
+  char* arena = reinterpret_cast<char*>(d.kv_arena);
   std::vector<int> in_group(d.kv_groups, 0);
   for (Layer& L : d.layers) {
-    const size_t i = in_group[L.kv_group]++;  // its index among its group's layers
+    const int g = L.kv_group;
+    const size_t i = in_group[g]++;  // its index among its group's layers
+    const size_t array_bytes = static_cast<size_t>(num_blocks[g]) * k.layer_block_bytes[g];
     kc::PagedKvLayer& kv = L.kv;
-    kv.k = d.kv_arena + (2 * i) * num_blocks * k.layer_block_elems;
-    kv.v = d.kv_arena + (2 * i + 1) * num_blocks * k.layer_block_elems;
-    kv.num_blocks = static_cast<int>(num_blocks);
-    kv.block_size = static_cast<int>(block_size);
+    kv.k = reinterpret_cast<uint16_t*>(arena + group_offset[g] + (2 * i) * array_bytes);
+    kv.v = reinterpret_cast<uint16_t*>(arena + group_offset[g] + (2 * i + 1) * array_bytes);
+    kv.num_blocks = static_cast<int>(num_blocks[g]);
+    kv.block_size = options.kv_block_size;
     kv.kv_heads = static_cast<int>(b.NKV);
     kv.head_dim = static_cast<int>(b.D);
-    if (options.kv_cache_dtype == KvCacheDtype::kFp8 && L.window == 0) {
-      FLOTILLA_RETURN_IF_ERROR(MakeFp8Layer(d, kv, seed + 78 + i));
+    if (k.fp8[g]) {
+      FLOTILLA_RETURN_IF_ERROR(MakeFp8Layer(d, kv, k.layer_block_bytes[g], seed + 78 + i));
     }
   }
   if (options.kv_cache_dtype == KvCacheDtype::kFp8) FLOTILLA_RETURN_IF_ERROR(AllocKvStaging(d, b));
   return absl::OkStatus();
 }
 
-// The attention workspace, the KV arena and its block allocator (block 0 is
-// scratch; the allocator hands out the others low to high). `max_context`
-// comes back capped by what the arena holds.
+// The attention workspace, the KV arena and its block allocator (each
+// pool's block 0 is scratch; the allocator hands out the others low to
+// high). `max_context` comes back capped by what the arena holds.
 absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& d,
                                                                const ModelConfig& c,
                                                                const CudaEngineOptions& options,
@@ -576,20 +611,24 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& 
                      ? std::min<int64_t>(options.max_context, c.max_position_embeddings)
                      : c.max_position_embeddings;
   FLOTILLA_RETURN_IF_ERROR(AllocAttentionWorkspace(d, options, b, *max_context));
-  FLOTILLA_ASSIGN_OR_RETURN(const int64_t num_blocks,
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<int64_t> num_blocks,
                             KvBlocksToAllocate(d, options, k, *max_context));
-  if (num_blocks < 2) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cuda engine: no memory left for the KV cache (a block of ",
-                     options.kv_block_size, " positions takes ", k.block_bytes, " bytes over the ",
-                     k.group_layers, " layers of a group)"));
+  for (int g = 0; g < d.kv_groups; ++g) {
+    if (num_blocks[g] < 2) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda engine: no memory left for the KV cache (a block of ", options.kv_block_size,
+          " positions takes ", k.block_bytes(g), " bytes over the ", k.group_layers[g],
+          " layers of a group)"));
+    }
   }
   FLOTILLA_RETURN_IF_ERROR(PlaceKvArena(d, k, num_blocks, b, options, seed));
   k.options.first_block = 1;
-  k.options.num_blocks = num_blocks - 1;
+  k.options.pool_blocks.clear();
+  for (int64_t n : num_blocks) k.options.pool_blocks.push_back(n - 1);
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> kv,
                             KvBlockAllocator::Create(k.options));
   *max_context = std::min<int64_t>(*max_context, kv->MaxTokens());
+  for (int g = 0; g < d.kv_groups; ++g) d.kv_pool_block_bytes.push_back(k.block_bytes(g));
   return kv;
 }
 

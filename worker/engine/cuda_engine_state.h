@@ -67,6 +67,8 @@ struct CudaDeviceState {
   float* inv_freq = nullptr;
   float rope_scaling = 1.0f;
   uint16_t* kv_arena = nullptr;
+  // Per KV pool (= layer group): the bytes of one block over its layers.
+  std::vector<size_t> kv_pool_block_bytes;
   // kv_cache_dtype fp8: the step's new K and V in bf16 [max_tokens, NKV, D],
   // written there (at kv_stage_slots, 0..max_tokens-1) by the QKV kernels and
   // quantized into the FP8 layers' cache by LaunchKvQuantize.

@@ -115,10 +115,19 @@ class Engine {
   virtual const ModelConfig& config() const = 0;
 
   // KV accounting in this engine's blocks: the arena, what is free now, and
-  // what one sequence of `tokens` tokens holds at most.
+  // what one sequence of `tokens` tokens holds at most (every pool together).
   virtual int64_t KvTotalBlocks() const = 0;
   virtual int64_t KvFreeBlocks() const = 0;
   virtual int64_t KvBlocksForLength(int64_t tokens) const = 0;
+  // The same per pool of blocks (an engine whose layer groups draw from
+  // several pools, each with its own block size, e.g. FP8 full-attention
+  // layers beside bf16 sliding-window ones): the blocks admission may
+  // reserve in each, and what one sequence of `tokens` tokens holds at most
+  // in each. Admission fits a request into every pool. One pool by default.
+  virtual std::vector<int64_t> KvPoolAdmissionBlocks() const { return {KvTotalBlocks()}; }
+  virtual std::vector<int64_t> KvPoolBlocksForLength(int64_t tokens) const {
+    return {KvBlocksForLength(tokens)};
+  }
 
   // Prefix caching (an engine without a cache keeps these defaults). How
   // many leading tokens of `prompt` a new sequence of cache domain

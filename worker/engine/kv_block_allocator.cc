@@ -3,19 +3,30 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace flotilla {
 
 absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
-    const KvBlockAllocatorOptions& o) {
+    const KvBlockAllocatorOptions& options) {
+  KvBlockAllocatorOptions o = options;
   if (o.sliding.empty()) return absl::InvalidArgumentError("kv cache: no layer groups");
   if (o.block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv cache: block_size must be positive, got ", o.block_size));
   }
-  if (o.num_blocks <= 0 || o.first_block < 0 || o.num_blocks + o.first_block > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv cache: num_blocks must be in [1, 2^31), got ", o.num_blocks));
+  if (o.pool_blocks.empty()) o.pool_blocks = {o.num_blocks};
+  if (o.group_pools.empty()) o.group_pools.assign(o.sliding.size(), 0);
+  if (o.group_pools.size() != o.sliding.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv cache: ", o.group_pools.size(),
+                                                   " group pools for ", o.sliding.size(),
+                                                   " groups"));
+  }
+  for (int64_t n : o.pool_blocks) {
+    if (n <= 0 || o.first_block < 0 || n + o.first_block > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv cache: every pool's blocks must be in [1, 2^31), got ", n));
+    }
   }
   const bool any_sliding = std::find(o.sliding.begin(), o.sliding.end(), true) != o.sliding.end();
   if (any_sliding && o.window <= 0) {
@@ -27,13 +38,26 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
   PrefixCacheOptions po;
   po.block_size = o.block_size;
   po.first_block = o.first_block;
-  po.num_blocks = static_cast<int32_t>(o.num_blocks);
+  po.num_blocks = static_cast<int32_t>(o.pool_blocks[0]);
+  for (int64_t n : o.pool_blocks) po.pool_blocks.push_back(static_cast<int32_t>(n));
   po.slots = static_cast<int>(o.sliding.size());
+  po.slot_pools = o.group_pools;
   po.enabled = o.prefix_cache;
   po.window_slots = o.sliding;
   absl::StatusOr<std::unique_ptr<PrefixCache>> blocks = PrefixCache::Create(po);
   if (!blocks.ok()) return blocks.status();
-  return std::unique_ptr<KvBlockAllocator>(new KvBlockAllocator(o, std::move(*blocks)));
+  o.num_blocks = 0;
+  for (int64_t n : o.pool_blocks) o.num_blocks += n;
+  auto kv = std::unique_ptr<KvBlockAllocator>(new KvBlockAllocator(o, std::move(*blocks)));
+  for (int p = 0; p < kv->num_pools(); ++p) {
+    if (kv->admission_blocks(p) <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv cache: the ", kv->pool_name(p), " pool's ", kv->pool_blocks(p),
+          " blocks leave none beside the ", kv->StepReserve(p),
+          " kept for one step's new sliding-window positions"));
+    }
+  }
+  return kv;
 }
 
 KvBlockAllocator::KvBlockAllocator(const KvBlockAllocatorOptions& o,
@@ -61,9 +85,9 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::Fork(SequenceId s
   }
   SequenceId id = next_id_++;
   Sequence copy = it->second;
-  for (const auto& table : copy.tables) {
-    for (int32_t b : table) {
-      if (b >= 0) blocks_->Hold(b);
+  for (size_t g = 0; g < copy.tables.size(); ++g) {
+    for (int32_t b : copy.tables[g]) {
+      if (b >= 0) blocks_->Hold(b, pool_of_group(static_cast<int>(g)));
     }
   }
   seqs_.emplace(id, std::move(copy));
@@ -88,10 +112,11 @@ absl::Status KvBlockAllocator::Free(SequenceId seq) {
   for (size_t b = longest; b-- > 0;) {
     for (size_t g = 0; g < s.tables.size(); ++g) {
       const auto& table = s.tables[g];
+      const int pool = pool_of_group(static_cast<int>(g));
       if (b < table.size() && table[b] >= 0) {
-        blocks_->Release(table[b]);
+        blocks_->Release(table[b], pool);
       } else if (b < s.left[g].size() && s.left[g][b].block >= 0) {
-        blocks_->Refresh(s.left[g][b].block, s.left[g][b].key);
+        blocks_->Refresh(s.left[g][b].block, s.left[g][b].key, pool);
       }
     }
   }
@@ -138,35 +163,77 @@ void KvBlockAllocator::WriteRange(int group, int64_t length, int64_t n, int64_t*
   }
 }
 
-int64_t KvBlockAllocator::BlocksForLength(int64_t length) const {
+int64_t KvBlockAllocator::SlidingBound() const {
   const int64_t bs = options_.block_size;
   const int64_t w = options_.window;
-  int64_t bound = 0;  // blocks a sliding group holds at most during a step
   if (options_.write_whole_chunk) {
-    // The window - 1 kept positions and a whole chunk of new ones, which
-    // may straddle one more block.
-    bound = (w - 1 + options_.max_chunk_tokens + bs - 1) / bs + 1;
-  } else if (options_.prefix_cache) {
+    // Its window - 1 kept positions and a chunk of c new ones span at most
+    // floor((w - 2 + c) / bs) + 2 <= floor((w - 2) / bs) + floor(c / bs) + 3
+    // blocks; the floor(c / bs) of every sequence of a step together are at
+    // most the step reserve.
+    return (w - 2) / bs + 3;
+  }
+  if (options_.prefix_cache) {
     // The new ones start up to two blocks earlier.
-    bound = (w + bs - 2) / bs + 1 + (w + 2 * bs) / bs + 2;
-  } else {
-    // The window - 1 kept positions and up to window - 1 new ones.
-    bound = (2 * w + bs - 1) / bs + 1;
+    return (w + bs - 2) / bs + 1 + (w + 2 * bs) / bs + 2;
   }
+  // The window - 1 kept positions and up to window - 1 new ones.
+  return (2 * w + bs - 1) / bs + 1;
+}
+
+int64_t KvBlockAllocator::StepReserve(int pool) const {
+  if (!options_.write_whole_chunk) return 0;
+  for (size_t g = 0; g < options_.sliding.size(); ++g) {
+    if (options_.sliding[g] && options_.group_pools[g] == pool) {
+      return options_.max_chunk_tokens / options_.block_size;
+    }
+  }
+  return 0;
+}
+
+const char* KvBlockAllocator::pool_name(int pool) const {
+  bool full = false, sliding = false;
+  for (size_t g = 0; g < options_.sliding.size(); ++g) {
+    if (options_.group_pools[g] != pool) continue;
+    (options_.sliding[g] ? sliding : full) = true;
+  }
+  if (full && sliding) return "shared";
+  return sliding ? "sliding-window" : "full-attention";
+}
+
+int64_t KvBlockAllocator::num_blocks() const { return options_.num_blocks; }
+
+std::vector<int64_t> KvBlockAllocator::PoolBlocksForLength(int64_t length) const {
+  const int64_t bs = options_.block_size;
+  const int64_t all = (length + bs - 1) / bs;
+  const int64_t bound = SlidingBound();
+  std::vector<int64_t> blocks(num_pools(), 0);
+  for (size_t g = 0; g < options_.sliding.size(); ++g) {
+    blocks[options_.group_pools[g]] += options_.sliding[g] ? std::min(all, bound) : all;
+  }
+  return blocks;
+}
+
+int64_t KvBlockAllocator::BlocksForLength(int64_t length) const {
   int64_t total = 0;
-  for (bool sliding : options_.sliding) {
-    const int64_t all = (length + bs - 1) / bs;
-    total += sliding ? std::min(all, bound) : all;
-  }
+  for (int64_t n : PoolBlocksForLength(length)) total += n;
   return total;
 }
 
 int64_t KvBlockAllocator::MaxTokens() const {
-  // BlocksForLength is monotone: binary search the largest length that fits.
+  // PoolBlocksForLength is monotone: binary search the largest length that
+  // fits every pool.
+  auto fits = [&](int64_t length) {
+    const std::vector<int64_t> need = PoolBlocksForLength(length);
+    for (int p = 0; p < num_pools(); ++p) {
+      if (need[p] > admission_blocks(p)) return false;
+    }
+    return true;
+  };
   int64_t lo = 0, hi = options_.num_blocks * options_.block_size + 1;
   while (lo + 1 < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (BlocksForLength(mid) <= options_.num_blocks) {
+    if (fits(mid)) {
       lo = mid;
     } else {
       hi = mid;
@@ -175,53 +242,64 @@ int64_t KvBlockAllocator::MaxTokens() const {
   return lo;
 }
 
-absl::StatusOr<int64_t> KvBlockAllocator::BlocksNeeded(SequenceId seq, int64_t n) const {
+absl::StatusOr<std::vector<int64_t>> KvBlockAllocator::BlocksNeeded(SequenceId seq,
+                                                                    int64_t n) const {
   auto it = seqs_.find(seq);
   if (it == seqs_.end()) return absl::NotFoundError(absl::StrCat("kv cache: no sequence ", seq));
   const Sequence& s = it->second;
   const int64_t bs = options_.block_size;
-  int64_t needed = 0;
+  std::vector<int64_t> needed(num_pools(), 0);
   for (size_t g = 0; g < s.tables.size(); ++g) {
     int64_t begin, end;
     WriteRange(static_cast<int>(g), s.length, n, &begin, &end);
     if (begin >= end) continue;
+    const int pool = pool_of_group(static_cast<int>(g));
     const auto& table = s.tables[g];
     for (int64_t b = begin / bs; b <= (end - 1) / bs; ++b) {
       if (b >= static_cast<int64_t>(table.size()) || table[b] < 0 ||
-          blocks_->refcount(table[b]) > 1) {
-        ++needed;
+          blocks_->refcount(table[b], pool) > 1) {
+        ++needed[pool];
       }
     }
   }
   return needed;
 }
 
+absl::Status KvBlockAllocator::CheckFree(const std::vector<int64_t>& needed,
+                                         absl::string_view what) const {
+  for (int p = 0; p < num_pools(); ++p) {
+    if (needed[p] > free_blocks(p)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "kv cache: out of blocks: ", what, " needs ", needed[p], " more ", pool_name(p),
+          " blocks but only ", free_blocks(p), " of ", pool_blocks(p), " are free"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvBlockAllocator::Reserve(SequenceId seq, int64_t n, CopyBlock copy) {
   if (n < 0) return absl::InvalidArgumentError("kv cache: negative reservation");
-  absl::StatusOr<int64_t> needed = BlocksNeeded(seq, n);
+  absl::StatusOr<std::vector<int64_t>> needed = BlocksNeeded(seq, n);
   if (!needed.ok()) return needed.status();
-  if (*needed > free_blocks()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("kv cache: out of blocks: sequence ", seq, " needs ", *needed,
-                     " more blocks for ", n, " tokens but only ", free_blocks(), " of ",
-                     options_.num_blocks, " are free"));
-  }
+  FLOTILLA_RETURN_IF_ERROR(
+      CheckFree(*needed, absl::StrCat("sequence ", seq, " (", n, " tokens)")));
   Sequence& s = seqs_[seq];
   const int64_t bs = options_.block_size;
   for (size_t g = 0; g < s.tables.size(); ++g) {
     int64_t begin, end;
     WriteRange(static_cast<int>(g), s.length, n, &begin, &end);
     if (begin >= end) continue;
+    const int pool = pool_of_group(static_cast<int>(g));
     auto& table = s.tables[g];
     if (static_cast<int64_t>(table.size()) <= (end - 1) / bs) table.resize((end - 1) / bs + 1, -1);
     for (int64_t b = begin / bs; b <= (end - 1) / bs; ++b) {
       if (table[b] < 0) {
-        table[b] = *blocks_->Allocate();  // checked against free_blocks() above
-      } else if (blocks_->refcount(table[b]) > 1) {
+        table[b] = *blocks_->Allocate(pool);  // checked against free_blocks(pool) above
+      } else if (blocks_->refcount(table[b], pool) > 1) {
         // Copy on write: this sequence gets its own copy of the shared block.
-        const int32_t fresh = *blocks_->Allocate();
-        copy(table[b], fresh);
-        blocks_->Release(table[b]);
+        const int32_t fresh = *blocks_->Allocate(pool);
+        copy(static_cast<int>(g), table[b], fresh);
+        blocks_->Release(table[b], pool);
         table[b] = fresh;
       }
     }
@@ -256,8 +334,9 @@ absl::Status KvBlockAllocator::Commit(SequenceId seq, int64_t n, const int32_t* 
     // leaves a gap of never-allocated blocks above the old window's.
     for (int64_t b = std::min(s.released_blocks, dead); b < dead; ++b) {
       if (table[b] < 0) continue;
-      NoteLeft(s, g, b, table[b], blocks_->cached_key(table[b]));
-      blocks_->Release(table[b]);
+      const int pool = pool_of_group(static_cast<int>(g));
+      NoteLeft(s, g, b, table[b], blocks_->cached_key(table[b], pool));
+      blocks_->Release(table[b], pool);
       table[b] = -1;
     }
   }
@@ -321,7 +400,7 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
     }
     for (int64_t b = keep; b < blocks; ++b) {
       table[b] = hits[b].slots[g];
-      blocks_->Hold(table[b]);
+      blocks_->Hold(table[b], pool_of_group(static_cast<int>(g)));
     }
   }
   s.released_blocks = KeepBegin(SlidingGroup(), s.length) / bs;

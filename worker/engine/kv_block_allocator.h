@@ -24,6 +24,19 @@
 // past it) is evicted no sooner than the prompt's full-group blocks, which
 // are useless without it. Forks share blocks (reference counted); Reserve
 // copies a shared block before it is written.
+//
+// Groups draw their blocks from pools (`group_pools`, `pool_blocks`): one
+// pool for every group (the CPU cache), or a pool per group (the CUDA
+// engine, so a full-attention block of FP8 KV takes about half the bytes of
+// a bf16 sliding-window block). A pool has its own block ids, free list,
+// LRU and prefix-cache slots; admission counts each pool against its own
+// size (PoolBlocksForLength, admission_blocks).
+//
+// With write_whole_chunk a sliding group holds during a step its window
+// and the step's new positions. A sequence's reservation counts only its
+// window (and the blocks a chunk may straddle); the new positions of one
+// step, at most max_chunk_tokens over all of its sequences, come from a
+// step reserve each pool with a sliding group keeps out of admission.
 // Not thread-safe: one owner (the engine) drives it.
 #pragma once
 
@@ -35,6 +48,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "worker/engine/prefix_cache.h"
 
@@ -44,8 +58,12 @@ struct KvBlockAllocatorOptions {
   std::vector<bool> sliding;  // one per group: whether it keeps only the window
   int64_t window = 0;         // sliding window in tokens (keys a query sees, itself included)
   int64_t block_size = 16;    // positions per block
-  int32_t first_block = 0;    // blocks managed: [first_block, first_block + num_blocks)
-  int64_t num_blocks = 0;
+  int32_t first_block = 0;    // each pool's blocks: [first_block, first_block + its size)
+  int64_t num_blocks = 0;     // blocks of the one pool when pool_blocks is empty
+  // Per group: the pool its blocks come from; empty = pool 0 for every group.
+  std::vector<int> group_pools;
+  // Blocks per pool; empty = one pool of num_blocks.
+  std::vector<int64_t> pool_blocks;
   bool prefix_cache = false;  // share full blocks of identical prefixes
   bool write_whole_chunk = false;  // sliding groups hold every new position of a step
   int64_t max_chunk_tokens = 0;    // with write_whole_chunk: most new tokens of one sequence per step
@@ -54,8 +72,9 @@ struct KvBlockAllocatorOptions {
 class KvBlockAllocator {
  public:
   using SequenceId = int64_t;
-  // Copies physical block `from` into `to` (all of its layers), for copy on write.
-  using CopyBlock = absl::FunctionRef<void(int32_t from, int32_t to)>;
+  // Copies physical block `from` of `group` into `to` (all of the group's
+  // layers), for copy on write.
+  using CopyBlock = absl::FunctionRef<void(int group, int32_t from, int32_t to)>;
 
   static absl::StatusOr<std::unique_ptr<KvBlockAllocator>> Create(
       const KvBlockAllocatorOptions& options);
@@ -81,13 +100,20 @@ class KvBlockAllocator {
   absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix,
                                                       uint64_t domain = 0);
 
-  // Blocks one sequence of `length` tokens holds at most, all groups
-  // together, a step's new positions included: what admission reserves.
+  // Blocks of each pool one sequence of `length` tokens holds at most (its
+  // share of a step's new positions included, the step reserve aside): what
+  // admission reserves.
+  std::vector<int64_t> PoolBlocksForLength(int64_t length) const;
+  // The same, every pool together.
   int64_t BlocksForLength(int64_t length) const;
   // Longest sequence the whole arena could hold on its own.
   int64_t MaxTokens() const;
-  // Free blocks Reserve(seq, n) would take (an upper bound when blocks are shared).
-  absl::StatusOr<int64_t> BlocksNeeded(SequenceId seq, int64_t n) const;
+  // Free blocks of each pool Reserve(seq, n) would take (an upper bound when
+  // blocks are shared).
+  absl::StatusOr<std::vector<int64_t>> BlocksNeeded(SequenceId seq, int64_t n) const;
+  // OK when every pool has `needed` blocks free, else RESOURCE_EXHAUSTED
+  // naming the pool, `what` needing them first.
+  absl::Status CheckFree(const std::vector<int64_t>& needed, absl::string_view what) const;
   // Makes positions [length, length + n) writable in every group that keeps
   // them: allocates blocks, copying shared ones through `copy`.
   // RESOURCE_EXHAUSTED, changing nothing, when blocks run out.
@@ -106,9 +132,19 @@ class KvBlockAllocator {
   const std::vector<int32_t>& Table(SequenceId seq, int group) const;
   int64_t BlocksHeld(SequenceId seq, int group) const;
 
-  int64_t num_blocks() const { return options_.num_blocks; }
-  // Blocks no sequence holds (cached ones included: they are evictable).
+  int num_pools() const { return blocks_->num_pools(); }
+  int pool_of_group(int group) const { return options_.group_pools[group]; }
+  // "full-attention", "sliding-window" or "shared": which groups use `pool`.
+  const char* pool_name(int pool) const;
+  // Blocks of one pool / of every pool together.
+  int64_t pool_blocks(int pool) const { return options_.pool_blocks[pool]; }
+  int64_t num_blocks() const;
+  // Blocks of `pool` admission may reserve: its blocks less the step reserve.
+  int64_t admission_blocks(int pool) const { return pool_blocks(pool) - StepReserve(pool); }
+  // Blocks no sequence holds (cached ones included: they are evictable),
+  // every pool together / of one pool.
   int64_t free_blocks() const { return blocks_->free_blocks(); }
+  int64_t free_blocks(int pool) const { return blocks_->free_blocks(pool); }
   const PrefixCache& prefix_cache() const { return *blocks_; }
   // The prefix cache's report for the coordinator (PrefixCache::TakeEvents),
   // with the block size and the sliding window its keys are matched under.
@@ -135,6 +171,10 @@ class KvBlockAllocator {
   KvBlockAllocator(const KvBlockAllocatorOptions& options, std::unique_ptr<PrefixCache> blocks);
   // A sliding group (or 0 when there is none: KeepBegin is then 0).
   int SlidingGroup() const;
+  // Blocks a sliding group's sequence holds at most (see BlocksForLength).
+  int64_t SlidingBound() const;
+  // Blocks of `pool` kept for one step's new positions in sliding groups.
+  int64_t StepReserve(int pool) const;
   // Positions [begin, end) a Reserve of n at `length` writes in `group`.
   void WriteRange(int group, int64_t length, int64_t n, int64_t* begin, int64_t* end) const;
   // Whether each sliding group has the blocks of the window before `blocks`

@@ -56,11 +56,13 @@ int64_t KvCache::BlocksForLength(int64_t length) const { return blocks_->BlocksF
 int64_t KvCache::MaxTokens() const { return blocks_->MaxTokens(); }
 
 absl::StatusOr<int64_t> KvCache::BlocksNeeded(SequenceId seq, int64_t n) const {
-  return blocks_->BlocksNeeded(seq, n);
+  absl::StatusOr<std::vector<int64_t>> needed = blocks_->BlocksNeeded(seq, n);
+  if (!needed.ok()) return needed.status();
+  return (*needed)[0];  // one pool: every layer's blocks
 }
 
 absl::Status KvCache::Reserve(SequenceId seq, int64_t n) {
-  return blocks_->Reserve(seq, n, [&](int32_t from, int32_t to) {
+  return blocks_->Reserve(seq, n, [&](int /*layer*/, int32_t from, int32_t to) {
     std::memcpy(&arena_[to * block_floats_], &arena_[from * block_floats_],
                 block_floats_ * sizeof(float));
   });

@@ -3,7 +3,8 @@
 // of one layer: K [block_size, kv_heads, D] then V [block_size, kv_heads, D].
 // The block tables, the sliding window, copy on write and the prefix cache
 // are a KvBlockAllocator's (worker/engine/kv_block_allocator.h) with one
-// group per layer, the same rules the CUDA engine's arena follows; this class
+// group per layer, all drawing from one pool (a block holds one layer's
+// positions, whatever the layer), the same rules the CUDA engine's arena follows; this class
 // adds the arena and the rows' addresses. Sliding-window layers write only
 // the new positions still in the window at the step's end.
 // Not thread-safe: one owner (the engine) drives it.

@@ -3,21 +3,37 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/prefix_hash.h"
 
 namespace flotilla {
 
 absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(PrefixCacheOptions options) {
-  if (options.block_size <= 0 || options.num_blocks <= 0 || options.first_block < 0 ||
-      options.slots <= 0) {
+  if (options.pool_blocks.empty()) options.pool_blocks = {options.num_blocks};
+  if (options.slot_pools.empty()) options.slot_pools.assign(std::max(options.slots, 0), 0);
+  bool positive = options.block_size > 0 && options.first_block >= 0 && options.slots > 0;
+  for (int32_t n : options.pool_blocks) positive = positive && n > 0;
+  if (!positive) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "prefix cache: block_size ", options.block_size, ", num_blocks ", options.num_blocks,
-        " and slots ", options.slots, " must be positive, first_block non-negative"));
+        "prefix cache: block_size ", options.block_size, ", every pool's blocks (",
+        absl::StrJoin(options.pool_blocks, ", "), ") and slots ", options.slots,
+        " must be positive, first_block non-negative"));
   }
   if (!options.window_slots.empty() &&
       options.window_slots.size() != static_cast<size_t>(options.slots)) {
     return absl::InvalidArgumentError(absl::StrCat("prefix cache: ", options.window_slots.size(),
                                                    " window_slots for ", options.slots, " slots"));
+  }
+  if (options.slot_pools.size() != static_cast<size_t>(options.slots)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefix cache: ", options.slot_pools.size(),
+                                                   " slot_pools for ", options.slots, " slots"));
+  }
+  for (int pool : options.slot_pools) {
+    if (pool < 0 || pool >= static_cast<int>(options.pool_blocks.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("prefix cache: a slot's pool ", pool,
+                                                     " is not one of the ",
+                                                     options.pool_blocks.size(), " pools"));
+    }
   }
   return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(options)));
 }
@@ -29,14 +45,20 @@ PrefixCache::PrefixCache(PrefixCacheOptions options)
       window_slot_count_(static_cast<int>(
           std::count(window_slot_.begin(), window_slot_.end(), true))),
       events_(options_.max_pending_events),
-      refcount_(options_.num_blocks, 0),
-      entry_of_(options_.num_blocks, 0),
-      slot_of_(options_.num_blocks, -1),
-      lru_prev_(options_.num_blocks, -1),
-      lru_next_(options_.num_blocks, -1) {
-  plain_free_.reserve(options_.num_blocks);
-  // Hand out low block numbers first.
-  for (int32_t i = options_.num_blocks - 1; i >= 0; --i) plain_free_.push_back(i);
+      slot_pool_(options_.slot_pools),
+      pools_(options_.pool_blocks.size()) {
+  for (size_t p = 0; p < pools_.size(); ++p) {
+    Pool& pool = pools_[p];
+    const int32_t n = options_.pool_blocks[p];
+    pool.refcount.assign(n, 0);
+    pool.entry_of.assign(n, 0);
+    pool.slot_of.assign(n, -1);
+    pool.lru_prev.assign(n, -1);
+    pool.lru_next.assign(n, -1);
+    pool.plain_free.reserve(n);
+    // Hand out low block numbers first.
+    for (int32_t i = n - 1; i >= 0; --i) pool.plain_free.push_back(i);
+  }
 }
 
 uint64_t PrefixCache::Key(uint64_t parent, absl::Span<const int32_t> tokens) const {
@@ -47,82 +69,98 @@ uint64_t PrefixCache::Key(uint64_t parent, absl::Span<const int32_t> tokens) con
 
 // ---- allocation ----
 
-std::optional<int32_t> PrefixCache::Allocate() {
+int64_t PrefixCache::free_blocks() const {
+  int64_t n = 0;
+  for (int p = 0; p < num_pools(); ++p) n += free_blocks(p);
+  return n;
+}
+
+int64_t PrefixCache::cached_free_blocks() const {
+  int64_t n = 0;
+  for (const Pool& pool : pools_) n += pool.lru_size;
+  return n;
+}
+
+std::optional<int32_t> PrefixCache::Allocate(int p) {
+  Pool& pool = pools_[p];
   int32_t index;
-  if (!plain_free_.empty()) {
-    index = plain_free_.back();
-    plain_free_.pop_back();
-  } else if (lru_head_ >= 0) {
-    index = lru_head_;
-    LruRemove(index);
-    Forget(index + options_.first_block);
+  if (!pool.plain_free.empty()) {
+    index = pool.plain_free.back();
+    pool.plain_free.pop_back();
+  } else if (pool.lru_head >= 0) {
+    index = pool.lru_head;
+    LruRemove(pool, index);
+    Forget(pool, index);
   } else {
     return std::nullopt;
   }
-  refcount_[index] = 1;
+  pool.refcount[index] = 1;
   return index + options_.first_block;
 }
 
-void PrefixCache::Hold(int32_t block) {
+void PrefixCache::Hold(int32_t block, int p) {
+  Pool& pool = pools_[p];
   const int32_t index = block - options_.first_block;
-  if (refcount_[index]++ == 0 && entry_of_[index] != 0) LruRemove(index);
+  if (pool.refcount[index]++ == 0 && pool.entry_of[index] != 0) LruRemove(pool, index);
 }
 
-void PrefixCache::Release(int32_t block) {
+void PrefixCache::Release(int32_t block, int p) {
+  Pool& pool = pools_[p];
   const int32_t index = block - options_.first_block;
-  if (--refcount_[index] > 0) return;
-  if (entry_of_[index] != 0) {
-    LruPushBack(index);
+  if (--pool.refcount[index] > 0) return;
+  if (pool.entry_of[index] != 0) {
+    LruPushBack(pool, index);
   } else {
-    plain_free_.push_back(index);
+    pool.plain_free.push_back(index);
   }
 }
 
-void PrefixCache::Refresh(int32_t block, uint64_t key) {
+void PrefixCache::Refresh(int32_t block, uint64_t key, int p) {
+  Pool& pool = pools_[p];
   const int32_t index = block - options_.first_block;
-  if (key == 0 || refcount_[index] != 0 || entry_of_[index] != key) return;
-  LruRemove(index);
-  LruPushBack(index);
+  if (key == 0 || pool.refcount[index] != 0 || pool.entry_of[index] != key) return;
+  LruRemove(pool, index);
+  LruPushBack(pool, index);
 }
 
-void PrefixCache::LruPushBack(int32_t index) {
-  lru_prev_[index] = lru_tail_;
-  lru_next_[index] = -1;
-  if (lru_tail_ >= 0) {
-    lru_next_[lru_tail_] = index;
+void PrefixCache::LruPushBack(Pool& pool, int32_t index) {
+  pool.lru_prev[index] = pool.lru_tail;
+  pool.lru_next[index] = -1;
+  if (pool.lru_tail >= 0) {
+    pool.lru_next[pool.lru_tail] = index;
   } else {
-    lru_head_ = index;
+    pool.lru_head = index;
   }
-  lru_tail_ = index;
-  ++lru_size_;
+  pool.lru_tail = index;
+  ++pool.lru_size;
 }
 
-void PrefixCache::LruRemove(int32_t index) {
-  const int32_t prev = lru_prev_[index], next = lru_next_[index];
+void PrefixCache::LruRemove(Pool& pool, int32_t index) {
+  const int32_t prev = pool.lru_prev[index], next = pool.lru_next[index];
   if (prev >= 0) {
-    lru_next_[prev] = next;
+    pool.lru_next[prev] = next;
   } else {
-    lru_head_ = next;
+    pool.lru_head = next;
   }
   if (next >= 0) {
-    lru_prev_[next] = prev;
+    pool.lru_prev[next] = prev;
   } else {
-    lru_tail_ = prev;
+    pool.lru_tail = prev;
   }
-  lru_prev_[index] = lru_next_[index] = -1;
-  --lru_size_;
+  pool.lru_prev[index] = pool.lru_next[index] = -1;
+  --pool.lru_size;
 }
 
-void PrefixCache::Forget(int32_t block) {
-  const int32_t index = block - options_.first_block;
-  auto it = entries_.find(entry_of_[index]);
-  entry_of_[index] = 0;
+void PrefixCache::Forget(Pool& pool, int32_t index) {
+  auto it = entries_.find(pool.entry_of[index]);
+  pool.entry_of[index] = 0;
+  const int slot = pool.slot_of[index];
+  pool.slot_of[index] = -1;
   if (it == entries_.end()) return;
   Entry& entry = it->second;
   const Held before = HeldBy(&entry);
-  entry.slots[slot_of_[index]] = -1;
-  if (window_slot_[slot_of_[index]]) --entry.live_window_slots;
-  slot_of_[index] = -1;
+  entry.slots[slot] = -1;
+  if (window_slot_[slot]) --entry.live_window_slots;
   if (--entry.live_slots == 0) {
     Erase(it, before);
   } else {
@@ -217,13 +255,14 @@ void PrefixCache::AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t
   for (int s = 0; s < options_.slots; ++s) {
     const int32_t block = slots[s];
     if (block < 0 || entry.slots[s] >= 0) continue;
+    Pool& pool = pools_[slot_pool_[s]];
     const int32_t index = block - options_.first_block;
     // Only a block a sequence holds (so not in a free list) and that caches
     // nothing else can join.
-    if (refcount_[index] == 0 || entry_of_[index] != 0) continue;
+    if (pool.refcount[index] == 0 || pool.entry_of[index] != 0) continue;
     entry.slots[s] = block;
-    entry_of_[index] = key;
-    slot_of_[index] = s;
+    pool.entry_of[index] = key;
+    pool.slot_of[index] = s;
     ++entry.live_slots;
     if (window_slot_[s]) ++entry.live_window_slots;
   }
@@ -232,17 +271,18 @@ void PrefixCache::AddSlots(Entry& entry, uint64_t key, const std::vector<int32_t
 
 bool PrefixCache::DropIfUnheld(uint64_t key) {
   Entry& e = entries_.at(key);
-  for (int32_t block : e.slots) {
-    if (block >= 0 && refcount_[block - options_.first_block] > 0) return false;
+  for (int s = 0; s < options_.slots; ++s) {
+    if (e.slots[s] >= 0 && refcount(e.slots[s], slot_pool_[s]) > 0) return false;
   }
   const Held before = HeldBy(&e);
-  for (int32_t block : e.slots) {
-    if (block < 0) continue;
-    const int32_t index = block - options_.first_block;
-    LruRemove(index);
-    entry_of_[index] = 0;
-    slot_of_[index] = -1;
-    plain_free_.push_back(index);
+  for (int s = 0; s < options_.slots; ++s) {
+    if (e.slots[s] < 0) continue;
+    Pool& pool = pools_[slot_pool_[s]];
+    const int32_t index = e.slots[s] - options_.first_block;
+    LruRemove(pool, index);
+    pool.entry_of[index] = 0;
+    pool.slot_of[index] = -1;
+    pool.plain_free.push_back(index);
   }
   Erase(entries_.find(key), before);
   return true;

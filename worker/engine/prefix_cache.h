@@ -16,6 +16,13 @@
 // other free block is left; holding it again (a hit) takes it out of the LRU.
 // So free_blocks() counts cached blocks too: caching never starves admission.
 //
+// The blocks may form several pools (the CUDA engine: one per layer group,
+// so a group's blocks can be sized for its own layers and KV dtype). Each
+// slot belongs to one pool; a pool has its own block ids
+// ([first_block, first_block + its size)), reference counts, free list and
+// LRU, so one pool's evictions never take another's blocks. The calls below
+// name a block with its pool (0 when there is one).
+//
 // TakeEvents reports which token blocks the slots of each kind (full
 // attention, sliding window) hold in full (KvEventLog), for the
 // coordinator's cache-aware router.
@@ -39,8 +46,12 @@ namespace flotilla {
 struct PrefixCacheOptions {
   int64_t block_size = 16;  // tokens per block
   int32_t first_block = 0;  // the blocks managed are [first_block, first_block + num_blocks)
-  int32_t num_blocks = 0;
+  int32_t num_blocks = 0;   // the blocks of pool 0 when pool_blocks is empty
+  // Blocks per pool; empty = one pool of num_blocks.
+  std::vector<int32_t> pool_blocks;
   int slots = 1;            // physical blocks per token block
+  // Per slot: the pool its blocks come from; empty = pool 0 for every slot.
+  std::vector<int> slot_pools;
   bool enabled = true;      // false: a plain reference-counted allocator
   // Per slot: whether it belongs to a sliding-window group (else full
   // attention); empty = every slot is full attention.
@@ -81,26 +92,40 @@ class PrefixCache {
   int64_t block_size() const { return options_.block_size; }
 
   // ---- allocation ----
-  // Blocks no sequence holds (cached ones included: they are evictable).
-  int64_t free_blocks() const { return static_cast<int64_t>(plain_free_.size()) + lru_size_; }
-  // Free blocks that still hold a cached token block.
-  int64_t cached_free_blocks() const { return lru_size_; }
-  // A block with reference count 1: an uncached free block when there is
-  // one, else the least recently freed cached block (the index forgets it).
-  // nullopt when every block is held.
-  std::optional<int32_t> Allocate();
+  int num_pools() const { return static_cast<int>(pools_.size()); }
+  int32_t pool_size(int pool) const { return static_cast<int32_t>(pools_[pool].refcount.size()); }
+  // The pool slot `slot`'s blocks come from.
+  int pool_of_slot(int slot) const { return slot_pool_[slot]; }
+  // Blocks no sequence holds (cached ones included: they are evictable),
+  // every pool together / of one pool.
+  int64_t free_blocks() const;
+  int64_t free_blocks(int pool) const {
+    return static_cast<int64_t>(pools_[pool].plain_free.size()) + pools_[pool].lru_size;
+  }
+  // Free blocks that still hold a cached token block (every pool together
+  // / of one pool).
+  int64_t cached_free_blocks() const;
+  int64_t cached_free_blocks(int pool) const { return pools_[pool].lru_size; }
+  // A block of `pool` with reference count 1: an uncached free block when
+  // there is one, else the least recently freed cached block (the index
+  // forgets it). nullopt when every block of the pool is held.
+  std::optional<int32_t> Allocate(int pool = 0);
   // One more holder (a hit on a free cached block takes it out of the LRU).
-  void Hold(int32_t block);
+  void Hold(int32_t block, int pool = 0);
   // One holder fewer; at zero the block is free (and kept cached if it is).
-  void Release(int32_t block);
-  int32_t refcount(int32_t block) const { return refcount_[block - options_.first_block]; }
-  bool cached(int32_t block) const { return entry_of_[block - options_.first_block] != 0; }
+  void Release(int32_t block, int pool = 0);
+  int32_t refcount(int32_t block, int pool = 0) const {
+    return pools_[pool].refcount[block - options_.first_block];
+  }
+  bool cached(int32_t block, int pool = 0) const { return cached_key(block, pool) != 0; }
   // The key of the token block `block` caches (0: none).
-  uint64_t cached_key(int32_t block) const { return entry_of_[block - options_.first_block]; }
+  uint64_t cached_key(int32_t block, int pool = 0) const {
+    return pools_[pool].entry_of[block - options_.first_block];
+  }
   // A free block still caching the token block keyed `key` moves to the
-  // recent end of the LRU, as if released now; any other block is left as
-  // it is (held, evicted, or caching another token block since).
-  void Refresh(int32_t block, uint64_t key);
+  // recent end of its pool's LRU, as if released now; any other block is
+  // left as it is (held, evicted, or caching another token block since).
+  void Refresh(int32_t block, uint64_t key, int pool = 0);
 
   // ---- the index ----
   // Where the chains of cache domain `domain` start (0: the shared domain).
@@ -173,10 +198,22 @@ class PrefixCache {
   void Erase(std::unordered_map<uint64_t, Entry>::iterator it, Held before);
   // A new entry joins its parent's children, or is unreachable at once.
   void Attach(uint64_t key, Entry& entry);
-  // The block no longer holds a cached token block.
-  void Forget(int32_t block);
-  void LruPushBack(int32_t index);
-  void LruRemove(int32_t index);
+  // One pool's blocks (index = block - first_block).
+  struct Pool {
+    std::vector<int32_t> refcount;
+    std::vector<uint64_t> entry_of;  // key of the entry holding it; 0 = none
+    std::vector<int32_t> slot_of;
+    std::vector<int32_t> plain_free;  // free and uncached, a stack
+    // Free and cached, least recently freed first: an intrusive list.
+    std::vector<int32_t> lru_prev, lru_next;
+    int32_t lru_head = -1, lru_tail = -1;
+    int64_t lru_size = 0;
+  };
+
+  // The block of `pool` no longer holds a cached token block.
+  void Forget(Pool& pool, int32_t index);
+  static void LruPushBack(Pool& pool, int32_t index);
+  static void LruRemove(Pool& pool, int32_t index);
 
   PrefixCacheOptions options_;
   std::vector<bool> window_slot_;  // per slot: sliding window
@@ -184,15 +221,8 @@ class PrefixCache {
   KvEventLog events_;
   uint64_t next_serial_ = 1;
   std::unordered_map<uint64_t, Entry> entries_;
-  // Per managed block (index = block - first_block).
-  std::vector<int32_t> refcount_;
-  std::vector<uint64_t> entry_of_;  // key of the entry holding it; 0 = none
-  std::vector<int32_t> slot_of_;
-  std::vector<int32_t> plain_free_;  // free and uncached, a stack
-  // Free and cached, least recently freed first: an intrusive list.
-  std::vector<int32_t> lru_prev_, lru_next_;
-  int32_t lru_head_ = -1, lru_tail_ = -1;
-  int64_t lru_size_ = 0;
+  std::vector<int> slot_pool_;  // per slot
+  std::vector<Pool> pools_;
 };
 
 }  // namespace flotilla
