@@ -28,11 +28,6 @@
 namespace flotilla::kernels {
 namespace {
 
-constexpr int kQHeads = 64;
-constexpr int kKvHeads = 8;
-constexpr int kD = 64;
-constexpr float kScale = 0.125f;
-
 using AttentionCudaTest = CudaTest;  // skips without a GPU
 
 template <typename T>
@@ -86,7 +81,7 @@ Problem MakeProblem(std::vector<int> seq_lens, std::vector<int> n, int block_siz
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), rng);  // non-contiguous block tables
   p.tables.assign(static_cast<size_t>(batch) * p.max_blocks, -1);
-  const size_t block_elems = static_cast<size_t>(kKvHeads) * block_size * kD;
+  const size_t block_elems = static_cast<size_t>(kKvHeads) * block_size * kHeadDim;
   p.k.resize(p.num_blocks * block_elems);
   p.v.resize(p.num_blocks * block_elems);
   for (auto& x : p.k) x = RandBf16(rng, 1.0f);
@@ -111,7 +106,7 @@ Problem MakeProblem(std::vector<int> seq_lens, std::vector<int> n, int block_siz
   p.q_start.assign(batch + 1, 0);
   for (int b = 0; b < batch; ++b) p.q_start[b + 1] = p.q_start[b] + p.n[b];
   p.total_q = p.q_start[batch];
-  p.q.resize(static_cast<size_t>(p.total_q) * kQHeads * kD);
+  p.q.resize(static_cast<size_t>(p.total_q) * kQHeads * kHeadDim);
   for (auto& x : p.q) x = RandBf16(rng, 1.5f);
   std::uniform_real_distribution<float> sd(-1.f, 3.f);
   p.sinks.resize(kQHeads);
@@ -123,14 +118,15 @@ Problem MakeProblem(std::vector<int> seq_lens, std::vector<int> n, int block_siz
 std::vector<float> Reference(const Problem& p) {
   const int batch = static_cast<int>(p.seq_lens.size());
   const int bs = p.block_size;
-  const int64_t block_floats = 2LL * bs * kKvHeads * kD;
+  const int64_t block_floats = 2LL * bs * kKvHeads * kHeadDim;
   std::vector<float> arena(static_cast<size_t>(p.num_blocks) * block_floats);
   for (int blk = 0; blk < p.num_blocks; ++blk)
     for (int h = 0; h < kKvHeads; ++h)
       for (int s = 0; s < bs; ++s)
-        for (int d = 0; d < kD; ++d) {
-          const size_t src = ((static_cast<size_t>(blk) * kKvHeads + h) * bs + s) * kD + d;
-          const size_t dst = blk * block_floats + (static_cast<size_t>(s) * kKvHeads + h) * kD + d;
+        for (int d = 0; d < kHeadDim; ++d) {
+          const size_t src = ((static_cast<size_t>(blk) * kKvHeads + h) * bs + s) * kHeadDim + d;
+          const size_t dst =
+              blk * block_floats + (static_cast<size_t>(s) * kKvHeads + h) * kHeadDim + d;
           arena[dst] = Bf16ToFloat(p.k[src]);
           arena[dst + block_floats / 2] = Bf16ToFloat(p.v[src]);
         }
@@ -142,16 +138,17 @@ std::vector<float> Reference(const Problem& p) {
   for (int b = 0; b < batch; ++b) {
     const int start = p.seq_lens[b] - p.n[b];
     const int32_t* table = p.tables.data() + static_cast<size_t>(b) * p.max_blocks;
-    knew[b].resize(static_cast<size_t>(p.n[b]) * kKvHeads * kD);
+    knew[b].resize(static_cast<size_t>(p.n[b]) * kKvHeads * kHeadDim);
     vnew[b].resize(knew[b].size());
     for (int t = 0; t < p.n[b]; ++t) {
       const int pos = start + t;
       const float* blk = arena.data() + table[pos / bs] * block_floats;
       for (int h = 0; h < kKvHeads; ++h)
-        for (int d = 0; d < kD; ++d) {
-          const size_t o = (static_cast<size_t>(pos % bs) * kKvHeads + h) * kD + d;
-          knew[b][(static_cast<size_t>(t) * kKvHeads + h) * kD + d] = blk[o];
-          vnew[b][(static_cast<size_t>(t) * kKvHeads + h) * kD + d] = blk[o + block_floats / 2];
+        for (int d = 0; d < kHeadDim; ++d) {
+          const size_t o = (static_cast<size_t>(pos % bs) * kKvHeads + h) * kHeadDim + d;
+          knew[b][(static_cast<size_t>(t) * kKvHeads + h) * kHeadDim + d] = blk[o];
+          vnew[b][(static_cast<size_t>(t) * kKvHeads + h) * kHeadDim + d] =
+              blk[o + block_floats / 2];
         }
     }
     cpu::AttentionItem& it = items[b];
@@ -161,16 +158,16 @@ std::vector<float> Reference(const Problem& p) {
     it.cache.block_floats = block_floats;
     it.cache.begin = 0;
     it.cache.end = start;
-    it.q = q.data() + static_cast<size_t>(p.q_start[b]) * kQHeads * kD;
+    it.q = q.data() + static_cast<size_t>(p.q_start[b]) * kQHeads * kHeadDim;
     it.k_new = knew[b].data();
     it.v_new = vnew[b].data();
     it.num_new = p.n[b];
     it.start_pos = start;
-    it.out = out.data() + static_cast<size_t>(p.q_start[b]) * kQHeads * kD;
+    it.out = out.data() + static_cast<size_t>(p.q_start[b]) * kQHeads * kHeadDim;
   }
   cpu::ThreadPool pool(4);
-  EXPECT_TRUE(cpu::Attention(&pool, items.data(), batch, kQHeads, kKvHeads, kD, p.sinks.data(),
-                             p.window, kScale));
+  EXPECT_TRUE(cpu::Attention(&pool, items.data(), batch, kQHeads, kKvHeads, kHeadDim,
+                             p.sinks.data(), p.window, kAttentionScale));
   return out;
 }
 
@@ -200,7 +197,7 @@ struct DeviceProblem {
     cache.num_blocks = p.num_blocks;
     cache.block_size = p.block_size;
     cache.kv_heads = kKvHeads;
-    cache.head_dim = kD;
+    cache.head_dim = kHeadDim;
     batch.block_tables = tables;
     batch.max_blocks_per_seq = p.max_blocks;
     batch.seq_lens = seq_lens;
@@ -210,7 +207,7 @@ struct DeviceProblem {
     batch.max_seq_len =
         std::max(max_seq_len, *std::max_element(p.seq_lens.begin(), p.seq_lens.end()));
     batch.max_q_per_seq = *std::max_element(p.n.begin(), p.n.end());
-    ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kD);
+    ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kHeadDim);
     if (ws_bytes > 0) {
       EXPECT_EQ(cudaMalloc(&ws, ws_bytes), cudaSuccess);
       EXPECT_EQ(cudaMemset(ws, 0, ws_bytes), cudaSuccess);  // the counters start at zero
@@ -224,8 +221,8 @@ struct DeviceProblem {
       cudaFree(x);
   }
   cudaError_t Launch(int window, cudaStream_t stream) {
-    return cuda::LaunchAttention(q, cache, batch, kQHeads, sinks, window, kScale, out, ws, ws_bytes,
-                                 stream);
+    return cuda::LaunchAttention(q, cache, batch, kQHeads, sinks, window, kAttentionScale, out, ws,
+                                 ws_bytes, stream);
   }
 };
 
@@ -247,9 +244,10 @@ void ExpectClose(const std::vector<uint16_t>& got, const std::vector<float>& ref
     if (std::isfinite(err)) max_err = std::max<double>(max_err, err);
   }
   EXPECT_EQ(bad, 0u) << what << ": first bad element " << first_bad << " (token "
-                     << first_bad / (kQHeads * kD) << ", head " << (first_bad / kD) % kQHeads
-                     << ", dim " << first_bad % kD << "): got " << Bf16ToFloat(got[first_bad])
-                     << " want " << ref[first_bad] << "; max |ref| " << max_ref;
+                     << first_bad / (kQHeads * kHeadDim) << ", head "
+                     << (first_bad / kHeadDim) % kQHeads << ", dim " << first_bad % kHeadDim
+                     << "): got " << Bf16ToFloat(got[first_bad]) << " want " << ref[first_bad]
+                     << "; max |ref| " << max_ref;
   std::printf("%s: max |err| %.3g, max |ref| %.3g\n", what, max_err, max_ref);
 }
 
@@ -318,6 +316,24 @@ TEST_F(AttentionCudaTest, DecodeWideManySplits) {
   }
 }
 
+// Gives the sequences of `p` that grow past their tables the spare blocks of
+// the pool (those no table holds), lowest first.
+void GiveSpareBlocks(Problem& p) {
+  std::vector<int32_t> used(p.num_blocks, 0);
+  for (int32_t id : p.tables)
+    if (id >= 0) used[id] = 1;
+  int next_free = 0;
+  for (size_t s = 0; s < p.seq_lens.size(); ++s) {
+    int32_t* t = p.tables.data() + s * p.max_blocks;
+    for (int i = 0; i * p.block_size < p.seq_lens[s]; ++i) {
+      if (t[i] >= 0) continue;
+      while (used[next_free]) ++next_free;
+      used[next_free] = 1;
+      t[i] = next_free;
+    }
+  }
+}
+
 // The arrival counters return to zero after every call: repeated calls on one
 // workspace (with lengths that change the number of live splits) stay exact.
 TEST_F(AttentionCudaTest, RepeatedCallsReuseWorkspace) {
@@ -330,20 +346,7 @@ TEST_F(AttentionCudaTest, RepeatedCallsReuseWorkspace) {
     ASSERT_EQ(
         cudaMemcpy(d.seq_lens, c.seq_lens.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice),
         cudaSuccess);
-    // Give a sequence that grows past its table the spare blocks of the pool.
-    std::vector<int32_t> used(c.num_blocks, 0);
-    for (int32_t id : c.tables)
-      if (id >= 0) used[id] = 1;
-    int next_free = 0;
-    for (int s = 0; s < 2; ++s) {
-      int32_t* t = c.tables.data() + static_cast<size_t>(s) * c.max_blocks;
-      for (int i = 0; i * 16 < c.seq_lens[s]; ++i) {
-        if (t[i] >= 0) continue;
-        while (used[next_free]) ++next_free;
-        used[next_free] = 1;
-        t[i] = next_free;
-      }
-    }
+    GiveSpareBlocks(c);
     ASSERT_EQ(cudaMemcpy(d.tables, c.tables.data(), c.tables.size() * 4, cudaMemcpyHostToDevice),
               cudaSuccess);
     ASSERT_EQ(d.Launch(0, nullptr), cudaSuccess);
@@ -403,20 +406,7 @@ TEST_F(AttentionCudaTest, GraphReplayWithChangedSeqLens) {
   b.seq_lens = {17, 5999, 2500, 1};
   ASSERT_EQ(cudaMemcpy(d.seq_lens, b.seq_lens.data(), 4 * sizeof(int32_t), cudaMemcpyHostToDevice),
             cudaSuccess);
-  // Sequences that grow past their tables get the spare blocks of the pool.
-  std::vector<int32_t> used(b.num_blocks, 0);
-  for (int32_t id : b.tables)
-    if (id >= 0) used[id] = 1;
-  int next_free = 0;
-  for (int s = 0; s < 4; ++s) {
-    int32_t* t = b.tables.data() + static_cast<size_t>(s) * b.max_blocks;
-    for (int i = 0; i * 16 < b.seq_lens[s]; ++i) {
-      if (t[i] >= 0) continue;
-      while (used[next_free]) ++next_free;
-      used[next_free] = 1;
-      t[i] = next_free;
-    }
-  }
+  GiveSpareBlocks(b);
   ASSERT_EQ(cudaMemcpy(d.tables, b.tables.data(), b.tables.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);

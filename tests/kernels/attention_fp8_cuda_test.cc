@@ -26,13 +26,9 @@
 namespace flotilla::kernels {
 namespace {
 
-constexpr int kQHeads = 64;
-constexpr int kKvHeads = 8;
-constexpr int kD = 64;
 constexpr int kBs = 16;
-constexpr float kScale = 0.125f;
 // As the CUDA engine lays out an FP8 layer: a block where a bf16 block would be.
-constexpr long long kBlockBytes = static_cast<long long>(kKvHeads) * kBs * kD * 2;
+constexpr long long kBlockBytes = static_cast<long long>(kKvHeads) * kBs * kHeadDim * 2;
 
 using AttentionFp8CudaTest = CudaTest;  // skips without a GPU
 
@@ -42,7 +38,7 @@ cuda::PagedKvLayer Fp8Layer(int blocks, uint8_t* k8, uint8_t* v8) {
   cache.num_blocks = blocks;
   cache.block_size = kBs;
   cache.kv_heads = kKvHeads;
-  cache.head_dim = kD;
+  cache.head_dim = kHeadDim;
   cache.k8 = k8;
   cache.v8 = v8;
   cache.fp8_block_bytes = kBlockBytes;
@@ -68,10 +64,11 @@ struct DeviceArray {
 
 // Byte offsets of a position's codes and scale in an FP8 layer's block array.
 size_t CodeAt(int block, int head, int slot) {
-  return static_cast<size_t>(block) * kBlockBytes + (static_cast<size_t>(head) * kBs + slot) * kD;
+  return static_cast<size_t>(block) * kBlockBytes +
+         (static_cast<size_t>(head) * kBs + slot) * kHeadDim;
 }
 size_t ScaleAt(int block, int head, int slot) {
-  return static_cast<size_t>(block) * kBlockBytes + static_cast<size_t>(kKvHeads) * kBs * kD +
+  return static_cast<size_t>(block) * kBlockBytes + static_cast<size_t>(kKvHeads) * kBs * kHeadDim +
          (static_cast<size_t>(head) * kBs + slot) * 2;
 }
 
@@ -87,13 +84,13 @@ std::vector<float> HeadValues(std::mt19937& rng, int n) {
 TEST_F(AttentionFp8CudaTest, QuantizeStoresTheCpuRulesCodes) {
   std::mt19937 rng(11);
   constexpr int kTokens = 37, kBlocks = 6;
-  std::vector<uint16_t> k(kTokens * kKvHeads * kD), v(k.size());
+  std::vector<uint16_t> k(kTokens * kKvHeads * kHeadDim), v(k.size());
   for (int r = 0; r < kTokens * kKvHeads; ++r) {
-    const std::vector<float> kx = HeadValues(rng, kD), vx = HeadValues(rng, kD);
-    for (int d = 0; d < kD; ++d) {
+    const std::vector<float> kx = HeadValues(rng, kHeadDim), vx = HeadValues(rng, kHeadDim);
+    for (int d = 0; d < kHeadDim; ++d) {
       // Head 3 of token 5 is all zeros (scale 1, codes 0).
-      k[r * kD + d] = r == 5 * kKvHeads + 3 ? 0 : FloatToBf16(kx[d]);
-      v[r * kD + d] = FloatToBf16(vx[d]);
+      k[r * kHeadDim + d] = r == 5 * kKvHeads + 3 ? 0 : FloatToBf16(kx[d]);
+      v[r * kHeadDim + d] = FloatToBf16(vx[d]);
     }
   }
   std::vector<int32_t> slots(kTokens);
@@ -116,10 +113,11 @@ TEST_F(AttentionFp8CudaTest, QuantizeStoresTheCpuRulesCodes) {
     const int blk = slots[t] / kBs, off = slots[t] % kBs;
     for (int h = 0; h < kKvHeads; ++h) {
       for (auto [src, dst] : {std::make_pair(&k, &want_k), std::make_pair(&v, &want_v)}) {
-        float x[kD];
-        for (int d = 0; d < kD; ++d) x[d] = Bf16ToFloat((*src)[(t * kKvHeads + h) * kD + d]);
+        float x[kHeadDim];
+        for (int d = 0; d < kHeadDim; ++d)
+          x[d] = Bf16ToFloat((*src)[(t * kKvHeads + h) * kHeadDim + d]);
         uint16_t scale = 0;
-        cpu::QuantizeKvHead(x, kD, dst->data() + CodeAt(blk, h, off), &scale);
+        cpu::QuantizeKvHead(x, kHeadDim, dst->data() + CodeAt(blk, h, off), &scale);
         (*dst)[ScaleAt(blk, h, off)] = static_cast<uint8_t>(scale & 0xff);
         (*dst)[ScaleAt(blk, h, off) + 1] = static_cast<uint8_t>(scale >> 8);
       }
@@ -164,7 +162,7 @@ struct Fp8Problem {
     int next = 0;
     for (int b = 0; b < batch; ++b) {
       const int L = seq_lens[b];
-      keys[b].resize(static_cast<size_t>(L) * kKvHeads * kD);
+      keys[b].resize(static_cast<size_t>(L) * kKvHeads * kHeadDim);
       values[b].resize(keys[b].size());
       for (int blk = 0; blk < (L + kBs - 1) / kBs; ++blk)
         tables[b * max_blocks + blk] = order[next++];
@@ -172,16 +170,16 @@ struct Fp8Problem {
         const int blk = tables[b * max_blocks + p / kBs], off = p % kBs;
         for (int h = 0; h < kKvHeads; ++h) {
           Store(rng, &k8, blk, h, off,
-                keys[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kD);
+                keys[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kHeadDim);
           Store(rng, &v8, blk, h, off,
-                values[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kD);
+                values[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kHeadDim);
         }
       }
     }
     q_start.push_back(0);
     for (int b = 0; b < batch; ++b) q_start.push_back(q_start.back() + n[b]);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    q.resize(static_cast<size_t>(q_start.back()) * kQHeads * kD);
+    q.resize(static_cast<size_t>(q_start.back()) * kQHeads * kHeadDim);
     for (uint16_t& x : q) x = FloatToBf16(nd(rng));
     sinks.resize(kQHeads);
     for (float& s : sinks) s = nd(rng);
@@ -190,12 +188,12 @@ struct Fp8Problem {
   // Quantizes a random head into `arr` and keeps what the cache gives back.
   static void Store(std::mt19937& rng, std::vector<uint8_t>* arr, int blk, int h, int off,
                     float* back) {
-    const std::vector<float> x = HeadValues(rng, kD);
+    const std::vector<float> x = HeadValues(rng, kHeadDim);
     uint16_t scale = 0;
-    cpu::QuantizeKvHead(x.data(), kD, arr->data() + CodeAt(blk, h, off), &scale);
+    cpu::QuantizeKvHead(x.data(), kHeadDim, arr->data() + CodeAt(blk, h, off), &scale);
     (*arr)[ScaleAt(blk, h, off)] = static_cast<uint8_t>(scale & 0xff);
     (*arr)[ScaleAt(blk, h, off) + 1] = static_cast<uint8_t>(scale >> 8);
-    for (int d = 0; d < kD; ++d) {
+    for (int d = 0; d < kHeadDim; ++d) {
       back[d] = cpu::E4m3ToFloat((*arr)[CodeAt(blk, h, off) + d]) * Bf16ToFloat(scale);
     }
   }
@@ -211,27 +209,28 @@ struct Fp8Problem {
         const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
         for (int h = 0; h < kQHeads; ++h) {
           const uint16_t* qv =
-              q.data() + ((q_start[b] + i) * static_cast<size_t>(kQHeads) + h) * kD;
+              q.data() + ((q_start[b] + i) * static_cast<size_t>(kQHeads) + h) * kHeadDim;
           const int g = h / group;
           std::vector<double> s(p - lo + 1);
           double m = sinks[h];
           for (int j = lo; j <= p; ++j) {
             double dot = 0;
-            const float* kv = keys[b].data() + (static_cast<size_t>(j) * kKvHeads + g) * kD;
-            for (int d = 0; d < kD; ++d) dot += static_cast<double>(Bf16ToFloat(qv[d])) * kv[d];
-            s[j - lo] = dot * kScale;
+            const float* kv = keys[b].data() + (static_cast<size_t>(j) * kKvHeads + g) * kHeadDim;
+            for (int d = 0; d < kHeadDim; ++d)
+              dot += static_cast<double>(Bf16ToFloat(qv[d])) * kv[d];
+            s[j - lo] = dot * kAttentionScale;
             m = std::max(m, s[j - lo]);
           }
           double sum = std::exp(sinks[h] - m);
-          std::vector<double> acc(kD, 0.0);
+          std::vector<double> acc(kHeadDim, 0.0);
           for (int j = lo; j <= p; ++j) {
             const double e = std::exp(s[j - lo] - m);
             sum += e;
-            const float* vv = values[b].data() + (static_cast<size_t>(j) * kKvHeads + g) * kD;
-            for (int d = 0; d < kD; ++d) acc[d] += e * vv[d];
+            const float* vv = values[b].data() + (static_cast<size_t>(j) * kKvHeads + g) * kHeadDim;
+            for (int d = 0; d < kHeadDim; ++d) acc[d] += e * vv[d];
           }
-          float* o = out.data() + ((q_start[b] + i) * static_cast<size_t>(kQHeads) + h) * kD;
-          for (int d = 0; d < kD; ++d) o[d] = static_cast<float>(acc[d] / sum);
+          float* o = out.data() + ((q_start[b] + i) * static_cast<size_t>(kQHeads) + h) * kHeadDim;
+          for (int d = 0; d < kHeadDim; ++d) o[d] = static_cast<float>(acc[d] / sum);
         }
       }
     }
@@ -260,14 +259,14 @@ void RunAndCompare(const Fp8Problem& p, bool generic, const char* what) {
   batch.max_seq_len = *std::max_element(p.seq_lens.begin(), p.seq_lens.end());
   batch.max_q_per_seq = *std::max_element(p.n.begin(), p.n.end());
   if (generic) {
-    ASSERT_EQ(cuda::LaunchAttentionGeneric(q.p, cache, batch, kQHeads, sinks.p, p.window, kScale,
-                                           out.p, nullptr),
+    ASSERT_EQ(cuda::LaunchAttentionGeneric(q.p, cache, batch, kQHeads, sinks.p, p.window,
+                                           kAttentionScale, out.p, nullptr),
               cudaSuccess);
   } else {
-    const size_t ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kD);
+    const size_t ws_bytes = cuda::AttentionWorkspaceBytes(batch, kQHeads, kHeadDim);
     DeviceArray<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0));
-    ASSERT_EQ(cuda::LaunchAttention(q.p, cache, batch, kQHeads, sinks.p, p.window, kScale, out.p,
-                                    ws.p, ws_bytes, nullptr),
+    ASSERT_EQ(cuda::LaunchAttention(q.p, cache, batch, kQHeads, sinks.p, p.window, kAttentionScale,
+                                    out.p, ws.p, ws_bytes, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }

@@ -1,5 +1,5 @@
-// Helpers shared by the CUDA kernel tests: a device buffer owned by a test
-// and a fixture that skips when no GPU is present.
+// Helpers shared by the CUDA kernel tests: a device buffer owned by a test,
+// the model shapes they run at and a fixture that skips when no GPU is present.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -37,6 +37,15 @@ struct Dev {
     return h;
   }
 };
+
+// gpt-oss's shapes (both sizes have them), which the kernel tests run at:
+// 64 query heads and 8 KV heads of 64 values, scores scaled by 1/sqrt(64),
+// and a hidden size of 2880.
+inline constexpr int kQHeads = 64;
+inline constexpr int kKvHeads = 8;
+inline constexpr int kHeadDim = 64;
+inline constexpr float kAttentionScale = 0.125f;
+inline constexpr int kHidden = 2880;
 
 // Tests that need a GPU derive from this: they skip where none is present.
 class CudaTest : public ::testing::Test {

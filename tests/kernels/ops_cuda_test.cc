@@ -39,10 +39,6 @@
 namespace flotilla::kernels {
 namespace {
 
-constexpr int kHidden = 2880;
-constexpr int kQHeads = 64;
-constexpr int kKvHeads = 8;
-constexpr int kHeadDim = 64;
 constexpr float kEps = 1e-5f;
 const int kTokenCounts[] = {1, 7, 64, 300};
 
