@@ -174,6 +174,12 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
     return reject(speculative.status().code(), std::string(speculative.status().message()));
   }
   SpeculativeConfig drafting = *speculative;
+  if (drafting.method == SpeculativeMethod::kEagle3 && draft_memory_->eagle3 == nullptr) {
+    return reject(absl::StatusCode::kInvalidArgument,
+                  "speculative method \"eagle3\" needs an EAGLE3 draft head on an engine that "
+                  "returns hidden states: start the worker, or the coordinator or flotilla up, "
+                  "with --speculative-model DIR (or synthetic:eagle3)");
+  }
   // An engine that cannot verify runs the request without drafting.
   if (!engine_->VerifiesDrafts()) drafting.method = SpeculativeMethod::kOff;
   seq.stop = StopRules(std::move(stops), sp.max_tokens);
@@ -298,6 +304,7 @@ int64_t Scheduler::PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan) {
     const std::vector<int32_t> draft = DraftOf(seq, draft_budget);
     it->mutable_tokens()->Add(draft.begin(), draft.end());
     it->set_draft_tokens(static_cast<uint32_t>(draft.size()));
+    it->set_return_hidden(seq.drafter != nullptr && seq.drafter->WantsHidden());
     it->set_logits(cluster::PLAN_LOGITS_LAST);
     draft_budget -= static_cast<int64_t>(draft.size());
     planned += 1 + static_cast<int64_t>(draft.size());
@@ -369,6 +376,7 @@ void Scheduler::AddPromptChunk(Sequence& seq, int64_t n, cluster::StepPlan* plan
   }
   it->mutable_tokens()->Add(seq.prompt.begin() + seq.prefilled,
                             seq.prompt.begin() + seq.prefilled + n);
+  it->set_return_hidden(seq.drafter != nullptr && seq.drafter->WantsHidden());
   it->set_logits(seq.return_prompt_logits ? cluster::PLAN_LOGITS_ALL
                  : n == left              ? cluster::PLAN_LOGITS_LAST
                                           : cluster::PLAN_LOGITS_NONE);
@@ -400,6 +408,7 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
     if (sit == sequences_.end()) continue;  // cancelled during the step
     Sequence& seq = sit->second;
     const bool prefill = seq.prefilled < static_cast<int64_t>(seq.prompt.size());
+    PassHidden(seq, p, result, static_cast<size_t>(i));
     if (prefill) {
       seq.prefilled += p.tokens_size();
       // Streamed as they come, in bounded updates (never one huge message).
@@ -411,6 +420,23 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
     if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;
     if (TakeDrawn(seq, p, result, static_cast<size_t>(i), now, out)) sequences_.erase(sit);
   }
+}
+
+void Scheduler::PassHidden(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result,
+                           size_t i) {
+  if (seq.drafter == nullptr || i >= result.hidden.size() || result.hidden[i].empty()) return;
+  const int64_t rows = item.tokens_size();
+  const bool prefill = seq.prefilled < static_cast<int64_t>(seq.prompt.size());
+  if (prefill) {
+    seq.drafter->AddHidden(seq.prefilled, result.hidden[i].data(), rows);
+    return;
+  }
+  // A decode item starts at the last token; its states are valid up to the
+  // last accepted drafted token (the rest saw rejected tokens).
+  const int64_t first = seq.prompt_tokens + static_cast<int64_t>(seq.generated.size()) - 1;
+  const int64_t accepted =
+      i < result.accepted.size() ? static_cast<int64_t>(result.accepted[i].size()) : 0;
+  seq.drafter->AddHidden(first, result.hidden[i].data(), std::min(rows, 1 + accepted));
 }
 
 bool Scheduler::TakeDrawn(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result,

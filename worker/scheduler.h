@@ -165,6 +165,9 @@ class Scheduler {
   // The draft `seq` brings this step: at most `limit` tokens, fewer than
   // it may still generate.
   std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit);
+  // EAGLE3: the target's hidden states the step returned for `item` (its
+  // i-th) to the sequence's drafter, the rows computed from real tokens.
+  void PassHidden(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result, size_t i);
   // Takes the tokens a step drew for a decoding sequence (its accepted
   // drafted tokens, then the token drawn after them) into one update;
   // true when the sequence ended.

@@ -11,13 +11,9 @@ absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name) 
   if (name == "ngram") return SpeculativeMethod::kNgram;
   if (name == "suffix") return SpeculativeMethod::kSuffix;
   if (name == "replay") return SpeculativeMethod::kReplay;
-  if (name == "eagle3") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("speculative method \"", std::string(name),
-                     "\" is not built yet; this worker knows ngram, suffix, replay and off"));
-  }
+  if (name == "eagle3") return SpeculativeMethod::kEagle3;
   return absl::InvalidArgumentError(absl::StrCat("unknown speculative method \"", std::string(name),
-                                                 "\"; known: ngram, suffix, replay, off"));
+                                                 "\"; known: ngram, suffix, eagle3, replay, off"));
 }
 
 std::string_view SpeculativeMethodName(SpeculativeMethod method) {
@@ -28,6 +24,8 @@ std::string_view SpeculativeMethodName(SpeculativeMethod method) {
       return "suffix";
     case SpeculativeMethod::kReplay:
       return "replay";
+    case SpeculativeMethod::kEagle3:
+      return "eagle3";
     case SpeculativeMethod::kOff:
       break;
   }

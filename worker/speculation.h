@@ -23,6 +23,9 @@ enum class SpeculativeMethod {
   // Benchmarks only (refused unless allow_replay): the output an earlier
   // identical request produced, with chosen errors (replay_drafter.h).
   kReplay,
+  // An EAGLE3 draft head over the target's hidden states (eagle3_drafter.h);
+  // needs the worker's head (--speculative-model).
+  kEagle3,
 };
 
 // Most drafted tokens per step a request may ask for.
@@ -49,8 +52,8 @@ struct SpeculativeConfig {
   bool allow_replay = false;
 };
 
-// "off", "ngram", "suffix" or "replay"; INVALID_ARGUMENT naming the methods
-// known (and saying which are not built yet) otherwise.
+// "off", "ngram", "suffix", "replay" or "eagle3"; INVALID_ARGUMENT naming
+// the methods known otherwise.
 absl::StatusOr<SpeculativeMethod> ParseSpeculativeMethod(std::string_view name);
 std::string_view SpeculativeMethodName(SpeculativeMethod method);
 

@@ -22,6 +22,13 @@ SpeculativeDrafter::SpeculativeDrafter(const SpeculativeConfig& config, DraftMem
     own_ = std::make_unique<SuffixIndex>();
     own_->Add(prompt);
   }
+  if (config_.method == SpeculativeMethod::kEagle3 && memory_->eagle3 != nullptr) {
+    eagle3_ = std::make_unique<Eagle3Drafter>(memory_->eagle3.get(), memory_->pool);
+  }
+}
+
+void SpeculativeDrafter::AddHidden(int64_t first, const float* rows, int64_t n) {
+  if (eagle3_ != nullptr) eagle3_->AddHidden(first, rows, n);
 }
 
 std::vector<int32_t> SpeculativeDrafter::Propose(absl::Span<const int32_t> generated,
@@ -47,6 +54,8 @@ std::vector<int32_t> SpeculativeDrafter::Propose(absl::Span<const int32_t> gener
       if (recorded == nullptr) return {};
       return ProposeReplayDraft(*recorded, generated, k, config_.replay_error_rate, salt_, vocab_);
     }
+    case SpeculativeMethod::kEagle3:
+      return eagle3_ == nullptr ? std::vector<int32_t>{} : eagle3_->Propose(context_, k);
     case SpeculativeMethod::kOff:
       break;
   }

@@ -1,6 +1,7 @@
 // One request's drafter for speculative decoding, whichever method it chose
 // (speculation.h): prompt lookup (ngram_drafter.h), suffix decoding
-// (suffix_drafter.h) or the benchmark-only replay (replay_drafter.h). What
+// (suffix_drafter.h), an EAGLE3 head (eagle3_drafter.h) or the
+// benchmark-only replay (replay_drafter.h). What
 // drafters remember across requests, the recent outputs suffix decoding
 // searches and replay's recordings, is the worker's DraftMemory, shared by
 // its requests and kept when its scheduler is rebuilt.
@@ -12,7 +13,10 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "kernels/cpu/thread_pool.h"
+#include "worker/eagle3_drafter.h"
 #include "worker/engine/sampler.h"
+#include "worker/model/eagle3_head.h"
 #include "worker/replay_drafter.h"
 #include "worker/speculation.h"
 #include "worker/suffix_drafter.h"
@@ -22,6 +26,10 @@ namespace flotilla::worker {
 struct DraftMemory {
   SuffixIndex recent_outputs;   // suffix: the outputs finished lately (bounded)
   ReplayRecordings recordings;  // replay: deterministic requests' outputs (bounded)
+  // eagle3: the worker's head (--speculative-model; null: none), run on the
+  // host with `pool` (may be null) between steps.
+  std::shared_ptr<const Eagle3Head> eagle3;
+  kernels::cpu::ThreadPool* pool = nullptr;
 };
 
 class SpeculativeDrafter {
@@ -41,6 +49,11 @@ class SpeculativeDrafter {
   // worker allows replay (whatever method the request chose).
   void Finish(absl::Span<const int32_t> generated);
 
+  // eagle3: whether steps return the target's hidden states for it, and
+  // their valid rows: positions [first, first + n) of the sequence.
+  bool WantsHidden() const { return eagle3_ != nullptr; }
+  void AddHidden(int64_t first, const float* rows, int64_t n);
+
   const SpeculativeConfig& config() const { return config_; }
 
  private:
@@ -52,6 +65,7 @@ class SpeculativeDrafter {
   uint64_t salt_ = 0;
   int vocab_ = 0;
   std::unique_ptr<SuffixIndex> own_;  // suffix: the request's prompt and output
+  std::unique_ptr<Eagle3Drafter> eagle3_;  // eagle3 (memory has a head)
 };
 
 }  // namespace flotilla::worker

@@ -171,6 +171,8 @@ absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepP
     it.tokens.assign(p.tokens().begin(), p.tokens().end());
     it.draft_tokens = static_cast<int32_t>(p.draft_tokens());
     it.accepted_draft.assign(p.accepted_draft().begin(), p.accepted_draft().end());
+    // The drafting head runs on the leader: only it needs the hidden states.
+    it.return_hidden = leader_ && p.return_hidden();
     // Only the leader samples (on the engine's device): the other ranks of
     // the group skip lm_head. Logit rows come back only as prompt logits.
     it.logits =

@@ -61,11 +61,18 @@ int main(int argc, char** argv) {
   app.add_option("--speculative-method", speculative_method,
                  "speculative decoding for requests that do not choose: ngram (prompt lookup "
                  "over the request's prompt and output), suffix (suffix matching over the "
-                 "request and recent outputs), replay (benchmarks only: needs "
+                 "request and recent outputs), eagle3 (the --speculative-model head), replay "
+                 "(benchmarks only: needs "
                  "--allow-replay-drafter) or off; drafts are verified exactly by the CPU and "
                  "CUDA engines")
       ->envname("FLOTILLA_SPECULATIVE_METHOD")
       ->capture_default_str();
+  app.add_option("--speculative-model", o.speculative_model,
+                 "the EAGLE3 draft head for --speculative-method eagle3 and requests choosing "
+                 "it: a directory in the published layout (config.json, safetensors) or "
+                 "synthetic:eagle3[:SEED] (random weights shaped for the model, for tests); "
+                 "the coordinator's wins")
+      ->envname("FLOTILLA_SPECULATIVE_MODEL");
   app.add_option("--num-speculative-tokens", o.speculative.num_tokens,
                  "tokens drafted per decode step with --speculative-method")
       ->envname("FLOTILLA_NUM_SPECULATIVE_TOKENS")
@@ -120,6 +127,12 @@ int main(int argc, char** argv) {
   if (absl::Status st = flotilla::worker::SetSpeculativeMethod(speculative_method, &o.speculative);
       !st.ok()) {
     std::cerr << "flotilla-worker: " << st.message() << "\n";
+    return 2;
+  }
+  if (o.speculative.method == flotilla::worker::SpeculativeMethod::kEagle3 &&
+      o.speculative_model.empty()) {
+    std::cerr << "flotilla-worker: --speculative-method eagle3 needs --speculative-model DIR "
+                 "(or synthetic:eagle3)\n";
     return 2;
   }
   o.comm_timeout = absl::Milliseconds(comm_timeout_ms);

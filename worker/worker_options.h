@@ -38,6 +38,9 @@ struct WorkerOptions {
   // nothing (SchedulerLimits::speculative_max_batch); a coordinator's
   // nonzero value wins.
   int64_t speculative_max_batch = kDefaultSpeculativeMaxBatch;
+  // --speculative-model: the EAGLE3 head's directory or synthetic:eagle3
+  // (worker/draft_head.h); the coordinator's nonempty one wins.
+  std::string speculative_model;
   absl::Duration comm_timeout = absl::Seconds(10);
   absl::Duration connect_timeout = absl::Seconds(30);
   // Between attempts to open a session: the first wait, doubled after each

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/build_info.h"
 #include "common/comm_names.h"
 #include "common/expert_map_proto.h"
@@ -15,6 +16,7 @@
 #include "worker/advertise_address.h"
 #include "worker/control_session.h"
 #include "worker/device_report.h"
+#include "worker/draft_head.h"
 #include "worker/kv_events_report.h"
 
 namespace flotilla::worker {
@@ -475,6 +477,9 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   spec.start = &sc;
   spec.parallel = &*parallel_;
   spec.model = model_.get();
+  ModelWeights host;  // what a draft head may embed with
+  host.embed = pending_weights_->embed;
+  host.keepalive = pending_weights_->keepalive;
   spec.weights = std::move(*pending_weights_);
   pending_weights_.reset();
   spec.comm = comm_.get();
@@ -486,6 +491,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   }
   FLOTILLA_ASSIGN_OR_RETURN(rank_engine_, factory_->Create(std::move(spec)));
   Engine* engine = rank_engine_.engine.get();
+  FLOTILLA_RETURN_IF_ERROR(SetUpDraftHead(a, host, engine));
   kv_total_ = engine->KvTotalBlocks();
   kv_free_ = engine->KvFreeBlocks();
   SchedulerLimits limits;
@@ -523,6 +529,34 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   client_->Send(std::move(joined));
   spdlog::info("rank {} joined generation {}; KV {} blocks", a.rank(), a.generation(),
                engine->KvTotalBlocks());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRuntime::SetUpDraftHead(const cluster::Assignment& a, const ModelWeights& host,
+                                           Engine* engine) {
+  const std::string& spec = a.scheduler_policy().speculative_model().empty()
+                                ? options_.speculative_model
+                                : a.scheduler_policy().speculative_model();
+  if (spec.empty() || !parallel_->is_leader(a.rank())) {
+    draft_memory_.eagle3.reset();
+    draft_head_spec_.clear();
+    return absl::OkStatus();
+  }
+  if (draft_memory_.eagle3 == nullptr || draft_head_spec_ != spec) {
+    FLOTILLA_ASSIGN_OR_RETURN(draft_memory_.eagle3, LoadDraftHead(spec, *model_, host));
+    draft_head_spec_ = spec;
+    spdlog::info("EAGLE3 head {} loaded: hidden {}, draft vocabulary {}, target layers {}", spec,
+                 draft_memory_.eagle3->config.hidden_size,
+                 draft_memory_.eagle3->config.draft_vocab_size,
+                 absl::StrJoin(draft_memory_.eagle3->config.aux_layers, ","));
+  }
+  draft_memory_.pool = pool_.get();
+  if (absl::Status st = engine->SetHiddenCapture(draft_memory_.eagle3->config.aux_layers);
+      !st.ok()) {
+    draft_memory_.eagle3.reset();
+    draft_head_spec_.clear();
+    return absl::Status(st.code(), absl::StrCat("--speculative-model ", spec, ": ", st.message()));
+  }
   return absl::OkStatus();
 }
 

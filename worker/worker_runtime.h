@@ -101,6 +101,11 @@ class WorkerRuntime {
   void FailRequests(const absl::Status& why);
   absl::Status Load(const cluster::Assignment& a);
   absl::Status StartComm(const cluster::StartComm& sc);
+  // A leader's EAGLE3 head (the coordinator's --speculative-model, else the
+  // worker's): loaded once per spec into draft_memory_, and the engine set to
+  // return the hidden states of its layers; none when neither names one.
+  absl::Status SetUpDraftHead(const cluster::Assignment& a, const ModelWeights& host,
+                              Engine* engine);
   // One lockstep iteration; false when the whole instance was idle.
   absl::StatusOr<bool> StepOnce();
   // The engine step of an exchanged plan with work, and its tokens sent.
@@ -151,6 +156,7 @@ class WorkerRuntime {
   // What drafters remember across requests (suffix decoding's recent
   // outputs, replay's recordings); outlives each assignment's scheduler.
   DraftMemory draft_memory_;
+  std::string draft_head_spec_;                  // what draft_memory_.eagle3 was loaded from
   std::unique_ptr<Scheduler> scheduler_;         // while running (used on leaders)
   std::unique_ptr<StepExecutor> executor_;       // while running
   std::unique_ptr<ExpertStore> expert_store_;    // while running

@@ -19,6 +19,8 @@
 #include "tests/worker/resume_harness.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/engine/draft_verify.h"
+#include "worker/model/eagle3_head.h"
+#include "worker/model/eagle3_synthetic.h"
 #include "worker/model/model_source.h"
 #include "worker/ngram_drafter.h"
 #include "worker/parallel/host_context.h"
@@ -96,8 +98,6 @@ TEST(SpeculativeSettingsTest, RefusesWhatItCannotDo) {
     EXPECT_NE(got.status().message().find(says), std::string::npos) << got.status();
   };
   common::SpeculativeParams p;
-  p.set_method("eagle3");
-  refused(p, "not built yet");
   p.set_method("replay");
   refused(p, "--allow-replay-drafter");
   p.set_method("suffix");
@@ -370,6 +370,9 @@ Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world
       weights ? *weights : resume_testing::WeightsOf(world, rank), eo, nullptr, context.get());
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return {};
+  if (options.draft_memory != nullptr && options.draft_memory->eagle3 != nullptr) {
+    EXPECT_TRUE((*engine)->SetHiddenCapture(options.draft_memory->eagle3->config.aux_layers).ok());
+  }
   Updates got =
       resume_testing::ServeOnRank(**engine, comm, context.get(), world, rank, submits, options);
   // Every KV block is back (cached prefixes count as free: evictable).
@@ -446,6 +449,59 @@ TEST_P(SpeculativeServeTest, SeededAndPenalisedRequestsAreThoseWithoutSpeculatio
 TEST_P(SpeculativeServeTest, SuffixDecodingGivesTheTokensWithoutSpeculation) {
   ExpectSameWithAndWithout({Repetitive(1, 24), resume_testing::Seeded(Repetitive(2, 17, 3000), 9)},
                            GetParam(), nullptr, nullptr, SpeculativeMethod::kSuffix);
+}
+
+// An EAGLE3 head of random weights for the test model (synthetic:eagle3's,
+// embedding with the target's), loaded once.
+std::shared_ptr<const Eagle3Head> TestHead() {
+  static const std::shared_ptr<const Eagle3Head> head = [] {
+    const std::string dir = ::testing::TempDir() + "/flotilla_speculative_test_eagle3";
+    EXPECT_TRUE(WriteSyntheticEagle3Head(dir, TestModel(), 7).ok());
+    absl::StatusOr<std::unique_ptr<Eagle3Head>> loaded = LoadEagle3Head(dir, TestModel());
+    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    if (!loaded.ok()) return std::shared_ptr<const Eagle3Head>();
+    const ModelWeights& w = resume_testing::WeightsOf(1, 0);
+    EXPECT_TRUE((*loaded)->UseTargetEmbedding(w.embed, w.keepalive).ok());
+    return std::shared_ptr<const Eagle3Head>(*std::move(loaded));
+  }();
+  return head;
+}
+
+// EAGLE3: the leader's engine returns the head's layers' states, the head
+// drafts on the host, verification keeps the tokens of a run without
+// speculation (greedy, seeded, penalised).
+TEST_P(SpeculativeServeTest, Eagle3GivesTheTokensWithoutSpeculation) {
+  const std::vector<cluster::SubmitSequence> submits = {
+      Repetitive(1, 20), resume_testing::Seeded(Repetitive(2, 17, 3000), 9),
+      resume_testing::Penalised(Repetitive(3, 16, 2000))};
+  const auto want = TokensById(Serve(submits, GetParam(), Plain()));
+  ASSERT_EQ(want.size(), submits.size());
+  for (int k : {1, 4}) {
+    SCOPED_TRACE(testing::Message() << k << " speculative tokens");
+    DraftMemory memory;
+    memory.eagle3 = TestHead();
+    ASSERT_NE(memory.eagle3, nullptr);
+    SpeculativeCounts counts;
+    ServeOptions options = Speculating(k, &counts, SpeculativeMethod::kEagle3);
+    options.draft_memory = &memory;
+    EXPECT_EQ(TokensById(Serve(submits, GetParam(), options)), want);
+    EXPECT_GT(counts.drafted, 0u);
+    EXPECT_GT(counts.verify_steps, 0u);
+    EXPECT_LE(counts.accepted, counts.drafted);
+  }
+}
+
+// Without a head, a request choosing eagle3 is refused, saying what to start
+// the worker with.
+TEST(SpeculativeEagle3Test, WithoutAHeadTheRequestIsRefused) {
+  cluster::SubmitSequence s = Repetitive(1, 8);
+  s.mutable_sampling()->mutable_speculative()->set_method("eagle3");
+  const Updates got = Serve({s}, 1, Plain());
+  ASSERT_FALSE(got.empty());
+  EXPECT_EQ(got.back().finish_reason(), common::ERROR);
+  EXPECT_EQ(got.back().error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(got.back().error().find("--speculative-model"), std::string::npos)
+      << got.back().error();
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SpeculativeServeTest, ::testing::Values(1, 2),

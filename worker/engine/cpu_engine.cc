@@ -197,9 +197,10 @@ absl::Status CheckContext(const ModelWeights& w, const parallel::ParallelContext
 }
 
 KvCacheOptions KvOptions(const ModelConfig& c, int64_t kv_heads, int64_t block_size,
-                         int64_t num_blocks, bool prefix_cache) {
+                         int64_t num_blocks, bool prefix_cache, int64_t host_cache_bytes = 0) {
   KvCacheOptions o;
   o.prefix_cache = prefix_cache;
+  o.host_cache_bytes = host_cache_bytes;
   for (int l = 0; l < c.num_hidden_layers; ++l) o.sliding.push_back(c.is_sliding(l));
   o.window = c.sliding_window;
   o.kv_heads = kv_heads;
@@ -235,7 +236,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
       KvCache::Create(KvOptions(c, weights.layers.empty() ? c.num_key_value_heads
                                                           : weights.layers[0].attn.kv_heads,
                                 options.kv_block_size, options.kv_num_blocks,
-                                options.prefix_cache)));
+                                options.prefix_cache, options.kv_host_cache_bytes)));
   std::unique_ptr<CpuEngine> engine(
       new CpuEngine(std::move(weights), std::move(kv), pool, context));
   engine->record_margins_ = options.record_router_margins;
@@ -301,6 +302,11 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
     FLOTILLA_RETURN_IF_ERROR(
         CheckStepItem(it, kv_->Contains(it.sequence), c.vocab_size, &seen, VerifiesDrafts()));
     FLOTILLA_RETURN_IF_ERROR(CheckAcceptedDraft(it, drafts_));
+    if (it.return_hidden && capture_layers_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step: sequence ", it.sequence,
+          " asks for hidden states, but the engine captures no layer (SetHiddenCapture)"));
+    }
     if (it.draft_tokens > 0 && c.sliding_window > 0 &&
         static_cast<int64_t>(it.tokens.size()) > c.sliding_window - 1) {
       return absl::InvalidArgumentError(
@@ -355,10 +361,13 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   FLOTILLA_RETURN_IF_ERROR(PrepareForcedRouting(items, offsets));
   x_.resize(T * H);
   k::EmbeddingGather(weights_.embed.data, weights_.embed.row_stride, H, ids.data(), T, x_.data());
+  std::vector<std::vector<float>> hidden(items.size());
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     FLOTILLA_RETURN_IF_ERROR(RunLayer(l, items, offsets, T));
+    CaptureHidden(l, items, offsets, &hidden);
   }
   StepOutput out;
+  out.hidden = std::move(hidden);
   out.logits.resize(items.size());
   out.sampled.resize(items.size());
   out.accepted.resize(items.size());
@@ -382,6 +391,37 @@ absl::StatusOr<StepOutput> CpuEngine::Step(const std::vector<StepItem>& items) {
   FinalRows(items, offsets, &out);
   FLOTILLA_RETURN_IF_ERROR(CommitStep(items));
   return out;
+}
+
+absl::Status CpuEngine::SetHiddenCapture(std::vector<int> layers) {
+  for (int l : layers) {
+    if (l < 0 || l >= weights_.config.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden-state capture: layer ", l,
+                                                     " is not in the model's 0..",
+                                                     weights_.config.num_hidden_layers - 1));
+    }
+  }
+  capture_layers_ = std::move(layers);
+  return absl::OkStatus();
+}
+
+void CpuEngine::CaptureHidden(int layer, const std::vector<StepItem>& items,
+                              const std::vector<int64_t>& offsets,
+                              std::vector<std::vector<float>>* hidden) const {
+  const int64_t H = weights_.config.hidden_size;
+  const int64_t C = static_cast<int64_t>(capture_layers_.size());
+  for (int64_t c = 0; c < C; ++c) {
+    if (capture_layers_[c] != layer) continue;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (!items[i].return_hidden) continue;
+      const int64_t n = offsets[i + 1] - offsets[i];
+      std::vector<float>& rows = (*hidden)[i];
+      rows.resize(n * C * H);
+      for (int64_t j = 0; j < n; ++j) {
+        std::memcpy(&rows[(j * C + c) * H], &x_[(offsets[i] + j) * H], H * sizeof(float));
+      }
+    }
+  }
 }
 
 absl::Status CpuEngine::ReserveStep(const std::vector<StepItem>& items) {

@@ -35,6 +35,9 @@ struct CpuEngineOptions {
   // kFp8: full-attention layers keep K and V as the FP8 cache would give them
   // back (rounded through e4m3 and its scale when written; kv_cache_dtype.h).
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
+  // With prefix_cache: bytes of host memory keeping the cached KV blocks the
+  // arena evicts (KvCacheOptions::host_cache_bytes; 0 = none).
+  int64_t kv_host_cache_bytes = 0;
 };
 
 class CpuEngine : public Engine {
@@ -80,6 +83,11 @@ class CpuEngine : public Engine {
   // overwritten.
   bool VerifiesDrafts() const override { return true; }
 
+  // EAGLE3: x_ after each of `layers` is copied out for items with
+  // return_hidden (StepOutput::hidden). Every rank of a TP group holds the
+  // whole residual stream, so any rank can return it.
+  absl::Status SetHiddenCapture(std::vector<int> layers) override;
+
   // Tests: the next Step sends each token to the given experts instead of its
   // own top K (per item, [tokens][layers][K], as StepOutput::routing), with
   // the softmax over its own router logits of those experts, and reports in
@@ -96,6 +104,7 @@ class CpuEngine : public Engine {
   int64_t KvTotalBlocks() const override { return kv_->num_blocks(); }
   int64_t KvFreeBlocks() const override { return kv_->free_blocks(); }
   int64_t KvBlocksForLength(int64_t tokens) const override { return kv_->BlocksForLength(tokens); }
+  KvHostTierStats KvHostStats() const override { return kv_->host_tier_stats(); }
   const KvCache& kv_cache() const { return *kv_; }
   std::vector<uint64_t> TakeExpertCounts() override;
   absl::Status InstallExperts(const ExpertMap& next, ModelWeights extra) override;
@@ -119,6 +128,11 @@ class CpuEngine : public Engine {
                  StepOutput* out);
   // One layer in three stages: attention (with the TP sum of o_proj), the
   // router, the MoE; the residual stream x_ in place.
+  // SetHiddenCapture: after `layer`, its x_ rows into each return_hidden
+  // item's entry of `hidden` (sized on the first captured layer).
+  void CaptureHidden(int layer, const std::vector<StepItem>& items,
+                     const std::vector<int64_t>& offsets,
+                     std::vector<std::vector<float>>* hidden) const;
   absl::Status RunLayer(int layer, const std::vector<StepItem>& items,
                         const std::vector<int64_t>& offsets, int64_t tokens);
   absl::Status RunAttention(int layer, const std::vector<StepItem>& items,
@@ -154,6 +168,7 @@ class CpuEngine : public Engine {
   // Per sequence: the tokens its last step drafted (KV written past its
   // length), until its next step.
   std::unordered_map<int64_t, std::vector<int32_t>> drafts_;
+  std::vector<int> capture_layers_;  // SetHiddenCapture's
   std::vector<float> inv_freq_;
   float rope_scaling_;
 

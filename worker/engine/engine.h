@@ -12,6 +12,7 @@
 #include "common/expert_map.h"
 #include "common/model_config.h"
 #include "worker/engine/kv_event_log.h"
+#include "worker/engine/kv_host_tier.h"
 #include "worker/engine/sampler.h"
 #include "worker/model/weights.h"
 
@@ -42,6 +43,10 @@ struct StepItem {
   // committed (their KV kept) before `tokens`.
   int32_t draft_tokens = 0;
   std::vector<int32_t> accepted_draft = {};
+  // EAGLE3 drafting: return the residual stream after each layer the engine
+  // captures (Engine::SetHiddenCapture) at every position of `tokens`
+  // (StepOutput::hidden). Refused by an engine that captures none.
+  bool return_hidden = false;
 };
 
 struct StepOutput {
@@ -56,6 +61,10 @@ struct StepOutput {
   // after them (the model's own at the first rejected position, or one
   // more after a fully accepted draft). Empty for the other items.
   std::vector<std::vector<TokenLogprob>> accepted;
+  // Per item with return_hidden: [tokens][captured layers][hidden_size]
+  // floats, the residual stream after each captured layer, in the order
+  // SetHiddenCapture named them (empty for the other items).
+  std::vector<std::vector<float>> hidden;
   // Per item and token, when the engine was asked to record them (the CPU
   // reference, for tests): the smallest routing margin over the layers,
   // (r_K - r_K+1) / max(1, |r_1|) of the sorted router logits. A margin below
@@ -104,6 +113,13 @@ class Engine {
   // engine that does not.
   virtual bool VerifiesDrafts() const { return false; }
 
+  // EAGLE3 drafting: the layers (0-based) whose output residual stream a
+  // step returns for items with return_hidden. INVALID_ARGUMENT naming a
+  // layer the model does not have; UNIMPLEMENTED on an engine that cannot.
+  virtual absl::Status SetHiddenCapture(std::vector<int> layers) {
+    return absl::UnimplementedError("this engine does not return hidden states");
+  }
+
   // Sharded instances: the most tokens any rank of the instance runs in the
   // coming step (every rank passes the same value before every step), so
   // that fixed-capacity exchanges agree on their shapes. Engines that
@@ -128,6 +144,10 @@ class Engine {
   virtual std::vector<int64_t> KvPoolBlocksForLength(int64_t tokens) const {
     return {KvBlocksForLength(tokens)};
   }
+
+  // The host-memory KV tier under the prefix cache (KvHostTier): its
+  // counters, all zero for an engine without one.
+  virtual KvHostTierStats KvHostStats() const { return {}; }
 
   // Prefix caching (an engine without a cache keeps these defaults). How
   // many leading tokens of `prompt` a new sequence of cache domain

@@ -140,18 +140,18 @@ uint64_t Fnv1a(absl::Span<const uint8_t> bytes) {
   return h;
 }
 
-std::filesystem::path CacheRoot() {
+}  // namespace
+
+std::string ModelCacheRoot() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0') {
-    return std::filesystem::path(xdg) / "flotilla";
+    return (std::filesystem::path(xdg) / "flotilla").string();
   }
   if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return std::filesystem::path(home) / ".cache" / "flotilla";
+    return (std::filesystem::path(home) / ".cache" / "flotilla").string();
   }
   std::error_code ec;
-  return std::filesystem::temp_directory_path(ec) / "flotilla";
+  return (std::filesystem::temp_directory_path(ec) / "flotilla").string();
 }
-
-}  // namespace
 
 absl::Status WriteDemoCheckpoint(absl::Span<const uint8_t> image, const std::string& dir) {
   FLOTILLA_ASSIGN_OR_RETURN(CompactModel m, ReadCompact(image));
@@ -170,7 +170,7 @@ absl::Status WriteDemoCheckpoint(absl::Span<const uint8_t> image, const std::str
 absl::StatusOr<std::string> DemoCheckpointDir() {
   namespace fs = std::filesystem;
   const absl::Span<const uint8_t> image = DemoCompactImage();
-  const fs::path root = CacheRoot();
+  const fs::path root = ModelCacheRoot();
   const fs::path dir = root / absl::StrFormat("demo-%016x", Fnv1a(image));
   std::error_code ec;
   if (fs::exists(dir / "config.json", ec)) return dir.string();

@@ -25,6 +25,10 @@ absl::Span<const uint8_t> DemoCompactImage();
 // wrong (format, config, a tensor's dtype or shape, a vocabulary id).
 absl::Status WriteDemoCheckpoint(absl::Span<const uint8_t> image, const std::string& dir);
 
+// Where models written on first use are kept: flotilla under
+// $XDG_CACHE_HOME, else $HOME/.cache, else the temporary directory.
+std::string ModelCacheRoot();
+
 // A directory holding the expanded built-in demo model, written on first use:
 // flotilla/demo-HASH (HASH of the image) under $XDG_CACHE_HOME, else
 // $HOME/.cache, else the temporary directory. Processes that start at once

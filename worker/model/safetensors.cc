@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -211,6 +212,36 @@ absl::Status SafetensorsFile::ParseHeader() {
     }
     index_[t.name] = i;
   }
+  return absl::OkStatus();
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  std::vector<int64_t> sizes;
+  int64_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    int64_t bytes = DTypeSize(t.dtype);
+    for (int64_t d : t.shape) bytes *= d;
+    header[t.name] = {{"dtype", DTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    sizes.push_back(bytes);
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  while (text.size() % 8 != 0) text.push_back(' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create"));
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    out.write(static_cast<const char*>(tensors[i].data), static_cast<std::streamsize>(sizes[i]));
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed (disk full?)"));
   return absl::OkStatus();
 }
 

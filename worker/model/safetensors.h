@@ -76,4 +76,17 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// One tensor for WriteSafetensors: `data` holds its elements (DTypeSize(dtype)
+// bytes each, as many as the shape says).
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+};
+
+// Writes `tensors` in this order as one safetensors file at `path` (the
+// header padded to 8 bytes, metadata {"format": "pt"}).
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
 }  // namespace flotilla
