@@ -162,11 +162,14 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
   // Fused, launched twice on a stream the second time inside a graph (the
   // engine's decode path).
   ASSERT_TRUE(cuda::NormQkvRopeSupported(T, H, D));
+  // One fused launch on `stream` writing q into `q` and k, v into `kv`.
+  auto launch_fused = [&](uint16_t* q, cuda::PagedKvLayer kv, cudaStream_t stream = nullptr) {
+    return cuda::LaunchNormQkvRope(dx.p, dnw.p, eps, dwp.p, dbp.p, T, H, NH, dpos.p, dslots.p,
+                                   dinv.p, scaling, kv, q, stream);
+  };
   Dev<uint16_t> fq(size_t(T) * NH * D), fk(sentinel), fv(sentinel);
   cuda::PagedKvLayer cache{fk.p, fv.p, blocks, bs, NKV, D};
-  ASSERT_EQ(cuda::LaunchNormQkvRope(dx.p, dnw.p, eps, dwp.p, dbp.p, T, H, NH, dpos.p, dslots.p,
-                                    dinv.p, scaling, cache, fq.p, nullptr),
-            cudaSuccess);
+  ASSERT_EQ(launch_fused(fq.p, cache), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ExpectNear(fq.Get(), rq, what + " q");
   ExpectNear(fk.Get(), rk, what + " k cache");
@@ -182,10 +185,7 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
     tuning.late_dependents = (variant & 4) != 0;
     cuda::SetNormQkvRopeTuning(tuning);
     Dev<uint16_t> tq(size_t(T) * NH * D), tk(sentinel), tv(sentinel);
-    cuda::PagedKvLayer tcache{tk.p, tv.p, blocks, bs, NKV, D};
-    ASSERT_EQ(cuda::LaunchNormQkvRope(dx.p, dnw.p, eps, dwp.p, dbp.p, T, H, NH, dpos.p, dslots.p,
-                                      dinv.p, scaling, tcache, tq.p, nullptr),
-              cudaSuccess);
+    ASSERT_EQ(launch_fused(tq.p, {tk.p, tv.p, blocks, bs, NKV, D}), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(tq.Get(), fq.Get()) << "tuning variant " << variant;
     EXPECT_EQ(tk.Get(), fk.Get()) << "tuning variant " << variant;
@@ -200,9 +200,7 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const cudaError_t launched =
-      cuda::LaunchNormQkvRope(dx.p, dnw.p, eps, dwp.p, dbp.p, T, H, NH, dpos.p, dslots.p, dinv.p,
-                              scaling, gcache, gq.p, stream);
+  const cudaError_t launched = launch_fused(gq.p, gcache, stream);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   ASSERT_EQ(launched, cudaSuccess);
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
