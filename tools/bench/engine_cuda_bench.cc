@@ -26,6 +26,10 @@
 //                                          pairs per expert; -1: never)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
+//                     [--masked-rows N]   (then the same steps with N rows drawing under a
+//                                          structured-output token mask, written by the
+//                                          host while the step runs as serving does:
+//                                          {"bench":"decode_step_masked"} beside the plain step)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
@@ -62,6 +66,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_engine.h"
+#include "worker/engine/sampler.h"
 
 namespace {
 
@@ -133,10 +138,64 @@ void PrintStepModel(const OpTimes& op_ms, long steps, double graph_step_ms, bool
   }
 }
 
+// A structured-output filter's cost on the device without a grammar: a
+// fixed mask allowing about half the vocabulary (the host still copies it
+// into the step's pinned mask slot every step, as it copies a grammar's).
+class HalfVocabularyFilter : public flotilla::TokenFilter {
+ public:
+  explicit HalfVocabularyFilter(int vocab) : bits_((vocab + 31) / 32) {
+    for (int t = 0; t < vocab; ++t) {
+      if ((static_cast<uint32_t>(t) * 2654435761u) >> 31) bits_[t >> 5] |= 1u << (t & 31);
+    }
+  }
+  const uint32_t* Allowed() override { return bits_.data(); }
+  void Accept(int32_t) override {}
+
+ private:
+  std::vector<uint32_t> bits_;
+};
+
+// `steps` decode steps of `items` drawn by per-item samplers (the serving
+// path), the first `masked` of them under HalfVocabularyFilter; ms per step,
+// or a negative value on an error.
+double MaskedStepMs(CudaEngine& e, std::vector<StepItem> items, long masked, long steps,
+                    int vocab) {
+  std::vector<std::unique_ptr<flotilla::Sampler>> samplers;
+  for (size_t b = 0; b < items.size(); ++b) {
+    flotilla::SamplingParams p;
+    p.seed = b;
+    p.max_tokens = 1 << 30;
+    absl::StatusOr<std::unique_ptr<flotilla::Sampler>> s = flotilla::Sampler::Create(p, vocab);
+    if (!s.ok()) return -1;
+    if (static_cast<long>(b) < masked)
+      (*s)->SetFilter(std::make_unique<HalfVocabularyFilter>(vocab));
+    items[b].sampler = s->get();
+    items[b].logits = LogitsMode::kNone;
+    samplers.push_back(*std::move(s));
+  }
+  auto run = [&](long n) -> bool {
+    for (long i = 0; i < n; ++i) {
+      absl::StatusOr<flotilla::StepOutput> out = e.Step(items);
+      if (!out.ok()) {
+        std::fprintf(stderr, "engine_cuda_bench: %s\n", out.status().ToString().c_str());
+        return false;
+      }
+      for (size_t b = 0; b < items.size(); ++b) {
+        items[b].tokens = {std::max<int32_t>(out->sampled[b].token, 0)};
+      }
+    }
+    return true;
+  };
+  if (!run(4)) return -1;  // captures the graph
+  const auto t = Clock::now();
+  if (!run(steps)) return -1;
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  long layers = 36, context = 1024, steps = 64, kv_blocks = 0, max_sequences = 0;
+  long layers = 36, context = 1024, steps = 64, kv_blocks = 0, masked_rows = 0, max_sequences = 0;
   bool profile_ops = false;
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
@@ -160,6 +219,8 @@ int main(int argc, char** argv) {
       kv_blocks = v == "auto" ? -1 : std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--max-sequences")
       max_sequences = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--masked-rows")
+      masked_rows = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
     else if (a == "--kv-cache-dtype") {
       const absl::StatusOr<flotilla::KvCacheDtype> d = flotilla::ParseKvCacheDtype(v);
@@ -218,7 +279,8 @@ int main(int argc, char** argv) {
   // Every decode step of a batch (the 4 that capture, the timed ones and,
   // per ablated op, 2 more captures and the timed ones again) grows its
   // sequences by a token.
-  const long decode_steps = 4 + steps + static_cast<long>(ablate.size()) * (2 + steps);
+  const long decode_steps = 4 + steps + static_cast<long>(ablate.size()) * (2 + steps) +
+                            (masked_rows > 0 ? 2 * (4 + steps) : 0);
   // A context at the model's limit (131,072 for gpt-oss) cannot take the
   // decode steps on top of it: the sequences are filled short by those steps,
   // so the last one holds exactly `context` tokens.
@@ -330,6 +392,21 @@ int main(int argc, char** argv) {
                 "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
                 props.name.c_str(), layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
                 hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
+    if (masked_rows > 0) {
+      // Both through per-request samplers (the serving path), with and
+      // without masks, so the difference is the masks' alone.
+      const long n = std::min(masked_rows, B);
+      const double unmasked_ms = MaskedStepMs(e, items, 0, steps, c.vocab_size);
+      const double masked_ms = MaskedStepMs(e, items, n, steps, c.vocab_size);
+      if (masked_ms < 0 || unmasked_ms < 0) return 1;
+      std::printf(
+          "{\"bench\":\"decode_step_masked\",\"gpu\":\"%s\",\"batch\":%ld,"
+          "\"masked_rows\":%ld,\"ms_per_step\":%.3f,\"unmasked_ms_per_step\":%.3f,"
+          "\"mask_cost_ms\":%.3f,\"ratio\":%.3f}\n",
+          props.name.c_str(), B, n, masked_ms, unmasked_ms, masked_ms - unmasked_ms,
+          unmasked_ms / masked_ms);
+      std::fflush(stdout);
+    }
     // Ablation: the same steps with one op left out; the difference is what
     // that op costs inside the replayed graph (overlap with its neighbours
     // included). The sequences grow by the steps run, which is negligible.
