@@ -44,6 +44,7 @@ class CudaEngineFactory final : public EngineFactory {
     co.device = options.cuda_device;
     co.kv_block_size = static_cast<int>(options.kv_block_size);
     co.prefix_cache = options.prefix_cache;
+    co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     FLOTILLA_ASSIGN_OR_RETURN(co.kv_cache_dtype, KvCacheDtypeOf(a, options));
     co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
     co.max_context = a.max_model_len();

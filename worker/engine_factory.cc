@@ -33,6 +33,7 @@ class CpuEngineFactory final : public EngineFactory {
     CpuEngineOptions eo;
     eo.kv_block_size = options.kv_block_size;
     eo.prefix_cache = options.prefix_cache;
+    eo.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     FLOTILLA_ASSIGN_OR_RETURN(eo.kv_cache_dtype, KvCacheDtypeOf(a, options));
     const int64_t kv_heads = c.num_key_value_heads / a.tp_size();
     const int64_t seqs = std::max<uint32_t>(1, a.max_sequences());

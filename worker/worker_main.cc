@@ -54,6 +54,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_KV_CACHE_DTYPE")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  app.add_option("--kv-host-cache-gb", o.kv_host_cache_gb,
+                 "GiB of host memory keeping the prefix cache's KV blocks the engine evicts, "
+                 "copied back on a later hit instead of computed again (0: off)")
+      ->envname("FLOTILLA_KV_HOST_CACHE_GB")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 4096.0));
   app.add_flag("--prefix-cache,!--no-prefix-cache", o.prefix_cache,
                "share the KV blocks of identical prompt prefixes between requests (default on)")
       ->envname("FLOTILLA_PREFIX_CACHE");

@@ -30,6 +30,10 @@ struct WorkerOptions {
   // Full-attention layers' KV storage: auto (= bf16), bf16 or fp8
   // (worker/engine/kv_cache_dtype.h); a coordinator's other than auto wins.
   std::string kv_cache_dtype = "auto";
+  // GiB of host memory keeping the cached KV blocks the engine's arena
+  // evicts (the prefix cache's host tier, worker/engine/kv_host_tier.h);
+  // 0 = off (the default).
+  double kv_host_cache_gb = 0;
   // Speculative decoding for requests that do not choose
   // (--speculative-method, --num-speculative-tokens, --replay-error-rate,
   // --allow-replay-drafter); off by default.

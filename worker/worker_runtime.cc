@@ -146,6 +146,9 @@ void WorkerRuntime::ReportLoad(cluster::WorkerLoad* load) const {
   load->set_kv_blocks_total(kv_total_);
   load->set_prefix_cache_queries_tokens(prefix_queries_);
   load->set_prefix_cache_hits_tokens(prefix_hits_);
+  load->set_kv_host_hit_blocks(host_hits_);
+  load->set_kv_host_bytes_to_host(host_to_host_);
+  load->set_kv_host_bytes_to_device(host_to_device_);
   load->set_steps(steps_);
   load->set_spec_drafted_tokens(spec_drafted_);
   load->set_spec_accepted_tokens(spec_accepted_);
@@ -270,6 +273,12 @@ void WorkerRuntime::PublishLoad() {
   queued_count_ = scheduler_->queued();
   prefix_queries_ = prefix_queries_base_ + scheduler_->prefix_queries_tokens();
   prefix_hits_ = prefix_hits_base_ + scheduler_->prefix_hits_tokens();
+  if (rank_engine_.engine) {
+    const KvHostTierStats host = rank_engine_.engine->KvHostStats();
+    host_hits_ = host_base_.hit_blocks + host.hit_blocks;
+    host_to_host_ = host_base_.bytes_to_host + host.bytes_to_host;
+    host_to_device_ = host_base_.bytes_to_device + host.bytes_to_device;
+  }
   const SpeculativeCounts& spec = scheduler_->speculative_counts();
   spec_drafted_ = spec_base_.drafted + spec.drafted;
   spec_accepted_ = spec_base_.accepted + spec.accepted;
@@ -380,6 +389,12 @@ void WorkerRuntime::Reset(const std::string& why) {
   if (scheduler_) {
     prefix_queries_base_ += scheduler_->prefix_queries_tokens();
     prefix_hits_base_ += scheduler_->prefix_hits_tokens();
+    if (rank_engine_.engine) {
+      const KvHostTierStats host = rank_engine_.engine->KvHostStats();
+      host_base_.hit_blocks += host.hit_blocks;
+      host_base_.bytes_to_host += host.bytes_to_host;
+      host_base_.bytes_to_device += host.bytes_to_device;
+    }
     const SpeculativeCounts& spec = scheduler_->speculative_counts();
     spec_base_.drafted += spec.drafted;
     spec_base_.accepted += spec.accepted;

@@ -172,12 +172,15 @@ class WorkerRuntime {
   std::atomic<uint32_t> running_count_{0}, queued_count_{0};
   std::atomic<uint64_t> kv_free_{0}, kv_total_{0};
   std::atomic<uint64_t> prefix_queries_{0}, prefix_hits_{0};  // tokens
+  // The engine's host KV tier: blocks copied back, bytes to the host and back.
+  std::atomic<uint64_t> host_hits_{0}, host_to_host_{0}, host_to_device_{0};
   // Speculative decoding: drafted and accepted tokens, verification steps.
   std::atomic<uint64_t> spec_drafted_{0}, spec_accepted_{0}, spec_verify_steps_{0};
   std::atomic<uint64_t> steps_{0};
   bool busy_ = false;  // as of the last PublishLoad (engine loop only)
   // What the schedulers of earlier generations counted.
   uint64_t prefix_queries_base_ = 0, prefix_hits_base_ = 0;
+  KvHostTierStats host_base_;  // what the engines of earlier generations counted
   SpeculativeCounts spec_base_;
 };
 

@@ -99,6 +99,7 @@ class HttpMetrics {
 
     uint64_t running = 0, queued = 0, kv_free = 0, kv_total = 0;
     uint64_t prefix_queries = 0, prefix_hits = 0;
+    uint64_t host_hits = 0, host_to_host = 0, host_to_device = 0;
     uint64_t spec_drafted = 0, spec_accepted = 0, spec_steps = 0;
     std::string per_worker;
     for (const admin::WorkerStatus& w : s.workers()) {
@@ -108,6 +109,9 @@ class HttpMetrics {
       kv_total += w.load().kv_blocks_total();
       prefix_queries += w.load().prefix_cache_queries_tokens();
       prefix_hits += w.load().prefix_cache_hits_tokens();
+      host_hits += w.load().kv_host_hit_blocks();
+      host_to_host += w.load().kv_host_bytes_to_host();
+      host_to_device += w.load().kv_host_bytes_to_device();
       spec_drafted += w.load().spec_drafted_tokens();
       spec_accepted += w.load().spec_accepted_tokens();
       spec_steps += w.load().spec_verify_steps();
@@ -135,6 +139,14 @@ class HttpMetrics {
             "prompt tokens looked up in the workers' prefix caches", m, prefix_queries);
     Counter(out, "flotilla_prefix_cache_hits_tokens_total",
             "prompt tokens found in the workers' prefix caches (not computed)", m, prefix_hits);
+    Counter(out, "flotilla_kv_host_tier_hit_blocks_total",
+            "KV blocks a prefix hit copied back from the workers' host-memory tiers", m,
+            host_hits);
+    Counter(out, "flotilla_kv_host_tier_bytes_to_host_total",
+            "bytes of evicted cached KV blocks copied to the workers' host-memory tiers", m,
+            host_to_host);
+    Counter(out, "flotilla_kv_host_tier_bytes_to_device_total",
+            "bytes copied back from the workers' host-memory tiers", m, host_to_device);
     Counter(out, "flotilla_spec_decode_num_draft_tokens_total",
             "tokens drafted for speculative decoding", m, spec_drafted);
     Counter(out, "flotilla_spec_decode_num_accepted_tokens_total",

@@ -88,6 +88,8 @@ bool AddEngineCompare(const ServeFlags& f, const Stats& stats, double elapsed, n
 
 struct PrefixCounters {
   double queried = 0, hits = 0;
+  // The host-memory KV tier's (0 where the coordinator reports none).
+  double host_hit_blocks = 0, host_bytes_to_host = 0, host_bytes_to_device = 0;
 };
 
 absl::StatusOr<PrefixCounters> ReadPrefixCounters(const std::string& url,
@@ -99,7 +101,14 @@ absl::StatusOr<PrefixCounters> ReadPrefixCounters(const std::string& url,
   if (!q || !h) {
     return absl::NotFoundError(absl::StrCat(url, " has no flotilla_prefix_cache_*_tokens_total"));
   }
-  return PrefixCounters{*q, *h};
+  PrefixCounters c{*q, *h};
+  c.host_hit_blocks =
+      PrometheusValue(*text, "flotilla_kv_host_tier_hit_blocks_total").value_or(0.0);
+  c.host_bytes_to_host =
+      PrometheusValue(*text, "flotilla_kv_host_tier_bytes_to_host_total").value_or(0.0);
+  c.host_bytes_to_device =
+      PrometheusValue(*text, "flotilla_kv_host_tier_bytes_to_device_total").value_or(0.0);
+  return c;
 }
 
 // The prefix-cache counters' change over the load. Workers report them in
@@ -130,6 +139,13 @@ nlohmann::json PrefixCacheDelta(const ServeFlags& f, const PrefixCounters& befor
   j["prefill_tokens_computed"] = static_cast<int64_t>(queried - hits);
   j["hit_ratio"] = queried > 0 ? hits / queried : 0.0;
   j["prompt_tokens_sent"] = stats.prompt_tokens;
+  // The host-memory KV tier (--kv-host-cache-gb): blocks copied back for
+  // hits, bytes moved each way.
+  j["host_tier_hit_blocks"] = static_cast<int64_t>(after->host_hit_blocks - before.host_hit_blocks);
+  j["host_tier_bytes_to_host"] =
+      static_cast<int64_t>(after->host_bytes_to_host - before.host_bytes_to_host);
+  j["host_tier_bytes_to_device"] =
+      static_cast<int64_t>(after->host_bytes_to_device - before.host_bytes_to_device);
   // false: the counters did not catch up with the prompts within 5 s.
   j["complete"] = complete;
   return j;

@@ -14,6 +14,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/engine/cuda_engine_state.h"
+#include "worker/engine/cuda_kv_host_tier.h"
 #include "worker/engine/cuda_weight_feed.h"
 #include "worker/engine/device_sampler.h"
 #include "worker/engine/draft_verify.h"
@@ -116,7 +117,15 @@ int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt,
 
 absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int32_t>& prefix,
                                                           uint64_t cache_domain) {
-  return kv_->CreateSequenceFromPrefix(prefix, cache_domain);
+  absl::StatusOr<int64_t> seq = kv_->CreateSequenceFromPrefix(prefix, cache_domain);
+  // Blocks copied back from the host tier: a failed copy fails the request.
+  if (host_tier_) {
+    if (absl::Status copied = host_tier_->TakeError(); !copied.ok()) {
+      if (seq.ok()) (void)kv_->Free(*seq);
+      return copied;
+    }
+  }
+  return seq;
 }
 
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
@@ -236,6 +245,10 @@ absl::Status CudaEngine::ExtendSynthetic(int64_t sequence, int64_t tokens) {
     done += n;
   }
   return absl::OkStatus();
+}
+
+KvHostTierStats CudaEngine::KvHostStats() const {
+  return host_tier_ ? host_tier_->tier().stats() : KvHostTierStats{};
 }
 
 std::vector<int64_t> CudaEngine::KvPoolAdmissionBlocks() const {

@@ -53,6 +53,7 @@ namespace flotilla {
 class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
 struct StepLayout;     // worker/engine/step_layout.h
 struct CudaDeviceState;  // worker/engine/cuda_engine_state.h
+class CudaKvHostTier;   // worker/engine/cuda_kv_host_tier.h
 class LayerStages;       // worker/engine/cuda_layer_stages.h
 class DeviceSampler;     // worker/engine/device_sampler.h
 struct DeviceSampling;   // worker/engine/device_sampler.h
@@ -81,6 +82,10 @@ struct CudaEngineOptions {
   // (2 head_dim) of a bf16 one, so its pool holds ~1.94x the blocks in the
   // same bytes; attention reads half the bytes of a full-attention layer.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
+  // With prefix_cache: bytes of pinned host memory keeping the cached KV
+  // blocks the pools evict (the host tier, kv_host_tier.h), copied back
+  // with cudaMemcpyAsync on a later hit; 0 = none.
+  int64_t kv_host_cache_bytes = 0;
   double gpu_memory_utilization = 0.90;
   // Longest sequence served (0: max_position_embeddings); sizes block tables.
   int64_t max_context = 0;
@@ -214,6 +219,7 @@ class CudaEngine : public Engine {
     return kv_->BlocksForLength(tokens);
   }
   std::vector<int64_t> KvPoolAdmissionBlocks() const override;
+  KvHostTierStats KvHostStats() const override;
   std::vector<int64_t> KvPoolBlocksForLength(int64_t tokens) const override {
     return kv_->PoolBlocksForLength(tokens);
   }
@@ -289,6 +295,7 @@ class CudaEngine : public Engine {
   int64_t max_blocks_per_seq_ = 0;
   size_t weight_bytes_ = 0;
   // The arena's blocks but 0 (scratch), by layer group; sequences are its ids.
+  std::unique_ptr<CudaKvHostTier> host_tier_;  // before kv_, which points at it
   std::unique_ptr<KvBlockAllocator> kv_;
   std::map<std::string, double> op_time_ms_;
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own

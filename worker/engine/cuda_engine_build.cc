@@ -18,6 +18,7 @@
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine/cuda_engine_state.h"
+#include "worker/engine/cuda_kv_host_tier.h"
 #include "worker/engine/cuda_weight_feed.h"
 #include "worker/engine/device_sampler.h"
 #include "worker/engine/rank_shard.h"
@@ -605,7 +606,8 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& 
                                                                const ModelConfig& c,
                                                                const CudaEngineOptions& options,
                                                                const BuildShape& b, uint64_t seed,
-                                                               int64_t* max_context) {
+                                                               int64_t* max_context,
+                                                               std::unique_ptr<CudaKvHostTier>* host) {
   KvArenaShape k = KvArenaShapeOf(d, c, options, b);
   *max_context = options.max_context > 0
                      ? std::min<int64_t>(options.max_context, c.max_position_embeddings)
@@ -625,10 +627,17 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& 
   k.options.first_block = 1;
   k.options.pool_blocks.clear();
   for (int64_t n : num_blocks) k.options.pool_blocks.push_back(n - 1);
+  for (int g = 0; g < d.kv_groups; ++g) d.kv_pool_block_bytes.push_back(k.block_bytes(g));
+  if (options.prefix_cache && options.kv_host_cache_bytes > 0) {
+    FLOTILLA_ASSIGN_OR_RETURN(*host, CudaKvHostTier::Create(d, options.kv_host_cache_bytes));
+    if (*host != nullptr) {
+      k.options.host_tier = &(*host)->tier();
+      k.options.mover = host->get();
+    }
+  }
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> kv,
                             KvBlockAllocator::Create(k.options));
   *max_context = std::min<int64_t>(*max_context, kv->MaxTokens());
-  for (int g = 0; g < d.kv_groups; ++g) d.kv_pool_block_bytes.push_back(k.block_bytes(g));
   return kv;
 }
 
@@ -676,8 +685,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(UploadRope(d, c));
   FLOTILLA_RETURN_IF_ERROR(AllocStepBuffers(d, c, options, b, shard));
   int64_t max_context = 0;
+  std::unique_ptr<CudaKvHostTier> host_tier;
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> kv,
-                            BuildKvCache(d, c, options, b, seed, &max_context));
+                            BuildKvCache(d, c, options, b, seed, &max_context, &host_tier));
   const int64_t max_blocks_per_seq = CeilDiv(max_context, options.kv_block_size);
   FLOTILLA_RETURN_IF_ERROR(AllocStepMeta(d, max_blocks_per_seq));
   // Steps launch the sampling kernels behind one that waits for the host's
@@ -690,6 +700,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   engine->options_.max_context = max_context;
   engine->max_blocks_per_seq_ = max_blocks_per_seq;
   engine->weight_bytes_ = weight_bytes;
+  engine->host_tier_ = std::move(host_tier);
   engine->kv_ = std::move(kv);
   engine->sampler_ = std::make_unique<DeviceSampler>(*engine->impl_, c.vocab_size);
   return engine;

@@ -44,6 +44,18 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
   po.slot_pools = o.group_pools;
   po.enabled = o.prefix_cache;
   po.window_slots = o.sliding;
+  if ((o.host_tier == nullptr) != (o.mover == nullptr)) {
+    return absl::InvalidArgumentError("kv cache: a host tier needs a block mover and back");
+  }
+  if (o.host_tier != nullptr && o.prefix_cache) {
+    // An evicted cached block goes to the host tier (slot = group).
+    po.on_evict = [tier = o.host_tier, mover = o.mover](int group, int32_t block, uint64_t key,
+                                                        uint64_t parent_key,
+                                                        absl::Span<const int32_t> tokens) {
+      uint8_t* slot = tier->Store(key, group, parent_key, tokens, mover->BlockBytes(group));
+      if (slot != nullptr) mover->ToHost(group, block, slot);
+    };
+  }
   absl::StatusOr<std::unique_ptr<PrefixCache>> blocks = PrefixCache::Create(po);
   if (!blocks.ok()) return blocks.status();
   o.num_blocks = 0;
@@ -344,13 +356,48 @@ absl::Status KvBlockAllocator::Commit(SequenceId seq, int64_t n, const int32_t* 
   return absl::OkStatus();
 }
 
-bool KvBlockAllocator::WindowCached(const std::vector<PrefixCache::Hit>& hits,
+std::vector<KvBlockAllocator::BlockSource> KvBlockAllocator::Sources(
+    absl::Span<const int32_t> tokens, int64_t max_blocks, uint64_t domain) const {
+  std::vector<BlockSource> sources;
+  if (!options_.prefix_cache) return sources;
+  const PrefixCache::Link root = PrefixCache::Root(domain);
+  const std::vector<PrefixCache::Hit> hits = blocks_->Walk(tokens, max_blocks, root);
+  const size_t groups = options_.sliding.size();
+  const int64_t bs = options_.block_size;
+  max_blocks = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bs);
+  uint64_t parent_key = root.key;
+  for (int64_t b = 0; b < max_blocks; ++b) {
+    absl::Span<const int32_t> block = tokens.subspan(b * bs, bs);
+    BlockSource src;
+    src.parent_key = parent_key;
+    src.key = blocks_->BlockKey(parent_key, block);
+    src.slots.assign(groups, -1);
+    src.host.assign(groups, false);
+    if (b < static_cast<int64_t>(hits.size())) {
+      src.slots = hits[b].slots;
+      src.link = hits[b].link;
+    }
+    bool any = false;
+    for (size_t g = 0; g < groups; ++g) {
+      if (src.slots[g] < 0 && options_.host_tier != nullptr) {
+        src.host[g] = options_.host_tier->Contains(src.key, static_cast<int>(g), parent_key, block);
+      }
+      any = any || Found(src, g);
+    }
+    if (!any) break;
+    parent_key = src.key;
+    sources.push_back(std::move(src));
+  }
+  return sources;
+}
+
+bool KvBlockAllocator::WindowCached(const std::vector<BlockSource>& sources,
                                     int64_t blocks) const {
   const int64_t bs = options_.block_size;
   const int64_t first = std::max<int64_t>(0, blocks * bs - (options_.window - 1)) / bs;
   for (int64_t b = first; b < blocks; ++b) {
     for (size_t g = 0; g < options_.sliding.size(); ++g) {
-      if (options_.sliding[g] && hits[b].slots[g] < 0) return false;
+      if (options_.sliding[g] && !Found(sources[b], g)) return false;
     }
   }
   return true;
@@ -358,21 +405,89 @@ bool KvBlockAllocator::WindowCached(const std::vector<PrefixCache::Hit>& hits,
 
 int64_t KvBlockAllocator::MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks,
                                       uint64_t domain) const {
-  std::vector<PrefixCache::Hit> hits = blocks_->Walk(tokens, max_blocks, PrefixCache::Root(domain));
+  const std::vector<BlockSource> sources = Sources(tokens, max_blocks, domain);
   // Full groups need every block up to the match.
   int64_t full = 0;
-  for (; full < static_cast<int64_t>(hits.size()); ++full) {
+  for (; full < static_cast<int64_t>(sources.size()); ++full) {
     bool complete = true;
     for (size_t g = 0; g < options_.sliding.size(); ++g) {
-      complete = complete && (options_.sliding[g] || hits[full].slots[g] >= 0);
+      complete = complete && (options_.sliding[g] || Found(sources[full], g));
     }
     if (!complete) break;
   }
   // Sliding groups only the window before it: the longest match that has it.
   for (int64_t blocks = full; blocks > 0; --blocks) {
-    if (WindowCached(hits, blocks)) return blocks;
+    if (WindowCached(sources, blocks)) return blocks;
   }
   return 0;
+}
+
+absl::Status KvBlockAllocator::RestoreFromHost(absl::Span<const int32_t> prefix,
+                                               uint64_t domain) {
+  const int64_t bs = options_.block_size;
+  const int64_t blocks = static_cast<int64_t>(prefix.size()) / bs;
+  const std::vector<BlockSource> sources = Sources(prefix, blocks, domain);
+  const size_t groups = options_.sliding.size();
+  const int64_t keep = KeepBegin(SlidingGroup(), static_cast<int64_t>(prefix.size())) / bs;
+  // The (block, group) pairs the sequence takes; those only the host tier
+  // holds count against their pool.
+  auto takes = [&](int64_t b, size_t g) { return !options_.sliding[g] || b >= keep; };
+  std::vector<int64_t> needed(num_pools(), 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (size_t g = 0; g < groups; ++g) {
+      if (takes(b, g) && sources[b].slots[g] < 0) ++needed[pool_of_group(static_cast<int>(g))];
+    }
+  }
+  if (std::all_of(needed.begin(), needed.end(), [](int64_t n) { return n == 0; })) {
+    return absl::OkStatus();
+  }
+  // The prefix's blocks in the pools are held while the others are
+  // allocated, so that no allocation evicts them.
+  std::vector<std::pair<int32_t, int>> held;
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (size_t g = 0; g < groups; ++g) {
+      if (!takes(b, g) || sources[b].slots[g] < 0) continue;
+      const int pool = pool_of_group(static_cast<int>(g));
+      blocks_->Hold(sources[b].slots[g], pool);
+      held.emplace_back(sources[b].slots[g], pool);
+    }
+  }
+  absl::Status fits = CheckFree(needed, "a prefix from the host tier");
+  // Blocks the allocations below evict are not kept: they would take the
+  // slots being read.
+  options_.host_tier->Freeze(true);
+  if (fits.ok()) {
+    std::vector<std::vector<int32_t>> slots(blocks, std::vector<int32_t>(groups, -1));
+    for (int64_t b = 0; b < blocks && fits.ok(); ++b) {
+      absl::Span<const int32_t> block = prefix.subspan(b * bs, bs);
+      for (size_t g = 0; g < groups; ++g) {
+        slots[b][g] = sources[b].slots[g];
+        if (!takes(b, g) || sources[b].slots[g] >= 0) continue;
+        const int pool = pool_of_group(static_cast<int>(g));
+        const int32_t fresh = *blocks_->Allocate(pool);  // CheckFree counted it
+        held.emplace_back(fresh, pool);
+        const uint8_t* data = options_.host_tier->Load(sources[b].key, static_cast<int>(g),
+                                                       sources[b].parent_key, block);
+        if (data == nullptr) {
+          fits = absl::InternalError("kv cache: a host tier block went while restoring");
+          break;
+        }
+        options_.mover->ToDevice(static_cast<int>(g), fresh, data);
+        slots[b][g] = fresh;
+      }
+    }
+    // Registered as a sequence registers the blocks it completes; then only
+    // the cache keeps them until the new sequence takes them.
+    PrefixCache::Chain chain;
+    chain.link = PrefixCache::Root(domain);
+    if (fits.ok()) {
+      blocks_->Extend(&chain, prefix,
+                      [&](int64_t b, std::vector<int32_t>* out) { *out = slots[b]; });
+    }
+  }
+  options_.host_tier->Freeze(false);
+  for (const auto& [block, pool] : held) blocks_->Release(block, pool);
+  return fits;
 }
 
 absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFromPrefix(
@@ -384,7 +499,21 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
     return absl::FailedPreconditionError(absl::StrCat(
         "kv cache: the prefix of ", prefix.size(), " tokens is not whole cached blocks"));
   }
+  FLOTILLA_RETURN_IF_ERROR(RestoreFromHost(prefix, domain));
   std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, blocks, PrefixCache::Root(domain));
+  const int64_t keep_sliding = KeepBegin(SlidingGroup(), static_cast<int64_t>(prefix.size())) / bs;
+  bool whole = static_cast<int64_t>(hits.size()) == blocks;
+  for (int64_t b = 0; whole && b < blocks; ++b) {
+    for (size_t g = 0; g < options_.sliding.size(); ++g) {
+      whole = whole && (hits[b].slots[g] >= 0 || (options_.sliding[g] && b < keep_sliding));
+    }
+  }
+  if (!whole) {
+    // The host tier's blocks could not all be registered (another block
+    // held under one of their keys).
+    return absl::FailedPreconditionError(absl::StrCat(
+        "kv cache: the prefix of ", prefix.size(), " tokens could not be taken from the cache"));
+  }
   const SequenceId id = CreateSequence();
   Sequence& s = seqs_[id];
   s.length = static_cast<int64_t>(prefix.size());

@@ -50,9 +50,23 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "worker/engine/kv_host_tier.h"
 #include "worker/engine/prefix_cache.h"
 
 namespace flotilla {
+
+// Moves one group's block (all of the group's layers) between an engine's
+// arena and host memory, for the host tier.
+class KvBlockMover {
+ public:
+  virtual ~KvBlockMover() = default;
+  virtual size_t BlockBytes(int group) const = 0;
+  // Copies `block` of `group` to `host` (BlockBytes(group) bytes) before the
+  // block is written again; on a device, ordered before the engine's later
+  // work (host memory pinned, the copy asynchronous).
+  virtual void ToHost(int group, int32_t block, uint8_t* host) = 0;
+  virtual void ToDevice(int group, int32_t block, const uint8_t* host) = 0;
+};
 
 struct KvBlockAllocatorOptions {
   std::vector<bool> sliding;  // one per group: whether it keeps only the window
@@ -67,6 +81,10 @@ struct KvBlockAllocatorOptions {
   bool prefix_cache = false;  // share full blocks of identical prefixes
   bool write_whole_chunk = false;  // sliding groups hold every new position of a step
   int64_t max_chunk_tokens = 0;    // with write_whole_chunk: most new tokens of one sequence per step
+  // With prefix_cache: a host tier that keeps the cached blocks the pools
+  // evict, and what copies them (neither owned; both or neither).
+  KvHostTier* host_tier = nullptr;
+  KvBlockMover* mover = nullptr;
 };
 
 class KvBlockAllocator {
@@ -91,12 +109,15 @@ class KvBlockAllocator {
   absl::StatusOr<int64_t> Length(SequenceId seq) const;
 
   // Whole blocks at the start of `tokens` (at most max_blocks) a new sequence
-  // of cache domain `domain` (PrefixCache::Root) can take from the cache.
+  // of cache domain `domain` (PrefixCache::Root) can take from the cache
+  // (the pools, or the host tier for blocks the pools evicted).
   int64_t MatchPrefix(absl::Span<const int32_t> tokens, int64_t max_blocks,
                       uint64_t domain = 0) const;
   // A new sequence of cache domain `domain` holding `prefix` (whole blocks,
   // all matched in that domain) from the cache; FAILED_PRECONDITION
-  // otherwise. The blocks it completes are cached in that domain.
+  // otherwise. Blocks only the host tier holds are copied back into fresh
+  // blocks first (RESOURCE_EXHAUSTED when a pool has too few free). The
+  // blocks it completes are cached in that domain.
   absl::StatusOr<SequenceId> CreateSequenceFromPrefix(absl::Span<const int32_t> prefix,
                                                       uint64_t domain = 0);
 
@@ -169,6 +190,22 @@ class KvBlockAllocator {
   };
 
   KvBlockAllocator(const KvBlockAllocatorOptions& options, std::unique_ptr<PrefixCache> blocks);
+  // Where each whole block at the start of `tokens` can come from: its
+  // blocks in the pools (slot -1: none) and, per group, whether the host
+  // tier holds it; stops at the first block found nowhere.
+  struct BlockSource {
+    std::vector<int32_t> slots;
+    std::vector<bool> host;
+    uint64_t key = 0, parent_key = 0;
+    PrefixCache::Link link;  // the pools' entry (Walk), when slots came from one
+  };
+  std::vector<BlockSource> Sources(absl::Span<const int32_t> tokens, int64_t max_blocks,
+                                   uint64_t domain) const;
+  // Whether group g of block b is found (in the pools or the host tier).
+  static bool Found(const BlockSource& s, size_t g) { return s.slots[g] >= 0 || s.host[g]; }
+  // Copies the blocks of `prefix` (whole blocks) the sequence will take
+  // and only the host tier holds into fresh blocks and registers them.
+  absl::Status RestoreFromHost(absl::Span<const int32_t> prefix, uint64_t domain);
   // A sliding group (or 0 when there is none: KeepBegin is then 0).
   int SlidingGroup() const;
   // Blocks a sliding group's sequence holds at most (see BlocksForLength).
@@ -179,7 +216,7 @@ class KvBlockAllocator {
   void WriteRange(int group, int64_t length, int64_t n, int64_t* begin, int64_t* end) const;
   // Whether each sliding group has the blocks of the window before `blocks`
   // whole blocks (hits: what PrefixCache::Walk found).
-  bool WindowCached(const std::vector<PrefixCache::Hit>& hits, int64_t blocks) const;
+  bool WindowCached(const std::vector<BlockSource>& sources, int64_t blocks) const;
   // Notes that logical block `b` of `group` left the table of `s` while
   // `block` caches the token block keyed `key` (nothing when key is 0).
   static void NoteLeft(Sequence& s, size_t group, int64_t b, int32_t block, uint64_t key);

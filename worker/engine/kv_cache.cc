@@ -14,22 +14,46 @@ absl::StatusOr<std::unique_ptr<KvCache>> KvCache::Create(const KvCacheOptions& o
                                                    " and head_dim ", o.head_dim,
                                                    " must be positive"));
   }
+  if (o.host_cache_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv cache: host_cache_bytes must not be negative, got ", o.host_cache_bytes));
+  }
+  std::unique_ptr<KvCache> cache(new KvCache(o));
   KvBlockAllocatorOptions ao;
   ao.sliding = o.sliding;  // one group per layer
   ao.window = o.window;
   ao.block_size = o.block_size;
   ao.num_blocks = o.num_blocks;
   ao.prefix_cache = o.prefix_cache;
+  if (cache->host_tier_ != nullptr) {
+    ao.host_tier = cache->host_tier_.get();
+    ao.mover = cache.get();
+  }
   absl::StatusOr<std::unique_ptr<KvBlockAllocator>> blocks = KvBlockAllocator::Create(ao);
   if (!blocks.ok()) return blocks.status();
-  return std::unique_ptr<KvCache>(new KvCache(o, std::move(*blocks)));
+  cache->blocks_ = std::move(*blocks);
+  return cache;
 }
 
-KvCache::KvCache(const KvCacheOptions& o, std::unique_ptr<KvBlockAllocator> blocks)
+KvCache::KvCache(const KvCacheOptions& o)
     : options_(o),
       block_floats_(2 * o.block_size * o.kv_heads * o.head_dim),
-      arena_(static_cast<size_t>(block_floats_ * o.num_blocks)),
-      blocks_(std::move(blocks)) {}
+      arena_(static_cast<size_t>(block_floats_ * std::max<int64_t>(0, o.num_blocks))) {
+  const size_t slot = block_floats_ * sizeof(float);
+  const int64_t slots = o.prefix_cache ? o.host_cache_bytes / static_cast<int64_t>(slot) : 0;
+  if (slots > 0) {
+    host_arena_.resize(static_cast<size_t>(slots) * slot);
+    host_tier_ = std::make_unique<KvHostTier>(host_arena_.data(), slot, slots);
+  }
+}
+
+void KvCache::ToHost(int /*layer*/, int32_t block, uint8_t* host) {
+  std::memcpy(host, &arena_[block * block_floats_], block_floats_ * sizeof(float));
+}
+
+void KvCache::ToDevice(int /*layer*/, int32_t block, const uint8_t* host) {
+  std::memcpy(&arena_[block * block_floats_], host, block_floats_ * sizeof(float));
+}
 
 KvCache::SequenceId KvCache::CreateSequence() { return blocks_->CreateSequence(); }
 

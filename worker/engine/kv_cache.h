@@ -31,9 +31,12 @@ struct KvCacheOptions {
   int64_t block_size = 16;  // positions per block
   int64_t num_blocks = 0;   // blocks in the arena
   bool prefix_cache = false;  // share full blocks of identical prefixes
+  // With prefix_cache: bytes of host memory that keep the cached blocks the
+  // arena evicts (KvHostTier; 0 = none), so a later hit copies them back.
+  int64_t host_cache_bytes = 0;
 };
 
-class KvCache {
+class KvCache : private KvBlockMover {
  public:
   using SequenceId = int64_t;
 
@@ -91,14 +94,24 @@ class KvCache {
   KvEventBatch TakeEvents(size_t max_keys) { return blocks_->TakeEvents(max_keys); }
   int64_t BlocksHeld(SequenceId seq, int layer) const { return blocks_->BlocksHeld(seq, layer); }
   const KvCacheOptions& options() const { return options_; }
+  // The host tier's counters (all zero without one).
+  KvHostTierStats host_tier_stats() const {
+    return host_tier_ ? host_tier_->stats() : KvHostTierStats{};
+  }
 
  private:
-  KvCache(const KvCacheOptions& options, std::unique_ptr<KvBlockAllocator> blocks);
+  explicit KvCache(const KvCacheOptions& options);
   float* Row(SequenceId seq, int layer, int64_t pos, bool value);
+  // KvBlockMover: a layer's block is block_floats_ floats of the arena.
+  size_t BlockBytes(int layer) const override { return block_floats_ * sizeof(float); }
+  void ToHost(int layer, int32_t block, uint8_t* host) override;
+  void ToDevice(int layer, int32_t block, const uint8_t* host) override;
 
   KvCacheOptions options_;
   int64_t block_floats_;
   std::vector<float> arena_;
+  std::vector<uint8_t> host_arena_;
+  std::unique_ptr<KvHostTier> host_tier_;
   std::unique_ptr<KvBlockAllocator> blocks_;
 };
 

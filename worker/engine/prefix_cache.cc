@@ -90,6 +90,13 @@ std::optional<int32_t> PrefixCache::Allocate(int p) {
   } else if (pool.lru_head >= 0) {
     index = pool.lru_head;
     LruRemove(pool, index);
+    if (options_.on_evict) {
+      auto it = entries_.find(pool.entry_of[index]);
+      if (it != entries_.end()) {
+        options_.on_evict(pool.slot_of[index], index + options_.first_block, it->first,
+                          it->second.parent_key, it->second.tokens);
+      }
+    }
     Forget(pool, index);
   } else {
     return std::nullopt;

@@ -60,6 +60,12 @@ struct PrefixCacheOptions {
   size_t max_pending_events = 65536;
   // Tests: the key of a token block after `parent` (to force collisions).
   std::function<uint64_t(uint64_t parent, absl::Span<const int32_t> tokens)> hash;
+  // Called when Allocate evicts a free block that caches a token block
+  // (before the block is handed out again): its slot, the block, the token
+  // block's key, its parent's key and its tokens. The host tier keeps a copy.
+  std::function<void(int slot, int32_t block, uint64_t key, uint64_t parent_key,
+                     absl::Span<const int32_t> tokens)>
+      on_evict;
 };
 
 class PrefixCache {
@@ -148,6 +154,11 @@ class PrefixCache {
   // breaks the chain unless no sequence holds it (then it is replaced).
   void Extend(Chain* chain, absl::Span<const int32_t> tokens,
               absl::FunctionRef<void(int64_t block, std::vector<int32_t>* slots)> slots_of);
+  // The key of the token block `tokens` after the one keyed `parent` (a
+  // chain starts at Root(domain).key).
+  uint64_t BlockKey(uint64_t parent, absl::Span<const int32_t> tokens) const {
+    return Key(parent, tokens);
+  }
   // Token blocks in the index (for tests and stats).
   int64_t entries() const { return static_cast<int64_t>(entries_.size()); }
 
