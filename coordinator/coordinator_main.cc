@@ -125,10 +125,17 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
          "--speculative-method",
          [policy](const std::string& v) { policy->mutable_speculative()->set_method(v); },
          "speculative decoding for requests that do not choose: ngram (prompt lookup), suffix "
-         "(suffix matching over the request and recent outputs), replay (benchmarks only: "
-         "needs --allow-replay-drafter) or off; verified exactly by the CPU and CUDA engines "
-         "(default: the workers' own --speculative-method, off unless set)")
-      ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
+         "(suffix matching over the request and recent outputs), eagle3 (the "
+         "--speculative-model head), replay (benchmarks only: needs --allow-replay-drafter) "
+         "or off; verified exactly by the CPU and CUDA engines (default: the workers' own "
+         "--speculative-method, off unless set)")
+      ->check(CLI::IsMember({"ngram", "suffix", "eagle3", "replay", "off"}));
+  app.add_option_function<std::string>(
+      "--speculative-model",
+      [policy](const std::string& v) { policy->set_speculative_model(v); },
+      "EAGLE3 draft head every worker loads for --speculative-method eagle3 and requests "
+      "choosing it: a directory in the published layout (config.json, safetensors; the "
+      "workers read it) or synthetic:eagle3[:SEED] (default: the workers' own)");
   app.add_option_function<uint32_t>(
          "--num-speculative-tokens",
          [policy](uint32_t n) { policy->mutable_speculative()->set_num_speculative_tokens(n); },
@@ -442,6 +449,12 @@ int main(int argc, char** argv) {
       !opts.scheduler_policy.allow_replay_drafter()) {
     std::cerr << "flotilla-coordinator: --speculative-method replay drafts recorded outputs and "
                  "is for benchmarks only; add --allow-replay-drafter\n";
+    return 2;
+  }
+  if (opts.scheduler_policy.speculative().method() == "eagle3" &&
+      opts.scheduler_policy.speculative_model().empty()) {
+    std::cerr << "flotilla-coordinator: --speculative-method eagle3 needs --speculative-model DIR "
+                 "(or synthetic:eagle3)\n";
     return 2;
   }
   flotilla::coordinator::SetAccessLogIds(access_log_ids);

@@ -1,5 +1,6 @@
 // Speculative decoding end to end: local clusters (one CPU worker, and four
-// as TP 2 x DP 2) whose coordinator sets --speculative-method ngram. A request that leaves the
+// as TP 2 x DP 2) whose coordinator sets --speculative-method ngram (and
+// eagle3 with synthetic:eagle3 on four). A request that leaves the
 // choice to the server drafts (the /metrics counters move) and streams the
 // tokens of the same request with speculation turned off in its own
 // SamplingParams; an unknown method is INVALID_ARGUMENT naming it.
@@ -96,6 +97,33 @@ class SpeculativeTpCluster : public testing_util::LocalClusterSuite<SpeculativeT
 };
 
 TEST_F(SpeculativeTpCluster, GreedyAndSeededTokensAreThoseWithoutSpeculation) {
+  for (bool seeded : {false, true}) {
+    SCOPED_TRACE(seeded ? "seeded" : "greedy");
+    const Generated off = Generate(cluster_->address(), "off", seeded);
+    ASSERT_TRUE(off.status.ok()) << off.status.error_message();
+    const Generated on = Generate(cluster_->address(), "", seeded);
+    ASSERT_TRUE(on.status.ok()) << on.status.error_message();
+    EXPECT_EQ(on.tokens, off.tokens);
+  }
+  ASSERT_TRUE(WaitIdle());
+  EXPECT_GT(Metric("flotilla_spec_decode_num_draft_tokens_total"), 0);
+}
+
+// EAGLE3 on four workers as TP 2 x DP 2: each leader loads the synthetic
+// head (written once into the model cache) and drafts from its engine's
+// hidden states; the tokens are those of a run without speculation.
+class SpeculativeEagle3Cluster : public testing_util::LocalClusterSuite<SpeculativeEagle3Cluster> {
+ public:
+  static void Configure(cli::LocalClusterOptions& o) {
+    o.workers = 4;
+    o.tp = 2;
+    o.threads_per_worker = 1;
+    o.coordinator_args = {"--speculative-method", "eagle3", "--speculative-model",
+                          "synthetic:eagle3", "--num-speculative-tokens", "3"};
+  }
+};
+
+TEST_F(SpeculativeEagle3Cluster, GreedyAndSeededTokensAreThoseWithoutSpeculation) {
   for (bool seeded : {false, true}) {
     SCOPED_TRACE(seeded ? "seeded" : "greedy");
     const Generated off = Generate(cluster_->address(), "off", seeded);

@@ -33,6 +33,7 @@ struct ServingLimits {
   uint32_t long_prefill_token_threshold = 0;
   // Speculative decoding (the coordinator's flags of the same names).
   std::string speculative_method = "off";
+  std::string speculative_model;  // the EAGLE3 head: a directory or synthetic:eagle3
   uint32_t num_speculative_tokens = 3;
   uint32_t speculative_max_batch = 0;  // 0: the workers' default
   bool allow_replay_drafter = false;
@@ -81,6 +82,10 @@ struct ServingLimits {
                               {"--speculative-method", speculative_method,
                                "--num-speculative-tokens", std::to_string(num_speculative_tokens),
                                "--replay-error-rate", absl::StrCat(replay_error_rate)});
+    if (!speculative_model.empty()) {
+      o.coordinator_args.insert(o.coordinator_args.end(),
+                                {"--speculative-model", speculative_model});
+    }
     if (speculative_max_batch != 0) {
       o.coordinator_args.insert(o.coordinator_args.end(),
                                 {"--speculative-max-batch", std::to_string(speculative_max_batch)});
@@ -250,10 +255,15 @@ void AddUpCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--speculative-method", limits->speculative_method,
                   "speculative decoding for requests that do not choose: ngram (prompt lookup), "
-                  "suffix (suffix matching over the request and recent outputs), replay "
-                  "(benchmarks only: needs --allow-replay-drafter) or off; verified exactly")
+                  "suffix (suffix matching over the request and recent outputs), eagle3 (the "
+                  "--speculative-model head), replay (benchmarks only: needs "
+                  "--allow-replay-drafter) or off; verified exactly")
       ->capture_default_str()
-      ->check(CLI::IsMember({"ngram", "suffix", "replay", "off"}));
+      ->check(CLI::IsMember({"ngram", "suffix", "eagle3", "replay", "off"}));
+  cmd->add_option("--speculative-model", limits->speculative_model,
+                  "EAGLE3 draft head for --speculative-method eagle3 and requests choosing it: "
+                  "a directory in the published layout (config.json, safetensors) or "
+                  "synthetic:eagle3[:SEED] (random weights shaped for the model, for tests)");
   cmd->add_option("--num-speculative-tokens", limits->num_speculative_tokens,
                   "tokens drafted per decode step with --speculative-method")
       ->capture_default_str()
