@@ -3,7 +3,7 @@
 #include <openssl/evp.h>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/http/openai_pipeline.h"
+#include "coordinator/prepared_request.h"
 
 namespace flotilla::coordinator {
 namespace {

@@ -8,16 +8,17 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_token.h"
-#include "common/grammar/constraint_proto.h"
 #include "common/grpc_status.h"
 #include "common/tokenizer/streaming_detokenizer.h"
 #include "coordinator/access_log.h"
 #include "coordinator/grpc/chat_pipeline.h"
+#include "coordinator/grpc/generate_request.h"
 #include "coordinator/grpc/grpc_auth.h"
 #include "coordinator/grpc/prompt_logits_credit.h"
 #include "coordinator/grpc/stream_queue.h"
 #include "coordinator/request_session.h"
 #include "coordinator/served_models.h"
+#include "coordinator/session_request.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -193,21 +194,22 @@ class GenerateReactor final : public GenerateReactorBase {
     state_->admission = std::move(admission);
     if (buffers) state_->queue.SetAccount(buffers->Open(state_));
     state_->access->set_key(caller.key_id);
-    absl::StatusOr<SessionRequest> session_request = SessionRequestOf(request, model_id, *tok);
-    if (!session_request.ok()) {
-      Refuse(ToGrpcStatus(session_request.status()));
+    absl::StatusOr<PreparedRequest> prepared = PrepareGenerate(request, model_id, *tok);
+    if (!prepared.ok()) {
+      Refuse(ToGrpcStatus(prepared.status()));
       return;
     }
-    session_request->deadline = CallDeadline(context);
-    session_request->submit.set_cache_domain(cache_domain);
+    SessionContext session_context;
+    session_context.deadline = CallDeadline(context);
+    session_context.cache_domain = cache_domain;
+    SessionRequest session_request = SessionRequestOf(*prepared, std::move(session_context));
     if (buffers != nullptr && request.return_prompt_logits()) {
       // The stream's window, shared by its choices.
       state_->credit = std::make_unique<PromptLogitsCredit>(PromptLogitsWindow(buffers->options()) /
-                                                            session_request->n);
-      session_request->submit.set_prompt_logits_credit_bytes(state_->credit->window());
+                                                            session_request.n);
+      session_request.submit.set_prompt_logits_credit_bytes(state_->credit->window());
     }
-    state_->access->set_prompt_tokens(
-        static_cast<uint32_t>(session_request->prompts[0].size()));
+    state_->access->set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
     state_->request_id = requests->Reserve(caller);
     state_->access->set_request_id(state_->request_id);
     std::shared_ptr<State> state = state_;
@@ -225,7 +227,7 @@ class GenerateReactor final : public GenerateReactorBase {
       }
       state->Flush();
     };
-    session_ = StartSession(*state_, requests, tok, *std::move(session_request), std::move(sink),
+    session_ = StartSession(*state_, requests, tok, std::move(session_request), std::move(sink),
                             std::move(hooks));
   }
 
@@ -239,38 +241,6 @@ class GenerateReactor final : public GenerateReactorBase {
   }
 
  private:
-  // The session's request: the prompt (token ids or text), n, sampling.
-  static absl::StatusOr<SessionRequest> SessionRequestOf(const v1::GenerateRequest& request,
-                                                         const std::string& model_id,
-                                                         const tokenizer::Tokenizer& tok) {
-    if (!request.model().empty() && request.model() != model_id) {
-      return absl::NotFoundError(absl::StrCat("model '", request.model(),
-                                              "' is not served here; this server serves '",
-                                              model_id, "'"));
-    }
-    if (request.n() > static_cast<uint32_t>(kMaxChoices)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("n: must be at most ", kMaxChoices, ", not ", request.n()));
-    }
-    SessionRequest out;
-    out.decoding = Decoding::kText;
-    out.n = std::max<uint32_t>(request.n(), 1);
-    if (request.prompt_case() == v1::GenerateRequest::kPromptIds) {
-      out.prompts.emplace_back(request.prompt_ids().ids().begin(), request.prompt_ids().ids().end());
-    } else if (request.prompt_case() == v1::GenerateRequest::kText) {
-      absl::StatusOr<std::vector<tokenizer::TokenId>> ids =
-          tok.Encode(request.text(), tokenizer::SpecialTokenPolicy::All());
-      if (!ids.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("prompt text: ", ids.status().message()));
-      }
-      out.prompts.push_back(*std::move(ids));
-    } else {
-      return absl::InvalidArgumentError("the request has no prompt");
-    }
-    *out.submit.mutable_sampling() = request.sampling();
-    out.submit.set_return_prompt_logits(request.return_prompt_logits());
-    return out;
-  }
   void Refuse(const grpc::Status& status) {
     state_->access->Log(GrpcCodeName(status), absl::Now());
     Finish(status);
@@ -412,18 +382,11 @@ class ChatReactor final : public ChatReactorBase {
     state_->access = access;
     access->set_request_id(request_id);
     access->set_prompt_tokens(static_cast<uint32_t>(prepared->prompt.size()));
-    SessionRequest session_request;
-    session_request.decoding = Decoding::kHarmony;
-    session_request.prompts.push_back(prepared->prompt);
-    session_request.n = prepared->n;
-    *session_request.submit.mutable_sampling() = prepared->sampling;
-    if (prepared->constraint) {
-      grammar::ToProto(*prepared->constraint, session_request.submit.mutable_constraint());
-    }
-    session_request.stop = prepared->stop;
-    session_request.call_id_seed = call_id_seed;
-    session_request.deadline = CallDeadline(context);
-    session_request.submit.set_cache_domain(cache_domain);
+    SessionContext session_context;
+    session_context.call_id_seed = call_id_seed;
+    session_context.deadline = CallDeadline(context);
+    session_context.cache_domain = cache_domain;
+    SessionRequest session_request = SessionRequestOf(*prepared, std::move(session_context));
     std::shared_ptr<State> state = state_;
     SessionHooks hooks;
     hooks.run = decode.Runner();

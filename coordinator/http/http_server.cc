@@ -9,7 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/build_info.h"
-#include "common/grammar/constraint_proto.h"
 #include "common/listen_address.h"
 #include "coordinator/cluster/expert_metrics.h"
 #include "coordinator/http/held_stream.h"
@@ -18,6 +17,7 @@
 #include "coordinator/request_registry.h"
 #include "coordinator/request_session.h"
 #include "coordinator/served_models.h"
+#include "coordinator/session_request.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -632,13 +632,14 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   const std::string id = NewId(endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-");
   g->access->set_request_id(id);
   const int64_t created = absl::ToUnixSeconds(absl::Now());
-  SessionRequest request = SessionRequestOf(*prepared, endpoint, id, *deadline);
-  request.submit.set_cache_domain(
-      CacheDomain(prepared->cache_salt, CallerKeyId(exchange->request()), options_.cache_domains));
   // prompt_cache_key, else the x-session-id header: routed together.
-  request.route_key = !prepared->route_key.empty()
-                          ? prepared->route_key
-                          : exchange->request().get_header_value("x-session-id");
+  SessionContext context;
+  context.call_id_seed = id;
+  context.deadline = *deadline;
+  context.cache_domain =
+      CacheDomain(prepared->cache_salt, CallerKeyId(exchange->request()), options_.cache_domains);
+  context.default_route_key = exchange->request().get_header_value("x-session-id");
+  SessionRequest request = SessionRequestOf(*prepared, std::move(context));
   const uint32_t choices = static_cast<uint32_t>(request.prompts.size()) * request.n;
   uint32_t prompt_tokens = 0;
   for (const std::vector<tokenizer::TokenId>& prompt : request.prompts) {
@@ -683,22 +684,6 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   }
   // A client that goes away cancels its request.
   exchange->OnClientGone([session] { session->Cancel("the HTTP client disconnected"); });
-}
-
-SessionRequest HttpServer::SessionRequestOf(const PreparedRequest& prepared, Endpoint endpoint,
-                                            const std::string& id,
-                                            std::optional<absl::Time> deadline) const {
-  SessionRequest request;
-  request.decoding = endpoint == Endpoint::kChat ? Decoding::kHarmony : Decoding::kText;
-  request.prompts = Prompts(prepared);
-  request.n = prepared.n;
-  *request.submit.mutable_sampling() = prepared.sampling;
-  if (prepared.constraint) grammar::ToProto(*prepared.constraint, request.submit.mutable_constraint());
-  request.stop = prepared.stop;
-  request.echo = prepared.echo;
-  request.call_id_seed = id;
-  request.deadline = deadline;
-  return request;
 }
 
 }  // namespace flotilla::coordinator

@@ -120,9 +120,6 @@ class HttpServer {
   // timers) and the bookkeeping of its sequences (Stop cancels them; the
   // in-flight gauge counts it until none is left).
   SessionHooks SessionHooksFor(const std::shared_ptr<HttpExchange>& exchange);
-  // The session of a prepared chat or completions request.
-  SessionRequest SessionRequestOf(const PreparedRequest& prepared, Endpoint endpoint,
-                                  const std::string& id, std::optional<absl::Time> deadline) const;
   // The name a request's `model` is checked against: itself when served.
   const std::string& ModelFor(const Json& body) const;
   std::string NewId(const char* prefix);

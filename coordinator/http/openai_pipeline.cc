@@ -452,11 +452,6 @@ absl::StatusOr<ReasoningField> ParseReasoningField(std::string_view name) {
       "--reasoning-field: '", std::string(name), "' is not one of reasoning, reasoning_content, both"));
 }
 
-std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& request) {
-  if (!request.batch.empty()) return request.batch;
-  return {request.prompt};
-}
-
 // ---- ResponseBuilder ----
 
 ResponseBuilder::ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint endpoint,

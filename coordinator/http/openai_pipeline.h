@@ -1,9 +1,9 @@
 // The OpenAI-compatible request/response pipeline, with no HTTP in it:
-// request JSON -> validated sampling options and prompt tokens (chat requests
-// go through the Harmony mapping and renderer), and generated tokens ->
-// chat.completion(.chunk) / text_completion JSON (chat tokens go through the
-// streaming Harmony parser). The HTTP server drives it; tests feed it recorded
-// token sequences.
+// request JSON -> the typed request (prepared_request.h: validated sampling
+// options and prompt tokens; chat requests go through the Harmony mapping
+// and renderer), and generated tokens -> chat.completion(.chunk) /
+// text_completion JSON (chat tokens go through the streaming Harmony
+// parser). The HTTP server drives it; tests feed it recorded token sequences.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/choice_decoder.h"
 #include "coordinator/http/request_fields.h"
+#include "coordinator/prepared_request.h"
 #include "coordinator/request_events.h"
 #include "coordinator/stop_filter.h"
 #include "proto/cluster.pb.h"
@@ -48,45 +49,12 @@ Json ErrorJson(const ApiError& error);
 // Serializes JSON for the wire; strings that are not UTF-8 are repaired, never thrown on.
 std::string DumpJson(const Json& j);
 
-enum class Endpoint { kChat, kCompletions };
-
 // The member of a chat message and delta that carries reasoning text
 // (--reasoning-field): vLLM's current `reasoning`, its older
 // `reasoning_content`, or both (the default: clients read either).
 enum class ReasoningField { kReasoning, kReasoningContent, kBoth };
 // "reasoning", "reasoning_content" or "both"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ReasoningField> ParseReasoningField(std::string_view name);
-
-// A validated request, ready for ClusterManager::Submit.
-struct PreparedRequest {
-  Endpoint endpoint = Endpoint::kChat;
-  std::vector<tokenizer::TokenId> prompt;  // the prompt (a batch's first)
-  // Completions with a batched prompt (an array of strings or of token id
-  // arrays): every prompt in order, `prompt` being the first; empty otherwise.
-  std::vector<std::vector<tokenizer::TokenId>> batch;
-  uint32_t n = 1;     // choices per prompt
-  bool echo = false;  // completions: the prompt text precedes each choice's text
-  common::SamplingParams sampling;
-  std::vector<std::string> stop;  // stop strings
-  bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
-  bool logprobs = false;
-  int top_logprobs = 0;
-  // Structured outputs (chat only): the constraint the worker decodes under.
-  std::optional<grammar::ConstraintSpec> constraint;
-  // The request's `cache_salt` (empty: none): see coordinator/cache_domain.h.
-  std::string cache_salt;
-  // Which requests belong together for the router (OpenAI's
-  // `prompt_cache_key`, or the `x-session-id` header): they stay on one
-  // instance while that costs little. Empty: the prompt's opening decides.
-  std::string route_key;
-  // The fields the request carried that this server does not know, ignored
-  // (request_fields.h: the response names them in a header).
-  std::vector<std::string> ignored_fields;
-};
-
-// The longest `cache_salt` a request may carry.
-inline constexpr size_t kMaxCacheSaltBytes = 1024;
 
 // Chat completions: validates every field it uses (errors name the field),
 // refuses a model other than `model_id` (NOT_FOUND), renders the Harmony
@@ -100,14 +68,6 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
                                                    const harmony::OpenAiRequestOptions& options,
                                                    size_t max_prompt_text_bytes = 0,
                                                    UnknownFields unknown_fields = UnknownFields::kIgnore);
-// The most prompts of one batched completions request, and the most choices
-// per prompt (`n`).
-inline constexpr size_t kMaxBatchPrompts = 64;
-inline constexpr int64_t kMaxChoices = 16;
-
-// Every prompt of `request`: its batch, else its one prompt.
-std::vector<std::vector<tokenizer::TokenId>> Prompts(const PreparedRequest& request);
-
 // Completions: `prompt` is a string, an array of strings, an array of token
 // ids or an array of arrays of token ids (ids checked against the
 // vocabulary; at most kMaxBatchPrompts prompts); a text is refused

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/grammar/constraint_proto.h"
 #include "coordinator/access_log.h"
 #include "coordinator/http/held_stream.h"
 #include "coordinator/http/openai_pipeline.h"
@@ -14,6 +13,7 @@
 #include "coordinator/input_limits.h"
 #include "coordinator/request_registry.h"
 #include "coordinator/served_models.h"
+#include "coordinator/session_request.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
@@ -165,20 +165,6 @@ absl::StatusOr<Prepared> Prepare(const ResponsesHttpContext& context, const Http
   return out;
 }
 
-// One Harmony choice; the response id seeds the call ids, as chat's does.
-SessionRequest SessionRequestOf(const PreparedRequest& prepared, const std::string& id,
-                                std::optional<absl::Time> deadline) {
-  SessionRequest request;
-  request.decoding = Decoding::kHarmony;
-  request.prompts = {prepared.prompt};
-  *request.submit.mutable_sampling() = prepared.sampling;
-  if (prepared.constraint)
-    grammar::ToProto(*prepared.constraint, request.submit.mutable_constraint());
-  request.call_id_seed = id;
-  request.deadline = deadline;
-  return request;
-}
-
 std::shared_ptr<ResponseGeneration> NewGeneration(const ResponsesHttpContext& context,
                                                   std::shared_ptr<HttpExchange> exchange,
                                                   const std::string& id, const std::string& owner,
@@ -269,15 +255,16 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
   if (g->stream) g->held = Events(g->builder->Begin());
 
   ++*context.in_flight;
+  // One Harmony choice; the response id seeds the call ids, as chat's does.
   // A background response outlives its request, and the request's deadline.
-  SessionRequest request =
-      SessionRequestOf(prepared->chat, id, g->background ? std::nullopt : deadline);
-  request.submit.set_cache_domain(
-      CacheDomain(prepared->chat.cache_salt, owner, context.cache_domains));
   // prompt_cache_key, else the x-session-id header: routed together.
-  request.route_key = !prepared->chat.route_key.empty()
-                          ? prepared->chat.route_key
-                          : exchange->request().get_header_value("x-session-id");
+  SessionContext session_context;
+  session_context.call_id_seed = id;
+  session_context.deadline = g->background ? std::nullopt : deadline;
+  session_context.cache_domain =
+      CacheDomain(prepared->chat.cache_salt, owner, context.cache_domains);
+  session_context.default_route_key = exchange->request().get_header_value("x-session-id");
+  SessionRequest request = SessionRequestOf(prepared->chat, std::move(session_context));
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       context.backend, context.tokenizer, std::move(request),
       [g](const std::vector<RequestEvent>& events) {
