@@ -7,35 +7,17 @@
 #include <vector>
 
 #include "tests/comm/collective_checks.h"
+#include "tests/comm/local_ranks.h"
 
 namespace flotilla::comm {
 namespace {
 
-// Runs `body(comm)` on `w` threads, one LocalCommunicator each.
-std::vector<absl::Status> RunRanks(int w, LocalOptions options,
-                                   const std::function<absl::Status(LocalCommunicator&)>& body) {
-  auto rv = LocalRendezvous::Create(w);
-  EXPECT_TRUE(rv.ok()) << rv.status();
-  std::vector<absl::Status> results(static_cast<size_t>(w));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < w; ++r) {
-    threads.emplace_back([&, r] {
-      auto comm = LocalCommunicator::Create(*rv, r, options);
-      if (!comm.ok()) {
-        results[static_cast<size_t>(r)] = comm.status();
-        return;
-      }
-      results[static_cast<size_t>(r)] = body(**comm);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
+using testing::RunLocalRanks;
 
 class LocalCollectivesTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(LocalCollectivesTest, EveryCollectiveGivesTheExpectedData) {
-  auto results = RunRanks(GetParam(), {}, [](LocalCommunicator& c) {
+  auto results = RunLocalRanks(GetParam(), {}, [](LocalCommunicator& c) {
     EXPECT_EQ(c.size(), GetParam());
     return testing::RunCollectiveChecks(c);
   });
@@ -82,7 +64,7 @@ TEST(LocalCommunicatorTest, SilentPeerTimesOutWithUnavailable) {
 }
 
 TEST(LocalCommunicatorTest, MismatchedCountsAreInvalidArgument) {
-  auto results = RunRanks(2, {}, [](LocalCommunicator& c) {
+  auto results = RunLocalRanks(2, {}, [](LocalCommunicator& c) {
     std::vector<uint8_t> send(16, 1), recv(16, 0);
     std::vector<size_t> zero = {0, 0};
     // Rank 1 sends 4 bytes to rank 0, which expects 8.
@@ -109,7 +91,7 @@ TEST(LocalCommunicatorTest, CreateRejectsBadArguments) {
 }
 
 TEST(LocalCommunicatorTest, ReceiveBufferTooSmallForUnknownCounts) {
-  auto results = RunRanks(2, {}, [](LocalCommunicator& c) -> absl::Status {
+  auto results = RunLocalRanks(2, {}, [](LocalCommunicator& c) -> absl::Status {
     std::vector<uint8_t> send(100, 3), recv(10);
     std::vector<size_t> sc = {50, 50}, so = {0, 50}, rc, ro;
     return AllToAllVExchangingCounts(c, send.data(), sc, so, recv.data(), recv.size(), &rc, &ro);

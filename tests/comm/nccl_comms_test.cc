@@ -13,7 +13,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -21,6 +20,7 @@
 #include "comm/local/local_communicator.h"
 #include "common/cuda_status.h"
 #include "common/status.h"
+#include "tests/comm/local_ranks.h"
 
 namespace flotilla::comm {
 namespace {
@@ -37,24 +37,11 @@ int GpuCount() {
 // Runs `body(host)` for ranks 0..w-1, each on its own thread with GPU
 // `rank % GPUs` current (distinct GPUs when w <= GPUs).
 std::vector<absl::Status> RunRanks(int w, const std::function<absl::Status(Communicator&)>& body) {
-  auto rendezvous = LocalRendezvous::Create(w);
-  EXPECT_TRUE(rendezvous.ok()) << rendezvous.status();
-  std::vector<absl::Status> results(static_cast<size_t>(w));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < w; ++r) {
-    threads.emplace_back([&, r] {
-      absl::Status& result = results[static_cast<size_t>(r)];
-      auto host = LocalCommunicator::Create(*rendezvous, r);
-      if (!host.ok()) {
-        result = host.status();
-        return;
-      }
-      result = CudaStatus(cudaSetDevice(r % std::max(GpuCount(), 1)), "cudaSetDevice");
-      if (result.ok()) result = body(**host);
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
+  return testing::RunLocalRanks(w, {}, [&](LocalCommunicator& host) -> absl::Status {
+    FLOTILLA_RETURN_IF_ERROR(
+        CudaStatus(cudaSetDevice(host.rank() % std::max(GpuCount(), 1)), "cudaSetDevice"));
+    return body(host);
+  });
 }
 
 // On `comms`: every rank sends its rank number to every rank (itself too)
