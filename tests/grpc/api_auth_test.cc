@@ -44,8 +44,13 @@ std::pair<int, std::string> RunCommand(const std::string& cmd) {
   return flotilla::testing_util::RunCommandWithStderr(cmd);
 }
 
+// `key` as an HTTP client sends it.
+httplib::Headers KeyHeaders(const std::string& key) {
+  return {{"Authorization", std::string("Bearer ") + key}};
+}
+
 // The admin key as an HTTP client sends it.
-httplib::Headers AdminHeaders() { return {{"Authorization", std::string("Bearer ") + kAdmin}}; }
+httplib::Headers AdminHeaders() { return KeyHeaders(kAdmin); }
 
 // GETs `path` with `headers` and expects `status`: the body ("" when no
 // answer came, a test failure too).
@@ -371,7 +376,7 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
     ASSERT_TRUE(post);
     EXPECT_EQ(post->status, 401);
   }
-  httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
+  httplib::Headers alice = KeyHeaders(kAlice);
   Body(http, "/v1/models", alice, 200);
   const std::string model = Model();
   const nlohmann::json request = {
@@ -395,8 +400,8 @@ TEST_F(ApiAuthTest, HttpNeedsABearerKey) {
 // previous_response_id alike; its owner reads, continues and deletes it.
 TEST_F(ApiAuthTest, StoredResponsesAreTheirKeysOnly) {
   httplib::Client http("http://" + cluster_->http_address());
-  const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
-  const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
+  const httplib::Headers alice = KeyHeaders(kAlice);
+  const httplib::Headers bob = KeyHeaders(kBob);
   const std::string model = Model();
   nlohmann::json request = {{"model", model}, {"input", "Remember the word kumquat."},
                             {"max_output_tokens", 4}, {"temperature", 0}};
@@ -447,12 +452,12 @@ TEST_F(ApiAuthTest, StoredResponsesAreTheirKeysOnly) {
 // existed); its owner cancels it.
 TEST_F(ApiAuthTest, BackgroundResponsesAreTheirKeysOnly) {
   httplib::Client http("http://" + cluster_->http_address());
-  const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
-  const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
-  const std::string model = Model();
+  const httplib::Headers alice = KeyHeaders(kAlice), bob = KeyHeaders(kBob);
   // Long enough to be running while the test acts on it.
-  nlohmann::json request = {{"model", model}, {"input", "Write a long story."},
-                            {"max_output_tokens", 2000}, {"background", true}};
+  nlohmann::json request = {{"model", Model()},
+                            {"input", "Write a long story."},
+                            {"max_output_tokens", 2000},
+                            {"background", true}};
   auto created = http.Post("/v1/responses", alice, request.dump(), "application/json");
   ASSERT_TRUE(created);
   ASSERT_EQ(created->status, 200) << created->body;
@@ -531,8 +536,8 @@ int64_t CachedTokensOf(httplib::Client& http, const httplib::Headers& headers,
 // (so its time to first token tells nothing).
 TEST_F(ApiAuthTest, PrefixCacheIsSharedOnlyWithinAKeyOrASalt) {
   httplib::Client http("http://" + cluster_->http_address());
-  const httplib::Headers alice = {{"Authorization", std::string("Bearer ") + kAlice}};
-  const httplib::Headers bob = {{"Authorization", std::string("Bearer ") + kBob}};
+  const httplib::Headers alice = KeyHeaders(kAlice);
+  const httplib::Headers bob = KeyHeaders(kBob);
   const std::string model = Model();
   std::vector<int> prompt;
   for (int i = 0; i < 160; ++i) prompt.push_back(1000 + (i * 7919) % 50000);
