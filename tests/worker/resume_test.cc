@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
 #include "comm/local/local_communicator.h"
@@ -135,6 +136,7 @@ class WorkerRuntimeResumeTest : public ::testing::Test {
     o.threads = 1;
     o.kv_block_size = 4;
     o.advertise_address = "127.0.0.1";
+    o.kv_host_cache_gb = kv_host_cache_gb_;
     auto runtime = WorkerRuntime::Create(o, std::move(client), std::move(factories));
     ASSERT_TRUE(runtime.ok()) << runtime.status();
     runtime_ = *std::move(runtime);
@@ -144,11 +146,13 @@ class WorkerRuntimeResumeTest : public ::testing::Test {
     if (runtime_) runtime_->Stop();
     if (thread_.joinable()) thread_.join();
   }
-  // Assignment and StartComm of a one-rank instance; true once it joined.
-  bool Serve() {
+  // Assignment and StartComm of a one-rank instance (`kv_blocks` KV blocks,
+  // 0: the factory's sizing); true once it joined.
+  bool Serve(uint64_t kv_blocks = 0) {
     const ModelConfig c = ModelConfig::Tiny();
     cluster::CoordinatorMessage m;
     cluster::Assignment* a = m.mutable_assignment();
+    a->set_kv_blocks(kv_blocks);
     a->set_generation(1);
     a->set_model_path("synthetic:tiny:3");
     a->set_world_size(1);
@@ -193,6 +197,7 @@ class WorkerRuntimeResumeTest : public ::testing::Test {
     return updates(client_->sent());
   }
 
+  double kv_host_cache_gb_ = 0;  // WorkerOptions::kv_host_cache_gb
   FakeCoordinatorClient* client_ = nullptr;
   std::unique_ptr<WorkerRuntime> runtime_;
   std::thread thread_;
@@ -219,6 +224,44 @@ TEST_F(WorkerRuntimeResumeTest, AResumedSubmitStreamsOnlyTheContinuation) {
   EXPECT_EQ(rest.back().completion_tokens(), 12u);
   EXPECT_EQ(rest.back().prompt_tokens(), 10u);
   EXPECT_GT(client_->Load().prefix_cache_hits_tokens(), hits_before);
+}
+
+// --kv-host-cache-gb on the whole worker: a prompt whose blocks another
+// prompt evicted from a one-sequence arena comes back from the host tier,
+// with the same tokens, and the worker's load reports the tier's counters.
+class WorkerRuntimeHostTierTest : public WorkerRuntimeResumeTest {
+ protected:
+  void SetUp() override {
+    kv_host_cache_gb_ = 0.01;
+    WorkerRuntimeResumeTest::SetUp();
+  }
+};
+
+TEST_F(WorkerRuntimeHostTierTest, AnEvictedPromptComesBackFromTheHostTier) {
+  const ModelConfig c = ModelConfig::Tiny();
+  ASSERT_TRUE(Serve(static_cast<uint64_t>(
+      CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 1, 40, /*prefix_cache=*/true))));
+  auto submit = [](uint64_t id, int32_t first) {
+    cluster::SubmitSequence s;
+    s.set_request_id(id);
+    for (int32_t i = 0; i < 30; ++i) s.add_prompt_ids(first + 7 * i % 97);
+    s.mutable_sampling()->set_max_tokens(8);
+    s.mutable_sampling()->set_temperature(0.0f);
+    s.mutable_sampling()->set_ignore_eos(true);
+    return s;
+  };
+  const std::vector<int32_t> first = resume_testing::TokensOf(Run(submit(1, 11)));
+  ASSERT_EQ(first.size(), 8u);
+  Run(submit(2, 500));  // needs the whole arena: the first prompt's blocks go to the host
+  EXPECT_EQ(client_->Load().kv_host_hit_blocks(), 0u);
+  EXPECT_EQ(resume_testing::TokensOf(Run(submit(3, 11))), first);
+  // Published with the request's last tokens; a heartbeat later at most.
+  for (int i = 0; i < 500 && client_->Load().kv_host_hit_blocks() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GT(client_->Load().kv_host_hit_blocks(), 0u);
+  EXPECT_GT(client_->Load().kv_host_bytes_to_device(), 0u);
+  EXPECT_GT(client_->Load().kv_host_bytes_to_host(), 0u);
 }
 
 // The refusals that need no engine, with the scheduler over a fake one.
