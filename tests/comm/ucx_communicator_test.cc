@@ -125,6 +125,17 @@ class UcxProcessGroup {
 
   const Peer& peer(int r) const { return peers_[static_cast<size_t>(r)]; }
 
+  // After Wait: expects ranks 0..n-1 to have exited 0 and, with
+  // `saw_unavailable`, to have logged UNAVAILABLE (each failure shows the log).
+  void ExpectExitedCleanly(int n, bool saw_unavailable) const {
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(peer(r).exit_code, 0) << "rank " << r << " log:\n" << peer(r).log;
+      if (saw_unavailable) {
+        EXPECT_NE(peer(r).log.find("UNAVAILABLE"), std::string::npos) << peer(r).log;
+      }
+    }
+  }
+
  private:
   int size_;
   std::string dir_;
@@ -140,29 +151,33 @@ TEST_P(UcxCollectivesTest, EveryCollectiveAcrossProcesses) {
   UcxProcessGroup group(w);
   group.Start("checks", 20000, detect);
   group.Wait(std::chrono::seconds(120));
-  for (int r = 0; r < w; ++r) {
-    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
-  }
+  group.ExpectExitedCleanly(w, /*saw_unavailable=*/false);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, UcxCollectivesTest,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()));
 
-class UcxPeerDeathTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+class UcxPeerDeathTest : public ::testing::TestWithParam<std::tuple<int, bool>> {
+ protected:
+  static constexpr int kTimeoutMs = 2000;
+
+  // Starts W ranks running `mode` (peer-failure detection as the parameter
+  // says), kills the last once it is ready, gives the survivors `wait` to
+  // end, and expects each to have exited 0 after seeing UNAVAILABLE.
+  void ExpectSurvivorsSeeUnavailable(const std::string& mode, std::chrono::milliseconds wait) {
+    const auto [w, detect] = GetParam();
+    UcxProcessGroup group(w);
+    group.Start(mode, kTimeoutMs, detect);
+    ASSERT_TRUE(group.WaitForFile("ready." + std::to_string(w - 1), std::chrono::seconds(60)));
+    group.Kill(w - 1);
+    group.Wait(wait);
+    group.ExpectExitedCleanly(w - 1, /*saw_unavailable=*/true);
+  }
+};
 
 TEST_P(UcxPeerDeathTest, KilledPeerGivesUnavailableWithinTheTimeout) {
-  const auto [w, detect] = GetParam();
-  const int timeout_ms = 2000;
-  UcxProcessGroup group(w);
-  group.Start("die", timeout_ms, detect);
-  ASSERT_TRUE(group.WaitForFile("ready." + std::to_string(w - 1), std::chrono::seconds(60)));
-  group.Kill(w - 1);
   // The survivors must be done well before the test gives up on them.
-  group.Wait(std::chrono::milliseconds(timeout_ms * 4));
-  for (int r = 0; r + 1 < w; ++r) {
-    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
-    EXPECT_NE(group.peer(r).log.find("UNAVAILABLE"), std::string::npos) << group.peer(r).log;
-  }
+  ExpectSurvivorsSeeUnavailable("die", std::chrono::milliseconds(kTimeoutMs * 4));
 }
 
 // A peer killed while its large messages (UCX rendezvous) are announced but
@@ -171,19 +186,9 @@ TEST_P(UcxPeerDeathTest, KilledPeerGivesUnavailableWithinTheTimeout) {
 // the process when a single-copy read from a dead process fails on an
 // endpoint without peer-failure handling).
 TEST_P(UcxPeerDeathTest, PeerKilledWithMessagesInFlightLeavesTheSurvivorsRunning) {
-  const auto [w, detect] = GetParam();
-  const int timeout_ms = 2000;
-  UcxProcessGroup group(w);
-  group.Start("die-sending", timeout_ms, detect);
-  ASSERT_TRUE(group.WaitForFile("ready." + std::to_string(w - 1), std::chrono::seconds(60)));
-  group.Kill(w - 1);
   // Without peer-failure detection: the timeout, then up to 2 s more while
   // the failed call waits out the transfers it had started.
-  group.Wait(std::chrono::milliseconds(timeout_ms * 4 + 2000));
-  for (int r = 0; r + 1 < w; ++r) {
-    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
-    EXPECT_NE(group.peer(r).log.find("UNAVAILABLE"), std::string::npos) << group.peer(r).log;
-  }
+  ExpectSurvivorsSeeUnavailable("die-sending", std::chrono::milliseconds(kTimeoutMs * 4 + 2000));
 }
 
 // The coordinator hands each generation's ranks a secret that keys their
@@ -194,19 +199,14 @@ TEST(UcxCommunicatorTest, KeyedTagsCarryEveryCollective) {
   UcxProcessGroup group(3);
   group.Start("keyed", 20000, /*detect_peer_failure=*/false);
   group.Wait(std::chrono::seconds(120));
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
-  }
+  group.ExpectExitedCleanly(3, /*saw_unavailable=*/false);
 }
 
 TEST(UcxCommunicatorTest, RanksWithoutTheSameSecretCannotFormAGroup) {
   UcxProcessGroup group(2);
   group.Start("mismatch", 2000, /*detect_peer_failure=*/false);
   group.Wait(std::chrono::seconds(60));
-  for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(group.peer(r).exit_code, 0) << "rank " << r << " log:\n" << group.peer(r).log;
-    EXPECT_NE(group.peer(r).log.find("UNAVAILABLE"), std::string::npos) << group.peer(r).log;
-  }
+  group.ExpectExitedCleanly(2, /*saw_unavailable=*/true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, UcxPeerDeathTest,
