@@ -30,6 +30,7 @@ CudaDeviceState::~CudaDeviceState() {
   graphs.Clear();
   for (Layer& l : layers) kc::FreeMoeWeights(&l.moe);
   if (arena != nullptr) arena->Release();
+  if (hidden_host != nullptr) cudaFreeHost(hidden_host);
   if (counts_event != nullptr) cudaEventDestroy(counts_event);
   if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
   if (linear != nullptr) kc::DestroyLinearContext(linear);
@@ -93,6 +94,51 @@ size_t CudaEngine::decode_bytes_per_token() const {
          static_cast<size_t>(c.vocab_size) * H * 2;
 }
 
+absl::Status CudaEngine::SetHiddenCapture(std::vector<int> layers) {
+  CudaDeviceState& d = *impl_;
+  for (int l : layers) {
+    if (l < 0 || l >= config_.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("hidden-state capture: layer ", l,
+                                                     " is not in the model's 0..",
+                                                     config_.num_hidden_layers - 1));
+    }
+  }
+  FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
+  if (d.hidden_host != nullptr) {
+    FLOTILLA_CUDA_RETURN(cudaFreeHost(d.hidden_host));
+    d.hidden_host = nullptr;
+  }
+  d.capture_layers.clear();
+  if (layers.empty()) return absl::OkStatus();
+  const size_t floats =
+      layers.size() * static_cast<size_t>(d.max_tokens) * static_cast<size_t>(config_.hidden_size);
+  FLOTILLA_CUDA_RETURN(cudaMallocHost(reinterpret_cast<void**>(&d.hidden_host), floats * 4));
+  d.capture_layers = std::move(layers);
+  return absl::OkStatus();
+}
+
+void CudaEngine::CollectHidden(const std::vector<StepItem>& items, StepOutput* out) const {
+  const CudaDeviceState& d = *impl_;
+  const int64_t H = config_.hidden_size, C = static_cast<int64_t>(d.capture_layers.size());
+  const size_t layer_stride = static_cast<size_t>(d.max_tokens) * H;
+  out->hidden.resize(items.size());
+  int64_t offset = 0;  // the items' tokens are the step's rows, in order
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int64_t n = static_cast<int64_t>(items[i].tokens.size());
+    if (items[i].return_hidden) {
+      std::vector<float>& rows = out->hidden[i];
+      rows.resize(n * C * H);
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t c = 0; c < C; ++c) {
+          std::copy_n(d.hidden_host + c * layer_stride + (offset + j) * H, H,
+                      &rows[(j * C + c) * H]);
+        }
+      }
+    }
+    offset += n;
+  }
+}
+
 int64_t CudaEngine::NewSequence() { return kv_->CreateSequence(); }
 
 absl::Status CudaEngine::FreeSequence(int64_t sequence) {
@@ -148,6 +194,11 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
     FLOTILLA_RETURN_IF_ERROR(
         CheckStepItem(it, kv_->Contains(it.sequence), config_.vocab_size, &seen, VerifiesDrafts()));
     FLOTILLA_RETURN_IF_ERROR(CheckDraft(it));
+    if (it.return_hidden && impl_->capture_layers.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step: sequence ", it.sequence,
+          " asks for hidden states, but the engine captures no layer (SetHiddenCapture)"));
+    }
     const int64_t n = static_cast<int64_t>(it.tokens.size());
     tokens += n;
     const int64_t added = static_cast<int64_t>(it.accepted_draft.size()) + n;
@@ -257,9 +308,7 @@ std::vector<int64_t> CudaEngine::KvPoolAdmissionBlocks() const {
   return blocks;
 }
 
-size_t CudaEngine::kv_pool_block_bytes(int pool) const {
-  return impl_->kv_pool_block_bytes[pool];
-}
+size_t CudaEngine::kv_pool_block_bytes(int pool) const { return impl_->kv_pool_block_bytes[pool]; }
 
 std::string CudaEngine::KvPoolsSummary() const {
   std::string out;

@@ -53,7 +53,7 @@ namespace flotilla {
 class CudaWeightFeed;  // worker/engine/cuda_weight_feed.h
 struct StepLayout;     // worker/engine/step_layout.h
 struct CudaDeviceState;  // worker/engine/cuda_engine_state.h
-class CudaKvHostTier;   // worker/engine/cuda_kv_host_tier.h
+class CudaKvHostTier;    // worker/engine/cuda_kv_host_tier.h
 class LayerStages;       // worker/engine/cuda_layer_stages.h
 class DeviceSampler;     // worker/engine/device_sampler.h
 struct DeviceSampling;   // worker/engine/device_sampler.h
@@ -174,6 +174,10 @@ class CudaEngine : public Engine {
   // rows fit the sampling buffers (max_sequences), else on the host. Steps
   // with drafts run eagerly, outside the CUDA graph cache.
   bool VerifiesDrafts() const override { return true; }
+  // EAGLE3: a step with return_hidden items copies x after each of `layers`
+  // to pinned host memory (C x max_batch_tokens x hidden floats, allocated
+  // here) and runs eagerly, outside the graph cache.
+  absl::Status SetHiddenCapture(std::vector<int> layers) override;
   void SetInstanceStepTokens(int64_t max_tokens_any_rank) override {
     instance_step_tokens_ = max_tokens_any_rank;
   }
@@ -281,6 +285,9 @@ class CudaEngine : public Engine {
   absl::Status CollectLogits(const std::vector<StepItem>& items, const StepLayout& plan,
                              LayerStages& stages, std::vector<std::vector<int32_t>> routing,
                              StepOutput* out);
+  // SetHiddenCapture: each return_hidden item's rows of hidden_host into
+  // out->hidden (after the step's wait).
+  void CollectHidden(const std::vector<StepItem>& items, StepOutput* out) const;
   absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
                              const ModelWeights& extra, cudaStream_t stream);
   // Waits for the step's work on `stream`: through the parallel context

@@ -79,6 +79,12 @@ struct CudaDeviceState {
   // Step buffers, sized for the largest step.
   int max_tokens = 0, max_seqs = 0, logit_rows = 0;
   float* x = nullptr;               // [T, H] residual stream
+  // EAGLE3 (SetHiddenCapture): the layers whose output x a step with
+  // return_hidden items copies into hidden_host, pinned [C][max_tokens][H];
+  // capture_step: this step copies (it runs eagerly, outside graphs).
+  std::vector<int> capture_layers;
+  float* hidden_host = nullptr;
+  bool capture_step = false;
   uint16_t* t = nullptr;            // [T, H] normed activations
   float* qkv = nullptr;             // [T, (NH + 2 NKV) D], rows as wqkv
   uint16_t* q = nullptr;            // [T, NH D]

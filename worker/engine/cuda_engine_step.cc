@@ -22,6 +22,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   CudaDeviceState& d = *impl_;
   FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
   FLOTILLA_RETURN_IF_ERROR(Reserve(items));
+  d.capture_step = std::any_of(items.begin(), items.end(),
+                               [](const StepItem& it) { return it.return_hidden; });
   int64_t step_bound = 0;
   FLOTILLA_ASSIGN_OR_RETURN(const StepLayout plan,
                             LayOutStep(items, sampling, logits_out != nullptr, &step_bound));
@@ -46,10 +48,16 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   FLOTILLA_RETURN_IF_ERROR(CommitStep(items));
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<std::vector<int32_t>> routing, CollectRouting(items));
   if (sampling != nullptr) {
-    return sampler_->Collect(items, *sampling, plan, logits_out, sampled,
-                             [&] { return WaitForStep(d.stream); });
+    FLOTILLA_RETURN_IF_ERROR(sampler_->Collect(items, *sampling, plan, logits_out, sampled,
+                                               [&] { return WaitForStep(d.stream); }));
+  } else {
+    FLOTILLA_RETURN_IF_ERROR(CollectLogits(items, plan, stages, std::move(routing), logits_out));
   }
-  return CollectLogits(items, plan, stages, std::move(routing), logits_out);
+  if (d.capture_step && logits_out != nullptr) {
+    FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
+    CollectHidden(items, logits_out);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& items,
@@ -106,6 +114,9 @@ absl::Status CudaEngine::LaunchStep(LayerStages& stages, const StepLayout& plan,
     const int64_t ctx = DecodeContextBucket(plan.max_len, options_.max_context);
     const int variant =
         sampling != nullptr ? DeviceSampler::Variant(*sampling) : (plan.pad_rows ? -1 : -2);
+    // A step that copies hidden states out runs eagerly (the copies' host
+    // buffer is not part of the captured graphs).
+    if (d.capture_step) return stages.Forward(ctx, plan.rows, 0);
     const GraphCache::Key key(plan.seqs, ctx, variant, step_bound);
     return d.graphs.Launch(key, d.stream, [&] { return stages.Forward(ctx, plan.rows, 0); });
   }

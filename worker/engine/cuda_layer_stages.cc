@@ -91,9 +91,22 @@ absl::Status LayerStages::Forward(int64_t ctx, int logit_rows, int row_offset) {
     FLOTILLA_RETURN_IF_ERROR(AttentionBlock(l));
     FLOTILLA_RETURN_IF_ERROR(Router(l));
     FLOTILLA_RETURN_IF_ERROR(Moe(l));
+    FLOTILLA_RETURN_IF_ERROR(CaptureHidden(l));
   }
   if (logit_rows > 0) FLOTILLA_RETURN_IF_ERROR(Logits(logit_rows, row_offset));
   return Mark("end");
+}
+
+absl::Status LayerStages::CaptureHidden(int layer) {
+  if (!d_.capture_step) return absl::OkStatus();
+  const size_t layer_stride = static_cast<size_t>(d_.max_tokens) * H_;
+  for (size_t c = 0; c < d_.capture_layers.size(); ++c) {
+    if (d_.capture_layers[c] != layer) continue;
+    FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(d_.hidden_host + c * layer_stride, d_.x,
+                                         static_cast<size_t>(T_) * H_ * sizeof(float),
+                                         cudaMemcpyDeviceToHost, d_.stream));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LayerStages::JoinExchanges() {

@@ -70,6 +70,9 @@ class LayerStages {
   bool On(const char* op) const;
   // Empty steps of a sharded rank: only the layers' exchanges.
   absl::Status JoinExchanges();
+  // EAGLE3 steps (capture_step): x after `layer` to hidden_host when the
+  // engine captures that layer.
+  absl::Status CaptureHidden(int layer);
   absl::Status AttentionBlock(int layer);
   // The input norm, QKV projection, RoPE and the layer's KV write (an FP8
   // layer's through bf16 staging and LaunchKvQuantize).
