@@ -315,6 +315,14 @@ class DemoMeaningTest : public testing_util::LocalClusterSuite<DemoMeaningTest<L
     }
     return static_cast<double>(right) / static_cast<double>(qs.size());
   }
+
+  // Asks every held-out question through `ask` (Question -> Reply) and
+  // expects the share of right answers to reach the bar.
+  template <typename Ask>
+  static void ExpectHeldOutAnswered(Ask ask) {
+    const std::vector<Question> qs = HeldOut();
+    EXPECT_GE(Score(qs, AskAll(qs, ask)), kMinAccuracy);
+  }
 };
 
 #if FLOTILLA_DEMO_CUDA
@@ -325,17 +333,12 @@ using Layouts = ::testing::Types<OneWorker, FourWorkersTp2Ep4>;
 TYPED_TEST_SUITE(DemoMeaningTest, Layouts);
 
 TYPED_TEST(DemoMeaningTest, GrpcChatAnswersHeldOutQuestions) {
-  const auto qs = HeldOut();
-  const auto replies =
-      TestFixture::AskAll(qs, [](const Question& q) { return TestFixture::GrpcChat(q); });
-  EXPECT_GE(TestFixture::Score(qs, replies), kMinAccuracy);
+  TestFixture::ExpectHeldOutAnswered([](const Question& q) { return TestFixture::GrpcChat(q); });
 }
 
 TYPED_TEST(DemoMeaningTest, ChatCompletionsAnswerHeldOutQuestions) {
-  const auto qs = HeldOut();
-  const auto replies = TestFixture::AskAll(
-      qs, [](const Question& q) { return TestFixture::HttpChat(TestFixture::ChatBody(q)); });
-  EXPECT_GE(TestFixture::Score(qs, replies), kMinAccuracy);
+  TestFixture::ExpectHeldOutAnswered(
+      [](const Question& q) { return TestFixture::HttpChat(TestFixture::ChatBody(q)); });
 }
 
 // The second turn of a tool call: the model's call and the tool's result in
@@ -364,10 +367,7 @@ TYPED_TEST(DemoMeaningTest, ChatCompletionsAnswerWithTheToolsResult) {
 }
 
 TYPED_TEST(DemoMeaningTest, ResponsesAnswerHeldOutQuestions) {
-  const auto qs = HeldOut();
-  const auto replies =
-      TestFixture::AskAll(qs, [](const Question& q) { return TestFixture::Responses(q); });
-  EXPECT_GE(TestFixture::Score(qs, replies), kMinAccuracy);
+  TestFixture::ExpectHeldOutAnswered([](const Question& q) { return TestFixture::Responses(q); });
 }
 
 // The same questions again: their prompts now hit the prefix cache, and the
