@@ -30,7 +30,9 @@ KvBlockAllocatorOptions Options(int64_t blocks, bool prefix_cache = false) {
 
 void NoCopy(int, int32_t, int32_t) { FAIL() << "no block is shared while written"; }
 
-int64_t Sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+int64_t Sum(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{0});
+}
 
 std::vector<int32_t> Tokens(int n, int first = 100) {
   std::vector<int32_t> t(n);
@@ -359,8 +361,7 @@ TEST(KvBlockAllocatorPools, AdmittedSequencesNeverRunOutOfBlocksInAnyStep) {
       for (size_t i = 0; i < seqs.size() && budget > 0; ++i) {
         const int64_t left = seqs[i].target - seqs[i].length;
         if (left == 0) continue;
-        const int64_t n =
-            std::uniform_int_distribution<int64_t>(1, std::min(left, budget))(rng);
+        const int64_t n = std::uniform_int_distribution<int64_t>(1, std::min(left, budget))(rng);
         budget -= n;
         step.emplace_back(i, n);
       }

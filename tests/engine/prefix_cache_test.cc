@@ -240,9 +240,7 @@ TEST(PrefixCache, PoolsHaveTheirOwnBlocksFreeListsAndLru) {
   EXPECT_EQ(a0, 0);
   EXPECT_EQ(a1, 0);
   PrefixCache::Chain chain;
-  cache->Extend(&chain, Iota(4), [&](int64_t, std::vector<int32_t>* slots) {
-    *slots = {a0, a1};
-  });
+  cache->Extend(&chain, Iota(4), [&](int64_t, std::vector<int32_t>* slots) { *slots = {a0, a1}; });
   EXPECT_TRUE(cache->cached(a0, 0));
   EXPECT_TRUE(cache->cached(a1, 1));
   cache->Release(a1, 1);

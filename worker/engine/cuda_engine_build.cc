@@ -464,7 +464,7 @@ absl::Status AllocAttentionWorkspace(CudaDeviceState& d, const CudaEngineOptions
 // layers index their own arrays with the pool's block ids.
 struct KvArenaShape {
   KvBlockAllocatorOptions options;
-  std::vector<int64_t> group_layers;     // per group: its layers
+  std::vector<int64_t> group_layers;      // per group: its layers
   std::vector<size_t> layer_block_bytes;  // per group: K or V of one layer in one block
   std::vector<bool> fp8;                  // per group: FP8 codes and scales
   // Per group: a block over every layer of the group, K and V.
@@ -523,8 +523,8 @@ absl::StatusOr<std::vector<int64_t>> KvBlocksToAllocate(CudaDeviceState& d,
   for (size_t i = 0; i < pools; ++i) {
     // Allocated last to first: the sliding-window pool (1) before the full one.
     const size_t p = pools - 1 - i;
-    const int64_t want = need[p] * options.max_sequences +
-                         (probe->pool_blocks(p) - probe->admission_blocks(p)) + 1;
+    const int64_t want =
+        need[p] * options.max_sequences + (probe->pool_blocks(p) - probe->admission_blocks(p)) + 1;
     const double bytes = p > 0 ? usable / 2 : usable;
     blocks[p] = std::min<int64_t>(
         want, static_cast<int64_t>(bytes / static_cast<double>(k.block_bytes(p))));
@@ -602,12 +602,9 @@ absl::Status PlaceKvArena(CudaDeviceState& d, const KvArenaShape& k,
 // The attention workspace, the KV arena and its block allocator (each
 // pool's block 0 is scratch; the allocator hands out the others low to
 // high). `max_context` comes back capped by what the arena holds.
-absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& d,
-                                                               const ModelConfig& c,
-                                                               const CudaEngineOptions& options,
-                                                               const BuildShape& b, uint64_t seed,
-                                                               int64_t* max_context,
-                                                               std::unique_ptr<CudaKvHostTier>* host) {
+absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(
+    CudaDeviceState& d, const ModelConfig& c, const CudaEngineOptions& options, const BuildShape& b,
+    uint64_t seed, int64_t* max_context, std::unique_ptr<CudaKvHostTier>* host) {
   KvArenaShape k = KvArenaShapeOf(d, c, options, b);
   *max_context = options.max_context > 0
                      ? std::min<int64_t>(options.max_context, c.max_position_embeddings)
@@ -617,10 +614,10 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> BuildKvCache(CudaDeviceState& 
                             KvBlocksToAllocate(d, options, k, *max_context));
   for (int g = 0; g < d.kv_groups; ++g) {
     if (num_blocks[g] < 2) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuda engine: no memory left for the KV cache (a block of ", options.kv_block_size,
-          " positions takes ", k.block_bytes(g), " bytes over the ", k.group_layers[g],
-          " layers of a group)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cuda engine: no memory left for the KV cache (a block of ",
+                       options.kv_block_size, " positions takes ", k.block_bytes(g),
+                       " bytes over the ", k.group_layers[g], " layers of a group)"));
     }
   }
   FLOTILLA_RETURN_IF_ERROR(PlaceKvArena(d, k, num_blocks, b, options, seed));

@@ -18,9 +18,8 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
   if (o.pool_blocks.empty()) o.pool_blocks = {o.num_blocks};
   if (o.group_pools.empty()) o.group_pools.assign(o.sliding.size(), 0);
   if (o.group_pools.size() != o.sliding.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("kv cache: ", o.group_pools.size(),
-                                                   " group pools for ", o.sliding.size(),
-                                                   " groups"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv cache: ", o.group_pools.size(), " group pools for ", o.sliding.size(), " groups"));
   }
   for (int64_t n : o.pool_blocks) {
     if (n <= 0 || o.first_block < 0 || n + o.first_block > INT32_MAX) {
@@ -63,10 +62,10 @@ absl::StatusOr<std::unique_ptr<KvBlockAllocator>> KvBlockAllocator::Create(
   auto kv = std::unique_ptr<KvBlockAllocator>(new KvBlockAllocator(o, std::move(*blocks)));
   for (int p = 0; p < kv->num_pools(); ++p) {
     if (kv->admission_blocks(p) <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "kv cache: the ", kv->pool_name(p), " pool's ", kv->pool_blocks(p),
-          " blocks leave none beside the ", kv->StepReserve(p),
-          " kept for one step's new sliding-window positions"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv cache: the ", kv->pool_name(p), " pool's ", kv->pool_blocks(p),
+                       " blocks leave none beside the ", kv->StepReserve(p),
+                       " kept for one step's new sliding-window positions"));
     }
   }
   return kv;
@@ -293,8 +292,7 @@ absl::Status KvBlockAllocator::Reserve(SequenceId seq, int64_t n, CopyBlock copy
   if (n < 0) return absl::InvalidArgumentError("kv cache: negative reservation");
   absl::StatusOr<std::vector<int64_t>> needed = BlocksNeeded(seq, n);
   if (!needed.ok()) return needed.status();
-  FLOTILLA_RETURN_IF_ERROR(
-      CheckFree(*needed, absl::StrCat("sequence ", seq, " (", n, " tokens)")));
+  FLOTILLA_RETURN_IF_ERROR(CheckFree(*needed, absl::StrCat("sequence ", seq, " (", n, " tokens)")));
   Sequence& s = seqs_[seq];
   const int64_t bs = options_.block_size;
   for (size_t g = 0; g < s.tables.size(); ++g) {
@@ -391,8 +389,7 @@ std::vector<KvBlockAllocator::BlockSource> KvBlockAllocator::Sources(
   return sources;
 }
 
-bool KvBlockAllocator::WindowCached(const std::vector<BlockSource>& sources,
-                                    int64_t blocks) const {
+bool KvBlockAllocator::WindowCached(const std::vector<BlockSource>& sources, int64_t blocks) const {
   const int64_t bs = options_.block_size;
   const int64_t first = std::max<int64_t>(0, blocks * bs - (options_.window - 1)) / bs;
   for (int64_t b = first; b < blocks; ++b) {
@@ -422,8 +419,7 @@ int64_t KvBlockAllocator::MatchPrefix(absl::Span<const int32_t> tokens, int64_t 
   return 0;
 }
 
-absl::Status KvBlockAllocator::RestoreFromHost(absl::Span<const int32_t> prefix,
-                                               uint64_t domain) {
+absl::Status KvBlockAllocator::RestoreFromHost(absl::Span<const int32_t> prefix, uint64_t domain) {
   const int64_t bs = options_.block_size;
   const int64_t blocks = static_cast<int64_t>(prefix.size()) / bs;
   const std::vector<BlockSource> sources = Sources(prefix, blocks, domain);
@@ -511,8 +507,8 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
   if (!whole) {
     // The host tier's blocks could not all be registered (another block
     // held under one of their keys).
-    return absl::FailedPreconditionError(absl::StrCat(
-        "kv cache: the prefix of ", prefix.size(), " tokens could not be taken from the cache"));
+    return absl::FailedPreconditionError(absl::StrCat("kv cache: the prefix of ", prefix.size(),
+                                                      " tokens could not be taken from the cache"));
   }
   const SequenceId id = CreateSequence();
   Sequence& s = seqs_[id];

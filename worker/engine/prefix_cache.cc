@@ -14,10 +14,10 @@ absl::StatusOr<std::unique_ptr<PrefixCache>> PrefixCache::Create(PrefixCacheOpti
   bool positive = options.block_size > 0 && options.first_block >= 0 && options.slots > 0;
   for (int32_t n : options.pool_blocks) positive = positive && n > 0;
   if (!positive) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix cache: block_size ", options.block_size, ", every pool's blocks (",
-        absl::StrJoin(options.pool_blocks, ", "), ") and slots ", options.slots,
-        " must be positive, first_block non-negative"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix cache: block_size ", options.block_size, ", every pool's blocks (",
+                     absl::StrJoin(options.pool_blocks, ", "), ") and slots ", options.slots,
+                     " must be positive, first_block non-negative"));
   }
   if (!options.window_slots.empty() &&
       options.window_slots.size() != static_cast<size_t>(options.slots)) {
@@ -42,8 +42,8 @@ PrefixCache::PrefixCache(PrefixCacheOptions options)
     : options_(std::move(options)),
       window_slot_(options_.window_slots.empty() ? std::vector<bool>(options_.slots, false)
                                                  : options_.window_slots),
-      window_slot_count_(static_cast<int>(
-          std::count(window_slot_.begin(), window_slot_.end(), true))),
+      window_slot_count_(
+          static_cast<int>(std::count(window_slot_.begin(), window_slot_.end(), true))),
       events_(options_.max_pending_events),
       slot_pool_(options_.slot_pools),
       pools_(options_.pool_blocks.size()) {
