@@ -140,8 +140,7 @@ class HttpMetrics {
     Counter(out, "flotilla_prefix_cache_hits_tokens_total",
             "prompt tokens found in the workers' prefix caches (not computed)", m, prefix_hits);
     Counter(out, "flotilla_kv_host_tier_hit_blocks_total",
-            "KV blocks a prefix hit copied back from the workers' host-memory tiers", m,
-            host_hits);
+            "KV blocks a prefix hit copied back from the workers' host-memory tiers", m, host_hits);
     Counter(out, "flotilla_kv_host_tier_bytes_to_host_total",
             "bytes of evicted cached KV blocks copied to the workers' host-memory tiers", m,
             host_to_host);

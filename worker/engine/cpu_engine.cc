@@ -233,10 +233,10 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
   const ModelConfig& c = weights.config;
   FLOTILLA_ASSIGN_OR_RETURN(
       std::unique_ptr<KvCache> kv,
-      KvCache::Create(KvOptions(c, weights.layers.empty() ? c.num_key_value_heads
-                                                          : weights.layers[0].attn.kv_heads,
-                                options.kv_block_size, options.kv_num_blocks,
-                                options.prefix_cache, options.kv_host_cache_bytes)));
+      KvCache::Create(KvOptions(
+          c, weights.layers.empty() ? c.num_key_value_heads : weights.layers[0].attn.kv_heads,
+          options.kv_block_size, options.kv_num_blocks, options.prefix_cache,
+          options.kv_host_cache_bytes)));
   std::unique_ptr<CpuEngine> engine(
       new CpuEngine(std::move(weights), std::move(kv), pool, context));
   engine->record_margins_ = options.record_router_margins;
