@@ -15,13 +15,6 @@
 
 namespace flotilla {
 
-// One tensor a configuration implies: its name, dtype and shape.
-struct TensorSpec {
-  std::string name;
-  DType dtype = DType::kBF16;
-  std::vector<int64_t> shape;
-};
-
 // Every tensor of the checkpoint `config` describes, in the Hugging Face
 // order (embedding, then layer by layer, then the final norm and lm_head;
 // lm_head is left out when tie_word_embeddings is set). Sinks are written

@@ -86,7 +86,7 @@ absl::StatusOr<CompactModel> ReadCompact(absl::Span<const uint8_t> image) {
 
 // Row r of the full vocabulary's [V, H] table: the compact row of token r, or
 // the shared last row.
-void WriteVocabTable(const CompactModel& m, const TensorInfo& compact, std::ofstream& out) {
+void WriteVocabTable(const CompactModel& m, const TensorInfo& compact, std::ostream& out) {
   const int64_t row_bytes = compact.nbytes / compact.shape[0];
   const uint8_t* shared = compact.data + (compact.shape[0] - 1) * row_bytes;
   size_t next = 0;
@@ -102,36 +102,14 @@ void WriteVocabTable(const CompactModel& m, const TensorInfo& compact, std::ofst
 
 absl::Status WriteModelFile(const CompactModel& m, const std::string& path) {
   const std::vector<TensorSpec> specs = ExpectedTensors(m.config);
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}};
-  int64_t offset = 0;
-  for (const TensorSpec& t : specs) {
-    int64_t bytes = DTypeSize(t.dtype);
-    for (int64_t d : t.shape) bytes *= d;
-    header[t.name] = {{"dtype", DTypeName(t.dtype)},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  while (text.size() % 8 != 0) text.push_back(' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create"));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const TensorSpec& t : specs) {
-    const TensorInfo& compact = *m.file->Find(t.name);
-    if (t.name == "model.embed_tokens.weight" || t.name == "lm_head.weight") {
+  return WriteSafetensorsWith(path, specs, [&](size_t i, std::ostream& out) {
+    const TensorInfo& compact = *m.file->Find(specs[i].name);
+    if (specs[i].name == "model.embed_tokens.weight" || specs[i].name == "lm_head.weight") {
       WriteVocabTable(m, compact, out);
     } else {
       out.write(reinterpret_cast<const char*>(compact.data), compact.nbytes);
     }
-  }
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat(path, ": write failed (disk full?)"));
-  return absl::OkStatus();
+  });
 }
 
 uint64_t Fnv1a(absl::Span<const uint8_t> bytes) {

@@ -215,18 +215,18 @@ absl::Status SafetensorsFile::ParseHeader() {
   return absl::OkStatus();
 }
 
-absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+absl::Status WriteSafetensorsWith(
+    const std::string& path, const std::vector<TensorSpec>& specs,
+    const std::function<void(size_t i, std::ostream& out)>& write_data) {
   json header = json::object();
   header["__metadata__"] = {{"format", "pt"}};
-  std::vector<int64_t> sizes;
   int64_t offset = 0;
-  for (const TensorToWrite& t : tensors) {
+  for (const TensorSpec& t : specs) {
     int64_t bytes = DTypeSize(t.dtype);
     for (int64_t d : t.shape) bytes *= d;
     header[t.name] = {{"dtype", DTypeName(t.dtype)},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + bytes}}};
-    sizes.push_back(bytes);
     offset += bytes;
   }
   std::string text = header.dump();
@@ -237,12 +237,21 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorT
   for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    out.write(static_cast<const char*>(tensors[i].data), static_cast<std::streamsize>(sizes[i]));
-  }
+  for (size_t i = 0; i < specs.size(); ++i) write_data(i, out);
   out.close();
   if (!out) return absl::InternalError(absl::StrCat(path, ": write failed (disk full?)"));
   return absl::OkStatus();
+}
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) specs.push_back({t.name, t.dtype, t.shape});
+  return WriteSafetensorsWith(path, specs, [&](size_t i, std::ostream& out) {
+    int64_t bytes = DTypeSize(specs[i].dtype);
+    for (int64_t d : specs[i].shape) bytes *= d;
+    out.write(static_cast<const char*>(tensors[i].data), static_cast<std::streamsize>(bytes));
+  });
 }
 
 }  // namespace flotilla

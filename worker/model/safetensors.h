@@ -9,8 +9,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -75,6 +77,23 @@ class SafetensorsFile {
   std::map<std::string, size_t, std::less<>> index_;
   std::map<std::string, std::string> metadata_;
 };
+
+// One tensor's name, dtype and shape: what a configuration implies
+// (ExpectedTensors) and what a safetensors header says of it.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file at `path`: the header of `specs` in this order
+// (padded to 8 bytes, metadata {"format": "pt"}), then each tensor's data,
+// written by `write_data(i, out)`, which must write exactly DTypeSize(dtype)
+// bytes per element of specs[i]. PERMISSION_DENIED when `path` cannot be
+// created, INTERNAL when a write fails.
+absl::Status WriteSafetensorsWith(
+    const std::string& path, const std::vector<TensorSpec>& specs,
+    const std::function<void(size_t i, std::ostream& out)>& write_data);
 
 // One tensor for WriteSafetensors: `data` holds its elements (DTypeSize(dtype)
 // bytes each, as many as the shape says).
