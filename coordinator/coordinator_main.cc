@@ -131,8 +131,7 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
          "--speculative-method, off unless set)")
       ->check(CLI::IsMember({"ngram", "suffix", "eagle3", "replay", "off"}));
   app.add_option_function<std::string>(
-      "--speculative-model",
-      [policy](const std::string& v) { policy->set_speculative_model(v); },
+      "--speculative-model", [policy](const std::string& v) { policy->set_speculative_model(v); },
       "EAGLE3 draft head every worker loads for --speculative-method eagle3 and requests "
       "choosing it: a directory in the published layout (config.json, safetensors; the "
       "workers read it) or synthetic:eagle3[:SEED] (default: the workers' own)");

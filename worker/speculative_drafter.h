@@ -64,7 +64,7 @@ class SpeculativeDrafter {
   uint64_t replay_key_ = 0;
   uint64_t salt_ = 0;
   int vocab_ = 0;
-  std::unique_ptr<SuffixIndex> own_;  // suffix: the request's prompt and output
+  std::unique_ptr<SuffixIndex> own_;       // suffix: the request's prompt and output
   std::unique_ptr<Eagle3Drafter> eagle3_;  // eagle3 (memory has a head)
 };
 

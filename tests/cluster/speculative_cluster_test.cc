@@ -118,8 +118,9 @@ class SpeculativeEagle3Cluster : public testing_util::LocalClusterSuite<Speculat
     o.workers = 4;
     o.tp = 2;
     o.threads_per_worker = 1;
-    o.coordinator_args = {"--speculative-method", "eagle3", "--speculative-model",
-                          "synthetic:eagle3", "--num-speculative-tokens", "3"};
+    o.coordinator_args = {"--speculative-method",     "eagle3",
+                          "--speculative-model",      "synthetic:eagle3",
+                          "--num-speculative-tokens", "3"};
   }
 };
 

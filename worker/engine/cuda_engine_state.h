@@ -78,7 +78,7 @@ struct CudaDeviceState {
 
   // Step buffers, sized for the largest step.
   int max_tokens = 0, max_seqs = 0, logit_rows = 0;
-  float* x = nullptr;               // [T, H] residual stream
+  float* x = nullptr;  // [T, H] residual stream
   // EAGLE3 (SetHiddenCapture): the layers whose output x a step with
   // return_hidden items copies into hidden_host, pinned [C][max_tokens][H];
   // capture_step: this step copies (it runs eagerly, outside graphs).

@@ -22,8 +22,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   CudaDeviceState& d = *impl_;
   FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
   FLOTILLA_RETURN_IF_ERROR(Reserve(items));
-  d.capture_step = std::any_of(items.begin(), items.end(),
-                               [](const StepItem& it) { return it.return_hidden; });
+  d.capture_step =
+      std::any_of(items.begin(), items.end(), [](const StepItem& it) { return it.return_hidden; });
   int64_t step_bound = 0;
   FLOTILLA_ASSIGN_OR_RETURN(const StepLayout plan,
                             LayOutStep(items, sampling, logits_out != nullptr, &step_bound));
