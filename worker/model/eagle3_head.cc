@@ -383,8 +383,8 @@ absl::StatusOr<std::unique_ptr<Eagle3Head>> LoadEagle3Head(const std::string& di
                                                            const ModelConfig& target) {
   absl::StatusOr<std::string> text = ReadText(dir + "/config.json");
   if (!text.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--speculative-model ", dir, ": no config.json (", text.status().message(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("EAGLE3 head in ", dir, ": no config.json (", text.status().message(), ")"));
   }
   auto head = std::make_unique<Eagle3Head>();
   FLOTILLA_ASSIGN_OR_RETURN(head->config, ParseEagle3Config(*text, target));
