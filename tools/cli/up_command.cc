@@ -41,6 +41,7 @@ struct ServingLimits {
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
   std::string kv_cache_dtype = "auto";
+  double kv_host_cache_gb = 0;  // every worker's host-memory KV tier (0 = off)
   int ready_timeout_s = 600;
   uint32_t redundant_experts = 0;
   double rebalance_interval = 0;
@@ -95,6 +96,10 @@ struct ServingLimits {
     if (!allowed_origins.empty()) {
       o.coordinator_args.insert(o.coordinator_args.end(),
                                 {"--allowed-origins", absl::StrJoin(allowed_origins, ",")});
+    }
+    if (kv_host_cache_gb > 0) {
+      o.worker_args.insert(o.worker_args.end(),
+                           {"--kv-host-cache-gb", absl::StrCat(kv_host_cache_gb)});
     }
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
@@ -293,6 +298,11 @@ void AddUpCommand(CLI::App& app) {
                   "per position and head; sliding-window layers stay bf16) or auto (bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--kv-host-cache-gb", limits->kv_host_cache_gb,
+                  "GiB of host memory per worker keeping the prefix cache's blocks its KV pools "
+                  "evict, copied back on a later hit instead of recomputed (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 4096.0));
   cmd->add_option("--redundant-experts", limits->redundant_experts,
                   "spare expert slots per layer on every worker, for replicas of hot experts")
       ->capture_default_str();
