@@ -47,17 +47,26 @@ __device__ void MaskSlice(float* __restrict__ row, int vocab, const uint32_t* ma
   }
 }
 
-__global__ void MaskKernel(float* __restrict__ logits, int vocab, const int32_t* __restrict__ rows,
-                           const uint32_t* __restrict__ masks, const int32_t* __restrict__ count) {
+// This block's share of the (row, slice) units [0, units): unit u, taken
+// by block u % gridDim.x, is slice u % kSlicesPerRow of masked entry
+// u / kSlicesPerRow, whose logits are row rows[entry] and whose mask words
+// start at masks + entry * words.
+template <bool kVolatile>
+__device__ void MaskUnits(float* __restrict__ logits, int vocab, const int32_t* __restrict__ rows,
+                          const uint32_t* masks, int units) {
   const int words = (vocab + 31) / 32;
-  const int units = *count * kSlicesPerRow;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const int entry = u / kSlicesPerRow;
     int first = 0, last = 0;
     SliceOf(u % kSlicesPerRow, words, &first, &last);
-    MaskSlice<false>(logits + static_cast<size_t>(rows[entry]) * vocab, vocab,
-                     masks + static_cast<size_t>(entry) * words, first, last);
+    MaskSlice<kVolatile>(logits + static_cast<size_t>(rows[entry]) * vocab, vocab,
+                         masks + static_cast<size_t>(entry) * words, first, last);
   }
+}
+
+__global__ void MaskKernel(float* __restrict__ logits, int vocab, const int32_t* __restrict__ rows,
+                           const uint32_t* __restrict__ masks, const int32_t* __restrict__ count) {
+  MaskUnits<false>(logits, vocab, rows, masks, *count * kSlicesPerRow);
 }
 
 // MaskKernel once the host has written the masks: thread 0 of each block
@@ -92,14 +101,7 @@ __global__ void MaskWhenReadyKernel(float* __restrict__ logits, int vocab,
   }
   __syncthreads();
   if (!ok) return;
-  const int words = (vocab + 31) / 32;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const int entry = u / kSlicesPerRow;
-    int first = 0, last = 0;
-    SliceOf(u % kSlicesPerRow, words, &first, &last);
-    MaskSlice<true>(logits + static_cast<size_t>(rows[entry]) * vocab, vocab,
-                    masks + static_cast<size_t>(entry) * words, first, last);
-  }
+  MaskUnits<true>(logits, vocab, rows, masks, units);
 }
 
 }  // namespace

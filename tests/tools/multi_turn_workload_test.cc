@@ -88,6 +88,23 @@ TEST(PrometheusValue, ReadsACounterAndSumsItsSeries) {
   EXPECT_FALSE(PrometheusValue(text, "flotilla_prefix_cache_queries_tokens_total").has_value());
 }
 
+TEST(PrometheusValues, ReadsTheNamedCountersInOrderAndNamesTheFirstMissing) {
+  const std::string text =
+      "flotilla_a_total 3\n"
+      "flotilla_b_total{worker=\"w0\"} 1\n"
+      "flotilla_b_total{worker=\"w1\"} 2\n";
+  absl::StatusOr<std::vector<double>> v =
+      PrometheusValues(text, "http://h:1/metrics", {"flotilla_b_total", "flotilla_a_total"},
+                       {"flotilla_absent_total", "flotilla_a_total"});
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(*v, (std::vector<double>{3.0, 3.0, 0.0, 3.0}));
+
+  absl::StatusOr<std::vector<double>> missing = PrometheusValues(
+      text, "http://h:1/metrics", {"flotilla_a_total", "flotilla_c_total", "flotilla_d_total"});
+  ASSERT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(missing.status().message(), "http://h:1/metrics has no flotilla_c_total");
+}
+
 TEST(HttpGetMetrics, RefusesAUrlThatIsNotHttp) {
   EXPECT_FALSE(HttpGetMetrics("https://127.0.0.1:1/metrics").ok());
   EXPECT_FALSE(HttpGetMetrics("127.0.0.1:1/metrics").ok());

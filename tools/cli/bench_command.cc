@@ -94,21 +94,13 @@ struct PrefixCounters {
 
 absl::StatusOr<PrefixCounters> ReadPrefixCounters(const std::string& url,
                                                   const std::string& api_key) {
-  absl::StatusOr<std::string> text = HttpGetMetrics(url, api_key);
-  if (!text.ok()) return text.status();
-  std::optional<double> q = PrometheusValue(*text, "flotilla_prefix_cache_queries_tokens_total");
-  std::optional<double> h = PrometheusValue(*text, "flotilla_prefix_cache_hits_tokens_total");
-  if (!q || !h) {
-    return absl::NotFoundError(absl::StrCat(url, " has no flotilla_prefix_cache_*_tokens_total"));
-  }
-  PrefixCounters c{*q, *h};
-  c.host_hit_blocks =
-      PrometheusValue(*text, "flotilla_kv_host_tier_hit_blocks_total").value_or(0.0);
-  c.host_bytes_to_host =
-      PrometheusValue(*text, "flotilla_kv_host_tier_bytes_to_host_total").value_or(0.0);
-  c.host_bytes_to_device =
-      PrometheusValue(*text, "flotilla_kv_host_tier_bytes_to_device_total").value_or(0.0);
-  return c;
+  absl::StatusOr<std::vector<double>> v = ReadPrometheusValues(
+      url, api_key,
+      {"flotilla_prefix_cache_queries_tokens_total", "flotilla_prefix_cache_hits_tokens_total"},
+      {"flotilla_kv_host_tier_hit_blocks_total", "flotilla_kv_host_tier_bytes_to_host_total",
+       "flotilla_kv_host_tier_bytes_to_device_total"});
+  if (!v.ok()) return v.status();
+  return PrefixCounters{(*v)[0], (*v)[1], (*v)[2], (*v)[3], (*v)[4]};
 }
 
 // The prefix-cache counters' change over the load. Workers report them in
@@ -157,16 +149,13 @@ struct SpeculativeCounters {
 
 absl::StatusOr<SpeculativeCounters> ReadSpeculativeCounters(const std::string& url,
                                                             const std::string& api_key) {
-  absl::StatusOr<std::string> text = HttpGetMetrics(url, api_key);
-  if (!text.ok()) return text.status();
-  std::optional<double> d = PrometheusValue(*text, "flotilla_spec_decode_num_draft_tokens_total");
-  std::optional<double> a =
-      PrometheusValue(*text, "flotilla_spec_decode_num_accepted_tokens_total");
-  std::optional<double> s = PrometheusValue(*text, "flotilla_spec_decode_num_verify_steps_total");
-  if (!d || !a || !s) {
-    return absl::NotFoundError(absl::StrCat(url, " has no flotilla_spec_decode_*_total"));
-  }
-  return SpeculativeCounters{*d, *a, *s};
+  absl::StatusOr<std::vector<double>> v =
+      ReadPrometheusValues(url, api_key,
+                           {"flotilla_spec_decode_num_draft_tokens_total",
+                            "flotilla_spec_decode_num_accepted_tokens_total",
+                            "flotilla_spec_decode_num_verify_steps_total"});
+  if (!v.ok()) return v.status();
+  return SpeculativeCounters{(*v)[0], (*v)[1], (*v)[2]};
 }
 
 // Speculative decoding over the load, from the counters' change: drafted and

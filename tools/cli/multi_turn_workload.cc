@@ -85,4 +85,27 @@ absl::StatusOr<std::string> HttpGetMetrics(const std::string& url, const std::st
   return res->body;
 }
 
+absl::StatusOr<std::vector<double>> PrometheusValues(std::string_view text, std::string_view source,
+                                                     absl::Span<const std::string_view> required,
+                                                     absl::Span<const std::string_view> optional) {
+  std::vector<double> values;
+  values.reserve(required.size() + optional.size());
+  for (std::string_view name : required) {
+    std::optional<double> v = PrometheusValue(text, name);
+    if (!v)
+      return absl::NotFoundError(absl::StrCat(std::string(source), " has no ", std::string(name)));
+    values.push_back(*v);
+  }
+  for (std::string_view name : optional) values.push_back(PrometheusValue(text, name).value_or(0));
+  return values;
+}
+
+absl::StatusOr<std::vector<double>> ReadPrometheusValues(
+    const std::string& url, const std::string& api_key, absl::Span<const std::string_view> required,
+    absl::Span<const std::string_view> optional) {
+  absl::StatusOr<std::string> text = HttpGetMetrics(url, api_key);
+  if (!text.ok()) return text.status();
+  return PrometheusValues(*text, url, required, optional);
+}
+
 }  // namespace flotilla::cli

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "tools/cli/prompt_stream.h"
 
 namespace flotilla::cli {
@@ -46,5 +47,18 @@ std::optional<double> PrometheusValue(std::string_view text, std::string_view na
 // GET of an http://HOST:PORT[/PATH] URL (PATH defaults to /metrics): the body
 // of a 200 answer.
 absl::StatusOr<std::string> HttpGetMetrics(const std::string& url, const std::string& api_key = "");
+
+// The values (PrometheusValue) of the counters `required`, then of
+// `optional`, in the order named, from the exposition `text` read from
+// `source`: NOT_FOUND naming `source` and the first required counter absent;
+// an absent optional counter is 0.
+absl::StatusOr<std::vector<double>> PrometheusValues(
+    std::string_view text, std::string_view source, absl::Span<const std::string_view> required,
+    absl::Span<const std::string_view> optional = {});
+
+// PrometheusValues of the metrics HttpGetMetrics reads from `url`.
+absl::StatusOr<std::vector<double>> ReadPrometheusValues(
+    const std::string& url, const std::string& api_key, absl::Span<const std::string_view> required,
+    absl::Span<const std::string_view> optional = {});
 
 }  // namespace flotilla::cli

@@ -262,17 +262,6 @@ absl::StatusOr<int64_t> CpuEngine::ForkSequence(int64_t sequence) {
   return id;
 }
 
-absl::Status CpuEngine::FreeSequence(int64_t sequence) {
-  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
-  drafts_.erase(sequence);
-  return kv_->Free(sequence);
-}
-
-absl::StatusOr<int64_t> CpuEngine::SequenceLength(int64_t sequence) const {
-  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
-  return kv_->Length(sequence);
-}
-
 int64_t CpuEngine::CachedPrefixLength(const std::vector<int32_t>& prompt,
                                       uint64_t cache_domain) const {
   const int64_t bs = kv_->options().block_size;

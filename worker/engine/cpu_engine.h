@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/thread_pool.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_sequences.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/kv_cache_dtype.h"
 #include "worker/model/weights.h"
@@ -57,8 +58,12 @@ class CpuEngine : public Engine {
 
   int64_t NewSequence() override;
   absl::StatusOr<int64_t> ForkSequence(int64_t sequence);
-  absl::Status FreeSequence(int64_t sequence) override;
-  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
+  absl::Status FreeSequence(int64_t sequence) override {
+    return FreeKnownSequence(*kv_, drafts_, sequence);
+  }
+  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override {
+    return KnownSequenceLength(*kv_, sequence);
+  }
   int64_t CachedPrefixLength(const std::vector<int32_t>& prompt,
                              uint64_t cache_domain) const override;
   absl::StatusOr<int64_t> NewSequenceWithPrefix(const std::vector<int32_t>& prefix,

@@ -141,17 +141,6 @@ void CudaEngine::CollectHidden(const std::vector<StepItem>& items, StepOutput* o
 
 int64_t CudaEngine::NewSequence() { return kv_->CreateSequence(); }
 
-absl::Status CudaEngine::FreeSequence(int64_t sequence) {
-  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
-  drafts_.erase(sequence);
-  return kv_->Free(sequence);
-}
-
-absl::StatusOr<int64_t> CudaEngine::SequenceLength(int64_t sequence) const {
-  FLOTILLA_RETURN_IF_ERROR(kv_->CheckKnown(sequence));
-  return kv_->Length(sequence);
-}
-
 int64_t CudaEngine::CachedPrefixLength(const std::vector<int32_t>& prompt,
                                        uint64_t cache_domain) const {
   if (prompt.size() < 2) return 0;

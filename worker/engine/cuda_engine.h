@@ -44,6 +44,7 @@
 #include "common/model_config.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
+#include "worker/engine/engine_sequences.h"
 #include "worker/engine/kv_block_allocator.h"
 #include "worker/engine/kv_cache_dtype.h"
 #include "worker/model/weights.h"
@@ -150,8 +151,12 @@ class CudaEngine : public Engine {
   CudaEngine& operator=(const CudaEngine&) = delete;
 
   int64_t NewSequence() override;
-  absl::Status FreeSequence(int64_t sequence) override;
-  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override;
+  absl::Status FreeSequence(int64_t sequence) override {
+    return FreeKnownSequence(*kv_, drafts_, sequence);
+  }
+  absl::StatusOr<int64_t> SequenceLength(int64_t sequence) const override {
+    return KnownSequenceLength(*kv_, sequence);
+  }
   // Whole cached blocks whose full layers' KV and sliding layers' window are
   // still in the arena (KvBlockAllocator::MatchPrefix).
   int64_t CachedPrefixLength(const std::vector<int32_t>& prompt,
