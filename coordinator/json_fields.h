@@ -1,11 +1,11 @@
 // Reading request JSON in the OpenAI-shaped APIs (chat completions,
 // completions, Responses, tokenize, the gRPC Chat translation): the error a
-// field check returns and the lookups they share.
+// field check returns, the lookups they share and the `model` check.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,6 +37,22 @@ inline absl::StatusOr<std::string> RequiredString(const Json& object, const char
     return Invalid(absl::StrCat(where, ".", key), "is required (a string)");
   }
   return v->get<std::string>();
+}
+
+// OK when the request's `model` names the served model `model_id`. Absent or
+// null: INVALID_ARGUMENT "model: is required" where `required`, else OK (the
+// served one is meant). Another name: NOT_FOUND, as the OpenAI API answers a
+// model it does not have.
+inline absl::Status CheckModel(const Json& body, std::string_view model_id, bool required = true) {
+  const Json* m = Field(body, "model");
+  if (m == nullptr) return required ? Invalid("model", "is required") : absl::OkStatus();
+  if (!m->is_string()) return Invalid("model", "must be a string");
+  if (m->get_ref<const std::string&>() != model_id) {
+    return absl::NotFoundError(absl::StrCat("model: the model '", m->get_ref<const std::string&>(),
+                                            "' does not exist; this server serves '",
+                                            std::string(model_id), "'"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace flotilla::coordinator::json_fields

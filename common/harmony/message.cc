@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/enum_names.h"
+#include "common/harmony/errors.h"
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -17,10 +18,6 @@ constexpr EnumName<Role> kRoles[] = {{Role::kSystem, "system"},
                                      {Role::kUser, "user"},
                                      {Role::kAssistant, "assistant"},
                                      {Role::kTool, "tool"}};
-
-absl::Status Invalid(const std::string& where, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
-}
 
 // Reads an optional string field: absent leaves `out` alone, null clears it.
 absl::Status OptString(const Json& obj, const char* key, const std::string& where,

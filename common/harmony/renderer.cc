@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/harmony/errors.h"
 #include "common/harmony/tool_schema.h"
 #include "common/status.h"
 
@@ -12,10 +13,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 namespace tk = tokenizer;
-
-absl::Status Malformed(const std::string& where, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat("malformed tool schema at ", where, ": ", why));
-}
 
 // The built-in tools, described in our own words; their functions follow the
 // shapes gpt-oss was trained to call.
@@ -115,9 +112,10 @@ absl::StatusOr<std::string> RenderFunctionTool(const ToolDescription& tool) {
   std::string params;
   if (tool.parameters) {
     const Json& p = *tool.parameters;
-    if (!p.is_object()) return Malformed(where, "must be a JSON Schema object");
+    if (!p.is_object()) return MalformedToolSchema(where, "must be a JSON Schema object");
     if (auto t = p.find("type"); t != p.end() && !(t->is_string() && *t == "object")) {
-      return Malformed(where + ".type", absl::StrCat("must be \"object\", not ", t->dump()));
+      return MalformedToolSchema(where + ".type",
+                                 absl::StrCat("must be \"object\", not ", t->dump()));
     }
     FLOTILLA_ASSIGN_OR_RETURN(Json prepared, PrepareToolSchema(p, where));
     params = absl::StrCat("_: ", SchemaToTypeScript(prepared, ""));

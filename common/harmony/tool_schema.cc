@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/harmony/errors.h"
 #include "common/status.h"
 
 namespace flotilla::harmony {
@@ -15,10 +16,6 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr int kMaxNesting = 32;
-
-absl::Status Malformed(const std::string& where, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat("malformed tool schema at ", where, ": ", why));
-}
 
 // ---------------------------------------------------------------------------
 // Preparation: validation, local $ref inlining, anyOf read as oneOf.
@@ -55,13 +52,14 @@ const Json* ResolveLocalRef(const Json& root, const std::string& ref) {
 // becomes `{}`, which renders as `any`.
 absl::StatusOr<Json> InlineRef(const Json& schema, const std::string& where, int nesting, PrepareContext& context) {
   const Json& ref = schema["$ref"];
-  if (!ref.is_string()) return Malformed(where + ".$ref", "must be a string");
+  if (!ref.is_string()) return MalformedToolSchema(where + ".$ref", "must be a string");
   const std::string target_name = ref.get<std::string>();
   const Json* target = ResolveLocalRef(context.root, target_name);
   if (target == nullptr) {
-    return Malformed(where + ".$ref", absl::StrCat("'", target_name,
-                                                   "' does not resolve (only local references such as "
-                                                   "#/$defs/Name into the parameters schema are supported)"));
+    return MalformedToolSchema(
+        where + ".$ref", absl::StrCat("'", target_name,
+                                      "' does not resolve (only local references such as "
+                                      "#/$defs/Name into the parameters schema are supported)"));
   }
   auto& stack = context.refs_in_progress;
   if (std::find(stack.begin(), stack.end(), target_name) != stack.end()) return Json::object();
@@ -78,15 +76,19 @@ absl::StatusOr<Json> InlineRef(const Json& schema, const std::string& where, int
 absl::Status CheckType(const Json& type, const std::string& where) {
   static const std::set<std::string> kNames = {"string", "number", "integer", "boolean", "array", "object", "null"};
   auto check_one = [&](const Json& name) -> absl::Status {
-    if (!name.is_string()) return Malformed(where, "must be a string or an array of strings");
+    if (!name.is_string())
+      return MalformedToolSchema(where, "must be a string or an array of strings");
     if (!kNames.count(name.get<std::string>())) {
-      return Malformed(where, absl::StrCat("unknown type '", name.get<std::string>(),
-                                           "' (expected string, number, integer, boolean, array, object or null)"));
+      return MalformedToolSchema(
+          where,
+          absl::StrCat("unknown type '", name.get<std::string>(),
+                       "' (expected string, number, integer, boolean, array, object or null)"));
     }
     return absl::OkStatus();
   };
   if (type.is_array()) {
-    if (type.empty()) return Malformed(where, "must be a string or a non-empty array of strings");
+    if (type.empty())
+      return MalformedToolSchema(where, "must be a string or a non-empty array of strings");
     for (const auto& one : type) FLOTILLA_RETURN_IF_ERROR(check_one(one));
     return absl::OkStatus();
   }
@@ -96,23 +98,26 @@ absl::Status CheckType(const Json& type, const std::string& where) {
 absl::Status PrepareProperties(Json& schema, const std::string& where, int nesting, PrepareContext& context) {
   auto props = schema.find("properties");
   if (props != schema.end()) {
-    if (!props->is_object()) return Malformed(where + ".properties", "must be an object");
+    if (!props->is_object()) return MalformedToolSchema(where + ".properties", "must be an object");
     for (auto it = props->begin(); it != props->end(); ++it) {
       const std::string pw = absl::StrCat(where, ".properties.", it.key());
       FLOTILLA_ASSIGN_OR_RETURN(it.value(), Prepare(it.value(), pw, nesting + 1, context));
     }
   }
   if (auto req = schema.find("required"); req != schema.end()) {
-    if (!req->is_array()) return Malformed(where + ".required", "must be an array of property names");
+    if (!req->is_array())
+      return MalformedToolSchema(where + ".required", "must be an array of property names");
     for (const auto& name : *req) {
-      if (!name.is_string()) return Malformed(where + ".required", "must be an array of property names");
+      if (!name.is_string())
+        return MalformedToolSchema(where + ".required", "must be an array of property names");
       // A record's required keys may be names its propertyNames enum lists.
       const Json names = schema.value("propertyNames", Json::object());
       const bool listed = names.is_object() && names.contains("enum") && names["enum"].is_array() &&
                           std::find(names["enum"].begin(), names["enum"].end(), name) != names["enum"].end();
       if (!listed && (props == schema.end() || !props->contains(name.get<std::string>()))) {
-        return Malformed(where + ".required",
-                         absl::StrCat("names '", name.get<std::string>(), "', which is not a property"));
+        return MalformedToolSchema(
+            where + ".required",
+            absl::StrCat("names '", name.get<std::string>(), "', which is not a property"));
       }
     }
   }
@@ -124,7 +129,8 @@ absl::Status PrepareVariants(Json& schema, const char* key, const std::string& w
   auto variants = schema.find(key);
   if (variants == schema.end()) return absl::OkStatus();
   const std::string vw = absl::StrCat(where, ".", key);
-  if (!variants->is_array() || variants->empty()) return Malformed(vw, "must be a non-empty array of schemas");
+  if (!variants->is_array() || variants->empty())
+    return MalformedToolSchema(vw, "must be a non-empty array of schemas");
   for (size_t i = 0; i < variants->size(); ++i) {
     FLOTILLA_ASSIGN_OR_RETURN((*variants)[i],
                               Prepare((*variants)[i], absl::StrCat(vw, "[", i, "]"), nesting + 1, context));
@@ -133,21 +139,23 @@ absl::Status PrepareVariants(Json& schema, const char* key, const std::string& w
 }
 
 absl::StatusOr<Json> Prepare(const Json& schema, const std::string& where, int nesting, PrepareContext& context) {
-  if (nesting > kMaxNesting) return Malformed(where, "is nested more than 32 levels deep");
+  if (nesting > kMaxNesting)
+    return MalformedToolSchema(where, "is nested more than 32 levels deep");
   if (schema.is_boolean()) return schema;
-  if (!schema.is_object()) return Malformed(where, "must be a schema object");
+  if (!schema.is_object()) return MalformedToolSchema(where, "must be a schema object");
   if (schema.contains("$ref")) return InlineRef(schema, where, nesting, context);
   Json out = schema;
   if (auto t = out.find("type"); t != out.end()) FLOTILLA_RETURN_IF_ERROR(CheckType(*t, where + ".type"));
   if (auto d = out.find("description"); d != out.end() && !d->is_string()) {
-    return Malformed(where + ".description", "must be a string");
+    return MalformedToolSchema(where + ".description", "must be a string");
   }
   if (auto e = out.find("enum"); e != out.end() && (!e->is_array() || e->empty())) {
-    return Malformed(where + ".enum", "must be a non-empty array");
+    return MalformedToolSchema(where + ".enum", "must be a non-empty array");
   }
   FLOTILLA_RETURN_IF_ERROR(PrepareProperties(out, where, nesting, context));
   if (auto items = out.find("items"); items != out.end() && !items->is_boolean()) {
-    if (!items->is_object()) return Malformed(where + ".items", "must be a schema object");
+    if (!items->is_object())
+      return MalformedToolSchema(where + ".items", "must be a schema object");
     FLOTILLA_ASSIGN_OR_RETURN(*items, Prepare(*items, where + ".items", nesting + 1, context));
   }
   FLOTILLA_RETURN_IF_ERROR(PrepareVariants(out, "oneOf", where, nesting, context));

@@ -1,5 +1,5 @@
 // What the two HTTP generation APIs (chat/completions and the Responses API)
-// share about one answer: its exchange, access record and ignored-fields
+// share about one answer: its error answer, its exchange, access record and ignored-fields
 // header; a stream whose head may not have gone out yet (the chat completions'
 // first chunks, the Responses API's head), whose earlier output is held, then
 // written in order behind the head; and the sink both give their
@@ -16,11 +16,21 @@
 #include "absl/status/status.h"
 #include "coordinator/access_log.h"
 #include "coordinator/http/http_transport.h"
+#include "coordinator/http/openai_pipeline.h"
 #include "coordinator/http/request_fields.h"
 #include "coordinator/request_events.h"
 #include "spdlog/spdlog.h"
 
 namespace flotilla::coordinator {
+
+// The whole answer for the API error `e`: its HTTP status and JSON body
+// (ErrorJson).
+inline HttpResponse ErrorResponse(const ApiError& e) {
+  HttpResponse res;
+  res.status = e.http_status;
+  res.set_content(DumpJson(ErrorJson(e)), "application/json");
+  return res;
+}
 
 // One HTTP answer, whole or streamed. The API's answer type adds its builder
 // and state; everything below `mu` is guarded by it, and the exchange's calls

@@ -185,12 +185,6 @@ void SendJson(HttpResponse& res, int status, const Json& j) {
 void SendError(HttpResponse& res, const ApiError& e) { SendJson(res, e.http_status, ErrorJson(e)); }
 void SendError(HttpResponse& res, const absl::Status& st) { SendError(res, ErrorFromStatus(st)); }
 
-HttpResponse ErrorResponse(const absl::Status& st) {
-  HttpResponse res;
-  SendError(res, st);
-  return res;
-}
-
 // One HTTP generation: the serializer of a RequestSession's events. The
 // session decodes on a transport thread (its `run` hook is the exchange's
 // Defer), never on the gRPC thread that delivers a worker's tokens and
@@ -200,7 +194,7 @@ struct Generation : HttpAnswer {
   bool include_usage = false;  // `begun`: the head and Begin() chunks went out
 };
 
-std::string Events(const std::vector<Json>& chunks) {
+std::string ChunkEvents(const std::vector<Json>& chunks) {
   std::string text;
   for (const Json& c : chunks) absl::StrAppend(&text, "data: ", DumpJson(c), "\n\n");
   return text;
@@ -208,7 +202,7 @@ std::string Events(const std::vector<Json>& chunks) {
 
 // Ends the response (under g.mu): the stream's last events, or the whole
 // answer, for `st` (OK: finished normally).
-void EndLocked(Generation& g, const absl::Status& st) {
+void EndChatLocked(Generation& g, const absl::Status& st) {
   if (g.ended) return;
   g.ended = true;
   if (g.stream) {
@@ -225,7 +219,7 @@ void EndLocked(Generation& g, const absl::Status& st) {
   }
   HttpResponse res;
   if (!st.ok()) {
-    res = ErrorResponse(st);
+    res = ErrorResponse(ErrorFromStatus(st));
   } else {
     SendJson(res, 200, g.builder->Response());
   }
@@ -566,7 +560,7 @@ void HttpServer::ServeTokenize(bool detokenize, const HttpRequest& req, HttpResp
 void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
   if (!Admit(*exchange)) return;
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(exchange->request(), absl::Now());
-  if (!deadline.ok()) return exchange->Send(ErrorResponse(deadline.status()));
+  if (!deadline.ok()) return exchange->Send(ErrorResponse(ErrorFromStatus(deadline.status())));
   SessionHooks hooks = SessionHooksFor(exchange);
   const std::string owner = CallerKeyId(exchange->request());
   ServeResponses(responses_, std::move(exchange), owner, *deadline, std::move(hooks));
@@ -574,9 +568,9 @@ void HttpServer::ServeResponsesRoute(std::shared_ptr<HttpExchange> exchange) {
 
 bool HttpServer::Admit(HttpExchange& exchange) {
   if (manager_->draining()) {  // stopping: refuse (what was read of it is dropped)
-    HttpResponse res = ErrorResponse(absl::UnavailableError(
+    HttpResponse res = ErrorResponse(ErrorFromStatus(absl::UnavailableError(
         "the server is shutting down: it finishes the requests in flight and takes no new ones; "
-        "retry on another server"));
+        "retry on another server")));
     res.set_header("Retry-After", "5");
     exchange.Send(std::move(res));
     return false;
@@ -584,7 +578,7 @@ bool HttpServer::Admit(HttpExchange& exchange) {
   if (!options_.client_buffers) return true;
   absl::StatusOr<std::shared_ptr<void>> admitted = options_.client_buffers->Admit();
   if (!admitted.ok()) {
-    HttpResponse res = ErrorResponse(admitted.status());
+    HttpResponse res = ErrorResponse(ErrorFromStatus(admitted.status()));
     res.set_header("Retry-After", "1");
     exchange.Send(std::move(res));
     return false;
@@ -610,7 +604,7 @@ SessionHooks HttpServer::SessionHooksFor(const std::shared_ptr<HttpExchange>& ex
 
 void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange) {
   const HttpRequest& req = exchange->request();
-  auto fail = [&](const absl::Status& st) { exchange->Send(ErrorResponse(st)); };
+  auto fail = [&](const absl::Status& st) { exchange->Send(ErrorResponse(ErrorFromStatus(st))); };
   if (!Admit(*exchange)) return;
   absl::StatusOr<std::optional<absl::Time>> deadline = RequestDeadline(req, absl::Now());
   if (!deadline.ok()) return fail(deadline.status());
@@ -654,7 +648,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       &backend_, tok_, std::move(request),
       [g](const std::vector<RequestEvent>& events) {
-        ConsumeEvents(*g, events, Events, EndLocked);
+        ConsumeEvents(*g, events, ChunkEvents, EndChatLocked);
       },
       SessionHooksFor(exchange));
   if (!started.ok()) {
@@ -675,7 +669,7 @@ void HttpServer::Serve(Endpoint endpoint, std::shared_ptr<HttpExchange> exchange
     g->TagIgnored(head);
     std::lock_guard<std::mutex> l(g->mu);
     exchange->BeginStream(std::move(head));
-    std::string text = Events(g->builder->Begin()) + g->held;
+    std::string text = ChunkEvents(g->builder->Begin()) + g->held;
     g->held.clear();
     g->begun = true;
     if (!text.empty()) exchange->Write(std::move(text));

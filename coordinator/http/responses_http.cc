@@ -41,15 +41,7 @@ ApiError ResponsesError(const absl::Status& status) {
   return e;
 }
 
-HttpResponse ErrorResponse(const absl::Status& status) {
-  const ApiError e = ResponsesError(status);
-  HttpResponse res;
-  res.status = e.http_status;
-  res.set_content(DumpJson(ErrorJson(e)), "application/json");
-  return res;
-}
-
-std::string Events(const std::vector<Json>& events) {
+std::string ResponseEvents(const std::vector<Json>& events) {
   std::string text;
   for (const Json& e : events) {
     absl::StrAppend(&text, "event: ", e["type"].get<std::string>(), "\ndata: ", DumpJson(e),
@@ -74,7 +66,7 @@ void StoreLocked(ResponseGeneration& g, std::function<Json()> cancel = nullptr) 
 // stopping); its stream gets the items' closing events.
 void AbortBackgroundLocked(ResponseGeneration& g, const char* status, Json error) {
   std::vector<Json> closing = g.builder->Abort(status, std::move(error));
-  if (g.stream) EmitLocked(g, Events(closing));
+  if (g.stream) EmitLocked(g, ResponseEvents(closing));
 }
 
 // The `error` of a failed background response.
@@ -84,7 +76,7 @@ Json FailureJson(const absl::Status& status) {
 }
 
 // Ends the answer (under g.mu): OK after a finish, else the error that ended it.
-void EndLocked(ResponseGeneration& g, const absl::Status& status) {
+void EndResponseLocked(ResponseGeneration& g, const absl::Status& status) {
   if (g.ended) return;
   g.ended = true;
   if (!status.ok() && g.background) AbortBackgroundLocked(g, "failed", FailureJson(status));
@@ -92,7 +84,7 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   if (g.stream) {
     if (!status.ok()) {
       const ApiError e = ResponsesError(status);
-      EmitLocked(g, Events({g.builder->ErrorEvent(e.code, e.message, e.param)}));
+      EmitLocked(g, ResponseEvents({g.builder->ErrorEvent(e.code, e.message, e.param)}));
     }
     if (g.begun) g.exchange->End();
     return;
@@ -100,7 +92,7 @@ void EndLocked(ResponseGeneration& g, const absl::Status& status) {
   if (g.background) return;  // answered when it started
   HttpResponse res;
   if (!status.ok()) {
-    res = ErrorResponse(status);
+    res = ErrorResponse(ResponsesError(status));
   } else {
     res.status = 200;
     res.set_content(DumpJson(g.builder->Response()), "application/json");
@@ -201,7 +193,7 @@ Json CancelGeneration(const std::shared_ptr<ResponseGeneration>& g) {
       AbortBackgroundLocked(*g, "cancelled", nullptr);
       StoreLocked(*g);
       if (g->stream) {
-        EmitLocked(*g, Events({g->builder->ErrorEvent(
+        EmitLocked(*g, ResponseEvents({g->builder->ErrorEvent(
                            "response_cancelled",
                            "the response was cancelled (POST /v1/responses/{id}/cancel)", "")}));
         if (g->begun) g->exchange->End();
@@ -249,10 +241,10 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
                     const std::string& owner, std::optional<absl::Time> deadline,
                     SessionHooks hooks) {
   absl::StatusOr<Prepared> prepared = Prepare(context, exchange->request(), owner);
-  if (!prepared.ok()) return exchange->Send(ErrorResponse(prepared.status()));
+  if (!prepared.ok()) return exchange->Send(ErrorResponse(ResponsesError(prepared.status())));
   const std::string id = absl::StrCat("resp_", RandomId());
   std::shared_ptr<ResponseGeneration> g = NewGeneration(context, exchange, id, owner, *prepared);
-  if (g->stream) g->held = Events(g->builder->Begin());
+  if (g->stream) g->held = ResponseEvents(g->builder->Begin());
 
   ++*context.in_flight;
   // One Harmony choice; the response id seeds the call ids, as chat's does.
@@ -268,12 +260,12 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
   absl::StatusOr<std::shared_ptr<RequestSession>> started = RequestSession::Start(
       context.backend, context.tokenizer, std::move(request),
       [g](const std::vector<RequestEvent>& events) {
-        ConsumeEvents(*g, events, Events, EndLocked);
+        ConsumeEvents(*g, events, ResponseEvents, EndResponseLocked);
       },
       std::move(hooks));
   if (!started.ok()) {
     --*context.in_flight;
-    return exchange->Send(ErrorResponse(started.status()));
+    return exchange->Send(ErrorResponse(ResponsesError(started.status())));
   }
   std::shared_ptr<RequestSession> session = *std::move(started);
   if (g->background) return StartBackground(g, std::move(session));
@@ -285,11 +277,11 @@ void ServeResponses(const ResponsesHttpContext& context, std::shared_ptr<HttpExc
 HttpResponse RetrieveResponse(const ResponsesHttpContext& context, const std::string& id,
                               const std::string& owner, const std::string& target) {
   absl::StatusOr<ResponseStore::Stored> stored = context.store->Get(id, owner, "response_id");
-  if (!stored.ok()) return ErrorResponse(stored.status());
+  if (!stored.ok()) return ErrorResponse(ResponsesError(stored.status()));
   if (AsksForStream(target)) {
-    return ErrorResponse(absl::InvalidArgumentError(
+    return ErrorResponse(ResponsesError(absl::InvalidArgumentError(
         "stream: resuming a response's stream is not supported; poll GET /v1/responses/{id} "
-        "without stream until its status is no longer in_progress"));
+        "without stream until its status is no longer in_progress")));
   }
   HttpResponse res;
   res.set_content(DumpJson(stored->response), "application/json");
@@ -299,10 +291,11 @@ HttpResponse RetrieveResponse(const ResponsesHttpContext& context, const std::st
 HttpResponse DeleteResponse(const ResponsesHttpContext& context, const std::string& id,
                             const std::string& owner) {
   absl::StatusOr<ResponseStore::Stored> stored = context.store->Get(id, owner, "response_id");
-  if (!stored.ok()) return ErrorResponse(stored.status());
+  if (!stored.ok()) return ErrorResponse(ResponsesError(stored.status()));
   // A running background response stops first, so its end does not store it again.
   if (stored->cancel) stored->cancel();
-  if (absl::Status st = context.store->Delete(id, owner); !st.ok()) return ErrorResponse(st);
+  if (absl::Status st = context.store->Delete(id, owner); !st.ok())
+    return ErrorResponse(ResponsesError(st));
   HttpResponse res;
   res.set_content(DumpJson(Json{{"id", id}, {"object", "response"}, {"deleted", true}}),
                   "application/json");
@@ -312,7 +305,7 @@ HttpResponse DeleteResponse(const ResponsesHttpContext& context, const std::stri
 HttpResponse CancelResponse(const ResponsesHttpContext& context, const std::string& id,
                             const std::string& owner) {
   absl::StatusOr<ResponseStore::Stored> stored = context.store->Get(id, owner, "response_id");
-  if (!stored.ok()) return ErrorResponse(stored.status());
+  if (!stored.ok()) return ErrorResponse(ResponsesError(stored.status()));
   HttpResponse res;
   if (stored->cancel) {
     res.set_content(DumpJson(stored->cancel()), "application/json");
@@ -320,14 +313,14 @@ HttpResponse CancelResponse(const ResponsesHttpContext& context, const std::stri
   }
   const Json& response = stored->response;
   if (response.value("background", false) != true) {
-    return ErrorResponse(absl::InvalidArgumentError(absl::StrCat(
+    return ErrorResponse(ResponsesError(absl::InvalidArgumentError(absl::StrCat(
         "response_id: response '", id,
-        "' was not created with background: true; only background responses can be cancelled")));
+        "' was not created with background: true; only background responses can be cancelled"))));
   }
   if (response.value("status", "") != "cancelled") {
-    return ErrorResponse(absl::InvalidArgumentError(
+    return ErrorResponse(ResponsesError(absl::InvalidArgumentError(
         absl::StrCat("response_id: response '", id, "' cannot be cancelled: its status is ",
-                     response.value("status", Json()).dump())));
+                     response.value("status", Json()).dump()))));
   }
   res.set_content(DumpJson(response), "application/json");  // cancelling twice: the same answer
   return res;

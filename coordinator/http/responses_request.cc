@@ -36,7 +36,7 @@ constexpr const char* kSameInChat[] = {"model",
 // The members of `reasoning`, `text` and `stream_options` known here.
 constexpr const char* kReasoningFields[] = {"effort", "summary", "generate_summary"};
 constexpr const char* kTextFields[] = {"format", "verbosity"};
-constexpr const char* kStreamOptionsFields[] = {"include_obfuscation"};
+constexpr const char* kResponsesStreamOptions[] = {"include_obfuscation"};
 // The one `include` value acted on: reasoning items carry encrypted_content.
 constexpr const char* kEncryptedReasoning = "reasoning.encrypted_content";
 
@@ -52,10 +52,10 @@ absl::Status CheckOptionalType(const Json& body, const char* key, bool (Json::*i
 // (request_fields.h).
 absl::Status CheckUnsupported(const Json& body, FieldCheck& fields) {
   FLOTILLA_RETURN_IF_ERROR(fields.Check(body, ResponsesFields()));
-  for (const auto& [key, known] : {std::pair<const char*, absl::Span<const char* const>>{
-                                       "reasoning", kReasoningFields},
-                                   {"text", kTextFields},
-                                   {"stream_options", kStreamOptionsFields}}) {
+  for (const auto& [key, known] :
+       {std::pair<const char*, absl::Span<const char* const>>{"reasoning", kReasoningFields},
+        {"text", kTextFields},
+        {"stream_options", kResponsesStreamOptions}}) {
     const Json* v = Field(body, key);
     if (v == nullptr) continue;
     if (!v->is_object()) return Invalid(key, "must be an object");

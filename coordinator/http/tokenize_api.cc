@@ -3,15 +3,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "coordinator/http/openai_pipeline.h"
+#include "coordinator/json_fields.h"
 
 namespace flotilla::coordinator {
 namespace {
 
 namespace tk = tokenizer;
 
-absl::Status Invalid(const std::string& field, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
-}
+using json_fields::CheckModel;
+using json_fields::Invalid;
 
 absl::StatusOr<bool> OptionalBool(const Json& body, const char* key, bool fallback) {
   auto it = body.find(key);
@@ -33,18 +33,6 @@ std::string LossyUtf8(std::string_view bytes) {
     }
   }
   return out;
-}
-
-// A `model`, when given, must be the served one (as the other endpoints say).
-absl::Status CheckModel(const Json& body, const std::string& model_id) {
-  auto it = body.find("model");
-  if (it == body.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_string()) return Invalid("model", "must be a string");
-  if (it->get<std::string>() != model_id) {
-    return absl::NotFoundError(absl::StrCat("model: the model '", it->get<std::string>(),
-                                            "' does not exist; this server serves '", model_id, "'"));
-  }
-  return absl::OkStatus();
 }
 
 // The fields of `body` that the chat or completions request builder reads,
@@ -109,7 +97,8 @@ absl::StatusOr<Json> Tokenize(const Json& body, const TokenizeContext& context) 
 
 absl::StatusOr<Json> Detokenize(const Json& body, const TokenizeContext& context) {
   if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
-  FLOTILLA_RETURN_IF_ERROR(CheckModel(body, context.model_id));
+  // A `model`, when given, must be the served one (as the other endpoints say).
+  FLOTILLA_RETURN_IF_ERROR(CheckModel(body, context.model_id, /*required=*/false));
   auto tokens = body.find("tokens");
   if (tokens == body.end()) return Invalid("tokens", "is required");
   if (!tokens->is_array()) return Invalid("tokens", "must be an array of token ids");

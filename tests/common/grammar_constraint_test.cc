@@ -16,7 +16,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::shared_ptr<const VocabularyIndex> Index() { return testing_util::O200kIndex(); }
+using testing_util::O200kIndex;
 
 struct Turn {
   std::string text;  // bytes, special tokens as their names
@@ -26,7 +26,7 @@ struct Turn {
 };
 
 Turn Drive(OutputConstraint& c, std::mt19937& rng, int max_tokens) {
-  const TokenVocabulary& v = Index()->vocab();
+  const TokenVocabulary& v = O200kIndex()->vocab();
   Turn turn;
   for (; turn.tokens < max_tokens && !c.complete(); ++turn.tokens) {
     const uint32_t* mask = c.Mask();
@@ -52,7 +52,7 @@ Turn Drive(OutputConstraint& c, std::mt19937& rng, int max_tokens) {
 
 // A turn of random allowed tokens under a fresh constraint of `spec`.
 Turn RandomTurn(const ConstraintSpec& spec, std::mt19937& rng, int max_tokens) {
-  auto c = OutputConstraint::Create(spec, Index());
+  auto c = OutputConstraint::Create(spec, O200kIndex());
   EXPECT_TRUE(c.ok()) << c.status();
   if (!c.ok()) return {};
   Turn turn = Drive(**c, rng, max_tokens);
@@ -69,7 +69,7 @@ std::string After(const std::string& text, const std::string& marker, const std:
 }
 
 TEST(GrammarConstraint, FinalJsonAfterFreeReasoning) {
-  ASSERT_NE(Index(), nullptr);
+  ASSERT_NE(O200kIndex(), nullptr);
   ConstraintSpec spec;
   spec.json_final = true;
   spec.final_schema = R"({"type": "object", "properties": {
@@ -80,7 +80,7 @@ TEST(GrammarConstraint, FinalJsonAfterFreeReasoning) {
   for (int run = 0; run < 6; ++run) {
     const Turn turn = RandomTurn(spec, rng, 400);
     ASSERT_TRUE(turn.complete) << turn.text;
-    EXPECT_EQ(turn.last, Index()->vocab().return_);
+    EXPECT_EQ(turn.last, O200kIndex()->vocab().return_);
     const std::string json = After(turn.text, "<|channel|>final<|message|>", "<|return|>");
     const Json v = Json::parse(json, nullptr, false);
     ASSERT_FALSE(v.is_discarded()) << turn.text;
@@ -91,7 +91,7 @@ TEST(GrammarConstraint, FinalJsonAfterFreeReasoning) {
 }
 
 TEST(GrammarConstraint, RequiredToolCall) {
-  ASSERT_NE(Index(), nullptr);
+  ASSERT_NE(O200kIndex(), nullptr);
   ConstraintSpec spec;
   spec.tool_required = true;
   spec.tools.push_back({"get_weather", R"({"type": "object", "properties": {
@@ -103,7 +103,7 @@ TEST(GrammarConstraint, RequiredToolCall) {
   for (int run = 0; run < 6; ++run) {
     const Turn turn = RandomTurn(spec, rng, 300);
     ASSERT_TRUE(turn.complete) << turn.text;
-    EXPECT_EQ(turn.last, Index()->vocab().call);
+    EXPECT_EQ(turn.last, O200kIndex()->vocab().call);
     EXPECT_EQ(turn.text.find("<|channel|>final"), std::string::npos);
     const std::string args = After(turn.text, "json<|message|>", "<|call|>");
     const Json v = Json::parse(args, nullptr, false);
@@ -118,10 +118,10 @@ TEST(GrammarConstraint, RequiredToolCall) {
 }
 
 TEST(GrammarConstraint, RefusesATokenOutsideTheMask) {
-  ASSERT_NE(Index(), nullptr);
+  ASSERT_NE(O200kIndex(), nullptr);
   ConstraintSpec spec;
   spec.json_final = true;
-  auto c = OutputConstraint::Create(spec, Index());
+  auto c = OutputConstraint::Create(spec, O200kIndex());
   ASSERT_TRUE(c.ok());
   // The turn must open with <|channel|>: ordinary text is refused.
   EXPECT_FALSE((*c)->Advance(24912).ok());
@@ -141,7 +141,7 @@ TEST(GrammarConstraint, UnsupportedSchemaIsRefused) {
 // tokens that end in a quote or run past it, included), so every turn's JSON
 // holds values that checks written here independently accept.
 TEST(GrammarConstraint, FormatsAndPatternsHoldTokenByToken) {
-  ASSERT_NE(Index(), nullptr);
+  ASSERT_NE(O200kIndex(), nullptr);
   ConstraintSpec spec;
   spec.json_final = true;
   spec.final_schema = R"({"type": "object", "properties": {

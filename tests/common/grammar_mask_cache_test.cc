@@ -13,7 +13,7 @@
 namespace flotilla::grammar {
 namespace {
 
-std::shared_ptr<const VocabularyIndex> Index() { return testing_util::O200kIndex(); }
+using testing_util::O200kIndex;
 
 TEST(GrammarMaskCache, EvictsTheOldestPastItsBound) {
   const std::vector<uint32_t> a(100, 1u), b(100, 2u), c(100, 3u);
@@ -35,22 +35,22 @@ TEST(GrammarMaskCache, EvictsTheOldestPastItsBound) {
 }
 
 TEST(GrammarMaskCache, OneCachePerLiveVocabulary) {
-  ASSERT_NE(Index(), nullptr);
-  EXPECT_EQ(MaskCache::For(Index()), MaskCache::For(Index()));
-  auto other = std::make_shared<const VocabularyIndex>(Index()->vocab());
-  EXPECT_NE(MaskCache::For(other), MaskCache::For(Index()));
+  ASSERT_NE(O200kIndex(), nullptr);
+  EXPECT_EQ(MaskCache::For(O200kIndex()), MaskCache::For(O200kIndex()));
+  auto other = std::make_shared<const VocabularyIndex>(O200kIndex()->vocab());
+  EXPECT_NE(MaskCache::For(other), MaskCache::For(O200kIndex()));
 }
 
 // Drives a constraint along one path, recording every mask.
 std::vector<std::vector<uint32_t>> Masks(OutputConstraint& c, uint32_t seed, int steps) {
   std::mt19937 rng(seed);
   std::vector<std::vector<uint32_t>> masks;
-  const int words = Index()->words();
+  const int words = O200kIndex()->words();
   for (int i = 0; i < steps && !c.complete(); ++i) {
     const uint32_t* m = c.Mask();
     masks.emplace_back(m, m + words);
     std::vector<int32_t> allowed;
-    for (int32_t t = 0; t < Index()->vocab().vocab_size; ++t) {
+    for (int32_t t = 0; t < O200kIndex()->vocab().vocab_size; ++t) {
       if (TestBit(m, t)) allowed.push_back(t);
     }
     if (allowed.empty() || !c.Advance(allowed[rng() % allowed.size()]).ok()) break;
@@ -61,7 +61,7 @@ std::vector<std::vector<uint32_t>> Masks(OutputConstraint& c, uint32_t seed, int
 // The masks of a turn under a fresh constraint of `spec` (Masks: seed 11, at
 // most 60 tokens); `complete`: the constraint ended the turn.
 std::vector<std::vector<uint32_t>> TurnMasks(const ConstraintSpec& spec, bool* complete) {
-  auto c = OutputConstraint::Create(spec, Index());
+  auto c = OutputConstraint::Create(spec, O200kIndex());
   EXPECT_TRUE(c.ok()) << c.status();
   if (!c.ok()) return {};
   std::vector<std::vector<uint32_t>> masks = Masks(**c, 11, 60);
@@ -70,7 +70,7 @@ std::vector<std::vector<uint32_t>> TurnMasks(const ConstraintSpec& spec, bool* c
 }
 
 TEST(GrammarMaskCache, AnotherRequestWithTheSameSchemaReusesMasksAndGetsTheSameOnes) {
-  ASSERT_NE(Index(), nullptr);
+  ASSERT_NE(O200kIndex(), nullptr);
   ConstraintSpec spec;
   spec.json_final = true;
   spec.final_schema = R"({"type": "object", "properties": {"mood": {"enum": ["calm", "busy"]},
@@ -80,7 +80,7 @@ TEST(GrammarMaskCache, AnotherRequestWithTheSameSchemaReusesMasksAndGetsTheSameO
   const std::vector<std::vector<uint32_t>> computed = TurnMasks(spec, &complete);
   ASSERT_TRUE(complete);
 
-  std::shared_ptr<MaskCache> cache = MaskCache::For(Index());
+  std::shared_ptr<MaskCache> cache = MaskCache::For(O200kIndex());
   const MaskCache::Counts before = cache->counts();
   const std::vector<std::vector<uint32_t>> reused = TurnMasks(spec, &complete);
   const MaskCache::Counts after = cache->counts();

@@ -9,13 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "tests/engine/consecutive_tokens.h"
+
 namespace flotilla {
 namespace {
 
-constexpr int kFull = 0, kSliding = 1;
+constexpr int kFullGroup = 0, kSlidingGroup = 1;
 
 // Window 8, 4-token blocks, chunks of up to 16 tokens.
-KvBlockAllocatorOptions Options(int64_t blocks, bool prefix_cache = false) {
+KvBlockAllocatorOptions AllocatorOptions(int64_t blocks, bool prefix_cache = false) {
   KvBlockAllocatorOptions o;
   o.sliding = {false, true};
   o.window = 8;
@@ -28,69 +30,65 @@ KvBlockAllocatorOptions Options(int64_t blocks, bool prefix_cache = false) {
   return o;
 }
 
-void NoCopy(int, int32_t, int32_t) { FAIL() << "no block is shared while written"; }
+void FailOnCopy(int, int32_t, int32_t) { FAIL() << "no block is shared while written"; }
 
 int64_t Sum(const std::vector<int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), int64_t{0});
 }
 
-std::vector<int32_t> Tokens(int n, int first = 100) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
+using testing_util::ConsecutiveTokens;
 
 // Reserves and commits `tokens` as one step.
 void Step(KvBlockAllocator& kv, KvBlockAllocator::SequenceId s, const std::vector<int32_t>& tokens) {
-  ASSERT_TRUE(kv.Reserve(s, static_cast<int64_t>(tokens.size()), NoCopy).ok());
+  ASSERT_TRUE(kv.Reserve(s, static_cast<int64_t>(tokens.size()), FailOnCopy).ok());
   ASSERT_TRUE(kv.Commit(s, static_cast<int64_t>(tokens.size()), tokens.data()).ok());
 }
 
 TEST(KvBlockAllocator, SlidingGroupHoldsAWholeChunkThenOnlyTheWindow) {
-  auto kv = *KvBlockAllocator::Create(Options(64));
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(64));
   auto s = kv->CreateSequence();
   // A 16-token chunk needs every one of its positions in both groups.
   EXPECT_EQ(Sum(*kv->BlocksNeeded(s, 16)), 4 + 4);
-  ASSERT_TRUE(kv->Reserve(s, 16, NoCopy).ok());
-  EXPECT_EQ(kv->BlocksHeld(s, kFull), 4);
-  EXPECT_EQ(kv->BlocksHeld(s, kSliding), 4);
-  const std::vector<int32_t>& sliding = kv->Table(s, kSliding);
+  ASSERT_TRUE(kv->Reserve(s, 16, FailOnCopy).ok());
+  EXPECT_EQ(kv->BlocksHeld(s, kFullGroup), 4);
+  EXPECT_EQ(kv->BlocksHeld(s, kSlidingGroup), 4);
+  const std::vector<int32_t>& sliding = kv->Table(s, kSlidingGroup);
   for (int b = 0; b < 4; ++b) EXPECT_GE(sliding[b], 1) << "block 0 is never handed out";
-  const std::vector<int32_t> t = Tokens(16);
+  const std::vector<int32_t> t = ConsecutiveTokens(16);
   ASSERT_TRUE(kv->Commit(s, 16, t.data()).ok());
   // The next query (position 16) sees positions 9..16: blocks 2 and 3 stay.
-  EXPECT_EQ(kv->KeepBegin(kSliding, 16), 9);
-  EXPECT_EQ(kv->BlocksHeld(s, kFull), 4);
-  EXPECT_EQ(kv->BlocksHeld(s, kSliding), 2);
-  EXPECT_EQ(kv->Table(s, kSliding)[0], -1);
-  EXPECT_EQ(kv->Table(s, kSliding)[1], -1);
+  EXPECT_EQ(kv->KeepBegin(kSlidingGroup, 16), 9);
+  EXPECT_EQ(kv->BlocksHeld(s, kFullGroup), 4);
+  EXPECT_EQ(kv->BlocksHeld(s, kSlidingGroup), 2);
+  EXPECT_EQ(kv->Table(s, kSlidingGroup)[0], -1);
+  EXPECT_EQ(kv->Table(s, kSlidingGroup)[1], -1);
   EXPECT_EQ(kv->free_blocks(), 64 - 6);
-  EXPECT_FALSE(kv->Keeps(kSliding, 16, 8));
-  EXPECT_TRUE(kv->Keeps(kSliding, 16, 9));
-  EXPECT_TRUE(kv->Keeps(kFull, 16, 0));
+  EXPECT_FALSE(kv->Keeps(kSlidingGroup, 16, 8));
+  EXPECT_TRUE(kv->Keeps(kSlidingGroup, 16, 9));
+  EXPECT_TRUE(kv->Keeps(kFullGroup, 16, 0));
 }
 
 TEST(KvBlockAllocator, DecodeKeepsTheSlidingGroupBoundedAndAdmissionCoversEveryStep) {
-  auto kv = *KvBlockAllocator::Create(Options(256));
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(256));
   auto s = kv->CreateSequence();
-  Step(*kv, s, Tokens(13));
+  Step(*kv, s, ConsecutiveTokens(13));
   for (int i = 0; i < 200; ++i) {
     const int64_t length = *kv->Length(s);
-    ASSERT_TRUE(kv->Reserve(s, 1, NoCopy).ok());
+    ASSERT_TRUE(kv->Reserve(s, 1, FailOnCopy).ok());
     // What admission reserves for the final length covers what is held.
-    const int64_t held = kv->BlocksHeld(s, kFull) + kv->BlocksHeld(s, kSliding);
+    const int64_t held = kv->BlocksHeld(s, kFullGroup) + kv->BlocksHeld(s, kSlidingGroup);
     EXPECT_LE(held, kv->BlocksForLength(length + 1)) << "at length " << length;
-    EXPECT_LE(kv->BlocksHeld(s, kSliding), 3);  // 8 positions over at most 3 blocks
+    EXPECT_LE(kv->BlocksHeld(s, kSlidingGroup), 3);  // 8 positions over at most 3 blocks
     const int32_t token = 7;
     ASSERT_TRUE(kv->Commit(s, 1, &token).ok());
   }
-  EXPECT_EQ(kv->BlocksHeld(s, kFull), (213 + 3) / 4);
+  EXPECT_EQ(kv->BlocksHeld(s, kFullGroup), (213 + 3) / 4);
   ASSERT_TRUE(kv->Free(s).ok());
   EXPECT_EQ(kv->free_blocks(), 256);
 }
 
 TEST(KvBlockAllocator, ChunkedPrefillStaysWithinTheAdmissionBound) {
-  auto kv = *KvBlockAllocator::Create(Options(512));
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(512));
   auto s = kv->CreateSequence();
   const int64_t total = 16 * 9 + 5;
   // A chunk's own blocks beyond the window come from the step reserve: 16
@@ -99,23 +97,23 @@ TEST(KvBlockAllocator, ChunkedPrefillStaysWithinTheAdmissionBound) {
   EXPECT_EQ(reserve, 4);
   for (int64_t done = 0; done < total;) {
     const int64_t n = std::min<int64_t>(16, total - done);
-    ASSERT_TRUE(kv->Reserve(s, n, NoCopy).ok());
-    const int64_t held = kv->BlocksHeld(s, kFull) + kv->BlocksHeld(s, kSliding);
+    ASSERT_TRUE(kv->Reserve(s, n, FailOnCopy).ok());
+    const int64_t held = kv->BlocksHeld(s, kFullGroup) + kv->BlocksHeld(s, kSlidingGroup);
     EXPECT_LE(held, kv->BlocksForLength(total) + reserve);
-    const std::vector<int32_t> t = Tokens(static_cast<int>(n), static_cast<int>(done));
+    const std::vector<int32_t> t = ConsecutiveTokens(static_cast<int>(n), static_cast<int>(done));
     ASSERT_TRUE(kv->Commit(s, n, t.data()).ok());
     done += n;
   }
   // Full layers hold everything, sliding ones the window's blocks.
-  EXPECT_EQ(kv->BlocksHeld(s, kFull), (total + 3) / 4);
-  EXPECT_LE(kv->BlocksHeld(s, kSliding), 3);
+  EXPECT_EQ(kv->BlocksHeld(s, kFullGroup), (total + 3) / 4);
+  EXPECT_LE(kv->BlocksHeld(s, kSlidingGroup), 3);
 }
 
 TEST(KvBlockAllocator, SlidingWindowMakesLongSequencesFit) {
-  KvBlockAllocatorOptions all_full = Options(200);
+  KvBlockAllocatorOptions all_full = AllocatorOptions(200);
   all_full.sliding = {false, false};
   const int64_t without = (*KvBlockAllocator::Create(all_full))->MaxTokens();
-  const int64_t with = (*KvBlockAllocator::Create(Options(200)))->MaxTokens();
+  const int64_t with = (*KvBlockAllocator::Create(AllocatorOptions(200)))->MaxTokens();
   // All full: no step reserve (nothing slides).
   EXPECT_EQ(without, 100 * 4);
   // The sliding group's bound: the window and what a chunk may straddle, 4
@@ -124,12 +122,12 @@ TEST(KvBlockAllocator, SlidingWindowMakesLongSequencesFit) {
 }
 
 TEST(KvBlockAllocator, PrefixMatchNeedsTheWindowOfTheSlidingGroup) {
-  auto kv = *KvBlockAllocator::Create(Options(64, /*prefix_cache=*/true));
-  const std::vector<int32_t> prompt = Tokens(16);
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(64, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = ConsecutiveTokens(16);
   auto a = kv->CreateSequence();
   Step(*kv, a, prompt);
   // Blocks 0 and 1 left a's window but stay cached while nothing evicts them.
-  EXPECT_EQ(kv->BlocksHeld(a, kSliding), 2);
+  EXPECT_EQ(kv->BlocksHeld(a, kSlidingGroup), 2);
   std::vector<int32_t> longer = prompt;
   longer.push_back(1);
   EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
@@ -137,10 +135,10 @@ TEST(KvBlockAllocator, PrefixMatchNeedsTheWindowOfTheSlidingGroup) {
   EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
   auto b = *kv->CreateSequenceFromPrefix(prompt);
   EXPECT_EQ(*kv->Length(b), 16);
-  EXPECT_EQ(kv->BlocksHeld(b, kFull), 4);
+  EXPECT_EQ(kv->BlocksHeld(b, kFullGroup), 4);
   // Only the window before position 16 is taken: blocks 2 and 3.
-  EXPECT_EQ(kv->BlocksHeld(b, kSliding), 2);
-  EXPECT_EQ(kv->Table(b, kSliding)[1], -1);
+  EXPECT_EQ(kv->BlocksHeld(b, kSlidingGroup), 2);
+  EXPECT_EQ(kv->Table(b, kSlidingGroup)[1], -1);
   // b decodes on from there, writing only fresh blocks.
   for (int i = 0; i < 10; ++i) Step(*kv, b, {3});
   EXPECT_EQ(*kv->Length(b), 26);
@@ -148,15 +146,15 @@ TEST(KvBlockAllocator, PrefixMatchNeedsTheWindowOfTheSlidingGroup) {
 
 TEST(KvBlockAllocator, PrefixWithAnEvictedWindowIsNotMatched) {
   // 12 blocks: a takes 4 full + 4 sliding during its step, keeps 6.
-  auto kv = *KvBlockAllocator::Create(Options(12, /*prefix_cache=*/true));
-  const std::vector<int32_t> prompt = Tokens(16);
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(12, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = ConsecutiveTokens(16);
   auto a = kv->CreateSequence();
   Step(*kv, a, prompt);
   // The full group's blocks stay held; the sliding window's last blocks
   // are evicted by another sequence's allocations.
   ASSERT_TRUE(kv->Free(a).ok());
   auto other = kv->CreateSequence();
-  ASSERT_TRUE(kv->Reserve(other, 16, NoCopy).ok());  // 8 blocks: the uncached 4, then 4 cached
+  ASSERT_TRUE(kv->Reserve(other, 16, FailOnCopy).ok());  // 8 blocks: the uncached 4, then 4 cached
   std::vector<int32_t> longer = prompt;
   longer.push_back(1);
   const int64_t match = kv->MatchPrefix(longer, 4);
@@ -173,8 +171,8 @@ TEST(KvBlockAllocator, PrefixWithAnEvictedWindowIsNotMatched) {
 // full-group blocks, or no later request with the same prompt can hit.
 TEST(KvBlockAllocator, PromptWindowLeftDuringDecodeIsEvictedNoSoonerThanItsFullBlocks) {
   // 14 blocks: a ends holding 7 full blocks and has used 7 sliding ones.
-  auto kv = *KvBlockAllocator::Create(Options(14, /*prefix_cache=*/true));
-  const std::vector<int32_t> prompt = Tokens(16);
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(14, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = ConsecutiveTokens(16);
   auto a = kv->CreateSequence();
   Step(*kv, a, prompt);
   std::vector<int32_t> history = prompt;
@@ -184,8 +182,8 @@ TEST(KvBlockAllocator, PromptWindowLeftDuringDecodeIsEvictedNoSoonerThanItsFullB
     history.push_back(token[0]);
   }
   // Decoding moved past the prompt: its window (blocks 2 and 3) left.
-  EXPECT_EQ(kv->Table(a, kSliding)[2], -1);
-  EXPECT_EQ(kv->Table(a, kSliding)[3], -1);
+  EXPECT_EQ(kv->Table(a, kSlidingGroup)[2], -1);
+  EXPECT_EQ(kv->Table(a, kSlidingGroup)[3], -1);
   ASSERT_TRUE(kv->Free(a).ok());
   EXPECT_EQ(kv->free_blocks(), 14);
   EXPECT_EQ(kv->prefix_cache().cached_free_blocks(), 14);
@@ -193,7 +191,7 @@ TEST(KvBlockAllocator, PromptWindowLeftDuringDecodeIsEvictedNoSoonerThanItsFullB
   // Another request needs 4 blocks: all are cached, so 4 are evicted. They
   // must be the end of a's history, not the prompt's window.
   auto other = kv->CreateSequence();
-  Step(*kv, other, Tokens(8, 900));
+  Step(*kv, other, ConsecutiveTokens(8, 900));
   std::vector<int32_t> again = prompt;
   again.push_back(7);
   EXPECT_EQ(kv->MatchPrefix(again, 4), 4);
@@ -201,15 +199,15 @@ TEST(KvBlockAllocator, PromptWindowLeftDuringDecodeIsEvictedNoSoonerThanItsFullB
   EXPECT_EQ(kv->MatchPrefix(history, 7), 5);  // blocks 5 and 6 went
   auto b = kv->CreateSequenceFromPrefix(prompt);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(kv->BlocksHeld(*b, kFull), 4);
-  EXPECT_EQ(kv->BlocksHeld(*b, kSliding), 2);
+  EXPECT_EQ(kv->BlocksHeld(*b, kFullGroup), 4);
+  EXPECT_EQ(kv->BlocksHeld(*b, kSlidingGroup), 2);
 }
 
 // A sequence that started from a cached prefix refreshes, when freed, the
 // prefix's sliding blocks it never took (those before its window) too.
 TEST(KvBlockAllocator, PrefixHitRefreshesTheBlocksBeforeItsWindowWhenFreed) {
-  auto kv = *KvBlockAllocator::Create(Options(12, /*prefix_cache=*/true));
-  const std::vector<int32_t> prompt = Tokens(16);
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(12, /*prefix_cache=*/true));
+  const std::vector<int32_t> prompt = ConsecutiveTokens(16);
   auto a = kv->CreateSequence();
   Step(*kv, a, prompt);
   ASSERT_TRUE(kv->Free(a).ok());
@@ -217,11 +215,11 @@ TEST(KvBlockAllocator, PrefixHitRefreshesTheBlocksBeforeItsWindowWhenFreed) {
   // hits the prompt: blocks 0 and 1 of the sliding group stay in the
   // cache's LRU, untaken.
   auto other = kv->CreateSequence();
-  Step(*kv, other, Tokens(8, 900));
+  Step(*kv, other, ConsecutiveTokens(8, 900));
   auto b = kv->CreateSequenceFromPrefix(prompt);
   ASSERT_TRUE(b.ok()) << b.status();
-  EXPECT_EQ(kv->Table(*b, kSliding)[0], -1);
-  EXPECT_EQ(kv->Table(*b, kSliding)[1], -1);
+  EXPECT_EQ(kv->Table(*b, kSlidingGroup)[0], -1);
+  EXPECT_EQ(kv->Table(*b, kSlidingGroup)[1], -1);
   ASSERT_TRUE(kv->Free(other).ok());
   ASSERT_TRUE(kv->Free(*b).ok());
   EXPECT_EQ(kv->prefix_cache().cached_free_blocks(), 12);
@@ -229,39 +227,39 @@ TEST(KvBlockAllocator, PrefixHitRefreshesTheBlocksBeforeItsWindowWhenFreed) {
   // blocks 3 and 2): blocks 0 and 1 of both groups stay, so the first 2
   // blocks (whose window is blocks 0 and 1) still match.
   auto c = kv->CreateSequence();
-  ASSERT_TRUE(kv->Reserve(c, 16, NoCopy).ok());
+  ASSERT_TRUE(kv->Reserve(c, 16, FailOnCopy).ok());
   std::vector<int32_t> again = prompt;
   again.push_back(7);
   EXPECT_EQ(kv->MatchPrefix(again, 4), 2);
 }
 
 TEST(KvBlockAllocator, OutOfBlocksChangesNothing) {
-  auto kv = *KvBlockAllocator::Create(Options(6));
+  auto kv = *KvBlockAllocator::Create(AllocatorOptions(6));
   auto s = kv->CreateSequence();
-  const absl::Status st = kv->Reserve(s, 16, NoCopy);  // needs 8
+  const absl::Status st = kv->Reserve(s, 16, FailOnCopy);  // needs 8
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(kv->free_blocks(), 6);
-  EXPECT_EQ(kv->BlocksHeld(s, kFull), 0);
+  EXPECT_EQ(kv->BlocksHeld(s, kFullGroup), 0);
   EXPECT_EQ(*kv->Length(s), 0);
 }
 
 TEST(KvBlockAllocator, RejectsBadOptions) {
-  KvBlockAllocatorOptions o = Options(8);
+  KvBlockAllocatorOptions o = AllocatorOptions(8);
   o.max_chunk_tokens = 0;
   EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o = Options(8);
+  o = AllocatorOptions(8);
   o.window = 0;
   EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
-  o = Options(0);
+  o = AllocatorOptions(0);
   EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---- a pool per group (the CUDA engine's layout) ----
 
-// Options(…) with the full group in pool 0 of `full` blocks and the sliding
+// AllocatorOptions(…) with the full group in pool 0 of `full` blocks and the sliding
 // group in pool 1 of `sliding` blocks.
 KvBlockAllocatorOptions TwoPools(int64_t full, int64_t sliding, bool prefix_cache = false) {
-  KvBlockAllocatorOptions o = Options(0, prefix_cache);
+  KvBlockAllocatorOptions o = AllocatorOptions(0, prefix_cache);
   o.group_pools = {0, 1};
   o.pool_blocks = {full, sliding};
   return o;
@@ -278,10 +276,10 @@ TEST(KvBlockAllocatorPools, EachGroupTakesItsOwnBlockIds) {
   EXPECT_EQ(kv->admission_blocks(1), 12 - 4);
   auto s = kv->CreateSequence();
   EXPECT_EQ(*kv->BlocksNeeded(s, 16), (std::vector<int64_t>{4, 4}));
-  Step(*kv, s, Tokens(16));
+  Step(*kv, s, ConsecutiveTokens(16));
   // Both pools hand out their own low ids: the same numbers, other memory.
-  EXPECT_EQ(kv->Table(s, kFull), (std::vector<int32_t>{1, 2, 3, 4}));
-  EXPECT_EQ(kv->Table(s, kSliding), (std::vector<int32_t>{-1, -1, 3, 4}));
+  EXPECT_EQ(kv->Table(s, kFullGroup), (std::vector<int32_t>{1, 2, 3, 4}));
+  EXPECT_EQ(kv->Table(s, kSlidingGroup), (std::vector<int32_t>{-1, -1, 3, 4}));
   EXPECT_EQ(kv->free_blocks(0), 40 - 4);
   EXPECT_EQ(kv->free_blocks(1), 12 - 2);
   EXPECT_EQ(kv->free_blocks(), 52 - 6);
@@ -294,18 +292,18 @@ TEST(KvBlockAllocatorPools, AShortPoolRefusesAndNamesItselfChangingNothing) {
   // Plenty of full blocks, but a 16-token chunk needs 4 sliding blocks of 3.
   auto kv = *KvBlockAllocator::Create(TwoPools(64, 7));
   auto a = kv->CreateSequence();
-  Step(*kv, a, Tokens(12));  // holds 3 sliding blocks, keeps 2 (positions 5..11)
+  Step(*kv, a, ConsecutiveTokens(12));  // holds 3 sliding blocks, keeps 2 (positions 5..11)
   EXPECT_EQ(kv->free_blocks(1), 5);
   auto b = kv->CreateSequence();
-  Step(*kv, b, Tokens(8, 300));  // 2 sliding blocks, keeps 2
+  Step(*kv, b, ConsecutiveTokens(8, 300));  // 2 sliding blocks, keeps 2
   EXPECT_EQ(kv->free_blocks(1), 3);
   auto c = kv->CreateSequence();
-  const absl::Status st = kv->Reserve(c, 16, NoCopy);
+  const absl::Status st = kv->Reserve(c, 16, FailOnCopy);
   EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(st.message().find("sliding-window"), std::string::npos) << st;
   EXPECT_EQ(kv->free_blocks(0), 64 - 3 - 2);
   EXPECT_EQ(kv->free_blocks(1), 3);
-  EXPECT_EQ(kv->BlocksHeld(c, kFull), 0);
+  EXPECT_EQ(kv->BlocksHeld(c, kFullGroup), 0);
 }
 
 TEST(KvBlockAllocatorPools, AdmissionAndMaxTokensCountEachPool) {
@@ -366,11 +364,12 @@ TEST(KvBlockAllocatorPools, AdmittedSequencesNeverRunOutOfBlocksInAnyStep) {
         step.emplace_back(i, n);
       }
       for (const auto& [i, n] : step) {
-        const absl::Status st = kv->Reserve(seqs[i].id, n, NoCopy);
+        const absl::Status st = kv->Reserve(seqs[i].id, n, FailOnCopy);
         ASSERT_TRUE(st.ok()) << "seed " << seed << ": " << st;
       }
       for (const auto& [i, n] : step) {
-        const std::vector<int32_t> t = Tokens(static_cast<int>(n), 7 * static_cast<int>(i));
+        const std::vector<int32_t> t =
+            ConsecutiveTokens(static_cast<int>(n), 7 * static_cast<int>(i));
         ASSERT_TRUE(kv->Commit(seqs[i].id, n, t.data()).ok());
         seqs[i].length += n;
         work = true;
@@ -382,7 +381,7 @@ TEST(KvBlockAllocatorPools, AdmittedSequencesNeverRunOutOfBlocksInAnyStep) {
 TEST(KvBlockAllocatorPools, PrefixCacheEvictsEachPoolOnItsOwn) {
   // 8 full blocks; 40 sliding ones (36 beside the step reserve).
   auto kv = *KvBlockAllocator::Create(TwoPools(8, 40, /*prefix_cache=*/true));
-  const std::vector<int32_t> prompt = Tokens(16);
+  const std::vector<int32_t> prompt = ConsecutiveTokens(16);
   auto a = kv->CreateSequence();
   Step(*kv, a, prompt);
   ASSERT_TRUE(kv->Free(a).ok());
@@ -395,17 +394,17 @@ TEST(KvBlockAllocatorPools, PrefixCacheEvictsEachPoolOnItsOwn) {
   // full pool evicts the prompt's last block (the least recently freed);
   // the sliding pool has room and evicts nothing.
   auto other = kv->CreateSequence();
-  Step(*kv, other, Tokens(16, 900));
+  Step(*kv, other, ConsecutiveTokens(16, 900));
   EXPECT_EQ(kv->MatchPrefix(longer, 4), 4);
-  ASSERT_TRUE(kv->Reserve(other, 4, NoCopy).ok());
+  ASSERT_TRUE(kv->Reserve(other, 4, FailOnCopy).ok());
   EXPECT_EQ(kv->prefix_cache().cached_free_blocks(0), 3);
   EXPECT_EQ(kv->prefix_cache().cached_free_blocks(1), 4 + 2);  // a's and other's past window
   EXPECT_EQ(kv->MatchPrefix(longer, 4), 3);
   // A hit on the 3 blocks left takes them from each pool.
   auto c = kv->CreateSequenceFromPrefix(std::vector<int32_t>(prompt.begin(), prompt.begin() + 12));
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(kv->BlocksHeld(*c, kFull), 3);
-  EXPECT_EQ(kv->BlocksHeld(*c, kSliding), 2);  // the window before position 12: blocks 1, 2
+  EXPECT_EQ(kv->BlocksHeld(*c, kFullGroup), 3);
+  EXPECT_EQ(kv->BlocksHeld(*c, kSlidingGroup), 2);  // the window before position 12: blocks 1, 2
   EXPECT_EQ(kv->free_blocks(0), 0);
 }
 

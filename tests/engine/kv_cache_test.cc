@@ -8,7 +8,7 @@ namespace flotilla {
 namespace {
 
 // Layers 0 and 2 slide (window 8), 1 and 3 are full; 4-token blocks.
-KvCacheOptions Options(int64_t blocks) {
+KvCacheOptions CacheOptions(int64_t blocks) {
   KvCacheOptions o;
   o.sliding = {true, false, true, false};
   o.window = 8;
@@ -42,7 +42,7 @@ float KeyAt(const KvCache& kv, KvCache::SequenceId s, int layer, int64_t p) {
 }
 
 TEST(KvCache, BlocksAreReusedAfterFree) {
-  auto kv = *KvCache::Create(Options(64));
+  auto kv = *KvCache::Create(CacheOptions(64));
   auto a = kv->CreateSequence();
   Append(*kv, a, 20, 0);
   EXPECT_LT(kv->free_blocks(), 64);
@@ -57,7 +57,7 @@ TEST(KvCache, BlocksAreReusedAfterFree) {
 }
 
 TEST(KvCache, ForkSharesBlocksAndCopiesOnWrite) {
-  auto kv = *KvCache::Create(Options(64));
+  auto kv = *KvCache::Create(CacheOptions(64));
   auto a = kv->CreateSequence();
   Append(*kv, a, 6, 0);  // the second block of each layer is half full
   const int64_t free_before = kv->free_blocks();
@@ -78,7 +78,7 @@ TEST(KvCache, ForkSharesBlocksAndCopiesOnWrite) {
 }
 
 TEST(KvCache, SlidingLayersHoldOnlyTheWindow) {
-  auto kv = *KvCache::Create(Options(128));
+  auto kv = *KvCache::Create(CacheOptions(128));
   auto s = kv->CreateSequence();
   for (int i = 0; i < 100; ++i) {
     Append(*kv, s, 1, 0);
@@ -99,7 +99,7 @@ TEST(KvCache, SlidingLayersHoldOnlyTheWindow) {
 }
 
 TEST(KvCache, OutOfBlocksIsAClearErrorThatChangesNothing) {
-  auto kv = *KvCache::Create(Options(10));
+  auto kv = *KvCache::Create(CacheOptions(10));
   auto a = kv->CreateSequence();
   Append(*kv, a, 8, 0);  // 2 blocks per layer = 8 blocks
   const int64_t free_before = kv->free_blocks();
@@ -108,11 +108,11 @@ TEST(KvCache, OutOfBlocksIsAClearErrorThatChangesNothing) {
   EXPECT_NE(st.message().find("out of blocks"), absl::string_view::npos) << st;
   EXPECT_EQ(kv->free_blocks(), free_before);
   EXPECT_EQ(*kv->Length(a), 8);
-  EXPECT_FALSE(KvCache::Create(Options(0)).ok());
+  EXPECT_FALSE(KvCache::Create(CacheOptions(0)).ok());
 }
 
 TEST(KvCache, CapacityBoundsAreConsistent) {
-  auto kv = *KvCache::Create(Options(40));
+  auto kv = *KvCache::Create(CacheOptions(40));
   const int64_t max = kv->MaxTokens();
   EXPECT_LE(kv->BlocksForLength(max), 40);
   EXPECT_GT(kv->BlocksForLength(max + 1), 40);

@@ -5,9 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include <numeric>
 #include <vector>
 
+#include "tests/engine/consecutive_tokens.h"
 #include "tests/engine/logit_diff.h"
 #include "tests/engine/multi_turn.h"
 #include "worker/engine/cpu_engine.h"
@@ -16,16 +16,12 @@
 namespace flotilla {
 namespace {
 
-std::vector<int32_t> Tokens(int n, int first) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
+using testing_util::ConsecutiveTokens;
 
 TEST(KvHostTier, KeepsAtMostItsSlotsAndEvictsTheLeastRecentlyUsed) {
   std::vector<uint8_t> arena(3 * 8);
   KvHostTier tier(arena.data(), 8, 3);
-  const std::vector<int32_t> t = Tokens(4, 0);
+  const std::vector<int32_t> t = ConsecutiveTokens(4, 0);
   for (uint64_t key = 1; key <= 3; ++key) {
     uint8_t* slot = tier.Store(key, 0, 0, t, 8);
     ASSERT_NE(slot, nullptr);
@@ -58,22 +54,22 @@ TEST(KvHostTier, KeepsAtMostItsSlotsAndEvictsTheLeastRecentlyUsed) {
 TEST(KvHostTier, AKeyWithOtherTokensOrAnotherParentOrGroupIsAMiss) {
   std::vector<uint8_t> arena(2 * 4);
   KvHostTier tier(arena.data(), 4, 2);
-  ASSERT_NE(tier.Store(7, 1, 70, Tokens(4, 0), 4), nullptr);
-  EXPECT_TRUE(tier.Contains(7, 1, 70, Tokens(4, 0)));
-  EXPECT_FALSE(tier.Contains(7, 1, 70, Tokens(4, 1)));
-  EXPECT_FALSE(tier.Contains(7, 1, 71, Tokens(4, 0)));
-  EXPECT_FALSE(tier.Contains(7, 0, 70, Tokens(4, 0)));
-  EXPECT_EQ(tier.Load(7, 1, 70, Tokens(4, 1)), nullptr);
+  ASSERT_NE(tier.Store(7, 1, 70, ConsecutiveTokens(4, 0), 4), nullptr);
+  EXPECT_TRUE(tier.Contains(7, 1, 70, ConsecutiveTokens(4, 0)));
+  EXPECT_FALSE(tier.Contains(7, 1, 70, ConsecutiveTokens(4, 1)));
+  EXPECT_FALSE(tier.Contains(7, 1, 71, ConsecutiveTokens(4, 0)));
+  EXPECT_FALSE(tier.Contains(7, 0, 70, ConsecutiveTokens(4, 0)));
+  EXPECT_EQ(tier.Load(7, 1, 70, ConsecutiveTokens(4, 1)), nullptr);
 }
 
 // ---- the CPU engine ----
 
 constexpr int64_t kBlockSize = 4;
-constexpr int64_t kWindow = 8;
+constexpr int64_t kWindowTokens = 8;
 
 ModelConfig Config() {
   ModelConfig c = ModelConfig::Tiny();
-  c.sliding_window = kWindow;
+  c.sliding_window = kWindowTokens;
   return c;
 }
 

@@ -5,8 +5,9 @@
 
 #include <gtest/gtest.h>
 
-#include <numeric>
 #include <vector>
+
+#include "tests/engine/consecutive_tokens.h"
 
 namespace flotilla {
 namespace {
@@ -27,20 +28,16 @@ std::unique_ptr<KvBlockAllocator> Allocator() {
   return *KvBlockAllocator::Create(o);
 }
 
-std::vector<int32_t> Tokens(int n, int first) {
-  std::vector<int32_t> t(n);
-  std::iota(t.begin(), t.end(), first);
-  return t;
-}
+using testing_util::ConsecutiveTokens;
 
-void NoCopy(int, int32_t, int32_t) {}
+void IgnoreCopy(int, int32_t, int32_t) {}
 
 // A sequence that already holds `length` tokens.
 int64_t SequenceOf(KvBlockAllocator& kv, int length) {
   const int64_t s = kv.CreateSequence();
   if (length > 0) {
-    const std::vector<int32_t> t = Tokens(length, 500);
-    EXPECT_TRUE(kv.Reserve(s, length, NoCopy).ok());
+    const std::vector<int32_t> t = ConsecutiveTokens(length, 500);
+    EXPECT_TRUE(kv.Reserve(s, length, IgnoreCopy).ok());
     EXPECT_TRUE(kv.Commit(s, length, t.data()).ok());
   }
   return s;
@@ -68,7 +65,7 @@ class StepLayoutTest : public ::testing::Test {
   StepLayout Plan(const std::vector<StepItem>& items, bool sampling = false) {
     std::vector<LogitsMode> modes;
     for (const StepItem& it : items) {
-      EXPECT_TRUE(kv_->Reserve(it.sequence, it.tokens.size(), NoCopy).ok());
+      EXPECT_TRUE(kv_->Reserve(it.sequence, it.tokens.size(), IgnoreCopy).ok());
       modes.push_back(it.logits);
     }
     absl::StatusOr<StepLayout> layout =
@@ -187,7 +184,7 @@ TEST_F(StepLayoutTest, DraftedChunkGetsARowPerVerifiedPosition) {
 
 TEST_F(StepLayoutTest, PrefillChunkContinuesItsSequenceWithEveryRowAskedFor) {
   const int64_t s = SequenceOf(*kv_, 6);
-  const StepLayout layout = Plan({Item(s, Tokens(7, 40), LogitsMode::kAll)});
+  const StepLayout layout = Plan({Item(s, ConsecutiveTokens(7, 40), LogitsMode::kAll)});
   EXPECT_FALSE(layout.padded);
   EXPECT_EQ(layout.seqs, 1);
   EXPECT_EQ(layout.tokens, 7);
@@ -212,9 +209,9 @@ TEST_F(StepLayoutTest, PrefillChunkContinuesItsSequenceWithEveryRowAskedFor) {
 TEST_F(StepLayoutTest, MixedStepKeepsRowsPerItemAndIsNotPadded) {
   const int64_t prompt = SequenceOf(*kv_, 0), decode = SequenceOf(*kv_, 4),
                 quiet = SequenceOf(*kv_, 2);
-  const StepLayout layout =
-      Plan({Item(prompt, Tokens(5, 60), LogitsMode::kLast), Item(decode, {9}, LogitsMode::kAll),
-            Item(quiet, Tokens(2, 80), LogitsMode::kNone)});
+  const StepLayout layout = Plan({Item(prompt, ConsecutiveTokens(5, 60), LogitsMode::kLast),
+                                  Item(decode, {9}, LogitsMode::kAll),
+                                  Item(quiet, ConsecutiveTokens(2, 80), LogitsMode::kNone)});
   EXPECT_FALSE(layout.padded);
   EXPECT_EQ(layout.seqs, 3);
   EXPECT_EQ(layout.tokens, 8);

@@ -147,7 +147,7 @@ TEST(EncryptedReasoningTest, ReasoningItemsCarryTheirTextSealed) {
   EXPECT_FALSE(plain["output"][0].contains("encrypted_content")) << plain.dump();
 }
 
-Json Request(Json input) {
+Json InputRequest(Json input) {
   return Json{{"model", "m"}, {"input", std::move(input)}, {"store", false}};
 }
 
@@ -180,15 +180,16 @@ TEST(EncryptedReasoningTest, SealedItemsPassedBackAreTheirReasoning) {
                        {"id", "rs_1"},
                        {"summary", Json::array()},
                        {"encrypted_content", Seal(*c, "Need the weather.")}};
-  absl::StatusOr<std::vector<tk::TokenId>> from_plain = Prompt(Request(Turn(plain)), c.get());
-  absl::StatusOr<std::vector<tk::TokenId>> from_sealed = Prompt(Request(Turn(sealed)), c.get());
+  absl::StatusOr<std::vector<tk::TokenId>> from_plain = Prompt(InputRequest(Turn(plain)), c.get());
+  absl::StatusOr<std::vector<tk::TokenId>> from_sealed =
+      Prompt(InputRequest(Turn(sealed)), c.get());
   ASSERT_TRUE(from_plain.ok()) << from_plain.status();
   ASSERT_TRUE(from_sealed.ok()) << from_sealed.status();
   EXPECT_EQ(*from_sealed, *from_plain);
   // The sealed text stands for the item, whatever its content claims.
   Json forged = sealed;
   forged["content"] = {{{"type", "reasoning_text"}, {"text", "Something else."}}};
-  EXPECT_EQ(Prompt(Request(Turn(forged)), c.get()).value_or(std::vector<tk::TokenId>{}),
+  EXPECT_EQ(Prompt(InputRequest(Turn(forged)), c.get()).value_or(std::vector<tk::TokenId>{}),
             *from_plain);
 
   Json tampered = sealed;
@@ -199,7 +200,7 @@ TEST(EncryptedReasoningTest, SealedItemsPassedBackAreTheirReasoning) {
   foreign["encrypted_content"] = Seal(*other, "x");
   not_string["encrypted_content"] = 5;
   for (const Json& item : {tampered, foreign, not_string}) {
-    absl::StatusOr<std::vector<tk::TokenId>> p = Prompt(Request(Turn(item)), c.get());
+    absl::StatusOr<std::vector<tk::TokenId>> p = Prompt(InputRequest(Turn(item)), c.get());
     ASSERT_FALSE(p.ok()) << item.dump();
     const ApiError e = ErrorFromStatus(p.status());
     EXPECT_EQ(e.http_status, 400) << e.message;

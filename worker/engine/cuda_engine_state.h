@@ -20,18 +20,12 @@
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/cuda_engine.h"
+#include "worker/engine/cuda_status.h"
 #include "worker/engine/device_arena.h"
 #include "worker/engine/graph_cache.h"
 #include "worker/engine/step_layout.h"
 
 namespace flotilla {
-
-inline absl::Status CudaStatus(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", cudaGetErrorString(err)));
-}
-
-#define FLOTILLA_CUDA_RETURN(expr) FLOTILLA_RETURN_IF_ERROR(::flotilla::CudaStatus((expr), #expr))
 
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

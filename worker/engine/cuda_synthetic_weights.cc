@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "kernels/cuda/synthetic_fill.h"
 #include "worker/engine/cuda_engine.h"
+#include "worker/engine/cuda_status.h"
 #include "worker/engine/cuda_weight_feed.h"
 #include "worker/model/checkpoint.h"
 #include "worker/model/synthetic_shard.h"
@@ -23,11 +24,6 @@ namespace flotilla {
 namespace {
 
 constexpr size_t kStagingAlignment = 256;
-
-absl::Status CudaError(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("cuda: ", what, ": ", cudaGetErrorString(err)));
-}
 
 size_t AlignUp(size_t bytes) {
   return (bytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
@@ -91,10 +87,11 @@ class DeviceStagingWriter : public SyntheticSliceWriter {
 
   absl::Status Fill(const SyntheticTensor& tensor, int64_t first, int64_t count,
                     uint8_t* out) override {
-    return CudaError(kernels::cuda::LaunchSyntheticFill(
-                         out, tensor.fill, tensor.state0, static_cast<int>(DTypeSize(tensor.dtype)),
-                         static_cast<uint64_t>(first), static_cast<uint64_t>(count), stream_),
-                     "synthetic fill");
+    return CudaStatus(kernels::cuda::LaunchSyntheticFill(out, tensor.fill, tensor.state0,
+                                                         static_cast<int>(DTypeSize(tensor.dtype)),
+                                                         static_cast<uint64_t>(first),
+                                                         static_cast<uint64_t>(count), stream_),
+                      "synthetic fill");
   }
 
  private:
