@@ -101,6 +101,13 @@ std::string ResponseHead(const HttpResponse& res, std::optional<size_t> length, 
   return head;
 }
 
+}  // namespace
+
+// Named rather than anonymous: HttpTransport::Impl holds these, and a class
+// of external linkage holding an anonymous type is what gcc refuses
+// (-Wsubobject-linkage) once this file is compiled in a unity batch.
+namespace http_transport_detail {
+
 // A fixed set of threads running queued tasks.
 class WorkPool {
  public:
@@ -225,7 +232,13 @@ class Exchange final : public HttpExchange {
   std::shared_ptr<WorkPool> defer_;
 };
 
-}  // namespace
+}  // namespace http_transport_detail
+
+using http_transport_detail::ConnectionBase;
+using http_transport_detail::Exchange;
+using http_transport_detail::IoShared;
+using http_transport_detail::Route;
+using http_transport_detail::WorkPool;
 
 // ---- the transport ----
 

@@ -18,14 +18,14 @@ set(FLOTILLA_TEST_CXX_OPTIMIZATION $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Rele
 # sources share a unit cleanly: no two of them define the same name in an
 # anonymous namespace (two files' `Invalid` helpers collide; rename one or
 # share it), and no class of external linkage holds a type of one (gcc's
-# -Wsubobject-linkage: flotilla_http's HttpTransport::Impl keeps
-# http_transport.cc's connection types, so flotilla_http is not listed).
+# -Wsubobject-linkage: HttpTransport::Impl's members are of the named
+# namespace http_transport_detail for that reason).
 # With FLOTILLA_UNITY=OFF every source compiles on its own (what
 # shows a header that forgot an include).
 set(FLOTILLA_UNITY_TARGETS
   flotilla_common flotilla_grammar flotilla_model flotilla_engine_cpu flotilla_engine_cuda
-  flotilla_worker_runtime flotilla_coordinator flotilla_cli common_test engine_test grammar_test
-  responses_test worker_runtime_test cluster_test)
+  flotilla_worker_runtime flotilla_coordinator flotilla_http flotilla_cli common_test engine_test
+  grammar_test responses_test worker_runtime_test cluster_test)
 set(FLOTILLA_UNITY_BATCH 8)
 
 # Project defaults for a target: warnings (as errors), the repository root on
