@@ -1,9 +1,11 @@
 #include "common/harmony/openai.h"
 
+#include <cctype>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/harmony/errors.h"
 #include "common/harmony/renderer.h"
 #include "common/json_parse.h"
 #include "common/status.h"
@@ -15,64 +17,6 @@ namespace {
 using Json = nlohmann::ordered_json;
 constexpr char kFunctionsPrefix[] = "functions.";
 constexpr size_t kFunctionsPrefixLen = sizeof(kFunctionsPrefix) - 1;
-
-absl::Status Invalid(const std::string& where, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
-}
-
-// `content`: a string, null, or an array of {"type": "text", "text": ...} parts.
-absl::StatusOr<std::string> ContentText(const Json& msg, const std::string& where) {
-  auto it = msg.find("content");
-  if (it == msg.end() || it->is_null()) return std::string();
-  std::string out;
-  if (it->is_string()) {
-    out = it->get<std::string>();
-  } else if (it->is_array()) {
-    for (size_t i = 0; i < it->size(); ++i) {
-      const Json& part = (*it)[i];
-      const std::string pw = absl::StrCat(where, ".content[", i, "]");
-      if (!part.is_object()) return Invalid(pw, "must be an object");
-      auto type = part.find("type");
-      if (type == part.end() || !type->is_string()) return Invalid(pw + ".type", "is required");
-      if (*type != "text") {
-        return Invalid(pw + ".type", absl::StrCat("content part type '", type->get<std::string>(),
-                                                  "' is not supported (only text)"));
-      }
-      auto text = part.find("text");
-      if (text == part.end() || !text->is_string()) return Invalid(pw + ".text", "must be a string");
-      out += text->get<std::string>();
-    }
-  } else {
-    return Invalid(where + ".content", "must be a string, null or an array of text parts");
-  }
-  FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(out, where + ".content"));
-  return out;
-}
-
-absl::StatusOr<std::string> OptionalString(const Json& obj, const char* key, const std::string& where) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return std::string();
-  if (!it->is_string()) return Invalid(absl::StrCat(where, ".", key), "must be a string");
-  std::string v = it->get<std::string>();
-  FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(v, absl::StrCat(where, ".", key)));
-  return v;
-}
-
-// Every string in a JSON value must be UTF-8 (values built in code, not parsed,
-// may hold anything).
-absl::Status CheckJsonUtf8(const Json& j, const std::string& where, int depth = 0) {
-  if (depth > 64) return Invalid(where, "is nested more than 64 levels deep");
-  if (j.is_string()) return tokenizer::CheckUtf8(j.get_ref<const std::string&>(), where);
-  if (j.is_array()) {
-    for (size_t i = 0; i < j.size(); ++i) FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(j[i], absl::StrCat(where, "[", i, "]"), depth + 1));
-  } else if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(it.key(), where + " key"));
-      FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(it.value(), absl::StrCat(where, ".", it.key()), depth + 1));
-    }
-  }
-  return absl::OkStatus();
-}
 
 uint64_t Fnv1a(std::string_view s, uint64_t h) {
   for (unsigned char c : s) {
@@ -119,177 +63,159 @@ absl::StatusOr<MappedRequest> MapChatRequestBody(std::string_view body,
 }
 
 absl::StatusOr<MappedRequest> MapChatRequest(const Json& request, const OpenAiRequestOptions& options) {
-  if (!request.is_object()) return absl::InvalidArgumentError("request must be a JSON object");
-  FLOTILLA_RETURN_IF_ERROR(CheckJsonUtf8(request, "request"));
+  FLOTILLA_ASSIGN_OR_RETURN(ChatConversation conversation, ParseChatConversation(request));
+  return MapChatRequest(conversation, options);
+}
+
+namespace {
+
+// The tools the prompt describes, checked: names of letters, digits, '_'
+// and '-', each once, and a schema the renderer can write.
+absl::StatusOr<std::vector<ToolDescription>> DescribeTools(const std::vector<ChatTool>& tools) {
+  std::vector<ToolDescription> out;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ChatTool& t = tools[i];
+    const std::string name_field = t.field + ".name";
+    if (t.name.empty()) return Invalid(name_field, "is required");
+    FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(t.name, name_field));
+    for (char c : t.name) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
+        return Invalid(name_field,
+                       absl::StrCat("'", t.name, "' must use only letters, digits, '_' and '-'"));
+      }
+    }
+    for (const ToolDescription& other : out) {
+      if (other.name == t.name) return Invalid(name_field, absl::StrCat("duplicate tool '", t.name, "'"));
+    }
+    FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(t.description, t.field + ".description"));
+    ToolDescription d{t.name, t.description, t.parameters};
+    // Render now so that a malformed schema is reported against the request.
+    auto rendered = RenderFunctionTool(d);
+    if (!rendered.ok()) return Invalid(absl::StrCat("tools[", i, "]"), std::string(rendered.status().message()));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// tool_choice: the tools the prompt keeps, and the instruction it adds
+// (empty: none).
+absl::StatusOr<std::string> ApplyToolChoice(const ChatToolChoice& choice, std::vector<ToolDescription>& tools) {
+  switch (choice.mode) {
+    case ChatToolChoice::Mode::kAuto:
+      return std::string();
+    case ChatToolChoice::Mode::kNone:
+      tools.clear();
+      return std::string();
+    case ChatToolChoice::Mode::kRequired:
+      if (tools.empty()) return Invalid("tool_choice", "\"required\" but the request has no tools");
+      return std::string("You must call one of the functions in the `functions` namespace before answering.");
+    case ChatToolChoice::Mode::kFunction:
+      break;
+  }
+  std::erase_if(tools, [&](const ToolDescription& t) { return t.name != choice.function; });
+  if (tools.empty()) {
+    return Invalid(choice.function_field, absl::StrCat("'", choice.function, "' is not one of the request's tools"));
+  }
+  return absl::StrCat("You must call the function `functions.", choice.function, "` before answering.");
+}
+
+Message AssistantText(const std::string& channel, const std::string& text) {
+  Message a;
+  a.role = Role::kAssistant;
+  a.channel = channel;
+  a.content = text;
+  return a;
+}
+
+// The messages of the conversation after the system and developer ones; the
+// system and developer messages' text goes into `instructions`.
+absl::StatusOr<std::vector<Message>> MapTurns(const std::vector<ChatMessage>& messages,
+                                              std::vector<std::string>& instructions) {
+  if (messages.empty()) return Invalid("messages", "is required (a non-empty array)");
+  std::vector<Message> turns;
+  std::vector<std::pair<std::string, std::string>> calls;  // tool_call id -> function name
+  for (const ChatMessage& m : messages) {
+    FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.content, m.field + ".content"));
+    switch (m.role) {
+      case ChatRole::kSystem:
+      case ChatRole::kDeveloper:
+        if (!m.content.empty()) instructions.push_back(m.content);
+        break;
+      case ChatRole::kUser: {
+        Message u;
+        u.role = Role::kUser;
+        u.content = m.content;
+        turns.push_back(std::move(u));
+        break;
+      }
+      case ChatRole::kAssistant: {
+        FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.reasoning, m.field + ".reasoning"));
+        if (!m.reasoning.empty()) turns.push_back(AssistantText("analysis", m.reasoning));
+        if (!m.content.empty()) {
+          turns.push_back(AssistantText(m.tool_calls.empty() ? "final" : "commentary", m.content));
+        }
+        for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+          const ChatToolCall& c = m.tool_calls[k];
+          const std::string cw = absl::StrCat(m.field, ".tool_calls[", k, "]");
+          FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(c.id, cw + ".id"));
+          FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(c.name, cw + ".name"));
+          FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(c.arguments, cw + ".arguments"));
+          Message a = AssistantText("commentary", c.arguments.empty() ? "{}" : c.arguments);
+          a.recipient = absl::StrCat(kFunctionsPrefix, c.name);
+          a.content_type = "<|constrain|>json";
+          turns.push_back(std::move(a));
+          calls.emplace_back(c.id, c.name);
+        }
+        break;
+      }
+      case ChatRole::kTool: {
+        const std::string id_field = m.field + ".tool_call_id";
+        if (m.tool_call_id.empty()) return Invalid(id_field, "is required for a tool message");
+        FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.tool_call_id, id_field));
+        std::string name;
+        for (const auto& [cid, cname] : calls) {
+          if (cid == m.tool_call_id) name = cname;
+        }
+        if (name.empty()) {
+          return Invalid(id_field, absl::StrCat("'", m.tool_call_id, "' matches no earlier assistant tool call"));
+        }
+        if (!m.name.empty() && m.name != name) {
+          return Invalid(m.field + ".name",
+                         absl::StrCat("'", m.name, "' but call '", m.tool_call_id, "' was to '", name, "'"));
+        }
+        Message t;
+        t.role = Role::kTool;
+        t.name = absl::StrCat(kFunctionsPrefix, name);
+        t.recipient = "assistant";
+        t.channel = "commentary";
+        t.content = m.content;
+        turns.push_back(std::move(t));
+        break;
+      }
+    }
+  }
+  return turns;
+}
+
+}  // namespace
+
+absl::StatusOr<MappedRequest> MapChatRequest(const ChatConversation& conversation,
+                                             const OpenAiRequestOptions& options) {
   SystemContent system = options.system;
   if (options.date) {
     FLOTILLA_RETURN_IF_ERROR(CheckDate(*options.date));
     system.conversation_start_date = *options.date;
   }
-  if (auto it = request.find("reasoning_effort"); it != request.end() && !it->is_null()) {
-    if (!it->is_string() || (*it != "low" && *it != "medium" && *it != "high")) {
-      return Invalid("reasoning_effort", absl::StrCat("must be \"low\", \"medium\" or \"high\", not ", it->dump()));
+  if (const std::optional<std::string>& effort = conversation.reasoning_effort) {
+    if (*effort != "low" && *effort != "medium" && *effort != "high") {
+      return Invalid("reasoning_effort", absl::StrCat("must be low, medium or high, not '", *effort, "'"));
     }
-    system.reasoning_effort = it->get<std::string>();
+    system.reasoning_effort = *effort;
   }
-
-  // tools
-  std::vector<ToolDescription> tools;
-  if (auto it = request.find("tools"); it != request.end() && !it->is_null()) {
-    if (!it->is_array()) return Invalid("tools", "must be an array");
-    for (size_t i = 0; i < it->size(); ++i) {
-      const Json& t = (*it)[i];
-      const std::string where = absl::StrCat("tools[", i, "]");
-      if (!t.is_object()) return Invalid(where, "must be an object");
-      if (auto type = t.find("type"); type != t.end() && !(type->is_string() && *type == "function")) {
-        return Invalid(where + ".type", "only \"function\" tools are supported");
-      }
-      auto fn = t.find("function");
-      if (fn == t.end() || !fn->is_object()) return Invalid(where + ".function", "is required (an object)");
-      ToolDescription d;
-      FLOTILLA_ASSIGN_OR_RETURN(d.name, OptionalString(*fn, "name", where + ".function"));
-      if (d.name.empty()) return Invalid(where + ".function.name", "is required");
-      for (char c : d.name) {
-        if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
-          return Invalid(where + ".function.name",
-                         absl::StrCat("'", d.name, "' must use only letters, digits, '_' and '-'"));
-        }
-      }
-      for (const auto& other : tools) {
-        if (other.name == d.name) return Invalid(where + ".function.name", absl::StrCat("duplicate tool '", d.name, "'"));
-      }
-      FLOTILLA_ASSIGN_OR_RETURN(d.description, OptionalString(*fn, "description", where + ".function"));
-      if (auto p = fn->find("parameters"); p != fn->end() && !p->is_null()) d.parameters = *p;
-      // Render now so that a malformed schema is reported against the request.
-      auto rendered = RenderFunctionTool(d);
-      if (!rendered.ok()) return Invalid(where, std::string(rendered.status().message()));
-      tools.push_back(std::move(d));
-    }
-  }
-  std::string choice_instruction;
-  if (auto it = request.find("tool_choice"); it != request.end() && !it->is_null()) {
-    if (it->is_string()) {
-      const std::string c = it->get<std::string>();
-      if (c == "none") {
-        tools.clear();
-      } else if (c == "required") {
-        if (tools.empty()) return Invalid("tool_choice", "\"required\" but the request has no tools");
-        choice_instruction = "You must call one of the functions in the `functions` namespace before answering.";
-      } else if (c != "auto") {
-        return Invalid("tool_choice", absl::StrCat("must be \"none\", \"auto\", \"required\" or a function, not '", c, "'"));
-      }
-    } else if (it->is_object()) {
-      auto fn = it->find("function");
-      auto type = it->find("type");
-      if (type == it->end() || !type->is_string() || *type != "function" || fn == it->end() || !fn->is_object() ||
-          !fn->contains("name") || !(*fn)["name"].is_string()) {
-        return Invalid("tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": NAME}}");
-      }
-      const std::string name = (*fn)["name"].get<std::string>();
-      std::vector<ToolDescription> only;
-      for (auto& t : tools) {
-        if (t.name == name) only.push_back(t);
-      }
-      if (only.empty()) return Invalid("tool_choice.function.name", absl::StrCat("'", name, "' is not one of the request's tools"));
-      tools = std::move(only);
-      choice_instruction = absl::StrCat("You must call the function `functions.", name, "` before answering.");
-    } else {
-      return Invalid("tool_choice", "must be a string or an object");
-    }
-  }
-
-  auto msgs = request.find("messages");
-  if (msgs == request.end() || !msgs->is_array() || msgs->empty()) {
-    return Invalid("messages", "is required (a non-empty array)");
-  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<ToolDescription> tools, DescribeTools(conversation.tools));
+  FLOTILLA_ASSIGN_OR_RETURN(std::string choice_instruction, ApplyToolChoice(conversation.tool_choice, tools));
   std::vector<std::string> instructions;
-  std::vector<Message> turns;
-  std::vector<std::pair<std::string, std::string>> calls;  // tool_call id -> function name
-  for (size_t i = 0; i < msgs->size(); ++i) {
-    const Json& m = (*msgs)[i];
-    const std::string where = absl::StrCat("messages[", i, "]");
-    if (!m.is_object()) return Invalid(where, "must be an object");
-    auto role_it = m.find("role");
-    if (role_it == m.end() || !role_it->is_string()) return Invalid(where + ".role", "is required (a string)");
-    const std::string role = role_it->get<std::string>();
-    FLOTILLA_ASSIGN_OR_RETURN(std::string content, ContentText(m, where));
-    if (role == "system" || role == "developer") {
-      if (!content.empty()) instructions.push_back(content);
-    } else if (role == "user") {
-      Message u;
-      u.role = Role::kUser;
-      u.content = content;
-      turns.push_back(std::move(u));
-    } else if (role == "assistant") {
-      std::string reasoning;
-      for (const char* key : {"reasoning_content", "reasoning"}) {
-        FLOTILLA_ASSIGN_OR_RETURN(std::string r, OptionalString(m, key, where));
-        if (!r.empty()) reasoning = r;
-      }
-      if (!reasoning.empty()) {
-        Message a;
-        a.role = Role::kAssistant;
-        a.channel = "analysis";
-        a.content = reasoning;
-        turns.push_back(std::move(a));
-      }
-      auto tc = m.find("tool_calls");
-      const bool has_calls = tc != m.end() && !tc->is_null() && !(tc->is_array() && tc->empty());
-      if (!content.empty()) {
-        Message a;
-        a.role = Role::kAssistant;
-        a.channel = has_calls ? "commentary" : "final";
-        a.content = content;
-        turns.push_back(std::move(a));
-      }
-      if (has_calls) {
-        if (!tc->is_array()) return Invalid(where + ".tool_calls", "must be an array");
-        for (size_t k = 0; k < tc->size(); ++k) {
-          const Json& call = (*tc)[k];
-          const std::string cw = absl::StrCat(where, ".tool_calls[", k, "]");
-          if (!call.is_object()) return Invalid(cw, "must be an object");
-          FLOTILLA_ASSIGN_OR_RETURN(std::string id, OptionalString(call, "id", cw));
-          if (id.empty()) return Invalid(cw + ".id", "is required");
-          auto fn = call.find("function");
-          if (fn == call.end() || !fn->is_object()) return Invalid(cw + ".function", "is required (an object)");
-          FLOTILLA_ASSIGN_OR_RETURN(std::string name, OptionalString(*fn, "name", cw + ".function"));
-          if (name.empty()) return Invalid(cw + ".function.name", "is required");
-          std::string args;
-          if (auto a = fn->find("arguments"); a != fn->end() && !a->is_null()) {
-            args = a->is_string() ? a->get<std::string>() : a->dump();
-          }
-          Message a;
-          a.role = Role::kAssistant;
-          a.channel = "commentary";
-          a.recipient = absl::StrCat(kFunctionsPrefix, name);
-          a.content_type = "<|constrain|>json";
-          a.content = args.empty() ? "{}" : args;
-          turns.push_back(std::move(a));
-          calls.emplace_back(id, name);
-        }
-      }
-    } else if (role == "tool") {
-      FLOTILLA_ASSIGN_OR_RETURN(std::string id, OptionalString(m, "tool_call_id", where));
-      if (id.empty()) return Invalid(where + ".tool_call_id", "is required for a tool message");
-      std::string name;
-      for (const auto& [cid, cname] : calls) {
-        if (cid == id) name = cname;
-      }
-      if (name.empty()) {
-        return Invalid(where + ".tool_call_id", absl::StrCat("'", id, "' matches no earlier assistant tool call"));
-      }
-      Message t;
-      t.role = Role::kTool;
-      t.name = absl::StrCat(kFunctionsPrefix, name);
-      t.recipient = "assistant";
-      t.channel = "commentary";
-      t.content = content;
-      turns.push_back(std::move(t));
-    } else {
-      return Invalid(where + ".role", absl::StrCat("unknown role '", role,
-                                                   "' (expected system, developer, user, assistant or tool)"));
-    }
-  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<Message> turns, MapTurns(conversation.messages, instructions));
 
   MappedRequest out;
   Message sys;

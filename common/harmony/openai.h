@@ -1,6 +1,9 @@
-// Mapping between OpenAI chat-completions JSON and Harmony conversations.
+// Mapping between chat requests and Harmony conversations.
 //
-// Request -> Harmony: `system` and `developer` messages become the developer
+// Request -> Harmony: a request is first its typed conversation
+// (chat_request.h; ParseChatConversation reads OpenAI chat-completions JSON,
+// other APIs fill it themselves), which MapChatRequest maps: `system` and
+// `developer` messages become the developer
 // message's instructions (the Harmony system message is built from the
 // request's options); `tools` become the `functions` namespace; an assistant
 // message's `reasoning_content` becomes an analysis message, its `content` a
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/harmony/chat_request.h"
 #include "common/harmony/message.h"
 #include "common/harmony/parser.h"
 
@@ -38,7 +42,18 @@ struct MappedRequest {
   std::vector<std::string> function_names;
 };
 
-// Maps a parsed request. Errors name the field ("messages[2].tool_call_id: ...").
+// OpenAI chat-completions JSON -> the typed conversation (chat_request.h):
+// the shape and type of `messages`, `tools`, `tool_choice`,
+// `reasoning_effort` and `response_format`, and that every string is UTF-8.
+// Errors name the JSON field ("messages[2].tool_calls[0].id: ...").
+absl::StatusOr<ChatConversation> ParseChatConversation(const nlohmann::ordered_json& request);
+
+// Maps a typed conversation, whichever API it came from. Errors name the
+// field the conversation says each part came from (ChatMessage::field,
+// ChatTool::field, ...): "messages[2].tool_call_id: ...".
+absl::StatusOr<MappedRequest> MapChatRequest(const ChatConversation& conversation,
+                                             const OpenAiRequestOptions& options);
+// ParseChatConversation + MapChatRequest.
 absl::StatusOr<MappedRequest> MapChatRequest(const nlohmann::ordered_json& request,
                                              const OpenAiRequestOptions& options);
 // Maps a request body: checks that it is UTF-8 (naming the offset of a bad

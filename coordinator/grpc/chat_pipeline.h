@@ -1,10 +1,10 @@
-// The gRPC Chat call (flotilla.v1.ChatRequest / ChatResponse) on top of the
-// OpenAI pipeline: a ChatRequest becomes the chat-completions body that
-// PrepareChatRequest validates and renders with Harmony, and the generated
-// tokens go through the same decoding (streaming Harmony parser, stop
-// strings, in ChoiceDecoder) whose events become ChatResponse deltas:
-// reasoning, answer text and tool-call pieces on separate channels. No gRPC
-// in here; the service drives it and tests feed it recorded token sequences.
+// The gRPC Chat call's replies (flotilla.v1.ChatResponse): the generated
+// tokens go through the decoding the OpenAI chat completions use (streaming
+// Harmony parser, stop strings, in ChoiceDecoder) whose events become
+// ChatResponse deltas: reasoning, answer text and tool-call pieces on
+// separate channels. The request is parsed by grpc/chat_request.h (included
+// here for the service). No gRPC in here; the service drives it and tests
+// feed it recorded token sequences.
 #pragma once
 
 #include <cstdint>
@@ -18,27 +18,12 @@
 #include "common/harmony/openai.h"
 #include "common/tokenizer/tokenizer.h"
 #include "coordinator/choice_decoder.h"
-#include "coordinator/http/openai_pipeline.h"
+#include "coordinator/grpc/chat_request.h"
 #include "coordinator/request_events.h"
 #include "proto/cluster.pb.h"
 #include "proto/flotilla.pb.h"
 
 namespace flotilla::coordinator {
-
-// The OpenAI chat-completions body equivalent to `request`. Checks what the
-// body cannot express (roles, fields on the wrong role, sampling ranges,
-// tool_choice, parameters_json); errors are INVALID_ARGUMENT naming the field
-// ("messages[1].tool_call_id: ..."). An empty model becomes `model_id`.
-absl::StatusOr<Json> ChatRequestToOpenAi(const v1::ChatRequest& request, std::string_view model_id);
-
-// ChatRequestToOpenAi + PrepareChatRequest, plus the sampling fields the
-// OpenAI body has no place for (top_k, min_p, stop_token_ids). NOT_FOUND for
-// another model.
-absl::StatusOr<PreparedRequest> PrepareChat(const v1::ChatRequest& request,
-                                            std::string_view model_id,
-                                            const tokenizer::Tokenizer& tok,
-                                            const harmony::OpenAiRequestOptions& options,
-                                            size_t max_prompt_text_bytes = 0);
 
 // Builds the ChatResponse stream of one request: from RequestSession events
 // (Consume) or, decoding them itself, from its SequenceUpdates (Feed).

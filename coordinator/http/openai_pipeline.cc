@@ -5,20 +5,20 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/harmony/renderer.h"
 #include "common/json_parse.h"
 #include "common/status.h"
+#include "coordinator/chat_prompt.h"
 #include "coordinator/http/openai_extra_fields.h"
 #include "coordinator/http/request_fields.h"
 #include "coordinator/input_limits.h"
 #include "coordinator/json_fields.h"
 #include "coordinator/stop_filter.h"
-#include "coordinator/structured/chat_constraint.h"
 
 namespace flotilla::coordinator {
 namespace {
 
 using json_fields::Invalid;
+using json_fields::CheckModel;
 using json_fields::Field;
 
 absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, double lo, double hi) {
@@ -80,18 +80,6 @@ absl::Status ExtraSamplingFields(const Json& body, common::SamplingParams& s) {
       return Invalid(absl::StrCat("logit_bias[", key, "]"), "must be a number in [-100, 100]");
     }
     (*s.mutable_logit_bias())[static_cast<int32_t>(id)] = static_cast<float>(value.get<double>());
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckModel(const Json& body, std::string_view model_id) {
-  const Json* m = Field(body, "model");
-  if (m == nullptr) return Invalid("model", "is required");
-  if (!m->is_string()) return Invalid("model", "must be a string");
-  if (m->get_ref<const std::string&>() != model_id) {
-    return absl::NotFoundError(absl::StrCat("model: the model '", m->get_ref<const std::string&>(),
-                                            "' does not exist; this server serves '",
-                                            std::string(model_id), "'"));
   }
   return absl::OkStatus();
 }
@@ -389,17 +377,10 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
   FLOTILLA_RETURN_IF_ERROR(ReadChatTemplateKwargs(body, fields, harmony_options));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<Json> with_tools, MapLegacyFunctions(body));
   const Json& request = with_tools ? *with_tools : body;
-  FLOTILLA_ASSIGN_OR_RETURN(out.constraint,
-                            structured::ChatConstraint(request, out.sampling.max_tokens()));
-
-  FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped,
-                            harmony::MapChatRequest(request, harmony_options));
-  FLOTILLA_ASSIGN_OR_RETURN(harmony::RenderedPrompt prompt,
-                            harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
-  size_t text_bytes = 0;
-  for (const harmony::RenderedPrompt::Segment& s : prompt.segments()) text_bytes += s.text.size();
-  FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text_bytes, max_prompt_text_bytes, "messages"));
-  out.prompt = prompt.Tokens(tok);
+  FLOTILLA_ASSIGN_OR_RETURN(harmony::ChatConversation conversation,
+                            harmony::ParseChatConversation(request));
+  FLOTILLA_RETURN_IF_ERROR(
+      PrepareChatPrompt(conversation, harmony_options, tok, max_prompt_text_bytes, out));
   out.ignored_fields = fields.ignored();
   return out;
 }

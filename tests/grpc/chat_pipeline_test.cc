@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "common/harmony/renderer.h"
+#include "coordinator/http/openai_pipeline.h"
 #include "tests/harmony_completion.h"
 
 namespace flotilla::coordinator {
@@ -420,9 +421,38 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        },
        absl::StatusCode::kInvalidArgument, "messages[2].name"},
       {[](v1::ChatRequest& r) { r.add_tools()->set_name(""); }, absl::StatusCode::kInvalidArgument,
-       "tools[0].function.name"},
+       "tools[0].name"},
       {[](v1::ChatRequest& r) { r.add_tools()->set_name("bad name"); },
-       absl::StatusCode::kInvalidArgument, "tools[0].function.name"},
+       absl::StatusCode::kInvalidArgument, "tools[0].name"},
+      {[](v1::ChatRequest& r) {
+         r.add_tools()->set_name("f");
+         r.add_tools()->set_name("f");
+       },
+       absl::StatusCode::kInvalidArgument, "tools[1].name"},
+      {[](v1::ChatRequest& r) {
+         r.add_tools()->set_name("f");
+         r.mutable_tool_choice()->set_mode(v1::ToolChoice::FUNCTION);
+         r.mutable_tool_choice()->set_function("g");
+       },
+       absl::StatusCode::kInvalidArgument, "tool_choice.function"},
+      {[](v1::ChatRequest& r) {
+         auto* t = r.add_tools();
+         t->set_name("f");
+         t->set_parameters_json("[1]");
+       },
+       absl::StatusCode::kInvalidArgument, "tools[0].parameters_json"},
+      {[](v1::ChatRequest& r) {
+         auto* a = AddMessage(r, v1::ChatMessage::ASSISTANT);
+         a->add_tool_calls()->set_id("call_1");
+       },
+       absl::StatusCode::kInvalidArgument, "messages[1].tool_calls[0].name"},
+      {[](v1::ChatRequest& r) {
+         auto* a = AddMessage(r, v1::ChatMessage::ASSISTANT);
+         a->add_tool_calls()->set_name("f");
+       },
+       absl::StatusCode::kInvalidArgument, "messages[1].tool_calls[0].id"},
+      {[](v1::ChatRequest& r) { AddMessage(r, v1::ChatMessage::USER)->set_name("x"); },
+       absl::StatusCode::kInvalidArgument, "messages[1].name"},
       {[](v1::ChatRequest& r) {
          auto* t = r.add_tools();
          t->set_name("f");
@@ -445,6 +475,20 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "sampling.top_k"},
       {[](v1::ChatRequest& r) { r.mutable_sampling()->set_logprobs(21); },
        absl::StatusCode::kInvalidArgument, "sampling.logprobs"},
+      {[](v1::ChatRequest& r) { (*r.mutable_sampling()->mutable_logit_bias())[7] = 101; },
+       absl::StatusCode::kInvalidArgument, "sampling.logit_bias[7]"},
+      {[](v1::ChatRequest& r) { (*r.mutable_sampling()->mutable_logit_bias())[-2] = 1; },
+       absl::StatusCode::kInvalidArgument, "sampling.logit_bias[-2]"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_truncate_prompt_tokens(0); },
+       absl::StatusCode::kInvalidArgument, "sampling.truncate_prompt_tokens"},
+      {[](v1::ChatRequest& r) {
+         r.mutable_sampling()->set_max_tokens(4);
+         r.mutable_sampling()->set_min_tokens(5);
+       },
+       absl::StatusCode::kInvalidArgument, "sampling.min_tokens"},
+      {[](v1::ChatRequest& r) { r.mutable_sampling()->set_repetition_penalty(0); },
+       absl::StatusCode::kInvalidArgument, "sampling.repetition_penalty"},
+      {[](v1::ChatRequest& r) { r.set_n(17); }, absl::StatusCode::kInvalidArgument, "n"},
       {[](v1::ChatRequest& r) { r.mutable_sampling()->set_ignore_eos(true); },
        absl::StatusCode::kInvalidArgument, "sampling.ignore_eos"},
       {[](v1::ChatRequest& r) { r.mutable_sampling()->add_stop_token_ids(-3); },
@@ -484,6 +528,10 @@ TEST(ChatRequestTest, BadInputIsInvalidArgumentNamingTheField) {
     EXPECT_EQ(p.status().code(), cases[i].code) << "case " << i << ": " << p.status();
     EXPECT_TRUE(absl::StartsWith(p.status().message(), cases[i].field + ": "))
         << "case " << i << ": want field " << cases[i].field << ", got: " << p.status().message();
+    // The proto's names, never the OpenAI body's.
+    EXPECT_FALSE(absl::StrContains(p.status().message(), "function.name")) << p.status();
+    EXPECT_FALSE(absl::StrContains(p.status().message(), ".schema:")) << p.status();
+    EXPECT_FALSE(absl::StrContains(p.status().message(), ".parameters:")) << p.status();
   }
   EXPECT_TRUE(PrepareChat(base(), "m", Tok(), {}).ok());
 }

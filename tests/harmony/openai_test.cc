@@ -120,6 +120,66 @@ TEST(OpenAiRequest, BadRequestsAreClearErrors) {
   EXPECT_FALSE(MapChatRequestBody(R"({"messages": [{"role": "user", "content": "x"}]})", bad_date).ok());
 }
 
+// The typed conversation, as a parser of another API fills it: the mapping's
+// errors name the fields that parser gave, and the JSON parser's conversation
+// maps to the same prompt as the typed one.
+TEST(OpenAiRequest, TypedConversationErrorsNameItsFields) {
+  ChatConversation c;
+  ChatMessage user;
+  user.content = "Weather?";
+  user.field = "messages[0]";
+  c.messages.push_back(user);
+  ChatTool tool;
+  tool.name = "get_weather";
+  tool.field = "tools[0]";
+  tool.parameters_field = "tools[0].parameters_json";
+  c.tools.push_back(tool);
+  absl::StatusOr<MappedRequest> ok = MapChatRequest(c, Opts());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  absl::StatusOr<MappedRequest> from_json = MapChatRequest(
+      Json::parse(R"({"messages": [{"role": "user", "content": "Weather?"}],
+                      "tools": [{"type": "function", "function": {"name": "get_weather"}}]})"),
+      Opts());
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  EXPECT_EQ(RenderForCompletion(ok->conversation, RenderOptions())->Text(),
+            RenderForCompletion(from_json->conversation, RenderOptions())->Text());
+
+  auto error = [&](ChatConversation bad) {
+    absl::StatusOr<MappedRequest> r = MapChatRequest(bad, Opts());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(r.status().message());
+  };
+  ChatConversation dup = c;
+  dup.tools.push_back(tool);
+  dup.tools[1].field = "tools[1]";
+  EXPECT_EQ(error(dup).rfind("tools[1].name: duplicate tool", 0), 0u) << error(dup);
+  ChatConversation choice = c;
+  choice.tool_choice.mode = ChatToolChoice::Mode::kFunction;
+  choice.tool_choice.function = "nope";
+  choice.tool_choice.function_field = "tool_choice.function";
+  EXPECT_EQ(error(choice).rfind("tool_choice.function: 'nope'", 0), 0u) << error(choice);
+  ChatConversation result = c;
+  ChatMessage tool_result;
+  tool_result.role = ChatRole::kTool;
+  tool_result.tool_call_id = "call_9";
+  tool_result.field = "messages[1]";
+  result.messages.push_back(tool_result);
+  EXPECT_EQ(error(result).rfind("messages[1].tool_call_id: 'call_9' matches no", 0), 0u)
+      << error(result);
+  ChatConversation wrong_name = c;
+  ChatMessage call;
+  call.role = ChatRole::kAssistant;
+  call.tool_calls.push_back({"call_1", "get_weather", "{}"});
+  call.field = "messages[1]";
+  wrong_name.messages.push_back(call);
+  tool_result.tool_call_id = "call_1";
+  tool_result.name = "other";
+  tool_result.field = "messages[2]";
+  wrong_name.messages.push_back(tool_result);
+  EXPECT_EQ(error(wrong_name).rfind("messages[2].name: 'other' but call 'call_1'", 0), 0u)
+      << error(wrong_name);
+}
+
 TEST(OpenAiReply, FinalReasoningAndToolCalls) {
   std::vector<Message> msgs(4);
   msgs[0].role = msgs[1].role = msgs[2].role = msgs[3].role = Role::kAssistant;
