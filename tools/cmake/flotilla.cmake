@@ -23,9 +23,9 @@ set(FLOTILLA_TEST_CXX_OPTIMIZATION $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Rele
 # With FLOTILLA_UNITY=OFF every source compiles on its own (what
 # shows a header that forgot an include).
 set(FLOTILLA_UNITY_TARGETS
-  flotilla_common flotilla_grammar flotilla_model flotilla_engine_cpu flotilla_engine_cuda
-  flotilla_worker_runtime flotilla_coordinator flotilla_http flotilla_cli common_test engine_test
-  grammar_test responses_test worker_runtime_test cluster_test)
+  flotilla_common flotilla_grammar flotilla_harmony flotilla_model flotilla_engine_cpu
+  flotilla_engine_cuda flotilla_worker_runtime flotilla_coordinator flotilla_openai flotilla_http
+  flotilla_cli common_test engine_test grammar_test responses_test worker_runtime_test cluster_test)
 set(FLOTILLA_UNITY_BATCH 8)
 
 # Project defaults for a target: warnings (as errors), the repository root on
