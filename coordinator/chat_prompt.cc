@@ -15,8 +15,9 @@ absl::Status PrepareChatPrompt(const harmony::ChatConversation& conversation,
                             structured::ChatConstraint(conversation, out.sampling.max_tokens()));
   FLOTILLA_ASSIGN_OR_RETURN(harmony::MappedRequest mapped,
                             harmony::MapChatRequest(conversation, options));
-  FLOTILLA_ASSIGN_OR_RETURN(harmony::RenderedPrompt prompt,
-                            harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
+  FLOTILLA_ASSIGN_OR_RETURN(
+      harmony::RenderedPrompt prompt,
+      harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
   size_t text_bytes = 0;
   for (const harmony::RenderedPrompt::Segment& s : prompt.segments()) text_bytes += s.text.size();
   FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text_bytes, max_prompt_text_bytes, "messages"));

@@ -30,7 +30,7 @@ struct ChatMessage {
   std::string reasoning;                 // assistant: its reasoning (analysis)
   std::vector<ChatToolCall> tool_calls;  // assistant
   std::string tool_call_id;              // tool: the call this is the result of
-  std::string name;  // tool: the function called (empty: not given; else checked)
+  std::string name;   // tool: the function called (empty: not given; else checked)
   std::string field;  // the message in the request: "messages[2]"
 };
 

@@ -35,7 +35,7 @@ absl::StatusOr<std::string> ContentText(const Json& msg, const std::string& wher
     if (type == nullptr || !type->is_string()) return Invalid(pw + ".type", "is required");
     if (*type != "text") {
       return Invalid(pw + ".type", absl::StrCat("content part type '", type->get<std::string>(),
-                                                       "' is not supported (only text)"));
+                                                "' is not supported (only text)"));
     }
     const Json* text = Member(part, "text");
     if (text == nullptr || !text->is_string()) return Invalid(pw + ".text", "must be a string");
@@ -79,7 +79,8 @@ absl::Status ReadTools(const Json& request, ChatConversation& out) {
     const Json& t = (*tools)[i];
     const std::string where = absl::StrCat("tools[", i, "]");
     if (!t.is_object()) return Invalid(where, "must be an object");
-    if (auto type = t.find("type"); type != t.end() && !(type->is_string() && *type == "function")) {
+    if (auto type = t.find("type");
+        type != t.end() && !(type->is_string() && *type == "function")) {
       return Invalid(where + ".type", "only \"function\" tools are supported");
     }
     auto fn = t.find("function");
@@ -112,7 +113,8 @@ absl::Status ReadToolChoice(const Json& request, ChatToolChoice& out) {
       out.mode = ChatToolChoice::Mode::kRequired;
     } else if (mode != "auto") {
       return Invalid("tool_choice", absl::StrCat("must be \"none\", \"auto\", \"required\" "
-                                                        "or a function, not '", mode, "'"));
+                                                 "or a function, not '",
+                                                 mode, "'"));
     }
     return absl::OkStatus();
   }
@@ -123,7 +125,7 @@ absl::Status ReadToolChoice(const Json& request, ChatToolChoice& out) {
   if (type == nullptr || !type->is_string() || *type != "function" || name == nullptr ||
       !name->is_string()) {
     return Invalid("tool_choice",
-                          "must be {\"type\": \"function\", \"function\": {\"name\": NAME}}");
+                   "must be {\"type\": \"function\", \"function\": {\"name\": NAME}}");
   }
   out.mode = ChatToolChoice::Mode::kFunction;
   out.function = name->get<std::string>();
@@ -138,7 +140,7 @@ absl::Status ReadResponseFormat(const Json& request, ChatConversation& out) {
   const Json* type = Member(*f, "type");
   if (type == nullptr || !type->is_string()) {
     return Invalid("response_format.type",
-                          "is required: \"text\", \"json_object\" or \"json_schema\"");
+                   "is required: \"text\", \"json_object\" or \"json_schema\"");
   }
   const std::string t = type->get<std::string>();
   ChatResponseFormat format;
@@ -154,8 +156,7 @@ absl::Status ReadResponseFormat(const Json& request, ChatConversation& out) {
     }
     const Json* schema = Member(*js, "schema");
     if (schema == nullptr || !schema->is_object()) {
-      return Invalid("response_format.json_schema.schema",
-                            "is required (a JSON Schema object)");
+      return Invalid("response_format.json_schema.schema", "is required (a JSON Schema object)");
     }
     if (const Json* strict = Member(*js, "strict"); strict != nullptr && !strict->is_boolean()) {
       return Invalid("response_format.json_schema.strict", "must be a boolean");
@@ -163,9 +164,9 @@ absl::Status ReadResponseFormat(const Json& request, ChatConversation& out) {
     format.schema = *schema;
     format.schema_field = "response_format.json_schema.schema";
   } else {
-    return Invalid("response_format.type",
-                          absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", not '",
-                                       t, "'"));
+    return Invalid(
+        "response_format.type",
+        absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", not '", t, "'"));
   }
   out.response_format = std::move(format);
   return absl::OkStatus();
@@ -227,8 +228,8 @@ absl::StatusOr<ChatMessage> ReadMessage(const Json& m, const std::string& where)
     }
   } else {
     return Invalid(where + ".role",
-                          absl::StrCat("unknown role '", r,
-                                       "' (expected system, developer, user, assistant or tool)"));
+                   absl::StrCat("unknown role '", r,
+                                "' (expected system, developer, user, assistant or tool)"));
   }
   return out;
 }
@@ -242,7 +243,8 @@ absl::StatusOr<ChatConversation> ParseChatConversation(const Json& request) {
   if (const Json* effort = Member(request, "reasoning_effort")) {
     if (!effort->is_string() || (*effort != "low" && *effort != "medium" && *effort != "high")) {
       return Invalid("reasoning_effort", absl::StrCat("must be \"low\", \"medium\" or "
-                                                             "\"high\", not ", effort->dump()));
+                                                      "\"high\", not ",
+                                                      effort->dump()));
     }
     out.reasoning_effort = effort->get<std::string>();
   }

@@ -32,7 +32,8 @@ absl::Status CheckDate(const std::string& d) {
   int y, m, day;
   char tail;
   if (d.size() != 10 || d[4] != '-' || d[7] != '-' ||
-      std::sscanf(d.c_str(), "%4d-%2d-%2d%c", &y, &m, &day, &tail) != 3 || m < 1 || m > 12 || day < 1) {
+      std::sscanf(d.c_str(), "%4d-%2d-%2d%c", &y, &m, &day, &tail) != 3 || m < 1 || m > 12 ||
+      day < 1) {
     return absl::InvalidArgumentError(absl::StrCat("date '", d, "' is not YYYY-MM-DD"));
   }
   static constexpr int kDays[] = {31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
@@ -62,7 +63,8 @@ absl::StatusOr<MappedRequest> MapChatRequestBody(std::string_view body,
   return MapChatRequest(*j, options);
 }
 
-absl::StatusOr<MappedRequest> MapChatRequest(const Json& request, const OpenAiRequestOptions& options) {
+absl::StatusOr<MappedRequest> MapChatRequest(const Json& request,
+                                             const OpenAiRequestOptions& options) {
   FLOTILLA_ASSIGN_OR_RETURN(ChatConversation conversation, ParseChatConversation(request));
   return MapChatRequest(conversation, options);
 }
@@ -85,13 +87,15 @@ absl::StatusOr<std::vector<ToolDescription>> DescribeTools(const std::vector<Cha
       }
     }
     for (const ToolDescription& other : out) {
-      if (other.name == t.name) return Invalid(name_field, absl::StrCat("duplicate tool '", t.name, "'"));
+      if (other.name == t.name)
+        return Invalid(name_field, absl::StrCat("duplicate tool '", t.name, "'"));
     }
     FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(t.description, t.field + ".description"));
     ToolDescription d{t.name, t.description, t.parameters};
     // Render now so that a malformed schema is reported against the request.
     auto rendered = RenderFunctionTool(d);
-    if (!rendered.ok()) return Invalid(absl::StrCat("tools[", i, "]"), std::string(rendered.status().message()));
+    if (!rendered.ok())
+      return Invalid(absl::StrCat("tools[", i, "]"), std::string(rendered.status().message()));
     out.push_back(std::move(d));
   }
   return out;
@@ -99,7 +103,8 @@ absl::StatusOr<std::vector<ToolDescription>> DescribeTools(const std::vector<Cha
 
 // tool_choice: the tools the prompt keeps, and the instruction it adds
 // (empty: none).
-absl::StatusOr<std::string> ApplyToolChoice(const ChatToolChoice& choice, std::vector<ToolDescription>& tools) {
+absl::StatusOr<std::string> ApplyToolChoice(const ChatToolChoice& choice,
+                                            std::vector<ToolDescription>& tools) {
   switch (choice.mode) {
     case ChatToolChoice::Mode::kAuto:
       return std::string();
@@ -108,15 +113,18 @@ absl::StatusOr<std::string> ApplyToolChoice(const ChatToolChoice& choice, std::v
       return std::string();
     case ChatToolChoice::Mode::kRequired:
       if (tools.empty()) return Invalid("tool_choice", "\"required\" but the request has no tools");
-      return std::string("You must call one of the functions in the `functions` namespace before answering.");
+      return std::string(
+          "You must call one of the functions in the `functions` namespace before answering.");
     case ChatToolChoice::Mode::kFunction:
       break;
   }
   std::erase_if(tools, [&](const ToolDescription& t) { return t.name != choice.function; });
   if (tools.empty()) {
-    return Invalid(choice.function_field, absl::StrCat("'", choice.function, "' is not one of the request's tools"));
+    return Invalid(choice.function_field,
+                   absl::StrCat("'", choice.function, "' is not one of the request's tools"));
   }
-  return absl::StrCat("You must call the function `functions.", choice.function, "` before answering.");
+  return absl::StrCat("You must call the function `functions.", choice.function,
+                      "` before answering.");
 }
 
 Message AssistantText(const std::string& channel, const std::string& text) {
@@ -177,11 +185,12 @@ absl::StatusOr<std::vector<Message>> MapTurns(const std::vector<ChatMessage>& me
           if (cid == m.tool_call_id) name = cname;
         }
         if (name.empty()) {
-          return Invalid(id_field, absl::StrCat("'", m.tool_call_id, "' matches no earlier assistant tool call"));
+          return Invalid(id_field, absl::StrCat("'", m.tool_call_id,
+                                                "' matches no earlier assistant tool call"));
         }
         if (!m.name.empty() && m.name != name) {
-          return Invalid(m.field + ".name",
-                         absl::StrCat("'", m.name, "' but call '", m.tool_call_id, "' was to '", name, "'"));
+          return Invalid(m.field + ".name", absl::StrCat("'", m.name, "' but call '",
+                                                         m.tool_call_id, "' was to '", name, "'"));
         }
         Message t;
         t.role = Role::kTool;
@@ -208,14 +217,17 @@ absl::StatusOr<MappedRequest> MapChatRequest(const ChatConversation& conversatio
   }
   if (const std::optional<std::string>& effort = conversation.reasoning_effort) {
     if (*effort != "low" && *effort != "medium" && *effort != "high") {
-      return Invalid("reasoning_effort", absl::StrCat("must be low, medium or high, not '", *effort, "'"));
+      return Invalid("reasoning_effort",
+                     absl::StrCat("must be low, medium or high, not '", *effort, "'"));
     }
     system.reasoning_effort = *effort;
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::vector<ToolDescription> tools, DescribeTools(conversation.tools));
-  FLOTILLA_ASSIGN_OR_RETURN(std::string choice_instruction, ApplyToolChoice(conversation.tool_choice, tools));
+  FLOTILLA_ASSIGN_OR_RETURN(std::string choice_instruction,
+                            ApplyToolChoice(conversation.tool_choice, tools));
   std::vector<std::string> instructions;
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<Message> turns, MapTurns(conversation.messages, instructions));
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<Message> turns,
+                            MapTurns(conversation.messages, instructions));
 
   MappedRequest out;
   Message sys;
@@ -287,10 +299,12 @@ std::vector<Json> ChatDeltaMapper::OnEvent(const StreamParser& parser, StreamPar
     }
     return out;
   }
-  if (event != StreamParser::Event::kContentDelta && event != StreamParser::Event::kMessageEnded) return out;
+  if (event != StreamParser::Event::kContentDelta && event != StreamParser::Event::kMessageEnded)
+    return out;
   const std::string& delta = parser.last_content_delta();
   if (delta.empty()) return out;
-  const Message& m = event == StreamParser::Event::kMessageEnded ? parser.messages().back() : parser.current();
+  const Message& m =
+      event == StreamParser::Event::kMessageEnded ? parser.messages().back() : parser.current();
   if (m.role != Role::kAssistant) return out;
   if (in_tool_call_) {
     Json call;

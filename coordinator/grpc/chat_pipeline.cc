@@ -83,8 +83,8 @@ void ChatStream::SetEnd(v1::ChatResponse& out, v1::ChatResponse::FinishReason re
 }
 
 bool ChatStream::HasNews(const v1::ChatResponse& r) {
-  return r.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED ||
-         !r.deltas().empty() || !r.logprobs().empty() || !r.token_ids().empty();
+  return r.finish_reason() != v1::ChatResponse::FINISH_REASON_UNSPECIFIED || !r.deltas().empty() ||
+         !r.logprobs().empty() || !r.token_ids().empty();
 }
 
 std::vector<v1::ChatResponse> ChatStream::Consume(const std::vector<RequestEvent>& events) {

@@ -30,7 +30,8 @@ absl::Status InRange(const std::string& field, double v, double lo, double hi,
 }
 
 absl::Status CheckLogitBias(const common::SamplingParams& s) {
-  if (s.logit_bias_size() > 1024) return Invalid("sampling.logit_bias", "may hold at most 1024 entries");
+  if (s.logit_bias_size() > 1024)
+    return Invalid("sampling.logit_bias", "may hold at most 1024 entries");
   for (const auto& [token, bias] : s.logit_bias()) {
     const std::string where = absl::StrCat("sampling.logit_bias[", token, "]");
     if (token < 0 || static_cast<tokenizer::TokenId>(token) >= tokenizer::kVocabSize) {
@@ -78,8 +79,9 @@ absl::Status CheckSampling(const common::SamplingParams& s) {
   FLOTILLA_RETURN_IF_ERROR(CheckLogitBias(s));
   if (s.has_truncate_prompt_tokens() &&
       (s.truncate_prompt_tokens() == 0 || s.truncate_prompt_tokens() < -1)) {
-    return Invalid("sampling.truncate_prompt_tokens",
-                   absl::StrCat("must be -1 or a positive number, not ", s.truncate_prompt_tokens()));
+    return Invalid(
+        "sampling.truncate_prompt_tokens",
+        absl::StrCat("must be -1 or a positive number, not ", s.truncate_prompt_tokens()));
   }
   if (s.max_tokens() != 0 && s.min_tokens() > s.max_tokens()) {
     return Invalid("sampling.min_tokens", absl::StrCat("must be at most sampling.max_tokens (",
@@ -163,9 +165,11 @@ absl::StatusOr<harmony::ChatMessage> MessageOf(const v1::ChatMessage& m, const s
   if (!m.tool_call_id().empty() && !tool) {
     return Invalid(where + ".tool_call_id", "is only allowed on TOOL messages");
   }
-  if (!m.name().empty() && !tool) return Invalid(where + ".name", "is only allowed on TOOL messages");
+  if (!m.name().empty() && !tool)
+    return Invalid(where + ".name", "is only allowed on TOOL messages");
   if (tool && m.tool_call_id().empty()) {
-    return Invalid(where + ".tool_call_id", "is required: the id of the call this is the result of");
+    return Invalid(where + ".tool_call_id",
+                   "is required: the id of the call this is the result of");
   }
   out.tool_call_id = m.tool_call_id();
   out.name = m.name();
@@ -180,7 +184,8 @@ absl::StatusOr<harmony::ChatTool> ToolOf(const v1::Tool& t, const std::string& w
   out.field = where;
   out.parameters_field = where + ".parameters_json";
   if (!t.parameters_json().empty()) {
-    absl::StatusOr<nlohmann::ordered_json> p = ParseJson<nlohmann::ordered_json>(t.parameters_json(), "the schema");
+    absl::StatusOr<nlohmann::ordered_json> p =
+        ParseJson<nlohmann::ordered_json>(t.parameters_json(), "the schema");
     if (!p.ok()) return Invalid(out.parameters_field, std::string(p.status().message()));
     if (!p->is_object()) return Invalid(out.parameters_field, "must be a JSON Schema object");
     out.parameters = *std::move(p);
@@ -212,7 +217,8 @@ absl::StatusOr<harmony::ChatToolChoice> ToolChoiceOf(const v1::ToolChoice& tc) {
       out.function = tc.function();
       return out;
     default:
-      return Invalid("tool_choice.mode", absl::StrCat("unknown mode ", static_cast<int>(tc.mode())));
+      return Invalid("tool_choice.mode",
+                     absl::StrCat("unknown mode ", static_cast<int>(tc.mode())));
   }
 }
 
@@ -261,7 +267,8 @@ absl::StatusOr<std::optional<harmony::ChatResponseFormat>> ResponseFormatOf(
     return Invalid(out.schema_field,
                    "is required with type JSON_SCHEMA (a JSON Schema object as JSON text)");
   }
-  absl::StatusOr<nlohmann::ordered_json> schema = ParseJson<nlohmann::ordered_json>(text, "the schema");
+  absl::StatusOr<nlohmann::ordered_json> schema =
+      ParseJson<nlohmann::ordered_json>(text, "the schema");
   if (!schema.ok()) return Invalid(out.schema_field, std::string(schema.status().message()));
   if (!schema->is_object()) return Invalid(out.schema_field, "must be a JSON Schema object");
   out.schema = *std::move(schema);

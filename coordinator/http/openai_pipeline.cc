@@ -17,11 +17,12 @@
 namespace flotilla::coordinator {
 namespace {
 
-using json_fields::Invalid;
 using json_fields::CheckModel;
 using json_fields::Field;
+using json_fields::Invalid;
 
-absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, double lo, double hi) {
+absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, double lo,
+                                             double hi) {
   const Json* v = Field(body, key);
   if (v == nullptr) return std::optional<double>();
   if (!v->is_number()) return Invalid(key, "must be a number");
@@ -32,7 +33,8 @@ absl::StatusOr<std::optional<double>> Number(const Json& body, const char* key, 
   return std::optional<double>(d);
 }
 
-absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, const char* key, int64_t lo, int64_t hi) {
+absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, const char* key, int64_t lo,
+                                               int64_t hi) {
   const Json* v = Field(body, key);
   if (v == nullptr) return std::optional<int64_t>();
   if (!v->is_number_integer()) return Invalid(key, "must be an integer");
@@ -44,7 +46,8 @@ absl::StatusOr<std::optional<int64_t>> Integer(const Json& body, const char* key
   } else {
     i = v->get<int64_t>();
   }
-  if (i < lo || i > hi) return Invalid(key, absl::StrCat("must be between ", lo, " and ", hi, ", not ", i));
+  if (i < lo || i > hi)
+    return Invalid(key, absl::StrCat("must be between ", lo, " and ", hi, ", not ", i));
   return std::optional<int64_t>(i);
 }
 
@@ -88,13 +91,15 @@ constexpr const char* kStreamOptionsFields[] = {"include_usage", "include_obfusc
 
 // The fields both endpoints share.
 absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fields) {
-  if (!body.is_object()) return absl::InvalidArgumentError("the request body must be a JSON object");
+  if (!body.is_object())
+    return absl::InvalidArgumentError("the request body must be a JSON object");
   FLOTILLA_ASSIGN_OR_RETURN(bool ignore_eos, Bool(body, "ignore_eos"));
   out.sampling.set_ignore_eos(ignore_eos);
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> n, Integer(body, "n", 1, kMaxChoices));
   out.n = n ? static_cast<uint32_t>(*n) : 1;
   // We return every sequence we generate, so best_of can only be n.
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> best_of, Integer(body, "best_of", 1, kMaxChoices));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> best_of,
+                            Integer(body, "best_of", 1, kMaxChoices));
   if (best_of && *best_of != out.n) {
     return Invalid("best_of", absl::StrCat("must equal n (", out.n,
                                            "): every generated sequence is returned"));
@@ -107,8 +112,7 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fi
     if (!inc.ok()) return Invalid("stream_options.include_usage", "must be true or false");
     out.include_usage = *inc;
     // include_obfuscation: a no-op (no padding is added to the chunks).
-    FLOTILLA_RETURN_IF_ERROR(
-        fields.Check(*so, kStreamOptionsFields, "stream_options."));
+    FLOTILLA_RETURN_IF_ERROR(fields.Check(*so, kStreamOptionsFields, "stream_options."));
   }
   // vLLM's: the prefix-cache domain (requests share cached prompt blocks only
   // with requests of the same salt; without one, with those of the same key).
@@ -159,7 +163,8 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fi
     } else if (stop->is_array()) {
       if (stop->size() > 4) return Invalid("stop", "may hold at most 4 strings");
       for (size_t i = 0; i < stop->size(); ++i) {
-        if (!(*stop)[i].is_string()) return Invalid(absl::StrCat("stop[", i, "]"), "must be a string");
+        if (!(*stop)[i].is_string())
+          return Invalid(absl::StrCat("stop[", i, "]"), "must be a string");
         out.stop.push_back((*stop)[i].get<std::string>());
       }
     } else {
@@ -217,10 +222,11 @@ absl::StatusOr<std::vector<tokenizer::TokenId>> IdPrompt(const Json& ids, const 
     const Json& id = ids[i];
     const std::string where = absl::StrCat(field, "[", i, "]");
     if (!id.is_number_integer()) return Invalid(where, "must be a token id (an integer)");
-    const int64_t v = id.is_number_unsigned() ? static_cast<int64_t>(std::min<uint64_t>(
-                                                    id.get<uint64_t>(), INT64_MAX))
-                                              : id.get<int64_t>();
-    if (v < 0 || v >= tok.vocab_size() || !tok.TokenBytes(static_cast<tokenizer::TokenId>(v)).ok()) {
+    const int64_t v = id.is_number_unsigned()
+                          ? static_cast<int64_t>(std::min<uint64_t>(id.get<uint64_t>(), INT64_MAX))
+                          : id.get<int64_t>();
+    if (v < 0 || v >= tok.vocab_size() ||
+        !tok.TokenBytes(static_cast<tokenizer::TokenId>(v)).ok()) {
       return Invalid(where, absl::StrCat(v, " is not a token id of this model's vocabulary (0 to ",
                                          tok.vocab_size() - 1, ")"));
     }
@@ -235,8 +241,9 @@ absl::StatusOr<std::vector<std::vector<tokenizer::TokenId>>> CompletionPrompts(
     const Json& prompt, const tokenizer::Tokenizer& tok, size_t max_prompt_text_bytes) {
   std::vector<std::vector<tokenizer::TokenId>> out;
   if (prompt.is_string()) {
-    FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids,
-                              TextPrompt(prompt.get<std::string>(), "prompt", tok, max_prompt_text_bytes));
+    FLOTILLA_ASSIGN_OR_RETURN(
+        std::vector<tokenizer::TokenId> ids,
+        TextPrompt(prompt.get<std::string>(), "prompt", tok, max_prompt_text_bytes));
     out.push_back(std::move(ids));
     return out;
   }
@@ -257,8 +264,9 @@ absl::StatusOr<std::vector<std::vector<tokenizer::TokenId>>> CompletionPrompts(
     const std::string field = absl::StrCat("prompt[", i, "]");
     const Json& p = prompt[i];
     if (p.is_string()) {
-      FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids,
-                                TextPrompt(p.get<std::string>(), field, tok, max_prompt_text_bytes));
+      FLOTILLA_ASSIGN_OR_RETURN(
+          std::vector<tokenizer::TokenId> ids,
+          TextPrompt(p.get<std::string>(), field, tok, max_prompt_text_bytes));
       out.push_back(std::move(ids));
     } else if (p.is_array()) {
       FLOTILLA_ASSIGN_OR_RETURN(std::vector<tokenizer::TokenId> ids, IdPrompt(p, field, tok));
@@ -331,8 +339,8 @@ ApiError ErrorFromStatus(const absl::Status& status) {
   if (e.http_status == 400 || e.http_status == 404) {
     // "field.path: what" -> param = field.path
     const size_t colon = e.message.find(": ");
-    if (colon != std::string::npos && colon > 0 &&
-        e.message.find(' ') > colon - 1 && e.message.substr(0, colon).find(' ') == std::string::npos) {
+    if (colon != std::string::npos && colon > 0 && e.message.find(' ') > colon - 1 &&
+        e.message.substr(0, colon).find(' ') == std::string::npos) {
       e.param = e.message.substr(0, colon);
       if (e.param == "request" || e.param == "request body") e.param.clear();
     }
@@ -349,7 +357,9 @@ Json ErrorJson(const ApiError& e) {
   return Json{{"error", err}};
 }
 
-std::string DumpJson(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string DumpJson(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 absl::StatusOr<Json> ParseBody(std::string_view body) {
   FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(body, "request body"));
@@ -368,7 +378,8 @@ absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string
   FieldCheck fields(unknown_fields);
   FLOTILLA_RETURN_IF_ERROR(ReadCommon(body, Endpoint::kChat, ChatFields(), fields, out));
   if (out.sampling.ignore_eos()) {
-    return Invalid("ignore_eos", "is not allowed for chat (the reply ends at Harmony's end tokens)");
+    return Invalid("ignore_eos",
+                   "is not allowed for chat (the reply ends at Harmony's end tokens)");
   }
   FLOTILLA_RETURN_IF_ERROR(CheckModel(body, model_id));
   FLOTILLA_RETURN_IF_ERROR(ChatLimitsAndLogprobs(body, tok.vocab_size(), out));
@@ -406,7 +417,8 @@ absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
     out.sampling.set_logprobs(static_cast<uint32_t>(*lp));
   }
   if (const Json* suffix = Field(body, "suffix");
-      suffix != nullptr && !(suffix->is_string() && suffix->get_ref<const std::string&>().empty())) {
+      suffix != nullptr &&
+      !(suffix->is_string() && suffix->get_ref<const std::string&>().empty())) {
     return Invalid("suffix", "is not supported (gpt-oss does not fill in the middle)");
   }
   FLOTILLA_ASSIGN_OR_RETURN(out.echo, Bool(body, "echo"));
@@ -429,8 +441,9 @@ absl::StatusOr<ReasoningField> ParseReasoningField(std::string_view name) {
   if (name == "reasoning") return ReasoningField::kReasoning;
   if (name == "reasoning_content") return ReasoningField::kReasoningContent;
   if (name == "both") return ReasoningField::kBoth;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--reasoning-field: '", std::string(name), "' is not one of reasoning, reasoning_content, both"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--reasoning-field: '", std::string(name),
+                   "' is not one of reasoning, reasoning_content, both"));
 }
 
 // ---- ResponseBuilder ----
@@ -444,8 +457,8 @@ ResponseBuilder::ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint
       model_(std::move(model)),
       created_(created),
       logprobs_(logprobs),
-      decoder_(tokenizer, endpoint == Endpoint::kChat ? Decoding::kHarmony : Decoding::kText, 0, id_,
-               std::move(stop)),
+      decoder_(tokenizer, endpoint == Endpoint::kChat ? Decoding::kHarmony : Decoding::kText, 0,
+               id_, std::move(stop)),
       choices_(std::max<uint32_t>(choices, 1)) {}
 
 void ResponseBuilder::PutReasoning(Json& message, const std::string& text) const {
@@ -524,7 +537,8 @@ void ResponseBuilder::FlushLogprobs(uint32_t choice, std::vector<Json>& out) {
 
 void ResponseBuilder::AddLogprobs(uint32_t choice, const cluster::SequenceUpdate& u) {
   if (!logprobs_ || u.logprobs().empty()) return;
-  Json lp = LogprobsJson(std::vector<common::TokenLogprob>(u.logprobs().begin(), u.logprobs().end()));
+  Json lp =
+      LogprobsJson(std::vector<common::TokenLogprob>(u.logprobs().begin(), u.logprobs().end()));
   Choice& c = choices_[choice];
   if (streaming_) {
     // Kept for Response() only, which a stream never asks for.
@@ -533,7 +547,8 @@ void ResponseBuilder::AddLogprobs(uint32_t choice, const cluster::SequenceUpdate
     for (Json& item : lp["content"]) c.logprob_items.push_back(item);
   } else {
     if (c.logprob_items.is_null()) {
-      c.logprob_items = Json{{"tokens", Json::array()}, {"token_logprobs", Json::array()},
+      c.logprob_items = Json{{"tokens", Json::array()},
+                             {"token_logprobs", Json::array()},
                              {"top_logprobs", Json::array()}};
     }
     for (const char* k : {"tokens", "token_logprobs", "top_logprobs"}) {
@@ -595,7 +610,8 @@ std::vector<Json> ResponseBuilder::Consume(const std::vector<RequestEvent>& even
       }
       case RequestEvent::Kind::kContent:
         c.content += e.text;
-        Emit(e.choice, endpoint_ == Endpoint::kChat ? Json{{"content", e.text}} : Json(e.text), out);
+        Emit(e.choice, endpoint_ == Endpoint::kChat ? Json{{"content", e.text}} : Json(e.text),
+             out);
         break;
       case RequestEvent::Kind::kToolCall:
         AddToolCall(e, out);

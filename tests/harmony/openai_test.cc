@@ -136,10 +136,10 @@ TEST(OpenAiRequest, TypedConversationErrorsNameItsFields) {
   c.tools.push_back(tool);
   absl::StatusOr<MappedRequest> ok = MapChatRequest(c, Opts());
   ASSERT_TRUE(ok.ok()) << ok.status();
-  absl::StatusOr<MappedRequest> from_json = MapChatRequest(
-      Json::parse(R"({"messages": [{"role": "user", "content": "Weather?"}],
+  absl::StatusOr<MappedRequest> from_json =
+      MapChatRequest(Json::parse(R"({"messages": [{"role": "user", "content": "Weather?"}],
                       "tools": [{"type": "function", "function": {"name": "get_weather"}}]})"),
-      Opts());
+                     Opts());
   ASSERT_TRUE(from_json.ok()) << from_json.status();
   EXPECT_EQ(RenderForCompletion(ok->conversation, RenderOptions())->Text(),
             RenderForCompletion(from_json->conversation, RenderOptions())->Text());
