@@ -540,7 +540,13 @@ class Connection final : public ConnectionBase {
     if (closed_) return;
     if (ec) {
       // The client closed (or reset) the connection: between requests that
-      // is the normal end; while its request runs, it is gone.
+      // is the normal end; while its request runs, it is gone. A client that
+      // read the whole answer and closed before this side saw its last write
+      // complete is not gone: that write's completion ends the exchange.
+      if (ended_ && writing_ && !complete_) {
+        peer_closed_ = true;
+        return;
+      }
       return Close();
     }
     buffer_.commit(n);
@@ -764,6 +770,7 @@ class Connection final : public ConnectionBase {
 
   void OnResponseWritten() {
     Finish(/*complete=*/true);
+    if (peer_closed_) return Close();
     if (close_after_) return Linger();
     BeginRequest(/*first=*/false);
   }
@@ -839,7 +846,7 @@ class Connection final : public ConnectionBase {
   const Route* route_ = nullptr;
   HttpResponse response_;  // status and headers, for the logger
   bool exchange_live_ = false, started_ = false, ended_ = false, chunked_ = false;
-  bool complete_ = false, close_after_ = false, gone_ = false;
+  bool complete_ = false, close_after_ = false, gone_ = false, peer_closed_ = false;
   std::function<void()> on_gone_;
   std::string pending_, writing_buffer_;
   // Flow control of the current exchange: its account (bytes of pending_ and

@@ -416,6 +416,31 @@ TEST_F(HttpTransportTest, AStreamWhoseClientDoesNotReadIsEndedAtItsBound) {
 
 // A handler that asks after its client already left (a generation started
 // while the client was closing) is told at once.
+// A client that reads its whole answer and closes at once has had a complete
+// exchange, however the server's completions of the last write and of the
+// client's close are ordered.
+TEST_F(HttpTransportTest, AClientThatClosesAfterItsWholeAnswerIsNotGone) {
+  HttpTransportOptions o;
+  o.io_threads = 2;
+  Start(o);
+  constexpr int kRequests = 200;
+  for (int i = 0; i < kRequests; ++i) {
+    RawClient c(port_);
+    const bool keep_alive = i % 2 == 0;
+    ASSERT_TRUE(c.Send(absl::StrCat("POST /echo HTTP/1.1\r\nHost: x\r\n",
+                                    keep_alive ? "" : "Connection: close\r\n",
+                                    "Content-Length: 5\r\n\r\nhello")));
+    const std::string text =
+        c.ReadUntil([](const std::string& t) { return WholeResponses(t) == 1; });
+    ASSERT_EQ(WholeResponses(text), 1) << text;
+  }  // each client closes right after its answer
+  for (int i = 0; i < 500 && logged_complete_ + logged_incomplete_ < kRequests; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(logged_complete_, kRequests);
+  EXPECT_EQ(logged_incomplete_, 0);
+}
+
 TEST_F(HttpTransportTest, AClientGoneBeforeTheHandlerAsksIsReported) {
   Start();
   {
