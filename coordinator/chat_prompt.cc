@@ -20,7 +20,8 @@ absl::Status PrepareChatPrompt(const harmony::ChatConversation& conversation,
       harmony::RenderForCompletion(mapped.conversation, harmony::RenderOptions()));
   size_t text_bytes = 0;
   for (const harmony::RenderedPrompt::Segment& s : prompt.segments()) text_bytes += s.text.size();
-  FLOTILLA_RETURN_IF_ERROR(CheckPromptTextBytes(text_bytes, max_prompt_text_bytes, "messages"));
+  FLOTILLA_RETURN_IF_ERROR(
+      CheckPromptTextBytes(text_bytes, max_prompt_text_bytes, conversation.messages_field));
   out.prompt = prompt.Tokens(tok);
   return absl::OkStatus();
 }

@@ -18,7 +18,8 @@ namespace flotilla::coordinator {
 
 // Sets `out.constraint` (reading `out.sampling.max_tokens()`) and
 // `out.prompt`. A rendered prompt of more than `max_prompt_text_bytes`
-// (0 = no limit) is refused, naming `messages`, before it is tokenised.
+// (0 = no limit) is refused, naming the conversation's messages field, before
+// it is tokenised.
 // Errors name the fields the conversation says its parts came from.
 absl::Status PrepareChatPrompt(const harmony::ChatConversation& conversation,
                                const harmony::OpenAiRequestOptions& options,

@@ -22,6 +22,9 @@ struct ChatToolCall {
   std::string id;
   std::string name;
   std::string arguments;  // JSON text; empty: {}
+  // The call in the request when it is not the message's tool_calls[k]
+  // (a Responses function_call item: "input[2]").
+  std::string field;
 };
 
 struct ChatMessage {
@@ -31,7 +34,25 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls;  // assistant
   std::string tool_call_id;              // tool: the call this is the result of
   std::string name;   // tool: the function called (empty: not given; else checked)
-  std::string field;  // the message in the request: "messages[2]"
+  std::string field;  // the message in the request: "messages[2]", "input[3]"
+  // Where its parts are when not under `field` by their chat-completions
+  // names: a Responses function_call_output's call id is "input[3].call_id";
+  // a message of a stored response is "previous_response_id" throughout.
+  // Empty: field + ".content" (".reasoning", ".tool_call_id").
+  std::string content_field, reasoning_field, tool_call_id_field;
+
+  std::string ContentField() const { return PartField(content_field, ".content"); }
+  std::string ReasoningField() const { return PartField(reasoning_field, ".reasoning"); }
+  std::string ToolCallIdField() const { return PartField(tool_call_id_field, ".tool_call_id"); }
+  std::string ToolCallField(size_t k) const {
+    return tool_calls[k].field.empty() ? field + ".tool_calls[" + std::to_string(k) + "]"
+                                       : tool_calls[k].field;
+  }
+
+ private:
+  std::string PartField(const std::string& named, const char* suffix) const {
+    return named.empty() ? field + suffix : named;
+  }
 };
 
 // A function the model may call.
@@ -69,7 +90,9 @@ struct ChatResponseFormat {
 
 struct ChatConversation {
   std::vector<ChatMessage> messages;  // oldest first
-  std::vector<ChatTool> tools;        // in the request's order
+  // The field holding the messages ("messages"; the Responses API's "input").
+  std::string messages_field = "messages";
+  std::vector<ChatTool> tools;  // in the request's order
   ChatToolChoice tool_choice;
   std::optional<std::string> reasoning_effort;  // "low", "medium" or "high"
   std::optional<ChatResponseFormat> response_format;

@@ -137,13 +137,16 @@ Message AssistantText(const std::string& channel, const std::string& text) {
 
 // The messages of the conversation after the system and developer ones; the
 // system and developer messages' text goes into `instructions`.
-absl::StatusOr<std::vector<Message>> MapTurns(const std::vector<ChatMessage>& messages,
+absl::StatusOr<std::vector<Message>> MapTurns(const ChatConversation& conversation,
                                               std::vector<std::string>& instructions) {
-  if (messages.empty()) return Invalid("messages", "is required (a non-empty array)");
+  const std::vector<ChatMessage>& messages = conversation.messages;
+  if (messages.empty()) {
+    return Invalid(conversation.messages_field, "is required (a non-empty array)");
+  }
   std::vector<Message> turns;
   std::vector<std::pair<std::string, std::string>> calls;  // tool_call id -> function name
   for (const ChatMessage& m : messages) {
-    FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.content, m.field + ".content"));
+    FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.content, m.ContentField()));
     switch (m.role) {
       case ChatRole::kSystem:
       case ChatRole::kDeveloper:
@@ -157,14 +160,14 @@ absl::StatusOr<std::vector<Message>> MapTurns(const std::vector<ChatMessage>& me
         break;
       }
       case ChatRole::kAssistant: {
-        FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.reasoning, m.field + ".reasoning"));
+        FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.reasoning, m.ReasoningField()));
         if (!m.reasoning.empty()) turns.push_back(AssistantText("analysis", m.reasoning));
         if (!m.content.empty()) {
           turns.push_back(AssistantText(m.tool_calls.empty() ? "final" : "commentary", m.content));
         }
         for (size_t k = 0; k < m.tool_calls.size(); ++k) {
           const ChatToolCall& c = m.tool_calls[k];
-          const std::string cw = absl::StrCat(m.field, ".tool_calls[", k, "]");
+          const std::string cw = m.ToolCallField(k);
           FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(c.id, cw + ".id"));
           FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(c.name, cw + ".name"));
           FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(c.arguments, cw + ".arguments"));
@@ -177,7 +180,7 @@ absl::StatusOr<std::vector<Message>> MapTurns(const std::vector<ChatMessage>& me
         break;
       }
       case ChatRole::kTool: {
-        const std::string id_field = m.field + ".tool_call_id";
+        const std::string id_field = m.ToolCallIdField();
         if (m.tool_call_id.empty()) return Invalid(id_field, "is required for a tool message");
         FLOTILLA_RETURN_IF_ERROR(tokenizer::CheckUtf8(m.tool_call_id, id_field));
         std::string name;
@@ -226,8 +229,7 @@ absl::StatusOr<MappedRequest> MapChatRequest(const ChatConversation& conversatio
   FLOTILLA_ASSIGN_OR_RETURN(std::string choice_instruction,
                             ApplyToolChoice(conversation.tool_choice, tools));
   std::vector<std::string> instructions;
-  FLOTILLA_ASSIGN_OR_RETURN(std::vector<Message> turns,
-                            MapTurns(conversation.messages, instructions));
+  FLOTILLA_ASSIGN_OR_RETURN(std::vector<Message> turns, MapTurns(conversation, instructions));
 
   MappedRequest out;
   Message sys;

@@ -160,7 +160,7 @@ absl::StatusOr<harmony::ChatMessage> MessageOf(const v1::ChatMessage& m, const s
     const std::string cw = absl::StrCat(where, ".tool_calls[", k, "]");
     if (c.id().empty()) return Invalid(cw + ".id", "is required");
     if (c.name().empty()) return Invalid(cw + ".name", "is required");
-    out.tool_calls.push_back({c.id(), c.name(), c.arguments()});
+    out.tool_calls.push_back({c.id(), c.name(), c.arguments(), /*field=*/""});
   }
   if (!m.tool_call_id().empty() && !tool) {
     return Invalid(where + ".tool_call_id", "is only allowed on TOOL messages");

@@ -114,49 +114,15 @@ absl::Status CommonFields(const Json& body, PreparedRequest& out, FieldCheck& fi
     // include_obfuscation: a no-op (no padding is added to the chunks).
     FLOTILLA_RETURN_IF_ERROR(fields.Check(*so, kStreamOptionsFields, "stream_options."));
   }
-  // vLLM's: the prefix-cache domain (requests share cached prompt blocks only
-  // with requests of the same salt; without one, with those of the same key).
-  if (const Json* salt = Field(body, "cache_salt")) {
-    if (!salt->is_string() || salt->get_ref<const std::string&>().empty() ||
-        salt->get_ref<const std::string&>().size() > kMaxCacheSaltBytes) {
-      return Invalid("cache_salt", absl::StrCat("must be a non-empty string of at most ",
-                                                kMaxCacheSaltBytes, " bytes"));
-    }
-    out.cache_salt = salt->get<std::string>();
-  }
-  // OpenAI's routing hint: requests with one key go to one instance while
-  // that costs little (it never widens a prefix-cache domain: cache_salt's).
-  if (const Json* key = Field(body, "prompt_cache_key")) {
-    if (!key->is_string() || key->get_ref<const std::string&>().size() > kMaxCacheSaltBytes) {
-      return Invalid("prompt_cache_key",
-                     absl::StrCat("must be a string of at most ", kMaxCacheSaltBytes, " bytes"));
-    }
-    out.route_key = key->get<std::string>();
-  }
-  common::SamplingParams& s = out.sampling;
   // vLLM's: cut the prompt (and max_tokens) to fit the context instead of a
   // context_length_exceeded error.
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> truncate,
                             Integer(body, "truncate_prompt_tokens", -1, INT32_MAX));
   if (truncate) {
     if (*truncate == 0) return Invalid("truncate_prompt_tokens", "must be -1 or a positive number");
-    s.set_truncate_prompt_tokens(static_cast<int32_t>(*truncate));
+    out.sampling.set_truncate_prompt_tokens(static_cast<int32_t>(*truncate));
   }
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> t, Number(body, "temperature", 0, 2));
-  if (t) s.set_temperature(static_cast<float>(*t));
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> p, Number(body, "top_p", 0, 1));
-  if (p) {
-    if (*p <= 0) return Invalid("top_p", "must be greater than 0");
-    s.set_top_p(static_cast<float>(*p));
-  }
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> fp, Number(body, "frequency_penalty", -2, 2));
-  if (fp) s.set_frequency_penalty(static_cast<float>(*fp));
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> pp, Number(body, "presence_penalty", -2, 2));
-  if (pp) s.set_presence_penalty(static_cast<float>(*pp));
-  FLOTILLA_RETURN_IF_ERROR(ExtraSamplingFields(body, s));
-  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> seed,
-                            Integer(body, "seed", INT64_MIN, INT64_MAX));
-  if (seed) s.set_seed(static_cast<uint64_t>(*seed));
+  FLOTILLA_RETURN_IF_ERROR(ReadSamplingFields(body, out));
   if (const Json* stop = Field(body, "stop")) {
     if (stop->is_string()) {
       out.stop.push_back(stop->get<std::string>());
@@ -282,11 +248,8 @@ absl::StatusOr<std::vector<std::vector<tokenizer::TokenId>>> CompletionPrompts(
 // Harmony's <|return|> and <|call|>, then the request's stop_token_ids.
 absl::Status ChatLimitsAndLogprobs(const Json& body, int vocab_size, PreparedRequest& out) {
   for (const char* key : {"max_completion_tokens", "max_tokens"}) {
-    FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, key, 1, UINT32_MAX));
-    if (m) {
-      out.sampling.set_max_tokens(static_cast<uint32_t>(*m));
-      break;
-    }
+    FLOTILLA_ASSIGN_OR_RETURN(bool given, ReadMaxTokens(body, key, out));
+    if (given) break;
   }
   FLOTILLA_ASSIGN_OR_RETURN(out.logprobs, Bool(body, "logprobs"));
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> top, Integer(body, "top_logprobs", 0, 20));
@@ -294,9 +257,7 @@ absl::Status ChatLimitsAndLogprobs(const Json& body, int vocab_size, PreparedReq
   out.top_logprobs = top ? static_cast<int>(*top) : 0;
   out.sampling.set_return_logprobs(out.logprobs);
   out.sampling.set_logprobs(static_cast<uint32_t>(out.top_logprobs));
-  out.sampling.add_stop_token_ids(tokenizer::kReturn);
-  out.sampling.add_stop_token_ids(tokenizer::kCall);
-  return ReadStopTokenFields(body, vocab_size, out.sampling);
+  return ReadChatEndTokens(body, vocab_size, out);
 }
 
 // How a status code answers over HTTP: its status, the OpenAI error type and
@@ -318,6 +279,57 @@ constexpr StatusMapping kStatusMappings[] = {
 };
 
 }  // namespace
+
+absl::Status ReadSamplingFields(const Json& body, PreparedRequest& out) {
+  // vLLM's: the prefix-cache domain (requests share cached prompt blocks only
+  // with requests of the same salt; without one, with those of the same key).
+  if (const Json* salt = Field(body, "cache_salt")) {
+    if (!salt->is_string() || salt->get_ref<const std::string&>().empty() ||
+        salt->get_ref<const std::string&>().size() > kMaxCacheSaltBytes) {
+      return Invalid("cache_salt", absl::StrCat("must be a non-empty string of at most ",
+                                                kMaxCacheSaltBytes, " bytes"));
+    }
+    out.cache_salt = salt->get<std::string>();
+  }
+  // OpenAI's routing hint: requests with one key go to one instance while
+  // that costs little (it never widens a prefix-cache domain: cache_salt's).
+  if (const Json* key = Field(body, "prompt_cache_key")) {
+    if (!key->is_string() || key->get_ref<const std::string&>().size() > kMaxCacheSaltBytes) {
+      return Invalid("prompt_cache_key",
+                     absl::StrCat("must be a string of at most ", kMaxCacheSaltBytes, " bytes"));
+    }
+    out.route_key = key->get<std::string>();
+  }
+  common::SamplingParams& s = out.sampling;
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> t, Number(body, "temperature", 0, 2));
+  if (t) s.set_temperature(static_cast<float>(*t));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> p, Number(body, "top_p", 0, 1));
+  if (p) {
+    if (*p <= 0) return Invalid("top_p", "must be greater than 0");
+    s.set_top_p(static_cast<float>(*p));
+  }
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> fp, Number(body, "frequency_penalty", -2, 2));
+  if (fp) s.set_frequency_penalty(static_cast<float>(*fp));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<double> pp, Number(body, "presence_penalty", -2, 2));
+  if (pp) s.set_presence_penalty(static_cast<float>(*pp));
+  FLOTILLA_RETURN_IF_ERROR(ExtraSamplingFields(body, s));
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> seed,
+                            Integer(body, "seed", INT64_MIN, INT64_MAX));
+  if (seed) s.set_seed(static_cast<uint64_t>(*seed));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ReadMaxTokens(const Json& body, const char* key, PreparedRequest& out) {
+  FLOTILLA_ASSIGN_OR_RETURN(std::optional<int64_t> m, Integer(body, key, 1, UINT32_MAX));
+  if (m) out.sampling.set_max_tokens(static_cast<uint32_t>(*m));
+  return m.has_value();
+}
+
+absl::Status ReadChatEndTokens(const Json& body, int vocab_size, PreparedRequest& out) {
+  out.sampling.add_stop_token_ids(tokenizer::kReturn);
+  out.sampling.add_stop_token_ids(tokenizer::kCall);
+  return ReadStopTokenFields(body, vocab_size, out.sampling);
+}
 
 ApiError ErrorFromStatus(const absl::Status& status) {
   ApiError e;

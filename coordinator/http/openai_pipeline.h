@@ -63,21 +63,30 @@ absl::StatusOr<ReasoningField> ParseReasoningField(std::string_view name);
 // (0 = no limit; see PromptTextByteLimit) is refused before it is tokenised.
 // Fields it does not know are noted in `ignored_fields`, or refused under
 // UnknownFields::kRefuse (request_fields.h).
-absl::StatusOr<PreparedRequest> PrepareChatRequest(const Json& body, std::string_view model_id,
-                                                   const tokenizer::Tokenizer& tok,
-                                                   const harmony::OpenAiRequestOptions& options,
-                                                   size_t max_prompt_text_bytes = 0,
-                                                   UnknownFields unknown_fields = UnknownFields::kIgnore);
+absl::StatusOr<PreparedRequest> PrepareChatRequest(
+    const Json& body, std::string_view model_id, const tokenizer::Tokenizer& tok,
+    const harmony::OpenAiRequestOptions& options, size_t max_prompt_text_bytes = 0,
+    UnknownFields unknown_fields = UnknownFields::kIgnore);
 // Completions: `prompt` is a string, an array of strings, an array of token
 // ids or an array of arrays of token ids (ids checked against the
 // vocabulary; at most kMaxBatchPrompts prompts); a text is refused
 // untokenised when longer than `max_prompt_text_bytes` (0 = no limit).
 // Unknown fields as for chat.
-absl::StatusOr<PreparedRequest> PrepareCompletionRequest(const Json& body,
-                                                         std::string_view model_id,
-                                                         const tokenizer::Tokenizer& tok,
-                                                         size_t max_prompt_text_bytes = 0,
-                                                         UnknownFields unknown_fields = UnknownFields::kIgnore);
+absl::StatusOr<PreparedRequest> PrepareCompletionRequest(
+    const Json& body, std::string_view model_id, const tokenizer::Tokenizer& tok,
+    size_t max_prompt_text_bytes = 0, UnknownFields unknown_fields = UnknownFields::kIgnore);
+// The pieces of a request every generating API reads under the same names
+// (chat completions, completions, Responses); errors name the field.
+// cache_salt, prompt_cache_key (the routing key), temperature, top_p, the
+// penalties, top_k, min_p, repetition_penalty, logit_bias and seed.
+absl::Status ReadSamplingFields(const Json& body, PreparedRequest& out);
+// The output limit under `key` (max_tokens, max_completion_tokens,
+// max_output_tokens): an integer of at least 1. False when absent.
+absl::StatusOr<bool> ReadMaxTokens(const Json& body, const char* key, PreparedRequest& out);
+// A Harmony reply's end: <|return|> and <|call|>, then the request's
+// stop_token_ids and min_tokens.
+absl::Status ReadChatEndTokens(const Json& body, int vocab_size, PreparedRequest& out);
+
 // Parses a request body: UTF-8, JSON, an object.
 absl::StatusOr<Json> ParseBody(std::string_view body);
 
@@ -91,8 +100,8 @@ class ResponseBuilder {
   // seed of choice 0's tool call ids); `created` is unix seconds; `choices`
   // the number of choices (prompts x n).
   ResponseBuilder(const tokenizer::Tokenizer* tokenizer, Endpoint endpoint, std::string id,
-                  std::string model, int64_t created, std::vector<std::string> stop,
-                  bool logprobs, uint32_t choices = 1);
+                  std::string model, int64_t created, std::vector<std::string> stop, bool logprobs,
+                  uint32_t choices = 1);
 
   // The first streamed chunks (chat: the assistant role of each choice);
   // empty for completions.
@@ -118,8 +127,9 @@ class ResponseBuilder {
   // Ends choice 0: `reason` is the worker's finish reason, `stop_token` the
   // end token it stopped on (not part of the tokens). Returns the last chunks
   // (held-back text, then the finish_reason chunk).
-  std::vector<Json> Finish(common::FinishReason reason, std::optional<tokenizer::TokenId> stop_token,
-                           uint32_t prompt_tokens, uint32_t completion_tokens);
+  std::vector<Json> Finish(common::FinishReason reason,
+                           std::optional<tokenizer::TokenId> stop_token, uint32_t prompt_tokens,
+                           uint32_t completion_tokens);
 
   // A stop string appeared in choice 0 (Feed): the caller should cancel the sequence.
   bool stopped_by_string() const { return decoder_.stopped_by_string(); }
@@ -136,8 +146,8 @@ class ResponseBuilder {
   struct Choice {
     std::string content, reasoning;
     Json tool_calls = Json::array();
-    Json logprob_items;      // chat: an array of items; completions: the four lists
-    Json pending_logprobs;   // attached to the choice's next chunk
+    Json logprob_items;     // chat: an array of items; completions: the four lists
+    Json pending_logprobs;  // attached to the choice's next chunk
     std::string finish_reason;
   };
   Json Chunk(uint32_t choice, Json delta_or_text, const Json& logprobs,

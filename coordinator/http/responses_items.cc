@@ -7,8 +7,8 @@
 namespace flotilla::coordinator {
 namespace {
 
-using json_fields::Invalid;
 using json_fields::Field;
+using json_fields::Invalid;
 using json_fields::RequiredString;
 
 // The text of a content array, each part one of `types` (or a string).
@@ -38,12 +38,13 @@ absl::StatusOr<std::string> PartsText(const Json& content, const std::string& wh
 
 }  // namespace
 
-ChatMessageBuilder::ChatMessageBuilder(Json* messages, std::vector<std::string>* origin,
+ChatMessageBuilder::ChatMessageBuilder(std::vector<harmony::ChatMessage>* messages,
                                        const ReasoningCipher* cipher)
-    : messages_(messages), origin_(origin), cipher_(cipher) {}
+    : messages_(messages), cipher_(cipher) {}
 
-absl::Status ChatMessageBuilder::Add(const Json& item, const std::string& where) {
+absl::Status ChatMessageBuilder::Add(const Json& item, const std::string& where, Naming naming) {
   if (!item.is_object()) return Invalid(where, "must be an object");
+  naming_ = naming;
   std::string type = "message";  // EasyInputMessage: {role, content} without a type
   if (const Json* t = Field(item, "type"); t != nullptr) {
     if (!t->is_string()) return Invalid(where + ".type", "must be a string");
@@ -59,10 +60,10 @@ absl::Status ChatMessageBuilder::Add(const Json& item, const std::string& where)
 }
 
 void ChatMessageBuilder::Flush() {
-  if (pending_.is_null()) return;
-  messages_->push_back(std::move(pending_));
-  origin_->push_back(pending_origin_);
-  pending_ = Json();
+  if (!pending_) return;
+  messages_->push_back(*std::move(pending_));
+  pending_.reset();
+  pending_reasoning_ = pending_content_ = false;
 }
 
 absl::Status ChatMessageBuilder::AddMessage(const Json& item, const std::string& where) {
@@ -72,41 +73,60 @@ absl::Status ChatMessageBuilder::AddMessage(const Json& item, const std::string&
   if (role == "assistant") {
     FLOTILLA_ASSIGN_OR_RETURN(
         std::string text, PartsText(*content, where + ".content", {"output_text", "input_text"}));
-    if (Has("content") || Has("tool_calls")) Flush();
-    Pending(where)["content"] = text;
+    if (pending_content_ || (pending_ && !pending_->tool_calls.empty())) Flush();
+    harmony::ChatMessage& m = Pending(where);
+    m.content = std::move(text);
+    m.content_field = Part(where, ".content");
+    pending_content_ = true;
     return absl::OkStatus();
   }
-  if (role != "user" && role != "system" && role != "developer") {
+  harmony::ChatMessage m;
+  if (role == "user") {
+    m.role = harmony::ChatRole::kUser;
+  } else if (role == "system") {
+    m.role = harmony::ChatRole::kSystem;
+  } else if (role == "developer") {
+    m.role = harmony::ChatRole::kDeveloper;
+  } else {
     return Invalid(
         where + ".role",
         absl::StrCat("unknown role '", role, "' (expected user, system, developer or assistant)"));
   }
-  FLOTILLA_ASSIGN_OR_RETURN(std::string text,
-                            PartsText(*content, where + ".content", {"input_text"}));
-  Push(Json{{"role", role}, {"content", text}}, where);
+  FLOTILLA_ASSIGN_OR_RETURN(m.content, PartsText(*content, where + ".content", {"input_text"}));
+  m.field = where;
+  m.content_field = Part(where, ".content");
+  Push(std::move(m));
   return absl::OkStatus();
 }
 
 absl::Status ChatMessageBuilder::AddReasoning(const Json& item, const std::string& where) {
   std::string text;
+  std::string field = Part(where, ".content");
   if (const Json* sealed = Field(item, "encrypted_content"); sealed != nullptr) {
     // The server's own words: they stand for the item, whatever its content says.
     FLOTILLA_ASSIGN_OR_RETURN(text, OpenReasoning(*sealed, where + ".encrypted_content"));
+    field = Part(where, ".encrypted_content");
   } else if (const Json* content = Field(item, "content"); content != nullptr) {
     FLOTILLA_ASSIGN_OR_RETURN(text, PartsText(*content, where + ".content", {"reasoning_text"}));
   }
   if (text.empty()) {
     if (const Json* summary = Field(item, "summary"); summary != nullptr) {
       FLOTILLA_ASSIGN_OR_RETURN(text, PartsText(*summary, where + ".summary", {"summary_text"}));
+      field = Part(where, ".summary");
     }
   }
-  if (Has("reasoning_content") || Has("content") || Has("tool_calls")) Flush();
-  Pending(where)["reasoning_content"] = text;
+  if (pending_reasoning_ || pending_content_ || (pending_ && !pending_->tool_calls.empty())) {
+    Flush();
+  }
+  harmony::ChatMessage& m = Pending(where);
+  m.reasoning = std::move(text);
+  m.reasoning_field = std::move(field);
+  pending_reasoning_ = true;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ChatMessageBuilder::OpenReasoning(const Json& sealed,
-                                                             const std::string& where) const {
+                                                              const std::string& where) const {
   if (!sealed.is_string()) return Invalid(where, "must be a string");
   if (cipher_ == nullptr) return Invalid(where, "cannot be opened here (no reasoning key)");
   absl::StatusOr<std::string> text = cipher_->Open(sealed.get_ref<const std::string&>());
@@ -115,43 +135,45 @@ absl::StatusOr<std::string> ChatMessageBuilder::OpenReasoning(const Json& sealed
 }
 
 absl::Status ChatMessageBuilder::AddCall(const Json& item, const std::string& where) {
-  FLOTILLA_ASSIGN_OR_RETURN(std::string call_id, RequiredString(item, "call_id", where));
-  FLOTILLA_ASSIGN_OR_RETURN(std::string name, RequiredString(item, "name", where));
-  FLOTILLA_ASSIGN_OR_RETURN(std::string arguments, RequiredString(item, "arguments", where));
-  Json& pending = Pending(where);
-  if (!pending.contains("tool_calls")) pending["tool_calls"] = Json::array();
-  pending["tool_calls"].push_back(Json{{"id", call_id},
-                                       {"type", "function"},
-                                       {"function", {{"name", name}, {"arguments", arguments}}}});
+  harmony::ChatToolCall call;
+  FLOTILLA_ASSIGN_OR_RETURN(call.id, RequiredString(item, "call_id", where));
+  FLOTILLA_ASSIGN_OR_RETURN(call.name, RequiredString(item, "name", where));
+  FLOTILLA_ASSIGN_OR_RETURN(call.arguments, RequiredString(item, "arguments", where));
+  call.field = where;
+  Pending(where).tool_calls.push_back(std::move(call));
   return absl::OkStatus();
 }
 
 absl::Status ChatMessageBuilder::AddOutput(const Json& item, const std::string& where) {
-  FLOTILLA_ASSIGN_OR_RETURN(std::string call_id, RequiredString(item, "call_id", where));
+  harmony::ChatMessage m;
+  m.role = harmony::ChatRole::kTool;
+  FLOTILLA_ASSIGN_OR_RETURN(m.tool_call_id, RequiredString(item, "call_id", where));
   const Json* output = Field(item, "output");
   if (output == nullptr) return Invalid(where + ".output", "is required");
-  FLOTILLA_ASSIGN_OR_RETURN(std::string text,
-                            PartsText(*output, where + ".output", {"input_text"}));
-  Push(Json{{"role", "tool"}, {"tool_call_id", call_id}, {"content", text}}, where);
+  FLOTILLA_ASSIGN_OR_RETURN(m.content, PartsText(*output, where + ".output", {"input_text"}));
+  m.field = where;
+  m.tool_call_id_field = Part(where, ".call_id");
+  m.content_field = Part(where, ".output");
+  Push(std::move(m));
   return absl::OkStatus();
 }
 
-bool ChatMessageBuilder::Has(const char* key) const {
-  return pending_.is_object() && pending_.contains(key);
+std::string ChatMessageBuilder::Part(const std::string& where, const char* suffix) const {
+  return naming_ == Naming::kWholeItem ? where : where + suffix;
 }
 
-Json& ChatMessageBuilder::Pending(const std::string& where) {
-  if (pending_.is_null()) {
-    pending_ = Json{{"role", "assistant"}};
-    pending_origin_ = where;
+harmony::ChatMessage& ChatMessageBuilder::Pending(const std::string& where) {
+  if (!pending_) {
+    pending_.emplace();
+    pending_->role = harmony::ChatRole::kAssistant;
+    pending_->field = where;
   }
-  return pending_;
+  return *pending_;
 }
 
-void ChatMessageBuilder::Push(Json message, const std::string& where) {
+void ChatMessageBuilder::Push(harmony::ChatMessage message) {
   Flush();
   messages_->push_back(std::move(message));
-  origin_->push_back(where);
 }
 
 }  // namespace flotilla::coordinator

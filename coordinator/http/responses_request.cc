@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <vector>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/harmony/chat_request.h"
 #include "common/status.h"
+#include "coordinator/chat_prompt.h"
+#include "coordinator/http/openai_extra_fields.h"
 #include "coordinator/http/request_fields.h"
 #include "coordinator/http/responses_items.h"
 #include "coordinator/json_fields.h"
@@ -14,25 +15,10 @@
 namespace flotilla::coordinator {
 namespace {
 
-using json_fields::Invalid;
 using json_fields::Field;
+using json_fields::Invalid;
 using json_fields::RequiredString;
 
-// Request fields the chat pipeline reads under the same name and meaning.
-constexpr const char* kSameInChat[] = {"model",
-                                       "temperature",
-                                       "top_p",
-                                       "seed",
-                                       "top_k",
-                                       "min_p",
-                                       "repetition_penalty",
-                                       "logit_bias",
-                                       "frequency_penalty",
-                                       "presence_penalty",
-                                       "cache_salt",
-                                       "stop_token_ids",
-                                       "min_tokens",
-                                       "chat_template_kwargs"};
 // The members of `reasoning`, `text` and `stream_options` known here.
 constexpr const char* kReasoningFields[] = {"effort", "summary", "generate_summary"};
 constexpr const char* kTextFields[] = {"format", "verbosity"};
@@ -69,12 +55,14 @@ absl::Status CheckUnsupported(const Json& body, FieldCheck& fields) {
   // gpt-oss ends its turn at a function call: a response holds at most one.
   if (const Json* v = Field(body, "max_tool_calls");
       v != nullptr && !(v->is_number_integer() && v->get<int64_t>() >= 1)) {
-    return Invalid("max_tool_calls", "must be an integer of at least 1 (a response makes at most one call)");
+    return Invalid("max_tool_calls",
+                   "must be an integer of at least 1 (a response makes at most one call)");
   }
   if (Field(body, "prompt") != nullptr) {
     return Invalid("prompt", "is not supported: this server stores no prompt templates");
   }
-  FLOTILLA_RETURN_IF_ERROR(CheckOptionalType(body, "background", &Json::is_boolean, "true or false"));
+  FLOTILLA_RETURN_IF_ERROR(
+      CheckOptionalType(body, "background", &Json::is_boolean, "true or false"));
   if (const Json* v = Field(body, "background"); v != nullptr && v->get<bool>()) {
     if (const Json* store = Field(body, "store"); store != nullptr && *store == false) {
       return Invalid("background",
@@ -86,10 +74,11 @@ absl::Status CheckUnsupported(const Json& body, FieldCheck& fields) {
     if (!v->is_array()) return Invalid("include", "must be an array");
     for (size_t i = 0; i < v->size(); ++i) {
       if ((*v)[i] != kEncryptedReasoning) {
-        return Invalid(absl::StrCat("include[", i, "]"),
-                       absl::StrCat((*v)[i].dump(), " is not supported (only \"",
-                                    kEncryptedReasoning, "\"; reasoning text is always in the "
-                                    "reasoning items)"));
+        return Invalid(
+            absl::StrCat("include[", i, "]"),
+            absl::StrCat((*v)[i].dump(), " is not supported (only \"", kEncryptedReasoning,
+                         "\"; reasoning text is always in the "
+                         "reasoning items)"));
       }
     }
   }
@@ -134,9 +123,8 @@ absl::StatusOr<Json> InputItems(const Json& body) {
 
 // ---- tools, tool_choice, reasoning, text ----
 
-absl::StatusOr<Json> ChatTools(const Json& tools) {
+absl::Status ReadTools(const Json& tools, harmony::ChatConversation& out) {
   if (!tools.is_array()) return Invalid("tools", "must be an array");
-  Json out = Json::array();
   for (size_t i = 0; i < tools.size(); ++i) {
     const std::string where = absl::StrCat("tools[", i, "]");
     const Json& tool = tools[i];
@@ -146,31 +134,54 @@ absl::StatusOr<Json> ChatTools(const Json& tools) {
       return Invalid(where + ".type", absl::StrCat("tool type '", type,
                                                    "' is not supported (only \"function\" tools)"));
     }
-    FLOTILLA_ASSIGN_OR_RETURN(std::string name, RequiredString(tool, "name", where));
-    Json fn{{"name", name}};
-    if (const Json* d = Field(tool, "description")) fn["description"] = *d;
-    if (const Json* p = Field(tool, "parameters")) fn["parameters"] = *p;
+    harmony::ChatTool t;
+    t.field = where;
+    t.parameters_field = where + ".parameters";
+    FLOTILLA_ASSIGN_OR_RETURN(t.name, RequiredString(tool, "name", where));
+    if (const Json* d = Field(tool, "description")) {
+      if (!d->is_string()) return Invalid(where + ".description", "must be a string");
+      t.description = d->get<std::string>();
+    }
+    if (const Json* p = Field(tool, "parameters")) t.parameters = *p;
     // The Responses API's default: arguments conform to the parameters.
-    const Json* strict = Field(tool, "strict");
-    fn["strict"] = strict == nullptr ? Json(true) : *strict;
-    out.push_back(Json{{"type", "function"}, {"function", std::move(fn)}});
+    t.strict = true;
+    if (const Json* strict = Field(tool, "strict")) {
+      if (!strict->is_boolean()) return Invalid(where + ".strict", "must be a boolean");
+      t.strict = strict->get<bool>();
+    }
+    out.tools.push_back(std::move(t));
   }
-  return out;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<Json> ChatToolChoice(const Json& choice) {
-  if (choice.is_string()) return choice;  // none, auto, required: the chat mapping checks
+absl::Status ReadToolChoice(const Json& choice, harmony::ChatToolChoice& out) {
+  using Mode = harmony::ChatToolChoice::Mode;
+  if (choice.is_string()) {
+    const std::string mode = choice.get<std::string>();
+    if (mode == "none") {
+      out.mode = Mode::kNone;
+    } else if (mode == "required") {
+      out.mode = Mode::kRequired;
+    } else if (mode != "auto") {
+      return Invalid("tool_choice", absl::StrCat("must be \"none\", \"auto\", \"required\" "
+                                                 "or a function, not '",
+                                                 mode, "'"));
+    }
+    return absl::OkStatus();
+  }
   if (!choice.is_object()) return Invalid("tool_choice", "must be a string or an object");
   FLOTILLA_ASSIGN_OR_RETURN(std::string type, RequiredString(choice, "type", "tool_choice"));
   if (type != "function") {
     return Invalid("tool_choice.type",
                    absl::StrCat("'", type, "' is not supported (only \"function\")"));
   }
-  FLOTILLA_ASSIGN_OR_RETURN(std::string name, RequiredString(choice, "name", "tool_choice"));
-  return Json{{"type", "function"}, {"function", {{"name", name}}}};
+  out.mode = Mode::kFunction;
+  FLOTILLA_ASSIGN_OR_RETURN(out.function, RequiredString(choice, "name", "tool_choice"));
+  out.function_field = "tool_choice.name";
+  return absl::OkStatus();
 }
 
-absl::Status ChatReasoning(const Json& reasoning, Json& chat) {
+absl::Status ReadReasoning(const Json& reasoning, harmony::ChatConversation& out) {
   if (!reasoning.is_object()) return Invalid("reasoning", "must be an object");
   for (const auto& [key, value] : reasoning.items()) {
     if (key == "effort") {
@@ -181,7 +192,7 @@ absl::Status ChatReasoning(const Json& reasoning, Json& chat) {
                                     "gpt-oss knows), not ",
                                     value.dump()));
       }
-      chat["reasoning_effort"] = value;
+      out.reasoning_effort = value.get<std::string>();
     } else if (key == "summary" || key == "generate_summary") {
       // A no-op: no summaries are written; the whole reasoning is the item's content.
       if (!value.is_null() && value != "auto" && value != "concise" && value != "detailed") {
@@ -192,7 +203,8 @@ absl::Status ChatReasoning(const Json& reasoning, Json& chat) {
   return absl::OkStatus();
 }
 
-absl::Status ChatTextFormat(const Json& text, Json& chat) {
+absl::Status ReadTextFormat(const Json& text, harmony::ChatConversation& out) {
+  using Type = harmony::ChatResponseFormat::Type;
   if (!text.is_object()) return Invalid("text", "must be an object");
   for (const auto& [key, value] : text.items()) {
     // verbosity: a no-op (gpt-oss has no such setting); other members:
@@ -206,102 +218,63 @@ absl::Status ChatTextFormat(const Json& text, Json& chat) {
   if (format == nullptr) return absl::OkStatus();
   if (!format->is_object()) return Invalid("text.format", "must be an object");
   FLOTILLA_ASSIGN_OR_RETURN(std::string type, RequiredString(*format, "type", "text.format"));
-  if (type != "json_schema") {
-    // text and json_object mean the same in the chat pipeline, which checks the type.
-    chat["response_format"] = Json{{"type", type}};
-    return absl::OkStatus();
+  harmony::ChatResponseFormat f;
+  if (type == "text") {
+    f.type = Type::kText;
+  } else if (type == "json_object") {
+    f.type = Type::kJsonObject;
+  } else if (type == "json_schema") {
+    f.type = Type::kJsonSchema;
+    const Json* schema = Field(*format, "schema");
+    if (schema == nullptr || !schema->is_object()) {
+      return Invalid("text.format.schema", "is required (a JSON Schema object)");
+    }
+    if (const Json* strict = Field(*format, "strict"); strict != nullptr && !strict->is_boolean()) {
+      return Invalid("text.format.strict", "must be a boolean");
+    }
+    f.schema = *schema;
+    f.schema_field = "text.format.schema";
+  } else {
+    return Invalid(
+        "text.format.type",
+        absl::StrCat("must be \"text\", \"json_object\" or \"json_schema\", not '", type, "'"));
   }
-  Json schema{{"name", format->value("name", "response")}};
-  if (const Json* s = Field(*format, "schema")) schema["schema"] = *s;
-  if (const Json* s = Field(*format, "strict")) schema["strict"] = *s;
-  chat["response_format"] = Json{{"type", "json_schema"}, {"json_schema", std::move(schema)}};
+  out.response_format = std::move(f);
   return absl::OkStatus();
 }
 
-// The chat body and, per chat message, where it came from.
-struct ChatBody {
-  Json body;
-  std::vector<std::string> origin;
-};
-
-absl::StatusOr<ChatBody> Translate(const ResponsesRequest& request, const Json& history) {
+// The typed conversation of `request` continuing `history` (the items of
+// previous_response_id): the instructions, then the history's items, then
+// the input's, each message naming the Responses field it came from.
+absl::StatusOr<harmony::ChatConversation> Conversation(const ResponsesRequest& request,
+                                                       const Json& history) {
   const Json& r = request.body;
-  ChatBody out;
-  out.body = Json::object();
-  for (const char* key : kSameInChat) {
-    if (const Json* v = Field(r, key)) out.body[key] = *v;
-  }
-  if (const Json* v = Field(r, "max_output_tokens")) out.body["max_completion_tokens"] = *v;
-  out.body["stream"] = request.stream;
-  if (const Json* v = Field(r, "tools")) {
-    FLOTILLA_ASSIGN_OR_RETURN(out.body["tools"], ChatTools(*v));
-  }
+  harmony::ChatConversation out;
+  out.messages_field = "input";
+  if (const Json* v = Field(r, "tools")) FLOTILLA_RETURN_IF_ERROR(ReadTools(*v, out));
   if (const Json* v = Field(r, "tool_choice")) {
-    FLOTILLA_ASSIGN_OR_RETURN(out.body["tool_choice"], ChatToolChoice(*v));
+    FLOTILLA_RETURN_IF_ERROR(ReadToolChoice(*v, out.tool_choice));
   }
-  if (const Json* v = Field(r, "reasoning")) FLOTILLA_RETURN_IF_ERROR(ChatReasoning(*v, out.body));
-  if (const Json* v = Field(r, "text")) FLOTILLA_RETURN_IF_ERROR(ChatTextFormat(*v, out.body));
+  if (const Json* v = Field(r, "reasoning")) FLOTILLA_RETURN_IF_ERROR(ReadReasoning(*v, out));
+  if (const Json* v = Field(r, "text")) FLOTILLA_RETURN_IF_ERROR(ReadTextFormat(*v, out));
 
-  Json messages = Json::array();
   if (const Json* v = Field(r, "instructions"); v != nullptr && !v->get<std::string>().empty()) {
-    messages.push_back(Json{{"role", "developer"}, {"content", *v}});
-    out.origin.push_back("instructions");
+    harmony::ChatMessage m;
+    m.role = harmony::ChatRole::kDeveloper;
+    m.content = v->get<std::string>();
+    m.field = m.content_field = "instructions";
+    out.messages.push_back(std::move(m));
   }
-  ChatMessageBuilder items(&messages, &out.origin, request.cipher);
+  ChatMessageBuilder items(&out.messages, request.cipher);
   for (const Json& item : history) {
-    FLOTILLA_RETURN_IF_ERROR(items.Add(item, "previous_response_id"));
+    FLOTILLA_RETURN_IF_ERROR(
+        items.Add(item, "previous_response_id", ChatMessageBuilder::Naming::kWholeItem));
   }
   for (size_t i = 0; i < request.input_items.size(); ++i) {
     FLOTILLA_RETURN_IF_ERROR(items.Add(request.input_items[i], absl::StrCat("input[", i, "]")));
   }
   items.Flush();
-  out.body["messages"] = std::move(messages);
   return out;
-}
-
-// "response_format.json_schema.schema" -> "text.format.schema", and so on.
-std::string RenameField(const std::string& field, const std::vector<std::string>& origin) {
-  struct Prefix {
-    const char* chat;
-    const char* responses;
-  };
-  static constexpr Prefix kPrefixes[] = {
-      {"response_format.json_schema", "text.format"}, {"response_format", "text.format"},
-      {"max_completion_tokens", "max_output_tokens"}, {"reasoning_effort", "reasoning.effort"},
-      {"tool_choice.function", "tool_choice"},        {"messages", "input"}};
-  if (absl::StartsWith(field, "messages[")) {
-    const size_t close = field.find(']');
-    size_t index = 0;
-    if (close != std::string::npos && absl::SimpleAtoi(field.substr(9, close - 9), &index) &&
-        index < origin.size()) {
-      std::string rest = field.substr(close + 1);
-      if (rest == ".tool_call_id") rest = ".call_id";
-      // An item of the history or the instructions: name the field that brought it.
-      return absl::StartsWith(origin[index], "input[") ? origin[index] + rest : origin[index];
-    }
-  }
-  if (absl::StartsWith(field, "tools[")) {
-    const size_t fn = field.find("].function");
-    if (fn != std::string::npos) return field.substr(0, fn + 1) + field.substr(fn + 10);
-  }
-  for (const Prefix& p : kPrefixes) {
-    if (absl::StartsWith(field, p.chat))
-      return p.responses + field.substr(std::string(p.chat).size());
-  }
-  return field;
-}
-
-absl::Status RenameError(const absl::Status& status, const std::vector<std::string>& origin) {
-  if (status.ok()) return status;
-  const std::string message(status.message());
-  const size_t colon = message.find(": ");
-  if (colon == std::string::npos || message.substr(0, colon).find(' ') != std::string::npos)
-    return status;
-  absl::Status renamed(status.code(), absl::StrCat(RenameField(message.substr(0, colon), origin),
-                                                   message.substr(colon)));
-  status.ForEachPayload(
-      [&](absl::string_view url, const absl::Cord& payload) { renamed.SetPayload(url, payload); });
-  return renamed;
 }
 
 }  // namespace
@@ -328,27 +301,32 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(const Json& body,
     out.encrypted_reasoning = std::find(v->begin(), v->end(), kEncryptedReasoning) != v->end();
   }
   // Everything but the conversation's coherence (which needs the history) now.
-  FLOTILLA_RETURN_IF_ERROR(Translate(out, Json::array()).status());
+  FLOTILLA_RETURN_IF_ERROR(Conversation(out, Json::array()).status());
   return out;
-}
-
-absl::StatusOr<Json> ResponsesToChatBody(const ResponsesRequest& request, const Json& history) {
-  FLOTILLA_ASSIGN_OR_RETURN(ChatBody chat, Translate(request, history));
-  return std::move(chat.body);
 }
 
 absl::StatusOr<PreparedRequest> PrepareResponsesRequest(
     const ResponsesRequest& request, const Json& history, std::string_view model_id,
     const tokenizer::Tokenizer& tok, const harmony::OpenAiRequestOptions& options,
     size_t max_prompt_text_bytes) {
-  FLOTILLA_ASSIGN_OR_RETURN(ChatBody chat, Translate(request, history));
-  absl::StatusOr<PreparedRequest> prepared = PrepareChatRequest(
-      chat.body, model_id, tok, options, max_prompt_text_bytes, request.unknown_fields);
-  if (!prepared.ok()) return RenameError(prepared.status(), chat.origin);
+  const Json& body = request.body;
+  PreparedRequest out;
+  out.endpoint = Endpoint::kChat;
+  out.stream = request.stream;
+  FieldCheck fields(request.unknown_fields);
+  FLOTILLA_RETURN_IF_ERROR(json_fields::CheckModel(body, model_id));
+  FLOTILLA_RETURN_IF_ERROR(ReadSamplingFields(body, out));
+  FLOTILLA_RETURN_IF_ERROR(ReadMaxTokens(body, "max_output_tokens", out).status());
+  FLOTILLA_RETURN_IF_ERROR(ReadChatEndTokens(body, tok.vocab_size(), out));
+  harmony::OpenAiRequestOptions harmony_options = options;
+  FLOTILLA_RETURN_IF_ERROR(ReadChatTemplateKwargs(body, fields, harmony_options));
+  FLOTILLA_ASSIGN_OR_RETURN(harmony::ChatConversation conversation, Conversation(request, history));
+  FLOTILLA_RETURN_IF_ERROR(
+      PrepareChatPrompt(conversation, harmony_options, tok, max_prompt_text_bytes, out));
   // The Responses fields ignored, then chat_template_kwargs' members.
-  prepared->ignored_fields.insert(prepared->ignored_fields.begin(),
-                                  request.ignored_fields.begin(), request.ignored_fields.end());
-  return prepared;
+  out.ignored_fields = request.ignored_fields;
+  for (const std::string& name : fields.ignored()) out.ignored_fields.push_back(name);
+  return out;
 }
 
 Json ResponseSettings(const ResponsesRequest& request) {
@@ -358,13 +336,14 @@ Json ResponseSettings(const ResponsesRequest& request) {
     return v == nullptr ? fallback : *v;
   };
   Json tools = Json::array();
-  if (absl::StatusOr<Json> chat = ChatTools(get("tools", Json::array())); chat.ok()) {
-    for (const Json& t : *chat) {
-      Json flat{{"type", "function"}, {"name", t["function"]["name"]}};
-      flat["description"] = t["function"].value("description", Json());
-      flat["parameters"] = t["function"].value("parameters", Json());
-      flat["strict"] = t["function"]["strict"];
-      tools.push_back(std::move(flat));
+  harmony::ChatConversation described;
+  if (ReadTools(get("tools", Json::array()), described).ok()) {
+    for (const harmony::ChatTool& t : described.tools) {
+      tools.push_back(Json{{"type", "function"},
+                           {"name", t.name},
+                           {"description", t.description.empty() ? Json() : Json(t.description)},
+                           {"parameters", t.parameters ? Json(*t.parameters) : Json()},
+                           {"strict", t.strict}});
     }
   }
   Json reasoning = get("reasoning", Json::object());

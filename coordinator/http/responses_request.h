@@ -1,12 +1,12 @@
-// POST /v1/responses requests (the OpenAI Responses API) on the chat
-// pipeline: the request is validated with the Responses field names, its
-// input items (after those of the response `previous_response_id` names)
-// become a chat-completions body, and PrepareChatRequest renders that with
-// Harmony exactly as it renders a chat request. Errors the chat pipeline finds
-// are renamed to the Responses field they came from (`messages[3]` ->
-// `input[1]`, `response_format.json_schema.schema` -> `text.format.schema`).
+// POST /v1/responses requests (the OpenAI Responses API): the request is
+// validated with the Responses field names, and its instructions, tools,
+// tool_choice, reasoning, text.format and input items (after those of the
+// response `previous_response_id` names) become the typed conversation
+// (common/harmony/chat_request.h) that PrepareChatPrompt renders with Harmony
+// exactly as it renders a chat request. Every part keeps the Responses field
+// it came from, so errors name `input[1].call_id` or `text.format.schema`.
 // No HTTP here: the HTTP driver and tests call it.
-// The items become chat messages as responses_items.h says.
+// The items become messages as responses_items.h says.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -53,11 +53,10 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(
     const Json& body, const ReasoningCipher* cipher = nullptr,
     UnknownFields unknown_fields = UnknownFields::kIgnore);
 
-// The chat-completions body for `request` continuing `history` (the stored
-// items of previous_response_id; an empty array when there is none).
-absl::StatusOr<Json> ResponsesToChatBody(const ResponsesRequest& request, const Json& history);
-
-// ResponsesToChatBody + PrepareChatRequest, errors named as Responses fields.
+// The prepared request for `request` continuing `history` (the stored items
+// of previous_response_id; an empty array when there is none): sampling,
+// max_output_tokens, the Harmony prompt and the structured-output
+// constraint, errors naming Responses fields.
 absl::StatusOr<PreparedRequest> PrepareResponsesRequest(
     const ResponsesRequest& request, const Json& history, std::string_view model_id,
     const tokenizer::Tokenizer& tok, const harmony::OpenAiRequestOptions& options,

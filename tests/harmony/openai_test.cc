@@ -169,7 +169,7 @@ TEST(OpenAiRequest, TypedConversationErrorsNameItsFields) {
   ChatConversation wrong_name = c;
   ChatMessage call;
   call.role = ChatRole::kAssistant;
-  call.tool_calls.push_back({"call_1", "get_weather", "{}"});
+  call.tool_calls.push_back({"call_1", "get_weather", "{}", /*field=*/""});
   call.field = "messages[1]";
   wrong_name.messages.push_back(call);
   tool_result.tool_call_id = "call_1";

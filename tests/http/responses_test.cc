@@ -420,6 +420,12 @@ TEST(ResponsesRequestTest, ErrorsNameTheResponsesField) {
             {"schema", {{"type", "object"}, {"patternProperties", Json::object()}}}}}}}},
        "text.format.schema"},
       {{{"metadata", {{"k", 1}}}}, "metadata.k"},
+      {{{"tools", {{{"type", "function"}, {"name", "f"}, {"strict", "yes"}}}}}, "tools[0].strict"},
+      {{{"text", {{"format", {{"type", "json_schema"}, {"name", "x"}}}}}}, "text.format.schema"},
+      {{{"input",
+         {{{"type", "function_call"}, {"call_id", "c1"}, {"name", "f"}, {"arguments", "{}"}},
+          {{"type", "function_call_output"}, {"call_id", "c2"}, {"output", "x"}}}}},
+       "input[1].call_id"},
   };
   for (const Case& c : cases) {
     absl::StatusOr<PreparedRequest> p = absl::InternalError("unset");
@@ -435,6 +441,25 @@ TEST(ResponsesRequestTest, ErrorsNameTheResponsesField) {
     EXPECT_EQ(e.param.substr(0, std::string(c.param).size()), c.param)
         << c.extra.dump() << ": " << e.message;
   }
+}
+
+// What a stored response brought is named by previous_response_id, and a
+// prompt over the byte limit by input: the fields the client sent.
+TEST(ResponsesRequestTest, HistoryAndPromptSizeErrorsNameTheRequestsFields) {
+  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(Request(
+      {{"previous_response_id", "resp_1"},
+       {"input", {{{"type", "function_call_output"}, {"call_id", "c9"}, {"output", "x"}}}}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const Json history = {{{"type", "function_call_output"}, {"call_id", "gone"}, {"output", "y"}}};
+  absl::StatusOr<PreparedRequest> p = PrepareResponsesRequest(*r, history, "m", Tok(), {});
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(ErrorFromStatus(p.status()).param, "previous_response_id") << p.status();
+
+  r = ParseResponsesRequest(Request({{"input", std::string(4096, 'x')}}));
+  ASSERT_TRUE(r.ok()) << r.status();
+  p = PrepareResponsesRequest(*r, Json::array(), "m", Tok(), {}, /*max_prompt_text_bytes=*/1024);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(ErrorFromStatus(p.status()).param, "input") << p.status();
 }
 
 TEST(ResponsesRequestTest, SettingsAreRepeatedInTheResponse) {
