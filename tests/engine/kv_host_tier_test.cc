@@ -1,16 +1,19 @@
-// The host-memory KV tier: KvHostTier's bounded LRU, and the CPU engine
+// The host-memory KV tier: KvHostTier's bounded LRU, KvBlockAllocator
+// restoring a prefix from it with the CUDA engine's pools, and the CPU engine
 // serving a prompt whose cached blocks its arena evicted from the copies the
 // tier kept, with the tokens and logits of a run that computed everything.
 #include "worker/engine/kv_host_tier.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "tests/engine/consecutive_tokens.h"
 #include "tests/engine/logit_diff.h"
 #include "tests/engine/multi_turn.h"
 #include "worker/engine/cpu_engine.h"
+#include "worker/engine/kv_block_allocator.h"
 #include "worker/model/synthetic_weights.h"
 
 namespace flotilla {
@@ -60,6 +63,117 @@ TEST(KvHostTier, AKeyWithOtherTokensOrAnotherParentOrGroupIsAMiss) {
   EXPECT_FALSE(tier.Contains(7, 1, 71, ConsecutiveTokens(4, 0)));
   EXPECT_FALSE(tier.Contains(7, 0, 70, ConsecutiveTokens(4, 0)));
   EXPECT_EQ(tier.Load(7, 1, 70, ConsecutiveTokens(4, 1)), nullptr);
+}
+
+// ---- KvBlockAllocator with a tier, as the CUDA engine drives it ----
+
+// A device arena holding one tag per block of each group; the mover copies
+// tags to and from the host tier.
+class TagArena final : public KvBlockMover {
+ public:
+  TagArena(int groups, int64_t blocks) : tags_(groups, std::vector<uint64_t>(blocks + 1, 0)) {}
+  size_t BlockBytes(int) const override { return sizeof(uint64_t); }
+  void ToHost(int group, int32_t block, uint8_t* host) override {
+    std::memcpy(host, &tags_[group][block], sizeof(uint64_t));
+  }
+  void ToDevice(int group, int32_t block, const uint8_t* host) override {
+    std::memcpy(&tags_[group][block], host, sizeof(uint64_t));
+  }
+  uint64_t& tag(int group, int32_t block) { return tags_[group][block]; }
+
+ private:
+  std::vector<std::vector<uint64_t>> tags_;
+};
+
+// What the steps of prompt `seed` write into logical block b of `group`.
+uint64_t Tag(uint32_t seed, int group, int64_t b) {
+  return (uint64_t{seed} << 32) | static_cast<uint64_t>(b << 1) | static_cast<uint64_t>(group);
+}
+
+// testing::RunTurn on the allocator alone, as the CUDA engine drives it: the
+// cached prefix (whole blocks, short of the last token), the rest in chunks
+// of `chunk` tokens, then 5 decoded tokens; every block a step reserves gets
+// the prompt's tag. The blocks taken from the cache must hold their tags.
+// Returns the cached length.
+int64_t RunTaggedPrompt(KvBlockAllocator& kv, TagArena& arena, const std::vector<int32_t>& prompt,
+                        uint32_t seed, int64_t chunk) {
+  const int64_t bs = kv.options().block_size;
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const int64_t cached = kv.MatchPrefix(prompt, (n - 1) / bs) * bs;
+  auto seq = kv.CreateSequenceFromPrefix({prompt.data(), static_cast<size_t>(cached)});
+  EXPECT_TRUE(seq.ok()) << "CreateSequenceFromPrefix(" << cached << " tokens): " << seq.status();
+  if (!seq.ok()) return cached;
+  for (int g = 0; g < 2; ++g) {
+    const std::vector<int32_t>& table = kv.Table(*seq, g);
+    for (size_t b = 0; b < table.size(); ++b) {
+      if (table[b] >= 0) {
+        EXPECT_EQ(arena.tag(g, table[b]), Tag(seed, g, b)) << "group " << g << " block " << b;
+      }
+    }
+  }
+  auto step = [&](const int32_t* tokens, int64_t count) {
+    const absl::Status reserved =
+        kv.Reserve(*seq, count, [](int, int32_t, int32_t) { FAIL() << "no block is shared"; });
+    ASSERT_TRUE(reserved.ok()) << reserved;
+    for (int g = 0; g < 2; ++g) {
+      const std::vector<int32_t>& table = kv.Table(*seq, g);
+      for (size_t b = 0; b < table.size(); ++b) {
+        if (table[b] >= 0) arena.tag(g, table[b]) = Tag(seed, g, b);
+      }
+    }
+    ASSERT_TRUE(kv.Commit(*seq, count, tokens).ok());
+  };
+  for (int64_t b = cached; b < n; b += chunk) step(prompt.data() + b, std::min(chunk, n - b));
+  for (int32_t t = 3; t < 8; ++t) step(&t, 1);
+  EXPECT_TRUE(kv.Free(*seq).ok());
+  return cached;
+}
+
+TEST(KvBlockAllocatorHostTier, APrefixComesBackWhileThePoolsEvictTheBlocksBeforeItsWindow) {
+  // The CUDA engine's arena in cuda_host_tier_test: a full-attention and a
+  // sliding-window pool of 14 blocks each (block 0 is scratch), 16-token
+  // blocks, a window of 32, steps of up to 64 tokens.
+  constexpr int64_t kPool = 14;
+  KvBlockAllocatorOptions o;
+  o.sliding = {false, true};
+  o.window = 32;
+  o.block_size = 16;
+  o.first_block = 1;
+  o.group_pools = {0, 1};
+  o.pool_blocks = {kPool, kPool};
+  o.prefix_cache = true;
+  o.write_whole_chunk = true;
+  o.max_chunk_tokens = 64;
+  std::vector<uint8_t> host(sizeof(uint64_t) * 256);
+  KvHostTier tier(host.data(), sizeof(uint64_t), 256);
+  TagArena arena(2, kPool);
+  o.host_tier = &tier;
+  o.mover = &arena;
+  auto kv = KvBlockAllocator::Create(o);
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  const std::vector<int32_t> prompt = testing::TurnTokens(200, 5, 1024);
+  const std::vector<int32_t> other = testing::TurnTokens(200, 77, 1024);
+  EXPECT_EQ(RunTaggedPrompt(**kv, arena, prompt, 5, 64), 0);
+  EXPECT_EQ(RunTaggedPrompt(**kv, arena, other, 77, 64), 0);
+  EXPECT_GT(tier.stats().stored_blocks, 0);
+  // The prompt's first block is still in the pools (its sliding block too,
+  // though the sequence does not take it: it is before the window); the
+  // rest comes from the tier, and the allocations that copy it back evict
+  // that sliding block. Before the fix the restore registered its id, now
+  // another token block's, under the first block, and the prefix failed.
+  EXPECT_EQ(RunTaggedPrompt(**kv, arena, prompt, 5, 64), 192);
+  EXPECT_GT(tier.stats().hit_blocks, 0);
+  // Every block the index keeps for the prompt holds that block's KV.
+  const std::vector<PrefixCache::Hit> hits = (*kv)->prefix_cache().Walk(prompt, 12);
+  EXPECT_EQ(hits.size(), 12u);
+  for (size_t b = 0; b < hits.size(); ++b) {
+    for (int g = 0; g < 2; ++g) {
+      const int32_t block = hits[b].slots[g];
+      if (block < 0) continue;
+      EXPECT_EQ(arena.tag(g, block), Tag(5, g, b)) << "group " << g << " block " << b;
+    }
+  }
+  EXPECT_EQ((*kv)->free_blocks(), 2 * kPool);
 }
 
 // ---- the CPU engine ----

@@ -52,7 +52,8 @@ inline TurnResult RunTurn(Engine& engine, const std::vector<int32_t>& prompt,
   r.cached = engine.CachedPrefixLength(prompt, o.cache_domain);
   auto seq = engine.NewSequenceWithPrefix({prompt.begin(), prompt.begin() + r.cached},
                                           o.cache_domain);
-  EXPECT_TRUE(seq.ok()) << seq.status();
+  EXPECT_TRUE(seq.ok()) << "NewSequenceWithPrefix(" << r.cached
+                        << " cached tokens): " << seq.status();
   if (!seq.ok()) return r;
   EXPECT_EQ(*engine.SequenceLength(*seq), r.cached);
   const int64_t V = engine.config().vocab_size;

@@ -457,8 +457,15 @@ absl::Status KvBlockAllocator::RestoreFromHost(absl::Span<const int32_t> prefix,
     for (int64_t b = 0; b < blocks && fits.ok(); ++b) {
       absl::Span<const int32_t> block = prefix.subspan(b * bs, bs);
       for (size_t g = 0; g < groups; ++g) {
-        slots[b][g] = sources[b].slots[g];
-        if (!takes(b, g) || sources[b].slots[g] >= 0) continue;
+        // Only blocks held here are registered. One the sequence does not
+        // take (a sliding group's, before the window) is not held: an
+        // allocation below may have evicted it and handed it out again, and
+        // registering its id would give this token block another's KV.
+        if (!takes(b, g)) continue;
+        if (sources[b].slots[g] >= 0) {
+          slots[b][g] = sources[b].slots[g];
+          continue;
+        }
         const int pool = pool_of_group(static_cast<int>(g));
         const int32_t fresh = *blocks_->Allocate(pool);  // CheckFree counted it
         held.emplace_back(fresh, pool);
@@ -498,17 +505,20 @@ absl::StatusOr<KvBlockAllocator::SequenceId> KvBlockAllocator::CreateSequenceFro
   FLOTILLA_RETURN_IF_ERROR(RestoreFromHost(prefix, domain));
   std::vector<PrefixCache::Hit> hits = blocks_->Walk(prefix, blocks, PrefixCache::Root(domain));
   const int64_t keep_sliding = KeepBegin(SlidingGroup(), static_cast<int64_t>(prefix.size())) / bs;
-  bool whole = static_cast<int64_t>(hits.size()) == blocks;
-  for (int64_t b = 0; whole && b < blocks; ++b) {
+  // The first (block, group) the sequence takes that the cache lacks: the
+  // host tier's blocks could not all be registered (another block held
+  // under one of their keys).
+  for (int64_t b = 0; b < blocks; ++b) {
     for (size_t g = 0; g < options_.sliding.size(); ++g) {
-      whole = whole && (hits[b].slots[g] >= 0 || (options_.sliding[g] && b < keep_sliding));
+      const bool taken = !options_.sliding[g] || b >= keep_sliding;
+      if (taken && (b >= static_cast<int64_t>(hits.size()) || hits[b].slots[g] < 0)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "kv cache: the prefix of ", prefix.size(),
+            " tokens could not be taken from the cache (token block ", b, " of ", blocks,
+            ", group ", g, " (", options_.sliding[g] ? "sliding-window" : "full-attention",
+            "), is not cached after the restore)"));
+      }
     }
-  }
-  if (!whole) {
-    // The host tier's blocks could not all be registered (another block
-    // held under one of their keys).
-    return absl::FailedPreconditionError(absl::StrCat("kv cache: the prefix of ", prefix.size(),
-                                                      " tokens could not be taken from the cache"));
   }
   const SequenceId id = CreateSequence();
   Sequence& s = seqs_[id];
