@@ -235,6 +235,49 @@ TEST(VerifyDraftTest, SeededDrawsAreThoseOfARunWithoutADraft) {
   }
 }
 
+// An engine drawing on a device verifies on the host only the items whose
+// drafted chunk's draws depend on the tokens before them, item by item: a
+// seeded request beside a penalised one keeps the device's draws, which
+// are not the host sampler's (the CUDA engine's seeded tokens with
+// speculation on and off differed when one penalised draft sent the whole
+// step to the host).
+TEST(VerifyDraftTest, OnlyHistoryDependentDraftsAreVerifiedOnTheHost) {
+  SamplingParams greedy;
+  greedy.max_tokens = 100;
+  SamplingParams seeded = greedy;
+  seeded.temperature = 1.0f;
+  seeded.seed = 77;
+  SamplingParams penalised = greedy;
+  penalised.frequency_penalty = 1.5f;
+  SamplingParams biased = greedy;
+  biased.logit_bias = {{2, 1.0f}};
+  SamplingParams held = greedy;
+  held.min_tokens = 2;
+  std::vector<std::unique_ptr<Sampler>> samplers;
+  for (const SamplingParams& p : {greedy, seeded, penalised, biased, held, greedy}) {
+    samplers.push_back(*Sampler::Create(p, kVocab));
+  }
+  std::vector<int32_t> seen;
+  samplers[5]->SetFilter(
+      std::make_unique<testing_filter::FixedFilter>(kVocab, std::vector<int32_t>{1, 2}, &seen));
+  auto drafted = [](Sampler* sampler, int draft) {
+    StepItem item{1, {3, 4, 5}, LogitsMode::kNone, sampler};
+    item.draft_tokens = draft;
+    return item;
+  };
+  std::vector<bool> host;
+  for (const auto& s : samplers) host.push_back(VerifiedOnHost(drafted(s.get(), 2)));
+  EXPECT_EQ(host, (std::vector<bool>{false, false, true, true, true, true}));
+  // Without a draft every item draws on the device, and without a sampler
+  // nothing is drawn.
+  for (const auto& s : samplers) EXPECT_FALSE(VerifiedOnHost(drafted(s.get(), 0)));
+  EXPECT_FALSE(VerifiedOnHost(drafted(nullptr, 2)));
+  // Once min_tokens are drawn, the draws no longer depend on the history.
+  samplers[4]->Record(3);
+  samplers[4]->Record(4);
+  EXPECT_FALSE(VerifiedOnHost(drafted(samplers[4].get(), 2)));
+}
+
 // ---- the engine's side ----
 
 // A CPU engine of the tiny synthetic model of `seed`, blocks of 4 tokens

@@ -241,9 +241,10 @@ class CudaEngine : public Engine {
   size_t decode_bytes_per_token() const;
   // With profile_ops: milliseconds spent per op kind since the last reset.
   const std::map<std::string, double>& op_time_ms() const { return op_time_ms_; }
-  // Steps whose sampling ran on the host (prompt logits asked for beside a
-  // draw, adjustments or masks past the device buffers, a masked row that
-  // wants logprobs or its logits).
+  // Steps whose sampling ran on the host, wholly (prompt logits asked for
+  // beside a draw, adjustments or masks past the device buffers, a masked
+  // row that wants logprobs or its logits) or for the items whose drafted
+  // chunk depends on the tokens before it (VerifiedOnHost).
   int64_t host_sampled_steps() const { return host_sampled_steps_; }
   void reset_op_times() { op_time_ms_.clear(); }
   // Benchmarks: replaces CudaEngineOptions::skip_ops (drops captured graphs).

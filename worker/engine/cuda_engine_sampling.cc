@@ -1,6 +1,7 @@
 // CudaEngine's sampling entries: Step with the items' samplers (their draws
 // on the device through the DeviceSampler, or on the host from the returned
-// logits when the device buffers cannot take the step; drafted tokens are
+// logits when the device buffers cannot take the step, or item by item for
+// drafted chunks the device cannot draw at once; drafted tokens are
 // verified either way) and StepAndSample's explicit rows.
 #include <cuda_runtime_api.h>
 
@@ -13,6 +14,24 @@
 #include "worker/engine/step_layout.h"
 
 namespace flotilla {
+namespace {
+
+// Draws item i's tokens with its sampler on the host from its logit rows in
+// out->logits[i] (the last draft_tokens + 1, as the CPU engine verifies
+// them) into out->sampled[i] and out->accepted[i]; the rows go unless the
+// item asked for them.
+void VerifyItemOnHost(const StepItem& item, size_t i, int64_t vocab, StepOutput* out) {
+  const std::vector<int32_t>& tokens = item.tokens;
+  const int64_t draft = item.draft_tokens;
+  const float* rows = out->logits[i].data() + out->logits[i].size() - (draft + 1) * vocab;
+  VerifiedDraft v = VerifyDraft(*item.sampler, rows, vocab,
+                                absl::MakeConstSpan(tokens).subspan(tokens.size() - draft));
+  out->sampled[i] = std::move(v.next);
+  out->accepted[i] = std::move(v.accepted);
+  if (item.logits == LogitsMode::kNone) out->logits[i].clear();
+}
+
+}  // namespace
 
 absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) {
   bool any_sampler = false, any_all = false;
@@ -31,6 +50,17 @@ absl::StatusOr<StepOutput> CudaEngine::Step(const std::vector<StepItem>& items) 
     return StepWithHostSampling(items);
   }
   FLOTILLA_RETURN_IF_ERROR(RunStep(items, &sampling, &out, nullptr));
+  // Items whose drafted chunk the device could not draw at once: their
+  // rows came back raw, the host draws them; the other items keep the
+  // device's draws (a seeded one's tokens are those of a step without
+  // drafts).
+  bool host_verified = false;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (!sampling.HostVerified(i)) continue;
+    VerifyItemOnHost(items[i], i, config_.vocab_size, &out);
+    host_verified = true;
+  }
+  if (host_verified) ++host_sampled_steps_;
   return out;
 }
 
@@ -46,18 +76,7 @@ absl::StatusOr<StepOutput> CudaEngine::StepWithHostSampling(const std::vector<St
   out.sampled.resize(items.size());
   out.accepted.resize(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    Sampler* sampler = items[i].sampler;
-    if (sampler == nullptr) continue;
-    // The last draft_tokens + 1 rows (one without a draft), as the CPU
-    // engine verifies them.
-    const std::vector<int32_t>& tokens = items[i].tokens;
-    const int64_t draft = items[i].draft_tokens;
-    const float* rows = out.logits[i].data() + out.logits[i].size() - (draft + 1) * V;
-    VerifiedDraft v =
-        VerifyDraft(*sampler, rows, V, absl::MakeConstSpan(tokens).subspan(tokens.size() - draft));
-    out.sampled[i] = std::move(v.next);
-    out.accepted[i] = std::move(v.accepted);
-    if (items[i].logits == LogitsMode::kNone) out.logits[i].clear();
+    if (items[i].sampler != nullptr) VerifyItemOnHost(items[i], i, V, &out);
   }
   return out;
 }

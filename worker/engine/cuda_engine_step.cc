@@ -66,7 +66,8 @@ absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& i
   CudaDeviceState& d = *impl_;
   parallel::ParallelContext* par = options_.parallel;
   // With sampling, every item that samples (or asks for its last logits)
-  // owns one row; StepAndSample's items (no samplers) all sample.
+  // owns one row (a drafted chunk draft_tokens + 1), drawn on the device or
+  // verified on the host; StepAndSample's items (no samplers) all sample.
   std::vector<LogitsMode> modes(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     if (sampling == nullptr) {
@@ -74,7 +75,7 @@ absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& i
       continue;
     }
     const bool row =
-        items[i].logits != LogitsMode::kNone || sampling->samplers[i] != nullptr || !logits_out;
+        items[i].logits != LogitsMode::kNone || items[i].sampler != nullptr || !logits_out;
     modes[i] = row ? LogitsMode::kLast : LogitsMode::kNone;
   }
   // Decode steps replay a graph over a padded batch (StepLayout::Plan). An

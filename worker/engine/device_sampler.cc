@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/cuda_engine_state.h"
+#include "worker/engine/draft_verify.h"
 #include "worker/engine/step_layout.h"
 
 namespace flotilla {
@@ -57,28 +58,23 @@ void DeviceSampler::WriteMasks(const DeviceSampling& sampling) {
   std::atomic_ref<int32_t>(*d.mask_ready).store(mask_step_, std::memory_order_release);
 }
 
-// Whether the draws at a drafted chunk's rows can all be made at once: the
-// j-th uses the seed's draw draws() + j, and nothing else about it depends on
-// the tokens drawn before it (no penalty, logit_bias, min_tokens still in
-// force or token filter; VerifyDraft on the host handles those).
-bool DrawsIndependentOfHistory(const Sampler& sampler) {
-  const SamplingParams& p = sampler.params();
-  return !sampler.has_filter() && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f &&
-         p.repetition_penalty == 1.0f && p.logit_bias.empty() &&
-         static_cast<int64_t>(sampler.draws()) >= p.min_tokens;
-}
-
 bool DeviceSampler::Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling) {
   CudaDeviceState& d = d_;
   sampling->rows.assign(items.size(), kc::SamplingRow{});
   sampling->samplers.assign(items.size(), nullptr);
+  sampling->host_verified.assign(items.size(), false);
   int rows = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     Sampler* sampler = items[i].sampler;
     rows +=
         sampler != nullptr || items[i].logits != LogitsMode::kNone ? 1 + items[i].draft_tokens : 0;
     if (sampler == nullptr) continue;
-    if (items[i].draft_tokens > 0 && !DrawsIndependentOfHistory(*sampler)) return false;
+    if (VerifiedOnHost(items[i])) {
+      // Its logit rows come back for VerifyDraft; nothing of it is staged
+      // (no mask or adjustment touches its raw logits).
+      sampling->host_verified[i] = true;
+      continue;
+    }
     const SamplingParams& p = sampler->params();
     if (sampler->has_filter() && !StageMask(items[i], static_cast<int>(i), sampling)) return false;
     kc::SamplingRow& row = sampling->rows[i];
@@ -234,7 +230,8 @@ absl::Status DeviceSampler::Collect(const std::vector<StepItem>& items,
   if (out != nullptr) {
     out->logits.assign(items.size(), {});
     for (size_t i = 0; i < items.size(); ++i) {
-      if (items[i].logits != LogitsMode::kLast || plan.row_count[i] == 0) continue;
+      const bool wanted = items[i].logits == LogitsMode::kLast || sampling.HostVerified(i);
+      if (!wanted || plan.row_count[i] == 0) continue;
       const size_t n = static_cast<size_t>(plan.row_count[i]) * V;
       out->logits[i].resize(n);
       FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(out->logits[i].data(),

@@ -25,11 +25,19 @@ struct CudaDeviceState;  // worker/engine/cuda_engine_state.h
 struct StepLayout;       // worker/engine/step_layout.h
 
 // One step's sampling on the device: per item, its row's parameters and
-// its sampler (null for StepAndSample's rows); the adjustments staged in
-// the pinned buffer (rows = item indices until Upload maps them).
+// its sampler (null for StepAndSample's rows and for items verified on the
+// host); the adjustments staged in the pinned buffer (rows = item indices
+// until Upload maps them).
 struct DeviceSampling {
   std::vector<kernels::cuda::SamplingRow> rows;
   std::vector<Sampler*> samplers;
+  // Per item: its drafted chunk is verified on the host (VerifiedOnHost,
+  // draft_verify.h): the device draws nothing for it and Collect brings
+  // back its logit rows for VerifyDraft. Empty for StepAndSample.
+  std::vector<bool> host_verified;
+  bool HostVerified(size_t item) const {
+    return item < host_verified.size() && host_verified[item];
+  }
   int adjustments = 0;
   int masks = 0;                 // rows with a token mask slot
   std::vector<Sampler*> masked;  // their samplers, by slot
@@ -46,11 +54,12 @@ class DeviceSampler {
   DeviceSampler& operator=(const DeviceSampler&) = delete;
 
   // The items' samplers into `sampling` (rows and adjustments staged in the
-  // pinned buffers, a mask slot per structured-output row). False when the
-  // step's adjustments, masks or rows (a drafted chunk has draft_tokens + 1)
-  // do not fit the device buffers, a masked row needs its raw logits, or a
+  // pinned buffers, a mask slot per structured-output row); an item whose
   // drafted chunk's draws depend on the tokens before them (penalties, bias,
-  // min_tokens, a token filter): host sampling then.
+  // min_tokens, a token filter) is only marked host_verified. False when
+  // the step's adjustments, masks or rows (a drafted chunk has draft_tokens
+  // + 1) do not fit the device buffers, or a masked row needs its raw
+  // logits: host sampling of the whole step then.
   bool Prepare(const std::vector<StepItem>& items, DeviceSampling* sampling);
   // Once the step is launched: computes the masks of its structured-output
   // rows in parallel (each a copy from the shared mask cache or a walk of the
@@ -66,9 +75,10 @@ class DeviceSampler {
   // The draws from the first `rows` logit rows on `stream`.
   absl::Status Launch(const DeviceSampling& sampling, int rows, cudaStream_t stream);
   // Brings back the drawn tokens (and logprobs, and the logit rows asked for
-  // beside them; `wait` waits for the stream) and records the tokens in
-  // their samplers: into `out` (Step; a drafted chunk's accepted tokens
-  // into out->accepted, VerifyDraft's rule) or `sampled` (StepAndSample).
+  // beside them or of host_verified items; `wait` waits for the stream) and
+  // records the tokens in their samplers: into `out` (Step; a drafted
+  // chunk's accepted tokens into out->accepted, VerifyDraft's rule) or
+  // `sampled` (StepAndSample). host_verified items are left to the caller.
   absl::Status Collect(const std::vector<StepItem>& items, const DeviceSampling& sampling,
                        const StepLayout& plan, StepOutput* out, std::vector<SampledToken>* sampled,
                        const std::function<absl::Status()>& wait);

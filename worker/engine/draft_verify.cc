@@ -23,6 +23,17 @@ VerifiedDraft VerifyDraft(Sampler& sampler, const float* rows, int64_t vocab_siz
   return out;
 }
 
+bool VerifiedOnHost(const StepItem& item) {
+  if (item.sampler == nullptr || item.draft_tokens <= 0) return false;
+  const Sampler& sampler = *item.sampler;
+  const SamplingParams& p = sampler.params();
+  const bool independent = !sampler.has_filter() && p.frequency_penalty == 0.0f &&
+                           p.presence_penalty == 0.0f && p.repetition_penalty == 1.0f &&
+                           p.logit_bias.empty() &&
+                           static_cast<int64_t>(sampler.draws()) >= p.min_tokens;
+  return !independent;
+}
+
 absl::Status CheckAcceptedDraft(const StepItem& item,
                                 const std::unordered_map<int64_t, std::vector<int32_t>>& drafts) {
   if (item.accepted_draft.empty()) return absl::OkStatus();

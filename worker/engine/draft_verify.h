@@ -42,6 +42,16 @@ struct VerifiedDraft {
 VerifiedDraft VerifyDraft(Sampler& sampler, const float* rows, int64_t vocab_size,
                           absl::Span<const int32_t> draft);
 
+// Whether an engine that draws on a device verifies `item` on the host
+// instead (VerifyDraft over its logit rows): it brings a drafted chunk and
+// its sampler's draws depend on the tokens drawn before them (a penalty,
+// logit_bias, min_tokens still in force, or a token filter), so the device
+// cannot draw its rows at once (the j-th with the draw draws() + j). The
+// rule is per item: the step's other items keep the device's draws, as in a
+// step without drafts. (A seeded request's device draws, Philox, are not
+// the host sampler's, so moving it to the host would change its tokens.)
+bool VerifiedOnHost(const StepItem& item);
+
 // OK when `item` accepts nothing or accepts the start of the draft its
 // sequence's last step brought (`drafts`: each sequence's last draft, as the
 // engine keeps them); else INVALID_ARGUMENT naming both lengths.
