@@ -1,6 +1,7 @@
 #include "worker/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -56,6 +57,11 @@ Scheduler::Scheduler(const Engine* engine, SchedulerLimits limits, Clock clock,
       limits_(limits),
       clock_(std::move(clock)),
       vocabulary_(std::move(vocabulary)),
+      step_clock_([] {
+        return std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::steady_clock::now().time_since_epoch())
+            .count();
+      }),
       own_draft_memory_(draft_memory == nullptr ? std::make_unique<DraftMemory>() : nullptr),
       draft_memory_(draft_memory == nullptr ? own_draft_memory_.get() : draft_memory) {}
 
@@ -244,9 +250,12 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   for (const auto& [id, seq] : sequences_) {
     if (seq.prefilled >= static_cast<int64_t>(seq.prompt.size())) ++decoding;
   }
-  // Past --speculative-max-batch decoding sequences, nothing is drafted.
-  const bool draft =
-      limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
+  // Past --speculative-max-batch decoding sequences, nothing is drafted;
+  // below it, the governor says whether drafting pays at this batch.
+  bool draft = limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
+  if (draft && decoding > 0 && limits_.speculative_governor) {
+    draft = governor_.ShouldDraft(decoding);
+  }
   budget -= PlanDecodes(draft ? std::max<int64_t>(0, budget - decoding) : 0, &plan);
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
@@ -289,6 +298,8 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     Admit(sub, refused);
   }
   PlanPromptChunks(budget, now, &plan);
+  last_plan_ = {decoding, decoding > 0 && plan.items_size() == decoding, step_clock_(),
+                speculative_.accepted};
   return plan;
 }
 
@@ -402,6 +413,7 @@ Sampler* Scheduler::SamplerFor(const cluster::PlanItem& item) {
 void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result,
                          cluster::TokenBatch* out) {
   const uint64_t now = clock_();
+  const int64_t step_us = step_clock_() - last_plan_.planned_us;
   for (int i = 0; i < plan.items_size(); ++i) {
     const cluster::PlanItem& p = plan.items(i);
     auto sit = sequences_.find(p.request_id());
@@ -420,6 +432,17 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
     if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;
     if (TakeDrawn(seq, p, result, static_cast<size_t>(i), now, out)) sequences_.erase(sit);
   }
+  if (limits_.speculative_governor) MeasureStep(plan, step_us);
+}
+
+void Scheduler::MeasureStep(const cluster::StepPlan& plan, int64_t step_us) {
+  if (!last_plan_.decode_only || plan.items_size() != last_plan_.decoding) return;
+  SpeculationGovernor::Sample sample;
+  sample.decoding = last_plan_.decoding;
+  for (const cluster::PlanItem& item : plan.items()) sample.drafted += item.draft_tokens();
+  sample.accepted = static_cast<int64_t>(speculative_.accepted - last_plan_.accepted_before);
+  sample.micros = static_cast<double>(step_us);
+  governor_.Record(sample);
 }
 
 void Scheduler::PassHidden(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result,

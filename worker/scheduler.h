@@ -22,6 +22,7 @@
 #include "worker/engine/stop_rules.h"
 #include "worker/prefill_policy.h"
 #include "worker/speculation.h"
+#include "worker/speculation_governor.h"
 #include "worker/speculative_drafter.h"
 
 namespace flotilla::worker {
@@ -43,6 +44,9 @@ struct SchedulerLimits {
   // multiplies a large batch's work, which then costs more than the
   // accepted tokens save (worker/README.md "Speculative decoding").
   int64_t speculative_max_batch = 0;
+  // Below that bound, whether a step drafts is measured per batch size
+  // (SpeculationGovernor, --speculative-governor); off: every step drafts.
+  bool speculative_governor = false;
 };
 
 // Speculative decoding, since the scheduler started: tokens drafted, drafted
@@ -57,6 +61,9 @@ class Scheduler {
  public:
   // Milliseconds since the Unix epoch (deadlines are wall-clock times).
   using Clock = std::function<uint64_t()>;
+  // Microseconds of a monotonic clock: how long steps take (the speculation
+  // governor's measurements).
+  using StepClock = std::function<int64_t()>;
 
   // `engine` must outlive the scheduler; the scheduler only reads it.
   // `vocabulary` builds structured-output constraints (requests with one are
@@ -103,6 +110,9 @@ class Scheduler {
   uint64_t prefix_queries_tokens() const { return prefix_queries_; }
   uint64_t prefix_hits_tokens() const { return prefix_hits_; }
   const SpeculativeCounts& speculative_counts() const { return speculative_; }
+  const SpeculationGovernor& speculation_governor() const { return governor_; }
+  // Replaces the steady clock that times steps (tests).
+  void set_step_clock(StepClock clock) { step_clock_ = std::move(clock); }
   // Longest sequence served: the engine's limit within max_model_len.
   int64_t MaxSequenceLength() const;
 
@@ -177,6 +187,9 @@ class Scheduler {
   bool TakeToken(Sequence& seq, const TokenLogprob& drawn, uint64_t now,
                  cluster::SequenceUpdate* u);
   void Release(const Sequence& seq);
+  // Gives the governor the step just completed (`plan`, `step_us` after it
+  // was planned) when it was decode-only.
+  void MeasureStep(const cluster::StepPlan& plan, int64_t step_us);
 
   const Engine* engine_;
   const SchedulerLimits limits_;
@@ -189,6 +202,16 @@ class Scheduler {
   std::vector<int64_t> kv_reserved_;  // per KV pool, sized at the first admission
   uint64_t prefix_queries_ = 0, prefix_hits_ = 0;
   SpeculativeCounts speculative_;
+  SpeculationGovernor governor_;
+  StepClock step_clock_;
+  // The last plan, as the governor measures it: decoding sequences, whether
+  // it was decode-only, when it was handed out, the accepted count before.
+  struct PlannedStep {
+    int64_t decoding = 0;
+    bool decode_only = false;
+    int64_t planned_us = 0;
+    uint64_t accepted_before = 0;
+  } last_plan_;
   std::unique_ptr<DraftMemory> own_draft_memory_;  // when none was given
   DraftMemory* draft_memory_;
 };

@@ -2,18 +2,18 @@
 // shards it is assigned, joins its peers and runs the step loop. Every flag
 // also reads a FLOTILLA_* environment variable.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
-#include <optional>
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <thread>
 
+#include "common/cluster_token.h"
 #include "common/command_line.h"
 #include "common/config_file.h"
-#include "common/cluster_token.h"
 #include "common/logging.h"
 #include "spdlog/spdlog.h"
 #include "worker/worker_runtime.h"
@@ -88,6 +88,14 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_SPECULATIVE_MAX_BATCH")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--speculative-governor", o.speculative_governor,
+                 "on: below --speculative-max-batch, whether a step drafts is measured per "
+                 "batch size (drafted and plain steps' times, tokens accepted); off: every "
+                 "step drafts")
+      ->envname("FLOTILLA_SPECULATIVE_GOVERNOR")
+      ->transform(
+          CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->default_str("on");
   app.add_flag("--allow-replay-drafter", o.speculative.allow_replay,
                "benchmarks only: requests may choose the replay drafter, which proposes the "
                "recorded output of an earlier identical request (recorded while this is set)")

@@ -42,6 +42,10 @@ struct WorkerOptions {
   // nothing (SchedulerLimits::speculative_max_batch); a coordinator's
   // nonzero value wins.
   int64_t speculative_max_batch = kDefaultSpeculativeMaxBatch;
+  // --speculative-governor on|off: below that bound, whether a step drafts
+  // is measured per batch size (worker/speculation_governor.h); off: every
+  // step drafts.
+  bool speculative_governor = true;
   // --speculative-model: the EAGLE3 head's directory or synthetic:eagle3
   // (worker/draft_head.h); the coordinator's nonempty one wins.
   std::string speculative_model;

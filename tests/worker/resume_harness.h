@@ -117,8 +117,12 @@ inline VocabularyProvider Vocabulary() {
 struct ServeOptions {
   int64_t max_batch_tokens = 8;  // a resumed context is prefilled in chunks
   int64_t max_sequences = 4;
-  SpeculativeConfig speculative;        // the worker's default
-  int64_t speculative_max_batch = 0;    // SchedulerLimits'
+  SpeculativeConfig speculative;      // the worker's default
+  int64_t speculative_max_batch = 0;  // SchedulerLimits'
+  bool speculative_governor = false;  // SchedulerLimits'
+  // Not null: the leader's steps are timed by a simulated clock that each
+  // step advances by what this returns for its plan (microseconds).
+  std::function<int64_t(const cluster::StepPlan&)> step_micros;
   DraftMemory* draft_memory = nullptr;  // not null: shared with other runs (replay, suffix)
   SpeculativeCounts* counts = nullptr;  // not null: the leader's counts at the end
   int max_steps = 1000;
@@ -134,16 +138,19 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
   StepExecutor executor(&engine, comm, context, parallel, rank, MapFor(world).version());
   std::unique_ptr<Scheduler> scheduler;
   cluster::TokenBatch out;
+  int64_t now_us = 0;  // the simulated step clock (options.step_micros)
   if (executor.leader()) {
     SchedulerLimits limits;
     limits.max_batch_tokens = options.max_batch_tokens;
     limits.max_sequences = options.max_sequences;
     limits.speculative = options.speculative;
     limits.speculative_max_batch = options.speculative_max_batch;
+    limits.speculative_governor = options.speculative_governor;
     scheduler = std::make_unique<Scheduler>(
         &engine, limits, [] { return uint64_t{1000}; },
         engine.config().vocab_size == TestModel().vocab_size ? Vocabulary() : nullptr,
         options.draft_memory);
+    if (options.step_micros) scheduler->set_step_clock([&now_us] { return now_us; });
     for (const cluster::SubmitSequence& submit : submits) scheduler->Enqueue(submit, &out);
   }
   StepExecutor::SamplerLookup sampler_for;
@@ -157,6 +164,7 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
     absl::StatusOr<std::optional<StepOutput>> result = executor.Run(exchanged->plan, sampler_for);
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) break;
+    if (options.step_micros) now_us += options.step_micros(exchanged->plan);
     if (scheduler && result->has_value()) scheduler->Complete(exchanged->plan, **result, &out);
   }
   if (scheduler && options.counts != nullptr) *options.counts = scheduler->speculative_counts();

@@ -732,6 +732,47 @@ TEST(SpeculativeMaxBatchTest, LargeBatchesDraftNothing) {
   }
 }
 
+// The governor drafts where its measured steps say drafting pays and stops
+// where they say it does not, the tokens unchanged either way. Steps are timed
+// by a simulated clock: a plain decode step costs 1 ms; a drafted one 1 ms
+// plus `per_drafted_us` for each drafted token.
+TEST(SpeculationGovernorServeTest, DraftsOnlyWhereTheMeasuredStepsSayItPays) {
+  std::vector<cluster::SubmitSequence> submits = {Repetitive(1, 40), Repetitive(2, 40, 3000)};
+  for (cluster::SubmitSequence& s : submits) s.mutable_sampling()->set_ignore_eos(true);
+  ServeOptions plain = Plain();
+  plain.max_batch_tokens = 128;
+  const auto want = TokensById(Serve(submits, 1, plain));
+  struct Run {
+    int64_t per_drafted_us;
+    int drafted_steps = 0, decode_steps = 0;
+  };
+  for (Run run : {Run{0}, Run{5000}}) {
+    SCOPED_TRACE(run.per_drafted_us);
+    SpeculativeCounts counts;
+    ServeOptions o = Speculating(3, &counts);
+    o.max_batch_tokens = 128;
+    o.speculative_governor = true;
+    o.step_micros = [&run](const cluster::StepPlan& plan) {
+      int64_t drafted = 0;
+      for (const cluster::PlanItem& item : plan.items()) drafted += item.draft_tokens();
+      ++run.decode_steps;
+      if (drafted > 0) ++run.drafted_steps;
+      return 1000 + run.per_drafted_us * drafted;
+    };
+    EXPECT_EQ(TokensById(Serve(submits, 1, o)), want);
+    if (run.per_drafted_us == 0) {
+      // Free drafts: after its few plain measurements the bucket drafts.
+      EXPECT_GE(run.drafted_steps, run.decode_steps / 2) << run.decode_steps;
+      EXPECT_GT(counts.accepted, 0u);
+    } else {
+      // Drafts that cost five steps each: the first measured drafted steps
+      // of each batch size are all there is.
+      EXPECT_GT(run.drafted_steps, 0);
+      EXPECT_LE(run.drafted_steps, 2 * SpeculationGovernor::kMinSamples) << run.decode_steps;
+    }
+  }
+}
+
 // ---- the golden fixtures and the demo model ----
 
 TEST(SpeculativeGoldenTest, GreedyTokensMatchTheFixtures) {
