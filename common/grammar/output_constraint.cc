@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<OutputConstraint>> OutputConstraint::Create(
   if (absl::Status st = CheckSpec(spec); !st.ok()) return st;
   std::unique_ptr<OutputConstraint> c(new OutputConstraint(std::move(index)));
   if (absl::Status st = c->Build(spec); !st.ok()) return st;
-  c->StartHeader(false);
+  c->StartHeader(c->at_, false);
   return c;
 }
 
@@ -148,17 +148,16 @@ absl::Status OutputConstraint::Build(const ConstraintSpec& spec) {
   return absl::OkStatus();
 }
 
-void OutputConstraint::StartHeader(bool after_message) {
-  phase_ = Phase::kHeader;
+void OutputConstraint::StartHeader(Cursor& c, bool after_message) const {
+  c.phase = Phase::kHeader;
   const size_t half = forms_.size() / 2;
-  header_forms_ = 0;
+  uint64_t forms = 0;
   for (size_t i = 0; i < half; ++i) {
     const size_t f = after_message ? half + i : i;
-    if (forms_[f].analysis && reasoning_used_ >= reasoning_budget_) continue;
-    header_forms_ |= 1ull << f;
+    if (forms_[f].analysis && c.reasoning_used >= reasoning_budget_) continue;
+    forms |= 1ull << f;
   }
-  header_ = HeaderState{header_forms_, 0};
-  mask_fresh_ = false;
+  c.header = HeaderState{forms, 0};
 }
 
 bool OutputConstraint::FeedHeader(HeaderState& h, int32_t symbol) const {
@@ -174,48 +173,49 @@ bool OutputConstraint::FeedHeader(HeaderState& h, int32_t symbol) const {
 }
 
 void OutputConstraint::HeaderMask(uint32_t* bits) {
-  const std::string key = absl::StrCat(header_cache_id_, ":", header_.alive, ":", header_.pos);
+  const std::string key =
+      absl::StrCat(header_cache_id_, ":", at_.header.alive, ":", at_.header.pos);
   if (cache_->Lookup(key, bits, index_->words())) return;
   for (size_t f = 0; f < forms_.size(); ++f) {
-    if (!((header_.alive >> f) & 1)) continue;
+    if (!((at_.header.alive >> f) & 1)) continue;
     const std::vector<int32_t>& s = forms_[f].symbols;
-    if (header_.pos < static_cast<int>(s.size()) && s[header_.pos] >= kSpecial) {
-      SetBit(bits, s[header_.pos] - kSpecial);
+    if (at_.header.pos < static_cast<int>(s.size()) && s[at_.header.pos] >= kSpecial) {
+      SetBit(bits, s[at_.header.pos] - kSpecial);
     }
   }
   index_->AllowAccepted(
-      header_, [this](HeaderState& h, uint8_t b) { return FeedHeader(h, b); }, &header_scratch_,
+      at_.header, [this](HeaderState& h, uint8_t b) { return FeedHeader(h, b); }, &header_scratch_,
       bits);
   cache_->Insert(key, bits, index_->words());
 }
 
 void OutputConstraint::BodyMask(uint32_t* bits) {
-  const Form& form = forms_[form_];
+  const Form& form = forms_[at_.form];
   if (form.body == Body::kFree) {
     SetBit(bits, form.end_token);
-    if (!(form.analysis && reasoning_used_ >= reasoning_budget_)) index_->AllowAllOrdinary(bits);
+    if (!(form.analysis && at_.reasoning_used >= reasoning_budget_)) index_->AllowAllOrdinary(bits);
     return;
   }
   const JsonMatcher& m = *matchers_[form.schema];
-  const std::string key = absl::StrCat(form.cache_id, ":", json_.Key());
+  const std::string key = absl::StrCat(form.cache_id, ":", at_.json.Key());
   if (cache_->Lookup(key, bits, index_->words())) return;
-  if (m.CanEnd(json_)) SetBit(bits, form.end_token);
+  if (m.CanEnd(at_.json)) SetBit(bits, form.end_token);
   auto feed = [&m](MatchState& s, uint8_t b) { return m.Feed(s, b); };
   int64_t room = 0;
-  if (m.PlainStringRoom(json_, &room)) {  // inside a string: most tokens are text
+  if (m.PlainStringRoom(at_.json, &room)) {  // inside a string: most tokens are text
     index_->AllowPlainText(room, bits);
-    index_->AllowAcceptedNotPlain(json_, feed, &json_scratch_, bits);
+    index_->AllowAcceptedNotPlain(at_.json, feed, &json_scratch_, bits);
   } else {
-    index_->AllowAccepted(json_, feed, &json_scratch_, bits);
+    index_->AllowAccepted(at_.json, feed, &json_scratch_, bits);
   }
   cache_->Insert(key, bits, index_->words());
 }
 
 const uint32_t* OutputConstraint::Mask() {
-  if (phase_ == Phase::kDone) return nullptr;
+  if (at_.phase == Phase::kDone) return nullptr;
   if (mask_fresh_) return mask_.data();
   std::fill(mask_.begin(), mask_.end(), 0u);
-  if (phase_ == Phase::kHeader) {
+  if (at_.phase == Phase::kHeader) {
     HeaderMask(mask_.data());
   } else {
     BodyMask(mask_.data());
@@ -225,7 +225,7 @@ const uint32_t* OutputConstraint::Mask() {
 }
 
 absl::Status OutputConstraint::Advance(int32_t token) {
-  if (phase_ == Phase::kDone) {
+  if (at_.phase == Phase::kDone) {
     return absl::FailedPreconditionError("structured output: the turn is already complete");
   }
   const uint32_t* allowed = Mask();
@@ -234,51 +234,135 @@ absl::Status OutputConstraint::Advance(int32_t token) {
         absl::StrCat("structured output: token ", token, " is not allowed here"));
   }
   mask_fresh_ = false;
-  return phase_ == Phase::kHeader ? AdvanceHeader(token) : AdvanceBody(token);
+  if (!Take(at_, token)) {
+    return absl::InternalError("structured output: the matcher refused an allowed token");
+  }
+  return absl::OkStatus();
 }
 
-absl::Status OutputConstraint::AdvanceHeader(int32_t token) {
+bool OutputConstraint::Take(Cursor& c, int32_t token) const {
+  if (c.phase == Phase::kDone || token < 0 || token >= index_->vocab().vocab_size) return false;
+  return c.phase == Phase::kHeader ? TakeHeader(c, token) : TakeBody(c, token);
+}
+
+bool OutputConstraint::TakeHeader(Cursor& c, int32_t token) const {
   const std::string& bytes = index_->vocab().bytes[token];
   if (bytes.empty()) {
-    FeedHeader(header_, kSpecial + token);
+    if (!FeedHeader(c.header, kSpecial + token)) return false;
   } else {
-    for (char ch : bytes) FeedHeader(header_, static_cast<uint8_t>(ch));
+    for (char ch : bytes) {
+      if (!FeedHeader(c.header, static_cast<uint8_t>(ch))) return false;
+    }
   }
   for (size_t f = 0; f < forms_.size(); ++f) {
-    if (((header_.alive >> f) & 1) && header_.pos == static_cast<int>(forms_[f].symbols.size())) {
-      OpenBody(static_cast<int>(f));
+    if (((c.header.alive >> f) & 1) && c.header.pos == static_cast<int>(forms_[f].symbols.size())) {
+      OpenBody(c, static_cast<int>(f));
       break;
     }
   }
-  return absl::OkStatus();
+  return true;
 }
 
-void OutputConstraint::OpenBody(int form) {
-  form_ = form;
-  phase_ = Phase::kBody;
-  if (forms_[form].body == Body::kJson) json_ = matchers_[forms_[form].schema]->Start();
+void OutputConstraint::OpenBody(Cursor& c, int form) const {
+  c.form = form;
+  c.phase = Phase::kBody;
+  if (forms_[form].body == Body::kJson) c.json = matchers_[forms_[form].schema]->Start();
 }
 
-absl::Status OutputConstraint::AdvanceBody(int32_t token) {
-  const Form& form = forms_[form_];
+bool OutputConstraint::TakeBody(Cursor& c, int32_t token) const {
+  const Form& form = forms_[c.form];
+  const JsonMatcher* m = form.body == Body::kJson ? matchers_[form.schema].get() : nullptr;
   if (token == form.end_token) {
+    if (m != nullptr && !m->CanEnd(c.json)) return false;
     if (form.analysis) {
-      StartHeader(true);
+      StartHeader(c, true);
     } else {
-      phase_ = Phase::kDone;
+      c.phase = Phase::kDone;
     }
-    return absl::OkStatus();
+    return true;
   }
-  if (form.analysis) ++reasoning_used_;
-  if (form.body == Body::kJson) {
-    const JsonMatcher& m = *matchers_[form.schema];
-    for (char ch : index_->vocab().bytes[token]) {
-      if (!m.Feed(json_, static_cast<uint8_t>(ch))) {
-        return absl::InternalError("structured output: the matcher refused an allowed token");
-      }
+  const std::string& bytes = index_->vocab().bytes[token];
+  if (bytes.empty()) return false;  // a special token the body does not end with
+  if (form.analysis) {
+    if (c.reasoning_used >= reasoning_budget_) return false;
+    ++c.reasoning_used;
+  }
+  if (m != nullptr) {
+    for (char ch : bytes) {
+      if (!m->Feed(c.json, static_cast<uint8_t>(ch))) return false;
     }
   }
-  return absl::OkStatus();
+  return true;
+}
+
+size_t OutputConstraint::AcceptedPrefix(const std::vector<int32_t>& tokens) const {
+  Cursor c = at_;
+  size_t n = 0;
+  while (n < tokens.size() && Take(c, tokens[n])) ++n;
+  return n;
+}
+
+int32_t OutputConstraint::OnlyNext(const Cursor& c) const {
+  if (c.phase == Phase::kHeader) {
+    // The forms still matching must all continue with the same symbol.
+    int32_t next = -1;
+    for (size_t f = 0; f < forms_.size(); ++f) {
+      if (!((c.header.alive >> f) & 1)) continue;
+      const std::vector<int32_t>& s = forms_[f].symbols;
+      if (c.header.pos >= static_cast<int>(s.size())) return -1;
+      if (next >= 0 && s[c.header.pos] != next) return -1;
+      next = s[c.header.pos];
+    }
+    return next;
+  }
+  if (c.phase != Phase::kBody) return -1;
+  const Form& form = forms_[c.form];
+  if (form.body == Body::kJson) return OnlyNextJson(c);
+  // Free text: only the end token once the reasoning budget is spent.
+  const bool spent = form.analysis && c.reasoning_used >= reasoning_budget_;
+  return spent ? kSpecial + form.end_token : -1;
+}
+
+int32_t OutputConstraint::OnlyNextJson(const Cursor& c) const {
+  const Form& form = forms_[c.form];
+  const JsonMatcher& m = *matchers_[form.schema];
+  int64_t room = 0;
+  if (m.PlainStringRoom(c.json, &room) && room != 0) return -1;  // free string content
+  const bool can_end = m.CanEnd(c.json);
+  int32_t next = -1;
+  MatchState probe;
+  for (int b = 0; b < 256; ++b) {
+    probe.CopyFrom(c.json);
+    if (!m.Feed(probe, static_cast<uint8_t>(b))) continue;
+    if (next >= 0 || can_end) return -1;  // a choice
+    next = b;
+  }
+  if (next >= 0) return next;
+  return can_end ? kSpecial + form.end_token : -1;
+}
+
+std::vector<ForcedPiece> OutputConstraint::Forced(int max_symbols) const {
+  std::vector<ForcedPiece> pieces;
+  Cursor c = at_;
+  for (int n = 0; n < max_symbols; ++n) {
+    const int32_t next = OnlyNext(c);
+    if (next < 0) break;
+    if (next >= kSpecial) {
+      const int32_t token = next - kSpecial;
+      if (!Take(c, token)) break;
+      pieces.push_back(ForcedPiece{"", token});
+      continue;
+    }
+    // A byte: fed on its own (the header and the matcher read bytes).
+    if (c.phase == Phase::kHeader) {
+      FeedHeader(c.header, next);
+    } else if (!matchers_[forms_[c.form].schema]->Feed(c.json, static_cast<uint8_t>(next))) {
+      break;
+    }
+    if (pieces.empty() || pieces.back().special >= 0) pieces.push_back(ForcedPiece{});
+    pieces.back().bytes.push_back(static_cast<char>(next));
+  }
+  return pieces;
 }
 
 }  // namespace flotilla::grammar

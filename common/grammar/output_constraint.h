@@ -15,7 +15,12 @@
 //              for a tool that is not constrained)
 //
 // `tool_required` drops the final form (tool_choice "required" or a named
-// function). Masks are cached per state (the same state recurs at every
+// function). Forced() reads, without changing the state, the text the
+// grammar leaves no choice about from here (JSON punctuation, a required
+// key, a header with one form left, the end token after a whole document):
+// the worker drafts it as tokens for the model to verify (speculative
+// decoding), so those tokens cost one step instead of one step each.
+// Masks are cached per state (the same state recurs at every
 // step inside a string, for instance) in a MaskCache that every constraint
 // over the same vocabulary shares, so a schema's states cost their trie walk
 // once per process, not once per request.
@@ -35,6 +40,12 @@
 #include "common/grammar/vocabulary_index.h"
 
 namespace flotilla::grammar {
+
+// A piece of a forced continuation: ordinary bytes, or one special token.
+struct ForcedPiece {
+  std::string bytes;     // empty for a special token
+  int32_t special = -1;  // a Harmony special token's id, or -1 for bytes
+};
 
 struct ConstraintSpec {
   bool json_final = false;       // the final message is JSON
@@ -63,7 +74,19 @@ class OutputConstraint {
   const uint32_t* Mask();
   // Takes the token generated; an error when the mask did not allow it.
   absl::Status Advance(int32_t token);
-  bool complete() const { return phase_ == Phase::kDone; }
+  bool complete() const { return at_.phase == Phase::kDone; }
+
+  // The longest continuation the grammar forces from the current state, at
+  // most `max_symbols` bytes and special tokens: at each point exactly one
+  // byte or special token is allowed and the turn cannot end there (free
+  // text, a choice between forms, or an optional end stop it). Consecutive
+  // bytes form one piece; a special token is a piece of its own. Empty once
+  // the turn is complete. The state is not changed.
+  std::vector<ForcedPiece> Forced(int max_symbols = 64) const;
+  // How many of `tokens`, from the first, the constraint would take one
+  // after the other from the current state (each one allowed by the mask
+  // after the ones before). The state is not changed.
+  size_t AcceptedPrefix(const std::vector<int32_t>& tokens) const;
 
  private:
   enum class Body { kFree, kJson };
@@ -80,29 +103,41 @@ class OutputConstraint {
     int pos = 0;         // symbols matched
   };
   enum class Phase { kHeader, kBody, kDone };
+  // Where the turn is: what Advance moves and Forced / AcceptedPrefix copy.
+  struct Cursor {
+    Phase phase = Phase::kHeader;
+    HeaderState header;
+    int form = -1;  // the body's form
+    MatchState json;
+    int64_t reasoning_used = 0;
+  };
   static constexpr int32_t kSpecial = 1 << 20;
 
   OutputConstraint(std::shared_ptr<const VocabularyIndex> index) : index_(std::move(index)) {}
   absl::Status Build(const ConstraintSpec& spec);
-  void StartHeader(bool after_message);
+  // A header of the first set or of the set after an analysis message,
+  // its forms chosen by the reasoning left.
+  void StartHeader(Cursor& c, bool after_message) const;
   bool FeedHeader(HeaderState& h, int32_t symbol) const;
   void HeaderMask(uint32_t* bits);
   void BodyMask(uint32_t* bits);
-  absl::Status AdvanceHeader(int32_t token);
-  absl::Status AdvanceBody(int32_t token);
-  void OpenBody(int form);
+  // Takes `token` at `c` when the constraint allows it there (what the
+  // mask says, found by feeding); false (`c` unspecified) otherwise.
+  bool Take(Cursor& c, int32_t token) const;
+  bool TakeHeader(Cursor& c, int32_t token) const;
+  bool TakeBody(Cursor& c, int32_t token) const;
+  // The one symbol (a byte, or kSpecial + id) allowed at `c`; -1 when none,
+  // several, or the turn may also end there.
+  int32_t OnlyNext(const Cursor& c) const;
+  int32_t OnlyNextJson(const Cursor& c) const;
+  void OpenBody(Cursor& c, int form) const;
 
   std::shared_ptr<const VocabularyIndex> index_;
   std::vector<std::unique_ptr<CompiledSchema>> schemas_;
   std::vector<std::unique_ptr<JsonMatcher>> matchers_;
   std::vector<Form> forms_;
   int64_t reasoning_budget_ = 0;
-  int64_t reasoning_used_ = 0;
-  Phase phase_ = Phase::kHeader;
-  HeaderState header_;
-  uint64_t header_forms_ = 0;  // the forms of this header (by reasoning left)
-  int form_ = -1;              // the body's form
-  MatchState json_;
+  Cursor at_;
   std::vector<uint32_t> mask_;
   bool mask_fresh_ = false;
   std::shared_ptr<MaskCache> cache_;
