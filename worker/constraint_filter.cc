@@ -1,40 +1,78 @@
 #include "worker/constraint_filter.h"
 
+#include <algorithm>
 #include <mutex>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
-
 #include "common/grammar/constraint_proto.h"
 #include "common/grammar/o200k_vocabulary.h"
 
 namespace flotilla::worker {
 
+namespace {
+
+absl::StatusOr<ConstraintVocabulary> LoadO200k(int vocab_size) {
+  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
+      tokenizer::Tokenizer::Create(tokenizer::Tokenizer::DefaultRanksPath());
+  if (!tok.ok()) return tok.status();
+  ConstraintVocabulary v;
+  v.tokenizer = *std::move(tok);
+  v.index = std::make_shared<const grammar::VocabularyIndex>(
+      grammar::O200kVocabulary(*v.tokenizer, vocab_size));
+  return v;
+}
+
+}  // namespace
+
 VocabularyProvider LazyO200kVocabulary(int vocab_size) {
   struct Loaded {
     std::once_flag once;
-    absl::StatusOr<std::shared_ptr<const grammar::VocabularyIndex>> index =
-        absl::UnknownError("not loaded");
+    absl::StatusOr<ConstraintVocabulary> vocabulary = absl::UnknownError("not loaded");
   };
   auto loaded = std::make_shared<Loaded>();
   return [loaded, vocab_size]() {
-    std::call_once(loaded->once, [&] { loaded->index = grammar::LoadO200kIndex(vocab_size); });
-    return loaded->index;
+    std::call_once(loaded->once, [&] { loaded->vocabulary = LoadO200k(vocab_size); });
+    return loaded->vocabulary;
   };
 }
 
 absl::StatusOr<std::unique_ptr<ConstraintFilter>> ConstraintFilter::Create(
     const cluster::OutputConstraint& proto, const VocabularyProvider& vocabulary) {
-  absl::StatusOr<std::shared_ptr<const grammar::VocabularyIndex>> index = vocabulary();
-  if (!index.ok()) {
+  absl::StatusOr<ConstraintVocabulary> v = vocabulary();
+  if (!v.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("structured outputs need the tokenizer: ", index.status().message()));
+        absl::StrCat("structured outputs need the tokenizer: ", v.status().message()));
   }
   absl::StatusOr<std::unique_ptr<grammar::OutputConstraint>> c =
-      grammar::OutputConstraint::Create(grammar::FromProto(proto), *index);
+      grammar::OutputConstraint::Create(grammar::FromProto(proto), v->index);
   if (!c.ok()) return c.status();
-  std::unique_ptr<ConstraintFilter> f(new ConstraintFilter(*std::move(c)));
-  f->words_ = (*index)->words();
+  std::unique_ptr<ConstraintFilter> f(new ConstraintFilter(*std::move(c), v->tokenizer));
+  f->words_ = v->index->words();
   return f;
+}
+
+std::vector<int32_t> ConstraintFilter::ForcedDraft(int64_t limit) const {
+  std::vector<int32_t> draft;
+  if (limit <= 0 || tokenizer_ == nullptr || !status_.ok() || c_->complete()) return draft;
+  // A token holds at least one byte: `limit` tokens need at most `limit`
+  // symbols, but a token is often several, so look a little further.
+  const int symbols = static_cast<int>(std::min<int64_t>(64, 4 * limit));
+  std::vector<tokenizer::TokenId> ids;
+  for (const grammar::ForcedPiece& piece : c_->Forced(symbols)) {
+    if (piece.special >= 0) {
+      draft.push_back(piece.special);
+      continue;
+    }
+    const size_t valid = tokenizer::ValidUtf8Prefix(piece.bytes);
+    ids.clear();
+    tokenizer_->EncodeOrdinaryInto(std::string_view(piece.bytes).substr(0, valid), ids);
+    draft.insert(draft.end(), ids.begin(), ids.end());
+    if (valid < piece.bytes.size()) break;  // the rest of the character is not forced
+  }
+  draft.resize(std::min(draft.size(), c_->AcceptedPrefix(draft)));
+  if (static_cast<int64_t>(draft.size()) > limit) draft.resize(static_cast<size_t>(limit));
+  return draft;
 }
 
 const uint32_t* ConstraintFilter::Allowed() {

@@ -2,6 +2,8 @@
 // the mask of the Harmony turn constraint, advanced by every token drawn. A
 // token outside the mask (which a correct sampler never draws) or a turn no
 // token can continue leaves an error the scheduler ends the request with.
+// ForcedDraft turns the text the grammar forces next into tokens the
+// scheduler drafts (worker/README.md, "Speculative decoding").
 #pragma once
 
 #include <functional>
@@ -10,16 +12,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/grammar/output_constraint.h"
+#include "common/tokenizer/tokenizer.h"
 #include "proto/cluster.pb.h"
 #include "worker/engine/sampler.h"
 
 namespace flotilla::worker {
 
-// Gives the vocabulary index constraints are built over (loaded once).
-using VocabularyProvider =
-    std::function<absl::StatusOr<std::shared_ptr<const grammar::VocabularyIndex>>()>;
+// What constraints are built over: the vocabulary index, and the tokenizer
+// that encodes forced text into draft tokens (null: no forced drafts).
+struct ConstraintVocabulary {
+  std::shared_ptr<const grammar::VocabularyIndex> index;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
+};
 
-// The o200k vocabulary of `vocab_size` tokens, loaded at the first call.
+// Gives the vocabulary constraints are built over (loaded once).
+using VocabularyProvider = std::function<absl::StatusOr<ConstraintVocabulary>()>;
+
+// The o200k vocabulary of `vocab_size` tokens and its tokenizer, loaded at
+// the first call.
 VocabularyProvider LazyO200kVocabulary(int vocab_size);
 
 class ConstraintFilter : public TokenFilter {
@@ -32,9 +42,21 @@ class ConstraintFilter : public TokenFilter {
   // OK while every token drawn was allowed and the turn can continue.
   const absl::Status& status() const { return status_; }
 
+  // The tokens of the continuation the grammar forces from here
+  // (OutputConstraint::Forced), at most `limit`: each run of forced bytes
+  // encoded canonically by the tokenizer (a run cut inside a character
+  // ends the draft before it), special tokens as their ids, and only the
+  // first tokens the constraint takes one after the other. Empty when
+  // nothing is forced, the filter failed or there is no tokenizer. The
+  // filter's state is not changed.
+  std::vector<int32_t> ForcedDraft(int64_t limit) const;
+
  private:
-  explicit ConstraintFilter(std::unique_ptr<grammar::OutputConstraint> c) : c_(std::move(c)) {}
+  ConstraintFilter(std::unique_ptr<grammar::OutputConstraint> c,
+                   std::shared_ptr<const tokenizer::Tokenizer> tokenizer)
+      : c_(std::move(c)), tokenizer_(std::move(tokenizer)) {}
   std::unique_ptr<grammar::OutputConstraint> c_;
+  std::shared_ptr<const tokenizer::Tokenizer> tokenizer_;
   absl::Status status_;
   int words_ = 0;
 };

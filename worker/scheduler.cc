@@ -174,6 +174,7 @@ void Scheduler::Admit(const cluster::SubmitSequence& s, cluster::TokenBatch* out
   seq.prompt_tokens = prompt;
   seq.sampler = std::move(*sampler);
   seq.max_tokens = sp.max_tokens;
+  seq.draws_anywhere = sp.temperature == 0.0f || !sp.seed.has_value();
   absl::StatusOr<SpeculativeConfig> speculative =
       SpeculativeFor(p.speculative(), limits_.speculative);
   if (!speculative.ok()) {
@@ -250,13 +251,14 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   for (const auto& [id, seq] : sequences_) {
     if (seq.prefilled >= static_cast<int64_t>(seq.prompt.size())) ++decoding;
   }
-  // Past --speculative-max-batch decoding sequences, nothing is drafted;
-  // below it, the governor says whether drafting pays at this batch.
+  // Past --speculative-max-batch decoding sequences, drafters draft
+  // nothing; below it, the governor says whether drafting pays at this
+  // batch. Forced grammar text is drafted either way.
   bool draft = limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
   if (draft && decoding > 0 && limits_.speculative_governor) {
     draft = governor_.ShouldDraft(decoding);
   }
-  budget -= PlanDecodes(draft ? std::max<int64_t>(0, budget - decoding) : 0, &plan);
+  budget -= PlanDecodes(std::max<int64_t>(0, budget - decoding), draft, &plan);
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
   // always finish, so the queue always drains).
@@ -298,12 +300,14 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     Admit(sub, refused);
   }
   PlanPromptChunks(budget, now, &plan);
+  bool forced = false;
+  for (const auto& [id, seq] : sequences_) forced = forced || seq.forced_draft;
   last_plan_ = {decoding, decoding > 0 && plan.items_size() == decoding, step_clock_(),
-                speculative_.accepted};
+                speculative_.accepted, forced};
   return plan;
 }
 
-int64_t Scheduler::PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan) {
+int64_t Scheduler::PlanDecodes(int64_t draft_budget, bool guessed, cluster::StepPlan* plan) {
   int64_t planned = 0;
   for (auto& [id, seq] : sequences_) {
     if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
@@ -312,7 +316,7 @@ int64_t Scheduler::PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan) {
     it->mutable_accepted_draft()->Add(seq.accepted_draft.begin(), seq.accepted_draft.end());
     seq.accepted_draft.clear();
     it->add_tokens(seq.generated.back());
-    const std::vector<int32_t> draft = DraftOf(seq, draft_budget);
+    const std::vector<int32_t> draft = DraftOf(seq, draft_budget, guessed);
     it->mutable_tokens()->Add(draft.begin(), draft.end());
     it->set_draft_tokens(static_cast<uint32_t>(draft.size()));
     it->set_return_hidden(seq.drafter != nullptr && seq.drafter->WantsHidden());
@@ -323,8 +327,11 @@ int64_t Scheduler::PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan) {
   return planned;
 }
 
-std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit) {
-  if (seq.drafter == nullptr || seq.drafter->config().method == SpeculativeMethod::kOff) return {};
+std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit, bool guessed) {
+  seq.forced_draft = false;
+  const bool drafter =
+      guessed && seq.drafter != nullptr && seq.drafter->config().method != SpeculativeMethod::kOff;
+  if (!drafter && !ForcedDrafts(seq)) return {};
   // Drafted tokens past its last possible one would be wasted (and past its
   // KV reservation).
   const int64_t room = seq.max_tokens - static_cast<int64_t>(seq.generated.size()) - 1;
@@ -335,7 +342,23 @@ std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit) {
   const int64_t window = engine_->config().sliding_window;
   if (window > 0) limit = std::min<int64_t>(limit, window - 2);
   if (limit <= 0) return {};
-  return seq.drafter->Propose(seq.generated, limit);
+  if (ForcedDrafts(seq)) {
+    std::vector<int32_t> forced =
+        seq.constraint->ForcedDraft(std::min<int64_t>(limit, kMaxSpeculativeTokens));
+    if (!forced.empty()) {
+      seq.forced_draft = true;
+      return forced;
+    }
+  }
+  return drafter ? seq.drafter->Propose(seq.generated, limit) : std::vector<int32_t>{};
+}
+
+bool Scheduler::ForcedDrafts(const Sequence& seq) const {
+  // An engine that draws on a device verifies a constrained draft on the
+  // host (VerifiedOnHost): only draws that are the same there keep a
+  // seeded request's tokens.
+  return limits_.grammar_drafts && seq.constraint != nullptr && engine_->VerifiesDrafts() &&
+         (engine_->SamplesOnHost() || seq.draws_anywhere);
 }
 
 void Scheduler::PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan) {
@@ -437,6 +460,9 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
 
 void Scheduler::MeasureStep(const cluster::StepPlan& plan, int64_t step_us) {
   if (!last_plan_.decode_only || plan.items_size() != last_plan_.decoding) return;
+  // Forced drafts are planned whatever the governor says: such a step
+  // measures neither of its choices.
+  if (last_plan_.forced_drafts) return;
   SpeculationGovernor::Sample sample;
   sample.decoding = last_plan_.decoding;
   for (const cluster::PlanItem& item : plan.items()) sample.drafted += item.draft_tokens();
@@ -471,6 +497,11 @@ bool Scheduler::TakeDrawn(Sequence& seq, const cluster::PlanItem& item, const St
     speculative_.drafted += item.draft_tokens();
     speculative_.accepted += accepted.size();
     ++speculative_.verify_steps;
+    if (seq.forced_draft) {
+      speculative_.grammar_drafted += item.draft_tokens();
+      speculative_.grammar_accepted += accepted.size();
+      ++speculative_.grammar_verify_steps;
+    }
   }
   cluster::SequenceUpdate* u = out->add_updates();
   for (const TokenLogprob& drawn : accepted) {

@@ -47,14 +47,24 @@ struct SchedulerLimits {
   // Below that bound, whether a step drafts is measured per batch size
   // (SpeculationGovernor, --speculative-governor); off: every step drafts.
   bool speculative_governor = false;
+  // Grammar-forced drafts (--grammar-drafts): a structured-output request
+  // whose grammar admits one continuation drafts its tokens
+  // (ConstraintFilter::ForcedDraft) instead of its drafter's, whatever
+  // speculative_max_batch and the governor say (worker/README.md
+  // "Speculative decoding").
+  bool grammar_drafts = true;
 };
 
 // Speculative decoding, since the scheduler started: tokens drafted, drafted
 // tokens accepted, verification steps (steps of a sequence with a draft).
+// The grammar_ counts are the part of each that grammar-forced drafts make.
 struct SpeculativeCounts {
   uint64_t drafted = 0;
   uint64_t accepted = 0;
   uint64_t verify_steps = 0;
+  uint64_t grammar_drafted = 0;
+  uint64_t grammar_accepted = 0;
+  uint64_t grammar_verify_steps = 0;
 };
 
 class Scheduler {
@@ -137,7 +147,11 @@ class Scheduler {
     std::vector<int64_t> kv_reserved;  // per KV pool (Engine::KvPoolBlocksForLength)
     uint64_t deadline_unix_ms = 0;
     const ConstraintFilter* constraint = nullptr;  // owned by the sampler
-    int64_t max_tokens = 0;                        // output tokens it may have in all
+    // Whether its draws are the same wherever they are made (greedy or
+    // unseeded): forced drafts on an engine that samples on a device.
+    bool draws_anywhere = false;
+    bool forced_draft = false;  // its last planned draft is grammar-forced
+    int64_t max_tokens = 0;     // output tokens it may have in all
     // Its drafter (null when it neither drafts nor records for replay).
     std::unique_ptr<SpeculativeDrafter> drafter;
     // The drafted tokens its last step's verification accepted: its next
@@ -170,11 +184,15 @@ class Scheduler {
   void AddPromptChunk(Sequence& seq, int64_t tokens, cluster::StepPlan* plan);
   // One decode item per sequence past its prompt: its last token, what its
   // last verification accepted, and a draft within `draft_budget` tokens
-  // (taken from it). The decode tokens planned.
-  int64_t PlanDecodes(int64_t draft_budget, cluster::StepPlan* plan);
+  // (taken from it): forced grammar text, or its drafter's when `guessed`.
+  // The decode tokens planned.
+  int64_t PlanDecodes(int64_t draft_budget, bool guessed, cluster::StepPlan* plan);
   // The draft `seq` brings this step: at most `limit` tokens, fewer than
-  // it may still generate.
-  std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit);
+  // it may still generate; the grammar's forced continuation when it has
+  // one (seq.forced_draft), else its drafter's when `guessed`.
+  std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit, bool guessed);
+  // Whether `seq` may draft the text its grammar forces.
+  bool ForcedDrafts(const Sequence& seq) const;
   // EAGLE3: the target's hidden states the step returned for `item` (its
   // i-th) to the sequence's drafter, the rows computed from real tokens.
   void PassHidden(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result, size_t i);
@@ -211,6 +229,7 @@ class Scheduler {
     bool decode_only = false;
     int64_t planned_us = 0;
     uint64_t accepted_before = 0;
+    bool forced_drafts = false;  // some item's draft is grammar-forced
   } last_plan_;
   std::unique_ptr<DraftMemory> own_draft_memory_;  // when none was given
   DraftMemory* draft_memory_;

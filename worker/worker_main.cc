@@ -96,6 +96,14 @@ int main(int argc, char** argv) {
       ->transform(
           CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
       ->default_str("on");
+  app.add_option("--grammar-drafts", o.grammar_drafts,
+                 "on: a structured-output request whose grammar admits one continuation (JSON "
+                 "punctuation, a required key, a header with one form left, the end token) "
+                 "drafts its tokens for verification; off: never")
+      ->envname("FLOTILLA_GRAMMAR_DRAFTS")
+      ->transform(
+          CLI::CheckedTransformer(std::map<std::string, bool>{{"on", true}, {"off", false}}))
+      ->default_str("on");
   app.add_flag("--allow-replay-drafter", o.speculative.allow_replay,
                "benchmarks only: requests may choose the replay drafter, which proposes the "
                "recorded output of an earlier identical request (recorded while this is set)")

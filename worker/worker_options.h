@@ -46,6 +46,9 @@ struct WorkerOptions {
   // is measured per batch size (worker/speculation_governor.h); off: every
   // step drafts.
   bool speculative_governor = true;
+  // --grammar-drafts on|off: structured-output requests draft the text
+  // their grammar forces (SchedulerLimits::grammar_drafts).
+  bool grammar_drafts = true;
   // --speculative-model: the EAGLE3 head's directory or synthetic:eagle3
   // (worker/draft_head.h); the coordinator's nonempty one wins.
   std::string speculative_model;

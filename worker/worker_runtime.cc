@@ -524,6 +524,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
                                      ? a.scheduler_policy().speculative_max_batch()
                                      : options_.speculative_max_batch;
   limits.speculative_governor = options_.speculative_governor;
+  limits.grammar_drafts = options_.grammar_drafts;
   FLOTILLA_ASSIGN_OR_RETURN(limits.prefill, PrefillPolicyFromProto(a.scheduler_policy()));
   scheduler_ = std::make_unique<Scheduler>(
       engine, limits, NowUnixMs, LazyO200kVocabulary(engine->config().vocab_size), &draft_memory_);

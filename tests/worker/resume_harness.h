@@ -120,6 +120,7 @@ struct ServeOptions {
   SpeculativeConfig speculative;      // the worker's default
   int64_t speculative_max_batch = 0;  // SchedulerLimits'
   bool speculative_governor = false;  // SchedulerLimits'
+  bool grammar_drafts = true;         // SchedulerLimits'
   // Not null: the leader's steps are timed by a simulated clock that each
   // step advances by what this returns for its plan (microseconds).
   std::function<int64_t(const cluster::StepPlan&)> step_micros;
@@ -146,6 +147,7 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
     limits.speculative = options.speculative;
     limits.speculative_max_batch = options.speculative_max_batch;
     limits.speculative_governor = options.speculative_governor;
+    limits.grammar_drafts = options.grammar_drafts;
     scheduler = std::make_unique<Scheduler>(
         &engine, limits, [] { return uint64_t{1000}; },
         engine.config().vocab_size == TestModel().vocab_size ? Vocabulary() : nullptr,
@@ -224,10 +226,10 @@ inline cluster::SubmitSequence Constrained(cluster::SubmitSequence s) {
 
 // The id of the ordinary token whose bytes are `text` (-1: none).
 inline int32_t TokenOf(const std::string& text) {
-  absl::StatusOr<std::shared_ptr<const grammar::VocabularyIndex>> index = Vocabulary()();
-  EXPECT_TRUE(index.ok()) << index.status();
-  if (!index.ok()) return -1;
-  const std::vector<std::string>& bytes = (*index)->vocab().bytes;
+  absl::StatusOr<ConstraintVocabulary> vocabulary = Vocabulary()();
+  EXPECT_TRUE(vocabulary.ok()) << vocabulary.status();
+  if (!vocabulary.ok()) return -1;
+  const std::vector<std::string>& bytes = vocabulary->index->vocab().bytes;
   auto it = std::find(bytes.begin(), bytes.end(), text);
   return it == bytes.end() ? -1 : static_cast<int32_t>(it - bytes.begin());
 }

@@ -391,9 +391,11 @@ ServeOptions Speculating(int tokens, SpeculativeCounts* counts = nullptr,
   return o;
 }
 
+// Without speculation: no drafter and no grammar-forced drafts.
 ServeOptions Plain() {
   ServeOptions o;
   o.max_batch_tokens = 32;
+  o.grammar_drafts = false;
   return o;
 }
 
@@ -555,12 +557,12 @@ INSTANTIATE_TEST_SUITE_P(Ranks, SpeculativeServeTest, ::testing::Values(1, 2),
 // The text of the final message of a constrained turn's tokens.
 std::string FinalText(const std::vector<int32_t>& tokens) {
   constexpr int32_t kMessage = 200008;  // <|message|>
-  auto index = resume_testing::Vocabulary()();
-  EXPECT_TRUE(index.ok()) << index.status();
-  if (!index.ok()) return "";
+  auto vocabulary = resume_testing::Vocabulary()();
+  EXPECT_TRUE(vocabulary.ok()) << vocabulary.status();
+  if (!vocabulary.ok()) return "";
   auto from = std::find(tokens.rbegin(), tokens.rend(), kMessage).base();
   std::string text;
-  for (auto it = from; it != tokens.end(); ++it) text += (*index)->vocab().bytes[*it];
+  for (auto it = from; it != tokens.end(); ++it) text += vocabulary->index->vocab().bytes[*it];
   return text;
 }
 

@@ -87,6 +87,7 @@ class CpuEngine : public Engine {
   // step of the sequence names the accepted ones, and the rest is
   // overwritten.
   bool VerifiesDrafts() const override { return true; }
+  bool SamplesOnHost() const override { return true; }
 
   // EAGLE3: x_ after each of `layers` is copied out for items with
   // return_hidden (StepOutput::hidden). Every rank of a TP group holds the

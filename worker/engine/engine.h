@@ -112,6 +112,13 @@ class Engine {
   // accepted_draft) and verifies them. A scheduler does not draft for an
   // engine that does not.
   virtual bool VerifiesDrafts() const { return false; }
+  // Whether every token Step draws is the host Sampler's draw (its seed and
+  // draw count), with or without drafts. An engine that draws on a device
+  // (its own random stream) verifies some drafted items on the host
+  // instead (VerifiedOnHost), so a seeded request's tokens there depend on
+  // whether it drafted: the scheduler then drafts forced grammar text only
+  // for greedy requests.
+  virtual bool SamplesOnHost() const { return false; }
 
   // EAGLE3 drafting: the layers (0-based) whose output residual stream a
   // step returns for items with return_hidden. INVALID_ARGUMENT naming a
