@@ -65,8 +65,8 @@ TEST(GrammarForced, FinalHeaderAndRequiredKeyOfAJsonAnswer) {
   ASSERT_NE(c, nullptr);
   // No reasoning budget: the final form is the only one, and its JSON opens
   // with the first required key.
-  EXPECT_EQ(Text(c->Forced()), Special(tokenizer::kChannel) + "final" +
-                                   Special(tokenizer::kMessage) + "{\"city\":\"");
+  EXPECT_EQ(Text(c->Forced()),
+            Special(tokenizer::kChannel) + "final" + Special(tokenizer::kMessage) + "{\"city\":\"");
   // The state is unchanged: the mask still allows only <|channel|>.
   const uint32_t* mask = c->Mask();
   EXPECT_TRUE(TestBit(mask, tokenizer::kChannel));
@@ -143,7 +143,8 @@ TEST(GrammarForced, OneToolFormIsForcedUpToItsArguments) {
   spec.tools.push_back({"get_weather", kWeather, true});
   auto c = Make(spec);
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(Text(c->Forced()), Special(tokenizer::kChannel) + "commentary to=functions.get_weather" +
+  EXPECT_EQ(Text(c->Forced()), Special(tokenizer::kChannel) +
+                                   "commentary to=functions.get_weather" +
                                    Special(tokenizer::kConstrain) + "json" +
                                    Special(tokenizer::kMessage) + "{\"city\":\"");
 }
@@ -179,8 +180,8 @@ TEST(GrammarForced, FreeTextBodyForcesNothingUntilTheReasoningBudgetIsSpent) {
   Feed(*c, {TokenOf("Hmm"), TokenOf(" ok")});
   // The budget is spent: <|end|>, then the next header (only the final form
   // is left) and the start of the JSON.
-  EXPECT_EQ(Text(c->Forced()), Special(tokenizer::kEnd) + Special(tokenizer::kStart) +
-                                   "assistant" + Special(tokenizer::kChannel) + "final" +
+  EXPECT_EQ(Text(c->Forced()), Special(tokenizer::kEnd) + Special(tokenizer::kStart) + "assistant" +
+                                   Special(tokenizer::kChannel) + "final" +
                                    Special(tokenizer::kMessage) + "{\"ok\":");
 }
 

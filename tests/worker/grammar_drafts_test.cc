@@ -31,7 +31,7 @@ struct Served {
 // `submits` served on one CPU engine of `weights` (null: the tiny test
 // model), grammar drafts on or off, drafters off.
 Served Serve(const std::vector<cluster::SubmitSequence>& submits, bool grammar_drafts,
-          const ModelWeights* weights = nullptr, ServeOptions o = {}) {
+             const ModelWeights* weights = nullptr, ServeOptions o = {}) {
   Served run;
   const ModelConfig c = weights ? weights->config : resume_testing::TestModel();
   CpuEngineOptions eo;
@@ -251,10 +251,10 @@ TEST(GrammarDraftsDemoTest, JsonAnswersAndToolCallsTakeFewerSteps) {
     EXPECT_EQ(on.tokens, off.tokens);
     const std::vector<int32_t>& tokens = off.tokens.begin()->second;
     std::cout << "request " << s.request_id() << ": " << tokens.size() << " tokens, steps "
-              << off.steps << " -> " << on.steps << " (forced drafts: "
-              << on.counts.grammar_drafted << " drafted, " << on.counts.grammar_accepted
-              << " accepted in " << on.counts.grammar_verify_steps << " verification steps)\n  "
-              << TextOf(tokens) << "\n";
+              << off.steps << " -> " << on.steps << " (forced drafts: " << on.counts.grammar_drafted
+              << " drafted, " << on.counts.grammar_accepted << " accepted in "
+              << on.counts.grammar_verify_steps << " verification steps)\n  " << TextOf(tokens)
+              << "\n";
     // The JSON or the call's arguments, its header and its end token are
     // mostly forced text: a real reduction in steps. Each accepted token
     // saves a step, but for an accepted stop token that ends the answer
