@@ -300,6 +300,7 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     Admit(sub, refused);
   }
   PlanPromptChunks(budget, now, &plan);
+  FitSampledRows(&plan);
   bool forced = false;
   for (const auto& [id, seq] : sequences_) forced = forced || seq.forced_draft;
   last_plan_ = {decoding, decoding > 0 && plan.items_size() == decoding, step_clock_(),
@@ -359,6 +360,24 @@ bool Scheduler::ForcedDrafts(const Sequence& seq) const {
   // seeded request's tokens.
   return limits_.grammar_drafts && seq.constraint != nullptr && engine_->VerifiesDrafts() &&
          (engine_->SamplesOnHost() || seq.draws_anywhere);
+}
+
+void Scheduler::FitSampledRows(cluster::StepPlan* plan) {
+  const int64_t cap = engine_->MaxDeviceSampledRows();
+  if (cap <= 0) return;
+  int64_t rows = 0;
+  for (const cluster::PlanItem& it : plan->items()) {
+    if (it.logits() != cluster::PLAN_LOGITS_NONE) rows += 1 + it.draft_tokens();
+  }
+  for (int i = plan->items_size() - 1; i >= 0 && rows > cap; --i) {
+    cluster::PlanItem* it = plan->mutable_items(i);
+    const int64_t cut = std::min<int64_t>(it->draft_tokens(), rows - cap);
+    if (cut == 0) continue;
+    it->mutable_tokens()->Truncate(it->tokens_size() - static_cast<int>(cut));
+    it->set_draft_tokens(it->draft_tokens() - static_cast<uint32_t>(cut));
+    rows -= cut;
+    if (it->draft_tokens() == 0) sequences_.at(it->request_id()).forced_draft = false;
+  }
 }
 
 void Scheduler::PlanPromptChunks(int64_t budget, uint64_t now, cluster::StepPlan* plan) {

@@ -193,6 +193,10 @@ class Scheduler {
   std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit, bool guessed);
   // Whether `seq` may draft the text its grammar forces.
   bool ForcedDrafts(const Sequence& seq) const;
+  // Trims the drafts of `plan` (from its last item back) until its sampled
+  // rows fit Engine::MaxDeviceSampledRows, so that a step is never moved to
+  // host sampling (other draws) by its drafts.
+  void FitSampledRows(cluster::StepPlan* plan);
   // EAGLE3: the target's hidden states the step returned for `item` (its
   // i-th) to the sequence's drafter, the rows computed from real tokens.
   void PassHidden(Sequence& seq, const cluster::PlanItem& item, const StepOutput& result, size_t i);

@@ -530,5 +530,52 @@ TEST_F(SchedulerTest, TheLastUpdateCarriesQueuePrefillAndDecodeTimes) {
   EXPECT_EQ(u.decode_time_ms(), 20u);
 }
 
+// An engine that verifies drafts and draws at most 6 rows a step on its
+// device (as CudaEngine's sampling buffers bound them).
+class RowBoundEngine : public FakeEngine {
+ public:
+  bool VerifiesDrafts() const override { return true; }
+  int64_t MaxDeviceSampledRows() const override { return 6; }
+};
+
+// Three decoding sequences drafting 3 tokens each would take 12 rows: the
+// drafts are trimmed from the last item back until the step takes 6, so it
+// keeps the device's draws.
+TEST(SchedulerRowsTest, DraftsAreTrimmedToTheDeviceSampledRows) {
+  RowBoundEngine engine;
+  SchedulerLimits limits;
+  limits.max_batch_tokens = 256;
+  limits.max_sequences = 8;
+  limits.speculative.method = SpeculativeMethod::kNgram;
+  limits.speculative.num_tokens = 3;
+  Scheduler s(&engine, limits, [] { return uint64_t{1000}; });
+  cluster::TokenBatch refused, out;
+  // Prompts that repeat, so that prompt lookup drafts after their first
+  // token (10, which follows 12 in them).
+  for (uint64_t id = 1; id <= 3; ++id) {
+    s.Enqueue(Submit(id, {10, 11, 12, 10, 11, 12, 10, 11, 12}, 20), &refused);
+  }
+  cluster::StepPlan prefill = s.Plan(&refused);
+  ASSERT_EQ(prefill.items_size(), 3);
+  StepOutput drawn;
+  for (int i = 0; i < 3; ++i) {
+    drawn.logits.emplace_back();
+    TokenLogprob lp;
+    lp.token = 10;
+    drawn.sampled.push_back(lp);
+  }
+  s.Complete(prefill, drawn, &out);
+  const cluster::StepPlan plan = s.Plan(&refused);
+  ASSERT_EQ(plan.items_size(), 3);
+  int64_t rows = 0;
+  for (const cluster::PlanItem& it : plan.items()) {
+    rows += 1 + it.draft_tokens();
+    EXPECT_EQ(it.tokens_size(), 1 + static_cast<int>(it.draft_tokens()));
+  }
+  EXPECT_EQ(rows, 6);
+  EXPECT_EQ(plan.items(0).draft_tokens(), 3u);  // the first item keeps its draft
+  EXPECT_EQ(plan.items(2).draft_tokens(), 0u);
+}
+
 }  // namespace
 }  // namespace flotilla::worker

@@ -165,6 +165,10 @@ absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int3
 
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
 
+int64_t CudaEngine::MaxDeviceSampledRows() const {
+  return std::min(impl_->max_seqs, impl_->logit_rows);
+}
+
 absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
   if (items.empty()) {
     // A sharded rank with no work runs an empty step to join its peers.

@@ -179,6 +179,8 @@ class CudaEngine : public Engine {
   // rows fit the sampling buffers (max_sequences), else on the host. Steps
   // with drafts run eagerly, outside the CUDA graph cache.
   bool VerifiesDrafts() const override { return true; }
+  // The sampling buffers' rows: min(max_sequences, logit rows).
+  int64_t MaxDeviceSampledRows() const override;
   // EAGLE3: a step with return_hidden items copies x after each of `layers`
   // to pinned host memory (C x max_batch_tokens x hidden floats, allocated
   // here) and runs eagerly, outside the graph cache.

@@ -119,6 +119,11 @@ class Engine {
   // whether it drafted: the scheduler then drafts forced grammar text only
   // for greedy requests.
   virtual bool SamplesOnHost() const { return false; }
+  // Most logit rows one step draws from on the engine's device (an item
+  // with a sampler or logits takes 1 + draft_tokens); a step with more is
+  // sampled on the host, whose draws are not the device's, so the
+  // scheduler trims drafts to fit. 0: no bound.
+  virtual int64_t MaxDeviceSampledRows() const { return 0; }
 
   // EAGLE3 drafting: the layers (0-based) whose output residual stream a
   // step returns for items with return_hidden. INVALID_ARGUMENT naming a
