@@ -67,8 +67,7 @@ TEST(SpeculationGovernorTest, FollowsAcceptanceAsItChanges) {
   EXPECT_TRUE(g.ShouldDraft(8));
   // The requests change: drafts stop being accepted. The drafted steps the
   // governor still takes (its exploring) bring the estimate down.
-  DraftedDecisions(g, 8, 4 * static_cast<int>(SpeculationGovernor::kExploreEvery), 10000, 12000,
-                   0);
+  DraftedDecisions(g, 8, 4 * static_cast<int>(SpeculationGovernor::kExploreEvery), 10000, 12000, 0);
   EXPECT_LT(g.EstimateAt(8).accepted_per_sequence, 0.2);
   const int n = static_cast<int>(SpeculationGovernor::kExploreEvery);
   EXPECT_EQ(DraftedDecisions(g, 8, n, 10000, 12000, 0), 1);
