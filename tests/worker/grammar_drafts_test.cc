@@ -10,10 +10,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "comm/local/local_communicator.h"
 #include "common/harmony/renderer.h"
 #include "tests/worker/resume_harness.h"
 #include "worker/engine/cpu_engine.h"
 #include "worker/model/model_source.h"
+#include "worker/parallel/host_context.h"
 
 namespace flotilla::worker {
 namespace {
@@ -25,37 +27,52 @@ using resume_testing::Updates;
 struct Served {
   std::map<uint64_t, std::vector<int32_t>> tokens;  // by request id
   SpeculativeCounts counts;
-  int steps = 0;  // engine steps of the serving loop
+  int steps = 0;  // engine steps of the serving loop (one rank only)
 };
 
-// `submits` served on one CPU engine of `weights` (null: the tiny test
-// model), grammar drafts on or off, drafters off.
-Served Serve(const std::vector<cluster::SubmitSequence>& submits, bool grammar_drafts,
-             const ModelWeights* weights = nullptr, ServeOptions o = {}) {
-  Served run;
+// Rank `rank` of `world` CPU engines of `weights` (null: the tiny test
+// model's shards) serving `submits`; every KV block is back at the end.
+Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world, int rank,
+                  comm::Communicator* comm, const ModelWeights* weights, const ServeOptions& o) {
   const ModelConfig c = weights ? weights->config : resume_testing::TestModel();
+  std::unique_ptr<parallel::ParallelContext> context =
+      resume_testing::HostContextFor(c, world, comm);
+  if (comm != nullptr && context == nullptr) return {};
   CpuEngineOptions eo;
   eo.kv_block_size = 4;
   eo.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 4, 512);
-  absl::StatusOr<std::unique_ptr<CpuEngine>> engine =
-      CpuEngine::Create(weights ? *weights : resume_testing::WeightsOf(1, 0), eo, nullptr, nullptr);
+  absl::StatusOr<std::unique_ptr<CpuEngine>> engine = CpuEngine::Create(
+      weights ? *weights : resume_testing::WeightsOf(world, rank), eo, nullptr, context.get());
   EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return run;
+  if (!engine.ok()) return {};
+  Updates got = resume_testing::ServeOnRank(**engine, comm, context.get(), world, rank, submits, o);
+  // Every KV block is back (cached prefixes count as free: evictable).
+  EXPECT_EQ((*engine)->KvFreeBlocks(), (*engine)->KvTotalBlocks());
+  return got;
+}
+
+// `submits` served by `world` CPU ranks (tensor-parallel) of `weights`,
+// grammar drafts on or off, drafters off unless `o` sets one.
+Served Serve(const std::vector<cluster::SubmitSequence>& submits, bool grammar_drafts,
+             const ModelWeights* weights = nullptr, ServeOptions o = {}, int world = 1) {
+  Served run;
   o.max_batch_tokens = 256;
   o.grammar_drafts = grammar_drafts;
   o.counts = &run.counts;
-  o.step_micros = [&run](const cluster::StepPlan&) {
-    ++run.steps;
-    return int64_t{1000};
-  };
-  const Updates got = resume_testing::ServeOnRank(**engine, nullptr, nullptr, 1, 0, submits, o);
+  if (world == 1) {
+    o.step_micros = [&run](const cluster::StepPlan&) {
+      ++run.steps;
+      return int64_t{1000};
+    };
+  }
+  const Updates got = resume_testing::OnLocalRanks(world, [&](int rank, comm::Communicator* comm) {
+    return ServeRank(submits, world, rank, comm, weights, o);
+  });
   for (const cluster::SequenceUpdate& u : got) {
     EXPECT_NE(u.finish_reason(), common::ERROR) << u.error();
     auto& tokens = run.tokens[u.request_id()];
     tokens.insert(tokens.end(), u.token_ids().begin(), u.token_ids().end());
   }
-  // Every KV block is back (cached prefixes count as free: evictable).
-  EXPECT_EQ((*engine)->KvFreeBlocks(), (*engine)->KvTotalBlocks());
   return run;
 }
 
@@ -112,7 +129,7 @@ cluster::SubmitSequence ToolCall(cluster::SubmitSequence s, const char* schema =
   return s;
 }
 
-TEST(GrammarDraftsTest, SyntheticTokensAreUnchangedGreedyAndSeeded) {
+std::vector<cluster::SubmitSequence> SyntheticRequests() {
   std::vector<cluster::SubmitSequence> submits;
   // JSON answers, greedy and seeded at two temperatures; a tool call.
   submits.push_back(Biased(resume_testing::Constrained(Prompt(1, 40))));
@@ -123,6 +140,11 @@ TEST(GrammarDraftsTest, SyntheticTokensAreUnchangedGreedyAndSeeded) {
   submits.push_back(Biased(ToolCall(Prompt(4, 40))));
   submits.back().mutable_sampling()->set_temperature(0.0f);
   submits.push_back(Biased(resume_testing::Seeded(ToolCall(Prompt(5, 40)), 9)));
+  return submits;
+}
+
+TEST(GrammarDraftsTest, SyntheticTokensAreUnchangedGreedyAndSeeded) {
+  const std::vector<cluster::SubmitSequence> submits = SyntheticRequests();
   const Served off = Serve(submits, false);
   const Served on = Serve(submits, true);
   ASSERT_EQ(off.tokens.size(), submits.size());
@@ -137,6 +159,16 @@ TEST(GrammarDraftsTest, SyntheticTokensAreUnchangedGreedyAndSeeded) {
   EXPECT_NE(call.find("commentary to=functions.get_weather<200003>json<200008>{\"location\":\""),
             std::string::npos)
       << call;
+}
+
+// A tensor-parallel pair: every rank takes the forced drafts of the plan.
+TEST(GrammarDraftsTest, TensorParallelPairGivesTheSameTokens) {
+  const std::vector<cluster::SubmitSequence> submits = SyntheticRequests();
+  const Served off = Serve(submits, false, nullptr, {}, 2);
+  const Served on = Serve(submits, true, nullptr, {}, 2);
+  ASSERT_EQ(off.tokens.size(), submits.size());
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_GT(on.counts.grammar_accepted, 0u);
 }
 
 // The speculation bound and governor turn drafters off, not forced drafts:
