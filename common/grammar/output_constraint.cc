@@ -22,7 +22,7 @@ constexpr size_t kMaxTools = 30;  // two header sets of (tools + 2) forms fit 64
 
 absl::StatusOr<CompiledSchema> CompileText(const std::string& text, const std::string& what) {
   if (text.empty()) return AnyObjectSchema();
-  absl::StatusOr<nlohmann::json> schema = ParseJson(text, what);
+  absl::StatusOr<nlohmann::ordered_json> schema = ParseJson<nlohmann::ordered_json>(text, what);
   if (!schema.ok()) return schema.status();
   absl::StatusOr<CompiledSchema> compiled = CompileSchema(*schema);
   if (!compiled.ok()) {

@@ -14,7 +14,7 @@
 namespace flotilla::grammar {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 const std::set<std::string>& KnownKeywords() {
   static const std::set<std::string> known = {
@@ -679,7 +679,7 @@ class Compiler {
 
 }  // namespace
 
-absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::json& schema) {
+absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::ordered_json& schema) {
   return Compiler(schema).Run();
 }
 

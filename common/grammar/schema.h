@@ -90,7 +90,7 @@ inline constexpr int kMaxTextStates = 2048;
 inline constexpr int64_t kMaxLengthBits = int64_t{1} << 22;
 
 // `schema`: a JSON Schema object (strict subset, see the README).
-absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::json& schema);
+absl::StatusOr<CompiledSchema> CompileSchema(const nlohmann::ordered_json& schema);
 // Any JSON object (response_format json_object).
 CompiledSchema AnyObjectSchema();
 

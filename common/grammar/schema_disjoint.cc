@@ -5,7 +5,7 @@
 namespace flotilla::grammar {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 constexpr int kMaxDepth = 16;
 // Schemas visited in one check: unions of unions could otherwise branch

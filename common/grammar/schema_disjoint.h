@@ -11,7 +11,7 @@ namespace flotilla::grammar {
 
 // True only when no value satisfies both `a` and `b` ($refs resolved against
 // `root`); false when that could not be shown (they may overlap).
-bool ProvablyDisjoint(const nlohmann::json& a, const nlohmann::json& b,
-                      const nlohmann::json& root);
+bool ProvablyDisjoint(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b,
+                      const nlohmann::ordered_json& root);
 
 }  // namespace flotilla::grammar

@@ -88,14 +88,16 @@ TEST(GrammarForced, FreeStringContentForcesNothingThenTheEnumAndKeysAreForced) {
   Feed(*c, {TokenOf("Paris")});
   EXPECT_TRUE(c->Forced().empty()) << Text(c->Forced());  // more text or the closing quote
   Feed(*c, {TokenOf("\",\"")});
-  // The key that must follow (properties in the compiled schema's order:
-  // city, days, unit), up to its free number.
-  EXPECT_EQ(Text(c->Forced()), "days\":");
-  Feed(*c, {TokenOf("days"), TokenOf("\":"), TokenOf("5")});
-  EXPECT_TRUE(c->Forced().empty());  // more digits or the next member
-  Feed(*c, {TokenOf(",\"")});
-  // The last key, the one value of its enum, the closing brace, the end.
-  EXPECT_EQ(Text(c->Forced()), "unit\":\"celsius\"}" + Special(tokenizer::kReturn));
+  // The key that must follow (properties in the schema's declared order:
+  // city, unit, days), the one value of its enum, the next key, up to its
+  // free number.
+  EXPECT_EQ(Text(c->Forced()), "unit\":\"celsius\",\"days\":");
+  Feed(*c, {TokenOf("unit"), TokenOf("\":\""), TokenOf("c"), TokenOf("elsius"), TokenOf("\",\""),
+            TokenOf("days"), TokenOf("\":"), TokenOf("5")});
+  EXPECT_TRUE(c->Forced().empty());  // more digits or the closing brace
+  Feed(*c, {TokenOf("}")});
+  // The document is whole: the end.
+  EXPECT_EQ(Text(c->Forced()), Special(tokenizer::kReturn));
 }
 
 TEST(GrammarForced, EnumWithOneValueLeft) {

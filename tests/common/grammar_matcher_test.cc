@@ -13,6 +13,7 @@ namespace flotilla::grammar {
 namespace {
 
 using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
 
 using testing_util::Accepts;
 using testing_util::Compiled;
@@ -32,6 +33,16 @@ TEST(GrammarMatcher, ObjectsInOrderWithRequiredFields) {
   EXPECT_FALSE(Accepts(s, R"({"b":"x","d":1})"));   // undeclared
   EXPECT_FALSE(Accepts(s, R"({"b": "x"})"));        // compact: no whitespace
   EXPECT_FALSE(Accepts(s, R"({"b":"x"} )"));
+}
+
+// Declared order is the schema's own, not alphabetical (OpenAI's strict
+// outputs keep it): "country" before "capital".
+TEST(GrammarMatcher, PropertiesComeInTheSchemasOrderNotSorted) {
+  CompiledSchema s = Compiled(R"({"type": "object", "properties": {
+      "country": {"type": "string"}, "capital": {"type": "string"}},
+      "required": ["country", "capital"], "additionalProperties": false})");
+  EXPECT_TRUE(Accepts(s, R"({"country":"France","capital":"Paris"})"));
+  EXPECT_FALSE(Accepts(s, R"({"capital":"Paris","country":"France"})"));
 }
 
 TEST(GrammarMatcher, NumberBoundsAreExact) {
@@ -137,27 +148,28 @@ TEST(GrammarMatcher, AlternativesThatBeginAlikeAreReadJointly) {
   };
   std::mt19937 rng(11);
   for (const char* text : unions) {
-    const Json schema = Json::parse(text);
+    // Ordered, as the server compiles a request's schema (declared order).
+    const OrderedJson schema = OrderedJson::parse(text);
     CompiledSchema whole = Compiled(text);
     // The alternatives alone (a type list: one schema per type).
-    std::vector<Json> alternatives;
+    std::vector<OrderedJson> alternatives;
     if (schema.contains("anyOf")) {
-      for (const Json& a : schema["anyOf"]) {
+      for (const OrderedJson& a : schema["anyOf"]) {
         // A one-member anyOf may carry the $defs its alternative refers to.
-        Json alone = {{"anyOf", Json::array({a})}};
+        OrderedJson alone = {{"anyOf", OrderedJson::array({a})}};
         if (schema.contains("$defs")) alone["$defs"] = schema["$defs"];
         alternatives.push_back(alone);
       }
     } else if (schema["type"].is_array()) {
-      for (const Json& t : schema["type"]) {
-        Json one = schema;
+      for (const OrderedJson& t : schema["type"]) {
+        OrderedJson one = schema;
         one["type"] = t;
         alternatives.push_back(one);
       }
     } else {
       alternatives.push_back(schema);
     }
-    for (const Json& alternative : alternatives) {
+    for (const OrderedJson& alternative : alternatives) {
       absl::StatusOr<CompiledSchema> alone = CompileSchema(alternative);
       ASSERT_TRUE(alone.ok()) << alone.status();
       for (int walk = 0; walk < 150; ++walk) {

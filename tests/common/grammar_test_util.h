@@ -38,7 +38,7 @@ inline bool Continues(const CompiledSchema& schema, const std::string& text) {
 
 // The schema `text` compiled; a failure is the test's (an empty schema back).
 inline CompiledSchema Compiled(const std::string& text) {
-  absl::StatusOr<CompiledSchema> s = CompileSchema(nlohmann::json::parse(text));
+  absl::StatusOr<CompiledSchema> s = CompileSchema(nlohmann::ordered_json::parse(text));
   EXPECT_TRUE(s.ok()) << text << ": " << s.status();
   return s.ok() ? *s : CompiledSchema{};
 }

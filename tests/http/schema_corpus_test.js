@@ -22,7 +22,7 @@ const addFormats = require('ajv-formats').default;
 const [baseURL, model, corpusPath] = process.argv.slice(2);
 const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0, timeout: 300000 });
 const messages = [{ role: 'user', content: 'Answer in JSON.' }];
-const kAttempts = 4;       // seeds tried until an answer finishes within its tokens
+const kAttempts = 8;       // seeds tried until an answer finishes within its tokens
 const kMaxTokens = 300;
 // o200k ids: '"' 1, ':' 25, '@' 31, ']' 60, '}' 92.
 const kFinishBias = { 1: 100, 25: 20, 31: 20, 60: 4, 92: 4 };
