@@ -332,7 +332,13 @@ std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit, bool guess
   seq.forced_draft = false;
   const bool drafter =
       guessed && seq.drafter != nullptr && seq.drafter->config().method != SpeculativeMethod::kOff;
-  if (!drafter && !ForcedDrafts(seq)) return {};
+  // Forced grammar text is drafted whatever the bound and the governor say
+  // where drafts are verified on the host anyway (the CPU engine). Where the
+  // engine draws on a device, a constrained draft is verified on the host
+  // (its logit rows copied back and drawn there), which a large batch may
+  // not afford: there forced drafts follow the same decision as the others.
+  const bool forced = ForcedDrafts(seq) && (guessed || engine_->SamplesOnHost());
+  if (!drafter && !forced) return {};
   // Drafted tokens past its last possible one would be wasted (and past its
   // KV reservation).
   const int64_t room = seq.max_tokens - static_cast<int64_t>(seq.generated.size()) - 1;
@@ -343,12 +349,12 @@ std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit, bool guess
   const int64_t window = engine_->config().sliding_window;
   if (window > 0) limit = std::min<int64_t>(limit, window - 2);
   if (limit <= 0) return {};
-  if (ForcedDrafts(seq)) {
-    std::vector<int32_t> forced =
+  if (forced) {
+    std::vector<int32_t> forced_draft =
         seq.constraint->ForcedDraft(std::min<int64_t>(limit, kMaxSpeculativeTokens));
-    if (!forced.empty()) {
+    if (!forced_draft.empty()) {
       seq.forced_draft = true;
-      return forced;
+      return forced_draft;
     }
   }
   return drafter ? seq.drafter->Propose(seq.generated, limit) : std::vector<int32_t>{};
@@ -481,7 +487,8 @@ void Scheduler::MeasureStep(const cluster::StepPlan& plan, int64_t step_us) {
   if (!last_plan_.decode_only || plan.items_size() != last_plan_.decoding) return;
   // Forced drafts are planned whatever the governor says: such a step
   // measures neither of its choices.
-  if (last_plan_.forced_drafts) return;
+  // Forced drafts that bypassed the governor say nothing about its choice.
+  if (last_plan_.forced_drafts && engine_->SamplesOnHost()) return;
   SpeculationGovernor::Sample sample;
   sample.decoding = last_plan_.decoding;
   for (const cluster::PlanItem& item : plan.items()) sample.drafted += item.draft_tokens();
