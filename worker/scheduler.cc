@@ -303,8 +303,7 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   FitSampledRows(&plan);
   bool forced = false;
   for (const auto& [id, seq] : sequences_) forced = forced || seq.forced_draft;
-  last_plan_ = {decoding, decoding > 0 && plan.items_size() == decoding, step_clock_(),
-                speculative_.accepted, forced};
+  last_plan_ = {decoding, step_clock_(), forced};
   return plan;
 }
 
@@ -462,6 +461,7 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
                          cluster::TokenBatch* out) {
   const uint64_t now = clock_();
   const int64_t step_us = step_clock_() - last_plan_.planned_us;
+  const uint64_t accepted_before = speculative_.accepted;
   for (int i = 0; i < plan.items_size(); ++i) {
     const cluster::PlanItem& p = plan.items(i);
     auto sit = sequences_.find(p.request_id());
@@ -480,19 +480,20 @@ void Scheduler::Complete(const cluster::StepPlan& plan, const StepOutput& result
     if (i >= static_cast<int>(result.sampled.size()) || result.sampled[i].token < 0) continue;
     if (TakeDrawn(seq, p, result, static_cast<size_t>(i), now, out)) sequences_.erase(sit);
   }
-  if (limits_.speculative_governor) MeasureStep(plan, step_us);
+  if (limits_.speculative_governor) {
+    MeasureStep(plan, step_us, static_cast<int64_t>(speculative_.accepted - accepted_before));
+  }
 }
 
-void Scheduler::MeasureStep(const cluster::StepPlan& plan, int64_t step_us) {
-  if (!last_plan_.decode_only || plan.items_size() != last_plan_.decoding) return;
-  // Forced drafts are planned whatever the governor says: such a step
-  // measures neither of its choices.
-  // Forced drafts that bypassed the governor say nothing about its choice.
+void Scheduler::MeasureStep(const cluster::StepPlan& plan, int64_t step_us, int64_t accepted) {
+  if (last_plan_.decoding == 0 || plan.items_size() != last_plan_.decoding) return;
+  // Forced drafts that bypassed the governor (on an engine that verifies on
+  // the host) say nothing about its choice.
   if (last_plan_.forced_drafts && engine_->SamplesOnHost()) return;
   SpeculationGovernor::Sample sample;
   sample.decoding = last_plan_.decoding;
   for (const cluster::PlanItem& item : plan.items()) sample.drafted += item.draft_tokens();
-  sample.accepted = static_cast<int64_t>(speculative_.accepted - last_plan_.accepted_before);
+  sample.accepted = accepted;
   sample.micros = static_cast<double>(step_us);
   governor_.Record(sample);
 }

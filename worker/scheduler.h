@@ -59,12 +59,8 @@ struct SchedulerLimits {
 // tokens accepted, verification steps (steps of a sequence with a draft).
 // The grammar_ counts are the part of each that grammar-forced drafts make.
 struct SpeculativeCounts {
-  uint64_t drafted = 0;
-  uint64_t accepted = 0;
-  uint64_t verify_steps = 0;
-  uint64_t grammar_drafted = 0;
-  uint64_t grammar_accepted = 0;
-  uint64_t grammar_verify_steps = 0;
+  uint64_t drafted = 0, accepted = 0, verify_steps = 0;
+  uint64_t grammar_drafted = 0, grammar_accepted = 0, grammar_verify_steps = 0;
 };
 
 class Scheduler {
@@ -210,8 +206,8 @@ class Scheduler {
                  cluster::SequenceUpdate* u);
   void Release(const Sequence& seq);
   // Gives the governor the step just completed (`plan`, `step_us` after it
-  // was planned) when it was decode-only.
-  void MeasureStep(const cluster::StepPlan& plan, int64_t step_us);
+  // was planned, `accepted` drafted tokens) when it was decode-only.
+  void MeasureStep(const cluster::StepPlan& plan, int64_t step_us, int64_t accepted);
 
   const Engine* engine_;
   const SchedulerLimits limits_;
@@ -226,14 +222,12 @@ class Scheduler {
   SpeculativeCounts speculative_;
   SpeculationGovernor governor_;
   StepClock step_clock_;
-  // The last plan, as the governor measures it: decoding sequences, whether
-  // it was decode-only, when it was handed out, the accepted count before.
+  // The last plan, as the governor measures it: its decoding sequences
+  // (decode-only when it holds as many items), when it was handed out, and
+  // whether some item's draft is grammar-forced.
   struct PlannedStep {
-    int64_t decoding = 0;
-    bool decode_only = false;
-    int64_t planned_us = 0;
-    uint64_t accepted_before = 0;
-    bool forced_drafts = false;  // some item's draft is grammar-forced
+    int64_t decoding = 0, planned_us = 0;
+    bool forced_drafts = false;
   } last_plan_;
   std::unique_ptr<DraftMemory> own_draft_memory_;  // when none was given
   DraftMemory* draft_memory_;

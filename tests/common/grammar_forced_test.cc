@@ -45,6 +45,15 @@ std::unique_ptr<OutputConstraint> Make(const ConstraintSpec& spec) {
   return c.ok() ? *std::move(c) : nullptr;
 }
 
+// A final JSON answer of `schema` (reasoning_budget 0: the final form only).
+std::unique_ptr<OutputConstraint> JsonAnswer(const char* schema, int64_t reasoning_budget = 0) {
+  ConstraintSpec spec;
+  spec.json_final = true;
+  spec.final_schema = schema;
+  spec.reasoning_budget = reasoning_budget;
+  return Make(spec);
+}
+
 // Advances `c` by the tokens of `text` taken one byte at a time where a
 // byte is a token, after checking each is allowed.
 void Feed(OutputConstraint& c, const std::vector<int32_t>& tokens) {
@@ -58,10 +67,7 @@ constexpr char kWeather[] = R"({"type": "object", "properties": {
 
 TEST(GrammarForced, FinalHeaderAndRequiredKeyOfAJsonAnswer) {
   ASSERT_NE(O200kIndex(), nullptr);
-  ConstraintSpec spec;
-  spec.json_final = true;
-  spec.final_schema = kWeather;
-  auto c = Make(spec);
+  auto c = JsonAnswer(kWeather);
   ASSERT_NE(c, nullptr);
   // No reasoning budget: the final form is the only one, and its JSON opens
   // with the first required key.
@@ -77,10 +83,7 @@ TEST(GrammarForced, FinalHeaderAndRequiredKeyOfAJsonAnswer) {
 
 TEST(GrammarForced, FreeStringContentForcesNothingThenTheEnumAndKeysAreForced) {
   ASSERT_NE(O200kIndex(), nullptr);
-  ConstraintSpec spec;
-  spec.json_final = true;
-  spec.final_schema = kWeather;
-  auto c = Make(spec);
+  auto c = JsonAnswer(kWeather);
   ASSERT_NE(c, nullptr);
   Feed(*c, {tokenizer::kChannel, TokenOf("final"), tokenizer::kMessage, TokenOf("{\""),
             TokenOf("city"), TokenOf("\":\"")});
@@ -102,12 +105,9 @@ TEST(GrammarForced, FreeStringContentForcesNothingThenTheEnumAndKeysAreForced) {
 
 TEST(GrammarForced, EnumWithOneValueLeft) {
   ASSERT_NE(O200kIndex(), nullptr);
-  ConstraintSpec spec;
-  spec.json_final = true;
-  spec.final_schema = R"({"type": "object", "properties": {
+  auto c = JsonAnswer(R"({"type": "object", "properties": {
       "sky": {"enum": ["clear", "cloudy", "rain"]}}, "required": ["sky"],
-      "additionalProperties": false})";
-  auto c = Make(spec);
+      "additionalProperties": false})");
   ASSERT_NE(c, nullptr);
   Feed(*c, {tokenizer::kChannel, TokenOf("final"), tokenizer::kMessage});
   EXPECT_EQ(Text(c->Forced()), "{\"sky\":\"");
@@ -122,11 +122,8 @@ TEST(GrammarForced, EnumWithOneValueLeft) {
 
 TEST(GrammarForced, EndTokenAfterTheClosingBrace) {
   ASSERT_NE(O200kIndex(), nullptr);
-  ConstraintSpec spec;
-  spec.json_final = true;
-  spec.final_schema = R"({"type": "object", "properties": {"n": {"type": "integer"}},
-      "required": ["n"], "additionalProperties": false})";
-  auto c = Make(spec);
+  auto c = JsonAnswer(R"({"type": "object", "properties": {"n": {"type": "integer"}},
+      "required": ["n"], "additionalProperties": false})");
   ASSERT_NE(c, nullptr);
   Feed(*c, {tokenizer::kChannel, TokenOf("final"), tokenizer::kMessage, TokenOf("{\""),
             TokenOf("n"), TokenOf("\":"), TokenOf("4")});
@@ -170,12 +167,9 @@ TEST(GrammarForced, TwoFormsForceOnlyTheirCommonStart) {
 
 TEST(GrammarForced, FreeTextBodyForcesNothingUntilTheReasoningBudgetIsSpent) {
   ASSERT_NE(O200kIndex(), nullptr);
-  ConstraintSpec spec;
-  spec.json_final = true;
-  spec.final_schema = R"({"type": "object", "properties": {"ok": {"type": "boolean"}},
-      "required": ["ok"], "additionalProperties": false})";
-  spec.reasoning_budget = 2;
-  auto c = Make(spec);
+  auto c = JsonAnswer(R"({"type": "object", "properties": {"ok": {"type": "boolean"}},
+      "required": ["ok"], "additionalProperties": false})",
+                      /*reasoning_budget=*/2);
   ASSERT_NE(c, nullptr);
   Feed(*c, {tokenizer::kChannel, TokenOf("analysis"), tokenizer::kMessage});
   EXPECT_TRUE(c->Forced().empty());  // free reasoning or its end
@@ -189,10 +183,7 @@ TEST(GrammarForced, FreeTextBodyForcesNothingUntilTheReasoningBudgetIsSpent) {
 
 TEST(GrammarForced, AcceptedPrefixFeedsACopy) {
   ASSERT_NE(O200kIndex(), nullptr);
-  ConstraintSpec spec;
-  spec.json_final = true;
-  spec.final_schema = kWeather;
-  auto c = Make(spec);
+  auto c = JsonAnswer(kWeather);
   ASSERT_NE(c, nullptr);
   const std::vector<int32_t> good = {tokenizer::kChannel, TokenOf("final"), tokenizer::kMessage,
                                      TokenOf("{\""), TokenOf("city")};

@@ -30,27 +30,6 @@ struct Served {
   int steps = 0;  // engine steps of the serving loop (one rank only)
 };
 
-// Rank `rank` of `world` CPU engines of `weights` (null: the tiny test
-// model's shards) serving `submits`; every KV block is back at the end.
-Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world, int rank,
-                  comm::Communicator* comm, const ModelWeights* weights, const ServeOptions& o) {
-  const ModelConfig c = weights ? weights->config : resume_testing::TestModel();
-  std::unique_ptr<parallel::ParallelContext> context =
-      resume_testing::HostContextFor(c, world, comm);
-  if (comm != nullptr && context == nullptr) return {};
-  CpuEngineOptions eo;
-  eo.kv_block_size = 4;
-  eo.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 4, 512);
-  absl::StatusOr<std::unique_ptr<CpuEngine>> engine = CpuEngine::Create(
-      weights ? *weights : resume_testing::WeightsOf(world, rank), eo, nullptr, context.get());
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return {};
-  Updates got = resume_testing::ServeOnRank(**engine, comm, context.get(), world, rank, submits, o);
-  // Every KV block is back (cached prefixes count as free: evictable).
-  EXPECT_EQ((*engine)->KvFreeBlocks(), (*engine)->KvTotalBlocks());
-  return got;
-}
-
 // `submits` served by `world` CPU ranks (tensor-parallel) of `weights`,
 // grammar drafts on or off, drafters off unless `o` sets one.
 Served Serve(const std::vector<cluster::SubmitSequence>& submits, bool grammar_drafts,
@@ -66,7 +45,8 @@ Served Serve(const std::vector<cluster::SubmitSequence>& submits, bool grammar_d
     };
   }
   const Updates got = resume_testing::OnLocalRanks(world, [&](int rank, comm::Communicator* comm) {
-    return ServeRank(submits, world, rank, comm, weights, o);
+    return resume_testing::ServeCpuRank(submits, world, rank, comm, o, weights,
+                                        /*kv_positions=*/512);
   });
   for (const cluster::SequenceUpdate& u : got) {
     EXPECT_NE(u.finish_reason(), common::ERROR) << u.error();

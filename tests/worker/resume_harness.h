@@ -26,6 +26,7 @@
 #include "common/parallel_config.h"
 #include "proto/cluster.pb.h"
 #include "worker/constraint_filter.h"
+#include "worker/engine/cpu_engine.h"
 #include "worker/engine/engine.h"
 #include "worker/model/synthetic_weights.h"
 #include "worker/parallel/host_context.h"
@@ -141,13 +142,14 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
   cluster::TokenBatch out;
   int64_t now_us = 0;  // the simulated step clock (options.step_micros)
   if (executor.leader()) {
-    SchedulerLimits limits;
-    limits.max_batch_tokens = options.max_batch_tokens;
-    limits.max_sequences = options.max_sequences;
-    limits.speculative = options.speculative;
-    limits.speculative_max_batch = options.speculative_max_batch;
-    limits.speculative_governor = options.speculative_governor;
-    limits.grammar_drafts = options.grammar_drafts;
+    const SchedulerLimits limits{.max_batch_tokens = options.max_batch_tokens,
+                                 .max_sequences = options.max_sequences,
+                                 .max_model_len = 0,
+                                 .prefill = {},
+                                 .speculative = options.speculative,
+                                 .speculative_max_batch = options.speculative_max_batch,
+                                 .speculative_governor = options.speculative_governor,
+                                 .grammar_drafts = options.grammar_drafts};
     scheduler = std::make_unique<Scheduler>(
         &engine, limits, [] { return uint64_t{1000}; },
         engine.config().vocab_size == TestModel().vocab_size ? Vocabulary() : nullptr,
@@ -178,6 +180,31 @@ inline Updates ServeOnRank(Engine& engine, comm::Communicator* comm,
                            const cluster::SubmitSequence& submit) {
   return ServeOnRank(engine, comm, context, world, rank,
                      std::vector<cluster::SubmitSequence>{submit});
+}
+
+// Rank `rank` of a fresh CPU instance of `world` ranks of `weights` (null:
+// the tiny test model's shards) serving `submits`, with KV for
+// `kv_positions` positions of 4 sequences; every KV block is back at the end.
+inline Updates ServeCpuRank(const std::vector<cluster::SubmitSequence>& submits, int world,
+                            int rank, comm::Communicator* comm, const ServeOptions& options,
+                            const ModelWeights* weights = nullptr, int64_t kv_positions = 256) {
+  const ModelConfig c = weights ? weights->config : TestModel();
+  std::unique_ptr<parallel::ParallelContext> context = HostContextFor(c, world, comm);
+  if (comm != nullptr && context == nullptr) return {};
+  CpuEngineOptions eo;
+  eo.kv_block_size = 4;
+  eo.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 4, kv_positions);
+  absl::StatusOr<std::unique_ptr<CpuEngine>> engine =
+      CpuEngine::Create(weights ? *weights : WeightsOf(world, rank), eo, nullptr, context.get());
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  if (options.draft_memory != nullptr && options.draft_memory->eagle3 != nullptr) {
+    EXPECT_TRUE((*engine)->SetHiddenCapture(options.draft_memory->eagle3->config.aux_layers).ok());
+  }
+  Updates got = ServeOnRank(**engine, comm, context.get(), world, rank, submits, options);
+  // Every KV block is back (cached prefixes count as free: evictable).
+  EXPECT_EQ((*engine)->KvFreeBlocks(), (*engine)->KvTotalBlocks());
+  return got;
 }
 
 inline std::vector<int32_t> TokensOf(const Updates& updates) {

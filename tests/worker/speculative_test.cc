@@ -399,36 +399,10 @@ ServeOptions Plain() {
   return o;
 }
 
-// Rank `rank` of a fresh CPU instance of `world` ranks of `weights` (null:
-// the tiny test model's) serving `submits`.
-Updates ServeRank(const std::vector<cluster::SubmitSequence>& submits, int world, int rank,
-                  comm::Communicator* comm, const ServeOptions& options,
-                  const ModelWeights* weights) {
-  const ModelConfig c = weights ? weights->config : TestModel();
-  std::unique_ptr<parallel::ParallelContext> context =
-      resume_testing::HostContextFor(c, world, comm);
-  if (comm != nullptr && context == nullptr) return {};
-  CpuEngineOptions eo;
-  eo.kv_block_size = 4;
-  eo.kv_num_blocks = CpuEngine::KvBlocksFor(c, c.num_key_value_heads, 4, 4, 256);
-  absl::StatusOr<std::unique_ptr<CpuEngine>> engine = CpuEngine::Create(
-      weights ? *weights : resume_testing::WeightsOf(world, rank), eo, nullptr, context.get());
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  if (!engine.ok()) return {};
-  if (options.draft_memory != nullptr && options.draft_memory->eagle3 != nullptr) {
-    EXPECT_TRUE((*engine)->SetHiddenCapture(options.draft_memory->eagle3->config.aux_layers).ok());
-  }
-  Updates got =
-      resume_testing::ServeOnRank(**engine, comm, context.get(), world, rank, submits, options);
-  // Every KV block is back (cached prefixes count as free: evictable).
-  EXPECT_EQ((*engine)->KvFreeBlocks(), (*engine)->KvTotalBlocks());
-  return got;
-}
-
 Updates Serve(const std::vector<cluster::SubmitSequence>& submits, int world,
               const ServeOptions& options, const ModelWeights* weights = nullptr) {
   return OnLocalRanks(world, [&](int rank, comm::Communicator* comm) {
-    return ServeRank(submits, world, rank, comm, options, weights);
+    return resume_testing::ServeCpuRank(submits, world, rank, comm, options, weights);
   });
 }
 
@@ -608,7 +582,7 @@ TEST(SpeculativeStructuredTest, JsonOutputStaysValid) {
 
 TEST(SpeculativeKvTest, BlocksComeBackAfterManyRequests) {
   // 1,000 short requests queued at once on one engine (as many running as
-  // the KV blocks allow); ServeRank checks that every block is free at the end.
+  // the KV blocks allow); ServeCpuRank checks that every block is free at the end.
   std::vector<cluster::SubmitSequence> submits;
   for (uint64_t id = 1; id <= 1000; ++id) {
     cluster::SubmitSequence s = Repetitive(id, 6, 10 + static_cast<int32_t>(id % 50) * 13);
