@@ -13,6 +13,7 @@
 #include <map>
 #include <optional>
 
+#include "absl/time/time.h"
 #include "common/cluster_token.h"
 #include "common/comm_names.h"
 #include "common/command_line.h"
@@ -698,11 +699,12 @@ int main(int argc, char** argv) {
   const flotilla::coordinator::DrainResult drained = flotilla::coordinator::Drain(
       **manager, absl::Seconds(drain_timeout_s), [] { return g_signals.load() > 1; });
   spdlog::info("{}", flotilla::coordinator::DescribeDrain(drained));
-  // Streams that just ended still write their last messages: give them a
-  // moment unless told to stop at once.
-  const auto grace = std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(drained.interrupted ? 0 : 2000);
-  if (http) http->Stop(drained.interrupted ? absl::ZeroDuration() : absl::Seconds(2));
+  // Streams that just ended still write their last messages (after a second
+  // signal, the status that says so): give them a moment, a short one when told
+  // to stop at once. Both stops return as soon as no call is left.
+  const absl::Duration grace_period = drained.interrupted ? absl::Seconds(1) : absl::Seconds(2);
+  const auto grace = absl::ToChronoTime(absl::Now() + grace_period);
+  if (http) http->Stop(grace_period);
   if (admin_server) admin_server->Shutdown(grace);
   server->Shutdown(grace);
   spdlog::info("coordinator stopped");
