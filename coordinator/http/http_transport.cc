@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
@@ -222,7 +223,8 @@ class Exchange final : public HttpExchange {
   }
   void Defer(std::function<void()> f) override { defer_->Submit(std::move(f)); }
   void Hold(std::shared_ptr<void> token) override {
-    conn_->Post([c = conn_, s = seq_, t = std::move(token)]() mutable { c->Hold(s, std::move(t)); });
+    conn_->Post(
+        [c = conn_, s = seq_, t = std::move(token)]() mutable { c->Hold(s, std::move(t)); });
   }
 
  private:
@@ -374,9 +376,9 @@ class Connection final : public ConnectionBase {
     // buffer is held to it.
     if (const auto& buffers = server_->options.client_buffers;
         buffers && buffers->options().max_stream_bytes < kAutotunedSendBuffer) {
-      Socket().set_option(
-          asio::socket_base::send_buffer_size(static_cast<int>(buffers->options().max_stream_bytes)),
-          ec);
+      Socket().set_option(asio::socket_base::send_buffer_size(
+                              static_cast<int>(buffers->options().max_stream_bytes)),
+                          ec);
     }
     if constexpr (kTls) {
       phase_ = Phase::kHandshake;
@@ -531,7 +533,7 @@ class Connection final : public ConnectionBase {
     if (phase_ == Phase::kHandling && buffer_.size() >= kPipelineLimit) return;  // resumes later
     reading_ = true;
     stream_.async_read_some(
-        buffer_.prepare(kReadChunk),
+        asio::buffer(read_chunk_),
         [self = Self()](const ErrorCode& ec, size_t n) { self->OnRead(ec, n); });
   }
 
@@ -549,12 +551,12 @@ class Connection final : public ConnectionBase {
       }
       return Close();
     }
-    buffer_.commit(n);
-    if (phase_ == Phase::kHead) got_bytes_ = true;
     if (phase_ == Phase::kDiscard) {
       buffer_.consume(buffer_.size());
       return Read();
     }
+    buffer_.commit(asio::buffer_copy(buffer_.prepare(n), asio::buffer(read_chunk_.data(), n)));
+    if (phase_ == Phase::kHead) got_bytes_ = true;
     if (awaiting_first_byte_ && phase_ == Phase::kHead) {
       awaiting_first_byte_ = false;
       ArmRead(server_->options.connections.header_timeout);
@@ -829,7 +831,14 @@ class Connection final : public ConnectionBase {
   Stream stream_;
   asio::steady_timer read_timer_, write_timer_;
   uint64_t read_gen_ = 0, write_gen_ = 0;
+  // What was read and not yet parsed. A read is under way for most of a
+  // connection's life (while a request is answered too), so it reads into
+  // read_chunk_, never into buffer_: taking a waiting request out of buffer_
+  // (consume) moves where buffer_'s next bytes go, and bytes read into a region
+  // prepared before that would be committed as stale ones (the request before,
+  // or part of it: answered twice, or an unfinished head and 408).
   beast::flat_buffer buffer_;
+  std::array<char, kReadChunk> read_chunk_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Phase phase_ = Phase::kHead;
   bool reading_ = false, writing_ = false, closed_ = false;

@@ -182,6 +182,37 @@ TEST_F(HttpTransportTest, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_FALSE(c.eof());  // kept alive
 }
 
+// A request that arrives while the one before it is being answered waits in
+// the connection's buffer, and the connection keeps reading meanwhile. Taking
+// that request out of the buffer must not move where the read still under way
+// puts the next request's bytes: the request after it is answered as sent,
+// whether shorter or longer than the one that waited (not seen as an
+// unfinished head, 408, nor as the waiting request again).
+TEST_F(HttpTransportTest, ARequestAfterOneThatWaitedInTheBufferIsReadAsSent) {
+  HttpTransportOptions o;
+  o.connections.header_timeout = absl::Milliseconds(300);
+  Start(o);
+  const std::string waited =
+      "GET /items/one-that-waited-behind-the-first HTTP/1.1\r\nHost: x\r\n\r\n";
+  for (const std::string& next : {std::string("short"), std::string(200, 'l')}) {
+    RawClient c(port_);
+    ASSERT_TRUE(c.connected());
+    // The second request is in the buffer while the first is answered.
+    ASSERT_TRUE(c.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n" + waited));
+    std::string text = c.ReadUntil([](const std::string& t) { return WholeResponses(t) == 2; });
+    ASSERT_EQ(WholeResponses(text), 2) << text;
+    ASSERT_NE(text.find("item one-that-waited-behind-the-first"), std::string::npos) << text;
+    c.text().clear();
+    // Sent only once both answers are in: the read for it was issued before
+    // the waiting request was taken out of the buffer.
+    ASSERT_TRUE(c.Send(absl::StrCat("GET /items/", next, " HTTP/1.1\r\nHost: x\r\n\r\n")));
+    text = c.ReadUntil([](const std::string& t) { return WholeResponses(t) >= 1; });
+    ASSERT_GE(WholeResponses(text), 1) << text;
+    EXPECT_TRUE(absl::StartsWith(text, "HTTP/1.1 200")) << next.size() << ": " << text;
+    EXPECT_NE(text.find("\r\n\r\nitem " + next), std::string::npos) << next.size() << ": " << text;
+  }
+}
+
 TEST_F(HttpTransportTest, WrongMethodIs405WithAllowAndUnknownPathIs404) {
   Start();
   RawClient c(port_);
