@@ -18,7 +18,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${FLOTILLA_FUZZ_BUILD_DIR:-$root/build-fuzz}"
 seconds="${FLOTILLA_FUZZ_SECONDS:-30}"
 jobs="${FLOTILLA_JOBS:-$(nproc)}"
-all_targets=(http_request harmony_parser tokenizer safetensors proto_request)
+all_targets=(http_request harmony_parser tokenizer safetensors proto_request json_schema)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all_targets[@]}")
 

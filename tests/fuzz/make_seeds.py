@@ -197,3 +197,34 @@ write("proto_request", "deep_chat_schema_json", b"\x00" + fld(2, 2, msg(USER, "x
       fld(10, 2, fld(1, 0, 2) + fld(2, 2, fld(3, 2, DEEP_ARRAY))))
 write("proto_request", "generate_bad_temperature", b"\x01" + fld(2, 2, fld(1, 0, 1) + fld(1, 0, 2)) +
       fld(3, 2, fld(1, 5, -1.0) + fld(2, 5, 7.0)))
+
+
+# ---- json_schema: flags byte (bits 0-1: response format, tool, required tool,
+# both; bit 2: reasoning) + walk byte + the schema text ----
+TICKET = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 80},
+    "priority": {"type": "integer", "minimum": 1, "maximum": 5},
+    "labels": {"type": "array", "items": {"type": "string", "enum": ["bug", "feature", "docs"]},
+               "maxItems": 4}},
+    "required": ["title", "priority", "labels"], "additionalProperties": False}
+write("json_schema", "ticket", b"\x00\x01" + json.dumps(TICKET).encode())
+write("json_schema", "ticket_required_tool", b"\x02\x07" + json.dumps(TICKET).encode())
+write("json_schema", "any_object_reasoning", b"\x04\x03")
+write("json_schema", "formats", b"\x00\x05" + json.dumps({"type": "object", "properties": {
+    "id": {"type": "string", "format": "uuid"}, "at": {"type": "string", "format": "date-time"},
+    "mail": {"type": "string", "format": "email", "maxLength": 40}},
+    "required": ["id", "at", "mail"]}).encode())
+write("json_schema", "pattern_keys", b"\x01\x09" + json.dumps({
+    "type": "object", "propertyNames": {"pattern": "^[a-z]{1,8}$"},
+    "additionalProperties": {"type": "integer", "multipleOf": 5}, "maxProperties": 4}).encode())
+write("json_schema", "anyof_refs", b"\x03\x02" + json.dumps({
+    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "number"},
+                                                         "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                       "required": ["v"]}},
+    "anyOf": [{"$ref": "#/$defs/node"}, {"type": "object", "properties": {"n": {"enum": [1, "a", None, True]}}}]}).encode())
+write("json_schema", "unsatisfiable", b"\x00\x00" + json.dumps(
+    {"type": "string", "minLength": 5, "maxLength": 2}).encode())
+write("json_schema", "bad_pattern", b"\x00\x00" + json.dumps(
+    {"type": "string", "pattern": "(a|b)*a(a|b){40}"}).encode())
+write("json_schema", "deep_schema", b"\x00\x00" + ('{"items":' * (DEPTH // 10) + "{}" + "}" * (DEPTH // 10)).encode())
+write("json_schema", "not_json", b"\x00\x00{\"type\": ")
