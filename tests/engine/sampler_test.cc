@@ -235,6 +235,30 @@ TEST(Sampler, FilterRestrictsDrawsToTheAllowedTokens) {
   }
 }
 
+// The distribution holds only tokens that can be drawn: masked ones and
+// ones whose probability is 0 in float are left out, so Sample's fallback
+// (its last entry, for a draw past a sum rounded below 1) is never one.
+TEST(Sampler, DistributionLeavesOutMaskedAndImpossibleTokens) {
+  const int vocab = 64;
+  std::vector<float> logits(vocab, 0.0f);
+  logits[63] = 5.0f;
+  logits[10] = -200.0f;  // exp(-200) is 0 in float
+  SamplingParams p;
+  p.temperature = 1.0f;
+  auto s = *Sampler::Create(p, vocab);
+  std::vector<int32_t> seen;
+  s->SetFilter(
+      std::make_unique<testing_filter::FixedFilter>(vocab, std::vector<int32_t>{3, 10, 40}, &seen));
+  std::set<int32_t> tokens;
+  double total = 0;
+  for (auto [t, pr] : s->Distribution(logits.data())) {
+    tokens.insert(t);
+    total += pr;
+  }
+  EXPECT_EQ(tokens, (std::set<int32_t>{3, 40}));
+  EXPECT_NEAR(total, 1.0, 1e-6);
+}
+
 // logit_bias +100 makes a token the greedy choice over any model logit.
 TEST(Sampler, LogitBiasOfAHundredWinsGreedy) {
   const int vocab = 1000;

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -227,17 +228,34 @@ Negotiated Handshake(int port, const std::string& flags) {
 
 // The TLS 1.2 suites `port` accepts, each offered alone (PSK and SRP ones
 // with a made-up key and login, so the client does offer them); ADD_FAILUREs
-// where the client could not offer one.
+// where the client could not offer one. kScans handshakes (each an openssl
+// process) run at once.
 std::vector<Suite> AcceptedTls12(int port, const std::vector<Suite>& suites) {
-  std::vector<Suite> accepted;
+  constexpr int kScans = 4;
+  std::vector<const Suite*> tls12;
   for (const Suite& s : suites) {
-    if (s.protocol == "TLSv1.3") continue;
-    std::string flags = "-tls1_2 -cipher '" + s.name + ":@SECLEVEL=0'";
-    if (s.kx.find("PSK") != std::string::npos) flags += " -psk 0123456789abcdef";
-    if (s.kx == "SRP") flags += " -srpuser scan -srppass pass:scan";
-    const Negotiated n = Handshake(port, flags);
-    if (!n.offered) ADD_FAILURE() << "openssl s_client could not offer " << s.name;
-    if (n.suite == s.name && n.protocol == "TLSv1.2") accepted.push_back(s);
+    if (s.protocol != "TLSv1.3") tls12.push_back(&s);
+  }
+  std::vector<Negotiated> negotiated(tls12.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> lanes;
+  for (int l = 0; l < kScans; ++l) {
+    lanes.emplace_back([&] {
+      for (size_t i = next++; i < tls12.size(); i = next++) {
+        const Suite& s = *tls12[i];
+        std::string flags = "-tls1_2 -cipher '" + s.name + ":@SECLEVEL=0'";
+        if (s.kx.find("PSK") != std::string::npos) flags += " -psk 0123456789abcdef";
+        if (s.kx == "SRP") flags += " -srpuser scan -srppass pass:scan";
+        negotiated[i] = Handshake(port, flags);
+      }
+    });
+  }
+  for (std::thread& t : lanes) t.join();
+  std::vector<Suite> accepted;
+  for (size_t i = 0; i < tls12.size(); ++i) {
+    const Suite& s = *tls12[i];
+    if (!negotiated[i].offered) ADD_FAILURE() << "openssl s_client could not offer " << s.name;
+    if (negotiated[i].suite == s.name && negotiated[i].protocol == "TLSv1.2") accepted.push_back(s);
   }
   return accepted;
 }

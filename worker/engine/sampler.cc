@@ -195,8 +195,10 @@ std::vector<std::pair<int32_t, float>> Sampler::Distribution(const float* logits
     v *= inv_t;
     mx = std::max(mx, v);
   }
-  // Unnormalised probabilities; only their ratios matter below.
-  for (float& v : work_) v = std::exp(v - mx);
+  // Unnormalised probabilities; only their ratios matter below. A masked
+  // token (-inf) has none, without an exp.
+  const float masked = -std::numeric_limits<float>::infinity();
+  for (float& v : work_) v = v == masked ? 0.0f : std::exp(v - mx);
   order_.resize(vocab_size_);
   std::iota(order_.begin(), order_.end(), 0);
   auto by_prob = [&](int32_t a, int32_t b) {
@@ -226,7 +228,10 @@ std::vector<std::pair<int32_t, float>> Sampler::Distribution(const float* logits
   double total = 0;
   for (int64_t i = 0; i < keep; ++i) {
     float p = work_[order_[i]];
-    if (floor > 0.0f && p < floor) continue;
+    // A token of probability 0 is never drawn; leaving it out also keeps
+    // Sample's last-entry fallback (the draw past a sum rounded below 1) on a
+    // token that may be drawn, never a masked one.
+    if (p == 0.0f || (floor > 0.0f && p < floor)) continue;
     dist.emplace_back(order_[i], p);
     total += p;
   }
