@@ -10,21 +10,6 @@
 
 namespace flotilla::worker {
 
-namespace {
-
-absl::StatusOr<ConstraintVocabulary> LoadO200k(int vocab_size) {
-  absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
-      tokenizer::Tokenizer::Create(tokenizer::Tokenizer::DefaultRanksPath());
-  if (!tok.ok()) return tok.status();
-  ConstraintVocabulary v;
-  v.tokenizer = *std::move(tok);
-  v.index = std::make_shared<const grammar::VocabularyIndex>(
-      grammar::O200kVocabulary(*v.tokenizer, vocab_size));
-  return v;
-}
-
-}  // namespace
-
 VocabularyProvider LazyO200kVocabulary(int vocab_size) {
   struct Loaded {
     std::once_flag once;
@@ -32,7 +17,14 @@ VocabularyProvider LazyO200kVocabulary(int vocab_size) {
   };
   auto loaded = std::make_shared<Loaded>();
   return [loaded, vocab_size]() {
-    std::call_once(loaded->once, [&] { loaded->vocabulary = LoadO200k(vocab_size); });
+    std::call_once(loaded->once, [&] {
+      absl::StatusOr<grammar::O200k> o = grammar::LoadO200k(vocab_size);
+      if (!o.ok()) {
+        loaded->vocabulary = o.status();
+        return;
+      }
+      loaded->vocabulary = ConstraintVocabulary{o->index, o->tokenizer};
+    });
     return loaded->vocabulary;
   };
 }

@@ -26,11 +26,20 @@ TokenVocabulary O200kVocabulary(const tokenizer::Tokenizer& tokenizer, int vocab
   return v;
 }
 
-absl::StatusOr<std::shared_ptr<const VocabularyIndex>> LoadO200kIndex(int vocab_size) {
+absl::StatusOr<O200k> LoadO200k(int vocab_size) {
   absl::StatusOr<std::unique_ptr<tokenizer::Tokenizer>> tok =
       tokenizer::Tokenizer::Create(tokenizer::Tokenizer::DefaultRanksPath());
   if (!tok.ok()) return tok.status();
-  return std::make_shared<const VocabularyIndex>(O200kVocabulary(**tok, vocab_size));
+  O200k o;
+  o.tokenizer = *std::move(tok);
+  o.index = std::make_shared<const VocabularyIndex>(O200kVocabulary(*o.tokenizer, vocab_size));
+  return o;
+}
+
+absl::StatusOr<std::shared_ptr<const VocabularyIndex>> LoadO200kIndex(int vocab_size) {
+  absl::StatusOr<O200k> o = LoadO200k(vocab_size);
+  if (!o.ok()) return o.status();
+  return o->index;
 }
 
 }  // namespace flotilla::grammar
