@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grammar/constraint_proto.h"
-#include "common/grammar/o200k_vocabulary.h"
 
 namespace flotilla::worker {
 
@@ -17,14 +16,7 @@ VocabularyProvider LazyO200kVocabulary(int vocab_size) {
   };
   auto loaded = std::make_shared<Loaded>();
   return [loaded, vocab_size]() {
-    std::call_once(loaded->once, [&] {
-      absl::StatusOr<grammar::O200k> o = grammar::LoadO200k(vocab_size);
-      if (!o.ok()) {
-        loaded->vocabulary = o.status();
-        return;
-      }
-      loaded->vocabulary = ConstraintVocabulary{o->index, o->tokenizer};
-    });
+    std::call_once(loaded->once, [&] { loaded->vocabulary = grammar::LoadO200k(vocab_size); });
     return loaded->vocabulary;
   };
 }

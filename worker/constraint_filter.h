@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/grammar/o200k_vocabulary.h"
 #include "common/grammar/output_constraint.h"
 #include "common/tokenizer/tokenizer.h"
 #include "proto/cluster.pb.h"
@@ -20,10 +21,7 @@ namespace flotilla::worker {
 
 // What constraints are built over: the vocabulary index, and the tokenizer
 // that encodes forced text into draft tokens (null: no forced drafts).
-struct ConstraintVocabulary {
-  std::shared_ptr<const grammar::VocabularyIndex> index;
-  std::shared_ptr<const tokenizer::Tokenizer> tokenizer;
-};
+using ConstraintVocabulary = grammar::O200k;
 
 // Gives the vocabulary constraints are built over (loaded once).
 using VocabularyProvider = std::function<absl::StatusOr<ConstraintVocabulary>()>;
