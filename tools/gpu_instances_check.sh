@@ -8,8 +8,8 @@
 #   tools/gpu_instances_check.sh BUNDLE OUT [MODEL]
 # Environment: INSTANCES (default 2), ROUTERS (default
 # cache-aware,least-loaded,round-robin), BENCH_SECONDS (45), CONCURRENCY
-# (64), KILL_EVERY (20), SOAK_SECONDS (60), SKIP_ONE_GPU (set: no one-GPU run). Keep NCCL_NVLS_ENABLE=0 where
-# NVLink multicast must not be used.
+# (64), KILL_EVERY (20), SOAK_SECONDS (60; 0: no soak), SKIP_ONE_GPU (set: no
+# one-GPU run). Keep NCCL_NVLS_ENABLE=0 where NVLink multicast must not be used.
 set -u
 bundle="${1:?usage: gpu_instances_check.sh BUNDLE OUT [MODEL]}"
 out="${2:?usage: gpu_instances_check.sh BUNDLE OUT [MODEL]}"
@@ -62,6 +62,7 @@ for router in ${routers//,/ }; do
   stop
 done
 
+[[ "${SOAK_SECONDS:-60}" == 0 ]] && exit $status
 start soak --workers "$instances" --instances "$instances" --gpus "$gpus"
 if [[ -n "$address" ]]; then
   echo "soak (kill -9 of a GPU worker every ${KILL_EVERY:-20} s):"

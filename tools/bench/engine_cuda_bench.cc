@@ -30,6 +30,12 @@
 //                                          structured-output token mask, written by the
 //                                          host while the step runs as serving does:
 //                                          {"bench":"decode_step_masked"} beside the plain step)
+//                     [--verify-tokens 1,2,3] (then steps whose every row carries K
+//                                          drafted tokens, verified as serving verifies
+//                                          them: {"bench":"verify_step"} with the cost
+//                                          against a one-token step through the same
+//                                          samplers and the speedup each acceptance
+//                                          length would give)
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
@@ -192,6 +198,59 @@ double MaskedStepMs(CudaEngine& e, std::vector<StepItem> items, long masked, lon
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
 }
 
+// `steps` decode steps of `items` through per-item samplers (the serving
+// path) where every row carries `k` drafted tokens after its last token, so
+// the step computes k + 1 positions and verifies the draft as serving does;
+// the accepted tokens are committed by the next step. The drafts are
+// arbitrary tokens, so nearly all are rejected: the step's work does not
+// depend on how many are accepted. ms per step, or a negative value on an
+// error.
+double DraftedStepMs(CudaEngine& e, std::vector<StepItem> items, int k, long steps, int vocab) {
+  std::vector<std::unique_ptr<flotilla::Sampler>> samplers;
+  for (size_t b = 0; b < items.size(); ++b) {
+    flotilla::SamplingParams p;
+    p.seed = b;
+    p.max_tokens = 1 << 30;
+    absl::StatusOr<std::unique_ptr<flotilla::Sampler>> s = flotilla::Sampler::Create(p, vocab);
+    if (!s.ok()) return -1;
+    items[b].sampler = s->get();
+    items[b].logits = LogitsMode::kNone;
+    samplers.push_back(*std::move(s));
+  }
+  std::vector<int32_t> last(items.size());
+  for (size_t b = 0; b < items.size(); ++b) last[b] = items[b].tokens.back();
+  auto run = [&](long n, long first) -> bool {
+    for (long i = 0; i < n; ++i) {
+      for (size_t b = 0; b < items.size(); ++b) {
+        items[b].tokens = {last[b]};
+        for (int j = 0; j < k; ++j) {
+          items[b].tokens.push_back(static_cast<int32_t>((7919 * (first + i + j) + b) % vocab));
+        }
+        items[b].draft_tokens = k;
+      }
+      absl::StatusOr<flotilla::StepOutput> out = e.Step(items);
+      if (!out.ok()) {
+        std::fprintf(stderr, "engine_cuda_bench: %s\n", out.status().ToString().c_str());
+        return false;
+      }
+      for (size_t b = 0; b < items.size(); ++b) {
+        items[b].accepted_draft.clear();
+        if (b < out->accepted.size()) {
+          for (const flotilla::TokenLogprob& t : out->accepted[b]) {
+            items[b].accepted_draft.push_back(t.token);
+          }
+        }
+        last[b] = std::max<int32_t>(out->sampled[b].token, 0);
+      }
+    }
+    return true;
+  };
+  if (!run(4, 0)) return -1;
+  const auto t = Clock::now();
+  if (!run(steps, 4)) return -1;
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count() / steps;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,7 +263,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
-  std::vector<long> predict_ranks;
+  std::vector<long> predict_ranks, verify_tokens;
   std::map<long, double> allreduce_us;   // W -> one all-reduce's latency
   std::map<long, double> graph_step_ms;  // batch -> a replayed step's time
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -221,6 +280,8 @@ int main(int argc, char** argv) {
       max_sequences = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--masked-rows")
       masked_rows = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--verify-tokens")
+      verify_tokens = ParseList(v);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
     else if (a == "--kv-cache-dtype") {
       const absl::StatusOr<flotilla::KvCacheDtype> d = flotilla::ParseKvCacheDtype(v);
@@ -275,12 +336,19 @@ int main(int argc, char** argv) {
   for (long p : prefills) max_prefill = std::max(max_prefill, p);
   CudaEngineOptions o;
   o.max_sequences = static_cast<int>(std::max({max_batch, max_sequences, 1L}));
-  o.max_batch_tokens = static_cast<int>(std::max({max_prefill, max_batch, 256L}));
+  long max_verify = 0;  // the most drafted tokens of a --verify-tokens step
+  for (long k : verify_tokens) max_verify = std::max(max_verify, k);
+  o.max_batch_tokens =
+      static_cast<int>(std::max({max_prefill, max_batch * (max_verify + 1), 256L}));
   // Every decode step of a batch (the 4 that capture, the timed ones and,
   // per ablated op, 2 more captures and the timed ones again) grows its
   // sequences by a token.
-  const long decode_steps = 4 + steps + static_cast<long>(ablate.size()) * (2 + steps) +
-                            (masked_rows > 0 ? 2 * (4 + steps) : 0);
+  const long decode_steps =
+      4 + steps + static_cast<long>(ablate.size()) * (2 + steps) +
+      (masked_rows > 0 ? 2 * (4 + steps) : 0) +
+      (verify_tokens.empty()
+           ? 0
+           : (1 + static_cast<long>(verify_tokens.size())) * (4 + steps) + max_verify);
   // A context at the model's limit (131,072 for gpt-oss) cannot take the
   // decode steps on top of it: the sequences are filled short by those steps,
   // so the last one holds exactly `context` tokens.
@@ -406,6 +474,32 @@ int main(int argc, char** argv) {
           props.name.c_str(), B, n, masked_ms, unmasked_ms, masked_ms - unmasked_ms,
           unmasked_ms / masked_ms);
       std::fflush(stdout);
+    }
+    if (!verify_tokens.empty()) {
+      // The one-token step through the same samplers, then each draft length.
+      const double one_ms = MaskedStepMs(e, items, 0, steps, c.vocab_size);
+      if (one_ms < 0) return 1;
+      for (long k : verify_tokens) {
+        if (k < 1) continue;
+        const double k_ms = DraftedStepMs(e, items, static_cast<int>(k), steps, c.vocab_size);
+        if (k_ms < 0) return 1;
+        // Acceptance length L (tokens a verification step gives, at most
+        // k + 1) turns k_ms into L tokens: speedup L x one_ms / k_ms.
+        std::string speedups;
+        for (double L : {1.5, 2.0, 2.5, 3.0, 3.5}) {
+          if (L > k + 1) break;
+          char buf[64];
+          std::snprintf(buf, sizeof(buf), "%s\"%.1f\":%.3f", speedups.empty() ? "" : ",", L,
+                        L * one_ms / k_ms);
+          speedups += buf;
+        }
+        std::printf(
+            "{\"bench\":\"verify_step\",\"gpu\":\"%s\",\"batch\":%ld,\"draft_tokens\":%ld,"
+            "\"ms_per_step\":%.3f,\"one_token_ms_per_step\":%.3f,\"cost_vs_one_token\":%.3f,"
+            "\"speedup_at_acceptance_length\":{%s}}\n",
+            props.name.c_str(), B, k, k_ms, one_ms, k_ms / one_ms, speedups.c_str());
+        std::fflush(stdout);
+      }
     }
     // Ablation: the same steps with one op left out; the difference is what
     // that op costs inside the replayed graph (overlap with its neighbours
