@@ -252,13 +252,16 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
     if (seq.prefilled >= static_cast<int64_t>(seq.prompt.size())) ++decoding;
   }
   // Past --speculative-max-batch decoding sequences, drafters draft
-  // nothing; below it, the governor says whether drafting pays at this
-  // batch. Forced grammar text is drafted either way.
-  bool draft = limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
-  if (draft && decoding > 0 && limits_.speculative_governor) {
-    draft = governor_.ShouldDraft(decoding);
+  // nothing; below it, the governor says how many tokens a sequence drafts
+  // at this batch (0: none). Forced grammar text is drafted either way
+  // where the engine verifies on the host.
+  const bool allowed =
+      limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
+  int draft_length = allowed ? LongestDraft() : 0;
+  if (draft_length > 0 && decoding > 0 && limits_.speculative_governor) {
+    draft_length = governor_.DraftLength(decoding, draft_length);
   }
-  budget -= PlanDecodes(std::max<int64_t>(0, budget - decoding), draft, &plan);
+  budget -= PlanDecodes(std::max<int64_t>(0, budget - decoding), draft_length, &plan);
   // Admit queued requests while the KV reservation and the sequence cap allow
   // (the policy when KV runs short: queue, never preempt; running sequences
   // always finish, so the queue always drains).
@@ -303,11 +306,24 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   FitSampledRows(&plan);
   bool forced = false;
   for (const auto& [id, seq] : sequences_) forced = forced || seq.forced_draft;
-  last_plan_ = {decoding, step_clock_(), forced};
+  last_plan_ = {decoding, step_clock_(), draft_length, forced};
   return plan;
 }
 
-int64_t Scheduler::PlanDecodes(int64_t draft_budget, bool guessed, cluster::StepPlan* plan) {
+int Scheduler::LongestDraft() const {
+  int longest = 0;
+  for (const auto& [id, seq] : sequences_) {
+    if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    if (seq.drafter != nullptr && seq.drafter->config().method != SpeculativeMethod::kOff) {
+      longest = std::max(longest, seq.drafter->config().num_tokens);
+    } else if (ForcedDrafts(seq)) {
+      longest = std::max(longest, 1);  // forced text: drafting or not
+    }
+  }
+  return std::min(longest, kMaxSpeculativeTokens);
+}
+
+int64_t Scheduler::PlanDecodes(int64_t draft_budget, int draft_length, cluster::StepPlan* plan) {
   int64_t planned = 0;
   for (auto& [id, seq] : sequences_) {
     if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
@@ -316,7 +332,7 @@ int64_t Scheduler::PlanDecodes(int64_t draft_budget, bool guessed, cluster::Step
     it->mutable_accepted_draft()->Add(seq.accepted_draft.begin(), seq.accepted_draft.end());
     seq.accepted_draft.clear();
     it->add_tokens(seq.generated.back());
-    const std::vector<int32_t> draft = DraftOf(seq, draft_budget, guessed);
+    const std::vector<int32_t> draft = DraftOf(seq, draft_budget, draft_length);
     it->mutable_tokens()->Add(draft.begin(), draft.end());
     it->set_draft_tokens(static_cast<uint32_t>(draft.size()));
     it->set_return_hidden(seq.drafter != nullptr && seq.drafter->WantsHidden());
@@ -327,8 +343,9 @@ int64_t Scheduler::PlanDecodes(int64_t draft_budget, bool guessed, cluster::Step
   return planned;
 }
 
-std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit, bool guessed) {
+std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit, int draft_length) {
   seq.forced_draft = false;
+  const bool guessed = draft_length > 0;
   const bool drafter =
       guessed && seq.drafter != nullptr && seq.drafter->config().method != SpeculativeMethod::kOff;
   // Forced grammar text is drafted whatever the bound and the governor say
@@ -356,7 +373,8 @@ std::vector<int32_t> Scheduler::DraftOf(Sequence& seq, int64_t limit, bool guess
       return forced_draft;
     }
   }
-  return drafter ? seq.drafter->Propose(seq.generated, limit) : std::vector<int32_t>{};
+  return drafter ? seq.drafter->Propose(seq.generated, std::min<int64_t>(limit, draft_length))
+                 : std::vector<int32_t>{};
 }
 
 bool Scheduler::ForcedDrafts(const Sequence& seq) const {
@@ -492,6 +510,7 @@ void Scheduler::MeasureStep(const cluster::StepPlan& plan, int64_t step_us, int6
   if (last_plan_.forced_drafts && engine_->SamplesOnHost()) return;
   SpeculationGovernor::Sample sample;
   sample.decoding = last_plan_.decoding;
+  sample.length = last_plan_.draft_length;
   for (const cluster::PlanItem& item : plan.items()) sample.drafted += item.draft_tokens();
   sample.accepted = accepted;
   sample.micros = static_cast<double>(step_us);

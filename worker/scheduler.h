@@ -178,15 +178,19 @@ class Scheduler {
   int64_t WithinCredit(const Sequence& seq, int64_t left) const;
   // Adds `seq`'s next `tokens` prompt tokens to `plan`.
   void AddPromptChunk(Sequence& seq, int64_t tokens, cluster::StepPlan* plan);
+  // The most tokens a decoding sequence would draft this step: its
+  // drafter's num_tokens, or 1 for a sequence whose only drafts are forced
+  // grammar text (so the governor weighs drafting at all); 0 when none.
+  int LongestDraft() const;
   // One decode item per sequence past its prompt: its last token, what its
   // last verification accepted, and a draft within `draft_budget` tokens
-  // (taken from it): forced grammar text, or its drafter's when `guessed`.
-  // The decode tokens planned.
-  int64_t PlanDecodes(int64_t draft_budget, bool guessed, cluster::StepPlan* plan);
+  // (taken from it): forced grammar text, or at most `draft_length` of its
+  // drafter's (0: none). The decode tokens planned.
+  int64_t PlanDecodes(int64_t draft_budget, int draft_length, cluster::StepPlan* plan);
   // The draft `seq` brings this step: at most `limit` tokens, fewer than
   // it may still generate; the grammar's forced continuation when it has
-  // one (seq.forced_draft), else its drafter's when `guessed`.
-  std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit, bool guessed);
+  // one (seq.forced_draft), else up to `draft_length` of its drafter's.
+  std::vector<int32_t> DraftOf(Sequence& seq, int64_t limit, int draft_length);
   // Whether `seq` may draft the text its grammar forces.
   bool ForcedDrafts(const Sequence& seq) const;
   // Trims the drafts of `plan` (from its last item back) until its sampled
@@ -223,10 +227,12 @@ class Scheduler {
   SpeculationGovernor governor_;
   StepClock step_clock_;
   // The last plan, as the governor measures it: its decoding sequences
-  // (decode-only when it holds as many items), when it was handed out, and
-  // whether some item's draft is grammar-forced.
+  // (decode-only when it holds as many items), when it was handed out, the
+  // draft length it was planned with, and whether some item's draft is
+  // grammar-forced.
   struct PlannedStep {
     int64_t decoding = 0, planned_us = 0;
+    int draft_length = 0;
     bool forced_drafts = false;
   } last_plan_;
   std::unique_ptr<DraftMemory> own_draft_memory_;  // when none was given

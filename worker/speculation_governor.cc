@@ -10,9 +10,13 @@ namespace {
 // since acceptance and batch shapes drift with the requests.
 constexpr double kSmoothing = 0.25;
 
-void Average(double& value, int& samples, double sample) {
+void Average(double& value, int samples, double sample) {
   value = samples == 0 ? sample : value + kSmoothing * (sample - value);
-  ++samples;
+}
+
+// Tokens a step of this estimate gives per sequence and microsecond.
+double Rate(const SpeculationGovernor::Estimate& e) {
+  return (1 + e.accepted_per_sequence) / e.step_us;
 }
 
 }  // namespace
@@ -22,30 +26,50 @@ size_t SpeculationGovernor::BucketOf(int64_t decoding) {
   return std::min<size_t>(std::bit_width(n) - 1, std::tuple_size_v<decltype(buckets_)> - 1);
 }
 
-bool SpeculationGovernor::ShouldDraft(int64_t decoding) {
+int SpeculationGovernor::Unmeasured(const Bucket& b, int max_length) {
+  if (b.by_length[max_length].samples < kMinSamples) return max_length;
+  if (b.by_length[0].samples < kMinSamples) return 0;
+  for (int k = max_length - 1; k >= 1; --k) {
+    if (b.by_length[k].samples < kMinSamples) return k;
+  }
+  return -1;
+}
+
+int SpeculationGovernor::DraftLength(int64_t decoding, int max_length) {
+  max_length = std::clamp(max_length, 0, kMaxLength);
+  if (max_length == 0) return 0;
   Bucket& b = buckets_[BucketOf(decoding)];
-  const Estimate& e = b.estimate;
-  if (e.drafted_samples < kMinSamples) return true;
-  if (e.plain_samples < kMinSamples) return false;
-  const bool drafting_wins = e.plain_us * (1 + e.accepted_per_sequence) > e.drafted_us;
-  return ++b.decisions % kExploreEvery == 0 ? !drafting_wins : drafting_wins;
+  if (const int k = Unmeasured(b, max_length); k >= 0) return k;
+  int best = 0;
+  for (int k = 1; k <= max_length; ++k) {
+    if (Rate(b.by_length[k]) > Rate(b.by_length[best])) best = k;
+  }
+  if (++b.decisions % kExploreEvery != 0) return best;
+  // Exploring: the next length after the last one explored, skipping the best.
+  int k = b.explored;
+  do {
+    k = (k + 1) % (max_length + 1);
+  } while (k == best);
+  b.explored = k;
+  return k;
 }
 
 void SpeculationGovernor::Record(const Sample& s) {
   if (s.decoding <= 0 || s.micros <= 0) return;
-  Estimate& e = buckets_[BucketOf(s.decoding)].estimate;
-  if (s.drafted == 0) {
-    Average(e.plain_us, e.plain_samples, s.micros);
-    return;
-  }
-  int accepted_samples = e.drafted_samples;
-  Average(e.accepted_per_sequence, accepted_samples,
+  // A step whose drafters proposed nothing is a plain step, whatever length
+  // it was planned with.
+  const int length = s.drafted == 0 ? 0 : s.length;
+  if (length < 0 || length > kMaxLength || (length == 0 && s.drafted != 0)) return;
+  Estimate& e = buckets_[BucketOf(s.decoding)].by_length[length];
+  Average(e.accepted_per_sequence, e.samples,
           static_cast<double>(s.accepted) / static_cast<double>(s.decoding));
-  Average(e.drafted_us, e.drafted_samples, s.micros);
+  Average(e.step_us, e.samples, s.micros);
+  ++e.samples;
 }
 
-SpeculationGovernor::Estimate SpeculationGovernor::EstimateAt(int64_t decoding) const {
-  return buckets_[BucketOf(decoding)].estimate;
+SpeculationGovernor::Estimate SpeculationGovernor::EstimateAt(int64_t decoding, int length) const {
+  if (length < 0 || length > kMaxLength) return {};
+  return buckets_[BucketOf(decoding)].by_length[length];
 }
 
 }  // namespace flotilla::worker

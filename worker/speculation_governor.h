@@ -1,18 +1,21 @@
-// Whether a decode step drafts, from what the worker measured: per batch
-// size (decoding sequences, in power-of-two buckets) the time of decode steps
-// with drafts and without, and the drafted tokens those steps accepted per
-// sequence. A step drafts while its expected output per unit of time is
-// higher with drafts: plain_us * (1 + accepted per sequence) > drafted_us.
-// Verifying k tokens per sequence multiplies a large batch's work, so the
-// answer turns to "no" where the batch makes the step compute-bound; where
-// that happens depends on the engine, the GPU and the workload's acceptance,
-// so it is measured rather than fixed.
+// How many tokens a decode step drafts per sequence, from what the worker
+// measured: per batch size (decoding sequences, in power-of-two buckets) and
+// per draft length K (the most drafted tokens a sequence brings; K = 0 is a
+// plain step), the time of decode steps planned with K and the drafted tokens
+// they accepted per sequence. A step takes the K whose measured output per
+// unit of time, (1 + accepted per sequence) / step time, is highest.
+// Verifying K tokens per sequence multiplies a batch's work and each drafted
+// token brings other experts' weights into the step, so the best K falls as
+// the batch grows (to 0 where drafting stops paying); where that happens
+// depends on the engine, the GPU and the workload's acceptance, so it is
+// measured rather than fixed.
 //
-// Each bucket first measures a few drafted steps, then a few plain ones, then
-// decides; one decision in kExploreEvery goes the other way, so that an
-// estimate that lost keeps being refreshed (acceptance changes with the
-// requests). Only decode-only steps are measured: a step that also prefills
-// a prompt chunk says nothing about drafting.
+// Each bucket first measures a few steps of the longest K, then plain ones,
+// then the lengths between, then decides; one decision in kExploreEvery takes
+// another K (in turn), so that an estimate that lost keeps being refreshed
+// (acceptance changes with the requests). Only decode-only steps are
+// measured: a step that also prefills a prompt chunk says nothing about
+// drafting.
 #pragma once
 
 #include <array>
@@ -23,38 +26,49 @@ namespace flotilla::worker {
 
 class SpeculationGovernor {
  public:
-  // Measured steps of each kind a bucket needs before it decides.
+  // Measured steps of each draft length a bucket needs before it decides.
   static constexpr int kMinSamples = 4;
   // One decision in this many, per bucket, goes against the estimates.
   static constexpr uint64_t kExploreEvery = 64;
+  // The longest draft length measured apart (kMaxSpeculativeTokens).
+  static constexpr int kMaxLength = 16;
 
-  // A decode-only step: `decoding` sequences, `drafted` tokens verified
-  // (0: a plain step), `accepted` of them, `micros` from plan to result.
+  // A decode-only step: `decoding` sequences, planned with at most `length`
+  // drafted tokens per sequence, `drafted` tokens verified (0: a plain step,
+  // whatever its length), `accepted` of them, `micros` from plan to result.
   struct Sample {
     int64_t decoding = 0;
+    int length = 0;
     int64_t drafted = 0;
     int64_t accepted = 0;
     double micros = 0;
   };
 
-  // Whether the next step with `decoding` decoding sequences drafts.
-  bool ShouldDraft(int64_t decoding);
+  // The most drafted tokens per sequence for the next step of `decoding`
+  // sequences, in [0, max_length] (max_length: what the sequences' drafters
+  // would draft, at most kMaxLength).
+  int DraftLength(int64_t decoding, int max_length);
   void Record(const Sample& sample);
 
-  // A bucket's estimates, for tests and the worker's log.
+  // A bucket's estimates for one draft length, for tests and the worker's
+  // log (length 0: plain steps).
   struct Estimate {
-    double plain_us = 0, drafted_us = 0;
+    double step_us = 0;
     double accepted_per_sequence = 0;
-    int plain_samples = 0, drafted_samples = 0;
+    int samples = 0;
   };
-  Estimate EstimateAt(int64_t decoding) const;
+  Estimate EstimateAt(int64_t decoding, int length) const;
 
  private:
   struct Bucket {
-    Estimate estimate;
+    std::array<Estimate, kMaxLength + 1> by_length{};
     uint64_t decisions = 0;
+    int explored = 0;  // the last length an exploring decision took
   };
   static size_t BucketOf(int64_t decoding);
+  // The lengths in the order a new bucket measures them: max_length, 0,
+  // then max_length - 1 down to 1. -1 when every one has its samples.
+  static int Unmeasured(const Bucket& b, int max_length);
 
   std::array<Bucket, 24> buckets_{};
 };
