@@ -372,7 +372,7 @@ bool ClusterManager::Place(const std::shared_ptr<TrackedRequest>& t, int avoid,
       *why = inner.status();
       continue;
     }
-    router_.Remember(t->route_key, index);
+    router_.Remember(t->route_key, index, prompt_tokens);
     std::optional<absl::Status> cancel;
     {
       std::lock_guard<std::mutex> lock(t->mu);

@@ -91,17 +91,19 @@ double HitRatio(int instances, int kv_blocks, const std::string& router) {
 // one instance's with all the KV; sent in turn, each instance needs every
 // tenant and evicts them.
 TEST(PrefixTenantsBench, CacheAwareRoutingKeepsOneInstancesHitRatio) {
-  // 12 tenants x 16 blocks of 16 tokens: one worker of 300 blocks holds
-  // them all, one of 150 about half.
+  // 12 tenants x 16 token blocks of 16 tokens, each token block cached in
+  // about 2 KV blocks on CPU workers (one per full-attention layer of the
+  // tiny model; its sliding layers keep the last one or two): about 400 KV
+  // blocks for all the system prompts, so one worker of 400 blocks evicts
+  // some and one of 200 about as much when it holds half the tenants.
   const double single = HitRatio(1, 400, "cache-aware");
   const double aware = HitRatio(2, 200, "cache-aware");
   const double round_robin = HitRatio(2, 200, "round-robin");
-  // The target is 0.9x one instance. Without KV pressure (2 H200,
-  // coordinator/instances_notes.md) cache-aware measured 1.03x; under this
-  // pressure on 2 CPU cores it measured 0.86-0.95x, so this run asserts what
-  // holds every time here, 0.8x, and the clear margin over round-robin
-  // (measured 0.27-0.30).
-  EXPECT_GE(aware, 0.8 * single) << "single " << single << ", cache-aware " << aware;
+  // The target: 0.9x one instance. Measured on 2 CPU cores
+  // (coordinator/instances_notes.md) 0.95-1.00x since the router places
+  // tenants by their working sets against the KV, and 0.32-0.41 above
+  // round-robin.
+  EXPECT_GE(aware, 0.9 * single) << "single " << single << ", cache-aware " << aware;
   EXPECT_GT(aware, round_robin + 0.15)
       << "cache-aware " << aware << ", round-robin " << round_robin;
 }
