@@ -65,8 +65,11 @@ admin::InstanceState MergedState(const std::vector<admin::InstanceStatus>& insta
 // that open alike (a tenant's system prompt) stay on one instance until the
 // workers' KV reports say where it is cached, instead of each computing it on
 // another instance while the first is still in flight. Prompts shorter than
-// the opening share nothing worth keeping together.
-constexpr int kPrefixRouteTokens = 64;
+// the opening share nothing worth keeping together. The opening is longer
+// than what every request of a chat template shares: a Harmony chat request
+// starts with the same system message (64 tokens before a plain user turn),
+// and one key for all of them would keep every user on one instance.
+constexpr int kPrefixRouteTokens = 256;
 
 std::string PrefixRouteKey(const cluster::SubmitSequence& r) {
   if (r.prompt_ids_size() < kPrefixRouteTokens) return "";

@@ -948,6 +948,51 @@ TEST(ClusterManagerInstances, ARequestMovedAfterItsPromptLogitsResumesWithoutThe
   EXPECT_TRUE(out.done->ok()) << *out.done;
 }
 
+// Requests submitted to TwoInstances() (serving) with these prompts, kept in
+// flight: how many each instance's workers got.
+std::pair<int, int> SpreadOver(Fixture& f, const std::vector<cluster::SubmitSequence>& prompts) {
+  for (const cluster::SubmitSequence& p : prompts) {
+    const absl::StatusOr<uint64_t> id = f.manager->Submit(p, {});
+    EXPECT_TRUE(id.ok()) << id.status();
+  }
+  int first = 0, second = 0;
+  for (int i = 0; i < 4; ++i) {
+    const int n = static_cast<int>(f.sessions[i]->Of(cluster::CoordinatorMessage::kSubmit).size());
+    (i < 2 ? first : second) += n;
+  }
+  return {first, second};
+}
+
+// Prompts of `opening` shared tokens followed by 16 of their own.
+std::vector<cluster::SubmitSequence> Opening(int opening, int count) {
+  std::vector<cluster::SubmitSequence> out(count);
+  for (int r = 0; r < count; ++r) {
+    for (int t = 0; t < opening; ++t) out[r].add_prompt_ids(1 + t % 500);
+    for (int t = 0; t < 16; ++t) out[r].add_prompt_ids(600 + 16 * r + t);
+  }
+  return out;
+}
+
+// Every chat request opens with the same Harmony system message (64 tokens of
+// o200k for a plain user turn): users who share only that are spread by load,
+// not kept together as one tenant.
+TEST(ClusterManagerInstances, ChatUsersSharingOnlyTheTemplatesOpeningAreSpread) {
+  Fixture f = TwoInstances();
+  ServeTwoInstances(f);
+  const auto [first, second] = SpreadOver(f, Opening(64, 8));
+  EXPECT_GE(first, 3);
+  EXPECT_GE(second, 3);
+}
+
+// A long shared opening (a tenant's system prompt) keeps its requests on one
+// instance while the load allows, so its prefix is computed and cached once.
+TEST(ClusterManagerInstances, ATenantsLongSystemPromptKeepsItsRequestsTogether) {
+  Fixture f = TwoInstances();
+  ServeTwoInstances(f);
+  const auto [first, second] = SpreadOver(f, Opening(400, 8));
+  EXPECT_TRUE((first == 8 && second == 0) || (first == 0 && second == 8)) << first << " " << second;
+}
+
 TEST(ClusterManagerInstances, DrainingAnInstanceMovesItsRequestsAndRoutesAroundIt) {
   Fixture f = TwoInstances();
   for (const char* id : {"w0", "w1", "w2", "w3"}) f.Connect(id);
