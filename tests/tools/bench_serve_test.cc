@@ -37,6 +37,29 @@ TEST(BenchServeTokenRange, TakesNOrMinMax) {
   }
 }
 
+// Chat replies must end, so flags that run answers to a length are refused,
+// naming the flag the user gave (--output-tokens implies --ignore-eos) and,
+// for it, what bounds a chat answer instead.
+TEST(BenchServeChat, RefusesRunToLengthFlagsNamingTheOneGiven) {
+  auto refusal = [](const std::string& args) {
+    std::stringstream err;
+    std::streambuf* saved = std::cerr.rdbuf(err.rdbuf());
+    bool ok = true;
+    BenchServe(args + " --coordinator 127.0.0.1:1 --duration 1", &ok);
+    std::cerr.rdbuf(saved);
+    EXPECT_FALSE(ok) << args;
+    return err.str();
+  };
+  const std::string tokens = refusal("--chat --output-tokens 85");
+  EXPECT_NE(tokens.find("--output-tokens"), std::string::npos) << tokens;
+  EXPECT_NE(tokens.find("--output-len MIN MAX"), std::string::npos) << tokens;
+  EXPECT_EQ(tokens.find("--ignore-eos"), std::string::npos) << tokens;
+  const std::string eos = refusal("--chat --ignore-eos --output-len 8 8");
+  EXPECT_NE(eos.find("--ignore-eos"), std::string::npos) << eos;
+  const std::string turns = refusal("--chat --multi-turn 2");
+  EXPECT_NE(turns.find("--multi-turn"), std::string::npos) << turns;
+}
+
 // --tools reads an OpenAI "tools" array into the functions every Chat
 // request offers; anything else is refused naming the file.
 TEST(BenchServeTools, ReadsAnOpenAiToolsArray) {

@@ -396,6 +396,7 @@ void AddBenchCommand(CLI::App& app) {
       [f](const std::string& v) {
         f->output_len = TokenRangeOrExit(v);
         f->ignore_eos = true;
+        f->output_tokens = true;
       },
       "N or MIN-MAX output tokens, each request running to its drawn length (end tokens "
       "ignored)");
@@ -509,8 +510,15 @@ void AddBenchCommand(CLI::App& app) {
       f->chat = true;
     }
     if (f->chat && (f->ignore_eos || f->multi_turn > 0)) {
-      std::cerr << "flotilla bench serve: --chat takes neither --ignore-eos (a chat reply "
-                   "must end) nor --multi-turn\n";
+      // --response-format-schema and --tools imply --chat; --output-tokens
+      // implies --ignore-eos: name what the user typed.
+      std::cerr << "flotilla bench serve: chat requests (--chat, --response-format-schema, "
+                   "--tools) take neither "
+                << (f->output_tokens ? "--output-tokens (it runs every answer to its drawn "
+                                       "length, ignoring end tokens; bound chat answers with "
+                                       "--output-len MIN MAX)"
+                                     : "--ignore-eos (a chat reply must end)")
+                << " nor --multi-turn\n";
       throw CLI::RuntimeError(2);
     }
     if (f->prefix_tenants && (f->chat || f->multi_turn > 0 || f->rate > 0 ||

@@ -36,6 +36,7 @@ struct ServeFlags {
   uint64_t seed = 1;
   double timeout_s = 120;
   bool ignore_eos = false;  // outputs run to their length (set by --output-tokens)
+  bool output_tokens = false;           // --output-tokens was given (it sets ignore_eos)
   std::string engine_compare = "auto";  // on, off, or auto (on when the admin RPC answers)
   int engine_steps = 32;
   int multi_turn = 0;       // turns per conversation; 0 = independent random prompts
