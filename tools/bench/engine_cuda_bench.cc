@@ -161,24 +161,34 @@ class HalfVocabularyFilter : public flotilla::TokenFilter {
   std::vector<uint32_t> bits_;
 };
 
+// Gives each of `items` a sampler of its own (seed = its index, no token
+// bound), the first `masked` under HalfVocabularyFilter, drawing instead of
+// returning logits, as serving steps do; the samplers go to `*samplers`.
+bool AttachSamplers(std::vector<StepItem>& items, long masked, int vocab,
+                    std::vector<std::unique_ptr<flotilla::Sampler>>* samplers) {
+  for (size_t b = 0; b < items.size(); ++b) {
+    flotilla::SamplingParams p;
+    p.seed = b;
+    p.max_tokens = 1 << 30;
+    absl::StatusOr<std::unique_ptr<flotilla::Sampler>> s = flotilla::Sampler::Create(p, vocab);
+    if (!s.ok()) return false;
+    if (static_cast<long>(b) < masked) {
+      (*s)->SetFilter(std::make_unique<HalfVocabularyFilter>(vocab));
+    }
+    items[b].sampler = s->get();
+    items[b].logits = LogitsMode::kNone;
+    samplers->push_back(*std::move(s));
+  }
+  return true;
+}
+
 // `steps` decode steps of `items` drawn by per-item samplers (the serving
 // path), the first `masked` of them under HalfVocabularyFilter; ms per step,
 // or a negative value on an error.
 double MaskedStepMs(CudaEngine& e, std::vector<StepItem> items, long masked, long steps,
                     int vocab) {
   std::vector<std::unique_ptr<flotilla::Sampler>> samplers;
-  for (size_t b = 0; b < items.size(); ++b) {
-    flotilla::SamplingParams p;
-    p.seed = b;
-    p.max_tokens = 1 << 30;
-    absl::StatusOr<std::unique_ptr<flotilla::Sampler>> s = flotilla::Sampler::Create(p, vocab);
-    if (!s.ok()) return -1;
-    if (static_cast<long>(b) < masked)
-      (*s)->SetFilter(std::make_unique<HalfVocabularyFilter>(vocab));
-    items[b].sampler = s->get();
-    items[b].logits = LogitsMode::kNone;
-    samplers.push_back(*std::move(s));
-  }
+  if (!AttachSamplers(items, masked, vocab, &samplers)) return -1;
   auto run = [&](long n) -> bool {
     for (long i = 0; i < n; ++i) {
       absl::StatusOr<flotilla::StepOutput> out = e.Step(items);
@@ -207,16 +217,7 @@ double MaskedStepMs(CudaEngine& e, std::vector<StepItem> items, long masked, lon
 // error.
 double DraftedStepMs(CudaEngine& e, std::vector<StepItem> items, int k, long steps, int vocab) {
   std::vector<std::unique_ptr<flotilla::Sampler>> samplers;
-  for (size_t b = 0; b < items.size(); ++b) {
-    flotilla::SamplingParams p;
-    p.seed = b;
-    p.max_tokens = 1 << 30;
-    absl::StatusOr<std::unique_ptr<flotilla::Sampler>> s = flotilla::Sampler::Create(p, vocab);
-    if (!s.ok()) return -1;
-    items[b].sampler = s->get();
-    items[b].logits = LogitsMode::kNone;
-    samplers.push_back(*std::move(s));
-  }
+  if (!AttachSamplers(items, 0, vocab, &samplers)) return -1;
   std::vector<int32_t> last(items.size());
   for (size_t b = 0; b < items.size(); ++b) last[b] = items[b].tokens.back();
   auto run = [&](long n, long first) -> bool {
