@@ -24,7 +24,7 @@ set(FLOTILLA_TEST_CXX_OPTIMIZATION $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Rele
 # shows a header that forgot an include).
 set(FLOTILLA_UNITY_TARGETS
   flotilla_common flotilla_grammar flotilla_harmony flotilla_model flotilla_engine_cpu
-  flotilla_engine_cuda flotilla_worker_runtime flotilla_coordinator flotilla_openai flotilla_http
+  flotilla_engine_cuda flotilla_worker_runtime flotilla_cluster flotilla_coordinator flotilla_openai flotilla_http
   flotilla_cli common_test engine_test grammar_test responses_test worker_runtime_test cluster_test)
 set(FLOTILLA_UNITY_BATCH 8)
 
