@@ -247,17 +247,14 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   const uint64_t now = clock_();
   // Decode tokens first: one per running sequence past its prompt, and the
   // drafts within what the budget has left after them.
-  int64_t decoding = 0;
-  for (const auto& [id, seq] : sequences_) {
-    if (seq.prefilled >= static_cast<int64_t>(seq.prompt.size())) ++decoding;
-  }
+  const auto [decoding, longest_draft] = DecodingSequences();
   // Past --speculative-max-batch decoding sequences, drafters draft
   // nothing; below it, the governor says how many tokens a sequence drafts
   // at this batch (0: none). Forced grammar text is drafted either way
   // where the engine verifies on the host.
   const bool allowed =
       limits_.speculative_max_batch == 0 || decoding <= limits_.speculative_max_batch;
-  int draft_length = allowed ? LongestDraft() : 0;
+  int draft_length = allowed ? longest_draft : 0;
   if (draft_length > 0 && decoding > 0 && limits_.speculative_governor) {
     draft_length = governor_.DraftLength(decoding, draft_length);
   }
@@ -310,17 +307,19 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   return plan;
 }
 
-int Scheduler::LongestDraft() const {
+std::pair<int64_t, int> Scheduler::DecodingSequences() const {
+  int64_t decoding = 0;
   int longest = 0;
   for (const auto& [id, seq] : sequences_) {
     if (seq.prefilled < static_cast<int64_t>(seq.prompt.size())) continue;
+    ++decoding;
     if (seq.drafter != nullptr && seq.drafter->config().method != SpeculativeMethod::kOff) {
       longest = std::max(longest, seq.drafter->config().num_tokens);
     } else if (ForcedDrafts(seq)) {
       longest = std::max(longest, 1);  // forced text: drafting or not
     }
   }
-  return std::min(longest, kMaxSpeculativeTokens);
+  return {decoding, std::min(longest, kMaxSpeculativeTokens)};
 }
 
 int64_t Scheduler::PlanDecodes(int64_t draft_budget, int draft_length, cluster::StepPlan* plan) {

@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -178,10 +179,11 @@ class Scheduler {
   int64_t WithinCredit(const Sequence& seq, int64_t left) const;
   // Adds `seq`'s next `tokens` prompt tokens to `plan`.
   void AddPromptChunk(Sequence& seq, int64_t tokens, cluster::StepPlan* plan);
-  // The most tokens a decoding sequence would draft this step: its
-  // drafter's num_tokens, or 1 for a sequence whose only drafts are forced
-  // grammar text (so the governor weighs drafting at all); 0 when none.
-  int LongestDraft() const;
+  // The sequences past their prompt, and the most tokens one of them would
+  // draft this step: its drafter's num_tokens, or 1 for a sequence whose
+  // only drafts are forced grammar text (so the governor weighs drafting at
+  // all); 0 when none.
+  std::pair<int64_t, int> DecodingSequences() const;
   // One decode item per sequence past its prompt: its last token, what its
   // last verification accepted, and a draft within `draft_budget` tokens
   // (taken from it): forced grammar text, or at most `draft_length` of its
