@@ -26,6 +26,8 @@
 //                                          pairs per expert; -1: never)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
+//                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
+//                                          projection's weights beside the step)
 //                     [--masked-rows N]   (then the same steps with N rows drawing under a
 //                                          structured-output token mask, written by the
 //                                          host while the step runs as serving does:
@@ -260,6 +262,7 @@ int main(int argc, char** argv) {
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
+  long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
@@ -303,7 +306,10 @@ int main(int argc, char** argv) {
       while (std::getline(ss, op, ',')) ablate.push_back(op);
     } else if (a == "--fused-router-norm-max-tokens") {
       router_norm = std::strtol(v.c_str(), nullptr, 10);
-    } else if (a == "--fused-qkv-max-tokens") fused_qkv = std::strtol(v.c_str(), nullptr, 10);
+    } else if (a == "--l2-prefetch-max-tokens") {
+      l2_prefetch = std::strtol(v.c_str(), nullptr, 10);
+    } else if (a == "--fused-qkv-max-tokens")
+      fused_qkv = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
     else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
     else if (a == "--qkv-late-dependents") qkv_tuning.late_dependents = v == "1" || v == "true";
@@ -378,6 +384,7 @@ int main(int argc, char** argv) {
   o.kv_cache_dtype = kv_dtype;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
+  o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
   flotilla::kernels::cuda::SetNormQkvRopeTuning(qkv_tuning);
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);

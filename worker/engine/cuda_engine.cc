@@ -34,6 +34,9 @@ CudaDeviceState::~CudaDeviceState() {
   if (counts_event != nullptr) cudaEventDestroy(counts_event);
   if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
   if (linear != nullptr) kc::DestroyLinearContext(linear);
+  if (prefetch_fork != nullptr) cudaEventDestroy(prefetch_fork);
+  if (prefetch_join != nullptr) cudaEventDestroy(prefetch_join);
+  if (prefetch_stream != nullptr) cudaStreamDestroy(prefetch_stream);
   if (stream != nullptr) cudaStreamDestroy(stream);
 }
 

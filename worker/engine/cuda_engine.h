@@ -112,6 +112,15 @@ struct CudaEngineOptions {
   // kNormLinearMaxTokens) run the post-attention norm inside the router
   // projection (one launch fewer per layer); 0 keeps them apart.
   int fused_router_norm_max_tokens = 8;
+  // Steps of at most this many tokens ask L2 for the O projection's weights
+  // (23.6 MB a layer at 120b) on a stream beside the step while attention
+  // runs; 0 turns it off. 120b decode on an H200, ms per step, off / on:
+  // batch 1 3.031 / 2.961, 2 3.745 / 3.679, 4 5.387 / 5.314, 8 8.307 /
+  // 8.331 (three runs each). The next layer's QKV weights asked for during
+  // the MoE gained nothing (that kernel already asks L2 for its tile before
+  // it waits), nor did the down weights asked for by the gate_up tiles
+  // (batch 1: 3.15 against 3.04 ms).
+  int l2_prefetch_max_tokens = 4;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().

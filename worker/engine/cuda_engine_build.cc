@@ -658,6 +658,9 @@ absl::StatusOr<std::unique_ptr<CudaDeviceState>> NewDeviceState(int device) {
   d->arena = std::make_unique<DeviceArena>(device);
   FLOTILLA_CUDA_RETURN(cudaSetDevice(device));
   FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+  FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d->prefetch_stream, cudaStreamNonBlocking));
+  FLOTILLA_CUDA_RETURN(cudaEventCreateWithFlags(&d->prefetch_fork, cudaEventDisableTiming));
+  FLOTILLA_CUDA_RETURN(cudaEventCreateWithFlags(&d->prefetch_join, cudaEventDisableTiming));
   FLOTILLA_CUDA_RETURN(kc::CreateLinearContext(&d->linear));
   return d;
 }

@@ -50,6 +50,12 @@ struct CudaDeviceState {
 
   int device = 0;
   cudaStream_t stream = nullptr;
+  // Small steps fork L2 prefetches of the next projection's weights onto
+  // this stream (CudaEngineOptions::l2_prefetch_max_tokens): `fork` is
+  // recorded on `stream` before each, `join` ends the step's branch.
+  cudaStream_t prefetch_stream = nullptr;
+  cudaEvent_t prefetch_fork = nullptr;
+  cudaEvent_t prefetch_join = nullptr;
   kernels::cuda::LinearContext* linear = nullptr;
   // Every buffer below but the MoE weights (counted in it, freed by the destructor).
   std::unique_ptr<DeviceArena> arena;

@@ -9,6 +9,7 @@
 #include "kernels/cuda/attention_generic.h"
 #include "kernels/cuda/expert_count.h"
 #include "kernels/cuda/kv_quant.h"
+#include "kernels/cuda/l2_prefetch.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "worker/parallel/parallel_context.h"
@@ -69,6 +70,7 @@ LayerStages::LayerStages(CudaDeviceState& d, const ModelConfig& config,
   batch_.batch = plan.seqs;
   batch_.total_q = T_;
   batch_.max_q_per_seq = plan.max_q;
+  prefetch_ = T_ > 0 && T_ <= options_.l2_prefetch_max_tokens && d.prefetch_stream != nullptr;
 }
 
 bool LayerStages::On(const char* op) const {
@@ -93,6 +95,7 @@ absl::Status LayerStages::Forward(int64_t ctx, int logit_rows, int row_offset) {
     FLOTILLA_RETURN_IF_ERROR(Moe(l));
     FLOTILLA_RETURN_IF_ERROR(CaptureHidden(l));
   }
+  FLOTILLA_RETURN_IF_ERROR(JoinPrefetches());
   if (logit_rows > 0) FLOTILLA_RETURN_IF_ERROR(Logits(logit_rows, row_offset));
   return Mark("end");
 }
@@ -118,10 +121,28 @@ absl::Status LayerStages::JoinExchanges() {
   return absl::OkStatus();
 }
 
+absl::Status LayerStages::Prefetch(const void* p, size_t bytes) {
+  if (!prefetch_) return absl::OkStatus();
+  FLOTILLA_CUDA_RETURN(cudaEventRecord(d_.prefetch_fork, d_.stream));
+  FLOTILLA_CUDA_RETURN(cudaStreamWaitEvent(d_.prefetch_stream, d_.prefetch_fork, 0));
+  FLOTILLA_CUDA_RETURN(kc::LaunchL2Prefetch(p, bytes, d_.prefetch_stream));
+  prefetch_forked_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status LayerStages::JoinPrefetches() {
+  if (!prefetch_forked_) return absl::OkStatus();
+  prefetch_forked_ = false;
+  FLOTILLA_CUDA_RETURN(cudaEventRecord(d_.prefetch_join, d_.prefetch_stream));
+  return CudaStatus(cudaStreamWaitEvent(d_.stream, d_.prefetch_join, 0), "join prefetches");
+}
+
 absl::Status LayerStages::AttentionBlock(int layer) {
   const CudaDeviceState::Layer& L = d_.layers[layer];
   batch_.block_tables = d_.meta + d_.meta_at.tables + L.kv_group * d_.meta_at.tables_stride;
   FLOTILLA_RETURN_IF_ERROR(NormQkvRope(L));
+  // The O projection's weights stream into L2 while attention runs.
+  FLOTILLA_RETURN_IF_ERROR(Prefetch(L.wo, static_cast<size_t>(H_) * NH_ * D_ * sizeof(uint16_t)));
   FLOTILLA_RETURN_IF_ERROR(Attention(L));
   return OProjection(L);
 }

@@ -73,6 +73,13 @@ class LayerStages {
   // EAGLE3 steps (capture_step): x after `layer` to hidden_host when the
   // engine captures that layer.
   absl::Status CaptureHidden(int layer);
+  // Small steps (prefetch_, CudaEngineOptions::l2_prefetch_max_tokens): an
+  // L2 prefetch of [p, p + bytes) on the prefetch stream, forked from the
+  // step stream here.
+  absl::Status Prefetch(const void* p, size_t bytes);
+  // The step stream waits for the forked prefetches (before the logits, so
+  // a captured graph's branch ends inside it).
+  absl::Status JoinPrefetches();
   absl::Status AttentionBlock(int layer);
   // The input norm, QKV projection, RoPE and the layer's KV write (an FP8
   // layer's through bf16 staging and LaunchKvQuantize).
@@ -107,6 +114,8 @@ class LayerStages {
   bool moe_tp_ = false;
   int H_ = 0, D_ = 0, NH_ = 0, E_ = 0, K_ = 0, V_ = 0, QKV_ = 0, T_ = 0;
   float eps_ = 0;
+  bool prefetch_ = false;
+  bool prefetch_forked_ = false;
   kernels::cuda::AttentionBatch batch_;  // block_tables: the layer's group's, set per layer
 };
 
