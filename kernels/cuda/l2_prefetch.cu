@@ -1,7 +1,7 @@
-#include "kernels/cuda/l2_prefetch.h"
-
 #include <algorithm>
 #include <cstdint>
+
+#include "kernels/cuda/l2_prefetch.h"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -34,8 +34,8 @@ cudaError_t LaunchL2Prefetch(const void* p, size_t bytes, cudaStream_t stream) {
   if (bytes == 0) return cudaSuccess;
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return cudaErrorInvalidValue;
   const size_t chunks = (bytes + kChunk - 1) / kChunk;
-  const int blocks = static_cast<int>(
-      std::min<size_t>(kMaxBlocks, std::max<size_t>(1, chunks / (4 * kThreads))));
+  const int blocks =
+      static_cast<int>(std::min<size_t>(kMaxBlocks, std::max<size_t>(1, chunks / (4 * kThreads))));
   L2PrefetchKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const char*>(p), bytes);
   return cudaGetLastError();
 }

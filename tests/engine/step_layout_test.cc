@@ -159,8 +159,8 @@ TEST_F(StepLayoutTest, WithoutGraphsNothingIsPadded) {
 }
 
 // Speculative decoding: a decode item with a drafted chunk gets the rows of
-// its last draft_tokens + 1 positions (those its draft is verified from),
-// and the step is not a graph-replayed decode step.
+// its last draft_tokens + 1 positions (those its draft is verified from);
+// beside a one-token item, the step is not graph-replayed.
 TEST_F(StepLayoutTest, DraftedChunkGetsARowPerVerifiedPosition) {
   const int64_t a = SequenceOf(*kv_, 5), b = SequenceOf(*kv_, 9);
   StepItem drafted = Item(a, {7, 8, 9, 10}, LogitsMode::kLast);
@@ -180,6 +180,63 @@ TEST_F(StepLayoutTest, DraftedChunkGetsARowPerVerifiedPosition) {
   EXPECT_EQ(second.rows, 2);
   EXPECT_EQ(At(offsets_.rows), 1);
   EXPECT_EQ(At(offsets_.rows + 1), 2);
+}
+
+// Every item a drafted chunk of the same q tokens: padded for a graph like a
+// decode step, with padding sequences of q tokens (a row each) in the
+// scratch block.
+TEST_F(StepLayoutTest, UniformDraftedChunksArePaddedForAGraph) {
+  const int64_t a = SequenceOf(*kv_, 5), b = SequenceOf(*kv_, 9), c = SequenceOf(*kv_, 2);
+  std::vector<StepItem> items;
+  for (int64_t s : {a, b, c}) {
+    items.push_back(Item(s, {7, 8, 9}, LogitsMode::kLast));
+    items.back().draft_tokens = 2;
+  }
+  const StepLayout layout = Plan(items, true);
+  EXPECT_TRUE(layout.padded);
+  EXPECT_TRUE(layout.decode);
+  EXPECT_EQ(layout.chunk, 3);
+  EXPECT_EQ(layout.seqs, 4);
+  EXPECT_EQ(layout.tokens, 12);
+  EXPECT_EQ(layout.rows, 12);
+  EXPECT_EQ(layout.max_q, 3);
+  EXPECT_EQ(layout.first_row, (std::vector<int>{0, 3, 6}));
+  EXPECT_EQ(layout.row_count, (std::vector<int>{3, 3, 3}));
+  for (int r = 0; r < 12; ++r) EXPECT_EQ(At(offsets_.rows + r), r);
+  for (int i = 0; i <= 4; ++i) EXPECT_EQ(At(offsets_.qstart + i), 3 * i);
+  EXPECT_EQ(At(offsets_.lens + 3), 3);
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(At(offsets_.tokens + 9 + j), 0);
+    EXPECT_EQ(At(offsets_.pos + 9 + j), j);
+    for (int g = 0; g < 2; ++g) EXPECT_EQ(Slot(g, 9 + j), -1) << "padding stores no K/V";
+    EXPECT_EQ(At(offsets_.pos + 3 + j), 9 + j) << "b's chunk follows its 9 tokens";
+  }
+  for (int blk = 0; blk < kMaxBlocks; ++blk) EXPECT_EQ(Table(0, 3, blk), 0);
+}
+
+TEST_F(StepLayoutTest, VerifyStepsStayUnpaddedWhereTheyCannotBeGraphed) {
+  auto chunks = [&](int n, int q) {
+    std::vector<StepItem> items;
+    for (int i = 0; i < n; ++i) {
+      items.push_back(Item(SequenceOf(*kv_, 4), std::vector<int32_t>(q, 5), LogitsMode::kLast));
+      items.back().draft_tokens = q - 1;
+    }
+    return items;
+  };
+  options_.max_logit_rows = 8;  // 4 padded sequences of 3 rows would need 12
+  StepLayout layout = Plan(chunks(3, 3), true);
+  EXPECT_FALSE(layout.padded);
+  EXPECT_EQ(layout.chunk, 0);
+  EXPECT_EQ(layout.seqs, 3);
+  EXPECT_EQ(layout.rows, 9);
+  options_.max_logit_rows = 64;
+  options_.sharded = true;  // peers pad one-token steps only
+  EXPECT_FALSE(Plan(chunks(2, 2), true).padded);
+  options_.sharded = false;
+  // A chunk verified at fewer positions than it brings.
+  std::vector<StepItem> items = chunks(2, 3);
+  items[1].draft_tokens = 1;
+  EXPECT_FALSE(Plan(items, true).padded);
 }
 
 TEST_F(StepLayoutTest, PrefillChunkContinuesItsSequenceWithEveryRowAskedFor) {

@@ -24,8 +24,8 @@ std::vector<uint32_t> Pattern(size_t n) {
 TEST_F(L2PrefetchCuda, LeavesMemoryAsItWasAtEverySize) {
   const std::vector<uint32_t> want = Pattern(3 << 20);  // 12 MB: many chunks and blocks
   Dev<uint32_t> d(want);
-  for (size_t bytes : {size_t{0}, size_t{16}, size_t{17}, size_t{16384 + 48},
-                       want.size() * sizeof(uint32_t)}) {
+  for (size_t bytes :
+       {size_t{0}, size_t{16}, size_t{17}, size_t{16384 + 48}, want.size() * sizeof(uint32_t)}) {
     EXPECT_EQ(cuda::LaunchL2Prefetch(d.p, bytes, nullptr), cudaSuccess) << bytes;
   }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -57,8 +57,7 @@ TEST_F(L2PrefetchCuda, RecordsIntoAGraphOnAForkedStream) {
   ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
   ASSERT_EQ(cudaStreamBeginCapture(main_stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
   for (int layer = 0; layer < 3; ++layer) {
-    ASSERT_EQ(cuda::LaunchFillF32(acc.p, acc.n, 1 + layer, 1.0f, 0.0f, main_stream),
-              cudaSuccess);
+    ASSERT_EQ(cuda::LaunchFillF32(acc.p, acc.n, 1 + layer, 1.0f, 0.0f, main_stream), cudaSuccess);
     ASSERT_EQ(cudaEventRecord(fork, main_stream), cudaSuccess);
     ASSERT_EQ(cudaStreamWaitEvent(side, fork, 0), cudaSuccess);
     ASSERT_EQ(cuda::LaunchL2Prefetch(w.p, w.n * sizeof(uint32_t), side), cudaSuccess);

@@ -50,6 +50,8 @@ CudaEngine::~CudaEngine() {
   if (impl_ != nullptr && options_.parallel != nullptr) AbortExchanges();
 }
 
+size_t CudaEngine::captured_graphs() const { return impl_->graphs.size(); }
+
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(const ModelWeights& weights,
                                                                const CudaEngineOptions& options) {
   const ModelConfig& c = weights.config;

@@ -185,8 +185,9 @@ class CudaEngine : public Engine {
   // a step without speculation makes there (VerifyDraft): on the device when
   // every such item's draws do not depend on the tokens before them (no
   // penalty, logit_bias, pending min_tokens or structured output) and the
-  // rows fit the sampling buffers (max_sequences), else on the host. Steps
-  // with drafts run eagerly, outside the CUDA graph cache.
+  // rows fit the sampling buffers (max_sequences), else on the host. A step
+  // whose items all bring the same number of drafted tokens replays a CUDA
+  // graph (StepLayout pads it); other steps with drafts run eagerly.
   bool VerifiesDrafts() const override { return true; }
   // The sampling buffers' rows: min(max_sequences, logit rows).
   int64_t MaxDeviceSampledRows() const override;
@@ -257,6 +258,8 @@ class CudaEngine : public Engine {
   // row that wants logprobs or its logits) or for the items whose drafted
   // chunk depends on the tokens before it (VerifiedOnHost).
   int64_t host_sampled_steps() const { return host_sampled_steps_; }
+  // CUDA graphs captured so far (decode and verify steps, one per shape).
+  size_t captured_graphs() const;
   void reset_op_times() { op_time_ms_.clear(); }
   // Benchmarks: replaces CudaEngineOptions::skip_ops (drops captured graphs).
   void SetSkipOps(std::vector<std::string> ops);

@@ -87,6 +87,8 @@ absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& i
   layout_options.block_size = options_.kv_block_size;
   layout_options.graphs = options_.cuda_graphs && !options_.profile_ops;
   layout_options.sharded = par != nullptr;
+  layout_options.max_logit_rows = std::min(d.max_seqs, d.logit_rows);  // the sampler's rows
+  layout_options.max_tokens = d.max_tokens;
   FLOTILLA_ASSIGN_OR_RETURN(StepLayout plan,
                             StepLayout::Plan(items, modes, sampling != nullptr, *kv_, d.meta_at,
                                              layout_options, d.meta_host));
@@ -118,7 +120,7 @@ absl::Status CudaEngine::LaunchStep(LayerStages& stages, const StepLayout& plan,
     // A step that copies hidden states out runs eagerly (the copies' host
     // buffer is not part of the captured graphs).
     if (d.capture_step) return stages.Forward(ctx, plan.rows, 0);
-    const GraphCache::Key key(plan.seqs, ctx, variant, step_bound);
+    const GraphCache::Key key(plan.seqs, plan.chunk, ctx, variant, step_bound);
     return d.graphs.Launch(key, d.stream, [&] { return stages.Forward(ctx, plan.rows, 0); });
   }
   if (plan.rows <= d.logit_rows) return stages.Forward(plan.max_len, plan.rows, 0);

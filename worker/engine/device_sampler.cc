@@ -121,7 +121,8 @@ int DeviceSampler::Variant(const DeviceSampling& sampling) {
 
 absl::Status DeviceSampler::Upload(const DeviceSampling& sampling, const StepLayout& plan) {
   CudaDeviceState& d = d_;
-  for (int r = 0; r < plan.seqs; ++r) d.params_host[r] = kc::SamplingRow{};  // padding: greedy
+  // Padding rows draw greedily.
+  for (int r = 0; r < std::max(plan.rows, plan.seqs); ++r) d.params_host[r] = kc::SamplingRow{};
   for (int i = 0; i < plan.real_items; ++i) {
     // A drafted chunk's j-th row draws as the sampler would after j more
     // draws (Prepare checked nothing else changes).

@@ -1,8 +1,8 @@
-// A CudaEngine's captured decode steps: one instantiated CUDA graph per key
-// (padded batch, context bucket, sampling variant, the instance's step-token
-// bound when sharded), captured from the stream the first time a key runs
-// and replayed after. The caller makes the device current.
-// Not thread-safe: one owner.
+// A CudaEngine's captured decode and verify steps: one instantiated CUDA
+// graph per key (padded batch, tokens per sequence, context bucket,
+// sampling variant, the instance's step-token bound when sharded), captured
+// from the stream the first time a key runs and replayed after. The caller
+// makes the device current. Not thread-safe: one owner.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -18,7 +18,7 @@ namespace flotilla {
 
 class GraphCache {
  public:
-  using Key = std::tuple<int, int64_t, int, int64_t>;
+  using Key = std::tuple<int, int, int64_t, int, int64_t>;
 
   GraphCache() = default;
   ~GraphCache() { Clear(); }

@@ -9,24 +9,45 @@
 namespace flotilla {
 namespace {
 
+// The tokens every item brings when a graph can run the step: 1 for a
+// decode step, q > 1 when every item is a drafted chunk of q tokens verified
+// at all its positions (not on a sharded rank, whose peers pad one-token
+// steps only); 0 when the items differ.
+int UniformChunk(const std::vector<StepItem>& items, const std::vector<LogitsMode>& modes,
+                 const StepLayoutOptions& options) {
+  if (items.empty()) return options.sharded ? 1 : 0;
+  const size_t q = items[0].tokens.size();
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].tokens.size() != q) return 0;
+    const bool verified =
+        items[i].draft_tokens + 1 == static_cast<int64_t>(q) && modes[i] == LogitsMode::kLast;
+    if (q > 1 && (!verified || options.sharded)) return 0;
+  }
+  return static_cast<int>(q);
+}
+
 // Whether the step is padded into a graph's batch (see StepLayout::Plan).
 void ChoosePadding(const std::vector<StepItem>& items, const std::vector<LogitsMode>& modes,
                    bool sampling, const StepLayoutOptions& options, StepLayout* layout) {
-  bool one_token = !items.empty() || options.sharded, rows_fit = true, any_row = false;
+  const int q = UniformChunk(items, modes, options);
+  bool rows_fit = true, any_row = false;
   for (size_t i = 0; i < items.size(); ++i) {
-    one_token = one_token && items[i].tokens.size() == 1;
     const bool row = modes[i] == LogitsMode::kLast;
     const bool none = !sampling && modes[i] == LogitsMode::kNone;
     rows_fit = rows_fit && (row || (options.sharded && none));
     any_row = any_row || row;
   }
-  layout->padded = options.graphs && one_token && (rows_fit || options.sharded);
+  const int64_t seqs = std::min<int64_t>(PowerOfTwoAtLeast(std::max<size_t>(items.size(), 1)),
+                                         options.max_sequences);
+  // A padded verify step computes a logit row for every token.
+  const bool fits =
+      q == 1 || (seqs * q <= options.max_logit_rows && seqs * q <= options.max_tokens);
+  layout->padded = options.graphs && q > 0 && fits && (rows_fit || options.sharded);
   layout->decode = layout->padded && rows_fit;
   layout->pad_rows = sampling || any_row;
   layout->real_items = static_cast<int>(items.size());
-  layout->seqs = layout->padded ? static_cast<int>(std::min<int64_t>(
-                                      PowerOfTwoAtLeast(items.size()), options.max_sequences))
-                                : static_cast<int>(items.size());
+  layout->chunk = layout->padded ? q : 0;
+  layout->seqs = layout->padded ? static_cast<int>(seqs) : static_cast<int>(items.size());
 }
 
 int32_t* TableOf(const StepMetaOffsets& o, int32_t* meta, int group, int sequence) {
@@ -61,17 +82,20 @@ absl::Status LayOutItem(const StepItem& item, int i, int T, const KvBlockAllocat
   return absl::OkStatus();
 }
 
-// Padding row `i` at row T: one token at position 0 of a one-token sequence
-// in the scratch block; its K/V are not stored and its outputs are dropped.
-void LayOutPadding(int i, int T, const StepMetaOffsets& o, int32_t* meta) {
-  meta[o.tokens + T] = 0;
-  meta[o.pos + T] = 0;
+// Padding sequence `i` from row T: `q` tokens at positions 0.. of a
+// sequence in the scratch block; their K/V are not stored and their outputs
+// are dropped.
+void LayOutPadding(int i, int T, int q, const StepMetaOffsets& o, int32_t* meta) {
+  for (int j = 0; j < q; ++j) {
+    meta[o.tokens + T + j] = 0;
+    meta[o.pos + T + j] = j;
+  }
   for (int g = 0; g < o.kv_groups; ++g) {
-    meta[o.slots + g * o.slots_stride + T] = -1;
+    std::fill_n(meta + o.slots + g * o.slots_stride + T, q, -1);
     int32_t* table = TableOf(o, meta, g, i);
     std::fill(table, table + o.max_blocks_per_seq, 0);
   }
-  meta[o.lens + i] = 1;
+  meta[o.lens + i] = q;
 }
 
 }  // namespace
@@ -110,10 +134,11 @@ absl::StatusOr<StepLayout> StepLayout::Plan(const std::vector<StepItem>& items,
   for (int i = 0; i < layout.seqs; ++i) {
     meta[offsets.qstart + i] = T;
     if (i >= layout.real_items) {
-      LayOutPadding(i, T, offsets, meta);
-      if (layout.pad_rows) rows.push_back(T);
-      layout.max_q = std::max(layout.max_q, 1);
-      T += 1;
+      const int q = std::max(layout.chunk, 1);
+      LayOutPadding(i, T, q, offsets, meta);
+      for (int j = 0; j < q && layout.pad_rows; ++j) rows.push_back(T + j);
+      layout.max_q = std::max(layout.max_q, q);
+      T += q;
       continue;
     }
     const StepItem& item = items[i];

@@ -44,8 +44,11 @@ struct StepMetaOffsets {
 struct StepLayoutOptions {
   int max_sequences = 256;  // padded batches never exceed it
   int block_size = 16;
-  bool graphs = true;    // one-token steps may be padded for a CUDA graph
+  bool graphs = true;    // decode and uniform verify steps may be padded for a CUDA graph
   bool sharded = false;  // a rank of a sharded instance (see StepLayout::Plan)
+  // What a padded verify step may fill: its logit rows and its tokens.
+  int max_logit_rows = 256;
+  int max_tokens = 8192;
 };
 
 // One step's host-side layout.
@@ -55,6 +58,7 @@ struct StepLayout {
   int real_items = 0;                     // items of the caller
   int rows = 0;                           // logit rows
   int max_q = 0;                          // most tokens of one sequence
+  int chunk = 0;                          // padded: the tokens of every sequence (else 0)
   int64_t max_len = 1;                    // longest sequence after the step
   std::vector<int> first_row, row_count;  // per real item: its logit rows
   // Padded to `seqs` sequences for a graph; `decode`: replayed as a graph
@@ -67,7 +71,10 @@ struct StepLayout {
   // draft); with `sampling` every item is kLast (the rows it samples from)
   // or kNone. Decode steps (one token per item) are padded to a power of
   // two with one-token rows at position 0 whose K/V are not stored (slot -1)
-  // and whose tables point at the scratch block 0. A sharded rank pads every
+  // and whose tables point at the scratch block 0; so are verify steps whose
+  // items are all drafted chunks of the same q tokens (kLast; padding
+  // sequences of q tokens, a logit row each, while they fit
+  // max_logit_rows and max_tokens). A sharded rank pads every
   // one-token-per-item step (TP peers must run the same padded tokens
   // whatever logits each asks for) and an empty step to one padding row.
   // INVALID_ARGUMENT when an item's sequence is unknown or the modes do not
