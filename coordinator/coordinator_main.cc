@@ -282,6 +282,12 @@ int main(int argc, char** argv) {
                  "worker's own --kv-cache-dtype, bf16 by default)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  app.add_option("--moe-activation", opts.moe_activation,
+                 "the experts' inputs on every worker: bf16 (the engine's own precision), fp8 "
+                 "(MXFP8 blocks of 32 values, the numerics of a W4A8 MoE; CPU engine only) or "
+                 "auto (each worker's own --moe-activation, bf16 by default)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   double expert_window_s = 10, rebalance_interval_s = 0;
   app.add_option("--redundant-experts", opts.redundant_experts,
                  "spare expert slots per layer on every rank, for replicas of hot experts")

@@ -35,6 +35,7 @@ class CpuEngineFactory final : public EngineFactory {
     eo.prefix_cache = options.prefix_cache;
     eo.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     FLOTILLA_ASSIGN_OR_RETURN(eo.kv_cache_dtype, KvCacheDtypeOf(a, options));
+    FLOTILLA_ASSIGN_OR_RETURN(eo.moe_activation, MoeActivationOf(a, options));
     const int64_t kv_heads = c.num_key_value_heads / a.tp_size();
     const int64_t seqs = std::max<uint32_t>(1, a.max_sequences());
     eo.kv_num_blocks = a.kv_blocks() > 0
@@ -54,6 +55,12 @@ absl::StatusOr<KvCacheDtype> KvCacheDtypeOf(const cluster::Assignment& a,
                                             const WorkerOptions& options) {
   const bool coordinator_chose = !a.kv_cache_dtype().empty() && a.kv_cache_dtype() != "auto";
   return ParseKvCacheDtype(coordinator_chose ? a.kv_cache_dtype() : options.kv_cache_dtype);
+}
+
+absl::StatusOr<MoeActivation> MoeActivationOf(const cluster::Assignment& a,
+                                              const WorkerOptions& options) {
+  const bool coordinator_chose = !a.moe_activation().empty() && a.moe_activation() != "auto";
+  return ParseMoeActivation(coordinator_chose ? a.moe_activation() : options.moe_activation);
 }
 
 std::unique_ptr<EngineFactory> MakeCpuEngineFactory() {

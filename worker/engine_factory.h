@@ -16,6 +16,7 @@
 #include "proto/cluster.pb.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/kv_cache_dtype.h"
+#include "worker/engine/moe_activation.h"
 #include "worker/model/model_source.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/parallel_context.h"
@@ -63,6 +64,10 @@ class EngineFactory {
 // worker's own flag; INVALID_ARGUMENT naming an unknown one.
 absl::StatusOr<KvCacheDtype> KvCacheDtypeOf(const cluster::Assignment& a,
                                             const WorkerOptions& options);
+// The experts' input precision likewise (the coordinator's --moe-activation
+// unless empty or auto, then the worker's own).
+absl::StatusOr<MoeActivation> MoeActivationOf(const cluster::Assignment& a,
+                                              const WorkerOptions& options);
 
 using EngineFactories = std::map<std::string, std::unique_ptr<EngineFactory>>;
 

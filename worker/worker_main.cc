@@ -54,6 +54,13 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_KV_CACHE_DTYPE")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  app.add_option("--moe-activation", o.moe_activation,
+                 "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
+                 "values, the numerics of a W4A8 MoE; CPU engine only) or auto (bf16); a "
+                 "coordinator's --moe-activation other than auto wins")
+      ->envname("FLOTILLA_MOE_ACTIVATION")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   app.add_option("--kv-host-cache-gb", o.kv_host_cache_gb,
                  "GiB of host memory keeping the prefix cache's KV blocks the engine evicts, "
                  "copied back on a later hit instead of computed again (0: off)")

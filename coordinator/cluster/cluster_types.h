@@ -58,6 +58,8 @@ struct ClusterOptions {
   uint32_t kv_blocks = 0;
   // --kv-cache-dtype passed to every worker (auto: the worker's own flag).
   std::string kv_cache_dtype = "auto";
+  // --moe-activation passed to every worker (auto: the worker's own flag).
+  std::string moe_activation = "auto";
   // Requests whose prompt logits (prompt tokens x vocab x 4 bytes) exceed
   // this are refused with INVALID_ARGUMENT before any work.
   uint64_t max_prompt_logits_bytes = uint64_t{1} << 30;

@@ -334,6 +334,7 @@ void Instance::MaybeAssignLocked() {
     a->set_max_model_len(options_.max_model_len);
     a->set_kv_blocks(options_.kv_blocks);
     a->set_kv_cache_dtype(options_.kv_cache_dtype);
+    a->set_moe_activation(options_.moe_activation);
     a->set_redundant_experts(options_.redundant_experts);
     a->set_moe_layout(ToProto(p.parallel.moe_layout()));
     w.session->Send(msg);

@@ -143,6 +143,17 @@ struct OneWorker {
   }
 };
 
+// The experts' inputs through MXFP8 blocks (--moe-activation fp8): the
+// numerics of a W4A8 MoE kernel, on a model that answers.
+struct OneWorkerMoeFp8 {
+  static constexpr bool kCuda = false;
+  static void Configure(cli::LocalClusterOptions& o) {
+    o.model = "synthetic:demo";
+    o.workers = 1;
+    o.coordinator_args = {"--moe-activation", "fp8"};
+  }
+};
+
 struct FourWorkersTp2Ep4 {
   static constexpr bool kCuda = false;
   static void Configure(cli::LocalClusterOptions& o) {
@@ -328,7 +339,7 @@ class DemoMeaningTest : public testing_util::LocalClusterSuite<DemoMeaningTest<L
 #if FLOTILLA_DEMO_CUDA
 using Layouts = ::testing::Types<OneGpuWorker>;
 #else
-using Layouts = ::testing::Types<OneWorker, FourWorkersTp2Ep4>;
+using Layouts = ::testing::Types<OneWorker, FourWorkersTp2Ep4, OneWorkerMoeFp8>;
 #endif
 TYPED_TEST_SUITE(DemoMeaningTest, Layouts);
 

@@ -39,6 +39,7 @@ struct GenerateFlags {
   std::string device = "cpu";
   int64_t prefill_chunk = 0;
   int64_t kv_block_size = 16;
+  std::string moe_activation = "auto";
   bool json = false;
 };
 
@@ -115,6 +116,7 @@ absl::StatusOr<worker::RankEngine> BuildEngine(const GenerateFlags& f, const Mod
   options.device = f.device;
   options.threads = f.threads;
   options.kv_block_size = f.kv_block_size;
+  options.moe_activation = f.moe_activation;
   options.kv_tokens = tokens;
   cluster::StartComm start;
   worker::EngineSpec spec;
@@ -319,6 +321,10 @@ void AddGenerateCommand(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-block-size", f->kv_block_size, "Tokens per KV block (default 16)")
       ->check(CLI::Range(1, 4096));
+  cmd->add_option("--moe-activation", f->moe_activation,
+                  "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
+                  "values, the numerics of a W4A8 MoE; --device cpu only) or auto (bf16)")
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_flag("--json", f->json, "Print one JSON object");
   cmd->callback([f] {
     absl::Status st = RunGenerate(*f);

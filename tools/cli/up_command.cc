@@ -41,6 +41,7 @@ struct ServingLimits {
   uint32_t max_model_len = 0;
   double gpu_memory_utilization = 0.90;
   std::string kv_cache_dtype = "auto";
+  std::string moe_activation = "auto";
   double kv_host_cache_gb = 0;  // every worker's host-memory KV tier (0 = off)
   int ready_timeout_s = 600;
   uint32_t redundant_experts = 0;
@@ -78,7 +79,9 @@ struct ServingLimits {
                           "--reasoning-field",
                           reasoning_field,
                           "--kv-cache-dtype",
-                          kv_cache_dtype};
+                          kv_cache_dtype,
+                          "--moe-activation",
+                          moe_activation};
     o.coordinator_args.insert(o.coordinator_args.end(),
                               {"--speculative-method", speculative_method,
                                "--num-speculative-tokens", std::to_string(num_speculative_tokens),
@@ -296,6 +299,12 @@ void AddUpCommand(CLI::App& app) {
   cmd->add_option("--kv-cache-dtype", limits->kv_cache_dtype,
                   "full-attention layers' KV cache on every worker: bf16, fp8 (e4m3 with a scale "
                   "per position and head; sliding-window layers stay bf16) or auto (bf16)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_option("--moe-activation", limits->moe_activation,
+                  "the experts' inputs on every worker: bf16 (the engine's own precision), fp8 "
+                  "(MXFP8 blocks of 32 values, the numerics of a W4A8 MoE; CPU engine only) or "
+                  "auto (bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--kv-host-cache-gb", limits->kv_host_cache_gb,

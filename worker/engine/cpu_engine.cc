@@ -11,6 +11,7 @@
 #include "common/bf16.h"
 #include "common/status.h"
 #include "kernels/cpu/kv_fp8.h"
+#include "kernels/cpu/mxfp8.h"
 #include "kernels/cpu/ops.h"
 #include "worker/engine/draft_verify.h"
 #include "worker/engine/rope_params.h"
@@ -241,6 +242,7 @@ absl::StatusOr<std::unique_ptr<CpuEngine>> CpuEngine::Create(ModelWeights weight
       new CpuEngine(std::move(weights), std::move(kv), pool, context));
   engine->record_margins_ = options.record_router_margins;
   engine->kv_cache_dtype_ = options.kv_cache_dtype;
+  engine->moe_activation_ = options.moe_activation;
   engine->record_routing_ = options.record_routing;
   return engine;
 }
@@ -665,11 +667,14 @@ void CpuEngine::RunExpert(const ExpertWeights& x, int64_t n) {
   const ModelConfig& c = weights_.config;
   // I of the expert held: the model's, or a TP rank's slice of it.
   const int64_t H = c.hidden_size, I = x.down.cols;
+  const bool fp8 = moe_activation_ == MoeActivation::kFp8;
+  if (fp8) k::RoundTripMxfp8Rows(ex_in_.data(), n, H);
   ex_gu_.resize(n * 2 * I);
   k::LinearMxfp4(pool_, ex_in_.data(), n, H, x.gate_up.blocks, x.gate_up.scales, 2 * I,
                  x.gate_up_bias.data, ex_gu_.data());
   ex_act_.resize(n * I);
   k::SwigluClamped(ex_gu_.data(), n, I, static_cast<float>(c.swiglu_limit), 1.702f, ex_act_.data());
+  if (fp8) k::RoundTripMxfp8Rows(ex_act_.data(), n, I);
   ex_out_.resize(n * H);
   k::LinearMxfp4(pool_, ex_act_.data(), n, I, x.down.blocks, x.down.scales, H, x.down_bias.data,
                  ex_out_.data());

@@ -16,6 +16,7 @@
 #include "worker/engine/engine_sequences.h"
 #include "worker/engine/kv_cache.h"
 #include "worker/engine/kv_cache_dtype.h"
+#include "worker/engine/moe_activation.h"
 #include "worker/model/weights.h"
 #include "worker/parallel/parallel_context.h"
 
@@ -39,6 +40,8 @@ struct CpuEngineOptions {
   // With prefix_cache: bytes of host memory keeping the cached KV blocks the
   // arena evicts (KvCacheOptions::host_cache_bytes; 0 = none).
   int64_t kv_host_cache_bytes = 0;
+  // kFp8: the experts' inputs go through MXFP8 blocks first (moe_activation.h).
+  MoeActivation moe_activation = MoeActivation::kDefault;
 };
 
 class CpuEngine : public Engine {
@@ -186,6 +189,7 @@ class CpuEngine : public Engine {
   bool record_margins_ = false;
   bool record_routing_ = false;
   KvCacheDtype kv_cache_dtype_ = KvCacheDtype::kBf16;
+  MoeActivation moe_activation_ = MoeActivation::kDefault;
   std::vector<float> margins_;  // per token of the step
   std::vector<int32_t> routing_;  // record_routing: [tokens][layers][K] of the step
   std::vector<std::vector<int32_t>> forced_routing_;
