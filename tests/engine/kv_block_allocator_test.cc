@@ -324,6 +324,37 @@ TEST(KvBlockAllocatorPools, AdmissionAndMaxTokensCountEachPool) {
   EXPECT_EQ(KvBlockAllocator::Create(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A probe of the smallest valid pools (what the CUDA engine builds to size
+// its pools) answers what a sequence needs exactly as full-size pools do:
+// with and without the prefix cache, for short and long sequences.
+TEST(KvBlockAllocatorPools, TheSmallestValidPoolsAnswerAsFullSizeOnes) {
+  for (bool prefix_cache : {false, true}) {
+    KvBlockAllocatorOptions o = TwoPools(40, 12);
+    o.prefix_cache = prefix_cache;
+    const int64_t smallest = KvBlockAllocator::SmallestValidPool(o);
+    EXPECT_EQ(smallest, 16 / 4 + 1);  // one past the sliding pool's step reserve
+    o.pool_blocks = {smallest, smallest};
+    auto probe = KvBlockAllocator::Create(o);
+    ASSERT_TRUE(probe.ok()) << probe.status();
+    o.pool_blocks = {1 << 20, 1 << 20};
+    auto full = *KvBlockAllocator::Create(o);
+    for (int64_t length : {1, 6, 100, 4096, 131072}) {
+      EXPECT_EQ((*probe)->PoolBlocksForLength(length), full->PoolBlocksForLength(length)) << length;
+    }
+    for (int p = 0; p < full->num_pools(); ++p) {
+      EXPECT_EQ((*probe)->pool_blocks(p) - (*probe)->admission_blocks(p),
+                full->pool_blocks(p) - full->admission_blocks(p))
+          << "the step reserve of pool " << p;
+    }
+    // One block fewer is refused.
+    o.pool_blocks = {smallest - 1, smallest - 1};
+    EXPECT_EQ(KvBlockAllocator::Create(o).status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  KvBlockAllocatorOptions whole = TwoPools(40, 12);
+  whole.write_whole_chunk = false;  // no step reserve: one block is a valid pool
+  EXPECT_EQ(KvBlockAllocator::SmallestValidPool(whole), 1);
+}
+
 // What admission promises: sequences whose reservations fit every pool's
 // admission_blocks never run out of blocks, whatever steps of at most
 // max_chunk_tokens new tokens (over all of them) they run, prefill chunks

@@ -514,8 +514,12 @@ absl::StatusOr<std::vector<int64_t>> KvBlocksToAllocate(CudaDeviceState& d,
                         static_cast<double>(d.arena->allocated_bytes()) - kContextReserve;
   const double free_now = static_cast<double>(free_bytes) - kContextReserve / 2;
   double usable = std::max(0.0, std::min(budget, free_now));
-  // What max_sequences sequences of max_context tokens reserve in each pool.
-  k.options.pool_blocks.assign(pools, int64_t{1} << 30);  // the needs do not depend on it
+  // What max_sequences sequences of max_context tokens reserve in each pool,
+  // from a probe with the smallest valid pools: the needs do not depend on
+  // the pool sizes, and its prefix cache holds ~28 bytes of host memory per
+  // block (probe pools of 2^30 blocks took 51 GB of host memory in every GPU
+  // worker as it started).
+  k.options.pool_blocks.assign(pools, KvBlockAllocator::SmallestValidPool(k.options));
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<KvBlockAllocator> probe,
                             KvBlockAllocator::Create(k.options));
   const std::vector<int64_t> need = probe->PoolBlocksForLength(max_context);

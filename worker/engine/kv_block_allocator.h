@@ -123,8 +123,14 @@ class KvBlockAllocator {
 
   // Blocks of each pool one sequence of `length` tokens holds at most (its
   // share of a step's new positions included, the step reserve aside): what
-  // admission reserves.
+  // admission reserves. It does not depend on the pools' sizes.
   std::vector<int64_t> PoolBlocksForLength(int64_t length) const;
+  // The fewest blocks a pool of an allocator with options `o` may have (one
+  // past the largest step reserve): a probe of that size answers
+  // PoolBlocksForLength and StepReserve as a full-size one does.
+  static int64_t SmallestValidPool(const KvBlockAllocatorOptions& o) {
+    return (o.write_whole_chunk ? o.max_chunk_tokens / o.block_size : 0) + 1;
+  }
   // The same, every pool together.
   int64_t BlocksForLength(int64_t length) const;
   // Longest sequence the whole arena could hold on its own.
