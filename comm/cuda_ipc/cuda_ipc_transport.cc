@@ -27,6 +27,8 @@ kc::EpRecvBuffers ViewAt(const kc::EpRecvBuffers& mine, const void* my_base, voi
   view.flags = Moved(mine.flags, my_base, base);
   view.ll = Moved(mine.ll, my_base, base);
   view.ll_count = mine.ll_count;
+  view.combined_ll = mine.combined_ll == nullptr ? nullptr : Moved(mine.combined_ll, my_base, base);
+  view.combined_ll_cap = mine.combined_ll_cap;
   return view;
 }
 

@@ -11,8 +11,9 @@
 // own, so launches of any grid (and graph replays) keep counting. Waits are
 // bounded by %globaltimer: past the bound the block records an error word,
 // and every later kernel returns at once when it finds it set. All-reduces
-// of up to ll_count elements send flagged lines instead (value and sequence
-// number in each 8-byte half), so they need neither the fence nor the flag.
+// of up to ll_count elements, and combines of up to combined_ll_cap rows
+// per segment, send flagged lines instead (value and sequence number in
+// each 8-byte half), so they need neither the fence nor the flag.
 //
 // Buffer reuse: a source writes its layer L+1 rows into a destination only
 // after its own layer L combine finished, which needed the destination's
@@ -78,6 +79,12 @@ __device__ __forceinline__ uint64_t LaunchEpoch(const EpState& state, int op) {
 // next launch starts after this one ended.
 __device__ __forceinline__ void AdvanceNext(const EpState& state, int next) {
   if (blockIdx.x == 0 && threadIdx.x == 0) state.epochs[next] += 1;
+}
+
+// Whether this step's combine sends its outputs as flagged lines: every
+// segment fits the lines (the cap is the same on every rank of a step).
+__host__ __device__ __forceinline__ bool CombineAsLines(const EpLaunch& l) {
+  return l.ipc && l.self.combined_ll != nullptr && l.shape.cap <= l.self.combined_ll_cap;
 }
 
 // Waits until flags[source * kEpMaxBlocks + b] >= target for every source in
@@ -192,11 +199,19 @@ __device__ void OrderShareTokens(const EpLaunch& l, const int32_t* topk_ids, con
   }
 }
 
+// Experts whose table (expert_first) a dispatch block stages in shared
+// memory, so that a pair's destination takes one global load after its
+// expert id instead of two; larger tables are read where they are.
+constexpr int kStagedExperts = 512;
+
 struct PlanShared {
   int count[kWarps][kEpMaxRanks];  // per warp and destination; then exclusive offsets
   int base[kEpMaxRanks];           // rows planned to each destination so far
   int4 list[kThreads];             // this block's pairs of the chunk: token, dest, pos, slot
   int list_len;
+  int first[kStagedExperts + 1];  // the layer's expert_first, when it fits
+  int broken;                     // the error word as the block started
+  uint32_t epoch;                 // the dispatch's sequence number as it started
 };
 
 // Destination rank and slot of pair `n` of the share, or dest -1.
@@ -212,6 +227,53 @@ __device__ __forceinline__ int2 PairDestination(const EpShape& s, const int32_t*
   if (replicas <= 0) return make_int2(-1, 0);
   const int loc = reps[f + EpReplicaIndex(t, j, replicas)];
   return make_int2(loc >> 16, loc & 0xffff);
+}
+
+// Flagged lines (the small steps' combine and all-reduce). Each 16-byte
+// line holds two values, each followed by the launch's sequence number; a
+// peer's 8-byte halves land whole, so a receiver that sees both numbers has
+// both values, with no fence and no separate flag. Stale lines carry an
+// older number and are waited past.
+__device__ __forceinline__ void StoreLine(uint32_t* p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__device__ __forceinline__ uint4 LoadLine(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint4 LineOf(float2 v, uint32_t epoch) {
+  return make_uint4(__float_as_uint(v.x), epoch, __float_as_uint(v.y), epoch);
+}
+
+__device__ __forceinline__ bool LineReady(uint4 w, uint32_t epoch) {
+  return w.y == epoch && w.w == epoch;
+}
+
+// Waits for a line of `epoch`; false when the bound passed (recorded as a
+// wait of `op` on world rank `source`) or another wait already failed.
+__device__ bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline, int32_t* error,
+                         int op, int source, float2* value) {
+  for (uint32_t spins = 1;; ++spins) {
+    const uint4 w = LoadLine(p);
+    if (LineReady(w, epoch)) {
+      *value = make_float2(__uint_as_float(w.x), __uint_as_float(w.z));
+      return true;
+    }
+    if ((spins & 127) != 0) continue;
+    if (*reinterpret_cast<volatile int32_t*>(error) != 0) return false;
+    if (GlobalTimerNs() > deadline) {
+      atomicCAS(error, 0, kEpErrorBase + op * 65536 + source);
+      return false;
+    }
+  }
 }
 
 // Copies the chunk's pairs this block owns: rows into their destination's
@@ -303,9 +365,11 @@ __device__ void Unpack(const EpLaunch& l) {
   const int rows = s.world * s.cap;
   for (int r = static_cast<int>(GridThread()); r < rows; r += static_cast<int>(GridThreads())) {
     const int source = r / s.cap, i = r % s.cap;
+    // The count and the slot loaded together (a padding row's slot is
+    // read and dropped).
+    const int32_t slot = __ldcg(l.self.meta + static_cast<size_t>(source) * (s.cap + 1) + 1 + i);
     const bool real = i < SegmentCount(l.self.meta, source, s.cap);
-    l.state.slot[r] =
-        real ? __ldcg(l.self.meta + static_cast<size_t>(source) * (s.cap + 1) + 1 + i) : -1;
+    l.state.slot[r] = real ? slot : -1;
     l.state.ones[r] = real ? 1.0f : 0.0f;
   }
   if (blockIdx.x == 0) {
@@ -319,12 +383,24 @@ __global__ void __launch_bounds__(kThreads)
     DispatchKernel(EpLaunch l, const uint16_t* x, const int32_t* topk_ids, const float* topk_w,
                    int tokens, const int32_t* first, const int32_t* reps) {
   __shared__ PlanShared sh;
-  if (BlockBroken(l.state.error)) return;
+  const EpShape& s = l.shape;
+  // The error word, the sequence number and the expert table are loaded
+  // together (one memory latency, not three).
+  if (threadIdx.x == 0) {
+    sh.broken = *reinterpret_cast<const volatile int32_t*>(l.state.error);
+    sh.epoch = *reinterpret_cast<const volatile uint32_t*>(l.state.epochs + kDispatchEpoch);
+  }
+  const bool staged = s.num_experts <= kStagedExperts;
+  if (staged) {
+    for (int e = threadIdx.x; e <= s.num_experts; e += blockDim.x) sh.first[e] = first[e];
+  }
+  __syncthreads();
+  if (sh.broken != 0) return;
+  if (staged) first = sh.first;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
   // The n-th dispatch waits for sequence number n; the combines advance it.
-  const uint64_t epoch = LaunchEpoch(l.state, kDispatchEpoch) + 1;
+  const uint64_t epoch = static_cast<uint64_t>(sh.epoch) + 1;
   if (l.ipc) AdvanceNext(l.state, kCombineEpoch);
-  const EpShape& s = l.shape;
   const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
   OrderShareTokens(l, topk_ids, topk_w, shares);
   PlanAndSend(l, x, topk_ids, first, reps, shares * s.top_k, sh);
@@ -343,11 +419,40 @@ __global__ void __launch_bounds__(kThreads) UnpackKernel(EpLaunch l) {
   Unpack(l);
 }
 
+// The lines of `combined` element `at` (four values: two lines).
+__device__ __forceinline__ const uint32_t* CombinedLines(const EpLaunch& l, size_t at) {
+  return l.self.combined_ll + at * 2;
+}
+
+// Four values from the two lines loaded as `lo` and `hi`, waited for when
+// either was not ready; false when a wait failed.
+__device__ __forceinline__ bool CombinedFromLines(const EpLaunch& l, size_t at, uint4 lo, uint4 hi,
+                                                  uint32_t epoch, uint64_t deadline,
+                                                  float4* value) {
+  const int source = static_cast<int>(at / (static_cast<size_t>(l.shape.cap) * l.shape.hidden));
+  const uint32_t* line = CombinedLines(l, at);
+  float2 a = make_float2(__uint_as_float(lo.x), __uint_as_float(lo.z));
+  float2 b = make_float2(__uint_as_float(hi.x), __uint_as_float(hi.z));
+  if (!LineReady(lo, epoch) &&
+      !WaitLine(line, epoch, deadline, l.state.error, kEpOpCombine, source, &a)) {
+    return false;
+  }
+  if (!LineReady(hi, epoch) &&
+      !WaitLine(line + 4, epoch, deadline, l.state.error, kEpOpCombine, source, &b)) {
+    return false;
+  }
+  *value = make_float4(a.x, a.y, b.x, b.y);
+  return true;
+}
+
 // y rows of the share: the sum over each token's pairs in ascending expert
 // id of weight * output, multiplied and added with one rounding each (no
 // contraction) so a host reference can reproduce the bits. With
-// `to_gather`, the rows also go to the TP peers' gathered buffers.
-__device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gather) {
+// `to_gather`, the rows also go to the TP peers' gathered buffers. With a
+// line epoch the outputs are waited for line by line (LoadCombined); false
+// when a wait failed.
+__device__ bool ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gather,
+                            uint32_t line_epoch = 0, uint64_t deadline = 0) {
   const EpShape& s = l.shape;
   const int k = s.top_k, vecs = s.hidden / 4;
   const int group_first = s.rank - s.tp_rank;
@@ -357,18 +462,46 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
     const int t = share * s.tp_size + s.tp_rank;
     // All outputs loaded before any is used: k loads in flight, not one.
     float4 o[kMaxTopK];
+    uint4 lines[2 * kMaxTopK];
+    size_t from[kMaxTopK];
     float w[kMaxTopK];
     bool valid[kMaxTopK];
+    // The share's routes (by choice) and its order loaded together, then
+    // matched in registers: one memory latency, not two.
+    int routes[kMaxTopK], order[kMaxTopK];
+#pragma unroll
+    for (int r = 0; r < kMaxTopK; ++r) {
+      if (r >= k) continue;
+      routes[r] = l.state.route[share * k + r];
+      order[r] = l.state.order[share * k + r] - share * k;
+    }
 #pragma unroll
     for (int r = 0; r < kMaxTopK; ++r) {
       valid[r] = false;
       if (r >= k) continue;
-      const int route = l.state.route[l.state.order[share * k + r]];
+      int route = -1;
+#pragma unroll
+      for (int j = 0; j < kMaxTopK; ++j) {
+        if (j < k && order[r] == j) route = routes[j];
+      }
       if (route < 0) continue;
       valid[r] = true;
       w[r] = l.state.order_w[share * k + r];
-      o[r] = __ldcg(reinterpret_cast<const float4*>(l.self.combined +
-                                                    static_cast<size_t>(route) * s.hidden + 4 * q));
+      from[r] = static_cast<size_t>(route) * s.hidden + 4 * q;
+      if (line_epoch == 0) {
+        o[r] = __ldcg(reinterpret_cast<const float4*>(l.self.combined + from[r]));
+      } else {
+        lines[2 * r] = LoadLine(CombinedLines(l, from[r]));
+        lines[2 * r + 1] = LoadLine(CombinedLines(l, from[r]) + 4);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kMaxTopK; ++r) {
+      if (line_epoch == 0 || !valid[r]) continue;
+      if (!CombinedFromLines(l, from[r], lines[2 * r], lines[2 * r + 1], line_epoch, deadline,
+                             &o[r])) {
+        return false;
+      }
     }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     bool first = true;
@@ -390,6 +523,7 @@ __device__ void ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
       *reinterpret_cast<float4*>(l.peers[group_first + peer].gathered + at) = acc;
     }
   }
+  return true;
 }
 
 // Rows of tokens outside this rank's share: copied from `from` (the TP
@@ -409,22 +543,32 @@ __device__ void FillOtherShares(const EpShape& s, float* y, int tokens, const fl
 }
 
 // Moves the out rows of every source's real rows into that source's
-// `combined` (segment of this rank), or (send false) only zeroes them:
-// each thread zeroes what it read itself, so out is zero for the next
-// dispatch without a pass of its own.
-__device__ void SendOutputs(const EpLaunch& l, bool send) {
+// `combined` (segment of this rank), or with a line epoch into its
+// `combined_ll` as flagged lines, or (send false) only zeroes them: each
+// thread zeroes what it read itself, so out is zero for the next dispatch
+// without a pass of its own.
+__device__ void SendOutputs(const EpLaunch& l, bool send, uint32_t line_epoch = 0) {
   const EpShape& s = l.shape;
   const int vecs = s.hidden / 4;
   for (int p = 0; p < s.world; ++p) {
     const int64_t n = static_cast<int64_t>(l.state.recv_count[p]) * vecs;
     uint4* src = reinterpret_cast<uint4*>(l.state.out + static_cast<size_t>(p) * s.cap * s.hidden);
-    uint4* dst = send ? reinterpret_cast<uint4*>(l.peers[p].combined +
-                                                 static_cast<size_t>(s.rank) * s.cap * s.hidden)
-                      : nullptr;
+    const size_t segment = static_cast<size_t>(s.rank) * s.cap * s.hidden;
+    uint4* dst =
+        send && line_epoch == 0 ? reinterpret_cast<uint4*>(l.peers[p].combined + segment) : nullptr;
+    uint32_t* lines = send && line_epoch != 0 ? l.peers[p].combined_ll + segment * 2 : nullptr;
     CopyVectors(
         n, GridThread(), GridThreads(), [&](int64_t v) { return src[v]; },
         [&](int64_t v, uint4 value) {
           if (dst != nullptr) dst[v] = value;
+          if (lines != nullptr) {
+            StoreLine(lines + 8 * v,
+                      LineOf(make_float2(__uint_as_float(value.x), __uint_as_float(value.y)),
+                             line_epoch));
+            StoreLine(lines + 8 * v + 4,
+                      LineOf(make_float2(__uint_as_float(value.z), __uint_as_float(value.w)),
+                             line_epoch));
+          }
           src[v] = make_uint4(0, 0, 0, 0);
         });
   }
@@ -438,15 +582,25 @@ __global__ void __launch_bounds__(kThreads) CombineIpcKernel(EpLaunch l, float* 
   AdvanceNext(l.state, kDispatchEpoch);
   const EpShape& s = l.shape;
   const EpFlagLayout flags{s.world, s.tp_size};
-  SendOutputs(l, /*send=*/true);
-  SignalPeers(l, flags.combine(), s.rank, 0, s.world, -1, epoch);
-  if (!WaitFlags(l.self.flags + flags.combine(), s.world, gridDim.x, -1, epoch, deadline,
-                 l.state.error, kEpOpCombine, 0)) {
-    return;
-  }
   const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
   const bool gather = s.tp_size > 1;
-  ReduceShare(l, y, shares, gather);
+  // The number 0 is what zeroed lines hold: that combine uses flags.
+  if (CombineAsLines(l) && static_cast<uint32_t>(epoch) != 0) {
+    // Small steps: the outputs go as flagged lines and are waited for where
+    // they are read; no fence, no flag round trip.
+    const uint32_t line_epoch = static_cast<uint32_t>(epoch);
+    SendOutputs(l, /*send=*/true, line_epoch);
+    const bool ok = ReduceShare(l, y, shares, gather, line_epoch, deadline);
+    if (__syncthreads_or(!ok)) return;
+  } else {
+    SendOutputs(l, /*send=*/true);
+    SignalPeers(l, flags.combine(), s.rank, 0, s.world, -1, epoch);
+    if (!WaitFlags(l.self.flags + flags.combine(), s.world, gridDim.x, -1, epoch, deadline,
+                   l.state.error, kEpOpCombine, 0)) {
+      return;
+    }
+    ReduceShare(l, y, shares, gather);
+  }
   if (gather) {
     const int group_first = s.rank - s.tp_rank;
     SignalPeers(l, flags.gather(), s.tp_rank, group_first, s.tp_size, s.rank, epoch);
@@ -543,49 +697,10 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] += rounds;
 }
 
-// The flagged-line all-reduce. Each 16-byte line holds two values, each
-// followed by the launch's sequence number; a peer's 8-byte halves land
-// whole, so a receiver that sees both numbers has both values, with no fence
-// and no separate flag. Lines alternate two halves by the number's parity;
-// stale lines carry an older number and are waited past.
-__device__ __forceinline__ void StoreLine(uint32_t* p, uint4 v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
-__device__ __forceinline__ uint4 LoadLine(const uint32_t* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
 // Line `line` of TP rank `part`'s values in half `parity` of `ll`.
 __device__ __forceinline__ uint32_t* LlLine(uint32_t* ll, int64_t ll_count, int tp, int parity,
                                             int part, int64_t line) {
   return ll + (static_cast<size_t>(parity * tp + part) * (ll_count / 2) + line) * 4;
-}
-
-// Waits for a line of `epoch`; false when the bound passed (recorded as a
-// reduce wait on `source`) or another wait already failed.
-__device__ bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline, int32_t* error,
-                         int source, float2* value) {
-  for (uint32_t spins = 1;; ++spins) {
-    const uint4 w = LoadLine(p);
-    if (w.y == epoch && w.w == epoch) {
-      *value = make_float2(__uint_as_float(w.x), __uint_as_float(w.z));
-      return true;
-    }
-    if ((spins & 127) != 0) continue;
-    if (*reinterpret_cast<volatile int32_t*>(error) != 0) return false;
-    if (GlobalTimerNs() > deadline) {
-      atomicCAS(error, 0, kEpErrorBase + kEpOpReduce * 65536 + source);
-      return false;
-    }
-  }
 }
 
 // Sends this thread's lines to every TP peer, then sums each line over the
@@ -606,7 +721,7 @@ __global__ void __launch_bounds__(kThreads)
   float2* mine = reinterpret_cast<float2*>(data);
   for (int64_t i = first; i < lines; i += stride) {
     const float2 v = mine[i];
-    const uint4 line = make_uint4(__float_as_uint(v.x), epoch, __float_as_uint(v.y), epoch);
+    const uint4 line = LineOf(v, epoch);
     for (int peer = 0; peer < s.tp_size; ++peer) {
       if (peer == s.tp_rank) continue;
       StoreLine(
@@ -621,7 +736,7 @@ __global__ void __launch_bounds__(kThreads)
       float2 v = mine[i];
       if (part != s.tp_rank) {
         ok = WaitLine(LlLine(l.self.ll, l.self.ll_count, s.tp_size, parity, part, i), epoch,
-                      deadline, l.state.error, group_first + part, &v);
+                      deadline, l.state.error, kEpOpReduce, group_first + part, &v);
       }
       acc = part == 0 ? v : make_float2(__fadd_rn(acc.x, v.x), __fadd_rn(acc.y, v.y));
     }
@@ -663,8 +778,19 @@ bool ValidShape(const EpLaunch& l) {
          l.state.error != nullptr && l.state.epochs != nullptr;
 }
 
-unsigned ExchangeGrid(const EpLaunch& l) {
-  return static_cast<unsigned>(EpExchangeBlocks(l.shape.cap, l.shape.max_blocks));
+// The same on every rank of a step (a function of the shared cap): flags
+// count the blocks of each source. A combine sent as lines gets a block per
+// kThreads * kUnroll lines of the rows it may return.
+unsigned ExchangeGrid(const EpLaunch& l, bool combine = false) {
+  const EpShape& s = l.shape;
+  int blocks = EpExchangeBlocks(s.cap, s.max_blocks);
+  if (combine && CombineAsLines(l)) {
+    const int64_t lines = static_cast<int64_t>(s.world) * s.cap * (s.hidden / 2);
+    const int64_t per_block = static_cast<int64_t>(kThreads) * kUnroll;
+    blocks = static_cast<int>(std::max<int64_t>(
+        blocks, std::min<int64_t>((lines + per_block - 1) / per_block, s.max_blocks)));
+  }
+  return static_cast<unsigned>(blocks);
 }
 
 // Resident blocks of `kernel` on one multiprocessor.
@@ -703,7 +829,7 @@ cudaError_t LaunchEpCombine(const EpLaunch& l, float* y, int tokens, cudaStream_
     return cudaErrorInvalidValue;
   }
   if (l.ipc) {
-    CombineIpcKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, y, tokens);
+    CombineIpcKernel<<<ExchangeGrid(l, /*combine=*/true), kThreads, 0, stream>>>(l, y, tokens);
   } else {
     CombinePackedKernel<<<ExchangeGrid(l), kThreads, 0, stream>>>(l, y, tokens);
   }

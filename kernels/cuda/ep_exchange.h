@@ -21,6 +21,11 @@
 //   ll        [2, tp, ll_count / 2] 16-byte lines of the small all-reduce:
 //             two f32 values, each followed by the sequence number
 //             (kEpLlMaxCount bounds ll_count)
+//   combined_ll [W * combined_ll_cap, H / 2] `combined` as flagged lines
+//             of two f32 values, for combines of at most combined_ll_cap
+//             rows per segment (cuda-ipc): each line is waited on where it
+//             is read, so these combines skip the fence and the flag round
+//             trip
 //   flags     EpFlagWords(W, tp) sequence words (cuda-ipc only)
 //
 // A pair (token t, choice j) of this rank's share becomes one row: its
@@ -50,6 +55,11 @@ inline constexpr int kEpReduceChunk = 8192;
 // the sequence number, so a receiver waits on the data itself and no fence
 // or flag round trip is needed. Larger all-reduces use `reduce` and flags.
 inline constexpr int64_t kEpLlMaxCount = 262144;
+// Most rows per source segment a combine returns as flagged lines (8 tokens
+// per rank at top-4): smaller combines skip the fence and the flag round
+// trip; larger ones write `combined` and raise flags (on two H200s lines
+// were faster up to 32 rows and slower at 64).
+inline constexpr int kEpLlMaxCap = 32;
 // Largest world the kernels take (the plan keeps per-destination counters in
 // shared memory).
 inline constexpr int kEpMaxRanks = 256;
@@ -101,8 +111,10 @@ struct EpRecvBuffers {
   float* gathered = nullptr;
   float* reduce = nullptr;
   uint64_t* flags = nullptr;
-  uint32_t* ll = nullptr;  // 16-byte lines (see the layouts above)
-  int64_t ll_count = 0;    // f32 elements of one flagged-line all-reduce
+  uint32_t* ll = nullptr;           // 16-byte lines (see the layouts above)
+  int64_t ll_count = 0;             // f32 elements of one flagged-line all-reduce
+  uint32_t* combined_ll = nullptr;  // the small combines' lines (see the layouts above)
+  int combined_ll_cap = 0;          // rows per segment they hold (0: none)
 };
 
 // Offsets of the flag groups inside EpRecvBuffers::flags, indexed

@@ -56,6 +56,7 @@ struct Config {
   int replays = 50;
   double timeout_s = 60;
   int limit_s = 300;  // the ranks are killed after this
+  bool lines = true;  // small combines as flagged lines
   // Internal: a child process.
   int rank = -1;
   std::string dir;
@@ -201,6 +202,7 @@ int RunRank(const Config& c) {
   o.top_k = c.top_k;
   o.max_tokens_per_step = *std::max_element(c.tokens.begin(), c.tokens.end());
   o.timeout = absl::Seconds(c.timeout_s);
+  o.flagged_lines = c.lines;
   auto ctx = CreateDeviceContext(*config, *map, c.rank, **host, o);
   if (!ctx.ok()) {
     nlohmann::json j = {{"bench", "ep_exchange"},
@@ -234,6 +236,7 @@ int RunRank(const Config& c) {
         {"mps_daemon", mps},
         {"world", c.world},
         {"tp", c.tp},
+        {"flagged_lines", c.lines},
         {"tokens_per_rank", tokens},
         {"hidden", c.hidden},
         {"top_k", c.top_k},
@@ -264,6 +267,7 @@ int RunParent(const Config& c) {
                                      "--replays",   std::to_string(c.replays),
                                      "--timeout-s", std::to_string(c.timeout_s)};
     args.insert(args.end(), {"--tokens", absl::StrJoin(c.tokens, ",")});
+    if (!c.lines) args.push_back("--no-lines");
     if (!group.Start(args)) return 1;
   }
   group.Wait(std::chrono::seconds(c.limit_s));
@@ -296,6 +300,8 @@ int main(int argc, char** argv) {
   app.add_option("--replays", c.replays);
   app.add_option("--timeout-s", c.timeout_s, "bound of every device wait");
   app.add_option("--limit-s", c.limit_s, "the ranks are killed after this");
+  app.add_flag("!--no-lines", c.lines,
+               "small combines through the fence and flags instead of flagged lines (to compare)");
   app.add_option("--rank", c.rank)->group("");
   app.add_option("--dir", c.dir)->group("");
   CLI11_PARSE(app, argc, argv);

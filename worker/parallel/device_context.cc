@@ -358,9 +358,14 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
     const DeviceContextOptions& options) {
   FLOTILLA_RETURN_IF_ERROR(ValidateArguments(config, map, rank, host, options));
   FLOTILLA_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
-  const std::vector<int64_t> fingerprint = {
-      config.world_size(),         config.tp_size(), options.hidden,   options.top_k,
-      options.max_tokens_per_step, map.num_layers(), map.num_experts()};
+  const std::vector<int64_t> fingerprint = {config.world_size(),
+                                            config.tp_size(),
+                                            options.hidden,
+                                            options.top_k,
+                                            options.max_tokens_per_step,
+                                            map.num_layers(),
+                                            map.num_experts(),
+                                            options.flagged_lines ? 1 : 0};
   FLOTILLA_ASSIGN_OR_RETURN(const RankIdentity mine, LocalIdentity(options.device, fingerprint));
   FLOTILLA_ASSIGN_OR_RETURN(const std::vector<RankIdentity> ranks, ExchangeIdentities(host, mine));
   FLOTILLA_ASSIGN_OR_RETURN(const DeviceTransport kind,
@@ -373,6 +378,7 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
   sizes.top_k = options.top_k;
   sizes.max_tokens = options.max_tokens_per_step;
   sizes.ipc = kind == DeviceTransport::kCudaIpc;
+  sizes.flagged_lines = options.flagged_lines;
   absl::StatusOr<std::unique_ptr<ExchangeBuffers>> buffers = ExchangeBuffers::Create(sizes);
   absl::StatusOr<std::unique_ptr<DeviceExpertTable>> table =
       buffers.ok() ? DeviceExpertTable::Create(map) : buffers.status();

@@ -21,6 +21,7 @@ struct ExchangeSizes {
   int top_k = 0;
   int64_t max_tokens = 0;  // per rank and step
   bool ipc = true;         // flags and all-reduce staging are needed only by cuda-ipc
+  bool flagged_lines = true;  // cuda-ipc: the small combines' lines
 
   // Rows one source may send one destination in a step of `tokens` tokens
   // per rank: all of its share's pairs, the worst case.
@@ -32,8 +33,10 @@ struct ExchangeSizes {
 // Byte offsets of the receive buffers inside their allocation; the same on
 // every rank of a context, so a peer's mapping is decoded with this rank's.
 struct RecvLayout {
-  size_t x = 0, meta = 0, combined = 0, gathered = 0, reduce = 0, flags = 0, ll = 0, bytes = 0;
-  int64_t ll_count = 0;  // f32 elements of one flagged-line all-reduce
+  size_t x = 0, meta = 0, combined = 0, gathered = 0, reduce = 0, flags = 0, ll = 0,
+         combined_ll = 0, bytes = 0;
+  int64_t ll_count = 0;     // f32 elements of one flagged-line all-reduce
+  int combined_ll_cap = 0;  // rows per segment the combine's lines hold
   static RecvLayout For(const ExchangeSizes& sizes);
   kernels::cuda::EpRecvBuffers At(void* base) const;
 };
