@@ -1,9 +1,11 @@
 // The CUDA engine's host-memory KV tier: a prompt whose cached blocks the
 // device pools evicted is served from the pinned host copies (cudaMemcpyAsync
-// back into fresh blocks) with the logits of a run that hit the same prefix
-// on the device, and the tier's counters move.
+// back into fresh blocks) with the tokens and logits (within the MoE's
+// run-to-run rounding) of a run that hit the same prefix on the device, and
+// the tier's counters move.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -62,8 +64,13 @@ TEST(CudaEngineHostTier, AnEvictedPromptIsServedFromPinnedHostCopies) {
   EXPECT_LE(stats.used_bytes, stats.capacity_bytes);
   EXPECT_EQ(again.tokens, hit.tokens);
   ASSERT_EQ(again.logits.size(), hit.logits.size());
+  // The same logits up to the MoE's float atomics, which add a token's
+  // expert outputs in no fixed order (two runs differed by up to 6e-3 on an
+  // H200); a wrong or stale block moves them by the logits' own scale.
   for (size_t i = 0; i < hit.logits.size(); ++i) {
-    EXPECT_LE(MaxAbsDiff(again.logits[i], hit.logits[i]), 1e-6) << "token " << i;
+    const double scale =
+        std::max(1.0, MaxAbsDiff(hit.logits[i], std::vector<float>(hit.logits[i].size(), 0.f)));
+    EXPECT_LE(MaxAbsDiff(again.logits[i], hit.logits[i]), 0.01 * scale) << "token " << i;
   }
   // Every block is back in the pools.
   EXPECT_EQ(engine.free_kv_blocks(), engine.num_kv_blocks());
