@@ -257,6 +257,11 @@ __device__ __forceinline__ bool LineReady(uint4 w, uint32_t epoch) {
   return w.y == epoch && w.w == epoch;
 }
 
+// The two values of a line (LineOf's inverse).
+__device__ __forceinline__ float2 ValuesOf(uint4 w) {
+  return make_float2(__uint_as_float(w.x), __uint_as_float(w.z));
+}
+
 // Waits for a line of `epoch`; false when the bound passed (recorded as a
 // wait of `op` on world rank `source`) or another wait already failed.
 __device__ bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline, int32_t* error,
@@ -264,7 +269,7 @@ __device__ bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline, i
   for (uint32_t spins = 1;; ++spins) {
     const uint4 w = LoadLine(p);
     if (LineReady(w, epoch)) {
-      *value = make_float2(__uint_as_float(w.x), __uint_as_float(w.z));
+      *value = ValuesOf(w);
       return true;
     }
     if ((spins & 127) != 0) continue;
@@ -431,8 +436,7 @@ __device__ __forceinline__ bool CombinedFromLines(const EpLaunch& l, size_t at, 
                                                   float4* value) {
   const int source = static_cast<int>(at / (static_cast<size_t>(l.shape.cap) * l.shape.hidden));
   const uint32_t* line = CombinedLines(l, at);
-  float2 a = make_float2(__uint_as_float(lo.x), __uint_as_float(lo.z));
-  float2 b = make_float2(__uint_as_float(hi.x), __uint_as_float(hi.z));
+  float2 a = ValuesOf(lo), b = ValuesOf(hi);
   if (!LineReady(lo, epoch) &&
       !WaitLine(line, epoch, deadline, l.state.error, kEpOpCombine, source, &a)) {
     return false;
@@ -449,8 +453,8 @@ __device__ __forceinline__ bool CombinedFromLines(const EpLaunch& l, size_t at, 
 // id of weight * output, multiplied and added with one rounding each (no
 // contraction) so a host reference can reproduce the bits. With
 // `to_gather`, the rows also go to the TP peers' gathered buffers. With a
-// line epoch the outputs are waited for line by line (LoadCombined); false
-// when a wait failed.
+// line epoch the outputs are read from `combined_ll`, each line waited for
+// (CombinedFromLines); false when a wait failed.
 __device__ bool ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gather,
                             uint32_t line_epoch = 0, uint64_t deadline = 0) {
   const EpShape& s = l.shape;
@@ -697,7 +701,9 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] += rounds;
 }
 
-// Line `line` of TP rank `part`'s values in half `parity` of `ll`.
+// Line `line` of TP rank `part`'s values in half `parity` of `ll`: the
+// all-reduce's lines alternate two halves by the number's parity, since a
+// rank may be one round ahead of a peer still reading the other half.
 __device__ __forceinline__ uint32_t* LlLine(uint32_t* ll, int64_t ll_count, int tp, int parity,
                                             int part, int64_t line) {
   return ll + (static_cast<size_t>(parity * tp + part) * (ll_count / 2) + line) * 4;
