@@ -46,12 +46,7 @@ class CudaEngineFactory final : public EngineFactory {
     co.prefix_cache = options.prefix_cache;
     co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     FLOTILLA_ASSIGN_OR_RETURN(co.kv_cache_dtype, KvCacheDtypeOf(a, options));
-    FLOTILLA_ASSIGN_OR_RETURN(const MoeActivation moe_activation, MoeActivationOf(a, options));
-    if (moe_activation == MoeActivation::kFp8) {
-      return absl::InvalidArgumentError(
-          "--moe-activation fp8: the CUDA engine's MoE kernels take bf16/f16 activations only "
-          "(FP8 activations are measured on the CPU engine so far); use bf16 or auto");
-    }
+    FLOTILLA_ASSIGN_OR_RETURN(co.moe_activation, MoeActivationOf(a, options));
     co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
     co.max_context = a.max_model_len();
     co.gpu_memory_utilization = options.gpu_memory_utilization;
