@@ -284,8 +284,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   app.add_option("--moe-activation", opts.moe_activation,
                  "the experts' inputs on every worker: bf16 (the engine's own precision), fp8 "
-                 "(W4A8: MXFP8 blocks on the CPU; on CUDA gate_up's input as e4m3 with a scale "
-                 "per token) or auto (each worker's own --moe-activation, bf16 by default)")
+                 "(MXFP8 blocks of 32 values, the numerics of a W4A8 MoE; CPU engine only) or "
+                 "auto (each worker's own --moe-activation, bf16 by default)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   double expert_window_s = 10, rebalance_interval_s = 0;

@@ -46,7 +46,13 @@ class CudaEngineFactory final : public EngineFactory {
     co.prefix_cache = options.prefix_cache;
     co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     FLOTILLA_ASSIGN_OR_RETURN(co.kv_cache_dtype, KvCacheDtypeOf(a, options));
-    FLOTILLA_ASSIGN_OR_RETURN(co.moe_activation, MoeActivationOf(a, options));
+    FLOTILLA_ASSIGN_OR_RETURN(const MoeActivation moe_activation, MoeActivationOf(a, options));
+    if (moe_activation == MoeActivation::kFp8) {
+      return absl::InvalidArgumentError(
+          "--moe-activation fp8: the CUDA engine's MoE kernels take bf16/f16 activations only "
+          "(on Hopper FP8 mma.sync runs as f16 after conversion: measured slower, "
+          "kernels/moe_notes.md); use bf16 or auto");
+    }
     co.max_sequences = static_cast<int>(std::max<uint32_t>(1, a.max_sequences()));
     co.max_context = a.max_model_len();
     co.gpu_memory_utilization = options.gpu_memory_utilization;

@@ -55,9 +55,9 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   app.add_option("--moe-activation", o.moe_activation,
-                 "the experts' inputs: bf16 (the engine's own precision), fp8 (W4A8: MXFP8 blocks "
-                 "on the CPU; on CUDA gate_up's input as e4m3 with a scale per token) or auto "
-                 "(bf16); a coordinator's --moe-activation other than auto wins")
+                 "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
+                 "values, the numerics of a W4A8 MoE; CPU engine only) or auto (bf16); a "
+                 "coordinator's --moe-activation other than auto wins")
       ->envname("FLOTILLA_MOE_ACTIVATION")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));

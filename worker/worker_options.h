@@ -30,9 +30,9 @@ struct WorkerOptions {
   // Full-attention layers' KV storage: auto (= bf16), bf16 or fp8
   // (worker/engine/kv_cache_dtype.h); a coordinator's other than auto wins.
   std::string kv_cache_dtype = "auto";
-  // --moe-activation: auto/bf16 or fp8, the experts' inputs in FP8
-  // (worker/engine/moe_activation.h: MXFP8 blocks on the CPU, gate_up's
-  // input per token on CUDA); a coordinator's other than auto wins.
+  // --moe-activation: auto/bf16 or fp8, the experts' inputs through MXFP8
+  // blocks (worker/engine/moe_activation.h; the CPU engine only); a
+  // coordinator's other than auto wins.
   std::string moe_activation = "auto";
   // GiB of host memory keeping the cached KV blocks the engine's arena
   // evicts (the prefix cache's host tier, worker/engine/kv_host_tier.h);

@@ -1,4 +1,4 @@
-// Device helpers that turn MXFP4 bytes into f16 (or e4m3) tensor-core operands, shared
+// Device helpers that turn MXFP4 bytes into f16 tensor-core operands, shared
 // by the decode kernels (moe.cu) and the grouped GEMMs (moe_gemm.cu).
 // Included by .cu files only.
 //
@@ -38,19 +38,6 @@ __device__ __forceinline__ Fp4Pairs DecodeWord(uint32_t w) {
   } else {
     return {{Fp4PairF16<0>(w), Fp4PairF16<1>(w), Fp4PairF16<2>(w), Fp4PairF16<3>(w)}};
   }
-}
-
-// FP8 operands for the W4A8 decode kernels: a nibble [s e1 e0 m] placed at
-// bits 7, 4, 3, 2 of a byte is the e4m3 code of exactly fp4 * 2^-6 (0.5
-// becomes the e4m3 subnormal 2^-7); callers put the 2^6 back with the
-// activation's scale. Of the word's 8 values (2i in byte i's low nibble,
-// 2i + 1 in its high one), Fp4EvenE4m3 gives values 0, 2, 4, 6 as bytes 0..3
-// and Fp4OddE4m3 values 1, 3, 5, 7.
-__device__ __forceinline__ uint32_t Fp4EvenE4m3(uint32_t w) {
-  return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-}
-__device__ __forceinline__ uint32_t Fp4OddE4m3(uint32_t w) {
-  return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -1,20 +1,18 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
 #include <algorithm>
-#include <type_traits>
+
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_gemm.h"
 
 #include "kernels/cuda/fp4.cuh"
 #include "kernels/cuda/launch.cuh"
-#include "kernels/cuda/moe.h"
-#include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
 using ptx::BlockExclusiveScan;
-using ptx::MmaE4m3;
 using ptx::MmaF16;
 using ptx::SharedAddress;
 
@@ -390,10 +388,7 @@ struct MmaArgs {
   const uint16_t* bias;   // [E, rows]
   int rows;
   int nb;                 // 32-value blocks per row
-  const uint4* act;       // gate_up: xh [T, H] f16 permuted (or e4m3, see
-                          // act_scale); down: hh [P, 2, I]
-  const float* act_scale;  // gate_up with FP8 activations: per token, 2^(e + 6)
-                           // (x = code * 2^e; the 2^6 undoes Fp4EvenE4m3's)
+  const uint4* act;       // gate_up: xh [T, H] f16 permuted; down: hh [P, 2, I]
   RouteView route;
   int top_k;
   float limit, alpha;
@@ -411,7 +406,7 @@ struct MmaArgs {
 // (acc, 8 mma columns x kGroups) meet in warp 0, which runs the epilogue for
 // the pass's tokens [c, end): gate_up's bias + clamped SwiGLU into h (f16 high
 // and low parts, permuted), or down's bias, router weight and scatter-add.
-template <bool kDown, int kGroups, bool kFp8>
+template <bool kDown, int kGroups>
 __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int row0, int part,
                                                   int c, int end, float (&acc)[kGroups][4],
                                                   float (*red)[4 * kGroups][32]) {
@@ -434,7 +429,7 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
       for (int i = 0; i < 4; ++i) {
 #pragma unroll
         for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
-        if constexpr (!kFp8) acc[G][i] *= kMmaRescale;  // FP8: per token, below
+        acc[G][i] *= kMmaRescale;
       }
     }
 #pragma unroll
@@ -456,9 +451,8 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
             for (int i = 0; i < 2; ++i) {
               const int t = c0 + 2 * q + i;
               if (t < end) {
-                const float sc = kFp8 ? a.act_scale[a.route.pair_of[t] / a.top_k] : 1.0f;
-                float gate = acc[G][2 * half + i] * sc + bg;
-                float u = up[2 * half + i] * sc + bu;
+                float gate = acc[G][2 * half + i] + bg;
+                float u = up[2 * half + i] + bu;
                 gate = fminf(gate, a.limit);
                 u = fminf(fmaxf(u, -a.limit), a.limit);
                 const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
@@ -507,32 +501,27 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
 // One 16-row tile (rows row0.., blocks [kb0, kb0 + nbl) of expert e) whose
 // weights are landing in (sw, ss) on `bar` (phase `parity`): all the expert's
 // tokens, 8 mma columns x kGroups at a time, then the epilogue.
-template <bool kDown, int kGroups, bool kPrmt, bool kFp8>
+template <bool kDown, int kGroups, bool kPrmt>
 __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int part, int kb0,
-                                        int nbl, const uint8_t* sw, const uint8_t* ss, int stride,
-                                        uint64_t* bar, uint32_t parity,
+                                        int nbl, const uint8_t* sw, const uint8_t* ss,
+                                        int stride, uint64_t* bar, uint32_t parity,
                                         float (*red)[4 * kGroups][32]) {
   const int nb = a.nb;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
   const int begin = a.route.offset[e], end = a.route.offset[e + 1];
-  // A lane's share of an activation block: 8 f16 (uint4) or 8 e4m3 (uint2),
-  // 4 lanes per block either way.
-  using Act = std::conditional_t<kFp8, uint2, uint4>;
-  static_assert(!(kFp8 && kDown), "FP8 activations are gate_up's input only");
-  const Act* act = reinterpret_cast<const Act*>(a.act);
-  const size_t act_row = static_cast<size_t>(nb) * 4;  // Act per activation row
+  const size_t act_row = static_cast<size_t>(nb) * 4;  // uint4 per activation row
   bool waited = false;
   for (int c = begin; c < end; c += kCols * kGroups) {
-    const Act* src[kGroups];
+    const uint4* src[kGroups];
     bool has[kGroups];
 #pragma unroll
     for (int G = 0; G < kGroups; ++G) {
       const int t = c + G * kCols + (kDown ? (g & 3) : g);
       has[G] = t < end;
       const int pair = has[G] ? a.route.pair_of[t] : 0;
-      src[G] = kDown ? act + (static_cast<size_t>(pair) * 2 + (g >> 2)) * act_row
-                     : act + static_cast<size_t>(pair / a.top_k) * act_row;
+      src[G] = kDown ? a.act + (static_cast<size_t>(pair) * 2 + (g >> 2)) * act_row
+                     : a.act + static_cast<size_t>(pair / a.top_k) * act_row;
       src[G] += q + kb0 * 4;
     }
     // Activation fragments come from L2 (or L1): with one column group they
@@ -544,11 +533,11 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
     // either only feeds mma columns or blocks whose results are dropped.
     constexpr int kAhead = kGroups == 1 ? 2 : 0;
     constexpr int kRing = kAhead + 1;
-    constexpr int kStep = kMmaWarps * 4;  // Act between a warp's blocks
-    const Act* ap[kGroups];
+    constexpr int kStep = kMmaWarps * 4;  // uint4 between a warp's blocks
+    const uint4* ap[kGroups];
 #pragma unroll
     for (int G = 0; G < kGroups; ++G) ap[G] = src[G] + warp * 4;
-    Act ring[kRing][kGroups];
+    uint4 ring[kRing][kGroups];
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
 #pragma unroll
@@ -579,33 +568,17 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
               *reinterpret_cast<const uint32_t*>(sw + (g + 8) * stride + bl * 16 + 4 * q);
           const float s0 = __uint_as_float(static_cast<uint32_t>(sp0[kMmaWarps * j]) << 23);
           const float s1 = __uint_as_float(static_cast<uint32_t>(sp1[kMmaWarps * j]) << 23);
-          auto accumulate = [&](int G, const float(&d)[4]) {
+          const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
+#pragma unroll
+          for (int G = 0; G < kGroups; ++G) {
+            const uint4 xv = ring[j][G];
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            MmaF16(d, {d0.p[0], d1.p[0], d0.p[1], d1.p[1]}, xv.x, xv.y);
+            MmaF16(d, {d0.p[2], d1.p[2], d0.p[3], d1.p[3]}, xv.z, xv.w);
             acc[G][0] = fmaf(d[0], s0, acc[G][0]);
             acc[G][1] = fmaf(d[1], s0, acc[G][1]);
             acc[G][2] = fmaf(d[2], s1, acc[G][2]);
             acc[G][3] = fmaf(d[3], s1, acc[G][3]);
-          };
-          if constexpr (kFp8) {
-            // Mma k slots 4q.. hold the lane's even values, 16 + 4q.. its odd
-            // ones; the activations were laid out to match.
-            const uint32_t wa[4] = {Fp4EvenE4m3(w0), Fp4EvenE4m3(w1), Fp4OddE4m3(w0),
-                                    Fp4OddE4m3(w1)};
-#pragma unroll
-            for (int G = 0; G < kGroups; ++G) {
-              float d[4] = {0.f, 0.f, 0.f, 0.f};
-              MmaE4m3(d, wa, ring[j][G].x, ring[j][G].y);
-              accumulate(G, d);
-            }
-          } else {
-            const Fp4Pairs d0 = DecodeWord<kPrmt>(w0), d1 = DecodeWord<kPrmt>(w1);
-#pragma unroll
-            for (int G = 0; G < kGroups; ++G) {
-              const uint4 xv = ring[j][G];
-              float d[4] = {0.f, 0.f, 0.f, 0.f};
-              MmaF16(d, {d0.p[0], d1.p[0], d0.p[1], d1.p[1]}, xv.x, xv.y);
-              MmaF16(d, {d0.p[2], d1.p[2], d0.p[3], d1.p[3]}, xv.z, xv.w);
-              accumulate(G, d);
-            }
           }
         }
       }
@@ -614,7 +587,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
       sp0 += kMmaWarps * kRing;
       sp1 += kMmaWarps * kRing;
     }
-    MmaReduceAndStore<kDown, kGroups, kFp8>(a, e, row0, part, c, end, acc, red);
+    MmaReduceAndStore<kDown, kGroups>(a, e, row0, part, c, end, acc, red);
   }
   if (!waited && !a.math_only) MbarWait(bar, parity);  // never leave with a copy in flight
 }
@@ -651,8 +624,9 @@ __device__ __forceinline__ void CopyTile(const MmaArgs& a, int e, int row0, int 
 // t % ksplit. Each CTA takes tiles blockIdx.x, + gridDim.x, ... through kBufs
 // shared-memory buffers: the copies of the next kBufs - 1 tiles are in flight
 // while one is computed (kBufs = 1: one tile per CTA, the grid covers all).
-template <bool kDown, int kGroups, bool kPrmt, int kBufs, bool kFp8>
-__global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MmaArgs a) {
+template <bool kDown, int kGroups, bool kPrmt, int kBufs>
+__global__ void __launch_bounds__(kMmaThreads)
+    MoeMmaKernel(MmaArgs a) {
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
   __shared__ __align__(8) uint64_t bars[kBufs];
@@ -711,9 +685,8 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MmaArgs a) {
       MbarWait(&bars[buf], parity);
       __syncthreads();
     } else {
-      MmaTile<kDown, kGroups, kPrmt, kFp8>(a, x.e, x.row0, x.part, x.kb0, x.nbl, sw,
-                                           sw + kTileRows * stride, stride, &bars[buf], parity,
-                                           red);
+      MmaTile<kDown, kGroups, kPrmt>(a, x.e, x.row0, x.part, x.kb0, x.nbl, sw,
+                                     sw + kTileRows * stride, stride, &bars[buf], parity, red);
     }
     // MmaTile ends with a CTA barrier: the buffer is free for tile t + kBufs * grid.
     const int tn = t + kBufs * gridDim.x;
@@ -725,89 +698,28 @@ __global__ void __launch_bounds__(kMmaThreads) MoeMmaKernel(MmaArgs a) {
   }
 }
 
-// 8 consecutive bf16 values (one uint4) as floats.
-__device__ __forceinline__ void Bf16x8(const uint4& v, float (&f)[8]) {
-  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    f[2 * k] = __uint_as_float(u[k] << 16);
-    f[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
-  }
-}
-
-// Two e4m3 codes (RNE, saturating) of a and b, a in the low byte.
-__device__ __forceinline__ uint32_t E4m3Pair(float a, float b) {
-  return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-}
-
-// FP8 gate_up input, one block per token row of `row_vecs` uint4 (8 bf16
-// values each): the row's scale 2^e, e the smallest with amax / 2^e <= 448
-// (kernels/cpu/mxfp8.h's rule over the whole row; 0 for a row of zeros or one
-// holding a NaN or infinity), then each value as e4m3(x / 2^e). Values 8v ..
-// 8v + 7 land in uint2 v as bytes [0 2 4 6 | 1 3 5 7], the k order of the
-// e4m3 mma fragments (MmaTile). scale[row] = 2^(e + 6).
-__device__ void QuantizeRowsFp8(const uint4* x, int rows, int row_vecs, uint2* xq, float* scale) {
-  __shared__ uint32_t s_max[32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int r = blockIdx.x - 1; r < rows; r += gridDim.x - 1) {
-    const uint4* row = x + static_cast<size_t>(r) * row_vecs;
-    // bf16 magnitudes order as their bits with the sign cleared.
-    uint32_t m2 = 0;
-    for (int v = threadIdx.x; v < row_vecs; v += blockDim.x) {
-      const uint4 u = row[v];
-      m2 = __vmaxu2(m2, __vmaxu2(__vmaxu2(u.x & 0x7FFF7FFFu, u.y & 0x7FFF7FFFu),
-                                 __vmaxu2(u.z & 0x7FFF7FFFu, u.w & 0x7FFF7FFFu)));
-    }
-    uint32_t m = __reduce_max_sync(0xFFFFFFFFu, max(m2 & 0xFFFFu, m2 >> 16));
-    if (lane == 0) s_max[warp] = m;
-    __syncthreads();
-    m = 0;
-    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) m = max(m, s_max[w]);
-    __syncthreads();  // s_max is reused by the next row
-    int e = 0;
-    if (m != 0 && m < 0x7F80u) {
-      const float amax = __uint_as_float(m << 16);
-      int ex = 0;
-      frexpf(amax, &ex);  // amax = f * 2^ex, f in [0.5, 1)
-      e = ldexpf(amax, 9 - ex) > 448.0f ? ex - 8 : ex - 9;
-      e = min(max(e, -127), 127);
-    }
-    const float inv = ldexpf(1.0f, -e);
-    if (threadIdx.x == 0) scale[r] = ldexpf(1.0f, e + 6);
-    uint2* out = xq + static_cast<size_t>(r) * row_vecs;
-    for (int v = threadIdx.x; v < row_vecs; v += blockDim.x) {
-      float f[8];
-      Bf16x8(row[v], f);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) f[k] *= inv;
-      out[v] = make_uint2(E4m3Pair(f[0], f[2]) | (E4m3Pair(f[4], f[6]) << 16),
-                          E4m3Pair(f[1], f[3]) | (E4m3Pair(f[5], f[7]) << 16));
-    }
-  }
-}
 
 // Routing (block 0, as RouteKernel but with parallel scans) and, in the other
-// blocks, x for gate_up: bf16 -> permuted f16, 8 values per thread, or (kFp8)
-// QuantizeRowsFp8 into xq and x_scale.
-template <bool kFp8>
+// blocks, the bf16 -> permuted f16 conversion of x, 8 values per thread.
 __global__ void __launch_bounds__(kRouteThreads)
-    RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count, int32_t* offset,
-                    int32_t* pair_of, int32_t* active, int32_t* num_active, int32_t* invalid,
-                    const uint4* x, int rows, int row_vecs, uint4* xh, float* x_scale) {
+    RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count,
+                    int32_t* offset, int32_t* pair_of, int32_t* active, int32_t* num_active,
+                    int32_t* invalid, const uint4* x, size_t x_vecs, uint4* xh) {
   GridDependencyWait();  // ids and x come from the kernels before
   GridDependentsMayLaunch();
   if (blockIdx.x > 0) {
-    if constexpr (kFp8) {
-      QuantizeRowsFp8(x, rows, row_vecs, reinterpret_cast<uint2*>(xh), x_scale);
-    } else {
-      const size_t x_vecs = static_cast<size_t>(rows) * row_vecs;
-      for (size_t i = (blockIdx.x - 1) * size_t{blockDim.x} + threadIdx.x; i < x_vecs;
-           i += size_t{gridDim.x - 1} * blockDim.x) {
-        float f[8];
-        Bf16x8(x[i], f);
-        xh[i] = make_uint4(HalfPair(f[0], f[4]), HalfPair(f[1], f[5]), HalfPair(f[2], f[6]),
-                           HalfPair(f[3], f[7]));
+    for (size_t i = (blockIdx.x - 1) * size_t{blockDim.x} + threadIdx.x; i < x_vecs;
+         i += size_t{gridDim.x - 1} * blockDim.x) {
+      const uint4 v = x[i];
+      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+      float f[8];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        f[2 * k] = __uint_as_float(u[k] << 16);
+        f[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
       }
+      xh[i] = make_uint4(HalfPair(f[0], f[4]), HalfPair(f[1], f[5]), HalfPair(f[2], f[6]),
+                         HalfPair(f[3], f[7]));
     }
     return;
   }
@@ -935,13 +847,13 @@ cudaError_t LaunchDown(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const
   return cudaGetLastError();
 }
 
-template <bool kDown, int kGroups, bool kPrmt, int kBufs, bool kFp8>
+template <bool kDown, int kGroups, bool kPrmt, int kBufs>
 cudaError_t LaunchMma(int slots, cudaStream_t stream, const MmaArgs& args, bool pdl) {
   const int ksplit = kDown ? args.ksplit : 1;
   const int nbl = (args.nb + ksplit - 1) / ksplit;
   const size_t smem =
       kBufs * (static_cast<size_t>(kTileRows) * (nbl * 16 + 16) + kTileRows * args.nb);
-  auto kernel = MoeMmaKernel<kDown, kGroups, kPrmt, kBufs, kFp8>;
+  auto kernel = MoeMmaKernel<kDown, kGroups, kPrmt, kBufs>;
   static size_t allowed = 0;
   cudaError_t err = AllowSharedBytes(kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
@@ -971,13 +883,8 @@ cudaError_t LaunchMma(int slots, cudaStream_t stream, const MmaArgs& args, bool 
 template <bool kDown, int kGroups, int kBufs>
 cudaError_t LaunchMmaBufs(int slots, cudaStream_t stream, const MmaArgs& args,
                           const MoeTuning& t) {
-  if constexpr (!kDown) {
-    if (args.act_scale != nullptr) {  // FP8 activations: their own decode
-      return LaunchMma<kDown, kGroups, true, kBufs, true>(slots, stream, args, t.pdl);
-    }
-  }
-  return t.prmt_decode ? LaunchMma<kDown, kGroups, true, kBufs, false>(slots, stream, args, t.pdl)
-                       : LaunchMma<kDown, kGroups, false, kBufs, false>(slots, stream, args, t.pdl);
+  return t.prmt_decode ? LaunchMma<kDown, kGroups, true, kBufs>(slots, stream, args, t.pdl)
+                       : LaunchMma<kDown, kGroups, false, kBufs>(slots, stream, args, t.pdl);
 }
 
 template <bool kDown, int kGroups>
@@ -1156,9 +1063,8 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   const size_t h_bytes =
       std::max(pairs * static_cast<size_t>(w.intermediate) * sizeof(float),
                MoeGemmWorkspaceBytes(w, tokens, top_k));
-  // x for gate_up (f16, or e4m3 codes with a scale per token), then the slack.
   return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
-         AlignUp(h_bytes) + AlignUp(static_cast<size_t>(tokens) * sizeof(float)) +
+         AlignUp(h_bytes) +
          AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t)) + kActivationSlack;
 }
 
@@ -1180,7 +1086,7 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
 cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream, bool fp8_activations) {
+                           int32_t* invalid_ids, cudaStream_t stream) {
   if (!ShapeOk(w.num_experts, w.hidden, w.intermediate) || tokens < 0 || top_k <= 0 ||
       top_k > w.num_experts) {
     return cudaErrorInvalidValue;
@@ -1205,8 +1111,6 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   float* h = reinterpret_cast<float*>(base);
   base += AlignUp(std::max(static_cast<size_t>(pairs) * w.intermediate * sizeof(float),
                            MoeGemmWorkspaceBytes(w, tokens, top_k)));
-  float* x_scale = reinterpret_cast<float*>(base);
-  base += AlignUp(static_cast<size_t>(tokens) * sizeof(float));
   uint16_t* xh = reinterpret_cast<uint16_t*>(base);
   const int H = w.hidden, I = w.intermediate;
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
@@ -1215,10 +1119,10 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   const MoeTuning tuning = g_tuning;
   if (UseGemm(tuning, pairs, E)) {
     // Routing only (one block, no activation conversion), then the GEMMs.
-    cudaError_t err =
-        LaunchPdl(RoutePrepKernel<false>, dim3(1), dim3(kRouteThreads), 0, stream, tuning.pdl,
-                  topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
-                  reinterpret_cast<const uint4*>(x), 0, 0, reinterpret_cast<uint4*>(xh), x_scale);
+    cudaError_t err = LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream,
+                                tuning.pdl, topk_ids, pairs, E, count, offset, pair_of, active,
+                                num_active, invalid_ids, reinterpret_cast<const uint4*>(x),
+                                size_t{0}, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
                               : pairs >= 96 * E                ? 128
@@ -1229,19 +1133,14 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                          tuning.gemm_remainder_tiles, tuning.gemm_wgmma, stream);
   }
   if (!tuning.legacy_fma) {
-    // Blocks after the routing one: a thread per uint4 of x (f16), or a
-    // block per token row (FP8, whose scale needs the row's largest value).
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;
     const unsigned prep_blocks =
-        1 + static_cast<unsigned>(
-                std::min<size_t>(fp8_activations ? static_cast<size_t>(tokens)
-                                                 : (x_vecs + kRouteThreads - 1) / kRouteThreads,
-                                 1024));
-    cudaError_t err = LaunchPdl(fp8_activations ? RoutePrepKernel<true> : RoutePrepKernel<false>,
-                                dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
-                                topk_ids, pairs, E, count, offset, pair_of, active, num_active,
-                                invalid_ids, reinterpret_cast<const uint4*>(x), tokens, H / 8,
-                                reinterpret_cast<uint4*>(xh), x_scale);
+        1 + static_cast<unsigned>(std::min<size_t>((x_vecs + kRouteThreads - 1) / kRouteThreads,
+                                                   1024));
+    cudaError_t err =
+        LaunchPdl(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
+                 topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
+                 reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     RouteView route{offset, pair_of, active, num_active};
     // Several groups of 8 columns per weight decode once experts average
@@ -1258,7 +1157,6 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
     gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
     gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
-    gu.act_scale = fp8_activations ? x_scale : nullptr;
     gu.h_out = reinterpret_cast<uint16_t*>(h);
     gu.copy_only = tuning.copy_only;
     gu.math_only = tuning.math_only;

@@ -92,17 +92,12 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 //   workspace: MoeWorkspaceBytes() bytes, 16-byte aligned;
 //   invalid_ids: device int32 that receives how many ids were outside
 //     [0, num_experts) (those pairs are skipped), or nullptr.
-// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md.
-// fp8_activations (W4A8, `--moe-activation fp8`): the decode kernels' gate_up
-// takes x as e4m3 with one power-of-two scale per token (the MXFP8 rule of
-// kernels/cpu/mxfp8.h over the whole row) on FP8 tensor cores; the down
-// projection's input stays f16 (high and low parts), and steps on the grouped
-// GEMMs (MoeUsesGemm) stay f16 throughout. Returns cudaErrorInvalidValue for
-// bad arguments, else the launch status.
+// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md. Returns
+// cudaErrorInvalidValue for bad arguments, else the launch status.
 cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream, bool fp8_activations = false);
+                           int32_t* invalid_ids, cudaStream_t stream);
 
 // Routing alone (step 1 above), exposed for tests. For P = tokens * top_k pairs:
 //   expert_count [num_experts], expert_offset [num_experts + 1] (exclusive

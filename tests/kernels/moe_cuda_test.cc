@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "common/bf16.h"
-#include "kernels/cpu/mxfp8.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/device.h"
@@ -88,10 +87,8 @@ Routing RandomRouting(int T, int K, int E, std::mt19937& rng) {
 
 // Pairs grouped by expert so each expert's weights are decoded once per call;
 // ids outside [0, E) contribute nothing (the CUDA layer counts and skips them).
-// fp8_x: each token's x as the FP8-activation kernel takes it, e4m3 with one
-// power-of-two scale for the row (the MXFP8 rule over the whole row).
 std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint16_t>& x_bf16,
-                                const Routing& r, int T, int K, bool fp8_x = false) {
+                                const Routing& r, int T, int K) {
   const size_t H = m.H, I = m.I;
   cpu::ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   std::vector<float> y(T * H, 0.f);
@@ -106,7 +103,6 @@ std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint1
     std::vector<float> x(n * H), gu(n * 2 * I), act(n * I), down(n * H);
     for (size_t i = 0; i < n; ++i) {
       for (size_t c = 0; c < H; ++c) x[i * H + c] = Bf16ToFloat(x_bf16[(ps[i] / K) * H + c]);
-      if (fp8_x) cpu::RoundTripMxfp8Block(&x[i * H], static_cast<int64_t>(H));
     }
     const size_t ue = e;
     cpu::LinearMxfp4(&pool, x.data(), n, H, m.gu_blocks.data() + ue * 2 * I * H / 2,
@@ -127,12 +123,9 @@ std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint1
 // Runs the CUDA layer on `m`-shaped device weights and compares with the CPU.
 // `bad_ids` > 0 replaces that many ids with out-of-range ones and makes some
 // tokens pick one expert twice (as a buggy router could): both must match the
-// reference, which skips the former and counts the latter twice. fp8: the
-// layer takes FP8 activations (the decode kernels quantize x per token; the
-// GEMM path ignores it), and so does the reference; then it also prints how
-// far that lands from the unquantized reference.
+// reference, which skips the former and counts the latter twice.
 void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed,
-                int bad_ids = 0, bool fp8 = false) {
+                int bad_ids = 0) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   const size_t H = m.H;
@@ -173,7 +166,7 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
-                                 d_invalid, nullptr, fp8),
+                                 d_invalid, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = ToHost(d_out, out0.size());
@@ -181,9 +174,7 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   cudaFree(d_x), cudaFree(d_ids), cudaFree(d_w), cudaFree(d_out), cudaFree(d_invalid),
       cudaFree(d_ws);
 
-  const bool gemm = cuda::MoeUsesGemm(T, K, E);
-  const bool fp8_x = fp8 && !gemm;
-  std::vector<float> want = CpuReference(m, E, x, r, T, K, fp8_x);
+  std::vector<float> want = CpuReference(m, E, x, r, T, K);
   float max_ref = 0, max_err = 0, mean_abs = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     max_ref = std::max(max_ref, std::fabs(want[i]));
@@ -192,7 +183,7 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   // The grouped-GEMM path rounds h to bf16 (2^-9 relative) before the down
   // projection: its 2880-term sums then differ by ~1e-3 of their spread, so it
   // gets 4e-3 (a wrong nibble, scale, bias or slot still moves outputs by 1e-2).
-  const float rel = gemm ? 4e-3f : 1e-4f;
+  const float rel = cuda::MoeUsesGemm(T, K, E) ? 4e-3f : 1e-4f;
   const float tol = rel * std::max(1.f, max_ref);
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -205,26 +196,9 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   }
   EXPECT_EQ(bad, 0);
   EXPECT_GT(mean_abs, 1e-2f) << "outputs too small for the comparison to mean anything";
-  std::printf(
-      "%s%s T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
-      gemm ? "gemm" : "decode", fp8_x ? " fp8" : "", T, K, E, H, m.I, max_ref, mean_abs, max_err,
-      tol);
-  if (fp8_x) {
-    // What FP8 activations cost against the unquantized layer (reported).
-    const std::vector<float> exact = CpuReference(m, E, x, r, T, K);
-    double worst = 0, sq = 0, sq_ref = 0;
-    for (size_t i = 0; i < exact.size(); ++i) {
-      const double d = static_cast<double>(got[i] - out0[i]) - exact[i];
-      worst = std::max(worst, std::fabs(d));
-      sq += d * d;
-      sq_ref += static_cast<double>(exact[i]) * exact[i];
-    }
-    std::printf(
-        "  fp8 against unquantized: max |diff| %.3g (%.2f%% of max|ref|), RMS diff %.2f%% "
-        "of RMS ref\n",
-        worst, 100.0 * worst / std::max(1e-30f, max_ref),
-        100.0 * std::sqrt(sq / std::max(1e-30, sq_ref)));
-  }
+  std::printf("%s T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
+              cuda::MoeUsesGemm(T, K, E) ? "gemm" : "decode", T, K, E, H, m.I, max_ref, mean_abs,
+              max_err, tol);
 }
 
 class MoeCudaRealShapeTest : public MoeCudaTest {
@@ -299,31 +273,6 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
   CheckLayer(weights_, *host_, 300, 4, 26);
   cuda::SetMoeTuning(cuda::MoeTuning{});
 }
-// FP8 activations (W4A8): the decode kernels' gate_up on e4m3 x equals the
-// reference on the same quantized x, with every column-group count, persistent
-// CTAs, bad ids, and a size the GEMM path takes (which stays f16).
-TEST_F(MoeCudaRealShapeTest, Fp8ActivationsMatchTheirReference) {
-  for (int T : {1, 3, 8, 64}) CheckLayer(weights_, *host_, T, 4, 40 + T, 0, /*fp8=*/true);
-  CheckLayer(weights_, *host_, 64, 4, 41, /*bad_ids=*/20, /*fp8=*/true);
-  CheckLayer(weights_, *host_, 300, 4, 42, 0, /*fp8=*/true);  // GEMMs: unquantized
-  cuda::MoeDeviceWeights few = weights_;
-  few.num_experts = 4;
-  cuda::MoeTuning t;
-  t.gemm_min_pairs_per_expert = -1;
-  for (int groups : {1, 2, 4}) {
-    t.decode_groups = groups;
-    cuda::SetMoeTuning(t);
-    CheckLayer(few, *host_, 40, 2, 43 + groups, 0, /*fp8=*/true);
-  }
-  for (int bufs : {2, 3}) {
-    t = cuda::MoeTuning{};
-    t.tile_buffers = bufs;
-    cuda::SetMoeTuning(t);
-    CheckLayer(weights_, *host_, 8, 4, 47 + bufs, /*bad_ids=*/2, /*fp8=*/true);
-  }
-  cuda::SetMoeTuning(cuda::MoeTuning{});
-}
-
 // The other paths stay selectable and correct: the CUDA-core baseline, the
 // shift-and-mask decode with whole-row down CTAs and no programmatic
 // dependencies, persistent CTAs with two and three tile buffers.

@@ -18,8 +18,6 @@
 //                                          the largest batch)
 //                     [--kv-cache-dtype auto|bf16|fp8] (fp8: the full-attention
 //                                          layers' KV in e4m3 with scales)
-//                     [--moe-activation auto|bf16|fp8] (fp8: the experts' gate_up
-//                                          on e4m3 x, W4A8)
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
@@ -262,7 +260,6 @@ int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0, masked_rows = 0, max_sequences = 0;
   bool profile_ops = false;
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
-  flotilla::MoeActivation moe_activation = flotilla::MoeActivation::kDefault;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
@@ -297,13 +294,6 @@ int main(int argc, char** argv) {
         return 2;
       }
       kv_dtype = *d;
-    } else if (a == "--moe-activation") {
-      const absl::StatusOr<flotilla::MoeActivation> m = flotilla::ParseMoeActivation(v);
-      if (!m.ok()) {
-        std::fprintf(stderr, "engine_cuda_bench: %s\n", std::string(m.status().message()).c_str());
-        return 2;
-      }
-      moe_activation = *m;
     } else if (a == "--predict-ranks")
       predict_ranks = ParseList(v);
     else if (a == "--allreduce-us")
@@ -392,7 +382,6 @@ int main(int argc, char** argv) {
                                           o.max_batch_tokens / 16 + 1;
   o.profile_ops = profile_ops;
   o.kv_cache_dtype = kv_dtype;
-  o.moe_activation = moe_activation;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
@@ -413,11 +402,10 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
-      "\"kv_blocks\":%lld,\"kv_pools\":[%s],\"kv_cache_dtype\":\"%s\",\"moe_activation\":\"%s\","
-      "\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
+      "\"kv_blocks\":%lld,\"kv_pools\":[%s],\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,"
+      "\"hbm_gbs\":%.0f}\n",
       props.name.c_str(), layers, e.weight_bytes() / 1e9, static_cast<long long>(e.num_kv_blocks()),
-      pools.c_str(), flotilla::KvCacheDtypeName(kv_dtype),
-      flotilla::MoeActivationName(moe_activation), build_s, hbm_gbs);
+      pools.c_str(), flotilla::KvCacheDtypeName(kv_dtype), build_s, hbm_gbs);
   std::fflush(stdout);
 
   // Per-token and per-layer byte counts for the roofline.

@@ -16,10 +16,8 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-no-remainder tc-mma decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3
-// tc-no-prmt tc-no-pdl
-//  tc-no-evict tc-split1 tc-split3 copy-only copy-only-bufs2 math-only decode-g2 decode-g4 fma,
-//  and with FP8 activations (W4A8 gate_up): fp8 fp8-decode fp8-math-only)
+// (variant names: tc tc-no-remainder tc-mma decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+//  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -76,7 +74,6 @@ uint16_t FloatToBf16Bits(float f) {
 struct Variant {
   const char* name;
   MoeTuning tuning;
-  bool fp8 = false;  // FP8 activations (LaunchMoeLayer's fp8_activations)
 };
 
 MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int split) {
@@ -161,33 +158,30 @@ int main(int argc, char** argv) {
   // decode / gemm32 / gemm64 / gemm128: one path at every size; tc-plain:
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
-  const Variant all[] = {
-      {"tc", MoeTuning{}},
-      {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
-      {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
-      {"decode", Gemm(-1, 0)},
-      {"gemm32", Gemm(0, 32)},
-      {"gemm64", Gemm(0, 64)},
-      {"gemm128", Gemm(0, 128)},
-      {"tc-plain", Tuned(false, false, false, false, 1, 1)},
-      {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
-      {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
-      {"tc-no-prmt", Tuned(false, false, true, true, 1, 2)},
-      {"tc-no-pdl", Tuned(false, true, true, false, 1, 2)},
-      {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
-      {"tc-split1", Tuned(false, true, true, true, 1, 1)},
-      {"tc-split3", Tuned(false, true, true, true, 1, 3)},
-      {"copy-only", With([](MoeTuning& t) { t.copy_only = true; })},
-      {"copy-only-bufs2", With([](MoeTuning& t) { t.copy_only = true, t.tile_buffers = 2; })},
-      {"math-only", With([](MoeTuning& t) { t.math_only = true; })},
-      {"decode-g2",
-       With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
-      {"decode-g4",
-       With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
-      {"fma", Tuned(true, false, false, false, 1, 1)},
-      {"fp8", MoeTuning{}, true},
-      {"fp8-decode", Gemm(-1, 0), true},
-      {"fp8-math-only", With([](MoeTuning& t) { t.math_only = true; }), true}};
+  const Variant all[] = {{"tc", MoeTuning{}},
+                         {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
+                         {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
+                         {"decode", Gemm(-1, 0)},
+                         {"gemm32", Gemm(0, 32)},
+                         {"gemm64", Gemm(0, 64)},
+                         {"gemm128", Gemm(0, 128)},
+                         {"tc-plain", Tuned(false, false, false, false, 1, 1)},
+                         {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
+                         {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
+                         {"tc-no-prmt", Tuned(false, false, true, true, 1, 2)},
+                         {"tc-no-pdl", Tuned(false, true, true, false, 1, 2)},
+                         {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
+                         {"tc-split1", Tuned(false, true, true, true, 1, 1)},
+                         {"tc-split3", Tuned(false, true, true, true, 1, 3)},
+                         {"copy-only", With([](MoeTuning& t) { t.copy_only = true; })},
+                         {"copy-only-bufs2",
+                          With([](MoeTuning& t) { t.copy_only = true, t.tile_buffers = 2; })},
+                         {"math-only", With([](MoeTuning& t) { t.math_only = true; })},
+                         {"decode-g2",
+                          With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
+                         {"decode-g4",
+                          With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
+                         {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
     std::stringstream ss(variant_flag);
@@ -320,8 +314,8 @@ int main(int argc, char** argv) {
       auto all_layers = [&]() -> bool {
         for (long l = 0; l < layers; ++l) {
           if (!Check(flotilla::kernels::cuda::LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K,
-                                                             7.0f, 1.702f, d_out, d_ws, ws, nullptr,
-                                                             stream, var.fp8),
+                                                             7.0f, 1.702f, d_out, d_ws, ws,
+                                                             nullptr, stream),
                      "launch")) {
             return false;
           }

@@ -322,9 +322,8 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--kv-block-size", f->kv_block_size, "Tokens per KV block (default 16)")
       ->check(CLI::Range(1, 4096));
   cmd->add_option("--moe-activation", f->moe_activation,
-                  "the experts' inputs: bf16 (the engine's own precision), fp8 (W4A8: on the CPU "
-                  "both inputs as MXFP8 blocks of 32 values; on CUDA gate_up's input as e4m3 with "
-                  "a scale per token, on FP8 tensor cores) or auto (bf16)")
+                  "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
+                  "values, the numerics of a W4A8 MoE; --device cpu only) or auto (bf16)")
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_flag("--json", f->json, "Print one JSON object");
   cmd->callback([f] {

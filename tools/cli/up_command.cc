@@ -303,8 +303,8 @@ void AddUpCommand(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--moe-activation", limits->moe_activation,
                   "the experts' inputs on every worker: bf16 (the engine's own precision), fp8 "
-                  "(W4A8: MXFP8 blocks on the CPU; on CUDA gate_up's input as e4m3 with a scale "
-                  "per token) or auto (bf16)")
+                  "(MXFP8 blocks of 32 values, the numerics of a W4A8 MoE; CPU engine only) or "
+                  "auto (bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
   cmd->add_option("--kv-host-cache-gb", limits->kv_host_cache_gb,

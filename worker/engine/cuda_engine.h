@@ -47,7 +47,6 @@
 #include "worker/engine/engine_sequences.h"
 #include "worker/engine/kv_block_allocator.h"
 #include "worker/engine/kv_cache_dtype.h"
-#include "worker/engine/moe_activation.h"
 #include "worker/model/weights.h"
 
 namespace flotilla {
@@ -84,9 +83,6 @@ struct CudaEngineOptions {
   // (2 head_dim) of a bf16 one, so its pool holds ~1.94x the blocks in the
   // same bytes; attention reads half the bytes of a full-attention layer.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
-  // kFp8 (`--moe-activation fp8`): the experts' gate_up takes x as e4m3 with
-  // a scale per token on FP8 tensor cores (kernels/cuda/moe.h says where).
-  MoeActivation moe_activation = MoeActivation::kDefault;
   // With prefix_cache: bytes of pinned host memory keeping the cached KV
   // blocks the pools evict (the host tier, kv_host_tier.h), copied back
   // with cudaMemcpyAsync on a later hit; 0 = none.

@@ -54,7 +54,6 @@ LayerStages::LayerStages(CudaDeviceState& d, const ModelConfig& config,
       par_(options.parallel) {
   tp_ = par_ != nullptr ? par_->config().tp_size() : 1;
   moe_tp_ = par_ != nullptr && par_->config().moe_tp();
-  fp8_moe_ = options_.moe_activation == MoeActivation::kFp8;
   // This rank's heads (all of them without tensor parallelism).
   H_ = c_.hidden_size;
   D_ = c_.head_dim;
@@ -288,7 +287,7 @@ absl::Status LayerStages::Moe(int layer) {
   if (!On("moe")) return absl::OkStatus();
   return CudaStatus(kc::LaunchMoeLayer(d_.layers[layer].moe, d_.t, d_.topk_ids, d_.topk_w, T_, K_,
                                        static_cast<float>(c_.swiglu_limit), 1.702f, d_.x, d_.moe_ws,
-                                       d_.moe_ws_bytes, d_.invalid, d_.stream, fp8_moe_),
+                                       d_.moe_ws_bytes, d_.invalid, d_.stream),
                     "LaunchMoeLayer");
 }
 
@@ -312,7 +311,7 @@ absl::Status LayerStages::ExpertParallelMoe(int layer, int tokens) {
     FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(
         d_.layers[layer].moe, static_cast<const uint16_t*>(rows.x), rows.slot, rows.ones,
         static_cast<int>(rows.rows), 1, static_cast<float>(c_.swiglu_limit), 1.702f, rows.out,
-        d_.moe_ws, d_.moe_ws_bytes, nullptr, stream, fp8_moe_));
+        d_.moe_ws, d_.moe_ws_bytes, nullptr, stream));
   }
   FLOTILLA_RETURN_IF_ERROR(ep.Combine(layer, d_.moe_y, stream));
   FLOTILLA_CUDA_RETURN(
@@ -327,10 +326,10 @@ absl::Status LayerStages::TensorParallelMoe(int layer, int tokens) {
   // The experts add into moe_y, which each all-reduce leaves zero; the
   // step's first layer zeroes it in case an earlier step stopped midway.
   if (layer == 0) FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d_.moe_y, 0, n * sizeof(float), stream));
-  FLOTILLA_CUDA_RETURN(
-      kc::LaunchMoeLayer(moe, d_.t, d_.topk_ids, d_.topk_w, tokens, c_.num_experts_per_tok,
-                         static_cast<float>(c_.swiglu_limit), 1.702f, d_.moe_y, d_.moe_ws,
-                         d_.moe_ws_bytes, d_.invalid, stream, fp8_moe_));
+  FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(moe, d_.t, d_.topk_ids, d_.topk_w, tokens,
+                                          c_.num_experts_per_tok,
+                                          static_cast<float>(c_.swiglu_limit), 1.702f, d_.moe_y,
+                                          d_.moe_ws, d_.moe_ws_bytes, d_.invalid, stream));
   return par_->tp().AllReduceAdd(d_.moe_y, d_.x, static_cast<int64_t>(n), stream);
 }
 

@@ -1,12 +1,9 @@
 // --moe-activation: the precision of the experts' inputs (the gate_up
 // projection's x and the down projection's SwiGLU output). "auto" and
-// "bf16" keep the engine's own (f32 on the CPU engine); "fp8" is W4A8:
-//  - the CPU engine rounds both through MXFP8 blocks (kernels/cpu/mxfp8.h)
-//    before the MXFP4 products, whose accuracy
-//    tests/engine/moe_fp8_activation_test.cc measures;
-//  - the CUDA engine's decode kernels take gate_up's x as e4m3 with one
-//    power-of-two scale per token, on FP8 tensor cores, and keep the down
-//    projection's input f16 (kernels/cuda/moe.h LaunchMoeLayer).
+// "bf16" keep the engine's own (f32 on the CPU engine); "fp8" rounds both
+// through MXFP8 blocks (kernels/cpu/mxfp8.h) before the MXFP4 products, the
+// numerics of an FP8-activation (W4A8) MoE kernel, whose accuracy
+// tests/engine/moe_fp8_activation_test.cc measures.
 #pragma once
 
 #include <string>
