@@ -81,6 +81,8 @@ class StepExecutor {
   bool leader() const { return leader_; }
   uint64_t steps() const { return steps_; }
   uint64_t map_version() const { return map_version_; }
+  // Whether a newer expert map waits for every rank to have it.
+  bool map_pending() const { return !pending_maps_.empty(); }
 
  private:
   // The plan this rank runs: its own (a leader) or its group leader's, sent

@@ -14,6 +14,12 @@ namespace {
 
 // How often the engine loop sends the expert counts it gathered.
 constexpr int64_t kExpertLoadIntervalMs = 200;
+// How often the engine's expert counters are read: a CUDA engine's read-back
+// (a copy to the host and a reset, queued behind a step) and the host's
+// slot-to-expert table cost ~50 us a step when taken every step (H200s).
+// While a new expert map is pending they are read every step, so that the
+// last read under the old map ends at the step before the switch.
+constexpr int64_t kExpertCountsIntervalMs = 50;
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
 
@@ -93,6 +99,12 @@ void WorkerRuntime::PollExpertStore() {
 
 void WorkerRuntime::CollectExpertCounts() {
   const uint64_t version = executor_->map_version();
+  const int64_t now = NowMs();
+  if (version == expert_load_version_ && !executor_->map_pending() &&
+      now - last_expert_counts_ms_ < kExpertCountsIntervalMs) {
+    return;  // the counters keep counting on the engine
+  }
+  last_expert_counts_ms_ = now;
   if (version != expert_load_version_) {
     // Counts go out tagged with the map they ran under.
     MaybeSendExpertLoad(/*force=*/true);

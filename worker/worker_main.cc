@@ -54,6 +54,13 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_KV_CACHE_DTYPE")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  app.add_option("--step-profile-steps", o.step_profile_steps,
+                 "every N working steps, log where their wall time went (plan, exchange with "
+                 "the other ranks, engine step, bookkeeping: medians and 99th percentiles); 0 "
+                 "= off")
+      ->envname("FLOTILLA_STEP_PROFILE_STEPS")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--moe-activation", o.moe_activation,
                  "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
                  "values, the numerics of a W4A8 MoE; CPU engine only) or auto (bf16); a "

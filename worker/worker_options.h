@@ -38,6 +38,9 @@ struct WorkerOptions {
   // evicts (the prefix cache's host tier, worker/engine/kv_host_tier.h);
   // 0 = off (the default).
   double kv_host_cache_gb = 0;
+  // --step-profile-steps N: every N working steps, a log line with where the
+  // steps' wall time went (worker/step_profile.h); 0 = off (the default).
+  int64_t step_profile_steps = 0;
   // Speculative decoding for requests that do not choose
   // (--speculative-method, --num-speculative-tokens, --replay-error-rate,
   // --allow-replay-drafter); off by default.

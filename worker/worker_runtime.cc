@@ -578,15 +578,22 @@ absl::Status WorkerRuntime::SetUpDraftHead(const cluster::Assignment& a, const M
 }
 
 absl::StatusOr<bool> WorkerRuntime::StepOnce() {
+  step_profile_.Mark(StepProfile::kBetween);
   cluster::TokenBatch out;
   cluster::StepPlan mine;
   if (executor_->leader()) mine = scheduler_->Plan(&out);
+  step_profile_.Mark(StepProfile::kPlan);
   const uint64_t measure_id =
       pending_measures_.empty() ? 0 : pending_measures_.front().measure_id();
   FLOTILLA_ASSIGN_OR_RETURN(StepExecutor::Exchanged exchanged,
                             executor_->Exchange(mine, measure_id));
+  step_profile_.Mark(StepProfile::kExchange);
   SendUpdates(std::move(out));
+  step_profile_.Mark(StepProfile::kSend);
   absl::StatusOr<bool> worked = exchanged.any_work ? RunStep(exchanged) : false;
+  if (const std::string line = step_profile_.EndStep(worked.ok() && *worked); !line.empty()) {
+    spdlog::info("{}", line);
+  }
   if (worked.ok() && executor_->leader()) SendKvEvents();
   // Every rank has the measurement: all run it here, after the same step.
   if (worked.ok() && exchanged.measure_id != 0) FLOTILLA_RETURN_IF_ERROR(MeasureInLockstep());
@@ -602,6 +609,9 @@ absl::StatusOr<bool> WorkerRuntime::RunStep(const StepExecutor::Exchanged& excha
     sampler_for = [this](const cluster::PlanItem& item) { return scheduler_->SamplerFor(item); };
   FLOTILLA_ASSIGN_OR_RETURN(std::optional<StepOutput> result,
                             executor_->Run(exchanged.plan, sampler_for));
+  step_profile_.Mark(StepProfile::kEngine);
+  const Engine::StepTiming timing = engine.LastStepTiming();
+  step_profile_.AddEngineTiming(timing.launch_us, timing.wait_us);
   if (!result) return true;
   steps_ = executor_->steps();
   CollectExpertCounts();
@@ -615,6 +625,7 @@ absl::StatusOr<bool> WorkerRuntime::RunStep(const StepExecutor::Exchanged& excha
     m.mutable_tokens()->mutable_updates()->Swap(out.mutable_updates());
     client_->Send(std::move(m));
   }
+  step_profile_.Mark(StepProfile::kComplete);
   return true;
 }
 

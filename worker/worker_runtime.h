@@ -22,13 +22,14 @@
 #include "proto/cluster.pb.h"
 #include "worker/coordinator_client.h"
 #include "worker/engine/engine.h"
-#include "worker/engine_probe.h"
 #include "worker/engine_factory.h"
+#include "worker/engine_probe.h"
 #include "worker/expert_store.h"
 #include "worker/model/model_source.h"
 #include "worker/peer_endpoint.h"
 #include "worker/scheduler.h"
 #include "worker/step_executor.h"
+#include "worker/step_profile.h"
 #include "worker/worker_options.h"
 
 namespace flotilla::worker {
@@ -167,7 +168,9 @@ class WorkerRuntime {
   std::vector<uint64_t> expert_load_;
   uint64_t expert_load_version_ = 0;
   int64_t last_expert_load_ms_ = 0;
+  int64_t last_expert_counts_ms_ = 0;  // CollectExpertCounts' last read
   int64_t idle_sleep_us_ = 100;
+  StepProfile step_profile_{options_.step_profile_steps};
 
   std::atomic<uint32_t> running_count_{0}, queued_count_{0};
   std::atomic<uint64_t> kv_free_{0}, kv_total_{0};

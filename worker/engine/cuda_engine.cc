@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
@@ -318,16 +319,21 @@ std::string CudaEngine::KvPoolsSummary() const {
 }
 
 absl::Status CudaEngine::WaitForStep(cudaStream_t stream) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status waited;
   if (options_.parallel == nullptr) {
-    return CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    waited = CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  } else {
+    // A sharded step waits through its context: a peer that died inside an
+    // exchange must not hold this thread forever.
+    waited = options_.parallel->WaitForStream(stream);
+    if (!waited.ok()) {
+      AbortExchanges();
+      cudaStreamSynchronize(stream);  // the aborted kernels have exited
+    }
   }
-  // A sharded step waits through its context: a peer that died inside an
-  // exchange must not hold this thread forever.
-  const absl::Status waited = options_.parallel->WaitForStream(stream);
-  if (!waited.ok()) {
-    AbortExchanges();
-    cudaStreamSynchronize(stream);  // the aborted kernels have exited
-  }
+  last_timing_.wait_us +=
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   return waited;
 }
 

@@ -203,6 +203,7 @@ class CudaEngine : public Engine {
   // after the step and returns the previous read-back once it has landed
   // (no host wait). Empty on a single-GPU engine (nothing to balance).
   std::vector<uint64_t> TakeExpertCounts() override;
+  StepTiming LastStepTiming() const override { return last_timing_; }
   // Uploads the experts `next` places in slots the current map leaves free
   // (options.spare_expert_slots of them beyond the map's) from host memory:
   // StageExperts on its own stream from the caller's thread while steps go
@@ -312,6 +313,7 @@ class CudaEngine : public Engine {
                              const ModelWeights& extra, cudaStream_t stream);
   // Waits for the step's work on `stream`: through the parallel context
   // when sharded (interruptible, and it reports the exchanges' health).
+  // Waits for the device; the time waited adds to last_timing_.wait_us.
   absl::Status WaitForStep(cudaStream_t stream);
   // Sharded: destroys the captured graphs and aborts the context's exchanges.
   void AbortExchanges();
@@ -327,6 +329,7 @@ class CudaEngine : public Engine {
   std::map<std::string, double> op_time_ms_;
   int64_t instance_step_tokens_ = 0;  // SetInstanceStepTokens; 0: this rank's own
   int64_t host_sampled_steps_ = 0;
+  StepTiming last_timing_;                  // LastStepTiming
   std::unique_ptr<DeviceSampler> sampler_;  // the draws of Step's samplers and StepAndSample
   // Per sequence: the tokens its last step drafted (KV written past its
   // length), until its next step.

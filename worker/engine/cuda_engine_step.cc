@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -18,6 +19,8 @@ namespace flotilla {
 
 absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const DeviceSampling* sampling,
                                  StepOutput* logits_out, std::vector<SampledToken>* sampled) {
+  const auto start = std::chrono::steady_clock::now();
+  last_timing_ = {};
   FLOTILLA_RETURN_IF_ERROR(Validate(items));
   CudaDeviceState& d = *impl_;
   FLOTILLA_CUDA_RETURN(cudaSetDevice(d.device));
@@ -41,6 +44,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   // failed partway, so nothing on the device waits for them in vain.
   if (sampling != nullptr) sampler_->WriteMasks(*sampling);
   FLOTILLA_RETURN_IF_ERROR(launched);
+  last_timing_.launch_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
   if (!marks.empty()) {
     FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
     FLOTILLA_RETURN_IF_ERROR(marks.AddTimes(&op_time_ms_));

@@ -192,6 +192,14 @@ class Engine {
   // the counters restart. Empty when the engine does not count. Cheap: a
   // device engine returns what its last finished read-back brought.
   virtual std::vector<uint64_t> TakeExpertCounts() { return {}; }
+
+  // Where the host spent the last Step's wall time, for engines that measure
+  // it (zeros otherwise): until its device work was launched, and waiting for
+  // the device (the rest went to the results). worker/step_profile.h.
+  struct StepTiming {
+    double launch_us = 0, wait_us = 0;
+  };
+  virtual StepTiming LastStepTiming() const { return {}; }
   // Hot swap: makes the experts of `extra` (its layers' `experts`, other
   // views unused) runnable on this rank in the slots `next` gives them, so
   // that the engine can be switched to `next` (through its parallel
