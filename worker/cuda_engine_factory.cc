@@ -45,6 +45,7 @@ class CudaEngineFactory final : public EngineFactory {
     co.kv_block_size = static_cast<int>(options.kv_block_size);
     co.prefix_cache = options.prefix_cache;
     co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
+    co.deterministic = options.deterministic;
     FLOTILLA_ASSIGN_OR_RETURN(co.kv_cache_dtype, KvCacheDtypeOf(a, options));
     FLOTILLA_ASSIGN_OR_RETURN(const MoeActivation moe_activation, MoeActivationOf(a, options));
     if (moe_activation == MoeActivation::kFp8) {

@@ -67,11 +67,10 @@ std::string StepProfile::EndStep(bool worked) {
   if (static_cast<int64_t>(total_.size()) < every_) return "";
   std::string line = absl::StrCat("{\"step_profile\":{\"steps\":", total_.size());
   for (int p = 0; p < kNumPhases; ++p) {
-    absl::StrAppend(&line, absl::StrFormat(",\"%s_us_p50\":%.1f,\"%s_us_p99\":%.1f",
-                                           Name(static_cast<Phase>(p)),
-                                           Quantile(samples_[p], 0.5),
-                                           Name(static_cast<Phase>(p)),
-                                           Quantile(samples_[p], 0.99)));
+    absl::StrAppend(&line,
+                    absl::StrFormat(",\"%s_us_p50\":%.1f,\"%s_us_p99\":%.1f",
+                                    Name(static_cast<Phase>(p)), Quantile(samples_[p], 0.5),
+                                    Name(static_cast<Phase>(p)), Quantile(samples_[p], 0.99)));
     samples_[p].clear();
   }
   absl::StrAppend(&line, absl::StrFormat(",\"step_us_p50\":%.1f,\"step_us_p99\":%.1f}}",

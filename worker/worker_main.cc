@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MOE_ACTIVATION")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  app.add_flag("--deterministic", o.deterministic,
+               "the same step on the same state gives the same bits (the CUDA engine sums each "
+               "token's expert outputs in a fixed order and keeps projections from splitting "
+               "their input over blocks that meet in float atomics; the CPU engine ignores it)")
+      ->envname("FLOTILLA_DETERMINISTIC");
   app.add_option("--kv-host-cache-gb", o.kv_host_cache_gb,
                  "GiB of host memory keeping the prefix cache's KV blocks the engine evicts, "
                  "copied back on a later hit instead of computed again (0: off)")

@@ -41,6 +41,9 @@ struct WorkerOptions {
   // --step-profile-steps N: every N working steps, a log line with where the
   // steps' wall time went (worker/step_profile.h); 0 = off (the default).
   int64_t step_profile_steps = 0;
+  // --deterministic: the CUDA engine's numerics repeat bit for bit
+  // (CudaEngineOptions::deterministic); the CPU engine ignores it.
+  bool deterministic = false;
   // Speculative decoding for requests that do not choose
   // (--speculative-method, --num-speculative-tokens, --replay-error-rate,
   // --allow-replay-drafter); off by default.

@@ -246,8 +246,8 @@ __global__ void PrefillBiasKernel(const uint16_t* __restrict__ bias, int tokens,
 
 // Blocks of input each block takes (split-K) for an accumulating GEMV:
 // enough blocks for 3 per SM, each with at least one slice per warp.
-int SplitFor(bool accumulate, int tiles, int in) {
-  if (!accumulate) return 1;
+int SplitFor(bool accumulate, int tiles, int in, bool deterministic) {
+  if (!accumulate || deterministic) return 1;
   // The current device's SMs (an attribute query, cheap and capture-safe).
   int dev = 0, sms = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
@@ -258,7 +258,8 @@ int SplitFor(bool accumulate, int tiles, int in) {
 }
 
 cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bias, int tokens,
-                       int in, int out, bool accumulate, float* y, cudaStream_t stream) {
+                       int in, int out, bool accumulate, float* y, cudaStream_t stream,
+                       bool deterministic) {
   if (in % 32 != 0) {
     const int blocks = (out + 7) / 8;
     GemvScalarKernel<<<blocks, 256, 0, stream>>>(x, w, bias, tokens, in, out, accumulate, y);
@@ -271,7 +272,7 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   // y's atomics): the O projection (180 tiles) runs 360 blocks, the router
   // (8 tiles) 88. Each block keeps at least 8 slices (one per warp).
   const int tiles = (out + 15) / 16;
-  const dim3 grid(tiles, SplitFor(accumulate, tiles, in));
+  const dim3 grid(tiles, SplitFor(accumulate, tiles, in, deterministic));
   if (tokens <= 8) {
     return LaunchPdl(GemvMmaKernel<1, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
                      nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
@@ -345,6 +346,7 @@ struct LinearContext {
   void* workspace = nullptr;
   float* bias_f32 = nullptr;
   std::vector<LtPlan> plans;
+  bool deterministic = false;  // SetLinearDeterministic
 
   ~LinearContext() {
     for (LtPlan& p : plans) {
@@ -445,6 +447,10 @@ void DestroyLinearContext(LinearContext* ctx) { delete ctx; }
 
 bool LinearUsesCublasLt(const LinearContext* ctx) { return ctx != nullptr && ctx->handle != nullptr; }
 
+void SetLinearDeterministic(LinearContext* ctx, bool deterministic) {
+  if (ctx != nullptr) ctx->deterministic = deterministic;
+}
+
 cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* w,
                          const uint16_t* bias, int tokens, int in, int out, bool accumulate,
                          float* y, cudaStream_t stream) {
@@ -453,7 +459,10 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
     return cudaErrorInvalidValue;
   }
   if (tokens == 0) return cudaSuccess;
-  if (tokens <= kSmallBatch) return LaunchGemv(x, w, bias, tokens, in, out, accumulate, y, stream);
+  const bool deterministic = ctx != nullptr && ctx->deterministic;
+  if (tokens <= kSmallBatch) {
+    return LaunchGemv(x, w, bias, tokens, in, out, accumulate, y, stream, deterministic);
+  }
 
   const LtPlan* plan = nullptr;
   if (ctx != nullptr && ctx->handle != nullptr) {
@@ -463,8 +472,9 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
     // No cuBLASLt: the GEMV over 16-token slices (weights re-read per slice).
     for (int t0 = 0; t0 < tokens; t0 += kSmallBatch) {
       const int n = tokens - t0 < kSmallBatch ? tokens - t0 : kSmallBatch;
-      cudaError_t err = LaunchGemv(x + static_cast<size_t>(t0) * in, w, bias, n, in, out,
-                                   accumulate, y + static_cast<size_t>(t0) * out, stream);
+      cudaError_t err =
+          LaunchGemv(x + static_cast<size_t>(t0) * in, w, bias, n, in, out, accumulate,
+                     y + static_cast<size_t>(t0) * out, stream, deterministic);
       if (err != cudaSuccess) return err;
     }
     return cudaSuccess;
@@ -492,22 +502,25 @@ static_assert(kNormLinearMaxTokens <= kRmsMaxTokens, "one n8 tile of tokens");
 
 cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float eps,
                              const uint16_t* w, const uint16_t* bias, int tokens, int in, int out,
-                             bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream) {
+                             bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream,
+                             bool deterministic) {
   if (x == nullptr || norm_weight == nullptr || w == nullptr || y == nullptr || tokens < 0 ||
       tokens > kNormLinearMaxTokens || in <= 0 || in % 32 != 0 || out <= 0) {
     return cudaErrorInvalidValue;
   }
   if (tokens == 0) return cudaSuccess;
   const int tiles = (out + 15) / 16;
-  return LaunchPdl(GemvMmaKernel<1, true, false>, dim3(tiles, SplitFor(accumulate, tiles, in)),
-                   dim3(kGemvThreads), 0, stream, true, nullptr, x, norm_weight, eps, t_out, w,
-                   bias, tokens, in, out, accumulate, y, GemvTopK{});
+  return LaunchPdl(GemvMmaKernel<1, true, false>,
+                   dim3(tiles, SplitFor(accumulate, tiles, in, deterministic)), dim3(kGemvThreads),
+                   0, stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, out,
+                   accumulate, y, GemvTopK{});
 }
 
 cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                  int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
-                                 float* weights, unsigned* done, cudaStream_t stream) {
+                                 float* weights, unsigned* done, cudaStream_t stream,
+                                 bool deterministic) {
   if (x == nullptr || norm_weight == nullptr || w == nullptr || logits == nullptr ||
       ids == nullptr || weights == nullptr || done == nullptr || tokens < 0 ||
       tokens > kNormLinearMaxTokens || in <= 0 || in % 32 != 0 || experts <= 0 ||
@@ -516,9 +529,10 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
   }
   if (tokens == 0) return cudaSuccess;
   const int tiles = (experts + 15) / 16;
-  return LaunchPdl(GemvMmaKernel<1, true, true>, dim3(tiles, SplitFor(true, tiles, in)),
-                   dim3(kGemvThreads), 0, stream, true, nullptr, x, norm_weight, eps, t_out, w,
-                   bias, tokens, in, experts, true, logits, GemvTopK{k, ids, weights, done});
+  return LaunchPdl(GemvMmaKernel<1, true, true>,
+                   dim3(tiles, SplitFor(true, tiles, in, deterministic)), dim3(kGemvThreads), 0,
+                   stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, experts,
+                   true, logits, GemvTopK{k, ids, weights, done});
 }
 
 }  // namespace flotilla::kernels::cuda

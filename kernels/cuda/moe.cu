@@ -394,7 +394,8 @@ struct MmaArgs {
   float limit, alpha;
   uint16_t* h_out;  // gate_up: hh [P, 2, I] (f16 high then low part, permuted)
   const float* topk_weights;
-  float* out;  // down: [T, H] f32, added into
+  float* out;         // down: [T, H] f32, added into
+  float* pair_rows;   // down, deterministic: [pairs, H] f32 (zeroed), a row per pair, not out
   int ksplit;         // down: CTAs per row tile, each a share of the reduction
   bool evict_first;   // L2 evict-first hint on the weight copies
   bool copy_only;     // diagnostic (MoeTuning::copy_only)
@@ -484,8 +485,10 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
               if (t < end) {
                 const int pair = a.route.pair_of[t];
                 const float v = acc[G][2 * half + i] + lo[2 * half + i] + bd;
-                atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * H + row,
-                          a.topk_weights[pair] * v);
+                float* dst = a.pair_rows != nullptr
+                                 ? a.pair_rows + static_cast<size_t>(pair) * H + row
+                                 : a.out + static_cast<size_t>(pair / a.top_k) * H + row;
+                atomicAdd(dst, a.topk_weights[pair] * v);
               }
             }
           }
@@ -759,6 +762,26 @@ __global__ void __launch_bounds__(kRouteThreads)
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
     const int id = ids[p];
     if (id >= 0 && id < num_experts) pair_of[atomicAdd(&s_cursor[id], 1)] = p;
+  }
+}
+
+// Deterministic mode's sum: out[t] += ((row[t, 0] + row[t, 1]) + ...) over
+// the token's K pair rows in choice order, 4 values per thread.
+__global__ void SumPairRowsKernel(const float4* rows, int tokens, int top_k, int h4, float4* out) {
+  GridDependencyWait();  // the rows come from the down projection
+  const size_t n = static_cast<size_t>(tokens) * h4;
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t t = i / h4, c = i % h4;
+    const float4* r = rows + t * top_k * h4 + c;
+    float4 sum = r[0];
+    for (int k = 1; k < top_k; ++k) {
+      const float4 v = r[static_cast<size_t>(k) * h4];
+      sum.x += v.x, sum.y += v.y, sum.z += v.z, sum.w += v.w;
+    }
+    float4 o = out[i];
+    o.x += sum.x, o.y += sum.y, o.z += sum.z, o.w += sum.w;
+    out[i] = o;
   }
 }
 
@@ -1052,7 +1075,7 @@ cudaError_t LaunchFillMoeWeightsSynthetic(const MoeDeviceWeights& w, uint64_t se
   return Fill(w.down_bias, s.d_bias / 2, seed * 6 + 5, kFillBias, stream);
 }
 
-size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
+size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k, bool deterministic) {
   if (tokens <= 0 || top_k <= 0) return 0;
   size_t pairs = static_cast<size_t>(tokens) * top_k;
   size_t e = static_cast<size_t>(w.num_experts);
@@ -1063,8 +1086,10 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   const size_t h_bytes =
       std::max(pairs * static_cast<size_t>(w.intermediate) * sizeof(float),
                MoeGemmWorkspaceBytes(w, tokens, top_k));
+  // Deterministic: a row per pair for the down projection's outputs.
+  const size_t pair_row_bytes = deterministic ? AlignUp(pairs * w.hidden * sizeof(float)) : 0;
   return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
-         AlignUp(h_bytes) +
+         AlignUp(h_bytes) + pair_row_bytes +
          AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t)) + kActivationSlack;
 }
 
@@ -1086,14 +1111,15 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
 cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream) {
+                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic) {
   if (!ShapeOk(w.num_experts, w.hidden, w.intermediate) || tokens < 0 || top_k <= 0 ||
       top_k > w.num_experts) {
     return cudaErrorInvalidValue;
   }
   if (tokens == 0) return cudaSuccess;
   if (x == nullptr || topk_ids == nullptr || topk_weights == nullptr || out == nullptr ||
-      workspace == nullptr || workspace_bytes < MoeWorkspaceBytes(w, tokens, top_k) ||
+      workspace == nullptr ||
+      workspace_bytes < MoeWorkspaceBytes(w, tokens, top_k, deterministic) ||
       reinterpret_cast<uintptr_t>(workspace) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(out) % 16 != 0 ||
       static_cast<int64_t>(tokens) * top_k > (int64_t{1} << 30)) {
@@ -1111,12 +1137,34 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   float* h = reinterpret_cast<float*>(base);
   base += AlignUp(std::max(static_cast<size_t>(pairs) * w.intermediate * sizeof(float),
                            MoeGemmWorkspaceBytes(w, tokens, top_k)));
+  float* pair_rows = nullptr;  // deterministic: the down projection's output per pair
+  if (deterministic) {
+    pair_rows = reinterpret_cast<float*>(base);
+    base += AlignUp(static_cast<size_t>(pairs) * w.hidden * sizeof(float));
+  }
   uint16_t* xh = reinterpret_cast<uint16_t*>(base);
   const int H = w.hidden, I = w.intermediate;
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
   const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
 
   const MoeTuning tuning = g_tuning;
+  // Deterministic: each pair's output in its own zeroed row (at most two
+  // writers per value, and a + b == b + a), then summed per token in choice
+  // order; else added into `out` with atomics in the order CTAs finish.
+  if (deterministic) {
+    cudaError_t err =
+        cudaMemsetAsync(pair_rows, 0, static_cast<size_t>(pairs) * H * sizeof(float), stream);
+    if (err != cudaSuccess) return err;
+  }
+  auto sum_pair_rows = [&](cudaError_t err) {
+    if (err != cudaSuccess || !deterministic) return err;
+    const int h4 = H / 4;
+    const size_t n = static_cast<size_t>(tokens) * h4;
+    return LaunchPdl(SumPairRowsKernel,
+                     dim3(static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 1024))),
+                     dim3(256), 0, stream, tuning.pdl, reinterpret_cast<const float4*>(pair_rows),
+                     tokens, top_k, h4, reinterpret_cast<float4*>(out));
+  };
   if (UseGemm(tuning, pairs, E)) {
     // Routing only (one block, no activation conversion), then the GEMMs.
     cudaError_t err = LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream,
@@ -1128,9 +1176,10 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                               : pairs >= 96 * E                ? 128
                               : pairs >= 24 * E                ? 64
                                                                : 32;
-    return LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
-                         MoeGemmRoute{count, offset, pair_of}, out, h, rows_per_tile,
-                         tuning.gemm_remainder_tiles, tuning.gemm_wgmma, stream);
+    return sum_pair_rows(LaunchMoeGemm(
+        w, x, topk_weights, tokens, top_k, limit, alpha, MoeGemmRoute{count, offset, pair_of},
+        deterministic ? pair_rows : out, h, rows_per_tile, tuning.gemm_remainder_tiles,
+        tuning.gemm_wgmma, stream, deterministic));
   }
   if (!tuning.legacy_fma) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;
@@ -1169,8 +1218,13 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     dn.evict_first = tuning.evict_first;
     dn.copy_only = tuning.copy_only;
     dn.math_only = tuning.math_only;
-    dn.ksplit = std::max(1, std::min(tuning.down_split_k, I / 32));
-    return LaunchMmaProjection<true>(static_cast<int>(slots), stream, dn, groups, tuning);
+    dn.pair_rows = pair_rows;
+    // Deterministic: at most two writers per value (see above).
+    dn.ksplit = std::max(
+        1,
+        std::min(deterministic ? std::min(2, tuning.down_split_k) : tuning.down_split_k, I / 32));
+    return sum_pair_rows(
+        LaunchMmaProjection<true>(static_cast<int>(slots), stream, dn, groups, tuning));
   }
 
   cudaError_t err = LaunchMoeRoute(topk_ids, pairs, E, count, offset, pair_of, active, num_active,
@@ -1182,6 +1236,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                      limit, alpha, h);
   if (err != cudaSuccess) return err;
   dim3 down_grid((H + kRowsPerBlock - 1) / kRowsPerBlock, slots);
+  // The CUDA-core baseline adds into `out` directly, deterministic or not.
   return LaunchDown(down_grid, stream, w, static_cast<const float*>(h), topk_weights, top_k, route,
                     out);
 }

@@ -83,7 +83,9 @@ cudaError_t LaunchFillMoeWeightsSynthetic(const MoeDeviceWeights& w, uint64_t se
                                           cudaStream_t stream);
 
 // Scratch bytes LaunchMoeLayer needs for `tokens` tokens with `top_k` experts each.
-size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
+// `deterministic` as LaunchMoeLayer's (it needs a row per routed pair more).
+size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k,
+                         bool deterministic = false);
 
 // out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])
 // with e = topk_ids[t, k].
@@ -92,12 +94,19 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 //   workspace: MoeWorkspaceBytes() bytes, 16-byte aligned;
 //   invalid_ids: device int32 that receives how many ids were outside
 //     [0, num_experts) (those pairs are skipped), or nullptr.
-// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md. Returns
-// cudaErrorInvalidValue for bad arguments, else the launch status.
+// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md.
+// deterministic: the same inputs give the same bits on every call. Without
+// it, a token's K expert outputs are added into `out` with float atomics in
+// the order the CTAs finish; with it, each pair's output goes to a zeroed row
+// of its own (at most two writers per value: the down projection's split is
+// capped at 2, and a + b == b + a), and one more kernel adds each token's K
+// rows into `out` in choice order. Not on the CUDA-core baseline
+// (MoeTuning::legacy_fma). Returns cudaErrorInvalidValue for bad arguments,
+// else the launch status.
 cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream);
+                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic = false);
 
 // Routing alone (step 1 above), exposed for tests. For P = tokens * top_k pairs:
 //   expert_count [num_experts], expert_offset [num_experts + 1] (exclusive

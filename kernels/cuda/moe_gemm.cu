@@ -58,7 +58,8 @@ struct GemmArgs {
   int h_stride;  // gate_up: the row length of h
   float limit, alpha;
   const float* topk_weights;  // down
-  float* out;                 // down: f32 [tokens, n]
+  float* out;                 // down: f32 [tokens, n], or [pairs, n] with out_per_pair
+  int out_div;                // down: the output row of pair p is p / out_div
 };
 
 // The reduction runs in a permuted order inside each group of 64 so that a
@@ -327,7 +328,7 @@ __device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, float (&d)[kBM 
       } else {
         if (col >= a.n || r >= rows) continue;
         const int pair = a.route.pair_of[sorted0 + r];
-        atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * a.n + col,
+        atomicAdd(a.out + static_cast<size_t>(pair / a.out_div) * a.n + col,
                   a.topk_weights[pair] * (d[4 * j + c] + Bf16ToFloat(bias[col])));
       }
     }
@@ -523,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         } else {
           const int pair = a.route.pair_of[sorted0 + r];
           const float wgt = a.topk_weights[pair];
-          float* dst = a.out + static_cast<size_t>(pair / a.top_k) * a.n + col;
+          float* dst = a.out + static_cast<size_t>(pair / a.out_div) * a.n + col;
           atomicAdd(dst, wgt * v0);
           atomicAdd(dst + 1, wgt * v1);
         }
@@ -578,7 +579,7 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          bool wgmma, cudaStream_t stream) {
+                          bool wgmma, cudaStream_t stream, bool out_per_pair) {
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -631,7 +632,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   GemmArgs dn = gu;
   dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
   dn.n = w.hidden, dn.k = w.intermediate, dn.kp = ip;
-  dn.topk_weights = topk_weights, dn.out = out;
+  dn.topk_weights = topk_weights, dn.out = out, dn.out_div = out_per_pair ? 1 : top_k;
   GemmArgs gu_small = gu, dn_small = dn;
   gu_small.tile_expert = dn_small.tile_expert = small_expert;
   gu_small.tile_row0 = dn_small.tile_row0 = small_row0;

@@ -51,10 +51,12 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // expert's last tile, when at most half filled, becomes tiles of half the
 // height (32 rows without wgmma). With `wgmma`, the tiles run on warpgroup
 // MMA (the decoded weights as register operand A, the activation stage as B)
-// instead of mma.sync.
+// instead of mma.sync. With `out_per_pair`, `out` is f32 [tokens x top_k, H]
+// instead: each routed pair's weighted output in its own row (written by one
+// CTA, into a zeroed buffer), for a sum in a fixed order after.
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          bool wgmma, cudaStream_t stream);
+                          bool wgmma, cudaStream_t stream, bool out_per_pair = false);
 
 }  // namespace flotilla::kernels::cuda

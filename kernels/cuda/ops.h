@@ -43,6 +43,11 @@ void DestroyLinearContext(LinearContext* ctx);
 // Whether the large-batch path found cuBLASLt (opened at run time); without it
 // large batches run the small-batch kernel over 16-token slices.
 bool LinearUsesCublasLt(const LinearContext* ctx);
+// Deterministic projections through this context: an accumulating GEMV keeps
+// its whole input in one block per row tile, where it otherwise splits it
+// over up to 3 blocks per SM whose sums meet in float atomics (in whatever
+// order they finish). Off by default.
+void SetLinearDeterministic(LinearContext* ctx, bool deterministic);
 
 // y[t, o] (=|+=) sum_i x[t, i] * w[o, i] + bias[o]
 //   x bf16 [tokens, in], w bf16 [out, in] (the checkpoint's row-major layout),
@@ -117,18 +122,22 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
 constexpr int kNormLinearMaxTokens = 8;
 cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float eps,
                              const uint16_t* w, const uint16_t* bias, int tokens, int in, int out,
-                             bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream);
+                             bool accumulate, float* y, uint16_t* t_out, cudaStream_t stream,
+                             bool deterministic = false);
 
 // The router of a few tokens in one launch: LaunchNormLinear(x, norm_weight,
 // eps, w, bias, tokens, in, experts, accumulate = true, logits, t_out) then
 // LaunchRouterTopK(logits, tokens, experts, k, ids, weights, clear = true):
 // the grid's last block ranks the rows once every block's sums are in.
 // `logits` must be zero and is left zero; `done` is a device counter that
-// must be zero and is left zero (one per stream of launches).
+// must be zero and is left zero (one per stream of launches). deterministic
+// (and LaunchNormLinear's): one block per row tile, no split input whose
+// sums meet in float atomics.
 cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                  int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
-                                 float* weights, unsigned* done, cudaStream_t stream);
+                                 float* weights, unsigned* done, cudaStream_t stream,
+                                 bool deterministic = false);
 
 // Few tokens: the input RMSNorm, the QKV projection, RoPE and the KV cache
 // write in one launch, equal to

@@ -124,8 +124,10 @@ std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint1
 // `bad_ids` > 0 replaces that many ids with out-of-range ones and makes some
 // tokens pick one expert twice (as a buggy router could): both must match the
 // reference, which skips the former and counts the latter twice.
+// deterministic: the layer runs in that mode twice from the same start, and
+// both outputs must be the same bits.
 void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed,
-                int bad_ids = 0) {
+                int bad_ids = 0, bool deterministic = false) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   const size_t H = m.H;
@@ -153,7 +155,7 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   int32_t *d_ids = nullptr, *d_invalid = nullptr;
   float *d_w = nullptr, *d_out = nullptr;
   void* d_ws = nullptr;
-  size_t ws = cuda::MoeWorkspaceBytes(w, T, K);
+  size_t ws = cuda::MoeWorkspaceBytes(w, T, K, deterministic);
   ASSERT_EQ(cudaMalloc(&d_x, x.size() * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_ids, r.ids.size() * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_w, r.weights.size() * 4), cudaSuccess);
@@ -166,10 +168,18 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
-                                 d_invalid, nullptr),
+                                 d_invalid, nullptr, deterministic),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = ToHost(d_out, out0.size());
+  if (deterministic) {
+    ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
+                                   d_invalid, nullptr, deterministic),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(ToHost(d_out, out0.size()) == got) << "T=" << T << ": two runs differ";
+  }
   EXPECT_EQ(ToHost(d_invalid, 1)[0], want_invalid);
   cudaFree(d_x), cudaFree(d_ids), cudaFree(d_w), cudaFree(d_out), cudaFree(d_invalid),
       cudaFree(d_ws);
@@ -273,6 +283,34 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
   CheckLayer(weights_, *host_, 300, 4, 26);
   cuda::SetMoeTuning(cuda::MoeTuning{});
 }
+// Deterministic sums: the decode kernels (1-64 tokens, every column-group
+// count, a split of 3 capped at 2) and the grouped GEMMs give the same bits
+// on every run, and still the reference's values.
+TEST_F(MoeCudaRealShapeTest, DeterministicSumsRepeatBitForBit) {
+  for (int T : {1, 8, 64}) CheckLayer(weights_, *host_, T, 4, 60 + T, 0, /*deterministic=*/true);
+  CheckLayer(weights_, *host_, 64, 4, 61, /*bad_ids=*/20, /*deterministic=*/true);
+  cuda::MoeTuning t;
+  t.down_split_k = 3;
+  cuda::SetMoeTuning(t);
+  CheckLayer(weights_, *host_, 8, 4, 62, 0, /*deterministic=*/true);
+  cuda::MoeDeviceWeights few = weights_;
+  few.num_experts = 4;
+  t = cuda::MoeTuning{};
+  t.gemm_min_pairs_per_expert = -1;
+  for (int groups : {2, 4}) {
+    t.decode_groups = groups;
+    cuda::SetMoeTuning(t);
+    CheckLayer(few, *host_, 40, 2, 62 + groups, 0, /*deterministic=*/true);
+  }
+  for (int rows : {32, 64, 128}) {
+    t = cuda::MoeTuning{};
+    t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = rows;
+    cuda::SetMoeTuning(t);
+    CheckLayer(weights_, *host_, 300, 4, 70 + rows, /*bad_ids=*/20, /*deterministic=*/true);
+  }
+  cuda::SetMoeTuning(cuda::MoeTuning{});
+}
+
 // The other paths stay selectable and correct: the CUDA-core baseline, the
 // shift-and-mask decode with whole-row down CTAs and no programmatic
 // dependencies, persistent CTAs with two and three tile buffers.

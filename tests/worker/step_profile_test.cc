@@ -43,7 +43,8 @@ TEST(StepProfile, SummarisesEveryNWorkingSteps) {
   ASSERT_FALSE(line.empty());
   const nlohmann::json j = nlohmann::json::parse(line)["step_profile"];
   EXPECT_EQ(j["steps"], 3);
-  for (const char* phase : {"between", "plan", "exchange", "send", "engine", "complete", "engine_launch", "engine_wait"}) {
+  for (const char* phase : {"between", "plan", "exchange", "send", "engine", "complete",
+                            "engine_launch", "engine_wait"}) {
     EXPECT_TRUE(j.contains(std::string(phase) + "_us_p50")) << line;
     EXPECT_TRUE(j.contains(std::string(phase) + "_us_p99")) << line;
   }

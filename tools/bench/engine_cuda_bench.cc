@@ -19,6 +19,7 @@
 //                     [--kv-cache-dtype auto|bf16|fp8] (fp8: the full-attention
 //                                          layers' KV in e4m3 with scales)
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
+//                     [--deterministic 1] (CudaEngineOptions::deterministic)
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
 //                                          (NormQkvRopeTuning)
@@ -261,6 +262,7 @@ int main(int argc, char** argv) {
   bool profile_ops = false;
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
+  bool deterministic = false;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
@@ -304,6 +306,8 @@ int main(int argc, char** argv) {
       std::stringstream ss(v);
       std::string op;
       while (std::getline(ss, op, ',')) ablate.push_back(op);
+    } else if (a == "--deterministic") {
+      deterministic = v == "1" || v == "true";
     } else if (a == "--fused-router-norm-max-tokens") {
       router_norm = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--l2-prefetch-max-tokens") {
@@ -384,6 +388,7 @@ int main(int argc, char** argv) {
   o.kv_cache_dtype = kv_dtype;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
+  o.deterministic = deterministic;
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
   flotilla::kernels::cuda::SetNormQkvRopeTuning(qkv_tuning);
   const auto t0 = Clock::now();
@@ -402,10 +407,11 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "{\"bench\":\"engine_cuda_setup\",\"gpu\":\"%s\",\"layers\":%ld,\"weight_gb\":%.2f,"
-      "\"kv_blocks\":%lld,\"kv_pools\":[%s],\"kv_cache_dtype\":\"%s\",\"build_s\":%.1f,"
-      "\"hbm_gbs\":%.0f}\n",
+      "\"kv_blocks\":%lld,\"kv_pools\":[%s],\"kv_cache_dtype\":\"%s\",\"deterministic\":%s,"
+      "\"build_s\":%.1f,\"hbm_gbs\":%.0f}\n",
       props.name.c_str(), layers, e.weight_bytes() / 1e9, static_cast<long long>(e.num_kv_blocks()),
-      pools.c_str(), flotilla::KvCacheDtypeName(kv_dtype), build_s, hbm_gbs);
+      pools.c_str(), flotilla::KvCacheDtypeName(kv_dtype), deterministic ? "true" : "false",
+      build_s, hbm_gbs);
   std::fflush(stdout);
 
   // Per-token and per-layer byte counts for the roofline.

@@ -43,6 +43,7 @@ struct ServingLimits {
   std::string kv_cache_dtype = "auto";
   std::string moe_activation = "auto";
   double kv_host_cache_gb = 0;  // every worker's host-memory KV tier (0 = off)
+  bool deterministic = false;   // every worker's --deterministic
   int ready_timeout_s = 600;
   uint32_t redundant_experts = 0;
   double rebalance_interval = 0;
@@ -104,6 +105,7 @@ struct ServingLimits {
       o.worker_args.insert(o.worker_args.end(),
                            {"--kv-host-cache-gb", absl::StrCat(kv_host_cache_gb)});
     }
+    if (deterministic) o.worker_args.push_back("--deterministic");
     o.gpu_memory_utilization = gpu_memory_utilization;
     o.ready_timeout = absl::Seconds(ready_timeout_s);
   }
@@ -307,6 +309,10 @@ void AddUpCommand(CLI::App& app) {
                   "auto (bf16)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  cmd->add_flag("--deterministic", limits->deterministic,
+                "every worker computes deterministically: the same request on the same state gives "
+                "the same bits, greedy output repeats exactly (CUDA: a fixed order for each "
+                "token's expert sum and no split-input projections, a few percent slower)");
   cmd->add_option("--kv-host-cache-gb", limits->kv_host_cache_gb,
                   "GiB of host memory per worker keeping the prefix cache's blocks its KV pools "
                   "evict, copied back on a later hit instead of recomputed (0 = off)")

@@ -83,6 +83,13 @@ struct CudaEngineOptions {
   // (2 head_dim) of a bf16 one, so its pool holds ~1.94x the blocks in the
   // same bytes; attention reads half the bytes of a full-attention layer.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kBf16;
+  // Deterministic numerics (`--deterministic`): the same step on the same
+  // state gives the same bits every time. The MoE sums each token's expert
+  // outputs in choice order (kernels/cuda/moe.h) and accumulating
+  // projections do not split their input over blocks that meet in float
+  // atomics (kernels/cuda/ops.h). Costs measured in kernels/moe_notes.md.
+  // One GPU; a sharded engine's exchanges keep their own order.
+  bool deterministic = false;
   // With prefix_cache: bytes of pinned host memory keeping the cached KV
   // blocks the pools evict (the host tier, kv_host_tier.h), copied back
   // with cudaMemcpyAsync on a later hit; 0 = none.

@@ -348,10 +348,12 @@ absl::Status AllocMoeWorkspace(CudaDeviceState& d, const CudaEngineOptions& opti
   if (options.parallel != nullptr && !shard.moe_tp) {
     const int W = options.parallel->config().world_size();
     d.moe_rows = static_cast<size_t>(W) * CeilDiv(T, shard.tp_size) * b.K;
-    d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, static_cast<int>(d.moe_rows), 1);
+    d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, static_cast<int>(d.moe_rows), 1,
+                                           options.deterministic);
   } else {
     d.moe_rows = static_cast<size_t>(T) * b.K;
-    d.moe_ws_bytes = kc::MoeWorkspaceBytes(d.layers[0].moe, T, static_cast<int>(b.K));
+    d.moe_ws_bytes =
+        kc::MoeWorkspaceBytes(d.layers[0].moe, T, static_cast<int>(b.K), options.deterministic);
   }
   return d.Alloc(reinterpret_cast<uint8_t**>(&d.moe_ws), d.moe_ws_bytes);
 }
@@ -683,6 +685,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Build(const ModelConfig&
   FLOTILLA_RETURN_IF_ERROR(CheckBuild(c, b, options));
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaDeviceState> state, NewDeviceState(options.device));
   CudaDeviceState& d = *state;
+  kc::SetLinearDeterministic(d.linear, options.deterministic);
   FLOTILLA_ASSIGN_OR_RETURN(const size_t weight_bytes,
                             UploadWeights(d, c, feed.get(), seed, b, shard));
   feed.reset();  // a feed's staging memory goes back before the KV cache is sized

@@ -54,6 +54,7 @@ LayerStages::LayerStages(CudaDeviceState& d, const ModelConfig& config,
       par_(options.parallel) {
   tp_ = par_ != nullptr ? par_->config().tp_size() : 1;
   moe_tp_ = par_ != nullptr && par_->config().moe_tp();
+  deterministic_ = options_.deterministic;
   // This rank's heads (all of them without tensor parallelism).
   H_ = c_.hidden_size;
   D_ = c_.head_dim;
@@ -240,16 +241,17 @@ absl::Status LayerStages::Router(int layer) {
       T_ <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens);
   if (fused && On("router_linear") && On("router_topk")) {
     FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
-    FLOTILLA_CUDA_RETURN(kc::LaunchNormLinearTopK(d_.x, L.post_norm, eps_, L.router, L.router_bias,
-                                                  T_, H_, E_, d_.router_logits, d_.t, K_,
-                                                  d_.topk_ids, d_.topk_w, d_.router_done, s));
+    FLOTILLA_CUDA_RETURN(kc::LaunchNormLinearTopK(
+        d_.x, L.post_norm, eps_, L.router, L.router_bias, T_, H_, E_, d_.router_logits, d_.t, K_,
+        d_.topk_ids, d_.topk_w, d_.router_done, s, deterministic_));
     return RecordRouting(layer);
   }
   if (fused) {
     FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
     if (On("router_linear")) {
       FLOTILLA_CUDA_RETURN(kc::LaunchNormLinear(d_.x, L.post_norm, eps_, L.router, L.router_bias,
-                                                T_, H_, E_, true, d_.router_logits, d_.t, s));
+                                                T_, H_, E_, true, d_.router_logits, d_.t, s,
+                                                deterministic_));
     }
   } else {
     FLOTILLA_RETURN_IF_ERROR(Mark("rmsnorm"));
@@ -287,7 +289,7 @@ absl::Status LayerStages::Moe(int layer) {
   if (!On("moe")) return absl::OkStatus();
   return CudaStatus(kc::LaunchMoeLayer(d_.layers[layer].moe, d_.t, d_.topk_ids, d_.topk_w, T_, K_,
                                        static_cast<float>(c_.swiglu_limit), 1.702f, d_.x, d_.moe_ws,
-                                       d_.moe_ws_bytes, d_.invalid, d_.stream),
+                                       d_.moe_ws_bytes, d_.invalid, d_.stream, deterministic_),
                     "LaunchMoeLayer");
 }
 
@@ -311,7 +313,7 @@ absl::Status LayerStages::ExpertParallelMoe(int layer, int tokens) {
     FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(
         d_.layers[layer].moe, static_cast<const uint16_t*>(rows.x), rows.slot, rows.ones,
         static_cast<int>(rows.rows), 1, static_cast<float>(c_.swiglu_limit), 1.702f, rows.out,
-        d_.moe_ws, d_.moe_ws_bytes, nullptr, stream));
+        d_.moe_ws, d_.moe_ws_bytes, nullptr, stream, deterministic_));
   }
   FLOTILLA_RETURN_IF_ERROR(ep.Combine(layer, d_.moe_y, stream));
   FLOTILLA_CUDA_RETURN(
@@ -326,10 +328,10 @@ absl::Status LayerStages::TensorParallelMoe(int layer, int tokens) {
   // The experts add into moe_y, which each all-reduce leaves zero; the
   // step's first layer zeroes it in case an earlier step stopped midway.
   if (layer == 0) FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d_.moe_y, 0, n * sizeof(float), stream));
-  FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(moe, d_.t, d_.topk_ids, d_.topk_w, tokens,
-                                          c_.num_experts_per_tok,
-                                          static_cast<float>(c_.swiglu_limit), 1.702f, d_.moe_y,
-                                          d_.moe_ws, d_.moe_ws_bytes, d_.invalid, stream));
+  FLOTILLA_CUDA_RETURN(
+      kc::LaunchMoeLayer(moe, d_.t, d_.topk_ids, d_.topk_w, tokens, c_.num_experts_per_tok,
+                         static_cast<float>(c_.swiglu_limit), 1.702f, d_.moe_y, d_.moe_ws,
+                         d_.moe_ws_bytes, d_.invalid, stream, deterministic_));
   return par_->tp().AllReduceAdd(d_.moe_y, d_.x, static_cast<int64_t>(n), stream);
 }
 

@@ -112,6 +112,7 @@ class LayerStages {
   parallel::ParallelContext* par_;
   int tp_ = 1;
   bool moe_tp_ = false;
+  bool deterministic_ = false;  // CudaEngineOptions::deterministic
   int H_ = 0, D_ = 0, NH_ = 0, E_ = 0, K_ = 0, V_ = 0, QKV_ = 0, T_ = 0;
   float eps_ = 0;
   bool prefetch_ = false;
