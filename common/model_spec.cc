@@ -15,7 +15,21 @@ bool IsSyntheticModel(absl::string_view model) {
   return absl::StartsWith(model, kSyntheticModelPrefix);
 }
 
-absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset) {
+bool IsChainPreset(absl::string_view preset, std::string* base) {
+  constexpr absl::string_view kChain = "-chain";
+  const bool chain = absl::EndsWith(preset, kChain) && preset != kChain;
+  if (base != nullptr) {
+    *base = std::string(chain ? preset.substr(0, preset.size() - kChain.size()) : preset);
+  }
+  return chain;
+}
+
+absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view name) {
+  std::string preset;
+  if (IsChainPreset(name, &preset) && preset == kDemoPreset) {
+    return absl::InvalidArgumentError(
+        "unknown preset 'demo-chain' (the demo model is trained weights: it has no chain form)");
+  }
   ModelConfig config;
   if (preset == "tiny") {
     config = ModelConfig::Tiny();
@@ -27,7 +41,8 @@ absl::StatusOr<ModelConfig> SyntheticPresetConfig(absl::string_view preset) {
     config = ModelConfig::Demo();
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown preset '", preset, "' (choose tiny, 20b, 120b or demo)"));
+        absl::StrCat("unknown preset '", name,
+                     "' (choose tiny, 20b, 120b or demo; tiny, 20b and 120b also with -chain)"));
   }
   // Through the JSON form, exactly as make-checkpoint writes and reads it back.
   return ModelConfig::FromJson(config.ToJson());
@@ -50,6 +65,7 @@ absl::StatusOr<SyntheticModelSpec> ParseSyntheticModel(absl::string_view model) 
   absl::StatusOr<ModelConfig> config = SyntheticPresetConfig(spec.preset);
   if (!config.ok()) return error(std::string(config.status().message()));
   spec.config = *std::move(config);
+  spec.chain = IsChainPreset(spec.preset);
   if (spec.preset == kDemoPreset && fields.size() > 1) {
     return error("the demo model is trained weights: it takes no seed and no layer count");
   }

@@ -23,11 +23,24 @@ enum class SyntheticFillKind : uint8_t {
   kScales,  // one draw per byte: scale_base - 1 + draw % 3 (MXFP4 scale exponents)
 };
 
+// kNormal tensors may take rows [0, rows) of a [*, cols] matrix from another
+// tensor's stream: row r draws what row (a * r + b) % rows of the stream
+// starting at `state0` draws (a permutation when gcd(a, rows) = 1). Rows past
+// `rows` keep their own stream. rows = 0: no map.
+struct SyntheticRowMap {
+  uint64_t state0 = 0;
+  uint64_t rows = 0;
+  uint64_t cols = 1;
+  uint64_t a = 1;
+  uint64_t b = 0;
+};
+
 struct SyntheticFill {
   SyntheticFillKind kind = SyntheticFillKind::kNormal;
   float mean = 0;
   float stddev = 1;
   int scale_base = 127;
+  SyntheticRowMap row_map;  // kNormal only
 };
 
 inline constexpr uint64_t kSplitMix64Increment = 0x9e3779b97f4a7c15ull;
@@ -79,6 +92,11 @@ FLOTILLA_HOST_DEVICE inline float SyntheticNormal(uint64_t draw) {
 // bf16 tensors store FloatToBf16 of it.
 FLOTILLA_HOST_DEVICE inline float SyntheticNormalElement(const SyntheticFill& fill, uint64_t state0,
                                                          uint64_t i) {
+  const SyntheticRowMap& map = fill.row_map;
+  if (map.rows != 0 && i / map.cols < map.rows) {
+    state0 = map.state0;
+    i = (map.a * (i / map.cols) + map.b) % map.rows * map.cols + i % map.cols;
+  }
   return SyntheticAdd(fill.mean,
                       SyntheticMul(fill.stddev, SyntheticNormal(SyntheticDraw(state0, i))));
 }

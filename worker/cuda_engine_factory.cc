@@ -81,7 +81,7 @@ class CudaEngineFactory final : public EngineFactory {
     std::unique_ptr<CudaEngine> engine;
     if (const SyntheticModelSpec* synthetic = spec.model->synthetic()) {
       FLOTILLA_ASSIGN_OR_RETURN(engine, CudaEngine::CreateFromSyntheticCheckpoint(
-                                            synthetic->config, synthetic->seed, co));
+                                            synthetic->config, synthetic->weights(), co));
     } else {
       FLOTILLA_ASSIGN_OR_RETURN(engine, CudaEngine::Create(spec.weights, co));
     }

@@ -15,7 +15,7 @@ absl::Status UseSyntheticEmbedding(const SyntheticModelSpec& target, Eagle3Head*
   auto table = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(c.vocab_size) *
                                                        static_cast<size_t>(c.hidden_size));
   FillSyntheticElements(
-      SyntheticTensorFor(c, target.seed, "model.embed_tokens.weight", DType::kBF16), 0,
+      SyntheticTensorFor(c, target.weights(), "model.embed_tokens.weight", DType::kBF16), 0,
       static_cast<int64_t>(table->size()), table->data());
   const Bf16Matrix view{table->data(), c.vocab_size, c.hidden_size, c.hidden_size};
   return head->UseTargetEmbedding(view, std::move(table));

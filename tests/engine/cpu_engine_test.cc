@@ -7,10 +7,13 @@
 #include <vector>
 
 #include "comm/local/local_communicator.h"
+#include "common/model_spec.h"
 #include "tests/engine/chunked_prefill.h"
 #include "tests/engine/reference_model.h"
 #include "tests/engine/small_cpu_engine.h"
 #include "worker/engine/generate.h"
+#include "worker/model/synthetic_shard.h"
+#include "worker/model/synthetic_tensors.h"
 #include "worker/model/synthetic_weights.h"
 #include "worker/parallel/host_context.h"
 
@@ -187,6 +190,49 @@ TEST(CpuEngine, GenerateGreedyFollowsArgmaxOfRecomputedLogits) {
   EXPECT_EQ(r2->tokens, std::vector<int32_t>(r->tokens.begin(), r->tokens.begin() + 3));
   EXPECT_EQ(r2->completion_tokens, 4);
   EXPECT_EQ(r2->logprobs.size(), 4u);
+}
+
+// A "-chain" preset (common/model_spec.h): greedy and sampled outputs alike
+// follow SyntheticChainNext from the prompt's last token, whatever the
+// prompt; the plain preset of the same seed does not.
+TEST(CpuEngine, AChainPresetsOutputsFollowTheChain) {
+  kernels::cpu::ThreadPool pool(2);
+  for (const char* model : {"synthetic:tiny-chain:3", "synthetic:tiny:3"}) {
+    absl::StatusOr<SyntheticModelSpec> spec = ParseSyntheticModel(model);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    const ModelConfig& c = spec->config;
+    absl::StatusOr<ModelWeights> weights = MakeSyntheticShard(c, spec->weights(), ShardSpec{});
+    ASSERT_TRUE(weights.ok()) << weights.status();
+    CpuEngineOptions o;
+    o.kv_block_size = 4;
+    o.kv_num_blocks = 256;
+    absl::StatusOr<std::unique_ptr<CpuEngine>> e = CpuEngine::Create(std::move(*weights), o, &pool);
+    ASSERT_TRUE(e.ok()) << e.status();
+    int off_chain = 0;
+    for (float temperature : {0.0f, 1.0f}) {
+      for (int seed = 1; seed <= 3; ++seed) {
+        GenerateOptions g;
+        g.sampling.temperature = temperature;
+        g.sampling.seed = 7 + seed;
+        g.sampling.max_tokens = 40;
+        g.sampling.stop_token_ids = std::vector<int>{};
+        const std::vector<int32_t> prompt = Tokens(20 + seed, seed, SyntheticChainTokens(c));
+        absl::StatusOr<GenerationResult> r = Generate(**e, prompt, g);
+        ASSERT_TRUE(r.ok()) << r.status();
+        ASSERT_EQ(r->tokens.size(), 40u);
+        int32_t previous = prompt.back();
+        for (int32_t token : r->tokens) {
+          if (token != SyntheticChainNext(c, previous)) ++off_chain;
+          previous = token;
+        }
+      }
+    }
+    if (spec->chain) {
+      EXPECT_EQ(off_chain, 0) << model;
+    } else {
+      EXPECT_GT(off_chain, 200) << model;
+    }
+  }
 }
 
 TEST(CpuEngine, SeededSamplingIsReproducible) {

@@ -20,6 +20,8 @@ inline constexpr BadSyntheticSpec kBadSyntheticSpecs[] = {
     {"synthetic:tiny:1:2:3", "too many ':' fields"},
     {"synthetic:tiny:1:0", "layers '0' is not a whole number"},
     {"synthetic:120b:1:37", "layers '37'"},
+    {"synthetic:demo-chain", "the demo model is trained weights"},
+    {"synthetic:-chain", "unknown preset '-chain'"},
 };
 
 }  // namespace flotilla::testing_util

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -132,6 +133,61 @@ TEST(SyntheticModelSpec, LayersKeepThePresetsFirstLayers) {
   ASSERT_EQ(cut->config.layer_types.size(), 3u);
   for (int l = 0; l < 3; ++l) EXPECT_EQ(cut->config.is_sliding(l), full->config.is_sliding(l));
   EXPECT_EQ(DefaultModelId("synthetic:120b:5:3"), "synthetic:120b:5:3");
+}
+
+TEST(SyntheticModelSpec, ChainPresetsKeepThePresetsShapes) {
+  auto chain = ParseSyntheticModel("synthetic:120b-chain:5:3");
+  auto plain = ParseSyntheticModel("synthetic:120b:5:3");
+  ASSERT_TRUE(chain.ok() && plain.ok()) << chain.status();
+  EXPECT_TRUE(chain->chain);
+  EXPECT_FALSE(plain->chain);
+  EXPECT_EQ(chain->preset, "120b-chain");
+  EXPECT_EQ(chain->seed, 5u);
+  EXPECT_EQ(chain->config.ToJson(), plain->config.ToJson());
+  auto written = MakeSyntheticConfig("tiny-chain", "", {});
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->ToJson(), ModelConfig::Tiny().ToJson());
+}
+
+// The chain form changes the embedding's scale and lm_head's rows only:
+// lm_head row SyntheticChainNext(x) is embedding row x scaled, for every
+// ordinary token x, and the successor map is a permutation of them.
+TEST(SyntheticTensors, TheChainFormsLmHeadIsThePermutedEmbedding) {
+  const ModelConfig c = ModelConfig::Tiny();
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  const int32_t n = SyntheticChainTokens(c);
+  EXPECT_EQ(n, 1000);  // below the tiny preset's end-of-sequence token
+  auto values = [&](const SyntheticWeights& w, const char* name, int64_t count) {
+    std::vector<uint16_t> out(count);
+    FillSyntheticElements(SyntheticTensorFor(c, w, name, DType::kBF16), 0, count, out.data());
+    return out;
+  };
+  const SyntheticWeights chain(3, true), plain(3);
+  const std::vector<uint16_t> embed = values(chain, "model.embed_tokens.weight", V * H);
+  const std::vector<uint16_t> head = values(chain, "lm_head.weight", V * H);
+  const std::vector<uint16_t> plain_embed = values(plain, "model.embed_tokens.weight", V * H);
+  const std::vector<uint16_t> plain_head = values(plain, "lm_head.weight", V * H);
+  const double ratio = 3 / std::sqrt(static_cast<double>(H)) / 32;
+  std::vector<bool> seen(n, false);
+  for (int32_t x = 0; x < n; ++x) {
+    const int32_t v = SyntheticChainNext(c, x);
+    ASSERT_GE(v, 0);
+    ASSERT_LT(v, n);
+    EXPECT_FALSE(seen[v]) << "two tokens lead to " << v;
+    seen[v] = true;
+    for (int64_t j = 0; j < H; ++j) {
+      const double e = Bf16ToFloat(embed[x * H + j]), h = Bf16ToFloat(head[v * H + j]);
+      EXPECT_NEAR(h, e * ratio, 0.01 * std::abs(e * ratio) + 1e-6) << x << " " << j;
+      EXPECT_NEAR(e, 32 * Bf16ToFloat(plain_embed[x * H + j]), 0.01 * std::abs(e) + 1e-3);
+    }
+  }
+  for (int64_t i = n * H; i < V * H; ++i) EXPECT_EQ(head[i], plain_head[i]) << i;
+  EXPECT_EQ(SyntheticChainNext(c, n), -1);
+  EXPECT_EQ(SyntheticChainNext(c, -1), -1);
+  const char* layer = "model.layers.1.self_attn.q_proj.weight";
+  EXPECT_EQ(values(chain, layer, 4096), values(plain, layer, 4096));
+  // 120b: the chain stops below the Harmony special tokens.
+  EXPECT_EQ(SyntheticChainTokens(ModelConfig::Gptoss120b()), 199998);
 }
 
 TEST(SyntheticModelSpec, BadSpecsSayWhatIsWrong) {

@@ -52,7 +52,8 @@ void RaiseHotExperts(const SyntheticCheckpointOptions& o, const TensorSpec& spec
 
 absl::Status WriteTensor(const ModelConfig& c, const SyntheticCheckpointOptions& o,
                          const TensorSpec& spec, std::ofstream& out, const std::string& path) {
-  const SyntheticTensor tensor = SyntheticTensorFor(c, o.seed, spec.name, spec.dtype);
+  const SyntheticTensor tensor =
+      SyntheticTensorFor(c, SyntheticWeights(o.seed, o.chain), spec.name, spec.dtype);
   const int64_t total = NumElements(spec);
   constexpr int64_t kChunk = int64_t{1} << 22;
   std::vector<uint8_t> buf;

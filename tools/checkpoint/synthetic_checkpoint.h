@@ -25,6 +25,7 @@ namespace flotilla {
 
 struct SyntheticCheckpointOptions {
   uint64_t seed = 0;
+  bool chain = false;                 // the "-chain" form (common/model_spec.h SyntheticWeights)
   int shards = 1;                     // 1: model.safetensors; N > 1: N files plus the index
   DType sinks_dtype = DType::kBF16;   // BF16 or F32
   // Experts whose router bias is raised by hot_bias in every layer (skewed

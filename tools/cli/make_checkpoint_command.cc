@@ -53,6 +53,7 @@ int RunMakeCheckpoint(const MakeCheckpointOptions& o) {
   }
   SyntheticCheckpointOptions opts;
   opts.seed = o.seed;
+  opts.chain = IsChainPreset(o.preset);
   opts.shards = o.shards;
   opts.sinks_dtype = o.sinks_dtype == "f32" ? DType::kF32 : DType::kBF16;
   opts.hot_experts = o.hot_experts;
@@ -87,8 +88,10 @@ void AddMakeCheckpointCommand(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "make-checkpoint", "Write a synthetic gpt-oss checkpoint (Hugging Face layout)");
   cmd->add_option("--out", o->out, "Output directory")->required();
-  cmd->add_option("--preset", o->preset,
-                  "Shape preset: tiny, 20b or 120b (default tiny); demo: the trained demo model")
+  cmd->add_option(
+         "--preset", o->preset,
+         "Shape preset: tiny, 20b or 120b (default tiny), each also with -chain (the same shapes, "
+         "every token's next token clear: common/model_spec.h); demo: the trained demo model")
       ->check(CLI::IsMember({"tiny", "20b", "120b", "demo"}));
   cmd->add_option("--config", o->config, "Start from this config.json instead of a preset")
       ->check(CLI::ExistingFile);

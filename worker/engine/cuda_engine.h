@@ -42,6 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
+#include "common/model_spec.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_sequences.h"
@@ -151,12 +152,12 @@ class CudaEngine : public Engine {
   static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(const ModelWeights& weights,
                                                             const CudaEngineOptions& options);
   // Generates on the device exactly the weights `flotilla make-checkpoint`
-  // writes for (config, seed), in the layout Create uploads them to: the same
+  // writes for (config, weights), in the layout Create uploads them to: the same
   // engine as Create(LoadWeights(that checkpoint)), with no checkpoint and no
   // host copy (a staging buffer of one layer on the device while it builds).
   // With options.parallel, only this rank's shard of it.
   static absl::StatusOr<std::unique_ptr<CudaEngine>> CreateFromSyntheticCheckpoint(
-      const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options);
+      const ModelConfig& config, const SyntheticWeights& weights, const CudaEngineOptions& options);
   // Fills every weight on the device from `seed` with the benchmarks' own
   // generator (not the checkpoint's values; no checkpoint, no host copy):
   // 120b-shaped benchmarks.

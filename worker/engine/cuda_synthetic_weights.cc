@@ -132,15 +132,15 @@ class SyntheticCheckpointFeed : public CudaWeightFeed {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaWeightFeed>> MakeSyntheticCheckpointFeed(
-    const ModelConfig& config, uint64_t seed, const ShardSpec& shard) {
+    const ModelConfig& config, const SyntheticWeights& weights, const ShardSpec& shard) {
   auto writer = std::make_unique<DeviceStagingWriter>(StagingBytes(config));
   FLOTILLA_ASSIGN_OR_RETURN(SyntheticShardBuilder builder,
-                            SyntheticShardBuilder::Create(config, seed, shard, writer.get()));
+                            SyntheticShardBuilder::Create(config, weights, shard, writer.get()));
   return std::make_unique<SyntheticCheckpointFeed>(std::move(writer), std::move(builder));
 }
 
 absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateFromSyntheticCheckpoint(
-    const ModelConfig& config, uint64_t seed, const CudaEngineOptions& options) {
+    const ModelConfig& config, const SyntheticWeights& weights, const CudaEngineOptions& options) {
   // A sharded rank generates its TP rank's heads and every expert it holds
   // in any layer (the engine uploads each layer's slots from them).
   ShardSpec shard;
@@ -155,7 +155,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::CreateFromSyntheticCheck
     shard.experts.assign(held.begin(), held.end());
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<CudaWeightFeed> feed,
-                            MakeSyntheticCheckpointFeed(config, seed, shard));
+                            MakeSyntheticCheckpointFeed(config, weights, shard));
   return Build(config, std::move(feed), 0, options);
 }
 

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "common/model_spec.h"
 #include "worker/model/weights.h"
 
 namespace flotilla {
@@ -44,10 +45,10 @@ class HostWeightsFeed : public CudaWeightFeed {
 };
 
 // The synthetic checkpoint `flotilla make-checkpoint` would write for
-// (config, seed), the part of it `shard` names (default: all of it), generated on the current device piece by piece into one
-// staging buffer (the largest piece: a layer with every expert, or the
-// embedding) that lives as long as the feed.
+// (config, weights), the part of it `shard` names (default: all of it), generated on the current
+// device piece by piece into one staging buffer (the largest piece: a layer with every expert, or
+// the embedding) that lives as long as the feed.
 absl::StatusOr<std::unique_ptr<CudaWeightFeed>> MakeSyntheticCheckpointFeed(
-    const ModelConfig& config, uint64_t seed, const ShardSpec& shard = {});
+    const ModelConfig& config, const SyntheticWeights& weights, const ShardSpec& shard = {});
 
 }  // namespace flotilla

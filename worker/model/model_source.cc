@@ -30,7 +30,7 @@ absl::StatusOr<std::unique_ptr<ModelSource>> ModelSource::Open(const std::string
 }
 
 absl::StatusOr<ModelWeights> ModelSource::LoadShard(const ShardSpec& shard) const {
-  if (synthetic_) return MakeSyntheticShard(synthetic_->config, synthetic_->seed, shard);
+  if (synthetic_) return MakeSyntheticShard(synthetic_->config, synthetic_->weights(), shard);
   return LoadWeights(checkpoint_, shard);
 }
 

@@ -40,18 +40,23 @@ class HostSliceWriter : public SyntheticSliceWriter {
 }  // namespace
 
 absl::StatusOr<SyntheticShardBuilder> SyntheticShardBuilder::Create(const ModelConfig& config,
-                                                                    uint64_t seed,
+                                                                    const SyntheticWeights& weights,
                                                                     const ShardSpec& shard,
                                                                     SyntheticSliceWriter* writer) {
   std::vector<int> experts;
   FLOTILLA_RETURN_IF_ERROR(CheckShardSpec(config, shard, &experts));
-  return SyntheticShardBuilder(config, seed, shard, std::move(experts), writer);
+  return SyntheticShardBuilder(config, weights, shard, std::move(experts), writer);
 }
 
-SyntheticShardBuilder::SyntheticShardBuilder(const ModelConfig& config, uint64_t seed,
+SyntheticShardBuilder::SyntheticShardBuilder(const ModelConfig& config,
+                                             const SyntheticWeights& weights,
                                              const ShardSpec& shard, std::vector<int> experts,
                                              SyntheticSliceWriter* writer)
-    : config_(config), seed_(seed), shard_(shard), experts_(std::move(experts)), writer_(writer) {
+    : config_(config),
+      weights_(weights),
+      shard_(shard),
+      experts_(std::move(experts)),
+      writer_(writer) {
   for (TensorSpec& spec : ExpectedTensors(config)) specs_[spec.name] = std::move(spec);
 }
 
@@ -61,7 +66,7 @@ absl::StatusOr<const uint8_t*> SyntheticShardBuilder::Slice(const std::string& n
   if (it == specs_.end()) {
     return absl::InternalError(absl::StrCat("synthetic model: no tensor '", name, "'"));
   }
-  const SyntheticTensor tensor = SyntheticTensorFor(config_, seed_, name, it->second.dtype);
+  const SyntheticTensor tensor = SyntheticTensorFor(config_, weights_, name, it->second.dtype);
   FLOTILLA_ASSIGN_OR_RETURN(
       uint8_t * out, writer_->Allocate(static_cast<size_t>(count * DTypeSize(tensor.dtype))));
   FLOTILLA_RETURN_IF_ERROR(writer_->Fill(tensor, first, count, out));
@@ -85,7 +90,7 @@ absl::StatusOr<Bf16Matrix> SyntheticShardBuilder::Columns(const std::string& nam
                                                           int64_t cols) {
   if (cols == total_cols) return Rows(name, 0, rows, cols);
   FLOTILLA_ASSIGN_OR_RETURN(uint8_t * out, writer_->Allocate(static_cast<size_t>(rows * cols * 2)));
-  const SyntheticTensor tensor = SyntheticTensorFor(config_, seed_, name, DType::kBF16);
+  const SyntheticTensor tensor = SyntheticTensorFor(config_, weights_, name, DType::kBF16);
   for (int64_t r = 0; r < rows; ++r) {
     FLOTILLA_RETURN_IF_ERROR(
         writer_->Fill(tensor, r * total_cols + col_begin, cols, out + 2 * r * cols));
@@ -97,7 +102,7 @@ absl::StatusOr<Bf16Matrix> SyntheticShardBuilder::Columns(const std::string& nam
 std::vector<float> SyntheticShardBuilder::Sinks(const std::string& name, int begin,
                                                 int count) const {
   const DType dtype = specs_.at(name).dtype;
-  const SyntheticTensor tensor = SyntheticTensorFor(config_, seed_, name, dtype);
+  const SyntheticTensor tensor = SyntheticTensorFor(config_, weights_, name, dtype);
   std::vector<float> out(count);
   if (dtype == DType::kF32) {
     FillSyntheticElements(tensor, begin, count, out.data());
@@ -203,11 +208,12 @@ absl::StatusOr<LayerWeights> SyntheticShardBuilder::Layer(int layer) {
   return w;
 }
 
-absl::StatusOr<ModelWeights> MakeSyntheticShard(const ModelConfig& config, uint64_t seed,
+absl::StatusOr<ModelWeights> MakeSyntheticShard(const ModelConfig& config,
+                                                const SyntheticWeights& weights,
                                                 const ShardSpec& shard) {
   auto writer = std::make_shared<HostSliceWriter>();
   FLOTILLA_ASSIGN_OR_RETURN(SyntheticShardBuilder builder,
-                            SyntheticShardBuilder::Create(config, seed, shard, writer.get()));
+                            SyntheticShardBuilder::Create(config, weights, shard, writer.get()));
   ModelWeights w;
   w.config = config;
   if (shard.load_embedding) {

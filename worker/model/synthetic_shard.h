@@ -37,7 +37,8 @@ class SyntheticSliceWriter {
 class SyntheticShardBuilder {
  public:
   // Checks `shard` as LoadWeights does; `writer` must outlive the builder.
-  static absl::StatusOr<SyntheticShardBuilder> Create(const ModelConfig& config, uint64_t seed,
+  static absl::StatusOr<SyntheticShardBuilder> Create(const ModelConfig& config,
+                                                      const SyntheticWeights& weights,
                                                       const ShardSpec& shard,
                                                       SyntheticSliceWriter* writer);
 
@@ -49,8 +50,9 @@ class SyntheticShardBuilder {
   absl::StatusOr<LayerWeights> Layer(int layer);
 
  private:
-  SyntheticShardBuilder(const ModelConfig& config, uint64_t seed, const ShardSpec& shard,
-                        std::vector<int> experts, SyntheticSliceWriter* writer);
+  SyntheticShardBuilder(const ModelConfig& config, const SyntheticWeights& weights,
+                        const ShardSpec& shard, std::vector<int> experts,
+                        SyntheticSliceWriter* writer);
 
   // Elements [first, first + count) of tensor `name`, in fresh room.
   absl::StatusOr<const uint8_t*> Slice(const std::string& name, int64_t first, int64_t count);
@@ -66,7 +68,7 @@ class SyntheticShardBuilder {
   std::vector<float> Sinks(const std::string& name, int begin, int count) const;
 
   ModelConfig config_;
-  uint64_t seed_ = 0;
+  SyntheticWeights weights_;
   ShardSpec shard_;
   std::vector<int> experts_;
   SyntheticSliceWriter* writer_ = nullptr;
@@ -75,7 +77,8 @@ class SyntheticShardBuilder {
 
 // The shard in host memory, owned through ModelWeights::keepalive: equal, view
 // for view, to LoadWeights(checkpoint make-checkpoint writes, shard).
-absl::StatusOr<ModelWeights> MakeSyntheticShard(const ModelConfig& config, uint64_t seed,
+absl::StatusOr<ModelWeights> MakeSyntheticShard(const ModelConfig& config,
+                                                const SyntheticWeights& weights,
                                                 const ShardSpec& shard);
 
 }  // namespace flotilla

@@ -8,6 +8,7 @@
 
 #include "absl/strings/string_view.h"
 #include "common/model_config.h"
+#include "common/model_spec.h"
 #include "common/synthetic_fill.h"
 #include "worker/model/safetensors.h"
 
@@ -28,10 +29,21 @@ uint64_t SyntheticTensorSeed(uint64_t seed, absl::string_view name);
 // The fill rule of tensor `name` for `config`: values chosen so the model is
 // numerically sane (activations of O(1) through the layers, router logits
 // spread so tokens pick different experts, MXFP4 weights of about 1/sqrt(fan_in)).
-SyntheticFill SyntheticFillFor(const ModelConfig& config, absl::string_view name);
+// With weights.chain, the embedding and lm_head of the chain form.
+SyntheticFill SyntheticFillFor(const ModelConfig& config, absl::string_view name,
+                               const SyntheticWeights& weights = {});
 
-SyntheticTensor SyntheticTensorFor(const ModelConfig& config, uint64_t seed, absl::string_view name,
-                                   DType dtype);
+SyntheticTensor SyntheticTensorFor(const ModelConfig& config, const SyntheticWeights& weights,
+                                   absl::string_view name, DType dtype);
+
+// The chain form's ordinary tokens: [0, SyntheticChainTokens(config)), the
+// vocabulary below the first special or end-of-sequence token. Their lm_head
+// rows are the embedding's rows permuted; the rest keep their own values.
+int32_t SyntheticChainTokens(const ModelConfig& config);
+// The token a chain-form model gives after `token` (the next greedy token
+// when the residual is dominated by `token`'s embedding); -1 for a token
+// outside the chain.
+int32_t SyntheticChainNext(const ModelConfig& config, int32_t token);
 
 // Writes elements [first, first + count) of `tensor` to `out` (count elements
 // of DTypeSize(tensor.dtype) bytes). Large ranges are split over threads.
