@@ -287,7 +287,7 @@ TEST_F(CudaSynthetic, HundredTwentyBillionChainFormFollowsItsChain) {
   const ModelConfig& c = spec->config;
   const int64_t V = c.vocab_size;
   std::vector<int32_t> prompt;
-  for (int i = 0; i < 300; ++i) prompt.push_back((i * 7919 + 13) % SyntheticChainTokens(c));
+  for (int i = 0; i < 200; ++i) prompt.push_back((i * 7919 + 13) % SyntheticChainTokens(c));
   std::vector<int32_t> tokens;
   const auto logits = Logits(**engine, prompt, 32, &tokens);
   ASSERT_EQ(logits.size(), 33u);
