@@ -14,6 +14,12 @@ void Average(double& value, int samples, double sample) {
   value = samples == 0 ? sample : value + kSmoothing * (sample - value);
 }
 
+// The median of the first `n` of `values` (the upper one of an even count).
+double Median(std::array<double, SpeculationGovernor::kTimeWindow> values, int n) {
+  std::nth_element(values.begin(), values.begin() + n / 2, values.begin() + n);
+  return values[n / 2];
+}
+
 // Tokens a step of this estimate gives per sequence and microsecond.
 double Rate(const SpeculationGovernor::Estimate& e) {
   return (1 + e.accepted_per_sequence) / e.step_us;
@@ -63,8 +69,9 @@ void SpeculationGovernor::Record(const Sample& s) {
   Estimate& e = buckets_[BucketOf(s.decoding)].by_length[length];
   Average(e.accepted_per_sequence, e.samples,
           static_cast<double>(s.accepted) / static_cast<double>(s.decoding));
-  Average(e.step_us, e.samples, s.micros);
+  e.recent_us[e.samples % kTimeWindow] = s.micros;
   ++e.samples;
+  e.step_us = Median(e.recent_us, std::min(e.samples, kTimeWindow));
 }
 
 SpeculationGovernor::Estimate SpeculationGovernor::EstimateAt(int64_t decoding, int length) const {
