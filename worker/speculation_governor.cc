@@ -2,17 +2,20 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 namespace flotilla::worker {
 namespace {
 
-// Weight of a new sample in the moving averages: recent steps count most,
-// since acceptance and batch shapes drift with the requests.
-constexpr double kSmoothing = 0.25;
-
-void Average(double& value, int samples, double sample) {
-  value = samples == 0 ? sample : value + kSmoothing * (sample - value);
-}
+// The acceptance estimate forgets its past by sequences, not steps: each
+// sequence verified keeps 1 - kSequenceSmoothing of the weight before it,
+// and a step at most 1 - kStepSmoothing (recent steps count most, since
+// acceptance drifts with the requests). One sequence accepts 0 to K tokens a
+// step, so at batch 1 a step-weighted average swings by most of a token;
+// weighted by sequences it averages ~64 steps there, ~8 at 8 sequences and
+// ~4 (the step bound) at 19 and more.
+constexpr double kStepSmoothing = 0.25;
+constexpr double kSequenceSmoothing = 1.0 / 64;
 
 // The median of the first `n` of `values` (the upper one of an even count).
 double Median(std::array<double, SpeculationGovernor::kTimeWindow> values, int n) {
@@ -33,10 +36,13 @@ size_t SpeculationGovernor::BucketOf(int64_t decoding) {
 }
 
 int SpeculationGovernor::Unmeasured(const Bucket& b, int max_length) {
-  if (b.by_length[max_length].samples < kMinSamples) return max_length;
-  if (b.by_length[0].samples < kMinSamples) return 0;
+  auto missing = [&b](int k) {
+    return b.by_length[k].samples < kMinSamples || b.by_length[k].sequences < kMinSequences;
+  };
+  if (missing(max_length)) return max_length;
+  if (missing(0)) return 0;
   for (int k = max_length - 1; k >= 1; --k) {
-    if (b.by_length[k].samples < kMinSamples) return k;
+    if (missing(k)) return k;
   }
   return -1;
 }
@@ -67,10 +73,14 @@ void SpeculationGovernor::Record(const Sample& s) {
   const int length = s.drafted == 0 ? 0 : s.length;
   if (length < 0 || length > kMaxLength || (length == 0 && s.drafted != 0)) return;
   Estimate& e = buckets_[BucketOf(s.decoding)].by_length[length];
-  Average(e.accepted_per_sequence, e.samples,
-          static_cast<double>(s.accepted) / static_cast<double>(s.decoding));
+  const double keep = std::max(1 - kStepSmoothing,
+                               std::pow(1 - kSequenceSmoothing, static_cast<double>(s.decoding)));
+  e.accepted_weight = e.accepted_weight * keep + static_cast<double>(s.accepted);
+  e.sequence_weight = e.sequence_weight * keep + static_cast<double>(s.decoding);
+  e.accepted_per_sequence = e.accepted_weight / e.sequence_weight;
   e.recent_us[e.samples % kTimeWindow] = s.micros;
   ++e.samples;
+  e.sequences += s.decoding;
   e.step_us = Median(e.recent_us, std::min(e.samples, kTimeWindow));
 }
 

@@ -10,12 +10,18 @@
 // depends on the engine, the GPU and the workload's acceptance, so it is
 // measured rather than fixed.
 //
-// Each bucket first measures a few steps of the longest K, then plain ones,
+// Each bucket first measures a few steps (at least kMinSequences sequences)
+// of the longest K, then plain ones,
 // then the lengths between, then decides; one decision in kExploreEvery takes
 // another K (in turn), so that an estimate that lost keeps being refreshed
 // (acceptance changes with the requests). Only decode-only steps are
 // measured: a step that also prefills a prompt chunk says nothing about
-// drafting. A length's step time is the median of its last kTimeWindow
+// drafting. A length's acceptance is averaged over the sequences it
+// verified (decayed by sequences: see kSequenceSmoothing), so that one
+// sequence's noisy acceptance at batch 1 (0 to K tokens a step) does not let
+// a lucky estimate of a rarely taken length beat the one taken: on one H200
+// at batch 1 a step-weighted average took 1 drafted token about half the time
+// where 2 give most. A length's step time is the median of its last kTimeWindow
 // steps, not a moving average: the first step of a new shape captures a CUDA
 // graph or runs eagerly (tens to hundreds of milliseconds against a 3-50 ms
 // step), and a length measured only by exploring decisions (one in
@@ -32,8 +38,11 @@ namespace flotilla::worker {
 
 class SpeculationGovernor {
  public:
-  // Measured steps of each draft length a bucket needs before it decides.
+  // Measured steps, and sequences in them, of each draft length a bucket
+  // needs before it decides (small batches take more steps: one sequence's
+  // acceptance is noisy).
   static constexpr int kMinSamples = 4;
+  static constexpr int64_t kMinSequences = 16;
   // One decision in this many, per bucket, goes against the estimates.
   static constexpr uint64_t kExploreEvery = 64;
   // The longest draft length measured apart (kMaxSpeculativeTokens).
@@ -61,9 +70,12 @@ class SpeculationGovernor {
   // A bucket's estimates for one draft length, for tests and the worker's
   // log (length 0: plain steps).
   struct Estimate {
-    double step_us = 0;  // the median of `recent_us`
-    double accepted_per_sequence = 0;
+    double step_us = 0;                // the median of `recent_us`
+    double accepted_per_sequence = 0;  // accepted_weight / sequence_weight
+    double accepted_weight = 0;        // accepted tokens, older steps decayed
+    double sequence_weight = 0;        // sequences verified, decayed alike
     int samples = 0;
+    int64_t sequences = 0;                        // verified in those samples
     std::array<double, kTimeWindow> recent_us{};  // the last steps' times, a ring
   };
   Estimate EstimateAt(int64_t decoding, int length) const;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <random>
 #include <vector>
 
 namespace flotilla::worker {
@@ -54,17 +55,26 @@ TEST(SpeculationGovernorTest, MeasuresTheLongestDraftThenPlainThenTheRest) {
   SpeculationGovernor g;
   const StepModel m{3000, {1, 1.3, 1.6, 1.9}, {0, 0.9, 1.8, 2.7}};
   std::vector<int> order;
+  // 4 sequences a step: kMinSamples steps hold kMinSequences sequences.
+  static_assert(4 * SpeculationGovernor::kMinSamples == SpeculationGovernor::kMinSequences);
   for (int i = 0; i < 4 * SpeculationGovernor::kMinSamples; ++i) {
-    const int k = g.DraftLength(1, 3);
+    const int k = g.DraftLength(4, 3);
     order.push_back(k);
-    g.Record({1, k, k, static_cast<int64_t>(m.accepted[k]), m.plain_us * m.cost[k]});
+    g.Record({4, k, 4 * k, std::llround(4 * m.accepted[k]), m.plain_us * m.cost[k]});
   }
   std::vector<int> want;
   for (int k : {3, 0, 2, 1}) want.insert(want.end(), SpeculationGovernor::kMinSamples, k);
   EXPECT_EQ(order, want);
-  EXPECT_DOUBLE_EQ(g.EstimateAt(1, 0).step_us, 3000);
-  EXPECT_DOUBLE_EQ(g.EstimateAt(1, 3).step_us, 5700);
-  EXPECT_DOUBLE_EQ(g.EstimateAt(1, 2).accepted_per_sequence, 1);  // whole tokens accepted
+  EXPECT_DOUBLE_EQ(g.EstimateAt(4, 0).step_us, 3000);
+  EXPECT_DOUBLE_EQ(g.EstimateAt(4, 3).step_us, 5700);
+  EXPECT_DOUBLE_EQ(g.EstimateAt(4, 2).accepted_per_sequence, 1.75);  // whole tokens accepted
+  // One sequence a step: each length takes kMinSequences steps.
+  SpeculationGovernor one;
+  for (int i = 0; i < SpeculationGovernor::kMinSequences; ++i) {
+    EXPECT_EQ(one.DraftLength(1, 3), 3);
+    one.Record({1, 3, 3, 2, 5700});
+  }
+  EXPECT_EQ(one.DraftLength(1, 3), 0);
 }
 
 // The draft lengths' costs measured on one H200 (engine_cuda_bench
@@ -109,6 +119,28 @@ TEST(SpeculationGovernorTest, AFewSlowStepsDoNotDecide) {
   EXPECT_EQ(g.DraftLength(100, 2), 2);
 }
 
+// Batch 1 on one H200 with drafted tokens right 82.3% of the time: one
+// sequence accepts 0, 1 or 2 tokens a step, so a step's acceptance is noisy.
+// The estimates average over sequences, not steps: a lucky estimate of a
+// length the governor rarely takes does not keep beating the length it
+// takes (2 drafted tokens: 1.616x the plain step's output, 1: 1.451x).
+TEST(SpeculationGovernorTest, OneSequencesNoisyAcceptanceStillFindsTheBestLength) {
+  SpeculationGovernor g;
+  const std::vector<double> step_us = {2970, 3731, 4595};
+  std::mt19937_64 rng(11);
+  std::bernoulli_distribution right(0.823);
+  std::map<int, int> chosen;
+  constexpr int kSteps = 4000;
+  for (int i = 0; i < kSteps; ++i) {
+    const int k = g.DraftLength(1, 2);
+    if (i >= kSteps / 4) ++chosen[k];
+    int accepted = 0;
+    while (accepted < k && right(rng)) ++accepted;
+    g.Record({1, k, k, accepted, step_us[k]});
+  }
+  EXPECT_GT(chosen[2], 0.95 * (kSteps - kSteps / 4)) << chosen[0] << " " << chosen[1];
+}
+
 TEST(SpeculationGovernorTest, LargeBatchesWhereVerifyingCostsMoreStopDrafting) {
   SpeculationGovernor g;
   // Batch 64: verifying 4 tokens a sequence doubles the step for half a
@@ -130,10 +162,12 @@ TEST(SpeculationGovernorTest, FollowsAcceptanceAsItChanges) {
   Decisions(g, 8, 3, 64, accepting);
   EXPECT_GT(g.DraftLength(8, 3), 0);
   // The requests change: drafts stop being accepted. The drafted steps the
-  // governor still takes (its exploring) bring the estimates down.
+  // governor still takes (its exploring) bring the estimates down (from
+  // ~2.4 tokens per sequence; at 8 sequences a step keeps 88% of the weight
+  // before it).
   const StepModel rejected{10000, {1, 1.2, 1.4, 1.6}, {0, 0, 0, 0}};
   Decisions(g, 8, 3, 12 * static_cast<int>(SpeculationGovernor::kExploreEvery), rejected);
-  EXPECT_LT(g.EstimateAt(8, 3).accepted_per_sequence, 0.2);
+  EXPECT_LT(g.EstimateAt(8, 3).accepted_per_sequence, 0.5);
   const int n = static_cast<int>(SpeculationGovernor::kExploreEvery);
   EXPECT_EQ(Decisions(g, 8, 3, n, rejected)[0], n - 1);
 }

@@ -713,7 +713,7 @@ TEST(SpeculativeMaxBatchTest, LargeBatchesDraftNothing) {
 // by a simulated clock: a plain decode step costs 1 ms; a drafted one 1 ms
 // plus `per_drafted_us` for each drafted token.
 TEST(SpeculationGovernorServeTest, DraftsOnlyWhereTheMeasuredStepsSayItPays) {
-  std::vector<cluster::SubmitSequence> submits = {Repetitive(1, 40), Repetitive(2, 40, 3000)};
+  std::vector<cluster::SubmitSequence> submits = {Repetitive(1, 80), Repetitive(2, 80, 3000)};
   for (cluster::SubmitSequence& s : submits) s.mutable_sampling()->set_ignore_eos(true);
   ServeOptions plain = Plain();
   plain.max_batch_tokens = 128;
@@ -721,6 +721,7 @@ TEST(SpeculationGovernorServeTest, DraftsOnlyWhereTheMeasuredStepsSayItPays) {
   struct Run {
     int64_t per_drafted_us;
     int drafted_steps = 0, decode_steps = 0;
+    int drafted_steps_of_two = 0;  // with both requests decoding
   };
   for (Run run : {Run{0}, Run{5000}}) {
     SCOPED_TRACE(run.per_drafted_us);
@@ -733,6 +734,7 @@ TEST(SpeculationGovernorServeTest, DraftsOnlyWhereTheMeasuredStepsSayItPays) {
       for (const cluster::PlanItem& item : plan.items()) drafted += item.draft_tokens();
       ++run.decode_steps;
       if (drafted > 0) ++run.drafted_steps;
+      if (drafted > 0 && plan.items_size() == 2) ++run.drafted_steps_of_two;
       return 1000 + run.per_drafted_us * drafted;
     };
     EXPECT_EQ(TokensById(Serve(submits, 1, o)), want);
@@ -741,11 +743,15 @@ TEST(SpeculationGovernorServeTest, DraftsOnlyWhereTheMeasuredStepsSayItPays) {
       EXPECT_GE(run.drafted_steps, run.decode_steps / 2) << run.decode_steps;
       EXPECT_GT(counts.accepted, 0u);
     } else {
-      // Drafts that cost five steps each: the first measured drafted steps
-      // are all there is (each of the 3 draft lengths measured kMinSamples
-      // times at the batch of 2).
+      // Drafts that cost five steps each: at the batch of 2 the first
+      // measured drafted steps (each of the 3 draft lengths in kMinSamples
+      // steps and kMinSequences sequences) and the exploring ones are all
+      // there is.
+      const int64_t measured = std::max<int64_t>(SpeculationGovernor::kMinSamples,
+                                                 SpeculationGovernor::kMinSequences / 2);
+      const int64_t exploring = run.decode_steps / SpeculationGovernor::kExploreEvery + 1;
       EXPECT_GT(run.drafted_steps, 0);
-      EXPECT_LE(run.drafted_steps, 3 * SpeculationGovernor::kMinSamples) << run.decode_steps;
+      EXPECT_LE(run.drafted_steps_of_two, 3 * measured + exploring) << run.decode_steps;
       EXPECT_LT(run.drafted_steps, run.decode_steps / 2) << run.decode_steps;
     }
   }
