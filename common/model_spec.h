@@ -5,11 +5,12 @@
 // would), generated where they
 // are needed instead of read from disk. A preset named with "-chain"
 // ("120b-chain") has the same shapes and layer weights, but its embedding and
-// lm_head make every token's next token clear: see SyntheticWeights. "synthetic:demo" is the
-// exception: the project's tiny trained gpt-oss (tools/demo_model/), whose compact checkpoint is
-// built into the programs and expanded into the Hugging Face layout where it is needed
-// (worker/model/demo_model.h). Shared by the coordinator (which needs only the config), the workers
-// and the CLI.
+// lm_head make every token's next token clear: see SyntheticWeights.
+// "synthetic:demo" is the exception: the project's tiny trained gpt-oss
+// (tools/demo_model/), whose compact checkpoint is built into the programs and
+// expanded into the Hugging Face layout where it is needed
+// (worker/model/demo_model.h). Shared by the coordinator (which needs only the
+// config), the workers and the CLI.
 #pragma once
 
 #include <cstdint>
