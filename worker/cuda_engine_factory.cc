@@ -6,6 +6,7 @@
 #include "common/comm_names.h"
 #include "common/expert_map_proto.h"
 #include "common/status.h"
+#include "kernels/cuda/moe.h"
 #include "spdlog/spdlog.h"
 #include "worker/engine/cuda_engine.h"
 #include "worker/engine_factory.h"
@@ -46,6 +47,12 @@ class CudaEngineFactory final : public EngineFactory {
     co.prefix_cache = options.prefix_cache;
     co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     co.deterministic = options.deterministic;
+    if (options.moe_gemm_min_pairs.has_value()) {
+      // Process-wide: a worker process holds one engine.
+      kernels::cuda::MoeTuning tuning = kernels::cuda::GetMoeTuning();
+      tuning.gemm_min_pairs_per_expert = *options.moe_gemm_min_pairs;
+      kernels::cuda::SetMoeTuning(tuning);
+    }
     FLOTILLA_ASSIGN_OR_RETURN(co.kv_cache_dtype, KvCacheDtypeOf(a, options));
     FLOTILLA_ASSIGN_OR_RETURN(const MoeActivation moe_activation, MoeActivationOf(a, options));
     if (moe_activation == MoeActivation::kFp8) {

@@ -68,6 +68,11 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_MOE_ACTIVATION")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bf16", "fp8"}));
+  app.add_option("--moe-gemm-min-pairs", o.moe_gemm_min_pairs,
+                 "CUDA tuning: the MoE runs grouped GEMMs instead of its decode kernels from "
+                 "this many routed (token, expert) pairs per expert on average (0: always; "
+                 "negative: never; unset: the kernels' default, kernels/cuda/moe.h)")
+      ->envname("FLOTILLA_MOE_GEMM_MIN_PAIRS");
   app.add_flag("--deterministic", o.deterministic,
                "the same step on the same state gives the same bits (the CUDA engine sums each "
                "token's expert outputs in a fixed order and keeps projections from splitting "

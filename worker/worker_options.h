@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -41,6 +42,11 @@ struct WorkerOptions {
   // --step-profile-steps N: every N working steps, a log line with where the
   // steps' wall time went (worker/step_profile.h); 0 = off (the default).
   int64_t step_profile_steps = 0;
+  // --moe-gemm-min-pairs N: the CUDA MoE runs grouped GEMMs instead of its
+  // decode kernels once a step routes N (token, expert) pairs per expert
+  // (kernels::cuda::MoeTuning::gemm_min_pairs_per_expert); unset: the
+  // kernels' default. A tuning knob for measurements.
+  std::optional<int> moe_gemm_min_pairs;
   // --deterministic: the CUDA engine's numerics repeat bit for bit
   // (CudaEngineOptions::deterministic); the CPU engine ignores it.
   bool deterministic = false;

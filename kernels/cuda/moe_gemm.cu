@@ -30,15 +30,25 @@ constexpr int kMaxBlocksPerRow = 4096 / 32;
 
 __host__ __device__ constexpr size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-template <int kBM>
+// h between the projections: gate_up writes f16(h) and the low part
+// f16(h - f16(h)). 32-row tiles (small batches, bound by the weights' decode)
+// multiply both in down, keeping ~22 bits of h as the decode kernels do, at
+// no measurable cost; 64- and 128-row tiles (prefill, where down's doubled
+// tensor work would cost 20-30%) take the high part alone, f16 (11 bits:
+// more than the bf16 the reference implementation keeps).
+constexpr int ActivationParts(bool down, int rows) { return down && rows == 32 ? 2 : 1; }
+
+// A stage: kActs activation tiles (down: h's high and low f16 parts) of kBM
+// rows, then the weight rows.
+template <int kBM, int kActs>
 __host__ __device__ constexpr int StageBytes() {
-  return kBM * kARowBytes + kBN * kBRowBytes;
+  return kActs * kBM * kARowBytes + kBN * kBRowBytes;
 }
 
-template <int kBM, int kStages>
+template <int kBM, int kActs, int kStages>
 size_t SharedBytes(int blocks_per_row) {
   return AlignUp(static_cast<size_t>(kBN) * blocks_per_row, 128) +
-         static_cast<size_t>(kStages) * StageBytes<kBM>();
+         static_cast<size_t>(kStages) * StageBytes<kBM, kActs>();
 }
 
 struct GemmArgs {
@@ -55,6 +65,7 @@ struct GemmArgs {
   int top_k;
   const uint16_t* x;  // gate_up: f16 [tokens, kp], permuted
   uint16_t* h;        // gate_up writes, down reads: f16 [pairs, kp of down], routing order, permuted
+  uint16_t* h_lo;     // h's low parts (h - f16(h)), same layout, for 32-row down tiles (or null)
   int h_stride;  // gate_up: the row length of h
   float limit, alpha;
   const float* topk_weights;  // down
@@ -252,10 +263,10 @@ __device__ __forceinline__ int WgmmaFeatureRow() {
 // The wgmma main loop of MoeGemmKernel<..., kWgmma = true>, the first
 // kStages - 1 stages already requested: d = the tile's features x rows, rows
 // f0 and f0 + 8 times 2^-c0 and 2^-c1 (HalfScale).
-template <int kBM, int kStages, typename LoadStage>
+template <int kBM, int kActs, int kStages, typename LoadStage>
 __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* stages,
-                                              const uint8_t* s_scales, int k_tiles, int nb,
-                                              int c0, int c1, float (&d)[kBM / 2]) {
+                                              const uint8_t* s_scales, int k_tiles, int nb, int c0,
+                                              int c1, float (&d)[kBM / 2]) {
   const int t = threadIdx.x & 3;
   const int f0 = WgmmaFeatureRow();
 #pragma unroll
@@ -268,8 +279,8 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* sta
     __syncthreads();
     if (kt + kStages - 1 < k_tiles) load_next();
     CpAsyncCommit();
-    const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
-    const uint8_t* sb = sa + kBM * kARowBytes;
+    const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM, kActs>();
+    const uint8_t* sb = sa + kActs * kBM * kARowBytes;
     const int kb = kt * 2 + (t >> 1);
     const uint32_t sc0 = HalfScale(kb < nb ? s_scales[f0 * nb + kb] : 0u, c0);
     const uint32_t sc1 = HalfScale(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 0u, c1);
@@ -290,12 +301,24 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* sta
     const uint64_t desc = SmemDescSw128(sa);
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes
+    if constexpr (kActs == 2) {  // the low parts, against the same weights
+      const uint64_t desc_lo = SmemDescSw128(sa + kBM * kARowBytes);
+#pragma unroll
+      for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc_lo + 2 * kk);
+    }
     WgmmaCommit();
     WgmmaWaitAll();
     FenceAccumulators(d);
     FenceFragments(af);
   }
   CpAsyncWait<0>();
+}
+
+// h[i] = f16(v) and h_lo[i] = f16(v - h[i]).
+__device__ __forceinline__ void StoreHalfPair(const GemmArgs& a, size_t i, float v) {
+  const __half hi = __float2half_rn(v);
+  a.h[i] = __half_as_ushort(hi);
+  if (a.h_lo != nullptr) a.h_lo[i] = __half_as_ushort(__float2half_rn(v - __half2float(hi)));
 }
 
 // Its epilogue: gate_up's bias and clamped SwiGLU into h, or down's bias,
@@ -323,8 +346,9 @@ __device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, float (&d)[kBM 
             fminf(fmaxf(up_raw + Bf16ToFloat(bias[col + 1]), -a.limit), a.limit);
         const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
         const int m = col / 2;  // down's reduction index, stored permuted
-        a.h[static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63)] =
-            __half_as_ushort(__float2half_rn((up + 1.0f) * glu));
+        StoreHalfPair(a,
+                      static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63),
+                      (up + 1.0f) * glu);
       } else {
         if (col >= a.n || r >= rows) continue;
         const int pair = a.route.pair_of[sorted0 + r];
@@ -343,6 +367,7 @@ __device__ __forceinline__ void WgmmaEpilogue(const GemmArgs& a, float (&d)[kBM 
 // B: the activation stage in shared memory), instead of mma.sync warp tiles.
 template <bool kDown, int kBM, int kWarpsM, int kStages, bool kWgmma = false>
 __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmArgs a) {
+  constexpr int kActs = ActivationParts(kDown, kBM);
   constexpr int kWarpsN = 8 / kWarpsM;
   constexpr int kWarpRows = kBM / kWarpsM, kWarpCols = kBN / kWarpsN;
   constexpr int kMi = kWarpRows / 16, kNj = kWarpCols / 8;
@@ -405,23 +430,28 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
   const bool b_row_ok = b_row < valid_n;
   const uint8_t* b_next =
       a.blocks + ((static_cast<size_t>(e) * a.n + n0 + (b_row_ok ? b_row : 0)) * nb + b_half) * 16;
-  const uint32_t b_dst = kBM * kARowBytes + b_row * kBRowBytes + b_half * 16;
+  const uint32_t b_dst = kActs * kBM * kARowBytes + b_row * kBRowBytes + b_half * 16;
+  // down: the low parts' rows sit at a fixed distance from the high parts'.
+  const ptrdiff_t lo_delta = kDown ? a.h_lo - a.h : 0;
   int b_block = b_half;  // the block this thread copies next
   // The next stage's shared address, stepping through the ring.
   const uint32_t first_stage = SharedAddress(stages);
-  const uint32_t last_stage = first_stage + (kStages - 1) * StageBytes<kBM>();
+  const uint32_t last_stage = first_stage + (kStages - 1) * StageBytes<kBM, kActs>();
   uint32_t next_stage = first_stage;
   auto load_next = [&]() {
 #pragma unroll
     for (int j = 0; j < kARowsPerThread; ++j) {
       CpAsync16(next_stage + a_dst[j], a_next[j], a_bytes[j]);
+      if constexpr (kActs == 2) {
+        CpAsync16(next_stage + kBM * kARowBytes + a_dst[j], a_next[j] + lo_delta, a_bytes[j]);
+      }
       a_next[j] += kBK;
     }
     const bool b_ok = b_row_ok && b_block < nb;
     CpAsync16(next_stage + b_dst, b_next, b_ok ? 16 : 0);  // 0 bytes: nothing is read
     b_next += 32;
     b_block += 2;
-    next_stage = next_stage == last_stage ? first_stage : next_stage + StageBytes<kBM>();
+    next_stage = next_stage == last_stage ? first_stage : next_stage + StageBytes<kBM, kActs>();
   };
 
   // The first kStages - 1 stages in flight (both paths consume them in order).
@@ -436,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     const int f0 = WgmmaFeatureRow();
     const int c0 = RowShift(s_scales + f0 * nb, nb), c1 = RowShift(s_scales + (f0 + 8) * nb, nb);
     float d[kBM / 2];
-    WgmmaMainLoop<kBM, kStages>(load_next, stages, s_scales, k_tiles, nb, c0, c1, d);
+    WgmmaMainLoop<kBM, kActs, kStages>(load_next, stages, s_scales, k_tiles, nb, c0, c1, d);
     WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
     return;
   }
@@ -460,8 +490,8 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     __syncthreads();
     if (kt + kStages - 1 < k_tiles) load_next();
     CpAsyncCommit();
-    const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM>();
-    const uint8_t* sb = sa + kBM * kARowBytes;
+    const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM, kActs>();
+    const uint8_t* sb = sa + kActs * kBM * kARowBytes;
     // Lane t's words 2t and 2t + 1 of each row hold block 2kt + t / 2.
     uint32_t scale[kNj];
     Fp4Pairs pairs[kNj][2];
@@ -476,12 +506,15 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     }
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) {
-      uint32_t af[kMi][4];
+      uint32_t af[kMi][4], af_lo[kActs == 2 ? kMi : 1][4];
 #pragma unroll
       for (int i = 0; i < kMi; ++i) {
         const int r = wm + 16 * i + (lane & 15);
         const int chunk = 2 * kk + (lane >> 4);
         LdMatrixX4(af[i], sa + r * kARowBytes + ((chunk ^ (r & 7)) << 4));
+        if constexpr (kActs == 2) {
+          LdMatrixX4(af_lo[i], sa + (kBM + r) * kARowBytes + ((chunk ^ (r & 7)) << 4));
+        }
       }
 #pragma unroll
       for (int j = 0; j < kNj; ++j) {
@@ -490,6 +523,10 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         const uint32_t b1 = MulHalf2(pw.p[2 * (kk & 1) + 1], scale[j]);
 #pragma unroll
         for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af[i], b0, b1);
+        if constexpr (kActs == 2) {  // the low parts, against the same weights
+#pragma unroll
+          for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af_lo[i], b0, b1);
+        }
       }
     }
   }
@@ -519,8 +556,9 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
           const float up = fminf(fmaxf(v1, -a.limit), a.limit);
           const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
           const int m = col / 2;  // down's reduction index, stored permuted
-          a.h[static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63)] =
-              __half_as_ushort(__float2half_rn((up + 1.0f) * glu));
+          StoreHalfPair(
+              a, static_cast<size_t>(sorted0 + r) * a.h_stride + (m & ~63) + LogicalOf(m & 63),
+              (up + 1.0f) * glu);
         } else {
           const int pair = a.route.pair_of[sorted0 + r];
           const float wgt = a.topk_weights[pair];
@@ -537,7 +575,8 @@ template <bool kDown, int kBM, int kWarpsM, int kStages, bool kWgmma = false>
 cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t stream) {
   auto kernel = MoeGemmKernel<kDown, kBM, kWarpsM, kStages, kWgmma>;
   constexpr size_t kAlignSlack = kWgmma ? 1024 : 0;  // stages aligned to 1024 bytes
-  const size_t smem = SharedBytes<kBM, kStages>(kMaxBlocksPerRow) + kAlignSlack;
+  constexpr int kActs = ActivationParts(kDown, kBM);
+  const size_t smem = SharedBytes<kBM, kActs, kStages>(kMaxBlocksPerRow) + kAlignSlack;
   static bool attribute_set = false;  // once, so later calls may sit in a graph capture
   if (!attribute_set) {
     const cudaError_t err = cudaFuncSetAttribute(
@@ -546,7 +585,8 @@ cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t s
     attribute_set = true;
   }
   const dim3 grid((args.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
-  kernel<<<grid, kThreads, SharedBytes<kBM, kStages>(args.k / 32) + kAlignSlack, stream>>>(args);
+  kernel<<<grid, kThreads, SharedBytes<kBM, kActs, kStages>(args.k / 32) + kAlignSlack, stream>>>(
+      args);
   return cudaGetLastError();
 }
 
@@ -571,7 +611,8 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   if (pairs <= 0) return 0;
   const size_t tiles = static_cast<size_t>(MaxTiles(pairs, w.num_experts, 32)) +
                        static_cast<size_t>(MaxSmallTiles(pairs, w.num_experts));
-  return AlignUp(static_cast<size_t>(pairs) * Padded64(w.intermediate) * sizeof(uint16_t), 256) +
+  return 2 * AlignUp(static_cast<size_t>(pairs) * Padded64(w.intermediate) * sizeof(uint16_t),
+                     256) +
          AlignUp(static_cast<size_t>(tokens) * Padded64(w.hidden) * sizeof(uint16_t), 256) +
          AlignUp((2 * tiles + 2) * sizeof(int32_t), 256);
 }
@@ -589,8 +630,10 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   if (pairs <= 0) return cudaSuccess;
   const int hp = Padded64(w.hidden), ip = Padded64(w.intermediate);
   auto* base = static_cast<uint8_t*>(workspace);
+  const size_t h_bytes = AlignUp(static_cast<size_t>(pairs) * ip * sizeof(uint16_t), 256);
   auto* h = reinterpret_cast<uint16_t*>(base);
-  base += AlignUp(static_cast<size_t>(pairs) * ip * sizeof(uint16_t), 256);
+  auto* h_lo = reinterpret_cast<uint16_t*>(base + h_bytes);
+  base += 2 * h_bytes;
   auto* xp = reinterpret_cast<uint16_t*>(base);
   base += AlignUp(static_cast<size_t>(tokens) * hp * sizeof(uint16_t), 256);
   const int max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
@@ -619,7 +662,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   if (err != cudaSuccess) return err;
   if (ip != w.intermediate) {
     // The padding of h's rows is never written by gate_up: it must read 0.
-    err = cudaMemsetAsync(h, 0, static_cast<size_t>(pairs) * ip * sizeof(uint16_t), stream);
+    err = cudaMemsetAsync(h, 0, 2 * h_bytes, stream);  // and h_lo
     if (err != cudaSuccess) return err;
   }
 
@@ -628,12 +671,17 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   gu.n = 2 * w.intermediate, gu.k = w.hidden, gu.kp = hp;
   gu.route = route, gu.tile_expert = tile_expert, gu.tile_row0 = tile_row0;
   gu.num_tiles = num_tiles, gu.top_k = top_k;
-  gu.x = xp, gu.h = h, gu.h_stride = ip, gu.limit = limit, gu.alpha = alpha;
+  gu.x = xp, gu.h = h, gu.h_lo = h_lo, gu.h_stride = ip, gu.limit = limit, gu.alpha = alpha;
   GemmArgs dn = gu;
   dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
   dn.n = w.hidden, dn.k = w.intermediate, dn.kp = ip;
   dn.topk_weights = topk_weights, dn.out = out, dn.out_div = out_per_pair ? 1 : top_k;
   GemmArgs gu_small = gu, dn_small = dn;
+  // Only 32-row down kernels read h's low parts: gate_up writes them for the
+  // rows those kernels will take (all of them, or the remainders, which run
+  // as 64-row kernels when small_rows is 64, else as 32-row ones).
+  if (rows_per_tile != 32) gu.h_lo = nullptr;
+  if (small_rows == 64) gu_small.h_lo = nullptr;
   gu_small.tile_expert = dn_small.tile_expert = small_expert;
   gu_small.tile_row0 = dn_small.tile_row0 = small_row0;
   gu_small.num_tiles = dn_small.num_tiles = num_small;
