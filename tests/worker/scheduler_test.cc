@@ -12,7 +12,8 @@ namespace {
 
 constexpr int32_t kEos = 1000;  // ModelConfig::Tiny()'s
 
-cluster::SubmitSequence Submit(uint64_t id, std::vector<int32_t> prompt, uint32_t max_tokens = 0) {
+cluster::SubmitSequence Submission(uint64_t id, std::vector<int32_t> prompt,
+                                   uint32_t max_tokens = 0) {
   cluster::SubmitSequence s;
   s.set_request_id(id);
   for (int32_t t : prompt) s.add_prompt_ids(t);
@@ -24,7 +25,7 @@ cluster::SubmitSequence Submit(uint64_t id, std::vector<int32_t> prompt, uint32_
 // Submit, returning its prompt's logits within `credit_bytes` (0: no limit).
 cluster::SubmitSequence SubmitWithLogits(uint64_t id, std::vector<int32_t> prompt,
                                          uint32_t max_tokens, uint64_t credit_bytes = 0) {
-  cluster::SubmitSequence s = Submit(id, std::move(prompt), max_tokens);
+  cluster::SubmitSequence s = Submission(id, std::move(prompt), max_tokens);
   s.set_return_prompt_logits(true);
   if (credit_bytes > 0) s.set_prompt_logits_credit_bytes(credit_bytes);
   return s;
@@ -87,10 +88,10 @@ TEST(StopRulesTest, StopTokenBeforeLength) {
 TEST_F(SchedulerTest, FullQueueRefusesWithResourceExhausted) {
   Scheduler s = Make(Limits(16, 1));
   cluster::TokenBatch refused;
-  for (uint64_t id = 1; id <= 4; ++id) s.Enqueue(Submit(id, Prompt(3)), &refused);
+  for (uint64_t id = 1; id <= 4; ++id) s.Enqueue(Submission(id, Prompt(3)), &refused);
   EXPECT_EQ(refused.updates_size(), 0);
   EXPECT_EQ(s.queued(), 4u);
-  s.Enqueue(Submit(5, Prompt(3)), &refused);
+  s.Enqueue(Submission(5, Prompt(3)), &refused);
   ASSERT_EQ(refused.updates_size(), 1);
   EXPECT_EQ(refused.updates(0).request_id(), 5u);
   EXPECT_EQ(refused.updates(0).finish_reason(), common::ERROR);
@@ -101,13 +102,13 @@ TEST_F(SchedulerTest, FullQueueRefusesWithResourceExhausted) {
 TEST_F(SchedulerTest, AdmissionRefusesBadRequests) {
   Scheduler s = Make(Limits(64, 8, /*max_len=*/32));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, {}), &refused);
-  s.Enqueue(Submit(2, {5, 1024}), &refused);   // outside the vocabulary
-  s.Enqueue(Submit(3, Prompt(32)), &refused);  // no room left in the context
-  cluster::SubmitSequence late = Submit(4, Prompt(3));
+  s.Enqueue(Submission(1, {}), &refused);
+  s.Enqueue(Submission(2, {5, 1024}), &refused);   // outside the vocabulary
+  s.Enqueue(Submission(3, Prompt(32)), &refused);  // no room left in the context
+  cluster::SubmitSequence late = Submission(4, Prompt(3));
   late.set_deadline_unix_ms(now_ms_ - 1);
   s.Enqueue(late, &refused);
-  cluster::SubmitSequence bad_sampling = Submit(5, Prompt(3));
+  cluster::SubmitSequence bad_sampling = Submission(5, Prompt(3));
   bad_sampling.mutable_sampling()->set_top_p(2.0f);
   s.Enqueue(bad_sampling, &refused);
   ASSERT_EQ(refused.updates_size(), 0);
@@ -133,7 +134,7 @@ TEST_F(SchedulerTest, RefusesARequestNeedingMoreBlocksThanTheEngineHas) {
   engine_ = FakeEngine(ModelConfig::Tiny(), /*total_blocks=*/8, /*block_size=*/4);
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(8), /*max_tokens=*/32), &refused);  // 40 tokens: 10 blocks
+  s.Enqueue(Submission(1, Prompt(8), /*max_tokens=*/32), &refused);  // 40 tokens: 10 blocks
   s.Plan(&refused);
   ASSERT_EQ(refused.updates_size(), 1);
   EXPECT_EQ(refused.updates(0).error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
@@ -143,7 +144,7 @@ TEST_F(SchedulerTest, RefusesARequestNeedingMoreBlocksThanTheEngineHas) {
 TEST_F(SchedulerTest, ChunksThePromptWithinTheTokenBudget) {
   Scheduler s = Make(Limits(4, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(10), 5), &refused);
+  s.Enqueue(Submission(1, Prompt(10), 5), &refused);
   std::vector<int> sizes;
   std::vector<cluster::PlanLogits> logits;
   for (int i = 0; i < 3; ++i) {
@@ -165,9 +166,9 @@ TEST_F(SchedulerTest, ChunksThePromptWithinTheTokenBudget) {
 TEST_F(SchedulerTest, DecodeTokensComeFirstThenPromptChunks) {
   Scheduler s = Make(Limits(4, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(2), 10), &refused);
+  s.Enqueue(Submission(1, Prompt(2), 10), &refused);
   Step(s, 50);  // prompt of request 1, which draws its first token
-  s.Enqueue(Submit(2, Prompt(8), 8), &refused);
+  s.Enqueue(Submission(2, Prompt(8), 8), &refused);
   cluster::StepPlan plan = s.Plan(&refused);
   ASSERT_EQ(plan.items_size(), 2);
   EXPECT_EQ(plan.items(0).request_id(), 1u);
@@ -198,9 +199,9 @@ TEST_F(SchedulerTest, ShortestPromptFirstLetsAShortPromptPassALongOne) {
     limits.prefill.order = order;
     Scheduler s = Make(limits);
     cluster::TokenBatch refused;
-    s.Enqueue(Submit(1, Prompt(40), 4), &refused);
+    s.Enqueue(Submission(1, Prompt(40), 4), &refused);
     now_ms_ += 1;
-    s.Enqueue(Submit(2, Prompt(4, 100), 4), &refused);
+    s.Enqueue(Submission(2, Prompt(4, 100), 4), &refused);
     cluster::StepPlan first;
     const int steps = StepsToFirstToken(s, 2, &first, step);
     if (order == PrefillOrder::kFcfs) {
@@ -224,12 +225,12 @@ TEST_F(SchedulerTest, AWaitBoundKeepsShortPromptsFromStarvingALongOne) {
   limits.prefill.max_prefill_wait_ms = 100;
   Scheduler s = Make(limits);
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(16), 1), &refused);
+  s.Enqueue(Submission(1, Prompt(16), 1), &refused);
   // A new 8-token prompt every step would take the whole budget forever.
   uint64_t next_id = 2;
   int long_tokens = 0;
   for (int i = 0; i < 12; ++i) {
-    s.Enqueue(Submit(next_id++, Prompt(8, 200), 1), &refused);
+    s.Enqueue(Submission(next_id++, Prompt(8, 200), 1), &refused);
     cluster::StepPlan plan;
     Step(s, 50, &plan);
     for (const cluster::PlanItem& item : plan.items()) {
@@ -246,12 +247,12 @@ TEST_F(SchedulerTest, ALongPromptsChunkIsCappedWhileAShortOneWaits) {
   limits.prefill.long_prefill_token_threshold = 8;
   Scheduler s = Make(limits);
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(40), 4), &refused);
+  s.Enqueue(Submission(1, Prompt(40), 4), &refused);
   cluster::StepPlan plan;
   Step(s, 50, &plan);
   ASSERT_EQ(plan.items_size(), 1);
   EXPECT_EQ(plan.items(0).tokens_size(), 16);  // alone: the whole budget
-  s.Enqueue(Submit(2, Prompt(6, 100), 4), &refused);
+  s.Enqueue(Submission(2, Prompt(6, 100), 4), &refused);
   cluster::TokenBatch out = Step(s, 50, &plan);
   ASSERT_EQ(plan.items_size(), 2);
   EXPECT_EQ(plan.items(0).request_id(), 1u);
@@ -265,7 +266,7 @@ TEST_F(SchedulerTest, ALongPromptsChunkIsCappedWhileAShortOneWaits) {
 TEST_F(SchedulerTest, StopTokenEndsWithStopAndIsNotOutput) {
   Scheduler s = Make(Limits(16, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(3), 10), &refused);
+  s.Enqueue(Submission(1, Prompt(3), 10), &refused);
   cluster::TokenBatch first = Step(s, 50);
   ASSERT_EQ(first.updates_size(), 1);
   EXPECT_EQ(first.updates(0).token_ids_size(), 1);
@@ -289,7 +290,7 @@ TEST_F(SchedulerTest, StopTokenEndsWithStopAndIsNotOutput) {
 TEST_F(SchedulerTest, IgnoreEosKeepsTheEosToken) {
   Scheduler s = Make(Limits(16, 8));
   cluster::TokenBatch refused;
-  cluster::SubmitSequence sub = Submit(1, Prompt(3), 2);
+  cluster::SubmitSequence sub = Submission(1, Prompt(3), 2);
   sub.mutable_sampling()->set_ignore_eos(true);
   s.Enqueue(sub, &refused);
   cluster::TokenBatch out = Step(s, kEos);
@@ -301,7 +302,7 @@ TEST_F(SchedulerTest, IgnoreEosKeepsTheEosToken) {
 TEST_F(SchedulerTest, MaxTokensEndsWithLength) {
   Scheduler s = Make(Limits(16, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(3), 3), &refused);
+  s.Enqueue(Submission(1, Prompt(3), 3), &refused);
   std::vector<common::FinishReason> reasons;
   int tokens = 0;
   for (int i = 0; i < 3; ++i) {
@@ -319,7 +320,7 @@ TEST_F(SchedulerTest, MaxTokensEndsWithLength) {
 TEST_F(SchedulerTest, TheContextLimitEndsWithLength) {
   Scheduler s = Make(Limits(16, 8, /*max_len=*/8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(6)), &refused);  // max_tokens 0: what the context leaves
+  s.Enqueue(Submission(1, Prompt(6)), &refused);  // max_tokens 0: what the context leaves
   EXPECT_EQ(Step(s, 50).updates(0).finish_reason(), common::FINISH_REASON_UNSPECIFIED);
   cluster::TokenBatch out = Step(s, 51);
   EXPECT_EQ(out.updates(0).finish_reason(), common::LENGTH);
@@ -329,7 +330,7 @@ TEST_F(SchedulerTest, TheContextLimitEndsWithLength) {
 TEST_F(SchedulerTest, DeadlineWhileRunningEndsWithDeadlineExceeded) {
   Scheduler s = Make(Limits(16, 8));
   cluster::TokenBatch refused;
-  cluster::SubmitSequence sub = Submit(1, Prompt(3), 10);
+  cluster::SubmitSequence sub = Submission(1, Prompt(3), 10);
   sub.set_deadline_unix_ms(now_ms_ + 5);
   s.Enqueue(sub, &refused);
   Step(s, 50);
@@ -346,7 +347,7 @@ TEST_F(SchedulerTest, QueuesWhileKvIsReservedAndAdmitsWhenItFrees) {
   engine_ = FakeEngine(ModelConfig::Tiny(), /*total_blocks=*/10, /*block_size=*/4);
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  for (uint64_t id = 1; id <= 3; ++id) s.Enqueue(Submit(id, Prompt(4), 12), &refused);
+  for (uint64_t id = 1; id <= 3; ++id) s.Enqueue(Submission(id, Prompt(4), 12), &refused);
   cluster::StepPlan plan;
   Step(s, 50, &plan);
   EXPECT_EQ(plan.items_size(), 2);
@@ -370,7 +371,7 @@ TEST_F(SchedulerTest, AdmissionFitsEveryKvPoolOnItsOwn) {
   engine_.window_pool_blocks = 5;
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  for (uint64_t id = 1; id <= 3; ++id) s.Enqueue(Submit(id, Prompt(4), 12), &refused);
+  for (uint64_t id = 1; id <= 3; ++id) s.Enqueue(Submission(id, Prompt(4), 12), &refused);
   cluster::StepPlan plan;
   Step(s, 50, &plan);
   EXPECT_EQ(s.running(), 2u);
@@ -388,7 +389,7 @@ TEST_F(SchedulerTest, ARequestLargerThanOneKvPoolIsRefused) {
   engine_.window_pool_blocks = 1;  // every sequence needs 2 blocks there
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(4), 12), &refused);
+  s.Enqueue(Submission(1, Prompt(4), 12), &refused);
   s.Plan(&refused);
   ASSERT_EQ(refused.updates_size(), 1);
   EXPECT_EQ(refused.updates(0).error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
@@ -401,7 +402,7 @@ TEST_F(SchedulerTest, StartsAfterTheCachedPrefixUnlessPromptLogitsAreWanted) {
   engine_.cached_prefix = 4;
   Scheduler s = Make(Limits(64, 8));
   cluster::TokenBatch refused;
-  cluster::SubmitSequence first = Submit(1, Prompt(6), 4);
+  cluster::SubmitSequence first = Submission(1, Prompt(6), 4);
   first.set_cache_domain(77);
   s.Enqueue(first, &refused);
   cluster::SubmitSequence logits = SubmitWithLogits(2, Prompt(6), 4);
@@ -440,7 +441,7 @@ TEST_F(SchedulerTest, PromptLogitsPauseAtTheirCreditAndGoOnWhenItGrows) {
   EXPECT_EQ(plan.items(0).logits(), cluster::PLAN_LOGITS_ALL);
 
   // Paused: nothing planned for it, and a request without prompt logits runs.
-  s.Enqueue(Submit(2, Prompt(4), 2), &refused);
+  s.Enqueue(Submission(2, Prompt(4), 2), &refused);
   Step(s, 5, &plan);
   ASSERT_EQ(plan.items_size(), 1);
   EXPECT_EQ(plan.items(0).request_id(), 2u);
@@ -492,8 +493,8 @@ TEST_F(SchedulerTest, CreditForAQueuedRequestCountsAndNoWindowMeansNoLimit) {
 TEST_F(SchedulerTest, FailAllEndsRunningAndQueuedRequests) {
   Scheduler s = Make(Limits(64, 1));
   cluster::TokenBatch refused, failed;
-  s.Enqueue(Submit(1, Prompt(3)), &refused);
-  s.Enqueue(Submit(2, Prompt(3)), &refused);
+  s.Enqueue(Submission(1, Prompt(3)), &refused);
+  s.Enqueue(Submission(2, Prompt(3)), &refused);
   s.Plan(&refused);
   s.FailAll(absl::UnavailableError("gone"), &failed);
   ASSERT_EQ(failed.updates_size(), 2);
@@ -508,8 +509,8 @@ TEST_F(SchedulerTest, FailAllEndsRunningAndQueuedRequests) {
 TEST_F(SchedulerTest, TheLastUpdateCarriesQueuePrefillAndDecodeTimes) {
   Scheduler s = Make(Limits(16, 1));
   cluster::TokenBatch refused;
-  s.Enqueue(Submit(1, Prompt(3), /*max_tokens=*/1), &refused);
-  s.Enqueue(Submit(2, Prompt(3), /*max_tokens=*/3), &refused);
+  s.Enqueue(Submission(1, Prompt(3), /*max_tokens=*/1), &refused);
+  s.Enqueue(Submission(2, Prompt(3), /*max_tokens=*/3), &refused);
   now_ms_ += 5;
   cluster::TokenBatch first = Step(s, 7);  // request 1: admitted, prefilled, its one token
   ASSERT_EQ(first.updates_size(), 1);
@@ -553,7 +554,7 @@ TEST(SchedulerRowsTest, DraftsAreTrimmedToTheDeviceSampledRows) {
   // Prompts that repeat, so that prompt lookup drafts after their first
   // token (10, which follows 12 in them).
   for (uint64_t id = 1; id <= 3; ++id) {
-    s.Enqueue(Submit(id, {10, 11, 12, 10, 11, 12, 10, 11, 12}, 20), &refused);
+    s.Enqueue(Submission(id, {10, 11, 12, 10, 11, 12, 10, 11, 12}, 20), &refused);
   }
   cluster::StepPlan prefill = s.Plan(&refused);
   ASSERT_EQ(prefill.items_size(), 3);

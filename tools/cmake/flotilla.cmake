@@ -25,7 +25,10 @@ set(FLOTILLA_TEST_CXX_OPTIMIZATION $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Rele
 set(FLOTILLA_UNITY_TARGETS
   flotilla_common flotilla_grammar flotilla_harmony flotilla_model flotilla_engine_cpu
   flotilla_engine_cuda flotilla_worker_runtime flotilla_cluster flotilla_coordinator flotilla_openai flotilla_http
-  flotilla_cli common_test engine_test grammar_test responses_test worker_runtime_test cluster_test)
+  flotilla_cli common_test engine_test grammar_test responses_test worker_runtime_test cluster_test
+  worker_parts_test worker_speculative_test harmony_test cli_test http_pipeline_test
+  parallel_device_context_test net_limits_test multi_turn_workload_test comm_local_test proto_test
+  kernels_cpu_test)
 set(FLOTILLA_UNITY_BATCH 8)
 
 # Project defaults for a target: warnings (as errors), the repository root on
