@@ -1179,7 +1179,9 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     return sum_pair_rows(LaunchMoeGemm(
         w, x, topk_weights, tokens, top_k, limit, alpha, MoeGemmRoute{count, offset, pair_of},
         deterministic ? pair_rows : out, h, rows_per_tile, tuning.gemm_remainder_tiles,
-        tuning.gemm_wgmma, stream, deterministic));
+        tuning.gemm_wgmma, stream, deterministic,
+        static_cast<int64_t>(pairs) <
+            static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E));
   }
   if (!tuning.legacy_fma) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;

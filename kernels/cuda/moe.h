@@ -155,11 +155,16 @@ struct MoeTuning {
   // a step routes at least this many (token, expert) pairs per expert on
   // average (0: always; negative: never). H200, 120b layer, decode kernels
   // against 32-row wgmma GEMM tiles: 4 pairs per expert (128 tokens) 847 /
-  // 874 us, 5 (160) 929 / 976, 6 (192) 1012 / 920, 8 (256) 1187 / 922. The
-  // 32-row tiles carry h as f16 high + low parts (~22 bits, as the decode
-  // kernels), so moving between the two paths does not move near-tie
-  // routing more than the decode kernels' own rounding (kernels/moe_notes.md).
+  // 874 us, 5 (160) 929 / 976, 6 (192) 1012 / 920, 8 (256) 1187 / 922.
   int gemm_min_pairs_per_expert = 6;
+  // Steps below this many pairs per expert (the sizes the GEMMs took over
+  // from the decode kernels) carry the 32-row tiles' h as f16 high + low
+  // parts (~22 bits, as the decode kernels keep it; f16 alone moved a
+  // near-tie routing of the tiny golden model past cuda_engine_test's
+  // bound); larger steps (prefill) keep f16 h alone, as before. The low
+  // parts cost ~5%: H200 120b engine step at batch 192 / 256 43.4 / 42.1 ms
+  // with them, 41.3 / 40.0 without (kernels/moe_notes.md).
+  int gemm_h_low_part_below_pairs = 16;
   // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert.
   int gemm_rows_per_tile = 0;
   // An expert's last GEMM tile, when at most half filled, as smaller tiles

@@ -266,7 +266,7 @@ __device__ __forceinline__ int WgmmaFeatureRow() {
 template <int kBM, int kActs, int kStages, typename LoadStage>
 __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* stages,
                                               const uint8_t* s_scales, int k_tiles, int nb, int c0,
-                                              int c1, float (&d)[kBM / 2]) {
+                                              int c1, bool low, float (&d)[kBM / 2]) {
   const int t = threadIdx.x & 3;
   const int f0 = WgmmaFeatureRow();
 #pragma unroll
@@ -301,7 +301,7 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* sta
     const uint64_t desc = SmemDescSw128(sa);
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes
-    if constexpr (kActs == 2) {  // the low parts, against the same weights
+    if (kActs == 2 && low) {  // the low parts, against the same weights
       const uint64_t desc_lo = SmemDescSw128(sa + kBM * kARowBytes);
 #pragma unroll
       for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc_lo + 2 * kk);
@@ -432,7 +432,8 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
       a.blocks + ((static_cast<size_t>(e) * a.n + n0 + (b_row_ok ? b_row : 0)) * nb + b_half) * 16;
   const uint32_t b_dst = kActs * kBM * kARowBytes + b_row * kBRowBytes + b_half * 16;
   // down: the low parts' rows sit at a fixed distance from the high parts'.
-  const ptrdiff_t lo_delta = kDown ? a.h_lo - a.h : 0;
+  const bool low = kActs == 2 && a.h_lo != nullptr;
+  const ptrdiff_t lo_delta = low ? a.h_lo - a.h : 0;
   int b_block = b_half;  // the block this thread copies next
   // The next stage's shared address, stepping through the ring.
   const uint32_t first_stage = SharedAddress(stages);
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
 #pragma unroll
     for (int j = 0; j < kARowsPerThread; ++j) {
       CpAsync16(next_stage + a_dst[j], a_next[j], a_bytes[j]);
-      if constexpr (kActs == 2) {
+      if (kActs == 2 && low) {
         CpAsync16(next_stage + kBM * kARowBytes + a_dst[j], a_next[j] + lo_delta, a_bytes[j]);
       }
       a_next[j] += kBK;
@@ -466,7 +467,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
     const int f0 = WgmmaFeatureRow();
     const int c0 = RowShift(s_scales + f0 * nb, nb), c1 = RowShift(s_scales + (f0 + 8) * nb, nb);
     float d[kBM / 2];
-    WgmmaMainLoop<kBM, kActs, kStages>(load_next, stages, s_scales, k_tiles, nb, c0, c1, d);
+    WgmmaMainLoop<kBM, kActs, kStages>(load_next, stages, s_scales, k_tiles, nb, c0, c1, low, d);
     WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
     return;
   }
@@ -512,7 +513,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         const int r = wm + 16 * i + (lane & 15);
         const int chunk = 2 * kk + (lane >> 4);
         LdMatrixX4(af[i], sa + r * kARowBytes + ((chunk ^ (r & 7)) << 4));
-        if constexpr (kActs == 2) {
+        if (kActs == 2 && low) {
           LdMatrixX4(af_lo[i], sa + (kBM + r) * kARowBytes + ((chunk ^ (r & 7)) << 4));
         }
       }
@@ -523,7 +524,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         const uint32_t b1 = MulHalf2(pw.p[2 * (kk & 1) + 1], scale[j]);
 #pragma unroll
         for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af[i], b0, b1);
-        if constexpr (kActs == 2) {  // the low parts, against the same weights
+        if (kActs == 2 && low) {  // the low parts, against the same weights
 #pragma unroll
           for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af_lo[i], b0, b1);
         }
@@ -620,7 +621,7 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          bool wgmma, cudaStream_t stream, bool out_per_pair) {
+                          bool wgmma, cudaStream_t stream, bool out_per_pair, bool h_low_part) {
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -680,6 +681,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   // Only 32-row down kernels read h's low parts: gate_up writes them for the
   // rows those kernels will take (all of them, or the remainders, which run
   // as 64-row kernels when small_rows is 64, else as 32-row ones).
+  if (!h_low_part) gu.h_lo = gu_small.h_lo = dn.h_lo = dn_small.h_lo = nullptr;
   if (rows_per_tile != 32) gu.h_lo = nullptr;
   if (small_rows == 64) gu_small.h_lo = nullptr;
   gu_small.tile_expert = dn_small.tile_expert = small_expert;

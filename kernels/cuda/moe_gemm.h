@@ -53,10 +53,13 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // MMA (the decoded weights as register operand A, the activation stage as B)
 // instead of mma.sync. With `out_per_pair`, `out` is f32 [tokens x top_k, H]
 // instead: each routed pair's weighted output in its own row (written by one
-// CTA, into a zeroed buffer), for a sum in a fixed order after.
+// CTA, into a zeroed buffer), for a sum in a fixed order after. With
+// `h_low_part`, 32-row down tiles also multiply h's f16 low parts (h to ~22
+// bits, as the decode kernels keep it); without, h is f16 alone (11 bits).
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          bool wgmma, cudaStream_t stream, bool out_per_pair = false);
+                          bool wgmma, cudaStream_t stream, bool out_per_pair = false,
+                          bool h_low_part = true);
 
 }  // namespace flotilla::kernels::cuda

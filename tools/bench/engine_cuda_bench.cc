@@ -25,6 +25,9 @@
 //                                          (NormQkvRopeTuning)
 //                     [--moe-gemm-min-pairs 4] (MoeTuning: grouped GEMMs from this many
 //                                          pairs per expert; -1: never)
+//                     [--moe-gemm-h-low-part-below 0] (MoeTuning: 32-row GEMM tiles
+//                                          carry h's f16 low part below this many pairs
+//                                          per expert; 0: never)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
@@ -320,6 +323,10 @@ int main(int argc, char** argv) {
     else if (a == "--moe-gemm-min-pairs") {
       flotilla::kernels::cuda::MoeTuning t = flotilla::kernels::cuda::GetMoeTuning();
       t.gemm_min_pairs_per_expert = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
+      flotilla::kernels::cuda::SetMoeTuning(t);
+    } else if (a == "--moe-gemm-h-low-part-below") {
+      flotilla::kernels::cuda::MoeTuning t = flotilla::kernels::cuda::GetMoeTuning();
+      t.gemm_h_low_part_below_pairs = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
       flotilla::kernels::cuda::SetMoeTuning(t);
     } else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
