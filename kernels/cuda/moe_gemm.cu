@@ -30,12 +30,13 @@ constexpr int kMaxBlocksPerRow = 4096 / 32;
 
 __host__ __device__ constexpr size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// h between the projections: gate_up writes f16(h) and the low part
-// f16(h - f16(h)). 32-row tiles (small batches, bound by the weights' decode)
-// multiply both in down, keeping ~22 bits of h as the decode kernels do, at
-// no measurable cost; 64- and 128-row tiles (prefill, where down's doubled
-// tensor work would cost 20-30%) take the high part alone, f16 (11 bits:
-// more than the bf16 the reference implementation keeps).
+// h between the projections: gate_up writes f16(h) and, where asked
+// (LaunchMoeGemm's h_low_part), the low part f16(h - f16(h)). 32-row down
+// tiles (small batches, bound by the weights' decode) then multiply both,
+// keeping ~22 bits of h as the decode kernels do (~5% of a batch-256 step);
+// 64- and 128-row tiles (prefill, where down's doubled tensor work would
+// cost 20-30%) take the high part alone, f16 (11 bits: more than the bf16
+// the reference implementation keeps).
 constexpr int ActivationParts(bool down, int rows) { return down && rows == 32 ? 2 : 1; }
 
 // A stage: kActs activation tiles (down: h's high and low f16 parts) of kBM
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
 #pragma unroll
     for (int j = 0; j < kARowsPerThread; ++j) {
       CpAsync16(next_stage + a_dst[j], a_next[j], a_bytes[j]);
-      if (kActs == 2 && low) {
+      if (low) {
         CpAsync16(next_stage + kBM * kARowBytes + a_dst[j], a_next[j] + lo_delta, a_bytes[j]);
       }
       a_next[j] += kBK;
@@ -513,7 +514,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         const int r = wm + 16 * i + (lane & 15);
         const int chunk = 2 * kk + (lane >> 4);
         LdMatrixX4(af[i], sa + r * kARowBytes + ((chunk ^ (r & 7)) << 4));
-        if (kActs == 2 && low) {
+        if (low) {
           LdMatrixX4(af_lo[i], sa + (kBM + r) * kARowBytes + ((chunk ^ (r & 7)) << 4));
         }
       }
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(kThreads, kWgmma ? 1 : 2) MoeGemmKernel(GemmAr
         const uint32_t b1 = MulHalf2(pw.p[2 * (kk & 1) + 1], scale[j]);
 #pragma unroll
         for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af[i], b0, b1);
-        if (kActs == 2 && low) {  // the low parts, against the same weights
+        if (low) {  // the low parts, against the same weights
 #pragma unroll
           for (int i = 0; i < kMi; ++i) MmaF16(acc[i][j], af_lo[i], b0, b1);
         }
