@@ -31,6 +31,11 @@ inline const tokenizer::Tokenizer& Tok() {
   return *tok;
 }
 
+// `text` as ordinary tokens (special tokens' text stays text).
+inline std::vector<tokenizer::TokenId> Encode(const std::string& text) {
+  return *Tok().EncodeOrdinary(text);
+}
+
 // An assistant message on `channel`; with `to`, a call to that recipient
 // whose arguments are JSON.
 inline harmony::Message Assistant(const std::string& channel, const std::string& content,

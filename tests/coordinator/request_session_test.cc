@@ -20,7 +20,7 @@ using Kind = RequestEvent::Kind;
 
 using test_support::Tok;
 
-std::vector<tk::TokenId> Encode(const std::string& text) { return *Tok().EncodeOrdinary(text); }
+using test_support::Encode;
 
 using test_support::FakeBackend;
 

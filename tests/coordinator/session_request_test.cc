@@ -19,7 +19,7 @@ using test_support::Tok;
 
 constexpr char kModel[] = "gpt-oss-20b";
 
-std::vector<tk::TokenId> Encode(const std::string& text) { return *Tok().EncodeOrdinary(text); }
+using test_support::Encode;
 
 SessionContext Context(std::string call_id_seed, uint64_t cache_domain = 0,
                        std::string default_route_key = "") {

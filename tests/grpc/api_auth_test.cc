@@ -40,7 +40,8 @@ std::string TempDir() {
   return dir;
 }
 
-std::pair<int, std::string> RunCommand(const std::string& cmd) {
+// Runs `cmd`, returns its exit status and stdout+stderr.
+std::pair<int, std::string> RunWithStderr(const std::string& cmd) {
   return flotilla::testing_util::RunCommandWithStderr(cmd);
 }
 
@@ -570,14 +571,14 @@ TEST_F(ApiAuthTest, MetricsListenerIsOpenAndServesOnlyMetrics) {
 TEST_F(ApiAuthTest, CliSendsTheKey) {
   const std::string generate = std::string(FLOTILLA_BIN_DIR) + "/flotilla generate --coordinator " +
                                cluster_->address() + " --prompt-ids 1,2,3 --max-tokens 2 --json";
-  auto [rc, out] = RunCommand(generate);
+  auto [rc, out] = RunWithStderr(generate);
   EXPECT_NE(rc, 0) << out;
   EXPECT_NE(out.find("API key"), std::string::npos) << out;
-  std::tie(rc, out) = RunCommand(generate + " --api-key " + kAlice);
+  std::tie(rc, out) = RunWithStderr(generate + " --api-key " + kAlice);
   EXPECT_EQ(rc, 0) << out;
-  std::tie(rc, out) = RunCommand(std::string("FLOTILLA_API_KEY=") + kBob + " " + FLOTILLA_BIN_DIR +
-                                 "/flotilla chat --coordinator " + cluster_->address() +
-                                 " --prompt Hi --max-tokens 2");
+  std::tie(rc, out) = RunWithStderr(std::string("FLOTILLA_API_KEY=") + kBob + " " +
+                                    FLOTILLA_BIN_DIR + "/flotilla chat --coordinator " +
+                                    cluster_->address() + " --prompt Hi --max-tokens 2");
   EXPECT_EQ(rc, 0) << out;
 }
 

@@ -36,9 +36,9 @@ using testing_util::RunCommandWithStderr;
 // A CA, a server certificate for 127.0.0.1 and localhost signed by it, a
 // client certificate signed by it, and a client certificate signed by a
 // second CA; all with keys of one kind ("rsa:2048" or "ec").
-class Certs {
+class ScanCerts {
  public:
-  Certs(const std::string& key_kind) {
+  ScanCerts(const std::string& key_kind) {
     char tmpl[] = "/tmp/flotilla-tls-scan-XXXXXX";
     dir_ = mkdtemp(tmpl);
     key_ = key_kind == "ec" ? "ec -pkeyopt ec_paramgen_curve:prime256v1" : key_kind;
@@ -48,7 +48,7 @@ class Certs {
           MakeLeaf("client", "ca", "extendedKeyUsage=clientAuth") &&
           MakeLeaf("stranger", "other-ca", "extendedKeyUsage=clientAuth");
   }
-  ~Certs() { fs::remove_all(dir_); }
+  ~ScanCerts() { fs::remove_all(dir_); }
   bool ok() const { return ok_; }
   const std::string& dir() const { return dir_; }
   std::string File(const std::string& name) const { return dir_ + "/" + name; }
@@ -81,7 +81,7 @@ class Coordinator {
  public:
   // Starts flotilla-coordinator serving gRPC and HTTPS with the server
   // certificate of `certs` (and `extra` flags); waits for both ports.
-  explicit Coordinator(const Certs& certs, std::vector<std::string> extra = {}) {
+  explicit Coordinator(const ScanCerts& certs, std::vector<std::string> extra = {}) {
     const std::string bin = std::string(FLOTILLA_BIN_DIR) + "/flotilla-coordinator";
     const std::string port_file = certs.File("port"), http_port_file = certs.File("http-port");
     fs::remove(port_file);
@@ -285,7 +285,7 @@ void ExpectOnlyAead(const std::string& what, int port, const std::vector<Suite>&
 class TlsScan : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TlsScan, EveryPortOffersOnlyEcdheAeadSuites) {
-  Certs certs(GetParam());
+  ScanCerts certs(GetParam());
   ASSERT_TRUE(certs.ok());
   Coordinator coordinator(certs);
   ASSERT_TRUE(coordinator.ok());
@@ -301,7 +301,7 @@ INSTANTIATE_TEST_SUITE_P(Certificates, TlsScan, ::testing::Values("rsa:2048", "e
 // The scan itself sees CBC and static-RSA suites where a server offers them:
 // an `openssl s_server` with OpenSSL's defaults, as HTTPS had them before.
 TEST(TlsScanCheck, FindsCbcAndStaticRsaOnAServerWithOpenSslDefaults) {
-  Certs certs("rsa:2048");
+  ScanCerts certs("rsa:2048");
   ASSERT_TRUE(certs.ok());
   const std::string log = certs.File("s_server.log");
   const pid_t pid = fork();
@@ -349,7 +349,7 @@ TEST(TlsScanCheck, FindsCbcAndStaticRsaOnAServerWithOpenSslDefaults) {
 // gRPC takes its suites from GRPC_SSL_CIPHER_SUITES: one that would weaken the
 // gRPC port stops the coordinator at start, naming it.
 TEST(TlsScanCheck, WeakGrpcCipherSuitesInTheEnvironmentAreRefusedAtStart) {
-  Certs certs("ec");
+  ScanCerts certs("ec");
   ASSERT_TRUE(certs.ok());
   auto [rc, out] = RunCommandWithStderr(
       "GRPC_SSL_CIPHER_SUITES=ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES128-SHA timeout 60 " +
@@ -365,7 +365,8 @@ TEST(TlsScanCheck, WeakGrpcCipherSuitesInTheEnvironmentAreRefusedAtStart) {
 
 // An HTTPS client that trusts the test CA, presenting `client` ("" = no
 // certificate).
-std::unique_ptr<httplib::SSLClient> Https(const Certs& certs, int port, const std::string& client) {
+std::unique_ptr<httplib::SSLClient> Https(const ScanCerts& certs, int port,
+                                          const std::string& client) {
   auto c = client.empty()
                ? std::make_unique<httplib::SSLClient>("127.0.0.1", port)
                : std::make_unique<httplib::SSLClient>(
@@ -380,7 +381,7 @@ std::unique_ptr<httplib::SSLClient> Https(const Certs& certs, int port, const st
 // With --tls-client-ca, HTTPS serves only clients with a certificate that CA
 // signed; the others fail at the handshake, on TLS 1.2 and TLS 1.3 alike.
 TEST(HttpsMtls, OnlyClientsWithACertificateFromTheCaAreServed) {
-  Certs certs("ec");
+  ScanCerts certs("ec");
   ASSERT_TRUE(certs.ok());
   Coordinator coordinator(certs, {"--tls-client-ca", certs.File("ca.crt")});
   ASSERT_TRUE(coordinator.ok());

@@ -14,9 +14,7 @@
 namespace {
 
 // Runs a shell command and returns {exit code, stdout}.
-std::pair<int, std::string> RunCommand(const std::string& cmd) {
-  return flotilla::testing_util::RunCommand(cmd);
-}
+using flotilla::testing_util::RunCommand;
 
 TEST(FlotillaCli, InfoJsonDescribesBuildAndDevices) {
   auto [rc, out] = RunCommand(std::string(FLOTILLA_BIN) + " info --json");

@@ -14,9 +14,7 @@
 
 namespace {
 
-std::pair<int, std::string> RunCommand(const std::string& cmd) {
-  return flotilla::testing_util::RunCommand(cmd);
-}
+using flotilla::testing_util::RunCommand;
 
 std::string Flotilla(const std::string& args) { return std::string(FLOTILLA_BIN) + " " + args; }
 

@@ -20,15 +20,16 @@ set(FLOTILLA_TEST_CXX_OPTIMIZATION $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Rele
 # share it), and no class of external linkage holds a type of one (gcc's
 # -Wsubobject-linkage: HttpTransport::Impl's members are of the named
 # namespace http_transport_detail for that reason).
-# With FLOTILLA_UNITY=OFF every source compiles on its own (what
-# shows a header that forgot an include).
+# A folder's CPU test sources are one test program for the same reason
+# (tests/README.md). With FLOTILLA_UNITY=OFF every source compiles on its own
+# (what shows a header that forgot an include).
 set(FLOTILLA_UNITY_TARGETS
   flotilla_common flotilla_grammar flotilla_harmony flotilla_model flotilla_engine_cpu
   flotilla_engine_cuda flotilla_worker_runtime flotilla_cluster flotilla_coordinator flotilla_openai flotilla_http
-  flotilla_cli common_test engine_test grammar_test responses_test worker_runtime_test cluster_test
-  worker_parts_test worker_speculative_test harmony_test cli_test http_pipeline_test
-  parallel_device_context_test net_limits_test multi_turn_workload_test comm_local_test proto_test
-  kernels_cpu_test)
+  flotilla_cli common_test engine_test grammar_test worker_runtime_test cluster_test
+  worker_parts_test worker_speculative_test harmony_test cli_test http_test coordinator_test
+  grpc_test net_test model_test tokenizer_test parallel_device_context_test comm_local_test
+  proto_test kernels_cpu_test)
 set(FLOTILLA_UNITY_BATCH 8)
 
 # Project defaults for a target: warnings (as errors), the repository root on
