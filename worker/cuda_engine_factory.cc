@@ -48,10 +48,7 @@ class CudaEngineFactory final : public EngineFactory {
     co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     co.deterministic = options.deterministic;
     if (options.moe_gemm_min_pairs.has_value()) {
-      // Process-wide: a worker process holds one engine.
-      kernels::cuda::MoeTuning tuning = kernels::cuda::GetMoeTuning();
-      tuning.gemm_min_pairs_per_expert = *options.moe_gemm_min_pairs;
-      kernels::cuda::SetMoeTuning(tuning);
+      co.moe_tuning.gemm_min_pairs_per_expert = *options.moe_gemm_min_pairs;
     }
     FLOTILLA_ASSIGN_OR_RETURN(co.kv_cache_dtype, KvCacheDtypeOf(a, options));
     FLOTILLA_ASSIGN_OR_RETURN(const MoeActivation moe_activation, MoeActivationOf(a, options));

@@ -838,22 +838,10 @@ Sizes SizesOf(int E, int H, int I) {
 
 size_t StagingBytes(int ncols) { return size_t{kTok} * (ncols / 32) * kXStride * sizeof(float); }
 
-// Raises a kernel's dynamic shared memory limit when it needs more than the
-// default; `allowed` remembers the limit set, so calls inside a stream capture
-// that follow a first, uncaptured call make no attribute call at all.
-template <typename Kernel>
-cudaError_t AllowSharedBytes(Kernel kernel, size_t bytes, size_t* allowed) {
-  if (bytes <= 48 * 1024 || bytes <= *allowed) return cudaSuccess;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes));
-  if (err == cudaSuccess) *allowed = bytes;
-  return err;
-}
-
 cudaError_t LaunchGateUp(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const __nv_bfloat16* x,
                          int top_k, RouteView route, float limit, float alpha, float* h) {
   const size_t smem = StagingBytes(w.hidden);
-  static size_t allowed = 0;
+  static PerDevice<size_t> allowed;
   cudaError_t err = AllowSharedBytes(GateUpSwigluKernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   GateUpSwigluKernel<<<grid, kThreads, smem, stream>>>(w, x, top_k, route, limit, alpha, h);
@@ -863,7 +851,7 @@ cudaError_t LaunchGateUp(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, con
 cudaError_t LaunchDown(dim3 grid, cudaStream_t stream, MoeDeviceWeights w, const float* h,
                        const float* topk_weights, int top_k, RouteView route, float* out) {
   const size_t smem = StagingBytes(w.intermediate);
-  static size_t allowed = 0;
+  static PerDevice<size_t> allowed;
   cudaError_t err = AllowSharedBytes(DownScatterKernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   DownScatterKernel<<<grid, kThreads, smem, stream>>>(w, h, topk_weights, top_k, route, out);
@@ -877,26 +865,19 @@ cudaError_t LaunchMma(int slots, cudaStream_t stream, const MmaArgs& args, bool 
   const size_t smem =
       kBufs * (static_cast<size_t>(kTileRows) * (nbl * 16 + 16) + kTileRows * args.nb);
   auto kernel = MoeMmaKernel<kDown, kGroups, kPrmt, kBufs>;
-  static size_t allowed = 0;
+  static PerDevice<size_t> allowed;
   cudaError_t err = AllowSharedBytes(kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   int grid = slots * (args.rows / kTileRows) * ksplit;
   if (kBufs > 1) {
-    // Persistent: as many CTAs as fit at once (each loops over its tiles).
-    static size_t occ_smem = 0;
-    static int occ = 0, sms = 0;
-    if (occ_smem != smem) {
-      int dev = 0;
-      if ((err = cudaGetDevice(&dev)) != cudaSuccess) return err;
-      if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) !=
-          cudaSuccess) {
-        return err;
-      }
-      if ((err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kMmaThreads,
-                                                               smem)) != cudaSuccess) {
-        return err;
-      }
-      occ_smem = smem;
+    // Persistent: as many CTAs as fit at once on this device (each loops
+    // over its tiles); host queries, legal inside a stream capture.
+    int dev = 0, sms = 0, occ = 0;
+    if ((err = cudaGetDevice(&dev)) != cudaSuccess ||
+        (err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess ||
+        (err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel, kMmaThreads, smem)) !=
+            cudaSuccess) {
+      return err;
     }
     grid = std::min(grid, std::max(1, occ) * sms);
   }
@@ -931,9 +912,6 @@ cudaError_t LaunchMmaProjection(int slots, cudaStream_t stream, const MmaArgs& a
                     : LaunchMmaGroups<kDown, 1>(slots, stream, args, t);
 }
 
-
-MoeTuning g_tuning;
-
 bool UseGemm(const MoeTuning& t, int pairs, int num_experts) {
   if (t.legacy_fma || t.copy_only || t.math_only || t.gemm_min_pairs_per_expert < 0) return false;
   return static_cast<int64_t>(pairs) >=
@@ -942,10 +920,8 @@ bool UseGemm(const MoeTuning& t, int pairs, int num_experts) {
 
 }  // namespace
 
-void SetMoeTuning(const MoeTuning& tuning) { g_tuning = tuning; }
-MoeTuning GetMoeTuning() { return g_tuning; }
-bool MoeUsesGemm(int tokens, int top_k, int num_experts) {
-  return UseGemm(g_tuning, tokens * top_k, num_experts);
+bool MoeUsesGemm(int tokens, int top_k, int num_experts, const MoeTuning& tuning) {
+  return UseGemm(tuning, tokens * top_k, num_experts);
 }
 
 size_t MoeDeviceWeights::ExpertBytes() const {
@@ -1111,7 +1087,8 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
 cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic) {
+                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic,
+                           const MoeTuning& tuning) {
   if (!ShapeOk(w.num_experts, w.hidden, w.intermediate) || tokens < 0 || top_k <= 0 ||
       top_k > w.num_experts) {
     return cudaErrorInvalidValue;
@@ -1147,7 +1124,6 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
   const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
 
-  const MoeTuning tuning = g_tuning;
   // Deterministic: each pair's output in its own zeroed row (at most two
   // writers per value, and a + b == b + a), then summed per token in choice
   // order; else added into `out` with atomics in the order CTAs finish.

@@ -87,39 +87,9 @@ cudaError_t LaunchFillMoeWeightsSynthetic(const MoeDeviceWeights& w, uint64_t se
 size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k,
                          bool deterministic = false);
 
-// out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])
-// with e = topk_ids[t, k].
-//   x: bf16 [tokens, H]; topk_ids int32 / topk_weights f32 [tokens, top_k];
-//   out: f32 [tokens, H], added into (pass a zeroed buffer or the residual);
-//   workspace: MoeWorkspaceBytes() bytes, 16-byte aligned;
-//   invalid_ids: device int32 that receives how many ids were outside
-//     [0, num_experts) (those pairs are skipped), or nullptr.
-// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md.
-// deterministic: the same inputs give the same bits on every call. Without
-// it, a token's K expert outputs are added into `out` with float atomics in
-// the order the CTAs finish; with it, each pair's output goes to a zeroed row
-// of its own (at most two writers per value: the down projection's split is
-// capped at 2, and a + b == b + a), and one more kernel adds each token's K
-// rows into `out` in choice order. Not on the CUDA-core baseline
-// (MoeTuning::legacy_fma). Returns cudaErrorInvalidValue for bad arguments,
-// else the launch status.
-cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
-                           const float* topk_weights, int tokens, int top_k, float limit,
-                           float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic = false);
-
-// Routing alone (step 1 above), exposed for tests. For P = tokens * top_k pairs:
-//   expert_count [num_experts], expert_offset [num_experts + 1] (exclusive
-//   prefix sum), pair_of [P]: the pair indices grouped by expert (order within
-//   an expert unspecified), active [num_experts]: the touched experts in
-//   ascending order, num_active [1], invalid_ids [1].
-cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
-                           int32_t* expert_count, int32_t* expert_offset, int32_t* pair_of,
-                           int32_t* active, int32_t* num_active, int32_t* invalid_ids,
-                           cudaStream_t stream);
-
-// How LaunchMoeLayer runs (process-wide; the defaults are the fastest measured;
-// benchmarks and tests switch them to compare paths).
+// How LaunchMoeLayer runs, passed with each call (an engine keeps its own:
+// CudaEngineOptions::moe_tuning). The defaults are the fastest measured;
+// benchmarks and tests switch them to compare paths.
 struct MoeTuning {
   // The first CUDA-core kernels (f32 FMAs per value), kept as the baseline.
   bool legacy_fma = false;
@@ -173,11 +143,42 @@ struct MoeTuning {
   // GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
   bool gemm_wgmma = true;
 };
-void SetMoeTuning(const MoeTuning& tuning);
-MoeTuning GetMoeTuning();
-// Whether LaunchMoeLayer takes the grouped-GEMM path for this step under the
-// current tuning (it rounds x to f16 once more than the decode kernels and
-// sums in another order: tests widen their tolerance for it).
-bool MoeUsesGemm(int tokens, int top_k, int num_experts);
+
+// out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])
+// with e = topk_ids[t, k].
+//   x: bf16 [tokens, H]; topk_ids int32 / topk_weights f32 [tokens, top_k];
+//   out: f32 [tokens, H], added into (pass a zeroed buffer or the residual);
+//   workspace: MoeWorkspaceBytes() bytes, 16-byte aligned;
+//   invalid_ids: device int32 that receives how many ids were outside
+//     [0, num_experts) (those pairs are skipped), or nullptr.
+// swiglu uses `limit` (7) and `alpha` (1.702) as in MODEL.md.
+// deterministic: the same inputs give the same bits on every call. Without
+// it, a token's K expert outputs are added into `out` with float atomics in
+// the order the CTAs finish; with it, each pair's output goes to a zeroed row
+// of its own (at most two writers per value: the down projection's split is
+// capped at 2, and a + b == b + a), and one more kernel adds each token's K
+// rows into `out` in choice order. Not on the CUDA-core baseline
+// (MoeTuning::legacy_fma). `tuning` picks the kernels (MoeTuning). Returns
+// cudaErrorInvalidValue for bad arguments, else the launch status.
+cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
+                           const float* topk_weights, int tokens, int top_k, float limit,
+                           float alpha, float* out, void* workspace, size_t workspace_bytes,
+                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic = false,
+                           const MoeTuning& tuning = MoeTuning{});
+
+// Routing alone (step 1 above), exposed for tests. For P = tokens * top_k pairs:
+//   expert_count [num_experts], expert_offset [num_experts + 1] (exclusive
+//   prefix sum), pair_of [P]: the pair indices grouped by expert (order within
+//   an expert unspecified), active [num_experts]: the touched experts in
+//   ascending order, num_active [1], invalid_ids [1].
+cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
+                           int32_t* expert_count, int32_t* expert_offset, int32_t* pair_of,
+                           int32_t* active, int32_t* num_active, int32_t* invalid_ids,
+                           cudaStream_t stream);
+
+// Whether LaunchMoeLayer takes the grouped-GEMM path for this step under
+// `tuning` (it rounds x to f16 once more than the decode kernels and sums in
+// another order: tests widen their tolerance for it).
+bool MoeUsesGemm(int tokens, int top_k, int num_experts, const MoeTuning& tuning = MoeTuning{});
 
 }  // namespace flotilla::kernels::cuda

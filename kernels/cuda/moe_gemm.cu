@@ -1,5 +1,3 @@
-#include "kernels/cuda/moe_gemm.h"
-
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -7,6 +5,8 @@
 #include <cstdint>
 
 #include "kernels/cuda/fp4.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
@@ -579,13 +579,10 @@ cudaError_t LaunchProjection(const GemmArgs& args, int max_tiles, cudaStream_t s
   constexpr size_t kAlignSlack = kWgmma ? 1024 : 0;  // stages aligned to 1024 bytes
   constexpr int kActs = ActivationParts(kDown, kBM);
   const size_t smem = SharedBytes<kBM, kActs, kStages>(kMaxBlocksPerRow) + kAlignSlack;
-  static bool attribute_set = false;  // once, so later calls may sit in a graph capture
-  if (!attribute_set) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    attribute_set = true;
-  }
+  // Set once per device, so later calls may sit in a graph capture.
+  static PerDevice<size_t> allowed;
+  const cudaError_t err = AllowSharedBytes(kernel, smem, &allowed);
+  if (err != cudaSuccess) return err;
   const dim3 grid((args.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
   kernel<<<grid, kThreads, SharedBytes<kBM, kActs, kStages>(args.k / 32) + kAlignSlack, stream>>>(
       args);

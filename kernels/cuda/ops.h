@@ -139,6 +139,22 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
                                  float* weights, unsigned* done, cudaStream_t stream,
                                  bool deterministic = false);
 
+// How LaunchNormQkvRope starts streaming its weights before it waits for the
+// previous kernel (programmatic dependent launch), passed with each call (an
+// engine keeps its own: CudaEngineOptions::qkv_tuning); benchmarks compare.
+struct NormQkvRopeTuning {
+  // Each block asks L2 for its whole 16-row weight tile.
+  bool l2_prefetch = true;
+  // Each warp loads its first 4 slices of weights into registers (as the
+  // LaunchLinear GEMV does).
+  bool early_loads = true;
+  // The next kernel may launch only once the projection is done (before the
+  // epilogue) rather than at once, so its waiting blocks take no SM slots
+  // earlier. (120b step on an H200, batch 1: 3.16 ms with both on, 3.26 with
+  // the L2 prefetch alone, 3.30 with neither.)
+  bool late_dependents = true;
+};
+
 // Few tokens: the input RMSNorm, the QKV projection, RoPE and the KV cache
 // write in one launch, equal to
 //   LaunchAddRmsNorm(x, nullptr, norm_weight, tokens, hidden, eps, t)
@@ -155,25 +171,8 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
                               const uint16_t* wqkv, const uint16_t* bqkv, int tokens, int hidden,
                               int q_heads, const int32_t* positions, const int32_t* slots,
                               const float* inv_freq, float scaling, const PagedKvLayer& cache,
-                              uint16_t* q_out, cudaStream_t stream);
-
-// How LaunchNormQkvRope starts streaming its weights before it waits for the
-// previous kernel (programmatic dependent launch); for benchmarks. Process-wide,
-// read at launch (a captured graph keeps what it was launched with).
-struct NormQkvRopeTuning {
-  // Each block asks L2 for its whole 16-row weight tile.
-  bool l2_prefetch = true;
-  // Each warp loads its first 4 slices of weights into registers (as the
-  // LaunchLinear GEMV does).
-  bool early_loads = true;
-  // The next kernel may launch only once the projection is done (before the
-  // epilogue) rather than at once, so its waiting blocks take no SM slots
-  // earlier. (120b step on an H200, batch 1: 3.16 ms with both on, 3.26 with
-  // the L2 prefetch alone, 3.30 with neither.)
-  bool late_dependents = true;
-};
-void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning);
-NormQkvRopeTuning GetNormQkvRopeTuning();
+                              uint16_t* q_out, cudaStream_t stream,
+                              const NormQkvRopeTuning& tuning = NormQkvRopeTuning{});
 
 // Router: for each row of logits f32 [rows, E] the K largest (descending, ties
 // to the lower index as torch.topk does) and the softmax over those K only.

@@ -43,8 +43,6 @@ size_t SmemBytes(int tokens, int hidden) {
   return staged > static_cast<size_t>(kRedBytes) ? staged : kRedBytes;
 }
 
-NormQkvRopeTuning g_tuning;
-
 // At most 85 registers: 3 blocks per SM, as GemvMmaKernel.
 // kEarly: the first kUnroll input slices of weights are loaded into registers
 // before waiting for the previous kernel (as GemvMmaKernel does), on top of or
@@ -219,7 +217,8 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
                               const uint16_t* wqkv, const uint16_t* bqkv, int tokens, int hidden,
                               int q_heads, const int32_t* positions, const int32_t* slots,
                               const float* inv_freq, float scaling, const PagedKvLayer& cache,
-                              uint16_t* q_out, cudaStream_t stream) {
+                              uint16_t* q_out, cudaStream_t stream,
+                              const NormQkvRopeTuning& tuning) {
   if (x == nullptr || norm_weight == nullptr || wqkv == nullptr || positions == nullptr ||
       inv_freq == nullptr || q_out == nullptr || q_heads <= 0 || cache.kv_heads <= 0 ||
       !NormQkvRopeSupported(tokens, hidden, cache.head_dim)) {
@@ -233,7 +232,7 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   const int out = (q_heads + 2 * cache.kv_heads) * cache.head_dim;
   const size_t smem = SmemBytes(tokens, hidden);
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
-  const bool early = g_tuning.early_loads;
+  const bool early = tuning.early_loads;
   const auto kernel =
       tokens == 1   ? (early ? NormQkvRopeKernel<1, true> : NormQkvRopeKernel<1, false>)
       : tokens == 2 ? (early ? NormQkvRopeKernel<2, true> : NormQkvRopeKernel<2, false>)
@@ -247,11 +246,8 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   return LaunchPdl(kernel, dim3((out + 15) / 16), dim3(kThreads), smem, stream, true, x,
                    norm_weight, eps, wqkv, bqkv, tokens, hidden, q_heads, cache.kv_heads,
                    cache.head_dim, positions, slots, inv_freq, scaling, cache.k, cache.v,
-                   cache.block_size > 0 ? cache.block_size : 1, cache_slots,
-                   g_tuning.l2_prefetch, g_tuning.late_dependents, q_out);
+                   cache.block_size > 0 ? cache.block_size : 1, cache_slots, tuning.l2_prefetch,
+                   tuning.late_dependents, q_out);
 }
-
-void SetNormQkvRopeTuning(const NormQkvRopeTuning& tuning) { g_tuning = tuning; }
-NormQkvRopeTuning GetNormQkvRopeTuning() { return g_tuning; }
 
 }  // namespace flotilla::kernels::cuda

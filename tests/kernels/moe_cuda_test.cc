@@ -125,9 +125,10 @@ std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint1
 // tokens pick one expert twice (as a buggy router could): both must match the
 // reference, which skips the former and counts the latter twice.
 // deterministic: the layer runs in that mode twice from the same start, and
-// both outputs must be the same bits.
+// both outputs must be the same bits. `tuning` picks the kernels.
 void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed,
-                int bad_ids = 0, bool deterministic = false) {
+                int bad_ids = 0, bool deterministic = false,
+                const cuda::MoeTuning& tuning = cuda::MoeTuning{}) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   const size_t H = m.H;
@@ -168,14 +169,14 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
   ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
-                                 d_invalid, nullptr, deterministic),
+                                 d_invalid, nullptr, deterministic, tuning),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = ToHost(d_out, out0.size());
   if (deterministic) {
     ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
-                                   d_invalid, nullptr, deterministic),
+                                   d_invalid, nullptr, deterministic, tuning),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_TRUE(ToHost(d_out, out0.size()) == got) << "T=" << T << ": two runs differ";
@@ -193,7 +194,7 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   // The grouped-GEMM path rounds h to bf16 (2^-9 relative) before the down
   // projection: its 2880-term sums then differ by ~1e-3 of their spread, so it
   // gets 4e-3 (a wrong nibble, scale, bias or slot still moves outputs by 1e-2).
-  const float rel = cuda::MoeUsesGemm(T, K, E) ? 4e-3f : 1e-4f;
+  const float rel = cuda::MoeUsesGemm(T, K, E, tuning) ? 4e-3f : 1e-4f;
   const float tol = rel * std::max(1.f, max_ref);
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -206,9 +207,10 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   }
   EXPECT_EQ(bad, 0);
   EXPECT_GT(mean_abs, 1e-2f) << "outputs too small for the comparison to mean anything";
-  std::printf("%s T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
-              cuda::MoeUsesGemm(T, K, E) ? "gemm" : "decode", T, K, E, H, m.I, max_ref, mean_abs,
-              max_err, tol);
+  std::printf(
+      "%s T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
+      cuda::MoeUsesGemm(T, K, E, tuning) ? "gemm" : "decode", T, K, E, H, m.I, max_ref, mean_abs,
+      max_err, tol);
 }
 
 class MoeCudaRealShapeTest : public MoeCudaTest {
@@ -246,9 +248,8 @@ TEST_F(MoeCudaRealShapeTest, ManyTokensPerExpert) {
   few.num_experts = 4;  // the first 4 experts of the same tensors
   cuda::MoeTuning t;
   t.gemm_min_pairs_per_expert = -1;  // the decode kernels, not the GEMMs
-  cuda::SetMoeTuning(t);
-  CheckLayer(few, *host_, 40, 2, 12);  // 80 pairs >= 16 * E: four column groups per decode
-  cuda::SetMoeTuning(cuda::MoeTuning{});
+  CheckLayer(few, *host_, 40, 2, 12, /*bad_ids=*/0, /*deterministic=*/false,
+             t);  // 80 pairs >= 16 * E: four column groups per decode
 }
 // The grouped-GEMM path at every size, both tile heights, with bad ids; and
 // the decode kernels at the sizes the GEMM path takes by default.
@@ -256,32 +257,28 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
   for (int rows : {32, 64, 128}) {
     cuda::MoeTuning t;
     t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = rows;
-    cuda::SetMoeTuning(t);
-    CheckLayer(weights_, *host_, 1, 4, 21);
-    CheckLayer(weights_, *host_, 8, 4, 22, /*bad_ids=*/6);
-    CheckLayer(weights_, *host_, 64, 4, 23);
-    CheckLayer(weights_, *host_, 300, 4, 24, /*bad_ids=*/20);
+    CheckLayer(weights_, *host_, 1, 4, 21, /*bad_ids=*/0, /*deterministic=*/false, t);
+    CheckLayer(weights_, *host_, 8, 4, 22, /*bad_ids=*/6, /*deterministic=*/false, t);
+    CheckLayer(weights_, *host_, 64, 4, 23, /*bad_ids=*/0, /*deterministic=*/false, t);
+    CheckLayer(weights_, *host_, 300, 4, 24, /*bad_ids=*/20, /*deterministic=*/false, t);
     cuda::MoeDeviceWeights few = weights_;
     few.num_experts = 4;
-    CheckLayer(few, *host_, 200, 2, 25);  // 100 rows per expert: several tiles of 32
+    CheckLayer(few, *host_, 200, 2, 25, /*bad_ids=*/0, /*deterministic=*/false,
+               t);  // 100 rows per expert: several tiles of 32
   }
   // Every tile at full height (no remainder tiles); tiles of every height on
   // mma.sync instead of wgmma.
   cuda::MoeTuning t;
   t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = 128, t.gemm_remainder_tiles = false;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 300, 4, 27, /*bad_ids=*/20);
+  CheckLayer(weights_, *host_, 300, 4, 27, /*bad_ids=*/20, /*deterministic=*/false, t);
   t.gemm_wgmma = false;
   for (int rows : {32, 64, 128}) {
     t.gemm_rows_per_tile = rows;
-    cuda::SetMoeTuning(t);
-    CheckLayer(weights_, *host_, 300, 4, 28, /*bad_ids=*/20);
+    CheckLayer(weights_, *host_, 300, 4, 28, /*bad_ids=*/20, /*deterministic=*/false, t);
   }
   t = cuda::MoeTuning{};
   t.gemm_min_pairs_per_expert = -1;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 300, 4, 26);
-  cuda::SetMoeTuning(cuda::MoeTuning{});
+  CheckLayer(weights_, *host_, 300, 4, 26, /*bad_ids=*/0, /*deterministic=*/false, t);
 }
 // Deterministic sums: the decode kernels (1-64 tokens, every column-group
 // count, a split of 3 capped at 2) and the grouped GEMMs give the same bits
@@ -291,24 +288,20 @@ TEST_F(MoeCudaRealShapeTest, DeterministicSumsRepeatBitForBit) {
   CheckLayer(weights_, *host_, 64, 4, 61, /*bad_ids=*/20, /*deterministic=*/true);
   cuda::MoeTuning t;
   t.down_split_k = 3;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 8, 4, 62, 0, /*deterministic=*/true);
+  CheckLayer(weights_, *host_, 8, 4, 62, /*bad_ids=*/0, /*deterministic=*/true, t);
   cuda::MoeDeviceWeights few = weights_;
   few.num_experts = 4;
   t = cuda::MoeTuning{};
   t.gemm_min_pairs_per_expert = -1;
   for (int groups : {2, 4}) {
     t.decode_groups = groups;
-    cuda::SetMoeTuning(t);
-    CheckLayer(few, *host_, 40, 2, 62 + groups, 0, /*deterministic=*/true);
+    CheckLayer(few, *host_, 40, 2, 62 + groups, /*bad_ids=*/0, /*deterministic=*/true, t);
   }
   for (int rows : {32, 64, 128}) {
     t = cuda::MoeTuning{};
     t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = rows;
-    cuda::SetMoeTuning(t);
-    CheckLayer(weights_, *host_, 300, 4, 70 + rows, /*bad_ids=*/20, /*deterministic=*/true);
+    CheckLayer(weights_, *host_, 300, 4, 70 + rows, /*bad_ids=*/20, /*deterministic=*/true, t);
   }
-  cuda::SetMoeTuning(cuda::MoeTuning{});
 }
 
 // The other paths stay selectable and correct: the CUDA-core baseline, the
@@ -317,20 +310,16 @@ TEST_F(MoeCudaRealShapeTest, DeterministicSumsRepeatBitForBit) {
 TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   cuda::MoeTuning t;
   t.legacy_fma = true;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4);
+  CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4, /*deterministic=*/false, t);
   t = cuda::MoeTuning{};
   t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
-  cuda::SetMoeTuning(t);
-  CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4);
+  CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4, /*deterministic=*/false, t);
   for (int bufs : {2, 3}) {
     t = cuda::MoeTuning{};
     t.tile_buffers = bufs, t.down_split_k = 3;
-    cuda::SetMoeTuning(t);
-    CheckLayer(weights_, *host_, 3, 4, 15 + bufs, /*bad_ids=*/2);
-    CheckLayer(weights_, *host_, 64, 4, 16 + bufs);
+    CheckLayer(weights_, *host_, 3, 4, 15 + bufs, /*bad_ids=*/2, /*deterministic=*/false, t);
+    CheckLayer(weights_, *host_, 64, 4, 16 + bufs, /*bad_ids=*/0, /*deterministic=*/false, t);
   }
-  cuda::SetMoeTuning(cuda::MoeTuning{});
 }
 
 // Small shape uploaded from host tensors (the path real checkpoints take),
@@ -369,12 +358,10 @@ TEST_F(MoeCudaTest, SmallShapeFromHostUpload) {
   for (int min_pairs : {0, -1}) {
     cuda::MoeTuning t;
     t.gemm_min_pairs_per_expert = min_pairs;
-    cuda::SetMoeTuning(t);
-    CheckLayer(w, m, 1, 2, 8);
-    CheckLayer(w, m, 37, 2, 9);
-    CheckLayer(w, m, 300, 8, 10);
+    CheckLayer(w, m, 1, 2, 8, /*bad_ids=*/0, /*deterministic=*/false, t);
+    CheckLayer(w, m, 37, 2, 9, /*bad_ids=*/0, /*deterministic=*/false, t);
+    CheckLayer(w, m, 300, 8, 10, /*bad_ids=*/0, /*deterministic=*/false, t);
   }
-  cuda::SetMoeTuning(cuda::MoeTuning{});
   cuda::FreeMoeWeights(&w);
 }
 

@@ -163,9 +163,10 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
   // engine's decode path).
   ASSERT_TRUE(cuda::NormQkvRopeSupported(T, H, D));
   // One fused launch on `stream` writing q into `q` and k, v into `kv`.
-  auto launch_fused = [&](uint16_t* q, cuda::PagedKvLayer kv, cudaStream_t stream = nullptr) {
+  auto launch_fused = [&](uint16_t* q, cuda::PagedKvLayer kv, cudaStream_t stream = nullptr,
+                          const cuda::NormQkvRopeTuning& tuning = cuda::NormQkvRopeTuning{}) {
     return cuda::LaunchNormQkvRope(dx.p, dnw.p, eps, dwp.p, dbp.p, T, H, NH, dpos.p, dslots.p,
-                                   dinv.p, scaling, kv, q, stream);
+                                   dinv.p, scaling, kv, q, stream, tuning);
   };
   Dev<uint16_t> fq(size_t(T) * NH * D), fk(sentinel), fv(sentinel);
   cuda::PagedKvLayer cache{fk.p, fv.p, blocks, bs, NKV, D};
@@ -177,21 +178,18 @@ void RunCase(const Shape& s, int T, uint32_t seed) {
   EXPECT_EQ(dx.Get(), x) << "the residual is read only";
 
   // The ways of streaming the weights change nothing in the results.
-  const cuda::NormQkvRopeTuning saved = cuda::GetNormQkvRopeTuning();
   for (int variant = 0; variant < 8; ++variant) {
     cuda::NormQkvRopeTuning tuning;
     tuning.l2_prefetch = (variant & 1) != 0;
     tuning.early_loads = (variant & 2) != 0;
     tuning.late_dependents = (variant & 4) != 0;
-    cuda::SetNormQkvRopeTuning(tuning);
     Dev<uint16_t> tq(size_t(T) * NH * D), tk(sentinel), tv(sentinel);
-    ASSERT_EQ(launch_fused(tq.p, {tk.p, tv.p, blocks, bs, NKV, D}), cudaSuccess);
+    ASSERT_EQ(launch_fused(tq.p, {tk.p, tv.p, blocks, bs, NKV, D}, nullptr, tuning), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(tq.Get(), fq.Get()) << "tuning variant " << variant;
     EXPECT_EQ(tk.Get(), fk.Get()) << "tuning variant " << variant;
     EXPECT_EQ(tv.Get(), fv.Get()) << "tuning variant " << variant;
   }
-  cuda::SetNormQkvRopeTuning(saved);
 
   Dev<uint16_t> gq(size_t(T) * NH * D), gk(sentinel), gv(sentinel);
   cuda::PagedKvLayer gcache{gk.p, gv.p, blocks, bs, NKV, D};

@@ -269,6 +269,7 @@ int main(int argc, char** argv) {
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
+  flotilla::kernels::cuda::MoeTuning moe_tuning;
   std::vector<std::string> ablate;
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
@@ -321,13 +322,10 @@ int main(int argc, char** argv) {
     else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
     else if (a == "--qkv-late-dependents") qkv_tuning.late_dependents = v == "1" || v == "true";
     else if (a == "--moe-gemm-min-pairs") {
-      flotilla::kernels::cuda::MoeTuning t = flotilla::kernels::cuda::GetMoeTuning();
-      t.gemm_min_pairs_per_expert = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
-      flotilla::kernels::cuda::SetMoeTuning(t);
+      moe_tuning.gemm_min_pairs_per_expert = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-gemm-h-low-part-below") {
-      flotilla::kernels::cuda::MoeTuning t = flotilla::kernels::cuda::GetMoeTuning();
-      t.gemm_h_low_part_below_pairs = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
-      flotilla::kernels::cuda::SetMoeTuning(t);
+      moe_tuning.gemm_h_low_part_below_pairs =
+          static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;
@@ -397,7 +395,8 @@ int main(int argc, char** argv) {
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
   o.deterministic = deterministic;
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
-  flotilla::kernels::cuda::SetNormQkvRopeTuning(qkv_tuning);
+  o.qkv_tuning = qkv_tuning;
+  o.moe_tuning = moe_tuning;
   const auto t0 = Clock::now();
   auto made = CudaEngine::CreateSynthetic(c, 42, o);
   if (!made.ok()) {

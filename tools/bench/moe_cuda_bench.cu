@@ -310,13 +310,13 @@ int main(int argc, char** argv) {
     for (const Variant& var : variants) {
       const bool legacy = var.tuning.legacy_fma;
       if (legacy && T > 256) continue;  // minutes, not news
-      flotilla::kernels::cuda::SetMoeTuning(var.tuning);
       auto all_layers = [&]() -> bool {
         for (long l = 0; l < layers; ++l) {
-          if (!Check(flotilla::kernels::cuda::LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K,
-                                                             7.0f, 1.702f, d_out, d_ws, ws,
-                                                             nullptr, stream),
-                     "launch")) {
+          if (!Check(
+                  flotilla::kernels::cuda::LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f,
+                                                          1.702f, d_out, d_ws, ws, nullptr, stream,
+                                                          /*deterministic=*/false, var.tuning),
+                  "launch")) {
             return false;
           }
         }
@@ -357,7 +357,6 @@ int main(int argc, char** argv) {
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
     }
-    flotilla::kernels::cuda::SetMoeTuning(MoeTuning{});
     for (long l = 0; l < layers; ++l) cudaFree(d_ids[l]), cudaFree(d_tw[l]);
     cudaFree(d_x), cudaFree(d_out), cudaFree(d_ws);
   }

@@ -43,6 +43,8 @@
 #include "absl/status/statusor.h"
 #include "common/model_config.h"
 #include "common/model_spec.h"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/ops.h"
 #include "kernels/cuda/sampling.h"
 #include "worker/engine/engine.h"
 #include "worker/engine/engine_sequences.h"
@@ -129,6 +131,12 @@ struct CudaEngineOptions {
   // it waits), nor did the down weights asked for by the gate_up tiles
   // (batch 1: 3.15 against 3.04 ms).
   int l2_prefetch_max_tokens = 4;
+  // How this engine's MoE layers and fused norm + QKV launches run: the
+  // defaults are the fastest measured; the worker's --moe-gemm-min-pairs and
+  // the benchmarks change them. Each engine keeps its own (nothing
+  // process-wide), so engines of one process may differ.
+  kernels::cuda::MoeTuning moe_tuning;
+  kernels::cuda::NormQkvRopeTuning qkv_tuning;
   // Tests: fill StepOutput::routing with every token's experts per layer.
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().

@@ -179,9 +179,10 @@ absl::Status LayerStages::WriteQkv(const CudaDeviceState::Layer& L, const kc::Pa
     // in one launch (labelled as the projection it mostly is).
     FLOTILLA_RETURN_IF_ERROR(Mark("qkv_linear"));
     if (!On("qkv_linear")) return absl::OkStatus();
-    return CudaStatus(kc::LaunchNormQkvRope(d_.x, L.input_norm, eps_, L.wqkv, L.bqkv, T_, H_, NH_,
-                                            pos, slots, d_.inv_freq, d_.rope_scaling, kv, d_.q, s),
-                      "LaunchNormQkvRope");
+    return CudaStatus(
+        kc::LaunchNormQkvRope(d_.x, L.input_norm, eps_, L.wqkv, L.bqkv, T_, H_, NH_, pos, slots,
+                              d_.inv_freq, d_.rope_scaling, kv, d_.q, s, options_.qkv_tuning),
+        "LaunchNormQkvRope");
   }
   FLOTILLA_RETURN_IF_ERROR(Mark("rmsnorm"));
   if (On("rmsnorm")) {
@@ -289,7 +290,8 @@ absl::Status LayerStages::Moe(int layer) {
   if (!On("moe")) return absl::OkStatus();
   return CudaStatus(kc::LaunchMoeLayer(d_.layers[layer].moe, d_.t, d_.topk_ids, d_.topk_w, T_, K_,
                                        static_cast<float>(c_.swiglu_limit), 1.702f, d_.x, d_.moe_ws,
-                                       d_.moe_ws_bytes, d_.invalid, d_.stream, deterministic_),
+                                       d_.moe_ws_bytes, d_.invalid, d_.stream, deterministic_,
+                                       options_.moe_tuning),
                     "LaunchMoeLayer");
 }
 
@@ -313,7 +315,7 @@ absl::Status LayerStages::ExpertParallelMoe(int layer, int tokens) {
     FLOTILLA_CUDA_RETURN(kc::LaunchMoeLayer(
         d_.layers[layer].moe, static_cast<const uint16_t*>(rows.x), rows.slot, rows.ones,
         static_cast<int>(rows.rows), 1, static_cast<float>(c_.swiglu_limit), 1.702f, rows.out,
-        d_.moe_ws, d_.moe_ws_bytes, nullptr, stream, deterministic_));
+        d_.moe_ws, d_.moe_ws_bytes, nullptr, stream, deterministic_, options_.moe_tuning));
   }
   FLOTILLA_RETURN_IF_ERROR(ep.Combine(layer, d_.moe_y, stream));
   FLOTILLA_CUDA_RETURN(
@@ -331,7 +333,7 @@ absl::Status LayerStages::TensorParallelMoe(int layer, int tokens) {
   FLOTILLA_CUDA_RETURN(
       kc::LaunchMoeLayer(moe, d_.t, d_.topk_ids, d_.topk_w, tokens, c_.num_experts_per_tok,
                          static_cast<float>(c_.swiglu_limit), 1.702f, d_.moe_y, d_.moe_ws,
-                         d_.moe_ws_bytes, d_.invalid, stream, deterministic_));
+                         d_.moe_ws_bytes, d_.invalid, stream, deterministic_, options_.moe_tuning));
   return par_->tp().AllReduceAdd(d_.moe_y, d_.x, static_cast<int64_t>(n), stream);
 }
 
