@@ -59,7 +59,7 @@ constexpr double kRelTolerance = 0.03;
 
 using testing_golden::RelDiff;
 
-bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
+using testing_util::HaveGpu;
 
 CudaEngineOptions SmallOptions() { return testing_util::SmallCudaOptions(256, 2048, 1024, 16); }
 

@@ -25,7 +25,7 @@
 namespace flotilla {
 namespace {
 
-bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
+using testing_util::HaveGpu;
 
 constexpr int kSteps = 24;  // tokens generated per sequence
 
@@ -159,7 +159,7 @@ void ExpectSameWithDrafts(CudaEngine& engine, const std::vector<std::vector<int3
 }
 
 // 32 sequences: 4 drafting 4 tokens take 20 sampling rows, all on the device.
-std::unique_ptr<CudaEngine> TinyEngine(uint64_t seed) {
+std::unique_ptr<CudaEngine> TinyDraftingEngine(uint64_t seed) {
   absl::StatusOr<ModelWeights> w = MakeSyntheticWeights(ModelConfig::Tiny(), seed);
   EXPECT_TRUE(w.ok()) << w.status();
   if (!w.ok()) return nullptr;
@@ -174,7 +174,7 @@ const std::vector<std::vector<int32_t>> kPrompts = {
 
 TEST(CudaSpeculative, GreedyTokensEqualWithDraftsOnTheDevice) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  std::unique_ptr<CudaEngine> e = TinyEngine(21);
+  std::unique_ptr<CudaEngine> e = TinyDraftingEngine(21);
   ASSERT_NE(e, nullptr);
   for (int k : {1, 3, 4}) {
     SCOPED_TRACE(k);
@@ -202,7 +202,7 @@ TEST(CudaSpeculative, DraftsPastTheSamplingRowsAreVerifiedOnTheHost) {
 
 TEST(CudaSpeculative, SeededTokensEqualWithDraftsOnTheDevice) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  std::unique_ptr<CudaEngine> e = TinyEngine(22);
+  std::unique_ptr<CudaEngine> e = TinyDraftingEngine(22);
   ASSERT_NE(e, nullptr);
   ExpectSameWithDrafts(*e, kPrompts, Seeded(77), 3);
   EXPECT_EQ(e->host_sampled_steps(), 0) << "seeded drafts are verified on the device";
@@ -210,7 +210,7 @@ TEST(CudaSpeculative, SeededTokensEqualWithDraftsOnTheDevice) {
 
 TEST(CudaSpeculative, PenalisedTokensEqualWithDraftsVerifiedOnTheHost) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  std::unique_ptr<CudaEngine> e = TinyEngine(23);
+  std::unique_ptr<CudaEngine> e = TinyDraftingEngine(23);
   ASSERT_NE(e, nullptr);
   ExpectSameWithDrafts(*e, kPrompts, Penalised(), 3);
   EXPECT_GT(e->host_sampled_steps(), 0) << "penalised drafts go through the host sampler";
@@ -218,7 +218,7 @@ TEST(CudaSpeculative, PenalisedTokensEqualWithDraftsVerifiedOnTheHost) {
 
 TEST(CudaSpeculative, AWrongAcceptedDraftIsRefused) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device present";
-  std::unique_ptr<CudaEngine> e = TinyEngine(24);
+  std::unique_ptr<CudaEngine> e = TinyDraftingEngine(24);
   ASSERT_NE(e, nullptr);
   const int64_t s = e->NewSequence();
   ASSERT_TRUE(e->Step({StepItem{s, {1, 2, 3}, LogitsMode::kLast}}).ok());

@@ -61,7 +61,7 @@ TEST_F(CudaSynthetic, DeviceBytesEqualHostBytes) {
       {"lm_head.weight", DType::kBF16, 123, 65'537},
   };
   for (const auto& t : cases) {
-    SCOPED_TRACE(testing::Message() << t.name << " [" << t.first << ", +" << t.count << ")");
+    SCOPED_TRACE(::testing::Message() << t.name << " [" << t.first << ", +" << t.count << ")");
     const SyntheticTensor tensor = SyntheticTensorFor(c, 7, t.name, t.dtype);
     const size_t bytes = static_cast<size_t>(t.count * DTypeSize(t.dtype));
     std::vector<uint8_t> want(bytes);

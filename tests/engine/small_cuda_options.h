@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device.h"
 #include "worker/engine/cuda_engine.h"
 
 namespace flotilla::testing_util {
@@ -20,5 +21,8 @@ inline CudaEngineOptions SmallCudaOptions(int64_t blocks = 64, int64_t context =
   o.max_sequences = sequences;
   return o;
 }
+
+// Whether a CUDA device is present (GPU tests skip without one).
+inline bool HaveGpu() { return kernels::cuda::DeviceCount() > 0; }
 
 }  // namespace flotilla::testing_util

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <vector>
 
@@ -46,6 +47,15 @@ inline constexpr int kKvHeads = 8;
 inline constexpr int kHeadDim = 64;
 inline constexpr float kAttentionScale = 0.125f;
 inline constexpr int kHidden = 2880;
+
+// One bf16 ulp at the magnitude of r.
+inline float Bf16Ulp(float r) {
+  const float a = std::fabs(r);
+  if (a < 1e-30f) return 1e-30f;
+  int e;
+  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  return std::ldexp(1.0f, e - 8);
+}
 
 // Tests that need a GPU derive from this: they skip where none is present.
 class CudaTest : public ::testing::Test {

@@ -36,14 +36,6 @@ namespace {
 
 class NormQkvRopeCudaTest : public CudaTest {};
 
-float Bf16Ulp(float r) {
-  const float a = std::fabs(r);
-  if (a < 1e-30f) return 1e-30f;
-  int e;
-  std::frexp(a, &e);
-  return std::ldexp(1.0f, e - 8);
-}
-
 constexpr uint16_t kSentinel = 0x7FC1;  // a NaN no kernel writes
 
 // got vs want (bf16 bit patterns), the sentinel only where want has it.

@@ -78,15 +78,6 @@ std::vector<float> FromBf16(const std::vector<uint16_t>& v) {
   return o;
 }
 
-// One bf16 ulp at the magnitude of r.
-float Bf16Ulp(float r) {
-  const float a = std::fabs(r);
-  if (a < 1e-30f) return 1e-30f;
-  int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  return std::ldexp(1.0f, e - 8);
-}
-
 TEST_F(OpsCudaTest, EmbeddingGathersRowsAndCountsBadIds) {
   const int vocab = 4096;  // rows of the real width; fewer of them keeps the test fast
   std::vector<uint16_t> table = FastBf16(static_cast<size_t>(vocab) * kHidden, 1.0f, 1);

@@ -29,7 +29,7 @@ set(FLOTILLA_UNITY_TARGETS
   flotilla_cli common_test engine_test grammar_test worker_runtime_test cluster_test
   worker_parts_test worker_speculative_test harmony_test cli_test http_test coordinator_test
   grpc_test net_test model_test tokenizer_test parallel_device_context_test comm_local_test
-  proto_test kernels_cpu_test)
+  proto_test kernels_cpu_test kernels_cuda_test cuda_engine_test)
 set(FLOTILLA_UNITY_BATCH 8)
 
 # Project defaults for a target: warnings (as errors), the repository root on
