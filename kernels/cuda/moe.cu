@@ -3,11 +3,11 @@
 
 #include <algorithm>
 
-#include "kernels/cuda/moe.h"
-#include "kernels/cuda/moe_gemm.h"
-
 #include "kernels/cuda/fp4.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_diagnostic.h"
+#include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
@@ -398,8 +398,8 @@ struct MmaArgs {
   float* pair_rows;   // down, deterministic: [pairs, H] f32 (zeroed), a row per pair, not out
   int ksplit;         // down: CTAs per row tile, each a share of the reduction
   bool evict_first;   // L2 evict-first hint on the weight copies
-  bool copy_only;     // diagnostic (MoeTuning::copy_only)
-  bool math_only;     // diagnostic (MoeTuning::math_only)
+  bool copy_only;     // diagnostic (MoeDiagnostic::kCopyOnly; moe_diagnostic.h)
+  bool math_only;     // diagnostic (MoeDiagnostic::kMathOnly)
 };
 
 
@@ -913,7 +913,7 @@ cudaError_t LaunchMmaProjection(int slots, cudaStream_t stream, const MmaArgs& a
 }
 
 bool UseGemm(const MoeTuning& t, int pairs, int num_experts) {
-  if (t.legacy_fma || t.copy_only || t.math_only || t.gemm_min_pairs_per_expert < 0) return false;
+  if (t.legacy_fma || t.gemm_min_pairs_per_expert < 0) return false;
   return static_cast<int64_t>(pairs) >=
          static_cast<int64_t>(t.gemm_min_pairs_per_expert) * num_experts;
 }
@@ -1084,11 +1084,15 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
-                           const float* topk_weights, int tokens, int top_k, float limit,
-                           float alpha, float* out, void* workspace, size_t workspace_bytes,
-                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic,
-                           const MoeTuning& tuning) {
+namespace {
+
+// LaunchMoeLayer, and with a diagnostic the benchmarks' split of the decode
+// kernels' copies and math (moe_diagnostic.h).
+cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
+                        const float* topk_weights, int tokens, int top_k, float limit, float alpha,
+                        float* out, void* workspace, size_t workspace_bytes, int32_t* invalid_ids,
+                        cudaStream_t stream, bool deterministic, const MoeTuning& tuning,
+                        MoeDiagnostic diagnostic) {
   if (!ShapeOk(w.num_experts, w.hidden, w.intermediate) || tokens < 0 || top_k <= 0 ||
       top_k > w.num_experts) {
     return cudaErrorInvalidValue;
@@ -1141,7 +1145,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                      dim3(256), 0, stream, tuning.pdl, reinterpret_cast<const float4*>(pair_rows),
                      tokens, top_k, h4, reinterpret_cast<float4*>(out));
   };
-  if (UseGemm(tuning, pairs, E)) {
+  if (diagnostic == MoeDiagnostic::kNone && UseGemm(tuning, pairs, E)) {
     // Routing only (one block, no activation conversion), then the GEMMs.
     cudaError_t err = LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream,
                                 tuning.pdl, topk_ids, pairs, E, count, offset, pair_of, active,
@@ -1159,7 +1163,7 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
         static_cast<int64_t>(pairs) <
             static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E));
   }
-  if (!tuning.legacy_fma) {
+  if (!tuning.legacy_fma || diagnostic != MoeDiagnostic::kNone) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;
     const unsigned prep_blocks =
         1 + static_cast<unsigned>(std::min<size_t>((x_vecs + kRouteThreads - 1) / kRouteThreads,
@@ -1185,8 +1189,8 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     gu.rows = 2 * I, gu.nb = H / 32, gu.act = reinterpret_cast<const uint4*>(xh);
     gu.route = route, gu.top_k = top_k, gu.limit = limit, gu.alpha = alpha;
     gu.h_out = reinterpret_cast<uint16_t*>(h);
-    gu.copy_only = tuning.copy_only;
-    gu.math_only = tuning.math_only;
+    gu.copy_only = diagnostic == MoeDiagnostic::kCopyOnly;
+    gu.math_only = diagnostic == MoeDiagnostic::kMathOnly;
     err = LaunchMmaProjection<false>(static_cast<int>(slots), stream, gu, groups, tuning);
     if (err != cudaSuccess) return err;
     MmaArgs dn{};
@@ -1194,8 +1198,8 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
     dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
     dn.route = route, dn.top_k = top_k, dn.topk_weights = topk_weights, dn.out = out;
     dn.evict_first = tuning.evict_first;
-    dn.copy_only = tuning.copy_only;
-    dn.math_only = tuning.math_only;
+    dn.copy_only = gu.copy_only;
+    dn.math_only = gu.math_only;
     dn.pair_rows = pair_rows;
     // Deterministic: at most two writers per value (see above).
     dn.ksplit = std::max(
@@ -1217,6 +1221,27 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
   // The CUDA-core baseline adds into `out` directly, deterministic or not.
   return LaunchDown(down_grid, stream, w, static_cast<const float*>(h), topk_weights, top_k, route,
                     out);
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
+                           const float* topk_weights, int tokens, int top_k, float limit,
+                           float alpha, float* out, void* workspace, size_t workspace_bytes,
+                           int32_t* invalid_ids, cudaStream_t stream, bool deterministic,
+                           const MoeTuning& tuning) {
+  return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, limit, alpha, out, workspace,
+                     workspace_bytes, invalid_ids, stream, deterministic, tuning,
+                     MoeDiagnostic::kNone);
+}
+
+cudaError_t LaunchMoeLayerDiagnostic(const MoeDeviceWeights& w, const uint16_t* x,
+                                     const int32_t* topk_ids, const float* topk_weights, int tokens,
+                                     int top_k, float limit, float alpha, float* out,
+                                     void* workspace, size_t workspace_bytes, cudaStream_t stream,
+                                     const MoeTuning& tuning, MoeDiagnostic diagnostic) {
+  return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, limit, alpha, out, workspace,
+                     workspace_bytes, nullptr, stream, /*deterministic=*/false, tuning, diagnostic);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -111,13 +111,6 @@ struct MoeTuning {
   // The down projection's reduction split over this many CTAs per 16-row tile
   // (their sums meet in the output atomics): more, smaller CTAs.
   int down_split_k = 2;
-  // Diagnostic for benchmarks: the projections copy their weight tiles and
-  // skip the math (wrong results), to time the copies alone.
-  bool copy_only = false;
-  // Diagnostic for benchmarks: the projections skip their weight copies and
-  // run the math on whatever shared memory holds (wrong results), to time the
-  // math alone.
-  bool math_only = false;
   // Groups of 8 mma columns (tokens) per weight decode in the decode kernels:
   // 1, 2 or 4; 0 picks 4 from 16 routed pairs per expert, 2 from 8, else 1.
   int decode_groups = 0;

@@ -33,10 +33,14 @@
 #include <vector>
 
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_diagnostic.h"
 
 namespace {
 
+using flotilla::kernels::cuda::LaunchMoeLayer;
+using flotilla::kernels::cuda::LaunchMoeLayerDiagnostic;
 using flotilla::kernels::cuda::MoeDeviceWeights;
+using flotilla::kernels::cuda::MoeDiagnostic;
 using flotilla::kernels::cuda::MoeTuning;
 
 bool Check(cudaError_t err, const char* what) {
@@ -74,6 +78,8 @@ uint16_t FloatToBf16Bits(float f) {
 struct Variant {
   const char* name;
   MoeTuning tuning;
+  // copy-only / math-only: the decode kernels' copies or math alone.
+  MoeDiagnostic diagnostic = MoeDiagnostic::kNone;
 };
 
 MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int split) {
@@ -158,30 +164,30 @@ int main(int argc, char** argv) {
   // decode / gemm32 / gemm64 / gemm128: one path at every size; tc-plain:
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
-  const Variant all[] = {{"tc", MoeTuning{}},
-                         {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
-                         {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
-                         {"decode", Gemm(-1, 0)},
-                         {"gemm32", Gemm(0, 32)},
-                         {"gemm64", Gemm(0, 64)},
-                         {"gemm128", Gemm(0, 128)},
-                         {"tc-plain", Tuned(false, false, false, false, 1, 1)},
-                         {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
-                         {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
-                         {"tc-no-prmt", Tuned(false, false, true, true, 1, 2)},
-                         {"tc-no-pdl", Tuned(false, true, true, false, 1, 2)},
-                         {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
-                         {"tc-split1", Tuned(false, true, true, true, 1, 1)},
-                         {"tc-split3", Tuned(false, true, true, true, 1, 3)},
-                         {"copy-only", With([](MoeTuning& t) { t.copy_only = true; })},
-                         {"copy-only-bufs2",
-                          With([](MoeTuning& t) { t.copy_only = true, t.tile_buffers = 2; })},
-                         {"math-only", With([](MoeTuning& t) { t.math_only = true; })},
-                         {"decode-g2",
-                          With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
-                         {"decode-g4",
-                          With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
-                         {"fma", Tuned(true, false, false, false, 1, 1)}};
+  const Variant all[] = {
+      {"tc", MoeTuning{}},
+      {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
+      {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
+      {"decode", Gemm(-1, 0)},
+      {"gemm32", Gemm(0, 32)},
+      {"gemm64", Gemm(0, 64)},
+      {"gemm128", Gemm(0, 128)},
+      {"tc-plain", Tuned(false, false, false, false, 1, 1)},
+      {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
+      {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
+      {"tc-no-prmt", Tuned(false, false, true, true, 1, 2)},
+      {"tc-no-pdl", Tuned(false, true, true, false, 1, 2)},
+      {"tc-no-evict", Tuned(false, true, false, true, 1, 2)},
+      {"tc-split1", Tuned(false, true, true, true, 1, 1)},
+      {"tc-split3", Tuned(false, true, true, true, 1, 3)},
+      {"copy-only", MoeTuning{}, MoeDiagnostic::kCopyOnly},
+      {"copy-only-bufs2", With([](MoeTuning& t) { t.tile_buffers = 2; }), MoeDiagnostic::kCopyOnly},
+      {"math-only", MoeTuning{}, MoeDiagnostic::kMathOnly},
+      {"decode-g2",
+       With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
+      {"decode-g4",
+       With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
+      {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
     std::stringstream ss(variant_flag);
@@ -312,11 +318,13 @@ int main(int argc, char** argv) {
       if (legacy && T > 256) continue;  // minutes, not news
       auto all_layers = [&]() -> bool {
         for (long l = 0; l < layers; ++l) {
-          if (!Check(
-                  flotilla::kernels::cuda::LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f,
-                                                          1.702f, d_out, d_ws, ws, nullptr, stream,
-                                                          /*deterministic=*/false, var.tuning),
-                  "launch")) {
+          const cudaError_t launched =
+              var.diagnostic != MoeDiagnostic::kNone
+                  ? LaunchMoeLayerDiagnostic(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f,
+                                             d_out, d_ws, ws, stream, var.tuning, var.diagnostic)
+                  : LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f, d_out, d_ws,
+                                   ws, nullptr, stream, /*deterministic=*/false, var.tuning);
+          if (!Check(launched, "launch")) {
             return false;
           }
         }
