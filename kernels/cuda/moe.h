@@ -109,8 +109,12 @@ struct MoeTuning {
   // fewer warps resident, and the math, not the copies, sets the pace).
   int tile_buffers = 1;
   // The down projection's reduction split over this many CTAs per 16-row tile
-  // (their sums meet in the output atomics): more, smaller CTAs.
-  int down_split_k = 2;
+  // (their sums meet in the output atomics): more, smaller CTAs. H200, 120b
+  // layer, us with 1 / 2 (moe_cuda_bench tc-split1 / tc, two runs): 1 token
+  // 34.6-34.9 / 34.4, 8 tokens 163-164 / 170-172, 64 tokens 619-620 /
+  // 648-653, 128 tokens 798-802 / 843-851, 160 tokens 863-870 / 925-926: one
+  // CTA per tile, half the atomics.
+  int down_split_k = 1;
   // Groups of 8 mma columns (tokens) per weight decode in the decode kernels:
   // 1, 2 or 4; 0 picks 4 from 16 routed pairs per expert, 2 from 8, else 1.
   int decode_groups = 0;

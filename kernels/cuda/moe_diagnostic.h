@@ -20,8 +20,8 @@ enum class MoeDiagnostic {
 // LaunchMoeLayer on the decode kernels (never the grouped GEMMs, nor the
 // CUDA-core baseline's kernels, which have no such split) with `diagnostic`.
 cudaError_t LaunchMoeLayerDiagnostic(const MoeDeviceWeights& w, const uint16_t* x,
-                                     const int32_t* topk_ids, const float* topk_weights,
-                                     int tokens, int top_k, float limit, float alpha, float* out,
+                                     const int32_t* topk_ids, const float* topk_weights, int tokens,
+                                     int top_k, float limit, float alpha, float* out,
                                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                      const MoeTuning& tuning, MoeDiagnostic diagnostic);
 
