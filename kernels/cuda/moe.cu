@@ -1153,9 +1153,9 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
                                 size_t{0}, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
-                              : pairs >= 96 * E                ? 128
-                              : pairs >= 24 * E                ? 64
-                                                               : 32;
+                              : pairs >= 64 * E              ? 128
+                              : pairs >= 24 * E              ? 64
+                                                             : 32;
     return sum_pair_rows(LaunchMoeGemm(
         w, x, topk_weights, tokens, top_k, limit, alpha, MoeGemmRoute{count, offset, pair_of},
         deterministic ? pair_rows : out, h, rows_per_tile, tuning.gemm_remainder_tiles,

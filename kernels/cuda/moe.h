@@ -121,8 +121,10 @@ struct MoeTuning {
   // Grouped tensor-core GEMMs (moe_gemm.h) instead of the decode kernels once
   // a step routes at least this many (token, expert) pairs per expert on
   // average (0: always; negative: never). H200, 120b layer, decode kernels
-  // against 32-row wgmma GEMM tiles: 4 pairs per expert (128 tokens) 847 /
-  // 874 us, 5 (160) 929 / 976, 6 (192) 1012 / 920, 8 (256) 1187 / 922.
+  // against 32-row wgmma GEMM tiles (down_split_k 1, two runs): 5 pairs per
+  // expert (160 tokens) 860-862 / 954 us, 6 (192) 937-939 / 954-957, 7 (224)
+  // 1015-1019 / 959-961, 8 (256) 1220 / 978-979. At 6 the engine's batch-192
+  // step is the same either way (43.38-43.48 ms from 6, 43.44-43.45 from 7).
   int gemm_min_pairs_per_expert = 6;
   // Steps below this many pairs per expert (the sizes the GEMMs took over
   // from the decode kernels) carry the 32-row tiles' h as f16 high + low
@@ -132,7 +134,9 @@ struct MoeTuning {
   // parts cost ~5%: H200 120b engine step at batch 192 / 256 43.4 / 42.1 ms
   // with them, 41.3 / 40.0 without (kernels/moe_notes.md).
   int gemm_h_low_part_below_pairs = 16;
-  // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert.
+  // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert: 128
+  // from 64 (H200, 120b layer, 64 / 128 rows: 32 pairs per expert, 1024
+  // tokens, 1115 / 1179 us; 64 pairs, 2048 tokens, 1776 / 1731), 64 from 24.
   int gemm_rows_per_tile = 0;
   // An expert's last GEMM tile, when at most half filled, as smaller tiles
   // (moe_gemm.h says which).

@@ -28,6 +28,7 @@
 //                     [--moe-gemm-h-low-part-below 0] (MoeTuning: 32-row GEMM tiles
 //                                          carry h's f16 low part below this many pairs
 //                                          per expert; 0: never)
+//                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
 //                     [--moe-down-split-k 1] (MoeTuning: CTAs sharing each 16-row
 //                                          tile of the decode kernels' down projection)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
@@ -328,6 +329,8 @@ int main(int argc, char** argv) {
     } else if (a == "--moe-gemm-h-low-part-below") {
       moe_tuning.gemm_h_low_part_below_pairs =
           static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
+    } else if (a == "--moe-gemm-rows-per-tile") {
+      moe_tuning.gemm_rows_per_tile = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-down-split-k") {
       moe_tuning.down_split_k = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {
