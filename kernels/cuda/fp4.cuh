@@ -40,12 +40,4 @@ __device__ __forceinline__ Fp4Pairs DecodeWord(uint32_t w) {
   }
 }
 
-// Where value j of a row sits in the permuted f16 order the decode kernels
-// keep activations in: each 8-value group as [v0, v4, v1, v5, v2, v6, v3, v7],
-// the order of DecodeWord's pairs (k, k + 4).
-__device__ __forceinline__ int Fp4PermutedIndex(int j) {
-  const int v = j & 31, r = v & 7;
-  return (j & ~31) + (v & ~7) + (r & 3) * 2 + (r >> 2);
-}
-
 }  // namespace flotilla::kernels::cuda

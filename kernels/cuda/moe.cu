@@ -8,16 +8,11 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_diagnostic.h"
 #include "kernels/cuda/moe_gemm.h"
-#include "kernels/cuda/moe_slice.h"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
 using ptx::BlockExclusiveScan;
-using ptx::BulkCopy;
-using ptx::MbarExpectTx;
-using ptx::MbarInit;
-using ptx::MbarWait;
 using ptx::MmaF16;
 using ptx::SharedAddress;
 
@@ -318,6 +313,50 @@ constexpr int kTileRows = 16;
 // (kRing + kAhead) * kMmaWarps blocks of 64 bytes, rounded up.
 constexpr size_t kActivationSlack = 4096;
 
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count)
+               : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(SharedAddress(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+template <bool kEvictFirst>
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
+                                         uint64_t policy) {
+  if constexpr (kEvictFirst) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1], %2, [%3], %4;" ::"r"(SharedAddress(dst)),
+        "l"(src), "r"(bytes), "r"(SharedAddress(bar)), "l"(policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1], %2, [%3];" ::"r"(SharedAddress(dst)),
+        "l"(src), "r"(bytes), "r"(SharedAddress(bar))
+        : "memory");
+  }
+}
+
 __device__ __forceinline__ void GridDependencyWait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
@@ -330,6 +369,13 @@ __device__ __forceinline__ void GridDependentsMayLaunch() {
 // 2^14 taken out by the f16 decode is put back once per output, after the
 // reduction.
 constexpr float kMmaRescale = 16384.0f;  // 2^14
+
+
+// Position of value j of a row inside its permuted f16 layout.
+__device__ __forceinline__ int PermutedIndex(int j) {
+  const int v = j & 31, r = v & 7;
+  return (j & ~31) + (v & ~7) + (r & 3) * 2 + (r >> 2);
+}
 
 __device__ __forceinline__ uint32_t HalfPair(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -401,7 +447,7 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
           for (int half = 0; half < 2; ++half) {
             const int j = (row0 + g + 8 * half) / 2;
             const float bg = Bf16Bits(bias[2 * j]), bu = Bf16Bits(bias[2 * j + 1]);
-            const int pos = Fp4PermutedIndex(j);
+            const int pos = PermutedIndex(j);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
               const int t = c0 + 2 * q + i;
@@ -1128,22 +1174,6 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
                  reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     RouteView route{offset, pair_of, active, num_active};
-    const int slice_features =
-        deterministic || diagnostic != MoeDiagnostic::kNone || pairs > tuning.slice_max_pairs
-            ? 0
-            : MoeSliceFeatures(pairs, I, tuning.slice_features);
-    if (slice_features != 0) {
-      MoeSliceArgs sa{};
-      sa.gate_up_blocks = w.gate_up_blocks, sa.gate_up_scales = w.gate_up_scales;
-      sa.gate_up_bias = w.gate_up_bias, sa.down_blocks = w.down_blocks;
-      sa.down_scales = w.down_scales, sa.down_bias = w.down_bias;
-      sa.hidden = H, sa.intermediate = I, sa.xh = reinterpret_cast<const uint4*>(xh);
-      sa.offset = offset, sa.pair_of = pair_of, sa.active = active, sa.num_active = num_active;
-      sa.top_k = top_k, sa.limit = limit, sa.alpha = alpha;
-      sa.topk_weights = topk_weights, sa.out = out;
-      return LaunchMoeSlices(sa, static_cast<int>(slots), pairs, slice_features,
-                             tuning.slice_buffers, tuning.slice_warps, tuning.pdl, stream);
-    }
     // Several groups of 8 columns per weight decode once experts average
     // 8 or more tokens (H200, 120b, 1 / 2 / 4 groups: 256 tokens 1188 / 1168
     // / 1531 us, 384 tokens 1550 / 1435 / 1817, 64 tokens 654 / 806 / 1087).

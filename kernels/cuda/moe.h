@@ -143,16 +143,6 @@ struct MoeTuning {
   bool gemm_remainder_tiles = true;
   // GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
   bool gemm_wgmma = true;
-  // The slice kernel (moe_slice.h: both projections in one kernel, cut along
-  // the intermediate dimension, no handoff between them) for calls routing
-  // at most this many (token, expert) pairs (at most kMoeSliceMaxPairs; 0:
-  // never). Not for deterministic calls.
-  int slice_max_pairs = 32;
-  // Its slice width (32, 64 or 96 features; 0 picks by pairs), the weight
-  // tiles each CTA keeps in flight (1 or 2) and its warps (4 or 8).
-  int slice_features = 0;
-  int slice_buffers = 2;
-  int slice_warps = 8;
 };
 
 // out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])

@@ -35,52 +35,6 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// mbarriers and bulk copies (the copy engine; completion counted in bytes
-// on an mbarrier). A bulk copy with kEvictFirst carries `policy` (from
-// createpolicy) as its L2 hint.
-__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count)
-               : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(SharedAddress(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-template <bool kEvictFirst>
-__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
-                                         uint64_t policy) {
-  if constexpr (kEvictFirst) {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-        " [%0], [%1], %2, [%3], %4;" ::"r"(SharedAddress(dst)),
-        "l"(src), "r"(bytes), "r"(SharedAddress(bar)), "l"(policy)
-        : "memory");
-  } else {
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1], %2, [%3];" ::"r"(SharedAddress(dst)),
-        "l"(src), "r"(bytes), "r"(SharedAddress(bar))
-        : "memory");
-  }
-}
-
 // Four 8x8 b16 matrices: lane l gives the address of row l % 8 of matrix
 // l / 8 and receives word l % 4 of row l / 4 of each (transposed: of each
 // matrix's transpose).

@@ -304,34 +304,6 @@ TEST_F(MoeCudaRealShapeTest, DeterministicSumsRepeatBitForBit) {
   }
 }
 
-// The slice kernel (both projections in one kernel, moe_slice.h) at every
-// width and buffer count, with out-of-range and repeated ids; and the decode
-// kernels at the sizes it takes by default.
-TEST_F(MoeCudaRealShapeTest, SliceKernelAtEveryWidth) {
-  cuda::MoeTuning t;
-  for (int features : {32, 64, 96}) {
-    for (int buffers : {1, 2}) {
-      t.slice_features = features, t.slice_buffers = buffers;
-      t.slice_warps = buffers == 1 ? 4 : 8;
-      const uint32_t seed = 100 + features + buffers;
-      CheckLayer(weights_, *host_, 1, 4, seed, /*bad_ids=*/0, /*deterministic=*/false, t);
-      CheckLayer(weights_, *host_, 5, 4, seed + 1, /*bad_ids=*/3, /*deterministic=*/false, t);
-      CheckLayer(weights_, *host_, 8, 4, seed + 2, /*bad_ids=*/6, /*deterministic=*/false, t);
-    }
-  }
-  // All 8 tokens on 4 experts: 8 tokens per expert, two column groups.
-  cuda::MoeDeviceWeights few = weights_;
-  few.num_experts = 4;
-  CheckLayer(few, *host_, 8, 4, 120, /*bad_ids=*/0, /*deterministic=*/false, cuda::MoeTuning{});
-  t = cuda::MoeTuning{};
-  t.evict_first = false, t.pdl = false, t.prmt_decode = false;
-  CheckLayer(weights_, *host_, 3, 4, 123, /*bad_ids=*/2, /*deterministic=*/false, t);
-  t = cuda::MoeTuning{};
-  t.slice_max_pairs = 0;
-  CheckLayer(weights_, *host_, 1, 4, 121, /*bad_ids=*/0, /*deterministic=*/false, t);
-  CheckLayer(weights_, *host_, 8, 4, 122, /*bad_ids=*/6, /*deterministic=*/false, t);
-}
-
 // The other paths stay selectable and correct: the CUDA-core baseline, the
 // shift-and-mask decode with whole-row down CTAs and no programmatic
 // dependencies, persistent CTAs with two and three tile buffers.
@@ -342,11 +314,9 @@ TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   t = cuda::MoeTuning{};
   t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
   CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4, /*deterministic=*/false, t);
-  t.slice_max_pairs = 0;
-  CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4, /*deterministic=*/false, t);
   for (int bufs : {2, 3}) {
     t = cuda::MoeTuning{};
-    t.tile_buffers = bufs, t.down_split_k = 3, t.slice_max_pairs = 0;
+    t.tile_buffers = bufs, t.down_split_k = 3;
     CheckLayer(weights_, *host_, 3, 4, 15 + bufs, /*bad_ids=*/2, /*deterministic=*/false, t);
     CheckLayer(weights_, *host_, 64, 4, 16 + bufs, /*bad_ids=*/0, /*deterministic=*/false, t);
   }

@@ -31,9 +31,6 @@
 //                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
 //                     [--moe-down-split-k 1] (MoeTuning: CTAs sharing each 16-row
 //                                          tile of the decode kernels' down projection)
-//                     [--moe-slice-max-pairs 32] (MoeTuning: the slice kernel for steps of
-//                                          at most this many routed pairs; 0: never)
-//                     [--moe-slice-features 0] (MoeTuning: its slice width, 32/64/96)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
@@ -336,10 +333,6 @@ int main(int argc, char** argv) {
       moe_tuning.gemm_rows_per_tile = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-down-split-k") {
       moe_tuning.down_split_k = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
-    } else if (a == "--moe-slice-max-pairs") {
-      moe_tuning.slice_max_pairs = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
-    } else if (a == "--moe-slice-features") {
-      moe_tuning.slice_features = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {
       std::fprintf(stderr, "engine_cuda_bench: unknown option %s\n", a.c_str());
       return 2;

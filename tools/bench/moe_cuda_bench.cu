@@ -16,10 +16,8 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-no-remainder tc-mma decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3
-// tc-no-prmt tc-no-pdl
-//  tc-no-evict tc-split1 tc-split3 tc-no-slice slice-f32 slice-f64 slice-f96 slice-b1 slice-b1-f64
-//  slice-w4 slice-w4-b1 slice-b1-f32 fma)
+// (variant names: tc tc-no-remainder tc-mma decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+//  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -89,7 +87,6 @@ MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int spli
   t.legacy_fma = legacy, t.prmt_decode = prmt, t.evict_first = evict, t.pdl = pdl;
   t.tile_buffers = bufs, t.down_split_k = split;
   t.gemm_min_pairs_per_expert = -1;  // the decode kernels at every size
-  t.slice_max_pairs = 0;
   return t;
 }
 
@@ -171,8 +168,7 @@ int main(int argc, char** argv) {
       {"tc", MoeTuning{}},
       {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
       {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
-      {"decode",
-       With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.slice_max_pairs = 0; })},
+      {"decode", Gemm(-1, 0)},
       {"gemm32", Gemm(0, 32)},
       {"gemm64", Gemm(0, 64)},
       {"gemm128", Gemm(0, 128)},
@@ -191,15 +187,6 @@ int main(int argc, char** argv) {
        With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
       {"decode-g4",
        With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
-      {"tc-no-slice", With([](MoeTuning& t) { t.slice_max_pairs = 0; })},
-      {"slice-f32", With([](MoeTuning& t) { t.slice_features = 32; })},
-      {"slice-f64", With([](MoeTuning& t) { t.slice_features = 64; })},
-      {"slice-f96", With([](MoeTuning& t) { t.slice_features = 96; })},
-      {"slice-b1", With([](MoeTuning& t) { t.slice_buffers = 1; })},
-      {"slice-b1-f64", With([](MoeTuning& t) { t.slice_buffers = 1, t.slice_features = 64; })},
-      {"slice-w4", With([](MoeTuning& t) { t.slice_warps = 4; })},
-      {"slice-w4-b1", With([](MoeTuning& t) { t.slice_warps = 4, t.slice_buffers = 1; })},
-      {"slice-b1-f32", With([](MoeTuning& t) { t.slice_buffers = 1, t.slice_features = 32; })},
       {"fma", Tuned(true, false, false, false, 1, 1)}};
   std::set<std::string> wanted;
   {
