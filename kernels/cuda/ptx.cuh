@@ -15,7 +15,10 @@ __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
 }
 
 // 16 bytes global -> shared; `src_bytes` 0 fills zeros (rows or blocks past
-// the end).
+// the end). There is no L2 cache-hint form on purpose: ptxas 13.0 encoded
+// `cp.async.cg ... .L2::cache_hint` with a descriptor register its
+// createpolicy had not written, an illegal instruction on an H200
+// (kernels/moe_notes.md); bulk copies (cp.async.bulk) take the hint fine.
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)),
                "l"(src), "r"(src_bytes)
