@@ -68,11 +68,12 @@ constexpr int kThreads = 128;  // 4 warps
 // SM, 84 KB of shared memory each, so never 3) uses a 5-deep ring instead.
 constexpr int kStages = 3;
 constexpr int kWideStages = 5;
-// FP8 layers: a stage holds half the bytes, so the ring is deeper to keep as
-// many bytes in flight per SM (4 then 10 stages: 211 KB of shared memory per
-// SM either way); a stage count of kWideStages or more means the wide shape.
+// FP8 layers: a stage holds half the bytes, so the ring is deeper (4 stages
+// at 4 CTAs per SM: 211 KB of shared memory per SM). They never take the
+// wide shape: their per-tile conversion wants the 16 warps per SM of 4 CTAs
+// more than the wide shape's deeper ring (H200, 120b, batch 16 at 32k
+// context: step 17.8 ms wide with 10 stages, 17.1-17.2 ms at 4 CTAs per SM).
 constexpr int kStages8 = 4;
-constexpr int kWideStages8 = 10;
 constexpr int kWideCtasPerSm = 2;
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
@@ -654,12 +655,14 @@ struct SplitPlan {
   bool wide = false;
 };
 
-// Host-only: depends on max_seq_len, max_q, window, batch, kv_heads and the SM
-// count. Wide (2 CTAs per SM, 2 * SMs / (batch * kv_heads) splits) when that
-// grid fills at least 90% of those slots, else at most one wave of 4 CTAs per
-// SM. splits <= min(max(WantedSplits, 2 * SMs / (batch * MinDecodeKvHeads)),
+// Host-only: depends on max_seq_len, max_q, window, batch, kv_heads, the SM
+// count and the cache's type. Wide (2 CTAs per SM, 2 * SMs / (batch *
+// kv_heads) splits; bf16 layers only) when that grid fills at least 90% of
+// those slots, else at most one wave of 4 CTAs per SM. splits <=
+// min(max(WantedSplits, 2 * SMs / (batch * MinDecodeKvHeads)),
 // ceil(max_seq_len / 64)), the bound the workspace is sized for.
-SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_heads, int sms) {
+SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_heads, int sms,
+                     bool fp8) {
   long eff = std::max(1, max_seq_len);
   // With a window the range spans at most window + max_q - 1 keys, plus the
   // alignment of its first tile.
@@ -669,7 +672,7 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_h
   const long slots = static_cast<long>(kWideCtasPerSm) * sms;
   const long wide = heads <= slots ? slots / heads : 0;
   SplitPlan plan;
-  plan.wide = wide >= 1 && wide * heads * 10 >= 9 * slots;
+  plan.wide = !fp8 && wide >= 1 && wide * heads * 10 >= 9 * slots;
   const int want = plan.wide ? static_cast<int>(wide) : WantedSplits(batch, sms);
   const int min_tiles = plan.wide ? kWideMinTilesPerSplit : kMinTilesPerSplit;
   const int chunk_tiles = std::max(min_tiles, CeilDiv(tiles, want));
@@ -712,15 +715,16 @@ cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_
 template <bool KV8>
 cudaError_t LaunchDecode(const Params& p, const SplitPlan& plan, int rows, int batch,
                          cudaStream_t stream) {
-  constexpr int kWide = KV8 ? kWideStages8 : kWideStages;
   constexpr int kNarrow = KV8 ? kStages8 : kStages;
   const bool fused = p.splits > 1;
-  if (plan.wide) {
-    if (rows <= 16)
-      return fused ? LaunchKernel<1, 1, kWide, true, KV8>(p, 1, batch, stream)
-                   : LaunchKernel<1, 1, kWide, false, KV8>(p, 1, batch, stream);
-    return fused ? LaunchKernel<2, 1, kWide, true, KV8>(p, 1, batch, stream)
-                 : LaunchKernel<2, 1, kWide, false, KV8>(p, 1, batch, stream);
+  if constexpr (!KV8) {
+    if (plan.wide) {
+      if (rows <= 16)
+        return fused ? LaunchKernel<1, 1, kWideStages, true, false>(p, 1, batch, stream)
+                     : LaunchKernel<1, 1, kWideStages, false, false>(p, 1, batch, stream);
+      return fused ? LaunchKernel<2, 1, kWideStages, true, false>(p, 1, batch, stream)
+                   : LaunchKernel<2, 1, kWideStages, false, false>(p, 1, batch, stream);
+    }
   }
   if (rows <= 16)
     return fused ? LaunchKernel<1, 1, kNarrow, true, KV8>(p, 1, batch, stream)
@@ -796,7 +800,7 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
   const int rows = batch.max_q_per_seq * p.group;
   if (batch.max_q_per_seq <= kDecodeMaxQ && rows <= kDecodeMaxRows) {
     const SplitPlan plan = PlanSplits(batch.max_seq_len, batch.max_q_per_seq, window, batch.batch,
-                                      cache.kv_heads, SmCount());
+                                      cache.kv_heads, SmCount(), cache.fp8());
     p.splits = plan.splits;
     p.chunk = plan.chunk;
     if (p.splits > 1) {
