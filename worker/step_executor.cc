@@ -36,20 +36,24 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
     const std::string bytes = leader_ ? mine.SerializeAsString() : std::string();
     // Per rank: its plan's size, the newest expert map it has received, the
     // tokens its plan runs (the engines size their exchanges from the
-    // largest) and the measurement it waits to run. Then each leader's plan
+    // largest), the measurement it waits to run, the prompt-logit rows it
+    // computes and whether it offers group logits. Then each leader's plan
     // goes to its TP group only.
     uint64_t plan_tokens = 0, logit_rows = 0;
     for (const cluster::PlanItem& p : mine.items()) {
       plan_tokens += p.tokens_size();
       if (p.logits() == cluster::PLAN_LOGITS_ALL) logit_rows += p.tokens_size();
     }
-    constexpr int kHeader = 5;
+    constexpr int kHeader = 6;
     std::vector<uint64_t> header(kHeader * W), sizes(W);
-    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens, measure_id,
-                                     logit_rows};
+    const uint64_t splits = group_logits_offered_ && engine_->SplitsGroupLogits() ? 1 : 0;
+    uint64_t mine_header[kHeader] = {bytes.size(), have_version, plan_tokens,
+                                     measure_id,   logit_rows,   splits};
     FLOTILLA_RETURN_IF_ERROR(comm_->AllGather(mine_header, header.data(), sizeof(mine_header)));
     uint64_t max_tokens = 0, max_logit_rows = 0;
+    group_logits_agreed_ = true;
     for (int r = 0; r < W; ++r) {
+      group_logits_agreed_ = group_logits_agreed_ && header[kHeader * r + 5] == 1;
       sizes[r] = header[kHeader * r];
       have_version = std::min(have_version, header[kHeader * r + 1]);
       max_tokens = std::max(max_tokens, header[kHeader * r + 2]);
@@ -76,6 +80,13 @@ absl::StatusOr<StepExecutor::Exchanged> StepExecutor::Exchange(const cluster::St
 absl::Duration StepWaitTimeout(absl::Duration base, uint64_t logit_rows, int64_t vocab_size) {
   const double bytes = static_cast<double>(logit_rows) * static_cast<double>(vocab_size) * 4.0;
   return base + absl::Seconds(bytes / 1e6);
+}
+
+bool GroupLogitsFit(const cluster::StepPlan& plan) {
+  if (plan.items().empty() || plan.items_size() > kMaxGroupLogitRows) return false;
+  return std::all_of(plan.items().begin(), plan.items().end(), [](const cluster::PlanItem& p) {
+    return p.logits() == cluster::PLAN_LOGITS_LAST && p.draft_tokens() == 0;
+  });
 }
 
 absl::Status StepExecutor::AgreeStepTokens(int64_t tokens) {
@@ -158,6 +169,16 @@ absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepP
     FLOTILLA_RETURN_IF_ERROR(engine_->FreeSequence(it->second));
     engine_ids_.erase(it);
   }
+  // lm_head split by vocabulary over the TP group where the step allows it:
+  // the leader reads its share instead of all of it, and its peers, which
+  // would idle, read the rest.
+  const bool group_logits = parallel_.tp_size() > 1 && group_logits_agreed_ &&
+                            engine_->SplitsGroupLogits() && GroupLogitsFit(plan);
+  if (group_logits && !group_logits_seen_) {
+    group_logits_seen_ = true;
+    spdlog::info("rank {} runs group logits from step {}: lm_head split over its TP group of {}",
+                 rank_, steps_, parallel_.tp_size());
+  }
   std::vector<StepItem> items;
   for (const cluster::PlanItem& p : plan.items()) {
     if (p.first()) {
@@ -180,6 +201,7 @@ absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepP
     if (leader_ && p.logits() != cluster::PLAN_LOGITS_NONE && sampler_for) {
       it.sampler = sampler_for(p);
     }
+    it.group_logits = group_logits;
     items.push_back(std::move(it));
   }
   if (items.empty() && parallel_.world_size() == 1) return std::optional<StepOutput>();

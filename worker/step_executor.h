@@ -29,6 +29,13 @@ namespace flotilla::worker {
 // them to the coordinator on a loaded CPU machine is far faster).
 absl::Duration StepWaitTimeout(absl::Duration base, uint64_t logit_rows, int64_t vocab_size);
 
+// Whether a TP group's step of `plan` takes its logits from the whole group
+// (StepItem::group_logits): every item asks for its last position's logits
+// (PLAN_LOGITS_LAST) without drafted tokens, at most kMaxGroupLogitRows of
+// them. Every rank of the group decides from the same plan alone, so all
+// agree; the engines must split (Engine::SplitsGroupLogits).
+bool GroupLogitsFit(const cluster::StepPlan& plan);
+
 class StepExecutor {
  public:
   // `comm`: the instance's host communicator, null for an instance of one
@@ -47,6 +54,11 @@ class StepExecutor {
   // the prompt-logit rows any leader computes and sends in the step
   // (StepWaitTimeout): a long legitimate step is not a dead peer.
   void SetCommTimeout(absl::Duration base) { comm_timeout_ = base; }
+
+  // Whether this rank offers group logits (on by default): steps that fit
+  // (GroupLogitsFit) take them while every rank of the instance offers them
+  // and has an engine that splits (agreed in each Exchange).
+  void SetGroupLogits(bool on) { group_logits_offered_ = on; }
 
   struct Exchanged {
     cluster::StepPlan plan;  // this rank's group plan
@@ -100,6 +112,9 @@ class StepExecutor {
   const ParallelConfig parallel_;
   const int rank_;
   const bool leader_;
+  bool group_logits_offered_ = true;
+  bool group_logits_agreed_ = false;  // by every rank in the last Exchange
+  bool group_logits_seen_ = false;    // logged once
   uint64_t steps_ = 0;
   // Expert maps received but not yet in use, by version.
   std::map<uint64_t, ExpertMap> pending_maps_;

@@ -61,6 +61,12 @@ int main(int argc, char** argv) {
       ->envname("FLOTILLA_STEP_PROFILE_STEPS")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--group-logits", o.group_logits,
+                 "a tensor-parallel group's decode steps split lm_head by vocabulary over its "
+                 "ranks (each a share, joined by an all-reduce) instead of the leader reading it "
+                 "all; used while every rank has it on")
+      ->envname("FLOTILLA_GROUP_LOGITS")
+      ->capture_default_str();
   app.add_option("--moe-activation", o.moe_activation,
                  "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
                  "values, the numerics of a W4A8 MoE; CPU engine only) or auto (bf16); a "

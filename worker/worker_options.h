@@ -42,6 +42,10 @@ struct WorkerOptions {
   // --step-profile-steps N: every N working steps, a log line with where the
   // steps' wall time went (worker/step_profile.h); 0 = off (the default).
   int64_t step_profile_steps = 0;
+  // --group-logits on|off: a TP group's decode steps split lm_head by
+  // vocabulary over its ranks (StepItem::group_logits); used only while
+  // every rank of the instance has it on.
+  bool group_logits = true;
   // --moe-gemm-min-pairs N: the CUDA MoE runs grouped GEMMs instead of its
   // decode kernels once a step routes N (token, expert) pairs per expert
   // (kernels::cuda::MoeTuning::gemm_min_pairs_per_expert); unset: the

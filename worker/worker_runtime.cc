@@ -531,6 +531,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   executor_ = std::make_unique<StepExecutor>(engine, comm_.get(), rank_engine_.context.get(),
                                              *parallel_, a.rank(), a.expert_map().version());
   executor_->SetCommTimeout(options_.comm_timeout);
+  executor_->SetGroupLogits(options_.group_logits);
   {
     FLOTILLA_ASSIGN_OR_RETURN(ExpertMap initial, ExpertMapFromProto(a.expert_map()));
     expert_store_ = std::make_unique<ExpertStore>(

@@ -272,6 +272,9 @@ TEST(CpuEngine, BadInputsAreInvalidArgumentsThatChangeNothing) {
   expect({StepItem{s, {1}, LogitsMode::kLast}, StepItem{s, {2}, LogitsMode::kLast}},
          absl::StatusCode::kInvalidArgument, "twice");
   expect({}, absl::StatusCode::kInvalidArgument, "no sequences");
+  StepItem grouped{s, {1}, LogitsMode::kLast};
+  grouped.group_logits = true;  // the CPU engine is no rank of a device TP group
+  expect({grouped}, absl::StatusCode::kInvalidArgument, "group logits");
   // Longer than the KV cache can ever hold (64 blocks of 4 tokens).
   expect({StepItem{s, std::vector<int32_t>(200, 1), LogitsMode::kLast}},
          absl::StatusCode::kInvalidArgument, "more than the KV cache can hold");
@@ -283,6 +286,33 @@ TEST(CpuEngine, BadInputsAreInvalidArgumentsThatChangeNothing) {
   ASSERT_TRUE(e->FreeSequence(other).ok());
   EXPECT_TRUE(e->Step({StepItem{s, std::vector<int32_t>(40, 1), LogitsMode::kLast}}).ok());
   EXPECT_EQ(e->FreeSequence(12345).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CpuEngine, GroupLogitsRulesNameWhatIsWrong) {
+  auto item = [](int64_t seq, bool group) {
+    StepItem it{seq, {1}, LogitsMode::kNone};
+    it.group_logits = group;
+    return it;
+  };
+  EXPECT_TRUE(CheckGroupLogits({item(1, false), item(2, false)}, false).ok());
+  EXPECT_TRUE(CheckGroupLogits({item(1, true), item(2, true)}, true).ok());
+  auto refused = [](const std::vector<StepItem>& items, bool splits, const std::string& words) {
+    const absl::Status st = CheckGroupLogits(items, splits);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(std::string(st.message()).find(words), std::string::npos) << st;
+  };
+  refused({item(1, true)}, false, "not a rank of a tensor-parallel group");
+  refused({item(1, true), item(2, false)}, true, "must mark every item");
+  std::vector<StepItem> many;
+  for (int i = 0; i <= kMaxGroupLogitRows; ++i) many.push_back(item(i, true));
+  refused(many, true, "more than");
+  StepItem all = item(1, true);
+  all.logits = LogitsMode::kAll;
+  refused({all}, true, "last position's alone");
+  StepItem drafted = item(1, true);
+  drafted.tokens = {1, 2};
+  drafted.draft_tokens = 1;
+  refused({drafted}, true, "last position's alone");
 }
 
 TEST(CpuEngine, PromptLongerThanTheContextIsRejected) {

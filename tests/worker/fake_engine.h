@@ -34,6 +34,8 @@ class FakeEngine : public Engine {
   int64_t window_pool_bound = 2;
   // Not OK: every Step fails with it.
   absl::Status step_error;
+  // What SplitsGroupLogits answers (a rank of a TP group on a device).
+  bool splits_group_logits = false;
   // Called with every Step's items (on the stepping thread), for records that
   // must outlive the engine.
   std::function<void(const std::vector<StepItem>&)> on_step;
@@ -73,6 +75,7 @@ class FakeEngine : public Engine {
     }
     return absl::OkStatus();
   }
+  bool SplitsGroupLogits() const override { return splits_group_logits; }
   absl::StatusOr<StepOutput> Step(const std::vector<StepItem>& items) override {
     if (!step_error.ok()) return step_error;
     if (absl::Status valid = Validate(items); !valid.ok()) return valid;

@@ -177,6 +177,70 @@ TEST(StepExecutorTest, TensorParallelPeerRunsItsLeadersPlanWithoutSampling) {
   EXPECT_EQ(ranks.engines[1].steps[0][0].sampler, nullptr);
 }
 
+cluster::StepPlan Decodes(int items, cluster::PlanLogits logits = cluster::PLAN_LOGITS_LAST) {
+  cluster::StepPlan plan;
+  for (int i = 0; i < items; ++i) {
+    cluster::PlanItem* item = plan.add_items();
+    item->set_request_id(100 + i);
+    item->set_first(true);
+    item->add_tokens(5 + i);
+    item->set_logits(logits);
+  }
+  return plan;
+}
+
+TEST(StepExecutorTest, GroupLogitsFitLastPositionStepsOfAFewItems) {
+  EXPECT_TRUE(GroupLogitsFit(Decodes(1)));
+  EXPECT_TRUE(GroupLogitsFit(Decodes(kMaxGroupLogitRows)));
+  EXPECT_FALSE(GroupLogitsFit(Decodes(kMaxGroupLogitRows + 1)));
+  EXPECT_FALSE(GroupLogitsFit(cluster::StepPlan()));
+  EXPECT_FALSE(GroupLogitsFit(Decodes(2, cluster::PLAN_LOGITS_ALL)));
+  EXPECT_FALSE(GroupLogitsFit(Decodes(2, cluster::PLAN_LOGITS_NONE)));
+  cluster::StepPlan mixed = Decodes(2);
+  mixed.mutable_items(1)->set_logits(cluster::PLAN_LOGITS_NONE);  // a prompt's middle chunk
+  EXPECT_FALSE(GroupLogitsFit(mixed));
+  cluster::StepPlan drafted = Decodes(1);
+  drafted.mutable_items(0)->add_tokens(9);
+  drafted.mutable_items(0)->set_draft_tokens(1);
+  EXPECT_FALSE(GroupLogitsFit(drafted));
+}
+
+TEST(StepExecutorTest, TensorParallelRanksMarkTheSameItemsForGroupLogits) {
+  TwoRanks ranks(/*tp_size=*/2);
+  for (FakeEngine& e : ranks.engines) e.splits_group_logits = true;
+  ranks.Step(Decodes(2), cluster::StepPlan());
+  cluster::StepPlan prompt = Decodes(1);
+  prompt.mutable_items(0)->set_request_id(200);
+  prompt.mutable_items(0)->set_logits(cluster::PLAN_LOGITS_ALL);  // prompt logits: not split
+  ranks.Step(prompt, cluster::StepPlan());
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    ASSERT_EQ(ranks.engines[r].steps.size(), 2u);
+    ASSERT_EQ(ranks.engines[r].steps[0].size(), 2u);
+    for (const StepItem& it : ranks.engines[r].steps[0]) EXPECT_TRUE(it.group_logits);
+    EXPECT_FALSE(ranks.engines[r].steps[1][0].group_logits);
+  }
+  // Only the leader samples; the peer takes part without a sampler.
+  EXPECT_NE(ranks.engines[0].steps[0][0].sampler, nullptr);
+  EXPECT_EQ(ranks.engines[1].steps[0][0].sampler, nullptr);
+}
+
+TEST(StepExecutorTest, GroupLogitsNeedEveryRanksEngineAndOffer) {
+  TwoRanks ranks(/*tp_size=*/2);  // fake engines that do not split
+  ranks.Step(Decodes(1), cluster::StepPlan());
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(ranks.engines[r].steps[0][0].group_logits);
+  ranks.engines[0].splits_group_logits = true;  // one of the two: still not
+  ranks.Step(Decodes(1), cluster::StepPlan());
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(ranks.engines[r].steps[1][0].group_logits);
+  ranks.engines[1].splits_group_logits = true;
+  ranks.executors[1]->SetGroupLogits(false);  // --group-logits off on one rank
+  ranks.Step(Decodes(1), cluster::StepPlan());
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(ranks.engines[r].steps[2][0].group_logits);
+  ranks.executors[1]->SetGroupLogits(true);
+  ranks.Step(Decodes(1), cluster::StepPlan());
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(ranks.engines[r].steps[3][0].group_logits);
+}
+
 TEST(StepExecutorTest, IdleGroupsRunEmptyStepsBesideBusyOnes) {
   TwoRanks ranks(/*tp_size=*/1);  // two DP groups, each its own leader
   ranks.Step(cluster::StepPlan(), cluster::StepPlan());

@@ -286,6 +286,7 @@ absl::Status CpuEngine::Validate(const std::vector<StepItem>& items) const {
   if (items.empty() && context_ == nullptr) {
     return absl::InvalidArgumentError("step: no sequences");
   }
+  FLOTILLA_RETURN_IF_ERROR(CheckGroupLogits(items, SplitsGroupLogits()));
   const ModelConfig& c = weights_.config;
   std::unordered_set<int64_t> seen;
   int64_t needed = 0;

@@ -171,6 +171,11 @@ absl::StatusOr<int64_t> CudaEngine::NewSequenceWithPrefix(const std::vector<int3
 
 int64_t CudaEngine::MaxSequenceLength() const { return options_.max_context; }
 
+bool CudaEngine::SplitsGroupLogits() const {
+  return options_.parallel != nullptr && options_.parallel->tp().size() > 1 &&
+         impl_->group_logits != nullptr;
+}
+
 int64_t CudaEngine::MaxDeviceSampledRows() const {
   return std::min(impl_->max_seqs, impl_->logit_rows);
 }
@@ -186,6 +191,7 @@ absl::Status CudaEngine::Validate(const std::vector<StepItem>& items) const {
                                                    " sequences, more than max_sequences ",
                                                    options_.max_sequences));
   }
+  FLOTILLA_RETURN_IF_ERROR(CheckGroupLogits(items, SplitsGroupLogits()));
   std::unordered_set<int64_t> seen;
   int64_t tokens = 0;
   std::vector<int64_t> needed(kv_->num_pools(), 0);

@@ -205,6 +205,9 @@ class CudaEngine : public Engine {
   // whose items all bring the same number of drafted tokens replays a CUDA
   // graph (StepLayout pads it); other steps with drafts run eagerly.
   bool VerifiesDrafts() const override { return true; }
+  // With a ParallelContext whose TP group has two or more ranks: each runs
+  // lm_head over its share of the vocabulary (LayerStages::GroupLogits).
+  bool SplitsGroupLogits() const override;
   // The sampling buffers' rows: min(max_sequences, logit rows).
   int64_t MaxDeviceSampledRows() const override;
   // EAGLE3: a step with return_hidden items copies x after each of `layers`

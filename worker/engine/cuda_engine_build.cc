@@ -330,6 +330,10 @@ absl::Status AllocActivations(CudaDeviceState& d, const ModelConfig& c,
   }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.final_t, d.logit_rows * H));
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.logits, static_cast<size_t>(d.logit_rows) * b.V));
+  if (options.parallel != nullptr && options.parallel->tp().size() > 1) {
+    FLOTILLA_RETURN_IF_ERROR(
+        d.Alloc(&d.group_logits, static_cast<size_t>(kMaxGroupLogitRows) * b.V));
+  }
   FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.invalid, 1));
   if (options.parallel != nullptr) {
     FLOTILLA_RETURN_IF_ERROR(d.Alloc(&d.o_part, static_cast<size_t>(T) * H));

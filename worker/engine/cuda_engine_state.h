@@ -101,6 +101,9 @@ struct CudaDeviceState {
   float* topk_w = nullptr;
   uint16_t* final_t = nullptr;  // [rows, H]
   float* logits = nullptr;      // [logit_rows, V]
+  // A TP rank's share of lm_head's output for a step with group logits:
+  // [kMaxGroupLogitRows, V] (only the share's columns used), or null.
+  float* group_logits = nullptr;
   int32_t* invalid = nullptr;
   void* moe_ws = nullptr;
   size_t moe_ws_bytes = 0;

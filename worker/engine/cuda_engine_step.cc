@@ -73,14 +73,16 @@ absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& i
   // With sampling, every item that samples (or asks for its last logits)
   // owns one row (a drafted chunk draft_tokens + 1), drawn on the device or
   // verified on the host; StepAndSample's items (no samplers) all sample.
+  // A group-logits item owns its last row on every rank of the group,
+  // whether this rank samples it, returns it or neither.
   std::vector<LogitsMode> modes(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     if (sampling == nullptr) {
-      modes[i] = items[i].logits;
+      modes[i] = items[i].group_logits ? LogitsMode::kLast : items[i].logits;
       continue;
     }
-    const bool row =
-        items[i].logits != LogitsMode::kNone || items[i].sampler != nullptr || !logits_out;
+    const bool row = items[i].logits != LogitsMode::kNone || items[i].sampler != nullptr ||
+                     items[i].group_logits || !logits_out;
     modes[i] = row ? LogitsMode::kLast : LogitsMode::kNone;
   }
   // Decode steps replay a graph over a padded batch (StepLayout::Plan). An
@@ -97,6 +99,7 @@ absl::StatusOr<StepLayout> CudaEngine::LayOutStep(const std::vector<StepItem>& i
   FLOTILLA_ASSIGN_OR_RETURN(StepLayout plan,
                             StepLayout::Plan(items, modes, sampling != nullptr, *kv_, d.meta_at,
                                              layout_options, d.meta_host));
+  plan.group_logits = !items.empty() && items[0].group_logits;  // all or none (Validate)
   // Sharded: every rank sizes the step's exchanges from the same bound, the
   // instance's largest step rounded up as decode batches are (so it covers
   // this rank's padded rows too).
@@ -120,8 +123,9 @@ absl::Status CudaEngine::LaunchStep(LayerStages& stages, const StepLayout& plan,
   CudaDeviceState& d = *impl_;
   if (plan.decode) {
     const int64_t ctx = DecodeContextBucket(plan.max_len, options_.max_context);
-    const int variant =
+    const int base =
         sampling != nullptr ? DeviceSampler::Variant(*sampling) : (plan.pad_rows ? -1 : -2);
+    const int variant = 2 * base + (plan.group_logits ? 1 : 0);
     // A step that copies hidden states out runs eagerly (the copies' host
     // buffer is not part of the captured graphs).
     if (d.capture_step) return stages.Forward(ctx, plan.rows, 0);
@@ -169,6 +173,14 @@ absl::Status CudaEngine::CollectLogits(const std::vector<StepItem>& items, const
                                        std::vector<std::vector<int32_t>> routing, StepOutput* out) {
   CudaDeviceState& d = *impl_;
   const int V = config_.vocab_size;
+  out->routing = std::move(routing);
+  out->logits.resize(items.size());
+  // No item wants rows (a TP peer's step: with group logits its rows went
+  // into the all-reduce): nothing to copy, the step still waited for.
+  if (std::none_of(items.begin(), items.end(),
+                   [](const StepItem& it) { return it.logits != LogitsMode::kNone; })) {
+    return WaitForStep(d.stream);
+  }
   std::vector<float> host(static_cast<size_t>(plan.rows) * V);
   if (plan.rows <= d.logit_rows || plan.decode) {
     FLOTILLA_CUDA_RETURN(cudaMemcpyAsync(host.data(), d.logits, host.size() * sizeof(float),
@@ -183,8 +195,6 @@ absl::Status CudaEngine::CollectLogits(const std::vector<StepItem>& items, const
     }
   }
   FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
-  out->logits.resize(items.size());
-  out->routing = std::move(routing);
   for (size_t i = 0; i < items.size(); ++i) {
     out->logits[i].assign(
         host.begin() + static_cast<size_t>(plan.first_row[i]) * V,

@@ -346,12 +346,38 @@ absl::Status LayerStages::Logits(int logit_rows, int row_offset) {
   }
   FLOTILLA_RETURN_IF_ERROR(Mark("lm_head"));
   if (On("lm_head")) {
-    FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d_.linear, d_.final_t, d_.lm_head, nullptr, logit_rows,
-                                          H_, V_, false, d_.logits, s));
+    if (plan_.group_logits) {
+      FLOTILLA_RETURN_IF_ERROR(GroupLmHead(logit_rows));
+    } else {
+      FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d_.linear, d_.final_t, d_.lm_head, nullptr, logit_rows,
+                                            H_, V_, false, d_.logits, s));
+    }
   }
   if (!sample_) return absl::OkStatus();
   FLOTILLA_RETURN_IF_ERROR(Mark("sample"));
   return sample_(logit_rows, s);
+}
+
+absl::Status LayerStages::GroupLmHead(int logit_rows) {
+  if (par_ == nullptr || d_.group_logits == nullptr || logit_rows > kMaxGroupLogitRows) {
+    return absl::InternalError(
+        absl::StrCat("group logits over ", logit_rows, " rows without a TP group's buffers"));
+  }
+  cudaStream_t s = d_.stream;
+  // Rank r's columns [v0, v1): whole 16-column units (the last rank takes
+  // the remainder), so the weight rows start 16-byte aligned.
+  const int W = par_->tp().size(), r = par_->tp().rank();
+  const int64_t units = V_ / 16;
+  const int64_t v0 = units * r / W * 16, v1 = r + 1 == W ? V_ : units * (r + 1) / W * 16;
+  const int n = static_cast<int>(v1 - v0);
+  const size_t row_bytes = static_cast<size_t>(V_) * sizeof(float);
+  FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d_.linear, d_.final_t, d_.lm_head + v0 * H_, nullptr,
+                                        logit_rows, H_, n, false, d_.group_logits, s));
+  FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d_.logits, 0, logit_rows * row_bytes, s));
+  FLOTILLA_CUDA_RETURN(cudaMemcpy2DAsync(d_.logits + v0, row_bytes, d_.group_logits,
+                                         n * sizeof(float), n * sizeof(float), logit_rows,
+                                         cudaMemcpyDeviceToDevice, s));
+  return par_->tp().AllReduce(d_.logits, static_cast<int64_t>(logit_rows) * V_, s);
 }
 
 absl::Status LayerStages::LogitRows(int rows, int row_offset) {

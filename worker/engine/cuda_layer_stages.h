@@ -102,6 +102,10 @@ class LayerStages {
   // residual add.
   absl::Status TensorParallelMoe(int layer, int tokens);
   absl::Status Logits(int logit_rows, int row_offset);
+  // lm_head of a group-logits step (StepItem::group_logits): this TP rank's
+  // share of the vocabulary, placed in zeroed logit rows, joined with the
+  // peers' shares by the group's all-reduce.
+  absl::Status GroupLmHead(int logit_rows);
 
   CudaDeviceState& d_;
   const ModelConfig& c_;

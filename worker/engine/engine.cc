@@ -44,4 +44,33 @@ absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
   return absl::OkStatus();
 }
 
+absl::Status CheckGroupLogits(const std::vector<StepItem>& items, bool splits) {
+  size_t marked = 0;
+  for (const StepItem& it : items) marked += it.group_logits ? 1 : 0;
+  if (marked == 0) return absl::OkStatus();
+  if (!splits) {
+    return absl::InvalidArgumentError(
+        "step: items ask for group logits, but this engine is not a rank of a tensor-parallel "
+        "group of two or more on a device");
+  }
+  if (marked != items.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", marked, " of ", items.size(),
+                     " items ask for group logits; a step with group logits must mark every item"));
+  }
+  if (items.size() > static_cast<size_t>(kMaxGroupLogitRows)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: ", items.size(), " items ask for group logits, more than ", kMaxGroupLogitRows));
+  }
+  for (const StepItem& it : items) {
+    if (it.logits == LogitsMode::kAll || it.draft_tokens != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: sequence ", it.sequence,
+                       " asks for group logits with all its logit rows or drafted tokens; "
+                       "group logits are the last position's alone"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace flotilla

@@ -47,7 +47,20 @@ struct StepItem {
   // captures (Engine::SetHiddenCapture) at every position of `tokens`
   // (StepOutput::hidden). Refused by an engine that captures none.
   bool return_hidden = false;
+  // The chunk's last position gets its logits from the whole tensor-parallel
+  // group (engines whose SplitsGroupLogits() is true; others refuse it):
+  // each rank runs lm_head over its share of the vocabulary and an
+  // all-reduce joins the rows, so the rank that samples reads half (W = 2)
+  // of lm_head. A rank with neither a sampler nor `logits` takes part and
+  // gets nothing back. Every rank of the group must mark the same items in
+  // the same step; a step that marks any item must have every item marked,
+  // each without drafts and not kAll, at most kMaxGroupLogitRows of them.
+  bool group_logits = false;
 };
+
+// Most items of a step with group_logits (the all-reduce moves rows x
+// vocab_size floats; more rows cost more than half of lm_head saves).
+inline constexpr int kMaxGroupLogitRows = 4;
 
 struct StepOutput {
   // Per item: rows x vocab_size floats (0, 1 or tokens.size() rows).
@@ -89,6 +102,12 @@ struct StepOutput {
 absl::Status CheckStepItem(const StepItem& item, bool known, int vocab_size,
                            std::unordered_set<int64_t>* seen, bool verifies_drafts = false);
 
+// The step-wide rules of StepItem::group_logits, for an engine that
+// `splits` them (SplitsGroupLogits) or not: none marked, or every item
+// marked, none kAll or drafted, at most kMaxGroupLogitRows.
+// INVALID_ARGUMENT naming the first problem.
+absl::Status CheckGroupLogits(const std::vector<StepItem>& items, bool splits);
+
 class Engine {
  public:
   virtual ~Engine() = default;
@@ -119,6 +138,9 @@ class Engine {
   // whether it drafted: the scheduler then drafts forced grammar text only
   // for greedy requests.
   virtual bool SamplesOnHost() const { return false; }
+  // Whether Step takes StepItem::group_logits (a rank of a tensor-parallel
+  // group of two or more on a device that shares lm_head with its peers).
+  virtual bool SplitsGroupLogits() const { return false; }
   // Most logit rows one step draws from on the engine's device (an item
   // with a sampler or logits takes 1 + draft_tokens); a step with more is
   // sampled on the host, whose draws are not the device's, so the

@@ -64,6 +64,9 @@ struct StepLayout {
   // Padded to `seqs` sequences for a graph; `decode`: replayed as a graph
   // (every row fits it); `pad_rows`: padding rows get logit rows too.
   bool padded = false, decode = false, pad_rows = false;
+  // The logit rows come from the tensor-parallel group (StepItem::
+  // group_logits; set by the engine, not by Plan).
+  bool group_logits = false;
 
   // Lays out `items` (their tables already reserved in `kv` for the step's
   // tokens) into `meta` (offsets.total ints). `modes[i]`: the logits item i
