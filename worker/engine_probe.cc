@@ -207,6 +207,8 @@ absl::Status ProbeDecodeStep(Engine& engine, const std::vector<int64_t>& sequenc
     items[i].tokens = {tokens[i]};
     items[i].logits = LogitsMode::kNone;
     if (lockstep.sample) items[i].sampler = samplers.back().get();
+    items[i].group_logits =
+        lockstep.group_logits && sequences.size() <= static_cast<size_t>(kMaxGroupLogitRows);
   }
   if (lockstep.before_step) {
     FLOTILLA_RETURN_IF_ERROR(lockstep.before_step(static_cast<int64_t>(tokens.size())));
@@ -226,6 +228,7 @@ absl::Status ProbePrefill(Engine& engine, int64_t sequence, const std::vector<in
     item.logits = LogitsMode::kNone;
     std::unique_ptr<Sampler> sampler = ProbeSampler(engine);
     if (done == prompt.size() && lockstep.sample) item.sampler = sampler.get();
+    item.group_logits = done == prompt.size() && lockstep.group_logits;
     if (lockstep.before_step) FLOTILLA_RETURN_IF_ERROR(lockstep.before_step(n));
     FLOTILLA_RETURN_IF_ERROR(engine.Step({item}).status());
   }

@@ -35,6 +35,10 @@ struct ProbeLockstep {
   // Tokens are drawn as a DP-group leader draws them; TP peers (false) skip
   // lm_head as they do when serving.
   bool sample = true;
+  // The TP group splits lm_head as serving steps do (StepItem::group_logits,
+  // agreed by every rank): decode steps of at most kMaxGroupLogitRows
+  // sequences and a prompt's last chunk mark their items.
+  bool group_logits = false;
 };
 
 // One decode step of `sequences`, token `tokens[i]` appended to sequence i,

@@ -91,6 +91,9 @@ class StepExecutor {
                                                 const SamplerLookup& sampler_for);
 
   bool leader() const { return leader_; }
+  // Whether every rank offered group logits in the last Exchange (and has an
+  // engine that splits): the same answer on every rank.
+  bool group_logits_agreed() const { return group_logits_agreed_; }
   uint64_t steps() const { return steps_; }
   uint64_t map_version() const { return map_version_; }
   // Whether a newer expert map waits for every rank to have it.

@@ -64,6 +64,7 @@ absl::Status WorkerRuntime::MeasureInLockstep() {
   bool stepped = false;
   ProbeLockstep lockstep;
   lockstep.sample = executor_->leader();
+  lockstep.group_logits = executor_->group_logits_agreed();
   lockstep.before_step = [&](int64_t tokens) {
     stepped = true;
     return executor_->AgreeStepTokens(tokens);
