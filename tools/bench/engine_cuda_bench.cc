@@ -58,10 +58,12 @@
 //
 // The step-time model: the profiled ops split into those W ranks share (QKV
 // with its norm and RoPE, attention, the O projection, the MoE: each rank
-// reads 1/W of their weights and KV) and those every rank repeats (embedding,
-// norms, router, top-k, lm_head, sampling); a step on W ranks takes
+// reads 1/W of their weights and KV; lm_head too at batches of group logits,
+// at most kMaxGroupLogitRows) and those every rank repeats (embedding, norms,
+// router, top-k, sampling, lm_head at larger batches); a step on W ranks takes
 //   graph_step x (replicated + sharded / W) / (replicated + sharded)
-//   + layers x (2 all-reduces + 2 small launches) of the measured latency,
+//   + layers x 2 x (the measured all-reduce latency + ~2 us of launch gap)
+//   + the logits' all-reduce (group logits: kLogitsExchangeMs),
 // the graph step scaling the profiled (ungraphed) sum to what a replayed step
 // takes. The all-reduce latency per W comes from flotilla_ep_bench.
 #include <cuda_runtime_api.h>
@@ -129,18 +131,25 @@ void PrintStepModel(const OpTimes& op_ms, long steps, double graph_step_ms, bool
                     const std::map<long, double>& allreduce_us) {
   static const std::set<std::string> kSharded = {"qkv_linear", "rope_kv_write", "attention",
                                                  "o_linear", "moe"};
+  // Group logits: the split lm_head's rows joined by one all-reduce of rows x
+  // vocab floats and a memset and a copy beside it (two H200s, batch 1: the
+  // split took 0.11 ms off a step whose lm_head took 0.26 ms, so ~0.02 ms).
+  constexpr double kLogitsExchangeMs = 0.02;
+  const bool group_logits = batch <= flotilla::kMaxGroupLogitRows;
   double sharded = 0, replicated = 0;
   for (const auto& [label, total] : op_ms) {
-    (kSharded.count(label) != 0 ? sharded : replicated) += total / steps;
+    const bool shared = kSharded.count(label) != 0 || (group_logits && label == "lm_head");
+    (shared ? sharded : replicated) += total / steps;
   }
   if (sharded + replicated <= 0) return;
   const double scale = graph_step_ms / (sharded + replicated);
   for (long w : ranks) {
     const auto at = allreduce_us.find(w);
     if (w < 1 || at == allreduce_us.end()) continue;
-    // Per layer: the O projection's and the MoE's all-reduce, and the MoE
-    // output's zeroing and residual add (~2 us each in a graph).
-    const double exchange_ms = layers * (2 * at->second + 2 * 2.0) / 1e3;
+    // Per layer: the O projection's and the MoE's all-reduce, each with a
+    // launch gap in the graph (~2 us) beside the op's own latency.
+    const double exchange_ms =
+        layers * 2 * (at->second + 2.0) / 1e3 + (group_logits && w > 1 ? kLogitsExchangeMs : 0.0);
     const double ms = scale * (replicated + sharded / w) + exchange_ms;
     std::printf(
         "{\"bench\":\"step_model\",\"batch\":%ld,\"ranks\":%ld,\"one_gpu_ms\":%.3f,"
