@@ -172,8 +172,8 @@ absl::StatusOr<std::optional<StepOutput>> StepExecutor::Run(const cluster::StepP
   // lm_head split by vocabulary over the TP group where the step allows it:
   // the leader reads its share instead of all of it, and its peers, which
   // would idle, read the rest.
-  const bool group_logits = parallel_.tp_size() > 1 && group_logits_agreed_ &&
-                            engine_->SplitsGroupLogits() && GroupLogitsFit(plan);
+  // (The agreement already holds every rank's engine's SplitsGroupLogits.)
+  const bool group_logits = parallel_.tp_size() > 1 && group_logits_agreed_ && GroupLogitsFit(plan);
   if (group_logits && !group_logits_seen_) {
     group_logits_seen_ = true;
     spdlog::info("rank {} runs group logits from step {}: lm_head split over its TP group of {}",
