@@ -48,6 +48,13 @@
 //                     [--ablate op1,op2]  (graph replays with each op left out in
 //                                          turn: {"bench":"decode_ablation"} lines
 //                                          give each op's share of a real step)
+//                     [--shard W]         (one rank's share of a TP group of W with the
+//                                          tensor-parallel MoE and group logits, run
+//                                          without its exchanges: heads, KV heads,
+//                                          the experts' intermediate size (the
+//                                          largest slice of its 32-wide blocks) and
+//                                          the vocabulary divided by W; the step a
+//                                          rank would take if its all-reduces were free)
 //                     [--predict-ranks 2,4,8 --allreduce-us 2:12,4:13,8:15
 //                      --graph-step-ms 1:3.02,64:26.9]
 //                                         (with --profile-ops 1: the step-time model of
@@ -272,6 +279,28 @@ double DraftedStepMs(CudaEngine& e, std::vector<StepItem> items, int k, long ste
 
 }  // namespace
 
+// One rank's share of a TP group of `w` (--shard): what a rank reads and
+// computes with the tensor-parallel MoE and group logits, without exchanges.
+// Where the experts' 32-wide blocks do not divide by w the largest slice is
+// taken (the rank that sets the group's pace).
+bool ShardConfig(long w, ModelConfig* c) {
+  if (w < 1 || c->num_key_value_heads % w != 0 || c->num_attention_heads % w != 0 ||
+      c->intermediate_size % 32 != 0) {
+    std::fprintf(stderr, "engine_cuda_bench: --shard %ld must divide the KV heads (%d)\n", w,
+                 c->num_key_value_heads);
+    return false;
+  }
+  const int n = static_cast<int>(w);
+  c->num_attention_heads /= n;
+  c->num_key_value_heads /= n;
+  c->intermediate_size = (c->intermediate_size / 32 + n - 1) / n * 32;
+  c->vocab_size = (c->vocab_size / n + 15) / 16 * 16;
+  // Special tokens inside the smaller vocabulary (the bench never stops on them).
+  for (int& id : c->eos_token_ids) id %= c->vocab_size;
+  c->pad_token_id %= c->vocab_size;
+  return true;
+}
+
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0, masked_rows = 0, max_sequences = 0;
   bool profile_ops = false;
@@ -286,6 +315,7 @@ int main(int argc, char** argv) {
   double hbm_gbs = 0, peak_tflops = 989;
   std::vector<long> batches = {1, 8, 64, 256}, prefills = {2048, 8192};
   std::vector<long> predict_ranks, verify_tokens;
+  long shard = 1;
   std::map<long, double> allreduce_us;   // W -> one all-reduce's latency
   std::map<long, double> graph_step_ms;  // batch -> a replayed step's time
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -312,7 +342,9 @@ int main(int argc, char** argv) {
         return 2;
       }
       kv_dtype = *d;
-    } else if (a == "--predict-ranks")
+    } else if (a == "--shard")
+      shard = std::strtol(v.c_str(), nullptr, 10);
+    else if (a == "--predict-ranks")
       predict_ranks = ParseList(v);
     else if (a == "--allreduce-us")
       allreduce_us = ParsePairs(v);
@@ -356,6 +388,7 @@ int main(int argc, char** argv) {
   if (hbm_gbs <= 0) hbm_gbs = PeakHbmGbs(0);
 
   ModelConfig c = ModelConfig::Gptoss120b();
+  if (!ShardConfig(shard, &c)) return 2;
   c.num_hidden_layers = static_cast<int>(layers);
   c.layer_types.resize(layers);
   for (long l = 0; l < layers; ++l) {
@@ -490,11 +523,11 @@ int main(int argc, char** argv) {
     const double bytes = layers * (dense_layer + touched * expert_bytes) + lm_head + kv;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     const double roof_step_ms = bytes / (hbm_gbs * 1e9) * 1e3;
-    std::printf("{\"bench\":\"decode_step\",\"gpu\":\"%s\",\"layers\":%ld,\"batch\":%ld,"
-                "\"context\":%ld,\"filled\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+    std::printf("{\"bench\":\"decode_step\",\"gpu\":\"%s\",\"shard\":%ld,\"layers\":%ld,"
+                "\"batch\":%ld,\"context\":%ld,\"filled\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
                 "\"bytes_per_step_gb\":%.3f,\"gbs\":%.0f,\"hbm_gbs\":%.0f,"
                 "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
-                props.name.c_str(), layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
+                props.name.c_str(), shard, layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
                 hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
     if (masked_rows > 0) {
       // Both through per-request samplers (the serving path), with and
