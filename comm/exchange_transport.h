@@ -37,6 +37,14 @@ class ExchangeTransport {
   // sum into it and leaves `data` zero (kernels::cuda::LaunchEpAllReduce).
   virtual absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
                                  cudaStream_t stream, float* residual) = 0;
+  // Whether a kernel may run the TP all-reduce itself as flagged lines
+  // (kernels::cuda::LaunchLinearTpSum): then `launch` is completed with what
+  // the kernel needs (the peers' buffers). Transports without device-side
+  // lines say no and callers use AllReduce.
+  virtual bool DeviceLines(kernels::cuda::EpLaunch* launch) const {
+    (void)launch;
+    return false;
+  }
   // Failures the transport learns of outside the kernels' error word.
   virtual absl::Status Health() { return absl::OkStatus(); }
   // Makes this rank's exchanges already enqueued end without their peers (a

@@ -47,6 +47,7 @@ class CudaEngineFactory final : public EngineFactory {
     co.prefix_cache = options.prefix_cache;
     co.kv_host_cache_bytes = static_cast<int64_t>(options.kv_host_cache_gb * (1 << 30));
     co.deterministic = options.deterministic;
+    if (!options.tp_sum_in_projection) co.tp_sum_in_projection_max_tokens = 0;
     if (options.moe_gemm_min_pairs.has_value()) {
       co.moe_tuning.gemm_min_pairs_per_expert = *options.moe_gemm_min_pairs;
     }

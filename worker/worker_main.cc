@@ -67,6 +67,13 @@ int main(int argc, char** argv) {
                  "all; used while every rank has it on")
       ->envname("FLOTILLA_GROUP_LOGITS")
       ->capture_default_str();
+  app.add_option("--tp-sum-in-projection", o.tp_sum_in_projection,
+                 "CUDA, tensor parallel over CUDA IPC: steps of up to 8 tokens sum the O "
+                 "projection over the TP group inside the projection's launch (its blocks send "
+                 "their rows to the peers as they finish) instead of a separate all-reduce "
+                 "launch; the same bits either way")
+      ->envname("FLOTILLA_TP_SUM_IN_PROJECTION")
+      ->capture_default_str();
   app.add_option("--moe-activation", o.moe_activation,
                  "the experts' inputs: bf16 (the engine's own precision), fp8 (MXFP8 blocks of 32 "
                  "values, the numerics of a W4A8 MoE; CPU engine only) or auto (bf16); a "

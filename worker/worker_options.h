@@ -46,6 +46,10 @@ struct WorkerOptions {
   // vocabulary over its ranks (StepItem::group_logits); used only while
   // every rank of the instance has it on.
   bool group_logits = true;
+  // --tp-sum-in-projection on|off: a CUDA TP group's small steps sum the O
+  // projection over the group inside the projection's own launch
+  // (CudaEngineOptions::tp_sum_in_projection_max_tokens); ranks may differ.
+  bool tp_sum_in_projection = true;
   // --moe-gemm-min-pairs N: the CUDA MoE runs grouped GEMMs instead of its
   // decode kernels once a step routes N (token, expert) pairs per expert
   // (kernels::cuda::MoeTuning::gemm_min_pairs_per_expert); unset: the

@@ -101,4 +101,9 @@ absl::Status CudaIpcTransport::AllReduce(kc::EpLaunch launch, float* data, int64
                     "all-reduce");
 }
 
+bool CudaIpcTransport::DeviceLines(kc::EpLaunch* launch) const {
+  *launch = WithPeers(*launch);
+  return launch->self.ll != nullptr && launch->self.ll_count > 0;
+}
+
 }  // namespace flotilla::comm

@@ -31,6 +31,7 @@ class CudaIpcTransport final : public ExchangeTransport {
                        cudaStream_t stream) override;
   absl::Status AllReduce(kernels::cuda::EpLaunch launch, float* data, int64_t count,
                          cudaStream_t stream, float* residual) override;
+  bool DeviceLines(kernels::cuda::EpLaunch* launch) const override;
 
  private:
   CudaIpcTransport() = default;

@@ -28,6 +28,7 @@
 #include <climits>
 
 #include "kernels/cuda/ep_exchange.h"
+#include "kernels/cuda/ep_lines.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -40,12 +41,6 @@ constexpr int kUnroll = 4;
 constexpr int kDispatchEpoch = 0;
 constexpr int kCombineEpoch = 1;
 constexpr int kReduceEpoch = 2;
-
-__device__ __forceinline__ uint64_t GlobalTimerNs() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ uint64_t LoadAcquire(const uint64_t* p) {
   uint64_t v;
@@ -227,58 +222,6 @@ __device__ __forceinline__ int2 PairDestination(const EpShape& s, const int32_t*
   if (replicas <= 0) return make_int2(-1, 0);
   const int loc = reps[f + EpReplicaIndex(t, j, replicas)];
   return make_int2(loc >> 16, loc & 0xffff);
-}
-
-// Flagged lines (the small steps' combine and all-reduce). Each 16-byte
-// line holds two values, each followed by the launch's sequence number; a
-// peer's 8-byte halves land whole, so a receiver that sees both numbers has
-// both values, with no fence and no separate flag. Stale lines carry an
-// older number and are waited past.
-__device__ __forceinline__ void StoreLine(uint32_t* p, uint4 v) {
-  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y),
-               "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
-__device__ __forceinline__ uint4 LoadLine(const uint32_t* p) {
-  uint4 v;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ uint4 LineOf(float2 v, uint32_t epoch) {
-  return make_uint4(__float_as_uint(v.x), epoch, __float_as_uint(v.y), epoch);
-}
-
-__device__ __forceinline__ bool LineReady(uint4 w, uint32_t epoch) {
-  return w.y == epoch && w.w == epoch;
-}
-
-// The two values of a line (LineOf's inverse).
-__device__ __forceinline__ float2 ValuesOf(uint4 w) {
-  return make_float2(__uint_as_float(w.x), __uint_as_float(w.z));
-}
-
-// Waits for a line of `epoch`; false when the bound passed (recorded as a
-// wait of `op` on world rank `source`) or another wait already failed.
-__device__ bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline, int32_t* error,
-                         int op, int source, float2* value) {
-  for (uint32_t spins = 1;; ++spins) {
-    const uint4 w = LoadLine(p);
-    if (LineReady(w, epoch)) {
-      *value = ValuesOf(w);
-      return true;
-    }
-    if ((spins & 127) != 0) continue;
-    if (*reinterpret_cast<volatile int32_t*>(error) != 0) return false;
-    if (GlobalTimerNs() > deadline) {
-      atomicCAS(error, 0, kEpErrorBase + op * 65536 + source);
-      return false;
-    }
-  }
 }
 
 // Copies the chunk's pairs this block owns: rows into their destination's
@@ -701,52 +644,21 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) l.state.epochs[kReduceEpoch + blockIdx.x] += rounds;
 }
 
-// Line `line` of TP rank `part`'s values in half `parity` of `ll`: the
-// all-reduce's lines alternate two halves by the number's parity, since a
-// rank may be one round ahead of a peer still reading the other half.
-__device__ __forceinline__ uint32_t* LlLine(uint32_t* ll, int64_t ll_count, int tp, int parity,
-                                            int part, int64_t line) {
-  return ll + (static_cast<size_t>(parity * tp + part) * (ll_count / 2) + line) * 4;
-}
-
 // Sends this thread's lines to every TP peer, then sums each line over the
-// group in TP-rank order. Every block reads the launch's number as it
-// starts; the last block to finish advances it.
+// group in TP-rank order (ep_lines.cuh).
 __global__ void __launch_bounds__(kThreads)
     AllReduceLinesKernel(EpLaunch l, float* data, int64_t count, float* residual) {
   if (BlockBroken(l.state.error)) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
-  const EpShape& s = l.shape;
-  const int group_first = s.rank - s.tp_rank;
-  const uint32_t epoch =
-      *reinterpret_cast<const volatile uint32_t*>(l.state.epochs + kEpLlEpochWord) + 1;
-  const int parity = static_cast<int>(epoch & 1);
+  const uint32_t epoch = TpLinesEpoch(l);
   const int64_t lines = count / 2;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   float2* mine = reinterpret_cast<float2*>(data);
+  for (int64_t i = first; i < lines; i += stride) SendTpLine(l, epoch, i, mine[i]);
   for (int64_t i = first; i < lines; i += stride) {
-    const float2 v = mine[i];
-    const uint4 line = LineOf(v, epoch);
-    for (int peer = 0; peer < s.tp_size; ++peer) {
-      if (peer == s.tp_rank) continue;
-      StoreLine(
-          LlLine(l.peers[group_first + peer].ll, l.self.ll_count, s.tp_size, parity, s.tp_rank, i),
-          line);
-    }
-  }
-  bool ok = true;
-  for (int64_t i = first; i < lines && ok; i += stride) {
-    float2 acc = make_float2(0.f, 0.f);
-    for (int part = 0; part < s.tp_size && ok; ++part) {
-      float2 v = mine[i];
-      if (part != s.tp_rank) {
-        ok = WaitLine(LlLine(l.self.ll, l.self.ll_count, s.tp_size, parity, part, i), epoch,
-                      deadline, l.state.error, kEpOpReduce, group_first + part, &v);
-      }
-      acc = part == 0 ? v : make_float2(__fadd_rn(acc.x, v.x), __fadd_rn(acc.y, v.y));
-    }
-    if (!ok) break;
+    float2 acc;
+    if (!SumTpLine(l, epoch, i, mine[i], deadline, &acc)) break;
     if (residual == nullptr) {
       mine[i] = acc;
       continue;
@@ -756,13 +668,7 @@ __global__ void __launch_bounds__(kThreads)
     *r = make_float2(__fadd_rn(before.x, acc.x), __fadd_rn(before.y, acc.y));
     mine[i] = make_float2(0.f, 0.f);
   }
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  __threadfence();
-  if (atomicAdd(l.state.epochs + kEpLlDoneWord, 1u) == gridDim.x - 1) {
-    l.state.epochs[kEpLlDoneWord] = 0;
-    l.state.epochs[kEpLlEpochWord] = epoch;
-  }
+  TpLinesBlockDone(l, epoch, gridDim.x);
 }
 
 __global__ void AddAndZeroKernel(float* residual, float* part, int64_t count) {

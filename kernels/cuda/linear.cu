@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/cuda/ep_lines.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
@@ -65,6 +66,30 @@ __device__ void RankAfterLastBlock(const GemvTopK& topk, int tokens, int experts
   if (threadIdx.x == 0) *topk.done = 0;
 }
 
+// kTpSum's epilogue: this block's outputs (thread (tok, r) holds row r of
+// its 16 for token tok) summed over the TP group as flagged lines
+// (ep_lines.cuh) and added to `residual`, as LaunchEpAllReduce with a
+// residual adds them: the same lines, numbers and order, so a peer may run
+// either. Even rows own a line of two values (out is even).
+__device__ void TpSumRows(const EpLaunch& l, float s, int tok, int row, int tokens, int out,
+                          float* __restrict__ residual) {
+  const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
+  const uint32_t epoch = TpLinesEpoch(l);
+  const float next = __shfl_down_sync(0xffffffffu, s, 1);
+  if ((row & 1) == 0 && tok < tokens && row < out) {
+    const int64_t i = (static_cast<int64_t>(tok) * out + row) / 2;
+    const float2 mine = make_float2(s, next);
+    SendTpLine(l, epoch, i, mine);
+    float2 sum;
+    if (SumTpLine(l, epoch, i, mine, deadline, &sum)) {
+      float2* r = reinterpret_cast<float2*>(residual) + i;
+      const float2 before = *r;
+      *r = make_float2(__fadd_rn(before.x, sum.x), __fadd_rn(before.y, sum.y));
+    }
+  }
+  TpLinesBlockDone(l, epoch, gridDim.x * gridDim.y);
+}
+
 // kNt: tiles of 8 tokens (1 or 2).
 // kNorm (kNt == 1): the RMSNorm of the input fused in. x is then unused and
 // xf is the f32 residual [tokens, in]: every block first computes the tokens'
@@ -76,15 +101,20 @@ __device__ void RankAfterLastBlock(const GemvTopK& topk, int tokens, int experts
 // projection. Every block counts itself done on topk.done once its sums are
 // in y; the last one ranks each token's row (WarpTopKSoftmax, one warp per
 // token), writes ids and weights, zeroes the rows and the counter.
+// kTpSum (kNt == 1, one input share): the projection's rows summed over the
+// TP group of `lines` in the epilogue and added to y, the residual
+// (TpSumRows), instead of a separate all-reduce launch.
 // At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV
 // projection are all resident at once on a 132-SM part.
-template <int kNt, bool kNorm, bool kTopK>
+template <int kNt, bool kNorm, bool kTopK, bool kTpSum = false>
 __global__ void __launch_bounds__(kGemvThreads, 3)
     GemvMmaKernel(const uint16_t* __restrict__ x, const float* __restrict__ xf,
                   const uint16_t* __restrict__ nw, float eps, uint16_t* __restrict__ t_out,
                   const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
-                  int in, int out, bool accumulate, float* __restrict__ y, GemvTopK topk) {
+                  int in, int out, bool accumulate, float* __restrict__ y, GemvTopK topk,
+                  EpLaunch lines) {
   static_assert(!kNorm || kNt == 1, "the fused norm serves one tile of 8 tokens");
+  static_assert(!kTpSum || (kNt == 1 && !kTopK), "the TP sum serves one tile of 8 tokens");
   static_assert(!kTopK || (kNorm && kRmsMaxTokens <= kGemvWarps), "a warp per token's row");
   // 32-wide input slices loaded before the first mma (fewer with 2 token tiles:
   // their activations take the registers).
@@ -192,6 +222,11 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   float s = SumWarpTiles<kNt, kGemvWarps>(red, acc, tokens);
   const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
   const int row = row0 + r;
+  if constexpr (kTpSum) {
+    if (bias != nullptr && row < out) s += Bf16Bits(bias[row]);
+    TpSumRows(lines, s, tok, row, min(tokens, 8), out, y);
+    return;
+  }
   if (tok < tokens && tok < kNt * 8 && row < out) {
     if (bias != nullptr && part == 0) s += Bf16Bits(bias[row]);
     float* dst = y + static_cast<size_t>(tok) * out + row;
@@ -276,11 +311,11 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   if (tokens <= 8) {
     return LaunchPdl(GemvMmaKernel<1, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
                      nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
-                     GemvTopK{});
+                     GemvTopK{}, EpLaunch{});
   }
   return LaunchPdl(GemvMmaKernel<2, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
                    nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
-                   GemvTopK{});
+                   GemvTopK{}, EpLaunch{});
 }
 
 // The cuBLASLt entry points, resolved with dlsym.
@@ -513,7 +548,7 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
   return LaunchPdl(GemvMmaKernel<1, true, false>,
                    dim3(tiles, SplitFor(accumulate, tiles, in, deterministic)), dim3(kGemvThreads),
                    0, stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, out,
-                   accumulate, y, GemvTopK{});
+                   accumulate, y, GemvTopK{}, EpLaunch{});
 }
 
 cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
@@ -532,7 +567,27 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
   return LaunchPdl(GemvMmaKernel<1, true, true>,
                    dim3(tiles, SplitFor(true, tiles, in, deterministic)), dim3(kGemvThreads), 0,
                    stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, experts,
-                   true, logits, GemvTopK{k, ids, weights, done});
+                   true, logits, GemvTopK{k, ids, weights, done}, EpLaunch{});
+}
+
+cudaError_t LaunchLinearTpSum(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
+                              int tokens, int in, int out, float* residual, const EpLaunch& lines,
+                              cudaStream_t stream) {
+  if (!LinearTpSumFits(lines, tokens, in, out) || x == nullptr || w == nullptr ||
+      residual == nullptr || reinterpret_cast<uintptr_t>(residual) % 8 != 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens == 0) return cudaSuccess;
+  return LaunchPdl(GemvMmaKernel<1, false, false, true>, dim3((out + 15) / 16, 1),
+                   dim3(kGemvThreads), 0, stream, true, x, nullptr, nullptr, 0.0f, nullptr, w, bias,
+                   tokens, in, out, false, residual, GemvTopK{}, lines);
+}
+
+bool LinearTpSumFits(const EpLaunch& lines, int tokens, int in, int out) {
+  return lines.ipc && lines.self.ll != nullptr && lines.peers != nullptr &&
+         lines.shape.tp_size > 1 && lines.state.epochs != nullptr && lines.state.error != nullptr &&
+         tokens >= 0 && tokens <= kLinearTpSumMaxTokens && in > 0 && in % 32 == 0 && out > 0 &&
+         out % 2 == 0 && static_cast<int64_t>(tokens) * out <= lines.self.ll_count;
 }
 
 }  // namespace flotilla::kernels::cuda

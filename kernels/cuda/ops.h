@@ -61,6 +61,24 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
                          const uint16_t* bias, int tokens, int in, int out, bool accumulate,
                          float* y, cudaStream_t stream);
 
+// A tensor-parallel projection of a few tokens with its all-reduce in the
+// same launch: the GEMV above (this rank's share of `in`, bias on every rank
+// that passes one), whose blocks send their rows to the TP peers of `lines`
+// as flagged lines as soon as they have them and add the group's sum to
+// `residual` (f32 [tokens, out], 8-byte aligned):
+//   LaunchLinear(x, w, bias, tokens, in, out, false, part);
+//   LaunchEpAllReduce(lines, part, tokens * out, stream, residual);
+// with the same bits, minus one launch and the wait for the slowest block.
+// Peers may run either form. LinearTpSumFits says whether the shape and the
+// exchange (CUDA IPC with flagged-line buffers of at least tokens * out
+// values, TP > 1) allow it; otherwise the launch returns cudaErrorInvalidValue.
+struct EpLaunch;
+constexpr int kLinearTpSumMaxTokens = 8;
+bool LinearTpSumFits(const EpLaunch& lines, int tokens, int in, int out);
+cudaError_t LaunchLinearTpSum(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
+                              int tokens, int in, int out, float* residual, const EpLaunch& lines,
+                              cudaStream_t stream);
+
 // Paged KV cache of one layer on the GPU: K and V each
 // bf16 [num_blocks, kv_heads, block_size, head_dim]; position p of a sequence
 // lives in block block_table[p / block_size] at slot p % block_size.

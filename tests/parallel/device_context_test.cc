@@ -87,6 +87,7 @@ bool WaitForFile(const std::string& path, std::chrono::seconds limit) {
 absl::Status RunExchange(const Scenario& s, ParallelContext& context, cudaStream_t stream) {
   if (absl::Status st = CheckSteps(s, context, 6, stream); !st.ok()) return st;
   if (absl::Status st = CheckAllReduces(s, context, stream); !st.ok()) return st;
+  if (absl::Status st = CheckLinearTpSum(s, context, stream); !st.ok()) return st;
   return CheckGraphReplays(s, context, stream);
 }
 

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/status.h"
+#include "kernels/cuda/ep_exchange.h"
+#include "kernels/cuda/ops.h"
 #include "tests/parallel/fake_experts.h"
 
 namespace flotilla::parallel::testing {
@@ -259,6 +261,125 @@ absl::Status CheckAllReduces(const Scenario& s, ParallelContext& c, cudaStream_t
   for (int64_t count : {int64_t{2}, int64_t{s.hidden}, full, int64_t{300000}, int64_t{7}}) {
     FLOTILLA_RETURN_IF_ERROR(CheckAllReduceAdd(s, c, count, data, residual, stream));
   }
+  return c.CheckHealth();
+}
+
+namespace {
+
+// This rank's share of a TP projection: x [tokens, in] and w [out, in] in
+// bf16, different on every rank; the bias on TP rank 0 only.
+struct ProjectionShare {
+  static constexpr int kIn = 256;
+  ProjectionShare(const Scenario& s, int rank, int tp_rank, int tokens)
+      : tokens(tokens),
+        out(s.hidden),
+        x(static_cast<size_t>(tokens) * kIn),
+        w(static_cast<size_t>(s.hidden) * kIn),
+        bias(static_cast<size_t>(s.hidden)) {
+    auto bf16 = [&](uint64_t seed, size_t n) {
+      std::vector<float> v = ReduceInput(seed, rank, static_cast<int64_t>(n));
+      std::vector<uint16_t> h(n);
+      for (size_t i = 0; i < n; ++i) h[i] = FloatToBf16(v[i]);
+      return h;
+    };
+    status.Update(x.Put(bf16(71 + tokens, static_cast<size_t>(tokens) * kIn)));
+    status.Update(w.Put(bf16(73, static_cast<size_t>(out) * kIn)));
+    status.Update(bias.Put(bf16(79, static_cast<size_t>(out))));
+    with_bias = tp_rank == 0;
+  }
+  const uint16_t* b() const { return with_bias ? bias.get() : nullptr; }
+  int tokens, out;
+  bool with_bias = false;
+  DeviceArray<uint16_t> x, w, bias;
+  absl::Status status;
+};
+
+// The projection and the all-reduce apart (`fused` false) or in one launch.
+absl::Status Project(ParallelContext& c, const ProjectionShare& p, bool fused,
+                     const kernels::cuda::EpLaunch& lines, float* part, float* residual,
+                     cudaStream_t stream) {
+  const int in = ProjectionShare::kIn;
+  if (fused) {
+    return Cuda(kernels::cuda::LaunchLinearTpSum(p.x.get(), p.w.get(), p.b(), p.tokens, in, p.out,
+                                                 residual, lines, stream),
+                "LaunchLinearTpSum");
+  }
+  FLOTILLA_RETURN_IF_ERROR(
+      Cuda(kernels::cuda::LaunchLinear(nullptr, p.x.get(), p.w.get(), p.b(), p.tokens, in, p.out,
+                                       false, part, stream),
+           "LaunchLinear"));
+  return c.tp().AllReduceAdd(part, residual, static_cast<int64_t>(p.tokens) * p.out, stream);
+}
+
+}  // namespace
+
+absl::Status CheckLinearTpSum(const Scenario& s, ParallelContext& c, cudaStream_t stream) {
+  kernels::cuda::EpLaunch lines;
+  const bool offered = c.tp().DeviceLines(&lines);
+  const bool expected = s.tp > 1 && c.backend() == "cuda-ipc";
+  if (offered != expected) {
+    return absl::InternalError(absl::StrCat("DeviceLines said ", offered, " on ", c.backend(),
+                                            " with TP ", s.tp, ", expected ", expected));
+  }
+  if (!offered) return absl::OkStatus();
+  const int tp_rank = c.tp().rank();
+  for (int tokens : {1, 3, 8}) {
+    const std::string what = absl::StrCat("TP sum in the projection, ", tokens, " tokens");
+    ProjectionShare p(s, c.rank(), tp_rank, tokens);
+    FLOTILLA_RETURN_IF_ERROR(p.status);
+    if (!kernels::cuda::LinearTpSumFits(lines, tokens, ProjectionShare::kIn, p.out)) {
+      return absl::InternalError(what + ": does not fit the context's lines");
+    }
+    const size_t n = static_cast<size_t>(tokens) * p.out;
+    const std::vector<float> before = ReduceInput(83, c.rank() - tp_rank, static_cast<int64_t>(n));
+    DeviceArray<float> part(n), apart(n), fused(n), mixed(n);
+    FLOTILLA_RETURN_IF_ERROR(part.Put(std::vector<float>(n, 0.f)));
+    for (DeviceArray<float>* r : {&apart, &fused, &mixed}) FLOTILLA_RETURN_IF_ERROR(r->Put(before));
+    FLOTILLA_RETURN_IF_ERROR(Project(c, p, false, lines, part.get(), apart.get(), stream));
+    FLOTILLA_RETURN_IF_ERROR(Project(c, p, true, lines, part.get(), fused.get(), stream));
+    FLOTILLA_RETURN_IF_ERROR(
+        Project(c, p, tp_rank % 2 == 0, lines, part.get(), mixed.get(), stream));
+    FLOTILLA_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(stream), "projections"));
+    FLOTILLA_ASSIGN_OR_RETURN(const auto want, Get(apart.get(), n));
+    FLOTILLA_ASSIGN_OR_RETURN(const auto got, Get(fused.get(), n));
+    FLOTILLA_ASSIGN_OR_RETURN(const auto got_mixed, Get(mixed.get(), n));
+    size_t moved = 0;
+    for (size_t i = 0; i < n; ++i) moved += want[i] != before[i] ? 1 : 0;
+    if (moved < n / 2) {
+      return absl::InternalError(
+          absl::StrCat(what, ": only ", moved, " of ", n, " residual values changed"));
+    }
+    FLOTILLA_RETURN_IF_ERROR(SameFloats(got, want, what));
+    FLOTILLA_RETURN_IF_ERROR(SameFloats(got_mixed, want, what + ", peers mixing both forms"));
+  }
+  // Both forms captured once, replayed twice: the numbers keep counting.
+  ProjectionShare p(s, c.rank(), tp_rank, 2);
+  FLOTILLA_RETURN_IF_ERROR(p.status);
+  const size_t n = static_cast<size_t>(2) * p.out;
+  DeviceArray<float> part(n), apart(n), fused(n);
+  FLOTILLA_RETURN_IF_ERROR(part.Put(std::vector<float>(n, 0.f)));
+  FLOTILLA_RETURN_IF_ERROR(apart.Put(std::vector<float>(n, 0.f)));
+  FLOTILLA_RETURN_IF_ERROR(fused.Put(std::vector<float>(n, 0.f)));
+  cudaGraph_t graph = nullptr;
+  FLOTILLA_RETURN_IF_ERROR(
+      Cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture"));
+  absl::Status captured = Project(c, p, true, lines, part.get(), fused.get(), stream);
+  if (captured.ok()) captured = Project(c, p, false, lines, part.get(), apart.get(), stream);
+  FLOTILLA_RETURN_IF_ERROR(Cuda(cudaStreamEndCapture(stream, &graph), "end capture"));
+  FLOTILLA_RETURN_IF_ERROR(captured);
+  cudaGraphExec_t exec = nullptr;
+  FLOTILLA_RETURN_IF_ERROR(Cuda(cudaGraphInstantiate(&exec, graph, 0), "instantiate"));
+  cudaGraphDestroy(graph);
+  absl::Status replayed;
+  for (int replay = 0; replay < 2 && replayed.ok(); ++replay) {
+    replayed = Cuda(cudaGraphLaunch(exec, stream), "replay");
+  }
+  if (replayed.ok()) replayed = Cuda(cudaStreamSynchronize(stream), "replays");
+  cudaGraphExecDestroy(exec);
+  FLOTILLA_RETURN_IF_ERROR(replayed);
+  FLOTILLA_ASSIGN_OR_RETURN(const auto want, Get(apart.get(), n));
+  FLOTILLA_ASSIGN_OR_RETURN(const auto got, Get(fused.get(), n));
+  FLOTILLA_RETURN_IF_ERROR(SameFloats(got, want, "TP sum in the projection, graph replays"));
   return c.CheckHealth();
 }
 

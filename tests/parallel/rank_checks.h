@@ -24,4 +24,12 @@ absl::Status CheckAllReduces(const Scenario& s, ParallelContext& context, cudaSt
 // replayed twice with different inputs.
 absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& context, cudaStream_t stream);
 
+// A projection summed over the TP group inside its own launch
+// (kernels::cuda::LaunchLinearTpSum) against the projection and AllReduceAdd
+// apart, bit for bit, at 1, 3 and 8 tokens; with every other TP rank running
+// the separate form (peers may run either); and both captured in a graph and
+// replayed. Over CUDA IPC with TP > 1 the context must offer it; elsewhere
+// the check only confirms that it does not.
+absl::Status CheckLinearTpSum(const Scenario& s, ParallelContext& context, cudaStream_t stream);
+
 }  // namespace flotilla::parallel::testing

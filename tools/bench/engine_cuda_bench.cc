@@ -523,12 +523,13 @@ int main(int argc, char** argv) {
     const double bytes = layers * (dense_layer + touched * expert_bytes) + lm_head + kv;
     const double gbs = bytes / (ms * 1e-3) / 1e9;
     const double roof_step_ms = bytes / (hbm_gbs * 1e9) * 1e3;
-    std::printf("{\"bench\":\"decode_step\",\"gpu\":\"%s\",\"shard\":%ld,\"layers\":%ld,"
-                "\"batch\":%ld,\"context\":%ld,\"filled\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
-                "\"bytes_per_step_gb\":%.3f,\"gbs\":%.0f,\"hbm_gbs\":%.0f,"
-                "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
-                props.name.c_str(), shard, layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
-                hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
+    std::printf(
+        "{\"bench\":\"decode_step\",\"gpu\":\"%s\",\"shard\":%ld,\"layers\":%ld,"
+        "\"batch\":%ld,\"context\":%ld,\"filled\":%ld,\"ms_per_step\":%.3f,\"tokens_per_s\":%.1f,"
+        "\"bytes_per_step_gb\":%.3f,\"gbs\":%.0f,\"hbm_gbs\":%.0f,"
+        "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
+        props.name.c_str(), shard, layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
+        hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
     if (masked_rows > 0) {
       // Both through per-request samplers (the serving path), with and
       // without masks, so the difference is the masks' alone.

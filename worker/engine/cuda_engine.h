@@ -131,6 +131,13 @@ struct CudaEngineOptions {
   // it waits), nor did the down weights asked for by the gate_up tiles
   // (batch 1: 3.15 against 3.04 ms).
   int l2_prefetch_max_tokens = 4;
+  // Tensor parallel over CUDA IPC: steps of at most this many tokens (capped
+  // at kernels::cuda::kLinearTpSumMaxTokens) sum the O projection over the
+  // TP group in the projection's launch (kernels::cuda::LaunchLinearTpSum:
+  // each block sends its rows to the peers as flagged lines as soon as it
+  // has them) instead of a separate all-reduce launch; the same bits. 0
+  // keeps them apart.
+  int tp_sum_in_projection_max_tokens = 8;
   // How this engine's MoE layers and fused norm + QKV launches run: the
   // defaults are the fastest measured; the worker's --moe-gemm-min-pairs and
   // the benchmarks change them. Each engine keeps its own (nothing

@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_generic.h"
+#include "kernels/cuda/ep_exchange.h"
 #include "kernels/cuda/expert_count.h"
 #include "kernels/cuda/kv_quant.h"
 #include "kernels/cuda/l2_prefetch.h"
@@ -221,6 +222,15 @@ absl::Status LayerStages::OProjection(const CudaDeviceState::Layer& L) {
   // Tensor parallel: this rank's heads give a partial O projection; the
   // all-reduce sums it over the TP group and adds it to the residual.
   const bool tp_sum = tp_ > 1;
+  if (tp_sum && T_ <= options_.tp_sum_in_projection_max_tokens) {
+    kc::EpLaunch lines;
+    if (par_->tp().DeviceLines(&lines) && kc::LinearTpSumFits(lines, T_, NH_ * D_, H_)) {
+      if (!On("o_linear")) return absl::OkStatus();
+      return CudaStatus(
+          kc::LaunchLinearTpSum(d_.attn, L.wo, L.bo, T_, NH_ * D_, H_, d_.x, lines, d_.stream),
+          "LaunchLinearTpSum");
+    }
+  }
   if (On("o_linear")) {
     FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d_.linear, d_.attn, L.wo, L.bo, T_, NH_ * D_, H_, !tp_sum,
                                           tp_sum ? d_.o_part : d_.x, d_.stream));

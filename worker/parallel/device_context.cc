@@ -52,6 +52,7 @@ class DeviceTensorParallel final : public TensorParallel {
   int rank() const override;
   absl::Status AllReduce(float* data, int64_t count, void* stream) override;
   absl::Status AllReduceAdd(float* part, float* residual, int64_t count, void* stream) override;
+  bool DeviceLines(kc::EpLaunch* launch) override;
 
  private:
   DeviceContext* context_;
@@ -176,6 +177,12 @@ class DeviceContext final : public ParallelContext {
     return transport_->AllReduce(Launch(), data, count, s, residual);
   }
 
+  bool DeviceLines(kc::EpLaunch* launch) {
+    if (config_.tp_size() == 1 || !Usable().ok()) return false;
+    *launch = Launch();
+    return transport_->DeviceLines(launch);
+  }
+
   void SetStepTokens(int64_t tokens) {
     if (tokens < 0 || tokens > options_.max_tokens_per_step) {
       step_status_ = absl::InvalidArgumentError(
@@ -287,6 +294,10 @@ absl::Status DeviceTensorParallel::AllReduceAdd(float* part, float* residual, in
     return absl::InvalidArgumentError("tp().AllReduceAdd: no residual");
   }
   return context_->AllReduce(part, count, stream, residual);
+}
+
+bool DeviceTensorParallel::DeviceLines(kc::EpLaunch* launch) {
+  return context_->DeviceLines(launch);
 }
 
 void DeviceExpertParallel::SetStepTokens(int64_t max_tokens_any_rank) {

@@ -28,6 +28,10 @@
 #include "common/expert_map.h"
 #include "common/parallel_config.h"
 
+namespace flotilla::kernels::cuda {
+struct EpLaunch;
+}  // namespace flotilla::kernels::cuda
+
 namespace flotilla::parallel {
 
 // Where the buffers handed to a context live, and their element types:
@@ -71,6 +75,15 @@ class TensorParallel {
   // device context does both in the exchange's own kernel.
   virtual absl::Status AllReduceAdd(float* part, float* residual, int64_t count,
                                     void* stream = nullptr) = 0;
+  // Device contexts whose exchange a kernel can run itself (CUDA IPC with
+  // flagged lines, a group of more than one): fills `launch` for a producing
+  // kernel that sums its own output over the group
+  // (kernels::cuda::LaunchLinearTpSum) and returns true. Otherwise false, and
+  // the caller produces a part and calls AllReduceAdd.
+  virtual bool DeviceLines(kernels::cuda::EpLaunch* launch) {
+    (void)launch;
+    return false;
+  }
 };
 
 class ExpertParallel {
