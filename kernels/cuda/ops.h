@@ -69,9 +69,12 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
 //   LaunchLinear(x, w, bias, tokens, in, out, false, part);
 //   LaunchEpAllReduce(lines, part, tokens * out, stream, residual);
 // with the same bits, minus one launch and the wait for the slowest block.
-// Peers may run either form. LinearTpSumFits says whether the shape and the
-// exchange (CUDA IPC with flagged-line buffers of at least tokens * out
-// values, TP > 1) allow it; otherwise the launch returns cudaErrorInvalidValue.
+// Peers may run either form. Its blocks wait for the peers' blocks of the
+// same index, so every rank must have its GPU to itself (a rank's waiting
+// blocks must not hold the slots its peers' blocks need:
+// TensorParallel::DeviceLines offers lines only then). LinearTpSumFits says whether the shape and
+// the exchange (CUDA IPC with flagged-line buffers of at least tokens * out values, TP > 1) allow
+// it; otherwise the launch returns cudaErrorInvalidValue.
 struct EpLaunch;
 constexpr int kLinearTpSumMaxTokens = 8;
 bool LinearTpSumFits(const EpLaunch& lines, int tokens, int in, int out);

@@ -45,6 +45,14 @@ TEST(AgreedMaxBlocksTest, TheMostCrowdedGpuDecidesForEveryRank) {
   EXPECT_EQ(AgreedMaxBlocks(ranks), 25);  // 100 / (2 * 2) on node b
 }
 
+TEST(EveryRankOwnsItsGpuTest, ARankSharingAGpuAnywhereSaysNo) {
+  EXPECT_TRUE(EveryRankOwnsItsGpu({On("a/1", "0000:01:00.0", 396), On("a/1", "0000:02:00.0", 396),
+                                   On("b/1", "0000:01:00.0", 396)}));
+  EXPECT_FALSE(EveryRankOwnsItsGpu({On("a/1", "0000:01:00.0", 396), On("b/1", "0000:01:00.0", 396),
+                                    On("b/1", "0000:01:00.0", 396)}));
+  EXPECT_TRUE(EveryRankOwnsItsGpu({On("a/1", "0000:01:00.0", 396)}));
+}
+
 TEST(AgreedMaxBlocksTest, UnknownOccupancyFallsBackToTheSmallestGrid) {
   std::vector<RankIdentity> ranks(2, On("host/boot", "0000:01:00.0", 0));
   EXPECT_EQ(AgreedMaxBlocks(ranks), 2);

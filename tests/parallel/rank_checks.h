@@ -28,8 +28,9 @@ absl::Status CheckGraphReplays(const Scenario& s, ParallelContext& context, cuda
 // (kernels::cuda::LaunchLinearTpSum) against the projection and AllReduceAdd
 // apart, bit for bit, at 1, 3 and 8 tokens; with every other TP rank running
 // the separate form (peers may run either); and both captured in a graph and
-// replayed. Over CUDA IPC with TP > 1 the context must offer it; elsewhere
-// the check only confirms that it does not.
+// replayed. Over CUDA IPC with TP > 1 and a GPU per rank the context must
+// offer it; elsewhere (ranks sharing a GPU included) the check only confirms
+// that it does not.
 absl::Status CheckLinearTpSum(const Scenario& s, ParallelContext& context, cudaStream_t stream);
 
 }  // namespace flotilla::parallel::testing

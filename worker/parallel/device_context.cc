@@ -73,7 +73,7 @@ class DeviceExpertParallel final : public ExpertParallel {
 class DeviceContext final : public ParallelContext {
  public:
   DeviceContext(const ParallelConfig& config, ExpertMap map, int rank,
-                const DeviceContextOptions& options, int max_blocks,
+                const DeviceContextOptions& options, int max_blocks, bool own_gpus,
                 std::unique_ptr<ExchangeBuffers> buffers, std::unique_ptr<DeviceExpertTable> table,
                 std::unique_ptr<ExchangeTransport> transport)
       : ParallelContext(config, std::move(map), rank,
@@ -81,6 +81,7 @@ class DeviceContext final : public ParallelContext {
                                        options.max_tokens_per_step}),
         device_(options.device),
         max_blocks_(max_blocks),
+        own_gpus_(own_gpus),
         timeout_ns_(static_cast<uint64_t>(absl::ToInt64Nanoseconds(options.timeout))),
         buffers_(std::move(buffers)),
         table_(std::move(table)),
@@ -178,7 +179,7 @@ class DeviceContext final : public ParallelContext {
   }
 
   bool DeviceLines(kc::EpLaunch* launch) {
-    if (config_.tp_size() == 1 || !Usable().ok()) return false;
+    if (config_.tp_size() == 1 || !own_gpus_ || !Usable().ok()) return false;
     *launch = Launch();
     return transport_->DeviceLines(launch);
   }
@@ -267,6 +268,7 @@ class DeviceContext final : public ParallelContext {
 
   const int device_;
   const int max_blocks_;  // grid cap agreed by all ranks
+  const bool own_gpus_;   // no two ranks share a GPU (EveryRankOwnsItsGpu)
   const uint64_t timeout_ns_;
   std::unique_ptr<ExchangeBuffers> buffers_;
   std::unique_ptr<DeviceExpertTable> table_;
@@ -402,9 +404,9 @@ absl::StatusOr<std::unique_ptr<ParallelContext>> CreateDeviceContext(
   }
   FLOTILLA_ASSIGN_OR_RETURN(std::unique_ptr<ExchangeTransport> transport,
                             MakeTransport(kind, host, config, **buffers, options));
-  return std::unique_ptr<ParallelContext>(
-      new DeviceContext(config, std::move(map), rank, options, AgreedMaxBlocks(ranks),
-                        std::move(*buffers), std::move(*table), std::move(transport)));
+  return std::unique_ptr<ParallelContext>(new DeviceContext(
+      config, std::move(map), rank, options, AgreedMaxBlocks(ranks), EveryRankOwnsItsGpu(ranks),
+      std::move(*buffers), std::move(*table), std::move(transport)));
 }
 
 }  // namespace flotilla::parallel

@@ -61,6 +61,19 @@ int AgreedMaxBlocks(const std::vector<RankIdentity>& ranks) {
   return static_cast<int>(std::max<int64_t>(agreed, 2));
 }
 
+bool EveryRankOwnsItsGpu(const std::vector<RankIdentity>& ranks) {
+  for (size_t a = 0; a < ranks.size(); ++a) {
+    for (size_t b = a + 1; b < ranks.size(); ++b) {
+      if (std::strncmp(ranks[a].node, ranks[b].node, sizeof(ranks[a].node)) == 0 &&
+          std::strncmp(ranks[a].pci_bus_id, ranks[b].pci_bus_id, sizeof(ranks[a].pci_bus_id)) ==
+              0) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 absl::StatusOr<std::vector<RankIdentity>> ExchangeIdentities(comm::Communicator& host,
                                                              const RankIdentity& mine) {
   std::vector<RankIdentity> all(static_cast<size_t>(host.size()));

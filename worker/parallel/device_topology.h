@@ -39,6 +39,12 @@ bool CanMapPeers(const std::vector<RankIdentity>& ranks, int device, std::string
 // the ranks on that GPU, and the smallest share over the ranks wins.
 int AgreedMaxBlocks(const std::vector<RankIdentity>& ranks);
 
+// True when no two ranks share a GPU. Kernels whose many blocks wait for
+// peers' blocks (the TP sum inside a projection, TensorParallel::DeviceLines)
+// run only then: with ranks sharing a GPU, one rank's waiting blocks could
+// hold the slots its peers' blocks need.
+bool EveryRankOwnsItsGpu(const std::vector<RankIdentity>& ranks);
+
 // True when `value` is true on every rank (one AllGather).
 absl::StatusOr<bool> AllRanksAgree(comm::Communicator& host, bool value);
 

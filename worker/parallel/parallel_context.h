@@ -76,7 +76,8 @@ class TensorParallel {
   virtual absl::Status AllReduceAdd(float* part, float* residual, int64_t count,
                                     void* stream = nullptr) = 0;
   // Device contexts whose exchange a kernel can run itself (CUDA IPC with
-  // flagged lines, a group of more than one): fills `launch` for a producing
+  // flagged lines, a group of more than one, no two ranks on one GPU, since
+  // the kernel's blocks wait for their peers'): fills `launch` for a producing
   // kernel that sums its own output over the group
   // (kernels::cuda::LaunchLinearTpSum) and returns true. Otherwise false, and
   // the caller produces a part and calls AllReduceAdd.
