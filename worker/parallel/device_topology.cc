@@ -48,30 +48,34 @@ absl::StatusOr<RankIdentity> LocalIdentity(int device, const std::vector<int64_t
   return id;
 }
 
+namespace {
+
+// Ranks on the same GPU of the same OS instance.
+bool SameGpu(const RankIdentity& a, const RankIdentity& b) {
+  return std::strncmp(a.node, b.node, sizeof(a.node)) == 0 &&
+         std::strncmp(a.pci_bus_id, b.pci_bus_id, sizeof(a.pci_bus_id)) == 0;
+}
+
+// How many ranks (r included) sit on r's GPU.
+int64_t RanksOnGpuOf(const RankIdentity& r, const std::vector<RankIdentity>& ranks) {
+  return std::count_if(ranks.begin(), ranks.end(),
+                       [&](const RankIdentity& other) { return SameGpu(r, other); });
+}
+
+}  // namespace
+
 int AgreedMaxBlocks(const std::vector<RankIdentity>& ranks) {
   int64_t agreed = kernels::cuda::kEpMaxBlocks;
   for (const RankIdentity& r : ranks) {
-    int64_t sharing = 0;
-    for (const RankIdentity& other : ranks) {
-      sharing += std::strncmp(r.node, other.node, sizeof(r.node)) == 0 &&
-                 std::strncmp(r.pci_bus_id, other.pci_bus_id, sizeof(r.pci_bus_id)) == 0;
-    }
-    agreed = std::min(agreed, r.resident_blocks / (2 * std::max<int64_t>(sharing, 1)));
+    agreed =
+        std::min(agreed, r.resident_blocks / (2 * std::max<int64_t>(RanksOnGpuOf(r, ranks), 1)));
   }
   return static_cast<int>(std::max<int64_t>(agreed, 2));
 }
 
 bool EveryRankOwnsItsGpu(const std::vector<RankIdentity>& ranks) {
-  for (size_t a = 0; a < ranks.size(); ++a) {
-    for (size_t b = a + 1; b < ranks.size(); ++b) {
-      if (std::strncmp(ranks[a].node, ranks[b].node, sizeof(ranks[a].node)) == 0 &&
-          std::strncmp(ranks[a].pci_bus_id, ranks[b].pci_bus_id, sizeof(ranks[a].pci_bus_id)) ==
-              0) {
-        return false;
-      }
-    }
-  }
-  return true;
+  return std::all_of(ranks.begin(), ranks.end(),
+                     [&](const RankIdentity& r) { return RanksOnGpuOf(r, ranks) == 1; });
 }
 
 absl::StatusOr<std::vector<RankIdentity>> ExchangeIdentities(comm::Communicator& host,
