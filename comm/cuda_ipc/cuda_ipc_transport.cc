@@ -28,7 +28,9 @@ kc::EpRecvBuffers ViewAt(const kc::EpRecvBuffers& mine, const void* my_base, voi
   view.ll = Moved(mine.ll, my_base, base);
   view.ll_count = mine.ll_count;
   view.combined_ll = mine.combined_ll == nullptr ? nullptr : Moved(mine.combined_ll, my_base, base);
-  view.combined_ll_cap = mine.combined_ll_cap;
+  view.gathered_ll = mine.gathered_ll == nullptr ? nullptr : Moved(mine.gathered_ll, my_base, base);
+  view.ll_cap = mine.ll_cap;
+  view.gathered_ll_tokens = mine.gathered_ll_tokens;
   return view;
 }
 

@@ -11,9 +11,9 @@
 // own, so launches of any grid (and graph replays) keep counting. Waits are
 // bounded by %globaltimer: past the bound the block records an error word,
 // and every later kernel returns at once when it finds it set. All-reduces
-// of up to ll_count elements, and combines of up to combined_ll_cap rows
-// per segment, send flagged lines instead (value and sequence number in
-// each 8-byte half), so they need neither the fence nor the flag.
+// of up to ll_count elements, and combines (with their TP gather) of up to
+// ll_cap rows per segment, send flagged lines instead (value and sequence
+// number in each 8-byte half), so they need neither the fence nor the flag.
 //
 // Buffer reuse: a source writes its layer L+1 rows into a destination only
 // after its own layer L combine finished, which needed the destination's
@@ -79,7 +79,13 @@ __device__ __forceinline__ void AdvanceNext(const EpState& state, int next) {
 // Whether this step's combine sends its outputs as flagged lines: every
 // segment fits the lines (the cap is the same on every rank of a step).
 __host__ __device__ __forceinline__ bool CombineAsLines(const EpLaunch& l) {
-  return l.ipc && l.self.combined_ll != nullptr && l.shape.cap <= l.self.combined_ll_cap;
+  return l.ipc && l.self.combined_ll != nullptr && l.shape.cap <= l.self.ll_cap;
+}
+
+// Whether a combine of `tokens` (the TP group's) trades its finished rows
+// with the TP peers as lines.
+__host__ __device__ __forceinline__ bool GatherAsLines(const EpLaunch& l, int tokens) {
+  return CombineAsLines(l) && l.self.gathered_ll != nullptr && tokens <= l.self.gathered_ll_tokens;
 }
 
 // Waits until flags[source * kEpMaxBlocks + b] >= target for every source in
@@ -372,34 +378,16 @@ __device__ __forceinline__ const uint32_t* CombinedLines(const EpLaunch& l, size
   return l.self.combined_ll + at * 2;
 }
 
-// Four values from the two lines loaded as `lo` and `hi`, waited for when
-// either was not ready; false when a wait failed.
-__device__ __forceinline__ bool CombinedFromLines(const EpLaunch& l, size_t at, uint4 lo, uint4 hi,
-                                                  uint32_t epoch, uint64_t deadline,
-                                                  float4* value) {
-  const int source = static_cast<int>(at / (static_cast<size_t>(l.shape.cap) * l.shape.hidden));
-  const uint32_t* line = CombinedLines(l, at);
-  float2 a = ValuesOf(lo), b = ValuesOf(hi);
-  if (!LineReady(lo, epoch) &&
-      !WaitLine(line, epoch, deadline, l.state.error, kEpOpCombine, source, &a)) {
-    return false;
-  }
-  if (!LineReady(hi, epoch) &&
-      !WaitLine(line + 4, epoch, deadline, l.state.error, kEpOpCombine, source, &b)) {
-    return false;
-  }
-  *value = make_float4(a.x, a.y, b.x, b.y);
-  return true;
-}
-
 // y rows of the share: the sum over each token's pairs in ascending expert
 // id of weight * output, multiplied and added with one rounding each (no
 // contraction) so a host reference can reproduce the bits. With
 // `to_gather`, the rows also go to the TP peers' gathered buffers. With a
-// line epoch the outputs are read from `combined_ll`, each line waited for
-// (CombinedFromLines); false when a wait failed.
+// line epoch the outputs are read from `combined_ll`, all of a thread's
+// lines waited for together (WaitAllLines), and the rows go to the TP peers
+// as lines in `gathered_ll` when `gather_lines`; false when a wait failed.
 __device__ bool ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gather,
-                            uint32_t line_epoch = 0, uint64_t deadline = 0) {
+                            uint32_t line_epoch = 0, uint64_t deadline = 0,
+                            bool gather_lines = false) {
   const EpShape& s = l.shape;
   const int k = s.top_k, vecs = s.hidden / 4;
   const int group_first = s.rank - s.tp_rank;
@@ -442,12 +430,23 @@ __device__ bool ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
         lines[2 * r + 1] = LoadLine(CombinedLines(l, from[r]) + 4);
       }
     }
+    if (line_epoch != 0) {
+      const uint32_t* at[2 * kMaxTopK];
+      int source[2 * kMaxTopK];
 #pragma unroll
-    for (int r = 0; r < kMaxTopK; ++r) {
-      if (line_epoch == 0 || !valid[r]) continue;
-      if (!CombinedFromLines(l, from[r], lines[2 * r], lines[2 * r + 1], line_epoch, deadline,
-                             &o[r])) {
+      for (int r = 0; r < kMaxTopK; ++r) {
+        at[2 * r] = valid[r] ? CombinedLines(l, from[r]) : nullptr;
+        at[2 * r + 1] = valid[r] ? at[2 * r] + 4 : nullptr;
+        source[2 * r] = source[2 * r + 1] =
+            valid[r] ? static_cast<int>(from[r] / (static_cast<size_t>(s.cap) * s.hidden)) : 0;
+      }
+      if (!WaitAllLines(at, lines, source, line_epoch, deadline, l.state.error, kEpOpCombine)) {
         return false;
+      }
+#pragma unroll
+      for (int r = 0; r < kMaxTopK; ++r) {
+        const float2 a = ValuesOf(lines[2 * r]), b = ValuesOf(lines[2 * r + 1]);
+        o[r] = make_float4(a.x, a.y, b.x, b.y);
       }
     }
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -467,7 +466,50 @@ __device__ bool ReduceShare(const EpLaunch& l, float* y, int shares, bool to_gat
     if (!to_gather) continue;
     for (int peer = 0; peer < s.tp_size; ++peer) {
       if (peer == s.tp_rank) continue;
+      if (gather_lines) {
+        StorePayloadLines(l.peers[group_first + peer].gathered_ll + at * 2,
+                          make_uint4(__float_as_uint(acc.x), __float_as_uint(acc.y),
+                                     __float_as_uint(acc.z), __float_as_uint(acc.w)),
+                          line_epoch);
+        continue;
+      }
       *reinterpret_cast<float4*>(l.peers[group_first + peer].gathered + at) = acc;
+    }
+  }
+  return true;
+}
+
+// Rows of tokens outside this rank's share from the TP peers' lines in
+// `gathered_ll`, kUnroll 16-byte vectors a thread waited for together
+// (WaitAllLines); false when a wait failed.
+__device__ bool FillOtherSharesFromLines(const EpLaunch& l, float* y, int tokens, uint32_t epoch,
+                                         uint64_t deadline) {
+  const EpShape& s = l.shape;
+  const int vecs = s.hidden / 4;
+  const int64_t n = static_cast<int64_t>(tokens) * vecs;
+  const int64_t stride = GridThreads();
+  for (int64_t i = GridThread(); i < n; i += kUnroll * stride) {
+    const uint32_t* at[2 * kUnroll];
+    uint4 lines[2 * kUnroll];
+    int owner[2 * kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t v = i + u * stride;
+      const int token = static_cast<int>(v / vecs);
+      at[2 * u] = at[2 * u + 1] = nullptr;
+      owner[2 * u] = owner[2 * u + 1] = s.rank - s.tp_rank + token % s.tp_size;
+      if (v >= n || token % s.tp_size == s.tp_rank) continue;
+      at[2 * u] = l.self.gathered_ll + v * 8;
+      at[2 * u + 1] = at[2 * u] + 4;
+      lines[2 * u] = LoadLine(at[2 * u]);
+      lines[2 * u + 1] = LoadLine(at[2 * u + 1]);
+    }
+    if (!WaitAllLines(at, lines, owner, epoch, deadline, l.state.error, kEpOpGather)) return false;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (at[2 * u] == nullptr) continue;
+      const uint2 a = WordsOf(lines[2 * u]), b = WordsOf(lines[2 * u + 1]);
+      reinterpret_cast<uint4*>(y)[i + u * stride] = make_uint4(a.x, a.y, b.x, b.y);
     }
   }
   return true;
@@ -494,11 +536,14 @@ __device__ void FillOtherShares(const EpShape& s, float* y, int tokens, const fl
 // `combined_ll` as flagged lines, or (send false) only zeroes them: each
 // thread zeroes what it read itself, so out is zero for the next dispatch
 // without a pass of its own.
-__device__ void SendOutputs(const EpLaunch& l, bool send, uint32_t line_epoch = 0) {
+// `counts` holds the rows received from each source (recv_count, or a
+// copy of it).
+__device__ void SendOutputs(const EpLaunch& l, const int32_t* counts, bool send,
+                            uint32_t line_epoch = 0) {
   const EpShape& s = l.shape;
   const int vecs = s.hidden / 4;
   for (int p = 0; p < s.world; ++p) {
-    const int64_t n = static_cast<int64_t>(l.state.recv_count[p]) * vecs;
+    const int64_t n = static_cast<int64_t>(counts[p]) * vecs;
     uint4* src = reinterpret_cast<uint4*>(l.state.out + static_cast<size_t>(p) * s.cap * s.hidden);
     const size_t segment = static_cast<size_t>(s.rank) * s.cap * s.hidden;
     uint4* dst =
@@ -522,25 +567,39 @@ __device__ void SendOutputs(const EpLaunch& l, bool send, uint32_t line_epoch = 
 }
 
 __global__ void __launch_bounds__(kThreads) CombineIpcKernel(EpLaunch l, float* y, int tokens) {
-  if (BlockBroken(l.state.error)) return;
+  const EpShape& s = l.shape;
+  // The error word, the sequence number and the received counts loaded
+  // together (one memory latency, not three).
+  __shared__ int broken;
+  __shared__ uint32_t launch_epoch;
+  __shared__ int32_t counts[kEpMaxRanks];
+  if (threadIdx.x == 0) {
+    broken = *reinterpret_cast<const volatile int32_t*>(l.state.error);
+    launch_epoch = *reinterpret_cast<const volatile uint32_t*>(l.state.epochs + kCombineEpoch);
+  }
+  for (int p = threadIdx.x; p < s.world; p += blockDim.x) counts[p] = l.state.recv_count[p];
+  __syncthreads();
+  if (broken != 0) return;
   const uint64_t deadline = GlobalTimerNs() + l.timeout_ns;
   // The n-th combine waits for n, which the n-th dispatch set.
-  const uint64_t epoch = LaunchEpoch(l.state, kCombineEpoch);
+  const uint64_t epoch = launch_epoch;
   AdvanceNext(l.state, kDispatchEpoch);
-  const EpShape& s = l.shape;
   const EpFlagLayout flags{s.world, s.tp_size};
   const int shares = EpShareTokens(tokens, s.tp_size, s.tp_rank);
   const bool gather = s.tp_size > 1;
   // The number 0 is what zeroed lines hold: that combine uses flags.
   if (CombineAsLines(l) && static_cast<uint32_t>(epoch) != 0) {
     // Small steps: the outputs go as flagged lines and are waited for where
-    // they are read; no fence, no flag round trip.
+    // they are read; no fence, no flag round trip. So do the finished rows
+    // the TP peers trade.
     const uint32_t line_epoch = static_cast<uint32_t>(epoch);
-    SendOutputs(l, /*send=*/true, line_epoch);
-    const bool ok = ReduceShare(l, y, shares, gather, line_epoch, deadline);
-    if (__syncthreads_or(!ok)) return;
+    const bool gather_lines = gather && GatherAsLines(l, tokens);
+    SendOutputs(l, counts, /*send=*/true, line_epoch);
+    bool ok = ReduceShare(l, y, shares, gather, line_epoch, deadline, gather_lines);
+    if (ok && gather_lines) ok = FillOtherSharesFromLines(l, y, tokens, line_epoch, deadline);
+    if (__syncthreads_or(!ok) || gather_lines) return;
   } else {
-    SendOutputs(l, /*send=*/true);
+    SendOutputs(l, counts, /*send=*/true);
     SignalPeers(l, flags.combine(), s.rank, 0, s.world, -1, epoch);
     if (!WaitFlags(l.self.flags + flags.combine(), s.world, gridDim.x, -1, epoch, deadline,
                    l.state.error, kEpOpCombine, 0)) {
@@ -564,7 +623,7 @@ __global__ void __launch_bounds__(kThreads) CombinePackedKernel(EpLaunch l, floa
   const EpShape& s = l.shape;
   ReduceShare(l, y, EpShareTokens(tokens, s.tp_size, s.tp_rank), /*to_gather=*/false);
   FillOtherShares(s, y, tokens, nullptr);
-  SendOutputs(l, /*send=*/false);  // NCCL has sent them; zero for the next dispatch
+  SendOutputs(l, l.state.recv_count, /*send=*/false);  // NCCL has sent them; zero them
 }
 
 // This block's slice [lo, hi) of the round starting at `base`, relative to it.

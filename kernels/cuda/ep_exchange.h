@@ -21,11 +21,12 @@
 //   ll        [2, tp, ll_count / 2] 16-byte lines of the small all-reduce:
 //             two f32 values, each followed by the sequence number
 //             (kEpLlMaxCount bounds ll_count)
-//   combined_ll [W * combined_ll_cap, H / 2] `combined` as flagged lines
-//             of two f32 values, for combines of at most combined_ll_cap
-//             rows per segment (cuda-ipc): each line is waited on where it
-//             is read, so these combines skip the fence and the flag round
-//             trip
+//   combined_ll [W * ll_cap, H / 2] `combined` as flagged lines of two f32
+//             values, for combines of at most ll_cap rows per segment
+//             (cuda-ipc): each line is waited on where it is read, so these
+//             combines skip the fence and the flag round trip
+//   gathered_ll [gathered_ll_tokens, H / 2] `gathered` as lines of two f32
+//             values, for the TP gather of those small combines
 //   flags     EpFlagWords(W, tp) sequence words (cuda-ipc only)
 //
 // A pair (token t, choice j) of this rank's share becomes one row: its
@@ -58,7 +59,10 @@ inline constexpr int64_t kEpLlMaxCount = 262144;
 // Most rows per source segment a combine returns as flagged lines (8 tokens
 // per rank at top-4): smaller combines skip the fence and the flag round
 // trip; larger ones write `combined` and raise flags (on two H200s lines
-// were faster up to 32 rows and slower at 64).
+// were faster up to 32 rows and slower at 64). Dispatches always use the
+// flags: rows sent as lines must be copied out of them before the experts
+// read them, which cost more than the fence it saves (two H200s, 1-16
+// tokens per rank).
 inline constexpr int kEpLlMaxCap = 32;
 // Largest world the kernels take (the plan keeps per-destination counters in
 // shared memory).
@@ -113,8 +117,11 @@ struct EpRecvBuffers {
   uint64_t* flags = nullptr;
   uint32_t* ll = nullptr;           // 16-byte lines (see the layouts above)
   int64_t ll_count = 0;             // f32 elements of one flagged-line all-reduce
-  uint32_t* combined_ll = nullptr;  // the small combines' lines (see the layouts above)
-  int combined_ll_cap = 0;          // rows per segment they hold (0: none)
+  // The small combines' lines (see the layouts above).
+  uint32_t* combined_ll = nullptr;
+  uint32_t* gathered_ll = nullptr;
+  int ll_cap = 0;              // rows per segment combined_ll holds (0: none)
+  int gathered_ll_tokens = 0;  // tokens gathered_ll holds (0: none)
 };
 
 // Offsets of the flag groups inside EpRecvBuffers::flags, indexed

@@ -40,13 +40,22 @@ __device__ __forceinline__ uint4 LoadLine(const uint32_t* p) {
   return v;
 }
 
+// A line of two 32-bit words (two f32 values, four bf16 values, a count or
+// a slot), each followed by the sequence number.
+__device__ __forceinline__ uint4 WordsLine(uint32_t a, uint32_t b, uint32_t epoch) {
+  return make_uint4(a, epoch, b, epoch);
+}
+
 __device__ __forceinline__ uint4 LineOf(float2 v, uint32_t epoch) {
-  return make_uint4(__float_as_uint(v.x), epoch, __float_as_uint(v.y), epoch);
+  return WordsLine(__float_as_uint(v.x), __float_as_uint(v.y), epoch);
 }
 
 __device__ __forceinline__ bool LineReady(uint4 w, uint32_t epoch) {
   return w.y == epoch && w.w == epoch;
 }
+
+// The two words of a line (WordsLine's inverse).
+__device__ __forceinline__ uint2 WordsOf(uint4 w) { return make_uint2(w.x, w.z); }
 
 // The two values of a line (LineOf's inverse).
 __device__ __forceinline__ float2 ValuesOf(uint4 w) {
@@ -55,12 +64,12 @@ __device__ __forceinline__ float2 ValuesOf(uint4 w) {
 
 // Waits for a line of `epoch`; false when the bound passed (recorded as a
 // wait of `op` on world rank `source`) or another wait already failed.
-__device__ inline bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline,
-                                int32_t* error, int op, int source, float2* value) {
+__device__ inline bool WaitLineWords(const uint32_t* p, uint32_t epoch, uint64_t deadline,
+                                     int32_t* error, int op, int source, uint2* words) {
   for (uint32_t spins = 1;; ++spins) {
     const uint4 w = LoadLine(p);
     if (LineReady(w, epoch)) {
-      *value = ValuesOf(w);
+      *words = WordsOf(w);
       return true;
     }
     if ((spins & 127) != 0) continue;
@@ -70,6 +79,50 @@ __device__ inline bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t dead
       return false;
     }
   }
+}
+
+__device__ inline bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline,
+                                int32_t* error, int op, int source, float2* value) {
+  uint2 words;
+  if (!WaitLineWords(p, epoch, deadline, error, op, source, &words)) return false;
+  *value = make_float2(__uint_as_float(words.x), __uint_as_float(words.y));
+  return true;
+}
+
+// Waits until every line at[i] (null entries skipped) carries `epoch`;
+// lines[i] holds each one's first load and ends with its ready value. Only
+// the lines not yet ready are loaded again, all in one round, so the wait
+// ends one memory latency after the last line landed instead of one per
+// line waited for in turn. False when the bound passed (recorded against
+// world rank source[i] of a line still missing) or another wait failed.
+template <int N>
+__device__ inline bool WaitAllLines(const uint32_t* const (&at)[N], uint4 (&lines)[N],
+                                    const int (&source)[N], uint32_t epoch, uint64_t deadline,
+                                    int32_t* error, int op) {
+  for (uint32_t spins = 1;; ++spins) {
+    int missing = -1;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (at[i] != nullptr && !LineReady(lines[i], epoch)) missing = i;
+    }
+    if (missing < 0) return true;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (at[i] != nullptr && !LineReady(lines[i], epoch)) lines[i] = LoadLine(at[i]);
+    }
+    if ((spins & 127) != 0) continue;
+    if (*reinterpret_cast<volatile int32_t*>(error) != 0) return false;
+    if (GlobalTimerNs() > deadline) {
+      atomicCAS(error, 0, kEpErrorBase + op * 65536 + source[missing]);
+      return false;
+    }
+  }
+}
+
+// Sends a 16-byte payload as two lines at p and p + 4.
+__device__ __forceinline__ void StorePayloadLines(uint32_t* p, uint4 v, uint32_t epoch) {
+  StoreLine(p, WordsLine(v.x, v.y, epoch));
+  StoreLine(p + 4, WordsLine(v.z, v.w, epoch));
 }
 
 // Line `line` of TP rank `part`'s values in half `parity` of `ll`: the

@@ -79,8 +79,8 @@ TEST(RecvLayoutTest, RegionsAreAlignedDisjointAndSizedForTheLargestStep) {
   EXPECT_EQ(s.cap_max(), 128);
   EXPECT_EQ(s.CapFor(1), 4);
   const RecvLayout l = RecvLayout::For(s);
-  const size_t starts[] = {l.x,      l.meta,  l.combined,    l.gathered,
-                           l.reduce, l.flags, l.combined_ll, l.bytes};
+  const size_t starts[] = {l.x,     l.meta,        l.combined,    l.gathered, l.reduce,
+                           l.flags, l.combined_ll, l.gathered_ll, l.bytes};
   for (size_t i = 0; i + 1 < std::size(starts); ++i) {
     EXPECT_EQ(starts[i] % 256, 0u);
     EXPECT_LT(starts[i], starts[i + 1]);
@@ -89,29 +89,42 @@ TEST(RecvLayoutTest, RegionsAreAlignedDisjointAndSizedForTheLargestStep) {
   EXPECT_GE(l.gathered - l.combined, 4u * 128 * 2880 * 4);
   EXPECT_GE(l.flags - l.reduce, 2u * 2 * kc::kEpMaxBlocks * kc::kEpReduceChunk * 4);
   EXPECT_GE(l.ll - l.flags, (kc::EpFlagLayout{4, 2}.words() * 8));
-  // The small combines' lines: 16 bytes for two values, up to kEpLlMaxCap
-  // rows per segment.
-  EXPECT_EQ(l.combined_ll_cap, kc::kEpLlMaxCap);
-  EXPECT_GE(l.bytes - l.combined_ll, 4u * kc::kEpLlMaxCap * (2880 / 2) * 16);
+  // The small combines' lines at 16 bytes for two f32 values: the outputs,
+  // up to kEpLlMaxCap rows per segment, and the TP gather's tokens (8 tokens
+  // per rank at top-4).
+  EXPECT_EQ(l.ll_cap, kc::kEpLlMaxCap);
+  EXPECT_GE(l.gathered_ll - l.combined_ll, 4u * kc::kEpLlMaxCap * (2880 / 2) * 16);
+  EXPECT_EQ(l.gathered_ll_tokens, 16);
+  EXPECT_GE(l.bytes - l.gathered_ll, 16u * (2880 / 2) * 16);
   std::vector<char> memory(l.bytes);
-  EXPECT_EQ(l.At(memory.data()).combined_ll_cap, kc::kEpLlMaxCap);
-  EXPECT_EQ(reinterpret_cast<char*>(l.At(memory.data()).combined_ll),
-            memory.data() + l.combined_ll);
+  const kc::EpRecvBuffers r = l.At(memory.data());
+  EXPECT_EQ(r.ll_cap, kc::kEpLlMaxCap);
+  EXPECT_EQ(r.gathered_ll_tokens, 16);
+  EXPECT_EQ(reinterpret_cast<char*>(r.combined_ll), memory.data() + l.combined_ll);
+  EXPECT_EQ(reinterpret_cast<char*>(r.gathered_ll), memory.data() + l.gathered_ll);
   // A context of smaller steps holds lines for its largest one only.
   s.max_tokens = 2;
-  EXPECT_EQ(RecvLayout::For(s).combined_ll_cap, 4);
+  EXPECT_EQ(RecvLayout::For(s).ll_cap, 4);
+  EXPECT_EQ(RecvLayout::For(s).gathered_ll_tokens, 2);
+  // Without TP there is no gather.
+  s.tp = 1;
+  s.max_tokens = 64;
+  EXPECT_EQ(RecvLayout::For(s).gathered_ll_tokens, 0);
+  EXPECT_EQ(RecvLayout::For(s).At(memory.data()).gathered_ll, nullptr);
+  s.tp = 2;
   // Without lines (a comparison) or over NCCL there is no such region.
   s.max_tokens = 64;
   s.flagged_lines = false;
-  EXPECT_EQ(RecvLayout::For(s).combined_ll_cap, 0);
+  EXPECT_EQ(RecvLayout::For(s).ll_cap, 0);
   EXPECT_EQ(RecvLayout::For(s).At(memory.data()).combined_ll, nullptr);
+  EXPECT_EQ(RecvLayout::For(s).At(memory.data()).gathered_ll, nullptr);
   s.flagged_lines = true;
   // NCCL needs neither flags nor the TP staging.
   s.ipc = false;
   const RecvLayout n = RecvLayout::For(s);
   EXPECT_EQ(n.bytes, n.flags);
   EXPECT_EQ(n.gathered, n.flags);
-  EXPECT_EQ(n.combined_ll_cap, 0);
+  EXPECT_EQ(n.ll_cap, 0);
 }
 
 }  // namespace

@@ -39,7 +39,10 @@ ExpertMap ScenarioMap(const Scenario& s) {
 int GroupTokens(const Scenario& s, uint64_t step, int group) {
   if (step % 4 == 1) return group % 2 == 0 ? 0 : static_cast<int>(s.max_tokens);
   auto rng = Rng(step, group, 17, 0);
-  return static_cast<int>(rng() % static_cast<uint64_t>(s.max_tokens + 1));
+  // Two steps in four stay within 8 tokens, so their combines go as
+  // flagged lines (at most kEpLlMaxCap rows per segment at top-4).
+  const int64_t most = step % 4 >= 2 ? std::min<int64_t>(s.max_tokens, 8) : s.max_tokens;
+  return static_cast<int>(rng() % static_cast<uint64_t>(most + 1));
 }
 
 GroupData MakeGroupData(const Scenario& s, uint64_t step, int layer, int group, int tokens) {

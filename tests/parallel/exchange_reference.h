@@ -32,7 +32,8 @@ struct GroupData {
   std::vector<float> w;      // [tokens, top_k]
 };
 
-// Tokens of group `group` in step `step`: uneven, 0 and max_tokens included.
+// Tokens of group `group` in step `step`: uneven, 0 and max_tokens included;
+// steps 2 and 3 of every 4 at most 8 (combined as flagged lines).
 int GroupTokens(const Scenario& s, uint64_t step, int group);
 GroupData MakeGroupData(const Scenario& s, uint64_t step, int layer, int group, int tokens);
 

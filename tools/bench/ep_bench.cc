@@ -11,6 +11,9 @@
 //     back to back (each rank's own events; launch gaps included);
 //   layer_us: one layer (dispatch + combine [+ all-reduce with TP > 1])
 //     replayed from a CUDA graph of 8 layers, the decode path;
+//   graph_exchange_us, graph_allreduce_us: dispatch + combine alone, and
+//     the all-reduce alone (TP > 1), each from a graph of 8 of them: the
+//     ops as the decode step runs them, without launch gaps;
 // next to the goal (20 us a layer at 1-8 tokens per rank) and two published
 // anchors (pplx-kernels: 41.6 us on 8 H100 at 1 token; DeepEP low-latency:
 // 32 us at 16 tokens).
@@ -112,16 +115,22 @@ struct Inputs {
   }
 };
 
+// Which of a layer's ops to enqueue.
+enum class LayerOps { kAll, kExchange, kAllReduce };
+
 // One layer's exchange enqueued on `stream`; events (if given) around each op.
 bool Layer(ParallelContext& ctx, const Inputs& in, int tokens, int hidden, cudaStream_t stream,
-           cudaEvent_t* marks) {
+           cudaEvent_t* marks, LayerOps ops = LayerOps::kAll) {
   if (marks != nullptr) cudaEventRecord(marks[0], stream);
-  auto rows = ctx.ep().Dispatch(0, in.x, in.ids, in.w, tokens, stream);
-  if (!Ok(rows.status(), "dispatch")) return false;
-  if (marks != nullptr) cudaEventRecord(marks[1], stream);
-  if (!Ok(ctx.ep().Combine(0, in.y, stream), "combine")) return false;
+  if (ops != LayerOps::kAllReduce) {
+    auto rows = ctx.ep().Dispatch(0, in.x, in.ids, in.w, tokens, stream);
+    if (!Ok(rows.status(), "dispatch")) return false;
+    if (marks != nullptr) cudaEventRecord(marks[1], stream);
+    if (!Ok(ctx.ep().Combine(0, in.y, stream), "combine")) return false;
+  }
   if (marks != nullptr) cudaEventRecord(marks[2], stream);
-  if (!Ok(ctx.tp().AllReduce(in.y, static_cast<int64_t>(tokens) * hidden, stream), "all-reduce")) {
+  if (ops != LayerOps::kExchange &&
+      !Ok(ctx.tp().AllReduce(in.y, static_cast<int64_t>(tokens) * hidden, stream), "all-reduce")) {
     return false;
   }
   if (marks != nullptr) cudaEventRecord(marks[3], stream);
@@ -149,15 +158,16 @@ bool TimeOps(const Config& c, ParallelContext& ctx, const Inputs& in, int tokens
   return ok;
 }
 
-// One layer's time from a CUDA graph of kGraphLayers layers, replayed.
+// One layer's time (its `ops`) from a CUDA graph of kGraphLayers layers,
+// replayed.
 bool TimeGraph(const Config& c, ParallelContext& ctx, const Inputs& in, int tokens,
-               cudaStream_t stream, double* layer_us) {
+               cudaStream_t stream, double* layer_us, LayerOps ops = LayerOps::kAll) {
   cudaGraph_t graph = nullptr;
   if (!Ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture"))
     return false;
   bool ok = true;
   for (int l = 0; l < kGraphLayers && ok; ++l)
-    ok = Layer(ctx, in, tokens, c.hidden, stream, nullptr);
+    ok = Layer(ctx, in, tokens, c.hidden, stream, nullptr, ops);
   ok = Ok(cudaStreamEndCapture(stream, &graph), "end capture") && ok;
   cudaGraphExec_t exec = nullptr;
   ok = ok && Ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
@@ -220,9 +230,11 @@ int RunRank(const Config& c) {
     Inputs in;
     if (!in.Make(c, tokens, c.rank)) return 1;
     (*ctx)->ep().SetStepTokens(tokens);
-    double ops[3] = {0, 0, 0}, layer = 0;
+    double ops[3] = {0, 0, 0}, layer = 0, exchange = 0, allreduce = 0;
     if (!TimeOps(c, **ctx, in, tokens, stream, ops) ||
-        !TimeGraph(c, **ctx, in, tokens, stream, &layer)) {
+        !TimeGraph(c, **ctx, in, tokens, stream, &layer) ||
+        !TimeGraph(c, **ctx, in, tokens, stream, &exchange, LayerOps::kExchange) ||
+        (c.tp > 1 && !TimeGraph(c, **ctx, in, tokens, stream, &allreduce, LayerOps::kAllReduce))) {
       return 1;
     }
     if (!Ok((*ctx)->CheckHealth(), "health")) return 1;
@@ -245,6 +257,8 @@ int RunRank(const Config& c) {
         {"combine_us", ops[1]},
         {"allreduce_us", c.tp > 1 ? nlohmann::json(ops[2]) : nlohmann::json(nullptr)},
         {"layer_us", layer},
+        {"graph_exchange_us", exchange},
+        {"graph_allreduce_us", c.tp > 1 ? nlohmann::json(allreduce) : nlohmann::json(nullptr)},
         {"goal_us", tokens <= 8 ? nlohmann::json(20) : nlohmann::json(nullptr)},
         {"anchors",
          "pplx-kernels 41.6 us (8xH100, 1 token); DeepEP low-latency 32 us (16 tokens)"}};

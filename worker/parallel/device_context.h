@@ -74,8 +74,9 @@ struct DeviceContextOptions {
   int64_t max_tokens_per_step = 0;
   absl::Duration timeout = absl::Seconds(30);  // bound of every device wait
   // cuda-ipc: combines of at most kEpLlMaxCap rows per segment return their
-  // outputs as flagged lines (no fence, no flag round trip). Off only to
-  // compare (flotilla_ep_bench --no-lines); every rank must agree.
+  // outputs (and trade the TP group's finished rows) as flagged lines (no
+  // fence, no flag round trip). Off only to compare (flotilla_ep_bench
+  // --no-lines); every rank must agree.
   bool flagged_lines = true;
   // Raised (by another thread) when the instance is being torn down: ends
   // WaitForStream and the transport's waits early. May be null.

@@ -61,11 +61,18 @@ RecvLayout RecvLayout::For(const ExchangeSizes& s) {
   // all-reduce up to kEpLlMaxCount (hidden is a multiple of 8, so even).
   l.ll_count = join_tp ? std::min<int64_t>(s.max_tokens * s.hidden, kc::kEpLlMaxCount) : 0;
   l.ll = p.Take(static_cast<size_t>(2 * s.tp) * static_cast<size_t>(l.ll_count / 2) * 16);
-  // The small combines' outputs as 16-byte flagged lines of two values.
-  l.combined_ll_cap = s.ipc && s.flagged_lines
-                          ? static_cast<int>(std::min<int64_t>(s.cap_max(), kc::kEpLlMaxCap))
-                          : 0;
-  l.combined_ll = p.Take(static_cast<size_t>(s.world) * l.combined_ll_cap * (hidden / 2) * 16);
+  // The small combines as 16-byte flagged lines of two f32 values: their
+  // outputs and, with TP > 1, their gathered tokens.
+  l.ll_cap = s.ipc && s.flagged_lines
+                 ? static_cast<int>(std::min<int64_t>(s.cap_max(), kc::kEpLlMaxCap))
+                 : 0;
+  l.combined_ll = p.Take(static_cast<size_t>(s.world) * l.ll_cap * (hidden / 2) * 16);
+  // A combine goes as lines when ceil(tokens / tp) * top_k <= ll_cap.
+  l.gathered_ll_tokens =
+      join_tp && l.ll_cap > 0
+          ? static_cast<int>(std::min<int64_t>(s.max_tokens, s.tp * (l.ll_cap / s.top_k)))
+          : 0;
+  l.gathered_ll = p.Take(static_cast<size_t>(l.gathered_ll_tokens) * (hidden / 2) * 16);
   l.bytes = p.end();
   return l;
 }
@@ -81,8 +88,10 @@ kc::EpRecvBuffers RecvLayout::At(void* base) const {
   r.flags = reinterpret_cast<uint64_t*>(b + flags);
   r.ll = reinterpret_cast<uint32_t*>(b + ll);
   r.ll_count = ll_count;
-  r.combined_ll = combined_ll_cap > 0 ? reinterpret_cast<uint32_t*>(b + combined_ll) : nullptr;
-  r.combined_ll_cap = combined_ll_cap;
+  r.combined_ll = ll_cap > 0 ? reinterpret_cast<uint32_t*>(b + combined_ll) : nullptr;
+  r.ll_cap = ll_cap;
+  r.gathered_ll = gathered_ll_tokens > 0 ? reinterpret_cast<uint32_t*>(b + gathered_ll) : nullptr;
+  r.gathered_ll_tokens = gathered_ll_tokens;
   return r;
 }
 

@@ -34,9 +34,10 @@ struct ExchangeSizes {
 // every rank of a context, so a peer's mapping is decoded with this rank's.
 struct RecvLayout {
   size_t x = 0, meta = 0, combined = 0, gathered = 0, reduce = 0, flags = 0, ll = 0,
-         combined_ll = 0, bytes = 0;
-  int64_t ll_count = 0;     // f32 elements of one flagged-line all-reduce
-  int combined_ll_cap = 0;  // rows per segment the combine's lines hold
+         combined_ll = 0, gathered_ll = 0, bytes = 0;
+  int64_t ll_count = 0;        // f32 elements of one flagged-line all-reduce
+  int ll_cap = 0;              // rows per segment the small combines' lines hold
+  int gathered_ll_tokens = 0;  // tokens the small combines' gather lines hold
   static RecvLayout For(const ExchangeSizes& sizes);
   kernels::cuda::EpRecvBuffers At(void* base) const;
 };
