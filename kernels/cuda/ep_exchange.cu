@@ -553,14 +553,7 @@ __device__ void SendOutputs(const EpLaunch& l, const int32_t* counts, bool send,
         n, GridThread(), GridThreads(), [&](int64_t v) { return src[v]; },
         [&](int64_t v, uint4 value) {
           if (dst != nullptr) dst[v] = value;
-          if (lines != nullptr) {
-            StoreLine(lines + 8 * v,
-                      LineOf(make_float2(__uint_as_float(value.x), __uint_as_float(value.y)),
-                             line_epoch));
-            StoreLine(lines + 8 * v + 4,
-                      LineOf(make_float2(__uint_as_float(value.z), __uint_as_float(value.w)),
-                             line_epoch));
-          }
+          if (lines != nullptr) StorePayloadLines(lines + 8 * v, value, line_epoch);
           src[v] = make_uint4(0, 0, 0, 0);
         });
   }

@@ -40,8 +40,7 @@ __device__ __forceinline__ uint4 LoadLine(const uint32_t* p) {
   return v;
 }
 
-// A line of two 32-bit words (two f32 values, four bf16 values, a count or
-// a slot), each followed by the sequence number.
+// A line of two 32-bit words, each followed by the sequence number.
 __device__ __forceinline__ uint4 WordsLine(uint32_t a, uint32_t b, uint32_t epoch) {
   return make_uint4(a, epoch, b, epoch);
 }
@@ -64,12 +63,12 @@ __device__ __forceinline__ float2 ValuesOf(uint4 w) {
 
 // Waits for a line of `epoch`; false when the bound passed (recorded as a
 // wait of `op` on world rank `source`) or another wait already failed.
-__device__ inline bool WaitLineWords(const uint32_t* p, uint32_t epoch, uint64_t deadline,
-                                     int32_t* error, int op, int source, uint2* words) {
+__device__ inline bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline,
+                                int32_t* error, int op, int source, float2* value) {
   for (uint32_t spins = 1;; ++spins) {
     const uint4 w = LoadLine(p);
     if (LineReady(w, epoch)) {
-      *words = WordsOf(w);
+      *value = ValuesOf(w);
       return true;
     }
     if ((spins & 127) != 0) continue;
@@ -79,14 +78,6 @@ __device__ inline bool WaitLineWords(const uint32_t* p, uint32_t epoch, uint64_t
       return false;
     }
   }
-}
-
-__device__ inline bool WaitLine(const uint32_t* p, uint32_t epoch, uint64_t deadline,
-                                int32_t* error, int op, int source, float2* value) {
-  uint2 words;
-  if (!WaitLineWords(p, epoch, deadline, error, op, source, &words)) return false;
-  *value = make_float2(__uint_as_float(words.x), __uint_as_float(words.y));
-  return true;
 }
 
 // Waits until every line at[i] (null entries skipped) carries `epoch`;
