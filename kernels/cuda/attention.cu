@@ -57,6 +57,7 @@ using ptx::CpAsyncWait;
 using ptx::LdMatrixX4;
 using ptx::LdMatrixX4Trans;
 using ptx::MmaBf16;
+using ptx::MmaF16;
 
 constexpr int kD = 64;         // head_dim (the only one supported)
 constexpr int kTile = 64;      // keys per pipeline stage
@@ -75,6 +76,9 @@ constexpr int kWideStages = 5;
 // context: step 17.8 ms wide with 10 stages, 17.1-17.2 ms at 4 CTAs per SM).
 constexpr int kStages8 = 4;
 constexpr int kWideCtasPerSm = 2;
+// Whether a kernel of STAGES stages is the wide shape (2 CTAs per SM).
+template <int STAGES, bool KV8>
+constexpr bool kIsWide = !KV8 && STAGES >= kWideStages;
 constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
@@ -129,6 +133,87 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 // chunk index is XOR-swizzled with the row so ldmatrix is conflict free.
 __device__ __forceinline__ int Swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
 
+// FP8 decode (attention_fp8.cuh): the helpers that feed the f16 mma
+// straight from a ring stage's codes.
+__device__ __forceinline__ float Bf16Lo(uint32_t x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float Bf16Hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+// f16 pair (lo in the low half), rounded to nearest and clamped to f16's
+// finite range in one conversion.
+__device__ __forceinline__ uint32_t PackF16Sat(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Q rows r and r + 8 of sQ as f16 A fragments in the order of dimensions
+// QkFp8 gives a key's codes in: k step j holds dimensions 16 t4 + 4 j +
+// {0, 1} (a0, a1) and + {2, 3} (a2, a3).
+__device__ __forceinline__ void LoadQF16(const uint16_t* sQ, int r, int t4, uint32_t (&qf)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const uint2 u =
+          *reinterpret_cast<const uint2*>(sQ + Swz(r + 8 * e, 2 * t4 + (j >> 1)) + 4 * (j & 1));
+      qf[j][e] = PackF16Sat(Bf16Lo(u.x), Bf16Hi(u.x));
+      qf[j][2 + e] = PackF16Sat(Bf16Lo(u.y), Bf16Hi(u.y));
+    }
+}
+
+// s (an n-tile of 8 keys; this lane's B column is `key`) += Q K^T in code
+// units: the lane's 16 codes of chunk t4 are its B fragments of the four k
+// steps.
+__device__ __forceinline__ void QkFp8(float (&s)[4], const uint32_t (&qf)[4][4], const uint8_t* stK,
+                                      int key, int t4) {
+  const uint4 w = *reinterpret_cast<const uint4*>(stK + fp8_tile::CodeOffset(key, t4));
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t b0, b1;
+    fp8_tile::CodesToF16x2x2(words[j], &b0, &b1);
+    MmaF16(s, qf[j], b0, b1);
+  }
+}
+
+// FP8 decode: the probabilities enter P V as f16 times their key's V scale
+// times this (and the sums are divided by it once at the end), so that
+// small probabilities of small-valued rows stay f16 normals; satfinite
+// clamps rows with values past ~110,000.
+constexpr float kPScale = 256.f;
+
+// 2^x, flushing subnormal results to 0 (one instruction).
+__device__ __forceinline__ float Exp2Ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// acc += P V in code units over keys kb .. kb + 15 (a: P's A fragment).
+// ldmatrix.trans on the codes as byte pairs hands each lane keys 2 t4, 2 t4 +
+// 1 (+ 8) of dimensions 16 c + 2 g4 and + 1; one byte permute pairs the two
+// keys of each dimension, so n-tile 2 c + parity holds dimensions 16 c + 2 n
+// + parity.
+__device__ __forceinline__ void PvFp8(float (&acc)[8][4], const uint32_t (&a)[4],
+                                      const uint8_t* stV, int kb, int lane) {
+  const int m = lane >> 3;
+  const int key = kb + (m & 1) * 8 + (lane & 7);
+#pragma unroll
+  for (int cp = 0; cp < 2; ++cp) {
+    uint32_t r[4];
+    LdMatrixX4Trans(r, stV + fp8_tile::CodeOffset(key, 2 * cp + (m >> 1)));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = 2 * cp + h;
+      uint32_t e0, o0, e1, o1;
+      fp8_tile::CodesToF16x2x2(__byte_perm(r[2 * h], 0u, 0x3120), &e0, &o0);
+      fp8_tile::CodesToF16x2x2(__byte_perm(r[2 * h + 1], 0u, 0x3120), &e1, &o1);
+      MmaF16(acc[2 * c], a, e0, e1);
+      MmaF16(acc[2 * c + 1], a, o0, o1);
+    }
+  }
+}
+
 // Key range [lo, hi] the rows of a row block need, for sequence length L with
 // n new tokens; hi < lo when there is none.
 struct KeyRange {
@@ -148,7 +233,7 @@ __device__ __forceinline__ KeyRange RowBlockKeys(int L, int n, int i_first, int 
 // device-wide before the counter moves; the CTA that brings the count to ns
 // merges (and resets the counter for the next call, which is stream-ordered
 // after this grid).
-template <int STAGES>
+template <bool WIDE>
 __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, int b, int g, int qs,
                                             int rows_total, int ns) {
   const int tid = threadIdx.x;
@@ -179,7 +264,7 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
     // Splits whose partials the merging CTA loads at once (8 where registers
     // are capped at 128 for 4 CTAs per SM).
-    constexpr int kMergeBatch = STAGES >= kWideStages ? 16 : 8;
+    constexpr int kMergeBatch = WIDE ? 16 : 8;
     for (int s0 = 0; s0 < ns; s0 += kMergeBatch) {
       float2 ml[kMergeBatch];
       float4 av[kMergeBatch];
@@ -217,10 +302,15 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
 // FUSED: the grid has more than one KV split (write partials, count arrivals,
 // merge in the last CTA); without it the merge code is not compiled in.
 template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
-__global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
+__global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
                                                 ? kWideCtasPerSm
                                                 : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
+  // FP8 decode: codes straight into f16 mma fragments (no bf16 tile).
+  constexpr bool kDirect = KV8 && MR == 1;
+  // ... and, with one row group, each warp copies the 16 keys of each tile
+  // it uses itself, so a warp barrier orders a stage's copies and reads.
+  constexpr bool kWarpCopies = kDirect && RG == 1;
   constexpr int kRows = 16 * RG * MR;  // MR row tiles of 16 per warp
   constexpr int kKs = 4 / RG;          // warps sharing one row group (splitting keys)
   constexpr int kKn = kTile / kKs;     // keys per warp per tile
@@ -280,9 +370,22 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
   // ahead of its copies, so a table read never stalls the issue of a tile.
   // KV8: chunk c8 of keys k8row and k8row + 32 (nb[0], nb[1]); threads
   // 0..15 also copy the scales of keys 8 * (tid & 7) .. + 7 (nb[2]).
+  // kWarpCopies: chunk c8 of the warp's keys 16 warp + (lane >> 2) and + 8
+  // (nb[0], nb[1]); lanes 0..3 also copy the K and V scales of its keys.
   const int kq = tid >> 3, cc = tid & 7;
-  const int k8row = tid >> 2, c8 = tid & 3;
+  const int k8row = kWarpCopies ? warp * 16 + (lane >> 2) : tid >> 2, c8 = tid & 3;
   auto fetch_blocks = [&](int t, int(&nb)[4]) {
+    if constexpr (kWarpCopies) {
+      // Blocks of >= 16 positions hold the warp's 16 keys in one block.
+      const int j = start + t * kTile + k8row;
+      if (p.block_shift >= 4) {
+        nb[0] = nb[1] = __ldg(table + min(j >> p.block_shift, p.max_blocks - 1));
+        return;
+      }
+      nb[0] = __ldg(table + min(j >> p.block_shift, p.max_blocks - 1));
+      nb[1] = __ldg(table + min((j + 8) >> p.block_shift, p.max_blocks - 1));
+      return;
+    }
     if constexpr (KV8) {
       const int base = start + t * kTile;
       nb[0] = __ldg(table + min((base + k8row) >> p.block_shift, p.max_blocks - 1));
@@ -295,7 +398,58 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
     for (int u = 0; u < 4; ++u)
       nb[u] = __ldg(table + min((base + 16 * u) >> p.block_shift, p.max_blocks - 1));
   };
+  auto issue_fp8_warp = [&](int t, const int(&nb)[4]) {
+    uint8_t* st = reinterpret_cast<uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
+    const int first = start + t * kTile + warp * 16;  // the warp's first key
+    const bool inside = first >= kr.lo && first + 15 <= kr.hi;
+    const size_t head = static_cast<size_t>(g) << p.block_shift;
+    if (inside && p.block_shift >= 4) {
+      // One block holds the 16 keys: 1 KB of K codes and 1 KB of V codes,
+      // whose 16-byte chunk `lane` (+ 32) is chunk c8 of key k8row (+ 8).
+      const size_t at = static_cast<size_t>(nb[0]) * p.blk_bytes +
+                        (head + (first & block_size_mask)) * kD + lane * 16;
+      const int d0 = fp8_tile::CodeOffset(k8row, c8), d1 = fp8_tile::CodeOffset(k8row + 8, c8);
+      CpAsync16(st + d0, p.k8 + at, 16);
+      CpAsync16(st + d1, p.k8 + at + 512, 16);
+      CpAsync16(st + fp8_tile::kCodeBytes + d0, p.v8 + at, 16);
+      CpAsync16(st + fp8_tile::kCodeBytes + d1, p.v8 + at + 512, 16);
+      if (lane < 4) {
+        const size_t sat = static_cast<size_t>(nb[0]) * p.blk_bytes + p.scale_off +
+                           (head + (first & block_size_mask)) * sizeof(uint16_t) + (lane & 1) * 16;
+        CpAsync16(st + 2 * fp8_tile::kCodeBytes + (lane >> 1) * fp8_tile::kScaleBytes +
+                      (warp * 16 + 8 * (lane & 1)) * sizeof(uint16_t),
+                  (lane < 2 ? p.k8 : p.v8) + sat, 16);
+      }
+      return;
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int key = k8row + 8 * u;
+      const int j = first - warp * 16 + key;
+      const bool valid = inside || (j >= kr.lo && j <= kr.hi && nb[u] >= 0);
+      const size_t off = static_cast<size_t>(valid ? nb[u] : 0) * p.blk_bytes +
+                         (head + (j & block_size_mask)) * kD + c8 * 16;
+      const int at = fp8_tile::CodeOffset(key, c8);
+      CpAsync16(st + at, valid ? p.k8 + off : p.k8, valid ? 16 : 0);
+      CpAsync16(st + fp8_tile::kCodeBytes + at, valid ? p.v8 + off : p.v8, valid ? 16 : 0);
+    }
+    if (lane < 4) {
+      const int half = lane & 1, j0 = first + 8 * half;
+      const int blk = half ? nb[1] : nb[0];  // (no dynamic index: nb stays in registers)
+      const bool valid = blk >= 0 && j0 <= kr.hi && j0 + 7 >= kr.lo;
+      const uint8_t* src = lane < 2 ? p.k8 : p.v8;
+      const size_t off = static_cast<size_t>(valid ? blk : 0) * p.blk_bytes + p.scale_off +
+                         (head + (j0 & block_size_mask)) * sizeof(uint16_t);
+      CpAsync16(st + 2 * fp8_tile::kCodeBytes + (lane >> 1) * fp8_tile::kScaleBytes +
+                    (warp * 16 + 8 * half) * sizeof(uint16_t),
+                valid ? src + off : src, valid ? 16 : 0);
+    }
+  };
   auto issue_fp8_tile = [&](int t, const int(&nb)[4]) {
+    if constexpr (kWarpCopies) {
+      issue_fp8_warp(t, nb);
+      return;
+    }
     uint8_t* st = reinterpret_cast<uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
     const int base = start + t * kTile;
 #pragma unroll
@@ -306,9 +460,9 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
       const size_t off = static_cast<size_t>(valid ? nb[u] : 0) * p.blk_bytes +
                          ((static_cast<size_t>(g) << p.block_shift) + (j & block_size_mask)) * kD +
                          c8 * 16;
-      CpAsync16(st + key * kD + c8 * 16, valid ? p.k8 + off : p.k8, valid ? 16 : 0);
-      CpAsync16(st + fp8_tile::kCodeBytes + key * kD + c8 * 16, valid ? p.v8 + off : p.v8,
-                valid ? 16 : 0);
+      const int at = fp8_tile::CodeOffset(key, c8);
+      CpAsync16(st + at, valid ? p.k8 + off : p.k8, valid ? 16 : 0);
+      CpAsync16(st + fp8_tile::kCodeBytes + at, valid ? p.v8 + off : p.v8, valid ? 16 : 0);
     }
     if (tid < 16) {
       const int j0 = base + 8 * (tid & 7);
@@ -336,8 +490,8 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
 #pragma unroll
     for (int idx = me; idx < 2 * kKeys * 4; idx += kGroup) {
       const int kv = idx / (kKeys * 4), key = first + (idx >> 2) % kKeys, c = idx & 3;
-      const uint4 w =
-          *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes + key * kD + c * 16);
+      const uint4 w = *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes +
+                                                      fp8_tile::CodeOffset(key, c));
       uint4 lo, hi;
       fp8_tile::CodesToBf16x16(w, &lo, &hi);
       uint16_t* dst = sKVb + kv * kTile * kD;
@@ -427,22 +581,30 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
 
   for (int t = 0; t < ntiles; ++t) {
     CpAsyncWait<STAGES - 2>();
-    __syncthreads();
+    if (kWarpCopies && t > 0) {
+      __syncwarp();
+    } else {
+      __syncthreads();  // (kWarpCopies: the Q rows, copied by every warp)
+    }
     if (t + STAGES - 1 < ntiles) {
       issue_tile(t + STAGES - 1, nb_next);
       if (t + STAGES < ntiles) fetch_blocks(t + STAGES, nb_next);
     }
     CpAsyncCommit();
     if (t == 0) {
+      if constexpr (kDirect) {
+        LoadQF16(sQ, rg * 16 + g4, t4, qf[0]);
+      } else {
 #pragma unroll
-      for (int mr = 0; mr < MR; ++mr)
+        for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) {
-          const int r = (rg * MR + mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-          LdMatrixX4(qf[mr][kk], sQ + Swz(r, 2 * kk + (lane >> 4)));
-        }
+          for (int kk = 0; kk < 4; ++kk) {
+            const int r = (rg * MR + mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            LdMatrixX4(qf[mr][kk], sQ + Swz(r, 2 * kk + (lane >> 4)));
+          }
+      }
     }
-    if constexpr (KV8) {
+    if constexpr (KV8 && !kDirect) {
       convert_fp8_tile(t);
       if constexpr (RG == 1) {
         __syncwarp();
@@ -452,6 +614,11 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
     }
     const uint16_t* sK = KV8 ? sKVb : sKV + (t % STAGES) * kStageElems;
     const uint16_t* sV = sK + kTile * kD;
+    // kDirect: the stage's codes and scales (K then V).
+    const uint8_t* stK =
+        reinterpret_cast<const uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
+    const uint8_t* stV = stK + fp8_tile::kCodeBytes;
+    const uint8_t* stS = stV + fp8_tile::kCodeBytes;
     const int ko = kslot * kKn;
     const int base = start + t * kTile + ko;
 
@@ -462,19 +629,54 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
       for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[mr][nt][e] = 0.f;
+      if constexpr (kDirect) {
+        QkFp8(s[0][nt], qf[0], stK, ko + nt * 8 + g4, t4);
+      } else {
 #pragma unroll
-      for (int pr = 0; pr < 2; ++pr) {
-        uint32_t bk[4];
-        const int key = ko + nt * 8 + (lane & 7);
-        LdMatrixX4(bk, sK + Swz(key, 4 * pr + (lane >> 3)));
+        for (int pr = 0; pr < 2; ++pr) {
+          uint32_t bk[4];
+          const int key = ko + nt * 8 + (lane & 7);
+          LdMatrixX4(bk, sK + Swz(key, 4 * pr + (lane >> 3)));
 #pragma unroll
-        for (int mr = 0; mr < MR; ++mr) {
-          MmaBf16(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
-          MmaBf16(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
+          for (int mr = 0; mr < MR; ++mr) {
+            MmaBf16(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
+            MmaBf16(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
+          }
         }
       }
     }
-    if constexpr (KV8) {
+    // Scale, mask (only on tiles that cross a row's key range), online softmax.
+    const int tile_base = start + t * kTile;
+    const bool unmasked = all_rows && tile_base >= lo_all && tile_base + kTile - 1 <= pos_all;
+    // KV8: each score times its key's K scale, each probability (after the
+    // sum) times its V scale; kDirect reads them from the stage, where a key
+    // outside the rows' range gets V scale 0 (its probability is 0, its
+    // scale may be stale), and folds the softmax scale into the K scale.
+    float vscale[kNt][2];
+    if constexpr (kDirect) {
+      const float qk_scale = p.scale_log2;
+#pragma unroll
+      for (int nt = 0; nt < kNt; ++nt) {
+        const int key = ko + nt * 8 + 2 * t4;
+        const uint32_t kw = *reinterpret_cast<const uint32_t*>(stS + key * 2);
+        const uint32_t vw =
+            *reinterpret_cast<const uint32_t*>(stS + fp8_tile::kScaleBytes + key * 2);
+        const float k0 = qk_scale * Bf16Lo(kw), k1 = qk_scale * Bf16Hi(kw);
+        s[0][nt][0] *= k0;
+        s[0][nt][1] *= k1;
+        s[0][nt][2] *= k0;
+        s[0][nt][3] *= k1;
+        vscale[nt][0] = kPScale * Bf16Lo(vw);
+        vscale[nt][1] = kPScale * Bf16Hi(vw);
+        if (!unmasked) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int j = base + nt * 8 + 2 * t4 + e;
+            if (j < kr.lo || j > kr.hi) vscale[nt][e] = 0.f;
+          }
+        }
+      }
+    } else if constexpr (KV8) {
 #pragma unroll
       for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
@@ -482,9 +684,7 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mr][nt][e] *= sScale[ko + nt * 8 + 2 * t4 + (e & 1)];
     }
-    // Scale, mask (only on tiles that cross a row's key range), online softmax.
-    const int tile_base = start + t * kTile;
-    const bool unmasked = all_rows && tile_base >= lo_all && tile_base + kTile - 1 <= pos_all;
+    const float scale_log2 = kDirect ? 1.f : p.scale_log2;  // (kDirect: applied above)
 #pragma unroll
     for (int mr = 0; mr < MR; ++mr) {
       float mx[2] = {kNoMax, kNoMax};
@@ -493,7 +693,7 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
         for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            s[mr][nt][e] *= p.scale_log2;
+            s[mr][nt][e] *= scale_log2;
             mx[e >> 1] = fmaxf(mx[e >> 1], s[mr][nt][e]);
           }
       } else {
@@ -504,7 +704,7 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
             const int j = base + nt * 8 + 2 * t4 + (e & 1);
             const int hr = e >> 1;
             const bool ok = j <= pos_r[mr][hr] && j >= lo_r[mr][hr];
-            s[mr][nt][e] = ok ? s[mr][nt][e] * p.scale_log2 : -INFINITY;
+            s[mr][nt][e] = ok ? s[mr][nt][e] * scale_log2 : -INFINITY;
             mx[hr] = fmaxf(mx[hr], s[mr][nt][e]);
           }
         }
@@ -515,24 +715,32 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
         const float m_new = fmaxf(m_run[mr][hr], mx[hr]);
-        corr[hr] = exp2f(m_run[mr][hr] - m_new);
+        corr[hr] = kDirect ? Exp2Ftz(m_run[mr][hr] - m_new) : exp2f(m_run[mr][hr] - m_new);
         m_run[mr][hr] = m_new;
         l_run[mr][hr] *= corr[hr];
       }
+      // kDirect: skipped when no row's maximum moved (a factor of exactly 1).
+      if (!kDirect || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-      for (int nd = 0; nd < 8; ++nd) {
-        acc[mr][nd][0] *= corr[0];
-        acc[mr][nd][1] *= corr[0];
-        acc[mr][nd][2] *= corr[1];
-        acc[mr][nd][3] *= corr[1];
+        for (int nd = 0; nd < 8; ++nd) {
+          acc[mr][nd][0] *= corr[0];
+          acc[mr][nd][1] *= corr[0];
+          acc[mr][nd][2] *= corr[1];
+          acc[mr][nd][3] *= corr[1];
+        }
       }
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[mr][nt][e] = exp2f(s[mr][nt][e] - m_run[mr][e >> 1]);
+          s[mr][nt][e] = kDirect ? Exp2Ftz(s[mr][nt][e] - m_run[mr][e >> 1])
+                                 : exp2f(s[mr][nt][e] - m_run[mr][e >> 1]);
           l_run[mr][e >> 1] += s[mr][nt][e];
-          if constexpr (KV8) s[mr][nt][e] *= sScale[kTile + ko + nt * 8 + 2 * t4 + (e & 1)];
+          if constexpr (kDirect) {
+            s[mr][nt][e] *= vscale[nt][e & 1];
+          } else if constexpr (KV8) {
+            s[mr][nt][e] *= sScale[kTile + ko + nt * 8 + 2 * t4 + (e & 1)];
+          }
         }
       }
     }
@@ -540,22 +748,30 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
 #pragma unroll
     for (int kj = 0; kj < kNt / 2; ++kj) {
       uint32_t a[MR][4];
-#pragma unroll
-      for (int mr = 0; mr < MR; ++mr) {
-        a[mr][0] = PackBf16(s[mr][2 * kj][0], s[mr][2 * kj][1]);
-        a[mr][1] = PackBf16(s[mr][2 * kj][2], s[mr][2 * kj][3]);
-        a[mr][2] = PackBf16(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
-        a[mr][3] = PackBf16(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
-      }
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t bv[4];
-        const int key = ko + kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-        LdMatrixX4Trans(bv, sV + Swz(key, 2 * np + (lane >> 4)));
+      if constexpr (kDirect) {
+        a[0][0] = PackF16Sat(s[0][2 * kj][0], s[0][2 * kj][1]);
+        a[0][1] = PackF16Sat(s[0][2 * kj][2], s[0][2 * kj][3]);
+        a[0][2] = PackF16Sat(s[0][2 * kj + 1][0], s[0][2 * kj + 1][1]);
+        a[0][3] = PackF16Sat(s[0][2 * kj + 1][2], s[0][2 * kj + 1][3]);
+        PvFp8(acc[0], a[0], stV, ko + kj * 16, lane);
+      } else {
 #pragma unroll
         for (int mr = 0; mr < MR; ++mr) {
-          MmaBf16(acc[mr][2 * np], a[mr], bv[0], bv[1]);
-          MmaBf16(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
+          a[mr][0] = PackBf16(s[mr][2 * kj][0], s[mr][2 * kj][1]);
+          a[mr][1] = PackBf16(s[mr][2 * kj][2], s[mr][2 * kj][3]);
+          a[mr][2] = PackBf16(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
+          a[mr][3] = PackBf16(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
+        }
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t bv[4];
+          const int key = ko + kj * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LdMatrixX4Trans(bv, sV + Swz(key, 2 * np + (lane >> 4)));
+#pragma unroll
+          for (int mr = 0; mr < MR; ++mr) {
+            MmaBf16(acc[mr][2 * np], a[mr], bv[0], bv[1]);
+            MmaBf16(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
+          }
         }
       }
     }
@@ -580,10 +796,21 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
         red_m[kslot * kRows + r] = m_run[mr][hr];
         red_l[kslot * kRows + r] = l;
       }
+      float* dst = red_acc + (kslot * kRows + r) * kD;
+      if constexpr (kDirect) {
+        // n-tile 2 c + parity, column n: dimension 16 c + 2 n + parity.
+        constexpr float kInv = 1.f / kPScale;
 #pragma unroll
-      for (int nd = 0; nd < 8; ++nd) {
-        float2 v2 = make_float2(acc[mr][nd][2 * hr], acc[mr][nd][2 * hr + 1]);
-        *reinterpret_cast<float2*>(red_acc + (kslot * kRows + r) * kD + nd * 8 + 2 * t4) = v2;
+        for (int c = 0; c < 4; ++c)
+          *reinterpret_cast<float4*>(dst + 16 * c + 4 * t4) =
+              make_float4(kInv * acc[mr][2 * c][2 * hr], kInv * acc[mr][2 * c + 1][2 * hr],
+                          kInv * acc[mr][2 * c][2 * hr + 1], kInv * acc[mr][2 * c + 1][2 * hr + 1]);
+      } else {
+#pragma unroll
+        for (int nd = 0; nd < 8; ++nd) {
+          float2 v2 = make_float2(acc[mr][nd][2 * hr], acc[mr][nd][2 * hr + 1]);
+          *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t4) = v2;
+        }
       }
     }
   __syncthreads();
@@ -624,7 +851,7 @@ __global__ void __launch_bounds__(kThreads, STAGES >= kWideStages
     }
   }
   if constexpr (FUSED) {
-    if (ns > 1) MergeSplits<STAGES>(p, red_l + kKs * kRows, b, g, qs, rows_total, ns);
+    if (ns > 1) MergeSplits<kIsWide<STAGES, KV8>>(p, red_l + kKs * kRows, b, g, qs, rows_total, ns);
   }
 }
 
@@ -694,7 +921,8 @@ size_t SmemBytes() {
   if constexpr (!KV8) return q + STAGES * kStageElems * sizeof(uint16_t);
   const size_t rows = 16 * RG * MR, ks = 4 / RG;
   const size_t reduce = (ks * rows * kD + 2 * ks * rows) * sizeof(float) + 16;
-  const size_t ring = STAGES * fp8_tile::kStageBytes + fp8_tile::kConvertedBytes;
+  // Decode CTAs (MR 1) read the ring's codes directly; prefill converts.
+  const size_t ring = STAGES * fp8_tile::kStageBytes + (MR == 1 ? 0 : fp8_tile::kConvertedBytes);
   return q + std::max(ring, reduce);
 }
 
@@ -712,25 +940,25 @@ cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_
 
 // The decode kernel of a split plan: wide or 4 per SM, 16 or 32 rows, with or
 // without the in-kernel merge.
+template <bool KV8, int STAGES>
+cudaError_t LaunchDecodeShape(const Params& p, int rows, int batch, cudaStream_t stream) {
+  const bool fused = p.splits > 1;
+  if (rows <= 16)
+    return fused ? LaunchKernel<1, 1, STAGES, true, KV8>(p, 1, batch, stream)
+                 : LaunchKernel<1, 1, STAGES, false, KV8>(p, 1, batch, stream);
+  return fused ? LaunchKernel<2, 1, STAGES, true, KV8>(p, 1, batch, stream)
+               : LaunchKernel<2, 1, STAGES, false, KV8>(p, 1, batch, stream);
+}
+
 template <bool KV8>
 cudaError_t LaunchDecode(const Params& p, const SplitPlan& plan, int rows, int batch,
                          cudaStream_t stream) {
-  constexpr int kNarrow = KV8 ? kStages8 : kStages;
-  const bool fused = p.splits > 1;
-  if constexpr (!KV8) {
-    if (plan.wide) {
-      if (rows <= 16)
-        return fused ? LaunchKernel<1, 1, kWideStages, true, false>(p, 1, batch, stream)
-                     : LaunchKernel<1, 1, kWideStages, false, false>(p, 1, batch, stream);
-      return fused ? LaunchKernel<2, 1, kWideStages, true, false>(p, 1, batch, stream)
-                   : LaunchKernel<2, 1, kWideStages, false, false>(p, 1, batch, stream);
-    }
+  if constexpr (KV8) {
+    return LaunchDecodeShape<true, kStages8>(p, rows, batch, stream);
+  } else {
+    if (plan.wide) return LaunchDecodeShape<false, kWideStages>(p, rows, batch, stream);
+    return LaunchDecodeShape<false, kStages>(p, rows, batch, stream);
   }
-  if (rows <= 16)
-    return fused ? LaunchKernel<1, 1, kNarrow, true, KV8>(p, 1, batch, stream)
-                 : LaunchKernel<1, 1, kNarrow, false, KV8>(p, 1, batch, stream);
-  return fused ? LaunchKernel<2, 1, kNarrow, true, KV8>(p, 1, batch, stream)
-               : LaunchKernel<2, 1, kNarrow, false, KV8>(p, 1, batch, stream);
 }
 
 // The layer's K and V arrays are set (FP8: with room for the scales).

@@ -72,10 +72,11 @@ size_t ScaleAt(int block, int head, int slot) {
          (static_cast<size_t>(head) * kBs + slot) * 2;
 }
 
-// Random values of one head, some heads 50x larger (the scale follows each).
-std::vector<float> HeadValues(std::mt19937& rng, int n) {
+// Random values of one head, some heads 50x larger (the scale follows each),
+// all times `mag`.
+std::vector<float> HeadValues(std::mt19937& rng, int n, float mag = 1.0f) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  const float mag = rng() % 5 == 0 ? 50.0f : 1.0f;
+  if (rng() % 5 == 0) mag *= 50.0f;
   std::vector<float> x(n);
   for (float& v : x) v = Bf16ToFloat(FloatToBf16(nd(rng) * mag));
   return x;
@@ -145,7 +146,10 @@ struct Fp8Problem {
   std::vector<int32_t> q_start;
   std::vector<float> sinks;
 
-  Fp8Problem(std::vector<int> lens, std::vector<int> news, int win, uint32_t seed)
+  // v_mag and q_mag scale the values and the queries (small queries: flat
+  // attention, every probability small).
+  Fp8Problem(std::vector<int> lens, std::vector<int> news, int win, uint32_t seed,
+             float v_mag = 1.0f, float q_mag = 1.0f)
       : seq_lens(std::move(lens)), n(std::move(news)), window(win) {
     std::mt19937 rng(seed);
     const int batch = static_cast<int>(seq_lens.size());
@@ -172,7 +176,7 @@ struct Fp8Problem {
           Store(rng, &k8, blk, h, off,
                 keys[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kHeadDim);
           Store(rng, &v8, blk, h, off,
-                values[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kHeadDim);
+                values[b].data() + (static_cast<size_t>(p) * kKvHeads + h) * kHeadDim, v_mag);
         }
       }
     }
@@ -180,15 +184,15 @@ struct Fp8Problem {
     for (int b = 0; b < batch; ++b) q_start.push_back(q_start.back() + n[b]);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     q.resize(static_cast<size_t>(q_start.back()) * kQHeads * kHeadDim);
-    for (uint16_t& x : q) x = FloatToBf16(nd(rng));
+    for (uint16_t& x : q) x = FloatToBf16(q_mag * nd(rng));
     sinks.resize(kQHeads);
     for (float& s : sinks) s = nd(rng);
   }
 
   // Quantizes a random head into `arr` and keeps what the cache gives back.
   static void Store(std::mt19937& rng, std::vector<uint8_t>* arr, int blk, int h, int off,
-                    float* back) {
-    const std::vector<float> x = HeadValues(rng, kHeadDim);
+                    float* back, float mag = 1.0f) {
+    const std::vector<float> x = HeadValues(rng, kHeadDim, mag);
     uint16_t scale = 0;
     cpu::QuantizeKvHead(x.data(), kHeadDim, arr->data() + CodeAt(blk, h, off), &scale);
     (*arr)[ScaleAt(blk, h, off)] = static_cast<uint8_t>(scale & 0xff);
@@ -300,6 +304,12 @@ TEST_F(AttentionFp8CudaTest, DecodeMatchesTheDequantizedReference) {
       RunAndCompare(Fp8Problem({20000}, {1}, window, 7), generic, "fp8 decode 20000 keys");
       RunAndCompare(Fp8Problem(std::vector<int>(12, 700), std::vector<int>(12, 1), window, 8),
                     generic, "fp8 decode batch 12");
+      // The decode kernel's probabilities times V scales in f16: values of
+      // 1e-3 over flat attention (every probability ~1/20000), and values
+      // of 1e2 (up to ~2e4: the f16 products saturate past ~1.1e5).
+      RunAndCompare(Fp8Problem({20000, 5000}, {1, 1}, window, 11, 1e-3f, 1e-3f), generic,
+                    "fp8 decode small values, flat attention");
+      RunAndCompare(Fp8Problem({3000}, {1}, window, 12, 1e2f), generic, "fp8 decode large values");
     }
   }
 }

@@ -11,6 +11,8 @@
 // 2.5x the L2 and the figures are HBM, not L2.
 //   attention_cuda_bench [--hbm-gbs X] [--peak-tflops 989] [--iters N]
 //                        [--decode-only BATCH:CONTEXT]  (one full-attention decode case)
+//                        [--kv-cache-dtype bf16|fp8]    (fp8: the e4m3 layout of ops.h,
+//                                                         K/V bytes counted with the scales)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,7 +48,21 @@ __global__ void FillBf16(uint16_t* x, size_t n, uint32_t seed) {
   }
 }
 
+// An FP8 layer's blocks: codes in [-448, 448] (never NaN) and bf16 scales of
+// 2^-7 (PagedKvLayer in ops.h).
+__global__ void FillFp8(uint8_t* x, size_t n, long long blk_bytes, int scale_off, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const long long o = static_cast<long long>(i % blk_bytes);
+    if (o < scale_off)
+      x[i] = static_cast<uint8_t>(BenchHash(i, seed) & 0xf7u);
+    else
+      x[i] = (o - scale_off) % 2 == 0 ? 0x00 : 0x3c;
+  }
+}
+
 struct Setup {
+  bool fp8 = false;
   double hbm_gbs = 0;
   double peak_tflops = 989;
   long iters = 0;
@@ -58,19 +74,26 @@ struct Setup {
 // microseconds per launch, or a negative value on error.
 double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int iters) {
   const int blocks_per_seq = (ctx + kBlock - 1) / kBlock;
+  const long long fp8_blk_bytes = static_cast<long long>(kKvHeads) * kBlock * (kD + 2);
   const size_t kv_bytes_per_layer =
-      static_cast<size_t>(batch) * blocks_per_seq * kBlock * kKvHeads * kD * 2 * 2;
+      static_cast<size_t>(batch) * blocks_per_seq *
+      (s.fp8 ? 2 * fp8_blk_bytes : static_cast<long long>(kBlock) * kKvHeads * kD * 2 * 2);
   const int layers = static_cast<int>(std::min<size_t>(
       64, std::max<size_t>(1, (5 * s.l2_bytes / 2 + kv_bytes_per_layer - 1) / kv_bytes_per_layer)));
   const size_t num_blocks = static_cast<size_t>(layers) * batch * blocks_per_seq;
   const size_t block_elems = static_cast<size_t>(kKvHeads) * kBlock * kD;
   uint16_t *k = nullptr, *v = nullptr, *q = nullptr, *out = nullptr;
+  uint8_t *k8 = nullptr, *v8 = nullptr;
   int32_t *tables = nullptr, *lens = nullptr, *qstart = nullptr;
   float* sinks = nullptr;
   void* ws = nullptr;
   const int total_q = batch * n_new;
-  if (!Check(cudaMalloc(&k, num_blocks * block_elems * 2), "alloc k") ||
-      !Check(cudaMalloc(&v, num_blocks * block_elems * 2), "alloc v") ||
+  const size_t kv_elems = s.fp8 ? 8 : num_blocks * block_elems;  // bf16 arrays unused by fp8
+  if (s.fp8 && (!Check(cudaMalloc(&k8, num_blocks * fp8_blk_bytes), "alloc k8") ||
+                !Check(cudaMalloc(&v8, num_blocks * fp8_blk_bytes), "alloc v8")))
+    return -1;
+  if (!Check(cudaMalloc(&k, kv_elems * 2), "alloc k") ||
+      !Check(cudaMalloc(&v, kv_elems * 2), "alloc v") ||
       !Check(cudaMalloc(&q, static_cast<size_t>(total_q) * kQHeads * kD * 2), "alloc q") ||
       !Check(cudaMalloc(&out, static_cast<size_t>(total_q) * kQHeads * kD * 2), "alloc out") ||
       !Check(cudaMalloc(&tables, num_blocks * 4), "alloc tables") ||
@@ -78,8 +101,13 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
       !Check(cudaMalloc(&qstart, (batch + 1) * 4), "alloc qstart") ||
       !Check(cudaMalloc(&sinks, kQHeads * 4), "alloc sinks"))
     return -1;
-  FillBf16<<<1024, 256>>>(k, num_blocks * block_elems, 1);
-  FillBf16<<<1024, 256>>>(v, num_blocks * block_elems, 2);
+  FillBf16<<<1024, 256>>>(k, kv_elems, 1);
+  FillBf16<<<1024, 256>>>(v, kv_elems, 2);
+  const int scale_off = kKvHeads * kBlock * kD;
+  if (s.fp8) {
+    FillFp8<<<1024, 256>>>(k8, num_blocks * fp8_blk_bytes, fp8_blk_bytes, scale_off, 4);
+    FillFp8<<<1024, 256>>>(v8, num_blocks * fp8_blk_bytes, fp8_blk_bytes, scale_off, 5);
+  }
   FillBf16<<<64, 256>>>(q, static_cast<size_t>(total_q) * kQHeads * kD, 3);
   cudaMemset(sinks, 0, kQHeads * 4);
   std::vector<int32_t> ids(num_blocks);
@@ -110,6 +138,11 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
   cache.block_size = kBlock;
   cache.kv_heads = kKvHeads;
   cache.head_dim = kD;
+  if (s.fp8) {
+    cache.k8 = k8;
+    cache.v8 = v8;
+    cache.fp8_block_bytes = fp8_blk_bytes;
+  }
 
   cudaStream_t stream;
   cudaStreamCreate(&stream);
@@ -137,7 +170,8 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
   cudaStreamDestroy(stream);
   for (void* x : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(q),
                   static_cast<void*>(out), static_cast<void*>(tables), static_cast<void*>(lens),
-                  static_cast<void*>(qstart), static_cast<void*>(sinks), ws})
+                  static_cast<void*>(qstart), static_cast<void*>(sinks), ws, static_cast<void*>(k8),
+                  static_cast<void*>(v8)})
     cudaFree(x);
   return us;
 }
@@ -155,13 +189,16 @@ int main(int argc, char** argv) {
       s.peak_tflops = std::atof(argv[i + 1]);
     else if (a == "--iters")
       s.iters = std::atol(argv[i + 1]);
+    else if (a == "--kv-cache-dtype" &&
+             (std::string(argv[i + 1]) == "fp8" || std::string(argv[i + 1]) == "bf16"))
+      s.fp8 = std::string(argv[i + 1]) == "fp8";
     else if (a == "--decode-only" &&
              std::sscanf(argv[i + 1], "%d:%d", &only_batch, &only_ctx) == 2 && only_batch > 0 &&
              only_ctx > 0) {
     } else {
       std::fprintf(stderr,
                    "usage: attention_cuda_bench [--hbm-gbs X] [--peak-tflops X] [--iters N] "
-                   "[--decode-only BATCH:CONTEXT]\n");
+                   "[--decode-only BATCH:CONTEXT] [--kv-cache-dtype bf16|fp8]\n");
       return 2;
     }
   }
@@ -177,25 +214,31 @@ int main(int argc, char** argv) {
   s.l2_bytes = static_cast<size_t>(l2);
   if (s.hbm_gbs <= 0) s.hbm_gbs = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
 
+  // One decode case: a JSON line, false on error.
+  auto decode_case = [&](int batch, int ctx, int window) {
+    const int iters = s.iters > 0 ? static_cast<int>(s.iters) : 20;
+    const double us = TimeCase(s, batch, ctx, 1, window, iters);
+    if (us < 0) return false;
+    const int keys = window > 0 ? std::min(ctx, window) : ctx;
+    const double bytes =
+        static_cast<double>(batch) * keys * kKvHeads * (s.fp8 ? kD + 2 : kD * 2) * 2;
+    const double gbs = bytes / (us * 1e3);
+    std::printf(
+        "{\"bench\":\"attention_cuda\",\"gpu\":\"%s\",\"mode\":\"decode\",\"kv\":\"%s\","
+        "\"batch\":%d,\"context\":%d,\"window\":%d,\"us\":%.2f,\"kv_gbs\":%.1f,"
+        "\"hbm_gbs\":%.0f,\"pct_hbm\":%.1f}\n",
+        s.gpu.c_str(), s.fp8 ? "fp8" : "bf16", batch, ctx, window, us, gbs, s.hbm_gbs,
+        100.0 * gbs / s.hbm_gbs);
+    std::fflush(stdout);
+    return true;
+  };
+  if (only_batch > 0) return decode_case(only_batch, only_ctx, 0) ? 0 : 1;
   for (int window : {0, 128})
     for (int ctx : {1024, 8192, 32768})
       for (int batch : {1, 8, 64}) {
         if (window > 0 && ctx != 8192) continue;
-        if (only_batch > 0 && (window > 0 || batch != only_batch || ctx != only_ctx)) continue;
-        const int iters = s.iters > 0 ? static_cast<int>(s.iters) : 20;
-        const double us = TimeCase(s, batch, ctx, 1, window, iters);
-        if (us < 0) return 1;
-        const int keys = window > 0 ? std::min(ctx, window) : ctx;
-        const double bytes = static_cast<double>(batch) * keys * kKvHeads * kD * 2 * 2;
-        const double gbs = bytes / (us * 1e3);
-        std::printf(
-            "{\"bench\":\"attention_cuda\",\"gpu\":\"%s\",\"mode\":\"decode\",\"batch\":%d,"
-            "\"context\":%d,\"window\":%d,\"us\":%.2f,\"kv_gbs\":%.1f,\"hbm_gbs\":%.0f,"
-            "\"pct_hbm\":%.1f}\n",
-            s.gpu.c_str(), batch, ctx, window, us, gbs, s.hbm_gbs, 100.0 * gbs / s.hbm_gbs);
-        std::fflush(stdout);
+        if (!decode_case(batch, ctx, window)) return 1;
       }
-  if (only_batch > 0) return 0;
   for (int window : {0, 128})
     for (int n : {2048, 8192}) {
       const int iters = s.iters > 0 ? static_cast<int>(s.iters) : 5;
@@ -206,9 +249,11 @@ int main(int argc, char** argv) {
       const double flops = 4.0 * kD * kQHeads * pairs;
       const double tflops = flops / (us * 1e6);
       std::printf(
-          "{\"bench\":\"attention_cuda\",\"gpu\":\"%s\",\"mode\":\"prefill\",\"tokens\":%d,"
+          "{\"bench\":\"attention_cuda\",\"gpu\":\"%s\",\"mode\":\"prefill\",\"kv\":\"%s\","
+          "\"tokens\":%d,"
           "\"window\":%d,\"us\":%.1f,\"tflops\":%.1f,\"peak_tflops\":%.0f,\"pct_peak\":%.1f}\n",
-          s.gpu.c_str(), n, window, us, tflops, s.peak_tflops, 100.0 * tflops / s.peak_tflops);
+          s.gpu.c_str(), s.fp8 ? "fp8" : "bf16", n, window, us, tflops, s.peak_tflops,
+          100.0 * tflops / s.peak_tflops);
       std::fflush(stdout);
     }
   return 0;
