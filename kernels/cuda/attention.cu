@@ -36,8 +36,9 @@
 // The sink enters only at the final normalisation: out = acc * e^(m - M) /
 // (l * e^(m - M) + e^(sink - M)), M = max(m, sink).
 //
-// FP8 layers (KV8): the ring holds e4m3 codes and scales, converted into a
-// bf16 tile before each tile's mma; the scales multiply the scores and the
+// FP8 layers (KV8): the ring holds e4m3 codes and scales. Decode CTAs turn
+// the codes straight into f16 mma fragments (kDirect), prefill CTAs convert
+// each tile into a bf16 tile first; the scales multiply the scores and the
 // probabilities in registers (attention_fp8.cuh). The bf16 kernels are
 // compiled from the same code without any of it.
 #include <cuda_bf16.h>
@@ -70,10 +71,10 @@ constexpr int kThreads = 128;  // 4 warps
 constexpr int kStages = 3;
 constexpr int kWideStages = 5;
 // FP8 layers: a stage holds half the bytes, so the ring is deeper (4 stages
-// at 4 CTAs per SM: 211 KB of shared memory per SM). They never take the
-// wide shape: their per-tile conversion wants the 16 warps per SM of 4 CTAs
-// more than the wide shape's deeper ring (H200, 120b, batch 16 at 32k
-// context: step 17.8 ms wide with 10 stages, 17.1-17.2 ms at 4 CTAs per SM).
+// at 4 CTAs per SM). They never take the wide shape: their decode is
+// issue-bound and wants the 16 warps per SM of 4 CTAs more than a deeper
+// ring (H200, batch 16 at 32k context: 253 us per layer wide with 10
+// stages, 228 us at 4 CTAs per SM; 6 stages at 4 CTAs per SM no faster).
 constexpr int kStages8 = 4;
 constexpr int kWideCtasPerSm = 2;
 // Whether a kernel of STAGES stages is the wide shape (2 CTAs per SM).
