@@ -38,7 +38,7 @@
 //
 // FP8 layers (KV8): the ring holds e4m3 codes and scales. Decode CTAs turn
 // the codes straight into f16 mma fragments (kDirect), prefill CTAs convert
-// each tile into a bf16 tile first; the scales multiply the scores and the
+// each tile into an f16 tile first (f16 mma); the scales multiply the scores and the
 // probabilities in registers (attention_fp8.cuh). The bf16 kernels are
 // compiled from the same code without any of it.
 #include <cuda_bf16.h>
@@ -177,11 +177,28 @@ __device__ __forceinline__ void QkFp8(float (&s)[4], const uint32_t (&qf)[4][4],
   }
 }
 
-// FP8 decode: the probabilities enter P V as f16 times their key's V scale
+// FP8 layers: the probabilities enter P V as f16 times their key's V scale
 // times this (and the sums are divided by it once at the end), so that
 // small probabilities of small-valued rows stay f16 normals; satfinite
 // clamps rows with values past ~110,000.
 constexpr float kPScale = 256.f;
+
+// The 16-bit mma and operand packing of a kernel: f16 for FP8 layers (their
+// codes convert to f16 exactly), bf16 otherwise.
+template <bool F16>
+__device__ __forceinline__ void Mma16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                      uint32_t b1) {
+  if constexpr (F16) {
+    MmaF16(c, a, b0, b1);
+  } else {
+    MmaBf16(c, a, b0, b1);
+  }
+}
+template <bool F16>
+__device__ __forceinline__ uint32_t Pack16(float lo, float hi) {
+  if constexpr (F16) return PackF16Sat(lo, hi);
+  return PackBf16(lo, hi);
+}
 
 // 2^x, flushing subnormal results to 0 (one instruction).
 __device__ __forceinline__ float Exp2Ftz(float x) {
@@ -307,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
                                                 ? kWideCtasPerSm
                                                 : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
-  // FP8 decode: codes straight into f16 mma fragments (no bf16 tile).
+  // FP8 decode: codes straight into f16 mma fragments (no converted tile).
   constexpr bool kDirect = KV8 && MR == 1;
   // ... and, with one row group, each warp copies the 16 keys of each tile
   // it uses itself, so a warp barrier orders a stage's copies and reads.
@@ -319,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
   extern __shared__ uint4 smem_raw[];
   uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
   uint16_t* sKV = sQ + kRows * kD;  // the ring (KV8: of codes and scales)
-  // KV8: the tile in use as bf16 (K then V) and its f32 scales (K then V).
+  // KV8 prefill: the tile in use as f16 (K then V) and its f32 scales.
   uint16_t* sKVb =
       reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(sKV) + STAGES * fp8_tile::kStageBytes);
   float* sScale = reinterpret_cast<float*>(sKVb + kStageElems);
@@ -476,7 +493,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
                 valid ? src + off : src, valid ? 16 : 0);
     }
   };
-  // KV8: the codes of tile t into the bf16 tile, its scales into f32: all
+  // KV8: the codes of tile t into the f16 tile, its scales into f32 (V times kPScale): all
   // 64 keys by the whole CTA, or (OWN, 16-row decode CTAs, where each warp
   // uses only its own 16 keys) each warp its own keys, so that a warp
   // barrier is enough before the mma code reads them.
@@ -494,7 +511,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       const uint4 w = *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes +
                                                       fp8_tile::CodeOffset(key, c));
       uint4 lo, hi;
-      fp8_tile::CodesToBf16x16(w, &lo, &hi);
+      fp8_tile::CodesToF16x16(w, &lo, &hi);
       uint16_t* dst = sKVb + kv * kTile * kD;
       *reinterpret_cast<uint4*>(dst + Swz(key, 2 * c)) = lo;
       *reinterpret_cast<uint4*>(dst + Swz(key, 2 * c + 1)) = hi;
@@ -504,8 +521,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
     const int j = start + t * kTile + key;
     const uint16_t raw = *reinterpret_cast<const uint16_t*>(
         st + 2 * fp8_tile::kCodeBytes + kv * fp8_tile::kScaleBytes + key * sizeof(uint16_t));
-    sScale[kv * kTile + key] =
-        j >= kr.lo && j <= kr.hi ? __uint_as_float(static_cast<uint32_t>(raw) << 16) : 0.f;
+    sScale[kv * kTile + key] = j >= kr.lo && j <= kr.hi ? (kv ? kPScale : 1.f) * Bf16Lo(raw) : 0.f;
   };
   auto issue_tile = [&](int t, const int(&nb)[4]) {
     if constexpr (KV8) {
@@ -596,6 +612,16 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       if constexpr (kDirect) {
         LoadQF16(sQ, rg * 16 + g4, t4, qf[0]);
       } else {
+        if constexpr (KV8) {  // Q to f16 in place (the FP8 tiles are f16)
+          for (int idx = tid; idx < kRows * 8; idx += kThreads) {
+            uint4* q8 = reinterpret_cast<uint4*>(sQ) + idx;
+            const uint4 u = *q8;
+            *q8 = make_uint4(
+                PackF16Sat(Bf16Lo(u.x), Bf16Hi(u.x)), PackF16Sat(Bf16Lo(u.y), Bf16Hi(u.y)),
+                PackF16Sat(Bf16Lo(u.z), Bf16Hi(u.z)), PackF16Sat(Bf16Lo(u.w), Bf16Hi(u.w)));
+          }
+          __syncthreads();
+        }
 #pragma unroll
         for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
@@ -640,8 +666,8 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
           LdMatrixX4(bk, sK + Swz(key, 4 * pr + (lane >> 3)));
 #pragma unroll
           for (int mr = 0; mr < MR; ++mr) {
-            MmaBf16(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
-            MmaBf16(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
+            Mma16<KV8>(s[mr][nt], qf[mr][2 * pr], bk[0], bk[1]);
+            Mma16<KV8>(s[mr][nt], qf[mr][2 * pr + 1], bk[2], bk[3]);
           }
         }
       }
@@ -758,10 +784,10 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       } else {
 #pragma unroll
         for (int mr = 0; mr < MR; ++mr) {
-          a[mr][0] = PackBf16(s[mr][2 * kj][0], s[mr][2 * kj][1]);
-          a[mr][1] = PackBf16(s[mr][2 * kj][2], s[mr][2 * kj][3]);
-          a[mr][2] = PackBf16(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
-          a[mr][3] = PackBf16(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
+          a[mr][0] = Pack16<KV8>(s[mr][2 * kj][0], s[mr][2 * kj][1]);
+          a[mr][1] = Pack16<KV8>(s[mr][2 * kj][2], s[mr][2 * kj][3]);
+          a[mr][2] = Pack16<KV8>(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
+          a[mr][3] = Pack16<KV8>(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
         }
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
@@ -770,8 +796,8 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
           LdMatrixX4Trans(bv, sV + Swz(key, 2 * np + (lane >> 4)));
 #pragma unroll
           for (int mr = 0; mr < MR; ++mr) {
-            MmaBf16(acc[mr][2 * np], a[mr], bv[0], bv[1]);
-            MmaBf16(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
+            Mma16<KV8>(acc[mr][2 * np], a[mr], bv[0], bv[1]);
+            Mma16<KV8>(acc[mr][2 * np + 1], a[mr], bv[2], bv[3]);
           }
         }
       }
@@ -807,9 +833,10 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
               make_float4(kInv * acc[mr][2 * c][2 * hr], kInv * acc[mr][2 * c + 1][2 * hr],
                           kInv * acc[mr][2 * c][2 * hr + 1], kInv * acc[mr][2 * c + 1][2 * hr + 1]);
       } else {
+        constexpr float kInv = KV8 ? 1.f / kPScale : 1.f;
 #pragma unroll
         for (int nd = 0; nd < 8; ++nd) {
-          float2 v2 = make_float2(acc[mr][nd][2 * hr], acc[mr][nd][2 * hr + 1]);
+          float2 v2 = make_float2(kInv * acc[mr][nd][2 * hr], kInv * acc[mr][nd][2 * hr + 1]);
           *reinterpret_cast<float2*>(dst + nd * 8 + 2 * t4) = v2;
         }
       }
