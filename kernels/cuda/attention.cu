@@ -711,6 +711,9 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mr][nt][e] *= sScale[ko + nt * 8 + 2 * t4 + (e & 1)];
     }
+    // The rows' maxima are taken over the raw scores and scaled once, and
+    // each probability is exp2(score * scale - max) in one FMA and one
+    // MUFU (subnormal results flushed), so a score costs ~4 instructions.
     const float scale_log2 = kDirect ? 1.f : p.scale_log2;  // (kDirect: applied above)
 #pragma unroll
     for (int mr = 0; mr < MR; ++mr) {
@@ -719,10 +722,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            s[mr][nt][e] *= scale_log2;
-            mx[e >> 1] = fmaxf(mx[e >> 1], s[mr][nt][e]);
-          }
+          for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mr][nt][e]);
       } else {
 #pragma unroll
         for (int nt = 0; nt < kNt; ++nt) {
@@ -731,7 +731,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
             const int j = base + nt * 8 + 2 * t4 + (e & 1);
             const int hr = e >> 1;
             const bool ok = j <= pos_r[mr][hr] && j >= lo_r[mr][hr];
-            s[mr][nt][e] = ok ? s[mr][nt][e] * scale_log2 : -INFINITY;
+            s[mr][nt][e] = ok ? s[mr][nt][e] : -INFINITY;
             mx[hr] = fmaxf(mx[hr], s[mr][nt][e]);
           }
         }
@@ -741,13 +741,13 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       for (int hr = 0; hr < 2; ++hr) {
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
         mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
-        const float m_new = fmaxf(m_run[mr][hr], mx[hr]);
-        corr[hr] = kDirect ? Exp2Ftz(m_run[mr][hr] - m_new) : exp2f(m_run[mr][hr] - m_new);
+        const float m_new = fmaxf(m_run[mr][hr], mx[hr] * scale_log2);
+        corr[hr] = Exp2Ftz(m_run[mr][hr] - m_new);
         m_run[mr][hr] = m_new;
         l_run[mr][hr] *= corr[hr];
       }
-      // kDirect: skipped when no row's maximum moved (a factor of exactly 1).
-      if (!kDirect || __any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
+      // Skipped when no row's maximum moved (a factor of exactly 1).
+      if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
         for (int nd = 0; nd < 8; ++nd) {
           acc[mr][nd][0] *= corr[0];
@@ -760,8 +760,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[mr][nt][e] = kDirect ? Exp2Ftz(s[mr][nt][e] - m_run[mr][e >> 1])
-                                 : exp2f(s[mr][nt][e] - m_run[mr][e >> 1]);
+          s[mr][nt][e] = Exp2Ftz(fmaf(s[mr][nt][e], scale_log2, -m_run[mr][e >> 1]));
           l_run[mr][e >> 1] += s[mr][nt][e];
           if constexpr (kDirect) {
             s[mr][nt][e] *= vscale[nt][e & 1];
