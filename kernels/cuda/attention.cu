@@ -15,6 +15,8 @@
 //   RG = 4, MR = 2 (prefill): 128 rows per CTA; every warp owns 32 rows and all
 //          64 keys of each tile (each K/V fragment feeds two mma row tiles).
 //          Grid x = row blocks (longest first), no KV split.
+//   RG = 4, MR = 1 (prefill of windowed layers and short sequences): the
+//          same with 16 rows per warp, 64 per CTA, 3 CTAs per SM.
 //   RG = 1 or 2, MR = 1 (decode: max_q_per_seq * group <= 32, up to 4 tokens per
 //          sequence for gpt-oss): 16 or 32 rows; the 4 warps split each tile's
 //          keys (16 or 32 each) and are merged through shared memory at the
@@ -84,6 +86,12 @@ constexpr int kStageElems = 2 * kTile * kD;  // K then V, bf16 elements (16 KB)
 constexpr int kDecodeMaxQ = 4;               // decode path up to this many tokens per sequence
 constexpr int kDecodeMaxRows = 32;
 constexpr int kPrefillMr = 2;  // prefill: 32 rows per warp, 128 rows per CTA
+// ... or 16 rows per warp (64 per CTA, 3 CTAs per SM: more warps, each K/V
+// tile shared by half as many rows) where the key ranges are short: windowed
+// layers and sequences of at most this many positions (H200, us per layer
+// call, 128 / 64 rows: full attention over 2,048 tokens 233 / 214, over
+// 8,192 2,171 / 2,317; window 128 over 8,192 tokens 427 / 355).
+constexpr int kPrefillNarrowMaxLen = 4096;
 // KV-split sizing of the 4-CTAs-per-SM shape: at most one wave of decode CTAs,
 // assuming this many kv heads (a heuristic; any count works), and at least a
 // few tiles per split so partials and the merge stay small next to the K/V.
@@ -1073,6 +1081,12 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
   }
   p.splits = 1;
   p.chunk = 1 << 30;
+  if (window > 0 || batch.max_seq_len <= kPrefillNarrowMaxLen) {
+    const int row_blocks = CeilDiv(rows, 64);
+    return cache.fp8()
+               ? LaunchKernel<4, 1, kStages, false, true>(p, row_blocks, batch.batch, stream)
+               : LaunchKernel<4, 1, kStages, false, false>(p, row_blocks, batch.batch, stream);
+  }
   const int row_blocks = CeilDiv(rows, 64 * kPrefillMr);
   return cache.fp8()
              ? LaunchKernel<4, kPrefillMr, kStages, false, true>(p, row_blocks, batch.batch, stream)
