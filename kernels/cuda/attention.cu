@@ -501,21 +501,14 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
                 valid ? src + off : src, valid ? 16 : 0);
     }
   };
-  // KV8: the codes of tile t into the f16 tile, its scales into f32 (V times kPScale): all
-  // 64 keys by the whole CTA, or (OWN, 16-row decode CTAs, where each warp
-  // uses only its own 16 keys) each warp its own keys, so that a warp
-  // barrier is enough before the mma code reads them.
+  // KV8 prefill (not kDirect): the codes of tile t into the f16 tile and its
+  // scales into f32 (V's times kPScale), by the whole CTA.
   auto convert_fp8_tile = [&](int t) {
-    constexpr bool kOwn = RG == 1;
     const uint8_t* st =
         reinterpret_cast<const uint8_t*>(sKV) + (t % STAGES) * fp8_tile::kStageBytes;
-    constexpr int kKeys = kOwn ? kKn : kTile;  // keys converted by this thread's group
-    constexpr int kGroup = kOwn ? 32 : kThreads;
-    const int first = kOwn ? warp * kKn : 0;
-    const int me = kOwn ? lane : tid;
 #pragma unroll
-    for (int idx = me; idx < 2 * kKeys * 4; idx += kGroup) {
-      const int kv = idx / (kKeys * 4), key = first + (idx >> 2) % kKeys, c = idx & 3;
+    for (int idx = tid; idx < 2 * kTile * 4; idx += kThreads) {
+      const int kv = idx / (kTile * 4), key = (idx >> 2) % kTile, c = idx & 3;
       const uint4 w = *reinterpret_cast<const uint4*>(st + kv * fp8_tile::kCodeBytes +
                                                       fp8_tile::CodeOffset(key, c));
       uint4 lo, hi;
@@ -524,8 +517,8 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       *reinterpret_cast<uint4*>(dst + Swz(key, 2 * c)) = lo;
       *reinterpret_cast<uint4*>(dst + Swz(key, 2 * c + 1)) = hi;
     }
-    if (me >= 2 * kKeys) return;
-    const int key = first + me % kKeys, kv = me / kKeys;
+    if (tid >= 2 * kTile) return;
+    const int key = tid % kTile, kv = tid / kTile;
     const int j = start + t * kTile + key;
     const uint16_t raw = *reinterpret_cast<const uint16_t*>(
         st + 2 * fp8_tile::kCodeBytes + kv * fp8_tile::kScaleBytes + key * sizeof(uint16_t));
@@ -641,11 +634,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
     }
     if constexpr (KV8 && !kDirect) {
       convert_fp8_tile(t);
-      if constexpr (RG == 1) {
-        __syncwarp();
-      } else {
-        __syncthreads();
-      }
+      __syncthreads();
     }
     const uint16_t* sK = KV8 ? sKVb : sKV + (t % STAGES) * kStageElems;
     const uint16_t* sV = sK + kTile * kD;
