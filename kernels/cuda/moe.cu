@@ -13,6 +13,9 @@
 namespace flotilla::kernels::cuda {
 namespace {
 using ptx::BlockExclusiveScan;
+using ptx::MbarExpectTx;
+using ptx::MbarInit;
+using ptx::MbarWait;
 using ptx::MmaF16;
 using ptx::SharedAddress;
 
@@ -312,32 +315,6 @@ constexpr int kTileRows = 16;
 // Bytes the kernels may read past the last activation row (see MmaTile):
 // (kRing + kAhead) * kMmaWarps blocks of 64 bytes, rounded up.
 constexpr size_t kActivationSlack = 4096;
-
-
-__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count)
-               : "memory");
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
-
-__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT_%=;\n"
-      "}\n" ::"r"(SharedAddress(bar)),
-      "r"(parity)
-      : "memory");
-}
 
 template <bool kEvictFirst>
 __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes, uint64_t* bar,
@@ -1160,8 +1137,8 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
         w, x, topk_weights, tokens, top_k, limit, alpha, MoeGemmRoute{count, offset, pair_of},
         deterministic ? pair_rows : out, h, rows_per_tile, tuning.gemm_remainder_tiles,
         tuning.gemm_wgmma, stream, deterministic,
-        static_cast<int64_t>(pairs) <
-            static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E));
+        static_cast<int64_t>(pairs) < static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E,
+        tuning.gemm_warp_specialized));
   }
   if (!tuning.legacy_fma || diagnostic != MoeDiagnostic::kNone) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;

@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA kernels (moe.cu, moe_gemm.cu,
-// attention.cu): shared-memory addresses, 16-byte cp.async copies, ldmatrix,
+// moe_gemm_ws.cu, attention.cu): shared-memory addresses, 16-byte cp.async
+// copies, mbarriers, tensor-map (TMA) copies, ldmatrix,
 // the bf16 m16n8k16 tensor-core mma, and a block-wide exclusive scan.
 // Included by .cu files only.
 #pragma once
@@ -41,6 +42,58 @@ __device__ __forceinline__ void CpAsyncWait() {
 // Four 8x8 b16 matrices: lane l gives the address of row l % 8 of matrix
 // l / 8 and receives word l % 4 of row l / 4 of each (transposed: of each
 // matrix's transpose).
+// mbarriers in shared memory. MbarInit: `count` arrivals complete a phase
+// (the init is made visible to the async proxy, so bulk copies may complete
+// on it). MbarExpectTx: one arrival that also expects `bytes` of async copies
+// to land in this phase. MbarArrive: one arrival (release). MbarWait: spins
+// until the phase of parity `parity` has completed (acquire).
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(SharedAddress(bar)), "r"(count)
+               : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(SharedAddress(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(SharedAddress(bar)) : "memory");
+}
+
+// One arrival once this thread's earlier cp.async copies have landed (the
+// arrival is counted in the barrier's init count).
+__device__ __forceinline__ void MbarArriveOnCpAsync(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(SharedAddress(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT_%=;\n"
+      "}\n" ::"r"(SharedAddress(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+// A 2D tensor-map (TMA) box copy global -> shared at element coordinates
+// (x, y), completing on `bar` (which must expect its bytes). `map` is the
+// address of a __grid_constant__ kernel parameter.
+__device__ __forceinline__ void TmaLoad2D(void* dst, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];" ::"r"(SharedAddress(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(SharedAddress(bar))
+      : "memory");
+}
+
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -54,7 +107,7 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p)
 
 // c (f32) += a (bf16, m16k16 fragment) * b (bf16, k16n8 fragment).
 __device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1) {
+                                        uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
@@ -64,7 +117,7 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], u
 
 // c (f32) += a (f16, m16k16 fragment) * b (f16, k16n8 fragment).
 __device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                      uint32_t b1) {
+                                       uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"

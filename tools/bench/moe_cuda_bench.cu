@@ -16,7 +16,8 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-no-remainder tc-mma decode gemm32 gemm64 gemm128 tc-plain tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+// (variant names: tc tc-no-remainder tc-mma tc-ws ws64 decode gemm32 gemm64 gemm128 tc-plain
+// tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
@@ -160,7 +161,9 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   // tc: the defaults (decode kernels for few pairs per expert, grouped GEMMs
   // for many); tc-no-remainder: experts' last GEMM tiles at full height;
-  // tc-mma: the GEMM tiles on mma.sync instead of wgmma;
+  // tc-mma: the GEMM tiles on mma.sync instead of wgmma; tc-ws: 64- and
+  // 128-row wgmma tiles on the warp-specialized kernels; ws64: those with
+  // 64-row tiles at every size;
   // decode / gemm32 / gemm64 / gemm128: one path at every size; tc-plain:
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
@@ -168,6 +171,10 @@ int main(int argc, char** argv) {
       {"tc", MoeTuning{}},
       {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
       {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
+      {"tc-ws", With([](MoeTuning& t) { t.gemm_warp_specialized = true; })},
+      {"ws64", With([](MoeTuning& t) {
+         t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = 64, t.gemm_warp_specialized = true;
+       })},
       {"decode", Gemm(-1, 0)},
       {"gemm32", Gemm(0, 32)},
       {"gemm64", Gemm(0, 64)},
