@@ -143,10 +143,9 @@ struct MoeTuning {
   bool gemm_remainder_tiles = true;
   // GEMM tiles on warpgroup MMA (wgmma) instead of mma.sync.
   bool gemm_wgmma = true;
-  // 64- and 128-row wgmma tiles on the warp-specialized persistent kernels
-  // (moe_gemm_ws.h) instead of a CTA per tile. Off: slower on an H200
-  // (kernels/moe_notes.md).
-  bool gemm_warp_specialized = false;
+  // wgmma tiles fed by tensor-map copies (moe_gemm_tma.h) where h carries no
+  // low parts, instead of cp.async from every thread.
+  bool gemm_tma = true;
 };
 
 // out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])

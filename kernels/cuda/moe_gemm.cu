@@ -8,7 +8,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/moe_gemm_parts.cuh"
-#include "kernels/cuda/moe_gemm_ws.h"
+#include "kernels/cuda/moe_gemm_tma.h"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
@@ -109,8 +109,6 @@ template <int kBM, int kActs, int kStages, typename LoadStage>
 __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* stages,
                                               const uint8_t* s_scales, int k_tiles, int nb, int c0,
                                               int c1, bool low, float (&d)[kBM / 2]) {
-  const int t = threadIdx.x & 3;
-  const int f0 = WgmmaFeatureRow();
 #pragma unroll
   for (int i = 0; i < kBM / 2; ++i) d[i] = 0.f;
   for (int kt = 0; kt < k_tiles; ++kt) {
@@ -122,46 +120,8 @@ __device__ __forceinline__ void WgmmaMainLoop(LoadStage& load_next, uint8_t* sta
     if (kt + kStages - 1 < k_tiles) load_next();
     CpAsyncCommit();
     const uint8_t* sa = stages + (kt % kStages) * StageBytes<kBM, kActs>();
-    const uint8_t* sb = sa + kActs * kBM * kARowBytes;
-    const int kb = kt * 2 + (t >> 1);
-    const uint32_t sc0 = HalfScale(kb < nb ? s_scales[f0 * nb + kb] : 0u, c0);
-    const uint32_t sc1 = HalfScale(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 0u, c1);
-    const uint2 w0 = *reinterpret_cast<const uint2*>(sb + f0 * kBRowBytes + 8 * t);
-    const uint2 w1 = *reinterpret_cast<const uint2*>(sb + (f0 + 8) * kBRowBytes + 8 * t);
-    const uint64_t desc = SmemDescSw128(sa);
-    uint32_t af[kBK / 16][4];
-    FenceAccumulators(d);
-    // Word x of each row holds k steps 0 and 1, word y steps 2 and 3: each
-    // half's wgmmas issue as soon as its fragments are decoded, so the
-    // tensor cores start while the second half decodes.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const Fp4Pairs p0 = DecodeWord(half == 0 ? w0.x : w0.y);
-      const Fp4Pairs p1 = DecodeWord(half == 0 ? w1.x : w1.y);
-#pragma unroll
-      for (int k2 = 0; k2 < 2; ++k2) {
-        const int kk = 2 * half + k2;
-        af[kk][0] = MulHalf2(p0.p[2 * k2], sc0);
-        af[kk][1] = MulHalf2(p1.p[2 * k2], sc1);
-        af[kk][2] = MulHalf2(p0.p[2 * k2 + 1], sc0);
-        af[kk][3] = MulHalf2(p1.p[2 * k2 + 1], sc1);
-      }
-      WgmmaFence();
-#pragma unroll
-      for (int k2 = 0; k2 < 2; ++k2) {
-        const int kk = 2 * half + k2;
-        Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes per k step
-      }
-    }
-    if (kActs == 2 && low) {  // the low parts, against the same weights
-      const uint64_t desc_lo = SmemDescSw128(sa + kBM * kARowBytes);
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) Wgmma<kBM>(d, af[kk], desc_lo + 2 * kk);
-    }
-    WgmmaCommit();
-    WgmmaWaitAll();
-    FenceAccumulators(d);
-    FenceFragments(af);
+    WgmmaStage<kBM, kBRowBytes>(sa, sa + kActs * kBM * kARowBytes, s_scales, nb, kt, c0, c1,
+                                kActs == 2 && low ? sa + kBM * kARowBytes : nullptr, d);
   }
   CpAsyncWait<0>();
 }
@@ -416,8 +376,8 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
                        static_cast<size_t>(MaxSmallTiles(pairs, w.num_experts));
   const size_t h_bytes =
       AlignUp(static_cast<size_t>(pairs) * Padded64(w.intermediate) * sizeof(uint16_t), 256);
-  // h, then h's low parts or (warp-specialized kernels) the gathered x.
-  return h_bytes + std::max(h_bytes, MoeGemmWsGatherBytes(w, pairs)) +
+  // h, then h's low parts or (the TMA kernels) the gathered x.
+  return h_bytes + std::max(h_bytes, MoeGemmTmaGatherBytes(w, pairs)) +
          AlignUp(static_cast<size_t>(tokens) * Padded64(w.hidden) * sizeof(uint16_t), 256) +
          AlignUp((2 * tiles + 2) * sizeof(int32_t), 256);
 }
@@ -426,7 +386,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
                           bool wgmma, cudaStream_t stream, bool out_per_pair, bool h_low_part,
-                          bool warp_specialized) {
+                          bool tma) {
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -439,8 +399,8 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   const size_t h_bytes = AlignUp(static_cast<size_t>(pairs) * ip * sizeof(uint16_t), 256);
   auto* h = reinterpret_cast<uint16_t*>(base);
   auto* h_lo = reinterpret_cast<uint16_t*>(base + h_bytes);
-  auto* x_gathered = h_lo;  // the warp-specialized kernels' x; they take no low parts
-  base += h_bytes + std::max(h_bytes, MoeGemmWsGatherBytes(w, pairs));
+  auto* x_gathered = h_lo;  // the TMA kernels' x; they run where h has no low parts
+  base += h_bytes + std::max(h_bytes, MoeGemmTmaGatherBytes(w, pairs));
   auto* xp = reinterpret_cast<uint16_t*>(base);
   base += AlignUp(static_cast<size_t>(tokens) * hp * sizeof(uint16_t), 256);
   const int max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
@@ -459,14 +419,15 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   const int small_max =
       remainder_tiles && rows_per_tile > small_rows ? rows_per_tile / 2 : 0;
 
-  // 64- and 128-row tiles without h's low parts may take the warp-specialized
-  // persistent kernels (moe_gemm_ws.h), which read x gathered in routing order.
-  const bool ws = wgmma && warp_specialized && (rows_per_tile == 128 || rows_per_tile == 64) &&
-                  !(h_low_part && small_rows == 32 && small_max > 0) && MoeGemmWsSupports(w);
+  // Steps whose h carries no low parts may take the tensor-map-fed kernels
+  // (moe_gemm_tma.h), which read x gathered in routing order.
+  const bool low_parts = h_low_part && (rows_per_tile == 32 || (small_rows == 32 && small_max > 0));
+  const bool use_tma = wgmma && tma && !low_parts && MoeGemmTmaSupports(w);
   const size_t x_elems = static_cast<size_t>(tokens) * hp;
-  if (!ws)
+  if (!use_tma) {
     PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((x_elems + 255) / 256, 4096)), 256,
                         0, stream>>>(x, tokens, w.hidden, hp, xp);
+  }
   TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, small_max,
                                         small_rows, tile_expert, tile_row0, num_tiles,
                                         small_expert, small_row0, num_small);
@@ -503,17 +464,22 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   // better than 4 (3 CTAs per SM), nor did L2::256B prefetch hints on the
   // copies: small tiles are bound by the decode's instructions, not by the
   // bytes in flight.
-  if (ws) {
+  if (use_tma) {
     err = LaunchGatherRows(x, route.pair_of, route.offset + w.num_experts, pairs, top_k, w.hidden,
                            hp, x_gathered, stream);
-    if (err != cudaSuccess) return err;
     for (const bool down : {false, true}) {
-      err = LaunchMoeGemmWs(down, down ? dn : gu, w.num_experts, rows_per_tile, small_expert,
-                            small_row0, num_small, max_tiles + max_small, down ? h : x_gathered,
-                            pairs, stream);
-      if (err != cudaSuccess) return err;
+      const uint16_t* act = down ? h : x_gathered;
+      if (err == cudaSuccess) {
+        err = LaunchMoeGemmTma(down, down ? dn : gu, w.num_experts, rows_per_tile, max_tiles, act,
+                               pairs, stream);
+      }
+      if (err == cudaSuccess && small_max > 0) {
+        // (16-row remainders, of 32-row steps, run as 32-row tiles.)
+        err = LaunchMoeGemmTma(down, down ? dn_small : gu_small, w.num_experts,
+                               std::max(small_rows, 32), max_small, act, pairs, stream);
+      }
     }
-    return cudaSuccess;
+    return err;
   }
   for (const bool down : {false, true}) {
     const GemmArgs& big = down ? dn : gu;

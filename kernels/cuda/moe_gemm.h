@@ -56,12 +56,12 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // CTA, into a zeroed buffer), for a sum in a fixed order after. With
 // `h_low_part`, 32-row down tiles also multiply h's f16 low parts (h to ~22
 // bits, as the decode kernels keep it); without, h is f16 alone (11 bits).
-// With `warp_specialized` (and wgmma), 64- and 128-row tiles that carry no low
-// parts run on the persistent warp-specialized kernels (moe_gemm_ws.h).
+// With `tma` (and wgmma), steps whose h carries no low parts run on the
+// tensor-map-fed kernels (moe_gemm_tma.h).
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
                           bool wgmma, cudaStream_t stream, bool out_per_pair = false,
-                          bool h_low_part = true, bool warp_specialized = false);
+                          bool h_low_part = true, bool tma = true);
 
 }  // namespace flotilla::kernels::cuda

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/fp4.cuh"
 #include "kernels/cuda/moe_gemm.h"
 #include "kernels/cuda/ptx.cuh"
 
@@ -202,6 +203,60 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4]
 __device__ __forceinline__ int WgmmaFeatureRow() {
   const int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
   return (warp >> 2) * 64 + (warp & 3) * 16 + g;
+}
+
+// One 64-deep stage of a wgmma tile, waited for: the thread's feature rows
+// f0 and f0 + 8 (WgmmaFeatureRow) of the weight stage `sb` (rows of
+// kRowBytes, two MXFP4 blocks each) decoded into A fragments, scaled by
+// their blocks' HalfScale of the tile's scale rows (`s_scales`, nb per row),
+// and multiplied into d against the activation stage `sa` (and, where
+// `sa_low` is set, against h's low parts there too). Word x of each row
+// holds k steps 0 and 1, word y steps 2 and 3: each half's wgmmas issue as
+// soon as its fragments are decoded, so the tensor cores start while the
+// second half decodes.
+template <int kBM, int kRowBytes>
+__device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
+                                           const uint8_t* s_scales, int nb, int kt, int c0, int c1,
+                                           const uint8_t* sa_low, float (&d)[kBM / 2]) {
+  constexpr int kSteps = 4;  // k16 steps per stage
+  const int t = threadIdx.x & 3;
+  const int f0 = WgmmaFeatureRow();
+  const int kb = kt * 2 + (t >> 1);
+  const uint32_t sc0 = HalfScale(kb < nb ? s_scales[f0 * nb + kb] : 0u, c0);
+  const uint32_t sc1 = HalfScale(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 0u, c1);
+  const uint2 w0 = *reinterpret_cast<const uint2*>(sb + f0 * kRowBytes + 8 * t);
+  const uint2 w1 = *reinterpret_cast<const uint2*>(sb + (f0 + 8) * kRowBytes + 8 * t);
+  const uint64_t desc = SmemDescSw128(sa);
+  uint32_t af[kSteps][4];
+  FenceAccumulators(d);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const Fp4Pairs p0 = DecodeWord(half == 0 ? w0.x : w0.y);
+    const Fp4Pairs p1 = DecodeWord(half == 0 ? w1.x : w1.y);
+#pragma unroll
+    for (int k2 = 0; k2 < 2; ++k2) {
+      const int kk = 2 * half + k2;
+      af[kk][0] = MulHalf2(p0.p[2 * k2], sc0);
+      af[kk][1] = MulHalf2(p1.p[2 * k2], sc1);
+      af[kk][2] = MulHalf2(p0.p[2 * k2 + 1], sc0);
+      af[kk][3] = MulHalf2(p1.p[2 * k2 + 1], sc1);
+    }
+    WgmmaFence();
+#pragma unroll
+    for (int k2 = 0; k2 < 2; ++k2) {
+      const int kk = 2 * half + k2;
+      Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes per k step
+    }
+  }
+  if (sa_low != nullptr) {  // the low parts, against the same weights
+    const uint64_t desc_lo = SmemDescSw128(sa_low);
+#pragma unroll
+    for (int kk = 0; kk < kSteps; ++kk) Wgmma<kBM>(d, af[kk], desc_lo + 2 * kk);
+  }
+  WgmmaCommit();
+  WgmmaWaitAll();
+  FenceAccumulators(d);
+  FenceFragments(af);
 }
 
 // h[i] = f16(v) and h_lo[i] = f16(v - h[i]).

@@ -276,21 +276,22 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
     t.gemm_rows_per_tile = rows;
     CheckLayer(weights_, *host_, 300, 4, 28, /*bad_ids=*/20, /*deterministic=*/false, t);
   }
-  // 64- and 128-row wgmma tiles on the warp-specialized kernels.
+  // Steps without h's low parts take the tensor-map-fed kernels by default;
+  // here the cp.async ones at every height, then the TMA ones with 32-row
+  // tiles and 32-row remainders, many tiles per expert included.
   t = cuda::MoeTuning{};
-  t.gemm_min_pairs_per_expert = 0, t.gemm_warp_specialized = true;
-  for (int rows : {64, 128}) {
+  t.gemm_min_pairs_per_expert = 0, t.gemm_tma = false, t.gemm_h_low_part_below_pairs = 0;
+  for (int rows : {32, 64, 128}) {
     t.gemm_rows_per_tile = rows;
     CheckLayer(weights_, *host_, 300, 4, 29, /*bad_ids=*/20, /*deterministic=*/false, t);
   }
-  // The warp-specialized kernels on 64-row tiles with 32-row remainders
-  // (taken where h carries no low parts), many tiles per expert included.
-  t = cuda::MoeTuning{};
-  t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = 64, t.gemm_h_low_part_below_pairs = 0;
-  t.gemm_warp_specialized = true;
-  CheckLayer(weights_, *host_, 300, 4, 30, /*bad_ids=*/20, /*deterministic=*/false, t);
+  t.gemm_tma = true;
   cuda::MoeDeviceWeights few = weights_;
   few.num_experts = 4;
+  for (int rows : {32, 64}) {
+    t.gemm_rows_per_tile = rows;
+    CheckLayer(weights_, *host_, 300, 4, 30, /*bad_ids=*/20, /*deterministic=*/false, t);
+  }
   CheckLayer(few, *host_, 500, 2, 31, /*bad_ids=*/0, /*deterministic=*/false, t);
   t = cuda::MoeTuning{};
   t.gemm_min_pairs_per_expert = -1;

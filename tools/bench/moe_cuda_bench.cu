@@ -16,7 +16,7 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-no-remainder tc-mma tc-ws ws64 decode gemm32 gemm64 gemm128 tc-plain
+// (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 tc-plain
 // tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
@@ -171,10 +171,7 @@ int main(int argc, char** argv) {
       {"tc", MoeTuning{}},
       {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
       {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
-      {"tc-ws", With([](MoeTuning& t) { t.gemm_warp_specialized = true; })},
-      {"ws64", With([](MoeTuning& t) {
-         t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = 64, t.gemm_warp_specialized = true;
-       })},
+      {"tc-no-tma", With([](MoeTuning& t) { t.gemm_tma = false; })},
       {"decode", Gemm(-1, 0)},
       {"gemm32", Gemm(0, 32)},
       {"gemm64", Gemm(0, 64)},

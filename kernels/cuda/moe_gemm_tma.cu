@@ -1,0 +1,224 @@
+// The MXFP4 grouped GEMMs fed by tensor-map copies; see moe_gemm_tma.h.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/fp4.cuh"
+#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_gemm_parts.cuh"
+#include "kernels/cuda/moe_gemm_tma.h"
+#include "kernels/cuda/ptx.cuh"
+
+namespace flotilla::kernels::cuda {
+namespace {
+using namespace moe_gemm;  // NOLINT(build/namespaces): the GEMMs' shared pieces
+using ptx::CpAsync16;
+using ptx::CpAsyncCommit;
+using ptx::CpAsyncWait;
+using ptx::MbarExpectTx;
+using ptx::MbarInit;
+using ptx::MbarWait;
+using ptx::TmaLoad2D;
+
+constexpr int kThreads = 256;          // two warpgroups, 64 features each
+constexpr int kBN = 128;               // output features per tile
+constexpr int kBK = 64;                // reduction per stage: two MXFP4 blocks
+constexpr int kActRowBytes = kBK * 2;  // f16, 128-byte swizzled by the copy
+// Two blocks per weight row per stage, dense: a warp's 8-byte fragment reads
+// of rows g (0-7) fall in two wavefronts, which 256 bytes take anyway.
+constexpr int kWeightRowBytes = kBK / 2;
+constexpr int kStages = 4;
+
+template <int kBM>
+__host__ __device__ constexpr int StageBytes() {
+  return kBM * kActRowBytes + kBN * kWeightRowBytes;
+}
+static_assert(StageBytes<32>() % 1024 == 0, "stages keep the activation tiles on 1024 bytes");
+
+__host__ __device__ constexpr int ScaleBytes(int nb) {
+  return static_cast<int>(AlignUp(static_cast<size_t>(kBN) * nb, 16));
+}
+template <int kBM>
+size_t SharedBytes(int nb) {
+  return 1024 /* alignment slack */ + static_cast<size_t>(kStages) * StageBytes<kBM>() +
+         ScaleBytes(nb) + kStages * sizeof(uint64_t);
+}
+
+// One (row tile, 128 features) tile of one projection: the activation and
+// weight stages arrive by tensor-map copies that thread 0 issues, kStages - 1
+// ahead, completing on one mbarrier per stage; the scales by cp.async. The
+// decode, wgmma and epilogue are the CTA-per-tile wgmma kernel's.
+template <bool kDown, int kBM>
+__global__ void __launch_bounds__(kThreads, 1)
+    MoeGemmTmaKernel(const __grid_constant__ CUtensorMap act_map,
+                     const __grid_constant__ CUtensorMap w_map, GemmArgs a) {
+  const int tile = blockIdx.y;
+  if (tile >= *a.num_tiles) return;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* stages = smem;
+  const uint32_t off = ptx::SharedAddress(stages) & 1023u;  // the swizzle's period
+  if (off != 0) stages += 1024 - off;
+  const int nb = a.k / 32;
+  uint8_t* s_scales = stages + kStages * StageBytes<kBM>();
+  auto* full = reinterpret_cast<uint64_t*>(s_scales + ScaleBytes(nb));
+  const int e = a.tile_expert[tile];
+  const int row0 = a.tile_row0[tile];
+  const int rows = min(kBM, a.route.count[e] - row0);
+  const int sorted0 = a.route.offset[e] + row0;
+  const int n0 = blockIdx.x * kBN;
+  const int valid_n = min(kBN, a.n - n0);
+  const int k_tiles = (a.k + kBK - 1) / kBK;
+  const int tid = threadIdx.x;
+  const int w_row = e * a.n + n0;
+  auto load = [&](int kt) {
+    uint8_t* st = stages + (kt % kStages) * StageBytes<kBM>();
+    uint64_t* bar = &full[kt % kStages];
+    MbarExpectTx(bar, StageBytes<kBM>());
+    TmaLoad2D(st, &act_map, kt * kBK, sorted0, bar);
+    TmaLoad2D(st + kBM * kActRowBytes, &w_map, kt * kWeightRowBytes, w_row, bar);
+  };
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) MbarInit(&full[i], 1);
+    for (int kt = 0; kt < kStages - 1 && kt < k_tiles; ++kt) load(kt);
+  }
+  // The tile's scales: [kBN rows][nb]; rows past the end are never used.
+  const uint8_t* scale_src = a.scales + (static_cast<size_t>(e) * a.n + n0) * nb;
+  for (int i = tid * 16; i < valid_n * nb; i += kThreads * 16)
+    CpAsync16(s_scales + i, scale_src + i, 16);
+  CpAsyncCommit();
+  CpAsyncWait<0>();
+  __syncthreads();  // the scales and the barriers' init
+
+  const int f0 = WgmmaFeatureRow();
+  const int c0 = RowShift(s_scales + f0 * nb, nb), c1 = RowShift(s_scales + (f0 + 8) * nb, nb);
+  float d[kBM / 2];
+#pragma unroll
+  for (int i = 0; i < kBM / 2; ++i) d[i] = 0.f;
+  for (int kt = 0; kt < k_tiles; ++kt) {
+    MbarWait(&full[kt % kStages], (kt / kStages) & 1);
+    // Every warpgroup is past the previous stage's wgmmas: its slot is free.
+    __syncthreads();
+    if (tid == 0 && kt + kStages - 1 < k_tiles) load(kt + kStages - 1);
+    const uint8_t* st = stages + (kt % kStages) * StageBytes<kBM>();
+    WgmmaStage<kBM, kWeightRowBytes>(st, st + kBM * kActRowBytes, s_scales, nb, kt, c0, c1, nullptr,
+                                     d);
+  }
+  WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
+}
+
+// dst[i, :] = the permuted f16 row of x[pair_of[i] / top_k] (PermuteRowsKernel's order).
+__global__ void GatherRowsKernel(const uint16_t* x, const int32_t* pair_of,
+                                 const int32_t* num_valid, int top_k, int k, int kp,
+                                 uint16_t* dst) {
+  const int rows = *num_valid;
+  const size_t n = static_cast<size_t>(rows) * kp;
+  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
+       i += size_t{gridDim.x} * blockDim.x) {
+    const int r = static_cast<int>(i / kp), l = static_cast<int>(i % kp);
+    const int p = (l & ~63) + PhysicalOf(l & 63);
+    const size_t src = static_cast<size_t>(pair_of[r] / top_k) * k + p;
+    dst[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(x[src]))) : uint16_t{0};
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      p = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A 2D row-major map of `rows` rows of `row_bytes` bytes (elements of
+// `elem` bytes), boxes of box_cols elements x box_rows rows.
+cudaError_t Map2D(CUtensorMap* map, const void* base, CUtensorMapDataType type, int elem,
+                  uint64_t cols, uint64_t rows, uint32_t box_cols, uint32_t box_rows,
+                  CUtensorMapSwizzle swizzle) {
+  const auto encode = EncodeTiled();
+  if (encode == nullptr) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * elem};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult r = encode(map, type, 2, const_cast<void*>(base), dims, strides, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <bool kDown, int kBM>
+cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int act_rows,
+                   int max_tiles, cudaStream_t stream) {
+  CUtensorMap act_map{}, w_map{};
+  cudaError_t err =
+      Map2D(&act_map, act, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, static_cast<uint64_t>(a.kp),
+            static_cast<uint64_t>(act_rows), kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (err != cudaSuccess) return err;
+  const int nb = a.k / 32;
+  err = Map2D(&w_map, a.blocks, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(nb) * 16,
+              static_cast<uint64_t>(num_experts) * static_cast<uint64_t>(a.n), kWeightRowBytes, kBN,
+              CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (err != cudaSuccess) return err;
+  auto kernel = MoeGemmTmaKernel<kDown, kBM>;
+  const size_t smem = SharedBytes<kBM>(nb);
+  static PerDevice<size_t> allowed;
+  err = AllowSharedBytes(kernel, smem, &allowed);
+  if (err != cudaSuccess) return err;
+  const dim3 grid((a.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
+  kernel<<<grid, kThreads, smem, stream>>>(act_map, w_map, a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool MoeGemmTmaSupports(const MoeDeviceWeights& w) {
+  const auto aligned = [](int n, int k) {
+    const size_t nb = static_cast<size_t>(k) / 32;
+    return (static_cast<size_t>(n) * nb) % 16 == 0 && (kBN * nb) % 16 == 0;
+  };
+  return EncodeTiled() != nullptr && aligned(2 * w.intermediate, w.hidden) &&
+         aligned(w.hidden, w.intermediate);
+}
+
+size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs) {
+  return AlignUp(static_cast<size_t>(pairs) * Padded64(w.hidden) * sizeof(uint16_t), 256);
+}
+
+cudaError_t LaunchMoeGemmTma(bool down, const GemmArgs& args, int num_experts, int rows,
+                             int max_tiles, const uint16_t* act, int act_rows,
+                             cudaStream_t stream) {
+  switch (rows) {
+    case 128:
+      return down ? Launch<true, 128>(args, num_experts, act, act_rows, max_tiles, stream)
+                  : Launch<false, 128>(args, num_experts, act, act_rows, max_tiles, stream);
+    case 64:
+      return down ? Launch<true, 64>(args, num_experts, act, act_rows, max_tiles, stream)
+                  : Launch<false, 64>(args, num_experts, act, act_rows, max_tiles, stream);
+    case 32:
+      return down ? Launch<true, 32>(args, num_experts, act, act_rows, max_tiles, stream)
+                  : Launch<false, 32>(args, num_experts, act, act_rows, max_tiles, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+cudaError_t LaunchGatherRows(const uint16_t* x, const int32_t* pair_of, const int32_t* num_valid,
+                             int pairs, int top_k, int k, int kp, uint16_t* dst,
+                             cudaStream_t stream) {
+  const size_t n = static_cast<size_t>(pairs) * kp;
+  GatherRowsKernel<<<static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)), 256, 0,
+                     stream>>>(x, pair_of, num_valid, top_k, k, kp, dst);
+  return cudaGetLastError();
+}
+
+}  // namespace flotilla::kernels::cuda
