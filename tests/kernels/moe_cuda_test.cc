@@ -297,6 +297,29 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
   t.gemm_min_pairs_per_expert = -1;
   CheckLayer(weights_, *host_, 300, 4, 26, /*bad_ids=*/0, /*deterministic=*/false, t);
 }
+// The expert slices a rank holds in the tensor-parallel MoE layout (whole
+// MXFP4 blocks of the intermediate dimension, 45 and 23 of 90: h's rows are
+// padded past them and the last stage of down's reduction runs past the
+// weights' rows) through the GEMMs, fed by tensor-map copies and by cp.async.
+TEST_F(MoeCudaTest, GemmPathOnTensorParallelSlices) {
+  for (int intermediate : {1440, 736}) {
+    cuda::MoeDeviceWeights w;
+    ASSERT_EQ(cuda::AllocMoeWeights(8, 2880, intermediate, &w), cudaSuccess);
+    ASSERT_EQ(cuda::LaunchFillMoeWeightsSynthetic(w, 50 + intermediate, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const HostMoe host = CopyBack(w);
+    for (const bool tma : {true, false}) {
+      for (int rows : {32, 64, 128}) {
+        cuda::MoeTuning t;
+        t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = rows, t.gemm_tma = tma;
+        t.gemm_h_low_part_below_pairs = 0;
+        CheckLayer(w, host, 300, 4, 40 + rows, /*bad_ids=*/5, /*deterministic=*/false, t);
+      }
+    }
+    cuda::FreeMoeWeights(&w);
+  }
+}
+
 // Deterministic sums: the decode kernels (1-64 tokens, every column-group
 // count, a split of 3 capped at 2) and the grouped GEMMs give the same bits
 // on every run, and still the reference's values.
