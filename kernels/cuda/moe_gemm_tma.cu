@@ -139,8 +139,8 @@ PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
   return fn;
 }
 
-// A 2D row-major map of `rows` rows of `row_bytes` bytes (elements of
-// `elem` bytes), boxes of box_cols elements x box_rows rows.
+// A 2D row-major map of `rows` rows of `cols` elements of `elem` bytes, in
+// boxes of box_cols elements x box_rows rows.
 cudaError_t Map2D(CUtensorMap* map, const void* base, CUtensorMapDataType type, int elem,
                   uint64_t cols, uint64_t rows, uint32_t box_cols, uint32_t box_rows,
                   CUtensorMapSwizzle swizzle) {
@@ -186,8 +186,10 @@ bool MoeGemmTmaSupports(const MoeDeviceWeights& w) {
     const size_t nb = static_cast<size_t>(k) / 32;
     return (static_cast<size_t>(n) * nb) % 16 == 0 && (kBN * nb) % 16 == 0;
   };
+  const auto on16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return EncodeTiled() != nullptr && aligned(2 * w.intermediate, w.hidden) &&
-         aligned(w.hidden, w.intermediate);
+         aligned(w.hidden, w.intermediate) && on16(w.gate_up_blocks) && on16(w.down_blocks) &&
+         on16(w.gate_up_scales) && on16(w.down_scales);
 }
 
 size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs) {

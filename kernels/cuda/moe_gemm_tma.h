@@ -25,9 +25,10 @@ namespace moe_gemm {
 struct GemmArgs;
 }
 
-// Whether the TMA kernels take these weights: every tile's scale rows (n x
-// k / 32 bytes per expert, 128 rows per tile) start on 16 bytes, and the
-// driver's tensor-map encoder is there.
+// Whether the TMA kernels take these weights: the block and scale arrays and
+// every tile's scale rows (n x k / 32 bytes per expert, 128 rows per tile)
+// start on 16 bytes, and the driver's tensor-map encoder is there; else
+// LaunchMoeGemm feeds the tiles by cp.async.
 bool MoeGemmTmaSupports(const MoeDeviceWeights& w);
 
 // Bytes of the gathered activations gate_up reads: f16 [pairs, Padded64(H)].
