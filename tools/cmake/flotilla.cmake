@@ -140,7 +140,7 @@ endfunction()
 
 # flotilla_add_test(name SOURCES ... [LIBS ...] [LABELS gpu|multigpu ...]
 #                   [SLOW_TESTS Suite.Test ...] [TIMEOUT s] [CLUSTER] [NODE]
-#                   [PROGRAMS target ...] [DEFINITIONS NAME=VALUE ...])
+#                   [SERIAL] [PROGRAMS target ...] [DEFINITIONS NAME=VALUE ...])
 # One gtest binary; each TEST becomes its own ctest entry carrying LABELS, so
 # `ctest -L gpu` or `ctest -LE slow` select them. SLOW_TESTS names the tests
 # (Suite.Test, or the start of a parameterized name) that also get the `slow`
@@ -149,9 +149,12 @@ endfunction()
 # local clusters (FLOTILLA_BIN_DIR names where the coordinator and the worker
 # are built, and they are built first); NODE: it runs node clients
 # (FLOTILLA_NODE, FLOTILLA_NODE_MODULES); PROGRAMS: further targets built
-# before it; DEFINITIONS: further compile definitions.
+# before it; DEFINITIONS: further compile definitions. SERIAL: its tests run
+# with no other test beside them (ctest's RUN_SERIAL), for those that compare
+# times measured on the machine, which a test running beside them (a soak
+# that restarts workers) would move.
 function(flotilla_add_test name)
-  cmake_parse_arguments(ARG "CLUSTER;NODE" "TIMEOUT"
+  cmake_parse_arguments(ARG "CLUSTER;NODE;SERIAL" "TIMEOUT"
                         "SOURCES;LIBS;LABELS;SLOW_TESTS;PROGRAMS;DEFINITIONS" ${ARGN})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
@@ -174,10 +177,14 @@ function(flotilla_add_test name)
   if(ARG_PROGRAMS)
     add_dependencies(${name} ${ARG_PROGRAMS})
   endif()
+  set(_properties TIMEOUT ${ARG_TIMEOUT})
+  if(ARG_SERIAL)
+    list(APPEND _properties RUN_SERIAL ON)
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
     WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
-    PROPERTIES TIMEOUT ${ARG_TIMEOUT})
+    PROPERTIES ${_properties})
   if(ARG_LABELS OR ARG_SLOW_TESTS)
     _flotilla_test_labels(${name} "${ARG_LABELS}" "${ARG_SLOW_TESTS}")
   endif()
