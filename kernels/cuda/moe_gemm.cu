@@ -382,6 +382,112 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
          AlignUp((2 * tiles + 2) * sizeof(int32_t), 256);
 }
 
+namespace {
+
+// The tile maps in the workspace (TileMapKernel's outputs): big tiles of
+// rows_per_tile rows, and an expert's remainder as small tiles.
+struct TileLists {
+  int32_t *tile_expert, *tile_row0, *num_tiles;
+  int32_t *small_expert, *small_row0, *num_small;
+  int max_tiles, max_small;
+  int small_rows, small_max;  // TileMapKernel's small_rows / small_max
+};
+
+// Both projections' arguments, for the big tiles and the small ones.
+struct Projections {
+  GemmArgs gu, dn, gu_small, dn_small;
+};
+
+Projections MakeProjections(const MoeDeviceWeights& w, const float* topk_weights, int top_k,
+                            float limit, float alpha, MoeGemmRoute route, float* out,
+                            const uint16_t* xp, uint16_t* h, uint16_t* h_lo, const TileLists& t,
+                            int rows_per_tile, bool out_per_pair, bool h_low_part) {
+  Projections p;
+  GemmArgs& gu = p.gu;
+  gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
+  gu.n = 2 * w.intermediate, gu.k = w.hidden, gu.kp = Padded64(w.hidden);
+  gu.route = route, gu.tile_expert = t.tile_expert, gu.tile_row0 = t.tile_row0;
+  gu.num_tiles = t.num_tiles, gu.top_k = top_k;
+  gu.x = xp, gu.h = h, gu.h_lo = h_lo, gu.h_stride = Padded64(w.intermediate);
+  gu.limit = limit, gu.alpha = alpha;
+  GemmArgs& dn = p.dn;
+  dn = gu;
+  dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
+  dn.n = w.hidden, dn.k = w.intermediate, dn.kp = Padded64(w.intermediate);
+  dn.topk_weights = topk_weights, dn.out = out, dn.out_div = out_per_pair ? 1 : top_k;
+  p.gu_small = gu, p.dn_small = dn;
+  // Only 32-row down kernels read h's low parts: gate_up writes them for the
+  // rows those kernels will take (all of them, or the remainders, which run
+  // as 64-row kernels when small_rows is 64, else as 32-row ones).
+  if (!h_low_part) gu.h_lo = p.gu_small.h_lo = dn.h_lo = p.dn_small.h_lo = nullptr;
+  if (rows_per_tile != 32) gu.h_lo = nullptr;
+  if (t.small_rows == 64) p.gu_small.h_lo = nullptr;
+  p.gu_small.tile_expert = p.dn_small.tile_expert = t.small_expert;
+  p.gu_small.tile_row0 = p.dn_small.tile_row0 = t.small_row0;
+  p.gu_small.num_tiles = p.dn_small.num_tiles = t.num_small;
+  return p;
+}
+
+// gate_up (big tiles, then the remainders) before down reads h, a CTA per
+// tile fed by cp.async. Stages: 8 for 32-row tiles and 6 for 64 (2 CTAs per
+// SM) measured no better than 4 (3 CTAs per SM), nor did L2::256B prefetch
+// hints on the copies: small tiles are bound by the decode's instructions,
+// not by the bytes in flight.
+cudaError_t LaunchCpAsyncProjections(const Projections& p, const TileLists& t, int rows_per_tile,
+                                     bool wgmma, cudaStream_t stream) {
+  for (const bool down : {false, true}) {
+    const GemmArgs& big = down ? p.dn : p.gu;
+    cudaError_t err;
+    switch (rows_per_tile) {
+      case 128:
+        err = wgmma ? LaunchProjection<128, 2, 4, true>(down, big, t.max_tiles, stream)
+                    : LaunchProjection<128, 2, 4>(down, big, t.max_tiles, stream);
+        break;
+      case 64:
+        err = wgmma ? LaunchProjection<64, 1, 4, true>(down, big, t.max_tiles, stream)
+                    : LaunchProjection<64, 1, 4>(down, big, t.max_tiles, stream);
+        break;
+      default:
+        err = wgmma ? LaunchProjection<32, 1, 4, true>(down, big, t.max_tiles, stream)
+                    : LaunchProjection<32, 1, 4>(down, big, t.max_tiles, stream);
+        break;
+    }
+    if (err == cudaSuccess && t.small_max > 0) {
+      const GemmArgs& small = down ? p.dn_small : p.gu_small;
+      err = t.small_rows == 64 ? LaunchProjection<64, 1, 4, true>(down, small, t.max_small, stream)
+            : wgmma            ? LaunchProjection<32, 1, 4, true>(down, small, t.max_small, stream)
+                               : LaunchProjection<32, 1, 4>(down, small, t.max_small, stream);
+    }
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+// The same with tensor-map-fed tiles (moe_gemm_tma.h): x gathered into
+// routing order first; 16-row remainders (of 32-row steps) run as 32-row
+// tiles.
+cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int rows_per_tile,
+                                 const MoeDeviceWeights& w, const uint16_t* x, int pairs,
+                                 uint16_t* x_gathered, cudaStream_t stream) {
+  const GemmArgs& gu = p.gu;
+  cudaError_t err = LaunchGatherRows(x, gu.route.pair_of, gu.route.offset + w.num_experts, pairs,
+                                     gu.top_k, w.hidden, gu.kp, x_gathered, stream);
+  for (const bool down : {false, true}) {
+    const uint16_t* act = down ? p.dn.h : x_gathered;
+    if (err == cudaSuccess) {
+      err = LaunchMoeGemmTma(down, down ? p.dn : p.gu, w.num_experts, rows_per_tile, t.max_tiles,
+                             act, pairs, stream);
+    }
+    if (err == cudaSuccess && t.small_max > 0) {
+      err = LaunchMoeGemmTma(down, down ? p.dn_small : p.gu_small, w.num_experts,
+                             std::max(t.small_rows, 32), t.max_small, act, pairs, stream);
+    }
+  }
+  return err;
+}
+
+}  // namespace
+
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
@@ -403,34 +509,35 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   base += h_bytes + std::max(h_bytes, MoeGemmTmaGatherBytes(w, pairs));
   auto* xp = reinterpret_cast<uint16_t*>(base);
   base += AlignUp(static_cast<size_t>(tokens) * hp * sizeof(uint16_t), 256);
-  const int max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
-  const int max_small = MaxSmallTiles(pairs, w.num_experts);
-  auto* tile_expert = reinterpret_cast<int32_t*>(base);
-  int32_t* tile_row0 = tile_expert + max_tiles;
-  int32_t* num_tiles = tile_row0 + max_tiles;
-  int32_t* small_expert = num_tiles + 1;
-  int32_t* small_row0 = small_expert + max_small;
-  int32_t* num_small = small_row0 + max_small;
+  TileLists t;
+  t.max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
+  t.max_small = MaxSmallTiles(pairs, w.num_experts);
+  t.tile_expert = reinterpret_cast<int32_t*>(base);
+  t.tile_row0 = t.tile_expert + t.max_tiles;
+  t.num_tiles = t.tile_row0 + t.max_tiles;
+  t.small_expert = t.num_tiles + 1;
+  t.small_row0 = t.small_expert + t.max_small;
+  t.num_small = t.small_row0 + t.max_small;
   // Remainders of up to half a big tile go to half-height tiles (32 rows
   // without wgmma), which decode the same weights for less tensor-core work.
   // H200, 120b layer, with -> without: 1024 tokens 1066 -> 1197 us, 2048
   // tokens 1813 -> 1795, 4096 tokens 2746 -> 2789.
-  const int small_rows = wgmma ? rows_per_tile / 2 : 32;
-  const int small_max =
-      remainder_tiles && rows_per_tile > small_rows ? rows_per_tile / 2 : 0;
+  t.small_rows = wgmma ? rows_per_tile / 2 : 32;
+  t.small_max = remainder_tiles && rows_per_tile > t.small_rows ? rows_per_tile / 2 : 0;
 
   // Steps whose h carries no low parts may take the tensor-map-fed kernels
   // (moe_gemm_tma.h), which read x gathered in routing order.
-  const bool low_parts = h_low_part && (rows_per_tile == 32 || (small_rows == 32 && small_max > 0));
+  const bool low_parts =
+      h_low_part && (rows_per_tile == 32 || (t.small_rows == 32 && t.small_max > 0));
   const bool use_tma = wgmma && tma && !low_parts && MoeGemmTmaSupports(w);
   const size_t x_elems = static_cast<size_t>(tokens) * hp;
   if (!use_tma) {
     PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((x_elems + 255) / 256, 4096)), 256,
                         0, stream>>>(x, tokens, w.hidden, hp, xp);
   }
-  TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, small_max,
-                                        small_rows, tile_expert, tile_row0, num_tiles,
-                                        small_expert, small_row0, num_small);
+  TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, t.small_max,
+                                        t.small_rows, t.tile_expert, t.tile_row0, t.num_tiles,
+                                        t.small_expert, t.small_row0, t.num_small);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (ip != w.intermediate) {
@@ -438,74 +545,10 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
     err = cudaMemsetAsync(h, 0, 2 * h_bytes, stream);  // and h_lo
     if (err != cudaSuccess) return err;
   }
-
-  GemmArgs gu{};
-  gu.blocks = w.gate_up_blocks, gu.scales = w.gate_up_scales, gu.bias = w.gate_up_bias;
-  gu.n = 2 * w.intermediate, gu.k = w.hidden, gu.kp = hp;
-  gu.route = route, gu.tile_expert = tile_expert, gu.tile_row0 = tile_row0;
-  gu.num_tiles = num_tiles, gu.top_k = top_k;
-  gu.x = xp, gu.h = h, gu.h_lo = h_lo, gu.h_stride = ip, gu.limit = limit, gu.alpha = alpha;
-  GemmArgs dn = gu;
-  dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
-  dn.n = w.hidden, dn.k = w.intermediate, dn.kp = ip;
-  dn.topk_weights = topk_weights, dn.out = out, dn.out_div = out_per_pair ? 1 : top_k;
-  GemmArgs gu_small = gu, dn_small = dn;
-  // Only 32-row down kernels read h's low parts: gate_up writes them for the
-  // rows those kernels will take (all of them, or the remainders, which run
-  // as 64-row kernels when small_rows is 64, else as 32-row ones).
-  if (!h_low_part) gu.h_lo = gu_small.h_lo = dn.h_lo = dn_small.h_lo = nullptr;
-  if (rows_per_tile != 32) gu.h_lo = nullptr;
-  if (small_rows == 64) gu_small.h_lo = nullptr;
-  gu_small.tile_expert = dn_small.tile_expert = small_expert;
-  gu_small.tile_row0 = dn_small.tile_row0 = small_row0;
-  gu_small.num_tiles = dn_small.num_tiles = num_small;
-  // gate_up (big tiles, then the 32-row remainders) before down reads h.
-  // Stages: 8 for 32-row tiles and 6 for 64 (2 CTAs per SM) measured no
-  // better than 4 (3 CTAs per SM), nor did L2::256B prefetch hints on the
-  // copies: small tiles are bound by the decode's instructions, not by the
-  // bytes in flight.
-  if (use_tma) {
-    err = LaunchGatherRows(x, route.pair_of, route.offset + w.num_experts, pairs, top_k, w.hidden,
-                           hp, x_gathered, stream);
-    for (const bool down : {false, true}) {
-      const uint16_t* act = down ? h : x_gathered;
-      if (err == cudaSuccess) {
-        err = LaunchMoeGemmTma(down, down ? dn : gu, w.num_experts, rows_per_tile, max_tiles, act,
-                               pairs, stream);
-      }
-      if (err == cudaSuccess && small_max > 0) {
-        // (16-row remainders, of 32-row steps, run as 32-row tiles.)
-        err = LaunchMoeGemmTma(down, down ? dn_small : gu_small, w.num_experts,
-                               std::max(small_rows, 32), max_small, act, pairs, stream);
-      }
-    }
-    return err;
-  }
-  for (const bool down : {false, true}) {
-    const GemmArgs& big = down ? dn : gu;
-    switch (rows_per_tile) {
-      case 128:
-        err = wgmma ? LaunchProjection<128, 2, 4, true>(down, big, max_tiles, stream)
-                    : LaunchProjection<128, 2, 4>(down, big, max_tiles, stream);
-        break;
-      case 64:
-        err = wgmma ? LaunchProjection<64, 1, 4, true>(down, big, max_tiles, stream)
-                    : LaunchProjection<64, 1, 4>(down, big, max_tiles, stream);
-        break;
-      default:
-        err = wgmma ? LaunchProjection<32, 1, 4, true>(down, big, max_tiles, stream)
-                    : LaunchProjection<32, 1, 4>(down, big, max_tiles, stream);
-        break;
-    }
-    if (err == cudaSuccess && small_max > 0) {
-      const GemmArgs& small = down ? dn_small : gu_small;
-      err = small_rows == 64 ? LaunchProjection<64, 1, 4, true>(down, small, max_small, stream)
-            : wgmma          ? LaunchProjection<32, 1, 4, true>(down, small, max_small, stream)
-                             : LaunchProjection<32, 1, 4>(down, small, max_small, stream);
-    }
-    if (err != cudaSuccess) return err;
-  }
-  return cudaSuccess;
+  const Projections p = MakeProjections(w, topk_weights, top_k, limit, alpha, route, out, xp, h,
+                                        h_lo, t, rows_per_tile, out_per_pair, h_low_part);
+  return use_tma ? LaunchTmaProjections(p, t, rows_per_tile, w, x, pairs, x_gathered, stream)
+                 : LaunchCpAsyncProjections(p, t, rows_per_tile, wgmma, stream);
 }
 
 }  // namespace flotilla::kernels::cuda
