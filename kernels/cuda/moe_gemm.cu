@@ -55,16 +55,31 @@ size_t SharedBytes(int blocks_per_row) {
 
 // dst[r, :] (f16, row length kp, a multiple of 64) = src[r, :] (bf16, length
 // k) in the permuted order of each 64-group, zeros past k. Exact for |x| in
-// f16's normal range, as in the decode kernels.
-__global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, uint16_t* dst) {
+// f16's normal range, as in the decode kernels. With `pair_of`, rows are
+// gathered into routing order instead: dst[r] = src[pair_of[r] / top_k] for
+// the r < *num_valid routed pairs (the TMA kernels' x).
+__global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, uint16_t* dst,
+                                  const int32_t* pair_of = nullptr,
+                                  const int32_t* num_valid = nullptr, int top_k = 1) {
+  if (num_valid != nullptr) rows = *num_valid;
   const size_t n = static_cast<size_t>(rows) * kp;
   for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
        i += size_t{gridDim.x} * blockDim.x) {
     const int r = static_cast<int>(i / kp), l = static_cast<int>(i % kp);
     const int p = (l & ~63) + PhysicalOf(l & 63);
-    dst[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(src[static_cast<size_t>(r) * k + p])))
-                   : uint16_t{0};
+    const size_t row = pair_of != nullptr ? pair_of[r] / top_k : r;
+    dst[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(src[row * k + p]))) : uint16_t{0};
   }
+}
+
+// Its launch over `rows` rows (at most, when gathering).
+cudaError_t LaunchPermuteRows(const uint16_t* src, int rows, int k, int kp, uint16_t* dst,
+                              cudaStream_t stream, const int32_t* pair_of = nullptr,
+                              const int32_t* num_valid = nullptr, int top_k = 1) {
+  const size_t n = static_cast<size_t>(rows) * kp;
+  PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)), 256, 0,
+                      stream>>>(src, rows, k, kp, dst, pair_of, num_valid, top_k);
+  return cudaGetLastError();
 }
 
 // The tile maps, in expert order, of an expert's rows: tiles of rows_per_tile
@@ -464,14 +479,14 @@ cudaError_t LaunchCpAsyncProjections(const Projections& p, const TileLists& t, i
 }
 
 // The same with tensor-map-fed tiles (moe_gemm_tma.h): x gathered into
-// routing order first; 16-row remainders (of 32-row steps) run as 32-row
-// tiles.
+// routing order first (PermuteRowsKernel with the pairs); 16-row remainders (of 32-row steps) run
+// as 32-row tiles.
 cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int rows_per_tile,
                                  const MoeDeviceWeights& w, const uint16_t* x, int pairs,
                                  uint16_t* x_gathered, cudaStream_t stream) {
   const GemmArgs& gu = p.gu;
-  cudaError_t err = LaunchGatherRows(x, gu.route.pair_of, gu.route.offset + w.num_experts, pairs,
-                                     gu.top_k, w.hidden, gu.kp, x_gathered, stream);
+  cudaError_t err = LaunchPermuteRows(x, pairs, w.hidden, gu.kp, x_gathered, stream,
+                                      gu.route.pair_of, gu.route.offset + w.num_experts, gu.top_k);
   for (const bool down : {false, true}) {
     const uint16_t* act = down ? p.dn.h : x_gathered;
     if (err == cudaSuccess) {
@@ -530,11 +545,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   const bool low_parts =
       h_low_part && (rows_per_tile == 32 || (t.small_rows == 32 && t.small_max > 0));
   const bool use_tma = wgmma && tma && !low_parts && MoeGemmTmaSupports(w);
-  const size_t x_elems = static_cast<size_t>(tokens) * hp;
-  if (!use_tma) {
-    PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((x_elems + 255) / 256, 4096)), 256,
-                        0, stream>>>(x, tokens, w.hidden, hp, xp);
-  }
+  if (!use_tma) LaunchPermuteRows(x, tokens, w.hidden, hp, xp, stream);
   TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, t.small_max,
                                         t.small_rows, t.tile_expert, t.tile_row0, t.num_tiles,
                                         t.small_expert, t.small_row0, t.num_small);

@@ -110,21 +110,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
 }
 
-// dst[i, :] = the permuted f16 row of x[pair_of[i] / top_k] (PermuteRowsKernel's order).
-__global__ void GatherRowsKernel(const uint16_t* x, const int32_t* pair_of,
-                                 const int32_t* num_valid, int top_k, int k, int kp,
-                                 uint16_t* dst) {
-  const int rows = *num_valid;
-  const size_t n = static_cast<size_t>(rows) * kp;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const int r = static_cast<int>(i / kp), l = static_cast<int>(i % kp);
-    const int p = (l & ~63) + PhysicalOf(l & 63);
-    const size_t src = static_cast<size_t>(pair_of[r] / top_k) * k + p;
-    dst[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(x[src]))) : uint16_t{0};
-  }
-}
-
 PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* p = nullptr;
@@ -212,15 +197,6 @@ cudaError_t LaunchMoeGemmTma(bool down, const GemmArgs& args, int num_experts, i
     default:
       return cudaErrorInvalidValue;
   }
-}
-
-cudaError_t LaunchGatherRows(const uint16_t* x, const int32_t* pair_of, const int32_t* num_valid,
-                             int pairs, int top_k, int k, int kp, uint16_t* dst,
-                             cudaStream_t stream) {
-  const size_t n = static_cast<size_t>(pairs) * kp;
-  GatherRowsKernel<<<static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)), 256, 0,
-                     stream>>>(x, pair_of, num_valid, top_k, k, kp, dst);
-  return cudaGetLastError();
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -9,7 +9,7 @@
 // bytes, 128-byte swizzled by the copy, and the weights' 128 rows x 32 bytes
 // of MXFP4 blocks) arrive as two tensor-map boxes that one thread issues,
 // completing on an mbarrier per stage, instead of a cp.async per 16 bytes from
-// every thread. gate_up reads x gathered in routing order (LaunchGatherRows),
+// every thread. gate_up reads x gathered in routing order (moe_gemm.cu's PermuteRowsKernel),
 // so its activation tile is a box of contiguous rows, like down's h.
 #pragma once
 
@@ -40,12 +40,5 @@ size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs);
 // (gate_up: the gathered x; down: h).
 cudaError_t LaunchMoeGemmTma(bool down, const moe_gemm::GemmArgs& args, int num_experts, int rows,
                              int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream);
-
-// dst[i, :] = x[pair_of[i] / top_k, :] for the routed pairs i < *num_valid
-// (the routing's total, at most `pairs`), f16 in the GEMMs' permuted order
-// (as PermuteRows), zeros past k.
-cudaError_t LaunchGatherRows(const uint16_t* x, const int32_t* pair_of, const int32_t* num_valid,
-                             int pairs, int top_k, int k, int kp, uint16_t* dst,
-                             cudaStream_t stream);
 
 }  // namespace flotilla::kernels::cuda
