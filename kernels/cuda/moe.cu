@@ -379,101 +379,71 @@ struct MmaArgs {
   bool math_only;     // diagnostic (MoeDiagnostic::kMathOnly)
 };
 
+// The end of one pass over a tile's reduction, one group of 8 mma columns at
+// a time: every warp leaves its partial sums (acc) in `red`, then each of
+// the group's 64 outputs is one thread's: it adds the four warps' parts and
+// runs the epilogue for the pass's tokens [c, end): gate_up's bias + clamped
+// SwiGLU into h (f16 high and low parts, permuted), or down's bias, router
+// weight and scatter-add. Spread over two warps, the epilogue no longer holds
+// three warps of the CTA at its barrier while one works through it.
+// Accumulator element i of lane (g, q) is row g + 8 * (i >> 1), column
+// 2q + (i & 1) of the 16 x 8 tile.
+__device__ __forceinline__ float TileSum(const float (*red)[4][32], int row, int col) {
+  const int i = 2 * (row >> 3) + (col & 1), lane = (row & 7) * 4 + (col >> 1);
+  float v = 0.f;
+#pragma unroll
+  for (int w = 0; w < kMmaWarps; ++w) v += red[w][i][lane];
+  return v * kMmaRescale;
+}
 
-// The end of one pass over a tile's reduction: the warps' partial sums
-// (acc, 8 mma columns x kGroups) meet in warp 0, which runs the epilogue for
-// the pass's tokens [c, end): gate_up's bias + clamped SwiGLU into h (f16 high
-// and low parts, permuted), or down's bias, router weight and scatter-add.
 template <bool kDown, int kGroups>
 __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int row0, int part,
-                                                  int c, int end, float (&acc)[kGroups][4],
-                                                  float (*red)[4 * kGroups][32]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+                                                  int c, int end, const float (&acc)[kGroups][4],
+                                                  float (*red)[4][32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
   const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.rows;
-  // Reduce the warps' partial sums into warp 0.
-  if (warp > 0) {
 #pragma unroll
-    for (int G = 0; G < kGroups; ++G) {
+  for (int G = 0; G < kGroups; ++G) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp - 1][G * 4 + i][lane] = acc[G][i];
-    }
-  }
-  __syncthreads();
-  if (warp == 0) {
-#pragma unroll
-    for (int G = 0; G < kGroups; ++G) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int w = 0; w < kMmaWarps - 1; ++w) acc[G][i] += red[w][G * 4 + i][lane];
-        acc[G][i] *= kMmaRescale;
+    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[G][i];
+    __syncthreads();
+    const int c0 = c + G * kCols;
+    if constexpr (!kDown) {
+      // Thread t: row pair t >> 3 (gate row even, up row odd), token column t & 7.
+      const int pair_row = 2 * (t >> 3), col = t & 7, tok = c0 + col;
+      if (t < 64 && tok < end) {
+        const int I = a.rows / 2, j = row0 / 2 + (t >> 3);
+        float gate = TileSum(red, pair_row, col) + Bf16Bits(bias[2 * j]);
+        float u = TileSum(red, pair_row + 1, col) + Bf16Bits(bias[2 * j + 1]);
+        gate = fminf(gate, a.limit);
+        u = fminf(fmaxf(u, -a.limit), a.limit);
+        const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
+        const float hv = (u + 1.0f) * glu;
+        const __half hi = __float2half_rn(hv);
+        const __half lo = __float2half_rn(hv - __half2float(hi));
+        uint16_t* dst =
+            a.h_out + static_cast<size_t>(a.route.pair_of[tok]) * 2 * I + PermutedIndex(j);
+        dst[0] = __half_as_ushort(hi);
+        dst[I] = __half_as_ushort(lo);
+      }
+    } else {
+      // Thread t: row t >> 2, token t & 3, whose high part is column t & 3
+      // and low part column (t & 3) + 4.
+      const int row = t >> 2, col = t & 3, tok = c0 + col;
+      if (t < 64 && tok < end) {
+        const int H = a.rows, grow = row0 + row;
+        const int pair = a.route.pair_of[tok];
+        const float bd = part == 0 ? Bf16Bits(bias[grow]) : 0.f;
+        const float v = TileSum(red, row, col) + TileSum(red, row, col + 4) + bd;
+        float* dst = a.pair_rows != nullptr
+                         ? a.pair_rows + static_cast<size_t>(pair) * H + grow
+                         : a.out + static_cast<size_t>(pair / a.top_k) * H + grow;
+        atomicAdd(dst, a.topk_weights[pair] * v);
       }
     }
-#pragma unroll
-    for (int G = 0; G < kGroups; ++G) {
-      const int c0 = c + G * kCols;
-      if constexpr (!kDown) {
-        // Rows interleave gate (even) and up (odd): lane ^ 4 holds row g ^ 1.
-        float up[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) up[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 4);
-        if ((g & 1) == 0) {
-          const int I = a.rows / 2;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int j = (row0 + g + 8 * half) / 2;
-            const float bg = Bf16Bits(bias[2 * j]), bu = Bf16Bits(bias[2 * j + 1]);
-            const int pos = PermutedIndex(j);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int t = c0 + 2 * q + i;
-              if (t < end) {
-                float gate = acc[G][2 * half + i] + bg;
-                float u = up[2 * half + i] + bu;
-                gate = fminf(gate, a.limit);
-                u = fminf(fmaxf(u, -a.limit), a.limit);
-                const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
-                const float hv = (u + 1.0f) * glu;
-                const __half hi = __float2half_rn(hv);
-                const __half lo = __float2half_rn(hv - __half2float(hi));
-                uint16_t* dst = a.h_out + static_cast<size_t>(a.route.pair_of[t]) * 2 * I + pos;
-                dst[0] = __half_as_ushort(hi);
-                dst[I] = __half_as_ushort(lo);
-              }
-            }
-          }
-        }
-      } else {
-        // Columns 2q, 2q + 1 (q < 2) are the high parts of tokens 2q, 2q + 1;
-        // lane ^ 2 holds their low parts.
-        float lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) lo[i] = __shfl_xor_sync(0xFFFFFFFFu, acc[G][i], 2);
-        if (q < 2) {
-          const int H = a.rows;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int row = row0 + g + 8 * half;
-            const float bd = part == 0 ? Bf16Bits(bias[row]) : 0.f;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int t = c0 + 2 * q + i;
-              if (t < end) {
-                const int pair = a.route.pair_of[t];
-                const float v = acc[G][2 * half + i] + lo[2 * half + i] + bd;
-                float* dst = a.pair_rows != nullptr
-                                 ? a.pair_rows + static_cast<size_t>(pair) * H + row
-                                 : a.out + static_cast<size_t>(pair / a.top_k) * H + row;
-                atomicAdd(dst, a.topk_weights[pair] * v);
-              }
-            }
-          }
-        }
-      }
-    }
+    __syncthreads();  // red is written again by the next group or pass
   }
-  __syncthreads();  // red is reused by the next pass
 }
 
 // kDown selects the projection (epilogue and column meaning); kGroups groups
@@ -483,9 +453,8 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
 // tokens, 8 mma columns x kGroups at a time, then the epilogue.
 template <bool kDown, int kGroups, bool kPrmt>
 __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int part, int kb0,
-                                        int nbl, const uint8_t* sw, const uint8_t* ss,
-                                        int stride, uint64_t* bar, uint32_t parity,
-                                        float (*red)[4 * kGroups][32]) {
+                                        int nbl, const uint8_t* sw, const uint8_t* ss, int stride,
+                                        uint64_t* bar, uint32_t parity, float (*red)[4][32]) {
   const int nb = a.nb;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
@@ -610,7 +579,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   extern __shared__ float4 smem_f4[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
   __shared__ __align__(8) uint64_t bars[kBufs];
-  __shared__ float red[kMmaWarps - 1][4 * kGroups][32];
+  __shared__ float red[kMmaWarps][4][32];
   const int ksplit = kDown ? a.ksplit : 1;
   const int tiles_per_expert = a.rows / kTileRows * ksplit;
   const int nb = a.nb;
