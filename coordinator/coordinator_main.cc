@@ -120,6 +120,13 @@ void AddSchedulerPolicyFlags(CLI::App& app, flotilla::cluster::SchedulerPolicy* 
          "a prompt longer than this is long: its chunk is at most this many tokens while other "
          "prompts want the budget (0 = no prompt is long)")
       ->default_str("0");
+  app.add_option_function<uint32_t>(
+         "--idle-prefill-tokens", [policy](uint32_t n) { policy->set_idle_prefill_tokens(n); },
+         "a step with no decode token (nothing is generating yet) may prefill up to this many "
+         "prompt tokens when that is more than --max-num-batched-tokens: a long prompt on an "
+         "idle instance takes fewer, larger steps (workers size their buffers for the larger "
+         "step; 0 = every step within --max-num-batched-tokens)")
+      ->default_str("0");
   // Speculative decoding (worker/README.md "Speculative decoding"): the
   // default of requests that do not choose, sent to every worker.
   app.add_option_function<std::string>(

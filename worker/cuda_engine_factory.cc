@@ -63,8 +63,7 @@ class CudaEngineFactory final : public EngineFactory {
     co.max_context = a.max_model_len();
     co.gpu_memory_utilization = options.gpu_memory_utilization;
     co.spare_expert_slots = static_cast<int>(a.redundant_experts());
-    co.max_batch_tokens =
-        static_cast<int>(std::max<uint32_t>(1, a.max_batch_tokens())) + co.max_sequences;
+    co.max_batch_tokens = static_cast<int>(MaxStepTokens(a));
     RankEngine built;
     if (spec.comm != nullptr) {
       // The host communicator only bootstraps the device exchanges.

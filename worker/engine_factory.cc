@@ -24,9 +24,7 @@ class CpuEngineFactory final : public EngineFactory {
       po.memory = parallel::Memory::kHost;
       po.hidden = c.hidden_size;
       po.top_k = c.num_experts_per_tok;
-      // The planner's budget, plus decode tokens that may overrun it.
-      po.max_tokens_per_step = int64_t{std::max<uint32_t>(1, a.max_batch_tokens())} +
-                               std::max<uint32_t>(1, a.max_sequences());
+      po.max_tokens_per_step = MaxStepTokens(a);
       FLOTILLA_ASSIGN_OR_RETURN(built.context, parallel::CreateHostContext(
                                                    *spec.parallel, std::move(map), spec.comm, po));
     }
@@ -61,6 +59,14 @@ absl::StatusOr<MoeActivation> MoeActivationOf(const cluster::Assignment& a,
                                               const WorkerOptions& options) {
   const bool coordinator_chose = !a.moe_activation().empty() && a.moe_activation() != "auto";
   return ParseMoeActivation(coordinator_chose ? a.moe_activation() : options.moe_activation);
+}
+
+int64_t StepTokenBudget(const cluster::Assignment& a) {
+  return std::max<int64_t>({1, a.max_batch_tokens(), a.scheduler_policy().idle_prefill_tokens()});
+}
+
+int64_t MaxStepTokens(const cluster::Assignment& a) {
+  return StepTokenBudget(a) + std::max<uint32_t>(1, a.max_sequences());
 }
 
 std::unique_ptr<EngineFactory> MakeCpuEngineFactory() {

@@ -69,6 +69,14 @@ absl::StatusOr<KvCacheDtype> KvCacheDtypeOf(const cluster::Assignment& a,
 absl::StatusOr<MoeActivation> MoeActivationOf(const cluster::Assignment& a,
                                               const WorkerOptions& options);
 
+// The scheduler's token budget of a step (worker/scheduler.h): the
+// Assignment's max_batch_tokens, or its idle_prefill_tokens for steps that
+// carry no decode token when that is larger.
+int64_t StepTokenBudget(const cluster::Assignment& a);
+// The most tokens one step computes, what engines size their buffers for:
+// that budget plus the decode tokens that may overrun it (one per sequence).
+int64_t MaxStepTokens(const cluster::Assignment& a);
+
 using EngineFactories = std::map<std::string, std::unique_ptr<EngineFactory>>;
 
 std::unique_ptr<EngineFactory> MakeCpuEngineFactory();

@@ -248,6 +248,7 @@ cluster::StepPlan Scheduler::Plan(cluster::TokenBatch* refused) {
   // Decode tokens first: one per running sequence past its prompt, and the
   // drafts within what the budget has left after them.
   const auto [decoding, longest_draft] = DecodingSequences();
+  if (decoding == 0) budget = std::max(budget, limits_.idle_prefill_tokens);
   // Past --speculative-max-batch decoding sequences, drafters draft
   // nothing; below it, the governor says how many tokens a sequence drafts
   // at this batch (0: none). Forced grammar text is drafted either way

@@ -33,6 +33,12 @@ struct SchedulerLimits {
   // overrun it): one decode token per sequence past its prompt, then prompt
   // chunks in what is left, split by `prefill`.
   int64_t max_batch_tokens = 1;
+  // A step with no decode token (no running sequence is past its prompt)
+  // may compute this many prompt tokens when that is more than
+  // max_batch_tokens (--idle-prefill-tokens; 0 = off): an idle instance
+  // prefills a long prompt in fewer, larger steps, which cost less per
+  // token, while running streams never wait behind such a step.
+  int64_t idle_prefill_tokens = 0;
   int64_t max_sequences = 1;     // running sequences
   int64_t max_model_len = 0;     // longest sequence; 0 = the engine's limit
   PrefillPolicy prefill;         // which prompts get chunks, and how large

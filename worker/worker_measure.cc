@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "spdlog/spdlog.h"
+#include "worker/engine_factory.h"
 #include "worker/engine_probe.h"
 #include "worker/worker_runtime.h"
 
@@ -24,7 +25,8 @@ ProbeLimits WorkerRuntime::LocalProbeLimits() const {
   ProbeLimits limits;
   limits.kv_blocks_available =
       std::min(engine.KvFreeBlocks(), engine.KvTotalBlocks() - scheduler_->kv_reserved());
-  limits.max_batch_tokens = std::max<uint32_t>(1, assignment_->max_batch_tokens());
+  // The probe prefills a prompt alone, as an idle instance would serve it.
+  limits.max_batch_tokens = StepTokenBudget(*assignment_);
   limits.max_sequences = std::max<uint32_t>(1, assignment_->max_sequences());
   return limits;
 }

@@ -511,6 +511,7 @@ absl::Status WorkerRuntime::StartComm(const cluster::StartComm& sc) {
   kv_free_ = engine->KvFreeBlocks();
   SchedulerLimits limits;
   limits.max_batch_tokens = std::max<uint32_t>(1, a.max_batch_tokens());
+  limits.idle_prefill_tokens = a.scheduler_policy().idle_prefill_tokens();
   limits.max_sequences = std::max<uint32_t>(1, a.max_sequences());
   limits.max_model_len = a.max_model_len();
   // The coordinator's default for requests that do not choose, over this

@@ -245,6 +245,42 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ClusterPrefixCache,
                          ::testing::Values(std::pair{1, 1}, std::pair{2, 2}),
                          testing_util::LayoutName);
 
+// --idle-prefill-tokens end to end: with a step budget of 16 tokens, a
+// 300-token prompt on an idle instance runs in one step (the workers' engines
+// and, sharded, their host exchanges sized for it) and gives the single
+// process's greedy tokens.
+class ClusterIdlePrefill : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterIdlePrefill, ALongPromptInOneIdleStepGivesTheSameTokens) {
+  const auto [workers, tp] = GetParam();
+  const std::string dir = GoldenDirs().front();
+  std::shared_ptr<const Checkpoint> ck(*Checkpoint::Open(dir));
+  const int vocab = ck->config().vocab_size;
+  std::vector<int32_t> prompt(300);
+  for (int i = 0; i < 300; ++i) prompt[i] = (i * 7919 + 29) % vocab;
+  cli::LocalClusterOptions o = Options(dir, workers, tp);
+  o.coordinator_args = {"--max-batch-tokens", "16", "--idle-prefill-tokens", "512"};
+  auto cluster = cli::LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const Reply got = Generate((*cluster)->address(), prompt, 8, false);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+
+  kernels::cpu::ThreadPool pool(1);
+  CpuEngineOptions eo;
+  eo.prefix_cache = false;
+  eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16, 1,
+                                            prompt.size() + 8, false);
+  auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
+  GenerateOptions go;
+  go.sampling.temperature = 0;
+  go.sampling.max_tokens = 8;
+  EXPECT_EQ(got.tokens, flotilla::Generate(*engine, prompt, go)->tokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterIdlePrefill,
+                         ::testing::Values(std::pair{1, 1}, std::pair{2, 1}, std::pair{2, 2}),
+                         testing_util::LayoutName);
+
 TEST(ClusterFailure, KilledWorkerIsNoticedRequestsFailClearlyAndItRejoins) {
   // The built-in model: its end tokens are 2 of 201088 ids, so a long
   // greedy request keeps running until the kill.

@@ -178,6 +178,45 @@ TEST_F(SchedulerTest, DecodeTokensComeFirstThenPromptChunks) {
   EXPECT_EQ(plan.items(1).tokens_size(), 3);  // what the decode token left of 4
 }
 
+// --idle-prefill-tokens: a step with nothing decoding takes the larger
+// budget; once a sequence decodes, prompts share the step budget again.
+TEST_F(SchedulerTest, IdleStepsPrefillWithinTheIdleBudget) {
+  SchedulerLimits limits = Limits(4, 8);
+  limits.idle_prefill_tokens = 12;
+  Scheduler s = Make(limits);
+  cluster::TokenBatch refused;
+  s.Enqueue(Submission(1, Prompt(20), 4), &refused);
+  s.Enqueue(Submission(2, Prompt(30), 4), &refused);
+  cluster::StepPlan plan;
+  Step(s, 50, &plan);  // idle: 12 tokens, all of them request 1's (first come)
+  ASSERT_EQ(plan.items_size(), 1);
+  EXPECT_EQ(plan.items(0).request_id(), 1u);
+  EXPECT_EQ(plan.items(0).tokens_size(), 12);
+  Step(s, 50, &plan);  // still idle: request 1's last 8, then 4 of request 2's
+  ASSERT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(plan.items(0).tokens_size(), 8);
+  EXPECT_EQ(plan.items(0).logits(), cluster::PLAN_LOGITS_LAST);
+  EXPECT_EQ(plan.items(1).tokens_size(), 4);
+  Step(s, 50, &plan);  // request 1 decodes: one token, and 3 of request 2's
+  ASSERT_EQ(plan.items_size(), 2);
+  EXPECT_EQ(plan.items(0).request_id(), 1u);
+  EXPECT_EQ(plan.items(0).tokens_size(), 1);
+  EXPECT_EQ(plan.items(1).request_id(), 2u);
+  EXPECT_EQ(plan.items(1).tokens_size(), 3);
+}
+
+TEST_F(SchedulerTest, IdleBudgetBelowTheStepBudgetChangesNothing) {
+  SchedulerLimits limits = Limits(8, 8);
+  limits.idle_prefill_tokens = 2;
+  Scheduler s = Make(limits);
+  cluster::TokenBatch refused;
+  s.Enqueue(Submission(1, Prompt(20), 4), &refused);
+  cluster::StepPlan plan;
+  Step(s, 50, &plan);
+  ASSERT_EQ(plan.items_size(), 1);
+  EXPECT_EQ(plan.items(0).tokens_size(), 8);
+}
+
 // The steps until request `id` draws its first token, stepping `s`.
 int StepsToFirstToken(Scheduler& s, uint64_t id, cluster::StepPlan* first_plan,
                       const std::function<cluster::TokenBatch(Scheduler&, cluster::StepPlan*)>& step) {

@@ -106,6 +106,24 @@ TEST_F(WorkerRuntimeFakeTest, HelloThenAssignmentReadyJoinedAndTokens) {
   EXPECT_EQ(load.queued_sequences(), 0u);
 }
 
+// The Assignment's idle_prefill_tokens reach the scheduler: with nothing
+// decoding, a prompt of 10 runs in one step instead of chunks of 4 (steps
+// beside decode tokens: SchedulerTest.IdleStepsPrefillWithinTheIdleBudget).
+TEST_F(WorkerRuntimeFakeTest, IdleStepsTakeTheAssignmentsIdlePrefillBudget) {
+  cluster::CoordinatorMessage assignment = Assignment(1);
+  assignment.mutable_assignment()->mutable_scheduler_policy()->set_idle_prefill_tokens(16);
+  client_->Push(assignment);
+  ASSERT_TRUE(client_->WaitFor(
+      [](const auto& sent) { return Any(sent, [](const auto& m) { return m.has_ready(); }); }));
+  client_->Push(StartComm(1));
+  ASSERT_TRUE(client_->WaitFor(
+      [](const auto& sent) { return Any(sent, [](const auto& m) { return m.has_joined(); }); }));
+  client_->Push(Submit(1, /*prompt_tokens=*/10, /*max_tokens=*/3));
+  ASSERT_TRUE(client_->WaitFor([](const auto& sent) { return Finished(sent, 1); }));
+  ASSERT_GE(factory_->last->steps.size(), 1u);
+  EXPECT_EQ(factory_->last->steps[0][0].tokens.size(), 10u);
+}
+
 // The coordinator's view of the worker is never a heartbeat behind once a
 // request has its answer: a heartbeat saying the worker is busy goes before
 // the request's first tokens, and one saying it is idle, with the prompt

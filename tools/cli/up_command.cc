@@ -31,6 +31,10 @@ struct ServingLimits {
   uint32_t max_num_partial_prefills = 0;
   uint32_t max_long_partial_prefills = 0;
   uint32_t long_prefill_token_threshold = 0;
+  // Steps without decode tokens may prefill this many prompt tokens (the
+  // coordinator's --idle-prefill-tokens): one 8,192-token step prefills a
+  // long prompt on an idle GPU ~20% faster than four 2,048-token chunks.
+  uint32_t idle_prefill_tokens = 8192;
   // Speculative decoding (the coordinator's flags of the same names).
   std::string speculative_method = "off";
   std::string speculative_model;  // the EAGLE3 head: a directory or synthetic:eagle3
@@ -69,6 +73,8 @@ struct ServingLimits {
                           std::to_string(max_long_partial_prefills),
                           "--long-prefill-token-threshold",
                           std::to_string(long_prefill_token_threshold),
+                          "--idle-prefill-tokens",
+                          std::to_string(idle_prefill_tokens),
                           "--max-model-len",
                           std::to_string(max_model_len),
                           "--redundant-experts",
@@ -263,6 +269,11 @@ void AddUpCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--long-prefill-token-threshold", limits->long_prefill_token_threshold,
                   "a longer prompt's chunk is at most this while others want the budget (0 = "
+                  "off)")
+      ->capture_default_str();
+  cmd->add_option("--idle-prefill-tokens", limits->idle_prefill_tokens,
+                  "a step with no decode token may prefill up to this many prompt tokens when "
+                  "more than --max-num-batched-tokens (workers size their buffers for it; 0 = "
                   "off)")
       ->capture_default_str();
   cmd->add_option("--speculative-method", limits->speculative_method,
