@@ -99,6 +99,22 @@ Expected SingleProcess(const std::string& dir) {
   return e;
 }
 
+// The single process's greedy tokens for `prompt` (no prefix cache), the
+// reference the cluster tests compare a cluster's answer with.
+std::vector<int32_t> SingleProcessGreedy(const std::shared_ptr<const Checkpoint>& ck,
+                                         const std::vector<int32_t>& prompt, int max_tokens) {
+  kernels::cpu::ThreadPool pool(1);
+  CpuEngineOptions eo;
+  eo.prefix_cache = false;
+  eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16, 1,
+                                            prompt.size() + max_tokens, false);
+  auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
+  GenerateOptions go;
+  go.sampling.temperature = 0;
+  go.sampling.max_tokens = max_tokens;
+  return flotilla::Generate(*engine, prompt, go)->tokens;
+}
+
 // Every golden fixture's prompts at once through a cluster of `workers`
 // ranks of TP `tp`: the single process's greedy tokens and prompt logits.
 void ExpectSameAsOneProcess(int workers, int tp, const std::string& moe) {
@@ -198,18 +214,8 @@ TEST_P(ClusterPrefixCache, SecondTurnIsServedFromTheCacheWithTheSameTokens) {
   const Reply two = Generate((*cluster)->address(), second, 8, false);
   ASSERT_TRUE(two.status.ok()) << two.status.error_message();
 
-  kernels::cpu::ThreadPool pool(1);
-  for (const auto& [prompt, got] : {std::pair{first, one.tokens}, std::pair{second, two.tokens}}) {
-    CpuEngineOptions eo;
-    eo.prefix_cache = false;
-    eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16,
-                                              1, prompt.size() + 8, false);
-    auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
-    GenerateOptions go;
-    go.sampling.temperature = 0;
-    go.sampling.max_tokens = 8;
-    EXPECT_EQ(got, flotilla::Generate(*engine, prompt, go)->tokens);
-  }
+  EXPECT_EQ(one.tokens, SingleProcessGreedy(ck, first, 8));
+  EXPECT_EQ(two.tokens, SingleProcessGreedy(ck, second, 8));
 
   // The second prompt's hits: the first request's prompt and the answer
   // tokens it computed (all but the last sampled, unless that was a stop
@@ -265,16 +271,7 @@ TEST_P(ClusterIdlePrefill, ALongPromptInOneIdleStepGivesTheSameTokens) {
   const Reply got = Generate((*cluster)->address(), prompt, 8, false);
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
 
-  kernels::cpu::ThreadPool pool(1);
-  CpuEngineOptions eo;
-  eo.prefix_cache = false;
-  eo.kv_num_blocks = CpuEngine::KvBlocksFor(ck->config(), ck->config().num_key_value_heads, 16, 1,
-                                            prompt.size() + 8, false);
-  auto engine = *CpuEngine::Create(*LoadWeights(ck, ShardSpec{}), eo, &pool);
-  GenerateOptions go;
-  go.sampling.temperature = 0;
-  go.sampling.max_tokens = 8;
-  EXPECT_EQ(got.tokens, flotilla::Generate(*engine, prompt, go)->tokens);
+  EXPECT_EQ(got.tokens, SingleProcessGreedy(ck, prompt, 8));
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterIdlePrefill,
