@@ -377,6 +377,11 @@ struct MmaArgs {
   bool evict_first;   // L2 evict-first hint on the weight copies
   bool copy_only;     // diagnostic (MoeDiagnostic::kCopyOnly; moe_diagnostic.h)
   bool math_only;     // diagnostic (MoeDiagnostic::kMathOnly)
+  // Both projections in one launch (MoeMmaFusedKernel): gate_up tiles
+  // finished per active expert slot (zeroed by the routing), which the
+  // slot's down tiles wait for until it reaches `gu_tiles`.
+  int* done;
+  int gu_tiles;
 };
 
 // The end of one pass over a tile's reduction, one group of 8 mma columns at
@@ -451,7 +456,23 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
 // One 16-row tile (rows row0.., blocks [kb0, kb0 + nbl) of expert e) whose
 // weights are landing in (sw, ss) on `bar` (phase `parity`): all the expert's
 // tokens, 8 mma columns x kGroups at a time, then the epilogue.
-template <bool kDown, int kGroups, bool kPrmt>
+// Activation fragments: through the read-only path, or (kWeak: h written by
+// other CTAs of the same launch, after an acquire) by a plain load, which
+// the acquire orders after those writes.
+template <bool kWeak>
+__device__ __forceinline__ uint4 LoadAct(const uint4* p) {
+  if constexpr (kWeak) {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+  } else {
+    return __ldg(p);
+  }
+}
+
+template <bool kDown, int kGroups, bool kPrmt, bool kWeakAct = false>
 __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int part, int kb0,
                                         int nbl, const uint8_t* sw, const uint8_t* ss, int stride,
                                         uint64_t* bar, uint32_t parity, float (*red)[4][32]) {
@@ -490,7 +511,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
 #pragma unroll
     for (int j = 0; j < kAhead; ++j) {
 #pragma unroll
-      for (int G = 0; G < kGroups; ++G) ring[j][G] = __ldg(ap[G] + j * kStep);
+      for (int G = 0; G < kGroups; ++G) ring[j][G] = LoadAct<kWeakAct>(ap[G] + j * kStep);
     }
     // The lane's two scale rows, stepping with the blocks.
     const uint8_t* sp0 = ss + g * nb + kb0 + warp;
@@ -508,7 +529,7 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
         const int bl = bl0 + kMmaWarps * j;
 #pragma unroll
         for (int G = 0; G < kGroups; ++G) {
-          ring[(j + kAhead) % kRing][G] = __ldg(ap[G] + (j + kAhead) * kStep);
+          ring[(j + kAhead) % kRing][G] = LoadAct<kWeakAct>(ap[G] + (j + kAhead) * kStep);
         }
         if (bl < nbl) {
           const uint32_t w0 =
@@ -647,12 +668,77 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
+__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// One tile of a fused launch (below): tile t of projection `a`, its weights
+// copied at once; a down tile then waits for its expert's gate_up tiles,
+// and a gate_up tile counts itself done once its part of h is stored.
+template <bool kDown, int kGroups, bool kPrmt>
+__device__ __forceinline__ void FusedTile(const MmaArgs& a, int t, uint8_t* smem, uint64_t* bar,
+                                          float (*red)[4][32]) {
+  const int ksplit = kDown ? a.ksplit : 1;
+  const int tiles_per_expert = a.rows / kTileRows * ksplit;
+  if (t >= *a.route.num_active * tiles_per_expert) return;
+  const int nb = a.nb;
+  const int stride = (nb + ksplit - 1) / ksplit * 16 + 16;
+  const int slot = t / tiles_per_expert, within = t % tiles_per_expert;
+  const int e = a.route.active[slot];
+  const int row0 = (within / ksplit) * kTileRows, part = within % ksplit;
+  const int kb0 = part * nb / ksplit, nbl = (part + 1) * nb / ksplit - kb0;
+  if (threadIdx.x == 0) MbarInit(bar, 1);
+  __syncthreads();
+  CopyTile(a, e, row0, kb0, nbl, smem, stride, bar);
+  if constexpr (kDown) {
+    if (threadIdx.x == 0) {
+      while (LoadAcquireGpu(a.done + slot) < a.gu_tiles) __nanosleep(32);
+    }
+    __syncthreads();
+  }
+  MmaTile<kDown, kGroups, kPrmt, kDown>(a, e, row0, part, kb0, nbl, smem, smem + kTileRows * stride,
+                                        stride, bar, 0, red);
+  if constexpr (!kDown) {
+    // MmaTile ends with a CTA barrier after the tile's last store of h.
+    if (threadIdx.x == 0) {
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.done + slot) : "memory");
+    }
+  }
+}
+
+// Both decode projections in one launch, one tile per CTA: CTAs [0,
+// gu_grid) are gate_up tiles and the rest down tiles, each in expert-slot
+// order. Down work fills the slots that gate_up's last partial wave leaves
+// free, and a down tile's weights land while its expert's h is still being
+// computed (two launches: the down tiles start once all of gate_up is done).
+// The wait always ends: a down tile waits only for gate_up tiles, which
+// wait on nothing and have lower indices (the hardware dispatches a 1-D
+// grid's blocks in index order, so they are resident or done before any
+// down tile takes a slot).
+template <int kGroups, bool kPrmt>
+__global__ void __launch_bounds__(kMmaThreads)
+    MoeMmaFusedKernel(MmaArgs gu, MmaArgs dn, int gu_grid) {
+  extern __shared__ float4 smem_f4[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(smem_f4);
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float red[kMmaWarps][4][32];
+  GridDependencyWait();  // the routing and x come from the kernels before
+  GridDependentsMayLaunch();
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < gu_grid) {
+    FusedTile<false, kGroups, kPrmt>(gu, b, smem, &bar, red);
+  } else {
+    FusedTile<true, kGroups, kPrmt>(dn, b - gu_grid, smem, &bar, red);
+  }
+}
 
 // Routing (block 0, as RouteKernel but with parallel scans) and, in the other
 // blocks, the bf16 -> permuted f16 conversion of x, 8 values per thread.
 __global__ void __launch_bounds__(kRouteThreads)
-    RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count,
-                    int32_t* offset, int32_t* pair_of, int32_t* active, int32_t* num_active,
+    RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count, int32_t* offset,
+                    int32_t* pair_of, int32_t* active, int32_t* num_active, int32_t* done,
                     int32_t* invalid, const uint4* x, size_t x_vecs, uint4* xh) {
   GridDependencyWait();  // ids and x come from the kernels before
   GridDependentsMayLaunch();
@@ -697,6 +783,7 @@ __global__ void __launch_bounds__(kRouteThreads)
     s_cursor[e] = off;
     offset[e] = off;
     count[e] = n;
+    done[e] = 0;
     if (n > 0) active[act] = e;
   }
   if (threadIdx.x == 0) {
@@ -858,6 +945,40 @@ cudaError_t LaunchMmaProjection(int slots, cudaStream_t stream, const MmaArgs& a
                     : LaunchMmaGroups<kDown, 1>(slots, stream, args, t);
 }
 
+// Shared memory of one tile buffer of a projection.
+size_t MmaTileBytes(const MmaArgs& a, int ksplit) {
+  const int nbl = (a.nb + ksplit - 1) / ksplit;
+  return static_cast<size_t>(kTileRows) * (nbl * 16 + 16) + static_cast<size_t>(kTileRows) * a.nb;
+}
+
+template <int kGroups, bool kPrmt>
+cudaError_t LaunchMmaFused(int slots, cudaStream_t stream, const MmaArgs& gu, const MmaArgs& dn,
+                           bool pdl) {
+  const size_t smem = std::max(MmaTileBytes(gu, 1), MmaTileBytes(dn, dn.ksplit));
+  auto kernel = MoeMmaFusedKernel<kGroups, kPrmt>;
+  static PerDevice<size_t> allowed;
+  cudaError_t err = AllowSharedBytes(kernel, smem, &allowed);
+  if (err != cudaSuccess) return err;
+  const int gu_grid = slots * (gu.rows / kTileRows);
+  const int dn_grid = slots * (dn.rows / kTileRows) * dn.ksplit;
+  return LaunchPdl(kernel, dim3(gu_grid + dn_grid), dim3(kMmaThreads), smem, stream, pdl, gu, dn,
+                   gu_grid);
+}
+
+template <int kGroups>
+cudaError_t LaunchMmaFusedPrmt(int slots, cudaStream_t stream, const MmaArgs& gu, const MmaArgs& dn,
+                               const MoeTuning& t) {
+  return t.prmt_decode ? LaunchMmaFused<kGroups, true>(slots, stream, gu, dn, t.pdl)
+                       : LaunchMmaFused<kGroups, false>(slots, stream, gu, dn, t.pdl);
+}
+
+cudaError_t LaunchMmaFusedProjections(int slots, cudaStream_t stream, const MmaArgs& gu,
+                                      const MmaArgs& dn, int groups, const MoeTuning& t) {
+  if (groups == 2) return LaunchMmaFusedPrmt<2>(slots, stream, gu, dn, t);
+  return groups > 1 ? LaunchMmaFusedPrmt<4>(slots, stream, gu, dn, t)
+                    : LaunchMmaFusedPrmt<1>(slots, stream, gu, dn, t);
+}
+
 bool UseGemm(const MoeTuning& t, int pairs, int num_experts) {
   if (t.legacy_fma || t.gemm_min_pairs_per_expert < 0) return false;
   return static_cast<int64_t>(pairs) >=
@@ -1010,7 +1131,7 @@ size_t MoeWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k, bool 
                MoeGemmWorkspaceBytes(w, tokens, top_k));
   // Deterministic: a row per pair for the down projection's outputs.
   const size_t pair_row_bytes = deterministic ? AlignUp(pairs * w.hidden * sizeof(float)) : 0;
-  return AlignUp((3 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
+  return AlignUp((4 * e + 3) * sizeof(int32_t)) + AlignUp(pairs * sizeof(int32_t)) +
          AlignUp(h_bytes) + pair_row_bytes +
          AlignUp(static_cast<size_t>(tokens) * w.hidden * sizeof(uint16_t)) + kActivationSlack;
 }
@@ -1058,7 +1179,8 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
   int32_t* offset = count + E;
   int32_t* active = offset + E + 1;
   int32_t* num_active = active + E;
-  base += AlignUp((3 * static_cast<size_t>(E) + 3) * sizeof(int32_t));
+  int32_t* done = num_active + 1;
+  base += AlignUp((4 * static_cast<size_t>(E) + 3) * sizeof(int32_t));
   int32_t* pair_of = reinterpret_cast<int32_t*>(base);
   base += AlignUp(static_cast<size_t>(pairs) * sizeof(int32_t));
   float* h = reinterpret_cast<float*>(base);
@@ -1093,10 +1215,10 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
   };
   if (diagnostic == MoeDiagnostic::kNone && UseGemm(tuning, pairs, E)) {
     // Routing only (one block, no activation conversion), then the GEMMs.
-    cudaError_t err = LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream,
-                                tuning.pdl, topk_ids, pairs, E, count, offset, pair_of, active,
-                                num_active, invalid_ids, reinterpret_cast<const uint4*>(x),
-                                size_t{0}, reinterpret_cast<uint4*>(xh));
+    cudaError_t err =
+        LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream, tuning.pdl, topk_ids,
+                  pairs, E, count, offset, pair_of, active, num_active, done, invalid_ids,
+                  reinterpret_cast<const uint4*>(x), size_t{0}, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
                               : pairs >= 64 * E              ? 128
@@ -1116,8 +1238,8 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
                                                    1024));
     cudaError_t err =
         LaunchPdl(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
-                 topk_ids, pairs, E, count, offset, pair_of, active, num_active, invalid_ids,
-                 reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
+                  topk_ids, pairs, E, count, offset, pair_of, active, num_active, done, invalid_ids,
+                  reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
     if (err != cudaSuccess) return err;
     RouteView route{offset, pair_of, active, num_active};
     // Several groups of 8 columns per weight decode once experts average
@@ -1137,8 +1259,6 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
     gu.h_out = reinterpret_cast<uint16_t*>(h);
     gu.copy_only = diagnostic == MoeDiagnostic::kCopyOnly;
     gu.math_only = diagnostic == MoeDiagnostic::kMathOnly;
-    err = LaunchMmaProjection<false>(static_cast<int>(slots), stream, gu, groups, tuning);
-    if (err != cudaSuccess) return err;
     MmaArgs dn{};
     dn.blocks = w.down_blocks, dn.scales = w.down_scales, dn.bias = w.down_bias;
     dn.rows = H, dn.nb = I / 32, dn.act = reinterpret_cast<const uint4*>(h);
@@ -1151,6 +1271,15 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
     dn.ksplit = std::max(
         1,
         std::min(deterministic ? std::min(2, tuning.down_split_k) : tuning.down_split_k, I / 32));
+    if (tokens <= tuning.fuse_projections_max_tokens && tuning.tile_buffers == 1 &&
+        diagnostic == MoeDiagnostic::kNone) {
+      gu.done = dn.done = done;
+      gu.gu_tiles = dn.gu_tiles = gu.rows / kTileRows;
+      return sum_pair_rows(
+          LaunchMmaFusedProjections(static_cast<int>(slots), stream, gu, dn, groups, tuning));
+    }
+    err = LaunchMmaProjection<false>(static_cast<int>(slots), stream, gu, groups, tuning);
+    if (err != cudaSuccess) return err;
     return sum_pair_rows(
         LaunchMmaProjection<true>(static_cast<int>(slots), stream, dn, groups, tuning));
   }

@@ -108,6 +108,12 @@ struct MoeTuning {
   // tile while the copies of the next ones are in flight (slower on an H100:
   // fewer warps resident, and the math, not the copies, sets the pace).
   int tile_buffers = 1;
+  // With one tile buffer and at most this many tokens: gate_up and down in
+  // one launch, each down tile starting once its expert's gate_up tiles are
+  // done (not all of gate_up); 0 = always two launches. Figures in
+  // kernels/README.md (MoE): the gain is the gap between the launches, which
+  // matters while the layer is short.
+  int fuse_projections_max_tokens = 4;
   // The down projection's reduction split over this many CTAs per 16-row tile
   // (their sums meet in the output atomics): more, smaller CTAs. H200, 120b
   // layer, us with 1 / 2 (moe_cuda_bench tc-split1 / tc, two runs): 1 token

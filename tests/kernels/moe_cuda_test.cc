@@ -345,12 +345,18 @@ TEST_F(MoeCudaRealShapeTest, DeterministicSumsRepeatBitForBit) {
 }
 
 // The other paths stay selectable and correct: the CUDA-core baseline, the
-// shift-and-mask decode with whole-row down CTAs and no programmatic
-// dependencies, persistent CTAs with two and three tile buffers.
+// two projections as two launches, the shift-and-mask decode with whole-row
+// down CTAs and no programmatic dependencies, persistent CTAs with two and
+// three tile buffers.
 TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   cuda::MoeTuning t;
   t.legacy_fma = true;
   CheckLayer(weights_, *host_, 8, 4, 13, /*bad_ids=*/4, /*deterministic=*/false, t);
+  t = cuda::MoeTuning{};
+  t.fuse_projections_max_tokens = 0;
+  CheckLayer(weights_, *host_, 1, 4, 32, /*bad_ids=*/0, /*deterministic=*/false, t);
+  t.fuse_projections_max_tokens = 1 << 30;
+  CheckLayer(weights_, *host_, 64, 4, 33, /*bad_ids=*/8, /*deterministic=*/false, t);
   t = cuda::MoeTuning{};
   t.prmt_decode = false, t.evict_first = false, t.pdl = false, t.down_split_k = 1;
   CheckLayer(weights_, *host_, 8, 4, 14, /*bad_ids=*/4, /*deterministic=*/false, t);

@@ -31,6 +31,9 @@
 //                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
 //                     [--moe-down-split-k 1] (MoeTuning: CTAs sharing each 16-row
 //                                          tile of the decode kernels' down projection)
+//                     [--moe-fuse-max-tokens 4] (MoeTuning: the decode kernels' two
+//                                          projections in one launch up to this many
+//                                          tokens; 0: always two launches)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
@@ -372,6 +375,9 @@ int main(int argc, char** argv) {
           static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-gemm-rows-per-tile") {
       moe_tuning.gemm_rows_per_tile = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
+    } else if (a == "--moe-fuse-max-tokens") {
+      moe_tuning.fuse_projections_max_tokens =
+          static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-down-split-k") {
       moe_tuning.down_split_k = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {

@@ -17,7 +17,7 @@
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
 // (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 tc-plain
-// tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl
+// tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl tc-unfused
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
@@ -187,6 +187,8 @@ int main(int argc, char** argv) {
       {"copy-only", MoeTuning{}, MoeDiagnostic::kCopyOnly},
       {"copy-only-bufs2", With([](MoeTuning& t) { t.tile_buffers = 2; }), MoeDiagnostic::kCopyOnly},
       {"math-only", MoeTuning{}, MoeDiagnostic::kMathOnly},
+      {"tc-unfused", With([](MoeTuning& t) { t.fuse_projections_max_tokens = 0; })},
+      {"tc-fused", With([](MoeTuning& t) { t.fuse_projections_max_tokens = 1 << 30; })},
       {"decode-g2",
        With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
       {"decode-g4",
