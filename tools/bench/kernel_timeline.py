@@ -13,13 +13,16 @@ start early under programmatic dependent launch and wait are charged only
 for the time they add to the chain, so the exposed times add up to the
 replay's span (a kernel fully hidden under its neighbours gets 0). Kernels
 on other streams than the step's (side-stream prefetches) are listed without
-an exposed time. A last line gives the replay's span and kernel count.
+an exposed time. A last line gives the replay's span and kernel count and,
+over back-to-back replays, the median period between their starts and what
+of it lies outside the replay (`outside_replay_us`).
 """
 import argparse
 import collections
 import csv
 import json
 import re
+import statistics
 
 
 def kernel_name(name):
@@ -79,7 +82,16 @@ def main():
         else:
             line.update(stream="side")
         print(json.dumps(line))
-    print(json.dumps({"replay_us": round(span / 1e3, 1), "kernels": n, "graph_id": int(graph)}))
+    summary = {"replay_us": round(span / 1e3, 1), "kernels": n, "graph_id": int(graph)}
+    # Back-to-back replays (a decode loop): the time from one replay's first
+    # kernel to the next one's, against the span, is what the step spends
+    # outside the graph (host work, copies, the launch).
+    starts = [rows[i]["s"] for i in range(0, len(rows) - n + 1, n)]
+    if len(starts) >= 3:
+        period = statistics.median(b - a for a, b in zip(starts, starts[1:]))
+        summary.update(replay_period_us=round(period / 1e3, 1),
+                       outside_replay_us=round((period - span) / 1e3, 1))
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
