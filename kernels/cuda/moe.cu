@@ -589,6 +589,25 @@ __device__ __forceinline__ void CopyTile(const MmaArgs& a, int e, int row0, int 
   }
 }
 
+// Tile t of a projection (slot-major, ksplit CTAs per 16-row tile): its
+// expert, first row, reduction share and that share's blocks.
+struct MmaTilePos {
+  int slot, e, row0, part, kb0, nbl;
+};
+
+__device__ __forceinline__ MmaTilePos TileAt(const MmaArgs& a, int t, int ksplit) {
+  const int tiles_per_expert = a.rows / kTileRows * ksplit;
+  const int within = t % tiles_per_expert;
+  MmaTilePos x;
+  x.slot = t / tiles_per_expert;
+  x.e = a.route.active[x.slot];
+  x.row0 = (within / ksplit) * kTileRows;
+  x.part = within % ksplit;
+  x.kb0 = x.part * a.nb / ksplit;
+  x.nbl = (x.part + 1) * a.nb / ksplit - x.kb0;
+  return x;
+}
+
 // The grouped projection. Tile t (of num_active * tiles_per_expert) is expert
 // slot t / tiles_per_expert, row tile (t % tiles_per_expert) / ksplit, part
 // t % ksplit. Each CTA takes tiles blockIdx.x, + gridDim.x, ... through kBufs
@@ -620,24 +639,12 @@ __global__ void __launch_bounds__(kMmaThreads)
     for (int i = 0; i < kBufs; ++i) MbarInit(&bars[i], 1);
   }
   __syncthreads();
-  struct Tile {
-    int e, row0, part, kb0, nbl;
-  };
-  auto tile_of = [&](int t) {
-    Tile x;
-    const int within = t % tiles_per_expert;
-    x.e = a.route.active[t / tiles_per_expert];
-    x.row0 = (within / ksplit) * kTileRows;
-    x.part = within % ksplit;
-    x.kb0 = x.part * nb / ksplit;
-    x.nbl = (x.part + 1) * nb / ksplit - x.kb0;
-    return x;
-  };
+  auto tile_of = [&](int t) { return TileAt(a, t, ksplit); };
 #pragma unroll
   for (int i = 0; i < kBufs; ++i) {
     const int t = blockIdx.x + i * gridDim.x;
     if (t < total) {
-      const Tile x = tile_of(t);
+      const MmaTilePos x = tile_of(t);
       CopyTile(a, x.e, x.row0, x.kb0, x.nbl, smem + i * buf_bytes, stride, &bars[i]);
     }
   }
@@ -649,7 +656,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int t = blockIdx.x; t < total; t += gridDim.x, ++i) {
     const int buf = i % kBufs;
     const uint32_t parity = static_cast<uint32_t>(i / kBufs) & 1u;
-    const Tile x = tile_of(t);
+    const MmaTilePos x = tile_of(t);
     uint8_t* sw = smem + buf * buf_bytes;
     if (a.copy_only) {  // diagnostic: the copies alone
       MbarWait(&bars[buf], parity);
@@ -662,7 +669,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     const int tn = t + kBufs * gridDim.x;
     if (kBufs > 1 && tn < total) {
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      const Tile y = tile_of(tn);
+      const MmaTilePos y = tile_of(tn);
       CopyTile(a, y.e, y.row0, y.kb0, y.nbl, sw, stride, &bars[buf]);
     }
   }
@@ -681,29 +688,24 @@ template <bool kDown, int kGroups, bool kPrmt>
 __device__ __forceinline__ void FusedTile(const MmaArgs& a, int t, uint8_t* smem, uint64_t* bar,
                                           float (*red)[4][32]) {
   const int ksplit = kDown ? a.ksplit : 1;
-  const int tiles_per_expert = a.rows / kTileRows * ksplit;
-  if (t >= *a.route.num_active * tiles_per_expert) return;
-  const int nb = a.nb;
-  const int stride = (nb + ksplit - 1) / ksplit * 16 + 16;
-  const int slot = t / tiles_per_expert, within = t % tiles_per_expert;
-  const int e = a.route.active[slot];
-  const int row0 = (within / ksplit) * kTileRows, part = within % ksplit;
-  const int kb0 = part * nb / ksplit, nbl = (part + 1) * nb / ksplit - kb0;
+  if (t >= *a.route.num_active * (a.rows / kTileRows * ksplit)) return;
+  const int stride = (a.nb + ksplit - 1) / ksplit * 16 + 16;
+  const MmaTilePos x = TileAt(a, t, ksplit);
   if (threadIdx.x == 0) MbarInit(bar, 1);
   __syncthreads();
-  CopyTile(a, e, row0, kb0, nbl, smem, stride, bar);
+  CopyTile(a, x.e, x.row0, x.kb0, x.nbl, smem, stride, bar);
   if constexpr (kDown) {
     if (threadIdx.x == 0) {
-      while (LoadAcquireGpu(a.done + slot) < a.gu_tiles) __nanosleep(32);
+      while (LoadAcquireGpu(a.done + x.slot) < a.gu_tiles) __nanosleep(32);
     }
     __syncthreads();
   }
-  MmaTile<kDown, kGroups, kPrmt, kDown>(a, e, row0, part, kb0, nbl, smem, smem + kTileRows * stride,
-                                        stride, bar, 0, red);
+  MmaTile<kDown, kGroups, kPrmt, kDown>(a, x.e, x.row0, x.part, x.kb0, x.nbl, smem,
+                                        smem + kTileRows * stride, stride, bar, 0, red);
   if constexpr (!kDown) {
     // MmaTile ends with a CTA barrier after the tile's last store of h.
     if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.done + slot) : "memory");
+      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.done + x.slot) : "memory");
     }
   }
 }

@@ -17,7 +17,7 @@
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
 // (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 tc-plain
-// tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl tc-unfused
+// tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl tc-unfused tc-fused
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
 
