@@ -25,6 +25,7 @@
 #include "kernels/cuda/ep_lines.cuh"
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
 #include "kernels/cuda/topk.cuh"
 
@@ -43,6 +44,8 @@ struct GemvTopK {
   int32_t* ids = nullptr;
   float* weights = nullptr;
   unsigned* done = nullptr;
+  // The MoE's routing and f16 x, written here when route.count is set.
+  MoeRouteTargets route;
 };
 
 // The grid's last block to finish ranks the rows; the fences make every
@@ -64,6 +67,10 @@ __device__ void RankAfterLastBlock(const GemvTopK& topk, int tokens, int experts
     for (int e = threadIdx.x & 31; e < experts; e += 32) row[e] = 0.0f;
   }
   if (threadIdx.x == 0) *topk.done = 0;
+  if (topk.route.count != nullptr) {
+    __syncthreads();  // the ids above, written by this block's warps
+    BuildMoeRouting<kGemvThreads>(topk.ids, tokens * topk.k, topk.route);
+  }
 }
 
 // kTpSum's epilogue: this block's outputs (thread (tok, r) holds row r of
@@ -163,6 +170,7 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   const float* xr = nullptr;
   const uint4* nr = nullptr;
   uint16_t* tr = nullptr;
+  uint16_t* hr = nullptr;  // kTopK with route targets: the MoE's f16 x
   float inv = 0.0f;
   if constexpr (kNorm) {
     __shared__ float part_ss[kGemvWarps][kRmsMaxTokens];
@@ -174,6 +182,9 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
     nr = reinterpret_cast<const uint4*>(nw) + q;
     if (t_out != nullptr && blockIdx.x == 0 && has[0]) {
       tr = t_out + static_cast<size_t>(tok) * in + 8 * q;
+    }
+    if (kTopK && topk.route.xh != nullptr && blockIdx.x == 0 && has[0]) {
+      hr = topk.route.xh + static_cast<size_t>(tok) * in + 8 * q;
     }
   }
   for (int c = c_begin; c < c_end; c += kGemvUnroll) {
@@ -189,6 +200,9 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
                                          NormPair(b.x, b.y, n.z, inv), NormPair(b.z, b.w, n.w, inv))
                             : make_uint4(0, 0, 0, 0);
           if (tr != nullptr) *reinterpret_cast<uint4*>(tr + (c + u) * 32) = vx[u][0];
+          if (kTopK && hr != nullptr) {
+            *reinterpret_cast<uint4*>(hr + (c + u) * 32) = Bf16x8ToMoeHalves(vx[u][0]);
+          }
         } else {
 #pragma unroll
           for (int n = 0; n < kNt; ++n) {
@@ -555,19 +569,29 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                  int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
                                  float* weights, unsigned* done, cudaStream_t stream,
-                                 bool deterministic) {
+                                 bool deterministic, const MoeRouteTargets* route) {
   if (x == nullptr || norm_weight == nullptr || w == nullptr || logits == nullptr ||
       ids == nullptr || weights == nullptr || done == nullptr || tokens < 0 ||
       tokens > kNormLinearMaxTokens || in <= 0 || in % 32 != 0 || experts <= 0 ||
       experts > 32 * kTopKMaxPerLane || k <= 0 || k > kTopKMaxK || k > experts) {
     return cudaErrorInvalidValue;
   }
+  if (route != nullptr &&
+      (route->experts != experts || experts > kNormLinearTopKRouteMaxExperts ||
+       route->count == nullptr || route->offset == nullptr || route->pair_of == nullptr ||
+       route->active == nullptr || route->num_active == nullptr || route->done == nullptr ||
+       route->xh == nullptr || reinterpret_cast<uintptr_t>(route->xh) % 16 != 0)) {
+    return cudaErrorInvalidValue;
+  }
+  static_assert(kNormLinearTopKRouteMaxExperts <= kGemvThreads, "a thread per expert");
   if (tokens == 0) return cudaSuccess;
   const int tiles = (experts + 15) / 16;
+  GemvTopK topk{k, ids, weights, done};
+  if (route != nullptr) topk.route = *route;
   return LaunchPdl(GemvMmaKernel<1, true, true>,
                    dim3(tiles, SplitFor(true, tiles, in, deterministic)), dim3(kGemvThreads), 0,
                    stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, experts,
-                   true, logits, GemvTopK{k, ids, weights, done}, EpLaunch{});
+                   true, logits, topk, EpLaunch{});
 }
 
 cudaError_t LaunchLinearTpSum(const uint16_t* x, const uint16_t* w, const uint16_t* bias,

@@ -8,6 +8,7 @@
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_diagnostic.h"
 #include "kernels/cuda/moe_gemm.h"
+#include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
@@ -352,11 +353,6 @@ constexpr float kMmaRescale = 16384.0f;  // 2^14
 __device__ __forceinline__ int PermutedIndex(int j) {
   const int v = j & 31, r = v & 7;
   return (j & ~31) + (v & ~7) + (r & 3) * 2 + (r >> 2);
-}
-
-__device__ __forceinline__ uint32_t HalfPair(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&h);
 }
 
 struct MmaArgs {
@@ -736,68 +732,22 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-// Routing (block 0, as RouteKernel but with parallel scans) and, in the other
-// blocks, the bf16 -> permuted f16 conversion of x, 8 values per thread.
+// Routing (block 0, BuildMoeRouting) and, in the other blocks, the bf16 ->
+// permuted f16 conversion of x, 8 values per thread.
 __global__ void __launch_bounds__(kRouteThreads)
-    RoutePrepKernel(const int32_t* ids, int pairs, int num_experts, int32_t* count, int32_t* offset,
-                    int32_t* pair_of, int32_t* active, int32_t* num_active, int32_t* done,
-                    int32_t* invalid, const uint4* x, size_t x_vecs, uint4* xh) {
+    RoutePrepKernel(const int32_t* ids, int pairs, MoeRouteTargets route, const uint4* x,
+                    size_t x_vecs) {
   GridDependencyWait();  // ids and x come from the kernels before
   GridDependentsMayLaunch();
   if (blockIdx.x > 0) {
+    uint4* xh = reinterpret_cast<uint4*>(route.xh);
     for (size_t i = (blockIdx.x - 1) * size_t{blockDim.x} + threadIdx.x; i < x_vecs;
          i += size_t{gridDim.x - 1} * blockDim.x) {
-      const uint4 v = x[i];
-      const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-      float f[8];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        f[2 * k] = __uint_as_float(u[k] << 16);
-        f[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
-      }
-      xh[i] = make_uint4(HalfPair(f[0], f[4]), HalfPair(f[1], f[5]), HalfPair(f[2], f[6]),
-                         HalfPair(f[3], f[7]));
+      xh[i] = Bf16x8ToMoeHalves(x[i]);
     }
     return;
   }
-  __shared__ int32_t s_count[kMaxExperts];
-  __shared__ int32_t s_cursor[kMaxExperts];
-  __shared__ int32_t s_warp[32];
-  __shared__ int32_t s_total[2];
-  __shared__ int32_t s_invalid;
-  const int e = threadIdx.x;  // num_experts <= kMaxExperts == kRouteThreads
-  if (e < num_experts) s_count[e] = 0;
-  if (threadIdx.x == 0) s_invalid = 0;
-  __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < num_experts) {
-      atomicAdd(&s_count[id], 1);
-    } else {
-      atomicAdd(&s_invalid, 1);
-    }
-  }
-  __syncthreads();
-  const int n = e < num_experts ? s_count[e] : 0;
-  const int off = BlockExclusiveScan(n, s_warp, &s_total[0]);
-  const int act = BlockExclusiveScan(n > 0 ? 1 : 0, s_warp, &s_total[1]);
-  if (e < num_experts) {
-    s_cursor[e] = off;
-    offset[e] = off;
-    count[e] = n;
-    done[e] = 0;
-    if (n > 0) active[act] = e;
-  }
-  if (threadIdx.x == 0) {
-    offset[num_experts] = s_total[0];
-    *num_active = s_total[1];
-    if (invalid != nullptr) *invalid = s_invalid;
-  }
-  __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < num_experts) pair_of[atomicAdd(&s_cursor[id], 1)] = p;
-  }
+  BuildMoeRouting<kMaxExperts>(ids, pairs, route);
 }
 
 // Deterministic mode's sum: out[t] += ((row[t, 0] + row[t, 1]) + ...) over
@@ -1155,13 +1105,49 @@ cudaError_t LaunchMoeRoute(const int32_t* topk_ids, int pairs, int num_experts,
 
 namespace {
 
+// LaunchMoeLayer's workspace (MoeWorkspaceBytes): the routing, h (or the
+// GEMMs' workspace), deterministic mode's pair rows, the f16 copy of x.
+struct Workspace {
+  MoeRouteTargets route;
+  float* h = nullptr;
+  float* pair_rows = nullptr;  // deterministic: the down projection's output per pair
+};
+
+Workspace CarveWorkspace(const MoeDeviceWeights& w, int tokens, int top_k, bool deterministic,
+                         void* workspace, int32_t* invalid_ids) {
+  const int E = w.num_experts;
+  const size_t pairs = static_cast<size_t>(tokens) * top_k;
+  Workspace ws;
+  MoeRouteTargets& r = ws.route;
+  auto* base = static_cast<uint8_t*>(workspace);
+  r.experts = E;
+  r.count = reinterpret_cast<int32_t*>(base);
+  r.offset = r.count + E;
+  r.active = r.offset + E + 1;
+  r.num_active = r.active + E;
+  r.done = r.num_active + 1;
+  r.invalid = invalid_ids;
+  base += AlignUp((4 * static_cast<size_t>(E) + 3) * sizeof(int32_t));
+  r.pair_of = reinterpret_cast<int32_t*>(base);
+  base += AlignUp(pairs * sizeof(int32_t));
+  ws.h = reinterpret_cast<float*>(base);
+  base += AlignUp(
+      std::max(pairs * w.intermediate * sizeof(float), MoeGemmWorkspaceBytes(w, tokens, top_k)));
+  if (deterministic) {
+    ws.pair_rows = reinterpret_cast<float*>(base);
+    base += AlignUp(pairs * w.hidden * sizeof(float));
+  }
+  r.xh = reinterpret_cast<uint16_t*>(base);
+  return ws;
+}
+
 // LaunchMoeLayer, and with a diagnostic the benchmarks' split of the decode
 // kernels' copies and math (moe_diagnostic.h).
 cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                         const float* topk_weights, int tokens, int top_k, float limit, float alpha,
                         float* out, void* workspace, size_t workspace_bytes, int32_t* invalid_ids,
                         cudaStream_t stream, bool deterministic, const MoeTuning& tuning,
-                        MoeDiagnostic diagnostic) {
+                        MoeDiagnostic diagnostic, bool routed) {
   if (!ShapeOk(w.num_experts, w.hidden, w.intermediate) || tokens < 0 || top_k <= 0 ||
       top_k > w.num_experts) {
     return cudaErrorInvalidValue;
@@ -1176,24 +1162,13 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
     return cudaErrorInvalidValue;
   }
   const int E = w.num_experts, pairs = tokens * top_k;
-  auto* base = static_cast<uint8_t*>(workspace);
-  int32_t* count = reinterpret_cast<int32_t*>(base);
-  int32_t* offset = count + E;
-  int32_t* active = offset + E + 1;
-  int32_t* num_active = active + E;
-  int32_t* done = num_active + 1;
-  base += AlignUp((4 * static_cast<size_t>(E) + 3) * sizeof(int32_t));
-  int32_t* pair_of = reinterpret_cast<int32_t*>(base);
-  base += AlignUp(static_cast<size_t>(pairs) * sizeof(int32_t));
-  float* h = reinterpret_cast<float*>(base);
-  base += AlignUp(std::max(static_cast<size_t>(pairs) * w.intermediate * sizeof(float),
-                           MoeGemmWorkspaceBytes(w, tokens, top_k)));
-  float* pair_rows = nullptr;  // deterministic: the down projection's output per pair
-  if (deterministic) {
-    pair_rows = reinterpret_cast<float*>(base);
-    base += AlignUp(static_cast<size_t>(pairs) * w.hidden * sizeof(float));
-  }
-  uint16_t* xh = reinterpret_cast<uint16_t*>(base);
+  const Workspace ws = CarveWorkspace(w, tokens, top_k, deterministic, workspace, invalid_ids);
+  const MoeRouteTargets& rt = ws.route;
+  int32_t *count = rt.count, *offset = rt.offset, *pair_of = rt.pair_of, *active = rt.active,
+          *num_active = rt.num_active, *done = rt.done;
+  float* h = ws.h;
+  float* pair_rows = ws.pair_rows;
+  uint16_t* xh = rt.xh;
   const int H = w.hidden, I = w.intermediate;
   // At most min(E, pairs) experts are touched: that bounds the grid's second axis.
   const unsigned slots = static_cast<unsigned>(std::min(E, pairs));
@@ -1217,11 +1192,12 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
   };
   if (diagnostic == MoeDiagnostic::kNone && UseGemm(tuning, pairs, E)) {
     // Routing only (one block, no activation conversion), then the GEMMs.
-    cudaError_t err =
-        LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream, tuning.pdl, topk_ids,
-                  pairs, E, count, offset, pair_of, active, num_active, done, invalid_ids,
-                  reinterpret_cast<const uint4*>(x), size_t{0}, reinterpret_cast<uint4*>(xh));
-    if (err != cudaSuccess) return err;
+    if (!routed) {
+      const cudaError_t err =
+          LaunchPdl(RoutePrepKernel, dim3(1), dim3(kRouteThreads), 0, stream, tuning.pdl, topk_ids,
+                    pairs, rt, reinterpret_cast<const uint4*>(x), size_t{0});
+      if (err != cudaSuccess) return err;
+    }
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
                               : pairs >= 64 * E              ? 128
                               : pairs >= 24 * E              ? 64
@@ -1238,11 +1214,12 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
     const unsigned prep_blocks =
         1 + static_cast<unsigned>(std::min<size_t>((x_vecs + kRouteThreads - 1) / kRouteThreads,
                                                    1024));
-    cudaError_t err =
-        LaunchPdl(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream, tuning.pdl,
-                  topk_ids, pairs, E, count, offset, pair_of, active, num_active, done, invalid_ids,
-                  reinterpret_cast<const uint4*>(x), x_vecs, reinterpret_cast<uint4*>(xh));
-    if (err != cudaSuccess) return err;
+    cudaError_t err = cudaSuccess;
+    if (!routed) {
+      err = LaunchPdl(RoutePrepKernel, dim3(prep_blocks), dim3(kRouteThreads), 0, stream,
+                      tuning.pdl, topk_ids, pairs, rt, reinterpret_cast<const uint4*>(x), x_vecs);
+      if (err != cudaSuccess) return err;
+    }
     RouteView route{offset, pair_of, active, num_active};
     // Several groups of 8 columns per weight decode once experts average
     // 8 or more tokens (H200, 120b, 1 / 2 / 4 groups: 256 tokens 1188 / 1168
@@ -1306,10 +1283,15 @@ cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const i
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
                            int32_t* invalid_ids, cudaStream_t stream, bool deterministic,
-                           const MoeTuning& tuning) {
+                           const MoeTuning& tuning, bool routed) {
   return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, limit, alpha, out, workspace,
                      workspace_bytes, invalid_ids, stream, deterministic, tuning,
-                     MoeDiagnostic::kNone);
+                     MoeDiagnostic::kNone, routed);
+}
+
+MoeRouteTargets MoeRouteTargetsIn(const MoeDeviceWeights& w, int tokens, int top_k,
+                                  bool deterministic, void* workspace, int32_t* invalid_ids) {
+  return CarveWorkspace(w, tokens, top_k, deterministic, workspace, invalid_ids).route;
 }
 
 cudaError_t LaunchMoeLayerDiagnostic(const MoeDeviceWeights& w, const uint16_t* x,
@@ -1318,7 +1300,8 @@ cudaError_t LaunchMoeLayerDiagnostic(const MoeDeviceWeights& w, const uint16_t* 
                                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                      const MoeTuning& tuning, MoeDiagnostic diagnostic) {
   return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, limit, alpha, out, workspace,
-                     workspace_bytes, nullptr, stream, /*deterministic=*/false, tuning, diagnostic);
+                     workspace_bytes, nullptr, stream, /*deterministic=*/false, tuning, diagnostic,
+                     /*routed=*/false);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -170,11 +170,36 @@ struct MoeTuning {
 // rows into `out` in choice order. Not on the CUDA-core baseline
 // (MoeTuning::legacy_fma). `tuning` picks the kernels (MoeTuning). Returns
 // cudaErrorInvalidValue for bad arguments, else the launch status.
+// routed: the step's routing and f16 x are already in `workspace` where
+// MoeRouteTargetsIn puts them (written by the router's kernel,
+// LaunchNormLinearTopK with route targets), so the layer skips its own
+// routing launch; the CUDA-core baseline routes again regardless.
 cudaError_t LaunchMoeLayer(const MoeDeviceWeights& w, const uint16_t* x, const int32_t* topk_ids,
                            const float* topk_weights, int tokens, int top_k, float limit,
                            float alpha, float* out, void* workspace, size_t workspace_bytes,
                            int32_t* invalid_ids, cudaStream_t stream, bool deterministic = false,
-                           const MoeTuning& tuning = MoeTuning{});
+                           const MoeTuning& tuning = MoeTuning{}, bool routed = false);
+
+// Where LaunchMoeLayer keeps a step's routing (step 1 above) and its f16 copy
+// of x inside its workspace, for `tokens` x `top_k` pairs: another kernel may
+// write them (kernels/cuda/moe_route.cuh) and the layer be launched with
+// `routed`. count, offset [experts + 1], active, num_active, invalid_ids as
+// LaunchMoeRoute's; pair_of [pairs]; done: the fused decode launch's
+// per-slot counters, zeroed by the routing; xh: [tokens, hidden] f16 in the
+// decode kernels' fragment order.
+struct MoeRouteTargets {
+  int experts = 0;
+  int32_t* count = nullptr;
+  int32_t* offset = nullptr;
+  int32_t* pair_of = nullptr;
+  int32_t* active = nullptr;
+  int32_t* num_active = nullptr;
+  int32_t* done = nullptr;
+  int32_t* invalid = nullptr;  // may be null
+  uint16_t* xh = nullptr;
+};
+MoeRouteTargets MoeRouteTargetsIn(const MoeDeviceWeights& w, int tokens, int top_k,
+                                  bool deterministic, void* workspace, int32_t* invalid_ids);
 
 // Routing alone (step 1 above), exposed for tests. For P = tokens * top_k pairs:
 //   expert_count [num_experts], expert_offset [num_experts + 1] (exclusive

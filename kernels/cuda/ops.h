@@ -154,11 +154,18 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
 // must be zero and is left zero (one per stream of launches). deterministic
 // (and LaunchNormLinear's): one block per row tile, no split input whose
 // sums meet in float atomics.
+// With `route` (experts <= kNormLinearTopKRouteMaxExperts): the last block
+// also groups the chosen pairs by expert into the MoE layer's workspace and
+// the blocks that write t_out write x's f16 copy too (kernels/cuda/moe.h
+// MoeRouteTargets), so the layer is launched `routed`, one launch fewer.
+struct MoeRouteTargets;  // kernels/cuda/moe.h
+constexpr int kNormLinearTopKRouteMaxExperts = 256;
 cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                  int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
                                  float* weights, unsigned* done, cudaStream_t stream,
-                                 bool deterministic = false);
+                                 bool deterministic = false,
+                                 const MoeRouteTargets* route = nullptr);
 
 // How LaunchNormQkvRope starts streaming its weights before it waits for the
 // previous kernel (programmatic dependent launch), passed with each call (an

@@ -33,6 +33,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
 #include "tests/kernels/cuda_test_util.h"
 
@@ -475,6 +476,96 @@ TEST_F(OpsCudaTest, NormLinearTopKMatchesNormLinearThenRanking) {
   EXPECT_EQ(cuda::LaunchNormLinearTopK(nullptr, nullptr, kEps, nullptr, nullptr, 1, in, E, y,
                                        nullptr, K, nullptr, nullptr, nullptr, nullptr),
             cudaErrorInvalidValue);
+}
+
+// The router's kernel writing the MoE's routing and f16 x (MoeRouteTargets)
+// and the layer launched `routed`: the same output bits as the layer routing
+// on its own (deterministic mode on both), on the fused decode launch (1 and
+// 3 tokens), the two-launch one (8) and the grouped GEMMs; the counts,
+// offsets and touched experts as the CPU groups the chosen ids.
+TEST_F(OpsCudaTest, NormLinearTopKRoutesTheMoeLayer) {
+  const int in = 2880, E = 128, K = 4, I = 256;
+  std::vector<uint16_t> w = FastBf16(static_cast<size_t>(E) * in, 0.035f, E);
+  std::vector<uint16_t> bias = ToBf16(Normal(E, 0.1f, 31));
+  std::vector<uint16_t> nw = ToBf16(Normal(in, 0.2f, 32));
+  for (uint16_t& v : nw) v = FloatToBf16(1.0f + Bf16ToFloat(v));
+  Dev<uint16_t> d_w(w), d_bias(bias), d_nw(nw);
+  Dev<unsigned> d_done(std::vector<unsigned>{0});
+  cuda::MoeDeviceWeights moe;
+  ASSERT_EQ(cuda::AllocMoeWeights(E, in, I, &moe), cudaSuccess);
+  ASSERT_EQ(cuda::LaunchFillMoeWeightsSynthetic(moe, 7, nullptr), cudaSuccess);
+  cuda::MoeTuning gemm;
+  gemm.gemm_min_pairs_per_expert = 0;
+  for (const cuda::MoeTuning& tuning : {cuda::MoeTuning{}, gemm}) {
+    for (int T : {1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " gemm " << (&tuning == &gemm));
+      const std::vector<float> x = Normal(static_cast<size_t>(T) * in, 1.3f, 60 + T);
+      const std::vector<float> zero(static_cast<size_t>(T) * E, 0.0f);
+      const size_t ws_bytes = cuda::MoeWorkspaceBytes(moe, T, K, /*deterministic=*/true);
+      Dev<float> d_x(x), d_logits(zero);
+      Dev<uint16_t> d_t(static_cast<size_t>(T) * in);
+      Dev<int32_t> d_ids(static_cast<size_t>(T) * K), d_invalid(1);
+      Dev<float> d_wk(static_cast<size_t>(T) * K);
+      std::vector<std::vector<float>> outs;
+      for (bool routed : {false, true}) {
+        Dev<uint8_t> ws(ws_bytes);
+        Dev<float> out(static_cast<size_t>(T) * in);
+        const cuda::MoeRouteTargets targets =
+            cuda::MoeRouteTargetsIn(moe, T, K, true, ws.p, d_invalid.p);
+        ASSERT_EQ(
+            cuda::LaunchNormLinearTopK(d_x.p, d_nw.p, kEps, d_w.p, d_bias.p, T, in, E, d_logits.p,
+                                       d_t.p, K, d_ids.p, d_wk.p, d_done.p, nullptr,
+                                       /*deterministic=*/true, routed ? &targets : nullptr),
+            cudaSuccess);
+        ASSERT_EQ(cuda::LaunchMoeLayer(moe, d_t.p, d_ids.p, d_wk.p, T, K, 7.0f, 1.702f, out.p, ws.p,
+                                       ws_bytes, d_invalid.p, nullptr, true, tuning, routed),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        outs.push_back(out.Get());
+        if (!routed) continue;
+        // The routing the router's kernel left, against the chosen ids.
+        const std::vector<int32_t> ids = d_ids.Get();
+        std::vector<int32_t> count(E, 0);
+        for (int32_t id : ids) ++count[id];
+        std::vector<int32_t> got_count(E), got_offset(E + 1), got_active(E), got_n(1);
+        ASSERT_EQ(cudaMemcpy(got_count.data(), targets.count, E * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(
+            cudaMemcpy(got_offset.data(), targets.offset, (E + 1) * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got_active.data(), targets.active, E * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got_n.data(), targets.num_active, 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(got_count, count);
+        int run = 0, n = 0;
+        for (int e = 0; e < E; ++e) {
+          EXPECT_EQ(got_offset[e], run) << "expert " << e;
+          run += count[e];
+          if (count[e] > 0) {
+            EXPECT_EQ(got_active[n++], e);
+          }
+        }
+        EXPECT_EQ(got_offset[E], T * K);
+        EXPECT_EQ(got_n[0], n);
+        EXPECT_EQ(d_invalid.Get(), std::vector<int32_t>{0});
+      }
+      ASSERT_EQ(outs.size(), 2u);
+      EXPECT_EQ(outs[1], outs[0]);
+      float max_abs = 0;
+      for (float v : outs[0]) max_abs = std::max(max_abs, std::fabs(v));
+      EXPECT_GT(max_abs, 0.0f);  // the layer ran
+    }
+  }
+  // Route targets without their buffers are refused before anything runs.
+  Dev<float> d_x1(Normal(in, 1.0f, 70)), d_l1(std::vector<float>(E, 0.0f)), d_w1(K);
+  Dev<int32_t> d_i1(K);
+  cuda::MoeRouteTargets bad;
+  bad.experts = E;
+  EXPECT_EQ(cuda::LaunchNormLinearTopK(d_x1.p, d_nw.p, kEps, d_w.p, d_bias.p, 1, in, E, d_l1.p,
+                                       nullptr, K, d_i1.p, d_w1.p, d_done.p, nullptr, false, &bad),
+            cudaErrorInvalidValue);
+  cuda::FreeMoeWeights(&moe);
 }
 
 TEST_F(OpsCudaTest, BadArgumentsAreRefused) {

@@ -20,6 +20,9 @@
 //                                          layers' KV in e4m3 with scales)
 //                     [--profile-ops 1]   (per-op GPU time per step; graphs off)
 //                     [--deterministic 1] (CudaEngineOptions::deterministic)
+//                     [--time-device 1]   (events around each step's uploads and
+//                                          launched work: {"bench":"decode_step_split"}
+//                                          with the device's idle time between steps)
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
 //                                          (NormQkvRopeTuning)
@@ -36,6 +39,8 @@
 //                                          tokens; 0: always two launches)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
 //                                          as its own launch)
+//                     [--route-in-router 1] (0: the MoE routes in a launch of its own
+//                                          rather than in the fused router's kernel)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
 //                                          projection's weights beside the step)
 //                     [--masked-rows N]   (then the same steps with N rows drawing under a
@@ -99,6 +104,7 @@ namespace {
 
 using flotilla::CudaEngine;
 using flotilla::CudaEngineOptions;
+using flotilla::Engine;
 using flotilla::LogitsMode;
 using flotilla::ModelConfig;
 using flotilla::StepItem;
@@ -306,9 +312,10 @@ bool ShardConfig(long w, ModelConfig* c) {
 
 int main(int argc, char** argv) {
   long layers = 36, context = 1024, steps = 64, kv_blocks = 0, masked_rows = 0, max_sequences = 0;
-  bool profile_ops = false;
+  bool profile_ops = false, time_device = false;
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
+  bool route_in_router = CudaEngineOptions().route_in_router;
   bool deterministic = false;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
@@ -338,6 +345,8 @@ int main(int argc, char** argv) {
     else if (a == "--verify-tokens")
       verify_tokens = ParseList(v);
     else if (a == "--profile-ops") profile_ops = v == "1" || v == "true";
+    else if (a == "--time-device")
+      time_device = v == "1" || v == "true";
     else if (a == "--kv-cache-dtype") {
       const absl::StatusOr<flotilla::KvCacheDtype> d = flotilla::ParseKvCacheDtype(v);
       if (!d.ok()) {
@@ -361,6 +370,8 @@ int main(int argc, char** argv) {
       deterministic = v == "1" || v == "true";
     } else if (a == "--fused-router-norm-max-tokens") {
       router_norm = std::strtol(v.c_str(), nullptr, 10);
+    } else if (a == "--route-in-router") {
+      route_in_router = v == "1" || v == "true";
     } else if (a == "--l2-prefetch-max-tokens") {
       l2_prefetch = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--fused-qkv-max-tokens")
@@ -445,9 +456,11 @@ int main(int argc, char** argv) {
                                                max_prefill / 16 + 2) +
                                           o.max_batch_tokens / 16 + 1;
   o.profile_ops = profile_ops;
+  o.time_device_steps = time_device;
   o.kv_cache_dtype = kv_dtype;
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
+  o.route_in_router = route_in_router;
   o.deterministic = deterministic;
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
   o.qkv_tuning = qkv_tuning;
@@ -505,7 +518,9 @@ int main(int argc, char** argv) {
     }
     std::vector<flotilla::kernels::cuda::SamplingRow> rows(B);
     for (long b = 0; b < B; ++b) rows[b].seed = static_cast<uint64_t>(b);
+    Engine::StepTiming split;  // summed over the timed steps (--time-device)
     auto step = [&](int n) -> bool {
+      split = {};
       for (int i = 0; i < n; ++i) {
         for (long b = 0; b < B; ++b) rows[b].step = static_cast<uint64_t>(i);
         auto out = e.StepAndSample(items, rows);
@@ -513,6 +528,12 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "engine_cuda_bench: %s\n", out.status().ToString().c_str());
           return false;
         }
+        const Engine::StepTiming t = e.LastStepTiming();
+        split.launch_us += t.launch_us;
+        split.wait_us += t.wait_us;
+        split.device_idle_us += t.device_idle_us;
+        split.device_upload_us += t.device_upload_us;
+        split.device_us += t.device_us;
         for (long b = 0; b < B; ++b) items[b].tokens = {std::max<int32_t>((*out)[b].token, 0)};
       }
       return true;
@@ -536,6 +557,17 @@ int main(int argc, char** argv) {
         "\"roofline_tokens_per_s\":%.1f,\"fraction_of_roofline\":%.3f}\n",
         props.name.c_str(), shard, layers, B, context, filled, ms, B * 1e3 / ms, bytes / 1e9, gbs,
         hbm_gbs, B * 1e3 / roof_step_ms, roof_step_ms / ms);
+    if (time_device) {
+      // The step as the device saw it: idle (waiting for the host), the
+      // host's layout and uploads, the launched work; the host's own split.
+      std::printf(
+          "{\"bench\":\"decode_step_split\",\"gpu\":\"%s\",\"batch\":%ld,\"ms_per_step\":%.3f,"
+          "\"device_ms\":%.3f,\"device_idle_ms\":%.3f,\"device_upload_ms\":%.3f,"
+          "\"host_launch_ms\":%.3f,\"host_wait_ms\":%.3f}\n",
+          props.name.c_str(), B, ms, split.device_us / steps / 1e3,
+          split.device_idle_us / steps / 1e3, split.device_upload_us / steps / 1e3,
+          split.launch_us / steps / 1e3, split.wait_us / steps / 1e3);
+    }
     if (masked_rows > 0) {
       // Both through per-request samplers (the serving path), with and
       // without masks, so the difference is the masks' alone.

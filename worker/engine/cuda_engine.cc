@@ -37,6 +37,9 @@ CudaDeviceState::~CudaDeviceState() {
   if (linear != nullptr) kc::DestroyLinearContext(linear);
   if (prefetch_fork != nullptr) cudaEventDestroy(prefetch_fork);
   if (prefetch_join != nullptr) cudaEventDestroy(prefetch_join);
+  for (cudaEvent_t e : step_events) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (prefetch_stream != nullptr) cudaStreamDestroy(prefetch_stream);
   if (stream != nullptr) cudaStreamDestroy(stream);
 }

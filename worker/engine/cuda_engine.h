@@ -122,6 +122,10 @@ struct CudaEngineOptions {
   // kNormLinearMaxTokens) run the post-attention norm inside the router
   // projection (one launch fewer per layer); 0 keeps them apart.
   int fused_router_norm_max_tokens = 8;
+  // With the fused router on one GPU: its last block also groups the chosen
+  // experts' pairs and its blocks convert x for the MoE (kernels::cuda::
+  // MoeRouteTargets), so the MoE layer skips its routing launch.
+  bool route_in_router = true;
   // Steps of at most this many tokens ask L2 for the O projection's weights
   // (23.6 MB a layer at 120b) on a stream beside the step while attention
   // runs; 0 turns it off. 120b decode on an H200, ms per step, off / on:
@@ -148,6 +152,9 @@ struct CudaEngineOptions {
   bool record_routing = false;
   // Benchmarks: time every op with events (no graphs); see op_time_ms().
   bool profile_ops = false;
+  // Benchmarks: events around each step's uploads and launched work, read
+  // into LastStepTiming's device fields (the step then waits for them).
+  bool time_device_steps = false;
   // Benchmarks (ablation): ops named here (the labels of op_time_ms(), e.g.
   // "rmsnorm", "rope_kv_write", "router_linear") are left out of every step,
   // so the time an op costs inside a graph replay can be measured as the
@@ -339,6 +346,8 @@ class CudaEngine : public Engine {
                              const ModelWeights& extra, cudaStream_t stream);
   // Waits for the step's work on `stream`: through the parallel context
   // when sharded (interruptible, and it reports the exchanges' health).
+  // time_device_steps: the step's events into last_timing_ (after the wait).
+  absl::Status ReadStepEvents();
   // Waits for the device; the time waited adds to last_timing_.wait_us.
   absl::Status WaitForStep(cudaStream_t stream);
   // Sharded: destroys the captured graphs and aborts the context's exchanges.

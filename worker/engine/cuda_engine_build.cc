@@ -671,6 +671,7 @@ absl::StatusOr<std::unique_ptr<CudaDeviceState>> NewDeviceState(int device) {
   FLOTILLA_CUDA_RETURN(cudaStreamCreateWithFlags(&d->prefetch_stream, cudaStreamNonBlocking));
   FLOTILLA_CUDA_RETURN(cudaEventCreateWithFlags(&d->prefetch_fork, cudaEventDisableTiming));
   FLOTILLA_CUDA_RETURN(cudaEventCreateWithFlags(&d->prefetch_join, cudaEventDisableTiming));
+  for (cudaEvent_t& e : d->step_events) FLOTILLA_CUDA_RETURN(cudaEventCreate(&e));
   FLOTILLA_CUDA_RETURN(kc::CreateLinearContext(&d->linear));
   return d;
 }

@@ -56,6 +56,10 @@ struct CudaDeviceState {
   cudaStream_t prefetch_stream = nullptr;
   cudaEvent_t prefetch_fork = nullptr;
   cudaEvent_t prefetch_join = nullptr;
+  // CudaEngineOptions::time_device_steps: the previous step's end, this
+  // step's first upload, its launch and its end.
+  cudaEvent_t step_events[4] = {};
+  bool step_events_recorded = false;
   kernels::cuda::LinearContext* linear = nullptr;
   // Every buffer below but the MoE weights (counted in it, freed by the destructor).
   std::unique_ptr<DeviceArena> arena;

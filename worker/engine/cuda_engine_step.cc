@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -28,6 +29,8 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   d.capture_step =
       std::any_of(items.begin(), items.end(), [](const StepItem& it) { return it.return_hidden; });
   int64_t step_bound = 0;
+  const bool timed = options_.time_device_steps;
+  if (timed) FLOTILLA_CUDA_RETURN(cudaEventRecord(d.step_events[0], d.stream));
   FLOTILLA_ASSIGN_OR_RETURN(const StepLayout plan,
                             LayOutStep(items, sampling, logits_out != nullptr, &step_bound));
   LayerStages::SampleFn sample;
@@ -38,7 +41,11 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
   }
   OpMarks marks(options_.profile_ops);
   LayerStages stages(d, config_, options_, plan, std::move(sample), &marks);
+  if (timed) FLOTILLA_CUDA_RETURN(cudaEventRecord(d.step_events[1], d.stream));
   const absl::Status launched = LaunchStep(stages, plan, sampling, step_bound);
+  if (timed && launched.ok()) {
+    FLOTILLA_CUDA_RETURN(cudaEventRecord(d.step_events[2], d.stream));
+  }
   // Structured-output masks are computed now, while the device runs the
   // layers (its sampling waits for them), and written even if the launch
   // failed partway, so nothing on the device waits for them in vain.
@@ -62,6 +69,25 @@ absl::Status CudaEngine::RunStep(const std::vector<StepItem>& items, const Devic
     FLOTILLA_RETURN_IF_ERROR(WaitForStep(d.stream));
     CollectHidden(items, logits_out);
   }
+  return timed ? ReadStepEvents() : absl::OkStatus();
+}
+
+absl::Status CudaEngine::ReadStepEvents() {
+  CudaDeviceState& d = *impl_;
+  cudaEvent_t* e = d.step_events;
+  FLOTILLA_CUDA_RETURN(cudaEventSynchronize(e[2]));
+  float ms = 0;
+  FLOTILLA_CUDA_RETURN(cudaEventElapsedTime(&ms, e[0], e[1]));
+  last_timing_.device_upload_us = ms * 1e3;
+  FLOTILLA_CUDA_RETURN(cudaEventElapsedTime(&ms, e[1], e[2]));
+  last_timing_.device_us = ms * 1e3;
+  if (d.step_events_recorded) {
+    FLOTILLA_CUDA_RETURN(cudaEventElapsedTime(&ms, e[3], e[0]));
+    last_timing_.device_idle_us = ms * 1e3;
+  }
+  // This step's end is the next one's "previous end".
+  std::swap(e[2], e[3]);
+  d.step_events_recorded = true;
   return absl::OkStatus();
 }
 

@@ -250,11 +250,20 @@ absl::Status LayerStages::Router(int layer) {
   // same launch.
   const bool fused =
       T_ <= std::min(options_.fused_router_norm_max_tokens, kc::kNormLinearMaxTokens);
+  routed_ = false;
   if (fused && On("router_linear") && On("router_topk")) {
     FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
+    // One GPU: the router's kernel also leaves the MoE's routing in its
+    // workspace, and the MoE launch skips its own routing pass.
+    const bool route = options_.route_in_router && par_ == nullptr && On("moe") &&
+                       E_ <= kc::kNormLinearTopKRouteMaxExperts;
+    const kc::MoeRouteTargets targets =
+        route ? kc::MoeRouteTargetsIn(L.moe, T_, K_, deterministic_, d_.moe_ws, d_.invalid)
+              : kc::MoeRouteTargets{};
     FLOTILLA_CUDA_RETURN(kc::LaunchNormLinearTopK(
         d_.x, L.post_norm, eps_, L.router, L.router_bias, T_, H_, E_, d_.router_logits, d_.t, K_,
-        d_.topk_ids, d_.topk_w, d_.router_done, s, deterministic_));
+        d_.topk_ids, d_.topk_w, d_.router_done, s, deterministic_, route ? &targets : nullptr));
+    routed_ = route;
     return RecordRouting(layer);
   }
   if (fused) {
@@ -301,7 +310,7 @@ absl::Status LayerStages::Moe(int layer) {
   return CudaStatus(kc::LaunchMoeLayer(d_.layers[layer].moe, d_.t, d_.topk_ids, d_.topk_w, T_, K_,
                                        static_cast<float>(c_.swiglu_limit), 1.702f, d_.x, d_.moe_ws,
                                        d_.moe_ws_bytes, d_.invalid, d_.stream, deterministic_,
-                                       options_.moe_tuning),
+                                       options_.moe_tuning, routed_),
                     "LaunchMoeLayer");
 }
 

@@ -121,6 +121,8 @@ class LayerStages {
   float eps_ = 0;
   bool prefetch_ = false;
   bool prefetch_forked_ = false;
+  // This layer's router wrote the MoE's routing (route_in_router).
+  bool routed_ = false;
   kernels::cuda::AttentionBatch batch_;  // block_tables: the layer's group's, set per layer
 };
 

@@ -218,8 +218,13 @@ class Engine {
   // Where the host spent the last Step's wall time, for engines that measure
   // it (zeros otherwise): until its device work was launched, and waiting for
   // the device (the rest went to the results). worker/step_profile.h.
+  // Engines asked to time the device (CudaEngineOptions::time_device_steps)
+  // also give, from events on their stream: how long the device sat idle
+  // between the previous step's end and this step's first upload, the
+  // uploads, and the launched work (the layers, lm_head and sampling).
   struct StepTiming {
     double launch_us = 0, wait_us = 0;
+    double device_idle_us = 0, device_upload_us = 0, device_us = 0;
   };
   virtual StepTiming LastStepTiming() const { return {}; }
   // Hot swap: makes the experts of `extra` (its layers' `experts`, other

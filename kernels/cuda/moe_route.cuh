@@ -1,0 +1,82 @@
+// The MoE layer's routing as block-wide device code, shared by the layer's
+// own routing kernel (moe.cu) and the router's kernel (linear.cu), whose
+// last block can write it for a few tokens so the layer skips a launch
+// (MoeRouteTargets, LaunchMoeLayer's `routed`).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/moe.h"
+#include "kernels/cuda/ptx.cuh"
+
+namespace flotilla::kernels::cuda {
+
+// Groups the pairs ids[0, pairs) by expert into `r`: counts, offsets, the
+// touched experts in ascending order and their number, pair_of (order within
+// an expert unspecified), the fused launch's counters zeroed and the ids
+// outside [0, r.experts) counted (those pairs are skipped). Called by every
+// thread of the block; kMaxExperts >= r.experts and blockDim.x >= r.experts,
+// a multiple of 32.
+template <int kMaxExperts>
+__device__ __forceinline__ void BuildMoeRouting(const int32_t* ids, int pairs,
+                                                const MoeRouteTargets& r) {
+  __shared__ int32_t s_count[kMaxExperts];
+  __shared__ int32_t s_cursor[kMaxExperts];
+  __shared__ int32_t s_warp[32];
+  __shared__ int32_t s_total[2];
+  __shared__ int32_t s_invalid;
+  const int E = r.experts, e = threadIdx.x;
+  if (e < E) s_count[e] = 0;
+  if (threadIdx.x == 0) s_invalid = 0;
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int id = ids[p];
+    if (id >= 0 && id < E) {
+      atomicAdd(&s_count[id], 1);
+    } else {
+      atomicAdd(&s_invalid, 1);
+    }
+  }
+  __syncthreads();
+  const int n = e < E ? s_count[e] : 0;
+  const int off = ptx::BlockExclusiveScan(n, s_warp, &s_total[0]);
+  const int act = ptx::BlockExclusiveScan(n > 0 ? 1 : 0, s_warp, &s_total[1]);
+  if (e < E) {
+    s_cursor[e] = off;
+    r.offset[e] = off;
+    r.count[e] = n;
+    r.done[e] = 0;
+    if (n > 0) r.active[act] = e;
+  }
+  if (threadIdx.x == 0) {
+    r.offset[E] = s_total[0];
+    *r.num_active = s_total[1];
+    if (r.invalid != nullptr) *r.invalid = s_invalid;
+  }
+  __syncthreads();
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    const int id = ids[p];
+    if (id >= 0 && id < E) r.pair_of[atomicAdd(&s_cursor[id], 1)] = p;
+  }
+}
+
+// Eight bf16 values v0..v7 (in order, two per word) as the decode kernels'
+// f16 activations: [v0, v4, v1, v5, v2, v6, v3, v7] (exact for |v| < 65504).
+__device__ __forceinline__ uint4 Bf16x8ToMoeHalves(uint4 v) {
+  const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+  float f[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    f[2 * k] = __uint_as_float(u[k] << 16);
+    f[2 * k + 1] = __uint_as_float(u[k] & 0xFFFF0000u);
+  }
+  auto pair = [](float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  };
+  return make_uint4(pair(f[0], f[4]), pair(f[1], f[5]), pair(f[2], f[6]), pair(f[3], f[7]));
+}
+
+}  // namespace flotilla::kernels::cuda
