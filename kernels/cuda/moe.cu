@@ -397,34 +397,71 @@ __device__ __forceinline__ float TileSum(const float (*red)[4][32], int row, int
   return v * kMmaRescale;
 }
 
+// What thread t's epilogue output of one column group [c0, c0 + 8 columns)
+// reads from global memory besides the tile's sums (its biases and the
+// token's pair), loaded ahead of the tile's math when there is one group so
+// their latency hides behind it. Down's router weight, which needs the
+// pair, stays in the epilogue: loaded ahead, its wait for the pair would
+// stall the warp before the math (H200, 64 tokens 611 -> 620 us a layer).
+struct EpilogueIn {
+  float b0 = 0.f, b1 = 0.f;
+  int pair = 0;
+};
+
+template <bool kDown>
+__device__ __forceinline__ EpilogueIn LoadEpilogueIn(const MmaArgs& a, int e, int row0, int part,
+                                                     int c0, int end) {
+  const int t = threadIdx.x;
+  const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.rows;
+  EpilogueIn in;
+  if constexpr (!kDown) {
+    // Thread t: row pair t >> 3 (gate row even, up row odd), token column t & 7.
+    const int tok = c0 + (t & 7);
+    if (t < 64 && tok < end) {
+      const int j = row0 / 2 + (t >> 3);
+      in.b0 = Bf16Bits(bias[2 * j]);
+      in.b1 = Bf16Bits(bias[2 * j + 1]);
+      in.pair = a.route.pair_of[tok];
+    }
+  } else {
+    // Thread t: row t >> 2, token t & 3.
+    const int tok = c0 + (t & 3);
+    if (t < 64 && tok < end) {
+      in.pair = a.route.pair_of[tok];
+      in.b0 = part == 0 ? Bf16Bits(bias[row0 + (t >> 2)]) : 0.f;
+    }
+  }
+  return in;
+}
+
+// `pre`: group 0's EpilogueIn, loaded ahead (MmaTile's kEpilogueAhead), else null.
 template <bool kDown, int kGroups>
 __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int row0, int part,
                                                   int c, int end, const float (&acc)[kGroups][4],
-                                                  float (*red)[4][32]) {
+                                                  float (*red)[4][32], const EpilogueIn* pre) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, t = threadIdx.x;
   constexpr int kCols = kDown ? 4 : 8;  // tokens per group of 8 mma columns
-  const uint16_t* bias = a.bias + static_cast<size_t>(e) * a.rows;
 #pragma unroll
   for (int G = 0; G < kGroups; ++G) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[G][i];
     __syncthreads();
     const int c0 = c + G * kCols;
+    const EpilogueIn in =
+        pre != nullptr && G == 0 ? *pre : LoadEpilogueIn<kDown>(a, e, row0, part, c0, end);
     if constexpr (!kDown) {
-      // Thread t: row pair t >> 3 (gate row even, up row odd), token column t & 7.
       const int pair_row = 2 * (t >> 3), col = t & 7, tok = c0 + col;
       if (t < 64 && tok < end) {
         const int I = a.rows / 2, j = row0 / 2 + (t >> 3);
-        float gate = TileSum(red, pair_row, col) + Bf16Bits(bias[2 * j]);
-        float u = TileSum(red, pair_row + 1, col) + Bf16Bits(bias[2 * j + 1]);
+        float gate = TileSum(red, pair_row, col) + in.b0;
+        float u = TileSum(red, pair_row + 1, col) + in.b1;
         gate = fminf(gate, a.limit);
         u = fminf(fmaxf(u, -a.limit), a.limit);
         const float glu = gate * (1.0f / (1.0f + expf(-(gate * a.alpha))));
         const float hv = (u + 1.0f) * glu;
         const __half hi = __float2half_rn(hv);
         const __half lo = __float2half_rn(hv - __half2float(hi));
-        uint16_t* dst =
-            a.h_out + static_cast<size_t>(a.route.pair_of[tok]) * 2 * I + PermutedIndex(j);
+        uint16_t* dst = a.h_out + static_cast<size_t>(in.pair) * 2 * I + PermutedIndex(j);
         dst[0] = __half_as_ushort(hi);
         dst[I] = __half_as_ushort(lo);
       }
@@ -434,13 +471,11 @@ __device__ __forceinline__ void MmaReduceAndStore(const MmaArgs& a, int e, int r
       const int row = t >> 2, col = t & 3, tok = c0 + col;
       if (t < 64 && tok < end) {
         const int H = a.rows, grow = row0 + row;
-        const int pair = a.route.pair_of[tok];
-        const float bd = part == 0 ? Bf16Bits(bias[grow]) : 0.f;
-        const float v = TileSum(red, row, col) + TileSum(red, row, col + 4) + bd;
+        const float v = TileSum(red, row, col) + TileSum(red, row, col + 4) + in.b0;
         float* dst = a.pair_rows != nullptr
-                         ? a.pair_rows + static_cast<size_t>(pair) * H + grow
-                         : a.out + static_cast<size_t>(pair / a.top_k) * H + grow;
-        atomicAdd(dst, a.topk_weights[pair] * v);
+                         ? a.pair_rows + static_cast<size_t>(in.pair) * H + grow
+                         : a.out + static_cast<size_t>(in.pair / a.top_k) * H + grow;
+        atomicAdd(dst, a.topk_weights[in.pair] * v);
       }
     }
     __syncthreads();  // red is written again by the next group or pass
@@ -468,7 +503,13 @@ __device__ __forceinline__ uint4 LoadAct(const uint4* p) {
   }
 }
 
-template <bool kDown, int kGroups, bool kPrmt, bool kWeakAct = false>
+// kEpilogueAhead (one column group): the epilogue's loads go out before the
+// math (EpilogueIn). On for the fused launch (H200, three A/B runs: engine
+// step batch 4 5.01-5.06 -> 4.96-5.00 ms, batch 1 unchanged within noise;
+// moe_cuda_bench 4 tokens 89.3-91.0 -> 87.9-89.5 us), off for the
+// two-launch kernels, where it measured slower (64 tokens 609-613 ->
+// 616-622 us a layer, engine batch 64 +1%).
+template <bool kDown, int kGroups, bool kPrmt, bool kWeakAct = false, bool kEpilogueAhead = false>
 __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int part, int kb0,
                                         int nbl, const uint8_t* sw, const uint8_t* ss, int stride,
                                         uint64_t* bar, uint32_t parity, float (*red)[4][32]) {
@@ -479,6 +520,9 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
   const size_t act_row = static_cast<size_t>(nb) * 4;  // uint4 per activation row
   bool waited = false;
   for (int c = begin; c < end; c += kCols * kGroups) {
+    constexpr bool kLoadsAhead = kEpilogueAhead && kGroups == 1;
+    EpilogueIn epilogue_in;
+    if constexpr (kLoadsAhead) epilogue_in = LoadEpilogueIn<kDown>(a, e, row0, part, c, end);
     const uint4* src[kGroups];
     bool has[kGroups];
 #pragma unroll
@@ -553,7 +597,8 @@ __device__ __forceinline__ void MmaTile(const MmaArgs& a, int e, int row0, int p
       sp0 += kMmaWarps * kRing;
       sp1 += kMmaWarps * kRing;
     }
-    MmaReduceAndStore<kDown, kGroups>(a, e, row0, part, c, end, acc, red);
+    MmaReduceAndStore<kDown, kGroups>(a, e, row0, part, c, end, acc, red,
+                                      kLoadsAhead ? &epilogue_in : nullptr);
   }
   if (!waited && !a.math_only) MbarWait(bar, parity);  // never leave with a copy in flight
 }
@@ -696,8 +741,8 @@ __device__ __forceinline__ void FusedTile(const MmaArgs& a, int t, uint8_t* smem
     }
     __syncthreads();
   }
-  MmaTile<kDown, kGroups, kPrmt, kDown>(a, x.e, x.row0, x.part, x.kb0, x.nbl, smem,
-                                        smem + kTileRows * stride, stride, bar, 0, red);
+  MmaTile<kDown, kGroups, kPrmt, kDown, true>(a, x.e, x.row0, x.part, x.kb0, x.nbl, smem,
+                                              smem + kTileRows * stride, stride, bar, 0, red);
   if constexpr (!kDown) {
     // MmaTile ends with a CTA barrier after the tile's last store of h.
     if (threadIdx.x == 0) {
