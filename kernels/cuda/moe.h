@@ -113,7 +113,7 @@ struct MoeTuning {
   // done (not all of gate_up); 0 = always two launches. Figures in
   // kernels/README.md (MoE): the gain is the gap between the launches, which
   // matters while the layer is short.
-  int fuse_projections_max_tokens = 4;
+  int fuse_projections_max_tokens = 8;
   // The down projection's reduction split over this many CTAs per 16-row tile
   // (their sums meet in the output atomics): more, smaller CTAs. H200, 120b
   // layer, us with 1 / 2 (moe_cuda_bench tc-split1 / tc, two runs): 1 token

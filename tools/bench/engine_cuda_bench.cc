@@ -34,7 +34,7 @@
 //                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
 //                     [--moe-down-split-k 1] (MoeTuning: CTAs sharing each 16-row
 //                                          tile of the decode kernels' down projection)
-//                     [--moe-fuse-max-tokens 4] (MoeTuning: the decode kernels' two
+//                     [--moe-fuse-max-tokens 8] (MoeTuning: the decode kernels' two
 //                                          projections in one launch up to this many
 //                                          tokens; 0: always two launches)
 //                     [--fused-router-norm-max-tokens 8] (0: the post-attention norm
