@@ -11,7 +11,8 @@
 //   3. down: the same GEMV over h with bias, times the router weight, added
 //      into the output rows with atomics (fused scatter-add).
 // Default path (MoeTuning): routing and the bf16 -> f16 conversion of x in one
-// kernel; each projection a CTA per 16 weight rows of a touched expert, the
+// kernel (or, launched `routed`, both left by the router's kernel:
+// MoeRouteTargets); each projection a CTA per 16 weight rows of a touched expert, the
 // rows' MXFP4 bytes brought into shared memory by the bulk copy engine (read
 // from HBM once per call, L2 evict-first), decoded to f16 in registers and
 // multiplied on the tensor cores (mma.sync, f32 accumulation) against up to 8
