@@ -420,6 +420,24 @@ TEST_F(OpsCudaTest, NormLinearMatchesNormThenLinear) {
   cuda::DestroyLinearContext(ctx);
 }
 
+// A router on the device: its projection (E x in), bias, post-attention
+// norm weights near 1 (seeds `seed` and `seed + 1`) and a zeroed ranking
+// counter.
+struct DevRouter {
+  static std::vector<uint16_t> NormWeights(int in, uint32_t seed) {
+    std::vector<uint16_t> nw = ToBf16(Normal(in, 0.2f, seed));
+    for (uint16_t& v : nw) v = FloatToBf16(1.0f + Bf16ToFloat(v));
+    return nw;
+  }
+  DevRouter(int in, int E, uint32_t seed)
+      : w(FastBf16(static_cast<size_t>(E) * in, 0.035f, E)),
+        bias(ToBf16(Normal(E, 0.1f, seed))),
+        nw(NormWeights(in, seed + 1)),
+        done(std::vector<unsigned>{0}) {}
+  Dev<uint16_t> w, bias, nw;
+  Dev<unsigned> done;
+};
+
 // The router in one launch against the norm-fused projection and the CPU
 // ranking of its logits: the same experts (unless the k-th and the next are
 // within the projection's summation noise), their softmax weights, the
@@ -427,12 +445,7 @@ TEST_F(OpsCudaTest, NormLinearMatchesNormThenLinear) {
 // a second launch gives the same.
 TEST_F(OpsCudaTest, NormLinearTopKMatchesNormLinearThenRanking) {
   const int in = 2880, E = 128, K = 4;
-  std::vector<uint16_t> w = FastBf16(static_cast<size_t>(E) * in, 0.035f, E);
-  std::vector<uint16_t> bias = ToBf16(Normal(E, 0.1f, 21));
-  std::vector<uint16_t> nw = ToBf16(Normal(in, 0.2f, 22));
-  for (uint16_t& v : nw) v = FloatToBf16(1.0f + Bf16ToFloat(v));
-  Dev<uint16_t> d_w(w), d_bias(bias), d_nw(nw);
-  Dev<unsigned> d_done(std::vector<unsigned>{0});
+  const DevRouter r(in, E, 21);
   for (int T : {1, 3, 8}) {
     SCOPED_TRACE(::testing::Message() << "T=" << T);
     const std::vector<float> x = Normal(static_cast<size_t>(T) * in, 1.3f, 50 + T);
@@ -441,18 +454,18 @@ TEST_F(OpsCudaTest, NormLinearTopKMatchesNormLinearThenRanking) {
     Dev<uint16_t> d_tr(static_cast<size_t>(T) * in), d_t(static_cast<size_t>(T) * in);
     Dev<int32_t> d_ids(static_cast<size_t>(T) * K);
     Dev<float> d_wk(static_cast<size_t>(T) * K);
-    ASSERT_EQ(cuda::LaunchNormLinear(d_x.p, d_nw.p, kEps, d_w.p, d_bias.p, T, in, E, true, d_ref.p,
+    ASSERT_EQ(cuda::LaunchNormLinear(d_x.p, r.nw.p, kEps, r.w.p, r.bias.p, T, in, E, true, d_ref.p,
                                      d_tr.p, nullptr),
               cudaSuccess);
     const std::vector<float> ref = d_ref.Get();
     for (int launch = 0; launch < 2; ++launch) {
       ASSERT_EQ(
-          cuda::LaunchNormLinearTopK(d_x.p, d_nw.p, kEps, d_w.p, d_bias.p, T, in, E, d_logits.p,
-                                     d_t.p, K, d_ids.p, d_wk.p, d_done.p, nullptr),
+          cuda::LaunchNormLinearTopK(d_x.p, r.nw.p, kEps, r.w.p, r.bias.p, T, in, E, d_logits.p,
+                                     d_t.p, K, d_ids.p, d_wk.p, r.done.p, nullptr),
           cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(d_logits.Get(), zero) << "launch " << launch;
-      EXPECT_EQ(d_done.Get(), std::vector<unsigned>{0}) << "launch " << launch;
+      EXPECT_EQ(r.done.Get(), std::vector<unsigned>{0}) << "launch " << launch;
       EXPECT_EQ(d_t.Get(), d_tr.Get()) << "launch " << launch;
       std::vector<int32_t> want(static_cast<size_t>(T) * K);
       std::vector<float> want_w(want.size());
@@ -485,12 +498,7 @@ TEST_F(OpsCudaTest, NormLinearTopKMatchesNormLinearThenRanking) {
 // offsets and touched experts as the CPU groups the chosen ids.
 TEST_F(OpsCudaTest, NormLinearTopKRoutesTheMoeLayer) {
   const int in = 2880, E = 128, K = 4, I = 256;
-  std::vector<uint16_t> w = FastBf16(static_cast<size_t>(E) * in, 0.035f, E);
-  std::vector<uint16_t> bias = ToBf16(Normal(E, 0.1f, 31));
-  std::vector<uint16_t> nw = ToBf16(Normal(in, 0.2f, 32));
-  for (uint16_t& v : nw) v = FloatToBf16(1.0f + Bf16ToFloat(v));
-  Dev<uint16_t> d_w(w), d_bias(bias), d_nw(nw);
-  Dev<unsigned> d_done(std::vector<unsigned>{0});
+  const DevRouter r(in, E, 31);
   cuda::MoeDeviceWeights moe;
   ASSERT_EQ(cuda::AllocMoeWeights(E, in, I, &moe), cudaSuccess);
   ASSERT_EQ(cuda::LaunchFillMoeWeightsSynthetic(moe, 7, nullptr), cudaSuccess);
@@ -513,8 +521,8 @@ TEST_F(OpsCudaTest, NormLinearTopKRoutesTheMoeLayer) {
         const cuda::MoeRouteTargets targets =
             cuda::MoeRouteTargetsIn(moe, T, K, true, ws.p, d_invalid.p);
         ASSERT_EQ(
-            cuda::LaunchNormLinearTopK(d_x.p, d_nw.p, kEps, d_w.p, d_bias.p, T, in, E, d_logits.p,
-                                       d_t.p, K, d_ids.p, d_wk.p, d_done.p, nullptr,
+            cuda::LaunchNormLinearTopK(d_x.p, r.nw.p, kEps, r.w.p, r.bias.p, T, in, E, d_logits.p,
+                                       d_t.p, K, d_ids.p, d_wk.p, r.done.p, nullptr,
                                        /*deterministic=*/true, routed ? &targets : nullptr),
             cudaSuccess);
         ASSERT_EQ(cuda::LaunchMoeLayer(moe, d_t.p, d_ids.p, d_wk.p, T, K, 7.0f, 1.702f, out.p, ws.p,
@@ -562,8 +570,8 @@ TEST_F(OpsCudaTest, NormLinearTopKRoutesTheMoeLayer) {
   Dev<int32_t> d_i1(K);
   cuda::MoeRouteTargets bad;
   bad.experts = E;
-  EXPECT_EQ(cuda::LaunchNormLinearTopK(d_x1.p, d_nw.p, kEps, d_w.p, d_bias.p, 1, in, E, d_l1.p,
-                                       nullptr, K, d_i1.p, d_w1.p, d_done.p, nullptr, false, &bad),
+  EXPECT_EQ(cuda::LaunchNormLinearTopK(d_x1.p, r.nw.p, kEps, r.w.p, r.bias.p, 1, in, E, d_l1.p,
+                                       nullptr, K, d_i1.p, d_w1.p, r.done.p, nullptr, false, &bad),
             cudaErrorInvalidValue);
   cuda::FreeMoeWeights(&moe);
 }

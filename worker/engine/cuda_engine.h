@@ -344,11 +344,11 @@ class CudaEngine : public Engine {
   void CollectHidden(const std::vector<StepItem>& items, StepOutput* out) const;
   absl::Status UploadExperts(const ExpertMap& current, const ExpertMap& next,
                              const ModelWeights& extra, cudaStream_t stream);
-  // Waits for the step's work on `stream`: through the parallel context
-  // when sharded (interruptible, and it reports the exchanges' health).
   // time_device_steps: the step's events into last_timing_ (after the wait).
   absl::Status ReadStepEvents();
-  // Waits for the device; the time waited adds to last_timing_.wait_us.
+  // Waits for the step's work on `stream`: through the parallel context
+  // when sharded (interruptible, and it reports the exchanges' health).
+  // The time waited adds to last_timing_.wait_us.
   absl::Status WaitForStep(cudaStream_t stream);
   // Sharded: destroys the captured graphs and aborts the context's exchanges.
   void AbortExchanges();
