@@ -62,13 +62,48 @@ __global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, 
                                   const int32_t* pair_of = nullptr,
                                   const int32_t* num_valid = nullptr, int top_k = 1) {
   if (num_valid != nullptr) rows = *num_valid;
-  const size_t n = static_cast<size_t>(rows) * kp;
-  for (size_t i = blockIdx.x * size_t{blockDim.x} + threadIdx.x; i < n;
-       i += size_t{gridDim.x} * blockDim.x) {
-    const int r = static_cast<int>(i / kp), l = static_cast<int>(i % kp);
-    const int p = (l & ~63) + PhysicalOf(l & 63);
+  // A thread per 64-group of a destination row: the group's source values
+  // come from all over the same group of the source row, so the thread reads
+  // all 64 (eight 16-byte loads), converts them and writes them permuted
+  // (eight 16-byte stores). Groups that reach past k (or rows that are not
+  // 16-byte aligned) go a value at a time. (Before: a thread per value with
+  // a 64-bit division each, ~95 us of a 2048-token prefill layer on an H200.)
+  const int groups = kp / 64;
+  const bool vectors = k % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  const int n = rows * groups;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int r = i / groups, g0 = (i - r * groups) * 64;
     const size_t row = pair_of != nullptr ? pair_of[r] / top_k : r;
-    dst[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(src[row * k + p]))) : uint16_t{0};
+    const uint16_t* s = src + row * k + g0;
+    uint16_t* d = dst + static_cast<size_t>(r) * kp + g0;
+    if (vectors && g0 + 64 <= k) {
+      uint32_t in[32];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const uint4 v = reinterpret_cast<const uint4*>(s)[c];
+        in[4 * c] = v.x, in[4 * c + 1] = v.y, in[4 * c + 2] = v.z, in[4 * c + 3] = v.w;
+      }
+      // Source value j of the group as f32 (bf16 is f32's high half).
+      auto value = [&](int j) {
+        return __uint_as_float((j & 1) != 0 ? in[j >> 1] & 0xFFFF0000u : in[j >> 1] << 16);
+      };
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        uint32_t out[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int l = 8 * c + 2 * q;
+          const __half2 h = __floats2half2_rn(value(PhysicalOf(l)), value(PhysicalOf(l + 1)));
+          out[q] = *reinterpret_cast<const uint32_t*>(&h);
+        }
+        reinterpret_cast<uint4*>(d)[c] = make_uint4(out[0], out[1], out[2], out[3]);
+      }
+      continue;
+    }
+    for (int l = 0; l < 64; ++l) {
+      const int p = g0 + PhysicalOf(l);
+      d[l] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(s[p - g0]))) : uint16_t{0};
+    }
   }
 }
 
@@ -76,7 +111,7 @@ __global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, 
 cudaError_t LaunchPermuteRows(const uint16_t* src, int rows, int k, int kp, uint16_t* dst,
                               cudaStream_t stream, const int32_t* pair_of = nullptr,
                               const int32_t* num_valid = nullptr, int top_k = 1) {
-  const size_t n = static_cast<size_t>(rows) * kp;
+  const size_t n = static_cast<size_t>(rows) * (kp / 64);  // one thread per 64-group
   PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)), 256, 0,
                       stream>>>(src, rows, k, kp, dst, pair_of, num_valid, top_k);
   return cudaGetLastError();

@@ -31,12 +31,27 @@ __device__ __forceinline__ void BuildMoeRouting(const int32_t* ids, int pairs,
   if (e < E) s_count[e] = 0;
   if (threadIdx.x == 0) s_invalid = 0;
   __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < E) {
-      atomicAdd(&s_count[id], 1);
-    } else {
-      atomicAdd(&s_invalid, 1);
+  // Both passes read the ids kIdsAhead per thread at a time, their loads
+  // issued together: one block walks all the pairs, so a load per iteration
+  // put every id's latency in a row (a 2048-token prefill's 8192 pairs took
+  // ~15 us on an H200).
+  constexpr int kIdsAhead = 8;
+  const int chunk = kIdsAhead * static_cast<int>(blockDim.x);
+  for (int p0 = threadIdx.x; p0 < pairs; p0 += chunk) {
+    int id[kIdsAhead];
+#pragma unroll
+    for (int u = 0; u < kIdsAhead; ++u) {
+      const int p = p0 + u * static_cast<int>(blockDim.x);
+      id[u] = p < pairs ? ids[p] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kIdsAhead; ++u) {
+      if (p0 + u * static_cast<int>(blockDim.x) >= pairs) break;
+      if (id[u] >= 0 && id[u] < E) {
+        atomicAdd(&s_count[id[u]], 1);
+      } else {
+        atomicAdd(&s_invalid, 1);
+      }
     }
   }
   __syncthreads();
@@ -56,9 +71,19 @@ __device__ __forceinline__ void BuildMoeRouting(const int32_t* ids, int pairs,
     if (r.invalid != nullptr) *r.invalid = s_invalid;
   }
   __syncthreads();
-  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
-    const int id = ids[p];
-    if (id >= 0 && id < E) r.pair_of[atomicAdd(&s_cursor[id], 1)] = p;
+  for (int p0 = threadIdx.x; p0 < pairs; p0 += chunk) {
+    int id[kIdsAhead];
+#pragma unroll
+    for (int u = 0; u < kIdsAhead; ++u) {
+      const int p = p0 + u * static_cast<int>(blockDim.x);
+      id[u] = p < pairs ? ids[p] : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kIdsAhead; ++u) {
+      if (id[u] >= 0 && id[u] < E) {
+        r.pair_of[atomicAdd(&s_cursor[id[u]], 1)] = p0 + u * static_cast<int>(blockDim.x);
+      }
+    }
   }
 }
 

@@ -119,30 +119,58 @@ __global__ void __launch_bounds__(kRopeThreads)
   const bool store = slot >= 0 && slot < cache_slots;
   const long long blk = store ? slot / block_size : 0;
   const int off = store ? static_cast<int>(slot % block_size) : 0;
-  for (int i = threadIdx.x; i < heads * half; i += kRopeThreads) {
-    const int h = i / half, j = i - h * half;
-    const float* v = src + h * head_dim;
-    // kRopePairs: the two halves of pair j are stored rows 2j and 2j + 1.
-    const float x1 = rope_pairs ? v[2 * j] : v[j];
-    const float x2 = rope_pairs ? v[2 * j + 1] : v[j + half];
-    const float o1 = x1 * cs[j] - x2 * sn[j];
-    const float o2 = x2 * cs[j] + x1 * sn[j];
-    if (h < q_heads) {
-      uint16_t* q = q_out + (static_cast<size_t>(t) * q_heads + h) * head_dim;
-      q[j] = ToBf16Bits(o1);
-      q[j + half] = ToBf16Bits(o2);
-    } else if (store) {
-      const int kh = h - q_heads;
-      uint16_t* k = kc + ((blk * kv_heads + kh) * block_size + off) * head_dim;
-      k[j] = ToBf16Bits(o1);
-      k[j + half] = ToBf16Bits(o2);
+  // Where head h's rotated pair (o1, o2) of dimension j goes: q, or the K cache.
+  auto dst_of = [&](int h) -> uint16_t* {
+    if (h < q_heads) return q_out + (static_cast<size_t>(t) * q_heads + h) * head_dim;
+    return store ? kc + ((blk * kv_heads + (h - q_heads)) * block_size + off) * head_dim : nullptr;
+  };
+  // Two dimensions j, j + 1 per thread (vector loads and bf16x2 stores) where
+  // the widths allow, one otherwise: a prefill token has 72 heads of 32 pairs.
+  const bool pairs2 = head_dim % 4 == 0 && reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
+  if (pairs2) {
+    const int half2 = half / 2;
+    for (int i = threadIdx.x; i < heads * half2; i += kRopeThreads) {
+      const int h = i / half2, j = 2 * (i - h * half2);
+      const float* v = src + h * head_dim;
+      float a1, b1, a2, b2;  // x1, x2 of dimensions j (a) and j + 1 (b)
+      if (rope_pairs) {
+        const float4 w = *reinterpret_cast<const float4*>(v + 2 * j);
+        a1 = w.x, a2 = w.y, b1 = w.z, b2 = w.w;
+      } else {
+        const float2 lo = *reinterpret_cast<const float2*>(v + j);
+        const float2 hi = *reinterpret_cast<const float2*>(v + j + half);
+        a1 = lo.x, b1 = lo.y, a2 = hi.x, b2 = hi.y;
+      }
+      uint16_t* d = dst_of(h);
+      if (d == nullptr) continue;
+      const uint32_t first = ToBf16Bits(a1 * cs[j] - a2 * sn[j]) |
+                             static_cast<uint32_t>(ToBf16Bits(b1 * cs[j + 1] - b2 * sn[j + 1]))
+                                 << 16;
+      const uint32_t second = ToBf16Bits(a2 * cs[j] + a1 * sn[j]) |
+                              static_cast<uint32_t>(ToBf16Bits(b2 * cs[j + 1] + b1 * sn[j + 1]))
+                                  << 16;
+      *reinterpret_cast<uint32_t*>(d + j) = first;
+      *reinterpret_cast<uint32_t*>(d + j + half) = second;
+    }
+  } else {
+    for (int i = threadIdx.x; i < heads * half; i += kRopeThreads) {
+      const int h = i / half, j = i - h * half;
+      const float* v = src + h * head_dim;
+      // kRopePairs: the two halves of pair j are stored rows 2j and 2j + 1.
+      const float x1 = rope_pairs ? v[2 * j] : v[j];
+      const float x2 = rope_pairs ? v[2 * j + 1] : v[j + half];
+      uint16_t* d = dst_of(h);
+      if (d == nullptr) continue;
+      d[j] = ToBf16Bits(x1 * cs[j] - x2 * sn[j]);
+      d[j + half] = ToBf16Bits(x2 * cs[j] + x1 * sn[j]);
     }
   }
   if (store) {
     const float* vsrc = src + heads * head_dim;
+    uint16_t* vdst = vc + (blk * kv_heads * block_size + off) * head_dim;
     for (int i = threadIdx.x; i < kv_heads * head_dim; i += kRopeThreads) {
       const int kh = i / head_dim, d = i - kh * head_dim;
-      vc[((blk * kv_heads + kh) * block_size + off) * head_dim + d] = ToBf16Bits(vsrc[i]);
+      vdst[static_cast<long long>(kh) * block_size * head_dim + d] = ToBf16Bits(vsrc[i]);
     }
   }
 }
