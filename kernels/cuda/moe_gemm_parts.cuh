@@ -136,8 +136,13 @@ __device__ __forceinline__ void FenceFragments(uint32_t (&a)[kSteps][4]) {
     for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[i][j])::"memory");
   }
 }
+// The wrappers below take a tile's accumulators (kD of them: kBM / 2 for a
+// tile of kBM token rows) and multiply into the first N / 2, the tile's
+// first N rows.
 // D (64 features x 32 tokens, f32, accumulated) += A (registers) * B (desc).
-__device__ __forceinline__ void WgmmaN32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc) {
+template <int kD>
+__device__ __forceinline__ void WgmmaN32(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(kD >= 16, "accumulators");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
@@ -149,7 +154,9 @@ __device__ __forceinline__ void WgmmaN32(float (&d)[16], const uint32_t (&a)[4],
 }
 
 // D (64 features x 64 tokens, f32, accumulated) += A (registers) * B (desc).
-__device__ __forceinline__ void WgmmaN64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+template <int kD>
+__device__ __forceinline__ void WgmmaN64(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(kD >= 32, "accumulators");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
@@ -160,6 +167,27 @@ __device__ __forceinline__ void WgmmaN64(float (&d)[32], const uint32_t (&a)[4],
         "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
         "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
         "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
+// D (64 features x 96 tokens, f32, accumulated) += A (registers) * B (desc).
+template <int kD>
+__device__ __forceinline__ void WgmmaN96(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(kD >= 48, "accumulators");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %53, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, "
+      "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, "
+      "%35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, {%48, %49, %50, %51}, "
+      "%52, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
@@ -196,6 +224,29 @@ __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4]
   }
 }
 
+// The first kN rows of a tile's accumulators d (kBM / 2 of them, kN <= kBM)
+// += A * B: a tile whose rows from kN on are empty leaves them out of the
+// tensor cores' work.
+template <int kN, int kD>
+__device__ __forceinline__ void WgmmaFirst(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (kN == 128) {
+    WgmmaN128(d, a, desc);
+  } else if constexpr (kN == 96) {
+    WgmmaN96(d, a, desc);
+  } else if constexpr (kN == 64) {
+    WgmmaN64(d, a, desc);
+  } else {
+    static_assert(kN == 32, "wgmma width");
+    WgmmaN32(d, a, desc);
+  }
+}
+
+// The wgmma width for a tile of kBM rows holding `rows` of them.
+template <int kBM>
+__device__ __forceinline__ int WgmmaWidth(int rows) {
+  return min(kBM, (rows + 31) / 32 * 32);
+}
+
 // Warp w of warpgroup wg in a wgmma tile decodes feature rows f0 = 64 wg +
 // 16 (w % 4) + g and f0 + 8 (lane (g, t)) as the A fragments of each k16
 // step; the warpgroup's accumulators hold features x tokens: d[4j + c] is
@@ -214,7 +265,11 @@ __device__ __forceinline__ int WgmmaFeatureRow() {
 // holds k steps 0 and 1, word y steps 2 and 3: each half's wgmmas issue as
 // soon as its fragments are decoded, so the tensor cores start while the
 // second half decodes.
-template <int kBM, int kRowBytes>
+// kN: the rows multiplied (WgmmaWidth of the tile's rows; kBM covers them
+// all). A width chosen per tile picks its own instantiation of the whole
+// loop: a choice between wgmmas inside the loop made the compiler fence
+// every one of them.
+template <int kBM, int kRowBytes, int kN = kBM>
 __device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
                                            const uint8_t* s_scales, int nb, int kt, int c0, int c1,
                                            const uint8_t* sa_low, float (&d)[kBM / 2]) {
@@ -245,13 +300,13 @@ __device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
 #pragma unroll
     for (int k2 = 0; k2 < 2; ++k2) {
       const int kk = 2 * half + k2;
-      Wgmma<kBM>(d, af[kk], desc + 2 * kk);  // +32 bytes per k step
+      WgmmaFirst<kN>(d, af[kk], desc + 2 * kk);  // +32 bytes per k step
     }
   }
   if (sa_low != nullptr) {  // the low parts, against the same weights
     const uint64_t desc_lo = SmemDescSw128(sa_low);
 #pragma unroll
-    for (int kk = 0; kk < kSteps; ++kk) Wgmma<kBM>(d, af[kk], desc_lo + 2 * kk);
+    for (int kk = 0; kk < kSteps; ++kk) WgmmaFirst<kN>(d, af[kk], desc_lo + 2 * kk);
   }
   WgmmaCommit();
   WgmmaWaitAll();

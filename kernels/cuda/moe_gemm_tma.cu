@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/cuda/fp4.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -98,14 +99,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   float d[kBM / 2];
 #pragma unroll
   for (int i = 0; i < kBM / 2; ++i) d[i] = 0.f;
-  for (int kt = 0; kt < k_tiles; ++kt) {
-    MbarWait(&full[kt % kStages], (kt / kStages) & 1);
-    // Every warpgroup is past the previous stage's wgmmas: its slot is free.
-    __syncthreads();
-    if (tid == 0 && kt + kStages - 1 < k_tiles) load(kt + kStages - 1);
-    const uint8_t* st = stages + (kt % kStages) * StageBytes<kBM>();
-    WgmmaStage<kBM, kWeightRowBytes>(st, st + kBM * kActRowBytes, s_scales, nb, kt, c0, c1, nullptr,
-                                     d);
+  // The main loop with wgmmas kN rows wide: only the rows the tile holds go
+  // through the tensor cores (a 128-row tile holding 65-96 of an expert's
+  // rows costs them three quarters of a full one).
+  auto main_loop = [&](auto width) {
+    constexpr int kN = decltype(width)::value;
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      MbarWait(&full[kt % kStages], (kt / kStages) & 1);
+      // Every warpgroup is past the previous stage's wgmmas: its slot is free.
+      __syncthreads();
+      if (tid == 0 && kt + kStages - 1 < k_tiles) load(kt + kStages - 1);
+      const uint8_t* st = stages + (kt % kStages) * StageBytes<kBM>();
+      WgmmaStage<kBM, kWeightRowBytes, kN>(st, st + kBM * kActRowBytes, s_scales, nb, kt, c0, c1,
+                                           nullptr, d);
+    }
+  };
+  const int width = WgmmaWidth<kBM>(rows);
+  if (kBM >= 128 && width > 96) {
+    main_loop(std::integral_constant<int, kBM>{});
+  } else if (kBM >= 128 && width > 64) {
+    main_loop(std::integral_constant<int, (kBM >= 128 ? 96 : kBM)>{});
+  } else if (kBM >= 64 && width > 32) {
+    main_loop(std::integral_constant<int, (kBM >= 64 ? 64 : kBM)>{});
+  } else {
+    main_loop(std::integral_constant<int, 32>{});
   }
   WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
 }

@@ -32,6 +32,8 @@
 //                                          carry h's f16 low part below this many pairs
 //                                          per expert; 0: never)
 //                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
+//                     [--moe-gemm-remainder-tiles 1] (0: an expert's last GEMM tile
+//                                          at full height, not as half-height tiles)
 //                     [--moe-down-split-k 1] (MoeTuning: CTAs sharing each 16-row
 //                                          tile of the decode kernels' down projection)
 //                     [--moe-fuse-max-tokens 8] (MoeTuning: the decode kernels' two
@@ -389,6 +391,8 @@ int main(int argc, char** argv) {
     } else if (a == "--moe-fuse-max-tokens") {
       moe_tuning.fuse_projections_max_tokens =
           static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
+    } else if (a == "--moe-gemm-remainder-tiles") {
+      moe_tuning.gemm_remainder_tiles = v == "1" || v == "true";
     } else if (a == "--moe-down-split-k") {
       moe_tuning.down_split_k = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {
