@@ -530,7 +530,8 @@ cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int r
     }
     if (err == cudaSuccess && t.small_max > 0) {
       err = LaunchMoeGemmTma(down, down ? p.dn_small : p.gu_small, w.num_experts,
-                             std::max(t.small_rows, 32), t.max_small, act, pairs, stream);
+                             std::max(t.small_rows, 32), t.max_small, act, pairs, stream,
+                             /*overlapping=*/true);
     }
   }
   return err;

@@ -53,12 +53,27 @@ size_t SharedBytes(int nb) {
 // weight stages arrive by tensor-map copies that thread 0 issues, kStages - 1
 // ahead, completing on one mbarrier per stage; the scales by cp.async. The
 // decode, wgmma and epilogue are the CTA-per-tile wgmma kernel's.
+//
+// Two launches of one projection (the big tiles, then the remainders) may
+// overlap: each launch lets the next one start once all its CTAs are
+// running (the next one's inputs were complete before this one started), so
+// the remainders fill the SMs the big tiles' last wave leaves idle. A launch
+// that overlaps the one before it (`overlapping`, launched programmatically
+// dependent) waits for that one at its end, so that its own completion, on
+// which the stream's next work waits, still means both are done.
 template <bool kDown, int kBM>
 __global__ void __launch_bounds__(kThreads, 1)
     MoeGemmTmaKernel(const __grid_constant__ CUtensorMap act_map,
-                     const __grid_constant__ CUtensorMap w_map, GemmArgs a) {
+                     const __grid_constant__ CUtensorMap w_map, GemmArgs a, bool overlapping) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  auto wait_for_previous = [&] {
+    if (overlapping) asm volatile("griddepcontrol.wait;" ::: "memory");
+  };
   const int tile = blockIdx.y;
-  if (tile >= *a.num_tiles) return;
+  if (tile >= *a.num_tiles) {
+    wait_for_previous();
+    return;
+  }
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* stages = smem;
   const uint32_t off = ptx::SharedAddress(stages) & 1023u;  // the swizzle's period
@@ -125,6 +140,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     main_loop(std::integral_constant<int, 32>{});
   }
   WgmmaEpilogue<kDown, kBM>(a, d, e, n0, rows, sorted0, c0, c1);
+  wait_for_previous();
 }
 
 PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
@@ -160,7 +176,7 @@ cudaError_t Map2D(CUtensorMap* map, const void* base, CUtensorMapDataType type, 
 
 template <bool kDown, int kBM>
 cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int act_rows,
-                   int max_tiles, cudaStream_t stream) {
+                   int max_tiles, cudaStream_t stream, bool overlapping) {
   CUtensorMap act_map{}, w_map{};
   cudaError_t err =
       Map2D(&act_map, act, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, static_cast<uint64_t>(a.kp),
@@ -177,8 +193,8 @@ cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int 
   err = AllowSharedBytes(kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   const dim3 grid((a.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
-  kernel<<<grid, kThreads, smem, stream>>>(act_map, w_map, a);
-  return cudaGetLastError();
+  return LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, overlapping, act_map, w_map, a,
+                   overlapping);
 }
 
 }  // namespace
@@ -199,18 +215,24 @@ size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs) {
 }
 
 cudaError_t LaunchMoeGemmTma(bool down, const GemmArgs& args, int num_experts, int rows,
-                             int max_tiles, const uint16_t* act, int act_rows,
-                             cudaStream_t stream) {
+                             int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream,
+                             bool overlapping) {
   switch (rows) {
     case 128:
-      return down ? Launch<true, 128>(args, num_experts, act, act_rows, max_tiles, stream)
-                  : Launch<false, 128>(args, num_experts, act, act_rows, max_tiles, stream);
+      return down ? Launch<true, 128>(args, num_experts, act, act_rows, max_tiles, stream,
+                                      overlapping)
+                  : Launch<false, 128>(args, num_experts, act, act_rows, max_tiles, stream,
+                                       overlapping);
     case 64:
-      return down ? Launch<true, 64>(args, num_experts, act, act_rows, max_tiles, stream)
-                  : Launch<false, 64>(args, num_experts, act, act_rows, max_tiles, stream);
+      return down ? Launch<true, 64>(args, num_experts, act, act_rows, max_tiles, stream,
+                                     overlapping)
+                  : Launch<false, 64>(args, num_experts, act, act_rows, max_tiles, stream,
+                                      overlapping);
     case 32:
-      return down ? Launch<true, 32>(args, num_experts, act, act_rows, max_tiles, stream)
-                  : Launch<false, 32>(args, num_experts, act, act_rows, max_tiles, stream);
+      return down ? Launch<true, 32>(args, num_experts, act, act_rows, max_tiles, stream,
+                                     overlapping)
+                  : Launch<false, 32>(args, num_experts, act, act_rows, max_tiles, stream,
+                                      overlapping);
     default:
       return cudaErrorInvalidValue;
   }

@@ -37,8 +37,12 @@ size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs);
 // One projection of `num_experts` experts over the tiles of `args` (`rows`
 // rows each: 32, 64 or 128), `max_tiles` bounding their number on the host.
 // `act` is the activation matrix in routing order, f16 [act_rows, kp]
-// (gate_up: the gathered x; down: h).
+// (gate_up: the gathered x; down: h). `overlapping`: the launch before it in
+// the stream is this launcher's too, for the same projection (other tiles
+// of the same inputs); this one may start while that one's last CTAs run,
+// and ends only after it.
 cudaError_t LaunchMoeGemmTma(bool down, const moe_gemm::GemmArgs& args, int num_experts, int rows,
-                             int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream);
+                             int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream,
+                             bool overlapping = false);
 
 }  // namespace flotilla::kernels::cuda
