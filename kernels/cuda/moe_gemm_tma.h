@@ -10,7 +10,10 @@
 // of MXFP4 blocks) arrive as two tensor-map boxes that one thread issues,
 // completing on an mbarrier per stage, instead of a cp.async per 16 bytes from
 // every thread. gate_up reads x gathered in routing order (moe_gemm.cu's PermuteRowsKernel),
-// so its activation tile is a box of contiguous rows, like down's h.
+// so its activation tile is a box of contiguous rows, like down's h. Its
+// wgmmas cover only the rows a tile holds (widths 32, 64, 96 or 128), and a
+// projection's remainder launch may overlap its big tiles' last wave
+// (`overlapping` below).
 #pragma once
 
 #include <cuda_runtime_api.h>
