@@ -213,17 +213,6 @@ __device__ __forceinline__ void WgmmaN128(float (&d)[64], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
-template <int kN>
-__device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (kN == 128) {
-    WgmmaN128(d, a, desc);
-  } else if constexpr (kN == 64) {
-    WgmmaN64(d, a, desc);
-  } else {
-    WgmmaN32(d, a, desc);
-  }
-}
-
 // The first kN rows of a tile's accumulators d (kBM / 2 of them, kN <= kBM)
 // += A * B: a tile whose rows from kN on are empty leaves them out of the
 // tensor cores' work.
