@@ -58,52 +58,62 @@ size_t SharedBytes(int blocks_per_row) {
 // f16's normal range, as in the decode kernels. With `pair_of`, rows are
 // gathered into routing order instead: dst[r] = src[pair_of[r] / top_k] for
 // the r < *num_valid routed pairs (the TMA kernels' x).
-__global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, uint16_t* dst,
-                                  const int32_t* pair_of = nullptr,
-                                  const int32_t* num_valid = nullptr, int top_k = 1) {
+constexpr int kPermuteThreads = 256;
+
+__global__ void __launch_bounds__(kPermuteThreads)
+    PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, uint16_t* dst,
+                      const int32_t* pair_of = nullptr, const int32_t* num_valid = nullptr,
+                      int top_k = 1) {
   if (num_valid != nullptr) rows = *num_valid;
-  // A thread per 64-group of a destination row: the group's source values
-  // come from all over the same group of the source row, so the thread reads
-  // all 64 (eight 16-byte loads), converts them and writes them permuted
-  // (eight 16-byte stores). Groups that reach past k (or rows that are not
-  // 16-byte aligned) go a value at a time. (Before: a thread per value with
-  // a 64-bit division each, ~95 us of a 2048-token prefill layer on an H200.)
+  // A warp takes four consecutive 64-groups of dst (rows are kp = 64 * groups
+  // long, so dst group G starts at 64 G), a lane one 16-byte chunk of one:
+  // the warp's loads and stores are 512 contiguous bytes (less at a row's
+  // end). The groups' source values go through the warp's shared-memory
+  // slots (160 bytes each, so that the eight value reads of a chunk fall in
+  // distinct banks across the four groups), from which each lane gathers its
+  // chunk's eight values in the permuted order. Groups that reach past k (or
+  // rows that are not 16-byte aligned) go a value at a time. (Before: a
+  // thread per group with 16-byte loads and stores 128 bytes apart across
+  // the warp, ~60 us of a 2048-token prefill layer on an H200.)
+  constexpr int kSlotChunks = 10;  // 128 bytes of values + 32 of padding
+  __shared__ uint4 slots[kPermuteThreads / 32][4][kSlotChunks];
   const int groups = kp / 64;
   const bool vectors = k % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0;
-  const int n = rows * groups;
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    const int r = i / groups, g0 = (i - r * groups) * 64;
-    const size_t row = pair_of != nullptr ? pair_of[r] / top_k : r;
+  const int total = rows * groups;
+  const int lane = threadIdx.x & 31, q = lane >> 3, c = lane & 7;
+  uint4* slot = slots[threadIdx.x >> 5][q];
+  const auto* slot_values = reinterpret_cast<const uint16_t*>(slot);
+  const int warps = gridDim.x * (kPermuteThreads / 32);
+  for (int base = (blockIdx.x * kPermuteThreads + threadIdx.x) / 32 * 4; base < total;
+       base += warps * 4) {
+    const int G = base + q;
+    const bool valid = G < total;
+    const int r = valid ? G / groups : 0, g0 = (G - r * groups) * 64;
+    const size_t row = !valid ? 0 : pair_of != nullptr ? pair_of[r] / top_k : r;
     const uint16_t* s = src + row * k + g0;
-    uint16_t* d = dst + static_cast<size_t>(r) * kp + g0;
-    if (vectors && g0 + 64 <= k) {
-      uint32_t in[32];
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const uint4 v = reinterpret_cast<const uint4*>(s)[c];
-        in[4 * c] = v.x, in[4 * c + 1] = v.y, in[4 * c + 2] = v.z, in[4 * c + 3] = v.w;
-      }
-      // Source value j of the group as f32 (bf16 is f32's high half).
+    uint16_t* d = dst + static_cast<size_t>(G) * 64 + 8 * c;
+    const bool whole = valid && vectors && g0 + 64 <= k;
+    if (whole) slot[c] = reinterpret_cast<const uint4*>(s)[c];
+    __syncwarp();
+    if (whole) {
+      // Value j of the group as f32 (bf16 is f32's high half).
       auto value = [&](int j) {
-        return __uint_as_float((j & 1) != 0 ? in[j >> 1] & 0xFFFF0000u : in[j >> 1] << 16);
+        return __uint_as_float(static_cast<uint32_t>(slot_values[PhysicalOf(j)]) << 16);
       };
+      uint32_t out[4];
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        uint32_t out[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int l = 8 * c + 2 * q;
-          const __half2 h = __floats2half2_rn(value(PhysicalOf(l)), value(PhysicalOf(l + 1)));
-          out[q] = *reinterpret_cast<const uint32_t*>(&h);
-        }
-        reinterpret_cast<uint4*>(d)[c] = make_uint4(out[0], out[1], out[2], out[3]);
+      for (int i = 0; i < 4; ++i) {
+        const __half2 h = __floats2half2_rn(value(8 * c + 2 * i), value(8 * c + 2 * i + 1));
+        out[i] = *reinterpret_cast<const uint32_t*>(&h);
       }
-      continue;
+      *reinterpret_cast<uint4*>(d) = make_uint4(out[0], out[1], out[2], out[3]);
+    } else if (valid) {
+      for (int i = 0; i < 8; ++i) {
+        const int p = g0 + PhysicalOf(8 * c + i);
+        d[i] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(s[p - g0]))) : uint16_t{0};
+      }
     }
-    for (int l = 0; l < 64; ++l) {
-      const int p = g0 + PhysicalOf(l);
-      d[l] = p < k ? __half_as_ushort(__float2half_rn(Bf16ToFloat(s[p - g0]))) : uint16_t{0};
-    }
+    __syncwarp();  // the slots are refilled next
   }
 }
 
@@ -111,9 +121,11 @@ __global__ void PermuteRowsKernel(const uint16_t* src, int rows, int k, int kp, 
 cudaError_t LaunchPermuteRows(const uint16_t* src, int rows, int k, int kp, uint16_t* dst,
                               cudaStream_t stream, const int32_t* pair_of = nullptr,
                               const int32_t* num_valid = nullptr, int top_k = 1) {
-  const size_t n = static_cast<size_t>(rows) * (kp / 64);  // one thread per 64-group
-  PermuteRowsKernel<<<static_cast<unsigned>(std::min<size_t>((n + 255) / 256, 4096)), 256, 0,
-                      stream>>>(src, rows, k, kp, dst, pair_of, num_valid, top_k);
+  const size_t n = static_cast<size_t>(rows) * (kp / 64) * 8;  // a lane per 16-byte chunk
+  PermuteRowsKernel<<<static_cast<unsigned>(
+                          std::min<size_t>((n + kPermuteThreads - 1) / kPermuteThreads, 4096)),
+                      kPermuteThreads, 0, stream>>>(src, rows, k, kp, dst, pair_of, num_valid,
+                                                    top_k);
   return cudaGetLastError();
 }
 
