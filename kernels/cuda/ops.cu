@@ -52,7 +52,13 @@ __global__ void EmbeddingKernel(const uint16_t* __restrict__ table, int vocab, i
 }
 
 // x[t] (+= add[t]); out[t] = bf16(w * (x * inv)) exactly as the CPU RmsNorm
-// orders the products.
+// orders the products. Rows of up to kNormVecMax values that are 16-byte
+// aligned go four values at a time and stay in registers between the sum of
+// squares and the output (H200, 2,048 rows of 2,880: 15.0 us a call before,
+// when every value was loaded alone and read twice).
+constexpr int kNormVecPerThread = 4;
+constexpr int kNormVecMax = 4 * kNormThreads * kNormVecPerThread;
+
 __global__ void __launch_bounds__(kNormThreads)
     AddRmsNormKernel(float* __restrict__ x, const float* __restrict__ add,
                      const uint16_t* __restrict__ weight, const int32_t* __restrict__ rows,
@@ -62,9 +68,48 @@ __global__ void __launch_bounds__(kNormThreads)
   asm volatile("griddepcontrol.launch_dependents;");
   const int r = rows != nullptr ? rows[blockIdx.x] : blockIdx.x;
   float* xr = x + static_cast<size_t>(r) * hidden;
+  const float* ar = add != nullptr ? add + static_cast<size_t>(r) * hidden : nullptr;
+  uint16_t* o = out + static_cast<size_t>(blockIdx.x) * hidden;
+  const bool vectors = hidden % 4 == 0 && hidden <= kNormVecMax &&
+                       reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                       (add == nullptr || reinterpret_cast<uintptr_t>(add) % 16 == 0) &&
+                       reinterpret_cast<uintptr_t>(weight) % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  if (vectors) {
+    const int n4 = hidden / 4;
+    float4 v[kNormVecPerThread];
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < kNormVecPerThread; ++u) {
+      const int i = threadIdx.x + u * kNormThreads;
+      if (i >= n4) break;
+      v[u] = reinterpret_cast<const float4*>(xr)[i];
+      if (ar != nullptr) {
+        const float4 a = reinterpret_cast<const float4*>(ar)[i];
+        v[u].x += a.x, v[u].y += a.y, v[u].z += a.z, v[u].w += a.w;
+        reinterpret_cast<float4*>(xr)[i] = v[u];
+      }
+      ss += v[u].x * v[u].x + v[u].y * v[u].y + v[u].z * v[u].z + v[u].w * v[u].w;
+    }
+    ss = BlockSum<kNormThreads>(ss, scratch);
+    const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
+#pragma unroll
+    for (int u = 0; u < kNormVecPerThread; ++u) {
+      const int i = threadIdx.x + u * kNormThreads;
+      if (i >= n4) break;
+      const uint2 w = reinterpret_cast<const uint2*>(weight)[i];
+      auto norm = [&](uint32_t wbits, float xv) {
+        return static_cast<uint32_t>(ToBf16Bits(__fmul_rn(Bf16Bits(static_cast<uint16_t>(wbits)),
+                                                          __fmul_rn(xv, inv))));
+      };
+      reinterpret_cast<uint2*>(o)[i] =
+          make_uint2(norm(w.x & 0xFFFFu, v[u].x) | norm(w.x >> 16, v[u].y) << 16,
+                     norm(w.y & 0xFFFFu, v[u].z) | norm(w.y >> 16, v[u].w) << 16);
+    }
+    return;
+  }
   float ss = 0.0f;
-  if (add != nullptr) {
-    const float* ar = add + static_cast<size_t>(r) * hidden;
+  if (ar != nullptr) {
     for (int c = threadIdx.x; c < hidden; c += kNormThreads) {
       float v = xr[c] + ar[c];
       xr[c] = v;
@@ -78,7 +123,6 @@ __global__ void __launch_bounds__(kNormThreads)
   }
   ss = BlockSum<kNormThreads>(ss, scratch);
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(hidden) + eps);
-  uint16_t* o = out + static_cast<size_t>(blockIdx.x) * hidden;
   for (int c = threadIdx.x; c < hidden; c += kNormThreads) {
     o[c] = ToBf16Bits(__fmul_rn(Bf16Bits(weight[c]), __fmul_rn(xr[c], inv)));
   }
