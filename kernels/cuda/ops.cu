@@ -70,11 +70,10 @@ __global__ void __launch_bounds__(kNormThreads)
   float* xr = x + static_cast<size_t>(r) * hidden;
   const float* ar = add != nullptr ? add + static_cast<size_t>(r) * hidden : nullptr;
   uint16_t* o = out + static_cast<size_t>(blockIdx.x) * hidden;
-  const bool vectors = hidden % 4 == 0 && hidden <= kNormVecMax &&
-                       reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-                       (add == nullptr || reinterpret_cast<uintptr_t>(add) % 16 == 0) &&
-                       reinterpret_cast<uintptr_t>(weight) % 8 == 0 &&
-                       reinterpret_cast<uintptr_t>(out) % 8 == 0;
+  const bool vectors =
+      hidden % 4 == 0 && hidden <= kNormVecMax && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+      (add == nullptr || reinterpret_cast<uintptr_t>(add) % 16 == 0) &&
+      reinterpret_cast<uintptr_t>(weight) % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 8 == 0;
   if (vectors) {
     const int n4 = hidden / 4;
     float4 v[kNormVecPerThread];
@@ -99,8 +98,8 @@ __global__ void __launch_bounds__(kNormThreads)
       if (i >= n4) break;
       const uint2 w = reinterpret_cast<const uint2*>(weight)[i];
       auto norm = [&](uint32_t wbits, float xv) {
-        return static_cast<uint32_t>(ToBf16Bits(__fmul_rn(Bf16Bits(static_cast<uint16_t>(wbits)),
-                                                          __fmul_rn(xv, inv))));
+        return static_cast<uint32_t>(
+            ToBf16Bits(__fmul_rn(Bf16Bits(static_cast<uint16_t>(wbits)), __fmul_rn(xv, inv))));
       };
       reinterpret_cast<uint2*>(o)[i] =
           make_uint2(norm(w.x & 0xFFFFu, v[u].x) | norm(w.x >> 16, v[u].y) << 16,
