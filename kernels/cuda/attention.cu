@@ -885,41 +885,59 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
   // Splits that hold keys of this row block (every CTA computes the same
   // count); with one, this CTA writes the output itself.
   const int ns = FUSED ? min(p.splits, (kr.hi - tile_lo) / p.chunk + 1) : 1;
-  for (int idx = tid; idx < kRows * kD; idx += kThreads) {
-    const int r = idx / kD, d = idx % kD;
+  // A thread per row first: the weight of each key slot's sums (its share of
+  // the row's maximum and, with one split, the sink's normalisation folded
+  // in), the row's output offset, and a split's (max, sum). Then each value
+  // is its slots' weighted sum (before, every value redid the row's work:
+  // a division by the group, the sink, three exp2f and a division).
+  float* red_w = red_l + kKs * kRows;                              // [kKs][kRows]
+  auto* red_off = reinterpret_cast<size_t*>(red_w + kKs * kRows);  // [kRows]
+  for (int r = tid; r < kRows; r += kThreads) {
     const int row = row0 + r;
     if (row >= rows_total) break;
     float M = kNoMax;
 #pragma unroll
     for (int k = 0; k < kKs; ++k) M = fmaxf(M, red_m[k * kRows + r]);
-    float l = 0.f, a = 0.f;
+    float f[kKs], l = 0.f;
 #pragma unroll
     for (int k = 0; k < kKs; ++k) {
-      const float f = exp2f(red_m[k * kRows + r] - M);
-      l += red_l[k * kRows + r] * f;
-      a += red_acc[(k * kRows + r) * kD + d] * f;
+      f[k] = exp2f(red_m[k * kRows + r] - M);
+      l += red_l[k * kRows + r] * f[k];
     }
     const int i = row / p.group;
     const int h = g * p.group + row % p.group;
+    float scale = 1.f;
     if (ns == 1) {
       const float sink = p.sinks[h] * kLog2e;
       const float Mf = fmaxf(M, sink);
-      const float f = exp2f(M - Mf);
-      const float o = a * f / (l * f + exp2f(sink - Mf));
-      p.out[(static_cast<size_t>(qs + i) * p.q_heads + h) * kD + d] =
-          __bfloat16_as_ushort(__float2bfloat16_rn(o));
+      const float fs = exp2f(M - Mf);
+      scale = fs / (l * fs + exp2f(sink - Mf));
+      red_off[r] = (static_cast<size_t>(qs + i) * p.q_heads + h) * kD;
     } else {
       const size_t slot =
           ((static_cast<size_t>(b) * p.splits + split) * p.max_q + i) * p.q_heads + h;
-      p.part_acc[slot * kD + d] = a;
-      if (d == 0) {
-        p.part_ml[slot * 2] = M;
-        p.part_ml[slot * 2 + 1] = l;
-      }
+      p.part_ml[slot * 2] = M;
+      p.part_ml[slot * 2 + 1] = l;
+      red_off[r] = slot * kD;
+    }
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) red_w[k * kRows + r] = f[k] * scale;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kRows * kD; idx += kThreads) {
+    const int r = idx / kD, d = idx % kD;
+    if (row0 + r >= rows_total) break;
+    float a = 0.f;
+#pragma unroll
+    for (int k = 0; k < kKs; ++k) a += red_acc[(k * kRows + r) * kD + d] * red_w[k * kRows + r];
+    if (ns == 1) {
+      p.out[red_off[r] + d] = __bfloat16_as_ushort(__float2bfloat16_rn(a));
+    } else {
+      p.part_acc[red_off[r] + d] = a;
     }
   }
   if constexpr (FUSED) {
-    if (ns > 1) MergeSplits<kIsWide<STAGES, KV8>>(p, red_l + kKs * kRows, b, g, qs, rows_total, ns);
+    if (ns > 1) MergeSplits<kIsWide<STAGES, KV8>>(p, red_w, b, g, qs, rows_total, ns);
   }
 }
 
@@ -988,7 +1006,10 @@ size_t SmemBytes() {
   const size_t q = static_cast<size_t>(16 * RG * MR * kD) * sizeof(uint16_t);
   if constexpr (!KV8) return q + STAGES * kStageElems * sizeof(uint16_t);
   const size_t rows = 16 * RG * MR, ks = 4 / RG;
-  const size_t reduce = (ks * rows * kD + 2 * ks * rows) * sizeof(float) + 16;
+  // Partial sums, maxima, sums and weights per key slot and row, the rows'
+  // output offsets, and MergeSplits' flag.
+  const size_t reduce =
+      (ks * rows * kD + 3 * ks * rows) * sizeof(float) + rows * sizeof(size_t) + 16;
   // Decode CTAs (MR 1) read the ring's codes directly; prefill converts.
   const size_t ring = STAGES * fp8_tile::kStageBytes + (MR == 1 ? 0 : fp8_tile::kConvertedBytes);
   return q + std::max(ring, reduce);
