@@ -138,6 +138,22 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The sum over a quad's four lanes (the lanes sharing an mma row).
+__device__ __forceinline__ float QuadSum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// What a row's sums (max M and sum l of e^(score - M), log2 domain) are
+// multiplied by to give its output with the head's sink (in natural log
+// units): e^(M - M') / (l e^(M - M') + e^(sink - M')), M' = max(M, sink).
+__device__ __forceinline__ float SinkScale(float M, float l, float sink) {
+  const float s = sink * kLog2e;
+  const float Mf = fmaxf(M, s);
+  const float f = exp2f(M - Mf);
+  return f / (l * f + exp2f(s - Mf));
+}
+
 // Element offset of 16-byte chunk c of row r in a [rows][64] bf16 tile; the
 // chunk index is XOR-swizzled with the row so ldmatrix is conflict free.
 __device__ __forceinline__ int Swz(int r, int c) { return r * kD + ((c ^ (r & 7)) << 3); }
@@ -813,18 +829,12 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
     for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
-        float l = l_run[mr][hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = QuadSum(l_run[mr][hr]);
         const int row = row0 + (rg * MR + mr) * 16 + g4 + hr * 8;
         if (row >= rows_total) continue;
         const int i = row / p.group;
         const int h = g * p.group + row % p.group;
-        const float M = m_run[mr][hr];
-        const float sink = p.sinks[h] * kLog2e;
-        const float Mf = fmaxf(M, sink);
-        const float f = exp2f(M - Mf);
-        const float scale = kInv * f / (l * f + exp2f(sink - Mf));
+        const float scale = kInv * SinkScale(m_run[mr][hr], l, p.sinks[h]);
         uint16_t* o = p.out + (static_cast<size_t>(qs + i) * p.q_heads + h) * kD;
         if constexpr (kDirect) {
           // n-tile 2 c + parity, column n: dimension 16 c + 2 n + parity.
@@ -855,9 +865,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
   for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
     for (int hr = 0; hr < 2; ++hr) {
-      float l = l_run[mr][hr];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = QuadSum(l_run[mr][hr]);
       const int r = (rg * MR + mr) * 16 + g4 + hr * 8;
       if (t4 == 0) {
         red_m[kslot * kRows + r] = m_run[mr][hr];
@@ -908,10 +916,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
     const int h = g * p.group + row % p.group;
     float scale = 1.f;
     if (ns == 1) {
-      const float sink = p.sinks[h] * kLog2e;
-      const float Mf = fmaxf(M, sink);
-      const float fs = exp2f(M - Mf);
-      scale = fs / (l * fs + exp2f(sink - Mf));
+      scale = SinkScale(M, l, p.sinks[h]);
       red_off[r] = (static_cast<size_t>(qs + i) * p.q_heads + h) * kD;
     } else {
       const size_t slot =
