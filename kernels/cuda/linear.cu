@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/ep_lines.cuh"
@@ -393,7 +394,9 @@ struct LinearContext {
   LtApi api;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  float* bias_f32 = nullptr;
+  float* bias_f32 = nullptr;  // staging for biases not in bias_cache
+  // f32 copies of the biases named by CacheLinearBias, by their bf16 address.
+  std::unordered_map<const uint16_t*, float*> bias_cache;
   std::vector<LtPlan> plans;
   bool deterministic = false;  // SetLinearDeterministic
 
@@ -408,6 +411,7 @@ struct LinearContext {
     if (api.lib != nullptr) dlclose(api.lib);
     cudaFree(workspace);
     cudaFree(bias_f32);
+    for (const auto& [bf16, f32] : bias_cache) cudaFree(f32);
   }
 
   // Descriptors for y^T [out, T] (column-major) = W [in, out]^T . x^T [in, T].
@@ -496,6 +500,22 @@ void DestroyLinearContext(LinearContext* ctx) { delete ctx; }
 
 bool LinearUsesCublasLt(const LinearContext* ctx) { return ctx != nullptr && ctx->handle != nullptr; }
 
+cudaError_t CacheLinearBias(LinearContext* ctx, const uint16_t* bias, int n, cudaStream_t stream) {
+  if (ctx == nullptr || bias == nullptr || n <= 0) return cudaErrorInvalidValue;
+  if (ctx->bias_cache.count(bias) != 0) return cudaSuccess;
+  float* f32 = nullptr;
+  cudaError_t err = cudaMalloc(&f32, static_cast<size_t>(n) * sizeof(float));
+  if (err != cudaSuccess) return err;
+  BiasToF32Kernel<<<(n + 255) / 256, 256, 0, stream>>>(bias, n, f32);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    cudaFree(f32);
+    return err;
+  }
+  ctx->bias_cache.emplace(bias, f32);
+  return cudaSuccess;
+}
+
 void SetLinearDeterministic(LinearContext* ctx, bool deterministic) {
   if (ctx != nullptr) ctx->deterministic = deterministic;
 }
@@ -531,7 +551,16 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
   float beta = accumulate ? 1.0f : 0.0f;
   if (bias != nullptr) {
     if (plan->epilogue_bias) {
-      BiasToF32Kernel<<<(out + 255) / 256, 256, 0, stream>>>(bias, out, ctx->bias_f32);
+      // The plan's descriptor is shared by every projection of its shape: it
+      // is pointed at this one's f32 bias, converted once if cached.
+      const auto cached = ctx->bias_cache.find(bias);
+      const float* bias_ptr = ctx->bias_f32;
+      if (cached != ctx->bias_cache.end()) {
+        bias_ptr = cached->second;
+      } else {
+        BiasToF32Kernel<<<(out + 255) / 256, 256, 0, stream>>>(bias, out, ctx->bias_f32);
+      }
+      ctx->api.desc_set(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof(bias_ptr));
     } else {
       const size_t n = static_cast<size_t>(tokens) * out;
       PrefillBiasKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(

@@ -32,6 +32,10 @@ constexpr int kActRowBytes = kBK * 2;  // f16, 128-byte swizzled by the copy
 // Two blocks per weight row per stage, dense: a warp's 8-byte fragment reads
 // of rows g (0-7) fall in two wavefronts, which 256 bytes take anyway.
 constexpr int kWeightRowBytes = kBK / 2;
+// Four stages, consumed two at a time: one CTA barrier per 128 values of the
+// reduction, the copies one pair ahead (H200, 120b layer, against one stage
+// per barrier with three ahead: 1,024 tokens 866 / 904-915 us, 2,048
+// 1,206-1,212 / 1,210-1,228, 4,096 within the runs' spread).
 constexpr int kStages = 4;
 
 template <int kBM>
@@ -50,8 +54,8 @@ size_t SharedBytes(int nb) {
 }
 
 // One (row tile, 128 features) tile of one projection: the activation and
-// weight stages arrive by tensor-map copies that thread 0 issues, kStages - 1
-// ahead, completing on one mbarrier per stage; the scales by cp.async. The
+// weight stages arrive by tensor-map copies that thread 0 issues a pair of
+// stages ahead, completing on one mbarrier per stage; the scales by cp.async. The
 // decode, wgmma and epilogue are the CTA-per-tile wgmma kernel's.
 //
 // Two launches of one projection (the big tiles, then the remainders) may
@@ -97,9 +101,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     TmaLoad2D(st, &act_map, kt * kBK, sorted0, bar);
     TmaLoad2D(st + kBM * kActRowBytes, &w_map, kt * kWeightRowBytes, w_row, bar);
   };
+  static_assert(kStages == 4, "two pairs of stages: one in use, one in flight");
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) MbarInit(&full[i], 1);
-    for (int kt = 0; kt < kStages - 1 && kt < k_tiles; ++kt) load(kt);
+    for (int kt = 0; kt < 2 && kt < k_tiles; ++kt) load(kt);
   }
   // The tile's scales: [kBN rows][nb]; rows past the end are never used.
   const uint8_t* scale_src = a.scales + (static_cast<size_t>(e) * a.n + n0) * nb;
@@ -119,14 +124,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   // rows costs them three quarters of a full one).
   auto main_loop = [&](auto width) {
     constexpr int kN = decltype(width)::value;
-    for (int kt = 0; kt < k_tiles; ++kt) {
-      MbarWait(&full[kt % kStages], (kt / kStages) & 1);
-      // Every warpgroup is past the previous stage's wgmmas: its slot is free.
-      __syncthreads();
-      if (tid == 0 && kt + kStages - 1 < k_tiles) load(kt + kStages - 1);
+    auto stage = [&](int kt) {
       const uint8_t* st = stages + (kt % kStages) * StageBytes<kBM>();
       WgmmaStage<kBM, kWeightRowBytes, kN>(st, st + kBM * kActRowBytes, s_scales, nb, kt, c0, c1,
                                            nullptr, d);
+    };
+    // Waits for stage kt (and kt + 1 with `second`); once every warpgroup is
+    // past the previous pair's wgmmas, that pair's slots take the next pair.
+    auto pair_wait = [&](int kt, bool second) {
+      MbarWait(&full[kt % kStages], (kt / kStages) & 1);
+      if (second) MbarWait(&full[(kt + 1) % kStages], ((kt + 1) / kStages) & 1);
+      __syncthreads();
+      if (tid == 0) {
+        if (kt + 2 < k_tiles) load(kt + 2);
+        if (kt + 3 < k_tiles) load(kt + 3);
+      }
+    };
+    // Whole pairs, then an odd last stage (no wgmma under a condition).
+    for (int kt = 0; kt + 1 < k_tiles; kt += 2) {
+      pair_wait(kt, true);
+      stage(kt);
+      stage(kt + 1);
+    }
+    if (k_tiles % 2 != 0) {
+      pair_wait(k_tiles - 1, false);
+      stage(k_tiles - 1);
     }
   };
   const int width = WgmmaWidth<kBM>(rows);

@@ -137,6 +137,28 @@ __global__ void AddInPlaceKernel(float* __restrict__ x, const float* __restrict_
 }
 
 constexpr int kRopeThreads = 256;
+
+// The rotation of pair (x1, x2) by (c, s) with every product rounded (no
+// fused multiply-add), as the CPU reference computes it, so that every RoPE
+// kernel gives the same bits.
+__device__ __forceinline__ float RotateFirst(float x1, float x2, float c, float s) {
+  return __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+}
+__device__ __forceinline__ float RotateSecond(float x1, float x2, float c, float s) {
+  return __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+}
+// Pairs (a1, a2) of dimension j and (b1, b2) of j + 1 rotated by cs[0..1],
+// sn[0..1], as bf16x2 words: x = the first halves (dimensions j, j + 1), y =
+// the second halves (j + half, j + 1 + half).
+__device__ __forceinline__ uint2 RotateTwoPairs(float a1, float a2, float b1, float b2,
+                                                const float* cs, const float* sn) {
+  const uint32_t first = ToBf16Bits(RotateFirst(a1, a2, cs[0], sn[0])) |
+                         static_cast<uint32_t>(ToBf16Bits(RotateFirst(b1, b2, cs[1], sn[1]))) << 16;
+  const uint32_t second = ToBf16Bits(RotateSecond(a1, a2, cs[0], sn[0])) |
+                          static_cast<uint32_t>(ToBf16Bits(RotateSecond(b1, b2, cs[1], sn[1])))
+                              << 16;
+  return make_uint2(first, second);
+}
 constexpr int kMaxHalf = 128;  // head_dim <= 256
 
 __global__ void __launch_bounds__(kRopeThreads)
@@ -186,14 +208,9 @@ __global__ void __launch_bounds__(kRopeThreads)
       }
       uint16_t* d = dst_of(h);
       if (d == nullptr) continue;
-      const uint32_t first = ToBf16Bits(a1 * cs[j] - a2 * sn[j]) |
-                             static_cast<uint32_t>(ToBf16Bits(b1 * cs[j + 1] - b2 * sn[j + 1]))
-                                 << 16;
-      const uint32_t second = ToBf16Bits(a2 * cs[j] + a1 * sn[j]) |
-                              static_cast<uint32_t>(ToBf16Bits(b2 * cs[j + 1] + b1 * sn[j + 1]))
-                                  << 16;
-      *reinterpret_cast<uint32_t*>(d + j) = first;
-      *reinterpret_cast<uint32_t*>(d + j + half) = second;
+      const uint2 r = RotateTwoPairs(a1, a2, b1, b2, cs + j, sn + j);
+      *reinterpret_cast<uint32_t*>(d + j) = r.x;
+      *reinterpret_cast<uint32_t*>(d + j + half) = r.y;
     }
   } else {
     for (int i = threadIdx.x; i < heads * half; i += kRopeThreads) {
@@ -204,8 +221,8 @@ __global__ void __launch_bounds__(kRopeThreads)
       const float x2 = rope_pairs ? v[2 * j + 1] : v[j + half];
       uint16_t* d = dst_of(h);
       if (d == nullptr) continue;
-      d[j] = ToBf16Bits(x1 * cs[j] - x2 * sn[j]);
-      d[j + half] = ToBf16Bits(x2 * cs[j] + x1 * sn[j]);
+      d[j] = ToBf16Bits(RotateFirst(x1, x2, cs[j], sn[j]));
+      d[j + half] = ToBf16Bits(RotateSecond(x1, x2, cs[j], sn[j]));
     }
   }
   if (store) {
@@ -214,6 +231,74 @@ __global__ void __launch_bounds__(kRopeThreads)
     for (int i = threadIdx.x; i < kv_heads * head_dim; i += kRopeThreads) {
       const int kh = i / head_dim, d = i - kh * head_dim;
       vdst[static_cast<long long>(kh) * block_size * head_dim + d] = ToBf16Bits(vsrc[i]);
+    }
+  }
+}
+
+// RopeKvWriteKernel's common case (head_dim 64, kRopePairs rows, qkv on 16
+// bytes): a token's row is (q_heads + 2 kv_heads) * 16 float4s, each a
+// thread's item: in a q or k head, rotated pairs j and j + 1 (both halves of
+// each, kRopePairs), in a v head four values. Every item's load is issued
+// before the token's cos/sin are computed, so the trigonometry runs while the
+// row is in flight.
+constexpr int kRope64Items = 6;  // per thread and pass; 80 heads take 5
+__global__ void __launch_bounds__(kRopeThreads)
+    RopeKvWrite64Kernel(const float4* __restrict__ qkv, const int32_t* __restrict__ positions,
+                        const int32_t* __restrict__ slots, int q_heads, int kv_heads,
+                        const float* __restrict__ inv_freq, float scaling,
+                        uint16_t* __restrict__ kc, uint16_t* __restrict__ vc, int block_size,
+                        long long cache_slots, uint16_t* __restrict__ q_out) {
+  constexpr int kHeadDim = 64, kHalf = 32, kVecs = kHeadDim / 4;
+  __shared__ float cs[kHalf], sn[kHalf];
+  asm volatile("griddepcontrol.launch_dependents;");
+  const int t = blockIdx.x;
+  const int heads = q_heads + kv_heads, items = (heads + kv_heads) * kVecs;
+  const float4* row = qkv + static_cast<size_t>(t) * items;
+  const long long slot = slots != nullptr ? slots[t] : -1;
+  const bool store = slot >= 0 && slot < cache_slots;
+  const long long blk = store ? slot / block_size : 0;
+  const int off = store ? static_cast<int>(slot % block_size) : 0;
+  for (int base = 0; base < items; base += kRope64Items * kRopeThreads) {
+    float4 v[kRope64Items];
+#pragma unroll
+    for (int u = 0; u < kRope64Items; ++u) {
+      const int i = base + u * kRopeThreads + threadIdx.x;
+      if (i < items) v[u] = row[i];
+    }
+    if (base == 0) {
+      if (threadIdx.x < kHalf) {
+        const float angle = __fmul_rn(static_cast<float>(positions[t]), inv_freq[threadIdx.x]);
+        cs[threadIdx.x] = cosf(angle) * scaling;
+        sn[threadIdx.x] = sinf(angle) * scaling;
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int u = 0; u < kRope64Items; ++u) {
+      const int i = base + u * kRopeThreads + threadIdx.x;
+      if (i >= items) continue;
+      const int h = i / kVecs, c = i % kVecs;
+      if (h >= heads) {  // v: four values as they are
+        if (!store) continue;
+        const uint32_t lo = ToBf16Bits(v[u].x) | static_cast<uint32_t>(ToBf16Bits(v[u].y)) << 16;
+        const uint32_t hi = ToBf16Bits(v[u].z) | static_cast<uint32_t>(ToBf16Bits(v[u].w)) << 16;
+        const int kh = h - heads;
+        *reinterpret_cast<uint2*>(vc + ((blk * kv_heads + kh) * block_size + off) * kHeadDim +
+                                  4 * c) = make_uint2(lo, hi);
+        continue;
+      }
+      uint16_t* d;
+      if (h < q_heads) {
+        d = q_out + (static_cast<size_t>(t) * q_heads + h) * kHeadDim;
+      } else if (store) {
+        d = kc + ((blk * kv_heads + (h - q_heads)) * block_size + off) * kHeadDim;
+      } else {
+        continue;
+      }
+      const int j = 2 * c;  // x1, x2 of dimensions j (a) and j + 1 (b)
+      const uint2 r = RotateTwoPairs(v[u].x, v[u].y, v[u].z, v[u].w, cs + j, sn + j);
+      *reinterpret_cast<uint32_t*>(d + j) = r.x;
+      *reinterpret_cast<uint32_t*>(d + j + kHalf) = r.y;
     }
   }
 }
@@ -293,6 +378,14 @@ cudaError_t LaunchRopeKvWrite(const float* qkv, const int32_t* positions, const 
   }
   if (tokens == 0) return cudaSuccess;
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
+  const bool aligned = reinterpret_cast<uintptr_t>(qkv) % 16 == 0 &&
+                       (slots == nullptr || reinterpret_cast<uintptr_t>(cache.v) % 8 == 0);
+  if (cache.head_dim == 64 && order == QkvRowOrder::kRopePairs && aligned) {
+    RopeKvWrite64Kernel<<<tokens, kRopeThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(qkv), positions, slots, q_heads, cache.kv_heads, inv_freq,
+        scaling, cache.k, cache.v, cache.block_size > 0 ? cache.block_size : 1, cache_slots, q_out);
+    return cudaGetLastError();
+  }
   RopeKvWriteKernel<<<tokens, kRopeThreads, 0, stream>>>(
       qkv, positions, slots, q_heads, cache.kv_heads, cache.head_dim, inv_freq, scaling, cache.k,
       cache.v, cache.block_size > 0 ? cache.block_size : 1, cache_slots,

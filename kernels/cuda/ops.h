@@ -43,6 +43,11 @@ void DestroyLinearContext(LinearContext* ctx);
 // Whether the large-batch path found cuBLASLt (opened at run time); without it
 // large batches run the small-batch kernel over 16-token slices.
 bool LinearUsesCublasLt(const LinearContext* ctx);
+// Keeps an f32 copy of the bf16 bias [n] (converted on `stream`) for the
+// cuBLASLt path of LaunchLinear, which otherwise converts the bias into
+// staging before every large-batch call. For biases that stay in place and
+// unchanged while the context lives (a model's projection biases).
+cudaError_t CacheLinearBias(LinearContext* ctx, const uint16_t* bias, int n, cudaStream_t stream);
 // Deterministic projections through this context: an accumulating GEMV keeps
 // its whole input in one block per row tile, where it otherwise splits it
 // over up to 3 blocks per SM whose sums meet in float atomics (in whatever

@@ -278,6 +278,13 @@ absl::StatusOr<size_t> UploadWeights(CudaDeviceState& d, const ModelConfig& c, C
     FLOTILLA_RETURN_IF_ERROR(UploadLayerAttention(L, src, b, shard.tp_rank, s));
     FLOTILLA_RETURN_IF_ERROR(UploadLayerExperts(L, src, shard.slot_expert[l], shard, b, s));
   }
+  // The projections' biases in f32 once, for the cuBLASLt epilogue of the
+  // steps with more tokens than the GEMV takes.
+  for (const Layer& L : d.layers) {
+    FLOTILLA_CUDA_RETURN(kc::CacheLinearBias(d.linear, L.bqkv, static_cast<int>(b.QKV), s));
+    FLOTILLA_CUDA_RETURN(kc::CacheLinearBias(d.linear, L.bo, static_cast<int>(b.H), s));
+    FLOTILLA_CUDA_RETURN(kc::CacheLinearBias(d.linear, L.router_bias, static_cast<int>(b.E), s));
+  }
   FLOTILLA_CUDA_RETURN(cudaStreamSynchronize(s));
   return weight_bytes;
 }
