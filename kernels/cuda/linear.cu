@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kernels/cuda/ep_lines.cuh"
@@ -395,8 +396,9 @@ struct LinearContext {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   float* bias_f32 = nullptr;  // staging for biases not in bias_cache
-  // f32 copies of the biases named by CacheLinearBias, by their bf16 address.
-  std::unordered_map<const uint16_t*, float*> bias_cache;
+  // f32 copies of the biases named by CacheLinearBias (and their lengths),
+  // by their bf16 address.
+  std::unordered_map<const uint16_t*, std::pair<float*, int>> bias_cache;
   std::vector<LtPlan> plans;
   bool deterministic = false;  // SetLinearDeterministic
 
@@ -411,7 +413,7 @@ struct LinearContext {
     if (api.lib != nullptr) dlclose(api.lib);
     cudaFree(workspace);
     cudaFree(bias_f32);
-    for (const auto& [bf16, f32] : bias_cache) cudaFree(f32);
+    for (const auto& [bf16, f32] : bias_cache) cudaFree(f32.first);
   }
 
   // Descriptors for y^T [out, T] (column-major) = W [in, out]^T . x^T [in, T].
@@ -502,7 +504,8 @@ bool LinearUsesCublasLt(const LinearContext* ctx) { return ctx != nullptr && ctx
 
 cudaError_t CacheLinearBias(LinearContext* ctx, const uint16_t* bias, int n, cudaStream_t stream) {
   if (ctx == nullptr || bias == nullptr || n <= 0) return cudaErrorInvalidValue;
-  if (ctx->bias_cache.count(bias) != 0) return cudaSuccess;
+  const auto cached = ctx->bias_cache.find(bias);
+  if (cached != ctx->bias_cache.end() && cached->second.second >= n) return cudaSuccess;
   float* f32 = nullptr;
   cudaError_t err = cudaMalloc(&f32, static_cast<size_t>(n) * sizeof(float));
   if (err != cudaSuccess) return err;
@@ -512,7 +515,9 @@ cudaError_t CacheLinearBias(LinearContext* ctx, const uint16_t* bias, int n, cud
     cudaFree(f32);
     return err;
   }
-  ctx->bias_cache.emplace(bias, f32);
+  // A shorter copy is replaced (cudaFree waits for the work that may read it).
+  if (cached != ctx->bias_cache.end()) cudaFree(cached->second.first);
+  ctx->bias_cache[bias] = {f32, n};
   return cudaSuccess;
 }
 
@@ -553,10 +558,11 @@ cudaError_t LaunchLinear(LinearContext* ctx, const uint16_t* x, const uint16_t* 
     if (plan->epilogue_bias) {
       // The plan's descriptor is shared by every projection of its shape: it
       // is pointed at this one's f32 bias, converted once if cached.
+      // (A cached copy shorter than `out` is not used.)
       const auto cached = ctx->bias_cache.find(bias);
       const float* bias_ptr = ctx->bias_f32;
-      if (cached != ctx->bias_cache.end()) {
-        bias_ptr = cached->second;
+      if (cached != ctx->bias_cache.end() && cached->second.second >= out) {
+        bias_ptr = cached->second.first;
       } else {
         BiasToF32Kernel<<<(out + 255) / 256, 256, 0, stream>>>(bias, out, ctx->bias_f32);
       }

@@ -20,6 +20,11 @@ __device__ __forceinline__ uint16_t ToBf16Bits(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
+// bf16x2 of (lo, hi), each rounded to nearest even.
+__device__ __forceinline__ uint32_t PackBf16Pair(float lo, float hi) {
+  return ToBf16Bits(lo) | static_cast<uint32_t>(ToBf16Bits(hi)) << 16;
+}
+
 // Sum over a block of kThreads threads; every thread gets the total.
 template <int kThreads>
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {
@@ -152,12 +157,9 @@ __device__ __forceinline__ float RotateSecond(float x1, float x2, float c, float
 // the second halves (j + half, j + 1 + half).
 __device__ __forceinline__ uint2 RotateTwoPairs(float a1, float a2, float b1, float b2,
                                                 const float* cs, const float* sn) {
-  const uint32_t first = ToBf16Bits(RotateFirst(a1, a2, cs[0], sn[0])) |
-                         static_cast<uint32_t>(ToBf16Bits(RotateFirst(b1, b2, cs[1], sn[1]))) << 16;
-  const uint32_t second = ToBf16Bits(RotateSecond(a1, a2, cs[0], sn[0])) |
-                          static_cast<uint32_t>(ToBf16Bits(RotateSecond(b1, b2, cs[1], sn[1])))
-                              << 16;
-  return make_uint2(first, second);
+  return make_uint2(
+      PackBf16Pair(RotateFirst(a1, a2, cs[0], sn[0]), RotateFirst(b1, b2, cs[1], sn[1])),
+      PackBf16Pair(RotateSecond(a1, a2, cs[0], sn[0]), RotateSecond(b1, b2, cs[1], sn[1])));
 }
 constexpr int kMaxHalf = 128;  // head_dim <= 256
 
@@ -280,11 +282,10 @@ __global__ void __launch_bounds__(kRopeThreads)
       const int h = i / kVecs, c = i % kVecs;
       if (h >= heads) {  // v: four values as they are
         if (!store) continue;
-        const uint32_t lo = ToBf16Bits(v[u].x) | static_cast<uint32_t>(ToBf16Bits(v[u].y)) << 16;
-        const uint32_t hi = ToBf16Bits(v[u].z) | static_cast<uint32_t>(ToBf16Bits(v[u].w)) << 16;
         const int kh = h - heads;
         *reinterpret_cast<uint2*>(vc + ((blk * kv_heads + kh) * block_size + off) * kHeadDim +
-                                  4 * c) = make_uint2(lo, hi);
+                                  4 * c) =
+            make_uint2(PackBf16Pair(v[u].x, v[u].y), PackBf16Pair(v[u].z, v[u].w));
         continue;
       }
       uint16_t* d;
