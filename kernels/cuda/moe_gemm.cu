@@ -480,10 +480,11 @@ Projections MakeProjections(const MoeDeviceWeights& w, const float* topk_weights
   p.gu_small = gu, p.dn_small = dn;
   // Only 32-row down kernels read h's low parts: gate_up writes them for the
   // rows those kernels will take (all of them, or the remainders, which run
-  // as 64-row kernels when small_rows is 64, else as 32-row ones).
+  // as 32-row kernels when small_rows is 32 or less). The tensor-map kernels'
+  // gathered x lives where the low parts would: nothing else may write there.
   if (!h_low_part) gu.h_lo = p.gu_small.h_lo = dn.h_lo = p.dn_small.h_lo = nullptr;
   if (rows_per_tile != 32) gu.h_lo = nullptr;
-  if (t.small_rows == 64) p.gu_small.h_lo = nullptr;
+  if (t.small_rows > 32) p.gu_small.h_lo = nullptr;
   p.gu_small.tile_expert = p.dn_small.tile_expert = t.small_expert;
   p.gu_small.tile_row0 = p.dn_small.tile_row0 = t.small_row0;
   p.gu_small.num_tiles = p.dn_small.num_tiles = t.num_small;
@@ -593,6 +594,15 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   const bool low_parts =
       h_low_part && (rows_per_tile == 32 || (t.small_rows == 32 && t.small_max > 0));
   const bool use_tma = wgmma && tma && !low_parts && MoeGemmTmaSupports(w);
+  if (use_tma && rows_per_tile == 128 && t.small_max > 0) {
+    // The tensor-map kernels take remainders of up to 80 rows as 80-row
+    // tiles (three CTAs per SM, wgmmas 32, 64 or 80 rows wide) rather than
+    // 65-80-row ones as 128-row tiles (two per SM, 96 wide): at 2,048
+    // tokens nearly every expert holds 50-80 pairs. H200, 120b layer,
+    // against 64-row remainders: 2,048 tokens 1,155-1,158 / 1,224-1,240 us,
+    // 2,560 tokens 1,328-1,344 / 1,443-1,472.
+    t.small_rows = t.small_max = 80;
+  }
   if (!use_tma) LaunchPermuteRows(x, tokens, w.hidden, hp, xp, stream);
   TileMapKernel<<<1, 1024, 0, stream>>>(route.count, w.num_experts, rows_per_tile, t.small_max,
                                         t.small_rows, t.tile_expert, t.tile_row0, t.num_tiles,

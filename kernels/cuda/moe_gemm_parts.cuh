@@ -170,6 +170,25 @@ __device__ __forceinline__ void WgmmaN64(float (&d)[kD], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+// D (64 features x 80 tokens, f32, accumulated) += A (registers) * B (desc).
+template <int kD>
+__device__ __forceinline__ void WgmmaN80(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(kD >= 40, "accumulators");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %45, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, "
+      "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, {%40, %41, %42, %43}, "
+      "%44, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
 // D (64 features x 96 tokens, f32, accumulated) += A (registers) * B (desc).
 template <int kD>
 __device__ __forceinline__ void WgmmaN96(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
@@ -222,6 +241,8 @@ __device__ __forceinline__ void WgmmaFirst(float (&d)[kD], const uint32_t (&a)[4
     WgmmaN128(d, a, desc);
   } else if constexpr (kN == 96) {
     WgmmaN96(d, a, desc);
+  } else if constexpr (kN == 80) {
+    WgmmaN80(d, a, desc);
   } else if constexpr (kN == 64) {
     WgmmaN64(d, a, desc);
   } else {
@@ -258,10 +279,13 @@ __device__ __forceinline__ int WgmmaFeatureRow() {
 // all). A width chosen per tile picks its own instantiation of the whole
 // loop: a choice between wgmmas inside the loop made the compiler fence
 // every one of them.
+// WgmmaStageDesc takes the activation stage as its wgmma descriptor `desc`
+// (SmemDescSw128 of it), so that a loop with the stage's slot known at
+// compile time forms the descriptor once.
 template <int kBM, int kRowBytes, int kN = kBM>
-__device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
-                                           const uint8_t* s_scales, int nb, int kt, int c0, int c1,
-                                           const uint8_t* sa_low, float (&d)[kBM / 2]) {
+__device__ __forceinline__ void WgmmaStageDesc(uint64_t desc, const uint8_t* sb,
+                                               const uint8_t* s_scales, int nb, int kt, int c0,
+                                               int c1, const uint8_t* sa_low, float (&d)[kBM / 2]) {
   constexpr int kSteps = 4;  // k16 steps per stage
   const int t = threadIdx.x & 3;
   const int f0 = WgmmaFeatureRow();
@@ -270,7 +294,6 @@ __device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
   const uint32_t sc1 = HalfScale(kb < nb ? s_scales[(f0 + 8) * nb + kb] : 0u, c1);
   const uint2 w0 = *reinterpret_cast<const uint2*>(sb + f0 * kRowBytes + 8 * t);
   const uint2 w1 = *reinterpret_cast<const uint2*>(sb + (f0 + 8) * kRowBytes + 8 * t);
-  const uint64_t desc = SmemDescSw128(sa);
   uint32_t af[kSteps][4];
   FenceAccumulators(d);
 #pragma unroll
@@ -301,6 +324,13 @@ __device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
   WgmmaWaitAll();
   FenceAccumulators(d);
   FenceFragments(af);
+}
+
+template <int kBM, int kRowBytes, int kN = kBM>
+__device__ __forceinline__ void WgmmaStage(const uint8_t* sa, const uint8_t* sb,
+                                           const uint8_t* s_scales, int nb, int kt, int c0, int c1,
+                                           const uint8_t* sa_low, float (&d)[kBM / 2]) {
+  WgmmaStageDesc<kBM, kRowBytes, kN>(SmemDescSw128(sa), sb, s_scales, nb, kt, c0, c1, sa_low, d);
 }
 
 // h[i] = f16(v) and h_lo[i] = f16(v - h[i]).
