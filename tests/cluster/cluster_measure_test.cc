@@ -32,8 +32,8 @@ using cluster_test::Streamed;
 
 // A greedy request of exactly `max_tokens` (end tokens ignored); `first`
 // turns true when its first tokens arrive.
-Streamed Stream(const std::string& address, const std::vector<int32_t>& prompt, int max_tokens,
-                std::atomic<bool>* first = nullptr) {
+Streamed GreedyStream(const std::string& address, const std::vector<int32_t>& prompt,
+                      int max_tokens, std::atomic<bool>* first = nullptr) {
   return cluster_test::GreedyGenerate(address, prompt, max_tokens,
                                       {.ignore_eos = true, .deadline_s = 180, .first = first});
 }
@@ -98,7 +98,7 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string addr = (*cluster)->address();
   const std::vector<int32_t> prompt = Prompt(24, 1);
-  const Streamed before = Stream(addr, prompt, 12);
+  const Streamed before = GreedyStream(addr, prompt, 12);
   ASSERT_TRUE(before.status.ok()) << before.status.error_message();
 
   // Requests decoding in every DP group while the ranks measure.
@@ -108,7 +108,8 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
   std::atomic<bool> first[2] = {false, false};
   std::vector<std::thread> streams;
   for (int i = 0; i < 2; ++i) {
-    streams.emplace_back([&, i] { during[i] = Stream(addr, long_prompt, kLongTokens, &first[i]); });
+    streams.emplace_back(
+        [&, i] { during[i] = GreedyStream(addr, long_prompt, kLongTokens, &first[i]); });
   }
   const absl::Time start = absl::Now();
   while (!(first[0] && first[1]) && absl::Now() - start < absl::Seconds(60)) {
@@ -130,14 +131,14 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
   // The streams were paused, not broken: whole, with the tokens of the same
   // request served alone; and a request after the measurement gets the
   // tokens it got before.
-  const Streamed alone = Stream(addr, long_prompt, kLongTokens);
+  const Streamed alone = GreedyStream(addr, long_prompt, kLongTokens);
   ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
   ASSERT_EQ(alone.tokens.size(), static_cast<size_t>(kLongTokens));
   for (const Streamed& s : during) {
     ASSERT_TRUE(s.status.ok()) << s.status.error_message();
     EXPECT_EQ(s.tokens, alone.tokens);
   }
-  const Streamed after = Stream(addr, prompt, 12);
+  const Streamed after = GreedyStream(addr, prompt, 12);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens, before.tokens);
 
@@ -152,7 +153,7 @@ TEST_P(ClusterMeasureSharded, EveryRankMeasuresInLockstepAndServingGoesOn) {
   EXPECT_TRUE(refused.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
               refused.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
       << refused.error_code() << " " << refused.error_message();
-  EXPECT_EQ(Stream(addr, prompt, 12).tokens, before.tokens);
+  EXPECT_EQ(GreedyStream(addr, prompt, 12).tokens, before.tokens);
   EXPECT_TRUE((*cluster)->CheckAlive().ok()) << (*cluster)->CheckAlive();
 }
 
@@ -200,7 +201,7 @@ TEST(ClusterMeasureFailure, ARankKilledMidProbeEndsTheCallAndStrandsNoRequest) {
 
   std::atomic<bool> first = false;
   Streamed paused;
-  std::thread stream([&] { paused = Stream(addr, Prompt(32, 3), 3000, &first); });
+  std::thread stream([&] { paused = GreedyStream(addr, Prompt(32, 3), 3000, &first); });
   while (!first) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   // Far more prefill steps than can run before the kill.
   cluster::MeasureEngineRequest long_probe;
@@ -237,7 +238,7 @@ TEST(ClusterMeasureFailure, ARankKilledMidProbeEndsTheCallAndStrandsNoRequest) {
   // A survivor that died with its peer (as UCX's single-copy transport once
   // made it) leaves the instance waiting for it: say so.
   ASSERT_EQ(status.state(), admin::READY) << status.message() << "; " << (*cluster)->CheckAlive();
-  const Streamed after = Stream(addr, Prompt(24, 1), 8);
+  const Streamed after = GreedyStream(addr, Prompt(24, 1), 8);
   EXPECT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 8u);
   cluster::EngineMeasurement m;

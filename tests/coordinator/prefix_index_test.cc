@@ -23,7 +23,7 @@ std::vector<int32_t> Tokens(int n, int32_t from = 1000) {
   return v;
 }
 
-cluster::KvEvents Events(bool reset, uint32_t dp_group = 0, int64_t window = 0) {
+cluster::KvEvents EmptyEvents(bool reset, uint32_t dp_group = 0, int64_t window = 0) {
   cluster::KvEvents e;
   e.set_reset(reset);
   e.set_dp_group(dp_group);
@@ -42,7 +42,7 @@ cluster::KvGroupEvents* Group(cluster::KvEvents& e, cluster::KvGroupKind kind) {
 // the full-attention layers.
 cluster::KvEvents StoredFull(const std::vector<int32_t>& tokens, int64_t blocks,
                              uint64_t domain = 0, bool reset = true, uint32_t dp_group = 0) {
-  cluster::KvEvents e = Events(reset, dp_group);
+  cluster::KvEvents e = EmptyEvents(reset, dp_group);
   for (uint64_t key : PrefixBlockKeys(domain, tokens, kBlock, blocks)) {
     Group(e, cluster::KV_GROUP_FULL_ATTENTION)->add_stored(key);
   }
@@ -84,7 +84,7 @@ TEST(PrefixIndex, AnEvictedBlockEndsTheMatch) {
   PrefixIndex index;
   const std::vector<int32_t> prompt = Tokens(100);
   ASSERT_TRUE(index.Apply(1, StoredFull(prompt, 5)).ok());
-  cluster::KvEvents removed = Events(false);
+  cluster::KvEvents removed = EmptyEvents(false);
   Group(removed, cluster::KV_GROUP_FULL_ATTENTION)
       ->add_removed(PrefixBlockKeys(0, prompt, kBlock, 5)[2]);
   ASSERT_TRUE(index.Apply(1, removed).ok());
@@ -98,7 +98,7 @@ TEST(PrefixIndex, SlidingLayersNeedOnlyTheWindowBeforeTheEnd) {
   PrefixIndex index;
   const std::vector<int32_t> prompt = Tokens(5 * kBlock + 1);
   const std::vector<uint64_t> keys = PrefixBlockKeys(0, prompt, kBlock, 5);
-  cluster::KvEvents e = Events(true, 0, /*window=*/32);
+  cluster::KvEvents e = EmptyEvents(true, 0, /*window=*/32);
   cluster::KvGroupEvents* full = Group(e, cluster::KV_GROUP_FULL_ATTENTION);
   cluster::KvGroupEvents* window = Group(e, cluster::KV_GROUP_SLIDING_WINDOW);
   for (uint64_t key : keys) full->add_stored(key);
@@ -107,7 +107,7 @@ TEST(PrefixIndex, SlidingLayersNeedOnlyTheWindowBeforeTheEnd) {
   ASSERT_TRUE(index.Apply(1, e).ok());
   EXPECT_EQ(index.MatchedTokens(1, 0, prompt), 4 * kBlock);  // block 4's window part is gone
 
-  cluster::KvEvents lost = Events(false, 0, 32);
+  cluster::KvEvents lost = EmptyEvents(false, 0, 32);
   Group(lost, cluster::KV_GROUP_SLIDING_WINDOW)->add_removed(keys[2]);
   ASSERT_TRUE(index.Apply(1, lost).ok());
   EXPECT_EQ(index.MatchedTokens(1, 0, prompt), 0);  // no match has its window now
@@ -133,7 +133,7 @@ TEST(PrefixIndex, AnInstanceMatchesItsBestDpGroup) {
   const std::map<int, int64_t> all = index.MatchedTokensByInstance(0, prompt);
   EXPECT_EQ(all, (std::map<int, int64_t>{{1, 5 * kBlock}, {2, kBlock}}));
   // Group 0's reset leaves group 1's blocks alone.
-  ASSERT_TRUE(index.Apply(1, Events(true, 0)).ok());
+  ASSERT_TRUE(index.Apply(1, EmptyEvents(true, 0)).ok());
   EXPECT_EQ(index.MatchedTokens(1, 0, prompt), 5 * kBlock);
 }
 
@@ -161,7 +161,7 @@ TEST(PrefixIndex, KeepsAtMostMaxEntriesDroppingTheOldest) {
 
 TEST(PrefixIndex, RefusesAKindItDoesNotKnowByName) {
   PrefixIndex index;
-  cluster::KvEvents e = Events(true);
+  cluster::KvEvents e = EmptyEvents(true);
   Group(e, cluster::KV_GROUP_KIND_UNSPECIFIED)->add_stored(1);
   absl::Status st = index.Apply(1, e);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);

@@ -14,7 +14,7 @@
 namespace flotilla::worker {
 namespace {
 
-constexpr int kWorld = 4;
+constexpr int kExpertWorld = 4;
 
 std::unique_ptr<ModelSource> Tiny() {
   auto source = ModelSource::Open("synthetic:tiny");
@@ -23,7 +23,7 @@ std::unique_ptr<ModelSource> Tiny() {
 }
 
 ExpertMap Initial(const ModelConfig& c) {
-  return *ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, kWorld, 1);
+  return *ExpertMap::Contiguous(c.num_hidden_layers, c.num_local_experts, kExpertWorld, 1);
 }
 
 // `map` (next version) with a replica of expert `e` on `rank`, slot `slot`, in every layer.
@@ -66,7 +66,7 @@ TEST(ExpertStore, LoadsWhatTheMapAddsInTheBackgroundAndHandsItOverAtCommit) {
     EXPECT_NE(layer.experts[0].gate_up.blocks, nullptr);
   }
   // Committed: a map keeping the replica loads nothing more.
-  ASSERT_TRUE(store.Prepare(*ExpertMap::Create(3, kWorld, next.locations())).ok());
+  ASSERT_TRUE(store.Prepare(*ExpertMap::Create(3, kExpertWorld, next.locations())).ok());
   EXPECT_EQ(WaitFinished(store).bytes, 0u);
   EXPECT_EQ(staged.back(),
             (std::pair<uint64_t, uint64_t>{2, 3}));  // staged against the committed map
