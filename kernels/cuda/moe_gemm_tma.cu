@@ -139,16 +139,21 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
       WgmmaStage<kBM, kWeightRowBytes, kN>(st, st + kBM * kActRowBytes, s_scales, nb, kt, c0, c1,
                                            nullptr, d);
     };
-    // Waits for stage kt (and kt + 1 with `second`); once every warpgroup is
-    // past the previous pair's wgmmas, that pair's slots take the next pair.
-    auto pair_wait = [&](int kt, bool second) {
-      MbarWait(&full[kt % kStages], (kt / kStages) & 1);
-      if (second) MbarWait(&full[(kt + 1) % kStages], ((kt + 1) / kStages) & 1);
+    // Waits for stage kt in `slot` (and kt + 1 in the next slot with
+    // `second`; a pair starts on an even stage, so both share the ring's
+    // turn and parity); once every warpgroup is past the previous pair's
+    // wgmmas, that pair's slots take the next pair.
+    auto slots_wait = [&](int slot, uint32_t parity, int kt, bool second) {
+      MbarWait(&full[slot], parity);
+      if (second) MbarWait(&full[slot + 1], parity);
       __syncthreads();
       if (tid == 0) {
         if (kt + 2 < k_tiles) load(kt + 2);
         if (kt + 3 < k_tiles) load(kt + 3);
       }
+    };
+    auto pair_wait = [&](int kt, bool second) {
+      slots_wait(kt % kStages, (kt / kStages) & 1, kt, second);
     };
     int kt = 0;
     if constexpr (kRing) {
@@ -163,22 +168,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
             desc0 + static_cast<uint64_t>(kSlot * (StageBytes<kBM>() >> 4)),
             st + kBM * kActRowBytes, s_scales, nb, k, c0, c1, nullptr, d);
       };
-      auto slots_wait = [&](auto first, uint32_t parity, int k) {
-        constexpr int kSlot = decltype(first)::value;
-        MbarWait(&full[kSlot], parity);
-        MbarWait(&full[kSlot + 1], parity);
-        __syncthreads();
-        if (tid == 0) {
-          if (k + 2 < k_tiles) load(k + 2);
-          if (k + 3 < k_tiles) load(k + 3);
-        }
-      };
       uint32_t parity = 0;
       for (; kt + kStages - 1 < k_tiles; kt += kStages, parity ^= 1u) {
-        slots_wait(std::integral_constant<int, 0>{}, parity, kt);
+        slots_wait(0, parity, kt, true);
         stage_in(std::integral_constant<int, 0>{}, kt);
         stage_in(std::integral_constant<int, 1>{}, kt + 1);
-        slots_wait(std::integral_constant<int, 2>{}, parity, kt + 2);
+        slots_wait(2, parity, kt + 2, true);
         stage_in(std::integral_constant<int, 2>{}, kt + 2);
         stage_in(std::integral_constant<int, 3>{}, kt + 3);
       }
