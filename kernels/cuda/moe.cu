@@ -1252,7 +1252,7 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
         deterministic ? pair_rows : out, h, rows_per_tile, tuning.gemm_remainder_tiles,
         tuning.gemm_wgmma, stream, deterministic,
         static_cast<int64_t>(pairs) < static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E,
-        tuning.gemm_tma, tuning.gemm_decode_to_smem));
+        tuning.gemm_tma));
   }
   if (!tuning.legacy_fma || diagnostic != MoeDiagnostic::kNone) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;

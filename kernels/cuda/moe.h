@@ -153,10 +153,6 @@ struct MoeTuning {
   // wgmma tiles fed by tensor-map copies (moe_gemm_tma.h) where h carries no
   // low parts, instead of cp.async from every thread.
   bool gemm_tma = true;
-  // Their 80-row tiles (an expert's last rows at 128-row tiling) with one
-  // warpgroup decoding the weights into shared memory and two multiplying
-  // with both wgmma operands there (moe_gemm_ss.cu).
-  bool gemm_decode_to_smem = false;
 };
 
 // out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])

@@ -531,7 +531,7 @@ cudaError_t LaunchCpAsyncProjections(const Projections& p, const TileLists& t, i
 // as 32-row tiles.
 cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int rows_per_tile,
                                  const MoeDeviceWeights& w, const uint16_t* x, int pairs,
-                                 uint16_t* x_gathered, bool decode_to_smem, cudaStream_t stream) {
+                                 uint16_t* x_gathered, cudaStream_t stream) {
   const GemmArgs& gu = p.gu;
   cudaError_t err = LaunchPermuteRows(x, pairs, w.hidden, gu.kp, x_gathered, stream,
                                       gu.route.pair_of, gu.route.offset + w.num_experts, gu.top_k);
@@ -544,7 +544,7 @@ cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int r
     if (err == cudaSuccess && t.small_max > 0) {
       err = LaunchMoeGemmTma(down, down ? p.dn_small : p.gu_small, w.num_experts,
                              std::max(t.small_rows, 32), t.max_small, act, pairs, stream,
-                             /*overlapping=*/true, decode_to_smem);
+                             /*overlapping=*/true);
     }
   }
   return err;
@@ -556,7 +556,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
                           bool wgmma, cudaStream_t stream, bool out_per_pair, bool h_low_part,
-                          bool tma, bool decode_to_smem) {
+                          bool tma) {
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -616,8 +616,7 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   }
   const Projections p = MakeProjections(w, topk_weights, top_k, limit, alpha, route, out, xp, h,
                                         h_lo, t, rows_per_tile, out_per_pair, h_low_part);
-  return use_tma ? LaunchTmaProjections(p, t, rows_per_tile, w, x, pairs, x_gathered,
-                                        decode_to_smem, stream)
+  return use_tma ? LaunchTmaProjections(p, t, rows_per_tile, w, x, pairs, x_gathered, stream)
                  : LaunchCpAsyncProjections(p, t, rows_per_tile, wgmma, stream);
 }
 

@@ -57,12 +57,11 @@ size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 // `h_low_part`, 32-row down tiles also multiply h's f16 low parts (h to ~22
 // bits, as the decode kernels keep it); without, h is f16 alone (11 bits).
 // With `tma` (and wgmma), steps whose h carries no low parts run on the
-// tensor-map-fed kernels (moe_gemm_tma.h); with `decode_to_smem` as well,
-// their 80-row tiles take the kernel with a decoding warpgroup.
+// tensor-map-fed kernels (moe_gemm_tma.h).
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
                           bool wgmma, cudaStream_t stream, bool out_per_pair = false,
-                          bool h_low_part = true, bool tma = true, bool decode_to_smem = false);
+                          bool h_low_part = true, bool tma = true);
 
 }  // namespace flotilla::kernels::cuda

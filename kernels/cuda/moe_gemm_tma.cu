@@ -240,10 +240,17 @@ template <bool kDown, int kBM>
 cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int act_rows,
                    int max_tiles, cudaStream_t stream, bool overlapping) {
   CUtensorMap act_map{}, w_map{};
-  cudaError_t err = MoeGemmTensorMaps(a, num_experts, act, act_rows, kBM, &act_map, &w_map);
+  cudaError_t err =
+      Map2D(&act_map, act, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, static_cast<uint64_t>(a.kp),
+            static_cast<uint64_t>(act_rows), kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (err != cudaSuccess) return err;
+  const int nb = a.k / 32;
+  err = Map2D(&w_map, a.blocks, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(nb) * 16,
+              static_cast<uint64_t>(num_experts) * static_cast<uint64_t>(a.n), kWeightRowBytes, kBN,
+              CU_TENSOR_MAP_SWIZZLE_NONE);
   if (err != cudaSuccess) return err;
   auto kernel = MoeGemmTmaKernel<kDown, kBM>;
-  const size_t smem = SharedBytes<kBM>(a.k / 32);
+  const size_t smem = SharedBytes<kBM>(nb);
   static PerDevice<size_t> allowed;
   err = AllowSharedBytes(kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
@@ -253,18 +260,6 @@ cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int 
 }
 
 }  // namespace
-
-cudaError_t MoeGemmTensorMaps(const GemmArgs& a, int num_experts, const uint16_t* act, int act_rows,
-                              int box_rows, CUtensorMap* act_map, CUtensorMap* w_map) {
-  const cudaError_t err = Map2D(act_map, act, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                static_cast<uint64_t>(a.kp), static_cast<uint64_t>(act_rows), kBK,
-                                static_cast<uint32_t>(box_rows), CU_TENSOR_MAP_SWIZZLE_128B);
-  if (err != cudaSuccess) return err;
-  const int nb = a.k / 32;
-  return Map2D(w_map, a.blocks, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(nb) * 16,
-               static_cast<uint64_t>(num_experts) * static_cast<uint64_t>(a.n), kWeightRowBytes,
-               kBN, CU_TENSOR_MAP_SWIZZLE_NONE);
-}
 
 bool MoeGemmTmaSupports(const MoeDeviceWeights& w) {
   const auto aligned = [](int n, int k) {
@@ -283,10 +278,7 @@ size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs) {
 
 cudaError_t LaunchMoeGemmTma(bool down, const GemmArgs& args, int num_experts, int rows,
                              int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream,
-                             bool overlapping, bool decode_to_smem) {
-  if (rows == 80 && decode_to_smem) {
-    return LaunchMoeGemmSs(down, args, num_experts, max_tiles, act, act_rows, stream, overlapping);
-  }
+                             bool overlapping) {
   switch (rows) {
     case 128:
       return down ? Launch<true, 128>(args, num_experts, act, act_rows, max_tiles, stream,

@@ -16,7 +16,6 @@
 // (`overlapping` below).
 #pragma once
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -39,7 +38,7 @@ bool MoeGemmTmaSupports(const MoeDeviceWeights& w);
 size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs);
 
 // One projection of `num_experts` experts over the tiles of `args` (`rows`
-// rows each: 32, 64, 80 or 128), `max_tiles` bounding their number on the host.
+// rows each: 32, 64 or 128), `max_tiles` bounding their number on the host.
 // `act` is the activation matrix in routing order, f16 [act_rows, kp]
 // (gate_up: the gathered x; down: h). `overlapping`: the launch before it in
 // the stream is this launcher's too, for the same projection (other tiles
@@ -47,20 +46,6 @@ size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs);
 // and ends only after it.
 cudaError_t LaunchMoeGemmTma(bool down, const moe_gemm::GemmArgs& args, int num_experts, int rows,
                              int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream,
-                             bool overlapping = false, bool decode_to_smem = false);
-
-// The 80-row tiles with a decoding warpgroup (moe_gemm_ss.cu): the weights
-// decoded into shared memory by one warpgroup while two others multiply
-// with both wgmma operands there. LaunchMoeGemmTma calls it for 80-row
-// tiles with `decode_to_smem`.
-cudaError_t LaunchMoeGemmSs(bool down, const moe_gemm::GemmArgs& args, int num_experts,
-                            int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream,
-                            bool overlapping);
-
-// The tensor maps the kernels above read: the activations (f16 [act_rows,
-// args.kp], boxes of 64 values x box_rows rows, 128-byte swizzle) and the
-// weights' MXFP4 blocks (boxes of 32 bytes x 128 rows).
-cudaError_t MoeGemmTensorMaps(const moe_gemm::GemmArgs& args, int num_experts, const uint16_t* act,
-                              int act_rows, int box_rows, CUtensorMap* act_map, CUtensorMap* w_map);
+                             bool overlapping = false);
 
 }  // namespace flotilla::kernels::cuda

@@ -293,16 +293,6 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
     CheckLayer(weights_, *host_, 300, 4, 30, /*bad_ids=*/20, /*deterministic=*/false, t);
   }
   CheckLayer(few, *host_, 500, 2, 31, /*bad_ids=*/0, /*deterministic=*/false, t);
-  // The 80-row remainder tiles with a decoding warpgroup (moe_gemm_ss.cu):
-  // every wgmma width (32, 64 and 80 rows), tiles of many experts and bad ids.
-  t = cuda::MoeTuning{};
-  t.gemm_min_pairs_per_expert = 0, t.gemm_rows_per_tile = 128, t.gemm_h_low_part_below_pairs = 0;
-  t.gemm_decode_to_smem = true;
-  for (int tokens : {20, 75, 140}) {  // ~10, ~37 and ~70 rows per expert of 4
-    CheckLayer(few, *host_, tokens, 2, 32, /*bad_ids=*/0, /*deterministic=*/false, t);
-  }
-  CheckLayer(few, *host_, 300, 4, 33, /*bad_ids=*/0, /*deterministic=*/false, t);  // 128+128+44
-  CheckLayer(weights_, *host_, 300, 4, 34, /*bad_ids=*/20, /*deterministic=*/false, t);
   t = cuda::MoeTuning{};
   t.gemm_min_pairs_per_expert = -1;
   CheckLayer(weights_, *host_, 300, 4, 26, /*bad_ids=*/0, /*deterministic=*/false, t);

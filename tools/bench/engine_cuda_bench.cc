@@ -393,8 +393,6 @@ int main(int argc, char** argv) {
           static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-gemm-remainder-tiles") {
       moe_tuning.gemm_remainder_tiles = v == "1" || v == "true";
-    } else if (a == "--moe-gemm-decode-to-smem") {
-      moe_tuning.gemm_decode_to_smem = v == "1" || v == "true";
     } else if (a == "--moe-down-split-k") {
       moe_tuning.down_split_k = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {

@@ -172,7 +172,6 @@ int main(int argc, char** argv) {
       {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
       {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
       {"tc-no-tma", With([](MoeTuning& t) { t.gemm_tma = false; })},
-      {"tc-ss", With([](MoeTuning& t) { t.gemm_decode_to_smem = true; })},
       {"decode", Gemm(-1, 0)},
       {"gemm32", Gemm(0, 32)},
       {"gemm64", Gemm(0, 64)},
