@@ -1247,12 +1247,15 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
                               : pairs >= 64 * E              ? 128
                               : pairs >= 24 * E              ? 64
                                                              : 32;
-    return sum_pair_rows(LaunchMoeGemm(
-        w, x, topk_weights, tokens, top_k, limit, alpha, MoeGemmRoute{count, offset, pair_of},
-        deterministic ? pair_rows : out, h, rows_per_tile, tuning.gemm_remainder_tiles,
-        tuning.gemm_wgmma, stream, deterministic,
-        static_cast<int64_t>(pairs) < static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E,
-        tuning.gemm_tma));
+    MoeGemmOptions o;
+    o.rows_per_tile = rows_per_tile, o.remainder_tiles = tuning.gemm_remainder_tiles;
+    o.wgmma = tuning.gemm_wgmma, o.out_per_pair = deterministic;
+    o.h_low_part =
+        static_cast<int64_t>(pairs) < static_cast<int64_t>(tuning.gemm_h_low_part_below_pairs) * E;
+    o.tma = tuning.gemm_tma, o.two_streams = tuning.gemm_two_streams;
+    return sum_pair_rows(LaunchMoeGemm(w, x, topk_weights, tokens, top_k, limit, alpha,
+                                       MoeGemmRoute{count, offset, pair_of},
+                                       deterministic ? pair_rows : out, h, o, stream));
   }
   if (!tuning.legacy_fma || diagnostic != MoeDiagnostic::kNone) {
     const size_t x_vecs = static_cast<size_t>(tokens) * H / 8;

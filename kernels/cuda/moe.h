@@ -153,6 +153,10 @@ struct MoeTuning {
   // wgmma tiles fed by tensor-map copies (moe_gemm_tma.h) where h carries no
   // low parts, instead of cp.async from every thread.
   bool gemm_tma = true;
+  // Their big tiles and the experts' remainder tiles on two streams (the
+  // calling thread's side stream, kernels/cuda/side_stream.h), joined before
+  // the layer ends (MoeGemmOptions::two_streams).
+  bool gemm_two_streams = true;
 };
 
 // out[t, :] += sum_k topk_weights[t, k] * (Wd[e] swiglu(Wgu[e] x[t] + bgu[e]) + bd[e])

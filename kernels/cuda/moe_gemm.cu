@@ -10,6 +10,7 @@
 #include "kernels/cuda/moe_gemm_parts.cuh"
 #include "kernels/cuda/moe_gemm_tma.h"
 #include "kernels/cuda/ptx.cuh"
+#include "kernels/cuda/side_stream.h"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -529,22 +530,54 @@ cudaError_t LaunchCpAsyncProjections(const Projections& p, const TileLists& t, i
 // The same with tensor-map-fed tiles (moe_gemm_tma.h): x gathered into
 // routing order first (PermuteRowsKernel with the pairs); 16-row remainders (of 32-row steps) run
 // as 32-row tiles.
+//
+// With remainder tiles, a projection is two launches, the big tiles and the
+// remainders. In one stream the second may start only once every CTA of the
+// first has started (it overlaps the first one's last wave), and the big
+// tiles' grid is sized on the host: when its real tiles fill the SMs, the
+// rest of its grid (CTAs that find no tile and exit) waits for a wave of
+// big tiles to end, and the remainders wait with it (H200, 2,048-token
+// prefill: 60-100 us a projection with most SMs idle). An expert's big tiles
+// and its remainder tiles read and write different rows of h, so with
+// `two_streams` the big tiles' gate_up and down run on the side stream
+// beside the remainders' on `stream`, joined at the end. The side stream's
+// priority puts the big tiles (the longest CTAs) first: at equal priority
+// the remainders' grid took the SMs first whichever stream it was on, and
+// the big tiles, finding SMs only once all of it had started, ran as the
+// projection's tail.
 cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int rows_per_tile,
                                  const MoeDeviceWeights& w, const uint16_t* x, int pairs,
-                                 uint16_t* x_gathered, cudaStream_t stream) {
+                                 uint16_t* x_gathered, bool two_streams, cudaStream_t stream) {
   const GemmArgs& gu = p.gu;
   cudaError_t err = LaunchPermuteRows(x, pairs, w.hidden, gu.kp, x_gathered, stream,
                                       gu.route.pair_of, gu.route.offset + w.num_experts, gu.top_k);
+  if (err != cudaSuccess) return err;
+  const int small_rows = std::max(t.small_rows, 32);
+  auto act_of = [&](bool down) -> const uint16_t* { return down ? p.dn.h : x_gathered; };
+  SideStream side;
+  if (two_streams && t.small_max > 0 && CurrentSideStream(stream, &side) == cudaSuccess) {
+    err = ForkToSide(stream, side);
+    for (const bool down : {false, true}) {
+      if (err == cudaSuccess) {
+        err = LaunchMoeGemmTma(down, down ? p.dn : p.gu, w.num_experts, rows_per_tile, t.max_tiles,
+                               act_of(down), pairs, side.stream);
+      }
+      if (err == cudaSuccess) {
+        err = LaunchMoeGemmTma(down, down ? p.dn_small : p.gu_small, w.num_experts, small_rows,
+                               t.max_small, act_of(down), pairs, stream);
+      }
+    }
+    const cudaError_t join = JoinFromSide(stream, side);  // even after an error
+    return err != cudaSuccess ? err : join;
+  }
   for (const bool down : {false, true}) {
-    const uint16_t* act = down ? p.dn.h : x_gathered;
     if (err == cudaSuccess) {
       err = LaunchMoeGemmTma(down, down ? p.dn : p.gu, w.num_experts, rows_per_tile, t.max_tiles,
-                             act, pairs, stream);
+                             act_of(down), pairs, stream);
     }
     if (err == cudaSuccess && t.small_max > 0) {
-      err = LaunchMoeGemmTma(down, down ? p.dn_small : p.gu_small, w.num_experts,
-                             std::max(t.small_rows, 32), t.max_small, act, pairs, stream,
-                             /*overlapping=*/true);
+      err = LaunchMoeGemmTma(down, down ? p.dn_small : p.gu_small, w.num_experts, small_rows,
+                             t.max_small, act_of(down), pairs, stream, /*overlapping=*/true);
     }
   }
   return err;
@@ -554,9 +587,10 @@ cudaError_t LaunchTmaProjections(const Projections& p, const TileLists& t, int r
 
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
-                          float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          bool wgmma, cudaStream_t stream, bool out_per_pair, bool h_low_part,
-                          bool tma) {
+                          float* out, void* workspace, const MoeGemmOptions& o,
+                          cudaStream_t stream) {
+  const int rows_per_tile = o.rows_per_tile;
+  const bool wgmma = o.wgmma;
   if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
       w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
       w.hidden > 4096 || w.intermediate > 4096) {
@@ -587,13 +621,13 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   // H200, 120b layer, with -> without: 1024 tokens 1066 -> 1197 us, 2048
   // tokens 1813 -> 1795, 4096 tokens 2746 -> 2789.
   t.small_rows = wgmma ? rows_per_tile / 2 : 32;
-  t.small_max = remainder_tiles && rows_per_tile > t.small_rows ? rows_per_tile / 2 : 0;
+  t.small_max = o.remainder_tiles && rows_per_tile > t.small_rows ? rows_per_tile / 2 : 0;
 
   // Steps whose h carries no low parts may take the tensor-map-fed kernels
   // (moe_gemm_tma.h), which read x gathered in routing order.
   const bool low_parts =
-      h_low_part && (rows_per_tile == 32 || (t.small_rows == 32 && t.small_max > 0));
-  const bool use_tma = wgmma && tma && !low_parts && MoeGemmTmaSupports(w);
+      o.h_low_part && (rows_per_tile == 32 || (t.small_rows == 32 && t.small_max > 0));
+  const bool use_tma = wgmma && o.tma && !low_parts && MoeGemmTmaSupports(w);
   if (use_tma && rows_per_tile == 128 && t.small_max > 0) {
     // The tensor-map kernels take remainders of up to 80 rows as 80-row
     // tiles (three CTAs per SM, wgmmas 32, 64 or 80 rows wide) rather than
@@ -615,8 +649,9 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
     if (err != cudaSuccess) return err;
   }
   const Projections p = MakeProjections(w, topk_weights, top_k, limit, alpha, route, out, xp, h,
-                                        h_lo, t, rows_per_tile, out_per_pair, h_low_part);
-  return use_tma ? LaunchTmaProjections(p, t, rows_per_tile, w, x, pairs, x_gathered, stream)
+                                        h_lo, t, rows_per_tile, o.out_per_pair, o.h_low_part);
+  return use_tma ? LaunchTmaProjections(p, t, rows_per_tile, w, x, pairs, x_gathered, o.two_streams,
+                                        stream)
                  : LaunchCpAsyncProjections(p, t, rows_per_tile, wgmma, stream);
 }
 

@@ -43,25 +43,41 @@ struct MoeGemmRoute {
 // activations and the tile map.
 size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 
+// How LaunchMoeGemm runs a step (MoeTuning's GEMM fields, resolved for it).
+struct MoeGemmOptions {
+  // The tile height, 32, 64 or 128: smaller tiles waste less tensor-core
+  // work on experts' last, partly filled tiles; larger ones read each
+  // activation tile fewer times.
+  int rows_per_tile = 128;
+  // An expert's last tile, when at most half filled, as tiles of half the
+  // height (32 rows without wgmma; 80-row tiles at 128-row tiling on the
+  // tensor-map kernels).
+  bool remainder_tiles = true;
+  // Warpgroup MMA (the decoded weights as register operand A, the activation
+  // stage as B) instead of mma.sync.
+  bool wgmma = true;
+  // `out` is f32 [tokens x top_k, H] instead of [tokens, H]: each routed
+  // pair's weighted output in its own row (written by one CTA, into a zeroed
+  // buffer), for a sum in a fixed order after.
+  bool out_per_pair = false;
+  // 32-row down tiles also multiply h's f16 low parts (h to ~22 bits, as the
+  // decode kernels keep it); without, h is f16 alone (11 bits).
+  bool h_low_part = true;
+  // With wgmma, steps whose h carries no low parts run on the tensor-map-fed
+  // kernels (moe_gemm_tma.h).
+  bool tma = true;
+  // Those kernels' big tiles and the experts' remainder tiles (which read and
+  // write other rows of h) as two chains on two streams (side_stream.h), so
+  // neither launch waits for the other's CTAs to find room on the SMs.
+  bool two_streams = true;
+};
+
 // Both projections for `tokens` x `top_k` routed pairs, added into `out`
-// (f32 [tokens, H]). `workspace` holds MoeGemmWorkspaceBytes bytes, 16-byte
-// aligned. `rows_per_tile` is 32, 64 or 128 (the tile height: smaller tiles
-// waste less tensor-core work on experts' last, partly filled tiles; larger
-// ones read each activation tile fewer times). With `remainder_tiles`, an
-// expert's last tile, when at most half filled, becomes tiles of half the
-// height (32 rows without wgmma). With `wgmma`, the tiles run on warpgroup
-// MMA (the decoded weights as register operand A, the activation stage as B)
-// instead of mma.sync. With `out_per_pair`, `out` is f32 [tokens x top_k, H]
-// instead: each routed pair's weighted output in its own row (written by one
-// CTA, into a zeroed buffer), for a sum in a fixed order after. With
-// `h_low_part`, 32-row down tiles also multiply h's f16 low parts (h to ~22
-// bits, as the decode kernels keep it); without, h is f16 alone (11 bits).
-// With `tma` (and wgmma), steps whose h carries no low parts run on the
-// tensor-map-fed kernels (moe_gemm_tma.h).
+// (f32 [tokens, H], or per pair: MoeGemmOptions). `workspace` holds
+// MoeGemmWorkspaceBytes bytes, 16-byte aligned.
 cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const float* topk_weights,
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
-                          float* out, void* workspace, int rows_per_tile, bool remainder_tiles,
-                          bool wgmma, cudaStream_t stream, bool out_per_pair = false,
-                          bool h_low_part = true, bool tma = true);
+                          float* out, void* workspace, const MoeGemmOptions& options,
+                          cudaStream_t stream);
 
 }  // namespace flotilla::kernels::cuda

@@ -293,6 +293,14 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
     CheckLayer(weights_, *host_, 300, 4, 30, /*bad_ids=*/20, /*deterministic=*/false, t);
   }
   CheckLayer(few, *host_, 500, 2, 31, /*bad_ids=*/0, /*deterministic=*/false, t);
+  // 128-row tiles and 80-row remainders (~150 rows per expert of 4: one of
+  // each), their two chains on two streams and on one, plain and per pair.
+  t.gemm_rows_per_tile = 128;
+  for (const bool two_streams : {true, false}) {
+    t.gemm_two_streams = two_streams;
+    CheckLayer(few, *host_, 300, 2, 32, /*bad_ids=*/4, /*deterministic=*/false, t);
+    CheckLayer(few, *host_, 300, 2, 33, /*bad_ids=*/0, /*deterministic=*/true, t);
+  }
   t = cuda::MoeTuning{};
   t.gemm_min_pairs_per_expert = -1;
   CheckLayer(weights_, *host_, 300, 4, 26, /*bad_ids=*/0, /*deterministic=*/false, t);

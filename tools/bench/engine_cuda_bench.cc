@@ -34,6 +34,8 @@
 //                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
 //                     [--moe-gemm-remainder-tiles 1] (0: an expert's last GEMM tile
 //                                          at full height, not as half-height tiles)
+//                     [--moe-gemm-two-streams 1] (0: the tensor-map GEMMs' big and
+//                                          remainder tiles in one stream)
 //                     [--moe-down-split-k 1] (MoeTuning: CTAs sharing each 16-row
 //                                          tile of the decode kernels' down projection)
 //                     [--moe-fuse-max-tokens 8] (MoeTuning: the decode kernels' two
@@ -393,6 +395,8 @@ int main(int argc, char** argv) {
           static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-gemm-remainder-tiles") {
       moe_tuning.gemm_remainder_tiles = v == "1" || v == "true";
+    } else if (a == "--moe-gemm-two-streams") {
+      moe_tuning.gemm_two_streams = v == "1" || v == "true";
     } else if (a == "--moe-down-split-k") {
       moe_tuning.down_split_k = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else {

@@ -161,9 +161,9 @@ int main(int argc, char** argv) {
   std::vector<Variant> variants;
   // tc: the defaults (decode kernels for few pairs per expert, grouped GEMMs
   // for many); tc-no-remainder: experts' last GEMM tiles at full height;
-  // tc-mma: the GEMM tiles on mma.sync instead of wgmma; tc-ws: 64- and
-  // 128-row wgmma tiles on the warp-specialized kernels; ws64: those with
-  // 64-row tiles at every size;
+  // tc-mma: the GEMM tiles on mma.sync instead of wgmma; tc-no-tma: the
+  // wgmma tiles fed by cp.async; tc-one-stream: the tensor-map GEMMs' big
+  // and remainder tiles in one stream;
   // decode / gemm32 / gemm64 / gemm128: one path at every size; tc-plain:
   // none of the decode options; the others leave one default out or change
   // the down split; fma: the CUDA-core baseline.
@@ -172,6 +172,7 @@ int main(int argc, char** argv) {
       {"tc-no-remainder", With([](MoeTuning& t) { t.gemm_remainder_tiles = false; })},
       {"tc-mma", With([](MoeTuning& t) { t.gemm_wgmma = false; })},
       {"tc-no-tma", With([](MoeTuning& t) { t.gemm_tma = false; })},
+      {"tc-one-stream", With([](MoeTuning& t) { t.gemm_two_streams = false; })},
       {"decode", Gemm(-1, 0)},
       {"gemm32", Gemm(0, 32)},
       {"gemm64", Gemm(0, 64)},
