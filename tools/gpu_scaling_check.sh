@@ -9,7 +9,8 @@
 # Environment: LAYOUTS (space-separated NAME:FLAGS, flags comma-separated;
 # default: one GPU, TP 2 with the tensor-parallel MoE, TP 2 with the
 # expert-parallel MoE), CONCURRENCY_1GPU (default "1 32 128"),
-# CONCURRENCY_2GPU ("1 64 256"), SECONDS (30), PROMPT (1024), OUTPUT (512).
+# CONCURRENCY_2GPU ("1 64 256"), SECONDS_PER_RUN (30), PROMPT (1024), OUTPUT
+# (512), ENGINE_COMPARE (on).
 # Keep NCCL_NVLS_ENABLE=0 where NVLink multicast must not be used.
 set -u
 bundle="${1:?usage: gpu_scaling_check.sh BUNDLE OUT [MODEL]}"
