@@ -8,7 +8,8 @@
 // tiles of 64 keys (aligned to multiples of 64 positions), loaded with 16-byte
 // cp.async into a shared-memory ring of 3 or 5 stages (zero-filled outside the
 // range the rows need, so freed blocks before a sliding window are never
-// read), and runs Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate)
+// read), and runs Q K^T and P V on tensor cores (mma.sync m16n8k16, bf16 in, f32 accumulate;
+// prefill CTAs over a bf16 cache on warpgroup MMA, wgmma m64n64k16, instead: WG below)
 // with an online softmax in f32 (log2 domain).
 //
 // Warp layout, RG = row groups per CTA, MR = 16-row tiles per warp (template):
@@ -343,11 +344,17 @@ __device__ __forceinline__ void MergeSplits(const Params& p, float* flag_smem, i
 
 // FUSED: the grid has more than one KV split (write partials, count arrivals,
 // merge in the last CTA); without it the merge code is not compiled in.
-template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
+// WG (bf16 prefill only): Q K^T and P V on warpgroup MMA (wgmma), the CTA's
+// four warps one warpgroup, K and V read by the tensor cores straight from
+// the ring (K as a K-major operand, V as an MN-major one: the ring's swizzle
+// is wgmma's 128-byte swizzle); row tile mr of warp w is then tile 4 mr + w
+// (64 rows per wgmma), not MR w + mr.
+template <int RG, int MR, int STAGES, bool FUSED, bool KV8, bool WG = false>
 __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
                                                 ? kWideCtasPerSm
                                                 : (MR == 2 ? 2 : (RG == 1 ? 4 : 3)))
     AttentionKernel(Params p) {
+  static_assert(!WG || (RG == 4 && !KV8 && !FUSED), "wgmma: bf16 prefill CTAs only");
   // FP8 decode: codes straight into f16 mma fragments (no converted tile).
   constexpr bool kDirect = KV8 && MR == 1;
   // ... and, with one row group, each warp copies the 16 keys of each tile
@@ -358,7 +365,10 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
   constexpr int kKn = kTile / kKs;     // keys per warp per tile
   constexpr int kNt = kKn / 8;         // n-tiles of S per warp
   extern __shared__ uint4 smem_raw[];
-  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_raw);
+  uint8_t* smem_base = reinterpret_cast<uint8_t*>(smem_raw);
+  // WG: the stages 1024-byte aligned (SmemBytes leaves the slack).
+  if constexpr (WG) smem_base += (1024u - (ptx::SharedAddress(smem_raw) & 1023u)) & 1023u;
+  uint16_t* sQ = reinterpret_cast<uint16_t*>(smem_base);
   uint16_t* sKV = sQ + kRows * kD;  // the ring (KV8: of codes and scales)
   // KV8 prefill: the tile in use as f16 (K then V) and its f32 scales.
   uint16_t* sKVb =
@@ -580,12 +590,14 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
   const int rg = warp % RG;
   const int kslot = warp / RG;
   const int g4 = lane >> 2, t4 = lane & 3;
+  // The CTA's 16-row tile that is this warp's row tile mr.
+  const auto tile_of = [&](int mr) { return WG ? mr * 4 + warp : rg * MR + mr; };
   int pos_r[MR][2], lo_r[MR][2];
 #pragma unroll
   for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int row = row0 + (rg * MR + mr) * 16 + g4 + e * 8;
+      const int row = row0 + tile_of(mr) * 16 + g4 + e * 8;
       if (row < rows_total) {
         pos_r[mr][e] = L - n + row / p.group;
         lo_r[mr][e] = p.window > 0 ? max(0, pos_r[mr][e] - p.window + 1) : 0;
@@ -615,6 +627,9 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
 
   for (int t = 0; t < ntiles; ++t) {
     CpAsyncWait<STAGES - 2>();
+    // WG: the stage was written through the generic proxy; wgmma reads it
+    // through the async proxy.
+    if constexpr (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     if (kWarpCopies && t > 0) {
       __syncwarp();
     } else {
@@ -625,7 +640,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       if (t + STAGES < ntiles) fetch_blocks(t + STAGES, nb_next);
     }
     CpAsyncCommit();
-    if (t == 0) {
+    if (t == 0 && !WG) {
       if constexpr (kDirect) {
         LoadQF16(sQ, rg * 16 + g4, t4, qf[0]);
       } else {
@@ -643,7 +658,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
         for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk) {
-            const int r = (rg * MR + mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const int r = tile_of(mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
             LdMatrixX4(qf[mr][kk], sQ + Swz(r, 2 * kk + (lane >> 4)));
           }
       }
@@ -663,8 +678,38 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
     const int base = start + t * kTile + ko;
 
     float s[MR][kNt][4];
+    if constexpr (WG) {
+      // Q's fragments are loaded again for every tile: kept in registers
+      // across tiles, ptxas gave their registers to P's fragments of the
+      // P V wgmmas (found on an H200: every row block of more than one tile
+      // was wrong). The first k step overwrites the scores (no zeroing).
+      uint32_t qw[MR][4][4];
 #pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+          const int r = tile_of(mr) * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+          LdMatrixX4(qw[mr][kk], sQ + Swz(r, 2 * kk + (lane >> 4)));
+          ptx::FenceWgmmaFragment(qw[mr][kk]);
+        }
+      const uint64_t desc_k = ptx::SmemDescSw128(sK);
+      ptx::WgmmaFence();
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          ptx::WgmmaBf16N64<0>(s[mr], qw[mr][kk], desc_k + 2 * kk, kk > 0);  // +32 bytes
+      ptx::WgmmaCommit();
+      ptx::WgmmaWaitAll();
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr) {
+        ptx::FenceWgmmaTile(s[mr]);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) ptx::FenceWgmmaFragment(qw[mr][kk]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < (WG ? 0 : kNt); ++nt) {
 #pragma unroll
       for (int mr = 0; mr < MR; ++mr)
 #pragma unroll
@@ -784,8 +829,44 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
       }
     }
     // P V: P's C fragments of two adjacent n-tiles form one A fragment.
+    if constexpr (WG) {
+      uint32_t a[MR][kNt / 2][4];
 #pragma unroll
-    for (int kj = 0; kj < kNt / 2; ++kj) {
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int kj = 0; kj < kNt / 2; ++kj) {
+          a[mr][kj][0] = PackBf16(s[mr][2 * kj][0], s[mr][2 * kj][1]);
+          a[mr][kj][1] = PackBf16(s[mr][2 * kj][2], s[mr][2 * kj][3]);
+          a[mr][kj][2] = PackBf16(s[mr][2 * kj + 1][0], s[mr][2 * kj + 1][1]);
+          a[mr][kj][3] = PackBf16(s[mr][2 * kj + 1][2], s[mr][2 * kj + 1][3]);
+        }
+      const uint64_t desc_v = ptx::SmemDescSw128(sV);
+      // The rescaled accumulators and P's fragments are written before the
+      // fence (the empty asm statements keep the compiler from sinking those
+      // writes past it, where wgmma could read the old values).
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr) {
+        ptx::FenceWgmmaTile(acc[mr]);
+#pragma unroll
+        for (int kj = 0; kj < kNt / 2; ++kj) ptx::FenceWgmmaFragment(a[mr][kj]);
+      }
+      ptx::WgmmaFence();
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr)
+#pragma unroll
+        for (int kj = 0; kj < kNt / 2; ++kj)
+          ptx::WgmmaBf16N64<1>(acc[mr], a[mr][kj], desc_v + 128 * kj, 1);  // +2048 bytes
+      ptx::WgmmaCommit();
+      ptx::WgmmaWaitAll();
+#pragma unroll
+      for (int mr = 0; mr < MR; ++mr) {
+        ptx::FenceWgmmaTile(acc[mr]);
+#pragma unroll
+        for (int kj = 0; kj < kNt / 2; ++kj) ptx::FenceWgmmaFragment(a[mr][kj]);
+      }
+    }
+#pragma unroll
+    for (int kj = 0; kj < (WG ? 0 : kNt / 2); ++kj) {
       uint32_t a[MR][4];
       if constexpr (kDirect) {
         a[0][0] = PackF16Sat(s[0][2 * kj][0], s[0][2 * kj][1]);
@@ -830,7 +911,7 @@ __global__ void __launch_bounds__(kThreads, kIsWide<STAGES, KV8>
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const float l = QuadSum(l_run[mr][hr]);
-        const int row = row0 + (rg * MR + mr) * 16 + g4 + hr * 8;
+        const int row = row0 + tile_of(mr) * 16 + g4 + hr * 8;
         if (row >= rows_total) continue;
         const int i = row / p.group;
         const int h = g * p.group + row % p.group;
@@ -1006,10 +1087,11 @@ SplitPlan PlanSplits(int max_seq_len, int max_q, int window, int batch, int kv_h
 // Dynamic shared memory: the Q rows and the ring (KV8: the ring of codes,
 // the converted tile and its scales, and at least the final reduction's
 // buffers, which reuse that space).
-template <int RG, int MR, int STAGES, bool KV8>
+template <int RG, int MR, int STAGES, bool KV8, bool WG = false>
 size_t SmemBytes() {
   const size_t q = static_cast<size_t>(16 * RG * MR * kD) * sizeof(uint16_t);
-  if constexpr (!KV8) return q + STAGES * kStageElems * sizeof(uint16_t);
+  // WG: slack to align the stages to 1024 bytes.
+  if constexpr (!KV8) return (WG ? 1024 : 0) + q + STAGES * kStageElems * sizeof(uint16_t);
   const size_t rows = 16 * RG * MR, ks = 4 / RG;
   // Partial sums, maxima, sums and weights per key slot and row, the rows'
   // output offsets, and MergeSplits' flag.
@@ -1020,14 +1102,14 @@ size_t SmemBytes() {
   return q + std::max(ring, reduce);
 }
 
-template <int RG, int MR, int STAGES, bool FUSED, bool KV8>
+template <int RG, int MR, int STAGES, bool FUSED, bool KV8, bool WG = false>
 cudaError_t LaunchKernel(const Params& p, int row_blocks, int batch, cudaStream_t stream) {
-  const size_t smem = SmemBytes<RG, MR, STAGES, KV8>();
+  const size_t smem = SmemBytes<RG, MR, STAGES, KV8, WG>();
   cudaError_t err =
-      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED, KV8>,
+      cudaFuncSetAttribute(AttentionKernel<RG, MR, STAGES, FUSED, KV8, WG>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  return LaunchPdl(AttentionKernel<RG, MR, STAGES, FUSED, KV8>,
+  return LaunchPdl(AttentionKernel<RG, MR, STAGES, FUSED, KV8, WG>,
                    dim3(row_blocks * p.splits, p.kv_heads, batch), dim3(kThreads), smem, stream,
                    /*pdl=*/true, p);
 }
@@ -1082,7 +1164,7 @@ size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int hea
 cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
                             const AttentionBatch& batch, int q_heads, const float* sinks,
                             int window, float scale, uint16_t* out, void* workspace,
-                            size_t workspace_bytes, cudaStream_t stream) {
+                            size_t workspace_bytes, cudaStream_t stream, bool prefill_wgmma) {
   if (batch.batch < 0 || batch.total_q < 0) return cudaErrorInvalidValue;
   if (batch.batch == 0 || batch.total_q == 0) return cudaSuccess;
   if (q == nullptr || out == nullptr || sinks == nullptr || !KvArraysOk(cache) ||
@@ -1140,13 +1222,19 @@ cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
   }
   p.splits = 1;
   p.chunk = 1 << 30;
+  const bool wg = !cache.fp8() && prefill_wgmma;
   if (window > 0 || batch.max_seq_len <= kPrefillNarrowMaxLen) {
     const int row_blocks = CeilDiv(rows, 64);
+    if (wg)
+      return LaunchKernel<4, 1, kStages, false, false, true>(p, row_blocks, batch.batch, stream);
     return cache.fp8()
                ? LaunchKernel<4, 1, kStages, false, true>(p, row_blocks, batch.batch, stream)
                : LaunchKernel<4, 1, kStages, false, false>(p, row_blocks, batch.batch, stream);
   }
   const int row_blocks = CeilDiv(rows, 64 * kPrefillMr);
+  if (wg)
+    return LaunchKernel<4, kPrefillMr, kStages, false, false, true>(p, row_blocks, batch.batch,
+                                                                    stream);
   return cache.fp8()
              ? LaunchKernel<4, kPrefillMr, kStages, false, true>(p, row_blocks, batch.batch, stream)
              : LaunchKernel<4, kPrefillMr, kStages, false, false>(p, row_blocks, batch.batch,

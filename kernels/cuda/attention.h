@@ -50,9 +50,12 @@ size_t AttentionWorkspaceBytes(const AttentionBatch& batch, int q_heads, int hea
 // gpt-oss); seq_lens[b] must not exceed max_seq_len. head_dim must be 64 and
 // block_size a power of two. The kernel is launched programmatically
 // dependent (it waits for the previous kernel of the stream before reading).
+// prefill_wgmma: prefill-shaped calls over a bf16 cache run Q K^T and P V on
+// warpgroup MMA (wgmma); false keeps them on mma.sync (the FP8 cache's
+// prefill always does).
 cudaError_t LaunchAttention(const uint16_t* q, const PagedKvLayer& cache,
                             const AttentionBatch& batch, int q_heads, const float* sinks,
                             int window, float scale, uint16_t* out, void* workspace,
-                            size_t workspace_bytes, cudaStream_t stream);
+                            size_t workspace_bytes, cudaStream_t stream, bool prefill_wgmma = true);
 
 }  // namespace flotilla::kernels::cuda

@@ -99,25 +99,14 @@ __device__ __forceinline__ float Bf16ToFloat(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }
 
-// Hopper warpgroup MMA with A from registers (the decoded weights: each warp
-// of the warpgroup holds 16 feature rows in the mma.sync A-fragment layout)
-// and B from shared memory (the activation stage: kBM token rows of 128
-// bytes, 16-byte chunks XOR-swizzled by row, i.e. the 128-byte swizzle of a
-// K-major operand; 8-row groups 1024 bytes apart).
-__device__ __forceinline__ uint64_t SmemDescSw128(const void* p) {
-  const uint64_t addr = static_cast<uint64_t>(SharedAddress(p));
-  return ((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
-         (uint64_t{1} << 62);
-}
-__device__ __forceinline__ void WgmmaFence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaCommit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void WgmmaWaitAll() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
+// Hopper warpgroup MMA (wgmma, ptx.cuh) with A from registers (the decoded
+// weights: each warp of the warpgroup holds 16 feature rows in the mma.sync
+// A-fragment layout) and B from shared memory (the activation stage: kBM token
+// rows of 128 bytes in the 128-byte swizzle, SmemDescSw128).
+using ptx::SmemDescSw128;
+using ptx::WgmmaCommit;
+using ptx::WgmmaFence;
+using ptx::WgmmaWaitAll;
 // wgmma reads its register operands and writes its accumulators after the
 // instruction issues: these empty asm statements tell the compiler that the
 // accumulators change and the A fragments are still read at the wait, so no

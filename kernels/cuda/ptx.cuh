@@ -1,7 +1,8 @@
 // Device helpers shared by the CUDA kernels (moe.cu, moe_gemm.cu,
 // moe_gemm_ws.cu, attention.cu): shared-memory addresses, 16-byte cp.async
 // copies, mbarriers, tensor-map (TMA) copies, ldmatrix,
-// the bf16 m16n8k16 tensor-core mma, and a block-wide exclusive scan.
+// the bf16 m16n8k16 tensor-core mma, warpgroup MMA (wgmma) pieces, and a
+// block-wide exclusive scan.
 // Included by .cu files only.
 #pragma once
 
@@ -123,6 +124,65 @@ __device__ __forceinline__ void MmaF16(float (&c)[4], const uint32_t (&a)[4], ui
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Hopper warpgroup MMA (wgmma): the warpgroup's 4 warps issue it together,
+// warp w holding rows 16w..16w+15 of the 64-row A operand (from registers,
+// in the mma.sync m16k16 A-fragment layout) and of the f32 accumulators (for
+// each 8 columns j, the mma.sync m16n8 C layout: d[j][0..3]).
+// SmemDescSw128: the descriptor of a shared-memory B operand stored as rows
+// of 128 bytes whose 16-byte chunks are XOR-swizzled by the row's index mod 8
+// (the 128-byte swizzle; the tile 1024-byte aligned; 8-row groups 1024 bytes
+// apart). K-major (rows along N, each row K contiguous): a k16 step starts 32
+// bytes further. MN-major (rows along K, 64 contiguous N values of 16 bits;
+// the instruction's transpose flag set): a k16 step starts 2048 bytes further.
+__device__ __forceinline__ uint64_t SmemDescSw128(const void* p) {
+  const uint64_t addr = static_cast<uint64_t>(SharedAddress(p));
+  return ((addr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaWaitAll() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+
+// d (64 x 64, f32) = (accumulate ? d : 0) + a (bf16, registers) * B (bf16,
+// `desc`); kTransB: B is MN-major (SmemDescSw128).
+template <int kTransB>
+__device__ __forceinline__ void WgmmaBf16N64(float (&d)[8][4], const uint32_t (&a)[4],
+                                             uint64_t desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, "
+      "%26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+        "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+        "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+        "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate), "n"(kTransB));
+}
+// Around a batch of wgmmas (before WgmmaFence and after WgmmaWaitAll): empty
+// asm statements that the accumulators and A fragments pass through, so the
+// compiler neither sinks their writes past the fence (wgmma would read the
+// old values) nor hoists reads of the results above the wait, nor reuses the
+// fragments' registers before it.
+__device__ __forceinline__ void FenceWgmmaTile(float (&d)[8][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+f"(d[i][j])::"memory");
+}
+__device__ __forceinline__ void FenceWgmmaFragment(uint32_t (&a)[4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[j])::"memory");
 }
 
 // Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, at

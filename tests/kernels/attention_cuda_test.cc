@@ -53,6 +53,11 @@ struct Problem {
   std::vector<float> sinks;
   std::vector<int32_t> q_start;
   int total_q = 0;
+  // Prefill-shaped calls: warpgroup MMA (the default) or mma.sync; a host
+  // bound on the sequence lengths above theirs (0: none; past 4,096 the
+  // unwindowed prefill takes 128-row CTAs).
+  bool prefill_wgmma = true;
+  int max_seq_len = 0;
 };
 
 uint16_t RandBf16(std::mt19937& rng, float sd) {
@@ -181,7 +186,10 @@ struct DeviceProblem {
   cuda::PagedKvLayer cache;
   cuda::AttentionBatch batch;
 
-  explicit DeviceProblem(const Problem& p, int max_seq_len = 0) {
+  bool prefill_wgmma = true;
+
+  explicit DeviceProblem(const Problem& p, int max_seq_len = 0) : prefill_wgmma(p.prefill_wgmma) {
+    max_seq_len = std::max(max_seq_len, p.max_seq_len);
     k = ToDevice(p.k);
     v = ToDevice(p.v);
     q = ToDevice(p.q);
@@ -222,7 +230,7 @@ struct DeviceProblem {
   }
   cudaError_t Launch(int window, cudaStream_t stream) {
     return cuda::LaunchAttention(q, cache, batch, kQHeads, sinks, window, kAttentionScale, out, ws,
-                                 ws_bytes, stream);
+                                 ws_bytes, stream, prefill_wgmma);
   }
 };
 
@@ -357,11 +365,30 @@ TEST_F(AttentionCudaTest, RepeatedCallsReuseWorkspace) {
   }
 }
 
+// The prefill cases run on both tensor-core paths, and with a host bound on
+// the lengths past 4,096 (128-row CTAs where there is no window).
+struct PrefillPath {
+  bool wgmma;
+  int max_seq_len;
+  std::string Name() const {
+    return std::string(wgmma ? " wgmma" : " mma.sync") + (max_seq_len > 0 ? " 128-row" : "");
+  }
+};
+const PrefillPath kPrefillPaths[] = {{true, 0}, {true, 5000}, {false, 0}, {false, 5000}};
+
+void CheckPrefill(Problem p, const std::string& what) {
+  for (const PrefillPath& path : kPrefillPaths) {
+    p.prefill_wgmma = path.wgmma;
+    p.max_seq_len = path.max_seq_len;
+    Check(p, what + path.Name());
+  }
+}
+
 TEST_F(AttentionCudaTest, PrefillSingleSequence) {
   for (int window : {0, 128})
     for (int n : {5, 63, 64, 65, 129, 600}) {
       Problem p = MakeProblem({n}, {n}, 16, window, 1000 + n + window);
-      Check(p, "prefill n=" + std::to_string(n) + " window=" + std::to_string(window));
+      CheckPrefill(p, "prefill n=" + std::to_string(n) + " window=" + std::to_string(window));
     }
 }
 
@@ -369,8 +396,8 @@ TEST_F(AttentionCudaTest, ChunkedPrefillWithCachedPrefix) {
   for (int window : {0, 128})
     for (int bs : {16, 32}) {
       Problem p = MakeProblem({500}, {200}, bs, window, 77 + bs + window);
-      Check(p, "chunked prefill 300+200 bs=" + std::to_string(bs) +
-                   " window=" + std::to_string(window));
+      CheckPrefill(p, "chunked prefill 300+200 bs=" + std::to_string(bs) +
+                          " window=" + std::to_string(window));
     }
 }
 
@@ -378,7 +405,7 @@ TEST_F(AttentionCudaTest, MixedPrefillAndDecodeBatch) {
   for (int window : {0, 128}) {
     Problem p =
         MakeProblem({600, 777, 500, 64, 300, 1}, {600, 1, 37, 64, 65, 1}, 16, window, 5 + window);
-    Check(p, "mixed batch window=" + std::to_string(window));
+    CheckPrefill(p, "mixed batch window=" + std::to_string(window));
   }
 }
 

@@ -4,7 +4,7 @@
 //   decode (1 token per sequence) at contexts 1k, 8k, 32k for batch 1, 8, 64,
 //   full attention and sliding window 128: us per call, GB/s of K/V actually
 //   read (window-limited), and the HBM bandwidth beside it;
-//   prefill of one sequence of 2k and 8k tokens (causal): TFLOP/s beside the
+//   prefill of one sequence of 2k, 4k and 8k tokens (causal): TFLOP/s beside the
 //   dense bf16 peak.
 // Timing: CUDA events around many replays of a CUDA graph; each graph calls the
 // kernel on several layers' caches in turn so that the K/V working set exceeds
@@ -13,6 +13,8 @@
 //                        [--decode-only BATCH:CONTEXT]  (one full-attention decode case)
 //                        [--kv-cache-dtype bf16|fp8]    (fp8: the e4m3 layout of ops.h,
 //                                                         K/V bytes counted with the scales)
+//                        [--prefill-mma wgmma|mma-sync] (the bf16 prefill's tensor-core path)
+//                        [--prefill-only 1]             (skip the decode cases)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +65,8 @@ __global__ void FillFp8(uint8_t* x, size_t n, long long blk_bytes, int scale_off
 
 struct Setup {
   bool fp8 = false;
+  bool prefill_wgmma = true;
+  bool prefill_only = false;
   double hbm_gbs = 0;
   double peak_tflops = 989;
   long iters = 0;
@@ -153,9 +157,10 @@ double TimeCase(const Setup& s, int batch, int ctx, int n_new, int window, int i
     bool ok = true;
     for (int l = 0; l < layers && ok; ++l) {
       ab.block_tables = tables + static_cast<size_t>(l) * batch * blocks_per_seq;
-      ok = Check(flotilla::kernels::cuda::LaunchAttention(q, cache, ab, kQHeads, sinks, window,
-                                                          0.125f, out, ws, ws_bytes, stream),
-                 "launch");
+      ok = Check(
+          flotilla::kernels::cuda::LaunchAttention(q, cache, ab, kQHeads, sinks, window, 0.125f,
+                                                   out, ws, ws_bytes, stream, s.prefill_wgmma),
+          "launch");
     }
     if (Check(cudaStreamEndCapture(stream, &graph), "end capture") && ok &&
         Check(cudaGraphInstantiate(&exec, graph, 0), "instantiate")) {
@@ -192,13 +197,19 @@ int main(int argc, char** argv) {
     else if (a == "--kv-cache-dtype" &&
              (std::string(argv[i + 1]) == "fp8" || std::string(argv[i + 1]) == "bf16"))
       s.fp8 = std::string(argv[i + 1]) == "fp8";
+    else if (a == "--prefill-mma" &&
+             (std::string(argv[i + 1]) == "wgmma" || std::string(argv[i + 1]) == "mma-sync"))
+      s.prefill_wgmma = std::string(argv[i + 1]) == "wgmma";
+    else if (a == "--prefill-only")
+      s.prefill_only = std::atoi(argv[i + 1]) != 0;
     else if (a == "--decode-only" &&
              std::sscanf(argv[i + 1], "%d:%d", &only_batch, &only_ctx) == 2 && only_batch > 0 &&
              only_ctx > 0) {
     } else {
       std::fprintf(stderr,
                    "usage: attention_cuda_bench [--hbm-gbs X] [--peak-tflops X] [--iters N] "
-                   "[--decode-only BATCH:CONTEXT] [--kv-cache-dtype bf16|fp8]\n");
+                   "[--decode-only BATCH:CONTEXT] [--kv-cache-dtype bf16|fp8] "
+                   "[--prefill-mma wgmma|mma-sync] [--prefill-only 0|1]\n");
       return 2;
     }
   }
@@ -236,11 +247,12 @@ int main(int argc, char** argv) {
   for (int window : {0, 128})
     for (int ctx : {1024, 8192, 32768})
       for (int batch : {1, 8, 64}) {
+        if (s.prefill_only) break;
         if (window > 0 && ctx != 8192) continue;
         if (!decode_case(batch, ctx, window)) return 1;
       }
   for (int window : {0, 128})
-    for (int n : {2048, 8192}) {
+    for (int n : {2048, 4096, 8192}) {
       const int iters = s.iters > 0 ? static_cast<int>(s.iters) : 5;
       const double us = TimeCase(s, 1, n, n, window, iters);
       if (us < 0) return 1;
@@ -250,10 +262,10 @@ int main(int argc, char** argv) {
       const double tflops = flops / (us * 1e6);
       std::printf(
           "{\"bench\":\"attention_cuda\",\"gpu\":\"%s\",\"mode\":\"prefill\",\"kv\":\"%s\","
-          "\"tokens\":%d,"
+          "\"mma\":\"%s\",\"tokens\":%d,"
           "\"window\":%d,\"us\":%.1f,\"tflops\":%.1f,\"peak_tflops\":%.0f,\"pct_peak\":%.1f}\n",
-          s.gpu.c_str(), s.fp8 ? "fp8" : "bf16", n, window, us, tflops, s.peak_tflops,
-          100.0 * tflops / s.peak_tflops);
+          s.gpu.c_str(), s.fp8 ? "fp8" : "bf16", s.fp8 || !s.prefill_wgmma ? "mma.sync" : "wgmma",
+          n, window, us, tflops, s.peak_tflops, 100.0 * tflops / s.peak_tflops);
       std::fflush(stdout);
     }
   return 0;

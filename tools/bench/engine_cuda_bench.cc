@@ -45,6 +45,8 @@
 //                                          as its own launch)
 //                     [--route-in-router 1] (0: the MoE routes in a launch of its own
 //                                          rather than in the fused router's kernel)
+//                     [--attention-wgmma 1] (0: prefill attention on mma.sync rather
+//                                          than warpgroup MMA)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
 //                                          projection's weights beside the step)
 //                     [--masked-rows N]   (then the same steps with N rows drawing under a
@@ -320,6 +322,7 @@ int main(int argc, char** argv) {
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
   bool route_in_router = CudaEngineOptions().route_in_router;
+  bool attention_wgmma = CudaEngineOptions().attention_prefill_wgmma;
   bool deterministic = false;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
@@ -376,6 +379,8 @@ int main(int argc, char** argv) {
       router_norm = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--route-in-router") {
       route_in_router = v == "1" || v == "true";
+    } else if (a == "--attention-wgmma") {
+      attention_wgmma = v == "1" || v == "true";
     } else if (a == "--l2-prefetch-max-tokens") {
       l2_prefetch = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--fused-qkv-max-tokens")
@@ -469,6 +474,7 @@ int main(int argc, char** argv) {
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
   o.route_in_router = route_in_router;
+  o.attention_prefill_wgmma = attention_wgmma;
   o.deterministic = deterministic;
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
   o.qkv_tuning = qkv_tuning;

@@ -126,6 +126,9 @@ struct CudaEngineOptions {
   // experts' pairs and its blocks convert x for the MoE (kernels::cuda::
   // MoeRouteTargets), so the MoE layer skips its routing launch.
   bool route_in_router = true;
+  // Prefill attention over a bf16 cache on warpgroup MMA (wgmma); false keeps
+  // it on mma.sync (kernels::cuda::LaunchAttention's prefill_wgmma).
+  bool attention_prefill_wgmma = true;
   // Steps of at most this many tokens ask L2 for the O projection's weights
   // (23.6 MB a layer at 120b) on a stream beside the step while attention
   // runs; 0 turns it off. 120b decode on an H200, ms per step, off / on:

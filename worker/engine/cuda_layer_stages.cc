@@ -209,7 +209,8 @@ absl::Status LayerStages::Attention(const CudaDeviceState::Layer& L) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(D_));
   if (D_ == 64) {
     FLOTILLA_CUDA_RETURN(kc::LaunchAttention(d_.q, L.kv, batch_, NH_, L.sinks, L.window, scale,
-                                             d_.attn, d_.attn_ws, d_.attn_ws_bytes, d_.stream));
+                                             d_.attn, d_.attn_ws, d_.attn_ws_bytes, d_.stream,
+                                             options_.attention_prefill_wgmma));
   } else {
     FLOTILLA_CUDA_RETURN(kc::LaunchAttentionGeneric(d_.q, L.kv, batch_, NH_, L.sinks, L.window,
                                                     scale, d_.attn, d_.stream));
