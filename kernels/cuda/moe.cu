@@ -1244,9 +1244,10 @@ cudaError_t LaunchLayer(const MoeDeviceWeights& w, const uint16_t* x, const int3
       if (err != cudaSuccess) return err;
     }
     const int rows_per_tile = tuning.gemm_rows_per_tile != 0 ? tuning.gemm_rows_per_tile
-                              : pairs >= 64 * E              ? 128
-                              : pairs >= 24 * E              ? 64
-                                                             : 32;
+                              : tuning.gemm_160_rows && MoeGemmPrefers160Rows(pairs, E) ? 160
+                              : pairs >= 64 * E                                         ? 128
+                              : pairs >= 24 * E                                         ? 64
+                                                                                        : 32;
     MoeGemmOptions o;
     o.rows_per_tile = rows_per_tile, o.remainder_tiles = tuning.gemm_remainder_tiles;
     o.wgmma = tuning.gemm_wgmma, o.out_per_pair = deterministic;

@@ -141,10 +141,15 @@ struct MoeTuning {
   // parts cost ~5%: H200 120b engine step at batch 192 / 256 43.4 / 42.1 ms
   // with them, 41.3 / 40.0 without (kernels/moe_notes.md).
   int gemm_h_low_part_below_pairs = 16;
-  // Their tile height: 32, 64 or 128 rows; 0 picks by pairs per expert: 128
-  // from 64 (H200, 120b layer, 64 / 128 rows: 32 pairs per expert, 1024
-  // tokens, 1115 / 1179 us; 64 pairs, 2048 tokens, 1776 / 1731), 64 from 24.
+  // Their tile height: 32, 64, 128 or 160 rows; 0 picks by pairs per expert:
+  // 160 where gemm_160_rows says so, 128 from 64 (H200, 120b layer, 64 /
+  // 128 rows: 32 pairs per expert, 1024 tokens, 1115 / 1179 us; 64 pairs,
+  // 2048 tokens, 1776 / 1731), 64 from 24.
   int gemm_rows_per_tile = 0;
+  // 160-row tiles (tensor-map kernels) where they save enough passes over
+  // the experts' weights (moe_gemm.h, MoeGemmPrefers160Rows): an expert of
+  // 129-160 rows then takes one tile, not a 128-row tile and a remainder.
+  bool gemm_160_rows = true;
   // An expert's last GEMM tile, when at most half filled, as smaller tiles
   // (moe_gemm.h says which).
   bool gemm_remainder_tiles = true;

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "kernels/cuda/fp4.cuh"
@@ -131,7 +132,8 @@ cudaError_t LaunchPermuteRows(const uint16_t* src, int rows, int k, int kp, uint
 }
 
 // The tile maps, in expert order, of an expert's rows: tiles of rows_per_tile
-// rows (tile_expert / tile_row0, num_tiles), except that a last, partly filled
+// rows (ExpertTileRows at 160; tile_expert / tile_row0, num_tiles), except
+// that a last, partly filled
 // tile of at most small_max rows becomes tiles of small_rows rows (small_expert
 // / small_row0, num_small) when small_max > 0: such a tile decodes the same
 // weights as a big one for a fraction of the tensor-core work. One block of
@@ -145,15 +147,16 @@ __global__ void __launch_bounds__(1024)
   __shared__ int32_t totals[2];
   const int e = threadIdx.x;
   const int c = e < num_experts ? count[e] : 0;
-  const int rest = c % rows_per_tile;
+  const int tile_rows = ExpertTileRows(c, rows_per_tile);
+  const int rest = c % tile_rows;
   const bool split = small_max > 0 && rest > 0 && rest <= small_max;
-  const int big = c / rows_per_tile + (rest > 0 && !split ? 1 : 0);
+  const int big = c / tile_rows + (rest > 0 && !split ? 1 : 0);
   const int small = split ? (rest + small_rows - 1) / small_rows : 0;
   const int first = BlockExclusiveScan(big, warp_sums, &totals[0]);
   const int first_small = BlockExclusiveScan(small, warp_sums, &totals[1]);
   for (int i = 0; i < big; ++i) {
     tile_expert[first + i] = e;
-    tile_row0[first + i] = i * rows_per_tile;
+    tile_row0[first + i] = i * tile_rows;
   }
   for (int i = 0; i < small; ++i) {
     small_expert[first_small + i] = e;
@@ -432,6 +435,28 @@ int MaxSmallTiles(int pairs, int num_experts) { return 2 * std::min(num_experts,
 
 }  // namespace
 
+double MoeGemmPassesSavedBy160Rows(double rows_per_expert) {
+  const double m = rows_per_expert;
+  if (!(m > 0)) return 0.0;
+  const double sd = std::sqrt(m);
+  const int lo = std::max(0, static_cast<int>(m - 10 * sd));
+  const int hi = static_cast<int>(m + 10 * sd) + 1;
+  double saved = 0.0;
+  for (int c = lo; c <= hi; ++c) {
+    const int passes_128 = (c + 127) / 128;
+    const int passes = (c + ExpertTileRows(c, 160) - 1) / ExpertTileRows(c, 160);
+    if (passes >= passes_128) continue;
+    const double p = std::exp(c * std::log(m) - m - std::lgamma(c + 1.0));
+    saved += p * (passes_128 - passes);
+  }
+  return saved;
+}
+
+bool MoeGemmPrefers160Rows(int64_t pairs, int num_experts) {
+  if (pairs <= 0 || num_experts <= 0) return false;
+  return MoeGemmPassesSavedBy160Rows(static_cast<double>(pairs) / num_experts) >= 0.15;
+}
+
 size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
   const int pairs = tokens * top_k;
   if (pairs <= 0) return 0;
@@ -589,13 +614,16 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
                           int tokens, int top_k, float limit, float alpha, MoeGemmRoute route,
                           float* out, void* workspace, const MoeGemmOptions& o,
                           cudaStream_t stream) {
-  const int rows_per_tile = o.rows_per_tile;
   const bool wgmma = o.wgmma;
-  if ((rows_per_tile != 32 && rows_per_tile != 64 && rows_per_tile != 128) ||
-      w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 ||
-      w.hidden > 4096 || w.intermediate > 4096) {
+  if ((o.rows_per_tile != 32 && o.rows_per_tile != 64 && o.rows_per_tile != 128 &&
+       o.rows_per_tile != 160) ||
+      w.num_experts > 1024 || w.hidden % 32 != 0 || w.intermediate % 32 != 0 || w.hidden > 4096 ||
+      w.intermediate > 4096) {
     return cudaErrorInvalidValue;
   }
+  // 160-row tiles exist only as tensor-map kernels (below): the others take 128.
+  const bool tma_ok = wgmma && o.tma && MoeGemmTmaSupports(w);
+  const int rows_per_tile = o.rows_per_tile == 160 && !tma_ok ? 128 : o.rows_per_tile;
   const int pairs = tokens * top_k;
   if (pairs <= 0) return cudaSuccess;
   const int hp = Padded64(w.hidden), ip = Padded64(w.intermediate);
@@ -608,7 +636,8 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   auto* xp = reinterpret_cast<uint16_t*>(base);
   base += AlignUp(static_cast<size_t>(tokens) * hp * sizeof(uint16_t), 256);
   TileLists t;
-  t.max_tiles = MaxTiles(pairs, w.num_experts, rows_per_tile);
+  // At 160 rows an expert's big tiles may be 128 high (ExpertTileRows).
+  t.max_tiles = MaxTiles(pairs, w.num_experts, std::min(rows_per_tile, 128));
   t.max_small = MaxSmallTiles(pairs, w.num_experts);
   t.tile_expert = reinterpret_cast<int32_t*>(base);
   t.tile_row0 = t.tile_expert + t.max_tiles;
@@ -627,8 +656,8 @@ cudaError_t LaunchMoeGemm(const MoeDeviceWeights& w, const uint16_t* x, const fl
   // (moe_gemm_tma.h), which read x gathered in routing order.
   const bool low_parts =
       o.h_low_part && (rows_per_tile == 32 || (t.small_rows == 32 && t.small_max > 0));
-  const bool use_tma = wgmma && o.tma && !low_parts && MoeGemmTmaSupports(w);
-  if (use_tma && rows_per_tile == 128 && t.small_max > 0) {
+  const bool use_tma = tma_ok && !low_parts;
+  if (use_tma && rows_per_tile >= 128 && t.small_max > 0) {
     // The tensor-map kernels take remainders of up to 80 rows as 80-row
     // tiles (three CTAs per SM, wgmmas 32, 64 or 80 rows wide) rather than
     // 65-80-row ones as 128-row tiles (two per SM, 96 wide): at 2,048

@@ -39,19 +39,33 @@ struct MoeGemmRoute {
   const int32_t* pair_of = nullptr;  // [pairs], grouped by expert
 };
 
+// Passes over an expert's weights per expert that tiles of 160 rows
+// (ExpertTileRows: 160 where they need fewer passes, else 128) save against
+// tiles of 128, for experts of Poisson(rows_per_expert) rows: an expert of
+// 129-160 rows takes one pass instead of a 128-row tile and a remainder.
+double MoeGemmPassesSavedBy160Rows(double rows_per_expert);
+
+// Whether a step of `pairs` routed pairs over `num_experts` experts takes
+// 160-row tiles: when they save at least 0.15 passes per expert. Below that
+// the 160-row kernel (128 registers, a few spilled) costs 2-3% more than
+// the 128-row one for the same tiles (H200, 120b layer, 3,072 / 6,144
+// tokens, kernels/README.md).
+bool MoeGemmPrefers160Rows(int64_t pairs, int num_experts);
+
 // Scratch the GEMM path needs beyond the routing: h, the permuted
 // activations and the tile map.
 size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k);
 
 // How LaunchMoeGemm runs a step (MoeTuning's GEMM fields, resolved for it).
 struct MoeGemmOptions {
-  // The tile height, 32, 64 or 128: smaller tiles waste less tensor-core
-  // work on experts' last, partly filled tiles; larger ones read each
-  // activation tile fewer times.
+  // The tile height, 32, 64, 128 or 160 (the tensor-map kernels only; 128
+  // otherwise): smaller tiles waste less tensor-core work on experts' last,
+  // partly filled tiles; larger ones read each activation tile fewer times
+  // and decode an expert's weights fewer times.
   int rows_per_tile = 128;
   // An expert's last tile, when at most half filled, as tiles of half the
-  // height (32 rows without wgmma; 80-row tiles at 128-row tiling on the
-  // tensor-map kernels).
+  // height (32 rows without wgmma; 80-row tiles at 128- and 160-row tiling on
+  // the tensor-map kernels).
   bool remainder_tiles = true;
   // Warpgroup MMA (the decoded weights as register operand A, the activation
   // stage as B) instead of mma.sync.

@@ -23,6 +23,16 @@ __host__ __device__ constexpr size_t AlignUp(size_t v, size_t a) { return (v + a
 // Rows of activations and h are padded to whole 64-value groups.
 __host__ __device__ constexpr int Padded64(int v) { return (v + 63) / 64 * 64; }
 
+// The height of an expert's big tiles at a tiling of `rows_per_tile` rows,
+// for an expert of `count` rows: at 160, 160 where such tiles cover the
+// expert in fewer passes over its weights than 128-row ones (129-160 rows:
+// one tile, not a 128-row one and a remainder that decodes the same weights
+// again), else 128.
+__host__ __device__ constexpr int ExpertTileRows(int count, int rows_per_tile) {
+  if (rows_per_tile != 160) return rows_per_tile;
+  return (count + 159) / 160 < (count + 127) / 128 ? 160 : 128;
+}
+
 struct GemmArgs {
   const uint8_t* blocks;
   const uint8_t* scales;
@@ -200,7 +210,9 @@ __device__ __forceinline__ void WgmmaN96(float (&d)[kD], const uint32_t (&a)[4],
 }
 
 // D (64 features x 128 tokens, f32, accumulated) += A (registers) * B (desc).
-__device__ __forceinline__ void WgmmaN128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+template <int kD>
+__device__ __forceinline__ void WgmmaN128(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(kD >= 64, "accumulators");
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
@@ -221,12 +233,43 @@ __device__ __forceinline__ void WgmmaN128(float (&d)[64], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+// D (64 features x 160 tokens, f32, accumulated) += A (registers) * B (desc).
+template <int kD>
+__device__ __forceinline__ void WgmmaN160(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
+  static_assert(kD >= 80, "accumulators");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %85, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n160k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, "
+      "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, "
+      "%61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, "
+      "%78, %79}, {%80, %81, %82, %83}, "
+      "%84, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
+        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
+        "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+
 // The first kN rows of a tile's accumulators d (kBM / 2 of them, kN <= kBM)
 // += A * B: a tile whose rows from kN on are empty leaves them out of the
 // tensor cores' work.
 template <int kN, int kD>
 __device__ __forceinline__ void WgmmaFirst(float (&d)[kD], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (kN == 128) {
+  if constexpr (kN == 160) {
+    WgmmaN160(d, a, desc);
+  } else if constexpr (kN == 128) {
     WgmmaN128(d, a, desc);
   } else if constexpr (kN == 96) {
     WgmmaN96(d, a, desc);

@@ -42,7 +42,8 @@ template <int kBM>
 __host__ __device__ constexpr int StageBytes() {
   return kBM * kActRowBytes + kBN * kWeightRowBytes;
 }
-static_assert(StageBytes<32>() % 1024 == 0 && StageBytes<80>() % 1024 == 0,
+static_assert(StageBytes<32>() % 1024 == 0 && StageBytes<80>() % 1024 == 0 &&
+                  StageBytes<160>() % 1024 == 0,
               "stages keep the activation tiles on 1024 bytes");
 
 __host__ __device__ constexpr int ScaleBytes(int nb) {
@@ -73,11 +74,20 @@ size_t SharedBytes(int nb) {
 // 64 rows run the loop over whole turns of the stage ring (slots, wgmma
 // descriptors and mbarrier parity fixed at compile time): 1,024 tokens 835
 // against 868 us. The 128-row gate_up tile would take 138 registers so.
+// 160-row tiles (an expert of 129-160 rows in one pass over its weights, not
+// a 128-row tile and a remainder that decodes them again) are held to 128
+// registers so that two CTAs share an SM, as the 128-row ones do; at that
+// tiling the experts that 160-row tiles would not cover in fewer passes take
+// 128-row tiles in the same launch (ExpertTileRows), whose stages copy only
+// 128 activation rows.
 template <int kBM>
-constexpr int kMinBlocksPerSm = kBM == 80 ? 3 : 1;
+constexpr int kMinBlocksPerSm = kBM == 80    ? 3
+                                : kBM == 160 ? 2
+                                             : 1;
 template <bool kDown, int kBM, bool kRing = (kBM <= 64)>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
     MoeGemmTmaKernel(const __grid_constant__ CUtensorMap act_map,
+                     const __grid_constant__ CUtensorMap act_map_128,
                      const __grid_constant__ CUtensorMap w_map, GemmArgs a, bool overlapping) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   auto wait_for_previous = [&] {
@@ -97,7 +107,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
   auto* full = reinterpret_cast<uint64_t*>(s_scales + ScaleBytes(nb));
   const int e = a.tile_expert[tile];
   const int row0 = a.tile_row0[tile];
-  const int rows = min(kBM, a.route.count[e] - row0);
+  const int count = a.route.count[e];
+  const int rows = min(ExpertTileRows(count, kBM), count - row0);
+  // A 160-row tile's stages take only the first 128 activation rows when it
+  // holds no more (act_map_128: boxes of 128 rows), the rest of the slot unused.
+  const bool short_box = kBM == 160 && rows <= 128;
+  const uint32_t stage_bytes =
+      short_box ? 128 * kActRowBytes + kBN * kWeightRowBytes : StageBytes<kBM>();
   const int sorted0 = a.route.offset[e] + row0;
   const int n0 = blockIdx.x * kBN;
   const int valid_n = min(kBN, a.n - n0);
@@ -107,8 +123,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
   auto load = [&](int kt) {
     uint8_t* st = stages + (kt % kStages) * StageBytes<kBM>();
     uint64_t* bar = &full[kt % kStages];
-    MbarExpectTx(bar, StageBytes<kBM>());
-    TmaLoad2D(st, &act_map, kt * kBK, sorted0, bar);
+    MbarExpectTx(bar, stage_bytes);
+    TmaLoad2D(st, short_box ? &act_map_128 : &act_map, kt * kBK, sorted0, bar);
     TmaLoad2D(st + kBM * kActRowBytes, &w_map, kt * kWeightRowBytes, w_row, bar);
   };
   static_assert(kStages == 4, "two pairs of stages: one in use, one in flight");
@@ -192,8 +208,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
   const int width = WgmmaWidth<kBM>(rows);
   if (kBM == 80 && width > 64) {
     main_loop(std::integral_constant<int, (kBM == 80 ? 80 : 32)>{});
+  } else if (kBM == 160 && width > 128) {
+    main_loop(std::integral_constant<int, (kBM == 160 ? 160 : 32)>{});
   } else if (kBM >= 128 && width > 96) {
-    main_loop(std::integral_constant<int, kBM>{});
+    main_loop(std::integral_constant<int, (kBM >= 128 ? 128 : 32)>{});
   } else if (kBM >= 128 && width > 64) {
     main_loop(std::integral_constant<int, (kBM >= 128 ? 96 : kBM)>{});
   } else if (kBM >= 64 && width > 32) {
@@ -239,11 +257,17 @@ cudaError_t Map2D(CUtensorMap* map, const void* base, CUtensorMapDataType type, 
 template <bool kDown, int kBM>
 cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int act_rows,
                    int max_tiles, cudaStream_t stream, bool overlapping) {
-  CUtensorMap act_map{}, w_map{};
+  CUtensorMap act_map{}, act_map_128{}, w_map{};
   cudaError_t err =
       Map2D(&act_map, act, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, static_cast<uint64_t>(a.kp),
             static_cast<uint64_t>(act_rows), kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
   if (err != cudaSuccess) return err;
+  act_map_128 = act_map;
+  if (kBM > 128) {
+    err = Map2D(&act_map_128, act, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, static_cast<uint64_t>(a.kp),
+                static_cast<uint64_t>(act_rows), kBK, 128, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (err != cudaSuccess) return err;
+  }
   const int nb = a.k / 32;
   err = Map2D(&w_map, a.blocks, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, static_cast<uint64_t>(nb) * 16,
               static_cast<uint64_t>(num_experts) * static_cast<uint64_t>(a.n), kWeightRowBytes, kBN,
@@ -255,8 +279,8 @@ cudaError_t Launch(const GemmArgs& a, int num_experts, const uint16_t* act, int 
   err = AllowSharedBytes(kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   const dim3 grid((a.n + kBN - 1) / kBN, static_cast<unsigned>(max_tiles));
-  return LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, overlapping, act_map, w_map, a,
-                   overlapping);
+  return LaunchPdl(kernel, grid, dim3(kThreads), smem, stream, overlapping, act_map, act_map_128,
+                   w_map, a, overlapping);
 }
 
 }  // namespace
@@ -280,6 +304,11 @@ cudaError_t LaunchMoeGemmTma(bool down, const GemmArgs& args, int num_experts, i
                              int max_tiles, const uint16_t* act, int act_rows, cudaStream_t stream,
                              bool overlapping) {
   switch (rows) {
+    case 160:
+      return down ? Launch<true, 160>(args, num_experts, act, act_rows, max_tiles, stream,
+                                      overlapping)
+                  : Launch<false, 160>(args, num_experts, act, act_rows, max_tiles, stream,
+                                       overlapping);
     case 128:
       return down ? Launch<true, 128>(args, num_experts, act, act_rows, max_tiles, stream,
                                       overlapping)

@@ -11,7 +11,7 @@
 // completing on an mbarrier per stage, instead of a cp.async per 16 bytes from
 // every thread. gate_up reads x gathered in routing order (moe_gemm.cu's PermuteRowsKernel),
 // so its activation tile is a box of contiguous rows, like down's h. Its
-// wgmmas cover only the rows a tile holds (widths 32, 64, 96 or 128), and a
+// wgmmas cover only the rows a tile holds (widths 32, 64, 96, 128 or 160), and a
 // projection's remainder launch may overlap its big tiles' last wave
 // (`overlapping` below).
 #pragma once
@@ -38,7 +38,8 @@ bool MoeGemmTmaSupports(const MoeDeviceWeights& w);
 size_t MoeGemmTmaGatherBytes(const MoeDeviceWeights& w, int pairs);
 
 // One projection of `num_experts` experts over the tiles of `args` (`rows`
-// rows each: 32, 64 or 128), `max_tiles` bounding their number on the host.
+// rows each: 32, 64, 80, 128 or 160), `max_tiles` bounding their number on
+// the host.
 // `act` is the activation matrix in routing order, f16 [act_rows, kp]
 // (gate_up: the gathered x; down: h). `overlapping`: the launch before it in
 // the stream is this launcher's too, for the same projection (other tiles

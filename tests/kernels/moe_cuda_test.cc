@@ -22,6 +22,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_gemm.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
@@ -301,10 +302,41 @@ TEST_F(MoeCudaRealShapeTest, GemmPathAtEverySize) {
     CheckLayer(few, *host_, 300, 2, 32, /*bad_ids=*/4, /*deterministic=*/false, t);
     CheckLayer(few, *host_, 300, 2, 33, /*bad_ids=*/0, /*deterministic=*/true, t);
   }
+  // 160-row tiles: ~150 rows per expert in one tile 160 wide, ~170 as one
+  // and an 80-row remainder, ~250 as one and a second 96 wide; and the
+  // size from which the default picks them.
+  t.gemm_rows_per_tile = 160;
+  CheckLayer(few, *host_, 300, 2, 34, /*bad_ids=*/4, /*deterministic=*/false, t);
+  CheckLayer(few, *host_, 340, 2, 35, /*bad_ids=*/0, /*deterministic=*/true, t);
+  CheckLayer(few, *host_, 500, 2, 36, /*bad_ids=*/0, /*deterministic=*/false, t);
+  t = cuda::MoeTuning{};  // 120 rows per expert: 160-row tiling by default
+  ASSERT_TRUE(cuda::MoeGemmPrefers160Rows(240 * 2, few.num_experts));
+  CheckLayer(few, *host_, 240, 2, 37, /*bad_ids=*/0, /*deterministic=*/false, t);
   t = cuda::MoeTuning{};
   t.gemm_min_pairs_per_expert = -1;
   CheckLayer(weights_, *host_, 300, 4, 26, /*bad_ids=*/0, /*deterministic=*/false, t);
 }
+// Host planning only (runs without a GPU): the grouped GEMMs take 160-row
+// tiles where they save passes over the experts' weights (an expert of
+// 129-160 rows in one tile), i.e. around 128 and 256 rows per expert, and
+// keep 128-row ones where nearly every expert fits those as well (H200 120b
+// layer, us 160 / 128 rows: 3,072 tokens 1,732 / 1,685, 4,096 2,030 /
+// 2,256, 6,144 3,151 / 3,054, 8,192 3,796 / 3,967).
+TEST(MoeGemmTiling, TallTilesWhereTheySavePasses) {
+  EXPECT_LT(cuda::MoeGemmPassesSavedBy160Rows(64.0), 1e-6);
+  EXPECT_NEAR(cuda::MoeGemmPassesSavedBy160Rows(128.0), 0.47, 0.02);
+  EXPECT_EQ(cuda::MoeGemmPassesSavedBy160Rows(0.0), 0.0);
+  const int E = 128, K = 4;
+  for (const int tokens : {1, 64, 1024, 2048, 3072, 3584, 6144, 7168}) {
+    EXPECT_FALSE(cuda::MoeGemmPrefers160Rows(int64_t{tokens} * K, E)) << tokens;
+  }
+  for (const int tokens : {4096, 4608, 5120, 8192, 16384}) {
+    EXPECT_TRUE(cuda::MoeGemmPrefers160Rows(int64_t{tokens} * K, E)) << tokens;
+  }
+  EXPECT_FALSE(cuda::MoeGemmPrefers160Rows(0, E));
+  EXPECT_FALSE(cuda::MoeGemmPrefers160Rows(100, 0));
+}
+
 // The expert slices a rank holds in the tensor-parallel MoE layout (whole
 // MXFP4 blocks of the intermediate dimension, 45 and 23 of 90: h's rows are
 // padded past them and the last stage of down's reduction runs past the

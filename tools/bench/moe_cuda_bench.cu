@@ -16,7 +16,7 @@
 //   moe_cuda_bench [--experts E] [--hidden H] [--intermediate I] [--top-k K]
 //                  [--tokens 1,8,64,256,4096] [--layers L] [--reps N]
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
-// (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 tc-plain
+// (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 gemm160 tc-plain
 // tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl tc-unfused tc-fused
 //  tc-no-evict tc-split1 tc-split3 fma)
 #include <cuda_runtime.h>
@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
       {"gemm32", Gemm(0, 32)},
       {"gemm64", Gemm(0, 64)},
       {"gemm128", Gemm(0, 128)},
+      {"gemm160", Gemm(0, 160)},
       {"tc-plain", Tuned(false, false, false, false, 1, 1)},
       {"tc-bufs2", Tuned(false, true, true, true, 2, 2)},
       {"tc-bufs3", Tuned(false, true, true, true, 3, 2)},
