@@ -122,10 +122,13 @@ using ptx::WgmmaWaitAll;
 // accumulators change and the A fragments are still read at the wait, so no
 // read of the former moves above it and the latter's registers are not
 // reused before it.
-template <int kN>
-__device__ __forceinline__ void FenceAccumulators(float (&d)[kN]) {
+// kCount: the accumulators the wgmmas write (a narrower wgmma than the tile
+// leaves the rest zero, which the compiler then need not hold in registers).
+template <int kCount, int kD>
+__device__ __forceinline__ void FenceAccumulators(float (&d)[kD]) {
+  static_assert(kCount <= kD, "accumulators");
 #pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+  for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 template <int kSteps>
 __device__ __forceinline__ void FenceFragments(uint32_t (&a)[kSteps][4]) {
@@ -327,7 +330,7 @@ __device__ __forceinline__ void WgmmaStageDesc(uint64_t desc, const uint8_t* sb,
   const uint2 w0 = *reinterpret_cast<const uint2*>(sb + f0 * kRowBytes + 8 * t);
   const uint2 w1 = *reinterpret_cast<const uint2*>(sb + (f0 + 8) * kRowBytes + 8 * t);
   uint32_t af[kSteps][4];
-  FenceAccumulators(d);
+  FenceAccumulators<kN / 2>(d);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const Fp4Pairs p0 = DecodeWord(half == 0 ? w0.x : w0.y);
@@ -354,7 +357,7 @@ __device__ __forceinline__ void WgmmaStageDesc(uint64_t desc, const uint8_t* sb,
   }
   WgmmaCommit();
   WgmmaWaitAll();
-  FenceAccumulators(d);
+  FenceAccumulators<kN / 2>(d);
   FenceFragments(af);
 }
 
