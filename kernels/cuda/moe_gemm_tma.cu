@@ -73,7 +73,10 @@ size_t SharedBytes(int nb) {
 // are faster: 2,048 tokens 1,155 against 1,250 us per layer). Tiles of up to
 // 64 rows run the loop over whole turns of the stage ring (slots, wgmma
 // descriptors and mbarrier parity fixed at compile time): 1,024 tokens 835
-// against 868 us. The 128-row gate_up tile would take 138 registers so.
+// against 868 us. So do the 128- and 160-row tiles since their stages fence
+// only the accumulators they write (107 and 122 registers; before, the
+// 128-row gate_up tile took 138 so): H200 prefill 4,096 tokens 98.7-100.2
+// against 100.1-101.0 ms, 8,192 200.9-202.1 against 202.3-203.5.
 // 160-row tiles (an expert of 129-160 rows in one pass over its weights, not
 // a 128-row tile and a remainder that decodes them again) are held to 128
 // registers so that two CTAs share an SM, as the 128-row ones do; at that
@@ -84,7 +87,7 @@ template <int kBM>
 constexpr int kMinBlocksPerSm = kBM == 80    ? 3
                                 : kBM == 160 ? 2
                                              : 1;
-template <bool kDown, int kBM, bool kRing = (kBM <= 64)>
+template <bool kDown, int kBM, bool kRing = (kBM <= 64 || kBM >= 128)>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm<kBM>)
     MoeGemmTmaKernel(const __grid_constant__ CUtensorMap act_map,
                      const __grid_constant__ CUtensorMap act_map_128,
