@@ -10,7 +10,8 @@
 // into f16 pairs with byte permutes (fp4.cuh: fp4 * 2^-14), times the block
 // scale as one f16x2 multiply (2^(s - 113 - c), c the row's shift, restored
 // in the epilogue), and feeds, as register operand A, wgmma m64nNk16 (N =
-// the tile's 32, 64 or 128 rows) against the activation stage, or with wgmma
+// the tile's 32, 64, 80, 128 or 160 rows, or fewer when the tile holds fewer)
+// against the activation stage, or with wgmma
 // off mma.sync m16n8k16 (f32 accumulation both). The reduction runs in a permuted order
 // within each 64-group so that those words map straight onto the fragments;
 // the activations are stored in that order. A weight byte is decoded once per
