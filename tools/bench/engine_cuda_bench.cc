@@ -31,7 +31,7 @@
 //                     [--moe-gemm-h-low-part-below 0] (MoeTuning: 32-row GEMM tiles
 //                                          carry h's f16 low part below this many pairs
 //                                          per expert; 0: never)
-//                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64 or 128; 0 picks)
+//                     [--moe-gemm-rows-per-tile 0] (MoeTuning: 32, 64, 128 or 160; 0 picks)
 //                     [--moe-gemm-remainder-tiles 1] (0: an expert's last GEMM tile
 //                                          at full height, not as half-height tiles)
 //                     [--moe-gemm-two-streams 1] (0: the tensor-map GEMMs' big and
