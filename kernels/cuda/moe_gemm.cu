@@ -454,7 +454,16 @@ double MoeGemmPassesSavedBy160Rows(double rows_per_expert) {
 
 bool MoeGemmPrefers160Rows(int64_t pairs, int num_experts) {
   if (pairs <= 0 || num_experts <= 0) return false;
-  return MoeGemmPassesSavedBy160Rows(static_cast<double>(pairs) / num_experts) >= 0.15;
+  // Every layer of a step asks with the same sizes: the sum (a few hundred
+  // terms) runs once per step per thread, not once per layer.
+  thread_local int64_t last_pairs = -1;
+  thread_local int last_experts = -1;
+  thread_local bool last = false;
+  if (pairs != last_pairs || num_experts != last_experts) {
+    last = MoeGemmPassesSavedBy160Rows(static_cast<double>(pairs) / num_experts) >= 0.15;
+    last_pairs = pairs, last_experts = num_experts;
+  }
+  return last;
 }
 
 size_t MoeGemmWorkspaceBytes(const MoeDeviceWeights& w, int tokens, int top_k) {
