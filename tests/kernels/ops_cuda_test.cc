@@ -576,6 +576,155 @@ TEST_F(OpsCudaTest, NormLinearTopKRoutesTheMoeLayer) {
   cuda::FreeMoeWeights(&moe);
 }
 
+// The O projection with the router after it in one launch, against the
+// projection and then the router's own launch: the new residual within f32
+// rounding of the other summation order and the same bits on every launch,
+// the normalised rows within a bf16 step, the same experts (but for near
+// ties) and weights, the logits, the counter and the row tiles' counters
+// left zero, and with route targets the MoE's grouping of the chosen ids.
+// Shapes with two and four input shares (split-K) per row tile.
+TEST_F(OpsCudaTest, LinearRouterMatchesProjectionThenRouter) {
+  cuda::LinearContext* ctx = nullptr;
+  ASSERT_EQ(cuda::CreateLinearContext(&ctx), cudaSuccess);
+  struct Shape {
+    int in, out, E, K;
+  };
+  for (const Shape& c : {Shape{4096, 2880, 128, 4}, Shape{512, 64, 32, 4}}) {
+    const std::vector<uint16_t> w = FastBf16(static_cast<size_t>(c.out) * c.in, 0.035f, c.out);
+    Dev<uint16_t> d_w(w), d_bias(ToBf16(Normal(c.out, 0.1f, 23)));
+    const DevRouter r(c.out, c.E, 41);
+    const DevRouter r_ref(c.out, c.E, 41);
+    cuda::MoeDeviceWeights moe;
+    ASSERT_EQ(cuda::AllocMoeWeights(c.E, c.out, 64, &moe), cudaSuccess);
+    const size_t ws_bytes = cuda::LinearRouterWorkspaceBytes(8, c.in, c.out);
+    Dev<uint8_t> ws(std::vector<uint8_t>(ws_bytes, 0));
+    for (int T : {1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "in=" << c.in << " out=" << c.out << " T=" << T);
+      const std::vector<float> x = Normal(static_cast<size_t>(T) * c.in, 1.0f, 80 + T);
+      const std::vector<float> y0 = Normal(static_cast<size_t>(T) * c.out, 1.3f, 90 + T);
+      const std::vector<float> zero(static_cast<size_t>(T) * c.E, 0.0f);
+      Dev<uint16_t> d_x(ToBf16(x));
+      Dev<float> d_ref(y0), d_lref(zero), d_wref(static_cast<size_t>(T) * c.K);
+      Dev<uint16_t> d_tref(static_cast<size_t>(T) * c.out);
+      Dev<int32_t> d_iref(static_cast<size_t>(T) * c.K);
+      ASSERT_EQ(
+          cuda::LaunchLinear(ctx, d_x.p, d_w.p, d_bias.p, T, c.in, c.out, true, d_ref.p, nullptr),
+          cudaSuccess);
+      ASSERT_EQ(cuda::LaunchNormLinearTopK(d_ref.p, r_ref.nw.p, kEps, r_ref.w.p, r_ref.bias.p, T,
+                                           c.out, c.E, d_lref.p, d_tref.p, c.K, d_iref.p, d_wref.p,
+                                           r_ref.done.p, nullptr, true),
+                cudaSuccess);
+      // The reference logits, for telling near ties apart.
+      Dev<float> d_logits_ref(zero);
+      ASSERT_EQ(cuda::LaunchNormLinear(d_ref.p, r_ref.nw.p, kEps, r_ref.w.p, r_ref.bias.p, T, c.out,
+                                       c.E, true, d_logits_ref.p, nullptr, nullptr, true),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::vector<float> ref = d_ref.Get(), logits_ref = d_logits_ref.Get();
+      const std::vector<int32_t> ids_ref = d_iref.Get();
+      const std::vector<float> wk_ref = d_wref.Get();
+      const std::vector<uint16_t> t_ref = d_tref.Get();
+      std::vector<float> first;
+      for (int launch = 0; launch < 2; ++launch) {
+        SCOPED_TRACE(::testing::Message() << "launch " << launch);
+        Dev<float> d_y(y0), d_logits(zero), d_wk(static_cast<size_t>(T) * c.K);
+        Dev<uint16_t> d_t(static_cast<size_t>(T) * c.out);
+        Dev<int32_t> d_ids(static_cast<size_t>(T) * c.K), d_invalid(1);
+        Dev<uint8_t> moe_ws(cuda::MoeWorkspaceBytes(moe, T, c.K, false));
+        const cuda::MoeRouteTargets targets =
+            cuda::MoeRouteTargetsIn(moe, T, c.K, false, moe_ws.p, d_invalid.p);
+        const cuda::LinearRouterArgs a{.w = r.w.p,
+                                       .bias = r.bias.p,
+                                       .norm = r.nw.p,
+                                       .eps = kEps,
+                                       .experts = c.E,
+                                       .k = c.K,
+                                       .logits = d_logits.p,
+                                       .t_out = d_t.p,
+                                       .ids = d_ids.p,
+                                       .weights = d_wk.p,
+                                       .done = r.done.p,
+                                       .route = launch == 1 ? &targets : nullptr};
+        ASSERT_EQ(cuda::LaunchLinearRouter(d_x.p, d_w.p, d_bias.p, T, c.in, c.out, d_y.p, a, ws.p,
+                                           ws_bytes, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(d_logits.Get(), zero);
+        EXPECT_EQ(r.done.Get(), std::vector<unsigned>{0});
+        const std::vector<uint8_t> counters = ws.Get();
+        const size_t tiles = static_cast<size_t>(c.out / 16);
+        EXPECT_TRUE(std::all_of(counters.begin(), counters.begin() + tiles * sizeof(unsigned),
+                                [](uint8_t b) { return b == 0; }));
+        const std::vector<float> y = d_y.Get();
+        float max_ref = 1.0f;
+        for (float v : ref) max_ref = std::max(max_ref, std::fabs(v));
+        for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], ref[i], 1e-5f * max_ref) << i;
+        if (launch == 0) first = y;
+        EXPECT_EQ(y, first) << "the input shares add in a fixed order";
+        const std::vector<uint16_t> t = d_t.Get();
+        for (size_t i = 0; i < t.size(); ++i) {
+          ASSERT_LE(std::abs(static_cast<int>(t[i]) - static_cast<int>(t_ref[i])), 1) << i;
+        }
+        const std::vector<int32_t> ids = d_ids.Get();
+        const std::vector<float> wk = d_wk.Get();
+        for (int tok = 0; tok < T; ++tok) {
+          std::vector<float> row(logits_ref.begin() + static_cast<size_t>(tok) * c.E,
+                                 logits_ref.begin() + static_cast<size_t>(tok + 1) * c.E);
+          std::sort(row.begin(), row.end(), std::greater<float>());
+          if (row[c.K - 1] - row[c.K] < 1e-3f) continue;  // a near tie
+          for (int j = 0; j < c.K; ++j) {
+            const size_t i = static_cast<size_t>(tok) * c.K + j;
+            ASSERT_EQ(ids[i], ids_ref[i]) << "token " << tok << " choice " << j;
+            ASSERT_NEAR(wk[i], wk_ref[i], 1e-3f) << "token " << tok << " choice " << j;
+          }
+        }
+        if (launch == 0) continue;
+        std::vector<int32_t> count(c.E, 0), got_count(c.E), got_offset(c.E + 1);
+        for (int32_t id : ids) ++count[id];
+        ASSERT_EQ(cudaMemcpy(got_count.data(), targets.count, c.E * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        ASSERT_EQ(
+            cudaMemcpy(got_offset.data(), targets.offset, (c.E + 1) * 4, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+        EXPECT_EQ(got_count, count);
+        EXPECT_EQ(got_offset[c.E], T * c.K);
+        EXPECT_EQ(d_invalid.Get(), std::vector<int32_t>{0});
+      }
+    }
+    cuda::FreeMoeWeights(&moe);
+  }
+  // Bad arguments are refused before anything runs: no router, too many
+  // tokens, rows that are not whole tiles, a workspace too small.
+  cuda::LinearRouterArgs none;
+  Dev<uint16_t> d_x1(static_cast<size_t>(9) * 512), d_w1(static_cast<size_t>(64) * 512);
+  Dev<float> d_y1(static_cast<size_t>(9) * 72);
+  Dev<uint8_t> ws1(cuda::LinearRouterWorkspaceBytes(8, 512, 72));
+  EXPECT_EQ(cuda::LaunchLinearRouter(d_x1.p, d_w1.p, nullptr, 1, 512, 64, d_y1.p, none, ws1.p,
+                                     ws1.n, nullptr),
+            cudaErrorInvalidValue);
+  const DevRouter r1(72, 32, 51);
+  Dev<float> d_l1(std::vector<float>(9 * 32, 0.0f)), d_wk1(9 * 4);
+  Dev<int32_t> d_i1(9 * 4);
+  const cuda::LinearRouterArgs a1{.w = r1.w.p,
+                                  .norm = r1.nw.p,
+                                  .experts = 32,
+                                  .k = 4,
+                                  .logits = d_l1.p,
+                                  .ids = d_i1.p,
+                                  .weights = d_wk1.p,
+                                  .done = r1.done.p};
+  EXPECT_EQ(cuda::LaunchLinearRouter(d_x1.p, d_w1.p, nullptr, 9, 512, 64, d_y1.p, a1, ws1.p, ws1.n,
+                                     nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(cuda::LaunchLinearRouter(d_x1.p, d_w1.p, nullptr, 1, 512, 72, d_y1.p, a1, ws1.p, ws1.n,
+                                     nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(
+      cuda::LaunchLinearRouter(d_x1.p, d_w1.p, nullptr, 8, 512, 64, d_y1.p, a1, ws1.p, 64, nullptr),
+      cudaErrorInvalidValue);
+  cuda::DestroyLinearContext(ctx);
+}
+
 TEST_F(OpsCudaTest, BadArgumentsAreRefused) {
   float* y = nullptr;
   EXPECT_EQ(cuda::LaunchLinear(nullptr, nullptr, nullptr, nullptr, 1, 2880, 128, false, y, nullptr),
