@@ -48,12 +48,10 @@ constexpr int kRmsMaxTokens = 8;
 // f32 x [tokens, hidden] (hidden % 4 == 0), by all kThreads threads of the
 // block: all tokens' loads of 8 / kTok steps are in flight together. part is
 // shared scratch of kThreads / 32 rows. Ends with a barrier (inv is ready).
-// kL2: x was written by other blocks of the same grid, so it is read through
-// L2 (ld.cg) rather than the read-only path.
-template <int kTok, int kThreads, bool kL2 = false>
-__device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int tokens, int hidden,
-                                                float eps, float (*part)[kRmsMaxTokens],
-                                                float* inv) {
+template <int kTok, int kThreads>
+__device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int tokens,
+                                                int hidden, float eps,
+                                                float (*part)[kRmsMaxTokens], float* inv) {
   static_assert(kTok >= 1 && kTok <= kRmsMaxTokens, "one n8 tile of tokens");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h4 = hidden >> 2;
@@ -68,9 +66,9 @@ __device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int
 #pragma unroll
       for (int t = 0; t < kTok; ++t) {
         const int i = i0 + u * kThreads;
-        const float4* p = reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i;
-        v[u][t] = t < tokens && i < h4 ? (kL2 ? __ldcg(p) : __ldg(p))
-                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[u][t] = t < tokens && i < h4
+                      ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i)
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
 #pragma unroll

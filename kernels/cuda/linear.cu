@@ -50,37 +50,16 @@ struct GemvTopK {
   MoeRouteTargets route;
 };
 
-// The router after the O projection (GemvMmaKernel's kRouter; ops.h
-// LaunchLinearRouter has the contract).
-struct GemvRouterTail {
-  const uint16_t* w = nullptr;     // [experts, out] bf16
-  const uint16_t* bias = nullptr;  // [experts]
-  const uint16_t* norm = nullptr;  // [out] the RMSNorm's weight
-  float eps = 0.0f;
-  int experts = 0;
-  float* logits = nullptr;        // [tokens, experts]: zero on entry, left zero
-  float* partial = nullptr;       // [split, tokens, out]: the input shares' sums
-  unsigned* tile_done = nullptr;  // [row tiles]: zero on entry, left zero
-  uint16_t* t_out = nullptr;      // [tokens, out] the normalised rows, or null
-};
-
-// Whether this block is the last of `n` to count itself on `counter`; the
-// fences make every counted block's writes visible to the last one. Called by
-// every thread of the block.
-__device__ bool LastToFinish(unsigned* counter, unsigned n) {
+// The grid's last block to finish ranks the rows; the fences make every
+// block's sums visible before its count.
+__device__ void RankAfterLastBlock(const GemvTopK& topk, int tokens, int experts, float* y) {
   __shared__ bool last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == n - 1;
+  if (threadIdx.x == 0) last = atomicAdd(topk.done, 1u) == gridDim.x * gridDim.y - 1;
   __syncthreads();
-  if (last) __threadfence();
-  return last;
-}
-
-// The ranking by the block that saw every block's sums in y: each token's
-// row (WarpTopKSoftmax, a warp per token) to ids and weights, the rows and
-// the counter zeroed, and with route targets the MoE's routing.
-__device__ void RankRows(const GemvTopK& topk, int tokens, int experts, float* y) {
+  if (!last) return;
+  __threadfence();
   const int warp = threadIdx.x >> 5;
   if (warp < tokens) {
     float* row = y + static_cast<size_t>(warp) * experts;
@@ -94,11 +73,6 @@ __device__ void RankRows(const GemvTopK& topk, int tokens, int experts, float* y
     __syncthreads();  // the ids above, written by this block's warps
     BuildMoeRouting<kGemvThreads>(topk.ids, tokens * topk.k, topk.route);
   }
-}
-
-// The grid's last block to finish ranks the rows.
-__device__ void RankAfterLastBlock(const GemvTopK& topk, int tokens, int experts, float* y) {
-  if (LastToFinish(topk.done, gridDim.x * gridDim.y)) RankRows(topk, tokens, experts, y);
 }
 
 // kTpSum's epilogue: this block's outputs (thread (tok, r) holds row r of
@@ -125,93 +99,6 @@ __device__ void TpSumRows(const EpLaunch& l, float s, int tok, int row, int toke
   TpLinesBlockDone(l, epoch, gridDim.x * gridDim.y);
 }
 
-// The rows the router reads, normalised: the ranking block writes them as
-// AddRmsNorm would (bf16(nw * (x * inv))) to t_out and, with route targets,
-// as the MoE's f16 x.
-__device__ void WriteNormalisedRows(const GemvRouterTail& rt, const MoeRouteTargets& route,
-                                    const float* y, const float* inv, int tokens, int out) {
-  const int groups = out / 8;
-  for (int i = threadIdx.x; i < tokens * groups; i += kGemvThreads) {
-    const int t = i / groups, j = i - t * groups;
-    const size_t at = static_cast<size_t>(t) * out + 8 * j;
-    const float4 a = __ldcg(reinterpret_cast<const float4*>(y + at));
-    const float4 b = __ldcg(reinterpret_cast<const float4*>(y + at + 4));
-    const uint4 n = __ldg(reinterpret_cast<const uint4*>(rt.norm) + j);
-    const uint4 v = make_uint4(NormPair(a.x, a.y, n.x, inv[t]), NormPair(a.z, a.w, n.y, inv[t]),
-                               NormPair(b.x, b.y, n.z, inv[t]), NormPair(b.z, b.w, n.w, inv[t]));
-    if (rt.t_out != nullptr) *reinterpret_cast<uint4*>(rt.t_out + at) = v;
-    if (route.xh != nullptr) *reinterpret_cast<uint4*>(route.xh + at) = Bf16x8ToMoeHalves(v);
-  }
-}
-
-// kRouter's epilogue, for the block of row tile blockIdx.x and input share
-// blockIdx.y, thread (tok, r) holding s, its share's sum (bias included) for
-// row r of the tile and token tok:
-// 1. the tile's shares meet in a fixed order: the last of its blocks to
-//    finish adds them (from `partial`) to the residual y;
-// 2. that block adds the tile's part of the router logits: the router is
-//    linear in the normalised x, which is inv(x) * nw * x, so each tile
-//    contributes w_r[e, rows] . (nw * x)[rows] and the scale comes last;
-// 3. the last tile to finish scales the logits by each token's inverse RMS
-//    (over the whole new residual), adds the router's bias, writes the
-//    normalised rows and ranks (RankRows).
-// wr: the router's columns of this tile, [experts][16], copied ahead.
-__device__ void RouterAfterProjection(const GemvRouterTail& rt, const GemvTopK& topk, float s,
-                                      int tokens, int out, float* __restrict__ y,
-                                      const uint16_t (*wr)[16]) {
-  __shared__ float v[kRmsMaxTokens][16];
-  ptx::CpAsyncWait<0>();  // wr, before any return
-  const int tok = threadIdx.x >> 4, r = threadIdx.x & 15;
-  const int row = blockIdx.x * 16 + r;
-  const int split = gridDim.y, part = blockIdx.y;
-  const bool mine = tok < tokens && row < out;
-  if (split > 1) {
-    float* partial = rt.partial + static_cast<size_t>(tok) * out + row;
-    const size_t share = static_cast<size_t>(tokens) * out;
-    if (mine) partial[part * share] = s;
-    if (!LastToFinish(rt.tile_done + blockIdx.x, split)) return;
-    if (mine) {
-      s = 0.0f;
-      for (int p = 0; p < split; ++p) s += __ldcg(partial + p * share);
-    }
-    if (threadIdx.x == 0) rt.tile_done[blockIdx.x] = 0;
-  }
-  float xn = 0.0f;
-  if (mine) {
-    float* dst = y + static_cast<size_t>(tok) * out + row;
-    xn = *dst + s;
-    *dst = xn;
-  }
-  if (tok < kRmsMaxTokens) v[tok][r] = mine ? Bf16Bits(rt.norm[row]) * xn : 0.0f;
-  __syncthreads();
-  for (int e = threadIdx.x; e < rt.experts; e += kGemvThreads) {
-    const uint4 w0 = *reinterpret_cast<const uint4*>(&wr[e][0]);
-    const uint4 w1 = *reinterpret_cast<const uint4*>(&wr[e][8]);
-    const uint32_t wv[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-    for (int t = 0; t < tokens; ++t) {
-      float c = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        c = fmaf(Bf16Bits(wv[k] & 0xFFFFu), v[t][2 * k], c);
-        c = fmaf(Bf16Bits(wv[k] >> 16), v[t][2 * k + 1], c);
-      }
-      atomicAdd(rt.logits + static_cast<size_t>(t) * rt.experts + e, c);
-    }
-  }
-  if (!LastToFinish(topk.done, gridDim.x)) return;
-  __shared__ float part_ss[kGemvWarps][kRmsMaxTokens];
-  __shared__ float inv[kRmsMaxTokens];
-  BlockInverseRms<kRmsMaxTokens, kGemvThreads, /*kL2=*/true>(y, tokens, out, rt.eps, part_ss, inv);
-  for (int i = threadIdx.x; i < tokens * rt.experts; i += kGemvThreads) {
-    const int e = i % rt.experts;
-    const float b = rt.bias != nullptr ? Bf16Bits(rt.bias[e]) : 0.0f;
-    rt.logits[i] = fmaf(inv[i / rt.experts], __ldcg(rt.logits + i), b);
-  }
-  WriteNormalisedRows(rt, topk.route, y, inv, tokens, out);
-  __syncthreads();
-  RankRows(topk, tokens, rt.experts, rt.logits);
-}
-
 // kNt: tiles of 8 tokens (1 or 2).
 // kNorm (kNt == 1): the RMSNorm of the input fused in. x is then unused and
 // xf is the f32 residual [tokens, in]: every block first computes the tokens'
@@ -226,22 +113,17 @@ __device__ void RouterAfterProjection(const GemvRouterTail& rt, const GemvTopK& 
 // kTpSum (kNt == 1, one input share): the projection's rows summed over the
 // TP group of `lines` in the epilogue and added to y, the residual
 // (TpSumRows), instead of a separate all-reduce launch.
-// kRouter (kNt == 1, accumulating into the residual y): the router after the
-// projection (RouterAfterProjection); its columns of the block's rows are
-// copied to shared memory before the wait.
 // At most 85 registers: 3 blocks per SM, so the 320 blocks of the QKV
 // projection are all resident at once on a 132-SM part.
-template <int kNt, bool kNorm, bool kTopK, bool kTpSum = false, bool kRouter = false>
+template <int kNt, bool kNorm, bool kTopK, bool kTpSum = false>
 __global__ void __launch_bounds__(kGemvThreads, 3)
     GemvMmaKernel(const uint16_t* __restrict__ x, const float* __restrict__ xf,
                   const uint16_t* __restrict__ nw, float eps, uint16_t* __restrict__ t_out,
                   const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
                   int in, int out, bool accumulate, float* __restrict__ y, GemvTopK topk,
-                  EpLaunch lines, GemvRouterTail router) {
+                  EpLaunch lines) {
   static_assert(!kNorm || kNt == 1, "the fused norm serves one tile of 8 tokens");
   static_assert(!kTpSum || (kNt == 1 && !kTopK), "the TP sum serves one tile of 8 tokens");
-  static_assert(!kRouter || (kNt == 1 && !kNorm && !kTopK && !kTpSum),
-                "the router follows a plain projection of one tile of 8 tokens");
   static_assert(!kTopK || (kNorm && kRmsMaxTokens <= kGemvWarps), "a warp per token's row");
   // 32-wide input slices loaded before the first mma (fewer with 2 token tiles:
   // their activations take the registers).
@@ -283,16 +165,6 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
       va[u] = LoadStream(wa + (c_begin + u) * 4);
       vb[u] = LoadStream(wb + (c_begin + u) * 4);
     }
-  }
-  // kRouter: the router's columns of this block's rows (read only).
-  __shared__ alignas(16) uint16_t wr[kRouter ? kNormLinearTopKRouteMaxExperts : 1][16];
-  if constexpr (kRouter) {
-    for (int e = threadIdx.x; e < router.experts; e += kGemvThreads) {
-      const uint16_t* src = router.w + static_cast<size_t>(e) * out + row0;
-      ptx::CpAsync16(&wr[e][0], src, 16);
-      ptx::CpAsync16(&wr[e][8], src + 8, 16);
-    }
-    ptx::CpAsyncCommit();
   }
   asm volatile("griddepcontrol.wait;" ::: "memory");
   // The fused norm: the lane's token row of the residual, its 8 values per
@@ -369,11 +241,6 @@ __global__ void __launch_bounds__(kGemvThreads, 3)
   if constexpr (kTpSum) {
     if (bias != nullptr && row < out) s += Bf16Bits(bias[row]);
     TpSumRows(lines, s, tok, row, min(tokens, 8), out, y);
-    return;
-  }
-  if constexpr (kRouter) {
-    if (bias != nullptr && part == 0 && row < out) s += Bf16Bits(bias[row]);
-    RouterAfterProjection(router, topk, s, tokens, out, y, wr);
     return;
   }
   if (tok < tokens && tok < kNt * 8 && row < out) {
@@ -460,11 +327,11 @@ cudaError_t LaunchGemv(const uint16_t* x, const uint16_t* w, const uint16_t* bia
   if (tokens <= 8) {
     return LaunchPdl(GemvMmaKernel<1, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
                      nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
-                     GemvTopK{}, EpLaunch{}, GemvRouterTail{});
+                     GemvTopK{}, EpLaunch{});
   }
   return LaunchPdl(GemvMmaKernel<2, false, false>, grid, dim3(kGemvThreads), 0, stream, true, x,
                    nullptr, nullptr, 0.0f, nullptr, w, bias, tokens, in, out, accumulate, y,
-                   GemvTopK{}, EpLaunch{}, GemvRouterTail{});
+                   GemvTopK{}, EpLaunch{});
 }
 
 // The cuBLASLt entry points, resolved with dlsym.
@@ -730,27 +597,8 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
   return LaunchPdl(GemvMmaKernel<1, true, false>,
                    dim3(tiles, SplitFor(accumulate, tiles, in, deterministic)), dim3(kGemvThreads),
                    0, stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, out,
-                   accumulate, y, GemvTopK{}, EpLaunch{}, GemvRouterTail{});
+                   accumulate, y, GemvTopK{}, EpLaunch{});
 }
-
-namespace {
-
-bool RouteTargetsComplete(const MoeRouteTargets& route, int experts) {
-  return route.experts == experts && experts <= kNormLinearTopKRouteMaxExperts &&
-         route.count != nullptr && route.offset != nullptr && route.pair_of != nullptr &&
-         route.active != nullptr && route.num_active != nullptr && route.done != nullptr &&
-         route.xh != nullptr && reinterpret_cast<uintptr_t>(route.xh) % 16 == 0;
-}
-
-// The input shares LaunchLinearRouter may split a projection into (SplitFor's
-// cap without the SM count).
-int LinearRouterMaxSplit(int in) { return std::max(1, (in / 32) / kGemvWarps); }
-
-size_t LinearRouterCountersBytes(int out) {
-  return (static_cast<size_t>((out + 15) / 16) * sizeof(unsigned) + 255) / 256 * 256;
-}
-
-}  // namespace
 
 cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
@@ -763,7 +611,13 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
       experts > 32 * kTopKMaxPerLane || k <= 0 || k > kTopKMaxK || k > experts) {
     return cudaErrorInvalidValue;
   }
-  if (route != nullptr && !RouteTargetsComplete(*route, experts)) return cudaErrorInvalidValue;
+  if (route != nullptr &&
+      (route->experts != experts || experts > kNormLinearTopKRouteMaxExperts ||
+       route->count == nullptr || route->offset == nullptr || route->pair_of == nullptr ||
+       route->active == nullptr || route->num_active == nullptr || route->done == nullptr ||
+       route->xh == nullptr || reinterpret_cast<uintptr_t>(route->xh) % 16 != 0)) {
+    return cudaErrorInvalidValue;
+  }
   static_assert(kNormLinearTopKRouteMaxExperts <= kGemvThreads, "a thread per expert");
   if (tokens == 0) return cudaSuccess;
   const int tiles = (experts + 15) / 16;
@@ -772,53 +626,7 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
   return LaunchPdl(GemvMmaKernel<1, true, true>,
                    dim3(tiles, SplitFor(true, tiles, in, deterministic)), dim3(kGemvThreads), 0,
                    stream, true, nullptr, x, norm_weight, eps, t_out, w, bias, tokens, in, experts,
-                   true, logits, topk, EpLaunch{}, GemvRouterTail{});
-}
-
-size_t LinearRouterWorkspaceBytes(int tokens, int in, int out) {
-  if (tokens <= 0 || in <= 0 || out <= 0) return 0;
-  return LinearRouterCountersBytes(out) +
-         static_cast<size_t>(LinearRouterMaxSplit(in)) * tokens * out * sizeof(float);
-}
-
-cudaError_t LaunchLinearRouter(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
-                               int tokens, int in, int out, float* residual,
-                               const LinearRouterArgs& router, void* workspace,
-                               size_t workspace_bytes, cudaStream_t stream) {
-  const int E = router.experts, k = router.k;
-  if (x == nullptr || w == nullptr || residual == nullptr || router.w == nullptr ||
-      router.norm == nullptr || router.logits == nullptr || router.ids == nullptr ||
-      router.weights == nullptr || router.done == nullptr || workspace == nullptr || tokens < 0 ||
-      tokens > kLinearRouterMaxTokens || in <= 0 || in % 32 != 0 || out <= 0 || out % 16 != 0 ||
-      E <= 0 || E > kNormLinearTopKRouteMaxExperts || k <= 0 || k > kTopKMaxK || k > E ||
-      reinterpret_cast<uintptr_t>(router.w) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(router.norm) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(residual) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(workspace) % 256 != 0 ||
-      workspace_bytes < LinearRouterWorkspaceBytes(tokens, in, out) ||
-      (router.t_out != nullptr && reinterpret_cast<uintptr_t>(router.t_out) % 16 != 0) ||
-      (router.route != nullptr && !RouteTargetsComplete(*router.route, E))) {
-    return cudaErrorInvalidValue;
-  }
-  if (tokens == 0) return cudaSuccess;
-  const int tiles = out / 16;
-  const int split = std::min(SplitFor(true, tiles, in, false), LinearRouterMaxSplit(in));
-  GemvTopK topk{k, router.ids, router.weights, router.done};
-  if (router.route != nullptr) topk.route = *router.route;
-  GemvRouterTail tail;
-  tail.w = router.w;
-  tail.bias = router.bias;
-  tail.norm = router.norm;
-  tail.eps = router.eps;
-  tail.experts = E;
-  tail.logits = router.logits;
-  tail.tile_done = static_cast<unsigned*>(workspace);
-  tail.partial =
-      reinterpret_cast<float*>(static_cast<char*>(workspace) + LinearRouterCountersBytes(out));
-  tail.t_out = router.t_out;
-  return LaunchPdl(GemvMmaKernel<1, false, false, false, true>, dim3(tiles, split),
-                   dim3(kGemvThreads), 0, stream, true, x, nullptr, nullptr, 0.0f, nullptr, w, bias,
-                   tokens, in, out, true, residual, topk, EpLaunch{}, tail);
+                   true, logits, topk, EpLaunch{});
 }
 
 cudaError_t LaunchLinearTpSum(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
@@ -831,7 +639,7 @@ cudaError_t LaunchLinearTpSum(const uint16_t* x, const uint16_t* w, const uint16
   if (tokens == 0) return cudaSuccess;
   return LaunchPdl(GemvMmaKernel<1, false, false, true>, dim3((out + 15) / 16, 1),
                    dim3(kGemvThreads), 0, stream, true, x, nullptr, nullptr, 0.0f, nullptr, w, bias,
-                   tokens, in, out, false, residual, GemvTopK{}, lines, GemvRouterTail{});
+                   tokens, in, out, false, residual, GemvTopK{}, lines);
 }
 
 bool LinearTpSumFits(const EpLaunch& lines, int tokens, int in, int out) {

@@ -172,47 +172,6 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
                                  bool deterministic = false,
                                  const MoeRouteTargets* route = nullptr);
 
-// The O projection with the router after it, for a few tokens on one GPU:
-// LaunchLinear(x, w, bias, tokens, in, out, accumulate = true, residual) then
-// LaunchNormLinearTopK(residual, norm, eps, router w / bias, tokens, out,
-// experts, logits, t_out, k, ids, weights, done, route) in one launch, so a
-// decode layer has one launch fewer. The router is linear in its input,
-// bf16(norm * (x * inv)), so each row tile of the projection adds
-// w_r[:, rows] . (norm * x)[rows] of its new residual rows to the logits and
-// the grid's last tile scales them by the inverse RMS, adds the bias, writes
-// the normalised rows (t_out, and the MoE's f16 x with route targets) and
-// ranks. Against the two launches: the new residual the same up to the order
-// in which the input shares add (here fixed: every run gives the same bits),
-// the logits within f32 rounding of a sum over unrounded rather than
-// bf16-rounded normalised values (so a near tie between the k-th expert and
-// the next may rank either way), t_out and the f16 x as the router's. Not for
-// deterministic steps: the row tiles' logit sums meet in float atomics.
-// `logits` and `done` as LaunchNormLinearTopK's (zero on entry, left zero);
-// `workspace` (256-byte aligned, LinearRouterWorkspaceBytes(tokens, in, out),
-// zero before its first use and left zero where it must be) holds the input
-// shares' sums and the row tiles' counters. in % 32 == 0, out % 16 == 0,
-// experts <= kNormLinearTopKRouteMaxExperts.
-constexpr int kLinearRouterMaxTokens = 8;
-struct LinearRouterArgs {
-  const uint16_t* w = nullptr;     // [experts, out] bf16
-  const uint16_t* bias = nullptr;  // [experts] or null
-  const uint16_t* norm = nullptr;  // [out] the RMSNorm weight before the router
-  float eps = 0.0f;
-  int experts = 0;
-  int k = 0;
-  float* logits = nullptr;    // [tokens, experts]
-  uint16_t* t_out = nullptr;  // [tokens, out] bf16 normalised rows, or null
-  int32_t* ids = nullptr;     // [tokens, k]
-  float* weights = nullptr;   // [tokens, k]
-  unsigned* done = nullptr;
-  const MoeRouteTargets* route = nullptr;
-};
-size_t LinearRouterWorkspaceBytes(int tokens, int in, int out);
-cudaError_t LaunchLinearRouter(const uint16_t* x, const uint16_t* w, const uint16_t* bias,
-                               int tokens, int in, int out, float* residual,
-                               const LinearRouterArgs& router, void* workspace,
-                               size_t workspace_bytes, cudaStream_t stream);
-
 // How LaunchNormQkvRope starts streaming its weights before it waits for the
 // previous kernel (programmatic dependent launch), passed with each call (an
 // engine keeps its own: CudaEngineOptions::qkv_tuning); benchmarks compare.

@@ -126,12 +126,6 @@ struct CudaEngineOptions {
   // experts' pairs and its blocks convert x for the MoE (kernels::cuda::
   // MoeRouteTargets), so the MoE layer skips its routing launch.
   bool route_in_router = true;
-  // Steps of at most this many tokens (capped at kernels::cuda::
-  // kLinearRouterMaxTokens) on one GPU, not deterministic, run the router
-  // (norm, projection, ranking and, with route_in_router, the MoE's routing)
-  // inside the O projection's launch (kernels::cuda::LaunchLinearRouter):
-  // one launch fewer per layer. 0 keeps the router's own launch.
-  int router_in_o_max_tokens = 8;
   // Prefill attention over a bf16 cache on warpgroup MMA (wgmma); false keeps
   // it on mma.sync (kernels::cuda::LaunchAttention's prefill_wgmma).
   bool attention_prefill_wgmma = true;

@@ -331,13 +331,6 @@ absl::Status AllocActivations(CudaDeviceState& d, const ModelConfig& c,
   FLOTILLA_CUDA_RETURN(
       cudaMemsetAsync(d.router_logits, 0, static_cast<size_t>(T) * E * sizeof(float), d.stream));
   FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.router_done, 0, sizeof(unsigned), d.stream));
-  if (options.parallel == nullptr && options.router_in_o_max_tokens > 0) {
-    d.o_router_ws_bytes = kc::LinearRouterWorkspaceBytes(
-        static_cast<int>(std::min<int64_t>(T, kc::kLinearRouterMaxTokens)), b.NH * b.D, b.H);
-    FLOTILLA_RETURN_IF_ERROR(
-        d.Alloc(reinterpret_cast<uint8_t**>(&d.o_router_ws), d.o_router_ws_bytes));
-    FLOTILLA_CUDA_RETURN(cudaMemsetAsync(d.o_router_ws, 0, d.o_router_ws_bytes, d.stream));
-  }
   if (options.record_routing) {
     FLOTILLA_RETURN_IF_ERROR(
         d.Alloc(&d.routing_record, static_cast<size_t>(c.num_hidden_layers) * T * K));

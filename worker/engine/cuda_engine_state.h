@@ -95,10 +95,6 @@ struct CudaDeviceState {
   uint16_t* attn = nullptr;         // [T, NH D]
   float* router_logits = nullptr;   // [T, E], zero between steps' uses (see the router)
   unsigned* router_done = nullptr;  // the fused router's finished-block count, zero between uses
-  // The O projection's router (kernels::cuda::LaunchLinearRouter): its
-  // input shares' sums and row tiles' counters, zeroed once.
-  void* o_router_ws = nullptr;
-  size_t o_router_ws_bytes = 0;
   // Sharded ranks: this rank's O-projection partial before the TP sum, and
   // the joined MoE output, both f32 [T, H].
   float* o_part = nullptr;

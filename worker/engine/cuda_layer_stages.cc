@@ -232,7 +232,6 @@ absl::Status LayerStages::OProjection(const CudaDeviceState::Layer& L) {
           "LaunchLinearTpSum");
     }
   }
-  if (!tp_sum && RouterInOProjection()) return OProjectionWithRouter(L);
   if (On("o_linear")) {
     FLOTILLA_CUDA_RETURN(kc::LaunchLinear(d_.linear, d_.attn, L.wo, L.bo, T_, NH_ * D_, H_, !tp_sum,
                                           tp_sum ? d_.o_part : d_.x, d_.stream));
@@ -242,46 +241,7 @@ absl::Status LayerStages::OProjection(const CudaDeviceState::Layer& L) {
   return par_->tp().AllReduceAdd(d_.o_part, d_.x, static_cast<int64_t>(T_) * H_, d_.stream);
 }
 
-bool LayerStages::RouterInOProjection() const {
-  return T_ <= std::min(options_.router_in_o_max_tokens, kc::kLinearRouterMaxTokens) &&
-         par_ == nullptr && tp_ == 1 && !deterministic_ && d_.o_router_ws != nullptr &&
-         E_ <= kc::kNormLinearTopKRouteMaxExperts && H_ % 16 == 0 && (NH_ * D_) % 32 == 0 &&
-         On("o_linear") && On("router_linear") && On("router_topk");
-}
-
-absl::Status LayerStages::OProjectionWithRouter(const CudaDeviceState::Layer& L) {
-  // As the router's own launch: with route_in_router the MoE's routing and
-  // f16 x too, and the MoE launch skips its routing pass.
-  const bool route = options_.route_in_router && On("moe");
-  const kc::MoeRouteTargets targets =
-      route ? kc::MoeRouteTargetsIn(L.moe, T_, K_, deterministic_, d_.moe_ws, d_.invalid)
-            : kc::MoeRouteTargets{};
-  const kc::LinearRouterArgs r{.w = L.router,
-                               .bias = L.router_bias,
-                               .norm = L.post_norm,
-                               .eps = eps_,
-                               .experts = E_,
-                               .k = K_,
-                               .logits = d_.router_logits,
-                               .t_out = d_.t,
-                               .ids = d_.topk_ids,
-                               .weights = d_.topk_w,
-                               .done = d_.router_done,
-                               .route = route ? &targets : nullptr};
-  FLOTILLA_CUDA_RETURN(kc::LaunchLinearRouter(d_.attn, L.wo, L.bo, T_, NH_ * D_, H_, d_.x, r,
-                                              d_.o_router_ws, d_.o_router_ws_bytes, d_.stream));
-  router_in_o_ = true;
-  routed_ = route;
-  return absl::OkStatus();
-}
-
 absl::Status LayerStages::Router(int layer) {
-  if (router_in_o_) {
-    // Done by the O projection's launch (OProjectionWithRouter).
-    router_in_o_ = false;
-    FLOTILLA_RETURN_IF_ERROR(Mark("router_linear"));
-    return RecordRouting(layer);
-  }
   const CudaDeviceState::Layer& L = d_.layers[layer];
   cudaStream_t s = d_.stream;
   // The router projection adds into zeroed logits (so a few tokens can

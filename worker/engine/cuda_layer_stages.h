@@ -89,10 +89,6 @@ class LayerStages {
                         const int32_t* slots);
   absl::Status Attention(const CudaDeviceState::Layer& L);
   absl::Status OProjection(const CudaDeviceState::Layer& L);
-  // Few tokens on one GPU (CudaEngineOptions::router_in_o_max_tokens): the
-  // router runs in the O projection's launch and Router only records it.
-  bool RouterInOProjection() const;
-  absl::Status OProjectionWithRouter(const CudaDeviceState::Layer& L);
   absl::Status Router(int layer);
   // Copies the layer's chosen experts to the routing record, if kept.
   absl::Status RecordRouting(int layer);
@@ -127,8 +123,6 @@ class LayerStages {
   bool prefetch_forked_ = false;
   // This layer's router wrote the MoE's routing (route_in_router).
   bool routed_ = false;
-  // This layer's router ran in the O projection's launch.
-  bool router_in_o_ = false;
   kernels::cuda::AttentionBatch batch_;  // block_tables: the layer's group's, set per layer
 };
 
