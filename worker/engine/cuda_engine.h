@@ -116,8 +116,12 @@ struct CudaEngineOptions {
   // (every block of the fused launch reads all tokens' residual rows, which
   // costs more than the launches it saves at 8 tokens). The same launch fed
   // by a separate norm launch measured as the three launches (3.26 at batch 1):
-  // the gain is the launch saved, not the work.
-  int fused_qkv_max_tokens = 4;
+  // the gain is the launch saved, not the work. Measured again once the
+  // kernels around it had changed (H200, three alternated runs, fused up to
+  // 4 / up to 2 tokens): batch 2 3.430-3.440 / 3.432-3.444 ms, batch 3 (run
+  // as 4 tokens) 4.931-4.943 / 4.853-4.859, batch 4 4.947-4.963 / 4.857-4.868:
+  // at 3-4 tokens the three launches now win.
+  int fused_qkv_max_tokens = 2;
   // Steps of at most this many tokens (capped at kernels::cuda::
   // kNormLinearMaxTokens) run the post-attention norm inside the router
   // projection (one launch fewer per layer); 0 keeps them apart.
