@@ -44,16 +44,48 @@ __device__ __forceinline__ uint32_t NormPair(float x0, float x1, uint32_t w01, f
 // At most this many tokens per BlockInverseRms call.
 constexpr int kRmsMaxTokens = 8;
 
+// x.x^2 + x.y^2 + x.z^2 + x.w^2, in that order (both inverse-RMS forms
+// below add a thread's terms with this, so their sums are the same bits).
+__device__ __forceinline__ float SumSquares4(float4 v) {
+  return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+}
+
+// The block-wide end of an inverse RMS: each thread's partial sums of
+// squares ss[t] meet over the warp, then over the warps in order, and
+// inv[t] = 1 / sqrt(sum / hidden + eps). Ends with a barrier.
+template <int kTok, int kThreads>
+__device__ __forceinline__ void FinishInverseRms(const float (&ss)[kTok], int tokens, int hidden,
+                                                 float eps, float (*part)[kRmsMaxTokens],
+                                                 float* inv) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int t = 0; t < kTok; ++t) {
+    if (t < tokens) {
+      float v = ss[t];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) part[warp][t] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < tokens) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kThreads / 32; ++k) s += part[k][threadIdx.x];
+    inv[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
+  }
+  __syncthreads();
+}
+
 // inv[t] = 1 / sqrt(mean(x[t]^2) + eps) for the rows t < tokens <= kTok of the
 // f32 x [tokens, hidden] (hidden % 4 == 0), by all kThreads threads of the
 // block: all tokens' loads of 8 / kTok steps are in flight together. part is
 // shared scratch of kThreads / 32 rows. Ends with a barrier (inv is ready).
+// Thread i adds the float4s i, i + kThreads, ... of each row in that order.
 template <int kTok, int kThreads>
 __device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int tokens,
                                                 int hidden, float eps,
                                                 float (*part)[kRmsMaxTokens], float* inv) {
   static_assert(kTok >= 1 && kTok <= kRmsMaxTokens, "one n8 tile of tokens");
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int h4 = hidden >> 2;
   constexpr int kSteps = kRmsMaxTokens / kTok;
   float ss[kTok];
@@ -74,28 +106,43 @@ __device__ __forceinline__ void BlockInverseRms(const float* __restrict__ x, int
 #pragma unroll
     for (int u = 0; u < kSteps; ++u) {
 #pragma unroll
-      for (int t = 0; t < kTok; ++t) {
-        ss[t] += v[u][t].x * v[u][t].x + v[u][t].y * v[u][t].y + v[u][t].z * v[u][t].z +
-                 v[u][t].w * v[u][t].w;
-      }
+      for (int t = 0; t < kTok; ++t) ss[t] += SumSquares4(v[u][t]);
     }
   }
+  FinishInverseRms<kTok, kThreads>(ss, tokens, hidden, eps, part, inv);
+}
+
+// BlockInverseRms for hidden <= 4 * kVec * kThreads, leaving each thread the
+// float4s it read: held[t][m] = float4 threadIdx.x + m * kThreads of row t
+// (zeros past the row or for t >= tokens). The same sums, bit for bit.
+template <int kTok, int kThreads, int kVec>
+__device__ __forceinline__ void BlockInverseRmsHeld(const float* __restrict__ x, int tokens,
+                                                    int hidden, float eps,
+                                                    float (*part)[kRmsMaxTokens], float* inv,
+                                                    float4 (&held)[kTok][kVec]) {
+  static_assert(kTok >= 1 && kTok <= kRmsMaxTokens, "one n8 tile of tokens");
+  const int h4 = hidden >> 2;
+#pragma unroll
+  for (int m = 0; m < kVec; ++m) {
+#pragma unroll
+    for (int t = 0; t < kTok; ++t) {
+      const int i = threadIdx.x + m * kThreads;
+      held[t][m] =
+          t < tokens && i < h4
+              ? __ldg(reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * hidden) + i)
+              : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+  float ss[kTok];
 #pragma unroll
   for (int t = 0; t < kTok; ++t) {
-    if (t < tokens) {
-      float v = ss[t];
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) part[warp][t] = v;
+    ss[t] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < kVec; ++m) {
+      if (threadIdx.x + m * kThreads < h4) ss[t] += SumSquares4(held[t][m]);
     }
   }
-  __syncthreads();
-  if (threadIdx.x < tokens) {
-    float s = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kThreads / 32; ++k) s += part[k][threadIdx.x];
-    inv[threadIdx.x] = 1.0f / sqrtf(s / static_cast<float>(hidden) + eps);
-  }
-  __syncthreads();
+  FinishInverseRms<kTok, kThreads>(ss, tokens, hidden, eps, part, inv);
 }
 
 // The GEMV epilogue's reduction: each of the block's kWarps warps holds a

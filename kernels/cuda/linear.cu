@@ -29,6 +29,7 @@
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/router.h"
 #include "kernels/cuda/topk.cuh"
 
 namespace flotilla::kernels::cuda {
@@ -604,7 +605,8 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                  int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
                                  float* weights, unsigned* done, cudaStream_t stream,
-                                 bool deterministic, const MoeRouteTargets* route) {
+                                 bool deterministic, const MoeRouteTargets* route,
+                                 bool one_cluster) {
   if (x == nullptr || norm_weight == nullptr || w == nullptr || logits == nullptr ||
       ids == nullptr || weights == nullptr || done == nullptr || tokens < 0 ||
       tokens > kNormLinearMaxTokens || in <= 0 || in % 32 != 0 || experts <= 0 ||
@@ -620,6 +622,11 @@ cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, fl
   }
   static_assert(kNormLinearTopKRouteMaxExperts <= kGemvThreads, "a thread per expert");
   if (tokens == 0) return cudaSuccess;
+  if (one_cluster) {
+    const cudaError_t err = LaunchRouterCluster(x, norm_weight, eps, w, bias, tokens, in, experts,
+                                                t_out, k, ids, weights, route, stream);
+    if (err != cudaErrorNotSupported) return err;
+  }
   const int tiles = (experts + 15) / 16;
   GemvTopK topk{k, ids, weights, done};
   if (route != nullptr) topk.route = *route;

@@ -80,6 +80,63 @@ __device__ __forceinline__ void BuildMoeRouting(const int32_t* ids, int pairs,
   });
 }
 
+// BuildMoeRouting's result for a few pairs whose ids sit in shared memory
+// (s_ids[0, pairs), pairs <= kMaxPairs), without atomics or scans: thread e
+// counts its expert's pairs and those of lower experts over the ids, and
+// pair p's slot is the pairs of lower experts plus its expert's pairs before
+// p, so within an expert the pairs keep their order. Called by every thread
+// of the block; blockDim.x >= max(r.experts, pairs).
+template <int kMaxPairs>
+__device__ __forceinline__ void BuildMoeRoutingFew(const int32_t* s_ids, int pairs,
+                                                   const MoeRouteTargets& r) {
+  __shared__ bool s_first[kMaxPairs];  // the first pair of its (valid) expert
+  const int E = r.experts, t = threadIdx.x;
+  auto valid = [E](int32_t id) { return id >= 0 && id < E; };
+  if (t < pairs) {
+    const int32_t id = s_ids[t];
+    bool first = valid(id);
+    for (int q = 0; q < t; ++q) first = first && s_ids[q] != id;
+    s_first[t] = first;
+  }
+  __syncthreads();
+  if (t < E) {
+    int n = 0, below = 0, experts_below = 0;
+    for (int p = 0; p < pairs; ++p) {
+      const int32_t id = s_ids[p];
+      n += id == t;
+      if (valid(id) && id < t) {
+        ++below;
+        experts_below += s_first[p];
+      }
+    }
+    r.count[t] = n;
+    r.offset[t] = below;
+    r.done[t] = 0;
+    if (n > 0) r.active[experts_below] = t;
+  }
+  if (t < pairs) {
+    const int32_t id = s_ids[t];
+    if (valid(id)) {
+      int slot = 0;
+      for (int p = 0; p < pairs; ++p) {
+        const int32_t other = s_ids[p];
+        slot += valid(other) && (other < id || (other == id && p < t));
+      }
+      r.pair_of[slot] = t;
+    }
+  }
+  if (t == 0) {
+    int total = 0, active = 0;
+    for (int p = 0; p < pairs; ++p) {
+      total += valid(s_ids[p]);
+      active += s_first[p];
+    }
+    r.offset[E] = total;
+    *r.num_active = active;
+    if (r.invalid != nullptr) *r.invalid = pairs - total;
+  }
+}
+
 // Eight bf16 values v0..v7 (in order, two per word) as the decode kernels'
 // f16 activations: [v0, v4, v1, v5, v2, v6, v3, v7] (exact for |v| < 65504).
 __device__ __forceinline__ uint4 Bf16x8ToMoeHalves(uint4 v) {

@@ -163,14 +163,19 @@ cudaError_t LaunchNormLinear(const float* x, const uint16_t* norm_weight, float 
 // also groups the chosen pairs by expert into the MoE layer's workspace and
 // the blocks that write t_out write x's f16 copy too (kernels/cuda/moe.h
 // MoeRouteTargets), so the layer is launched `routed`, one launch fewer.
+// one_cluster (experts <= kNormLinearTopKRouteMaxExperts): the whole router
+// as a single cluster of CTAs where the device and shape allow it
+// (LaunchRouterCluster, kernels/cuda/router.h: deterministic whatever
+// `deterministic`, the same bits as that mode; logits and done untouched),
+// else the grid above.
 struct MoeRouteTargets;  // kernels/cuda/moe.h
 constexpr int kNormLinearTopKRouteMaxExperts = 256;
 cudaError_t LaunchNormLinearTopK(const float* x, const uint16_t* norm_weight, float eps,
                                  const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                  int experts, float* logits, uint16_t* t_out, int k, int32_t* ids,
                                  float* weights, unsigned* done, cudaStream_t stream,
-                                 bool deterministic = false,
-                                 const MoeRouteTargets* route = nullptr);
+                                 bool deterministic = false, const MoeRouteTargets* route = nullptr,
+                                 bool one_cluster = true);
 
 // How LaunchNormQkvRope starts streaming its weights before it waits for the
 // previous kernel (programmatic dependent launch), passed with each call (an

@@ -35,6 +35,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/router.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
@@ -574,6 +575,104 @@ TEST_F(OpsCudaTest, NormLinearTopKRoutesTheMoeLayer) {
                                        nullptr, K, d_i1.p, d_w1.p, r.done.p, nullptr, false, &bad),
             cudaErrorInvalidValue);
   cuda::FreeMoeWeights(&moe);
+}
+
+// The router as one cluster (LaunchRouterCluster, which the engine's fused
+// router takes) against the grid-wide kernel in deterministic mode: the same
+// chosen experts and weights bit for bit, the same normalised rows and f16 x,
+// and the same MoE routing, over shapes with 8 or 16 rows per CTA, a last CTA
+// with no rows (129 experts) and a toy size; the logits and counter untouched.
+TEST_F(OpsCudaTest, RouterClusterMatchesTheGridKernel) {
+  struct Shape {
+    int in, E, K;
+  };
+  const int I = 64;
+  for (const Shape& sh : {Shape{2880, 128, 4}, Shape{2880, 32, 4}, Shape{2880, 256, 8},
+                          Shape{2880, 129, 4}, Shape{64, 4, 2}}) {
+    const DevRouter r(sh.in, sh.E, 41 + sh.E);
+    cuda::MoeDeviceWeights moe;
+    ASSERT_EQ(cuda::AllocMoeWeights(sh.E, sh.in, I, &moe), cudaSuccess);
+    for (int T : {1, 3, 8}) {
+      SCOPED_TRACE(::testing::Message() << "in=" << sh.in << " E=" << sh.E << " T=" << T);
+      const std::vector<float> x = Normal(static_cast<size_t>(T) * sh.in, 1.3f, 80 + T);
+      const std::vector<float> zero(static_cast<size_t>(T) * sh.E, 0.0f);
+      const size_t ws_bytes = cuda::MoeWorkspaceBytes(moe, T, sh.K, /*deterministic=*/true);
+      Dev<float> d_x(x), d_logits(zero);
+      Dev<int32_t> d_invalid(1);
+      struct Out {
+        std::vector<int32_t> ids, count, offset, active, pairs;
+        std::vector<float> weights;
+        std::vector<uint16_t> t, xh;
+      };
+      std::vector<Out> outs;
+      for (bool cluster : {false, true}) {
+        Dev<uint8_t> ws(ws_bytes);
+        Dev<uint16_t> d_t(static_cast<size_t>(T) * sh.in);
+        Dev<int32_t> d_ids(static_cast<size_t>(T) * sh.K);
+        Dev<float> d_wk(static_cast<size_t>(T) * sh.K);
+        const cuda::MoeRouteTargets targets =
+            cuda::MoeRouteTargetsIn(moe, T, sh.K, true, ws.p, d_invalid.p);
+        if (cluster) {
+          ASSERT_EQ(cuda::LaunchRouterCluster(d_x.p, r.nw.p, kEps, r.w.p, r.bias.p, T, sh.in, sh.E,
+                                              d_t.p, sh.K, d_ids.p, d_wk.p, &targets, nullptr),
+                    cudaSuccess)
+              << "the cluster form runs on this device";
+        } else {
+          ASSERT_EQ(cuda::LaunchNormLinearTopK(d_x.p, r.nw.p, kEps, r.w.p, r.bias.p, T, sh.in, sh.E,
+                                               d_logits.p, d_t.p, sh.K, d_ids.p, d_wk.p, r.done.p,
+                                               nullptr, /*deterministic=*/true, &targets,
+                                               /*one_cluster=*/false),
+                    cudaSuccess);
+        }
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(d_logits.Get(), zero);
+        EXPECT_EQ(r.done.Get(), std::vector<unsigned>{0});
+        Out o;
+        o.ids = d_ids.Get();
+        o.weights = d_wk.Get();
+        o.t = d_t.Get();
+        auto get = [](const int32_t* p, size_t n) {
+          std::vector<int32_t> v(n);
+          EXPECT_EQ(cudaMemcpy(v.data(), p, n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+          return v;
+        };
+        o.count = get(targets.count, sh.E);
+        o.offset = get(targets.offset, sh.E + 1);
+        o.active = get(targets.active, sh.E);
+        o.pairs = get(targets.pair_of, static_cast<size_t>(T) * sh.K);
+        for (int e = 0; e < sh.E; ++e) {  // the order within an expert is unspecified
+          std::sort(o.pairs.begin() + o.offset[e], o.pairs.begin() + o.offset[e + 1]);
+        }
+        o.xh.resize(static_cast<size_t>(T) * sh.in);
+        ASSERT_EQ(cudaMemcpy(o.xh.data(), targets.xh, o.xh.size() * 2, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        outs.push_back(std::move(o));
+      }
+      EXPECT_EQ(outs[1].ids, outs[0].ids);
+      EXPECT_EQ(outs[1].weights, outs[0].weights);
+      EXPECT_EQ(outs[1].t, outs[0].t);
+      EXPECT_EQ(outs[1].xh, outs[0].xh);
+      EXPECT_EQ(outs[1].count, outs[0].count);
+      EXPECT_EQ(outs[1].offset, outs[0].offset);
+      EXPECT_EQ(outs[1].pairs, outs[0].pairs);
+      const auto active = std::count_if(outs[0].count.begin(), outs[0].count.end(),
+                                        [](int32_t c) { return c > 0; });
+      EXPECT_EQ(std::vector<int32_t>(outs[1].active.begin(), outs[1].active.begin() + active),
+                std::vector<int32_t>(outs[0].active.begin(), outs[0].active.begin() + active));
+      for (size_t i = 0; i < outs[0].ids.size(); ++i) {
+        ASSERT_GE(outs[0].ids[i], 0);
+        ASSERT_LT(outs[0].ids[i], sh.E);
+      }
+    }
+    cuda::FreeMoeWeights(&moe);
+  }
+  // Shapes it does not take are left to the caller, nothing launched.
+  EXPECT_EQ(cuda::LaunchRouterCluster(nullptr, nullptr, kEps, nullptr, nullptr, 1, 2880, 257,
+                                      nullptr, 4, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorNotSupported);
+  EXPECT_EQ(cuda::LaunchRouterCluster(nullptr, nullptr, kEps, nullptr, nullptr, 9, 2880, 128,
+                                      nullptr, 4, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorNotSupported);
 }
 
 TEST_F(OpsCudaTest, BadArgumentsAreRefused) {

@@ -45,6 +45,9 @@
 //                                          as its own launch)
 //                     [--route-in-router 1] (0: the MoE routes in a launch of its own
 //                                          rather than in the fused router's kernel)
+//                     [--router-cluster-max-tokens 8] (the fused router as one
+//                                          cluster of CTAs up to this many tokens, above
+//                                          as a grid with atomics; 0: never)
 //                     [--attention-wgmma 1] (0: prefill attention on mma.sync rather
 //                                          than warpgroup MMA)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
@@ -322,6 +325,7 @@ int main(int argc, char** argv) {
   flotilla::KvCacheDtype kv_dtype = flotilla::KvCacheDtype::kBf16;
   long router_norm = CudaEngineOptions().fused_router_norm_max_tokens;
   bool route_in_router = CudaEngineOptions().route_in_router;
+  long router_cluster = CudaEngineOptions().router_cluster_max_tokens;
   bool attention_wgmma = CudaEngineOptions().attention_prefill_wgmma;
   bool deterministic = false;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
@@ -379,6 +383,8 @@ int main(int argc, char** argv) {
       router_norm = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--route-in-router") {
       route_in_router = v == "1" || v == "true";
+    } else if (a == "--router-cluster-max-tokens") {
+      router_cluster = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--attention-wgmma") {
       attention_wgmma = v == "1" || v == "true";
     } else if (a == "--l2-prefetch-max-tokens") {
@@ -474,6 +480,7 @@ int main(int argc, char** argv) {
   o.fused_qkv_max_tokens = static_cast<int>(fused_qkv);
   o.fused_router_norm_max_tokens = static_cast<int>(router_norm);
   o.route_in_router = route_in_router;
+  o.router_cluster_max_tokens = static_cast<int>(router_cluster);
   o.attention_prefill_wgmma = attention_wgmma;
   o.deterministic = deterministic;
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);

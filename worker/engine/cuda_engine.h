@@ -130,6 +130,11 @@ struct CudaEngineOptions {
   // experts' pairs and its blocks convert x for the MoE (kernels::cuda::
   // MoeRouteTargets), so the MoE layer skips its routing launch.
   bool route_in_router = true;
+  // Steps of at most this many tokens run the fused router as one cluster of
+  // CTAs that hold its weights in shared memory (kernels::cuda::
+  // LaunchRouterCluster) where the device allows it; above, or 0, the
+  // grid-wide kernel with its atomics and last-block ranking.
+  int router_cluster_max_tokens = 8;
   // Prefill attention over a bf16 cache on warpgroup MMA (wgmma); false keeps
   // it on mma.sync (kernels::cuda::LaunchAttention's prefill_wgmma).
   bool attention_prefill_wgmma = true;

@@ -263,7 +263,8 @@ absl::Status LayerStages::Router(int layer) {
               : kc::MoeRouteTargets{};
     FLOTILLA_CUDA_RETURN(kc::LaunchNormLinearTopK(
         d_.x, L.post_norm, eps_, L.router, L.router_bias, T_, H_, E_, d_.router_logits, d_.t, K_,
-        d_.topk_ids, d_.topk_w, d_.router_done, s, deterministic_, route ? &targets : nullptr));
+        d_.topk_ids, d_.topk_w, d_.router_done, s, deterministic_, route ? &targets : nullptr,
+        T_ <= options_.router_cluster_max_tokens));
     routed_ = route;
     return RecordRouting(layer);
   }
