@@ -1,12 +1,17 @@
 // What the CUDA benchmarks share: arbitrary device data from a cheap
 // per-element hash of the index and a seed (not the synthetic checkpoint's
-// values, which are common/synthetic_fill.h's), and event timing.
+// values, which are common/synthetic_fill.h's), event timing, and their
+// comma-separated list flags.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
 
 // The hash of element `i` under `seed`.
 __device__ __forceinline__ uint32_t BenchHash(size_t i, uint32_t seed) {
@@ -51,4 +56,13 @@ inline cudaError_t GraphMs(cudaStream_t stream, cudaGraphExec_t exec, int replay
         return cudaSuccess;
       },
       ms);
+}
+
+// "1,8,64" -> {1, 8, 64}.
+inline std::vector<long> ParseList(const char* s) {
+  std::vector<long> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) v.push_back(std::strtol(item.c_str(), nullptr, 10));
+  return v;
 }

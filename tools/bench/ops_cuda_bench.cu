@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,14 +52,6 @@ __global__ void FillLogits(float* p, size_t n, uint32_t seed) {
     // A broad tail with a few strong candidates.
     p[i] = u * 4.0f + ((h & 0xFFFu) == 0 ? 8.0f : 0.0f);
   }
-}
-
-std::vector<long> ParseList(const char* s) {
-  std::vector<long> v;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) v.push_back(std::strtol(item.c_str(), nullptr, 10));
-  return v;
 }
 
 // Times `launches` calls of fn(i) captured into one graph; returns us per call.
