@@ -22,9 +22,9 @@ struct MoeRouteTargets;  // kernels/cuda/moe.h
 // ranking counter are not touched. tokens <= kNormLinearMaxTokens,
 // in % 32 == 0.
 // cudaErrorNotSupported (nothing launched) when the shape or the device does
-// not allow it: more rows than 16 per CTA of the largest cluster the device
-// runs, or more shared memory than a CTA may have; the caller then launches
-// the grid-wide form.
+// not allow it: in > 4096, more rows than 16 per CTA of the largest cluster
+// the device runs, or more shared memory than a CTA may have; the caller then
+// launches the grid-wide form.
 cudaError_t LaunchRouterCluster(const float* x, const uint16_t* norm_weight, float eps,
                                 const uint16_t* w, const uint16_t* bias, int tokens, int in,
                                 int experts, uint16_t* t_out, int k, int32_t* ids, float* weights,

@@ -113,10 +113,13 @@ __global__ void PersistentKernel(float* a, float* b, int n, unsigned* barrier, i
   }
 }
 
-template <Handoff kHandoff>
-cudaError_t LaunchStage(int grid, cudaStream_t stream, const float* in, float* out, int n,
-                        const unsigned* ready, unsigned* done, unsigned expected, int work,
+// One stage of a chain made by handoff h (not kPersistent).
+cudaError_t LaunchStage(Handoff h, int grid, cudaStream_t stream, const float* in, float* out,
+                        int n, const unsigned* ready, unsigned* done, unsigned expected, int work,
                         bool late) {
+  auto* kernel = h == Handoff::kPlain ? StageKernel<Handoff::kPlain>
+                 : h == Handoff::kPdl ? StageKernel<Handoff::kPdl>
+                                      : StageKernel<Handoff::kCounter>;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
@@ -125,9 +128,8 @@ cudaError_t LaunchStage(int grid, cudaStream_t stream, const float* in, float* o
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = kHandoff == Handoff::kPlain ? 0 : 1;
-  return cudaLaunchKernelEx(&cfg, StageKernel<kHandoff>, in, out, n, ready, done, expected, work,
-                            late);
+  cfg.numAttrs = h == Handoff::kPlain ? 0 : 1;
+  return cudaLaunchKernelEx(&cfg, kernel, in, out, n, ready, done, expected, work, late);
 }
 
 struct Buffers {
@@ -153,20 +155,7 @@ cudaError_t Record(Handoff h, int grid, int stages, int work, bool late, const B
     const unsigned expected = k == 0 ? 0 : static_cast<unsigned>(grid);
     unsigned* ready = buf.counters + k;
     unsigned* done = buf.counters + k + 1;
-    switch (h) {
-      case Handoff::kPlain:
-        err = LaunchStage<Handoff::kPlain>(grid, stream, in, out, n, ready, done, expected, work,
-                                           late);
-        break;
-      case Handoff::kPdl:
-        err =
-            LaunchStage<Handoff::kPdl>(grid, stream, in, out, n, ready, done, expected, work, late);
-        break;
-      default:
-        err = LaunchStage<Handoff::kCounter>(grid, stream, in, out, n, ready, done, expected, work,
-                                             late);
-        break;
-    }
+    err = LaunchStage(h, grid, stream, in, out, n, ready, done, expected, work, late);
   }
   const cudaError_t ended = cudaStreamEndCapture(stream, graph);
   return err != cudaSuccess ? err : ended;
