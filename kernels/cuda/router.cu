@@ -88,6 +88,19 @@ __device__ __forceinline__ uint32_t ClusterSize() {
   return n;
 }
 
+// Every thread of every CTA of the cluster, once at the start: this CTA has
+// begun (its shared memory may be written by the others once they have
+// waited for the arrivals, ClusterWaitStarted).
+__device__ __forceinline__ void ClusterArriveStarted() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+
+// Every thread, before its first store into another CTA's shared memory:
+// every CTA of the cluster has begun.
+__device__ __forceinline__ void ClusterWaitStarted() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
 // Every thread of every CTA of the cluster: shared-memory stores before it
 // (this CTA's and remote ones) are visible to all after it.
 __device__ __forceinline__ void ClusterSync() {
@@ -190,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) RouterClusterKernel(const RouterA
   __shared__ float logits[kRmsMaxTokens][kNormLinearTopKRouteMaxExperts];  // rank 0's are used
   __shared__ float part_ss[kWarps][kRmsMaxTokens];
   __shared__ float inv_s[kRmsMaxTokens];
+  ClusterArriveStarted();
   const uint32_t rank = ClusterRank(), ranks = ClusterSize();
   const int row0 = static_cast<int>(rank) * a.rows;
   const int rows = max(0, min(a.rows, a.experts - row0));
@@ -233,6 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) RouterClusterKernel(const RouterA
   // The MoE layer's CTAs may take their SM slots now; they wait for this grid.
   asm volatile("griddepcontrol.launch_dependents;");
   const float s = SumWarpTiles<1, kWarps>(red, acc, a.tokens);
+  ClusterWaitStarted();  // long since true: the CTAs arrived at their start
   if (writes) {
     const float biased = a.bias != nullptr ? s + bias : s;
     StoreToRank(&logits[tok][row0 + r], 0, 0.0f + biased);  // as accumulating into zeros
