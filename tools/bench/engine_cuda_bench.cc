@@ -52,6 +52,9 @@
 //                                          than warpgroup MMA)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
 //                                          projection's weights beside the step)
+//                     [--l2-prefetch-next-qkv-max-tokens 0] (steps up to N also ask
+//                                          for the next layer's QKV weights while
+//                                          the router runs)
 //                     [--masked-rows N]   (then the same steps with N rows drawing under a
 //                                          structured-output token mask, written by the
 //                                          host while the step runs as serving does:
@@ -330,6 +333,7 @@ int main(int argc, char** argv) {
   bool deterministic = false;
   long fused_qkv = CudaEngineOptions().fused_qkv_max_tokens;
   long l2_prefetch = CudaEngineOptions().l2_prefetch_max_tokens;
+  long l2_prefetch_next_qkv = CudaEngineOptions().l2_prefetch_next_qkv_max_tokens;
   flotilla::kernels::cuda::NormQkvRopeTuning qkv_tuning;
   flotilla::kernels::cuda::MoeTuning moe_tuning;
   std::vector<std::string> ablate;
@@ -389,6 +393,8 @@ int main(int argc, char** argv) {
       attention_wgmma = v == "1" || v == "true";
     } else if (a == "--l2-prefetch-max-tokens") {
       l2_prefetch = std::strtol(v.c_str(), nullptr, 10);
+    } else if (a == "--l2-prefetch-next-qkv-max-tokens") {
+      l2_prefetch_next_qkv = std::strtol(v.c_str(), nullptr, 10);
     } else if (a == "--fused-qkv-max-tokens")
       fused_qkv = std::strtol(v.c_str(), nullptr, 10);
     else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
@@ -484,6 +490,7 @@ int main(int argc, char** argv) {
   o.attention_prefill_wgmma = attention_wgmma;
   o.deterministic = deterministic;
   o.l2_prefetch_max_tokens = static_cast<int>(l2_prefetch);
+  o.l2_prefetch_next_qkv_max_tokens = static_cast<int>(l2_prefetch_next_qkv);
   o.qkv_tuning = qkv_tuning;
   o.moe_tuning = moe_tuning;
   const auto t0 = Clock::now();

@@ -144,9 +144,18 @@ struct CudaEngineOptions {
   // batch 1 3.031 / 2.961, 2 3.745 / 3.679, 4 5.387 / 5.314, 8 8.307 /
   // 8.331 (three runs each). The next layer's QKV weights asked for during
   // the MoE gained nothing (that kernel already asks L2 for its tile before
-  // it waits), nor did the down weights asked for by the gate_up tiles
-  // (batch 1: 3.15 against 3.04 ms).
+  // it waits; during the router they do, below), nor did the down weights asked for by the gate_up
+  // tiles (batch 1: 3.15 against 3.04 ms).
   int l2_prefetch_max_tokens = 4;
+  // Steps of at most this many tokens (and within l2_prefetch_max_tokens)
+  // also ask L2 for the next layer's QKV weights on that stream as soon as
+  // the O projection ends, while the router (which reads little) runs; that
+  // layer's fused norm + QKV kernel then skips its own blocks' prefetch.
+  // 0 leaves it to those blocks as they start. H200, 120b, ms per step, 0 /
+  // 2: batch 1 2.674-2.700 / 2.646-2.649, batch 2 3.407-3.431 / 3.313-3.315
+  // (at batch 4 the QKV launch is not fused; asked for there too: 5.08
+  // against 4.85).
+  int l2_prefetch_next_qkv_max_tokens = 2;
   // Tensor parallel over CUDA IPC: steps of at most this many tokens (capped
   // at kernels::cuda::kLinearTpSumMaxTokens) sum the O projection over the
   // TP group in the projection's launch (kernels::cuda::LaunchLinearTpSum:

@@ -73,6 +73,7 @@ LayerStages::LayerStages(CudaDeviceState& d, const ModelConfig& config,
   batch_.total_q = T_;
   batch_.max_q_per_seq = plan.max_q;
   prefetch_ = T_ > 0 && T_ <= options_.l2_prefetch_max_tokens && d.prefetch_stream != nullptr;
+  prefetch_next_qkv_ = prefetch_ && T_ <= options_.l2_prefetch_next_qkv_max_tokens;
 }
 
 bool LayerStages::On(const char* op) const {
@@ -93,6 +94,10 @@ absl::Status LayerStages::Forward(int64_t ctx, int logit_rows, int row_offset) {
   }
   for (int l = 0; l < static_cast<int>(d_.layers.size()); ++l) {
     FLOTILLA_RETURN_IF_ERROR(AttentionBlock(l));
+    if (prefetch_next_qkv_ && l + 1 < static_cast<int>(d_.layers.size())) {
+      FLOTILLA_RETURN_IF_ERROR(
+          Prefetch(d_.layers[l + 1].wqkv, static_cast<size_t>(QKV_) * H_ * sizeof(uint16_t)));
+    }
     FLOTILLA_RETURN_IF_ERROR(Router(l));
     FLOTILLA_RETURN_IF_ERROR(Moe(l));
     FLOTILLA_RETURN_IF_ERROR(CaptureHidden(l));
@@ -180,9 +185,12 @@ absl::Status LayerStages::WriteQkv(const CudaDeviceState::Layer& L, const kc::Pa
     // in one launch (labelled as the projection it mostly is).
     FLOTILLA_RETURN_IF_ERROR(Mark("qkv_linear"));
     if (!On("qkv_linear")) return absl::OkStatus();
+    kc::NormQkvRopeTuning tuning = options_.qkv_tuning;
+    // Past the first layer the prefetch stream asked for these weights.
+    if (prefetch_next_qkv_ && &L != &d_.layers.front()) tuning.l2_prefetch = false;
     return CudaStatus(
         kc::LaunchNormQkvRope(d_.x, L.input_norm, eps_, L.wqkv, L.bqkv, T_, H_, NH_, pos, slots,
-                              d_.inv_freq, d_.rope_scaling, kv, d_.q, s, options_.qkv_tuning),
+                              d_.inv_freq, d_.rope_scaling, kv, d_.q, s, tuning),
         "LaunchNormQkvRope");
   }
   FLOTILLA_RETURN_IF_ERROR(Mark("rmsnorm"));

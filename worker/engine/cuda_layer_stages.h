@@ -120,6 +120,7 @@ class LayerStages {
   int H_ = 0, D_ = 0, NH_ = 0, E_ = 0, K_ = 0, V_ = 0, QKV_ = 0, T_ = 0;
   float eps_ = 0;
   bool prefetch_ = false;
+  bool prefetch_next_qkv_ = false;  // CudaEngineOptions::l2_prefetch_next_qkv_max_tokens
   bool prefetch_forked_ = false;
   // This layer's router wrote the MoE's routing (route_in_router).
   bool routed_ = false;
