@@ -191,6 +191,13 @@ struct NormQkvRopeTuning {
   // earlier. (120b step on an H200, batch 1: 3.16 ms with both on, 3.26 with
   // the L2 prefetch alone, 3.30 with neither.)
   bool late_dependents = true;
+  // Each warp also copies its next slices of weights (up to 7 of its ~11 at
+  // 120b) into shared memory (cp.async) before it waits, so after the wait
+  // the projection reads no global memory; taken where the block's shared
+  // memory stays within 72 KB (three blocks per SM), i.e. up to 2 tokens at
+  // 120b. (120b step on an H200, batch 1: 2.629-2.633 ms without, 2.556-2.558
+  // with; batch 2 3.291-3.297 / 3.249-3.272.)
+  bool stage_weights = true;
 };
 
 // Few tokens: the input RMSNorm, the QKV projection, RoPE and the KV cache

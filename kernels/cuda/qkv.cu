@@ -14,14 +14,16 @@
 //    partner, and q goes out in bf16, k and v into the cache.
 // Programmatic dependent launch: before waiting for the previous kernel (which
 // writes the residual) each block asks L2 for its whole weight tile and loads
-// its first slices into registers, so the weights stream while that kernel
-// drains and while the norm is computed; the next kernel may launch once the
-// projection is done (NormQkvRopeTuning has the measured alternatives).
+// its first slices into registers (and, staging, copies the next ones into
+// shared memory), so the weights stream while that kernel drains and while
+// the norm is computed; the next kernel may launch once the projection is
+// done (NormQkvRopeTuning has the measured alternatives).
 #include <cuda_bf16.h>
 
 #include "kernels/cuda/gemv.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/ops.h"
+#include "kernels/cuda/ptx.cuh"
 
 namespace flotilla::kernels::cuda {
 namespace {
@@ -37,10 +39,23 @@ constexpr int kRowPad = 32;
 constexpr int kRedBytes = kWarps * 16 * 17 * static_cast<int>(sizeof(float));
 constexpr int kMaxSmemBytes = 96 * 1024;
 constexpr int kMaxHalf = 128;  // head_dim <= 256
+// Staging (NormQkvRopeTuning::stage_weights): slices per warp copied into
+// shared memory before the wait, each 32 lanes x 2 rows x 16 bytes, taken
+// only while a block's shared memory stays within kStageMaxSmemBytes (three
+// blocks per SM, as __launch_bounds__ asks).
+constexpr int kStageSlices = 7;
+constexpr size_t kStageBytes = static_cast<size_t>(kWarps) * kStageSlices * 2 * 32 * sizeof(uint4);
+constexpr size_t kStageMaxSmemBytes = 72 * 1024;
 
-size_t SmemBytes(int tokens, int hidden) {
+// The staged activations, which the warps' partial tiles reuse at the end.
+size_t ActivationBytes(int tokens, int hidden) {
   const size_t staged = static_cast<size_t>(tokens) * (hidden + kRowPad) * sizeof(uint16_t);
-  return staged > static_cast<size_t>(kRedBytes) ? staged : kRedBytes;
+  const size_t bytes = staged > static_cast<size_t>(kRedBytes) ? staged : kRedBytes;
+  return (bytes + 15) / 16 * 16;
+}
+
+size_t SmemBytes(int tokens, int hidden, bool stage) {
+  return ActivationBytes(tokens, hidden) + (stage ? kStageBytes : 0);
 }
 
 // At most 85 registers: 3 blocks per SM, as GemvMmaKernel.
@@ -49,15 +64,19 @@ size_t SmemBytes(int tokens, int hidden) {
 // instead of the L2 prefetch.
 // kTok: tokens rounded up to 1, 2, 4 or 8 (the sum of squares keeps
 // 8 / kTok steps of loads in flight per thread, at most 8 float4).
+// stage: slices per warp after its first kUnroll copied into shared memory
+// at `staged` before the wait (0: none); each lane copies and later reads
+// only its own 16-byte pieces, so its cp.async wait is the only barrier.
 template <int kTok, bool kEarly>
 __global__ void __launch_bounds__(kThreads, 3)
     NormQkvRopeKernel(const float* __restrict__ x, const uint16_t* __restrict__ norm_w, float eps,
-                      const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias,
-                      int tokens, int hidden, int q_heads, int kv_heads, int head_dim,
+                      const uint16_t* __restrict__ w, const uint16_t* __restrict__ bias, int tokens,
+                      int hidden, int q_heads, int kv_heads, int head_dim,
                       const int32_t* __restrict__ positions, const int32_t* __restrict__ slots,
                       const float* __restrict__ inv_freq, float scaling, uint16_t* __restrict__ kc,
                       uint16_t* __restrict__ vc, int block_size, long long cache_slots,
-                      bool l2_prefetch, bool late_dependents, uint16_t* __restrict__ q_out) {
+                      bool l2_prefetch, bool late_dependents, int stage, int staged,
+                      uint16_t* __restrict__ q_out) {
   extern __shared__ uint4 smem[];
   __shared__ float part[kWarps][kRmsMaxTokens];
   __shared__ float inv_s[kMaxTokens];
@@ -101,6 +120,17 @@ __global__ void __launch_bounds__(kThreads, 3)
                  : "memory");
   }
   if (kEarly) load_first();
+  uint4* const wst = smem + staged + warp * stage * 64;  // this warp's staged slices
+  if (stage > 0) {
+    for (int i = 0; i < stage; ++i) {
+      const int c = c_begin + kUnroll + i;
+      if (c < c_end) {
+        ptx::CpAsync16(wst + (2 * i) * 32 + lane, wa + c * 4, 16);
+        ptx::CpAsync16(wst + (2 * i + 1) * 32 + lane, wb + c * 4, 16);
+      }
+    }
+    ptx::CpAsyncCommit();
+  }
   asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // 1. The tokens' inverse RMS over whole rows.
@@ -147,6 +177,7 @@ __global__ void __launch_bounds__(kThreads, 3)
   const uint4* xg = reinterpret_cast<const uint4*>(xs + static_cast<size_t>(has ? g : 0) * stride) + q;
   float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
   if (!kEarly) load_first();
+  if (stage > 0) ptx::CpAsyncWait<0>();
   for (int c = c_begin; c < c_end; c += kUnroll) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -159,7 +190,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     const int next = c + kUnroll;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if (next + u < c_end) {
+      const int i = next + u - c_begin - kUnroll;  // staged slice index
+      if (next + u >= c_end) continue;
+      if (i < stage) {
+        va[u] = wst[(2 * i) * 32 + lane];
+        vb[u] = wst[(2 * i + 1) * 32 + lane];
+      } else {
         va[u] = LoadStream(wa + (next + u) * 4);
         vb[u] = LoadStream(wb + (next + u) * 4);
       }
@@ -210,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 3)
 bool NormQkvRopeSupported(int tokens, int hidden, int head_dim) {
   return tokens >= 0 && tokens <= kNormQkvRopeMaxTokens && hidden > 0 && hidden % 32 == 0 &&
          head_dim > 0 && head_dim % 2 == 0 && head_dim / 2 <= kMaxHalf &&
-         SmemBytes(tokens, hidden) <= static_cast<size_t>(kMaxSmemBytes);
+         SmemBytes(tokens, hidden, false) <= static_cast<size_t>(kMaxSmemBytes);
 }
 
 cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float eps,
@@ -230,7 +266,8 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   }
   if (tokens == 0) return cudaSuccess;
   const int out = (q_heads + 2 * cache.kv_heads) * cache.head_dim;
-  const size_t smem = SmemBytes(tokens, hidden);
+  const bool stage = tuning.stage_weights && SmemBytes(tokens, hidden, true) <= kStageMaxSmemBytes;
+  const size_t smem = SmemBytes(tokens, hidden, stage);
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
   const bool early = tuning.early_loads;
   const auto kernel =
@@ -247,7 +284,8 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
                    norm_weight, eps, wqkv, bqkv, tokens, hidden, q_heads, cache.kv_heads,
                    cache.head_dim, positions, slots, inv_freq, scaling, cache.k, cache.v,
                    cache.block_size > 0 ? cache.block_size : 1, cache_slots, tuning.l2_prefetch,
-                   tuning.late_dependents, q_out);
+                   tuning.late_dependents, stage ? kStageSlices : 0,
+                   static_cast<int>(ActivationBytes(tokens, hidden) / sizeof(uint4)), q_out);
 }
 
 }  // namespace flotilla::kernels::cuda

@@ -25,6 +25,7 @@
 //                                          with the device's idle time between steps)
 //                     [--fused-qkv-max-tokens 2] (0: norm, QKV and RoPE as three launches)
 //                     [--qkv-l2-prefetch 1] [--qkv-early-loads 1] [--qkv-late-dependents 1]
+//                     [--qkv-stage-weights 1]
 //                                          (NormQkvRopeTuning)
 //                     [--moe-gemm-min-pairs 4] (MoeTuning: grouped GEMMs from this many
 //                                          pairs per expert; -1: never)
@@ -400,6 +401,8 @@ int main(int argc, char** argv) {
     else if (a == "--qkv-l2-prefetch") qkv_tuning.l2_prefetch = v == "1" || v == "true";
     else if (a == "--qkv-early-loads") qkv_tuning.early_loads = v == "1" || v == "true";
     else if (a == "--qkv-late-dependents") qkv_tuning.late_dependents = v == "1" || v == "true";
+    else if (a == "--qkv-stage-weights")
+      qkv_tuning.stage_weights = v == "1" || v == "true";
     else if (a == "--moe-gemm-min-pairs") {
       moe_tuning.gemm_min_pairs_per_expert = static_cast<int>(std::strtol(v.c_str(), nullptr, 10));
     } else if (a == "--moe-gemm-h-low-part-below") {
