@@ -275,11 +275,13 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
       : tokens == 2 ? (early ? NormQkvRopeKernel<2, true> : NormQkvRopeKernel<2, false>)
       : tokens <= 4 ? (early ? NormQkvRopeKernel<4, true> : NormQkvRopeKernel<4, false>)
                     : (early ? NormQkvRopeKernel<8, true> : NormQkvRopeKernel<8, false>);
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-  }
+  // Staged launches pass 48 KB: the limit is raised once per kernel and
+  // device, not at every launch.
+  static PerDevice<size_t> allowed[8];
+  const int tok_tier = tokens == 1 ? 0 : tokens == 2 ? 1 : tokens <= 4 ? 2 : 3;
+  const int variant = 2 * tok_tier + (early ? 1 : 0);
+  const cudaError_t err = AllowSharedBytes(kernel, smem, &allowed[variant]);
+  if (err != cudaSuccess) return err;
   return LaunchPdl(kernel, dim3((out + 15) / 16), dim3(kThreads), smem, stream, true, x,
                    norm_weight, eps, wqkv, bqkv, tokens, hidden, q_heads, cache.kv_heads,
                    cache.head_dim, positions, slots, inv_freq, scaling, cache.k, cache.v,

@@ -53,7 +53,7 @@
 //                                          than warpgroup MMA)
 //                     [--l2-prefetch-max-tokens 4] (0: no L2 prefetch of the O
 //                                          projection's weights beside the step)
-//                     [--l2-prefetch-next-qkv-max-tokens 0] (steps up to N also ask
+//                     [--l2-prefetch-next-qkv-max-tokens 2] (steps up to N also ask
 //                                          for the next layer's QKV weights while
 //                                          the router runs)
 //                     [--masked-rows N]   (then the same steps with N rows drawing under a
