@@ -23,6 +23,7 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_gemm.h"
+#include "kernels/cuda/moe_w4a8.h"
 #include "tests/kernels/cuda_test_util.h"
 
 namespace flotilla::kernels {
@@ -126,10 +127,12 @@ std::vector<float> CpuReference(const HostMoe& m, int E, const std::vector<uint1
 // tokens pick one expert twice (as a buggy router could): both must match the
 // reference, which skips the former and counts the latter twice.
 // deterministic: the layer runs in that mode twice from the same start, and
-// both outputs must be the same bits. `tuning` picks the kernels.
+// both outputs must be the same bits. `tuning` picks the kernels; `w4a8`
+// (the same weights re-laid) runs LaunchMoeW4a8Layer instead.
 void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K, uint32_t seed,
                 int bad_ids = 0, bool deterministic = false,
-                const cuda::MoeTuning& tuning = cuda::MoeTuning{}) {
+                const cuda::MoeTuning& tuning = cuda::MoeTuning{},
+                const cuda::MoeW4a8Weights* w4a8 = nullptr) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> dist(0.f, 1.f);
   const size_t H = m.H;
@@ -157,7 +160,8 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   int32_t *d_ids = nullptr, *d_invalid = nullptr;
   float *d_w = nullptr, *d_out = nullptr;
   void* d_ws = nullptr;
-  size_t ws = cuda::MoeWorkspaceBytes(w, T, K, deterministic);
+  size_t ws = w4a8 != nullptr ? cuda::MoeW4a8WorkspaceBytes(*w4a8, T, K)
+                              : cuda::MoeWorkspaceBytes(w, T, K, deterministic);
   ASSERT_EQ(cudaMalloc(&d_x, x.size() * 2), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_ids, r.ids.size() * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&d_w, r.weights.size() * 4), cudaSuccess);
@@ -169,9 +173,15 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   ASSERT_EQ(cudaMemcpy(d_w, r.weights.data(), r.weights.size() * 4, cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(d_out, out0.data(), out0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
-                                 d_invalid, nullptr, deterministic, tuning),
-            cudaSuccess);
+  if (w4a8 != nullptr) {
+    ASSERT_EQ(cuda::LaunchMoeW4a8Layer(*w4a8, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws,
+                                       ws, d_invalid, nullptr),
+              cudaSuccess);
+  } else {
+    ASSERT_EQ(cuda::LaunchMoeLayer(w, d_x, d_ids, d_w, T, K, kLimit, kAlpha, d_out, d_ws, ws,
+                                   d_invalid, nullptr, deterministic, tuning),
+              cudaSuccess);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<float> got = ToHost(d_out, out0.size());
   if (deterministic) {
@@ -195,7 +205,9 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   // The grouped-GEMM path rounds h to bf16 (2^-9 relative) before the down
   // projection: its 2880-term sums then differ by ~1e-3 of their spread, so it
   // gets 4e-3 (a wrong nibble, scale, bias or slot still moves outputs by 1e-2).
-  const float rel = cuda::MoeUsesGemm(T, K, E, tuning) ? 4e-3f : 1e-4f;
+  // The FP8 path (w4a8) carries h in three e4m3 parts (~12 bits) and sums
+  // each 4 blocks on FP8 tensor cores: 1e-3.
+  const float rel = w4a8 != nullptr ? 1e-3f : cuda::MoeUsesGemm(T, K, E, tuning) ? 4e-3f : 1e-4f;
   const float tol = rel * std::max(1.f, max_ref);
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -210,8 +222,10 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   EXPECT_GT(mean_abs, 1e-2f) << "outputs too small for the comparison to mean anything";
   std::printf(
       "%s T=%d K=%d E=%d H=%zu I=%d: max|ref| %.4g mean|ref| %.4g max err %.3g (tol %.3g)\n",
-      cuda::MoeUsesGemm(T, K, E, tuning) ? "gemm" : "decode", T, K, E, H, m.I, max_ref, mean_abs,
-      max_err, tol);
+      w4a8 != nullptr                      ? "w4a8"
+      : cuda::MoeUsesGemm(T, K, E, tuning) ? "gemm"
+                                           : "decode",
+      T, K, E, H, m.I, max_ref, mean_abs, max_err, tol);
 }
 
 class MoeCudaRealShapeTest : public MoeCudaTest {
@@ -408,6 +422,28 @@ TEST_F(MoeCudaRealShapeTest, OtherVariants) {
   }
 }
 
+// The FP8 decode path (moe_w4a8.h) on the same weights re-laid: 1-4 tokens,
+// invalid and repeated ids; more tokens are refused.
+TEST_F(MoeCudaRealShapeTest, W4a8MatchesTheCpuReference) {
+  cuda::MoeW4a8Weights r;
+  ASSERT_EQ(cuda::RelayMoeW4a8(weights_, &r, nullptr), cudaSuccess);
+  EXPECT_EQ(r.flushed_blocks, 0);  // synthetic scales span 2^-10 .. 2^-5
+  for (int T = 1; T <= cuda::kMoeW4a8MaxTokens; ++T) {
+    CheckLayer(weights_, *host_, T, 4, 40 + T, /*bad_ids=*/0, /*deterministic=*/false, {}, &r);
+  }
+  CheckLayer(weights_, *host_, 4, 4, 46, /*bad_ids=*/4, /*deterministic=*/false, {}, &r);
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, 4), cudaSuccess);
+  for (int T : {0, cuda::kMoeW4a8MaxTokens + 1}) {
+    EXPECT_EQ(cuda::LaunchMoeW4a8Layer(r, reinterpret_cast<const uint16_t*>(out),
+                                       reinterpret_cast<const int32_t*>(out), out, T, 4, kLimit,
+                                       kAlpha, out, out, 1 << 30, nullptr, nullptr),
+              cudaErrorInvalidValue);
+  }
+  cudaFree(out);
+  cuda::FreeMoeW4a8(&r);
+}
+
 // Small shape uploaded from host tensors (the path real checkpoints take),
 // with scales spread over 2^-20 .. 2^3 including the subnormal-producing ones.
 TEST_F(MoeCudaTest, SmallShapeFromHostUpload) {
@@ -448,6 +484,17 @@ TEST_F(MoeCudaTest, SmallShapeFromHostUpload) {
     CheckLayer(w, m, 37, 2, 9, /*bad_ids=*/0, /*deterministic=*/false, t);
     CheckLayer(w, m, 300, 8, 10, /*bad_ids=*/0, /*deterministic=*/false, t);
   }
+  // The FP8 decode path: blocks more than 2^14 below their row's largest are
+  // flushed (scales here span 2^23), down's reduction in three parts of one
+  // block; every expert 4 pairs (down in two passes), then repeated ids
+  // (5 or more pairs: gate_up in two passes).
+  cuda::MoeW4a8Weights r;
+  ASSERT_EQ(cuda::RelayMoeW4a8(w, &r, nullptr), cudaSuccess);
+  EXPECT_GT(r.flushed_blocks, 0);
+  for (int T : {1, 4}) CheckLayer(w, m, T, 2, 20 + T, 0, /*deterministic=*/false, {}, &r);
+  CheckLayer(w, m, 4, 8, 25, /*bad_ids=*/0, /*deterministic=*/false, {}, &r);
+  CheckLayer(w, m, 4, 8, 26, /*bad_ids=*/6, /*deterministic=*/false, {}, &r);
+  cuda::FreeMoeW4a8(&r);
   cuda::FreeMoeWeights(&w);
 }
 

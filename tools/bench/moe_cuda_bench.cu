@@ -18,7 +18,7 @@
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
 // (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 gemm160 tc-plain
 // tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl tc-unfused tc-fused
-//  tc-no-evict tc-split1 tc-split3 fma)
+//  tc-no-evict tc-split1 tc-split3 fma w4a8; w4a8 only at 1-4 tokens)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -35,6 +35,7 @@
 
 #include "kernels/cuda/moe.h"
 #include "kernels/cuda/moe_diagnostic.h"
+#include "kernels/cuda/moe_w4a8.h"
 
 namespace {
 
@@ -81,6 +82,8 @@ struct Variant {
   MoeTuning tuning;
   // copy-only / math-only: the decode kernels' copies or math alone.
   MoeDiagnostic diagnostic = MoeDiagnostic::kNone;
+  // The FP8 decode path on re-laid weights (moe_w4a8.h), 1-4 tokens.
+  bool w4a8 = false;
 };
 
 MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int split) {
@@ -195,7 +198,8 @@ int main(int argc, char** argv) {
        With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 2; })},
       {"decode-g4",
        With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
-      {"fma", Tuned(true, false, false, false, 1, 1)}};
+      {"fma", Tuned(true, false, false, false, 1, 1)},
+      {"w4a8", MoeTuning{}, MoeDiagnostic::kNone, /*w4a8=*/true}};
   std::set<std::string> wanted;
   {
     std::stringstream ss(variant_flag);
@@ -235,6 +239,17 @@ int main(int argc, char** argv) {
     }
   }
   const double expert_bytes = static_cast<double>(w[0].ExpertBytes());
+  // The re-laid copies for the w4a8 variant, made only when it is asked for.
+  std::vector<flotilla::kernels::cuda::MoeW4a8Weights> w8(layers);
+  for (const Variant& v : variants) {
+    if (!v.w4a8) continue;
+    for (long l = 0; l < layers; ++l) {
+      if (!Check(flotilla::kernels::cuda::RelayMoeW4a8(w[l], &w8[l], nullptr), "re-layout")) {
+        return 1;
+      }
+    }
+    break;
+  }
   cudaStream_t stream;
   cudaEvent_t start, stop;
   if (!Check(cudaStreamCreate(&stream), "stream") || !Check(cudaEventCreate(&start), "event") ||
@@ -313,7 +328,11 @@ int main(int argc, char** argv) {
     uint16_t* d_x = nullptr;
     float* d_out = nullptr;
     void* d_ws = nullptr;
-    const size_t ws = flotilla::kernels::cuda::MoeWorkspaceBytes(w[0], T, K);
+    const bool w4a8_fits = T <= flotilla::kernels::cuda::kMoeW4a8MaxTokens;
+    const size_t ws = std::max(flotilla::kernels::cuda::MoeWorkspaceBytes(w[0], T, K),
+                               w8[0].gate_up.slabs != nullptr && w4a8_fits
+                                   ? flotilla::kernels::cuda::MoeW4a8WorkspaceBytes(w8[0], T, K)
+                                   : size_t{0});
     if (!Check(cudaMalloc(&d_x, x.size() * 2), "alloc") ||
         !Check(cudaMalloc(&d_out, T * hidden * 4), "alloc") ||
         !Check(cudaMalloc(&d_ws, ws), "alloc") ||
@@ -324,10 +343,14 @@ int main(int argc, char** argv) {
     for (const Variant& var : variants) {
       const bool legacy = var.tuning.legacy_fma;
       if (legacy && T > 256) continue;  // minutes, not news
+      if (var.w4a8 && !w4a8_fits) continue;
       auto all_layers = [&]() -> bool {
         for (long l = 0; l < layers; ++l) {
           const cudaError_t launched =
-              var.diagnostic != MoeDiagnostic::kNone
+              var.w4a8 ? flotilla::kernels::cuda::LaunchMoeW4a8Layer(w8[l], d_x, d_ids[l], d_tw[l],
+                                                                     T, K, 7.0f, 1.702f, d_out,
+                                                                     d_ws, ws, nullptr, stream)
+              : var.diagnostic != MoeDiagnostic::kNone
                   ? LaunchMoeLayerDiagnostic(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f,
                                              d_out, d_ws, ws, stream, var.tuning, var.diagnostic)
                   : LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f, d_out, d_ws,
@@ -376,6 +399,7 @@ int main(int argc, char** argv) {
     for (long l = 0; l < layers; ++l) cudaFree(d_ids[l]), cudaFree(d_tw[l]);
     cudaFree(d_x), cudaFree(d_out), cudaFree(d_ws);
   }
+  for (auto& lw : w8) flotilla::kernels::cuda::FreeMoeW4a8(&lw);
   for (auto& lw : w) flotilla::kernels::cuda::FreeMoeWeights(&lw);
   return 0;
 }
