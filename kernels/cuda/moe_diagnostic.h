@@ -1,6 +1,7 @@
 // Benchmarks only: the MoE layer with its decode kernels' copies and math
-// timed apart (moe_cuda_bench --variant copy-only / math-only). Both give
-// wrong results; engines use LaunchMoeLayer (moe.h), which has neither.
+// timed apart (moe_cuda_bench --variant copy-only / math-only, and the
+// w4a8-* variants for moe_w4a8.h). All give wrong results; engines use
+// LaunchMoeLayer (moe.h) and LaunchMoeW4a8Layer, which have neither.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/moe.h"
+#include "kernels/cuda/moe_w4a8.h"
 
 namespace flotilla::kernels::cuda {
 
@@ -24,5 +26,18 @@ cudaError_t LaunchMoeLayerDiagnostic(const MoeDeviceWeights& w, const uint16_t* 
                                      int top_k, float limit, float alpha, float* out,
                                      void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                      const MoeTuning& tuning, MoeDiagnostic diagnostic);
+
+// LaunchMoeW4a8Layer (limit 7, alpha 1.702) with parts left out, bits of:
+enum MoeW4a8Skip : unsigned {
+  kW4a8SkipMath = 1,    // the tiles copy their weights and skip the wgmmas
+  kW4a8SkipCopies = 2,  // they skip the copies and multiply whatever shared memory holds
+  kW4a8SkipWait = 4,    // down tiles start without waiting for their expert's h
+  kW4a8PrepOnly = 8,    // the prep kernel (routing, x's parts) alone
+};
+cudaError_t LaunchMoeW4a8LayerDiagnostic(const MoeW4a8Weights& w, const uint16_t* x,
+                                         const int32_t* topk_ids, const float* topk_weights,
+                                         int tokens, int top_k, float* out, void* workspace,
+                                         size_t workspace_bytes, cudaStream_t stream,
+                                         unsigned skip);
 
 }  // namespace flotilla::kernels::cuda

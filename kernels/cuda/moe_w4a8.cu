@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/moe_diagnostic.h"
 #include "kernels/cuda/moe_route.cuh"
 #include "kernels/cuda/moe_w4a8.h"
 #include "kernels/cuda/ptx.cuh"
@@ -181,22 +182,33 @@ __device__ __forceinline__ float RowScale(float largest) {
   return ldexpf(1.f, (m <= 0.875f ? 9 : 8) - e);
 }
 
+// d = a (64 x 32 e4m3, registers) * B (32 x kN e4m3, `desc`), replacing d.
 template <int kN>
 __device__ __forceinline__ void Wgmma(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (kN == 8) {
     asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "%8, 1, 1, 1;\n"
+        "%8, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
   } else {
     asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-        "{%8, %9, %10, %11}, %12, 1, 1, 1;\n"
+        "{%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
           "+f"(d[7])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
   }
+}
+
+// Keeps the compiler from moving register writes or reads across a wgmma
+// fence or wait (ptx.cuh, FenceWgmmaTile).
+template <int kN>
+__device__ __forceinline__ void FenceSums(float (&d)[kN / 2]) {
+#pragma unroll
+  for (int c = 0; c < kN / 2; ++c) asm volatile("" : "+f"(d[c])::"memory");
 }
 
 // B of block b: K-major without swizzle, 8-row core matrices of 16 bytes;
@@ -206,14 +218,16 @@ __device__ __forceinline__ uint64_t DescB(const void* p) {
   return ((a & 0x3FFFFu) >> 4) | (uint64_t{128 >> 4} << 16) | (uint64_t{256 >> 4} << 32);
 }
 
-// The slab's sums into `tile` [64][kTileStride] (row, column; it may overlay
-// B: called by the whole CTA): each stage of
-// kStage blocks decoded first (ptxas serializes wgmmas whose inputs are
-// written while one is in flight), its wgmmas into zeroed registers, then
-// added into f32 (FP8 MMA keeps fewer bits than f32 across many blocks).
+// The slab's sums into `tile` [64][kTileStride] (row, column; it overlays
+// B: called by the whole CTA). Each stage of kStage blocks is decoded first
+// (ptxas serializes wgmmas whose inputs are written while one is in
+// flight), then each block's wgmma goes into zeroed registers of its own and
+// is added into f32 times its columns' activation scales `bscale` [nbp][kN]
+// (a block's activation scale per column; FP8 MMA also keeps fewer bits
+// than f32 across blocks).
 template <int kN>
 __device__ __forceinline__ void SlabMath(const uint8_t* slab, int nbp, const uint8_t* sb,
-                                         const uint2* lut, float* tile) {
+                                         const float* bscale, const uint2* lut, float* tile) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
   const uint32_t* words = reinterpret_cast<const uint32_t*>(slab);
@@ -227,21 +241,42 @@ __device__ __forceinline__ void SlabMath(const uint8_t* slab, int nbp, const uin
     DecodeWord(words[(b * kTileRows + r0) * 4 + q], l0, f[0], f[2]);
     DecodeWord(words[(b * kTileRows + r1) * 4 + q], l1, f[1], f[3]);
   };
+  float d[kStage][kN / 2];  // each block's sums (replaced by its wgmma)
+#pragma unroll
+  for (int i = 0; i < kStage; ++i) {
+#pragma unroll
+    for (int c = 0; c < kN / 2; ++c) d[i][c] = 0.f;
+  }
   auto run = [&](auto count_tag, int b) {
     constexpr int kCount = decltype(count_tag)::value;
     uint32_t a[kCount][4];
-    float d[kN / 2];
 #pragma unroll
-    for (int i = 0; i < kN / 2; ++i) d[i] = 0.f;
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) decode(a[i], b + i);
+    for (int i = 0; i < kCount; ++i) {
+      decode(a[i], b + i);
+      ptx::FenceWgmmaFragment(a[i]);
+      FenceSums<kN>(d[i]);
+    }
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int i = 0; i < kCount; ++i) Wgmma<kN>(d, a[i], DescB(sb + (b + i) * kBBytes));
+    for (int i = 0; i < kCount; ++i) Wgmma<kN>(d[i], a[i], DescB(sb + (b + i) * kBBytes));
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
-    for (int i = 0; i < kN / 2; ++i) acc[i] += d[i];
+    for (int i = 0; i < kCount; ++i) {
+      FenceSums<kN>(d[i]);
+      ptx::FenceWgmmaFragment(a[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+#pragma unroll
+      for (int jj = 0; jj < kN / 8; ++jj) {
+        const float2 sc = *reinterpret_cast<const float2*>(bscale + (b + i) * kN + 8 * jj + 2 * q);
+        acc[4 * jj + 0] = fmaf(d[i][4 * jj + 0], sc.x, acc[4 * jj + 0]);
+        acc[4 * jj + 1] = fmaf(d[i][4 * jj + 1], sc.y, acc[4 * jj + 1]);
+        acc[4 * jj + 2] = fmaf(d[i][4 * jj + 2], sc.x, acc[4 * jj + 2]);
+        acc[4 * jj + 3] = fmaf(d[i][4 * jj + 3], sc.y, acc[4 * jj + 3]);
+      }
+    }
   };
   int b = 0;
 #pragma unroll 1
@@ -270,14 +305,15 @@ struct LayerArgs {
   float limit, alpha;
   MoeRouteTargets route;
   int32_t* tile_done;      // [slots][gu row tiles]: gate_up parts finished
-  const uint8_t* xq;       // [tokens][H / 32][2][32] e4m3 parts of x
-  const float* x_unscale;  // [tokens] 2^-a
+  const uint8_t* xq;       // [tokens][H / 32][2][32] e4m3 parts of x, per block scaled
+  const float* x_unscale;  // [tokens][H / 32] the blocks' 2^-a
   const float* topk_weights;
-  float* gu_part;    // [gu parts][pairs][2I]
-  float* h;          // [pairs][I]
-  float* h_largest;  // [pairs][gu row tiles]
+  float* gu_part;     // [gu parts][pairs][2I]
+  uint8_t* hq;        // [pairs][I / 32][3][32] e4m3 parts of h, per block scaled
+  float* h_unscale;   // [pairs][I / 32]
   float* out;
-  size_t b_offset, lut_offset;  // in dynamic shared memory
+  size_t b_offset, scale_offset, lut_offset;  // in dynamic shared memory
+  unsigned skip;  // benchmarks only: MoeW4a8Skip bits (moe_diagnostic.h)
 };
 
 __device__ __forceinline__ int LoadAcquireGpu(const int* p) {
@@ -286,10 +322,17 @@ __device__ __forceinline__ int LoadAcquireGpu(const int* p) {
   return v;
 }
 
+__device__ __forceinline__ int AtomicAddAcqRel(int32_t* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 __device__ __forceinline__ float LoadL2(const float* p) { return __ldcg(p); }
 
-// Routing (block 0), each token's x as high and low e4m3 parts under its
-// scale (blocks 1..T), the gate_up tiles' counters zeroed (the rest).
+// Routing (block 0), each token's x as high and low e4m3 parts under a
+// scale per 32-value block (blocks 1..T), the gate_up tiles' counters
+// zeroed (the rest).
 __global__ void __launch_bounds__(kPrepThreads)
     PrepKernel(const int32_t* ids, int pairs, MoeRouteTargets route, const uint16_t* x, int tokens,
                int hidden, uint8_t* xq, float* x_unscale, int32_t* tile_done, int tile_counters) {
@@ -307,14 +350,13 @@ __global__ void __launch_bounds__(kPrepThreads)
     }
     return;
   }
-  __shared__ float s_max[32];
-  const int t = b - 1, groups = hidden / 8;  // 8 values per thread
+  // Thread i: values 8i..8i+7 of token t; the four threads of a block
+  // agree on its scale.
+  const int t = b - 1, groups = hidden / 8, i = threadIdx.x;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   float top = 0.f;
-  const int i = threadIdx.x;
-  for (int gi = i; gi < groups; gi += kPrepThreads) {
-    // Only the first pass is kept in registers: hidden <= 8192 fits one.
-    const uint4 raw = reinterpret_cast<const uint4*>(x + static_cast<size_t>(t) * hidden)[gi];
+  if (i < groups) {  // hidden <= 8192: one pass
+    const uint4 raw = reinterpret_cast<const uint4*>(x + static_cast<size_t>(t) * hidden)[i];
     const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -324,33 +366,23 @@ __global__ void __launch_bounds__(kPrepThreads)
 #pragma unroll
     for (int k = 0; k < 8; ++k) top = fmaxf(top, fabsf(v[k]));
   }
+  top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, 1));
+  top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, 2));
+  if (i >= groups) return;
+  const float scale = RowScale(top);
+  const int blk = i / 4, off = (i % 4) * 8;
+  if (off == 0) x_unscale[static_cast<size_t>(t) * (hidden / 32) + blk] = 1.f / scale;
+  uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) top = fmaxf(top, __shfl_xor_sync(0xFFFFFFFFu, top, o));
-  if ((i & 31) == 0) s_max[i >> 5] = top;
-  __syncthreads();
-  if (i < 32) {
-    float m = s_max[i];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-    if (i == 0) s_max[0] = m;
+  for (int k = 0; k < 8; ++k) {
+    uint8_t c[2];
+    SplitE4m3<2>(v[k] * scale, c);
+    hi[k >> 2] |= static_cast<uint32_t>(c[0]) << (8 * (k & 3));
+    lo[k >> 2] |= static_cast<uint32_t>(c[1]) << (8 * (k & 3));
   }
-  __syncthreads();
-  const float scale = RowScale(s_max[0]);
-  if (i == 0) x_unscale[t] = 1.f / scale;
-  if (i < groups) {
-    uint32_t hi[2] = {0, 0}, lo[2] = {0, 0};
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      uint8_t c[2];
-      SplitE4m3<2>(v[k] * scale, c);
-      hi[k >> 2] |= static_cast<uint32_t>(c[0]) << (8 * (k & 3));
-      lo[k >> 2] |= static_cast<uint32_t>(c[1]) << (8 * (k & 3));
-    }
-    const int blk = i / 4, off = (i % 4) * 8;
-    uint8_t* base = xq + (static_cast<size_t>(t) * (hidden / 32) + blk) * 64;
-    *reinterpret_cast<uint2*>(base + off) = make_uint2(hi[0], hi[1]);
-    *reinterpret_cast<uint2*>(base + 32 + off) = make_uint2(lo[0], lo[1]);
-  }
+  uint8_t* base = xq + (static_cast<size_t>(t) * (hidden / 32) + blk) * 64;
+  *reinterpret_cast<uint2*>(base + off) = make_uint2(hi[0], hi[1]);
+  *reinterpret_cast<uint2*>(base + 32 + off) = make_uint2(lo[0], lo[1]);
 }
 
 // A tile's place: expert slot, row tile, reduction part.
@@ -364,11 +396,17 @@ __device__ __forceinline__ TilePos PosOf(const MoeW4a8Projection& p, int t) {
 
 // Issues the slab's bulk copies (warp 0) on `bar`, which expects its bytes.
 __device__ __forceinline__ void CopySlab(const MoeW4a8Projection& p, int e, const TilePos& x,
-                                         uint8_t* dst, uint64_t* bar) {
+                                         uint8_t* dst, uint64_t* bar, unsigned a_skip) {
   const uint8_t* src =
       p.slabs +
       ((static_cast<size_t>(e) * p.row_tiles + x.row_tile) * p.parts + x.part) * p.slab_bytes;
-  if (threadIdx.x == 0) MbarExpectTx(bar, static_cast<uint32_t>(p.slab_bytes));
+  const bool skip = (a_skip & kW4a8SkipCopies) != 0;
+  if (threadIdx.x == 0) MbarExpectTx(bar, skip ? 0u : static_cast<uint32_t>(p.slab_bytes));
+  if (skip) {  // lookup indices in range, whatever the weights hold
+    const int nbp = p.blocks / p.parts;
+    for (int i = threadIdx.x; i < kTileRows * nbp; i += kThreads) dst[kTileRows * nbp * 16 + i] = 0;
+    return;
+  }
   __syncwarp();
   constexpr size_t kPiece = 8 * 1024;
   if (threadIdx.x < 32) {
@@ -397,61 +435,90 @@ constexpr int kGroup = 4;
 // Down: three columns a pair, so two pairs fill n8.
 constexpr int kDownGroup = 2;
 
+// B and its scales for one pass: column c (< 8) of block b is part c %
+// kParts of pair c / kParts (< ng) from `parts` ([pair][block][kParts][32]
+// bytes, `pair_of(j)` the row of the pass's pair j; `unscale` the same
+// [pair][block]), else zero. Each thread's loads go out together, then its
+// stores.
+template <int kParts, typename PairRow>
+__device__ __forceinline__ void LoadB(const uint8_t* parts, const float* unscale, int blocks,
+                                      int kb0, int nbp, int ng, PairRow pair_row, uint8_t* sb,
+                                      float* bscale) {
+  constexpr int kAhead = 4;
+  for (int u0 = 0; u0 < nbp * 16; u0 += kAhead * kThreads) {
+    uint4 v[kAhead];
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int u = u0 + k * kThreads + threadIdx.x, b = u / 16, c = u & 7, j = c / kParts;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (u < nbp * 16 && j < ng) {
+        v[k] = *reinterpret_cast<const uint4*>(
+            parts + ((static_cast<size_t>(pair_row(j)) * blocks + kb0 + b) * kParts + c % kParts) *
+                        32 +
+            ((u / 8) & 1) * 16);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kAhead; ++k) {
+      const int u = u0 + k * kThreads + threadIdx.x;
+      if (u < nbp * 16) {
+        *reinterpret_cast<uint4*>(sb + (u / 16) * 256 + ((u / 8) & 1) * 128 + (u & 7) * 16) = v[k];
+      }
+    }
+  }
+  for (int u = threadIdx.x; u < nbp * 8; u += kThreads) {
+    const int b = u / 8, j = (u % 8) / kParts;
+    bscale[u] = j < ng ? unscale[static_cast<size_t>(pair_row(j)) * blocks + kb0 + b] : 0.f;
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // B is read by wgmma
+}
+
 // gate_up tile: x's parts as B, the tile's partial sums to gu_part; the last
-// part of a row tile adds the parts, the bias and SwiGLU into h and counts
-// the tile done for its expert.
+// part of a row tile adds the parts, the bias and SwiGLU into h's parts (a
+// row tile's 32 features are one block of down's reduction) and counts the
+// tile done for its expert.
 __device__ void GateUpTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* bar) {
   const TilePos x = PosOf(a.gu, t);
   if (x.slot >= *a.route.num_active) return;
   const int e = a.route.active[x.slot], n = a.route.count[e], off = a.route.offset[e];
-  const int nbp = a.gu.blocks / a.gu.parts, kb0 = x.part * nbp, H = a.hidden, I = a.intermediate;
-  CopySlab(a.gu, e, x, smem, bar);
+  const int nbp = a.gu.blocks / a.gu.parts, I = a.intermediate;
+  CopySlab(a.gu, e, x, smem, bar, a.skip);
   __shared__ int s_tok[kGroup];
   __shared__ bool s_last;
   uint2* lut = reinterpret_cast<uint2*>(smem + a.lut_offset);
   if (threadIdx.x < 16) lut[threadIdx.x] = LookupEntry(threadIdx.x);
   uint8_t* sb = smem + a.b_offset;
-  float* tile = reinterpret_cast<float*>(sb);  // B is dead once the sums are in registers
+  float* bscale = reinterpret_cast<float*>(smem + a.scale_offset);
+  float* tile = reinterpret_cast<float*>(sb);
   for (int j0 = 0; j0 < n; j0 += kGroup) {
     const int ng = min(kGroup, n - j0);
     __syncthreads();  // the last group's tile is read
     if (threadIdx.x < ng) s_tok[threadIdx.x] = a.route.pair_of[off + j0 + threadIdx.x] / a.top_k;
     __syncthreads();
-    // B: column 2j + part (high, low) of the group's pair j; the rest zero.
-    for (int u = threadIdx.x; u < nbp * 16; u += kThreads) {
-      const int b = u / 16, half = (u / 8) & 1, col = u & 7, j = col >> 1;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (j < ng) {
-        v = *reinterpret_cast<const uint4*>(
-            a.xq + ((static_cast<size_t>(s_tok[j]) * (H / 32) + kb0 + b) * 2 + (col & 1)) * 32 +
-            half * 16);
-      }
-      *reinterpret_cast<uint4*>(sb + b * 256 + half * 128 + col * 16) = v;
-    }
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // B is read by wgmma
+    LoadB<2>(a.xq, a.x_unscale, a.gu.blocks, x.part * nbp, nbp, ng,
+             [&](int j) { return s_tok[j]; }, sb, bscale);
     __syncthreads();
     if (j0 == 0) MbarWait(bar, 0);
-    SlabMath<8>(smem, nbp, sb, lut, tile);
+    if ((a.skip & kW4a8SkipMath) == 0) SlabMath<8>(smem, nbp, sb, bscale, lut, tile);
     __syncthreads();
     for (int i = threadIdx.x; i < kTileRows * ng; i += kThreads) {
       const int r = i % kTileRows, j = i / kTileRows, row = x.row_tile * kTileRows + r;
       const float sum = tile[r * kTileStride + 2 * j] + tile[r * kTileStride + 2 * j + 1];
       a.gu_part[(static_cast<size_t>(x.part) * a.pairs + off + j0 + j) * 2 * I + row] =
-          sum * RowFactor(a.gu, e, row) * a.x_unscale[s_tok[j]];
+          sum * RowFactor(a.gu, e, row);
     }
   }
   if (n == 0) MbarWait(bar, 0);  // never leave with a copy in flight
   __syncthreads();
+  // The parts meet at a counter: the CTA barrier orders every thread's
+  // stores before thread 0's release, whose acquire half (for the last part)
+  // orders the reads below after the other parts' releases.
   int32_t* counter = a.tile_done + x.slot * a.gu.row_tiles + x.row_tile;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    s_last = atomicAdd(counter, 1) == a.gu.parts - 1;
-  }
+  if (threadIdx.x == 0) s_last = AtomicAddAcqRel(counter, 1) == a.gu.parts - 1;
   __syncthreads();
   if (!s_last) return;
-  __threadfence();
   // Warp w: pairs w, w + 4, ..., its lane one of the row tile's 32 features
-  // (rows 2f gate, 2f + 1 up).
+  // (rows 2f gate, 2f + 1 up), which are block `row_tile` of h.
   const int lane = threadIdx.x & 31, f = x.row_tile * (kTileRows / 2) + lane;
   const uint16_t* bias = a.gu.bias + static_cast<size_t>(e) * 2 * I;
   const float gate_bias = __bfloat162float(__ushort_as_bfloat16(bias[2 * f]));
@@ -466,111 +533,63 @@ __device__ void GateUpTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* b
     gate = fminf(gate, a.limit);
     up = fminf(fmaxf(up, -a.limit), a.limit);
     const float hv = (up + 1.f) * (gate / (1.f + __expf(-gate * a.alpha)));
-    a.h[static_cast<size_t>(off + j) * I + f] = hv;
     float m = fabsf(hv);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-    if (lane == 0) a.h_largest[static_cast<size_t>(off + j) * a.gu.row_tiles + x.row_tile] = m;
+    const float scale = RowScale(m);
+    uint8_t code[3];
+    SplitE4m3<3>(hv * scale, code);
+    const size_t block = static_cast<size_t>(off + j) * (I / 32) + x.row_tile;
+    uint8_t* dst = a.hq + block * 96 + lane;
+#pragma unroll
+    for (int pi = 0; pi < 3; ++pi) dst[pi * 32] = code[pi];
+    if (lane == 0) a.h_unscale[block] = 1.f / scale;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.route.done + x.slot) : "memory");
   }
 }
 
-// One pass of a down tile over pairs off + j0 .. + ng (3 ng <= kN): h as
-// three e4m3 parts per value (columns 3j..3j+2), then weight * (sums +
-// bias) added into `out`.
-template <int kN>
-__device__ void DownPass(const LayerArgs& a, const TilePos& x, int e, int off, int j0, int ng,
-                         const float* s_scale, uint8_t* smem) {
-  const int nbp = a.dn.blocks / a.dn.parts, kb0 = x.part * nbp, I = a.intermediate;
-  uint8_t* sb = smem + a.b_offset;
-  const uint2* lut = reinterpret_cast<const uint2*>(smem + a.lut_offset);
-  constexpr int kBBytes = kN / 8 * 256;
-  auto column = [&](int b, int half, int col) {
-    return reinterpret_cast<uint4*>(sb + b * kBBytes + (col / 8) * 256 + half * 128 +
-                                    (col % 8) * 16);
-  };
-  // Unit (block, k half, c): c < ng fills pair c's three columns; c >= 3 ng
-  // zeroes column c (columns [ng, 3 ng) belong to pairs).
-  for (int u = threadIdx.x; u < nbp * 2 * kN; u += kThreads) {
-    const int b = u / (2 * kN), half = (u / kN) & 1, c = u % kN;
-    if (c >= 3 * ng) {
-      *column(b, half, c) = make_uint4(0, 0, 0, 0);
-    } else if (c < ng) {
-      const float4* src = reinterpret_cast<const float4*>(
-          a.h + static_cast<size_t>(off + j0 + c) * I + (kb0 + b) * 32 + half * 16);
-      uint32_t parts[3][4] = {};
-#pragma unroll
-      for (int v4 = 0; v4 < 4; ++v4) {
-        const float4 f = __ldcg(src + v4);
-        const float vals[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          uint8_t code[3];
-          SplitE4m3<3>(vals[k] * s_scale[c], code);
-#pragma unroll
-          for (int pi = 0; pi < 3; ++pi)
-            parts[pi][v4] |= static_cast<uint32_t>(code[pi]) << (8 * k);
-        }
-      }
-#pragma unroll
-      for (int pi = 0; pi < 3; ++pi) {
-        *column(b, half, 3 * c + pi) =
-            make_uint4(parts[pi][0], parts[pi][1], parts[pi][2], parts[pi][3]);
-      }
-    }
-  }
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-  __syncthreads();
-  float* tile = reinterpret_cast<float*>(sb);
-  SlabMath<kN>(smem, nbp, sb, lut, tile);
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTileRows * ng; i += kThreads) {
-    const int r = i % kTileRows, j = i / kTileRows, row = x.row_tile * kTileRows + r;
-    if (row >= a.hidden) continue;
-    const float* sums = tile + r * kTileStride + 3 * j;
-    float v = (sums[0] + sums[1] + sums[2]) * RowFactor(a.dn, e, row) / s_scale[j];
-    if (x.part == 0) {
-      v += __bfloat162float(
-          __ushort_as_bfloat16(a.dn.bias[static_cast<size_t>(e) * a.hidden + row]));
-    }
-    const int pair = a.route.pair_of[off + j0 + j];
-    atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * a.hidden + row,
-              a.topk_weights[pair] * v);
-  }
-}
-
-// down tile: its weights copied while it waits for its expert's h.
+// down tile: its weights copied while it waits for its expert's h, then
+// per pass of up to kDownGroup pairs: h's three parts as B (columns
+// 3j..3j+2), weight * (sums + bias) added into `out`.
 __device__ void DownTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* bar) {
   const TilePos x = PosOf(a.dn, t);
   if (x.slot >= *a.route.num_active) return;
   const int e = a.route.active[x.slot], n = a.route.count[e], off = a.route.offset[e];
-  CopySlab(a.dn, e, x, smem, bar);
+  const int nbp = a.dn.blocks / a.dn.parts;
+  CopySlab(a.dn, e, x, smem, bar, a.skip);
   uint2* lut = reinterpret_cast<uint2*>(smem + a.lut_offset);
   if (threadIdx.x < 16) lut[threadIdx.x] = LookupEntry(threadIdx.x);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0 && (a.skip & kW4a8SkipWait) == 0) {
     while (LoadAcquireGpu(a.route.done + x.slot) < a.gu.row_tiles) __nanosleep(32);
   }
-  __shared__ float s_scale[kDownGroup];
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint8_t* sb = smem + a.b_offset;
+  float* bscale = reinterpret_cast<float*>(smem + a.scale_offset);
+  float* tile = reinterpret_cast<float*>(sb);
   for (int j0 = 0; j0 < n; j0 += kDownGroup) {
     const int ng = min(kDownGroup, n - j0);
-    __syncthreads();  // the wait above, or the last pass's reads of s_scale and the tile
-    // Each pair's h scale from the gate_up tiles' largest |h|.
-    if (w < ng) {
-      float m = 0.f;
-      const float* largest = a.h_largest + static_cast<size_t>(off + j0 + w) * a.gu.row_tiles;
-      for (int i = lane; i < a.gu.row_tiles; i += 32) m = fmaxf(m, LoadL2(largest + i));
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-      if (lane == 0) s_scale[w] = RowScale(m);
-    }
+    __syncthreads();  // the wait above, or the last pass's reads of the tile
+    LoadB<3>(a.hq, a.h_unscale, a.dn.blocks, x.part * nbp, nbp, ng,
+             [&](int j) { return off + j0 + j; }, sb, bscale);
     __syncthreads();
     if (j0 == 0) MbarWait(bar, 0);
-    DownPass<8>(a, x, e, off, j0, ng, s_scale, smem);
+    if ((a.skip & kW4a8SkipMath) == 0) SlabMath<8>(smem, nbp, sb, bscale, lut, tile);
+    __syncthreads();
+    for (int i = threadIdx.x; i < kTileRows * ng; i += kThreads) {
+      const int r = i % kTileRows, j = i / kTileRows, row = x.row_tile * kTileRows + r;
+      if (row >= a.hidden) continue;
+      const float* sums = tile + r * kTileStride + 3 * j;
+      float v = (sums[0] + sums[1] + sums[2]) * RowFactor(a.dn, e, row);
+      if (x.part == 0) {
+        v += __bfloat162float(
+            __ushort_as_bfloat16(a.dn.bias[static_cast<size_t>(e) * a.hidden + row]));
+      }
+      const int pair = a.route.pair_of[off + j0 + j];
+      atomicAdd(a.out + static_cast<size_t>(pair / a.top_k) * a.hidden + row,
+                a.topk_weights[pair] * v);
+    }
   }
   if (n == 0) MbarWait(bar, 0);
 }
@@ -594,12 +613,13 @@ __global__ void __launch_bounds__(kThreads) MoeW4a8Kernel(LayerArgs a) {
 }
 
 struct Layout {
-  size_t route_ints, tile_done, xq, x_unscale, gu_part, h, h_largest, total;
+  size_t route_ints, tile_done, xq, x_unscale, gu_part, hq, h_unscale, total;
 };
 
 Layout LayoutOf(const MoeW4a8Weights& w, int tokens, int top_k) {
   const size_t E = w.num_experts, pairs = static_cast<size_t>(tokens) * top_k;
   const size_t slots = std::min(E, pairs), gu_rt = w.gate_up.row_tiles;
+  const size_t xb = w.hidden / 32, hb = w.intermediate / 32;
   Layout l{};
   size_t at = 0;
   auto take = [&](size_t bytes) {
@@ -609,11 +629,11 @@ Layout LayoutOf(const MoeW4a8Weights& w, int tokens, int top_k) {
   };
   l.route_ints = take((5 * E + 4 + pairs) * sizeof(int32_t));
   l.tile_done = take(slots * gu_rt * sizeof(int32_t));
-  l.xq = take(static_cast<size_t>(tokens) * (w.hidden / 32) * 64);
-  l.x_unscale = take(tokens * sizeof(float));
+  l.xq = take(static_cast<size_t>(tokens) * xb * 64);
+  l.x_unscale = take(static_cast<size_t>(tokens) * xb * sizeof(float));
   l.gu_part = take(static_cast<size_t>(w.gate_up.parts) * pairs * 2 * w.intermediate * 4);
-  l.h = take(pairs * w.intermediate * sizeof(float));
-  l.h_largest = take(pairs * gu_rt * sizeof(float));
+  l.hq = take(pairs * hb * 96);
+  l.h_unscale = take(pairs * hb * sizeof(float));
   l.total = at;
   return l;
 }
@@ -668,10 +688,12 @@ size_t MoeW4a8WorkspaceBytes(const MoeW4a8Weights& w, int tokens, int top_k) {
   return LayoutOf(w, tokens, top_k).total;
 }
 
-cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x, const int32_t* topk_ids,
-                               const float* topk_weights, int tokens, int top_k, float limit,
-                               float alpha, float* out, void* workspace, size_t workspace_bytes,
-                               int32_t* invalid_ids, cudaStream_t stream, bool pdl) {
+namespace {
+
+cudaError_t LaunchLayer(const MoeW4a8Weights& w, const uint16_t* x, const int32_t* topk_ids,
+                        const float* topk_weights, int tokens, int top_k, float limit, float alpha,
+                        float* out, void* workspace, size_t workspace_bytes, int32_t* invalid_ids,
+                        cudaStream_t stream, bool pdl, unsigned skip) {
   if (w.gate_up.slabs == nullptr || tokens < 1 || tokens > kMoeW4a8MaxTokens || top_k < 1 ||
       top_k > w.num_experts || x == nullptr || topk_ids == nullptr || topk_weights == nullptr ||
       out == nullptr || workspace == nullptr) {
@@ -704,9 +726,10 @@ cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x, const
   a.x_unscale = reinterpret_cast<float*>(ws + l.x_unscale);
   a.topk_weights = topk_weights;
   a.gu_part = reinterpret_cast<float*>(ws + l.gu_part);
-  a.h = reinterpret_cast<float*>(ws + l.h);
-  a.h_largest = reinterpret_cast<float*>(ws + l.h_largest);
+  a.hq = ws + l.hq;
+  a.h_unscale = reinterpret_cast<float*>(ws + l.h_unscale);
   a.out = out;
+  a.skip = skip;
   a.gu_grid = slots * w.gate_up.row_tiles * w.gate_up.parts;
   const int dn_grid = slots * w.down.row_tiles * w.down.parts;
   // Shared memory: the larger slab, B (one 8-column group; the sums' tile
@@ -716,7 +739,8 @@ cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x, const
   const size_t b_bytes =
       std::max<size_t>(static_cast<size_t>(nbp) * 256, kTileRows * kTileStride * sizeof(float));
   a.b_offset = slab;
-  a.lut_offset = slab + b_bytes;
+  a.scale_offset = slab + b_bytes;
+  a.lut_offset = a.scale_offset + static_cast<size_t>(nbp) * 8 * sizeof(float);
   const size_t smem = a.lut_offset + 16 * sizeof(uint2);
 
   const int tile_counters = slots * w.gate_up.row_tiles;
@@ -725,11 +749,31 @@ cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x, const
       LaunchPdl(PrepKernel, dim3(1 + tokens + zero_blocks), dim3(kPrepThreads), 0, stream, pdl,
                 topk_ids, pairs, a.route, x, tokens, w.hidden, ws + l.xq,
                 reinterpret_cast<float*>(ws + l.x_unscale), a.tile_done, tile_counters);
-  if (err != cudaSuccess) return err;
+  if (err != cudaSuccess || (skip & kW4a8PrepOnly) != 0) return err;
   static PerDevice<size_t> allowed;
   err = AllowSharedBytes(MoeW4a8Kernel, smem, &allowed);
   if (err != cudaSuccess) return err;
   return LaunchPdl(MoeW4a8Kernel, dim3(a.gu_grid + dn_grid), dim3(kThreads), smem, stream, true, a);
+}
+
+}  // namespace
+
+cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x,
+                               const int32_t* topk_ids, const float* topk_weights, int tokens,
+                               int top_k, float limit, float alpha, float* out, void* workspace,
+                               size_t workspace_bytes, int32_t* invalid_ids, cudaStream_t stream,
+                               bool pdl) {
+  return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, limit, alpha, out, workspace,
+                     workspace_bytes, invalid_ids, stream, pdl, 0);
+}
+
+cudaError_t LaunchMoeW4a8LayerDiagnostic(const MoeW4a8Weights& w, const uint16_t* x,
+                                         const int32_t* topk_ids, const float* topk_weights,
+                                         int tokens, int top_k, float* out, void* workspace,
+                                         size_t workspace_bytes, cudaStream_t stream,
+                                         unsigned skip) {
+  return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, 7.0f, 1.702f, out, workspace,
+                     workspace_bytes, nullptr, stream, true, skip);
 }
 
 }  // namespace flotilla::kernels::cuda

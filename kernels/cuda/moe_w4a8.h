@@ -16,16 +16,18 @@
 // The row's 2^(S - 133) multiplies once, after the sums.
 //
 // Activations: a token's x and an expert's h enter the tensor cores as e4m3
-// parts under one power-of-two scale per row (largest scaled into (224,
-// 448]): x as a high and a low part (exact for bf16 values down to ~2^-10
-// of the row's largest), h as three (about 12 bits), each part a column of
-// wgmma's N. The sums are moved to f32 registers every 4 blocks (FP8 MMA
-// accumulates with fewer bits than f32).
+// parts under one power-of-two scale per 32-value block (the block's
+// largest scaled into (224, 448]): x as a high and a low part (exact for
+// bf16 values down to ~2^-10 of their block's largest), h as three (about
+// 12 bits), each part a column of wgmma's N. Each block's wgmma writes
+// registers of its own, which are added into f32 sums times the block's
+// scales (FP8 MMA also keeps fewer bits than f32 across blocks).
 //
 // One call: a prep kernel (routing, the tokens' x parts, counters zeroed),
 // then one launch of gate_up and down tiles: gate_up's parts meet in the
-// last one to finish a row tile, which runs bias + SwiGLU; down tiles wait
-// for their expert's h, then add into `out` with atomics.
+// last one to finish a row tile, which runs bias + SwiGLU and writes h's
+// parts (a row tile's 32 features are one block of down's reduction); down
+// tiles wait for their expert's h, then add into `out` with atomics.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -18,7 +18,8 @@
 //                  [--variant all|NAME,NAME...] [--hbm-gbs G]
 // (variant names: tc tc-no-remainder tc-mma tc-no-tma decode gemm32 gemm64 gemm128 gemm160 tc-plain
 // tc-bufs2 tc-bufs3 tc-no-prmt tc-no-pdl tc-unfused tc-fused
-//  tc-no-evict tc-split1 tc-split3 fma w4a8; w4a8 only at 1-4 tokens)
+//  tc-no-evict tc-split1 tc-split3 fma w4a8 w4a8-copy-only w4a8-math-only w4a8-no-wait
+//  w4a8-prep-only; the w4a8 ones only at 1-4 tokens)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -44,6 +45,10 @@ using flotilla::kernels::cuda::LaunchMoeLayerDiagnostic;
 using flotilla::kernels::cuda::MoeDeviceWeights;
 using flotilla::kernels::cuda::MoeDiagnostic;
 using flotilla::kernels::cuda::MoeTuning;
+using flotilla::kernels::cuda::kW4a8PrepOnly;
+using flotilla::kernels::cuda::kW4a8SkipCopies;
+using flotilla::kernels::cuda::kW4a8SkipMath;
+using flotilla::kernels::cuda::kW4a8SkipWait;
 
 bool Check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
@@ -82,8 +87,10 @@ struct Variant {
   MoeTuning tuning;
   // copy-only / math-only: the decode kernels' copies or math alone.
   MoeDiagnostic diagnostic = MoeDiagnostic::kNone;
-  // The FP8 decode path on re-laid weights (moe_w4a8.h), 1-4 tokens.
+  // The FP8 decode path on re-laid weights (moe_w4a8.h), 1-4 tokens, with
+  // the parts in `w4a8_skip` (MoeW4a8Skip) left out.
   bool w4a8 = false;
+  unsigned w4a8_skip = 0;
 };
 
 MoeTuning Tuned(bool legacy, bool prmt, bool evict, bool pdl, int bufs, int split) {
@@ -199,7 +206,11 @@ int main(int argc, char** argv) {
       {"decode-g4",
        With([](MoeTuning& t) { t.gemm_min_pairs_per_expert = -1, t.decode_groups = 4; })},
       {"fma", Tuned(true, false, false, false, 1, 1)},
-      {"w4a8", MoeTuning{}, MoeDiagnostic::kNone, /*w4a8=*/true}};
+      {"w4a8", MoeTuning{}, MoeDiagnostic::kNone, /*w4a8=*/true},
+      {"w4a8-copy-only", MoeTuning{}, MoeDiagnostic::kNone, true, kW4a8SkipMath},
+      {"w4a8-math-only", MoeTuning{}, MoeDiagnostic::kNone, true, kW4a8SkipCopies},
+      {"w4a8-no-wait", MoeTuning{}, MoeDiagnostic::kNone, true, kW4a8SkipWait},
+      {"w4a8-prep-only", MoeTuning{}, MoeDiagnostic::kNone, true, kW4a8PrepOnly}};
   std::set<std::string> wanted;
   {
     std::stringstream ss(variant_flag);
@@ -344,17 +355,25 @@ int main(int argc, char** argv) {
       const bool legacy = var.tuning.legacy_fma;
       if (legacy && T > 256) continue;  // minutes, not news
       if (var.w4a8 && !w4a8_fits) continue;
+      auto launch = [&](long l) -> cudaError_t {
+        if (var.w4a8 && var.w4a8_skip != 0) {
+          return flotilla::kernels::cuda::LaunchMoeW4a8LayerDiagnostic(
+              w8[l], d_x, d_ids[l], d_tw[l], T, K, d_out, d_ws, ws, stream, var.w4a8_skip);
+        }
+        if (var.w4a8) {
+          return flotilla::kernels::cuda::LaunchMoeW4a8Layer(
+              w8[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f, d_out, d_ws, ws, nullptr, stream);
+        }
+        if (var.diagnostic != MoeDiagnostic::kNone) {
+          return LaunchMoeLayerDiagnostic(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f, d_out,
+                                          d_ws, ws, stream, var.tuning, var.diagnostic);
+        }
+        return LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f, d_out, d_ws, ws,
+                              nullptr, stream, /*deterministic=*/false, var.tuning);
+      };
       auto all_layers = [&]() -> bool {
         for (long l = 0; l < layers; ++l) {
-          const cudaError_t launched =
-              var.w4a8 ? flotilla::kernels::cuda::LaunchMoeW4a8Layer(w8[l], d_x, d_ids[l], d_tw[l],
-                                                                     T, K, 7.0f, 1.702f, d_out,
-                                                                     d_ws, ws, nullptr, stream)
-              : var.diagnostic != MoeDiagnostic::kNone
-                  ? LaunchMoeLayerDiagnostic(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f,
-                                             d_out, d_ws, ws, stream, var.tuning, var.diagnostic)
-                  : LaunchMoeLayer(w[l], d_x, d_ids[l], d_tw[l], T, K, 7.0f, 1.702f, d_out, d_ws,
-                                   ws, nullptr, stream, /*deterministic=*/false, var.tuning);
+          const cudaError_t launched = launch(l);
           if (!Check(launched, "launch")) {
             return false;
           }
