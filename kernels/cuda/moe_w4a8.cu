@@ -308,9 +308,9 @@ struct LayerArgs {
   const uint8_t* xq;       // [tokens][H / 32][2][32] e4m3 parts of x, per block scaled
   const float* x_unscale;  // [tokens][H / 32] the blocks' 2^-a
   const float* topk_weights;
-  float* gu_part;     // [gu parts][pairs][2I]
-  uint8_t* hq;        // [pairs][I / 32][3][32] e4m3 parts of h, per block scaled
-  float* h_unscale;   // [pairs][I / 32]
+  float* gu_part;    // [gu parts][pairs][2I]
+  uint8_t* hq;       // [pairs][I / 32][3][32] e4m3 parts of h, per block scaled
+  float* h_unscale;  // [pairs][I / 32]
   float* out;
   size_t b_offset, scale_offset, lut_offset;  // in dynamic shared memory
   unsigned skip;  // benchmarks only: MoeW4a8Skip bits (moe_diagnostic.h)
@@ -324,7 +324,10 @@ __device__ __forceinline__ int LoadAcquireGpu(const int* p) {
 
 __device__ __forceinline__ int AtomicAddAcqRel(int32_t* p, int v) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
+               : "=r"(old)
+               : "l"(p), "r"(v)
+               : "memory");
   return old;
 }
 
@@ -453,8 +456,8 @@ __device__ __forceinline__ void LoadB(const uint8_t* parts, const float* unscale
       v[k] = make_uint4(0, 0, 0, 0);
       if (u < nbp * 16 && j < ng) {
         v[k] = *reinterpret_cast<const uint4*>(
-            parts + ((static_cast<size_t>(pair_row(j)) * blocks + kb0 + b) * kParts + c % kParts) *
-                        32 +
+            parts +
+            ((static_cast<size_t>(pair_row(j)) * blocks + kb0 + b) * kParts + c % kParts) * 32 +
             ((u / 8) & 1) * 16);
       }
     }
@@ -471,6 +474,21 @@ __device__ __forceinline__ void LoadB(const uint8_t* parts, const float* unscale
     bscale[u] = j < ng ? unscale[static_cast<size_t>(pair_row(j)) * blocks + kb0 + b] : 0.f;
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // B is read by wgmma
+}
+
+// A pass's product, once B and its scales are in place: the slab has
+// landed (waited for on the first pass) and the sums go to the tile, which
+// overlays B.
+__device__ __forceinline__ void PassMath(const LayerArgs& a, uint64_t* bar, bool first,
+                                         uint8_t* smem, int nbp, const uint2* lut) {
+  __syncthreads();
+  if (first) MbarWait(bar, 0);
+  const uint8_t* sb = smem + a.b_offset;
+  if ((a.skip & kW4a8SkipMath) == 0) {
+    SlabMath<8>(smem, nbp, sb, reinterpret_cast<const float*>(smem + a.scale_offset), lut,
+                reinterpret_cast<float*>(smem + a.b_offset));
+  }
+  __syncthreads();
 }
 
 // gate_up tile: x's parts as B, the tile's partial sums to gu_part; the last
@@ -495,12 +513,10 @@ __device__ void GateUpTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* b
     __syncthreads();  // the last group's tile is read
     if (threadIdx.x < ng) s_tok[threadIdx.x] = a.route.pair_of[off + j0 + threadIdx.x] / a.top_k;
     __syncthreads();
-    LoadB<2>(a.xq, a.x_unscale, a.gu.blocks, x.part * nbp, nbp, ng,
-             [&](int j) { return s_tok[j]; }, sb, bscale);
-    __syncthreads();
-    if (j0 == 0) MbarWait(bar, 0);
-    if ((a.skip & kW4a8SkipMath) == 0) SlabMath<8>(smem, nbp, sb, bscale, lut, tile);
-    __syncthreads();
+    LoadB<2>(
+        a.xq, a.x_unscale, a.gu.blocks, x.part * nbp, nbp, ng, [&](int j) { return s_tok[j]; }, sb,
+        bscale);
+    PassMath(a, bar, j0 == 0, smem, nbp, lut);
     for (int i = threadIdx.x; i < kTileRows * ng; i += kThreads) {
       const int r = i % kTileRows, j = i / kTileRows, row = x.row_tile * kTileRows + r;
       const float sum = tile[r * kTileStride + 2 * j] + tile[r * kTileStride + 2 * j + 1];
@@ -571,12 +587,10 @@ __device__ void DownTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* bar
   for (int j0 = 0; j0 < n; j0 += kDownGroup) {
     const int ng = min(kDownGroup, n - j0);
     __syncthreads();  // the wait above, or the last pass's reads of the tile
-    LoadB<3>(a.hq, a.h_unscale, a.dn.blocks, x.part * nbp, nbp, ng,
-             [&](int j) { return off + j0 + j; }, sb, bscale);
-    __syncthreads();
-    if (j0 == 0) MbarWait(bar, 0);
-    if ((a.skip & kW4a8SkipMath) == 0) SlabMath<8>(smem, nbp, sb, bscale, lut, tile);
-    __syncthreads();
+    LoadB<3>(
+        a.hq, a.h_unscale, a.dn.blocks, x.part * nbp, nbp, ng, [&](int j) { return off + j0 + j; },
+        sb, bscale);
+    PassMath(a, bar, j0 == 0, smem, nbp, lut);
     for (int i = threadIdx.x; i < kTileRows * ng; i += kThreads) {
       const int r = i % kTileRows, j = i / kTileRows, row = x.row_tile * kTileRows + r;
       if (row >= a.hidden) continue;
@@ -758,11 +772,10 @@ cudaError_t LaunchLayer(const MoeW4a8Weights& w, const uint16_t* x, const int32_
 
 }  // namespace
 
-cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x,
-                               const int32_t* topk_ids, const float* topk_weights, int tokens,
-                               int top_k, float limit, float alpha, float* out, void* workspace,
-                               size_t workspace_bytes, int32_t* invalid_ids, cudaStream_t stream,
-                               bool pdl) {
+cudaError_t LaunchMoeW4a8Layer(const MoeW4a8Weights& w, const uint16_t* x, const int32_t* topk_ids,
+                               const float* topk_weights, int tokens, int top_k, float limit,
+                               float alpha, float* out, void* workspace, size_t workspace_bytes,
+                               int32_t* invalid_ids, cudaStream_t stream, bool pdl) {
   return LaunchLayer(w, x, topk_ids, topk_weights, tokens, top_k, limit, alpha, out, workspace,
                      workspace_bytes, invalid_ids, stream, pdl, 0);
 }

@@ -206,8 +206,9 @@ void CheckLayer(const cuda::MoeDeviceWeights& w, const HostMoe& m, int T, int K,
   // projection: its 2880-term sums then differ by ~1e-3 of their spread, so it
   // gets 4e-3 (a wrong nibble, scale, bias or slot still moves outputs by 1e-2).
   // The FP8 path (w4a8) carries h in three e4m3 parts (~12 bits) and sums
-  // each 4 blocks on FP8 tensor cores: 1e-3.
-  const float rel = w4a8 != nullptr ? 1e-3f : cuda::MoeUsesGemm(T, K, E, tuning) ? 4e-3f : 1e-4f;
+  // each block on the FP8 tensor cores, whose accumulation keeps fewer bits
+  // than f32: up to 1.1e-4 of the largest output measured (H200), so 5e-4.
+  const float rel = w4a8 != nullptr ? 5e-4f : cuda::MoeUsesGemm(T, K, E, tuning) ? 4e-3f : 1e-4f;
   const float tol = rel * std::max(1.f, max_ref);
   int bad = 0;
   for (size_t i = 0; i < want.size(); ++i) {

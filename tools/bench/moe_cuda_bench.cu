@@ -40,15 +40,15 @@
 
 namespace {
 
+using flotilla::kernels::cuda::kW4a8PrepOnly;
+using flotilla::kernels::cuda::kW4a8SkipCopies;
+using flotilla::kernels::cuda::kW4a8SkipMath;
+using flotilla::kernels::cuda::kW4a8SkipWait;
 using flotilla::kernels::cuda::LaunchMoeLayer;
 using flotilla::kernels::cuda::LaunchMoeLayerDiagnostic;
 using flotilla::kernels::cuda::MoeDeviceWeights;
 using flotilla::kernels::cuda::MoeDiagnostic;
 using flotilla::kernels::cuda::MoeTuning;
-using flotilla::kernels::cuda::kW4a8PrepOnly;
-using flotilla::kernels::cuda::kW4a8SkipCopies;
-using flotilla::kernels::cuda::kW4a8SkipMath;
-using flotilla::kernels::cuda::kW4a8SkipWait;
 
 bool Check(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return true;
