@@ -41,6 +41,10 @@ namespace flotilla::kernels::cuda {
 
 // Most tokens one call takes.
 constexpr int kMoeW4a8MaxTokens = 4;
+// Weight rows per slab (one warpgroup's wgmma M), and the most experts (the
+// routing keeps a counter per expert in shared memory).
+constexpr int kMoeW4a8TileRows = 64;
+constexpr int kMoeW4a8MaxExperts = 1024;
 
 struct MoeW4a8Projection {
   int rows = 0;       // output rows (R)
