@@ -716,12 +716,6 @@ __global__ void __launch_bounds__(kMmaThreads)
   }
 }
 
-__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 // One tile of a fused launch (below): tile t of projection `a`, its weights
 // copied at once; a down tile then waits for its expert's gate_up tiles,
 // and a gate_up tile counts itself done once its part of h is stored.
@@ -737,7 +731,7 @@ __device__ __forceinline__ void FusedTile(const MmaArgs& a, int t, uint8_t* smem
   CopyTile(a, x.e, x.row0, x.kb0, x.nbl, smem, stride, bar);
   if constexpr (kDown) {
     if (threadIdx.x == 0) {
-      while (LoadAcquireGpu(a.done + x.slot) < a.gu_tiles) __nanosleep(32);
+      ptx::WaitAtLeast(a.done + x.slot, a.gu_tiles);
     }
     __syncthreads();
   }
@@ -746,7 +740,7 @@ __device__ __forceinline__ void FusedTile(const MmaArgs& a, int t, uint8_t* smem
   if constexpr (!kDown) {
     // MmaTile ends with a CTA barrier after the tile's last store of h.
     if (threadIdx.x == 0) {
-      asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.done + x.slot) : "memory");
+      ptx::ReleaseAdd(a.done + x.slot);
     }
   }
 }

@@ -220,12 +220,6 @@ struct LayerArgs {
   unsigned skip;  // benchmarks only: MoeW4a8Skip bits (moe_diagnostic.h)
 };
 
-__device__ __forceinline__ int LoadAcquireGpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ int AtomicAddAcqRel(int32_t* p, int v) {
   int old;
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
@@ -467,7 +461,7 @@ __device__ void GateUpTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* b
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(a.route.done + x.slot) : "memory");
+    ptx::ReleaseAdd(a.route.done + x.slot);
   }
 }
 
@@ -483,7 +477,7 @@ __device__ void DownTile(const LayerArgs& a, int t, uint8_t* smem, uint64_t* bar
   uint2* lut = reinterpret_cast<uint2*>(smem + a.lut_offset);
   if (threadIdx.x < 16) lut[threadIdx.x] = LookupEntry(threadIdx.x);
   if (threadIdx.x == 0 && (a.skip & kW4a8SkipWait) == 0) {
-    while (LoadAcquireGpu(a.route.done + x.slot) < a.gu.row_tiles) __nanosleep(32);
+    ptx::WaitAtLeast(a.route.done + x.slot, a.gu.row_tiles);
   }
   uint8_t* sb = smem + a.b_offset;
   float* bscale = reinterpret_cast<float*>(smem + a.scale_offset);

@@ -185,6 +185,22 @@ __device__ __forceinline__ void FenceWgmmaFragment(uint32_t (&a)[4]) {
   for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(a[j])::"memory");
 }
 
+// A counter in global memory that other CTAs of the grid raise: ReleaseAdd
+// adds 1 after this thread's earlier writes (release, GPU scope);
+// WaitAtLeast spins until it reads `target` or more (acquire, so later reads
+// see what the raising CTAs wrote before their add).
+__device__ __forceinline__ void ReleaseAdd(int* counter) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
+}
+__device__ __forceinline__ void WaitAtLeast(const int* counter, int target) {
+  for (;;) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
+    if (v >= target) return;
+    __nanosleep(32);
+  }
+}
+
 // Exclusive prefix sum of v over the block (blockDim.x a multiple of 32, at
 // most 1024); *total (shared or global) receives the sum. warp_sums: 32 ints
 // of shared memory, reusable once this returns.

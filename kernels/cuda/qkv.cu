@@ -270,16 +270,21 @@ cudaError_t LaunchNormQkvRope(const float* x, const uint16_t* norm_weight, float
   const size_t smem = SmemBytes(tokens, hidden, stage);
   const long long cache_slots = static_cast<long long>(cache.num_blocks) * cache.block_size;
   const bool early = tuning.early_loads;
-  const auto kernel =
-      tokens == 1   ? (early ? NormQkvRopeKernel<1, true> : NormQkvRopeKernel<1, false>)
-      : tokens == 2 ? (early ? NormQkvRopeKernel<2, true> : NormQkvRopeKernel<2, false>)
-      : tokens <= 4 ? (early ? NormQkvRopeKernel<4, true> : NormQkvRopeKernel<4, false>)
-                    : (early ? NormQkvRopeKernel<8, true> : NormQkvRopeKernel<8, false>);
-  // Staged launches pass 48 KB: the limit is raised once per kernel and
+  // The kernel for the tokens rounded up to 1, 2, 4 or 8, and early loads or
+  // not. Staged launches pass 48 KB: the limit is raised once per kernel and
   // device, not at every launch.
+  using Kernel = decltype(&NormQkvRopeKernel<1, false>);
+  static constexpr Kernel kKernels[8] = {NormQkvRopeKernel<1, false>, NormQkvRopeKernel<1, true>,
+                                         NormQkvRopeKernel<2, false>, NormQkvRopeKernel<2, true>,
+                                         NormQkvRopeKernel<4, false>, NormQkvRopeKernel<4, true>,
+                                         NormQkvRopeKernel<8, false>, NormQkvRopeKernel<8, true>};
   static PerDevice<size_t> allowed[8];
-  const int tok_tier = tokens == 1 ? 0 : tokens == 2 ? 1 : tokens <= 4 ? 2 : 3;
-  const int variant = 2 * tok_tier + (early ? 1 : 0);
+  const int variant = 2 * (tokens == 1   ? 0
+                           : tokens == 2 ? 1
+                           : tokens <= 4 ? 2
+                                         : 3) +
+                      (early ? 1 : 0);
+  const Kernel kernel = kKernels[variant];
   const cudaError_t err = AllowSharedBytes(kernel, smem, &allowed[variant]);
   if (err != cudaSuccess) return err;
   return LaunchPdl(kernel, dim3((out + 15) / 16), dim3(kThreads), smem, stream, true, x,

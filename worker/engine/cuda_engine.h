@@ -144,8 +144,9 @@ struct CudaEngineOptions {
   // batch 1 3.031 / 2.961, 2 3.745 / 3.679, 4 5.387 / 5.314, 8 8.307 /
   // 8.331 (three runs each). The next layer's QKV weights asked for during
   // the MoE gained nothing (that kernel already asks L2 for its tile before
-  // it waits; during the router they do, below), nor did the down weights asked for by the gate_up
-  // tiles (batch 1: 3.15 against 3.04 ms).
+  // it waits; asked for during the router they do gain, below), nor did the
+  // down weights asked for by the gate_up tiles (batch 1: 3.15 against 3.04
+  // ms).
   int l2_prefetch_max_tokens = 4;
   // Steps of at most this many tokens (and within l2_prefetch_max_tokens)
   // also ask L2 for the next layer's QKV weights on that stream as soon as
